@@ -1,0 +1,218 @@
+"""CPU-only tests of vlaperf.timing: statistics, timers, interleaved A/B, environment record."""
+
+from __future__ import annotations
+
+import math
+import time
+
+import pytest
+
+from vlaperf.timing import SUMMARY_KEYS, Timer, environment_record, interleaved, summarize, synchronize, time_calls
+
+# ----------------------------------------------------------------------------- summarize
+
+
+def test_summarize_known_values():
+    s = summarize(range(1, 101))
+    assert set(s) == set(SUMMARY_KEYS)
+    assert s["count"] == 100
+    assert s["mean"] == pytest.approx(50.5)
+    assert s["median"] == pytest.approx(50.5)
+    assert s["p90"] == pytest.approx(90.1)
+    assert s["p95"] == pytest.approx(95.05)
+    assert s["p99"] == pytest.approx(99.01)
+    assert s["min"] == 1.0 and s["max"] == 100.0
+    # Population std of 1..n is sqrt((n^2 - 1) / 12).
+    assert s["std"] == pytest.approx(math.sqrt((100**2 - 1) / 12))
+
+
+def test_summarize_matches_numpy_linear():
+    np = pytest.importorskip("numpy")
+    values = [3.2, 0.5, 9.9, 4.4, 4.4, 7.1, 2.0]
+    s = summarize(values)
+    for key, q in (("median", 50), ("p90", 90), ("p95", 95), ("p99", 99)):
+        assert s[key] == pytest.approx(float(np.percentile(values, q)))
+    assert s["std"] == pytest.approx(float(np.std(values)))
+
+
+def test_summarize_single_value_and_unsorted_input():
+    s = summarize([7.0])
+    assert s["count"] == 1
+    assert s["mean"] == s["median"] == s["p99"] == s["min"] == s["max"] == 7.0
+    assert s["std"] == 0.0
+    assert summarize([3, 1, 2])["median"] == 2.0
+
+
+def test_summarize_empty_raises():
+    with pytest.raises(ValueError, match="need at least one value"):
+        summarize([])
+
+
+# ----------------------------------------------------------------------------- time_calls
+
+
+def test_synchronize_cpu_is_noop():
+    synchronize("cpu")
+    synchronize(__import__("torch").device("cpu"))
+
+
+def test_timer_cpu_has_no_event_time():
+    wall_ms, event_ms = Timer("cpu")(lambda: None)
+    assert wall_ms >= 0.0 and event_ms is None
+
+
+def test_time_calls_schema_cpu():
+    calls = []
+    r = time_calls(lambda: calls.append(1), device="cpu", warmup=2, iters=5, progress=False)
+    assert len(calls) == 7  # 2 warm-up (first call included) + 5 timed
+    assert set(r) == {"timers", "samples", "first_call_s", "warmup_s", "warmup", "iters", "peak_memory_bytes"}
+    assert r["timers"]["cuda_event_ms"] is None
+    assert r["samples"]["cuda_event_ms"] is None
+    assert r["timers"]["wall_ms"]["count"] == 5
+    assert set(r["timers"]["wall_ms"]) == set(SUMMARY_KEYS)
+    assert len(r["samples"]["wall_ms"]) == 5
+    assert r["first_call_s"] > 0.0 and r["warmup_s"] >= 0.0
+    assert r["warmup"] == 2 and r["iters"] == 5
+    assert r["peak_memory_bytes"] is None
+
+
+def test_time_calls_first_call_is_separate():
+    # Mimic torch.compile: the first call is expensive, later ones are cheap.
+    state = {"n": 0}
+
+    def fn():
+        state["n"] += 1
+        if state["n"] == 1:
+            time.sleep(0.03)
+
+    r = time_calls(fn, device="cpu", warmup=3, iters=5, progress=False)
+    assert r["first_call_s"] >= 0.03
+    assert r["warmup_s"] < 0.03
+    assert r["timers"]["wall_ms"]["max"] < 30.0
+
+
+def test_time_calls_without_warmup_uses_first_sample():
+    r = time_calls(lambda: None, device="cpu", warmup=0, iters=3, progress=False)
+    assert r["first_call_s"] == pytest.approx(r["samples"]["wall_ms"][0] / 1e3)
+    assert r["warmup_s"] == 0.0
+
+
+def test_time_calls_sleep_duration():
+    r = time_calls(lambda: time.sleep(0.005), device="cpu", warmup=1, iters=8, progress=False)
+    median = r["timers"]["wall_ms"]["median"]
+    # sleep never returns early; the upper bound is loose for busy CI machines.
+    assert 4.9 <= median <= 30.0
+
+
+@pytest.mark.parametrize(("kwargs", "name"), [({"warmup": -1}, "warmup"), ({"iters": 0}, "iters")])
+def test_time_calls_validation(kwargs, name):
+    with pytest.raises(ValueError, match=name):
+        time_calls(lambda: None, device="cpu", progress=False, **kwargs)
+
+
+def test_time_calls_progress_bar_paths(monkeypatch):
+    # Not a terminal under pytest: the bar must silently do nothing.
+    r = time_calls(lambda: None, device="cpu", warmup=1, iters=3, progress=True, label="t")
+    assert r["timers"]["wall_ms"]["count"] == 3
+    # Forced terminal: the rich bar is actually drawn (to captured stderr) without breaking.
+    pytest.importorskip("rich")
+    monkeypatch.setenv("FORCE_TERMINAL", "1")
+    r = time_calls(lambda: None, device="cpu", warmup=1, iters=3, progress=True, label="t")
+    assert r["timers"]["wall_ms"]["count"] == 3
+
+
+# ----------------------------------------------------------------------------- interleaved
+
+
+def _sleeper(seconds: float):
+    return lambda: time.sleep(seconds)
+
+
+def test_interleaved_speedup_and_ratio_keys():
+    r = interleaved(
+        {"slow": _sleeper(0.006), "fast": _sleeper(0.002)},
+        device="cpu",
+        warmup=1,
+        iters=8,
+        baseline="slow",
+        progress=False,
+    )
+    assert set(r) == {"variants", "ratios", "baseline", "warmup", "iters"}
+    assert r["baseline"] == "slow"
+    for name in ("slow", "fast"):
+        v = r["variants"][name]
+        assert set(v) == {"timers", "samples", "first_call_s", "warmup_s", "peak_memory_bytes"}
+        assert v["timers"]["wall_ms"]["count"] == 8
+        assert v["timers"]["cuda_event_ms"] is None and v["samples"]["cuda_event_ms"] is None
+        assert v["peak_memory_bytes"] is None
+        assert v["first_call_s"] > 0.0
+    fast = r["ratios"]["fast"]
+    assert fast["cuda_event_ms"] is None
+    assert set(fast["wall_ms"]) == {"speedup", "ratio_median", "ratio_p10", "ratio_p90", "significant"}
+    assert fast["wall_ms"]["speedup"] > 1.5
+    assert fast["wall_ms"]["ratio_p10"] <= fast["wall_ms"]["ratio_p90"]
+    assert fast["wall_ms"]["significant"] is True
+    # The baseline against itself: exactly 1.0 and never significant.
+    assert r["ratios"]["slow"]["wall_ms"]["speedup"] == 1.0
+    assert r["ratios"]["slow"]["wall_ms"]["significant"] is False
+
+
+def test_interleaved_default_baseline_is_first_key():
+    r = interleaved({"fast": _sleeper(0.002), "slow": _sleeper(0.006)}, device="cpu", warmup=1, iters=6, progress=False)
+    assert r["baseline"] == "fast"
+    assert r["ratios"]["slow"]["wall_ms"]["speedup"] < 1 / 1.5
+
+
+def test_interleaved_order_rotates():
+    calls: list[str] = []
+    fns = {name: (lambda name=name: calls.append(name)) for name in ("a", "b", "c")}
+    warmup, iters = 2, 6
+    interleaved(fns, device="cpu", warmup=warmup, iters=iters, progress=False)
+    # Warm-up is variant by variant, then one call per variant per round.
+    assert calls[: 3 * warmup] == ["a", "a", "b", "b", "c", "c"]
+    rounds = [calls[3 * warmup + 3 * i : 3 * warmup + 3 * (i + 1)] for i in range(iters)]
+    assert all(sorted(rnd) == ["a", "b", "c"] for rnd in rounds)
+    assert {rnd[0] for rnd in rounds} == {"a", "b", "c"}
+    assert rounds[:3] == [["a", "b", "c"], ["b", "c", "a"], ["c", "a", "b"]]
+
+
+def test_interleaved_validation():
+    with pytest.raises(ValueError, match="baseline"):
+        interleaved({"a": lambda: None}, device="cpu", baseline="z", progress=False)
+    with pytest.raises(ValueError, match="warmup"):
+        interleaved({"a": lambda: None}, device="cpu", warmup=0, progress=False)
+    with pytest.raises(ValueError, match="iters"):
+        interleaved({"a": lambda: None}, device="cpu", iters=0, progress=False)
+    with pytest.raises(ValueError):
+        interleaved({}, device="cpu", progress=False)
+
+
+# ----------------------------------------------------------------------------- environment
+
+ENV_KEYS = {
+    "gpu", "gpu_count", "driver", "cuda", "cudnn", "torch", "triton", "python", "platform", "cpu",
+    "vlaperf", "git_commit", "git_dirty", "env_vars", "c_compiler", "matmul_precision",
+    "tf32_matmul", "tf32_cudnn", "torch_threads", "timestamp", "hostname",
+}  # fmt: skip
+
+
+def test_environment_record_keys_and_env_vars(monkeypatch):
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
+    monkeypatch.setenv("TORCHINDUCTOR_MAX_AUTOTUNE", "1")
+    monkeypatch.delenv("TORCH_LOGS", raising=False)
+    env = environment_record("cpu")
+    assert ENV_KEYS <= set(env)
+    assert env["gpu"] is None  # CPU device
+    assert env["env_vars"]["TORCHDYNAMO_DISABLE"] == "1"
+    assert env["env_vars"]["TORCHINDUCTOR_MAX_AUTOTUNE"] == "1"
+    assert "TORCH_LOGS" not in env["env_vars"]
+    assert env["torch"] and env["python"] and env["timestamp"].endswith("+00:00")
+    assert isinstance(env["torch_threads"], int)
+    assert env["git_dirty"] in (None, True, False)
+
+
+def test_environment_record_no_compiler_on_empty_path(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))
+    env = environment_record("cpu")
+    assert env["c_compiler"] is None
+    assert env["driver"] is None  # no nvidia-smi either, and no exception

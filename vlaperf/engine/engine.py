@@ -1,0 +1,150 @@
+"""`Engine(model, levers)`: the fast `sample_actions`, assembled from the levers.
+
+    engine = Engine(model, "best")                  # or "for_loop,sdpa,cuda_graph"
+    actions = engine.sample_actions(obs, noise, num_steps=10)
+
+The reference model is never modified; the engine reads its parameters (or fused copies
+of them, see fusion.py) and is checked against `model.sample_actions` by vlaperf.check.
+"""
+
+from __future__ import annotations
+
+import time
+from functools import partial
+
+import torch
+from torch import Tensor
+
+from vlaperf.engine.fusion import build_weights, schedule, time_tables
+from vlaperf.engine.graphs import GraphCache
+from vlaperf.engine.levers import Levers
+from vlaperf.engine.loop import SuffixContext, denoise_step
+from vlaperf.engine.prefix import PrefixPlan, embed_prefix, plan_prefix, prefill
+from vlaperf.inputs import Observation
+from vlaperf.models.pi0 import Pi0Model
+
+
+class Engine:
+    def __init__(self, model: Pi0Model, levers: str | Levers | None = "best"):
+        self.model = model
+        self.device = model.action_in_proj.weight.device
+        self.levers = Levers.parse(levers, self.device)
+        self.levers.check(self.device)
+        self.weights = build_weights(model, fuse=self.levers.fuse_projections)
+        self._tables: dict[int, dict[str, Tensor]] = {}
+        self._times: dict[int, Tensor] = {}
+        self._kv: dict[tuple, tuple[Tensor, Tensor]] = {}
+        self.graphs = GraphCache() if self.levers.cuda_graph else None
+        self.last_plan: PrefixPlan | None = None
+        self._prefix = self._prefix_eager
+        self._step = partial(denoise_step, model, self.weights)
+        if self.levers.compile:
+            from vlaperf.engine.compile import compile_fn
+
+            self._prefix = compile_fn(self._prefix_eager, self.levers.compile)
+            self._step = compile_fn(self._step, self.levers.compile)
+
+    @property
+    def name(self) -> str:
+        return self.levers.label()
+
+    # ------------------------------------------------------------------ public
+
+    @torch.no_grad()
+    def sample_actions(self, obs: Observation, noise: Tensor | None = None, num_steps: int = 10) -> Tensor:
+        """Actions (B, H, A) float32, the same function as `model.sample_actions`."""
+        if num_steps < 1:
+            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        cfg = self.model.config
+        if noise is None:
+            noise = torch.randn(obs.batch, cfg.action_horizon, cfg.action_dim, device=self.device)
+        lv = self.levers
+        plan = plan_prefix(obs, lv.skip_masked_images, lv.trim_prompt_padding)
+        self.last_plan = plan
+        inputs = [obs.images, obs.image_mask, obs.tokens, obs.token_mask, obs.state, noise]
+        if self.graphs is not None:
+            key = (plan.slots, plan.prompt_len, num_steps, tuple((tuple(x.shape), x.dtype) for x in inputs))
+            return self.graphs.run(key, lambda: partial(self._sample, plan=plan, num_steps=num_steps), inputs)
+        return self._sample(*inputs, plan=plan, num_steps=num_steps)
+
+    def prepare(self, num_steps: int) -> None:
+        """Build the per-schedule tables ahead of time (also done lazily)."""
+        self._schedule_tensors(num_steps)
+
+    # ----------------------------------------------------------------- the path
+
+    def _schedule_tensors(self, num_steps: int):
+        if num_steps not in self._times:
+            self._times[num_steps] = torch.tensor(schedule(num_steps), dtype=torch.float32, device=self.device)
+            if self.levers.fuse_projections:
+                self._tables[num_steps] = time_tables(self.model, num_steps, self.device)
+        return self._times[num_steps], self._tables.get(num_steps)
+
+    def _kv_buffers(self, B: int, Tp: int) -> tuple[Tensor, Tensor] | None:
+        """Engine-owned KV buffers (depth, B, K, Tp + Ts, h), allocated once per shape and
+        reused by every call, as a static cache should be (and as CUDA graphs need)."""
+        if not self.levers.static_kv_cache:
+            return None
+        cfg = self.model.config
+        Ts = cfg.action_horizon + (0 if cfg.pi05 else 1)
+        shape = (cfg.backbone.depth, B, cfg.backbone.num_kv_heads, Tp + Ts, cfg.backbone.head_dim)
+        if shape not in self._kv:
+            k = torch.zeros(shape, dtype=self.model.dtype, device=self.device)
+            self._kv[shape] = (k, torch.zeros_like(k))
+            if self.levers.compile:
+                for t in self._kv[shape]:
+                    torch._dynamo.mark_static_address(t)
+        return self._kv[shape]
+
+    def _prefix_eager(self, obs: Observation, plan: PrefixPlan, kv_buffers):
+        prefix, pad = embed_prefix(self.model, self.weights, obs, plan, self.levers.sdpa)
+        cache = prefill(self.model, self.weights, prefix, pad, self.levers.sdpa, kv_buffers)
+        return pad, cache
+
+    def _sample(self, images, image_mask, tokens, token_mask, state, noise, *, plan: PrefixPlan, num_steps: int) -> Tensor:
+        obs = Observation(images, image_mask, tokens, token_mask, state)
+        B = state.shape[0]
+        Tp = len(plan.slots) * self.model.config.vision.num_patches + plan.prompt_len
+        kv_buffers = self._kv_buffers(B, Tp)
+        pad, cache = self._prefix(obs, plan, kv_buffers)
+        ctx = SuffixContext(self.model, state, pad, cache, kv_buffers, hoist=self.levers.static_kv_cache)
+        times, tables = self._schedule_tensors(num_steps)
+        dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32).item()  # the reference's float32 dt
+        x_t = noise.float()
+        sdpa = self.levers.sdpa
+        if self.levers.for_loop:
+            for i in range(num_steps):
+                row = _table_row(tables, i)
+                v_t = self._step(ctx, x_t, times[i].expand(B), row, sdpa)
+                x_t = x_t + dt * v_t
+            return x_t
+        # Without for_loop: the reference's loop condition, read on the host every step.
+        time_t = torch.tensor(1.0, dtype=torch.float32, device=self.device)
+        dt_t = torch.tensor(dt, dtype=torch.float32, device=self.device)
+        i = 0
+        while time_t >= -dt_t / 2:
+            v_t = self._step(ctx, x_t, time_t.expand(B), _table_row(tables, i), sdpa)
+            x_t = x_t + dt_t * v_t
+            time_t = time_t + dt_t
+            i += 1
+        return x_t
+
+
+def _table_row(tables: dict[str, Tensor] | None, i: int) -> dict[str, Tensor] | None:
+    if tables is None:
+        return None
+    row = {name: t[i] for name, t in tables.items() if name != "action_proj"}
+    if "action_proj" in tables:
+        row["action_proj"] = tables["action_proj"]
+    return row
+
+
+def first_call_seconds(engine: Engine, obs: Observation, noise: Tensor, num_steps: int) -> float:
+    """Time of the first call (compile / graph capture included), synchronised."""
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize()
+    start = time.perf_counter()
+    engine.sample_actions(obs, noise, num_steps)
+    if engine.device.type == "cuda":
+        torch.cuda.synchronize()
+    return time.perf_counter() - start

@@ -1,0 +1,163 @@
+"""The engine's own view of the weights: plain or fused, never the reference modules mutated.
+
+Without `fuse_projections` every tensor here is the reference model's parameter itself (a
+view, no copy). With it, the engine builds new tensors:
+  - q/k/v concatenated into one matrix, gate/up into one (fewer, fatter matmuls);
+  - Gemma RMSNorm scales (1 + w) folded into the columns of the linear that follows
+    (W @ (n * s) == (W * s) @ n), so the norm is a plain normalisation;
+  - time conditioning tabulated for the fixed schedule (see `time_tables`).
+Folding happens in float32 and is rounded once to the model dtype.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from vlaperf.models.pi0 import AdaptiveRMSNorm, GemmaLayer, Pi0Model, RMSNorm, SiglipLayer
+
+
+@dataclass
+class GemmaLayerW:
+    """One Gemma layer. A norm is `None` where its scale was folded or it is adaptive."""
+
+    in_scale: Tensor | None  # (D,) float32, the (1 + w) of the input RMSNorm
+    qkv: Tensor | None  # fused (N*h + 2*K*h, D), or None
+    q: Tensor | None
+    k: Tensor | None
+    v: Tensor | None
+    o: Tensor
+    post_scale: Tensor | None
+    gate_up: Tensor | None  # fused (2*F, D), or None
+    gate: Tensor | None
+    up: Tensor | None
+    down: Tensor
+    ada_in: tuple[Tensor, Tensor] | None  # pi0.5 adaRMS dense (weight, bias) if not tabulated
+    ada_post: tuple[Tensor, Tensor] | None
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+
+
+@dataclass
+class SiglipLayerW:
+    ln1: tuple[Tensor, Tensor]
+    qkv: tuple[Tensor, Tensor] | None  # fused (3D, D) weight and bias, or None
+    q: tuple[Tensor, Tensor] | None
+    k: tuple[Tensor, Tensor] | None
+    v: tuple[Tensor, Tensor] | None
+    out: tuple[Tensor, Tensor]
+    ln2: tuple[Tensor, Tensor]
+    fc1: tuple[Tensor, Tensor]
+    fc2: tuple[Tensor, Tensor]
+    num_heads: int
+
+
+def _wb(linear) -> tuple[Tensor, Tensor]:
+    return linear.weight, linear.bias
+
+
+def siglip_layer_weights(layer: SiglipLayer, fuse: bool) -> SiglipLayerW:
+    a = layer.self_attn
+    if fuse:
+        qkv = (torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]), torch.cat([a.q_proj.bias, a.k_proj.bias, a.v_proj.bias]))
+        q = k = v = None
+    else:
+        qkv, q, k, v = None, _wb(a.q_proj), _wb(a.k_proj), _wb(a.v_proj)
+    return SiglipLayerW(
+        ln1=_wb(layer.layer_norm1), qkv=qkv, q=q, k=k, v=v, out=_wb(a.out_proj),
+        ln2=_wb(layer.layer_norm2), fc1=_wb(layer.mlp.fc1), fc2=_wb(layer.mlp.fc2), num_heads=a.num_heads,
+    )
+
+
+def _fold(weight: Tensor, scale: Tensor) -> Tensor:
+    return (weight.float() * scale[None, :]).to(weight.dtype)
+
+
+def gemma_layer_weights(layer: GemmaLayer, fuse: bool) -> GemmaLayerW:
+    a, m = layer.self_attn, layer.mlp
+    adaptive = isinstance(layer.input_layernorm, AdaptiveRMSNorm)
+    in_scale = None if adaptive else 1.0 + layer.input_layernorm.weight.float()
+    post_scale = None if adaptive else 1.0 + layer.post_attention_layernorm.weight.float()
+    ada_in = None if not adaptive else _wb(layer.input_layernorm.dense)
+    ada_post = None if not adaptive else _wb(layer.post_attention_layernorm.dense)
+    common = dict(o=a.o_proj.weight, down=m.down_proj.weight, ada_in=ada_in, ada_post=ada_post,
+                  num_heads=a.num_heads, num_kv_heads=a.num_kv_heads, head_dim=a.head_dim)
+    if not fuse:
+        return GemmaLayerW(in_scale=in_scale, qkv=None, q=a.q_proj.weight, k=a.k_proj.weight, v=a.v_proj.weight,
+                           post_scale=post_scale, gate_up=None, gate=m.gate_proj.weight, up=m.up_proj.weight, **common)
+    qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+    gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight])
+    if not adaptive:
+        qkv, gate_up = _fold(qkv, in_scale), _fold(gate_up, post_scale)
+    return GemmaLayerW(in_scale=None, qkv=qkv, q=None, k=None, v=None, post_scale=None, gate_up=gate_up,
+                       gate=None, up=None, **common)
+
+
+@dataclass
+class EngineWeights:
+    vision: list[SiglipLayerW]
+    backbone: list[GemmaLayerW]
+    expert: list[GemmaLayerW]
+    backbone_final_scale: Tensor  # the backbone's final norm is never needed for actions
+    expert_final: RMSNorm | AdaptiveRMSNorm
+    fused: bool
+
+
+def build_weights(model: Pi0Model, fuse: bool) -> EngineWeights:
+    with torch.no_grad():
+        return EngineWeights(
+            vision=[siglip_layer_weights(l, fuse) for l in model.vision.encoder.layers],
+            backbone=[gemma_layer_weights(l, fuse) for l in model.backbone.layers],
+            expert=[gemma_layer_weights(l, fuse) for l in model.expert.layers],
+            backbone_final_scale=1.0 + model.backbone.norm.weight.float() if isinstance(model.backbone.norm, RMSNorm) else None,
+            expert_final=model.expert.norm,
+            fused=fuse,
+        )
+
+
+# ------------------------------------------------------------------ time tables
+
+
+def schedule(num_steps: int) -> list[float]:
+    """The times t_i the reference visits: float32 1.0 plus dt, num_steps times, accumulated
+    in float32 exactly as the reference's device tensor is (so the tables match bit for bit)."""
+    dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32)
+    t = torch.tensor(1.0, dtype=torch.float32)
+    out = []
+    for _ in range(num_steps):
+        out.append(t.item())
+        t = t + dt
+    return out
+
+
+@torch.no_grad()
+def time_tables(model: Pi0Model, num_steps: int, device) -> dict[str, Tensor]:
+    """Everything that depends on the step's time alone, for the fixed schedule.
+
+    pi0:  `action_time` (steps, D_e): W_t @ emb(t_i) + b of action_time_mlp_in, plus the
+          action_in_proj bias pushed through W_a; `action_proj` (D_e, A): W_a @ W_in, so one
+          small matmul maps x_t straight to the MLP's pre-activation.
+    pi0.5: `modulation` (steps, depth*6 + 2, D_e): every adaptive norm's scale/shift/gate.
+    """
+    cfg = model.config
+    ts = torch.tensor(schedule(num_steps), dtype=torch.float32, device=device)
+    temb = model.time_condition(ts)  # (steps, D_e), model dtype, as the reference rounds it
+    if not cfg.pi05:
+        D = cfg.expert.width
+        w_in = model.action_time_mlp_in.weight.float()  # (D, 2D) acting on [action, time]
+        w_a, w_t = w_in[:, :D], w_in[:, D:]
+        b = model.action_time_mlp_in.bias.float()
+        p_w, p_b = model.action_in_proj.weight.float(), model.action_in_proj.bias.float()
+        action_time = temb.float() @ w_t.T + b + p_b @ w_a.T
+        return {"action_time": action_time.to(model.dtype), "action_proj": (w_a @ p_w).to(model.dtype)}
+    cond = F.silu(model.time_mlp_out(F.silu(model.time_mlp_in(temb))))  # (steps, D)
+    mods = []
+    for layer in model.expert.layers:
+        for norm in (layer.input_layernorm, layer.post_attention_layernorm):
+            mods.append(norm.dense(cond).view(num_steps, 3, -1))  # scale, shift, gate
+    final = model.expert.norm.dense(cond).view(num_steps, 3, -1)[:, :2]
+    return {"modulation": torch.cat(mods + [final], dim=1)}  # (steps, depth*6 + 2, D)

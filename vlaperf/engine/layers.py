@@ -1,0 +1,128 @@
+"""Layer math over `EngineWeights`: the same functions as the reference, with the levers'
+variations (fused weights, SDPA) selected by plain arguments. No host syncs anywhere here.
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from vlaperf.engine.attention import attention
+from vlaperf.engine.fusion import GemmaLayerW, SiglipLayerW
+from vlaperf.models.pi0 import apply_rope
+
+
+def rms_normalize(x: Tensor, eps: float, scale: Tensor | None = None) -> Tensor:
+    """Gemma RMSNorm in float32; `scale` is (1 + w), or None where it was folded away."""
+    xf = x.float()
+    n = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (n if scale is None else n * scale).to(x.dtype)
+
+
+def modulated(x: Tensor, eps: float, scale: Tensor, shift: Tensor) -> Tensor:
+    """pi0.5 adaptive RMSNorm with precomputed scale/shift ((D,) or (B, 1, D))."""
+    xf = x.float()
+    n = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + eps)
+    return (n * (1.0 + scale.float()) + shift.float()).to(x.dtype)
+
+
+def adaptive_from_dense(x: Tensor, eps: float, dense: tuple[Tensor, Tensor], cond: Tensor) -> tuple[Tensor, Tensor]:
+    mod = F.linear(cond, *dense)[:, None, :]  # (B, 1, 3D)
+    scale, shift, gate = mod.chunk(3, dim=-1)
+    return modulated(x, eps, scale, shift), gate
+
+
+# ------------------------------------------------------------------------ SigLIP
+
+
+def siglip_layer(lw: SiglipLayerW, x: Tensor, eps: float, use_sdpa: bool) -> Tensor:
+    B, T, D = x.shape
+    h = F.layer_norm(x, (D,), *lw.ln1, eps)
+    if lw.qkv is not None:
+        q, k, v = F.linear(h, *lw.qkv).split(D, dim=-1)
+    else:
+        q, k, v = F.linear(h, *lw.q), F.linear(h, *lw.k), F.linear(h, *lw.v)
+    heads = lambda t: t.view(B, T, lw.num_heads, D // lw.num_heads).transpose(1, 2)  # noqa: E731
+    out = attention(heads(q), heads(k), heads(v), None, use_sdpa)
+    x = x + F.linear(out.transpose(1, 2).reshape(B, T, D), *lw.out)
+    h = F.layer_norm(x, (D,), *lw.ln2, eps)
+    return x + F.linear(F.gelu(F.linear(h, *lw.fc1), approximate="tanh"), *lw.fc2)
+
+
+# ------------------------------------------------------------------------- Gemma
+
+
+def qkv_projection(lw: GemmaLayerW, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
+    """h (B, T, D) -> q (B, N, T, h), k, v (B, K, T, h), before RoPE."""
+    B, T, _ = h.shape
+    N, K, hd = lw.num_heads, lw.num_kv_heads, lw.head_dim
+    if lw.qkv is not None:
+        q, k, v = F.linear(h, lw.qkv).split([N * hd, K * hd, K * hd], dim=-1)
+    else:
+        q, k, v = F.linear(h, lw.q), F.linear(h, lw.k), F.linear(h, lw.v)
+    return (q.view(B, T, N, hd).transpose(1, 2), k.view(B, T, K, hd).transpose(1, 2), v.view(B, T, K, hd).transpose(1, 2))
+
+
+def gemma_mlp(lw: GemmaLayerW, h: Tensor) -> Tensor:
+    if lw.gate_up is not None:
+        gate, up = F.linear(h, lw.gate_up).chunk(2, dim=-1)
+    else:
+        gate, up = F.linear(h, lw.gate), F.linear(h, lw.up)
+    return F.linear(F.gelu(gate, approximate="tanh") * up, lw.down)
+
+
+def gemma_layer(
+    lw: GemmaLayerW,
+    x: Tensor,
+    eps: float,
+    cos: Tensor,
+    sin: Tensor,
+    mask: Tensor | None,
+    use_sdpa: bool,
+    kv_write: tuple[Tensor, Tensor] | None = None,
+    kv_past: tuple[Tensor, Tensor] | None = None,
+    mod: Tensor | None = None,
+    ada_cond: Tensor | None = None,
+) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """One Gemma layer on one stream.
+
+    kv_write: static buffers (B, K, T_total, h) and this stream's slot in them are given as
+              views; this stream's k, v are written there and attention reads the whole
+              buffer view passed in `kv_past` (static cache), or
+    kv_past:  cached prefix (k, v) concatenated in front of this stream's (dynamic cache).
+    mod:      pi0.5 tabulated modulation rows (6, D): scale/shift/gate for both norms.
+    ada_cond: pi0.5 condition (B, D) when modulation is not tabulated.
+    Returns the new x and this stream's (k, v) after RoPE (for the prefix cache).
+    """
+    gate1 = gate2 = None
+    if mod is not None:
+        h = modulated(x, eps, mod[0], mod[1])
+        gate1 = mod[2]
+    elif lw.ada_in is not None:
+        h, gate1 = adaptive_from_dense(x, eps, lw.ada_in, ada_cond)
+    else:
+        h = rms_normalize(x, eps, lw.in_scale)
+    q, k, v = qkv_projection(lw, h)
+    q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
+    if kv_write is not None:
+        kv_write[0].copy_(k)
+        kv_write[1].copy_(v)
+        k_all, v_all = kv_past
+    elif kv_past is not None:
+        k_all, v_all = torch.cat([kv_past[0], k], dim=2), torch.cat([kv_past[1], v], dim=2)
+    else:
+        k_all, v_all = k, v
+    out = attention(q, k_all, v_all, mask, use_sdpa)
+    B, _, T, _ = q.shape
+    branch = F.linear(out.transpose(1, 2).reshape(B, T, -1), lw.o)
+    x = x + branch if gate1 is None else x + branch * gate1
+    if mod is not None:
+        h = modulated(x, eps, mod[3], mod[4])
+        gate2 = mod[5]
+    elif lw.ada_post is not None:
+        h, gate2 = adaptive_from_dense(x, eps, lw.ada_post, ada_cond)
+    else:
+        h = rms_normalize(x, eps, lw.post_scale)
+    branch = gemma_mlp(lw, h)
+    return (x + branch if gate2 is None else x + branch * gate2), (k, v)

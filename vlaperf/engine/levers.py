@@ -1,0 +1,102 @@
+"""The speed levers: names, one-line descriptions, parsing and applicability checks.
+
+A variant of the engine is a set of levers. Each lever is an explicit, composable transform
+of the reference model's inference path and is checked for equivalence against it
+(`vlaperf.check`). `vlaperf levers` prints this table.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, fields
+
+import torch
+
+# name -> what it does (one line each; the order is the cumulative order of `vlaperf matrix`)
+LEVERS: dict[str, str] = {
+    "for_loop": "denoise with a Python for over a precomputed schedule instead of a while on a device tensor (no host sync per step)",
+    "skip_masked_images": "do not embed image slots whose mask is False for the whole batch; drop their tokens from the prefix",
+    "trim_prompt_padding": "drop padded prompt tokens past the longest valid prompt, padded up to a static bucket (8, 16, 32, 64, ...)",
+    "static_kv_cache": "preallocated prefix+suffix KV buffers written in place; suffix mask and RoPE built once per call, not per step",
+    "sdpa": "torch scaled_dot_product_attention (flash / memory-efficient kernels) instead of eager softmax attention",
+    "fuse_projections": "fused QKV and gate/up matmuls, RMSNorm scales folded into the next linear, time conditioning tabulated per step",
+    "cuda_graph": "capture the whole sample_actions (prefix + all steps) in one CUDA graph per input shape, replayed per call",
+    "compile": "torch.compile the prefix and the denoise step (mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs)",
+}
+
+COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
+
+# Everything that is exact up to floating-point reordering, plus one CUDA graph.
+BEST_GPU = ("for_loop", "skip_masked_images", "trim_prompt_padding", "static_kv_cache", "sdpa", "fuse_projections", "cuda_graph")
+BEST_CPU = ("for_loop", "skip_masked_images", "trim_prompt_padding", "static_kv_cache", "sdpa", "fuse_projections")
+
+
+class LeverError(ValueError):
+    """A lever that does not exist, or cannot apply here; the message says why."""
+
+
+@dataclass(frozen=True)
+class Levers:
+    for_loop: bool = False
+    skip_masked_images: bool = False
+    trim_prompt_padding: bool = False
+    static_kv_cache: bool = False
+    sdpa: bool = False
+    fuse_projections: bool = False
+    cuda_graph: bool = False
+    compile: str | None = None  # one of COMPILE_MODES, or None
+
+    @classmethod
+    def parse(cls, spec: "str | list[str] | tuple[str, ...] | Levers | None", device: torch.device | str = "cpu") -> "Levers":
+        """'none' / 'reference' / '' -> no levers; 'best' -> the best set for the device;
+        otherwise a comma-separated list, e.g. 'for_loop,sdpa,compile=reduce-overhead'."""
+        if isinstance(spec, Levers):
+            return spec
+        if spec is None:
+            return cls()
+        items = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+        if items in ([], ["none"], ["reference"]):
+            return cls()
+        if items == ["best"]:
+            items = list(BEST_GPU if torch.device(device).type == "cuda" else BEST_CPU)
+        kwargs: dict = {}
+        for item in items:
+            name, _, value = item.partition("=")
+            if name not in LEVERS:
+                raise LeverError(f"unknown lever {name!r}; expected one of: {', '.join(LEVERS)} (or 'best', 'none')")
+            if name == "compile":
+                mode = value or "default"
+                if mode not in COMPILE_MODES:
+                    raise LeverError(f"compile mode {mode!r} is not one of: {', '.join(COMPILE_MODES)}")
+                kwargs["compile"] = mode
+            elif value:
+                raise LeverError(f"lever {name!r} takes no value, got {item!r}")
+            else:
+                kwargs[name] = True
+        return cls(**kwargs)
+
+    def names(self) -> list[str]:
+        out = []
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.name == "compile":
+                if value:
+                    out.append(f"compile={value}")
+            elif value:
+                out.append(f.name)
+        return out
+
+    def label(self) -> str:
+        return "+".join(self.names()) or "reference"
+
+    def check(self, device: torch.device | str) -> None:
+        """Raise LeverError if a lever cannot apply on `device` or with the others."""
+        device = torch.device(device)
+        if self.cuda_graph:
+            if device.type != "cuda":
+                raise LeverError("cuda_graph needs a CUDA device; this run is on " + device.type)
+            if not self.for_loop:
+                raise LeverError("cuda_graph needs for_loop: the reference while-loop reads a device tensor on the host, which cannot be captured")
+            if self.compile in ("reduce-overhead", "max-autotune"):
+                raise LeverError(f"cuda_graph and compile={self.compile} both capture CUDA graphs; use compile=default or max-autotune-no-cudagraphs with cuda_graph")
+        if self.compile in ("reduce-overhead", "max-autotune") and device.type != "cuda":
+            raise LeverError(f"compile={self.compile} uses CUDA graphs and needs a CUDA device")

@@ -1,0 +1,94 @@
+"""The denoise loop: the suffix (state + noisy actions) through the expert, N Euler steps.
+
+`for_loop` runs Python integers over the precomputed schedule (nothing read on the host);
+without it the loop keeps the reference's `while` on a device tensor (one sync per step).
+"""
+
+from __future__ import annotations
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from vlaperf.engine.attention import suffix_mask
+from vlaperf.engine.fusion import EngineWeights
+from vlaperf.engine.layers import gemma_layer, modulated, rms_normalize
+from vlaperf.models.pi0 import Pi0Model, rope_cos_sin
+
+
+class SuffixContext:
+    """Per-call tensors of the denoise loop that do not change between steps: the suffix
+    mask, RoPE tables, pi0's state token, and the KV cache. Built once per call when
+    `hoist` (static_kv_cache) is on; otherwise rebuilt every step as the reference does."""
+
+    def __init__(self, model: Pi0Model, state: Tensor, prefix_pad: Tensor, cache, kv_buffers, hoist: bool):
+        self.model, self.state, self.prefix_pad = model, state, prefix_pad
+        self.cache, self.kv_buffers, self.hoist = cache, kv_buffers, hoist
+        cfg = model.config
+        self.suffix_len = cfg.action_horizon + (0 if cfg.pi05 else 1)
+        if hoist:
+            self._mask, self._cos, self._sin = self._build()
+            self._state_tok = None if cfg.pi05 else model.state_proj(state.to(model.dtype))[:, None, :]
+
+    def _build(self):
+        cfg = self.model.config.expert
+        pad = self.prefix_pad
+        mask = suffix_mask(pad, self.suffix_len, self.model.config.pi05)
+        positions = pad.long().sum(-1, keepdim=True) + torch.arange(self.suffix_len, device=pad.device)[None]
+        cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_base, self.model.dtype)
+        return mask, cos, sin
+
+    def mask_rope(self):
+        return (self._mask, self._cos, self._sin) if self.hoist else self._build()
+
+    def state_token(self) -> Tensor:
+        if self.hoist:
+            return self._state_tok
+        return self.model.state_proj(self.state.to(self.model.dtype))[:, None, :]
+
+
+def suffix_tokens(model: Pi0Model, ctx: SuffixContext, x_t: Tensor, t: Tensor, table_row: dict | None):
+    """Suffix embeddings (B, Ts, D_e) and the pi0.5 condition (or None).
+
+    With tables (fuse_projections), pi0's action/time MLP input is one matmul plus the
+    tabulated time row; pi0.5's norms read tabulated modulations, so no condition is needed.
+    """
+    cfg = model.config
+    if table_row is None:
+        tokens, _, _, adarms = model.embed_suffix(ctx.state, x_t, t)
+        if not cfg.pi05 and ctx.hoist:
+            tokens = torch.cat([ctx.state_token(), tokens[:, 1:]], dim=1)
+        return tokens, adarms
+    if cfg.pi05:
+        return model.action_in_proj(x_t.to(model.dtype)), None
+    pre = F.linear(x_t.to(model.dtype), table_row["action_proj"]) + table_row["action_time"]
+    actions = model.action_time_mlp_out(F.silu(pre))
+    return torch.cat([ctx.state_token(), actions], dim=1), None
+
+
+def denoise_step(
+    model: Pi0Model, ew: EngineWeights, ctx: SuffixContext, x_t: Tensor, t: Tensor, table_row: dict | None, use_sdpa: bool
+) -> Tensor:
+    """Velocity (B, H, A) float32 at x_t."""
+    cfg = model.config
+    eps = cfg.expert.eps
+    x, adarms = suffix_tokens(model, ctx, x_t, t, table_row)
+    mask, cos, sin = ctx.mask_rope()
+    mods = table_row.get("modulation") if table_row else None  # (depth*6 + 2, D) for pi0.5
+    Ts = x.shape[1]
+    for i, lw in enumerate(ew.expert):
+        mod = mods[6 * i : 6 * i + 6] if mods is not None else None
+        if ctx.kv_buffers is not None:
+            kb, vb = ctx.kv_buffers[0][i], ctx.kv_buffers[1][i]
+            write = (kb[:, :, -Ts:], vb[:, :, -Ts:])
+            x, _ = gemma_layer(lw, x, eps, cos, sin, mask, use_sdpa, kv_write=write, kv_past=(kb, vb), mod=mod, ada_cond=adarms)
+        else:
+            x, _ = gemma_layer(lw, x, eps, cos, sin, mask, use_sdpa, kv_past=ctx.cache[i], mod=mod, ada_cond=adarms)
+    if mods is not None:
+        x = modulated(x, eps, mods[-2], mods[-1])
+    elif cfg.pi05:
+        x, _ = ew.expert_final(x, adarms)
+    else:
+        x = rms_normalize(x, eps, 1.0 + ew.expert_final.weight.float())
+    H = x_t.shape[1]
+    return model.action_out_proj(x[:, -H:].to(model.action_out_proj.weight.dtype)).float()

@@ -1,0 +1,124 @@
+"""The prefix: which image slots and prompt tokens to compute, their embedding, the prefill.
+
+`skip_masked_images` and `trim_prompt_padding` decide on the host, from the observation's
+host-side metadata, which tokens exist; positions and masks of the kept tokens are exactly
+those of the full prefix (dropped tokens were padding: they add nothing to the position
+cumsum and no valid token attends to them).
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from vlaperf.engine.attention import prefix_mask
+from vlaperf.engine.fusion import EngineWeights
+from vlaperf.engine.layers import gemma_layer, qkv_projection, rms_normalize, siglip_layer
+from vlaperf.models.pi0 import Pi0Model, apply_rope, rope_cos_sin
+
+# Static prompt lengths: changing the instruction must not re-capture a graph or recompile
+# per length, so kept prompts are padded up to the next bucket (capped at the slot count).
+PROMPT_BUCKETS = (8, 16, 32, 64, 128, 256)
+
+
+def prompt_bucket(valid_len: int, slots: int) -> int:
+    for b in PROMPT_BUCKETS:
+        if b >= valid_len:
+            return min(b, slots)
+    return slots
+
+
+@dataclass(frozen=True)
+class PrefixPlan:
+    slots: tuple[int, ...]  # image slots that are embedded
+    prompt_len: int  # prompt tokens kept (from the left)
+    read_device_masks: bool = False  # True if the plan needed a device-to-host read
+
+
+def plan_prefix(obs, skip_masked_images: bool, trim_prompt_padding: bool) -> PrefixPlan:
+    """Decide the prefix layout on the host. Uses the observation's host metadata; without
+    it, reads the device masks once (a sync, reported in the plan) rather than guess."""
+    S, L = obs.images.shape[1], obs.tokens.shape[1]
+    read = False
+    slots = tuple(range(S))
+    if skip_masked_images:
+        valid = obs.host_image_valid
+        if valid is None:
+            valid, read = tuple(obs.image_mask.any(0).tolist()), True
+        slots = tuple(s for s in range(S) if valid[s])
+    prompt_len = L
+    if trim_prompt_padding:
+        n = obs.host_prompt_len
+        if n is None:
+            n, read = int(obs.token_mask.sum(1).max()), True
+        prompt_len = prompt_bucket(n, L)
+    return PrefixPlan(slots, prompt_len, read)
+
+
+def embed_images(model: Pi0Model, ew: EngineWeights, images: Tensor, use_sdpa: bool) -> Tensor:
+    """(B, S', 3, R, R) -> (B, S' * P, D). All kept images go through SigLIP as one batch
+    (fatter matmuls than one call per camera)."""
+    B, S = images.shape[:2]
+    vision = model.vision
+    x = vision.embeddings(images.flatten(0, 1))
+    eps = vision.post_layernorm.eps
+    for lw in ew.vision:
+        x = siglip_layer(lw, x, eps, use_sdpa)
+    x = model.projector(vision.post_layernorm(x))
+    return x.view(B, S * x.shape[1], x.shape[2])
+
+
+def embed_prefix(model: Pi0Model, ew: EngineWeights, obs, plan: PrefixPlan, use_sdpa: bool) -> tuple[Tensor, Tensor]:
+    """Prefix embeddings (B, Tp, D) and pad mask (B, Tp) for the planned layout."""
+    embs, pads = [], []
+    if plan.slots:
+        idx = list(plan.slots)
+        img = embed_images(model, ew, obs.images[:, idx], use_sdpa)
+        P = img.shape[1] // len(idx)
+        embs.append(img)
+        pads.append(obs.image_mask[:, idx].repeat_interleave(P, dim=1))
+    tokens = obs.tokens[:, : plan.prompt_len]
+    lang = model.backbone.embed_tokens(tokens)
+    embs.append(lang * math.sqrt(lang.shape[-1]))
+    pads.append(obs.token_mask[:, : plan.prompt_len])
+    return torch.cat(embs, dim=1), torch.cat(pads, dim=1)
+
+
+def prefill(
+    model: Pi0Model,
+    ew: EngineWeights,
+    prefix: Tensor,
+    pad: Tensor,
+    use_sdpa: bool,
+    kv_buffers: tuple[Tensor, Tensor] | None,
+) -> list[tuple[Tensor, Tensor]] | None:
+    """Backbone over the prefix. With `kv_buffers` (depth, B, K, Tp + Ts, h) the keys and
+    values are written into their prefix part and nothing is returned; otherwise the
+    per-layer (k, v) list is returned. With static buffers the last layer stops after its
+    K/V: its attention output, MLP and the final norm feed nothing the actions depend on."""
+    cfg = model.config.backbone
+    positions = torch.cumsum(pad.long(), dim=1) - 1
+    cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_base, prefix.dtype)
+    mask = prefix_mask(pad)
+    Tp = prefix.shape[1]
+    x, cache = prefix, []
+    for i, lw in enumerate(ew.backbone):
+        if kv_buffers is not None and i == len(ew.backbone) - 1:
+            _write_last_kv(lw, x, cfg.eps, cos, sin, kv_buffers, i, Tp)
+            return None
+        x, kv = gemma_layer(lw, x, cfg.eps, cos, sin, mask, use_sdpa)
+        if kv_buffers is not None:
+            kv_buffers[0][i, :, :, :Tp].copy_(kv[0])
+            kv_buffers[1][i, :, :, :Tp].copy_(kv[1])
+        else:
+            cache.append(kv)
+    return cache
+
+
+def _write_last_kv(lw, x, eps, cos, sin, kv_buffers, i, Tp) -> None:
+    _, k, v = qkv_projection(lw, rms_normalize(x, eps, lw.in_scale))
+    kv_buffers[0][i, :, :, :Tp].copy_(apply_rope(k, cos, sin))
+    kv_buffers[1][i, :, :, :Tp].copy_(v)

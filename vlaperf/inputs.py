@@ -1,0 +1,317 @@
+"""Model inputs: the Observation type, random observations per workload, and the openpi
+LIBERO / ALOHA numpy-dict layouts that a policy server receives (policy mode).
+
+Shapes (axis letters as in vlaperf.models.pi0):
+    images      (B, S, 3, R, R) float, in [-1, 1]   R = the model's image size (224)
+    image_mask  (B, S) bool                          False = slot absent (all-zero image)
+    tokens      (B, L) int64                         L = prompt slots (max_token_len)
+    token_mask  (B, L) bool                          True for the valid (leading) tokens
+    state       (B, A) float32                       robot state zero-padded to the action dim
+"""
+
+from __future__ import annotations
+
+import hashlib
+import re
+from dataclasses import dataclass
+from typing import Any, Protocol
+
+import numpy as np
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from vlaperf.models.pi0 import Pi0Config, get_config
+from vlaperf.workloads import Workload
+
+# openpi's camera slot names, in the order the model embeds them.
+IMAGE_SLOTS = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
+
+
+@dataclass
+class Observation:
+    images: Tensor
+    image_mask: Tensor
+    tokens: Tensor
+    token_mask: Tensor
+    state: Tensor
+    # Host-side copies of what the masks say, filled by whoever built the observation on the
+    # host. The engine plans the prefix from these without reading the device masks (a
+    # device-to-host read would be a sync per call). None = unknown: the engine reads the
+    # masks once per call and says so.
+    host_image_valid: tuple[bool, ...] | None = None  # per slot: valid in any sample
+    host_prompt_len: int | None = None  # longest valid prompt in the batch
+
+    def to(self, device: torch.device | str) -> "Observation":
+        moved = (t.to(device, non_blocking=True) for t in self.tensors())
+        return Observation(*moved, host_image_valid=self.host_image_valid, host_prompt_len=self.host_prompt_len)
+
+    def tensors(self) -> tuple[Tensor, ...]:
+        return (self.images, self.image_mask, self.tokens, self.token_mask, self.state)
+
+    @property
+    def batch(self) -> int:
+        return self.state.shape[0]
+
+
+# ------------------------------------------------------------------------ tokenizer
+
+
+class Tokenizer(Protocol):
+    """Anything that turns a prompt string into token ids. vlaperf ships a stand-in
+    (`WordHashTokenizer`); pass the real PaliGemma sentencepiece tokenizer for real
+    checkpoints, e.g. `lambda s: sp.encode(s)` wrapped in a class with `encode`."""
+
+    def encode(self, text: str) -> list[int]: ...
+
+
+class WordHashTokenizer:
+    """Deterministic stand-in for the PaliGemma tokenizer (which cannot be downloaded here).
+
+    Lower-cases, splits into words and punctuation, and maps each piece to an id by a
+    stable hash; prepends BOS and ends with a newline token like PaliGemma prompts do.
+    Same text -> same ids on every machine; token counts are realistic (one per word),
+    but the ids mean nothing to a trained model.
+    """
+
+    BOS, NEWLINE = 2, 108
+
+    def __init__(self, vocab_size: int):
+        if vocab_size < 256:
+            raise ValueError(f"vocab_size must be >= 256, got {vocab_size}")
+        self.vocab_size = vocab_size
+
+    def encode(self, text: str) -> list[int]:
+        pieces = re.findall(r"\w+|[^\w\s]", text.lower().strip())
+        ids = [self.BOS]
+        for piece in pieces:
+            digest = hashlib.blake2b(piece.encode(), digest_size=8).digest()
+            ids.append(256 + int.from_bytes(digest, "little") % (self.vocab_size - 256))
+        return ids + [self.NEWLINE]
+
+
+def tokenize_prompt(tokenizer: Tokenizer, prompt: str, slots: int) -> tuple[np.ndarray, np.ndarray]:
+    """ids and mask, each (slots,), right-padded with 0; too long prompts are cut (as openpi does)."""
+    ids = tokenizer.encode(prompt)[:slots]
+    tokens = np.zeros(slots, dtype=np.int64)
+    mask = np.zeros(slots, dtype=bool)
+    tokens[: len(ids)] = ids
+    mask[: len(ids)] = True
+    return tokens, mask
+
+
+def state_prompt(state: np.ndarray, bins: int = 256) -> str:
+    """pi0.5 puts the state into the prompt as discretised bins ("State: 12 200 ...;")."""
+    clipped = np.clip(np.asarray(state, dtype=np.float64), -1.0, 1.0)
+    digits = np.digitize(clipped, np.linspace(-1.0, 1.0, bins + 1)[:-1]) - 1
+    return "State: " + " ".join(str(int(d)) for d in digits) + ";"
+
+
+# ------------------------------------------------------------- random (model mode)
+
+
+def random_observation(
+    workload: Workload,
+    config: Pi0Config | None = None,
+    device: torch.device | str = "cpu",
+    seed: int = 0,
+) -> Observation:
+    """A random observation with the workload's shapes: valid image slots hold random pixels,
+    masked slots hold the all-zero uint8 image (-1 after normalisation, as openpi's LIBERO
+    transform produces), prompts have the workload's valid token counts, state is padded."""
+    cfg = config or get_config(workload.preset)
+    gen = torch.Generator().manual_seed(seed)
+    B, S, R = workload.batch, workload.image_slots, cfg.vision.image_size
+    pixels = torch.randint(0, 256, (B, S, 3, R, R), generator=gen, dtype=torch.uint8)
+    valid = torch.tensor(workload.image_valid, dtype=torch.bool)
+    pixels[:, ~valid] = 0
+    images = pixels.float() / 127.5 - 1.0
+    tokens = torch.zeros(B, workload.prompt_slots, dtype=torch.long)
+    token_mask = torch.zeros(B, workload.prompt_slots, dtype=torch.bool)
+    for b, n in enumerate(workload.prompt_valid):
+        tokens[b, :n] = torch.randint(1, cfg.backbone.vocab_size, (n,), generator=gen)
+        token_mask[b, :n] = True
+    state = torch.zeros(B, cfg.action_dim)
+    state[:, : workload.state_dim] = torch.rand(B, workload.state_dim, generator=gen) * 2 - 1
+    obs = Observation(images, valid[None].expand(B, S).clone(), tokens, token_mask, state,
+                      host_image_valid=tuple(workload.image_valid), host_prompt_len=max(workload.prompt_valid))
+    return obs.to(device)
+
+
+def random_noise(workload: Workload, config: Pi0Config | None = None, device="cpu", seed: int = 0) -> Tensor:
+    """Fixed initial noise (B, H, A) float32 for reproducible sampling."""
+    cfg = config or get_config(workload.preset)
+    gen = torch.Generator().manual_seed(seed + 1)
+    return torch.randn(workload.batch, workload.horizon, cfg.action_dim, generator=gen).to(device)
+
+
+# --------------------------------------------------------- openpi dicts (policy mode)
+
+
+PROMPTS = (
+    "put the black bowl on the plate",
+    "open the top drawer of the cabinet and put the bowl inside",
+    "pick up the alphabet soup and place it in the basket",
+    "turn on the stove",
+)
+
+
+def make_example(workload: Workload, seed: int = 0, image_size: int = 224) -> dict[str, Any]:
+    """One raw observation as an openpi client sends it (unbatched numpy, uint8 images).
+
+    libero: observation/image, observation/wrist_image (H, W, 3 uint8), observation/state (8,),
+            prompt.   aloha: images/{cam_high, cam_left_wrist, cam_right_wrist} (3, H, W uint8),
+            state (14,), prompt.
+    """
+    rng = np.random.default_rng(seed)
+    prompt = PROMPTS[seed % len(PROMPTS)]
+    state = rng.uniform(-1, 1, workload.state_dim).astype(np.float32)
+    if workload.layout == "libero":
+        img = lambda: rng.integers(0, 256, (image_size, image_size, 3), dtype=np.uint8)  # noqa: E731
+        return {"observation/image": img(), "observation/wrist_image": img(), "observation/state": state, "prompt": prompt}
+    if workload.layout == "aloha":
+        img = lambda: rng.integers(0, 256, (3, image_size, image_size), dtype=np.uint8)  # noqa: E731
+        cams = ("cam_high", "cam_left_wrist", "cam_right_wrist")
+        return {"images": {c: img() for c in cams}, "state": state, "prompt": prompt}
+    raise ValueError(f"unknown observation layout {workload.layout!r}")
+
+
+class InputError(ValueError):
+    """A malformed observation; the message names the field and what was expected."""
+
+
+def _get(example: dict, key: str) -> Any:
+    node: Any = example
+    for part in key.split("/") if key.startswith("images/") else [key]:
+        if not isinstance(node, dict) or part not in node:
+            raise InputError(f"observation is missing key {key!r}")
+        node = node[part]
+    return node
+
+
+def _image(value: Any, key: str, channels_first: bool) -> np.ndarray:
+    arr = np.asarray(value)
+    if arr.dtype == object:
+        raise InputError(f"{key}: expected a uint8 or float image array, got an object array")
+    if arr.ndim != 3:
+        raise InputError(f"{key}: expected a 3-d image ({'3, H, W' if channels_first else 'H, W, 3'}), got shape {arr.shape}")
+    if channels_first:
+        arr = arr.transpose(1, 2, 0)
+    if arr.shape[-1] != 3:
+        raise InputError(f"{key}: expected 3 colour channels, got shape {arr.shape}")
+    if not (4 <= arr.shape[0] <= 4096 and 4 <= arr.shape[1] <= 4096):
+        raise InputError(f"{key}: image size {arr.shape[:2]} out of range [4, 4096]")
+    if arr.dtype == np.uint8:
+        return arr
+    if np.issubdtype(arr.dtype, np.floating):
+        if not np.isfinite(arr).all():
+            raise InputError(f"{key}: image holds NaN or inf")
+        # openpi accepts float images in [0, 1]; convert like its transform does.
+        return (np.clip(arr, 0.0, 1.0) * 255).astype(np.uint8)
+    raise InputError(f"{key}: expected uint8 or float pixels, got dtype {arr.dtype}")
+
+
+class ObservationTransform:
+    """openpi LIBERO / ALOHA dicts -> Observation on the device.
+
+    Validates every field (clear errors naming it), resizes with padding to the model's
+    image size, normalises to [-1, 1], tokenizes the prompt (plus the discretised state for
+    pi0.5), pads the state, and fills absent camera slots with a masked zero image.
+    """
+
+    def __init__(self, workload: Workload, config: Pi0Config, tokenizer: Tokenizer | None = None, device="cpu"):
+        self.workload, self.config, self.device = workload, config, torch.device(device)
+        self.tokenizer = tokenizer or WordHashTokenizer(config.backbone.vocab_size)
+
+    def _slots(self, example: dict) -> tuple[list[np.ndarray], list[bool]]:
+        w = self.workload
+        if w.layout == "libero":
+            base = _image(_get(example, "observation/image"), "observation/image", False)
+            wrist = _image(_get(example, "observation/wrist_image"), "observation/wrist_image", False)
+            # LIBERO has no right wrist camera: openpi feeds zeros with the mask off.
+            return [base, wrist, np.zeros_like(base)], [True, True, False]
+        cams = ("cam_high", "cam_left_wrist", "cam_right_wrist")
+        images = example.get("images")
+        if not isinstance(images, dict):
+            raise InputError("observation is missing key 'images' (a dict of camera arrays)")
+        out, valid = [], []
+        for cam in cams:
+            if cam in images:
+                out.append(_image(images[cam], f"images/{cam}", True))
+                valid.append(True)
+            else:
+                out.append(None)
+                valid.append(False)
+        if not any(valid):
+            raise InputError(f"images: expected at least one of {cams}")
+        ref = next(a for a in out if a is not None)
+        return [a if a is not None else np.zeros_like(ref) for a in out], valid
+
+    def _state(self, example: dict) -> np.ndarray:
+        key = "observation/state" if self.workload.layout == "libero" else "state"
+        state = np.asarray(_get(example, key))
+        if not np.issubdtype(state.dtype, np.number) or state.ndim != 1:
+            raise InputError(f"{key}: expected a 1-d numeric array, got dtype {state.dtype} shape {state.shape}")
+        if state.shape[0] != self.workload.state_dim:
+            raise InputError(f"{key}: expected {self.workload.state_dim} values, got {state.shape[0]}")
+        if not np.isfinite(state).all():
+            raise InputError(f"{key}: state holds NaN or inf")
+        return state.astype(np.float32)
+
+    def _prompt(self, example: dict) -> str:
+        prompt = example.get("prompt", "")
+        if isinstance(prompt, bytes):
+            prompt = prompt.decode("utf-8", "replace")
+        if isinstance(prompt, np.ndarray) and prompt.dtype.kind in "US":
+            prompt = str(prompt)
+        if not isinstance(prompt, str):
+            raise InputError(f"prompt: expected a string, got {type(prompt).__name__}")
+        return prompt
+
+    def __call__(self, examples: dict | list[dict]) -> Observation:
+        batch = [examples] if isinstance(examples, dict) else list(examples)
+        if not batch or not all(isinstance(e, dict) for e in batch):
+            raise InputError("observation must be a dict (or a non-empty list of dicts)")
+        cfg, R = self.config, self.config.vision.image_size
+        pixels, masks, tokens, token_masks, states = [], [], [], [], []
+        for ex in batch:
+            slots, valid = self._slots(ex)
+            state = self._state(ex)
+            prompt = self._prompt(ex)
+            if cfg.pi05:
+                prompt = f"Task: {prompt.strip()}, {state_prompt(state)}\nAction: "
+            ids, mask = tokenize_prompt(self.tokenizer, prompt, self.workload.prompt_slots)
+            pixels.append(slots)
+            masks.append(valid)
+            tokens.append(ids)
+            token_masks.append(mask)
+            padded = np.zeros(cfg.action_dim, dtype=np.float32)
+            padded[: state.shape[0]] = state
+            states.append(padded)
+        dev = self.device
+        images = torch.stack([torch.stack([resize_with_pad(torch.from_numpy(np.ascontiguousarray(a)).to(dev), R)
+                                           for a in slots]) for slots in pixels])  # (B, S, 3, R, R) uint8
+        return Observation(
+            images=images.float() / 127.5 - 1.0,
+            image_mask=torch.tensor(masks, dtype=torch.bool).to(dev),
+            tokens=torch.from_numpy(np.stack(tokens)).to(dev),
+            token_mask=torch.from_numpy(np.stack(token_masks)).to(dev),
+            state=torch.from_numpy(np.stack(states)).to(dev),
+            host_image_valid=tuple(bool(any(m[s] for m in masks)) for s in range(len(masks[0]))),
+            host_prompt_len=int(max(m.sum() for m in token_masks)),
+        )
+
+
+def resize_with_pad(image_hwc: Tensor, size: int) -> Tensor:
+    """uint8 (H, W, 3) -> uint8 (3, size, size): keep aspect ratio, bilinear, pad with black."""
+    img = image_hwc.permute(2, 0, 1)
+    H, W = img.shape[1:]
+    if (H, W) == (size, size):
+        return img
+    scale = size / max(H, W)
+    h, w = max(1, round(H * scale)), max(1, round(W * scale))
+    resized = F.interpolate(img[None].float(), size=(h, w), mode="bilinear", align_corners=False)[0]
+    out = torch.zeros(3, size, size, dtype=torch.float32, device=img.device)
+    top, left = (size - h) // 2, (size - w) // 2
+    out[:, top : top + h, left : left + w] = resized
+    return out.round().clamp(0, 255).to(torch.uint8)

@@ -1,0 +1,641 @@
+"""The pi0 family (pi0, pi0.5, Shallow-pi) in plain PyTorch, and its reference sampler.
+
+One file, read top to bottom: config + presets, the SigLIP vision tower, Gemma blocks,
+the joint backbone/expert attention, and `sample_actions`, which computes what openpi's
+PyTorch `PI0Pytorch.sample_actions` computes. Every speed lever in `vlaperf.engine` is
+checked against this file; nothing here knows about the engine.
+
+Module and parameter names follow openpi's `PI0Pytorch.state_dict()` one to one, so an
+openpi `model.safetensors` loads with `strict=True` (see `vlaperf.checkpoints`).
+
+Axis letters used in shape comments:
+    B batch            S image slots        P patches (tokens) per image
+    L prompt tokens    T tokens in a stream (prefix or suffix)
+    H action horizon   A action dim (padded, 32)
+    D width            N query heads        K key/value heads    h head dim
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field, replace
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor, nn
+
+# openpi fills masked attention logits with this value (close to -max(bfloat16)) rather
+# than -inf, so a fully masked row stays finite; we use the same for identical softmax.
+ATTENTION_MASK_VALUE = -2.3819763e38
+
+
+# --------------------------------------------------------------------------- config
+
+
+@dataclass(frozen=True)
+class VisionConfig:
+    width: int = 1152
+    depth: int = 27
+    mlp_dim: int = 4304
+    num_heads: int = 16
+    patch_size: int = 14
+    image_size: int = 224
+    eps: float = 1e-6
+
+    @property
+    def num_patches(self) -> int:
+        return (self.image_size // self.patch_size) ** 2
+
+
+@dataclass(frozen=True)
+class GemmaConfig:
+    width: int
+    depth: int
+    mlp_dim: int
+    num_heads: int
+    num_kv_heads: int
+    head_dim: int
+    vocab_size: int
+    eps: float = 1e-6
+    rope_base: float = 10_000.0
+
+
+GEMMA_2B = GemmaConfig(width=2048, depth=18, mlp_dim=16384, num_heads=8, num_kv_heads=1, head_dim=256, vocab_size=257152)
+GEMMA_300M = GemmaConfig(width=1024, depth=18, mlp_dim=4096, num_heads=8, num_kv_heads=1, head_dim=256, vocab_size=257152)
+
+
+@dataclass(frozen=True)
+class Pi0Config:
+    name: str
+    vision: VisionConfig = field(default_factory=VisionConfig)
+    backbone: GemmaConfig = GEMMA_2B
+    expert: GemmaConfig = GEMMA_300M
+    pi05: bool = False  # adaptive RMSNorm time conditioning in the expert; state in the prompt
+    action_dim: int = 32  # padded action dim (and padded state dim for pi0)
+    action_horizon: int = 50
+    max_token_len: int = 48
+    # openpi's state dict also holds heads that inference never uses (the PaliGemma LM head,
+    # the expert's LM head); they are kept so checkpoints load strictly, but sit on no path.
+    unused_heads: bool = True
+
+    def __post_init__(self):
+        b, e = self.backbone, self.expert
+        if (b.num_heads, b.num_kv_heads, b.head_dim, b.depth) != (e.num_heads, e.num_kv_heads, e.head_dim, e.depth):
+            raise ValueError(
+                "backbone and expert share attention per layer: heads, kv heads, head dim and depth must match, "
+                f"got backbone {(b.num_heads, b.num_kv_heads, b.head_dim, b.depth)} vs expert "
+                f"{(e.num_heads, e.num_kv_heads, e.head_dim, e.depth)}"
+            )
+
+
+def _tiny() -> Pi0Config:
+    vision = VisionConfig(width=32, depth=2, mlp_dim=64, num_heads=2, patch_size=14, image_size=56)
+    backbone = GemmaConfig(width=64, depth=2, mlp_dim=128, num_heads=4, num_kv_heads=1, head_dim=16, vocab_size=1024)
+    expert = replace(backbone, width=32, mlp_dim=64)
+    return Pi0Config("tiny", vision, backbone, expert, action_dim=8, action_horizon=10, max_token_len=16)
+
+
+PRESETS: dict[str, Pi0Config] = {
+    "pi0": Pi0Config("pi0"),
+    "pi05": Pi0Config("pi05", pi05=True, action_horizon=10, max_token_len=200),
+    "shallow6": Pi0Config("shallow6", backbone=replace(GEMMA_2B, depth=6), expert=replace(GEMMA_300M, depth=6)),
+    "tiny": _tiny(),
+}
+
+
+def get_config(preset: str, **overrides) -> Pi0Config:
+    if preset not in PRESETS:
+        raise ValueError(f"unknown model preset {preset!r}; expected one of: {', '.join(PRESETS)}")
+    return replace(PRESETS[preset], **overrides) if overrides else PRESETS[preset]
+
+
+# ----------------------------------------------------------------------- small parts
+
+
+class RMSNorm(nn.Module):
+    """Gemma's RMSNorm: x / rms(x) * (1 + w), computed in float32."""
+
+    def __init__(self, dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.weight = nn.Parameter(torch.zeros(dim))
+
+    def forward(self, x: Tensor, cond: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        return (normed * (1.0 + self.weight.float())).to(x.dtype), None
+
+
+class AdaptiveRMSNorm(nn.Module):
+    """pi0.5's time-conditioned RMSNorm: scale, shift and a residual gate from `cond`.
+
+    The same (normed, gate) interface as RMSNorm; the gate multiplies the branch output
+    before it is added to the residual stream.
+    """
+
+    def __init__(self, dim: int, cond_dim: int, eps: float):
+        super().__init__()
+        self.eps = eps
+        self.dense = nn.Linear(cond_dim, 3 * dim)  # -> (scale, shift, gate)
+
+    def forward(self, x: Tensor, cond: Tensor | None = None) -> tuple[Tensor, Tensor | None]:
+        assert cond is not None, "AdaptiveRMSNorm needs the time condition"
+        xf = x.float()
+        normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
+        mod = self.dense(cond)[:, None, :].float()  # (B, 1, 3D)
+        scale, shift, gate = mod.chunk(3, dim=-1)
+        return (normed * (1.0 + scale) + shift).to(x.dtype), gate.to(x.dtype)
+
+
+def make_norm(dim: int, eps: float, cond_dim: int | None) -> nn.Module:
+    return AdaptiveRMSNorm(dim, cond_dim, eps) if cond_dim else RMSNorm(dim, eps)
+
+
+def gated_residual(residual: Tensor, branch: Tensor, gate: Tensor | None) -> Tensor:
+    return residual + branch if gate is None else residual + branch * gate
+
+
+def rope_cos_sin(positions: Tensor, head_dim: int, base: float, dtype: torch.dtype) -> tuple[Tensor, Tensor]:
+    """Rotary tables for integer positions (B, T) -> cos, sin of shape (B, T, h)."""
+    inv_freq = 1.0 / (base ** (torch.arange(0, head_dim, 2, device=positions.device, dtype=torch.float32) / head_dim))
+    angles = positions.float()[..., None] * inv_freq  # (B, T, h/2)
+    angles = torch.cat([angles, angles], dim=-1)  # (B, T, h)
+    return angles.cos().to(dtype), angles.sin().to(dtype)
+
+
+def apply_rope(x: Tensor, cos: Tensor, sin: Tensor) -> Tensor:
+    """x: (B, heads, T, h); rotate-half convention (first half paired with second half)."""
+    half = x.shape[-1] // 2
+    rotated = torch.cat([-x[..., half:], x[..., :half]], dim=-1)
+    return x * cos[:, None] + rotated * sin[:, None]
+
+
+def sinusoidal_time_embedding(t: Tensor, dim: int, min_period: float = 4e-3, max_period: float = 4.0) -> Tensor:
+    """Flow-matching time t (B,) -> (B, dim) as [sin, cos] over geometric periods, in float64
+    where the device supports it (openpi does the same, so the embedding is exact)."""
+    dtype = torch.float64 if t.device.type != "mps" else torch.float32
+    fraction = torch.linspace(0.0, 1.0, dim // 2, dtype=dtype, device=t.device)
+    period = min_period * (max_period / min_period) ** fraction
+    angle = t.to(dtype)[:, None] * (2 * math.pi / period)[None, :]
+    return torch.cat([angle.sin(), angle.cos()], dim=-1)
+
+
+def make_attention_mask_2d(pad_mask: Tensor, att_mask: Tensor) -> Tensor:
+    """openpi's prefix-LM rule. pad_mask, att_mask: (B, T) bool.
+
+    att_mask[i] = True starts a new causal block: token j may attend to token k iff
+    cumsum(att)[k] <= cumsum(att)[j], and both tokens are valid (pad_mask).
+    Returns (B, T, T) bool, True = may attend.
+    """
+    blocks = torch.cumsum(att_mask.long(), dim=1)
+    allowed = blocks[:, None, :] <= blocks[:, :, None]
+    valid = pad_mask[:, None, :] & pad_mask[:, :, None]
+    return allowed & valid
+
+
+# ------------------------------------------------------------------------- SigLIP
+
+
+class SiglipAttention(nn.Module):
+    def __init__(self, cfg: VisionConfig):
+        super().__init__()
+        self.num_heads = cfg.num_heads
+        self.q_proj = nn.Linear(cfg.width, cfg.width)
+        self.k_proj = nn.Linear(cfg.width, cfg.width)
+        self.v_proj = nn.Linear(cfg.width, cfg.width)
+        self.out_proj = nn.Linear(cfg.width, cfg.width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        B, T, D = x.shape
+        split = lambda t: t.view(B, T, self.num_heads, D // self.num_heads).transpose(1, 2)  # noqa: E731
+        q, k, v = split(self.q_proj(x)), split(self.k_proj(x)), split(self.v_proj(x))
+        scores = (q @ k.transpose(-1, -2)) * (D // self.num_heads) ** -0.5
+        out = scores.float().softmax(-1).to(v.dtype) @ v  # (B, N, T, h)
+        return self.out_proj(out.transpose(1, 2).reshape(B, T, D))
+
+
+class SiglipMLP(nn.Module):
+    def __init__(self, cfg: VisionConfig):
+        super().__init__()
+        self.fc1 = nn.Linear(cfg.width, cfg.mlp_dim)
+        self.fc2 = nn.Linear(cfg.mlp_dim, cfg.width)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.fc2(F.gelu(self.fc1(x), approximate="tanh"))
+
+
+class SiglipLayer(nn.Module):
+    def __init__(self, cfg: VisionConfig):
+        super().__init__()
+        self.layer_norm1 = nn.LayerNorm(cfg.width, eps=cfg.eps)
+        self.self_attn = SiglipAttention(cfg)
+        self.layer_norm2 = nn.LayerNorm(cfg.width, eps=cfg.eps)
+        self.mlp = SiglipMLP(cfg)
+
+    def forward(self, x: Tensor) -> Tensor:
+        x = x + self.self_attn(self.layer_norm1(x))
+        return x + self.mlp(self.layer_norm2(x))
+
+
+class SiglipEmbeddings(nn.Module):
+    def __init__(self, cfg: VisionConfig):
+        super().__init__()
+        self.patch_embedding = nn.Conv2d(3, cfg.width, kernel_size=cfg.patch_size, stride=cfg.patch_size)
+        self.position_embedding = nn.Embedding(cfg.num_patches, cfg.width)
+
+    def forward(self, images: Tensor) -> Tensor:
+        # images: (B, 3, 224, 224) in [-1, 1] -> (B, P, D)
+        x = self.patch_embedding(images.to(self.patch_embedding.weight.dtype)).flatten(2).transpose(1, 2)
+        return x + self.position_embedding.weight[None]
+
+
+class SiglipEncoder(nn.Module):
+    def __init__(self, cfg: VisionConfig):
+        super().__init__()
+        self.layers = nn.ModuleList(SiglipLayer(cfg) for _ in range(cfg.depth))
+
+
+class SiglipVisionModel(nn.Module):
+    def __init__(self, cfg: VisionConfig):
+        super().__init__()
+        self.embeddings = SiglipEmbeddings(cfg)
+        self.encoder = SiglipEncoder(cfg)
+        self.post_layernorm = nn.LayerNorm(cfg.width, eps=cfg.eps)
+
+    def forward(self, images: Tensor) -> Tensor:
+        x = self.embeddings(images)
+        for layer in self.encoder.layers:
+            x = layer(x)
+        return self.post_layernorm(x)
+
+
+class VisionTower(nn.Module):
+    def __init__(self, cfg: VisionConfig):
+        super().__init__()
+        self.vision_model = SiglipVisionModel(cfg)
+
+
+class Projector(nn.Module):
+    def __init__(self, vision_width: int, width: int):
+        super().__init__()
+        self.linear = nn.Linear(vision_width, width)
+
+
+# -------------------------------------------------------------------------- Gemma
+
+
+class GemmaAttentionWeights(nn.Module):
+    """Projection weights only: the attention itself is computed jointly over both streams."""
+
+    def __init__(self, cfg: GemmaConfig):
+        super().__init__()
+        self.num_heads, self.num_kv_heads, self.head_dim = cfg.num_heads, cfg.num_kv_heads, cfg.head_dim
+        self.q_proj = nn.Linear(cfg.width, cfg.num_heads * cfg.head_dim, bias=False)
+        self.k_proj = nn.Linear(cfg.width, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.v_proj = nn.Linear(cfg.width, cfg.num_kv_heads * cfg.head_dim, bias=False)
+        self.o_proj = nn.Linear(cfg.num_heads * cfg.head_dim, cfg.width, bias=False)
+
+
+class GemmaMLP(nn.Module):
+    def __init__(self, cfg: GemmaConfig):
+        super().__init__()
+        self.gate_proj = nn.Linear(cfg.width, cfg.mlp_dim, bias=False)
+        self.up_proj = nn.Linear(cfg.width, cfg.mlp_dim, bias=False)
+        self.down_proj = nn.Linear(cfg.mlp_dim, cfg.width, bias=False)
+
+    def forward(self, x: Tensor) -> Tensor:
+        return self.down_proj(F.gelu(self.gate_proj(x), approximate="tanh") * self.up_proj(x))
+
+
+class GemmaLayer(nn.Module):
+    def __init__(self, cfg: GemmaConfig, cond_dim: int | None = None):
+        super().__init__()
+        self.input_layernorm = make_norm(cfg.width, cfg.eps, cond_dim)
+        self.self_attn = GemmaAttentionWeights(cfg)
+        self.post_attention_layernorm = make_norm(cfg.width, cfg.eps, cond_dim)
+        self.mlp = GemmaMLP(cfg)
+
+
+class GemmaModel(nn.Module):
+    def __init__(self, cfg: GemmaConfig, with_embedding: bool, cond_dim: int | None = None):
+        super().__init__()
+        self.embed_tokens = nn.Embedding(cfg.vocab_size, cfg.width) if with_embedding else None
+        self.layers = nn.ModuleList(GemmaLayer(cfg, cond_dim) for _ in range(cfg.depth))
+        self.norm = make_norm(cfg.width, cfg.eps, cond_dim)
+
+
+class PaliGemmaInner(nn.Module):
+    def __init__(self, cfg: Pi0Config):
+        super().__init__()
+        self.vision_tower = VisionTower(cfg.vision)
+        self.multi_modal_projector = Projector(cfg.vision.width, cfg.backbone.width)
+        self.language_model = GemmaModel(cfg.backbone, with_embedding=True)
+
+
+class PaliGemma(nn.Module):
+    def __init__(self, cfg: Pi0Config):
+        super().__init__()
+        self.model = PaliGemmaInner(cfg)
+        if cfg.unused_heads:
+            self.lm_head = nn.Linear(cfg.backbone.width, cfg.backbone.vocab_size, bias=False)
+
+
+class GemmaExpert(nn.Module):
+    def __init__(self, cfg: Pi0Config):
+        super().__init__()
+        cond_dim = cfg.expert.width if cfg.pi05 else None
+        self.model = GemmaModel(cfg.expert, with_embedding=False, cond_dim=cond_dim)
+        if cfg.unused_heads:
+            self.lm_head = nn.Linear(cfg.expert.width, cfg.expert.vocab_size, bias=False)
+
+
+class PaliGemmaWithExpert(nn.Module):
+    def __init__(self, cfg: Pi0Config):
+        super().__init__()
+        self.paligemma = PaliGemma(cfg)
+        self.gemma_expert = GemmaExpert(cfg)
+
+
+# ---------------------------------------------------------------- joint attention
+
+
+def eager_attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor) -> Tensor:
+    """Reference attention. q: (B, N, Tq, h); k, v: (B, K, Tk, h); mask: (B, Tq, Tk) bool.
+
+    Key/value heads are repeated to the query heads (grouped-query attention); logits are
+    masked with openpi's large negative value and soft-maxed in float32.
+    """
+    groups = q.shape[1] // k.shape[1]
+    k = k.repeat_interleave(groups, dim=1)
+    v = v.repeat_interleave(groups, dim=1)
+    scores = (q @ k.transpose(-1, -2)).float() * q.shape[-1] ** -0.5
+    scores = torch.where(mask[:, None], scores, ATTENTION_MASK_VALUE)
+    return scores.softmax(-1).to(v.dtype) @ v
+
+
+def joint_layer(
+    layers: list[GemmaLayer],
+    xs: list[Tensor | None],
+    cos: Tensor,
+    sin: Tensor,
+    mask: Tensor,
+    conds: list[Tensor | None],
+    past_kv: tuple[Tensor, Tensor] | None = None,
+) -> tuple[list[Tensor | None], tuple[Tensor, Tensor]]:
+    """One transformer layer over several token streams that attend to each other.
+
+    Stream i (prefix -> backbone weights, suffix -> expert weights) is projected with its
+    own weights; queries, keys and values are concatenated along the token axis, attention
+    is computed once over all of them (plus `past_kv`, the cached prefix), and each stream's
+    output goes back through its own o_proj and MLP.
+    Returns the new streams and this call's (k, v) (after RoPE), for the prefix KV cache.
+    """
+    qs, ks, vs, gates, lens = [], [], [], [], []
+    for layer, x, cond in zip(layers, xs, conds):
+        if x is None:
+            continue
+        B, T, _ = x.shape
+        attn = layer.self_attn
+        h, gate = layer.input_layernorm(x, cond)
+        qs.append(attn.q_proj(h).view(B, T, attn.num_heads, attn.head_dim).transpose(1, 2))  # (B, N, T, h)
+        ks.append(attn.k_proj(h).view(B, T, attn.num_kv_heads, attn.head_dim).transpose(1, 2))  # (B, K, T, h)
+        vs.append(attn.v_proj(h).view(B, T, attn.num_kv_heads, attn.head_dim).transpose(1, 2))
+        gates.append(gate)
+        lens.append(T)
+    q = apply_rope(torch.cat(qs, dim=2), cos, sin)
+    k = apply_rope(torch.cat(ks, dim=2), cos, sin)
+    v = torch.cat(vs, dim=2)
+    new_kv = (k, v)
+    if past_kv is not None:
+        # The reference concatenates the cached prefix to the suffix keys every step (as
+        # openpi does); `static_kv_cache` in the engine removes this copy.
+        k = torch.cat([past_kv[0], k], dim=2)
+        v = torch.cat([past_kv[1], v], dim=2)
+    out = eager_attention(q, k, v, mask)  # (B, N, sum T, h)
+    outs = out.transpose(1, 2).flatten(2).split(lens, dim=1)
+
+    new_xs: list[Tensor | None] = []
+    i = 0
+    for layer, x, cond in zip(layers, xs, conds):
+        if x is None:
+            new_xs.append(None)
+            continue
+        x = gated_residual(x, layer.self_attn.o_proj(outs[i]), gates[i])
+        h, gate = layer.post_attention_layernorm(x, cond)
+        new_xs.append(gated_residual(x, layer.mlp(h), gate))
+        i += 1
+    return new_xs, new_kv
+
+
+# ------------------------------------------------------------------------ the model
+
+
+class Pi0Model(nn.Module):
+    """pi0 / pi0.5 policy. Weights are random unless a checkpoint is loaded."""
+
+    def __init__(self, cfg: Pi0Config):
+        super().__init__()
+        self.config = cfg
+        D_e = cfg.expert.width
+        self.paligemma_with_expert = PaliGemmaWithExpert(cfg)
+        self.action_in_proj = nn.Linear(cfg.action_dim, D_e)
+        self.action_out_proj = nn.Linear(D_e, cfg.action_dim)
+        if cfg.pi05:
+            self.time_mlp_in = nn.Linear(D_e, D_e)
+            self.time_mlp_out = nn.Linear(D_e, D_e)
+        else:
+            self.state_proj = nn.Linear(cfg.action_dim, D_e)
+            self.action_time_mlp_in = nn.Linear(2 * D_e, D_e)
+            self.action_time_mlp_out = nn.Linear(D_e, D_e)
+
+    # Short names for the sub-models, used throughout (and by the engine).
+    @property
+    def vision(self) -> SiglipVisionModel:
+        return self.paligemma_with_expert.paligemma.model.vision_tower.vision_model
+
+    @property
+    def projector(self) -> nn.Linear:
+        return self.paligemma_with_expert.paligemma.model.multi_modal_projector.linear
+
+    @property
+    def backbone(self) -> GemmaModel:
+        return self.paligemma_with_expert.paligemma.model.language_model
+
+    @property
+    def expert(self) -> GemmaModel:
+        return self.paligemma_with_expert.gemma_expert.model
+
+    @property
+    def dtype(self) -> torch.dtype:
+        return self.action_in_proj.weight.dtype
+
+    # ---- prefix: images + prompt
+
+    def embed_image(self, images: Tensor) -> Tensor:
+        """(B, 3, 224, 224) in [-1, 1] -> (B, P, D) backbone-width image tokens."""
+        return self.projector(self.vision(images))
+
+    def embed_prefix(self, obs) -> tuple[Tensor, Tensor, Tensor]:
+        """Image tokens of every slot (masked ones too, as openpi does) + scaled prompt tokens.
+
+        Returns embeddings (B, T, D), pad mask (B, T) and att mask (B, T) (all False: the
+        prefix attends bidirectionally).
+        """
+        embs, pads = [], []
+        B = obs.images.shape[0]
+        for s in range(obs.images.shape[1]):
+            img = self.embed_image(obs.images[:, s])  # (B, P, D)
+            embs.append(img)
+            pads.append(obs.image_mask[:, s, None].expand(B, img.shape[1]))
+        lang = self.backbone.embed_tokens(obs.tokens)  # (B, L, D)
+        embs.append(lang * math.sqrt(lang.shape[-1]))
+        pads.append(obs.token_mask)
+        prefix = torch.cat(embs, dim=1)
+        pad = torch.cat(pads, dim=1)
+        return prefix, pad, torch.zeros_like(pad)
+
+    def prefill(self, prefix: Tensor, pad: Tensor, att: Tensor) -> list[tuple[Tensor, Tensor]]:
+        """Run the backbone over the prefix; return the per-layer (k, v) cache."""
+        mask = make_attention_mask_2d(pad, att)
+        positions = torch.cumsum(pad.long(), dim=1) - 1
+        cos, sin = rope_cos_sin(positions, self.config.backbone.head_dim, self.config.backbone.rope_base, prefix.dtype)
+        cache = []
+        x = prefix
+        for layer in self.backbone.layers:
+            (x, _), kv = joint_layer([layer, None], [x, None], cos, sin, mask, [None, None])
+            cache.append(kv)
+        return cache
+
+    # ---- suffix: state + noisy actions + time
+
+    def time_condition(self, t: Tensor) -> Tensor:
+        """(B,) -> (B, D_e) sinusoidal embedding in the model dtype."""
+        return sinusoidal_time_embedding(t, self.config.expert.width).to(self.dtype)
+
+    def embed_suffix(self, state: Tensor, x_t: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
+        """Suffix tokens for one denoise step.
+
+        pi0:   [state token, H action tokens with time mixed in by an MLP]; the state token
+               and the first action token each start a causal block.
+        pi0.5: [H action tokens]; time enters every expert norm (adaptive RMSNorm).
+        Returns embeddings (B, T, D_e), pad (B, T), att (B, T), and the adaRMS condition.
+        """
+        B, H, _ = x_t.shape
+        time_emb = self.time_condition(t)  # (B, D_e)
+        actions = self.action_in_proj(x_t.to(self.dtype))  # (B, H, D_e)
+        if self.config.pi05:
+            cond = F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(time_emb))))
+            tokens, att_flags, adarms = actions, [True] + [False] * (H - 1), cond
+        else:
+            state_tok = self.state_proj(state.to(self.dtype))[:, None, :]  # (B, 1, D_e)
+            mixed = torch.cat([actions, time_emb[:, None, :].expand(B, H, -1)], dim=-1)
+            actions = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(mixed)))
+            tokens = torch.cat([state_tok, actions], dim=1)
+            att_flags, adarms = [True, True] + [False] * (H - 1), None
+        T = tokens.shape[1]
+        pad = torch.ones(B, T, dtype=torch.bool, device=tokens.device)
+        att = torch.tensor(att_flags, dtype=torch.bool, device=tokens.device)[None].expand(B, T)
+        return tokens, pad, att, adarms
+
+    def denoise_step(
+        self, state: Tensor, prefix_pad: Tensor, cache: list[tuple[Tensor, Tensor]], x_t: Tensor, t: Tensor
+    ) -> Tensor:
+        """Velocity v_t (B, H, A) float32 of the flow at x_t, time t (B,)."""
+        suffix, suffix_pad, suffix_att, adarms = self.embed_suffix(state, x_t, t)
+        B, Ts, _ = suffix.shape
+        Tp = prefix_pad.shape[1]
+        # Suffix queries see every valid prefix token, and the suffix by its own block rule.
+        to_prefix = prefix_pad[:, None, :].expand(B, Ts, Tp)
+        within = make_attention_mask_2d(suffix_pad, suffix_att)
+        mask = torch.cat([to_prefix, within], dim=2)  # (B, Ts, Tp + Ts)
+        positions = prefix_pad.long().sum(-1, keepdim=True) + torch.cumsum(suffix_pad.long(), dim=1) - 1
+        cos, sin = rope_cos_sin(positions, self.config.expert.head_dim, self.config.expert.rope_base, suffix.dtype)
+        x = suffix
+        for layer, kv in zip(self.expert.layers, cache):
+            (_, x), _ = joint_layer([None, layer], [None, x], cos, sin, mask, [None, adarms], past_kv=kv)
+        x, _ = self.expert.norm(x, adarms)
+        H = x_t.shape[1]
+        return self.action_out_proj(x[:, -H:].to(self.action_out_proj.weight.dtype)).float()
+
+    @torch.no_grad()
+    def sample_actions(self, obs, noise: Tensor | None = None, num_steps: int = 10) -> Tensor:
+        """Reference sampler: Euler steps of the flow from t=1 (noise) to t=0 (actions).
+
+        Mirrors openpi's PyTorch loop exactly, including its `while` on a device tensor,
+        which reads the tensor on the host once per step (num_steps + 1 syncs per call).
+        That is the behaviour the `for_loop` lever removes; keep it here so the sync
+        detector and the equivalence checks compare against what users run today.
+        Returns actions (B, H, A) float32.
+        """
+        B = obs.state.shape[0]
+        device = obs.state.device
+        if noise is None:
+            noise = torch.randn(B, self.config.action_horizon, self.config.action_dim, device=device)
+        prefix, pad, att = self.embed_prefix(obs)
+        cache = self.prefill(prefix, pad, att)
+        dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32, device=device)
+        x_t = noise.float()
+        time = torch.tensor(1.0, dtype=torch.float32, device=device)
+        while time >= -dt / 2:  # host sync: bool() of a device tensor
+            v_t = self.denoise_step(obs.state, pad, cache, x_t, time.expand(B))
+            x_t = x_t + dt * v_t
+            time = time + dt
+        return x_t
+
+
+# ------------------------------------------------------------------------ building
+
+
+def init_random_(model: nn.Module, seed: int = 0) -> nn.Module:
+    """Deterministic random weights (never zeros: zeros run faster on tensor cores and hide bugs).
+
+    Linear/conv weights ~ N(0, 1/fan_in) so activations stay O(1) through deep stacks;
+    biases and norm weights small; embeddings ~ N(0, 1/D) (prompt tokens are scaled by sqrt(D)).
+    The generator lives on the parameters' device so building on the GPU is fast; the same
+    seed gives the same weights on the same device type.
+    """
+    params = dict(model.named_parameters())
+    if not params:
+        return model
+    device = next(iter(params.values())).device
+    if device.type == "meta":
+        return model
+    gen = torch.Generator(device=device).manual_seed(seed)
+    with torch.no_grad():
+        for name, p in sorted(params.items()):
+            if name.endswith("bias"):
+                std = 0.02
+            elif "norm" in name and p.ndim == 1:
+                std = 0.05  # RMSNorm weights are (1 + w); LayerNorm weights are set to 1 + noise below
+            elif p.ndim == 1:
+                std = 0.02
+            elif "embed_tokens" in name or "position_embedding" in name:
+                std = p.shape[-1] ** -0.5
+            else:
+                fan_in = p[0].numel()
+                std = fan_in**-0.5
+            noise = torch.randn(p.shape, generator=gen, device=device, dtype=torch.float32) * std
+            if "layer_norm" in name or "post_layernorm" in name:
+                noise = noise + (1.0 if name.endswith("weight") else 0.0)
+            p.copy_(noise.to(p.dtype))
+    return model
+
+
+def default_dtype(device: torch.device | str) -> torch.dtype:
+    """bf16 on a GPU (what openpi and LeRobot run), fp32 on the CPU."""
+    return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
+
+
+def build_model(
+    preset: str | Pi0Config,
+    device: torch.device | str = "cpu",
+    dtype: torch.dtype | None = None,
+    seed: int = 0,
+) -> Pi0Model:
+    """A model of `preset` with deterministic random weights on `device`, eval mode."""
+    cfg = preset if isinstance(preset, Pi0Config) else get_config(preset)
+    dtype = dtype or default_dtype(device)
+    with torch.device(device):
+        model = Pi0Model(cfg).to(dtype)
+    init_random_(model, seed)
+    return model.eval().requires_grad_(False)

@@ -1,0 +1,91 @@
+"""The standard workloads of `shared/design/workloads.md` as data.
+
+Every figure vlaperf reports names one of these ids, so that numbers from different
+sessions, machines and implementations can be put side by side. A workload is
+model preset + input shapes + sampler settings; weights are random unless a
+checkpoint is given.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class Workload:
+    id: str
+    preset: str  # model preset name in vlaperf.models.pi0.PRESETS
+    batch: int
+    image_valid: tuple[bool, ...]  # one entry per image slot; False = all-zero, masked slot
+    prompt_slots: int  # padded prompt length (openpi's max_token_len)
+    prompt_valid: tuple[int, ...]  # valid prompt tokens per sample (len == batch)
+    state_dim: int  # the robot's state dim before padding to the model's max_state_dim
+    robot_action_dim: int  # actions are unpadded to this in policy mode
+    horizon: int
+    action_dim: int  # the model's (padded) action dim
+    steps: int
+    layout: str  # openpi observation key layout for policy mode: "libero" | "aloha"
+
+    @property
+    def image_slots(self) -> int:
+        return len(self.image_valid)
+
+    def with_overrides(self, **overrides) -> "Workload":
+        """A copy with some knobs changed (batch, steps); keeps per-sample lists consistent."""
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+        if not overrides:
+            return self
+        for name in ("batch", "steps"):
+            if name in overrides and (not isinstance(overrides[name], int) or overrides[name] < 1):
+                raise ValueError(f"{name} must be an integer >= 1, got {overrides[name]!r}")
+        w = dataclasses.replace(self, **overrides)
+        if w.batch != len(w.prompt_valid):
+            # Repeat the per-sample prompt lengths cyclically to the new batch size.
+            w = dataclasses.replace(
+                w, prompt_valid=tuple(self.prompt_valid[i % len(self.prompt_valid)] for i in range(w.batch))
+            )
+        return w
+
+    def overrides_vs(self, base: "Workload") -> dict:
+        """Knobs that differ from `base` (recorded in every result file)."""
+        return {
+            f.name: getattr(self, f.name)
+            for f in dataclasses.fields(self)
+            if getattr(self, f.name) != getattr(base, f.name)
+        }
+
+
+def _spread(lo: int, hi: int, n: int) -> tuple[int, ...]:
+    """n prompt lengths evenly spread over [lo, hi] (batched workloads differ per sample)."""
+    if n == 1:
+        return (hi,)
+    return tuple(round(lo + (hi - lo) * i / (n - 1)) for i in range(n))
+
+
+# LIBERO: base + left wrist valid; right wrist all zeros with mask False (openpi's LIBERO transform).
+_LIBERO_IMAGES = (True, True, False)
+
+WORKLOADS: dict[str, Workload] = {
+    w.id: w
+    for w in [
+        Workload("libero-pi0", "pi0", 1, _LIBERO_IMAGES, 48, (20,), 8, 7, 50, 32, 10, "libero"),
+        Workload("libero-pi05", "pi05", 1, _LIBERO_IMAGES, 200, (64,), 8, 7, 10, 32, 10, "libero"),
+        Workload("libero-shallow6", "shallow6", 1, _LIBERO_IMAGES, 48, (20,), 8, 7, 50, 32, 10, "libero"),
+        Workload("aloha-pi0", "pi0", 1, (True, True, True), 48, (6,), 14, 14, 50, 32, 10, "aloha"),
+        Workload("libero-pi0-b4", "pi0", 4, _LIBERO_IMAGES, 48, _spread(12, 28, 4), 8, 7, 50, 32, 10, "libero"),
+        Workload("libero-pi0-b8", "pi0", 8, _LIBERO_IMAGES, 48, _spread(12, 28, 8), 8, 7, 50, 32, 10, "libero"),
+        Workload("tiny", "tiny", 1, _LIBERO_IMAGES, 16, (6,), 8, 7, 10, 8, 4, "libero"),
+    ]
+}
+
+# Listed in workloads.md but served by the world-action model, which is not built yet.
+PLANNED_WORKLOADS = ("wam-761", "wam-tiny")
+
+
+def get_workload(workload_id: str) -> Workload:
+    if workload_id in WORKLOADS:
+        return WORKLOADS[workload_id]
+    if workload_id in PLANNED_WORKLOADS:
+        raise ValueError(f"workload {workload_id!r} needs the world-action model, which vlaperf does not have yet")
+    raise ValueError(f"unknown workload {workload_id!r}; expected one of: {', '.join(WORKLOADS)}")
