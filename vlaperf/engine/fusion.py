@@ -145,7 +145,7 @@ def time_tables(model: Pi0Model, num_steps: int, device) -> dict[str, Tensor]:
     """
     cfg = model.config
     ts = torch.tensor(schedule(num_steps), dtype=torch.float32, device=device)
-    temb = model.time_condition(ts)  # (steps, D_e), model dtype, as the reference rounds it
+    temb = model.time_condition(ts)  # (steps, D_e), heads' dtype, as the reference rounds it
     if not cfg.pi05:
         D = cfg.expert.width
         w_in = model.action_time_mlp_in.weight.float()  # (D, 2D) acting on [action, time]
@@ -153,7 +153,8 @@ def time_tables(model: Pi0Model, num_steps: int, device) -> dict[str, Tensor]:
         b = model.action_time_mlp_in.bias.float()
         p_w, p_b = model.action_in_proj.weight.float(), model.action_in_proj.bias.float()
         action_time = temb.float() @ w_t.T + b + p_b @ w_a.T
-        return {"action_time": action_time.to(model.dtype), "action_proj": (w_a @ p_w).to(model.dtype)}
+        # Kept in the heads' dtype (float32 in openpi), like the layers they replace.
+        return {"action_time": action_time.to(model.head_dtype), "action_proj": (w_a @ p_w).to(model.head_dtype)}
     cond = F.silu(model.time_mlp_out(F.silu(model.time_mlp_in(temb))))  # (steps, D)
     mods = []
     for layer in model.expert.layers:

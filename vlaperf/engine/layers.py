@@ -28,9 +28,9 @@ def modulated(x: Tensor, eps: float, scale: Tensor, shift: Tensor) -> Tensor:
 
 
 def adaptive_from_dense(x: Tensor, eps: float, dense: tuple[Tensor, Tensor], cond: Tensor) -> tuple[Tensor, Tensor]:
-    mod = F.linear(cond, *dense)[:, None, :]  # (B, 1, 3D)
+    mod = F.linear(cond.to(dense[0].dtype), *dense)[:, None, :]  # (B, 1, 3D)
     scale, shift, gate = mod.chunk(3, dim=-1)
-    return modulated(x, eps, scale, shift), gate
+    return modulated(x, eps, scale, shift), gate.to(x.dtype)
 
 
 # ------------------------------------------------------------------------ SigLIP
@@ -98,7 +98,7 @@ def gemma_layer(
     gate1 = gate2 = None
     if mod is not None:
         h = modulated(x, eps, mod[0], mod[1])
-        gate1 = mod[2]
+        gate1 = mod[2].to(x.dtype)
     elif lw.ada_in is not None:
         h, gate1 = adaptive_from_dense(x, eps, lw.ada_in, ada_cond)
     else:
@@ -119,7 +119,7 @@ def gemma_layer(
     x = x + branch if gate1 is None else x + branch * gate1
     if mod is not None:
         h = modulated(x, eps, mod[3], mod[4])
-        gate2 = mod[5]
+        gate2 = mod[5].to(x.dtype)
     elif lw.ada_post is not None:
         h, gate2 = adaptive_from_dense(x, eps, lw.ada_post, ada_cond)
     else:

@@ -28,7 +28,7 @@ class SuffixContext:
         self.suffix_len = cfg.action_horizon + (0 if cfg.pi05 else 1)
         if hoist:
             self._mask, self._cos, self._sin = self._build()
-            self._state_tok = None if cfg.pi05 else model.state_proj(state.to(model.dtype))[:, None, :]
+            self._state_tok = None if cfg.pi05 else self._embed_state()
 
     def _build(self):
         cfg = self.model.config.expert
@@ -41,10 +41,12 @@ class SuffixContext:
     def mask_rope(self):
         return (self._mask, self._cos, self._sin) if self.hoist else self._build()
 
+    def _embed_state(self) -> Tensor:
+        m = self.model
+        return m.state_proj(self.state.to(m.head_dtype))[:, None, :].to(m.dtype)
+
     def state_token(self) -> Tensor:
-        if self.hoist:
-            return self._state_tok
-        return self.model.state_proj(self.state.to(self.model.dtype))[:, None, :]
+        return self._state_tok if self.hoist else self._embed_state()
 
 
 def suffix_tokens(model: Pi0Model, ctx: SuffixContext, x_t: Tensor, t: Tensor, table_row: dict | None):
@@ -60,9 +62,9 @@ def suffix_tokens(model: Pi0Model, ctx: SuffixContext, x_t: Tensor, t: Tensor, t
             tokens = torch.cat([ctx.state_token(), tokens[:, 1:]], dim=1)
         return tokens, adarms
     if cfg.pi05:
-        return model.action_in_proj(x_t.to(model.dtype)), None
-    pre = F.linear(x_t.to(model.dtype), table_row["action_proj"]) + table_row["action_time"]
-    actions = model.action_time_mlp_out(F.silu(pre))
+        return model.action_in_proj(x_t.to(model.head_dtype)).to(model.dtype), None
+    pre = F.linear(x_t.to(model.head_dtype), table_row["action_proj"]) + table_row["action_time"]
+    actions = model.action_time_mlp_out(F.silu(pre)).to(model.dtype)
     return torch.cat([ctx.state_token(), actions], dim=1), None
 
 

@@ -63,7 +63,7 @@ def embed_images(model: Pi0Model, ew: EngineWeights, images: Tensor, use_sdpa: b
     (fatter matmuls than one call per camera)."""
     B, S = images.shape[:2]
     vision = model.vision
-    x = vision.embeddings(images.flatten(0, 1))
+    x = vision.embeddings(images.flatten(0, 1)).to(vision.post_layernorm.weight.dtype)
     eps = vision.post_layernorm.eps
     for lw in ew.vision:
         x = siglip_layer(lw, x, eps, use_sdpa)

@@ -142,7 +142,7 @@ class AdaptiveRMSNorm(nn.Module):
         assert cond is not None, "AdaptiveRMSNorm needs the time condition"
         xf = x.float()
         normed = xf * torch.rsqrt(xf.pow(2).mean(-1, keepdim=True) + self.eps)
-        mod = self.dense(cond)[:, None, :].float()  # (B, 1, 3D)
+        mod = self.dense(cond.to(self.dense.weight.dtype))[:, None, :].float()  # (B, 1, 3D)
         scale, shift, gate = mod.chunk(3, dim=-1)
         return (normed * (1.0 + scale) + shift).to(x.dtype), gate.to(x.dtype)
 
@@ -244,7 +244,8 @@ class SiglipEmbeddings(nn.Module):
         self.position_embedding = nn.Embedding(cfg.num_patches, cfg.width)
 
     def forward(self, images: Tensor) -> Tensor:
-        # images: (B, 3, 224, 224) in [-1, 1] -> (B, P, D)
+        # images: (B, 3, 224, 224) in [-1, 1] -> (B, P, D). openpi keeps the patch and position
+        # embeddings in float32 and casts to the encoder's dtype afterwards.
         x = self.patch_embedding(images.to(self.patch_embedding.weight.dtype)).flatten(2).transpose(1, 2)
         return x + self.position_embedding.weight[None]
 
@@ -263,7 +264,7 @@ class SiglipVisionModel(nn.Module):
         self.post_layernorm = nn.LayerNorm(cfg.width, eps=cfg.eps)
 
     def forward(self, images: Tensor) -> Tensor:
-        x = self.embeddings(images)
+        x = self.embeddings(images).to(self.post_layernorm.weight.dtype)
         for layer in self.encoder.layers:
             x = layer(x)
         return self.post_layernorm(x)
@@ -337,7 +338,9 @@ class PaliGemma(nn.Module):
         super().__init__()
         self.model = PaliGemmaInner(cfg)
         if cfg.unused_heads:
+            # Tied to the token embedding (one tensor, two names), as in PaliGemma.
             self.lm_head = nn.Linear(cfg.backbone.width, cfg.backbone.vocab_size, bias=False)
+            self.lm_head.weight = self.model.language_model.embed_tokens.weight
 
 
 class GemmaExpert(nn.Module):
@@ -467,6 +470,12 @@ class Pi0Model(nn.Module):
 
     @property
     def dtype(self) -> torch.dtype:
+        """Compute dtype of the transformers (bf16 on GPU)."""
+        return self.backbone.layers[0].self_attn.q_proj.weight.dtype
+
+    @property
+    def head_dtype(self) -> torch.dtype:
+        """dtype of the small action/state/time heads (float32 in openpi, even under bf16)."""
         return self.action_in_proj.weight.dtype
 
     # ---- prefix: images + prompt
@@ -509,8 +518,8 @@ class Pi0Model(nn.Module):
     # ---- suffix: state + noisy actions + time
 
     def time_condition(self, t: Tensor) -> Tensor:
-        """(B,) -> (B, D_e) sinusoidal embedding in the model dtype."""
-        return sinusoidal_time_embedding(t, self.config.expert.width).to(self.dtype)
+        """(B,) -> (B, D_e) sinusoidal embedding, in the heads' dtype (float32)."""
+        return sinusoidal_time_embedding(t, self.config.expert.width).to(self.head_dtype)
 
     def embed_suffix(self, state: Tensor, x_t: Tensor, t: Tensor) -> tuple[Tensor, Tensor, Tensor, Tensor | None]:
         """Suffix tokens for one denoise step.
@@ -521,17 +530,18 @@ class Pi0Model(nn.Module):
         Returns embeddings (B, T, D_e), pad (B, T), att (B, T), and the adaRMS condition.
         """
         B, H, _ = x_t.shape
-        time_emb = self.time_condition(t)  # (B, D_e)
-        actions = self.action_in_proj(x_t.to(self.dtype))  # (B, H, D_e)
+        time_emb = self.time_condition(t)  # (B, D_e), heads' dtype
+        actions = self.action_in_proj(x_t.to(self.head_dtype))  # (B, H, D_e)
         if self.config.pi05:
             cond = F.silu(self.time_mlp_out(F.silu(self.time_mlp_in(time_emb))))
             tokens, att_flags, adarms = actions, [True] + [False] * (H - 1), cond
         else:
-            state_tok = self.state_proj(state.to(self.dtype))[:, None, :]  # (B, 1, D_e)
+            state_tok = self.state_proj(state.to(self.head_dtype))[:, None, :]  # (B, 1, D_e)
             mixed = torch.cat([actions, time_emb[:, None, :].expand(B, H, -1)], dim=-1)
             actions = self.action_time_mlp_out(F.silu(self.action_time_mlp_in(mixed)))
             tokens = torch.cat([state_tok, actions], dim=1)
             att_flags, adarms = [True, True] + [False] * (H - 1), None
+        tokens = tokens.to(self.dtype)  # the heads run in float32, the expert in bf16
         T = tokens.shape[1]
         pad = torch.ones(B, T, dtype=torch.bool, device=tokens.device)
         att = torch.tensor(att_flags, dtype=torch.bool, device=tokens.device)[None].expand(B, T)
@@ -636,6 +646,22 @@ def build_model(
     cfg = preset if isinstance(preset, Pi0Config) else get_config(preset)
     dtype = dtype or default_dtype(device)
     with torch.device(device):
-        model = Pi0Model(cfg).to(dtype)
+        model = Pi0Model(cfg)
     init_random_(model, seed)
-    return model.eval().requires_grad_(False)
+    return set_openpi_dtypes(model, dtype).eval().requires_grad_(False)
+
+
+# openpi keeps these in float32 when the model runs in bf16 (its `to_bfloat16_for_selected_params`),
+# plus every parameter outside `paligemma_with_expert` (the action/state/time heads).
+FLOAT32_PARAMS = ("patch_embedding", "position_embedding", "input_layernorm", "post_attention_layernorm", "model.norm")
+
+
+def set_openpi_dtypes(model: Pi0Model, dtype: torch.dtype) -> Pi0Model:
+    """Cast to `dtype` the way openpi does: transformer weights in `dtype`, the parameters
+    named in FLOAT32_PARAMS and the top-level heads in float32."""
+    model.to(dtype)
+    if dtype != torch.float32:
+        for name, p in model.named_parameters():
+            if not name.startswith("paligemma_with_expert.") or any(k in name for k in FLOAT32_PARAMS):
+                p.data = p.data.float()
+    return model

@@ -1,0 +1,127 @@
+"""Checkpoints in openpi's and LeRobot's layouts: strict load, save.
+
+openpi (`model.safetensors` from its JAX->PyTorch converter) uses the parameter names of
+`PI0Pytorch.state_dict()`, which `Pi0Model` shares one to one. Two quirks of the file:
+  - the token embedding is tied to the PaliGemma LM head; safetensors keeps one name of a
+    shared tensor, so openpi's file stores it as `...paligemma.lm_head.weight` and has no
+    `...language_model.embed_tokens.weight` (either name is accepted here);
+  - the expert's LM head is stored although inference never uses it.
+LeRobot's `pi0` / `pi05` policies hold the same model under `model.`, so their keys are
+openpi's with that prefix. Older LeRobot files may name pi0's time MLP `time_mlp_*`
+(pi0.5's name) or the other way round; those names are mapped, and every other mismatch
+is an error that names the key and both shapes.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from vlaperf.models.pi0 import Pi0Model
+
+LM_HEAD = "paligemma_with_expert.paligemma.lm_head.weight"
+EMBED = "paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"
+LEROBOT_PREFIX = "model."
+LAYOUTS = ("auto", "openpi", "lerobot")
+
+
+class CheckpointError(ValueError):
+    """A checkpoint that does not match the model; the message names every offending key."""
+
+
+def checkpoint_file(path: str | os.PathLike) -> Path:
+    p = Path(path)
+    if p.is_dir():
+        p = p / "model.safetensors"
+    if not p.is_file():
+        raise CheckpointError(f"checkpoint not found: {p} (expected a model.safetensors file or a folder holding one)")
+    return p
+
+
+def read_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
+    with safe_open(str(checkpoint_file(path)), framework="pt") as f:
+        return {k: f.get_tensor(k) for k in f.keys()}
+
+
+def detect_layout(keys) -> str:
+    keys = list(keys)
+    if keys and all(k.startswith(LEROBOT_PREFIX) for k in keys):
+        return "lerobot"
+    return "openpi"
+
+
+def to_openpi_names(tensors: dict[str, torch.Tensor], layout: str, pi05: bool) -> dict[str, torch.Tensor]:
+    """Rename a file's tensors to openpi's names (the model's own)."""
+    if layout not in LAYOUTS:
+        raise CheckpointError(f"unknown checkpoint layout {layout!r}; expected one of {LAYOUTS}")
+    if layout == "auto":
+        layout = detect_layout(tensors)
+    out = {}
+    for key, t in tensors.items():
+        if layout == "lerobot":
+            if not key.startswith(LEROBOT_PREFIX):
+                raise CheckpointError(f"LeRobot checkpoint key {key!r} lacks the {LEROBOT_PREFIX!r} prefix")
+            key = key[len(LEROBOT_PREFIX):]
+            # LeRobot renames the time MLP between pi0 and pi0.5 on load; accept either name.
+            if pi05 and key.startswith("action_time_mlp_"):
+                key = key[len("action_"):]
+            elif not pi05 and key.startswith("time_mlp_"):
+                key = "action_" + key
+        out[key] = t
+    # Tied embedding: openpi's file keeps the LM head's name only.
+    if LM_HEAD in out and EMBED not in out:
+        out[EMBED] = out[LM_HEAD]
+    return out
+
+
+def load_checkpoint(model: Pi0Model, path: str | os.PathLike, layout: str = "auto") -> dict:
+    """Load a checkpoint strictly into `model` (in place), keeping the model's dtypes.
+
+    Raises CheckpointError listing every missing, unexpected or wrongly shaped tensor.
+    Returns a small report: layout, tensor count, dtypes found in the file.
+    """
+    tensors = read_tensors(path)
+    layout_found = detect_layout(tensors) if layout == "auto" else layout
+    named = to_openpi_names(tensors, layout_found, model.config.pi05)
+    load_state(model, named)
+    return {"path": str(checkpoint_file(path)), "layout": layout_found, "tensors": len(tensors),
+            "file_dtypes": sorted({str(t.dtype) for t in tensors.values()})}
+
+
+def load_state(model: Pi0Model, named: dict[str, torch.Tensor]) -> None:
+    expected = model.state_dict()
+    problems = []
+    for key in sorted(set(expected) - set(named)):
+        problems.append(f"missing tensor {key} (model expects shape {list(expected[key].shape)})")
+    for key in sorted(set(named) - set(expected)):
+        problems.append(f"unexpected tensor {key} with shape {list(named[key].shape)} (not a parameter of preset {model.config.name!r})")
+    for key in sorted(set(named) & set(expected)):
+        if named[key].shape != expected[key].shape:
+            problems.append(f"wrong shape for {key}: checkpoint has {list(named[key].shape)}, model expects {list(expected[key].shape)}")
+    if problems:
+        shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
+        raise CheckpointError(f"checkpoint does not match model preset {model.config.name!r}:\n  " + "\n  ".join(shown))
+    with torch.no_grad():
+        for key, param in expected.items():
+            param.copy_(named[key])  # copies into the model's own dtype and device
+
+
+def save_checkpoint(model: Pi0Model, path: str | os.PathLike, layout: str = "openpi") -> Path:
+    """Write `model.safetensors` in openpi's layout (or LeRobot's, with the `model.` prefix).
+    Tensors are saved in the model's dtypes; the tied embedding under the LM head's name."""
+    if layout not in ("openpi", "lerobot"):
+        raise CheckpointError(f"can only save in 'openpi' or 'lerobot' layout, got {layout!r}")
+    p = Path(path)
+    if p.suffix != ".safetensors":
+        p.mkdir(parents=True, exist_ok=True)
+        p = p / "model.safetensors"
+    state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
+    if LM_HEAD in state:
+        state.pop(EMBED, None)  # stored once, as openpi's file does
+    prefix = LEROBOT_PREFIX if layout == "lerobot" else ""
+    save_file({prefix + k: v for k, v in state.items()}, str(p), metadata={"format": "pt", "layout": layout})
+    return p

@@ -1,0 +1,301 @@
+"""`vlaperf` command line: a thin layer over the Python API.
+
+    vlaperf bench   --workload libero-pi0 --mode model|policy --levers reference|best|a,b,c
+    vlaperf check   --workload tiny --levers all
+    vlaperf matrix  --workload libero-pi0 --variants cumulative|grid|"a,b;c,d"
+    vlaperf levers
+Exit codes: 0 ok, 1 an equivalence check failed, 2 bad arguments or setup.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from vlaperf import __version__
+
+
+class CliError(Exception):
+    """Bad input or setup: printed as one line, exit code 2."""
+
+
+def positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def default_device() -> str:
+    return "cuda" if torch.cuda.is_available() else "cpu"
+
+
+# ------------------------------------------------------------------ shared set-up
+
+
+def add_common(p: argparse.ArgumentParser, levers_default: str = "reference") -> None:
+    p.add_argument("--workload", default=None, help="workload id (default: libero-pi0 on a GPU, tiny on the CPU)")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--steps", type=positive_int, default=None, help="denoise steps (default: the workload's)")
+    p.add_argument("--batch", type=positive_int, default=None, help="batch size (default: the workload's)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
+    p.add_argument("--checkpoint", default=None, help="openpi or LeRobot model.safetensors (default: random weights)")
+    p.add_argument("--levers", default=levers_default, help="'reference', 'best' or a comma list (see `vlaperf levers`)")
+    p.add_argument("--json", default=None, help="write the result file here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+
+
+def setup(args):
+    from vlaperf.models.pi0 import build_model
+    from vlaperf.workloads import WORKLOADS, get_workload
+
+    device = torch.device(args.device or default_device())
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CliError("--device cuda requested but CUDA is not available (use --device cpu)")
+    workload_id = args.workload or ("libero-pi0" if device.type == "cuda" else "tiny")
+    try:
+        base = get_workload(workload_id)
+        workload = base.with_overrides(batch=args.batch, steps=args.steps)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    model = build_model(workload.preset, device=device, dtype=dtype, seed=args.seed)
+    if args.checkpoint:
+        from vlaperf.checkpoints import CheckpointError, load_checkpoint
+
+        try:
+            load_checkpoint(model, args.checkpoint)
+        except CheckpointError as e:
+            raise CliError(str(e)) from None
+    assert workload_id in WORKLOADS
+    return base, workload, model, device
+
+
+def make_engine(model, levers: str):
+    from vlaperf.engine import Engine, LeverError
+    from vlaperf.engine.compile import CompileUnavailable
+
+    try:
+        return Engine(model, levers)
+    except (LeverError, CompileUnavailable) as e:
+        raise CliError(str(e)) from None
+
+
+def result_header(command: str, base, workload, model, env: dict, levers: list[str], label: str, mode: str | None) -> dict:
+    from vlaperf.report.schema import SCHEMA
+
+    return {
+        "schema": SCHEMA,
+        "command": command,
+        "workload": {"id": workload.id, "overrides": workload.overrides_vs(base)},
+        "variant": {"levers": levers, "label": label, "dtype": str(model.dtype).replace("torch.", "")},
+        "mode": mode,
+        "env": env,
+    }
+
+
+# --------------------------------------------------------------------------- bench
+
+
+def cmd_bench(args) -> int:
+    from vlaperf.check import check_equivalence
+    from vlaperf.inputs import make_example, random_noise, random_observation
+    from vlaperf.policy import Policy
+    from vlaperf.report.schema import write_result
+    from vlaperf.roofline import roofline
+    from vlaperf.timing import environment_record, time_calls
+
+    base, workload, model, device = setup(args)
+    engine = None if args.levers in ("reference", "none", "") else make_engine(model, args.levers)
+    sample = engine.sample_actions if engine else model.sample_actions
+    label = engine.name if engine else "reference"
+    equivalence = None
+    if engine is not None and not args.no_check:
+        equivalence = check_equivalence(model, engine, workload)
+        if not equivalence["passed"]:
+            print(f"vlaperf: variant {label} fails equivalence (rel_l2 {equivalence['rel_l2']:.3g} > "
+                  f"{equivalence['tolerance']:.3g}); refusing to report its speed", file=sys.stderr)
+            return 1
+    steps = workload.steps
+    noise = random_noise(workload, model.config, device, seed=args.seed)
+    if args.mode == "model":
+        obs = random_observation(workload, model.config, device, seed=args.seed)
+        fn = lambda: sample(obs, noise, steps)  # noqa: E731
+    else:
+        policy = Policy(model, sample, workload, num_steps=steps, noise=noise)
+        examples = [make_example(workload, seed=args.seed + i) for i in range(workload.batch)]
+        request = examples[0] if workload.batch == 1 else examples
+        fn = lambda: policy.infer(request)  # noqa: E731
+    timing = time_calls(fn, device=device, warmup=args.warmup, iters=args.iters, progress=not args.no_progress, label=label)
+    plan = getattr(engine, "last_plan", None)
+    images = len(plan.slots) if plan else workload.image_slots
+    prompt = plan.prompt_len if plan else workload.prompt_slots
+    floor = roofline(model.config, workload, images, prompt)
+    env = environment_record(device)
+    result = result_header("bench", base, workload, model, env, engine.levers.names() if engine else [], label, args.mode)
+    result.update({k: timing[k] for k in ("timers", "first_call_s", "warmup_s", "warmup", "iters", "peak_memory_bytes")})
+    result["samples"] = timing["samples"]
+    result["equivalence"] = equivalence
+    result["roofline"] = floor
+    print_bench(result)
+    if args.json:
+        write_result(result, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def print_bench(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    t = Table(title=f"vlaperf bench  {result['workload']['id']}  {result['variant']['label']}  ({result['mode']} mode, "
+              f"{result['variant']['dtype']}, {result['env'].get('gpu') or 'cpu'})")
+    t.add_column("timer")
+    for k in ("median", "mean", "p90", "p95", "p99", "min", "max"):
+        t.add_column(k + " ms", justify="right")
+    for name, s in result["timers"].items():
+        if s:
+            t.add_row(name, *(f"{s[k]:.3f}" for k in ("median", "mean", "p90", "p95", "p99", "min", "max")))
+    console = Console()
+    console.print(t)
+    med = result["timers"]["wall_ms"]["median"]
+    floor = result.get("roofline")
+    line = f"first call {result['first_call_s']:.2f} s; {result['iters']} timed calls after {result['warmup']} warm-up"
+    if floor and result["env"].get("gpu"):
+        line += f"; roofline floor {floor['floor_ms']:.2f} ms (H200 ceilings) -> {med / floor['floor_ms']:.2f}x the floor"
+    if result.get("peak_memory_bytes"):
+        line += f"; peak memory {result['peak_memory_bytes'] / 2**30:.2f} GiB"
+    console.print(line)
+
+
+# --------------------------------------------------------------------------- check
+
+
+def cmd_check(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from vlaperf.check import check_equivalence
+    from vlaperf.engine.levers import LEVERS
+    from vlaperf.report.schema import write_result
+    from vlaperf.timing import environment_record
+
+    base, workload, model, device = setup(args)
+    if args.levers == "all":
+        specs = [n for n in LEVERS if _applicable(n, device)] + ["best"]
+    else:
+        specs = [s for s in args.levers.split(";") if s.strip()]
+    rows = []
+    for spec in specs:
+        engine = make_engine(model, spec)
+        rows.append(check_equivalence(model, engine, workload, seeds=range(args.seeds)))
+    table = Table(title=f"vlaperf check  {workload.id}  ({rows[0]['dtype'] if rows else ''}, {device})")
+    for col in ("variant", "max abs", "rel L2", "tolerance", "passed"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["variant"], f"{r['max_abs']:.3g}", f"{r['rel_l2']:.3g}", f"{r['tolerance']:.0e}", "yes" if r["passed"] else "NO")
+    Console().print(table)
+    if args.json:
+        result = result_header("check", base, workload, model, environment_record(device), [], "check", None)
+        result["checks"] = rows
+        write_result(result, args.json)
+    return 0 if all(r["passed"] for r in rows) else 1
+
+
+def _applicable(lever: str, device: torch.device) -> bool:
+    if lever == "cuda_graph":
+        return device.type == "cuda"
+    return lever != "compile"  # compile is checked explicitly (it needs a compiler and minutes)
+
+
+# --------------------------------------------------------------------------- levers
+
+
+def cmd_levers(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from vlaperf.engine.levers import BEST_CPU, BEST_GPU, LEVERS
+
+    table = Table(title="vlaperf levers")
+    table.add_column("lever")
+    table.add_column("what it does")
+    for name, desc in LEVERS.items():
+        table.add_row(name, desc)
+    console = Console()
+    console.print(table)
+    console.print(f"best on a GPU: {','.join(BEST_GPU)}\nbest on the CPU: {','.join(BEST_CPU)}")
+    return 0
+
+
+# --------------------------------------------------------------------------- matrix
+
+
+def cmd_matrix(args) -> int:
+    from vlaperf.profile.matrix import run_matrix
+
+    base, workload, model, device = setup(args)
+    return run_matrix(args, base, workload, model, device)
+
+
+# ----------------------------------------------------------------------------- main
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vlaperf", description="Fast, honestly measured inference for pi0-family policies.")
+    parser.add_argument("--version", action="version", version=f"vlaperf {__version__}")
+    sub = parser.add_subparsers(dest="command", required=True)
+
+    p = sub.add_parser("bench", help="latency of one policy call (model or policy mode)")
+    add_common(p)
+    p.add_argument("--mode", choices=("model", "policy"), default="model")
+    p.add_argument("--warmup", type=non_negative_int, default=30)
+    p.add_argument("--iters", type=positive_int, default=100)
+    p.add_argument("--no-check", action="store_true", help="skip the equivalence check of a non-reference variant")
+    p.set_defaults(func=cmd_bench)
+
+    p = sub.add_parser("check", help="equivalence of engine variants against the reference")
+    add_common(p, levers_default="all")
+    p.add_argument("--seeds", type=positive_int, default=2, help="fresh random inputs per variant")
+    p.set_defaults(func=cmd_check)
+
+    p = sub.add_parser("matrix", help="optimization matrix: variants interleaved in one process")
+    add_common(p)
+    p.add_argument("--variants", default="cumulative", help="'cumulative', 'grid', or variants separated by ';'")
+    p.add_argument("--warmup", type=positive_int, default=10)
+    p.add_argument("--iters", type=positive_int, default=50)
+    p.set_defaults(func=cmd_matrix)
+
+    p = sub.add_parser("levers", help="list the speed levers")
+    p.set_defaults(func=cmd_levers)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except CliError as e:
+        print(f"vlaperf {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,112 @@
+"""The optimization matrix: engine variants timed interleaved in one process.
+
+Variants that fail the equivalence check are listed with their error and never timed.
+`cumulative` adds one lever at a time in LEVERS order (seed 004's table); `grid` is seed
+000's {eager, compile default, compile reduce-overhead, cuda_graph} x {loop only, all
+exact levers}.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vlaperf.engine.levers import LEVERS
+
+EXACT = ("for_loop", "skip_masked_images", "trim_prompt_padding", "static_kv_cache", "sdpa", "fuse_projections")
+
+
+def cumulative_variants(device: torch.device) -> list[str]:
+    order = [n for n in LEVERS if n != "compile" and (n != "cuda_graph" or device.type == "cuda")]
+    return ["reference"] + [",".join(order[: i + 1]) for i in range(len(order))]
+
+
+def grid_variants(device: torch.device) -> list[str]:
+    bases = {"loop": "for_loop", "exact": ",".join(EXACT)}
+    modes = ["", "compile=default"] + (["compile=reduce-overhead", "cuda_graph"] if device.type == "cuda" else [])
+    out = ["reference"]
+    for b in bases.values():
+        for m in modes:
+            out.append(b + ("," + m if m else ""))
+    return out
+
+
+def parse_variants(spec: str, device: torch.device) -> list[str]:
+    if spec == "cumulative":
+        return cumulative_variants(device)
+    if spec == "grid":
+        return grid_variants(device)
+    items = [s.strip() for s in spec.split(";") if s.strip()]
+    return items if items and items[0] == "reference" else ["reference"] + items
+
+
+def run_matrix(args, base, workload, model, device) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from vlaperf.check import check_equivalence
+    from vlaperf.cli import CliError, make_engine, result_header
+    from vlaperf.inputs import random_noise, random_observation
+    from vlaperf.report.schema import write_result
+    from vlaperf.timing import environment_record, interleaved
+
+    variants = parse_variants(args.variants, device)
+    obs = random_observation(workload, model.config, device, seed=args.seed)
+    noise = random_noise(workload, model.config, device, seed=args.seed)
+    steps = workload.steps
+    fns, rows = {}, []
+    for spec in variants:
+        row = {"variant": spec, "levers": []}
+        if spec == "reference":
+            fns[spec] = lambda: model.sample_actions(obs, noise, steps)
+            row["equivalence"] = None
+        else:
+            try:
+                engine = make_engine(model, spec)
+            except CliError as e:
+                row["skipped"] = str(e)
+                rows.append(row)
+                continue
+            row["levers"] = engine.levers.names()
+            row["equivalence"] = check_equivalence(model, engine, workload)
+            if not row["equivalence"]["passed"]:
+                row["skipped"] = "fails equivalence: speed not reported"
+                rows.append(row)
+                continue
+            fns[spec] = (lambda e: lambda: e.sample_actions(obs, noise, steps))(engine)
+        rows.append(row)
+    timing = interleaved(fns, device=device, warmup=args.warmup, iters=args.iters, baseline="reference",
+                         progress=not args.no_progress)
+    for row in rows:
+        v = timing["variants"].get(row["variant"])
+        if v is None:
+            continue
+        row.update({k: v[k] for k in ("timers", "first_call_s", "warmup_s", "peak_memory_bytes")})
+        row["ratio"] = timing["ratios"][row["variant"]]
+    _print(rows, workload, device, Console(width=170), Table)
+    if args.json:
+        result = result_header("matrix", base, workload, model, environment_record(device), [], args.variants, "model")
+        result.update({"variants": rows, "warmup": args.warmup, "iters": args.iters, "baseline": "reference"})
+        write_result(result, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _print(rows, workload, device, console, Table) -> None:
+    t = Table(title=f"vlaperf matrix  {workload.id}  ({device}; interleaved; speedup = median ratio vs reference)")
+    for col in ("variant", "median ms", "p95 ms", "event ms", "speedup", "p10..p90", "rel L2", "first call s", "peak GiB"):
+        t.add_column(col)
+    for r in rows:
+        name = r["variant"] if len(r["variant"]) < 60 else "+".join(x[:4] for x in r["variant"].split(","))
+        if "timers" not in r:
+            t.add_row(name, r.get("skipped", ""), *[""] * 7)
+            continue
+        w, e, q = r["timers"]["wall_ms"], r["timers"]["cuda_event_ms"], r["ratio"]["wall_ms"]
+        eq = r["equivalence"]
+        t.add_row(name, f"{w['median']:.3f}", f"{w['p95']:.3f}", f"{e['median']:.3f}" if e else "-",
+                  f"{q['speedup']:.2f}x" + ("" if q["significant"] or r["variant"] == "reference" else " (noise)"),
+                  f"{q['ratio_p10']:.2f}..{q['ratio_p90']:.2f}", f"{eq['rel_l2']:.1e}" if eq else "-",
+                  f"{r['first_call_s']:.2f}", f"{r['peak_memory_bytes'] / 2**30:.2f}" if r.get("peak_memory_bytes") else "-")
+    console.print(t)
+
+
+
