@@ -25,7 +25,9 @@ from vlaperf.models.pi0 import Pi0Model
 
 
 class Engine:
-    def __init__(self, model: Pi0Model, levers: str | Levers | None = "best"):
+    def __init__(self, model: Pi0Model, levers: str | Levers | None = "best", compile_backend: str = "inductor"):
+        """`compile_backend` other than inductor (e.g. "eager") checks tracing and graph
+        breaks without generating kernels (used by the CPU tests)."""
         self.model = model
         self.device = model.action_in_proj.weight.device
         self.levers = Levers.parse(levers, self.device)
@@ -41,8 +43,8 @@ class Engine:
         if self.levers.compile:
             from vlaperf.engine.compile import compile_fn
 
-            self._prefix = compile_fn(self._prefix_eager, self.levers.compile)
-            self._step = compile_fn(self._step, self.levers.compile)
+            self._prefix = compile_fn(self._prefix_eager, self.levers.compile, compile_backend)
+            self._step = compile_fn(self._step, self.levers.compile, compile_backend)
 
     @property
     def name(self) -> str:
