@@ -198,7 +198,8 @@ def cmd_check(args) -> int:
 
     base, workload, model, device = setup(args)
     if args.levers == "all":
-        specs = [n for n in LEVERS if _applicable(n, device)] + ["best"]
+        # Each lever alone (with for_loop where it needs it), then all of them.
+        specs = [("for_loop," + n if n == "cuda_graph" else n) for n in LEVERS if _applicable(n, device)] + ["best"]
     else:
         specs = [s for s in args.levers.split(";") if s.strip()]
     rows = []

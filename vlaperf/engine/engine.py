@@ -65,6 +65,7 @@ class Engine:
         self.last_plan = plan
         inputs = [obs.images, obs.image_mask, obs.tokens, obs.token_mask, obs.state, noise]
         if self.graphs is not None:
+            self.prepare(num_steps)  # schedule tables are copied to the device before any capture
             key = (plan.slots, plan.prompt_len, num_steps, tuple((tuple(x.shape), x.dtype) for x in inputs))
             return self.graphs.run(key, lambda: partial(self._sample, plan=plan, num_steps=num_steps), inputs)
         return self._sample(*inputs, plan=plan, num_steps=num_steps)

@@ -71,15 +71,22 @@ def embed_images(model: Pi0Model, ew: EngineWeights, images: Tensor, use_sdpa: b
     return x.view(B, S * x.shape[1], x.shape[2])
 
 
+def select_slots(x: Tensor, slots: tuple[int, ...]) -> Tensor:
+    """x[:, slots] without an index tensor: indexing with a Python list would copy the index
+    to the device on every call (and cannot be captured in a CUDA graph)."""
+    if slots == tuple(range(slots[0], slots[-1] + 1)):
+        return x[:, slots[0] : slots[-1] + 1]
+    return torch.stack([x[:, s] for s in slots], dim=1)
+
+
 def embed_prefix(model: Pi0Model, ew: EngineWeights, obs, plan: PrefixPlan, use_sdpa: bool) -> tuple[Tensor, Tensor]:
     """Prefix embeddings (B, Tp, D) and pad mask (B, Tp) for the planned layout."""
     embs, pads = [], []
     if plan.slots:
-        idx = list(plan.slots)
-        img = embed_images(model, ew, obs.images[:, idx], use_sdpa)
-        P = img.shape[1] // len(idx)
+        img = embed_images(model, ew, select_slots(obs.images, plan.slots), use_sdpa)
+        P = img.shape[1] // len(plan.slots)
         embs.append(img)
-        pads.append(obs.image_mask[:, idx].repeat_interleave(P, dim=1))
+        pads.append(select_slots(obs.image_mask, plan.slots).repeat_interleave(P, dim=1))
     tokens = obs.tokens[:, : plan.prompt_len]
     lang = model.backbone.embed_tokens(tokens)
     embs.append(lang * math.sqrt(lang.shape[-1]))

@@ -544,7 +544,9 @@ class Pi0Model(nn.Module):
         tokens = tokens.to(self.dtype)  # the heads run in float32, the expert in bf16
         T = tokens.shape[1]
         pad = torch.ones(B, T, dtype=torch.bool, device=tokens.device)
-        att = torch.tensor(att_flags, dtype=torch.bool, device=tokens.device)[None].expand(B, T)
+        # Built on the device (not torch.tensor(list)), so no host-to-device copy per step.
+        att = torch.zeros(B, T, dtype=torch.bool, device=tokens.device)
+        att[:, : att_flags.count(True)] = True
         return tokens, pad, att, adarms
 
     def denoise_step(
