@@ -105,6 +105,10 @@ class Engine:
         return pad, cache
 
     def _sample(self, images, image_mask, tokens, token_mask, state, noise, *, plan: PrefixPlan, num_steps: int) -> Tensor:
+        if self.levers.compile in ("reduce-overhead", "max-autotune"):
+            # One policy call is one cudagraph-trees "step": outputs of the previous call's
+            # graphs may be overwritten from here on, never within the call.
+            torch.compiler.cudagraph_mark_step_begin()
         obs = Observation(images, image_mask, tokens, token_mask, state)
         B = state.shape[0]
         Tp = len(plan.slots) * self.model.config.vision.num_patches + plan.prompt_len
