@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 from functools import partial
+from typing import Callable
 
 import torch
 from torch import Tensor
@@ -38,6 +39,10 @@ class Engine:
         self._kv: dict[tuple, tuple[Tensor, Tensor]] = {}
         self.graphs = GraphCache() if self.levers.cuda_graph else None
         self.last_plan: PrefixPlan | None = None
+        # Stage boundaries for the profiler: called with a stage name where that stage
+        # starts ("embed_prefix", "prefill", "denoise_step_<i>") and "end" after the last.
+        # Only on the plain path (it is not called inside a CUDA graph or compiled code).
+        self.stage_hook: Callable[[str], None] | None = None
         self._prefix = self._prefix_eager
         self._step = partial(denoise_step, model, self.weights)
         if self.levers.compile:
@@ -100,9 +105,15 @@ class Engine:
         return self._kv[shape]
 
     def _prefix_eager(self, obs: Observation, plan: PrefixPlan, kv_buffers):
+        self._mark("embed_prefix")
         prefix, pad = embed_prefix(self.model, self.weights, obs, plan, self.levers.sdpa)
+        self._mark("prefill")
         cache = prefill(self.model, self.weights, prefix, pad, self.levers.sdpa, kv_buffers)
         return pad, cache
+
+    def _mark(self, stage: str) -> None:
+        if self.stage_hook is not None and self.graphs is None and not self.levers.compile:
+            self.stage_hook(stage)
 
     def _sample(self, images, image_mask, tokens, token_mask, state, noise, *, plan: PrefixPlan, num_steps: int) -> Tensor:
         if self.levers.compile in ("reduce-overhead", "max-autotune"):
@@ -121,19 +132,23 @@ class Engine:
         sdpa = self.levers.sdpa
         if self.levers.for_loop:
             for i in range(num_steps):
+                self._mark(f"denoise_step_{i}")
                 row = _table_row(tables, i)
                 v_t = self._step(ctx, x_t, times[i].expand(B), row, sdpa)
                 x_t = x_t + dt * v_t
+            self._mark("end")
             return x_t
         # Without for_loop: the reference's loop condition, read on the host every step.
         time_t = torch.tensor(1.0, dtype=torch.float32, device=self.device)
         dt_t = torch.tensor(dt, dtype=torch.float32, device=self.device)
         i = 0
         while time_t >= -dt_t / 2:
+            self._mark(f"denoise_step_{i}")
             v_t = self._step(ctx, x_t, time_t.expand(B), _table_row(tables, i), sdpa)
             x_t = x_t + dt_t * v_t
             time_t = time_t + dt_t
             i += 1
+        self._mark("end")
         return x_t
 
 
