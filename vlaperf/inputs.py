@@ -220,6 +220,9 @@ class ObservationTransform:
     """
 
     def __init__(self, workload: Workload, config: Pi0Config, tokenizer: Tokenizer | None = None, device="cpu"):
+        if workload.state_dim > config.action_dim:
+            raise ValueError(f"workload {workload.id!r} has a {workload.state_dim}-d state, more than model "
+                             f"{config.name!r} pads to ({config.action_dim})")
         self.workload, self.config, self.device = workload, config, torch.device(device)
         self.tokenizer = tokenizer or WordHashTokenizer(config.backbone.vocab_size)
 

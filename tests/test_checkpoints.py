@@ -1,0 +1,100 @@
+"""Checkpoint loading and saving in openpi's and LeRobot's layouts."""
+
+import pytest
+import torch
+from safetensors import safe_open
+from safetensors.torch import save_file
+
+from vlaperf.checkpoints import EMBED, LM_HEAD, CheckpointError, load_checkpoint, read_tensors, save_checkpoint
+from vlaperf.models.pi0 import build_model, get_config
+
+
+def _assert_same(a, b):
+    sa, sb = a.state_dict(), b.state_dict()
+    assert sa.keys() == sb.keys()
+    for k in sa:
+        assert torch.equal(sa[k], sb[k]), k
+
+
+@pytest.mark.parametrize("layout", ["openpi", "lerobot"])
+def test_round_trip_is_bit_exact(tmp_path, layout):
+    src = build_model("tiny", seed=1)
+    dst = build_model("tiny", seed=2)
+    path = save_checkpoint(src, tmp_path / layout, layout=layout)
+    report = load_checkpoint(dst, path.parent)  # a folder holding model.safetensors
+    assert report["layout"] == layout
+    _assert_same(src, dst)
+
+
+def test_bf16_round_trip_keeps_dtypes(tmp_path):
+    src = build_model("tiny", seed=1, dtype=torch.bfloat16)
+    dst = build_model("tiny", seed=2, dtype=torch.bfloat16)
+    load_checkpoint(dst, save_checkpoint(src, tmp_path / "m.safetensors"))
+    _assert_same(src, dst)
+    assert dst.backbone.layers[0].input_layernorm.weight.dtype == torch.float32
+
+
+def test_openpi_file_stores_tied_embedding_once(tmp_path):
+    path = save_checkpoint(build_model("tiny"), tmp_path / "m.safetensors")
+    with safe_open(str(path), "pt") as f:
+        keys = set(f.keys())
+    assert LM_HEAD in keys and EMBED not in keys
+
+
+def test_embedding_under_either_name_loads(tmp_path):
+    src = build_model("tiny", seed=1)
+    tensors = read_tensors(save_checkpoint(src, tmp_path / "a.safetensors"))
+    tensors[EMBED] = tensors.pop(LM_HEAD)
+    save_file(tensors, str(tmp_path / "b.safetensors"))
+    dst = build_model("tiny", seed=2)
+    load_checkpoint(dst, tmp_path / "b.safetensors")
+    _assert_same(src, dst)
+
+
+def _saved(tmp_path, model, edit):
+    tensors = read_tensors(save_checkpoint(model, tmp_path / "x.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(tmp_path / "bad.safetensors"))
+    return tmp_path / "bad.safetensors"
+
+
+def test_wrong_shape_names_key_and_both_shapes(tmp_path):
+    key = "action_in_proj.weight"
+    path = _saved(tmp_path, build_model("tiny"), lambda t: t.__setitem__(key, torch.zeros(7, 3)))
+    with pytest.raises(CheckpointError, match=r"wrong shape for action_in_proj.weight: checkpoint has \[7, 3\], model expects \[32, 8\]"):
+        load_checkpoint(build_model("tiny"), path)
+
+
+def test_missing_key_is_named(tmp_path):
+    key = "paligemma_with_expert.gemma_expert.model.norm.weight"
+    path = _saved(tmp_path, build_model("tiny"), lambda t: t.pop(key))
+    with pytest.raises(CheckpointError, match=f"missing tensor {key} \\(model expects shape \\[32\\]\\)"):
+        load_checkpoint(build_model("tiny"), path)
+
+
+def test_unexpected_key_is_named(tmp_path):
+    path = _saved(tmp_path, build_model("tiny"), lambda t: t.__setitem__("lora_A.weight", torch.ones(2, 2)))
+    with pytest.raises(CheckpointError, match=r"unexpected tensor lora_A.weight with shape \[2, 2\]"):
+        load_checkpoint(build_model("tiny"), path)
+
+
+def test_pi0_checkpoint_into_pi05_model_fails_clearly(tmp_path):
+    path = save_checkpoint(build_model("tiny"), tmp_path / "pi0.safetensors")
+    with pytest.raises(CheckpointError, match="missing tensor time_mlp_in.weight"):
+        load_checkpoint(build_model(get_config("tiny", pi05=True)), path)
+
+
+def test_lerobot_legacy_time_mlp_names(tmp_path):
+    src = build_model("tiny", seed=1)
+    tensors = read_tensors(save_checkpoint(src, tmp_path / "a.safetensors", layout="lerobot"))
+    for name in [k for k in tensors if k.startswith("model.action_time_mlp_")]:
+        tensors[name.replace("model.action_time_mlp_", "model.time_mlp_")] = tensors.pop(name)
+    save_file(tensors, str(tmp_path / "legacy.safetensors"))
+    dst = build_model("tiny", seed=2)
+    assert load_checkpoint(dst, tmp_path / "legacy.safetensors")["layout"] == "lerobot"
+    _assert_same(src, dst)
+
+
+def test_missing_file():
+    with pytest.raises(CheckpointError, match="checkpoint not found"):
+        load_checkpoint(build_model("tiny"), "/nonexistent/model.safetensors")

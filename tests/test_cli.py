@@ -1,0 +1,105 @@
+"""The command line: exit codes, messages and result files."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from vlaperf.cli import main
+from vlaperf.report.schema import SchemaError, read_result, validate_result
+
+
+def test_bench_tiny_writes_valid_result(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    assert main(["bench", "--workload", "tiny", "--device", "cpu", "--warmup", "2", "--iters", "5", "--json", str(out), "--no-progress"]) == 0
+    r = read_result(out)
+    assert r["command"] == "bench" and r["workload"] == {"id": "tiny", "overrides": {}}
+    assert r["timers"]["wall_ms"]["count"] == 5 and r["timers"]["cuda_event_ms"] is None
+    assert r["variant"] == {"levers": [], "label": "reference", "dtype": "float32"}
+    assert r["env"]["torch"] and isinstance(r["env"]["env_vars"], dict) and "c_compiler" in r["env"]
+    assert r["first_call_s"] > 0 and len(r["samples"]["wall_ms"]) == 5
+    assert "median" in capsys.readouterr().out
+
+
+def test_bench_best_policy_mode_with_overrides(tmp_path):
+    out = tmp_path / "p.json"
+    args = ["bench", "--workload", "tiny", "--device", "cpu", "--mode", "policy", "--levers", "best", "--batch", "2",
+            "--steps", "3", "--warmup", "1", "--iters", "3", "--json", str(out), "--no-progress"]
+    assert main(args) == 0
+    r = read_result(out)
+    assert r["mode"] == "policy" and r["workload"]["overrides"]["batch"] == 2 and r["workload"]["overrides"]["steps"] == 3
+    assert r["equivalence"]["passed"] and "for_loop" in r["variant"]["levers"]
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["--workload", "nope"], "unknown workload 'nope'"),
+        (["--steps", "0"], "expected an integer >= 1, got 0"),
+        (["--batch", "-2"], "expected an integer >= 1, got -2"),
+        (["--iters", "x"], "expected an integer >= 1, got 'x'"),
+        (["--levers", "warp_drive"], "unknown lever 'warp_drive'"),
+        (["--levers", "for_loop,cuda_graph", "--device", "cpu"], "cuda_graph needs a CUDA device"),
+        (["--mode", "train"], "invalid choice: 'train'"),
+    ],
+)
+def test_bad_arguments_exit_2_with_message(args, message, capsys):
+    assert run_cli(["bench", "--device", "cpu", "--iters", "1", "--warmup", "0", "--no-progress", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def run_cli(argv) -> int:
+    """Exit code of `vlaperf argv` (argparse exits with SystemExit, our own errors return 2)."""
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+def test_cuda_unavailable_is_a_clear_error(capsys):
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    assert main(["bench", "--device", "cuda"]) == 2
+    assert "CUDA is not available" in capsys.readouterr().err
+
+
+def test_check_and_matrix_on_tiny(tmp_path):
+    assert main(["check", "--workload", "tiny", "--device", "cpu", "--seeds", "1", "--json", str(tmp_path / "c.json")]) == 0
+    checks = read_result(tmp_path / "c.json")["checks"]
+    assert all(c["passed"] for c in checks) and len(checks) >= 7
+    assert main(["matrix", "--workload", "tiny", "--device", "cpu", "--warmup", "1", "--iters", "3", "--no-progress",
+                 "--json", str(tmp_path / "m.json")]) == 0
+    rows = read_result(tmp_path / "m.json")["variants"]
+    assert [r["variant"] for r in rows][0] == "reference" and len(rows) == 7
+    assert all("timers" in r for r in rows) and rows[-1]["ratio"]["wall_ms"]["speedup"] > 0
+
+
+def test_levers_lists_every_lever(capsys):
+    from vlaperf.engine import LEVERS
+
+    assert main(["levers"]) == 0
+    out = capsys.readouterr().out
+    assert all(name in out for name in LEVERS)
+
+
+def test_schema_rejects_incomplete_results():
+    with pytest.raises(SchemaError, match="missing key 'env'"):
+        validate_result({"schema": "vlaperf.result/1", "command": "bench", "workload": {"id": "tiny", "overrides": {}}})
+    with pytest.raises(SchemaError, match="timers.wall_ms: missing 'p99'"):
+        validate_result({"schema": "vlaperf.result/1", "command": "bench", "workload": {"id": "t", "overrides": {}},
+                         "env": {k: None for k in ("gpu", "driver", "cuda", "torch", "triton", "python", "vlaperf",
+                                                   "git_commit", "env_vars", "c_compiler")},
+                         "timers": {"wall_ms": {"count": 1, "median": 1.0}}})
+
+
+def test_console_script_end_to_end(tmp_path):
+    """The installed entry point, as the README runs it."""
+    out = tmp_path / "r.json"
+    proc = subprocess.run([sys.executable, "-m", "vlaperf.cli", "bench", "--workload", "tiny", "--device", "cpu",
+                           "--iters", "3", "--warmup", "1", "--json", str(out), "--no-progress"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0, proc.stderr
+    assert json.loads(out.read_text())["timers"]["wall_ms"]["count"] == 3

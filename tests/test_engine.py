@@ -1,0 +1,156 @@
+"""Every engine lever, alone and combined, computes the reference's actions (fp32, tiny)."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from vlaperf.check import check_equivalence, compare
+from vlaperf.engine import LEVERS, Engine, LeverError, Levers
+from vlaperf.engine.prefix import prompt_bucket
+from vlaperf.inputs import random_noise, random_observation
+from vlaperf.workloads import get_workload
+
+PLAIN = [n for n in LEVERS if n not in ("cuda_graph", "compile")]
+ALL_PLAIN = ",".join(PLAIN)
+FP32_TOL = 1e-4  # relative L2; float32 reordering only (see vlaperf.check)
+
+
+def rel_l2(a, b):
+    return ((a - b).norm() / b.norm()).item()
+
+
+@pytest.mark.parametrize("levers", PLAIN + [ALL_PLAIN, "for_loop,static_kv_cache,fuse_projections"])
+def test_lever_matches_reference(tiny_model, tiny_workload, tiny_inputs, levers):
+    obs, noise = tiny_inputs
+    ref = tiny_model.sample_actions(obs, noise, tiny_workload.steps)
+    out = Engine(tiny_model, levers).sample_actions(obs, noise, tiny_workload.steps)
+    assert out.shape == ref.shape and out.dtype == torch.float32
+    assert rel_l2(out, ref) < FP32_TOL
+
+
+def test_batch_with_different_prompt_lengths(tiny_model, tiny_workload):
+    w = dataclasses.replace(tiny_workload.with_overrides(batch=4), prompt_valid=(3, 6, 9, 12))
+    obs, noise = random_observation(w, tiny_model.config, seed=5), random_noise(w, tiny_model.config, seed=5)
+    ref = tiny_model.sample_actions(obs, noise, w.steps)
+    engine = Engine(tiny_model, ALL_PLAIN)
+    out = engine.sample_actions(obs, noise, w.steps)
+    assert rel_l2(out, ref) < FP32_TOL
+    assert engine.last_plan.prompt_len == 16  # longest valid prompt 12 -> bucket 16
+
+
+def test_batch_rows_are_independent(tiny_model, tiny_workload):
+    """Sample i of a batch equals the same observation run alone."""
+    w = dataclasses.replace(tiny_workload.with_overrides(batch=3), prompt_valid=(4, 6, 2))
+    obs, noise = random_observation(w, tiny_model.config, seed=9), random_noise(w, tiny_model.config, seed=9)
+    engine = Engine(tiny_model, ALL_PLAIN)
+    batched = engine.sample_actions(obs, noise, w.steps)
+    from vlaperf.inputs import Observation
+
+    for i in range(3):
+        one = Observation(*(t[i : i + 1] for t in obs.tensors()), host_image_valid=obs.host_image_valid, host_prompt_len=w.prompt_valid[i])
+        assert rel_l2(engine.sample_actions(one, noise[i : i + 1], w.steps), batched[i : i + 1]) < FP32_TOL
+
+
+def test_masked_slot_and_padding_are_not_computed(tiny_model, tiny_inputs, tiny_workload):
+    obs, noise = tiny_inputs
+    engine = Engine(tiny_model, "skip_masked_images,trim_prompt_padding")
+    engine.sample_actions(obs, noise, tiny_workload.steps)
+    assert engine.last_plan.slots == (0, 1)  # right wrist is masked in the tiny workload
+    assert engine.last_plan.prompt_len == 8  # 6 valid tokens -> bucket 8 of 16 slots
+    assert not engine.last_plan.read_device_masks
+
+
+def test_plan_without_host_metadata_reads_masks_once(tiny_model, tiny_inputs, tiny_workload):
+    obs, noise = tiny_inputs
+    bare = dataclasses.replace(obs, host_image_valid=None, host_prompt_len=None)
+    engine = Engine(tiny_model, ALL_PLAIN)
+    out = engine.sample_actions(bare, noise, tiny_workload.steps)
+    assert engine.last_plan.read_device_masks and engine.last_plan.slots == (0, 1)
+    assert rel_l2(out, tiny_model.sample_actions(obs, noise, tiny_workload.steps)) < FP32_TOL
+
+
+def test_prompt_buckets():
+    assert [prompt_bucket(n, 48) for n in (1, 8, 9, 20, 33, 48)] == [8, 8, 16, 32, 48, 48]
+    assert prompt_bucket(150, 200) == 200 and prompt_bucket(64, 200) == 64
+
+
+def test_stage_hook_marks_every_stage(tiny_model, tiny_inputs, tiny_workload):
+    obs, noise = tiny_inputs
+    engine = Engine(tiny_model, "for_loop")
+    seen = []
+    engine.stage_hook = seen.append
+    engine.sample_actions(obs, noise, tiny_workload.steps)
+    assert seen == ["embed_prefix", "prefill"] + [f"denoise_step_{i}" for i in range(tiny_workload.steps)] + ["end"]
+
+
+def test_levers_parse_and_errors():
+    assert Levers.parse("reference") == Levers()
+    assert Levers.parse("for_loop,compile=max-autotune").compile == "max-autotune"
+    assert Levers.parse("best", "cpu").names() == PLAIN
+    assert "cuda_graph" in Levers.parse("best", "cuda").names()
+    with pytest.raises(LeverError, match="unknown lever 'warp_drive'"):
+        Levers.parse("warp_drive")
+    with pytest.raises(LeverError, match="compile mode 'fast' is not one of"):
+        Levers.parse("compile=fast")
+    with pytest.raises(LeverError, match="takes no value"):
+        Levers.parse("sdpa=1")
+
+
+def test_inapplicable_levers_fail_clearly(tiny_model):
+    with pytest.raises(LeverError, match="cuda_graph needs a CUDA device"):
+        Engine(tiny_model, "for_loop,cuda_graph")
+    with pytest.raises(LeverError, match="compile=reduce-overhead uses CUDA graphs and needs a CUDA device"):
+        Engine(tiny_model, "for_loop,compile=reduce-overhead")
+    lv = Levers.parse("cuda_graph")
+    with pytest.raises(LeverError, match="cuda_graph needs for_loop"):
+        lv.check("cuda")
+
+
+def test_bad_steps(tiny_model, tiny_inputs):
+    with pytest.raises(ValueError, match="num_steps must be >= 1"):
+        Engine(tiny_model, "for_loop").sample_actions(*tiny_inputs, num_steps=0)
+
+
+def test_reference_weights_untouched(tiny_model, tiny_inputs, tiny_workload):
+    before = {k: v.clone() for k, v in tiny_model.state_dict().items()}
+    Engine(tiny_model, ALL_PLAIN).sample_actions(*tiny_inputs, tiny_workload.steps)
+    for k, v in tiny_model.state_dict().items():
+        assert torch.equal(v, before[k]), k
+
+
+@pytest.mark.parametrize("levers", ["for_loop,compile", ALL_PLAIN + ",compile"])
+def test_compiled_path_has_no_graph_breaks_and_no_recompiles(tiny_model, tiny_workload, levers):
+    """fullgraph=True turns a graph break into an error; a new prompt length inside the
+    same bucket must not recompile. The 'eager' backend traces exactly as inductor would
+    but skips code generation, so this runs in seconds on the CPU."""
+    import torch._dynamo
+
+    torch._dynamo.reset()
+    cfg = tiny_model.config
+    engine = Engine(tiny_model, levers, compile_backend="eager")
+    obs, noise = random_observation(tiny_workload, cfg, seed=1), random_noise(tiny_workload, cfg, seed=1)
+    out = engine.sample_actions(obs, noise, tiny_workload.steps)
+    assert rel_l2(out, tiny_model.sample_actions(obs, noise, tiny_workload.steps)) < FP32_TOL
+    w7 = dataclasses.replace(tiny_workload, prompt_valid=(7,))
+    obs7 = random_observation(w7, cfg, seed=2)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        out7 = engine.sample_actions(obs7, noise, tiny_workload.steps)
+    assert rel_l2(out7, tiny_model.sample_actions(obs7, noise, tiny_workload.steps)) < FP32_TOL
+
+
+def test_check_equivalence_passes_and_catches_a_broken_variant(tiny_model, tiny_workload):
+    engine = Engine(tiny_model, ALL_PLAIN)
+    ok = check_equivalence(tiny_model, engine, tiny_workload)
+    assert ok["passed"] and ok["rel_l2"] < FP32_TOL and ok["dtype"] == "float32"
+
+    class Broken:
+        name = "broken"
+
+        def sample_actions(self, obs, noise, steps):
+            return engine.sample_actions(obs, noise, steps) * 1.01
+
+    bad = check_equivalence(tiny_model, Broken(), tiny_workload)
+    assert not bad["passed"] and bad["rel_l2"] > FP32_TOL
+    nan = compare(torch.full((1, 2), float("nan")), torch.ones(1, 2), torch.float32)
+    assert not nan["passed"]

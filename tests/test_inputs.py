@@ -1,0 +1,121 @@
+"""Observations: random ones per workload, and openpi LIBERO / ALOHA dicts (policy mode)."""
+
+import numpy as np
+import pytest
+import torch
+
+from vlaperf.inputs import InputError, ObservationTransform, WordHashTokenizer, make_example, random_observation
+from vlaperf.models.pi0 import build_model, get_config
+from vlaperf.policy import Policy
+from vlaperf.workloads import get_workload
+
+
+def test_random_observation_follows_workload():
+    w = get_workload("tiny")
+    obs = random_observation(w)
+    assert obs.images.shape == (1, 3, 3, 56, 56)
+    assert obs.image_mask.tolist() == [[True, True, False]]
+    assert torch.all(obs.images[:, 2] == -1.0), "masked slot holds the all-zero uint8 image, normalised"
+    assert obs.images[:, :2].std() > 0.3
+    assert obs.token_mask.sum().item() == 6 and obs.token_mask[0, :6].all()
+    assert obs.state.shape == (1, 8) and torch.all(obs.state[:, 8:] == 0)
+    assert obs.host_image_valid == (True, True, False) and obs.host_prompt_len == 6
+
+
+def test_batched_workload_prompt_lengths_differ():
+    w = get_workload("libero-pi0-b4")
+    assert w.prompt_valid == (12, 17, 23, 28)
+    obs = random_observation(w.with_overrides(), get_config("tiny").__class__("t", get_config("tiny").vision,
+                             get_config("tiny").backbone, get_config("tiny").expert, max_token_len=48))
+    assert obs.token_mask.sum(1).tolist() == [12, 17, 23, 28]
+
+
+def test_workload_errors():
+    from vlaperf.workloads import get_workload as gw
+
+    with pytest.raises(ValueError, match="unknown workload 'libero-pi9'"):
+        gw("libero-pi9")
+    with pytest.raises(ValueError, match="batch must be an integer >= 1"):
+        gw("tiny").with_overrides(batch=0)
+    with pytest.raises(ValueError, match="world-action model"):
+        gw("wam-761")
+
+
+def test_tokenizer_is_deterministic_and_pluggable():
+    tok = WordHashTokenizer(1024)
+    assert tok.encode("Put the bowl") == tok.encode("put the  bowl")
+    assert tok.encode("a b")[0] == WordHashTokenizer.BOS and len(tok.encode("a b")) == 4
+
+    class Fixed:
+        def encode(self, text):
+            return [5, 6, 7]
+
+    w = get_workload("tiny")
+    obs = ObservationTransform(w, get_config("tiny"), Fixed())(make_example(w))
+    assert obs.tokens[0, :4].tolist() == [5, 6, 7, 0] and obs.host_prompt_len == 3
+
+
+@pytest.fixture
+def libero():
+    w = get_workload("tiny")
+    return w, ObservationTransform(w, get_config("tiny"))
+
+
+def test_libero_dict_maps_to_slots(libero):
+    w, tr = libero
+    obs = tr(make_example(w, image_size=224))  # clients send 224 px; tiny resizes to 56
+    assert obs.images.shape == (1, 3, 3, 56, 56)
+    assert obs.image_mask.tolist() == [[True, True, False]]
+    assert obs.images.min() >= -1 and obs.images.max() <= 1
+
+
+def test_aloha_dict_and_missing_camera():
+    w = get_workload("aloha-pi0")
+    with pytest.raises(ValueError, match="14-d state, more than model 'tiny' pads to \\(8\\)"):
+        ObservationTransform(w, get_config("tiny"))
+    tr = ObservationTransform(w, get_config("tiny", action_dim=16))
+    ex = make_example(w, image_size=64)
+    del ex["images"]["cam_right_wrist"]
+    obs = tr(ex)
+    assert obs.image_mask.tolist() == [[True, True, False]]
+    assert obs.state[0, :14].abs().sum() > 0 and torch.all(obs.state[0, 14:] == 0)
+
+
+def test_resize_with_pad_keeps_aspect(libero):
+    w, tr = libero
+    ex = make_example(w)
+    ex["observation/image"] = np.full((60, 120, 3), 255, np.uint8)
+    img = tr(ex).images[0, 0]  # (3, 56, 56): white band in the middle, black (-1) bars above and below
+    assert img[:, 28, :].min() > 0.99 and img[:, 0, :].max() < -0.99
+
+
+@pytest.mark.parametrize(
+    "edit,message",
+    [
+        (lambda e: e.pop("observation/state"), "missing key 'observation/state'"),
+        (lambda e: e.__setitem__("observation/state", np.zeros(5, np.float32)), "expected 8 values, got 5"),
+        (lambda e: e.__setitem__("observation/state", np.full(8, np.nan, np.float32)), "NaN"),
+        (lambda e: e.__setitem__("observation/image", np.zeros((224, 224), np.uint8)), "expected a 3-d image"),
+        (lambda e: e.__setitem__("observation/image", np.zeros((224, 224, 3), np.int64)), "expected uint8 or float pixels"),
+        (lambda e: e.__setitem__("observation/wrist_image", np.zeros((224, 224, 4), np.uint8)), "3 colour channels"),
+        (lambda e: e.__setitem__("prompt", 42), "prompt: expected a string"),
+        (lambda e: e.__setitem__("observation/state", np.array(["a"] * 8)), "1-d numeric array"),
+    ],
+)
+def test_bad_inputs_name_the_field(libero, edit, message):
+    w, tr = libero
+    ex = make_example(w)
+    edit(ex)
+    with pytest.raises(InputError, match=message):
+        tr(ex)
+
+
+def test_policy_infer_returns_robot_actions():
+    w = get_workload("tiny")
+    model = build_model("tiny")
+    policy = Policy(model, model.sample_actions, w)
+    out = policy.infer(make_example(w))
+    assert out["actions"].shape == (10, 7) and out["actions"].dtype == np.float32
+    assert out["policy_timing"]["infer_ms"] > 0
+    batch = policy.infer([make_example(w, seed=1), make_example(w, seed=2)])
+    assert batch["actions"].shape == (2, 10, 7)
