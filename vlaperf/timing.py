@@ -509,7 +509,9 @@ def _git_state() -> tuple[str | None, bool | None]:
     """
     pkg_dir = str(Path(__file__).resolve().parent)
     if not _run(["git", "ls-files", "--", "."], cwd=pkg_dir):
-        return None, None
+        # A copy of the tree without its .git (e.g. shipped to a GPU machine): the caller
+        # may say which commit it is.
+        return os.environ.get("VLAPERF_GIT_COMMIT") or None, None
     commit = _run(["git", "rev-parse", "HEAD"], cwd=pkg_dir)
     if not commit:
         return None, None
