@@ -302,6 +302,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("levers", help="list the speed levers")
     p.set_defaults(func=cmd_levers)
+
+    from vlaperf.serve.commands import register as register_serve
+
+    register_serve(sub)
     return parser
 
 

@@ -271,6 +271,15 @@ class ObservationTransform:
             raise InputError(f"prompt: expected a string, got {type(prompt).__name__}")
         return prompt
 
+    def validate(self, example: dict) -> None:
+        """Check one raw observation (raises InputError naming the field) without building
+        tensors: a server checks each request before it joins a batch."""
+        if not isinstance(example, dict):
+            raise InputError(f"observation must be a dict, got {type(example).__name__}")
+        self._slots(example)
+        self._state(example)
+        self._prompt(example)
+
     def __call__(self, examples: dict | list[dict]) -> Observation:
         batch = [examples] if isinstance(examples, dict) else list(examples)
         if not batch or not all(isinstance(e, dict) for e in batch):

@@ -1,0 +1,625 @@
+"""The policy server end to end on the CPU with the `tiny` workload: the real openpi client,
+bad inputs, auth, health, batching equivalence, load, rollout, shutdown, the CLI parsers.
+
+Servers listen on 127.0.0.1 with port 0 from a background thread and are always stopped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import threading
+import time
+import urllib.error
+import urllib.request
+from pathlib import Path
+
+import msgpack
+import numpy as np
+import pytest
+
+pytest.importorskip("websockets")
+from websockets.exceptions import ConnectionClosed, InvalidStatus  # noqa: E402
+from websockets.sync.client import connect  # noqa: E402
+
+from vlaperf.inputs import make_example, random_noise  # noqa: E402
+from vlaperf.models.pi0 import build_model  # noqa: E402
+from vlaperf.policy import Policy  # noqa: E402
+from vlaperf.serve.client import Client, ServerError, connect_options  # noqa: E402
+from vlaperf.serve.protocol import packb, parse_error_frame, unpackb  # noqa: E402
+from vlaperf.serve.server import PolicyServer  # noqa: E402
+from vlaperf.workloads import get_workload  # noqa: E402
+
+# openpi-client opens its connection without a context manager; websockets >= 17 warns.
+pytestmark = pytest.mark.filterwarnings("ignore:connect\\(\\) must be used as a context manager:DeprecationWarning")
+
+ROOT = Path(__file__).resolve().parents[1]
+TINY = get_workload("tiny")
+H, D = TINY.horizon, TINY.robot_action_dim  # 10, 7
+TIMING_KEYS = {"infer_ms", "queue_ms", "batch_size", "transform_ms", "sample_and_copy_ms"}
+
+
+@pytest.fixture(scope="module")
+def model():
+    return build_model(TINY.preset, device="cpu", seed=0)
+
+
+def fixed_noise_policy(model) -> Policy:
+    """Same initial noise for every observation, whatever the batch size: batched and
+    unbatched results must then agree."""
+    noise = random_noise(TINY, model.config, seed=3)[:1]
+
+    def sample(obs, _noise, num_steps):
+        return model.sample_actions(obs, noise.expand(obs.batch, -1, -1).contiguous(), num_steps)
+
+    return Policy(model, sample, TINY)
+
+
+@pytest.fixture(scope="module")
+def server(model):
+    s = PolicyServer(fixed_noise_policy(model), port=0, max_batch=8, max_wait_ms=100.0).start()
+    yield s
+    s.stop()
+
+
+@pytest.fixture(scope="module")
+def expected(model):
+    """Unbatched results of a local fixed-noise policy for examples seeded 0..11."""
+    policy = fixed_noise_policy(model)
+    return {seed: policy.infer(make_example(TINY, seed=seed))["actions"] for seed in range(12)}
+
+
+def raw_connection(server, **kw):
+    ws = connect(server.url, compression=None, max_size=None, **connect_options(connect), **kw)
+    meta = unpackb(ws.recv(timeout=10))
+    assert meta["workload"] == "tiny"
+    return ws
+
+
+def roundtrip(ws, frame):
+    ws.send(frame)
+    return ws.recv(timeout=30)
+
+
+def assert_result(reply, seed=None, expected=None):
+    assert isinstance(reply, dict), reply
+    assert reply["actions"].shape == (H, D) and reply["actions"].dtype == np.float32
+    assert TIMING_KEYS <= set(reply["server_timing"])
+    if expected is not None:
+        np.testing.assert_allclose(reply["actions"], expected[seed], atol=1e-5, rtol=0)
+
+
+# ----------------------------------------------------------------------------- openpi client
+
+
+def test_openpi_client_gets_actions(server):
+    wcp = pytest.importorskip("openpi_client.websocket_client_policy")
+    client = wcp.WebsocketClientPolicy("127.0.0.1", server.port)
+    try:
+        meta = client.get_server_metadata()
+        assert meta["workload"] == "tiny" and meta["action_horizon"] == H and meta["robot_action_dim"] == D
+        assert meta["vlaperf_version"] and "levers" in meta
+        first = client.infer(make_example(TINY, seed=0))
+        assert_result(first)
+        assert first["server_timing"]["infer_ms"] > 0 and first["server_timing"]["batch_size"] == 1
+        second = client.infer(make_example(TINY, seed=1))
+        assert_result(second)
+        assert second["server_timing"]["prev_total_ms"] > 0  # absent on a connection's first reply, as openpi's
+    finally:
+        client._ws.close()
+
+
+def test_openpi_client_raises_on_error_and_connection_survives(server, expected):
+    wcp = pytest.importorskip("openpi_client.websocket_client_policy")
+    client = wcp.WebsocketClientPolicy(f"ws://127.0.0.1:{server.port}")
+    try:
+        bad = make_example(TINY, seed=0)
+        bad["observation/state"] = bad["observation/state"][:3]
+        with pytest.raises(RuntimeError, match=r"Error in inference server:[\s\S]*expected 8 values, got 3"):
+            client.infer(bad)
+        assert_result(client.infer(make_example(TINY, seed=2)), 2, expected)
+    finally:
+        client._ws.close()
+
+
+# ----------------------------------------------------------------------------- bad input
+
+
+def _example(**changes):
+    ex = make_example(TINY, seed=5)
+    for key, value in changes.items():
+        key = key.replace("__", "/")
+        if value is None:
+            del ex[key]
+        else:
+            ex[key] = value
+    return ex
+
+
+BAD_INPUTS = {
+    "missing key": (packb(_example(observation__image=None)), "InputError", "missing key 'observation/image'"),
+    "missing state": (packb(_example(observation__state=None)), "InputError", "missing key 'observation/state'"),
+    "wrong image dtype": (packb(_example(observation__image=np.zeros((224, 224, 3), np.int32))), "InputError",
+                          "expected uint8 or float pixels, got dtype int32"),
+    "wrong state dtype": (packb(_example(observation__state=np.ones(8, bool))), "InputError", "1-d numeric array"),
+    "wrong state shape": (packb(_example(observation__state=np.ones((2, 4), np.float32))), "InputError",
+                          "observation/state: expected a 1-d numeric array"),
+    "wrong state length": (packb(_example(observation__state=np.ones(5, np.float32))), "InputError", "expected 8 values, got 5"),
+    "wrong image shape": (packb(_example(observation__image=np.zeros((224, 224), np.uint8))), "InputError",
+                          "expected a 3-d image"),
+    "wrong channels": (packb(_example(observation__wrist_image=np.zeros((224, 224, 4), np.uint8))), "InputError",
+                       "observation/wrist_image: expected 3 colour channels"),
+    "wrong image size": (packb(_example(observation__image=np.zeros((2, 2, 3), np.uint8))), "InputError", "out of range"),
+    "NaN state": (packb(_example(observation__state=np.array([np.nan] + [0.0] * 7, np.float32))), "InputError",
+                  "state holds NaN or inf"),
+    "NaN image": (packb(_example(observation__image=np.full((8, 8, 3), np.nan, np.float32))), "InputError", "NaN"),
+    "prompt not a string": (packb(_example(prompt=5)), "InputError", "prompt: expected a string"),
+    "non-msgpack bytes": (b"\xc1\xc1 definitely not msgpack", "ProtocolError", "not a valid msgpack message"),
+    "truncated msgpack": (packb(make_example(TINY, seed=0))[:1000], "ProtocolError", "msgpack"),
+    "msgpack int": (packb(42), "InputError", "message must be an observation dict"),
+    "msgpack string": (packb("observation"), "InputError", "got str"),
+    "msgpack nil": (packb(None), "InputError", "got nil"),
+    "empty list": (packb([]), "InputError", "at least one"),
+    "list of ints": (packb([1, 2]), "InputError", "[0] observation must be a dict"),
+    "text frame": ("{\"observation/image\": 1}", "ProtocolError", "text frame"),
+    "object array": (msgpack.packb({"observation/image": {b"__ndarray__": True, b"data": b"\x80\x04N.", b"dtype": "|O",
+                                                          b"shape": [1]}}, use_bin_type=True),
+                     "ProtocolError", "unsupported array dtype"),
+    "ext type": (msgpack.packb({"x": msgpack.ExtType(3, b"abc")}), "ProtocolError", "extension type 3"),
+    "bad request_id": (packb(_example(request_id=[1, 2])), "InputError", "request_id"),
+    "images not a dict": (packb({"images": 3, "observation/state": np.zeros(8, np.float32)}), "InputError", "missing key"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_gets_error_frame_and_connection_survives(server, expected, case):
+    frame, kind, match = BAD_INPUTS[case]
+    with raw_connection(server) as ws:
+        reply = roundtrip(ws, frame)
+        assert isinstance(reply, str), f"{case}: expected an error (text) frame"
+        body = json.loads(reply)
+        assert body["error"] == kind and match in body["message"], body
+        good = dict(make_example(TINY, seed=3), request_id="after-error")
+        after = unpackb(roundtrip(ws, packb(good)))
+        assert after["request_id"] == "after-error"
+        assert_result(after, 3, expected)
+
+
+def test_bad_request_id_is_echoed_in_errors(server):
+    with raw_connection(server) as ws:
+        bad = _example(observation__state=None, request_id="abc")
+        body = parse_error_frame(roundtrip(ws, packb(bad)))
+        assert body["request_id"] == "abc" and body["error"] == "InputError"
+        # an explicit list names the culprit by index
+        lst = [make_example(TINY, seed=1), _example(observation__image=None)]
+        body = parse_error_frame(roundtrip(ws, packb(lst)))
+        assert body["index"] == 1 and body["message"].startswith("[1] ") and "observation/image" in body["message"]
+
+
+def test_garbage_never_crashes_the_server(server, expected):
+    rng = np.random.default_rng(0)
+    frames = [rng.integers(0, 256, n, dtype=np.uint8).tobytes() for n in (1, 2, 7, 64, 4096)]
+    frames += [b"", b"\x91" * 10000 + b"\x00", b"\xdd\xff\xff\xff\xff", "", "\x00" * 100,
+               msgpack.packb({b"__ndarray__": True, b"data": b"", b"dtype": "<f4", b"shape": [2**30, 2**30]}),
+               msgpack.packb({b"__npgeneric__": True, b"data": 2**64 - 1, b"dtype": "<i8"}),
+               packb({"images": {"cam_high": np.zeros((3, 8, 8), np.uint8)}, "observation/image": [[1, 2], [3]]}),
+               packb({"observation/image": {"nested": "dict"}, "observation/wrist_image": None,
+                      "observation/state": "x"})]
+    with raw_connection(server) as ws:
+        for frame in frames:
+            assert isinstance(roundtrip(ws, frame), str)
+        assert_result(unpackb(roundtrip(ws, packb(make_example(TINY, seed=4)))), 4, expected)
+
+
+def test_oversized_message_closes_only_that_connection(model):
+    s = PolicyServer(fixed_noise_policy(model), port=0, max_message_bytes=64 * 1024).start()
+    try:
+        with raw_connection(s) as ws:
+            ws.send(packb(make_example(TINY, seed=0)))  # ~300 KB > 64 KiB
+            with pytest.raises(ConnectionClosed) as info:
+                ws.recv(timeout=10)
+            assert info.value.rcvd is None or info.value.rcvd.code == 1009
+        with raw_connection(s) as ws:  # the server carries on
+            small = make_example(TINY, seed=0, image_size=32)
+            assert_result(unpackb(roundtrip(ws, packb(small))))
+    finally:
+        s.stop()
+
+
+# ----------------------------------------------------------------------------- auth + health
+
+
+def _get(url, headers=None):
+    req = urllib.request.Request(url, headers=headers or {})
+    try:
+        with urllib.request.urlopen(req, timeout=10) as resp:
+            return resp.status, resp.read().decode()
+    except urllib.error.HTTPError as e:
+        return e.code, e.read().decode()
+
+
+def test_healthz(server):
+    assert _get(f"http://127.0.0.1:{server.port}/healthz") == (200, "ok\n")
+
+
+def test_api_key_required(model):
+    wcp = pytest.importorskip("openpi_client.websocket_client_policy")
+    s = PolicyServer(fixed_noise_policy(model), port=0, api_key="s3cret-key").start()
+    try:
+        for key in (None, "wrong", "s3cret-ke", "s3cret-key2"):
+            with pytest.raises(InvalidStatus) as info:
+                wcp.WebsocketClientPolicy("127.0.0.1", s.port, api_key=key)
+            assert info.value.response.status_code == 401
+        with pytest.raises(InvalidStatus):  # a bearer token is not an api key
+            connect(s.url, additional_headers={"Authorization": "Bearer s3cret-key"}, **connect_options(connect))
+        client = wcp.WebsocketClientPolicy("127.0.0.1", s.port, api_key="s3cret-key")
+        assert client.get_server_metadata()["auth"] == "api-key"
+        assert_result(client.infer(make_example(TINY, seed=0)))
+        client._ws.close()
+        assert _get(f"http://127.0.0.1:{s.port}/healthz")[0] == 200  # health needs no key
+        assert _get(f"http://127.0.0.1:{s.port}/")[0] == 401
+    finally:
+        s.stop()
+
+
+def test_security_defaults(model):
+    with pytest.raises(ValueError, match="without an API key"):
+        PolicyServer(fixed_noise_policy(model), host="0.0.0.0", port=0)
+    PolicyServer(fixed_noise_policy(model), host="0.0.0.0", port=0, api_key="k")  # constructed, not started
+    PolicyServer(fixed_noise_policy(model), host="0.0.0.0", port=0, allow_unauthenticated_remote=True)
+
+
+# ----------------------------------------------------------------------------- batching
+
+
+def _concurrent(server, frames_per_client):
+    """Each client sends its frames one by one, all clients released together per round."""
+    n = len(frames_per_client)
+    barrier = threading.Barrier(n)
+    replies = [[] for _ in range(n)]
+    errors = []
+
+    def run(i):
+        try:
+            with raw_connection(server) as ws:
+                for frame in frames_per_client[i]:
+                    barrier.wait(timeout=30)
+                    replies[i].append(roundtrip(ws, frame))
+        except Exception as e:  # pragma: no cover - reported below
+            errors.append(e)
+            barrier.abort()
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(60)
+    assert not errors, errors
+    return replies
+
+
+def test_server_side_batching_matches_unbatched(server, expected):
+    n, rounds = 6, 2
+    seeds = [[(i + 3 * r) % 12 for r in range(rounds)] for i in range(n)]
+    frames = [[packb(dict(make_example(TINY, seed=s), request_id=f"c{i}-{s}")) for s in seeds[i]] for i in range(n)]
+    replies = _concurrent(server, frames)
+    sizes = []
+    for i in range(n):
+        for seed, frame in zip(seeds[i], replies[i]):
+            reply = unpackb(frame)
+            assert reply["request_id"] == f"c{i}-{seed}"
+            assert_result(reply, seed, expected)
+            sizes.append(reply["server_timing"]["batch_size"])
+    assert max(sizes) > 1, f"no server-side batching happened: {sizes}"
+
+
+def test_explicit_list_request_matches_unbatched(server, expected):
+    seeds = list(range(11))  # more than max_batch: split over two policy calls
+    batch = [dict(make_example(TINY, seed=s), request_id=f"item-{s}") for s in seeds]
+    with Client(server.url) as client:
+        results = client.infer_batch(batch)
+        assert isinstance(results, list) and len(results) == len(seeds)
+        for seed, reply in zip(seeds, results):
+            assert reply["request_id"] == f"item-{seed}"
+            assert_result(reply, seed, expected)
+        assert max(r["server_timing"]["batch_size"] for r in results) > 1
+        single = client.infer(make_example(TINY, seed=7))
+        assert_result(single, 7, expected)
+
+
+def test_one_bad_request_does_not_fail_its_batch(server, expected):
+    good = [0, 1, 2, 4, 5]
+    frames = [[packb(dict(make_example(TINY, seed=s), request_id=str(s)))] for s in good]
+    frames.append([packb(_example(observation__state=np.full(8, np.inf, np.float32), request_id="bad"))])
+    replies = _concurrent(server, frames)
+    for seed, (frame,) in zip(good, replies[:-1]):
+        assert_result(unpackb(frame), seed, expected)
+    body = parse_error_frame(replies[-1][0])
+    assert body["error"] == "InputError" and "NaN or inf" in body["message"] and body["request_id"] == "bad"
+
+
+class _NoValidation:
+    """A policy without a `transform`: bad input is only found inside the batched call."""
+
+    def __init__(self, policy):
+        self._policy, self.workload = policy, policy.workload
+
+    def infer(self, examples):
+        return self._policy.infer(examples)
+
+
+def test_bad_request_found_inside_a_batch_is_isolated(model, expected):
+    s = PolicyServer(_NoValidation(fixed_noise_policy(model)), port=0, max_batch=8, max_wait_ms=200.0).start()
+    try:
+        frames = [[packb(make_example(TINY, seed=seed))] for seed in (0, 1, 2)]
+        frames.append([packb(_example(observation__image=None))])
+        replies = _concurrent(s, frames)
+        for seed, (frame,) in zip((0, 1, 2), replies[:3]):
+            assert_result(unpackb(frame), seed, expected)
+        body = parse_error_frame(replies[3][0])
+        assert body["error"] == "InputError" and "observation/image" in body["message"]
+    finally:
+        s.stop()
+
+
+# ----------------------------------------------------------------------------- load + rollout
+
+
+def test_load_8_clients_x_20_requests(server, tmp_path):
+    from vlaperf.report.schema import read_result, write_result
+    from vlaperf.serve.loadgen import run_loadgen
+
+    result = run_loadgen(server.url, clients=[8], requests=20, timeout_s=60, warmup=1)
+    phase = result["loadgen"]["phases"][0]
+    assert result["loadgen"]["passed"], phase["error_samples"]
+    assert phase["ok"] == phase["expected"] == 160
+    assert phase["errors"] == phase["misrouted"] == phase["lost"] == 0 and not phase["timed_out"]
+    for key in ("round_trip_ms", "server_infer_ms", "overhead_ms", "queue_ms"):
+        assert {"median", "p90", "p99"} <= set(phase[key])
+    assert phase["round_trip_ms"]["count"] == 160 and phase["requests_per_s"] > 0
+    assert len(phase["per_client"]) == 8 and all(c["ok"] == 20 for c in phase["per_client"])
+    assert phase["batch_size"]["max"] > 1
+    assert result["command"] == "loadgen" and result["workload"]["id"] == "tiny"
+    read_result(write_result(result, tmp_path / "loadgen.json"))
+    # the server is still healthy afterwards
+    assert _get(f"http://127.0.0.1:{server.port}/healthz")[0] == 200
+
+
+def test_loadgen_refuses_remote_targets():
+    from vlaperf.serve.loadgen import LoadgenError, run_loadgen
+
+    with pytest.raises(LoadgenError, match="loopback"):
+        run_loadgen("ws://example.com:8000", clients=[1], requests=1)
+    with pytest.raises(LoadgenError, match="clients"):
+        run_loadgen("ws://127.0.0.1:1", clients=[100000], requests=1)
+
+
+def test_rollout(server, tmp_path):
+    from vlaperf.report.schema import read_result, write_result
+    from vlaperf.serve.rollout import run_rollout
+
+    result = run_rollout(server.url, episodes=2, steps_per_episode=7, control_hz=50.0, replan_every=3)
+    ro = result["rollout"]
+    assert ro["errors"] == 0 and not ro["timed_out"]
+    assert [r["policy_calls"] for r in ro["per_episode"]] == [3, 3]  # steps 0, 3, 6
+    assert all(0 < r["policy_wait_share"] < 1 and r["wall_s"] >= r["policy_wait_s"] for r in ro["per_episode"])
+    assert "SYNTHETIC" in ro["observations"]
+    read_result(write_result(result, tmp_path / "rollout.json"))
+
+
+# ----------------------------------------------------------------------------- shutdown
+
+
+def _read_until(proc, done, timeout_s: float) -> list[str]:
+    """Lines of proc.stdout up to the first for which done(line), read with a time limit."""
+    import queue
+
+    lines: queue.Queue = queue.Queue()
+    if not hasattr(proc, "_line_reader"):
+        def pump():
+            for line in proc.stdout:
+                lines.put(line)
+            lines.put(None)
+
+        proc._line_queue = lines
+        proc._line_reader = threading.Thread(target=pump, daemon=True)
+        proc._line_reader.start()
+    seen, deadline = [], time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            line = proc._line_queue.get(timeout=max(0.01, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        if line is None:
+            break
+        seen.append(line)
+        if done(line):
+            return seen
+    raise AssertionError("subprocess did not get ready; its output:\n" + "".join(seen))
+
+
+SLOW_SERVER = textwrap.dedent("""
+    import sys, time, numpy as np
+    from vlaperf.serve.server import PolicyServer
+
+    class Slow:
+        def infer(self, examples):
+            time.sleep(1.0)
+            return {"actions": np.ones((len(examples), 10, 7), np.float32)}
+
+    s = PolicyServer(Slow(), port=0, on_ready=lambda s: print("PORT", s.port, flush=True))
+    s.serve_forever()
+    print("EXITED", flush=True)
+""")
+
+
+def test_sigterm_finishes_in_flight_then_exits():
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    proc = subprocess.Popen([sys.executable, "-c", SLOW_SERVER], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                            text=True, env=env)
+    try:
+        line = _read_until(proc, lambda line: line.startswith("PORT"), timeout_s=60)[-1]
+        port = int(line.split()[1])
+        client = Client(f"ws://127.0.0.1:{port}", timeout_s=20)
+        box = {}
+        t = threading.Thread(target=lambda: box.setdefault("reply", client.infer({"x": np.zeros(2, np.float32)})))
+        t.start()
+        time.sleep(0.3)  # the request is now inside the 1 s inference
+        proc.send_signal(signal.SIGTERM)
+        t.join(20)
+        np.testing.assert_array_equal(box["reply"]["actions"], np.ones((10, 7), np.float32))
+        # No new requests: refused with an error frame while draining, or the connection is
+        # already closed (going away).
+        with pytest.raises((ConnectionClosed, ServerError)) as info:
+            client.infer({"x": np.zeros(2, np.float32)})
+        if isinstance(info.value, ServerError):
+            assert info.value.kind == "ShuttingDown"
+        elif info.value.rcvd is not None:
+            assert info.value.rcvd.code == 1001
+        client.close()
+        assert proc.wait(timeout=20) == 0
+        assert _read_until(proc, lambda line: "EXITED" in line, timeout_s=10)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_stop_from_another_thread_is_idempotent(model):
+    s = PolicyServer(fixed_noise_policy(model), port=0).start()
+    url = s.url
+    s.stop()
+    s.stop()
+    with pytest.raises(OSError):
+        connect(url, open_timeout=2, **connect_options(connect))
+
+
+def test_factory_is_called_on_the_inference_thread(model):
+    seen = {}
+
+    def factory():
+        seen["thread"] = threading.current_thread().name
+        return fixed_noise_policy(model)
+
+    with PolicyServer(factory, port=0, warmup_batch_sizes=(1, 2)) as s:
+        assert seen["thread"] == "vlaperf-infer"
+        with Client(s.url) as c:
+            assert_result(c.infer(make_example(TINY, seed=1)))
+
+
+def test_startup_error_is_raised(model):
+    def factory():
+        raise RuntimeError("no GPU for you")
+
+    with pytest.raises(RuntimeError, match="no GPU for you"):
+        PolicyServer(factory, port=0).start()
+
+
+# ----------------------------------------------------------------------------- legacy websockets
+
+
+def test_legacy_websockets_implementation(model, expected):
+    """websockets 12 has only the legacy server; later versions still ship it."""
+    pytest.importorskip("websockets.legacy.server")
+    import warnings
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore", DeprecationWarning)
+        s = PolicyServer(fixed_noise_policy(model), port=0, api_key="k", _legacy_websockets=True).start()
+        try:
+            assert _get(f"http://127.0.0.1:{s.port}/healthz") == (200, "ok\n")
+            with pytest.raises(InvalidStatus):
+                connect(s.url, **connect_options(connect))
+            with Client(s.url, api_key="k") as c:
+                assert_result(c.infer(make_example(TINY, seed=2)), 2, expected)
+                with pytest.raises(ServerError, match="missing key"):
+                    c.infer(_example(observation__image=None))
+        finally:
+            s.stop()
+
+
+# ----------------------------------------------------------------------------- CLI
+
+
+def test_cli_register_parses():
+    from vlaperf.serve.commands import register
+
+    parser = argparse.ArgumentParser(prog="vlaperf")
+    register(parser.add_subparsers(dest="command", required=True))
+    a = parser.parse_args(["serve", "--workload", "tiny", "--port", "0", "--max-batch", "4", "--max-wait-ms", "0"])
+    assert (a.levers, a.host, a.port, a.max_batch, a.max_wait_ms, a.api_key) == ("best", "127.0.0.1", 0, 4, 0.0, None)
+    assert hasattr(a, "func") and a.device is None and a.dtype is None and a.checkpoint is None and a.seed == 0
+    a = parser.parse_args(["loadgen", "--clients", "2,3", "--requests", "5", "--json", "x.json"])
+    assert a.clients == [2, 3] and a.requests == 5 and a.url == "ws://127.0.0.1:8000"
+    a = parser.parse_args(["rollout", "--episodes", "2", "--control-hz", "20", "--replan-every", "4"])
+    assert (a.episodes, a.steps_per_episode, a.control_hz, a.replan_every) == (2, 50, 20.0, 4)
+    with pytest.raises(SystemExit):
+        parser.parse_args(["loadgen", "--clients", "0"])
+
+
+CLI = textwrap.dedent("""
+    import argparse, sys
+    from vlaperf.serve.commands import register
+    parser = argparse.ArgumentParser(prog="vlaperf")
+    register(parser.add_subparsers(dest="command", required=True))
+    args = parser.parse_args(sys.argv[1:])
+    sys.exit(args.func(args))
+""")
+
+
+def _cli_parser():
+    from vlaperf.serve.commands import register
+
+    parser = argparse.ArgumentParser(prog="vlaperf")
+    register(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def test_cli_serve_then_loadgen_and_rollout(tmp_path, capsys):
+    """`vlaperf serve` in a subprocess (engine "best", equivalence check, warm-up), then the
+    loadgen and rollout commands against it in this process, then SIGTERM."""
+    import re
+
+    from vlaperf.report.schema import read_result
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""), COLUMNS="120")
+    proc = subprocess.Popen([sys.executable, "-c", CLI, "serve", "--workload", "tiny", "--device", "cpu", "--port", "0",
+                             "--max-batch", "4"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    try:
+        lines = _read_until(proc, lambda line: line.startswith("serving;"), timeout_s=120)
+        urls = [m.group(0) for line in lines for m in [re.search(r"ws://127\.0\.0\.1:\d+", line)] if m]
+        assert urls, "".join(lines)
+        url = urls[0]
+        parser = _cli_parser()
+        args = parser.parse_args(["loadgen", "--url", url, "--clients", "1,3", "--requests", "4",
+                                  "--json", str(tmp_path / "lg.json")])
+        assert args.func(args) == 0
+        lg = read_result(tmp_path / "lg.json")
+        assert [p["ok"] for p in lg["loadgen"]["phases"]] == [4, 12]
+        assert lg["variant"]["levers"] and lg["server"]["levers_label"] != "reference"  # --levers best
+        args = parser.parse_args(["rollout", "--url", url, "--episodes", "1", "--steps-per-episode", "4",
+                                  "--control-hz", "100", "--replan-every", "2", "--json", str(tmp_path / "ro.json")])
+        assert args.func(args) == 0
+        assert read_result(tmp_path / "ro.json")["rollout"]["per_episode"][0]["policy_calls"] == 2
+        out = capsys.readouterr().out
+        assert "vlaperf loadgen" in out and "vlaperf rollout" in out and "SYNTHETIC" in out
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(timeout=30) == 0
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+
+
+def test_cli_serve_refuses_remote_without_key(monkeypatch):
+    from vlaperf.cli import CliError
+
+    monkeypatch.delenv("VLAPERF_API_KEY", raising=False)
+    args = _cli_parser().parse_args(["serve", "--host", "0.0.0.0"])
+    with pytest.raises(CliError, match="without an API key"):
+        args.func(args)

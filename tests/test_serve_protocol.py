@@ -1,0 +1,165 @@
+"""The wire format (vlaperf.serve.protocol): round trips, openpi-client compatibility, and
+strict decoding of untrusted bytes. CPU only, no sockets."""
+
+from __future__ import annotations
+
+import pickle
+
+import msgpack
+import numpy as np
+import pytest
+
+from vlaperf.serve.protocol import ProtocolError, error_frame, packb, parse_error_frame, unpackb
+
+DTYPES = ["bool", "int8", "int16", "int32", "int64", "uint8", "uint16", "uint32", "uint64", "float16", "float32", "float64"]
+
+
+def _array(dtype: str, shape=(3, 4)) -> np.ndarray:
+    rng = np.random.default_rng(0)
+    if dtype == "bool":
+        return rng.integers(0, 2, shape).astype(bool)
+    if dtype.startswith(("int", "uint")):
+        info = np.iinfo(dtype)
+        return rng.integers(info.min, info.max, shape, dtype=dtype, endpoint=True)
+    return rng.standard_normal(shape).astype(dtype)
+
+
+def _raw_ndarray(dtype: str, data: bytes, shape) -> bytes:
+    """An ndarray map as openpi's extension writes it, with whatever fields we like."""
+    return msgpack.packb({b"__ndarray__": True, b"data": data, b"dtype": dtype, b"shape": shape}, use_bin_type=True)
+
+
+@pytest.mark.parametrize("dtype", DTYPES)
+def test_round_trip_dtypes(dtype):
+    for shape in [(3, 4), (), (0,), (2, 1, 3)]:
+        a = _array(dtype, shape)
+        b = unpackb(packb({"x": a}))["x"]
+        assert b.dtype == a.dtype and b.shape == a.shape
+        np.testing.assert_array_equal(a, b)
+        assert b.flags.writeable and b.flags.c_contiguous
+
+
+def test_round_trip_nested_scalars_and_views():
+    a = np.arange(24, dtype=np.float32).reshape(4, 6)[:, ::2]  # not contiguous
+    msg = {"obs": {"img": a, "n": np.int16(-3), "f": np.float32(1.5), "flag": np.bool_(True)}, "prompt": "hi",
+           "list": [1, 2.5, None, b"raw"]}
+    out = unpackb(packb(msg))
+    np.testing.assert_array_equal(out["obs"]["img"], a)
+    assert out["obs"]["n"] == -3 and out["obs"]["n"].dtype == np.int16
+    assert out["obs"]["f"] == np.float32(1.5) and out["obs"]["f"].dtype == np.float32
+    assert out["obs"]["flag"] is np.True_ or bool(out["obs"]["flag"]) is True
+    assert out["prompt"] == "hi" and out["list"] == [1, 2.5, None, b"raw"]
+
+
+def test_big_endian_arrays_decode_to_native():
+    a = np.arange(6, dtype=">f4").reshape(2, 3)
+    b = unpackb(packb(a))
+    assert b.dtype == np.dtype("float32") and b.dtype.isnative
+    np.testing.assert_array_equal(a, b)
+
+
+def test_compatible_with_openpi_client_msgpack_numpy():
+    openpi = pytest.importorskip("openpi_client.msgpack_numpy")
+    msg = {d: _array(d) for d in DTYPES}
+    msg["scalar"] = np.float64(2.25)
+    msg["nested"] = {"state": np.ones(8, np.float32), "prompt": "pick"}
+    theirs = unpackb(openpi.packb(msg))  # what an openpi client sends, decoded by us
+    ours = openpi.unpackb(packb(msg))  # what we send, decoded by an openpi client
+    for out in (theirs, ours):
+        for d in DTYPES:
+            assert out[d].dtype == np.dtype(d)
+            np.testing.assert_array_equal(out[d], msg[d])
+        assert out["scalar"] == 2.25 and out["nested"]["prompt"] == "pick"
+        np.testing.assert_array_equal(out["nested"]["state"], msg["nested"]["state"])
+
+
+@pytest.mark.parametrize("dtype", ["|O", "|O8", "<O8", "|V8", "<U5", "|S3", "<c8", "<c16", "<M8[s]", "<m8[s]", "<f16",
+                                   "[('a', 'O')]", "object", "O", "__import__('os')", "<f4 ", "float32"])
+def test_refuses_non_numeric_dtypes(dtype):
+    with pytest.raises(ProtocolError, match="dtype"):
+        unpackb(_raw_ndarray(dtype, b"\x00" * 8, [1]))
+    generic = msgpack.packb({b"__npgeneric__": True, b"data": 0, b"dtype": dtype}, use_bin_type=True)
+    with pytest.raises(ProtocolError, match="dtype"):
+        unpackb(generic)
+
+
+def test_refuses_pickle_payloads():
+    evil = pickle.dumps(object())  # a pickle stream, whatever dtype claims to read it
+    for dtype in ("|O", "|O8", "|V" + str(len(evil))):
+        with pytest.raises(ProtocolError):
+            unpackb(_raw_ndarray(dtype, evil, [1]))
+    with pytest.raises(ProtocolError):  # a bare pickle is not msgpack
+        unpackb(evil)
+    with pytest.raises(ProtocolError):  # bytes as an object array through the scalar path
+        unpackb(msgpack.packb({b"__npgeneric__": True, b"data": evil, b"dtype": "|O"}, use_bin_type=True))
+
+
+@pytest.mark.parametrize("shape,data,match", [
+    ([3], b"\x00" * 11, "needs 12 bytes"),
+    ([3], b"\x00" * 13, "needs 12 bytes"),
+    ([-1], b"", "non-negative"),
+    ([True, 3], b"\x00" * 12, "non-negative"),
+    ([1.5], b"", "non-negative"),
+    ("3", b"", "shape"),
+    ([1] * 33, b"\x00" * 4, "at most 32"),
+    ([2**20, 2**20], b"\x00" * 16, "bytes"),
+])
+def test_refuses_inconsistent_arrays(shape, data, match):
+    with pytest.raises(ProtocolError, match=match):
+        unpackb(_raw_ndarray("<f4", data, shape))
+
+
+def test_refuses_malformed_messages():
+    with pytest.raises(ProtocolError, match="msgpack"):
+        unpackb(b"\xc1\xc1\xc1")  # 0xc1 is never used in msgpack
+    with pytest.raises(ProtocolError, match="trailing"):
+        unpackb(packb({"a": 1}) + b"junk")
+    with pytest.raises(ProtocolError):
+        unpackb(b"\x92\x01")  # truncated
+    with pytest.raises(ProtocolError, match="nested"):
+        unpackb(b"\x91" * 5000 + b"\x00")
+    with pytest.raises(ProtocolError, match="extension"):
+        unpackb(msgpack.packb(msgpack.ExtType(7, b"xx")))
+    with pytest.raises(ProtocolError):
+        unpackb(msgpack.packb({1: 2}))  # int map keys
+    with pytest.raises(ProtocolError, match="binary"):
+        unpackb("text")
+    with pytest.raises(ProtocolError, match="exceeds"):
+        unpackb(packb(np.zeros(4096, np.uint8)), max_bytes=1024)
+    with pytest.raises(ProtocolError, match="bytes"):
+        unpackb(msgpack.packb({b"__ndarray__": True, b"data": "str", b"dtype": "<f4", b"shape": [0]}, use_bin_type=True))
+    with pytest.raises(ProtocolError):
+        unpackb(msgpack.packb({b"__npgeneric__": True, b"data": 300, b"dtype": "|u1"}, use_bin_type=True))
+    with pytest.raises(ProtocolError):
+        unpackb(msgpack.packb({b"__npgeneric__": True, b"data": "1", b"dtype": "<f4"}, use_bin_type=True))
+
+
+def test_random_bytes_only_raise_protocol_error():
+    rng = np.random.default_rng(1)
+    for n in list(range(1, 40)) + [100, 1000]:
+        for _ in range(20):
+            data = rng.integers(0, 256, n, dtype=np.uint8).tobytes()
+            try:
+                unpackb(data)
+            except ProtocolError:
+                pass
+
+
+def test_bool_bytes_are_normalised():
+    out = unpackb(_raw_ndarray("|b1", b"\x00\x01\x07", [3]))
+    assert out.dtype == bool and out.tolist() == [False, True, True]
+
+
+def test_encode_refuses_unsupported_types():
+    for bad in (np.array([object()]), np.array(["a"]), np.zeros(2, np.complex64), np.zeros(1, "V4"), object()):
+        with pytest.raises(ProtocolError):
+            packb({"x": bad})
+
+
+def test_error_frame_round_trip():
+    frame = error_frame("InputError", "observation is missing key 'prompt'", request_id="r1", index=2)
+    assert isinstance(frame, str)
+    body = parse_error_frame(frame)
+    assert body == {"error": "InputError", "message": "observation is missing key 'prompt'", "request_id": "r1", "index": 2}
+    assert parse_error_frame("Traceback (most recent call last): ...") == {
+        "error": "ServerError", "message": "Traceback (most recent call last): ..."}

@@ -1,0 +1,118 @@
+"""Clients of the policy server: a blocking one (`Client`, like openpi-client's
+WebsocketClientPolicy but raising `ServerError` with the parsed error frame) and an asyncio
+connect helper used by the load generator.
+
+    with Client("ws://127.0.0.1:8000") as c:
+        print(c.metadata["workload"])
+        actions = c.infer(obs)["actions"]          # (H, robot_action_dim) float32
+        results = c.infer_batch([obs1, obs2])      # list of result dicts
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import urlsplit
+
+from vlaperf.serve.protocol import DEFAULT_MAX_MESSAGE_BYTES, packb, parse_error_frame, unpackb
+
+
+class ServerError(RuntimeError):
+    """The server answered with an error frame."""
+
+    def __init__(self, body: dict):
+        self.kind = body.get("error", "ServerError")
+        self.message = body.get("message", "")
+        self.request_id = body.get("request_id")
+        self.index = body.get("index")
+        self.body = body
+        super().__init__(f"{self.kind}: {self.message}")
+
+
+def auth_headers(api_key: str | None) -> dict[str, str] | None:
+    return {"Authorization": f"Api-Key {api_key}"} if api_key else None
+
+
+def normalize_url(url: str) -> str:
+    if "://" not in url:
+        url = "ws://" + url
+    parts = urlsplit(url)
+    if parts.scheme not in ("ws", "wss"):
+        raise ValueError(f"expected a ws:// or wss:// URL, got {url!r}")
+    if not parts.hostname:
+        raise ValueError(f"URL {url!r} has no host")
+    return url
+
+
+def decode_reply(frame: bytes | str, max_bytes: int | None = None) -> Any:
+    """A reply frame -> its decoded value; an error (text) frame -> ServerError."""
+    if isinstance(frame, str):
+        raise ServerError(parse_error_frame(frame))
+    return unpackb(frame, max_bytes=max_bytes)
+
+
+class Client:
+    def __init__(self, url: str = "ws://127.0.0.1:8000", api_key: str | None = None, timeout_s: float = 60.0,
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+        from websockets.sync.client import connect
+
+        self.url, self.timeout_s = normalize_url(url), timeout_s
+        self._max = max_message_bytes
+        self._ws = connect(self.url, additional_headers=auth_headers(api_key), compression=None,
+                           max_size=max_message_bytes, open_timeout=timeout_s, **connect_options(connect))
+        try:
+            self.metadata: dict = decode_reply(self._ws.recv(timeout=timeout_s), self._max)
+        except BaseException:
+            self._ws.close()
+            raise
+
+    def send_raw(self, frame: bytes | str) -> bytes | str:
+        """Send any frame, return the raw reply frame (tests and debugging)."""
+        self._ws.send(frame)
+        return self._ws.recv(timeout=self.timeout_s)
+
+    def infer(self, obs: dict) -> dict:
+        return decode_reply(self.send_raw(packb(obs)), self._max)
+
+    def infer_batch(self, observations: list[dict]) -> list[dict]:
+        return decode_reply(self.send_raw(packb(list(observations))), self._max)
+
+    def close(self) -> None:
+        self._ws.close()
+
+    def __enter__(self) -> "Client":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
+
+
+async def connect_async(url: str, api_key: str | None = None, timeout_s: float = 30.0,
+                        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+    """An open asyncio websocket connection (websockets' new API, or the legacy one on 12)."""
+    url = normalize_url(url)
+    headers = auth_headers(api_key)
+    try:
+        from websockets.asyncio.client import connect
+    except ImportError:  # pragma: no cover - websockets 12
+        from websockets.client import connect
+
+        return await connect(url, extra_headers=headers, compression=None, max_size=max_message_bytes, open_timeout=timeout_s)
+    return await connect(url, additional_headers=headers, compression=None, max_size=max_message_bytes,
+                         open_timeout=timeout_s, **connect_options(connect))
+
+
+def connect_options(connect) -> dict:
+    """Keyword arguments for websockets' `connect` that only some versions take:
+    proxy=None (>= 15 would otherwise route through HTTP(S)_PROXY from the environment; the
+    policy server is reached directly) and, for the sync client, legacy=True (>= 17 warns
+    about a connection that is not used as a context manager; `Client` holds its own)."""
+    import inspect
+
+    try:
+        params = inspect.signature(connect).parameters
+    except (TypeError, ValueError):
+        return {}
+    options = {"proxy": None} if "proxy" in params else {}
+    if "legacy" in params:
+        options["legacy"] = True
+    return options

@@ -1,0 +1,354 @@
+"""CLI subcommands `serve`, `loadgen` and `rollout`; `register(subparsers)` adds them.
+
+    vlaperf serve    --workload libero-pi0 --levers best --port 8000 [--api-key KEY]
+    vlaperf loadgen  --url ws://127.0.0.1:8000 --clients 1,4,8 --requests 20 --json out.json
+    vlaperf rollout  --url ws://127.0.0.1:8000 --episodes 3 --control-hz 10 --replan-every 5
+
+Exit codes as the other commands: 0 ok, 1 a check failed (equivalence before serving,
+errors or lost replies under load), 2 bad arguments or setup.
+Nothing here imports websockets until a command runs, so `vlaperf --help` works without the
+`serve` extra.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import sys
+
+API_KEY_ENV = "VLAPERF_API_KEY"
+
+
+def _positive_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
+    if value < 1:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
+    return value
+
+
+def _non_negative_int(text: str) -> int:
+    try:
+        value = int(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
+    if value < 0:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
+    return value
+
+
+def _positive_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text!r}") from None
+    if not value > 0:
+        raise argparse.ArgumentTypeError(f"expected a number > 0, got {text}")
+    return value
+
+
+def _non_negative_float(text: str) -> float:
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text!r}") from None
+    if not value >= 0:
+        raise argparse.ArgumentTypeError(f"expected a number >= 0, got {text}")
+    return value
+
+
+def _int_list(text: str) -> list[int]:
+    try:
+        values = [int(s) for s in text.split(",") if s.strip()]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+    if not values or any(v < 1 for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
+    return values
+
+
+def register(subparsers) -> None:
+    """Add `serve`, `loadgen` and `rollout` to vlaperf's subparsers."""
+    p = subparsers.add_parser("serve", help="serve a policy over websockets (openpi-client compatible)")
+    p.add_argument("--workload", default=None, help="workload id (default: libero-pi0 on a GPU, tiny on the CPU)")
+    p.add_argument("--levers", default="best", help="'reference', 'best' or a comma list (see `vlaperf levers`)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
+    p.add_argument("--port", type=_non_negative_int, default=8000, help="port (0 = any free port)")
+    p.add_argument("--api-key", default=None,
+                   help=f"require 'Authorization: Api-Key <key>' (default: ${API_KEY_ENV} if set, else no auth)")
+    p.add_argument("--allow-unauthenticated", action="store_true",
+                   help="allow a non-loopback --host without an API key (trusted networks only)")
+    p.add_argument("--max-batch", type=_positive_int, default=8, help="most observations stacked into one policy call")
+    p.add_argument("--max-wait-ms", type=_non_negative_float, default=2.0,
+                   help="longest a request waits for others to batch with (0 = never wait)")
+    p.add_argument("--max-message-mb", type=_positive_float, default=16.0, help="largest accepted message (MiB)")
+    p.add_argument("--warmup-batches", default="1,max",
+                   help="batch sizes to warm up before listening: comma list, 'max' = --max-batch, 'all' = 1..max")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--steps", type=_positive_int, default=None, help="denoise steps (default: the workload's)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--checkpoint", default=None, help="openpi or LeRobot model.safetensors (default: random weights)")
+    p.add_argument("--no-check", action="store_true", help="skip the equivalence check of the engine before serving")
+    p.set_defaults(func=cmd_serve)
+
+    p = subparsers.add_parser("loadgen", help="closed-loop load test of a running policy server (loopback)")
+    p.add_argument("--url", default="ws://127.0.0.1:8000")
+    p.add_argument("--clients", type=_int_list, default=[1, 4, 8], help="concurrent clients per phase, e.g. 1,4,8")
+    p.add_argument("--requests", type=_positive_int, default=20, help="timed requests per client")
+    p.add_argument("--warmup", type=_non_negative_int, default=1, help="untimed requests per client first")
+    p.add_argument("--timeout-s", type=_positive_float, default=120.0, help="time limit per phase")
+    p.add_argument("--api-key", default=None, help=f"default: ${API_KEY_ENV} if set")
+    p.add_argument("--workload", default=None, help="default: the one the server reports")
+    p.add_argument("--image-size", type=_positive_int, default=224, help="side of the camera images sent")
+    p.add_argument("--json", default=None, help="write the result file here")
+    p.set_defaults(func=cmd_loadgen)
+
+    p = subparsers.add_parser("rollout", help="control-loop timing against a running server (synthetic observations)")
+    p.add_argument("--url", default="ws://127.0.0.1:8000")
+    p.add_argument("--episodes", type=_positive_int, default=3)
+    p.add_argument("--steps-per-episode", type=_positive_int, default=50)
+    p.add_argument("--control-hz", type=_positive_float, default=10.0)
+    p.add_argument("--replan-every", type=_positive_int, default=5, help="actions of each chunk executed before the next call")
+    p.add_argument("--timeout-s", type=_positive_float, default=600.0, help="time limit of the whole run")
+    p.add_argument("--api-key", default=None, help=f"default: ${API_KEY_ENV} if set")
+    p.add_argument("--workload", default=None, help="default: the one the server reports")
+    p.add_argument("--image-size", type=_positive_int, default=224)
+    p.add_argument("--json", default=None, help="write the result file here")
+    p.set_defaults(func=cmd_rollout)
+
+
+def _need_serve_deps() -> None:
+    from vlaperf.cli import CliError
+
+    try:
+        import msgpack  # noqa: F401
+        import websockets  # noqa: F401
+    except ImportError as e:
+        raise CliError(f"the serve commands need websockets and msgpack ({e}); pip install 'vlaperf[serve]'") from None
+
+
+def _api_key(args) -> str | None:
+    return args.api_key or os.environ.get(API_KEY_ENV) or None
+
+
+def _warmup_sizes(spec: str, max_batch: int) -> list[int]:
+    from vlaperf.cli import CliError
+
+    spec = spec.strip()
+    if spec == "all":
+        return list(range(1, max_batch + 1))
+    sizes = []
+    for item in (s.strip() for s in spec.split(",")):
+        if not item:
+            continue
+        if item == "max":
+            sizes.append(max_batch)
+        elif item.isdigit() and int(item) >= 1:
+            sizes.append(min(int(item), max_batch))
+        else:
+            raise CliError(f"--warmup-batches: expected 'all' or a comma list of integers / 'max', got {spec!r}")
+    return sorted(set(sizes))
+
+
+# --------------------------------------------------------------------------- serve
+
+
+def cmd_serve(args) -> int:
+    import logging
+
+    from rich.console import Console
+
+    from vlaperf.cli import CliError, make_engine, setup
+    from vlaperf.policy import Policy
+
+    _need_serve_deps()
+    from vlaperf.serve.server import PolicyServer, is_loopback
+
+    args.batch = None  # the server batches requests itself
+    api_key = _api_key(args)
+    if not is_loopback(args.host) and api_key is None and not args.allow_unauthenticated:
+        raise CliError(f"refusing to serve on {args.host!r} without an API key: pass --api-key (or set ${API_KEY_ENV}), "
+                       "or --allow-unauthenticated on a trusted network")
+    warmup = _warmup_sizes(args.warmup_batches, args.max_batch)
+    console = Console()
+    base, workload, model, device = setup(args)
+    engine = None if args.levers in ("reference", "none", "") else make_engine(model, args.levers)
+    if engine is not None and not args.no_check:
+        from vlaperf.check import check_equivalence
+
+        eq = check_equivalence(model, engine, workload)
+        if not eq["passed"]:
+            print(f"vlaperf serve: variant {engine.name} fails equivalence (rel_l2 {eq['rel_l2']:.3g} > "
+                  f"{eq['tolerance']:.3g}); refusing to serve it", file=sys.stderr)
+            return 1
+    sample = engine.sample_actions if engine is not None else model.sample_actions
+    policy = Policy(model, sample, workload, num_steps=workload.steps)
+    logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
+    logging.getLogger("websockets").setLevel(logging.WARNING)
+    try:
+        server = PolicyServer(policy, host=args.host, port=args.port, api_key=api_key, max_batch=args.max_batch,
+                              max_wait_ms=args.max_wait_ms, max_message_bytes=int(args.max_message_mb * 2**20),
+                              warmup_batch_sizes=warmup, allow_unauthenticated_remote=args.allow_unauthenticated,
+                              on_ready=lambda s: print_serve(s, console))
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    try:
+        server.serve_forever()
+    except OSError as e:
+        raise CliError(f"cannot listen on {args.host}:{args.port}: {e}") from None
+    except KeyboardInterrupt:  # a Ctrl-C during warm-up, before the signal handlers exist
+        return 130
+    return 0
+
+
+def print_serve(server, console=None) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    m = server.metadata
+    t = Table(title=f"vlaperf serve  {m.get('workload')}  {m.get('levers_label')}  ({m.get('dtype')}, {m.get('device')})")
+    t.add_column("setting")
+    t.add_column("value")
+    rows = [
+        ("url", server.url),
+        ("health", f"http://{server.url.split('://', 1)[1]}/healthz"),
+        ("auth", "Api-Key header required" if server.api_key else "none (loopback only unless --allow-unauthenticated)"),
+        ("action chunk", f"{m.get('action_horizon')} x {m.get('robot_action_dim')} float32"),
+        ("denoise steps", str(m.get("num_steps"))),
+        ("levers", ",".join(m.get("levers") or []) or "reference"),
+        ("batching", f"up to {server.max_batch} per call, wait <= {server.max_wait_ms:g} ms"),
+        ("max message", f"{server.max_message_bytes / 2**20:g} MiB"),
+        ("warm-up", f"batch sizes {list(server.warmup_batch_sizes)} in {m.get('warmup_s', 0):.2f} s"),
+    ]
+    for k, v in rows:
+        t.add_row(k, v)
+    (console or Console()).print(t)
+    (console or Console()).print("serving; Ctrl-C or SIGTERM stops after in-flight requests finish")
+
+
+# --------------------------------------------------------------------------- loadgen
+
+
+def _ms(summary: dict | None, key: str) -> str:
+    return "-" if not summary else f"{summary[key]:.2f}"
+
+
+def _rate(value) -> str:
+    return "-" if value is None else f"{value:.1f}"
+
+
+def cmd_loadgen(args) -> int:
+    from vlaperf.cli import CliError
+
+    _need_serve_deps()
+    from vlaperf.report.schema import write_result
+    from vlaperf.serve.loadgen import LoadgenError, run_loadgen
+
+    try:
+        result = run_loadgen(args.url, clients=args.clients, requests=args.requests, timeout_s=args.timeout_s,
+                             api_key=_api_key(args), workload=args.workload, warmup=args.warmup, image_size=args.image_size)
+    except LoadgenError as e:
+        raise CliError(str(e)) from None
+    print_loadgen(result)
+    if args.json:
+        write_result(result, args.json)
+        print(f"wrote {args.json}")
+    return 0 if result["loadgen"]["passed"] else 1
+
+
+def print_loadgen(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    lg, server = result["loadgen"], result["server"]
+    console = Console()
+    t = Table(title=f"vlaperf loadgen  {result['workload']['id']}  (times in ms)")
+    for col in ("clients", "ok/sent", "errors", "req/s", "chunks/s", "rtt p50", "rtt p90", "rtt p99", "infer p50",
+                "queue p50", "overhead p50", "batch"):
+        t.add_column(col, justify="right")
+    for ph in lg["phases"]:
+        t.add_row(str(ph["clients"]), f"{ph['ok']}/{ph['expected']}" + (" timeout" if ph["timed_out"] else ""),
+                  str(ph["errors"]), _rate(ph["requests_per_s"]), _rate(ph["action_chunks_per_s"]),
+                  _ms(ph["round_trip_ms"], "median"), _ms(ph["round_trip_ms"], "p90"), _ms(ph["round_trip_ms"], "p99"),
+                  _ms(ph["server_infer_ms"], "median"), _ms(ph["queue_ms"], "median"), _ms(ph["overhead_ms"], "median"),
+                  "-" if not ph["batch_size"] else f"{ph['batch_size']['mean']:.2f}")
+    console.print(t)
+    console.print(f"server: {server.get('levers_label')}, {server.get('dtype')} on {server.get('device')}, "
+                  f"max batch {server.get('max_batch')}, max wait {server.get('max_wait_ms')} ms; "
+                  "overhead = round trip - queue - infer (network, (de)serialization, event loop); "
+                  "batch = mean server batch size")
+    pc = Table(title="per client round trip (ms)")
+    for col in ("clients", "client", "ok", "errors", "p50", "p90", "p99", "max"):
+        pc.add_column(col, justify="right")
+    wide = []
+    for ph in lg["phases"]:
+        if len(ph["per_client"]) > 16:
+            wide.append(str(ph["clients"]))
+            continue
+        for c in ph["per_client"]:
+            s = c["round_trip_ms"]
+            pc.add_row(str(ph["clients"]), str(c["client"]), str(c["ok"]), str(c["errors"]), _ms(s, "median"),
+                       _ms(s, "p90"), _ms(s, "p99"), _ms(s, "max"))
+    if pc.row_count:
+        console.print(pc)
+    if wide:
+        console.print(f"per-client numbers of the {', '.join(wide)}-client phase(s) are in the JSON result (--json)")
+    for ph in lg["phases"]:
+        if ph["misrouted"]:
+            console.print(f"[red]{ph['misrouted']} replies routed to the wrong request[/red] ({ph['clients']} clients)")
+        for line in ph["error_samples"]:
+            console.print(f"[red]error[/red] ({ph['clients']} clients): {line}")
+    console.print("all replies well-formed and routed correctly" if lg["passed"]
+                  else "[red]FAILED: errors, lost or misrouted replies[/red]")
+
+
+# --------------------------------------------------------------------------- rollout
+
+
+def cmd_rollout(args) -> int:
+    from vlaperf.cli import CliError
+
+    _need_serve_deps()
+    from vlaperf.report.schema import write_result
+    from vlaperf.serve.loadgen import LoadgenError
+    from vlaperf.serve.rollout import run_rollout
+
+    try:
+        result = run_rollout(args.url, episodes=args.episodes, steps_per_episode=args.steps_per_episode,
+                             control_hz=args.control_hz, replan_every=args.replan_every, api_key=_api_key(args),
+                             workload=args.workload, timeout_s=args.timeout_s, image_size=args.image_size)
+    except LoadgenError as e:
+        raise CliError(str(e)) from None
+    print_rollout(result)
+    if args.json:
+        write_result(result, args.json)
+        print(f"wrote {args.json}")
+    ro = result["rollout"]
+    return 0 if ro["errors"] == 0 and not ro["timed_out"] else 1
+
+
+def print_rollout(result: dict) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    ro, server = result["rollout"], result["server"]
+    console = Console()
+    t = Table(title=f"vlaperf rollout  {result['workload']['id']}  ({ro['control_hz']:g} Hz, chunk of "
+                    f"{ro['action_horizon']}, replan every {ro['replan_every']})")
+    for col in ("episode", "steps", "calls", "wall s", "ideal s", "waiting s", "waiting", "overruns",
+                "call p50 ms", "call max ms"):
+        t.add_column(col, justify="right")
+    for r in ro["per_episode"]:
+        t.add_row(str(r["episode"]), str(r["steps"]), str(r["policy_calls"]), f"{r['wall_s']:.2f}", f"{r['ideal_wall_s']:.2f}",
+                  f"{r['policy_wait_s']:.3f}", "-" if r["policy_wait_share"] is None else f"{r['policy_wait_share']:.1%}",
+                  str(r["overrun_steps"]), _ms(r["policy_call_ms"], "median"), _ms(r["policy_call_ms"], "max"))
+    console.print(t)
+    share = ro["policy_wait_share"]
+    console.print(f"server: {server.get('levers_label')}, {server.get('dtype')} on {server.get('device')}")
+    console.print(f"total {ro['wall_s']:.2f} s, {'-' if share is None else f'{share:.1%}'} of it waiting for the policy; "
+                  f"{ro['overrun_steps']} overrun steps; {ro['errors']} errors"
+                  + ("; [red]stopped at the time limit[/red]" if ro["timed_out"] else ""))
+    console.print("observations are SYNTHETIC (random images and state, no simulator): only the timing is real")

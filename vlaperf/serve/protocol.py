@@ -1,0 +1,215 @@
+"""The wire format: msgpack with numpy arrays, compatible with openpi-client.
+
+openpi-client (`openpi_client.msgpack_numpy`) sends every numpy array as a msgpack map whose
+keys are msgpack *bin* (bytes) strings:
+
+    {b"__ndarray__": True, b"data": <raw bytes, C order>, b"dtype": <dtype.str, e.g. "<f4">,
+     b"shape": [d0, d1, ...]}
+
+and every numpy scalar (np.float32(1.5), np.bool_(True), ...) as
+
+    {b"__npgeneric__": True, b"data": <the Python value>, b"dtype": <dtype.str>}
+
+Everything else is plain msgpack (str keys, str, int, float, bool, None, bytes, lists, maps).
+This module writes and reads that format. It is written from the format alone; it shares no
+code with openpi.
+
+Decoding is strict, because the bytes come from the network:
+
+- Only plain numeric dtypes are accepted: bool, signed and unsigned integers (1, 2, 4, 8
+  bytes) and floats (2, 4, 8 bytes), in any byte order. Object, void (structured), string,
+  complex, datetime and every other dtype is refused with ProtocolError. Nothing is ever
+  unpickled, imported or evaluated: a dtype string is matched against a whitelist before
+  numpy sees it.
+- An array's byte count must equal prod(shape) * itemsize exactly; at most 32 dimensions.
+- msgpack extension types are refused; map keys must be str or bytes; nesting is bounded by
+  msgpack itself (StackError); the whole message is bounded by `max_bytes`.
+- Decoded arrays are writable copies in native byte order (the message buffer is not kept).
+
+`ProtocolError` is the one exception a caller has to handle for untrusted input.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import re
+from typing import Any
+
+import msgpack
+import numpy as np
+
+# Keys of openpi-client's numpy extension (msgpack bin strings, not str).
+NDARRAY, NPGENERIC, DATA, DTYPE, SHAPE = b"__ndarray__", b"__npgeneric__", b"data", b"dtype", b"shape"
+
+DEFAULT_MAX_MESSAGE_BYTES = 16 * 2**20
+MAX_NDIM = 32
+
+# byte order (optional) + kind + item size. b = bool, i = signed int, u = unsigned, f = float.
+_DTYPE_RE = re.compile(r"^[<>=|]?(b1|i1|i2|i4|i8|u1|u2|u4|u8|f2|f4|f8)$")
+_ALLOWED_KINDS = "biuf"
+
+
+class ProtocolError(ValueError):
+    """A message that is not valid vlaperf/openpi msgpack, or holds a refused type."""
+
+
+# --------------------------------------------------------------------------- encode
+
+
+def _check_dtype_for_encode(dtype: np.dtype) -> None:
+    if dtype.kind not in _ALLOWED_KINDS or not _DTYPE_RE.match(dtype.str):
+        raise ProtocolError(f"cannot send numpy dtype {dtype.str!r} ({dtype}): only bool, integer and float arrays are allowed")
+
+
+def _default(obj: Any) -> Any:
+    """msgpack `default` hook: numpy arrays and scalars -> openpi's extension maps."""
+    if isinstance(obj, np.ndarray):
+        _check_dtype_for_encode(obj.dtype)
+        return {NDARRAY: True, DATA: obj.tobytes(order="C"), DTYPE: obj.dtype.str, SHAPE: list(obj.shape)}
+    if isinstance(obj, np.generic):
+        _check_dtype_for_encode(obj.dtype)
+        return {NPGENERIC: True, DATA: obj.item(), DTYPE: obj.dtype.str}
+    raise ProtocolError(f"cannot send an object of type {type(obj).__name__}")
+
+
+def packb(obj: Any) -> bytes:
+    """Encode `obj` (dicts, lists, str, numbers, numpy arrays/scalars) as openpi msgpack."""
+    try:
+        return msgpack.packb(obj, default=_default, use_bin_type=True)
+    except ProtocolError:
+        raise
+    except (TypeError, ValueError, OverflowError) as e:
+        raise ProtocolError(f"cannot encode message: {e}") from None
+
+
+# --------------------------------------------------------------------------- decode
+
+
+def _parse_dtype(value: Any) -> np.dtype:
+    if isinstance(value, bytes):
+        try:
+            value = value.decode("ascii")
+        except UnicodeDecodeError:
+            raise ProtocolError("array dtype is not an ASCII string") from None
+    if not isinstance(value, str):
+        raise ProtocolError(f"array dtype must be a string, got {type(value).__name__}")
+    if len(value) > 8 or not _DTYPE_RE.match(value):
+        raise ProtocolError(
+            f"unsupported array dtype {value[:32]!r}: only bool, signed/unsigned integers and floats are accepted "
+            "(send text as a plain msgpack string)"
+        )
+    dtype = np.dtype(value)  # safe: value matched the whitelist above
+    if dtype.kind not in _ALLOWED_KINDS:  # pragma: no cover - the regex already ensures this
+        raise ProtocolError(f"unsupported array dtype {value!r}")
+    return dtype
+
+
+def _decode_ndarray(obj: dict) -> np.ndarray:
+    dtype = _parse_dtype(obj.get(DTYPE))
+    shape = obj.get(SHAPE)
+    if not isinstance(shape, (list, tuple)) or len(shape) > MAX_NDIM:
+        raise ProtocolError(f"array shape must be a list of at most {MAX_NDIM} integers")
+    if not all(type(d) is int and 0 <= d < 2**40 for d in shape):
+        raise ProtocolError(f"array shape must hold non-negative integers, got {list(shape)[:8]!r}")
+    data = obj.get(DATA)
+    if not isinstance(data, bytes):
+        raise ProtocolError(f"array data must be bytes, got {type(data).__name__}")
+    expected = math.prod(shape) * dtype.itemsize
+    if len(data) != expected:
+        raise ProtocolError(f"array of shape {tuple(shape)} and dtype {dtype.str} needs {expected} bytes, got {len(data)}")
+    arr = np.frombuffer(data, dtype=dtype).reshape(shape)
+    if dtype.kind == "b":
+        # a clean copy: bytes other than 0/1 are not valid numpy bools
+        return np.array(arr.view(np.uint8) != 0, dtype=bool).reshape(arr.shape)
+    if not dtype.isnative and dtype.itemsize > 1:
+        return arr.astype(dtype.newbyteorder("="))  # a native-order copy
+    return arr.copy()  # writable and independent of the message buffer
+
+
+_SCALAR_TYPES = {"b": (bool,), "i": (int,), "u": (int,), "f": (float, int)}
+
+
+def _decode_generic(obj: dict) -> np.generic:
+    dtype = _parse_dtype(obj.get(DTYPE))
+    value = obj.get(DATA)
+    if type(value) not in _SCALAR_TYPES[dtype.kind]:
+        raise ProtocolError(f"numpy scalar of dtype {dtype.str} needs a {_SCALAR_TYPES[dtype.kind][0].__name__}, "
+                            f"got {type(value).__name__}")
+    try:
+        return dtype.type(value)
+    except (OverflowError, ValueError) as e:
+        raise ProtocolError(f"numpy scalar {value!r} does not fit dtype {dtype.str}: {e}") from None
+
+
+def _object_hook(obj: dict) -> Any:
+    if NDARRAY in obj:
+        return _decode_ndarray(obj)
+    if NPGENERIC in obj:
+        return _decode_generic(obj)
+    return obj
+
+
+def _refuse_ext(code: int, data: bytes) -> Any:
+    raise ProtocolError(f"msgpack extension type {code} is not accepted")
+
+
+def unpackb(data: bytes | bytearray | memoryview, max_bytes: int | None = DEFAULT_MAX_MESSAGE_BYTES) -> Any:
+    """Decode one message. Raises ProtocolError (only) for anything malformed or refused."""
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise ProtocolError(f"expected a binary message, got {type(data).__name__}")
+    if max_bytes is not None and len(data) > max_bytes:
+        raise ProtocolError(f"message of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
+    try:
+        return msgpack.unpackb(
+            data,
+            object_hook=_object_hook,
+            ext_hook=_refuse_ext,
+            raw=False,
+            strict_map_key=True,
+            use_list=True,
+            timestamp=0,
+        )
+    except ProtocolError:
+        raise
+    except msgpack.ExtraData:
+        raise ProtocolError("not a msgpack message: trailing bytes after the first object") from None
+    except msgpack.StackError:
+        raise ProtocolError("msgpack message is nested too deeply") from None
+    except (ValueError, TypeError, KeyError, OverflowError, MemoryError, UnicodeDecodeError) as e:
+        # msgpack.FormatError / OutOfData are ValueError subclasses.
+        reason = str(e) or type(e).__name__
+        raise ProtocolError(f"not a valid msgpack message: {reason}") from None
+    except Exception as e:  # anything else msgpack may raise on garbage
+        raise ProtocolError(f"not a valid msgpack message: {type(e).__name__}: {e}") from None
+
+
+# ----------------------------------------------------------------------- error frames
+
+
+def error_frame(error_type: str, message: str, request_id: str | None = None, index: int | None = None) -> str:
+    """The error reply: a websocket *text* frame holding one JSON object.
+
+    openpi-client treats any text (str) reply as a server error and raises
+    `RuntimeError("Error in inference server:\n" + text)`, so real openpi clients raise with
+    this JSON in the message; vlaperf's own client parses it (`parse_error_frame`).
+    """
+    body: dict[str, Any] = {"error": error_type, "message": message}
+    if request_id is not None:
+        body["request_id"] = request_id
+    if index is not None:
+        body["index"] = index
+    return json.dumps(body)
+
+
+def parse_error_frame(text: str) -> dict[str, Any]:
+    """{"error", "message", ...} from an error frame; any other text becomes
+    {"error": "ServerError", "message": text} (e.g. an openpi server's traceback)."""
+    try:
+        body = json.loads(text)
+    except ValueError:
+        body = None
+    if isinstance(body, dict) and isinstance(body.get("error"), str):
+        body.setdefault("message", "")
+        return body
+    return {"error": "ServerError", "message": text}

@@ -1,0 +1,128 @@
+"""End-to-end rollout timing against a running policy server.
+
+A stand-in for a robot control loop, to see how much of an episode is spent waiting for the
+policy. THE OBSERVATIONS ARE SYNTHETIC: random images and states from
+`vlaperf.inputs.make_example`; there is no simulator or robot, and the actions are not
+applied to anything. What is real is the timing: the network round trip, the server and the
+control-loop schedule.
+
+The loop runs at `control_hz`. At a step with no action left to execute it sends the current
+observation and blocks until the action chunk arrives (as openpi's synchronous runtime
+does); the chunk is then executed open loop, one action per step, for `replan_every` steps
+(openpi's ActionChunkBroker does the same with its action horizon). After each step the loop
+sleeps out the rest of the control period; a step that took longer than the period (because
+it waited for the policy) overruns, and the episode takes longer than steps / control_hz.
+"""
+
+from __future__ import annotations
+
+import time
+
+from vlaperf.inputs import make_example
+from vlaperf.serve.client import Client, ServerError
+from vlaperf.serve.loadgen import LoadgenError, check_loopback_url, resolve_workload, result_header
+from vlaperf.timing import summarize
+
+MAX_EPISODES, MAX_STEPS = 1000, 100_000
+
+
+def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_episode: int = 50,
+                control_hz: float = 10.0, replan_every: int = 5, api_key: str | None = None,
+                workload: str | None = None, timeout_s: float = 600.0, image_size: int = 224, seed: int = 0,
+                sleep=time.sleep) -> dict:
+    """Returns a vlaperf result dict with the numbers under "rollout"."""
+    url = check_loopback_url(url)
+    if not isinstance(episodes, int) or not 1 <= episodes <= MAX_EPISODES:
+        raise LoadgenError(f"episodes must be an integer in [1, {MAX_EPISODES}], got {episodes!r}")
+    if not isinstance(steps_per_episode, int) or not 1 <= steps_per_episode <= MAX_STEPS:
+        raise LoadgenError(f"steps_per_episode must be an integer in [1, {MAX_STEPS}], got {steps_per_episode!r}")
+    if not 0 < control_hz <= 1000:
+        raise LoadgenError(f"control_hz must be in (0, 1000], got {control_hz!r}")
+    if not 0 < timeout_s <= 24 * 3600:
+        raise LoadgenError(f"timeout_s must be in (0, 86400], got {timeout_s!r}")
+    try:
+        client = Client(url, api_key=api_key, timeout_s=min(timeout_s, 60.0))
+    except Exception as e:
+        raise LoadgenError(f"cannot connect to {url}: {type(e).__name__}: {e}") from None
+    with client:
+        meta = client.metadata
+        wl = resolve_workload(meta, workload)
+        horizon = int(meta.get("action_horizon") or wl.horizon)
+        if not isinstance(replan_every, int) or not 1 <= replan_every <= horizon:
+            raise LoadgenError(f"replan_every must be an integer in [1, {horizon}] (the action horizon), got {replan_every!r}")
+        period = 1.0 / control_hz
+        frames = [make_example(wl, seed=seed + k, image_size=image_size) for k in range(8)]
+        client.infer(dict(frames[0]))  # connection warm-up, not timed
+        deadline = time.perf_counter() + timeout_s
+        rows, all_calls, all_infer, errors, timed_out = [], [], [], 0, False
+        for ep in range(episodes):
+            calls, infer = [], []
+            overruns = 0
+            chunk, used = None, 0
+            t_ep = time.perf_counter()
+            for step in range(steps_per_episode):
+                t_step = time.perf_counter()
+                if t_step > deadline:
+                    timed_out = True
+                    break
+                if chunk is None or used >= replan_every:
+                    obs = dict(frames[(ep * steps_per_episode + step) % len(frames)], request_id=f"e{ep}-s{step}")
+                    t0 = time.perf_counter()
+                    try:
+                        reply = client.infer(obs)
+                    except ServerError:
+                        errors += 1
+                        reply = None
+                    calls.append((time.perf_counter() - t0) * 1e3)
+                    if reply is not None:
+                        chunk, used = reply["actions"], 0
+                        infer.append(float(reply.get("server_timing", {}).get("infer_ms", float("nan"))))
+                if chunk is not None and used < len(chunk):
+                    used += 1  # chunk[used] is "executed": there is no robot to send it to
+                elapsed = time.perf_counter() - t_step
+                if elapsed > period:
+                    overruns += 1
+                else:
+                    sleep(period - elapsed)
+            wall = time.perf_counter() - t_ep
+            wait = sum(calls) / 1e3
+            steps_done = step + 1 if not timed_out else step
+            rows.append({
+                "episode": ep,
+                "steps": steps_done,
+                "policy_calls": len(calls),
+                "wall_s": wall,
+                "ideal_wall_s": steps_done * period,
+                "policy_wait_s": wait,
+                "policy_wait_share": wait / wall if wall > 0 else None,
+                "overrun_steps": overruns,
+                "policy_call_ms": summarize(calls) if calls else None,
+            })
+            all_calls += calls
+            all_infer += [v for v in infer if v == v]
+            if timed_out:
+                break
+    total_wall = sum(r["wall_s"] for r in rows)
+    total_wait = sum(r["policy_wait_s"] for r in rows)
+    result = result_header("rollout", meta, wl)
+    result["rollout"] = {
+        "url": url,
+        "observations": "SYNTHETIC: random images and state from vlaperf.inputs.make_example; no simulator or robot, "
+                        "actions are not applied",
+        "episodes": episodes,
+        "steps_per_episode": steps_per_episode,
+        "control_hz": control_hz,
+        "replan_every": replan_every,
+        "action_horizon": horizon,
+        "image_size": image_size,
+        "timed_out": timed_out,
+        "errors": errors,
+        "per_episode": rows,
+        "wall_s": total_wall,
+        "policy_wait_s": total_wait,
+        "policy_wait_share": total_wait / total_wall if total_wall > 0 else None,
+        "overrun_steps": sum(r["overrun_steps"] for r in rows),
+        "policy_call_ms": summarize(all_calls) if all_calls else None,
+        "server_infer_ms": summarize(all_infer) if all_infer else None,
+    }
+    return result

@@ -1,0 +1,629 @@
+"""`PolicyServer`: a websocket policy server that openpi clients can talk to.
+
+    server = PolicyServer(policy, host="127.0.0.1", port=8000)   # a vlaperf Policy, or a
+    server.serve_forever()                                        # zero-argument factory of one
+
+Threads and queues:
+
+- One asyncio event loop (the calling thread for `serve_forever`, a background thread for
+  `start`) owns every connection. It receives a frame, decodes and validates it (frames
+  above `inline_decode_bytes` are decoded on a small decode thread pool instead), puts one
+  job per observation on the pending queue, and awaits the job's future. It never runs the
+  model. Each connection is served in order: one request at a time, replies in request order
+  (as openpi's protocol has no request ids).
+- One inference thread owns the policy (and the GPU). It builds the policy when given a
+  factory, warms it up, then loops: take the oldest pending job, wait until `max_batch` jobs
+  are pending or `max_wait_ms` after that job was queued (and no longer than that: it stops
+  waiting early once every open connection already has a job in the batch, since no one else
+  can add one), stack up to `max_batch` of them into one `Policy.infer(list)` call, and hand
+  each result back to the event loop (`call_soon_threadsafe`). The observations of an
+  explicit list request are queued in one step, so they stay together.
+- Each observation is validated on its own before it is queued, so a bad one never reaches a
+  batch. Should a batched call still fail (something the validation missed), the batch is
+  re-run one observation at a time so that only the culprit gets the error.
+
+Replies: a binary msgpack frame with the result dict (a list of them for a list request), or
+a text frame with a JSON error (`protocol.error_frame`); see docs/serving.md.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import hmac
+import http
+import ipaddress
+import itertools
+import logging
+import signal
+import threading
+import time
+from collections import deque
+from concurrent.futures import Future as ThreadFuture
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import numpy as np
+
+from vlaperf import __version__
+from vlaperf.inputs import InputError, make_example
+from vlaperf.serve.protocol import DEFAULT_MAX_MESSAGE_BYTES, ProtocolError, error_frame, packb, unpackb
+
+log = logging.getLogger("vlaperf.serve")
+
+REQUEST_ID_KEY = "request_id"
+MAX_REQUEST_ID_CHARS = 256
+HEALTH_PATH = "/healthz"
+
+try:  # websockets >= 13: the new asyncio implementation
+    from websockets.asyncio.server import serve as _serve_new
+except ImportError:  # pragma: no cover - websockets 12
+    _serve_new = None
+from websockets.exceptions import ConnectionClosed
+
+
+class RequestError(Exception):
+    """What goes back to one client as an error frame."""
+
+    def __init__(self, kind: str, message: str, request_id: Any = None, index: int | None = None):
+        message = message if len(message) <= 2000 else message[:2000] + "..."  # bounded, whatever was sent
+        super().__init__(message)
+        self.kind, self.message, self.request_id, self.index = kind, message, request_id, index
+
+    def frame(self) -> str:
+        return error_frame(self.kind, self.message, self.request_id, self.index)
+
+
+@dataclass(eq=False)
+class _Job:
+    example: dict
+    conn: int
+    future: asyncio.Future
+    loop: asyncio.AbstractEventLoop
+    t_enqueue: float
+
+
+@dataclass
+class _Done:
+    actions: np.ndarray
+    timing: dict
+
+
+def is_loopback(host: str) -> bool:
+    if host in ("localhost", "localhost.localdomain"):
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+class PolicyServer:
+    def __init__(
+        self,
+        policy: Any,
+        host: str = "127.0.0.1",
+        port: int = 8000,
+        api_key: str | None = None,
+        max_batch: int = 8,
+        max_wait_ms: float = 2.0,
+        max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
+        *,
+        max_list_items: int = 64,
+        warmup_batch_sizes: tuple[int, ...] | list[int] = (1,),
+        metadata: dict | None = None,
+        allow_unauthenticated_remote: bool = False,
+        drain_timeout_s: float = 30.0,
+        inline_decode_bytes: int = 2**20,
+        on_ready: Callable[["PolicyServer"], None] | None = None,
+        _legacy_websockets: bool = False,
+    ):
+        """`policy`: a vlaperf `Policy` (anything with `infer(list_of_dicts)` returning
+        {"actions": (B, H, D), ...}; `workload` and `transform` are used when present), or a
+        zero-argument callable that returns one; a factory is called on the inference thread,
+        so the policy's GPU state is created by the thread that uses it.
+
+        `on_ready(server)` is called (on the event loop) once the server listens.
+
+        Security defaults: binds to loopback; binding any other address without an
+        `api_key` raises ValueError unless `allow_unauthenticated_remote=True`.
+        """
+        if hasattr(policy, "infer"):
+            self._policy, self._factory = policy, None
+        elif callable(policy):
+            self._policy, self._factory = None, policy
+        else:
+            raise TypeError("policy must be a Policy (with .infer) or a zero-argument factory returning one")
+        if not isinstance(max_batch, int) or max_batch < 1:
+            raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
+        if not max_wait_ms >= 0:
+            raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms!r}")
+        if not isinstance(max_message_bytes, int) or max_message_bytes < 1024:
+            raise ValueError(f"max_message_bytes must be an integer >= 1024, got {max_message_bytes!r}")
+        if not isinstance(max_list_items, int) or max_list_items < 1:
+            raise ValueError(f"max_list_items must be an integer >= 1, got {max_list_items!r}")
+        if api_key is not None and (not isinstance(api_key, str) or not api_key or api_key != api_key.strip()):
+            raise ValueError("api_key must be a non-empty string without surrounding whitespace")
+        if not is_loopback(host) and api_key is None and not allow_unauthenticated_remote:
+            raise ValueError(
+                f"refusing to serve on non-loopback address {host!r} without an API key; set api_key, "
+                "or pass allow_unauthenticated_remote=True (--allow-unauthenticated) if this network is trusted"
+            )
+        self.host, self.port, self.api_key = host, port, api_key
+        self.max_batch, self.max_wait_ms = max_batch, float(max_wait_ms)
+        self.max_message_bytes, self.max_list_items = max_message_bytes, max_list_items
+        self.warmup_batch_sizes = tuple(sorted({min(int(b), max_batch) for b in warmup_batch_sizes if int(b) >= 1}))
+        self.drain_timeout_s, self.inline_decode_bytes = drain_timeout_s, inline_decode_bytes
+        self._extra_metadata = dict(metadata or {})
+        self._on_ready = on_ready
+        self._legacy = _legacy_websockets or _serve_new is None
+        self.metadata: dict = {}
+        self.policy: Any = self._policy
+        # inference thread <-> event loop
+        self._cv = threading.Condition()
+        self._pending: deque[_Job] = deque()
+        self._stopping_worker = False
+        self._worker: threading.Thread | None = None
+        # event loop state
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._stop_requested: asyncio.Event | None = None
+        self._ws = None
+        self._conn_ids = itertools.count(1)
+        self._n_connections = 0
+        self._inflight = 0
+        self._draining = False
+        self._force = False
+        self._stop_pending = False
+        self._decode_pool: ThreadPoolExecutor | None = None
+        # background-thread mode
+        self._thread: threading.Thread | None = None
+        self._started = threading.Event()
+        self._startup_error: BaseException | None = None
+        self.stats = {"requests": 0, "errors": 0, "batches": 0, "batched_observations": 0}
+
+    # ------------------------------------------------------------------ lifecycle
+
+    @property
+    def url(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        return f"ws://{host}:{self.port}"
+
+    def serve_forever(self) -> None:
+        """Serve in this thread until SIGINT / SIGTERM (or `stop()` from another thread).
+
+        The first signal stops accepting connections and new requests, lets in-flight
+        requests finish (at most `drain_timeout_s`), closes the connections (code 1001) and
+        returns; a second signal skips the wait for in-flight requests.
+        """
+        asyncio.run(self._main(install_signals=threading.current_thread() is threading.main_thread()))
+
+    def start(self, timeout: float | None = 600.0) -> "PolicyServer":
+        """Serve from a background thread; returns once listening (`self.port` is then the
+        bound port, also when 0 was asked for). Raises what startup raised."""
+        if self._thread is not None:
+            raise RuntimeError("server already started")
+        self._thread = threading.Thread(target=self._thread_main, name="vlaperf-serve", daemon=True)
+        self._thread.start()
+        if not self._started.wait(timeout):
+            raise TimeoutError(f"server did not start within {timeout} s")
+        if self._startup_error is not None:
+            self._thread.join(5)
+            raise self._startup_error
+        return self
+
+    def _thread_main(self) -> None:
+        try:
+            asyncio.run(self._main(False))
+        except BaseException:
+            if self._startup_error is None:  # a startup error is raised by start() instead
+                log.exception("policy server thread failed")
+
+    def stop(self, timeout: float | None = 60.0) -> None:
+        """Graceful stop from any thread (as one SIGTERM); waits for the server to finish."""
+        self._stop_pending = True  # also seen by a server still starting up
+        loop = self._loop
+        if loop is not None and not loop.is_closed():
+            try:
+                loop.call_soon_threadsafe(self._request_stop)
+            except RuntimeError:
+                pass  # the loop closed meanwhile
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join(timeout)
+
+    def __enter__(self) -> "PolicyServer":
+        return self.start()
+
+    def __exit__(self, *exc) -> None:
+        self.stop()
+
+    def _request_stop(self) -> None:
+        if self._stop_requested is None:
+            return
+        if self._stop_requested.is_set():
+            self._force = True
+            log.warning("second stop request: not waiting for in-flight requests")
+        self._stop_requested.set()
+
+    async def _main(self, install_signals: bool) -> None:
+        self._loop = asyncio.get_running_loop()
+        self._stop_requested = asyncio.Event()
+        self._decode_pool = ThreadPoolExecutor(max_workers=2, thread_name_prefix="vlaperf-decode")
+        try:
+            try:
+                ready: ThreadFuture = ThreadFuture()
+                self._worker = threading.Thread(target=self._worker_main, args=(ready,), name="vlaperf-infer", daemon=True)
+                self._worker.start()
+                await asyncio.wrap_future(ready)
+                self.metadata = self._build_metadata()
+                self._metadata_frame = packb(self.metadata)
+                self._ws = await self._listen()
+                self.port = self._ws.sockets[0].getsockname()[1]
+            except BaseException as e:
+                self._startup_error = e
+                self._stop_worker(join=False)  # it may be busy warming up; it is a daemon thread
+                raise
+            finally:
+                self._started.set()
+            if install_signals:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    self._loop.add_signal_handler(sig, self._request_stop)
+            log.info("vlaperf policy server listening on %s (workload %s)", self.url, self.metadata.get("workload"))
+            if self._on_ready is not None:
+                self._on_ready(self)
+            if self._stop_pending:
+                self._stop_requested.set()
+            await self._stop_requested.wait()
+            await self._shutdown()
+        except BaseException:
+            if self._startup_error is None:
+                log.exception("policy server failed")
+            raise
+        finally:
+            if install_signals:
+                for sig in (signal.SIGINT, signal.SIGTERM):
+                    self._loop.remove_signal_handler(sig)
+            self._decode_pool.shutdown(wait=False, cancel_futures=True)
+
+    async def _listen(self):
+        kwargs = dict(max_size=self.max_message_bytes, compression=None, ping_interval=20, ping_timeout=20, close_timeout=5)
+        if not self._legacy:
+            return await _serve_new(self._handler, self.host, self.port, process_request=self._process_request, **kwargs)
+        try:  # websockets 12 (legacy implementation; also importable from later versions)
+            from websockets.legacy.server import serve as serve_legacy
+        except ImportError:  # pragma: no cover
+            from websockets.server import serve as serve_legacy
+        return await serve_legacy(self._handler, self.host, self.port, process_request=self._process_request_legacy, **kwargs)
+
+    async def _shutdown(self) -> None:
+        self._draining = True
+        log.info("shutting down: no new connections or requests; finishing %d in-flight", self._inflight)
+        self._ws.server.close()  # stop accepting connections
+        deadline = time.monotonic() + self.drain_timeout_s
+        while self._inflight and not self._force and time.monotonic() < deadline:
+            await asyncio.sleep(0.01)
+        if self._inflight:
+            log.warning("closing with %d requests still in flight", self._inflight)
+            with self._cv:  # what has not started yet is answered now instead of run
+                dropped = list(self._pending)
+                self._pending.clear()
+            for job in dropped:
+                self._deliver(job, RequestError("ShuttingDown", "the server stopped before this request ran"))
+        self._ws.close()  # closes the open connections with 1001 (going away)
+        try:
+            await asyncio.wait_for(self._ws.wait_closed(), timeout=10)
+        except asyncio.TimeoutError:
+            log.warning("some connections did not close in time")
+        await asyncio.get_running_loop().run_in_executor(None, self._stop_worker)
+        log.info("server stopped")
+
+    # ------------------------------------------------------------------ HTTP hooks
+
+    def _check_request(self, path: str, authorization: list[str]) -> tuple[int, str] | None:
+        """(status, body) to answer with plain HTTP, or None to open the websocket."""
+        if path.split("?", 1)[0] == HEALTH_PATH:
+            return (503, "shutting down\n") if self._draining else (200, "ok\n")
+        if self.api_key is not None:
+            expected = f"Api-Key {self.api_key}".encode()
+            if len(authorization) != 1 or not hmac.compare_digest(authorization[0].encode("utf-8", "replace"), expected):
+                return 401, "missing or invalid API key (send the header 'Authorization: Api-Key <key>')\n"
+        if self._draining:
+            return 503, "shutting down\n"
+        return None
+
+    def _process_request(self, connection, request):
+        answer = self._check_request(request.path, request.headers.get_all("Authorization"))
+        if answer is None:
+            return None
+        response = connection.respond(http.HTTPStatus(answer[0]), answer[1])
+        if answer[0] == 401:
+            response.headers["WWW-Authenticate"] = "Api-Key"
+        return response
+
+    async def _process_request_legacy(self, path, headers):  # the legacy API wants a coroutine
+        answer = self._check_request(path, headers.get_all("Authorization"))
+        if answer is None:
+            return None
+        extra = [("WWW-Authenticate", "Api-Key")] if answer[0] == 401 else []
+        return http.HTTPStatus(answer[0]), [("Content-Type", "text/plain; charset=utf-8"), *extra], answer[1].encode()
+
+    # ------------------------------------------------------------------ connections
+
+    async def _handler(self, ws) -> None:
+        conn = next(self._conn_ids)
+        self._n_connections += 1
+        try:
+            await ws.send(self._metadata_frame)
+            prev_total_ms = None
+            while True:
+                try:
+                    message = await ws.recv()
+                except ConnectionClosed:
+                    break
+                t_recv = time.perf_counter()
+                self._inflight += 1
+                try:
+                    reply = await self._reply(message, conn, prev_total_ms)
+                    try:
+                        await ws.send(reply)
+                    except ConnectionClosed:
+                        break
+                finally:
+                    self._inflight -= 1
+                prev_total_ms = (time.perf_counter() - t_recv) * 1e3
+        except ConnectionClosed:
+            pass
+        except Exception:
+            log.exception("connection %d failed", conn)
+        finally:
+            self._n_connections -= 1
+            with self._cv:
+                self._cv.notify()  # the batcher may stop waiting for this connection
+
+    async def _reply(self, message: Any, conn: int, prev_total_ms: float | None) -> bytes | str:
+        """The frame to send back for one received frame. Never raises."""
+        self.stats["requests"] += 1
+        try:
+            if self._draining:
+                raise RequestError("ShuttingDown", "the server is shutting down and accepts no new requests")
+            t0 = time.perf_counter()
+            if isinstance(message, str):
+                raise RequestError("ProtocolError", "expected a binary msgpack frame, got a text frame")
+            if len(message) > self.inline_decode_bytes:
+                items, is_list = await self._loop.run_in_executor(self._decode_pool, self._decode, message)
+            else:
+                items, is_list = self._decode(message)
+            t1 = time.perf_counter()
+            futures = self._submit([ex for ex, _ in items], conn)
+            results = await asyncio.gather(*futures)
+            replies = []
+            for i, ((_, request_id), result) in enumerate(zip(items, results)):
+                if isinstance(result, RequestError):
+                    raise RequestError(result.kind, (f"[{i}] " if is_list else "") + result.message, request_id,
+                                       i if is_list else None)
+                replies.append(self._response(result, request_id, (t1 - t0) * 1e3, prev_total_ms))
+            return packb(replies if is_list else replies[0])
+        except RequestError as e:
+            self.stats["errors"] += 1
+            log.info("request error on connection %d: %s: %s", conn, e.kind, e.message)
+            return e.frame()
+        except Exception as e:  # never let one request take the connection or the server down
+            self.stats["errors"] += 1
+            log.exception("internal error on connection %d", conn)
+            return error_frame("InternalError", f"{type(e).__name__}: {e}")
+
+    def _response(self, done: _Done, request_id: Any, decode_ms: float, prev_total_ms: float | None) -> dict:
+        server_timing = {k: (int(v) if k == "batch_size" else float(v)) for k, v in done.timing.items()}
+        server_timing["decode_ms"] = decode_ms
+        if prev_total_ms is not None:
+            server_timing["prev_total_ms"] = prev_total_ms
+        out = {"actions": done.actions, "server_timing": server_timing,
+               "policy_timing": {k: server_timing[k] for k in ("infer_ms", "transform_ms", "sample_and_copy_ms")
+                                 if k in server_timing}}
+        if request_id is not None:
+            out[REQUEST_ID_KEY] = request_id
+        return out
+
+    # ------------------------------------------------------------------ decode + validate
+
+    def _decode(self, message: bytes) -> tuple[list[tuple[dict, Any]], bool]:
+        """[(example without request_id, request_id)], is_list. Raises RequestError."""
+        try:
+            payload = unpackb(message, max_bytes=self.max_message_bytes)
+        except ProtocolError as e:
+            raise RequestError("ProtocolError", str(e)) from None
+        if isinstance(payload, dict):
+            return [self._validate(payload, None)], False
+        if isinstance(payload, list):
+            if not payload:
+                raise RequestError("InputError", "an explicit batch must hold at least one observation dict")
+            if len(payload) > self.max_list_items:
+                raise RequestError("InputError", f"an explicit batch holds at most {self.max_list_items} observations, "
+                                                 f"got {len(payload)}")
+            return [self._validate(ex, i) for i, ex in enumerate(payload)], True
+        raise RequestError("InputError", f"message must be an observation dict (a msgpack map) or a list of them, "
+                                         f"got {_type_name(payload)}")
+
+    def _validate(self, example: Any, index: int | None) -> tuple[dict, Any]:
+        where = f"[{index}] " if index is not None else ""
+        if not isinstance(example, dict):
+            raise RequestError("InputError", f"{where}observation must be a dict (a msgpack map), got {_type_name(example)}",
+                               index=index)
+        request_id = example.get(REQUEST_ID_KEY)
+        if request_id is not None:
+            if not (isinstance(request_id, str) and len(request_id) <= MAX_REQUEST_ID_CHARS
+                    or type(request_id) is int):
+                raise RequestError("InputError", f"{where}{REQUEST_ID_KEY}: expected a string of at most "
+                                   f"{MAX_REQUEST_ID_CHARS} characters or an integer", index=index)
+            example = {k: v for k, v in example.items() if k != REQUEST_ID_KEY}
+        # The transform's own checks (same messages as Policy.infer would raise), run per
+        # observation before any batching. A policy without a transform is checked only by
+        # the per-observation retry in the worker.
+        transform = getattr(self.policy, "transform", None)
+        try:
+            if transform is not None:
+                transform.validate(example)
+        except InputError as e:
+            raise RequestError("InputError", f"{where}{e}", request_id, index) from None
+        except Exception as e:
+            raise RequestError("InputError", f"{where}malformed observation ({type(e).__name__}: {e})",
+                               request_id, index) from None
+        return example, request_id
+
+    # ------------------------------------------------------------------ inference thread
+
+    def _submit(self, examples: list[dict], conn: int) -> list[asyncio.Future]:
+        loop, now = self._loop, time.perf_counter()
+        jobs = [_Job(ex, conn, loop.create_future(), loop, now) for ex in examples]
+        with self._cv:
+            self._pending.extend(jobs)  # one step: a list request stays together
+            self._cv.notify()
+        return [j.future for j in jobs]
+
+    def _worker_main(self, ready: ThreadFuture) -> None:
+        import torch
+
+        torch.set_grad_enabled(False)  # thread-local
+        try:
+            if self._policy is None:
+                self._policy = self._factory()
+                if not hasattr(self._policy, "infer"):
+                    raise TypeError(f"the policy factory returned {type(self._policy).__name__}, which has no infer()")
+            self.policy = self._policy
+            self._warmup()
+        except BaseException as e:
+            ready.set_exception(e)
+            return
+        ready.set_result(None)
+        while True:
+            batch = self._next_batch()
+            if batch is None:
+                return
+            try:
+                self._run_batch(batch)
+            except BaseException as e:  # the inference thread must survive anything
+                log.exception("inference thread error")
+                for job in batch:
+                    self._deliver(job, RequestError("InternalError", f"{type(e).__name__}: {e}"))
+
+    def _warmup(self) -> None:
+        workload = getattr(self._policy, "workload", None)
+        t0 = time.perf_counter()
+        if workload is not None:
+            for b in self.warmup_batch_sizes:
+                self._policy.infer([make_example(workload, seed=i) for i in range(b)])
+        self.warmup_s = time.perf_counter() - t0
+
+    def _others_may_join(self) -> bool:
+        conns = {job.conn for job in itertools.islice(self._pending, self.max_batch)}
+        return self._n_connections > len(conns)
+
+    def _next_batch(self) -> list[_Job] | None:
+        with self._cv:
+            while not self._pending:
+                if self._stopping_worker:
+                    return None
+                self._cv.wait()
+            deadline = self._pending[0].t_enqueue + self.max_wait_ms / 1e3
+            while len(self._pending) < self.max_batch and not self._stopping_worker and self._others_may_join():
+                remaining = deadline - time.perf_counter()
+                if remaining <= 0:
+                    break
+                self._cv.wait(remaining)
+            n = min(self.max_batch, len(self._pending))
+            return [self._pending.popleft() for _ in range(n)]
+
+    def _run_batch(self, batch: list[_Job]) -> None:
+        t_start = time.perf_counter()
+        try:
+            out = self._policy.infer([job.example for job in batch])
+            actions = np.asarray(out["actions"])
+            if actions.ndim < 1 or actions.shape[0] != len(batch):
+                raise RuntimeError(f"policy returned actions of shape {actions.shape} for a batch of {len(batch)}")
+        except Exception as e:
+            if len(batch) > 1:
+                log.info("batch of %d failed (%s: %s); retrying one by one", len(batch), type(e).__name__, e)
+                for job in batch:
+                    self._run_batch([job])
+                return
+            kind = "InputError" if isinstance(e, InputError) else "InternalError"
+            if kind == "InternalError":
+                log.exception("inference failed")
+            self._deliver(batch[0], RequestError(kind, str(e) if kind == "InputError" else f"{type(e).__name__}: {e}"))
+            return
+        infer_ms = (time.perf_counter() - t_start) * 1e3
+        policy_timing = out.get("policy_timing") or {}
+        self.stats["batches"] += 1
+        self.stats["batched_observations"] += len(batch)
+        for i, job in enumerate(batch):
+            timing = {
+                "infer_ms": infer_ms,
+                "queue_ms": (t_start - job.t_enqueue) * 1e3,
+                "batch_size": len(batch),
+                "transform_ms": policy_timing.get("transform_ms", float("nan")),
+                "sample_and_copy_ms": policy_timing.get("sample_and_copy_ms", float("nan")),
+            }
+            self._deliver(job, _Done(np.ascontiguousarray(actions[i], dtype=np.float32), timing))
+
+    @staticmethod
+    def _deliver(job: _Job, value: Any) -> None:
+        def set_result():
+            if not job.future.done():
+                job.future.set_result(value)
+
+        try:
+            job.loop.call_soon_threadsafe(set_result)
+        except RuntimeError:
+            pass  # the event loop is gone (shutdown); nobody is waiting any more
+
+    def _stop_worker(self, join: bool = True) -> None:
+        """Let the inference thread finish the pending jobs, then end it."""
+        with self._cv:
+            self._stopping_worker = True
+            self._cv.notify_all()
+        if join and self._worker is not None and self._worker is not threading.current_thread():
+            self._worker.join(self.drain_timeout_s + 10)
+
+    # ------------------------------------------------------------------ metadata
+
+    def _build_metadata(self) -> dict:
+        policy = self._policy
+        meta: dict[str, Any] = {"server": "vlaperf", "vlaperf_version": __version__, "wire_format": "openpi msgpack-numpy"}
+        workload = getattr(policy, "workload", None)
+        if workload is not None:
+            overrides = {}
+            try:
+                from vlaperf.workloads import get_workload
+
+                overrides = workload.overrides_vs(get_workload(workload.id))
+            except Exception:
+                pass
+            meta.update(workload=workload.id, workload_overrides=overrides, action_horizon=workload.horizon,
+                        robot_action_dim=workload.robot_action_dim, action_dim=workload.action_dim,
+                        state_dim=workload.state_dim, layout=workload.layout)
+        if getattr(policy, "num_steps", None) is not None:
+            meta["num_steps"] = int(policy.num_steps)
+        model = getattr(policy, "model", None)
+        config = getattr(model, "config", None)
+        if config is not None and getattr(config, "vision", None) is not None:
+            meta["image_size"] = int(config.vision.image_size)
+        if getattr(model, "dtype", None) is not None:
+            meta["dtype"] = str(model.dtype).replace("torch.", "")
+        if getattr(policy, "device", None) is not None:
+            meta["device"] = str(policy.device)
+        owner = getattr(getattr(policy, "sample", None), "__self__", None)
+        levers = getattr(owner, "levers", None)
+        if levers is not None and hasattr(levers, "names"):
+            meta["levers"], meta["levers_label"] = list(levers.names()), str(getattr(owner, "name", ""))
+        elif owner is not None and owner is model:
+            meta["levers"], meta["levers_label"] = [], "reference"
+        else:
+            meta["levers"], meta["levers_label"] = [], "unknown"
+        meta.update(max_batch=self.max_batch, max_wait_ms=self.max_wait_ms, max_message_bytes=self.max_message_bytes,
+                    max_list_items=self.max_list_items, request_id_key=REQUEST_ID_KEY,
+                    auth="api-key" if self.api_key else "none", warmup_s=round(getattr(self, "warmup_s", 0.0), 3))
+        meta.update(self._extra_metadata)
+        return meta
+
+
+def _type_name(value: Any) -> str:
+    return "nil" if value is None else type(value).__name__
