@@ -26,7 +26,7 @@ if $V breakdown --help >/dev/null 2>&1; then
 fi
 if python3 -c "import websockets" 2>/dev/null; then
   timeout 150 $V serve --workload libero-pi0 --levers graph --port 8765 --warmup-batches all > "$R/serve.log" 2>&1 &
-  for i in $(seq 60); do curl -sf http://127.0.0.1:8765/healthz >/dev/null 2>&1 && break; sleep 1; done
+  for i in $(seq 60); do python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8765/healthz', timeout=2)" 2>/dev/null && break; sleep 1; done
   run 80 $V loadgen --url ws://127.0.0.1:8765 --clients 1,4,8 --requests 40 --warmup 3 --json "$R/loadgen_libero-pi0_graph.json"
   kill %1 2>/dev/null; wait
 fi
