@@ -21,24 +21,28 @@ class CliError(Exception):
     """Bad input or setup: printed as one line, exit code 2."""
 
 
-def positive_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {text!r}") from None
-    if value < 1:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 1, got {value}")
-    return value
+def number_arg(kind: type = int, minimum: float = 1, strict: bool = False):
+    """An argparse type: `kind` (int or float) at least `minimum` (above it if `strict`),
+    with an error that says what was expected and what came."""
+    what = "an integer" if kind is int else "a number"
+    bound = f"{'>' if strict else '>='} {minimum}"
+
+    def parse(text: str):
+        try:
+            value = kind(text)
+        except ValueError:
+            raise argparse.ArgumentTypeError(f"expected {what} {bound}, got {text!r}") from None
+        if not (value > minimum if strict else value >= minimum):
+            raise argparse.ArgumentTypeError(f"expected {what} {bound}, got {value}")
+        return value
+
+    return parse
 
 
-def non_negative_int(text: str) -> int:
-    try:
-        value = int(text)
-    except ValueError:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {text!r}") from None
-    if value < 0:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 0, got {value}")
-    return value
+positive_int = number_arg(int, 1)
+non_negative_int = number_arg(int, 0)
+positive_float = number_arg(float, 0, strict=True)
+non_negative_float = number_arg(float, 0)
 
 
 def default_device() -> str:
