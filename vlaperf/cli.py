@@ -4,7 +4,10 @@
     vlaperf check   --workload tiny --levers all
     vlaperf matrix  --workload libero-pi0 --variants cumulative|grid|"a,b;c,d"
     vlaperf levers
-Exit codes: 0 ok, 1 an equivalence check failed, 2 bad arguments or setup.
+    vlaperf breakdown / scaling / syncs / doctor / report    (docs/profiling.md)
+    vlaperf serve / loadgen / rollout                        (docs/serving.md)
+Exit codes: 0 ok, 1 an equivalence check failed (doctor: an error-severity finding),
+2 bad arguments or setup.
 """
 
 from __future__ import annotations
@@ -310,6 +313,10 @@ def build_parser() -> argparse.ArgumentParser:
     from vlaperf.serve.commands import register as register_serve
 
     register_serve(sub)
+
+    from vlaperf.profile.commands import register as register_profile
+
+    register_profile(sub)
     return parser
 
 

@@ -1,0 +1,136 @@
+"""CPU tests of vlaperf.profile.breakdown on the tiny model: the staged reference reproduces
+`model.sample_actions` exactly, and the stages cover the call."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vlaperf.engine import Engine
+from vlaperf.inputs import random_noise, random_observation
+from vlaperf.models.pi0 import build_model
+from vlaperf.profile.breakdown import breakdown, breakdown_fn, reference_sample_staged, stage_stats
+from vlaperf.profile.markers import UNMARKED, StageRecorder
+from vlaperf.report.schema import validate_result
+from vlaperf.workloads import get_workload
+
+# Stages sum to the instrumented span by construction; that span must stay within this
+# fraction of the untimed call's median on a shared CPU (marks cost microseconds each).
+COVERAGE_TOLERANCE = 0.25
+
+REFERENCE_STAGES = ["image_0_embed", "image_1_embed", "image_2_embed", "lang_embed", "prefix_concat",
+                    "mask_position_build", "prefix_prefill", "loop_setup", "denoise_step", "output", UNMARKED]
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)  # less noise from other processes on a shared CPU
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_model("tiny", dtype=torch.float32), get_workload("tiny")
+
+
+@pytest.mark.parametrize("steps,seed", [(1, 0), (4, 1), (7, 2)])
+def test_staged_reference_equals_sample_actions_exactly(tiny, steps, seed):
+    model, w = tiny
+    obs = random_observation(w, model.config, seed=seed)
+    noise = random_noise(w, model.config, seed=seed)
+    marks = []
+    out = reference_sample_staged(model, obs, noise, steps, marks.append)
+    ref = model.sample_actions(obs, noise, steps)
+    assert torch.equal(out, ref)
+    assert marks.count("loop_setup") == 1
+    assert [m for m in marks if m.startswith("denoise_step_")] == [f"denoise_step_{i}" for i in range(steps)]
+
+
+def test_reference_breakdown_covers_the_call(tiny):
+    model, w = tiny
+    result = breakdown(model, w, warmup=2, iters=12)
+    validate_result(result)
+    assert result["command"] == "breakdown" and result["mode"] == "model"
+    bd = result["breakdown"]
+    assert bd["path"] == "reference"
+    assert bd["matches_reference"] == {"exact": True, "max_abs": 0.0}
+    assert [s["name"] for s in bd["stages"]] == REFERENCE_STAGES
+    steps = {s["name"]: s for s in bd["stages"]}["denoise_step"]
+    assert steps["per_call"] == w.steps
+    assert len(steps["occurrence"]["by_index_median_ms"]) == w.steps
+    assert steps["occurrence"]["max_ms"] >= steps["occurrence"]["mean_ms"] > 0
+    images = {s["name"]: s["info"] for s in bd["stages"] if s["name"].startswith("image_")}
+    assert images["image_2_embed"] == {"slot": 2, "tokens": 16, "valid": False, "embedded": True}
+    assert images["image_0_embed"]["valid"] is True
+    # every call's stages add up to its span; the span is close to the untimed call
+    assert bd["stage_sum_of_medians_ms"] > 0
+    assert abs(bd["coverage"] - 1.0) <= COVERAGE_TOLERANCE, bd["statement"]
+    assert bd["statement"].startswith("stages sum to ") and "% of the untimed call" in bd["statement"]
+    assert result["timers"]["wall_ms"]["count"] == 12
+
+
+def test_engine_breakdown_uses_stage_hook(tiny):
+    model, w = tiny
+    result = breakdown(model, w, levers="for_loop,sdpa", warmup=1, iters=6)
+    bd = result["breakdown"]
+    assert bd["path"] == "engine" and bd["levers_timed"] == ["for_loop", "sdpa"]
+    assert [s["name"] for s in bd["stages"]] == ["setup", "embed_prefix", "prefill", "denoise_step", UNMARKED]
+    assert bd["matches_reference"]["exact"]
+    assert result["variant"]["levers"] == ["for_loop", "sdpa"]
+
+
+def test_compile_variant_is_broken_down_without_compile(tiny):
+    model, w = tiny
+    engine = Engine(model, "for_loop,compile", compile_backend="eager")
+    result = breakdown(model, w, levers=engine, warmup=1, iters=3, compare_requested=False)
+    bd = result["breakdown"]
+    assert bd["levers_timed"] == ["for_loop"]
+    assert any("without compile=default" in n for n in bd["notes"])
+    assert result["variant"]["levers"] == ["for_loop", "compile=default"]
+
+
+def test_policy_mode_adds_transform_and_copies(tiny):
+    model, w = tiny
+    result = breakdown(model, w, mode="policy", warmup=1, iters=6)
+    bd = result["breakdown"]
+    names = [s["name"] for s in bd["stages"]]
+    assert names[:3] == ["input_transform", "host_to_device", "image_preprocess"]
+    assert names[-2:] == ["device_to_host", UNMARKED]
+    assert "prefix_prefill" in names and "denoise_step" in names
+    assert bd["matches_reference"]["exact"]  # same actions as Policy.infer, bit for bit
+    validate_result(result)
+
+
+def test_stage_stats_groups_steps_and_repeats():
+    rec = StageRecorder("cpu")
+    for _ in range(3):
+        with rec.call():
+            rec.mark("prep")
+            for i in range(3):
+                rec.mark(f"denoise_step_{i}")
+            for _ in range(2):
+                with rec.stage("repeat"):
+                    pass
+    stats = stage_stats(rec.calls)
+    by = {s["name"]: s for s in stats["stages"]}
+    assert by["denoise_step"]["per_call"] == 3 and len(by["denoise_step"]["occurrence"]["by_index_median_ms"]) == 3
+    assert by["repeat"]["per_call"] == 2 and "by_index_median_ms" not in by["repeat"]["occurrence"]
+    assert list(by)[-1] == UNMARKED
+
+
+def test_breakdown_fn_for_any_callable():
+    calls = []
+
+    def policy(rec):
+        rec.mark("one")
+        torch.ones(100).sum()
+        rec.mark("two")
+        calls.append(1)
+        rec.mark("end")
+
+    out = breakdown_fn(policy, warmup=1, iters=4)
+    assert [s["name"] for s in out["stages"]] == ["one", "two", UNMARKED]
+    assert out["untimed"]["iters"] == 4
+    assert len(calls) == 1 + 4 + (1 + 4)  # warm-up, instrumented, untimed (its warm-up + timed)

@@ -1,0 +1,108 @@
+"""CPU tests of vlaperf.profile.doctor: environment findings (monkeypatched), GPU probes with a
+fake nvidia-smi, and the model checks on the tiny policy."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vlaperf.engine import Engine
+from vlaperf.models.pi0 import build_model
+from vlaperf.profile import doctor as doctor_mod
+from vlaperf.profile.doctor import SEVERITIES, doctor, environment_checks, exit_code
+
+KEYS = {"id", "severity", "title", "detail", "cost", "cost_note", "fix"}
+
+
+@pytest.fixture(autouse=True)
+def clean_env(monkeypatch):
+    for var in ("TORCHDYNAMO_DISABLE", "TORCH_COMPILE_DISABLE", "CUDA_LAUNCH_BLOCKING", "CC"):
+        monkeypatch.delenv(var, raising=False)
+
+
+def by_id(findings):
+    return {f["id"]: f for f in findings}
+
+
+def test_findings_have_the_documented_fields():
+    findings = doctor()
+    assert findings and all(set(f) == KEYS and f["severity"] in SEVERITIES for f in findings)
+    assert "env.versions" in by_id(findings)
+    order = [SEVERITIES.index(f["severity"]) for f in findings]
+    assert order == sorted(order)  # errors first
+
+
+@pytest.mark.parametrize("var", ["TORCHDYNAMO_DISABLE", "TORCH_COMPILE_DISABLE"])
+def test_compile_disabled_is_an_error(monkeypatch, var):
+    monkeypatch.setenv(var, "1")
+    f = by_id(doctor())["env.compile_disabled"]
+    assert f["severity"] == "error" and var in f["title"]
+    assert "unset" in f["fix"]
+    assert exit_code(doctor()) == 1
+
+
+def test_zero_does_not_disable_compile(monkeypatch):
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "0")
+    assert "env.compile_disabled" not in by_id(doctor())
+
+
+def test_missing_c_compiler_is_an_error(monkeypatch, tmp_path):
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no cc, gcc or clang
+    f = by_id(doctor())["env.no_c_compiler"]
+    assert f["severity"] == "error"
+    assert "inductor" in f["title"] and "cuda_graph" in f["fix"]
+
+
+def test_cuda_launch_blocking(monkeypatch):
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
+    assert by_id(doctor())["env.cuda_launch_blocking"]["severity"] == "error"
+
+
+def test_clean_environment_has_no_errors(monkeypatch):
+    if not any(__import__("shutil").which(cc) for cc in ("cc", "gcc", "clang")):
+        pytest.skip("this machine has no C compiler")
+    assert exit_code(doctor()) == 0
+
+
+def test_gpu_probes_with_fake_nvidia_smi(monkeypatch):
+    def fake(args):
+        q = args[0]
+        if q.startswith("--query-compute-apps"):
+            return "4242, python3, 30000\n999999, other_job, 512"
+        if q.startswith("--query-gpu=index"):
+            return "0, NVIDIA H200, 1980, 1980, 3201, 3201, 85, 650.1, 700.0, 0x0000000000000040"
+        if q.startswith("--query-gpu=driver_version"):
+            return "580.159.04"
+        return None
+
+    monkeypatch.setattr(doctor_mod, "nvidia_smi", fake)
+    found = by_id(doctor_mod._gpu_checks(torch.device("cuda")))
+    assert found["env.gpu_processes"]["severity"] == "warning"
+    assert "pid 4242 python3" in found["env.gpu_processes"]["detail"]
+    assert found["env.gpu_clocks"]["severity"] == "warning" and "thermal" in found["env.gpu_clocks"]["title"]
+    versions = by_id(environment_checks("cuda"))["env.versions"]
+    assert "driver 580.159.04" in versions["detail"]
+    if not torch.cuda.is_available():
+        assert versions["severity"] == "error"  # cuda asked for, not available
+
+
+def test_model_checks_on_the_reference_path():
+    model = build_model("tiny")
+    found = by_id(doctor(model, workload="tiny"))
+    syncs = found["model.host_syncs"]
+    assert syncs["severity"] == "warning" and syncs["title"].startswith("5 host syncs per call")
+    assert "vlaperf/models/pi0.py" in syncs["detail"] and "for_loop" in syncs["fix"]
+    assert syncs["cost"] is None  # no device to wait for on the CPU: not measured
+    masked = found["model.masked_images_embedded"]
+    assert masked["fix"] == "lever skip_masked_images" and masked["cost"] > 0
+    assert "embed_image" in masked["cost_note"]
+    padded = found["model.padded_prompt"]
+    assert padded["title"].startswith("10 padded prompt tokens") and padded["cost"] is not None
+    assert found["model.eager_attention"]["fix"] == "lever sdpa"
+
+
+def test_model_checks_on_the_best_engine():
+    model = build_model("tiny")
+    found = by_id(doctor(engine=Engine(model, "best"), workload="tiny"))
+    assert found["model.host_syncs"]["severity"] == "info"
+    assert not {"model.masked_images_embedded", "model.padded_prompt", "model.eager_attention"} & set(found)

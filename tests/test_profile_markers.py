@@ -1,0 +1,184 @@
+"""CPU tests of vlaperf.profile.markers: the stage recorder, its CUDA-event logic (with a fake
+clock) and the bring-your-own-policy marker protocol."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vlaperf.profile import markers
+from vlaperf.profile.markers import NULL_RECORDER, UNMARKED, StageRecorder
+
+
+class FakeClock:
+    """Deterministic clock: every now() advances 1 ms; counts the waits (syncs)."""
+
+    kind = "fake"
+
+    def __init__(self):
+        self.t = 0.0
+        self.finishes = 0
+
+    def now(self):
+        self.t += 1.0
+        return self.t
+
+    def elapsed_ms(self, a, b):
+        return b - a
+
+    def finish(self, last):
+        self.finishes += 1
+
+
+class FakeEvent:
+    """Stands in for a recorded torch.cuda.Event: elapsed_time() only works once an event
+    recorded at or after both has been waited for, as with real CUDA events."""
+
+    clock = 0.0
+    completed = 0.0  # device time up to which work is known to be finished
+
+    def __init__(self):
+        FakeEvent.clock += 0.5
+        self.t = FakeEvent.clock
+
+    def synchronize(self):
+        FakeEvent.completed = max(FakeEvent.completed, self.t)
+
+    def elapsed_time(self, other):
+        assert max(self.t, other.t) <= FakeEvent.completed, "read an event before waiting for it"
+        return other.t - self.t
+
+
+class FakeEventClock(markers.CudaEventClock):
+    """CudaEventClock logic with fake events (no GPU): records and syncs are counted."""
+
+    def __init__(self):
+        super().__init__(torch.device("cpu"))
+        self.records = 0
+
+    def now(self):
+        self.records += 1
+        return FakeEvent()
+
+
+def test_boundary_marks_sum_to_span():
+    clock = FakeClock()
+    rec = StageRecorder("cpu", clock=clock, nvtx=False)
+    with rec.call():
+        rec.mark("a")  # t=2 (t=1 is the call start)
+        rec.mark("b")  # t=3
+        rec.mark("b")  # t=4
+        rec.mark("end")  # t=5
+    (call,) = rec.calls
+    assert call.span_ms == pytest.approx(5.0)  # call end at t=6
+    assert call.totals() == {"a": 1.0, "b": 2.0, UNMARKED: 2.0}
+    assert sum(call.totals().values()) == pytest.approx(call.span_ms)
+    assert clock.finishes == 1
+
+
+def test_block_stages_nest_and_decorate():
+    clock = FakeClock()
+    rec = StageRecorder("cpu", clock=clock, nvtx=False)
+
+    @rec.stage("decorated")
+    def f():
+        rec.mark("inner_a")
+        rec.mark("inner_b")
+
+    with rec.call():
+        with rec.stage("outer"):
+            with rec.stage("inner"):
+                pass
+        f()
+        f()
+    call = rec.calls[0]
+    names = [(n, d) for n, d, _ in call.stages]
+    assert ("outer", 0) in names and ("outer/inner", 1) in names
+    assert ("decorated/inner_a", 1) in names and ("decorated/inner_b", 1) in names
+    assert [n for n, d, _ in call.stages if d == 0].count("decorated") == 2
+    # top-level stages + unmarked == span, nested ones are not double counted
+    assert sum(call.totals(0).values()) == pytest.approx(call.span_ms)
+
+
+def test_block_stage_closes_open_boundary_stage():
+    rec = StageRecorder("cpu", clock=FakeClock(), nvtx=False)
+    with rec.call():
+        rec.mark("setup")
+        with rec.stage("work"):
+            pass
+    totals = rec.calls[0].totals()
+    assert totals["setup"] == 1.0 and totals["work"] == 1.0
+
+
+def test_cuda_event_path_syncs_once_per_call():
+    """On CUDA the recorder records one event per boundary and waits once, at the end."""
+    clock = FakeEventClock()
+    rec = StageRecorder("cpu", clock=clock, nvtx=False)
+    for _ in range(3):
+        with rec.call():
+            for i in range(10):
+                rec.mark(f"denoise_step_{i}")
+            rec.mark("end")
+    assert clock.syncs == 3  # one per call, none per stage
+    assert clock.records == 3 * (1 + 10 + 1 + 1)  # start, 10 marks, end mark, call end
+    call = rec.calls[-1]
+    assert all(abs(ms - 0.5) < 1e-9 for n, d, ms in call.stages if n.startswith("denoise_step_"))
+
+
+def test_marks_outside_call_make_an_implicit_call():
+    rec = StageRecorder("cpu", clock=FakeClock(), nvtx=False)
+    rec.mark("x")
+    rec.mark("end")
+    record = rec.end_call()
+    assert record.totals()["x"] == 1.0
+
+
+def test_engine_stage_hook_accepts_recorder_mark():
+    from vlaperf.engine import Engine
+    from vlaperf.inputs import random_noise, random_observation
+    from vlaperf.models.pi0 import build_model
+    from vlaperf.workloads import get_workload
+
+    w = get_workload("tiny")
+    model = build_model("tiny")
+    engine = Engine(model, "for_loop")
+    rec = StageRecorder("cpu")
+    engine.stage_hook = rec.mark
+    obs, noise = random_observation(w, model.config), random_noise(w, model.config)
+    with rec.call():
+        engine.sample_actions(obs, noise, 3)
+    names = [n for n, d, _ in rec.calls[0].stages]
+    assert names == ["embed_prefix", "prefill", "denoise_step_0", "denoise_step_1", "denoise_step_2", UNMARKED]
+
+
+def test_module_level_markers_are_noops_without_recorder():
+    with markers.stage("x"):
+        markers.mark("y")
+
+    @markers.staged()
+    def encode():
+        return 3
+
+    assert encode() == 3
+    assert isinstance(markers.active_recorder(), type(NULL_RECORDER))
+    rec = StageRecorder("cpu", clock=FakeClock(), nvtx=False)
+    with rec.activate(), rec.call():
+        encode()
+        with markers.stage("decode"):
+            markers.mark("inner")
+    names = [n for n, d, _ in rec.calls[0].stages]
+    assert names[:3] == ["encode", "decode", "decode/inner"]
+
+
+def test_record_function_ranges_appear_in_profiler():
+    from torch.profiler import ProfilerActivity, profile
+
+    rec = StageRecorder("cpu")
+    with profile(activities=[ProfilerActivity.CPU]) as prof:
+        with rec.call():
+            rec.mark("stage_alpha")
+            torch.ones(4).sum()
+            with rec.stage("stage_beta"):
+                torch.ones(4).sum()
+    names = {e.name for e in prof.events()}
+    assert {"stage_alpha", "stage_beta"} <= names

@@ -1,0 +1,73 @@
+"""CPU tests of vlaperf.profile.scaling: the least-squares fit and T(N) on the tiny model."""
+
+from __future__ import annotations
+
+import pytest
+import torch
+
+from vlaperf.engine import Engine
+from vlaperf.models.pi0 import build_model
+from vlaperf.profile.scaling import fit_linear, plot_scaling, scaling
+
+
+@pytest.fixture(autouse=True)
+def one_thread():
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(n)
+
+
+@pytest.mark.parametrize("a,b", [(13.9, 0.628), (13.9, 0.795), (0.0, 1.0), (250.0, -0.5)])
+def test_fit_recovers_a_line_exactly(a, b):
+    ns = [1, 2, 5, 10, 20]
+    fit = fit_linear(ns, [a + b * n for n in ns])
+    assert fit["intercept"] == pytest.approx(a, rel=1e-12, abs=1e-12)
+    assert fit["slope"] == pytest.approx(b, rel=1e-12, abs=1e-12)
+    assert fit["r2"] == pytest.approx(1.0, abs=1e-12)
+
+
+def test_fit_least_squares_on_noisy_points():
+    np = pytest.importorskip("numpy")
+    ns = [1, 2, 5, 10, 20]
+    ts = [15.0, 15.3, 17.9, 21.6, 29.8]
+    fit = fit_linear(ns, ts)
+    slope, intercept = np.polyfit(ns, ts, 1)
+    assert fit["slope"] == pytest.approx(slope) and fit["intercept"] == pytest.approx(intercept)
+    pred = [intercept + slope * n for n in ns]
+    r2 = 1 - sum((t - p) ** 2 for t, p in zip(ts, pred)) / sum((t - np.mean(ts)) ** 2 for t in ts)
+    assert fit["r2"] == pytest.approx(r2) and 0.9 < fit["r2"] < 1.0
+
+
+def test_fit_rejects_degenerate_input():
+    with pytest.raises(ValueError):
+        fit_linear([5, 5, 5], [1.0, 2.0, 3.0])
+    with pytest.raises(ValueError):
+        fit_linear([1, 2], [1.0])
+    assert fit_linear([1, 2, 3], [2.0, 2.0, 2.0]) == {"intercept": 2.0, "slope": 0.0, "r2": 1.0}
+
+
+def test_scaling_tiny_model_reports_fit_and_plot(tmp_path):
+    model = build_model("tiny")
+    result = scaling({"reference": model, "for_loop": Engine(model, "for_loop")}, "tiny", steps=(1, 2, 4, 8),
+                     warmup=1, iters=3)
+    assert result["steps"] == [1, 2, 4, 8] and result["interleaved"]
+    assert [s["label"] for s in result["series"]] == ["reference", "for_loop"]
+    for s in result["series"]:
+        assert [p["steps"] for p in s["points"]] == [1, 2, 4, 8]
+        assert all(p["wall_ms"]["count"] == 3 for p in s["points"])
+        fit = s["fit"]
+        assert set(fit) == {"intercept", "slope", "r2"}
+        assert fit["slope"] > 0  # each step costs time
+        assert -1.0 <= fit["r2"] <= 1.0
+    assert result["fit"] == result["series"][0]["fit"]
+    png = tmp_path / "tn.png"
+    plot_scaling(result, png)
+    assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
+
+
+def test_scaling_accepts_a_plain_callable():
+    model = build_model("tiny")
+    result = scaling(lambda obs, noise, n: model.sample_actions(obs, noise, n), "tiny", steps=(1, 3), warmup=1,
+                     iters=2, config=model.config)
+    assert result["series"][0]["label"] == "policy" and len(result["series"][0]["points"]) == 2

@@ -1,0 +1,160 @@
+"""CPU tests of vlaperf.profile.syncs: host reads of the reference loop (the CPU standing in
+for the device), none for the for_loop engine, and the CUDA sync-debug path via fakes."""
+
+from __future__ import annotations
+
+import dataclasses
+import warnings
+
+import pytest
+import torch
+
+from vlaperf.engine import Engine
+from vlaperf.inputs import make_example, random_noise, random_observation
+from vlaperf.models.pi0 import build_model
+from vlaperf.policy import Policy
+from vlaperf.profile.syncs import CUDA_SYNC_MESSAGE, CudaSyncCounter, HostReadMode, count_syncs, format_syncs
+from vlaperf.workloads import get_workload
+
+WHILE_LINE = "while time >= -dt / 2"
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    w = get_workload("tiny")
+    model = build_model("tiny")
+    return model, w, random_observation(w, model.config), random_noise(w, model.config)
+
+
+@pytest.mark.parametrize("steps", [1, 4, 6])
+def test_reference_loop_reads_the_device_n_plus_1_times(tiny, steps):
+    model, w, obs, noise = tiny
+    rep = count_syncs(lambda: model.sample_actions(obs, noise, steps), device="cpu", calls=2, treat_as_device=True)
+    assert rep["per_call"] >= steps + 1
+    top = rep["sites"][0]
+    assert top["file"].replace("\\", "/").endswith("vlaperf/models/pi0.py")
+    assert top["code"].startswith(WHILE_LINE)
+    assert top["op"] == "Tensor.__bool__"
+    assert top["count"] == 2 * (steps + 1) and top["per_call"] == steps + 1
+    with open(top["file"]) as f:
+        assert f.readlines()[top["line"] - 1].strip().startswith(WHILE_LINE)
+    assert WHILE_LINE in format_syncs(rep)
+
+
+def test_for_loop_engine_has_no_host_reads(tiny):
+    model, w, obs, noise = tiny
+    for levers in ("for_loop", "best"):
+        engine = Engine(model, levers)
+        rep = count_syncs(lambda: engine.sample_actions(obs, noise, w.steps), device="cpu", calls=2)
+        assert rep["treat_as_device"] is True  # the default on the CPU
+        assert rep["total"] == 0, rep["sites"]
+
+
+def test_engine_without_for_loop_keeps_the_while_reads(tiny):
+    model, w, obs, noise = tiny
+    engine = Engine(model, "sdpa")
+    rep = count_syncs(lambda: engine.sample_actions(obs, noise, 3), device="cpu")
+    assert rep["per_call"] == 4
+    assert rep["sites"][0]["file"].replace("\\", "/").endswith("vlaperf/engine/engine.py")
+
+
+def test_plan_reads_masks_without_host_metadata(tiny):
+    model, w, obs, noise = tiny
+    bare = dataclasses.replace(obs, host_image_valid=None, host_prompt_len=None)
+    engine = Engine(model, "for_loop,skip_masked_images,trim_prompt_padding")
+    rep = count_syncs(lambda: engine.sample_actions(bare, noise, 2), device="cpu")
+    assert rep["per_call"] == 2
+    assert {s["op"] for s in rep["sites"]} == {"Tensor.tolist", "Tensor.__int__"}
+    assert all(s["file"].replace("\\", "/").endswith("vlaperf/engine/prefix.py") for s in rep["sites"])
+
+
+def test_policy_mode_has_exactly_the_expected_read(tiny):
+    model, w, obs, noise = tiny
+    policy = Policy(model, Engine(model, "best").sample_actions, w, noise=noise)
+    example = make_example(w, image_size=model.config.vision.image_size)
+    rep = count_syncs(lambda: policy.infer(example), device="cpu", expected_per_call=1)
+    assert rep["per_call"] == 1 and rep["hidden_per_call"] == 0
+    assert rep["sites"][0]["op"] == "Tensor.cpu"
+
+
+def test_host_read_mode_ops():
+    dev = torch.arange(6.0)  # created outside the mode: an input, counts as device data
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        dev.sum().item()
+        dev.tolist()
+        dev[dev > 2]  # boolean-mask index
+        torch.nonzero(dev)
+        bool(dev.sum() > 0)
+        float(dev[0])
+        dev.cpu()
+        dev.to("cpu")  # placement on "the device" when the CPU stands in for it: not a read
+        host = torch.tensor(0.5)  # host-born (no device argument)
+        host.item()
+        (host * 2).item()
+        torch.tensor(0.5, device="cpu").item()  # explicitly on the device: counts
+        dev.sum()  # no read
+    ops = [e.op for e in mode.events]
+    assert ops == ["Tensor.item", "Tensor.tolist", "Tensor.__getitem__", "torch.nonzero", "Tensor.__bool__",
+                   "Tensor.__float__", "Tensor.cpu", "Tensor.item"]
+    assert all(e.file == __file__ for e in mode.events)
+
+
+def test_host_read_mode_ignores_cpu_without_flag():
+    with HostReadMode("cpu") as mode:
+        torch.arange(3.0).sum().item()
+    assert mode.events == []
+
+
+def _fake_sync_debug():
+    state = {"mode": 0, "history": []}
+
+    def set_mode(m):
+        state["history"].append(m)
+        state["mode"] = m
+
+    return state, set_mode, lambda: state["mode"]
+
+
+def _synchronizing_op():
+    warnings.warn(CUDA_SYNC_MESSAGE, UserWarning)  # what torch's C++ TORCH_WARN raises
+
+
+def test_cuda_counter_catches_sync_warnings_with_source_line():
+    state, set_mode, get_mode = _fake_sync_debug()
+    counter = CudaSyncCounter(set_mode=set_mode, get_mode=get_mode)
+    with counter:
+        assert state["mode"] == "warn"
+        for _ in range(3):
+            _synchronizing_op()
+        with warnings.catch_warnings(record=True) as other:
+            warnings.simplefilter("always")
+            warnings.warn("unrelated", UserWarning)
+    assert state["history"] == ["warn", 0]  # the previous mode is restored
+    assert len(counter.events) == 3
+    e = counter.events[0]
+    assert e.kind == "cuda_sync" and e.function == "_synchronizing_op" and e.file == __file__
+    assert e.code == "warnings.warn(CUDA_SYNC_MESSAGE, UserWarning)  # what torch's C++ TORCH_WARN raises"
+    assert len(other) == 1  # other warnings are not swallowed
+
+
+def test_cuda_counter_passes_other_warnings_through():
+    state, set_mode, get_mode = _fake_sync_debug()
+    with pytest.warns(UserWarning, match="something else"):
+        with CudaSyncCounter(set_mode=set_mode, get_mode=get_mode) as counter:
+            warnings.warn("something else", UserWarning)
+    assert counter.events == []
+
+
+def test_count_syncs_with_the_cuda_counter_interface():
+    state, set_mode, get_mode = _fake_sync_debug()
+
+    def policy_call():
+        for _ in range(5):
+            _synchronizing_op()
+
+    counter = CudaSyncCounter(set_mode=set_mode, get_mode=get_mode)
+    rep = count_syncs(policy_call, device="cpu", calls=2, warmup=0, counter=counter)
+    assert rep["source"] == "cuda_sync"
+    assert rep["total"] == 10 and rep["per_call"] == 5
+    (site,) = rep["sites"]
+    assert site["function"] == "_synchronizing_op" and site["per_call"] == 5

@@ -1,0 +1,119 @@
+"""vlaperf.report.render: HTML and markdown reports from the committed H200 result files and
+from freshly generated tiny results (breakdown, scaling, syncs, doctor, bench, matrix)."""
+
+from __future__ import annotations
+
+import base64
+import json
+import re
+from pathlib import Path
+
+import pytest
+import torch
+
+from vlaperf.report.render import load_results, render
+
+H200 = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h200"
+PNG = b"\x89PNG\r\n\x1a\n"
+
+
+def _images(html_text: str) -> list[bytes]:
+    return [base64.b64decode(m) for m in re.findall(r"src='data:image/png;base64,([A-Za-z0-9+/=]+)'", html_text)]
+
+
+@pytest.fixture(scope="module")
+def h200_files():
+    files = sorted(H200.glob("*.json"))
+    if not files:
+        pytest.skip("no H200 result files in benchmarks/results/h200")
+    return files
+
+
+@pytest.fixture(scope="module")
+def tiny_results(tmp_path_factory):
+    """Fresh result files of every kind the profiler and the bench/matrix commands write."""
+    from vlaperf.profile.commands import main as profile_main
+
+    d = tmp_path_factory.mktemp("tiny_results")
+    n = torch.get_num_threads()
+    torch.set_num_threads(1)
+    common = ["--workload", "tiny", "--device", "cpu", "--no-progress"]
+    try:
+        assert profile_main(["breakdown", *common, "--warmup", "1", "--iters", "4", "--json", str(d / "bd.json")]) == 0
+        assert profile_main(["breakdown", *common, "--levers", "best", "--mode", "policy", "--warmup", "1",
+                             "--iters", "3", "--json", str(d / "bd_best.json")]) == 0
+        assert profile_main(["scaling", *common, "--steps", "1,2,4", "--levers", "reference;for_loop", "--warmup", "1",
+                             "--iters", "2", "--json", str(d / "sc.json")]) == 0
+        assert profile_main(["syncs", *common, "--json", str(d / "sy.json")]) == 0
+        profile_main(["doctor", *common, "--no-measure", "--json", str(d / "doc.json")])
+        from vlaperf import cli
+
+        assert cli.main(["bench", *common, "--warmup", "1", "--iters", "5", "--json", str(d / "bench.json")]) == 0
+        assert cli.main(["matrix", *common, "--variants", "for_loop;best", "--warmup", "1", "--iters", "3",
+                         "--json", str(d / "matrix.json")]) == 0
+    finally:
+        torch.set_num_threads(n)
+    return d
+
+
+def test_html_from_h200_results(h200_files, tmp_path):
+    out = render(h200_files, tmp_path / "report.html")
+    text = out.read_text()
+    assert text.startswith("<!DOCTYPE html>") and text.rstrip().endswith("</html>")
+    for heading in ("Latency (bench)", "Optimization matrix", "Equivalence (check)", "Environment"):
+        assert heading in text
+    assert "NVIDIA H200" in text and "speedup" in text
+    images = _images(text)
+    # per bench group: histograms + CDF; per matrix: heatmap + CDF
+    n_matrix = sum(1 for f in h200_files if json.loads(f.read_text())["command"] == "matrix")
+    assert len(images) >= 2 + 2 * n_matrix
+    assert all(img.startswith(PNG) for img in images)
+    assert "matrix files hold no raw samples" in text or n_matrix == 0
+    assert "http://" not in text and "<script" not in text  # readable offline, no server
+
+
+def test_markdown_from_h200_results(h200_files, tmp_path):
+    out = render([H200], tmp_path / "report.md")
+    text = out.read_text()
+    links = re.findall(r"!\[[^\]]*\]\((report_files/[^)]+\.png)\)", text)
+    assert links
+    for link in links:
+        assert (tmp_path / link).read_bytes().startswith(PNG)
+    assert "| variant [mode] | timer | median ms" in text
+    assert "## Environment" in text
+
+
+def test_reports_from_fresh_tiny_results(tiny_results, tmp_path):
+    html_out = render([tiny_results], tmp_path / "tiny.html")
+    text = html_out.read_text()
+    for heading in ("Stage breakdown", "T(N) scaling", "Host syncs", "Doctor", "Latency (bench)", "Optimization matrix"):
+        assert heading in text, heading
+    assert "stages sum to" in text and "prefix_prefill" in text
+    assert "while time &gt;= -dt / 2" in text  # the sync site, escaped
+    assert "T(N)" in text and "slope b ms/step" in text
+    assert len(_images(text)) >= 6
+    md_out = render([tiny_results], tmp_path / "tiny.md")
+    md = md_out.read_text()
+    assert "### breakdown: tiny reference (model mode, cpu)" in md
+    assert len(list((tmp_path / "tiny_files").glob("*.png"))) >= 6
+
+
+def test_invalid_files_are_listed_not_fatal(tiny_results, tmp_path):
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps({"schema": "something/else"}))
+    results, problems = load_results([tiny_results / "sy.json", bad])
+    assert len(results) == 1 and len(problems) == 1 and "bad.json" in problems[0]
+    text = render([tiny_results / "sy.json", bad], tmp_path / "r.html").read_text()
+    assert "skipped" in text and "bad.json" in text
+    with pytest.raises(ValueError):
+        render([bad], tmp_path / "r2.html")
+    with pytest.raises(ValueError):
+        render([tiny_results / "sy.json"], tmp_path / "r.txt")
+
+
+def test_breakdown_and_scaling_results_follow_the_schema(tiny_results):
+    from vlaperf.report.schema import read_result
+
+    for name in ("bd.json", "bd_best.json", "sc.json", "sy.json", "doc.json"):
+        r = read_result(tiny_results / name)
+        assert r["schema"] == "vlaperf.result/1" and r["workload"]["id"] == "tiny"

@@ -1,0 +1,525 @@
+"""Where one policy call spends its time: per-stage median / p95.
+
+    result = breakdown(model, "libero-pi0")                          # the reference path
+    result = breakdown(model, "libero-pi0", levers="for_loop,sdpa")   # an engine variant
+    result = breakdown(model, "libero-pi0", mode="policy")           # + transform, copies
+    result = breakdown_fn(lambda rec: my_policy(obs, rec), device="cuda")   # any policy
+
+Reference path. `Pi0Model.sample_actions` has no hooks, so `reference_sample_staged` runs
+the same call sequence step by step through the model's own public functions, with a
+boundary mark between stages (CUDA events on a GPU: no sync is added):
+
+    image_<s>_embed      model.embed_image on slot s (masked slots too, as the reference does)
+    lang_embed           backbone.embed_tokens(tokens) * sqrt(width)
+    prefix_concat        torch.cat of the embeddings and of the pad masks, zero att mask
+    mask_position_build  make_attention_mask_2d + positions + rope_cos_sin. In the model API
+                         these are the first lines of `Pi0Model.prefill`; the breakdown
+                         calls the same module functions prefill calls (make_attention_mask_2d,
+                         rope_cos_sin, joint_layer), in the same order, so the mask/position
+                         build is timed on its own instead of hidden inside prefix_prefill.
+    prefix_prefill       joint_layer per backbone layer -> the KV cache
+    loop_setup           dt / time / x_t tensors and the loop's first `while` read
+    denoise_step_<i>     model.denoise_step + the Euler update, and the `while` read that
+                         follows it. The loop is kept as the reference writes it,
+                         `while time >= -dt / 2` on a device tensor, so on CUDA every step
+                         still ends in a host sync (N + 1 per call): the breakdown measures
+                         the path users run, syncs included. Reported together as
+                         denoise_step: per-call total, mean and max per step, per-step medians.
+    output               the final x_t handed back (nothing but the return in model mode)
+
+Every result records whether the staged sequence reproduced the untimed call's output
+exactly (`matches_reference`); the tests assert it bit for bit in float32.
+
+Engine variants: `Engine.stage_hook` marks embed_prefix, prefill, denoise_step_<i> (and
+"setup": planning and buffers before the prefix). The hook cannot fire inside a CUDA graph
+replay or compiled code, so a variant with cuda_graph or compile is broken down on the same
+levers without those two; the result says so and also gives the requested variant's
+untimed median for comparison.
+
+Policy mode adds the stages of `vlaperf.policy.Policy.infer`: input_transform (validate,
+tokenize, pad the state on the host), host_to_device (raw uint8 images, masks, tokens and
+state), image_preprocess (resize with pad and normalise, on the device as vlaperf's
+transform does), the model stages, device_to_host (unpad, .cpu().numpy()).
+
+Honesty check: the stage times of a call add up to the call's instrumented span ("(unmarked)"
+holds what no stage covers), and that span is compared with the median of the same call run
+without any marks, timed separately by `vlaperf.timing.time_calls`. The result states it:
+"stages sum to X% of the untimed call".
+"""
+
+from __future__ import annotations
+
+import math
+import re
+from dataclasses import dataclass, replace
+from typing import Any, Callable
+
+import numpy as np
+import torch
+
+from vlaperf.inputs import (
+    Observation,
+    ObservationTransform,
+    make_example,
+    random_noise,
+    random_observation,
+    resize_with_pad,
+    state_prompt,
+    tokenize_prompt,
+)
+from vlaperf.models.pi0 import Pi0Model, joint_layer, make_attention_mask_2d, rope_cos_sin
+from vlaperf.profile.markers import END, NULL_RECORDER, UNMARKED, CallRecord, StageRecorder
+from vlaperf.timing import summarize, synchronize, time_calls
+from vlaperf.workloads import WORKLOADS, Workload, get_workload
+
+_STEP = re.compile(r"^(.*denoise_step)_(\d+)$")
+
+
+def _noop(name: str) -> None:
+    return None
+
+
+# ----------------------------------------------------------------- staged reference
+
+
+@torch.no_grad()
+def reference_sample_staged(model: Pi0Model, obs: Observation, noise: torch.Tensor | None = None,
+                            num_steps: int = 10, mark: Callable[[str], None] = _noop) -> torch.Tensor:
+    """`model.sample_actions(obs, noise, num_steps)` with a `mark(stage)` call between its
+    stages (see the module docstring). Same operations, same order, same result."""
+    cfg = model.config
+    B = obs.state.shape[0]
+    device = obs.state.device
+    if noise is None:
+        noise = torch.randn(B, cfg.action_horizon, cfg.action_dim, device=device)
+    # embed_prefix, slot by slot
+    embs, pads = [], []
+    for s in range(obs.images.shape[1]):
+        mark(f"image_{s}_embed")
+        img = model.embed_image(obs.images[:, s])
+        embs.append(img)
+        pads.append(obs.image_mask[:, s, None].expand(B, img.shape[1]))
+    mark("lang_embed")
+    lang = model.backbone.embed_tokens(obs.tokens)
+    embs.append(lang * math.sqrt(lang.shape[-1]))
+    pads.append(obs.token_mask)
+    mark("prefix_concat")
+    prefix = torch.cat(embs, dim=1)
+    pad = torch.cat(pads, dim=1)
+    att = torch.zeros_like(pad)
+    # prefill, split into its mask/position build and the layers
+    mark("mask_position_build")
+    mask = make_attention_mask_2d(pad, att)
+    positions = torch.cumsum(pad.long(), dim=1) - 1
+    cos, sin = rope_cos_sin(positions, cfg.backbone.head_dim, cfg.backbone.rope_base, prefix.dtype)
+    mark("prefix_prefill")
+    cache = []
+    x = prefix
+    for layer in model.backbone.layers:
+        (x, _), kv = joint_layer([layer, None], [x, None], cos, sin, mask, [None, None])
+        cache.append(kv)
+    # the reference loop: a while on a device tensor (a host read per check)
+    mark("loop_setup")
+    dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32, device=device)
+    x_t = noise.float()
+    time = torch.tensor(1.0, dtype=torch.float32, device=device)
+    i = 0
+    while time >= -dt / 2:
+        mark(f"denoise_step_{i}")
+        v_t = model.denoise_step(obs.state, pad, cache, x_t, time.expand(B))
+        x_t = x_t + dt * v_t
+        time = time + dt
+        i += 1
+    mark("output")
+    return x_t
+
+
+def engine_sample_staged(engine) -> Callable:
+    """(obs, noise, num_steps, mark) -> actions through `engine` with its stage hook set."""
+
+    def sample(obs, noise, num_steps, mark=_noop):
+        mark("setup")
+        engine.stage_hook = mark
+        try:
+            return engine.sample_actions(obs, noise, num_steps)
+        finally:
+            engine.stage_hook = None
+
+    return sample
+
+
+# ----------------------------------------------------------------- staged policy
+
+
+class StagedPolicy:
+    """`Policy.infer` split into marked stages (same transform, same sample, same output)."""
+
+    def __init__(self, model: Pi0Model, sample_staged: Callable, workload: Workload, num_steps: int,
+                 noise: torch.Tensor | None = None, tokenizer=None):
+        self.model, self.sample, self.workload = model, sample_staged, workload
+        self.device = model.action_in_proj.weight.device
+        self.transform = ObservationTransform(workload, model.config, tokenizer, self.device)
+        self.num_steps, self.noise = num_steps, noise
+
+    @torch.no_grad()
+    def __call__(self, example, mark: Callable[[str], None] = _noop) -> np.ndarray:
+        t, cfg = self.transform, self.model.config
+        mark("input_transform")
+        batch = [example] if isinstance(example, dict) else list(example)
+        pixels, masks, tokens, token_masks, states = [], [], [], [], []
+        for ex in batch:
+            slots, valid = t._slots(ex)
+            state = t._state(ex)
+            prompt = t._prompt(ex)
+            if cfg.pi05:
+                prompt = f"Task: {prompt.strip()}, {state_prompt(state)}\nAction: "
+            ids, mask = tokenize_prompt(t.tokenizer, prompt, self.workload.prompt_slots)
+            pixels.append(slots)
+            masks.append(valid)
+            tokens.append(ids)
+            token_masks.append(mask)
+            padded = np.zeros(cfg.action_dim, dtype=np.float32)
+            padded[: state.shape[0]] = state
+            states.append(padded)
+        mark("host_to_device")
+        dev = self.device
+        raw = [[torch.from_numpy(np.ascontiguousarray(a)).to(dev) for a in slots] for slots in pixels]
+        image_mask = torch.tensor(masks, dtype=torch.bool).to(dev)
+        tokens_t = torch.from_numpy(np.stack(tokens)).to(dev)
+        token_mask = torch.from_numpy(np.stack(token_masks)).to(dev)
+        state_t = torch.from_numpy(np.stack(states)).to(dev)
+        mark("image_preprocess")
+        R = cfg.vision.image_size
+        images = torch.stack([torch.stack([resize_with_pad(a, R) for a in slots]) for slots in raw])
+        obs = Observation(
+            images=images.float() / 127.5 - 1.0, image_mask=image_mask, tokens=tokens_t, token_mask=token_mask,
+            state=state_t,
+            host_image_valid=tuple(bool(any(m[s] for m in masks)) for s in range(len(masks[0]))),
+            host_prompt_len=int(max(m.sum() for m in token_masks)),
+        )
+        noise = self.noise if self.noise is not None and self.noise.shape[0] == obs.batch else None
+        actions = self.sample(obs, noise, self.num_steps, mark)
+        mark("device_to_host")
+        out = actions[..., : self.workload.robot_action_dim].cpu().numpy().astype(np.float32)
+        if isinstance(example, dict):
+            out = out[0]
+        mark(END)
+        return out
+
+
+# ----------------------------------------------------------------- statistics
+
+
+def _group(name: str) -> tuple[str, int | None]:
+    m = _STEP.match(name)
+    return (m.group(1), int(m.group(2))) if m else (name, None)
+
+
+def stage_stats(calls: list[CallRecord]) -> dict[str, Any]:
+    """Per-stage statistics over calls. Stages named <x>denoise_step_<i> are grouped into one
+    <x>denoise_step entry; any stage that occurs more than once per call gets per-occurrence
+    mean/max (median over calls) besides its per-call total."""
+    if not calls:
+        raise ValueError("stage_stats: no calls recorded")
+    order: list[str] = []
+    per_call: list[dict[str, list[tuple[int | None, float]]]] = []
+    nested: dict[str, list[float]] = {}
+    for rec in calls:
+        occ: dict[str, list[tuple[int | None, float]]] = {}
+        inner: dict[str, float] = {}
+        for name, depth, ms in rec.stages:
+            if depth != 0:
+                inner[name] = inner.get(name, 0.0) + ms
+                continue
+            g, idx = _group(name)
+            occ.setdefault(g, []).append((idx, ms))
+            if g not in order:
+                order.append(g)
+        per_call.append(occ)
+        for name, total in inner.items():
+            nested.setdefault(name, []).append(total)
+    if UNMARKED in order:
+        order.remove(UNMARKED)
+        order.append(UNMARKED)
+    span = summarize([rec.span_ms for rec in calls])
+    stages = []
+    for g in order:
+        totals = [sum(ms for _, ms in occ.get(g, [])) for occ in per_call]
+        s = summarize(totals)
+        counts = [len(occ.get(g, [])) for occ in per_call]
+        entry: dict[str, Any] = {
+            "name": g, "per_call": max(counts), "median_ms": s["median"], "p95_ms": s["p95"], "mean_ms": s["mean"],
+            "min_ms": s["min"], "max_ms": s["max"], "share": s["median"] / span["median"] if span["median"] > 0 else None,
+        }
+        if max(counts) > 1:
+            means = [float(np.mean([ms for _, ms in occ[g]])) for occ in per_call if occ.get(g)]
+            maxes = [max(ms for _, ms in occ[g]) for occ in per_call if occ.get(g)]
+            entry["occurrence"] = {
+                "mean_ms": summarize(means)["median"], "mean_p95_ms": summarize(means)["p95"],
+                "max_ms": summarize(maxes)["median"], "max_p95_ms": summarize(maxes)["p95"],
+            }
+            indexed = [[ms for idx, ms in occ.get(g, []) if idx is not None] for occ in per_call]
+            if any(indexed):
+                n = max(len(x) for x in indexed)
+                entry["occurrence"]["by_index_median_ms"] = [
+                    summarize([x[i] for x in indexed if len(x) > i])["median"] for i in range(n)
+                ]
+        stages.append(entry)
+    sub = [{"name": n, "median_ms": summarize(v)["median"], "p95_ms": summarize(v)["p95"]} for n, v in nested.items() if v]
+    return {"stages": stages, "substages": sub, "span_ms": span,
+            "stage_sum_of_medians_ms": float(sum(e["median_ms"] for e in stages))}
+
+
+# ----------------------------------------------------------------- BYO breakdown
+
+
+def _merge_timings(parts: list[dict[str, Any]]) -> dict[str, Any]:
+    """time_calls results of consecutive blocks of the same function -> one result."""
+    wall = [x for p in parts for x in p["samples"]["wall_ms"]]
+    events = [x for p in parts for x in (p["samples"]["cuda_event_ms"] or [])]
+    peaks = [p["peak_memory_bytes"] for p in parts if p["peak_memory_bytes"] is not None]
+    return {
+        "timers": {"cuda_event_ms": summarize(events) if events else None, "wall_ms": summarize(wall)},
+        "samples": {"cuda_event_ms": events or None, "wall_ms": wall},
+        "first_call_s": parts[0]["first_call_s"], "warmup_s": parts[0]["warmup_s"], "warmup": parts[0]["warmup"],
+        "iters": len(wall), "peak_memory_bytes": max(peaks) if peaks else None,
+    }
+
+
+def breakdown_fn(call: Callable[[Any], Any], *, device: torch.device | str = "cpu", warmup: int = 3, iters: int = 20,
+                 untimed: Callable[[], Any] | None = None, recorder: StageRecorder | None = None,
+                 progress: bool = False, label: str = "", blocks: int = 4) -> dict[str, Any]:
+    """Break down any policy call. `call(rec)` runs one call and marks its stages on `rec`
+    (rec.mark / rec.stage, or the module-level markers: `rec` is active while it runs).
+    `untimed()` is the same call without marks (default: `call(NULL_RECORDER)` with no
+    recorder active), timed separately with time_calls for the coverage statement; the
+    instrumented and untimed calls alternate in `blocks` blocks of iters / blocks calls."""
+    device = torch.device(device)
+    rec = recorder or StageRecorder(device)
+
+    def one():
+        synchronize(device)
+        with rec.activate(), rec.call():
+            call(rec)
+
+    for _ in range(warmup):
+        one()
+    rec.clear()
+    untimed = untimed or (lambda: call(NULL_RECORDER))
+    # Instrumented and untimed calls alternate in `blocks` blocks, so slow drift (clocks,
+    # other tenants) hits both alike; the untimed calls are timed by time_calls.
+    blocks = max(1, min(blocks, iters))
+    sizes = [iters // blocks + (1 if b < iters % blocks else 0) for b in range(blocks)]
+    parts = []
+    for b, n in enumerate(sizes):
+        for _ in range(n):
+            one()
+        parts.append(time_calls(untimed, device=device, warmup=max(warmup, 1) if b == 0 else 0, iters=n,
+                                progress=progress and b == 0, label=f"untimed {label}".strip()))
+    stats = stage_stats(rec.calls)
+    timing = _merge_timings(parts)
+    timer = rec.timer
+    if timer == "cuda_event" and timing["timers"]["cuda_event_ms"] is not None:
+        untimed_med, untimed_clock = timing["timers"]["cuda_event_ms"]["median"], "CUDA events"
+    else:
+        untimed_med, untimed_clock = timing["timers"]["wall_ms"]["median"], "wall clock"
+    instrumented = stats["span_ms"]["median"]
+    coverage = instrumented / untimed_med if untimed_med > 0 else None
+    statement = (
+        f"stages sum to {100 * coverage:.1f}% of the untimed call: instrumented call median {instrumented:.3f} ms "
+        f"({'CUDA events' if timer == 'cuda_event' else 'perf_counter'}, {iters} calls) vs untimed median "
+        f"{untimed_med:.3f} ms ({untimed_clock}, vlaperf.timing.time_calls, {iters} calls)"
+        if coverage is not None else "untimed call took 0 ms: coverage undefined"
+    )
+    return {
+        "timer": timer, "warmup": warmup, "iters": iters, **stats,
+        "untimed_median_ms": untimed_med, "untimed": timing, "coverage": coverage, "statement": statement,
+    }
+
+
+# ----------------------------------------------------------------- pi0 breakdown
+
+
+def _workload(workload: Workload | str) -> tuple[Workload, Workload]:
+    w = get_workload(workload) if isinstance(workload, str) else workload
+    base = WORKLOADS.get(w.id, w)
+    return base, w
+
+
+def _same(a, b) -> dict[str, Any]:
+    if isinstance(a, np.ndarray):
+        a, b = torch.from_numpy(a), torch.from_numpy(b)
+    exact = bool(a.shape == b.shape and torch.equal(a, b))
+    max_abs = float((a.double() - b.double()).abs().max()) if a.shape == b.shape else float("inf")
+    return {"exact": exact, "max_abs": max_abs}
+
+
+@dataclass
+class StagedCall:
+    """One pi0 policy call, instrumented (`call(rec)`) and plain (`untimed()`)."""
+
+    call: Callable[[Any], Any]
+    untimed: Callable[[], Any]
+    path: str  # "reference" | "engine"
+    requested: Any  # the requested Levers
+    engine: Any  # the Engine the stages are taken on (None on the reference path)
+    requested_engine: Any
+    requested_untimed: Callable[[], Callable[[], Any]] | None  # builds the requested variant's plain call
+    images: list[dict[str, Any]]
+    notes: list[str]
+    steps: int
+    base: Workload
+    workload: Workload
+    matches_reference: dict[str, Any] | None = None
+
+
+@torch.no_grad()
+def prepare_breakdown(model: Pi0Model, workload: Workload | str, levers=None, mode: str = "model", *, seed: int = 0,
+                      num_steps: int | None = None, check: bool = True) -> StagedCall:
+    """Build the instrumented and plain calls of `breakdown` (also used by `vlaperf breakdown
+    --trace`). With `check`, runs both once and records whether they agree exactly."""
+    from vlaperf.engine import Engine
+    from vlaperf.engine.levers import Levers
+    from vlaperf.policy import Policy
+
+    if mode not in ("model", "policy"):
+        raise ValueError(f"mode must be 'model' or 'policy', got {mode!r}")
+    device = model.action_in_proj.weight.device
+    base, workload = _workload(workload)
+    steps = num_steps or workload.steps
+
+    requested_engine = levers if isinstance(levers, Engine) else None
+    requested = requested_engine.levers if requested_engine else Levers.parse(levers, device)
+    notes: list[str] = []
+    if requested == Levers():
+        path, engine, untimed_sample = "reference", None, model.sample_actions
+        staged = lambda obs, noise, n, mark=_noop: reference_sample_staged(model, obs, noise, n, mark)  # noqa: E731
+        notes.append("reference path re-run step by step through the model's public functions (see "
+                     "vlaperf.profile.breakdown); its while-on-tensor loop is kept, so each denoise_step "
+                     "includes the host read of the loop condition that follows it")
+    else:
+        timed_levers = replace(requested, cuda_graph=False, compile=None)
+        if timed_levers != requested:
+            engine = Engine(model, timed_levers)
+            dropped = [n for n in requested.names() if n not in timed_levers.names()]
+            notes.append(f"requested {requested.label()}: stage marks cannot fire inside a CUDA graph or compiled "
+                         f"code, so the breakdown is taken on the same levers without {', '.join(dropped)} "
+                         f"({timed_levers.label()})")
+        else:
+            engine = requested_engine or Engine(model, timed_levers)
+        path, untimed_sample = "engine", engine.sample_actions
+        staged = engine_sample_staged(engine)
+
+    obs = random_observation(workload, model.config, device, seed=seed)
+    noise = random_noise(workload, model.config, device, seed=seed)
+    valid = obs.host_image_valid or tuple(bool(v) for v in obs.image_mask.any(0).tolist())
+    P = model.config.vision.num_patches
+    images = [{"slot": s, "tokens": P, "valid": bool(valid[s]),
+               "embedded": path == "reference" or not engine.levers.skip_masked_images or bool(valid[s])}
+              for s in range(workload.image_slots)]
+
+    if mode == "model":
+        call = lambda rec: staged(obs, noise, steps, rec.mark)  # noqa: E731
+        untimed = lambda: untimed_sample(obs, noise, steps)  # noqa: E731
+        plain = lambda: staged(obs, noise, steps)  # noqa: E731
+        reference = untimed
+
+        def requested_untimed(e):
+            return lambda: e.sample_actions(obs, noise, steps)
+    else:
+        # The same requests as `vlaperf bench --mode policy` (224 px camera images).
+        examples = [make_example(workload, seed=seed + i) for i in range(workload.batch)]
+        request = examples[0] if workload.batch == 1 else examples
+        sp = StagedPolicy(model, staged, workload, steps, noise)
+        policy = Policy(model, untimed_sample, workload, num_steps=steps, noise=noise)
+        call = lambda rec: sp(request, rec.mark)  # noqa: E731
+        untimed = lambda: policy.infer(request)  # noqa: E731
+        plain = lambda: sp(request)  # noqa: E731
+        reference = lambda: policy.infer(request)["actions"]  # noqa: E731
+
+        def requested_untimed(e):
+            p = Policy(model, e.sample_actions, workload, num_steps=steps, noise=noise)
+            return lambda: p.infer(request)
+
+    def build_requested():
+        return requested_untimed(requested_engine or Engine(model, requested))
+
+    sc = StagedCall(call, untimed, path, requested, engine, requested_engine,
+                    build_requested if path == "engine" and engine.levers != requested else None,
+                    images, notes, steps, base, workload)
+    if check:
+        sc.matches_reference = _same(plain(), reference())
+        if not sc.matches_reference["exact"]:
+            notes.append(f"the staged sequence does NOT reproduce the untimed call exactly (max abs diff "
+                         f"{sc.matches_reference['max_abs']:.3g}): the breakdown may not describe the same computation")
+    return sc
+
+
+@torch.no_grad()
+def breakdown(model: Pi0Model, workload: Workload | str, levers=None, mode: str = "model", warmup: int = 5,
+              iters: int = 20, device: torch.device | str | None = None, *, seed: int = 0,
+              num_steps: int | None = None, compare_requested: bool = True, progress: bool = False) -> dict[str, Any]:
+    """Median / p95 per stage of one pi0 policy call. Returns a vlaperf result
+    (command "breakdown", schema vlaperf.result/1) with a "breakdown" section, and the
+    untimed call's "timers"/"samples".
+
+    levers: None / "reference" -> the reference path; a lever spec, a Levers or an Engine
+    -> that engine variant (without cuda_graph/compile, see the module docstring).
+    compare_requested: for a variant with cuda_graph/compile, also time the variant as
+    requested (untimed) and report its median next to the breakdown.
+    """
+    from vlaperf.cli import result_header
+    from vlaperf.timing import environment_record
+
+    model_device = model.action_in_proj.weight.device
+    if device is not None and torch.device(device).type != model_device.type:
+        raise ValueError(f"device {device} differs from the model's device {model_device}")
+    device = model_device
+    sc = prepare_breakdown(model, workload, levers, mode, seed=seed, num_steps=num_steps)
+    requested, notes = sc.requested, sc.notes
+
+    bd = breakdown_fn(sc.call, device=device, warmup=warmup, iters=iters, untimed=sc.untimed, progress=progress,
+                      label=requested.label())
+    for entry in bd["stages"]:
+        m = re.match(r"^image_(\d+)_embed$", entry["name"])
+        if m:
+            entry["info"] = sc.images[int(m.group(1))]
+    requested_median = None
+    if compare_requested and sc.requested_untimed is not None:
+        try:
+            fn = sc.requested_untimed()
+        except Exception as e:  # e.g. compile without a C compiler: say so, keep the breakdown
+            notes.append(f"the requested variant {requested.label()} could not be built: {e}")
+        else:
+            t = time_calls(fn, device=device, warmup=max(warmup, 3), iters=iters, progress=progress,
+                           label=requested.label())
+            requested_median = t["timers"]["wall_ms"]["median"]
+            notes.append(f"untimed median of the requested variant {requested.label()}: {requested_median:.3f} ms (wall)")
+
+    timed_names = [] if sc.engine is None else sc.engine.levers.names()
+    result = result_header("breakdown", sc.base, sc.workload, model, environment_record(device), requested.names(),
+                           requested.label(), mode)
+    untimed_t = bd.pop("untimed")
+    result["timers"] = untimed_t["timers"]
+    result["samples"] = untimed_t["samples"]
+    result.update({k: untimed_t[k] for k in ("first_call_s", "warmup_s", "warmup", "iters", "peak_memory_bytes")})
+    result["breakdown"] = {
+        "path": sc.path, "levers_timed": timed_names, "steps": sc.steps, "images": sc.images,
+        "matches_reference": sc.matches_reference, "notes": notes, "requested_untimed_median_ms": requested_median, **bd,
+    }
+    return result
+
+
+def format_breakdown(result: dict[str, Any]) -> str:
+    """Plain-text table of a breakdown result (the CLI prints a rich table instead)."""
+    bd = result["breakdown"]
+    lines = [f"breakdown {result['workload']['id']} {result['variant']['label']} ({result['mode']} mode, {bd['timer']})"]
+    for e in bd["stages"]:
+        extra = ""
+        if "occurrence" in e:
+            o = e["occurrence"]
+            extra = f"  x{e['per_call']}: mean {o['mean_ms']:.3f} max {o['max_ms']:.3f}"
+        lines.append(f"  {e['name']:<24} {e['median_ms']:9.3f} ms  p95 {e['p95_ms']:9.3f}{extra}")
+    lines.append("  " + bd["statement"])
+    lines += ["  note: " + n for n in bd["notes"]]
+    return "\n".join(lines)

@@ -1,0 +1,310 @@
+"""CLI subcommands of the profiler: breakdown, scaling, syncs, doctor, report.
+
+`register(subparsers)` adds them to `vlaperf`'s parser (vlaperf.cli.build_parser);
+`main(argv)` runs them on their own (`python -m vlaperf.profile.commands breakdown ...`).
+
+    vlaperf breakdown --workload libero-pi0 [--levers ...] [--mode model|policy] [--trace t.json]
+    vlaperf scaling   --workload libero-pi0 --steps 1,2,5,10,20 --levers "reference;for_loop" --plot tn.png
+    vlaperf syncs     --workload libero-pi0 [--levers ...] [--mode policy]
+    vlaperf doctor    [--workload libero-pi0 [--levers ...]]
+    vlaperf report    results/*.json -o report.html|report.md
+
+Exit codes: 0 ok; 2 bad arguments or setup (argparse, or CliError from vlaperf.cli);
+doctor: 1 when any finding has severity "error" (so CI can gate on the environment).
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+from pathlib import Path
+
+import torch
+
+from vlaperf.cli import CliError, add_common, make_engine, non_negative_int, positive_int, result_header, setup
+
+REFERENCE = ("reference", "none", "")
+
+
+def _step_list(text: str) -> list[int]:
+    try:
+        values = sorted({int(x) for x in text.split(",") if x.strip()})
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, e.g. 1,2,5,10,20; got {text!r}") from None
+    if len(values) < 2 or values[0] < 1:
+        raise argparse.ArgumentTypeError(f"expected at least two step counts >= 1, got {text!r}")
+    return values
+
+
+def _levers_or_error(model, spec: str):
+    """The Engine for `spec`, or None for the reference."""
+    return None if spec.strip() in REFERENCE else make_engine(model, spec)
+
+
+def _write(result: dict, path: str | None) -> None:
+    if path:
+        from vlaperf.report.schema import write_result
+
+        write_result(result, path)
+        print(f"wrote {path}")
+
+
+def _console():
+    from rich.console import Console
+
+    return Console(width=max(Console().width, 120))
+
+
+# --------------------------------------------------------------------------- breakdown
+
+
+def cmd_breakdown(args) -> int:
+    from rich.table import Table
+
+    from vlaperf.engine import LeverError
+    from vlaperf.engine.compile import CompileUnavailable
+    from vlaperf.profile.breakdown import breakdown, prepare_breakdown
+
+    base, workload, model, device = setup(args)
+    levers = None if args.levers.strip() in REFERENCE else args.levers
+    try:
+        result = breakdown(model, workload, levers=levers, mode=args.mode, warmup=args.warmup, iters=args.iters,
+                           seed=args.seed, progress=not args.no_progress)
+    except (LeverError, CompileUnavailable, ValueError) as e:
+        raise CliError(str(e)) from None
+    bd = result["breakdown"]
+    t = Table(title=f"vlaperf breakdown  {workload.id}  {result['variant']['label']}  ({args.mode} mode, "
+                    f"{result['variant']['dtype']}, {result['env'].get('gpu') or device}, {bd['timer']})")
+    for col in ("stage", "median ms", "p95 ms", "share", "per call", "mean/occ", "max/occ", "info"):
+        t.add_column(col, justify="left" if col in ("stage", "info") else "right")
+    for e in bd["stages"]:
+        occ, info = e.get("occurrence") or {}, e.get("info") or {}
+        t.add_row(e["name"], f"{e['median_ms']:.3f}", f"{e['p95_ms']:.3f}",
+                  f"{100 * e['share']:.1f}%" if e.get("share") is not None else "-", str(e["per_call"]),
+                  f"{occ['mean_ms']:.3f}" if occ else "", f"{occ['max_ms']:.3f}" if occ else "",
+                  (f"{info['tokens']} tokens, {'valid' if info['valid'] else 'MASKED'}" if info else ""))
+    console = _console()
+    console.print(t)
+    console.print(bd["statement"])
+    for n in bd["notes"]:
+        console.print("note: " + n)
+    if args.trace:
+        from vlaperf.profile.markers import StageRecorder
+        from vlaperf.profile.trace import trace
+
+        sc = prepare_breakdown(model, workload, levers, args.mode, seed=args.seed, check=False)
+        rec = StageRecorder(device)
+
+        def one():
+            with rec.call():
+                sc.call(rec)
+
+        info = trace(one, args.trace, device=device, warmup=1, calls=1)
+        print(f"wrote trace {info['path']} ({info['events']} events; stages: {', '.join(info['stages'])}); "
+              "open it in https://ui.perfetto.dev or chrome://tracing")
+        result["breakdown"]["trace"] = info["path"]
+    _write(result, args.json)
+    return 0
+
+
+# --------------------------------------------------------------------------- scaling
+
+
+def cmd_scaling(args) -> int:
+    from rich.table import Table
+
+    from vlaperf.profile.scaling import describe_fit, plot_scaling, scaling
+    from vlaperf.timing import environment_record
+
+    base, workload, model, device = setup(args)
+    specs = [s.strip() for s in args.levers.split(";") if s.strip()] or ["reference"]
+    sources = {}
+    for spec in specs:
+        engine = _levers_or_error(model, spec)
+        sources["reference" if engine is None else engine.name] = engine or model
+    sc = scaling(sources, workload, steps=args.steps_list, warmup=args.warmup, iters=args.iters, seed=args.seed,
+                 progress=not args.no_progress)
+    t = Table(title=f"vlaperf scaling  {workload.id}  ({device}; interleaved; median wall ms per call)")
+    t.add_column("variant")
+    for n in sc["steps"]:
+        t.add_column(f"T({n})", justify="right")
+    t.add_column("fit")
+    for s in sc["series"]:
+        t.add_row(s["label"], *(f"{p['median_ms']:.3f}" for p in s["points"]), describe_fit(s["fit"]))
+    _console().print(t)
+    result = result_header("scaling", base, workload, model, environment_record(device), [], args.levers, "model")
+    result["scaling"] = sc
+    if args.plot:
+        plot_scaling(sc, args.plot, title=f"T(N), {workload.id} on {result['env'].get('gpu') or device}")
+        print(f"wrote {args.plot}")
+    _write(result, args.json)
+    return 0
+
+
+# --------------------------------------------------------------------------- syncs
+
+
+def cmd_syncs(args) -> int:
+    from vlaperf.inputs import make_example, random_noise, random_observation
+    from vlaperf.policy import Policy
+    from vlaperf.profile.syncs import count_syncs, format_syncs
+    from vlaperf.timing import environment_record
+
+    base, workload, model, device = setup(args)
+    engine = _levers_or_error(model, args.levers)
+    sample = engine.sample_actions if engine else model.sample_actions
+    noise = random_noise(workload, model.config, device, seed=args.seed)
+    steps = workload.steps
+    if args.mode == "model":
+        obs = random_observation(workload, model.config, device, seed=args.seed)
+        fn = lambda: sample(obs, noise, steps)  # noqa: E731
+        expected = 0
+    else:
+        policy = Policy(model, sample, workload, num_steps=steps, noise=noise)
+        examples = [make_example(workload, seed=args.seed + i) for i in range(workload.batch)]
+        request = examples[0] if workload.batch == 1 else examples
+        fn = lambda: policy.infer(request)  # noqa: E731
+        expected = 1
+    treat = {"auto": None, "yes": True, "no": False}[args.treat_as_device]
+    try:
+        rep = count_syncs(fn, device=device, calls=args.calls, warmup=args.warmup, source=args.source,
+                          treat_as_device=treat, expected_per_call=expected)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    print(format_syncs(rep))
+    label = engine.name if engine else "reference"
+    result = result_header("syncs", base, workload, model, environment_record(device),
+                           engine.levers.names() if engine else [], label, args.mode)
+    result["syncs"] = rep
+    _write(result, args.json)
+    return 0
+
+
+# --------------------------------------------------------------------------- doctor
+
+
+def cmd_doctor(args) -> int:
+    from rich.table import Table
+
+    from vlaperf.profile.doctor import doctor, exit_code
+    from vlaperf.timing import environment_record
+
+    if args.workload is None and args.checkpoint is None:
+        device = torch.device(args.device) if args.device else None
+        findings = doctor(device=device, measure=not args.no_measure)
+        base = workload = model = None
+        device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
+    else:
+        base, workload, model, device = setup(args)
+        engine = _levers_or_error(model, args.levers)
+        findings = doctor(model, engine=engine, workload=workload, measure=not args.no_measure)
+    t = Table(title=f"vlaperf doctor  {workload.id if workload else 'environment only'}  ({device})", show_lines=True)
+    for col in ("severity", "finding", "cost ms", "fix"):
+        t.add_column(col)
+    style = {"error": "bold red", "warning": "yellow", "info": "dim"}
+    for f in findings:
+        t.add_row(f"[{style[f['severity']]}]{f['severity']}[/]", f"{f['title']}\n[dim]{f['detail']}[/]",
+                  f"{f['cost']:.3f}" if f["cost"] is not None else "-", f["fix"] or "")
+    _console().print(t)
+    code = exit_code(findings)
+    if args.json:
+        env = environment_record(device)
+        if model is not None:
+            result = result_header("doctor", base, workload, model, env, [], args.levers, None)
+        else:
+            from vlaperf.report.schema import SCHEMA
+
+            result = {"schema": SCHEMA, "command": "doctor", "workload": {"id": None, "overrides": {}},
+                      "variant": None, "mode": None, "env": env}
+        result["findings"] = findings
+        result["exit_code"] = code
+        _write(result, args.json)
+    return code
+
+
+# --------------------------------------------------------------------------- report
+
+
+def cmd_report(args) -> int:
+    from vlaperf.report.render import render
+
+    missing = [p for p in args.paths if not Path(p).exists()]
+    if missing:
+        raise CliError(f"no such file or directory: {', '.join(missing)}")
+    try:
+        out = render(args.paths, args.output)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    except ImportError as e:
+        raise CliError(f"report needs matplotlib ({e}); pip install matplotlib") from None
+    print(f"wrote {out}")
+    return 0
+
+
+# --------------------------------------------------------------------------- wiring
+
+
+def register(subparsers) -> None:
+    """Add breakdown, scaling, syncs, doctor and report to `vlaperf`'s subparsers."""
+    p = subparsers.add_parser("breakdown", help="per-stage median/p95 of one policy call")
+    add_common(p)
+    p.add_argument("--mode", choices=("model", "policy"), default="model")
+    p.add_argument("--warmup", type=non_negative_int, default=10)
+    p.add_argument("--iters", type=positive_int, default=50)
+    p.add_argument("--trace", default=None, help="also write a Chrome/Perfetto trace of one call here")
+    p.set_defaults(func=cmd_breakdown)
+
+    # add_common's --steps (one step count) is replaced by a list of step counts here.
+    p = subparsers.add_parser("scaling", help="T(N) against denoise steps N, and its line fit",
+                              conflict_handler="resolve")
+    add_common(p)
+    p.add_argument("--steps", dest="steps_list", type=_step_list, default=[1, 2, 5, 10, 20],
+                   help="comma-separated step counts (default 1,2,5,10,20)")
+    p.set_defaults(steps=None)
+    p.add_argument("--levers", default="reference",
+                   help="a variant, or several separated by ';' to compare slopes, e.g. 'reference;for_loop'")
+    p.add_argument("--warmup", type=positive_int, default=3)
+    p.add_argument("--iters", type=positive_int, default=10, help="interleaved rounds")
+    p.add_argument("--plot", default=None, help="write the T(N) plot (PNG) here")
+    p.set_defaults(func=cmd_scaling)
+
+    p = subparsers.add_parser("syncs", help="host-device syncs per policy call, by source line")
+    add_common(p)
+    p.add_argument("--mode", choices=("model", "policy"), default="model")
+    p.add_argument("--calls", type=positive_int, default=2, help="watched calls (after the warm-up)")
+    p.add_argument("--warmup", type=non_negative_int, default=1)
+    p.add_argument("--source", choices=("auto", "cuda", "mode"), default="auto",
+                   help="cuda: torch.cuda sync debug mode; mode: host reads seen by a TorchFunctionMode")
+    p.add_argument("--treat-as-device", choices=("auto", "yes", "no"), default="auto",
+                   help="count host reads of CPU tensors as syncs (auto: on the CPU)")
+    p.set_defaults(func=cmd_syncs)
+
+    p = subparsers.add_parser("doctor", help="environment and policy checks, with measured costs and fixes")
+    add_common(p)
+    p.add_argument("--no-measure", action="store_true", help="skip the cost measurements")
+    p.set_defaults(func=cmd_doctor)
+
+    p = subparsers.add_parser("report", help="render result files into an HTML or markdown report")
+    p.add_argument("paths", nargs="+", help="result JSON files or directories of them")
+    p.add_argument("-o", "--output", default="report.html", help="report.html (self-contained) or report.md")
+    p.set_defaults(func=cmd_report)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="vlaperf", description="vlaperf profiler commands")
+    register(parser.add_subparsers(dest="command", required=True))
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = build_parser()
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except CliError as e:
+        print(f"vlaperf {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,313 @@
+"""`doctor`: what in this environment or this policy costs latency, and how to fix it.
+
+    findings = doctor()                                   # environment only
+    findings = doctor(model, workload="libero-pi0")       # + checks of the reference path
+    findings = doctor(model, engine=Engine(model, "for_loop"), workload="libero-pi0")
+
+Each finding is {id, severity, title, detail, cost, cost_note, fix}:
+  severity  "error" (a measurement or optimization is silently wrong or will fail),
+            "warning" (latency left on the table), "info" (context worth recording)
+  cost      milliseconds per policy call, measured on this device where possible (how is
+            said in cost_note); None where it cannot be measured in isolation
+  fix       a vlaperf lever / switch, or what to change
+
+Environment checks need no model: torch.compile disabled by TORCHDYNAMO_DISABLE /
+TORCH_COMPILE_DISABLE (seed 000 lost 2-3x to this for weeks), no C compiler on PATH
+(inductor fails at the first compiled call: better to know before waiting for it),
+CUDA_LAUNCH_BLOCKING, anomaly detection, the float32 matmul precision / TF32, other
+processes on the GPU and the GPU clocks (nvidia-smi, best effort), torch/CUDA versions.
+Model checks run the actual policy: host syncs per call (vlaperf.profile.syncs), masked
+image slots that are still embedded, padded prompt tokens computed, eager attention where
+SDPA exists, float32 weights on a GPU, per-kernel launch overhead without a CUDA graph.
+"""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+from typing import Any
+
+import torch
+
+SEVERITIES = ("error", "warning", "info")
+
+# Throttle reasons that mean the GPU is slowed down by heat or the hardware (not merely idle
+# or at its power limit under load), from nvidia-smi's clocks_throttle_reasons bitmask.
+_BAD_THROTTLE = {0x8: "HW slowdown", 0x20: "SW thermal slowdown", 0x40: "HW thermal slowdown", 0x80: "HW power brake"}
+
+
+def finding(id: str, severity: str, title: str, detail: str, cost: float | None = None, fix: str | None = None,
+            cost_note: str | None = None) -> dict[str, Any]:
+    assert severity in SEVERITIES, severity
+    return {"id": id, "severity": severity, "title": title, "detail": detail, "cost": cost, "cost_note": cost_note,
+            "fix": fix}
+
+
+def nvidia_smi(args: list[str]) -> str | None:
+    """stdout of `nvidia-smi <args>`, or None when it is missing or fails (tests replace this)."""
+    if shutil.which("nvidia-smi") is None:
+        return None
+    try:
+        out = subprocess.run(["nvidia-smi", *args], capture_output=True, text=True, timeout=10, check=True)
+    except Exception:
+        return None
+    return out.stdout.strip()
+
+
+def _set(var: str) -> bool:
+    return os.environ.get(var, "") not in ("", "0")
+
+
+# ----------------------------------------------------------------- environment
+
+
+def environment_checks(device: torch.device | str | None = None, model_dtype: torch.dtype | None = None) -> list[dict]:
+    device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
+    out = []
+    for var in ("TORCHDYNAMO_DISABLE", "TORCH_COMPILE_DISABLE"):
+        if _set(var):
+            out.append(finding(
+                "env.compile_disabled", "error", f"torch.compile is silently off: {var}={os.environ[var]}",
+                f"{var} makes torch.compile return the function unchanged, with no error: every 'compiled' "
+                "variant runs eager. seed 000's policy server ran 767 ms per call for weeks because of it "
+                "(355 ms with compile, 256 ms with reduce-overhead).",
+                fix=f"unset {var}. If it was set because the machine has no C compiler, install one "
+                    "(e.g. apt-get install gcc) or use the cuda_graph lever, which needs no compiler."))
+    if not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")) and not (os.environ.get("CC") and shutil.which(os.environ["CC"])):
+        out.append(finding(
+            "env.no_c_compiler", "error", "no C compiler on PATH: torch.compile (inductor) will fail",
+            "inductor builds a C launcher for its kernels (and the kernels themselves on the CPU); without "
+            "cc/gcc/clang the first compiled call fails after tracing, i.e. after you have waited for it. "
+            "vlaperf's compile lever refuses to start here (vlaperf.engine.compile.compile_blockers).",
+            fix="install a C compiler (apt-get install gcc / build-essential) or set CC; or use the cuda_graph "
+                "lever (CUDA graphs need no compiler). Do not 'fix' it with TORCHDYNAMO_DISABLE=1."))
+    if _set("CUDA_LAUNCH_BLOCKING"):
+        out.append(finding(
+            "env.cuda_launch_blocking", "error", f"CUDA_LAUNCH_BLOCKING={os.environ['CUDA_LAUNCH_BLOCKING']}",
+            "every kernel launch waits for the kernel to finish: the host never runs ahead of the GPU, "
+            "so each launch adds its full latency. A debugging switch, never for timing.",
+            fix="unset CUDA_LAUNCH_BLOCKING"))
+    if torch.is_anomaly_enabled():
+        out.append(finding("env.anomaly_detection", "warning", "autograd anomaly detection is on",
+                           "torch.autograd.set_detect_anomaly(True) adds checks to every op.",
+                           fix="torch.autograd.set_detect_anomaly(False)"))
+    precision = torch.get_float32_matmul_precision()
+    tf32 = bool(torch.backends.cuda.matmul.allow_tf32)
+    detail = f"torch.get_float32_matmul_precision() = {precision!r}, backends.cuda.matmul.allow_tf32 = {tf32}"
+    if device.type == "cuda" and model_dtype == torch.float32 and precision == "highest":
+        out.append(finding("env.matmul_precision", "warning", "float32 matmuls without TF32 on a GPU",
+                           detail + "; the model is float32, so its matmuls run at the full-precision FP32 rate.",
+                           fix="run the model in bfloat16 (--dtype bfloat16), or accept TF32 numerics with "
+                               "torch.set_float32_matmul_precision('high') (check equivalence first)"))
+    else:
+        out.append(finding("env.matmul_precision", "info", f"float32 matmul precision: {precision}",
+                           detail + (" (matters only for float32 matmuls)" if device.type == "cuda" else "")))
+    out += _gpu_checks(device)
+    out.append(_versions(device))
+    relevant = {k: v for k, v in os.environ.items()
+                if k.startswith(("TORCHINDUCTOR_", "TORCH_LOGS", "PYTORCH_CUDA_ALLOC_CONF", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"))}
+    if relevant:
+        out.append(finding("env.variables", "info", "environment variables that change torch's behaviour",
+                           ", ".join(f"{k}={v}" for k, v in sorted(relevant.items()))))
+    return out
+
+
+def _gpu_checks(device: torch.device) -> list[dict]:
+    if device.type != "cuda":
+        return []
+    out = []
+    apps = nvidia_smi(["--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits"])
+    if apps is None:
+        out.append(finding("env.gpu_processes", "info", "could not list GPU processes",
+                           "nvidia-smi is missing or failed; other tenants on the GPU cannot be ruled out."))
+    else:
+        others = []
+        for line in apps.splitlines():
+            parts = [p.strip() for p in line.split(",")]
+            if len(parts) >= 2 and parts[0].isdigit() and int(parts[0]) != os.getpid():
+                others.append(f"pid {parts[0]} {parts[1]}" + (f" ({parts[2]} MiB)" if len(parts) > 2 else ""))
+        if others:
+            out.append(finding("env.gpu_processes", "warning", f"{len(others)} other process(es) on the GPU",
+                               "; ".join(others) + ". They compete for SMs and memory bandwidth: numbers will be "
+                               "slower and noisier than on an idle GPU.",
+                               fix="time on an idle GPU (or say in the report that it was shared)"))
+    for field in ("clocks_throttle_reasons.active", "clocks_event_reasons.active"):
+        q = nvidia_smi([f"--query-gpu=index,name,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,temperature.gpu,"
+                        f"power.draw,power.limit,{field}", "--format=csv,noheader,nounits"])
+        if q:
+            break
+    if q:
+        for line in q.splitlines():
+            p = [x.strip() for x in line.split(",")]
+            if len(p) < 10:
+                continue
+            detail = (f"GPU {p[0]} {p[1]}: SM {p[2]}/{p[3]} MHz, memory {p[4]}/{p[5]} MHz, {p[6]} C, "
+                      f"{p[7]}/{p[8]} W, throttle reasons {p[9]} (clocks are low while idle; read under load)")
+            try:
+                bits = int(p[9], 16)
+            except ValueError:
+                bits = 0
+            bad = [name for bit, name in _BAD_THROTTLE.items() if bits & bit]
+            if bad:
+                out.append(finding("env.gpu_clocks", "warning", f"GPU {p[0]} is throttled: {', '.join(bad)}", detail,
+                                   fix="cool the GPU / check power; numbers taken now are slower than the hardware"))
+            else:
+                out.append(finding("env.gpu_clocks", "info", f"GPU {p[0]} clocks", detail))
+    return out
+
+
+def _versions(device: torch.device) -> dict:
+    cuda = torch.version.cuda
+    parts = [f"torch {torch.__version__}", f"CUDA {cuda or 'none (CPU build)'}"]
+    try:
+        cudnn = torch.backends.cudnn.version()
+    except Exception:
+        cudnn = None
+    if cudnn:
+        parts.append(f"cuDNN {cudnn}")
+    driver = nvidia_smi(["--query-gpu=driver_version", "--format=csv,noheader"])
+    if driver:
+        parts.append(f"driver {driver.splitlines()[0].strip()}")
+    if torch.cuda.is_available():
+        parts.append("GPUs: " + ", ".join(torch.cuda.get_device_name(i) for i in range(torch.cuda.device_count())))
+    parts.append(f"{torch.get_num_threads()} CPU threads")
+    if device.type == "cuda" and not torch.cuda.is_available():
+        return finding("env.versions", "error", "CUDA requested but not available", "; ".join(parts),
+                       fix="install a CUDA build of torch matching the driver, or run on the CPU")
+    return finding("env.versions", "info", "versions", "; ".join(parts))
+
+
+# ----------------------------------------------------------------- model
+
+
+def _median_ms(fn, device, iters: int = 5) -> float:
+    from vlaperf.timing import time_calls
+
+    return float(time_calls(fn, device=device, warmup=2, iters=iters, progress=False)["timers"]["wall_ms"]["median"])
+
+
+@torch.no_grad()
+def model_checks(model, engine=None, workload=None, measure: bool = True, seed: int = 0) -> list[dict]:
+    """Checks of one pi0 policy path (the reference `model.sample_actions`, or `engine`)."""
+    from vlaperf.engine.levers import Levers
+    from vlaperf.inputs import Observation, random_noise, random_observation
+    from vlaperf.profile.syncs import count_syncs, measure_sync_cost_ms
+    from vlaperf.workloads import WORKLOADS, get_workload
+
+    device = model.action_in_proj.weight.device
+    if workload is None:
+        matches = [w for w in WORKLOADS.values() if w.preset == model.config.name]
+        if not matches:
+            raise ValueError(f"doctor: pass a workload for model preset {model.config.name!r}")
+        workload = matches[0]
+    elif isinstance(workload, str):
+        workload = get_workload(workload)
+    levers = engine.levers if engine is not None else Levers()
+    path = f"engine {engine.name}" if engine is not None else "reference sample_actions"
+    sample = engine.sample_actions if engine is not None else model.sample_actions
+    obs = random_observation(workload, model.config, device, seed=seed)
+    noise = random_noise(workload, model.config, device, seed=seed)
+    steps = workload.steps
+    out = []
+
+    # host syncs
+    rep = count_syncs(lambda: sample(obs, noise, steps), device=device, calls=1, warmup=1)
+    if rep["per_call"] > 0:
+        per_sync = measure_sync_cost_ms(device) if measure else None
+        cost = per_sync * rep["per_call"] if per_sync is not None else None
+        sites = "; ".join(f"{s['per_call']:g}x {s['location']} {s['op']}: {s['code']}" for s in rep["sites"][:5])
+        in_loop = any("while" in (s["code"] or "") for s in rep["sites"])
+        out.append(finding(
+            "model.host_syncs", "warning", f"{rep['per_call']:g} host syncs per call ({path})",
+            f"{sites}. " + (rep["note"] or ""),
+            cost=cost,
+            cost_note=(f"estimate: {rep['per_call']:g} syncs x {per_sync:.4f} ms measured round trip of a tiny kernel "
+                       "+ 1-element read on this GPU") if cost is not None else "not measurable on the CPU (no device to wait for)",
+            fix=("lever for_loop (a Python for over the precomputed schedule)" if in_loop and not levers.for_loop
+                 else "remove the host reads at the listed lines (keep decisions on the host, e.g. host metadata)")))
+    else:
+        out.append(finding("model.host_syncs", "info", f"no host syncs inside the call ({path})", rep["note"] or ""))
+
+    # masked image slots still embedded
+    masked = [s for s, v in enumerate(workload.image_valid) if not v]
+    if masked and not levers.skip_masked_images:
+        cost = None
+        if measure:
+            s0 = masked[0]
+            cost = _median_ms(lambda: model.embed_image(obs.images[:, s0]), device) * len(masked)
+        out.append(finding(
+            "model.masked_images_embedded", "warning",
+            f"{len(masked)} masked image slot(s) embedded anyway (slot {', '.join(map(str, masked))})",
+            f"workload {workload.id}: image_mask is False for slot(s) {masked} in every sample, yet {path} runs the "
+            f"vision tower on them ({model.config.vision.num_patches} tokens each) and keeps their tokens in the "
+            "prefix, where every valid token then skips them.",
+            cost=cost, cost_note="measured: median of one model.embed_image call on the masked slot, x slots" if cost is not None else None,
+            fix="lever skip_masked_images"))
+
+    # padded prompt tokens
+    valid = max(workload.prompt_valid)
+    padded = workload.prompt_slots - valid
+    if padded > 0 and not levers.trim_prompt_padding:
+        cost, note = None, None
+        if measure:
+            prefix, pad, att = model.embed_prefix(obs)
+            trimmed = Observation(obs.images, obs.image_mask, obs.tokens[:, :valid], obs.token_mask[:, :valid], obs.state)
+            tp, tpad, tatt = model.embed_prefix(trimmed)
+            full_ms = _median_ms(lambda: model.prefill(prefix, pad, att), device)
+            trim_ms = _median_ms(lambda: model.prefill(tp, tpad, tatt), device)
+            cost = max(full_ms - trim_ms, 0.0)
+            note = f"measured: model.prefill over the full prefix {full_ms:.3f} ms - over the trimmed prefix {trim_ms:.3f} ms (denoise steps also attend to the padding: not included)"
+        share = padded / (prefix_len := workload.prompt_slots + model.config.vision.num_patches * workload.image_slots)
+        out.append(finding(
+            "model.padded_prompt", "warning" if share >= 0.05 else "info",
+            f"{padded} padded prompt tokens computed per sample ({workload.prompt_slots} slots, {valid} valid)",
+            f"the prefix holds {prefix_len} tokens of which {padded} are prompt padding ({100 * share:.1f}%); they go "
+            "through every backbone layer and every denoise step attends over them.",
+            cost=cost, cost_note=note, fix="lever trim_prompt_padding"))
+
+    # eager attention
+    if not levers.sdpa and hasattr(torch.nn.functional, "scaled_dot_product_attention"):
+        out.append(finding(
+            "model.eager_attention", "warning" if device.type == "cuda" else "info",
+            "eager softmax attention while SDPA is available",
+            f"{path} materialises the (T x T) scores in float32 and soft-maxes them; "
+            "torch.nn.functional.scaled_dot_product_attention has fused flash / memory-efficient kernels.",
+            fix="lever sdpa"))
+
+    # float32 weights on a GPU
+    if device.type == "cuda" and model.dtype == torch.float32:
+        out.append(finding(
+            "model.fp32_on_gpu", "warning", "float32 transformer weights on a GPU",
+            "openpi and LeRobot run the transformers in bfloat16 on GPUs; float32 halves the tensor-core rate "
+            "and doubles the weight traffic of every memory-bound denoise step.",
+            fix="--dtype bfloat16 (vlaperf.models.pi0.build_model's default on cuda)"))
+
+    # launch overhead
+    if device.type == "cuda" and not levers.cuda_graph and not levers.compile:
+        out.append(finding(
+            "model.launch_overhead", "info", "every kernel is launched from Python",
+            "without a CUDA graph each of the call's kernels pays host launch latency; small denoise steps are "
+            "often launch-bound.",
+            fix="lever cuda_graph (needs for_loop), or compile=reduce-overhead"))
+    return out
+
+
+def doctor(model=None, engine=None, workload=None, device: torch.device | str | None = None, *,
+           measure: bool = True) -> list[dict]:
+    """Environment checks, plus model checks when a model (or an engine) is given.
+    Findings are sorted errors first. See the module docstring for the fields."""
+    if engine is not None and model is None:
+        model = engine.model
+    if model is not None:
+        device = model.action_in_proj.weight.device
+    out = environment_checks(device, model.dtype if model is not None else None)
+    if model is not None:
+        out += model_checks(model, engine, workload, measure=measure)
+    order = {s: i for i, s in enumerate(SEVERITIES)}
+    return sorted(out, key=lambda f: order[f["severity"]])
+
+
+def exit_code(findings: list[dict]) -> int:
+    """The CLI's exit status: 1 if any finding is an error, else 0."""
+    return 1 if any(f["severity"] == "error" for f in findings) else 0

@@ -1,0 +1,405 @@
+"""Hidden host-device synchronizations per policy call, with the source line of each.
+
+A policy call should queue its whole computation on the device and synchronize once, when
+the caller reads the actions. Every other host read of device data (bool() of a device
+tensor in a `while`, .item(), .tolist(), .cpu(), a boolean-mask index, .nonzero(), ...)
+stalls the host until the device has drained its queue, then leaves the device idle while
+the host launches the next kernels. seed 004's `while time >= -dt / 2` did that N + 1
+times per call; seed 000 suspected a per-forward `.nonzero()`.
+
+Two counters, one interface (`SyncCounter`: a context manager collecting `SyncEvent`s):
+
+- `HostReadMode` (any device): a `torch.overrides.TorchFunctionMode` that sees every torch
+  call made from Python and records those that read tensor data on the host when the
+  tensor lives on the watched device. On the CPU such reads are not syncs, so
+  `treat_as_device=True` pretends the CPU is the device: tensors the code explicitly puts
+  on the device (factory calls with a device argument, and everything computed from
+  those and from the inputs) count, while tensors created on the host without a device
+  argument (e.g. `torch.tensor(x).item()` of a Python constant) and their descendants do
+  not, as on a GPU. With the CPU standing in for the device, `.to(<cpu device>)` is taken
+  as placing data on the device and only `.cpu()` as reading it back. It sees only what
+  Python calls; a sync inside a C++ op is invisible.
+- `CudaSyncCounter` (CUDA): `torch.cuda.set_sync_debug_mode("warn")` makes every
+  synchronizing CUDA call warn; the counter catches the warnings as they are raised and
+  walks the Python stack to the first frame outside torch. It sees every sync, from C++
+  too. Its mode setter/getter are injectable, so the warning handling is testable on CPU.
+
+Attribution: the first stack frame outside torch, outside this module and outside the
+`warnings` machinery: file, line, function and the code of that line.
+"""
+
+from __future__ import annotations
+
+import linecache
+import os
+import sys
+import time
+import warnings
+import weakref
+from collections import Counter
+from dataclasses import dataclass
+from typing import Any, Callable
+
+import torch
+from torch.overrides import TorchFunctionMode
+
+CUDA_SYNC_MESSAGE = "called a synchronizing CUDA operation"
+
+_TORCH_DIR = os.path.dirname(torch.__file__) + os.sep
+_THIS_FILE = os.path.abspath(__file__)
+_SKIP_FILES = {os.path.abspath(warnings.__file__), _THIS_FILE}
+
+
+@dataclass(frozen=True)
+class SyncEvent:
+    op: str  # the torch call (e.g. "Tensor.__bool__") or "cuda sync" for the CUDA counter
+    kind: str  # "host_read" | "cuda_sync" | "host_to_device"
+    file: str | None
+    line: int | None
+    function: str | None
+    code: str | None
+
+
+def user_frame(skip_files: set[str] | None = None):
+    """The innermost Python frame that is not torch, this module or the warnings module."""
+    skip = _SKIP_FILES | (skip_files or set())
+    f = sys._getframe(1)
+    while f is not None:
+        fn = os.path.abspath(f.f_code.co_filename)
+        if not (fn.startswith(_TORCH_DIR) or fn in skip or fn.startswith("<frozen")):
+            return f
+        f = f.f_back
+    return None
+
+
+def _event(op: str, kind: str) -> SyncEvent:
+    f = user_frame()
+    if f is None:
+        return SyncEvent(op, kind, None, None, None, None)
+    fn, line = f.f_code.co_filename, f.f_lineno
+    return SyncEvent(op, kind, fn, line, f.f_code.co_name, linecache.getline(fn, line).strip() or None)
+
+
+# ----------------------------------------------------------------- host reads (TorchFunctionMode)
+
+
+def _name(func) -> str:
+    qual = getattr(func, "__qualname__", None) or getattr(func, "__name__", None) or repr(func)
+    return qual.replace("TensorBase.", "Tensor.").replace("_VariableFunctionsClass.", "torch.")
+
+
+# Methods that hand tensor data to Python.
+# (.numpy() / __array__ are absent: on a GPU tensor they raise, so working code reads
+# through .cpu() first, and that is where the sync is counted.)
+_READ_METHODS = {"__bool__", "__int__", "__float__", "__index__", "__complex__", "item", "tolist",
+                 "__repr__", "__str__", "__format__"}
+# Ops whose output size depends on the data (the host must read it to allocate the output).
+_DATA_DEPENDENT = {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "_unique", "_unique2",
+                   "equal", "allclose", "is_nonzero", "bincount"}
+_INDEX_OPS = {"__getitem__", "__setitem__", "index_put", "index_put_", "index"}
+_COPY_OPS = {"to", "cpu", "copy_", "cuda", "type"}
+_FACTORIES = {"tensor", "as_tensor", "scalar_tensor", "zeros", "ones", "empty", "full", "arange", "range", "linspace",
+              "logspace", "eye", "rand", "randn", "randint", "randperm", "from_numpy", "empty_strided", "tril_indices",
+              "triu_indices", "normal", "frombuffer"}
+
+
+def _tensors(obj, out: list) -> list:
+    if isinstance(obj, torch.Tensor):
+        out.append(obj)
+    elif isinstance(obj, (list, tuple)):
+        for x in obj:
+            _tensors(x, out)
+    elif isinstance(obj, dict):
+        for x in obj.values():
+            _tensors(x, out)
+    return out
+
+
+def _target_device(args, kwargs) -> torch.device | None:
+    """Destination device of Tensor.to(...) / .cuda(...) arguments, if one is named."""
+    cand = kwargs.get("device")
+    if cand is None:
+        for a in args:
+            if isinstance(a, (str, torch.device)) and not isinstance(a, torch.dtype):
+                cand = a
+                break
+            if isinstance(a, torch.Tensor):
+                cand = a.device
+                break
+    if cand is None:
+        return None
+    try:
+        return torch.device(cand)
+    except (RuntimeError, TypeError):
+        return None
+
+
+class HostReadMode(TorchFunctionMode):
+    """Records host reads of data on `device` (see the module docstring).
+
+    device: the device whose tensors count ("cuda" matches any cuda:N).
+    treat_as_device: count CPU tensors as device tensors (tests and CPU runs); host-born
+                     tensors (created without a device argument) still do not count.
+    """
+
+    kind = "host_read"
+
+    def __init__(self, device: torch.device | str = "cuda", treat_as_device: bool = False):
+        super().__init__()
+        self.device = torch.device(device)
+        self.treat_as_device = treat_as_device
+        if self.device.type == "cpu" and not treat_as_device:
+            self.watch = None  # CPU tensors are host memory: nothing to watch
+        else:
+            self.watch = self.device.type
+        self.events: list[SyncEvent] = []
+        self._host: dict[int, weakref.ref] = {}
+
+    # -- host-born bookkeeping (only matters when the watched device is the CPU)
+
+    def _is_host_born(self, t: torch.Tensor) -> bool:
+        r = self._host.get(id(t))
+        return r is not None and r() is t
+
+    def _tag_host(self, t: torch.Tensor) -> None:
+        key = id(t)
+
+        def drop(ref, key=key, table=self._host):
+            if table.get(key) is ref:
+                del table[key]
+
+        try:
+            self._host[key] = weakref.ref(t, drop)
+        except TypeError:
+            pass
+
+    def _untag(self, t: torch.Tensor) -> None:
+        self._host.pop(id(t), None)
+
+    def on_device(self, t: torch.Tensor) -> bool:
+        if self.watch is None or t.device.type != self.watch:
+            return False
+        return not (self.watch == "cpu" and self._is_host_born(t))
+
+    # -- the mode
+
+    def __torch_function__(self, func, types, args=(), kwargs=None):
+        kwargs = kwargs or {}
+        name = getattr(func, "__name__", "")
+        ins = _tensors(args, []) + _tensors(kwargs, [])
+        read = self._classify(name, args, kwargs, ins)
+        if read is not None:
+            self.events.append(_event(_name(func), read))
+        out = func(*args, **kwargs)
+        if self.watch == "cpu":
+            self._propagate(name, args, kwargs, ins, out)
+        return out
+
+    def _classify(self, name, args, kwargs, ins) -> str | None:
+        if self.watch is None:
+            return None
+        dev_in = [t for t in ins if self.on_device(t)]
+        if name in _READ_METHODS or name in _DATA_DEPENDENT:
+            return "host_read" if dev_in else None
+        if name == "where" and len(args) == 1 and not kwargs:  # torch.where(cond) == nonzero
+            return "host_read" if dev_in else None
+        if name == "repeat_interleave" and len(ins) >= 2 and kwargs.get("output_size") is None:
+            return "host_read" if dev_in else None  # tensor repeats: output size read on the host
+        if name in _INDEX_OPS:
+            idx = _tensors(args[1:2], [])
+            if any(t.dtype == torch.bool for t in idx) and dev_in:
+                return "host_read"  # boolean-mask indexing runs nonzero on the mask
+            return None
+        if name in _COPY_OPS and ins and self.on_device(ins[0]) and name != "copy_":
+            if name == "cpu":
+                return "host_read"
+            target = _target_device(args[1:], kwargs)
+            # With the CPU standing in for the device, .to(cpu) is how code places data on
+            # "the device" (e.g. .to(self.device)); only .cpu() reads it back.
+            if target is not None and target.type == "cpu" and self.watch != "cpu":
+                return "host_read"
+            return None
+        if name == "copy_" and len(ins) >= 2:
+            dst, src = ins[0], ins[1]
+            if self.on_device(src) and dst.device.type == "cpu" and not self.on_device(dst):
+                return "host_read"
+        return None
+
+    def _propagate(self, name, args, kwargs, ins, out) -> None:
+        """CPU-as-device bookkeeping: which outputs are host-born."""
+        outs = _tensors(out, [])
+        if not outs:
+            return
+        fresh = [t for t in outs if not any(t is x for x in ins)]
+        if name in ("cpu", "numpy"):
+            for t in fresh:
+                self._tag_host(t)  # host copies of device data
+            return
+        if name in ("to", "cuda"):
+            target = _target_device(args[1:], kwargs) if name == "to" else torch.device("cuda")
+            if target is not None:
+                for t in fresh:
+                    if target.type == "cpu" and ins and self.on_device(ins[0]):
+                        self._tag_host(t)
+                    else:
+                        self._untag(t)  # explicitly placed on the device
+                return
+        if name in _FACTORIES:
+            host = kwargs.get("device") is None
+            if name == "tensor" or name == "as_tensor":
+                host = host and not _tensors(args[:1], [])
+        elif name.endswith("_like") or ins:
+            host = bool(ins) and all(self._is_host_born(t) for t in ins)
+        else:
+            host = kwargs.get("device") is None
+        if host:
+            for t in fresh:
+                self._tag_host(t)
+
+
+# ----------------------------------------------------------------- CUDA sync debug mode
+
+
+class CudaSyncCounter:
+    """Counts synchronizing CUDA calls via torch.cuda.set_sync_debug_mode("warn").
+
+    `set_mode` / `get_mode` default to torch.cuda's; pass fakes to exercise the warning
+    handling without a GPU (the fake emits warnings.warn(CUDA_SYNC_MESSAGE))."""
+
+    kind = "cuda_sync"
+
+    def __init__(self, set_mode: Callable | None = None, get_mode: Callable | None = None):
+        self._set = set_mode or torch.cuda.set_sync_debug_mode
+        self._get = get_mode or torch.cuda.get_sync_debug_mode
+        self.events: list[SyncEvent] = []
+        self._cw = None
+
+    def __enter__(self) -> "CudaSyncCounter":
+        self._prev_mode = self._get()
+        self._cw = warnings.catch_warnings()
+        self._cw.__enter__()
+        warnings.filterwarnings("always", message=".*" + CUDA_SYNC_MESSAGE)
+        self._prev_show = warnings.showwarning
+        warnings.showwarning = self._on_warning
+        self._set("warn")
+        return self
+
+    def __exit__(self, *exc) -> None:
+        try:
+            self._set(self._prev_mode)
+        finally:
+            self._cw.__exit__(*exc)
+            self._cw = None
+
+    def _on_warning(self, message, category, filename, lineno, file=None, line=None):
+        if CUDA_SYNC_MESSAGE in str(message):
+            self.events.append(_event("cuda sync", "cuda_sync"))
+        else:
+            self._prev_show(message, category, filename, lineno, file, line)
+
+
+# ----------------------------------------------------------------- reports
+
+
+def group_events(events: list[SyncEvent], calls: int = 1) -> list[dict[str, Any]]:
+    """Events grouped by (file, line, op), most frequent first, with counts per call."""
+    counts = Counter((e.file, e.line, e.function, e.code, e.op, e.kind) for e in events)
+    sites = []
+    for (file, line, function, code, op, kind), n in counts.most_common():
+        sites.append({"file": file, "line": line, "location": _short(file, line), "function": function, "code": code,
+                      "op": op, "kind": kind, "count": n, "per_call": n / calls})
+    return sites
+
+
+def _short(file: str | None, line: int | None) -> str:
+    if file is None:
+        return "<unknown>"
+    path = os.path.abspath(file)
+    for root in (os.getcwd(), os.path.dirname(os.path.dirname(_THIS_FILE)) + "/.."):
+        root = os.path.abspath(root) + os.sep
+        if path.startswith(root):
+            path = path[len(root):]
+            break
+    return f"{path}:{line}"
+
+
+def make_counter(source: str, device: torch.device, treat_as_device: bool):
+    if source == "cuda":
+        return CudaSyncCounter()
+    if source == "mode":
+        return HostReadMode(device, treat_as_device=treat_as_device)
+    raise ValueError(f"unknown sync source {source!r}; expected 'cuda' or 'mode'")
+
+
+def count_syncs(fn: Callable[[], Any], *, device: torch.device | str = "cuda", calls: int = 1, warmup: int = 1,
+                source: str = "auto", treat_as_device: bool | None = None, counter=None,
+                expected_per_call: int = 0) -> dict[str, Any]:
+    """Run `fn` (one policy call) `calls` times after `warmup` unwatched calls; count the
+    synchronizations and group them by source line.
+
+    source: "auto" (CUDA device -> the sync debug mode; otherwise the host-read mode),
+    "cuda", or "mode". treat_as_device (host-read mode): default True on the CPU (else
+    nothing could count) and False elsewhere. `counter`: any SyncCounter to use instead.
+    expected_per_call: syncs the call needs by design (policy mode: 1, reading the actions).
+    Returns {"source", "device", "treat_as_device", "calls", "total", "per_call",
+    "expected_per_call", "hidden_per_call", "sites", "note"}; per_call = total / calls.
+    """
+    device = torch.device(device)
+    if source == "auto":
+        source = "cuda" if device.type == "cuda" else "mode"
+    if treat_as_device is None:
+        treat_as_device = device.type == "cpu"
+    for _ in range(warmup):
+        fn()
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    counter = counter or make_counter(source, device, treat_as_device)
+    with counter:
+        for _ in range(calls):
+            fn()
+    events = [e for e in counter.events if e.kind != "host_to_device"]
+    sites = group_events(events, calls)
+    note = None
+    if source == "mode" and treat_as_device and device.type == "cpu":
+        note = ("counted on the CPU as if it were the device: each host read listed here would be a "
+                "host-device sync on a GPU (tensors created on the host without a device argument excluded)")
+    elif source == "mode":
+        note = "host reads made from Python only; syncs inside C++ ops are not seen (use source='cuda')"
+    return {"source": getattr(counter, "kind", source), "device": str(device), "treat_as_device": treat_as_device,
+            "calls": calls, "total": len(events), "per_call": len(events) / calls,
+            "expected_per_call": expected_per_call, "hidden_per_call": max(len(events) / calls - expected_per_call, 0),
+            "sites": sites, "note": note}
+
+
+def measure_sync_cost_ms(device: torch.device | str, iters: int = 50) -> float | None:
+    """Round trip of one tiny kernel plus a 1-element device-to-host read, median ms.
+
+    This is the idle time one sync inside a call adds, about (the device drains, the host
+    wakes up, the next launch reaches the device). None on the CPU (no device to wait for).
+    """
+    device = torch.device(device)
+    if device.type != "cuda":
+        return None
+    x = torch.zeros(1, device=device)
+    samples = []
+    for i in range(iters + 5):
+        torch.cuda.synchronize(device)
+        t0 = time.perf_counter()
+        (x + 1).item()
+        t1 = time.perf_counter()
+        if i >= 5:
+            samples.append((t1 - t0) * 1e3)
+    samples.sort()
+    return samples[len(samples) // 2]
+
+
+def format_syncs(report: dict[str, Any], limit: int = 12) -> str:
+    lines = [f"{report['per_call']:g} host syncs per call ({report['source']}, {report['device']}, "
+             f"{report['calls']} call{'s' if report['calls'] != 1 else ''})"]
+    if report.get("expected_per_call"):
+        lines[0] += f"; {report['expected_per_call']} expected (reading the actions), {report['hidden_per_call']:g} hidden"
+    for s in report["sites"][:limit]:
+        lines.append(f"  {s['per_call']:6g}/call  {s['location']}  {s['op']}  | {s['code'] or ''}")
+    if report.get("note"):
+        lines.append("  note: " + report["note"])
+    return "\n".join(lines)

@@ -1,0 +1,523 @@
+"""`render(result_paths, out_path)`: vlaperf result files -> one readable report.
+
+    render(["results/bench_ref.json", "results/matrix.json"], "report.html")   # self-contained
+    render(["results/"], "report.md")                # markdown + PNGs in report_files/
+
+Reads result files of schema vlaperf.result/1 (commands bench, matrix, check, breakdown,
+scaling, syncs, doctor; a directory stands for the *.json files in it) and writes:
+- bench: a latency histogram per variant and one CDF of all of them (raw samples),
+  and the summary table (with the roofline floor when the file has one);
+- matrix: the table (median, p95, speedup with its p10..p90 spread, equivalence), a
+  heatmap of speedup per variant x lever, and per-variant latency CDFs drawn from the
+  summary percentiles (matrix files keep summaries, not raw samples; the plot says so);
+- check: the equivalence table;
+- breakdown: a stage bar chart (median, p95 whisker), the table and the coverage statement;
+- scaling: T(N) points and fitted lines, the fit table;
+- syncs / doctor: their tables;
+- the environment of every file (identical environments share a column).
+HTML embeds the plots as base64 PNG and needs no server or script; markdown writes
+the PNGs into "<name>_files/" beside it. Plots need matplotlib (`pip install matplotlib`).
+"""
+
+from __future__ import annotations
+
+import base64
+import datetime
+import html
+import io
+import json
+import math
+from pathlib import Path
+from typing import Any
+
+from vlaperf.report.schema import SchemaError, validate_result
+
+_ABBR = {"for_loop": "loop", "skip_masked_images": "skipimg", "trim_prompt_padding": "trim", "static_kv_cache": "kv",
+         "sdpa": "sdpa", "fuse_projections": "fuse", "cuda_graph": "graph"}
+_LEVER_ORDER = ("for_loop", "skip_masked_images", "trim_prompt_padding", "static_kv_cache", "sdpa", "fuse_projections",
+                "cuda_graph", "compile")
+_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
+
+
+# ----------------------------------------------------------------- document model
+
+
+class _Doc:
+    """Blocks of a report, written out as HTML or markdown at the end."""
+
+    def __init__(self):
+        self.blocks: list[tuple] = []
+        self.images = 0
+
+    def h(self, level: int, text: str) -> None:
+        self.blocks.append(("h", level, text))
+
+    def p(self, text: str, cls: str = "") -> None:
+        self.blocks.append(("p", text, cls))
+
+    def table(self, headers: list[str], rows: list[list[Any]]) -> None:
+        self.blocks.append(("table", headers, rows))
+
+    def fig(self, fig, alt: str) -> None:
+        buf = io.BytesIO()
+        fig.savefig(buf, format="png")
+        self.images += 1
+        self.blocks.append(("img", f"fig{self.images:02d}", buf.getvalue(), alt))
+
+    def pre(self, text: str) -> None:
+        self.blocks.append(("pre", text))
+
+    # -- writers
+
+    def html(self, title: str) -> str:
+        out = [
+            "<!DOCTYPE html>", "<html lang='en'><head><meta charset='utf-8'>", f"<title>{html.escape(title)}</title>",
+            "<style>body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1200px;margin:2em auto;"
+            "padding:0 1em;color:#222}table{border-collapse:collapse;margin:.5em 0 1.2em;font-size:13px}"
+            "th,td{border:1px solid #ccc;padding:3px 7px;text-align:right;vertical-align:top}"
+            "th{background:#f2f2f2}td:first-child,th:first-child{text-align:left}img{max-width:100%;display:block;"
+            "margin:.5em 0}h2{border-bottom:2px solid #ddd;padding-bottom:.2em;margin-top:2em}.note{color:#555;"
+            "font-size:13px}.warn{color:#a33}pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:12px}"
+            "</style></head><body>",
+            f"<h1>{html.escape(title)}</h1>",
+        ]
+        for b in self.blocks:
+            kind = b[0]
+            if kind == "h":
+                out.append(f"<h{b[1]}>{html.escape(b[2])}</h{b[1]}>")
+            elif kind == "p":
+                cls = f" class='{b[2]}'" if b[2] else ""
+                out.append(f"<p{cls}>{html.escape(b[1])}</p>")
+            elif kind == "pre":
+                out.append(f"<pre>{html.escape(b[1])}</pre>")
+            elif kind == "table":
+                out.append("<table><thead><tr>" + "".join(f"<th>{html.escape(str(x))}</th>" for x in b[1]) + "</tr></thead><tbody>")
+                for row in b[2]:
+                    out.append("<tr>" + "".join(f"<td>{html.escape(_cell(x))}</td>" for x in row) + "</tr>")
+                out.append("</tbody></table>")
+            elif kind == "img":
+                data = base64.b64encode(b[2]).decode("ascii")
+                out.append(f"<img alt='{html.escape(b[3])}' src='data:image/png;base64,{data}'>")
+        out.append("</body></html>")
+        return "\n".join(out) + "\n"
+
+    def markdown(self, title: str, out_path: Path) -> str:
+        files_dir = out_path.with_name(out_path.stem + "_files")
+        lines = [f"# {title}", ""]
+        for b in self.blocks:
+            kind = b[0]
+            if kind == "h":
+                lines += ["#" * (b[1] + 1 if b[1] == 1 else b[1]) + " " + b[2], ""]
+            elif kind == "p":
+                lines += [("_" + b[1] + "_") if b[2] == "note" else b[1], ""]
+            elif kind == "pre":
+                lines += ["```", b[1], "```", ""]
+            elif kind == "table":
+                lines.append("| " + " | ".join(_md(x) for x in b[1]) + " |")
+                lines.append("|" + "|".join("---" for _ in b[1]) + "|")
+                for row in b[2]:
+                    lines.append("| " + " | ".join(_md(_cell(x)) for x in row) + " |")
+                lines.append("")
+            elif kind == "img":
+                files_dir.mkdir(parents=True, exist_ok=True)
+                name = f"{b[1]}.png"
+                (files_dir / name).write_bytes(b[2])
+                lines += [f"![{b[3]}]({files_dir.name}/{name})", ""]
+        return "\n".join(lines)
+
+
+def _cell(x: Any) -> str:
+    if x is None:
+        return "-"
+    if isinstance(x, bool):
+        return "yes" if x else "no"
+    if isinstance(x, float):
+        if math.isnan(x):
+            return "nan"
+        if x == 0:
+            return "0"
+        a = abs(x)
+        if a >= 100:
+            return f"{x:.1f}"
+        if a >= 1:
+            return f"{x:.3f}"
+        return f"{x:.3g}"
+    if isinstance(x, (dict, list)):
+        return json.dumps(x, default=str)
+    return str(x)
+
+
+def _md(text: str) -> str:
+    return str(text).replace("|", "\\|").replace("\n", " ")
+
+
+# ----------------------------------------------------------------- helpers
+
+
+def _figure(w: float = 7.0, h: float = 3.6, ncols: int = 1, nrows: int = 1):
+    from matplotlib.figure import Figure
+
+    fig = Figure(figsize=(w, h), dpi=100)
+    axes = fig.subplots(nrows, ncols, squeeze=False)
+    return fig, axes
+
+
+def _short_variant(spec: str) -> str:
+    if spec in ("reference", "none", ""):
+        return "reference"
+    parts = [p for p in spec.replace("+", ",").split(",") if p]
+    if len(parts) == 1 and len(spec) <= 36:
+        return spec
+    return "+".join(_ABBR.get(p, p.replace("compile=", "c:")) for p in parts)
+
+
+def _label(r: dict) -> str:
+    v = r.get("variant") or {}
+    label = v.get("label") or "reference"
+    return f"{_short_variant(label)} [{r.get('mode') or '-'}]"
+
+
+def _gpu(r: dict) -> str:
+    env = r.get("env") or {}
+    return env.get("gpu") or env.get("device") or "cpu"
+
+
+def load_results(paths) -> tuple[list[tuple[str, dict]], list[str]]:
+    """(path, result) for every valid file; problems (unreadable, invalid) as messages."""
+    files: list[Path] = []
+    for p in paths:
+        p = Path(p)
+        if p.is_dir():
+            files += sorted(p.glob("*.json"))
+        else:
+            files.append(p)
+    out, problems = [], []
+    for f in files:
+        try:
+            out.append((str(f), validate_result(json.loads(f.read_text()))))
+        except (OSError, ValueError, SchemaError) as e:
+            problems.append(f"{f}: {e}")
+    return out, problems
+
+
+# ----------------------------------------------------------------- sections
+
+
+def _bench(doc: _Doc, results: list[tuple[str, dict]]) -> None:
+    groups: dict[str, list[tuple[str, dict]]] = {}
+    for path, r in results:
+        groups.setdefault(f"{r['workload']['id']} on {_gpu(r)}", []).append((path, r))
+    for key, items in groups.items():
+        doc.h(3, f"bench: {key}")
+        rows = []
+        for path, r in items:
+            for timer, s in (r.get("timers") or {}).items():
+                if not s:
+                    continue
+                floor = (r.get("roofline") or {}).get("floor_ms")
+                rows.append([_label(r), timer, s["median"], s["p90"], s["p95"], s["p99"], s["min"], s["max"], s["mean"],
+                             s["count"], r.get("first_call_s"),
+                             (r.get("peak_memory_bytes") or 0) / 2**30 if r.get("peak_memory_bytes") else None,
+                             floor, s["median"] / floor if floor and timer == "wall_ms" else None])
+        doc.table(["variant [mode]", "timer", "median ms", "p90", "p95", "p99", "min", "max", "mean", "n",
+                   "first call s", "peak GiB", "roofline floor ms", "x floor"], rows)
+        with_samples = [(p, r) for p, r in items if (r.get("samples") or {}).get("wall_ms")]
+        if not with_samples:
+            continue
+        n = len(with_samples)
+        ncols = min(n, 2)
+        nrows = math.ceil(n / ncols)
+        fig, axes = _figure(7.5, 2.4 * nrows + 0.4, ncols, nrows)
+        for i, (path, r) in enumerate(with_samples):
+            ax = axes[i // ncols][i % ncols]
+            xs = r["samples"]["wall_ms"]
+            ax.hist(xs, bins=min(40, max(8, len(xs) // 3)), color=_COLORS[i % len(_COLORS)], alpha=0.85)
+            med = sorted(xs)[len(xs) // 2]
+            ax.axvline(med, color="k", lw=1, ls="--")
+            ax.set_title(f"{_label(r)}\nmedian {med:.2f} ms", fontsize=8)
+            ax.set_xlabel("wall ms per call", fontsize=8)
+            ax.tick_params(labelsize=7)
+        for j in range(n, nrows * ncols):
+            axes[j // ncols][j % ncols].set_visible(False)
+        fig.suptitle(f"latency histograms, {key}", fontsize=9)
+        fig.tight_layout()
+        doc.fig(fig, f"latency histograms {key}")
+
+        fig, axes = _figure(7.0, 3.6)
+        ax = axes[0][0]
+        lo, hi = math.inf, 0.0
+        for i, (path, r) in enumerate(with_samples):
+            c = _COLORS[i % len(_COLORS)]
+            for timer, ls in (("wall_ms", "-"), ("cuda_event_ms", ":")):
+                xs = (r["samples"] or {}).get(timer)
+                if not xs:
+                    continue
+                xs = sorted(xs)
+                ys = [(k + 1) / len(xs) for k in range(len(xs))]
+                ax.step(xs, ys, where="post", color=c, ls=ls, label=f"{_label(r)} {timer.replace('_ms', '')}")
+                lo, hi = min(lo, xs[0]), max(hi, xs[-1])
+        if hi / max(lo, 1e-9) > 4:
+            ax.set_xscale("log")
+        ax.set_xlabel("ms per call")
+        ax.set_ylabel("fraction of calls")
+        ax.grid(alpha=0.3)
+        ax.legend(fontsize=7)
+        ax.set_title(f"latency CDF, {key} (solid: synced wall clock, dotted: CUDA events)", fontsize=9)
+        fig.tight_layout()
+        doc.fig(fig, f"latency CDF {key}")
+
+
+def _levers_of(row: dict) -> list[str]:
+    if row.get("levers"):
+        return [x.split("=")[0] if x.startswith("compile") else x for x in row["levers"]]
+    spec = row.get("variant", "")
+    if spec in ("reference", ""):
+        return []
+    return [x.split("=")[0] for x in spec.split(",") if x]
+
+
+def _matrix(doc: _Doc, path: str, r: dict) -> None:
+    doc.h(3, f"matrix: {r['workload']['id']} on {_gpu(r)} ({(r.get('variant') or {}).get('label', '')[:60]})")
+    doc.p(f"{path}: {r.get('iters')} interleaved rounds after {r.get('warmup')} warm-up calls per variant; "
+          f"speedup = median of the baseline ({r.get('baseline', 'reference')}) / median of the variant; "
+          "'noise' = the p10..p90 of per-round ratios includes 1.", "note")
+    rows, timed = [], []
+    for v in r.get("variants", []):
+        name = _short_variant(v.get("variant", ""))
+        if "timers" not in v:
+            rows.append([name, v.get("skipped", "not timed")] + [None] * 8)
+            continue
+        w, e = v["timers"]["wall_ms"], v["timers"].get("cuda_event_ms")
+        q = (v.get("ratio") or {}).get("wall_ms") or {}
+        eq = v.get("equivalence") or {}
+        sig = q.get("significant")
+        speed = f"{q['speedup']:.2f}x" + ("" if sig or v.get("variant") == r.get("baseline", "reference") else " (noise)") if q else None
+        rows.append([name, w["median"], w["p95"], e["median"] if e else None, speed,
+                     f"{q['ratio_p10']:.2f}..{q['ratio_p90']:.2f}" if q else None, eq.get("rel_l2"),
+                     v.get("first_call_s"), v["peak_memory_bytes"] / 2**30 if v.get("peak_memory_bytes") else None,
+                     ", ".join(v.get("levers") or []) or "-"])
+        timed.append(v)
+    doc.table(["variant", "median ms", "p95 ms", "event median ms", "speedup", "ratio p10..p90", "rel L2",
+               "first call s", "peak GiB", "levers"], rows)
+    if not timed:
+        return
+    # heatmap: variant x lever, cell = the variant's speedup where the lever is on
+    import numpy as np
+    from matplotlib.colors import Normalize
+
+    levers = [l for l in _LEVER_ORDER if any(l in _levers_of(v) for v in timed)]
+    extra = sorted({l for v in timed for l in _levers_of(v)} - set(levers))
+    levers += extra
+    cols = levers + ["speedup"]
+    speed = [((v.get("ratio") or {}).get("wall_ms") or {}).get("speedup", float("nan")) for v in timed]
+    grid = np.full((len(timed), len(cols)), np.nan)
+    for i, v in enumerate(timed):
+        on = set(_levers_of(v))
+        for j, l in enumerate(levers):
+            if l in on:
+                grid[i, j] = speed[i]
+        grid[i, -1] = speed[i]
+    fig, axes = _figure(1.6 + 0.85 * len(cols), 0.9 + 0.38 * len(timed))
+    ax = axes[0][0]
+    finite = [s for s in speed if math.isfinite(s)]
+    norm = Normalize(vmin=min(finite + [1.0]), vmax=max(finite + [1.0]))
+    ax.imshow(np.ma.masked_invalid(grid), cmap="viridis", norm=norm, aspect="auto")
+    for i in range(len(timed)):
+        for j in range(len(cols)):
+            if grid[i, j] == grid[i, j]:
+                val = grid[i, j]
+                ax.text(j, i, f"{val:.2f}x", ha="center", va="center", fontsize=7,
+                        color="white" if norm(val) < 0.6 else "black")
+    ax.set_xticks(range(len(cols)))
+    ax.set_xticklabels([_ABBR.get(c, c) for c in cols], rotation=30, ha="right", fontsize=8)
+    ax.set_yticks(range(len(timed)))
+    ax.set_yticklabels([_short_variant(v["variant"]) for v in timed], fontsize=7)
+    ax.set_title("speedup vs baseline per variant (coloured cells: levers the variant uses)", fontsize=9)
+    fig.tight_layout()
+    doc.fig(fig, "matrix speedup heatmap")
+    # latency distribution from the summaries
+    if not any((v.get("samples") or {}).get("wall_ms") for v in timed):
+        doc.p("The latency CDFs below are drawn from each variant's summary percentiles (min, median, p90, p95, "
+              "p99, max): matrix files hold no raw samples.", "note")
+    fig, axes = _figure(7.0, 3.6)
+    ax = axes[0][0]
+    levels = [("min", 0.0), ("median", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99), ("max", 1.0)]
+    raw = any((v.get("samples") or {}).get("wall_ms") for v in timed)
+    lo, hi = math.inf, 0.0
+    for i, v in enumerate(timed):
+        c = _COLORS[i % len(_COLORS)]
+        xs_raw = (v.get("samples") or {}).get("wall_ms")
+        if xs_raw:
+            xs = sorted(xs_raw)
+            ys = [(k + 1) / len(xs) for k in range(len(xs))]
+            ax.step(xs, ys, where="post", color=c, label=_short_variant(v["variant"]))
+        else:
+            s = v["timers"]["wall_ms"]
+            xs = [s[k] for k, _ in levels]
+            ys = [q for _, q in levels]
+            ax.plot(xs, ys, "o-", color=c, ms=3, label=_short_variant(v["variant"]))
+        lo, hi = min(lo, xs[0]), max(hi, xs[-1])
+    if hi / max(lo, 1e-9) > 4:
+        ax.set_xscale("log")
+    ax.set_xlabel("wall ms per call")
+    ax.set_ylabel("fraction of calls")
+    ax.grid(alpha=0.3)
+    ax.legend(fontsize=6)
+    ax.set_title("latency CDF per variant" + ("" if raw else "\n(drawn from the summary percentiles min/median/p90/p95/"
+                                                          "p99/max: matrix files hold no raw samples)"), fontsize=8)
+    fig.tight_layout()
+    doc.fig(fig, "matrix latency CDF")
+
+
+def _check(doc: _Doc, path: str, r: dict) -> None:
+    doc.h(3, f"check: {r['workload']['id']} on {_gpu(r)}")
+    rows = [[c.get("variant"), c.get("dtype"), c.get("max_abs"), c.get("rel_l2"), c.get("tolerance"), c.get("seeds"),
+             "yes" if c.get("passed") else "NO"] for c in r.get("checks", [])]
+    doc.table(["variant", "dtype", "max abs", "rel L2", "tolerance", "seeds", "passed"], rows)
+
+
+def _breakdown(doc: _Doc, path: str, r: dict) -> None:
+    bd = r["breakdown"]
+    doc.h(3, f"breakdown: {r['workload']['id']} {(r.get('variant') or {}).get('label', '')} "
+             f"({r.get('mode')} mode, {_gpu(r)})")
+    doc.p(bd.get("statement", ""), "")
+    for n in bd.get("notes", []):
+        doc.p("note: " + n, "note")
+    m = bd.get("matches_reference") or {}
+    if m and not m.get("exact"):
+        doc.p(f"the staged sequence differs from the untimed call (max abs {m.get('max_abs')})", "warn")
+    rows = []
+    for e in bd["stages"]:
+        occ = e.get("occurrence") or {}
+        info = e.get("info") or {}
+        extra = []
+        if info:
+            extra.append(f"{info.get('tokens')} tokens, mask {'valid' if info.get('valid') else 'MASKED'}")
+        rows.append([e["name"], e["median_ms"], e["p95_ms"], e["mean_ms"], e.get("share"), e.get("per_call"),
+                     occ.get("mean_ms"), occ.get("max_ms"), "; ".join(extra) or None])
+    doc.table(["stage", "median ms", "p95 ms", "mean ms", "share of call", "per call", "mean per occurrence",
+               "max per occurrence", "info"], rows)
+    stages = [e for e in bd["stages"]]
+    fig, axes = _figure(7.0, 0.8 + 0.3 * len(stages))
+    ax = axes[0][0]
+    names = [e["name"] for e in stages][::-1]
+    med = [e["median_ms"] for e in stages][::-1]
+    err = [max(e["p95_ms"] - e["median_ms"], 0.0) for e in stages][::-1]
+    colors = ["#bbbbbb" if n == "(unmarked)" else ("#d62728" if n.startswith("image_") and
+              not ((next(x for x in stages if x["name"] == n).get("info") or {}).get("valid", True)) else "#1f77b4")
+              for n in names]
+    ax.barh(range(len(names)), med, xerr=[[0.0] * len(err), err], color=colors, capsize=2)
+    ax.set_yticks(range(len(names)))
+    ax.set_yticklabels(names, fontsize=8)
+    ax.set_xlabel(f"ms per call (median, whisker p95; {bd.get('timer')})", fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title("stage breakdown (red: a masked image slot)", fontsize=9)
+    fig.tight_layout()
+    doc.fig(fig, "stage breakdown")
+
+
+def _scaling(doc: _Doc, path: str, r: dict) -> None:
+    from vlaperf.profile.scaling import plot_scaling
+
+    sc = r["scaling"]
+    doc.h(3, f"scaling: {r['workload']['id']} on {_gpu(r)}")
+    rows = []
+    for s in sc["series"]:
+        f = s["fit"]
+        rows.append([s["label"], f["intercept"], f["slope"], f["r2"]] +
+                    [p["median_ms"] for p in s["points"]])
+    doc.table(["variant", "intercept a ms", "slope b ms/step", "r2"] + [f"T({p['steps']}) ms" for p in sc["series"][0]["points"]], rows)
+    doc.fig(plot_scaling(sc, None, title=f"T(N) = a + b*N, {r['workload']['id']}"), "T(N) fit")
+
+
+def _syncs(doc: _Doc, path: str, r: dict) -> None:
+    rep = r["syncs"]
+    doc.h(3, f"syncs: {r['workload']['id']} {(r.get('variant') or {}).get('label', '')} on {_gpu(r)}")
+    doc.p(f"{rep['per_call']:g} host syncs per call ({rep['source']}, {rep['calls']} calls)"
+          + (f"; {rep.get('expected_per_call')} expected" if rep.get("expected_per_call") else ""))
+    if rep.get("note"):
+        doc.p(rep["note"], "note")
+    doc.table(["per call", "location", "op", "code"], [[s["per_call"], s["location"], s["op"], s["code"]] for s in rep["sites"]])
+
+
+def _doctor(doc: _Doc, path: str, r: dict) -> None:
+    doc.h(3, f"doctor: {r['workload'].get('id') or 'environment'} on {_gpu(r)}")
+    doc.table(["severity", "id", "finding", "cost ms", "fix", "detail"],
+              [[f["severity"], f["id"], f["title"], f.get("cost"), f.get("fix"), f.get("detail")] for f in r["findings"]])
+
+
+def _environment(doc: _Doc, results: list[tuple[str, dict]]) -> None:
+    groups: list[tuple[dict, list[int]]] = []
+    for i, (path, r) in enumerate(results):
+        env = {k: v for k, v in (r.get("env") or {}).items() if k != "timestamp"}
+        for g in groups:
+            if g[0] == env:
+                g[1].append(i + 1)
+                break
+        else:
+            groups.append((env, [i + 1]))
+    keys: list[str] = []
+    for env, _ in groups:
+        for k in env:
+            if k not in keys:
+                keys.append(k)
+    headers = ["key"] + [f"files {', '.join(map(str, ids))}" for _, ids in groups]
+    rows = [[k] + [env.get(k) for env, _ in groups] for k in keys]
+    doc.table(headers, rows)
+
+
+# ----------------------------------------------------------------- entry point
+
+
+def render(result_paths, out_path, title: str | None = None) -> Path:
+    """Write the report of `result_paths` (files or directories) to `out_path` (.html or .md)."""
+    out_path = Path(out_path)
+    fmt = out_path.suffix.lower()
+    if fmt not in (".html", ".htm", ".md", ".markdown"):
+        raise ValueError(f"report: output must end in .html or .md, got {out_path.name!r}")
+    if isinstance(result_paths, (str, Path)):
+        result_paths = [result_paths]
+    results, problems = load_results(result_paths)
+    if not results:
+        raise ValueError("report: no valid vlaperf result files" + (": " + "; ".join(problems) if problems else ""))
+    title = title or "vlaperf report"
+    doc = _Doc()
+    doc.p(f"generated {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')} from "
+          f"{len(results)} result file(s)", "note")
+    doc.table(["#", "file", "command", "workload", "variant", "mode", "device", "timestamp"],
+              [[i + 1, Path(p).name, r["command"], r["workload"].get("id"), (r.get("variant") or {}).get("label"),
+                r.get("mode"), _gpu(r), (r.get("env") or {}).get("timestamp")] for i, (p, r) in enumerate(results)])
+    for msg in problems:
+        doc.p("skipped " + msg, "warn")
+    by_cmd: dict[str, list[tuple[str, dict]]] = {}
+    for p, r in results:
+        by_cmd.setdefault(r["command"], []).append((p, r))
+    sections = (("bench", "Latency (bench)"), ("matrix", "Optimization matrix"), ("check", "Equivalence (check)"),
+                ("breakdown", "Stage breakdown"), ("scaling", "T(N) scaling"), ("syncs", "Host syncs"),
+                ("doctor", "Doctor"))
+    for cmd, heading in sections:
+        items = by_cmd.pop(cmd, [])
+        if not items:
+            continue
+        doc.h(2, heading)
+        if cmd == "bench":
+            _bench(doc, items)
+            continue
+        for p, r in items:
+            try:
+                {"matrix": _matrix, "check": _check, "breakdown": _breakdown, "scaling": _scaling, "syncs": _syncs,
+                 "doctor": _doctor}[cmd](doc, p, r)
+            except (KeyError, TypeError, ValueError) as e:
+                doc.p(f"could not render {p}: {type(e).__name__}: {e}", "warn")
+    for cmd, items in by_cmd.items():
+        doc.h(2, f"Other results ({cmd})")
+        for p, r in items:
+            doc.p(f"{p}: command {cmd!r} has no renderer; keys: {', '.join(sorted(r))}", "note")
+    doc.h(2, "Environment")
+    _environment(doc, results)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    if fmt in (".html", ".htm"):
+        out_path.write_text(doc.html(title))
+    else:
+        out_path.write_text(doc.markdown(title, out_path))
+    return out_path
