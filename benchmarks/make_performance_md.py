@@ -95,6 +95,74 @@ def check_tables(results):
     return out
 
 
+def breakdown_tables(results):
+    out = []
+    for path, r in results:
+        if r["command"] != "breakdown":
+            continue
+        b = r["breakdown"]
+        whole = r["timers"]["cuda_event_ms"] or r["timers"]["wall_ms"]
+        out += [f"### breakdown of {r['workload']['id']}, {_short(r['variant']['label'])} ({r['mode']} mode, {_env(r)})", "",
+                f"`{path.relative_to(ROOT)}`; timer {b['timer']}, {b['iters']} calls; whole call median {_ms(whole['median'])} ms."
+                + "".join(f" Note: {n}" for n in b.get("notes", [])), "",
+                "| stage | median ms | p95 ms | share | per call | info |", "|---|---|---|---|---|---|"]
+        for st in b["stages"]:
+            info = st.get("info") or {}
+            text = f"{info['tokens']} tokens, {'valid' if info.get('valid') else 'MASKED'}" if "tokens" in info else ""
+            out.append(f"| {st['name']} | {_ms(st['median_ms'])} | {_ms(st['p95_ms'])} | {st['share'] * 100:.1f}% | {st['per_call']} | {text} |")
+        out.append("")
+    return out
+
+
+def scaling_tables(results):
+    out = []
+    for path, r in results:
+        if r["command"] != "scaling":
+            continue
+        sc = r["scaling"]
+        out += [f"### T(N) on {r['workload']['id']} ({_env(r)})", "", f"`{path.relative_to(ROOT)}`; {sc['timer']}", "",
+                "| variant | " + " | ".join(f"T({n}) ms" for n in sc["steps"]) + " | fit |",
+                "|---|" + "---|" * len(sc["steps"]) + "---|"]
+        for series in sc["series"]:
+            f = series["fit"]
+            pts = {p["steps"]: p["median_ms"] for p in series["points"]}
+            out.append(f"| {_short(series['label'])} | " + " | ".join(_ms(pts.get(n)) for n in sc["steps"])
+                       + f" | {f['intercept']:.2f} + {f['slope']:.3f}*N ms (r^2 {f['r2']:.4f}) |")
+        out.append("")
+    return out
+
+
+def sync_tables(results):
+    out = ["| workload | variant | syncs per call | sites | file |", "|---|---|---|---|---|"]
+    found = False
+    for path, r in results:
+        if r["command"] != "syncs":
+            continue
+        found = True
+        sy = r["syncs"]
+        sites = "; ".join(f"{s['location']} x{s.get('per_call', s.get('count'))}" for s in sy.get("sites", []))
+        out.append(f"| {r['workload']['id']} | {_short(r['variant']['label'])} | {sy['per_call']:.0f} ({sy['source']}) | {sites or '-'} | `{path.relative_to(ROOT)}` |")
+    return out + [""] if found else []
+
+
+def loadgen_tables(results):
+    out = []
+    for path, r in results:
+        if r["command"] != "loadgen":
+            continue
+        out += [f"### server under load: {r['workload']['id']} ({_env(r)})", "",
+                f"`{path.relative_to(ROOT)}`; {r['loadgen']['observations']}; closed loop, loopback.", "",
+                "| clients | ok / expected | lost + misrouted | req/s | round trip median ms | p95 | p99 | server infer median ms | overhead median ms | mean batch |",
+                "|---|---|---|---|---|---|---|---|---|---|"]
+        for ph in r["loadgen"]["phases"]:
+            rt, inf, ov = ph["round_trip_ms"], ph["server_infer_ms"], ph["overhead_ms"]
+            out.append(f"| {ph['clients']} | {ph['ok']} / {ph['expected']} | {ph['lost'] + ph['misrouted']} | {ph['requests_per_s']:.1f} | "
+                       f"{_ms(rt['median'])} | {_ms(rt['p95'])} | {_ms(rt['p99'])} | {_ms(inf['median'])} | {_ms(ov['median'])} | "
+                       f"{ph['batch_size']['mean']:.2f} |")
+        out.append("")
+    return out
+
+
 def main() -> None:
     results = [(p, json.loads(p.read_text())) for p in sorted(RESULTS.rglob("*.json"))]
     lines = ["# Performance", "",
@@ -107,6 +175,10 @@ def main() -> None:
     lines += bench_rows(results) + [""]
     lines += ["## Matrices (`vlaperf matrix`)", ""] + matrix_tables(results)
     lines += ["## Equivalence (`vlaperf check`)", ""] + check_tables(results)
+    lines += ["## Stage breakdowns (`vlaperf breakdown`)", ""] + breakdown_tables(results)
+    lines += ["## Step scaling (`vlaperf scaling`)", ""] + scaling_tables(results)
+    lines += ["## Host syncs per call (`vlaperf syncs`)", ""] + sync_tables(results)
+    lines += ["## Serving (`vlaperf serve` + `vlaperf loadgen`)", ""] + loadgen_tables(results)
     OUT.write_text("\n".join(lines) + "\n")
     print(f"wrote {OUT}")
 
