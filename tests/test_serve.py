@@ -552,7 +552,7 @@ def test_cli_register_parses():
     parser = argparse.ArgumentParser(prog="vlaperf")
     register(parser.add_subparsers(dest="command", required=True))
     a = parser.parse_args(["serve", "--workload", "tiny", "--port", "0", "--max-batch", "4", "--max-wait-ms", "0"])
-    assert (a.levers, a.host, a.port, a.max_batch, a.max_wait_ms, a.api_key) == ("best", "127.0.0.1", 0, 4, 0.0, None)
+    assert (a.levers, a.host, a.port, a.max_batch, a.max_wait_ms, a.api_key) == ("serve", "127.0.0.1", 0, 4, 0.0, None)
     assert hasattr(a, "func") and a.device is None and a.dtype is None and a.checkpoint is None and a.seed == 0
     a = parser.parse_args(["loadgen", "--clients", "2,3", "--requests", "5", "--json", "x.json"])
     assert a.clients == [2, 3] and a.requests == 5 and a.url == "ws://127.0.0.1:8000"

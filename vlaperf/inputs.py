@@ -156,6 +156,16 @@ PROMPTS = (
 )
 
 
+def warmup_prompts(slots: int) -> list[str]:
+    """One prompt per static prompt bucket up to `slots` (see vlaperf.engine.prefix), each
+    filling its bucket with the stand-in tokenizer (BOS + words + newline), so a server can
+    capture / compile every prompt layout before the first client arrives."""
+    from vlaperf.engine.prefix import PROMPT_BUCKETS
+
+    sizes = sorted({min(b, slots) for b in PROMPT_BUCKETS if b <= slots} | {slots})
+    return [" ".join(["go"] * max(1, n - 2)) for n in sizes]
+
+
 def make_example(workload: Workload, seed: int = 0, image_size: int = 224) -> dict[str, Any]:
     """One raw observation as an openpi client sends it (unbatched numpy, uint8 images).
 

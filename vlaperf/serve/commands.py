@@ -1,6 +1,6 @@
 """CLI subcommands `serve`, `loadgen` and `rollout`; `register(subparsers)` adds them.
 
-    vlaperf serve    --workload libero-pi0 --levers best --port 8000 [--api-key KEY]
+    vlaperf serve    --workload libero-pi0 --levers serve --port 8000 [--api-key KEY]
     vlaperf loadgen  --url ws://127.0.0.1:8000 --clients 1,4,8 --requests 20 --json out.json
     vlaperf rollout  --url ws://127.0.0.1:8000 --episodes 3 --control-hz 10 --replan-every 5
 
@@ -38,7 +38,9 @@ def register(subparsers) -> None:
     """Add `serve`, `loadgen` and `rollout` to vlaperf's subparsers."""
     p = subparsers.add_parser("serve", help="serve a policy over websockets (openpi-client compatible)")
     p.add_argument("--workload", default=None, help="workload id (default: libero-pi0 on a GPU, tiny on the CPU)")
-    p.add_argument("--levers", default="best", help="'reference', 'best' or a comma list (see `vlaperf levers`)")
+    p.add_argument("--levers", default="serve",
+                   help="'serve' (default: 'graph' on a GPU, 'exact' on the CPU: no compile, so every batch size "
+                        "and prompt bucket warms up in seconds), 'best', 'reference' or a comma list (`vlaperf levers`)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
     p.add_argument("--port", type=_non_negative_int, default=8000, help="port (0 = any free port)")
     p.add_argument("--api-key", default=None,
@@ -46,7 +48,7 @@ def register(subparsers) -> None:
     p.add_argument("--allow-unauthenticated", action="store_true",
                    help="allow a non-loopback --host without an API key (trusted networks only)")
     p.add_argument("--max-batch", type=_positive_int, default=8, help="most observations stacked into one policy call")
-    p.add_argument("--max-wait-ms", type=_non_negative_float, default=2.0,
+    p.add_argument("--max-wait-ms", type=_non_negative_float, default=5.0,
                    help="longest a request waits for others to batch with (0 = never wait)")
     p.add_argument("--max-message-mb", type=_positive_float, default=16.0, help="largest accepted message (MiB)")
     p.add_argument("--warmup-batches", default="1,max",
@@ -140,6 +142,8 @@ def cmd_serve(args) -> int:
     warmup = _warmup_sizes(args.warmup_batches, args.max_batch)
     console = Console()
     base, workload, model, device = setup(args)
+    if args.levers == "serve":
+        args.levers = "graph" if model.action_in_proj.weight.device.type == "cuda" else "exact"
     engine = None if args.levers in ("reference", "none", "") else make_engine(model, args.levers)
     if engine is not None and not args.no_check:
         from vlaperf.check import check_equivalence
