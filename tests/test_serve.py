@@ -623,3 +623,55 @@ def test_cli_serve_refuses_remote_without_key(monkeypatch):
     args = _cli_parser().parse_args(["serve", "--host", "0.0.0.0"])
     with pytest.raises(CliError, match="without an API key"):
         args.func(args)
+
+
+class _Recorder:
+    """A policy that records what it is asked, for the warm-up and batching-window tests."""
+
+    def __init__(self, workload, delay_s=0.0):
+        self.workload, self.delay_s, self.calls = workload, delay_s, []
+
+    def infer(self, examples):
+        import time as _time
+
+        self.calls.append([e.get("prompt") for e in examples])
+        _time.sleep(self.delay_s)
+        return {"actions": np.zeros((len(examples), self.workload.horizon, self.workload.robot_action_dim), np.float32)}
+
+
+def test_warmup_covers_every_batch_size_and_prompt_bucket():
+    from vlaperf.engine.prefix import prompt_bucket
+    from vlaperf.inputs import WordHashTokenizer
+    from vlaperf.serve.server import PolicyServer
+
+    workload = get_workload("libero-pi0")  # 48 prompt slots -> buckets 8, 16, 32, 48
+    rec = _Recorder(workload)
+    server = PolicyServer(rec, port=0, warmup_batch_sizes=(1, 3))
+    server._policy = rec
+    server._warmup()
+    tok = WordHashTokenizer(1024)
+    seen = {(len(prompts), prompt_bucket(len(tok.encode(prompts[0])), 48)) for prompts in rec.calls}
+    assert seen == {(b, bucket) for b in (1, 3) for bucket in (8, 16, 32, 48)}
+
+
+def test_batch_window_counts_from_when_the_worker_is_free():
+    """Requests that queued during the previous batch wait (up to max_wait) for the clients
+    whose replies just went out, instead of leaving as a half batch."""
+    from vlaperf.serve.server import _Job
+
+    server = PolicyServer(_Recorder(TINY), port=0, max_batch=4, max_wait_ms=300)
+    server._n_connections = 4
+    long_ago = time.perf_counter() - 1.0  # queued while the GPU was busy
+    job = lambda t: _Job({}, len(server._pending), None, None, t)  # noqa: E731
+    server._pending.extend([job(long_ago), job(long_ago)])
+
+    def late_arrivals():
+        time.sleep(0.03)
+        with server._cv:
+            server._pending.extend([job(time.perf_counter()), job(time.perf_counter())])
+            server._cv.notify()
+
+    threading.Thread(target=late_arrivals).start()
+    start = time.perf_counter()
+    batch = server._next_batch()
+    assert len(batch) == 4 and time.perf_counter() - start < 0.3
