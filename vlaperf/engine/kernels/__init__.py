@@ -1,0 +1,1 @@
+"""Hand-written Triton kernels for the denoise step (experimental: see each module)."""

@@ -1,0 +1,180 @@
+"""Weight-streaming matmul for few rows (the denoise step: M = 51 suffix tokens).
+
+    y[M, N] = epilogue( rowscale(x)[M] * (x[M, K] @ w[N, K]^T) )
+
+At M <= 64 a matmul is a pass over the weights: 2*M*N*K FLOPs against 2*N*K bytes, far
+below the ridge, so the only goal is to read the weights once at full bandwidth. cuBLAS
+reaches ~29% of it on these shapes on an H200 (shared/design/perf-facts.md) and needs a
+split-K reduce kernel besides. Here each program owns a BLOCK_N slice of the columns and
+the whole (padded) M, and streams its weight rows once; when there are too few column
+blocks to fill the GPU the K loop is split across programs (SPLIT_K) and a second, small
+kernel sums the float32 partials (deterministic: no atomics).
+
+Fused around the matmul, so the step needs no separate elementwise kernels for them:
+  prologue  RMS_NORM: y *= rsqrt(mean(x^2) + eps) per row. With the RMSNorm scale (1 + w)
+            folded into w (fuse_projections), this is the whole pre-norm; the sum of squares
+            is accumulated from the x tiles the matmul loads anyway.
+  epilogue  "geglu":    y = gelu_tanh(x @ gate^T) * (x @ up^T)   (two weight matrices)
+            "residual": y = residual + (x @ w^T) [* gate]         (o_proj, down_proj)
+Status: correctness-tested on the CPU (Triton interpreter); speed not yet measured on a GPU.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+
+@triton.jit
+def _gelu_tanh(x):
+    # 0.5 x (1 + tanh(sqrt(2/pi) (x + 0.044715 x^3))), tanh written with exp for portability
+    inner = 0.7978845608028654 * (x + 0.044715 * x * x * x)
+    return x * (1.0 - 1.0 / (tl.exp(2.0 * inner) + 1.0))
+
+
+@triton.jit
+def _small_m_kernel(
+    x_ptr, w_ptr, w2_ptr, out_ptr, res_ptr, gate_ptr, part_ptr, ssq_ptr,
+    M, N, K, eps,
+    stride_xm, stride_wn, stride_om, stride_rm,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
+    RMS_NORM: tl.constexpr, GEGLU: tl.constexpr, RESIDUAL: tl.constexpr, GATED: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    pid_k = tl.program_id(1)
+    rows = tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < N
+    k_per_split = tl.cdiv(K, SPLIT_K * BLOCK_K) * BLOCK_K
+    k_start = pid_k * k_per_split
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    ssq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in range(k_start, k_start + k_per_split, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        x = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
+        w = tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+        acc += tl.dot(x, tl.trans(w))
+        if GEGLU:
+            w2 = tl.load(w2_ptr + cols[:, None] * stride_wn + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
+            acc2 += tl.dot(x, tl.trans(w2))
+        if RMS_NORM:
+            xf = x.to(tl.float32)
+            ssq += tl.sum(xf * xf, axis=1)
+    if SPLIT_K > 1:
+        # float32 partials (split, [2,] M, N) and per-row sums of squares (split, M)
+        base = part_ptr + pid_k * (2 if GEGLU else 1) * BLOCK_M * N
+        tl.store(base + rows[:, None] * N + cols[None, :], acc, mask=row_ok[:, None] & col_ok[None, :])
+        if GEGLU:
+            tl.store(base + BLOCK_M * N + rows[:, None] * N + cols[None, :], acc2, mask=row_ok[:, None] & col_ok[None, :])
+        if RMS_NORM:
+            if pid_n == 0:  # every column block has the same row sums; one writes them
+                tl.store(ssq_ptr + pid_k * BLOCK_M + rows, ssq, mask=row_ok)
+    else:
+        _epilogue(acc, acc2, ssq, rows, cols, row_ok, col_ok, out_ptr, res_ptr, gate_ptr, K, eps,
+                  stride_om, stride_rm, RMS_NORM, GEGLU, RESIDUAL, GATED)
+
+
+@triton.jit
+def _epilogue(acc, acc2, ssq, rows, cols, row_ok, col_ok, out_ptr, res_ptr, gate_ptr, K, eps,
+              stride_om, stride_rm, RMS_NORM: tl.constexpr, GEGLU: tl.constexpr, RESIDUAL: tl.constexpr,
+              GATED: tl.constexpr):
+    if RMS_NORM:
+        scale = 1.0 / tl.sqrt(ssq / K + eps)
+        acc = acc * scale[:, None]
+        if GEGLU:
+            acc2 = acc2 * scale[:, None]
+    if GEGLU:
+        acc = _gelu_tanh(acc) * acc2
+    mask = row_ok[:, None] & col_ok[None, :]
+    if RESIDUAL:
+        if GATED:
+            acc = acc * tl.load(gate_ptr + cols, mask=col_ok, other=0.0).to(tl.float32)[None, :]
+        acc += tl.load(res_ptr + rows[:, None] * stride_rm + cols[None, :], mask=mask, other=0.0).to(tl.float32)
+    tl.store(out_ptr + rows[:, None] * stride_om + cols[None, :], acc.to(out_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _reduce_kernel(
+    part_ptr, ssq_ptr, out_ptr, res_ptr, gate_ptr, M, N, K, eps, stride_om, stride_rm,
+    BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
+    RMS_NORM: tl.constexpr, GEGLU: tl.constexpr, RESIDUAL: tl.constexpr, GATED: tl.constexpr,
+):
+    pid_n = tl.program_id(0)
+    rows = tl.arange(0, BLOCK_M)
+    cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)
+    row_ok = rows < M
+    col_ok = cols < N
+    mask = row_ok[:, None] & col_ok[None, :]
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    ssq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for s in range(SPLIT_K):
+        base = part_ptr + s * (2 if GEGLU else 1) * BLOCK_M * N
+        acc += tl.load(base + rows[:, None] * N + cols[None, :], mask=mask, other=0.0)
+        if GEGLU:
+            acc2 += tl.load(base + BLOCK_M * N + rows[:, None] * N + cols[None, :], mask=mask, other=0.0)
+        if RMS_NORM:
+            ssq += tl.load(ssq_ptr + s * BLOCK_M + rows, mask=row_ok, other=0.0)
+    _epilogue(acc, acc2, ssq, rows, cols, row_ok, col_ok, out_ptr, res_ptr, gate_ptr, K, eps,
+              stride_om, stride_rm, RMS_NORM, GEGLU, RESIDUAL, GATED)
+
+
+def small_m_matmul(
+    x: torch.Tensor,
+    w: torch.Tensor,
+    *,
+    w_up: torch.Tensor | None = None,
+    rms_eps: float | None = None,
+    residual: torch.Tensor | None = None,
+    gate: torch.Tensor | None = None,
+    block_n: int = 32,
+    block_k: int = 128,
+    split_k: int | None = None,
+    num_sms: int = 132,
+) -> torch.Tensor:
+    """y = epilogue(x @ w^T) for x (M, K) with M <= 64, w (N, K) row-major.
+
+    w_up:     GEGLU: y = gelu_tanh(x @ w^T) * (x @ w_up^T)
+    rms_eps:  prologue RMSNorm without scale (fold the scale into w): rows of x normalised
+    residual: y = residual + (x @ w^T) [* gate], residual (M, N)
+    split_k:  None picks enough K splits to give every SM about two programs.
+    """
+    M, K = x.shape
+    N = w.shape[0]
+    if M > 64:
+        raise ValueError(f"small_m_matmul is for at most 64 rows, got {M}")
+    if w.shape[1] != K or (w_up is not None and w_up.shape != w.shape):
+        raise ValueError(f"shape mismatch: x {tuple(x.shape)}, w {tuple(w.shape)}, w_up {None if w_up is None else tuple(w_up.shape)}")
+    assert x.stride(1) == 1 and w.stride(1) == 1 and (w_up is None or w_up.stride() == w.stride())
+    BLOCK_M = 16 if M <= 16 else 32 if M <= 32 else 64
+    n_blocks = triton.cdiv(N, block_n)
+    if split_k is None:
+        split_k = 1
+        while n_blocks * split_k < 2 * num_sms and K // (split_k * 2) >= block_k:
+            split_k *= 2
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
+    geglu = w_up is not None
+    flags = dict(RMS_NORM=rms_eps is not None, GEGLU=geglu, RESIDUAL=residual is not None, GATED=gate is not None)
+    res = residual if residual is not None else out
+    g = gate if gate is not None else out
+    eps = float(rms_eps or 0.0)
+    if split_k > 1:
+        part = torch.empty(split_k * (2 if geglu else 1) * BLOCK_M * N, dtype=torch.float32, device=x.device)
+        ssq = torch.empty(split_k * BLOCK_M, dtype=torch.float32, device=x.device)
+    else:
+        part = ssq = out
+    _small_m_kernel[(n_blocks, split_k)](
+        x, w, w_up if geglu else w, out, res, g, part, ssq, M, N, K, eps,
+        x.stride(0), w.stride(0), out.stride(0), res.stride(0),
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, **flags,
+    )
+    if split_k > 1:
+        _reduce_kernel[(n_blocks,)](
+            part, ssq, out, res, g, M, N, K, eps, out.stride(0), res.stride(0),
+            BLOCK_M=BLOCK_M, BLOCK_N=block_n, SPLIT_K=split_k, **flags,
+        )
+    return out
