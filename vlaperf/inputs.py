@@ -291,11 +291,17 @@ class ObservationTransform:
         self._prompt(example)
 
     def __call__(self, examples: dict | list[dict]) -> Observation:
+        return self.preprocess(self.upload(self.host_arrays(examples)))
+
+    # The three phases of __call__, separately callable so the profiler can time each.
+
+    def host_arrays(self, examples: dict | list[dict]) -> "HostBatch":
+        """Validate, tokenize and pad on the host: numpy arrays, nothing on the device yet."""
         batch = [examples] if isinstance(examples, dict) else list(examples)
         if not batch or not all(isinstance(e, dict) for e in batch):
             raise InputError("observation must be a dict (or a non-empty list of dicts)")
-        cfg, R = self.config, self.config.vision.image_size
-        pixels, masks, tokens, token_masks, states = [], [], [], [], []
+        cfg = self.config
+        hb = HostBatch([], [], [], [], [])
         for ex in batch:
             slots, valid = self._slots(ex)
             state = self._state(ex)
@@ -303,25 +309,54 @@ class ObservationTransform:
             if cfg.pi05:
                 prompt = f"Task: {prompt.strip()}, {state_prompt(state)}\nAction: "
             ids, mask = tokenize_prompt(self.tokenizer, prompt, self.workload.prompt_slots)
-            pixels.append(slots)
-            masks.append(valid)
-            tokens.append(ids)
-            token_masks.append(mask)
             padded = np.zeros(cfg.action_dim, dtype=np.float32)
             padded[: state.shape[0]] = state
-            states.append(padded)
+            hb.pixels.append(slots)
+            hb.image_valid.append(valid)
+            hb.tokens.append(ids)
+            hb.token_masks.append(mask)
+            hb.states.append(padded)
+        return hb
+
+    def upload(self, hb: "HostBatch") -> "DeviceBatch":
+        """Host-to-device copies (images still uint8 at their camera size)."""
         dev = self.device
-        images = torch.stack([torch.stack([resize_with_pad(torch.from_numpy(np.ascontiguousarray(a)).to(dev), R)
-                                           for a in slots]) for slots in pixels])  # (B, S, 3, R, R) uint8
-        return Observation(
-            images=images.float() / 127.5 - 1.0,
-            image_mask=torch.tensor(masks, dtype=torch.bool).to(dev),
-            tokens=torch.from_numpy(np.stack(tokens)).to(dev),
-            token_mask=torch.from_numpy(np.stack(token_masks)).to(dev),
-            state=torch.from_numpy(np.stack(states)).to(dev),
-            host_image_valid=tuple(bool(any(m[s] for m in masks)) for s in range(len(masks[0]))),
-            host_prompt_len=int(max(m.sum() for m in token_masks)),
+        return DeviceBatch(
+            pixels=[[torch.from_numpy(np.ascontiguousarray(a)).to(dev) for a in slots] for slots in hb.pixels],
+            image_mask=torch.tensor(hb.image_valid, dtype=torch.bool).to(dev),
+            tokens=torch.from_numpy(np.stack(hb.tokens)).to(dev),
+            token_mask=torch.from_numpy(np.stack(hb.token_masks)).to(dev),
+            state=torch.from_numpy(np.stack(hb.states)).to(dev),
+            host_image_valid=tuple(bool(any(v[s] for v in hb.image_valid)) for s in range(len(hb.image_valid[0]))),
+            host_prompt_len=int(max(m.sum() for m in hb.token_masks)),
         )
+
+    def preprocess(self, db: "DeviceBatch") -> Observation:
+        """On the device: resize with padding to the model's size, normalise to [-1, 1]."""
+        R = self.config.vision.image_size
+        images = torch.stack([torch.stack([resize_with_pad(a, R) for a in slots]) for slots in db.pixels])
+        return Observation(images.float() / 127.5 - 1.0, db.image_mask, db.tokens, db.token_mask, db.state,
+                           host_image_valid=db.host_image_valid, host_prompt_len=db.host_prompt_len)
+
+
+@dataclass
+class HostBatch:
+    pixels: list  # per sample: per slot uint8 (H, W, 3) arrays
+    image_valid: list  # per sample: per slot bool
+    tokens: list
+    token_masks: list
+    states: list
+
+
+@dataclass
+class DeviceBatch:
+    pixels: list  # per sample: per slot uint8 (H, W, 3) device tensors
+    image_mask: Tensor
+    tokens: Tensor
+    token_mask: Tensor
+    state: Tensor
+    host_image_valid: tuple[bool, ...]
+    host_prompt_len: int
 
 
 def resize_with_pad(image_hwc: Tensor, size: int) -> Tensor:

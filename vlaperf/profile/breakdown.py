@@ -63,9 +63,6 @@ from vlaperf.inputs import (
     make_example,
     random_noise,
     random_observation,
-    resize_with_pad,
-    state_prompt,
-    tokenize_prompt,
 )
 from vlaperf.models.pi0 import Pi0Model, joint_layer, make_attention_mask_2d, rope_cos_sin
 from vlaperf.profile.markers import END, NULL_RECORDER, UNMARKED, CallRecord, StageRecorder
@@ -163,40 +160,13 @@ class StagedPolicy:
 
     @torch.no_grad()
     def __call__(self, example, mark: Callable[[str], None] = _noop) -> np.ndarray:
-        t, cfg = self.transform, self.model.config
+        t = self.transform
         mark("input_transform")
-        batch = [example] if isinstance(example, dict) else list(example)
-        pixels, masks, tokens, token_masks, states = [], [], [], [], []
-        for ex in batch:
-            slots, valid = t._slots(ex)
-            state = t._state(ex)
-            prompt = t._prompt(ex)
-            if cfg.pi05:
-                prompt = f"Task: {prompt.strip()}, {state_prompt(state)}\nAction: "
-            ids, mask = tokenize_prompt(t.tokenizer, prompt, self.workload.prompt_slots)
-            pixels.append(slots)
-            masks.append(valid)
-            tokens.append(ids)
-            token_masks.append(mask)
-            padded = np.zeros(cfg.action_dim, dtype=np.float32)
-            padded[: state.shape[0]] = state
-            states.append(padded)
+        host = t.host_arrays(example)
         mark("host_to_device")
-        dev = self.device
-        raw = [[torch.from_numpy(np.ascontiguousarray(a)).to(dev) for a in slots] for slots in pixels]
-        image_mask = torch.tensor(masks, dtype=torch.bool).to(dev)
-        tokens_t = torch.from_numpy(np.stack(tokens)).to(dev)
-        token_mask = torch.from_numpy(np.stack(token_masks)).to(dev)
-        state_t = torch.from_numpy(np.stack(states)).to(dev)
+        uploaded = t.upload(host)
         mark("image_preprocess")
-        R = cfg.vision.image_size
-        images = torch.stack([torch.stack([resize_with_pad(a, R) for a in slots]) for slots in raw])
-        obs = Observation(
-            images=images.float() / 127.5 - 1.0, image_mask=image_mask, tokens=tokens_t, token_mask=token_mask,
-            state=state_t,
-            host_image_valid=tuple(bool(any(m[s] for m in masks)) for s in range(len(masks[0]))),
-            host_prompt_len=int(max(m.sum() for m in token_masks)),
-        )
+        obs = t.preprocess(uploaded)
         noise = self.noise if self.noise is not None and self.noise.shape[0] == obs.batch else None
         actions = self.sample(obs, noise, self.num_steps, mark)
         mark("device_to_host")
