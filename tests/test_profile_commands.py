@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from vlaperf.profile.commands import main
+from vlaperf.cli import main
 from vlaperf.profile.doctor import exit_code
 from vlaperf.report.schema import read_result
 

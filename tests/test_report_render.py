@@ -32,7 +32,7 @@ def h200_files():
 @pytest.fixture(scope="module")
 def tiny_results(tmp_path_factory):
     """Fresh result files of every kind the profiler and the bench/matrix commands write."""
-    from vlaperf.profile.commands import main as profile_main
+    from vlaperf.cli import main as profile_main
 
     d = tmp_path_factory.mktemp("tiny_results")
     n = torch.get_num_threads()

@@ -16,7 +16,6 @@ doctor: 1 when any finding has severity "error" (so CI can gate on the environme
 from __future__ import annotations
 
 import argparse
-import sys
 from pathlib import Path
 
 import torch
@@ -288,23 +287,3 @@ def register(subparsers) -> None:
     p.add_argument("paths", nargs="+", help="result JSON files or directories of them")
     p.add_argument("-o", "--output", default="report.html", help="report.html (self-contained) or report.md")
     p.set_defaults(func=cmd_report)
-
-
-def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vlaperf", description="vlaperf profiler commands")
-    register(parser.add_subparsers(dest="command", required=True))
-    return parser
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except CliError as e:
-        print(f"vlaperf {args.command}: error: {e}", file=sys.stderr)
-        return 2
-
-
-if __name__ == "__main__":
-    sys.exit(main())
