@@ -98,3 +98,15 @@ def test_lerobot_legacy_time_mlp_names(tmp_path):
 def test_missing_file():
     with pytest.raises(CheckpointError, match="checkpoint not found"):
         load_checkpoint(build_model("tiny"), "/nonexistent/model.safetensors")
+
+
+def test_both_embedding_names_the_embedding_wins(tmp_path):
+    """LeRobot saves an untied LM head and embedding; its loader ends with the file's embedding."""
+    src = build_model("tiny", seed=1)
+    tensors = read_tensors(save_checkpoint(src, tmp_path / "a.safetensors"))
+    tensors[EMBED] = tensors[LM_HEAD].clone()
+    tensors[LM_HEAD] = torch.zeros_like(tensors[LM_HEAD])  # a stale, unused head
+    save_file(tensors, str(tmp_path / "both.safetensors"))
+    dst = build_model("tiny", seed=2)
+    load_checkpoint(dst, tmp_path / "both.safetensors")
+    _assert_same(src, dst)

@@ -72,13 +72,13 @@ def to_openpi_names(tensors: dict[str, torch.Tensor], layout: str, pi05: bool) -
             elif not pi05 and key.startswith("time_mlp_"):
                 key = "action_" + key
         out[key] = t
-    # Tied embedding: openpi's file keeps the LM head's name only; other writers may keep
-    # the embedding's. With both present the LM head's value wins (LeRobot copies it into
-    # the embedding on load, too).
-    if LM_HEAD in out:
-        out[EMBED] = out[LM_HEAD]
-    elif EMBED in out:
+    # Tied embedding: openpi's file keeps the LM head's name only. LeRobot (transformers 5.5)
+    # unties the two and saves both; on load it copies the LM head into the embedding and
+    # then the file's own embedding overwrites it, so with both present the embedding wins.
+    if EMBED in out:
         out[LM_HEAD] = out[EMBED]
+    elif LM_HEAD in out:
+        out[EMBED] = out[LM_HEAD]
     return out
 
 

@@ -6,6 +6,7 @@
     vlaperf levers
     vlaperf breakdown / scaling / syncs / doctor / report    (docs/profiling.md)
     vlaperf serve / loadgen / rollout                        (docs/serving.md)
+    vlaperf compare / convert                                (docs/compare.md)
 Exit codes: 0 ok, 1 an equivalence check failed (doctor: an error-severity finding),
 2 bad arguments or setup.
 """
@@ -317,6 +318,10 @@ def build_parser() -> argparse.ArgumentParser:
     from vlaperf.profile.commands import register as register_profile
 
     register_profile(sub)
+
+    from vlaperf.compare.commands import register as register_compare
+
+    register_compare(sub)
     return parser
 
 

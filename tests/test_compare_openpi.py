@@ -1,0 +1,124 @@
+"""vlaperf.compare.openpi against a stand-in for openpi's PI0Pytorch (openpi is not installable
+here). The stand-in has openpi's interface: `state_dict()` with openpi's names (vlaperf's, one
+to one), `config` like openpi's Pi0Config, and `sample_actions(device, observation, noise=,
+num_steps=)` reading exactly the observation attributes openpi's preprocessing reads. Its
+weights differ from anything vlaperf would build, so agreement proves the weights were copied."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from vlaperf.checkpoints import CheckpointError
+from vlaperf.compare import OpenpiObservation, action_metrics, from_openpi_observation, to_openpi_observation
+from vlaperf.compare.openpi import compare_openpi, openpi_config, vlaperf_from_openpi
+from vlaperf.inputs import IMAGE_SLOTS, random_observation
+from vlaperf.models.pi0 import build_model, get_config
+
+OPENPI_READS = ("images", "image_masks", "state", "tokenized_prompt", "tokenized_prompt_mask", "token_ar_mask", "token_loss_mask")
+
+
+class FakePI0Pytorch:
+    """openpi's PI0Pytorch interface around a vlaperf model with its own (seed 7) weights."""
+
+    def __init__(self, cfg, dtype=torch.float32, seed=7):
+        self._model = build_model(cfg, "cpu", dtype, seed=seed)
+        self.config = SimpleNamespace(pi05=cfg.pi05, action_dim=cfg.action_dim, action_horizon=cfg.action_horizon,
+                                      max_token_len=cfg.max_token_len, paligemma_variant="gemma_2b",
+                                      action_expert_variant="gemma_300m")
+        self.calls = []
+
+    def state_dict(self):
+        return self._model.state_dict()
+
+    def sample_actions(self, device, observation, noise=None, num_steps=10):
+        seen = {name: getattr(observation, name) for name in OPENPI_READS}  # AttributeError if one is missing
+        assert set(seen["images"]) >= set(IMAGE_SLOTS)
+        B = seen["state"].shape[0]
+        for key in IMAGE_SLOTS:
+            img, mask = seen["images"][key], seen["image_masks"][key]
+            assert img.shape[:2] == (B, 3) and img.dtype == torch.float32 and -1 <= img.min() and img.max() <= 1
+            assert mask.shape == (B,) and mask.dtype == torch.bool
+        assert seen["tokenized_prompt"].dtype == torch.int64 and seen["tokenized_prompt_mask"].dtype == torch.bool
+        assert seen["token_ar_mask"] is None and seen["token_loss_mask"] is None
+        self.calls.append({"device": device, "num_steps": num_steps, "noise": noise})
+        return self._model.sample_actions(from_openpi_observation(observation), noise, num_steps)
+
+
+@pytest.mark.parametrize("pi05", [False, True], ids=["pi0", "pi05"])
+def test_compare_against_fake_openpi_is_exact(pi05):
+    cfg = get_config("tiny", pi05=pi05)
+    theirs = FakePI0Pytorch(cfg)
+    out = compare_openpi(theirs, "tiny", config=cfg, seed=5)
+    ref, best = out["equivalence"]["reference"], out["equivalence"]["best"]
+    assert ref["max_abs"] == 0.0 and ref["passed"]  # same weights, same computation: bit-exact
+    assert best["rel_l2"] < 1e-4 and best["passed"] and out["passed"]
+    assert len(ref["per_dim"]["rel_l2"]) == cfg.action_dim and out["levers"]["spec"] == "best"
+    (call,) = theirs.calls
+    assert call["num_steps"] == 4 and call["device"] == torch.device("cpu") and call["noise"].shape == (1, 10, 8)
+    assert out["actions"]["openpi"].shape == (1, 10, 8)
+
+
+def test_weights_are_copied_not_rebuilt():
+    cfg = get_config("tiny")
+    theirs = FakePI0Pytorch(cfg, seed=11)
+    ours = vlaperf_from_openpi(theirs, cfg)
+    a, b = theirs.state_dict(), ours.state_dict()
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    assert ours.paligemma_with_expert.paligemma.lm_head.weight is ours.backbone.embed_tokens.weight  # tie kept
+
+
+def test_bf16_openpi_model_gives_a_bf16_vlaperf_model():
+    cfg = get_config("tiny")
+    theirs = FakePI0Pytorch(cfg, dtype=torch.bfloat16)
+    out = compare_openpi(theirs, "tiny", config=cfg, levers=None)
+    assert out["dtype"] == "bfloat16" and out["equivalence"]["reference"]["max_abs"] == 0.0
+    assert set(out["equivalence"]) == {"reference"} and out["levers"] is None
+
+
+def test_mismatched_openpi_model_names_the_keys():
+    theirs = FakePI0Pytorch(get_config("tiny", pi05=True))
+    with pytest.raises(CheckpointError, match=r"(?s)openpi.s state dict does not match.*missing tensor action_time_mlp_in.weight \(model expects shape \[32, 64\]\)"):
+        compare_openpi(theirs, "tiny", config=get_config("tiny"))
+
+
+def test_not_a_pi0_model():
+    with pytest.raises(CheckpointError, match="is it a PI0Pytorch"):
+        vlaperf_from_openpi(SimpleNamespace(state_dict=lambda: {"w": torch.ones(1)}), get_config("tiny"))
+
+
+def test_openpi_config_mapping():
+    c = SimpleNamespace(pi05=True, action_dim=32, action_horizon=15, max_token_len=200,
+                        paligemma_variant="gemma_2b", action_expert_variant="gemma_300m")
+    cfg = openpi_config(SimpleNamespace(config=c))
+    assert cfg.pi05 and cfg.action_horizon == 15 and cfg.max_token_len == 200 and cfg.backbone.width == 2048
+    c.action_expert_variant = "gemma_2b"
+    with pytest.raises(ValueError, match="pass config="):
+        openpi_config(SimpleNamespace(config=c))
+    with pytest.raises(ValueError, match="has no `config`"):
+        openpi_config(object())
+
+
+def test_observation_round_trip(tiny_workload):
+    obs = random_observation(tiny_workload, get_config("tiny"), seed=2)
+    op = to_openpi_observation(obs)
+    assert isinstance(op, OpenpiObservation) and list(op.images) == list(IMAGE_SLOTS)
+    back = from_openpi_observation(op)
+    for a, b in zip(obs.tensors(), back.tensors()):
+        assert torch.equal(a, b)
+    del op.image_masks["right_wrist_0_rgb"]  # openpi: an absent mask means a valid image
+    assert bool(from_openpi_observation(op).image_mask[:, 2].all())
+
+
+def test_action_metrics_per_dimension():
+    ref = torch.ones(2, 3, 4)
+    out = ref.clone()
+    out[..., 2] += 0.5
+    m = action_metrics(out, ref, torch.float32)
+    assert m["worst_dim"] == 2 and m["per_dim"]["max_abs"] == [0.0, 0.0, 0.5, 0.0]
+    assert m["per_dim"]["rel_l2"][2] == pytest.approx(0.5) and not m["passed"]
+    with pytest.raises(ValueError, match="action shapes differ"):
+        action_metrics(out[:, :2], ref, torch.float32)
+    nan = out.clone()
+    nan[0, 0, 0] = float("nan")
+    assert not action_metrics(nan, ref, torch.float32)["passed"]

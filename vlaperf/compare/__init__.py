@@ -1,0 +1,104 @@
+"""Compare with peers: the same pi0 / pi0.5 weights and inputs in vlaperf and in another
+implementation (LeRobot 0.6, openpi's PyTorch port), and checkpoint conversion between their
+file layouts. docs/compare.md is the user guide.
+
+    vlaperf.compare.convert   convert_checkpoint(src, dst, from_layout, to_layout, preset)
+    vlaperf.compare.lerobot   build LeRobot's PI0Policy / PI05Policy, copy weights, compare, time
+    vlaperf.compare.openpi    compare against a user's openpi `PI0Pytorch` object
+    vlaperf.compare.commands  `vlaperf compare` and `vlaperf convert`
+
+This module holds what they share: the equivalence metrics (overall and per action
+dimension) and the observation in openpi's attribute layout. Nothing here imports LeRobot
+or openpi.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+from torch import Tensor
+
+from vlaperf.check import REL_L2_TOLERANCE, compare
+from vlaperf.inputs import IMAGE_SLOTS, Observation
+
+
+def action_metrics(actions: Tensor, reference: Tensor, dtype: torch.dtype) -> dict:
+    """How far `actions` are from `reference` (both (B, H, A)): vlaperf.check.compare overall
+    (max_abs, rel_l2, tolerance, passed), plus the same two numbers per action dimension.
+
+    Per dimension d: max |a - r| over batch and horizon, and ||a[..., d] - r[..., d]|| /
+    ||r[..., d]||. Every dimension the model outputs is reported, padded ones included (both
+    models compute them from the same weights, so they must agree too); `worst_dim` is the
+    dimension with the largest relative error.
+    """
+    if actions.shape != reference.shape:
+        raise ValueError(f"action shapes differ: {tuple(actions.shape)} vs reference {tuple(reference.shape)}")
+    out = compare(actions, reference, dtype)
+    a, r = actions.double().flatten(0, -2), reference.double().flatten(0, -2)  # (B*H, A)
+    diff = a - r
+    max_abs = diff.abs().amax(dim=0)
+    rel = diff.norm(dim=0) / r.norm(dim=0).clamp_min(1e-30)
+    out["per_dim"] = {"max_abs": [float(x) for x in max_abs], "rel_l2": [float(x) for x in rel]}
+    finite = torch.isfinite(rel)
+    out["worst_dim"] = int(torch.where(finite, rel, torch.inf).argmax()) if rel.numel() else None
+    out["dtype"] = str(dtype).replace("torch.", "")
+    return out
+
+
+def tolerance_for(dtype: torch.dtype) -> float:
+    return REL_L2_TOLERANCE[dtype]
+
+
+@dataclass
+class OpenpiObservation:
+    """An observation with the attributes openpi's PyTorch `sample_actions` reads.
+
+    openpi's `preprocess_observation_pytorch` reads `images` and `image_masks` (dicts keyed
+    base_0_rgb / left_wrist_0_rgb / right_wrist_0_rgb), `state`, `tokenized_prompt`,
+    `tokenized_prompt_mask`, and passes `token_ar_mask` / `token_loss_mask` through (None for
+    pi0 and pi0.5). Images are float (B, 3, H, W) in [-1, 1]; openpi resizes them with
+    padding only if they are not already 224 x 224.
+    """
+
+    images: dict[str, Tensor]
+    image_masks: dict[str, Tensor]
+    state: Tensor
+    tokenized_prompt: Tensor
+    tokenized_prompt_mask: Tensor
+    token_ar_mask: Tensor | None = None
+    token_loss_mask: Tensor | None = None
+
+
+def to_openpi_observation(obs: Observation) -> OpenpiObservation:
+    """vlaperf's Observation (image slots stacked on axis 1) -> openpi's attribute layout."""
+    slots = obs.images.shape[1]
+    if slots != len(IMAGE_SLOTS):
+        raise ValueError(f"openpi expects {len(IMAGE_SLOTS)} image slots {IMAGE_SLOTS}, the observation has {slots}")
+    return OpenpiObservation(
+        images={name: obs.images[:, s] for s, name in enumerate(IMAGE_SLOTS)},
+        image_masks={name: obs.image_mask[:, s] for s, name in enumerate(IMAGE_SLOTS)},
+        state=obs.state,
+        tokenized_prompt=obs.tokens,
+        tokenized_prompt_mask=obs.token_mask,
+    )
+
+
+def from_openpi_observation(observation) -> Observation:
+    """openpi's attribute layout -> vlaperf's Observation (absent masks mean valid, as in openpi)."""
+    missing = [k for k in IMAGE_SLOTS if k not in observation.images]
+    if missing:
+        raise ValueError(f"images dict missing keys {missing}: expected {IMAGE_SLOTS}, got {list(observation.images)}")
+    B = observation.state.shape[0]
+    device = observation.state.device
+    masks = [observation.image_masks.get(k, torch.ones(B, dtype=torch.bool, device=device)) for k in IMAGE_SLOTS]
+    return Observation(
+        images=torch.stack([observation.images[k] for k in IMAGE_SLOTS], dim=1),
+        image_mask=torch.stack(masks, dim=1),
+        tokens=observation.tokenized_prompt,
+        token_mask=observation.tokenized_prompt_mask,
+        state=observation.state,
+    )
+
+
+__all__ = ["action_metrics", "tolerance_for", "OpenpiObservation", "to_openpi_observation", "from_openpi_observation"]

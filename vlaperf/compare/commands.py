@@ -1,0 +1,191 @@
+"""CLI subcommands `compare` and `convert`; `register(subparsers)` adds them.
+
+    vlaperf compare --workload libero-pi0 --against lerobot [--device cuda] [--dtype bfloat16]
+                    [--warmup 10] [--iters 50] [--json out.json]
+    vlaperf convert --from lerobot --to openpi --preset pi0 IN OUT
+
+Exit codes as the other commands: 0 ok; 1 vlaperf's actions are not equivalent to the
+peer's (timing is then not reported); 2 bad arguments or setup, LeRobot missing included.
+Nothing here imports LeRobot until `compare` runs. `python -m vlaperf.compare.commands ...`
+runs these two commands alone.
+"""
+
+from __future__ import annotations
+
+import argparse
+import sys
+
+import torch
+
+from vlaperf.cli import CliError, default_device, positive_int
+
+COMPARE_WORKLOADS = ("libero-pi0", "libero-pi05", "aloha-pi0", "libero-pi0-b4", "libero-pi0-b8", "libero-shallow6", "tiny")
+
+
+def register(subparsers) -> None:
+    """Add `compare` and `convert` to vlaperf's subparsers."""
+    from vlaperf.compare.convert import LAYOUTS
+    from vlaperf.engine.levers import COMPILE_MODES
+    from vlaperf.models.pi0 import PRESETS
+
+    p = subparsers.add_parser("compare", help="same weights and inputs in vlaperf and LeRobot: equivalence and speed")
+    p.add_argument("--workload", default=None, choices=COMPARE_WORKLOADS,
+                   help="default: libero-pi0 on a GPU, tiny on the CPU; tiny and libero-shallow6 build a reduced LeRobot model")
+    p.add_argument("--against", choices=("lerobot",), default="lerobot",
+                   help="the peer (openpi: use vlaperf.compare.openpi from Python with your openpi model)")
+    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+    p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16 on cuda, float32 on cpu")
+    p.add_argument("--steps", type=positive_int, default=None, help="denoise steps (default: the workload's)")
+    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
+    p.add_argument("--levers", default="best", help="vlaperf variant timed besides the reference ('best', a comma list, or 'reference')")
+    p.add_argument("--reduced", action="store_true",
+                   help="build LeRobot (and vlaperf) at a reduced size (see vlaperf.compare.lerobot.Reduced); CPU-friendly")
+    p.add_argument("--lerobot-compile", default="max-autotune", choices=(*COMPILE_MODES, "none"),
+                   help="also time LeRobot compiled as its compile_model=True does, with this compile_mode (default: "
+                        "LeRobot's own default, max-autotune); 'none' to skip")
+    p.add_argument("--no-timing", action="store_true", help="equivalence only")
+    p.add_argument("--warmup", type=positive_int, default=10)
+    p.add_argument("--iters", type=positive_int, default=50)
+    p.add_argument("--json", default=None, help="write the result file here")
+    p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    p.set_defaults(func=cmd_compare)
+
+    p = subparsers.add_parser("convert", help="convert a model.safetensors between openpi's and LeRobot's layouts (strict)")
+    p.add_argument("--from", dest="from_layout", required=True, choices=LAYOUTS, help="layout of IN")
+    p.add_argument("--to", dest="to_layout", required=True, choices=LAYOUTS, help="layout to write")
+    p.add_argument("--preset", required=True, choices=tuple(PRESETS), help="model preset the file must match exactly")
+    p.add_argument("src", metavar="IN", help="model.safetensors, or a folder holding one")
+    p.add_argument("dst", metavar="OUT", help="a .safetensors path, or a folder (gets model.safetensors)")
+    p.set_defaults(func=cmd_convert)
+
+
+# ------------------------------------------------------------------------ convert
+
+
+def cmd_convert(args) -> int:
+    from vlaperf.checkpoints import CheckpointError
+    from vlaperf.compare.convert import convert_checkpoint
+
+    try:
+        report = convert_checkpoint(args.src, args.dst, args.from_layout, args.to_layout, args.preset)
+    except CheckpointError as e:
+        raise CliError(str(e)) from None
+    print(f"converted {report['src']} ({report['from']}, {report['tensors_in']} tensors) -> {report['dst']} "
+          f"({report['to']}, {report['tensors_out']} tensors, {'/'.join(report['dtypes'])}, preset {report['preset']})")
+    for old, new in report["renamed"]:
+        print(f"  renamed {old} -> {new}")
+    if report["lm_head_differed"]:
+        print(f"  note: the file held both the token embedding and the LM head with different values; the embedding "
+              f"({report['embedding_from']}) was kept, as LeRobot's loader does (inference never reads the LM head)")
+    return 0
+
+
+# ------------------------------------------------------------------------ compare
+
+
+def cmd_compare(args) -> int:
+    from vlaperf.compare.lerobot import LeRobotUnavailable, compare_lerobot, import_lerobot, time_lerobot
+    from vlaperf.models.pi0 import default_dtype
+    from vlaperf.workloads import get_workload
+
+    device = torch.device(args.device or default_device())
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CliError("--device cuda requested but CUDA is not available (use --device cpu)")
+    workload_id = args.workload or ("libero-pi0" if device.type == "cuda" else "tiny")
+    base = get_workload(workload_id)
+    workload = base.with_overrides(steps=args.steps)
+    dtype = getattr(torch, args.dtype) if args.dtype else default_dtype(device)
+    reduced = args.reduced or workload.preset not in ("pi0", "pi05")
+    if device.type == "cpu" and not reduced:
+        print(f"vlaperf compare: note: {workload.id} at full size on the CPU holds two 3.5B-parameter models (~32 GB in "
+              "float32) and takes minutes per call; --reduced builds a small one", file=sys.stderr)
+    try:
+        import_lerobot(pi05=workload.preset == "pi05")
+    except LeRobotUnavailable as e:
+        raise CliError(str(e)) from None
+    try:
+        run = compare_lerobot(workload, device=device, dtype=dtype, seed=args.seed, reduced=reduced, levers=args.levers)
+    except ValueError as e:  # bad levers, a size LeRobot cannot build
+        raise CliError(str(e)) from None
+    compared = {k: v for k, v in run.result.items() if k != "actions"}
+    timing = None
+    if run.result["passed"] and not args.no_timing:
+        mode = None if args.lerobot_compile == "none" else args.lerobot_compile
+        timing = time_lerobot(run, warmup=args.warmup, iters=args.iters, lerobot_compile=mode, progress=not args.no_progress)
+    print_compare(compared, timing, workload.id)
+    if args.json:
+        _write_json(args.json, base, workload, run, compared, timing, device)
+        print(f"wrote {args.json}")
+    if not run.result["passed"]:
+        worst = max(compared["equivalence"].items(), key=lambda kv: kv[1]["rel_l2"] if kv[1]["rel_l2"] == kv[1]["rel_l2"] else float("inf"))
+        print(f"vlaperf compare: vlaperf ({worst[0]}) is not equivalent to LeRobot: rel_l2 {worst[1]['rel_l2']:.3g} > "
+              f"{worst[1]['tolerance']:.3g}; timing not reported", file=sys.stderr)
+        return 1
+    return 0
+
+
+def _write_json(path, base, workload, run, compared, timing, device) -> None:
+    from vlaperf.cli import result_header
+    from vlaperf.report.schema import write_result
+    from vlaperf.timing import environment_record
+
+    levers = run.engine.levers.names() if run.engine is not None else []
+    label = run.engine.name if run.engine is not None else "reference"
+    result = result_header("compare", base, workload, run.model, environment_record(device), levers, label, "model")
+    result["compare"] = compared
+    result["timing"] = timing
+    write_result(result, path)
+
+
+def print_compare(compared: dict, timing: dict | None, workload_id: str) -> None:
+    from rich.console import Console
+    from rich.table import Table
+
+    console = Console()
+    t = Table(title=f"vlaperf compare  {workload_id}  vs LeRobot {compared.get('lerobot_version') or '(version unknown)'}  "
+              f"({compared['model']}, {compared['dtype']}, {compared['device']}, {compared['steps']} steps)")
+    for col in ("vlaperf variant", "max abs", "rel L2", "worst dim (rel L2)", "tolerance", "passed"):
+        t.add_column(col)
+    for name, m in compared["equivalence"].items():
+        worst = m["worst_dim"]
+        worst_txt = f"{worst} ({m['per_dim']['rel_l2'][worst]:.3g})" if worst is not None else "-"
+        t.add_row(name, f"{m['max_abs']:.3g}", f"{m['rel_l2']:.3g}", worst_txt, f"{m['tolerance']:.0e}", "yes" if m["passed"] else "NO")
+    console.print(t)
+    console.print("as shipped: " + "; ".join(compared["as_shipped"]))
+    if timing is None:
+        return
+    t = Table(title="latency, interleaved in one process (speedup > 1 = faster than LeRobot eager)")
+    for col in ("variant", "wall median ms", "event median ms", "speedup (wall)", "speedup (event)", "first call s"):
+        t.add_column(col)
+    for name, s in timing["summary"].items():
+        ev = s["cuda_event_ms_median"]
+        sp_ev = s["speedup_vs_lerobot_event"]
+        t.add_row(name, f"{s['wall_ms_median']:.2f}", f"{ev:.2f}" if ev is not None else "-",
+                  f"{s['speedup_vs_lerobot_wall']:.2f}x" + ("" if s["significant"] or name == "lerobot" else " (n.s.)"),
+                  f"{sp_ev:.2f}x" if sp_ev is not None else "-", f"{s['first_call_s']:.2f}")
+    console.print(t)
+    lc = timing["lerobot_compile"]
+    if lc.get("compile_error"):
+        console.print(f"LeRobot compiled ({lc['mode']}) left out: {lc['compile_error']}")
+
+
+# --------------------------------------------------------------------------- main
+
+
+def main(argv: list[str] | None = None) -> int:
+    """`compare` and `convert` alone, with vlaperf's exit-code conventions."""
+    parser = argparse.ArgumentParser(prog="vlaperf", description="vlaperf compare / convert")
+    sub = parser.add_subparsers(dest="command", required=True)
+    register(sub)
+    args = parser.parse_args(argv)
+    try:
+        return args.func(args)
+    except CliError as e:
+        print(f"vlaperf {args.command}: error: {e}", file=sys.stderr)
+        return 2
+
+
+__all__ = ["register", "cmd_compare", "cmd_convert", "main"]
+
+if __name__ == "__main__":
+    sys.exit(main())

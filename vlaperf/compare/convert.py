@@ -1,0 +1,208 @@
+"""Checkpoint conversion between openpi's and LeRobot's `model.safetensors` layouts.
+
+    convert_checkpoint("pi0_openpi/", "pi0_lerobot/", "openpi", "lerobot", "pi0")
+
+Both layouts hold the same tensors under the same names, LeRobot's under a `model.` prefix
+(its policy keeps openpi's `PI0Pytorch` as `self.model`). The conversion is strict: every
+tensor of the model preset must be there with its exact shape, and nothing else may be; a
+mismatch raises vlaperf.checkpoints.CheckpointError naming each offending key (with both
+shapes for a wrong shape). Names and shapes are checked against a `Pi0Model` built on the
+`meta` device, so no weights are allocated; only the file's tensors are held in memory.
+dtypes are kept as stored (openpi's converted files are all bfloat16).
+
+Naming, as read in openpi and LeRobot 0.6.1 source:
+  - pi0's time MLP is `action_time_mlp_{in,out}`, pi0.5's is `time_mlp_{in,out}` in both
+    layouts. LeRobot's loader also accepts the other name (older files); so does this
+    converter, and the report lists each such rename.
+  - The token embedding: openpi ties it to the PaliGemma LM head and its file stores the
+    tensor once, as `paligemma_with_expert.paligemma.lm_head.weight`. In LeRobot 0.6.1
+    (transformers 5.5) the two are separate parameters: LeRobot replaces PaliGemma's inner
+    model after transformers tied them, so its `save_pretrained` (safetensors `save_model`)
+    stores BOTH `model....paligemma.lm_head.weight` and
+    `model....paligemma.model.language_model.embed_tokens.weight`. Its `from_pretrained`
+    copies the LM head into the embedding and then loads the file's embedding if present,
+    which wins (safetensors hands keys over sorted, and `lm_head` sorts first). Inference
+    never reads the LM head. So when a file has both names this converter takes the
+    EMBEDDING's value (what both runtimes embed tokens with; after LeRobot fine-tuning only
+    the embedding is trained) and reports whether the two differed.
+  - Written files store the embedding once, under the LM head's name, in both layouts, as
+    openpi does; LeRobot 0.6.1 and openpi both load that.
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+import torch
+from safetensors.torch import save_file
+
+from vlaperf.checkpoints import (
+    EMBED,
+    LEROBOT_PREFIX,
+    LM_HEAD,
+    CheckpointError,
+    checkpoint_file,
+    detect_layout,
+    read_tensors,
+    to_openpi_names,
+)
+from vlaperf.models.pi0 import Pi0Config, Pi0Model, get_config
+
+LAYOUTS = ("openpi", "lerobot")
+MAX_LISTED = 20
+
+
+def _config(preset: str | Pi0Config) -> Pi0Config:
+    if isinstance(preset, Pi0Config):
+        return preset
+    try:
+        return get_config(preset)
+    except ValueError as e:
+        raise CheckpointError(str(e)) from None
+
+
+def expected_shapes(preset: str | Pi0Config) -> dict[str, torch.Size]:
+    """Every state-dict name of the preset's model (openpi names) -> shape, from a meta-device
+    model (no memory). The tied embedding appears under both of its names."""
+    with torch.device("meta"):
+        model = Pi0Model(_config(preset))
+    return {k: v.shape for k, v in model.state_dict().items()}
+
+
+def validate(named: dict[str, torch.Tensor], preset: str | Pi0Config) -> None:
+    """Raise CheckpointError listing every missing, unexpected or wrongly shaped tensor
+    (openpi names on both sides)."""
+    cfg = _config(preset)
+    expected = expected_shapes(cfg)
+    problems = []
+    for key in sorted(set(expected) - set(named)):
+        problems.append(f"missing tensor {key} (model expects shape {list(expected[key])})")
+    for key in sorted(set(named) - set(expected)):
+        problems.append(f"unexpected tensor {key} with shape {list(named[key].shape)} (not a parameter of preset {cfg.name!r})")
+    for key in sorted(set(named) & set(expected)):
+        if named[key].shape != expected[key]:
+            problems.append(f"wrong shape for {key}: checkpoint has {list(named[key].shape)}, model expects {list(expected[key])}")
+    if problems:
+        shown = problems[:MAX_LISTED] + ([f"... and {len(problems) - MAX_LISTED} more"] if len(problems) > MAX_LISTED else [])
+        kind = "pi0.5" if cfg.pi05 else "pi0"
+        other = "pi0" if cfg.pi05 else "pi0.5"
+        looks_other = "state_proj.weight" in named if cfg.pi05 else "time_mlp_in.weight" in named
+        hint = f" (the file looks like {other}, the preset is {kind})" if looks_other else ""
+        raise CheckpointError(f"checkpoint does not match model preset {cfg.name!r}{hint}:\n  " + "\n  ".join(shown))
+
+
+def _check_layout(tensors: dict[str, torch.Tensor], layout: str) -> None:
+    if layout not in LAYOUTS:
+        raise CheckpointError(f"unknown checkpoint layout {layout!r}; expected one of {LAYOUTS}")
+    if not tensors:
+        raise CheckpointError("the checkpoint holds no tensors")
+    found = detect_layout(tensors)
+    if layout == "openpi" and found == "lerobot":
+        raise CheckpointError(f"every key starts with {LEROBOT_PREFIX!r}: this looks like a LeRobot checkpoint, not openpi's "
+                              "(convert with --from lerobot)")
+    if layout == "lerobot":
+        stray = sorted(k for k in tensors if not k.startswith(LEROBOT_PREFIX))
+        if stray:
+            hint = " (no key has it: this looks like an openpi checkpoint, convert with --from openpi)" if found == "openpi" and \
+                len(stray) == len(tensors) else ""
+            listed = ", ".join(stray[:5]) + (f" and {len(stray) - 5} more" if len(stray) > 5 else "")
+            raise CheckpointError(f"LeRobot checkpoint keys lack the {LEROBOT_PREFIX!r} prefix: {listed}{hint}")
+
+
+def to_model_names(tensors: dict[str, torch.Tensor], layout: str, preset: str | Pi0Config) -> tuple[dict[str, torch.Tensor], dict]:
+    """A file's tensors -> openpi names, validated strictly against the preset.
+
+    Returns (named, notes): `named` holds the embedding under both of its names (one tensor);
+    notes = {"renamed": [[from, to], ...], "embedding_from": name, "lm_head_differed": bool | None}.
+    """
+    cfg = _config(preset)
+    _check_layout(tensors, layout)
+    prefix = LEROBOT_PREFIX if layout == "lerobot" else ""
+    # Each key's model name, by vlaperf.checkpoints' own rules (prefix, legacy time-MLP names):
+    # the first name to_openpi_names gives a one-tensor dict is that tensor's own.
+    targets = {key: next(iter(to_openpi_names({key: t}, layout, cfg.pi05))) for key, t in tensors.items()}
+    by_target: dict[str, list[str]] = {}
+    for key, target in targets.items():
+        by_target.setdefault(target, []).append(key)
+    clashes = {t: keys for t, keys in by_target.items() if len(keys) > 1}
+    if clashes:
+        listed = "; ".join(f"{' and '.join(keys)} -> {t}" for t, keys in sorted(clashes.items()))
+        raise CheckpointError(f"several keys of the checkpoint name the same tensor: {listed}")
+    renamed = [[key, target] for key, target in targets.items() if key[len(prefix):] != target]
+    src_embed, src_head = tensors.get(prefix + EMBED), tensors.get(prefix + LM_HEAD)
+    named = to_openpi_names(tensors, layout, cfg.pi05)
+    notes = {"renamed": renamed, "embedding_from": None, "lm_head_differed": None}
+    if src_embed is not None:
+        # The embedding wins over the (unused) LM head, as in LeRobot's loader; see the module doc.
+        notes["embedding_from"] = prefix + EMBED
+        if src_head is not None:
+            notes["lm_head_differed"] = not (src_head.shape == src_embed.shape and torch.equal(src_head, src_embed))
+        named[EMBED] = named[LM_HEAD] = src_embed
+    elif src_head is not None:
+        notes["embedding_from"] = prefix + LM_HEAD
+    validate(named, cfg)
+    return named, notes
+
+
+def from_model_names(named: dict[str, torch.Tensor], layout: str) -> dict[str, torch.Tensor]:
+    """openpi names -> the tensors to write in `layout`: the tied embedding once, under the LM
+    head's name; LeRobot's keys under `model.`. Tensors are made contiguous, dtypes kept."""
+    if layout not in LAYOUTS:
+        raise CheckpointError(f"unknown checkpoint layout {layout!r}; expected one of {LAYOUTS}")
+    prefix = LEROBOT_PREFIX if layout == "lerobot" else ""
+    out = {}
+    for key in sorted(named):
+        if key == EMBED and LM_HEAD in named:
+            continue
+        out[prefix + key] = named[key].contiguous()
+    return out
+
+
+def convert_tensors(tensors: dict[str, torch.Tensor], from_layout: str, to_layout: str,
+                    preset: str | Pi0Config) -> tuple[dict[str, torch.Tensor], dict]:
+    """In-memory conversion; returns (tensors in `to_layout`, report)."""
+    if to_layout not in LAYOUTS:
+        raise CheckpointError(f"unknown checkpoint layout {to_layout!r}; expected one of {LAYOUTS}")
+    named, notes = to_model_names(tensors, from_layout, preset)
+    out = from_model_names(named, to_layout)
+    report = {"from": from_layout, "to": to_layout, "preset": _config(preset).name, "tensors_in": len(tensors),
+              "tensors_out": len(out), "dtypes": sorted({str(t.dtype).replace("torch.", "") for t in out.values()}),
+              "numel": sum(t.numel() for k, t in out.items()), **notes}
+    return out, report
+
+
+def _output_file(dst: str | os.PathLike) -> Path:
+    p = Path(dst)
+    if p.suffix == ".safetensors":
+        p.parent.mkdir(parents=True, exist_ok=True)
+        return p
+    p.mkdir(parents=True, exist_ok=True)
+    return p / "model.safetensors"
+
+
+def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, from_layout: str, to_layout: str,
+                       preset: str | Pi0Config) -> dict:
+    """Convert `src` (a model.safetensors or a folder holding one) from `from_layout` to
+    `to_layout` ("openpi" | "lerobot") and write it to `dst` (a .safetensors path, or a folder
+    that gets model.safetensors). Strict about every key, see the module doc. Only the
+    safetensors file is written (not LeRobot's config.json or openpi's assets).
+    Returns a report: from, to, preset, tensors_in/out, dtypes, numel, renamed,
+    embedding_from, lm_head_differed, src, dst.
+    """
+    src_file = checkpoint_file(src)
+    dst_file = _output_file(dst)
+    if dst_file.exists() and dst_file.resolve() == src_file.resolve():
+        raise CheckpointError(f"refusing to overwrite the input {src_file}: give another output path")
+    tensors = read_tensors(src_file)
+    out, report = convert_tensors(tensors, from_layout, to_layout, preset)
+    meta = {"format": "pt", "layout": to_layout, "converted_from": from_layout, "preset": report["preset"]}
+    tmp = dst_file.with_name(dst_file.name + ".partial")
+    save_file(out, str(tmp), metadata=meta)
+    os.replace(tmp, dst_file)  # a failed write never leaves a half file under the final name
+    report.update({"src": str(src_file), "dst": str(dst_file)})
+    return report
+
+
+__all__ = ["LAYOUTS", "convert_checkpoint", "convert_tensors", "expected_shapes", "validate", "to_model_names",
+           "from_model_names"]

@@ -1,0 +1,153 @@
+"""vlaperf against openpi's PyTorch pi0 / pi0.5 (`PI0Pytorch`): same weights, same inputs.
+
+openpi is not on PyPI and needs its own patched transformers 4.53.2, so vlaperf never builds
+it: you construct (and load) openpi's model as you normally do, and hand the object over:
+
+    from openpi.models_pytorch.pi0_pytorch import PI0Pytorch      # your openpi install
+    theirs = PI0Pytorch(pi0_config).to("cuda")                     # + safetensors.torch.load_model(...)
+    from vlaperf.compare.openpi import compare_openpi
+    out = compare_openpi(theirs, "libero-pi0")
+    out["equivalence"]["reference"]["rel_l2"]
+
+What happens:
+  1. theirs.state_dict() is loaded into a new vlaperf model with the strict
+     vlaperf.checkpoints.load_state (names equal openpi's one to one; any missing,
+     unexpected or wrongly shaped tensor is an error naming it). The model config comes
+     from `theirs.config` (pi05, action_dim, action_horizon, max_token_len) unless you pass
+     `config=`; dtype and device from its backbone weights. vlaperf's dtype layout for a
+     dtype is openpi's (`to_bfloat16_for_selected_params`), so the copy is exact.
+  2. One random observation of the workload's shapes (vlaperf.inputs) is given to both:
+     to openpi as an object with the attributes its `preprocess_observation_pytorch` reads
+     (vlaperf.compare.OpenpiObservation: images / image_masks dicts keyed base_0_rgb,
+     left_wrist_0_rgb, right_wrist_0_rgb with float (B, 3, 224, 224) images in [-1, 1] and
+     (B,) bool masks, state, tokenized_prompt, tokenized_prompt_mask, token_ar_mask=None,
+     token_loss_mask=None), calling `theirs.sample_actions(device, observation, noise=noise,
+     num_steps=steps)`; to vlaperf as its Observation. Same noise (B, H, action_dim) float32.
+  3. Metrics as vlaperf.compare.action_metrics, openpi's actions being the reference side.
+
+openpi's constructor wraps sample_actions in torch.compile (pytorch_compile_mode, default
+"max-autotune") unless that is None, so the first call may take minutes.
+
+Verified here only against a stand-in object (tests/test_compare_openpi.py); a run against
+a real openpi install has not been made: see docs/compare.md.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+
+import torch
+
+from vlaperf.checkpoints import EMBED, LM_HEAD, CheckpointError, load_state
+from vlaperf.compare import action_metrics, to_openpi_observation
+from vlaperf.inputs import random_noise, random_observation
+from vlaperf.models.pi0 import Pi0Config, Pi0Model, get_config, set_openpi_dtypes
+from vlaperf.workloads import Workload, get_workload
+
+BACKBONE_Q = "paligemma_with_expert.paligemma.model.language_model.layers.0.self_attn.q_proj.weight"
+FULL_VARIANTS = ("gemma_2b", "gemma_300m")
+
+
+def openpi_config(openpi_model) -> Pi0Config:
+    """vlaperf's config for an openpi PI0Pytorch, read from its `config` (openpi's
+    Pi0Config: pi05, action_dim, action_horizon, max_token_len, paligemma_variant,
+    action_expert_variant)."""
+    c = getattr(openpi_model, "config", None)
+    if c is None:
+        raise ValueError("the openpi model has no `config`; pass config= (a vlaperf Pi0Config or preset name)")
+    variants = (getattr(c, "paligemma_variant", "gemma_2b"), getattr(c, "action_expert_variant", "gemma_300m"))
+    if variants != FULL_VARIANTS:
+        raise ValueError(f"openpi model uses variants {variants}; vlaperf's pi0/pi05 presets are {FULL_VARIANTS} "
+                         "(pass config= with matching sizes)")
+    pi05 = bool(getattr(c, "pi05", False))
+    overrides = {k: getattr(c, k) for k in ("action_dim", "action_horizon", "max_token_len") if getattr(c, k, None) is not None}
+    return get_config("pi05" if pi05 else "pi0", **overrides)
+
+
+def _model_names(state: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+    named = dict(state)
+    if EMBED in named:  # the embedding is what inference reads; the LM head is tied to it in openpi
+        named[LM_HEAD] = named[EMBED]
+    return named
+
+
+def vlaperf_from_openpi(openpi_model, config: Pi0Config, dtype: torch.dtype | None = None,
+                        device: torch.device | str | None = None) -> Pi0Model:
+    """A vlaperf model with the openpi model's weights (strict load). dtype and device
+    default to those of openpi's backbone weights."""
+    state = openpi_model.state_dict()
+    if BACKBONE_Q not in state:
+        raise CheckpointError(f"the openpi model's state dict has no {BACKBONE_Q}: is it a PI0Pytorch?")
+    dtype = dtype or state[BACKBONE_Q].dtype
+    device = torch.device(device) if device is not None else state[BACKBONE_Q].device
+    with torch.device("meta"):
+        model = Pi0Model(config)
+    model = model.to_empty(device=device)
+    if config.unused_heads:  # to_empty unties the embedding and the LM head; tie them again
+        model.paligemma_with_expert.paligemma.lm_head.weight = model.backbone.embed_tokens.weight
+    model = set_openpi_dtypes(model, dtype)
+    try:
+        load_state(model, _model_names(state))
+    except CheckpointError as e:
+        raise CheckpointError(f"openpi's state dict does not match vlaperf's model one to one: {e}") from None
+    return model.eval().requires_grad_(False)
+
+
+def _workload_for(workload: str | Workload | None, cfg: Pi0Config) -> Workload:
+    if workload is None:
+        workload = "libero-pi05" if cfg.pi05 else "libero-pi0"
+    wl = get_workload(workload) if isinstance(workload, str) else workload
+    # The model decides the action shapes; the workload the batch, images and prompt.
+    return dataclasses.replace(wl, horizon=cfg.action_horizon, action_dim=cfg.action_dim)
+
+
+@torch.no_grad()
+def compare_openpi(openpi_model, workload: str | Workload | None = None, *, config: Pi0Config | str | None = None,
+                   seed: int = 0, steps: int | None = None, levers: str | None = "best") -> dict:
+    """Run openpi's model and vlaperf (reference, and the `levers` engine unless None) on the
+    same weights, observation and noise. Returns {"equivalence": {"reference": metrics,
+    levers: metrics}, "passed", "model", "dtype", "device", "steps", "seed",
+    "workload", "actions": {"openpi", "vlaperf_reference", ...}}."""
+    from vlaperf.cli import CliError, make_engine
+
+    if isinstance(config, str):
+        cfg = get_config(config)
+    else:
+        cfg = config or openpi_config(openpi_model)
+    model = vlaperf_from_openpi(openpi_model, cfg)
+    device, dtype = model.action_in_proj.weight.device, model.dtype
+    wl = _workload_for(workload, cfg)
+    steps = steps or wl.steps
+    obs = random_observation(wl, cfg, device, seed=seed)
+    noise = random_noise(wl, cfg, device, seed=seed)
+
+    theirs = openpi_model.sample_actions(device, to_openpi_observation(obs), noise=noise.clone(), num_steps=steps)
+    ours = model.sample_actions(obs, noise, steps)
+    equivalence = {"reference": action_metrics(ours, theirs.float(), dtype)}
+    actions = {"openpi": theirs, "vlaperf_reference": ours}
+    levers_info = None
+    if levers and levers not in ("reference", "none"):
+        try:
+            engine = make_engine(model, levers)
+        except CliError as e:
+            raise ValueError(str(e)) from None
+        fast = engine.sample_actions(obs, noise, steps)
+        equivalence[levers] = action_metrics(fast, theirs.float(), dtype)
+        actions["vlaperf_" + levers] = fast
+        levers_info = {"spec": levers, "label": engine.name}
+    return {
+        "against": "openpi",
+        "model": cfg.name,
+        "workload": wl.id,
+        "dtype": str(dtype).replace("torch.", ""),
+        "device": str(device),
+        "steps": steps,
+        "seed": seed,
+        "levers": levers_info,
+        "equivalence": equivalence,
+        "passed": all(m["passed"] for m in equivalence.values()),
+        "actions": actions,
+    }
+
+
+__all__ = ["openpi_config", "vlaperf_from_openpi", "compare_openpi"]
