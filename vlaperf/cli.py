@@ -274,6 +274,10 @@ def cmd_levers(args) -> int:
 
 
 def cmd_matrix(args) -> int:
+    if getattr(args, "ray", False):
+        from vlaperf.profile.ray_matrix import run_matrix_ray
+
+        return run_matrix_ray(args)
     from vlaperf.profile.matrix import run_matrix
 
     base, workload, model, device = setup(args)
@@ -306,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--variants", default="cumulative", help="'cumulative', 'grid', or variants separated by ';'")
     p.add_argument("--warmup", type=positive_int, default=10)
     p.add_argument("--iters", type=positive_int, default=50)
+    from vlaperf.profile.ray_matrix import add_matrix_arguments
+
+    add_matrix_arguments(p)  # --ray, --ray-address, --ray-cpus-per-task (docs/scale-out.md)
     p.set_defaults(func=cmd_matrix)
 
     p = sub.add_parser("levers", help="list the speed levers")

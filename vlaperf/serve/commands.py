@@ -1,6 +1,7 @@
 """CLI subcommands `serve`, `loadgen` and `rollout`; `register(subparsers)` adds them.
 
     vlaperf serve    --workload libero-pi0 --levers serve --port 8000 [--api-key KEY]
+    vlaperf serve    --replicas 2 [--ray-address auto]      (Ray Serve replicas; docs/scale-out.md)
     vlaperf loadgen  --url ws://127.0.0.1:8000 --clients 1,4,8 --requests 20 --json out.json
     vlaperf rollout  --url ws://127.0.0.1:8000 --episodes 3 --control-hz 10 --replan-every 5
 
@@ -59,6 +60,7 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--checkpoint", default=None, help="openpi or LeRobot model.safetensors (default: random weights)")
     p.add_argument("--no-check", action="store_true", help="skip the equivalence check of the engine before serving")
+    _add_replica_arguments(p)
     p.set_defaults(func=cmd_serve)
 
     p = subparsers.add_parser("loadgen", help="closed-loop load test of a running policy server (loopback)")
@@ -85,6 +87,21 @@ def register(subparsers) -> None:
     p.add_argument("--image-size", type=_positive_int, default=224)
     p.add_argument("--json", default=None, help="write the result file here")
     p.set_defaults(func=cmd_rollout)
+
+
+def _add_replica_arguments(p) -> None:
+    """`serve --replicas N` and its options: scale-out on Ray Serve (vlaperf.serve.ray_backend)."""
+    g = p.add_argument_group("scale-out on Ray Serve (pip install 'vlaperf[ray]'; docs/scale-out.md)")
+    g.add_argument("--replicas", type=_positive_int, default=None,
+                   help="run N engine replicas as a Ray Serve deployment (one GPU each; N CPU processes on the CPU) "
+                        "behind this one websocket front end (default: no Ray, the model runs in this process)")
+    g.add_argument("--ray-address", default=None,
+                   help="Ray cluster to use: 'auto' (the one `ray start` runs on this node), 'HOST:6379' or "
+                        "'ray://HOST:10001' (default: $RAY_ADDRESS if set, else a private local Ray on 127.0.0.1)")
+    g.add_argument("--replica-timeout-s", type=_positive_float, default=60.0,
+                   help="longest one batch may take on a replica before its requests get an error frame")
+    g.add_argument("--replica-cpus", type=_positive_float, default=1.0, help="CPUs reserved per replica")
+    g.add_argument("--ray-app-name", default="vlaperf", help="Ray Serve application name (one per front end)")
 
 
 def _need_serve_deps() -> None:
@@ -141,6 +158,10 @@ def cmd_serve(args) -> int:
                        "or --allow-unauthenticated on a trusted network")
     warmup = _warmup_sizes(args.warmup_batches, args.max_batch)
     console = Console()
+    if getattr(args, "replicas", None):  # the model runs in Ray Serve replicas, not in this process
+        from vlaperf.serve.ray_backend import serve_replicas
+
+        return serve_replicas(args, api_key, warmup, console)
     base, workload, model, device = setup(args)
     if args.levers == "serve":
         args.levers = "graph" if model.action_in_proj.weight.device.type == "cuda" else "exact"
@@ -190,7 +211,9 @@ def print_serve(server, console=None) -> None:
         ("levers", ",".join(m.get("levers") or []) or "reference"),
         ("batching", f"up to {server.max_batch} per call, wait <= {server.max_wait_ms:g} ms"),
         ("max message", f"{server.max_message_bytes / 2**20:g} MiB"),
-        ("warm-up", f"batch sizes {list(server.warmup_batch_sizes)} in {m.get('warmup_s', 0):.2f} s"),
+        ("warm-up", f"batch sizes {list(server.warmup_batch_sizes)} in {m.get('warmup_s', 0):.2f} s"
+         if m.get("backend") != "ray-serve" else f"in each of {m.get('replicas')} Ray Serve replicas: batch sizes "
+         f"{m.get('replica_warmup_batch_sizes')} in {m.get('warmup_s', 0):.2f} s (slowest)"),
     ]
     for k, v in rows:
         t.add_row(k, v)

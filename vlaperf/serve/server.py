@@ -18,6 +18,13 @@ Threads and queues:
   connection already has a job in the batch, since no one else can add one), stack up to `max_batch` of them into one `Policy.infer(list)` call, and hand
   each result back to the event loop (`call_soon_threadsafe`). The observations of an
   explicit list request are queued in one step, so they stay together.
+- Remote backends (the one hook for them): a policy object with an integer `concurrency`
+  N > 1 (vlaperf.serve.ray_backend.RayPolicy: its `infer` only waits on a Ray Serve replica)
+  gets N inference threads sharing the one queue, so up to N batches are in flight at once;
+  while a batch fills, connections waiting on a batch in flight count as unable to join. If
+  `infer` raises `BackendUnavailable` (a replica died or timed out), every job of the batch
+  gets an InternalError frame at once instead of the one-by-one retry. A local `Policy` has
+  no `concurrency`: one thread, as above.
 - Each observation is validated on its own before it is queued, so a bad one never reaches a
   batch. Should a batched call still fail (something the validation missed), the batch is
   re-run one observation at a time so that only the culprit gets the error.
@@ -37,7 +44,7 @@ import logging
 import signal
 import threading
 import time
-from collections import deque
+from collections import Counter, deque
 from concurrent.futures import Future as ThreadFuture
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -72,6 +79,12 @@ class RequestError(Exception):
 
     def frame(self) -> str:
         return error_frame(self.kind, self.message, self.request_id, self.index)
+
+
+class BackendUnavailable(RuntimeError):
+    """Raised by a remote backend's `infer` when the call failed for a reason that has nothing
+    to do with the observations (the replica died, no reply in time): the whole batch gets an
+    InternalError frame at once, without the one-by-one retry that would hit it again."""
 
 
 @dataclass(eq=False)
@@ -164,6 +177,8 @@ class PolicyServer:
         self._pending: deque[_Job] = deque()
         self._stopping_worker = False
         self._worker: threading.Thread | None = None
+        self._extra_workers: list[threading.Thread] = []  # remote backends only (see _start_extra_workers)
+        self._busy: Counter = Counter()  # connection -> its jobs in batches being run
         # event loop state
         self._loop: asyncio.AbstractEventLoop | None = None
         self._stop_requested: asyncio.Event | None = None
@@ -254,6 +269,7 @@ class PolicyServer:
                 self._worker = threading.Thread(target=self._worker_main, args=(ready,), name="vlaperf-infer", daemon=True)
                 self._worker.start()
                 await asyncio.wrap_future(ready)
+                self._start_extra_workers()
                 self.metadata = self._build_metadata()
                 self._metadata_frame = packb(self.metadata)
                 self._ws = await self._listen()
@@ -494,16 +510,37 @@ class PolicyServer:
             ready.set_exception(e)
             return
         ready.set_result(None)
+        self._worker_loop()
+
+    def _worker_loop(self) -> None:
         while True:
             batch = self._next_batch()
             if batch is None:
                 return
+            if not batch:  # another inference thread took the jobs (remote backends run several)
+                continue
             try:
                 self._run_batch(batch)
             except BaseException as e:  # the inference thread must survive anything
                 log.exception("inference thread error")
                 for job in batch:
                     self._deliver(job, RequestError("InternalError", f"{type(e).__name__}: {e}"))
+            finally:
+                with self._cv:
+                    self._busy.subtract(job.conn for job in batch)
+                    for conn in [c for c, n in self._busy.items() if n <= 0]:
+                        del self._busy[conn]
+
+    def _start_extra_workers(self) -> None:
+        """The hook for remote backends: a policy with `concurrency` N > 1 (its infer() waits on
+        another process, e.g. a Ray Serve replica) gets N - 1 more inference threads on the same
+        queue, so N batches are in flight at once. A local Policy keeps the single thread."""
+        n = getattr(self._policy, "concurrency", 1)
+        n = n if isinstance(n, int) and n > 1 else 1
+        for i in range(1, n):
+            t = threading.Thread(target=self._worker_loop, name=f"vlaperf-infer-{i}", daemon=True)
+            t.start()
+            self._extra_workers.append(t)
 
     def _warmup(self) -> None:
         workload = getattr(self._policy, "workload", None)
@@ -521,6 +558,7 @@ class PolicyServer:
 
     def _others_may_join(self) -> bool:
         conns = {job.conn for job in itertools.islice(self._pending, self.max_batch)}
+        conns.update(self._busy)  # waiting on a batch in flight: cannot send (several threads only)
         return self._n_connections > len(conns)
 
     def _next_batch(self) -> list[_Job] | None:
@@ -541,7 +579,9 @@ class PolicyServer:
                     break
                 self._cv.wait(remaining)
             n = min(self.max_batch, len(self._pending))
-            return [self._pending.popleft() for _ in range(n)]
+            batch = [self._pending.popleft() for _ in range(n)]
+            self._busy.update(job.conn for job in batch)
+            return batch
 
     def _run_batch(self, batch: list[_Job]) -> None:
         t_start = time.perf_counter()
@@ -551,7 +591,7 @@ class PolicyServer:
             if actions.ndim < 1 or actions.shape[0] != len(batch):
                 raise RuntimeError(f"policy returned actions of shape {actions.shape} for a batch of {len(batch)}")
         except Exception as e:
-            if len(batch) > 1:
+            if len(batch) > 1 and not isinstance(e, BackendUnavailable):
                 log.info("batch of %d failed (%s: %s); retrying one by one", len(batch), type(e).__name__, e)
                 for job in batch:
                     self._run_batch([job])
@@ -593,6 +633,8 @@ class PolicyServer:
             self._cv.notify_all()
         if join and self._worker is not None and self._worker is not threading.current_thread():
             self._worker.join(self.drain_timeout_s + 10)
+        for t in self._extra_workers if join else ():
+            t.join(self.drain_timeout_s + 10)
 
     # ------------------------------------------------------------------ metadata
 
