@@ -8,7 +8,7 @@ from safetensors import safe_open
 from safetensors.torch import save_file
 
 from vlaperf.checkpoints import EMBED, LM_HEAD, CheckpointError, load_checkpoint, read_tensors, save_checkpoint
-from vlaperf.compare.commands import main
+from vlaperf.cli import main
 from vlaperf.compare.convert import convert_checkpoint, convert_tensors, expected_shapes
 from vlaperf.models.pi0 import build_model, get_config
 

@@ -16,7 +16,7 @@ import torch
 
 from vlaperf.checkpoints import EMBED, LM_HEAD
 from vlaperf.compare import lerobot as lr
-from vlaperf.compare.commands import main
+from vlaperf.cli import main
 from vlaperf.inputs import random_observation
 from vlaperf.models.pi0 import get_config
 from vlaperf.workloads import get_workload

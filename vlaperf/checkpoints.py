@@ -96,19 +96,29 @@ def load_checkpoint(model: Pi0Model, path: str | os.PathLike, layout: str = "aut
             "file_dtypes": sorted({str(t.dtype) for t in tensors.values()})}
 
 
-def load_state(model: Pi0Model, named: dict[str, torch.Tensor]) -> None:
-    expected = model.state_dict()
+def check_tensors(named: dict[str, torch.Tensor], expected: dict[str, torch.Size], cfg) -> None:
+    """The strict check: raise CheckpointError listing every missing, unexpected or wrongly
+    shaped tensor (openpi names on both sides), with a hint when the file is the other
+    member of the family (pi0 vs pi0.5)."""
     problems = []
     for key in sorted(set(expected) - set(named)):
-        problems.append(f"missing tensor {key} (model expects shape {list(expected[key].shape)})")
+        problems.append(f"missing tensor {key} (model expects shape {list(expected[key])})")
     for key in sorted(set(named) - set(expected)):
-        problems.append(f"unexpected tensor {key} with shape {list(named[key].shape)} (not a parameter of preset {model.config.name!r})")
+        problems.append(f"unexpected tensor {key} with shape {list(named[key].shape)} (not a parameter of preset {cfg.name!r})")
     for key in sorted(set(named) & set(expected)):
-        if named[key].shape != expected[key].shape:
-            problems.append(f"wrong shape for {key}: checkpoint has {list(named[key].shape)}, model expects {list(expected[key].shape)}")
+        if named[key].shape != expected[key]:
+            problems.append(f"wrong shape for {key}: checkpoint has {list(named[key].shape)}, model expects {list(expected[key])}")
     if problems:
         shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
-        raise CheckpointError(f"checkpoint does not match model preset {model.config.name!r}:\n  " + "\n  ".join(shown))
+        looks_other = "state_proj.weight" in named if cfg.pi05 else "time_mlp_in.weight" in named
+        kind, other = ("pi0.5", "pi0") if cfg.pi05 else ("pi0", "pi0.5")
+        hint = f" (the file looks like {other}, the preset is {kind})" if looks_other else ""
+        raise CheckpointError(f"checkpoint does not match model preset {cfg.name!r}{hint}:\n  " + "\n  ".join(shown))
+
+
+def load_state(model: Pi0Model, named: dict[str, torch.Tensor]) -> None:
+    expected = model.state_dict()
+    check_tensors(named, {k: v.shape for k, v in expected.items()}, model.config)
     with torch.no_grad():
         for key, param in expected.items():
             param.copy_(named[key])  # copies into the model's own dtype and device

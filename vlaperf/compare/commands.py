@@ -6,13 +6,11 @@
 
 Exit codes as the other commands: 0 ok; 1 vlaperf's actions are not equivalent to the
 peer's (timing is then not reported); 2 bad arguments or setup, LeRobot missing included.
-Nothing here imports LeRobot until `compare` runs. `python -m vlaperf.compare.commands ...`
-runs these two commands alone.
+Nothing here imports LeRobot until `compare` runs.
 """
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import torch
@@ -169,23 +167,4 @@ def print_compare(compared: dict, timing: dict | None, workload_id: str) -> None
         console.print(f"LeRobot compiled ({lc['mode']}) left out: {lc['compile_error']}")
 
 
-# --------------------------------------------------------------------------- main
-
-
-def main(argv: list[str] | None = None) -> int:
-    """`compare` and `convert` alone, with vlaperf's exit-code conventions."""
-    parser = argparse.ArgumentParser(prog="vlaperf", description="vlaperf compare / convert")
-    sub = parser.add_subparsers(dest="command", required=True)
-    register(sub)
-    args = parser.parse_args(argv)
-    try:
-        return args.func(args)
-    except CliError as e:
-        print(f"vlaperf {args.command}: error: {e}", file=sys.stderr)
-        return 2
-
-
-__all__ = ["register", "cmd_compare", "cmd_convert", "main"]
-
-if __name__ == "__main__":
-    sys.exit(main())
+__all__ = ["register", "cmd_compare", "cmd_convert"]

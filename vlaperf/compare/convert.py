@@ -42,6 +42,7 @@ from vlaperf.checkpoints import (
     LEROBOT_PREFIX,
     LM_HEAD,
     CheckpointError,
+    check_tensors,
     checkpoint_file,
     detect_layout,
     read_tensors,
@@ -50,7 +51,6 @@ from vlaperf.checkpoints import (
 from vlaperf.models.pi0 import Pi0Config, Pi0Model, get_config
 
 LAYOUTS = ("openpi", "lerobot")
-MAX_LISTED = 20
 
 
 def _config(preset: str | Pi0Config) -> Pi0Config:
@@ -74,22 +74,7 @@ def validate(named: dict[str, torch.Tensor], preset: str | Pi0Config) -> None:
     """Raise CheckpointError listing every missing, unexpected or wrongly shaped tensor
     (openpi names on both sides)."""
     cfg = _config(preset)
-    expected = expected_shapes(cfg)
-    problems = []
-    for key in sorted(set(expected) - set(named)):
-        problems.append(f"missing tensor {key} (model expects shape {list(expected[key])})")
-    for key in sorted(set(named) - set(expected)):
-        problems.append(f"unexpected tensor {key} with shape {list(named[key].shape)} (not a parameter of preset {cfg.name!r})")
-    for key in sorted(set(named) & set(expected)):
-        if named[key].shape != expected[key]:
-            problems.append(f"wrong shape for {key}: checkpoint has {list(named[key].shape)}, model expects {list(expected[key])}")
-    if problems:
-        shown = problems[:MAX_LISTED] + ([f"... and {len(problems) - MAX_LISTED} more"] if len(problems) > MAX_LISTED else [])
-        kind = "pi0.5" if cfg.pi05 else "pi0"
-        other = "pi0" if cfg.pi05 else "pi0.5"
-        looks_other = "state_proj.weight" in named if cfg.pi05 else "time_mlp_in.weight" in named
-        hint = f" (the file looks like {other}, the preset is {kind})" if looks_other else ""
-        raise CheckpointError(f"checkpoint does not match model preset {cfg.name!r}{hint}:\n  " + "\n  ".join(shown))
+    check_tensors(named, expected_shapes(cfg), cfg)
 
 
 def _check_layout(tensors: dict[str, torch.Tensor], layout: str) -> None:
