@@ -7,11 +7,12 @@ import torch
 
 from vlaperf.check import check_equivalence, compare
 from vlaperf.engine import LEVERS, Engine, LeverError, Levers
+from vlaperf.engine.levers import EXPERIMENTAL
 from vlaperf.engine.prefix import prompt_bucket
 from vlaperf.inputs import random_noise, random_observation
 from vlaperf.workloads import get_workload
 
-PLAIN = [n for n in LEVERS if n not in ("cuda_graph", "compile")]
+PLAIN = [n for n in LEVERS if n not in ("cuda_graph", "compile") + EXPERIMENTAL]
 ALL_PLAIN = ",".join(PLAIN)
 FP32_TOL = 1e-4  # relative L2; float32 reordering only (see vlaperf.check)
 
@@ -105,6 +106,10 @@ def test_inapplicable_levers_fail_clearly(tiny_model):
     lv = Levers.parse("cuda_graph")
     with pytest.raises(LeverError, match="cuda_graph needs for_loop"):
         lv.check("cuda")
+    with pytest.raises(LeverError, match="triton_matmul needs fuse_projections"):
+        Levers.parse("triton_matmul").check("cuda")
+    with pytest.raises(LeverError, match="triton_matmul needs a CUDA device"):
+        Levers.parse("fuse_projections,triton_matmul").check("cpu")
 
 
 def test_bad_steps(tiny_model, tiny_inputs):

@@ -216,14 +216,14 @@ def cmd_check(args) -> int:
     from rich.table import Table
 
     from vlaperf.check import check_equivalence
-    from vlaperf.engine.levers import LEVERS
+    from vlaperf.engine.levers import LEVERS, REQUIRES
     from vlaperf.report.schema import write_result
     from vlaperf.timing import environment_record
 
     base, workload, model, device = setup(args)
     if args.levers == "all":
-        # Each lever alone (with for_loop where it needs it), then all of them.
-        specs = [("for_loop," + n if n == "cuda_graph" else n) for n in LEVERS if _applicable(n, device)] + ["best"]
+        # Each lever alone (with what it needs beside it), then the best preset.
+        specs = [",".join(REQUIRES.get(n, ()) + (n,)) for n in LEVERS if _applicable(n, device)] + ["best"]
     else:
         specs = [s for s in args.levers.split(";") if s.strip()]
     rows = []
@@ -244,7 +244,7 @@ def cmd_check(args) -> int:
 
 
 def _applicable(lever: str, device: torch.device) -> bool:
-    if lever == "cuda_graph":
+    if lever in ("cuda_graph", "triton_matmul"):
         return device.type == "cuda"
     return lever != "compile"  # compile is checked explicitly (it needs a compiler and minutes)
 

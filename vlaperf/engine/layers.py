@@ -104,6 +104,22 @@ def gemma_layer(
     else:
         h = rms_normalize(x, eps, lw.in_scale)
     q, k, v = qkv_projection(lw, h)
+    out, (k, v) = rope_and_attend(q, k, v, cos, sin, mask, use_sdpa, kv_write, kv_past)
+    branch = F.linear(out, lw.o)
+    x = x + branch if gate1 is None else x + branch * gate1
+    if mod is not None:
+        h = modulated(x, eps, mod[3], mod[4])
+        gate2 = mod[5].to(x.dtype)
+    elif lw.ada_post is not None:
+        h, gate2 = adaptive_from_dense(x, eps, lw.ada_post, ada_cond)
+    else:
+        h = rms_normalize(x, eps, lw.post_scale)
+    branch = gemma_mlp(lw, h)
+    return (x + branch if gate2 is None else x + branch * gate2), (k, v)
+
+
+def rope_and_attend(q, k, v, cos, sin, mask, use_sdpa, kv_write, kv_past):
+    """RoPE on q, k; the cache (see gemma_layer); attention. Returns (B, T, N*h) and (k, v)."""
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     if kv_write is not None:
         kv_write[0].copy_(k)
@@ -115,14 +131,29 @@ def gemma_layer(
         k_all, v_all = k, v
     out = attention(q, k_all, v_all, mask, use_sdpa)
     B, _, T, _ = q.shape
-    branch = F.linear(out.transpose(1, 2).reshape(B, T, -1), lw.o)
-    x = x + branch if gate1 is None else x + branch * gate1
-    if mod is not None:
-        h = modulated(x, eps, mod[3], mod[4])
-        gate2 = mod[5].to(x.dtype)
-    elif lw.ada_post is not None:
-        h, gate2 = adaptive_from_dense(x, eps, lw.ada_post, ada_cond)
-    else:
-        h = rms_normalize(x, eps, lw.post_scale)
-    branch = gemma_mlp(lw, h)
-    return (x + branch if gate2 is None else x + branch * gate2), (k, v)
+    return out.transpose(1, 2).reshape(B, T, -1), (k, v)
+
+
+def small_m_layer_applies(lw: GemmaLayerW, rows: int) -> bool:
+    """The `triton_matmul` layer needs folded plain RMSNorms (pi0 with fuse_projections) and
+    at most 64 rows (batch 1 of 51 suffix tokens)."""
+    return lw.qkv is not None and lw.gate_up is not None and lw.ada_in is None and lw.in_scale is None and rows <= 64
+
+
+def gemma_layer_small_m(lw: GemmaLayerW, x: Tensor, eps: float, cos, sin, mask, use_sdpa, kv_write=None, kv_past=None):
+    """gemma_layer for the denoise step with the `triton_matmul` kernels: four launches for the
+    matmuls, the pre-norms, GELU-GLU and both residual adds (see kernels/small_m_matmul.py)."""
+    from vlaperf.engine.kernels.small_m_matmul import small_m_matmul
+
+    B, T, D = x.shape
+    N, K, hd = lw.num_heads, lw.num_kv_heads, lw.head_dim
+    x2 = x.reshape(B * T, D)
+    qkv = small_m_matmul(x2, lw.qkv, rms_eps=eps).view(B, T, -1)
+    q, k, v = qkv.split([N * hd, K * hd, K * hd], dim=-1)
+    q, k, v = (t.reshape(B, T, -1, hd).transpose(1, 2) for t in (q, k, v))
+    out, kv = rope_and_attend(q, k, v, cos, sin, mask, use_sdpa, kv_write, kv_past)
+    x2 = small_m_matmul(out.reshape(B * T, -1), lw.o, residual=x2)
+    F_ = lw.gate_up.shape[0] // 2
+    h = small_m_matmul(x2, lw.gate_up[:F_], w_up=lw.gate_up[F_:], rms_eps=eps)
+    x2 = small_m_matmul(h, lw.down, residual=x2)
+    return x2.view(B, T, D), kv

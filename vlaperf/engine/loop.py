@@ -12,7 +12,7 @@ from torch import Tensor
 
 from vlaperf.engine.attention import suffix_mask
 from vlaperf.engine.fusion import EngineWeights
-from vlaperf.engine.layers import gemma_layer, modulated, rms_normalize
+from vlaperf.engine.layers import gemma_layer, gemma_layer_small_m, modulated, rms_normalize, small_m_layer_applies
 from vlaperf.models.pi0 import Pi0Model, rope_cos_sin
 
 
@@ -69,9 +69,10 @@ def suffix_tokens(model: Pi0Model, ctx: SuffixContext, x_t: Tensor, t: Tensor, t
 
 
 def denoise_step(
-    model: Pi0Model, ew: EngineWeights, ctx: SuffixContext, x_t: Tensor, t: Tensor, table_row: dict | None, use_sdpa: bool
+    model: Pi0Model, ew: EngineWeights, ctx: SuffixContext, x_t: Tensor, t: Tensor, table_row: dict | None, use_sdpa: bool,
+    kernels: bool = False,
 ) -> Tensor:
-    """Velocity (B, H, A) float32 at x_t."""
+    """Velocity (B, H, A) float32 at x_t. `kernels`: the triton_matmul layers where they apply."""
     cfg = model.config
     eps = cfg.expert.eps
     x, adarms = suffix_tokens(model, ctx, x_t, t, table_row)
@@ -82,10 +83,13 @@ def denoise_step(
         mod = mods[6 * i : 6 * i + 6] if mods is not None else None
         if ctx.kv_buffers is not None:
             kb, vb = ctx.kv_buffers[0][i], ctx.kv_buffers[1][i]
-            write = (kb[:, :, -Ts:], vb[:, :, -Ts:])
-            x, _ = gemma_layer(lw, x, eps, cos, sin, mask, use_sdpa, kv_write=write, kv_past=(kb, vb), mod=mod, ada_cond=adarms)
+            cache = dict(kv_write=(kb[:, :, -Ts:], vb[:, :, -Ts:]), kv_past=(kb, vb))
         else:
-            x, _ = gemma_layer(lw, x, eps, cos, sin, mask, use_sdpa, kv_past=ctx.cache[i], mod=mod, ada_cond=adarms)
+            cache = dict(kv_past=ctx.cache[i])
+        if kernels and small_m_layer_applies(lw, x.shape[0] * Ts):
+            x, _ = gemma_layer_small_m(lw, x, eps, cos, sin, mask, use_sdpa, **cache)
+        else:
+            x, _ = gemma_layer(lw, x, eps, cos, sin, mask, use_sdpa, mod=mod, ada_cond=adarms, **cache)
     if mods is not None:
         x = modulated(x, eps, mods[-2], mods[-1])
     elif cfg.pi05:

@@ -11,11 +11,11 @@ from __future__ import annotations
 import torch
 
 from vlaperf.engine.engine import first_call_seconds
-from vlaperf.engine.levers import EXACT, LEVERS
+from vlaperf.engine.levers import EXACT, EXPERIMENTAL, LEVERS
 
 
 def cumulative_variants(device: torch.device) -> list[str]:
-    order = [n for n in LEVERS if n != "compile" and (n != "cuda_graph" or device.type == "cuda")]
+    order = [n for n in LEVERS if n != "compile" and n not in EXPERIMENTAL and (n != "cuda_graph" or device.type == "cuda")]
     return ["reference"] + [",".join(order[: i + 1]) for i in range(len(order))]
 
 
