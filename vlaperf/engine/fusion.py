@@ -100,9 +100,8 @@ def gemma_layer_weights(layer: GemmaLayer, fuse: bool) -> GemmaLayerW:
 @dataclass
 class EngineWeights:
     vision: list[SiglipLayerW]
-    backbone: list[GemmaLayerW]
+    backbone: list[GemmaLayerW]  # its final norm is never needed: the actions read only its K/V
     expert: list[GemmaLayerW]
-    backbone_final_scale: Tensor  # the backbone's final norm is never needed for actions
     expert_final: RMSNorm | AdaptiveRMSNorm
     fused: bool
 
@@ -113,7 +112,6 @@ def build_weights(model: Pi0Model, fuse: bool) -> EngineWeights:
             vision=[siglip_layer_weights(l, fuse) for l in model.vision.encoder.layers],
             backbone=[gemma_layer_weights(l, fuse) for l in model.backbone.layers],
             expert=[gemma_layer_weights(l, fuse) for l in model.expert.layers],
-            backbone_final_scale=1.0 + model.backbone.norm.weight.float() if isinstance(model.backbone.norm, RMSNorm) else None,
             expert_final=model.expert.norm,
             fused=fuse,
         )
