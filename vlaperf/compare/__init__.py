@@ -46,6 +46,28 @@ def action_metrics(actions: Tensor, reference: Tensor, dtype: torch.dtype) -> di
     return out
 
 
+def compare_vlaperf(model, levers: str | None, obs: Observation, noise: Tensor, steps: int, theirs: Tensor,
+                    peer: str) -> tuple[dict, dict, object | None]:
+    """vlaperf's reference (and the engine variant `levers`, if any) against a peer's actions
+    on the same observation and noise. Returns (equivalence per variant, actions, engine)."""
+    from vlaperf.cli import CliError, make_engine
+
+    dtype = model.dtype
+    ours = model.sample_actions(obs, noise, steps)
+    equivalence = {"reference": action_metrics(ours, theirs.float(), dtype)}
+    actions = {peer: theirs, "vlaperf_reference": ours}
+    engine = None
+    if levers and levers not in ("reference", "none"):
+        try:
+            engine = make_engine(model, levers)
+        except CliError as e:
+            raise ValueError(str(e)) from None
+        fast = engine.sample_actions(obs, noise, steps)
+        equivalence[levers] = action_metrics(fast, theirs.float(), dtype)
+        actions["vlaperf_" + levers] = fast
+    return equivalence, actions, engine
+
+
 def tolerance_for(dtype: torch.dtype) -> float:
     return REL_L2_TOLERANCE[dtype]
 

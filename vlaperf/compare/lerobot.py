@@ -55,7 +55,7 @@ import torch
 from torch import Tensor
 
 from vlaperf.checkpoints import EMBED, LEROBOT_PREFIX, LM_HEAD, CheckpointError, load_state
-from vlaperf.compare import action_metrics
+from vlaperf.compare import action_metrics, compare_vlaperf
 from vlaperf.inputs import Observation, random_noise, random_observation
 from vlaperf.models.pi0 import (
     GEMMA_2B,
@@ -349,8 +349,6 @@ def compare_lerobot(workload: str | Workload = "libero-pi0", device: torch.devic
     result["equivalence"] = {"reference": metrics, levers: metrics} with metrics from
     vlaperf.compare.action_metrics (LeRobot's actions are the reference side); the engine's
     full lever list is result["levers"]["label"]."""
-    from vlaperf.cli import CliError, make_engine
-
     wl = get_workload(workload) if isinstance(workload, str) else workload
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
@@ -366,18 +364,7 @@ def compare_lerobot(workload: str | Workload = "libero-pi0", device: torch.devic
     noise = random_noise(wl, cfg, device, seed=seed)
 
     theirs = run_lerobot(policy, obs, noise, steps)
-    ours = model.sample_actions(obs, noise, steps)
-    equivalence = {"reference": action_metrics(ours, theirs, dtype)}
-    actions = {"lerobot": theirs, "vlaperf_reference": ours}
-    engine = None
-    if levers and levers not in ("reference", "none"):
-        try:
-            engine = make_engine(model, levers)
-        except CliError as e:
-            raise ValueError(str(e)) from None
-        fast = engine.sample_actions(obs, noise, steps)
-        equivalence[levers] = action_metrics(fast, theirs, dtype)
-        actions["vlaperf_" + levers] = fast
+    equivalence, actions, engine = compare_vlaperf(model, levers, obs, noise, steps, theirs, "lerobot")
     result = {
         "against": "lerobot",
         "lerobot_version": lerobot_version(),

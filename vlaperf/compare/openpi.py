@@ -39,7 +39,7 @@ import dataclasses
 import torch
 
 from vlaperf.checkpoints import EMBED, LM_HEAD, CheckpointError, load_state
-from vlaperf.compare import action_metrics, to_openpi_observation
+from vlaperf.compare import compare_vlaperf, to_openpi_observation
 from vlaperf.inputs import random_noise, random_observation
 from vlaperf.models.pi0 import Pi0Config, Pi0Model, get_config, set_openpi_dtypes
 from vlaperf.workloads import Workload, get_workload
@@ -108,8 +108,6 @@ def compare_openpi(openpi_model, workload: str | Workload | None = None, *, conf
     same weights, observation and noise. Returns {"equivalence": {"reference": metrics,
     levers: metrics}, "passed", "model", "dtype", "device", "steps", "seed",
     "workload", "actions": {"openpi", "vlaperf_reference", ...}}."""
-    from vlaperf.cli import CliError, make_engine
-
     if isinstance(config, str):
         cfg = get_config(config)
     else:
@@ -122,19 +120,8 @@ def compare_openpi(openpi_model, workload: str | Workload | None = None, *, conf
     noise = random_noise(wl, cfg, device, seed=seed)
 
     theirs = openpi_model.sample_actions(device, to_openpi_observation(obs), noise=noise.clone(), num_steps=steps)
-    ours = model.sample_actions(obs, noise, steps)
-    equivalence = {"reference": action_metrics(ours, theirs.float(), dtype)}
-    actions = {"openpi": theirs, "vlaperf_reference": ours}
-    levers_info = None
-    if levers and levers not in ("reference", "none"):
-        try:
-            engine = make_engine(model, levers)
-        except CliError as e:
-            raise ValueError(str(e)) from None
-        fast = engine.sample_actions(obs, noise, steps)
-        equivalence[levers] = action_metrics(fast, theirs.float(), dtype)
-        actions["vlaperf_" + levers] = fast
-        levers_info = {"spec": levers, "label": engine.name}
+    equivalence, actions, engine = compare_vlaperf(model, levers, obs, noise, steps, theirs, "openpi")
+    levers_info = {"spec": levers, "label": engine.name} if engine else None
     return {
         "against": "openpi",
         "model": cfg.name,
