@@ -16,7 +16,7 @@ B="--no-progress --warmup 10 --iters 50"
 run 240 python3 benchmarks/small_m_matmul_bench.py --json "$R/kernel_small_m_matmul.json"
 E=for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections
 run 200 $V matrix --workload libero-pi0 --no-progress --iters 40 --warmup 5 \
-  --variants "$E,cuda_graph;$E,triton_matmul,cuda_graph;$E,compile=default,cuda_graph" --json "$R/matrix_libero-pi0_triton.json"
+  --variants "$E,cuda_graph;$E,triton_kernels,cuda_graph;$E,compile=default,cuda_graph" --json "$R/matrix_libero-pi0_triton.json"
 # 2. issue 3: T(N) of the reference path; the doctor on the GPU
 run 120 $V scaling --workload libero-pi0 --levers reference --steps 1,2,5,10,20 --warmup 2 --iters 5 --no-progress --json "$R/scaling_libero-pi0_reference.json"
 run 60 $V doctor --workload libero-pi0 --json "$R/doctor_libero-pi0.json"

@@ -106,10 +106,10 @@ def test_inapplicable_levers_fail_clearly(tiny_model):
     lv = Levers.parse("cuda_graph")
     with pytest.raises(LeverError, match="cuda_graph needs for_loop"):
         lv.check("cuda")
-    with pytest.raises(LeverError, match="triton_matmul needs fuse_projections"):
-        Levers.parse("triton_matmul").check("cuda")
-    with pytest.raises(LeverError, match="triton_matmul needs a CUDA device"):
-        Levers.parse("fuse_projections,triton_matmul").check("cpu")
+    with pytest.raises(LeverError, match="triton_kernels needs fuse_projections"):
+        Levers.parse("triton_kernels").check("cuda")
+    with pytest.raises(LeverError, match="triton_kernels needs a CUDA device"):
+        Levers.parse("fuse_projections,triton_kernels").check("cpu")
 
 
 def test_bad_steps(tiny_model, tiny_inputs):

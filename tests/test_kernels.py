@@ -2,7 +2,8 @@
 
 The interpreter runs each program with numpy, so these tests say nothing about speed, and
 its bf16 matmul is broken on this stack (triton 3.9): the checks run in float32. The bf16
-check and the timing are in benchmarks/small_m_matmul_bench.py (GPU).
+checks and the timing are on the GPU: benchmarks/small_m_matmul_bench.py and the matrix in
+benchmarks/h200_next.sh (`vlaperf matrix` checks equivalence before it times).
 """
 
 import os
@@ -45,6 +46,37 @@ SCRIPT = textwrap.dedent(
 )
 
 
+ATTENTION_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    from vlaperf.engine.kernels.suffix_attention import suffix_attention
+    from vlaperf.models.pi0 import eager_attention
+
+    torch.manual_seed(0)
+    for B, N, Tq, Tk, h, splits in [(1, 4, 11, 59, 16, None), (2, 8, 7, 130, 32, 3), (1, 2, 5, 20, 16, 1)]:
+        q, k, v = torch.randn(B, N, Tq, h), torch.randn(B, 1, Tk, h), torch.randn(B, 1, Tk, h)
+        mask = torch.rand(B, Tq, Tk) > 0.3
+        mask[:, :, 0] = True
+        ref = eager_attention(q, k, v, mask)
+        out = suffix_attention(q, k, v, mask, block_m=16, block_n=16, splits=splits)
+        err = ((out - ref).norm() / ref.norm()).item()
+        assert err < 1e-5, (B, N, Tq, Tk, h, err)
+    # a fully masked row stays finite and matches the reference's uniform weights
+    q, k, v = torch.randn(1, 2, 3, 16), torch.randn(1, 1, 20, 16), torch.randn(1, 1, 20, 16)
+    mask = torch.ones(1, 3, 20, dtype=torch.bool)
+    mask[0, 1] = False
+    assert (suffix_attention(q, k, v, mask, block_m=16, block_n=16, splits=2) - eager_attention(q, k, v, mask)).abs().max() < 1e-5
+    print("ok")
+    """
+)
+
+
+def test_suffix_attention_matches_eager_in_the_interpreter():
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", ATTENTION_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
 def test_small_m_matmul_matches_torch_in_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
@@ -60,27 +92,30 @@ LEVER_SCRIPT = textwrap.dedent(
     from vlaperf.workloads import get_workload
 
     import vlaperf.engine.kernels.small_m_matmul as K
-    calls = []
-    real = K.small_m_matmul
+    import vlaperf.engine.kernels.suffix_attention as A
+    calls, attn_calls = [], []
+    real, real_attn = K.small_m_matmul, A.suffix_attention
     K.small_m_matmul = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    A.suffix_attention = lambda *a, **kw: attn_calls.append(1) or real_attn(*a, **kw)
 
     w = get_workload("tiny")
     model = build_model("tiny", "cpu", torch.float32, seed=0)
     obs, noise = random_observation(w, model.config, seed=4), random_noise(w, model.config, seed=4)
     ref = model.sample_actions(obs, noise, w.steps)
-    for levers in ("for_loop,fuse_projections,triton_matmul",
-                   "for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections,triton_matmul"):
+    for levers in ("for_loop,fuse_projections,triton_kernels",
+                   "for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections,triton_kernels"):
         out = Engine(model, levers).sample_actions(obs, noise, w.steps)
         err = ((out - ref).norm() / ref.norm()).item()
         assert err < 1e-4, (levers, err)
     # 4 kernels per layer, 2 expert layers, 4 steps, 2 variants: the kernels really ran
     assert len(calls) == 4 * 2 * 4 * 2, len(calls)
+    assert len(attn_calls) == 2 * 4 * 2, len(attn_calls)  # one attention per layer and step
     print("ok")
     """
 )
 
 
-def test_triton_matmul_lever_matches_reference_in_the_interpreter():
+def test_triton_kernels_lever_matches_reference_in_the_interpreter():
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, "-c", LEVER_SCRIPT], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]

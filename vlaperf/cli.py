@@ -244,7 +244,7 @@ def cmd_check(args) -> int:
 
 
 def _applicable(lever: str, device: torch.device) -> bool:
-    if lever in ("cuda_graph", "triton_matmul"):
+    if lever in ("cuda_graph", "triton_kernels"):
         return device.type == "cuda"
     return lever != "compile"  # compile is checked explicitly (it needs a compiler and minutes)
 

@@ -44,7 +44,7 @@ class Engine:
         # Only on the plain path (it is not called inside a CUDA graph or compiled code).
         self.stage_hook: Callable[[str], None] | None = None
         self._prefix = self._prefix_eager
-        self._step = partial(denoise_step, model, self.weights, kernels=self.levers.triton_matmul)
+        self._step = partial(denoise_step, model, self.weights, kernels=self.levers.triton_kernels)
         if self.levers.compile:
             from vlaperf.engine.compile import compile_fn
 

@@ -118,8 +118,9 @@ def gemma_layer(
     return (x + branch if gate2 is None else x + branch * gate2), (k, v)
 
 
-def rope_and_attend(q, k, v, cos, sin, mask, use_sdpa, kv_write, kv_past):
-    """RoPE on q, k; the cache (see gemma_layer); attention. Returns (B, T, N*h) and (k, v)."""
+def rope_and_attend(q, k, v, cos, sin, mask, use_sdpa, kv_write, kv_past, attend=None):
+    """RoPE on q, k; the cache (see gemma_layer); attention (`attend(q, k, v, mask)` if given).
+    Returns (B, T, N*h) and (k, v)."""
     q, k = apply_rope(q, cos, sin), apply_rope(k, cos, sin)
     if kv_write is not None:
         kv_write[0].copy_(k)
@@ -129,21 +130,23 @@ def rope_and_attend(q, k, v, cos, sin, mask, use_sdpa, kv_write, kv_past):
         k_all, v_all = torch.cat([kv_past[0], k], dim=2), torch.cat([kv_past[1], v], dim=2)
     else:
         k_all, v_all = k, v
-    out = attention(q, k_all, v_all, mask, use_sdpa)
+    out = attend(q, k_all, v_all, mask) if attend else attention(q, k_all, v_all, mask, use_sdpa)
     B, _, T, _ = q.shape
     return out.transpose(1, 2).reshape(B, T, -1), (k, v)
 
 
 def small_m_layer_applies(lw: GemmaLayerW, rows: int) -> bool:
-    """The `triton_matmul` layer needs folded plain RMSNorms (pi0 with fuse_projections) and
+    """The `triton_kernels` layer needs folded plain RMSNorms (pi0 with fuse_projections) and
     at most 64 rows (batch 1 of 51 suffix tokens)."""
     return lw.qkv is not None and lw.gate_up is not None and lw.ada_in is None and lw.in_scale is None and rows <= 64
 
 
 def gemma_layer_small_m(lw: GemmaLayerW, x: Tensor, eps: float, cos, sin, mask, use_sdpa, kv_write=None, kv_past=None):
-    """gemma_layer for the denoise step with the `triton_matmul` kernels: four launches for the
-    matmuls, the pre-norms, GELU-GLU and both residual adds (see kernels/small_m_matmul.py)."""
+    """gemma_layer for the denoise step with the `triton_kernels` kernels: four launches for the
+    matmuls, the pre-norms, GELU-GLU and both residual adds (kernels/small_m_matmul.py), and
+    split-key attention over the cache when there is a mask (kernels/suffix_attention.py)."""
     from vlaperf.engine.kernels.small_m_matmul import small_m_matmul
+    from vlaperf.engine.kernels.suffix_attention import suffix_attention
 
     B, T, D = x.shape
     N, K, hd = lw.num_heads, lw.num_kv_heads, lw.head_dim
@@ -151,7 +154,8 @@ def gemma_layer_small_m(lw: GemmaLayerW, x: Tensor, eps: float, cos, sin, mask, 
     qkv = small_m_matmul(x2, lw.qkv, rms_eps=eps).view(B, T, -1)
     q, k, v = qkv.split([N * hd, K * hd, K * hd], dim=-1)
     q, k, v = (t.reshape(B, T, -1, hd).transpose(1, 2) for t in (q, k, v))
-    out, kv = rope_and_attend(q, k, v, cos, sin, mask, use_sdpa, kv_write, kv_past)
+    attend = suffix_attention if mask is not None and K == 1 else None
+    out, kv = rope_and_attend(q, k, v, cos, sin, mask, use_sdpa, kv_write, kv_past, attend)
     x2 = small_m_matmul(out.reshape(B * T, -1), lw.o, residual=x2)
     F_ = lw.gate_up.shape[0] // 2
     h = small_m_matmul(x2, lw.gate_up[:F_], w_up=lw.gate_up[F_:], rms_eps=eps)

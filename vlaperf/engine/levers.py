@@ -22,13 +22,13 @@ LEVERS: dict[str, str] = {
     "fuse_projections": "fused QKV and gate/up matmuls, RMSNorm scales folded into the next linear, time conditioning tabulated per step",
     "cuda_graph": "capture the whole sample_actions (prefix + all steps) in one CUDA graph per input shape, replayed per call",
     "compile": "torch.compile the prefix and the denoise step (mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs)",
-    "triton_matmul": "experimental: the denoise step's matmuls as weight-streaming Triton kernels with RMSNorm/GEGLU/residual fused (pi0, batch 1)",
+    "triton_kernels": "experimental: the denoise step's matmuls (RMSNorm/GEGLU/residual fused) and attention as Triton kernels (pi0, batch 1)",
 }
 
 # Levers not yet measured on a GPU: never in a preset or the cumulative table.
-EXPERIMENTAL = ("triton_matmul",)
+EXPERIMENTAL = ("triton_kernels",)
 # What a lever needs beside it (`vlaperf check` adds these when it checks a lever alone).
-REQUIRES = {"cuda_graph": ("for_loop",), "triton_matmul": ("fuse_projections",)}
+REQUIRES = {"cuda_graph": ("for_loop",), "triton_kernels": ("fuse_projections",)}
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -58,7 +58,7 @@ class Levers:
     fuse_projections: bool = False
     cuda_graph: bool = False
     compile: str | None = None  # one of COMPILE_MODES, or None
-    triton_matmul: bool = False
+    triton_kernels: bool = False
 
     @classmethod
     def parse(cls, spec: "str | list[str] | tuple[str, ...] | Levers | None", device: torch.device | str = "cpu") -> "Levers":
@@ -122,10 +122,10 @@ class Levers:
                 raise LeverError(f"cuda_graph and compile={self.compile} both capture CUDA graphs; use compile=default or max-autotune-no-cudagraphs with cuda_graph")
         if self.compile in ("reduce-overhead", "max-autotune") and device.type != "cuda":
             raise LeverError(f"compile={self.compile} uses CUDA graphs and needs a CUDA device")
-        if self.triton_matmul:
+        if self.triton_kernels:
             if not self.fuse_projections:
-                raise LeverError("triton_matmul needs fuse_projections: its kernels take the RMSNorm scales folded into the weights")
+                raise LeverError("triton_kernels needs fuse_projections: its kernels take the RMSNorm scales folded into the weights")
             if self.compile:
-                raise LeverError("triton_matmul is not combined with compile yet")
+                raise LeverError("triton_kernels is not combined with compile yet")
             if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-                raise LeverError("triton_matmul needs a CUDA device (or TRITON_INTERPRET=1, Triton's slow CPU interpreter, for tests)")
+                raise LeverError("triton_kernels needs a CUDA device (or TRITON_INTERPRET=1, Triton's slow CPU interpreter, for tests)")

@@ -72,7 +72,7 @@ def denoise_step(
     model: Pi0Model, ew: EngineWeights, ctx: SuffixContext, x_t: Tensor, t: Tensor, table_row: dict | None, use_sdpa: bool,
     kernels: bool = False,
 ) -> Tensor:
-    """Velocity (B, H, A) float32 at x_t. `kernels`: the triton_matmul layers where they apply."""
+    """Velocity (B, H, A) float32 at x_t. `kernels`: the triton_kernels layers where they apply."""
     cfg = model.config
     eps = cfg.expert.eps
     x, adarms = suffix_tokens(model, ctx, x_t, t, table_row)

@@ -1,0 +1,115 @@
+"""Attention of the denoise step's few query rows over the cached prefix + suffix keys.
+
+One shared K/V head (pi0's Gemma: 8 query heads, 1 KV head), so the 8 heads' queries fold
+into rows: (B, N*Tq, h) against (B, Tk, h). The keys are split across programs
+(flash-decoding): each program runs an online softmax over its key chunk and writes a
+partial (unnormalised output, running max, running sum); a second kernel merges the splits.
+Masked logits get the reference's large finite negative, so a fully masked row stays finite.
+Status: correctness-tested on the CPU (Triton interpreter, float32); speed not yet measured.
+"""
+
+from __future__ import annotations
+
+import torch
+import triton
+import triton.language as tl
+
+from vlaperf.models.pi0 import ATTENTION_MASK_VALUE
+
+
+@triton.jit
+def _partial_kernel(
+    q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr,
+    ROWS, TQ, TK, keys_per_split, scale,
+    sqb, sqh, sqt, skb, skt, svb, svt, smb, smq,
+    MASK_VALUE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+):
+    b = tl.program_id(0)
+    rb = tl.program_id(1)
+    s = tl.program_id(2)
+    rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < ROWS
+    head = rows // TQ
+    tq = rows % TQ
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + b * sqb + head[:, None] * sqh + tq[:, None] * sqt + d[None, :], mask=row_ok[:, None], other=0.0)
+    m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    l_i = tl.zeros((BLOCK_M,), tl.float32)
+    acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
+    k_start = s * keys_per_split
+    for k0 in range(k_start, k_start + keys_per_split, BLOCK_N):
+        keys = k0 + tl.arange(0, BLOCK_N)
+        key_ok = (keys < TK) & (keys < k_start + keys_per_split)
+        k = tl.load(k_ptr + b * skb + keys[:, None] * skt + d[None, :], mask=key_ok[:, None], other=0.0)
+        scores = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+        allowed = tl.load(mask_ptr + b * smb + tq[:, None] * smq + keys[None, :], mask=row_ok[:, None] & key_ok[None, :], other=0)
+        scores = tl.where(allowed != 0, scores, MASK_VALUE)
+        scores = tl.where(key_ok[None, :], scores, float("-inf"))  # keys past the end do not exist
+        m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+        alpha = tl.exp(m_i - m_new)
+        p = tl.exp(scores - m_new[:, None])
+        l_i = l_i * alpha + tl.sum(p, axis=1)
+        v = tl.load(v_ptr + b * svb + keys[:, None] * svt + d[None, :], mask=key_ok[:, None], other=0.0)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+        m_i = m_new
+    base = (b * SPLITS + s) * ROWS
+    tl.store(acc_ptr + (base + rows[:, None]) * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None])
+    tl.store(m_ptr + base + rows, m_i, mask=row_ok)
+    tl.store(l_ptr + base + rows, l_i, mask=row_ok)
+
+
+@triton.jit
+def _merge_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, ROWS, TQ, soh, sot, sob,
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS: tl.constexpr):
+    b = tl.program_id(0)
+    rb = tl.program_id(1)
+    rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
+    row_ok = rows < ROWS
+    d = tl.arange(0, HEAD_DIM)
+    m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
+    for s in range(SPLITS):
+        m = tl.maximum(m, tl.load(m_ptr + (b * SPLITS + s) * ROWS + rows, mask=row_ok, other=float("-inf")))
+    total = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
+    norm = tl.zeros((BLOCK_M,), tl.float32)
+    for s in range(SPLITS):
+        base = (b * SPLITS + s) * ROWS
+        m_s = tl.load(m_ptr + base + rows, mask=row_ok, other=float("-inf"))
+        w = tl.where(m_s > float("-inf"), tl.exp(m_s - m), 0.0)  # a split with no keys adds nothing
+        norm += w * tl.load(l_ptr + base + rows, mask=row_ok, other=0.0)
+        total += w[:, None] * tl.load(acc_ptr + (base + rows[:, None]) * HEAD_DIM + d[None, :], mask=row_ok[:, None], other=0.0)
+    out = total / norm[:, None]
+    head = rows // TQ
+    tq = rows % TQ
+    tl.store(out_ptr + b * sob + head[:, None] * soh + tq[:, None] * sot + d[None, :], out.to(out_ptr.dtype.element_ty),
+             mask=row_ok[:, None])
+
+
+def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                     block_m: int = 64, block_n: int = 64, splits: int | None = None) -> torch.Tensor:
+    """q (B, N, Tq, h); k, v (B, 1, Tk, h); mask (B, Tq, Tk) bool -> (B, N, Tq, h)."""
+    B, N, Tq, h = q.shape
+    Tk = k.shape[2]
+    if k.shape[1] != 1 or v.shape[1] != 1:
+        raise ValueError(f"suffix_attention needs one shared K/V head, got {k.shape[1]}")
+    if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
+        raise ValueError("suffix_attention needs the head dim contiguous")
+    rows = N * Tq
+    row_blocks = triton.cdiv(rows, block_m)
+    if splits is None:  # about two programs per SM on a 132-SM H200
+        splits = max(1, min(triton.cdiv(Tk, block_n), triton.cdiv(264, B * row_blocks)))
+    keys_per_split = triton.cdiv(triton.cdiv(Tk, splits), block_n) * block_n
+    splits = triton.cdiv(Tk, keys_per_split)
+    acc = torch.empty(B * splits * rows * h, dtype=torch.float32, device=q.device)
+    m = torch.empty(B * splits * rows, dtype=torch.float32, device=q.device)
+    l_ = torch.empty_like(m)
+    mask_u8 = mask.to(torch.uint8) if mask.dtype == torch.bool else mask
+    _partial_kernel[(B, row_blocks, splits)](
+        q, k, v, mask_u8, acc, m, l_, rows, Tq, Tk, keys_per_split, h**-0.5,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(2), v.stride(0), v.stride(2),
+        mask_u8.stride(0), mask_u8.stride(1),
+        MASK_VALUE=ATTENTION_MASK_VALUE, HEAD_DIM=h, BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits,
+    )
+    out = torch.empty(B, N, Tq, h, dtype=q.dtype, device=q.device)
+    _merge_kernel[(B, row_blocks)](acc, m, l_, out, rows, Tq, out.stride(1), out.stride(2), out.stride(0),
+                                   HEAD_DIM=h, BLOCK_M=block_m, SPLITS=splits)
+    return out
