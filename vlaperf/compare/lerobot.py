@@ -65,9 +65,9 @@ from vlaperf.models.pi0 import (
     Pi0Model,
     VisionConfig,
     default_dtype,
+    empty_model,
     get_config,
     init_random_,
-    set_openpi_dtypes,
 )
 from vlaperf.workloads import Workload, get_workload
 
@@ -279,12 +279,7 @@ def vlaperf_from_lerobot(policy, cfg: Pi0Config, dtype: torch.dtype) -> Pi0Model
     in vlaperf's (openpi's) dtype layout for `dtype`. Built on the meta device and
     materialised uninitialised: the strict load then writes every parameter."""
     device = next(policy.parameters()).device
-    with torch.device("meta"):
-        model = Pi0Model(cfg)
-    model = model.to_empty(device=device)
-    if cfg.unused_heads:  # to_empty unties the embedding and the LM head; tie them again
-        model.paligemma_with_expert.paligemma.lm_head.weight = model.backbone.embed_tokens.weight
-    model = set_openpi_dtypes(model, dtype)
+    model = empty_model(cfg, device, dtype)
     try:
         load_state(model, lerobot_state_to_model_names(policy.state_dict()))
     except CheckpointError as e:

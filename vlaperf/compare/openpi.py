@@ -41,7 +41,7 @@ import torch
 from vlaperf.checkpoints import EMBED, LM_HEAD, CheckpointError, load_state
 from vlaperf.compare import compare_vlaperf, to_openpi_observation
 from vlaperf.inputs import random_noise, random_observation
-from vlaperf.models.pi0 import Pi0Config, Pi0Model, get_config, set_openpi_dtypes
+from vlaperf.models.pi0 import Pi0Config, Pi0Model, empty_model, get_config
 from vlaperf.workloads import Workload, get_workload
 
 BACKBONE_Q = "paligemma_with_expert.paligemma.model.language_model.layers.0.self_attn.q_proj.weight"
@@ -80,12 +80,7 @@ def vlaperf_from_openpi(openpi_model, config: Pi0Config, dtype: torch.dtype | No
         raise CheckpointError(f"the openpi model's state dict has no {BACKBONE_Q}: is it a PI0Pytorch?")
     dtype = dtype or state[BACKBONE_Q].dtype
     device = torch.device(device) if device is not None else state[BACKBONE_Q].device
-    with torch.device("meta"):
-        model = Pi0Model(config)
-    model = model.to_empty(device=device)
-    if config.unused_heads:  # to_empty unties the embedding and the LM head; tie them again
-        model.paligemma_with_expert.paligemma.lm_head.weight = model.backbone.embed_tokens.weight
-    model = set_openpi_dtypes(model, dtype)
+    model = empty_model(config, device, dtype)
     try:
         load_state(model, _model_names(state))
     except CheckpointError as e:

@@ -653,6 +653,17 @@ def build_model(
     return set_openpi_dtypes(model, dtype).eval().requires_grad_(False)
 
 
+def empty_model(cfg: Pi0Config, device: torch.device | str, dtype: torch.dtype) -> Pi0Model:
+    """An uninitialised model (no random init: a strict checkpoint load writes every
+    parameter next), with openpi's dtypes and the embedding tied to the LM head."""
+    with torch.device("meta"):
+        model = Pi0Model(cfg)
+    model = model.to_empty(device=device)
+    if cfg.unused_heads:  # to_empty unties the embedding and the LM head; tie them again
+        model.paligemma_with_expert.paligemma.lm_head.weight = model.backbone.embed_tokens.weight
+    return set_openpi_dtypes(model, dtype)
+
+
 # openpi keeps these in float32 when the model runs in bf16 (its `to_bfloat16_for_selected_params`),
 # plus every parameter outside `paligemma_with_expert` (the action/state/time heads).
 FLOAT32_PARAMS = ("patch_embedding", "position_embedding", "input_layernorm", "post_attention_layernorm", "model.norm")

@@ -38,12 +38,37 @@ def parse_variants(spec: str, device: torch.device) -> list[str]:
     return items if items and items[0] == "reference" else ["reference"] + items
 
 
+def prepare_variant(model, spec: str, workload, obs, noise, steps: int) -> tuple[dict, object | None]:
+    """A matrix row for `spec` and the call to time, or None when it cannot be timed (the
+    lever does not apply, or it fails equivalence: its speed is never reported)."""
+    from vlaperf.check import check_equivalence
+    from vlaperf.cli import CliError, make_engine
+
+    row: dict = {"variant": spec, "levers": []}
+    if spec == "reference":
+        row["equivalence"] = None
+        return row, lambda: model.sample_actions(obs, noise, steps)
+    try:
+        engine = make_engine(model, spec)
+    except CliError as e:
+        row["skipped"] = str(e)
+        return row, None
+    row["levers"] = engine.levers.names()
+    # The first call is where compile and graph capture happen: time it before the
+    # equivalence check (which would otherwise absorb it).
+    row["first_call_s"] = first_call_seconds(engine, obs, noise, steps)
+    row["equivalence"] = check_equivalence(model, engine, workload)
+    if not row["equivalence"]["passed"]:
+        row["skipped"] = "fails equivalence: speed not reported"
+        return row, None
+    return row, lambda: engine.sample_actions(obs, noise, steps)
+
+
 def run_matrix(args, base, workload, model, device) -> int:
     from rich.console import Console
     from rich.table import Table
 
-    from vlaperf.check import check_equivalence
-    from vlaperf.cli import CliError, make_engine, result_header
+    from vlaperf.cli import result_header
     from vlaperf.inputs import random_noise, random_observation
     from vlaperf.report.schema import write_result
     from vlaperf.timing import environment_record, interleaved
@@ -54,27 +79,9 @@ def run_matrix(args, base, workload, model, device) -> int:
     steps = workload.steps
     fns, rows = {}, []
     for spec in variants:
-        row = {"variant": spec, "levers": []}
-        if spec == "reference":
-            fns[spec] = lambda: model.sample_actions(obs, noise, steps)
-            row["equivalence"] = None
-        else:
-            try:
-                engine = make_engine(model, spec)
-            except CliError as e:
-                row["skipped"] = str(e)
-                rows.append(row)
-                continue
-            row["levers"] = engine.levers.names()
-            # The first call is where compile and graph capture happen: time it before the
-            # equivalence check (which would otherwise absorb it).
-            row["first_call_s"] = first_call_seconds(engine, obs, noise, steps)
-            row["equivalence"] = check_equivalence(model, engine, workload)
-            if not row["equivalence"]["passed"]:
-                row["skipped"] = "fails equivalence: speed not reported"
-                rows.append(row)
-                continue
-            fns[spec] = (lambda e: lambda: e.sample_actions(obs, noise, steps))(engine)
+        row, fn = prepare_variant(model, spec, workload, obs, noise, steps)
+        if fn is not None:
+            fns[spec] = fn
         rows.append(row)
     timing = interleaved(fns, device=device, warmup=args.warmup, iters=args.iters, baseline="reference",
                          progress=not args.no_progress)

@@ -79,9 +79,8 @@ def run_variant(task: dict) -> dict:
     (where it ran) and `env` (that process's environment record)."""
     import torch
 
-    from vlaperf.check import check_equivalence
-    from vlaperf.cli import CliError, make_engine, setup
-    from vlaperf.engine.engine import first_call_seconds
+    from vlaperf.cli import setup
+    from vlaperf.profile.matrix import prepare_variant
     from vlaperf.inputs import random_noise, random_observation
     from vlaperf.timing import environment_record, interleaved
 
@@ -100,21 +99,11 @@ def run_variant(task: dict) -> dict:
     noise = random_noise(workload, model.config, device, seed=seed)
     steps = workload.steps
     fns = {"reference": lambda: model.sample_actions(obs, noise, steps)}
-    if spec == "reference":
-        row["equivalence"] = None
-    else:
-        try:
-            engine = make_engine(model, spec)
-        except CliError as e:
-            row["skipped"] = str(e)
-            return row
-        row["levers"] = engine.levers.names()
-        row["first_call_s"] = first_call_seconds(engine, obs, noise, steps)  # before the check, as matrix.py
-        row["equivalence"] = check_equivalence(model, engine, workload)
-        if not row["equivalence"]["passed"]:
-            row["skipped"] = "fails equivalence: speed not reported"
-            return row
-        fns[spec] = (lambda e: lambda: e.sample_actions(obs, noise, steps))(engine)
+    prepared, fn = prepare_variant(model, spec, workload, obs, noise, steps)
+    row.update(prepared)
+    if fn is None:
+        return row
+    fns[spec] = fn
     timing = interleaved(fns, device=device, warmup=int(task["warmup"]), iters=int(task["iters"]),
                          baseline="reference", progress=False)
     v = timing["variants"][spec]
