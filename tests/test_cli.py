@@ -103,3 +103,15 @@ def test_console_script_end_to_end(tmp_path):
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr
     assert json.loads(out.read_text())["timers"]["wall_ms"]["count"] == 3
+
+
+def test_module_entry_reports_subcommand_errors_without_traceback():
+    """`python -m vlaperf.cli` (a second copy of the module as __main__) still turns a
+    subcommand's CliError into one line and exit code 2."""
+    # scaling lives in vlaperf.profile.commands, which raises vlaperf.cli.CliError
+    proc = subprocess.run([sys.executable, "-m", "vlaperf.cli", "scaling", "--workload", "tiny", "--device", "cpu",
+                           "--levers", "cuda_graph", "--no-progress"],
+                          capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "vlaperf scaling: error: cuda_graph needs a CUDA device" in proc.stderr

@@ -343,4 +343,8 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # `python -m vlaperf.cli` runs this file as __main__, a second copy of the module: the
+    # subcommands raise vlaperf.cli.CliError, which __main__.main would not catch.
+    from vlaperf.cli import main as package_main
+
+    sys.exit(package_main())
