@@ -3,6 +3,7 @@
 # served three ways by the same front end: in-process (no Ray), Ray Serve with 1 replica, and
 # with 2 replicas (one GPU each). PART=matrix instead runs `matrix --ray` (cumulative variants
 # of libero-pi0, one task per GPU); PART=all does both (about 10 minutes: may not fit one call).
+# SERVERS="ray1 ray2" runs only the Ray ones (the in-process figure of session 1 is the baseline).
 # Needs the wheels of benchmarks/ray_wheels.sh in .whl (carry [".whl"]).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> bash benchmarks/h200x2_ray_serve.sh
 # (CPU smoke test: WORKLOAD=tiny LEVERS=exact NO_WHEELS=1 OUT=/tmp/out bash benchmarks/h200x2_ray_serve.sh)
@@ -43,9 +44,12 @@ serve_and_load() {  # NAME [serve options...]: start, wait for /healthz, loadgen
 }
 
 if [ "$PART" = serve ] || [ "$PART" = all ]; then
-  serve_and_load inproc
-  serve_and_load ray1 --replicas 1
-  serve_and_load ray2 --replicas 2
+  for name in ${SERVERS:-inproc ray1 ray2}; do  # SERVERS="ray1 ray2" skips the in-process one
+    case $name in
+      inproc) serve_and_load inproc ;;
+      ray*) serve_and_load "$name" --replicas "${name#ray}" ;;
+    esac
+  done
   python3 - "$R" "$W" "$L" <<'EOF'
 import json, sys, pathlib
 for name in ("inproc", "ray1", "ray2"):
