@@ -18,7 +18,7 @@ R=/tmp/results; mkdir -p "$R"
 V="python3 -m vlaperf.cli"
 save() { tar czf "$OUT/results.tgz" -C /tmp results; }
 nvidia-smi --query-gpu=index,name,uuid,driver_version,memory.used --format=csv 2>/dev/null
-python3 -c "import torch, ray; print('gpus', torch.cuda.device_count(), 'torch', torch.__version__, 'ray', ray.__version__)" || exit 1
+python3 -c "import torch, ray; from ray import serve; print('gpus', torch.cuda.device_count(), 'torch', torch.__version__, 'ray', ray.__version__)" || exit 1
 PART=${PART:-serve}
 
 serve_and_load() {  # NAME [serve options...]: start, wait for /healthz, loadgen, SIGTERM, wait

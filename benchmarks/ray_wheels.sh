@@ -8,6 +8,7 @@
 # dashboard modules that need more are skipped by Ray with an INFO line). ray's own wheel is
 # 76 MiB, over the 64 MiB a call may carry: its Java jar (ray/jars, 31 MiB, only for Java
 # workers) is dropped, with its RECORD lines, which leaves 45 MiB; all of .whl is then ~49 MiB.
+# grpcio-reflection is pinned to the image's grpcio (1.84.0): 1.85 refuses to import against it.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 DEST=${DEST:-.whl}  # the folder a device call carries
@@ -20,7 +21,7 @@ WHEELS=(
   fastapi==0.165.0 starlette==1.10.0 uvicorn==0.54.0
   pydantic==2.14.4 pydantic-core==2.50.5 annotated-types==0.8.0 typing-inspection==0.4.5
   jsonschema==4.26.0 referencing==0.37.0 jsonschema-specifications==2025.9.1 rpds-py==2026.9.1
-  mmh3==5.3.1 opentelemetry-api==1.45.2 grpcio-reflection==1.85.1
+  mmh3==5.3.1 opentelemetry-api==1.45.2 grpcio-reflection==1.84.0
 )
 TMP=$(mktemp -d)
 python3 -m pip download -q "${PLAT[@]}" -d "$TMP" "${WHEELS[@]}"

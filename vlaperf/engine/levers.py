@@ -125,7 +125,5 @@ class Levers:
         if self.triton_kernels:
             if not self.fuse_projections:
                 raise LeverError("triton_kernels needs fuse_projections: its kernels take the RMSNorm scales folded into the weights")
-            if self.compile:
-                raise LeverError("triton_kernels is not combined with compile yet")
             if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
                 raise LeverError("triton_kernels needs a CUDA device (or TRITON_INTERPRET=1, Triton's slow CPU interpreter, for tests)")

@@ -5,7 +5,11 @@ into rows: (B, N*Tq, h) against (B, Tk, h). The keys are split across programs
 (flash-decoding): each program runs an online softmax over its key chunk and writes a
 partial (unnormalised output, running max, running sum); a second kernel merges the splits.
 Masked logits get the reference's large finite negative, so a fully masked row stays finite.
-Status: correctness-tested on the CPU (Triton interpreter, float32); speed not yet measured.
+Tiles: at head dim 256 a 64-key tile of K and of V is 32 KiB each in bf16; with Triton's
+default 3-stage pipelining the first H200 run asked for 240 KiB of shared memory (the limit
+is 227 KiB) and failed to launch. 32-key tiles and 2 stages need about a third of that.
+Correctness-tested on the CPU (Triton interpreter, float32) and in bf16 on the GPU by the
+engine's equivalence check; timed by benchmarks/suffix_attention_bench.py.
 """
 
 from __future__ import annotations
@@ -85,7 +89,8 @@ def _merge_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, ROWS, TQ, soh, sot, sob,
 
 
 def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                     block_m: int = 64, block_n: int = 64, splits: int | None = None) -> torch.Tensor:
+                     block_m: int = 64, block_n: int = 32, splits: int | None = None,
+                     num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
     """q (B, N, Tq, h); k, v (B, 1, Tk, h); mask (B, Tq, Tk) bool -> (B, N, Tq, h)."""
     B, N, Tq, h = q.shape
     Tk = k.shape[2]
@@ -95,8 +100,10 @@ def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
         raise ValueError("suffix_attention needs the head dim contiguous")
     rows = N * Tq
     row_blocks = triton.cdiv(rows, block_m)
-    if splits is None:  # about two programs per SM on a 132-SM H200
-        splits = max(1, min(triton.cdiv(Tk, block_n), triton.cdiv(264, B * row_blocks)))
+    if splits is None:
+        # ~4 key tiles per program: more splits add float32 partials (splits x rows x h) to
+        # write and merge, which at 8 x 51 rows outweigh the K/V bytes themselves
+        splits = max(1, min(triton.cdiv(Tk, 4 * block_n), triton.cdiv(264, B * row_blocks)))
     keys_per_split = triton.cdiv(triton.cdiv(Tk, splits), block_n) * block_n
     splits = triton.cdiv(Tk, keys_per_split)
     acc = torch.empty(B * splits * rows * h, dtype=torch.float32, device=q.device)
@@ -108,6 +115,7 @@ def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(2), v.stride(0), v.stride(2),
         mask_u8.stride(0), mask_u8.stride(1),
         MASK_VALUE=ATTENTION_MASK_VALUE, HEAD_DIM=h, BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits,
+        num_warps=num_warps, num_stages=num_stages,
     )
     out = torch.empty(B, N, Tq, h, dtype=q.dtype, device=q.device)
     _merge_kernel[(B, row_blocks)](acc, m, l_, out, rows, Tq, out.stride(1), out.stride(2), out.stride(0),

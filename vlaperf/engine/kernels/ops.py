@@ -1,0 +1,46 @@
+"""The Triton kernels as PyTorch custom operators, so `triton_kernels` composes with `compile`.
+
+torch.compile sees `torch.ops.vlaperf.small_m_matmul` and `torch.ops.vlaperf.suffix_attention`
+as opaque calls with known output shapes (the fake implementations below): no graph break,
+and inductor still fuses the elementwise work between them (RoPE, the cache write, casts).
+In eager (and inside the engine's CUDA graph) they dispatch straight to the launchers.
+
+The implementations look the launchers up on their modules at call time, so a test that
+wraps `small_m_matmul.small_m_matmul` to count calls sees these calls too.
+"""
+
+from __future__ import annotations
+
+import torch
+
+from vlaperf.engine.kernels import small_m_matmul as _matmul_module
+from vlaperf.engine.kernels import suffix_attention as _attention_module
+
+
+@torch.library.custom_op("vlaperf::small_m_matmul", mutates_args=())
+def small_m_matmul(x: torch.Tensor, w: torch.Tensor, w_up: torch.Tensor | None = None, rms_eps: float | None = None,
+                   residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
+    """See kernels/small_m_matmul.py: y = epilogue(prologue(x) @ w^T), x (M <= 64, K), w (N, K)."""
+    # the kernel indexes rows by stride and columns as unit-stride
+    residual = None if residual is None else _unit_stride(residual)
+    return _matmul_module.small_m_matmul(_unit_stride(x), w, w_up=w_up, rms_eps=rms_eps, residual=residual, gate=gate)
+
+
+def _unit_stride(t: torch.Tensor) -> torch.Tensor:
+    return t if t.stride(-1) == 1 else t.contiguous()
+
+
+@small_m_matmul.register_fake
+def _(x, w, w_up=None, rms_eps=None, residual=None, gate=None):
+    return x.new_empty(x.shape[0], w.shape[0])
+
+
+@torch.library.custom_op("vlaperf::suffix_attention", mutates_args=())
+def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """See kernels/suffix_attention.py: q (B, N, Tq, h) over one shared K/V head -> (B, N, Tq, h)."""
+    return _attention_module.suffix_attention(_unit_stride(q), _unit_stride(k), _unit_stride(v), mask)
+
+
+@suffix_attention.register_fake
+def _(q, k, v, mask):
+    return q.new_empty(q.shape)
