@@ -163,6 +163,52 @@ def loadgen_tables(results):
     return out
 
 
+def compare_tables(results):
+    out = []
+    for path, r in results:
+        if r["command"] != "compare":
+            continue
+        c, t = r["compare"], r.get("timing") or {}
+        if not out:
+            out += ["Same random weights, observation and noise in both implementations; latency interleaved in one",
+                    "process (`vlaperf compare`). LeRobot runs as shipped (eager attention, SigLIP in float32).", "",
+                    "| workload | LeRobot | dtype | rel L2 reference / best vs LeRobot | passed | LeRobot ms | vlaperf reference ms | vlaperf best ms | best speedup | file |",
+                    "|---|---|---|---|---|---|---|---|---|---|"]
+        eq, sm = c["equivalence"], t.get("summary") or {}
+
+        def med(name):
+            return _ms(sm[name]["wall_ms_median"]) if name in sm else "-"
+
+        speed = f"{sm['vlaperf_best']['speedup_vs_lerobot_wall']:.2f}x" if "vlaperf_best" in sm else "-"
+        rels = " / ".join(f"{eq[k]['rel_l2']:.2e}" for k in ("reference", "best") if k in eq)
+        out.append(f"| {r['workload']['id']}{' (reduced)' if c['reduced'] else ''} | {c['lerobot_version']} | {c['dtype']} | {rels} | "
+                   f"{'yes' if c['passed'] else 'NO'} | {med('lerobot')} | {med('vlaperf_reference')} | {med('vlaperf_best')} | {speed} | "
+                   f"`{path.relative_to(ROOT)}` |")
+    return out + [""] if out else []
+
+
+def kernel_tables(results):
+    out = []
+    for path, r in results:
+        if r["command"] != "kernel-bench":
+            continue
+        out += [f"### {r['variant']['label']} ({_env(r)})", "", f"`{path.relative_to(ROOT)}`; CUDA-graph replays, bf16, checked against float32.", ""]
+        if "cases" in r:  # small_m_matmul: one row per expert matmul
+            out += ["| matmul (M = 51) | cuBLAS + eager elementwise us | kernel us | kernel TB/s | rel L2 | tiling |", "|---|---|---|---|---|---|"]
+            for row in r["cases"]:
+                b = row["best"] or {}
+                out.append(f"| {row['case']} | {row['cublas_ms'] * 1e3:.1f} | {b.get('ms', float('nan')) * 1e3:.1f} | {b.get('tb_s', float('nan')):.2f} | "
+                           f"{b.get('rel_l2', float('nan')):.1e} | bn={b.get('block_n')} bk={b.get('block_k')} split={b.get('split_k')} |")
+        else:  # suffix_attention: the engine's folded matmuls against the fastest correct configurations
+            ok = sorted((c for c in r["configs"] if "ms" in c and c["rel_l2"] < 1e-2), key=lambda c: c["ms"])
+            out += ["| attention (8 x 51 rows) | us | rel L2 |", "|---|---|---|", f"| folded matmuls (engine without the kernels) | {r['folded_ms'] * 1e3:.1f} | - |"]
+            for c in ok[:3]:
+                out.append(f"| kernel bm={c['block_m']} bn={c['block_n']} splits={c['splits']} warps={c['num_warps']} stages={c['num_stages']} | "
+                           f"{c['ms'] * 1e3:.1f} | {c['rel_l2']:.1e} |")
+        out.append("")
+    return out
+
+
 def main() -> None:
     results = [(p, json.loads(p.read_text())) for p in sorted(RESULTS.rglob("*.json"))]
     lines = ["# Performance", "",
@@ -179,6 +225,8 @@ def main() -> None:
     lines += ["## Step scaling (`vlaperf scaling`)", ""] + scaling_tables(results)
     lines += ["## Host syncs per call (`vlaperf syncs`)", ""] + sync_tables(results)
     lines += ["## Serving (`vlaperf serve` + `vlaperf loadgen`)", ""] + loadgen_tables(results)
+    lines += ["## Side by side with LeRobot (`vlaperf compare`)", ""] + compare_tables(results)
+    lines += ["## Kernels (`benchmarks/*_bench.py`)", ""] + kernel_tables(results)
     OUT.write_text("\n".join(lines) + "\n")
     print(f"wrote {OUT}")
 

@@ -216,3 +216,14 @@ def test_environment_record_no_compiler_on_empty_path(monkeypatch, tmp_path):
     env = environment_record("cpu")
     assert env["c_compiler"] is None
     assert env["driver"] is None  # no nvidia-smi either, and no exception
+
+
+def test_git_commit_given_by_the_caller_wins(monkeypatch):
+    """A tree copied to a GPU machine may hold a .git at another HEAD: VLAPERF_GIT_COMMIT wins."""
+    from vlaperf.timing import _git_state
+
+    monkeypatch.setenv("VLAPERF_GIT_COMMIT", "0123abcd")
+    assert _git_state() == ("0123abcd", None)
+    monkeypatch.delenv("VLAPERF_GIT_COMMIT")
+    commit, _ = _git_state()
+    assert commit != "0123abcd"

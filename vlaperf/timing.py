@@ -508,10 +508,12 @@ def _git_state() -> tuple[str | None, bool | None]:
     result folders, do not count).
     """
     pkg_dir = str(Path(__file__).resolve().parent)
+    if os.environ.get("VLAPERF_GIT_COMMIT"):
+        # A copy of the tree shipped to another machine (a GPU box) may carry no .git, or a
+        # .git whose HEAD is not the commit the files came from: the caller says which it is.
+        return os.environ["VLAPERF_GIT_COMMIT"], None
     if not _run(["git", "ls-files", "--", "."], cwd=pkg_dir):
-        # A copy of the tree without its .git (e.g. shipped to a GPU machine): the caller
-        # may say which commit it is.
-        return os.environ.get("VLAPERF_GIT_COMMIT") or None, None
+        return None, None
     commit = _run(["git", "rev-parse", "HEAD"], cwd=pkg_dir)
     if not commit:
         return None, None
