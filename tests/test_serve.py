@@ -675,3 +675,24 @@ def test_batch_window_counts_from_when_the_worker_is_free():
     start = time.perf_counter()
     batch = server._next_batch()
     assert len(batch) == 4 and time.perf_counter() - start < 0.3
+
+
+def test_idle_inference_threads_share_the_queue():
+    """With two inference threads (two remote replicas) idle, 8 queued jobs leave as two
+    batches of 4, one per thread, not as one batch of 8 while the other replica idles."""
+    from vlaperf.serve.server import _Job
+
+    server = PolicyServer(_Recorder(TINY), port=0, max_batch=8, max_wait_ms=50)
+    server._n_connections = 8
+    server._pending.extend(_Job({}, i, None, None, time.perf_counter()) for i in range(8))
+    server._idle_workers = 1  # the other thread, already waiting in _next_batch
+    first = server._next_batch()
+    assert len(first) == 4 and len(server._pending) == 4
+    server._idle_workers = 0
+    second = server._next_batch()  # the last idle thread takes the rest
+    assert len(second) == 4 and not server._pending
+    assert {j.conn for j in first} | {j.conn for j in second} == set(range(8))
+    # one thread alone still fills a whole batch
+    server._busy.clear()
+    server._pending.extend(_Job({}, i, None, None, time.perf_counter()) for i in range(8))
+    assert len(server._next_batch()) == 8
