@@ -17,6 +17,7 @@ p = argparse.ArgumentParser()
 p.add_argument("--workload", default="libero-pi0")
 p.add_argument("--levers", default="for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections")
 p.add_argument("--rows", type=int, default=30)
+p.add_argument("--trace", default=None, help="also write the Chrome trace here")
 args = p.parse_args()
 w = get_workload(args.workload)
 model = build_model(w.preset, "cuda")
@@ -30,6 +31,33 @@ with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
     engine.sample_actions(obs, noise, w.steps)
     torch.cuda.synchronize()
 print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=70))
-out = os.environ.get("OUT")
-if out:
-    prof.export_chrome_trace(os.path.join(out, f"trace_{args.workload}.json"))
+
+
+def kernel_class(name: str) -> str:
+    """Coarse classes for the per-call summary (names as the profiler reports them)."""
+    n = name.lower()
+    if any(k in n for k in ("_small_m_kernel", "_reduce_kernel")):
+        return "vlaperf small-M matmul kernels"
+    if any(k in n for k in ("_partial_kernel", "_merge_kernel")):
+        return "vlaperf attention kernels"
+    if any(k in n for k in ("gemm", "cutlass", "sm90_xmma", "nvjet", "splitk", "cublas")):
+        return "cuBLAS/CUTLASS GEMM (incl. split-K reduce)"
+    if any(k in n for k in ("flash", "fmha", "cudnn", "attention")):
+        return "fused attention (SDPA)"
+    if n.startswith("triton_"):
+        return "inductor triton (fused elementwise/reductions)"
+    return "other (eager elementwise, copies)"
+
+
+totals, counts = {}, {}
+for e in prof.key_averages():
+    if e.device_type == torch.autograd.DeviceType.CUDA and getattr(e, "device_time_total", 0) > 0:
+        c = kernel_class(e.key)
+        totals[c] = totals.get(c, 0.0) + e.device_time_total / 1e3
+        counts[c] = counts.get(c, 0) + e.count
+print(f"per call, {args.levers}:")
+for c, t in sorted(totals.items(), key=lambda kv: -kv[1]):
+    print(f"  {c:48s} {t:8.3f} ms  {counts[c]:6d} kernels")
+print(f"  {'sum':48s} {sum(totals.values()):8.3f} ms  {sum(counts.values()):6d} kernels")
+if args.trace:
+    prof.export_chrome_trace(args.trace)
