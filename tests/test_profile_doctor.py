@@ -65,21 +65,28 @@ def test_clean_environment_has_no_errors(monkeypatch):
 
 
 def test_gpu_probes_with_fake_nvidia_smi(monkeypatch):
+    """Only our GPU (by UUID) counts: a job on the host's other GPU is not a tenant of ours."""
     def fake(args):
         q = args[0]
         if q.startswith("--query-compute-apps"):
-            return "4242, python3, 30000\n999999, other_job, 512"
-        if q.startswith("--query-gpu=index"):
-            return "0, NVIDIA H200, 1980, 1980, 3201, 3201, 85, 650.1, 700.0, 0x0000000000000040"
+            return "GPU-aaaa-1, 4242, python3, 30000\nGPU-aaaa-1, 999999, other_job, 512\nGPU-bbbb-2, 777, lane_b, 9000"
+        if q.startswith("--query-gpu=uuid"):
+            return ("GPU-aaaa-1, 0, NVIDIA H200, 1980, 1980, 3201, 3201, 85, 650.1, 700.0, 0x0000000000000040\n"
+                    "GPU-bbbb-2, 1, NVIDIA H200, 1980, 1980, 3201, 3201, 40, 120.0, 700.0, 0x0000000000000000")
         if q.startswith("--query-gpu=driver_version"):
             return "580.159.04"
         return None
 
     monkeypatch.setattr(doctor_mod, "nvidia_smi", fake)
-    found = by_id(doctor_mod._gpu_checks(torch.device("cuda")))
+    checks = doctor_mod._gpu_checks(torch.device("cuda"), uuid="aaaa-1")
+    found = by_id(checks)
     assert found["env.gpu_processes"]["severity"] == "warning"
-    assert "pid 4242 python3" in found["env.gpu_processes"]["detail"]
-    assert found["env.gpu_clocks"]["severity"] == "warning" and "thermal" in found["env.gpu_clocks"]["title"]
+    assert "pid 4242 python3" in found["env.gpu_processes"]["detail"] and "lane_b" not in found["env.gpu_processes"]["detail"]
+    clocks = [f for f in checks if f["id"] == "env.gpu_clocks"]
+    assert len(clocks) == 1 and clocks[0]["severity"] == "warning" and "thermal" in clocks[0]["title"]
+    # the other GPU's row alone: no tenant of ours, its clocks not reported
+    other = doctor_mod._gpu_checks(torch.device("cuda"), uuid="cccc-3")
+    assert "env.gpu_processes" not in by_id(other) and not [f for f in other if f["id"] == "env.gpu_clocks"]
     versions = by_id(environment_checks("cuda"))["env.versions"]
     assert "driver 580.159.04" in versions["detail"]
     if not torch.cuda.is_available():

@@ -113,11 +113,28 @@ def environment_checks(device: torch.device | str | None = None, model_dtype: to
     return out
 
 
-def _gpu_checks(device: torch.device) -> list[dict]:
+def device_uuid(device: torch.device) -> str | None:
+    """The UUID of the GPU this process uses for `device`, as nvidia-smi writes it without its
+    'GPU-' prefix (lower case), or None where torch cannot say (no CUDA, old torch)."""
+    try:
+        return str(torch.cuda.get_device_properties(device).uuid).lower().removeprefix("gpu-")
+    except Exception:
+        return None
+
+
+def _ours(uuid_field: str, mine: str | None) -> bool:
+    """Is an nvidia-smi row about our GPU? Without our UUID every GPU counts."""
+    return mine is None or uuid_field.strip().lower().removeprefix("gpu-") == mine
+
+
+def _gpu_checks(device: torch.device, uuid: str | None = None) -> list[dict]:
+    """Other processes on, and the clocks of, the GPU this run uses (by UUID: nvidia-smi lists
+    every GPU of the host, and CUDA_VISIBLE_DEVICES renumbers them for torch)."""
     if device.type != "cuda":
         return []
+    mine = uuid or device_uuid(device)
     out = []
-    apps = nvidia_smi(["--query-compute-apps=pid,process_name,used_memory", "--format=csv,noheader,nounits"])
+    apps = nvidia_smi(["--query-compute-apps=gpu_uuid,pid,process_name,used_memory", "--format=csv,noheader,nounits"])
     if apps is None:
         out.append(finding("env.gpu_processes", "info", "could not list GPU processes",
                            "nvidia-smi is missing or failed; other tenants on the GPU cannot be ruled out."))
@@ -125,22 +142,22 @@ def _gpu_checks(device: torch.device) -> list[dict]:
         others = []
         for line in apps.splitlines():
             parts = [p.strip() for p in line.split(",")]
-            if len(parts) >= 2 and parts[0].isdigit() and int(parts[0]) != os.getpid():
-                others.append(f"pid {parts[0]} {parts[1]}" + (f" ({parts[2]} MiB)" if len(parts) > 2 else ""))
+            if len(parts) >= 3 and parts[1].isdigit() and int(parts[1]) != os.getpid() and _ours(parts[0], mine):
+                others.append(f"pid {parts[1]} {parts[2]}" + (f" ({parts[3]} MiB)" if len(parts) > 3 else ""))
         if others:
             out.append(finding("env.gpu_processes", "warning", f"{len(others)} other process(es) on the GPU",
                                "; ".join(others) + ". They compete for SMs and memory bandwidth: numbers will be "
                                "slower and noisier than on an idle GPU.",
                                fix="time on an idle GPU (or say in the report that it was shared)"))
     for field in ("clocks_throttle_reasons.active", "clocks_event_reasons.active"):
-        q = nvidia_smi([f"--query-gpu=index,name,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,temperature.gpu,"
+        q = nvidia_smi([f"--query-gpu=uuid,index,name,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,temperature.gpu,"
                         f"power.draw,power.limit,{field}", "--format=csv,noheader,nounits"])
         if q:
             break
     if q:
         for line in q.splitlines():
-            p = [x.strip() for x in line.split(",")]
-            if len(p) < 10:
+            u, *p = [x.strip() for x in line.split(",")]
+            if len(p) < 10 or not _ours(u, mine):
                 continue
             detail = (f"GPU {p[0]} {p[1]}: SM {p[2]}/{p[3]} MHz, memory {p[4]}/{p[5]} MHz, {p[6]} C, "
                       f"{p[7]}/{p[8]} W, throttle reasons {p[9]} (clocks are low while idle; read under load)")
