@@ -44,8 +44,10 @@ def _env(r):
 
 
 def bench_rows(results):
-    rows = ["| workload | mode | variant | median ms | p95 ms | event median ms | first call s | peak GiB | x floor | file |",
-            "|---|---|---|---|---|---|---|---|---|---|"]
+    from vlaperf.workloads import get_workload
+
+    rows = ["| workload | mode | variant | median ms | p95 ms | event median ms | action chunks/s | first call s | peak GiB | x floor | file |",
+            "|---|---|---|---|---|---|---|---|---|---|---|"]
     for path, r in results:
         if r["command"] != "bench":
             continue
@@ -54,8 +56,9 @@ def bench_rows(results):
         ratio = w["median"] / floor["floor_ms"] if floor.get("floor_ms") and r["env"].get("gpu") else None
         wl = r["workload"]["id"] + (f" {r['workload']['overrides']}" if r["workload"]["overrides"] else "")
         peak = r.get("peak_memory_bytes")
+        batch = r["workload"]["overrides"].get("batch") or get_workload(r["workload"]["id"]).batch
         rows.append(f"| {wl} | {r['mode']} | {_short(r['variant']['label'])} | {_ms(w['median'])} | {_ms(w['p95'])} | "
-                    f"{_ms(e['median'] if e else None)} | {_first(r, r['first_call_s'], not r['variant']['levers'])} | "
+                    f"{_ms(e['median'] if e else None)} | {1e3 * batch / w['median']:.1f} | {_first(r, r['first_call_s'], not r['variant']['levers'])} | "
                     f"{f'{peak / 2**30:.2f}' if peak else '-'} | {f'{ratio:.1f}x' if ratio else '-'} | `{path.relative_to(ROOT)}` |")
     return rows
 
