@@ -1,4 +1,4 @@
-"""The experimental Triton kernels, checked on the CPU with Triton's interpreter.
+"""The opt-in Triton kernels (`triton_kernels`), checked on the CPU with Triton's interpreter.
 
 The interpreter runs each program with numpy, so these tests say nothing about speed, and
 its bf16 matmul is broken on this stack (triton 3.9): the checks run in float32. The bf16

@@ -22,10 +22,12 @@ LEVERS: dict[str, str] = {
     "fuse_projections": "fused QKV and gate/up matmuls, RMSNorm scales folded into the next linear, time conditioning tabulated per step",
     "cuda_graph": "capture the whole sample_actions (prefix + all steps) in one CUDA graph per input shape, replayed per call",
     "compile": "torch.compile the prefix and the denoise step (mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs)",
-    "triton_kernels": "experimental: the denoise step's matmuls (RMSNorm/GEGLU/residual fused) and attention as Triton kernels (pi0, batch 1)",
+    "triton_kernels": "opt-in: the denoise step's matmuls (RMSNorm/GEGLU/residual fused) and attention as Triton kernels (pi0 and shallow6, batch 1; H200: 1.2-1.3x over graph, not faster under compile)",
 }
 
-# Levers not yet measured on a GPU: never in a preset or the cumulative table.
+# Opt-in levers: never in a preset or the cumulative table. triton_kernels is tuned and
+# measured on an H200 only (its tiles may not fit smaller GPUs' shared memory) and does not
+# beat inductor inside `compile` (docs/perf-notes.md, version 5c).
 EXPERIMENTAL = ("triton_kernels",)
 # What a lever needs beside it (`vlaperf check` adds these when it checks a lever alone).
 REQUIRES = {"cuda_graph": ("for_loop",), "triton_kernels": ("fuse_projections",)}
