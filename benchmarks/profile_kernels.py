@@ -1,6 +1,8 @@
 """Where the GPU time of one call goes: torch.profiler kernel table for one engine variant.
 
-    python benchmarks/profile_kernels.py --workload libero-pi0 --levers <levers without cuda_graph>
+    python benchmarks/profile_kernels.py --workload libero-pi0 --levers <levers>
+
+With cuda_graph the profiled call is a graph replay: CUPTI still reports each kernel node.
 """
 import argparse
 import os
@@ -40,12 +42,12 @@ def kernel_class(name: str) -> str:
         return "vlaperf small-M matmul kernels"
     if any(k in n for k in ("_partial_kernel", "_merge_kernel")):
         return "vlaperf attention kernels"
+    if n.startswith("triton_"):  # before the keywords below: inductor names kernels after the ops they fuse
+        return "inductor triton (fused elementwise/reductions)"
     if any(k in n for k in ("gemm", "cutlass", "sm90_xmma", "nvjet", "splitk", "cublas")):
         return "cuBLAS/CUTLASS GEMM (incl. split-K reduce)"
     if any(k in n for k in ("flash", "fmha", "cudnn", "attention")):
         return "fused attention (SDPA)"
-    if n.startswith("triton_"):
-        return "inductor triton (fused elementwise/reductions)"
     return "other (eager elementwise, copies)"
 
 

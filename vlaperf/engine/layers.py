@@ -154,6 +154,8 @@ def gemma_layer_small_m(lw: GemmaLayerW, x: Tensor, eps: float, cos, sin, mask, 
     q, k, v = qkv.split([N * hd, K * hd, K * hd], dim=-1)
     q, k, v = (t.reshape(B, T, -1, hd).transpose(1, 2) for t in (q, k, v))
     attend = suffix_attention if mask is not None and K == 1 else None
+    if attend is None and mask is not None and mask.dtype != torch.bool:
+        mask = mask.bool()  # the step may hand over the kernel's uint8 mask; torch attention wants bool
     out, kv = rope_and_attend(q, k, v, cos, sin, mask, use_sdpa, kv_write, kv_past, attend)
     x2 = small_m_matmul(out.reshape(B * T, -1), lw.o, residual=x2)
     F_ = lw.gate_up.shape[0] // 2

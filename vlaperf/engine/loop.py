@@ -79,6 +79,8 @@ def denoise_step(
     mask, cos, sin = ctx.mask_rope()
     mods = table_row.get("modulation") if table_row else None  # (depth*6 + 2, D) for pi0.5
     Ts = x.shape[1]
+    # the attention kernel reads the mask as bytes: cast once per step, not inside each layer's op
+    kernel_mask = mask.to(torch.uint8) if kernels and mask is not None and mask.dtype == torch.bool else mask
     for i, lw in enumerate(ew.expert):
         mod = mods[6 * i : 6 * i + 6] if mods is not None else None
         if ctx.kv_buffers is not None:
@@ -87,7 +89,7 @@ def denoise_step(
         else:
             cache = dict(kv_past=ctx.cache[i])
         if kernels and small_m_layer_applies(lw, x.shape[0] * Ts):
-            x, _ = gemma_layer_small_m(lw, x, eps, cos, sin, mask, use_sdpa, **cache)
+            x, _ = gemma_layer_small_m(lw, x, eps, cos, sin, kernel_mask, use_sdpa, **cache)
         else:
             x, _ = gemma_layer(lw, x, eps, cos, sin, mask, use_sdpa, mod=mod, ada_cond=adarms, **cache)
     if mods is not None:
