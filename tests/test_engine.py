@@ -159,3 +159,16 @@ def test_check_equivalence_passes_and_catches_a_broken_variant(tiny_model, tiny_
     assert not bad["passed"] and bad["rel_l2"] > FP32_TOL
     nan = compare(torch.full((1, 2), float("nan")), torch.ones(1, 2), torch.float32)
     assert not nan["passed"]
+
+
+def test_best_adds_triton_kernels_only_on_the_gpus_they_were_tuned_for(monkeypatch):
+    import vlaperf.engine.levers as levers_mod
+
+    monkeypatch.setattr("vlaperf.engine.compile.compile_blockers", lambda *a: [])
+    monkeypatch.setattr(levers_mod, "_capability_major", lambda device: 9)
+    assert Levers.parse("best", "cuda").triton_kernels
+    assert not Levers.parse("graph", "cuda").triton_kernels
+    monkeypatch.setattr(levers_mod, "_capability_major", lambda device: 8)  # e.g. an RTX 4090 / A100
+    best = Levers.parse("best", "cuda")
+    assert not best.triton_kernels and best.cuda_graph and best.compile == "default"
+    assert not Levers.parse("best", "cpu").triton_kernels

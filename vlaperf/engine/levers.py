@@ -22,13 +22,14 @@ LEVERS: dict[str, str] = {
     "fuse_projections": "fused QKV and gate/up matmuls, RMSNorm scales folded into the next linear, time conditioning tabulated per step",
     "cuda_graph": "capture the whole sample_actions (prefix + all steps) in one CUDA graph per input shape, replayed per call",
     "compile": "torch.compile the prefix and the denoise step (mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs)",
-    "triton_kernels": "opt-in: the denoise step's matmuls (RMSNorm/GEGLU/residual fused) and attention as Triton kernels (pi0 and shallow6, batch 1; H200: 1.2-1.3x over graph, not faster under compile)",
+    "triton_kernels": "in `best` on Hopper GPUs, else opt-in: the denoise step's matmuls (RMSNorm/GEGLU/residual fused) and attention as Triton kernels (pi0 and shallow6, batch 1; H200: 1.2-1.3x over graph, 1.07x over compile + graph)",
 }
 
-# Opt-in levers: never in a preset or the cumulative table. triton_kernels is tuned and
-# measured on an H200 only (its tiles may not fit smaller GPUs' shared memory) and does not
-# beat inductor inside `compile` (docs/perf-notes.md, version 5c).
+# Levers outside the cumulative table and the CPU/`graph` presets. triton_kernels' tiles are
+# tuned and measured on an H200 only (they may not fit smaller GPUs' shared memory), so `best`
+# adds it on Hopper (compute capability 9.x) alone; elsewhere it is opt-in.
 EXPERIMENTAL = ("triton_kernels",)
+TUNED_FOR = {"triton_kernels": (9,)}  # lever -> compute-capability majors where `best` uses it
 # What a lever needs beside it (`vlaperf check` adds these when it checks a lever alone).
 REQUIRES = {"cuda_graph": ("for_loop",), "triton_kernels": ("fuse_projections",)}
 
@@ -48,6 +49,14 @@ PRESETS = {"best": "fastest variant for the device", "graph": "exact levers + on
 
 class LeverError(ValueError):
     """A lever that does not exist, or cannot apply here; the message says why."""
+
+
+def _capability_major(device: torch.device | str) -> int | None:
+    """The CUDA compute-capability major of `device` (9 for H100/H200), None if unknown."""
+    try:
+        return torch.cuda.get_device_capability(torch.device(device))[0]
+    except Exception:
+        return None
 
 
 @dataclass(frozen=True)
@@ -78,6 +87,8 @@ class Levers:
             from vlaperf.engine.compile import compile_blockers
 
             items = list(BEST_GPU if on_gpu and not compile_blockers() else GRAPH_GPU if on_gpu else BEST_CPU)
+            if on_gpu:
+                items += [name for name, majors in TUNED_FOR.items() if _capability_major(device) in majors]
         elif items == ["graph"]:
             items = list(GRAPH_GPU)
         elif items == ["exact"]:
