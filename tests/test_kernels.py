@@ -156,3 +156,25 @@ def test_triton_kernels_compose_with_compile_without_graph_breaks():
     env = dict(os.environ, TRITON_INTERPRET="1")
     proc = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], env=env, capture_output=True, text=True, timeout=900)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
+def test_kernel_that_does_not_fit_the_gpu_is_a_clear_lever_error(monkeypatch):
+    """Triton's OutOfResources (tiles too big for a GPU's shared memory) names the lever and the fix."""
+    import torch
+
+    import vlaperf.engine.kernels.small_m_matmul as K
+    from vlaperf.engine.kernels.ops import small_m_matmul
+    from vlaperf.engine.levers import LeverError
+
+    class OutOfResources(Exception):  # the name Triton's exception has
+        pass
+
+    def too_big(*a, **kw):
+        raise OutOfResources("out of resource: shared memory, Required: 245760, Hardware limit: 101376")
+
+    monkeypatch.setattr(K, "small_m_matmul", too_big)
+    with pytest.raises(LeverError, match="triton_kernels: the small_m_matmul kernel does not fit .*Run without the lever"):
+        small_m_matmul(torch.randn(4, 8), torch.randn(6, 8))
+    monkeypatch.setattr(K, "small_m_matmul", lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("other")))
+    with pytest.raises(RuntimeError, match="other"):  # anything else passes through unchanged
+        small_m_matmul(torch.randn(4, 8), torch.randn(6, 8))

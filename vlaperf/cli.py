@@ -123,6 +123,7 @@ def result_header(command: str, base, workload, model, env: dict, levers: list[s
 
 def cmd_bench(args) -> int:
     from vlaperf.check import check_equivalence
+    from vlaperf.engine import LeverError
     from vlaperf.inputs import make_example, random_noise, random_observation
     from vlaperf.policy import Policy
     from vlaperf.report.schema import write_result
@@ -144,7 +145,10 @@ def cmd_bench(args) -> int:
         request = examples[0] if workload.batch == 1 else examples
         fn = lambda: policy.infer(request)  # noqa: E731
     # The first call carries compile / graph capture: time it before anything else runs it.
-    first_call_s = _timed_once(fn, device)
+    try:
+        first_call_s = _timed_once(fn, device)
+    except LeverError as e:  # a lever that fails only when it runs (e.g. kernels that do not fit this GPU)
+        raise CliError(str(e)) from None
     equivalence = None
     if engine is not None and not args.no_check:
         equivalence = check_equivalence(model, engine, workload)

@@ -11,6 +11,8 @@ wraps `small_m_matmul.small_m_matmul` to count calls sees these calls too.
 
 from __future__ import annotations
 
+import contextlib
+
 import torch
 
 from vlaperf.engine.kernels import small_m_matmul as _matmul_module
@@ -23,7 +25,24 @@ def small_m_matmul(x: torch.Tensor, w: torch.Tensor, w_up: torch.Tensor | None =
     """See kernels/small_m_matmul.py: y = epilogue(prologue(x) @ w^T), x (M <= 64, K), w (N, K)."""
     # the kernel indexes rows by stride and columns as unit-stride
     residual = None if residual is None else _unit_stride(residual)
-    return _matmul_module.small_m_matmul(_unit_stride(x), w, w_up=w_up, rms_eps=rms_eps, residual=residual, gate=gate)
+    with _explain_resource_errors("small_m_matmul"):
+        return _matmul_module.small_m_matmul(_unit_stride(x), w, w_up=w_up, rms_eps=rms_eps, residual=residual, gate=gate)
+
+
+@contextlib.contextmanager
+def _explain_resource_errors(kernel: str):
+    """Triton's OutOfResources (tiles that do not fit this GPU's shared memory or registers)
+    becomes a LeverError that names the lever and the way out."""
+    try:
+        yield
+    except Exception as e:
+        if type(e).__name__ != "OutOfResources":
+            raise
+        from vlaperf.engine.levers import LeverError
+
+        gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "this device"
+        raise LeverError(f"triton_kernels: the {kernel} kernel does not fit {gpu} ({e}); its tiles are tuned for an "
+                         "H200 (Hopper). Run without the lever (e.g. --levers graph, or best on a non-Hopper GPU)") from e
 
 
 def _unit_stride(t: torch.Tensor) -> torch.Tensor:
@@ -38,7 +57,8 @@ def _(x, w, w_up=None, rms_eps=None, residual=None, gate=None):
 @torch.library.custom_op("vlaperf::suffix_attention", mutates_args=())
 def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """See kernels/suffix_attention.py: q (B, N, Tq, h) over one shared K/V head -> (B, N, Tq, h)."""
-    return _attention_module.suffix_attention(_unit_stride(q), _unit_stride(k), _unit_stride(v), mask)
+    with _explain_resource_errors("suffix_attention"):
+        return _attention_module.suffix_attention(_unit_stride(q), _unit_stride(k), _unit_stride(v), mask)
 
 
 @suffix_attention.register_fake
