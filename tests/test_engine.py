@@ -172,3 +172,17 @@ def test_best_adds_triton_kernels_only_on_the_gpus_they_were_tuned_for(monkeypat
     best = Levers.parse("best", "cuda")
     assert not best.triton_kernels and best.cuda_graph and best.compile == "default"
     assert not Levers.parse("best", "cpu").triton_kernels
+
+
+def test_cumulative_table_ends_at_what_best_resolves_to(monkeypatch):
+    import vlaperf.engine.levers as levers_mod
+    from vlaperf.profile.matrix import cumulative_variants
+
+    cpu = cumulative_variants(torch.device("cpu"))
+    assert cpu[0] == "reference" and Levers.parse(cpu[-1]) == Levers.parse("best", "cpu")
+    monkeypatch.setattr("vlaperf.engine.compile.compile_blockers", lambda *a: [])
+    for major in (9, 8):
+        monkeypatch.setattr(levers_mod, "_capability_major", lambda device: major)
+        gpu = cumulative_variants(torch.device("cuda"))
+        assert Levers.parse(gpu[-1]) == Levers.parse("best", "cuda"), (major, gpu[-1])
+        assert all(gpu[i + 1].startswith(gpu[i]) for i in range(1, len(gpu) - 1))  # one lever added per row

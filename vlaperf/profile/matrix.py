@@ -1,7 +1,7 @@
 """The optimization matrix: engine variants timed interleaved in one process.
 
 Variants that fail the equivalence check are listed with their error and never timed.
-`cumulative` adds one lever at a time in LEVERS order (seed 004's table); `grid` is seed
+`cumulative` adds one lever at a time in LEVERS order up to `best` (seed 004's table); `grid` is seed
 000's {eager, compile default, compile reduce-overhead, cuda_graph} x {loop only, all
 exact levers}.
 """
@@ -15,7 +15,16 @@ from vlaperf.engine.levers import EXACT, EXPERIMENTAL, LEVERS
 
 
 def cumulative_variants(device: torch.device) -> list[str]:
+    """reference, +for_loop, +skip_masked_images, ... in LEVERS order. On a GPU the table goes
+    on to what `best` resolves to there: +cuda_graph, +compile=default, and the levers `best`
+    adds on this GPU only (triton_kernels on Hopper)."""
+    from vlaperf.engine.levers import Levers
+
     order = [n for n in LEVERS if n != "compile" and n not in EXPERIMENTAL and (n != "cuda_graph" or device.type == "cuda")]
+    if device.type == "cuda":
+        order.append("compile=default")
+        best = Levers.parse("best", device)
+        order += [n for n in EXPERIMENTAL if getattr(best, n)]
     return ["reference"] + [",".join(order[: i + 1]) for i in range(len(order))]
 
 
