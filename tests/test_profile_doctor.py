@@ -84,9 +84,14 @@ def test_gpu_probes_with_fake_nvidia_smi(monkeypatch):
     assert "pid 4242 python3" in found["env.gpu_processes"]["detail"] and "lane_b" not in found["env.gpu_processes"]["detail"]
     clocks = [f for f in checks if f["id"] == "env.gpu_clocks"]
     assert len(clocks) == 1 and clocks[0]["severity"] == "warning" and "thermal" in clocks[0]["title"]
-    # the other GPU's row alone: no tenant of ours, its clocks not reported
-    other = doctor_mod._gpu_checks(torch.device("cuda"), uuid="cccc-3")
-    assert "env.gpu_processes" not in by_id(other) and not [f for f in other if f["id"] == "env.gpu_clocks"]
+    # on the other GPU: the job there is its tenant, ours is not; only its clocks
+    other = doctor_mod._gpu_checks(torch.device("cuda"), uuid="bbbb-2")
+    assert "lane_b" in by_id(other)["env.gpu_processes"]["detail"] and "4242" not in by_id(other)["env.gpu_processes"]["detail"]
+    assert [f["title"] for f in other if f["id"] == "env.gpu_clocks"] == ["GPU 1 clocks"]
+    # a UUID nvidia-smi does not list (format mismatch): every GPU is reported, nothing hidden
+    unknown = doctor_mod._gpu_checks(torch.device("cuda"), uuid="cccc-3")
+    assert len([f for f in unknown if f["id"] == "env.gpu_clocks"]) == 2
+    assert "3 other process(es)" in by_id(unknown)["env.gpu_processes"]["title"]
     versions = by_id(environment_checks("cuda"))["env.versions"]
     assert "driver 580.159.04" in versions["detail"]
     if not torch.cuda.is_available():

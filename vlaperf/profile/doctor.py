@@ -129,10 +129,20 @@ def _ours(uuid_field: str, mine: str | None) -> bool:
 
 def _gpu_checks(device: torch.device, uuid: str | None = None) -> list[dict]:
     """Other processes on, and the clocks of, the GPU this run uses (by UUID: nvidia-smi lists
-    every GPU of the host, and CUDA_VISIBLE_DEVICES renumbers them for torch)."""
+    every GPU of the host, and CUDA_VISIBLE_DEVICES renumbers them for torch). If no GPU that
+    nvidia-smi lists has our UUID (or torch cannot tell it), every GPU is reported."""
     if device.type != "cuda":
         return []
+    for field in ("clocks_throttle_reasons.active", "clocks_event_reasons.active"):
+        q = nvidia_smi([f"--query-gpu=uuid,index,name,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,temperature.gpu,"
+                        f"power.draw,power.limit,{field}", "--format=csv,noheader,nounits"])
+        if q:
+            break
+    gpus = [[x.strip() for x in line.split(",")] for line in (q or "").splitlines()]
+    gpus = [g for g in gpus if len(g) >= 11]
     mine = uuid or device_uuid(device)
+    if mine is not None and not any(_ours(g[0], mine) for g in gpus):
+        mine = None
     out = []
     apps = nvidia_smi(["--query-compute-apps=gpu_uuid,pid,process_name,used_memory", "--format=csv,noheader,nounits"])
     if apps is None:
@@ -149,28 +159,21 @@ def _gpu_checks(device: torch.device, uuid: str | None = None) -> list[dict]:
                                "; ".join(others) + ". They compete for SMs and memory bandwidth: numbers will be "
                                "slower and noisier than on an idle GPU.",
                                fix="time on an idle GPU (or say in the report that it was shared)"))
-    for field in ("clocks_throttle_reasons.active", "clocks_event_reasons.active"):
-        q = nvidia_smi([f"--query-gpu=uuid,index,name,clocks.sm,clocks.max.sm,clocks.mem,clocks.max.mem,temperature.gpu,"
-                        f"power.draw,power.limit,{field}", "--format=csv,noheader,nounits"])
-        if q:
-            break
-    if q:
-        for line in q.splitlines():
-            u, *p = [x.strip() for x in line.split(",")]
-            if len(p) < 10 or not _ours(u, mine):
-                continue
-            detail = (f"GPU {p[0]} {p[1]}: SM {p[2]}/{p[3]} MHz, memory {p[4]}/{p[5]} MHz, {p[6]} C, "
-                      f"{p[7]}/{p[8]} W, throttle reasons {p[9]} (clocks are low while idle; read under load)")
-            try:
-                bits = int(p[9], 16)
-            except ValueError:
-                bits = 0
-            bad = [name for bit, name in _BAD_THROTTLE.items() if bits & bit]
-            if bad:
-                out.append(finding("env.gpu_clocks", "warning", f"GPU {p[0]} is throttled: {', '.join(bad)}", detail,
-                                   fix="cool the GPU / check power; numbers taken now are slower than the hardware"))
-            else:
-                out.append(finding("env.gpu_clocks", "info", f"GPU {p[0]} clocks", detail))
+    for u, *p in gpus:
+        if not _ours(u, mine):
+            continue
+        detail = (f"GPU {p[0]} {p[1]}: SM {p[2]}/{p[3]} MHz, memory {p[4]}/{p[5]} MHz, {p[6]} C, "
+                  f"{p[7]}/{p[8]} W, throttle reasons {p[9]} (clocks are low while idle; read under load)")
+        try:
+            bits = int(p[9], 16)
+        except ValueError:
+            bits = 0
+        bad = [name for bit, name in _BAD_THROTTLE.items() if bits & bit]
+        if bad:
+            out.append(finding("env.gpu_clocks", "warning", f"GPU {p[0]} is throttled: {', '.join(bad)}", detail,
+                               fix="cool the GPU / check power; numbers taken now are slower than the hardware"))
+        else:
+            out.append(finding("env.gpu_clocks", "info", f"GPU {p[0]} clocks", detail))
     return out
 
 

@@ -19,16 +19,6 @@ from vlaperf.engine.kernels import small_m_matmul as _matmul_module
 from vlaperf.engine.kernels import suffix_attention as _attention_module
 
 
-@torch.library.custom_op("vlaperf::small_m_matmul", mutates_args=())
-def small_m_matmul(x: torch.Tensor, w: torch.Tensor, w_up: torch.Tensor | None = None, rms_eps: float | None = None,
-                   residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
-    """See kernels/small_m_matmul.py: y = epilogue(prologue(x) @ w^T), x (M <= 64, K), w (N, K)."""
-    # the kernel indexes rows by stride and columns as unit-stride
-    residual = None if residual is None else _unit_stride(residual)
-    with _explain_resource_errors("small_m_matmul"):
-        return _matmul_module.small_m_matmul(_unit_stride(x), w, w_up=w_up, rms_eps=rms_eps, residual=residual, gate=gate)
-
-
 @contextlib.contextmanager
 def _explain_resource_errors(kernel: str):
     """Triton's OutOfResources (tiles that do not fit this GPU's shared memory or registers)
@@ -47,6 +37,16 @@ def _explain_resource_errors(kernel: str):
 
 def _unit_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
+
+
+@torch.library.custom_op("vlaperf::small_m_matmul", mutates_args=())
+def small_m_matmul(x: torch.Tensor, w: torch.Tensor, w_up: torch.Tensor | None = None, rms_eps: float | None = None,
+                   residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
+    """See kernels/small_m_matmul.py: y = epilogue(prologue(x) @ w^T), x (M <= 64, K), w (N, K)."""
+    # the kernel indexes rows by stride and columns as unit-stride
+    residual = None if residual is None else _unit_stride(residual)
+    with _explain_resource_errors("small_m_matmul"):
+        return _matmul_module.small_m_matmul(_unit_stride(x), w, w_up=w_up, rms_eps=rms_eps, residual=residual, gate=gate)
 
 
 @small_m_matmul.register_fake
