@@ -178,3 +178,19 @@ def test_kernel_that_does_not_fit_the_gpu_is_a_clear_lever_error(monkeypatch):
     monkeypatch.setattr(K, "small_m_matmul", lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("other")))
     with pytest.raises(RuntimeError, match="other"):  # anything else passes through unchanged
         small_m_matmul(torch.randn(4, 8), torch.randn(6, 8))
+
+
+def test_pick_config_takes_the_h200_sweep_winners():
+    """The fastest correct tilings of benchmarks/results/h200/kernel_small_m_matmul.json for the
+    pi0 expert's four matmuls (M = 51)."""
+    import json
+    from pathlib import Path
+
+    from vlaperf.engine.kernels.small_m_matmul import pick_config
+
+    sweep = json.loads((Path(__file__).parents[1] / "benchmarks/results/h200/kernel_small_m_matmul.json").read_text())
+    shapes = {"qkv": (2560, 1024, False), "o_proj": (1024, 2048, False), "gate_up": (4096, 1024, True), "down": (1024, 4096, False)}
+    for case in sweep["cases"]:
+        N, K, geglu = shapes[case["case"].split()[0]]
+        best = case["best"]
+        assert pick_config(N, K, geglu) == {k: best[k] for k in ("block_n", "block_k", "split_k")}, case["case"]
