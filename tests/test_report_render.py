@@ -117,3 +117,22 @@ def test_breakdown_and_scaling_results_follow_the_schema(tiny_results):
     for name in ("bd.json", "bd_best.json", "sc.json", "sy.json", "doc.json"):
         r = read_result(tiny_results / name)
         assert r["schema"] == "vlaperf.result/1" and r["workload"]["id"] == "tiny"
+
+
+def test_serving_peer_and_kernel_results_have_renderers(tmp_path):
+    """loadgen (1 vs N replicas on one plot), compare and kernel-bench files get sections,
+    tables and figures, not the 'no renderer' fallback."""
+    dirs = [d for d in (H200, H200.parent / "h200x2") if d.is_dir()]
+    results, _ = load_results(dirs)
+    commands = {r["command"] for _, r in results}
+    if not {"loadgen", "compare", "kernel-bench"} <= commands:
+        pytest.skip("the committed results lack a loadgen, compare or kernel-bench file")
+    md = render(dirs, tmp_path / "r.md").read_text()
+    assert "has no renderer" not in md
+    for heading in ("## Serving under load (loadgen)", "## Side by side with a peer (compare)", "## Kernels (kernel-bench)"):
+        assert heading in md, heading
+    assert "![server throughput and latency against clients]" in md
+    assert "![comparison with the peer]" in md and "| vlaperf variant | max abs | rel L2 |" in md
+    assert "cuBLAS (+ eager elementwise) us" in md
+    if (H200.parent / "h200x2").is_dir():
+        assert "Ray Serve, 2 replica(s) on 2 GPU(s)" in md

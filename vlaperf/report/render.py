@@ -446,6 +446,99 @@ def _doctor(doc: _Doc, path: str, r: dict) -> None:
               [[f["severity"], f["id"], f["title"], f.get("cost"), f.get("fix"), f.get("detail")] for f in r["findings"]])
 
 
+def _backend(r: dict) -> str:
+    srv = r.get("server") or {}
+    if srv.get("backend") == "ray-serve":
+        gpus = len({d.get("gpu_uuid") for d in srv.get("replica_devices", []) if d.get("gpu_uuid")})
+        return f"Ray Serve, {srv.get('replicas')} replica(s)" + (f" on {gpus} GPU(s)" if gpus else "")
+    return "in-process engine"
+
+
+def _loadgen(doc: _Doc, items: list[tuple[str, dict]]) -> None:
+    """One table per server run, then throughput and median round trip against clients, one
+    line per run (e.g. 1 vs N replicas)."""
+    series = []
+    for path, r in items:
+        lg, srv = r["loadgen"], r.get("server") or {}
+        label = f"{_backend(r)}, {_short_variant(srv.get('levers_label', '?'))} ({Path(path).stem})"
+        doc.h(3, f"loadgen: {r['workload']['id']}, {label} on {_gpu(r)}")
+        doc.p(f"max batch {srv.get('max_batch')}, max wait {srv.get('max_wait_ms')} ms; {lg.get('observations', '')}; "
+              f"{'passed' if lg.get('passed') else 'FAILED'}", "note")
+        rows = []
+        for ph in lg["phases"]:
+            rt, inf = ph.get("round_trip_ms") or {}, ph.get("server_infer_ms") or {}
+            rows.append([ph["clients"], f"{ph['ok']} / {ph['expected']}", ph["lost"] + ph["misrouted"], ph["requests_per_s"],
+                         rt.get("median"), rt.get("p95"), rt.get("p99"), inf.get("median"), (ph.get("batch_size") or {}).get("mean")])
+        doc.table(["clients", "ok / expected", "lost + misrouted", "req/s", "round trip p50 ms", "p95", "p99",
+                   "server infer p50 ms", "mean batch"], rows)
+        series.append((label, lg["phases"]))
+    fig, axes = _figure(9.0, 3.4, ncols=2)
+    for i, (label, phases) in enumerate(series):
+        c = _COLORS[i % len(_COLORS)]
+        xs = [ph["clients"] for ph in phases]
+        axes[0][0].plot(xs, [ph["requests_per_s"] or 0 for ph in phases], "o-", color=c, label=label)
+        axes[0][1].plot(xs, [(ph.get("round_trip_ms") or {}).get("median") or float("nan") for ph in phases], "o-", color=c,
+                        label=label)
+    for ax, ylabel in ((axes[0][0], "requests / s"), (axes[0][1], "round trip p50 ms")):
+        ax.set_xscale("log", base=2)
+        ax.set_xlabel("closed-loop clients")
+        ax.set_ylabel(ylabel)
+        ax.grid(alpha=0.3)
+    axes[0][0].legend(fontsize=6)
+    axes[0][0].set_title("throughput", fontsize=9)
+    axes[0][1].set_title("latency", fontsize=9)
+    fig.tight_layout()
+    doc.fig(fig, "server throughput and latency against clients")
+
+
+def _compare(doc: _Doc, path: str, r: dict) -> None:
+    c, t = r["compare"], r.get("timing") or {}
+    doc.h(3, f"compare: {r['workload']['id']} vs {c['against']} {c.get('lerobot_version', '')} "
+             f"({c['dtype']}, {'reduced' if c.get('reduced') else 'full size'}, {_gpu(r)})")
+    for note in c.get("as_shipped", []):
+        doc.p(note, "note")
+    doc.table(["vlaperf variant", "max abs", "rel L2", "worst dim", "tolerance", "passed"],
+              [[name, m["max_abs"], m["rel_l2"], m.get("worst_dim"), m["tolerance"], "yes" if m["passed"] else "NO"]
+               for name, m in c["equivalence"].items()])
+    summary = t.get("summary") or {}
+    if not summary:
+        return
+    doc.table(["implementation", "wall median ms", "event median ms", "speedup vs peer", "first call s"],
+              [[name, s["wall_ms_median"], s.get("cuda_event_ms_median"), s.get("speedup_vs_lerobot_wall"), s.get("first_call_s")]
+               for name, s in summary.items()])
+    fig, axes = _figure(6.0, 0.9 + 0.45 * len(summary))
+    ax = axes[0][0]
+    names = list(summary)[::-1]
+    ax.barh(range(len(names)), [summary[n]["wall_ms_median"] for n in names],
+            color=["#7f7f7f" if not n.startswith("vlaperf") else "#1f77b4" for n in names])
+    ax.set_yticks(range(len(names)))
+    ax.set_yticklabels(names, fontsize=8)
+    ax.set_xlabel("wall ms per call (median, interleaved in one process)", fontsize=8)
+    ax.grid(axis="x", alpha=0.3)
+    ax.set_title(f"{r['workload']['id']}: vlaperf against {c['against']}", fontsize=9)
+    fig.tight_layout()
+    doc.fig(fig, "comparison with the peer")
+
+
+def _kernel_bench(doc: _Doc, path: str, r: dict) -> None:
+    doc.h(3, f"kernel bench: {r['variant']['label']} on {_gpu(r)}")
+    if "cases" in r:
+        doc.table(["case", "weight MB", "cuBLAS (+ eager elementwise) us", "kernel us", "kernel TB/s", "rel L2", "tiling",
+                   "tilings tried", "wrong (rel L2 >= 1e-2)"],
+                  [[row["case"], row["weight_bytes"] / 1e6, row["cublas_ms"] * 1e3, (row["best"] or {}).get("ms", float("nan")) * 1e3,
+                    (row["best"] or {}).get("tb_s"), (row["best"] or {}).get("rel_l2"),
+                    "bn={block_n} bk={block_k} split={split_k}".format(**row["best"]) if row["best"] else None,
+                    len(row["configs"]), sum(1 for x in row["configs"] if "ms" in x and x["rel_l2"] >= 1e-2)]
+                   for row in r["cases"]])
+    else:
+        ok = sorted((x for x in r["configs"] if "ms" in x and x["rel_l2"] < 1e-2), key=lambda x: x["ms"])
+        doc.p(f"reference path (folded matmuls): {r['folded_ms'] * 1e3:.1f} us; {len(ok)} of {len(r['configs'])} tilings "
+              "correct; the fastest:", "")
+        doc.table(["tiling", "us", "rel L2"],
+                  [[" ".join(f"{k}={x[k]}" for k in ("block_m", "block_n", "splits", "num_warps", "num_stages")), x["ms"] * 1e3,
+                    x["rel_l2"]] for x in ok[:5]])
+
+
 def _environment(doc: _Doc, results: list[tuple[str, dict]]) -> None:
     groups: list[tuple[dict, list[int]]] = []
     for i, (path, r) in enumerate(results):
@@ -494,19 +587,23 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
         by_cmd.setdefault(r["command"], []).append((p, r))
     sections = (("bench", "Latency (bench)"), ("matrix", "Optimization matrix"), ("check", "Equivalence (check)"),
                 ("breakdown", "Stage breakdown"), ("scaling", "T(N) scaling"), ("syncs", "Host syncs"),
-                ("doctor", "Doctor"))
+                ("doctor", "Doctor"), ("loadgen", "Serving under load (loadgen)"),
+                ("compare", "Side by side with a peer (compare)"), ("kernel-bench", "Kernels (kernel-bench)"))
     for cmd, heading in sections:
         items = by_cmd.pop(cmd, [])
         if not items:
             continue
         doc.h(2, heading)
-        if cmd == "bench":
-            _bench(doc, items)
+        if cmd in ("bench", "loadgen"):  # one section (and shared figures) over all their files
+            try:
+                (_bench if cmd == "bench" else _loadgen)(doc, items)
+            except (KeyError, TypeError, ValueError) as e:
+                doc.p(f"could not render the {cmd} results: {type(e).__name__}: {e}", "warn")
             continue
         for p, r in items:
             try:
                 {"matrix": _matrix, "check": _check, "breakdown": _breakdown, "scaling": _scaling, "syncs": _syncs,
-                 "doctor": _doctor}[cmd](doc, p, r)
+                 "doctor": _doctor, "compare": _compare, "kernel-bench": _kernel_bench}[cmd](doc, p, r)
             except (KeyError, TypeError, ValueError) as e:
                 doc.p(f"could not render {p}: {type(e).__name__}: {e}", "warn")
     for cmd, items in by_cmd.items():
