@@ -460,8 +460,8 @@ def _loadgen(doc: _Doc, items: list[tuple[str, dict]]) -> None:
     series = []
     for path, r in items:
         lg, srv = r["loadgen"], r.get("server") or {}
-        label = f"{_backend(r)}, {_short_variant(srv.get('levers_label', '?'))} ({Path(path).stem})"
-        doc.h(3, f"loadgen: {r['workload']['id']}, {label} on {_gpu(r)}")
+        label = f"{_backend(r)} ({Path(path).stem})"
+        doc.h(3, f"loadgen: {r['workload']['id']}, {label}, levers {_short_variant(srv.get('levers_label', '?'))} on {_gpu(r)}")
         doc.p(f"max batch {srv.get('max_batch')}, max wait {srv.get('max_wait_ms')} ms; {lg.get('observations', '')}; "
               f"{'passed' if lg.get('passed') else 'FAILED'}", "note")
         rows = []
@@ -472,7 +472,8 @@ def _loadgen(doc: _Doc, items: list[tuple[str, dict]]) -> None:
         doc.table(["clients", "ok / expected", "lost + misrouted", "req/s", "round trip p50 ms", "p95", "p99",
                    "server infer p50 ms", "mean batch"], rows)
         series.append((label, lg["phases"]))
-    fig, axes = _figure(9.0, 3.4, ncols=2)
+    fig, axes = _figure(9.0, 3.6 + 0.22 * len(series), ncols=2)
+    clients = sorted({ph["clients"] for _, phases in series for ph in phases})
     for i, (label, phases) in enumerate(series):
         c = _COLORS[i % len(_COLORS)]
         xs = [ph["clients"] for ph in phases]
@@ -481,13 +482,16 @@ def _loadgen(doc: _Doc, items: list[tuple[str, dict]]) -> None:
                         label=label)
     for ax, ylabel in ((axes[0][0], "requests / s"), (axes[0][1], "round trip p50 ms")):
         ax.set_xscale("log", base=2)
+        ax.set_xticks(clients)
+        ax.set_xticklabels([str(c) for c in clients])
         ax.set_xlabel("closed-loop clients")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
-    axes[0][0].legend(fontsize=6)
     axes[0][0].set_title("throughput", fontsize=9)
     axes[0][1].set_title("latency", fontsize=9)
-    fig.tight_layout()
+    handles, labels = axes[0][0].get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", fontsize=7, ncol=1, frameon=False)
+    fig.tight_layout(rect=(0, 0.02 + 0.045 * len(series), 1, 1))
     doc.fig(fig, "server throughput and latency against clients")
 
 
