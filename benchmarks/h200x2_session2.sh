@@ -16,23 +16,15 @@ nvidia-smi --query-gpu=index,name,uuid,memory.used --format=csv,noheader
 B="--no-progress --warmup 10 --iters 50"
 E=for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections
 
-lane() {  # NAME GPU: run the lane's steps ("budget_s command...") from stdin, log to $R/lane_NAME.log
-  local name=$1 gpu=$2
-  while read -r t cmd; do
-    [ -z "$t" ] && continue
-    echo "== [$name $(date +%T)] $cmd"
-    CUDA_VISIBLE_DEVICES=$gpu timeout "$t" bash -c "$cmd" 2>&1 | grep -v -i "warn" | tail -25
-    tar czf "$OUT/lane_$name.tgz" -C /tmp results
-  done > "$R/lane_$name.log" 2>&1
-}
+. benchmarks/lanes.sh  # lane NAME GPU [TAIL]
 
-lane A 0 <<EOA &
+lane A 0 25 <<EOA &
 150 python3 benchmarks/small_m_matmul_bench.py --json $R/kernel_small_m_matmul.json
 220 $V matrix --workload libero-pi0 --no-progress --iters 40 --warmup 5 --variants "$E,cuda_graph;$E,triton_kernels,cuda_graph;$E,compile=default,cuda_graph" --json $R/matrix_libero-pi0_triton.json
 130 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-compile_model.json
 60 $V bench --workload libero-pi0-b4 --levers graph $B --json $R/bench_libero-pi0-b4_graph_model.json
 EOA
-lane B 1 <<EOB &
+lane B 1 25 <<EOB &
 170 $V compare --workload libero-pi0 --against lerobot --lerobot-compile none --no-progress --json $R/compare_libero-pi0_lerobot.json
 170 $V compare --workload libero-pi05 --against lerobot --lerobot-compile none --no-progress --json $R/compare_libero-pi05_lerobot.json
 200 $V scaling --workload libero-pi0 --levers "reference;best" --steps 1,2,5,10,20 --warmup 2 --iters 5 --no-progress --plot $R/scaling_libero-pi0_reference_best.png --json $R/scaling_libero-pi0_reference_best.json

@@ -15,21 +15,13 @@ R=/tmp/results; mkdir -p "$R"
 V="python3 -m vlaperf.cli"
 E=for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections
 
-lane() {  # NAME GPU: run the lane's steps ("budget_s command...") from stdin, log to $R/lane_NAME.log
-  local name=$1 gpu=$2
-  while read -r t cmd; do
-    [ -z "$t" ] && continue
-    echo "== [$name $(date +%T)] $cmd"
-    CUDA_VISIBLE_DEVICES=$gpu timeout "$t" bash -c "$cmd" 2>&1 | grep -v -i "warn" | tail -30
-    tar czf "$OUT/lane_$name.tgz" -C /tmp results
-  done > "$R/lane_$name.log" 2>&1
-}
+. benchmarks/lanes.sh  # lane NAME GPU [TAIL]
 
-lane A 0 <<EOA &
+lane A 0 30 <<EOA &
 150 python3 benchmarks/suffix_attention_bench.py --json $R/kernel_suffix_attention.json
 400 $V matrix --workload libero-pi0 --no-progress --iters 40 --warmup 5 --variants "$E,cuda_graph;$E,triton_kernels,cuda_graph;$E,compile=default,cuda_graph;$E,triton_kernels,compile=default,cuda_graph" --json $R/matrix_libero-pi0_triton.json
 EOA
-lane B 1 <<EOB &
+lane B 1 30 <<EOB &
 90 $V doctor --workload libero-pi0 --json $R/doctor_libero-pi0.json
 180 $V breakdown --workload libero-pi0 --levers best --no-progress --json $R/breakdown_libero-pi0_best.json
 300 python3 -m pytest -q -rA -p no:cacheprovider tests/test_compare_lerobot.py --junitxml=$R/pytest_lerobot.xml

@@ -13,21 +13,13 @@ mv "$R/loadgen_libero-pi0_graph_ray2.json" "$R/loadgen_libero-pi0_graph_ray2_sha
 export PYTHONPATH=$PWD:/tmp/site
 V="python3 -m vlaperf.cli"
 B="--no-progress --warmup 10 --iters 50"
-lane() {  # NAME GPU: run the lane's steps ("budget_s command...") from stdin, log to $R/lane_NAME.log
-  local name=$1 gpu=$2
-  while read -r t cmd; do
-    [ -z "$t" ] && continue
-    echo "== [$name $(date +%T)] $cmd"
-    CUDA_VISIBLE_DEVICES=$gpu timeout "$t" bash -c "$cmd" 2>&1 | grep -v -i "warn" | tail -40
-    tar czf "$OUT/lane_$name.tgz" -C /tmp results
-  done > "$R/lane_$name.log" 2>&1
-}
+. benchmarks/lanes.sh  # lane NAME GPU [TAIL]
 E=for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections
-lane A 0 <<EOA &
+lane A 0 40 <<EOA &
 200 python3 benchmarks/profile_kernels.py --workload libero-pi0 --rows 12 --levers $E,compile=default
 200 python3 benchmarks/profile_kernels.py --workload libero-pi0 --rows 12 --levers $E,triton_kernels,compile=default
 EOA
-lane B 1 <<EOB &
+lane B 1 40 <<EOB &
 150 $V bench --workload libero-pi0-b4 --levers best $B --json $R/bench_libero-pi0-b4_best-compile_model.json
 150 $V bench --workload libero-pi0-b8 --levers best $B --json $R/bench_libero-pi0-b8_best-compile_model.json
 120 $V matrix --workload libero-pi0 --no-progress --iters 30 --warmup 5 --variants "$E,cuda_graph;$E,triton_kernels,cuda_graph" --json $R/matrix_libero-pi0_triton_graph.json

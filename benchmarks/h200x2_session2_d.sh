@@ -9,19 +9,11 @@ export PYTHONPATH=$PWD PYTHONUNBUFFERED=1
 R=/tmp/results; mkdir -p "$R"
 V="python3 -m vlaperf.cli"
 E=for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections
-lane() {  # NAME GPU: run the lane's steps ("budget_s command...") from stdin, log to $R/lane_NAME.log
-  local name=$1 gpu=$2
-  while read -r t cmd; do
-    [ -z "$t" ] && continue
-    echo "== [$name $(date +%T)] $cmd"
-    CUDA_VISIBLE_DEVICES=$gpu timeout "$t" bash -c "$cmd" 2>&1 | grep -v -i "warn" | tail -24
-    tar czf "$OUT/lane_$name.tgz" -C /tmp results
-  done > "$R/lane_$name.log" 2>&1
-}
-lane A 0 <<EOA &
+. benchmarks/lanes.sh  # lane NAME GPU [TAIL]
+lane A 0 24 <<EOA &
 290 $V matrix --workload libero-pi0 --no-progress --iters 30 --warmup 5 --variants "$E,triton_kernels,cuda_graph;$E,compile=default,cuda_graph;$E,triton_kernels,compile=default,cuda_graph" --json $R/matrix_libero-pi0_triton_compile_mask.json
 EOA
-lane B 1 <<EOB &
+lane B 1 24 <<EOB &
 140 python3 benchmarks/profile_kernels.py --workload libero-pi0 --rows 10 --levers $E,compile=default,cuda_graph
 140 python3 benchmarks/profile_kernels.py --workload libero-pi0 --rows 10 --levers $E,triton_kernels,compile=default,cuda_graph
 EOB

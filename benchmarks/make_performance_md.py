@@ -149,14 +149,14 @@ def sync_tables(results):
 
 
 def loadgen_tables(results):
+    from vlaperf.report.render import server_backend
+
     out = []
     for path, r in results:
         if r["command"] != "loadgen":
             continue
         srv = r.get("server") or {}
-        backend = (f"Ray Serve, {srv['replicas']} replica(s) on {len({d.get('gpu_uuid') for d in srv.get('replica_devices', [])})} GPU(s)"
-                   if srv.get("backend") == "ray-serve" else "in-process engine")
-        out += [f"### server under load: {r['workload']['id']}, {backend} ({_env(r)})", "",
+        out += [f"### server under load: {r['workload']['id']}, {server_backend(r)} ({_env(r)})", "",
                 f"`{path.relative_to(ROOT)}`; levers {_short(srv.get('levers_label', '?'))}, max batch {srv.get('max_batch', '?')}; "
                 f"{r['loadgen']['observations']}; closed loop, loopback.", "",
                 "| clients | ok / expected | lost + misrouted | req/s | round trip median ms | p95 | p99 | server infer median ms | overhead median ms | mean batch |",

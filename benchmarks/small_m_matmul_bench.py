@@ -16,35 +16,14 @@ import json
 import torch
 import torch.nn.functional as F
 
+from kernel_timing import graph_time_ms  # benchmarks/ (the script's folder is on sys.path)
+
 from vlaperf.engine.kernels.small_m_matmul import small_m_matmul
 from vlaperf.report.schema import SCHEMA
 from vlaperf.timing import environment_record
 
 M, D, HID, QKV, O_IN = 51, 1024, 4096, 2048 + 512, 2048
 EPS = 1e-6
-
-
-def graph_time_ms(fn, reps: int = 200) -> float:
-    """Median-free but honest: one graph holding `reps` calls, replayed 5 times; min of replays / reps."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / reps)
-    return min(times)
 
 
 def rel(a, b):

@@ -16,6 +16,8 @@ import json
 
 import torch
 
+from kernel_timing import graph_time_ms  # benchmarks/ (the script's folder is on sys.path)
+
 from vlaperf.engine.attention import folded_mqa_attention, suffix_mask
 from vlaperf.engine.kernels.suffix_attention import suffix_attention
 from vlaperf.models.pi0 import eager_attention
@@ -23,29 +25,6 @@ from vlaperf.report.schema import SCHEMA
 from vlaperf.timing import environment_record
 
 B, N, TS, H, TP = 1, 8, 51, 256, 544
-
-
-def graph_time_ms(fn, reps: int = 200) -> float:
-    """One graph holding `reps` calls, replayed 5 times; the fastest replay / reps."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(3):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for _ in range(reps):
-            fn()
-    times = []
-    for _ in range(5):
-        start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        start.record()
-        g.replay()
-        end.record()
-        end.synchronize()
-        times.append(start.elapsed_time(end) / reps)
-    return min(times)
 
 
 def main() -> None:

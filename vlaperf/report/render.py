@@ -446,7 +446,8 @@ def _doctor(doc: _Doc, path: str, r: dict) -> None:
               [[f["severity"], f["id"], f["title"], f.get("cost"), f.get("fix"), f.get("detail")] for f in r["findings"]])
 
 
-def _backend(r: dict) -> str:
+def server_backend(r: dict) -> str:
+    """How a loadgen result's server ran its model: in-process, or Ray Serve with N replicas on M GPUs."""
     srv = r.get("server") or {}
     if srv.get("backend") == "ray-serve":
         gpus = len({d.get("gpu_uuid") for d in srv.get("replica_devices", []) if d.get("gpu_uuid")})
@@ -460,7 +461,7 @@ def _loadgen(doc: _Doc, items: list[tuple[str, dict]]) -> None:
     series = []
     for path, r in items:
         lg, srv = r["loadgen"], r.get("server") or {}
-        label = f"{_backend(r)} ({Path(path).stem})"
+        label = f"{server_backend(r)} ({Path(path).stem})"
         doc.h(3, f"loadgen: {r['workload']['id']}, {label}, levers {_short_variant(srv.get('levers_label', '?'))} on {_gpu(r)}")
         doc.p(f"max batch {srv.get('max_batch')}, max wait {srv.get('max_wait_ms')} ms; {lg.get('observations', '')}; "
               f"{'passed' if lg.get('passed') else 'FAILED'}", "note")

@@ -1,0 +1,15 @@
+# Sourced by the device scripts that run single-GPU jobs side by side, one lane per GPU:
+#   lane NAME GPU [TAIL] <<EOF ... EOF &
+# reads steps "budget_s command..." from stdin and runs them in order on that GPU (each under
+# `timeout budget_s`), keeping the last TAIL lines (default 40) of each step's output, warnings
+# dropped, in $R/lane_NAME.log, and refreshing $OUT/lane_NAME.tgz (all of /tmp/results) after
+# every step, so a lane cut short by the call's time limit still returns what it finished.
+lane() {
+  local name=$1 gpu=$2 keep=${3:-40}
+  while read -r t cmd; do
+    [ -z "$t" ] && continue
+    echo "== [$name $(date +%T)] $cmd"
+    CUDA_VISIBLE_DEVICES=$gpu timeout "$t" bash -c "$cmd" 2>&1 | grep -v -i "warn" | tail -"$keep"
+    tar czf "$OUT/lane_$name.tgz" -C /tmp results
+  done > "$R/lane_$name.log" 2>&1
+}
