@@ -16,7 +16,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from vlaperf.engine.fusion import build_weights, schedule, time_tables
+from vlaperf.engine.fusion import build_weights, schedule, stack_expert, time_tables
 from vlaperf.engine.graphs import GraphCache
 from vlaperf.engine.levers import Levers
 from vlaperf.engine.loop import SuffixContext, denoise_step
@@ -34,6 +34,8 @@ class Engine:
         self.levers = Levers.parse(levers, self.device)
         self.levers.check(self.device)
         self.weights = build_weights(model, fuse=self.levers.fuse_projections)
+        if self.levers.megakernel:
+            self.weights.expert_stack = stack_expert(self.weights)
         self._tables: dict[int, dict[str, Tensor]] = {}
         self._times: dict[int, Tensor] = {}
         self._kv: dict[tuple, tuple[Tensor, Tensor]] = {}
@@ -44,7 +46,8 @@ class Engine:
         # Only on the plain path (it is not called inside a CUDA graph or compiled code).
         self.stage_hook: Callable[[str], None] | None = None
         self._prefix = self._prefix_eager
-        self._step = partial(denoise_step, model, self.weights, kernels=self.levers.triton_kernels)
+        self._step = partial(denoise_step, model, self.weights, kernels=self.levers.triton_kernels,
+                             megakernel=self.levers.megakernel)
         if self.levers.compile:
             from vlaperf.engine.compile import compile_fn
 

@@ -98,12 +98,38 @@ def gemma_layer_weights(layer: GemmaLayer, fuse: bool) -> GemmaLayerW:
 
 
 @dataclass
+class ExpertStack:
+    """The expert's fused weights stacked over layers, (L, ...) each, for the step kernel
+    (`megakernel`), which walks the layers by pointer offset within one launch."""
+
+    qkv: Tensor  # (L, N*h + 2*K*h, D), input RMSNorm scale folded
+    o: Tensor  # (L, D, N*h)
+    gate_up: Tensor  # (L, 2F, D), post-attention RMSNorm scale folded
+    down: Tensor  # (L, D, F)
+
+
+@dataclass
 class EngineWeights:
     vision: list[SiglipLayerW]
     backbone: list[GemmaLayerW]  # its final norm is never needed: the actions read only its K/V
     expert: list[GemmaLayerW]
     expert_final: RMSNorm | AdaptiveRMSNorm
     fused: bool
+    expert_stack: ExpertStack | None = None
+
+
+def stack_expert(ew: EngineWeights) -> ExpertStack | None:
+    """Stack the fused expert weights for the step kernel, or None where it cannot apply
+    (unfused weights, pi0.5's adaptive norms, more than one K/V head). The fused qkv and
+    gate_up of each layer become views into the stack, so they are not held twice; o and
+    down are the model's own parameters, so their stacks are copies (226 MB for pi0)."""
+    if not ew.fused or any(lw.qkv is None or lw.ada_in is not None or lw.num_kv_heads != 1 for lw in ew.expert):
+        return None
+    with torch.no_grad():
+        stack = ExpertStack(*(torch.stack([getattr(lw, n) for lw in ew.expert]) for n in ("qkv", "o", "gate_up", "down")))
+    for i, lw in enumerate(ew.expert):
+        lw.qkv, lw.gate_up = stack.qkv[i], stack.gate_up[i]
+    return stack
 
 
 def build_weights(model: Pi0Model, fuse: bool) -> EngineWeights:

@@ -23,15 +23,17 @@ LEVERS: dict[str, str] = {
     "cuda_graph": "capture the whole sample_actions (prefix + all steps) in one CUDA graph per input shape, replayed per call",
     "compile": "torch.compile the prefix and the denoise step (mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs)",
     "triton_kernels": "in `best` on Hopper GPUs, else opt-in: the denoise step's matmuls (RMSNorm/GEGLU/residual fused) and attention as Triton kernels (pi0 and shallow6, batch 1; H200: 1.2-1.3x over graph, 1.07x over compile + graph)",
+    "megakernel": "opt-in: all expert layers of a denoise step in one persistent Triton kernel, grid barriers between its phases (pi0 and shallow6, batch 1)",
 }
 
 # Levers outside the cumulative table and the CPU/`graph` presets. triton_kernels' tiles are
 # tuned and measured on an H200 only (they may not fit smaller GPUs' shared memory), so `best`
 # adds it on Hopper (compute capability 9.x) alone; elsewhere it is opt-in.
-EXPERIMENTAL = ("triton_kernels",)
+EXPERIMENTAL = ("triton_kernels", "megakernel")
 TUNED_FOR = {"triton_kernels": (9,)}  # lever -> compute-capability majors where `best` uses it
 # What a lever needs beside it (`vlaperf check` adds these when it checks a lever alone).
-REQUIRES = {"cuda_graph": ("for_loop",), "triton_kernels": ("fuse_projections",)}
+REQUIRES = {"cuda_graph": ("for_loop",), "triton_kernels": ("fuse_projections",),
+            "megakernel": ("fuse_projections", "static_kv_cache")}
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
 
@@ -70,6 +72,7 @@ class Levers:
     cuda_graph: bool = False
     compile: str | None = None  # one of COMPILE_MODES, or None
     triton_kernels: bool = False
+    megakernel: bool = False
 
     @classmethod
     def parse(cls, spec: "str | list[str] | tuple[str, ...] | Levers | None", device: torch.device | str = "cpu") -> "Levers":
@@ -138,5 +141,15 @@ class Levers:
         if self.triton_kernels:
             if not self.fuse_projections:
                 raise LeverError("triton_kernels needs fuse_projections: its kernels take the RMSNorm scales folded into the weights")
-            if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
-                raise LeverError("triton_kernels needs a CUDA device (or TRITON_INTERPRET=1, Triton's slow CPU interpreter, for tests)")
+            _triton_device(device, "triton_kernels")
+        if self.megakernel:
+            for needed in REQUIRES["megakernel"]:
+                if not getattr(self, needed):
+                    raise LeverError(f"megakernel needs {needed}: its kernel takes folded RMSNorm scales and reads the "
+                                     "prefix keys from the static cache")
+            _triton_device(device, "megakernel")
+
+
+def _triton_device(device: torch.device, lever: str) -> None:
+    if device.type != "cuda" and os.environ.get("TRITON_INTERPRET") != "1":
+        raise LeverError(f"{lever} needs a CUDA device (or TRITON_INTERPRET=1, Triton's slow CPU interpreter, for tests)")

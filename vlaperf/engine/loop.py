@@ -68,11 +68,20 @@ def suffix_tokens(model: Pi0Model, ctx: SuffixContext, x_t: Tensor, t: Tensor, t
     return torch.cat([ctx.state_token(), actions], dim=1), None
 
 
+def step_kernel_applies(ew: EngineWeights, ctx: SuffixContext, x: Tensor) -> bool:
+    """The `megakernel` step needs the stacked fused weights (pi0, one K/V head), the static
+    cache (it reads the prefix keys there), and batch 1 (at most 64 suffix rows)."""
+    from vlaperf.engine.kernels.expert_step import MAX_ROWS
+
+    return ew.expert_stack is not None and ctx.kv_buffers is not None and x.shape[0] == 1 and x.shape[1] <= MAX_ROWS
+
+
 def denoise_step(
     model: Pi0Model, ew: EngineWeights, ctx: SuffixContext, x_t: Tensor, t: Tensor, table_row: dict | None, use_sdpa: bool,
-    kernels: bool = False,
+    kernels: bool = False, megakernel: bool = False,
 ) -> Tensor:
-    """Velocity (B, H, A) float32 at x_t. `kernels`: the triton_kernels layers where they apply."""
+    """Velocity (B, H, A) float32 at x_t. `kernels`: the triton_kernels layers where they apply;
+    `megakernel`: all expert layers in one kernel where it applies (else the layers as usual)."""
     cfg = model.config
     eps = cfg.expert.eps
     x, adarms = suffix_tokens(model, ctx, x_t, t, table_row)
@@ -80,18 +89,25 @@ def denoise_step(
     mods = table_row.get("modulation") if table_row else None  # (depth*6 + 2, D) for pi0.5
     Ts = x.shape[1]
     # the attention kernel reads the mask as bytes: cast once per step, not inside each layer's op
-    kernel_mask = mask.to(torch.uint8) if kernels and mask is not None and mask.dtype == torch.bool else mask
-    for i, lw in enumerate(ew.expert):
-        mod = mods[6 * i : 6 * i + 6] if mods is not None else None
-        if ctx.kv_buffers is not None:
-            kb, vb = ctx.kv_buffers[0][i], ctx.kv_buffers[1][i]
-            cache = dict(kv_write=(kb[:, :, -Ts:], vb[:, :, -Ts:]), kv_past=(kb, vb))
-        else:
-            cache = dict(kv_past=ctx.cache[i])
-        if kernels and small_m_layer_applies(lw, x.shape[0] * Ts):
-            x, _ = gemma_layer_small_m(lw, x, eps, cos, sin, kernel_mask, use_sdpa, **cache)
-        else:
-            x, _ = gemma_layer(lw, x, eps, cos, sin, mask, use_sdpa, mod=mod, ada_cond=adarms, **cache)
+    kernel_mask = mask.to(torch.uint8) if (kernels or megakernel) and mask is not None and mask.dtype == torch.bool else mask
+    if megakernel and step_kernel_applies(ew, ctx, x):
+        from vlaperf.engine.kernels.ops import expert_step  # a custom op: compile sees through
+
+        st, (kb, vb) = ew.expert_stack, ctx.kv_buffers
+        x = expert_step(x[0], st.qkv, st.o, st.gate_up, st.down, kb[:, 0, 0], vb[:, 0, 0], cos[0], sin[0],
+                        kernel_mask[0], eps)[None]
+    else:
+        for i, lw in enumerate(ew.expert):
+            mod = mods[6 * i : 6 * i + 6] if mods is not None else None
+            if ctx.kv_buffers is not None:
+                kb, vb = ctx.kv_buffers[0][i], ctx.kv_buffers[1][i]
+                cache = dict(kv_write=(kb[:, :, -Ts:], vb[:, :, -Ts:]), kv_past=(kb, vb))
+            else:
+                cache = dict(kv_past=ctx.cache[i])
+            if kernels and small_m_layer_applies(lw, x.shape[0] * Ts):
+                x, _ = gemma_layer_small_m(lw, x, eps, cos, sin, kernel_mask, use_sdpa, **cache)
+            else:
+                x, _ = gemma_layer(lw, x, eps, cos, sin, mask, use_sdpa, mod=mod, ada_cond=adarms, **cache)
     if mods is not None:
         x = modulated(x, eps, mods[-2], mods[-1])
     elif cfg.pi05:

@@ -1,7 +1,8 @@
 """The Triton kernels as PyTorch custom operators, so `triton_kernels` composes with `compile`.
 
-torch.compile sees `torch.ops.vlaperf.small_m_matmul` and `torch.ops.vlaperf.suffix_attention`
-as opaque calls with known output shapes (the fake implementations below): no graph break,
+torch.compile sees `torch.ops.vlaperf.small_m_matmul`, `torch.ops.vlaperf.suffix_attention` and
+`torch.ops.vlaperf.expert_step` (the `megakernel` lever) as opaque calls with known output
+shapes (the fake implementations below): no graph break,
 and inductor still fuses the elementwise work between them (RoPE, the cache write, casts).
 In eager (and inside the engine's CUDA graph) they dispatch straight to the launchers.
 
@@ -15,12 +16,13 @@ import contextlib
 
 import torch
 
+from vlaperf.engine.kernels import expert_step as _step_module
 from vlaperf.engine.kernels import small_m_matmul as _matmul_module
 from vlaperf.engine.kernels import suffix_attention as _attention_module
 
 
 @contextlib.contextmanager
-def _explain_resource_errors(kernel: str):
+def _explain_resource_errors(kernel: str, lever: str = "triton_kernels"):
     """Triton's OutOfResources (tiles that do not fit this GPU's shared memory or registers)
     becomes a LeverError that names the lever and the way out."""
     try:
@@ -31,7 +33,7 @@ def _explain_resource_errors(kernel: str):
         from vlaperf.engine.levers import LeverError
 
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "this device"
-        raise LeverError(f"triton_kernels: the {kernel} kernel does not fit {gpu} ({e}); its tiles are tuned for an "
+        raise LeverError(f"{lever}: the {kernel} kernel does not fit {gpu} ({e}); its tiles are tuned for an "
                          "H200 (Hopper). Run without the lever (e.g. --levers graph, or best on a non-Hopper GPU)") from e
 
 
@@ -64,3 +66,17 @@ def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
 @suffix_attention.register_fake
 def _(q, k, v, mask):
     return q.new_empty(q.shape)
+
+
+@torch.library.custom_op("vlaperf::expert_step", mutates_args=())
+def expert_step(x: torch.Tensor, wqkv: torch.Tensor, wo: torch.Tensor, wgu: torch.Tensor, wd: torch.Tensor,
+                k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+                eps: float) -> torch.Tensor:
+    """See kernels/expert_step.py: the suffix (M, D) through every expert layer in one kernel."""
+    with _explain_resource_errors("expert_step", "megakernel"):
+        return _step_module.expert_step(x, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin, mask, eps)
+
+
+@expert_step.register_fake
+def _(x, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin, mask, eps):
+    return torch.empty_like(x, memory_format=torch.contiguous_format)

@@ -1,0 +1,400 @@
+"""All the expert layers of one denoise step in one persistent Triton kernel (`megakernel`).
+
+Why: under `best` a pi0 denoise step is ~9x its memory floor (0.15 ms for 0.63 GB of expert
+weights on an H200). It is not the bytes: the step is ~200 kernels, each paying a few
+microseconds of launch, ramp-up and tail for a few MB of weights (docs/perf-notes.md). Here
+the grid is one program per SM, launched once per step; each layer runs as six phases,
+and every program takes its share of a phase's tasks, then waits at a grid barrier for
+the others before the next phase reads what they wrote:
+
+  phase     tasks (pi0 expert: D 1024, 8 heads x 256, F 4096, M = 51 rows)
+  qkv       (8 q heads + k + v) x column pairs: RMSNorm prologue, x @ Wqkv^T, RoPE on q/k
+            (the first half of a head's dims is paired with the second half, so each task
+            owns matching column pairs); q to a buffer, this step's k/v to a scratch buffer
+  attention query rows (8 heads x M, folded: one shared K/V head) x key splits: online
+            softmax over the cached prefix keys (static KV cache, read only) and the
+            scratch suffix keys; float32 partials
+  merge     the splits' partials -> attention output (M, 8 x 256)
+  o_proj    columns of x: x += out @ Wo^T (in place: each task owns its columns)
+  gate_up   columns of F: h = gelu_tanh(n(x) @ Wg^T) * (n(x) @ Wu^T), RMSNorm prologue
+  down      columns of x: x += h @ Wd^T
+
+The RMSNorm scales are folded into Wqkv / Wgate_up (fuse_projections), so a norm is the
+row's rsqrt(mean(x^2) + eps), accumulated from the x tiles the matmul loads anyway.
+
+Grid barrier: each program adds 1 to the phase's counter (release) and spins on it
+(acquire) until every program has arrived; activations written in the kernel are read
+back with `.cg` loads (L2, never a stale L1 line). The spin gives up after MAX_SPIN polls
+and raises a flag (`barrier_timeouts`) instead of hanging the GPU: that would happen only
+if the programs were not all resident at once (one per SM is requested). Without barriers
+(`persistent=False`) the same kernel runs one launch per (layer, phase); that is how the
+CPU tests run it under Triton's interpreter, which executes programs one after another.
+
+The prefix K/V are read from the engine's static cache; this step's own k/v live in a
+scratch buffer, so the op writes nothing it was given (a pure function for torch.compile).
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+
+import torch
+import triton
+import triton.language as tl
+
+from vlaperf.engine.kernels.small_m_matmul import _gelu_tanh
+from vlaperf.models.pi0 import ATTENTION_MASK_VALUE
+
+PHASES = ("qkv", "attention", "merge", "o_proj", "gate_up", "down")
+MAX_ROWS = 64
+
+
+@dataclass(frozen=True)
+class StepKernelConfig:
+    """Tiles of the step kernel. `bn_*` columns and `bk_*` reduction depth per matmul task;
+    attention tiles `att_bm` query rows x `att_bn` keys, `splits` key splits, `merge_bd`
+    dims per merge task; `num_warps` for the whole kernel."""
+
+    bn_qkv: int = 16
+    bk_qkv: int = 128
+    bn_o: int = 16
+    bk_o: int = 256
+    bn_gu: int = 16
+    bk_gu: int = 128
+    bn_down: int = 16
+    bk_down: int = 256
+    att_bm: int = 32
+    att_bn: int = 32
+    splits: int = 10
+    merge_bd: int = 64
+    num_warps: int = 4
+    num_stages: int = 3
+
+
+# ------------------------------------------------------------------------ helpers
+
+
+@triton.jit
+def _grid_sync(counter_ptr, err_ptr, nprog, MAX_SPIN: tl.constexpr):
+    tl.debug_barrier()  # every thread's stores are issued before this program arrives
+    tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
+    spins = 0
+    while (tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu") < nprog) & (spins < MAX_SPIN):
+        spins += 1
+    if spins >= MAX_SPIN:
+        tl.atomic_xchg(err_ptr, 1)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _rows_matmul(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, col_ok, K,
+                 BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
+                 TWO: tl.constexpr, SSQ: tl.constexpr):
+    """acc = A[rows] @ W[cols]^T (and acc2 with W[cols2] if TWO), float32; ssq = per-row sum
+    of squares of A (if SSQ). A rows are activations written in this kernel: .cg loads."""
+    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    ssq = tl.zeros((BLOCK_M,), dtype=tl.float32)
+    for k0 in range(0, K, BLOCK_K):
+        ks = k0 + tl.arange(0, BLOCK_K)
+        k_ok = ks < K
+        a = tl.load(a_ptr + rows[:, None] * stride_a + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0,
+                    cache_modifier=".cg")
+        w_mask = col_ok[:, None] & k_ok[None, :]
+        w = tl.load(w_ptr + cols[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0, eviction_policy="evict_first")
+        acc += tl.dot(a, tl.trans(w))
+        if TWO:
+            w2 = tl.load(w_ptr + cols2[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0,
+                         eviction_policy="evict_first")
+            acc2 += tl.dot(a, tl.trans(w2))
+        if SSQ:
+            af = a.to(tl.float32)
+            ssq += tl.sum(af * af, axis=1)
+    return acc, acc2, ssq
+
+
+# ------------------------------------------------------------------------ phases
+
+
+@triton.jit
+def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, M, eps, pid, nprog,
+               D: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr,
+               BN: tl.constexpr, BK: tl.constexpr):
+    HALF: tl.constexpr = HD // 2
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    n_jb = tl.cdiv(HALF, BN)
+    for task in range(pid, (NH + 2) * n_jb, nprog):
+        slot = task // n_jb  # 0..NH-1 query heads, NH the key, NH+1 the value
+        d1 = (task % n_jb) * BN + tl.arange(0, BN)
+        d_ok = d1 < HALF
+        cols = slot * HD + d1
+        acc1, acc2, ssq = _rows_matmul(x_ptr, D, rows, row_ok, wqkv_ptr, D, cols, cols + HALF, d_ok, D,
+                                       BLOCK_M, BN, BK, True, True)
+        inv = 1.0 / tl.sqrt(ssq / D + eps)
+        acc1 = acc1 * inv[:, None]
+        acc2 = acc2 * inv[:, None]
+        mask = row_ok[:, None] & d_ok[None, :]
+        if slot <= NH:  # RoPE (rotate-half): (x1, x2) -> (x1 cos1 - x2 sin1, x2 cos2 + x1 sin2)
+            t1 = rows[:, None] * HD + d1[None, :]
+            c1 = tl.load(cos_ptr + t1, mask=mask, other=0.0).to(tl.float32)
+            s1 = tl.load(sin_ptr + t1, mask=mask, other=0.0).to(tl.float32)
+            c2 = tl.load(cos_ptr + t1 + HALF, mask=mask, other=0.0).to(tl.float32)
+            s2 = tl.load(sin_ptr + t1 + HALF, mask=mask, other=0.0).to(tl.float32)
+            out1 = acc1 * c1 - acc2 * s1
+            out2 = acc2 * c2 + acc1 * s2
+        else:
+            out1 = acc1
+            out2 = acc2
+        if slot < NH:
+            dst = q_ptr + rows[:, None] * (NH * HD) + slot * HD + d1[None, :]
+        else:  # scratch k (slot NH) / v (slot NH + 1): (2, BLOCK_M, HD)
+            dst = kv_ptr + (slot - NH) * BLOCK_M * HD + rows[:, None] * HD + d1[None, :]
+        tl.store(dst, out1.to(q_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst + HALF, out2.to(q_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _phase_attention(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, M, Tk, Tp, keys_per_split, scale,
+                     stride_ct, stride_mq, pid, nprog,
+                     NH: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr, ABM: tl.constexpr,
+                     ABN: tl.constexpr, SPLITS: tl.constexpr, MASK_VALUE: tl.constexpr):
+    R = NH * M
+    d = tl.arange(0, HD)
+    for task in range(pid, tl.cdiv(R, ABM) * SPLITS, nprog):
+        s = task % SPLITS
+        r = (task // SPLITS) * ABM + tl.arange(0, ABM)
+        r_ok = r < R
+        head = r // M
+        t = r % M
+        q = tl.load(q_ptr + t[:, None] * (NH * HD) + head[:, None] * HD + d[None, :], mask=r_ok[:, None], other=0.0,
+                    cache_modifier=".cg")
+        m_i = tl.full((ABM,), float("-inf"), tl.float32)
+        l_i = tl.zeros((ABM,), tl.float32)
+        acc = tl.zeros((ABM, HD), tl.float32)
+        k_start = s * keys_per_split
+        for k0 in range(k_start, k_start + keys_per_split, ABN):
+            keys = k0 + tl.arange(0, ABN)
+            key_ok = (keys < Tk) & (keys < k_start + keys_per_split)
+            cached = keys < Tp  # the prefix from the static cache, then this step's scratch k/v
+            k_off = tl.where(cached, keys * stride_ct, 0)
+            s_off = tl.where(cached, 0, (keys - Tp) * HD)
+            k = tl.where(cached[:, None],
+                         tl.load(kc_ptr + k_off[:, None] + d[None, :], mask=(key_ok & cached)[:, None], other=0.0),
+                         tl.load(kv_ptr + s_off[:, None] + d[None, :], mask=(key_ok & ~cached)[:, None], other=0.0,
+                                 cache_modifier=".cg"))
+            scores = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+            allowed = tl.load(mask_ptr + t[:, None] * stride_mq + keys[None, :], mask=r_ok[:, None] & key_ok[None, :], other=0)
+            scores = tl.where(allowed != 0, scores, MASK_VALUE)
+            scores = tl.where(key_ok[None, :], scores, float("-inf"))
+            m_new = tl.maximum(m_i, tl.max(scores, axis=1))
+            alpha = tl.exp(m_i - m_new)
+            p = tl.exp(scores - m_new[:, None])
+            l_i = l_i * alpha + tl.sum(p, axis=1)
+            v = tl.where(cached[:, None],
+                         tl.load(vc_ptr + k_off[:, None] + d[None, :], mask=(key_ok & cached)[:, None], other=0.0),
+                         tl.load(kv_ptr + BLOCK_M * HD + s_off[:, None] + d[None, :], mask=(key_ok & ~cached)[:, None],
+                                 other=0.0, cache_modifier=".cg"))
+            acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+            m_i = m_new
+        base = s * R + r
+        tl.store(acc_ptr + base[:, None] * HD + d[None, :], acc, mask=r_ok[:, None])
+        tl.store(ml_ptr + base, m_i, mask=r_ok)
+        tl.store(ml_ptr + SPLITS * R + base, l_i, mask=r_ok)
+
+
+@triton.jit
+def _phase_merge(acc_ptr, ml_ptr, o_ptr, M, pid, nprog,
+                 NH: tl.constexpr, HD: tl.constexpr, ABM: tl.constexpr, SPLITS: tl.constexpr, MD: tl.constexpr):
+    R = NH * M
+    n_dc: tl.constexpr = HD // MD
+    for task in range(pid, tl.cdiv(R, ABM) * n_dc, nprog):
+        r = (task // n_dc) * ABM + tl.arange(0, ABM)
+        r_ok = r < R
+        dd = (task % n_dc) * MD + tl.arange(0, MD)
+        m = tl.full((ABM,), float("-inf"), tl.float32)
+        for s in range(SPLITS):
+            m = tl.maximum(m, tl.load(ml_ptr + s * R + r, mask=r_ok, other=float("-inf"), cache_modifier=".cg"))
+        total = tl.zeros((ABM, MD), tl.float32)
+        norm = tl.zeros((ABM,), tl.float32)
+        for s in range(SPLITS):
+            m_s = tl.load(ml_ptr + s * R + r, mask=r_ok, other=float("-inf"), cache_modifier=".cg")
+            w = tl.where(m_s > float("-inf"), tl.exp(m_s - m), 0.0)  # a split with no keys adds nothing
+            norm += w * tl.load(ml_ptr + SPLITS * R + s * R + r, mask=r_ok, other=0.0, cache_modifier=".cg")
+            part = tl.load(acc_ptr + (s * R + r)[:, None] * HD + dd[None, :], mask=r_ok[:, None], other=0.0,
+                           cache_modifier=".cg")
+            total += w[:, None] * part
+        head = r // M
+        t = r % M
+        tl.store(o_ptr + t[:, None] * (NH * HD) + head[:, None] * HD + dd[None, :],
+                 (total / norm[:, None]).to(o_ptr.dtype.element_ty), mask=r_ok[:, None])
+
+
+@triton.jit
+def _phase_residual(a_ptr, K, w_ptr, x_ptr, M, pid, nprog,
+                    D: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    """x[:, cols] += A @ W[cols]^T, each task owning its columns of x (so in place is safe)."""
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    for task in range(pid, tl.cdiv(D, BN), nprog):
+        cols = task * BN + tl.arange(0, BN)
+        col_ok = cols < D
+        acc, _a, _s = _rows_matmul(a_ptr, K, rows, row_ok, w_ptr, K, cols, cols, col_ok, K, BLOCK_M, BN, BK, False, False)
+        mask = row_ok[:, None] & col_ok[None, :]
+        ptrs = x_ptr + rows[:, None] * D + cols[None, :]
+        res = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+        tl.store(ptrs, (acc + res).to(x_ptr.dtype.element_ty), mask=mask)
+
+
+@triton.jit
+def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, M, eps, pid, nprog,
+                   D: tl.constexpr, F: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr):
+    rows = tl.arange(0, BLOCK_M)
+    row_ok = rows < M
+    for task in range(pid, tl.cdiv(F, BN), nprog):
+        cols = task * BN + tl.arange(0, BN)
+        col_ok = cols < F
+        g, u, ssq = _rows_matmul(x_ptr, D, rows, row_ok, wgu_ptr, D, cols, cols + F, col_ok, D, BLOCK_M, BN, BK, True, True)
+        inv = 1.0 / tl.sqrt(ssq / D + eps)
+        h = _gelu_tanh(g * inv[:, None]) * (u * inv[:, None])
+        tl.store(h_ptr + rows[:, None] * F + cols[None, :], h.to(h_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+
+
+# ------------------------------------------------------------------------ kernel
+
+
+@triton.jit
+def _expert_step_kernel(
+    x_ptr, q_ptr, kv_ptr, o_ptr, h_ptr, acc_ptr, ml_ptr, counter_ptr, err_ptr,
+    wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, mask_ptr,
+    M, Tk, Tp, keys_per_split, eps, scale, stride_cl, stride_ct, stride_mq,
+    layer_lo, layer_hi, phase_lo, phase_hi,
+    D: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, F: tl.constexpr, BLOCK_M: tl.constexpr,
+    BN_QKV: tl.constexpr, BK_QKV: tl.constexpr, BN_O: tl.constexpr, BK_O: tl.constexpr,
+    BN_GU: tl.constexpr, BK_GU: tl.constexpr, BN_DOWN: tl.constexpr, BK_DOWN: tl.constexpr,
+    ABM: tl.constexpr, ABN: tl.constexpr, SPLITS: tl.constexpr, MD: tl.constexpr,
+    MASK_VALUE: tl.constexpr, USE_BARRIER: tl.constexpr, MAX_SPIN: tl.constexpr,
+):
+    pid = tl.program_id(0)
+    nprog = tl.num_programs(0)
+    QKV_N: tl.constexpr = NH * HD + 2 * HD
+    for layer in range(layer_lo, layer_hi):
+        for phase in range(phase_lo, phase_hi):
+            if phase == 0:
+                _phase_qkv(x_ptr, wqkv_ptr + layer * (QKV_N * D), q_ptr, kv_ptr, cos_ptr, sin_ptr, M, eps, pid, nprog,
+                           D, NH, HD, BLOCK_M, BN_QKV, BK_QKV)
+            elif phase == 1:
+                _phase_attention(q_ptr, kv_ptr, kc_ptr + layer * stride_cl, vc_ptr + layer * stride_cl, mask_ptr,
+                                 acc_ptr, ml_ptr, M, Tk, Tp, keys_per_split, scale, stride_ct, stride_mq, pid, nprog,
+                                 NH, HD, BLOCK_M, ABM, ABN, SPLITS, MASK_VALUE)
+            elif phase == 2:
+                _phase_merge(acc_ptr, ml_ptr, o_ptr, M, pid, nprog, NH, HD, ABM, SPLITS, MD)
+            elif phase == 3:
+                _phase_residual(o_ptr, NH * HD, wo_ptr + layer * (D * NH * HD), x_ptr, M, pid, nprog, D, BLOCK_M, BN_O, BK_O)
+            elif phase == 4:
+                _phase_gate_up(x_ptr, wgu_ptr + layer * (2 * F * D), h_ptr, M, eps, pid, nprog, D, F, BLOCK_M, BN_GU, BK_GU)
+            else:
+                _phase_residual(h_ptr, F, wd_ptr + layer * (D * F), x_ptr, M, pid, nprog, D, BLOCK_M, BN_DOWN, BK_DOWN)
+            if USE_BARRIER:
+                if (layer < layer_hi - 1) | (phase < phase_hi - 1):  # the kernel's end syncs the last one
+                    _grid_sync(counter_ptr + layer * 6 + phase, err_ptr, nprog, MAX_SPIN)
+
+
+# ------------------------------------------------------------------------ launcher
+
+_ERROR_FLAGS: dict[torch.device, torch.Tensor] = {}
+LAST_COUNTERS: dict[torch.device, torch.Tensor] = {}  # the last persistent launch's barrier counters (for self-tests)
+
+
+def _error_flag(device: torch.device) -> torch.Tensor:
+    if device not in _ERROR_FLAGS:
+        _ERROR_FLAGS[device] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _ERROR_FLAGS[device]
+
+
+def barrier_timeouts(device: torch.device | str) -> int:
+    """1 if a grid barrier on `device` ever gave up waiting (results of that call are wrong)."""
+    device = torch.device(device)
+    return int(_ERROR_FLAGS[device].item()) if device in _ERROR_FLAGS else 0
+
+
+def num_sms(device: torch.device) -> int:
+    if device.type == "cuda":
+        return torch.cuda.get_device_properties(device).multi_processor_count
+    return 4  # the interpreter: a few programs, each striding over the tasks
+
+
+def expert_step(
+    x: torch.Tensor, wqkv: torch.Tensor, wo: torch.Tensor, wgu: torch.Tensor, wd: torch.Tensor,
+    k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
+    eps: float, *, persistent: bool | None = None, config: StepKernelConfig | None = None,
+    phases: tuple[int, int] = (0, len(PHASES)), programs: int | None = None,
+) -> torch.Tensor:
+    """x (M, D) suffix hidden states -> x after all L layers of a pi0 expert.
+
+    wqkv (L, NH*HD + 2*HD, D) with the input RMSNorm scale folded; wo (L, D, NH*HD);
+    wgu (L, 2F, D): gate rows then up rows, post-attention RMSNorm scale folded; wd (L, D, F).
+    k_cache, v_cache (L, Tk, HD): token-major per layer (unit stride within a token), the
+    prefix's keys (after RoPE) and values in [0, Tk - M); the last M slots are not read.
+    cos, sin (M, HD) RoPE tables of the suffix positions; mask (M, Tk) bool/uint8, True =
+    may attend. persistent: one launch with grid barriers (default on CUDA) or one launch
+    per (layer, phase). phases: run only phases [lo, hi) of every layer (benchmarks).
+    """
+    cfg = config or StepKernelConfig()
+    M, D = x.shape
+    L, qkv_n, _ = wqkv.shape
+    HD = k_cache.shape[-1]
+    F = wgu.shape[1] // 2
+    NH = (qkv_n - 2 * HD) // HD
+    Tk = k_cache.shape[1]
+    if M > MAX_ROWS:
+        raise ValueError(f"the step kernel takes at most {MAX_ROWS} suffix rows (batch 1), got {M}")
+    expected = {"wqkv": (L, NH * HD + 2 * HD, D), "wo": (L, D, NH * HD), "wgu": (L, 2 * F, D), "wd": (L, D, F),
+                "k_cache": (L, Tk, HD), "v_cache": (L, Tk, HD), "cos": (M, HD), "sin": (M, HD), "mask": (M, Tk)}
+    given = {"wqkv": wqkv, "wo": wo, "wgu": wgu, "wd": wd, "k_cache": k_cache, "v_cache": v_cache, "cos": cos,
+             "sin": sin, "mask": mask}
+    for name, shape in expected.items():
+        if tuple(given[name].shape) != shape:
+            raise ValueError(f"expert_step: {name} has shape {tuple(given[name].shape)}, expected {shape}")
+    for name in ("wqkv", "wo", "wgu", "wd"):
+        if not given[name].is_contiguous():
+            raise ValueError(f"expert_step: {name} must be contiguous (stack the layers once, not per call)")
+    cos, sin = cos.contiguous(), sin.contiguous()
+    if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
+        raise ValueError("expert_step: k_cache and v_cache need the same strides, unit stride within a token")
+    device = x.device
+    persistent = device.type == "cuda" if persistent is None else persistent
+    mask_u8 = mask.to(torch.uint8) if mask.dtype == torch.bool else mask
+    BLOCK_M = MAX_ROWS if M > 32 else 32 if M > 16 else 16
+    x = x.contiguous().clone()  # updated in place by the kernel
+    R = NH * M
+    splits = max(1, min(cfg.splits, triton.cdiv(Tk, cfg.att_bn)))
+    keys_per_split = triton.cdiv(triton.cdiv(Tk, splits), cfg.att_bn) * cfg.att_bn
+    splits = triton.cdiv(Tk, keys_per_split)
+    q = torch.empty(M, NH * HD, dtype=x.dtype, device=device)
+    o = torch.empty_like(q)
+    kv = torch.empty(2, BLOCK_M, HD, dtype=x.dtype, device=device)
+    h = torch.empty(M, F, dtype=x.dtype, device=device)
+    acc = torch.empty(splits * R * HD, dtype=torch.float32, device=device)
+    ml = torch.empty(2 * splits * R, dtype=torch.float32, device=device)
+    counters = torch.zeros(L * len(PHASES), dtype=torch.int32, device=device)
+    err = _error_flag(device)
+    grid = programs or num_sms(device)
+    args = [x, q, kv, o, h, acc, ml, counters, err, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin, mask_u8,
+            M, Tk, Tk - M, keys_per_split, float(eps), HD**-0.5, k_cache.stride(0), k_cache.stride(1), mask_u8.stride(0)]
+    consts = dict(D=D, NH=NH, HD=HD, F=F, BLOCK_M=BLOCK_M, BN_QKV=cfg.bn_qkv, BK_QKV=cfg.bk_qkv, BN_O=cfg.bn_o,
+                  BK_O=cfg.bk_o, BN_GU=cfg.bn_gu, BK_GU=cfg.bk_gu, BN_DOWN=cfg.bn_down, BK_DOWN=cfg.bk_down,
+                  ABM=cfg.att_bm, ABN=cfg.att_bn, SPLITS=splits, MD=min(cfg.merge_bd, HD),
+                  MASK_VALUE=ATTENTION_MASK_VALUE, MAX_SPIN=1 << 22, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
+    if persistent:
+        _expert_step_kernel[(grid,)](*args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
+        LAST_COUNTERS[device] = counters
+    else:
+        for layer in range(L):
+            for phase in range(*phases):
+                _expert_step_kernel[(grid,)](*args, layer, layer + 1, phase, phase + 1, USE_BARRIER=False, **consts)
+    return x
+
+
+def config_dict(config: StepKernelConfig | None = None) -> dict:
+    return asdict(config or StepKernelConfig())
