@@ -302,20 +302,34 @@ def _expert_step_kernel(
 
 # ------------------------------------------------------------------------ launcher
 
-_ERROR_FLAGS: dict[torch.device, torch.Tensor] = {}
-LAST_COUNTERS: dict[torch.device, torch.Tensor] = {}  # the last persistent launch's barrier counters (for self-tests)
+_ERROR_FLAGS: dict[str, torch.Tensor] = {}
+_LAST_COUNTERS: dict[str, torch.Tensor] = {}
+
+
+def _device_key(device: torch.device | str) -> str:
+    device = torch.device(device)
+    if device.type == "cuda" and device.index is None:
+        device = torch.device("cuda", torch.cuda.current_device())
+    return str(device)
 
 
 def _error_flag(device: torch.device) -> torch.Tensor:
-    if device not in _ERROR_FLAGS:
-        _ERROR_FLAGS[device] = torch.zeros(1, dtype=torch.int32, device=device)
-    return _ERROR_FLAGS[device]
+    key = _device_key(device)
+    if key not in _ERROR_FLAGS:
+        _ERROR_FLAGS[key] = torch.zeros(1, dtype=torch.int32, device=device)
+    return _ERROR_FLAGS[key]
 
 
 def barrier_timeouts(device: torch.device | str) -> int:
     """1 if a grid barrier on `device` ever gave up waiting (results of that call are wrong)."""
-    device = torch.device(device)
-    return int(_ERROR_FLAGS[device].item()) if device in _ERROR_FLAGS else 0
+    flag = _ERROR_FLAGS.get(_device_key(device))
+    return 0 if flag is None else int(flag.item())
+
+
+def last_barrier_counters(device: torch.device | str) -> torch.Tensor | None:
+    """The barrier counters of the last persistent launch on `device` (layer * 6 + phase):
+    each must equal the number of programs, except the last (the kernel's end syncs it)."""
+    return _LAST_COUNTERS.get(_device_key(device))
 
 
 def num_sms(device: torch.device) -> int:
@@ -388,7 +402,7 @@ def expert_step(
                   MASK_VALUE=ATTENTION_MASK_VALUE, MAX_SPIN=1 << 22, num_warps=cfg.num_warps, num_stages=cfg.num_stages)
     if persistent:
         _expert_step_kernel[(grid,)](*args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
-        LAST_COUNTERS[device] = counters
+        _LAST_COUNTERS[_device_key(device)] = counters
     else:
         for layer in range(L):
             for phase in range(*phases):
