@@ -55,6 +55,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--json", default=None)
     p.add_argument("--quick", action="store_true", help="default configuration only")
+    p.add_argument("--sweep", type=int, default=1, choices=(1, 2), help="which set of tilings to try beside the default")
     args = p.parse_args()
     torch.manual_seed(0)
     dev, bf = "cuda", torch.bfloat16
@@ -98,7 +99,12 @@ def main() -> None:
     gbps = lambda ms: weight_bytes / (ms * 1e-3) / 1e9  # noqa: E731
     base = S.StepKernelConfig()
     configs = [base]
-    if not args.quick:
+    if not args.quick and args.sweep == 2:
+        configs += [replace(base, bk_qkv=64, bk_gu=64, bk_o=64, bk_down=64, num_stages=6),
+                    replace(base, bk_o=128, bk_down=128, num_stages=5), replace(base, att_bm=16),
+                    replace(base, merge_bd=32), replace(base, bn_qkv=32), replace(base, att_bn=64, att_stages=1, att_bm=16),
+                    replace(base, num_warps=2), replace(base, bn_o=32, bn_down=32, bk_o=128, bk_down=128, num_stages=4)]
+    elif not args.quick:
         configs += [replace(base, poll_load=False), replace(base, att_bn=64, att_stages=1),
                     replace(base, att_bn=64, att_stages=1, splits=16), replace(base, num_stages=4),
                     replace(base, num_stages=5, bk_o=128, bk_down=128), replace(base, bn_gu=32), replace(base, num_warps=8),
