@@ -59,18 +59,19 @@ class StepKernelConfig:
     bk_qkv: int = 128
     bn_o: int = 16
     bk_o: int = 256
-    bn_gu: int = 16
+    bn_gu: int = 32
     bk_gu: int = 128
     bn_down: int = 16
     bk_down: int = 256
     att_bm: int = 32
-    att_bn: int = 32
+    att_bn: int = 64
     splits: int = 10
-    merge_bd: int = 64
-    att_stages: int = 2
-    num_warps: int = 4
+    merge_bd: int = 32
+    att_stages: int = 1
+    num_warps: int = 8
     num_stages: int = 3  # the matmuls' K loops
     poll_load: bool = True  # barrier polls with plain loads (else with atomics)
+    prefetch: bool = False  # prefetch the next phase's weights into L2 (CUDA only)
 
 
 # ------------------------------------------------------------------------ helpers
@@ -118,6 +119,21 @@ def _rows_matmul(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, co
             af = a.to(tl.float32)
             ssq += tl.sum(af * af, axis=1)
     return acc, acc2, ssq
+
+
+@triton.jit
+def _prefetch_l2(base_ptr, n_elems, pid, nprog, ELEMS_PER_LINE: tl.constexpr, LINES: tl.constexpr):
+    """Ask L2 for this program's share of the weights [base, base + n_elems) that a later
+    phase reads: their loads then hit L2 instead of waiting on HBM. Weights do not depend
+    on activations, so this runs ahead of the barriers (prefetch.global.L2, one per line)."""
+    n_lines = tl.cdiv(n_elems, ELEMS_PER_LINE)
+    share = tl.cdiv(n_lines, nprog)
+    first = pid * share
+    for l0 in range(first, first + share, LINES):
+        lines = l0 + tl.arange(0, LINES)
+        lines = tl.where((lines < first + share) & (lines < n_lines), lines, first)
+        tl.inline_asm_elementwise("prefetch.global.L2 [$1]; mov.u32 $0, 0;", "=r,l",
+                                  [base_ptr + lines.to(tl.int64) * ELEMS_PER_LINE], dtype=tl.int32, is_pure=False, pack=1)
 
 
 # ------------------------------------------------------------------------ phases
@@ -285,12 +301,22 @@ def _expert_step_kernel(
     ABM: tl.constexpr, ABN: tl.constexpr, SPLITS: tl.constexpr, MD: tl.constexpr,
     MASK_VALUE: tl.constexpr, STAGES: tl.constexpr, ATT_STAGES: tl.constexpr,
     USE_BARRIER: tl.constexpr, POLL_LOAD: tl.constexpr, MAX_SPIN: tl.constexpr,
+    PREFETCH: tl.constexpr, ELEMS_PER_LINE: tl.constexpr, L: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     QKV_N: tl.constexpr = NH * HD + 2 * HD
     for layer in range(layer_lo, layer_hi):
         for phase in range(phase_lo, phase_hi):
+            if PREFETCH:  # one phase ahead: o_proj and gate_up weights, then down, then the next layer's qkv
+                if phase == 0:
+                    _prefetch_l2(wo_ptr + layer * (D * NH * HD), D * NH * HD, pid, nprog, ELEMS_PER_LINE, 512)
+                    _prefetch_l2(wgu_ptr + layer * (2 * F * D), 2 * F * D, pid, nprog, ELEMS_PER_LINE, 512)
+                elif phase == 3:
+                    _prefetch_l2(wd_ptr + layer * (D * F), D * F, pid, nprog, ELEMS_PER_LINE, 512)
+                elif phase == 4:
+                    if layer + 1 < L:
+                        _prefetch_l2(wqkv_ptr + (layer + 1) * (QKV_N * D), QKV_N * D, pid, nprog, ELEMS_PER_LINE, 512)
             if phase == 0:
                 _phase_qkv(x_ptr, wqkv_ptr + layer * (QKV_N * D), q_ptr, kv_ptr, cos_ptr, sin_ptr, M, eps, pid, nprog,
                            D, NH, HD, BLOCK_M, BN_QKV, BK_QKV, STAGES)
@@ -417,7 +443,8 @@ def expert_step(
                   BK_O=cfg.bk_o, BN_GU=cfg.bn_gu, BK_GU=cfg.bk_gu, BN_DOWN=cfg.bn_down, BK_DOWN=cfg.bk_down,
                   ABM=cfg.att_bm, ABN=cfg.att_bn, SPLITS=splits, MD=min(cfg.merge_bd, HD),
                   MASK_VALUE=ATTENTION_MASK_VALUE, STAGES=cfg.num_stages, ATT_STAGES=cfg.att_stages,
-                  POLL_LOAD=cfg.poll_load, MAX_SPIN=1 << 22, num_warps=cfg.num_warps)
+                  POLL_LOAD=cfg.poll_load, MAX_SPIN=1 << 22, num_warps=cfg.num_warps,
+                  PREFETCH=cfg.prefetch and device.type == "cuda", ELEMS_PER_LINE=128 // wqkv.element_size(), L=L)
     if persistent:
         _expert_step_kernel[(grid,)](*args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
         _LAST_COUNTERS[_device_key(device)] = counters
