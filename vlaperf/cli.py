@@ -269,7 +269,7 @@ def cmd_levers(args) -> int:
         table.add_row(name, desc)
     console = Console()
     console.print(table)
-    console.print(f"presets: best (GPU) = {','.join(BEST_GPU)} (+ triton_kernels on Hopper, compute capability 9.x)\n         graph (GPU, no compile) = {','.join(GRAPH_GPU)}\n"
+    console.print(f"presets: best (GPU) = {','.join(BEST_GPU)} (+ triton_kernels, megakernel on Hopper, compute capability 9.x)\n         graph (GPU, no compile) = {','.join(GRAPH_GPU)}\n"
                   f"         best (CPU) = exact = {','.join(BEST_CPU)}\n         reference = none")
     return 0
 

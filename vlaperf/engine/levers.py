@@ -23,14 +23,14 @@ LEVERS: dict[str, str] = {
     "cuda_graph": "capture the whole sample_actions (prefix + all steps) in one CUDA graph per input shape, replayed per call",
     "compile": "torch.compile the prefix and the denoise step (mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs)",
     "triton_kernels": "in `best` on Hopper GPUs, else opt-in: the denoise step's matmuls (RMSNorm/GEGLU/residual fused) and attention as Triton kernels (pi0 and shallow6, batch 1; H200: 1.2-1.3x over graph, 1.07x over compile + graph)",
-    "megakernel": "opt-in: all expert layers of a denoise step in one persistent Triton kernel, grid barriers between its phases (pi0 and shallow6, batch 1)",
+    "megakernel": "in `best` on Hopper GPUs, else opt-in: all expert layers of a denoise step in one persistent Triton kernel, grid barriers between its phases (pi0 and shallow6, batch 1; H200: 1.05x over compile + graph + triton_kernels)",
 }
 
-# Levers outside the cumulative table and the CPU/`graph` presets. triton_kernels' tiles are
+# Levers outside the cumulative table and the CPU/`graph` presets. The kernels' tiles are
 # tuned and measured on an H200 only (they may not fit smaller GPUs' shared memory), so `best`
-# adds it on Hopper (compute capability 9.x) alone; elsewhere it is opt-in.
+# adds them on Hopper (compute capability 9.x) alone; elsewhere they are opt-in.
 EXPERIMENTAL = ("triton_kernels", "megakernel")
-TUNED_FOR = {"triton_kernels": (9,)}  # lever -> compute-capability majors where `best` uses it
+TUNED_FOR = {"triton_kernels": (9,), "megakernel": (9,)}  # lever -> compute-capability majors where `best` uses it
 # What a lever needs beside it (`vlaperf check` adds these when it checks a lever alone).
 REQUIRES = {"cuda_graph": ("for_loop",), "triton_kernels": ("fuse_projections",),
             "megakernel": ("fuse_projections", "static_kv_cache")}

@@ -17,7 +17,7 @@ from vlaperf.engine.levers import EXACT, EXPERIMENTAL, LEVERS
 def cumulative_variants(device: torch.device) -> list[str]:
     """reference, +for_loop, +skip_masked_images, ... in LEVERS order. On a GPU the table goes
     on to what `best` resolves to there: +cuda_graph, +compile=default, and the levers `best`
-    adds on this GPU only (triton_kernels on Hopper)."""
+    adds on this GPU only (triton_kernels and megakernel on Hopper)."""
     from vlaperf.engine.levers import Levers
 
     order = [n for n in LEVERS if n != "compile" and n not in EXPERIMENTAL and (n != "cuda_graph" or device.type == "cuda")]
