@@ -110,6 +110,12 @@ def test_inapplicable_levers_fail_clearly(tiny_model):
         Levers.parse("triton_kernels").check("cuda")
     with pytest.raises(LeverError, match="triton_kernels needs a CUDA device"):
         Levers.parse("fuse_projections,triton_kernels").check("cpu")
+    with pytest.raises(LeverError, match="megakernel needs static_kv_cache"):
+        Levers.parse("fuse_projections,megakernel").check("cuda")
+    with pytest.raises(LeverError, match="megakernel needs fuse_projections"):
+        Levers.parse("static_kv_cache,megakernel").check("cuda")
+    with pytest.raises(LeverError, match="megakernel needs a CUDA device"):
+        Levers.parse("fuse_projections,static_kv_cache,megakernel").check("cpu")
 
 
 def test_bad_steps(tiny_model, tiny_inputs):
@@ -161,17 +167,20 @@ def test_check_equivalence_passes_and_catches_a_broken_variant(tiny_model, tiny_
     assert not nan["passed"]
 
 
-def test_best_adds_triton_kernels_only_on_the_gpus_they_were_tuned_for(monkeypatch):
+def test_best_adds_the_triton_levers_only_on_the_gpus_they_were_tuned_for(monkeypatch):
     import vlaperf.engine.levers as levers_mod
 
     monkeypatch.setattr("vlaperf.engine.compile.compile_blockers", lambda *a: [])
     monkeypatch.setattr(levers_mod, "_capability_major", lambda device: 9)
-    assert Levers.parse("best", "cuda").triton_kernels
-    assert not Levers.parse("graph", "cuda").triton_kernels
+    hopper = Levers.parse("best", "cuda")
+    assert hopper.triton_kernels and hopper.megakernel
+    hopper.check("cuda")  # what megakernel needs beside it is in the preset
+    graph = Levers.parse("graph", "cuda")
+    assert not graph.triton_kernels and not graph.megakernel
     monkeypatch.setattr(levers_mod, "_capability_major", lambda device: 8)  # e.g. an RTX 4090 / A100
     best = Levers.parse("best", "cuda")
-    assert not best.triton_kernels and best.cuda_graph and best.compile == "default"
-    assert not Levers.parse("best", "cpu").triton_kernels
+    assert not best.triton_kernels and not best.megakernel and best.cuda_graph and best.compile == "default"
+    assert not Levers.parse("best", "cpu").triton_kernels and not Levers.parse("best", "cpu").megakernel
 
 
 def test_cumulative_table_ends_at_what_best_resolves_to(monkeypatch):
