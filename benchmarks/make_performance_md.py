@@ -206,6 +206,18 @@ def kernel_tables(results):
                 b = row["best"] or {}
                 out.append(f"| {row['case']} | {row['cublas_ms'] * 1e3:.1f} | {b.get('ms', float('nan')) * 1e3:.1f} | {b.get('tb_s', float('nan')):.2f} | "
                            f"{b.get('rel_l2', float('nan')):.1e} | bn={b.get('block_n')} bk={b.get('block_k')} split={b.get('split_k')} |")
+        elif "phases" in r:  # expert_step: the whole step kernel per tiling, then per phase
+            c = r["checks"]
+            out += [f"Barrier self-check: persistent launch equals the per-(layer, phase) launches bit for bit: "
+                    f"{'yes' if c['persistent_equals_multi_launch_bitwise'] else 'NO'}; every counter = {r['programs']} programs: "
+                    f"{'yes' if c['barrier_counters_all_equal_programs'] else 'NO'}; timeouts: {c['barrier_timeouts']}.", "",
+                    "| step kernel (18 layers, 51 rows) | us | weights GB/s | rel L2 vs fp32 | tiling |", "|---|---|---|---|---|"]
+            ok = sorted((x for x in r["configs"] if "us" in x and x["rel_l2_vs_fp32"] < 2e-2), key=lambda x: x["us"])
+            for x in ok[:3]:
+                tiling = " ".join(f"{k}={v}" for k, v in x["config"].items())
+                out.append(f"| config | {x['us']:.1f} | {x['weights_gb_per_s']:.0f} | {x['rel_l2_vs_fp32']:.1e} | {tiling} |")
+            out += ["", "| phase (all 18 layers, with its barriers) | us |", "|---|---|"]
+            out += [f"| {name} | {us:.1f} |" for name, us in r["phases"].items()]
         else:  # suffix_attention: the engine's folded matmuls against the fastest correct configurations
             ok = sorted((c for c in r["configs"] if "ms" in c and c["rel_l2"] < 1e-2), key=lambda c: c["ms"])
             out += ["| attention (8 x 51 rows) | us | rel L2 |", "|---|---|---|", f"| folded matmuls (engine without the kernels) | {r['folded_ms'] * 1e3:.1f} | - |"]

@@ -535,6 +535,15 @@ def _kernel_bench(doc: _Doc, path: str, r: dict) -> None:
                     "bn={block_n} bk={block_k} split={split_k}".format(**row["best"]) if row["best"] else None,
                     len(row["configs"]), sum(1 for x in row["configs"] if "ms" in x and x["rel_l2"] >= 1e-2)]
                    for row in r["cases"]])
+    elif "phases" in r:  # the step kernel (megakernel): tilings, then the time of each phase
+        ok = sorted((x for x in r["configs"] if "us" in x and x["rel_l2_vs_fp32"] < 2e-2), key=lambda x: x["us"])
+        c = r["checks"]
+        doc.p(f"{len(ok)} of {len(r['configs'])} tilings within 2e-2 of float32; persistent launch equals per-phase "
+              f"launches bit for bit: {c['persistent_equals_multi_launch_bitwise']}; barrier timeouts: {c['barrier_timeouts']}", "")
+        doc.table(["tiling", "us", "weights GB/s", "rel L2"],
+                  [[" ".join(f"{k}={v}" for k, v in x["config"].items()), x["us"], x["weights_gb_per_s"], x["rel_l2_vs_fp32"]]
+                   for x in ok[:5]])
+        doc.table(["phase (all layers, with its barriers)", "us"], [[k, v] for k, v in r["phases"].items()])
     else:
         ok = sorted((x for x in r["configs"] if "ms" in x and x["rel_l2"] < 1e-2), key=lambda x: x["ms"])
         doc.p(f"reference path (folded matmuls): {r['folded_ms'] * 1e3:.1f} us; {len(ok)} of {len(r['configs'])} tilings "
