@@ -134,5 +134,7 @@ def test_serving_peer_and_kernel_results_have_renderers(tmp_path):
     assert "![server throughput and latency against clients]" in md
     assert "![comparison with the peer]" in md and "| vlaperf variant | max abs | rel L2 |" in md
     assert "cuBLAS (+ eager elementwise) us" in md
+    if any(r.get("variant", {}).get("label") == "expert_step" for _, r in results):  # the step kernel's sweep
+        assert "| phase (all layers, with its barriers) | us |" in md and "persistent launch equals per-phase" in md
     if (H200.parent / "h200x2").is_dir():
         assert "Ray Serve, 2 replica(s) on 2 GPU(s)" in md
