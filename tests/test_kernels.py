@@ -15,6 +15,14 @@ import pytest
 
 pytest.importorskip("triton")
 
+
+def run_in_interpreter(script: str, timeout: int) -> None:
+    """Run `script` in a fresh Python under Triton's CPU interpreter; it must print "ok"."""
+    env = dict(os.environ, TRITON_INTERPRET="1")
+    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
+    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+
+
 SCRIPT = textwrap.dedent(
     """
     import torch, torch.nn.functional as F
@@ -72,24 +80,32 @@ ATTENTION_SCRIPT = textwrap.dedent(
 
 
 def test_suffix_attention_matches_eager_in_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", ATTENTION_SCRIPT], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+    run_in_interpreter(ATTENTION_SCRIPT, timeout=600)
 
 
 def test_small_m_matmul_matches_torch_in_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", SCRIPT], env=env, capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+    run_in_interpreter(SCRIPT, timeout=600)
 
 
-LEVER_SCRIPT = textwrap.dedent(
+# The lever scripts: the tiny model in float32, one observation, and the reference actions.
+TINY_SETUP = textwrap.dedent(
     """
     import torch
     from vlaperf.engine import Engine
     from vlaperf.inputs import random_noise, random_observation
     from vlaperf.models.pi0 import build_model
     from vlaperf.workloads import get_workload
+
+    w = get_workload("tiny")
+    model = build_model("tiny", "cpu", torch.float32, seed=0)
+    obs, noise = random_observation(w, model.config, seed=4), random_noise(w, model.config, seed=4)
+    ref = model.sample_actions(obs, noise, w.steps)
+    """
+)
+
+
+LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
+    """
 
     import vlaperf.engine.kernels.small_m_matmul as K
     import vlaperf.engine.kernels.suffix_attention as A
@@ -98,10 +114,6 @@ LEVER_SCRIPT = textwrap.dedent(
     K.small_m_matmul = lambda *a, **kw: calls.append(1) or real(*a, **kw)
     A.suffix_attention = lambda *a, **kw: attn_calls.append(1) or real_attn(*a, **kw)
 
-    w = get_workload("tiny")
-    model = build_model("tiny", "cpu", torch.float32, seed=0)
-    obs, noise = random_observation(w, model.config, seed=4), random_noise(w, model.config, seed=4)
-    ref = model.sample_actions(obs, noise, w.steps)
     for levers in ("for_loop,fuse_projections,triton_kernels",
                    "for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections,triton_kernels"):
         out = Engine(model, levers).sample_actions(obs, noise, w.steps)
@@ -116,28 +128,18 @@ LEVER_SCRIPT = textwrap.dedent(
 
 
 def test_triton_kernels_lever_matches_reference_in_the_interpreter():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", LEVER_SCRIPT], env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+    run_in_interpreter(LEVER_SCRIPT, timeout=900)
 
 
-COMPILE_SCRIPT = textwrap.dedent(
+COMPILE_SCRIPT = TINY_SETUP + textwrap.dedent(
     """
-    import torch, torch._dynamo
-    from vlaperf.engine import Engine
-    from vlaperf.inputs import random_noise, random_observation
-    from vlaperf.models.pi0 import build_model
-    from vlaperf.workloads import get_workload
+    import torch._dynamo
 
     import vlaperf.engine.kernels.small_m_matmul as K
     calls = []
     real = K.small_m_matmul
     K.small_m_matmul = lambda *a, **kw: calls.append(1) or real(*a, **kw)
 
-    w = get_workload("tiny")
-    model = build_model("tiny", "cpu", torch.float32, seed=0)
-    obs, noise = random_observation(w, model.config, seed=4), random_noise(w, model.config, seed=4)
-    ref = model.sample_actions(obs, noise, w.steps)
     levers = "for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections,triton_kernels,compile"
     # aot_eager traces with the custom ops' fake implementations, as inductor would;
     # fullgraph=True (compile.py) makes any graph break an error
@@ -153,9 +155,7 @@ COMPILE_SCRIPT = textwrap.dedent(
 
 def test_triton_kernels_compose_with_compile_without_graph_breaks():
     """The kernels are custom ops (kernels/ops.py), so the compiled step traces them whole."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-c", COMPILE_SCRIPT], env=env, capture_output=True, text=True, timeout=900)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+    run_in_interpreter(COMPILE_SCRIPT, timeout=900)
 
 
 def test_kernel_that_does_not_fit_the_gpu_is_a_clear_lever_error(monkeypatch):
@@ -252,29 +252,17 @@ def test_step_kernel_matches_torch_layers_in_the_interpreter():
     programs one after another, so the grid barriers of the GPU launch cannot run there. On
     the GPU, benchmarks/expert_step_bench.py checks the persistent launch bit for bit against
     these per-phase launches and reads every barrier counter back."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", STEP_KERNEL_SCRIPT], env=env, capture_output=True, text=True,
-                          timeout=600)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+    run_in_interpreter(STEP_KERNEL_SCRIPT, timeout=600)
 
 
-MEGAKERNEL_LEVER_SCRIPT = textwrap.dedent(
+MEGAKERNEL_LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
     """
-    import torch
-    from vlaperf.engine import Engine
-    from vlaperf.inputs import random_noise, random_observation
-    from vlaperf.models.pi0 import build_model
-    from vlaperf.workloads import get_workload
 
     import vlaperf.engine.kernels.expert_step as S
     calls = []
     real = S.expert_step
     S.expert_step = lambda *a, **kw: calls.append(1) or real(*a, **kw)
 
-    w = get_workload("tiny")
-    model = build_model("tiny", "cpu", torch.float32, seed=0)
-    obs, noise = random_observation(w, model.config, seed=4), random_noise(w, model.config, seed=4)
-    ref = model.sample_actions(obs, noise, w.steps)
     variants = ["for_loop,static_kv_cache,fuse_projections,megakernel",
                 "for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections,triton_kernels,megakernel"]
     for levers in variants:
@@ -302,7 +290,4 @@ MEGAKERNEL_LEVER_SCRIPT = textwrap.dedent(
 
 
 def test_megakernel_lever_matches_reference_and_compiles_without_graph_breaks():
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", MEGAKERNEL_LEVER_SCRIPT], env=env, capture_output=True,
-                          text=True, timeout=900)
-    assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
+    run_in_interpreter(MEGAKERNEL_LEVER_SCRIPT, timeout=900)
