@@ -55,7 +55,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--json", default=None)
     p.add_argument("--quick", action="store_true", help="default configuration only")
-    p.add_argument("--sweep", type=int, default=1, choices=(1, 2, 3), help="which set of tilings to try beside the default")
+    p.add_argument("--sweep", type=int, default=1, choices=(1, 2, 3, 4, 5),
+                   help="which set of tilings to try beside the default (4, 5: split K, folded merge, PTX barrier)")
     args = p.parse_args()
     torch.manual_seed(0)
     dev, bf = "cuda", torch.bfloat16
@@ -79,20 +80,27 @@ def main() -> None:
 
     ref = reference(*inputs[:-1])
     rel = lambda out: ((out.float() - ref).norm() / ref.norm()).item()  # noqa: E731
-    multi = S.expert_step(*inputs, persistent=False)
-    pers = S.expert_step(*inputs, persistent=True)
-    torch.cuda.synchronize()
-    counters = S.last_barrier_counters(dev).cpu()
-    checks = {
-        "rel_l2_multi_launch_vs_fp32": rel(multi),
-        "rel_l2_persistent_vs_fp32": rel(pers),
-        "persistent_equals_multi_launch_bitwise": bool(torch.equal(pers, multi)),
-        "max_abs_persistent_vs_multi": (pers.float() - multi.float()).abs().max().item(),
-        # slots layer * 7 + phase; phases 0-5 ran, the last one is synced by the kernel's end
-        "barrier_counters_all_equal_programs": bool((counters.view(L, 7)[:, :6].flatten()[:-1] == result["programs"]).all().item()),
-        "barrier_counter_values": sorted(set(counters.tolist())),
-        "barrier_timeouts": S.barrier_timeouts(dev),
-    }
+    def self_check(cfg: S.StepKernelConfig) -> dict:
+        """The persistent launch against one launch per (layer, phase), and every counter."""
+        multi = S.expert_step(*inputs, persistent=False, config=cfg)
+        pers = S.expert_step(*inputs, persistent=True, config=cfg)
+        torch.cuda.synchronize()
+        counters = S.last_barrier_counters(dev).cpu().view(L, 7)
+        synced = [i for i in range(6) if not (cfg.fold_merge and i == 2)]  # a folded merge has no barrier
+        split_targets = torch.tensor(S.split_counter_targets(cfg, M, NH, D, TP + M), dtype=torch.int32)
+        return {
+            "rel_l2_multi_launch_vs_fp32": rel(multi),
+            "rel_l2_persistent_vs_fp32": rel(pers),
+            "persistent_equals_multi_launch_bitwise": bool(torch.equal(pers, multi)),
+            "max_abs_persistent_vs_multi": (pers.float() - multi.float()).abs().max().item(),
+            # slots layer * 7 + phase; the last phase run is synced by the kernel's end
+            "barrier_counters_all_equal_programs": bool((counters[:, synced].flatten()[:-1] == result["programs"]).all().item()),
+            "barrier_counter_values": sorted(set(counters.flatten().tolist())),
+            "split_counters_as_expected": bool((S.last_split_counters(dev).cpu() == split_targets).all().item()),
+            "barrier_timeouts": S.barrier_timeouts(dev),
+        }
+
+    checks = self_check(S.StepKernelConfig())
     result["checks"] = checks
     print(json.dumps(checks))
 
@@ -100,7 +108,18 @@ def main() -> None:
     base = S.StepKernelConfig()
     configs = [base]
     tuned = base  # the defaults are the fastest of sweeps 1 and 2 (session 3)
-    if not args.quick and args.sweep == 3:  # L2 prefetch of the next phase's weights
+    if not args.quick and args.sweep == 4:  # split K of the residual matmuls (128 tasks each), folded merge
+        configs += [replace(tuned, ks_down=2), replace(tuned, ks_down=4, bn_down=32), replace(tuned, ks_down=8, bn_down=64),
+                    replace(tuned, ks_o=2), replace(tuned, ks_o=4, bn_o=32), replace(tuned, ks_o=2, ks_down=2),
+                    replace(tuned, fold_merge=True)]
+    elif not args.quick and args.sweep == 5:  # the PTX barrier, and the levers of sweep 4 together
+        configs += [replace(tuned, barrier_asm=True), replace(tuned, ks_o=2, ks_down=2, fold_merge=True),
+                    replace(tuned, ks_o=2, ks_down=2, fold_merge=True, barrier_asm=True),
+                    replace(tuned, ks_o=4, bn_o=32, ks_down=4, bn_down=32, fold_merge=True, barrier_asm=True),
+                    replace(tuned, ks_o=2, ks_down=4, bn_down=32, fold_merge=True, barrier_asm=True),
+                    replace(tuned, ks_o=2, ks_down=2, fold_merge=True, barrier_asm=True, bk_down=128, bk_o=128,
+                            num_stages=4)]
+    elif not args.quick and args.sweep == 3:  # L2 prefetch of the next phase's weights
         configs += [replace(tuned, prefetch=True), replace(tuned, prefetch=True, poll_load=False),
                     replace(tuned, prefetch=True, bk_qkv=64, bk_gu=64, bk_o=64, bk_down=64, num_stages=6),
                     replace(tuned, prefetch=True, num_stages=2), replace(tuned, prefetch=True, bn_o=32, bn_down=32)]
@@ -119,6 +138,8 @@ def main() -> None:
         try:
             out = S.expert_step(*inputs, config=cfg)
             row["rel_l2_vs_fp32"] = rel(out)
+            if cfg != base:
+                row["checks"] = self_check(cfg)
             row["us"] = graph_time_ms(lambda: S.expert_step(*inputs, config=cfg), reps=20) * 1e3
             row["weights_gb_per_s"] = gbps(row["us"] / 1e3)
             print(f"{row['us']:8.1f} us  {row['weights_gb_per_s']:7.0f} GB/s  rel {row['rel_l2_vs_fp32']:.1e}  {cfg}")
@@ -126,7 +147,10 @@ def main() -> None:
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             print("ERROR", cfg, row["error"])
         result["configs"].append(row)
-    ok = [r for r in result["configs"] if "us" in r and r["rel_l2_vs_fp32"] < 2e-2]
+    passed = lambda r: all(r.get("checks", checks)[k] for k in (  # noqa: E731
+        "persistent_equals_multi_launch_bitwise", "barrier_counters_all_equal_programs", "split_counters_as_expected")) \
+        and not r.get("checks", checks)["barrier_timeouts"]
+    ok = [r for r in result["configs"] if "us" in r and r["rel_l2_vs_fp32"] < 2e-2 and passed(r)]
     best = min(ok, key=lambda r: r["us"]) if ok else None
     result["best"] = best
     cfg = S.StepKernelConfig(**best["config"]) if best else base
@@ -135,10 +159,13 @@ def main() -> None:
             result["phases"][name] = graph_time_ms(lambda: S.expert_step(*inputs, config=cfg, phases=(i, i + 1)), reps=20) * 1e3
         except Exception:
             traceback.print_exc()
-    for poll in (True, False):
+    barriers = {"barrier_only_poll_load": dict(poll_load=True, barrier_asm=False),
+                "barrier_only_poll_atomic": dict(poll_load=False, barrier_asm=False),
+                "barrier_only_asm": dict(barrier_asm=True)}
+    for name, kind in barriers.items():
         try:
-            result["phases"][f"barrier_only_poll_{'load' if poll else 'atomic'}"] = graph_time_ms(
-                lambda: S.expert_step(*inputs, config=replace(cfg, poll_load=poll), phases=(6, 7)), reps=20) * 1e3
+            result["phases"][name] = graph_time_ms(
+                lambda: S.expert_step(*inputs, config=replace(cfg, **kind), phases=(6, 7)), reps=20) * 1e3
         except Exception:
             traceback.print_exc()
     try:

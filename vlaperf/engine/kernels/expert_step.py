@@ -72,6 +72,10 @@ class StepKernelConfig:
     num_stages: int = 3  # the matmuls' K loops
     poll_load: bool = True  # barrier polls with plain loads (else with atomics)
     prefetch: bool = False  # prefetch the next phase's weights into L2 (CUDA only)
+    ks_o: int = 1  # split K of o_proj into this many slices (see _phase_residual)
+    ks_down: int = 1  # split K of down
+    fold_merge: bool = False  # the last attention split of a row block merges them (no merge phase)
+    barrier_asm: bool = False  # arrive with red.release, poll with ld.acquire (inline PTX, CUDA only)
 
 
 # ------------------------------------------------------------------------ helpers
@@ -92,6 +96,38 @@ def _grid_sync(counter_ptr, err_ptr, nprog, MAX_SPIN: tl.constexpr, POLL_LOAD: t
     if spins >= MAX_SPIN:
         tl.atomic_xchg(err_ptr, 1)
     tl.debug_barrier()
+
+
+@triton.jit
+def _grid_sync_asm(counter_ptr, err_ptr, nprog, MAX_SPIN: tl.constexpr):
+    """The same barrier with lighter instructions: one thread arrives with `red.release` (no
+    value comes back, so it does not wait for the round trip) and every thread polls with
+    `ld.acquire`, which orders its later loads without a closing atomic."""
+    tl.debug_barrier()
+    ptr = counter_ptr + tl.zeros((1,), tl.int32)
+    tl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
+        "@p red.release.gpu.global.add.s32 [$1], 1; mov.u32 $0, 0; }",
+        "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1)
+    spins = 0
+    seen = tl.max(tl.inline_asm_elementwise("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
+                                            is_pure=False, pack=1), axis=0)
+    while (seen < nprog) & (spins < MAX_SPIN):
+        spins += 1
+        seen = tl.max(tl.inline_asm_elementwise("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
+                                                is_pure=False, pack=1), axis=0)
+    if spins >= MAX_SPIN:
+        tl.atomic_xchg(err_ptr, 1)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _last_to_arrive(counter_ptr, expected):
+    """Count this program in at `counter_ptr` once its stores are issued; True for the one
+    that arrives last (`expected` arrivals in all), which may then read what the others
+    stored: the acq_rel atomic orders their stores before its loads (.cg, from L2)."""
+    tl.debug_barrier()
+    return tl.atomic_add(counter_ptr, 1, sem="acq_rel", scope="gpu") == expected - 1
 
 
 @triton.jit
@@ -178,10 +214,11 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, M, eps, pid, np
 
 
 @triton.jit
-def _phase_attention(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, M, Tk, Tp, keys_per_split, scale,
-                     stride_ct, stride_mq, pid, nprog,
+def _phase_attention(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o_ptr, row_ctr_ptr, M, Tk, Tp,
+                     keys_per_split, scale, stride_ct, stride_mq, pid, nprog,
                      NH: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr, ABM: tl.constexpr,
-                     ABN: tl.constexpr, SPLITS: tl.constexpr, MASK_VALUE: tl.constexpr, ATT_STAGES: tl.constexpr):
+                     ABN: tl.constexpr, SPLITS: tl.constexpr, MASK_VALUE: tl.constexpr, ATT_STAGES: tl.constexpr,
+                     FOLD_MERGE: tl.constexpr, MD: tl.constexpr):
     R = NH * M
     d = tl.arange(0, HD)
     for task in range(pid, tl.cdiv(R, ABM) * SPLITS, nprog):
@@ -224,6 +261,32 @@ def _phase_attention(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, M
         tl.store(acc_ptr + base[:, None] * HD + d[None, :], acc, mask=r_ok[:, None])
         tl.store(ml_ptr + base, m_i, mask=r_ok)
         tl.store(ml_ptr + SPLITS * R + base, l_i, mask=r_ok)
+        if FOLD_MERGE:  # the row block's last split to finish merges them all: no merge phase, one barrier less
+            if _last_to_arrive(row_ctr_ptr + task // SPLITS, SPLITS):
+                for c in range(HD // MD):
+                    _merge_rows(acc_ptr, ml_ptr, o_ptr, r, r_ok, c * MD + tl.arange(0, MD), M, R, NH, HD, SPLITS)
+
+
+@triton.jit
+def _merge_rows(acc_ptr, ml_ptr, o_ptr, r, r_ok, dd, M, R, NH: tl.constexpr, HD: tl.constexpr, SPLITS: tl.constexpr):
+    """Attention output of the folded rows r, dims dd: the splits' partials weighted by
+    exp(m_s - max m) and normalised by the summed l."""
+    m = tl.full(r.shape, float("-inf"), tl.float32)
+    for s in tl.static_range(SPLITS):  # unrolled: the splits' loads are independent, issue them together
+        m = tl.maximum(m, tl.load(ml_ptr + s * R + r, mask=r_ok, other=float("-inf"), cache_modifier=".cg"))
+    total = tl.zeros((r.shape[0], dd.shape[0]), tl.float32)
+    norm = tl.zeros(r.shape, tl.float32)
+    for s in tl.static_range(SPLITS):
+        m_s = tl.load(ml_ptr + s * R + r, mask=r_ok, other=float("-inf"), cache_modifier=".cg")
+        w = tl.where(m_s > float("-inf"), tl.exp(m_s - m), 0.0)  # a split with no keys adds nothing
+        norm += w * tl.load(ml_ptr + SPLITS * R + s * R + r, mask=r_ok, other=0.0, cache_modifier=".cg")
+        part = tl.load(acc_ptr + (s * R + r)[:, None] * HD + dd[None, :], mask=r_ok[:, None], other=0.0,
+                       cache_modifier=".cg")
+        total += w[:, None] * part
+    head = r // M
+    t = r % M
+    tl.store(o_ptr + t[:, None] * (NH * HD) + head[:, None] * HD + dd[None, :],
+             (total / norm[:, None]).to(o_ptr.dtype.element_ty), mask=r_ok[:, None])
 
 
 @triton.jit
@@ -233,41 +296,47 @@ def _phase_merge(acc_ptr, ml_ptr, o_ptr, M, pid, nprog,
     n_dc: tl.constexpr = HD // MD
     for task in range(pid, tl.cdiv(R, ABM) * n_dc, nprog):
         r = (task // n_dc) * ABM + tl.arange(0, ABM)
-        r_ok = r < R
         dd = (task % n_dc) * MD + tl.arange(0, MD)
-        m = tl.full((ABM,), float("-inf"), tl.float32)
-        for s in tl.static_range(SPLITS):  # unrolled: the splits' loads are independent, issue them together
-            m = tl.maximum(m, tl.load(ml_ptr + s * R + r, mask=r_ok, other=float("-inf"), cache_modifier=".cg"))
-        total = tl.zeros((ABM, MD), tl.float32)
-        norm = tl.zeros((ABM,), tl.float32)
-        for s in tl.static_range(SPLITS):
-            m_s = tl.load(ml_ptr + s * R + r, mask=r_ok, other=float("-inf"), cache_modifier=".cg")
-            w = tl.where(m_s > float("-inf"), tl.exp(m_s - m), 0.0)  # a split with no keys adds nothing
-            norm += w * tl.load(ml_ptr + SPLITS * R + s * R + r, mask=r_ok, other=0.0, cache_modifier=".cg")
-            part = tl.load(acc_ptr + (s * R + r)[:, None] * HD + dd[None, :], mask=r_ok[:, None], other=0.0,
-                           cache_modifier=".cg")
-            total += w[:, None] * part
-        head = r // M
-        t = r % M
-        tl.store(o_ptr + t[:, None] * (NH * HD) + head[:, None] * HD + dd[None, :],
-                 (total / norm[:, None]).to(o_ptr.dtype.element_ty), mask=r_ok[:, None])
+        _merge_rows(acc_ptr, ml_ptr, o_ptr, r, r < R, dd, M, R, NH, HD, SPLITS)
 
 
 @triton.jit
-def _phase_residual(a_ptr, K, w_ptr, x_ptr, M, pid, nprog,
-                    D: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr):
-    """x[:, cols] += A @ W[cols]^T, each task owning its columns of x (so in place is safe)."""
+def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, nprog,
+                    D: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
+                    STAGES: tl.constexpr):
+    """x[:, cols] += A @ W[cols]^T.
+
+    KS == 1: each task owns its columns of x (so in place is safe) and reads all of A.
+    KS > 1 (split K): task (tile, s) multiplies only the K-slice s, so each program reads
+    1/KS of the activations instead of all of them (for down: 104 KB of h instead of
+    418 KB, the phase's largest cost), and twice as many programs have work. The partials
+    go to `part` in float32; the last of a tile's KS tasks to finish adds them to x in the
+    order s = 0..KS-1, so the result does not depend on which program finished first.
+    """
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
-    for task in range(pid, tl.cdiv(D, BN), nprog):
-        cols = task * BN + tl.arange(0, BN)
+    k_slice = K // KS
+    for task in range(pid, tl.cdiv(D, BN) * KS, nprog):
+        tile = task // KS  # a tile's KS tasks go to neighbouring programs and run side by side
+        s = task % KS
+        cols = tile * BN + tl.arange(0, BN)
         col_ok = cols < D
-        acc, _a, _s = _rows_matmul(a_ptr, K, rows, row_ok, w_ptr, K, cols, cols, col_ok, K, BLOCK_M, BN, BK, False, False,
-                                   STAGES)
+        acc, _a, _s = _rows_matmul(a_ptr + s * k_slice, K, rows, row_ok, w_ptr + s * k_slice, K, cols, cols, col_ok,
+                                   k_slice, BLOCK_M, BN, BK, False, False, STAGES)
         mask = row_ok[:, None] & col_ok[None, :]
         ptrs = x_ptr + rows[:, None] * D + cols[None, :]
-        res = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-        tl.store(ptrs, (acc + res).to(x_ptr.dtype.element_ty), mask=mask)
+        if KS == 1:
+            res = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+            tl.store(ptrs, (acc + res).to(x_ptr.dtype.element_ty), mask=mask)
+        else:
+            part = part_ptr + rows[:, None] * D + cols[None, :]
+            tl.store(part + s * (BLOCK_M * D), acc, mask=mask)
+            if _last_to_arrive(tile_ctr_ptr + tile, KS):
+                total = tl.zeros((BLOCK_M, BN), tl.float32)
+                for s2 in tl.static_range(KS):
+                    total += tl.load(part + s2 * (BLOCK_M * D), mask=mask, other=0.0, cache_modifier=".cg")
+                res = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+                tl.store(ptrs, (total + res).to(x_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -291,7 +360,7 @@ def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, M, eps, pid, nprog,
 
 @triton.jit
 def _expert_step_kernel(
-    x_ptr, q_ptr, kv_ptr, o_ptr, h_ptr, acc_ptr, ml_ptr, counter_ptr, err_ptr,
+    x_ptr, q_ptr, kv_ptr, o_ptr, h_ptr, acc_ptr, ml_ptr, part_ptr, counter_ptr, tile_ctr_ptr, err_ptr,
     wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, mask_ptr,
     M, Tk, Tp, keys_per_split, eps, scale, stride_cl, stride_ct, stride_mq,
     layer_lo, layer_hi, phase_lo, phase_hi,
@@ -302,11 +371,14 @@ def _expert_step_kernel(
     MASK_VALUE: tl.constexpr, STAGES: tl.constexpr, ATT_STAGES: tl.constexpr,
     USE_BARRIER: tl.constexpr, POLL_LOAD: tl.constexpr, MAX_SPIN: tl.constexpr,
     PREFETCH: tl.constexpr, ELEMS_PER_LINE: tl.constexpr, L: tl.constexpr,
+    KS_O: tl.constexpr, KS_DOWN: tl.constexpr, FOLD_MERGE: tl.constexpr, BARRIER_ASM: tl.constexpr,
+    CTR_O: tl.constexpr, CTR_DOWN: tl.constexpr, CTR_LAYER: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     QKV_N: tl.constexpr = NH * HD + 2 * HD
     for layer in range(layer_lo, layer_hi):
+        tile_ctr = tile_ctr_ptr + layer * CTR_LAYER  # attention row blocks, then o_proj tiles, then down tiles
         for phase in range(phase_lo, phase_hi):
             if PREFETCH:  # one phase ahead: o_proj and gate_up weights, then down, then the next layer's qkv
                 if phase == 0:
@@ -322,29 +394,34 @@ def _expert_step_kernel(
                            D, NH, HD, BLOCK_M, BN_QKV, BK_QKV, STAGES)
             elif phase == 1:
                 _phase_attention(q_ptr, kv_ptr, kc_ptr + layer * stride_cl, vc_ptr + layer * stride_cl, mask_ptr,
-                                 acc_ptr, ml_ptr, M, Tk, Tp, keys_per_split, scale, stride_ct, stride_mq, pid, nprog,
-                                 NH, HD, BLOCK_M, ABM, ABN, SPLITS, MASK_VALUE, ATT_STAGES)
+                                 acc_ptr, ml_ptr, o_ptr, tile_ctr, M, Tk, Tp, keys_per_split, scale, stride_ct, stride_mq,
+                                 pid, nprog, NH, HD, BLOCK_M, ABM, ABN, SPLITS, MASK_VALUE, ATT_STAGES, FOLD_MERGE, MD)
             elif phase == 2:
-                _phase_merge(acc_ptr, ml_ptr, o_ptr, M, pid, nprog, NH, HD, ABM, SPLITS, MD)
+                if not FOLD_MERGE:
+                    _phase_merge(acc_ptr, ml_ptr, o_ptr, M, pid, nprog, NH, HD, ABM, SPLITS, MD)
             elif phase == 3:
-                _phase_residual(o_ptr, NH * HD, wo_ptr + layer * (D * NH * HD), x_ptr, M, pid, nprog, D, BLOCK_M, BN_O, BK_O,
-                                STAGES)
+                _phase_residual(o_ptr, NH * HD, wo_ptr + layer * (D * NH * HD), x_ptr, part_ptr, tile_ctr + CTR_O, M, pid,
+                                nprog, D, BLOCK_M, BN_O, BK_O, KS_O, STAGES)
             elif phase == 4:
                 _phase_gate_up(x_ptr, wgu_ptr + layer * (2 * F * D), h_ptr, M, eps, pid, nprog, D, F, BLOCK_M, BN_GU,
                                BK_GU, STAGES)
             elif phase == 5:
-                _phase_residual(h_ptr, F, wd_ptr + layer * (D * F), x_ptr, M, pid, nprog, D, BLOCK_M, BN_DOWN, BK_DOWN,
-                                STAGES)
+                _phase_residual(h_ptr, F, wd_ptr + layer * (D * F), x_ptr, part_ptr, tile_ctr + CTR_DOWN, M, pid, nprog, D,
+                                BLOCK_M, BN_DOWN, BK_DOWN, KS_DOWN, STAGES)
             # phase 6 does nothing: benchmarks time the barriers alone with phases=(6, 7)
             if USE_BARRIER:
-                if (layer < layer_hi - 1) | (phase < phase_hi - 1):  # the kernel's end syncs the last one
-                    _grid_sync(counter_ptr + layer * 7 + phase, err_ptr, nprog, MAX_SPIN, POLL_LOAD)
+                # the kernel's end syncs the last phase; a folded merge phase has nothing to wait for
+                if ((layer < layer_hi - 1) | (phase < phase_hi - 1)) & ((phase != 2) | (not FOLD_MERGE)):
+                    if BARRIER_ASM:
+                        _grid_sync_asm(counter_ptr + layer * 7 + phase, err_ptr, nprog, MAX_SPIN)
+                    else:
+                        _grid_sync(counter_ptr + layer * 7 + phase, err_ptr, nprog, MAX_SPIN, POLL_LOAD)
 
 
 # ------------------------------------------------------------------------ launcher
 
 _ERROR_FLAGS: dict[str, torch.Tensor] = {}
-_LAST_COUNTERS: dict[str, torch.Tensor] = {}
+_LAST_COUNTERS: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
 
 
 def _device_key(device: torch.device | str) -> str:
@@ -370,8 +447,34 @@ def barrier_timeouts(device: torch.device | str) -> int:
 def last_barrier_counters(device: torch.device | str) -> torch.Tensor | None:
     """The barrier counters of the last persistent launch on `device` (layer * 7 + phase):
     those of the phases run must equal the number of programs, except the very last one
-    (the kernel's end syncs it)."""
-    return _LAST_COUNTERS.get(_device_key(device))
+    (the kernel's end syncs it) and a folded merge phase (no barrier)."""
+    counters = _LAST_COUNTERS.get(_device_key(device))
+    return None if counters is None else counters[0]
+
+
+def last_split_counters(device: torch.device | str) -> torch.Tensor | None:
+    """The arrival counters of the split tasks in the last persistent launch on `device`,
+    per layer: attention row blocks (each must read the number of key splits if the merge is
+    folded), o_proj tiles (ks_o if split), down tiles (ks_down if split); else 0."""
+    counters = _LAST_COUNTERS.get(_device_key(device))
+    return None if counters is None else counters[1]
+
+
+def key_splits(cfg: StepKernelConfig, Tk: int) -> tuple[int, int]:
+    """(number of key splits, keys per split) of the attention phase over Tk keys: whole
+    `att_bn` tiles per split, at most `cfg.splits` splits, none empty."""
+    splits = max(1, min(cfg.splits, triton.cdiv(Tk, cfg.att_bn)))
+    keys_per_split = triton.cdiv(triton.cdiv(Tk, splits), cfg.att_bn) * cfg.att_bn
+    return triton.cdiv(Tk, keys_per_split), keys_per_split
+
+
+def split_counter_targets(cfg: StepKernelConfig, M: int, NH: int, D: int, Tk: int) -> list[int]:
+    """What each split counter of one layer (see `last_split_counters`) must read after a
+    launch: the key splits per attention row block if the merge is folded, ks_o per o_proj
+    tile and ks_down per down tile if split, else 0 (nothing counts there)."""
+    splits = key_splits(cfg, Tk)[0] if cfg.fold_merge else 0
+    return ([splits] * triton.cdiv(NH * M, cfg.att_bm) + [cfg.ks_o if cfg.ks_o > 1 else 0] * triton.cdiv(D, cfg.bn_o)
+            + [cfg.ks_down if cfg.ks_down > 1 else 0] * triton.cdiv(D, cfg.bn_down))
 
 
 def num_sms(device: torch.device) -> int:
@@ -416,6 +519,9 @@ def expert_step(
     for name in ("wqkv", "wo", "wgu", "wd"):
         if not given[name].is_contiguous():
             raise ValueError(f"expert_step: {name} must be contiguous (stack the layers once, not per call)")
+    for name, ks, K in (("ks_o", cfg.ks_o, NH * HD), ("ks_down", cfg.ks_down, F)):
+        if ks < 1 or K % ks:
+            raise ValueError(f"StepKernelConfig.{name}={ks}: expected a positive divisor of that matmul's depth {K}")
     cos, sin = cos.contiguous(), sin.contiguous()
     if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
         raise ValueError("expert_step: k_cache and v_cache need the same strides, unit stride within a token")
@@ -425,29 +531,37 @@ def expert_step(
     BLOCK_M = MAX_ROWS if M > 32 else 32 if M > 16 else 16
     x = x.contiguous().clone()  # updated in place by the kernel
     R = NH * M
-    splits = max(1, min(cfg.splits, triton.cdiv(Tk, cfg.att_bn)))
-    keys_per_split = triton.cdiv(triton.cdiv(Tk, splits), cfg.att_bn) * cfg.att_bn
-    splits = triton.cdiv(Tk, keys_per_split)
+    splits, keys_per_split = key_splits(cfg, Tk)
     q = torch.empty(M, NH * HD, dtype=x.dtype, device=device)
     o = torch.empty_like(q)
     kv = torch.empty(2, BLOCK_M, HD, dtype=x.dtype, device=device)
     h = torch.empty(M, F, dtype=x.dtype, device=device)
     acc = torch.empty(splits * R * HD, dtype=torch.float32, device=device)
     ml = torch.empty(2 * splits * R, dtype=torch.float32, device=device)
+    ks_max = max(cfg.ks_o, cfg.ks_down)
+    part = torch.empty(ks_max * BLOCK_M * D if ks_max > 1 else 1, dtype=torch.float32, device=device)
     counters = torch.zeros(L * (len(PHASES) + 1), dtype=torch.int32, device=device)
+    # arrival counters of the split tasks, per layer: attention row blocks, o_proj tiles, down tiles
+    ctr_o = triton.cdiv(R, cfg.att_bm)
+    ctr_down = ctr_o + triton.cdiv(D, cfg.bn_o)
+    ctr_layer = ctr_down + triton.cdiv(D, cfg.bn_down)
+    tile_counters = torch.zeros(L * ctr_layer, dtype=torch.int32, device=device)
     err = _error_flag(device)
     grid = programs or num_sms(device)
-    args = [x, q, kv, o, h, acc, ml, counters, err, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin, mask_u8,
+    args = [x, q, kv, o, h, acc, ml, part, counters, tile_counters, err, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin, mask_u8,
             M, Tk, Tk - M, keys_per_split, float(eps), HD**-0.5, k_cache.stride(0), k_cache.stride(1), mask_u8.stride(0)]
     consts = dict(D=D, NH=NH, HD=HD, F=F, BLOCK_M=BLOCK_M, BN_QKV=cfg.bn_qkv, BK_QKV=cfg.bk_qkv, BN_O=cfg.bn_o,
                   BK_O=cfg.bk_o, BN_GU=cfg.bn_gu, BK_GU=cfg.bk_gu, BN_DOWN=cfg.bn_down, BK_DOWN=cfg.bk_down,
                   ABM=cfg.att_bm, ABN=cfg.att_bn, SPLITS=splits, MD=min(cfg.merge_bd, HD),
                   MASK_VALUE=ATTENTION_MASK_VALUE, STAGES=cfg.num_stages, ATT_STAGES=cfg.att_stages,
                   POLL_LOAD=cfg.poll_load, MAX_SPIN=1 << 22, num_warps=cfg.num_warps,
-                  PREFETCH=cfg.prefetch and device.type == "cuda", ELEMS_PER_LINE=128 // wqkv.element_size(), L=L)
+                  PREFETCH=cfg.prefetch and device.type == "cuda", ELEMS_PER_LINE=128 // wqkv.element_size(), L=L,
+                  KS_O=cfg.ks_o, KS_DOWN=cfg.ks_down, FOLD_MERGE=cfg.fold_merge,
+                  BARRIER_ASM=cfg.barrier_asm and device.type == "cuda", CTR_O=ctr_o, CTR_DOWN=ctr_down,
+                  CTR_LAYER=ctr_layer)
     if persistent:
         _expert_step_kernel[(grid,)](*args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
-        _LAST_COUNTERS[_device_key(device)] = counters
+        _LAST_COUNTERS[_device_key(device)] = (counters, tile_counters.view(L, ctr_layer))
     else:
         for layer in range(L):
             for phase in range(*phases):
