@@ -55,7 +55,7 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--json", default=None)
     p.add_argument("--quick", action="store_true", help="default configuration only")
-    p.add_argument("--sweep", type=int, default=1, choices=(1, 2, 3, 4, 5),
+    p.add_argument("--sweep", type=int, default=1, choices=(1, 2, 3, 4, 5, 6),
                    help="which set of tilings to try beside the default (4, 5: split K, folded merge, PTX barrier)")
     args = p.parse_args()
     torch.manual_seed(0)
@@ -107,8 +107,12 @@ def main() -> None:
     gbps = lambda ms: weight_bytes / (ms * 1e-3) / 1e9  # noqa: E731
     base = S.StepKernelConfig()
     configs = [base]
-    tuned = base  # the defaults are the fastest of sweeps 1 and 2 (session 3)
-    if not args.quick and args.sweep == 4:  # split K of the residual matmuls (128 tasks each), folded merge
+    tuned = base  # the defaults are the fastest of sweeps 1-2 (session 3) and 4-5 (session 4: split K)
+    if not args.quick and args.sweep == 6:  # session 4's defaults (split K 2 + 2) against session 3's, and neighbours
+        configs += [replace(tuned, ks_o=1, ks_down=1), replace(tuned, barrier_asm=True),
+                    replace(tuned, ks_down=4, bn_down=32), replace(tuned, bk_o=128, bk_down=128, num_stages=4),
+                    replace(tuned, ks_o=1, ks_down=1)]
+    elif not args.quick and args.sweep == 4:  # split K of the residual matmuls (128 tasks each), folded merge
         configs += [replace(tuned, ks_down=2), replace(tuned, ks_down=4, bn_down=32), replace(tuned, ks_down=8, bn_down=64),
                     replace(tuned, ks_o=2), replace(tuned, ks_o=4, bn_o=32), replace(tuned, ks_o=2, ks_down=2),
                     replace(tuned, fold_merge=True)]

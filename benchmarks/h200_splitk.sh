@@ -3,8 +3,9 @@
 # (nvidia-h200-x2, one lane per GPU).
 #   PART=sweeps  A: expert_step_bench.py --sweep 4 (split K alone, folded merge alone)
 #                B: expert_step_bench.py --sweep 5 (PTX barrier, the levers together)
-#   PART=final   A: matrix best vs best without megakernel (libero-pi0, libero-shallow6); B: T(N) of both
-#   PART=bench   A: bench best model + policy; B: shallow6, then the kernel bench of the new defaults
+#   PART=final   A: expert_step_bench.py --sweep 6 (the new defaults against session 3's, twice)
+#                B: matrix best (new defaults) vs best without megakernel, then bench best (libero-pi0)
+#   PART=bench   A: T(N) of both; B: bench policy mode, shallow6 bench and matrix
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=sweeps bash benchmarks/h200_splitk.sh
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -24,22 +25,22 @@ EOT
 EOT
   ;;
 final)
-  lane A 0 30 <<EOT &
-300 $V matrix --workload libero-pi0 --variants "best;$G" --no-progress --iters 50 --warmup 5 --json $R/matrix_libero-pi0_best_splitk.json
-240 $V matrix --workload libero-shallow6 --variants "best;$G" --no-progress --iters 50 --warmup 5 --json $R/matrix_libero-shallow6_best_splitk.json
+  lane A 0 60 <<EOT &
+420 python3 benchmarks/expert_step_bench.py --sweep 6 --json $R/kernel_expert_step_sweep6.json
 EOT
   lane B 1 30 <<EOT &
-400 $V scaling --workload libero-pi0 --levers "best;$G" --no-progress --json $R/scaling_libero-pi0_best_splitk.json --plot $R/scaling_libero-pi0_best_splitk.png
+300 $V matrix --workload libero-pi0 --variants "best;$G" --no-progress --iters 50 --warmup 5 --json $R/matrix_libero-pi0_best_splitk.json
+200 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-splitk_model.json
 EOT
   ;;
 bench)
-  lane A 0 14 <<EOT &
-200 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-splitk_model.json
-150 $V bench --workload libero-pi0 --levers best --mode policy $B --json $R/bench_libero-pi0_best-splitk_policy.json
+  lane A 0 30 <<EOT &
+400 $V scaling --workload libero-pi0 --levers "best;$G" --no-progress --json $R/scaling_libero-pi0_best_splitk.json --plot $R/scaling_libero-pi0_best_splitk.png
 EOT
-  lane B 1 60 <<EOT &
+  lane B 1 14 <<EOT &
+150 $V bench --workload libero-pi0 --levers best --mode policy $B --json $R/bench_libero-pi0_best-splitk_policy.json
 200 $V bench --workload libero-shallow6 --levers best $B --json $R/bench_libero-shallow6_best-splitk_model.json
-240 python3 benchmarks/expert_step_bench.py --quick --json $R/kernel_expert_step_splitk.json
+200 $V matrix --workload libero-shallow6 --variants "best;$G" --no-progress --iters 50 --warmup 5 --json $R/matrix_libero-shallow6_best_splitk.json
 EOT
   ;;
 esac

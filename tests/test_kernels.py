@@ -199,6 +199,7 @@ def test_pick_config_takes_the_h200_sweep_winners():
 STEP_KERNEL_SCRIPT = textwrap.dedent(
     """
     import torch, torch.nn.functional as F
+    from dataclasses import replace
     from vlaperf.engine.kernels.expert_step import StepKernelConfig, expert_step
     from vlaperf.models.pi0 import apply_rope, eager_attention, rope_cos_sin
 
@@ -217,6 +218,8 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
 
     torch.manual_seed(0)
     small = StepKernelConfig(att_bm=16, att_bn=16, splits=3, merge_bd=16, bk_o=64, bk_down=64, num_warps=4)
+    # the defaults split o_proj's and down's K in 2; also one slice each with the merge folded into attention
+    configs = [small, replace(small, ks_o=1, ks_down=1, fold_merge=True), replace(small, ks_o=4, bn_down=8, ks_down=4)]
     # (layers, D, heads, head dim, F, rows, prefix): head dim 16 has 8-dim RoPE halves, less than a tile
     for L, D, NH, HD, Fd, M, Tp in [(2, 32, 4, 16, 64, 11, 20), (1, 64, 2, 32, 96, 7, 45)]:
         x = torch.randn(M, D)
@@ -229,9 +232,10 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
         ref = reference(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, NH, HD)
         kc[:, Tp:] = float("nan")  # the cache's suffix slots are never read: the step's own k/v are scratch
         vc[:, Tp:] = float("nan")
-        out = expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=small)
-        err = ((out - ref).norm() / ref.norm()).item()
-        assert err < 1e-5, (L, D, NH, HD, err)
+        for cfg in configs:
+            out = expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=cfg)
+            err = ((out - ref).norm() / ref.norm()).item()
+            assert err < 1e-5, (L, D, NH, HD, cfg, err)
     try:
         expert_step(x, wqkv[:, :-1], wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6)
         raise SystemExit("a wrong weight shape must be refused")
@@ -242,6 +246,11 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
         raise SystemExit("65 rows must be refused")
     except ValueError as e:
         assert "at most 64 suffix rows" in str(e), e
+    try:
+        expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=replace(small, ks_down=5))
+        raise SystemExit("a split that does not divide F must be refused")
+    except ValueError as e:
+        assert "ks_down=5" in str(e) and "divisor" in str(e), e
     print("ok")
     """
 )

@@ -72,8 +72,8 @@ class StepKernelConfig:
     num_stages: int = 3  # the matmuls' K loops
     poll_load: bool = True  # barrier polls with plain loads (else with atomics)
     prefetch: bool = False  # prefetch the next phase's weights into L2 (CUDA only)
-    ks_o: int = 1  # split K of o_proj into this many slices (see _phase_residual)
-    ks_down: int = 1  # split K of down
+    ks_o: int = 2  # split K of o_proj into this many slices (see _phase_residual)
+    ks_down: int = 2  # split K of down
     fold_merge: bool = False  # the last attention split of a row block merges them (no merge phase)
     barrier_asm: bool = False  # arrive with red.release, poll with ld.acquire (inline PTX, CUDA only)
 
