@@ -6,6 +6,8 @@
 #   PART=final   A: expert_step_bench.py --sweep 6 (the new defaults against session 3's, twice)
 #                B: matrix best (new defaults) vs best without megakernel, then bench best (libero-pi0)
 #   PART=bench   A: T(N) of both; B: bench policy mode, shallow6 bench and matrix
+#   PART=prefix  A: the prefix attention kernel against SDPA, then T(N) of best vs best without megakernel
+#                B: the step kernel's defaults (now with the PTX barrier), then the matrix of both
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=sweeps bash benchmarks/h200_splitk.sh
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -41,6 +43,16 @@ EOT
 150 $V bench --workload libero-pi0 --levers best --mode policy $B --json $R/bench_libero-pi0_best-splitk_policy.json
 200 $V bench --workload libero-shallow6 --levers best $B --json $R/bench_libero-shallow6_best-splitk_model.json
 200 $V matrix --workload libero-shallow6 --variants "best;$G" --no-progress --iters 50 --warmup 5 --json $R/matrix_libero-shallow6_best_splitk.json
+EOT
+  ;;
+prefix)
+  lane A 0 40 <<EOT &
+200 python3 benchmarks/suffix_attention_bench.py --prefix --json $R/kernel_prefix_attention.json
+350 $V scaling --workload libero-pi0 --levers "best;$G" --no-progress --json $R/scaling_libero-pi0_best_prefix.json --plot $R/scaling_libero-pi0_best_prefix.png
+EOT
+  lane B 1 40 <<EOT &
+150 python3 benchmarks/expert_step_bench.py --quick --json $R/kernel_expert_step_asm.json
+300 $V matrix --workload libero-pi0 --variants "best;$G" --no-progress --iters 50 --warmup 5 --json $R/matrix_libero-pi0_best_prefix.json
 EOT
   ;;
 esac

@@ -40,6 +40,8 @@ def kernel_class(name: str) -> str:
     n = name.lower()
     if any(k in n for k in ("_small_m_kernel", "_reduce_kernel")):
         return "vlaperf small-M matmul kernels"
+    if "_expert_step_kernel" in n:
+        return "vlaperf step kernel (megakernel)"
     if any(k in n for k in ("_partial_kernel", "_merge_kernel")):
         return "vlaperf attention kernels"
     if n.startswith("triton_"):  # before the keywords below: inductor names kernels after the ops they fuse

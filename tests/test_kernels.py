@@ -74,6 +74,16 @@ ATTENTION_SCRIPT = textwrap.dedent(
     mask = torch.ones(1, 3, 20, dtype=torch.bool)
     mask[0, 1] = False
     assert (suffix_attention(q, k, v, mask, block_m=16, block_n=16, splits=2) - eager_attention(q, k, v, mask)).abs().max() < 1e-5
+    # the prefix: one pass (no merge), bidirectional over valid tokens, padded rows attend to themselves
+    from vlaperf.engine.attention import prefix_mask
+    from vlaperf.engine.kernels.suffix_attention import prefix_attention
+    pad = torch.ones(2, 37, dtype=torch.bool)
+    pad[0, 30:] = False
+    pad[1, 12:20] = False  # a masked image slot in the middle
+    q, k, v = torch.randn(2, 4, 37, 16), torch.randn(2, 1, 37, 16), torch.randn(2, 1, 37, 16)
+    mask = prefix_mask(pad)
+    out, ref = prefix_attention(q, k, v, mask, block_m=16, block_n=16, num_warps=4), eager_attention(q, k, v, mask)
+    assert ((out - ref).norm() / ref.norm()).item() < 1e-5
     print("ok")
     """
 )
@@ -109,10 +119,11 @@ LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
 
     import vlaperf.engine.kernels.small_m_matmul as K
     import vlaperf.engine.kernels.suffix_attention as A
-    calls, attn_calls = [], []
-    real, real_attn = K.small_m_matmul, A.suffix_attention
+    calls, attn_calls, prefix_calls = [], [], []
+    real, real_attn, real_prefix = K.small_m_matmul, A.suffix_attention, A.prefix_attention
     K.small_m_matmul = lambda *a, **kw: calls.append(1) or real(*a, **kw)
     A.suffix_attention = lambda *a, **kw: attn_calls.append(1) or real_attn(*a, **kw)
+    A.prefix_attention = lambda *a, **kw: prefix_calls.append(1) or real_prefix(*a, **kw)
 
     for levers in ("for_loop,fuse_projections,triton_kernels",
                    "for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections,triton_kernels"):
@@ -121,7 +132,10 @@ LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
         assert err < 1e-4, (levers, err)
     # 4 kernels per layer, 2 expert layers, 4 steps, 2 variants: the kernels really ran
     assert len(calls) == 4 * 2 * 4 * 2, len(calls)
-    assert len(attn_calls) == 2 * 4 * 2, len(attn_calls)  # one attention per layer and step
+    # the prefix: both backbone layers attend, except with static_kv_cache the last (its K/V only)
+    assert len(prefix_calls) == 2 + 1, len(prefix_calls)
+    # one attention per expert layer and step, and the prefix's (they run the same kernel)
+    assert len(attn_calls) == 2 * 4 * 2 + len(prefix_calls), len(attn_calls)
     print("ok")
     """
 )

@@ -111,7 +111,7 @@ class Engine:
         self._mark("embed_prefix")
         prefix, pad = embed_prefix(self.model, self.weights, obs, plan, self.levers.sdpa)
         self._mark("prefill")
-        cache = prefill(self.model, self.weights, prefix, pad, self.levers.sdpa, kv_buffers)
+        cache = prefill(self.model, self.weights, prefix, pad, self.levers.sdpa, kv_buffers, kernels=self.levers.triton_kernels)
         return pad, cache
 
     def _mark(self, stage: str) -> None:

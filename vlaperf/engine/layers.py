@@ -84,6 +84,7 @@ def gemma_layer(
     kv_past: tuple[Tensor, Tensor] | None = None,
     mod: Tensor | None = None,
     ada_cond: Tensor | None = None,
+    attend=None,
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """One Gemma layer on one stream.
 
@@ -93,6 +94,7 @@ def gemma_layer(
     kv_past:  cached prefix (k, v) concatenated in front of this stream's (dynamic cache).
     mod:      pi0.5 tabulated modulation rows (6, D): scale/shift/gate for both norms.
     ada_cond: pi0.5 condition (B, D) when modulation is not tabulated.
+    attend:   attention to use instead of `attention` (a kernel), called as attend(q, k, v, mask).
     Returns the new x and this stream's (k, v) after RoPE (for the prefix cache).
     """
     gate1 = gate2 = None
@@ -104,7 +106,7 @@ def gemma_layer(
     else:
         h = rms_normalize(x, eps, lw.in_scale)
     q, k, v = qkv_projection(lw, h)
-    out, (k, v) = rope_and_attend(q, k, v, cos, sin, mask, use_sdpa, kv_write, kv_past)
+    out, (k, v) = rope_and_attend(q, k, v, cos, sin, mask, use_sdpa, kv_write, kv_past, attend)
     branch = F.linear(out, lw.o)
     x = x + branch if gate1 is None else x + branch * gate1
     if mod is not None:

@@ -101,22 +101,30 @@ def prefill(
     pad: Tensor,
     use_sdpa: bool,
     kv_buffers: tuple[Tensor, Tensor] | None,
+    kernels: bool = False,
 ) -> list[tuple[Tensor, Tensor]] | None:
     """Backbone over the prefix. With `kv_buffers` (depth, B, K, Tp + Ts, h) the keys and
     values are written into their prefix part and nothing is returned; otherwise the
     per-layer (k, v) list is returned. With static buffers the last layer stops after its
-    K/V: its attention output, MLP and the final norm feed nothing the actions depend on."""
+    K/V: its attention output, MLP and the final norm feed nothing the actions depend on.
+    `kernels` (the `triton_kernels` lever): attention by the Triton kernel where the backbone
+    has one K/V head (Gemma-2B), with the mask cast to bytes once for all layers."""
     cfg = model.config.backbone
     positions = torch.cumsum(pad.long(), dim=1) - 1
     cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_base, prefix.dtype)
     mask = prefix_mask(pad)
+    attend = None
+    if kernels and cfg.num_kv_heads == 1:
+        from vlaperf.engine.kernels.ops import prefix_attention  # custom op: compile sees through
+
+        attend, mask = prefix_attention, mask.to(torch.uint8)
     Tp = prefix.shape[1]
     x, cache = prefix, []
     for i, lw in enumerate(ew.backbone):
         if kv_buffers is not None and i == len(ew.backbone) - 1:
             _write_last_kv(lw, x, cfg.eps, cos, sin, kv_buffers, i, Tp)
             return None
-        x, kv = gemma_layer(lw, x, cfg.eps, cos, sin, mask, use_sdpa)
+        x, kv = gemma_layer(lw, x, cfg.eps, cos, sin, mask, use_sdpa, attend=attend)
         if kv_buffers is not None:
             kv_buffers[0][i, :, :, :Tp].copy_(kv[0])
             kv_buffers[1][i, :, :, :Tp].copy_(kv[1])

@@ -546,7 +546,7 @@ def _kernel_bench(doc: _Doc, path: str, r: dict) -> None:
         doc.table(["phase (all layers, with its barriers)", "us"], [[k, v] for k, v in r["phases"].items()])
     else:
         ok = sorted((x for x in r["configs"] if "ms" in x and x["rel_l2"] < 1e-2), key=lambda x: x["ms"])
-        doc.p(f"reference path (folded matmuls): {r['folded_ms'] * 1e3:.1f} us; {len(ok)} of {len(r['configs'])} tilings "
+        doc.p(f"reference path ({r.get('baseline', 'folded matmuls')}): {r['folded_ms'] * 1e3:.1f} us; {len(ok)} of {len(r['configs'])} tilings "
               "correct; the fastest:", "")
         doc.table(["tiling", "us", "rel L2"],
                   [[" ".join(f"{k}={x[k]}" for k in ("block_m", "block_n", "splits", "num_warps", "num_stages")), x["ms"] * 1e3,

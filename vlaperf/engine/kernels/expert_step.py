@@ -75,7 +75,7 @@ class StepKernelConfig:
     ks_o: int = 2  # split K of o_proj into this many slices (see _phase_residual)
     ks_down: int = 2  # split K of down
     fold_merge: bool = False  # the last attention split of a row block merges them (no merge phase)
-    barrier_asm: bool = False  # arrive with red.release, poll with ld.acquire (inline PTX, CUDA only)
+    barrier_asm: bool = True  # arrive with red.release, poll with ld.acquire (inline PTX, CUDA only)
 
 
 # ------------------------------------------------------------------------ helpers

@@ -1,8 +1,8 @@
 """The Triton kernels as PyTorch custom operators, so `triton_kernels` composes with `compile`.
 
-torch.compile sees `torch.ops.vlaperf.small_m_matmul`, `torch.ops.vlaperf.suffix_attention` and
-`torch.ops.vlaperf.expert_step` (the `megakernel` lever) as opaque calls with known output
-shapes (the fake implementations below): no graph break,
+torch.compile sees `torch.ops.vlaperf.small_m_matmul`, `torch.ops.vlaperf.suffix_attention`,
+`torch.ops.vlaperf.prefix_attention` and `torch.ops.vlaperf.expert_step` (the `megakernel` lever)
+as opaque calls with known output shapes (the fake implementations below): no graph break,
 and inductor still fuses the elementwise work between them (RoPE, the cache write, casts).
 In eager (and inside the engine's CUDA graph) they dispatch straight to the launchers.
 
@@ -64,6 +64,18 @@ def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
 
 
 @suffix_attention.register_fake
+def _(q, k, v, mask):
+    return q.new_empty(q.shape)
+
+
+@torch.library.custom_op("vlaperf::prefix_attention", mutates_args=())
+def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """See kernels/suffix_attention.py: the prefix's attention, one pass per 64 folded query rows."""
+    with _explain_resource_errors("prefix_attention"):
+        return _attention_module.prefix_attention(_unit_stride(q), _unit_stride(k), _unit_stride(v), mask)
+
+
+@prefix_attention.register_fake
 def _(q, k, v, mask):
     return q.new_empty(q.shape)
 

@@ -13,6 +13,11 @@ engine's equivalence check; timed by benchmarks/suffix_attention_bench.py: on th
 shape (8 x 51 rows, 595 keys, head dim 256) the 32-row, 32-key tiles take ~20 us against ~31 us
 for 64-row tiles and ~35 us for the engine's folded matmuls in eager
 (benchmarks/results/h200/kernel_suffix_attention.json).
+
+`prefix_attention` runs the same kernel on the prefix (8 x 544 query rows at batch 1) with
+one key split: enough row blocks to fill the GPU, so no partials and no merge. On the H200
+torch's SDPA picks cuDNN for this shape (head dim 256, a mask) at ~48 us a layer
+(benchmarks/results/h200/profiles/kernels_graph_replay_best_splitk.txt) for ~2.4 GFLOP.
 """
 
 from __future__ import annotations
@@ -26,9 +31,9 @@ from vlaperf.models.pi0 import ATTENTION_MASK_VALUE
 
 @triton.jit
 def _partial_kernel(
-    q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr,
+    q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, out_ptr,
     ROWS, TQ, TK, keys_per_split, scale,
-    sqb, sqh, sqt, skb, skt, svb, svt, smb, smq,
+    sqb, sqh, sqt, skb, skt, svb, svt, smb, smq, sob, soh, sot,
     MASK_VALUE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
 ):
     b = tl.program_id(0)
@@ -59,10 +64,14 @@ def _partial_kernel(
         v = tl.load(v_ptr + b * svb + keys[:, None] * svt + d[None, :], mask=key_ok[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
         m_i = m_new
-    base = (b * SPLITS + s) * ROWS
-    tl.store(acc_ptr + (base + rows[:, None]) * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None])
-    tl.store(m_ptr + base + rows, m_i, mask=row_ok)
-    tl.store(l_ptr + base + rows, l_i, mask=row_ok)
+    if SPLITS == 1:  # one pass over all keys (the prefix's long query side): normalise and write the output
+        tl.store(out_ptr + b * sob + head[:, None] * soh + tq[:, None] * sot + d[None, :],
+                 (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
+    else:
+        base = (b * SPLITS + s) * ROWS
+        tl.store(acc_ptr + (base + rows[:, None]) * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None])
+        tl.store(m_ptr + base + rows, m_i, mask=row_ok)
+        tl.store(l_ptr + base + rows, l_i, mask=row_ok)
 
 
 @triton.jit
@@ -94,7 +103,8 @@ def _merge_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, ROWS, TQ, soh, sot, sob,
 def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                      block_m: int = 32, block_n: int = 32, splits: int | None = None,
                      num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
-    """q (B, N, Tq, h); k, v (B, 1, Tk, h); mask (B, Tq, Tk) bool -> (B, N, Tq, h)."""
+    """q (B, N, Tq, h); k, v (B, 1, Tk, h); mask (B, Tq, Tk) bool -> (B, N, Tq, h).
+    splits=1: one pass per row block, normalised in place (no partials, no merge launch)."""
     B, N, Tq, h = q.shape
     Tk = k.shape[2]
     if k.shape[1] != 1 or v.shape[1] != 1:
@@ -109,18 +119,32 @@ def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
         splits = max(1, min(triton.cdiv(Tk, 4 * block_n), triton.cdiv(264, B * row_blocks)))
     keys_per_split = triton.cdiv(triton.cdiv(Tk, splits), block_n) * block_n
     splits = triton.cdiv(Tk, keys_per_split)
-    acc = torch.empty(B * splits * rows * h, dtype=torch.float32, device=q.device)
-    m = torch.empty(B * splits * rows, dtype=torch.float32, device=q.device)
+    single = splits == 1
+    acc = torch.empty(1 if single else B * splits * rows * h, dtype=torch.float32, device=q.device)
+    m = torch.empty(1 if single else B * splits * rows, dtype=torch.float32, device=q.device)
     l_ = torch.empty_like(m)
+    out = torch.empty(B, N, Tq, h, dtype=q.dtype, device=q.device)
     mask_u8 = mask.to(torch.uint8) if mask.dtype == torch.bool else mask
     _partial_kernel[(B, row_blocks, splits)](
-        q, k, v, mask_u8, acc, m, l_, rows, Tq, Tk, keys_per_split, h**-0.5,
+        q, k, v, mask_u8, acc, m, l_, out, rows, Tq, Tk, keys_per_split, h**-0.5,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(2), v.stride(0), v.stride(2),
-        mask_u8.stride(0), mask_u8.stride(1),
+        mask_u8.stride(0), mask_u8.stride(1), out.stride(0), out.stride(1), out.stride(2),
         MASK_VALUE=ATTENTION_MASK_VALUE, HEAD_DIM=h, BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits,
         num_warps=num_warps, num_stages=num_stages,
     )
-    out = torch.empty(B, N, Tq, h, dtype=q.dtype, device=q.device)
+    if single:
+        return out
     _merge_kernel[(B, row_blocks)](acc, m, l_, out, rows, Tq, out.stride(1), out.stride(2), out.stride(0),
                                    HEAD_DIM=h, BLOCK_M=block_m, SPLITS=splits)
     return out
+
+
+# Prefix tiles: 64 query rows x 64 keys; at head dim 256 that is 32 KiB per K or V tile and
+# 64 KiB of float32 accumulator, held by 8 warps; 2 stages fit the 227 KiB of shared memory.
+PREFIX_TILES = dict(block_m=64, block_n=64, splits=1, num_warps=8, num_stages=2)
+
+
+def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, **tiles) -> torch.Tensor:
+    """The prefix's bidirectional attention over one shared K/V head, heads folded into rows:
+    q (B, N, T, h); k, v (B, 1, T, h); mask (B, T, T) bool -> (B, N, T, h)."""
+    return suffix_attention(q, k, v, mask, **{**PREFIX_TILES, **tiles})
