@@ -8,6 +8,7 @@
 #   PART=bench   A: T(N) of both; B: bench policy mode, shallow6 bench and matrix
 #   PART=prefix  A: the prefix attention kernel against SDPA, then T(N) of best vs best without megakernel
 #                B: the step kernel's defaults (now with the PTX barrier), then the matrix of both
+#   PART=final2  A: bench best (prefix kernel with its fastest tiles) model + policy; B: shallow6, pi05
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=sweeps bash benchmarks/h200_splitk.sh
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -53,6 +54,16 @@ EOT
   lane B 1 40 <<EOT &
 150 python3 benchmarks/expert_step_bench.py --quick --json $R/kernel_expert_step_asm.json
 300 $V matrix --workload libero-pi0 --variants "best;$G" --no-progress --iters 50 --warmup 5 --json $R/matrix_libero-pi0_best_prefix.json
+EOT
+  ;;
+final2)
+  lane A 0 14 <<EOT &
+200 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s4_model.json
+150 $V bench --workload libero-pi0 --levers best --mode policy $B --json $R/bench_libero-pi0_best-s4_policy.json
+EOT
+  lane B 1 14 <<EOT &
+150 $V bench --workload libero-shallow6 --levers best $B --json $R/bench_libero-shallow6_best-s4_model.json
+200 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s4_model.json
 EOT
   ;;
 esac

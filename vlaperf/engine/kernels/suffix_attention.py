@@ -140,8 +140,9 @@ def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
 
 
 # Prefix tiles: 64 query rows x 64 keys; at head dim 256 that is 32 KiB per K or V tile and
-# 64 KiB of float32 accumulator, held by 8 warps; 2 stages fit the 227 KiB of shared memory.
-PREFIX_TILES = dict(block_m=64, block_n=64, splits=1, num_warps=8, num_stages=2)
+# 64 KiB of float32 accumulator; 2 stages fit the 227 KiB of shared memory. The fastest of 24
+# tilings on the H200 (kernel_prefix_attention.json): 28.4 us a layer against 49.8 for SDPA.
+PREFIX_TILES = dict(block_m=64, block_n=64, splits=1, num_warps=4, num_stages=2)
 
 
 def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, **tiles) -> torch.Tensor:
