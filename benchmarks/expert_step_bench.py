@@ -55,8 +55,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--json", default=None)
     p.add_argument("--quick", action="store_true", help="default configuration only")
-    p.add_argument("--sweep", type=int, default=1, choices=(1, 2, 3, 4, 5, 6),
-                   help="which set of tilings to try beside the default (4, 5: split K, folded merge, PTX barrier)")
+    p.add_argument("--sweep", type=int, default=1, choices=(1, 2, 3, 4, 5, 6, 7),
+                   help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier)")
     args = p.parse_args()
     torch.manual_seed(0)
     dev, bf = "cuda", torch.bfloat16
@@ -87,7 +87,7 @@ def main() -> None:
         torch.cuda.synchronize()
         counters = S.last_barrier_counters(dev).cpu().view(L, 7)
         synced = [i for i in range(6) if not (cfg.fold_merge and i == 2)]  # a folded merge has no barrier
-        split_targets = torch.tensor(S.split_counter_targets(cfg, M, NH, D, TP + M), dtype=torch.int32)
+        split_targets = torch.tensor(S.split_counter_targets(cfg, M, NH, D, FF, TP + M), dtype=torch.int32)
         return {
             "rel_l2_multi_launch_vs_fp32": rel(multi),
             "rel_l2_persistent_vs_fp32": rel(pers),
@@ -108,7 +108,10 @@ def main() -> None:
     base = S.StepKernelConfig()
     configs = [base]
     tuned = base  # the defaults are the fastest of sweeps 1-2 (session 3) and 4-5 (session 4: split K)
-    if not args.quick and args.sweep == 6:  # session 4's defaults (split K 2 + 2) against session 3's, and neighbours
+    if not args.quick and args.sweep == 7:  # split K of gate_up (64-column tiles x 2 slices = 128 tasks)
+        configs += [replace(tuned, ks_gu=2, bn_gu=64), replace(tuned, ks_gu=2, bn_gu=64, bk_gu=64, num_stages=4),
+                    replace(tuned, ks_gu=4, bn_gu=128), replace(tuned, ks_gu=2, bn_gu=32)]
+    elif not args.quick and args.sweep == 6:  # session 4's defaults (split K 2 + 2) against session 3's, and neighbours
         configs += [replace(tuned, ks_o=1, ks_down=1), replace(tuned, barrier_asm=True),
                     replace(tuned, ks_down=4, bn_down=32), replace(tuned, bk_o=128, bk_down=128, num_stages=4),
                     replace(tuned, ks_o=1, ks_down=1)]

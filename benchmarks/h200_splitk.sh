@@ -9,6 +9,7 @@
 #   PART=prefix  A: the prefix attention kernel against SDPA, then T(N) of best vs best without megakernel
 #                B: the step kernel's defaults (now with the PTX barrier), then the matrix of both
 #   PART=final2  A: bench best (prefix kernel with its fastest tiles) model + policy; B: shallow6, pi05
+#   PART=gateup  A: expert_step_bench.py --sweep 7 (split K of gate_up); B: stage breakdown of best
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=sweeps bash benchmarks/h200_splitk.sh
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -64,6 +65,14 @@ EOT
   lane B 1 14 <<EOT &
 150 $V bench --workload libero-shallow6 --levers best $B --json $R/bench_libero-shallow6_best-s4_model.json
 200 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s4_model.json
+EOT
+  ;;
+gateup)
+  lane A 0 40 <<EOT &
+240 python3 benchmarks/expert_step_bench.py --sweep 7 --json $R/kernel_expert_step_sweep7.json
+EOT
+  lane B 1 40 <<EOT &
+200 $V breakdown --workload libero-pi0 --levers best --warmup 3 --iters 20 --no-progress --json $R/breakdown_libero-pi0_best-s4.json
 EOT
   ;;
 esac

@@ -73,6 +73,7 @@ class StepKernelConfig:
     poll_load: bool = True  # barrier polls with plain loads (else with atomics)
     prefetch: bool = False  # prefetch the next phase's weights into L2 (CUDA only)
     ks_o: int = 2  # split K of o_proj into this many slices (see _phase_residual)
+    ks_gu: int = 1  # split K of gate_up
     ks_down: int = 2  # split K of down
     fold_merge: bool = False  # the last attention split of a row block merges them (no merge phase)
     barrier_asm: bool = True  # arrive with red.release, poll with ld.acquire (inline PTX, CUDA only)
@@ -340,19 +341,44 @@ def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, npro
 
 
 @triton.jit
-def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, M, eps, pid, nprog,
+def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, nprog,
                    D: tl.constexpr, F: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                   STAGES: tl.constexpr):
+                   KS: tl.constexpr, STAGES: tl.constexpr):
+    """h[:, cols] = gelu(n(x) @ Wg[cols]^T) * (n(x) @ Wu[cols]^T). KS > 1 splits D as in
+    _phase_residual: each task's gate, up and sum-of-squares partials go to `part`, and the
+    tile's last task adds them (in order) before the norm and GELU, which need the whole sums."""
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
-    for task in range(pid, tl.cdiv(F, BN), nprog):
-        cols = task * BN + tl.arange(0, BN)
+    k_slice = D // KS
+    n_tiles = tl.cdiv(F, BN)
+    for task in range(pid, n_tiles * KS, nprog):
+        tile = task // KS
+        s = task % KS
+        cols = tile * BN + tl.arange(0, BN)
         col_ok = cols < F
-        g, u, ssq = _rows_matmul(x_ptr, D, rows, row_ok, wgu_ptr, D, cols, cols + F, col_ok, D, BLOCK_M, BN, BK, True, True,
-                                     STAGES)
-        inv = 1.0 / tl.sqrt(ssq / D + eps)
-        h = _gelu_tanh(g * inv[:, None]) * (u * inv[:, None])
-        tl.store(h_ptr + rows[:, None] * F + cols[None, :], h.to(h_ptr.dtype.element_ty), mask=row_ok[:, None] & col_ok[None, :])
+        mask = row_ok[:, None] & col_ok[None, :]
+        g, u, ssq = _rows_matmul(x_ptr + s * k_slice, D, rows, row_ok, wgu_ptr + s * k_slice, D, cols, cols + F, col_ok,
+                                 k_slice, BLOCK_M, BN, BK, True, True, STAGES)
+        last = True
+        if KS > 1:
+            gu = part_ptr + rows[:, None] * (2 * F) + cols[None, :]  # (KS, BLOCK_M, 2F): gate columns, then up
+            sq = part_ptr + KS * BLOCK_M * 2 * F + tile * BLOCK_M + rows  # then (KS, tiles, BLOCK_M)
+            tl.store(gu + s * (BLOCK_M * 2 * F), g, mask=mask)
+            tl.store(gu + s * (BLOCK_M * 2 * F) + F, u, mask=mask)
+            tl.store(sq + s * (n_tiles * BLOCK_M), ssq)
+            last = _last_to_arrive(tile_ctr_ptr + tile, KS)
+            if last:
+                g = tl.zeros((BLOCK_M, BN), tl.float32)
+                u = tl.zeros((BLOCK_M, BN), tl.float32)
+                ssq = tl.zeros((BLOCK_M,), tl.float32)
+                for s2 in tl.static_range(KS):
+                    g += tl.load(gu + s2 * (BLOCK_M * 2 * F), mask=mask, other=0.0, cache_modifier=".cg")
+                    u += tl.load(gu + s2 * (BLOCK_M * 2 * F) + F, mask=mask, other=0.0, cache_modifier=".cg")
+                    ssq += tl.load(sq + s2 * (n_tiles * BLOCK_M), cache_modifier=".cg")
+        if last:
+            inv = 1.0 / tl.sqrt(ssq / D + eps)
+            h = _gelu_tanh(g * inv[:, None]) * (u * inv[:, None])
+            tl.store(h_ptr + rows[:, None] * F + cols[None, :], h.to(h_ptr.dtype.element_ty), mask=mask)
 
 
 # ------------------------------------------------------------------------ kernel
@@ -371,14 +397,14 @@ def _expert_step_kernel(
     MASK_VALUE: tl.constexpr, STAGES: tl.constexpr, ATT_STAGES: tl.constexpr,
     USE_BARRIER: tl.constexpr, POLL_LOAD: tl.constexpr, MAX_SPIN: tl.constexpr,
     PREFETCH: tl.constexpr, ELEMS_PER_LINE: tl.constexpr, L: tl.constexpr,
-    KS_O: tl.constexpr, KS_DOWN: tl.constexpr, FOLD_MERGE: tl.constexpr, BARRIER_ASM: tl.constexpr,
-    CTR_O: tl.constexpr, CTR_DOWN: tl.constexpr, CTR_LAYER: tl.constexpr,
+    KS_O: tl.constexpr, KS_GU: tl.constexpr, KS_DOWN: tl.constexpr, FOLD_MERGE: tl.constexpr, BARRIER_ASM: tl.constexpr,
+    CTR_O: tl.constexpr, CTR_GU: tl.constexpr, CTR_DOWN: tl.constexpr, CTR_LAYER: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     QKV_N: tl.constexpr = NH * HD + 2 * HD
     for layer in range(layer_lo, layer_hi):
-        tile_ctr = tile_ctr_ptr + layer * CTR_LAYER  # attention row blocks, then o_proj tiles, then down tiles
+        tile_ctr = tile_ctr_ptr + layer * CTR_LAYER  # attention row blocks, o_proj tiles, gate_up tiles, down tiles
         for phase in range(phase_lo, phase_hi):
             if PREFETCH:  # one phase ahead: o_proj and gate_up weights, then down, then the next layer's qkv
                 if phase == 0:
@@ -403,8 +429,8 @@ def _expert_step_kernel(
                 _phase_residual(o_ptr, NH * HD, wo_ptr + layer * (D * NH * HD), x_ptr, part_ptr, tile_ctr + CTR_O, M, pid,
                                 nprog, D, BLOCK_M, BN_O, BK_O, KS_O, STAGES)
             elif phase == 4:
-                _phase_gate_up(x_ptr, wgu_ptr + layer * (2 * F * D), h_ptr, M, eps, pid, nprog, D, F, BLOCK_M, BN_GU,
-                               BK_GU, STAGES)
+                _phase_gate_up(x_ptr, wgu_ptr + layer * (2 * F * D), h_ptr, part_ptr, tile_ctr + CTR_GU, M, eps, pid, nprog,
+                               D, F, BLOCK_M, BN_GU, BK_GU, KS_GU, STAGES)
             elif phase == 5:
                 _phase_residual(h_ptr, F, wd_ptr + layer * (D * F), x_ptr, part_ptr, tile_ctr + CTR_DOWN, M, pid, nprog, D,
                                 BLOCK_M, BN_DOWN, BK_DOWN, KS_DOWN, STAGES)
@@ -455,7 +481,7 @@ def last_barrier_counters(device: torch.device | str) -> torch.Tensor | None:
 def last_split_counters(device: torch.device | str) -> torch.Tensor | None:
     """The arrival counters of the split tasks in the last persistent launch on `device`,
     per layer: attention row blocks (each must read the number of key splits if the merge is
-    folded), o_proj tiles (ks_o if split), down tiles (ks_down if split); else 0."""
+    folded), o_proj, gate_up and down tiles (ks_o, ks_gu, ks_down if split); else 0."""
     counters = _LAST_COUNTERS.get(_device_key(device))
     return None if counters is None else counters[1]
 
@@ -468,12 +494,13 @@ def key_splits(cfg: StepKernelConfig, Tk: int) -> tuple[int, int]:
     return triton.cdiv(Tk, keys_per_split), keys_per_split
 
 
-def split_counter_targets(cfg: StepKernelConfig, M: int, NH: int, D: int, Tk: int) -> list[int]:
+def split_counter_targets(cfg: StepKernelConfig, M: int, NH: int, D: int, F: int, Tk: int) -> list[int]:
     """What each split counter of one layer (see `last_split_counters`) must read after a
-    launch: the key splits per attention row block if the merge is folded, ks_o per o_proj
-    tile and ks_down per down tile if split, else 0 (nothing counts there)."""
+    launch: the key splits per attention row block if the merge is folded, ks_o / ks_gu /
+    ks_down per o_proj / gate_up / down tile if split, else 0 (nothing counts there)."""
     splits = key_splits(cfg, Tk)[0] if cfg.fold_merge else 0
     return ([splits] * triton.cdiv(NH * M, cfg.att_bm) + [cfg.ks_o if cfg.ks_o > 1 else 0] * triton.cdiv(D, cfg.bn_o)
+            + [cfg.ks_gu if cfg.ks_gu > 1 else 0] * triton.cdiv(F, cfg.bn_gu)
             + [cfg.ks_down if cfg.ks_down > 1 else 0] * triton.cdiv(D, cfg.bn_down))
 
 
@@ -519,7 +546,7 @@ def expert_step(
     for name in ("wqkv", "wo", "wgu", "wd"):
         if not given[name].is_contiguous():
             raise ValueError(f"expert_step: {name} must be contiguous (stack the layers once, not per call)")
-    for name, ks, K in (("ks_o", cfg.ks_o, NH * HD), ("ks_down", cfg.ks_down, F)):
+    for name, ks, K in (("ks_o", cfg.ks_o, NH * HD), ("ks_gu", cfg.ks_gu, D), ("ks_down", cfg.ks_down, F)):
         if ks < 1 or K % ks:
             raise ValueError(f"StepKernelConfig.{name}={ks}: expected a positive divisor of that matmul's depth {K}")
     cos, sin = cos.contiguous(), sin.contiguous()
@@ -538,12 +565,15 @@ def expert_step(
     h = torch.empty(M, F, dtype=x.dtype, device=device)
     acc = torch.empty(splits * R * HD, dtype=torch.float32, device=device)
     ml = torch.empty(2 * splits * R, dtype=torch.float32, device=device)
-    ks_max = max(cfg.ks_o, cfg.ks_down)
-    part = torch.empty(ks_max * BLOCK_M * D if ks_max > 1 else 1, dtype=torch.float32, device=device)
+    # float32 partials of the split matmuls; the phases take turns (a barrier lies between them)
+    gu_tiles = triton.cdiv(F, cfg.bn_gu)
+    part_size = max(max(cfg.ks_o, cfg.ks_down) * BLOCK_M * D, cfg.ks_gu * BLOCK_M * (2 * F + gu_tiles))
+    part = torch.empty(part_size if max(cfg.ks_o, cfg.ks_gu, cfg.ks_down) > 1 else 1, dtype=torch.float32, device=device)
     counters = torch.zeros(L * (len(PHASES) + 1), dtype=torch.int32, device=device)
-    # arrival counters of the split tasks, per layer: attention row blocks, o_proj tiles, down tiles
+    # arrival counters of the split tasks, per layer: attention row blocks, o_proj, gate_up, down tiles
     ctr_o = triton.cdiv(R, cfg.att_bm)
-    ctr_down = ctr_o + triton.cdiv(D, cfg.bn_o)
+    ctr_gu = ctr_o + triton.cdiv(D, cfg.bn_o)
+    ctr_down = ctr_gu + gu_tiles
     ctr_layer = ctr_down + triton.cdiv(D, cfg.bn_down)
     tile_counters = torch.zeros(L * ctr_layer, dtype=torch.int32, device=device)
     err = _error_flag(device)
@@ -556,8 +586,8 @@ def expert_step(
                   MASK_VALUE=ATTENTION_MASK_VALUE, STAGES=cfg.num_stages, ATT_STAGES=cfg.att_stages,
                   POLL_LOAD=cfg.poll_load, MAX_SPIN=1 << 22, num_warps=cfg.num_warps,
                   PREFETCH=cfg.prefetch and device.type == "cuda", ELEMS_PER_LINE=128 // wqkv.element_size(), L=L,
-                  KS_O=cfg.ks_o, KS_DOWN=cfg.ks_down, FOLD_MERGE=cfg.fold_merge,
-                  BARRIER_ASM=cfg.barrier_asm and device.type == "cuda", CTR_O=ctr_o, CTR_DOWN=ctr_down,
+                  KS_O=cfg.ks_o, KS_GU=cfg.ks_gu, KS_DOWN=cfg.ks_down, FOLD_MERGE=cfg.fold_merge,
+                  BARRIER_ASM=cfg.barrier_asm and device.type == "cuda", CTR_O=ctr_o, CTR_GU=ctr_gu, CTR_DOWN=ctr_down,
                   CTR_LAYER=ctr_layer)
     if persistent:
         _expert_step_kernel[(grid,)](*args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
