@@ -78,6 +78,12 @@ def main() -> None:
     weight_bytes = sum(t.numel() * t.element_size() for t in (wqkv, wo, wgu, wd))
     result["weight_bytes"] = weight_bytes
 
+    def save() -> None:
+        """Write what is measured so far (a run cut short by its time limit keeps its rows)."""
+        if args.json:
+            with open(args.json, "w") as f:
+                json.dump(result, f, indent=1)
+
     ref = reference(*inputs[:-1])
     rel = lambda out: ((out.float() - ref).norm() / ref.norm()).item()  # noqa: E731
     def self_check(cfg: S.StepKernelConfig) -> dict:
@@ -154,6 +160,7 @@ def main() -> None:
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             print("ERROR", cfg, row["error"])
         result["configs"].append(row)
+        save()
     passed = lambda r: all(r.get("checks", checks)[k] for k in (  # noqa: E731
         "persistent_equals_multi_launch_bitwise", "barrier_counters_all_equal_programs", "split_counters_as_expected")) \
         and not r.get("checks", checks)["barrier_timeouts"]
@@ -180,9 +187,7 @@ def main() -> None:
     except Exception:
         traceback.print_exc()
     print("phases (us, all 18 layers incl. barriers):", json.dumps({k: round(v, 1) for k, v in result["phases"].items()}))
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    save()
 
 
 if __name__ == "__main__":
