@@ -136,6 +136,18 @@ LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
     assert len(prefix_calls) == 2 + 1, len(prefix_calls)
     # one attention per expert layer and step, and the prefix's (they run the same kernel)
     assert len(attn_calls) == 2 * 4 * 2 + len(prefix_calls), len(attn_calls)
+
+    # pi0.5: the prefix kernel applies to its backbone; the step kernels do not (adaptive norms)
+    from vlaperf.models.pi0 import get_config
+    m5 = build_model(get_config("tiny", pi05=True), "cpu", torch.float32, seed=0)
+    obs5, noise5 = random_observation(w, m5.config, seed=4), random_noise(w, m5.config, seed=4)
+    ref5 = m5.sample_actions(obs5, noise5, w.steps)
+    before = (len(calls), len(prefix_calls))
+    levers = "for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections,triton_kernels"
+    out5 = Engine(m5, levers).sample_actions(obs5, noise5, w.steps)
+    err = ((out5 - ref5).norm() / ref5.norm()).item()
+    assert err < 1e-4, err
+    assert (len(calls), len(prefix_calls)) == (before[0], before[1] + 1), (len(calls), len(prefix_calls))
     print("ok")
     """
 )

@@ -15,20 +15,29 @@ the others before the next phase reads what they wrote:
             softmax over the cached prefix keys (static KV cache, read only) and the
             scratch suffix keys; float32 partials
   merge     the splits' partials -> attention output (M, 8 x 256)
-  o_proj    columns of x: x += out @ Wo^T (in place: each task owns its columns)
+  o_proj    columns of x x K-slices: x += out @ Wo^T (split K, see below)
   gate_up   columns of F: h = gelu_tanh(n(x) @ Wg^T) * (n(x) @ Wu^T), RMSNorm prologue
-  down      columns of x: x += h @ Wd^T
+  down      columns of x x K-slices: x += h @ Wd^T (split K)
+
+Split K (`ks_o`, `ks_down`; 2 by default): a task that owns whole columns reads the whole
+activation (all 418 KB of h for down), and the phase is bound by those re-reads through L2.
+With K split, a task reads one slice, writes a float32 partial, and counts itself in at its
+tile's counter; the last to arrive adds the partials in slice order to x, so the result does
+not depend on which task finished first (the persistent launch equals the per-phase launches
+bit for bit). H200, 18 layers: 1.01 ms a step against 1.10 unsplit (perf-notes, version 11).
 
 The RMSNorm scales are folded into Wqkv / Wgate_up (fuse_projections), so a norm is the
 row's rsqrt(mean(x^2) + eps), accumulated from the x tiles the matmul loads anyway.
 
 Grid barrier: each program adds 1 to the phase's counter (release) and spins on it
 (acquire) until every program has arrived; activations written in the kernel are read
-back with `.cg` loads (L2, never a stale L1 line). The spin gives up after MAX_SPIN polls
-and raises a flag (`barrier_timeouts`) instead of hanging the GPU: that would happen only
-if the programs were not all resident at once (one per SM is requested). Without barriers
-(`persistent=False`) the same kernel runs one launch per (layer, phase); that is how the
-CPU tests run it under Triton's interpreter, which executes programs one after another.
+back with `.cg` loads (L2, never a stale L1 line). By default in PTX (`barrier_asm`): one
+thread arrives with `red.release`, every thread polls with `ld.acquire` (1-2% faster a
+step). The spin gives up after MAX_SPIN polls and raises a flag (`barrier_timeouts`)
+instead of hanging the GPU: that would happen only if the programs were not all resident
+at once (one per SM is requested). Without barriers (`persistent=False`) the same kernel
+runs one launch per (layer, phase); that is how the CPU tests run it under Triton's
+interpreter, which executes programs one after another.
 
 The prefix K/V are read from the engine's static cache; this step's own k/v live in a
 scratch buffer, so the op writes nothing it was given (a pure function for torch.compile).
@@ -51,9 +60,11 @@ MAX_ROWS = 64
 
 @dataclass(frozen=True)
 class StepKernelConfig:
-    """Tiles of the step kernel. `bn_*` columns and `bk_*` reduction depth per matmul task;
-    attention tiles `att_bm` query rows x `att_bn` keys, `splits` key splits, `merge_bd`
-    dims per merge task; `num_warps` for the whole kernel."""
+    """Tiles of the step kernel. `bn_*` columns and `bk_*` reduction depth per matmul task,
+    `ks_*` K-slices; attention tiles `att_bm` query rows x `att_bn` keys, `splits` key
+    splits, `merge_bd` dims per merge task; `num_warps` for the whole kernel. The defaults
+    are the fastest of the H200 sweeps (benchmarks/expert_step_bench.py, sweeps 1-7); the
+    options off by default measured slower there (docs/perf-notes.md, versions 9b, 11a, 11b)."""
 
     bn_qkv: int = 16
     bk_qkv: int = 128
@@ -71,11 +82,11 @@ class StepKernelConfig:
     num_warps: int = 8
     num_stages: int = 3  # the matmuls' K loops
     poll_load: bool = True  # barrier polls with plain loads (else with atomics)
-    prefetch: bool = False  # prefetch the next phase's weights into L2 (CUDA only)
+    prefetch: bool = False  # prefetch the next phase's weights into L2 (CUDA only; no gain)
     ks_o: int = 2  # split K of o_proj into this many slices (see _phase_residual)
-    ks_gu: int = 1  # split K of gate_up
+    ks_gu: int = 1  # split K of gate_up (2: 6-8% slower a step)
     ks_down: int = 2  # split K of down
-    fold_merge: bool = False  # the last attention split of a row block merges them (no merge phase)
+    fold_merge: bool = False  # the last attention split of a row block merges them, no merge phase (14% slower)
     barrier_asm: bool = True  # arrive with red.release, poll with ld.acquire (inline PTX, CUDA only)
 
 
