@@ -272,6 +272,12 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
         raise SystemExit("65 rows must be refused")
     except ValueError as e:
         assert "at most 64 suffix rows" in str(e), e
+    try:  # token rows 17 floats apart: not 16-byte aligned, so not loadable as vectors
+        odd = torch.randn(L, Tp + M, HD + 1)[..., :HD]
+        expert_step(x, wqkv, wo, wgu, wd, odd, odd, cos, sin, mask, 1e-6)
+        raise SystemExit("a misaligned cache must be refused")
+    except ValueError as e:
+        assert "16-byte aligned" in str(e), e
     try:
         expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=replace(small, ks_down=5))
         raise SystemExit("a split that does not divide F must be refused")

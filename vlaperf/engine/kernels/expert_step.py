@@ -248,13 +248,14 @@ def _phase_attention(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o
         for k0 in tl.range(k_start, k_start + keys_per_split, ABN, num_stages=ATT_STAGES):
             keys = k0 + tl.arange(0, ABN)
             key_ok = (keys < Tk) & (keys < k_start + keys_per_split)
-            cached = keys < Tp  # the prefix from the static cache, then this step's scratch k/v
-            k_off = tl.where(cached, keys * stride_ct, 0)
-            s_off = tl.where(cached, 0, (keys - Tp) * HD)
-            k = tl.where(cached[:, None],
-                         tl.load(kc_ptr + k_off[:, None] + d[None, :], mask=(key_ok & cached)[:, None], other=0.0),
-                         tl.load(kv_ptr + s_off[:, None] + d[None, :], mask=(key_ok & ~cached)[:, None], other=0.0,
-                                 cache_modifier=".cg"))
+            # The prefix from the static cache, then this step's scratch k/v: one load through
+            # per-key row pointers, each 16-byte aligned (the launcher checks the cache's base
+            # and token stride), so the loads are 16-byte vectors. (Two masked loads joined by
+            # a where held three tiles in registers, and the compiler could not prove the
+            # alignment through the where: 2-byte loads, 255 registers a thread and spills.)
+            cached = keys < Tp
+            k_rows = tl.multiple_of(tl.where(cached, kc_ptr + keys * stride_ct, kv_ptr + (keys - Tp) * HD), 16)
+            k = tl.load(k_rows[:, None] + d[None, :], mask=key_ok[:, None], other=0.0, cache_modifier=".cg")
             scores = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
             allowed = tl.load(mask_ptr + t[:, None] * stride_mq + keys[None, :], mask=r_ok[:, None] & key_ok[None, :], other=0)
             scores = tl.where(allowed != 0, scores, MASK_VALUE)
@@ -263,10 +264,8 @@ def _phase_attention(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o
             alpha = tl.exp(m_i - m_new)
             p = tl.exp(scores - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
-            v = tl.where(cached[:, None],
-                         tl.load(vc_ptr + k_off[:, None] + d[None, :], mask=(key_ok & cached)[:, None], other=0.0),
-                         tl.load(kv_ptr + BLOCK_M * HD + s_off[:, None] + d[None, :], mask=(key_ok & ~cached)[:, None],
-                                 other=0.0, cache_modifier=".cg"))
+            v_rows = tl.multiple_of(tl.where(cached, vc_ptr + keys * stride_ct, kv_ptr + (BLOCK_M + keys - Tp) * HD), 16)
+            v = tl.load(v_rows[:, None] + d[None, :], mask=key_ok[:, None], other=0.0, cache_modifier=".cg")
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
             m_i = m_new
         base = s * R + r
@@ -563,6 +562,11 @@ def expert_step(
     cos, sin = cos.contiguous(), sin.contiguous()
     if k_cache.stride() != v_cache.stride() or k_cache.stride(-1) != 1:
         raise ValueError("expert_step: k_cache and v_cache need the same strides, unit stride within a token")
+    # The kernel tells the compiler that every cached token row starts at a multiple of 16 (read
+    # as bytes or as elements), so the rows are loaded as 16-byte vectors: make it true.
+    if any(t.data_ptr() % 32 or t.stride(0) % 16 for t in (k_cache, v_cache)) or k_cache.stride(1) % 16:
+        raise ValueError("expert_step: every token row of k_cache / v_cache must start 16-byte aligned (a 32-byte "
+                         "aligned base, layer and token strides multiples of 16 elements): the kernel loads rows as vectors")
     device = x.device
     persistent = device.type == "cuda" if persistent is None else persistent
     mask_u8 = mask.to(torch.uint8) if mask.dtype == torch.bool else mask
