@@ -332,3 +332,18 @@ MEGAKERNEL_LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
 
 def test_megakernel_lever_matches_reference_and_compiles_without_graph_breaks():
     run_in_interpreter(MEGAKERNEL_LEVER_SCRIPT, timeout=900)
+
+
+def test_step_kernel_attention_loads_cache_rows_as_vectors():
+    """Compiled for sm_90a on this CPU machine (benchmarks/kernel_resources.py): the attention
+    phase loads its K/V rows as 16-byte vectors. Before the cached and scratch rows went
+    through one aligned row pointer, it issued 2-byte loads (256 a thread per key tile) and
+    spilled registers; the GPU runs what this compiles, so a regression shows here first."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import kernel_resources as resources
+
+    r = resources.compile_kernel(resources._attention_alone, dict(ABM=32, ABN=64, SPLITS=10, MD=32, ATT_STAGES=1),
+                                 num_warps=8, num_stages=3, ptxas=False)
+    assert not [op for op in r["loads"] if op.endswith(".b16")], r["loads"]  # no element-wise bf16 loads
+    # q (32 x 256), then a 64 x 256 K and V tile per key tile: 16-byte loads
+    assert r["loads"].get("ld.global.cg.v4.b32", 0) >= 16, r["loads"]

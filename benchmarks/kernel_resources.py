@@ -1,0 +1,163 @@
+"""What the step kernel (`megakernel`) compiles to on Hopper, without a GPU.
+
+Compiles vlaperf.engine.kernels.expert_step for sm_90a with Triton's compiler and its bundled
+ptxas, on pi0's expert shapes, with the divisibility hints a real launch gets (pointers and
+strides multiple of 16), and reports per kernel: registers a thread, spilled bytes, shared
+memory, and the global loads and stores by instruction (a `.b16` load is one bf16 element; a
+`.v4.b32` load is 16 bytes). The whole kernel first, then each phase compiled alone, which
+shows which phase sets the kernel's register count.
+
+    python benchmarks/kernel_resources.py                       # the defaults
+    python benchmarks/kernel_resources.py num_warps=16 att_bm=16
+
+These are compiler facts, not timings: the local Triton may differ from the GPU machine's.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import re
+import subprocess
+import sys
+import tempfile
+from collections import Counter
+from dataclasses import fields, replace
+
+import triton
+import triton.language as tl
+from triton.backends.compiler import GPUTarget
+
+from vlaperf.engine.kernels import expert_step as S
+from vlaperf.models.pi0 import ATTENTION_MASK_VALUE
+
+L, D, NH, HD, F, M, TK = 18, 1024, 8, 256, 4096, 51, 595
+BLOCK_M = 64
+FLOAT_BUFFERS = {"acc_ptr", "ml_ptr", "part_ptr"}
+INT_BUFFERS = {"tile_ctr_ptr", "counter_ptr", "err_ptr"}
+ALIGNED_INTS = {"keys_per_split", "stride_cl", "stride_ct", "K"}
+
+
+def _ptxas() -> str:
+    folder = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
+    names = [n for n in ("ptxas-blackwell", "ptxas") if os.path.exists(os.path.join(folder, n))]
+    if not names:
+        raise SystemExit(f"no ptxas under {folder}")
+    return os.path.join(folder, names[0])
+
+
+def compile_kernel(fn, constexprs: dict, num_warps: int, num_stages: int, ptxas: bool = True) -> dict:
+    """PTX instruction counts, shared memory, and (with `ptxas`) registers and spills."""
+    names = list(inspect.signature(fn.fn).parameters)
+    signature = {}
+    for n in names:
+        if n in constexprs:
+            signature[n] = "constexpr"
+        elif n.endswith("_ptr"):
+            signature[n] = ("*fp32" if n in FLOAT_BUFFERS else "*i32" if n in INT_BUFFERS
+                            else "*u8" if n == "mask_ptr" else "*bf16")
+        else:
+            signature[n] = "fp32" if n in ("eps", "scale") else "i32"
+    hints = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n.endswith("_ptr") or n in ALIGNED_INTS}
+    source = triton.compiler.ASTSource(fn=fn, signature=signature,
+                                       constexprs={n: constexprs[n] for n in names if n in constexprs}, attrs=hints)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
+    ptx = compiled.asm["ptx"]
+    counts = {"shared_bytes": compiled.metadata.shared,
+              "loads": dict(Counter(re.findall(r"\bld\.global[\w.:]*", ptx))),
+              "stores": dict(Counter(re.findall(r"\bst\.global[\w.:]*", ptx))),
+              "async_copies": len(re.findall(r"\bcp\.async\.c[ag]\.shared", ptx))}
+    if not ptxas:
+        return counts
+    with tempfile.TemporaryDirectory() as tmp:
+        path = os.path.join(tmp, "k.ptx")
+        with open(path, "w") as f:
+            f.write(ptx)
+        done = subprocess.run([_ptxas(), "-arch=sm_90a", "-v", path, "-o", os.path.join(tmp, "k.cubin")],
+                              capture_output=True, text=True)
+    report = done.stdout + done.stderr
+    regs = re.search(r"Used (\d+) registers", report)
+    spills = re.search(r"(\d+) bytes spill stores, (\d+) bytes spill loads", report)
+    if regs is None or spills is None:
+        raise SystemExit(f"ptxas did not report resources:\n{report[-2000:]}")
+    return {"registers": int(regs.group(1)), "spill_store_bytes": int(spills.group(1)),
+            "spill_load_bytes": int(spills.group(2)), **counts}
+
+
+# each phase alone, on the same shapes (the kernel's phase functions are plain @triton.jit helpers)
+@triton.jit
+def _qkv_alone(x_ptr, w_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, M, eps, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr):
+    S._phase_qkv(x_ptr, w_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, M, eps, tl.program_id(0), tl.num_programs(0),
+                 1024, 8, 256, 64, BN, BK, STAGES)
+
+
+@triton.jit
+def _attention_alone(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o_ptr, tile_ctr_ptr, M, Tk, Tp, keys_per_split,
+                     scale, stride_ct, stride_mq, ABM: tl.constexpr, ABN: tl.constexpr, SPLITS: tl.constexpr, MD: tl.constexpr,
+                     ATT_STAGES: tl.constexpr):
+    S._phase_attention(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o_ptr, tile_ctr_ptr, M, Tk, Tp, keys_per_split,
+                       scale, stride_ct, stride_mq, tl.program_id(0), tl.num_programs(0), 8, 256, 64, ABM, ABN, SPLITS,
+                       -2.3819763e38, ATT_STAGES, False, MD)
+
+
+@triton.jit
+def _merge_alone(acc_ptr, ml_ptr, o_ptr, M, ABM: tl.constexpr, SPLITS: tl.constexpr, MD: tl.constexpr):
+    S._phase_merge(acc_ptr, ml_ptr, o_ptr, M, tl.program_id(0), tl.num_programs(0), 8, 256, ABM, SPLITS, MD)
+
+
+@triton.jit
+def _residual_alone(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
+                    STAGES: tl.constexpr):
+    S._phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, tl.program_id(0), tl.num_programs(0), 1024, 64,
+                      BN, BK, KS, STAGES)
+
+
+@triton.jit
+def _gate_up_alone(x_ptr, w_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
+                   STAGES: tl.constexpr):
+    S._phase_gate_up(x_ptr, w_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, tl.program_id(0), tl.num_programs(0), 1024, 4096,
+                     64, BN, BK, KS, STAGES)
+
+
+def whole_kernel_constexprs(cfg: S.StepKernelConfig) -> dict:
+    splits, _ = S.key_splits(cfg, TK)
+    targets = S.split_counter_targets(cfg, M, NH, D, F, TK)
+    ctr_o = triton.cdiv(NH * M, cfg.att_bm)
+    ctr_gu = ctr_o + triton.cdiv(D, cfg.bn_o)
+    ctr_down = ctr_gu + triton.cdiv(F, cfg.bn_gu)
+    return dict(D=D, NH=NH, HD=HD, F=F, BLOCK_M=BLOCK_M, BN_QKV=cfg.bn_qkv, BK_QKV=cfg.bk_qkv, BN_O=cfg.bn_o, BK_O=cfg.bk_o,
+                BN_GU=cfg.bn_gu, BK_GU=cfg.bk_gu, BN_DOWN=cfg.bn_down, BK_DOWN=cfg.bk_down, ABM=cfg.att_bm, ABN=cfg.att_bn,
+                SPLITS=splits, MD=min(cfg.merge_bd, HD), MASK_VALUE=ATTENTION_MASK_VALUE, STAGES=cfg.num_stages,
+                ATT_STAGES=cfg.att_stages, USE_BARRIER=True, POLL_LOAD=cfg.poll_load, MAX_SPIN=1 << 22,
+                PREFETCH=cfg.prefetch, ELEMS_PER_LINE=64, L=L, KS_O=cfg.ks_o, KS_GU=cfg.ks_gu, KS_DOWN=cfg.ks_down,
+                FOLD_MERGE=cfg.fold_merge, BARRIER_ASM=cfg.barrier_asm, CTR_O=ctr_o, CTR_GU=ctr_gu, CTR_DOWN=ctr_down,
+                CTR_LAYER=len(targets))
+
+
+def main() -> None:
+    types = {f.name: f.type for f in fields(S.StepKernelConfig)}
+    overrides = {}
+    for arg in sys.argv[1:]:
+        key, _, value = arg.partition("=")
+        if key not in types:
+            raise SystemExit(f"unknown StepKernelConfig field {key!r}; expected one of: {', '.join(types)}")
+        overrides[key] = value.lower() in ("1", "true", "yes") if types[key] in (bool, "bool") else int(value)
+    cfg = replace(S.StepKernelConfig(), **overrides)
+    splits, _ = S.key_splits(cfg, TK)
+    kernels = [("whole step kernel", S._expert_step_kernel, whole_kernel_constexprs(cfg)),
+               ("qkv", _qkv_alone, dict(BN=cfg.bn_qkv, BK=cfg.bk_qkv, STAGES=cfg.num_stages)),
+               ("attention", _attention_alone, dict(ABM=cfg.att_bm, ABN=cfg.att_bn, SPLITS=splits, MD=min(cfg.merge_bd, HD),
+                                                    ATT_STAGES=cfg.att_stages)),
+               ("merge", _merge_alone, dict(ABM=cfg.att_bm, SPLITS=splits, MD=min(cfg.merge_bd, HD))),
+               ("o_proj", _residual_alone, dict(BN=cfg.bn_o, BK=cfg.bk_o, KS=cfg.ks_o, STAGES=cfg.num_stages)),
+               ("gate_up", _gate_up_alone, dict(BN=cfg.bn_gu, BK=cfg.bk_gu, KS=cfg.ks_gu, STAGES=cfg.num_stages)),
+               ("down", _residual_alone, dict(BN=cfg.bn_down, BK=cfg.bk_down, KS=cfg.ks_down, STAGES=cfg.num_stages))]
+    print(f"{cfg}\nsm_90a, Triton {triton.__version__}, {cfg.num_warps} warps")
+    for name, fn, constexprs in kernels:
+        r = compile_kernel(fn, constexprs, cfg.num_warps, cfg.num_stages)
+        print(f"{name:18s} registers {r['registers']:3d}  spills {r['spill_store_bytes']}/{r['spill_load_bytes']} B  "
+              f"shared {r['shared_bytes'] // 1024} KiB  async copies {r['async_copies']}  loads {r['loads']}  stores {r['stores']}")
+
+
+if __name__ == "__main__":
+    main()
