@@ -55,8 +55,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--json", default=None)
     p.add_argument("--quick", action="store_true", help="default configuration only")
-    p.add_argument("--sweep", type=int, default=1, choices=(1, 2, 3, 4, 5, 6, 7),
-                   help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier)")
+    p.add_argument("--sweep", type=int, default=1, choices=(1, 2, 3, 4, 5, 6, 7, 8),
+                   help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps)")
     args = p.parse_args()
     torch.manual_seed(0)
     dev, bf = "cuda", torch.bfloat16
@@ -114,7 +114,10 @@ def main() -> None:
     base = S.StepKernelConfig()
     configs = [base]
     tuned = base  # the defaults are the fastest of sweeps 1-2 (session 3) and 4-5 (session 4: split K)
-    if not args.quick and args.sweep == 7:  # split K of gate_up (64-column tiles x 2 slices = 128 tasks)
+    if not args.quick and args.sweep == 8:  # attention tiles once its K/V loads are vectors (version 14), and 16 warps
+        configs += [replace(tuned, splits=5, att_stages=2), replace(tuned, att_bm=16), replace(tuned, att_bm=16, splits=5),
+                    replace(tuned, att_bm=64), replace(tuned, num_warps=16), replace(tuned, num_warps=16, att_bm=16)]
+    elif not args.quick and args.sweep == 7:  # split K of gate_up (64-column tiles x 2 slices = 128 tasks)
         configs += [replace(tuned, ks_gu=2, bn_gu=64), replace(tuned, ks_gu=2, bn_gu=64, bk_gu=64, num_stages=4),
                     replace(tuned, ks_gu=4, bn_gu=128), replace(tuned, ks_gu=2, bn_gu=32)]
     elif not args.quick and args.sweep == 6:  # session 4's defaults (split K 2 + 2) against session 3's, and neighbours
