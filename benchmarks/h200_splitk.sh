@@ -10,6 +10,7 @@
 #                B: the step kernel's defaults (now with the PTX barrier), then the matrix of both
 #   PART=final2  A: bench best (prefix kernel with its fastest tiles) model + policy; B: shallow6, pi05
 #   PART=gateup  A: expert_step_bench.py --sweep 7 (split K of gate_up); B: stage breakdown of best
+#   PART=next    (not run yet) A: the step kernel with vector K/V loads, sweep 8; B: matrix and bench of best
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=sweeps bash benchmarks/h200_splitk.sh
 set -u
 export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
@@ -73,6 +74,16 @@ gateup)
 EOT
   lane B 1 40 <<EOT &
 200 $V breakdown --workload libero-pi0 --levers best --warmup 3 --iters 20 --no-progress --json $R/breakdown_libero-pi0_best-s4.json
+EOT
+  ;;
+next)  # prepared for session 5, not run yet: version 14 (vector K/V loads) and sweep 8
+  lane A 0 60 <<EOT &
+240 python3 benchmarks/expert_step_bench.py --quick --json $R/kernel_expert_step_vectors.json
+300 python3 benchmarks/expert_step_bench.py --sweep 8 --json $R/kernel_expert_step_sweep8.json
+EOT
+  lane B 1 30 <<EOT &
+300 $V matrix --workload libero-pi0 --variants "best;$G" --no-progress --iters 50 --warmup 5 --json $R/matrix_libero-pi0_best_vectors.json
+200 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-vectors_model.json
 EOT
   ;;
 esac
