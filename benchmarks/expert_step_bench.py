@@ -51,11 +51,41 @@ def reference(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, eps=1e-6):
     return x
 
 
+def sweep(number: int, base: S.StepKernelConfig) -> list[S.StepKernelConfig]:
+    """The tilings tried beside the defaults, by sweep (docs/perf-notes.md says what each found).
+    Each ran against the defaults of its day; run again, it explores around today's."""
+    r = lambda **kw: replace(base, **kw)  # noqa: E731
+    sweeps = {
+        1: [r(poll_load=False), r(att_bn=64, att_stages=1), r(att_bn=64, att_stages=1, splits=16), r(num_stages=4),
+            r(num_stages=5, bk_o=128, bk_down=128), r(bn_gu=32), r(num_warps=8), r(num_warps=8, bn_gu=32, att_bn=64, att_stages=1)],
+        2: [r(bk_qkv=64, bk_gu=64, bk_o=64, bk_down=64, num_stages=6), r(bk_o=128, bk_down=128, num_stages=5), r(att_bm=16),
+            r(merge_bd=32), r(bn_qkv=32), r(att_bn=64, att_stages=1, att_bm=16), r(num_warps=2),
+            r(bn_o=32, bn_down=32, bk_o=128, bk_down=128, num_stages=4)],
+        3: [r(prefetch=True), r(prefetch=True, poll_load=False),  # L2 prefetch of the next phase's weights
+            r(prefetch=True, bk_qkv=64, bk_gu=64, bk_o=64, bk_down=64, num_stages=6), r(prefetch=True, num_stages=2),
+            r(prefetch=True, bn_o=32, bn_down=32)],
+        4: [r(ks_down=2), r(ks_down=4, bn_down=32), r(ks_down=8, bn_down=64), r(ks_o=2),  # split K (128 tasks each)
+            r(ks_o=4, bn_o=32), r(ks_o=2, ks_down=2), r(fold_merge=True)],
+        5: [r(barrier_asm=True), r(ks_o=2, ks_down=2, fold_merge=True),  # the PTX barrier, and sweep 4 together
+            r(ks_o=2, ks_down=2, fold_merge=True, barrier_asm=True),
+            r(ks_o=4, bn_o=32, ks_down=4, bn_down=32, fold_merge=True, barrier_asm=True),
+            r(ks_o=2, ks_down=4, bn_down=32, fold_merge=True, barrier_asm=True),
+            r(ks_o=2, ks_down=2, fold_merge=True, barrier_asm=True, bk_down=128, bk_o=128, num_stages=4)],
+        6: [r(ks_o=1, ks_down=1), r(barrier_asm=True), r(ks_down=4, bn_down=32),  # split K 2 + 2 against unsplit, twice
+            r(bk_o=128, bk_down=128, num_stages=4), r(ks_o=1, ks_down=1)],
+        7: [r(ks_gu=2, bn_gu=64), r(ks_gu=2, bn_gu=64, bk_gu=64, num_stages=4), r(ks_gu=4, bn_gu=128),  # split gate_up
+            r(ks_gu=2, bn_gu=32)],
+        8: [r(splits=5, att_stages=2), r(att_bm=16), r(att_bm=16, splits=5), r(att_bm=64),  # attention tiles after the
+            r(num_warps=16), r(num_warps=16, att_bm=16)],                                   # vector loads; 16 warps
+    }
+    return sweeps[number]
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--json", default=None)
     p.add_argument("--quick", action="store_true", help="default configuration only")
-    p.add_argument("--sweep", type=int, default=1, choices=(1, 2, 3, 4, 5, 6, 7, 8),
+    p.add_argument("--sweep", type=int, default=1, choices=range(1, 9),
                    help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps)")
     args = p.parse_args()
     torch.manual_seed(0)
@@ -112,43 +142,7 @@ def main() -> None:
 
     gbps = lambda ms: weight_bytes / (ms * 1e-3) / 1e9  # noqa: E731
     base = S.StepKernelConfig()
-    configs = [base]
-    tuned = base  # the defaults are the fastest of sweeps 1-2 (session 3) and 4-5 (session 4: split K)
-    if not args.quick and args.sweep == 8:  # attention tiles once its K/V loads are vectors (version 14), and 16 warps
-        configs += [replace(tuned, splits=5, att_stages=2), replace(tuned, att_bm=16), replace(tuned, att_bm=16, splits=5),
-                    replace(tuned, att_bm=64), replace(tuned, num_warps=16), replace(tuned, num_warps=16, att_bm=16)]
-    elif not args.quick and args.sweep == 7:  # split K of gate_up (64-column tiles x 2 slices = 128 tasks)
-        configs += [replace(tuned, ks_gu=2, bn_gu=64), replace(tuned, ks_gu=2, bn_gu=64, bk_gu=64, num_stages=4),
-                    replace(tuned, ks_gu=4, bn_gu=128), replace(tuned, ks_gu=2, bn_gu=32)]
-    elif not args.quick and args.sweep == 6:  # session 4's defaults (split K 2 + 2) against session 3's, and neighbours
-        configs += [replace(tuned, ks_o=1, ks_down=1), replace(tuned, barrier_asm=True),
-                    replace(tuned, ks_down=4, bn_down=32), replace(tuned, bk_o=128, bk_down=128, num_stages=4),
-                    replace(tuned, ks_o=1, ks_down=1)]
-    elif not args.quick and args.sweep == 4:  # split K of the residual matmuls (128 tasks each), folded merge
-        configs += [replace(tuned, ks_down=2), replace(tuned, ks_down=4, bn_down=32), replace(tuned, ks_down=8, bn_down=64),
-                    replace(tuned, ks_o=2), replace(tuned, ks_o=4, bn_o=32), replace(tuned, ks_o=2, ks_down=2),
-                    replace(tuned, fold_merge=True)]
-    elif not args.quick and args.sweep == 5:  # the PTX barrier, and the levers of sweep 4 together
-        configs += [replace(tuned, barrier_asm=True), replace(tuned, ks_o=2, ks_down=2, fold_merge=True),
-                    replace(tuned, ks_o=2, ks_down=2, fold_merge=True, barrier_asm=True),
-                    replace(tuned, ks_o=4, bn_o=32, ks_down=4, bn_down=32, fold_merge=True, barrier_asm=True),
-                    replace(tuned, ks_o=2, ks_down=4, bn_down=32, fold_merge=True, barrier_asm=True),
-                    replace(tuned, ks_o=2, ks_down=2, fold_merge=True, barrier_asm=True, bk_down=128, bk_o=128,
-                            num_stages=4)]
-    elif not args.quick and args.sweep == 3:  # L2 prefetch of the next phase's weights
-        configs += [replace(tuned, prefetch=True), replace(tuned, prefetch=True, poll_load=False),
-                    replace(tuned, prefetch=True, bk_qkv=64, bk_gu=64, bk_o=64, bk_down=64, num_stages=6),
-                    replace(tuned, prefetch=True, num_stages=2), replace(tuned, prefetch=True, bn_o=32, bn_down=32)]
-    elif not args.quick and args.sweep == 2:
-        configs += [replace(base, bk_qkv=64, bk_gu=64, bk_o=64, bk_down=64, num_stages=6),
-                    replace(base, bk_o=128, bk_down=128, num_stages=5), replace(base, att_bm=16),
-                    replace(base, merge_bd=32), replace(base, bn_qkv=32), replace(base, att_bn=64, att_stages=1, att_bm=16),
-                    replace(base, num_warps=2), replace(base, bn_o=32, bn_down=32, bk_o=128, bk_down=128, num_stages=4)]
-    elif not args.quick:
-        configs += [replace(base, poll_load=False), replace(base, att_bn=64, att_stages=1),
-                    replace(base, att_bn=64, att_stages=1, splits=16), replace(base, num_stages=4),
-                    replace(base, num_stages=5, bk_o=128, bk_down=128), replace(base, bn_gu=32), replace(base, num_warps=8),
-                    replace(base, num_warps=8, bn_gu=32, att_bn=64, att_stages=1)]
+    configs = [base] + ([] if args.quick else sweep(args.sweep, base))
     for cfg in configs:
         row = {"config": S.config_dict(cfg)}
         try:

@@ -244,7 +244,8 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
 
     torch.manual_seed(0)
     small = StepKernelConfig(att_bm=16, att_bn=16, splits=3, merge_bd=16, bk_o=64, bk_down=64, num_warps=4)
-    # the defaults split o_proj's and down's K in 2; also one slice each with the merge folded into attention
+    # the defaults split o_proj's and down's K in 2; also unsplit with the merge folded into attention,
+    # and 4 slices with gate_up split too
     configs = [small, replace(small, ks_o=1, ks_down=1, fold_merge=True), replace(small, ks_o=4, bn_down=8, ks_down=4, ks_gu=2)]
     # (layers, D, heads, head dim, F, rows, prefix): head dim 16 has 8-dim RoPE halves, less than a tile
     for L, D, NH, HD, Fd, M, Tp in [(2, 32, 4, 16, 64, 11, 20), (1, 64, 2, 32, 96, 7, 45)]:
