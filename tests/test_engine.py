@@ -1,6 +1,8 @@
 """Every engine lever, alone and combined, computes the reference's actions (fp32, tiny)."""
 
+import copy
 import dataclasses
+import re
 
 import pytest
 import torch
@@ -128,6 +130,31 @@ def test_reference_weights_untouched(tiny_model, tiny_inputs, tiny_workload):
     Engine(tiny_model, ALL_PLAIN).sample_actions(*tiny_inputs, tiny_workload.steps)
     for k, v in tiny_model.state_dict().items():
         assert torch.equal(v, before[k]), k
+
+
+def test_release_reference_weights_frees_the_copies_the_engine_holds(tiny_model, tiny_inputs, tiny_workload):
+    """What `vlaperf serve` does after its check: the reference's q/k/v and gate/up, which
+    the engine holds fused, are freed; the engine's actions stay the same bits."""
+    model, steps = copy.deepcopy(tiny_model), tiny_workload.steps  # the fixture's model is shared
+    engine = Engine(model, ALL_PLAIN)
+    before = engine.sample_actions(*tiny_inputs, steps)
+    held = lambda: sum(p.numel() * p.element_size() for p in model.parameters())  # noqa: E731
+    size = held()
+    copied = sum(p.numel() * p.element_size() for name, p in model.named_parameters()
+                 if re.search(r"\.(q|k|v|gate|up)_proj\.", name))
+    assert copied > 0 and engine.release_reference_weights() == copied
+    assert held() == size - copied
+    assert torch.equal(engine.sample_actions(*tiny_inputs, steps), before)
+    with pytest.raises(RuntimeError, match="reference weights were released"):
+        model.sample_actions(*tiny_inputs, steps)
+
+
+def test_release_without_fused_copies_frees_nothing(tiny_model, tiny_inputs, tiny_workload):
+    model = copy.deepcopy(tiny_model)
+    engine = Engine(model, "for_loop,static_kv_cache")  # reads the model's own parameters
+    assert engine.release_reference_weights() == 0
+    ref = model.sample_actions(*tiny_inputs, tiny_workload.steps)  # the reference still runs
+    assert rel_l2(engine.sample_actions(*tiny_inputs, tiny_workload.steps), ref) < FP32_TOL
 
 
 @pytest.mark.parametrize("levers", ["for_loop,compile", ALL_PLAIN + ",compile"])

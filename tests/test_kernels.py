@@ -326,6 +326,14 @@ MEGAKERNEL_LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
     ref2 = model.sample_actions(obs2, noise2, w.steps)
     assert ((out2 - ref2).norm() / ref2.norm()).item() < 1e-4
     assert len(calls) == 4 * 3, len(calls)
+    # serving frees the reference's copies, the expert's o/down too (the engine reads them from its stack)
+    engine = Engine(model, variants[0])
+    before = engine.sample_actions(obs, noise, w.steps)
+    oc = sum(l.self_attn.o_proj.weight.numel() + l.mlp.down_proj.weight.numel() for l in model.expert.layers) * 4
+    freed = engine.release_reference_weights()
+    assert freed > oc and all(l.self_attn.o_proj.weight.numel() == 0 for l in model.expert.layers), freed
+    assert torch.equal(engine.sample_actions(obs, noise, w.steps), before)
+    assert torch.equal(engine.sample_actions(obs2, noise2, w.steps), out2)  # batch 2: the per-layer path, views
     print("ok")
     """
 )

@@ -594,6 +594,8 @@ def test_cli_serve_then_loadgen_and_rollout(tmp_path, capsys):
         lines = _read_until(proc, lambda line: line.startswith("serving;"), timeout_s=120)
         urls = [m.group(0) for line in lines for m in [re.search(r"ws://127\.0\.0\.1:\d+", line)] if m]
         assert urls, "".join(lines)
+        # after its check the server keeps one copy of each weight (the engine's fused ones)
+        assert any(re.match(r"freed \d+\.\d MB of reference weights", line) for line in lines), "".join(lines)
         url = urls[0]
         parser = _cli_parser()
         args = parser.parse_args(["loadgen", "--url", url, "--clients", "1,3", "--requests", "4",

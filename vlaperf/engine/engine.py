@@ -3,8 +3,10 @@
     engine = Engine(model, "best")                  # or "for_loop,sdpa,cuda_graph"
     actions = engine.sample_actions(obs, noise, num_steps=10)
 
-The reference model is never modified; the engine reads its parameters (or fused copies
+The reference model is not modified; the engine reads its parameters (or fused copies
 of them, see fusion.py) and is checked against `model.sample_actions` by vlaperf.check.
+A process that only serves the engine may then free the copied originals with
+`engine.release_reference_weights()` (`vlaperf serve` does, after its check).
 """
 
 from __future__ import annotations
@@ -16,7 +18,7 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from vlaperf.engine.fusion import build_weights, schedule, stack_expert, time_tables
+from vlaperf.engine.fusion import build_weights, release_reference_copies, schedule, stack_expert, time_tables
 from vlaperf.engine.graphs import GraphCache
 from vlaperf.engine.levers import Levers
 from vlaperf.engine.loop import SuffixContext, denoise_step
@@ -57,6 +59,16 @@ class Engine:
     @property
     def name(self) -> str:
         return self.levers.label()
+
+    def release_reference_weights(self) -> int:
+        """Free the reference model's parameters this engine holds its own copies of (with
+        `fuse_projections`: q/k/v, gate/up, the expert's stacked o/down); returns the bytes
+        freed (0 without fused weights). The engine runs as before; `model.sample_actions`
+        refuses from then on, so run every equivalence check first."""
+        freed = release_reference_copies(self.model, self.weights)
+        if self.device.type == "cuda":
+            torch.cuda.empty_cache()  # hand the freed blocks back, so nvidia-smi sees it too
+        return freed
 
     # ------------------------------------------------------------------ public
 

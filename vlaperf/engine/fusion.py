@@ -120,16 +120,43 @@ class EngineWeights:
 
 def stack_expert(ew: EngineWeights) -> ExpertStack | None:
     """Stack the fused expert weights for the step kernel, or None where it cannot apply
-    (unfused weights, pi0.5's adaptive norms, more than one K/V head). The fused qkv and
-    gate_up of each layer become views into the stack, so they are not held twice; o and
-    down are the model's own parameters, so their stacks are copies (226 MB for pi0)."""
+    (unfused weights, pi0.5's adaptive norms, more than one K/V head). Every layer's weights
+    become views into the stack, so the engine holds each once; o and down are then copies of
+    the model's parameters (226 MB for pi0, freed by `release_reference_copies`)."""
     if not ew.fused or any(lw.qkv is None or lw.ada_in is not None or lw.num_kv_heads != 1 for lw in ew.expert):
         return None
     with torch.no_grad():
         stack = ExpertStack(*(torch.stack([getattr(lw, n) for lw in ew.expert]) for n in ("qkv", "o", "gate_up", "down")))
     for i, lw in enumerate(ew.expert):
-        lw.qkv, lw.gate_up = stack.qkv[i], stack.gate_up[i]
+        lw.qkv, lw.o, lw.gate_up, lw.down = stack.qkv[i], stack.o[i], stack.gate_up[i], stack.down[i]
     return stack
+
+
+def release_reference_copies(model: Pi0Model, ew: EngineWeights) -> int:
+    """Free the model's parameters that the engine holds its own copies of (fused q/k/v and
+    gate/up, the expert's stacked o/down), for a process that runs the engine only; returns
+    the bytes freed. Everything the engine reads from the model itself stays. The model's
+    reference path cannot run afterwards (`Pi0Model.sample_actions` refuses, saying why)."""
+    params = []
+    for layer, lw in zip(model.vision.encoder.layers, ew.vision):
+        if lw.qkv is not None:
+            a = layer.self_attn
+            params += [p for linear in (a.q_proj, a.k_proj, a.v_proj) for p in (linear.weight, linear.bias)]
+    for layers, lws in ((model.backbone.layers, ew.backbone), (model.expert.layers, ew.expert)):
+        for layer, lw in zip(layers, lws):
+            a, m = layer.self_attn, layer.mlp
+            if lw.qkv is not None:
+                params += [a.q_proj.weight, a.k_proj.weight, a.v_proj.weight]
+            if lw.gate_up is not None:
+                params += [m.gate_proj.weight, m.up_proj.weight]
+            params += [p for p, held in ((a.o_proj.weight, lw.o), (m.down_proj.weight, lw.down)) if held is not p]
+    freed = 0
+    for p in params:
+        freed += p.numel() * p.element_size()
+        p.data = torch.empty(0, dtype=p.dtype, device=p.device)
+    if params:
+        model.reference_released = True
+    return freed
 
 
 def build_weights(model: Pi0Model, fuse: bool) -> EngineWeights:

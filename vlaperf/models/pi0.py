@@ -439,6 +439,8 @@ class Pi0Model(nn.Module):
     def __init__(self, cfg: Pi0Config):
         super().__init__()
         self.config = cfg
+        # set by Engine.release_reference_weights: the layers' own weights are gone
+        self.reference_released = False
         D_e = cfg.expert.width
         self.paligemma_with_expert = PaliGemmaWithExpert(cfg)
         self.action_in_proj = nn.Linear(cfg.action_dim, D_e)
@@ -579,6 +581,10 @@ class Pi0Model(nn.Module):
         detector and the equivalence checks compare against what users run today.
         Returns actions (B, H, A) float32.
         """
+        if self.reference_released:
+            raise RuntimeError("this model's reference weights were released (Engine.release_reference_weights, "
+                               "which `vlaperf serve` calls after its equivalence check); build the model again to run "
+                               "the reference path")
         B = obs.state.shape[0]
         device = obs.state.device
         if noise is None:

@@ -129,7 +129,7 @@ def ray_init(address: str | None = None, *, num_cpus: int | None = None, num_gpu
 def build_policy_from_spec(spec: dict):
     """A vlaperf Policy built as `vlaperf serve` builds it (cli.setup, make_engine, the
     equivalence check), from a plain dict of the serve options: workload, levers, device,
-    dtype, steps, seed, checkpoint, no_check. Runs inside a replica."""
+    dtype, steps, seed, checkpoint, no_check, keep_reference. Runs inside a replica."""
     from vlaperf.cli import make_engine, setup
     from vlaperf.policy import Policy
 
@@ -148,6 +148,8 @@ def build_policy_from_spec(spec: dict):
         if not eq["passed"]:
             raise RuntimeError(f"variant {engine.name} fails equivalence (rel_l2 {eq['rel_l2']:.3g} > "
                                f"{eq['tolerance']:.3g}); refusing to serve it")
+    if engine is not None and not spec.get("keep_reference"):
+        engine.release_reference_weights()  # as `vlaperf serve` does: the replica serves the engine only
     sample = engine.sample_actions if engine is not None else model.sample_actions
     return Policy(model, sample, workload, num_steps=workload.steps)
 
@@ -449,7 +451,7 @@ def serve_replicas(args, api_key: str | None, warmup: list[int], console=None) -
             raise CliError(str(e)) from None
         spec = {"workload": workload.id, "levers": args.levers, "device": "cuda" if device.startswith("cuda") else device,
                 "dtype": args.dtype, "steps": args.steps, "seed": args.seed, "checkpoint": args.checkpoint,
-                "no_check": args.no_check}
+                "no_check": args.no_check, "keep_reference": getattr(args, "keep_reference", False)}
         options = ReplicaOptions(replicas=args.replicas, device=device, num_cpus=args.replica_cpus, app_name=app_name,
                                  request_timeout_s=args.replica_timeout_s)
         print(f"vlaperf serve: starting {args.replicas} replica(s) of {workload.id} on {device} "
