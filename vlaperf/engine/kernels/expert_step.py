@@ -530,8 +530,9 @@ def expert_step(
 
     wqkv (L, NH*HD + 2*HD, D) with the input RMSNorm scale folded; wo (L, D, NH*HD);
     wgu (L, 2F, D): gate rows then up rows, post-attention RMSNorm scale folded; wd (L, D, F).
-    k_cache, v_cache (L, Tk, HD): token-major per layer (unit stride within a token), the
-    prefix's keys (after RoPE) and values in [0, Tk - M); the last M slots are not read.
+    k_cache, v_cache (L, Tk, HD): token-major per layer (unit stride within a token, rows
+    16-byte aligned), the prefix's keys (after RoPE) and values in [0, Tk - M); the last M
+    slots are not read.
     cos, sin (M, HD) RoPE tables of the suffix positions; mask (M, Tk) bool/uint8, True =
     may attend. persistent: one launch with grid barriers (default on CUDA) or one launch
     per (layer, phase). phases: run only phases [lo, hi) of every layer (benchmarks; phase 6
