@@ -10,7 +10,10 @@ shows which phase sets the kernel's register count.
     python benchmarks/kernel_resources.py                       # the defaults
     python benchmarks/kernel_resources.py num_warps=16 att_bm=16
 
-These are compiler facts, not timings: the local Triton may differ from the GPU machine's.
+These are compiler facts, not timings, and they depend on the Triton version: Triton 3.9
+issued 2-byte loads where 3.6 (the H200 machine's) issued 16-byte ones (docs/perf-notes.md,
+version 14). To see what the GPU machine compiles, run this under its version, e.g. from a
+scratch virtual environment with `pip install triton==3.6.0` and the project's torch on the path.
 """
 
 from __future__ import annotations

@@ -346,8 +346,8 @@ def test_megakernel_lever_matches_reference_and_compiles_without_graph_breaks():
 def test_step_kernel_attention_loads_cache_rows_as_vectors():
     """Compiled for sm_90a on this CPU machine (benchmarks/kernel_resources.py): the attention
     phase loads its K/V rows as 16-byte vectors. Before the cached and scratch rows went
-    through one aligned row pointer, it issued 2-byte loads (256 a thread per key tile) and
-    spilled registers; the GPU runs what this compiles, so a regression shows here first."""
+    through one aligned row pointer, Triton 3.9 issued 2-byte loads for them (256 a thread
+    per key tile) and spilled registers; this guards the kernel against the Triton installed."""
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
     import kernel_resources as resources
 

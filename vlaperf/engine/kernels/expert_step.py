@@ -251,8 +251,8 @@ def _phase_attention(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o
             # The prefix from the static cache, then this step's scratch k/v: one load through
             # per-key row pointers, each 16-byte aligned (the launcher checks the cache's base
             # and token stride), so the loads are 16-byte vectors. (Two masked loads joined by
-            # a where held three tiles in registers, and the compiler could not prove the
-            # alignment through the where: 2-byte loads, 255 registers a thread and spills.)
+            # a where loaded every tile twice and held three in registers; Triton 3.9 also
+            # could not prove the alignment through the where and issued 2-byte loads.)
             cached = keys < Tp
             k_rows = tl.multiple_of(tl.where(cached, kc_ptr + keys * stride_ct, kv_ptr + (keys - Tp) * HD), 16)
             k = tl.load(k_rows[:, None] + d[None, :], mask=key_ok[:, None], other=0.0, cache_modifier=".cg")
