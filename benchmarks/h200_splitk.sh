@@ -13,13 +13,7 @@
 #   PART=next    (not run yet) A: the step kernel with vector K/V loads, sweep 8; B: matrix and bench of best
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=sweeps bash benchmarks/h200_splitk.sh
 set -u
-export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
-R=/tmp/results; mkdir -p "$R"
-source benchmarks/lanes.sh
-V="python3 -m vlaperf.cli"
-X=for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections,cuda_graph
-G=$X,compile=default,triton_kernels
-B="--no-progress --iters 50 --warmup 10"
+source benchmarks/lanes.sh  # $R, lane, and the lever lists $X / $G, $V, $B
 case "${PART:-sweeps}" in
 sweeps)
   lane A 0 60 <<EOT &

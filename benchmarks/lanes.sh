@@ -4,6 +4,15 @@
 # `timeout budget_s`), keeping the last TAIL lines (default 40) of each step's output, warnings
 # dropped, in $R/lane_NAME.log, and refreshing $OUT/lane_NAME.tgz (all of /tmp/results) after
 # every step, so a lane cut short by the call's time limit still returns what it finished.
+# Also sets what the device scripts share: the results folder $R, the CLI $V, the lever lists
+# $X (graph: every lever but compile and the kernels) and $G ($X + compile + triton_kernels:
+# `best` less `megakernel`), and $B, the bench options.
+export PYTHONUNBUFFERED=1 PYTHONPATH=$PWD
+R=/tmp/results; mkdir -p "$R"
+V="python3 -m vlaperf.cli"
+X=for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections,cuda_graph
+G=$X,compile=default,triton_kernels
+B="--no-progress --iters 50 --warmup 10"
 lane() {
   local name=$1 gpu=$2 keep=${3:-40}
   while read -r t cmd; do
