@@ -85,6 +85,8 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--json", default=None)
     p.add_argument("--quick", action="store_true", help="default configuration only")
+    p.add_argument("--timeline", action="store_true",
+                   help="also read the GPU clock at every (layer, phase, program) and summarise where each config's time goes")
     p.add_argument("--sweep", type=int, default=1, choices=range(1, 9),
                    help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps)")
     args = p.parse_args()
@@ -140,6 +142,21 @@ def main() -> None:
     result["checks"] = checks
     print(json.dumps(checks))
 
+    def timeline(cfg: S.StepKernelConfig) -> dict:
+        """Clock readings of one launch (after two warm ones), summarised per phase, plus the
+        per-program median work of each phase (who carries the split-K reductions)."""
+        programs = result["programs"]
+        ts = torch.zeros(L, len(S.PHASES) + 1, programs, 3, dtype=torch.int64, device=dev)
+        for _ in range(3):
+            S.expert_step(*inputs, config=cfg, timeline=ts)
+        torch.cuda.synchronize()
+        summary = S.timeline_summary(ts)
+        work = (ts[..., 1] - ts[..., 0]).double().median(dim=0).values / 1e3  # (7, programs), median over layers
+        summary["work_us_by_program"] = {name: [round(v, 2) for v in work[i].tolist()] for i, name in enumerate(S.PHASES)}
+        print("  timeline:", json.dumps({k: {m: round(v, 2) for m, v in r.items()} for k, r in summary["phases"].items()}),
+              f"total {summary['total_us']:.1f} us, work share {summary['work_share']:.2f}")
+        return summary
+
     gbps = lambda ms: weight_bytes / (ms * 1e-3) / 1e9  # noqa: E731
     base = S.StepKernelConfig()
     configs = [base] + ([] if args.quick else sweep(args.sweep, base))
@@ -153,6 +170,8 @@ def main() -> None:
             row["us"] = graph_time_ms(lambda: S.expert_step(*inputs, config=cfg), reps=20) * 1e3
             row["weights_gb_per_s"] = gbps(row["us"] / 1e3)
             print(f"{row['us']:8.1f} us  {row['weights_gb_per_s']:7.0f} GB/s  rel {row['rel_l2_vs_fp32']:.1e}  {cfg}")
+            if args.timeline:
+                row["timeline"] = timeline(cfg)
         except Exception as e:  # a tiling that does not fit is recorded, not fatal
             row["error"] = f"{type(e).__name__}: {str(e)[:300]}"
             print("ERROR", cfg, row["error"])

@@ -9,6 +9,7 @@ shows which phase sets the kernel's register count.
 
     python benchmarks/kernel_resources.py                       # the defaults
     python benchmarks/kernel_resources.py num_warps=16 att_bm=16
+    python benchmarks/kernel_resources.py --timeline            # with the clock readings compiled in
 
 These are compiler facts, not timings, and they depend on the Triton version: Triton 3.9
 issued 2-byte loads where 3.6 (the H200 machine's) issued 16-byte ones (docs/perf-notes.md,
@@ -57,7 +58,7 @@ def compile_kernel(fn, constexprs: dict, num_warps: int, num_stages: int, ptxas:
         if n in constexprs:
             signature[n] = "constexpr"
         elif n.endswith("_ptr"):
-            signature[n] = ("*fp32" if n in FLOAT_BUFFERS else "*i32" if n in INT_BUFFERS
+            signature[n] = ("*fp32" if n in FLOAT_BUFFERS else "*i32" if n in INT_BUFFERS else "*i64" if n == "ts_ptr"
                             else "*u8" if n == "mask_ptr" else "*bf16")
         else:
             signature[n] = "fp32" if n in ("eps", "scale") else "i32"
@@ -122,7 +123,7 @@ def _gate_up_alone(x_ptr, w_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, BN: tl.c
                      64, BN, BK, KS, STAGES)
 
 
-def whole_kernel_constexprs(cfg: S.StepKernelConfig) -> dict:
+def whole_kernel_constexprs(cfg: S.StepKernelConfig, timeline: bool = False) -> dict:
     splits, _ = S.key_splits(cfg, TK)
     targets = S.split_counter_targets(cfg, M, NH, D, F, TK)
     ctr_o = triton.cdiv(NH * M, cfg.att_bm)
@@ -134,20 +135,21 @@ def whole_kernel_constexprs(cfg: S.StepKernelConfig) -> dict:
                 ATT_STAGES=cfg.att_stages, USE_BARRIER=True, POLL_LOAD=cfg.poll_load, MAX_SPIN=1 << 22,
                 PREFETCH=cfg.prefetch, ELEMS_PER_LINE=64, L=L, KS_O=cfg.ks_o, KS_GU=cfg.ks_gu, KS_DOWN=cfg.ks_down,
                 FOLD_MERGE=cfg.fold_merge, BARRIER_ASM=cfg.barrier_asm, CTR_O=ctr_o, CTR_GU=ctr_gu, CTR_DOWN=ctr_down,
-                CTR_LAYER=len(targets))
+                CTR_LAYER=len(targets), TIMELINE=timeline)
 
 
 def main() -> None:
     types = {f.name: f.type for f in fields(S.StepKernelConfig)}
     overrides = {}
-    for arg in sys.argv[1:]:
+    timeline = "--timeline" in sys.argv[1:]
+    for arg in [a for a in sys.argv[1:] if a != "--timeline"]:
         key, _, value = arg.partition("=")
         if key not in types:
             raise SystemExit(f"unknown StepKernelConfig field {key!r}; expected one of: {', '.join(types)}")
         overrides[key] = value.lower() in ("1", "true", "yes") if types[key] in (bool, "bool") else int(value)
     cfg = replace(S.StepKernelConfig(), **overrides)
     splits, _ = S.key_splits(cfg, TK)
-    kernels = [("whole step kernel", S._expert_step_kernel, whole_kernel_constexprs(cfg)),
+    kernels = [("whole step kernel", S._expert_step_kernel, whole_kernel_constexprs(cfg, timeline)),
                ("qkv", _qkv_alone, dict(BN=cfg.bn_qkv, BK=cfg.bk_qkv, STAGES=cfg.num_stages)),
                ("attention", _attention_alone, dict(ABM=cfg.att_bm, ABN=cfg.att_bn, SPLITS=splits, MD=min(cfg.merge_bd, HD),
                                                     ATT_STAGES=cfg.att_stages)),

@@ -32,6 +32,18 @@ def test_bench_best_policy_mode_with_overrides(tmp_path):
     assert r["equivalence"]["passed"] and "for_loop" in r["variant"]["levers"]
 
 
+def test_bench_release_reference_records_the_freed_bytes(tmp_path, capsys):
+    out = tmp_path / "r.json"
+    args = ["bench", "--workload", "tiny", "--device", "cpu", "--levers", "best", "--warmup", "1", "--iters", "2",
+            "--release-reference", "--json", str(out), "--no-progress"]
+    assert main(args) == 0
+    r = read_result(out)
+    assert r["equivalence"]["passed"] and r["released_reference_bytes"] > 0  # best fuses q/k/v and gate/up
+    assert main(["bench", "--workload", "tiny", "--device", "cpu", "--warmup", "0", "--iters", "1",
+                 "--release-reference", "--no-progress"]) == 2
+    assert "--release-reference needs an engine variant" in capsys.readouterr().err
+
+
 @pytest.mark.parametrize(
     "args,message",
     [

@@ -356,3 +356,51 @@ def test_step_kernel_attention_loads_cache_rows_as_vectors():
     assert not [op for op in r["loads"] if op.endswith(".b16")], r["loads"]  # no element-wise bf16 loads
     # q (32 x 256), then a 64 x 256 K and V tile per key tile: 16-byte loads
     assert r["loads"].get("ld.global.cg.v4.b32", 0) >= 16, r["loads"]
+
+
+def _synthetic_timeline(L=2, phases=7, programs=3):
+    """Readings for a launch where, in every (layer, phase), program p works 2 + p us
+    starting at the slot's start + p * 0.1 us, all pass the barrier 0.5 us after the last
+    arrival, and the next phase starts 0.2 us later; the empty phase (6) never runs."""
+    import torch
+
+    ts = torch.zeros(L, phases, programs, 3, dtype=torch.int64)
+    t = 1_000_000
+    for layer in range(L):
+        for ph in range(6):
+            for p in range(programs):
+                ts[layer, ph, p, 0] = t + 100 * p
+                ts[layer, ph, p, 1] = t + 100 * p + 1000 * (2 + p)
+            last = int(ts[layer, ph, :, 1].max())
+            ts[layer, ph, :, 2] = last + 500
+            t = last + 700
+    return ts
+
+
+def test_timeline_summary_reads_slots_work_and_barriers():
+    from vlaperf.engine.kernels.expert_step import PHASES, timeline_summary
+
+    ts = _synthetic_timeline()
+    s = timeline_summary(ts, (0, 6))
+    assert set(s["phases"]) == set(PHASES) and s["programs"] == 3 and s["layers"] == 2
+    qkv = s["phases"]["qkv"]
+    # the last program starts 0.2 us late and works 4 us: the slot is 4.2 + 0.5 + 0.2 us
+    assert qkv["slot"] == pytest.approx(4.9) and qkv["slot_total_us"] == pytest.approx(9.8)
+    assert (qkv["work_min"], qkv["work_median"], qkv["work_max"]) == pytest.approx((2.0, 3.0, 4.0))
+    assert qkv["start_skew"] == pytest.approx(0.2) and qkv["release"] == pytest.approx(0.5)
+    # the very last phase ends at its last arrival (the kernel's end syncs it): no barrier reading
+    assert s["total_us"] == pytest.approx(12 * 4.9 - 0.7)
+    assert s["work_share"] == pytest.approx(12 * 3.0 / (12 * 4.9 - 0.7))
+
+
+def test_timeline_needs_a_persistent_cuda_launch():
+    import torch
+
+    from vlaperf.engine.kernels.expert_step import expert_step
+
+    L, D, NH, HD, F, M, Tk = 1, 32, 2, 16, 64, 4, 16
+    w = lambda *s: torch.zeros(*s)  # noqa: E731
+    args = (w(M, D), w(L, NH * HD + 2 * HD, D), w(L, D, NH * HD), w(L, 2 * F, D), w(L, D, F), w(L, Tk, HD), w(L, Tk, HD),
+            w(M, HD), w(M, HD), torch.ones(M, Tk, dtype=torch.bool), 1e-6)
+    with pytest.raises(ValueError, match="timeline needs a persistent launch on CUDA"):
+        expert_step(*args, persistent=False, timeline=torch.zeros(L, 7, 4, 3, dtype=torch.int64))

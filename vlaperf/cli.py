@@ -156,6 +156,11 @@ def cmd_bench(args) -> int:
             print(f"vlaperf: variant {label} fails equivalence (rel_l2 {equivalence['rel_l2']:.3g} > "
                   f"{equivalence['tolerance']:.3g}); refusing to report its speed", file=sys.stderr)
             return 1
+    released = None
+    if args.release_reference:
+        if engine is None:
+            raise CliError("--release-reference needs an engine variant (the reference path runs on those weights)")
+        released = engine.release_reference_weights()
     timing = time_calls(fn, device=device, warmup=args.warmup, iters=args.iters, progress=not args.no_progress, label=label)
     plan = getattr(engine, "last_plan", None)
     images = len(plan.slots) if plan else workload.image_slots
@@ -168,6 +173,9 @@ def cmd_bench(args) -> int:
     result["first_call_timing"] = "before equivalence check"
     result["samples"] = timing["samples"]
     result["equivalence"] = equivalence
+    result["released_reference_bytes"] = released
+    if device.type == "cuda":
+        result["memory_allocated_bytes"] = torch.cuda.memory_allocated(device)  # after the timed calls: what stays
     result["roofline"] = floor
     print_bench(result)
     if args.json:
@@ -302,6 +310,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=non_negative_int, default=30)
     p.add_argument("--iters", type=positive_int, default=100)
     p.add_argument("--no-check", action="store_true", help="skip the equivalence check of a non-reference variant")
+    p.add_argument("--release-reference", action="store_true",
+                   help="after the check, free the reference weights the engine holds fused copies of, as `vlaperf serve` "
+                        "does, so the peak memory is the served footprint")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("check", help="equivalence of engine variants against the reference")

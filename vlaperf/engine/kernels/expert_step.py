@@ -143,6 +143,13 @@ def _last_to_arrive(counter_ptr, expected):
 
 
 @triton.jit
+def _now():
+    """The GPU's global nanosecond clock (`%globaltimer`, the same on every SM): the timeline."""
+    return tl.inline_asm_elementwise("mov.u64 $0, %globaltimer;", "=l,r", [tl.zeros((1,), tl.int32)], dtype=tl.int64,
+                                     is_pure=False, pack=1)
+
+
+@triton.jit
 def _rows_matmul(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, col_ok, K,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  TWO: tl.constexpr, SSQ: tl.constexpr, STAGES: tl.constexpr):
@@ -396,7 +403,7 @@ def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, n
 
 @triton.jit
 def _expert_step_kernel(
-    x_ptr, q_ptr, kv_ptr, o_ptr, h_ptr, acc_ptr, ml_ptr, part_ptr, counter_ptr, tile_ctr_ptr, err_ptr,
+    x_ptr, q_ptr, kv_ptr, o_ptr, h_ptr, acc_ptr, ml_ptr, part_ptr, counter_ptr, tile_ctr_ptr, err_ptr, ts_ptr,
     wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, mask_ptr,
     M, Tk, Tp, keys_per_split, eps, scale, stride_cl, stride_ct, stride_mq,
     layer_lo, layer_hi, phase_lo, phase_hi,
@@ -409,6 +416,7 @@ def _expert_step_kernel(
     PREFETCH: tl.constexpr, ELEMS_PER_LINE: tl.constexpr, L: tl.constexpr,
     KS_O: tl.constexpr, KS_GU: tl.constexpr, KS_DOWN: tl.constexpr, FOLD_MERGE: tl.constexpr, BARRIER_ASM: tl.constexpr,
     CTR_O: tl.constexpr, CTR_GU: tl.constexpr, CTR_DOWN: tl.constexpr, CTR_LAYER: tl.constexpr,
+    TIMELINE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -416,6 +424,9 @@ def _expert_step_kernel(
     for layer in range(layer_lo, layer_hi):
         tile_ctr = tile_ctr_ptr + layer * CTR_LAYER  # attention row blocks, o_proj tiles, gate_up tiles, down tiles
         for phase in range(phase_lo, phase_hi):
+            if TIMELINE:  # (layer, phase, program): start, work done, barrier passed
+                ts = ts_ptr + ((layer * 7 + phase) * nprog + pid) * 3 + tl.arange(0, 1)
+                tl.store(ts, _now())
             if PREFETCH:  # one phase ahead: o_proj and gate_up weights, then down, then the next layer's qkv
                 if phase == 0:
                     _prefetch_l2(wo_ptr + layer * (D * NH * HD), D * NH * HD, pid, nprog, ELEMS_PER_LINE, 512)
@@ -445,6 +456,9 @@ def _expert_step_kernel(
                 _phase_residual(h_ptr, F, wd_ptr + layer * (D * F), x_ptr, part_ptr, tile_ctr + CTR_DOWN, M, pid, nprog, D,
                                 BLOCK_M, BN_DOWN, BK_DOWN, KS_DOWN, STAGES)
             # phase 6 does nothing: benchmarks time the barriers alone with phases=(6, 7)
+            if TIMELINE:
+                tl.debug_barrier()  # every warp of the program is done
+                tl.store(ts + 1, _now())
             if USE_BARRIER:
                 # the kernel's end syncs the last phase; a folded merge phase has nothing to wait for
                 if ((layer < layer_hi - 1) | (phase < phase_hi - 1)) & ((phase != 2) | (not FOLD_MERGE)):
@@ -452,6 +466,8 @@ def _expert_step_kernel(
                         _grid_sync_asm(counter_ptr + layer * 7 + phase, err_ptr, nprog, MAX_SPIN)
                     else:
                         _grid_sync(counter_ptr + layer * 7 + phase, err_ptr, nprog, MAX_SPIN, POLL_LOAD)
+            if TIMELINE:
+                tl.store(ts + 2, _now())
 
 
 # ------------------------------------------------------------------------ launcher
@@ -524,7 +540,7 @@ def expert_step(
     x: torch.Tensor, wqkv: torch.Tensor, wo: torch.Tensor, wgu: torch.Tensor, wd: torch.Tensor,
     k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
     eps: float, *, persistent: bool | None = None, config: StepKernelConfig | None = None,
-    phases: tuple[int, int] = (0, len(PHASES)), programs: int | None = None,
+    phases: tuple[int, int] = (0, len(PHASES)), programs: int | None = None, timeline: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x (M, D) suffix hidden states -> x after all L layers of a pi0 expert.
 
@@ -536,7 +552,10 @@ def expert_step(
     cos, sin (M, HD) RoPE tables of the suffix positions; mask (M, Tk) bool/uint8, True =
     may attend. persistent: one launch with grid barriers (default on CUDA) or one launch
     per (layer, phase). phases: run only phases [lo, hi) of every layer (benchmarks; phase 6
-    is empty, so (6, 7) times the barriers alone).
+    is empty, so (6, 7) times the barriers alone). timeline: an int64 (L, 7, programs, 3)
+    CUDA tensor to fill with each program's global-clock nanoseconds at the start of every
+    (layer, phase), when its work is done and when it has passed the barrier (persistent
+    launches only; see `timeline_summary`).
     """
     cfg = config or StepKernelConfig()
     M, D = x.shape
@@ -594,7 +613,14 @@ def expert_step(
     tile_counters = torch.zeros(L * ctr_layer, dtype=torch.int32, device=device)
     err = _error_flag(device)
     grid = programs or num_sms(device)
-    args = [x, q, kv, o, h, acc, ml, part, counters, tile_counters, err, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin, mask_u8,
+    if timeline is not None:
+        want = (L, len(PHASES) + 1, grid, 3)
+        if device.type != "cuda" or not persistent:
+            raise ValueError("expert_step: timeline needs a persistent launch on CUDA (it reads the GPU's global clock)")
+        if timeline.dtype != torch.int64 or tuple(timeline.shape) != want or timeline.device != device:
+            raise ValueError(f"expert_step: timeline must be an int64 tensor of shape {want} on {device}, got "
+                             f"{timeline.dtype} {tuple(timeline.shape)} on {timeline.device}")
+    args = [x, q, kv, o, h, acc, ml, part, counters, tile_counters, err, err if timeline is None else timeline, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin, mask_u8,
             M, Tk, Tk - M, keys_per_split, float(eps), HD**-0.5, k_cache.stride(0), k_cache.stride(1), mask_u8.stride(0)]
     consts = dict(D=D, NH=NH, HD=HD, F=F, BLOCK_M=BLOCK_M, BN_QKV=cfg.bn_qkv, BK_QKV=cfg.bk_qkv, BN_O=cfg.bn_o,
                   BK_O=cfg.bk_o, BN_GU=cfg.bn_gu, BK_GU=cfg.bk_gu, BN_DOWN=cfg.bn_down, BK_DOWN=cfg.bk_down,
@@ -604,7 +630,7 @@ def expert_step(
                   PREFETCH=cfg.prefetch and device.type == "cuda", ELEMS_PER_LINE=128 // wqkv.element_size(), L=L,
                   KS_O=cfg.ks_o, KS_GU=cfg.ks_gu, KS_DOWN=cfg.ks_down, FOLD_MERGE=cfg.fold_merge,
                   BARRIER_ASM=cfg.barrier_asm and device.type == "cuda", CTR_O=ctr_o, CTR_GU=ctr_gu, CTR_DOWN=ctr_down,
-                  CTR_LAYER=ctr_layer)
+                  CTR_LAYER=ctr_layer, TIMELINE=timeline is not None)
     if persistent:
         _expert_step_kernel[(grid,)](*args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
         _LAST_COUNTERS[_device_key(device)] = (counters, tile_counters.view(L, ctr_layer))
@@ -613,6 +639,49 @@ def expert_step(
             for phase in range(*phases):
                 _expert_step_kernel[(grid,)](*args, layer, layer + 1, phase, phase + 1, USE_BARRIER=False, **consts)
     return x
+
+
+def timeline_summary(timeline: torch.Tensor, phases: tuple[int, int] = (0, len(PHASES))) -> dict:
+    """Where a persistent launch's time went, from the clock readings `expert_step` wrote
+    into `timeline` (L, 7, programs, 3: start, work done, barrier passed; nanoseconds).
+
+    Per phase, medians over the layers, in microseconds:
+      slot          from the phase's first start to the next phase's first start (the
+                    phases' slots add up to the launch's time)
+      work_min / work_median / work_max   a program's time in the phase's tasks
+      start_skew    the last program's start after the first's (barrier departure spread)
+      release       from the last program's arrival to the first one passing the barrier
+    plus `slot_total_us` (the phase's slots over all layers) and, for the whole launch,
+    `total_us` and `work_share`: the summed median work over the summed slots.
+    """
+    t = timeline.detach().to("cpu", torch.int64)
+    L, _, P, _ = t.shape
+    order = [(layer, ph) for layer in range(L) for ph in range(*phases)]
+    starts = [t[layer, ph, :, 0].min().item() for layer, ph in order]
+    last_done = t[order[-1][0], order[-1][1], :, 1].max().item()
+    rows: dict[str, dict[str, list[float]]] = {}
+    for i, (layer, ph) in enumerate(order):
+        start, done, passed = (t[layer, ph, :, j].double() for j in range(3))
+        work = (done - start) / 1e3
+        nxt = starts[i + 1] if i + 1 < len(order) else last_done
+        name = PHASES[ph] if ph < len(PHASES) else "empty"
+        r = rows.setdefault(name, {k: [] for k in ("slot", "work_min", "work_median", "work_max", "start_skew", "release")})
+        r["slot"].append((nxt - starts[i]) / 1e3)
+        r["work_min"].append(work.min().item())
+        r["work_median"].append(work.median().item())
+        r["work_max"].append(work.max().item())
+        r["start_skew"].append((start.max() - start.min()).item() / 1e3)
+        is_last = i + 1 == len(order)  # the kernel's end syncs the last phase: no barrier readings
+        r["release"].append(float("nan") if is_last else (passed.min() - done.max()).item() / 1e3)
+    out: dict = {"programs": P, "layers": L, "phases": {}}
+    for name, r in rows.items():
+        med = {k: float(torch.tensor(v).nanmedian()) for k, v in r.items()}
+        med["slot_total_us"] = float(sum(r["slot"]))
+        out["phases"][name] = med
+    out["total_us"] = (last_done - starts[0]) / 1e3
+    work = sum(r["work_median"] * len(rows[n]["slot"]) for n, r in out["phases"].items())
+    out["work_share"] = work / out["total_us"] if out["total_us"] > 0 else float("nan")
+    return out
 
 
 def config_dict(config: StepKernelConfig | None = None) -> dict:

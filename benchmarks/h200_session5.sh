@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# Session 5 (nvidia-h200-x2, one lane per GPU).
+#   PART=timeline  A: the step kernel as it stands (version 14, vector K/V loads) with its clock
+#                     timeline, then sweep 8 (attention tiles, 16 warps), each with a timeline
+#                  B: bench best with the reference weights released (the served footprint),
+#                     then bench best as before (same process state otherwise)
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=timeline bash benchmarks/h200_session5.sh
+set -u
+source benchmarks/lanes.sh  # $R, lane, and the lever lists $X / $G, $V, $B
+case "${PART:-timeline}" in
+timeline)
+  lane A 0 60 <<EOT &
+200 python3 benchmarks/expert_step_bench.py --quick --timeline --json $R/kernel_expert_step_v14.json
+330 python3 benchmarks/expert_step_bench.py --sweep 8 --timeline --json $R/kernel_expert_step_sweep8.json
+EOT
+  lane B 1 14 <<EOT &
+240 $V bench --workload libero-pi0 --levers best --release-reference $B --json $R/bench_libero-pi0_best-v14-served_model.json
+200 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-v14_model.json
+EOT
+  ;;
+esac
+wait
+cat $R/lane_*.log
