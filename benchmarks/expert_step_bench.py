@@ -51,6 +51,23 @@ def reference(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, eps=1e-6):
     return x
 
 
+def make_inputs(dev: str = "cuda", seed: int = 0) -> tuple:
+    """Random bf16 layers of pi0's expert shapes and a 532-valid-token prefix cache: the
+    arguments of expert_step after the config."""
+    torch.manual_seed(seed)
+    bf = torch.bfloat16
+    rnd = lambda *shape, s=1.0: (torch.randn(*shape, device=dev) * s).to(bf)  # noqa: E731
+    x = rnd(M, D)
+    wqkv, wo = rnd(L, NH * HD + 2 * HD, D, s=D**-0.5), rnd(L, D, NH * HD, s=(NH * HD) ** -0.5)
+    wgu, wd = rnd(L, 2 * FF, D, s=D**-0.5), rnd(L, D, FF, s=0.5 * FF**-0.5)
+    kc, vc = rnd(L, TP + M, HD), rnd(L, TP + M, HD)
+    pad = torch.zeros(1, TP, dtype=torch.bool, device=dev)
+    pad[:, :VALID] = True
+    mask = suffix_mask(pad, M, pi05=False)[0]
+    cos, sin = rope_cos_sin(VALID + torch.arange(M, device=dev)[None], HD, 10000.0, bf)
+    return (x, wqkv, wo, wgu, wd, kc, vc, cos[0].contiguous(), sin[0].contiguous(), mask, 1e-6)
+
+
 def sweep(number: int, base: S.StepKernelConfig) -> list[S.StepKernelConfig]:
     """The tilings tried beside the defaults, by sweep (docs/perf-notes.md says what each found).
     Each ran against the defaults of its day; run again, it explores around today's."""
@@ -90,24 +107,13 @@ def main() -> None:
     p.add_argument("--sweep", type=int, default=1, choices=range(1, 9),
                    help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps)")
     args = p.parse_args()
-    torch.manual_seed(0)
-    dev, bf = "cuda", torch.bfloat16
-    rnd = lambda *shape, s=1.0: (torch.randn(*shape, device=dev) * s).to(bf)  # noqa: E731
-    x = rnd(M, D)
-    wqkv, wo = rnd(L, NH * HD + 2 * HD, D, s=D**-0.5), rnd(L, D, NH * HD, s=(NH * HD) ** -0.5)
-    wgu, wd = rnd(L, 2 * FF, D, s=D**-0.5), rnd(L, D, FF, s=0.5 * FF**-0.5)
-    kc, vc = rnd(L, TP + M, HD), rnd(L, TP + M, HD)
-    pad = torch.zeros(1, TP, dtype=torch.bool, device=dev)
-    pad[:, :VALID] = True
-    mask = suffix_mask(pad, M, pi05=False)[0]
-    cos, sin = rope_cos_sin(VALID + torch.arange(M, device=dev)[None], HD, 10000.0, bf)
-    cos, sin = cos[0].contiguous(), sin[0].contiguous()
-    inputs = (x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6)
+    dev = "cuda"
+    inputs = make_inputs(dev)
     result = {"schema": SCHEMA, "command": "kernel-bench",
               "workload": {"id": "libero-pi0", "overrides": {"layers": L, "rows": M, "keys": TP + M}},
               "variant": {"levers": ["megakernel"], "label": "expert_step", "dtype": "bfloat16"}, "mode": None,
               "env": environment_record(dev), "programs": S.num_sms(torch.device(dev)), "checks": {}, "configs": [], "phases": {}}
-    weight_bytes = sum(t.numel() * t.element_size() for t in (wqkv, wo, wgu, wd))
+    weight_bytes = sum(t.numel() * t.element_size() for t in inputs[1:5])
     result["weight_bytes"] = weight_bytes
 
     def save() -> None:

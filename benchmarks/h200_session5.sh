@@ -4,6 +4,9 @@
 #                     timeline, then sweep 8 (attention tiles, 16 warps), each with a timeline
 #                  B: bench best with the reference weights released (the served footprint),
 #                     then bench best as before (same process state otherwise)
+#   PART=ncu       A: Nsight Compute, full set, on one step-kernel launch (defaults: att_bm 16,
+#                     5 key splits), as text (details + the SASS lines with the most stalls)
+#                  B: bench best with the new attention tiles; the kernel table of best
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=timeline bash benchmarks/h200_session5.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, and the lever lists $X / $G, $V, $B
@@ -16,6 +19,16 @@ EOT
   lane B 1 14 <<EOT &
 240 $V bench --workload libero-pi0 --levers best --release-reference $B --json $R/bench_libero-pi0_best-v14-served_model.json
 200 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-v14_model.json
+EOT
+  ;;
+ncu)
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
+  lane A 0 80 <<EOT &
+300 $NCU --clock-control none -k regex:_expert_step_kernel -s 2 -c 1 --set full --import-source yes -f -o /tmp/step_ncu python3 benchmarks/step_kernel_once.py && $NCU -i /tmp/step_ncu.ncu-rep --page details > $R/step_ncu_details.txt && $NCU -i /tmp/step_ncu.ncu-rep --page source --csv --print-source sass | gzip > $R/step_ncu_sass.csv.gz; ls -la $R
+EOT
+  lane B 1 14 <<EOT &
+200 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-att16_model.json
+150 python3 benchmarks/profile_kernels.py --workload libero-pi0 --rows 40 --levers best > $R/kernels_best_att16.txt 2>&1; tail -8 $R/kernels_best_att16.txt
 EOT
   ;;
 esac

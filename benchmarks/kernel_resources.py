@@ -26,11 +26,12 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
-from dataclasses import fields, replace
 
 import triton
 import triton.language as tl
 from triton.backends.compiler import GPUTarget
+
+from step_kernel_once import parse_config  # benchmarks/ (the script's folder is on sys.path)
 
 from vlaperf.engine.kernels import expert_step as S
 from vlaperf.models.pi0 import ATTENTION_MASK_VALUE
@@ -139,15 +140,8 @@ def whole_kernel_constexprs(cfg: S.StepKernelConfig, timeline: bool = False) -> 
 
 
 def main() -> None:
-    types = {f.name: f.type for f in fields(S.StepKernelConfig)}
-    overrides = {}
     timeline = "--timeline" in sys.argv[1:]
-    for arg in [a for a in sys.argv[1:] if a != "--timeline"]:
-        key, _, value = arg.partition("=")
-        if key not in types:
-            raise SystemExit(f"unknown StepKernelConfig field {key!r}; expected one of: {', '.join(types)}")
-        overrides[key] = value.lower() in ("1", "true", "yes") if types[key] in (bool, "bool") else int(value)
-    cfg = replace(S.StepKernelConfig(), **overrides)
+    cfg = parse_config([a for a in sys.argv[1:] if a != "--timeline"])
     splits, _ = S.key_splits(cfg, TK)
     kernels = [("whole step kernel", S._expert_step_kernel, whole_kernel_constexprs(cfg, timeline)),
                ("qkv", _qkv_alone, dict(BN=cfg.bn_qkv, BK=cfg.bk_qkv, STAGES=cfg.num_stages)),

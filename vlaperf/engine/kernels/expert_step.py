@@ -63,7 +63,7 @@ class StepKernelConfig:
     """Tiles of the step kernel. `bn_*` columns and `bk_*` reduction depth per matmul task,
     `ks_*` K-slices; attention tiles `att_bm` query rows x `att_bn` keys, `splits` key
     splits, `merge_bd` dims per merge task; `num_warps` for the whole kernel. The defaults
-    are the fastest of the H200 sweeps (benchmarks/expert_step_bench.py, sweeps 1-7); the
+    are the fastest of the H200 sweeps (benchmarks/expert_step_bench.py, sweeps 1-8); the
     options off by default measured slower there (docs/perf-notes.md, versions 9b, 11a, 11b)."""
 
     bn_qkv: int = 16
@@ -74,9 +74,9 @@ class StepKernelConfig:
     bk_gu: int = 128
     bn_down: int = 16
     bk_down: int = 256
-    att_bm: int = 32
+    att_bm: int = 16
     att_bn: int = 64
-    splits: int = 10
+    splits: int = 5
     merge_bd: int = 32
     att_stages: int = 1
     num_warps: int = 8
