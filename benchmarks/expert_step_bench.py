@@ -94,6 +94,8 @@ def sweep(number: int, base: S.StepKernelConfig) -> list[S.StepKernelConfig]:
             r(ks_gu=2, bn_gu=32)],
         8: [r(splits=5, att_stages=2), r(att_bm=16), r(att_bm=16, splits=5), r(att_bm=64),  # attention tiles after the
             r(num_warps=16), r(num_warps=16, att_bm=16)],                                   # vector loads; 16 warps
+        9: [r(poll_one=True), r(barrier_asm=False, poll_load=False),  # who polls the barrier; deeper K pipelines
+            r(poll_one=True, num_stages=4), r(poll_one=True, bk_qkv=64, bk_gu=64, bk_o=128, bk_down=128, num_stages=5)],
     }
     return sweeps[number]
 
@@ -104,8 +106,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="default configuration only")
     p.add_argument("--timeline", action="store_true",
                    help="also read the GPU clock at every (layer, phase, program) and summarise where each config's time goes")
-    p.add_argument("--sweep", type=int, default=1, choices=range(1, 9),
-                   help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps)")
+    p.add_argument("--sweep", type=int, default=1, choices=range(1, 10),
+                   help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps; 9: barrier polling, pipeline depth)")
     args = p.parse_args()
     dev = "cuda"
     inputs = make_inputs(dev)
@@ -197,7 +199,8 @@ def main() -> None:
             traceback.print_exc()
     barriers = {"barrier_only_poll_load": dict(poll_load=True, barrier_asm=False),
                 "barrier_only_poll_atomic": dict(poll_load=False, barrier_asm=False),
-                "barrier_only_asm": dict(barrier_asm=True)}
+                "barrier_only_asm": dict(barrier_asm=True, poll_one=False),
+                "barrier_only_asm_poll_one": dict(barrier_asm=True, poll_one=True)}
     for name, kind in barriers.items():
         try:
             result["phases"][name] = graph_time_ms(

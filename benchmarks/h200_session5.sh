@@ -7,6 +7,8 @@
 #   PART=ncu       A: Nsight Compute, full set, on one step-kernel launch (defaults: att_bm 16,
 #                     5 key splits), as text (details + the SASS lines with the most stalls)
 #                  B: bench best with the new attention tiles; the kernel table of best
+#   PART=barrier   A: sweep 9 (one thread polls the barrier; deeper K pipelines) with timelines
+#                  B: Nsight Compute again, the stalls by Python source line
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=timeline bash benchmarks/h200_session5.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, and the lever lists $X / $G, $V, $B
@@ -29,6 +31,15 @@ EOT
   lane B 1 14 <<EOT &
 200 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-att16_model.json
 150 python3 benchmarks/profile_kernels.py --workload libero-pi0 --rows 40 --levers best > $R/kernels_best_att16.txt 2>&1; tail -8 $R/kernels_best_att16.txt
+EOT
+  ;;
+barrier)
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
+  lane A 0 60 <<EOT &
+330 python3 benchmarks/expert_step_bench.py --sweep 9 --timeline --json $R/kernel_expert_step_sweep9.json
+EOT
+  lane B 1 30 <<EOT &
+300 $NCU --clock-control none -k regex:_expert_step_kernel -s 2 -c 1 --set full --import-source yes -f -o /tmp/step_ncu python3 benchmarks/step_kernel_once.py && $NCU -i /tmp/step_ncu.ncu-rep --page source --csv --print-source cuda,sass | gzip > $R/step_ncu_source.csv.gz; ls -la $R; zcat $R/step_ncu_source.csv.gz | head -c 600
 EOT
   ;;
 esac

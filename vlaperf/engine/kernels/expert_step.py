@@ -88,6 +88,7 @@ class StepKernelConfig:
     ks_down: int = 2  # split K of down
     fold_merge: bool = False  # the last attention split of a row block merges them, no merge phase (14% slower)
     barrier_asm: bool = True  # arrive with red.release, poll with ld.acquire (inline PTX, CUDA only)
+    poll_one: bool = False  # with barrier_asm: one thread polls, the block waits for it
 
 
 # ------------------------------------------------------------------------ helpers
@@ -111,25 +112,40 @@ def _grid_sync(counter_ptr, err_ptr, nprog, MAX_SPIN: tl.constexpr, POLL_LOAD: t
 
 
 @triton.jit
-def _grid_sync_asm(counter_ptr, err_ptr, nprog, MAX_SPIN: tl.constexpr):
+def _grid_sync_asm(counter_ptr, err_ptr, nprog, MAX_SPIN: tl.constexpr, POLL_ONE: tl.constexpr):
     """The same barrier with lighter instructions: one thread arrives with `red.release` (no
-    value comes back, so it does not wait for the round trip) and every thread polls with
-    `ld.acquire`, which orders its later loads without a closing atomic."""
+    value comes back, so it does not wait for the round trip) and polls with `ld.acquire`,
+    which orders later loads without a closing atomic. POLL_ONE: only that thread polls and
+    the others wait at the block barrier after it (as CUDA's cooperative grid sync does);
+    else every thread polls, and each poll is an L1 invalidation (`CCTL.IVALL`) on every
+    thread: the hottest instruction of the kernel in Nsight Compute (docs/perf-notes.md)."""
     tl.debug_barrier()
     ptr = counter_ptr + tl.zeros((1,), tl.int32)
     tl.inline_asm_elementwise(
         "{ .reg .pred p; .reg .u32 t; mov.u32 t, %tid.x; setp.eq.u32 p, t, 0; "
         "@p red.release.gpu.global.add.s32 [$1], 1; mov.u32 $0, 0; }",
         "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1)
-    spins = 0
-    seen = tl.max(tl.inline_asm_elementwise("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
-                                            is_pure=False, pack=1), axis=0)
-    while (seen < nprog) & (spins < MAX_SPIN):
-        spins += 1
+    if POLL_ONE:
+        # thread 0 spins in PTX (a loop in Triton would run on every thread); $0 = 1 on timeout
+        timed_out = tl.inline_asm_elementwise(
+            "{ .reg .pred p; .reg .u32 t, v, n; mov.u32 $0, 0; mov.u32 t, %tid.x; setp.ne.u32 p, t, 0; "
+            "@p bra DONE${:uid}; mov.u32 n, 0; "
+            "SPIN${:uid}: ld.acquire.gpu.global.u32 v, [$1]; setp.ge.s32 p, v, $2; @p bra DONE${:uid}; "
+            "add.u32 n, n, 1; setp.lt.u32 p, n, $3; @p bra SPIN${:uid}; mov.u32 $0, 1; DONE${:uid}: }",
+            "=r,l,r,r", [ptr, nprog + tl.zeros((1,), tl.int32), MAX_SPIN + tl.zeros((1,), tl.int32)],
+            dtype=tl.int32, is_pure=False, pack=1)
+        if tl.max(timed_out, axis=0) > 0:
+            tl.atomic_xchg(err_ptr, 1)
+    else:
+        spins = 0
         seen = tl.max(tl.inline_asm_elementwise("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
                                                 is_pure=False, pack=1), axis=0)
-    if spins >= MAX_SPIN:
-        tl.atomic_xchg(err_ptr, 1)
+        while (seen < nprog) & (spins < MAX_SPIN):
+            spins += 1
+            seen = tl.max(tl.inline_asm_elementwise("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
+                                                    is_pure=False, pack=1), axis=0)
+        if spins >= MAX_SPIN:
+            tl.atomic_xchg(err_ptr, 1)
     tl.debug_barrier()
 
 
@@ -415,7 +431,7 @@ def _expert_step_kernel(
     USE_BARRIER: tl.constexpr, POLL_LOAD: tl.constexpr, MAX_SPIN: tl.constexpr,
     PREFETCH: tl.constexpr, ELEMS_PER_LINE: tl.constexpr, L: tl.constexpr,
     KS_O: tl.constexpr, KS_GU: tl.constexpr, KS_DOWN: tl.constexpr, FOLD_MERGE: tl.constexpr, BARRIER_ASM: tl.constexpr,
-    CTR_O: tl.constexpr, CTR_GU: tl.constexpr, CTR_DOWN: tl.constexpr, CTR_LAYER: tl.constexpr,
+    POLL_ONE: tl.constexpr, CTR_O: tl.constexpr, CTR_GU: tl.constexpr, CTR_DOWN: tl.constexpr, CTR_LAYER: tl.constexpr,
     TIMELINE: tl.constexpr,
 ):
     pid = tl.program_id(0)
@@ -463,7 +479,7 @@ def _expert_step_kernel(
                 # the kernel's end syncs the last phase; a folded merge phase has nothing to wait for
                 if ((layer < layer_hi - 1) | (phase < phase_hi - 1)) & ((phase != 2) | (not FOLD_MERGE)):
                     if BARRIER_ASM:
-                        _grid_sync_asm(counter_ptr + layer * 7 + phase, err_ptr, nprog, MAX_SPIN)
+                        _grid_sync_asm(counter_ptr + layer * 7 + phase, err_ptr, nprog, MAX_SPIN, POLL_ONE)
                     else:
                         _grid_sync(counter_ptr + layer * 7 + phase, err_ptr, nprog, MAX_SPIN, POLL_LOAD)
             if TIMELINE:
@@ -629,7 +645,7 @@ def expert_step(
                   POLL_LOAD=cfg.poll_load, MAX_SPIN=1 << 22, num_warps=cfg.num_warps,
                   PREFETCH=cfg.prefetch and device.type == "cuda", ELEMS_PER_LINE=128 // wqkv.element_size(), L=L,
                   KS_O=cfg.ks_o, KS_GU=cfg.ks_gu, KS_DOWN=cfg.ks_down, FOLD_MERGE=cfg.fold_merge,
-                  BARRIER_ASM=cfg.barrier_asm and device.type == "cuda", CTR_O=ctr_o, CTR_GU=ctr_gu, CTR_DOWN=ctr_down,
+                  BARRIER_ASM=cfg.barrier_asm and device.type == "cuda", POLL_ONE=cfg.poll_one, CTR_O=ctr_o, CTR_GU=ctr_gu, CTR_DOWN=ctr_down,
                   CTR_LAYER=ctr_layer, TIMELINE=timeline is not None)
     if persistent:
         _expert_step_kernel[(grid,)](*args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
