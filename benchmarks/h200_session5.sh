@@ -9,6 +9,8 @@
 #                  B: bench best with the new attention tiles; the kernel table of best
 #   PART=barrier   A: sweep 9 (one thread polls the barrier; deeper K pipelines) with timelines
 #                  B: Nsight Compute again, the stalls by Python source line
+#   PART=final     A: bench best (libero-pi0 model + policy, shallow6) with the session's defaults,
+#                     the step kernel's timeline; B: T(N) of best and best less megakernel, pi05
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=timeline bash benchmarks/h200_session5.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, and the lever lists $X / $G, $V, $B
@@ -40,6 +42,18 @@ barrier)
 EOT
   lane B 1 30 <<EOT &
 300 $NCU --clock-control none -k regex:_expert_step_kernel -s 2 -c 1 --set full --import-source yes -f -o /tmp/step_ncu python3 benchmarks/step_kernel_once.py && $NCU -i /tmp/step_ncu.ncu-rep --page source --csv --print-source cuda,sass | gzip > $R/step_ncu_source.csv.gz; ls -la $R; zcat $R/step_ncu_source.csv.gz | head -c 600
+EOT
+  ;;
+final)
+  lane A 0 14 <<EOT &
+200 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s5_model.json
+150 $V bench --workload libero-pi0 --levers best --mode policy $B --json $R/bench_libero-pi0_best-s5_policy.json
+150 $V bench --workload libero-shallow6 --levers best $B --json $R/bench_libero-shallow6_best-s5_model.json
+150 python3 benchmarks/expert_step_bench.py --quick --timeline --json $R/kernel_expert_step_s5.json
+EOT
+  lane B 1 14 <<EOT &
+380 $V scaling --workload libero-pi0 --levers "best;$G" --no-progress --json $R/scaling_libero-pi0_best_s5.json --plot $R/scaling_libero-pi0_best_s5.png
+150 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s5_model.json
 EOT
   ;;
 esac
