@@ -57,7 +57,8 @@ def bench_rows(results):
         wl = r["workload"]["id"] + (f" {r['workload']['overrides']}" if r["workload"]["overrides"] else "")
         peak = r.get("peak_memory_bytes")
         batch = r["workload"]["overrides"].get("batch") or get_workload(r["workload"]["id"]).batch
-        rows.append(f"| {wl} | {r['mode']} | {_short(r['variant']['label'])} | {_ms(w['median'])} | {_ms(w['p95'])} | "
+        served = " (reference weights released, as served)" if r.get("released_reference_bytes") else ""
+        rows.append(f"| {wl} | {r['mode']} | {_short(r['variant']['label'])}{served} | {_ms(w['median'])} | {_ms(w['p95'])} | "
                     f"{_ms(e['median'] if e else None)} | {1e3 * batch / w['median']:.1f} | {_first(r, r['first_call_s'], not r['variant']['levers'])} | "
                     f"{f'{peak / 2**30:.2f}' if peak else '-'} | {f'{ratio:.1f}x' if ratio else '-'} | `{path.relative_to(ROOT)}` |")
     return rows
