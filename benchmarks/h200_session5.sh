@@ -11,6 +11,8 @@
 #                  B: Nsight Compute again, the stalls by Python source line
 #   PART=final     A: bench best (libero-pi0 model + policy, shallow6) with the session's defaults,
 #                     the step kernel's timeline; B: T(N) of best and best less megakernel, pi05
+#   PART=heads     A: the step's float32 heads through small_m_matmul against cuBLAS, interleaved
+#                     (libero-pi0, then shallow6); B: bench best for libero-pi0, shallow6, pi05
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=timeline bash benchmarks/h200_session5.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, and the lever lists $X / $G, $V, $B
@@ -54,6 +56,17 @@ EOT
   lane B 1 14 <<EOT &
 380 $V scaling --workload libero-pi0 --levers "best;$G" --no-progress --json $R/scaling_libero-pi0_best_s5.json --plot $R/scaling_libero-pi0_best_s5.png
 150 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s5_model.json
+EOT
+  ;;
+heads)
+  lane A 0 14 <<EOT &
+240 python3 benchmarks/heads_ab.py --workload libero-pi0 --json $R/heads_ab_libero-pi0.json
+200 python3 benchmarks/heads_ab.py --workload libero-shallow6 --json $R/heads_ab_libero-shallow6.json
+EOT
+  lane B 1 14 <<EOT &
+200 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-heads_model.json
+150 $V bench --workload libero-shallow6 --levers best $B --json $R/bench_libero-shallow6_best-heads_model.json
+150 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-heads_model.json
 EOT
   ;;
 esac

@@ -42,7 +42,7 @@ def _small_m_kernel(
     M, N, K, eps,
     stride_xm, stride_wn, stride_om, stride_rm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    RMS_NORM: tl.constexpr, GEGLU: tl.constexpr, RESIDUAL: tl.constexpr, GATED: tl.constexpr,
+    RMS_NORM: tl.constexpr, GEGLU: tl.constexpr, RESIDUAL: tl.constexpr, GATED: tl.constexpr, IEEE: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -60,10 +60,11 @@ def _small_m_kernel(
         k_ok = ks < K
         x = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        acc += tl.dot(x, tl.trans(w))
+        # float32 operands multiply in full precision, as torch's float32 matmul does (not TF32)
+        acc += tl.dot(x, tl.trans(w), input_precision="ieee" if IEEE else None)
         if GEGLU:
             w2 = tl.load(w2_ptr + cols[:, None] * stride_wn + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-            acc2 += tl.dot(x, tl.trans(w2))
+            acc2 += tl.dot(x, tl.trans(w2), input_precision="ieee" if IEEE else None)
         if RMS_NORM:
             xf = x.to(tl.float32)
             ssq += tl.sum(xf * xf, axis=1)
@@ -104,7 +105,7 @@ def _epilogue(acc, acc2, ssq, rows, cols, row_ok, col_ok, out_ptr, res_ptr, gate
 def _reduce_kernel(
     part_ptr, ssq_ptr, out_ptr, res_ptr, gate_ptr, M, N, K, eps, stride_om, stride_rm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
-    RMS_NORM: tl.constexpr, GEGLU: tl.constexpr, RESIDUAL: tl.constexpr, GATED: tl.constexpr,
+    RMS_NORM: tl.constexpr, GEGLU: tl.constexpr, RESIDUAL: tl.constexpr, GATED: tl.constexpr, IEEE: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)
@@ -161,7 +162,9 @@ def small_m_matmul(
 
     w_up:     GEGLU: y = gelu_tanh(x @ w^T) * (x @ w_up^T)
     rms_eps:  prologue RMSNorm without scale (fold the scale into w): rows of x normalised
-    residual: y = residual + (x @ w^T) [* gate], residual (M, N)
+    residual: y = residual + (x @ w^T) [* gate], residual (M, N); a bias broadcast over the
+              rows (stride 0, e.g. `bias.expand(M, N)`) is a residual too
+    float32 x and w multiply in full precision (the step's float32 heads), bf16 on tensor cores.
     block_n, block_k, split_k: the tiling; None takes `pick_config`'s (measured) choice.
     """
     M, K = x.shape
@@ -170,6 +173,8 @@ def small_m_matmul(
         raise ValueError(f"small_m_matmul is for at most 64 rows, got {M}")
     if w.shape[1] != K or (w_up is not None and w_up.shape != w.shape):
         raise ValueError(f"shape mismatch: x {tuple(x.shape)}, w {tuple(w.shape)}, w_up {None if w_up is None else tuple(w_up.shape)}")
+    if w.dtype != x.dtype or (w_up is not None and w_up.dtype != x.dtype):
+        raise ValueError(f"small_m_matmul: x is {x.dtype} and w {w.dtype}; expected the same dtype")
     assert x.stride(1) == 1 and w.stride(1) == 1 and (w_up is None or w_up.stride() == w.stride())
     BLOCK_M = 16 if M <= 16 else 32 if M <= 32 else 64
     auto = pick_config(N, K, w_up is not None, num_sms)
@@ -179,7 +184,8 @@ def small_m_matmul(
     n_blocks = triton.cdiv(N, block_n)
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     geglu = w_up is not None
-    flags = dict(RMS_NORM=rms_eps is not None, GEGLU=geglu, RESIDUAL=residual is not None, GATED=gate is not None)
+    flags = dict(RMS_NORM=rms_eps is not None, GEGLU=geglu, RESIDUAL=residual is not None, GATED=gate is not None,
+                 IEEE=x.dtype == torch.float32)
     res = residual if residual is not None else out
     g = gate if gate is not None else out
     eps = float(rms_eps or 0.0)
