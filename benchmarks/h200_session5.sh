@@ -12,7 +12,9 @@
 #   PART=final     A: bench best (libero-pi0 model + policy, shallow6) with the session's defaults,
 #                     the step kernel's timeline; B: T(N) of best and best less megakernel, pi05
 #   PART=heads     A: the step's float32 heads through small_m_matmul against cuBLAS, interleaved
-#                     (libero-pi0, then shallow6); B: bench best for libero-pi0, shallow6, pi05
+#                     (libero-pi0, then shallow6); B: bench best for libero-pi0, shallow6, pi05.
+#                     Ran at 55d64b1; no gain (perf-notes, version 17), so the head path and
+#                     benchmarks/heads_ab.py were taken out again: this part no longer runs
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=timeline bash benchmarks/h200_session5.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, and the lever lists $X / $G, $V, $B
