@@ -15,6 +15,8 @@
 #                     (libero-pi0, then shallow6); B: bench best for libero-pi0, shallow6, pi05.
 #                     Ran at 55d64b1; no gain (perf-notes, version 17), so the head path and
 #                     benchmarks/heads_ab.py were taken out again: this part no longer runs
+#   PART=batch     A: bench best at batch 4; B: at batch 8 (the step kernel is batch 1 only, so
+#                     their steps run the layer path)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=timeline bash benchmarks/h200_session5.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, and the lever lists $X / $G, $V, $B
@@ -69,6 +71,14 @@ EOT
 200 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-heads_model.json
 150 $V bench --workload libero-shallow6 --levers best $B --json $R/bench_libero-shallow6_best-heads_model.json
 150 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-heads_model.json
+EOT
+  ;;
+batch)
+  lane A 0 14 <<EOT &
+200 $V bench --workload libero-pi0-b4 --levers best $B --json $R/bench_libero-pi0-b4_best-s5_model.json
+EOT
+  lane B 1 14 <<EOT &
+200 $V bench --workload libero-pi0-b8 --levers best $B --json $R/bench_libero-pi0-b8_best-s5_model.json
 EOT
   ;;
 esac
