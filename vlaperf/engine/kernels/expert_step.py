@@ -24,7 +24,8 @@ activation (all 418 KB of h for down), and the phase is bound by those re-reads 
 With K split, a task reads one slice, writes a float32 partial, and counts itself in at its
 tile's counter; the last to arrive adds the partials in slice order to x, so the result does
 not depend on which task finished first (the persistent launch equals the per-phase launches
-bit for bit). H200, 18 layers: 1.01 ms a step against 1.10 unsplit (perf-notes, version 11).
+bit for bit). H200, 18 layers: 1.01 ms a step against 1.10 unsplit (perf-notes, version 11);
+0.84 ms with session 5's attention tiles and barrier (versions 15-16).
 
 The RMSNorm scales are folded into Wqkv / Wgate_up (fuse_projections), so a norm is the
 row's rsqrt(mean(x^2) + eps), accumulated from the x tiles the matmul loads anyway.
