@@ -43,6 +43,14 @@ INT_BUFFERS = {"tile_ctr_ptr", "counter_ptr", "err_ptr"}
 ALIGNED_INTS = {"keys_per_split", "stride_cl", "stride_ct", "K"}
 
 
+_LAST_PTX = [""]
+
+
+def last_ptx() -> str:
+    """The PTX of the last `compile_kernel` call (tests look for instructions in it)."""
+    return _LAST_PTX[0]
+
+
 def _ptxas() -> str:
     folder = os.path.join(os.path.dirname(triton.__file__), "backends", "nvidia", "bin")
     names = [n for n in ("ptxas-blackwell", "ptxas") if os.path.exists(os.path.join(folder, n))]
@@ -68,6 +76,7 @@ def compile_kernel(fn, constexprs: dict, num_warps: int, num_stages: int, ptxas:
                                        constexprs={n: constexprs[n] for n in names if n in constexprs}, attrs=hints)
     compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
     ptx = compiled.asm["ptx"]
+    _LAST_PTX[0] = ptx
     counts = {"shared_bytes": compiled.metadata.shared,
               "loads": dict(Counter(re.findall(r"\bld\.global[\w.:]*", ptx))),
               "stores": dict(Counter(re.findall(r"\bst\.global[\w.:]*", ptx))),

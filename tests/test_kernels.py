@@ -412,3 +412,24 @@ def test_timeline_needs_a_persistent_cuda_launch():
             w(M, HD), w(M, HD), torch.ones(M, Tk, dtype=torch.bool), 1e-6)
     with pytest.raises(ValueError, match="timeline needs a persistent launch on CUDA"):
         expert_step(*args, persistent=False, timeline=torch.zeros(L, 7, 4, 3, dtype=torch.int64))
+
+
+def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
+    """The whole step kernel compiled for sm_90a and assembled by ptxas (Triton's bundled one)
+    on this CPU machine: the inline PTX the GPU launch relies on (the one-thread barrier poll
+    with its spin loop, the clock reads of the timeline) must assemble, in both barrier
+    variants. The interpreter cannot run any of it."""
+    from dataclasses import replace
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import kernel_resources as resources
+
+    from vlaperf.engine.kernels import expert_step as S
+
+    for cfg, timeline in ((S.StepKernelConfig(), True), (replace(S.StepKernelConfig(), poll_one=False), False)):
+        consts = resources.whole_kernel_constexprs(cfg, timeline)
+        r = resources.compile_kernel(S._expert_step_kernel, consts, cfg.num_warps, cfg.num_stages, ptxas=True)
+        assert r["registers"] <= 255 and r["shared_bytes"] <= 227 * 1024, r
+        ptx = resources.last_ptx()
+        assert ("%globaltimer" in ptx) == timeline
+        assert ("SPIN" in ptx) == cfg.poll_one  # thread 0's spin loop, present only with poll_one
