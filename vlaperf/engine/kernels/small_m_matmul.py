@@ -105,7 +105,7 @@ def _epilogue(acc, acc2, ssq, rows, cols, row_ok, col_ok, out_ptr, res_ptr, gate
 def _reduce_kernel(
     part_ptr, ssq_ptr, out_ptr, res_ptr, gate_ptr, M, N, K, eps, stride_om, stride_rm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
-    RMS_NORM: tl.constexpr, GEGLU: tl.constexpr, RESIDUAL: tl.constexpr, GATED: tl.constexpr, IEEE: tl.constexpr,
+    RMS_NORM: tl.constexpr, GEGLU: tl.constexpr, RESIDUAL: tl.constexpr, GATED: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)
@@ -164,7 +164,8 @@ def small_m_matmul(
     rms_eps:  prologue RMSNorm without scale (fold the scale into w): rows of x normalised
     residual: y = residual + (x @ w^T) [* gate], residual (M, N); a bias broadcast over the
               rows (stride 0, e.g. `bias.expand(M, N)`) is a residual too
-    float32 x and w multiply in full precision (the step's float32 heads), bf16 on tensor cores.
+    float32 x and w multiply in full precision (FMA, as torch's float32 matmul; not TF32),
+    bf16 on tensor cores.
     block_n, block_k, split_k: the tiling; None takes `pick_config`'s (measured) choice.
     """
     M, K = x.shape
@@ -184,8 +185,7 @@ def small_m_matmul(
     n_blocks = triton.cdiv(N, block_n)
     out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     geglu = w_up is not None
-    flags = dict(RMS_NORM=rms_eps is not None, GEGLU=geglu, RESIDUAL=residual is not None, GATED=gate is not None,
-                 IEEE=x.dtype == torch.float32)
+    flags = dict(RMS_NORM=rms_eps is not None, GEGLU=geglu, RESIDUAL=residual is not None, GATED=gate is not None)
     res = residual if residual is not None else out
     g = gate if gate is not None else out
     eps = float(rms_eps or 0.0)
@@ -197,7 +197,7 @@ def small_m_matmul(
     _small_m_kernel[(n_blocks, split_k)](
         x, w, w_up if geglu else w, out, res, g, part, ssq, M, N, K, eps,
         x.stride(0), w.stride(0), out.stride(0), res.stride(0),
-        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, **flags,
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, IEEE=x.dtype == torch.float32, **flags,
     )
     if split_k > 1:
         _reduce_kernel[(n_blocks,)](
