@@ -96,6 +96,8 @@ def sweep(number: int, base: S.StepKernelConfig) -> list[S.StepKernelConfig]:
             r(num_warps=16), r(num_warps=16, att_bm=16)],                                   # vector loads; 16 warps
         9: [r(poll_one=True), r(barrier_asm=False, poll_load=False),  # who polls the barrier; deeper K pipelines
             r(poll_one=True, num_stages=4), r(poll_one=True, bk_qkv=64, bk_gu=64, bk_o=128, bk_down=128, num_stages=5)],
+        10: [r(bk_qkv=64, bk_gu=64, bk_o=128, bk_down=128, num_stages=5), r(num_stages=5),  # not run yet: deeper
+             r(bk_o=128, bk_down=128, num_stages=5), r(barrier_asm=False, poll_load=False)],  # pipelines; atomics
     }
     return sweeps[number]
 
@@ -106,8 +108,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="default configuration only")
     p.add_argument("--timeline", action="store_true",
                    help="also read the GPU clock at every (layer, phase, program) and summarise where each config's time goes")
-    p.add_argument("--sweep", type=int, default=1, choices=range(1, 10),
-                   help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps; 9: barrier polling, pipeline depth)")
+    p.add_argument("--sweep", type=int, default=1, choices=range(1, 11),
+                   help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps; 9: barrier polling, pipeline depth; 10: deeper pipelines, atomic polling at 4 stages)")
     args = p.parse_args()
     dev = "cuda"
     inputs = make_inputs(dev)

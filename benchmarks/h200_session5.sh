@@ -17,6 +17,8 @@
 #                     benchmarks/heads_ab.py were taken out again: this part no longer runs
 #   PART=batch     A: bench best at batch 4; B: at batch 8 (the step kernel is batch 1 only, so
 #                     their steps run the layer path)
+#   PART=next      (prepared for session 6, not run yet) A: sweep 10 with timelines;
+#                  B: libero-pi0-b8, best against best less triton_kernels, interleaved
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=timeline bash benchmarks/h200_session5.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, and the lever lists $X / $G, $V, $B
@@ -79,6 +81,14 @@ batch)
 EOT
   lane B 1 14 <<EOT &
 200 $V bench --workload libero-pi0-b8 --levers best $B --json $R/bench_libero-pi0-b8_best-s5_model.json
+EOT
+  ;;
+next)
+  lane A 0 60 <<EOT &
+330 python3 benchmarks/expert_step_bench.py --sweep 10 --timeline --json $R/kernel_expert_step_sweep10.json
+EOT
+  lane B 1 30 <<EOT &
+400 $V matrix --workload libero-pi0-b8 --variants "best;$X,compile=default" --no-progress --iters 30 --warmup 5 --json $R/matrix_libero-pi0-b8_best.json
 EOT
   ;;
 esac
