@@ -525,6 +525,18 @@ def _compare(doc: _Doc, path: str, r: dict) -> None:
     doc.fig(fig, "comparison with the peer")
 
 
+def _heads_ab(doc: _Doc, path: str, r: dict) -> None:
+    """Session 5's interleaved A/B of the denoise step's float32 heads (cuBLAS against the
+    small_m_matmul kernel); the script that wrote these files left with the change it measured."""
+    eq = r.get("equivalence_kernel_heads") or {}
+    doc.h(3, f"heads A/B: {r['workload']['id']}, {r['variant']['label']} on {_gpu(r)}")
+    doc.p(f"{r['rounds']} interleaved rounds in one process; speedup = cuBLAS heads over kernel heads, median of "
+          f"per-round ratios (p10..p90 {r['speedup_p10_p90'][0]:.3f}..{r['speedup_p10_p90'][1]:.3f}); outputs differ by "
+          f"rel L2 {r['rel_l2_kernel_vs_cublas_heads']:.1e}; kernel heads against the reference: rel L2 "
+          f"{eq.get('rel_l2', float('nan')):.1e}, passed {eq.get('passed')}", "")
+    doc.table(["heads", "median ms"], [[k, v] for k, v in r["median_ms"].items()] + [["speedup", r["speedup_median"]]])
+
+
 def _kernel_bench(doc: _Doc, path: str, r: dict) -> None:
     doc.h(3, f"kernel bench: {r['variant']['label']} on {_gpu(r)}")
     if "cases" in r:
@@ -602,7 +614,8 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
     sections = (("bench", "Latency (bench)"), ("matrix", "Optimization matrix"), ("check", "Equivalence (check)"),
                 ("breakdown", "Stage breakdown"), ("scaling", "T(N) scaling"), ("syncs", "Host syncs"),
                 ("doctor", "Doctor"), ("loadgen", "Serving under load (loadgen)"),
-                ("compare", "Side by side with a peer (compare)"), ("kernel-bench", "Kernels (kernel-bench)"))
+                ("compare", "Side by side with a peer (compare)"), ("kernel-bench", "Kernels (kernel-bench)"),
+                ("heads-ab", "The step's float32 heads, A/B (heads-ab)"))
     for cmd, heading in sections:
         items = by_cmd.pop(cmd, [])
         if not items:
@@ -617,7 +630,7 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
         for p, r in items:
             try:
                 {"matrix": _matrix, "check": _check, "breakdown": _breakdown, "scaling": _scaling, "syncs": _syncs,
-                 "doctor": _doctor, "compare": _compare, "kernel-bench": _kernel_bench}[cmd](doc, p, r)
+                 "doctor": _doctor, "compare": _compare, "kernel-bench": _kernel_bench, "heads-ab": _heads_ab}[cmd](doc, p, r)
             except (KeyError, TypeError, ValueError) as e:
                 doc.p(f"could not render {p}: {type(e).__name__}: {e}", "warn")
     for cmd, items in by_cmd.items():
