@@ -85,7 +85,7 @@ EOT
   ;;
 next)
   lane A 0 60 <<EOT &
-330 python3 benchmarks/expert_step_bench.py --sweep 10 --timeline --json $R/kernel_expert_step_sweep10.json
+450 python3 benchmarks/expert_step_bench.py --sweep 10 --timeline --json $R/kernel_expert_step_sweep10.json
 EOT
   lane B 1 30 <<EOT &
 400 $V matrix --workload libero-pi0-b8 --variants "best;$X,compile=default" --no-progress --iters 30 --warmup 5 --json $R/matrix_libero-pi0-b8_best.json
