@@ -21,7 +21,7 @@
 #                  B: libero-pi0-b8, best against best less triton_kernels, interleaved
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=timeline bash benchmarks/h200_session5.sh
 set -u
-source benchmarks/lanes.sh  # $R, lane, and the lever lists $X / $G, $V, $B
+source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
 case "${PART:-timeline}" in
 timeline)
   lane A 0 60 <<EOT &
@@ -92,5 +92,4 @@ EOT
 EOT
   ;;
 esac
-wait
-cat $R/lane_*.log
+finish  # lanes.sh: waits for both lanes, then $OUT/results.tgz holds every finished file

@@ -4,6 +4,10 @@
 # `timeout budget_s`), keeping the last TAIL lines (default 40) of each step's output, warnings
 # dropped, in $R/lane_NAME.log, and refreshing $OUT/lane_NAME.tgz (all of /tmp/results) after
 # every step, so a lane cut short by the call's time limit still returns what it finished.
+# Each lane's tgz holds all of /tmp/results as it was when that lane last wrote, so it may hold
+# another lane's files half-written (the step bench writes after every row): `finish` waits
+# for every lane and writes $OUT/results.tgz, the state after all of them. Extract that one;
+# the lane tgz files are for a call cut short by its time limit.
 # Also sets what the device scripts share: the results folder $R, the CLI $V, the lever lists
 # $X (graph: every lever but compile and the kernels) and $G ($X + compile + triton_kernels:
 # `best` less `megakernel`), and $B, the bench options.
@@ -21,4 +25,9 @@ lane() {
     CUDA_VISIBLE_DEVICES=$gpu timeout "$t" bash -c "$cmd" 2>&1 | grep -v -i "warn" | tail -"$keep"
     tar czf "$OUT/lane_$name.tgz" -C /tmp results
   done > "$R/lane_$name.log" 2>&1
+}
+finish() {
+  wait
+  tar czf "$OUT/results.tgz" -C /tmp results
+  cat "$R"/lane_*.log
 }

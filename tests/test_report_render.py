@@ -133,6 +133,8 @@ def test_serving_peer_and_kernel_results_have_renderers(tmp_path):
         assert heading in md, heading
     assert "![server throughput and latency against clients]" in md
     assert "![comparison with the peer]" in md and "| vlaperf variant | max abs | rel L2 |" in md
+    # the step kernel's clock timeline (expert_step_bench.py --timeline files): a table and a figure
+    assert "| phase | slot us | work median us |" in md and "![step kernel timeline per phase]" in md
     assert "cuBLAS (+ eager elementwise) us" in md
     if any(r.get("variant", {}).get("label") == "expert_step" for _, r in results):  # the step kernel's sweep
         assert "| phase (all layers, with its barriers) | us |" in md and "persistent launch equals per-phase" in md

@@ -556,6 +556,9 @@ def _kernel_bench(doc: _Doc, path: str, r: dict) -> None:
                   [[" ".join(f"{k}={v}" for k, v in x["config"].items()), x["us"], x["weights_gb_per_s"], x["rel_l2_vs_fp32"]]
                    for x in ok[:5]])
         doc.table(["phase (all layers, with its barriers)", "us"], [[k, v] for k, v in r["phases"].items()])
+        timed = [x for x in ok if x.get("timeline")]
+        if timed:
+            _step_timeline(doc, timed[0])
     else:
         ok = sorted((x for x in r["configs"] if "ms" in x and x["rel_l2"] < 1e-2), key=lambda x: x["ms"])
         doc.p(f"reference path ({r.get('baseline', 'folded matmuls')}): {r['folded_ms'] * 1e3:.1f} us; {len(ok)} of {len(r['configs'])} tilings "
@@ -563,6 +566,34 @@ def _kernel_bench(doc: _Doc, path: str, r: dict) -> None:
         doc.table(["tiling", "us", "rel L2"],
                   [[" ".join(f"{k}={x[k]}" for k in ("block_m", "block_n", "splits", "num_warps", "num_stages")), x["ms"] * 1e3,
                     x["rel_l2"]] for x in ok[:5]])
+
+
+def _step_timeline(doc: _Doc, row: dict) -> None:
+    """Where one step-kernel launch's time went (expert_step_bench.py --timeline): per phase,
+    the median slot of a layer split into the median program's work and the rest (waiting
+    for the slowest program, the barrier)."""
+    t = row["timeline"]
+    phases = t["phases"]
+    doc.p(f"clock timeline of the fastest tiling with one ({row['us']:.1f} us a step): {t['layers']} layers x "
+          f"{t['programs']} programs, {t['total_us']:.1f} us in the instrumented launch, work {100 * t['work_share']:.0f}% "
+          "of it; medians over the layers, microseconds", "")
+    doc.table(["phase", "slot us", "work median us", "work max us", "start skew us", "barrier release us", "slots, all layers us"],
+              [[k, v["slot"], v["work_median"], v["work_max"], v["start_skew"], v["release"], v["slot_total_us"]]
+               for k, v in phases.items()])
+    fig, axes = _figure(6.5, 0.8 + 0.35 * len(phases))
+    ax = axes[0][0]
+    names = list(phases)[::-1]
+    work = [phases[n]["work_median"] for n in names]
+    rest = [max(phases[n]["slot"] - phases[n]["work_median"], 0.0) for n in names]
+    ax.barh(range(len(names)), work, color="#1f77b4", label="median program's work")
+    ax.barh(range(len(names)), rest, left=work, color="#bbbbbb", label="waiting: slowest program, barrier")
+    ax.set_yticks(range(len(names)))
+    ax.set_yticklabels(names, fontsize=8)
+    ax.set_xlabel("us per layer (median over layers)", fontsize=8)
+    ax.legend(fontsize=7, loc="lower right")
+    ax.grid(axis="x", alpha=0.3)
+    fig.tight_layout()
+    doc.fig(fig, "step kernel timeline per phase")
 
 
 def _environment(doc: _Doc, results: list[tuple[str, dict]]) -> None:
