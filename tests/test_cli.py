@@ -39,6 +39,7 @@ def test_bench_release_reference_records_the_freed_bytes(tmp_path, capsys):
     assert main(args) == 0
     r = read_result(out)
     assert r["equivalence"]["passed"] and r["released_reference_bytes"] > 0  # best fuses q/k/v and gate/up
+    assert "of reference weights released (as served)" in " ".join(capsys.readouterr().out.split())  # rich wraps lines
     assert main(["bench", "--workload", "tiny", "--device", "cpu", "--warmup", "0", "--iters", "1",
                  "--release-reference", "--no-progress"]) == 2
     assert "--release-reference needs an engine variant" in capsys.readouterr().err

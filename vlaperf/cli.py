@@ -217,6 +217,8 @@ def print_bench(result: dict) -> None:
         line += f"; roofline floor {floor['floor_ms']:.2f} ms (H200 ceilings) -> {med / floor['floor_ms']:.2f}x the floor"
     if result.get("peak_memory_bytes"):
         line += f"; peak memory {result['peak_memory_bytes'] / 2**30:.2f} GiB"
+    if result.get("released_reference_bytes"):
+        line += f" with {result['released_reference_bytes'] / 1e9:.2f} GB of reference weights released (as served)"
     console.print(line)
 
 
