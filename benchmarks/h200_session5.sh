@@ -18,7 +18,8 @@
 #   PART=batch     A: bench best at batch 4; B: at batch 8 (the step kernel is batch 1 only, so
 #                     their steps run the layer path)
 #   PART=next      (prepared for session 6, not run yet) A: sweep 10 with timelines;
-#                  B: libero-pi0-b8, best against best less triton_kernels, interleaved
+#                  B: libero-pi0-b8, best against best less triton_kernels, interleaved; the
+#                     step's float32 heads through small_m_matmul, "ieee" and "tf32x3", vs cuBLAS
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=timeline bash benchmarks/h200_session5.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -89,6 +90,7 @@ next)
 EOT
   lane B 1 30 <<EOT &
 400 $V matrix --workload libero-pi0-b8 --variants "best;$X,compile=default" --no-progress --iters 30 --warmup 5 --json $R/matrix_libero-pi0-b8_best.json
+150 python3 benchmarks/small_m_matmul_bench.py --heads --json $R/kernel_small_m_heads.json
 EOT
   ;;
 esac

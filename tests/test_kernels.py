@@ -47,6 +47,13 @@ SCRIPT = textwrap.dedent(
     # a bias broadcast over the rows (stride 0) is a residual: the step's float32 heads
     x, w, b = torch.randn(50, 1024), torch.randn(32, 1024) / 32, torch.randn(32)
     assert rel(small_m_matmul(x, w, residual=b.expand(50, -1)), F.linear(x, w, b)) < 1e-6, "bias"
+    assert rel(small_m_matmul(x, w, precision="tf32x3"), F.linear(x, w)) < 1e-5, "tf32x3"
+    for bad in (dict(precision="fp8"), dict(precision="tf32x3", x=x.bfloat16(), w=w.bfloat16())):
+        try:
+            small_m_matmul(bad.pop("x", x), bad.pop("w", w), **bad)
+            raise SystemExit(f"{bad} must be refused")
+        except ValueError as e:
+            assert "precision=" in str(e), e
     try:
         small_m_matmul(torch.randn(65, 8), torch.randn(4, 8))
         raise SystemExit("65 rows must be refused")

@@ -541,11 +541,12 @@ def _kernel_bench(doc: _Doc, path: str, r: dict) -> None:
     doc.h(3, f"kernel bench: {r['variant']['label']} on {_gpu(r)}")
     if "cases" in r:
         doc.table(["case", "weight MB", "cuBLAS (+ eager elementwise) us", "kernel us", "kernel TB/s", "rel L2", "tiling",
-                   "tilings tried", "wrong (rel L2 >= 1e-2)"],
+                   "tilings tried", "wrong (rel L2 >= the case's tolerance: 1e-2 bf16, 1e-5 float32)"],
                   [[row["case"], row["weight_bytes"] / 1e6, row["cublas_ms"] * 1e3, (row["best"] or {}).get("ms", float("nan")) * 1e3,
                     (row["best"] or {}).get("tb_s"), (row["best"] or {}).get("rel_l2"),
-                    "bn={block_n} bk={block_k} split={split_k}".format(**row["best"]) if row["best"] else None,
-                    len(row["configs"]), sum(1 for x in row["configs"] if "ms" in x and x["rel_l2"] >= 1e-2)]
+                    "bn={block_n} bk={block_k} split={split_k}".format(**row["best"]) + f" {row['best'].get('precision', '')}"
+                    if row["best"] else None,
+                    len(row["configs"]), sum(1 for x in row["configs"] if "ms" in x and x["rel_l2"] >= row.get("tolerance", 1e-2))]
                    for row in r["cases"]])
     elif "phases" in r:  # the step kernel (megakernel): tilings, then the time of each phase
         ok = sorted((x for x in r["configs"] if "us" in x and x["rel_l2_vs_fp32"] < 2e-2), key=lambda x: x["us"])

@@ -42,7 +42,7 @@ def _small_m_kernel(
     M, N, K, eps,
     stride_xm, stride_wn, stride_om, stride_rm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
-    RMS_NORM: tl.constexpr, GEGLU: tl.constexpr, RESIDUAL: tl.constexpr, GATED: tl.constexpr, IEEE: tl.constexpr,
+    RMS_NORM: tl.constexpr, GEGLU: tl.constexpr, RESIDUAL: tl.constexpr, GATED: tl.constexpr, PRECISION: tl.constexpr,
 ):
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
@@ -60,11 +60,12 @@ def _small_m_kernel(
         k_ok = ks < K
         x = tl.load(x_ptr + rows[:, None] * stride_xm + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0)
         w = tl.load(w_ptr + cols[:, None] * stride_wn + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-        # float32 operands multiply in full precision, as torch's float32 matmul does (not TF32)
-        acc += tl.dot(x, tl.trans(w), input_precision="ieee" if IEEE else None)
+        # float32 operands: PRECISION is "ieee" (FMA, as torch's float32 matmul) unless the caller asks
+        # for "tf32x3" (three TF32 tensor-core products, near-float32) or "tf32"; None for bf16
+        acc += tl.dot(x, tl.trans(w), input_precision=PRECISION)
         if GEGLU:
             w2 = tl.load(w2_ptr + cols[:, None] * stride_wn + ks[None, :], mask=col_ok[:, None] & k_ok[None, :], other=0.0)
-            acc2 += tl.dot(x, tl.trans(w2), input_precision="ieee" if IEEE else None)
+            acc2 += tl.dot(x, tl.trans(w2), input_precision=PRECISION)
         if RMS_NORM:
             xf = x.to(tl.float32)
             ssq += tl.sum(xf * xf, axis=1)
@@ -157,6 +158,7 @@ def small_m_matmul(
     block_k: int | None = None,
     split_k: int | None = None,
     num_sms: int = 132,
+    precision: str | None = None,
 ) -> torch.Tensor:
     """y = epilogue(x @ w^T) for x (M, K) with M <= 64, w (N, K) row-major.
 
@@ -165,7 +167,8 @@ def small_m_matmul(
     residual: y = residual + (x @ w^T) [* gate], residual (M, N); a bias broadcast over the
               rows (stride 0, e.g. `bias.expand(M, N)`) is a residual too
     float32 x and w multiply in full precision (FMA, as torch's float32 matmul; not TF32),
-    bf16 on tensor cores.
+    bf16 on tensor cores. precision: for float32 operands, "ieee" (the default), "tf32x3"
+    (three TF32 tensor-core products, close to float32) or "tf32".
     block_n, block_k, split_k: the tiling; None takes `pick_config`'s (measured) choice.
     """
     M, K = x.shape
@@ -176,6 +179,9 @@ def small_m_matmul(
         raise ValueError(f"shape mismatch: x {tuple(x.shape)}, w {tuple(w.shape)}, w_up {None if w_up is None else tuple(w_up.shape)}")
     if w.dtype != x.dtype or (w_up is not None and w_up.dtype != x.dtype):
         raise ValueError(f"small_m_matmul: x is {x.dtype} and w {w.dtype}; expected the same dtype")
+    if precision is not None and (x.dtype != torch.float32 or precision not in ("ieee", "tf32x3", "tf32")):
+        raise ValueError(f"small_m_matmul: precision={precision!r} needs float32 operands and one of 'ieee', 'tf32x3', "
+                         f"'tf32' (x is {x.dtype})")
     assert x.stride(1) == 1 and w.stride(1) == 1 and (w_up is None or w_up.stride() == w.stride())
     BLOCK_M = 16 if M <= 16 else 32 if M <= 32 else 64
     auto = pick_config(N, K, w_up is not None, num_sms)
@@ -197,7 +203,8 @@ def small_m_matmul(
     _small_m_kernel[(n_blocks, split_k)](
         x, w, w_up if geglu else w, out, res, g, part, ssq, M, N, K, eps,
         x.stride(0), w.stride(0), out.stride(0), res.stride(0),
-        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k, IEEE=x.dtype == torch.float32, **flags,
+        BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
+        PRECISION=(precision or "ieee") if x.dtype == torch.float32 else None, **flags,
     )
     if split_k > 1:
         _reduce_kernel[(n_blocks,)](
