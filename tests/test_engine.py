@@ -222,3 +222,30 @@ def test_cumulative_table_ends_at_what_best_resolves_to(monkeypatch):
         gpu = cumulative_variants(torch.device("cuda"))
         assert Levers.parse(gpu[-1]) == Levers.parse("best", "cuda"), (major, gpu[-1])
         assert all(gpu[i + 1].startswith(gpu[i]) for i in range(1, len(gpu) - 1))  # one lever added per row
+
+
+def test_a_step_kernel_barrier_timeout_is_reported_once_and_fails_the_policy_call(monkeypatch):
+    """A grid barrier that gave up leaves a flag on the device; the policy path (server,
+    bench --mode policy) reads it after each call and raises instead of returning the wrong
+    actions, and the next call starts clean."""
+    import numpy as np
+
+    from vlaperf.engine.kernels import expert_step as S
+    from vlaperf.inputs import make_example
+    from vlaperf.models.pi0 import build_model
+    from vlaperf.policy import Policy
+
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # lets the lever build on the CPU; no kernel runs here
+    w = get_workload("tiny")
+    model = build_model("tiny")
+    engine = Engine(model, "for_loop,static_kv_cache,fuse_projections,megakernel")
+    plain = Engine(model, "for_loop,static_kv_cache,fuse_projections")
+    flag = S._error_flag(engine.device)
+    flag.fill_(1)
+    plain.raise_on_kernel_fault()  # no megakernel: nothing to check, the flag stays
+    assert S.barrier_timeouts(engine.device) == 1
+    policy = Policy(model, plain.sample_actions, w, verify=engine.raise_on_kernel_fault)
+    with pytest.raises(RuntimeError, match="grid barrier of the step kernel timed out"):
+        policy.infer(make_example(w))
+    assert S.take_barrier_timeouts(engine.device) == 0  # taken and cleared by the failed call
+    assert policy.infer(make_example(w))["actions"].dtype == np.float32

@@ -140,7 +140,9 @@ def cmd_bench(args) -> int:
         obs = random_observation(workload, model.config, device, seed=args.seed)
         fn = lambda: sample(obs, noise, steps)  # noqa: E731
     else:
-        policy = Policy(model, sample, workload, num_steps=steps, noise=noise)
+        # the served path: a server checks the step kernel's barriers after every call
+        policy = Policy(model, sample, workload, num_steps=steps, noise=noise,
+                        verify=engine.raise_on_kernel_fault if engine is not None else None)
         examples = [make_example(workload, seed=args.seed + i) for i in range(workload.batch)]
         request = examples[0] if workload.batch == 1 else examples
         fn = lambda: policy.infer(request)  # noqa: E731

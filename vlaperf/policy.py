@@ -21,12 +21,14 @@ class Policy:
 
     `sample` is any `(obs, noise, num_steps) -> actions` function: the reference
     `model.sample_actions` or an `Engine.sample_actions`. Noise is fresh per call unless
-    `noise` is given (benchmarks pass a fixed one).
+    `noise` is given (benchmarks pass a fixed one). `verify`, if given, runs after the actions
+    reach the host and raises if they cannot be trusted (`Engine.raise_on_kernel_fault`).
     """
 
     def __init__(self, model, sample: Callable, workload: Workload, tokenizer: Tokenizer | None = None,
-                 num_steps: int | None = None, noise: torch.Tensor | None = None):
-        self.model, self.sample, self.workload = model, sample, workload
+                 num_steps: int | None = None, noise: torch.Tensor | None = None,
+                 verify: Callable[[], None] | None = None):
+        self.model, self.sample, self.workload, self.verify = model, sample, workload, verify
         self.device = model.action_in_proj.weight.device
         self.transform = ObservationTransform(workload, model.config, tokenizer, self.device)
         self.num_steps = num_steps or workload.steps
@@ -39,6 +41,8 @@ class Policy:
         t1 = time.perf_counter()
         actions = self.sample(obs, noise, self.num_steps)
         out = actions[..., : self.workload.robot_action_dim].cpu().numpy().astype(np.float32)
+        if self.verify is not None:
+            self.verify()
         t2 = time.perf_counter()
         timing = {"transform_ms": (t1 - t0) * 1e3, "sample_and_copy_ms": (t2 - t1) * 1e3, "infer_ms": (t2 - t0) * 1e3}
         if isinstance(example, dict):

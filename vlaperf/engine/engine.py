@@ -70,6 +70,21 @@ class Engine:
             torch.cuda.empty_cache()  # hand the freed blocks back, so nvidia-smi sees it too
         return freed
 
+    def raise_on_kernel_fault(self) -> None:
+        """Raise if a `megakernel` step on this engine's device gave up waiting at a grid
+        barrier since the last check: its actions are wrong. That happens only when not every
+        program of the persistent kernel is resident at once (another process's kernels on
+        the GPU, an MPS thread limit). One 4-byte read; the policy path calls it after its
+        copy of the actions to host, so a server answers with an error, never wrong actions."""
+        if not self.levers.megakernel:
+            return
+        from vlaperf.engine.kernels.expert_step import take_barrier_timeouts
+
+        if take_barrier_timeouts(self.device):
+            raise RuntimeError("megakernel: a grid barrier of the step kernel timed out, so these actions are wrong: not "
+                               "every program of the persistent kernel was resident (another process's kernels on this "
+                               "GPU, or an MPS thread limit). Give the GPU to this process or run without megakernel")
+
     # ------------------------------------------------------------------ public
 
     @torch.no_grad()

@@ -183,7 +183,8 @@ def cmd_serve(args) -> int:
             console.print(f"freed {freed / 1e6:.1f} MB of reference weights the engine holds fused copies of "
                           "(--keep-reference keeps them)")
     sample = engine.sample_actions if engine is not None else model.sample_actions
-    policy = Policy(model, sample, workload, num_steps=workload.steps)
+    policy = Policy(model, sample, workload, num_steps=workload.steps,
+                    verify=engine.raise_on_kernel_fault if engine is not None else None)
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("websockets").setLevel(logging.WARNING)
     try:

@@ -151,7 +151,8 @@ def build_policy_from_spec(spec: dict):
     if engine is not None and not spec.get("keep_reference"):
         engine.release_reference_weights()  # as `vlaperf serve` does: the replica serves the engine only
     sample = engine.sample_actions if engine is not None else model.sample_actions
-    return Policy(model, sample, workload, num_steps=workload.steps)
+    return Policy(model, sample, workload, num_steps=workload.steps,
+                  verify=engine.raise_on_kernel_fault if engine is not None else None)
 
 
 def describe_policy(policy) -> dict:

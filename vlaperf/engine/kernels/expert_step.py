@@ -514,6 +514,19 @@ def barrier_timeouts(device: torch.device | str) -> int:
     return 0 if flag is None else int(flag.item())
 
 
+def take_barrier_timeouts(device: torch.device | str) -> int:
+    """Read and clear the barrier-timeout flag of `device`: 1 if a grid barrier gave up since
+    the last take, so the step(s) in between returned wrong values. One 4-byte device read
+    (a sync): for paths that sync anyway, such as the policy's copy of the actions to host."""
+    flag = _ERROR_FLAGS.get(_device_key(device))
+    if flag is None:
+        return 0
+    seen = int(flag.item())
+    if seen:
+        flag.zero_()
+    return seen
+
+
 def last_barrier_counters(device: torch.device | str) -> torch.Tensor | None:
     """The barrier counters of the last persistent launch on `device` (layer * 7 + phase):
     those of the phases run must equal the number of programs, except the very last one
