@@ -118,3 +118,18 @@ def test_model_checks_on_the_best_engine():
     found = by_id(doctor(engine=Engine(model, "best"), workload="tiny"))
     assert found["model.host_syncs"]["severity"] == "info"
     assert not {"model.masked_images_embedded", "model.padded_prompt", "model.eager_attention"} & set(found)
+
+
+@pytest.mark.parametrize("limit,expected", [(None, None), ("100", None), ("50", "error"), ("half", "error")])
+def test_megakernel_under_an_mps_thread_limit_is_an_error(monkeypatch, limit, expected):
+    from vlaperf.engine.levers import Levers
+
+    if limit is None:
+        monkeypatch.delenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", raising=False)
+    else:
+        monkeypatch.setenv("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE", limit)
+    f = doctor_mod.megakernel_residency(Levers(megakernel=True))
+    assert (f and f["severity"]) == expected
+    if f:
+        assert f["id"] == "model.megakernel_residency" and limit in f["title"] and "without megakernel" in f["fix"]
+    assert doctor_mod.megakernel_residency(Levers()) is None  # the lever off: nothing to say

@@ -303,6 +303,10 @@ def model_checks(model, engine=None, workload=None, measure: bool = True, seed: 
             "and doubles the weight traffic of every memory-bound denoise step.",
             fix="--dtype bfloat16 (vlaperf.models.pi0.build_model's default on cuda)"))
 
+    residency = megakernel_residency(levers)
+    if residency is not None:
+        out.append(residency)
+
     # launch overhead
     if device.type == "cuda" and not levers.cuda_graph and not levers.compile:
         out.append(finding(
@@ -311,6 +315,26 @@ def model_checks(model, engine=None, workload=None, measure: bool = True, seed: 
             "often launch-bound.",
             fix="lever cuda_graph (needs for_loop), or compile=reduce-overhead"))
     return out
+
+
+def megakernel_residency(levers) -> dict | None:
+    """The `megakernel` step kernel runs one program per SM and waits at grid barriers for all
+    of them: under an MPS thread limit below 100% not all can be resident, every barrier waits
+    until it gives up, and the call's actions are wrong (a server answers with an error)."""
+    limit = os.environ.get("CUDA_MPS_ACTIVE_THREAD_PERCENTAGE")
+    if not levers.megakernel or limit is None:
+        return None
+    try:
+        below = float(limit) < 100
+    except ValueError:
+        below = True
+    if not below:
+        return None
+    return finding("model.megakernel_residency", "error", f"megakernel under an MPS thread limit ({limit}%)",
+                   "the step kernel launches one program per SM and synchronises them with grid barriers; with "
+                   "CUDA_MPS_ACTIVE_THREAD_PERCENTAGE below 100 some programs cannot be resident, the barriers time "
+                   "out after seconds, and the actions of those calls are wrong (the policy path raises on them).",
+                   fix="unset CUDA_MPS_ACTIVE_THREAD_PERCENTAGE (or 100), or run without megakernel")
 
 
 def doctor(model=None, engine=None, workload=None, device: torch.device | str | None = None, *,
