@@ -518,12 +518,9 @@ def take_barrier_timeouts(device: torch.device | str) -> int:
     """Read and clear the barrier-timeout flag of `device`: 1 if a grid barrier gave up since
     the last take, so the step(s) in between returned wrong values. One 4-byte device read
     (a sync): for paths that sync anyway, such as the policy's copy of the actions to host."""
-    flag = _ERROR_FLAGS.get(_device_key(device))
-    if flag is None:
-        return 0
-    seen = int(flag.item())
+    seen = barrier_timeouts(device)
     if seen:
-        flag.zero_()
+        _ERROR_FLAGS[_device_key(device)].zero_()
     return seen
 
 
