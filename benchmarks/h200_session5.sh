@@ -17,7 +17,7 @@
 #                     benchmarks/heads_ab.py were taken out again: this part no longer runs
 #   PART=batch     A: bench best at batch 4; B: at batch 8 (the step kernel is batch 1 only, so
 #                     their steps run the layer path)
-#   PART=next      (prepared for session 6, not run yet) A: sweep 10 with timelines;
+#   PART=next      (prepared for session 6; session 6 runs its parts as h200_session6.sh) A: sweep 10 with timelines;
 #                  B: libero-pi0-b8, best against best less triton_kernels, interleaved; the
 #                     step's float32 heads through small_m_matmul, "ieee" and "tf32x3", vs cuBLAS
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=timeline bash benchmarks/h200_session5.sh

@@ -261,7 +261,9 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
     small = StepKernelConfig(att_bm=16, att_bn=16, splits=3, merge_bd=16, bk_o=64, bk_down=64, num_warps=4)
     # the defaults split o_proj's and down's K in 2; also unsplit with the merge folded into attention,
     # and 4 slices with gate_up split too
-    configs = [small, replace(small, ks_o=1, ks_down=1, fold_merge=True), replace(small, ks_o=4, bn_down=8, ks_down=4, ks_gu=2)]
+    # and qkv split in 2 with the attention's value loads issued early
+    configs = [small, replace(small, ks_o=1, ks_down=1, fold_merge=True), replace(small, ks_o=4, bn_down=8, ks_down=4, ks_gu=2),
+               replace(small, ks_qkv=2, att_early_v=True)]
     # (layers, D, heads, head dim, F, rows, prefix): head dim 16 has 8-dim RoPE halves, less than a tile
     for L, D, NH, HD, Fd, M, Tp in [(2, 32, 4, 16, 64, 11, 20), (1, 64, 2, 32, 96, 7, 45)]:
         x = torch.randn(M, D)
@@ -366,11 +368,13 @@ def test_step_kernel_attention_loads_cache_rows_as_vectors():
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
     import kernel_resources as resources
 
-    r = resources.compile_kernel(resources._attention_alone, dict(ABM=32, ABN=64, SPLITS=10, MD=32, ATT_STAGES=1),
-                                 num_warps=8, num_stages=3, ptxas=False)
-    assert not [op for op in r["loads"] if op.endswith(".b16")], r["loads"]  # no element-wise bf16 loads
-    # q (32 x 256), then a 64 x 256 K and V tile per key tile: 16-byte loads
-    assert r["loads"].get("ld.global.cg.v4.b32", 0) >= 16, r["loads"]
+    for early_v in (False, True):  # values loaded after the scores, or issued with the keys
+        r = resources.compile_kernel(resources._attention_alone,
+                                     dict(ABM=32, ABN=64, SPLITS=10, MD=32, ATT_STAGES=1, EARLY_V=early_v),
+                                     num_warps=8, num_stages=3, ptxas=False)
+        assert not [op for op in r["loads"] if op.endswith(".b16")], r["loads"]  # no element-wise bf16 loads
+        # q (32 x 256), then a 64 x 256 K and V tile per key tile: 16-byte loads
+        assert r["loads"].get("ld.global.cg.v4.b32", 0) >= 16, (early_v, r["loads"])
 
 
 def _synthetic_timeline(L=2, phases=7, programs=3):
