@@ -1,14 +1,16 @@
 #!/usr/bin/env bash
 # Session 6 (nvidia-h200-x2, one lane per GPU).
-#   PART=sweeps  A: sweep 11 (qkv split in K; attention's value loads issued with the keys) with
-#                   timelines, then the step's float32 heads through small_m_matmul ("ieee",
+#   PART=sweeps  A: sweep 11 (as run at 05b9760: qkv split in K, since taken out; attention's value
+#                   loads issued with the keys) with timelines, then the step's float32 heads through small_m_matmul ("ieee",
 #                   "tf32x3") against cuBLAS; B: sweep 10 (deeper pipelines, atomic polling at 4
 #                   stages, wider split tiles for down / o_proj) with timelines
-#   PART=final   A: bench best (libero-pi0 model + policy, shallow6, batch 4) with the session's
-#                   defaults and the step kernel's timeline; B: T(N) of best and best less
-#                   megakernel, pi05, batch 8
+#   PART=final   A: the step's float32 heads through small_m_matmul (tf32x3) against cuBLAS,
+#                   interleaved (heads_ab.py); bench best (libero-pi0 model + policy) with the
+#                   session's defaults; the step kernel's timeline. B: T(N) of best and best
+#                   less megakernel, shallow6, pi05
 #   PART=b8      A: libero-pi0-b8, best against best less triton_kernels, interleaved (is the gap
-#                   to session 2's 67.4 ms the prefix kernels at batch 8, or the machine?)
+#                   to session 2's 67.4 ms the prefix kernels at batch 8, or the machine?);
+#                   B: bench best at batch 4 and 8
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=sweeps bash benchmarks/h200_session6.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -24,14 +26,15 @@ EOT
   ;;
 final)
   lane A 0 14 <<EOT &
-200 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s6_model.json
-120 $V bench --workload libero-pi0 --levers best --mode policy $B --json $R/bench_libero-pi0_best-s6_policy.json
-120 $V bench --workload libero-shallow6 --levers best $B --json $R/bench_libero-shallow6_best-s6_model.json
-120 python3 benchmarks/expert_step_bench.py --quick --timeline --json $R/kernel_expert_step_s6.json
+240 python3 benchmarks/heads_ab.py --workload libero-pi0 --json $R/heads_ab_libero-pi0_tf32x3.json
+180 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s6_model.json
+100 $V bench --workload libero-pi0 --levers best --mode policy $B --json $R/bench_libero-pi0_best-s6_policy.json
+100 python3 benchmarks/expert_step_bench.py --quick --timeline --json $R/kernel_expert_step_s6.json
 EOT
   lane B 1 14 <<EOT &
 330 $V scaling --workload libero-pi0 --levers "best;$G" --no-progress --json $R/scaling_libero-pi0_best_s6.json --plot $R/scaling_libero-pi0_best_s6.png
-150 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s6_model.json
+100 $V bench --workload libero-shallow6 --levers best $B --json $R/bench_libero-shallow6_best-s6_model.json
+120 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s6_model.json
 EOT
   ;;
 b8)

@@ -100,10 +100,9 @@ def compile_kernel(fn, constexprs: dict, num_warps: int, num_stages: int, ptxas:
 
 # each phase alone, on the same shapes (the kernel's phase functions are plain @triton.jit helpers)
 @triton.jit
-def _qkv_alone(x_ptr, w_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, part_ptr, tile_ctr_ptr, M, eps, BN: tl.constexpr,
-               BK: tl.constexpr, KS: tl.constexpr, STAGES: tl.constexpr):
-    S._phase_qkv(x_ptr, w_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, part_ptr, tile_ctr_ptr, M, eps, tl.program_id(0),
-                 tl.num_programs(0), 1024, 8, 256, 64, BN, BK, KS, STAGES)
+def _qkv_alone(x_ptr, w_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, M, eps, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr):
+    S._phase_qkv(x_ptr, w_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, M, eps, tl.program_id(0), tl.num_programs(0),
+                 1024, 8, 256, 64, BN, BK, STAGES)
 
 
 @triton.jit
@@ -136,18 +135,17 @@ def _gate_up_alone(x_ptr, w_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, BN: tl.c
 
 def whole_kernel_constexprs(cfg: S.StepKernelConfig, timeline: bool = False) -> dict:
     splits, _ = S.key_splits(cfg, TK)
-    targets = S.split_counter_targets(cfg, M, NH, D, F, TK, HD)
+    targets = S.split_counter_targets(cfg, M, NH, D, F, TK)
     ctr_o = triton.cdiv(NH * M, cfg.att_bm)
     ctr_gu = ctr_o + triton.cdiv(D, cfg.bn_o)
     ctr_down = ctr_gu + triton.cdiv(F, cfg.bn_gu)
-    ctr_qkv = ctr_down + triton.cdiv(D, cfg.bn_down)
     return dict(D=D, NH=NH, HD=HD, F=F, BLOCK_M=BLOCK_M, BN_QKV=cfg.bn_qkv, BK_QKV=cfg.bk_qkv, BN_O=cfg.bn_o, BK_O=cfg.bk_o,
                 BN_GU=cfg.bn_gu, BK_GU=cfg.bk_gu, BN_DOWN=cfg.bn_down, BK_DOWN=cfg.bk_down, ABM=cfg.att_bm, ABN=cfg.att_bn,
                 SPLITS=splits, MD=min(cfg.merge_bd, HD), MASK_VALUE=ATTENTION_MASK_VALUE, STAGES=cfg.num_stages,
                 ATT_STAGES=cfg.att_stages, USE_BARRIER=True, POLL_LOAD=cfg.poll_load, MAX_SPIN=1 << 22,
                 PREFETCH=cfg.prefetch, ELEMS_PER_LINE=64, L=L, KS_O=cfg.ks_o, KS_GU=cfg.ks_gu, KS_DOWN=cfg.ks_down,
                 FOLD_MERGE=cfg.fold_merge, BARRIER_ASM=cfg.barrier_asm, POLL_ONE=cfg.poll_one, CTR_O=ctr_o, CTR_GU=ctr_gu, CTR_DOWN=ctr_down,
-                CTR_LAYER=len(targets), TIMELINE=timeline, KS_QKV=cfg.ks_qkv, CTR_QKV=ctr_qkv, EARLY_V=cfg.att_early_v)
+                CTR_LAYER=len(targets), TIMELINE=timeline, EARLY_V=cfg.att_early_v)
 
 
 def main() -> None:
@@ -155,7 +153,7 @@ def main() -> None:
     cfg = parse_config([a for a in sys.argv[1:] if a != "--timeline"])
     splits, _ = S.key_splits(cfg, TK)
     kernels = [("whole step kernel", S._expert_step_kernel, whole_kernel_constexprs(cfg, timeline)),
-               ("qkv", _qkv_alone, dict(BN=cfg.bn_qkv, BK=cfg.bk_qkv, KS=cfg.ks_qkv, STAGES=cfg.num_stages)),
+               ("qkv", _qkv_alone, dict(BN=cfg.bn_qkv, BK=cfg.bk_qkv, STAGES=cfg.num_stages)),
                ("attention", _attention_alone, dict(ABM=cfg.att_bm, ABN=cfg.att_bn, SPLITS=splits, MD=min(cfg.merge_bd, HD),
                                                     ATT_STAGES=cfg.att_stages, EARLY_V=cfg.att_early_v)),
                ("merge", _merge_alone, dict(ABM=cfg.att_bm, SPLITS=splits, MD=min(cfg.merge_bd, HD))),

@@ -136,7 +136,7 @@ LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
     import vlaperf.engine.kernels.suffix_attention as A
     calls, attn_calls, prefix_calls = [], [], []
     real, real_attn, real_prefix = K.small_m_matmul, A.suffix_attention, A.prefix_attention
-    K.small_m_matmul = lambda *a, **kw: calls.append(1) or real(*a, **kw)
+    K.small_m_matmul = lambda *a, **kw: calls.append(kw.get("precision")) or real(*a, **kw)
     A.suffix_attention = lambda *a, **kw: attn_calls.append(1) or real_attn(*a, **kw)
     A.prefix_attention = lambda *a, **kw: prefix_calls.append(1) or real_prefix(*a, **kw)
 
@@ -145,14 +145,17 @@ LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
         out = Engine(model, levers).sample_actions(obs, noise, w.steps)
         err = ((out - ref).norm() / ref.norm()).item()
         assert err < 1e-4, (levers, err)
-    # 4 kernels per layer, 2 expert layers, 4 steps, 2 variants: the kernels really ran
-    assert len(calls) == 4 * 2 * 4 * 2, len(calls)
+    # 4 kernels per layer x 2 expert layers, plus the 3 float32 heads (action + time in, time
+    # MLP out, action out) as TF32x3 products, 4 steps, 2 variants: the kernels really ran
+    assert len(calls) == (4 * 2 + 3) * 4 * 2, len(calls)
+    assert calls.count("tf32x3") == 3 * 4 * 2 and calls.count(None) == 4 * 2 * 4 * 2, calls
     # the prefix: both backbone layers attend, except with static_kv_cache the last (its K/V only)
     assert len(prefix_calls) == 2 + 1, len(prefix_calls)
     # one attention per expert layer and step, and the prefix's (they run the same kernel)
     assert len(attn_calls) == 2 * 4 * 2 + len(prefix_calls), len(attn_calls)
 
-    # pi0.5: the prefix kernel applies to its backbone; the step kernels do not (adaptive norms)
+    # pi0.5: the prefix kernel applies to its backbone; the layer kernels do not (adaptive
+    # norms), its two float32 heads (action in, action out) do
     from vlaperf.models.pi0 import get_config
     m5 = build_model(get_config("tiny", pi05=True), "cpu", torch.float32, seed=0)
     obs5, noise5 = random_observation(w, m5.config, seed=4), random_noise(w, m5.config, seed=4)
@@ -162,7 +165,7 @@ LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
     out5 = Engine(m5, levers).sample_actions(obs5, noise5, w.steps)
     err = ((out5 - ref5).norm() / ref5.norm()).item()
     assert err < 1e-4, err
-    assert (len(calls), len(prefix_calls)) == (before[0], before[1] + 1), (len(calls), len(prefix_calls))
+    assert (len(calls), len(prefix_calls)) == (before[0] + 2 * 4, before[1] + 1), (len(calls), len(prefix_calls))
     print("ok")
     """
 )
@@ -188,7 +191,7 @@ COMPILE_SCRIPT = TINY_SETUP + textwrap.dedent(
     out = engine.sample_actions(obs, noise, w.steps)
     err = ((out - ref).norm() / ref.norm()).item()
     assert err < 1e-4, err
-    assert len(calls) == 4 * 2 * 4, len(calls)  # the kernels ran inside the compiled step
+    assert len(calls) == (4 * 2 + 3) * 4, len(calls)  # the layer and head kernels ran inside the compiled step
     print("ok")
     """
 )
@@ -261,9 +264,9 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
     small = StepKernelConfig(att_bm=16, att_bn=16, splits=3, merge_bd=16, bk_o=64, bk_down=64, num_warps=4)
     # the defaults split o_proj's and down's K in 2; also unsplit with the merge folded into attention,
     # and 4 slices with gate_up split too
-    # and qkv split in 2 with the attention's value loads issued early
+    # and the attention's value loads issued after the scores (before session 6's default)
     configs = [small, replace(small, ks_o=1, ks_down=1, fold_merge=True), replace(small, ks_o=4, bn_down=8, ks_down=4, ks_gu=2),
-               replace(small, ks_qkv=2, att_early_v=True)]
+               replace(small, att_early_v=False)]
     # (layers, D, heads, head dim, F, rows, prefix): head dim 16 has 8-dim RoPE halves, less than a tile
     for L, D, NH, HD, Fd, M, Tp in [(2, 32, 4, 16, 64, 11, 20), (1, 64, 2, 32, 96, 7, 45)]:
         x = torch.randn(M, D)

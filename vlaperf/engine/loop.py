@@ -49,11 +49,31 @@ class SuffixContext:
         return self._state_tok if self.hoist else self._embed_state()
 
 
-def suffix_tokens(model: Pi0Model, ctx: SuffixContext, x_t: Tensor, t: Tensor, table_row: dict | None):
+def head_linear(x: Tensor, weight: Tensor, bias: Tensor | None, kernels: bool) -> Tensor:
+    """x (B, T, K) @ weight^T + bias for the step's float32 heads (action in/out, pi0's time
+    MLP). With `kernels` and at most 64 rows it is one small_m_matmul launch, the bias as a
+    broadcast residual, float32 operands multiplied as three TF32 tensor-core products
+    ("tf32x3", within 1e-6 of float32; plain float32 FMA was no faster than cuBLAS). On the
+    H200 these took 2.6 / 8.1 / 6.4 us against cuBLAS's 15.7 / 24.8 / 20.4 us
+    (kernel_small_m_heads.json; docs/perf-notes.md, versions 17 and 19)."""
+    B, T, K = x.shape
+    if not kernels or B * T > 64:
+        return F.linear(x, weight, bias)
+    from vlaperf.engine.kernels.ops import small_m_matmul  # a custom op: compile sees through
+
+    rows = x.reshape(B * T, K)
+    residual = None if bias is None else bias.expand(B * T, -1)
+    precision = "tf32x3" if weight.dtype == torch.float32 else None
+    return small_m_matmul(rows, weight, residual=residual, precision=precision).view(B, T, -1)
+
+
+def suffix_tokens(model: Pi0Model, ctx: SuffixContext, x_t: Tensor, t: Tensor, table_row: dict | None,
+                  kernels: bool = False):
     """Suffix embeddings (B, Ts, D_e) and the pi0.5 condition (or None).
 
     With tables (fuse_projections), pi0's action/time MLP input is one matmul plus the
     tabulated time row; pi0.5's norms read tabulated modulations, so no condition is needed.
+    `kernels`: those float32 matmuls through `head_linear`'s kernel.
     """
     cfg = model.config
     if table_row is None:
@@ -61,10 +81,12 @@ def suffix_tokens(model: Pi0Model, ctx: SuffixContext, x_t: Tensor, t: Tensor, t
         if not cfg.pi05 and ctx.hoist:
             tokens = torch.cat([ctx.state_token(), tokens[:, 1:]], dim=1)
         return tokens, adarms
+    x_h = x_t.to(model.head_dtype)
     if cfg.pi05:
-        return model.action_in_proj(x_t.to(model.head_dtype)).to(model.dtype), None
-    pre = F.linear(x_t.to(model.head_dtype), table_row["action_proj"]) + table_row["action_time"]
-    actions = model.action_time_mlp_out(F.silu(pre)).to(model.dtype)
+        return head_linear(x_h, model.action_in_proj.weight, model.action_in_proj.bias, kernels).to(model.dtype), None
+    pre = head_linear(x_h, table_row["action_proj"], table_row["action_time"], kernels)
+    mlp_out = model.action_time_mlp_out
+    actions = head_linear(F.silu(pre), mlp_out.weight, mlp_out.bias, kernels).to(model.dtype)
     return torch.cat([ctx.state_token(), actions], dim=1), None
 
 
@@ -84,7 +106,7 @@ def denoise_step(
     `megakernel`: all expert layers in one kernel where it applies (else the layers as usual)."""
     cfg = model.config
     eps = cfg.expert.eps
-    x, adarms = suffix_tokens(model, ctx, x_t, t, table_row)
+    x, adarms = suffix_tokens(model, ctx, x_t, t, table_row, kernels)
     mask, cos, sin = ctx.mask_rope()
     mods = table_row.get("modulation") if table_row else None  # (depth*6 + 2, D) for pi0.5
     Ts = x.shape[1]
@@ -115,4 +137,5 @@ def denoise_step(
     else:
         x = rms_normalize(x, eps, 1.0 + ew.expert_final.weight.float())
     H = x_t.shape[1]
-    return model.action_out_proj(x[:, -H:].to(model.action_out_proj.weight.dtype)).float()
+    head = model.action_out_proj
+    return head_linear(x[:, -H:].to(head.weight.dtype), head.weight, head.bias, kernels).float()

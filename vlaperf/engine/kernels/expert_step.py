@@ -19,13 +19,14 @@ the others before the next phase reads what they wrote:
   gate_up   columns of F: h = gelu_tanh(n(x) @ Wg^T) * (n(x) @ Wu^T), RMSNorm prologue
   down      columns of x x K-slices: x += h @ Wd^T (split K)
 
-Split K (`ks_o`, `ks_down`; 2 by default): a task that owns whole columns reads the whole
+Split K (`ks_o` 2 and `ks_down` 4 by default): a task that owns whole columns reads the whole
 activation (all 418 KB of h for down), and the phase is bound by those re-reads through L2.
 With K split, a task reads one slice, writes a float32 partial, and counts itself in at its
 tile's counter; the last to arrive adds the partials in slice order to x, so the result does
 not depend on which task finished first (the persistent launch equals the per-phase launches
 bit for bit). H200, 18 layers: 1.01 ms a step against 1.10 unsplit (perf-notes, version 11);
-0.84 ms with session 5's attention tiles and barrier (versions 15-16).
+0.84 ms with session 5's attention tiles and barrier (versions 15-16); ~0.79 ms with session
+6's 32-column x 4-slice down tiles and early value loads (version 18).
 
 The RMSNorm scales are folded into Wqkv / Wgate_up (fuse_projections), so a norm is the
 row's rsqrt(mean(x^2) + eps), accumulated from the x tiles the matmul loads anyway.
@@ -65,7 +66,7 @@ class StepKernelConfig:
     """Tiles of the step kernel. `bn_*` columns and `bk_*` reduction depth per matmul task,
     `ks_*` K-slices; attention tiles `att_bm` query rows x `att_bn` keys, `splits` key
     splits, `merge_bd` dims per merge task; `num_warps` for the whole kernel. The defaults
-    are the fastest of the H200 sweeps (benchmarks/expert_step_bench.py, sweeps 1-8); the
+    are the fastest of the H200 sweeps (benchmarks/expert_step_bench.py, sweeps 1-11); the
     options off by default measured slower there (docs/perf-notes.md, versions 9b, 11a, 11b)."""
 
     bn_qkv: int = 16
@@ -74,7 +75,7 @@ class StepKernelConfig:
     bk_o: int = 256
     bn_gu: int = 32
     bk_gu: int = 128
-    bn_down: int = 16
+    bn_down: int = 32
     bk_down: int = 256
     att_bm: int = 16
     att_bn: int = 64
@@ -85,14 +86,13 @@ class StepKernelConfig:
     num_stages: int = 4  # the matmuls' K loops
     poll_load: bool = True  # barrier polls with plain loads (else with atomics)
     prefetch: bool = False  # prefetch the next phase's weights into L2 (CUDA only; no gain)
-    ks_qkv: int = 1  # split K of qkv: the tile's last task adds the partials, then norm and RoPE
     ks_o: int = 2  # split K of o_proj into this many slices (see _phase_residual)
     ks_gu: int = 1  # split K of gate_up (2: 6-8% slower a step)
-    ks_down: int = 2  # split K of down
+    ks_down: int = 4  # split K of down (32 columns x 4 slices: 3.5% faster a step than 16 x 2, sweep 10)
     fold_merge: bool = False  # the last attention split of a row block merges them, no merge phase (14% slower)
     barrier_asm: bool = True  # arrive with red.release, poll with ld.acquire (inline PTX, CUDA only)
     poll_one: bool = True  # with barrier_asm: one thread polls, the block waits for it (4% faster a step)
-    att_early_v: bool = False  # attention: issue a key tile's value and mask loads before its score product
+    att_early_v: bool = True  # attention: a key tile's value and mask loads issued with its keys (3% faster a step)
 
 
 # ------------------------------------------------------------------------ helpers
@@ -215,67 +215,41 @@ def _prefetch_l2(base_ptr, n_elems, pid, nprog, ELEMS_PER_LINE: tl.constexpr, LI
 
 
 @triton.jit
-def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, nprog,
+def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, M, eps, pid, nprog,
                D: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr,
-               BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr, STAGES: tl.constexpr):
-    """KS > 1 splits D as in _phase_gate_up: qkv has (NH + 2) x HD / (2 BN) tiles (80 for pi0's
-    expert with BN 16), fewer than the 132 programs; with K split in 2 every program has work,
-    and the tile's last task adds the partials (in order) before the norm and RoPE."""
+               BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr):
     HALF: tl.constexpr = HD // 2
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
     n_jb = tl.cdiv(HALF, BN)
-    n_tiles = (NH + 2) * n_jb
-    k_slice = D // KS
-    for task in range(pid, n_tiles * KS, nprog):
-        tile = task // KS  # a tile's KS tasks go to neighbouring programs and run side by side
-        s = task % KS
-        slot = tile // n_jb  # 0..NH-1 query heads, NH the key, NH+1 the value
-        d1 = (tile % n_jb) * BN + tl.arange(0, BN)
+    for task in range(pid, (NH + 2) * n_jb, nprog):
+        slot = task // n_jb  # 0..NH-1 query heads, NH the key, NH+1 the value
+        d1 = (task % n_jb) * BN + tl.arange(0, BN)
         d_ok = d1 < HALF
         cols = slot * HD + d1
+        acc1, acc2, ssq = _rows_matmul(x_ptr, D, rows, row_ok, wqkv_ptr, D, cols, cols + HALF, d_ok, D,
+                                       BLOCK_M, BN, BK, True, True, STAGES)
+        inv = 1.0 / tl.sqrt(ssq / D + eps)
+        acc1 = acc1 * inv[:, None]
+        acc2 = acc2 * inv[:, None]
         mask = row_ok[:, None] & d_ok[None, :]
-        acc1, acc2, ssq = _rows_matmul(x_ptr + s * k_slice, D, rows, row_ok, wqkv_ptr + s * k_slice, D, cols, cols + HALF,
-                                       d_ok, k_slice, BLOCK_M, BN, BK, True, True, STAGES)
-        last = True
-        if KS > 1:
-            pp = part_ptr + (s * n_tiles + tile) * (2 * BLOCK_M * BN)  # (KS, tiles, 2, BLOCK_M, BN), then ssq
-            pr = rows[:, None] * BN + tl.arange(0, BN)[None, :]
-            sq = part_ptr + KS * n_tiles * 2 * BLOCK_M * BN + tile * BLOCK_M + rows  # (KS, tiles, BLOCK_M)
-            tl.store(pp + pr, acc1)
-            tl.store(pp + BLOCK_M * BN + pr, acc2)
-            tl.store(sq + s * (n_tiles * BLOCK_M), ssq)
-            last = _last_to_arrive(tile_ctr_ptr + tile, KS)
-            if last:
-                acc1 = tl.zeros((BLOCK_M, BN), tl.float32)
-                acc2 = tl.zeros((BLOCK_M, BN), tl.float32)
-                ssq = tl.zeros((BLOCK_M,), tl.float32)
-                for s2 in tl.static_range(KS):
-                    pp2 = part_ptr + (s2 * n_tiles + tile) * (2 * BLOCK_M * BN)
-                    acc1 += tl.load(pp2 + pr, cache_modifier=".cg")
-                    acc2 += tl.load(pp2 + BLOCK_M * BN + pr, cache_modifier=".cg")
-                    ssq += tl.load(sq + s2 * (n_tiles * BLOCK_M), cache_modifier=".cg")
-        if last:
-            inv = 1.0 / tl.sqrt(ssq / D + eps)
-            acc1 = acc1 * inv[:, None]
-            acc2 = acc2 * inv[:, None]
-            if slot <= NH:  # RoPE (rotate-half): (x1, x2) -> (x1 cos1 - x2 sin1, x2 cos2 + x1 sin2)
-                t1 = rows[:, None] * HD + d1[None, :]
-                c1 = tl.load(cos_ptr + t1, mask=mask, other=0.0).to(tl.float32)
-                s1 = tl.load(sin_ptr + t1, mask=mask, other=0.0).to(tl.float32)
-                c2 = tl.load(cos_ptr + t1 + HALF, mask=mask, other=0.0).to(tl.float32)
-                s2_ = tl.load(sin_ptr + t1 + HALF, mask=mask, other=0.0).to(tl.float32)
-                out1 = acc1 * c1 - acc2 * s1
-                out2 = acc2 * c2 + acc1 * s2_
-            else:
-                out1 = acc1
-                out2 = acc2
-            if slot < NH:
-                dst = q_ptr + rows[:, None] * (NH * HD) + slot * HD + d1[None, :]
-            else:  # scratch k (slot NH) / v (slot NH + 1): (2, BLOCK_M, HD)
-                dst = kv_ptr + (slot - NH) * BLOCK_M * HD + rows[:, None] * HD + d1[None, :]
-            tl.store(dst, out1.to(q_ptr.dtype.element_ty), mask=mask)
-            tl.store(dst + HALF, out2.to(q_ptr.dtype.element_ty), mask=mask)
+        if slot <= NH:  # RoPE (rotate-half): (x1, x2) -> (x1 cos1 - x2 sin1, x2 cos2 + x1 sin2)
+            t1 = rows[:, None] * HD + d1[None, :]
+            c1 = tl.load(cos_ptr + t1, mask=mask, other=0.0).to(tl.float32)
+            s1 = tl.load(sin_ptr + t1, mask=mask, other=0.0).to(tl.float32)
+            c2 = tl.load(cos_ptr + t1 + HALF, mask=mask, other=0.0).to(tl.float32)
+            s2 = tl.load(sin_ptr + t1 + HALF, mask=mask, other=0.0).to(tl.float32)
+            out1 = acc1 * c1 - acc2 * s1
+            out2 = acc2 * c2 + acc1 * s2
+        else:
+            out1 = acc1
+            out2 = acc2
+        if slot < NH:
+            dst = q_ptr + rows[:, None] * (NH * HD) + slot * HD + d1[None, :]
+        else:  # scratch k (slot NH) / v (slot NH + 1): (2, BLOCK_M, HD)
+            dst = kv_ptr + (slot - NH) * BLOCK_M * HD + rows[:, None] * HD + d1[None, :]
+        tl.store(dst, out1.to(q_ptr.dtype.element_ty), mask=mask)
+        tl.store(dst + HALF, out2.to(q_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
@@ -469,13 +443,13 @@ def _expert_step_kernel(
     PREFETCH: tl.constexpr, ELEMS_PER_LINE: tl.constexpr, L: tl.constexpr,
     KS_O: tl.constexpr, KS_GU: tl.constexpr, KS_DOWN: tl.constexpr, FOLD_MERGE: tl.constexpr, BARRIER_ASM: tl.constexpr,
     POLL_ONE: tl.constexpr, CTR_O: tl.constexpr, CTR_GU: tl.constexpr, CTR_DOWN: tl.constexpr, CTR_LAYER: tl.constexpr,
-    TIMELINE: tl.constexpr, KS_QKV: tl.constexpr, CTR_QKV: tl.constexpr, EARLY_V: tl.constexpr,
+    TIMELINE: tl.constexpr, EARLY_V: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     QKV_N: tl.constexpr = NH * HD + 2 * HD
     for layer in range(layer_lo, layer_hi):
-        tile_ctr = tile_ctr_ptr + layer * CTR_LAYER  # attention row blocks, o_proj, gate_up, down, qkv tiles
+        tile_ctr = tile_ctr_ptr + layer * CTR_LAYER  # attention row blocks, o_proj tiles, gate_up tiles, down tiles
         for phase in range(phase_lo, phase_hi):
             if TIMELINE:  # (layer, phase, program): start, work done, barrier passed
                 ts = ts_ptr + ((layer * 7 + phase) * nprog + pid) * 3 + tl.arange(0, 1)
@@ -490,8 +464,8 @@ def _expert_step_kernel(
                     if layer + 1 < L:
                         _prefetch_l2(wqkv_ptr + (layer + 1) * (QKV_N * D), QKV_N * D, pid, nprog, ELEMS_PER_LINE, 512)
             if phase == 0:
-                _phase_qkv(x_ptr, wqkv_ptr + layer * (QKV_N * D), q_ptr, kv_ptr, cos_ptr, sin_ptr, part_ptr,
-                           tile_ctr + CTR_QKV, M, eps, pid, nprog, D, NH, HD, BLOCK_M, BN_QKV, BK_QKV, KS_QKV, STAGES)
+                _phase_qkv(x_ptr, wqkv_ptr + layer * (QKV_N * D), q_ptr, kv_ptr, cos_ptr, sin_ptr, M, eps, pid, nprog,
+                           D, NH, HD, BLOCK_M, BN_QKV, BK_QKV, STAGES)
             elif phase == 1:
                 _phase_attention(q_ptr, kv_ptr, kc_ptr + layer * stride_cl, vc_ptr + layer * stride_cl, mask_ptr,
                                  acc_ptr, ml_ptr, o_ptr, tile_ctr, M, Tk, Tp, keys_per_split, scale, stride_ct, stride_mq,
@@ -571,7 +545,7 @@ def last_barrier_counters(device: torch.device | str) -> torch.Tensor | None:
 def last_split_counters(device: torch.device | str) -> torch.Tensor | None:
     """The arrival counters of the split tasks in the last persistent launch on `device`,
     per layer: attention row blocks (each must read the number of key splits if the merge is
-    folded), o_proj, gate_up, down and qkv tiles (ks_o, ks_gu, ks_down, ks_qkv if split); else 0."""
+    folded), o_proj, gate_up and down tiles (ks_o, ks_gu, ks_down if split); else 0."""
     counters = _LAST_COUNTERS.get(_device_key(device))
     return None if counters is None else counters[1]
 
@@ -584,21 +558,14 @@ def key_splits(cfg: StepKernelConfig, Tk: int) -> tuple[int, int]:
     return triton.cdiv(Tk, keys_per_split), keys_per_split
 
 
-def qkv_tiles(cfg: StepKernelConfig, NH: int, HD: int) -> int:
-    """Tiles of the qkv phase: (NH query heads + k + v) x column blocks of half a head (each
-    tile owns the RoPE pairs d and d + HD/2)."""
-    return (NH + 2) * triton.cdiv(HD // 2, cfg.bn_qkv)
-
-
-def split_counter_targets(cfg: StepKernelConfig, M: int, NH: int, D: int, F: int, Tk: int, HD: int) -> list[int]:
+def split_counter_targets(cfg: StepKernelConfig, M: int, NH: int, D: int, F: int, Tk: int) -> list[int]:
     """What each split counter of one layer (see `last_split_counters`) must read after a
     launch: the key splits per attention row block if the merge is folded, ks_o / ks_gu /
-    ks_down / ks_qkv per o_proj / gate_up / down / qkv tile if split, else 0 (nothing counts there)."""
+    ks_down per o_proj / gate_up / down tile if split, else 0 (nothing counts there)."""
     splits = key_splits(cfg, Tk)[0] if cfg.fold_merge else 0
     return ([splits] * triton.cdiv(NH * M, cfg.att_bm) + [cfg.ks_o if cfg.ks_o > 1 else 0] * triton.cdiv(D, cfg.bn_o)
             + [cfg.ks_gu if cfg.ks_gu > 1 else 0] * triton.cdiv(F, cfg.bn_gu)
-            + [cfg.ks_down if cfg.ks_down > 1 else 0] * triton.cdiv(D, cfg.bn_down)
-            + [cfg.ks_qkv if cfg.ks_qkv > 1 else 0] * qkv_tiles(cfg, NH, HD))
+            + [cfg.ks_down if cfg.ks_down > 1 else 0] * triton.cdiv(D, cfg.bn_down))
 
 
 def num_sms(device: torch.device) -> int:
@@ -647,8 +614,7 @@ def expert_step(
     for name in ("wqkv", "wo", "wgu", "wd"):
         if not given[name].is_contiguous():
             raise ValueError(f"expert_step: {name} must be contiguous (stack the layers once, not per call)")
-    for name, ks, K in (("ks_qkv", cfg.ks_qkv, D), ("ks_o", cfg.ks_o, NH * HD), ("ks_gu", cfg.ks_gu, D),
-                        ("ks_down", cfg.ks_down, F)):
+    for name, ks, K in (("ks_o", cfg.ks_o, NH * HD), ("ks_gu", cfg.ks_gu, D), ("ks_down", cfg.ks_down, F)):
         if ks < 1 or K % ks:
             raise ValueError(f"StepKernelConfig.{name}={ks}: expected a positive divisor of that matmul's depth {K}")
     cos, sin = cos.contiguous(), sin.contiguous()
@@ -674,18 +640,14 @@ def expert_step(
     ml = torch.empty(2 * splits * R, dtype=torch.float32, device=device)
     # float32 partials of the split matmuls; the phases take turns (a barrier lies between them)
     gu_tiles = triton.cdiv(F, cfg.bn_gu)
-    n_qkv = qkv_tiles(cfg, NH, HD)
-    part_size = max(max(cfg.ks_o, cfg.ks_down) * BLOCK_M * D, cfg.ks_gu * BLOCK_M * (2 * F + gu_tiles),
-                    cfg.ks_qkv * n_qkv * BLOCK_M * (2 * cfg.bn_qkv + 1))
-    split = max(cfg.ks_qkv, cfg.ks_o, cfg.ks_gu, cfg.ks_down) > 1
-    part = torch.empty(part_size if split else 1, dtype=torch.float32, device=device)
+    part_size = max(max(cfg.ks_o, cfg.ks_down) * BLOCK_M * D, cfg.ks_gu * BLOCK_M * (2 * F + gu_tiles))
+    part = torch.empty(part_size if max(cfg.ks_o, cfg.ks_gu, cfg.ks_down) > 1 else 1, dtype=torch.float32, device=device)
     counters = torch.zeros(L * (len(PHASES) + 1), dtype=torch.int32, device=device)
     # arrival counters of the split tasks, per layer: attention row blocks, o_proj, gate_up, down tiles
     ctr_o = triton.cdiv(R, cfg.att_bm)
     ctr_gu = ctr_o + triton.cdiv(D, cfg.bn_o)
     ctr_down = ctr_gu + gu_tiles
-    ctr_qkv = ctr_down + triton.cdiv(D, cfg.bn_down)
-    ctr_layer = ctr_qkv + n_qkv
+    ctr_layer = ctr_down + triton.cdiv(D, cfg.bn_down)
     tile_counters = torch.zeros(L * ctr_layer, dtype=torch.int32, device=device)
     err = _error_flag(device)
     grid = programs or num_sms(device)
@@ -708,7 +670,7 @@ def expert_step(
                   KS_O=cfg.ks_o, KS_GU=cfg.ks_gu, KS_DOWN=cfg.ks_down, FOLD_MERGE=cfg.fold_merge,
                   BARRIER_ASM=cfg.barrier_asm and device.type == "cuda", POLL_ONE=cfg.poll_one, CTR_O=ctr_o,
                   CTR_GU=ctr_gu, CTR_DOWN=ctr_down, CTR_LAYER=ctr_layer, TIMELINE=timeline is not None,
-                  KS_QKV=cfg.ks_qkv, CTR_QKV=ctr_qkv, EARLY_V=cfg.att_early_v)
+                  EARLY_V=cfg.att_early_v)
     if persistent:
         _expert_step_kernel[(grid,)](*args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
         _LAST_COUNTERS[_device_key(device)] = (counters, tile_counters.view(L, ctr_layer))

@@ -43,16 +43,18 @@ def _unit_stride(t: torch.Tensor) -> torch.Tensor:
 
 @torch.library.custom_op("vlaperf::small_m_matmul", mutates_args=())
 def small_m_matmul(x: torch.Tensor, w: torch.Tensor, w_up: torch.Tensor | None = None, rms_eps: float | None = None,
-                   residual: torch.Tensor | None = None, gate: torch.Tensor | None = None) -> torch.Tensor:
+                   residual: torch.Tensor | None = None, gate: torch.Tensor | None = None,
+                   precision: str | None = None) -> torch.Tensor:
     """See kernels/small_m_matmul.py: y = epilogue(prologue(x) @ w^T), x (M <= 64, K), w (N, K)."""
     # the kernel indexes rows by stride and columns as unit-stride
     residual = None if residual is None else _unit_stride(residual)
     with _explain_resource_errors("small_m_matmul"):
-        return _matmul_module.small_m_matmul(_unit_stride(x), w, w_up=w_up, rms_eps=rms_eps, residual=residual, gate=gate)
+        return _matmul_module.small_m_matmul(_unit_stride(x), w, w_up=w_up, rms_eps=rms_eps, residual=residual, gate=gate,
+                                             precision=precision)
 
 
 @small_m_matmul.register_fake
-def _(x, w, w_up=None, rms_eps=None, residual=None, gate=None):
+def _(x, w, w_up=None, rms_eps=None, residual=None, gate=None, precision=None):
     return x.new_empty(x.shape[0], w.shape[0])
 
 
