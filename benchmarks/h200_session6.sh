@@ -11,6 +11,8 @@
 #   PART=b8      A: libero-pi0-b8, best against best less triton_kernels, interleaved (is the gap
 #                   to session 2's 67.4 ms the prefix kernels at batch 8, or the machine?);
 #                   B: bench best at batch 4 and 8; the kernel table of best (libero-pi0)
+#   PART=prefetch A: sweep 12 (L2 prefetch by the programs idle in qkv; wider o_proj tiles) with
+#                   timelines; B: the tf32x3 heads against cuBLAS for libero-shallow6
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=sweeps bash benchmarks/h200_session6.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -45,6 +47,14 @@ EOT
 200 $V bench --workload libero-pi0-b4 --levers best $B --json $R/bench_libero-pi0-b4_best-s6_model.json
 200 $V bench --workload libero-pi0-b8 --levers best $B --json $R/bench_libero-pi0-b8_best-s6_model.json
 150 python3 benchmarks/profile_kernels.py --workload libero-pi0 --rows 40 --levers best > $R/kernels_best_s6.txt 2>&1; tail -8 $R/kernels_best_s6.txt
+EOT
+  ;;
+prefetch)
+  lane A 0 60 <<EOT &
+420 python3 benchmarks/expert_step_bench.py --sweep 12 --timeline --json $R/kernel_expert_step_sweep12.json
+EOT
+  lane B 1 14 <<EOT &
+240 python3 benchmarks/heads_ab.py --workload libero-shallow6 --json $R/heads_ab_libero-shallow6_tf32x3.json
 EOT
   ;;
 esac

@@ -145,7 +145,8 @@ def whole_kernel_constexprs(cfg: S.StepKernelConfig, timeline: bool = False) -> 
                 ATT_STAGES=cfg.att_stages, USE_BARRIER=True, POLL_LOAD=cfg.poll_load, MAX_SPIN=1 << 22,
                 PREFETCH=cfg.prefetch, ELEMS_PER_LINE=64, L=L, KS_O=cfg.ks_o, KS_GU=cfg.ks_gu, KS_DOWN=cfg.ks_down,
                 FOLD_MERGE=cfg.fold_merge, BARRIER_ASM=cfg.barrier_asm, POLL_ONE=cfg.poll_one, CTR_O=ctr_o, CTR_GU=ctr_gu, CTR_DOWN=ctr_down,
-                CTR_LAYER=len(targets), TIMELINE=timeline, EARLY_V=cfg.att_early_v)
+                CTR_LAYER=len(targets), TIMELINE=timeline, EARLY_V=cfg.att_early_v,
+                IDLE_PREFETCH=cfg.idle_prefetch)
 
 
 def main() -> None:

@@ -432,7 +432,8 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
     """The whole step kernel compiled for sm_90a and assembled by ptxas (Triton's bundled one)
     on this CPU machine: the inline PTX the GPU launch relies on (the one-thread barrier poll
     with its spin loop, the clock reads of the timeline) must assemble, in both barrier
-    variants. The interpreter cannot run any of it."""
+    variants, and the L2 prefetches of the programs idle in qkv (`idle_prefetch`). The
+    interpreter cannot run any of it."""
     from dataclasses import replace
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
@@ -440,10 +441,11 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
 
     from vlaperf.engine.kernels import expert_step as S
 
-    for cfg, timeline in ((S.StepKernelConfig(), True), (replace(S.StepKernelConfig(), poll_one=False), False)):
+    for cfg, timeline in ((S.StepKernelConfig(), True), (replace(S.StepKernelConfig(), poll_one=False, idle_prefetch=2), False)):
         consts = resources.whole_kernel_constexprs(cfg, timeline)
         r = resources.compile_kernel(S._expert_step_kernel, consts, cfg.num_warps, cfg.num_stages, ptxas=True)
         assert r["registers"] <= 255 and r["shared_bytes"] <= 227 * 1024, r
         ptx = resources.last_ptx()
         assert ("%globaltimer" in ptx) == timeline
         assert ("SPIN" in ptx) == cfg.poll_one  # thread 0's spin loop, present only with poll_one
+        assert ("prefetch.global.L2" in ptx) == (cfg.idle_prefetch > 0)

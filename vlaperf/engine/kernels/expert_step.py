@@ -93,6 +93,7 @@ class StepKernelConfig:
     barrier_asm: bool = True  # arrive with red.release, poll with ld.acquire (inline PTX, CUDA only)
     poll_one: bool = True  # with barrier_asm: one thread polls, the block waits for it (4% faster a step)
     att_early_v: bool = True  # attention: a key tile's value and mask loads issued with its keys (3% faster a step)
+    idle_prefetch: int = 0  # programs without a qkv task ask L2 for the layer's K/V cache and Wo (1), and Wgate_up (2)
 
 
 # ------------------------------------------------------------------------ helpers
@@ -443,7 +444,7 @@ def _expert_step_kernel(
     PREFETCH: tl.constexpr, ELEMS_PER_LINE: tl.constexpr, L: tl.constexpr,
     KS_O: tl.constexpr, KS_GU: tl.constexpr, KS_DOWN: tl.constexpr, FOLD_MERGE: tl.constexpr, BARRIER_ASM: tl.constexpr,
     POLL_ONE: tl.constexpr, CTR_O: tl.constexpr, CTR_GU: tl.constexpr, CTR_DOWN: tl.constexpr, CTR_LAYER: tl.constexpr,
-    TIMELINE: tl.constexpr, EARLY_V: tl.constexpr,
+    TIMELINE: tl.constexpr, EARLY_V: tl.constexpr, IDLE_PREFETCH: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -466,6 +467,18 @@ def _expert_step_kernel(
             if phase == 0:
                 _phase_qkv(x_ptr, wqkv_ptr + layer * (QKV_N * D), q_ptr, kv_ptr, cos_ptr, sin_ptr, M, eps, pid, nprog,
                            D, NH, HD, BLOCK_M, BN_QKV, BK_QKV, STAGES)
+                if IDLE_PREFETCH > 0:
+                    # qkv has fewer tasks than programs (80 of 132 for pi0's expert); the idle ones ask L2
+                    # for what the next phases read first from HBM, instead of waiting at the barrier
+                    QKV_TASKS: tl.constexpr = (NH + 2) * ((HD // 2 + BN_QKV - 1) // BN_QKV)
+                    if pid >= QKV_TASKS:
+                        ip = pid - QKV_TASKS
+                        n_idle = nprog - QKV_TASKS
+                        _prefetch_l2(kc_ptr + layer * stride_cl, Tk * stride_ct, ip, n_idle, ELEMS_PER_LINE, 512)
+                        _prefetch_l2(vc_ptr + layer * stride_cl, Tk * stride_ct, ip, n_idle, ELEMS_PER_LINE, 512)
+                        _prefetch_l2(wo_ptr + layer * (D * NH * HD), D * NH * HD, ip, n_idle, ELEMS_PER_LINE, 512)
+                        if IDLE_PREFETCH > 1:
+                            _prefetch_l2(wgu_ptr + layer * (2 * F * D), 2 * F * D, ip, n_idle, ELEMS_PER_LINE, 512)
             elif phase == 1:
                 _phase_attention(q_ptr, kv_ptr, kc_ptr + layer * stride_cl, vc_ptr + layer * stride_cl, mask_ptr,
                                  acc_ptr, ml_ptr, o_ptr, tile_ctr, M, Tk, Tp, keys_per_split, scale, stride_ct, stride_mq,
@@ -670,7 +683,7 @@ def expert_step(
                   KS_O=cfg.ks_o, KS_GU=cfg.ks_gu, KS_DOWN=cfg.ks_down, FOLD_MERGE=cfg.fold_merge,
                   BARRIER_ASM=cfg.barrier_asm and device.type == "cuda", POLL_ONE=cfg.poll_one, CTR_O=ctr_o,
                   CTR_GU=ctr_gu, CTR_DOWN=ctr_down, CTR_LAYER=ctr_layer, TIMELINE=timeline is not None,
-                  EARLY_V=cfg.att_early_v)
+                  EARLY_V=cfg.att_early_v, IDLE_PREFETCH=cfg.idle_prefetch if device.type == "cuda" else 0)
     if persistent:
         _expert_step_kernel[(grid,)](*args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
         _LAST_COUNTERS[_device_key(device)] = (counters, tile_counters.view(L, ctr_layer))
