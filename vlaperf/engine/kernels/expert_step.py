@@ -19,14 +19,14 @@ the others before the next phase reads what they wrote:
   gate_up   columns of F: h = gelu_tanh(n(x) @ Wg^T) * (n(x) @ Wu^T), RMSNorm prologue
   down      columns of x x K-slices: x += h @ Wd^T (split K)
 
-Split K (`ks_o` 2 and `ks_down` 4 by default): a task that owns whole columns reads the whole
+Split K (`ks_o` and `ks_down`, 4 by default, on 32-column tiles): a task that owns whole columns reads the whole
 activation (all 418 KB of h for down), and the phase is bound by those re-reads through L2.
 With K split, a task reads one slice, writes a float32 partial, and counts itself in at its
 tile's counter; the last to arrive adds the partials in slice order to x, so the result does
 not depend on which task finished first (the persistent launch equals the per-phase launches
 bit for bit). H200, 18 layers: 1.01 ms a step against 1.10 unsplit (perf-notes, version 11);
 0.84 ms with session 5's attention tiles and barrier (versions 15-16); ~0.79 ms with session
-6's 32-column x 4-slice down tiles and early value loads (version 18).
+6's 32-column x 4-slice tiles, early value loads and idle-program prefetch (versions 18-20).
 
 The RMSNorm scales are folded into Wqkv / Wgate_up (fuse_projections), so a norm is the
 row's rsqrt(mean(x^2) + eps), accumulated from the x tiles the matmul loads anyway.
@@ -71,7 +71,7 @@ class StepKernelConfig:
 
     bn_qkv: int = 16
     bk_qkv: int = 128
-    bn_o: int = 16
+    bn_o: int = 32
     bk_o: int = 256
     bn_gu: int = 32
     bk_gu: int = 128
@@ -86,14 +86,14 @@ class StepKernelConfig:
     num_stages: int = 4  # the matmuls' K loops
     poll_load: bool = True  # barrier polls with plain loads (else with atomics)
     prefetch: bool = False  # prefetch the next phase's weights into L2 (CUDA only; no gain)
-    ks_o: int = 2  # split K of o_proj into this many slices (see _phase_residual)
+    ks_o: int = 4  # split K of o_proj into this many slices (see _phase_residual); 32 x 4 from sweep 12
     ks_gu: int = 1  # split K of gate_up (2: 6-8% slower a step)
     ks_down: int = 4  # split K of down (32 columns x 4 slices: 3.5% faster a step than 16 x 2, sweep 10)
     fold_merge: bool = False  # the last attention split of a row block merges them, no merge phase (14% slower)
     barrier_asm: bool = True  # arrive with red.release, poll with ld.acquire (inline PTX, CUDA only)
     poll_one: bool = True  # with barrier_asm: one thread polls, the block waits for it (4% faster a step)
     att_early_v: bool = True  # attention: a key tile's value and mask loads issued with its keys (3% faster a step)
-    idle_prefetch: int = 0  # programs without a qkv task ask L2 for the layer's K/V cache and Wo (1), and Wgate_up (2)
+    idle_prefetch: int = 1  # programs without a qkv task ask L2 for the layer's K/V cache and Wo (1: 3% faster a step), and Wgate_up (2)
 
 
 # ------------------------------------------------------------------------ helpers
