@@ -13,6 +13,8 @@
 #                   B: bench best at batch 4 and 8; the kernel table of best (libero-pi0)
 #   PART=prefetch A: sweep 12 (L2 prefetch by the programs idle in qkv; wider o_proj tiles) with
 #                   timelines; B: the tf32x3 heads against cuBLAS for libero-shallow6
+#   PART=final2  with sweep 12's defaults: A: bench best (libero-pi0), the step kernel's timeline;
+#                   B: T(N) of best and best less megakernel, shallow6
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=sweeps bash benchmarks/h200_session6.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -55,6 +57,16 @@ prefetch)
 EOT
   lane B 1 14 <<EOT &
 240 python3 benchmarks/heads_ab.py --workload libero-shallow6 --json $R/heads_ab_libero-shallow6_tf32x3.json
+EOT
+  ;;
+final2)
+  lane A 0 14 <<EOT &
+150 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s6b_model.json
+100 python3 benchmarks/expert_step_bench.py --quick --timeline --json $R/kernel_expert_step_s6b.json
+EOT
+  lane B 1 14 <<EOT &
+200 $V scaling --workload libero-pi0 --levers "best;$G" --no-progress --json $R/scaling_libero-pi0_best_s6b.json --plot $R/scaling_libero-pi0_best_s6b.png
+100 $V bench --workload libero-shallow6 --levers best $B --json $R/bench_libero-shallow6_best-s6b_model.json
 EOT
   ;;
 esac
