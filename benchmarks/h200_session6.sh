@@ -15,6 +15,8 @@
 #                   timelines; B: the tf32x3 heads against cuBLAS for libero-shallow6
 #   PART=final2  with sweep 12's defaults: A: bench best (libero-pi0), the step kernel's timeline;
 #                   B: T(N) of best and best less megakernel, shallow6
+#   PART=ab      A: best with session 5's step-kernel tiling against today's, interleaved in one
+#                   process (step_config_ab.py)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=sweeps bash benchmarks/h200_session6.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -67,6 +69,11 @@ EOT
   lane B 1 14 <<EOT &
 200 $V scaling --workload libero-pi0 --levers "best;$G" --no-progress --json $R/scaling_libero-pi0_best_s6b.json --plot $R/scaling_libero-pi0_best_s6b.png
 100 $V bench --workload libero-shallow6 --levers best $B --json $R/bench_libero-shallow6_best-s6b_model.json
+EOT
+  ;;
+ab)
+  lane A 0 14 <<EOT &
+280 python3 benchmarks/step_config_ab.py --base "bn_o=16 ks_o=2 bn_down=16 ks_down=2 att_early_v=0 idle_prefetch=0" --json $R/step_config_ab_libero-pi0.json
 EOT
   ;;
 esac

@@ -1,0 +1,87 @@
+"""`best` with the step kernel's tiling of an earlier session (A) against today's defaults (B),
+in one process, interleaved: the whole call, not the kernel alone.
+
+Engine A is captured while `expert_step` is wrapped to pass the older configuration; the CUDA
+graph keeps that launch, so once the wrapper is gone both engines replay side by side. Each
+round times one call of each; the ratio of medians says what the kernel change gave the call,
+free of the machine-to-machine spread between device calls.
+
+    python benchmarks/step_config_ab.py --base "bn_o=16 ks_o=2 idle_prefetch=0" --json $OUT/step_ab.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+from dataclasses import asdict
+
+import torch
+
+from step_kernel_once import parse_config  # benchmarks/ (the script's folder is on sys.path)
+
+from vlaperf.check import check_equivalence
+from vlaperf.engine import Engine
+from vlaperf.engine.kernels import expert_step as S
+from vlaperf.inputs import random_noise, random_observation
+from vlaperf.models.pi0 import build_model
+from vlaperf.report.schema import SCHEMA
+from vlaperf.timing import environment_record
+from vlaperf.workloads import get_workload
+
+
+def timed(fn) -> float:
+    torch.cuda.synchronize()
+    start = time.perf_counter()
+    fn()
+    torch.cuda.synchronize()
+    return (time.perf_counter() - start) * 1e3
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--workload", default="libero-pi0")
+    p.add_argument("--base", required=True, help="the older tiling, as changes to today's defaults: 'name=value ...'")
+    p.add_argument("--rounds", type=int, default=60)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    base = parse_config(args.base.split())
+    w = get_workload(args.workload)
+    model = build_model(w.preset, "cuda")
+    obs, noise = random_observation(w, model.config, "cuda"), random_noise(w, model.config, "cuda")
+    real = S.expert_step
+    S.expert_step = lambda *a, **kw: real(*a, **{**kw, "config": base})  # noqa: E731
+    older = Engine(model, "best")
+    out_older = older.sample_actions(obs, noise, w.steps)  # compiled and captured with the older tiling
+    S.expert_step = real
+    today = Engine(model, "best")
+    out_today = today.sample_actions(obs, noise, w.steps)
+    variants = {"base": lambda: older.sample_actions(obs, noise, w.steps),
+                "defaults": lambda: today.sample_actions(obs, noise, w.steps)}
+    for fn in variants.values():
+        for _ in range(10):
+            fn()
+    samples = {name: [] for name in variants}
+    for _ in range(args.rounds):
+        for name, fn in variants.items():
+            samples[name].append(timed(fn))
+    ratios = [a / b for a, b in zip(samples["base"], samples["defaults"])]
+    result = {"schema": SCHEMA, "command": "step-config-ab", "workload": {"id": w.id, "overrides": {}},
+              "variant": {"levers": today.levers.names(), "label": today.name, "dtype": str(model.dtype).split(".")[-1]},
+              "env": environment_record("cuda"), "rounds": args.rounds,
+              "base_config": asdict(base), "default_config": asdict(S.StepKernelConfig()),
+              "median_ms": {k: statistics.median(v) for k, v in samples.items()},
+              "speedup_median": statistics.median(ratios),
+              "speedup_p10_p90": [statistics.quantiles(ratios, n=10)[0], statistics.quantiles(ratios, n=10)[-1]],
+              "rel_l2_defaults_vs_base": ((out_today - out_older).norm() / out_older.norm()).item(),
+              "equivalence_defaults": check_equivalence(model, today, w), "samples_ms": samples}
+    print(json.dumps({k: result[k] for k in ("median_ms", "speedup_median", "speedup_p10_p90", "rel_l2_defaults_vs_base")}))
+    print("equivalence:", result["equivalence_defaults"]["passed"], result["equivalence_defaults"]["rel_l2"])
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
