@@ -136,6 +136,8 @@ def test_serving_peer_and_kernel_results_have_renderers(tmp_path):
     # the step kernel's clock timeline (expert_step_bench.py --timeline files): a table and a figure
     assert "| phase | slot us | work median us |" in md and "![step kernel timeline per phase]" in md
     assert "cuBLAS (+ eager elementwise) us" in md
+    if any(r["command"] == "step-config-ab" for _, r in results):  # the whole call with an older step tiling
+        assert "step-kernel tiling A/B" in md and "| field | base | defaults |" in md
     if any(r.get("variant", {}).get("label") == "expert_step" for _, r in results):  # the step kernel's sweep
         assert "| phase (all layers, with its barriers) | us |" in md and "persistent launch equals per-phase" in md
     if (H200.parent / "h200x2").is_dir():

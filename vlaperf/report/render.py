@@ -526,8 +526,8 @@ def _compare(doc: _Doc, path: str, r: dict) -> None:
 
 
 def _heads_ab(doc: _Doc, path: str, r: dict) -> None:
-    """Session 5's interleaved A/B of the denoise step's float32 heads (cuBLAS against the
-    small_m_matmul kernel); the script that wrote these files left with the change it measured."""
+    """The interleaved A/B of the denoise step's float32 heads, cuBLAS against the small_m_matmul
+    kernel (benchmarks/heads_ab.py: float32 FMA products in session 5, TF32x3 since session 6)."""
     eq = r.get("equivalence_kernel_heads") or {}
     doc.h(3, f"heads A/B: {r['workload']['id']}, {r['variant']['label']} on {_gpu(r)}")
     doc.p(f"{r['rounds']} interleaved rounds in one process; speedup = cuBLAS heads over kernel heads, median of "
@@ -535,6 +535,20 @@ def _heads_ab(doc: _Doc, path: str, r: dict) -> None:
           f"rel L2 {r['rel_l2_kernel_vs_cublas_heads']:.1e}; kernel heads against the reference: rel L2 "
           f"{eq.get('rel_l2', float('nan')):.1e}, passed {eq.get('passed')}", "")
     doc.table(["heads", "median ms"], [[k, v] for k, v in r["median_ms"].items()] + [["speedup", r["speedup_median"]]])
+
+
+def _step_config_ab(doc: _Doc, path: str, r: dict) -> None:
+    """benchmarks/step_config_ab.py: `best` with an older step-kernel tiling against today's
+    defaults, interleaved in one process; the table lists the fields where the two differ."""
+    eq = r.get("equivalence_defaults") or {}
+    base, new = r["base_config"], r["default_config"]
+    doc.h(3, f"step-kernel tiling A/B: {r['workload']['id']}, {r['variant']['label']} on {_gpu(r)}")
+    doc.p(f"{r['rounds']} interleaved rounds in one process; speedup = base over defaults, median of per-round ratios "
+          f"(p10..p90 {r['speedup_p10_p90'][0]:.3f}..{r['speedup_p10_p90'][1]:.3f}); outputs differ by rel L2 "
+          f"{r['rel_l2_defaults_vs_base']:.1e}; defaults against the reference: rel L2 {eq.get('rel_l2', float('nan')):.1e}, "
+          f"passed {eq.get('passed')}", "")
+    doc.table(["field", "base", "defaults"], [[k, base.get(k), v] for k, v in new.items() if base.get(k) != v])
+    doc.table(["side", "median ms"], [[k, v] for k, v in r["median_ms"].items()] + [["speedup", r["speedup_median"]]])
 
 
 def _kernel_bench(doc: _Doc, path: str, r: dict) -> None:
@@ -647,7 +661,8 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
                 ("breakdown", "Stage breakdown"), ("scaling", "T(N) scaling"), ("syncs", "Host syncs"),
                 ("doctor", "Doctor"), ("loadgen", "Serving under load (loadgen)"),
                 ("compare", "Side by side with a peer (compare)"), ("kernel-bench", "Kernels (kernel-bench)"),
-                ("heads-ab", "The step's float32 heads, A/B (heads-ab)"))
+                ("heads-ab", "The step's float32 heads, A/B (heads-ab)"),
+                ("step-config-ab", "The step kernel's tiling, A/B in the whole call (step-config-ab)"))
     for cmd, heading in sections:
         items = by_cmd.pop(cmd, [])
         if not items:
@@ -662,7 +677,8 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
         for p, r in items:
             try:
                 {"matrix": _matrix, "check": _check, "breakdown": _breakdown, "scaling": _scaling, "syncs": _syncs,
-                 "doctor": _doctor, "compare": _compare, "kernel-bench": _kernel_bench, "heads-ab": _heads_ab}[cmd](doc, p, r)
+                 "doctor": _doctor, "compare": _compare, "kernel-bench": _kernel_bench, "heads-ab": _heads_ab,
+                 "step-config-ab": _step_config_ab}[cmd](doc, p, r)
             except (KeyError, TypeError, ValueError) as e:
                 doc.p(f"could not render {p}: {type(e).__name__}: {e}", "warn")
     for cmd, items in by_cmd.items():
