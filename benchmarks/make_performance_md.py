@@ -231,6 +231,26 @@ def kernel_tables(results):
     return out
 
 
+def ab_tables(results):
+    """In-process A/B files of one change inside the whole call (benchmarks/heads_ab.py,
+    benchmarks/step_config_ab.py): medians of both sides and the per-round ratio. The commit
+    says which kernel ran (the heads: float32 FMA products at 55d64b1, TF32x3 from session 6)."""
+    rows = ["| change | workload | commit | old side ms | new side ms | speedup (old / new, median) | p10..p90 | new side rel L2 vs reference | file |",
+            "|---|---|---|---|---|---|---|---|---|"]
+    for path, r in results:
+        if r["command"] == "heads-ab":
+            change, old, new, eq = "float32 heads: cuBLAS -> small_m_matmul", "cublas_heads", "kernel_heads", r["equivalence_kernel_heads"]
+        elif r["command"] == "step-config-ab":
+            diff = [f"{k} {r['base_config'].get(k)}->{v}" for k, v in r["default_config"].items() if r["base_config"].get(k) != v]
+            change, old, new, eq = "step kernel: " + ", ".join(diff), "base", "defaults", r["equivalence_defaults"]
+        else:
+            continue
+        lo, hi = r["speedup_p10_p90"]
+        rows.append(f"| {change} | {r['workload']['id']} | {(r['env'].get('git_commit') or '')[:7]} | {_ms(r['median_ms'][old])} | {_ms(r['median_ms'][new])} | "
+                    f"{r['speedup_median']:.3f}x | {lo:.3f}..{hi:.3f} | {_rel(eq)} | `{path.relative_to(ROOT)}` |")
+    return rows + [""] if len(rows) > 2 else []
+
+
 def main() -> None:
     results = [(p, json.loads(p.read_text())) for p in sorted(RESULTS.rglob("*.json"))]
     lines = ["# Performance", "",
@@ -248,6 +268,7 @@ def main() -> None:
     lines += ["## Host syncs per call (`vlaperf syncs`)", ""] + sync_tables(results)
     lines += ["## Serving (`vlaperf serve` + `vlaperf loadgen`)", ""] + loadgen_tables(results)
     lines += ["## Side by side with LeRobot (`vlaperf compare`)", ""] + compare_tables(results)
+    lines += ["## One change inside the whole call, A/B in one process (`benchmarks/*_ab.py`)", ""] + ab_tables(results)
     lines += ["## Kernels (`benchmarks/*_bench.py`)", ""] + kernel_tables(results)
     OUT.write_text("\n".join(lines) + "\n")
     print(f"wrote {OUT}")
