@@ -109,6 +109,9 @@ def sweep(number: int, base: S.StepKernelConfig) -> list[S.StepKernelConfig]:
         # the 52 programs without a qkv task ask L2 for the layer's K/V and Wo (1), and Wgate_up (2);
         # wider o_proj tiles in 4 slices (sweep 10: 5.44 against 5.76 us a layer)
         12: [r(idle_prefetch=1), r(idle_prefetch=2), r(bn_o=32, ks_o=4), r(idle_prefetch=1, bn_o=32, ks_o=4)],
+        # every task of a phase reads the same activations in step; rotated K loops (and key
+        # tiles) spread them over L2 (k_rotate), alone and with shallower K blocks (more offsets)
+        13: [r(k_rotate=True), r(k_rotate=True, bk_qkv=64, bk_gu=64, bk_o=128, bk_down=128, num_stages=5)],
     }
     return sweeps[number]
 
@@ -119,8 +122,8 @@ def main() -> None:
     p.add_argument("--quick", action="store_true", help="default configuration only")
     p.add_argument("--timeline", action="store_true",
                    help="also read the GPU clock at every (layer, phase, program) and summarise where each config's time goes")
-    p.add_argument("--sweep", type=int, default=1, choices=range(1, 13),
-                   help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps; 9: barrier polling, pipeline depth; 10: deeper pipelines, atomic polling at 4 stages, wider split tiles; 11: early value loads, 128-key tiles; 12: prefetch by the programs idle in qkv, wider o_proj tiles)")
+    p.add_argument("--sweep", type=int, default=1, choices=range(1, 14),
+                   help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps; 9: barrier polling, pipeline depth; 10: deeper pipelines, atomic polling at 4 stages, wider split tiles; 11: early value loads, 128-key tiles; 12: prefetch by the programs idle in qkv, wider o_proj tiles; 13: rotated K loops)")
     args = p.parse_args()
     dev = "cuda"
     inputs = make_inputs(dev)

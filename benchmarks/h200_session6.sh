@@ -17,6 +17,8 @@
 #                   B: T(N) of best and best less megakernel, shallow6
 #   PART=ab      A: best with session 5's step-kernel tiling against today's, interleaved in one
 #                   process (step_config_ab.py)
+#   PART=rotate  A: sweep 13 (rotated K loops) with timelines; B: best with k_rotate against
+#                   without, interleaved in one process
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=sweeps bash benchmarks/h200_session6.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -74,6 +76,14 @@ EOT
 ab)
   lane A 0 14 <<EOT &
 280 python3 benchmarks/step_config_ab.py --base "bn_o=16 ks_o=2 bn_down=16 ks_down=2 att_early_v=0 idle_prefetch=0" --json $R/step_config_ab_libero-pi0.json
+EOT
+  ;;
+rotate)
+  lane A 0 40 <<EOT &
+240 python3 benchmarks/expert_step_bench.py --sweep 13 --timeline --json $R/kernel_expert_step_sweep13.json
+EOT
+  lane B 1 14 <<EOT &
+240 python3 benchmarks/step_config_ab.py --base "" --new "k_rotate=1" --json $R/step_config_ab_libero-pi0_rotate.json
 EOT
   ;;
 esac

@@ -100,18 +100,19 @@ def compile_kernel(fn, constexprs: dict, num_warps: int, num_stages: int, ptxas:
 
 # each phase alone, on the same shapes (the kernel's phase functions are plain @triton.jit helpers)
 @triton.jit
-def _qkv_alone(x_ptr, w_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, M, eps, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr):
+def _qkv_alone(x_ptr, w_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, M, eps, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
+               ROTATE: tl.constexpr):
     S._phase_qkv(x_ptr, w_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, M, eps, tl.program_id(0), tl.num_programs(0),
-                 1024, 8, 256, 64, BN, BK, STAGES)
+                 1024, 8, 256, 64, BN, BK, STAGES, ROTATE)
 
 
 @triton.jit
 def _attention_alone(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o_ptr, tile_ctr_ptr, M, Tk, Tp, keys_per_split,
                      scale, stride_ct, stride_mq, ABM: tl.constexpr, ABN: tl.constexpr, SPLITS: tl.constexpr, MD: tl.constexpr,
-                     ATT_STAGES: tl.constexpr, EARLY_V: tl.constexpr):
+                     ATT_STAGES: tl.constexpr, EARLY_V: tl.constexpr, ROTATE: tl.constexpr):
     S._phase_attention(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o_ptr, tile_ctr_ptr, M, Tk, Tp, keys_per_split,
                        scale, stride_ct, stride_mq, tl.program_id(0), tl.num_programs(0), 8, 256, 64, ABM, ABN, SPLITS,
-                       -2.3819763e38, ATT_STAGES, False, MD, EARLY_V)
+                       -2.3819763e38, ATT_STAGES, False, MD, EARLY_V, ROTATE)
 
 
 @triton.jit
@@ -121,16 +122,16 @@ def _merge_alone(acc_ptr, ml_ptr, o_ptr, M, ABM: tl.constexpr, SPLITS: tl.conste
 
 @triton.jit
 def _residual_alone(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
-                    STAGES: tl.constexpr):
+                    STAGES: tl.constexpr, ROTATE: tl.constexpr):
     S._phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, tl.program_id(0), tl.num_programs(0), 1024, 64,
-                      BN, BK, KS, STAGES)
+                      BN, BK, KS, STAGES, ROTATE)
 
 
 @triton.jit
 def _gate_up_alone(x_ptr, w_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
-                   STAGES: tl.constexpr):
+                   STAGES: tl.constexpr, ROTATE: tl.constexpr):
     S._phase_gate_up(x_ptr, w_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, tl.program_id(0), tl.num_programs(0), 1024, 4096,
-                     64, BN, BK, KS, STAGES)
+                     64, BN, BK, KS, STAGES, ROTATE)
 
 
 def whole_kernel_constexprs(cfg: S.StepKernelConfig, timeline: bool = False) -> dict:
@@ -146,7 +147,7 @@ def whole_kernel_constexprs(cfg: S.StepKernelConfig, timeline: bool = False) -> 
                 PREFETCH=cfg.prefetch, ELEMS_PER_LINE=64, L=L, KS_O=cfg.ks_o, KS_GU=cfg.ks_gu, KS_DOWN=cfg.ks_down,
                 FOLD_MERGE=cfg.fold_merge, BARRIER_ASM=cfg.barrier_asm, POLL_ONE=cfg.poll_one, CTR_O=ctr_o, CTR_GU=ctr_gu, CTR_DOWN=ctr_down,
                 CTR_LAYER=len(targets), TIMELINE=timeline, EARLY_V=cfg.att_early_v,
-                IDLE_PREFETCH=cfg.idle_prefetch)
+                IDLE_PREFETCH=cfg.idle_prefetch, ROTATE=cfg.k_rotate)
 
 
 def main() -> None:
@@ -154,13 +155,15 @@ def main() -> None:
     cfg = parse_config([a for a in sys.argv[1:] if a != "--timeline"])
     splits, _ = S.key_splits(cfg, TK)
     kernels = [("whole step kernel", S._expert_step_kernel, whole_kernel_constexprs(cfg, timeline)),
-               ("qkv", _qkv_alone, dict(BN=cfg.bn_qkv, BK=cfg.bk_qkv, STAGES=cfg.num_stages)),
+               ("qkv", _qkv_alone, dict(BN=cfg.bn_qkv, BK=cfg.bk_qkv, STAGES=cfg.num_stages, ROTATE=cfg.k_rotate)),
                ("attention", _attention_alone, dict(ABM=cfg.att_bm, ABN=cfg.att_bn, SPLITS=splits, MD=min(cfg.merge_bd, HD),
-                                                    ATT_STAGES=cfg.att_stages, EARLY_V=cfg.att_early_v)),
+                                                    ATT_STAGES=cfg.att_stages, EARLY_V=cfg.att_early_v, ROTATE=cfg.k_rotate)),
                ("merge", _merge_alone, dict(ABM=cfg.att_bm, SPLITS=splits, MD=min(cfg.merge_bd, HD))),
-               ("o_proj", _residual_alone, dict(BN=cfg.bn_o, BK=cfg.bk_o, KS=cfg.ks_o, STAGES=cfg.num_stages)),
-               ("gate_up", _gate_up_alone, dict(BN=cfg.bn_gu, BK=cfg.bk_gu, KS=cfg.ks_gu, STAGES=cfg.num_stages)),
-               ("down", _residual_alone, dict(BN=cfg.bn_down, BK=cfg.bk_down, KS=cfg.ks_down, STAGES=cfg.num_stages))]
+               ("o_proj", _residual_alone, dict(BN=cfg.bn_o, BK=cfg.bk_o, KS=cfg.ks_o, STAGES=cfg.num_stages, ROTATE=cfg.k_rotate)),
+               ("gate_up", _gate_up_alone, dict(BN=cfg.bn_gu, BK=cfg.bk_gu, KS=cfg.ks_gu, STAGES=cfg.num_stages,
+                                                ROTATE=cfg.k_rotate)),
+               ("down", _residual_alone, dict(BN=cfg.bn_down, BK=cfg.bk_down, KS=cfg.ks_down, STAGES=cfg.num_stages,
+                                              ROTATE=cfg.k_rotate))]
     print(f"{cfg}\nsm_90a, Triton {triton.__version__}, {cfg.num_warps} warps")
     for name, fn, constexprs in kernels:
         r = compile_kernel(fn, constexprs, cfg.num_warps, cfg.num_stages)

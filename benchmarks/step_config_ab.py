@@ -1,12 +1,13 @@
-"""`best` with the step kernel's tiling of an earlier session (A) against today's defaults (B),
-in one process, interleaved: the whole call, not the kernel alone.
+"""`best` with one step-kernel tiling (A: an earlier session's) against another (B: today's
+defaults, or `--new`), in one process, interleaved: the whole call, not the kernel alone.
 
-Engine A is captured while `expert_step` is wrapped to pass the older configuration; the CUDA
+Each engine is captured while `expert_step` is wrapped to pass its configuration; the CUDA
 graph keeps that launch, so once the wrapper is gone both engines replay side by side. Each
 round times one call of each; the ratio of medians says what the kernel change gave the call,
 free of the machine-to-machine spread between device calls.
 
     python benchmarks/step_config_ab.py --base "bn_o=16 ks_o=2 idle_prefetch=0" --json $OUT/step_ab.json
+    python benchmarks/step_config_ab.py --base "" --new "k_rotate=1" --json $OUT/step_ab_rotate.json
 """
 
 from __future__ import annotations
@@ -42,11 +43,12 @@ def timed(fn) -> float:
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--workload", default="libero-pi0")
-    p.add_argument("--base", required=True, help="the older tiling, as changes to today's defaults: 'name=value ...'")
+    p.add_argument("--base", required=True, help="side A, as changes to today's defaults: 'name=value ...' ('' = the defaults)")
+    p.add_argument("--new", default="", help="side B, as changes to today's defaults (default: the defaults)")
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    base = parse_config(args.base.split())
+    base, new = parse_config(args.base.split()), parse_config(args.new.split())
     w = get_workload(args.workload)
     model = build_model(w.preset, "cuda")
     obs, noise = random_observation(w, model.config, "cuda"), random_noise(w, model.config, "cuda")
@@ -54,9 +56,10 @@ def main() -> None:
     S.expert_step = lambda *a, **kw: real(*a, **{**kw, "config": base})  # noqa: E731
     older = Engine(model, "best")
     out_older = older.sample_actions(obs, noise, w.steps)  # compiled and captured with the older tiling
-    S.expert_step = real
+    S.expert_step = lambda *a, **kw: real(*a, **{**kw, "config": new})  # noqa: E731
     today = Engine(model, "best")
     out_today = today.sample_actions(obs, noise, w.steps)
+    S.expert_step = real
     variants = {"base": lambda: older.sample_actions(obs, noise, w.steps),
                 "defaults": lambda: today.sample_actions(obs, noise, w.steps)}
     for fn in variants.values():
@@ -70,7 +73,7 @@ def main() -> None:
     result = {"schema": SCHEMA, "command": "step-config-ab", "workload": {"id": w.id, "overrides": {}},
               "variant": {"levers": today.levers.names(), "label": today.name, "dtype": str(model.dtype).split(".")[-1]},
               "env": environment_record("cuda"), "rounds": args.rounds,
-              "base_config": asdict(base), "default_config": asdict(S.StepKernelConfig()),
+              "base_config": asdict(base), "default_config": asdict(new),
               "median_ms": {k: statistics.median(v) for k, v in samples.items()},
               "speedup_median": statistics.median(ratios),
               "speedup_p10_p90": [statistics.quantiles(ratios, n=10)[0], statistics.quantiles(ratios, n=10)[-1]],

@@ -264,9 +264,11 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
     small = StepKernelConfig(att_bm=16, att_bn=16, splits=3, merge_bd=16, bk_o=64, bk_down=64, num_warps=4)
     # the defaults split o_proj's and down's K in 2; also unsplit with the merge folded into attention,
     # and 4 slices with gate_up split too
-    # and the attention's value loads issued after the scores (before session 6's default)
+    # and the attention's value loads issued after the scores (before session 6's default); each
+    # task starting its K loop and its key tiles at its own offset (k_rotate), with 16-deep K
+    # blocks so that there are several to rotate
     configs = [small, replace(small, ks_o=1, ks_down=1, fold_merge=True), replace(small, ks_o=4, bn_down=8, ks_down=4, ks_gu=2),
-               replace(small, att_early_v=False)]
+               replace(small, att_early_v=False), replace(small, k_rotate=True, bk_qkv=16, bk_gu=16, bk_o=16, bk_down=16)]
     # (layers, D, heads, head dim, F, rows, prefix): head dim 16 has 8-dim RoPE halves, less than a tile
     for L, D, NH, HD, Fd, M, Tp in [(2, 32, 4, 16, 64, 11, 20), (1, 64, 2, 32, 96, 7, 45)]:
         x = torch.randn(M, D)
@@ -432,8 +434,8 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
     """The whole step kernel compiled for sm_90a and assembled by ptxas (Triton's bundled one)
     on this CPU machine: the inline PTX the GPU launch relies on (the one-thread barrier poll
     with its spin loop, the clock reads of the timeline) must assemble, in both barrier
-    variants, and the L2 prefetches of the programs idle in qkv (`idle_prefetch`). The
-    interpreter cannot run any of it."""
+    variants, and the L2 prefetches of the programs idle in qkv (`idle_prefetch`); with and
+    without rotated K loops, still pipelined. The interpreter cannot run any of it."""
     from dataclasses import replace
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
@@ -441,7 +443,9 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
 
     from vlaperf.engine.kernels import expert_step as S
 
-    for cfg, timeline in ((S.StepKernelConfig(), True), (replace(S.StepKernelConfig(), poll_one=False, idle_prefetch=2), False)):
+    configs = ((S.StepKernelConfig(), True), (replace(S.StepKernelConfig(), poll_one=False, idle_prefetch=2), False),
+               (replace(S.StepKernelConfig(), k_rotate=True), False))
+    for cfg, timeline in configs:
         consts = resources.whole_kernel_constexprs(cfg, timeline)
         r = resources.compile_kernel(S._expert_step_kernel, consts, cfg.num_warps, cfg.num_stages, ptxas=True)
         assert r["registers"] <= 255 and r["shared_bytes"] <= 227 * 1024, r
@@ -449,3 +453,6 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
         assert ("%globaltimer" in ptx) == timeline
         assert ("SPIN" in ptx) == cfg.poll_one  # thread 0's spin loop, present only with poll_one
         assert ("prefetch.global.L2" in ptx) == (cfg.idle_prefetch > 0)
+        # the K loops stay software-pipelined (asynchronous copies to shared memory): a modulo on
+        # a strided loop variable once stopped that for k_rotate, and the kernel spilled
+        assert r["async_copies"] >= 100 and r["spill_store_bytes"] == 0, (cfg, r)

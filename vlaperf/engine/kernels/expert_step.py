@@ -94,6 +94,7 @@ class StepKernelConfig:
     poll_one: bool = True  # with barrier_asm: one thread polls, the block waits for it (4% faster a step)
     att_early_v: bool = True  # attention: a key tile's value and mask loads issued with its keys (3% faster a step)
     idle_prefetch: int = 1  # programs without a qkv task ask L2 for the layer's K/V cache and Wo (1: 3% faster a step), and Wgate_up (2)
+    k_rotate: bool = False  # each task starts its K loop (attention: its key tiles) at its own offset, see _rows_matmul
 
 
 # ------------------------------------------------------------------------ helpers
@@ -171,29 +172,49 @@ def _now():
 
 
 @triton.jit
-def _rows_matmul(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, col_ok, K,
+def _rows_k_block(k0, acc, acc2, ssq, a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, col_ok, K,
+                  BLOCK_K: tl.constexpr, TWO: tl.constexpr, SSQ: tl.constexpr):
+    """One K block [k0, k0 + BLOCK_K) of _rows_matmul."""
+    ks = k0 + tl.arange(0, BLOCK_K)
+    k_ok = ks < K
+    a = tl.load(a_ptr + rows[:, None] * stride_a + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0,
+                cache_modifier=".cg")
+    w_mask = col_ok[:, None] & k_ok[None, :]
+    w = tl.load(w_ptr + cols[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0, eviction_policy="evict_first")
+    acc += tl.dot(a, tl.trans(w))
+    if TWO:
+        w2 = tl.load(w_ptr + cols2[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0, eviction_policy="evict_first")
+        acc2 += tl.dot(a, tl.trans(w2))
+    if SSQ:
+        af = a.to(tl.float32)
+        ssq += tl.sum(af * af, axis=1)
+    return acc, acc2, ssq
+
+
+@triton.jit
+def _rows_matmul(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, col_ok, K, rot,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 TWO: tl.constexpr, SSQ: tl.constexpr, STAGES: tl.constexpr):
+                 TWO: tl.constexpr, SSQ: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr):
     """acc = A[rows] @ W[cols]^T (and acc2 with W[cols2] if TWO), float32; ssq = per-row sum
-    of squares of A (if SSQ). A rows are activations written in this kernel: .cg loads."""
+    of squares of A (if SSQ). A rows are activations written in this kernel: .cg loads.
+
+    ROTATE: start at K block `rot` (the task's tile) and wrap around. Every task of a phase
+    reads the same activations; in step they would all ask L2 for the same lines at once,
+    rotated they spread over the K blocks. `rot` comes from the task, not the program, so the
+    persistent launch still equals the per-phase launches bit for bit. (The loop counts blocks
+    so that Triton still pipelines it: a modulo on a strided loop's variable stopped that.)"""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     ssq = tl.zeros((BLOCK_M,), dtype=tl.float32)
-    for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
-        ks = k0 + tl.arange(0, BLOCK_K)
-        k_ok = ks < K
-        a = tl.load(a_ptr + rows[:, None] * stride_a + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0,
-                    cache_modifier=".cg")
-        w_mask = col_ok[:, None] & k_ok[None, :]
-        w = tl.load(w_ptr + cols[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0, eviction_policy="evict_first")
-        acc += tl.dot(a, tl.trans(w))
-        if TWO:
-            w2 = tl.load(w_ptr + cols2[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0,
-                         eviction_policy="evict_first")
-            acc2 += tl.dot(a, tl.trans(w2))
-        if SSQ:
-            af = a.to(tl.float32)
-            ssq += tl.sum(af * af, axis=1)
+    if ROTATE:
+        n_k = tl.cdiv(K, BLOCK_K)
+        for i in tl.range(0, n_k, num_stages=STAGES):
+            acc, acc2, ssq = _rows_k_block(((i + rot) % n_k) * BLOCK_K, acc, acc2, ssq, a_ptr, stride_a, rows, row_ok,
+                                           w_ptr, stride_w, cols, cols2, col_ok, K, BLOCK_K, TWO, SSQ)
+    else:
+        for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
+            acc, acc2, ssq = _rows_k_block(k0, acc, acc2, ssq, a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols,
+                                           cols2, col_ok, K, BLOCK_K, TWO, SSQ)
     return acc, acc2, ssq
 
 
@@ -218,7 +239,7 @@ def _prefetch_l2(base_ptr, n_elems, pid, nprog, ELEMS_PER_LINE: tl.constexpr, LI
 @triton.jit
 def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, M, eps, pid, nprog,
                D: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr,
-               BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr):
+               BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr):
     HALF: tl.constexpr = HD // 2
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
@@ -228,8 +249,8 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, M, eps, pid, np
         d1 = (task % n_jb) * BN + tl.arange(0, BN)
         d_ok = d1 < HALF
         cols = slot * HD + d1
-        acc1, acc2, ssq = _rows_matmul(x_ptr, D, rows, row_ok, wqkv_ptr, D, cols, cols + HALF, d_ok, D,
-                                       BLOCK_M, BN, BK, True, True, STAGES)
+        acc1, acc2, ssq = _rows_matmul(x_ptr, D, rows, row_ok, wqkv_ptr, D, cols, cols + HALF, d_ok, D, task,
+                                       BLOCK_M, BN, BK, True, True, STAGES, ROTATE)
         inv = 1.0 / tl.sqrt(ssq / D + eps)
         acc1 = acc1 * inv[:, None]
         acc2 = acc2 * inv[:, None]
@@ -258,7 +279,7 @@ def _phase_attention(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o
                      keys_per_split, scale, stride_ct, stride_mq, pid, nprog,
                      NH: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr, ABM: tl.constexpr,
                      ABN: tl.constexpr, SPLITS: tl.constexpr, MASK_VALUE: tl.constexpr, ATT_STAGES: tl.constexpr,
-                     FOLD_MERGE: tl.constexpr, MD: tl.constexpr, EARLY_V: tl.constexpr):
+                     FOLD_MERGE: tl.constexpr, MD: tl.constexpr, EARLY_V: tl.constexpr, ROTATE: tl.constexpr):
     R = NH * M
     d = tl.arange(0, HD)
     for task in range(pid, tl.cdiv(R, ABM) * SPLITS, nprog):
@@ -273,7 +294,10 @@ def _phase_attention(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o
         l_i = tl.zeros((ABM,), tl.float32)
         acc = tl.zeros((ABM, HD), tl.float32)
         k_start = s * keys_per_split
-        for k0 in tl.range(k_start, k_start + keys_per_split, ABN, num_stages=ATT_STAGES):
+        n_kt = keys_per_split // ABN  # key tiles of a split (keys_per_split is a multiple of ABN)
+        for j in tl.range(0, n_kt, num_stages=ATT_STAGES):
+            # ROTATE: the row blocks of one split take its key tiles in different orders (see _rows_matmul)
+            k0 = k_start + ((j + task // SPLITS) % n_kt if ROTATE else j) * ABN
             keys = k0 + tl.arange(0, ABN)
             key_ok = (keys < Tk) & (keys < k_start + keys_per_split)
             # The prefix from the static cache, then this step's scratch k/v: one load through
@@ -349,7 +373,7 @@ def _phase_merge(acc_ptr, ml_ptr, o_ptr, M, pid, nprog,
 @triton.jit
 def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, nprog,
                     D: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
-                    STAGES: tl.constexpr):
+                    STAGES: tl.constexpr, ROTATE: tl.constexpr):
     """x[:, cols] += A @ W[cols]^T.
 
     KS == 1: each task owns its columns of x (so in place is safe) and reads all of A.
@@ -368,7 +392,7 @@ def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, npro
         cols = tile * BN + tl.arange(0, BN)
         col_ok = cols < D
         acc, _a, _s = _rows_matmul(a_ptr + s * k_slice, K, rows, row_ok, w_ptr + s * k_slice, K, cols, cols, col_ok,
-                                   k_slice, BLOCK_M, BN, BK, False, False, STAGES)
+                                   k_slice, tile, BLOCK_M, BN, BK, False, False, STAGES, ROTATE)
         mask = row_ok[:, None] & col_ok[None, :]
         ptrs = x_ptr + rows[:, None] * D + cols[None, :]
         if KS == 1:
@@ -388,7 +412,7 @@ def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, npro
 @triton.jit
 def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, nprog,
                    D: tl.constexpr, F: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                   KS: tl.constexpr, STAGES: tl.constexpr):
+                   KS: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr):
     """h[:, cols] = gelu(n(x) @ Wg[cols]^T) * (n(x) @ Wu[cols]^T). KS > 1 splits D as in
     _phase_residual: each task's gate, up and sum-of-squares partials go to `part`, and the
     tile's last task adds them (in order) before the norm and GELU, which need the whole sums."""
@@ -403,7 +427,7 @@ def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, n
         col_ok = cols < F
         mask = row_ok[:, None] & col_ok[None, :]
         g, u, ssq = _rows_matmul(x_ptr + s * k_slice, D, rows, row_ok, wgu_ptr + s * k_slice, D, cols, cols + F, col_ok,
-                                 k_slice, BLOCK_M, BN, BK, True, True, STAGES)
+                                 k_slice, tile, BLOCK_M, BN, BK, True, True, STAGES, ROTATE)
         last = True
         if KS > 1:
             gu = part_ptr + rows[:, None] * (2 * F) + cols[None, :]  # (KS, BLOCK_M, 2F): gate columns, then up
@@ -444,7 +468,7 @@ def _expert_step_kernel(
     PREFETCH: tl.constexpr, ELEMS_PER_LINE: tl.constexpr, L: tl.constexpr,
     KS_O: tl.constexpr, KS_GU: tl.constexpr, KS_DOWN: tl.constexpr, FOLD_MERGE: tl.constexpr, BARRIER_ASM: tl.constexpr,
     POLL_ONE: tl.constexpr, CTR_O: tl.constexpr, CTR_GU: tl.constexpr, CTR_DOWN: tl.constexpr, CTR_LAYER: tl.constexpr,
-    TIMELINE: tl.constexpr, EARLY_V: tl.constexpr, IDLE_PREFETCH: tl.constexpr,
+    TIMELINE: tl.constexpr, EARLY_V: tl.constexpr, IDLE_PREFETCH: tl.constexpr, ROTATE: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -466,7 +490,7 @@ def _expert_step_kernel(
                         _prefetch_l2(wqkv_ptr + (layer + 1) * (QKV_N * D), QKV_N * D, pid, nprog, ELEMS_PER_LINE, 512)
             if phase == 0:
                 _phase_qkv(x_ptr, wqkv_ptr + layer * (QKV_N * D), q_ptr, kv_ptr, cos_ptr, sin_ptr, M, eps, pid, nprog,
-                           D, NH, HD, BLOCK_M, BN_QKV, BK_QKV, STAGES)
+                           D, NH, HD, BLOCK_M, BN_QKV, BK_QKV, STAGES, ROTATE)
                 if IDLE_PREFETCH > 0:
                     # qkv has fewer tasks than programs (80 of 132 for pi0's expert); the idle ones ask L2
                     # for what the next phases read first from HBM, instead of waiting at the barrier
@@ -483,19 +507,19 @@ def _expert_step_kernel(
                 _phase_attention(q_ptr, kv_ptr, kc_ptr + layer * stride_cl, vc_ptr + layer * stride_cl, mask_ptr,
                                  acc_ptr, ml_ptr, o_ptr, tile_ctr, M, Tk, Tp, keys_per_split, scale, stride_ct, stride_mq,
                                  pid, nprog, NH, HD, BLOCK_M, ABM, ABN, SPLITS, MASK_VALUE, ATT_STAGES, FOLD_MERGE, MD,
-                                 EARLY_V)
+                                 EARLY_V, ROTATE)
             elif phase == 2:
                 if not FOLD_MERGE:
                     _phase_merge(acc_ptr, ml_ptr, o_ptr, M, pid, nprog, NH, HD, ABM, SPLITS, MD)
             elif phase == 3:
                 _phase_residual(o_ptr, NH * HD, wo_ptr + layer * (D * NH * HD), x_ptr, part_ptr, tile_ctr + CTR_O, M, pid,
-                                nprog, D, BLOCK_M, BN_O, BK_O, KS_O, STAGES)
+                                nprog, D, BLOCK_M, BN_O, BK_O, KS_O, STAGES, ROTATE)
             elif phase == 4:
                 _phase_gate_up(x_ptr, wgu_ptr + layer * (2 * F * D), h_ptr, part_ptr, tile_ctr + CTR_GU, M, eps, pid, nprog,
-                               D, F, BLOCK_M, BN_GU, BK_GU, KS_GU, STAGES)
+                               D, F, BLOCK_M, BN_GU, BK_GU, KS_GU, STAGES, ROTATE)
             elif phase == 5:
                 _phase_residual(h_ptr, F, wd_ptr + layer * (D * F), x_ptr, part_ptr, tile_ctr + CTR_DOWN, M, pid, nprog, D,
-                                BLOCK_M, BN_DOWN, BK_DOWN, KS_DOWN, STAGES)
+                                BLOCK_M, BN_DOWN, BK_DOWN, KS_DOWN, STAGES, ROTATE)
             # phase 6 does nothing: benchmarks time the barriers alone with phases=(6, 7)
             if TIMELINE:
                 tl.debug_barrier()  # every warp of the program is done
@@ -683,7 +707,8 @@ def expert_step(
                   KS_O=cfg.ks_o, KS_GU=cfg.ks_gu, KS_DOWN=cfg.ks_down, FOLD_MERGE=cfg.fold_merge,
                   BARRIER_ASM=cfg.barrier_asm and device.type == "cuda", POLL_ONE=cfg.poll_one, CTR_O=ctr_o,
                   CTR_GU=ctr_gu, CTR_DOWN=ctr_down, CTR_LAYER=ctr_layer, TIMELINE=timeline is not None,
-                  EARLY_V=cfg.att_early_v, IDLE_PREFETCH=cfg.idle_prefetch if device.type == "cuda" else 0)
+                  EARLY_V=cfg.att_early_v, IDLE_PREFETCH=cfg.idle_prefetch if device.type == "cuda" else 0,
+                  ROTATE=cfg.k_rotate)
     if persistent:
         _expert_step_kernel[(grid,)](*args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
         _LAST_COUNTERS[_device_key(device)] = (counters, tile_counters.view(L, ctr_layer))
