@@ -94,7 +94,7 @@ class StepKernelConfig:
     poll_one: bool = True  # with barrier_asm: one thread polls, the block waits for it (4% faster a step)
     att_early_v: bool = True  # attention: a key tile's value and mask loads issued with its keys (3% faster a step)
     idle_prefetch: int = 1  # programs without a qkv task ask L2 for the layer's K/V cache and Wo (1: 3% faster a step), and Wgate_up (2)
-    k_rotate: bool = False  # each task starts its K loop (attention: its key tiles) at its own offset, see _rows_matmul
+    k_rotate: bool = False  # each task starts its K loop (attention: its key tiles) at its own offset (no gain, sweep 13)
 
 
 # ------------------------------------------------------------------------ helpers
