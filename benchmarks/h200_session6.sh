@@ -19,6 +19,10 @@
 #                   process (step_config_ab.py)
 #   PART=rotate  A: sweep 13 (rotated K loops) with timelines; B: best with k_rotate against
 #                   without, interleaved in one process
+#   PART=next    (prepared for session 7, not run yet) A: Nsight Compute's memory sections (L2 hit
+#                   rates, sector traffic) and warp states on the step kernel's current defaults:
+#                   what its loads wait on; B: T(N) at batch 4 (how much of the call the steps
+#                   are, before a step kernel for several samples)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=sweeps bash benchmarks/h200_session6.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -84,6 +88,15 @@ rotate)
 EOT
   lane B 1 14 <<EOT &
 240 python3 benchmarks/step_config_ab.py --base "" --new "k_rotate=1" --json $R/step_config_ab_libero-pi0_rotate.json
+EOT
+  ;;
+next)  # prepared for session 7, not run yet
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
+  lane A 0 60 <<EOT &
+300 $NCU --clock-control none -k regex:_expert_step_kernel -s 2 -c 1 --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats -f -o /tmp/step_mem python3 benchmarks/step_kernel_once.py && $NCU -i /tmp/step_mem.ncu-rep --page details > $R/step_ncu_memory_s7.txt; tail -60 $R/step_ncu_memory_s7.txt
+EOT
+  lane B 1 14 <<EOT &
+400 $V scaling --workload libero-pi0-b4 --levers "best;$G" --no-progress --json $R/scaling_libero-pi0-b4_best_s7.json --plot $R/scaling_libero-pi0-b4_best_s7.png
 EOT
   ;;
 esac
