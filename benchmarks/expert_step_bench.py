@@ -142,12 +142,16 @@ def main() -> None:
 
     ref = reference(*inputs[:-1])
     rel = lambda out: ((out.float() - ref).norm() / ref.norm()).item()  # noqa: E731
-    def self_check(cfg: S.StepKernelConfig) -> dict:
-        """The persistent launch against one launch per (layer, phase), and every counter."""
+    def self_check(cfg: S.StepKernelConfig, repeats: int = 20) -> dict:
+        """The persistent launch against one launch per (layer, phase), and every counter; then
+        `repeats` more persistent launches, each of which must give the same bits again (an
+        ordering fault between programs shows up as a launch that differs, not always the first:
+        session 6 saw one tiling differ once)."""
         multi = S.expert_step(*inputs, persistent=False, config=cfg)
         pers = S.expert_step(*inputs, persistent=True, config=cfg)
         torch.cuda.synchronize()
         counters = S.last_barrier_counters(dev).cpu().view(L, 7)
+        differing = sum(not torch.equal(S.expert_step(*inputs, persistent=True, config=cfg), multi) for _ in range(repeats))
         synced = [i for i in range(6) if not (cfg.fold_merge and i == 2)]  # a folded merge has no barrier
         split_targets = torch.tensor(S.split_counter_targets(cfg, M, NH, D, FF, TP + M), dtype=torch.int32)
         return {
@@ -160,6 +164,8 @@ def main() -> None:
             "barrier_counter_values": sorted(set(counters.flatten().tolist())),
             "split_counters_as_expected": bool((S.last_split_counters(dev).cpu() == split_targets).all().item()),
             "barrier_timeouts": S.barrier_timeouts(dev),
+            "repeat_launches": repeats,
+            "repeat_launches_differing": differing,
         }
 
     checks = self_check(S.StepKernelConfig())
@@ -203,7 +209,7 @@ def main() -> None:
         save()
     passed = lambda r: all(r.get("checks", checks)[k] for k in (  # noqa: E731
         "persistent_equals_multi_launch_bitwise", "barrier_counters_all_equal_programs", "split_counters_as_expected")) \
-        and not r.get("checks", checks)["barrier_timeouts"]
+        and not r.get("checks", checks)["barrier_timeouts"] and not r.get("checks", checks).get("repeat_launches_differing")
     ok = [r for r in result["configs"] if "us" in r and r["rel_l2_vs_fp32"] < 2e-2 and passed(r)]
     best = min(ok, key=lambda r: r["us"]) if ok else None
     result["best"] = best

@@ -565,8 +565,11 @@ def _kernel_bench(doc: _Doc, path: str, r: dict) -> None:
     elif "phases" in r:  # the step kernel (megakernel): tilings, then the time of each phase
         ok = sorted((x for x in r["configs"] if "us" in x and x["rel_l2_vs_fp32"] < 2e-2), key=lambda x: x["us"])
         c = r["checks"]
+        repeats = (f"; {c['repeat_launches_differing']} of {c['repeat_launches']} repeated launches differ"
+                   if "repeat_launches" in c else "")
         doc.p(f"{len(ok)} of {len(r['configs'])} tilings within 2e-2 of float32; persistent launch equals per-phase "
-              f"launches bit for bit: {c['persistent_equals_multi_launch_bitwise']}; barrier timeouts: {c['barrier_timeouts']}", "")
+              f"launches bit for bit: {c['persistent_equals_multi_launch_bitwise']}{repeats}; barrier timeouts: "
+              f"{c['barrier_timeouts']}", "")
         doc.table(["tiling", "us", "weights GB/s", "rel L2"],
                   [[" ".join(f"{k}={v}" for k, v in x["config"].items()), x["us"], x["weights_gb_per_s"], x["rel_l2_vs_fp32"]]
                    for x in ok[:5]])
