@@ -19,8 +19,9 @@ the others before the next phase reads what they wrote:
   gate_up   columns of F: h = gelu_tanh(n(x) @ Wg^T) * (n(x) @ Wu^T), RMSNorm prologue
   down      columns of x x K-slices: x += h @ Wd^T (split K)
 
-Split K (`ks_o` and `ks_down`, 4 by default, on 32-column tiles): a task that owns whole columns reads the whole
-activation (all 418 KB of h for down), and the phase is bound by those re-reads through L2.
+Split K (`ks_o` and `ks_down`, 4 by default, on 32-column tiles): a task that owns whole
+columns reads the whole activation (all 418 KB of h for down), and the phase is bound by
+those re-reads through L2.
 With K split, a task reads one slice, writes a float32 partial, and counts itself in at its
 tile's counter; the last to arrive adds the partials in slice order to x, so the result does
 not depend on which task finished first (the persistent launch equals the per-phase launches
@@ -92,9 +93,10 @@ class StepKernelConfig:
     fold_merge: bool = False  # the last attention split of a row block merges them, no merge phase (14% slower)
     barrier_asm: bool = True  # arrive with red.release, poll with ld.acquire (inline PTX, CUDA only)
     poll_one: bool = True  # with barrier_asm: one thread polls, the block waits for it (4% faster a step)
-    att_early_v: bool = True  # attention: a key tile's value and mask loads issued with its keys (3% faster a step)
-    idle_prefetch: int = 1  # programs without a qkv task ask L2 for the layer's K/V cache and Wo (1: 3% faster a step), and Wgate_up (2)
-    k_rotate: bool = False  # each task starts its K loop (attention: its key tiles) at its own offset (no gain, sweep 13)
+    att_early_v: bool = True  # attention: a tile's value and mask loads issued with its keys (3% faster a step)
+    # programs without a qkv task ask L2 for the layer's K/V cache and Wo (1: 3% faster a step), and Wgate_up (2)
+    idle_prefetch: int = 1
+    k_rotate: bool = False  # each task starts its K loop (and key tiles) at an offset of its own (no gain, sweep 13)
 
 
 # ------------------------------------------------------------------------ helpers
@@ -183,7 +185,8 @@ def _rows_k_block(k0, acc, acc2, ssq, a_ptr, stride_a, rows, row_ok, w_ptr, stri
     w = tl.load(w_ptr + cols[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0, eviction_policy="evict_first")
     acc += tl.dot(a, tl.trans(w))
     if TWO:
-        w2 = tl.load(w_ptr + cols2[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0, eviction_policy="evict_first")
+        w2 = tl.load(w_ptr + cols2[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0,
+                     eviction_policy="evict_first")
         acc2 += tl.dot(a, tl.trans(w2))
     if SSQ:
         af = a.to(tl.float32)
@@ -309,14 +312,13 @@ def _phase_attention(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o
             k_rows = tl.multiple_of(tl.where(cached, kc_ptr + keys * stride_ct, kv_ptr + (keys - Tp) * HD), 16)
             k = tl.load(k_rows[:, None] + d[None, :], mask=key_ok[:, None], other=0.0, cache_modifier=".cg")
             v_rows = tl.multiple_of(tl.where(cached, vc_ptr + keys * stride_ct, kv_ptr + (BLOCK_M + keys - Tp) * HD), 16)
+            mask_ptrs = mask_ptr + t[:, None] * stride_mq + keys[None, :]
             if EARLY_V:  # values and mask in flight while the scores are computed: one round trip less a tile
                 v = tl.load(v_rows[:, None] + d[None, :], mask=key_ok[:, None], other=0.0, cache_modifier=".cg")
-                allowed = tl.load(mask_ptr + t[:, None] * stride_mq + keys[None, :], mask=r_ok[:, None] & key_ok[None, :],
-                                  other=0)
+                allowed = tl.load(mask_ptrs, mask=r_ok[:, None] & key_ok[None, :], other=0)
             scores = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
             if not EARLY_V:
-                allowed = tl.load(mask_ptr + t[:, None] * stride_mq + keys[None, :], mask=r_ok[:, None] & key_ok[None, :],
-                                  other=0)
+                allowed = tl.load(mask_ptrs, mask=r_ok[:, None] & key_ok[None, :], other=0)
             scores = tl.where(allowed != 0, scores, MASK_VALUE)
             scores = tl.where(key_ok[None, :], scores, float("-inf"))
             m_new = tl.maximum(m_i, tl.max(scores, axis=1))
