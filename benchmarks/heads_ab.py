@@ -13,26 +13,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 
-import torch
+from engine_ab import ab_result, interleave  # benchmarks/ (the script's folder is on sys.path)
 
 from vlaperf.check import check_equivalence
 from vlaperf.engine import Engine, loop
 from vlaperf.inputs import random_noise, random_observation
 from vlaperf.models.pi0 import build_model
-from vlaperf.report.schema import SCHEMA
-from vlaperf.timing import environment_record
 from vlaperf.workloads import get_workload
-
-
-def timed(fn) -> float:
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e3
 
 
 def main() -> None:
@@ -52,25 +40,11 @@ def main() -> None:
     loop.head_linear = real
     kernel = Engine(model, args.levers)
     out_kernel = kernel.sample_actions(obs, noise, w.steps)
-    variants = {"cublas_heads": lambda: cublas.sample_actions(obs, noise, w.steps),
-                "kernel_heads": lambda: kernel.sample_actions(obs, noise, w.steps)}
-    for fn in variants.values():
-        for _ in range(10):
-            fn()
-    samples = {name: [] for name in variants}
-    for _ in range(args.rounds):
-        for name, fn in variants.items():
-            samples[name].append(timed(fn))
-    ratios = [a / b for a, b in zip(samples["cublas_heads"], samples["kernel_heads"])]
-    rel = ((out_kernel - out_cublas).norm() / out_cublas.norm()).item()
-    result = {"schema": SCHEMA, "command": "heads-ab", "workload": {"id": w.id, "overrides": {}},
-              "variant": {"levers": kernel.levers.names(), "label": kernel.name, "dtype": str(model.dtype).split(".")[-1]},
-              "env": environment_record("cuda"), "rounds": args.rounds,
-              "median_ms": {k: statistics.median(v) for k, v in samples.items()},
-              "speedup_median": statistics.median(ratios),
-              "speedup_p10_p90": [statistics.quantiles(ratios, n=10)[0], statistics.quantiles(ratios, n=10)[-1]],
-              "rel_l2_kernel_vs_cublas_heads": rel,
-              "equivalence_kernel_heads": check_equivalence(model, kernel, w), "samples_ms": samples}
+    samples = interleave({"cublas_heads": lambda: cublas.sample_actions(obs, noise, w.steps),
+                          "kernel_heads": lambda: kernel.sample_actions(obs, noise, w.steps)}, args.rounds)
+    result = ab_result("heads-ab", w, model, kernel, samples, "cublas_heads", "kernel_heads")
+    result["rel_l2_kernel_vs_cublas_heads"] = ((out_kernel - out_cublas).norm() / out_cublas.norm()).item()
+    result["equivalence_kernel_heads"] = check_equivalence(model, kernel, w)
     print(json.dumps({k: result[k] for k in ("median_ms", "speedup_median", "speedup_p10_p90", "rel_l2_kernel_vs_cublas_heads")}))
     print("equivalence:", result["equivalence_kernel_heads"]["passed"], result["equivalence_kernel_heads"]["rel_l2"])
     if args.json:

@@ -14,30 +14,17 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
-import time
 from dataclasses import asdict
 
-import torch
-
-from step_kernel_once import parse_config  # benchmarks/ (the script's folder is on sys.path)
+from engine_ab import ab_result, interleave  # benchmarks/ (the script's folder is on sys.path)
+from step_kernel_once import parse_config
 
 from vlaperf.check import check_equivalence
 from vlaperf.engine import Engine
 from vlaperf.engine.kernels import expert_step as S
 from vlaperf.inputs import random_noise, random_observation
 from vlaperf.models.pi0 import build_model
-from vlaperf.report.schema import SCHEMA
-from vlaperf.timing import environment_record
 from vlaperf.workloads import get_workload
-
-
-def timed(fn) -> float:
-    torch.cuda.synchronize()
-    start = time.perf_counter()
-    fn()
-    torch.cuda.synchronize()
-    return (time.perf_counter() - start) * 1e3
 
 
 def main() -> None:
@@ -60,25 +47,12 @@ def main() -> None:
     today = Engine(model, "best")
     out_today = today.sample_actions(obs, noise, w.steps)
     S.expert_step = real
-    variants = {"base": lambda: older.sample_actions(obs, noise, w.steps),
-                "defaults": lambda: today.sample_actions(obs, noise, w.steps)}
-    for fn in variants.values():
-        for _ in range(10):
-            fn()
-    samples = {name: [] for name in variants}
-    for _ in range(args.rounds):
-        for name, fn in variants.items():
-            samples[name].append(timed(fn))
-    ratios = [a / b for a, b in zip(samples["base"], samples["defaults"])]
-    result = {"schema": SCHEMA, "command": "step-config-ab", "workload": {"id": w.id, "overrides": {}},
-              "variant": {"levers": today.levers.names(), "label": today.name, "dtype": str(model.dtype).split(".")[-1]},
-              "env": environment_record("cuda"), "rounds": args.rounds,
-              "base_config": asdict(base), "default_config": asdict(new),
-              "median_ms": {k: statistics.median(v) for k, v in samples.items()},
-              "speedup_median": statistics.median(ratios),
-              "speedup_p10_p90": [statistics.quantiles(ratios, n=10)[0], statistics.quantiles(ratios, n=10)[-1]],
-              "rel_l2_defaults_vs_base": ((out_today - out_older).norm() / out_older.norm()).item(),
-              "equivalence_defaults": check_equivalence(model, today, w), "samples_ms": samples}
+    samples = interleave({"base": lambda: older.sample_actions(obs, noise, w.steps),
+                          "defaults": lambda: today.sample_actions(obs, noise, w.steps)}, args.rounds)
+    result = ab_result("step-config-ab", w, model, today, samples, "base", "defaults")
+    result.update(base_config=asdict(base), default_config=asdict(new),
+                  rel_l2_defaults_vs_base=((out_today - out_older).norm() / out_older.norm()).item(),
+                  equivalence_defaults=check_equivalence(model, today, w))
     print(json.dumps({k: result[k] for k in ("median_ms", "speedup_median", "speedup_p10_p90", "rel_l2_defaults_vs_base")}))
     print("equivalence:", result["equivalence_defaults"]["passed"], result["equivalence_defaults"]["rel_l2"])
     if args.json:

@@ -227,3 +227,29 @@ def test_git_commit_given_by_the_caller_wins(monkeypatch):
     monkeypatch.delenv("VLAPERF_GIT_COMMIT")
     commit, _ = _git_state()
     assert commit != "0123abcd"
+
+
+def test_engine_ab_interleaves_and_takes_the_median_of_per_round_ratios():
+    """benchmarks/engine_ab.py (heads_ab.py, step_config_ab.py): one call of each side per round,
+    in order; the speedup is the median of old/new per round, the file carries the schema."""
+    import os
+    import sys
+    import types
+
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import engine_ab
+
+    from vlaperf.report.schema import SCHEMA
+
+    calls = []
+    samples = engine_ab.interleave({"old": lambda: calls.append("old"), "new": lambda: calls.append("new")}, rounds=3,
+                                   warmup=2)
+    assert calls == ["old", "old", "new", "new"] + ["old", "new"] * 3
+    assert {k: len(v) for k, v in samples.items()} == {"old": 3, "new": 3} and all(t >= 0 for t in samples["old"])
+    fixed = {"old": [2.0, 3.0, 4.0, 9.0], "new": [1.0, 1.0, 2.0, 3.0]}  # ratios 2, 3, 2, 3
+    engine = types.SimpleNamespace(levers=types.SimpleNamespace(names=lambda: ["for_loop"]), name="for_loop")
+    r = engine_ab.ab_result("step-config-ab", types.SimpleNamespace(id="tiny"), types.SimpleNamespace(dtype="torch.float32"),
+                            engine, fixed, "old", "new")
+    assert r["schema"] == SCHEMA and r["command"] == "step-config-ab" and r["rounds"] == 4
+    assert r["median_ms"] == {"old": 3.5, "new": 1.5} and r["speedup_median"] == 2.5
+    assert r["speedup_p10_p90"][0] <= 2.0 and r["speedup_p10_p90"][1] >= 3.0
