@@ -4,6 +4,7 @@ timed on the host clock; the speedup is the median of the per-round ratios (old 
 
 from __future__ import annotations
 
+import json
 import statistics
 import time
 from typing import Callable
@@ -44,3 +45,12 @@ def ab_result(command: str, workload, model, engine, samples: dict[str, list[flo
             "env": environment_record("cuda" if torch.cuda.is_available() else "cpu"), "rounds": len(ratios),
             "median_ms": {k: statistics.median(v) for k, v in samples.items()},
             "speedup_median": statistics.median(ratios), "speedup_p10_p90": [deciles[0], deciles[-1]], "samples_ms": samples}
+
+
+def finish(result: dict, rel_key: str, equivalence_key: str, path: str | None) -> None:
+    """Print the summary and the new side's equivalence; write the file if asked."""
+    print(json.dumps({k: result[k] for k in ("median_ms", "speedup_median", "speedup_p10_p90", rel_key)}))
+    print("equivalence:", result[equivalence_key]["passed"], result[equivalence_key]["rel_l2"])
+    if path:
+        with open(path, "w") as f:
+            json.dump(result, f, indent=1)

@@ -12,9 +12,8 @@ does not go back through Python, so the two can be replayed side by side afterwa
 from __future__ import annotations
 
 import argparse
-import json
 
-from engine_ab import ab_result, interleave  # benchmarks/ (the script's folder is on sys.path)
+from engine_ab import ab_result, finish, interleave  # benchmarks/ (the script's folder is on sys.path)
 
 from vlaperf.check import check_equivalence
 from vlaperf.engine import Engine, loop
@@ -45,11 +44,7 @@ def main() -> None:
     result = ab_result("heads-ab", w, model, kernel, samples, "cublas_heads", "kernel_heads")
     result["rel_l2_kernel_vs_cublas_heads"] = ((out_kernel - out_cublas).norm() / out_cublas.norm()).item()
     result["equivalence_kernel_heads"] = check_equivalence(model, kernel, w)
-    print(json.dumps({k: result[k] for k in ("median_ms", "speedup_median", "speedup_p10_p90", "rel_l2_kernel_vs_cublas_heads")}))
-    print("equivalence:", result["equivalence_kernel_heads"]["passed"], result["equivalence_kernel_heads"]["rel_l2"])
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    finish(result, "rel_l2_kernel_vs_cublas_heads", "equivalence_kernel_heads", args.json)
 
 
 if __name__ == "__main__":

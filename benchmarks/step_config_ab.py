@@ -13,10 +13,9 @@ free of the machine-to-machine spread between device calls.
 from __future__ import annotations
 
 import argparse
-import json
 from dataclasses import asdict
 
-from engine_ab import ab_result, interleave  # benchmarks/ (the script's folder is on sys.path)
+from engine_ab import ab_result, finish, interleave  # benchmarks/ (the script's folder is on sys.path)
 from step_kernel_once import parse_config
 
 from vlaperf.check import check_equivalence
@@ -53,11 +52,7 @@ def main() -> None:
     result.update(base_config=asdict(base), default_config=asdict(new),
                   rel_l2_defaults_vs_base=((out_today - out_older).norm() / out_older.norm()).item(),
                   equivalence_defaults=check_equivalence(model, today, w))
-    print(json.dumps({k: result[k] for k in ("median_ms", "speedup_median", "speedup_p10_p90", "rel_l2_defaults_vs_base")}))
-    print("equivalence:", result["equivalence_defaults"]["passed"], result["equivalence_defaults"]["rel_l2"])
-    if args.json:
-        with open(args.json, "w") as f:
-            json.dump(result, f, indent=1)
+    finish(result, "rel_l2_defaults_vs_base", "equivalence_defaults", args.json)
 
 
 if __name__ == "__main__":
