@@ -456,3 +456,19 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
         # the K loops stay software-pipelined (asynchronous copies to shared memory): a modulo on
         # a strided loop variable once stopped that for k_rotate, and the kernel spilled
         assert r["async_copies"] >= 100 and r["spill_store_bytes"] == 0, (cfg, r)
+
+
+def test_head_precision_follows_dtype_and_gpu(monkeypatch):
+    """The step's float32 heads multiply as TF32x3 where TF32 tensor cores exist, in full float32
+    FMA on older GPUs (compute capability < 8), and bf16 heads take no precision option."""
+    import torch
+
+    from vlaperf.engine import loop
+
+    assert loop.head_precision(torch.zeros(2, 2)) == "tf32x3"
+    assert loop.head_precision(torch.zeros(2, 2, dtype=torch.bfloat16)) is None
+    fake = type("FakeWeight", (), {"dtype": torch.float32, "device": torch.device("cuda", 0)})()
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (7, 5))
+    assert loop.head_precision(fake) == "ieee"
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    assert loop.head_precision(fake) == "tf32x3"

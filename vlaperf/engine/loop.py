@@ -53,7 +53,8 @@ def head_linear(x: Tensor, weight: Tensor, bias: Tensor | None, kernels: bool) -
     """x (B, T, K) @ weight^T + bias for the step's float32 heads (action in/out, pi0's time
     MLP). With `kernels` and at most 64 rows it is one small_m_matmul launch, the bias as a
     broadcast residual, float32 operands multiplied as three TF32 tensor-core products
-    ("tf32x3", within 1e-6 of float32; plain float32 FMA was no faster than cuBLAS). On the
+    ("tf32x3", within 1e-6 of float32; plain float32 FMA was no faster than cuBLAS; see
+    `head_precision` for GPUs without TF32). On the
     H200 these took 2.6 / 8.1 / 6.4 us against cuBLAS's 15.7 / 24.8 / 20.4 us
     (kernel_small_m_heads.json; docs/perf-notes.md, versions 17 and 19)."""
     B, T, K = x.shape
@@ -63,8 +64,18 @@ def head_linear(x: Tensor, weight: Tensor, bias: Tensor | None, kernels: bool) -
 
     rows = x.reshape(B * T, K)
     residual = None if bias is None else bias.expand(B * T, -1)
-    precision = "tf32x3" if weight.dtype == torch.float32 else None
-    return small_m_matmul(rows, weight, residual=residual, precision=precision).view(B, T, -1)
+    return small_m_matmul(rows, weight, residual=residual, precision=head_precision(weight)).view(B, T, -1)
+
+
+def head_precision(weight: Tensor) -> str | None:
+    """How small_m_matmul multiplies a head's float32 operands: TF32x3 where the GPU has TF32
+    tensor cores (compute capability 8+; the interpreter on a CPU too), else full float32 FMA
+    ("ieee"); None for bf16 weights, which always run on tensor cores."""
+    if weight.dtype != torch.float32:
+        return None
+    if weight.device.type == "cuda" and torch.cuda.get_device_capability(weight.device)[0] < 8:
+        return "ieee"
+    return "tf32x3"
 
 
 def suffix_tokens(model: Pi0Model, ctx: SuffixContext, x_t: Tensor, t: Tensor, table_row: dict | None,
