@@ -51,21 +51,26 @@ def reference(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, eps=1e-6):
     return x
 
 
-def make_inputs(dev: str = "cuda", seed: int = 0) -> tuple:
+def make_inputs(dev: str = "cuda", seed: int = 0, samples: int = 1) -> tuple:
     """Random bf16 layers of pi0's expert shapes and a 532-valid-token prefix cache: the
-    arguments of expert_step after the config."""
+    arguments of expert_step after the config. samples > 1: that many samples with their own
+    activations and caches (the batched launch; the same positions and mask)."""
     torch.manual_seed(seed)
     bf = torch.bfloat16
     rnd = lambda *shape, s=1.0: (torch.randn(*shape, device=dev) * s).to(bf)  # noqa: E731
-    x = rnd(M, D)
+    batch = (samples,) if samples > 1 else ()
+    x = rnd(*batch, M, D)
     wqkv, wo = rnd(L, NH * HD + 2 * HD, D, s=D**-0.5), rnd(L, D, NH * HD, s=(NH * HD) ** -0.5)
     wgu, wd = rnd(L, 2 * FF, D, s=D**-0.5), rnd(L, D, FF, s=0.5 * FF**-0.5)
-    kc, vc = rnd(L, TP + M, HD), rnd(L, TP + M, HD)
+    kc, vc = rnd(L, *batch, TP + M, HD), rnd(L, *batch, TP + M, HD)
     pad = torch.zeros(1, TP, dtype=torch.bool, device=dev)
     pad[:, :VALID] = True
     mask = suffix_mask(pad, M, pi05=False)[0]
     cos, sin = rope_cos_sin(VALID + torch.arange(M, device=dev)[None], HD, 10000.0, bf)
-    return (x, wqkv, wo, wgu, wd, kc, vc, cos[0].contiguous(), sin[0].contiguous(), mask, 1e-6)
+    cos, sin = cos[0].contiguous(), sin[0].contiguous()
+    if samples > 1:
+        cos, sin, mask = (t.expand(samples, *t.shape).contiguous() for t in (cos, sin, mask))
+    return (x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6)
 
 
 def sweep(number: int, base: S.StepKernelConfig) -> list[S.StepKernelConfig]:
@@ -120,15 +125,17 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--json", default=None)
     p.add_argument("--quick", action="store_true", help="default configuration only")
+    p.add_argument("--samples", type=int, default=1,
+                   help="samples in one launch (the batched kernel: one row block of all their rows; untimed so far)")
     p.add_argument("--timeline", action="store_true",
                    help="also read the GPU clock at every (layer, phase, program) and summarise where each config's time goes")
     p.add_argument("--sweep", type=int, default=1, choices=range(1, 14),
                    help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps; 9: barrier polling, pipeline depth; 10: deeper pipelines, atomic polling at 4 stages, wider split tiles; 11: early value loads, 128-key tiles; 12: prefetch by the programs idle in qkv, wider o_proj tiles; 13: rotated K loops)")
     args = p.parse_args()
     dev = "cuda"
-    inputs = make_inputs(dev)
+    inputs = make_inputs(dev, samples=args.samples)
     result = {"schema": SCHEMA, "command": "kernel-bench",
-              "workload": {"id": "libero-pi0", "overrides": {"layers": L, "rows": M, "keys": TP + M}},
+              "workload": {"id": "libero-pi0", "overrides": {"layers": L, "rows": M, "keys": TP + M, "batch": args.samples}},
               "variant": {"levers": ["megakernel"], "label": "expert_step", "dtype": "bfloat16"}, "mode": None,
               "env": environment_record(dev), "programs": S.num_sms(torch.device(dev)), "checks": {}, "configs": [], "phases": {}}
     weight_bytes = sum(t.numel() * t.element_size() for t in inputs[1:5])
@@ -140,7 +147,12 @@ def main() -> None:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)
 
-    ref = reference(*inputs[:-1])
+    if args.samples > 1:  # each sample through the float32 layers on its own
+        x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask = inputs[:-1]
+        ref = torch.stack([reference(x[b], wqkv, wo, wgu, wd, kc[:, b], vc[:, b], cos[b], sin[b], mask[b])
+                           for b in range(args.samples)])
+    else:
+        ref = reference(*inputs[:-1])
     rel = lambda out: ((out.float() - ref).norm() / ref.norm()).item()  # noqa: E731
     def self_check(cfg: S.StepKernelConfig, repeats: int = 20) -> dict:
         """The persistent launch against one launch per (layer, phase), and every counter; then
@@ -153,7 +165,7 @@ def main() -> None:
         counters = S.last_barrier_counters(dev).cpu().view(L, 7)
         differing = sum(not torch.equal(S.expert_step(*inputs, persistent=True, config=cfg), multi) for _ in range(repeats))
         synced = [i for i in range(6) if not (cfg.fold_merge and i == 2)]  # a folded merge has no barrier
-        split_targets = torch.tensor(S.split_counter_targets(cfg, M, NH, D, FF, TP + M), dtype=torch.int32)
+        split_targets = torch.tensor(S.split_counter_targets(cfg, M, NH, D, FF, TP + M, args.samples), dtype=torch.int32)
         return {
             "rel_l2_multi_launch_vs_fp32": rel(multi),
             "rel_l2_persistent_vs_fp32": rel(pers),

@@ -20,7 +20,8 @@
 #   PART=rotate  A: sweep 13 (rotated K loops) with timelines; B: best with k_rotate against
 #                   without, interleaved in one process
 #   PART=next    (prepared for session 7, not run yet) A: the step kernel's defaults with 20 repeated
-#                   launches checked bit for bit; Nsight Compute's memory sections (L2 hit
+#                   launches checked bit for bit; the kernel for 4 samples in one launch (its
+#                   first timing, against the b4 T(N) slope of lane B); Nsight Compute's memory sections (L2 hit
 #                   rates, sector traffic) and warp states on the step kernel's current defaults:
 #                   what its loads wait on; B: T(N) at batch 4 (how much of the call the steps
 #                   are, before a step kernel for several samples)
@@ -95,6 +96,7 @@ next)  # prepared for session 7, not run yet
   NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
   lane A 0 60 <<EOT &
 120 python3 benchmarks/expert_step_bench.py --quick --json $R/kernel_expert_step_s7.json
+120 python3 benchmarks/expert_step_bench.py --quick --samples 4 --json $R/kernel_expert_step_b4_s7.json
 300 $NCU --clock-control none -k regex:_expert_step_kernel -s 2 -c 1 --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats -f -o /tmp/step_mem python3 benchmarks/step_kernel_once.py && $NCU -i /tmp/step_mem.ncu-rep --page details > $R/step_ncu_memory_s7.txt; tail -60 $R/step_ncu_memory_s7.txt
 EOT
   lane B 1 14 <<EOT &

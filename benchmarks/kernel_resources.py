@@ -10,6 +10,7 @@ shows which phase sets the kernel's register count.
     python benchmarks/kernel_resources.py                       # the defaults
     python benchmarks/kernel_resources.py num_warps=16 att_bm=16
     python benchmarks/kernel_resources.py --timeline            # with the clock readings compiled in
+    python benchmarks/kernel_resources.py --samples=4           # the whole kernel for 4 samples (256-row block)
 
 These are compiler facts, not timings, and they depend on the Triton version: Triton 3.9
 issued 2-byte loads where 3.6 (the H200 machine's) issued 16-byte ones (docs/perf-notes.md,
@@ -40,7 +41,7 @@ L, D, NH, HD, F, M, TK = 18, 1024, 8, 256, 4096, 51, 595
 BLOCK_M = 64
 FLOAT_BUFFERS = {"acc_ptr", "ml_ptr", "part_ptr"}
 INT_BUFFERS = {"tile_ctr_ptr", "counter_ptr", "err_ptr"}
-ALIGNED_INTS = {"keys_per_split", "stride_cl", "stride_ct", "K"}
+ALIGNED_INTS = {"keys_per_split", "stride_cl", "stride_cb", "stride_ct", "K"}
 
 
 _LAST_PTX = [""]
@@ -108,16 +109,17 @@ def _qkv_alone(x_ptr, w_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, M, eps, BN: tl.con
 
 @triton.jit
 def _attention_alone(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o_ptr, tile_ctr_ptr, M, Tk, Tp, keys_per_split,
-                     scale, stride_ct, stride_mq, ABM: tl.constexpr, ABN: tl.constexpr, SPLITS: tl.constexpr, MD: tl.constexpr,
-                     ATT_STAGES: tl.constexpr, EARLY_V: tl.constexpr, ROTATE: tl.constexpr):
+                     scale, stride_cb, stride_ct, stride_mb, stride_mq, ABM: tl.constexpr, ABN: tl.constexpr,
+                     SPLITS: tl.constexpr, MD: tl.constexpr, ATT_STAGES: tl.constexpr, EARLY_V: tl.constexpr,
+                     ROTATE: tl.constexpr):
     S._phase_attention(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o_ptr, tile_ctr_ptr, M, Tk, Tp, keys_per_split,
-                       scale, stride_ct, stride_mq, tl.program_id(0), tl.num_programs(0), 8, 256, 64, ABM, ABN, SPLITS,
-                       -2.3819763e38, ATT_STAGES, False, MD, EARLY_V, ROTATE)
+                       scale, stride_cb, stride_ct, stride_mb, stride_mq, tl.program_id(0), tl.num_programs(0), 8, 256, 64,
+                       ABM, ABN, SPLITS, -2.3819763e38, ATT_STAGES, False, MD, EARLY_V, ROTATE, 1)
 
 
 @triton.jit
 def _merge_alone(acc_ptr, ml_ptr, o_ptr, M, ABM: tl.constexpr, SPLITS: tl.constexpr, MD: tl.constexpr):
-    S._phase_merge(acc_ptr, ml_ptr, o_ptr, M, tl.program_id(0), tl.num_programs(0), 8, 256, ABM, SPLITS, MD)
+    S._phase_merge(acc_ptr, ml_ptr, o_ptr, M, tl.program_id(0), tl.num_programs(0), 8, 256, ABM, SPLITS, MD, 1)
 
 
 @triton.jit
@@ -134,27 +136,34 @@ def _gate_up_alone(x_ptr, w_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, BN: tl.c
                      64, BN, BK, KS, STAGES, ROTATE)
 
 
-def whole_kernel_constexprs(cfg: S.StepKernelConfig, timeline: bool = False) -> dict:
+def whole_kernel_constexprs(cfg: S.StepKernelConfig, timeline: bool = False, samples: int = 1) -> dict:
+    """What the launcher passes for pi0's shapes; `samples` > 1: the batched kernel (one row
+    block of all samples' rows, K blocks shallower beyond 64 rows, as expert_step does)."""
     splits, _ = S.key_splits(cfg, TK)
-    targets = S.split_counter_targets(cfg, M, NH, D, F, TK)
-    ctr_o = triton.cdiv(NH * M, cfg.att_bm)
+    targets = S.split_counter_targets(cfg, M, NH, D, F, TK, samples)
+    block_m = S.row_block(samples * M)
+    bk = S.k_depths(cfg, block_m)
+    ctr_o = samples * triton.cdiv(NH * M, cfg.att_bm)
     ctr_gu = ctr_o + triton.cdiv(D, cfg.bn_o)
     ctr_down = ctr_gu + triton.cdiv(F, cfg.bn_gu)
-    return dict(D=D, NH=NH, HD=HD, F=F, BLOCK_M=BLOCK_M, BN_QKV=cfg.bn_qkv, BK_QKV=cfg.bk_qkv, BN_O=cfg.bn_o, BK_O=cfg.bk_o,
-                BN_GU=cfg.bn_gu, BK_GU=cfg.bk_gu, BN_DOWN=cfg.bn_down, BK_DOWN=cfg.bk_down, ABM=cfg.att_bm, ABN=cfg.att_bn,
+    return dict(D=D, NH=NH, HD=HD, F=F, BLOCK_M=block_m, BN_QKV=cfg.bn_qkv, BK_QKV=bk["bk_qkv"], BN_O=cfg.bn_o,
+                BK_O=bk["bk_o"], BN_GU=cfg.bn_gu, BK_GU=bk["bk_gu"], BN_DOWN=cfg.bn_down, BK_DOWN=bk["bk_down"],
+                ABM=cfg.att_bm, ABN=cfg.att_bn,
                 SPLITS=splits, MD=min(cfg.merge_bd, HD), MASK_VALUE=ATTENTION_MASK_VALUE, STAGES=cfg.num_stages,
                 ATT_STAGES=cfg.att_stages, USE_BARRIER=True, POLL_LOAD=cfg.poll_load, MAX_SPIN=1 << 22,
                 PREFETCH=cfg.prefetch, ELEMS_PER_LINE=64, L=L, KS_O=cfg.ks_o, KS_GU=cfg.ks_gu, KS_DOWN=cfg.ks_down,
                 FOLD_MERGE=cfg.fold_merge, BARRIER_ASM=cfg.barrier_asm, POLL_ONE=cfg.poll_one, CTR_O=ctr_o, CTR_GU=ctr_gu, CTR_DOWN=ctr_down,
                 CTR_LAYER=len(targets), TIMELINE=timeline, EARLY_V=cfg.att_early_v,
-                IDLE_PREFETCH=cfg.idle_prefetch, ROTATE=cfg.k_rotate)
+                IDLE_PREFETCH=cfg.idle_prefetch, ROTATE=cfg.k_rotate, NB=samples)
 
 
 def main() -> None:
     timeline = "--timeline" in sys.argv[1:]
-    cfg = parse_config([a for a in sys.argv[1:] if a != "--timeline"])
+    samples = [int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("--samples=")] or [1]
+    cfg = parse_config([a for a in sys.argv[1:] if a != "--timeline" and not a.startswith("--samples=")])
     splits, _ = S.key_splits(cfg, TK)
-    kernels = [("whole step kernel", S._expert_step_kernel, whole_kernel_constexprs(cfg, timeline)),
+    kernels = [(f"whole step kernel ({samples[0]} sample{'s' if samples[0] > 1 else ''})", S._expert_step_kernel,
+                whole_kernel_constexprs(cfg, timeline, samples[0])),
                ("qkv", _qkv_alone, dict(BN=cfg.bn_qkv, BK=cfg.bk_qkv, STAGES=cfg.num_stages, ROTATE=cfg.k_rotate)),
                ("attention", _attention_alone, dict(ABM=cfg.att_bm, ABN=cfg.att_bn, SPLITS=splits, MD=min(cfg.merge_bd, HD),
                                                     ATT_STAGES=cfg.att_stages, EARLY_V=cfg.att_early_v, ROTATE=cfg.k_rotate)),

@@ -262,11 +262,10 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
 
     torch.manual_seed(0)
     small = StepKernelConfig(att_bm=16, att_bn=16, splits=3, merge_bd=16, bk_o=64, bk_down=64, num_warps=4)
-    # the defaults split o_proj's and down's K in 2; also unsplit with the merge folded into attention,
-    # and 4 slices with gate_up split too
-    # and the attention's value loads issued after the scores (before session 6's default); each
-    # task starting its K loop and its key tiles at its own offset (k_rotate), with 16-deep K
-    # blocks so that there are several to rotate
+    # the defaults split o_proj's and down's K in 4; also unsplit with the merge folded into attention,
+    # 4 slices with gate_up split too, the attention's value loads issued after the scores (before
+    # session 6's default), and each task starting its K loop and its key tiles at its own offset
+    # (k_rotate), with 16-deep K blocks so that there are several to rotate
     configs = [small, replace(small, ks_o=1, ks_down=1, fold_merge=True), replace(small, ks_o=4, bn_down=8, ks_down=4, ks_gu=2),
                replace(small, att_early_v=False), replace(small, k_rotate=True, bk_qkv=16, bk_gu=16, bk_o=16, bk_down=16)]
     # (layers, D, heads, head dim, F, rows, prefix): head dim 16 has 8-dim RoPE halves, less than a tile
@@ -285,16 +284,38 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
             out = expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=cfg)
             err = ((out - ref).norm() / ref.norm()).item()
             assert err < 1e-5, (L, D, NH, HD, cfg, err)
+        # several samples in one launch, each with its own cache, positions and mask: 3 samples
+        # (one block of 64 rows or fewer) and 7 (77 or 49 rows: a 128- or 64-row block, K blocks
+        # halved for 128); each must equal its own single-sample reference
+        for B in (3, 7):
+            xb = torch.randn(B, M, D)
+            kcb, vcb = torch.randn(L, B, Tp + M, HD), torch.randn(L, B, Tp + M, HD)
+            tables = [rope_cos_sin(Tp - b + torch.arange(M)[None], HD, 10000.0, torch.float32) for b in range(B)]
+            cosb, sinb = torch.stack([c[0] for c, _ in tables]), torch.stack([s_[0] for _, s_ in tables])
+            maskb = torch.rand(B, M, Tp + M) > 0.2
+            maskb[:, :, 0] = True
+            refs = torch.stack([reference(xb[b], wqkv, wo, wgu, wd, kcb[:, b], vcb[:, b], cosb[b], sinb[b], maskb[b], 1e-6,
+                                          NH, HD) for b in range(B)])
+            for cfg in (small, replace(small, fold_merge=True, ks_o=1)):
+                out = expert_step(xb, wqkv, wo, wgu, wd, kcb, vcb, cosb, sinb, maskb, 1e-6, config=cfg)
+                assert out.shape == (B, M, D)
+                err = ((out - refs).norm(dim=(1, 2)) / refs.norm(dim=(1, 2))).max().item()
+                assert err < 1e-5, (B, L, D, NH, HD, cfg, err)
     try:
         expert_step(x, wqkv[:, :-1], wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6)
         raise SystemExit("a wrong weight shape must be refused")
     except ValueError as e:
         assert "wqkv has shape" in str(e) and "expected" in str(e), e
     try:
-        expert_step(torch.randn(65, D), wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6)
-        raise SystemExit("65 rows must be refused")
+        expert_step(torch.randn(37, 7, D), wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6)
+        raise SystemExit("37 x 7 rows must be refused")
     except ValueError as e:
-        assert "at most 64 suffix rows" in str(e), e
+        assert "at most 256 suffix rows" in str(e), e
+    try:  # batched x with a one-sample cache
+        expert_step(torch.randn(2, M, D), wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6)
+        raise SystemExit("a cache without the batch axis must be refused for batched x")
+    except ValueError as e:
+        assert "k_cache has shape" in str(e) and f"expected ({L}, 2, {Tp + M}, {HD})" in str(e), e
     try:  # token rows 17 floats apart: not 16-byte aligned, so not loadable as vectors
         odd = torch.randn(L, Tp + M, HD + 1)[..., :HD]
         expert_step(x, wqkv, wo, wgu, wd, odd, odd, cos, sin, mask, 1e-6)
@@ -435,7 +456,8 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
     on this CPU machine: the inline PTX the GPU launch relies on (the one-thread barrier poll
     with its spin loop, the clock reads of the timeline) must assemble, in both barrier
     variants, and the L2 prefetches of the programs idle in qkv (`idle_prefetch`); with and
-    without rotated K loops, still pipelined. The interpreter cannot run any of it."""
+    without rotated K loops, still pipelined; and for 4 samples in one launch. The interpreter
+    cannot run any of it."""
     from dataclasses import replace
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
@@ -443,10 +465,10 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
 
     from vlaperf.engine.kernels import expert_step as S
 
-    configs = ((S.StepKernelConfig(), True), (replace(S.StepKernelConfig(), poll_one=False, idle_prefetch=2), False),
-               (replace(S.StepKernelConfig(), k_rotate=True), False))
-    for cfg, timeline in configs:
-        consts = resources.whole_kernel_constexprs(cfg, timeline)
+    configs = ((S.StepKernelConfig(), True, 1), (replace(S.StepKernelConfig(), poll_one=False, idle_prefetch=2), False, 1),
+               (replace(S.StepKernelConfig(), k_rotate=True), False, 1), (S.StepKernelConfig(), False, 4))
+    for cfg, timeline, samples in configs:
+        consts = resources.whole_kernel_constexprs(cfg, timeline, samples)
         r = resources.compile_kernel(S._expert_step_kernel, consts, cfg.num_warps, cfg.num_stages, ptxas=True)
         assert r["registers"] <= 255 and r["shared_bytes"] <= 227 * 1024, r
         ptx = resources.last_ptx()
@@ -454,8 +476,9 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
         assert ("SPIN" in ptx) == cfg.poll_one  # thread 0's spin loop, present only with poll_one
         assert ("prefetch.global.L2" in ptx) == (cfg.idle_prefetch > 0)
         # the K loops stay software-pipelined (asynchronous copies to shared memory): a modulo on
-        # a strided loop variable once stopped that for k_rotate, and the kernel spilled
-        assert r["async_copies"] >= 100 and r["spill_store_bytes"] == 0, (cfg, r)
+        # a strided loop variable once stopped that for k_rotate, and the kernel spilled. One
+        # sample compiles without spills; 4 samples (a 256-row block) spilled 32 B under Triton 3.6
+        assert r["async_copies"] >= 100 and r["spill_store_bytes"] <= (0 if samples == 1 else 256), (cfg, samples, r)
 
 
 def test_head_precision_follows_dtype_and_gpu(monkeypatch):

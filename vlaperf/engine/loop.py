@@ -103,10 +103,11 @@ def suffix_tokens(model: Pi0Model, ctx: SuffixContext, x_t: Tensor, t: Tensor, t
 
 def step_kernel_applies(ew: EngineWeights, ctx: SuffixContext, x: Tensor) -> bool:
     """The `megakernel` step needs the stacked fused weights (pi0, one K/V head), the static
-    cache (it reads the prefix keys there), and batch 1 (at most 64 suffix rows)."""
-    from vlaperf.engine.kernels.expert_step import MAX_ROWS
+    cache (it reads the prefix keys there), and batch 1 with at most 64 suffix rows: the
+    kernel takes several samples too, but only this was timed on the H200 (perf-notes)."""
+    from vlaperf.engine.kernels.expert_step import TUNED_ROWS
 
-    return ew.expert_stack is not None and ctx.kv_buffers is not None and x.shape[0] == 1 and x.shape[1] <= MAX_ROWS
+    return ew.expert_stack is not None and ctx.kv_buffers is not None and x.shape[0] == 1 and x.shape[1] <= TUNED_ROWS
 
 
 def denoise_step(

@@ -45,6 +45,13 @@ interpreter, which executes programs one after another.
 
 The prefix K/V are read from the engine's static cache; this step's own k/v live in a
 scratch buffer, so the op writes nothing it was given (a pure function for torch.compile).
+
+Several samples (x of shape (B, M, D), up to MAX_ROWS rows in all): the matmul phases take
+all B * M rows as one row block (a weight tile is read once for every sample), attention
+tasks are (sample, row block, key split) over that sample's cache and mask. It is checked
+against the torch layers in the interpreter and compiles for sm_90a (4 samples: a 256-row
+block, K blocks a quarter as deep), but it has not been timed yet, so the engine sends it one
+sample only (`TUNED_ROWS`, loop.step_kernel_applies).
 """
 
 from __future__ import annotations
@@ -59,7 +66,8 @@ from vlaperf.engine.kernels.small_m_matmul import _gelu_tanh
 from vlaperf.models.pi0 import ATTENTION_MASK_VALUE
 
 PHASES = ("qkv", "attention", "merge", "o_proj", "gate_up", "down")
-MAX_ROWS = 64
+MAX_ROWS = 256  # suffix rows of all samples in one launch
+TUNED_ROWS = 64  # what the H200 sweeps timed (one sample of pi0's 51 rows): the engine sends no more
 
 
 @dataclass(frozen=True)
@@ -279,19 +287,31 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, M, eps, pid, np
 
 @triton.jit
 def _phase_attention(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o_ptr, row_ctr_ptr, M, Tk, Tp,
-                     keys_per_split, scale, stride_ct, stride_mq, pid, nprog,
+                     keys_per_split, scale, stride_cb, stride_ct, stride_mb, stride_mq, pid, nprog,
                      NH: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr, ABM: tl.constexpr,
                      ABN: tl.constexpr, SPLITS: tl.constexpr, MASK_VALUE: tl.constexpr, ATT_STAGES: tl.constexpr,
-                     FOLD_MERGE: tl.constexpr, MD: tl.constexpr, EARLY_V: tl.constexpr, ROTATE: tl.constexpr):
+                     FOLD_MERGE: tl.constexpr, MD: tl.constexpr, EARLY_V: tl.constexpr, ROTATE: tl.constexpr,
+                     NB: tl.constexpr):
+    """NB samples: a task is (sample, block of ABM folded rows, key split); its rows are
+    head x token of one sample, so they share that sample's keys and mask. Partials are
+    indexed by the global folded row g = sample * R + r."""
     R = NH * M
     d = tl.arange(0, HD)
-    for task in range(pid, tl.cdiv(R, ABM) * SPLITS, nprog):
+    n_rb = tl.cdiv(R, ABM)
+    for task in range(pid, NB * n_rb * SPLITS, nprog):
         s = task % SPLITS
-        r = (task // SPLITS) * ABM + tl.arange(0, ABM)
+        blk = task // SPLITS
+        if NB == 1:
+            b = 0
+            r = blk * ABM + tl.arange(0, ABM)
+        else:
+            b = blk // n_rb
+            r = (blk % n_rb) * ABM + tl.arange(0, ABM)
         r_ok = r < R
         head = r // M
         t = r % M
-        q = tl.load(q_ptr + t[:, None] * (NH * HD) + head[:, None] * HD + d[None, :], mask=r_ok[:, None], other=0.0,
+        row = b * M + t  # the token's row in x, q and the scratch k/v
+        q = tl.load(q_ptr + row[:, None] * (NH * HD) + head[:, None] * HD + d[None, :], mask=r_ok[:, None], other=0.0,
                     cache_modifier=".cg")
         m_i = tl.full((ABM,), float("-inf"), tl.float32)
         l_i = tl.zeros((ABM,), tl.float32)
@@ -309,10 +329,12 @@ def _phase_attention(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o
             # a where loaded every tile twice and held three in registers; Triton 3.9 also
             # could not prove the alignment through the where and issued 2-byte loads.)
             cached = keys < Tp
-            k_rows = tl.multiple_of(tl.where(cached, kc_ptr + keys * stride_ct, kv_ptr + (keys - Tp) * HD), 16)
+            k_rows = tl.multiple_of(tl.where(cached, kc_ptr + b * stride_cb + keys * stride_ct,
+                                             kv_ptr + (b * M + keys - Tp) * HD), 16)
             k = tl.load(k_rows[:, None] + d[None, :], mask=key_ok[:, None], other=0.0, cache_modifier=".cg")
-            v_rows = tl.multiple_of(tl.where(cached, vc_ptr + keys * stride_ct, kv_ptr + (BLOCK_M + keys - Tp) * HD), 16)
-            mask_ptrs = mask_ptr + t[:, None] * stride_mq + keys[None, :]
+            v_rows = tl.multiple_of(tl.where(cached, vc_ptr + b * stride_cb + keys * stride_ct,
+                                             kv_ptr + (BLOCK_M + b * M + keys - Tp) * HD), 16)
+            mask_ptrs = mask_ptr + b * stride_mb + t[:, None] * stride_mq + keys[None, :]
             if EARLY_V:  # values and mask in flight while the scores are computed: one round trip less a tile
                 v = tl.load(v_rows[:, None] + d[None, :], mask=key_ok[:, None], other=0.0, cache_modifier=".cg")
                 allowed = tl.load(mask_ptrs, mask=r_ok[:, None] & key_ok[None, :], other=0)
@@ -329,47 +351,56 @@ def _phase_attention(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o
                 v = tl.load(v_rows[:, None] + d[None, :], mask=key_ok[:, None], other=0.0, cache_modifier=".cg")
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
             m_i = m_new
-        base = s * R + r
+        g = b * R + r
+        base = s * (NB * R) + g
         tl.store(acc_ptr + base[:, None] * HD + d[None, :], acc, mask=r_ok[:, None])
         tl.store(ml_ptr + base, m_i, mask=r_ok)
-        tl.store(ml_ptr + SPLITS * R + base, l_i, mask=r_ok)
+        tl.store(ml_ptr + SPLITS * NB * R + base, l_i, mask=r_ok)
         if FOLD_MERGE:  # the row block's last split to finish merges them all: no merge phase, one barrier less
-            if _last_to_arrive(row_ctr_ptr + task // SPLITS, SPLITS):
+            if _last_to_arrive(row_ctr_ptr + blk, SPLITS):
                 for c in range(HD // MD):
-                    _merge_rows(acc_ptr, ml_ptr, o_ptr, r, r_ok, c * MD + tl.arange(0, MD), M, R, NH, HD, SPLITS)
+                    _merge_rows(acc_ptr, ml_ptr, o_ptr, g, r_ok, c * MD + tl.arange(0, MD), M, R, NH, HD, SPLITS, NB)
 
 
 @triton.jit
-def _merge_rows(acc_ptr, ml_ptr, o_ptr, r, r_ok, dd, M, R, NH: tl.constexpr, HD: tl.constexpr, SPLITS: tl.constexpr):
-    """Attention output of the folded rows r, dims dd: the splits' partials weighted by
-    exp(m_s - max m) and normalised by the summed l."""
-    m = tl.full(r.shape, float("-inf"), tl.float32)
+def _merge_rows(acc_ptr, ml_ptr, o_ptr, g, g_ok, dd, M, R, NH: tl.constexpr, HD: tl.constexpr, SPLITS: tl.constexpr,
+                NB: tl.constexpr):
+    """Attention output of the global folded rows g (sample * R + head * M + token), dims dd:
+    the splits' partials weighted by exp(m_s - max m) and normalised by the summed l."""
+    RR = NB * R
+    m = tl.full(g.shape, float("-inf"), tl.float32)
     for s in tl.static_range(SPLITS):  # unrolled: the splits' loads are independent, issue them together
-        m = tl.maximum(m, tl.load(ml_ptr + s * R + r, mask=r_ok, other=float("-inf"), cache_modifier=".cg"))
-    total = tl.zeros((r.shape[0], dd.shape[0]), tl.float32)
-    norm = tl.zeros(r.shape, tl.float32)
+        m = tl.maximum(m, tl.load(ml_ptr + s * RR + g, mask=g_ok, other=float("-inf"), cache_modifier=".cg"))
+    total = tl.zeros((g.shape[0], dd.shape[0]), tl.float32)
+    norm = tl.zeros(g.shape, tl.float32)
     for s in tl.static_range(SPLITS):
-        m_s = tl.load(ml_ptr + s * R + r, mask=r_ok, other=float("-inf"), cache_modifier=".cg")
+        m_s = tl.load(ml_ptr + s * RR + g, mask=g_ok, other=float("-inf"), cache_modifier=".cg")
         w = tl.where(m_s > float("-inf"), tl.exp(m_s - m), 0.0)  # a split with no keys adds nothing
-        norm += w * tl.load(ml_ptr + SPLITS * R + s * R + r, mask=r_ok, other=0.0, cache_modifier=".cg")
-        part = tl.load(acc_ptr + (s * R + r)[:, None] * HD + dd[None, :], mask=r_ok[:, None], other=0.0,
+        norm += w * tl.load(ml_ptr + SPLITS * RR + s * RR + g, mask=g_ok, other=0.0, cache_modifier=".cg")
+        part = tl.load(acc_ptr + (s * RR + g)[:, None] * HD + dd[None, :], mask=g_ok[:, None], other=0.0,
                        cache_modifier=".cg")
         total += w[:, None] * part
-    head = r // M
-    t = r % M
-    tl.store(o_ptr + t[:, None] * (NH * HD) + head[:, None] * HD + dd[None, :],
-             (total / norm[:, None]).to(o_ptr.dtype.element_ty), mask=r_ok[:, None])
+    if NB == 1:
+        row = g % M
+        head = g // M
+    else:
+        r = g % R
+        row = (g // R) * M + r % M
+        head = r // M
+    tl.store(o_ptr + row[:, None] * (NH * HD) + head[:, None] * HD + dd[None, :],
+             (total / norm[:, None]).to(o_ptr.dtype.element_ty), mask=g_ok[:, None])
 
 
 @triton.jit
 def _phase_merge(acc_ptr, ml_ptr, o_ptr, M, pid, nprog,
-                 NH: tl.constexpr, HD: tl.constexpr, ABM: tl.constexpr, SPLITS: tl.constexpr, MD: tl.constexpr):
-    R = NH * M
+                 NH: tl.constexpr, HD: tl.constexpr, ABM: tl.constexpr, SPLITS: tl.constexpr, MD: tl.constexpr,
+                 NB: tl.constexpr):
+    RR = NB * NH * M  # folded rows of all samples: a block may span two samples (each row finds its own)
     n_dc: tl.constexpr = HD // MD
-    for task in range(pid, tl.cdiv(R, ABM) * n_dc, nprog):
-        r = (task // n_dc) * ABM + tl.arange(0, ABM)
+    for task in range(pid, tl.cdiv(RR, ABM) * n_dc, nprog):
+        g = (task // n_dc) * ABM + tl.arange(0, ABM)
         dd = (task % n_dc) * MD + tl.arange(0, MD)
-        _merge_rows(acc_ptr, ml_ptr, o_ptr, r, r < R, dd, M, R, NH, HD, SPLITS)
+        _merge_rows(acc_ptr, ml_ptr, o_ptr, g, g < RR, dd, M, NH * M, NH, HD, SPLITS, NB)
 
 
 @triton.jit
@@ -459,7 +490,7 @@ def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, n
 def _expert_step_kernel(
     x_ptr, q_ptr, kv_ptr, o_ptr, h_ptr, acc_ptr, ml_ptr, part_ptr, counter_ptr, tile_ctr_ptr, err_ptr, ts_ptr,
     wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, mask_ptr,
-    M, Tk, Tp, keys_per_split, eps, scale, stride_cl, stride_ct, stride_mq,
+    M, Tk, Tp, keys_per_split, eps, scale, stride_cl, stride_cb, stride_ct, stride_mb, stride_mq,
     layer_lo, layer_hi, phase_lo, phase_hi,
     D: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, F: tl.constexpr, BLOCK_M: tl.constexpr,
     BN_QKV: tl.constexpr, BK_QKV: tl.constexpr, BN_O: tl.constexpr, BK_O: tl.constexpr,
@@ -471,10 +502,12 @@ def _expert_step_kernel(
     KS_O: tl.constexpr, KS_GU: tl.constexpr, KS_DOWN: tl.constexpr, FOLD_MERGE: tl.constexpr, BARRIER_ASM: tl.constexpr,
     POLL_ONE: tl.constexpr, CTR_O: tl.constexpr, CTR_GU: tl.constexpr, CTR_DOWN: tl.constexpr, CTR_LAYER: tl.constexpr,
     TIMELINE: tl.constexpr, EARLY_V: tl.constexpr, IDLE_PREFETCH: tl.constexpr, ROTATE: tl.constexpr,
+    NB: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     QKV_N: tl.constexpr = NH * HD + 2 * HD
+    MT = NB * M  # the rows of all samples: the matmul phases treat them alike
     for layer in range(layer_lo, layer_hi):
         tile_ctr = tile_ctr_ptr + layer * CTR_LAYER  # attention row blocks, o_proj tiles, gate_up tiles, down tiles
         for phase in range(phase_lo, phase_hi):
@@ -491,7 +524,7 @@ def _expert_step_kernel(
                     if layer + 1 < L:
                         _prefetch_l2(wqkv_ptr + (layer + 1) * (QKV_N * D), QKV_N * D, pid, nprog, ELEMS_PER_LINE, 512)
             if phase == 0:
-                _phase_qkv(x_ptr, wqkv_ptr + layer * (QKV_N * D), q_ptr, kv_ptr, cos_ptr, sin_ptr, M, eps, pid, nprog,
+                _phase_qkv(x_ptr, wqkv_ptr + layer * (QKV_N * D), q_ptr, kv_ptr, cos_ptr, sin_ptr, MT, eps, pid, nprog,
                            D, NH, HD, BLOCK_M, BN_QKV, BK_QKV, STAGES, ROTATE)
                 if IDLE_PREFETCH > 0:
                     # qkv has fewer tasks than programs (80 of 132 for pi0's expert); the idle ones ask L2
@@ -500,27 +533,28 @@ def _expert_step_kernel(
                     if pid >= QKV_TASKS:
                         ip = pid - QKV_TASKS
                         n_idle = nprog - QKV_TASKS
-                        _prefetch_l2(kc_ptr + layer * stride_cl, Tk * stride_ct, ip, n_idle, ELEMS_PER_LINE, 512)
-                        _prefetch_l2(vc_ptr + layer * stride_cl, Tk * stride_ct, ip, n_idle, ELEMS_PER_LINE, 512)
+                        kv_elems = (NB - 1) * stride_cb + Tk * stride_ct
+                        _prefetch_l2(kc_ptr + layer * stride_cl, kv_elems, ip, n_idle, ELEMS_PER_LINE, 512)
+                        _prefetch_l2(vc_ptr + layer * stride_cl, kv_elems, ip, n_idle, ELEMS_PER_LINE, 512)
                         _prefetch_l2(wo_ptr + layer * (D * NH * HD), D * NH * HD, ip, n_idle, ELEMS_PER_LINE, 512)
                         if IDLE_PREFETCH > 1:
                             _prefetch_l2(wgu_ptr + layer * (2 * F * D), 2 * F * D, ip, n_idle, ELEMS_PER_LINE, 512)
             elif phase == 1:
                 _phase_attention(q_ptr, kv_ptr, kc_ptr + layer * stride_cl, vc_ptr + layer * stride_cl, mask_ptr,
-                                 acc_ptr, ml_ptr, o_ptr, tile_ctr, M, Tk, Tp, keys_per_split, scale, stride_ct, stride_mq,
-                                 pid, nprog, NH, HD, BLOCK_M, ABM, ABN, SPLITS, MASK_VALUE, ATT_STAGES, FOLD_MERGE, MD,
-                                 EARLY_V, ROTATE)
+                                 acc_ptr, ml_ptr, o_ptr, tile_ctr, M, Tk, Tp, keys_per_split, scale, stride_cb, stride_ct,
+                                 stride_mb, stride_mq, pid, nprog, NH, HD, BLOCK_M, ABM, ABN, SPLITS, MASK_VALUE,
+                                 ATT_STAGES, FOLD_MERGE, MD, EARLY_V, ROTATE, NB)
             elif phase == 2:
                 if not FOLD_MERGE:
-                    _phase_merge(acc_ptr, ml_ptr, o_ptr, M, pid, nprog, NH, HD, ABM, SPLITS, MD)
+                    _phase_merge(acc_ptr, ml_ptr, o_ptr, M, pid, nprog, NH, HD, ABM, SPLITS, MD, NB)
             elif phase == 3:
-                _phase_residual(o_ptr, NH * HD, wo_ptr + layer * (D * NH * HD), x_ptr, part_ptr, tile_ctr + CTR_O, M, pid,
+                _phase_residual(o_ptr, NH * HD, wo_ptr + layer * (D * NH * HD), x_ptr, part_ptr, tile_ctr + CTR_O, MT, pid,
                                 nprog, D, BLOCK_M, BN_O, BK_O, KS_O, STAGES, ROTATE)
             elif phase == 4:
-                _phase_gate_up(x_ptr, wgu_ptr + layer * (2 * F * D), h_ptr, part_ptr, tile_ctr + CTR_GU, M, eps, pid, nprog,
+                _phase_gate_up(x_ptr, wgu_ptr + layer * (2 * F * D), h_ptr, part_ptr, tile_ctr + CTR_GU, MT, eps, pid, nprog,
                                D, F, BLOCK_M, BN_GU, BK_GU, KS_GU, STAGES, ROTATE)
             elif phase == 5:
-                _phase_residual(h_ptr, F, wd_ptr + layer * (D * F), x_ptr, part_ptr, tile_ctr + CTR_DOWN, M, pid, nprog, D,
+                _phase_residual(h_ptr, F, wd_ptr + layer * (D * F), x_ptr, part_ptr, tile_ctr + CTR_DOWN, MT, pid, nprog, D,
                                 BLOCK_M, BN_DOWN, BK_DOWN, KS_DOWN, STAGES, ROTATE)
             # phase 6 does nothing: benchmarks time the barriers alone with phases=(6, 7)
             if TIMELINE:
@@ -597,14 +631,26 @@ def key_splits(cfg: StepKernelConfig, Tk: int) -> tuple[int, int]:
     return triton.cdiv(Tk, keys_per_split), keys_per_split
 
 
-def split_counter_targets(cfg: StepKernelConfig, M: int, NH: int, D: int, F: int, Tk: int) -> list[int]:
+def split_counter_targets(cfg: StepKernelConfig, M: int, NH: int, D: int, F: int, Tk: int, samples: int = 1) -> list[int]:
     """What each split counter of one layer (see `last_split_counters`) must read after a
-    launch: the key splits per attention row block if the merge is folded, ks_o / ks_gu /
-    ks_down per o_proj / gate_up / down tile if split, else 0 (nothing counts there)."""
+    launch: the key splits per attention row block (per sample) if the merge is folded,
+    ks_o / ks_gu / ks_down per o_proj / gate_up / down tile if split, else 0 (nothing counts there)."""
     splits = key_splits(cfg, Tk)[0] if cfg.fold_merge else 0
-    return ([splits] * triton.cdiv(NH * M, cfg.att_bm) + [cfg.ks_o if cfg.ks_o > 1 else 0] * triton.cdiv(D, cfg.bn_o)
+    return ([splits] * (samples * triton.cdiv(NH * M, cfg.att_bm))
+            + [cfg.ks_o if cfg.ks_o > 1 else 0] * triton.cdiv(D, cfg.bn_o)
             + [cfg.ks_gu if cfg.ks_gu > 1 else 0] * triton.cdiv(F, cfg.bn_gu)
             + [cfg.ks_down if cfg.ks_down > 1 else 0] * triton.cdiv(D, cfg.bn_down))
+
+
+def row_block(rows: int) -> int:
+    """The matmul phases' row block for `rows` suffix rows (all samples): a power of two >= 16."""
+    return max(16, triton.next_power_of_2(rows))
+
+
+def k_depths(cfg: StepKernelConfig, block_m: int) -> dict[str, int]:
+    """The matmuls' K block depths for a row block: the config's up to 64 rows; beyond, shallower
+    in proportion, so the activation tile (block_m x bk) and its pipeline keep their shared memory."""
+    return {k: max(16, getattr(cfg, k) * 64 // max(block_m, 64)) for k in ("bk_qkv", "bk_o", "bk_gu", "bk_down")}
 
 
 def num_sms(device: torch.device) -> int:
@@ -619,37 +665,51 @@ def expert_step(
     eps: float, *, persistent: bool | None = None, config: StepKernelConfig | None = None,
     phases: tuple[int, int] = (0, len(PHASES)), programs: int | None = None, timeline: torch.Tensor | None = None,
 ) -> torch.Tensor:
-    """x (M, D) suffix hidden states -> x after all L layers of a pi0 expert.
+    """x (M, D) suffix hidden states -> x after all L layers of a pi0 expert; or B samples at
+    once: x (B, M, D) with a batch axis on the cache, tables and mask as below.
 
     wqkv (L, NH*HD + 2*HD, D) with the input RMSNorm scale folded; wo (L, D, NH*HD);
     wgu (L, 2F, D): gate rows then up rows, post-attention RMSNorm scale folded; wd (L, D, F).
-    k_cache, v_cache (L, Tk, HD): token-major per layer (unit stride within a token, rows
-    16-byte aligned), the prefix's keys (after RoPE) and values in [0, Tk - M); the last M
-    slots are not read.
-    cos, sin (M, HD) RoPE tables of the suffix positions; mask (M, Tk) bool/uint8, True =
-    may attend. persistent: one launch with grid barriers (default on CUDA) or one launch
-    per (layer, phase). phases: run only phases [lo, hi) of every layer (benchmarks; phase 6
-    is empty, so (6, 7) times the barriers alone). timeline: an int64 (L, 7, programs, 3)
-    CUDA tensor to fill with each program's global-clock nanoseconds at the start of every
-    (layer, phase), when its work is done and when it has passed the barrier (persistent
-    launches only; see `timeline_summary`).
+    k_cache, v_cache (L, Tk, HD) or (L, B, Tk, HD): token-major per layer (unit stride within
+    a token, rows 16-byte aligned), the prefix's keys (after RoPE) and values in [0, Tk - M);
+    the last M slots are not read.
+    cos, sin ([B,] M, HD) RoPE tables of the suffix positions; mask ([B,] M, Tk) bool/uint8,
+    True = may attend. The matmul phases take the B * M rows as one block of at most
+    MAX_ROWS (their K blocks shrink as the rows grow, to keep the shared memory of 64 rows);
+    attention tasks stay within one sample. Timed on the H200 for one sample of up to
+    TUNED_ROWS rows, which is all the engine sends (docs/perf-notes.md).
+    persistent: one launch with grid barriers (default on CUDA) or one launch per (layer,
+    phase). phases: run only phases [lo, hi) of every layer (benchmarks; phase 6 is empty,
+    so (6, 7) times the barriers alone). timeline: an int64 (L, 7, programs, 3) CUDA tensor
+    to fill with each program's global-clock nanoseconds at the start of every (layer,
+    phase), when its work is done and when it has passed the barrier (persistent launches
+    only; see `timeline_summary`).
     """
     cfg = config or StepKernelConfig()
-    M, D = x.shape
+    batched = x.dim() == 3
+    if not batched:  # one sample: add the batch axis everywhere
+        x, cos, sin, mask = x[None], cos[None], sin[None], mask[None]
+        k_cache, v_cache = k_cache[:, None], v_cache[:, None]
+    NB, M, D = x.shape
     L, qkv_n, _ = wqkv.shape
     HD = k_cache.shape[-1]
     F = wgu.shape[1] // 2
     NH = (qkv_n - 2 * HD) // HD
-    Tk = k_cache.shape[1]
-    if M > MAX_ROWS:
-        raise ValueError(f"the step kernel takes at most {MAX_ROWS} suffix rows (batch 1), got {M}")
+    Tk = k_cache.shape[-2]
+    if NB * M > MAX_ROWS:
+        raise ValueError(f"the step kernel takes at most {MAX_ROWS} suffix rows (batch x rows), got {NB} x {M}")
     expected = {"wqkv": (L, NH * HD + 2 * HD, D), "wo": (L, D, NH * HD), "wgu": (L, 2 * F, D), "wd": (L, D, F),
-                "k_cache": (L, Tk, HD), "v_cache": (L, Tk, HD), "cos": (M, HD), "sin": (M, HD), "mask": (M, Tk)}
+                "k_cache": (L, NB, Tk, HD), "v_cache": (L, NB, Tk, HD), "cos": (NB, M, HD), "sin": (NB, M, HD),
+                "mask": (NB, M, Tk)}
     given = {"wqkv": wqkv, "wo": wo, "wgu": wgu, "wd": wd, "k_cache": k_cache, "v_cache": v_cache, "cos": cos,
              "sin": sin, "mask": mask}
     for name, shape in expected.items():
         if tuple(given[name].shape) != shape:
-            raise ValueError(f"expert_step: {name} has shape {tuple(given[name].shape)}, expected {shape}")
+            got, want = tuple(given[name].shape), shape
+            if not batched and name not in ("wqkv", "wo", "wgu", "wd"):  # report the shapes as the caller gave them
+                got, want = tuple(d for i, d in enumerate(got) if i != (1 if name.endswith("cache") else 0)), \
+                    tuple(d for i, d in enumerate(want) if i != (1 if name.endswith("cache") else 0))
+            raise ValueError(f"expert_step: {name} has shape {got}, expected {want}")
     for name in ("wqkv", "wo", "wgu", "wd"):
         if not given[name].is_contiguous():
             raise ValueError(f"expert_step: {name} must be contiguous (stack the layers once, not per call)")
@@ -661,29 +721,33 @@ def expert_step(
         raise ValueError("expert_step: k_cache and v_cache need the same strides, unit stride within a token")
     # The kernel tells the compiler that every cached token row starts at a multiple of 16 (read
     # as bytes or as elements), so the rows are loaded as 16-byte vectors: make it true.
-    if any(t.data_ptr() % 32 or t.stride(0) % 16 for t in (k_cache, v_cache)) or k_cache.stride(1) % 16:
+    if (any(t.data_ptr() % 32 or t.stride(0) % 16 for t in (k_cache, v_cache)) or k_cache.stride(2) % 16
+            or (NB > 1 and k_cache.stride(1) % 16)):
         raise ValueError("expert_step: every token row of k_cache / v_cache must start 16-byte aligned (a 32-byte "
-                         "aligned base, layer and token strides multiples of 16 elements): the kernel loads rows as vectors")
+                         "aligned base, layer, sample and token strides multiples of 16 elements): the kernel loads "
+                         "rows as vectors")
     device = x.device
     persistent = device.type == "cuda" if persistent is None else persistent
     mask_u8 = mask.to(torch.uint8) if mask.dtype == torch.bool else mask
-    BLOCK_M = MAX_ROWS if M > 32 else 32 if M > 16 else 16
-    x = x.contiguous().clone()  # updated in place by the kernel
+    MT = NB * M
+    BLOCK_M = row_block(MT)
+    bk = k_depths(cfg, BLOCK_M)
+    x = x.reshape(MT, D).contiguous().clone()  # updated in place by the kernel
     R = NH * M
     splits, keys_per_split = key_splits(cfg, Tk)
-    q = torch.empty(M, NH * HD, dtype=x.dtype, device=device)
+    q = torch.empty(MT, NH * HD, dtype=x.dtype, device=device)
     o = torch.empty_like(q)
     kv = torch.empty(2, BLOCK_M, HD, dtype=x.dtype, device=device)
-    h = torch.empty(M, F, dtype=x.dtype, device=device)
-    acc = torch.empty(splits * R * HD, dtype=torch.float32, device=device)
-    ml = torch.empty(2 * splits * R, dtype=torch.float32, device=device)
+    h = torch.empty(MT, F, dtype=x.dtype, device=device)
+    acc = torch.empty(splits * NB * R * HD, dtype=torch.float32, device=device)
+    ml = torch.empty(2 * splits * NB * R, dtype=torch.float32, device=device)
     # float32 partials of the split matmuls; the phases take turns (a barrier lies between them)
     gu_tiles = triton.cdiv(F, cfg.bn_gu)
     part_size = max(max(cfg.ks_o, cfg.ks_down) * BLOCK_M * D, cfg.ks_gu * BLOCK_M * (2 * F + gu_tiles))
     part = torch.empty(part_size if max(cfg.ks_o, cfg.ks_gu, cfg.ks_down) > 1 else 1, dtype=torch.float32, device=device)
     counters = torch.zeros(L * (len(PHASES) + 1), dtype=torch.int32, device=device)
     # arrival counters of the split tasks, per layer: attention row blocks, o_proj, gate_up, down tiles
-    ctr_o = triton.cdiv(R, cfg.att_bm)
+    ctr_o = NB * triton.cdiv(R, cfg.att_bm)
     ctr_gu = ctr_o + triton.cdiv(D, cfg.bn_o)
     ctr_down = ctr_gu + gu_tiles
     ctr_layer = ctr_down + triton.cdiv(D, cfg.bn_down)
@@ -699,9 +763,10 @@ def expert_step(
                              f"{timeline.dtype} {tuple(timeline.shape)} on {timeline.device}")
     clock = err if timeline is None else timeline  # any pointer will do when TIMELINE is off
     args = [x, q, kv, o, h, acc, ml, part, counters, tile_counters, err, clock, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin,
-            mask_u8, M, Tk, Tk - M, keys_per_split, float(eps), HD**-0.5, k_cache.stride(0), k_cache.stride(1), mask_u8.stride(0)]
-    consts = dict(D=D, NH=NH, HD=HD, F=F, BLOCK_M=BLOCK_M, BN_QKV=cfg.bn_qkv, BK_QKV=cfg.bk_qkv, BN_O=cfg.bn_o,
-                  BK_O=cfg.bk_o, BN_GU=cfg.bn_gu, BK_GU=cfg.bk_gu, BN_DOWN=cfg.bn_down, BK_DOWN=cfg.bk_down,
+            mask_u8, M, Tk, Tk - M, keys_per_split, float(eps), HD**-0.5, k_cache.stride(0), k_cache.stride(1),
+            k_cache.stride(2), mask_u8.stride(0), mask_u8.stride(1)]
+    consts = dict(D=D, NH=NH, HD=HD, F=F, BLOCK_M=BLOCK_M, BN_QKV=cfg.bn_qkv, BK_QKV=bk["bk_qkv"], BN_O=cfg.bn_o,
+                  BK_O=bk["bk_o"], BN_GU=cfg.bn_gu, BK_GU=bk["bk_gu"], BN_DOWN=cfg.bn_down, BK_DOWN=bk["bk_down"],
                   ABM=cfg.att_bm, ABN=cfg.att_bn, SPLITS=splits, MD=min(cfg.merge_bd, HD),
                   MASK_VALUE=ATTENTION_MASK_VALUE, STAGES=cfg.num_stages, ATT_STAGES=cfg.att_stages,
                   POLL_LOAD=cfg.poll_load, MAX_SPIN=1 << 22, num_warps=cfg.num_warps,
@@ -710,7 +775,7 @@ def expert_step(
                   BARRIER_ASM=cfg.barrier_asm and device.type == "cuda", POLL_ONE=cfg.poll_one, CTR_O=ctr_o,
                   CTR_GU=ctr_gu, CTR_DOWN=ctr_down, CTR_LAYER=ctr_layer, TIMELINE=timeline is not None,
                   EARLY_V=cfg.att_early_v, IDLE_PREFETCH=cfg.idle_prefetch if device.type == "cuda" else 0,
-                  ROTATE=cfg.k_rotate)
+                  ROTATE=cfg.k_rotate, NB=NB)
     if persistent:
         _expert_step_kernel[(grid,)](*args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
         _LAST_COUNTERS[_device_key(device)] = (counters, tile_counters.view(L, ctr_layer))
@@ -718,7 +783,7 @@ def expert_step(
         for layer in range(L):
             for phase in range(*phases):
                 _expert_step_kernel[(grid,)](*args, layer, layer + 1, phase, phase + 1, USE_BARRIER=False, **consts)
-    return x
+    return x.view(NB, M, D) if batched else x
 
 
 def timeline_summary(timeline: torch.Tensor, phases: tuple[int, int] = (0, len(PHASES))) -> dict:
