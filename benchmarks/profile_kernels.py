@@ -5,7 +5,6 @@
 With cuda_graph the profiled call is a graph replay: CUPTI still reports each kernel node.
 """
 import argparse
-import os
 
 import torch
 from torch.profiler import ProfilerActivity, profile
