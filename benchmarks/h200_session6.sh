@@ -21,10 +21,11 @@
 #                   without, interleaved in one process
 #   PART=next    (prepared for session 7, not run yet) A: the step kernel's defaults with 20 repeated
 #                   launches checked bit for bit; the kernel for 4 samples in one launch (its
-#                   first timing, against the b4 T(N) slope of lane B); Nsight Compute's memory sections (L2 hit
+#                   first timing); Nsight Compute's memory sections (L2 hit
 #                   rates, sector traffic) and warp states on the step kernel's current defaults:
-#                   what its loads wait on; B: T(N) at batch 4 (how much of the call the steps
-#                   are, before a step kernel for several samples)
+#                   what its loads wait on; B: libero-pi0-b4, best against best with
+#                   megakernel=batched (4 samples a step launch), interleaved and equivalence-checked
+#   PART=next2   (prepared) B: T(N) at batch 4 of the same two variants
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=sweeps bash benchmarks/h200_session6.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -99,8 +100,13 @@ next)  # prepared for session 7, not run yet
 120 python3 benchmarks/expert_step_bench.py --quick --samples 4 --json $R/kernel_expert_step_b4_s7.json
 300 $NCU --clock-control none -k regex:_expert_step_kernel -s 2 -c 1 --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats -f -o /tmp/step_mem python3 benchmarks/step_kernel_once.py && $NCU -i /tmp/step_mem.ncu-rep --page details > $R/step_ncu_memory_s7.txt; tail -60 $R/step_ncu_memory_s7.txt
 EOT
+  lane B 1 30 <<EOT &
+450 $V matrix --workload libero-pi0-b4 --variants "best;$G,megakernel=batched" --no-progress --iters 30 --warmup 5 --json $R/matrix_libero-pi0-b4_batched_s7.json
+EOT
+  ;;
+next2)  # prepared for session 7, not run yet
   lane B 1 14 <<EOT &
-400 $V scaling --workload libero-pi0-b4 --levers "best;$G" --no-progress --json $R/scaling_libero-pi0-b4_best_s7.json --plot $R/scaling_libero-pi0-b4_best_s7.png
+400 $V scaling --workload libero-pi0-b4 --levers "best;$G,megakernel=batched" --no-progress --json $R/scaling_libero-pi0-b4_batched_s7.json --plot $R/scaling_libero-pi0-b4_batched_s7.png
 EOT
   ;;
 esac

@@ -369,6 +369,10 @@ MEGAKERNEL_LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
     ref2 = model.sample_actions(obs2, noise2, w.steps)
     assert ((out2 - ref2).norm() / ref2.norm()).item() < 1e-4
     assert len(calls) == 4 * 3, len(calls)
+    # megakernel=batched: both samples through one launch a step, still exact
+    out2b = Engine(model, variants[0].replace("megakernel", "megakernel=batched")).sample_actions(obs2, noise2, w.steps)
+    assert ((out2b - ref2).norm() / ref2.norm()).item() < 1e-4
+    assert len(calls) == 4 * 4, len(calls)
     # serving frees the reference's copies, the expert's o/down too (the engine reads them from its stack)
     engine = Engine(model, variants[0])
     before = engine.sample_actions(obs, noise, w.steps)

@@ -101,13 +101,18 @@ def suffix_tokens(model: Pi0Model, ctx: SuffixContext, x_t: Tensor, t: Tensor, t
     return torch.cat([ctx.state_token(), actions], dim=1), None
 
 
-def step_kernel_applies(ew: EngineWeights, ctx: SuffixContext, x: Tensor) -> bool:
+def step_kernel_applies(ew: EngineWeights, ctx: SuffixContext, x: Tensor, batched: bool = False) -> bool:
     """The `megakernel` step needs the stacked fused weights (pi0, one K/V head), the static
     cache (it reads the prefix keys there), and batch 1 with at most 64 suffix rows: the
-    kernel takes several samples too, but only this was timed on the H200 (perf-notes)."""
-    from vlaperf.engine.kernels.expert_step import TUNED_ROWS
+    kernel takes several samples too (`megakernel=batched`: up to 256 rows in all), but only
+    one sample was timed on the H200 (docs/perf-notes.md)."""
+    from vlaperf.engine.kernels.expert_step import MAX_ROWS, TUNED_ROWS
 
-    return ew.expert_stack is not None and ctx.kv_buffers is not None and x.shape[0] == 1 and x.shape[1] <= TUNED_ROWS
+    if ew.expert_stack is None or ctx.kv_buffers is None:
+        return False
+    if batched:
+        return x.shape[0] * x.shape[1] <= MAX_ROWS
+    return x.shape[0] == 1 and x.shape[1] <= TUNED_ROWS
 
 
 def denoise_step(
@@ -124,12 +129,16 @@ def denoise_step(
     Ts = x.shape[1]
     # the attention kernel reads the mask as bytes: cast once per step, not inside each layer's op
     kernel_mask = mask.to(torch.uint8) if (kernels or megakernel) and mask is not None and mask.dtype == torch.bool else mask
-    if megakernel and step_kernel_applies(ew, ctx, x):
+    batched = megakernel == "batched" and x.shape[0] > 1
+    if megakernel and step_kernel_applies(ew, ctx, x, batched):
         from vlaperf.engine.kernels.ops import expert_step  # a custom op: compile sees through
 
         st, (kb, vb) = ew.expert_stack, ctx.kv_buffers
-        x = expert_step(x[0], st.qkv, st.o, st.gate_up, st.down, kb[:, 0, 0], vb[:, 0, 0], cos[0], sin[0],
-                        kernel_mask[0], eps)[None]
+        if batched:  # (B, Ts, D) with the cache's batch axis: all samples in one launch
+            x = expert_step(x, st.qkv, st.o, st.gate_up, st.down, kb[:, :, 0], vb[:, :, 0], cos, sin, kernel_mask, eps)
+        else:
+            x = expert_step(x[0], st.qkv, st.o, st.gate_up, st.down, kb[:, 0, 0], vb[:, 0, 0], cos[0], sin[0],
+                            kernel_mask[0], eps)[None]
     else:
         for i, lw in enumerate(ew.expert):
             mod = mods[6 * i : 6 * i + 6] if mods is not None else None
