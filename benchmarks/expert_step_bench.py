@@ -117,6 +117,8 @@ def sweep(number: int, base: S.StepKernelConfig) -> list[S.StepKernelConfig]:
         # every task of a phase reads the same activations in step; rotated K loops (and key
         # tiles) spread them over L2 (k_rotate), alone and with shallower K blocks (more offsets)
         13: [r(k_rotate=True), r(k_rotate=True, bk_qkv=64, bk_gu=64, bk_o=128, bk_down=128, num_stages=5)],
+        # attention and merge wait on counters (per head, per row block) instead of two grid barriers a layer
+        14: [r(dataflow=True)],
     }
     return sweeps[number]
 
@@ -129,8 +131,8 @@ def main() -> None:
                    help="samples in one launch (the batched kernel: one row block of all their rows; untimed so far)")
     p.add_argument("--timeline", action="store_true",
                    help="also read the GPU clock at every (layer, phase, program) and summarise where each config's time goes")
-    p.add_argument("--sweep", type=int, default=1, choices=range(1, 14),
-                   help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps; 9: barrier polling, pipeline depth; 10: deeper pipelines, atomic polling at 4 stages, wider split tiles; 11: early value loads, 128-key tiles; 12: prefetch by the programs idle in qkv, wider o_proj tiles; 13: rotated K loops)")
+    p.add_argument("--sweep", type=int, default=1, choices=range(1, 15),
+                   help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps; 9: barrier polling, pipeline depth; 10: deeper pipelines, atomic polling at 4 stages, wider split tiles; 11: early value loads, 128-key tiles; 12: prefetch by the programs idle in qkv, wider o_proj tiles; 13: rotated K loops; 14: dataflow waits instead of two barriers)")
     args = p.parse_args()
     dev = "cuda"
     inputs = make_inputs(dev, samples=args.samples)
@@ -165,7 +167,7 @@ def main() -> None:
         counters = S.last_barrier_counters(dev).cpu().view(L, 7)
         differing = sum(not torch.equal(S.expert_step(*inputs, persistent=True, config=cfg), multi) for _ in range(repeats))
         synced = [i for i in range(6) if not (cfg.fold_merge and i == 2)]  # a folded merge has no barrier
-        split_targets = torch.tensor(S.split_counter_targets(cfg, M, NH, D, FF, TP + M, args.samples), dtype=torch.int32)
+        split_targets = torch.tensor(S.split_counter_targets(cfg, M, NH, D, FF, TP + M, args.samples, HD), dtype=torch.int32)
         return {
             "rel_l2_multi_launch_vs_fp32": rel(multi),
             "rel_l2_persistent_vs_fp32": rel(pers),

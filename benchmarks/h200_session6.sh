@@ -21,7 +21,8 @@
 #                   without, interleaved in one process
 #   PART=next    (prepared for session 7, not run yet) A: the step kernel's defaults with 20 repeated
 #                   launches checked bit for bit; the kernel for 4 samples in one launch (its
-#                   first timing); Nsight Compute's memory sections (L2 hit
+#                   first timing); sweep 14 (dataflow waits instead of two barriers a layer);
+#                   Nsight Compute's memory sections (L2 hit
 #                   rates, sector traffic) and warp states on the step kernel's current defaults:
 #                   what its loads wait on; B: libero-pi0-b4, best against best with
 #                   megakernel=batched (4 samples a step launch), interleaved and equivalence-checked
@@ -98,6 +99,7 @@ next)  # prepared for session 7, not run yet
   lane A 0 60 <<EOT &
 120 python3 benchmarks/expert_step_bench.py --quick --json $R/kernel_expert_step_s7.json
 120 python3 benchmarks/expert_step_bench.py --quick --samples 4 --json $R/kernel_expert_step_b4_s7.json
+150 python3 benchmarks/expert_step_bench.py --sweep 14 --timeline --json $R/kernel_expert_step_sweep14.json
 300 $NCU --clock-control none -k regex:_expert_step_kernel -s 2 -c 1 --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section WarpStateStats --section SchedulerStats -f -o /tmp/step_mem python3 benchmarks/step_kernel_once.py && $NCU -i /tmp/step_mem.ncu-rep --page details > $R/step_ncu_memory_s7.txt; tail -60 $R/step_ncu_memory_s7.txt
 EOT
   lane B 1 30 <<EOT &

@@ -103,8 +103,8 @@ def compile_kernel(fn, constexprs: dict, num_warps: int, num_stages: int, ptxas:
 @triton.jit
 def _qkv_alone(x_ptr, w_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, M, eps, BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr,
                ROTATE: tl.constexpr):
-    S._phase_qkv(x_ptr, w_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, M, eps, tl.program_id(0), tl.num_programs(0),
-                 1024, 8, 256, 64, BN, BK, STAGES, ROTATE)
+    S._phase_qkv(x_ptr, w_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, kv_ptr, M, eps, tl.program_id(0), tl.num_programs(0),
+                 1024, 8, 256, 64, BN, BK, STAGES, ROTATE, False)
 
 
 @triton.jit
@@ -114,12 +114,14 @@ def _attention_alone(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o
                      ROTATE: tl.constexpr):
     S._phase_attention(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o_ptr, tile_ctr_ptr, M, Tk, Tp, keys_per_split,
                        scale, stride_cb, stride_ct, stride_mb, stride_mq, tl.program_id(0), tl.num_programs(0), 8, 256, 64,
-                       ABM, ABN, SPLITS, -2.3819763e38, ATT_STAGES, False, MD, EARLY_V, ROTATE, 1)
+                       ABM, ABN, SPLITS, -2.3819763e38, ATT_STAGES, False, MD, EARLY_V, ROTATE, 1, tile_ctr_ptr, tile_ctr_ptr,
+                       8, False, 1, False)
 
 
 @triton.jit
 def _merge_alone(acc_ptr, ml_ptr, o_ptr, M, ABM: tl.constexpr, SPLITS: tl.constexpr, MD: tl.constexpr):
-    S._phase_merge(acc_ptr, ml_ptr, o_ptr, M, tl.program_id(0), tl.num_programs(0), 8, 256, ABM, SPLITS, MD, 1)
+    S._phase_merge(acc_ptr, ml_ptr, o_ptr, acc_ptr, acc_ptr, M, tl.program_id(0), tl.num_programs(0), 8, 256, ABM, SPLITS,
+                   MD, 1, False, 1, False)
 
 
 @triton.jit
@@ -140,7 +142,7 @@ def whole_kernel_constexprs(cfg: S.StepKernelConfig, timeline: bool = False, sam
     """What the launcher passes for pi0's shapes; `samples` > 1: the batched kernel (one row
     block of all samples' rows, K blocks shallower beyond 64 rows, as expert_step does)."""
     splits, _ = S.key_splits(cfg, TK)
-    targets = S.split_counter_targets(cfg, M, NH, D, F, TK, samples)
+    targets = S.split_counter_targets(cfg, M, NH, D, F, TK, samples, HD)
     block_m = S.row_block(samples * M)
     bk = S.k_depths(cfg, block_m)
     ctr_o = samples * triton.cdiv(NH * M, cfg.att_bm)
@@ -154,7 +156,8 @@ def whole_kernel_constexprs(cfg: S.StepKernelConfig, timeline: bool = False, sam
                 PREFETCH=cfg.prefetch, ELEMS_PER_LINE=64, L=L, KS_O=cfg.ks_o, KS_GU=cfg.ks_gu, KS_DOWN=cfg.ks_down,
                 FOLD_MERGE=cfg.fold_merge, BARRIER_ASM=cfg.barrier_asm, POLL_ONE=cfg.poll_one, CTR_O=ctr_o, CTR_GU=ctr_gu, CTR_DOWN=ctr_down,
                 CTR_LAYER=len(targets), TIMELINE=timeline, EARLY_V=cfg.att_early_v,
-                IDLE_PREFETCH=cfg.idle_prefetch, ROTATE=cfg.k_rotate, NB=samples)
+                IDLE_PREFETCH=cfg.idle_prefetch, ROTATE=cfg.k_rotate, NB=samples, DATAFLOW=cfg.dataflow,
+                CTR_SLOT=ctr_down + triton.cdiv(D, cfg.bn_down))
 
 
 def main() -> None:

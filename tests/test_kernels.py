@@ -265,9 +265,12 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
     # the defaults split o_proj's and down's K in 4; also unsplit with the merge folded into attention,
     # 4 slices with gate_up split too, the attention's value loads issued after the scores (before
     # session 6's default), and each task starting its K loop and its key tiles at its own offset
-    # (k_rotate), with 16-deep K blocks so that there are several to rotate
+    # (k_rotate), with 16-deep K blocks so that there are several to rotate; and attention / merge
+    # waiting on counters instead of barriers (dataflow: here the counters are complete already,
+    # one launch per phase, so this checks the counting and the waits' indexing, not the timing)
     configs = [small, replace(small, ks_o=1, ks_down=1, fold_merge=True), replace(small, ks_o=4, bn_down=8, ks_down=4, ks_gu=2),
-               replace(small, att_early_v=False), replace(small, k_rotate=True, bk_qkv=16, bk_gu=16, bk_o=16, bk_down=16)]
+               replace(small, att_early_v=False), replace(small, k_rotate=True, bk_qkv=16, bk_gu=16, bk_o=16, bk_down=16),
+               replace(small, dataflow=True)]
     # (layers, D, heads, head dim, F, rows, prefix): head dim 16 has 8-dim RoPE halves, less than a tile
     for L, D, NH, HD, Fd, M, Tp in [(2, 32, 4, 16, 64, 11, 20), (1, 64, 2, 32, 96, 7, 45)]:
         x = torch.randn(M, D)
@@ -296,11 +299,13 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
             maskb[:, :, 0] = True
             refs = torch.stack([reference(xb[b], wqkv, wo, wgu, wd, kcb[:, b], vcb[:, b], cosb[b], sinb[b], maskb[b], 1e-6,
                                           NH, HD) for b in range(B)])
-            for cfg in (small, replace(small, fold_merge=True, ks_o=1)):
+            for cfg in (small, replace(small, fold_merge=True, ks_o=1), replace(small, dataflow=True)):
                 out = expert_step(xb, wqkv, wo, wgu, wd, kcb, vcb, cosb, sinb, maskb, 1e-6, config=cfg)
                 assert out.shape == (B, M, D)
                 err = ((out - refs).norm(dim=(1, 2)) / refs.norm(dim=(1, 2))).max().item()
                 assert err < 1e-5, (B, L, D, NH, HD, cfg, err)
+    from vlaperf.engine.kernels.expert_step import barrier_timeouts
+    assert barrier_timeouts("cpu") == 0  # no wait gave up (a short count would spin until it did)
     try:
         expert_step(x, wqkv[:, :-1], wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6)
         raise SystemExit("a wrong weight shape must be refused")
@@ -322,6 +327,11 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
         raise SystemExit("a misaligned cache must be refused")
     except ValueError as e:
         assert "16-byte aligned" in str(e), e
+    try:
+        expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=replace(small, dataflow=True, fold_merge=True))
+        raise SystemExit("dataflow with a folded merge must be refused")
+    except ValueError as e:
+        assert "dataflow and fold_merge" in str(e), e
     try:
         expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=replace(small, ks_down=5))
         raise SystemExit("a split that does not divide F must be refused")
@@ -470,7 +480,8 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
     from vlaperf.engine.kernels import expert_step as S
 
     configs = ((S.StepKernelConfig(), True, 1), (replace(S.StepKernelConfig(), poll_one=False, idle_prefetch=2), False, 1),
-               (replace(S.StepKernelConfig(), k_rotate=True), False, 1), (S.StepKernelConfig(), False, 4))
+               (replace(S.StepKernelConfig(), k_rotate=True), False, 1), (S.StepKernelConfig(), False, 4),
+               (replace(S.StepKernelConfig(), dataflow=True), False, 1))
     for cfg, timeline, samples in configs:
         consts = resources.whole_kernel_constexprs(cfg, timeline, samples)
         r = resources.compile_kernel(S._expert_step_kernel, consts, cfg.num_warps, cfg.num_stages, ptxas=True)

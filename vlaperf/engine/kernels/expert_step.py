@@ -46,6 +46,12 @@ interpreter, which executes programs one after another.
 The prefix K/V are read from the engine's static cache; this step's own k/v live in a
 scratch buffer, so the op writes nothing it was given (a pure function for torch.compile).
 
+`dataflow` (off until timed): the attention tasks wait on per-head counters that the qkv tasks
+count in, and the merge tasks on per-row-block counters that the attention tasks count in,
+instead of the two grid barriers after qkv and attention. Every program finishes its qkv
+tasks before it waits for anyone's, so the waits cannot deadlock while all programs are
+resident (what the grid barriers need too).
+
 Several samples (x of shape (B, M, D), up to MAX_ROWS rows in all): the matmul phases take
 all B * M rows as one row block (a weight tile is read once for every sample), attention
 tasks are (sample, row block, key split) over that sample's cache and mask. It is checked
@@ -105,6 +111,7 @@ class StepKernelConfig:
     # programs without a qkv task ask L2 for the layer's K/V cache and Wo (1: 3% faster a step), and Wgate_up (2)
     idle_prefetch: int = 1
     k_rotate: bool = False  # each task starts its K loop (and key tiles) at an offset of its own (no gain, sweep 13)
+    dataflow: bool = False  # attention and merge wait on per-head / per-row-block counters, not grid barriers (untimed)
 
 
 # ------------------------------------------------------------------------ helpers
@@ -128,6 +135,45 @@ def _grid_sync(counter_ptr, err_ptr, nprog, MAX_SPIN: tl.constexpr, POLL_LOAD: t
 
 
 @triton.jit
+def _poll_one(ptr, target, err_ptr, MAX_SPIN: tl.constexpr):
+    """Thread 0 spins in PTX (a loop in Triton would run on every thread) with `ld.acquire`
+    until the int32 at `ptr` (a 1-element pointer block) reads >= `target`; after MAX_SPIN
+    polls it gives up and raises the timeout flag. The caller's bar.sync holds the others."""
+    timed_out = tl.inline_asm_elementwise(
+        "{ .reg .pred p; .reg .u32 t, v, n; mov.u32 $0, 0; mov.u32 t, %tid.x; setp.ne.u32 p, t, 0; "
+        "@p bra DONE${:uid}; mov.u32 n, 0; "
+        "SPIN${:uid}: ld.acquire.gpu.global.u32 v, [$1]; setp.ge.s32 p, v, $2; @p bra DONE${:uid}; "
+        "add.u32 n, n, 1; setp.lt.u32 p, n, $3; @p bra SPIN${:uid}; mov.u32 $0, 1; DONE${:uid}: }",
+        "=r,l,r,r", [ptr, target + tl.zeros((1,), tl.int32), MAX_SPIN + tl.zeros((1,), tl.int32)],
+        dtype=tl.int32, is_pure=False, pack=1)
+    if tl.max(timed_out, axis=0) > 0:
+        tl.atomic_xchg(err_ptr, 1)
+
+
+@triton.jit
+def _count_in(counter_ptr):
+    """Count this program in at `counter_ptr` once every thread's stores are issued (release)."""
+    tl.debug_barrier()
+    tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
+
+
+@triton.jit
+def _wait_count(counter_ptr, target, err_ptr, MAX_SPIN: tl.constexpr, ASM: tl.constexpr):
+    """Wait (acquire) until `counter_ptr` reads `target`: thread 0 polls in PTX while the block
+    waits at bar.sync (ASM, CUDA), or every thread polls with acquiring atomics (the
+    interpreter, where the counters are complete already: one launch per phase)."""
+    if ASM:
+        _poll_one(counter_ptr + tl.zeros((1,), tl.int32), target, err_ptr, MAX_SPIN)
+    else:
+        spins = 0
+        while (tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu") < target) & (spins < MAX_SPIN):
+            spins += 1
+        if spins >= MAX_SPIN:
+            tl.atomic_xchg(err_ptr, 1)
+    tl.debug_barrier()
+
+
+@triton.jit
 def _grid_sync_asm(counter_ptr, err_ptr, nprog, MAX_SPIN: tl.constexpr, POLL_ONE: tl.constexpr):
     """The same barrier with lighter instructions: one thread arrives with `red.release` (no
     value comes back, so it does not wait for the round trip) and polls with `ld.acquire`,
@@ -142,16 +188,7 @@ def _grid_sync_asm(counter_ptr, err_ptr, nprog, MAX_SPIN: tl.constexpr, POLL_ONE
         "@p red.release.gpu.global.add.s32 [$1], 1; mov.u32 $0, 0; }",
         "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1)
     if POLL_ONE:
-        # thread 0 spins in PTX (a loop in Triton would run on every thread); $0 = 1 on timeout
-        timed_out = tl.inline_asm_elementwise(
-            "{ .reg .pred p; .reg .u32 t, v, n; mov.u32 $0, 0; mov.u32 t, %tid.x; setp.ne.u32 p, t, 0; "
-            "@p bra DONE${:uid}; mov.u32 n, 0; "
-            "SPIN${:uid}: ld.acquire.gpu.global.u32 v, [$1]; setp.ge.s32 p, v, $2; @p bra DONE${:uid}; "
-            "add.u32 n, n, 1; setp.lt.u32 p, n, $3; @p bra SPIN${:uid}; mov.u32 $0, 1; DONE${:uid}: }",
-            "=r,l,r,r", [ptr, nprog + tl.zeros((1,), tl.int32), MAX_SPIN + tl.zeros((1,), tl.int32)],
-            dtype=tl.int32, is_pure=False, pack=1)
-        if tl.max(timed_out, axis=0) > 0:
-            tl.atomic_xchg(err_ptr, 1)
+        _poll_one(ptr, nprog, err_ptr, MAX_SPIN)
     else:
         spins = 0
         seen = tl.max(tl.inline_asm_elementwise("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
@@ -248,9 +285,12 @@ def _prefetch_l2(base_ptr, n_elems, pid, nprog, ELEMS_PER_LINE: tl.constexpr, LI
 
 
 @triton.jit
-def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, M, eps, pid, nprog,
+def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M, eps, pid, nprog,
                D: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr,
-               BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr):
+               BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr,
+               DATAFLOW: tl.constexpr):
+    """DATAFLOW: each task counts itself in at its slot's counter (query head, k or v) once
+    its outputs are stored, for the attention tasks that wait on them."""
     HALF: tl.constexpr = HD // 2
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
@@ -283,6 +323,8 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, M, eps, pid, np
             dst = kv_ptr + (slot - NH) * BLOCK_M * HD + rows[:, None] * HD + d1[None, :]
         tl.store(dst, out1.to(q_ptr.dtype.element_ty), mask=mask)
         tl.store(dst + HALF, out2.to(q_ptr.dtype.element_ty), mask=mask)
+        if DATAFLOW:
+            _count_in(slot_ctr_ptr + slot)
 
 
 @triton.jit
@@ -291,10 +333,15 @@ def _phase_attention(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o
                      NH: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr, ABM: tl.constexpr,
                      ABN: tl.constexpr, SPLITS: tl.constexpr, MASK_VALUE: tl.constexpr, ATT_STAGES: tl.constexpr,
                      FOLD_MERGE: tl.constexpr, MD: tl.constexpr, EARLY_V: tl.constexpr, ROTATE: tl.constexpr,
-                     NB: tl.constexpr):
+                     NB: tl.constexpr, slot_ctr_ptr, err_ptr, QKV_JB: tl.constexpr, DATAFLOW: tl.constexpr,
+                     MAX_SPIN: tl.constexpr, ASM: tl.constexpr):
     """NB samples: a task is (sample, block of ABM folded rows, key split); its rows are
     head x token of one sample, so they share that sample's keys and mask. Partials are
-    indexed by the global folded row g = sample * R + r."""
+    indexed by the global folded row g = sample * R + r.
+
+    DATAFLOW (no grid barrier after qkv): a task first waits until the qkv tasks of its rows'
+    heads (QKV_JB each), and of k and v if its split reads this step's own keys, have counted
+    in; it counts itself in at its row block's counter once its partials are stored."""
     R = NH * M
     d = tl.arange(0, HD)
     n_rb = tl.cdiv(R, ABM)
@@ -311,12 +358,19 @@ def _phase_attention(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o
         head = r // M
         t = r % M
         row = b * M + t  # the token's row in x, q and the scratch k/v
+        k_start = s * keys_per_split
+        if DATAFLOW:
+            r0 = (blk if NB == 1 else blk % n_rb) * ABM
+            for hh in range(r0 // M, (tl.minimum(r0 + ABM, R) - 1) // M + 1):
+                _wait_count(slot_ctr_ptr + hh, QKV_JB, err_ptr, MAX_SPIN, ASM)
+            if k_start + keys_per_split > Tp:  # this split reads the step's own keys and values
+                _wait_count(slot_ctr_ptr + NH, QKV_JB, err_ptr, MAX_SPIN, ASM)
+                _wait_count(slot_ctr_ptr + NH + 1, QKV_JB, err_ptr, MAX_SPIN, ASM)
         q = tl.load(q_ptr + row[:, None] * (NH * HD) + head[:, None] * HD + d[None, :], mask=r_ok[:, None], other=0.0,
                     cache_modifier=".cg")
         m_i = tl.full((ABM,), float("-inf"), tl.float32)
         l_i = tl.zeros((ABM,), tl.float32)
         acc = tl.zeros((ABM, HD), tl.float32)
-        k_start = s * keys_per_split
         n_kt = keys_per_split // ABN  # key tiles of a split (keys_per_split is a multiple of ABN)
         for j in tl.range(0, n_kt, num_stages=ATT_STAGES):
             # ROTATE: the row blocks of one split take its key tiles in different orders (see _rows_matmul)
@@ -356,6 +410,8 @@ def _phase_attention(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o
         tl.store(acc_ptr + base[:, None] * HD + d[None, :], acc, mask=r_ok[:, None])
         tl.store(ml_ptr + base, m_i, mask=r_ok)
         tl.store(ml_ptr + SPLITS * NB * R + base, l_i, mask=r_ok)
+        if DATAFLOW:
+            _count_in(row_ctr_ptr + blk)
         if FOLD_MERGE:  # the row block's last split to finish merges them all: no merge phase, one barrier less
             if _last_to_arrive(row_ctr_ptr + blk, SPLITS):
                 for c in range(HD // MD):
@@ -392,15 +448,21 @@ def _merge_rows(acc_ptr, ml_ptr, o_ptr, g, g_ok, dd, M, R, NH: tl.constexpr, HD:
 
 
 @triton.jit
-def _phase_merge(acc_ptr, ml_ptr, o_ptr, M, pid, nprog,
+def _phase_merge(acc_ptr, ml_ptr, o_ptr, row_ctr_ptr, err_ptr, M, pid, nprog,
                  NH: tl.constexpr, HD: tl.constexpr, ABM: tl.constexpr, SPLITS: tl.constexpr, MD: tl.constexpr,
-                 NB: tl.constexpr):
-    RR = NB * NH * M  # folded rows of all samples: a block may span two samples (each row finds its own)
+                 NB: tl.constexpr, DATAFLOW: tl.constexpr, MAX_SPIN: tl.constexpr, ASM: tl.constexpr):
+    """Tasks: (the attention's row blocks, per sample) x dim chunks. DATAFLOW (no grid barrier
+    after attention): a task waits until its row block's SPLITS attention tasks counted in."""
+    R = NH * M
+    n_rb = tl.cdiv(R, ABM)
     n_dc: tl.constexpr = HD // MD
-    for task in range(pid, tl.cdiv(RR, ABM) * n_dc, nprog):
-        g = (task // n_dc) * ABM + tl.arange(0, ABM)
+    for task in range(pid, NB * n_rb * n_dc, nprog):
+        blk = task // n_dc
+        r = (blk % n_rb) * ABM + tl.arange(0, ABM)
         dd = (task % n_dc) * MD + tl.arange(0, MD)
-        _merge_rows(acc_ptr, ml_ptr, o_ptr, g, g < RR, dd, M, NH * M, NH, HD, SPLITS, NB)
+        if DATAFLOW:
+            _wait_count(row_ctr_ptr + blk, SPLITS, err_ptr, MAX_SPIN, ASM)
+        _merge_rows(acc_ptr, ml_ptr, o_ptr, (blk // n_rb) * R + r, r < R, dd, M, R, NH, HD, SPLITS, NB)
 
 
 @triton.jit
@@ -502,14 +564,16 @@ def _expert_step_kernel(
     KS_O: tl.constexpr, KS_GU: tl.constexpr, KS_DOWN: tl.constexpr, FOLD_MERGE: tl.constexpr, BARRIER_ASM: tl.constexpr,
     POLL_ONE: tl.constexpr, CTR_O: tl.constexpr, CTR_GU: tl.constexpr, CTR_DOWN: tl.constexpr, CTR_LAYER: tl.constexpr,
     TIMELINE: tl.constexpr, EARLY_V: tl.constexpr, IDLE_PREFETCH: tl.constexpr, ROTATE: tl.constexpr,
-    NB: tl.constexpr,
+    NB: tl.constexpr, DATAFLOW: tl.constexpr, CTR_SLOT: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     QKV_N: tl.constexpr = NH * HD + 2 * HD
     MT = NB * M  # the rows of all samples: the matmul phases treat them alike
+    QKV_JB: tl.constexpr = (HD // 2 + BN_QKV - 1) // BN_QKV  # qkv tasks per slot (query head, k, v)
     for layer in range(layer_lo, layer_hi):
-        tile_ctr = tile_ctr_ptr + layer * CTR_LAYER  # attention row blocks, o_proj tiles, gate_up tiles, down tiles
+        # attention row blocks, o_proj tiles, gate_up tiles, down tiles, qkv slots (dataflow)
+        tile_ctr = tile_ctr_ptr + layer * CTR_LAYER
         for phase in range(phase_lo, phase_hi):
             if TIMELINE:  # (layer, phase, program): start, work done, barrier passed
                 ts = ts_ptr + ((layer * 7 + phase) * nprog + pid) * 3 + tl.arange(0, 1)
@@ -524,8 +588,8 @@ def _expert_step_kernel(
                     if layer + 1 < L:
                         _prefetch_l2(wqkv_ptr + (layer + 1) * (QKV_N * D), QKV_N * D, pid, nprog, ELEMS_PER_LINE, 512)
             if phase == 0:
-                _phase_qkv(x_ptr, wqkv_ptr + layer * (QKV_N * D), q_ptr, kv_ptr, cos_ptr, sin_ptr, MT, eps, pid, nprog,
-                           D, NH, HD, BLOCK_M, BN_QKV, BK_QKV, STAGES, ROTATE)
+                _phase_qkv(x_ptr, wqkv_ptr + layer * (QKV_N * D), q_ptr, kv_ptr, cos_ptr, sin_ptr, tile_ctr + CTR_SLOT, MT,
+                           eps, pid, nprog, D, NH, HD, BLOCK_M, BN_QKV, BK_QKV, STAGES, ROTATE, DATAFLOW)
                 if IDLE_PREFETCH > 0:
                     # qkv has fewer tasks than programs (80 of 132 for pi0's expert); the idle ones ask L2
                     # for what the next phases read first from HBM, instead of waiting at the barrier
@@ -543,10 +607,12 @@ def _expert_step_kernel(
                 _phase_attention(q_ptr, kv_ptr, kc_ptr + layer * stride_cl, vc_ptr + layer * stride_cl, mask_ptr,
                                  acc_ptr, ml_ptr, o_ptr, tile_ctr, M, Tk, Tp, keys_per_split, scale, stride_cb, stride_ct,
                                  stride_mb, stride_mq, pid, nprog, NH, HD, BLOCK_M, ABM, ABN, SPLITS, MASK_VALUE,
-                                 ATT_STAGES, FOLD_MERGE, MD, EARLY_V, ROTATE, NB)
+                                 ATT_STAGES, FOLD_MERGE, MD, EARLY_V, ROTATE, NB, tile_ctr + CTR_SLOT, err_ptr, QKV_JB,
+                                 DATAFLOW, MAX_SPIN, BARRIER_ASM)
             elif phase == 2:
                 if not FOLD_MERGE:
-                    _phase_merge(acc_ptr, ml_ptr, o_ptr, M, pid, nprog, NH, HD, ABM, SPLITS, MD, NB)
+                    _phase_merge(acc_ptr, ml_ptr, o_ptr, tile_ctr, err_ptr, M, pid, nprog, NH, HD, ABM, SPLITS, MD, NB,
+                                 DATAFLOW, MAX_SPIN, BARRIER_ASM)
             elif phase == 3:
                 _phase_residual(o_ptr, NH * HD, wo_ptr + layer * (D * NH * HD), x_ptr, part_ptr, tile_ctr + CTR_O, MT, pid,
                                 nprog, D, BLOCK_M, BN_O, BK_O, KS_O, STAGES, ROTATE)
@@ -561,8 +627,10 @@ def _expert_step_kernel(
                 tl.debug_barrier()  # every warp of the program is done
                 tl.store(ts + 1, _now())
             if USE_BARRIER:
-                # the kernel's end syncs the last phase; a folded merge phase has nothing to wait for
-                if ((layer < layer_hi - 1) | (phase < phase_hi - 1)) & ((phase != 2) | (not FOLD_MERGE)):
+                # the kernel's end syncs the last phase; a folded merge phase has nothing to wait for; with
+                # DATAFLOW, attention and merge tasks wait on counters for what they read instead
+                if (((layer < layer_hi - 1) | (phase < phase_hi - 1)) & ((phase != 2) | (not FOLD_MERGE))
+                        & ((phase > 1) | (not DATAFLOW))):
                     if BARRIER_ASM:
                         _grid_sync_asm(counter_ptr + layer * 7 + phase, err_ptr, nprog, MAX_SPIN, POLL_ONE)
                     else:
@@ -618,7 +686,8 @@ def last_barrier_counters(device: torch.device | str) -> torch.Tensor | None:
 def last_split_counters(device: torch.device | str) -> torch.Tensor | None:
     """The arrival counters of the split tasks in the last persistent launch on `device`,
     per layer: attention row blocks (each must read the number of key splits if the merge is
-    folded), o_proj, gate_up and down tiles (ks_o, ks_gu, ks_down if split); else 0."""
+    folded or with dataflow), o_proj, gate_up and down tiles (ks_o, ks_gu, ks_down if split),
+    qkv slots (with dataflow); else 0."""
     counters = _LAST_COUNTERS.get(_device_key(device))
     return None if counters is None else counters[1]
 
@@ -631,15 +700,18 @@ def key_splits(cfg: StepKernelConfig, Tk: int) -> tuple[int, int]:
     return triton.cdiv(Tk, keys_per_split), keys_per_split
 
 
-def split_counter_targets(cfg: StepKernelConfig, M: int, NH: int, D: int, F: int, Tk: int, samples: int = 1) -> list[int]:
+def split_counter_targets(cfg: StepKernelConfig, M: int, NH: int, D: int, F: int, Tk: int, samples: int = 1,
+                          HD: int = 256) -> list[int]:
     """What each split counter of one layer (see `last_split_counters`) must read after a
-    launch: the key splits per attention row block (per sample) if the merge is folded,
-    ks_o / ks_gu / ks_down per o_proj / gate_up / down tile if split, else 0 (nothing counts there)."""
-    splits = key_splits(cfg, Tk)[0] if cfg.fold_merge else 0
+    launch: the key splits per attention row block (per sample) if the merge is folded or
+    with dataflow, ks_o / ks_gu / ks_down per o_proj / gate_up / down tile if split, and with
+    dataflow the qkv tasks per slot (query heads, k, v); else 0 (nothing counts there)."""
+    splits = key_splits(cfg, Tk)[0] if (cfg.fold_merge or cfg.dataflow) else 0
+    jb = triton.cdiv(HD // 2, cfg.bn_qkv) if cfg.dataflow else 0
     return ([splits] * (samples * triton.cdiv(NH * M, cfg.att_bm))
             + [cfg.ks_o if cfg.ks_o > 1 else 0] * triton.cdiv(D, cfg.bn_o)
             + [cfg.ks_gu if cfg.ks_gu > 1 else 0] * triton.cdiv(F, cfg.bn_gu)
-            + [cfg.ks_down if cfg.ks_down > 1 else 0] * triton.cdiv(D, cfg.bn_down))
+            + [cfg.ks_down if cfg.ks_down > 1 else 0] * triton.cdiv(D, cfg.bn_down) + [jb] * (NH + 2))
 
 
 def row_block(rows: int) -> int:
@@ -713,6 +785,9 @@ def expert_step(
     for name in ("wqkv", "wo", "wgu", "wd"):
         if not given[name].is_contiguous():
             raise ValueError(f"expert_step: {name} must be contiguous (stack the layers once, not per call)")
+    if cfg.dataflow and cfg.fold_merge:
+        raise ValueError("StepKernelConfig: dataflow and fold_merge exclude each other (the folded merge needs the "
+                         "barrier after attention that dataflow removes)")
     for name, ks, K in (("ks_o", cfg.ks_o, NH * HD), ("ks_gu", cfg.ks_gu, D), ("ks_down", cfg.ks_down, F)):
         if ks < 1 or K % ks:
             raise ValueError(f"StepKernelConfig.{name}={ks}: expected a positive divisor of that matmul's depth {K}")
@@ -750,7 +825,8 @@ def expert_step(
     ctr_o = NB * triton.cdiv(R, cfg.att_bm)
     ctr_gu = ctr_o + triton.cdiv(D, cfg.bn_o)
     ctr_down = ctr_gu + gu_tiles
-    ctr_layer = ctr_down + triton.cdiv(D, cfg.bn_down)
+    ctr_slot = ctr_down + triton.cdiv(D, cfg.bn_down)
+    ctr_layer = ctr_slot + NH + 2
     tile_counters = torch.zeros(L * ctr_layer, dtype=torch.int32, device=device)
     err = _error_flag(device)
     grid = programs or num_sms(device)
@@ -775,7 +851,7 @@ def expert_step(
                   BARRIER_ASM=cfg.barrier_asm and device.type == "cuda", POLL_ONE=cfg.poll_one, CTR_O=ctr_o,
                   CTR_GU=ctr_gu, CTR_DOWN=ctr_down, CTR_LAYER=ctr_layer, TIMELINE=timeline is not None,
                   EARLY_V=cfg.att_early_v, IDLE_PREFETCH=cfg.idle_prefetch if device.type == "cuda" else 0,
-                  ROTATE=cfg.k_rotate, NB=NB)
+                  ROTATE=cfg.k_rotate, NB=NB, DATAFLOW=cfg.dataflow, CTR_SLOT=ctr_slot)
     if persistent:
         _expert_step_kernel[(grid,)](*args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
         _LAST_COUNTERS[_device_key(device)] = (counters, tile_counters.view(L, ctr_layer))
