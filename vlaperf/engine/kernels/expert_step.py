@@ -458,11 +458,15 @@ def _phase_merge(acc_ptr, ml_ptr, o_ptr, row_ctr_ptr, err_ptr, M, pid, nprog,
     n_dc: tl.constexpr = HD // MD
     for task in range(pid, NB * n_rb * n_dc, nprog):
         blk = task // n_dc
-        r = (blk % n_rb) * ABM + tl.arange(0, ABM)
         dd = (task % n_dc) * MD + tl.arange(0, MD)
         if DATAFLOW:
             _wait_count(row_ctr_ptr + blk, SPLITS, err_ptr, MAX_SPIN, ASM)
-        _merge_rows(acc_ptr, ml_ptr, o_ptr, (blk // n_rb) * R + r, r < R, dd, M, R, NH, HD, SPLITS, NB)
+        if NB == 1:
+            r = blk * ABM + tl.arange(0, ABM)
+            _merge_rows(acc_ptr, ml_ptr, o_ptr, r, r < R, dd, M, R, NH, HD, SPLITS, NB)
+        else:
+            r = (blk % n_rb) * ABM + tl.arange(0, ABM)
+            _merge_rows(acc_ptr, ml_ptr, o_ptr, (blk // n_rb) * R + r, r < R, dd, M, R, NH, HD, SPLITS, NB)
 
 
 @triton.jit
