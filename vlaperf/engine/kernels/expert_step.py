@@ -119,19 +119,28 @@ class StepKernelConfig:
 
 @triton.jit
 def _grid_sync(counter_ptr, err_ptr, nprog, MAX_SPIN: tl.constexpr, POLL_LOAD: tl.constexpr):
-    tl.debug_barrier()  # every thread's stores are issued before this program arrives
-    tl.atomic_add(counter_ptr, 1, sem="release", scope="gpu")
-    spins = 0
+    _count_in(counter_ptr)  # every thread's stores are issued before this program arrives
     if POLL_LOAD:  # spin on plain (volatile) loads, then one acquiring read-modify-write
+        spins = 0
         while (tl.load(counter_ptr, volatile=True) < nprog) & (spins < MAX_SPIN):
             spins += 1
         tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu")
+        if spins >= MAX_SPIN:
+            tl.atomic_xchg(err_ptr, 1)
     else:  # every poll an acquiring atomic
-        while (tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu") < nprog) & (spins < MAX_SPIN):
-            spins += 1
+        _poll_atomic(counter_ptr, nprog, err_ptr, MAX_SPIN)
+    tl.debug_barrier()
+
+
+@triton.jit
+def _poll_atomic(counter_ptr, target, err_ptr, MAX_SPIN: tl.constexpr):
+    """Every thread polls with acquiring atomics until `counter_ptr` reads >= `target`; after
+    MAX_SPIN polls it gives up and raises the timeout flag."""
+    spins = 0
+    while (tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu") < target) & (spins < MAX_SPIN):
+        spins += 1
     if spins >= MAX_SPIN:
         tl.atomic_xchg(err_ptr, 1)
-    tl.debug_barrier()
 
 
 @triton.jit
@@ -165,11 +174,7 @@ def _wait_count(counter_ptr, target, err_ptr, MAX_SPIN: tl.constexpr, ASM: tl.co
     if ASM:
         _poll_one(counter_ptr + tl.zeros((1,), tl.int32), target, err_ptr, MAX_SPIN)
     else:
-        spins = 0
-        while (tl.atomic_add(counter_ptr, 0, sem="acquire", scope="gpu") < target) & (spins < MAX_SPIN):
-            spins += 1
-        if spins >= MAX_SPIN:
-            tl.atomic_xchg(err_ptr, 1)
+        _poll_atomic(counter_ptr, target, err_ptr, MAX_SPIN)
     tl.debug_barrier()
 
 
@@ -763,10 +768,7 @@ def expert_step(
     """
     cfg = config or StepKernelConfig()
     batched = x.dim() == 3
-    if not batched:  # one sample: add the batch axis everywhere
-        x, cos, sin, mask = x[None], cos[None], sin[None], mask[None]
-        k_cache, v_cache = k_cache[:, None], v_cache[:, None]
-    NB, M, D = x.shape
+    NB, (M, D) = (x.shape[0] if batched else 1), x.shape[-2:]
     L, qkv_n, _ = wqkv.shape
     HD = k_cache.shape[-1]
     F = wgu.shape[1] // 2
@@ -774,18 +776,18 @@ def expert_step(
     Tk = k_cache.shape[-2]
     if NB * M > MAX_ROWS:
         raise ValueError(f"the step kernel takes at most {MAX_ROWS} suffix rows (batch x rows), got {NB} x {M}")
+    lead = (NB,) if batched else ()  # the batch axis, where the caller has one
     expected = {"wqkv": (L, NH * HD + 2 * HD, D), "wo": (L, D, NH * HD), "wgu": (L, 2 * F, D), "wd": (L, D, F),
-                "k_cache": (L, NB, Tk, HD), "v_cache": (L, NB, Tk, HD), "cos": (NB, M, HD), "sin": (NB, M, HD),
-                "mask": (NB, M, Tk)}
+                "k_cache": (L, *lead, Tk, HD), "v_cache": (L, *lead, Tk, HD), "cos": (*lead, M, HD),
+                "sin": (*lead, M, HD), "mask": (*lead, M, Tk)}
     given = {"wqkv": wqkv, "wo": wo, "wgu": wgu, "wd": wd, "k_cache": k_cache, "v_cache": v_cache, "cos": cos,
              "sin": sin, "mask": mask}
     for name, shape in expected.items():
         if tuple(given[name].shape) != shape:
-            got, want = tuple(given[name].shape), shape
-            if not batched and name not in ("wqkv", "wo", "wgu", "wd"):  # report the shapes as the caller gave them
-                got, want = tuple(d for i, d in enumerate(got) if i != (1 if name.endswith("cache") else 0)), \
-                    tuple(d for i, d in enumerate(want) if i != (1 if name.endswith("cache") else 0))
-            raise ValueError(f"expert_step: {name} has shape {got}, expected {want}")
+            raise ValueError(f"expert_step: {name} has shape {tuple(given[name].shape)}, expected {shape}")
+    if not batched:  # one sample: add the batch axis everywhere
+        x, cos, sin, mask = x[None], cos[None], sin[None], mask[None]
+        k_cache, v_cache = k_cache[:, None], v_cache[:, None]
     for name in ("wqkv", "wo", "wgu", "wd"):
         if not given[name].is_contiguous():
             raise ValueError(f"expert_step: {name} must be contiguous (stack the layers once, not per call)")
