@@ -119,6 +119,10 @@ def sweep(number: int, base: S.StepKernelConfig) -> list[S.StepKernelConfig]:
         13: [r(k_rotate=True), r(k_rotate=True, bk_qkv=64, bk_gu=64, bk_o=128, bk_down=128, num_stages=5)],
         # attention and merge wait on counters (per head, per row block) instead of two grid barriers a layer
         14: [r(dataflow=True)],
+        # every program asks L2 for a later phase's weights (expert_step.PREFETCH_PLANS): during the
+        # phases that read nothing from HBM (2-4), or as session 3 did (1); with and without the idle
+        # programs' prefetch of the K/V cache and Wo in qkv
+        15: [r(prefetch=2), r(prefetch=3), r(prefetch=4), r(prefetch=1), r(prefetch=2, idle_prefetch=0)],
     }
     return sweeps[number]
 
@@ -132,7 +136,7 @@ def main() -> None:
     p.add_argument("--timeline", action="store_true",
                    help="also read the GPU clock at every (layer, phase, program) and summarise where each config's time goes")
     p.add_argument("--sweep", type=int, default=1, choices=range(1, 15),
-                   help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps; 9: barrier polling, pipeline depth; 10: deeper pipelines, atomic polling at 4 stages, wider split tiles; 11: early value loads, 128-key tiles; 12: prefetch by the programs idle in qkv, wider o_proj tiles; 13: rotated K loops; 14: dataflow waits instead of two barriers)")
+                   help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps; 9: barrier polling, pipeline depth; 10: deeper pipelines, atomic polling at 4 stages, wider split tiles; 11: early value loads, 128-key tiles; 12: prefetch by the programs idle in qkv, wider o_proj tiles; 13: rotated K loops; 14: dataflow waits instead of two barriers; 15: prefetch plans)")
     args = p.parse_args()
     dev = "cuda"
     inputs = make_inputs(dev, samples=args.samples)

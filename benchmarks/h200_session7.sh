@@ -6,6 +6,12 @@
 #            B: libero-pi0-b4, best against best with megakernel=batched (4 samples a step
 #              launch), interleaved and equivalence-checked; then tma_probe.py: the step
 #              kernel's matmul tasks streaming 18 layers, pointer loads against TMA loads
+#   PART=b   A: sweep 15 (prefetch plans: every program asks L2 for a later phase's weights in the
+#              phases that read nothing from HBM) with timelines; tma_probe.py --l2 (does a task
+#              read faster when its weights are in L2?)
+#            B: the whole call, best against best with prefetch=2, interleaved (step_config_ab);
+#              then vlaperf bench of libero-pi0-b4 / -b8 / libero-pi0 with today's best
+#              (megakernel takes batch 4)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session7.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -21,6 +27,18 @@ EOT
   lane B 1 60 <<EOT &
 330 $V matrix --workload libero-pi0-b4 --variants "best;$G,megakernel=batched" --no-progress --iters 30 --warmup 5 --json $R/matrix_libero-pi0-b4_batched_s7.json
 200 python3 benchmarks/tma_probe.py --json $R/tma_probe.json
+EOT
+  ;;
+b)
+  lane A 0 60 <<EOT &
+330 python3 benchmarks/expert_step_bench.py --sweep 15 --timeline --json $R/kernel_expert_step_sweep15.json
+200 python3 benchmarks/tma_probe.py --l2 --json $R/tma_probe_l2.json
+EOT
+  lane B 1 20 <<EOT &
+240 python3 benchmarks/step_config_ab.py --base "" --new "prefetch=2" --json $R/step_config_ab_libero-pi0_prefetch2.json
+120 $V bench --workload libero-pi0-b4 --levers best $B --json $R/bench_libero-pi0-b4_best-s7_model.json
+120 $V bench --workload libero-pi0-b8 --levers best $B --json $R/bench_libero-pi0-b8_best-s7_model.json
+100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s7_model.json
 EOT
   ;;
 esac

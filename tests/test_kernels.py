@@ -337,6 +337,19 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
         raise SystemExit("a split that does not divide F must be refused")
     except ValueError as e:
         assert "ks_down=5" in str(e) and "divisor" in str(e), e
+    try:
+        expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=replace(small, prefetch=7))
+        raise SystemExit("an unknown prefetch plan must be refused, on the CPU too")
+    except ValueError as e:
+        assert "prefetch=7" in str(e) and "plan" in str(e), e
+    # every plan names real phases and weights, each weight prefetched at most once
+    from vlaperf.engine.kernels.expert_step import PHASES, PREFETCH_PLANS, prefetch_phases
+    assert all(set(plan) <= set(PHASES) for plan in PREFETCH_PLANS.values())
+    for n in PREFETCH_PLANS:
+        at = prefetch_phases(n)
+        assert set(at) == {"PF_O", "PF_GU", "PF_DOWN", "PF_QKV_NEXT"} and all(-1 <= v < len(PHASES) for v in at.values())
+        assert sum(len(ws) for ws in PREFETCH_PLANS[n].values()) == sum(v >= 0 for v in at.values())
+    assert set(prefetch_phases(0).values()) == {-1}
     print("ok")
     """
 )
@@ -471,7 +484,8 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
     """The whole step kernel compiled for sm_90a and assembled by ptxas (Triton's bundled one)
     on this CPU machine: the inline PTX the GPU launch relies on (the one-thread barrier poll
     with its spin loop, the clock reads of the timeline) must assemble, in both barrier
-    variants, and the L2 prefetches of the programs idle in qkv (`idle_prefetch`); with and
+    variants, and the L2 prefetches (of the programs idle in qkv, `idle_prefetch`, and by plan,
+    `prefetch`); with and
     without rotated K loops, still pipelined; and for 4 samples in one launch. The interpreter
     cannot run any of it."""
     from dataclasses import replace
@@ -483,7 +497,8 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
 
     configs = ((S.StepKernelConfig(), True, 1), (replace(S.StepKernelConfig(), poll_one=False, idle_prefetch=2), False, 1),
                (replace(S.StepKernelConfig(), k_rotate=True), False, 1), (S.StepKernelConfig(), False, 4),
-               (replace(S.StepKernelConfig(), dataflow=True), False, 1))
+               (replace(S.StepKernelConfig(), dataflow=True), False, 1),
+               (replace(S.StepKernelConfig(), idle_prefetch=0, prefetch=2), False, 1))
     for cfg, timeline, samples in configs:
         consts = resources.whole_kernel_constexprs(cfg, timeline, samples)
         r = resources.compile_kernel(S._expert_step_kernel, consts, cfg.num_warps, cfg.num_stages, ptxas=True)
@@ -491,7 +506,7 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
         ptx = resources.last_ptx()
         assert ("%globaltimer" in ptx) == timeline
         assert ("SPIN" in ptx) == cfg.poll_one  # thread 0's spin loop, present only with poll_one
-        assert ("prefetch.global.L2" in ptx) == (cfg.idle_prefetch > 0)
+        assert ("prefetch.global.L2" in ptx) == (cfg.idle_prefetch > 0 or cfg.prefetch > 0)
         # the K loops stay software-pipelined (asynchronous copies to shared memory): a modulo on
         # a strided loop variable once stopped that for k_rotate, and the kernel spilled. One
         # sample compiles without spills; 4 samples (a 256-row block) spilled 32 B under Triton 3.6

@@ -73,6 +73,14 @@ from vlaperf.engine.kernels.small_m_matmul import _gelu_tanh
 from vlaperf.models.pi0 import ATTENTION_MASK_VALUE
 
 PHASES = ("qkv", "attention", "merge", "o_proj", "gate_up", "down")
+# StepKernelConfig.prefetch: at the start of which phase every program prefetches which weights
+# ("qkv+1": the next layer's). 1 is session 3's schedule (no gain then: docs/perf-notes.md 9b).
+PREFETCH_PLANS = {
+    1: {"qkv": ("o", "gate_up"), "o_proj": ("down",), "gate_up": ("qkv+1",)},
+    2: {"attention": ("gate_up",), "o_proj": ("down",), "gate_up": ("qkv+1",)},
+    3: {"attention": ("gate_up",), "o_proj": ("down", "qkv+1")},
+    4: {"merge": ("gate_up",), "o_proj": ("down",), "gate_up": ("qkv+1",)},
+}
 MAX_ROWS = 256  # suffix rows of all samples in one launch
 
 
@@ -100,7 +108,11 @@ class StepKernelConfig:
     num_warps: int = 8
     num_stages: int = 4  # the matmuls' K loops
     poll_load: bool = True  # barrier polls with plain loads (else with atomics)
-    prefetch: bool = False  # prefetch the next phase's weights into L2 (CUDA only; no gain)
+    # every program asks L2 for a later phase's weights at the start of a phase (CUDA only), by plan
+    # (PREFETCH_PLANS): 1 (session 3: no gain then) issues them while other weights stream from
+    # HBM; 2-4 issue them in the phases that read nothing from HBM (attention, merge, o_proj and
+    # later the L2-resident matmuls)
+    prefetch: int = 0
     ks_o: int = 4  # split K of o_proj into this many slices (see _phase_residual); 32 x 4 from sweep 12
     ks_gu: int = 1  # split K of gate_up (2: 6-8% slower a step)
     ks_down: int = 4  # split K of down (32 columns x 4 slices: 3.5% faster a step than 16 x 2, sweep 10)
@@ -569,7 +581,8 @@ def _expert_step_kernel(
     ABM: tl.constexpr, ABN: tl.constexpr, SPLITS: tl.constexpr, MD: tl.constexpr,
     MASK_VALUE: tl.constexpr, STAGES: tl.constexpr, ATT_STAGES: tl.constexpr,
     USE_BARRIER: tl.constexpr, POLL_LOAD: tl.constexpr, MAX_SPIN: tl.constexpr,
-    PREFETCH: tl.constexpr, ELEMS_PER_LINE: tl.constexpr, L: tl.constexpr,
+    PF_O: tl.constexpr, PF_GU: tl.constexpr, PF_DOWN: tl.constexpr, PF_QKV_NEXT: tl.constexpr,
+    ELEMS_PER_LINE: tl.constexpr, L: tl.constexpr,
     KS_O: tl.constexpr, KS_GU: tl.constexpr, KS_DOWN: tl.constexpr, FOLD_MERGE: tl.constexpr, BARRIER_ASM: tl.constexpr,
     POLL_ONE: tl.constexpr, CTR_O: tl.constexpr, CTR_GU: tl.constexpr, CTR_DOWN: tl.constexpr, CTR_LAYER: tl.constexpr,
     TIMELINE: tl.constexpr, EARLY_V: tl.constexpr, IDLE_PREFETCH: tl.constexpr, ROTATE: tl.constexpr,
@@ -587,15 +600,15 @@ def _expert_step_kernel(
             if TIMELINE:  # (layer, phase, program): start, work done, barrier passed
                 ts = ts_ptr + ((layer * 7 + phase) * nprog + pid) * 3 + tl.arange(0, 1)
                 tl.store(ts, _now())
-            if PREFETCH:  # one phase ahead: o_proj and gate_up weights, then down, then the next layer's qkv
-                if phase == 0:
-                    _prefetch_l2(wo_ptr + layer * (D * NH * HD), D * NH * HD, pid, nprog, ELEMS_PER_LINE, 512)
-                    _prefetch_l2(wgu_ptr + layer * (2 * F * D), 2 * F * D, pid, nprog, ELEMS_PER_LINE, 512)
-                elif phase == 3:
-                    _prefetch_l2(wd_ptr + layer * (D * F), D * F, pid, nprog, ELEMS_PER_LINE, 512)
-                elif phase == 4:
-                    if layer + 1 < L:
-                        _prefetch_l2(wqkv_ptr + (layer + 1) * (QKV_N * D), QKV_N * D, pid, nprog, ELEMS_PER_LINE, 512)
+            # the prefetch plan (PREFETCH_PLANS): weights do not depend on activations, so any phase may ask
+            if phase == PF_O:
+                _prefetch_l2(wo_ptr + layer * (D * NH * HD), D * NH * HD, pid, nprog, ELEMS_PER_LINE, 512)
+            if phase == PF_GU:
+                _prefetch_l2(wgu_ptr + layer * (2 * F * D), 2 * F * D, pid, nprog, ELEMS_PER_LINE, 512)
+            if phase == PF_DOWN:
+                _prefetch_l2(wd_ptr + layer * (D * F), D * F, pid, nprog, ELEMS_PER_LINE, 512)
+            if (phase == PF_QKV_NEXT) & (layer + 1 < L):
+                _prefetch_l2(wqkv_ptr + (layer + 1) * (QKV_N * D), QKV_N * D, pid, nprog, ELEMS_PER_LINE, 512)
             if phase == 0:
                 _phase_qkv(x_ptr, wqkv_ptr + layer * (QKV_N * D), q_ptr, kv_ptr, cos_ptr, sin_ptr, tile_ctr + CTR_SLOT, MT,
                            eps, pid, nprog, D, NH, HD, BLOCK_M, BN_QKV, BK_QKV, STAGES, ROTATE, DATAFLOW)
@@ -723,6 +736,16 @@ def split_counter_targets(cfg: StepKernelConfig, M: int, NH: int, D: int, F: int
             + [cfg.ks_down if cfg.ks_down > 1 else 0] * triton.cdiv(D, cfg.bn_down) + [jb] * (NH + 2))
 
 
+def prefetch_phases(plan: int) -> dict[str, int]:
+    """The kernel's constants for a prefetch plan: the phase at whose start every program asks
+    L2 for each weight matrix (-1: never)."""
+    if plan not in (0, *PREFETCH_PLANS):
+        raise ValueError(f"StepKernelConfig.prefetch={plan}: expected 0 (off) or a plan of {sorted(PREFETCH_PLANS)}")
+    at = {w: PHASES.index(ph) for ph, ws in PREFETCH_PLANS.get(plan, {}).items() for w in ws}
+    return {"PF_O": at.get("o", -1), "PF_GU": at.get("gate_up", -1), "PF_DOWN": at.get("down", -1),
+            "PF_QKV_NEXT": at.get("qkv+1", -1)}
+
+
 def row_block(rows: int) -> int:
     """The matmul phases' row block for `rows` suffix rows (all samples): a power of two >= 16."""
     return max(16, triton.next_power_of_2(rows))
@@ -794,6 +817,9 @@ def expert_step(
     if cfg.dataflow and cfg.fold_merge:
         raise ValueError("StepKernelConfig: dataflow and fold_merge exclude each other (the folded merge needs the "
                          "barrier after attention that dataflow removes)")
+    prefetch = prefetch_phases(cfg.prefetch)  # raises for an unknown plan, on every device
+    if x.device.type != "cuda":
+        prefetch = prefetch_phases(0)  # prefetch.global.L2 is PTX: the interpreter runs none
     for name, ks, K in (("ks_o", cfg.ks_o, NH * HD), ("ks_gu", cfg.ks_gu, D), ("ks_down", cfg.ks_down, F)):
         if ks < 1 or K % ks:
             raise ValueError(f"StepKernelConfig.{name}={ks}: expected a positive divisor of that matmul's depth {K}")
@@ -852,7 +878,7 @@ def expert_step(
                   ABM=cfg.att_bm, ABN=cfg.att_bn, SPLITS=splits, MD=min(cfg.merge_bd, HD),
                   MASK_VALUE=ATTENTION_MASK_VALUE, STAGES=cfg.num_stages, ATT_STAGES=cfg.att_stages,
                   POLL_LOAD=cfg.poll_load, MAX_SPIN=1 << 22, num_warps=cfg.num_warps,
-                  PREFETCH=cfg.prefetch and device.type == "cuda", ELEMS_PER_LINE=128 // wqkv.element_size(), L=L,
+                  **prefetch, ELEMS_PER_LINE=128 // wqkv.element_size(), L=L,
                   KS_O=cfg.ks_o, KS_GU=cfg.ks_gu, KS_DOWN=cfg.ks_down, FOLD_MERGE=cfg.fold_merge,
                   BARRIER_ASM=cfg.barrier_asm and device.type == "cuda", POLL_ONE=cfg.poll_one, CTR_O=ctr_o,
                   CTR_GU=ctr_gu, CTR_DOWN=ctr_down, CTR_LAYER=ctr_layer, TIMELINE=timeline is not None,
