@@ -12,6 +12,11 @@
 #            B: the whole call, best against best with prefetch=2, interleaved (step_config_ab);
 #              then vlaperf bench of libero-pi0-b4 / -b8 / libero-pi0 with today's best
 #              (megakernel takes batch 4)
+#            (sweep 15 did not run: the bench's --sweep choices stopped at 14)
+#   PART=c   A: sweep 15 again (choices now follow the sweep table); sweep 16 (4 warps); the kernel table of best at
+#              batch 4 (the step kernel with 4 samples)
+#            B: T(N) at batch 4, best against best less megakernel; vlaperf bench libero-pi0 and
+#              -b8 again, now with the GPU's clocks and power in the environment record
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session7.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -39,6 +44,18 @@ EOT
 120 $V bench --workload libero-pi0-b4 --levers best $B --json $R/bench_libero-pi0-b4_best-s7_model.json
 120 $V bench --workload libero-pi0-b8 --levers best $B --json $R/bench_libero-pi0-b8_best-s7_model.json
 100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s7_model.json
+EOT
+  ;;
+c)
+  lane A 0 60 <<EOT &
+300 python3 benchmarks/expert_step_bench.py --sweep 15 --timeline --json $R/kernel_expert_step_sweep15.json
+150 python3 benchmarks/expert_step_bench.py --sweep 16 --json $R/kernel_expert_step_sweep16.json
+120 python3 benchmarks/profile_kernels.py --workload libero-pi0-b4 --rows 30 --levers best > $R/kernels_best_b4_s7.txt 2>&1; tail -10 $R/kernels_best_b4_s7.txt
+EOT
+  lane B 1 20 <<EOT &
+330 $V scaling --workload libero-pi0-b4 --levers "best;$G" --no-progress --json $R/scaling_libero-pi0-b4_best_s7.json --plot $R/scaling_libero-pi0-b4_best_s7.png
+100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s7c_model.json
+120 $V bench --workload libero-pi0-b8 --levers best $B --json $R/bench_libero-pi0-b8_best-s7c_model.json
 EOT
   ;;
 esac

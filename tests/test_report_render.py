@@ -142,3 +142,21 @@ def test_serving_peer_and_kernel_results_have_renderers(tmp_path):
         assert "| phase (all layers, with its barriers) | us |" in md and "persistent launch equals per-phase" in md
     if (H200.parent / "h200x2").is_dir():
         assert "Ray Serve, 2 replica(s) on 2 GPU(s)" in md
+
+
+def test_gpu_state_goes_in_the_file_table_not_the_environment(tiny_results, tmp_path):
+    """A GPU's clocks and power are the moment's, not the setup's: two runs that differ only in
+    them share one environment group, and each file's row shows its own (held clocks named)."""
+    bench = json.loads((tiny_results / "bench.json").read_text())
+    states = [dict(uuid="GPU-1", pstate="P0", sm_clock_mhz=1980, max_sm_clock_mhz=1980, mem_clock_mhz=3201,
+                   power_draw_w=312.4, power_limit_w=700.0, temperature_c=41, clock_event_reasons="0x0000000000000000"),
+              dict(uuid="GPU-1", pstate="P0", sm_clock_mhz=1755, max_sm_clock_mhz=1980, mem_clock_mhz=3201,
+                   power_draw_w=699.0, power_limit_w=700.0, temperature_c=80, clock_event_reasons="0x0000000000000004")]
+    for i, st in enumerate(states):
+        bench["env"]["gpu_state"] = st
+        (tmp_path / f"b{i}.json").write_text(json.dumps(bench))
+    md = render([tmp_path / "b0.json", tmp_path / "b1.json"], tmp_path / "r.md").read_text()
+    assert "SM 1980/1980 MHz, 312/700 W, 41 C |" in md
+    assert "SM 1755/1980 MHz, 699/700 W, 80 C, clocks held 0x0000000000000004" in md
+    env_section = md[md.index("## Environment"):]
+    assert "gpu_state" not in env_section and "1755" not in env_section

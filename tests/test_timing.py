@@ -6,6 +6,7 @@ import math
 import time
 
 import pytest
+import torch
 
 from vlaperf.timing import SUMMARY_KEYS, Timer, environment_record, interleaved, summarize, synchronize, time_calls
 
@@ -202,13 +203,38 @@ def test_environment_record_keys_and_env_vars(monkeypatch):
     monkeypatch.delenv("TORCH_LOGS", raising=False)
     env = environment_record("cpu")
     assert ENV_KEYS <= set(env)
-    assert env["gpu"] is None  # CPU device
+    assert env["gpu"] is None and env["gpu_state"] is None  # CPU device
     assert env["env_vars"]["TORCHDYNAMO_DISABLE"] == "1"
     assert env["env_vars"]["TORCHINDUCTOR_MAX_AUTOTUNE"] == "1"
     assert "TORCH_LOGS" not in env["env_vars"]
     assert env["torch"] and env["python"] and env["timestamp"].endswith("+00:00")
     assert isinstance(env["torch_threads"], int)
     assert env["git_dirty"] in (None, True, False)
+
+
+def test_gpu_state_parses_nvidia_smi_and_selects_the_gpu_by_uuid(monkeypatch, tmp_path):
+    """The GPU's clocks, power and temperature come from nvidia-smi for the torch device's own
+    GPU (by UUID: nvidia-smi numbers GPUs its own way), numbers as numbers, N/A as None."""
+    import vlaperf.timing as T
+
+    line = "GPU-5a1d, P0, 1980, 1980, 3201, 312.45, 700.00, 41, 0x0000000000000000"
+    assert T.parse_gpu_state(line) == {
+        "uuid": "GPU-5a1d", "pstate": "P0", "sm_clock_mhz": 1980, "max_sm_clock_mhz": 1980, "mem_clock_mhz": 3201,
+        "power_draw_w": 312.45, "power_limit_w": 700.0, "temperature_c": 41, "clock_event_reasons": "0x0000000000000000"}
+    assert T.parse_gpu_state(line.replace("312.45", "[N/A]"))["power_draw_w"] is None
+    with pytest.raises(ValueError, match="9 fields"):
+        T.parse_gpu_state("GPU-5a1d, P0")
+    # a fake nvidia-smi that logs its arguments
+    log = tmp_path / "args.txt"
+    smi = tmp_path / "nvidia-smi"
+    smi.write_text(f"#!/bin/sh\necho \"$@\" > {log}\necho '{line}'\n")
+    smi.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"uuid": "5a1d"})())
+    state = T._gpu_state(torch.device("cuda", 0))
+    assert state["sm_clock_mhz"] == 1980 and state["clock_event_reasons"] == "0x0000000000000000"
+    args = log.read_text()
+    assert "--id=GPU-5a1d" in args and "clocks.sm" in args and "enforced.power.limit" in args
 
 
 def test_environment_record_no_compiler_on_empty_path(monkeypatch, tmp_path):

@@ -463,6 +463,50 @@ def _driver_version() -> str | None:
     return out.splitlines()[0].strip() if out else None
 
 
+# nvidia-smi fields of the GPU's state when the record is taken: the clocks it runs at, its
+# power cap and draw, temperature, and why it is holding clocks back (a bitmask: 0x0 none,
+# 0x1 idle, 0x4 software power cap, 0x20 software thermal, 0x40 hardware thermal, 0x80
+# hardware power brake). Two runs of the same code on different lent machines have differed
+# by up to 20% at batch 4 and 8 (docs/perf-notes.md); this is what can tell them apart.
+GPU_STATE_FIELDS = {"uuid": "uuid", "pstate": "pstate", "sm_clock_mhz": "clocks.sm", "max_sm_clock_mhz": "clocks.max.sm",
+                    "mem_clock_mhz": "clocks.mem", "power_draw_w": "power.draw", "power_limit_w": "enforced.power.limit",
+                    "temperature_c": "temperature.gpu", "clock_event_reasons": "clocks_event_reasons.active"}
+
+
+def parse_gpu_state(line: str) -> dict[str, Any]:
+    """One `nvidia-smi --query-gpu=<GPU_STATE_FIELDS> --format=csv,noheader,nounits` line ->
+    {name: value}: numbers as int / float, '[N/A]' and the like as None."""
+    values = [v.strip() for v in line.split(",")]
+    if len(values) != len(GPU_STATE_FIELDS):
+        raise ValueError(f"nvidia-smi gave {len(values)} values for {len(GPU_STATE_FIELDS)} fields: {line!r}")
+    out: dict[str, Any] = {}
+    for name, value in zip(GPU_STATE_FIELDS, values):
+        if value.startswith("[") or value in ("", "N/A"):
+            out[name] = None
+        elif name in ("uuid", "pstate", "clock_event_reasons"):
+            out[name] = value
+        else:
+            try:
+                out[name] = int(value) if value.isdigit() else float(value)
+            except ValueError:
+                out[name] = None
+    return out
+
+
+def _gpu_state(dev: torch.device) -> dict[str, Any] | None:
+    if shutil.which("nvidia-smi") is None:
+        return None
+    index = dev.index if dev.index is not None else torch.cuda.current_device()
+    uuid = str(torch.cuda.get_device_properties(index).uuid)  # nvidia-smi numbers GPUs its own way
+    select = f"--id=GPU-{uuid}" if uuid and not uuid.startswith("GPU-") else f"--id={uuid}"
+    fields = ",".join(GPU_STATE_FIELDS.values())
+    out = _run(["nvidia-smi", select, f"--query-gpu={fields}", "--format=csv,noheader,nounits"])
+    if out is None:  # drivers before 535 name the reasons field "clocks_throttle_reasons"
+        fields = fields.replace("clocks_event_reasons", "clocks_throttle_reasons")
+        out = _run(["nvidia-smi", select, f"--query-gpu={fields}", "--format=csv,noheader,nounits"])
+    return parse_gpu_state(out.splitlines()[0]) if out else None
+
+
 def _triton_version() -> str | None:
     # Read the installed metadata instead of importing triton (slow, and may fail on CPU).
     from importlib.metadata import PackageNotFoundError, version
@@ -545,7 +589,8 @@ def environment_record(device: torch.device | str) -> dict[str, Any]:
 
     Never raises: each probe that fails yields None (or "unknown" for vlaperf's version).
     gpu is the name of `device` when it is a CUDA device, else None; gpu_count counts all
-    visible CUDA devices. tf32_matmul / tf32_cudnn are torch.backends.cuda.matmul.allow_tf32
+    visible CUDA devices; gpu_state is that GPU's clocks, power and temperature as nvidia-smi
+    reports them when the record is taken (GPU_STATE_FIELDS), else None. tf32_matmul / tf32_cudnn are torch.backends.cuda.matmul.allow_tf32
     and torch.backends.cudnn.allow_tf32. timestamp is UTC ISO 8601.
     """
     dev = _probe(lambda: torch.device(device))
@@ -555,6 +600,7 @@ def environment_record(device: torch.device | str) -> dict[str, Any]:
         "device": str(dev) if dev is not None else str(device),
         "gpu": _probe(lambda: torch.cuda.get_device_name(dev)) if is_cuda else None,
         "gpu_count": _probe(torch.cuda.device_count, 0),
+        "gpu_state": _probe(lambda: _gpu_state(dev)) if is_cuda else None,
         "driver": _probe(_driver_version),
         "cuda": _probe(lambda: torch.version.cuda),
         "cudnn": _probe(lambda: torch.backends.cudnn.version()),

@@ -182,6 +182,18 @@ def _gpu(r: dict) -> str:
     return env.get("gpu") or env.get("device") or "cpu"
 
 
+def _gpu_state(r: dict) -> str:
+    """The GPU's clocks, power and temperature when the record was taken (newer files only)."""
+    st = (r.get("env") or {}).get("gpu_state")
+    if not st:
+        return "-"
+    num = lambda v, unit: "?" if v is None else f"{v:.0f}{unit}"  # noqa: E731
+    reasons = st.get("clock_event_reasons")
+    held = "" if reasons in (None, "") or int(reasons, 16) & ~1 == 0 else f", clocks held {reasons}"
+    return (f"SM {num(st.get('sm_clock_mhz'), '')}/{num(st.get('max_sm_clock_mhz'), ' MHz')}, "
+            f"{num(st.get('power_draw_w'), '')}/{num(st.get('power_limit_w'), ' W')}, {num(st.get('temperature_c'), ' C')}{held}")
+
+
 def load_results(paths) -> tuple[list[tuple[str, dict]], list[str]]:
     """(path, result) for every valid file; problems (unreadable, invalid) as messages."""
     files: list[Path] = []
@@ -617,7 +629,8 @@ def _step_timeline(doc: _Doc, row: dict) -> None:
 def _environment(doc: _Doc, results: list[tuple[str, dict]]) -> None:
     groups: list[tuple[dict, list[int]]] = []
     for i, (path, r) in enumerate(results):
-        env = {k: v for k, v in (r.get("env") or {}).items() if k != "timestamp"}
+        # the setup, not the moment: the timestamp and the GPU's clocks go in the file table
+        env = {k: v for k, v in (r.get("env") or {}).items() if k not in ("timestamp", "gpu_state")}
         for g in groups:
             if g[0] == env:
                 g[1].append(i + 1)
@@ -652,9 +665,10 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
     doc = _Doc()
     doc.p(f"generated {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')} from "
           f"{len(results)} result file(s)", "note")
-    doc.table(["#", "file", "command", "workload", "variant", "mode", "device", "timestamp"],
+    doc.table(["#", "file", "command", "workload", "variant", "mode", "device", "GPU state", "timestamp"],
               [[i + 1, Path(p).name, r["command"], r["workload"].get("id"), (r.get("variant") or {}).get("label"),
-                r.get("mode"), _gpu(r), (r.get("env") or {}).get("timestamp")] for i, (p, r) in enumerate(results)])
+                r.get("mode"), _gpu(r), _gpu_state(r), (r.get("env") or {}).get("timestamp")]
+               for i, (p, r) in enumerate(results)])
     for msg in problems:
         doc.p("skipped " + msg, "warn")
     by_cmd: dict[str, list[tuple[str, dict]]] = {}
