@@ -210,14 +210,16 @@ def test_best_adds_the_triton_levers_only_on_the_gpus_they_were_tuned_for(monkey
     assert not Levers.parse("best", "cpu").triton_kernels and not Levers.parse("best", "cpu").megakernel
 
 
-def test_megakernel_takes_no_value():
-    """`megakernel` sends every batch that fits to the step kernel; a value is refused naming
-    the lever (session 6's opt-in `megakernel=batched` is now what `megakernel` does)."""
+def test_megakernel_batched_is_a_lever_value():
+    """`megakernel=batched` (several samples in one step launch) parses, prints back as given,
+    still needs what megakernel needs, and other values are refused naming the lever."""
+    lv = Levers.parse("for_loop,static_kv_cache,fuse_projections,megakernel=batched")
+    assert lv.megakernel == "batched" and lv.names()[-1] == "megakernel=batched"
     assert Levers.parse("for_loop,static_kv_cache,fuse_projections,megakernel").names()[-1] == "megakernel"
-    with pytest.raises(LeverError, match="lever 'megakernel' takes no value"):
-        Levers.parse("megakernel=batched")
+    with pytest.raises(LeverError, match="megakernel takes no value or 'batched'"):
+        Levers.parse("megakernel=all")
     with pytest.raises(LeverError, match="megakernel needs fuse_projections"):
-        Levers.parse("static_kv_cache,megakernel").check("cpu")
+        Levers.parse("static_kv_cache,megakernel=batched").check("cpu")
 
 
 def test_cumulative_table_ends_at_what_best_resolves_to(monkeypatch):

@@ -23,7 +23,7 @@ LEVERS: dict[str, str] = {
     "cuda_graph": "capture the whole sample_actions (prefix + all steps) in one CUDA graph per input shape, replayed per call",
     "compile": "torch.compile the prefix and the denoise step (mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs)",
     "triton_kernels": "in `best` on Hopper GPUs, else opt-in: the denoise step's matmuls (RMSNorm/GEGLU/residual fused) and attention as Triton kernels (pi0 and shallow6, batch 1; H200: 1.2-1.3x over graph, 1.07x over compile + graph), its float32 heads as TF32x3 products (1.02x on libero-pi0), and the prefix attention (one K/V head: 28 vs 50 us a layer for SDPA)",
-    "megakernel": "in `best` on Hopper GPUs, else opt-in: all expert layers of a denoise step in one persistent Triton kernel, grid barriers between its phases (pi0 and shallow6, up to 256 suffix rows: batch 1-4 of pi0, all samples in one launch; H200: 1.28x over compile + graph + triton_kernels at 10 steps and batch 1, 1.08x at batch 4)",
+    "megakernel": "in `best` on Hopper GPUs, else opt-in: all expert layers of a denoise step in one persistent Triton kernel, grid barriers between its phases (pi0 and shallow6, batch 1; H200: 1.28x over compile + graph + triton_kernels at 10 steps, 1.52x on a step); `megakernel=batched` also sends batches of up to 256 suffix rows (pi0: 4 samples) to it, in one launch (checked; at batch 4 slower than the layers on the H200: 2.10 against 1.53 ms a step)",
 }
 
 # Levers outside the cumulative table and the CPU/`graph` presets. The kernels' tiles are
@@ -72,7 +72,7 @@ class Levers:
     cuda_graph: bool = False
     compile: str | None = None  # one of COMPILE_MODES, or None
     triton_kernels: bool = False
-    megakernel: bool = False
+    megakernel: bool | str = False  # True: batch 1; "batched": up to 256 suffix rows of several samples (slower at batch 4)
 
     @classmethod
     def parse(cls, spec: "str | list[str] | tuple[str, ...] | Levers | None", device: torch.device | str = "cpu") -> "Levers":
@@ -106,6 +106,10 @@ class Levers:
                 if mode not in COMPILE_MODES:
                     raise LeverError(f"compile mode {mode!r} is not one of: {', '.join(COMPILE_MODES)}")
                 kwargs["compile"] = mode
+            elif name == "megakernel" and value:
+                if value != "batched":
+                    raise LeverError(f"megakernel takes no value or 'batched' (several samples in one launch), got {item!r}")
+                kwargs["megakernel"] = "batched"
             elif value:
                 raise LeverError(f"lever {name!r} takes no value, got {item!r}")
             else:
@@ -119,6 +123,8 @@ class Levers:
             if f.name == "compile":
                 if value:
                     out.append(f"compile={value}")
+            elif f.name == "megakernel" and isinstance(value, str):
+                out.append(f"megakernel={value}")
             elif value:
                 out.append(f.name)
         return out

@@ -101,16 +101,18 @@ def suffix_tokens(model: Pi0Model, ctx: SuffixContext, x_t: Tensor, t: Tensor, t
     return torch.cat([ctx.state_token(), actions], dim=1), None
 
 
-def step_kernel_applies(ew: EngineWeights, ctx: SuffixContext, x: Tensor) -> bool:
+def step_kernel_applies(ew: EngineWeights, ctx: SuffixContext, x: Tensor, batched: bool = False) -> bool:
     """The `megakernel` step needs the stacked fused weights (pi0, one K/V head), the static
-    cache (it reads the prefix keys there), and at most 256 suffix rows over all samples
-    (pi0: batch 1-4). Timed on the H200 at batch 1 and 4 (docs/perf-notes.md); batch 8 takes
-    the layers."""
-    from vlaperf.engine.kernels.expert_step import MAX_ROWS
+    cache (it reads the prefix keys there), and batch 1 with at most 64 suffix rows: the
+    kernel takes several samples too (`megakernel=batched`: up to 256 rows in all), but only
+    at batch 4 it was slower than the layers on the H200 (docs/perf-notes.md, session 7)."""
+    from vlaperf.engine.kernels.expert_step import MAX_ROWS, TUNED_ROWS
 
     if ew.expert_stack is None or ctx.kv_buffers is None:
         return False
-    return x.shape[0] * x.shape[1] <= MAX_ROWS
+    if batched:
+        return x.shape[0] * x.shape[1] <= MAX_ROWS
+    return x.shape[0] == 1 and x.shape[1] <= TUNED_ROWS
 
 
 def denoise_step(
@@ -127,11 +129,12 @@ def denoise_step(
     Ts = x.shape[1]
     # the attention kernel reads the mask as bytes: cast once per step, not inside each layer's op
     kernel_mask = mask.to(torch.uint8) if (kernels or megakernel) and mask is not None and mask.dtype == torch.bool else mask
-    if megakernel and step_kernel_applies(ew, ctx, x):
+    batched = megakernel == "batched" and x.shape[0] > 1
+    if megakernel and step_kernel_applies(ew, ctx, x, batched):
         from vlaperf.engine.kernels.ops import expert_step  # a custom op: compile sees through
 
         st, (kb, vb) = ew.expert_stack, ctx.kv_buffers
-        if x.shape[0] > 1:  # (B, Ts, D) with the cache's batch axis: all samples in one launch
+        if batched:  # (B, Ts, D) with the cache's batch axis: all samples in one launch
             x = expert_step(x, st.qkv, st.o, st.gate_up, st.down, kb[:, :, 0], vb[:, :, 0], cos, sin, kernel_mask, eps)
         else:
             x = expert_step(x[0], st.qkv, st.o, st.gate_up, st.down, kb[:, 0, 0], vb[:, 0, 0], cos[0], sin[0],

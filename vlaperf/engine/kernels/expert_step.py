@@ -56,9 +56,10 @@ Several samples (x of shape (B, M, D), up to MAX_ROWS rows in all): the matmul p
 all B * M rows as one row block (a weight tile is read once for every sample), attention
 tasks are (sample, row block, key split) over that sample's cache and mask. It is checked
 against the torch layers in the interpreter and compiles for sm_90a (4 samples: a 256-row
-block, K blocks a quarter as deep). On the H200, 4 samples of pi0 take 1.95 ms a step in one
-launch against 0.77 ms for one sample, and the whole batch-4 call is 1.08x faster than with
-the layers (docs/perf-notes.md, session 7), so the engine sends it every batch that fits.
+block, K blocks a quarter as deep). On the H200 4 samples take 1.95 ms a step in one launch
+(0.77 ms for one), and a batch-4 call's steps are faster through the layers (1.53 against
+2.10 ms a step, T(N) in one process: docs/perf-notes.md, session 7), so the engine sends it one
+sample only (`TUNED_ROWS`, loop.step_kernel_applies).
 """
 
 from __future__ import annotations
@@ -82,6 +83,7 @@ PREFETCH_PLANS = {
     4: {"merge": ("gate_up",), "o_proj": ("down",), "gate_up": ("qkv+1",)},
 }
 MAX_ROWS = 256  # suffix rows of all samples in one launch
+TUNED_ROWS = 64  # what the H200 sweeps timed (one sample of pi0's 51 rows): the engine sends no more
 
 
 @dataclass(frozen=True)
@@ -123,7 +125,7 @@ class StepKernelConfig:
     # programs without a qkv task ask L2 for the layer's K/V cache and Wo (1: 3% faster a step), and Wgate_up (2)
     idle_prefetch: int = 1
     k_rotate: bool = False  # each task starts its K loop (and key tiles) at an offset of its own (no gain, sweep 13)
-    dataflow: bool = False  # attention and merge wait on per-head / per-row-block counters, not grid barriers (untimed)
+    dataflow: bool = False  # attention and merge wait on per-head / per-row-block counters, not grid barriers (no gain, sweep 14)
 
 
 # ------------------------------------------------------------------------ helpers
@@ -780,8 +782,8 @@ def expert_step(
     cos, sin ([B,] M, HD) RoPE tables of the suffix positions; mask ([B,] M, Tk) bool/uint8,
     True = may attend. The matmul phases take the B * M rows as one block of at most
     MAX_ROWS (their K blocks shrink as the rows grow, to keep the shared memory of 64 rows);
-    attention tasks stay within one sample. Tuned on the H200 for one sample of pi0's 51 rows;
-    timed there for 4 samples too (docs/perf-notes.md).
+    attention tasks stay within one sample. Timed on the H200 for one sample of up to
+    TUNED_ROWS rows, which is all the engine sends by default (docs/perf-notes.md).
     persistent: one launch with grid barriers (default on CUDA) or one launch per (layer,
     phase). phases: run only phases [lo, hi) of every layer (benchmarks; phase 6 is empty,
     so (6, 7) times the barriers alone). timeline: an int64 (L, 7, programs, 3) CUDA tensor
