@@ -200,7 +200,9 @@ def kernel_tables(results):
     for path, r in results:
         if r["command"] != "kernel-bench":
             continue
-        out += [f"### {r['variant']['label']} ({_env(r)})", "", f"`{path.relative_to(ROOT)}`; CUDA-graph replays, bf16, checked against float32.", ""]
+        timing = ("back-to-back launches timed with CUDA events (fastest of 7 rounds of 20, three interleaved passes)"
+                  if r["variant"]["label"].startswith("tma_probe") else "CUDA-graph replays")
+        out += [f"### {r['variant']['label']} ({_env(r)})", "", f"`{path.relative_to(ROOT)}`; {timing}, bf16, checked against float32.", ""]
         if "cases" in r:  # small_m_matmul: one row per expert matmul
             out += ["| matmul (M = 51) | cuBLAS + eager elementwise us | kernel us | kernel TB/s | rel L2 | tiling |", "|---|---|---|---|---|---|"]
             for row in r["cases"]:
@@ -219,6 +221,16 @@ def kernel_tables(results):
                 out.append(f"| config | {x['us']:.1f} | {x['weights_gb_per_s']:.0f} | {x['rel_l2_vs_fp32']:.1e} | {tiling} |")
             out += ["", "| phase (all 18 layers, with its barriers) | us |", "|---|---|"]
             out += [f"| {name} | {us:.1f} |" for name, us in r["phases"].items()]
+        elif r["variant"]["label"].startswith("tma_probe"):  # streaming probe: the fastest run per shape and load mode
+            out += ["| task shape (18 layers, 51 rows) | loads / weights from | warps | stages | us | weights TB/s | KB/us a program | rel L2 |",
+                    "|---|---|---|---|---|---|---|---|"]
+            best: dict = {}
+            for c in r["configs"]:
+                if "us" in c and c["rel_l2"] < 1e-3 and ((c["shape"], c["mode"]) not in best or c["us"] < best[(c["shape"], c["mode"])]["us"]):
+                    best[(c["shape"], c["mode"])] = c
+            for (shape, mode), c in best.items():
+                out.append(f"| {shape} ({c['BN']} x {c['BK']}, {c['KS']} slices) | {mode} | {c['warps']} | {c['stages']} | {c['us']:.1f} | "
+                           f"{c['weights_tb_per_s']:.2f} | {c['kb_per_us_per_program']:.1f} | {c['rel_l2']:.1e} |")
         else:  # suffix_attention: the engine's folded matmuls against the fastest correct configurations
             ok = sorted((c for c in r["configs"] if "ms" in c and c["rel_l2"] < 1e-2), key=lambda c: c["ms"])
             shape = r["workload"]["overrides"]
