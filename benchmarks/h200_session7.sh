@@ -17,6 +17,10 @@
 #              batch 4 (the step kernel with 4 samples)
 #            B: T(N) at batch 4, best against best less megakernel; vlaperf bench libero-pi0 and
 #              -b8 again, now with the GPU's clocks and power in the environment record
+#   PART=d   the batch-4 question once more, after megakernel went back to batch 1 (d6782fd):
+#              part a's matrix (best against best with megakernel=batched, the reference
+#              interleaved) on both GPUs, in both orders: does the matrix reproduce its 1.08x
+#              for the batched kernel, which T(N) in part c contradicted (1.53 against 2.10 ms a step)?
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session7.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -56,6 +60,14 @@ EOT
 330 $V scaling --workload libero-pi0-b4 --levers "best;$G" --no-progress --json $R/scaling_libero-pi0-b4_best_s7.json --plot $R/scaling_libero-pi0-b4_best_s7.png
 100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s7c_model.json
 120 $V bench --workload libero-pi0-b8 --levers best $B --json $R/bench_libero-pi0-b8_best-s7c_model.json
+EOT
+  ;;
+d)
+  lane A 0 30 <<EOT &
+300 $V matrix --workload libero-pi0-b4 --variants "best;$G,megakernel=batched" --no-progress --iters 30 --warmup 5 --json $R/matrix_libero-pi0-b4_batched_s7d.json
+EOT
+  lane B 1 30 <<EOT &
+300 $V matrix --workload libero-pi0-b4 --variants "$G,megakernel=batched;best" --no-progress --iters 30 --warmup 5 --json $R/matrix_libero-pi0-b4_batched_s7d_reversed.json
 EOT
   ;;
 esac
