@@ -21,6 +21,9 @@
 #              part a's matrix (best against best with megakernel=batched, the reference
 #              interleaved) on both GPUs, in both orders: does the matrix reproduce its 1.08x
 #              for the batched kernel, which T(N) in part c contradicted (1.53 against 2.10 ms a step)?
+#            (both orders: best 42.3 / 42.4 ms against 39.7 / 39.5 with megakernel=batched)
+#   PART=e   is it the unused megakernel lever? At batch 4 `best` (megakernel on, not applied:
+#              the layers) against best less megakernel, in one matrix; and each alone in bench
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session7.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -68,6 +71,15 @@ d)
 EOT
   lane B 1 30 <<EOT &
 300 $V matrix --workload libero-pi0-b4 --variants "$G,megakernel=batched;best" --no-progress --iters 30 --warmup 5 --json $R/matrix_libero-pi0-b4_batched_s7d_reversed.json
+EOT
+  ;;
+e)
+  lane A 0 30 <<EOT &
+240 $V matrix --workload libero-pi0-b4 --variants "$G;best" --no-progress --iters 30 --warmup 5 --json $R/matrix_libero-pi0-b4_megakernel-unused_s7e.json
+EOT
+  lane B 1 20 <<EOT &
+120 $V bench --workload libero-pi0-b4 --levers best $B --json $R/bench_libero-pi0-b4_best-s7e_model.json
+120 $V bench --workload libero-pi0-b4 --levers "$G" $B --json $R/bench_libero-pi0-b4_best-less-megakernel-s7e_model.json
 EOT
   ;;
 esac
