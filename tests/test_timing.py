@@ -230,7 +230,7 @@ def test_gpu_state_parses_nvidia_smi_and_selects_the_gpu_by_uuid(monkeypatch, tm
     smi.write_text(f"#!/bin/sh\necho \"$@\" > {log}\necho '{line}'\n")
     smi.chmod(0o755)
     monkeypatch.setenv("PATH", str(tmp_path))
-    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"uuid": "5a1d"})())
+    monkeypatch.setattr(torch.cuda, "get_device_properties", lambda i: type("P", (), {"uuid": "5A1D"})())
     state = T._gpu_state(torch.device("cuda", 0))
     assert state["sm_clock_mhz"] == 1980 and state["clock_event_reasons"] == "0x0000000000000000"
     args = log.read_text()

@@ -493,12 +493,20 @@ def parse_gpu_state(line: str) -> dict[str, Any]:
     return out
 
 
-def _gpu_state(dev: torch.device) -> dict[str, Any] | None:
-    if shutil.which("nvidia-smi") is None:
+def device_uuid(device: torch.device) -> str | None:
+    """The UUID of the GPU this process uses for `device`, as nvidia-smi writes it without its
+    'GPU-' prefix (lower case), or None where torch cannot say (no CUDA, old torch)."""
+    try:
+        return str(torch.cuda.get_device_properties(device).uuid).lower().removeprefix("gpu-")
+    except Exception:
         return None
-    index = dev.index if dev.index is not None else torch.cuda.current_device()
-    uuid = str(torch.cuda.get_device_properties(index).uuid)  # nvidia-smi numbers GPUs its own way
-    select = f"--id=GPU-{uuid}" if uuid and not uuid.startswith("GPU-") else f"--id={uuid}"
+
+
+def _gpu_state(dev: torch.device) -> dict[str, Any] | None:
+    uuid = device_uuid(dev)  # by UUID: CUDA_VISIBLE_DEVICES renumbers GPUs for torch, not for nvidia-smi
+    if shutil.which("nvidia-smi") is None or uuid is None:
+        return None
+    select = f"--id=GPU-{uuid}"
     fields = ",".join(GPU_STATE_FIELDS.values())
     out = _run(["nvidia-smi", select, f"--query-gpu={fields}", "--format=csv,noheader,nounits"])
     if out is None:  # drivers before 535 name the reasons field "clocks_throttle_reasons"

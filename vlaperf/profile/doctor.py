@@ -30,6 +30,8 @@ from typing import Any
 
 import torch
 
+from vlaperf.timing import device_uuid
+
 SEVERITIES = ("error", "warning", "info")
 
 # Throttle reasons that mean the GPU is slowed down by heat or the hardware (not merely idle
@@ -111,15 +113,6 @@ def environment_checks(device: torch.device | str | None = None, model_dtype: to
         out.append(finding("env.variables", "info", "environment variables that change torch's behaviour",
                            ", ".join(f"{k}={v}" for k, v in sorted(relevant.items()))))
     return out
-
-
-def device_uuid(device: torch.device) -> str | None:
-    """The UUID of the GPU this process uses for `device`, as nvidia-smi writes it without its
-    'GPU-' prefix (lower case), or None where torch cannot say (no CUDA, old torch)."""
-    try:
-        return str(torch.cuda.get_device_properties(device).uuid).lower().removeprefix("gpu-")
-    except Exception:
-        return None
 
 
 def _ours(uuid_field: str, mine: str | None) -> bool:
