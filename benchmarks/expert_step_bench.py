@@ -73,6 +73,19 @@ def make_inputs(dev: str = "cuda", seed: int = 0, samples: int = 1) -> tuple:
     return (x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6)
 
 
+def l2_rates(cfg: S.StepKernelConfig, summary: dict, samples: int = 1) -> dict[str, dict[str, float]]:
+    """Per phase: the bytes `S.l2_traffic` says one layer moves through L2, and that over the
+    phase's timeline slot and over its median work (TB/s)."""
+    traffic = S.l2_traffic(cfg, M, NH, HD, D, FF, TP + M, samples)
+    out = {}
+    for name, kinds in traffic.items():
+        total, ph = sum(kinds.values()), summary["phases"].get(name, {})
+        out[name] = {"mb": round(total / 1e6, 2),
+                     "tb_per_s_slot": round(total / ph["slot"] / 1e6, 2) if ph.get("slot") else None,
+                     "tb_per_s_work": round(total / ph["work_median"] / 1e6, 2) if ph.get("work_median") else None}
+    return out
+
+
 def sweeps(base: S.StepKernelConfig) -> dict[int, list[S.StepKernelConfig]]:
     """The tilings tried beside the defaults, by sweep (docs/perf-notes.md says what each found).
     Each ran against the defaults of its day; run again, it explores around today's."""
@@ -205,6 +218,8 @@ def main() -> None:
         summary["work_us_by_program"] = {name: [round(v, 2) for v in work[i].tolist()] for i, name in enumerate(S.PHASES)}
         print("  timeline:", json.dumps({k: {m: round(v, 2) for m, v in r.items()} for k, r in summary["phases"].items()}),
               f"total {summary['total_us']:.1f} us, work share {summary['work_share']:.2f}")
+        summary["l2"] = l2_rates(cfg, summary, args.samples)
+        print("  L2 model (MB a layer, TB/s over the slot):", json.dumps(summary["l2"]))
         return summary
 
     gbps = lambda ms: weight_bytes / (ms * 1e-3) / 1e9  # noqa: E731

@@ -525,3 +525,27 @@ def test_head_precision_follows_dtype_and_gpu(monkeypatch):
     assert loop.head_precision(fake) == "ieee"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert loop.head_precision(fake) == "tf32x3"
+
+
+def test_step_kernel_l2_traffic_model():
+    """The L2 model of one layer (expert_step.l2_traffic): the weights of every matmul counted
+    once, activation re-reads growing with the tile count and the samples, partials only
+    where a phase splits K."""
+    from dataclasses import replace
+
+    from vlaperf.engine.kernels.expert_step import StepKernelConfig, l2_traffic
+
+    M, NH, HD, D, F, Tk = 51, 8, 256, 1024, 4096, 595
+    cfg = StepKernelConfig()
+    t = l2_traffic(cfg, M, NH, HD, D, F, Tk)
+    assert sum(p["weights"] for p in t.values()) == 2 * ((NH * HD + 2 * HD) * D + D * NH * HD + 2 * F * D + D * F)
+    narrow = l2_traffic(replace(cfg, bn_gu=cfg.bn_gu // 2), M, NH, HD, D, F, Tk)
+    assert narrow["gate_up"]["activations"] == 2 * t["gate_up"]["activations"]
+    assert narrow["gate_up"]["weights"] == t["gate_up"]["weights"]
+    assert t["down"]["partials"] == 2 * cfg.ks_down * M * D * 4 > 0
+    assert l2_traffic(replace(cfg, ks_down=1), M, NH, HD, D, F, Tk)["down"]["partials"] == 0
+    four = l2_traffic(cfg, M, NH, HD, D, F, Tk, samples=4)
+    for phase in ("qkv", "o_proj", "gate_up", "down"):
+        assert four[phase]["activations"] == 4 * t[phase]["activations"] and four[phase]["weights"] == t[phase]["weights"]
+    # pi0's defaults: ~102 MB a layer through L2, against 34.6 MB of weights
+    assert 95e6 < sum(sum(p.values()) for p in t.values()) < 110e6

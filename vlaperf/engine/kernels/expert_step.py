@@ -738,6 +738,44 @@ def split_counter_targets(cfg: StepKernelConfig, M: int, NH: int, D: int, F: int
             + [cfg.ks_down if cfg.ks_down > 1 else 0] * triton.cdiv(D, cfg.bn_down) + [jb] * (NH + 2))
 
 
+def l2_traffic(cfg: StepKernelConfig, M: int, NH: int, HD: int, D: int, F: int, Tk: int, samples: int = 1,
+               elem: int = 2) -> dict[str, dict[str, int]]:
+    """A model of the bytes each phase of one layer moves through L2 (every load and store of
+    the kernel goes there; the weights also come from HBM once), by kind: `weights`,
+    `activations` (what the tasks read of the previous phase's output: every tile reads the
+    rows of its K slice again), `partials` (float32 split-K / key-split partials, written and
+    read back), `outputs` (the phase's stores; the residual phases also read x). Rows are the
+    real ones (NB x M): masked rows are not fetched. `elem` is the bytes of a weight or
+    activation element (bf16: 2). On the H200 the matmul tasks stream about 50-68 KB a
+    microsecond each, whatever they read (benchmarks/tma_probe.py), so a phase's time follows
+    its bytes per program; docs/perf-notes.md, session 7, compares this with the timeline."""
+    rows, f32 = samples * M, 4
+    qkv_n = NH * HD + 2 * HD
+    qkv_tasks = (NH + 2) * triton.cdiv(HD // 2, cfg.bn_qkv)
+    splits = key_splits(cfg, Tk)[0]
+    att_blocks = samples * triton.cdiv(NH * M, cfg.att_bm)
+
+    def residual(K: int, bn: int, ks: int) -> dict[str, int]:
+        tiles = triton.cdiv(D, bn)
+        return {"weights": D * K * elem, "activations": tiles * rows * K * elem,
+                "partials": 2 * ks * rows * D * f32 if ks > 1 else 0, "outputs": 2 * rows * D * elem}
+
+    return {
+        "qkv": {"weights": qkv_n * D * elem, "activations": qkv_tasks * rows * D * elem, "partials": 0,
+                "outputs": rows * qkv_n * elem},
+        "attention": {"weights": 0, "activations": att_blocks * splits * cfg.att_bm * HD * elem
+                      + att_blocks * triton.cdiv(Tk, splits) * splits * 2 * HD * elem,
+                      "partials": splits * samples * NH * M * (HD + 2) * f32, "outputs": 0},
+        "merge": {"weights": 0, "activations": 0, "partials": splits * samples * NH * M * (HD + 2) * f32,
+                  "outputs": rows * NH * HD * elem},
+        "o_proj": residual(NH * HD, cfg.bn_o, cfg.ks_o),
+        "gate_up": {"weights": 2 * F * D * elem, "activations": triton.cdiv(F, cfg.bn_gu) * rows * D * elem,
+                    "partials": 2 * cfg.ks_gu * rows * (2 * F + triton.cdiv(F, cfg.bn_gu)) * f32 if cfg.ks_gu > 1 else 0,
+                    "outputs": rows * F * elem},
+        "down": residual(F, cfg.bn_down, cfg.ks_down),
+    }
+
+
 def prefetch_phases(plan: int) -> dict[str, int]:
     """The kernel's constants for a prefetch plan: the phase at whose start every program asks
     L2 for each weight matrix (-1: never)."""
