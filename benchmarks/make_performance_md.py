@@ -46,8 +46,8 @@ def _env(r):
 def bench_rows(results):
     from vlaperf.workloads import get_workload
 
-    rows = ["| workload | mode | variant | median ms | p95 ms | event median ms | action chunks/s | first call s | peak GiB | x floor | file |",
-            "|---|---|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| workload | mode | variant | median ms | p95 ms | event median ms | action chunks/s | first call s | peak GiB | x floor | commit | GPU after the run | file |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for path, r in results:
         if r["command"] != "bench":
             continue
@@ -60,8 +60,19 @@ def bench_rows(results):
         served = " (reference weights released, as served)" if r.get("released_reference_bytes") else ""
         rows.append(f"| {wl} | {r['mode']} | {_short(r['variant']['label'])}{served} | {_ms(w['median'])} | {_ms(w['p95'])} | "
                     f"{_ms(e['median'] if e else None)} | {1e3 * batch / w['median']:.1f} | {_first(r, r['first_call_s'], not r['variant']['levers'])} | "
-                    f"{f'{peak / 2**30:.2f}' if peak else '-'} | {f'{ratio:.1f}x' if ratio else '-'} | `{path.relative_to(ROOT)}` |")
+                    f"{f'{peak / 2**30:.2f}' if peak else '-'} | {f'{ratio:.1f}x' if ratio else '-'} | "
+                    f"{(r['env'].get('git_commit') or '-')[:7]} | {_gpu_state(r['env'].get('gpu_state'))} | `{path.relative_to(ROOT)}` |")
     return rows
+
+
+def _gpu_state(st):
+    """SM clock / max and a note when nvidia-smi said something held the clocks (bench records
+    the environment right after its timed calls); '-' for files from before session 7."""
+    if not st or st.get("sm_clock_mhz") is None:
+        return "-"
+    reasons = st.get("clock_event_reasons") or "0x0"
+    held = " (power cap)" if int(reasons, 16) & 0x4 else " (clocks held)" if int(reasons, 16) & ~0x5 else ""
+    return f"{st['sm_clock_mhz']}/{st.get('max_sm_clock_mhz') or '?'} MHz{held}"
 
 
 def matrix_tables(results):
