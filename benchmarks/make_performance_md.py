@@ -66,13 +66,14 @@ def bench_rows(results):
 
 
 def _gpu_state(st):
-    """SM clock / max and a note when nvidia-smi said something held the clocks (bench records
-    the environment right after its timed calls); '-' for files from before session 7."""
+    """SM clock / max and what held it, as nvidia-smi said right after the timed calls (bench
+    records its environment then); '-' for files from before session 7."""
+    from vlaperf.timing import clock_event_names
+
     if not st or st.get("sm_clock_mhz") is None:
         return "-"
-    reasons = st.get("clock_event_reasons") or "0x0"
-    held = " (power cap)" if int(reasons, 16) & 0x4 else " (clocks held)" if int(reasons, 16) & ~0x5 else ""
-    return f"{st['sm_clock_mhz']}/{st.get('max_sm_clock_mhz') or '?'} MHz{held}"
+    held = clock_event_names(st.get("clock_event_reasons"))
+    return f"{st['sm_clock_mhz']}/{st.get('max_sm_clock_mhz') or '?'} MHz" + (f" ({', '.join(held)})" if held else "")
 
 
 def matrix_tables(results):

@@ -157,6 +157,6 @@ def test_gpu_state_goes_in_the_file_table_not_the_environment(tiny_results, tmp_
         (tmp_path / f"b{i}.json").write_text(json.dumps(bench))
     md = render([tmp_path / "b0.json", tmp_path / "b1.json"], tmp_path / "r.md").read_text()
     assert "SM 1980/1980 MHz, 312/700 W, 41 C |" in md
-    assert "SM 1755/1980 MHz, 699/700 W, 80 C, clocks held 0x0000000000000004" in md
+    assert "SM 1755/1980 MHz, 699/700 W, 80 C, held by software power cap" in md
     env_section = md[md.index("## Environment"):]
     assert "gpu_state" not in env_section and "1755" not in env_section

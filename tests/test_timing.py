@@ -222,6 +222,10 @@ def test_gpu_state_parses_nvidia_smi_and_selects_the_gpu_by_uuid(monkeypatch, tm
         "uuid": "GPU-5a1d", "pstate": "P0", "sm_clock_mhz": 1980, "max_sm_clock_mhz": 1980, "mem_clock_mhz": 3201,
         "power_draw_w": 312.45, "power_limit_w": 700.0, "temperature_c": 41, "clock_event_reasons": "0x0000000000000000"}
     assert T.parse_gpu_state(line.replace("312.45", "[N/A]"))["power_draw_w"] is None
+    assert T.describe_gpu_state(T.parse_gpu_state(line)) == "SM 1980/1980 MHz, 312/700 W, 41 C"
+    assert T.clock_event_names("0x0000000000000005") == ["software power cap"]  # idle is not a hold
+    assert T.clock_event_names("0x60") == ["software thermal slowdown", "hardware thermal slowdown"]
+    assert T.clock_event_names("garbage") == [] and T.describe_gpu_state(None) == "-"
     with pytest.raises(ValueError, match="9 fields"):
         T.parse_gpu_state("GPU-5a1d, P0")
     # a fake nvidia-smi that logs its arguments

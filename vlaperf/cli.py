@@ -221,6 +221,10 @@ def print_bench(result: dict) -> None:
         line += f"; peak memory {result['peak_memory_bytes'] / 2**30:.2f} GiB"
     if result.get("released_reference_bytes"):
         line += f" with {result['released_reference_bytes'] / 1e9:.2f} GB of reference weights released (as served)"
+    if result["env"].get("gpu_state"):
+        from vlaperf.timing import describe_gpu_state
+
+        line += f"; GPU after the timed calls: {describe_gpu_state(result['env']['gpu_state'])}"
     console.print(line)
 
 

@@ -30,13 +30,13 @@ from typing import Any
 
 import torch
 
-from vlaperf.timing import device_uuid
+from vlaperf.timing import CLOCK_EVENT_REASONS, device_uuid
 
 SEVERITIES = ("error", "warning", "info")
 
 # Throttle reasons that mean the GPU is slowed down by heat or the hardware (not merely idle
 # or at its power limit under load), from nvidia-smi's clocks_throttle_reasons bitmask.
-_BAD_THROTTLE = {0x8: "HW slowdown", 0x20: "SW thermal slowdown", 0x40: "HW thermal slowdown", 0x80: "HW power brake"}
+_BAD_THROTTLE = {bit: CLOCK_EVENT_REASONS[bit] for bit in (0x8, 0x20, 0x40, 0x80)}
 
 
 def finding(id: str, severity: str, title: str, detail: str, cost: float | None = None, fix: str | None = None,

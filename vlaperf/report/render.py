@@ -184,14 +184,9 @@ def _gpu(r: dict) -> str:
 
 def _gpu_state(r: dict) -> str:
     """The GPU's clocks, power and temperature when the record was taken (newer files only)."""
-    st = (r.get("env") or {}).get("gpu_state")
-    if not st:
-        return "-"
-    num = lambda v, unit: "?" if v is None else f"{v:.0f}{unit}"  # noqa: E731
-    reasons = st.get("clock_event_reasons")
-    held = "" if reasons in (None, "") or int(reasons, 16) & ~1 == 0 else f", clocks held {reasons}"
-    return (f"SM {num(st.get('sm_clock_mhz'), '')}/{num(st.get('max_sm_clock_mhz'), ' MHz')}, "
-            f"{num(st.get('power_draw_w'), '')}/{num(st.get('power_limit_w'), ' W')}, {num(st.get('temperature_c'), ' C')}{held}")
+    from vlaperf.timing import describe_gpu_state
+
+    return describe_gpu_state((r.get("env") or {}).get("gpu_state"))
 
 
 def load_results(paths) -> tuple[list[tuple[str, dict]], list[str]]:
