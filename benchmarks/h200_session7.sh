@@ -24,6 +24,12 @@
 #            (both orders: best 42.3 / 42.4 ms against 39.7 / 39.5 with megakernel=batched)
 #   PART=e   is it the unused megakernel lever? At batch 4 `best` (megakernel on, not applied:
 #              the layers) against best less megakernel, in one matrix; and each alone in bench
+#            (no: 33.19 / 33.20 ms; bench 34.14 / 34.28. Only matrices holding the batched engine
+#              timed the layers at ~42 ms)
+#   PART=f   A: prefix_tiles_ab.py: the prefix attention kernel's tiles swept on the prefix's
+#              shape (key splits, row blocks), the fastest against today's in the whole call
+#            B: where policy mode's extra time goes (breakdown, best, policy mode); libero-pi0
+#              policy-mode bench with the GPU state
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session7.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -80,6 +86,15 @@ EOT
   lane B 1 20 <<EOT &
 120 $V bench --workload libero-pi0-b4 --levers best $B --json $R/bench_libero-pi0-b4_best-s7e_model.json
 120 $V bench --workload libero-pi0-b4 --levers "$G" $B --json $R/bench_libero-pi0-b4_best-less-megakernel-s7e_model.json
+EOT
+  ;;
+f)
+  lane A 0 40 <<EOT &
+300 python3 benchmarks/prefix_tiles_ab.py --json $R/prefix_tiles_ab_libero-pi0.json
+EOT
+  lane B 1 40 <<EOT &
+150 $V breakdown --workload libero-pi0 --levers best --mode policy --no-progress --json $R/breakdown_libero-pi0_best_policy_s7.json
+100 $V bench --workload libero-pi0 --levers best --mode policy $B --json $R/bench_libero-pi0_best-s7_policy.json
 EOT
   ;;
 esac

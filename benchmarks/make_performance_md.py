@@ -257,7 +257,7 @@ def kernel_tables(results):
 
 def ab_tables(results):
     """In-process A/B files of one change inside the whole call (benchmarks/heads_ab.py,
-    benchmarks/step_config_ab.py): medians of both sides and the per-round ratio. The commit
+    benchmarks/step_config_ab.py, benchmarks/prefix_tiles_ab.py): medians of both sides and the per-round ratio. The commit
     says which kernel ran (the heads: float32 FMA products at 55d64b1, TF32x3 from session 6)."""
     rows = ["| change | workload | commit | old side ms | new side ms | speedup (old / new, median) | p10..p90 | new side rel L2 vs reference | file |",
             "|---|---|---|---|---|---|---|---|---|"]
@@ -267,6 +267,9 @@ def ab_tables(results):
         elif r["command"] == "step-config-ab":
             diff = [f"{k} {r['base_config'].get(k)}->{v}" for k, v in r["default_config"].items() if r["base_config"].get(k) != v]
             change, old, new, eq = "step kernel: " + ", ".join(diff), "base", "defaults", r["equivalence_defaults"]
+        elif r["command"] == "prefix-tiles-ab":
+            diff = [f"{k} {r['today_tiles'].get(k)}->{v}" for k, v in r["pick_tiles"].items() if r["today_tiles"].get(k) != v]
+            change, old, new, eq = "prefix attention tiles: " + (", ".join(diff) or "unchanged"), "today", "pick", r["equivalence_pick"]
         else:
             continue
         lo, hi = r["speedup_p10_p90"]
