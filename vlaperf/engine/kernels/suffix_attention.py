@@ -15,8 +15,8 @@ for 64-row tiles and ~35 us for the engine's folded matmuls in eager
 (benchmarks/results/h200/kernel_suffix_attention.json).
 
 `prefix_attention` runs the same kernel on the prefix (8 x 544 query rows at batch 1) with
-one key split: enough row blocks to fill the GPU, so no partials and no merge. On the H200
-torch's SDPA picks cuDNN for this shape (head dim 256, a mask) at ~48 us a layer
+its own tiles (PREFIX_TILES: the keys in 3 splits, so 204 programs instead of one pass's 68).
+On the H200 torch's SDPA picks cuDNN for this shape (head dim 256, a mask) at ~48 us a layer
 (benchmarks/results/h200/profiles/kernels_graph_replay_best_splitk.txt) for ~2.4 GFLOP.
 """
 
@@ -139,10 +139,12 @@ def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     return out
 
 
-# Prefix tiles: 64 query rows x 64 keys; at head dim 256 that is 32 KiB per K or V tile and
-# 64 KiB of float32 accumulator; 2 stages fit the 227 KiB of shared memory. The fastest of 24
-# tilings on the H200 (kernel_prefix_attention.json): 28.4 us a layer against 49.8 for SDPA.
-PREFIX_TILES = dict(block_m=64, block_n=64, splits=1, num_warps=4, num_stages=2)
+# Prefix tiles: 64 query rows x 32 keys, the keys split in 3 (partials + the merge kernel):
+# 68 row blocks x 3 = 204 programs where one pass gave 68 on the H200's 132 SMs. The fastest
+# of 32 tilings (benchmarks/prefix_tiles_ab.py, session 7): 24.0 us a layer against 28.6 for
+# session 4's one pass of 64 x 64 tiles (49.8 for SDPA); the whole libero-pi0 call 1.005x
+# faster, interleaved in one process (prefix_tiles_ab_libero-pi0.json).
+PREFIX_TILES = dict(block_m=64, block_n=32, splits=3, num_warps=4, num_stages=2)
 
 
 def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, **tiles) -> torch.Tensor:
