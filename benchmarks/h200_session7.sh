@@ -30,6 +30,11 @@
 #              shape (key splits, row blocks), the fastest against today's in the whole call
 #            B: where policy mode's extra time goes (breakdown, best, policy mode); libero-pi0
 #              policy-mode bench with the GPU state
+#            (prefix tiles: 24.0 against 28.6 us a layer, the call 1.005x: adopted; policy mode's
+#              host-side stages: transform 0.16, host-to-device 0.32, image preprocess 0.17 ms)
+#   PART=g   A: policy mode after the packed upload (one pinned staging buffer, one copy; images
+#              at the model's size skip the per-image path): bench and breakdown
+#            B: libero-pi0 model-mode bench with the new prefix tiles
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session7.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -95,6 +100,15 @@ EOT
   lane B 1 40 <<EOT &
 150 $V breakdown --workload libero-pi0 --levers best --mode policy --no-progress --json $R/breakdown_libero-pi0_best_policy_s7.json
 100 $V bench --workload libero-pi0 --levers best --mode policy $B --json $R/bench_libero-pi0_best-s7_policy.json
+EOT
+  ;;
+g)
+  lane A 0 40 <<EOT &
+100 $V bench --workload libero-pi0 --levers best --mode policy $B --json $R/bench_libero-pi0_best-s7g_policy.json
+120 $V breakdown --workload libero-pi0 --levers best --mode policy --no-progress --json $R/breakdown_libero-pi0_best_policy_s7g.json
+EOT
+  lane B 1 20 <<EOT &
+100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s7g_model.json
 EOT
   ;;
 esac

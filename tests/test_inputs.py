@@ -119,3 +119,44 @@ def test_policy_infer_returns_robot_actions():
     assert out["policy_timing"]["infer_ms"] > 0
     batch = policy.infer([make_example(w, seed=1), make_example(w, seed=2)])
     assert batch["actions"].shape == (2, 10, 7)
+
+
+def _per_array_reference(tr, examples):
+    """The transform as it was before the packed upload: one copy per array, every image resized
+    (or permuted) on its own, stacked, normalised. The packed path must give the same tensors."""
+    from vlaperf.inputs import resize_with_pad
+
+    hb = tr.host_arrays(examples)
+    R = tr.config.vision.image_size
+    images = torch.stack([torch.stack([resize_with_pad(torch.from_numpy(np.ascontiguousarray(a)), R) for a in slots])
+                          for slots in hb.pixels])
+    return (images.float() / 127.5 - 1.0, torch.tensor(hb.image_valid), torch.from_numpy(np.stack(hb.tokens)),
+            torch.from_numpy(np.stack(hb.token_masks)), torch.from_numpy(np.stack(hb.states)))
+
+
+@pytest.mark.parametrize("case", ["model_size", "resized", "mixed_sizes", "aloha_missing_camera", "batch"])
+def test_packed_upload_gives_the_per_array_tensors(case):
+    """One staging buffer and one copy (images at the model's size skip the per-image path)
+    give exactly the tensors of one copy per array, for every layout and batch."""
+    w, cfg = get_workload("tiny"), get_config("tiny")
+    if case == "aloha_missing_camera":
+        w, cfg = get_workload("aloha-pi0"), get_config("tiny", action_dim=16)
+    tr = ObservationTransform(w, cfg)
+    R = cfg.vision.image_size
+    if case == "batch":
+        examples = [make_example(w, seed=i, image_size=R) for i in range(3)]
+    else:
+        ex = make_example(w, seed=1, image_size=R if case == "model_size" else 64)
+        if case == "mixed_sizes":
+            ex["observation/wrist_image"] = np.full((40, 80, 3), 200, np.uint8)
+        if case == "aloha_missing_camera":
+            del ex["images"]["cam_left_wrist"]
+        examples = ex
+    obs = tr(examples)
+    ref = _per_array_reference(tr, examples)
+    for got, want in zip((obs.images, obs.image_mask, obs.tokens, obs.token_mask, obs.state), ref):
+        assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want), case
+    # the staging buffer is reused: a second call must not change the first call's tensors
+    before = obs.images.clone()
+    tr(make_example(w, seed=9, image_size=R))
+    assert torch.equal(obs.images, before)

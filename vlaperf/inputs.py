@@ -235,6 +235,8 @@ class ObservationTransform:
                              f"{config.name!r} pads to ({config.action_dim})")
         self.workload, self.config, self.device = workload, config, torch.device(device)
         self.tokenizer = tokenizer or WordHashTokenizer(config.backbone.vocab_size)
+        self._host_buffer: Tensor | None = None  # upload's staging buffer (pinned on CUDA)
+        self._staged: torch.cuda.Event | None = None  # the last copy out of it
 
     def _slots(self, example: dict) -> tuple[list[np.ndarray], list[bool]]:
         w = self.workload
@@ -319,24 +321,64 @@ class ObservationTransform:
         return hb
 
     def upload(self, hb: "HostBatch") -> "DeviceBatch":
-        """Host-to-device copies (images still uint8 at their camera size)."""
-        dev = self.device
-        return DeviceBatch(
-            pixels=[[torch.from_numpy(np.ascontiguousarray(a)).to(dev) for a in slots] for slots in hb.pixels],
-            image_mask=torch.tensor(hb.image_valid, dtype=torch.bool).to(dev),
-            tokens=torch.from_numpy(np.stack(hb.tokens)).to(dev),
-            token_mask=torch.from_numpy(np.stack(hb.token_masks)).to(dev),
-            state=torch.from_numpy(np.stack(hb.states)).to(dev),
-            host_image_valid=tuple(bool(any(v[s] for v in hb.image_valid)) for s in range(len(hb.image_valid[0]))),
-            host_prompt_len=int(max(m.sum() for m in hb.token_masks)),
-        )
+        """Host-to-device in one transfer: every array (images still uint8 at their camera size,
+        tokens, masks, state) is packed into one staging buffer, pinned on CUDA, and copied at
+        once; the device tensors are views into the copy. On the H200 the seven separate
+        pageable copies this replaces took 0.32 ms of a libero-pi0 call (session 7)."""
+        images = [np.ascontiguousarray(a) for slots in hb.pixels for a in slots]
+        one_shape = len({a.shape for a in images}) == 1
+        B, S = len(hb.pixels), len(hb.pixels[0])
+        arrays = ([np.stack(images).reshape(B, S, *images[0].shape)] if one_shape else images) + [
+            np.array(hb.image_valid, dtype=np.bool_), np.stack(hb.tokens), np.stack(hb.token_masks), np.stack(hb.states)]
+        offsets, total = [], 0
+        for a in arrays:
+            total = -(-total // 16) * 16  # every view starts 16-byte aligned
+            offsets.append(total)
+            total += a.nbytes
+        host = self._staging(total)
+        flat = host.numpy()
+        for a, off in zip(arrays, offsets):
+            flat[off : off + a.nbytes] = a.reshape(-1).view(np.uint8)
+        dev = host.to(self.device, non_blocking=True) if self.device.type == "cuda" else host.clone()
+        if self.device.type == "cuda":
+            self._staged = torch.cuda.Event()
+            self._staged.record()  # the next call refills the buffer only after this copy is done
+        views = [dev[off : off + a.nbytes].view(_TORCH_DTYPES[a.dtype.type]).view(a.shape) for a, off in zip(arrays, offsets)]
+        if one_shape:
+            pixels, rest = views[0], views[1:]
+        else:
+            it = iter(views[: B * S])
+            pixels, rest = [[next(it) for _ in range(S)] for _ in range(B)], views[B * S :]
+        image_mask, tokens, token_mask, state = rest
+        return DeviceBatch(pixels=pixels, image_mask=image_mask, tokens=tokens, token_mask=token_mask, state=state,
+                           host_image_valid=tuple(bool(any(v[s] for v in hb.image_valid)) for s in range(S)),
+                           host_prompt_len=int(max(m.sum() for m in hb.token_masks)))
+
+    def _staging(self, nbytes: int) -> Tensor:
+        """The host staging buffer (pinned on CUDA, grown as needed, reused across calls),
+        once the previous call's copy out of it has finished."""
+        if self._staged is not None:
+            self._staged.synchronize()
+        buf = self._host_buffer
+        if buf is None or buf.numel() < nbytes:
+            buf = torch.empty(max(nbytes, 1 << 20), dtype=torch.uint8, pin_memory=self.device.type == "cuda")
+            self._host_buffer = buf
+        return buf[:nbytes]
 
     def preprocess(self, db: "DeviceBatch") -> Observation:
-        """On the device: resize with padding to the model's size, normalise to [-1, 1]."""
+        """On the device: resize with padding to the model's size, normalise to [-1, 1]. Images
+        already at the model's size (one (B, S, R, R, 3) block) skip the per-image path."""
         R = self.config.vision.image_size
-        images = torch.stack([torch.stack([resize_with_pad(a, R) for a in slots]) for slots in db.pixels])
+        if isinstance(db.pixels, Tensor) and tuple(db.pixels.shape[2:]) == (R, R, 3):
+            images = db.pixels.permute(0, 1, 4, 2, 3)
+        else:
+            rows = db.pixels if isinstance(db.pixels, list) else [list(sample) for sample in db.pixels]
+            images = torch.stack([torch.stack([resize_with_pad(a, R) for a in slots]) for slots in rows])
         return Observation(images.float() / 127.5 - 1.0, db.image_mask, db.tokens, db.token_mask, db.state,
                            host_image_valid=db.host_image_valid, host_prompt_len=db.host_prompt_len)
+
+
+_TORCH_DTYPES = {np.uint8: torch.uint8, np.bool_: torch.bool, np.int64: torch.int64, np.float32: torch.float32}
 
 
 @dataclass
@@ -350,7 +392,7 @@ class HostBatch:
 
 @dataclass
 class DeviceBatch:
-    pixels: list  # per sample: per slot uint8 (H, W, 3) device tensors
+    pixels: Tensor | list  # uint8 (B, S, H, W, 3) when every slot has one shape, else per sample per slot (H, W, 3)
     image_mask: Tensor
     tokens: Tensor
     token_mask: Tensor
