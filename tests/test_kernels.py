@@ -498,7 +498,8 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
     configs = ((S.StepKernelConfig(), True, 1), (replace(S.StepKernelConfig(), poll_one=False, idle_prefetch=2), False, 1),
                (replace(S.StepKernelConfig(), k_rotate=True), False, 1), (S.StepKernelConfig(), False, 4),
                (replace(S.StepKernelConfig(), dataflow=True), False, 1),
-               (replace(S.StepKernelConfig(), idle_prefetch=0, prefetch=2), False, 1))
+               (replace(S.StepKernelConfig(), idle_prefetch=0, prefetch=2), False, 1),
+               (replace(S.StepKernelConfig(), idle_prefetch=0), False, 1))
     for cfg, timeline, samples in configs:
         consts = resources.whole_kernel_constexprs(cfg, timeline, samples)
         r = resources.compile_kernel(S._expert_step_kernel, consts, cfg.num_warps, cfg.num_stages, ptxas=True)

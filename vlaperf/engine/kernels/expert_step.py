@@ -111,9 +111,9 @@ class StepKernelConfig:
     num_stages: int = 4  # the matmuls' K loops
     poll_load: bool = True  # barrier polls with plain loads (else with atomics)
     # every program asks L2 for a later phase's weights at the start of a phase (CUDA only), by plan
-    # (PREFETCH_PLANS): 1 (session 3: no gain then) issues them while other weights stream from
-    # HBM; 2-4 issue them in the phases that read nothing from HBM (attention, merge, o_proj and
-    # later the L2-resident matmuls)
+    # (PREFETCH_PLANS): 1 (session 3) issues them while other weights stream from HBM; 2-4 in the
+    # phases that read nothing from HBM. All slower (sweep 15: 823-860 against 775 us a step;
+    # plan 2 0.972x the whole call): the issuing phase slows and gate_up does not speed up
     prefetch: int = 0
     ks_o: int = 4  # split K of o_proj into this many slices (see _phase_residual); 32 x 4 from sweep 12
     ks_gu: int = 1  # split K of gate_up (2: 6-8% slower a step)
@@ -602,15 +602,20 @@ def _expert_step_kernel(
             if TIMELINE:  # (layer, phase, program): start, work done, barrier passed
                 ts = ts_ptr + ((layer * 7 + phase) * nprog + pid) * 3 + tl.arange(0, 1)
                 tl.store(ts, _now())
-            # the prefetch plan (PREFETCH_PLANS): weights do not depend on activations, so any phase may ask
-            if phase == PF_O:
-                _prefetch_l2(wo_ptr + layer * (D * NH * HD), D * NH * HD, pid, nprog, ELEMS_PER_LINE, 512)
-            if phase == PF_GU:
-                _prefetch_l2(wgu_ptr + layer * (2 * F * D), 2 * F * D, pid, nprog, ELEMS_PER_LINE, 512)
-            if phase == PF_DOWN:
-                _prefetch_l2(wd_ptr + layer * (D * F), D * F, pid, nprog, ELEMS_PER_LINE, 512)
-            if (phase == PF_QKV_NEXT) & (layer + 1 < L):
-                _prefetch_l2(wqkv_ptr + (layer + 1) * (QKV_N * D), QKV_N * D, pid, nprog, ELEMS_PER_LINE, 512)
+            # the prefetch plan (PREFETCH_PLANS): weights do not depend on activations, so any phase may
+            # ask. The constexpr guards keep a plan's code out of the kernels that do not use it
+            if PF_O >= 0:
+                if phase == PF_O:
+                    _prefetch_l2(wo_ptr + layer * (D * NH * HD), D * NH * HD, pid, nprog, ELEMS_PER_LINE, 512)
+            if PF_GU >= 0:
+                if phase == PF_GU:
+                    _prefetch_l2(wgu_ptr + layer * (2 * F * D), 2 * F * D, pid, nprog, ELEMS_PER_LINE, 512)
+            if PF_DOWN >= 0:
+                if phase == PF_DOWN:
+                    _prefetch_l2(wd_ptr + layer * (D * F), D * F, pid, nprog, ELEMS_PER_LINE, 512)
+            if PF_QKV_NEXT >= 0:
+                if (phase == PF_QKV_NEXT) & (layer + 1 < L):
+                    _prefetch_l2(wqkv_ptr + (layer + 1) * (QKV_N * D), QKV_N * D, pid, nprog, ELEMS_PER_LINE, 512)
             if phase == 0:
                 _phase_qkv(x_ptr, wqkv_ptr + layer * (QKV_N * D), q_ptr, kv_ptr, cos_ptr, sin_ptr, tile_ctr + CTR_SLOT, MT,
                            eps, pid, nprog, D, NH, HD, BLOCK_M, BN_QKV, BK_QKV, STAGES, ROTATE, DATAFLOW)
@@ -746,9 +751,10 @@ def l2_traffic(cfg: StepKernelConfig, M: int, NH: int, HD: int, D: int, F: int, 
     rows of its K slice again), `partials` (float32 split-K / key-split partials, written and
     read back), `outputs` (the phase's stores; the residual phases also read x). Rows are the
     real ones (NB x M): masked rows are not fetched. `elem` is the bytes of a weight or
-    activation element (bf16: 2). On the H200 the matmul tasks stream about 50-68 KB a
-    microsecond each, whatever they read (benchmarks/tma_probe.py), so a phase's time follows
-    its bytes per program; docs/perf-notes.md, session 7, compares this with the timeline."""
+    activation element (bf16: 2). On the H200 a program of these matmul tasks streams about
+    50 KB a microsecond with its weights from HBM and 64-68 with them in L2
+    (benchmarks/tma_probe.py), so a phase's time follows its bytes per program;
+    docs/perf-notes.md, session 7, compares this model with the timeline."""
     rows, f32 = samples * M, 4
     qkv_n = NH * HD + 2 * HD
     qkv_tasks = (NH + 2) * triton.cdiv(HD // 2, cfg.bn_qkv)
