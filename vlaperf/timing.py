@@ -464,8 +464,9 @@ def _driver_version() -> str | None:
 
 
 # nvidia-smi fields of the GPU's state when the record is taken: the clocks it runs at, its
-# power cap and draw, temperature, and why it is holding clocks back (CLOCK_EVENT_REASONS). Two runs of the same code on different lent machines have differed
-# by up to 20% at batch 4 and 8 (docs/perf-notes.md); this is what can tell them apart.
+# power cap and draw, temperature, and why it is holding clocks back (CLOCK_EVENT_REASONS).
+# Two runs of the same code on different lent machines have differed by up to 20% at batch 4
+# and 8 (docs/perf-notes.md); this is what can tell them apart.
 GPU_STATE_FIELDS = {"uuid": "uuid", "pstate": "pstate", "sm_clock_mhz": "clocks.sm", "max_sm_clock_mhz": "clocks.max.sm",
                     "mem_clock_mhz": "clocks.mem", "power_draw_w": "power.draw", "power_limit_w": "enforced.power.limit",
                     "temperature_c": "temperature.gpu", "clock_event_reasons": "clocks_event_reasons.active"}
@@ -623,8 +624,9 @@ def environment_record(device: torch.device | str) -> dict[str, Any]:
     Never raises: each probe that fails yields None (or "unknown" for vlaperf's version).
     gpu is the name of `device` when it is a CUDA device, else None; gpu_count counts all
     visible CUDA devices; gpu_state is that GPU's clocks, power and temperature as nvidia-smi
-    reports them when the record is taken (GPU_STATE_FIELDS), else None. tf32_matmul / tf32_cudnn are torch.backends.cuda.matmul.allow_tf32
-    and torch.backends.cudnn.allow_tf32. timestamp is UTC ISO 8601.
+    reports them when the record is taken (GPU_STATE_FIELDS), else None. tf32_matmul /
+    tf32_cudnn are torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32.
+    timestamp is UTC ISO 8601.
     """
     dev = _probe(lambda: torch.device(device))
     is_cuda = dev is not None and dev.type == "cuda"

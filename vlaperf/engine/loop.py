@@ -104,8 +104,8 @@ def suffix_tokens(model: Pi0Model, ctx: SuffixContext, x_t: Tensor, t: Tensor, t
 def step_kernel_applies(ew: EngineWeights, ctx: SuffixContext, x: Tensor, batched: bool = False) -> bool:
     """The `megakernel` step needs the stacked fused weights (pi0, one K/V head), the static
     cache (it reads the prefix keys there), and batch 1 with at most 64 suffix rows: the
-    kernel takes several samples too (`megakernel=batched`: up to 256 rows in all), but only
-    at batch 4 it was slower than the layers on the H200 (docs/perf-notes.md, session 7)."""
+    kernel takes several samples too (`megakernel=batched`: up to 256 rows in all), but at
+    batch 4 that was slower than the layers on the H200 (docs/perf-notes.md, session 7)."""
     from vlaperf.engine.kernels.expert_step import MAX_ROWS, TUNED_ROWS
 
     if ew.expert_stack is None or ctx.kv_buffers is None:
