@@ -236,12 +236,10 @@ def kernel_tables(results):
         elif r["variant"]["label"].startswith("tma_probe"):  # streaming probe: the fastest run per shape and load mode
             out += ["| task shape (18 layers, 51 rows) | loads / weights from | warps | stages | us | weights TB/s | KB/us a program | rel L2 |",
                     "|---|---|---|---|---|---|---|---|"]
-            best: dict = {}
-            for c in r["configs"]:
-                if "us" in c and c["rel_l2"] < 1e-3 and ((c["shape"], c["mode"]) not in best or c["us"] < best[(c["shape"], c["mode"])]["us"]):
-                    best[(c["shape"], c["mode"])] = c
-            for (shape, mode), c in best.items():
-                out.append(f"| {shape} ({c['BN']} x {c['BK']}, {c['KS']} slices) | {mode} | {c['warps']} | {c['stages']} | {c['us']:.1f} | "
+            from vlaperf.report.render import stream_probe_best
+
+            for c in stream_probe_best(r):
+                out.append(f"| {c['shape']} ({c['BN']} x {c['BK']}, {c['KS']} slices) | {c['mode']} | {c['warps']} | {c['stages']} | {c['us']:.1f} | "
                            f"{c['weights_tb_per_s']:.2f} | {c['kb_per_us_per_program']:.1f} | {c['rel_l2']:.1e} |")
         else:  # suffix_attention: the engine's folded matmuls against the fastest correct configurations
             ok = sorted((c for c in r["configs"] if "ms" in c and c["rel_l2"] < 1e-2), key=lambda c: c["ms"])

@@ -128,7 +128,7 @@ def test_serving_peer_and_kernel_results_have_renderers(tmp_path):
     if not {"loadgen", "compare", "kernel-bench"} <= commands:
         pytest.skip("the committed results lack a loadgen, compare or kernel-bench file")
     md = render(dirs, tmp_path / "r.md").read_text()
-    assert "has no renderer" not in md
+    assert "has no renderer" not in md and "could not render" not in md
     for heading in ("## Serving under load (loadgen)", "## Side by side with a peer (compare)", "## Kernels (kernel-bench)"):
         assert heading in md, heading
     assert "![server throughput and latency against clients]" in md
@@ -138,6 +138,10 @@ def test_serving_peer_and_kernel_results_have_renderers(tmp_path):
     assert "cuBLAS (+ eager elementwise) us" in md
     if any(r["command"] == "step-config-ab" for _, r in results):  # the whole call with an older step tiling
         assert "step-kernel tiling A/B" in md and "| field | base | defaults |" in md
+    if any(r["command"] == "prefix-tiles-ab" for _, r in results):
+        assert "prefix attention tiles A/B" in md and "| field | today | pick |" in md
+    if any(r["variant"]["label"].startswith("tma_probe") for _, r in results):
+        assert "| task shape | loads / weights from |" in md
     if any(r.get("variant", {}).get("label") == "expert_step" for _, r in results):  # the step kernel's sweep
         assert "| phase (all layers, with its barriers) | us |" in md and "persistent launch equals per-phase" in md
     if (H200.parent / "h200x2").is_dir():

@@ -558,6 +558,33 @@ def _step_config_ab(doc: _Doc, path: str, r: dict) -> None:
     doc.table(["side", "median ms"], [[k, v] for k, v in r["median_ms"].items()] + [["speedup", r["speedup_median"]]])
 
 
+def stream_probe_best(r: dict) -> list[dict]:
+    """tma_probe.py files: the fastest correct run (rel L2 < 1e-3) per (task shape, mode)."""
+    best: dict = {}
+    for c in r["configs"]:
+        key = (c["shape"], c["mode"])
+        if "us" in c and c["rel_l2"] < 1e-3 and (key not in best or c["us"] < best[key]["us"]):
+            best[key] = c
+    return list(best.values())
+
+
+def _prefix_tiles_ab(doc: _Doc, path: str, r: dict) -> None:
+    """benchmarks/prefix_tiles_ab.py: the prefix attention kernel's tiles, a kernel sweep then
+    the fastest against today's inside the whole `best` call, interleaved in one process."""
+    eq = r.get("equivalence_pick") or {}
+    today, pick = r["today_tiles"], r["pick_tiles"]
+    doc.h(3, f"prefix attention tiles A/B: {r['workload']['id']}, {r['variant']['label']} on {_gpu(r)}")
+    ok = sorted((x for x in r["kernel_sweep"] if "us" in x and x["rel_l2"] < 1e-2), key=lambda x: x["us"])
+    doc.p(f"kernel sweep: {len(ok)} of {len(r['kernel_sweep'])} tilings correct; then {r['rounds']} interleaved rounds "
+          f"of the whole call; speedup = today over pick, median of per-round ratios (p10..p90 "
+          f"{r['speedup_p10_p90'][0]:.3f}..{r['speedup_p10_p90'][1]:.3f}); pick against the reference: rel L2 "
+          f"{eq.get('rel_l2', float('nan')):.1e}, passed {eq.get('passed')}", "")
+    doc.table(["tiling", "kernel us", "rel L2"],
+              [[" ".join(f"{k}={x[k]}" for k in today), x["us"], x["rel_l2"]] for x in ok[:5]])
+    doc.table(["field", "today", "pick"], [[k, today.get(k), v] for k, v in pick.items() if today.get(k) != v])
+    doc.table(["side", "median ms"], [[k, v] for k, v in r["median_ms"].items()] + [["speedup", r["speedup_median"]]])
+
+
 def _kernel_bench(doc: _Doc, path: str, r: dict) -> None:
     doc.h(3, f"kernel bench: {r['variant']['label']} on {_gpu(r)}")
     if "cases" in r:
@@ -584,6 +611,12 @@ def _kernel_bench(doc: _Doc, path: str, r: dict) -> None:
         timed = [x for x in ok if x.get("timeline")]
         if timed:
             _step_timeline(doc, timed[0])
+    elif r["variant"]["label"].startswith("tma_probe"):  # benchmarks/tma_probe.py: the matmul tasks streamed alone
+        doc.p("the step kernel's matmul tasks alone (18 layers, no barriers, no epilogues), back-to-back launches; "
+              "the fastest run per task shape and load mode (pointers / TMA, or where the weights come from)", "")
+        doc.table(["task shape", "loads / weights from", "warps", "stages", "us", "weights TB/s", "KB/us a program", "rel L2"],
+                  [[f"{c['shape']} ({c['BN']} x {c['BK']}, {c['KS']} slices)", c["mode"], c["warps"], c["stages"], c["us"],
+                    c["weights_tb_per_s"], c["kb_per_us_per_program"], c["rel_l2"]] for c in stream_probe_best(r)])
     else:
         ok = sorted((x for x in r["configs"] if "ms" in x and x["rel_l2"] < 1e-2), key=lambda x: x["ms"])
         doc.p(f"reference path ({r.get('baseline', 'folded matmuls')}): {r['folded_ms'] * 1e3:.1f} us; {len(ok)} of {len(r['configs'])} tilings "
@@ -674,7 +707,8 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
                 ("doctor", "Doctor"), ("loadgen", "Serving under load (loadgen)"),
                 ("compare", "Side by side with a peer (compare)"), ("kernel-bench", "Kernels (kernel-bench)"),
                 ("heads-ab", "The step's float32 heads, A/B (heads-ab)"),
-                ("step-config-ab", "The step kernel's tiling, A/B in the whole call (step-config-ab)"))
+                ("step-config-ab", "The step kernel's tiling, A/B in the whole call (step-config-ab)"),
+                ("prefix-tiles-ab", "The prefix attention kernel's tiles, A/B in the whole call (prefix-tiles-ab)"))
     for cmd, heading in sections:
         items = by_cmd.pop(cmd, [])
         if not items:
@@ -690,7 +724,7 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
             try:
                 {"matrix": _matrix, "check": _check, "breakdown": _breakdown, "scaling": _scaling, "syncs": _syncs,
                  "doctor": _doctor, "compare": _compare, "kernel-bench": _kernel_bench, "heads-ab": _heads_ab,
-                 "step-config-ab": _step_config_ab}[cmd](doc, p, r)
+                 "step-config-ab": _step_config_ab, "prefix-tiles-ab": _prefix_tiles_ab}[cmd](doc, p, r)
             except (KeyError, TypeError, ValueError) as e:
                 doc.p(f"could not render {p}: {type(e).__name__}: {e}", "warn")
     for cmd, items in by_cmd.items():
