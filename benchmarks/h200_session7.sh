@@ -35,6 +35,10 @@
 #   PART=g   A: policy mode after the packed upload (one pinned staging buffer, one copy; images
 #              at the model's size skip the per-image path): bench and breakdown
 #            B: libero-pi0 model-mode bench with the new prefix tiles
+#            (policy 15.39 ms against 15.51 before, other GPUs; model 14.87)
+#   PART=next  (prepared for session 8, not run) the batch-4 matrix puzzle (perf notes 22b): the
+#              kernel table of best (layers) at batch 4 alone, and with the batched engine built,
+#              run and checked in the same process first
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session7.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -109,6 +113,14 @@ g)
 EOT
   lane B 1 20 <<EOT &
 100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s7g_model.json
+EOT
+  ;;
+next)
+  lane A 0 20 <<EOT &
+200 python3 benchmarks/profile_kernels.py --workload libero-pi0-b4 --rows 30 --levers best > $R/kernels_b4_layers_alone_s8.txt 2>&1; tail -10 $R/kernels_b4_layers_alone_s8.txt
+EOT
+  lane B 1 20 <<EOT &
+300 python3 benchmarks/profile_kernels.py --workload libero-pi0-b4 --rows 30 --levers best --also "$G,megakernel=batched" > $R/kernels_b4_layers_beside_batched_s8.txt 2>&1; tail -10 $R/kernels_b4_layers_beside_batched_s8.txt
 EOT
   ;;
 esac

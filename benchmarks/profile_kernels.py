@@ -3,6 +3,10 @@
     python benchmarks/profile_kernels.py --workload libero-pi0 --levers <levers>
 
 With cuda_graph the profiled call is a graph replay: CUPTI still reports each kernel node.
+--also "<levers>[;<levers>...]": build and run these engines in the same process first (and
+check equivalence for each, as `vlaperf matrix` does), then profile --levers: what another
+engine in the process changes about this one's kernels (docs/perf-notes.md, session 7, 22b:
+the layer path at batch 4 timed ~42 ms only in matrices that also held the batched engine).
 """
 import argparse
 
@@ -19,12 +23,21 @@ p.add_argument("--workload", default="libero-pi0")
 p.add_argument("--levers", default="for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections")
 p.add_argument("--rows", type=int, default=30)
 p.add_argument("--trace", default=None, help="also write the Chrome trace here")
+p.add_argument("--also", default="", help="engines to build, run and check in this process before the profiled one")
 args = p.parse_args()
 w = get_workload(args.workload)
 model = build_model(w.preset, "cuda")
-engine = Engine(model, args.levers)
 obs = random_observation(w, model.config, "cuda")
 noise = random_noise(w, model.config, "cuda")
+others = []
+for spec in filter(None, (s.strip() for s in args.also.split(";"))):
+    from vlaperf.check import check_equivalence
+
+    other = Engine(model, spec)
+    other.sample_actions(obs, noise, w.steps)
+    print(f"also built {spec}: equivalence {check_equivalence(model, other, w)['passed']}")
+    others.append(other)  # kept alive, as the matrix keeps every variant
+engine = Engine(model, args.levers)
 for _ in range(3):
     engine.sample_actions(obs, noise, w.steps)
 torch.cuda.synchronize()
