@@ -160,3 +160,16 @@ def test_packed_upload_gives_the_per_array_tensors(case):
     before = obs.images.clone()
     tr(make_example(w, seed=9, image_size=R))
     assert torch.equal(obs.images, before)
+
+
+def test_packed_upload_from_several_threads():
+    """The staging buffer is shared: callers on several threads each get their own tensors."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    w, cfg = get_workload("tiny"), get_config("tiny")
+    tr = ObservationTransform(w, cfg)
+    examples = [make_example(w, seed=i, image_size=cfg.vision.image_size) for i in range(16)]
+    want = [tr(ex).images for ex in examples]
+    with ThreadPoolExecutor(max_workers=4) as pool:
+        got = list(pool.map(lambda ex: tr(ex).images, examples))
+    assert all(torch.equal(g, x) for g, x in zip(got, want))

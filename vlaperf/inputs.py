@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import re
+import threading
 from dataclasses import dataclass
 from typing import Any, Protocol
 
@@ -237,6 +238,7 @@ class ObservationTransform:
         self.tokenizer = tokenizer or WordHashTokenizer(config.backbone.vocab_size)
         self._host_buffer: Tensor | None = None  # upload's staging buffer (pinned on CUDA)
         self._staged: torch.cuda.Event | None = None  # the last copy out of it
+        self._staging_lock = threading.Lock()  # one caller at a time fills and sends the buffer
 
     def _slots(self, example: dict) -> tuple[list[np.ndarray], list[bool]]:
         w = self.workload
@@ -335,14 +337,15 @@ class ObservationTransform:
             total = -(-total // 16) * 16  # every view starts 16-byte aligned
             offsets.append(total)
             total += a.nbytes
-        host = self._staging(total)
-        flat = host.numpy()
-        for a, off in zip(arrays, offsets):
-            flat[off : off + a.nbytes] = a.reshape(-1).view(np.uint8)
-        dev = host.to(self.device, non_blocking=True) if self.device.type == "cuda" else host.clone()
-        if self.device.type == "cuda":
-            self._staged = torch.cuda.Event()
-            self._staged.record()  # the next call refills the buffer only after this copy is done
+        with self._staging_lock:  # servers call from one thread, but a user's threads may not
+            host = self._staging(total)
+            flat = host.numpy()
+            for a, off in zip(arrays, offsets):
+                flat[off : off + a.nbytes] = a.reshape(-1).view(np.uint8)
+            dev = host.to(self.device, non_blocking=True) if self.device.type == "cuda" else host.clone()
+            if self.device.type == "cuda":
+                self._staged = torch.cuda.Event()
+                self._staged.record()  # the next call refills the buffer only after this copy is done
         views = [dev[off : off + a.nbytes].view(_TORCH_DTYPES[a.dtype.type]).view(a.shape) for a, off in zip(arrays, offsets)]
         if one_shape:
             pixels, rest = views[0], views[1:]
