@@ -16,19 +16,16 @@ from __future__ import annotations
 
 import argparse
 
-import torch
 from engine_ab import ab_result, finish, interleave  # benchmarks/ (the script's folder is on sys.path)
 from kernel_timing import graph_time_ms
+from suffix_attention_bench import make_case
 
 import vlaperf.engine.kernels.suffix_attention as SA
 from vlaperf.check import check_equivalence
 from vlaperf.engine import Engine
-from vlaperf.engine.attention import prefix_mask
-from vlaperf.models.pi0 import build_model, eager_attention
 from vlaperf.inputs import random_noise, random_observation
+from vlaperf.models.pi0 import build_model
 from vlaperf.workloads import get_workload
-
-N, T, VALID, H = 8, 544, 532, 256  # libero-pi0's prefix: 8 query heads x 544 tokens (20 of 32 prompt slots used)
 
 
 def candidates() -> list[dict]:
@@ -39,14 +36,7 @@ def candidates() -> list[dict]:
 
 
 def kernel_sweep() -> list[dict]:
-    torch.manual_seed(0)
-    bf = torch.bfloat16
-    q = torch.randn(1, N, T, H, device="cuda", dtype=bf)
-    k, v = (torch.randn(1, 1, T, H, device="cuda", dtype=bf) for _ in range(2))
-    pad = torch.ones(1, T, dtype=torch.bool, device="cuda")
-    pad[:, VALID:] = False
-    mask = prefix_mask(pad)
-    ref = eager_attention(q.float(), k.float(), v.float(), mask)
+    q, k, v, mask, ref = make_case(prefix=True)  # libero-pi0's prefix: 8 heads x 544 tokens, 532 of them valid
     rows = []
     for tiles in candidates():
         try:

@@ -31,21 +31,28 @@ from vlaperf.timing import environment_record
 B, N, TS, H, TP = 1, 8, 51, 256, 544
 
 
-def main() -> None:
-    p = argparse.ArgumentParser()
-    p.add_argument("--json", default=None)
-    p.add_argument("--prefix", action="store_true", help="the prefix's shape (544 x 544, one pass) against SDPA")
-    args = p.parse_args()
+def make_case(prefix: bool) -> tuple:
+    """(q, k, v, mask, float32 reference) in bf16 on the GPU: the step's shape, or with
+    `prefix` the prefix's (also what benchmarks/prefix_tiles_ab.py sweeps)."""
     torch.manual_seed(0)
     bf = torch.bfloat16
-    tq, tk = (TP, TP) if args.prefix else (TS, TP + TS)
+    tq, tk = (TP, TP) if prefix else (TS, TP + TS)
     q = torch.randn(B, N, tq, H, device="cuda", dtype=bf)
     k = torch.randn(B, 1, tk, H, device="cuda", dtype=bf)
     v = torch.randn(B, 1, tk, H, device="cuda", dtype=bf)
     pad = torch.ones(B, TP, dtype=torch.bool, device="cuda")
     pad[:, 532:] = False  # 20 of the bucket's 32 prompt slots hold tokens
-    mask = prefix_mask(pad) if args.prefix else suffix_mask(pad, TS, pi05=False)
-    ref = eager_attention(q.float(), k.float(), v.float(), mask)
+    mask = prefix_mask(pad) if prefix else suffix_mask(pad, TS, pi05=False)
+    return q, k, v, mask, eager_attention(q.float(), k.float(), v.float(), mask)
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--json", default=None)
+    p.add_argument("--prefix", action="store_true", help="the prefix's shape (544 x 544, one pass) against SDPA")
+    args = p.parse_args()
+    q, k, v, mask, ref = make_case(args.prefix)
+    tq, tk = q.shape[2], k.shape[2]
 
     def rel(out):
         return ((out.float() - ref).norm() / ref.norm()).item()
