@@ -24,6 +24,8 @@ p.add_argument("--levers", default="for_loop,skip_masked_images,trim_prompt_padd
 p.add_argument("--rows", type=int, default=30)
 p.add_argument("--trace", default=None, help="also write the Chrome trace here")
 p.add_argument("--also", default="", help="engines to build, run and check in this process before the profiled one")
+p.add_argument("--sequence", default=None, help="also write every kernel of the call in launch order (start, duration, "
+                                               "gap to the previous kernel's end, name) to this file")
 args = p.parse_args()
 w = get_workload(args.workload)
 model = build_model(w.preset, "cuda")
@@ -77,3 +79,19 @@ for c, t in sorted(totals.items(), key=lambda kv: -kv[1]):
 print(f"  {'sum':48s} {sum(totals.values()):8.3f} ms  {sum(counts.values()):6d} kernels")
 if args.trace:
     prof.export_chrome_trace(args.trace)
+if args.sequence:
+    # One line per kernel in the order the GPU ran them: where the prefix's time goes layer by
+    # layer, and the idle gaps between dependent kernels of the graph (kernel sum vs wall).
+    kernels = sorted((e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA),
+                     key=lambda e: e.time_range.start)
+    with open(args.sequence, "w") as f:
+        t0 = kernels[0].time_range.start if kernels else 0
+        prev_end, gaps = t0, 0.0
+        f.write("#    start_us      dur_us    gap_us  name\n")
+        for i, e in enumerate(kernels):
+            gap = max(0.0, e.time_range.start - prev_end)
+            gaps += gap
+            f.write(f"{i:5d} {e.time_range.start - t0:10.1f} {e.time_range.elapsed_us():9.2f} {gap:8.2f}  {e.name}\n")
+            prev_end = max(prev_end, e.time_range.end)
+        f.write(f"# {len(kernels)} kernels, span {prev_end - t0:.1f} us, idle gaps {gaps:.1f} us\n")
+    print(f"kernel sequence: {len(kernels)} kernels -> {args.sequence}")

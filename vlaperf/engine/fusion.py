@@ -54,6 +54,9 @@ class SiglipLayerW:
     fc1: tuple[Tensor, Tensor]
     fc2: tuple[Tensor, Tensor]
     num_heads: int
+    # fc1 and its GELU(tanh) as one GEMM with the activation in its epilogue (fused weights, on
+    # CUDA only: there `_addmm_activation` is cuBLASLt's tanh GELU, on the CPU it is the erf one)
+    gelu_epilogue: bool = False
 
 
 def _wb(linear) -> tuple[Tensor, Tensor]:
@@ -70,6 +73,7 @@ def siglip_layer_weights(layer: SiglipLayer, fuse: bool) -> SiglipLayerW:
     return SiglipLayerW(
         ln1=_wb(layer.layer_norm1), qkv=qkv, q=q, k=k, v=v, out=_wb(a.out_proj),
         ln2=_wb(layer.layer_norm2), fc1=_wb(layer.mlp.fc1), fc2=_wb(layer.mlp.fc2), num_heads=a.num_heads,
+        gelu_epilogue=fuse and layer.mlp.fc1.weight.is_cuda,
     )
 
 

@@ -47,7 +47,18 @@ def siglip_layer(lw: SiglipLayerW, x: Tensor, eps: float, use_sdpa: bool) -> Ten
     out = attention(heads(q), heads(k), heads(v), None, use_sdpa)
     x = x + F.linear(out.transpose(1, 2).reshape(B, T, D), *lw.out)
     h = F.layer_norm(x, (D,), *lw.ln2, eps)
-    return x + F.linear(F.gelu(F.linear(h, *lw.fc1), approximate="tanh"), *lw.fc2)
+    return x + F.linear(siglip_fc1_gelu(lw, h), *lw.fc2)
+
+
+def siglip_fc1_gelu(lw: SiglipLayerW, h: Tensor) -> Tensor:
+    """gelu_tanh(h @ W1^T + b1). With `gelu_epilogue`, one `_addmm_activation` call: on CUDA
+    a cuBLASLt GEMM with a bias + GELU(tanh) epilogue (inductor keeps it as one extern call),
+    the activation taken on the float32 accumulator before the single rounding."""
+    w, b = lw.fc1
+    if not lw.gelu_epilogue:
+        return F.gelu(F.linear(h, w, b), approximate="tanh")
+    rows = h.reshape(-1, h.shape[-1])
+    return torch._addmm_activation(b, rows, w.t(), use_gelu=True).view(*h.shape[:-1], w.shape[0])
 
 
 # ------------------------------------------------------------------------- Gemma

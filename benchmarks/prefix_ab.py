@@ -1,0 +1,79 @@
+"""`best` with one prefix change against `best` without it, in one process, interleaved: the
+whole call, as `step_config_ab.py` does for the step kernel's tilings.
+
+    python benchmarks/prefix_ab.py --change siglip_gelu_epilogue --json $OUT/prefix_ab_gelu.json
+
+Changes (each one flips flags on engine A's weights before its first call, so A is compiled
+and captured without it; B is today's `best`):
+  siglip_gelu_epilogue  SigLIP's fc1 + GELU(tanh) as one cuBLASLt GEMM with the activation in
+                        its epilogue (`_addmm_activation`) instead of a GEMM and an inductor
+                        kernel. Also checks, on the GPU, that the epilogue is the tanh GELU.
+"""
+
+from __future__ import annotations
+
+import argparse
+
+import torch
+import torch.nn.functional as F
+from engine_ab import ab_result, finish, interleave  # benchmarks/ (the script's folder is on sys.path)
+
+from vlaperf.check import check_equivalence
+from vlaperf.engine import Engine
+from vlaperf.inputs import random_noise, random_observation
+from vlaperf.models.pi0 import build_model
+from vlaperf.workloads import get_workload
+
+
+def without_gelu_epilogue(engine: Engine) -> None:
+    for lw in engine.weights.vision:
+        lw.gelu_epilogue = False
+
+
+def gelu_epilogue_check(model) -> dict:
+    """`_addmm_activation(use_gelu=True)` against F.gelu tanh / erf on SigLIP's fc1 shape (two
+    images' rows), in float32 and in the model's dtype: which GELU the epilogue computes here."""
+    fc1 = model.vision.encoder.layers[0].mlp.fc1
+    out = {}
+    for dtype in (torch.float32, fc1.weight.dtype):
+        w, b = fc1.weight.to(dtype), fc1.bias.to(dtype)
+        h = torch.randn(512, w.shape[1], device=w.device, dtype=dtype)
+        fused = torch._addmm_activation(b, h, w.t(), use_gelu=True).float()
+        pre = F.linear(h.float(), w.float(), b.float())
+        out[str(dtype).split(".")[-1]] = {
+            "max_abs_vs_tanh": (fused - F.gelu(pre, approximate="tanh")).abs().max().item(),
+            "max_abs_vs_erf": (fused - F.gelu(pre)).abs().max().item()}
+    return out
+
+
+CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--workload", default="libero-pi0")
+    p.add_argument("--change", required=True, choices=sorted(CHANGES))
+    p.add_argument("--rounds", type=int, default=60)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    undo, probe = CHANGES[args.change]
+    w = get_workload(args.workload)
+    model = build_model(w.preset, "cuda")
+    obs, noise = random_observation(w, model.config, "cuda"), random_noise(w, model.config, "cuda")
+    without = Engine(model, "best")
+    undo(without)
+    out_without = without.sample_actions(obs, noise, w.steps)  # compiled and captured without the change
+    today = Engine(model, "best")
+    out_today = today.sample_actions(obs, noise, w.steps)
+    samples = interleave({"without": lambda: without.sample_actions(obs, noise, w.steps),
+                          "with": lambda: today.sample_actions(obs, noise, w.steps)}, args.rounds)
+    result = ab_result("prefix-ab", w, model, today, samples, "without", "with")
+    result.update(change=args.change, probe=probe(model),
+                  rel_l2_with_vs_without=((out_today - out_without).norm() / out_without.norm()).item(),
+                  equivalence_with=check_equivalence(model, today, w))
+    print("probe:", result["probe"])
+    finish(result, "rel_l2_with_vs_without", "equivalence_with", args.json)
+
+
+if __name__ == "__main__":
+    main()
