@@ -1,11 +1,15 @@
 #!/usr/bin/env bash
 # Session 8 device runs (nvidia-h200-x2, one lane per GPU), by part:
 #   PART=a   A: the batch-4 puzzle (perf notes 22b), side one: the kernel table of best (layers)
-#               at batch 4 alone; then prefix_ab.py siglip_gelu_epilogue (SigLIP's fc1 + GELU
-#               as one cuBLASLt GEMM with a GELU epilogue, against a GEMM + an inductor kernel)
+#               at batch 4 alone; then prefix_ab.py (now change_ab.py) siglip_gelu_epilogue
+#               (SigLIP's fc1 + GELU as one cuBLASLt GEMM with a GELU epilogue, against a GEMM + an
+#               inductor kernel): 1.021x
 #            B: 22b side two: the same table with the batched engine built, run and checked in
 #               the process first; then every kernel of one libero-pi0 best call in launch order
 #               (profile_kernels.py --sequence) with inductor's generated code (TORCH_LOGS)
+#   PART=b   change_ab.py step_attention_kernel (the step's torch layers attend through the
+#            split-key Triton kernel, not cuBLAS's folded matmuls): A at batch 4, then pi0.5;
+#            B at batch 8, then call_overhead.py (the call against its graph replay and copies)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session8.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -13,11 +17,21 @@ case "${PART:-a}" in
 a)
   lane A 0 20 <<EOT &
 200 python3 benchmarks/profile_kernels.py --workload libero-pi0-b4 --rows 30 --levers best > $R/kernels_b4_layers_alone_s8.txt 2>&1; tail -10 $R/kernels_b4_layers_alone_s8.txt
-240 python3 benchmarks/prefix_ab.py --change siglip_gelu_epilogue --json $R/prefix_ab_libero-pi0_gelu_epilogue.json
+240 python3 benchmarks/prefix_ab.py  # (renamed change_ab.py after this run) --change siglip_gelu_epilogue --json $R/prefix_ab_libero-pi0_gelu_epilogue.json
 EOT
   lane B 1 20 <<EOT &
 300 python3 benchmarks/profile_kernels.py --workload libero-pi0-b4 --rows 30 --levers best --also "$G,megakernel=batched" > $R/kernels_b4_layers_beside_batched_s8.txt 2>&1; tail -10 $R/kernels_b4_layers_beside_batched_s8.txt
 200 TORCH_LOGS=output_code python3 benchmarks/profile_kernels.py --workload libero-pi0 --rows 60 --levers best --sequence $R/kernel_sequence_best_s8.txt > $R/kernels_best_output_code_s8.txt 2>&1; grep -A12 "^per call" $R/kernels_best_output_code_s8.txt; tail -1 $R/kernel_sequence_best_s8.txt
+EOT
+  ;;
+b)
+  lane A 0 20 <<EOT &
+280 python3 benchmarks/change_ab.py --change step_attention_kernel --workload libero-pi0-b4 --rounds 40 --json $R/change_ab_libero-pi0-b4_step_attention.json
+200 python3 benchmarks/change_ab.py --change step_attention_kernel --workload libero-pi05 --json $R/change_ab_libero-pi05_step_attention.json
+EOT
+  lane B 1 20 <<EOT &
+330 python3 benchmarks/change_ab.py --change step_attention_kernel --workload libero-pi0-b8 --rounds 30 --json $R/change_ab_libero-pi0-b8_step_attention.json
+150 python3 benchmarks/call_overhead.py --workload libero-pi0 --json $R/call_overhead_libero-pi0.json
 EOT
   ;;
 esac

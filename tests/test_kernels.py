@@ -162,12 +162,26 @@ LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
     m5 = build_model(get_config("tiny", pi05=True), "cpu", torch.float32, seed=0)
     obs5, noise5 = random_observation(w, m5.config, seed=4), random_noise(w, m5.config, seed=4)
     ref5 = m5.sample_actions(obs5, noise5, w.steps)
-    before = (len(calls), len(prefix_calls))
+    before = (len(calls), len(prefix_calls), len(attn_calls))
     levers = "for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections,triton_kernels"
     out5 = Engine(m5, levers).sample_actions(obs5, noise5, w.steps)
     err = ((out5 - ref5).norm() / ref5.norm()).item()
     assert err < 1e-4, err
     assert (len(calls), len(prefix_calls)) == (before[0] + 2 * 4, before[1] + 1), (len(calls), len(prefix_calls))
+    # its expert layers (torch layers) attend through the split-key kernel: 2 layers x 4 steps
+    assert len(attn_calls) == before[2] + 2 * 4 + 1, len(attn_calls)
+
+    # batch 8 (88 suffix rows, more than the layer kernels take): the step's torch layers attend
+    # through the split-key kernel too, per sample over its own cache and mask
+    w8 = w.with_overrides(batch=8)
+    obs8, noise8 = random_observation(w8, model.config, seed=5), random_noise(w8, model.config, seed=5)
+    ref8 = model.sample_actions(obs8, noise8, w8.steps)
+    before = (len(calls), len(attn_calls))
+    out8 = Engine(model, levers).sample_actions(obs8, noise8, w8.steps)
+    err = ((out8 - ref8).norm() / ref8.norm()).item()
+    assert err < 1e-4, err
+    # no layer kernel (rows > 64), the 3 float32 heads don't apply (more than 64 rows) either
+    assert len(attn_calls) == before[1] + 2 * 4 + 1, len(attn_calls)
     print("ok")
     """
 )

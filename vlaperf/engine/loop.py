@@ -11,7 +11,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vlaperf.engine.attention import suffix_mask
-from vlaperf.engine.fusion import EngineWeights
+from vlaperf.engine.fusion import EngineWeights, GemmaLayerW
 from vlaperf.engine.layers import gemma_layer, gemma_layer_small_m, modulated, rms_normalize, small_m_layer_applies
 from vlaperf.models.pi0 import Pi0Model, rope_cos_sin
 
@@ -115,6 +115,19 @@ def step_kernel_applies(ew: EngineWeights, ctx: SuffixContext, x: Tensor, batche
     return x.shape[0] == 1 and x.shape[1] <= TUNED_ROWS
 
 
+def step_attention_kernel(lw: GemmaLayerW, kernels: bool, mask: Tensor | None):
+    """The attention of a step's torch layers (batches, pi0.5, and pi0 without the step kernel):
+    with `kernels` and one shared K/V head, the split-key Triton kernel over the cache
+    (kernels/suffix_attention.py, any batch), else None (the folded matmuls of `attention`).
+    At batch 4 cuBLAS ran the folded matmuls as sm75 CUTLASS kernels, ~47 us a layer: the
+    cache's 595 keys are not a multiple of 8, so the probabilities' rows are not 16-byte aligned."""
+    if not kernels or mask is None or lw.num_kv_heads != 1:
+        return None
+    from vlaperf.engine.kernels.ops import suffix_attention  # a custom op: compile sees through
+
+    return suffix_attention
+
+
 def denoise_step(
     model: Pi0Model, ew: EngineWeights, ctx: SuffixContext, x_t: Tensor, t: Tensor, table_row: dict | None, use_sdpa: bool,
     kernels: bool = False, megakernel: bool = False,
@@ -150,7 +163,9 @@ def denoise_step(
             if kernels and small_m_layer_applies(lw, x.shape[0] * Ts):
                 x, _ = gemma_layer_small_m(lw, x, eps, cos, sin, kernel_mask, use_sdpa, **cache)
             else:
-                x, _ = gemma_layer(lw, x, eps, cos, sin, mask, use_sdpa, mod=mod, ada_cond=adarms, **cache)
+                attend = step_attention_kernel(lw, kernels, mask)
+                x, _ = gemma_layer(lw, x, eps, cos, sin, kernel_mask if attend else mask, use_sdpa, mod=mod,
+                                   ada_cond=adarms, attend=attend, **cache)
     if mods is not None:
         x = modulated(x, eps, mods[-2], mods[-1])
     elif cfg.pi05:

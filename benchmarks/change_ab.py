@@ -1,18 +1,24 @@
-"""`best` with one prefix change against `best` without it, in one process, interleaved: the
+"""`best` with one engine change against `best` without it, in one process, interleaved: the
 whole call, as `step_config_ab.py` does for the step kernel's tilings.
 
-    python benchmarks/prefix_ab.py --change siglip_gelu_epilogue --json $OUT/prefix_ab_gelu.json
+    python benchmarks/change_ab.py --change siglip_gelu_epilogue --json $OUT/change_ab_gelu.json
+    python benchmarks/change_ab.py --change step_attention_kernel --workload libero-pi0-b4
 
-Changes (each one flips flags on engine A's weights before its first call, so A is compiled
-and captured without it; B is today's `best`):
-  siglip_gelu_epilogue  SigLIP's fc1 + GELU(tanh) as one cuBLASLt GEMM with the activation in
-                        its epilogue (`_addmm_activation`) instead of a GEMM and an inductor
-                        kernel. Also checks, on the GPU, that the epilogue is the tanh GELU.
+Engine A is compiled and captured with the change undone (a context around its first call:
+the CUDA graph keeps what was captured, so undoing it only for that call is enough); B is
+today's `best`. Changes:
+  siglip_gelu_epilogue   SigLIP's fc1 + GELU(tanh) as one cuBLASLt GEMM with the activation in
+                         its epilogue (`_addmm_activation`) instead of a GEMM and an inductor
+                         kernel. Also checks, on the GPU, that the epilogue is the tanh GELU.
+                         (Session 8's first run wrote its file as command "prefix-ab".)
+  step_attention_kernel  the step's torch layers (batches, pi0.5) attend through the split-key
+                         Triton kernel instead of the folded matmuls (loop.step_attention_kernel).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 
 import torch
 import torch.nn.functional as F
@@ -25,9 +31,23 @@ from vlaperf.models.pi0 import build_model
 from vlaperf.workloads import get_workload
 
 
-def without_gelu_epilogue(engine: Engine) -> None:
+@contextlib.contextmanager
+def without_gelu_epilogue(engine: Engine):
     for lw in engine.weights.vision:
         lw.gelu_epilogue = False
+    yield
+
+
+@contextlib.contextmanager
+def without_step_attention_kernel(engine: Engine):
+    from vlaperf.engine import loop
+
+    real = loop.step_attention_kernel
+    loop.step_attention_kernel = lambda *a: None
+    try:
+        yield
+    finally:
+        loop.step_attention_kernel = real
 
 
 def gelu_epilogue_check(model) -> dict:
@@ -46,7 +66,8 @@ def gelu_epilogue_check(model) -> dict:
     return out
 
 
-CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check)}
+CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
+           "step_attention_kernel": (without_step_attention_kernel, lambda model: {})}
 
 
 def main() -> None:
@@ -61,13 +82,13 @@ def main() -> None:
     model = build_model(w.preset, "cuda")
     obs, noise = random_observation(w, model.config, "cuda"), random_noise(w, model.config, "cuda")
     without = Engine(model, "best")
-    undo(without)
-    out_without = without.sample_actions(obs, noise, w.steps)  # compiled and captured without the change
+    with undo(without):
+        out_without = without.sample_actions(obs, noise, w.steps)  # compiled and captured without the change
     today = Engine(model, "best")
     out_today = today.sample_actions(obs, noise, w.steps)
     samples = interleave({"without": lambda: without.sample_actions(obs, noise, w.steps),
                           "with": lambda: today.sample_actions(obs, noise, w.steps)}, args.rounds)
-    result = ab_result("prefix-ab", w, model, today, samples, "without", "with")
+    result = ab_result("change-ab", w, model, today, samples, "without", "with")
     result.update(change=args.change, probe=probe(model),
                   rel_l2_with_vs_without=((out_today - out_without).norm() / out_without.norm()).item(),
                   equivalence_with=check_equivalence(model, today, w))

@@ -1,0 +1,60 @@
+"""What a graphed call costs besides its kernels: the whole `sample_actions` against the graph
+replay alone and the input copies alone, interleaved in one process, each synced and timed
+on the host clock (no profiler: CUPTI's kernel tracing adds its own launch cost to graphs).
+
+    python benchmarks/call_overhead.py --workload libero-pi0 --json $OUT/call_overhead.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+
+from engine_ab import interleave  # benchmarks/ (the script's folder is on sys.path)
+
+from vlaperf.engine import Engine
+from vlaperf.inputs import random_noise, random_observation
+from vlaperf.models.pi0 import build_model
+from vlaperf.report.schema import SCHEMA
+from vlaperf.timing import environment_record
+from vlaperf.workloads import get_workload
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--workload", default="libero-pi0")
+    p.add_argument("--levers", default="best")
+    p.add_argument("--rounds", type=int, default=200)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    w = get_workload(args.workload)
+    model = build_model(w.preset, "cuda")
+    obs, noise = random_observation(w, model.config, "cuda"), random_noise(w, model.config, "cuda")
+    engine = Engine(model, args.levers)
+    engine.sample_actions(obs, noise, w.steps)
+    if engine.graphs is None:
+        raise SystemExit("call_overhead.py needs an engine with cuda_graph")
+    (entry,) = engine.graphs.entries.values()
+    inputs = [obs.images, obs.image_mask, obs.tokens, obs.token_mask, obs.state, noise]
+
+    def copies():
+        for static, x in zip(entry.static_inputs, inputs):
+            static.copy_(x, non_blocking=True)
+
+    samples = interleave({"call": lambda: engine.sample_actions(obs, noise, w.steps),
+                          "replay": entry.graph.replay, "copies": copies,
+                          "output_clone": entry.output.clone, "sync_only": lambda: None}, args.rounds)
+    medians = {k: statistics.median(v) for k, v in samples.items()}
+    result = {"schema": SCHEMA, "command": "call-overhead", "workload": {"id": w.id, "overrides": {}},
+              "variant": {"levers": engine.levers.names(), "label": engine.name, "dtype": str(model.dtype).split(".")[-1]},
+              "env": environment_record("cuda"), "rounds": args.rounds, "median_ms": medians,
+              "input_bytes": sum(x.numel() * x.element_size() for x in inputs), "samples_ms": samples}
+    print(json.dumps(medians))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
