@@ -13,6 +13,10 @@ today's `best`. Changes:
                          (Session 8's first run wrote its file as command "prefix-ab".)
   step_attention_kernel  the step's torch layers (batches, pi0.5) attend through the split-key
                          Triton kernel instead of the folded matmuls (loop.step_attention_kernel).
+  patch_matmul           SigLIP's patch embedding as one float32 matmul of the patches
+                         (prefix.patch_embed) instead of cuDNN's convolution.
+  siglip_sdpa_flash      SigLIP's attention with SDPA's flash kernel first
+                         (layers.SIGLIP_SDPA_PRIORITY) instead of torch's order (cuDNN first).
 """
 
 from __future__ import annotations
@@ -66,8 +70,28 @@ def gelu_epilogue_check(model) -> dict:
     return out
 
 
+@contextlib.contextmanager
+def without_patch_matmul(engine: Engine):
+    engine.weights.patch = None
+    yield
+
+
+@contextlib.contextmanager
+def without_siglip_sdpa_priority(engine: Engine):
+    from vlaperf.engine import layers
+
+    real = layers.SIGLIP_SDPA_PRIORITY
+    layers.SIGLIP_SDPA_PRIORITY = None
+    try:
+        yield
+    finally:
+        layers.SIGLIP_SDPA_PRIORITY = real
+
+
 CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
-           "step_attention_kernel": (without_step_attention_kernel, lambda model: {})}
+           "step_attention_kernel": (without_step_attention_kernel, lambda model: {}),
+           "patch_matmul": (without_patch_matmul, lambda model: {}),
+           "siglip_sdpa_flash": (without_siglip_sdpa_priority, lambda model: {})}
 
 
 def main() -> None:

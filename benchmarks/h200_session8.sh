@@ -34,5 +34,15 @@ EOT
 150 python3 benchmarks/call_overhead.py --workload libero-pi0 --json $R/call_overhead_libero-pi0.json
 EOT
   ;;
+c)
+  lane A 0 20 <<EOT &
+220 python3 benchmarks/change_ab.py --change patch_matmul --json $R/change_ab_libero-pi0_patch_matmul.json
+220 python3 benchmarks/change_ab.py --change siglip_sdpa_flash --json $R/change_ab_libero-pi0_siglip_sdpa_flash.json
+EOT
+  lane B 1 20 <<EOT &
+200 $V bench --workload libero-pi0-b4 --levers best $B --json $R/bench_libero-pi0-b4_best-s8_model.json
+240 $V bench --workload libero-pi0-b8 --levers best $B --json $R/bench_libero-pi0-b8_best-s8_model.json
+EOT
+  ;;
 esac
 finish  # lanes.sh: waits for both lanes, then $OUT/results.tgz holds every finished file

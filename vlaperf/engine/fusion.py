@@ -114,6 +114,7 @@ class ExpertStack:
 
 @dataclass
 class EngineWeights:
+    patch: tuple[Tensor, Tensor] | None  # SigLIP's patch conv as a (D, 3*p*p) matrix and bias (fused)
     vision: list[SiglipLayerW]
     backbone: list[GemmaLayerW]  # its final norm is never needed: the actions read only its K/V
     expert: list[GemmaLayerW]
@@ -165,7 +166,9 @@ def release_reference_copies(model: Pi0Model, ew: EngineWeights) -> int:
 
 def build_weights(model: Pi0Model, fuse: bool) -> EngineWeights:
     with torch.no_grad():
+        conv = model.vision.embeddings.patch_embedding
         return EngineWeights(
+            patch=(conv.weight.flatten(1), conv.bias) if fuse else None,
             vision=[siglip_layer_weights(l, fuse) for l in model.vision.encoder.layers],
             backbone=[gemma_layer_weights(l, fuse) for l in model.backbone.layers],
             expert=[gemma_layer_weights(l, fuse) for l in model.expert.layers],
