@@ -1,5 +1,5 @@
 """What a graphed call costs besides its kernels: the whole `sample_actions` against the graph
-replay alone and the input copies alone, interleaved in one process, each synced and timed
+replay alone and the input copies alone (per tensor, and in one `_foreach_copy_`), interleaved in one process, each synced and timed
 on the host clock (no profiler: CUPTI's kernel tracing adds its own launch cost to graphs).
 
     python benchmarks/call_overhead.py --workload libero-pi0 --json $OUT/call_overhead.json
@@ -11,6 +11,7 @@ import argparse
 import json
 import statistics
 
+import torch
 from engine_ab import interleave  # benchmarks/ (the script's folder is on sys.path)
 
 from vlaperf.engine import Engine
@@ -38,12 +39,13 @@ def main() -> None:
     (entry,) = engine.graphs.entries.values()
     inputs = [obs.images, obs.image_mask, obs.tokens, obs.token_mask, obs.state, noise]
 
-    def copies():
+    def copies():  # one copy_ per input, as GraphCache.run did before session 8
         for static, x in zip(entry.static_inputs, inputs):
             static.copy_(x, non_blocking=True)
 
     samples = interleave({"call": lambda: engine.sample_actions(obs, noise, w.steps),
                           "replay": entry.graph.replay, "copies": copies,
+                          "copies_foreach": lambda: torch._foreach_copy_(entry.static_inputs, inputs, non_blocking=True),
                           "output_clone": entry.output.clone, "sync_only": lambda: None}, args.rounds)
     medians = {k: statistics.median(v) for k, v in samples.items()}
     result = {"schema": SCHEMA, "command": "call-overhead", "workload": {"id": w.id, "overrides": {}},

@@ -15,8 +15,8 @@ today's `best`. Changes:
                          Triton kernel instead of the folded matmuls (loop.step_attention_kernel).
   patch_matmul           SigLIP's patch embedding as one float32 matmul of the patches
                          (prefix.patch_embed) instead of cuDNN's convolution.
-  siglip_sdpa_flash      SigLIP's attention with SDPA's flash kernel first
-                         (layers.SIGLIP_SDPA_PRIORITY) instead of torch's order (cuDNN first).
+(siglip_sdpa_flash, SDPA's flash kernel first for SigLIP's attention, ran at 1d8a3f5: no gain,
+taken out; docs/perf-notes.md, session 8.)
 """
 
 from __future__ import annotations
@@ -76,22 +76,9 @@ def without_patch_matmul(engine: Engine):
     yield
 
 
-@contextlib.contextmanager
-def without_siglip_sdpa_priority(engine: Engine):
-    from vlaperf.engine import layers
-
-    real = layers.SIGLIP_SDPA_PRIORITY
-    layers.SIGLIP_SDPA_PRIORITY = None
-    try:
-        yield
-    finally:
-        layers.SIGLIP_SDPA_PRIORITY = real
-
-
 CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "step_attention_kernel": (without_step_attention_kernel, lambda model: {}),
-           "patch_matmul": (without_patch_matmul, lambda model: {}),
-           "siglip_sdpa_flash": (without_siglip_sdpa_priority, lambda model: {})}
+           "patch_matmul": (without_patch_matmul, lambda model: {})}
 
 
 def main() -> None:

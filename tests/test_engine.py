@@ -12,6 +12,7 @@ from vlaperf.engine import LEVERS, Engine, LeverError, Levers
 from vlaperf.engine.levers import EXPERIMENTAL
 from vlaperf.engine.prefix import prompt_bucket
 from vlaperf.inputs import random_noise, random_observation
+from vlaperf.models.pi0 import build_model
 from vlaperf.workloads import get_workload
 
 PLAIN = [n for n in LEVERS if n not in ("cuda_graph", "compile") + EXPERIMENTAL]
@@ -261,3 +262,36 @@ def test_a_step_kernel_barrier_timeout_is_reported_once_and_fails_the_policy_cal
         policy.infer(make_example(w))
     assert S.take_barrier_timeouts(engine.device) == 0  # taken and cleared by the failed call
     assert policy.infer(make_example(w))["actions"].dtype == np.float32
+
+
+def test_patch_embed_matmul_equals_the_conv():
+    """SigLIP's patch embedding as a matmul of the patches (fused weights) is the conv's result."""
+    from vlaperf.engine.fusion import build_weights
+    from vlaperf.engine.prefix import patch_embed
+
+    model = build_model("tiny", "cpu", torch.float32, seed=0)
+    ew = build_weights(model, fuse=True)
+    images = torch.rand(3, 3, model.config.vision.image_size, model.config.vision.image_size) * 2 - 1
+    ref = model.vision.embeddings(images)
+    out = patch_embed(ew.patch, images, model.vision.embeddings)
+    assert out.shape == ref.shape
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+    assert build_weights(model, fuse=False).patch is None
+
+
+def test_siglip_gelu_epilogue_is_cuda_only_and_computes_fc1_gelu():
+    """The fused fc1 + GELU call is used only where `_addmm_activation` is the tanh GELU (CUDA:
+    the H200 probe in change_ab_... files); on the CPU it is the erf GELU, so the CPU weights
+    keep the two-step form. The call's shapes and bias are checked here against erf."""
+    import torch.nn.functional as F
+
+    from vlaperf.engine.fusion import build_weights
+    from vlaperf.engine.layers import siglip_fc1_gelu
+
+    model = build_model("tiny", "cpu", torch.float32, seed=0)
+    lw = build_weights(model, fuse=True).vision[0]
+    assert lw.gelu_epilogue is False
+    h = torch.randn(2, 5, lw.fc1[0].shape[1])
+    torch.testing.assert_close(siglip_fc1_gelu(lw, h), F.gelu(F.linear(h, *lw.fc1), approximate="tanh"))
+    lw.gelu_epilogue = True
+    torch.testing.assert_close(siglip_fc1_gelu(lw, h), F.gelu(F.linear(h, *lw.fc1)), rtol=1e-5, atol=1e-5)

@@ -36,8 +36,8 @@ class GraphCache:
         entry = self.entries.get(key)
         if entry is None:
             entry = self.entries[key] = self._capture(build(), inputs)
-        for static, x in zip(entry.static_inputs, inputs):
-            static.copy_(x, non_blocking=True)
+        # one call for every input (one dispatch from Python, not one per tensor)
+        torch._foreach_copy_(entry.static_inputs, inputs, non_blocking=True)
         entry.graph.replay()
         return entry.output.clone()
 

@@ -7,7 +7,6 @@ from __future__ import annotations
 import torch
 import torch.nn.functional as F
 from torch import Tensor
-from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from vlaperf.engine.attention import attention
 from vlaperf.engine.fusion import GemmaLayerW, SiglipLayerW
@@ -36,13 +35,6 @@ def adaptive_from_dense(x: Tensor, eps: float, dense: tuple[Tensor, Tensor], con
 
 # ------------------------------------------------------------------------ SigLIP
 
-# The order in which SDPA tries its fused kernels for SigLIP's unmasked attention (head dim
-# 72), or None for torch's own (cuDNN first on Hopper: in the graph each cuDNN call comes with
-# a memset and a ~4 us gap before it, perf-notes session 8). The choice is made when the
-# prefix is traced, so it holds inside the compiled code and the CUDA graph.
-SIGLIP_SDPA_PRIORITY = [SDPBackend.FLASH_ATTENTION, SDPBackend.CUDNN_ATTENTION, SDPBackend.EFFICIENT_ATTENTION,
-                        SDPBackend.MATH]
-
 
 def siglip_layer(lw: SiglipLayerW, x: Tensor, eps: float, use_sdpa: bool) -> Tensor:
     B, T, D = x.shape
@@ -52,11 +44,7 @@ def siglip_layer(lw: SiglipLayerW, x: Tensor, eps: float, use_sdpa: bool) -> Ten
     else:
         q, k, v = F.linear(h, *lw.q), F.linear(h, *lw.k), F.linear(h, *lw.v)
     heads = lambda t: t.view(B, T, lw.num_heads, D // lw.num_heads).transpose(1, 2)  # noqa: E731
-    if use_sdpa and SIGLIP_SDPA_PRIORITY is not None:
-        with sdpa_kernel(SIGLIP_SDPA_PRIORITY, set_priority=True):
-            out = attention(heads(q), heads(k), heads(v), None, use_sdpa)
-    else:
-        out = attention(heads(q), heads(k), heads(v), None, use_sdpa)
+    out = attention(heads(q), heads(k), heads(v), None, use_sdpa)
     x = x + F.linear(out.transpose(1, 2).reshape(B, T, D), *lw.out)
     h = F.layer_norm(x, (D,), *lw.ln2, eps)
     return x + F.linear(siglip_fc1_gelu(lw, h), *lw.fc2)
