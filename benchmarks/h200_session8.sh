@@ -44,5 +44,17 @@ EOT
 240 $V bench --workload libero-pi0-b8 --levers best $B --json $R/bench_libero-pi0-b8_best-s8_model.json
 EOT
   ;;
+d)
+  lane A 0 20 <<EOT &
+150 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s8_model.json
+150 $V bench --workload libero-pi0 --levers best --mode policy $B --json $R/bench_libero-pi0_best-s8_policy.json
+150 python3 benchmarks/call_overhead.py --workload libero-pi0 --json $R/call_overhead_libero-pi0_foreach.json
+EOT
+  lane B 1 20 <<EOT &
+120 $V bench --workload libero-shallow6 --levers best $B --json $R/bench_libero-shallow6_best-s8_model.json
+150 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s8_model.json
+220 $V scaling --workload libero-pi0 --levers best --no-progress --json $R/scaling_libero-pi0_best_s8.json --plot $R/scaling_libero-pi0_best_s8.png
+EOT
+  ;;
 esac
 finish  # lanes.sh: waits for both lanes, then $OUT/results.tgz holds every finished file
