@@ -56,5 +56,13 @@ EOT
 220 $V scaling --workload libero-pi0 --levers best --no-progress --json $R/scaling_libero-pi0_best_s8.json --plot $R/scaling_libero-pi0_best_s8.png
 EOT
   ;;
+e)
+  lane A 0 20 <<EOT &
+330 $V matrix --workload libero-pi0-b4 --variants "best;$G,megakernel=batched" --no-progress --iters 30 --warmup 5 --json $R/matrix_libero-pi0-b4_batched_s8.json
+EOT
+  lane B 1 20 <<EOT &
+200 python3 benchmarks/profile_kernels.py --workload libero-pi0-b4 --rows 30 --levers best > $R/kernels_b4_best_s8.txt 2>&1; tail -10 $R/kernels_b4_best_s8.txt
+EOT
+  ;;
 esac
 finish  # lanes.sh: waits for both lanes, then $OUT/results.tgz holds every finished file
