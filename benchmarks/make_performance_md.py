@@ -255,7 +255,7 @@ def kernel_tables(results):
 
 def ab_tables(results):
     """In-process A/B files of one change inside the whole call (benchmarks/heads_ab.py,
-    benchmarks/step_config_ab.py, benchmarks/prefix_tiles_ab.py): medians of both sides and the per-round ratio. The commit
+    benchmarks/step_config_ab.py, benchmarks/prefix_tiles_ab.py, benchmarks/change_ab.py): medians of both sides and the per-round ratio. The commit
     says which kernel ran (the heads: float32 FMA products at 55d64b1, TF32x3 from session 6)."""
     rows = ["| change | workload | commit | old side ms | new side ms | speedup (old / new, median) | p10..p90 | new side rel L2 vs reference | file |",
             "|---|---|---|---|---|---|---|---|---|"]
@@ -268,12 +268,28 @@ def ab_tables(results):
         elif r["command"] == "prefix-tiles-ab":
             diff = [f"{k} {r['today_tiles'].get(k)}->{v}" for k, v in r["pick_tiles"].items() if r["today_tiles"].get(k) != v]
             change, old, new, eq = "prefix attention tiles: " + (", ".join(diff) or "unchanged"), "today", "pick", r["equivalence_pick"]
+        elif r["command"] in ("change-ab", "prefix-ab"):  # benchmarks/change_ab.py (its first file: "prefix-ab")
+            change, old, new, eq = f"engine change: {r['change']}", "without", "with", r["equivalence_with"]
         else:
             continue
         lo, hi = r["speedup_p10_p90"]
         rows.append(f"| {change} | {r['workload']['id']} | {(r['env'].get('git_commit') or '')[:7]} | {_ms(r['median_ms'][old])} | {_ms(r['median_ms'][new])} | "
                     f"{r['speedup_median']:.3f}x | {lo:.3f}..{hi:.3f} | {_rel(eq)} | `{path.relative_to(ROOT)}` |")
     return rows + [""] if len(rows) > 2 else []
+
+
+def call_overhead_tables(results):
+    """benchmarks/call_overhead.py: a graphed call against its replay alone and its pieces."""
+    out = []
+    for path, r in results:
+        if r["command"] != "call-overhead":
+            continue
+        m = r["median_ms"]
+        out += [f"`{path.relative_to(ROOT)}` ({r['workload']['id']}, {_short(r['variant']['label'])}, commit "
+                f"{(r['env'].get('git_commit') or '')[:7]}, {r['rounds']} interleaved rounds, each synced): the call "
+                f"costs {m['call'] - m['replay']:.3f} ms more than its graph replay", "",
+                "| piece | median ms |", "|---|---|"] + [f"| {k} | {v:.3f} |" for k, v in m.items()] + [""]
+    return out
 
 
 def main() -> None:
@@ -294,6 +310,7 @@ def main() -> None:
     lines += ["## Serving (`vlaperf serve` + `vlaperf loadgen`)", ""] + loadgen_tables(results)
     lines += ["## Side by side with LeRobot (`vlaperf compare`)", ""] + compare_tables(results)
     lines += ["## One change inside the whole call, A/B in one process (`benchmarks/*_ab.py`)", ""] + ab_tables(results)
+    lines += ["## A graphed call besides its replay (`benchmarks/call_overhead.py`)", ""] + call_overhead_tables(results)
     lines += ["## Kernels (`benchmarks/*_bench.py`)", ""] + kernel_tables(results)
     OUT.write_text("\n".join(lines) + "\n")
     print(f"wrote {OUT}")

@@ -585,6 +585,29 @@ def _prefix_tiles_ab(doc: _Doc, path: str, r: dict) -> None:
     doc.table(["side", "median ms"], [[k, v] for k, v in r["median_ms"].items()] + [["speedup", r["speedup_median"]]])
 
 
+def _change_ab(doc: _Doc, path: str, r: dict) -> None:
+    """benchmarks/change_ab.py (session 8's first file says "prefix-ab"): `best` with one
+    engine change undone for engine A's capture against today's `best`, interleaved."""
+    eq = r.get("equivalence_with") or {}
+    doc.h(3, f"change A/B: {r['change']}: {r['workload']['id']}, {r['variant']['label']} on {_gpu(r)}")
+    doc.p(f"{r['rounds']} interleaved rounds in one process; speedup = without over with, median of per-round ratios "
+          f"(p10..p90 {r['speedup_p10_p90'][0]:.3f}..{r['speedup_p10_p90'][1]:.3f}); outputs differ by rel L2 "
+          f"{r['rel_l2_with_vs_without']:.1e}; with the change against the reference: rel L2 "
+          f"{eq.get('rel_l2', float('nan')):.1e}, passed {eq.get('passed')}", "")
+    doc.table(["side", "median ms"], [[k, v] for k, v in r["median_ms"].items()] + [["speedup", r["speedup_median"]]])
+    for dtype, probe in (r.get("probe") or {}).items():
+        doc.p(f"probe ({dtype}): " + ", ".join(f"{k} {v:.1e}" for k, v in probe.items()), "note")
+
+
+def _call_overhead(doc: _Doc, path: str, r: dict) -> None:
+    """benchmarks/call_overhead.py: a graphed call against its replay alone and its pieces."""
+    m = r["median_ms"]
+    doc.h(3, f"call overhead: {r['workload']['id']}, {r['variant']['label']} on {_gpu(r)}")
+    doc.p(f"{r['rounds']} interleaved rounds, each piece synced and timed on the host clock; the call costs "
+          f"{m['call'] - m['replay']:.3f} ms more than its graph replay alone ({r['input_bytes'] / 1e6:.2f} MB of inputs)", "")
+    doc.table(["piece", "median ms"], [[k, v] for k, v in m.items()])
+
+
 def _kernel_bench(doc: _Doc, path: str, r: dict) -> None:
     doc.h(3, f"kernel bench: {r['variant']['label']} on {_gpu(r)}")
     if "cases" in r:
@@ -700,15 +723,17 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
     for msg in problems:
         doc.p("skipped " + msg, "warn")
     by_cmd: dict[str, list[tuple[str, dict]]] = {}
-    for p, r in results:
-        by_cmd.setdefault(r["command"], []).append((p, r))
+    for p, r in results:  # "prefix-ab": the first change-ab file's name for its command
+        by_cmd.setdefault("change-ab" if r["command"] == "prefix-ab" else r["command"], []).append((p, r))
     sections = (("bench", "Latency (bench)"), ("matrix", "Optimization matrix"), ("check", "Equivalence (check)"),
                 ("breakdown", "Stage breakdown"), ("scaling", "T(N) scaling"), ("syncs", "Host syncs"),
                 ("doctor", "Doctor"), ("loadgen", "Serving under load (loadgen)"),
                 ("compare", "Side by side with a peer (compare)"), ("kernel-bench", "Kernels (kernel-bench)"),
                 ("heads-ab", "The step's float32 heads, A/B (heads-ab)"),
                 ("step-config-ab", "The step kernel's tiling, A/B in the whole call (step-config-ab)"),
-                ("prefix-tiles-ab", "The prefix attention kernel's tiles, A/B in the whole call (prefix-tiles-ab)"))
+                ("prefix-tiles-ab", "The prefix attention kernel's tiles, A/B in the whole call (prefix-tiles-ab)"),
+                ("change-ab", "Engine changes, A/B in the whole call (change-ab)"),
+                ("call-overhead", "What a graphed call costs besides its replay (call-overhead)"))
     for cmd, heading in sections:
         items = by_cmd.pop(cmd, [])
         if not items:
@@ -724,7 +749,8 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
             try:
                 {"matrix": _matrix, "check": _check, "breakdown": _breakdown, "scaling": _scaling, "syncs": _syncs,
                  "doctor": _doctor, "compare": _compare, "kernel-bench": _kernel_bench, "heads-ab": _heads_ab,
-                 "step-config-ab": _step_config_ab, "prefix-tiles-ab": _prefix_tiles_ab}[cmd](doc, p, r)
+                 "step-config-ab": _step_config_ab, "prefix-tiles-ab": _prefix_tiles_ab, "change-ab": _change_ab,
+                 "call-overhead": _call_overhead}[cmd](doc, p, r)
             except (KeyError, TypeError, ValueError) as e:
                 doc.p(f"could not render {p}: {type(e).__name__}: {e}", "warn")
     for cmd, items in by_cmd.items():
