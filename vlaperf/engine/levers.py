@@ -22,7 +22,7 @@ LEVERS: dict[str, str] = {
     "fuse_projections": "fused QKV and gate/up matmuls, RMSNorm scales folded into the next linear, time conditioning tabulated per step",
     "cuda_graph": "capture the whole sample_actions (prefix + all steps) in one CUDA graph per input shape, replayed per call",
     "compile": "torch.compile the prefix and the denoise step (mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs)",
-    "triton_kernels": "in `best` on Hopper GPUs, else opt-in: the denoise step's matmuls (RMSNorm/GEGLU/residual fused) and attention as Triton kernels (pi0 and shallow6, batch 1; H200: 1.2-1.3x over graph, 1.07x over compile + graph), its float32 heads as TF32x3 products (1.02x on libero-pi0), and the prefix attention (one K/V head: 24 vs 50 us a layer for SDPA)",
+    "triton_kernels": "in `best` on Hopper GPUs, else opt-in: the denoise step's matmuls (RMSNorm/GEGLU/residual fused) and attention as Triton kernels (pi0 and shallow6, batch 1; H200: 1.2-1.3x over graph, 1.07x over compile + graph), the step's attention at any batch and for pi0.5 (H200 batch 4: 1.24x, batch 8: 1.15x), its float32 heads as TF32x3 products (1.02x on libero-pi0), and the prefix attention (one K/V head: 24 vs 50 us a layer for SDPA)",
     "megakernel": "in `best` on Hopper GPUs, else opt-in: all expert layers of a denoise step in one persistent Triton kernel, grid barriers between its phases (pi0 and shallow6, batch 1; H200: 1.28x over compile + graph + triton_kernels at 10 steps, 1.52x on a step); `megakernel=batched` also sends batches of up to 256 suffix rows (pi0: 4 samples) to it, in one launch (checked; at batch 4 slower than the layers on the H200: 2.10 against 1.53 ms a step)",
 }
 
