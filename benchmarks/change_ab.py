@@ -15,6 +15,8 @@ today's `best`. Changes:
                          Triton kernel instead of the folded matmuls (loop.step_attention_kernel).
   patch_matmul           SigLIP's patch embedding as one float32 matmul of the patches
                          (prefix.patch_embed) instead of cuDNN's convolution.
+  siglip_attention_kernel  SigLIP's attention through the split-key Triton kernel
+                         (prefix.siglip_attention_kernel, triton_kernels) instead of SDPA.
 (siglip_sdpa_flash, SDPA's flash kernel first for SigLIP's attention, ran at 1d8a3f5: no gain,
 taken out; docs/perf-notes.md, session 8.)
 """
@@ -76,9 +78,22 @@ def without_patch_matmul(engine: Engine):
     yield
 
 
+@contextlib.contextmanager
+def without_siglip_attention_kernel(engine: Engine):
+    from vlaperf.engine import prefix
+
+    real = prefix.siglip_attention_kernel
+    prefix.siglip_attention_kernel = lambda *a: None
+    try:
+        yield
+    finally:
+        prefix.siglip_attention_kernel = real
+
+
 CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "step_attention_kernel": (without_step_attention_kernel, lambda model: {}),
-           "patch_matmul": (without_patch_matmul, lambda model: {})}
+           "patch_matmul": (without_patch_matmul, lambda model: {}),
+           "siglip_attention_kernel": (without_siglip_attention_kernel, lambda model: {})}
 
 
 def main() -> None:
