@@ -17,7 +17,7 @@ case "${PART:-a}" in
 a)
   lane A 0 20 <<EOT &
 200 python3 benchmarks/profile_kernels.py --workload libero-pi0-b4 --rows 30 --levers best > $R/kernels_b4_layers_alone_s8.txt 2>&1; tail -10 $R/kernels_b4_layers_alone_s8.txt
-240 python3 benchmarks/prefix_ab.py  # (renamed change_ab.py after this run) --change siglip_gelu_epilogue --json $R/prefix_ab_libero-pi0_gelu_epilogue.json
+240 python3 benchmarks/prefix_ab.py --change siglip_gelu_epilogue --json $R/prefix_ab_libero-pi0_gelu_epilogue.json
 EOT
   lane B 1 20 <<EOT &
 300 python3 benchmarks/profile_kernels.py --workload libero-pi0-b4 --rows 30 --levers best --also "$G,megakernel=batched" > $R/kernels_b4_layers_beside_batched_s8.txt 2>&1; tail -10 $R/kernels_b4_layers_beside_batched_s8.txt
