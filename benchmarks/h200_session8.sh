@@ -10,6 +10,21 @@
 #   PART=b   change_ab.py step_attention_kernel (the step's torch layers attend through the
 #            split-key Triton kernel, not cuBLAS's folded matmuls): A at batch 4, then pi0.5;
 #            B at batch 8, then call_overhead.py (the call against its graph replay and copies)
+#            (b4 1.236x, b8 1.145x, pi0.5 0.999x; call 14.40 ms against its replay alone 14.27)
+#   PART=c   A: change_ab.py patch_matmul (SigLIP's patch conv as one float32 matmul), then
+#               siglip_sdpa_flash (SDPA's flash kernel first for SigLIP's attention)
+#            B: batch 4 and batch 8 benches of best with the step attention kernel
+#            (patch 1.0047x, kept; flash 0.9996x, taken out; b4 34.34 ms, b8 60.96 ms)
+#   PART=d   the closing figures: A: libero-pi0 best bench (model, policy), call_overhead.py
+#            (now also one _foreach_copy_); B: libero-shallow6 and libero-pi05 benches, T(N)
+#            (14.42 ms; policy 15.04; shallow6 6.18; pi05 17.44; T(N) 6.400 + 0.797 N)
+#   PART=e   22b again, now that the layers attend through the kernel: A: session 7's matrix
+#            (best against the batched step kernel, reference interleaved) at batch 4;
+#            B: the kernel table of best at batch 4
+#            (matrix: best 33.67 ms against 38.56 for the batched kernel; 33.0 ms of kernels)
+#   PART=f   A: change_ab.py siglip_attention_kernel (SigLIP's attention through the split-key
+#               kernel, triton_kernels, against SDPA/cuDNN)
+#            B: the kernel sequence of best with it
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session8.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -62,6 +77,14 @@ e)
 EOT
   lane B 1 20 <<EOT &
 200 python3 benchmarks/profile_kernels.py --workload libero-pi0-b4 --rows 30 --levers best > $R/kernels_b4_best_s8.txt 2>&1; tail -10 $R/kernels_b4_best_s8.txt
+EOT
+  ;;
+f)
+  lane A 0 20 <<EOT &
+220 python3 benchmarks/change_ab.py --change siglip_attention_kernel --json $R/change_ab_libero-pi0_siglip_attention.json
+EOT
+  lane B 1 20 <<EOT &
+200 python3 benchmarks/profile_kernels.py --workload libero-pi0 --rows 40 --levers best --sequence $R/kernel_sequence_best_s8f.txt > $R/kernels_best_s8f.txt 2>&1; grep -A12 "^per call" $R/kernels_best_s8f.txt; grep -m3 "_partial_kernel" $R/kernel_sequence_best_s8f.txt; tail -1 $R/kernel_sequence_best_s8f.txt
 EOT
   ;;
 esac
