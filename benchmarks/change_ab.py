@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 
 import torch
 import torch.nn.functional as F
@@ -90,6 +91,12 @@ def without_siglip_attention_kernel(engine: Engine):
         prefix.siglip_attention_kernel = real
 
 
+def suffix_attention_tiles() -> dict:
+    from vlaperf.engine.kernels import suffix_attention
+
+    return dict(suffix_attention.VISION_TILES)
+
+
 CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "step_attention_kernel": (without_step_attention_kernel, lambda model: {}),
            "patch_matmul": (without_patch_matmul, lambda model: {}),
@@ -102,7 +109,16 @@ def main() -> None:
     p.add_argument("--change", required=True, choices=sorted(CHANGES))
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--json", default=None)
+    p.add_argument("--vision-tiles-from", default=None, help="a suffix_attention_bench.py --vision result: its fastest "
+                                                              "correct tiles become suffix_attention.VISION_TILES here")
     args = p.parse_args()
+    if args.vision_tiles_from:
+        from vlaperf.engine.kernels import suffix_attention
+
+        with open(args.vision_tiles_from) as f:
+            sweep = json.load(f)
+        best = min((c for c in sweep["configs"] if "ms" in c and c["rel_l2"] < 1e-2), key=lambda c: c["ms"])
+        suffix_attention.VISION_TILES = {k: best[k] for k in suffix_attention.VISION_TILES}
     undo, probe = CHANGES[args.change]
     w = get_workload(args.workload)
     model = build_model(w.preset, "cuda")
@@ -115,7 +131,7 @@ def main() -> None:
     samples = interleave({"without": lambda: without.sample_actions(obs, noise, w.steps),
                           "with": lambda: today.sample_actions(obs, noise, w.steps)}, args.rounds)
     result = ab_result("change-ab", w, model, today, samples, "without", "with")
-    result.update(change=args.change, probe=probe(model),
+    result.update(change=args.change, probe=probe(model), vision_tiles=suffix_attention_tiles(),
                   rel_l2_with_vs_without=((out_today - out_without).norm() / out_without.norm()).item(),
                   equivalence_with=check_equivalence(model, today, w))
     print("probe:", result["probe"])

@@ -25,6 +25,9 @@
 #   PART=f   A: change_ab.py siglip_attention_kernel (SigLIP's attention through the split-key
 #               kernel, triton_kernels, against SDPA/cuDNN)
 #            B: the kernel sequence of best with it
+#            (0.986x: the kernel took 17.4 us a layer, against cuDNN's 7.4)
+#   PART=g   the vision kernel's tiles swept against SDPA on SigLIP's shape
+#            (suffix_attention_bench.py --vision), then the fastest in the whole call, A/B
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session8.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -85,6 +88,12 @@ f)
 EOT
   lane B 1 20 <<EOT &
 200 python3 benchmarks/profile_kernels.py --workload libero-pi0 --rows 40 --levers best --sequence $R/kernel_sequence_best_s8f.txt > $R/kernels_best_s8f.txt 2>&1; grep -A12 "^per call" $R/kernels_best_s8f.txt; grep -m3 "_partial_kernel" $R/kernel_sequence_best_s8f.txt; tail -1 $R/kernel_sequence_best_s8f.txt
+EOT
+  ;;
+g)
+  lane A 0 30 <<EOT &
+200 python3 benchmarks/suffix_attention_bench.py --vision --json $R/kernel_vision_attention.json
+240 python3 benchmarks/change_ab.py --change siglip_attention_kernel --json $R/change_ab_libero-pi0_siglip_attention_tuned.json --vision-tiles-from $R/kernel_vision_attention.json
 EOT
   ;;
 esac
