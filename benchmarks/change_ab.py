@@ -15,17 +15,15 @@ today's `best`. Changes:
                          Triton kernel instead of the folded matmuls (loop.step_attention_kernel).
   patch_matmul           SigLIP's patch embedding as one float32 matmul of the patches
                          (prefix.patch_embed) instead of cuDNN's convolution.
-  siglip_attention_kernel  SigLIP's attention through the split-key Triton kernel
-                         (prefix.siglip_attention_kernel, triton_kernels) instead of SDPA.
-(siglip_sdpa_flash, SDPA's flash kernel first for SigLIP's attention, ran at 1d8a3f5: no gain,
-taken out; docs/perf-notes.md, session 8.)
+Tried and taken out (docs/perf-notes.md, session 8): siglip_sdpa_flash (SDPA's flash kernel
+first for SigLIP's attention, at 1d8a3f5) and siglip_attention_kernel (SigLIP's attention
+through the split-key Triton kernel, at 0ccbea4, and with swept tiles at 8a3233d): no gain.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 
 import torch
 import torch.nn.functional as F
@@ -79,28 +77,9 @@ def without_patch_matmul(engine: Engine):
     yield
 
 
-@contextlib.contextmanager
-def without_siglip_attention_kernel(engine: Engine):
-    from vlaperf.engine import prefix
-
-    real = prefix.siglip_attention_kernel
-    prefix.siglip_attention_kernel = lambda *a: None
-    try:
-        yield
-    finally:
-        prefix.siglip_attention_kernel = real
-
-
-def suffix_attention_tiles() -> dict:
-    from vlaperf.engine.kernels import suffix_attention
-
-    return dict(suffix_attention.VISION_TILES)
-
-
 CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "step_attention_kernel": (without_step_attention_kernel, lambda model: {}),
-           "patch_matmul": (without_patch_matmul, lambda model: {}),
-           "siglip_attention_kernel": (without_siglip_attention_kernel, lambda model: {})}
+           "patch_matmul": (without_patch_matmul, lambda model: {})}
 
 
 def main() -> None:
@@ -109,16 +88,7 @@ def main() -> None:
     p.add_argument("--change", required=True, choices=sorted(CHANGES))
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--json", default=None)
-    p.add_argument("--vision-tiles-from", default=None, help="a suffix_attention_bench.py --vision result: its fastest "
-                                                              "correct tiles become suffix_attention.VISION_TILES here")
     args = p.parse_args()
-    if args.vision_tiles_from:
-        from vlaperf.engine.kernels import suffix_attention
-
-        with open(args.vision_tiles_from) as f:
-            sweep = json.load(f)
-        best = min((c for c in sweep["configs"] if "ms" in c and c["rel_l2"] < 1e-2), key=lambda c: c["ms"])
-        suffix_attention.VISION_TILES = {k: best[k] for k in suffix_attention.VISION_TILES}
     undo, probe = CHANGES[args.change]
     w = get_workload(args.workload)
     model = build_model(w.preset, "cuda")
@@ -131,7 +101,7 @@ def main() -> None:
     samples = interleave({"without": lambda: without.sample_actions(obs, noise, w.steps),
                           "with": lambda: today.sample_actions(obs, noise, w.steps)}, args.rounds)
     result = ab_result("change-ab", w, model, today, samples, "without", "with")
-    result.update(change=args.change, probe=probe(model), vision_tiles=suffix_attention_tiles(),
+    result.update(change=args.change, probe=probe(model),
                   rel_l2_with_vs_without=((out_today - out_without).norm() / out_without.norm()).item(),
                   equivalence_with=check_equivalence(model, today, w))
     print("probe:", result["probe"])

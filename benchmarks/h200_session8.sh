@@ -28,6 +28,9 @@
 #            (0.986x: the kernel took 17.4 us a layer, against cuDNN's 7.4)
 #   PART=g   the vision kernel's tiles swept against SDPA on SigLIP's shape
 #            (suffix_attention_bench.py --vision), then the fastest in the whole call, A/B
+#            (fastest 12.3 us against SDPA's 9.1; whole call 0.999x. The vision kernel, --vision
+#            and --vision-tiles-from were taken out after this run: parts f and g ran at 0ccbea4
+#            and 8a3233d)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session8.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B

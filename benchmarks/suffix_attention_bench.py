@@ -11,10 +11,6 @@ writes a vlaperf.result/1 JSON when --json is given.
 --prefix: the prefix's shape instead (8 heads x 544 query rows over the 544 prefix keys, the
 bidirectional prefix mask, padded rows attending to themselves), the kernel in one pass per
 row block (splits=1, `prefix_attention`), against the engine's SDPA path (cuDNN on the H200).
-
---vision: SigLIP's shape (2 images x 16 heads x 256 tokens, head dim 72, no mask, q/k/v strided
-views of one fused qkv output), `vision_attention` against the engine's SDPA path with the
-transpose to token-major that follows it.
 """
 
 from __future__ import annotations
@@ -27,7 +23,7 @@ import torch
 from kernel_timing import graph_time_ms  # benchmarks/ (the script's folder is on sys.path)
 
 from vlaperf.engine.attention import attention, folded_mqa_attention, prefix_mask, suffix_mask
-from vlaperf.engine.kernels.suffix_attention import PREFIX_TILES, VISION_TILES, suffix_attention, vision_attention
+from vlaperf.engine.kernels.suffix_attention import PREFIX_TILES, suffix_attention
 from vlaperf.models.pi0 import eager_attention
 from vlaperf.report.schema import SCHEMA
 from vlaperf.timing import environment_record
@@ -50,39 +46,18 @@ def make_case(prefix: bool) -> tuple:
     return q, k, v, mask, eager_attention(q.float(), k.float(), v.float(), mask)
 
 
-def make_vision_case() -> tuple:
-    """SigLIP's attention for two images, as siglip_layer hands it over: (q, k, v, float32 ref)."""
-    torch.manual_seed(0)
-    n, heads, t, hd = 2, 16, 256, 72
-    qkv = torch.randn(n, t, 3 * heads * hd, device="cuda", dtype=torch.bfloat16)
-    q, k, v = (x.view(n, t, heads, hd).transpose(1, 2) for x in qkv.split(heads * hd, dim=-1))
-    ref = torch.nn.functional.scaled_dot_product_attention(q.float(), k.float(), v.float())
-    return q, k, v, ref.transpose(1, 2).reshape(n, t, heads * hd)
-
-
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--json", default=None)
     p.add_argument("--prefix", action="store_true", help="the prefix's shape (544 x 544, one pass) against SDPA")
-    p.add_argument("--vision", action="store_true", help="SigLIP's shape (2 x 16 heads x 256, head dim 72) against SDPA")
     args = p.parse_args()
-    if args.vision:
-        q, k, v, ref = make_vision_case()
-        mask = None
-    else:
-        q, k, v, mask, ref = make_case(args.prefix)
+    q, k, v, mask, ref = make_case(args.prefix)
     tq, tk = q.shape[2], k.shape[2]
 
     def rel(out):
         return ((out.float() - ref).norm() / ref.norm()).item()
 
-    if args.vision:
-        n, heads, t, hd = q.shape[0], q.shape[1], q.shape[2], q.shape[3]
-        label, baseline_name = "vision_attention", "SDPA + token-major copy (engine)"
-        baseline = lambda: attention(q, k, v, None, use_sdpa=True).transpose(1, 2).reshape(n, t, heads * hd)  # noqa: E731
-        configs = [dict(block_m=bm, block_n=bn, splits=1, num_warps=nw, num_stages=st)
-                   for bm in (32, 64, 128) for bn in (32, 64, 128) for nw in (4, 8) for st in (1, 2, 3)]
-    elif args.prefix:
+    if args.prefix:
         label, baseline_name = "prefix_attention", "SDPA (engine sdpa path)"
         baseline = lambda: attention(q, k, v, mask, use_sdpa=True)  # noqa: E731
         configs = [dict(block_m=bm, block_n=bn, splits=1, num_warps=nw, num_stages=st)
@@ -98,18 +73,13 @@ def main() -> None:
     rows = []
     for cfg in configs:
         try:
-            if args.vision:
-                err = rel(vision_attention(q, k, v, **cfg))
-                t = graph_time_ms(lambda: vision_attention(q, k, v, **cfg))
-            else:
-                err = rel(suffix_attention(q, k, v, mask, **cfg))
-                t = graph_time_ms(lambda: suffix_attention(q, k, v, mask, **cfg))
+            err = rel(suffix_attention(q, k, v, mask, **cfg))
+            t = graph_time_ms(lambda: suffix_attention(q, k, v, mask, **cfg))
             rows.append({**cfg, "ms": t, "rel_l2": err})
         except Exception as e:  # a configuration the compiler rejects (shared memory, registers)
             rows.append({**cfg, "error": f"{type(e).__name__}: {str(e)[:200]}"})
     ok = sorted((r for r in rows if "ms" in r and r["rel_l2"] < 1e-2), key=lambda r: r["ms"])
-    tiles = (VISION_TILES if args.vision else PREFIX_TILES if args.prefix else
-             {"block_m": 64, "block_n": 32, "splits": None, "num_warps": 4, "num_stages": 2})
+    tiles = PREFIX_TILES if args.prefix else {"block_m": 64, "block_n": 32, "splits": None, "num_warps": 4, "num_stages": 2}
     default = next(r for r in rows if r == {**r, **tiles})
     print(f"default config                      {default.get('ms', float('nan')) * 1e3:6.1f} us  rel {default.get('rel_l2', float('nan')):.1e}"
           f"  {default.get('error', '')}")
@@ -119,7 +89,7 @@ def main() -> None:
     bad = [r for r in rows if "ms" in r and r["rel_l2"] >= 1e-2]
     print(f"{len(ok)} configs correct, {len(bad)} wrong (rel >= 1e-2), {sum('error' in r for r in rows)} rejected")
     if args.json:
-        out = {"schema": SCHEMA, "command": "kernel-bench", "workload": {"id": "libero-pi0", "overrides": {"query_rows": q.shape[1] * tq, "keys": tk}},
+        out = {"schema": SCHEMA, "command": "kernel-bench", "workload": {"id": "libero-pi0", "overrides": {"query_rows": N * tq, "keys": tk}},
                "variant": {"levers": [], "label": label, "dtype": "bfloat16"}, "mode": None,
                "env": environment_record("cuda"), "folded_ms": t_folded, "baseline": baseline_name, "configs": rows}
         with open(args.json, "w") as f:

@@ -101,26 +101,6 @@ ATTENTION_SCRIPT = textwrap.dedent(
     for splits in (1, 2, 3):  # one pass, or keys split with partials and the merge (benchmarks/prefix_tiles_ab.py)
         out = prefix_attention(q, k, v, mask, block_m=16, block_n=16, splits=splits, num_warps=4)
         assert ((out - ref).norm() / ref.norm()).item() < 1e-5, splits
-    # SigLIP's shape of problem: a K/V head per query head (and grouped), a head dim that is not
-    # a power of two, no mask; token-major output (B, T, N * h); with and without key splits
-    import torch.nn.functional as F
-    from vlaperf.engine.kernels.suffix_attention import vision_attention
-    for B, N, Kh, T, h, splits in [(2, 4, 4, 37, 24, 1), (1, 4, 2, 20, 16, 2), (2, 3, 3, 16, 72, 3)]:
-        q, k, v = torch.randn(B, N, T, h), torch.randn(B, Kh, T, h), torch.randn(B, Kh, T, h)
-        kk, vv = k.repeat_interleave(N // Kh, dim=1), v.repeat_interleave(N // Kh, dim=1)
-        ref = F.scaled_dot_product_attention(q, kk, vv).transpose(1, 2).reshape(B, T, N * h)
-        out = vision_attention(q, k, v, block_m=16, block_n=16, splits=splits)
-        assert out.shape == ref.shape and ((out - ref).norm() / ref.norm()).item() < 1e-5, (B, N, Kh, T, h, splits)
-    # strided views of one fused qkv output, as siglip_layer hands them over
-    qkv = torch.randn(2, 37, 3 * 4 * 24)
-    q, k, v = (t.view(2, 37, 4, 24).transpose(1, 2) for t in qkv.split(4 * 24, dim=-1))
-    ref = F.scaled_dot_product_attention(q, k, v).transpose(1, 2).reshape(2, 37, 4 * 24)
-    assert ((vision_attention(q, k, v, block_m=16, block_n=16) - ref).norm() / ref.norm()).item() < 1e-5
-    try:
-        vision_attention(torch.randn(1, 3, 8, 16), torch.randn(1, 2, 8, 16), torch.randn(1, 2, 8, 16))
-        raise SystemExit("3 query heads over 2 K/V heads must be refused")
-    except ValueError as e:
-        assert "3 query heads cannot share 2 K/V heads" in str(e)
     print("ok")
     """
 )
@@ -156,13 +136,11 @@ LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
 
     import vlaperf.engine.kernels.small_m_matmul as K
     import vlaperf.engine.kernels.suffix_attention as A
-    calls, attn_calls, prefix_calls, vision_calls = [], [], [], []
-    real, real_attn, real_prefix, real_vision = K.small_m_matmul, A.suffix_attention, A.prefix_attention, A.vision_attention
+    calls, attn_calls, prefix_calls = [], [], []
+    real, real_attn, real_prefix = K.small_m_matmul, A.suffix_attention, A.prefix_attention
     K.small_m_matmul = lambda *a, **kw: calls.append(kw.get("precision")) or real(*a, **kw)
     A.suffix_attention = lambda *a, **kw: attn_calls.append(1) or real_attn(*a, **kw)
     A.prefix_attention = lambda *a, **kw: prefix_calls.append(1) or real_prefix(*a, **kw)
-    A.vision_attention = lambda *a, **kw: vision_calls.append(1) or real_vision(*a, **kw)
-    vision_depth = len(model.vision.encoder.layers)
 
     for levers in ("for_loop,fuse_projections,triton_kernels",
                    "for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections,triton_kernels"):
@@ -175,10 +153,8 @@ LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
     assert calls.count("tf32x3") == 3 * 4 * 2 and calls.count(None) == 4 * 2 * 4 * 2, calls
     # the prefix: both backbone layers attend, except with static_kv_cache the last (its K/V only)
     assert len(prefix_calls) == 2 + 1, len(prefix_calls)
-    # SigLIP: one attention per layer and call (all kept images in one launch)
-    assert len(vision_calls) == vision_depth * 2, len(vision_calls)
-    # one attention per expert layer and step, and the prefix's and SigLIP's (the same kernel)
-    assert len(attn_calls) == 2 * 4 * 2 + len(prefix_calls) + len(vision_calls), len(attn_calls)
+    # one attention per expert layer and step, and the prefix's (they run the same kernel)
+    assert len(attn_calls) == 2 * 4 * 2 + len(prefix_calls), len(attn_calls)
 
     # pi0.5: the prefix kernel applies to its backbone; the layer kernels do not (adaptive
     # norms), its two float32 heads (action in, action out) do
@@ -192,9 +168,8 @@ LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
     err = ((out5 - ref5).norm() / ref5.norm()).item()
     assert err < 1e-4, err
     assert (len(calls), len(prefix_calls)) == (before[0] + 2 * 4, before[1] + 1), (len(calls), len(prefix_calls))
-    # its expert layers (torch layers) attend through the split-key kernel: 2 layers x 4 steps,
-    # plus its prefix's and SigLIP's
-    assert len(attn_calls) == before[2] + 2 * 4 + 1 + vision_depth, len(attn_calls)
+    # its expert layers (torch layers) attend through the split-key kernel: 2 layers x 4 steps
+    assert len(attn_calls) == before[2] + 2 * 4 + 1, len(attn_calls)
 
     # batch 8 (88 suffix rows, more than the layer kernels take): the step's torch layers attend
     # through the split-key kernel too, per sample over its own cache and mask
@@ -206,7 +181,7 @@ LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
     err = ((out8 - ref8).norm() / ref8.norm()).item()
     assert err < 1e-4, err
     # no layer kernel (rows > 64), the 3 float32 heads don't apply (more than 64 rows) either
-    assert len(attn_calls) == before[1] + 2 * 4 + 1 + vision_depth, len(attn_calls)
+    assert len(attn_calls) == before[1] + 2 * 4 + 1, len(attn_calls)
     print("ok")
     """
 )

@@ -136,7 +136,7 @@ class Engine:
 
     def _prefix_eager(self, obs: Observation, plan: PrefixPlan, kv_buffers):
         self._mark("embed_prefix")
-        prefix, pad = embed_prefix(self.model, self.weights, obs, plan, self.levers.sdpa, self.levers.triton_kernels)
+        prefix, pad = embed_prefix(self.model, self.weights, obs, plan, self.levers.sdpa)
         self._mark("prefill")
         cache = prefill(self.model, self.weights, prefix, pad, self.levers.sdpa, kv_buffers, kernels=self.levers.triton_kernels)
         return pad, cache

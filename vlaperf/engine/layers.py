@@ -36,9 +36,7 @@ def adaptive_from_dense(x: Tensor, eps: float, dense: tuple[Tensor, Tensor], con
 # ------------------------------------------------------------------------ SigLIP
 
 
-def siglip_layer(lw: SiglipLayerW, x: Tensor, eps: float, use_sdpa: bool, attend=None) -> Tensor:
-    """attend: attention to use instead of `attention` (a kernel), called as attend(q, k, v) on
-    (B, N, T, h) views and returning (B, T, N * h)."""
+def siglip_layer(lw: SiglipLayerW, x: Tensor, eps: float, use_sdpa: bool) -> Tensor:
     B, T, D = x.shape
     h = F.layer_norm(x, (D,), *lw.ln1, eps)
     if lw.qkv is not None:
@@ -46,11 +44,8 @@ def siglip_layer(lw: SiglipLayerW, x: Tensor, eps: float, use_sdpa: bool, attend
     else:
         q, k, v = F.linear(h, *lw.q), F.linear(h, *lw.k), F.linear(h, *lw.v)
     heads = lambda t: t.view(B, T, lw.num_heads, D // lw.num_heads).transpose(1, 2)  # noqa: E731
-    if attend is not None:
-        out = attend(heads(q), heads(k), heads(v))
-    else:
-        out = attention(heads(q), heads(k), heads(v), None, use_sdpa).transpose(1, 2).reshape(B, T, D)
-    x = x + F.linear(out, *lw.out)
+    out = attention(heads(q), heads(k), heads(v), None, use_sdpa)
+    x = x + F.linear(out.transpose(1, 2).reshape(B, T, D), *lw.out)
     h = F.layer_norm(x, (D,), *lw.ln2, eps)
     return x + F.linear(siglip_fc1_gelu(lw, h), *lw.fc2)
 

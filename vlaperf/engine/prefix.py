@@ -59,17 +59,7 @@ def plan_prefix(obs, skip_masked_images: bool, trim_prompt_padding: bool) -> Pre
     return PrefixPlan(slots, prompt_len, read)
 
 
-def siglip_attention_kernel(kernels: bool):
-    """SigLIP's attention with `triton_kernels`: the split-key kernel's unmasked form
-    (kernels/suffix_attention.py: vision_attention); else None (SDPA, cuDNN's on Hopper)."""
-    if not kernels:
-        return None
-    from vlaperf.engine.kernels.ops import vision_attention  # a custom op: compile sees through
-
-    return vision_attention
-
-
-def embed_images(model: Pi0Model, ew: EngineWeights, images: Tensor, use_sdpa: bool, kernels: bool = False) -> Tensor:
+def embed_images(model: Pi0Model, ew: EngineWeights, images: Tensor, use_sdpa: bool) -> Tensor:
     """(B, S', 3, R, R) -> (B, S' * P, D). All kept images go through SigLIP as one batch
     (fatter matmuls than one call per camera)."""
     B, S = images.shape[:2]
@@ -80,9 +70,8 @@ def embed_images(model: Pi0Model, ew: EngineWeights, images: Tensor, use_sdpa: b
         x = patch_embed(ew.patch, images.flatten(0, 1), vision.embeddings)
     x = x.to(vision.post_layernorm.weight.dtype)
     eps = vision.post_layernorm.eps
-    attend = siglip_attention_kernel(kernels)
     for lw in ew.vision:
-        x = siglip_layer(lw, x, eps, use_sdpa, attend)
+        x = siglip_layer(lw, x, eps, use_sdpa)
     x = model.projector(vision.post_layernorm(x))
     return x.view(B, S * x.shape[1], x.shape[2])
 
@@ -109,13 +98,11 @@ def select_slots(x: Tensor, slots: tuple[int, ...]) -> Tensor:
     return torch.stack([x[:, s] for s in slots], dim=1)
 
 
-def embed_prefix(model: Pi0Model, ew: EngineWeights, obs, plan: PrefixPlan, use_sdpa: bool,
-                 kernels: bool = False) -> tuple[Tensor, Tensor]:
-    """Prefix embeddings (B, Tp, D) and pad mask (B, Tp) for the planned layout (`kernels`:
-    the triton_kernels lever)."""
+def embed_prefix(model: Pi0Model, ew: EngineWeights, obs, plan: PrefixPlan, use_sdpa: bool) -> tuple[Tensor, Tensor]:
+    """Prefix embeddings (B, Tp, D) and pad mask (B, Tp) for the planned layout."""
     embs, pads = [], []
     if plan.slots:
-        img = embed_images(model, ew, select_slots(obs.images, plan.slots), use_sdpa, kernels)
+        img = embed_images(model, ew, select_slots(obs.images, plan.slots), use_sdpa)
         P = img.shape[1] // len(plan.slots)
         embs.append(img)
         pads.append(select_slots(obs.image_mask, plan.slots).repeat_interleave(P, dim=1))

@@ -1,7 +1,7 @@
 """The Triton kernels as PyTorch custom operators, so `triton_kernels` composes with `compile`.
 
 torch.compile sees `torch.ops.vlaperf.small_m_matmul`, `torch.ops.vlaperf.suffix_attention`,
-`torch.ops.vlaperf.prefix_attention`, `torch.ops.vlaperf.vision_attention` and `torch.ops.vlaperf.expert_step` (the `megakernel` lever)
+`torch.ops.vlaperf.prefix_attention` and `torch.ops.vlaperf.expert_step` (the `megakernel` lever)
 as opaque calls with known output shapes (the fake implementations below): no graph break,
 and inductor still fuses the elementwise work between them (RoPE, the cache write, casts).
 In eager (and inside the engine's CUDA graph) they dispatch straight to the launchers.
@@ -80,20 +80,6 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
 @prefix_attention.register_fake
 def _(q, k, v, mask):
     return q.new_empty(q.shape)
-
-
-@torch.library.custom_op("vlaperf::vision_attention", mutates_args=())
-def vision_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-    """See kernels/suffix_attention.py: SigLIP's unmasked attention, q, k, v (B, N, T, h) ->
-    (B, T, N * h), token-major for the output projection."""
-    with _explain_resource_errors("vision_attention"):
-        return _attention_module.vision_attention(_unit_stride(q), _unit_stride(k), _unit_stride(v))
-
-
-@vision_attention.register_fake
-def _(q, k, v):
-    B, N, T, h = q.shape
-    return q.new_empty(B, T, N * h)
 
 
 @torch.library.custom_op("vlaperf::expert_step", mutates_args=())

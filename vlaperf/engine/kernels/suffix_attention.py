@@ -1,8 +1,7 @@
 """Attention of the denoise step's few query rows over the cached prefix + suffix keys.
 
 One shared K/V head (pi0's Gemma: 8 query heads, 1 KV head), so the 8 heads' queries fold
-into rows: (B, N*Tq, h) against (B, Tk, h). (With K K/V heads, each program takes the rows of
-the N / K query heads that share one of them: SigLIP, below, has one per query head.) The keys are split across programs
+into rows: (B, N*Tq, h) against (B, Tk, h). The keys are split across programs
 (flash-decoding): each program runs an online softmax over its key chunk and writes a
 partial (unnormalised output, running max, running sum); a second kernel merges the splits.
 Masked logits get the reference's large finite negative, so a fully masked row stays finite.
@@ -19,7 +18,6 @@ for 64-row tiles and ~35 us for the engine's folded matmuls in eager
 its own tiles (PREFIX_TILES: the keys in 3 splits, so 204 programs instead of one pass's 68).
 On the H200 torch's SDPA picks cuDNN for this shape (head dim 256, a mask) at ~48 us a layer
 (benchmarks/results/h200/profiles/kernels_graph_replay_best_splitk.txt) for ~2.4 GFLOP.
-`vision_attention` runs it on SigLIP's unmasked attention (VISION_TILES).
 """
 
 from __future__ import annotations
@@ -34,139 +32,111 @@ from vlaperf.models.pi0 import ATTENTION_MASK_VALUE
 @triton.jit
 def _partial_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, out_ptr,
-    ROWS, TQ, TK, KH, keys_per_split, scale,
-    sqb, sqh, sqt, skb, skh, skt, svb, svh, svt, smb, smq, sob, soh, sot,
-    MASK_VALUE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr,
-    BLOCK_N: tl.constexpr, SPLITS: tl.constexpr, GROUP: tl.constexpr, HAS_MASK: tl.constexpr,
+    ROWS, TQ, TK, keys_per_split, scale,
+    sqb, sqh, sqt, skb, skt, svb, svt, smb, smq, sob, soh, sot,
+    MASK_VALUE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
 ):
-    """A program: (sample, K/V head) x block of rows x key split. Rows are the GROUP query
-    heads sharing that K/V head times the query tokens, folded (ROWS = GROUP * TQ). BLOCK_D >=
-    HEAD_DIM, a power of two: SigLIP's 72 dims load as 128 with the rest masked, which costs
-    no memory traffic."""
-    bh = tl.program_id(0)
+    b = tl.program_id(0)
     rb = tl.program_id(1)
     s = tl.program_id(2)
-    b = bh // KH
-    kvh = bh % KH
     rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < ROWS
-    head = kvh * GROUP + rows // TQ
+    head = rows // TQ
     tq = rows % TQ
-    d = tl.arange(0, BLOCK_D)
-    if BLOCK_D == HEAD_DIM:
-        d_ok = tl.full((BLOCK_D,), 1, tl.int1)  # a constant: the loads stay 16-byte vectors
-    else:
-        d_ok = d < HEAD_DIM
-    q = tl.load(q_ptr + b * sqb + head[:, None] * sqh + tq[:, None] * sqt + d[None, :],
-                mask=row_ok[:, None] & d_ok[None, :], other=0.0)
-    k_base = k_ptr + b * skb + kvh * skh
-    v_base = v_ptr + b * svb + kvh * svh
+    d = tl.arange(0, HEAD_DIM)
+    q = tl.load(q_ptr + b * sqb + head[:, None] * sqh + tq[:, None] * sqt + d[None, :], mask=row_ok[:, None], other=0.0)
     m_i = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     l_i = tl.zeros((BLOCK_M,), tl.float32)
-    acc = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+    acc = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
     k_start = s * keys_per_split
     for k0 in range(k_start, k_start + keys_per_split, BLOCK_N):
         keys = k0 + tl.arange(0, BLOCK_N)
         key_ok = (keys < TK) & (keys < k_start + keys_per_split)
-        kv_mask = key_ok[:, None] & d_ok[None, :]
-        k = tl.load(k_base + keys[:, None] * skt + d[None, :], mask=kv_mask, other=0.0)
+        k = tl.load(k_ptr + b * skb + keys[:, None] * skt + d[None, :], mask=key_ok[:, None], other=0.0)
         scores = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
-        if HAS_MASK:
-            allowed = tl.load(mask_ptr + b * smb + tq[:, None] * smq + keys[None, :],
-                              mask=row_ok[:, None] & key_ok[None, :], other=0)
-            scores = tl.where(allowed != 0, scores, MASK_VALUE)
+        allowed = tl.load(mask_ptr + b * smb + tq[:, None] * smq + keys[None, :], mask=row_ok[:, None] & key_ok[None, :], other=0)
+        scores = tl.where(allowed != 0, scores, MASK_VALUE)
         scores = tl.where(key_ok[None, :], scores, float("-inf"))  # keys past the end do not exist
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
         alpha = tl.exp(m_i - m_new)
         p = tl.exp(scores - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
-        v = tl.load(v_base + keys[:, None] * svt + d[None, :], mask=kv_mask, other=0.0)
+        v = tl.load(v_ptr + b * svb + keys[:, None] * svt + d[None, :], mask=key_ok[:, None], other=0.0)
         acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
         m_i = m_new
     if SPLITS == 1:  # one pass over all keys (the prefix's long query side): normalise and write the output
         tl.store(out_ptr + b * sob + head[:, None] * soh + tq[:, None] * sot + d[None, :],
-                 (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None] & d_ok[None, :])
+                 (acc / l_i[:, None]).to(out_ptr.dtype.element_ty), mask=row_ok[:, None])
     else:
-        base = (bh * SPLITS + s) * ROWS
-        tl.store(acc_ptr + (base + rows[:, None]) * BLOCK_D + d[None, :], acc, mask=row_ok[:, None])
+        base = (b * SPLITS + s) * ROWS
+        tl.store(acc_ptr + (base + rows[:, None]) * HEAD_DIM + d[None, :], acc, mask=row_ok[:, None])
         tl.store(m_ptr + base + rows, m_i, mask=row_ok)
         tl.store(l_ptr + base + rows, l_i, mask=row_ok)
 
 
 @triton.jit
-def _merge_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, ROWS, TQ, KH, soh, sot, sob,
-                  HEAD_DIM: tl.constexpr, BLOCK_D: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS: tl.constexpr,
-                  GROUP: tl.constexpr):
-    bh = tl.program_id(0)
+def _merge_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, ROWS, TQ, soh, sot, sob,
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS: tl.constexpr):
+    b = tl.program_id(0)
     rb = tl.program_id(1)
-    b = bh // KH
     rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < ROWS
-    d = tl.arange(0, BLOCK_D)
+    d = tl.arange(0, HEAD_DIM)
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     for s in range(SPLITS):
-        m = tl.maximum(m, tl.load(m_ptr + (bh * SPLITS + s) * ROWS + rows, mask=row_ok, other=float("-inf")))
-    total = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
+        m = tl.maximum(m, tl.load(m_ptr + (b * SPLITS + s) * ROWS + rows, mask=row_ok, other=float("-inf")))
+    total = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
     norm = tl.zeros((BLOCK_M,), tl.float32)
     for s in range(SPLITS):
-        base = (bh * SPLITS + s) * ROWS
+        base = (b * SPLITS + s) * ROWS
         m_s = tl.load(m_ptr + base + rows, mask=row_ok, other=float("-inf"))
         w = tl.where(m_s > float("-inf"), tl.exp(m_s - m), 0.0)  # a split with no keys adds nothing
         norm += w * tl.load(l_ptr + base + rows, mask=row_ok, other=0.0)
-        total += w[:, None] * tl.load(acc_ptr + (base + rows[:, None]) * BLOCK_D + d[None, :], mask=row_ok[:, None], other=0.0)
+        total += w[:, None] * tl.load(acc_ptr + (base + rows[:, None]) * HEAD_DIM + d[None, :], mask=row_ok[:, None], other=0.0)
     out = total / norm[:, None]
-    head = (bh % KH) * GROUP + rows // TQ
+    head = rows // TQ
     tq = rows % TQ
     tl.store(out_ptr + b * sob + head[:, None] * soh + tq[:, None] * sot + d[None, :], out.to(out_ptr.dtype.element_ty),
-             mask=row_ok[:, None] & (d[None, :] < HEAD_DIM))
+             mask=row_ok[:, None])
 
 
-def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor | None,
+def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                      block_m: int = 32, block_n: int = 32, splits: int | None = None,
-                     num_warps: int = 4, num_stages: int = 2, token_major: bool = False) -> torch.Tensor:
-    """q (B, N, Tq, h); k, v (B, K, Tk, h), N a multiple of K; mask (B, Tq, Tk) bool or None
-    (every key) -> (B, N, Tq, h), or (B, Tq, N * h) with `token_major` (what the output
-    projection reads: no transpose copy after the kernel). With K > 1 a row block must lie
+                     num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+    """q (B, N, Tq, h); k, v (B, 1, Tk, h); mask (B, Tq, Tk) bool -> (B, N, Tq, h).
     splits=1: one pass per row block, normalised in place (no partials, no merge launch)."""
     B, N, Tq, h = q.shape
-    Kh, Tk = k.shape[1], k.shape[2]
-    if v.shape[1] != Kh or N % Kh:
-        raise ValueError(f"suffix_attention: {N} query heads cannot share {Kh} K/V heads ({v.shape[1]} for V)")
+    Tk = k.shape[2]
+    if k.shape[1] != 1 or v.shape[1] != 1:
+        raise ValueError(f"suffix_attention needs one shared K/V head, got {k.shape[1]}")
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError("suffix_attention needs the head dim contiguous")
-    rows = N // Kh * Tq  # folded rows per (sample, K/V head)
+    rows = N * Tq
     row_blocks = triton.cdiv(rows, block_m)
     if splits is None:
         # ~4 key tiles per program: more splits add float32 partials (splits x rows x h) to
         # write and merge, which at 8 x 51 rows outweigh the K/V bytes themselves
-        splits = max(1, min(triton.cdiv(Tk, 4 * block_n), triton.cdiv(264, B * Kh * row_blocks)))
+        splits = max(1, min(triton.cdiv(Tk, 4 * block_n), triton.cdiv(264, B * row_blocks)))
     keys_per_split = triton.cdiv(triton.cdiv(Tk, splits), block_n) * block_n
     splits = triton.cdiv(Tk, keys_per_split)
     single = splits == 1
-    block_d = triton.next_power_of_2(h)
-    acc = torch.empty(1 if single else B * Kh * splits * rows * block_d, dtype=torch.float32, device=q.device)
-    m = torch.empty(1 if single else B * Kh * splits * rows, dtype=torch.float32, device=q.device)
+    acc = torch.empty(1 if single else B * splits * rows * h, dtype=torch.float32, device=q.device)
+    m = torch.empty(1 if single else B * splits * rows, dtype=torch.float32, device=q.device)
     l_ = torch.empty_like(m)
-    if token_major:
-        flat = torch.empty(B, Tq, N * h, dtype=q.dtype, device=q.device)
-        out = flat.view(B, Tq, N, h).transpose(1, 2)  # (B, N, Tq, h) strides into the token-major buffer
-    else:
-        flat = out = torch.empty(B, N, Tq, h, dtype=q.dtype, device=q.device)
-    has_mask = mask is not None
-    mask_u8 = (mask.to(torch.uint8) if mask.dtype == torch.bool else mask) if has_mask else q  # q: an unread stand-in
-    smb, smq = (mask_u8.stride(0), mask_u8.stride(1)) if has_mask else (0, 0)
-    _partial_kernel[(B * Kh, row_blocks, splits)](
-        q, k, v, mask_u8, acc, m, l_, out, rows, Tq, Tk, Kh, keys_per_split, h**-0.5,
-        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2), v.stride(0), v.stride(1), v.stride(2),
-        smb, smq, out.stride(0), out.stride(1), out.stride(2),
-        MASK_VALUE=ATTENTION_MASK_VALUE, HEAD_DIM=h, BLOCK_D=block_d, BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits,
-        GROUP=N // Kh, HAS_MASK=has_mask, num_warps=num_warps, num_stages=num_stages,
+    out = torch.empty(B, N, Tq, h, dtype=q.dtype, device=q.device)
+    mask_u8 = mask.to(torch.uint8) if mask.dtype == torch.bool else mask
+    _partial_kernel[(B, row_blocks, splits)](
+        q, k, v, mask_u8, acc, m, l_, out, rows, Tq, Tk, keys_per_split, h**-0.5,
+        q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(2), v.stride(0), v.stride(2),
+        mask_u8.stride(0), mask_u8.stride(1), out.stride(0), out.stride(1), out.stride(2),
+        MASK_VALUE=ATTENTION_MASK_VALUE, HEAD_DIM=h, BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits,
+        num_warps=num_warps, num_stages=num_stages,
     )
     if single:
-        return flat
-    _merge_kernel[(B * Kh, row_blocks)](acc, m, l_, out, rows, Tq, Kh, out.stride(1), out.stride(2), out.stride(0),
-                                        HEAD_DIM=h, BLOCK_D=block_d, BLOCK_M=block_m, SPLITS=splits, GROUP=N // Kh)
-    return flat
+        return out
+    _merge_kernel[(B, row_blocks)](acc, m, l_, out, rows, Tq, out.stride(1), out.stride(2), out.stride(0),
+                                   HEAD_DIM=h, BLOCK_M=block_m, SPLITS=splits)
+    return out
 
 
 # Prefix tiles: 64 query rows x 32 keys, the keys split in 3 (partials + the merge kernel):
@@ -181,15 +151,3 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     """The prefix's bidirectional attention over one shared K/V head, heads folded into rows:
     q (B, N, T, h); k, v (B, 1, T, h); mask (B, T, T) bool -> (B, N, T, h)."""
     return suffix_attention(q, k, v, mask, **{**PREFIX_TILES, **tiles})
-
-
-# SigLIP's attention (16 heads of 72 dims, 256 tokens an image, no mask): a program takes 64
-# query tokens of one head in one pass over the 256 keys: 128 programs for two images. On the H200 cuDNN's kernel
-# took 7.4 us a layer plus a memset and a ~4 us gap before it in the graph (perf-notes, session 8).
-VISION_TILES = dict(block_m=64, block_n=64, splits=1, num_warps=4, num_stages=2)
-
-
-def vision_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, **tiles) -> torch.Tensor:
-    """Bidirectional attention over every token with as many K/V heads as query heads:
-    q, k, v (B, N, T, h) -> (B, T, N * h), token-major for the output projection."""
-    return suffix_attention(q, k, v, None, token_major=True, **{**VISION_TILES, **tiles})
