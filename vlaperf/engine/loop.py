@@ -119,8 +119,9 @@ def step_attention_kernel(lw: GemmaLayerW, kernels: bool, mask: Tensor | None):
     """The attention of a step's torch layers (batches, pi0.5, and pi0 without the step kernel):
     with `kernels` and one shared K/V head, the split-key Triton kernel over the cache
     (kernels/suffix_attention.py, any batch), else None (the folded matmuls of `attention`).
-    At batch 4 cuBLAS ran the folded matmuls as sm75 CUTLASS kernels, ~47 us a layer: the
-    cache's 595 keys are not a multiple of 8, so the probabilities' rows are not 16-byte aligned."""
+    On the H200 at batch 4 cuBLAS ran those matmuls as an sm75 CUTLASS kernel and a 64 x 64 one,
+    ~47 us a layer, in some processes (the cache's 595 keys are not a multiple of 8), and the
+    kernel made the call 1.24x faster there (docs/perf-notes.md, session 8)."""
     if not kernels or mask is None or lw.num_kv_heads != 1:
         return None
     from vlaperf.engine.kernels.ops import suffix_attention  # a custom op: compile sees through
