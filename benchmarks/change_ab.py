@@ -1,4 +1,4 @@
-"""`best` with one engine change against `best` without it, in one process, interleaved: the
+"""`best` (or --levers) with one engine change against the same without it, in one process, interleaved: the
 whole call, as `step_config_ab.py` does for the step kernel's tilings.
 
     python benchmarks/change_ab.py --change siglip_gelu_epilogue --json $OUT/change_ab_gelu.json
@@ -15,6 +15,9 @@ today's `best`. Changes:
                          Triton kernel instead of the folded matmuls (loop.step_attention_kernel).
   patch_matmul           SigLIP's patch embedding as one float32 matmul of the patches
                          (prefix.patch_embed) instead of cuDNN's convolution.
+  kv_align               the static cache's keys rounded up to a multiple of 8 (engine.KV_ALIGN),
+                         padding masked, against exactly Tp + Ts keys: aligned rows for the
+                         folded attention matmuls (the path without triton_kernels: --levers)
 Tried and taken out (docs/perf-notes.md, session 8): siglip_sdpa_flash (SDPA's flash kernel
 first for SigLIP's attention, at 1d8a3f5) and siglip_attention_kernel (SigLIP's attention
 through the split-key Triton kernel, at 0ccbea4, and with swept tiles at 8a3233d): no gain.
@@ -77,15 +80,29 @@ def without_patch_matmul(engine: Engine):
     yield
 
 
+@contextlib.contextmanager
+def without_kv_align(engine: Engine):
+    from vlaperf.engine import engine as engine_module
+
+    real = engine_module.KV_ALIGN
+    engine_module.KV_ALIGN = 1
+    try:
+        yield
+    finally:
+        engine_module.KV_ALIGN = real
+
+
 CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "step_attention_kernel": (without_step_attention_kernel, lambda model: {}),
-           "patch_matmul": (without_patch_matmul, lambda model: {})}
+           "patch_matmul": (without_patch_matmul, lambda model: {}),
+           "kv_align": (without_kv_align, lambda model: {})}
 
 
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--workload", default="libero-pi0")
     p.add_argument("--change", required=True, choices=sorted(CHANGES))
+    p.add_argument("--levers", default="best", help="both engines' levers (default best)")
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--json", default=None)
     args = p.parse_args()
@@ -93,10 +110,10 @@ def main() -> None:
     w = get_workload(args.workload)
     model = build_model(w.preset, "cuda")
     obs, noise = random_observation(w, model.config, "cuda"), random_noise(w, model.config, "cuda")
-    without = Engine(model, "best")
+    without = Engine(model, args.levers)
     with undo(without):
         out_without = without.sample_actions(obs, noise, w.steps)  # compiled and captured without the change
-    today = Engine(model, "best")
+    today = Engine(model, args.levers)
     out_today = today.sample_actions(obs, noise, w.steps)
     samples = interleave({"without": lambda: without.sample_actions(obs, noise, w.steps),
                           "with": lambda: today.sample_actions(obs, noise, w.steps)}, args.rounds)

@@ -31,6 +31,8 @@
 #            (fastest 12.3 us against SDPA's 9.1; whole call 0.999x. The vision kernel, --vision
 #            and --vision-tiles-from were taken out after this run: parts f and g ran at 0ccbea4
 #            and 8a3233d)
+#   PART=h   change_ab.py kv_align (the static cache padded to a multiple of 8 keys) on the
+#            path without triton_kernels (graph + compile): A at batch 1, B at batch 4
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session8.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -97,6 +99,14 @@ g)
   lane A 0 30 <<EOT &
 200 python3 benchmarks/suffix_attention_bench.py --vision --json $R/kernel_vision_attention.json
 240 python3 benchmarks/change_ab.py --change siglip_attention_kernel --json $R/change_ab_libero-pi0_siglip_attention_tuned.json --vision-tiles-from $R/kernel_vision_attention.json
+EOT
+  ;;
+h)
+  lane A 0 20 <<EOT &
+240 python3 benchmarks/change_ab.py --change kv_align --levers "$X,compile=default" --rounds 40 --json $R/change_ab_libero-pi0_kv_align_graph-compile.json
+EOT
+  lane B 1 20 <<EOT &
+240 python3 benchmarks/change_ab.py --change kv_align --levers "$X,compile=default" --workload libero-pi0-b4 --rounds 30 --json $R/change_ab_libero-pi0-b4_kv_align_graph-compile.json
 EOT
   ;;
 esac

@@ -295,3 +295,24 @@ def test_siglip_gelu_epilogue_is_cuda_only_and_computes_fc1_gelu():
     torch.testing.assert_close(siglip_fc1_gelu(lw, h), F.gelu(F.linear(h, *lw.fc1), approximate="tanh"))
     lw.gelu_epilogue = True
     torch.testing.assert_close(siglip_fc1_gelu(lw, h), F.gelu(F.linear(h, *lw.fc1)), rtol=1e-5, atol=1e-5)
+
+
+def test_static_cache_keys_padded_to_alignment_change_nothing(monkeypatch):
+    """The static cache holds Tp + Ts keys rounded up to KV_ALIGN (tiny: 40 + 11 -> 56); the
+    padding keys are masked, so the actions equal those of an unpadded cache."""
+    import vlaperf.engine.engine as E
+
+    w = get_workload("tiny")
+    model = build_model("tiny", "cpu", torch.float32, seed=0)
+    obs, noise = random_observation(w, model.config, seed=2), random_noise(w, model.config, seed=2)
+    levers = "for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections"
+    padded = Engine(model, levers)
+    out = padded.sample_actions(obs, noise, w.steps)
+    (k, _), = padded._kv.values()
+    assert k.shape[3] % E.KV_ALIGN == 0 and k.shape[3] > 40 + 11, k.shape
+    monkeypatch.setattr(E, "KV_ALIGN", 1)
+    plain = Engine(model, levers)
+    ref = plain.sample_actions(obs, noise, w.steps)
+    (k1, _), = plain._kv.values()
+    assert k1.shape[3] == 40 + 11
+    torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)

@@ -27,6 +27,12 @@ from vlaperf.inputs import Observation
 from vlaperf.models.pi0 import Pi0Model
 
 
+# The static cache's keys per sample, rounded up to this: with pi0's 595 (544 prefix + 51
+# suffix) the folded attention's probabilities had rows of 1190 bytes, not 16-byte aligned,
+# and cuBLAS ran those matmuls with sm75 kernels (~47 us a layer at batch 4 on the H200, in
+# some processes: docs/perf-notes.md, session 8). Padding keys are masked, never attended.
+KV_ALIGN = 8
+
 class Engine:
     def __init__(self, model: Pi0Model, levers: str | Levers | None = "best", compile_backend: str = "inductor"):
         """`compile_backend` other than inductor (e.g. "eager") checks tracing and graph
@@ -119,13 +125,16 @@ class Engine:
         return self._times[num_steps], self._tables.get(num_steps)
 
     def _kv_buffers(self, B: int, Tp: int) -> tuple[Tensor, Tensor] | None:
-        """Engine-owned KV buffers (depth, B, K, Tp + Ts, h), allocated once per shape and
-        reused by every call, as a static cache should be (and as CUDA graphs need)."""
+        """Engine-owned KV buffers (depth, B, K, T, h), allocated once per shape and reused by
+        every call, as a static cache should be (and as CUDA graphs need). T is Tp + Ts rounded
+        up to a multiple of KV_ALIGN; the keys past Tp + Ts stay zero and the suffix mask
+        masks them (loop.SuffixContext)."""
         if not self.levers.static_kv_cache:
             return None
         cfg = self.model.config
         Ts = cfg.action_horizon + (0 if cfg.pi05 else 1)
-        shape = (cfg.backbone.depth, B, cfg.backbone.num_kv_heads, Tp + Ts, cfg.backbone.head_dim)
+        T = -(-(Tp + Ts) // KV_ALIGN) * KV_ALIGN
+        shape = (cfg.backbone.depth, B, cfg.backbone.num_kv_heads, T, cfg.backbone.head_dim)
         if shape not in self._kv:
             k = torch.zeros(shape, dtype=self.model.dtype, device=self.device)
             self._kv[shape] = (k, torch.zeros_like(k))

@@ -34,6 +34,8 @@ class SuffixContext:
         cfg = self.model.config.expert
         pad = self.prefix_pad
         mask = suffix_mask(pad, self.suffix_len, self.model.config.pi05)
+        if self.kv_buffers is not None:  # the static cache's alignment padding: keys nobody attends to
+            mask = F.pad(mask, (0, self.kv_buffers[0].shape[3] - mask.shape[2]), value=False)
         positions = pad.long().sum(-1, keepdim=True) + torch.arange(self.suffix_len, device=pad.device)[None]
         cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_base, self.model.dtype)
         return mask, cos, sin
@@ -148,17 +150,20 @@ def denoise_step(
         from vlaperf.engine.kernels.ops import expert_step  # a custom op: compile sees through
 
         st, (kb, vb) = ew.expert_stack, ctx.kv_buffers
+        T = ctx.prefix_pad.shape[1] + Ts  # the kernel reads this step's keys from its own scratch: no padding
         if batched:  # (B, Ts, D) with the cache's batch axis: all samples in one launch
-            x = expert_step(x, st.qkv, st.o, st.gate_up, st.down, kb[:, :, 0], vb[:, :, 0], cos, sin, kernel_mask, eps)
+            x = expert_step(x, st.qkv, st.o, st.gate_up, st.down, kb[:, :, 0, :T], vb[:, :, 0, :T], cos, sin,
+                            kernel_mask[..., :T], eps)
         else:
-            x = expert_step(x[0], st.qkv, st.o, st.gate_up, st.down, kb[:, 0, 0], vb[:, 0, 0], cos[0], sin[0],
-                            kernel_mask[0], eps)[None]
+            x = expert_step(x[0], st.qkv, st.o, st.gate_up, st.down, kb[:, 0, 0, :T], vb[:, 0, 0, :T], cos[0], sin[0],
+                            kernel_mask[0, :, :T], eps)[None]
     else:
         for i, lw in enumerate(ew.expert):
             mod = mods[6 * i : 6 * i + 6] if mods is not None else None
             if ctx.kv_buffers is not None:
                 kb, vb = ctx.kv_buffers[0][i], ctx.kv_buffers[1][i]
-                cache = dict(kv_write=(kb[:, :, -Ts:], vb[:, :, -Ts:]), kv_past=(kb, vb))
+                Tp = ctx.prefix_pad.shape[1]
+                cache = dict(kv_write=(kb[:, :, Tp : Tp + Ts], vb[:, :, Tp : Tp + Ts]), kv_past=(kb, vb))
             else:
                 cache = dict(kv_past=ctx.cache[i])
             if kernels and small_m_layer_applies(lw, x.shape[0] * Ts):

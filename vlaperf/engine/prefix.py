@@ -122,7 +122,7 @@ def prefill(
     kv_buffers: tuple[Tensor, Tensor] | None,
     kernels: bool = False,
 ) -> list[tuple[Tensor, Tensor]] | None:
-    """Backbone over the prefix. With `kv_buffers` (depth, B, K, Tp + Ts, h) the keys and
+    """Backbone over the prefix. With `kv_buffers` (depth, B, K, T >= Tp + Ts, h) the keys and
     values are written into their prefix part and nothing is returned; otherwise the
     per-layer (k, v) list is returned. With static buffers the last layer stops after its
     K/V: its attention output, MLP and the final norm feed nothing the actions depend on.
