@@ -269,7 +269,8 @@ def ab_tables(results):
             diff = [f"{k} {r['today_tiles'].get(k)}->{v}" for k, v in r["pick_tiles"].items() if r["today_tiles"].get(k) != v]
             change, old, new, eq = "prefix attention tiles: " + (", ".join(diff) or "unchanged"), "today", "pick", r["equivalence_pick"]
         elif r["command"] in ("change-ab", "prefix-ab"):  # benchmarks/change_ab.py (its first file: "prefix-ab")
-            change, old, new, eq = f"engine change: {r['change']}", "without", "with", r["equivalence_with"]
+            change, old, new, eq = (f"engine change: {r['change']} ({_short(r['variant']['label'])})", "without", "with",
+                                    r["equivalence_with"])
         else:
             continue
         lo, hi = r["speedup_p10_p90"]

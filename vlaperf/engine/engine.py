@@ -30,7 +30,9 @@ from vlaperf.models.pi0 import Pi0Model
 # The static cache's keys per sample, rounded up to this: with pi0's 595 (544 prefix + 51
 # suffix) the folded attention's probabilities had rows of 1190 bytes, not 16-byte aligned,
 # and cuBLAS ran those matmuls with sm75 kernels (~47 us a layer at batch 4 on the H200, in
-# some processes: docs/perf-notes.md, session 8). Padding keys are masked, never attended.
+# some processes). Padding keys are masked, never attended. On the H200 without
+# triton_kernels (the path `best` takes on other GPUs): batch 1 1.14x faster, batch 4 0.95x
+# against a process where the unpadded path ran fast (docs/perf-notes.md, session 8).
 KV_ALIGN = 8
 
 class Engine:
