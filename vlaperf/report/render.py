@@ -532,16 +532,26 @@ def _compare(doc: _Doc, path: str, r: dict) -> None:
     doc.fig(fig, "comparison with the peer")
 
 
+def _ab_text(r: dict, ratio: str, rel_l2: float | None, new_side: str, eq: dict) -> str:
+    """What every in-process A/B file says the same way: rounds, the per-round ratio and its
+    spread, how far the two sides' outputs are apart, and the new side's equivalence."""
+    apart = f"; outputs differ by rel L2 {rel_l2:.1e}" if rel_l2 is not None else ""
+    return (f"{r['rounds']} interleaved rounds in one process; speedup = {ratio}, median of per-round ratios (p10..p90 "
+            f"{r['speedup_p10_p90'][0]:.3f}..{r['speedup_p10_p90'][1]:.3f}){apart}; {new_side} against the reference: "
+            f"rel L2 {eq.get('rel_l2', float('nan')):.1e}, passed {eq.get('passed')}")
+
+
+def _ab_medians(doc: _Doc, r: dict, first: str = "side") -> None:
+    doc.table([first, "median ms"], [[k, v] for k, v in r["median_ms"].items()] + [["speedup", r["speedup_median"]]])
+
+
 def _heads_ab(doc: _Doc, path: str, r: dict) -> None:
     """The interleaved A/B of the denoise step's float32 heads, cuBLAS against the small_m_matmul
     kernel (benchmarks/heads_ab.py: float32 FMA products in session 5, TF32x3 since session 6)."""
     eq = r.get("equivalence_kernel_heads") or {}
     doc.h(3, f"heads A/B: {r['workload']['id']}, {r['variant']['label']} on {_gpu(r)}")
-    doc.p(f"{r['rounds']} interleaved rounds in one process; speedup = cuBLAS heads over kernel heads, median of "
-          f"per-round ratios (p10..p90 {r['speedup_p10_p90'][0]:.3f}..{r['speedup_p10_p90'][1]:.3f}); outputs differ by "
-          f"rel L2 {r['rel_l2_kernel_vs_cublas_heads']:.1e}; kernel heads against the reference: rel L2 "
-          f"{eq.get('rel_l2', float('nan')):.1e}, passed {eq.get('passed')}", "")
-    doc.table(["heads", "median ms"], [[k, v] for k, v in r["median_ms"].items()] + [["speedup", r["speedup_median"]]])
+    doc.p(_ab_text(r, "cuBLAS heads over kernel heads", r["rel_l2_kernel_vs_cublas_heads"], "kernel heads", eq), "")
+    _ab_medians(doc, r, "heads")
 
 
 def _step_config_ab(doc: _Doc, path: str, r: dict) -> None:
@@ -550,12 +560,9 @@ def _step_config_ab(doc: _Doc, path: str, r: dict) -> None:
     eq = r.get("equivalence_defaults") or {}
     base, new = r["base_config"], r["default_config"]
     doc.h(3, f"step-kernel tiling A/B: {r['workload']['id']}, {r['variant']['label']} on {_gpu(r)}")
-    doc.p(f"{r['rounds']} interleaved rounds in one process; speedup = base over defaults, median of per-round ratios "
-          f"(p10..p90 {r['speedup_p10_p90'][0]:.3f}..{r['speedup_p10_p90'][1]:.3f}); outputs differ by rel L2 "
-          f"{r['rel_l2_defaults_vs_base']:.1e}; defaults against the reference: rel L2 {eq.get('rel_l2', float('nan')):.1e}, "
-          f"passed {eq.get('passed')}", "")
+    doc.p(_ab_text(r, "base over defaults", r["rel_l2_defaults_vs_base"], "defaults", eq), "")
     doc.table(["field", "base", "defaults"], [[k, base.get(k), v] for k, v in new.items() if base.get(k) != v])
-    doc.table(["side", "median ms"], [[k, v] for k, v in r["median_ms"].items()] + [["speedup", r["speedup_median"]]])
+    _ab_medians(doc, r)
 
 
 def stream_probe_best(r: dict) -> list[dict]:
@@ -575,26 +582,21 @@ def _prefix_tiles_ab(doc: _Doc, path: str, r: dict) -> None:
     today, pick = r["today_tiles"], r["pick_tiles"]
     doc.h(3, f"prefix attention tiles A/B: {r['workload']['id']}, {r['variant']['label']} on {_gpu(r)}")
     ok = sorted((x for x in r["kernel_sweep"] if "us" in x and x["rel_l2"] < 1e-2), key=lambda x: x["us"])
-    doc.p(f"kernel sweep: {len(ok)} of {len(r['kernel_sweep'])} tilings correct; then {r['rounds']} interleaved rounds "
-          f"of the whole call; speedup = today over pick, median of per-round ratios (p10..p90 "
-          f"{r['speedup_p10_p90'][0]:.3f}..{r['speedup_p10_p90'][1]:.3f}); pick against the reference: rel L2 "
-          f"{eq.get('rel_l2', float('nan')):.1e}, passed {eq.get('passed')}", "")
+    doc.p(f"kernel sweep: {len(ok)} of {len(r['kernel_sweep'])} tilings correct; then the whole call: "
+          + _ab_text(r, "today over pick", None, "pick", eq), "")
     doc.table(["tiling", "kernel us", "rel L2"],
               [[" ".join(f"{k}={x[k]}" for k in today), x["us"], x["rel_l2"]] for x in ok[:5]])
     doc.table(["field", "today", "pick"], [[k, today.get(k), v] for k, v in pick.items() if today.get(k) != v])
-    doc.table(["side", "median ms"], [[k, v] for k, v in r["median_ms"].items()] + [["speedup", r["speedup_median"]]])
+    _ab_medians(doc, r)
 
 
 def _change_ab(doc: _Doc, path: str, r: dict) -> None:
-    """benchmarks/change_ab.py (session 8's first file says "prefix-ab"): `best` with one
-    engine change undone for engine A's capture against today's `best`, interleaved."""
+    """benchmarks/change_ab.py (session 8's first file says "prefix-ab"): `best` (or the file's
+    levers) with one engine change undone for engine A's capture against the same with it."""
     eq = r.get("equivalence_with") or {}
     doc.h(3, f"change A/B: {r['change']}: {r['workload']['id']}, {r['variant']['label']} on {_gpu(r)}")
-    doc.p(f"{r['rounds']} interleaved rounds in one process; speedup = without over with, median of per-round ratios "
-          f"(p10..p90 {r['speedup_p10_p90'][0]:.3f}..{r['speedup_p10_p90'][1]:.3f}); outputs differ by rel L2 "
-          f"{r['rel_l2_with_vs_without']:.1e}; with the change against the reference: rel L2 "
-          f"{eq.get('rel_l2', float('nan')):.1e}, passed {eq.get('passed')}", "")
-    doc.table(["side", "median ms"], [[k, v] for k, v in r["median_ms"].items()] + [["speedup", r["speedup_median"]]])
+    doc.p(_ab_text(r, "without over with", r["rel_l2_with_vs_without"], "with the change", eq), "")
+    _ab_medians(doc, r)
     for dtype, probe in (r.get("probe") or {}).items():
         doc.p(f"probe ({dtype}): " + ", ".join(f"{k} {v:.1e}" for k, v in probe.items()), "note")
 
