@@ -34,6 +34,8 @@
 #   PART=h   change_ab.py kv_align (the static cache padded to a multiple of 8 keys) on the
 #            path without triton_kernels (graph + compile): A at batch 1, B at batch 4
 #            (batch 1 1.143x; batch 4 0.952x)
+#   PART=next  (prepared for session 9, not run) why the padded cache is slower at batch 4 on the
+#              path without triton_kernels: the kernel tables with KV_ALIGN 8 and 1
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session8.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -108,6 +110,14 @@ h)
 EOT
   lane B 1 20 <<EOT &
 240 python3 benchmarks/change_ab.py --change kv_align --levers "$X,compile=default" --workload libero-pi0-b4 --rounds 30 --json $R/change_ab_libero-pi0-b4_kv_align_graph-compile.json
+EOT
+  ;;
+next)
+  lane A 0 20 <<EOT &
+200 python3 benchmarks/profile_kernels.py --workload libero-pi0-b4 --rows 30 --levers "$X,compile=default" > $R/kernels_b4_graph-compile_align8_s9.txt 2>&1; tail -10 $R/kernels_b4_graph-compile_align8_s9.txt
+EOT
+  lane B 1 20 <<EOT &
+200 python3 benchmarks/profile_kernels.py --workload libero-pi0-b4 --rows 30 --levers "$X,compile=default" --kv-align 1 > $R/kernels_b4_graph-compile_align1_s9.txt 2>&1; tail -10 $R/kernels_b4_graph-compile_align1_s9.txt
 EOT
   ;;
 esac

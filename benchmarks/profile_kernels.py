@@ -24,9 +24,15 @@ p.add_argument("--levers", default="for_loop,skip_masked_images,trim_prompt_padd
 p.add_argument("--rows", type=int, default=30)
 p.add_argument("--trace", default=None, help="also write the Chrome trace here")
 p.add_argument("--also", default="", help="engines to build, run and check in this process before the profiled one")
+p.add_argument("--kv-align", type=int, default=None, help="engine.KV_ALIGN for this run (1: the static cache "
+                                                            "holds exactly Tp + Ts keys)")
 p.add_argument("--sequence", default=None, help="also write every kernel of the call in launch order (start, duration, "
                                                "gap to the previous kernel's end, name) to this file")
 args = p.parse_args()
+if args.kv_align is not None:
+    import vlaperf.engine.engine as engine_module
+
+    engine_module.KV_ALIGN = args.kv_align
 w = get_workload(args.workload)
 model = build_model(w.preset, "cuda")
 obs = random_observation(w, model.config, "cuda")
