@@ -1,6 +1,7 @@
 """What a graphed call costs besides its kernels: the whole `sample_actions` against the graph
-replay alone and the input copies alone (per tensor, and in one `_foreach_copy_`), interleaved in one process, each synced and timed
-on the host clock (no profiler: CUPTI's kernel tracing adds its own launch cost to graphs).
+replay alone and the input copies alone (per tensor, and in one `_foreach_copy_`), interleaved
+in one process, each synced and timed on the host clock (no profiler: CUPTI's kernel tracing
+adds its own launch cost to graphs).
 
     python benchmarks/call_overhead.py --workload libero-pi0 --json $OUT/call_overhead.json
 """

@@ -1,12 +1,12 @@
-"""`best` (or --levers) with one engine change against the same without it, in one process, interleaved: the
-whole call, as `step_config_ab.py` does for the step kernel's tilings.
+"""`best` (or --levers) with one engine change against the same without it, in one process,
+interleaved: the whole call, as `step_config_ab.py` does for the step kernel's tilings.
 
     python benchmarks/change_ab.py --change siglip_gelu_epilogue --json $OUT/change_ab_gelu.json
     python benchmarks/change_ab.py --change step_attention_kernel --workload libero-pi0-b4
 
 Engine A is compiled and captured with the change undone (a context around its first call:
-the CUDA graph keeps what was captured, so undoing it only for that call is enough); B is
-today's `best`. Changes:
+the CUDA graph keeps what was captured, so undoing it only for that call is enough); B runs
+the same levers with the change. Changes:
   siglip_gelu_epilogue   SigLIP's fc1 + GELU(tanh) as one cuBLASLt GEMM with the activation in
                          its epilogue (`_addmm_activation`) instead of a GEMM and an inductor
                          kernel. Also checks, on the GPU, that the epilogue is the tanh GELU.

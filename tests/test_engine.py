@@ -281,8 +281,9 @@ def test_patch_embed_matmul_equals_the_conv():
 
 def test_siglip_gelu_epilogue_is_cuda_only_and_computes_fc1_gelu():
     """The fused fc1 + GELU call is used only where `_addmm_activation` is the tanh GELU (CUDA:
-    the H200 probe in change_ab_... files); on the CPU it is the erf GELU, so the CPU weights
-    keep the two-step form. The call's shapes and bias are checked here against erf."""
+    the H200 probe in benchmarks/results/h200/prefix_ab_libero-pi0_gelu_epilogue.json); on the
+    CPU it is the erf GELU, so the CPU weights keep the two-step form. The call's shapes and
+    bias are checked here against erf."""
     import torch.nn.functional as F
 
     from vlaperf.engine.fusion import build_weights
