@@ -35,6 +35,7 @@ from vlaperf.models.pi0 import Pi0Model
 # against a process where the unpadded path ran fast (docs/perf-notes.md, session 8).
 KV_ALIGN = 8
 
+
 class Engine:
     def __init__(self, model: Pi0Model, levers: str | Levers | None = "best", compile_backend: str = "inductor"):
         """`compile_backend` other than inductor (e.g. "eager") checks tracing and graph

@@ -143,6 +143,7 @@ def denoise_step(
     mask, cos, sin = ctx.mask_rope()
     mods = table_row.get("modulation") if table_row else None  # (depth*6 + 2, D) for pi0.5
     Ts = x.shape[1]
+    Tp = ctx.prefix_pad.shape[1]  # this step's keys sit at [Tp, Tp + Ts) of a static cache (padding after)
     # the attention kernel reads the mask as bytes: cast once per step, not inside each layer's op
     kernel_mask = mask.to(torch.uint8) if (kernels or megakernel) and mask is not None and mask.dtype == torch.bool else mask
     batched = megakernel == "batched" and x.shape[0] > 1
@@ -150,7 +151,7 @@ def denoise_step(
         from vlaperf.engine.kernels.ops import expert_step  # a custom op: compile sees through
 
         st, (kb, vb) = ew.expert_stack, ctx.kv_buffers
-        T = ctx.prefix_pad.shape[1] + Ts  # the kernel reads this step's keys from its own scratch: no padding
+        T = Tp + Ts  # the kernel reads this step's keys from its own scratch: no padding
         if batched:  # (B, Ts, D) with the cache's batch axis: all samples in one launch
             x = expert_step(x, st.qkv, st.o, st.gate_up, st.down, kb[:, :, 0, :T], vb[:, :, 0, :T], cos, sin,
                             kernel_mask[..., :T], eps)
@@ -162,7 +163,6 @@ def denoise_step(
             mod = mods[6 * i : 6 * i + 6] if mods is not None else None
             if ctx.kv_buffers is not None:
                 kb, vb = ctx.kv_buffers[0][i], ctx.kv_buffers[1][i]
-                Tp = ctx.prefix_pad.shape[1]
                 cache = dict(kv_write=(kb[:, :, Tp : Tp + Ts], vb[:, :, Tp : Tp + Ts]), kv_past=(kb, vb))
             else:
                 cache = dict(kv_past=ctx.cache[i])
