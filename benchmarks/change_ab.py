@@ -18,6 +18,9 @@ the same levers with the change. Changes:
   kv_align               the static cache's keys rounded up to a multiple of 8 (engine.KV_ALIGN),
                          padding masked, against exactly Tp + Ts keys: aligned rows for the
                          folded attention matmuls (the path without triton_kernels: --levers)
+  rope_cache_kernel      the prefix's RoPE on q and k and its static-cache write as one kernel a
+                         layer (kernels/rope_qkv.py, with triton_kernels) instead of inductor's
+                         kernels (which rebuilt the whole cache buffer per layer)
 Tried and taken out (docs/perf-notes.md, session 8): siglip_sdpa_flash (SDPA's flash kernel
 first for SigLIP's attention, at 1d8a3f5) and siglip_attention_kernel (SigLIP's attention
 through the split-key Triton kernel, at 0ccbea4, and with swept tiles at 8a3233d): no gain.
@@ -92,10 +95,23 @@ def without_kv_align(engine: Engine):
         engine_module.KV_ALIGN = real
 
 
+@contextlib.contextmanager
+def without_rope_cache_kernel(engine: Engine):
+    from vlaperf.engine import prefix
+
+    real = prefix.FUSED_ROPE_CACHE_WRITE
+    prefix.FUSED_ROPE_CACHE_WRITE = False
+    try:
+        yield
+    finally:
+        prefix.FUSED_ROPE_CACHE_WRITE = real
+
+
 CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "step_attention_kernel": (without_step_attention_kernel, lambda model: {}),
            "patch_matmul": (without_patch_matmul, lambda model: {}),
-           "kv_align": (without_kv_align, lambda model: {})}
+           "kv_align": (without_kv_align, lambda model: {}),
+           "rope_cache_kernel": (without_rope_cache_kernel, lambda model: {})}
 
 
 def main() -> None:

@@ -139,6 +139,9 @@ def sweeps(base: S.StepKernelConfig) -> dict[int, list[S.StepKernelConfig]]:
         # one warpgroup a program: tma_probe.py streamed the o_proj/down and qkv tasks as fast or faster
         # with 4 warps as with 8 (down: 71 against 78 us for 18 layers)
         16: [r(num_warps=4), r(num_warps=4, num_stages=3)],
+        # each program, done with a phase, asks L2 for its own next matmul task's weights before the
+        # barrier (prefetch_own), with and without the idle programs' prefetch in qkv
+        17: [r(prefetch_own=True), r(prefetch_own=True, idle_prefetch=0), r(prefetch_own=True)],
     }
 
 

@@ -81,7 +81,8 @@ def compile_kernel(fn, constexprs: dict, num_warps: int, num_stages: int, ptxas:
     counts = {"shared_bytes": compiled.metadata.shared,
               "loads": dict(Counter(re.findall(r"\bld\.global[\w.:]*", ptx))),
               "stores": dict(Counter(re.findall(r"\bst\.global[\w.:]*", ptx))),
-              "async_copies": len(re.findall(r"\bcp\.async\.c[ag]\.shared", ptx))}
+              "async_copies": len(re.findall(r"\bcp\.async\.c[ag]\.shared", ptx)),
+              "l2_prefetches": len(re.findall(r"\bprefetch\.global\.L2", ptx))}
     if not ptxas:
         return counts
     with tempfile.TemporaryDirectory() as tmp:
@@ -157,7 +158,7 @@ def whole_kernel_constexprs(cfg: S.StepKernelConfig, timeline: bool = False, sam
                 FOLD_MERGE=cfg.fold_merge, BARRIER_ASM=cfg.barrier_asm, POLL_ONE=cfg.poll_one, CTR_O=ctr_o, CTR_GU=ctr_gu, CTR_DOWN=ctr_down,
                 CTR_LAYER=len(targets), TIMELINE=timeline, EARLY_V=cfg.att_early_v,
                 IDLE_PREFETCH=cfg.idle_prefetch, ROTATE=cfg.k_rotate, NB=samples, DATAFLOW=cfg.dataflow,
-                CTR_SLOT=ctr_down + triton.cdiv(D, cfg.bn_down))
+                CTR_SLOT=ctr_down + triton.cdiv(D, cfg.bn_down), PREFETCH_OWN=cfg.prefetch_own)
 
 
 def main() -> None:
@@ -180,7 +181,8 @@ def main() -> None:
     for name, fn, constexprs in kernels:
         r = compile_kernel(fn, constexprs, cfg.num_warps, cfg.num_stages)
         print(f"{name:18s} registers {r['registers']:3d}  spills {r['spill_store_bytes']}/{r['spill_load_bytes']} B  "
-              f"shared {r['shared_bytes'] // 1024} KiB  async copies {r['async_copies']}  loads {r['loads']}  stores {r['stores']}")
+              f"shared {r['shared_bytes'] // 1024} KiB  async copies {r['async_copies']}  L2 prefetches {r['l2_prefetches']}  "
+              f"loads {r['loads']}  stores {r['stores']}")
 
 
 if __name__ == "__main__":

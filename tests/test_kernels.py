@@ -106,6 +106,62 @@ ATTENTION_SCRIPT = textwrap.dedent(
 )
 
 
+ROPE_SCRIPT = textwrap.dedent(
+    """
+    import torch
+    from vlaperf.engine.kernels.rope_qkv import rope_qkv
+    from vlaperf.models.pi0 import apply_rope, rope_cos_sin
+
+    torch.manual_seed(0)
+    # (B, T, N, K, h, start, write_q): Gemma's one K/V head; several K/V heads; a cache offset;
+    # keys and values only (the prefill's last layer)
+    for B, T, N, K, h, start, write_q in [(1, 37, 4, 1, 16, 0, True), (2, 45, 2, 1, 32, 3, True), (2, 20, 4, 2, 16, 5, False)]:
+        qkv = torch.randn(B, T, (N + 2 * K) * h)
+        positions = torch.cumsum(torch.rand(B, T) > 0.2, 1) - 1  # padded tokens repeat a position
+        cos, sin = rope_cos_sin(positions, h, 10000.0, torch.float32)
+        kc = torch.randn(3, B, K, start + T + 4, h)
+        vc = torch.randn_like(kc)
+        want_k, want_v = kc.clone(), vc.clone()
+        q, k, v = (t.reshape(B, T, -1, h).transpose(1, 2) for t in qkv.split([N * h, K * h, K * h], -1))
+        want_k[1, :, :, start : start + T] = apply_rope(k, cos, sin)
+        want_v[1, :, :, start : start + T] = v
+        out_q, out_k = rope_qkv(qkv, cos, sin, kc, vc, 1, start, N, K, write_q=write_q, block_t=16)
+        if write_q:
+            assert (out_q - apply_rope(q, cos, sin)).abs().max() < 1e-5, (B, T, N, K)
+        else:
+            assert out_q.shape == (B, 0, T, h), out_q.shape
+        assert (out_k - apply_rope(k, cos, sin)).abs().max() < 1e-5, (B, T, N, K)
+        # the layer's slots hold the new keys and values; every other element is untouched
+        assert (kc - want_k).abs().max() < 1e-5 and torch.equal(vc, want_v), (B, T, N, K)
+    for bad, field in [(dict(cos=torch.zeros(1, 9, 16)), "cos and sin"), (dict(layer=3), "outside the cache"),
+                       (dict(qkv=torch.zeros(1, 10, 100)), "head dim")]:
+        args = dict(qkv=torch.zeros(1, 10, 96), cos=torch.zeros(1, 10, 16), sin=torch.zeros(1, 10, 16),
+                    k_cache=torch.zeros(3, 1, 1, 12, 16), v_cache=torch.zeros(3, 1, 1, 12, 16), layer=0, start=0,
+                    num_heads=4, num_kv_heads=1)
+        args.update(bad)
+        if field == "cos and sin":
+            args["sin"] = args["cos"]
+        try:
+            rope_qkv(**args)
+            raise SystemExit(f"{bad} must be refused")
+        except ValueError as e:
+            assert field in str(e), e
+
+    # the prefix attention writes token-major memory: (B, T, N * h) is a view of its output
+    from vlaperf.engine.attention import prefix_mask
+    from vlaperf.engine.kernels.suffix_attention import prefix_attention
+    q, k, v = torch.randn(1, 4, 20, 16), torch.randn(1, 1, 20, 16), torch.randn(1, 1, 20, 16)
+    out = prefix_attention(q, k, v, prefix_mask(torch.ones(1, 20, dtype=torch.bool)), block_m=16, block_n=16)
+    assert out.shape == (1, 4, 20, 16) and out.transpose(1, 2).is_contiguous(), out.stride()
+    print("ok")
+    """
+)
+
+
+def test_rope_qkv_kernel_matches_reference_rope_and_cache_write_in_the_interpreter():
+    run_in_interpreter(ROPE_SCRIPT, timeout=600)
+
+
 def test_suffix_attention_matches_eager_in_the_interpreter():
     run_in_interpreter(ATTENTION_SCRIPT, timeout=600)
 
@@ -136,11 +192,13 @@ LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
 
     import vlaperf.engine.kernels.small_m_matmul as K
     import vlaperf.engine.kernels.suffix_attention as A
-    calls, attn_calls, prefix_calls = [], [], []
-    real, real_attn, real_prefix = K.small_m_matmul, A.suffix_attention, A.prefix_attention
+    import vlaperf.engine.kernels.rope_qkv as R
+    calls, attn_calls, prefix_calls, rope_calls = [], [], [], []
+    real, real_attn, real_prefix, real_rope = K.small_m_matmul, A.suffix_attention, A.prefix_attention, R.rope_qkv
     K.small_m_matmul = lambda *a, **kw: calls.append(kw.get("precision")) or real(*a, **kw)
     A.suffix_attention = lambda *a, **kw: attn_calls.append(1) or real_attn(*a, **kw)
     A.prefix_attention = lambda *a, **kw: prefix_calls.append(1) or real_prefix(*a, **kw)
+    R.rope_qkv = lambda *a, **kw: rope_calls.append(kw["write_q"]) or real_rope(*a, **kw)
 
     for levers in ("for_loop,fuse_projections,triton_kernels",
                    "for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections,triton_kernels"):
@@ -153,6 +211,8 @@ LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
     assert calls.count("tf32x3") == 3 * 4 * 2 and calls.count(None) == 4 * 2 * 4 * 2, calls
     # the prefix: both backbone layers attend, except with static_kv_cache the last (its K/V only)
     assert len(prefix_calls) == 2 + 1, len(prefix_calls)
+    # with static_kv_cache, RoPE and the cache write are one kernel a layer (the last: K/V only)
+    assert rope_calls == [True, False], rope_calls
     # one attention per expert layer and step, and the prefix's (they run the same kernel)
     assert len(attn_calls) == 2 * 4 * 2 + len(prefix_calls), len(attn_calls)
 
@@ -168,6 +228,7 @@ LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
     err = ((out5 - ref5).norm() / ref5.norm()).item()
     assert err < 1e-4, err
     assert (len(calls), len(prefix_calls)) == (before[0] + 2 * 4, before[1] + 1), (len(calls), len(prefix_calls))
+    assert rope_calls[2:] == [True, False], rope_calls
     # its expert layers (torch layers) attend through the split-key kernel: 2 layers x 4 steps
     assert len(attn_calls) == before[2] + 2 * 4 + 1, len(attn_calls)
 

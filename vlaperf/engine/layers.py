@@ -96,6 +96,7 @@ def gemma_layer(
     mod: Tensor | None = None,
     ada_cond: Tensor | None = None,
     attend=None,
+    rope_qkv=None,
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """One Gemma layer on one stream.
 
@@ -106,6 +107,9 @@ def gemma_layer(
     mod:      pi0.5 tabulated modulation rows (6, D): scale/shift/gate for both norms.
     ada_cond: pi0.5 condition (B, D) when modulation is not tabulated.
     attend:   attention to use instead of `attention` (a kernel), called as attend(q, k, v, mask).
+    rope_qkv: the fused projection's output (B, T, (N + 2K) h) -> (q, k) after RoPE, writing
+              k and v into the static cache itself (the prefix with `triton_kernels`:
+              kernels/rope_qkv.py); needs `attend`, replaces kv_write / kv_past.
     Returns the new x and this stream's (k, v) after RoPE (for the prefix cache).
     """
     gate1 = gate2 = None
@@ -116,8 +120,15 @@ def gemma_layer(
         h, gate1 = adaptive_from_dense(x, eps, lw.ada_in, ada_cond)
     else:
         h = rms_normalize(x, eps, lw.in_scale)
-    q, k, v = qkv_projection(lw, h)
-    out, (k, v) = rope_and_attend(q, k, v, cos, sin, mask, use_sdpa, kv_write, kv_past, attend)
+    if rope_qkv is not None:
+        B, T, _ = h.shape
+        qkv = F.linear(h, lw.qkv)
+        q, k = rope_qkv(qkv)
+        v = qkv[..., -lw.num_kv_heads * lw.head_dim :].view(B, T, lw.num_kv_heads, lw.head_dim).transpose(1, 2)
+        out = attend(q, k, v, mask).transpose(1, 2).reshape(B, T, -1)
+    else:
+        q, k, v = qkv_projection(lw, h)
+        out, (k, v) = rope_and_attend(q, k, v, cos, sin, mask, use_sdpa, kv_write, kv_past, attend)
     branch = F.linear(out, lw.o)
     x = x + branch if gate1 is None else x + branch * gate1
     if mod is not None:

@@ -127,7 +127,8 @@ def prefill(
     per-layer (k, v) list is returned. With static buffers the last layer stops after its
     K/V: its attention output, MLP and the final norm feed nothing the actions depend on.
     `kernels` (the `triton_kernels` lever): attention by the Triton kernel where the backbone
-    has one K/V head (Gemma-2B), with the mask cast to bytes once for all layers."""
+    has one K/V head (Gemma-2B), with the mask cast to bytes once for all layers, and with
+    static buffers RoPE and the cache write as one kernel per layer (kernels/rope_qkv.py)."""
     cfg = model.config.backbone
     positions = torch.cumsum(pad.long(), dim=1) - 1
     cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_base, prefix.dtype)
@@ -139,6 +140,8 @@ def prefill(
         attend, mask = prefix_attention, mask.to(torch.uint8)
     Tp = prefix.shape[1]
     x, cache = prefix, []
+    if attend is not None and kv_buffers is not None and FUSED_ROPE_CACHE_WRITE and ew.backbone[0].qkv is not None:
+        return _prefill_rope_kernel(ew, x, cfg, cos, sin, mask, use_sdpa, kv_buffers, attend)
     for i, lw in enumerate(ew.backbone):
         if kv_buffers is not None and i == len(ew.backbone) - 1:
             _write_last_kv(lw, x, cfg.eps, cos, sin, kv_buffers, i, Tp)
@@ -150,6 +153,29 @@ def prefill(
         else:
             cache.append(kv)
     return cache
+
+
+# The prefix's RoPE + cache write as one kernel (with `triton_kernels` and a static cache).
+# A switch so benchmarks/change_ab.py can time the call without it, in the same process.
+FUSED_ROPE_CACHE_WRITE = True
+
+
+def _prefill_rope_kernel(ew: EngineWeights, x: Tensor, cfg, cos, sin, mask, use_sdpa, kv_buffers, attend) -> None:
+    """`prefill` with the rope_qkv kernel: each layer's fused projection goes through one
+    kernel that returns RoPE(q), RoPE(k) and writes RoPE(k), v into the static cache (in place,
+    a declared mutation, so torch.compile does not rebuild the buffer per layer)."""
+    from vlaperf.engine.kernels.ops import rope_qkv  # custom op: compile sees through
+
+    def rope_for(i: int, lw, write_q: bool = True):
+        return lambda qkv: rope_qkv(qkv, cos, sin, kv_buffers[0], kv_buffers[1], i, 0, lw.num_heads, lw.num_kv_heads,
+                                    write_q)
+
+    last = len(ew.backbone) - 1
+    for i, lw in enumerate(ew.backbone[:last]):
+        x, _ = gemma_layer(lw, x, cfg.eps, cos, sin, mask, use_sdpa, attend=attend, rope_qkv=rope_for(i, lw))
+    lw = ew.backbone[last]  # its K/V only (see prefill)
+    rope_for(last, lw, write_q=False)(F.linear(rms_normalize(x, cfg.eps, lw.in_scale), lw.qkv))
+    return None
 
 
 def _write_last_kv(lw, x, eps, cos, sin, kv_buffers, i, Tp) -> None:

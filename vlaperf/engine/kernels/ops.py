@@ -1,9 +1,10 @@
 """The Triton kernels as PyTorch custom operators, so `triton_kernels` composes with `compile`.
 
 torch.compile sees `torch.ops.vlaperf.small_m_matmul`, `torch.ops.vlaperf.suffix_attention`,
-`torch.ops.vlaperf.prefix_attention` and `torch.ops.vlaperf.expert_step` (the `megakernel` lever)
-as opaque calls with known output shapes (the fake implementations below): no graph break,
-and inductor still fuses the elementwise work between them (RoPE, the cache write, casts).
+`torch.ops.vlaperf.prefix_attention`, `torch.ops.vlaperf.rope_qkv` (which writes the static
+cache in place: a declared mutation) and `torch.ops.vlaperf.expert_step` (the `megakernel`
+lever) as opaque calls with known output shapes (the fake implementations below): no graph
+break, and inductor still fuses the elementwise work between them (norms, residuals, casts).
 In eager (and inside the engine's CUDA graph) they dispatch straight to the launchers.
 
 The implementations look the launchers up on their modules at call time, so a test that
@@ -17,6 +18,7 @@ import contextlib
 import torch
 
 from vlaperf.engine.kernels import expert_step as _step_module
+from vlaperf.engine.kernels import rope_qkv as _rope_module
 from vlaperf.engine.kernels import small_m_matmul as _matmul_module
 from vlaperf.engine.kernels import suffix_attention as _attention_module
 
@@ -79,7 +81,24 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
 
 @prefix_attention.register_fake
 def _(q, k, v, mask):
-    return q.new_empty(q.shape)
+    B, N, T, h = q.shape
+    return q.new_empty(B, T, N, h).transpose(1, 2)  # token-major memory, as the kernel writes it
+
+
+@torch.library.custom_op("vlaperf::rope_qkv", mutates_args=("k_cache", "v_cache"))
+def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
+             layer: int, start: int, num_heads: int, num_kv_heads: int, write_q: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
+    """See kernels/rope_qkv.py: RoPE(q), RoPE(k) from the fused projection; RoPE(k), v into the caches."""
+    with _explain_resource_errors("rope_qkv"):
+        return _rope_module.rope_qkv(_unit_stride(qkv), cos, sin, k_cache, v_cache, layer, start, num_heads, num_kv_heads,
+                                     write_q=write_q)
+
+
+@rope_qkv.register_fake
+def _(qkv, cos, sin, k_cache, v_cache, layer, start, num_heads, num_kv_heads, write_q=True):
+    B, T, C = qkv.shape
+    h = C // (num_heads + 2 * num_kv_heads)
+    return qkv.new_empty(B, num_heads if write_q else 0, T, h), qkv.new_empty(B, num_kv_heads, T, h)
 
 
 @torch.library.custom_op("vlaperf::expert_step", mutates_args=())

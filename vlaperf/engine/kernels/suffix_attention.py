@@ -102,9 +102,11 @@ def _merge_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, ROWS, TQ, soh, sot, sob,
 
 def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                      block_m: int = 32, block_n: int = 32, splits: int | None = None,
-                     num_warps: int = 4, num_stages: int = 2) -> torch.Tensor:
+                     num_warps: int = 4, num_stages: int = 2, token_major: bool = False) -> torch.Tensor:
     """q (B, N, Tq, h); k, v (B, 1, Tk, h); mask (B, Tq, Tk) bool -> (B, N, Tq, h).
-    splits=1: one pass per row block, normalised in place (no partials, no merge launch)."""
+    splits=1: one pass per row block, normalised in place (no partials, no merge launch).
+    token_major: the output's memory is (B, Tq, N, h) (a transposed view is returned), so the
+    (B, Tq, N * h) the output projection reads is a view, not a copy."""
     B, N, Tq, h = q.shape
     Tk = k.shape[2]
     if k.shape[1] != 1 or v.shape[1] != 1:
@@ -123,7 +125,10 @@ def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     acc = torch.empty(1 if single else B * splits * rows * h, dtype=torch.float32, device=q.device)
     m = torch.empty(1 if single else B * splits * rows, dtype=torch.float32, device=q.device)
     l_ = torch.empty_like(m)
-    out = torch.empty(B, N, Tq, h, dtype=q.dtype, device=q.device)
+    if token_major:
+        out = torch.empty(B, Tq, N, h, dtype=q.dtype, device=q.device).transpose(1, 2)
+    else:
+        out = torch.empty(B, N, Tq, h, dtype=q.dtype, device=q.device)
     mask_u8 = mask.to(torch.uint8) if mask.dtype == torch.bool else mask
     _partial_kernel[(B, row_blocks, splits)](
         q, k, v, mask_u8, acc, m, l_, out, rows, Tq, Tk, keys_per_split, h**-0.5,
@@ -149,5 +154,6 @@ PREFIX_TILES = dict(block_m=64, block_n=32, splits=3, num_warps=4, num_stages=2)
 
 def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, **tiles) -> torch.Tensor:
     """The prefix's bidirectional attention over one shared K/V head, heads folded into rows:
-    q (B, N, T, h); k, v (B, 1, T, h); mask (B, T, T) bool -> (B, N, T, h)."""
-    return suffix_attention(q, k, v, mask, **{**PREFIX_TILES, **tiles})
+    q (B, N, T, h); k, v (B, 1, T, h); mask (B, T, T) bool -> (B, N, T, h), its memory
+    token-major (B, T, N, h): the output projection reads it without a transpose copy."""
+    return suffix_attention(q, k, v, mask, token_major=True, **{**PREFIX_TILES, **tiles})

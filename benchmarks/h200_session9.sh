@@ -1,0 +1,33 @@
+#!/usr/bin/env bash
+# Session 9 device runs (nvidia-h200-x2, one lane per GPU), by part:
+#   PART=a   A: change_ab.py rope_cache_kernel (the prefix's RoPE + static-cache write as one
+#               kernel a layer, kernels/rope_qkv.py) at batch 1, then at batch 4
+#            B: the step kernel with prefetch_own (each program asks L2 for its own next
+#               matmul task's weights before the barrier): sweep 17 with timelines, then the
+#               whole call A/B (step_config_ab.py)
+#   PART=b   A: the kernel sequence of best with the rope kernel (is the cache written in place?)
+#            B: gemm_probe.py (the prefix's GEMM shapes: cuBLAS against inductor's max-autotune)
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session9.sh
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
+case "${PART:-a}" in
+a)
+  lane A 0 20 <<EOT &
+240 python3 benchmarks/change_ab.py --change rope_cache_kernel --rounds 60 --json $R/change_ab_libero-pi0_rope_cache.json
+280 python3 benchmarks/change_ab.py --change rope_cache_kernel --workload libero-pi0-b4 --rounds 30 --json $R/change_ab_libero-pi0-b4_rope_cache.json
+EOT
+  lane B 1 30 <<EOT &
+240 python3 benchmarks/expert_step_bench.py --sweep 17 --timeline --json $R/kernel_expert_step_sweep17.json
+260 python3 benchmarks/step_config_ab.py --base "" --new "prefetch_own=1" --json $R/step_config_ab_libero-pi0_prefetch_own.json
+EOT
+  ;;
+b)
+  lane A 0 20 <<EOT &
+200 python3 benchmarks/profile_kernels.py --workload libero-pi0 --rows 40 --levers best --sequence $R/kernel_sequence_best_s9.txt > $R/kernels_best_s9.txt 2>&1; grep -A12 "^per call" $R/kernels_best_s9.txt; tail -1 $R/kernel_sequence_best_s9.txt
+EOT
+  lane B 1 40 <<EOT &
+500 python3 benchmarks/gemm_probe.py --json $R/gemm_probe.json
+EOT
+  ;;
+esac
+finish  # lanes.sh: waits for both lanes, then $OUT/results.tgz holds every finished file
