@@ -140,8 +140,12 @@ def sweeps(base: S.StepKernelConfig) -> dict[int, list[S.StepKernelConfig]]:
         # with 4 warps as with 8 (down: 71 against 78 us for 18 layers)
         16: [r(num_warps=4), r(num_warps=4, num_stages=3)],
         # each program, done with a phase, asks L2 for its own next matmul task's weights before the
-        # barrier (prefetch_own), with and without the idle programs' prefetch in qkv
-        17: [r(prefetch_own=True), r(prefetch_own=True, idle_prefetch=0), r(prefetch_own=True)],
+        # barrier (prefetch_own: all four phases), with and without the idle programs' prefetch in qkv
+        # (as run, with prefetch_own a bool; 15 is today's spelling of True)
+        17: [r(prefetch_own=15), r(prefetch_own=15, idle_prefetch=0), r(prefetch_own=15)],
+        # sweep 17's work gains without its cost: all but gate_up's weights (whose 16.8 MB held up
+        # o_proj's barrier), down's and the next qkv's, the next qkv's alone
+        18: [r(prefetch_own=13), r(prefetch_own=12), r(prefetch_own=8), r(prefetch_own=4)],
     }
 
 

@@ -5,7 +5,10 @@
 #            B: the step kernel with prefetch_own (each program asks L2 for its own next
 #               matmul task's weights before the barrier): sweep 17 with timelines, then the
 #               whole call A/B (step_config_ab.py)
-#   PART=b   A: the kernel sequence of best with the rope kernel (is the cache written in place?)
+#            (rope kernel: batch 1 1.0208x, batch 4 1.0224x; prefetch_own, then a bool (= 15 today):
+#            773 -> 794 us a step, the call 0.979x)
+#   PART=b   A: the kernel sequence of best with the rope kernel (is the cache written in place?),
+#               then sweep 18 (prefetch_own without gate_up's weights, and subsets)
 #            B: gemm_probe.py (the prefix's GEMM shapes: cuBLAS against inductor's max-autotune)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session9.sh
 set -u
@@ -24,6 +27,7 @@ EOT
 b)
   lane A 0 20 <<EOT &
 200 python3 benchmarks/profile_kernels.py --workload libero-pi0 --rows 40 --levers best --sequence $R/kernel_sequence_best_s9.txt > $R/kernels_best_s9.txt 2>&1; grep -A12 "^per call" $R/kernels_best_s9.txt; tail -1 $R/kernel_sequence_best_s9.txt
+240 python3 benchmarks/expert_step_bench.py --sweep 18 --timeline --json $R/kernel_expert_step_sweep18.json
 EOT
   lane B 1 40 <<EOT &
 500 python3 benchmarks/gemm_probe.py --json $R/gemm_probe.json

@@ -127,10 +127,13 @@ class StepKernelConfig:
     k_rotate: bool = False  # each task starts its K loop (and key tiles) at an offset of its own (no gain, sweep 13)
     dataflow: bool = False  # attention and merge wait on per-head / per-row-block counters, not grid barriers (no gain, sweep 14)
     # each program, its work in a phase done, asks L2 for the weights of its own task in the next
-    # matmul phase (merge -> o_proj, o_proj -> gate_up, gate_up -> down, down -> next layer's qkv)
-    # before it waits at the barrier: the wait hides their HBM latency. Unlike `prefetch`, nothing
-    # is asked while the program's own loads run (CUDA only)
-    prefetch_own: bool = False
+    # matmul phase before it waits at the barrier, so the wait hides their HBM latency (unlike
+    # `prefetch`, nothing is asked while the program's own loads run; CUDA only). A bit mask of
+    # the phases prefetched for: 1 o_proj (at the end of merge), 2 gate_up (end of o_proj),
+    # 4 down (end of gate_up), 8 the next layer's qkv (end of down). All four (15, sweep 17):
+    # every matmul's work 0.5 us shorter a layer, but the o_proj slot 1.7 us longer (the 16.8 MB
+    # of gate_up prefetches delay its barrier): 794 against 773 us a step, 0.979x the call
+    prefetch_own: int = 0
 
 
 # ------------------------------------------------------------------------ helpers
@@ -318,32 +321,33 @@ def _prefetch_tile_l2(w_ptr, rows, stride_w, K_LEN: tl.constexpr, ELEMS_PER_LINE
 def _prefetch_next_task(phase, layer, pid, wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, L,
                         D: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, F: tl.constexpr,
                         BN_QKV: tl.constexpr, BN_O: tl.constexpr, BN_GU: tl.constexpr, BN_DOWN: tl.constexpr,
-                        KS_O: tl.constexpr, KS_GU: tl.constexpr, KS_DOWN: tl.constexpr, ELEMS_PER_LINE: tl.constexpr):
-    """StepKernelConfig.prefetch_own: the weights of this program's task (task = pid: every
+                        KS_O: tl.constexpr, KS_GU: tl.constexpr, KS_DOWN: tl.constexpr, ELEMS_PER_LINE: tl.constexpr,
+                        PHASES: tl.constexpr):
+    """StepKernelConfig.prefetch_own (PHASES, its bit mask): the weights of this program's task (task = pid: every
     matmul phase has at most one task a program at the default tiles; a program with more
     prefetches its first) in the phase after `phase`, to L2. The tile and slice arithmetic is
     the phases' own (_phase_residual, _phase_gate_up, _phase_qkv)."""
     if phase == 2:  # -> o_proj: wo (D, NH*HD), tile of BN_O rows x one K-slice
-        if pid < (D // BN_O) * KS_O:
+        if (pid < (D // BN_O) * KS_O) & ((PHASES & 1) != 0):
             rows = (pid // KS_O) * BN_O + tl.arange(0, BN_O)
             K_O: tl.constexpr = NH * HD // KS_O
             _prefetch_tile_l2(wo_ptr + layer * (D * NH * HD) + (pid % KS_O) * K_O, rows, NH * HD, K_O, ELEMS_PER_LINE)
     elif phase == 3:  # -> gate_up: wgu (2F, D), the tile's gate rows and its up rows
-        if pid < (F // BN_GU) * KS_GU:
+        if (pid < (F // BN_GU) * KS_GU) & ((PHASES & 2) != 0):
             rows = (pid // KS_GU) * BN_GU + tl.arange(0, BN_GU)
             K_GU: tl.constexpr = D // KS_GU
             base = wgu_ptr + layer * (2 * F * D) + (pid % KS_GU) * K_GU
             _prefetch_tile_l2(base, rows, D, K_GU, ELEMS_PER_LINE)
             _prefetch_tile_l2(base, rows + F, D, K_GU, ELEMS_PER_LINE)
     elif phase == 4:  # -> down: wd (D, F), tile of BN_DOWN rows x one K-slice
-        if pid < (D // BN_DOWN) * KS_DOWN:
+        if (pid < (D // BN_DOWN) * KS_DOWN) & ((PHASES & 4) != 0):
             rows = (pid // KS_DOWN) * BN_DOWN + tl.arange(0, BN_DOWN)
             K_DOWN: tl.constexpr = F // KS_DOWN
             _prefetch_tile_l2(wd_ptr + layer * (D * F) + (pid % KS_DOWN) * K_DOWN, rows, F, K_DOWN, ELEMS_PER_LINE)
     elif phase == 5:  # -> the next layer's qkv: a slot's BN_QKV rotary pairs (d, d + HD/2)
         HALF: tl.constexpr = HD // 2
         JB: tl.constexpr = (HALF + BN_QKV - 1) // BN_QKV
-        if (pid < (NH + 2) * JB) & (layer + 1 < L):
+        if (pid < (NH + 2) * JB) & (layer + 1 < L) & ((PHASES & 8) != 0):
             d1 = (pid % JB) * BN_QKV + tl.arange(0, BN_QKV)
             rows = (pid // JB) * HD + tl.minimum(d1, HALF - 1)
             base = wqkv_ptr + (layer + 1) * ((NH * HD + 2 * HD) * D)
@@ -706,9 +710,9 @@ def _expert_step_kernel(
             if TIMELINE:
                 tl.debug_barrier()  # every warp of the program is done
                 tl.store(ts + 1, _now())
-            if PREFETCH_OWN:
+            if PREFETCH_OWN > 0:
                 _prefetch_next_task(phase, layer, pid, wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, L, D, NH, HD, F, BN_QKV, BN_O,
-                                    BN_GU, BN_DOWN, KS_O, KS_GU, KS_DOWN, ELEMS_PER_LINE)
+                                    BN_GU, BN_DOWN, KS_O, KS_GU, KS_DOWN, ELEMS_PER_LINE, PREFETCH_OWN)
             if USE_BARRIER:
                 # the kernel's end syncs the last phase; a folded merge phase has nothing to wait for; with
                 # DATAFLOW, attention and merge tasks wait on counters for what they read instead
@@ -917,6 +921,9 @@ def expert_step(
     if cfg.dataflow and cfg.fold_merge:
         raise ValueError("StepKernelConfig: dataflow and fold_merge exclude each other (the folded merge needs the "
                          "barrier after attention that dataflow removes)")
+    if not 0 <= cfg.prefetch_own <= 15:
+        raise ValueError(f"StepKernelConfig.prefetch_own={cfg.prefetch_own}: expected a bit mask of 1 (o_proj), "
+                         "2 (gate_up), 4 (down), 8 (next qkv)")
     prefetch = prefetch_phases(cfg.prefetch)  # raises for an unknown plan, on every device
     if x.device.type != "cuda":
         prefetch = prefetch_phases(0)  # prefetch.global.L2 is PTX: the interpreter runs none
@@ -984,7 +991,7 @@ def expert_step(
                   CTR_GU=ctr_gu, CTR_DOWN=ctr_down, CTR_LAYER=ctr_layer, TIMELINE=timeline is not None,
                   EARLY_V=cfg.att_early_v, IDLE_PREFETCH=cfg.idle_prefetch if device.type == "cuda" else 0,
                   ROTATE=cfg.k_rotate, NB=NB, DATAFLOW=cfg.dataflow, CTR_SLOT=ctr_slot,
-                  PREFETCH_OWN=cfg.prefetch_own and device.type == "cuda")
+                  PREFETCH_OWN=cfg.prefetch_own if device.type == "cuda" else 0)
     if persistent:
         _expert_step_kernel[(grid,)](*args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
         _LAST_COUNTERS[_device_key(device)] = (counters, tile_counters.view(L, ctr_layer))
