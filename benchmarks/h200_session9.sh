@@ -10,6 +10,8 @@
 #   PART=b   A: the kernel sequence of best with the rope kernel (is the cache written in place?),
 #               then sweep 18 (prefetch_own without gate_up's weights, and subsets)
 #            B: gemm_probe.py (the prefix's GEMM shapes: cuBLAS against inductor's max-autotune)
+#            (the cache write is in place: one 3.5 us rope kernel a layer; sweep 18 within 0.3% of the
+#            defaults; max-autotune's Triton templates beat cuBLAS on none of the eight shapes)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session9.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
