@@ -21,6 +21,9 @@ the same levers with the change. Changes:
   rope_cache_kernel      the prefix's RoPE on q and k and its static-cache write as one kernel a
                          layer (kernels/rope_qkv.py, with triton_kernels) instead of inductor's
                          kernels (which rebuilt the whole cache buffer per layer)
+  step_kernel            the denoise step through the step kernel (`megakernel`) against the
+                         layers: for pi0.5 (--workload libero-pi05), whose adaptive norms the
+                         kernel takes as a per-step table since session 9
 Tried and taken out (docs/perf-notes.md, session 8): siglip_sdpa_flash (SDPA's flash kernel
 first for SigLIP's attention, at 1d8a3f5) and siglip_attention_kernel (SigLIP's attention
 through the split-key Triton kernel, at 0ccbea4, and with swept tiles at 8a3233d): no gain.
@@ -107,11 +110,18 @@ def without_rope_cache_kernel(engine: Engine):
         prefix.FUSED_ROPE_CACHE_WRITE = real
 
 
+@contextlib.contextmanager
+def without_step_kernel(engine: Engine):
+    engine.weights.expert_stack = None  # the layers keep their own views of the stacked weights
+    yield
+
+
 CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "step_attention_kernel": (without_step_attention_kernel, lambda model: {}),
            "patch_matmul": (without_patch_matmul, lambda model: {}),
            "kv_align": (without_kv_align, lambda model: {}),
-           "rope_cache_kernel": (without_rope_cache_kernel, lambda model: {})}
+           "rope_cache_kernel": (without_rope_cache_kernel, lambda model: {}),
+           "step_kernel": (without_step_kernel, lambda model: {})}
 
 
 def main() -> None:

@@ -33,21 +33,26 @@ from vlaperf.report.schema import SCHEMA
 from vlaperf.timing import environment_record
 
 L, D, NH, HD, FF, M, TP, VALID = 18, 1024, 8, 256, 4096, 51, 544, 532
+PI05 = False  # --pi05: 50 action rows (no state token), their mask, the modulated norms
 
 
-def reference(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, eps=1e-6):
-    """The same layers in float32 torch (the engine's math, written out)."""
+def reference(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, eps=1e-6, mods=None):
+    """The same layers in float32 torch (the engine's math, written out). mods (L*6, D):
+    pi0.5's scale, shift, gate of each layer's two adaptive norms."""
     x, rms = x.float(), lambda t: t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps)
+    ones = torch.ones(D, device=x.device)
     for l in range(L):
-        q, k, v = (rms(x) @ wqkv[l].float().T).split([NH * HD, HD, HD], -1)
+        s1, b1, g1, s2, b2, g2 = (mods[6 * l : 6 * l + 6].float() if mods is not None
+                                  else (ones - 1, ones - 1, ones, ones - 1, ones - 1, ones))
+        q, k, v = ((rms(x) * (1 + s1) + b1) @ wqkv[l].float().T).split([NH * HD, HD, HD], -1)
         q = q.view(1, M, NH, HD).transpose(1, 2)
         k, v = k.view(1, 1, M, HD), v.view(1, 1, M, HD)
         q, k = apply_rope(q, cos[None].float(), sin[None].float()), apply_rope(k, cos[None].float(), sin[None].float())
         keys = torch.cat([kc[l, :TP].float()[None, None], k], 2)
         vals = torch.cat([vc[l, :TP].float()[None, None], v], 2)
-        x = x + eager_attention(q, keys, vals, mask[None]).transpose(1, 2).reshape(M, NH * HD) @ wo[l].float().T
-        n = rms(x)
-        x = x + (F.gelu(n @ wgu[l, :FF].float().T, approximate="tanh") * (n @ wgu[l, FF:].float().T)) @ wd[l].float().T
+        x = x + (eager_attention(q, keys, vals, mask[None]).transpose(1, 2).reshape(M, NH * HD) @ wo[l].float().T) * g1
+        n = rms(x) * (1 + s2) + b2
+        x = x + ((F.gelu(n @ wgu[l, :FF].float().T, approximate="tanh") * (n @ wgu[l, FF:].float().T)) @ wd[l].float().T) * g2
     return x
 
 
@@ -65,7 +70,7 @@ def make_inputs(dev: str = "cuda", seed: int = 0, samples: int = 1) -> tuple:
     kc, vc = rnd(L, *batch, TP + M, HD), rnd(L, *batch, TP + M, HD)
     pad = torch.zeros(1, TP, dtype=torch.bool, device=dev)
     pad[:, :VALID] = True
-    mask = suffix_mask(pad, M, pi05=False)[0]
+    mask = suffix_mask(pad, M, pi05=PI05)[0]
     cos, sin = rope_cos_sin(VALID + torch.arange(M, device=dev)[None], HD, 10000.0, bf)
     cos, sin = cos[0].contiguous(), sin[0].contiguous()
     if samples > 1:
@@ -159,11 +164,27 @@ def main() -> None:
                    help="also read the GPU clock at every (layer, phase, program) and summarise where each config's time goes")
     p.add_argument("--sweep", type=int, default=1, choices=sorted(sweeps(S.StepKernelConfig())),
                    help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps; 9: barrier polling, pipeline depth; 10: deeper pipelines, atomic polling at 4 stages, wider split tiles; 11: early value loads, 128-key tiles; 12: prefetch by the programs idle in qkv, wider o_proj tiles; 13: rotated K loops; 14: dataflow waits instead of two barriers; 15: prefetch plans; 16: 4 warps)")
+    p.add_argument("--pi05", action="store_true",
+                   help="pi0.5's expert step: 50 rows, adaptive norms and gated residuals (random modulation, the "
+                        "kernel's `mod` table)")
     args = p.parse_args()
     dev = "cuda"
+    global M, PI05
+    mods = None
+    if args.pi05:
+        M, PI05 = 50, True
     inputs = make_inputs(dev, samples=args.samples)
+    if args.pi05:  # every expert_step call below gets the table; the reference the raw modulation
+        torch.manual_seed(1)
+        mods = (torch.randn(1, 6 * L + 2, D, device=dev) * 0.3).to(torch.bfloat16)
+        mods[:, : 6 * L].view(1, L, 6, D)[:, :, (2, 5)] += 1.0  # gates near 1, as the residual branches need
+        table = S.modulation_table(mods, inputs[1], inputs[3])[0]
+        real_step = S.expert_step
+        S.expert_step = lambda *a, **kw: real_step(*a, **kw, mod=table)  # noqa: E731
+        mods = mods[0, : 6 * L]
     result = {"schema": SCHEMA, "command": "kernel-bench",
-              "workload": {"id": "libero-pi0", "overrides": {"layers": L, "rows": M, "keys": TP + M, "batch": args.samples}},
+              "workload": {"id": "libero-pi05" if args.pi05 else "libero-pi0",
+                           "overrides": {"layers": L, "rows": M, "keys": TP + M, "batch": args.samples}},
               "variant": {"levers": ["megakernel"], "label": "expert_step", "dtype": "bfloat16"}, "mode": None,
               "env": environment_record(dev), "programs": S.num_sms(torch.device(dev)), "checks": {}, "configs": [], "phases": {}}
     weight_bytes = sum(t.numel() * t.element_size() for t in inputs[1:5])
@@ -177,10 +198,10 @@ def main() -> None:
 
     if args.samples > 1:  # each sample through the float32 layers on its own
         x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask = inputs[:-1]
-        ref = torch.stack([reference(x[b], wqkv, wo, wgu, wd, kc[:, b], vc[:, b], cos[b], sin[b], mask[b])
+        ref = torch.stack([reference(x[b], wqkv, wo, wgu, wd, kc[:, b], vc[:, b], cos[b], sin[b], mask[b], mods=mods)
                            for b in range(args.samples)])
     else:
-        ref = reference(*inputs[:-1])
+        ref = reference(*inputs[:-1], mods=mods)
     rel = lambda out: ((out.float() - ref).norm() / ref.norm()).item()  # noqa: E731
     def self_check(cfg: S.StepKernelConfig, repeats: int = 20) -> dict:
         """The persistent launch against one launch per (layer, phase), and every counter; then

@@ -12,6 +12,11 @@
 #            B: gemm_probe.py (the prefix's GEMM shapes: cuBLAS against inductor's max-autotune)
 #            (the cache write is in place: one 3.5 us rope kernel a layer; sweep 18 within 0.3% of the
 #            defaults; max-autotune's Triton templates beat cuBLAS on none of the eight shapes)
+#   PART=c   A: change_ab.py step_kernel on libero-pi05 (pi0.5's step through the step kernel, its
+#               adaptive norms as a per-step table, against the layers), then the libero-pi0 bench
+#            B: expert_step_bench.py --pi05 (the kernel alone on pi0.5's shapes: persistent launch
+#               bit for bit against per-phase launches, accuracy against float32), then the
+#               libero-pi05 bench
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session9.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -33,6 +38,16 @@ b)
 EOT
   lane B 1 40 <<EOT &
 500 python3 benchmarks/gemm_probe.py --json $R/gemm_probe.json
+EOT
+  ;;
+c)
+  lane A 0 20 <<EOT &
+280 python3 benchmarks/change_ab.py --change step_kernel --workload libero-pi05 --rounds 40 --json $R/change_ab_libero-pi05_step_kernel.json
+150 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s9_model.json
+EOT
+  lane B 1 20 <<EOT &
+200 python3 benchmarks/expert_step_bench.py --pi05 --quick --timeline --json $R/kernel_expert_step_pi05.json
+200 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s9_model.json
 EOT
   ;;
 esac

@@ -11,6 +11,7 @@ shows which phase sets the kernel's register count.
     python benchmarks/kernel_resources.py num_warps=16 att_bm=16
     python benchmarks/kernel_resources.py --timeline            # with the clock readings compiled in
     python benchmarks/kernel_resources.py --samples=4           # the whole kernel for 4 samples (256-row block)
+    python benchmarks/kernel_resources.py --mod                 # with pi0.5's modulated norms
 
 These are compiler facts, not timings, and they depend on the Triton version: Triton 3.9
 issued 2-byte loads where 3.6 (the H200 machine's) issued 16-byte ones (docs/perf-notes.md,
@@ -39,7 +40,7 @@ from vlaperf.models.pi0 import ATTENTION_MASK_VALUE
 
 L, D, NH, HD, F, M, TK = 18, 1024, 8, 256, 4096, 51, 595
 BLOCK_M = 64
-FLOAT_BUFFERS = {"acc_ptr", "ml_ptr", "part_ptr"}
+FLOAT_BUFFERS = {"acc_ptr", "ml_ptr", "part_ptr", "mod_ptr"}
 INT_BUFFERS = {"tile_ctr_ptr", "counter_ptr", "err_ptr"}
 ALIGNED_INTS = {"keys_per_split", "stride_cl", "stride_cb", "stride_ct", "K"}
 
@@ -139,9 +140,10 @@ def _gate_up_alone(x_ptr, w_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, BN: tl.c
                      64, BN, BK, KS, STAGES, ROTATE)
 
 
-def whole_kernel_constexprs(cfg: S.StepKernelConfig, timeline: bool = False, samples: int = 1) -> dict:
+def whole_kernel_constexprs(cfg: S.StepKernelConfig, timeline: bool = False, samples: int = 1, mod: bool = False) -> dict:
     """What the launcher passes for pi0's shapes; `samples` > 1: the batched kernel (one row
-    block of all samples' rows, K blocks shallower beyond 64 rows, as expert_step does)."""
+    block of all samples' rows, K blocks shallower beyond 64 rows, as expert_step does);
+    `mod`: pi0.5's modulated norms and gated residuals (the same shapes)."""
     splits, _ = S.key_splits(cfg, TK)
     targets = S.split_counter_targets(cfg, M, NH, D, F, TK, samples, HD)
     block_m = S.row_block(samples * M)
@@ -158,16 +160,16 @@ def whole_kernel_constexprs(cfg: S.StepKernelConfig, timeline: bool = False, sam
                 FOLD_MERGE=cfg.fold_merge, BARRIER_ASM=cfg.barrier_asm, POLL_ONE=cfg.poll_one, CTR_O=ctr_o, CTR_GU=ctr_gu, CTR_DOWN=ctr_down,
                 CTR_LAYER=len(targets), TIMELINE=timeline, EARLY_V=cfg.att_early_v,
                 IDLE_PREFETCH=cfg.idle_prefetch, ROTATE=cfg.k_rotate, NB=samples, DATAFLOW=cfg.dataflow,
-                CTR_SLOT=ctr_down + triton.cdiv(D, cfg.bn_down), PREFETCH_OWN=cfg.prefetch_own)
+                CTR_SLOT=ctr_down + triton.cdiv(D, cfg.bn_down), PREFETCH_OWN=cfg.prefetch_own, MOD=mod)
 
 
 def main() -> None:
-    timeline = "--timeline" in sys.argv[1:]
+    timeline, mod = "--timeline" in sys.argv[1:], "--mod" in sys.argv[1:]
     samples = [int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("--samples=")] or [1]
-    cfg = parse_config([a for a in sys.argv[1:] if a != "--timeline" and not a.startswith("--samples=")])
+    cfg = parse_config([a for a in sys.argv[1:] if a not in ("--timeline", "--mod") and not a.startswith("--samples=")])
     splits, _ = S.key_splits(cfg, TK)
     kernels = [(f"whole step kernel ({samples[0]} sample{'s' if samples[0] > 1 else ''})", S._expert_step_kernel,
-                whole_kernel_constexprs(cfg, timeline, samples[0])),
+                whole_kernel_constexprs(cfg, timeline, samples[0], mod)),
                ("qkv", _qkv_alone, dict(BN=cfg.bn_qkv, BK=cfg.bk_qkv, STAGES=cfg.num_stages, ROTATE=cfg.k_rotate)),
                ("attention", _attention_alone, dict(ABM=cfg.att_bm, ABN=cfg.att_bn, SPLITS=splits, MD=min(cfg.merge_bd, HD),
                                                     ATT_STAGES=cfg.att_stages, EARLY_V=cfg.att_early_v, ROTATE=cfg.k_rotate)),

@@ -337,6 +337,21 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
             x = x + (F.gelu(n @ wgu[l, :Fd].T, approximate="tanh") * (n @ wgu[l, Fd:].T)) @ wd[l].T
         return x
 
+    def modulated_reference(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, eps, NH, HD, mods):
+        # pi0.5's layers: each norm modulated by its (scale, shift), each residual branch gated
+        L, M, Tp, Fd = wqkv.shape[0], x.shape[0], kc.shape[1] - x.shape[0], wgu.shape[1] // 2
+        rms = lambda t: t * torch.rsqrt(t.pow(2).mean(-1, keepdim=True) + eps)
+        for l in range(L):
+            s1, b1, g1, s2, b2, g2 = mods[6 * l : 6 * l + 6]
+            q, k, v = ((rms(x) * (1 + s1) + b1) @ wqkv[l].T).split([NH * HD, HD, HD], -1)
+            q = apply_rope(q.view(1, M, NH, HD).transpose(1, 2), cos[None], sin[None])
+            k, v = apply_rope(k.view(1, 1, M, HD), cos[None], sin[None]), v.view(1, 1, M, HD)
+            keys, vals = torch.cat([kc[l, :Tp][None, None], k], 2), torch.cat([vc[l, :Tp][None, None], v], 2)
+            x = x + (eager_attention(q, keys, vals, mask[None]).transpose(1, 2).reshape(M, NH * HD) @ wo[l].T) * g1
+            n = rms(x) * (1 + s2) + b2
+            x = x + ((F.gelu(n @ wgu[l, :Fd].T, approximate="tanh") * (n @ wgu[l, Fd:].T)) @ wd[l].T) * g2
+        return x
+
     torch.manual_seed(0)
     small = StepKernelConfig(att_bm=16, att_bn=16, splits=3, merge_bd=16, bk_o=64, bk_down=64, num_warps=4)
     # the defaults split o_proj's and down's K in 4; also unsplit with the merge folded into attention,
@@ -381,6 +396,22 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
                 assert out.shape == (B, M, D)
                 err = ((out - refs).norm(dim=(1, 2)) / refs.norm(dim=(1, 2))).max().item()
                 assert err < 1e-5, (B, L, D, NH, HD, cfg, err)
+        # pi0.5: adaptive norms (n (1 + scale) + shift) and gated residuals, from the kernel's table
+        from vlaperf.engine.kernels.expert_step import modulation_table
+        mods = torch.randn(2, 6 * L + 2, D) * 0.5  # two steps of a schedule; the last 2 rows: the final norm
+        table = modulation_table(mods, wqkv, wgu)
+        assert table.shape == (2, L, 4 * D + NH * HD + 2 * HD + 2 * Fd) and table.dtype == torch.float32
+        for step in range(2):
+            ref = modulated_reference(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, NH, HD, mods[step])
+            for cfg in (small, replace(small, ks_o=1, ks_down=1), replace(small, ks_gu=2, bn_down=8)):
+                out = expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=cfg, mod=table[step])
+                err = ((out - ref).norm() / ref.norm()).item()
+                assert err < 1e-5, ("pi0.5", step, cfg, err)
+    try:
+        expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, mod=table[0, :, :-1])
+        raise SystemExit("a modulation table of the wrong width must be refused")
+    except ValueError as e:
+        assert "mod has shape" in str(e), e
     from vlaperf.engine.kernels.expert_step import barrier_timeouts
     assert barrier_timeouts("cpu") == 0  # no wait gave up (a short count would spin until it did)
     try:
@@ -473,6 +504,16 @@ MEGAKERNEL_LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
     out2b = Engine(model, variants[0].replace("megakernel", "megakernel=batched")).sample_actions(obs2, noise2, w.steps)
     assert ((out2b - ref2).norm() / ref2.norm()).item() < 1e-4
     assert len(calls) == 4 * 4, len(calls)
+    # pi0.5: its adaptive norms go to the kernel as a per-step table (fusion.step_kernel_modulation)
+    from vlaperf.models.pi0 import get_config
+    m5 = build_model(get_config("tiny", pi05=True), "cpu", torch.float32, seed=0)
+    obs5, noise5 = random_observation(w, m5.config, seed=4), random_noise(w, m5.config, seed=4)
+    ref5 = m5.sample_actions(obs5, noise5, w.steps)
+    before = len(calls)
+    for levers in (variants[1], variants[1] + ",compile"):
+        out5 = Engine(m5, levers, compile_backend="aot_eager").sample_actions(obs5, noise5, w.steps)
+        assert ((out5 - ref5).norm() / ref5.norm()).item() < 1e-4, levers
+    assert len(calls) == before + 4 * 2, len(calls)  # the kernel ran every step, eager and compiled
     # serving frees the reference's copies, the expert's o/down too (the engine reads them from its stack)
     engine = Engine(model, variants[0])
     before = engine.sample_actions(obs, noise, w.steps)

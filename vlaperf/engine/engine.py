@@ -18,7 +18,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from vlaperf.engine.fusion import build_weights, release_reference_copies, schedule, stack_expert, time_tables
+from vlaperf.engine.fusion import (build_weights, release_reference_copies, schedule, stack_expert, step_kernel_modulation,
+                                   time_tables)
 from vlaperf.engine.graphs import GraphCache
 from vlaperf.engine.levers import Levers
 from vlaperf.engine.loop import SuffixContext, denoise_step
@@ -124,7 +125,11 @@ class Engine:
         if num_steps not in self._times:
             self._times[num_steps] = torch.tensor(schedule(num_steps), dtype=torch.float32, device=self.device)
             if self.levers.fuse_projections:
-                self._tables[num_steps] = time_tables(self.model, num_steps, self.device)
+                tables = time_tables(self.model, num_steps, self.device)
+                stack = self.weights.expert_stack
+                if stack is not None and stack.adaptive:  # pi0.5 through the step kernel
+                    tables["step_kernel_modulation"] = step_kernel_modulation(tables, stack)
+                self._tables[num_steps] = tables
         return self._times[num_steps], self._tables.get(num_steps)
 
     def _kv_buffers(self, B: int, Tp: int) -> tuple[Tensor, Tensor] | None:

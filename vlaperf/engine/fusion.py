@@ -106,10 +106,13 @@ class ExpertStack:
     """The expert's fused weights stacked over layers, (L, ...) each, for the step kernel
     (`megakernel`), which walks the layers by pointer offset within one launch."""
 
-    qkv: Tensor  # (L, N*h + 2*K*h, D), input RMSNorm scale folded
+    qkv: Tensor  # (L, N*h + 2*K*h, D), input RMSNorm scale folded (pi0)
     o: Tensor  # (L, D, N*h)
-    gate_up: Tensor  # (L, 2F, D), post-attention RMSNorm scale folded
+    gate_up: Tensor  # (L, 2F, D), post-attention RMSNorm scale folded (pi0)
     down: Tensor  # (L, D, F)
+    # pi0.5: adaptive norms, nothing folded; each step passes the kernel its modulation
+    # (`step_kernel_modulation`, tabulated with the schedule's other time tables)
+    adaptive: bool = False
 
 
 @dataclass
@@ -125,13 +128,15 @@ class EngineWeights:
 
 def stack_expert(ew: EngineWeights) -> ExpertStack | None:
     """Stack the fused expert weights for the step kernel, or None where it cannot apply
-    (unfused weights, pi0.5's adaptive norms, more than one K/V head). Every layer's weights
-    become views into the stack, so the engine holds each once; o and down are then copies of
-    the model's parameters (226 MB for pi0, freed by `release_reference_copies`)."""
-    if not ew.fused or any(lw.qkv is None or lw.ada_in is not None or lw.num_kv_heads != 1 for lw in ew.expert):
+    (unfused weights, more than one K/V head). pi0.5's adaptive norms apply through a table
+    per step (`step_kernel_modulation`). Every layer's weights become views into the stack,
+    so the engine holds each once; o and down are then copies of the model's parameters
+    (226 MB for pi0, freed by `release_reference_copies`)."""
+    if not ew.fused or any(lw.qkv is None or lw.num_kv_heads != 1 for lw in ew.expert):
         return None
     with torch.no_grad():
-        stack = ExpertStack(*(torch.stack([getattr(lw, n) for lw in ew.expert]) for n in ("qkv", "o", "gate_up", "down")))
+        stack = ExpertStack(*(torch.stack([getattr(lw, n) for lw in ew.expert]) for n in ("qkv", "o", "gate_up", "down")),
+                            adaptive=ew.expert[0].ada_in is not None)
     for i, lw in enumerate(ew.expert):
         lw.qkv, lw.o, lw.gate_up, lw.down = stack.qkv[i], stack.o[i], stack.gate_up[i], stack.down[i]
     return stack
@@ -190,6 +195,16 @@ def schedule(num_steps: int) -> list[float]:
         out.append(t.item())
         t = t + dt
     return out
+
+
+@torch.no_grad()
+def step_kernel_modulation(tables: dict[str, Tensor], stack: ExpertStack) -> Tensor:
+    """pi0.5's `modulation` table in the step kernel's layout: (steps, L, 4D + QKV + 2F)
+    float32 (kernels/expert_step.modulation_table): the scales and gates as they are, the
+    shifts pushed through the weights they feed (shift @ W^T), once per schedule."""
+    from vlaperf.engine.kernels.expert_step import modulation_table
+
+    return modulation_table(tables["modulation"], stack.qkv, stack.gate_up)
 
 
 @torch.no_grad()

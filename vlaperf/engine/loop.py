@@ -103,14 +103,18 @@ def suffix_tokens(model: Pi0Model, ctx: SuffixContext, x_t: Tensor, t: Tensor, t
     return torch.cat([ctx.state_token(), actions], dim=1), None
 
 
-def step_kernel_applies(ew: EngineWeights, ctx: SuffixContext, x: Tensor, batched: bool = False) -> bool:
-    """The `megakernel` step needs the stacked fused weights (pi0, one K/V head), the static
-    cache (it reads the prefix keys there), and batch 1 with at most 64 suffix rows: the
-    kernel takes several samples too (`megakernel=batched`: up to 256 rows in all), but at
-    batch 4 that was slower than the layers on the H200 (docs/perf-notes.md, session 7)."""
+def step_kernel_applies(ew: EngineWeights, ctx: SuffixContext, x: Tensor, batched: bool = False,
+                        table_row: dict | None = None) -> bool:
+    """The `megakernel` step needs the stacked fused weights (one K/V head; for pi0.5 also the
+    step's modulation table), the static cache (it reads the prefix keys there), and batch 1
+    with at most 64 suffix rows: the kernel takes several samples too (`megakernel=batched`:
+    up to 256 rows in all), but at batch 4 that was slower than the layers on the H200
+    (docs/perf-notes.md, session 7)."""
     from vlaperf.engine.kernels.expert_step import MAX_ROWS, TUNED_ROWS
 
     if ew.expert_stack is None or ctx.kv_buffers is None:
+        return False
+    if ew.expert_stack.adaptive and (table_row is None or "step_kernel_modulation" not in table_row):
         return False
     if batched:
         return x.shape[0] * x.shape[1] <= MAX_ROWS
@@ -147,17 +151,18 @@ def denoise_step(
     # the attention kernel reads the mask as bytes: cast once per step, not inside each layer's op
     kernel_mask = mask.to(torch.uint8) if (kernels or megakernel) and mask is not None and mask.dtype == torch.bool else mask
     batched = megakernel == "batched" and x.shape[0] > 1
-    if megakernel and step_kernel_applies(ew, ctx, x, batched):
+    if megakernel and step_kernel_applies(ew, ctx, x, batched, table_row):
         from vlaperf.engine.kernels.ops import expert_step  # a custom op: compile sees through
 
         st, (kb, vb) = ew.expert_stack, ctx.kv_buffers
         T = Tp + Ts  # the kernel reads this step's keys from its own scratch: no padding
+        step_mod = table_row["step_kernel_modulation"] if st.adaptive else None  # pi0.5's norms for this step
         if batched:  # (B, Ts, D) with the cache's batch axis: all samples in one launch
             x = expert_step(x, st.qkv, st.o, st.gate_up, st.down, kb[:, :, 0, :T], vb[:, :, 0, :T], cos, sin,
-                            kernel_mask[..., :T], eps)
+                            kernel_mask[..., :T], eps, step_mod)
         else:
             x = expert_step(x[0], st.qkv, st.o, st.gate_up, st.down, kb[:, 0, 0, :T], vb[:, 0, 0, :T], cos[0], sin[0],
-                            kernel_mask[0, :, :T], eps)[None]
+                            kernel_mask[0, :, :T], eps, step_mod)[None]
     else:
         for i, lw in enumerate(ew.expert):
             mod = mods[6 * i : 6 * i + 6] if mods is not None else None

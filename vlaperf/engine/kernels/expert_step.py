@@ -246,8 +246,8 @@ def _now():
 
 
 @triton.jit
-def _rows_k_block(k0, acc, acc2, ssq, a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, col_ok, K,
-                  BLOCK_K: tl.constexpr, TWO: tl.constexpr, SSQ: tl.constexpr):
+def _rows_k_block(k0, acc, acc2, ssq, a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, col_ok, K, s_ptr,
+                  BLOCK_K: tl.constexpr, TWO: tl.constexpr, SSQ: tl.constexpr, A_SCALE: tl.constexpr):
     """One K block [k0, k0 + BLOCK_K) of _rows_matmul."""
     ks = k0 + tl.arange(0, BLOCK_K)
     k_ok = ks < K
@@ -255,23 +255,28 @@ def _rows_k_block(k0, acc, acc2, ssq, a_ptr, stride_a, rows, row_ok, w_ptr, stri
                 cache_modifier=".cg")
     w_mask = col_ok[:, None] & k_ok[None, :]
     w = tl.load(w_ptr + cols[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0, eviction_policy="evict_first")
-    acc += tl.dot(a, tl.trans(w))
+    a_dot = a
+    if A_SCALE:  # pi0.5: the modulation's (1 + scale) per input column, before the product
+        a_dot = (a.to(tl.float32) * tl.load(s_ptr + ks, mask=k_ok, other=0.0)[None, :]).to(a.dtype)
+    acc += tl.dot(a_dot, tl.trans(w))
     if TWO:
         w2 = tl.load(w_ptr + cols2[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0,
                      eviction_policy="evict_first")
-        acc2 += tl.dot(a, tl.trans(w2))
-    if SSQ:
+        acc2 += tl.dot(a_dot, tl.trans(w2))
+    if SSQ:  # of the activations as they are: the norm's statistics
         af = a.to(tl.float32)
         ssq += tl.sum(af * af, axis=1)
     return acc, acc2, ssq
 
 
 @triton.jit
-def _rows_matmul(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, col_ok, K, rot,
+def _rows_matmul(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, col_ok, K, rot, s_ptr,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 TWO: tl.constexpr, SSQ: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr):
+                 TWO: tl.constexpr, SSQ: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr,
+                 A_SCALE: tl.constexpr = False):
     """acc = A[rows] @ W[cols]^T (and acc2 with W[cols2] if TWO), float32; ssq = per-row sum
     of squares of A (if SSQ). A rows are activations written in this kernel: .cg loads.
+    A_SCALE: A's columns multiplied by s_ptr[k] (float32) before the product (ssq is of A).
 
     ROTATE: start at K block `rot` (the task's tile) and wrap around. Every task of a phase
     reads the same activations; in step they would all ask L2 for the same lines at once,
@@ -285,11 +290,11 @@ def _rows_matmul(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, co
         n_k = tl.cdiv(K, BLOCK_K)
         for i in tl.range(0, n_k, num_stages=STAGES):
             acc, acc2, ssq = _rows_k_block(((i + rot) % n_k) * BLOCK_K, acc, acc2, ssq, a_ptr, stride_a, rows, row_ok,
-                                           w_ptr, stride_w, cols, cols2, col_ok, K, BLOCK_K, TWO, SSQ)
+                                           w_ptr, stride_w, cols, cols2, col_ok, K, s_ptr, BLOCK_K, TWO, SSQ, A_SCALE)
     else:
         for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
             acc, acc2, ssq = _rows_k_block(k0, acc, acc2, ssq, a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols,
-                                           cols2, col_ok, K, BLOCK_K, TWO, SSQ)
+                                           cols2, col_ok, K, s_ptr, BLOCK_K, TWO, SSQ, A_SCALE)
     return acc, acc2, ssq
 
 
@@ -362,9 +367,11 @@ def _prefetch_next_task(phase, layer, pid, wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, L,
 def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M, eps, pid, nprog,
                D: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr,
                BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr,
-               DATAFLOW: tl.constexpr):
+               DATAFLOW: tl.constexpr, mod_ptr=None, MOD: tl.constexpr = False):
     """DATAFLOW: each task counts itself in at its slot's counter (query head, k or v) once
-    its outputs are stored, for the attention tasks that wait on them."""
+    its outputs are stored, for the attention tasks that wait on them.
+    MOD (pi0.5's adaptive norm): mod_ptr holds the layer's (1 + scale) over D, then
+    shift @ Wqkv^T over the qkv columns (_mod_offsets)."""
     HALF: tl.constexpr = HD // 2
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
@@ -374,11 +381,17 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
         d1 = (task % n_jb) * BN + tl.arange(0, BN)
         d_ok = d1 < HALF
         cols = slot * HD + d1
-        acc1, acc2, ssq = _rows_matmul(x_ptr, D, rows, row_ok, wqkv_ptr, D, cols, cols + HALF, d_ok, D, task,
-                                       BLOCK_M, BN, BK, True, True, STAGES, ROTATE)
+        s_ptr = x_ptr  # unread without MOD
+        if MOD:
+            s_ptr = mod_ptr
+        acc1, acc2, ssq = _rows_matmul(x_ptr, D, rows, row_ok, wqkv_ptr, D, cols, cols + HALF, d_ok, D, task, s_ptr,
+                                       BLOCK_M, BN, BK, True, True, STAGES, ROTATE, MOD)
         inv = 1.0 / tl.sqrt(ssq / D + eps)
         acc1 = acc1 * inv[:, None]
         acc2 = acc2 * inv[:, None]
+        if MOD:  # (n (1 + scale) + shift) @ W^T = inv (x (1 + scale)) @ W^T + shift @ W^T
+            acc1 += tl.load(mod_ptr + D + cols, mask=d_ok, other=0.0)[None, :]
+            acc2 += tl.load(mod_ptr + D + cols + HALF, mask=d_ok, other=0.0)[None, :]
         mask = row_ok[:, None] & d_ok[None, :]
         if slot <= NH:  # RoPE (rotate-half): (x1, x2) -> (x1 cos1 - x2 sin1, x2 cos2 + x1 sin2)
             t1 = rows[:, None] * HD + d1[None, :]
@@ -546,8 +559,8 @@ def _phase_merge(acc_ptr, ml_ptr, o_ptr, row_ctr_ptr, err_ptr, M, pid, nprog,
 @triton.jit
 def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, nprog,
                     D: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
-                    STAGES: tl.constexpr, ROTATE: tl.constexpr):
-    """x[:, cols] += A @ W[cols]^T.
+                    STAGES: tl.constexpr, ROTATE: tl.constexpr, gate_ptr=None, GATE: tl.constexpr = False):
+    """x[:, cols] += A @ W[cols]^T (times gate[cols] with GATE: pi0.5's gated residual).
 
     KS == 1: each task owns its columns of x (so in place is safe) and reads all of A.
     KS > 1 (split K): task (tile, s) multiplies only the K-slice s, so each program reads
@@ -565,12 +578,15 @@ def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, npro
         cols = tile * BN + tl.arange(0, BN)
         col_ok = cols < D
         acc, _a, _s = _rows_matmul(a_ptr + s * k_slice, K, rows, row_ok, w_ptr + s * k_slice, K, cols, cols, col_ok,
-                                   k_slice, tile, BLOCK_M, BN, BK, False, False, STAGES, ROTATE)
+                                   k_slice, tile, x_ptr, BLOCK_M, BN, BK, False, False, STAGES, ROTATE)
         mask = row_ok[:, None] & col_ok[None, :]
         ptrs = x_ptr + rows[:, None] * D + cols[None, :]
+        gate = 1.0
+        if GATE:
+            gate = tl.load(gate_ptr + cols, mask=col_ok, other=0.0)[None, :]
         if KS == 1:
             res = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-            tl.store(ptrs, (acc + res).to(x_ptr.dtype.element_ty), mask=mask)
+            tl.store(ptrs, (acc * gate + res).to(x_ptr.dtype.element_ty), mask=mask)
         else:
             part = part_ptr + rows[:, None] * D + cols[None, :]
             tl.store(part + s * (BLOCK_M * D), acc, mask=mask)
@@ -579,16 +595,18 @@ def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, npro
                 for s2 in tl.static_range(KS):
                     total += tl.load(part + s2 * (BLOCK_M * D), mask=mask, other=0.0, cache_modifier=".cg")
                 res = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-                tl.store(ptrs, (total + res).to(x_ptr.dtype.element_ty), mask=mask)
+                tl.store(ptrs, (total * gate + res).to(x_ptr.dtype.element_ty), mask=mask)
 
 
 @triton.jit
 def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, nprog,
                    D: tl.constexpr, F: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                   KS: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr):
+                   KS: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr, mod_ptr=None, MOD: tl.constexpr = False):
     """h[:, cols] = gelu(n(x) @ Wg[cols]^T) * (n(x) @ Wu[cols]^T). KS > 1 splits D as in
     _phase_residual: each task's gate, up and sum-of-squares partials go to `part`, and the
-    tile's last task adds them (in order) before the norm and GELU, which need the whole sums."""
+    tile's last task adds them (in order) before the norm and GELU, which need the whole sums.
+    MOD (pi0.5): n(x) is modulated, n (1 + scale) + shift: mod_ptr holds (1 + scale) over D,
+    then shift @ Wgu^T over the 2F columns (_mod_offsets)."""
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
     k_slice = D // KS
@@ -599,8 +617,11 @@ def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, n
         cols = tile * BN + tl.arange(0, BN)
         col_ok = cols < F
         mask = row_ok[:, None] & col_ok[None, :]
+        s_ptr = x_ptr  # unread without MOD
+        if MOD:
+            s_ptr = mod_ptr + s * k_slice
         g, u, ssq = _rows_matmul(x_ptr + s * k_slice, D, rows, row_ok, wgu_ptr + s * k_slice, D, cols, cols + F, col_ok,
-                                 k_slice, tile, BLOCK_M, BN, BK, True, True, STAGES, ROTATE)
+                                 k_slice, tile, s_ptr, BLOCK_M, BN, BK, True, True, STAGES, ROTATE, MOD)
         last = True
         if KS > 1:
             gu = part_ptr + rows[:, None] * (2 * F) + cols[None, :]  # (KS, BLOCK_M, 2F): gate columns, then up
@@ -619,7 +640,12 @@ def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, n
                     ssq += tl.load(sq + s2 * (n_tiles * BLOCK_M), cache_modifier=".cg")
         if last:
             inv = 1.0 / tl.sqrt(ssq / D + eps)
-            h = _gelu_tanh(g * inv[:, None]) * (u * inv[:, None])
+            g = g * inv[:, None]
+            u = u * inv[:, None]
+            if MOD:
+                g += tl.load(mod_ptr + D + cols, mask=col_ok, other=0.0)[None, :]
+                u += tl.load(mod_ptr + D + F + cols, mask=col_ok, other=0.0)[None, :]
+            h = _gelu_tanh(g) * u
             tl.store(h_ptr + rows[:, None] * F + cols[None, :], h.to(h_ptr.dtype.element_ty), mask=mask)
 
 
@@ -629,7 +655,7 @@ def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, n
 @triton.jit
 def _expert_step_kernel(
     x_ptr, q_ptr, kv_ptr, o_ptr, h_ptr, acc_ptr, ml_ptr, part_ptr, counter_ptr, tile_ctr_ptr, err_ptr, ts_ptr,
-    wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, mask_ptr,
+    wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, mask_ptr, mod_ptr,
     M, Tk, Tp, keys_per_split, eps, scale, stride_cl, stride_cb, stride_ct, stride_mb, stride_mq,
     layer_lo, layer_hi, phase_lo, phase_hi,
     D: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, F: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -643,16 +669,19 @@ def _expert_step_kernel(
     KS_O: tl.constexpr, KS_GU: tl.constexpr, KS_DOWN: tl.constexpr, FOLD_MERGE: tl.constexpr, BARRIER_ASM: tl.constexpr,
     POLL_ONE: tl.constexpr, CTR_O: tl.constexpr, CTR_GU: tl.constexpr, CTR_DOWN: tl.constexpr, CTR_LAYER: tl.constexpr,
     TIMELINE: tl.constexpr, EARLY_V: tl.constexpr, IDLE_PREFETCH: tl.constexpr, ROTATE: tl.constexpr,
-    NB: tl.constexpr, DATAFLOW: tl.constexpr, CTR_SLOT: tl.constexpr, PREFETCH_OWN: tl.constexpr,
+    NB: tl.constexpr, DATAFLOW: tl.constexpr, CTR_SLOT: tl.constexpr, PREFETCH_OWN: tl.constexpr, MOD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     QKV_N: tl.constexpr = NH * HD + 2 * HD
     MT = NB * M  # the rows of all samples: the matmul phases treat them alike
     QKV_JB: tl.constexpr = (HD // 2 + BN_QKV - 1) // BN_QKV  # qkv tasks per slot (query head, k, v)
+    # pi0.5's per-layer modulation table (MOD): see _mod_offsets
+    MOD_W: tl.constexpr = 4 * D + QKV_N + 2 * F
     for layer in range(layer_lo, layer_hi):
         # attention row blocks, o_proj tiles, gate_up tiles, down tiles, qkv slots (dataflow)
         tile_ctr = tile_ctr_ptr + layer * CTR_LAYER
+        modl = mod_ptr + layer * MOD_W
         for phase in range(phase_lo, phase_hi):
             if TIMELINE:  # (layer, phase, program): start, work done, barrier passed
                 ts = ts_ptr + ((layer * 7 + phase) * nprog + pid) * 3 + tl.arange(0, 1)
@@ -673,7 +702,7 @@ def _expert_step_kernel(
                     _prefetch_l2(wqkv_ptr + (layer + 1) * (QKV_N * D), QKV_N * D, pid, nprog, ELEMS_PER_LINE, 512)
             if phase == 0:
                 _phase_qkv(x_ptr, wqkv_ptr + layer * (QKV_N * D), q_ptr, kv_ptr, cos_ptr, sin_ptr, tile_ctr + CTR_SLOT, MT,
-                           eps, pid, nprog, D, NH, HD, BLOCK_M, BN_QKV, BK_QKV, STAGES, ROTATE, DATAFLOW)
+                           eps, pid, nprog, D, NH, HD, BLOCK_M, BN_QKV, BK_QKV, STAGES, ROTATE, DATAFLOW, modl, MOD)
                 if IDLE_PREFETCH > 0:
                     # qkv has fewer tasks than programs (80 of 132 for pi0's expert); the idle ones ask L2
                     # for what the next phases read first from HBM, instead of waiting at the barrier
@@ -699,13 +728,13 @@ def _expert_step_kernel(
                                  DATAFLOW, MAX_SPIN, BARRIER_ASM)
             elif phase == 3:
                 _phase_residual(o_ptr, NH * HD, wo_ptr + layer * (D * NH * HD), x_ptr, part_ptr, tile_ctr + CTR_O, MT, pid,
-                                nprog, D, BLOCK_M, BN_O, BK_O, KS_O, STAGES, ROTATE)
+                                nprog, D, BLOCK_M, BN_O, BK_O, KS_O, STAGES, ROTATE, modl + D + QKV_N, MOD)
             elif phase == 4:
                 _phase_gate_up(x_ptr, wgu_ptr + layer * (2 * F * D), h_ptr, part_ptr, tile_ctr + CTR_GU, MT, eps, pid, nprog,
-                               D, F, BLOCK_M, BN_GU, BK_GU, KS_GU, STAGES, ROTATE)
+                               D, F, BLOCK_M, BN_GU, BK_GU, KS_GU, STAGES, ROTATE, modl + 2 * D + QKV_N, MOD)
             elif phase == 5:
                 _phase_residual(h_ptr, F, wd_ptr + layer * (D * F), x_ptr, part_ptr, tile_ctr + CTR_DOWN, MT, pid, nprog, D,
-                                BLOCK_M, BN_DOWN, BK_DOWN, KS_DOWN, STAGES, ROTATE)
+                                BLOCK_M, BN_DOWN, BK_DOWN, KS_DOWN, STAGES, ROTATE, modl + 3 * D + QKV_N + 2 * F, MOD)
             # phase 6 does nothing: benchmarks time the barriers alone with phases=(6, 7)
             if TIMELINE:
                 tl.debug_barrier()  # every warp of the program is done
@@ -850,6 +879,25 @@ def prefetch_phases(plan: int) -> dict[str, int]:
             "PF_QKV_NEXT": at.get("qkv+1", -1)}
 
 
+def modulation_table(mods: torch.Tensor, wqkv: torch.Tensor, wgu: torch.Tensor) -> torch.Tensor:
+    """The step kernel's view of pi0.5's adaptive norms for the steps of a schedule.
+
+    mods (steps, L*6 [+ 2], D): each layer's scale, shift, gate for its input norm, then for
+    its post-attention norm (fusion.time_tables); wqkv (L, QKV_N, D), wgu (L, 2F, D) unfolded.
+    Returns float32 (steps, L, 4D + QKV_N + 2F), per layer (_mod_offsets): 1 + scale1 (D),
+    shift1 @ Wqkv^T (QKV_N), gate1 (D), 1 + scale2 (D), shift2 @ Wgu^T (2F), gate2 (D).
+    A modulated norm then costs the matmul phases a per-column scale of the activations and
+    a per-column bias: (n (1 + s) + b) @ W^T = inv (x (1 + s)) @ W^T + b @ W^T. The gates are
+    rounded to the model dtype first, as the reference multiplies by them there."""
+    L = wqkv.shape[0]
+    m = mods[:, : 6 * L].view(mods.shape[0], L, 6, -1).float()
+    shift_qkv = torch.einsum("sld,lnd->sln", m[:, :, 1], wqkv.float())
+    shift_gu = torch.einsum("sld,lnd->sln", m[:, :, 4], wgu.float())
+    gate1 = mods[:, : 6 * L].view(mods.shape[0], L, 6, -1)[:, :, 2].to(wqkv.dtype).float()
+    gate2 = mods[:, : 6 * L].view(mods.shape[0], L, 6, -1)[:, :, 5].to(wqkv.dtype).float()
+    return torch.cat([1.0 + m[:, :, 0], shift_qkv, gate1, 1.0 + m[:, :, 3], shift_gu, gate2], dim=-1).contiguous()
+
+
 def row_block(rows: int) -> int:
     """The matmul phases' row block for `rows` suffix rows (all samples): a power of two >= 16."""
     return max(16, triton.next_power_of_2(rows))
@@ -872,6 +920,7 @@ def expert_step(
     k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
     eps: float, *, persistent: bool | None = None, config: StepKernelConfig | None = None,
     phases: tuple[int, int] = (0, len(PHASES)), programs: int | None = None, timeline: torch.Tensor | None = None,
+    mod: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x (M, D) suffix hidden states -> x after all L layers of a pi0 expert; or B samples at
     once: x (B, M, D) with a batch axis on the cache, tables and mask as below.
@@ -892,6 +941,8 @@ def expert_step(
     to fill with each program's global-clock nanoseconds at the start of every (layer,
     phase), when its work is done and when it has passed the barrier (persistent launches
     only; see `timeline_summary`).
+    mod: pi0.5's adaptive norms for this step, float32 (L, 4D + NH*HD + 2*HD + 2F) per
+    `modulation_table` (then the weights carry no folded norm scales); None for pi0.
     """
     cfg = config or StepKernelConfig()
     batched = x.dim() == 3
@@ -909,9 +960,13 @@ def expert_step(
                 "sin": (*lead, M, HD), "mask": (*lead, M, Tk)}
     given = {"wqkv": wqkv, "wo": wo, "wgu": wgu, "wd": wd, "k_cache": k_cache, "v_cache": v_cache, "cos": cos,
              "sin": sin, "mask": mask}
+    if mod is not None:
+        expected["mod"], given["mod"] = (L, 4 * D + qkv_n + 2 * F), mod
     for name, shape in expected.items():
         if tuple(given[name].shape) != shape:
             raise ValueError(f"expert_step: {name} has shape {tuple(given[name].shape)}, expected {shape}")
+    if mod is not None and (mod.dtype != torch.float32 or not mod.is_contiguous()):
+        raise ValueError(f"expert_step: mod must be a contiguous float32 table, got {mod.dtype}")
     if not batched:  # one sample: add the batch axis everywhere
         x, cos, sin, mask = x[None], cos[None], sin[None], mask[None]
         k_cache, v_cache = k_cache[:, None], v_cache[:, None]
@@ -978,7 +1033,7 @@ def expert_step(
                              f"{timeline.dtype} {tuple(timeline.shape)} on {timeline.device}")
     clock = err if timeline is None else timeline  # any pointer will do when TIMELINE is off
     args = [x, q, kv, o, h, acc, ml, part, counters, tile_counters, err, clock, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin,
-            mask_u8, M, Tk, Tk - M, keys_per_split, float(eps), HD**-0.5, k_cache.stride(0), k_cache.stride(1),
+            mask_u8, err if mod is None else mod, M, Tk, Tk - M, keys_per_split, float(eps), HD**-0.5, k_cache.stride(0), k_cache.stride(1),
             k_cache.stride(2), mask_u8.stride(0), mask_u8.stride(1)]
     consts = dict(D=D, NH=NH, HD=HD, F=F, BLOCK_M=BLOCK_M, BN_QKV=cfg.bn_qkv, BK_QKV=bk["bk_qkv"], BN_O=cfg.bn_o,
                   BK_O=bk["bk_o"], BN_GU=cfg.bn_gu, BK_GU=bk["bk_gu"], BN_DOWN=cfg.bn_down, BK_DOWN=bk["bk_down"],
@@ -991,7 +1046,7 @@ def expert_step(
                   CTR_GU=ctr_gu, CTR_DOWN=ctr_down, CTR_LAYER=ctr_layer, TIMELINE=timeline is not None,
                   EARLY_V=cfg.att_early_v, IDLE_PREFETCH=cfg.idle_prefetch if device.type == "cuda" else 0,
                   ROTATE=cfg.k_rotate, NB=NB, DATAFLOW=cfg.dataflow, CTR_SLOT=ctr_slot,
-                  PREFETCH_OWN=cfg.prefetch_own if device.type == "cuda" else 0)
+                  PREFETCH_OWN=cfg.prefetch_own if device.type == "cuda" else 0, MOD=mod is not None)
     if persistent:
         _expert_step_kernel[(grid,)](*args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
         _LAST_COUNTERS[_device_key(device)] = (counters, tile_counters.view(L, ctr_layer))

@@ -104,12 +104,13 @@ def _(qkv, cos, sin, k_cache, v_cache, layer, start, num_heads, num_kv_heads, wr
 @torch.library.custom_op("vlaperf::expert_step", mutates_args=())
 def expert_step(x: torch.Tensor, wqkv: torch.Tensor, wo: torch.Tensor, wgu: torch.Tensor, wd: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                eps: float) -> torch.Tensor:
-    """See kernels/expert_step.py: the suffix (M, D) through every expert layer in one kernel."""
+                eps: float, mod: torch.Tensor | None = None) -> torch.Tensor:
+    """See kernels/expert_step.py: the suffix (M, D) through every expert layer in one kernel
+    (`mod`: pi0.5's adaptive norms for this step, expert_step.modulation_table)."""
     with _explain_resource_errors("expert_step", "megakernel"):
-        return _step_module.expert_step(x, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin, mask, eps)
+        return _step_module.expert_step(x, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin, mask, eps, mod=mod)
 
 
 @expert_step.register_fake
-def _(x, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin, mask, eps):
+def _(x, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin, mask, eps, mod=None):
     return torch.empty_like(x, memory_format=torch.contiguous_format)
