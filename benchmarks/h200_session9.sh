@@ -17,6 +17,12 @@
 #            B: expert_step_bench.py --pi05 (the kernel alone on pi0.5's shapes: persistent launch
 #               bit for bit against per-phase launches, accuracy against float32), then the
 #               libero-pi05 bench
+#            (at 622b1ff, the first pi0.5 kernel, which scaled the activations inside the K loops: 1241 us
+#            a step against pi0's 773, the call 0.946x the layers; files renamed *_first.json.
+#            libero-pi0 best bench 13.86 ms)
+#   PART=d   the pi0.5 kernel again, its activations scaled by the phase before (xm, ssq partials):
+#            A: expert_step_bench.py --pi05, change_ab.py step_kernel on libero-pi05, the pi05 bench
+#            B: the closing figures: shallow6, policy mode, batch 4 and 8, T(N)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session9.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -48,6 +54,19 @@ EOT
   lane B 1 20 <<EOT &
 200 python3 benchmarks/expert_step_bench.py --pi05 --quick --timeline --json $R/kernel_expert_step_pi05.json
 200 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s9_model.json
+EOT
+  ;;
+d)
+  lane A 0 20 <<EOT &
+150 python3 benchmarks/expert_step_bench.py --pi05 --quick --timeline --json $R/kernel_expert_step_pi05.json
+200 python3 benchmarks/change_ab.py --change step_kernel --workload libero-pi05 --rounds 40 --json $R/change_ab_libero-pi05_step_kernel.json
+150 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s9_model.json
+EOT
+  lane B 1 20 <<EOT &
+100 $V bench --workload libero-shallow6 --levers best $B --json $R/bench_libero-shallow6_best-s9_model.json
+100 $V bench --workload libero-pi0 --levers best --mode policy $B --json $R/bench_libero-pi0_best-s9_policy.json
+120 $V bench --workload libero-pi0-b4 --levers best $B --json $R/bench_libero-pi0-b4_best-s9_model.json
+150 $V bench --workload libero-pi0-b8 --levers best $B --json $R/bench_libero-pi0-b8_best-s9_model.json
 EOT
   ;;
 esac

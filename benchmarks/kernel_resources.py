@@ -40,7 +40,7 @@ from vlaperf.models.pi0 import ATTENTION_MASK_VALUE
 
 L, D, NH, HD, F, M, TK = 18, 1024, 8, 256, 4096, 51, 595
 BLOCK_M = 64
-FLOAT_BUFFERS = {"acc_ptr", "ml_ptr", "part_ptr", "mod_ptr"}
+FLOAT_BUFFERS = {"acc_ptr", "ml_ptr", "part_ptr", "mod_ptr", "ssq_ptr"}
 INT_BUFFERS = {"tile_ctr_ptr", "counter_ptr", "err_ptr"}
 ALIGNED_INTS = {"keys_per_split", "stride_cl", "stride_cb", "stride_ct", "K"}
 

@@ -246,8 +246,8 @@ def _now():
 
 
 @triton.jit
-def _rows_k_block(k0, acc, acc2, ssq, a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, col_ok, K, s_ptr,
-                  BLOCK_K: tl.constexpr, TWO: tl.constexpr, SSQ: tl.constexpr, A_SCALE: tl.constexpr):
+def _rows_k_block(k0, acc, acc2, ssq, a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, col_ok, K,
+                  BLOCK_K: tl.constexpr, TWO: tl.constexpr, SSQ: tl.constexpr):
     """One K block [k0, k0 + BLOCK_K) of _rows_matmul."""
     ks = k0 + tl.arange(0, BLOCK_K)
     k_ok = ks < K
@@ -255,28 +255,23 @@ def _rows_k_block(k0, acc, acc2, ssq, a_ptr, stride_a, rows, row_ok, w_ptr, stri
                 cache_modifier=".cg")
     w_mask = col_ok[:, None] & k_ok[None, :]
     w = tl.load(w_ptr + cols[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0, eviction_policy="evict_first")
-    a_dot = a
-    if A_SCALE:  # pi0.5: the modulation's (1 + scale) per input column, before the product
-        a_dot = (a.to(tl.float32) * tl.load(s_ptr + ks, mask=k_ok, other=0.0)[None, :]).to(a.dtype)
-    acc += tl.dot(a_dot, tl.trans(w))
+    acc += tl.dot(a, tl.trans(w))
     if TWO:
         w2 = tl.load(w_ptr + cols2[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0,
                      eviction_policy="evict_first")
-        acc2 += tl.dot(a_dot, tl.trans(w2))
-    if SSQ:  # of the activations as they are: the norm's statistics
+        acc2 += tl.dot(a, tl.trans(w2))
+    if SSQ:
         af = a.to(tl.float32)
         ssq += tl.sum(af * af, axis=1)
     return acc, acc2, ssq
 
 
 @triton.jit
-def _rows_matmul(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, col_ok, K, rot, s_ptr,
+def _rows_matmul(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, col_ok, K, rot,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
-                 TWO: tl.constexpr, SSQ: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr,
-                 A_SCALE: tl.constexpr = False):
+                 TWO: tl.constexpr, SSQ: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr):
     """acc = A[rows] @ W[cols]^T (and acc2 with W[cols2] if TWO), float32; ssq = per-row sum
     of squares of A (if SSQ). A rows are activations written in this kernel: .cg loads.
-    A_SCALE: A's columns multiplied by s_ptr[k] (float32) before the product (ssq is of A).
 
     ROTATE: start at K block `rot` (the task's tile) and wrap around. Every task of a phase
     reads the same activations; in step they would all ask L2 for the same lines at once,
@@ -290,11 +285,11 @@ def _rows_matmul(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, co
         n_k = tl.cdiv(K, BLOCK_K)
         for i in tl.range(0, n_k, num_stages=STAGES):
             acc, acc2, ssq = _rows_k_block(((i + rot) % n_k) * BLOCK_K, acc, acc2, ssq, a_ptr, stride_a, rows, row_ok,
-                                           w_ptr, stride_w, cols, cols2, col_ok, K, s_ptr, BLOCK_K, TWO, SSQ, A_SCALE)
+                                           w_ptr, stride_w, cols, cols2, col_ok, K, BLOCK_K, TWO, SSQ)
     else:
         for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
             acc, acc2, ssq = _rows_k_block(k0, acc, acc2, ssq, a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols,
-                                           cols2, col_ok, K, s_ptr, BLOCK_K, TWO, SSQ, A_SCALE)
+                                           cols2, col_ok, K, BLOCK_K, TWO, SSQ)
     return acc, acc2, ssq
 
 
@@ -360,6 +355,16 @@ def _prefetch_next_task(phase, layer, pid, wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, L,
             _prefetch_tile_l2(base, rows + HALF, D, D, ELEMS_PER_LINE)
 
 
+@triton.jit
+def _sum_ssq_tiles(ssq_ptr, rows, TILES: tl.constexpr, BLOCK_M: tl.constexpr):
+    """MOD: the per-row sum of squares of x from the per-tile partials its writers left
+    (_phase_residual), added in tile order (the same bits in every program)."""
+    ssq = tl.zeros((BLOCK_M,), tl.float32)
+    for t in tl.static_range(TILES):
+        ssq += tl.load(ssq_ptr + t * BLOCK_M + rows, cache_modifier=".cg")
+    return ssq
+
+
 # ------------------------------------------------------------------------ phases
 
 
@@ -367,11 +372,14 @@ def _prefetch_next_task(phase, layer, pid, wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, L,
 def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M, eps, pid, nprog,
                D: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr,
                BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr,
-               DATAFLOW: tl.constexpr, mod_ptr=None, MOD: tl.constexpr = False):
+               DATAFLOW: tl.constexpr, mod_ptr=None, xm_ptr=None, ssq_ptr=None, MOD: tl.constexpr = False,
+               SSQ_TILES: tl.constexpr = 1):
     """DATAFLOW: each task counts itself in at its slot's counter (query head, k or v) once
     its outputs are stored, for the attention tasks that wait on them.
-    MOD (pi0.5's adaptive norm): mod_ptr holds the layer's (1 + scale) over D, then
-    shift @ Wqkv^T over the qkv columns (_mod_offsets)."""
+    MOD (pi0.5's adaptive norm, n (1 + scale) + shift): the product reads xm = x (1 + scale),
+    which the previous phase's writers stored with x, and the norm's statistics from their
+    per-tile partials (ssq_ptr); mod_ptr + D holds shift @ Wqkv^T (modulation_table):
+    (n (1 + scale) + shift) @ W^T = inv (x (1 + scale)) @ W^T + shift @ W^T."""
     HALF: tl.constexpr = HD // 2
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
@@ -381,15 +389,17 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
         d1 = (task % n_jb) * BN + tl.arange(0, BN)
         d_ok = d1 < HALF
         cols = slot * HD + d1
-        s_ptr = x_ptr  # unread without MOD
         if MOD:
-            s_ptr = mod_ptr
-        acc1, acc2, ssq = _rows_matmul(x_ptr, D, rows, row_ok, wqkv_ptr, D, cols, cols + HALF, d_ok, D, task, s_ptr,
-                                       BLOCK_M, BN, BK, True, True, STAGES, ROTATE, MOD)
+            acc1, acc2, ssq = _rows_matmul(xm_ptr, D, rows, row_ok, wqkv_ptr, D, cols, cols + HALF, d_ok, D, task,
+                                           BLOCK_M, BN, BK, True, False, STAGES, ROTATE)
+            ssq = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
+        else:
+            acc1, acc2, ssq = _rows_matmul(x_ptr, D, rows, row_ok, wqkv_ptr, D, cols, cols + HALF, d_ok, D, task,
+                                           BLOCK_M, BN, BK, True, True, STAGES, ROTATE)
         inv = 1.0 / tl.sqrt(ssq / D + eps)
         acc1 = acc1 * inv[:, None]
         acc2 = acc2 * inv[:, None]
-        if MOD:  # (n (1 + scale) + shift) @ W^T = inv (x (1 + scale)) @ W^T + shift @ W^T
+        if MOD:
             acc1 += tl.load(mod_ptr + D + cols, mask=d_ok, other=0.0)[None, :]
             acc2 += tl.load(mod_ptr + D + cols + HALF, mask=d_ok, other=0.0)[None, :]
         mask = row_ok[:, None] & d_ok[None, :]
@@ -557,10 +567,26 @@ def _phase_merge(acc_ptr, ml_ptr, o_ptr, row_ctr_ptr, err_ptr, M, pid, nprog,
 
 
 @triton.jit
+def _write_next(x_new, xm_ptr, ssq_ptr, scale_ptr, rows, cols, col_ok, mask, tile, write_next, D: tl.constexpr,
+                BLOCK_M: tl.constexpr):
+    """_phase_residual's MOD epilogue: the tile's share of the next norm's inputs. Columns and
+    rows outside the matrix hold zeros (masked loads), so they add nothing to the sums."""
+    if write_next:
+        xf = tl.where(mask, x_new.to(tl.float32), 0.0)
+        scale = tl.load(scale_ptr + cols, mask=col_ok, other=0.0)
+        tl.store(xm_ptr + rows[:, None] * D + cols[None, :], (xf * scale[None, :]).to(xm_ptr.dtype.element_ty), mask=mask)
+        tl.store(ssq_ptr + tile * BLOCK_M + rows, tl.sum(xf * xf, axis=1))
+
+
+@triton.jit
 def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, nprog,
                     D: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
-                    STAGES: tl.constexpr, ROTATE: tl.constexpr, gate_ptr=None, GATE: tl.constexpr = False):
-    """x[:, cols] += A @ W[cols]^T (times gate[cols] with GATE: pi0.5's gated residual).
+                    STAGES: tl.constexpr, ROTATE: tl.constexpr, gate_ptr=None, scale_ptr=None, xm_ptr=None,
+                    ssq_ptr=None, write_next=0, GATE: tl.constexpr = False):
+    """x[:, cols] += A @ W[cols]^T; GATE (pi0.5): x[:, cols] += (A @ W[cols]^T) gate[cols], and
+    where `write_next`, also xm[:, cols] = x (1 + scale)[cols] (the next norm's modulated
+    input, scale_ptr) and ssq[tile] = the rows' sums of squares over these columns, for the
+    next matmul phase (_phase_qkv / _phase_gate_up with MOD): no pass over x of its own.
 
     KS == 1: each task owns its columns of x (so in place is safe) and reads all of A.
     KS > 1 (split K): task (tile, s) multiplies only the K-slice s, so each program reads
@@ -578,7 +604,7 @@ def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, npro
         cols = tile * BN + tl.arange(0, BN)
         col_ok = cols < D
         acc, _a, _s = _rows_matmul(a_ptr + s * k_slice, K, rows, row_ok, w_ptr + s * k_slice, K, cols, cols, col_ok,
-                                   k_slice, tile, x_ptr, BLOCK_M, BN, BK, False, False, STAGES, ROTATE)
+                                   k_slice, tile, BLOCK_M, BN, BK, False, False, STAGES, ROTATE)
         mask = row_ok[:, None] & col_ok[None, :]
         ptrs = x_ptr + rows[:, None] * D + cols[None, :]
         gate = 1.0
@@ -586,7 +612,10 @@ def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, npro
             gate = tl.load(gate_ptr + cols, mask=col_ok, other=0.0)[None, :]
         if KS == 1:
             res = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-            tl.store(ptrs, (acc * gate + res).to(x_ptr.dtype.element_ty), mask=mask)
+            x_new = (acc * gate + res).to(x_ptr.dtype.element_ty)
+            tl.store(ptrs, x_new, mask=mask)
+            if GATE:
+                _write_next(x_new, xm_ptr, ssq_ptr, scale_ptr, rows, cols, col_ok, mask, tile, write_next, D, BLOCK_M)
         else:
             part = part_ptr + rows[:, None] * D + cols[None, :]
             tl.store(part + s * (BLOCK_M * D), acc, mask=mask)
@@ -595,18 +624,22 @@ def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, npro
                 for s2 in tl.static_range(KS):
                     total += tl.load(part + s2 * (BLOCK_M * D), mask=mask, other=0.0, cache_modifier=".cg")
                 res = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-                tl.store(ptrs, (total * gate + res).to(x_ptr.dtype.element_ty), mask=mask)
+                x_new = (total * gate + res).to(x_ptr.dtype.element_ty)
+                tl.store(ptrs, x_new, mask=mask)
+                if GATE:
+                    _write_next(x_new, xm_ptr, ssq_ptr, scale_ptr, rows, cols, col_ok, mask, tile, write_next, D, BLOCK_M)
 
 
 @triton.jit
 def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, nprog,
                    D: tl.constexpr, F: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
-                   KS: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr, mod_ptr=None, MOD: tl.constexpr = False):
+                   KS: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr, mod_ptr=None, xm_ptr=None,
+                   ssq_ptr=None, MOD: tl.constexpr = False, SSQ_TILES: tl.constexpr = 1):
     """h[:, cols] = gelu(n(x) @ Wg[cols]^T) * (n(x) @ Wu[cols]^T). KS > 1 splits D as in
     _phase_residual: each task's gate, up and sum-of-squares partials go to `part`, and the
     tile's last task adds them (in order) before the norm and GELU, which need the whole sums.
-    MOD (pi0.5): n(x) is modulated, n (1 + scale) + shift: mod_ptr holds (1 + scale) over D,
-    then shift @ Wgu^T over the 2F columns (_mod_offsets)."""
+    MOD (pi0.5): n(x) is modulated, n (1 + scale) + shift: as in _phase_qkv, the product reads
+    xm and the statistics come from ssq_ptr; mod_ptr + D holds shift @ Wgu^T over the 2F columns."""
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
     k_slice = D // KS
@@ -617,11 +650,12 @@ def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, n
         cols = tile * BN + tl.arange(0, BN)
         col_ok = cols < F
         mask = row_ok[:, None] & col_ok[None, :]
-        s_ptr = x_ptr  # unread without MOD
         if MOD:
-            s_ptr = mod_ptr + s * k_slice
-        g, u, ssq = _rows_matmul(x_ptr + s * k_slice, D, rows, row_ok, wgu_ptr + s * k_slice, D, cols, cols + F, col_ok,
-                                 k_slice, tile, s_ptr, BLOCK_M, BN, BK, True, True, STAGES, ROTATE, MOD)
+            g, u, ssq = _rows_matmul(xm_ptr + s * k_slice, D, rows, row_ok, wgu_ptr + s * k_slice, D, cols, cols + F,
+                                     col_ok, k_slice, tile, BLOCK_M, BN, BK, True, False, STAGES, ROTATE)
+        else:
+            g, u, ssq = _rows_matmul(x_ptr + s * k_slice, D, rows, row_ok, wgu_ptr + s * k_slice, D, cols, cols + F,
+                                     col_ok, k_slice, tile, BLOCK_M, BN, BK, True, True, STAGES, ROTATE)
         last = True
         if KS > 1:
             gu = part_ptr + rows[:, None] * (2 * F) + cols[None, :]  # (KS, BLOCK_M, 2F): gate columns, then up
@@ -639,13 +673,15 @@ def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, n
                     u += tl.load(gu + s2 * (BLOCK_M * 2 * F) + F, mask=mask, other=0.0, cache_modifier=".cg")
                     ssq += tl.load(sq + s2 * (n_tiles * BLOCK_M), cache_modifier=".cg")
         if last:
-            inv = 1.0 / tl.sqrt(ssq / D + eps)
-            g = g * inv[:, None]
-            u = u * inv[:, None]
             if MOD:
-                g += tl.load(mod_ptr + D + cols, mask=col_ok, other=0.0)[None, :]
-                u += tl.load(mod_ptr + D + F + cols, mask=col_ok, other=0.0)[None, :]
-            h = _gelu_tanh(g) * u
+                ssq = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
+            inv = 1.0 / tl.sqrt(ssq / D + eps)
+            if MOD:
+                g = g * inv[:, None] + tl.load(mod_ptr + D + cols, mask=col_ok, other=0.0)[None, :]
+                u = u * inv[:, None] + tl.load(mod_ptr + D + F + cols, mask=col_ok, other=0.0)[None, :]
+                h = _gelu_tanh(g) * u
+            else:
+                h = _gelu_tanh(g * inv[:, None]) * (u * inv[:, None])
             tl.store(h_ptr + rows[:, None] * F + cols[None, :], h.to(h_ptr.dtype.element_ty), mask=mask)
 
 
@@ -655,7 +691,7 @@ def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, n
 @triton.jit
 def _expert_step_kernel(
     x_ptr, q_ptr, kv_ptr, o_ptr, h_ptr, acc_ptr, ml_ptr, part_ptr, counter_ptr, tile_ctr_ptr, err_ptr, ts_ptr,
-    wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, mask_ptr, mod_ptr,
+    wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, kc_ptr, vc_ptr, cos_ptr, sin_ptr, mask_ptr, mod_ptr, xm_ptr, ssq_ptr,
     M, Tk, Tp, keys_per_split, eps, scale, stride_cl, stride_cb, stride_ct, stride_mb, stride_mq,
     layer_lo, layer_hi, phase_lo, phase_hi,
     D: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, F: tl.constexpr, BLOCK_M: tl.constexpr,
@@ -702,7 +738,8 @@ def _expert_step_kernel(
                     _prefetch_l2(wqkv_ptr + (layer + 1) * (QKV_N * D), QKV_N * D, pid, nprog, ELEMS_PER_LINE, 512)
             if phase == 0:
                 _phase_qkv(x_ptr, wqkv_ptr + layer * (QKV_N * D), q_ptr, kv_ptr, cos_ptr, sin_ptr, tile_ctr + CTR_SLOT, MT,
-                           eps, pid, nprog, D, NH, HD, BLOCK_M, BN_QKV, BK_QKV, STAGES, ROTATE, DATAFLOW, modl, MOD)
+                           eps, pid, nprog, D, NH, HD, BLOCK_M, BN_QKV, BK_QKV, STAGES, ROTATE, DATAFLOW, modl, xm_ptr,
+                           ssq_ptr, MOD, (D + BN_DOWN - 1) // BN_DOWN)
                 if IDLE_PREFETCH > 0:
                     # qkv has fewer tasks than programs (80 of 132 for pi0's expert); the idle ones ask L2
                     # for what the next phases read first from HBM, instead of waiting at the barrier
@@ -728,13 +765,16 @@ def _expert_step_kernel(
                                  DATAFLOW, MAX_SPIN, BARRIER_ASM)
             elif phase == 3:
                 _phase_residual(o_ptr, NH * HD, wo_ptr + layer * (D * NH * HD), x_ptr, part_ptr, tile_ctr + CTR_O, MT, pid,
-                                nprog, D, BLOCK_M, BN_O, BK_O, KS_O, STAGES, ROTATE, modl + D + QKV_N, MOD)
+                                nprog, D, BLOCK_M, BN_O, BK_O, KS_O, STAGES, ROTATE, modl + D + QKV_N, modl + 2 * D + QKV_N,
+                                xm_ptr, ssq_ptr, 1, MOD)
             elif phase == 4:
                 _phase_gate_up(x_ptr, wgu_ptr + layer * (2 * F * D), h_ptr, part_ptr, tile_ctr + CTR_GU, MT, eps, pid, nprog,
-                               D, F, BLOCK_M, BN_GU, BK_GU, KS_GU, STAGES, ROTATE, modl + 2 * D + QKV_N, MOD)
+                               D, F, BLOCK_M, BN_GU, BK_GU, KS_GU, STAGES, ROTATE, modl + 2 * D + QKV_N, xm_ptr, ssq_ptr, MOD,
+                               (D + BN_O - 1) // BN_O)
             elif phase == 5:
                 _phase_residual(h_ptr, F, wd_ptr + layer * (D * F), x_ptr, part_ptr, tile_ctr + CTR_DOWN, MT, pid, nprog, D,
-                                BLOCK_M, BN_DOWN, BK_DOWN, KS_DOWN, STAGES, ROTATE, modl + 3 * D + QKV_N + 2 * F, MOD)
+                                BLOCK_M, BN_DOWN, BK_DOWN, KS_DOWN, STAGES, ROTATE, modl + 3 * D + QKV_N + 2 * F,
+                                modl + MOD_W, xm_ptr, ssq_ptr, layer + 1 < L, MOD)
             # phase 6 does nothing: benchmarks time the barriers alone with phases=(6, 7)
             if TIMELINE:
                 tl.debug_barrier()  # every warp of the program is done
@@ -1032,8 +1072,17 @@ def expert_step(
             raise ValueError(f"expert_step: timeline must be an int64 tensor of shape {want} on {device}, got "
                              f"{timeline.dtype} {tuple(timeline.shape)} on {timeline.device}")
     clock = err if timeline is None else timeline  # any pointer will do when TIMELINE is off
+    if mod is not None:
+        # pi0.5: the first layer's modulated input and norm statistics; later layers get theirs
+        # from the phase before (_write_next). Tiles past the first add zeros
+        xm = (x.float() * mod[0, :D]).to(x.dtype)
+        ssq = torch.zeros(max(triton.cdiv(D, cfg.bn_o), triton.cdiv(D, cfg.bn_down)), BLOCK_M, dtype=torch.float32,
+                          device=device)
+        ssq[0, :MT] = x.float().pow(2).sum(-1)
+    else:
+        xm, ssq = x, err  # not read
     args = [x, q, kv, o, h, acc, ml, part, counters, tile_counters, err, clock, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin,
-            mask_u8, err if mod is None else mod, M, Tk, Tk - M, keys_per_split, float(eps), HD**-0.5, k_cache.stride(0), k_cache.stride(1),
+            mask_u8, err if mod is None else mod, xm, ssq, M, Tk, Tk - M, keys_per_split, float(eps), HD**-0.5, k_cache.stride(0), k_cache.stride(1),
             k_cache.stride(2), mask_u8.stride(0), mask_u8.stride(1)]
     consts = dict(D=D, NH=NH, HD=HD, F=F, BLOCK_M=BLOCK_M, BN_QKV=cfg.bn_qkv, BK_QKV=bk["bk_qkv"], BN_O=cfg.bn_o,
                   BK_O=bk["bk_o"], BN_GU=cfg.bn_gu, BK_GU=bk["bk_gu"], BN_DOWN=cfg.bn_down, BK_DOWN=bk["bk_down"],
