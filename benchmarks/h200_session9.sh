@@ -22,7 +22,12 @@
 #            libero-pi0 best bench 13.86 ms)
 #   PART=d   the pi0.5 kernel again, its activations scaled by the phase before (xm, ssq partials):
 #            A: expert_step_bench.py --pi05, change_ab.py step_kernel on libero-pi05, the pi05 bench
-#            B: the closing figures: shallow6, policy mode, batch 4 and 8, T(N)
+#            B: the closing figures: shallow6, policy mode, batch 4 and 8
+#            (kernel 893 us a step for pi0.5, bit-exact; the call 1.101x the layers; libero-pi05 15.18 ms;
+#            shallow6 6.02; libero-pi0 policy 14.21; b4 33.26 (power cap); b8 60.23 (power cap))
+#   PART=e   A: T(N) of libero-pi0 best
+#            B: the step kernel for pi0 and for pi0.5 back to back on one GPU (what the adaptive
+#               norms cost the kernel), then T(N) of libero-pi05 best
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session9.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -67,6 +72,16 @@ EOT
 100 $V bench --workload libero-pi0 --levers best --mode policy $B --json $R/bench_libero-pi0_best-s9_policy.json
 120 $V bench --workload libero-pi0-b4 --levers best $B --json $R/bench_libero-pi0-b4_best-s9_model.json
 150 $V bench --workload libero-pi0-b8 --levers best $B --json $R/bench_libero-pi0-b8_best-s9_model.json
+EOT
+  ;;
+e)
+  lane A 0 20 <<EOT &
+260 $V scaling --workload libero-pi0 --levers best --no-progress --json $R/scaling_libero-pi0_best_s9.json --plot $R/scaling_libero-pi0_best_s9.png
+EOT
+  lane B 1 20 <<EOT &
+120 python3 benchmarks/expert_step_bench.py --quick --timeline --json $R/kernel_expert_step_pi0_s9e.json
+120 python3 benchmarks/expert_step_bench.py --pi05 --quick --timeline --json $R/kernel_expert_step_pi05_s9e.json
+260 $V scaling --workload libero-pi05 --levers best --no-progress --json $R/scaling_libero-pi05_best_s9.json --plot $R/scaling_libero-pi05_best_s9.png
 EOT
   ;;
 esac
