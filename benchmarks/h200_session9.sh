@@ -28,6 +28,11 @@
 #   PART=e   A: T(N) of libero-pi0 best
 #            B: the step kernel for pi0 and for pi0.5 back to back on one GPU (what the adaptive
 #               norms cost the kernel), then T(N) of libero-pi05 best
+#            (T(N) pi0 6.017 + 0.794 N, pi0.5 5.971 + 0.913 N; kernel pi0 771 us, pi0.5 898 us, but every
+#            pi0.5 phase alone ~25 us slower, the barriers alone too: the launcher's six torch ops for
+#            the first layer's xm and ssq)
+#   PART=f   those six ops as one Triton launch (_mod_prologue_kernel): A: expert_step_bench.py
+#            --pi05, then change_ab.py step_kernel on libero-pi05; B: the libero-pi05 bench
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session9.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -82,6 +87,15 @@ EOT
 120 python3 benchmarks/expert_step_bench.py --quick --timeline --json $R/kernel_expert_step_pi0_s9e.json
 120 python3 benchmarks/expert_step_bench.py --pi05 --quick --timeline --json $R/kernel_expert_step_pi05_s9e.json
 260 $V scaling --workload libero-pi05 --levers best --no-progress --json $R/scaling_libero-pi05_best_s9.json --plot $R/scaling_libero-pi05_best_s9.png
+EOT
+  ;;
+f)
+  lane A 0 20 <<EOT &
+120 python3 benchmarks/expert_step_bench.py --pi05 --quick --timeline --json $R/kernel_expert_step_pi05_s9f.json
+200 python3 benchmarks/change_ab.py --change step_kernel --workload libero-pi05 --rounds 40 --json $R/change_ab_libero-pi05_step_kernel_s9f.json
+EOT
+  lane B 1 20 <<EOT &
+150 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s9f_model.json
 EOT
   ;;
 esac

@@ -579,6 +579,20 @@ def _write_next(x_new, xm_ptr, ssq_ptr, scale_ptr, rows, cols, col_ok, mask, til
 
 
 @triton.jit
+def _mod_prologue_kernel(x_ptr, scale_ptr, xm_ptr, ssq_ptr, MT, D: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr):
+    """MOD, before the step kernel: the first layer's xm and per-tile sums of squares, one tile
+    of columns a program, as _write_next leaves them for every later layer (one small launch
+    where torch took six: ~20 us a step on the H200, docs/perf-notes.md session 9)."""
+    tile = tl.program_id(0)
+    rows = tl.arange(0, BLOCK_M)
+    cols = tile * BN + tl.arange(0, BN)
+    col_ok = cols < D
+    mask = (rows < MT)[:, None] & col_ok[None, :]
+    x = tl.load(x_ptr + rows[:, None] * D + cols[None, :], mask=mask, other=0.0)
+    _write_next(x, xm_ptr, ssq_ptr, scale_ptr, rows, cols, col_ok, mask, tile, 1, D, BLOCK_M)
+
+
+@triton.jit
 def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, nprog,
                     D: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
                     STAGES: tl.constexpr, ROTATE: tl.constexpr, gate_ptr=None, scale_ptr=None, xm_ptr=None,
@@ -1073,12 +1087,12 @@ def expert_step(
                              f"{timeline.dtype} {tuple(timeline.shape)} on {timeline.device}")
     clock = err if timeline is None else timeline  # any pointer will do when TIMELINE is off
     if mod is not None:
-        # pi0.5: the first layer's modulated input and norm statistics; later layers get theirs
-        # from the phase before (_write_next). Tiles past the first add zeros
-        xm = (x.float() * mod[0, :D]).to(x.dtype)
-        ssq = torch.zeros(max(triton.cdiv(D, cfg.bn_o), triton.cdiv(D, cfg.bn_down)), BLOCK_M, dtype=torch.float32,
+        # pi0.5: the first layer's modulated input and norm statistics, in the tiles qkv reads
+        # (down's); later layers get theirs from the phase before (_write_next)
+        xm = torch.empty_like(x)
+        ssq = torch.empty(max(triton.cdiv(D, cfg.bn_o), triton.cdiv(D, cfg.bn_down)), BLOCK_M, dtype=torch.float32,
                           device=device)
-        ssq[0, :MT] = x.float().pow(2).sum(-1)
+        _mod_prologue_kernel[(triton.cdiv(D, cfg.bn_down),)](x, mod, xm, ssq, MT, D=D, BLOCK_M=BLOCK_M, BN=cfg.bn_down)
     else:
         xm, ssq = x, err  # not read
     args = [x, q, kv, o, h, acc, ml, part, counters, tile_counters, err, clock, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin,
