@@ -35,6 +35,9 @@
 #            --pi05, then change_ab.py step_kernel on libero-pi05; B: the libero-pi05 bench
 #            (kernel 879 us a step, bit-exact, every phase alone ~15 us faster than in part e; the call
 #            1.114x the layers; libero-pi05 15.00 ms)
+#   PART=g   the epilogues' loads before the K loops (StepKernelConfig.early_loads): A: sweep 19
+#            for pi0 and for pi0.5 (same process each: early against late, twice); B: the libero-pi0
+#            and libero-pi05 benches, then the whole pi0 call A/B (step_config_ab.py)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session9.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -98,6 +101,16 @@ f)
 EOT
   lane B 1 20 <<EOT &
 150 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s9f_model.json
+EOT
+  ;;
+g)
+  lane A 0 20 <<EOT &
+100 python3 benchmarks/expert_step_bench.py --sweep 19 --json $R/kernel_expert_step_sweep19.json
+100 python3 benchmarks/expert_step_bench.py --pi05 --sweep 19 --json $R/kernel_expert_step_pi05_sweep19.json
+EOT
+  lane B 1 20 <<EOT &
+80 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s9g_model.json
+80 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s9g_model.json
 EOT
   ;;
 esac
