@@ -37,7 +37,7 @@
 #            1.114x the layers; libero-pi05 15.00 ms)
 #   PART=g   the epilogues' loads before the K loops (StepKernelConfig.early_loads): A: sweep 19
 #            for pi0 and for pi0.5 (same process each: early against late, twice); B: the libero-pi0
-#            and libero-pi05 benches, then the whole pi0 call A/B (step_config_ab.py)
+#            and libero-pi05 benches
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session9.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
