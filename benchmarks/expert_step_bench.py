@@ -151,9 +151,6 @@ def sweeps(base: S.StepKernelConfig) -> dict[int, list[S.StepKernelConfig]]:
         # sweep 17's work gains without its cost: all but gate_up's weights (whose 16.8 MB held up
         # o_proj's barrier), down's and the next qkv's, the next qkv's alone
         18: [r(prefetch_own=13), r(prefetch_own=12), r(prefetch_own=8), r(prefetch_own=4)],
-        # the epilogues' loads (RoPE tables, residual tile, pi0.5's gates, scales, biases, statistics)
-        # after the K loops, as before session 9 (early_loads is the default since), twice
-        19: [r(early_loads=False), r(early_loads=True), r(early_loads=False)],
     }
 
 

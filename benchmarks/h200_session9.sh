@@ -38,6 +38,10 @@
 #   PART=g   the epilogues' loads before the K loops (StepKernelConfig.early_loads): A: sweep 19
 #            for pi0 and for pi0.5 (same process each: early against late, twice); B: the libero-pi0
 #            and libero-pi05 benches
+#            (both sweeps hit their 100 s limit after the base row: pi0 765.4 us, pi0.5 956.9 us with
+#            early loads, against 771-773 and 879 in earlier processes; libero-pi0 13.89 ms, libero-pi05
+#            15.25 against 15.00 in part f. No gain shown, pi0.5 likely slower: early_loads was taken
+#            out again (the code is part f's), and sweep 19 with it)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session9.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B

@@ -362,7 +362,7 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
     # one launch per phase, so this checks the counting and the waits' indexing, not the timing)
     configs = [small, replace(small, ks_o=1, ks_down=1, fold_merge=True), replace(small, ks_o=4, bn_down=8, ks_down=4, ks_gu=2),
                replace(small, att_early_v=False), replace(small, k_rotate=True, bk_qkv=16, bk_gu=16, bk_o=16, bk_down=16),
-               replace(small, dataflow=True), replace(small, early_loads=False)]
+               replace(small, dataflow=True)]
     # (layers, D, heads, head dim, F, rows, prefix): head dim 16 has 8-dim RoPE halves, less than a tile
     for L, D, NH, HD, Fd, M, Tp in [(2, 32, 4, 16, 64, 11, 20), (1, 64, 2, 32, 96, 7, 45)]:
         x = torch.randn(M, D)
@@ -403,8 +403,7 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
         assert table.shape == (2, L, 4 * D + NH * HD + 2 * HD + 2 * Fd) and table.dtype == torch.float32
         for step in range(2):
             ref = modulated_reference(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, NH, HD, mods[step])
-            for cfg in (small, replace(small, ks_o=1, ks_down=1), replace(small, ks_gu=2, bn_down=8),
-                        replace(small, early_loads=False)):
+            for cfg in (small, replace(small, ks_o=1, ks_down=1), replace(small, ks_gu=2, bn_down=8)):
                 out = expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=cfg, mod=table[step])
                 err = ((out - ref).norm() / ref.norm()).item()
                 assert err < 1e-5, ("pi0.5", step, cfg, err)

@@ -134,10 +134,6 @@ class StepKernelConfig:
     # every matmul's work 0.5 us shorter a layer, but the o_proj slot 1.7 us longer (the 16.8 MB
     # of gate_up prefetches delay its barrier): 794 against 773 us a step, 0.979x the call
     prefetch_own: int = 0
-    # the loads a task's epilogue needs besides its product (RoPE tables, the residual tile, pi0.5's
-    # gates, scales, biases and norm statistics) issued before its K loop, so their latency hides
-    # behind the loop instead of following it
-    early_loads: bool = True
 
 
 # ------------------------------------------------------------------------ helpers
@@ -377,14 +373,13 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
                D: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr,
                BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr,
                DATAFLOW: tl.constexpr, mod_ptr=None, xm_ptr=None, ssq_ptr=None, MOD: tl.constexpr = False,
-               SSQ_TILES: tl.constexpr = 1, EARLY: tl.constexpr = False):
+               SSQ_TILES: tl.constexpr = 1):
     """DATAFLOW: each task counts itself in at its slot's counter (query head, k or v) once
     its outputs are stored, for the attention tasks that wait on them.
     MOD (pi0.5's adaptive norm, n (1 + scale) + shift): the product reads xm = x (1 + scale),
     which the previous phase's writers stored with x, and the norm's statistics from their
     per-tile partials (ssq_ptr); mod_ptr + D holds shift @ Wqkv^T (modulation_table):
-    (n (1 + scale) + shift) @ W^T = inv (x (1 + scale)) @ W^T + shift @ W^T.
-    EARLY (StepKernelConfig.early_loads): the epilogue's loads issued before the K loop."""
+    (n (1 + scale) + shift) @ W^T = inv (x (1 + scale)) @ W^T + shift @ W^T."""
     HALF: tl.constexpr = HD // 2
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
@@ -394,25 +389,10 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
         d1 = (task % n_jb) * BN + tl.arange(0, BN)
         d_ok = d1 < HALF
         cols = slot * HD + d1
-        mask = row_ok[:, None] & d_ok[None, :]
-        t1 = rows[:, None] * HD + d1[None, :]
-        if EARLY:  # the RoPE tables (none for v) and pi0.5's bias and statistics, ahead of the loop
-            rope = mask & ((t1 * 0 + slot) <= NH)
-            c1 = tl.load(cos_ptr + t1, mask=rope, other=0.0)
-            s1 = tl.load(sin_ptr + t1, mask=rope, other=0.0)
-            c2 = tl.load(cos_ptr + t1 + HALF, mask=rope, other=0.0)
-            s2 = tl.load(sin_ptr + t1 + HALF, mask=rope, other=0.0)
-            if MOD:
-                bias1 = tl.load(mod_ptr + D + cols, mask=d_ok, other=0.0)
-                bias2 = tl.load(mod_ptr + D + cols + HALF, mask=d_ok, other=0.0)
-                ssq_early = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
         if MOD:
             acc1, acc2, ssq = _rows_matmul(xm_ptr, D, rows, row_ok, wqkv_ptr, D, cols, cols + HALF, d_ok, D, task,
                                            BLOCK_M, BN, BK, True, False, STAGES, ROTATE)
-            if EARLY:
-                ssq = ssq_early
-            else:
-                ssq = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
+            ssq = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
         else:
             acc1, acc2, ssq = _rows_matmul(x_ptr, D, rows, row_ok, wqkv_ptr, D, cols, cols + HALF, d_ok, D, task,
                                            BLOCK_M, BN, BK, True, True, STAGES, ROTATE)
@@ -420,19 +400,17 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
         acc1 = acc1 * inv[:, None]
         acc2 = acc2 * inv[:, None]
         if MOD:
-            if not EARLY:
-                bias1 = tl.load(mod_ptr + D + cols, mask=d_ok, other=0.0)
-                bias2 = tl.load(mod_ptr + D + cols + HALF, mask=d_ok, other=0.0)
-            acc1 += bias1[None, :]
-            acc2 += bias2[None, :]
+            acc1 += tl.load(mod_ptr + D + cols, mask=d_ok, other=0.0)[None, :]
+            acc2 += tl.load(mod_ptr + D + cols + HALF, mask=d_ok, other=0.0)[None, :]
+        mask = row_ok[:, None] & d_ok[None, :]
         if slot <= NH:  # RoPE (rotate-half): (x1, x2) -> (x1 cos1 - x2 sin1, x2 cos2 + x1 sin2)
-            if not EARLY:
-                c1 = tl.load(cos_ptr + t1, mask=mask, other=0.0)
-                s1 = tl.load(sin_ptr + t1, mask=mask, other=0.0)
-                c2 = tl.load(cos_ptr + t1 + HALF, mask=mask, other=0.0)
-                s2 = tl.load(sin_ptr + t1 + HALF, mask=mask, other=0.0)
-            out1 = acc1 * c1.to(tl.float32) - acc2 * s1.to(tl.float32)
-            out2 = acc2 * c2.to(tl.float32) + acc1 * s2.to(tl.float32)
+            t1 = rows[:, None] * HD + d1[None, :]
+            c1 = tl.load(cos_ptr + t1, mask=mask, other=0.0).to(tl.float32)
+            s1 = tl.load(sin_ptr + t1, mask=mask, other=0.0).to(tl.float32)
+            c2 = tl.load(cos_ptr + t1 + HALF, mask=mask, other=0.0).to(tl.float32)
+            s2 = tl.load(sin_ptr + t1 + HALF, mask=mask, other=0.0).to(tl.float32)
+            out1 = acc1 * c1 - acc2 * s1
+            out2 = acc2 * c2 + acc1 * s2
         else:
             out1 = acc1
             out2 = acc2
@@ -589,13 +567,13 @@ def _phase_merge(acc_ptr, ml_ptr, o_ptr, row_ctr_ptr, err_ptr, M, pid, nprog,
 
 
 @triton.jit
-def _write_next(x_new, xm_ptr, ssq_ptr, scale, rows, cols, mask, tile, write_next, D: tl.constexpr,
+def _write_next(x_new, xm_ptr, ssq_ptr, scale_ptr, rows, cols, col_ok, mask, tile, write_next, D: tl.constexpr,
                 BLOCK_M: tl.constexpr):
-    """_phase_residual's MOD epilogue: the tile's share of the next norm's inputs (scale: the
-    next norm's 1 + scale over the tile's columns). Columns and rows outside the matrix hold
-    zeros (masked loads), so they add nothing to the sums."""
+    """_phase_residual's MOD epilogue: the tile's share of the next norm's inputs. Columns and
+    rows outside the matrix hold zeros (masked loads), so they add nothing to the sums."""
     if write_next:
         xf = tl.where(mask, x_new.to(tl.float32), 0.0)
+        scale = tl.load(scale_ptr + cols, mask=col_ok, other=0.0)
         tl.store(xm_ptr + rows[:, None] * D + cols[None, :], (xf * scale[None, :]).to(xm_ptr.dtype.element_ty), mask=mask)
         tl.store(ssq_ptr + tile * BLOCK_M + rows, tl.sum(xf * xf, axis=1))
 
@@ -611,21 +589,18 @@ def _mod_prologue_kernel(x_ptr, scale_ptr, xm_ptr, ssq_ptr, MT, D: tl.constexpr,
     col_ok = cols < D
     mask = (rows < MT)[:, None] & col_ok[None, :]
     x = tl.load(x_ptr + rows[:, None] * D + cols[None, :], mask=mask, other=0.0)
-    scale = tl.load(scale_ptr + cols, mask=col_ok, other=0.0)
-    _write_next(x, xm_ptr, ssq_ptr, scale, rows, cols, mask, tile, 1, D, BLOCK_M)
+    _write_next(x, xm_ptr, ssq_ptr, scale_ptr, rows, cols, col_ok, mask, tile, 1, D, BLOCK_M)
 
 
 @triton.jit
 def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, nprog,
                     D: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
                     STAGES: tl.constexpr, ROTATE: tl.constexpr, gate_ptr=None, scale_ptr=None, xm_ptr=None,
-                    ssq_ptr=None, write_next=0, GATE: tl.constexpr = False, EARLY: tl.constexpr = False):
+                    ssq_ptr=None, write_next=0, GATE: tl.constexpr = False):
     """x[:, cols] += A @ W[cols]^T; GATE (pi0.5): x[:, cols] += (A @ W[cols]^T) gate[cols], and
     where `write_next`, also xm[:, cols] = x (1 + scale)[cols] (the next norm's modulated
     input, scale_ptr) and ssq[tile] = the rows' sums of squares over these columns, for the
     next matmul phase (_phase_qkv / _phase_gate_up with MOD): no pass over x of its own.
-    EARLY: the residual tile (and the gate and scale) loaded before the K loop. Safe: only the
-    tile's own last task writes those columns of x, after every task of the tile has counted in.
 
     KS == 1: each task owns its columns of x (so in place is safe) and reads all of A.
     KS > 1 (split K): task (tile, s) multiplies only the K-slice s, so each program reads
@@ -642,33 +617,19 @@ def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, npro
         s = task % KS
         cols = tile * BN + tl.arange(0, BN)
         col_ok = cols < D
-        mask = row_ok[:, None] & col_ok[None, :]
-        ptrs = x_ptr + rows[:, None] * D + cols[None, :]
-        if EARLY:
-            res_early = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg")
-            if GATE:
-                gate_early = tl.load(gate_ptr + cols, mask=col_ok, other=0.0)
-                scale_early = tl.load(scale_ptr + cols, mask=col_ok & ((cols * 0 + write_next) != 0), other=0.0)
         acc, _a, _s = _rows_matmul(a_ptr + s * k_slice, K, rows, row_ok, w_ptr + s * k_slice, K, cols, cols, col_ok,
                                    k_slice, tile, BLOCK_M, BN, BK, False, False, STAGES, ROTATE)
+        mask = row_ok[:, None] & col_ok[None, :]
+        ptrs = x_ptr + rows[:, None] * D + cols[None, :]
         gate = 1.0
-        scale = gate
         if GATE:
-            if EARLY:
-                gate = gate_early[None, :]
-                scale = scale_early
-            else:
-                gate = tl.load(gate_ptr + cols, mask=col_ok, other=0.0)[None, :]
-                scale = tl.load(scale_ptr + cols, mask=col_ok & ((cols * 0 + write_next) != 0), other=0.0)
+            gate = tl.load(gate_ptr + cols, mask=col_ok, other=0.0)[None, :]
         if KS == 1:
-            if EARLY:
-                res = res_early.to(tl.float32)
-            else:
-                res = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+            res = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
             x_new = (acc * gate + res).to(x_ptr.dtype.element_ty)
             tl.store(ptrs, x_new, mask=mask)
             if GATE:
-                _write_next(x_new, xm_ptr, ssq_ptr, scale, rows, cols, mask, tile, write_next, D, BLOCK_M)
+                _write_next(x_new, xm_ptr, ssq_ptr, scale_ptr, rows, cols, col_ok, mask, tile, write_next, D, BLOCK_M)
         else:
             part = part_ptr + rows[:, None] * D + cols[None, :]
             tl.store(part + s * (BLOCK_M * D), acc, mask=mask)
@@ -676,21 +637,18 @@ def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, npro
                 total = tl.zeros((BLOCK_M, BN), tl.float32)
                 for s2 in tl.static_range(KS):
                     total += tl.load(part + s2 * (BLOCK_M * D), mask=mask, other=0.0, cache_modifier=".cg")
-                if EARLY:
-                    res = res_early.to(tl.float32)
-                else:
-                    res = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+                res = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
                 x_new = (total * gate + res).to(x_ptr.dtype.element_ty)
                 tl.store(ptrs, x_new, mask=mask)
                 if GATE:
-                    _write_next(x_new, xm_ptr, ssq_ptr, scale, rows, cols, mask, tile, write_next, D, BLOCK_M)
+                    _write_next(x_new, xm_ptr, ssq_ptr, scale_ptr, rows, cols, col_ok, mask, tile, write_next, D, BLOCK_M)
 
 
 @triton.jit
 def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, nprog,
                    D: tl.constexpr, F: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                    KS: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr, mod_ptr=None, xm_ptr=None,
-                   ssq_ptr=None, MOD: tl.constexpr = False, SSQ_TILES: tl.constexpr = 1, EARLY: tl.constexpr = False):
+                   ssq_ptr=None, MOD: tl.constexpr = False, SSQ_TILES: tl.constexpr = 1):
     """h[:, cols] = gelu(n(x) @ Wg[cols]^T) * (n(x) @ Wu[cols]^T). KS > 1 splits D as in
     _phase_residual: each task's gate, up and sum-of-squares partials go to `part`, and the
     tile's last task adds them (in order) before the norm and GELU, which need the whole sums.
@@ -706,11 +664,6 @@ def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, n
         cols = tile * BN + tl.arange(0, BN)
         col_ok = cols < F
         mask = row_ok[:, None] & col_ok[None, :]
-        if EARLY:
-            if MOD:  # pi0.5's biases and norm statistics, ahead of the loop
-                bias_g = tl.load(mod_ptr + D + cols, mask=col_ok, other=0.0)
-                bias_u = tl.load(mod_ptr + D + F + cols, mask=col_ok, other=0.0)
-                ssq_early = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
         if MOD:
             g, u, ssq = _rows_matmul(xm_ptr + s * k_slice, D, rows, row_ok, wgu_ptr + s * k_slice, D, cols, cols + F,
                                      col_ok, k_slice, tile, BLOCK_M, BN, BK, True, False, STAGES, ROTATE)
@@ -735,16 +688,11 @@ def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, n
                     ssq += tl.load(sq + s2 * (n_tiles * BLOCK_M), cache_modifier=".cg")
         if last:
             if MOD:
-                if EARLY:
-                    ssq = ssq_early
-                else:
-                    ssq = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
-                    bias_g = tl.load(mod_ptr + D + cols, mask=col_ok, other=0.0)
-                    bias_u = tl.load(mod_ptr + D + F + cols, mask=col_ok, other=0.0)
+                ssq = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
             inv = 1.0 / tl.sqrt(ssq / D + eps)
             if MOD:
-                g = g * inv[:, None] + bias_g[None, :]
-                u = u * inv[:, None] + bias_u[None, :]
+                g = g * inv[:, None] + tl.load(mod_ptr + D + cols, mask=col_ok, other=0.0)[None, :]
+                u = u * inv[:, None] + tl.load(mod_ptr + D + F + cols, mask=col_ok, other=0.0)[None, :]
                 h = _gelu_tanh(g) * u
             else:
                 h = _gelu_tanh(g * inv[:, None]) * (u * inv[:, None])
@@ -772,7 +720,6 @@ def _expert_step_kernel(
     POLL_ONE: tl.constexpr, CTR_O: tl.constexpr, CTR_GU: tl.constexpr, CTR_DOWN: tl.constexpr, CTR_LAYER: tl.constexpr,
     TIMELINE: tl.constexpr, EARLY_V: tl.constexpr, IDLE_PREFETCH: tl.constexpr, ROTATE: tl.constexpr,
     NB: tl.constexpr, DATAFLOW: tl.constexpr, CTR_SLOT: tl.constexpr, PREFETCH_OWN: tl.constexpr, MOD: tl.constexpr,
-    EARLY: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -806,7 +753,7 @@ def _expert_step_kernel(
             if phase == 0:
                 _phase_qkv(x_ptr, wqkv_ptr + layer * (QKV_N * D), q_ptr, kv_ptr, cos_ptr, sin_ptr, tile_ctr + CTR_SLOT, MT,
                            eps, pid, nprog, D, NH, HD, BLOCK_M, BN_QKV, BK_QKV, STAGES, ROTATE, DATAFLOW, modl, xm_ptr,
-                           ssq_ptr, MOD, (D + BN_DOWN - 1) // BN_DOWN, EARLY)
+                           ssq_ptr, MOD, (D + BN_DOWN - 1) // BN_DOWN)
                 if IDLE_PREFETCH > 0:
                     # qkv has fewer tasks than programs (80 of 132 for pi0's expert); the idle ones ask L2
                     # for what the next phases read first from HBM, instead of waiting at the barrier
@@ -833,15 +780,15 @@ def _expert_step_kernel(
             elif phase == 3:
                 _phase_residual(o_ptr, NH * HD, wo_ptr + layer * (D * NH * HD), x_ptr, part_ptr, tile_ctr + CTR_O, MT, pid,
                                 nprog, D, BLOCK_M, BN_O, BK_O, KS_O, STAGES, ROTATE, modl + D + QKV_N, modl + 2 * D + QKV_N,
-                                xm_ptr, ssq_ptr, 1, MOD, EARLY)
+                                xm_ptr, ssq_ptr, 1, MOD)
             elif phase == 4:
                 _phase_gate_up(x_ptr, wgu_ptr + layer * (2 * F * D), h_ptr, part_ptr, tile_ctr + CTR_GU, MT, eps, pid, nprog,
                                D, F, BLOCK_M, BN_GU, BK_GU, KS_GU, STAGES, ROTATE, modl + 2 * D + QKV_N, xm_ptr, ssq_ptr, MOD,
-                               (D + BN_O - 1) // BN_O, EARLY)
+                               (D + BN_O - 1) // BN_O)
             elif phase == 5:
                 _phase_residual(h_ptr, F, wd_ptr + layer * (D * F), x_ptr, part_ptr, tile_ctr + CTR_DOWN, MT, pid, nprog, D,
                                 BLOCK_M, BN_DOWN, BK_DOWN, KS_DOWN, STAGES, ROTATE, modl + 3 * D + QKV_N + 2 * F,
-                                modl + MOD_W, xm_ptr, ssq_ptr, layer + 1 < L, MOD, EARLY)
+                                modl + MOD_W, xm_ptr, ssq_ptr, layer + 1 < L, MOD)
             # phase 6 does nothing: benchmarks time the barriers alone with phases=(6, 7)
             if TIMELINE:
                 tl.debug_barrier()  # every warp of the program is done
@@ -1162,8 +1109,7 @@ def expert_step(
                   CTR_GU=ctr_gu, CTR_DOWN=ctr_down, CTR_LAYER=ctr_layer, TIMELINE=timeline is not None,
                   EARLY_V=cfg.att_early_v, IDLE_PREFETCH=cfg.idle_prefetch if device.type == "cuda" else 0,
                   ROTATE=cfg.k_rotate, NB=NB, DATAFLOW=cfg.dataflow, CTR_SLOT=ctr_slot,
-                  PREFETCH_OWN=cfg.prefetch_own if device.type == "cuda" else 0, MOD=mod is not None,
-                  EARLY=cfg.early_loads)
+                  PREFETCH_OWN=cfg.prefetch_own if device.type == "cuda" else 0, MOD=mod is not None)
     if persistent:
         _expert_step_kernel[(grid,)](*args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
         _LAST_COUNTERS[_device_key(device)] = (counters, tile_counters.view(L, ctr_layer))
