@@ -293,6 +293,20 @@ def call_overhead_tables(results):
     return out
 
 
+def gemm_probe_tables(results):
+    """benchmarks/gemm_probe.py: the prefix's GEMM shapes alone, cuBLAS against max-autotune."""
+    from vlaperf.report.render import gemm_probe_rows
+
+    out = []
+    for path, r in results:
+        if r["command"] != "gemm-probe":
+            continue
+        out += [f"`{path.relative_to(ROOT)}` (commit {(r['env'].get('git_commit') or '')[:7]}; CUDA-graph replays)", "",
+                "| shape | M x K x N | cuBLAS us | TFLOP/s | max-autotune us | TFLOP/s |", "|---|---|---|---|---|---|"]
+        out += ["| " + " | ".join(str(c) for c in row) + " |" for row in gemm_probe_rows(r)] + [""]
+    return out
+
+
 def main() -> None:
     results = [(p, json.loads(p.read_text())) for p in sorted(RESULTS.rglob("*.json"))]
     lines = ["# Performance", "",
@@ -312,6 +326,7 @@ def main() -> None:
     lines += ["## Side by side with LeRobot (`vlaperf compare`)", ""] + compare_tables(results)
     lines += ["## One change inside the whole call, A/B in one process (`benchmarks/*_ab.py`)", ""] + ab_tables(results)
     lines += ["## A graphed call besides its replay (`benchmarks/call_overhead.py`)", ""] + call_overhead_tables(results)
+    lines += ["## GEMM shapes alone (`benchmarks/gemm_probe.py`)", ""] + gemm_probe_tables(results)
     lines += ["## Kernels (`benchmarks/*_bench.py`)", ""] + kernel_tables(results)
     OUT.write_text("\n".join(lines) + "\n")
     print(f"wrote {OUT}")

@@ -144,6 +144,9 @@ def test_serving_peer_and_kernel_results_have_renderers(tmp_path):
         assert "| task shape | loads / weights from |" in md
     if any(r.get("variant", {}).get("label") == "expert_step" for _, r in results):  # the step kernel's sweep
         assert "| phase (all layers, with its barriers) | us |" in md and "persistent launch equals per-phase" in md
+    if any(r["command"] == "gemm-probe" for _, r in results):  # the prefix's GEMM shapes, cuBLAS against max-autotune
+        assert "| shape | M x K x N | cuBLAS us | TFLOP/s | max-autotune us | TFLOP/s |" in md
+        assert "| gemma_gate_up | 544 x 2048 x 32768 |" in md
     if (H200.parent / "h200x2").is_dir():
         assert "Ray Serve, 2 replica(s) on 2 GPU(s)" in md
 

@@ -610,6 +610,26 @@ def _call_overhead(doc: _Doc, path: str, r: dict) -> None:
     doc.table(["piece", "median ms"], [[k, v] for k, v in m.items()])
 
 
+def gemm_probe_rows(r: dict) -> list[list]:
+    """benchmarks/gemm_probe.py rows: shape, M x K x N, then cuBLAS and inductor's max-autotune
+    choice (us and TFLOP/s, or the error a side ended with)."""
+    rows = []
+    for row in r["rows"]:
+        sides = []
+        for side in ("cublas", "max_autotune"):
+            got = row.get(side) or {}
+            sides += [got["us"], got["tflops"]] if "us" in got else [got.get("error", "-")[:60], "-"]
+        rows.append([row["name"], f"{row['M']} x {row['K']} x {row['N']}"] + sides)
+    return rows
+
+
+def _gemm_probe(doc: _Doc, path: str, r: dict) -> None:
+    doc.h(3, f"GEMM shapes of the prefix on {_gpu(r)}")
+    doc.p("each shape alone in CUDA-graph replays: cuBLAS as the engine calls it against inductor's max-autotune "
+          "choice (its Triton templates and cuBLAS, timed when it compiles)", "")
+    doc.table(["shape", "M x K x N", "cuBLAS us", "TFLOP/s", "max-autotune us", "TFLOP/s"], gemm_probe_rows(r))
+
+
 def _kernel_bench(doc: _Doc, path: str, r: dict) -> None:
     doc.h(3, f"kernel bench: {r['variant']['label']} on {_gpu(r)}")
     if "cases" in r:
@@ -735,7 +755,8 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
                 ("step-config-ab", "The step kernel's tiling, A/B in the whole call (step-config-ab)"),
                 ("prefix-tiles-ab", "The prefix attention kernel's tiles, A/B in the whole call (prefix-tiles-ab)"),
                 ("change-ab", "Engine changes, A/B in the whole call (change-ab)"),
-                ("call-overhead", "What a graphed call costs besides its replay (call-overhead)"))
+                ("call-overhead", "What a graphed call costs besides its replay (call-overhead)"),
+                ("gemm-probe", "GEMM shapes alone: cuBLAS against max-autotune (gemm-probe)"))
     for cmd, heading in sections:
         items = by_cmd.pop(cmd, [])
         if not items:
@@ -752,7 +773,7 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
                 {"matrix": _matrix, "check": _check, "breakdown": _breakdown, "scaling": _scaling, "syncs": _syncs,
                  "doctor": _doctor, "compare": _compare, "kernel-bench": _kernel_bench, "heads-ab": _heads_ab,
                  "step-config-ab": _step_config_ab, "prefix-tiles-ab": _prefix_tiles_ab, "change-ab": _change_ab,
-                 "call-overhead": _call_overhead}[cmd](doc, p, r)
+                 "call-overhead": _call_overhead, "gemm-probe": _gemm_probe}[cmd](doc, p, r)
             except (KeyError, TypeError, ValueError) as e:
                 doc.p(f"could not render {p}: {type(e).__name__}: {e}", "warn")
     for cmd, items in by_cmd.items():
