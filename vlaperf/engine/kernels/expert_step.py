@@ -32,6 +32,14 @@ bit for bit). H200, 18 layers: 1.01 ms a step against 1.10 unsplit (perf-notes, 
 The RMSNorm scales are folded into Wqkv / Wgate_up (fuse_projections), so a norm is the
 row's rsqrt(mean(x^2) + eps), accumulated from the x tiles the matmul loads anyway.
 
+pi0.5 (`mod`, `modulation_table`): its adaptive norms, n (1 + scale) + shift, and gated
+residuals, x + branch * gate, with scale / shift / gate fixed per step and layer. Since
+(n (1 + scale) + shift) @ W^T = inv (x (1 + scale)) @ W^T + shift @ W^T, the matmuls read
+xm = x (1 + scale), which o_proj's and down's writers store beside x with the per-tile sums
+of squares of x (the norm's statistics), and add shift @ W^T, tabulated once per schedule.
+The K loops stay those of pi0: scaling the activations inside them (the first version) took
+them off the asynchronous-copy path, 1.24 ms a step against 0.77 (docs/perf-notes.md, session 9).
+
 Grid barrier: each program adds 1 to the phase's counter (release) and spins on it
 (acquire) until every program has arrived; activations written in the kernel are read
 back with `.cg` loads (L2, never a stale L1 line). By default in PTX (`barrier_asm`,
