@@ -37,8 +37,8 @@ residuals, x + branch * gate, with scale / shift / gate fixed per step and layer
 (n (1 + scale) + shift) @ W^T = inv (x (1 + scale)) @ W^T + shift @ W^T, the matmuls read
 xm = x (1 + scale), which o_proj's and down's writers store beside x with the per-tile sums
 of squares of x (the norm's statistics), and add shift @ W^T, tabulated once per schedule.
-The K loops stay those of pi0: scaling the activations inside them (the first version) took
-them off the asynchronous-copy path, 1.24 ms a step against 0.77 (docs/perf-notes.md, session 9).
+The K loops stay those of pi0: the first version scaled the activations inside them and took
+1.24 ms a step against pi0's 0.77 (docs/perf-notes.md, session 9, version 39).
 
 Grid barrier: each program adds 1 to the phase's counter (release) and spins on it
 (acquire) until every program has arrived; activations written in the kernel are read
