@@ -514,6 +514,12 @@ MEGAKERNEL_LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
         out5 = Engine(m5, levers, compile_backend="aot_eager").sample_actions(obs5, noise5, w.steps)
         assert ((out5 - ref5).norm() / ref5.norm()).item() < 1e-4, levers
     assert len(calls) == before + 4 * 2, len(calls)  # the kernel ran every step, eager and compiled
+    # and two pi0.5 samples in one launch a step (megakernel=batched): one table for both
+    obs52, noise52 = random_observation(w2, m5.config, seed=5), random_noise(w2, m5.config, seed=5)
+    ref52 = m5.sample_actions(obs52, noise52, w.steps)
+    out52 = Engine(m5, variants[0].replace("megakernel", "megakernel=batched")).sample_actions(obs52, noise52, w.steps)
+    assert ((out52 - ref52).norm() / ref52.norm()).item() < 1e-4
+    assert len(calls) == before + 4 * 3, len(calls)
     # serving frees the reference's copies, the expert's o/down too (the engine reads them from its stack)
     engine = Engine(model, variants[0])
     before = engine.sample_actions(obs, noise, w.steps)
