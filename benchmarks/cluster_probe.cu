@@ -1,0 +1,298 @@
+// Does one L2 read feeding several SMs raise what the step kernel's matmul tasks can stream?
+//
+// The step kernel (vlaperf/engine/kernels/expert_step.py) gives each of 128 programs a tile
+// of weight rows and has every program read the whole activation block (64 rows x K) from
+// L2: 102 MB a layer go through L2 for 34.6 MB of weights (docs/perf-notes.md, session 7),
+// and a program ingests 20-68 KB a microsecond. Plain Triton cannot share one read between
+// SMs. This probe streams gate_up's shape the way a CUDA C++ step kernel would, with the
+// activation block either read by every CTA (cluster 1) or read once per cluster of 2 or 4
+// CTAs and multicast into all of their shared memories (cp.async.bulk ... multicast::cluster),
+// and reports the time a layer and the bytes a CTA takes in a microsecond.
+//
+// Shape (pi0's expert gate_up, one sample): y (64 x 8192) = x (64 x 1024) @ W^T, W (8192 x
+// 1024), bf16, float32 accumulation, 18 layers, each with its own x and W, one launch for all.
+// 128 CTAs of 256 threads, each owning 64 output columns; K in chunks of 64. Both operands are
+// stored in global memory chunk by chunk (64 rows x 64 values, 8 KB, contiguous) with the
+// 16-byte granules of each row XOR-swizzled by the row, so a 1-D bulk copy lands them in shared
+// memory ready for conflict-free ldmatrix; the step kernel's writers could store activations
+// that way, and the weights are permuted once, offline.
+//
+// Build and run on the H200 machine (nvcc 13.0 is there):
+//   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/cluster_probe benchmarks/cluster_probe.cu
+//   /tmp/cluster_probe            # cluster 1, 2, 4 at 4 and 8 stages; checks every output
+// Prints one row per variant: us a layer, weights TB/s, KB a CTA takes in a microsecond, and the
+// largest error against a plain float32 reference kernel. Prepared in session 9; not run yet.
+
+#include <cuda_bf16.h>
+#include <cuda_runtime.h>
+
+#include <cmath>
+#include <cstdint>
+#include <cstdio>
+#include <cstdlib>
+#include <random>
+#include <vector>
+
+#define CHECK(call)                                                                              \
+  do {                                                                                           \
+    cudaError_t err_ = (call);                                                                   \
+    if (err_ != cudaSuccess) {                                                                   \
+      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
+      std::exit(1);                                                                              \
+    }                                                                                            \
+  } while (0)
+
+constexpr int L = 18, M = 64, K = 1024, N = 8192, KC = 64, CHUNKS = K / KC, TILE_N = 64, CTAS = N / TILE_N;
+constexpr int THREADS = 256;
+constexpr int CHUNK_ELEMS = 64 * KC;            // one 64 x 64 chunk of x or of a CTA's W tile
+constexpr int CHUNK_BYTES = CHUNK_ELEMS * 2;    // 8 KB
+constexpr int STAGE_BYTES = 2 * CHUNK_BYTES;    // x chunk, then W chunk
+
+// element (r, k) of a 64 x 64 chunk, its 16-byte granules swizzled by the row
+__host__ __device__ inline int swz(int r, int k) { return r * KC + (((k >> 3) ^ (r & 7)) << 3) + (k & 7); }
+
+__device__ inline uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
+
+__device__ inline void mbar_init(uint32_t bar, int count) {
+  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
+}
+__device__ inline void mbar_expect_tx(uint32_t bar, int bytes) {
+  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
+}
+__device__ inline void mbar_wait(uint32_t bar, int parity) {
+  asm volatile(
+      "{\n .reg .pred p;\n WAIT_%=:\n"
+      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
+      " @!p bra WAIT_%=;\n}" ::"r"(bar), "r"(parity) : "memory");
+}
+// one arrival on the barrier at the same offset in cluster CTA `rank`
+__device__ inline void mbar_arrive_cluster(uint32_t bar, int rank) {
+  asm volatile(
+      "{\n .reg .b32 remote;\n mapa.shared::cluster.u32 remote, %0, %1;\n"
+      " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}" ::"r"(bar), "r"(rank) : "memory");
+}
+__device__ inline void bulk_copy(uint32_t dst, const void* src, int bytes, uint32_t bar) {
+  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
+               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
+}
+__device__ inline void bulk_copy_multicast(uint32_t dst, const void* src, int bytes, uint32_t bar, uint16_t mask) {
+  asm volatile(
+      "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;"
+      ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "h"(mask) : "memory");
+}
+__device__ inline void cluster_sync() {
+  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
+}
+__device__ inline int cluster_rank() {
+  int r;
+  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
+  return r;
+}
+__device__ inline void ldmatrix_x4(uint32_t addr, uint32_t& a, uint32_t& b, uint32_t& c, uint32_t& d) {
+  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
+               : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(addr));
+}
+__device__ inline void mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
+  asm volatile(
+      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
+      "{%0, %1, %2, %3};"
+      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
+      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
+}
+
+// xp: [L][CHUNKS] chunks of x (64 rows); wp: [L][CTAS][CHUNKS] chunks of W (the CTA's 64 rows);
+// y: [L][M][N] bf16. CLUSTER CTAs share each x chunk: CTA rank r fetches rows [r*64/C, (r+1)*64/C)
+// of it and multicasts them to every CTA of the cluster.
+template <int CLUSTER, int STAGES>
+__global__ void __launch_bounds__(THREADS) stream_kernel(const __nv_bfloat16* __restrict__ xp,
+                                                         const __nv_bfloat16* __restrict__ wp,
+                                                         __nv_bfloat16* __restrict__ y) {
+  extern __shared__ __align__(128) unsigned char smem[];
+  uint64_t* full = reinterpret_cast<uint64_t*>(smem + STAGES * STAGE_BYTES);
+  uint64_t* empty = full + STAGES;
+  const int tid = threadIdx.x, warp = tid / 32, lane = tid % 32;
+  const int cta = blockIdx.x, rank = CLUSTER > 1 ? cluster_rank() : 0;
+  if (tid == 0) {
+    for (int s = 0; s < STAGES; ++s) {
+      mbar_init(smem_addr(&full[s]), 1);        // the local producer's arrive.expect_tx
+      mbar_init(smem_addr(&empty[s]), CLUSTER);  // every CTA of the cluster has read stage s
+    }
+    asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
+  }
+  if (CLUSTER > 1) cluster_sync(); else __syncthreads();
+
+  constexpr int TOTAL = L * CHUNKS;
+  constexpr int PART_BYTES = CHUNK_BYTES / CLUSTER;  // rows 64 / CLUSTER of an x chunk
+  auto produce = [&](int g) {                        // thread 0 only: chunk g into stage g % STAGES
+    const int s = g % STAGES, layer = g / CHUNKS, kc = g % CHUNKS;
+    const uint32_t bar = smem_addr(&full[s]);
+    const uint32_t xs = smem_addr(smem + s * STAGE_BYTES), ws = xs + CHUNK_BYTES;
+    mbar_expect_tx(bar, STAGE_BYTES);  // the whole x chunk (all ranks' parts) and this CTA's W chunk
+    bulk_copy(ws, wp + (static_cast<size_t>(layer * CTAS + cta) * CHUNKS + kc) * CHUNK_ELEMS, CHUNK_BYTES, bar);
+    const __nv_bfloat16* xsrc = xp + static_cast<size_t>(layer * CHUNKS + kc) * CHUNK_ELEMS;
+    if (CLUSTER == 1) {
+      bulk_copy(xs, xsrc, CHUNK_BYTES, bar);
+    } else {
+      bulk_copy_multicast(xs + rank * PART_BYTES, xsrc + rank * (CHUNK_ELEMS / CLUSTER), PART_BYTES, bar,
+                          static_cast<uint16_t>((1 << CLUSTER) - 1));
+    }
+  };
+  if (tid == 0)
+    for (int g = 0; g < STAGES && g < TOTAL; ++g) produce(g);
+
+  const int mi = warp % 4, nh = warp / 4;  // 16 rows of x, 32 of the CTA's 64 columns
+  float acc[4][4];
+  for (int g = 0; g < TOTAL; ++g) {
+    const int s = g % STAGES, kc = g % CHUNKS;
+    if (kc == 0)
+      for (auto& t : acc) t[0] = t[1] = t[2] = t[3] = 0.f;
+    mbar_wait(smem_addr(&full[s]), (g / STAGES) & 1);
+    const uint32_t xs = smem_addr(smem + s * STAGE_BYTES), ws = xs + CHUNK_BYTES;
+#pragma unroll
+    for (int k16 = 0; k16 < KC / 16; ++k16) {
+      uint32_t a[4];
+      {  // matrices: rows 0-7 / 8-15 of the warp's 16, k 0-7 / 8-15 of this k16 step
+        const int j = lane / 8, r = mi * 16 + (j % 2) * 8 + lane % 8, k = k16 * 16 + (j / 2) * 8;
+        ldmatrix_x4(xs + 2 * swz(r, k), a[0], a[1], a[2], a[3]);
+      }
+#pragma unroll
+      for (int np = 0; np < 2; ++np) {  // two pairs of 8-column tiles
+        const int j = lane / 8, n = nh * 32 + np * 16 + (j / 2) * 8 + lane % 8, k = k16 * 16 + (j % 2) * 8;
+        uint32_t b0, b1, b2, b3;
+        ldmatrix_x4(ws + 2 * swz(n, k), b0, b1, b2, b3);
+        mma_bf16(acc[np * 2], a, b0, b1);
+        mma_bf16(acc[np * 2 + 1], a, b2, b3);
+      }
+    }
+    __syncthreads();  // every warp is done with stage s here
+    if (tid == 0) {
+      for (int c = 0; c < CLUSTER; ++c) {  // tell every producer writing into our stage s
+        if (CLUSTER > 1) mbar_arrive_cluster(smem_addr(&empty[s]), c);
+        else asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(&empty[s])) : "memory");
+      }
+      if (g + STAGES < TOTAL) {
+        mbar_wait(smem_addr(&empty[s]), (g / STAGES) & 1);  // every cluster CTA has read its stage s
+        produce(g + STAGES);
+      }
+    }
+    if (kc == CHUNKS - 1) {  // the layer's 64 x 64 output tile
+      const int layer = g / CHUNKS;
+#pragma unroll
+      for (int t = 0; t < 4; ++t) {
+        const int col = cta * TILE_N + nh * 32 + t * 8 + (lane % 4) * 2;
+        const int row = mi * 16 + lane / 4;
+        __nv_bfloat16* out = y + (static_cast<size_t>(layer) * M + row) * N + col;
+        *reinterpret_cast<__nv_bfloat162*>(out) = __floats2bfloat162_rn(acc[t][0], acc[t][1]);
+        *reinterpret_cast<__nv_bfloat162*>(out + 8 * N) = __floats2bfloat162_rn(acc[t][2], acc[t][3]);
+      }
+    }
+  }
+  if (CLUSTER > 1) cluster_sync();  // no CTA leaves while a peer may still arrive on its barriers
+}
+
+__global__ void reference_kernel(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y) {
+  const int layer = blockIdx.y, n = blockIdx.x * blockDim.x + threadIdx.x;
+  for (int m = 0; m < M; ++m) {
+    float s = 0.f;
+    for (int k = 0; k < K; ++k)
+      s += __bfloat162float(x[(static_cast<size_t>(layer) * M + m) * K + k]) *
+           __bfloat162float(w[(static_cast<size_t>(layer) * N + n) * K + k]);
+    y[(static_cast<size_t>(layer) * M + m) * N + n] = s;
+  }
+}
+
+template <int CLUSTER, int STAGES>
+void run(const __nv_bfloat16* xp, const __nv_bfloat16* wp, __nv_bfloat16* y, const std::vector<float>& ref) {
+  const int smem = STAGES * STAGE_BYTES + 2 * STAGES * 8;
+  auto kernel = stream_kernel<CLUSTER, STAGES>;
+  CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
+  if (CLUSTER > 1) CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
+  cudaLaunchConfig_t cfg = {};
+  cfg.gridDim = dim3(CTAS);
+  cfg.blockDim = dim3(THREADS);
+  cfg.dynamicSmemBytes = smem;
+  cudaLaunchAttribute attr[1];
+  attr[0].id = cudaLaunchAttributeClusterDimension;
+  attr[0].val.clusterDim.x = CLUSTER;
+  attr[0].val.clusterDim.y = 1;
+  attr[0].val.clusterDim.z = 1;
+  cfg.attrs = attr;
+  cfg.numAttrs = 1;
+  CHECK(cudaMemset(y, 0xff, static_cast<size_t>(L) * M * N * 2));  // poison: every output must be written
+  CHECK(cudaLaunchKernelEx(&cfg, kernel, xp, wp, y));
+  CHECK(cudaGetLastError());
+  CHECK(cudaDeviceSynchronize());
+  std::vector<__nv_bfloat16> got(static_cast<size_t>(L) * M * N);
+  CHECK(cudaMemcpy(got.data(), y, got.size() * 2, cudaMemcpyDeviceToHost));
+  double max_err = 0, ref_norm = 0, err_norm = 0;
+  for (size_t i = 0; i < got.size(); ++i) {
+    const double d = static_cast<double>(__bfloat162float(got[i])) - ref[i];
+    max_err = std::fmax(max_err, std::fabs(d));
+    err_norm += d * d;
+    ref_norm += static_cast<double>(ref[i]) * ref[i];
+  }
+  cudaEvent_t a, b;
+  CHECK(cudaEventCreate(&a));
+  CHECK(cudaEventCreate(&b));
+  const int reps = 20;
+  for (int i = 0; i < 3; ++i) CHECK(cudaLaunchKernelEx(&cfg, kernel, xp, wp, y));
+  CHECK(cudaEventRecord(a));
+  for (int i = 0; i < reps; ++i) CHECK(cudaLaunchKernelEx(&cfg, kernel, xp, wp, y));
+  CHECK(cudaEventRecord(b));
+  CHECK(cudaEventSynchronize(b));
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, a, b));
+  const double us_layer = ms * 1e3 / reps / L;
+  const double w_bytes = static_cast<double>(N) * K * 2, per_cta = (static_cast<double>(M) * K * 2 / CLUSTER + w_bytes / CTAS);
+  std::printf("cluster %d  stages %d  %8.2f us a layer  weights %5.2f TB/s  %6.1f KB/us a CTA (own reads)  "
+              "rel L2 %.2e  max abs %.3e\n",
+              CLUSTER, STAGES, us_layer, w_bytes / us_layer / 1e6, per_cta / us_layer / 1e3,
+              std::sqrt(err_norm / ref_norm), max_err);
+}
+
+int main() {
+  std::mt19937 gen(0);
+  std::normal_distribution<float> dist(0.f, 1.f);
+  std::vector<__nv_bfloat16> x(static_cast<size_t>(L) * M * K), w(static_cast<size_t>(L) * N * K);
+  for (auto& v : x) v = __float2bfloat16(dist(gen));
+  for (auto& v : w) v = __float2bfloat16(dist(gen) / 32.f);
+  // the chunked, swizzled copies the kernel streams
+  std::vector<__nv_bfloat16> xp(x.size()), wp(w.size());
+  for (int l = 0; l < L; ++l)
+    for (int m = 0; m < M; ++m)
+      for (int k = 0; k < K; ++k)
+        xp[(static_cast<size_t>(l) * CHUNKS + k / KC) * CHUNK_ELEMS + swz(m, k % KC)] =
+            x[(static_cast<size_t>(l) * M + m) * K + k];
+  for (int l = 0; l < L; ++l)
+    for (int n = 0; n < N; ++n)
+      for (int k = 0; k < K; ++k)
+        wp[((static_cast<size_t>(l) * CTAS + n / TILE_N) * CHUNKS + k / KC) * CHUNK_ELEMS + swz(n % TILE_N, k % KC)] =
+            w[(static_cast<size_t>(l) * N + n) * K + k];
+  __nv_bfloat16 *dx, *dw, *dxp, *dwp, *dy;
+  float* dref;
+  CHECK(cudaMalloc(&dx, x.size() * 2));
+  CHECK(cudaMalloc(&dw, w.size() * 2));
+  CHECK(cudaMalloc(&dxp, xp.size() * 2));
+  CHECK(cudaMalloc(&dwp, wp.size() * 2));
+  CHECK(cudaMalloc(&dy, static_cast<size_t>(L) * M * N * 2));
+  CHECK(cudaMalloc(&dref, static_cast<size_t>(L) * M * N * 4));
+  CHECK(cudaMemcpy(dx, x.data(), x.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dw, w.data(), w.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dxp, xp.data(), xp.size() * 2, cudaMemcpyHostToDevice));
+  CHECK(cudaMemcpy(dwp, wp.data(), wp.size() * 2, cudaMemcpyHostToDevice));
+  reference_kernel<<<dim3(N / 128, L), 128>>>(dx, dw, dref);
+  CHECK(cudaGetLastError());
+  std::vector<float> ref(static_cast<size_t>(L) * M * N);
+  CHECK(cudaMemcpy(ref.data(), dref, ref.size() * 4, cudaMemcpyDeviceToHost));
+  cudaDeviceProp prop;
+  CHECK(cudaGetDeviceProperties(&prop, 0));
+  std::printf("%s, %d SMs; y (%d x %d) = x (%d x %d) @ W^T, %d layers, %d CTAs x %d columns\n", prop.name,
+              prop.multiProcessorCount, M, N, M, K, L, CTAS, TILE_N);
+  run<1, 4>(dxp, dwp, dy, ref);
+  run<2, 4>(dxp, dwp, dy, ref);
+  run<4, 4>(dxp, dwp, dy, ref);
+  run<1, 8>(dxp, dwp, dy, ref);
+  run<2, 8>(dxp, dwp, dy, ref);
+  run<4, 8>(dxp, dwp, dy, ref);
+  return 0;
+}
