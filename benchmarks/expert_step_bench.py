@@ -151,6 +151,9 @@ def sweeps(base: S.StepKernelConfig) -> dict[int, list[S.StepKernelConfig]]:
         # sweep 17's work gains without its cost: all but gate_up's weights (whose 16.8 MB held up
         # o_proj's barrier), down's and the next qkv's, the next qkv's alone
         18: [r(prefetch_own=13), r(prefetch_own=12), r(prefetch_own=8), r(prefetch_own=4)],
+        # with --pi05: its epilogues' extra loads (gate, next scale, biases, statistics) before the
+        # K loops, against after (the default), twice
+        19: [r(early_mod_loads=True), r(), r(early_mod_loads=True)],
     }
 
 

@@ -160,7 +160,8 @@ def whole_kernel_constexprs(cfg: S.StepKernelConfig, timeline: bool = False, sam
                 FOLD_MERGE=cfg.fold_merge, BARRIER_ASM=cfg.barrier_asm, POLL_ONE=cfg.poll_one, CTR_O=ctr_o, CTR_GU=ctr_gu, CTR_DOWN=ctr_down,
                 CTR_LAYER=len(targets), TIMELINE=timeline, EARLY_V=cfg.att_early_v,
                 IDLE_PREFETCH=cfg.idle_prefetch, ROTATE=cfg.k_rotate, NB=samples, DATAFLOW=cfg.dataflow,
-                CTR_SLOT=ctr_down + triton.cdiv(D, cfg.bn_down), PREFETCH_OWN=cfg.prefetch_own, MOD=mod)
+                CTR_SLOT=ctr_down + triton.cdiv(D, cfg.bn_down), PREFETCH_OWN=cfg.prefetch_own, MOD=mod,
+                EARLY_MOD=cfg.early_mod_loads)
 
 
 def main() -> None:

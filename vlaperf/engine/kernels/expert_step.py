@@ -142,6 +142,10 @@ class StepKernelConfig:
     # every matmul's work 0.5 us shorter a layer, but the o_proj slot 1.7 us longer (the 16.8 MB
     # of gate_up prefetches delay its barrier): 794 against 773 us a step, 0.979x the call
     prefetch_own: int = 0
+    # pi0.5 only: the loads its epilogues add (o_proj's / down's gate and next scale, qkv's and
+    # gate_up's biases and norm statistics) issued before the K loop instead of after it (not
+    # timed in one process yet; session 9's broader early_loads looked slower across processes)
+    early_mod_loads: bool = False
 
 
 # ------------------------------------------------------------------------ helpers
@@ -381,7 +385,7 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
                D: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr,
                BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr,
                DATAFLOW: tl.constexpr, mod_ptr=None, xm_ptr=None, ssq_ptr=None, MOD: tl.constexpr = False,
-               SSQ_TILES: tl.constexpr = 1):
+               SSQ_TILES: tl.constexpr = 1, EARLY_MOD: tl.constexpr = False):
     """DATAFLOW: each task counts itself in at its slot's counter (query head, k or v) once
     its outputs are stored, for the attention tasks that wait on them.
     MOD (pi0.5's adaptive norm, n (1 + scale) + shift): the product reads xm = x (1 + scale),
@@ -398,9 +402,16 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
         d_ok = d1 < HALF
         cols = slot * HD + d1
         if MOD:
+            if EARLY_MOD:  # the bias and the statistics, ahead of the loop
+                bias1 = tl.load(mod_ptr + D + cols, mask=d_ok, other=0.0)
+                bias2 = tl.load(mod_ptr + D + cols + HALF, mask=d_ok, other=0.0)
+                ssq_pre = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
             acc1, acc2, ssq = _rows_matmul(xm_ptr, D, rows, row_ok, wqkv_ptr, D, cols, cols + HALF, d_ok, D, task,
                                            BLOCK_M, BN, BK, True, False, STAGES, ROTATE)
-            ssq = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
+            if EARLY_MOD:
+                ssq = ssq_pre
+            else:
+                ssq = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
         else:
             acc1, acc2, ssq = _rows_matmul(x_ptr, D, rows, row_ok, wqkv_ptr, D, cols, cols + HALF, d_ok, D, task,
                                            BLOCK_M, BN, BK, True, True, STAGES, ROTATE)
@@ -408,8 +419,12 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
         acc1 = acc1 * inv[:, None]
         acc2 = acc2 * inv[:, None]
         if MOD:
-            acc1 += tl.load(mod_ptr + D + cols, mask=d_ok, other=0.0)[None, :]
-            acc2 += tl.load(mod_ptr + D + cols + HALF, mask=d_ok, other=0.0)[None, :]
+            if EARLY_MOD:
+                acc1 += bias1[None, :]
+                acc2 += bias2[None, :]
+            else:
+                acc1 += tl.load(mod_ptr + D + cols, mask=d_ok, other=0.0)[None, :]
+                acc2 += tl.load(mod_ptr + D + cols + HALF, mask=d_ok, other=0.0)[None, :]
         mask = row_ok[:, None] & d_ok[None, :]
         if slot <= NH:  # RoPE (rotate-half): (x1, x2) -> (x1 cos1 - x2 sin1, x2 cos2 + x1 sin2)
             t1 = rows[:, None] * HD + d1[None, :]
@@ -587,6 +602,14 @@ def _write_next(x_new, xm_ptr, ssq_ptr, scale_ptr, rows, cols, col_ok, mask, til
 
 
 @triton.jit
+def _store_next(x_new, xm_ptr, ssq_ptr, scale, rows, cols, mask, tile, D: tl.constexpr, BLOCK_M: tl.constexpr):
+    """_write_next with the scale already loaded (StepKernelConfig.early_mod_loads)."""
+    xf = tl.where(mask, x_new.to(tl.float32), 0.0)
+    tl.store(xm_ptr + rows[:, None] * D + cols[None, :], (xf * scale[None, :]).to(xm_ptr.dtype.element_ty), mask=mask)
+    tl.store(ssq_ptr + tile * BLOCK_M + rows, tl.sum(xf * xf, axis=1))
+
+
+@triton.jit
 def _mod_prologue_kernel(x_ptr, scale_ptr, xm_ptr, ssq_ptr, MT, D: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr):
     """MOD, before the step kernel: the first layer's xm and per-tile sums of squares, one tile
     of columns a program, as _write_next leaves them for every later layer (one small launch
@@ -604,7 +627,7 @@ def _mod_prologue_kernel(x_ptr, scale_ptr, xm_ptr, ssq_ptr, MT, D: tl.constexpr,
 def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, nprog,
                     D: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
                     STAGES: tl.constexpr, ROTATE: tl.constexpr, gate_ptr=None, scale_ptr=None, xm_ptr=None,
-                    ssq_ptr=None, write_next=0, GATE: tl.constexpr = False):
+                    ssq_ptr=None, write_next=0, GATE: tl.constexpr = False, EARLY_MOD: tl.constexpr = False):
     """x[:, cols] += A @ W[cols]^T; GATE (pi0.5): x[:, cols] += (A @ W[cols]^T) gate[cols], and
     where `write_next`, also xm[:, cols] = x (1 + scale)[cols] (the next norm's modulated
     input, scale_ptr) and ssq[tile] = the rows' sums of squares over these columns, for the
@@ -625,19 +648,30 @@ def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, npro
         s = task % KS
         cols = tile * BN + tl.arange(0, BN)
         col_ok = cols < D
+        if GATE:
+            if EARLY_MOD:  # the gate and the next norm's scale, ahead of the loop
+                gate_pre = tl.load(gate_ptr + cols, mask=col_ok, other=0.0)
+                scale_pre = tl.load(scale_ptr + cols, mask=col_ok & ((cols * 0 + write_next) != 0), other=0.0)
         acc, _a, _s = _rows_matmul(a_ptr + s * k_slice, K, rows, row_ok, w_ptr + s * k_slice, K, cols, cols, col_ok,
                                    k_slice, tile, BLOCK_M, BN, BK, False, False, STAGES, ROTATE)
         mask = row_ok[:, None] & col_ok[None, :]
         ptrs = x_ptr + rows[:, None] * D + cols[None, :]
         gate = 1.0
         if GATE:
-            gate = tl.load(gate_ptr + cols, mask=col_ok, other=0.0)[None, :]
+            if EARLY_MOD:
+                gate = gate_pre[None, :]
+            else:
+                gate = tl.load(gate_ptr + cols, mask=col_ok, other=0.0)[None, :]
         if KS == 1:
             res = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
             x_new = (acc * gate + res).to(x_ptr.dtype.element_ty)
             tl.store(ptrs, x_new, mask=mask)
             if GATE:
-                _write_next(x_new, xm_ptr, ssq_ptr, scale_ptr, rows, cols, col_ok, mask, tile, write_next, D, BLOCK_M)
+                if EARLY_MOD:
+                    if write_next:
+                        _store_next(x_new, xm_ptr, ssq_ptr, scale_pre, rows, cols, mask, tile, D, BLOCK_M)
+                else:
+                    _write_next(x_new, xm_ptr, ssq_ptr, scale_ptr, rows, cols, col_ok, mask, tile, write_next, D, BLOCK_M)
         else:
             part = part_ptr + rows[:, None] * D + cols[None, :]
             tl.store(part + s * (BLOCK_M * D), acc, mask=mask)
@@ -649,14 +683,19 @@ def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, npro
                 x_new = (total * gate + res).to(x_ptr.dtype.element_ty)
                 tl.store(ptrs, x_new, mask=mask)
                 if GATE:
-                    _write_next(x_new, xm_ptr, ssq_ptr, scale_ptr, rows, cols, col_ok, mask, tile, write_next, D, BLOCK_M)
+                    if EARLY_MOD:
+                        if write_next:
+                            _store_next(x_new, xm_ptr, ssq_ptr, scale_pre, rows, cols, mask, tile, D, BLOCK_M)
+                    else:
+                        _write_next(x_new, xm_ptr, ssq_ptr, scale_ptr, rows, cols, col_ok, mask, tile, write_next, D,
+                                    BLOCK_M)
 
 
 @triton.jit
 def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, nprog,
                    D: tl.constexpr, F: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                    KS: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr, mod_ptr=None, xm_ptr=None,
-                   ssq_ptr=None, MOD: tl.constexpr = False, SSQ_TILES: tl.constexpr = 1):
+                   ssq_ptr=None, MOD: tl.constexpr = False, SSQ_TILES: tl.constexpr = 1, EARLY_MOD: tl.constexpr = False):
     """h[:, cols] = gelu(n(x) @ Wg[cols]^T) * (n(x) @ Wu[cols]^T). KS > 1 splits D as in
     _phase_residual: each task's gate, up and sum-of-squares partials go to `part`, and the
     tile's last task adds them (in order) before the norm and GELU, which need the whole sums.
@@ -673,6 +712,10 @@ def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, n
         col_ok = cols < F
         mask = row_ok[:, None] & col_ok[None, :]
         if MOD:
+            if EARLY_MOD:  # the biases and the statistics, ahead of the loop
+                bias_g = tl.load(mod_ptr + D + cols, mask=col_ok, other=0.0)
+                bias_u = tl.load(mod_ptr + D + F + cols, mask=col_ok, other=0.0)
+                ssq_pre = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
             g, u, ssq = _rows_matmul(xm_ptr + s * k_slice, D, rows, row_ok, wgu_ptr + s * k_slice, D, cols, cols + F,
                                      col_ok, k_slice, tile, BLOCK_M, BN, BK, True, False, STAGES, ROTATE)
         else:
@@ -696,11 +739,18 @@ def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, n
                     ssq += tl.load(sq + s2 * (n_tiles * BLOCK_M), cache_modifier=".cg")
         if last:
             if MOD:
-                ssq = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
+                if EARLY_MOD:
+                    ssq = ssq_pre
+                else:
+                    ssq = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
             inv = 1.0 / tl.sqrt(ssq / D + eps)
             if MOD:
-                g = g * inv[:, None] + tl.load(mod_ptr + D + cols, mask=col_ok, other=0.0)[None, :]
-                u = u * inv[:, None] + tl.load(mod_ptr + D + F + cols, mask=col_ok, other=0.0)[None, :]
+                if EARLY_MOD:
+                    g = g * inv[:, None] + bias_g[None, :]
+                    u = u * inv[:, None] + bias_u[None, :]
+                else:
+                    g = g * inv[:, None] + tl.load(mod_ptr + D + cols, mask=col_ok, other=0.0)[None, :]
+                    u = u * inv[:, None] + tl.load(mod_ptr + D + F + cols, mask=col_ok, other=0.0)[None, :]
                 h = _gelu_tanh(g) * u
             else:
                 h = _gelu_tanh(g * inv[:, None]) * (u * inv[:, None])
@@ -728,6 +778,7 @@ def _expert_step_kernel(
     POLL_ONE: tl.constexpr, CTR_O: tl.constexpr, CTR_GU: tl.constexpr, CTR_DOWN: tl.constexpr, CTR_LAYER: tl.constexpr,
     TIMELINE: tl.constexpr, EARLY_V: tl.constexpr, IDLE_PREFETCH: tl.constexpr, ROTATE: tl.constexpr,
     NB: tl.constexpr, DATAFLOW: tl.constexpr, CTR_SLOT: tl.constexpr, PREFETCH_OWN: tl.constexpr, MOD: tl.constexpr,
+    EARLY_MOD: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -761,7 +812,7 @@ def _expert_step_kernel(
             if phase == 0:
                 _phase_qkv(x_ptr, wqkv_ptr + layer * (QKV_N * D), q_ptr, kv_ptr, cos_ptr, sin_ptr, tile_ctr + CTR_SLOT, MT,
                            eps, pid, nprog, D, NH, HD, BLOCK_M, BN_QKV, BK_QKV, STAGES, ROTATE, DATAFLOW, modl, xm_ptr,
-                           ssq_ptr, MOD, (D + BN_DOWN - 1) // BN_DOWN)
+                           ssq_ptr, MOD, (D + BN_DOWN - 1) // BN_DOWN, EARLY_MOD)
                 if IDLE_PREFETCH > 0:
                     # qkv has fewer tasks than programs (80 of 132 for pi0's expert); the idle ones ask L2
                     # for what the next phases read first from HBM, instead of waiting at the barrier
@@ -788,15 +839,15 @@ def _expert_step_kernel(
             elif phase == 3:
                 _phase_residual(o_ptr, NH * HD, wo_ptr + layer * (D * NH * HD), x_ptr, part_ptr, tile_ctr + CTR_O, MT, pid,
                                 nprog, D, BLOCK_M, BN_O, BK_O, KS_O, STAGES, ROTATE, modl + D + QKV_N, modl + 2 * D + QKV_N,
-                                xm_ptr, ssq_ptr, 1, MOD)
+                                xm_ptr, ssq_ptr, 1, MOD, EARLY_MOD)
             elif phase == 4:
                 _phase_gate_up(x_ptr, wgu_ptr + layer * (2 * F * D), h_ptr, part_ptr, tile_ctr + CTR_GU, MT, eps, pid, nprog,
                                D, F, BLOCK_M, BN_GU, BK_GU, KS_GU, STAGES, ROTATE, modl + 2 * D + QKV_N, xm_ptr, ssq_ptr, MOD,
-                               (D + BN_O - 1) // BN_O)
+                               (D + BN_O - 1) // BN_O, EARLY_MOD)
             elif phase == 5:
                 _phase_residual(h_ptr, F, wd_ptr + layer * (D * F), x_ptr, part_ptr, tile_ctr + CTR_DOWN, MT, pid, nprog, D,
                                 BLOCK_M, BN_DOWN, BK_DOWN, KS_DOWN, STAGES, ROTATE, modl + 3 * D + QKV_N + 2 * F,
-                                modl + MOD_W, xm_ptr, ssq_ptr, layer + 1 < L, MOD)
+                                modl + MOD_W, xm_ptr, ssq_ptr, layer + 1 < L, MOD, EARLY_MOD)
             # phase 6 does nothing: benchmarks time the barriers alone with phases=(6, 7)
             if TIMELINE:
                 tl.debug_barrier()  # every warp of the program is done
@@ -1117,7 +1168,8 @@ def expert_step(
                   CTR_GU=ctr_gu, CTR_DOWN=ctr_down, CTR_LAYER=ctr_layer, TIMELINE=timeline is not None,
                   EARLY_V=cfg.att_early_v, IDLE_PREFETCH=cfg.idle_prefetch if device.type == "cuda" else 0,
                   ROTATE=cfg.k_rotate, NB=NB, DATAFLOW=cfg.dataflow, CTR_SLOT=ctr_slot,
-                  PREFETCH_OWN=cfg.prefetch_own if device.type == "cuda" else 0, MOD=mod is not None)
+                  PREFETCH_OWN=cfg.prefetch_own if device.type == "cuda" else 0, MOD=mod is not None,
+                  EARLY_MOD=cfg.early_mod_loads)
     if persistent:
         _expert_step_kernel[(grid,)](*args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
         _LAST_COUNTERS[_device_key(device)] = (counters, tile_counters.view(L, ctr_layer))
