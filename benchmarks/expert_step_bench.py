@@ -151,9 +151,10 @@ def sweeps(base: S.StepKernelConfig) -> dict[int, list[S.StepKernelConfig]]:
         # sweep 17's work gains without its cost: all but gate_up's weights (whose 16.8 MB held up
         # o_proj's barrier), down's and the next qkv's, the next qkv's alone
         18: [r(prefetch_own=13), r(prefetch_own=12), r(prefetch_own=8), r(prefetch_own=4)],
-        # with --pi05: its epilogues' extra loads (gate, next scale, biases, statistics) before the
-        # K loops, against after (the default), twice
-        19: [r(early_mod_loads=True), r(), r(early_mod_loads=True)],
+        # (19, session 9 part g: every epilogue load before the K loops, `early_loads`; taken out)
+        # with --pi05: only pi0.5's extra epilogue loads (gate, next scale, biases, statistics)
+        # before the K loops, against after (the default), twice
+        20: [r(early_mod_loads=True), r(), r(early_mod_loads=True)],
     }
 
 
@@ -166,7 +167,7 @@ def main() -> None:
     p.add_argument("--timeline", action="store_true",
                    help="also read the GPU clock at every (layer, phase, program) and summarise where each config's time goes")
     p.add_argument("--sweep", type=int, default=1, choices=sorted(sweeps(S.StepKernelConfig())),
-                   help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps; 9: barrier polling, pipeline depth; 10: deeper pipelines, atomic polling at 4 stages, wider split tiles; 11: early value loads, 128-key tiles; 12: prefetch by the programs idle in qkv, wider o_proj tiles; 13: rotated K loops; 14: dataflow waits instead of two barriers; 15: prefetch plans; 16: 4 warps)")
+                   help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps; 9: barrier polling, pipeline depth; 10: deeper pipelines, atomic polling at 4 stages, wider split tiles; 11: early value loads, 128-key tiles; 12: prefetch by the programs idle in qkv, wider o_proj tiles; 13: rotated K loops; 14: dataflow waits instead of two barriers; 15: prefetch plans; 16: 4 warps; 17-18: prefetch_own; 20: with --pi05, early_mod_loads)")
     p.add_argument("--pi05", action="store_true",
                    help="pi0.5's expert step: 50 rows, adaptive norms and gated residuals (random modulation, the "
                         "kernel's `mod` table)")

@@ -44,7 +44,7 @@
 #            out again (the code is part f's), and sweep 19 with it)
 #   PART=next  (prepared for session 10, not run) A: benchmarks/cluster_probe.cu, gate_up's stream with
 #              the activation block read once per cluster of 1, 2 or 4 CTAs and multicast (compiled here
-#              for sm_90a with nvcc 13.0: 48-59 registers, no spills), then sweep 19 for pi0.5
+#              for sm_90a with nvcc 13.0: 48-59 registers, no spills), then sweep 20 for pi0.5
 #              (early_mod_loads: its epilogues' extra loads before the K loops, same process);
 #              B: session 8's PART=next (the kernel tables of the padded and unpadded cache at
 #              batch 4 without triton_kernels)
@@ -126,7 +126,7 @@ EOT
 next)
   lane A 0 40 <<EOT &
 200 nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/cluster_probe benchmarks/cluster_probe.cu && /tmp/cluster_probe | tee $R/cluster_probe.txt
-240 python3 benchmarks/expert_step_bench.py --pi05 --sweep 19 --json $R/kernel_expert_step_pi05_sweep19.json
+240 python3 benchmarks/expert_step_bench.py --pi05 --sweep 20 --json $R/kernel_expert_step_pi05_sweep20.json
 EOT
   lane B 1 20 <<EOT &
 200 python3 benchmarks/profile_kernels.py --workload libero-pi0-b4 --rows 30 --levers "$X,compile=default" > $R/kernels_b4_graph-compile_align8_s10.txt 2>&1; tail -10 $R/kernels_b4_graph-compile_align8_s10.txt
