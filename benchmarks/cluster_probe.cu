@@ -19,7 +19,8 @@
 //
 // Build and run on the H200 machine (nvcc 13.0 is there):
 //   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/cluster_probe benchmarks/cluster_probe.cu
-//   /tmp/cluster_probe            # cluster 1, 2, 4 at 4 and 8 stages; checks every output
+//   /tmp/cluster_probe            # cluster 1, 2, 4 at 4 and 8 stages, with and without a producer
+//                                 # warp; checks every output
 // Prints one row per variant: us a layer, weights TB/s, KB a CTA takes in a microsecond, and the
 // largest error against a plain float32 reference kernel. Prepared in session 9; not run yet.
 
@@ -43,7 +44,7 @@
   } while (0)
 
 constexpr int L = 18, M = 64, K = 1024, N = 8192, KC = 64, CHUNKS = K / KC, TILE_N = 64, CTAS = N / TILE_N;
-constexpr int THREADS = 256;
+constexpr int THREADS = 256;  // the 8 MMA warps; WS adds a ninth, the producer
 constexpr int CHUNK_ELEMS = 64 * KC;            // one 64 x 64 chunk of x or of a CTA's W tile
 constexpr int CHUNK_BYTES = CHUNK_ELEMS * 2;    // 8 KB
 constexpr int STAGE_BYTES = 2 * CHUNK_BYTES;    // x chunk, then W chunk
@@ -102,9 +103,10 @@ __device__ inline void mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32
 
 // xp: [L][CHUNKS] chunks of x (64 rows); wp: [L][CTAS][CHUNKS] chunks of W (the CTA's 64 rows);
 // y: [L][M][N] bf16. CLUSTER CTAs share each x chunk: CTA rank r fetches rows [r*64/C, (r+1)*64/C)
-// of it and multicasts them to every CTA of the cluster.
-template <int CLUSTER, int STAGES>
-__global__ void __launch_bounds__(THREADS) stream_kernel(const __nv_bfloat16* __restrict__ xp,
+// of it and multicasts them to every CTA of the cluster. WS: a ninth warp only issues the copies
+// (warp specialization); without it thread 0 issues them between its own MMA work.
+template <int CLUSTER, int STAGES, bool WS>
+__global__ void __launch_bounds__(THREADS + 32) stream_kernel(const __nv_bfloat16* __restrict__ xp,
                                                          const __nv_bfloat16* __restrict__ wp,
                                                          __nv_bfloat16* __restrict__ y) {
   extern __shared__ __align__(128) unsigned char smem[];
@@ -115,7 +117,7 @@ __global__ void __launch_bounds__(THREADS) stream_kernel(const __nv_bfloat16* __
   if (tid == 0) {
     for (int s = 0; s < STAGES; ++s) {
       mbar_init(smem_addr(&full[s]), 1);        // the local producer's arrive.expect_tx
-      mbar_init(smem_addr(&empty[s]), CLUSTER);  // every CTA of the cluster has read stage s
+      mbar_init(smem_addr(&empty[s]), WS ? CLUSTER * 8 : CLUSTER);  // every CTA (WS: every MMA warp) of the cluster has read stage s
     }
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
@@ -137,7 +139,17 @@ __global__ void __launch_bounds__(THREADS) stream_kernel(const __nv_bfloat16* __
                           static_cast<uint16_t>((1 << CLUSTER) - 1));
     }
   };
-  if (tid == 0)
+  if (WS && warp == 8) {  // the producer warp: one lane issues every copy, gated by the stage's release
+    if (lane == 0)
+      for (int g = 0; g < TOTAL; ++g) {
+        if (g >= STAGES) mbar_wait(smem_addr(&empty[g % STAGES]), (g / STAGES - 1) & 1);
+        produce(g);
+      }
+    __syncwarp();  // the cluster barrier is .aligned: the whole warp arrives together
+    if (CLUSTER > 1) cluster_sync();
+    return;
+  }
+  if (!WS && tid == 0)
     for (int g = 0; g < STAGES && g < TOTAL; ++g) produce(g);
 
   const int mi = warp % 4, nh = warp / 4;  // 16 rows of x, 32 of the CTA's 64 columns
@@ -164,6 +176,14 @@ __global__ void __launch_bounds__(THREADS) stream_kernel(const __nv_bfloat16* __
         mma_bf16(acc[np * 2 + 1], a, b2, b3);
       }
     }
+    if (WS) {  // each MMA warp releases stage s in every cluster CTA on its own
+      __syncwarp();
+      if (lane == 0)
+        for (int c = 0; c < CLUSTER; ++c) {
+          if (CLUSTER > 1) mbar_arrive_cluster(smem_addr(&empty[s]), c);
+          else asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(smem_addr(&empty[s])) : "memory");
+        }
+    } else {
     __syncthreads();  // every warp is done with stage s here
     if (tid == 0) {
       for (int c = 0; c < CLUSTER; ++c) {  // tell every producer writing into our stage s
@@ -174,6 +194,7 @@ __global__ void __launch_bounds__(THREADS) stream_kernel(const __nv_bfloat16* __
         mbar_wait(smem_addr(&empty[s]), (g / STAGES) & 1);  // every cluster CTA has read its stage s
         produce(g + STAGES);
       }
+    }
     }
     if (kc == CHUNKS - 1) {  // the layer's 64 x 64 output tile
       const int layer = g / CHUNKS;
@@ -187,6 +208,7 @@ __global__ void __launch_bounds__(THREADS) stream_kernel(const __nv_bfloat16* __
       }
     }
   }
+  __syncwarp();
   if (CLUSTER > 1) cluster_sync();  // no CTA leaves while a peer may still arrive on its barriers
 }
 
@@ -201,15 +223,15 @@ __global__ void reference_kernel(const __nv_bfloat16* x, const __nv_bfloat16* w,
   }
 }
 
-template <int CLUSTER, int STAGES>
+template <int CLUSTER, int STAGES, bool WS>
 void run(const __nv_bfloat16* xp, const __nv_bfloat16* wp, __nv_bfloat16* y, const std::vector<float>& ref) {
   const int smem = STAGES * STAGE_BYTES + 2 * STAGES * 8;
-  auto kernel = stream_kernel<CLUSTER, STAGES>;
+  auto kernel = stream_kernel<CLUSTER, STAGES, WS>;
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   if (CLUSTER > 1) CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
   cudaLaunchConfig_t cfg = {};
   cfg.gridDim = dim3(CTAS);
-  cfg.blockDim = dim3(THREADS);
+  cfg.blockDim = dim3(THREADS + (WS ? 32 : 0));
   cfg.dynamicSmemBytes = smem;
   cudaLaunchAttribute attr[1];
   attr[0].id = cudaLaunchAttributeClusterDimension;
@@ -244,9 +266,9 @@ void run(const __nv_bfloat16* xp, const __nv_bfloat16* wp, __nv_bfloat16* y, con
   CHECK(cudaEventElapsedTime(&ms, a, b));
   const double us_layer = ms * 1e3 / reps / L;
   const double w_bytes = static_cast<double>(N) * K * 2, per_cta = (static_cast<double>(M) * K * 2 / CLUSTER + w_bytes / CTAS);
-  std::printf("cluster %d  stages %d  %8.2f us a layer  weights %5.2f TB/s  %6.1f KB/us a CTA (own reads)  "
+  std::printf("cluster %d  stages %d  %s  %8.2f us a layer  weights %5.2f TB/s  %6.1f KB/us a CTA (own reads)  "
               "rel L2 %.2e  max abs %.3e\n",
-              CLUSTER, STAGES, us_layer, w_bytes / us_layer / 1e6, per_cta / us_layer / 1e3,
+              CLUSTER, STAGES, WS ? "producer warp" : "thread 0 copies", us_layer, w_bytes / us_layer / 1e6, per_cta / us_layer / 1e3,
               std::sqrt(err_norm / ref_norm), max_err);
 }
 
@@ -288,11 +310,14 @@ int main() {
   CHECK(cudaGetDeviceProperties(&prop, 0));
   std::printf("%s, %d SMs; y (%d x %d) = x (%d x %d) @ W^T, %d layers, %d CTAs x %d columns\n", prop.name,
               prop.multiProcessorCount, M, N, M, K, L, CTAS, TILE_N);
-  run<1, 4>(dxp, dwp, dy, ref);
-  run<2, 4>(dxp, dwp, dy, ref);
-  run<4, 4>(dxp, dwp, dy, ref);
-  run<1, 8>(dxp, dwp, dy, ref);
-  run<2, 8>(dxp, dwp, dy, ref);
-  run<4, 8>(dxp, dwp, dy, ref);
+  run<1, 4, false>(dxp, dwp, dy, ref);
+  run<2, 4, false>(dxp, dwp, dy, ref);
+  run<4, 4, false>(dxp, dwp, dy, ref);
+  run<1, 8, false>(dxp, dwp, dy, ref);
+  run<2, 8, false>(dxp, dwp, dy, ref);
+  run<4, 8, false>(dxp, dwp, dy, ref);
+  run<1, 8, true>(dxp, dwp, dy, ref);
+  run<2, 8, true>(dxp, dwp, dy, ref);
+  run<4, 8, true>(dxp, dwp, dy, ref);
   return 0;
 }
