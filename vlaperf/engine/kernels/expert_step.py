@@ -785,7 +785,7 @@ def _expert_step_kernel(
     QKV_N: tl.constexpr = NH * HD + 2 * HD
     MT = NB * M  # the rows of all samples: the matmul phases treat them alike
     QKV_JB: tl.constexpr = (HD // 2 + BN_QKV - 1) // BN_QKV  # qkv tasks per slot (query head, k, v)
-    # pi0.5's per-layer modulation table (MOD): see _mod_offsets
+    # pi0.5's per-layer modulation table (MOD), laid out as modulation_table says
     MOD_W: tl.constexpr = 4 * D + QKV_N + 2 * F
     for layer in range(layer_lo, layer_hi):
         # attention row blocks, o_proj tiles, gate_up tiles, down tiles, qkv slots (dataflow)
@@ -997,11 +997,11 @@ def modulation_table(mods: torch.Tensor, wqkv: torch.Tensor, wgu: torch.Tensor) 
 
     mods (steps, L*6 [+ 2], D): each layer's scale, shift, gate for its input norm, then for
     its post-attention norm (fusion.time_tables); wqkv (L, QKV_N, D), wgu (L, 2F, D) unfolded.
-    Returns float32 (steps, L, 4D + QKV_N + 2F), per layer (_mod_offsets): 1 + scale1 (D),
+    Returns float32 (steps, L, 4D + QKV_N + 2F), per layer: 1 + scale1 (D),
     shift1 @ Wqkv^T (QKV_N), gate1 (D), 1 + scale2 (D), shift2 @ Wgu^T (2F), gate2 (D).
-    A modulated norm then costs the matmul phases a per-column scale of the activations and
-    a per-column bias: (n (1 + s) + b) @ W^T = inv (x (1 + s)) @ W^T + b @ W^T. The gates are
-    rounded to the model dtype first, as the reference multiplies by them there."""
+    Since (n (1 + s) + b) @ W^T = inv (x (1 + s)) @ W^T + b @ W^T, a modulated norm costs the
+    kernel the writers' x (1 + s) beside x and a per-column bias after the product. The gates
+    are rounded to the model dtype first, as the reference multiplies by them there."""
     L = wqkv.shape[0]
     m = mods[:, : 6 * L].view(mods.shape[0], L, 6, -1).float()
     shift_qkv = torch.einsum("sld,lnd->sln", m[:, :, 1], wqkv.float())
