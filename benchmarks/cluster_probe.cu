@@ -212,15 +212,16 @@ __global__ void __launch_bounds__(THREADS + 32) stream_kernel(const __nv_bfloat1
   if (CLUSTER > 1) cluster_sync();  // no CTA leaves while a peer may still arrive on its barriers
 }
 
+// one output column a thread, all 64 rows: each weight is read once, x's values are warp broadcasts
 __global__ void reference_kernel(const __nv_bfloat16* x, const __nv_bfloat16* w, float* y) {
   const int layer = blockIdx.y, n = blockIdx.x * blockDim.x + threadIdx.x;
-  for (int m = 0; m < M; ++m) {
-    float s = 0.f;
-    for (int k = 0; k < K; ++k)
-      s += __bfloat162float(x[(static_cast<size_t>(layer) * M + m) * K + k]) *
-           __bfloat162float(w[(static_cast<size_t>(layer) * N + n) * K + k]);
-    y[(static_cast<size_t>(layer) * M + m) * N + n] = s;
+  float s[M] = {};
+  for (int k = 0; k < K; ++k) {
+    const float wk = __bfloat162float(w[(static_cast<size_t>(layer) * N + n) * K + k]);
+#pragma unroll
+    for (int m = 0; m < M; ++m) s[m] += __bfloat162float(x[(static_cast<size_t>(layer) * M + m) * K + k]) * wk;
   }
+  for (int m = 0; m < M; ++m) y[(static_cast<size_t>(layer) * M + m) * N + n] = s[m];
 }
 
 template <int CLUSTER, int STAGES, bool WS>
