@@ -27,6 +27,7 @@
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <algorithm>
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
@@ -226,7 +227,9 @@ __global__ void reference_kernel(const __nv_bfloat16* x, const __nv_bfloat16* w,
 
 template <int CLUSTER, int STAGES, bool WS>
 void run(const __nv_bfloat16* xp, const __nv_bfloat16* wp, __nv_bfloat16* y, const std::vector<float>& ref) {
-  const int smem = STAGES * STAGE_BYTES + 2 * STAGES * 8;
+  // at least 120 KB, so that one CTA fits an SM as in the step kernel (one program per SM):
+  // with 4 stages' 64 KB the scheduler could otherwise put several CTAs on one SM
+  const int smem = std::max(STAGES * STAGE_BYTES + 2 * STAGES * 8, 120 * 1024);
   auto kernel = stream_kernel<CLUSTER, STAGES, WS>;
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
   if (CLUSTER > 1) CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeNonPortableClusterSizeAllowed, 1));
