@@ -624,6 +624,22 @@ def _mod_prologue_kernel(x_ptr, scale_ptr, xm_ptr, ssq_ptr, MT, D: tl.constexpr,
 
 
 @triton.jit
+def _add_to_x(acc, gate, ptrs, mask, x_ptr, xm_ptr, ssq_ptr, scale_pre, scale_ptr, rows, cols, col_ok, tile, write_next,
+              D: tl.constexpr, BLOCK_M: tl.constexpr, GATE: tl.constexpr, EARLY_MOD: tl.constexpr):
+    """_phase_residual's write of a finished tile: x += acc (* gate), and with GATE the next
+    norm's inputs (xm, the sums of squares), from the scale loaded early or loaded here."""
+    res = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
+    x_new = (acc * gate + res).to(x_ptr.dtype.element_ty)
+    tl.store(ptrs, x_new, mask=mask)
+    if GATE:
+        if EARLY_MOD:
+            if write_next:
+                _store_next(x_new, xm_ptr, ssq_ptr, scale_pre, rows, cols, mask, tile, D, BLOCK_M)
+        else:
+            _write_next(x_new, xm_ptr, ssq_ptr, scale_ptr, rows, cols, col_ok, mask, tile, write_next, D, BLOCK_M)
+
+
+@triton.jit
 def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, nprog,
                     D: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
                     STAGES: tl.constexpr, ROTATE: tl.constexpr, gate_ptr=None, scale_ptr=None, xm_ptr=None,
@@ -648,6 +664,7 @@ def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, npro
         s = task % KS
         cols = tile * BN + tl.arange(0, BN)
         col_ok = cols < D
+        scale_pre = 0.0  # read only with GATE and EARLY_MOD, which load it here
         if GATE:
             if EARLY_MOD:  # the gate and the next norm's scale, ahead of the loop
                 gate_pre = tl.load(gate_ptr + cols, mask=col_ok, other=0.0)
@@ -663,15 +680,8 @@ def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, npro
             else:
                 gate = tl.load(gate_ptr + cols, mask=col_ok, other=0.0)[None, :]
         if KS == 1:
-            res = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-            x_new = (acc * gate + res).to(x_ptr.dtype.element_ty)
-            tl.store(ptrs, x_new, mask=mask)
-            if GATE:
-                if EARLY_MOD:
-                    if write_next:
-                        _store_next(x_new, xm_ptr, ssq_ptr, scale_pre, rows, cols, mask, tile, D, BLOCK_M)
-                else:
-                    _write_next(x_new, xm_ptr, ssq_ptr, scale_ptr, rows, cols, col_ok, mask, tile, write_next, D, BLOCK_M)
+            _add_to_x(acc, gate, ptrs, mask, x_ptr, xm_ptr, ssq_ptr, scale_pre, scale_ptr, rows, cols, col_ok, tile,
+                      write_next, D, BLOCK_M, GATE, EARLY_MOD)
         else:
             part = part_ptr + rows[:, None] * D + cols[None, :]
             tl.store(part + s * (BLOCK_M * D), acc, mask=mask)
@@ -679,16 +689,8 @@ def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, npro
                 total = tl.zeros((BLOCK_M, BN), tl.float32)
                 for s2 in tl.static_range(KS):
                     total += tl.load(part + s2 * (BLOCK_M * D), mask=mask, other=0.0, cache_modifier=".cg")
-                res = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
-                x_new = (total * gate + res).to(x_ptr.dtype.element_ty)
-                tl.store(ptrs, x_new, mask=mask)
-                if GATE:
-                    if EARLY_MOD:
-                        if write_next:
-                            _store_next(x_new, xm_ptr, ssq_ptr, scale_pre, rows, cols, mask, tile, D, BLOCK_M)
-                    else:
-                        _write_next(x_new, xm_ptr, ssq_ptr, scale_ptr, rows, cols, col_ok, mask, tile, write_next, D,
-                                    BLOCK_M)
+                _add_to_x(total, gate, ptrs, mask, x_ptr, xm_ptr, ssq_ptr, scale_pre, scale_ptr, rows, cols, col_ok, tile,
+                          write_next, D, BLOCK_M, GATE, EARLY_MOD)
 
 
 @triton.jit
