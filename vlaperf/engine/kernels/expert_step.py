@@ -1005,11 +1005,11 @@ def modulation_table(mods: torch.Tensor, wqkv: torch.Tensor, wgu: torch.Tensor) 
     kernel the writers' x (1 + s) beside x and a per-column bias after the product. The gates
     are rounded to the model dtype first, as the reference multiplies by them there."""
     L = wqkv.shape[0]
-    m = mods[:, : 6 * L].view(mods.shape[0], L, 6, -1).float()
+    rows = mods[:, : 6 * L].view(mods.shape[0], L, 6, -1)  # (steps, L, scale/shift/gate x 2, D)
+    m = rows.float()
     shift_qkv = torch.einsum("sld,lnd->sln", m[:, :, 1], wqkv.float())
     shift_gu = torch.einsum("sld,lnd->sln", m[:, :, 4], wgu.float())
-    gate1 = mods[:, : 6 * L].view(mods.shape[0], L, 6, -1)[:, :, 2].to(wqkv.dtype).float()
-    gate2 = mods[:, : 6 * L].view(mods.shape[0], L, 6, -1)[:, :, 5].to(wqkv.dtype).float()
+    gate1, gate2 = (rows[:, :, i].to(wqkv.dtype).float() for i in (2, 5))
     return torch.cat([1.0 + m[:, :, 0], shift_qkv, gate1, 1.0 + m[:, :, 3], shift_gu, gate2], dim=-1).contiguous()
 
 
