@@ -1,0 +1,24 @@
+#!/bin/bash
+# Session 10's device calls on nvidia-h200-x2, one single-GPU lane per GPU (lanes.sh).
+#   PART=a   A: benchmarks/cluster_probe.cu (session 9's PART=next: gate_up's stream with the
+#               activation block read once per cluster of 1, 2 or 4 CTAs and multicast), then
+#               sweep 20 for pi0.5 (early_mod_loads, same process)
+#            B: the libero-pi0 best bench (this machine's baseline), then session 8's PART=next
+#               (kernel tables of the padded and unpadded cache at batch 4 without triton_kernels)
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session10.sh
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
+case "${PART:-a}" in
+a)
+  lane A 0 40 <<EOT &
+200 nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/cluster_probe benchmarks/cluster_probe.cu && /tmp/cluster_probe | tee $R/cluster_probe.txt
+240 python3 benchmarks/expert_step_bench.py --pi05 --sweep 20 --json $R/kernel_expert_step_pi05_sweep20.json
+EOT
+  lane B 1 20 <<EOT &
+100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s10_model.json
+170 python3 benchmarks/profile_kernels.py --workload libero-pi0-b4 --rows 30 --levers "$X,compile=default" > $R/kernels_b4_graph-compile_align8_s10.txt 2>&1; tail -10 $R/kernels_b4_graph-compile_align8_s10.txt
+170 python3 benchmarks/profile_kernels.py --workload libero-pi0-b4 --rows 30 --levers "$X,compile=default" --kv-align 1 > $R/kernels_b4_graph-compile_align1_s10.txt 2>&1; tail -10 $R/kernels_b4_graph-compile_align1_s10.txt
+EOT
+  ;;
+esac
+finish  # lanes.sh: waits for both lanes, then $OUT/results.tgz holds every finished file
