@@ -21,6 +21,9 @@ the same levers with the change. Changes:
   rope_cache_kernel      the prefix's RoPE on q and k and its static-cache write as one kernel a
                          layer (kernels/rope_qkv.py, with triton_kernels) instead of inductor's
                          kernels (which rebuilt the whole cache buffer per layer)
+  geglu_kernel           the prefix's Gemma gate_up GEMM with GELU x up in its epilogue
+                         (kernels/geglu_matmul.py, with triton_kernels) instead of cuBLAS's GEMM
+                         and inductor's GELU x up kernel
   step_kernel            the denoise step through the step kernel (`megakernel`) against the
                          layers: for pi0.5 (--workload libero-pi05), whose adaptive norms the
                          kernel takes as a per-step table since session 9
@@ -111,6 +114,18 @@ def without_rope_cache_kernel(engine: Engine):
 
 
 @contextlib.contextmanager
+def without_geglu_kernel(engine: Engine):
+    from vlaperf.engine import prefix
+
+    real = prefix.FUSED_GEGLU
+    prefix.FUSED_GEGLU = False
+    try:
+        yield
+    finally:
+        prefix.FUSED_GEGLU = real
+
+
+@contextlib.contextmanager
 def without_step_kernel(engine: Engine):
     engine.weights.expert_stack = None  # the layers keep their own views of the stacked weights
     yield
@@ -121,6 +136,7 @@ CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "patch_matmul": (without_patch_matmul, lambda model: {}),
            "kv_align": (without_kv_align, lambda model: {}),
            "rope_cache_kernel": (without_rope_cache_kernel, lambda model: {}),
+           "geglu_kernel": (without_geglu_kernel, lambda model: {}),
            "step_kernel": (without_step_kernel, lambda model: {})}
 
 

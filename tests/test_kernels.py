@@ -158,6 +158,52 @@ ROPE_SCRIPT = textwrap.dedent(
 )
 
 
+GEGLU_SCRIPT = textwrap.dedent(
+    """
+    import torch, torch.nn.functional as F
+    from vlaperf.engine.kernels.geglu_matmul import CONFIGS, geglu_matmul
+
+    torch.manual_seed(0)
+    # (leading dims, M, F, D, tiles): ragged rows, columns and depth, several row groups
+    cases = [((1,), 70, 96, 160, (32, 32, 32, 2, 4, 2)), ((2,), 5, 64, 64, (16, 32, 32, 8, 4, 2)),
+             ((), 130, 40, 72, (64, 32, 16, 1, 4, 2)), ((1,), 33, 48, 64, None)]
+    for lead, M, Fd, D, cfg in cases:
+        h, w = torch.randn(*lead, M, D), torch.randn(2 * Fd, D) / D**0.5
+        ref = F.gelu(h @ w[:Fd].T, approximate="tanh") * (h @ w[Fd:].T)
+        out = geglu_matmul(h, w, cfg)
+        assert out.shape == (*lead, M, Fd), out.shape
+        err = ((out - ref).norm() / ref.norm()).item()
+        assert err < 1e-5, (lead, M, Fd, D, err)
+    # a strided view of h (a slice of a wider tensor) is read as it is
+    wide = torch.randn(1, 20, 2 * 64)
+    h, w = wide[..., :64], torch.randn(2 * 32, 64) / 8
+    ref = F.gelu(h @ w[:32].T, approximate="tanh") * (h @ w[32:].T)
+    assert ((geglu_matmul(h, w, CONFIGS[4]) - ref).norm() / ref.norm()).item() < 1e-5
+    print("ok")
+    """
+)
+
+
+def test_geglu_matmul_matches_torch_in_the_interpreter():
+    run_in_interpreter(GEGLU_SCRIPT, timeout=600)
+
+
+def test_geglu_matmul_refuses_bad_shapes_with_the_field_named():
+    import torch
+
+    from vlaperf.engine.kernels.geglu_matmul import geglu_matmul
+
+    h, w = torch.randn(3, 8), torch.randn(6, 8)
+    with pytest.raises(ValueError, match="fused \\(2F, D\\) gate and up weights, got \\(5, 8\\)"):
+        geglu_matmul(h, torch.randn(5, 8))
+    with pytest.raises(ValueError, match="h's last dim 7 does not match the weights' D = 8"):
+        geglu_matmul(torch.randn(3, 7), w)
+    with pytest.raises(ValueError, match="h is torch.bfloat16, the weights torch.float32"):
+        geglu_matmul(h.bfloat16(), w)
+    with pytest.raises(ValueError, match="weights' rows contiguous"):
+        geglu_matmul(h, torch.randn(8, 6).t())
+
+
 def test_rope_qkv_kernel_matches_reference_rope_and_cache_write_in_the_interpreter():
     run_in_interpreter(ROPE_SCRIPT, timeout=600)
 
@@ -193,8 +239,11 @@ LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
     import vlaperf.engine.kernels.small_m_matmul as K
     import vlaperf.engine.kernels.suffix_attention as A
     import vlaperf.engine.kernels.rope_qkv as R
-    calls, attn_calls, prefix_calls, rope_calls = [], [], [], []
+    import vlaperf.engine.kernels.geglu_matmul as G
+    calls, attn_calls, prefix_calls, rope_calls, geglu_calls = [], [], [], [], []
     real, real_attn, real_prefix, real_rope = K.small_m_matmul, A.suffix_attention, A.prefix_attention, R.rope_qkv
+    real_geglu = G.geglu_matmul
+    G.geglu_matmul = lambda *a, **kw: geglu_calls.append(a[0].shape) or real_geglu(*a, **kw)
     K.small_m_matmul = lambda *a, **kw: calls.append(kw.get("precision")) or real(*a, **kw)
     A.suffix_attention = lambda *a, **kw: attn_calls.append(1) or real_attn(*a, **kw)
     A.prefix_attention = lambda *a, **kw: prefix_calls.append(1) or real_prefix(*a, **kw)
@@ -213,6 +262,8 @@ LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
     assert len(prefix_calls) == 2 + 1, len(prefix_calls)
     # with static_kv_cache, RoPE and the cache write are one kernel a layer (the last: K/V only)
     assert rope_calls == [True, False], rope_calls
+    # and the first layer's MLP (the last layer stops at its K/V) is one GEGLU GEMM
+    assert len(geglu_calls) == 1, geglu_calls
     # one attention per expert layer and step, and the prefix's (they run the same kernel)
     assert len(attn_calls) == 2 * 4 * 2 + len(prefix_calls), len(attn_calls)
 
@@ -229,6 +280,7 @@ LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
     assert err < 1e-4, err
     assert (len(calls), len(prefix_calls)) == (before[0] + 2 * 4, before[1] + 1), (len(calls), len(prefix_calls))
     assert rope_calls[2:] == [True, False], rope_calls
+    assert len(geglu_calls) == 2, geglu_calls  # pi0.5's backbone MLP too
     # its expert layers (torch layers) attend through the split-key kernel: 2 layers x 4 steps
     assert len(attn_calls) == before[2] + 2 * 4 + 1, len(attn_calls)
 
