@@ -5,6 +5,12 @@
 #               sweep 20 for pi0.5 (early_mod_loads, same process)
 #            B: the libero-pi0 best bench (this machine's baseline), then session 8's PART=next
 #               (kernel tables of the padded and unpadded cache at batch 4 without triton_kernels)
+#            (cluster probe: multicast 2-8x slower than each CTA reading its own x; one CTA with a
+#            producer warp 5.11 us a layer, 3.29 TB/s. Sweep 20: early_mod_loads 945 / 947 against
+#            878 / 879 us. Bench 14.13 ms. Batch 4 kernels: padded cache 35.2 ms, unpadded 41.4)
+#   PART=b   the prefix's gate_up GEMM with GELU x up in its epilogue (kernels/geglu_matmul.py):
+#            A: the kernel alone against cuBLAS + inductor, every tiling; the call at batch 4
+#            B: the call at batch 1 (change_ab.py geglu_kernel), then the kernel sequence of best
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session10.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -18,6 +24,16 @@ EOT
 100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s10_model.json
 170 python3 benchmarks/profile_kernels.py --workload libero-pi0-b4 --rows 30 --levers "$X,compile=default" > $R/kernels_b4_graph-compile_align8_s10.txt 2>&1; tail -10 $R/kernels_b4_graph-compile_align8_s10.txt
 170 python3 benchmarks/profile_kernels.py --workload libero-pi0-b4 --rows 30 --levers "$X,compile=default" --kv-align 1 > $R/kernels_b4_graph-compile_align1_s10.txt 2>&1; tail -10 $R/kernels_b4_graph-compile_align1_s10.txt
+EOT
+  ;;
+b)
+  lane A 0 30 <<EOT &
+200 python3 benchmarks/geglu_matmul_bench.py --json $R/kernel_geglu_matmul.json
+200 python3 benchmarks/change_ab.py --change geglu_kernel --workload libero-pi0-b4 --rounds 30 --json $R/change_ab_libero-pi0-b4_geglu.json
+EOT
+  lane B 1 20 <<EOT &
+260 python3 benchmarks/change_ab.py --change geglu_kernel --rounds 60 --json $R/change_ab_libero-pi0_geglu.json
+120 python3 benchmarks/profile_kernels.py --workload libero-pi0 --rows 40 --levers best --sequence $R/kernel_sequence_best_s10.txt > $R/kernels_best_s10.txt 2>&1; grep -A12 "^per call" $R/kernels_best_s10.txt
 EOT
   ;;
 esac
