@@ -146,8 +146,16 @@ def main() -> None:
     p.add_argument("--change", required=True, choices=sorted(CHANGES))
     p.add_argument("--levers", default="best", help="both engines' levers (default best)")
     p.add_argument("--rounds", type=int, default=60)
+    p.add_argument("--geglu-config", default=None,
+                   help="the GEGLU GEMM's tiling for this run, as geglu_matmul.CONFIGS writes it: kind,BM,BN,BK,GROUP_M,warps,stages "
+                        "(e.g. the fastest of benchmarks/geglu_matmul_bench.py)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    if args.geglu_config:
+        from vlaperf.engine.kernels import geglu_matmul
+
+        kind, *ints = args.geglu_config.split(",")
+        geglu_matmul.DEFAULT = (kind, *map(int, ints))
     undo, probe = CHANGES[args.change]
     w = get_workload(args.workload)
     model = build_model(w.preset, "cuda")
@@ -160,7 +168,7 @@ def main() -> None:
     samples = interleave({"without": lambda: without.sample_actions(obs, noise, w.steps),
                           "with": lambda: today.sample_actions(obs, noise, w.steps)}, args.rounds)
     result = ab_result("change-ab", w, model, today, samples, "without", "with")
-    result.update(change=args.change, probe=probe(model),
+    result.update(change=args.change, probe=probe(model), geglu_config=args.geglu_config,
                   rel_l2_with_vs_without=((out_today - out_without).norm() / out_without.norm()).item(),
                   equivalence_with=check_equivalence(model, today, w))
     print("probe:", result["probe"])

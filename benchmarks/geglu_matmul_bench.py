@@ -60,6 +60,8 @@ def main() -> None:
                 r = {"config": list(cfg), "error": f"{type(e).__name__}: {str(e)[:200]}"}
             row["configs"].append(r)
             print(M, r, flush=True)
+        timed = [r for r in row["configs"] if "us" in r and r["rel_l2"] < 1e-2]
+        row["fastest"] = min(timed, key=lambda r: r["us"])["config"] if timed else None
         result["rows"].append(row)
         if args.json:
             with open(args.json, "w") as f:

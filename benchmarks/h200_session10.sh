@@ -11,6 +11,10 @@
 #   PART=b   the prefix's gate_up GEMM with GELU x up in its epilogue (kernels/geglu_matmul.py):
 #            A: the kernel alone against cuBLAS + inductor, every tiling; the call at batch 4
 #            B: the call at batch 1 (change_ab.py geglu_kernel), then the kernel sequence of best
+#            (the Triton GEMM with pointer loads: 523 TFLOP/s at best against cuBLAS's 709, 139.5 against
+#            117 us with inductor's GELU x up kernel; the call 0.972x at batch 1, 0.964x at batch 4)
+#   PART=c   the same GEMM persistent with TMA descriptors (and warp specialization): A: the sweep, then
+#            the call at batch 1 with its fastest tiling; B: the pi0 step kernel's timeline today
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session10.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -34,6 +38,15 @@ EOT
   lane B 1 20 <<EOT &
 260 python3 benchmarks/change_ab.py --change geglu_kernel --rounds 60 --json $R/change_ab_libero-pi0_geglu.json
 120 python3 benchmarks/profile_kernels.py --workload libero-pi0 --rows 40 --levers best --sequence $R/kernel_sequence_best_s10.txt > $R/kernels_best_s10.txt 2>&1; grep -A12 "^per call" $R/kernels_best_s10.txt
+EOT
+  ;;
+c)
+  lane A 0 30 <<EOT &
+200 python3 benchmarks/geglu_matmul_bench.py --json $R/kernel_geglu_matmul_tma.json
+260 python3 benchmarks/change_ab.py --change geglu_kernel --rounds 60 --geglu-config \$(python3 -c "import json; print(','.join(map(str, json.load(open('$R/kernel_geglu_matmul_tma.json'))['rows'][0]['fastest'])))") --json $R/change_ab_libero-pi0_geglu_tma.json
+EOT
+  lane B 1 20 <<EOT &
+300 python3 benchmarks/expert_step_bench.py --quick --timeline --json $R/kernel_expert_step_pi0_s10.json
 EOT
   ;;
 esac

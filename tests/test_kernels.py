@@ -161,12 +161,13 @@ ROPE_SCRIPT = textwrap.dedent(
 GEGLU_SCRIPT = textwrap.dedent(
     """
     import torch, torch.nn.functional as F
-    from vlaperf.engine.kernels.geglu_matmul import CONFIGS, geglu_matmul
+    from vlaperf.engine.kernels.geglu_matmul import geglu_matmul
 
     torch.manual_seed(0)
     # (leading dims, M, F, D, tiles): ragged rows, columns and depth, several row groups
-    cases = [((1,), 70, 96, 160, (32, 32, 32, 2, 4, 2)), ((2,), 5, 64, 64, (16, 32, 32, 8, 4, 2)),
-             ((), 130, 40, 72, (64, 32, 16, 1, 4, 2)), ((1,), 33, 48, 64, None)]
+    cases = [((1,), 70, 96, 160, ("ptr", 32, 32, 32, 2, 4, 2)), ((2,), 5, 64, 64, ("ptr", 16, 32, 32, 8, 4, 2)),
+             ((), 130, 40, 72, ("ptr", 64, 32, 16, 1, 4, 2)), ((1,), 33, 48, 64, None),
+             ((1,), 70, 96, 160, ("tma", 32, 32, 32, 2, 4, 2)), ((), 130, 40, 72, ("tma_ws", 64, 32, 16, 1, 4, 2))]
     for lead, M, Fd, D, cfg in cases:
         h, w = torch.randn(*lead, M, D), torch.randn(2 * Fd, D) / D**0.5
         ref = F.gelu(h @ w[:Fd].T, approximate="tanh") * (h @ w[Fd:].T)
@@ -178,7 +179,13 @@ GEGLU_SCRIPT = textwrap.dedent(
     wide = torch.randn(1, 20, 2 * 64)
     h, w = wide[..., :64], torch.randn(2 * 32, 64) / 8
     ref = F.gelu(h @ w[:32].T, approximate="tanh") * (h @ w[32:].T)
-    assert ((geglu_matmul(h, w, CONFIGS[4]) - ref).norm() / ref.norm()).item() < 1e-5
+    for cfg in (("ptr", 16, 32, 32, 8, 4, 2), ("tma", 16, 32, 32, 8, 4, 2)):
+        assert ((geglu_matmul(h, w, cfg) - ref).norm() / ref.norm()).item() < 1e-5, cfg
+    try:
+        geglu_matmul(h, w, ("wgmma", 16, 32, 32, 8, 4, 2))
+        raise SystemExit("an unknown kind must be refused")
+    except ValueError as e:
+        assert "config kind 'wgmma'" in str(e), e
     print("ok")
     """
 )
