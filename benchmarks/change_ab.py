@@ -21,9 +21,6 @@ the same levers with the change. Changes:
   rope_cache_kernel      the prefix's RoPE on q and k and its static-cache write as one kernel a
                          layer (kernels/rope_qkv.py, with triton_kernels) instead of inductor's
                          kernels (which rebuilt the whole cache buffer per layer)
-  geglu_kernel           the prefix's Gemma gate_up GEMM with GELU x up in its epilogue
-                         (kernels/geglu_matmul.py, with triton_kernels) instead of cuBLAS's GEMM
-                         and inductor's GELU x up kernel
   step_kernel            the denoise step through the step kernel (`megakernel`) against the
                          layers: for pi0.5 (--workload libero-pi05), whose adaptive norms the
                          kernel takes as a per-step table since session 9
@@ -114,18 +111,6 @@ def without_rope_cache_kernel(engine: Engine):
 
 
 @contextlib.contextmanager
-def without_geglu_kernel(engine: Engine):
-    from vlaperf.engine import prefix
-
-    real = prefix.FUSED_GEGLU
-    prefix.FUSED_GEGLU = False
-    try:
-        yield
-    finally:
-        prefix.FUSED_GEGLU = real
-
-
-@contextlib.contextmanager
 def without_step_kernel(engine: Engine):
     engine.weights.expert_stack = None  # the layers keep their own views of the stacked weights
     yield
@@ -136,7 +121,6 @@ CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "patch_matmul": (without_patch_matmul, lambda model: {}),
            "kv_align": (without_kv_align, lambda model: {}),
            "rope_cache_kernel": (without_rope_cache_kernel, lambda model: {}),
-           "geglu_kernel": (without_geglu_kernel, lambda model: {}),
            "step_kernel": (without_step_kernel, lambda model: {})}
 
 
@@ -146,16 +130,8 @@ def main() -> None:
     p.add_argument("--change", required=True, choices=sorted(CHANGES))
     p.add_argument("--levers", default="best", help="both engines' levers (default best)")
     p.add_argument("--rounds", type=int, default=60)
-    p.add_argument("--geglu-config", default=None,
-                   help="the GEGLU GEMM's tiling for this run, as geglu_matmul.CONFIGS writes it: kind,BM,BN,BK,GROUP_M,warps,stages "
-                        "(e.g. the fastest of benchmarks/geglu_matmul_bench.py)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
-    if args.geglu_config:
-        from vlaperf.engine.kernels import geglu_matmul
-
-        kind, *ints = args.geglu_config.split(",")
-        geglu_matmul.DEFAULT = (kind, *map(int, ints))
     undo, probe = CHANGES[args.change]
     w = get_workload(args.workload)
     model = build_model(w.preset, "cuda")
@@ -168,7 +144,7 @@ def main() -> None:
     samples = interleave({"without": lambda: without.sample_actions(obs, noise, w.steps),
                           "with": lambda: today.sample_actions(obs, noise, w.steps)}, args.rounds)
     result = ab_result("change-ab", w, model, today, samples, "without", "with")
-    result.update(change=args.change, probe=probe(model), geglu_config=args.geglu_config,
+    result.update(change=args.change, probe=probe(model),
                   rel_l2_with_vs_without=((out_today - out_without).norm() / out_without.norm()).item(),
                   equivalence_with=check_equivalence(model, today, w))
     print("probe:", result["probe"])

@@ -15,6 +15,11 @@
 #            117 us with inductor's GELU x up kernel; the call 0.972x at batch 1, 0.964x at batch 4)
 #   PART=c   the same GEMM persistent with TMA descriptors (and warp specialization): A: the sweep, then
 #            the call at batch 1 with its fastest tiling; B: the pi0 step kernel's timeline today
+#            (no tiling beat the pointer kernel: 140.7 us at best against 117.8; the call 0.975x with the
+#            fastest. The kernel, its op and bench were taken out after this part: parts b and c run at
+#            b3ab80e / f639a83 only. Step kernel today: 773.5 us, slots as in session 9)
+# The CUDA C++ phase probe (benchmarks/phase_probe.cu) ran outside the lanes, on nvidia-h200:
+#   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/phase_probe benchmarks/phase_probe.cu && /tmp/phase_probe
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session10.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B

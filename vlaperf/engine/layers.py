@@ -75,11 +75,7 @@ def qkv_projection(lw: GemmaLayerW, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
     return (q.view(B, T, N, hd).transpose(1, 2), k.view(B, T, K, hd).transpose(1, 2), v.view(B, T, K, hd).transpose(1, 2))
 
 
-def gemma_mlp(lw: GemmaLayerW, h: Tensor, geglu=None) -> Tensor:
-    """down(gelu_tanh(gate(h)) * up(h)); `geglu(h, gate_up)` computes the product in one call
-    (the prefix with `triton_kernels`: kernels/geglu_matmul.py)."""
-    if geglu is not None and lw.gate_up is not None:
-        return F.linear(geglu(h, lw.gate_up), lw.down)
+def gemma_mlp(lw: GemmaLayerW, h: Tensor) -> Tensor:
     if lw.gate_up is not None:
         gate, up = F.linear(h, lw.gate_up).chunk(2, dim=-1)
     else:
@@ -101,7 +97,6 @@ def gemma_layer(
     ada_cond: Tensor | None = None,
     attend=None,
     rope_qkv=None,
-    geglu=None,
 ) -> tuple[Tensor, tuple[Tensor, Tensor]]:
     """One Gemma layer on one stream.
 
@@ -115,7 +110,6 @@ def gemma_layer(
     rope_qkv: the fused projection's output (B, T, (N + 2K) h) -> (q, k) after RoPE, writing
               k and v into the static cache itself (the prefix with `triton_kernels`:
               kernels/rope_qkv.py); needs `attend`, replaces kv_write / kv_past.
-    geglu:    geglu(h, gate_up) -> gelu_tanh(gate) * up in one call (see gemma_mlp).
     Returns the new x and this stream's (k, v) after RoPE (for the prefix cache).
     """
     gate1 = gate2 = None
@@ -144,7 +138,7 @@ def gemma_layer(
         h, gate2 = adaptive_from_dense(x, eps, lw.ada_post, ada_cond)
     else:
         h = rms_normalize(x, eps, lw.post_scale)
-    branch = gemma_mlp(lw, h, geglu)
+    branch = gemma_mlp(lw, h)
     return (x + branch if gate2 is None else x + branch * gate2), (k, v)
 
 

@@ -155,19 +155,16 @@ def prefill(
     return cache
 
 
-# The prefix's RoPE + cache write as one kernel (with `triton_kernels` and a static cache), and
-# its MLP's gate_up GEMM with GELU x up in the epilogue (kernels/geglu_matmul.py). Switches so
-# benchmarks/change_ab.py can time the call without each, in the same process.
+# The prefix's RoPE + cache write as one kernel (with `triton_kernels` and a static cache).
+# A switch so benchmarks/change_ab.py can time the call without it, in the same process.
 FUSED_ROPE_CACHE_WRITE = True
-FUSED_GEGLU = True
 
 
 def _prefill_rope_kernel(ew: EngineWeights, x: Tensor, cfg, cos, sin, mask, use_sdpa, kv_buffers, attend) -> None:
     """`prefill` with the rope_qkv kernel: each layer's fused projection goes through one
     kernel that returns RoPE(q), RoPE(k) and writes RoPE(k), v into the static cache (in place,
-    a declared mutation, so torch.compile does not rebuild the buffer per layer); and, with
-    FUSED_GEGLU, each MLP's gate_up GEMM computes GELU x up in its epilogue."""
-    from vlaperf.engine.kernels.ops import geglu_matmul, rope_qkv  # custom ops: compile sees through
+    a declared mutation, so torch.compile does not rebuild the buffer per layer)."""
+    from vlaperf.engine.kernels.ops import rope_qkv  # custom op: compile sees through
 
     def rope_for(i: int, lw, write_q: bool = True):
         return lambda qkv: rope_qkv(qkv, cos, sin, kv_buffers[0], kv_buffers[1], i, 0, lw.num_heads, lw.num_kv_heads,
@@ -175,8 +172,7 @@ def _prefill_rope_kernel(ew: EngineWeights, x: Tensor, cfg, cos, sin, mask, use_
 
     last = len(ew.backbone) - 1
     for i, lw in enumerate(ew.backbone[:last]):
-        x, _ = gemma_layer(lw, x, cfg.eps, cos, sin, mask, use_sdpa, attend=attend, rope_qkv=rope_for(i, lw),
-                           geglu=geglu_matmul if FUSED_GEGLU else None)
+        x, _ = gemma_layer(lw, x, cfg.eps, cos, sin, mask, use_sdpa, attend=attend, rope_qkv=rope_for(i, lw))
     lw = ew.backbone[last]  # its K/V only (see prefill)
     rope_for(last, lw, write_q=False)(F.linear(rms_normalize(x, cfg.eps, lw.in_scale), lw.qkv))
     return None

@@ -2,8 +2,7 @@
 
 torch.compile sees `torch.ops.vlaperf.small_m_matmul`, `torch.ops.vlaperf.suffix_attention`,
 `torch.ops.vlaperf.prefix_attention`, `torch.ops.vlaperf.rope_qkv` (which writes the static
-cache in place: a declared mutation), `torch.ops.vlaperf.geglu_matmul` and
-`torch.ops.vlaperf.expert_step` (the `megakernel`
+cache in place: a declared mutation) and `torch.ops.vlaperf.expert_step` (the `megakernel`
 lever) as opaque calls with known output shapes (the fake implementations below): no graph
 break, and inductor still fuses the elementwise work between them (norms, residuals, casts).
 In eager (and inside the engine's CUDA graph) they dispatch straight to the launchers.
@@ -19,7 +18,6 @@ import contextlib
 import torch
 
 from vlaperf.engine.kernels import expert_step as _step_module
-from vlaperf.engine.kernels import geglu_matmul as _geglu_module
 from vlaperf.engine.kernels import rope_qkv as _rope_module
 from vlaperf.engine.kernels import small_m_matmul as _matmul_module
 from vlaperf.engine.kernels import suffix_attention as _attention_module
@@ -101,18 +99,6 @@ def _(qkv, cos, sin, k_cache, v_cache, layer, start, num_heads, num_kv_heads, wr
     B, T, C = qkv.shape
     h = C // (num_heads + 2 * num_kv_heads)
     return qkv.new_empty(B, num_heads if write_q else 0, T, h), qkv.new_empty(B, num_kv_heads, T, h)
-
-
-@torch.library.custom_op("vlaperf::geglu_matmul", mutates_args=())
-def geglu_matmul(h: torch.Tensor, w: torch.Tensor) -> torch.Tensor:
-    """See kernels/geglu_matmul.py: gelu_tanh(h @ gate^T) * (h @ up^T), w = [gate; up] (2F, D)."""
-    with _explain_resource_errors("geglu_matmul"):
-        return _geglu_module.geglu_matmul(h, w)
-
-
-@geglu_matmul.register_fake
-def _(h, w):
-    return h.new_empty(*h.shape[:-1], w.shape[0] // 2)
 
 
 @torch.library.custom_op("vlaperf::expert_step", mutates_args=())
