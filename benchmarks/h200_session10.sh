@@ -18,6 +18,8 @@
 #            (no tiling beat the pointer kernel: 140.7 us at best against 117.8; the call 0.975x with the
 #            fastest. The kernel, its op and bench were taken out after this part: parts b and c run at
 #            b3ab80e / f639a83 only. Step kernel today: 773.5 us, slots as in session 9)
+#   PART=d   A: splitk_probe.py (SigLIP's o_proj / fc2 and Gemma's o / qkv as other cuBLAS formulations)
+#            B: phase_probe.cu with each matmul phase alone in the barrier chain
 # The CUDA C++ phase probe (benchmarks/phase_probe.cu) ran outside the lanes, on nvidia-h200:
 #   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/phase_probe benchmarks/phase_probe.cu && /tmp/phase_probe
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session10.sh
@@ -52,6 +54,14 @@ c)
 EOT
   lane B 1 20 <<EOT &
 300 python3 benchmarks/expert_step_bench.py --quick --timeline --json $R/kernel_expert_step_pi0_s10.json
+EOT
+  ;;
+d)
+  lane A 0 40 <<EOT &
+300 python3 benchmarks/splitk_probe.py --json $R/splitk_probe.json
+EOT
+  lane B 1 60 <<EOT &
+200 nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/phase_probe benchmarks/phase_probe.cu && /tmp/phase_probe | tee $R/phase_probe_phases.txt
 EOT
   ;;
 esac

@@ -58,6 +58,7 @@ struct Buffers {
   void* y[PHASES];                 // [L][M][n]: float32 (split phases, atomics) or bf16 (gate_up)
   unsigned* counter;               // the grid barrier's arrivals, never reset: targets grow by launch
   unsigned base;                   // arrivals before this launch
+  int phases;                      // bit p set: phase p runs its tasks (else only its barrier)
 };
 
 __host__ __device__ inline int swz(int r, int k) { return r * KC + (((k >> 3) ^ (r & 7)) << 3) + (k & 7); }
@@ -156,7 +157,7 @@ __global__ void __launch_bounds__(CONSUMERS + 64, 1) phase_kernel(Buffers b) {
         const int barrier = layer * PHASES + ph - 1;  // the one before this phase
         const bool wait = MODE != STREAM && barrier >= 0 && (!weights || MODE == RESTART);
         bool waited = false;
-        for (int t = cta; t < p.n / TN * p.ks; t += GRID) {
+        for (int t = cta; (b.phases >> ph & 1) && t < p.n / TN * p.ks; t += GRID) {
           int tile, c0, c1;
           task_chunks(p, t, tile, c0, c1);
           if (wait && !waited) grid_wait(b.counter, b.base + GRID * (barrier + 1)), waited = true;
@@ -181,7 +182,7 @@ __global__ void __launch_bounds__(CONSUMERS + 64, 1) phase_kernel(Buffers b) {
   for (int layer = 0; layer < L; ++layer)
     for (int ph = 0; ph < PHASES; ++ph) {
       const Phase p = kPhases[ph];
-      for (int t = cta; t < p.n / TN * p.ks; t += GRID) {
+      for (int t = cta; (b.phases >> ph & 1) && t < p.n / TN * p.ks; t += GRID) {
         int tile, c0, c1;
         task_chunks(p, t, tile, c0, c1);
         float acc[4][4] = {};
@@ -261,7 +262,9 @@ __global__ void fill_kernel(__nv_bfloat16* p, size_t n, uint32_t seed, float sca
 }
 
 template <int WST, int XST, int MODE, bool FENCE = true>
-void run(Buffers b, unsigned& arrivals, const std::vector<std::vector<float>>& ref, const char* name) {
+void run(Buffers b, unsigned& arrivals, const std::vector<std::vector<float>>& ref, const char* name,
+         int phases = (1 << PHASES) - 1) {
+  b.phases = phases;
   constexpr int smem = (WST + XST) * CHUNK_BYTES + 2 * (WST + XST) * 8;
   auto kernel = phase_kernel<WST, XST, MODE, FENCE>;
   CHECK(cudaFuncSetAttribute(kernel, cudaFuncAttributeMaxDynamicSharedMemorySize, smem));
@@ -306,6 +309,11 @@ void run(Buffers b, unsigned& arrivals, const std::vector<std::vector<float>>& r
   double w_bytes = 0;
   for (const Phase& p : hPhases) w_bytes += 2.0 * p.n * p.k;
   const double us_layer = ms * 1e3 / reps / L;
+  if (phases != (1 << PHASES) - 1) {  // one phase's tasks and every barrier: that phase's cost in the chain
+    std::printf("%-8s%s w stages %2d  x stages %d   %7.2f us a layer  tasks of phase mask %d only\n", name,
+                FENCE ? "" : " (no fence)", WST, XST, us_layer, phases);
+    return;
+  }
   std::printf("%-8s%s w stages %2d  x stages %d   %7.2f us a layer  weights %5.2f TB/s  rel L2 qkv %.1e o %.1e gate_up %.1e down %.1e\n", name,
               FENCE ? "" : " (no fence)", WST, XST, us_layer, w_bytes / us_layer / 1e6, err[0], err[1], err[2], err[3]);
 }
@@ -352,6 +360,8 @@ int main() {
   run<20, 4, AHEAD>(b, arrivals, ref, "ahead");
   run<8, 4, RESTART, false>(b, arrivals, ref, "restart");
   run<16, 8, AHEAD, false>(b, arrivals, ref, "ahead");
-  run<8, 4, STREAM>(b, arrivals, ref, "stream");  // again, last: the spread between runs
+  run<8, 4, STREAM>(b, arrivals, ref, "stream");  // again: the spread between runs
+  for (int mask : {0, 1, 2, 4, 8}) run<8, 4, RESTART, false>(b, arrivals, ref, "restart", mask);
+  for (int mask : {1, 2, 4, 8}) run<8, 4, STREAM>(b, arrivals, ref, "stream", mask);
   return 0;
 }
