@@ -307,6 +307,37 @@ def gemm_probe_tables(results):
     return out
 
 
+def splitk_probe_tables(results):
+    """benchmarks/splitk_probe.py: the prefix's weakest GEMMs as other cuBLAS formulations."""
+    from vlaperf.report.render import splitk_probe_rows
+
+    out = []
+    for path, r in results:
+        if r["command"] != "splitk-probe":
+            continue
+        out += [f"`{path.relative_to(ROOT)}` (commit {(r['env'].get('git_commit') or '')[:7]}; CUDA-graph replays)", "",
+                "| shape | M x K x N | formulation | us | TFLOP/s | rel L2 |", "|---|---|---|---|---|---|"]
+        out += ["| " + " | ".join(f"{c:.1e}" if isinstance(c, float) and c < 0.1 else str(c) for c in row) + " |"
+                for row in splitk_probe_rows(r)] + [""]
+    return out
+
+
+def geglu_bench_tables(results):
+    """benchmarks/geglu_matmul_bench.py (session 10; the kernel was taken out): gate_up + GELU x up."""
+    from vlaperf.report.render import geglu_bench_rows
+
+    out = []
+    for path, r in results:
+        if r["command"] != "geglu-bench":
+            continue
+        out += [f"`{path.relative_to(ROOT)}` (commit {(r['env'].get('git_commit') or '')[:7]}; CUDA-graph replays; "
+                "tiling: kind, BM, BN, BK, GROUP_M, warps, stages)", "",
+                "| M | tiling | us | TFLOP/s | rel L2 | speedup |", "|---|---|---|---|---|---|"]
+        out += ["| " + " | ".join(f"{c:.1e}" if isinstance(c, float) and c < 0.1 else str(c) for c in row) + " |"
+                for row in geglu_bench_rows(r)] + [""]
+    return out
+
+
 def main() -> None:
     results = [(p, json.loads(p.read_text())) for p in sorted(RESULTS.rglob("*.json"))]
     lines = ["# Performance", "",
@@ -327,6 +358,8 @@ def main() -> None:
     lines += ["## One change inside the whole call, A/B in one process (`benchmarks/*_ab.py`)", ""] + ab_tables(results)
     lines += ["## A graphed call besides its replay (`benchmarks/call_overhead.py`)", ""] + call_overhead_tables(results)
     lines += ["## GEMM shapes alone (`benchmarks/gemm_probe.py`)", ""] + gemm_probe_tables(results)
+    lines += ["## Prefix GEMMs as other cuBLAS calls (`benchmarks/splitk_probe.py`)", ""] + splitk_probe_tables(results)
+    lines += ["## Gemma gate_up with GELU x up in one Triton GEMM (session 10, taken out)", ""] + geglu_bench_tables(results)
     lines += ["## Kernels (`benchmarks/*_bench.py`)", ""] + kernel_tables(results)
     OUT.write_text("\n".join(lines) + "\n")
     print(f"wrote {OUT}")

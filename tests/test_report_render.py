@@ -147,8 +147,33 @@ def test_serving_peer_and_kernel_results_have_renderers(tmp_path):
     if any(r["command"] == "gemm-probe" for _, r in results):  # the prefix's GEMM shapes, cuBLAS against max-autotune
         assert "| shape | M x K x N | cuBLAS us | TFLOP/s | max-autotune us | TFLOP/s |" in md
         assert "| gemma_gate_up | 544 x 2048 x 32768 |" in md
+    if any(r["command"] == "splitk-probe" for _, r in results):  # other cuBLAS formulations of the same GEMMs
+        assert "| shape | M x K x N | formulation | us | TFLOP/s | rel L2 |" in md
+        assert "| siglip_fc2 | 512 x 4304 x 1152 | split 2 |" in md
+    if any(r["command"] == "geglu-bench" for _, r in results):  # the GEGLU GEMM against cuBLAS + inductor
+        assert "| 544 | cuBLAS gate_up + inductor GELU x up |" in md and "| 544 | tma 128 128 64 8 8 3 |" in md
     if (H200.parent / "h200x2").is_dir():
         assert "Ray Serve, 2 replica(s) on 2 GPU(s)" in md
+
+
+def test_new_probe_rows_keep_errors_as_findings():
+    """A formulation or tiling that failed on the GPU is a row with its error, not a crash."""
+    from vlaperf.report.render import geglu_bench_rows, splitk_probe_rows
+
+    split = {"rows": [{"name": "siglip_o", "M": 512, "K": 1152, "N": 1152,
+                       "variants": {"linear": {"us": 5.0, "tflops": 267.0, "rel_l2": 1e-3},
+                                    "split 2 fp32": {"error": "RuntimeError: bmm.dtype not available"}}}]}
+    assert splitk_probe_rows(split) == [["siglip_o", "512 x 1152 x 1152", "linear", 5.0, 267.0, 1e-3],
+                                        ["siglip_o", "512 x 1152 x 1152", "split 2 fp32", "RuntimeError: bmm.dtype not available",
+                                         "-", "-"]]
+    geglu = {"rows": [{"M": 544, "inductor_cublas": {"us": 117.0, "tflops": 620.0, "rel_l2": 3e-3},
+                       "configs": [{"config": ["tma", 128, 256, 64, 8, 8, 3], "error": "OutOfResources: shared memory"},
+                                   {"config": ["ptr", 128, 128, 32, 8, 8, 5], "us": 140.0, "tflops": 520.0, "rel_l2": 2e-3,
+                                    "speedup": 0.836}]}]}
+    rows = geglu_bench_rows(geglu)
+    assert rows[0] == [544, "cuBLAS gate_up + inductor GELU x up", 117.0, 620.0, 3e-3, 1.0]
+    assert rows[1] == [544, "tma 128 256 64 8 8 3", "OutOfResources: shared memory", "-", "-", "-"]
+    assert rows[2] == [544, "ptr 128 128 32 8 8 5", 140.0, 520.0, 2e-3, 0.836]
 
 
 def test_gpu_state_goes_in_the_file_table_not_the_environment(tiny_results, tmp_path):

@@ -630,6 +630,44 @@ def _gemm_probe(doc: _Doc, path: str, r: dict) -> None:
     doc.table(["shape", "M x K x N", "cuBLAS us", "TFLOP/s", "max-autotune us", "TFLOP/s"], gemm_probe_rows(r))
 
 
+def geglu_bench_rows(r: dict) -> list[list]:
+    """benchmarks/geglu_matmul_bench.py (session 10, kernel since taken out) rows: M, the tiling
+    (or cuBLAS + inductor, what `best` runs), us, TFLOP/s, rel L2 against float32, speedup."""
+    rows = []
+    for row in r["rows"]:
+        base = row["inductor_cublas"]
+        rows.append([row["M"], "cuBLAS gate_up + inductor GELU x up", base["us"], base["tflops"], base["rel_l2"], 1.0])
+        for c in row["configs"]:
+            label = " ".join(str(v) for v in c["config"])
+            rows.append([row["M"], label, c["us"], c["tflops"], c["rel_l2"], c["speedup"]] if "us" in c
+                        else [row["M"], label, c.get("error", "-")[:60], "-", "-", "-"])
+    return rows
+
+
+def splitk_probe_rows(r: dict) -> list[list]:
+    """benchmarks/splitk_probe.py rows: shape, M x K x N, formulation, us, TFLOP/s, rel L2."""
+    rows = []
+    for row in r["rows"]:
+        for label, v in row["variants"].items():
+            rows.append([row["name"], f"{row['M']} x {row['K']} x {row['N']}", label] +
+                        ([v["us"], v["tflops"], v["rel_l2"]] if "us" in v else [v.get("error", "-")[:60], "-", "-"]))
+    return rows
+
+
+def _geglu_bench(doc: _Doc, path: str, r: dict) -> None:
+    doc.h(3, f"Gemma gate_up with GELU x up on {_gpu(r)}")
+    doc.p("the prefix's MLP input as one Triton GEMM with the GEGLU in its epilogue (tiling: kind, BM, BN, BK, "
+          "GROUP_M, warps, stages) against cuBLAS's GEMM and inductor's GELU x up kernel, CUDA-graph replays", "")
+    doc.table(["M", "tiling", "us", "TFLOP/s", "rel L2", "speedup"], geglu_bench_rows(r))
+
+
+def _splitk_probe(doc: _Doc, path: str, r: dict) -> None:
+    doc.h(3, f"Prefix GEMMs as other cuBLAS calls on {_gpu(r)}")
+    doc.p("F.linear (what the engine runs) against M and N swapped and K split into a batched GEMM whose "
+          "partials a compiled kernel sums, CUDA-graph replays", "")
+    doc.table(["shape", "M x K x N", "formulation", "us", "TFLOP/s", "rel L2"], splitk_probe_rows(r))
+
+
 def _kernel_bench(doc: _Doc, path: str, r: dict) -> None:
     doc.h(3, f"kernel bench: {r['variant']['label']} on {_gpu(r)}")
     if "cases" in r:
@@ -756,7 +794,9 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
                 ("prefix-tiles-ab", "The prefix attention kernel's tiles, A/B in the whole call (prefix-tiles-ab)"),
                 ("change-ab", "Engine changes, A/B in the whole call (change-ab)"),
                 ("call-overhead", "What a graphed call costs besides its replay (call-overhead)"),
-                ("gemm-probe", "GEMM shapes alone: cuBLAS against max-autotune (gemm-probe)"))
+                ("gemm-probe", "GEMM shapes alone: cuBLAS against max-autotune (gemm-probe)"),
+                ("splitk-probe", "Prefix GEMMs as other cuBLAS calls (splitk-probe)"),
+                ("geglu-bench", "Gemma gate_up with GELU x up in one GEMM (geglu-bench)"))
     for cmd, heading in sections:
         items = by_cmd.pop(cmd, [])
         if not items:
@@ -773,7 +813,8 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
                 {"matrix": _matrix, "check": _check, "breakdown": _breakdown, "scaling": _scaling, "syncs": _syncs,
                  "doctor": _doctor, "compare": _compare, "kernel-bench": _kernel_bench, "heads-ab": _heads_ab,
                  "step-config-ab": _step_config_ab, "prefix-tiles-ab": _prefix_tiles_ab, "change-ab": _change_ab,
-                 "call-overhead": _call_overhead, "gemm-probe": _gemm_probe}[cmd](doc, p, r)
+                 "call-overhead": _call_overhead, "gemm-probe": _gemm_probe, "splitk-probe": _splitk_probe,
+                 "geglu-bench": _geglu_bench}[cmd](doc, p, r)
             except (KeyError, TypeError, ValueError) as e:
                 doc.p(f"could not render {p}: {type(e).__name__}: {e}", "warn")
     for cmd, items in by_cmd.items():
