@@ -20,6 +20,8 @@
 #            b3ab80e / f639a83 only. Step kernel today: 773.5 us, slots as in session 9)
 #   PART=d   A: splitk_probe.py (SigLIP's o_proj / fc2 and Gemma's o / qkv as other cuBLAS formulations)
 #            B: phase_probe.cu with each matmul phase alone in the barrier chain
+#   PART=e   first calls with cold and with warm compile caches (two processes a lane): libero-pi0 (A),
+#            libero-pi05 (B)
 # The CUDA C++ phase probe (benchmarks/phase_probe.cu) ran outside the lanes, on nvidia-h200:
 #   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/phase_probe benchmarks/phase_probe.cu && /tmp/phase_probe
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session10.sh
@@ -62,6 +64,19 @@ d)
 EOT
   lane B 1 60 <<EOT &
 200 nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/phase_probe benchmarks/phase_probe.cu && /tmp/phase_probe | tee $R/phase_probe_phases.txt
+EOT
+  ;;
+e)
+  # the first call of a fresh process with cold compile caches, then of a second process that finds
+  # the caches the first one wrote (Triton's kernels, inductor's FX graphs): a restarted server's case.
+  # Each lane keeps its own caches so the other lane's cannot warm it.
+  lane A 0 12 <<EOT &
+150 export TRITON_CACHE_DIR=/tmp/cacheA/triton TORCHINDUCTOR_CACHE_DIR=/tmp/cacheA/inductor; $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s10-cold_model.json
+150 export TRITON_CACHE_DIR=/tmp/cacheA/triton TORCHINDUCTOR_CACHE_DIR=/tmp/cacheA/inductor; $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s10-warm_model.json
+EOT
+  lane B 1 12 <<EOT &
+150 export TRITON_CACHE_DIR=/tmp/cacheB/triton TORCHINDUCTOR_CACHE_DIR=/tmp/cacheB/inductor; $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s10-cold_model.json
+150 export TRITON_CACHE_DIR=/tmp/cacheB/triton TORCHINDUCTOR_CACHE_DIR=/tmp/cacheB/inductor; $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s10-warm_model.json
 EOT
   ;;
 esac
