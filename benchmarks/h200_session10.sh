@@ -22,6 +22,8 @@
 #            B: phase_probe.cu with each matmul phase alone in the barrier chain
 #   PART=e   first calls with cold and with warm compile caches (two processes a lane): libero-pi0 (A),
 #            libero-pi05 (B)
+#            (first call libero-pi0 27.15 s cold, 5.28 s warm; libero-pi05 28.12 / 5.28 s)
+#   PART=f   the same through `--compile-cache DIR`, twice (libero-pi0)
 # The CUDA C++ phase probe (benchmarks/phase_probe.cu) ran outside the lanes, on nvidia-h200:
 #   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/phase_probe benchmarks/phase_probe.cu && /tmp/phase_probe
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session10.sh
@@ -77,6 +79,13 @@ EOT
   lane B 1 12 <<EOT &
 150 export TRITON_CACHE_DIR=/tmp/cacheB/triton TORCHINDUCTOR_CACHE_DIR=/tmp/cacheB/inductor; $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s10-cold_model.json
 150 export TRITON_CACHE_DIR=/tmp/cacheB/triton TORCHINDUCTOR_CACHE_DIR=/tmp/cacheB/inductor; $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s10-warm_model.json
+EOT
+  ;;
+f)
+  # the same through the CLI's --compile-cache (the variables set inside the process, after torch's import)
+  lane A 0 12 <<EOT &
+150 $V bench --workload libero-pi0 --levers best --compile-cache /tmp/cc $B --json $R/bench_libero-pi0_best-s10-cache1_model.json; du -sh /tmp/cc/triton /tmp/cc/inductor
+150 $V bench --workload libero-pi0 --levers best --compile-cache /tmp/cc $B --json $R/bench_libero-pi0_best-s10-cache2_model.json
 EOT
   ;;
 esac

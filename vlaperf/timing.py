@@ -52,6 +52,7 @@ ENV_VARS = (
     "PYTORCH_CUDA_ALLOC_CONF",
     "CUDA_VISIBLE_DEVICES",
     "OMP_NUM_THREADS",
+    "TRITON_CACHE_DIR",  # a warm cache makes the first call seconds instead of tens of seconds
 )
 ENV_PREFIXES = ("TORCHINDUCTOR_",)
 

@@ -29,6 +29,31 @@ def compile_blockers(backend: str = "inductor") -> list[str]:
     return reasons
 
 
+# Where torch.compile's artifacts live: Triton's compiled kernels (ours, launched by the custom
+# ops, and inductor's) and inductor's FX-graph / autotuning caches. A process that finds them
+# skips the compiles: on an H200 the first call of `best` takes 27-28 s with empty caches and
+# 5.3 s with the caches an earlier process wrote (docs/perf-notes.md, session 10).
+CACHE_ENV = {"triton": "TRITON_CACHE_DIR", "inductor": "TORCHINDUCTOR_CACHE_DIR"}
+
+
+def use_compile_cache(path: str) -> dict[str, str]:
+    """Keep the compile caches under `path` (`triton/`, `inductor/`), e.g. a volume that outlives
+    a container, so a restarted server finds its kernels. Call before anything compiles: both
+    libraries read these variables when they first look for a cached artifact. Returns the
+    variables set."""
+    root = os.path.abspath(os.path.expanduser(path))
+    if os.path.exists(root) and not os.path.isdir(root):
+        raise ValueError(f"--compile-cache: {root} is a file; expected a directory (it is created if missing)")
+    env = {var: os.path.join(root, sub) for sub, var in CACHE_ENV.items()}
+    try:
+        for d in env.values():
+            os.makedirs(d, exist_ok=True)
+    except OSError as e:
+        raise ValueError(f"--compile-cache: cannot create {root}: {e.strerror}") from None
+    os.environ.update(env)
+    return env
+
+
 def compile_fn(fn, mode: str, backend: str = "inductor"):
     blockers = compile_blockers(backend)
     if blockers:

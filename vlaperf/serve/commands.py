@@ -17,6 +17,7 @@ import argparse
 import os
 import sys
 
+from vlaperf.cli import add_compile_cache
 from vlaperf.cli import non_negative_float as _non_negative_float
 from vlaperf.cli import non_negative_int as _non_negative_int
 from vlaperf.cli import positive_float as _positive_float
@@ -64,6 +65,7 @@ def register(subparsers) -> None:
                    help="keep the reference model's weights that the engine holds fused copies of (by default they are "
                         "freed after the check: 3.2 GB for pi0 in bf16, 3.4 GB with megakernel)")
     _add_replica_arguments(p)
+    add_compile_cache(p)
     p.set_defaults(func=cmd_serve)
 
     p = subparsers.add_parser("loadgen", help="closed-loop load test of a running policy server (loopback)")
