@@ -22,10 +22,8 @@
 //   /tmp/cluster_probe            # cluster 1, 2, 4 at 4 and 8 stages, with and without a producer
 //                                 # warp; checks every output
 // Prints one row per variant: us a layer, weights TB/s, KB a CTA takes in a microsecond, and the
-// largest error against a plain float32 reference kernel. Prepared in session 9; not run yet.
-
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
+// largest error against a plain float32 reference kernel. Prepared in session 9, run in
+// session 10 (benchmarks/results/h200/cluster_probe.txt; docs/perf-notes.md, version 43).
 
 #include <algorithm>
 #include <cmath>
@@ -35,14 +33,7 @@
 #include <random>
 #include <vector>
 
-#define CHECK(call)                                                                              \
-  do {                                                                                           \
-    cudaError_t err_ = (call);                                                                   \
-    if (err_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
+#include "probe_ptx.cuh"  // CHECK, mbarriers, bulk copies, ldmatrix, mma.sync
 
 constexpr int L = 18, M = 64, K = 1024, N = 8192, KC = 64, CHUNKS = K / KC, TILE_N = 64, CTAS = N / TILE_N;
 constexpr int THREADS = 256;  // the 8 MMA warps; WS adds a ninth, the producer
@@ -53,29 +44,11 @@ constexpr int STAGE_BYTES = 2 * CHUNK_BYTES;    // x chunk, then W chunk
 // element (r, k) of a 64 x 64 chunk, its 16-byte granules swizzled by the row
 __host__ __device__ inline int swz(int r, int k) { return r * KC + (((k >> 3) ^ (r & 7)) << 3) + (k & 7); }
 
-__device__ inline uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-
-__device__ inline void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
-}
-__device__ inline void mbar_expect_tx(uint32_t bar, int bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ inline void mbar_wait(uint32_t bar, int parity) {
-  asm volatile(
-      "{\n .reg .pred p;\n WAIT_%=:\n"
-      " mbarrier.try_wait.parity.shared::cta.b64 p, [%0], %1;\n"
-      " @!p bra WAIT_%=;\n}" ::"r"(bar), "r"(parity) : "memory");
-}
 // one arrival on the barrier at the same offset in cluster CTA `rank`
 __device__ inline void mbar_arrive_cluster(uint32_t bar, int rank) {
   asm volatile(
       "{\n .reg .b32 remote;\n mapa.shared::cluster.u32 remote, %0, %1;\n"
       " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}" ::"r"(bar), "r"(rank) : "memory");
-}
-__device__ inline void bulk_copy(uint32_t dst, const void* src, int bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
 }
 __device__ inline void bulk_copy_multicast(uint32_t dst, const void* src, int bytes, uint32_t bar, uint16_t mask) {
   asm volatile(
@@ -89,17 +62,6 @@ __device__ inline int cluster_rank() {
   int r;
   asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
   return r;
-}
-__device__ inline void ldmatrix_x4(uint32_t addr, uint32_t& a, uint32_t& b, uint32_t& c, uint32_t& d) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(addr));
-}
-__device__ inline void mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 
 // xp: [L][CHUNKS] chunks of x (64 rows); wp: [L][CTAS][CHUNKS] chunks of W (the CTA's 64 rows);

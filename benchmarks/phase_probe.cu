@@ -23,23 +23,13 @@
 //   /tmp/phase_probe
 // One row per variant: us a layer (the four phases and their barriers), weights TB/s.
 
-#include <cuda_bf16.h>
-#include <cuda_runtime.h>
-
 #include <cmath>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
 #include <vector>
 
-#define CHECK(call)                                                                              \
-  do {                                                                                           \
-    cudaError_t err_ = (call);                                                                   \
-    if (err_ != cudaSuccess) {                                                                   \
-      std::fprintf(stderr, "%s:%d %s: %s\n", __FILE__, __LINE__, #call, cudaGetErrorString(err_)); \
-      std::exit(1);                                                                              \
-    }                                                                                            \
-  } while (0)
+#include "probe_ptx.cuh"  // CHECK, mbarriers, bulk copies, ldmatrix, mma.sync
 
 constexpr int L = 18, M = 64, KC = 64, TN = 64, PHASES = 4, GRID = 132;
 constexpr int CONSUMERS = 256;                 // 8 MMA warps; warps 8 and 9 are the producers
@@ -62,19 +52,10 @@ struct Buffers {
 };
 
 __host__ __device__ inline int swz(int r, int k) { return r * KC + (((k >> 3) ^ (r & 7)) << 3) + (k & 7); }
-__device__ inline uint32_t smem_addr(const void* p) { return static_cast<uint32_t>(__cvta_generic_to_shared(p)); }
-__device__ inline void mbar_init(uint32_t bar, int count) {
-  asm volatile("mbarrier.init.shared::cta.b64 [%0], %1;" ::"r"(bar), "r"(count));
-}
-__device__ inline void mbar_expect_tx(uint32_t bar, int bytes) {
-  asm volatile("mbarrier.arrive.expect_tx.shared::cta.b64 _, [%0], %1;" ::"r"(bar), "r"(bytes) : "memory");
-}
-__device__ inline void mbar_arrive(uint32_t bar) {
-  asm volatile("mbarrier.arrive.shared::cta.b64 _, [%0];" ::"r"(bar) : "memory");
-}
+
 // waits for the phase of parity `parity` to complete; a watchdog reports a hang (who waited on
 // what) and traps instead of spinning forever
-__device__ inline void mbar_wait(uint32_t bar, int parity, int who) {
+__device__ inline void mbar_wait_watched(uint32_t bar, int parity, int who) {
   for (long spins = 0;; ++spins) {
     uint32_t done;
     asm volatile(
@@ -86,21 +67,6 @@ __device__ inline void mbar_wait(uint32_t bar, int parity, int who) {
       __trap();
     }
   }
-}
-__device__ inline void bulk_copy(uint32_t dst, const void* src, int bytes, uint32_t bar) {
-  asm volatile("cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes [%0], [%1], %2, [%3];"
-               ::"r"(dst), "l"(src), "r"(bytes), "r"(bar) : "memory");
-}
-__device__ inline void ldmatrix_x4(uint32_t addr, uint32_t& a, uint32_t& b, uint32_t& c, uint32_t& d) {
-  asm volatile("ldmatrix.sync.aligned.m8n8.x4.shared.b16 {%0, %1, %2, %3}, [%4];"
-               : "=r"(a), "=r"(b), "=r"(c), "=r"(d) : "r"(addr));
-}
-__device__ inline void mma_bf16(float* c, const uint32_t* a, uint32_t b0, uint32_t b1) {
-  asm volatile(
-      "mma.sync.aligned.m16n8k16.row.col.f32.bf16.bf16.f32 {%0, %1, %2, %3}, {%4, %5, %6, %7}, {%8, %9}, "
-      "{%0, %1, %2, %3};"
-      : "+f"(c[0]), "+f"(c[1]), "+f"(c[2]), "+f"(c[3])
-      : "r"(a[0]), "r"(a[1]), "r"(a[2]), "r"(a[3]), "r"(b0), "r"(b1));
 }
 // lane 0 of a producer: wait until `target` CTAs have arrived, then order the reads that follow
 // (bulk copies: the async proxy) after the other CTAs' released writes
@@ -165,7 +131,7 @@ __global__ void __launch_bounds__(CONSUMERS + 64, 1) phase_kernel(Buffers b) {
             const int st = weights ? WST : XST, s = g % st;
             uint64_t* full = weights ? wfull : xfull;
             uint64_t* empty = weights ? wempty : xempty;
-            if (g >= st) mbar_wait(smem_addr(&empty[s]), (g / st - 1) & 1, weights ? 0 : 1);
+            if (g >= st) mbar_wait_watched(smem_addr(&empty[s]), (g / st - 1) & 1, weights ? 0 : 1);
             mbar_expect_tx(smem_addr(&full[s]), CHUNK_BYTES);
             const __nv_bfloat16* src =
                 weights ? b.w[ph] + ((static_cast<size_t>(layer) * (p.n / TN) + tile) * (p.k / KC) + c) * CHUNK_ELEMS
@@ -188,8 +154,8 @@ __global__ void __launch_bounds__(CONSUMERS + 64, 1) phase_kernel(Buffers b) {
         float acc[4][4] = {};
         for (int c = c0; c < c1; ++c, ++g) {
           const int sw = g % WST, sx = g % XST;
-          mbar_wait(smem_addr(&wfull[sw]), (g / WST) & 1, 2);
-          mbar_wait(smem_addr(&xfull[sx]), (g / XST) & 1, 3);
+          mbar_wait_watched(smem_addr(&wfull[sw]), (g / WST) & 1, 2);
+          mbar_wait_watched(smem_addr(&xfull[sx]), (g / XST) & 1, 3);
           const uint32_t xs = smem_addr(xsm + sx * CHUNK_BYTES), ws = smem_addr(wsm + sw * CHUNK_BYTES);
 #pragma unroll
           for (int k16 = 0; k16 < KC / 16; ++k16) {
