@@ -64,6 +64,22 @@ def test_clean_environment_has_no_errors(monkeypatch):
     assert exit_code(doctor()) == 0
 
 
+def test_compile_cache_finding_names_the_directories_and_their_size(monkeypatch, tmp_path):
+    """The doctor says where the compiled kernels are cached and how much is there; a cache
+    under /tmp gets the --compile-cache advice, one on lasting storage none."""
+    (tmp_path / "triton" / "k").mkdir(parents=True)
+    (tmp_path / "triton" / "k" / "kernel.cubin").write_bytes(b"x" * 2_000_000)
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path / "triton"))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "inductor"))  # not created yet
+    f = by_id(environment_checks("cpu"))["env.compile_cache"]
+    assert f["severity"] == "info" and f"triton {tmp_path / 'triton'} (2.0 MB)" in f["detail"]
+    assert f"inductor {tmp_path / 'inductor'} (empty)" in f["detail"]
+    assert f["fix"] is None if not str(tmp_path).startswith("/tmp") else "--compile-cache DIR" in f["fix"]
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/vlaperf-test-inductor-cache")
+    f = by_id(environment_checks("cpu"))["env.compile_cache"]
+    assert "(under /tmp)" in f["title"] and "--compile-cache DIR" in f["fix"]
+
+
 def test_gpu_probes_with_fake_nvidia_smi(monkeypatch):
     """Only our GPU (by UUID) counts: a job on the host's other GPU is not a tenant of ours."""
     def fake(args):
