@@ -75,6 +75,7 @@ def test_compile_cache_finding_names_the_directories_and_their_size(monkeypatch,
     assert f["severity"] == "info" and f"triton {tmp_path / 'triton'} (2.0 MB)" in f["detail"]
     assert f"inductor {tmp_path / 'inductor'} (empty)" in f["detail"]
     assert f["fix"] is None if not str(tmp_path).startswith("/tmp") else "--compile-cache DIR" in f["fix"]
+    assert doctor_mod._dir_bytes(str(tmp_path / "triton"), max_files=1) == (2_000_000, True)  # stops counting
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/tmp/vlaperf-test-inductor-cache")
     f = by_id(environment_checks("cpu"))["env.compile_cache"]
     assert "(under /tmp)" in f["title"] and "--compile-cache DIR" in f["fix"]

@@ -116,15 +116,34 @@ def environment_checks(device: torch.device | str | None = None, model_dtype: to
     return out
 
 
-def _dir_bytes(path: str) -> int:
-    total = 0
-    for root, _, files in os.walk(path):
-        for name in files:
+def _dir_bytes(path: str, max_files: int = 20_000) -> tuple[int, bool]:
+    """Bytes of the files under `path`, and whether the count stopped at `max_files` (a big
+    cache should not make the doctor slow)."""
+    total, seen, stack = 0, 0, [path]
+    while stack:
+        try:
+            entries = list(os.scandir(stack.pop()))
+        except OSError:  # removed or unreadable while walking
+            continue
+        for e in entries:
             try:
-                total += os.path.getsize(os.path.join(root, name))
-            except OSError:  # a file removed while walking
+                if e.is_dir(follow_symlinks=False):
+                    stack.append(e.path)
+                elif e.is_file(follow_symlinks=False):
+                    total += e.stat(follow_symlinks=False).st_size
+                    seen += 1
+                    if seen >= max_files:
+                        return total, True
+            except OSError:
                 pass
-    return total
+    return total, False
+
+
+def _size(path: str) -> str:
+    if not os.path.isdir(path):
+        return "empty"
+    total, capped = _dir_bytes(path)
+    return f"{'at least ' if capped else ''}{total / 1e6:.1f} MB"
 
 
 def compile_cache_dirs() -> dict[str, str]:
@@ -150,8 +169,7 @@ def _compile_cache_check() -> dict:
     """Where the compile caches are and how full: a warm cache makes a compiled variant's first
     call seconds instead of tens of seconds, and a cache under /tmp may not outlive a container."""
     dirs = compile_cache_dirs()
-    parts = [f"{name} {path} ({_dir_bytes(path) / 1e6:.1f} MB)" if os.path.isdir(path) else f"{name} {path} (empty)"
-             for name, path in dirs.items()]
+    parts = [f"{name} {path} ({_size(path)})" for name, path in dirs.items()]
     detail = ("compiled kernels are cached at: " + "; ".join(parts) + ". A process that finds them skips the compiles "
               "(H200, libero-pi0 best: first call 27-35 s with empty caches, 5-6 s warm).")
     volatile = [p for p in dirs.values() if os.path.abspath(p).startswith("/tmp")]
