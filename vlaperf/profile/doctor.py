@@ -26,6 +26,7 @@ from __future__ import annotations
 import os
 import shutil
 import subprocess
+import tempfile
 from typing import Any
 
 import torch
@@ -141,7 +142,7 @@ def _dir_bytes(path: str, max_files: int = 20_000) -> tuple[int, bool]:
 
 def _size(path: str) -> str:
     if not os.path.isdir(path):
-        return "empty"
+        return "not there yet"
     total, capped = _dir_bytes(path)
     return f"{'at least ' if capped else ''}{total / 1e6:.1f} MB"
 
@@ -167,13 +168,15 @@ def compile_cache_dirs() -> dict[str, str]:
 
 def _compile_cache_check() -> dict:
     """Where the compile caches are and how full: a warm cache makes a compiled variant's first
-    call seconds instead of tens of seconds, and a cache under /tmp may not outlive a container."""
+    call seconds instead of tens of seconds, and one in a temporary directory may not outlive a
+    container."""
     dirs = compile_cache_dirs()
     parts = [f"{name} {path} ({_size(path)})" for name, path in dirs.items()]
     detail = ("compiled kernels are cached at: " + "; ".join(parts) + ". A process that finds them skips the compiles "
               "(H200, libero-pi0 best: first call 27-35 s with empty caches, 5-6 s warm).")
-    volatile = [p for p in dirs.values() if os.path.abspath(p).startswith("/tmp")]
-    return finding("env.compile_cache", "info", "compile caches" + (" (under /tmp)" if volatile else ""), detail,
+    temp_roots = {os.path.abspath(tempfile.gettempdir()), "/tmp"}
+    volatile = [p for p in dirs.values() if any(os.path.abspath(p).startswith(r + os.sep) for r in temp_roots)]
+    return finding("env.compile_cache", "info", "compile caches" + (" (in a temporary directory)" if volatile else ""), detail,
                    fix=("keep them on storage that outlives the process's machine or container: --compile-cache DIR"
                         if volatile else None))
 
