@@ -24,6 +24,8 @@
 #            libero-pi05 (B)
 #            (first call libero-pi0 27.15 s cold, 5.28 s warm; libero-pi05 28.12 / 5.28 s)
 #   PART=f   the same through `--compile-cache DIR`, twice (libero-pi0)
+#            (35.12 s, then 5.69 s)
+#   PART=g   pi0.5's writers' next-norm scale loaded after the K loop: sweep 21, then the call A/B
 # The CUDA C++ phase probe (benchmarks/phase_probe.cu) ran outside the lanes, on nvidia-h200:
 #   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/phase_probe benchmarks/phase_probe.cu && /tmp/phase_probe
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session10.sh
@@ -86,6 +88,14 @@ f)
   lane A 0 12 <<EOT &
 150 $V bench --workload libero-pi0 --levers best --compile-cache /tmp/cc $B --json $R/bench_libero-pi0_best-s10-cache1_model.json; du -sh /tmp/cc/triton /tmp/cc/inductor
 150 $V bench --workload libero-pi0 --levers best --compile-cache /tmp/cc $B --json $R/bench_libero-pi0_best-s10-cache2_model.json
+EOT
+  ;;
+g)
+  # pi0.5's writers load the next norm's scale right after the K loop (scale_after_loop): the kernel
+  # in one process (sweep 21), then the whole libero-pi05 call, both sides captured in one process
+  lane A 0 30 <<EOT &
+120 python3 benchmarks/expert_step_bench.py --pi05 --sweep 21 --json $R/kernel_expert_step_pi05_sweep21.json
+170 python3 benchmarks/step_config_ab.py --workload libero-pi05 --base "" --new "scale_after_loop=True" --rounds 40 --json $R/step_config_ab_libero-pi05_scale_after_loop.json
 EOT
   ;;
 esac

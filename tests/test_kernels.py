@@ -404,7 +404,8 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
         for step in range(2):
             ref = modulated_reference(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, NH, HD, mods[step])
             for cfg in (small, replace(small, ks_o=1, ks_down=1), replace(small, ks_gu=2, bn_down=8),
-                        replace(small, early_mod_loads=True), replace(small, early_mod_loads=True, ks_o=1, ks_down=1)):
+                        replace(small, early_mod_loads=True), replace(small, early_mod_loads=True, ks_o=1, ks_down=1),
+                        replace(small, scale_after_loop=True), replace(small, scale_after_loop=True, ks_o=1, ks_down=1)):
                 out = expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=cfg, mod=table[step])
                 err = ((out - ref).norm() / ref.norm()).item()
                 assert err < 1e-5, ("pi0.5", step, cfg, err)

@@ -146,6 +146,10 @@ class StepKernelConfig:
     # gate_up's biases and norm statistics) issued before the K loop instead of after it: 8%
     # slower a step (sweep 20, same process: 945 / 947 against 878 / 879 us)
     early_mod_loads: bool = False
+    # pi0.5 only: the writers' (o_proj, down) next-norm scale loaded right after the K loop, with
+    # the gate, so its latency overlaps the partial store and the tile's arrival, instead of in
+    # the last task's tail after the store of x (where the tail waits for it)
+    scale_after_loop: bool = False
 
 
 # ------------------------------------------------------------------------ helpers
@@ -625,14 +629,15 @@ def _mod_prologue_kernel(x_ptr, scale_ptr, xm_ptr, ssq_ptr, MT, D: tl.constexpr,
 
 @triton.jit
 def _add_to_x(acc, gate, ptrs, mask, x_ptr, xm_ptr, ssq_ptr, scale_pre, scale_ptr, rows, cols, col_ok, tile, write_next,
-              D: tl.constexpr, BLOCK_M: tl.constexpr, GATE: tl.constexpr, EARLY_MOD: tl.constexpr):
+              D: tl.constexpr, BLOCK_M: tl.constexpr, GATE: tl.constexpr, SCALE_LOADED: tl.constexpr):
     """_phase_residual's write of a finished tile: x += acc (* gate), and with GATE the next
-    norm's inputs (xm, the sums of squares), from the scale loaded early or loaded here."""
+    norm's inputs (xm, the sums of squares), from the scale the caller loaded (SCALE_LOADED:
+    early_mod_loads, scale_after_loop) or loaded here."""
     res = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
     x_new = (acc * gate + res).to(x_ptr.dtype.element_ty)
     tl.store(ptrs, x_new, mask=mask)
     if GATE:
-        if EARLY_MOD:
+        if SCALE_LOADED:
             if write_next:
                 _store_next(x_new, xm_ptr, ssq_ptr, scale_pre, rows, cols, mask, tile, D, BLOCK_M)
         else:
@@ -643,7 +648,8 @@ def _add_to_x(acc, gate, ptrs, mask, x_ptr, xm_ptr, ssq_ptr, scale_pre, scale_pt
 def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, nprog,
                     D: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
                     STAGES: tl.constexpr, ROTATE: tl.constexpr, gate_ptr=None, scale_ptr=None, xm_ptr=None,
-                    ssq_ptr=None, write_next=0, GATE: tl.constexpr = False, EARLY_MOD: tl.constexpr = False):
+                    ssq_ptr=None, write_next=0, GATE: tl.constexpr = False, EARLY_MOD: tl.constexpr = False,
+                    SCALE_AFTER_LOOP: tl.constexpr = False):
     """x[:, cols] += A @ W[cols]^T; GATE (pi0.5): x[:, cols] += (A @ W[cols]^T) gate[cols], and
     where `write_next`, also xm[:, cols] = x (1 + scale)[cols] (the next norm's modulated
     input, scale_ptr) and ssq[tile] = the rows' sums of squares over these columns, for the
@@ -664,7 +670,7 @@ def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, npro
         s = task % KS
         cols = tile * BN + tl.arange(0, BN)
         col_ok = cols < D
-        scale_pre = 0.0  # read only with GATE and EARLY_MOD, which load it here
+        scale_pre = 0.0  # read only when loaded below (GATE with EARLY_MOD or SCALE_AFTER_LOOP)
         if GATE:
             if EARLY_MOD:  # the gate and the next norm's scale, ahead of the loop
                 gate_pre = tl.load(gate_ptr + cols, mask=col_ok, other=0.0)
@@ -679,9 +685,12 @@ def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, npro
                 gate = gate_pre[None, :]
             else:
                 gate = tl.load(gate_ptr + cols, mask=col_ok, other=0.0)[None, :]
+                if SCALE_AFTER_LOOP:  # issued before the partial store and the arrival, used in the tail
+                    scale_pre = tl.load(scale_ptr + cols, mask=col_ok & ((cols * 0 + write_next) != 0), other=0.0)
+        SCALE_LOADED: tl.constexpr = EARLY_MOD or SCALE_AFTER_LOOP
         if KS == 1:
             _add_to_x(acc, gate, ptrs, mask, x_ptr, xm_ptr, ssq_ptr, scale_pre, scale_ptr, rows, cols, col_ok, tile,
-                      write_next, D, BLOCK_M, GATE, EARLY_MOD)
+                      write_next, D, BLOCK_M, GATE, SCALE_LOADED)
         else:
             part = part_ptr + rows[:, None] * D + cols[None, :]
             tl.store(part + s * (BLOCK_M * D), acc, mask=mask)
@@ -690,7 +699,7 @@ def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, npro
                 for s2 in tl.static_range(KS):
                     total += tl.load(part + s2 * (BLOCK_M * D), mask=mask, other=0.0, cache_modifier=".cg")
                 _add_to_x(total, gate, ptrs, mask, x_ptr, xm_ptr, ssq_ptr, scale_pre, scale_ptr, rows, cols, col_ok, tile,
-                          write_next, D, BLOCK_M, GATE, EARLY_MOD)
+                          write_next, D, BLOCK_M, GATE, SCALE_LOADED)
 
 
 @triton.jit
@@ -780,7 +789,7 @@ def _expert_step_kernel(
     POLL_ONE: tl.constexpr, CTR_O: tl.constexpr, CTR_GU: tl.constexpr, CTR_DOWN: tl.constexpr, CTR_LAYER: tl.constexpr,
     TIMELINE: tl.constexpr, EARLY_V: tl.constexpr, IDLE_PREFETCH: tl.constexpr, ROTATE: tl.constexpr,
     NB: tl.constexpr, DATAFLOW: tl.constexpr, CTR_SLOT: tl.constexpr, PREFETCH_OWN: tl.constexpr, MOD: tl.constexpr,
-    EARLY_MOD: tl.constexpr,
+    EARLY_MOD: tl.constexpr, SCALE_AFTER_LOOP: tl.constexpr,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -841,7 +850,7 @@ def _expert_step_kernel(
             elif phase == 3:
                 _phase_residual(o_ptr, NH * HD, wo_ptr + layer * (D * NH * HD), x_ptr, part_ptr, tile_ctr + CTR_O, MT, pid,
                                 nprog, D, BLOCK_M, BN_O, BK_O, KS_O, STAGES, ROTATE, modl + D + QKV_N, modl + 2 * D + QKV_N,
-                                xm_ptr, ssq_ptr, 1, MOD, EARLY_MOD)
+                                xm_ptr, ssq_ptr, 1, MOD, EARLY_MOD, SCALE_AFTER_LOOP)
             elif phase == 4:
                 _phase_gate_up(x_ptr, wgu_ptr + layer * (2 * F * D), h_ptr, part_ptr, tile_ctr + CTR_GU, MT, eps, pid, nprog,
                                D, F, BLOCK_M, BN_GU, BK_GU, KS_GU, STAGES, ROTATE, modl + 2 * D + QKV_N, xm_ptr, ssq_ptr, MOD,
@@ -849,7 +858,7 @@ def _expert_step_kernel(
             elif phase == 5:
                 _phase_residual(h_ptr, F, wd_ptr + layer * (D * F), x_ptr, part_ptr, tile_ctr + CTR_DOWN, MT, pid, nprog, D,
                                 BLOCK_M, BN_DOWN, BK_DOWN, KS_DOWN, STAGES, ROTATE, modl + 3 * D + QKV_N + 2 * F,
-                                modl + MOD_W, xm_ptr, ssq_ptr, layer + 1 < L, MOD, EARLY_MOD)
+                                modl + MOD_W, xm_ptr, ssq_ptr, layer + 1 < L, MOD, EARLY_MOD, SCALE_AFTER_LOOP)
             # phase 6 does nothing: benchmarks time the barriers alone with phases=(6, 7)
             if TIMELINE:
                 tl.debug_barrier()  # every warp of the program is done
@@ -1171,7 +1180,7 @@ def expert_step(
                   EARLY_V=cfg.att_early_v, IDLE_PREFETCH=cfg.idle_prefetch if device.type == "cuda" else 0,
                   ROTATE=cfg.k_rotate, NB=NB, DATAFLOW=cfg.dataflow, CTR_SLOT=ctr_slot,
                   PREFETCH_OWN=cfg.prefetch_own if device.type == "cuda" else 0, MOD=mod is not None,
-                  EARLY_MOD=cfg.early_mod_loads)
+                  EARLY_MOD=cfg.early_mod_loads, SCALE_AFTER_LOOP=cfg.scale_after_loop)
     if persistent:
         _expert_step_kernel[(grid,)](*args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
         _LAST_COUNTERS[_device_key(device)] = (counters, tile_counters.view(L, ctr_layer))
