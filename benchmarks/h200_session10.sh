@@ -26,6 +26,8 @@
 #   PART=f   the same through `--compile-cache DIR`, twice (libero-pi0)
 #            (35.12 s, then 5.69 s)
 #   PART=g   pi0.5's writers' next-norm scale loaded after the K loop: sweep 21, then the call A/B
+#            (sweep 21 ran out of its 120 s after the base row, 878.1 us: each new tiling compiles for
+#            ~a minute; the call A/B 1.002x, p10..p90 0.999..1.005: no gain, the option stays off)
 # The CUDA C++ phase probe (benchmarks/phase_probe.cu) ran outside the lanes, on nvidia-h200:
 #   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/phase_probe benchmarks/phase_probe.cu && /tmp/phase_probe
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session10.sh
