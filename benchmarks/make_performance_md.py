@@ -293,49 +293,43 @@ def call_overhead_tables(results):
     return out
 
 
+def _probe_tables(results, command: str, header: list[str], rows_fn, note: str = "", small_floats: bool = False):
+    """One table per result file of `command` (the GEMM probes and benches): the file and its
+    commit, then `rows_fn(result)` under `header`; with `small_floats`, values below 0.1 (errors)
+    in scientific notation."""
+    out = []
+    for path, r in results:
+        if r["command"] != command:
+            continue
+        out += [f"`{path.relative_to(ROOT)}` (commit {(r['env'].get('git_commit') or '')[:7]}; CUDA-graph replays{note})", "",
+                "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        out += ["| " + " | ".join(f"{c:.1e}" if small_floats and isinstance(c, float) and c < 0.1 else str(c) for c in row)
+                + " |" for row in rows_fn(r)] + [""]
+    return out
+
+
 def gemm_probe_tables(results):
     """benchmarks/gemm_probe.py: the prefix's GEMM shapes alone, cuBLAS against max-autotune."""
     from vlaperf.report.render import gemm_probe_rows
 
-    out = []
-    for path, r in results:
-        if r["command"] != "gemm-probe":
-            continue
-        out += [f"`{path.relative_to(ROOT)}` (commit {(r['env'].get('git_commit') or '')[:7]}; CUDA-graph replays)", "",
-                "| shape | M x K x N | cuBLAS us | TFLOP/s | max-autotune us | TFLOP/s |", "|---|---|---|---|---|---|"]
-        out += ["| " + " | ".join(str(c) for c in row) + " |" for row in gemm_probe_rows(r)] + [""]
-    return out
+    return _probe_tables(results, "gemm-probe", ["shape", "M x K x N", "cuBLAS us", "TFLOP/s", "max-autotune us", "TFLOP/s"],
+                         gemm_probe_rows)
 
 
 def splitk_probe_tables(results):
     """benchmarks/splitk_probe.py: the prefix's weakest GEMMs as other cuBLAS formulations."""
     from vlaperf.report.render import splitk_probe_rows
 
-    out = []
-    for path, r in results:
-        if r["command"] != "splitk-probe":
-            continue
-        out += [f"`{path.relative_to(ROOT)}` (commit {(r['env'].get('git_commit') or '')[:7]}; CUDA-graph replays)", "",
-                "| shape | M x K x N | formulation | us | TFLOP/s | rel L2 |", "|---|---|---|---|---|---|"]
-        out += ["| " + " | ".join(f"{c:.1e}" if isinstance(c, float) and c < 0.1 else str(c) for c in row) + " |"
-                for row in splitk_probe_rows(r)] + [""]
-    return out
+    return _probe_tables(results, "splitk-probe", ["shape", "M x K x N", "formulation", "us", "TFLOP/s", "rel L2"],
+                         splitk_probe_rows, small_floats=True)
 
 
 def geglu_bench_tables(results):
     """benchmarks/geglu_matmul_bench.py (session 10; the kernel was taken out): gate_up + GELU x up."""
     from vlaperf.report.render import geglu_bench_rows
 
-    out = []
-    for path, r in results:
-        if r["command"] != "geglu-bench":
-            continue
-        out += [f"`{path.relative_to(ROOT)}` (commit {(r['env'].get('git_commit') or '')[:7]}; CUDA-graph replays; "
-                "tiling: kind, BM, BN, BK, GROUP_M, warps, stages)", "",
-                "| M | tiling | us | TFLOP/s | rel L2 | speedup |", "|---|---|---|---|---|---|"]
-        out += ["| " + " | ".join(f"{c:.1e}" if isinstance(c, float) and c < 0.1 else str(c) for c in row) + " |"
-                for row in geglu_bench_rows(r)] + [""]
-    return out
+    return _probe_tables(results, "geglu-bench", ["M", "tiling", "us", "TFLOP/s", "rel L2", "speedup"], geglu_bench_rows,
+                         note="; tiling: kind, BM, BN, BK, GROUP_M, warps, stages", small_floats=True)
 
 
 def main() -> None:
