@@ -206,6 +206,8 @@ void run(const __nv_bfloat16* xp, const __nv_bfloat16* wp, __nv_bfloat16* y, con
   attr[0].val.clusterDim.z = 1;
   cfg.attrs = attr;
   cfg.numAttrs = 1;
+  int resident = 0;  // clusters resident at once: fewer than CTAS / CLUSTER means more than one wave
+  CHECK(cudaOccupancyMaxActiveClusters(&resident, kernel, &cfg));
   CHECK(cudaMemset(y, 0xff, static_cast<size_t>(L) * M * N * 2));  // poison: every output must be written
   CHECK(cudaLaunchKernelEx(&cfg, kernel, xp, wp, y));
   CHECK(cudaGetLastError());
@@ -232,6 +234,7 @@ void run(const __nv_bfloat16* xp, const __nv_bfloat16* wp, __nv_bfloat16* y, con
   CHECK(cudaEventElapsedTime(&ms, a, b));
   const double us_layer = ms * 1e3 / reps / L;
   const double w_bytes = static_cast<double>(N) * K * 2, per_cta = (static_cast<double>(M) * K * 2 / CLUSTER + w_bytes / CTAS);
+  std::printf("(%d of %d clusters resident at once)  ", resident, CTAS / CLUSTER);
   std::printf("cluster %d  stages %d  %s  %8.2f us a layer  weights %5.2f TB/s  %6.1f KB/us a CTA (own reads)  "
               "rel L2 %.2e  max abs %.3e\n",
               CLUSTER, STAGES, WS ? "producer warp" : "thread 0 copies", us_layer, w_bytes / us_layer / 1e6, per_cta / us_layer / 1e3,

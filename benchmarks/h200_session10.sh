@@ -28,6 +28,8 @@
 #   PART=g   pi0.5's writers' next-norm scale loaded after the K loop: sweep 21, then the call A/B
 #            (sweep 21 ran out of its 120 s after the base row, 878.1 us: each new tiling compiles for
 #            ~a minute; the call A/B 1.002x, p10..p90 0.999..1.005: no gain, the option stays off)
+#   PART=next  (prepared for session 11, not run) A: benchmarks/mlp_probe.cu; B: cluster_probe.cu with
+#            the clusters resident at once printed
 # The CUDA C++ phase probe (benchmarks/phase_probe.cu) ran outside the lanes, on nvidia-h200:
 #   nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/phase_probe benchmarks/phase_probe.cu && /tmp/phase_probe
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session10.sh
@@ -98,6 +100,18 @@ g)
   lane A 0 30 <<EOT &
 120 python3 benchmarks/expert_step_bench.py --pi05 --sweep 21 --json $R/kernel_expert_step_pi05_sweep21.json
 170 python3 benchmarks/step_config_ab.py --workload libero-pi05 --base "" --new "scale_after_loop=True" --rounds 40 --json $R/step_config_ab_libero-pi05_scale_after_loop.json
+EOT
+  ;;
+next)
+  # prepared for session 11, not run: A: mlp_probe.cu (the expert MLP as two barrier-separated phases
+  # against one fused phase for clusters of 8 sharing the hidden units through distributed shared
+  # memory); B: cluster_probe.cu again, now printing how many clusters are resident at once (does
+  # residency explain session 10's 2-8x slower multicast?)
+  lane A 0 40 <<EOT &
+200 nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/mlp_probe benchmarks/mlp_probe.cu && /tmp/mlp_probe | tee $R/mlp_probe.txt
+EOT
+  lane B 1 40 <<EOT &
+200 nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/cluster_probe benchmarks/cluster_probe.cu && /tmp/cluster_probe | tee $R/cluster_probe_residency.txt
 EOT
   ;;
 esac

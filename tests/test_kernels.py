@@ -679,7 +679,8 @@ def test_step_kernel_l2_traffic_model():
 
 
 @pytest.mark.parametrize("probe, kernels", [("cluster_probe.cu", 10),  # nine streaming variants, the reference
-                                            ("phase_probe.cu", 11)])  # nine phase variants, reference, fill
+                                            ("phase_probe.cu", 11),  # nine phase variants, reference, fill
+                                            ("mlp_probe.cu", 5)])  # two MLP variants, two references, fill
 def test_cuda_probe_builds_for_hopper_without_spills(tmp_path, probe, kernels):
     """The CUDA C++ probes (benchmarks/*.cu: the GPU machine builds and runs them) stay
     buildable: compiled for sm_90a wherever nvcc exists, every kernel without register spills."""
