@@ -33,35 +33,18 @@
 #include <random>
 #include <vector>
 
-#include "probe_ptx.cuh"  // CHECK, mbarriers, bulk copies, ldmatrix, mma.sync
+#include "probe_ptx.cuh"  // the chunk layout, PTX wrappers, one chunk's MMA, fill_kernel, CHECK
 
-constexpr int L = 18, M = 64, K = 1024, N = 8192, KC = 64, CHUNKS = K / KC, TILE_N = 64, CTAS = N / TILE_N;
+constexpr int L = 18, M = 64, K = 1024, N = 8192, CHUNKS = K / KC, TILE_N = 64, CTAS = N / TILE_N;
 constexpr int THREADS = 256;  // the 8 MMA warps; WS adds a ninth, the producer
 constexpr int CHUNK_ELEMS = 64 * KC;            // one 64 x 64 chunk of x or of a CTA's W tile
 constexpr int CHUNK_BYTES = CHUNK_ELEMS * 2;    // 8 KB
 constexpr int STAGE_BYTES = 2 * CHUNK_BYTES;    // x chunk, then W chunk
 
-// element (r, k) of a 64 x 64 chunk, its 16-byte granules swizzled by the row
-__host__ __device__ inline int swz(int r, int k) { return r * KC + (((k >> 3) ^ (r & 7)) << 3) + (k & 7); }
-
-// one arrival on the barrier at the same offset in cluster CTA `rank`
-__device__ inline void mbar_arrive_cluster(uint32_t bar, int rank) {
-  asm volatile(
-      "{\n .reg .b32 remote;\n mapa.shared::cluster.u32 remote, %0, %1;\n"
-      " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [remote];\n}" ::"r"(bar), "r"(rank) : "memory");
-}
 __device__ inline void bulk_copy_multicast(uint32_t dst, const void* src, int bytes, uint32_t bar, uint16_t mask) {
   asm volatile(
       "cp.async.bulk.shared::cluster.global.mbarrier::complete_tx::bytes.multicast::cluster [%0], [%1], %2, [%3], %4;"
       ::"r"(dst), "l"(src), "r"(bytes), "r"(bar), "h"(mask) : "memory");
-}
-__device__ inline void cluster_sync() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ inline int cluster_rank() {
-  int r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
 }
 
 // xp: [L][CHUNKS] chunks of x (64 rows); wp: [L][CTAS][CHUNKS] chunks of W (the CTA's 64 rows);
@@ -123,22 +106,7 @@ __global__ void __launch_bounds__(THREADS + 32) stream_kernel(const __nv_bfloat1
       for (auto& t : acc) t[0] = t[1] = t[2] = t[3] = 0.f;
     mbar_wait(smem_addr(&full[s]), (g / STAGES) & 1);
     const uint32_t xs = smem_addr(smem + s * STAGE_BYTES), ws = xs + CHUNK_BYTES;
-#pragma unroll
-    for (int k16 = 0; k16 < KC / 16; ++k16) {
-      uint32_t a[4];
-      {  // matrices: rows 0-7 / 8-15 of the warp's 16, k 0-7 / 8-15 of this k16 step
-        const int j = lane / 8, r = mi * 16 + (j % 2) * 8 + lane % 8, k = k16 * 16 + (j / 2) * 8;
-        ldmatrix_x4(xs + 2 * swz(r, k), a[0], a[1], a[2], a[3]);
-      }
-#pragma unroll
-      for (int np = 0; np < 2; ++np) {  // two pairs of 8-column tiles
-        const int j = lane / 8, n = nh * 32 + np * 16 + (j / 2) * 8 + lane % 8, k = k16 * 16 + (j % 2) * 8;
-        uint32_t b0, b1, b2, b3;
-        ldmatrix_x4(ws + 2 * swz(n, k), b0, b1, b2, b3);
-        mma_bf16(acc[np * 2], a, b0, b1);
-        mma_bf16(acc[np * 2 + 1], a, b2, b3);
-      }
-    }
+    mma_chunk(acc, xs, ws, mi, nh, lane);
     if (WS) {  // each MMA warp releases stage s in every cluster CTA on its own
       __syncwarp();
       if (lane == 0)

@@ -33,9 +33,9 @@
 #include <cstdlib>
 #include <vector>
 
-#include "probe_ptx.cuh"  // CHECK, mbarriers, bulk copies, ldmatrix, mma.sync
+#include "probe_ptx.cuh"  // the chunk layout, PTX wrappers, one chunk's MMA, fill_kernel, CHECK
 
-constexpr int L = 18, M = 64, D = 1024, F = 4096, KC = 64, GRID = 128, CLUSTER = 8;
+constexpr int L = 18, M = 64, D = 1024, F = 4096, GRID = 128, CLUSTER = 8;
 constexpr int CONSUMERS = 256;                           // 8 MMA warps; warps 8 and 9 are the producers
 constexpr int CHUNK_ELEMS = 64 * KC, CHUNK_BYTES = CHUNK_ELEMS * 2;  // 8 KB
 constexpr int HID = F / GRID;                            // 32 hidden units a CTA
@@ -45,8 +45,6 @@ constexpr int TN = 64;                                   // output columns of a 
 constexpr int FUSED_TILES = D / TN / CLUSTER;            // 2 column tiles a CTA in the fused down
 constexpr int FUSED_K = CLUSTER * HID / KC;              // 4 chunks: the cluster's 256 hidden units
 constexpr int WST = 8, XST = 4;                          // ring stages: weights, activations
-
-__host__ __device__ inline int swz(int r, int k) { return r * KC + (((k >> 3) ^ (r & 7)) << 3) + (k & 7); }
 
 struct Buffers {
   const __nv_bfloat16* x;   // [L][16] chunks of the 64 x 1024 input
@@ -68,10 +66,6 @@ constexpr int SMEM_HCH = FUSED_K * CHUNK_BYTES;
 constexpr int SMEM_BARS = (2 * (WST + XST) + 2) * 8;
 constexpr int SMEM = SMEM_RINGS + SMEM_EX + SMEM_HBUF + SMEM_HCH + SMEM_BARS;
 
-__device__ inline void mbar_arrive_remote(uint32_t bar, int rank) {  // release at cluster scope
-  asm volatile("{\n .reg .b32 r;\n mapa.shared::cluster.u32 r, %0, %1;\n"
-               " mbarrier.arrive.release.cluster.shared::cluster.b64 _, [r];\n}" ::"r"(bar), "r"(rank) : "memory");
-}
 __device__ inline void mbar_wait_cluster(uint32_t bar, int parity) {  // acquire at cluster scope
   asm volatile("{\n .reg .pred p;\n WAIT_%=:\n"
                " mbarrier.try_wait.parity.acquire.cluster.shared::cta.b64 p, [%0], %1;\n"
@@ -82,14 +76,6 @@ __device__ inline uint4 ld_remote(uint32_t addr, int rank) {  // 16 bytes of clu
   asm volatile("{\n .reg .b32 r;\n mapa.shared::cluster.u32 r, %4, %5;\n ld.shared::cluster.v4.u32 {%0, %1, %2, %3}, [r];\n}"
                : "=r"(v.x), "=r"(v.y), "=r"(v.z), "=r"(v.w) : "r"(addr), "r"(rank) : "memory");
   return v;
-}
-__device__ inline void cluster_sync_all() {
-  asm volatile("barrier.cluster.arrive.release.aligned;\nbarrier.cluster.wait.acquire.aligned;" ::: "memory");
-}
-__device__ inline int cluster_rank() {
-  int r;
-  asm volatile("mov.u32 %0, %%cluster_ctarank;" : "=r"(r));
-  return r;
 }
 __device__ inline void grid_wait(const unsigned* counter, unsigned target) {
   unsigned v;
@@ -107,25 +93,6 @@ __device__ inline void red_v2(float* p, float a, float b) {
 }
 __device__ inline float gelu_tanh(float v) { return 0.5f * v * (1.f + tanhf(0.7978845608f * (v + 0.044715f * v * v * v))); }
 
-// acc (this warp's 16 rows x 32 columns) += A chunk (64 x 64, rows from `a`) x W chunk (64 x 64)^T
-__device__ inline void mma_chunk(float (&acc)[4][4], uint32_t a, uint32_t w, int mi, int nh, int lane) {
-#pragma unroll
-  for (int k16 = 0; k16 < KC / 16; ++k16) {
-    uint32_t f[4];
-    {
-      const int j = lane / 8, r = mi * 16 + (j % 2) * 8 + lane % 8, k = k16 * 16 + (j / 2) * 8;
-      ldmatrix_x4(a + 2 * swz(r, k), f[0], f[1], f[2], f[3]);
-    }
-#pragma unroll
-    for (int np = 0; np < 2; ++np) {
-      const int j = lane / 8, n = nh * 32 + np * 16 + (j / 2) * 8 + lane % 8, k = k16 * 16 + (j % 2) * 8;
-      uint32_t b0, b1, b2, b3;
-      ldmatrix_x4(w + 2 * swz(n, k), b0, b1, b2, b3);
-      mma_bf16(acc[np * 2], f, b0, b1);
-      mma_bf16(acc[np * 2 + 1], f, b2, b3);
-    }
-  }
-}
 
 // add this warp's part of a 64 x 64 tile of partial sums to y[layer][:, col0 : col0 + 64]
 __device__ inline void reduce_tile(float* y, int layer, int col0, const float (&acc)[4][4], int mi, int nh, int lane) {
@@ -162,7 +129,7 @@ __global__ void __launch_bounds__(CONSUMERS + 64, 1) mlp_kernel(Buffers b) {
     mbar_init(smem_addr(hdone), CLUSTER);
     asm volatile("fence.mbarrier_init.release.cluster;" ::: "memory");
   }
-  if (FUSED) cluster_sync_all(); else __syncthreads();  // the cluster's barriers exist before any remote arrival
+  if (FUSED) cluster_sync(); else __syncthreads();  // the cluster's barriers exist before any remote arrival
   constexpr int BARRIERS_PER_LAYER = FUSED ? 1 : 2;
 
   if (warp >= 8) {  // producers, one lane each: warp 8 the weights, warp 9 the activations
@@ -262,7 +229,7 @@ __global__ void __launch_bounds__(CONSUMERS + 64, 1) mlp_kernel(Buffers b) {
       // tell every CTA of the cluster that this CTA's hidden units are in its hbuf, then gather theirs
       asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
       if (tid == 0)
-        for (int r = 0; r < CLUSTER; ++r) mbar_arrive_remote(smem_addr(hready), r);
+        for (int r = 0; r < CLUSTER; ++r) mbar_arrive_cluster(smem_addr(hready), r);
       mbar_wait_cluster(smem_addr(hready), layer & 1);
       // the cluster's 256 hidden units as 4 swizzled 64 x 64 chunks: 16-byte granules of 8 units
       for (int e = tid; e < FUSED_K * M * (KC / 8); e += CONSUMERS) {
@@ -284,7 +251,7 @@ __global__ void __launch_bounds__(CONSUMERS + 64, 1) mlp_kernel(Buffers b) {
       if (layer == L - 1) {  // no CTA leaves while a cluster peer may still read its hbuf
         asm volatile("bar.sync 1, %0;" ::"n"(CONSUMERS) : "memory");
         if (tid == 0)
-          for (int r = 0; r < CLUSTER; ++r) mbar_arrive_remote(smem_addr(hdone), r);
+          for (int r = 0; r < CLUSTER; ++r) mbar_arrive_cluster(smem_addr(hdone), r);
         mbar_wait_cluster(smem_addr(hdone), 0);
       }
     }
@@ -321,14 +288,6 @@ __global__ void ref_out(const float* h, const __nv_bfloat16* wd, float* y) {
     y[(static_cast<size_t>(layer) * M + m) * D + n] = s;
   }
 }
-__global__ void fill_kernel(__nv_bfloat16* p, size_t n, uint32_t seed, float scale) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint32_t v = static_cast<uint32_t>(i) * 2654435761u ^ seed ^ static_cast<uint32_t>(i >> 32) * 40503u;
-    v ^= v >> 15, v *= 2246822519u, v ^= v >> 13, v *= 3266489917u, v ^= v >> 16;
-    p[i] = __float2bfloat16(scale * (static_cast<float>(v >> 8) / 8388608.f - 1.f));
-  }
-}
-
 template <bool FUSED>
 void run(Buffers b, unsigned& arrivals, const std::vector<float>& ref) {
   auto kernel = mlp_kernel<FUSED>;

@@ -36,9 +36,9 @@
 #include <cstdlib>
 #include <vector>
 
-#include "probe_ptx.cuh"  // CHECK, mbarriers, bulk copies, ldmatrix, mma.sync
+#include "probe_ptx.cuh"  // the chunk layout, PTX wrappers, one chunk's MMA, fill_kernel, CHECK
 
-constexpr int L = 18, M = 64, KC = 64, TN = 64, PHASES = 4, GRID = 132;
+constexpr int L = 18, M = 64, TN = 64, PHASES = 4, GRID = 132;
 constexpr int CONSUMERS = 256;                 // 8 MMA warps; warps 8 and 9 are the producers
 constexpr int CHUNK_ELEMS = 64 * KC, CHUNK_BYTES = CHUNK_ELEMS * 2;  // 8 KB
 
@@ -57,8 +57,6 @@ struct Buffers {
   unsigned base;                   // arrivals before this launch
   int phases;                      // bit p set: phase p runs its tasks (else only its barrier)
 };
-
-__host__ __device__ inline int swz(int r, int k) { return r * KC + (((k >> 3) ^ (r & 7)) << 3) + (k & 7); }
 
 // waits for the phase of parity `parity` to complete; a watchdog reports a hang (who waited on
 // what) and traps instead of spinning forever
@@ -164,22 +162,7 @@ __global__ void __launch_bounds__(CONSUMERS + 64, 1) phase_kernel(Buffers b) {
           mbar_wait_watched(smem_addr(&wfull[sw]), (g / WST) & 1, 2);
           mbar_wait_watched(smem_addr(&xfull[sx]), (g / XST) & 1, 3);
           const uint32_t xs = smem_addr(xsm + sx * CHUNK_BYTES), ws = smem_addr(wsm + sw * CHUNK_BYTES);
-#pragma unroll
-          for (int k16 = 0; k16 < KC / 16; ++k16) {
-            uint32_t a[4];
-            {
-              const int j = lane / 8, r = mi * 16 + (j % 2) * 8 + lane % 8, k = k16 * 16 + (j / 2) * 8;
-              ldmatrix_x4(xs + 2 * swz(r, k), a[0], a[1], a[2], a[3]);
-            }
-#pragma unroll
-            for (int np = 0; np < 2; ++np) {
-              const int j = lane / 8, n = nh * 32 + np * 16 + (j / 2) * 8 + lane % 8, k = k16 * 16 + (j % 2) * 8;
-              uint32_t b0, b1, b2, b3;
-              ldmatrix_x4(ws + 2 * swz(n, k), b0, b1, b2, b3);
-              mma_bf16(acc[np * 2], a, b0, b1);
-              mma_bf16(acc[np * 2 + 1], a, b2, b3);
-            }
-          }
+          mma_chunk(acc, xs, ws, mi, nh, lane);
           __syncwarp();
           if (lane == 0) mbar_arrive(smem_addr(&wempty[sw])), mbar_arrive(smem_addr(&xempty[sx]));
         }
@@ -223,15 +206,6 @@ __global__ void reference_kernel(const __nv_bfloat16* x, const __nv_bfloat16* w,
       s[m] += __bfloat162float(x[(static_cast<size_t>(layer) * ch + k / KC) * CHUNK_ELEMS + swz(m, k % KC)]) * wk;
   }
   for (int m = 0; m < M; ++m) y[(static_cast<size_t>(layer) * M + m) * n_cols + n] = s[m];
-}
-
-// deterministic pseudo-random bf16 in [-scale, scale)
-__global__ void fill_kernel(__nv_bfloat16* p, size_t n, uint32_t seed, float scale) {
-  for (size_t i = blockIdx.x * static_cast<size_t>(blockDim.x) + threadIdx.x; i < n; i += static_cast<size_t>(gridDim.x) * blockDim.x) {
-    uint32_t h = static_cast<uint32_t>(i) * 2654435761u ^ seed ^ static_cast<uint32_t>(i >> 32) * 40503u;
-    h ^= h >> 15, h *= 2246822519u, h ^= h >> 13, h *= 3266489917u, h ^= h >> 16;
-    p[i] = __float2bfloat16(scale * (static_cast<float>(h >> 8) / 8388608.f - 1.f));
-  }
 }
 
 template <int WST, int XST, int MODE, bool FENCE = true>
