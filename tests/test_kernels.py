@@ -678,7 +678,7 @@ def test_step_kernel_l2_traffic_model():
     assert 95e6 < sum(sum(p.values()) for p in t.values()) < 110e6
 
 
-@pytest.mark.parametrize("probe, kernels", [("cluster_probe.cu", 10),  # nine streaming variants, the reference
+@pytest.mark.parametrize("probe, kernels", [("cluster_probe.cu", 11),  # nine streaming variants, reference, fill
                                             ("phase_probe.cu", 11),  # nine phase variants, reference, fill
                                             ("mlp_probe.cu", 5)])  # two MLP variants, two references, fill
 def test_cuda_probe_builds_for_hopper_without_spills(tmp_path, probe, kernels):
