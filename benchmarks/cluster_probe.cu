@@ -189,18 +189,7 @@ void run(const __nv_bfloat16* xp, const __nv_bfloat16* wp, __nv_bfloat16* y, con
     err_norm += d * d;
     ref_norm += static_cast<double>(ref[i]) * ref[i];
   }
-  cudaEvent_t a, b;
-  CHECK(cudaEventCreate(&a));
-  CHECK(cudaEventCreate(&b));
-  const int reps = 20;
-  for (int i = 0; i < 3; ++i) CHECK(cudaLaunchKernelEx(&cfg, kernel, xp, wp, y));
-  CHECK(cudaEventRecord(a));
-  for (int i = 0; i < reps; ++i) CHECK(cudaLaunchKernelEx(&cfg, kernel, xp, wp, y));
-  CHECK(cudaEventRecord(b));
-  CHECK(cudaEventSynchronize(b));
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, a, b));
-  const double us_layer = ms * 1e3 / reps / L;
+  const double us_layer = ms_per_launch([&] { CHECK(cudaLaunchKernelEx(&cfg, kernel, xp, wp, y)); }) * 1e3 / L;
   const double w_bytes = static_cast<double>(N) * K * 2, per_cta = (static_cast<double>(M) * K * 2 / CLUSTER + w_bytes / CTAS);
   std::printf("(%d of %d clusters resident at once)  ", resident, CTAS / CLUSTER);
   std::printf("cluster %d  stages %d  %s  %8.2f us a layer  weights %5.2f TB/s  %6.1f KB/us a CTA (own reads)  "

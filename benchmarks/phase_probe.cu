@@ -237,25 +237,11 @@ void run(Buffers b, unsigned& arrivals, const std::vector<std::vector<float>>& r
     } else {
       CHECK(cudaMemcpy(got.data(), b.y[ph], n * 4, cudaMemcpyDeviceToHost));
     }
-    double e = 0, r = 0;
-    for (size_t i = 0; i < n; ++i) e += (got[i] - ref[ph][i]) * (got[i] - ref[ph][i]), r += ref[ph][i] * ref[ph][i];
-    err[ph] = std::sqrt(e / r);
+    err[ph] = rel_l2(got.data(), ref[ph].data(), n);
   }
-  cudaEvent_t e0, e1;
-  CHECK(cudaEventCreate(&e0));
-  CHECK(cudaEventCreate(&e1));
-  const int reps = 20;
-  for (int i = 0; i < 3; ++i) launch();
-  CHECK(cudaEventRecord(e0));
-  for (int i = 0; i < reps; ++i) launch();
-  CHECK(cudaEventRecord(e1));
-  CHECK(cudaEventSynchronize(e1));
-  CHECK(cudaGetLastError());
-  float ms = 0;
-  CHECK(cudaEventElapsedTime(&ms, e0, e1));
+  const double us_layer = ms_per_launch(launch) * 1e3 / L;
   double w_bytes = 0;
   for (const Phase& p : hPhases) w_bytes += 2.0 * p.n * p.k;
-  const double us_layer = ms * 1e3 / reps / L;
   if (phases != (1 << PHASES) - 1) {  // one phase's tasks and every barrier: that phase's cost in the chain
     std::printf("%-8s%s w stages %2d  x stages %d   %7.2f us a layer  tasks of phase mask %d only\n", name,
                 FENCE ? "" : " (no fence)", WST, XST, us_layer, phases);

@@ -1,13 +1,15 @@
 // What the CUDA C++ probes share (benchmarks/cluster_probe.cu, phase_probe.cu, mlp_probe.cu):
 // PTX wrappers for mbarriers, 1-D bulk copies into shared memory, clusters, ldmatrix and bf16
 // mma.sync; the 64 x 64 chunk layout the probes stream (16-byte granules swizzled by the row)
-// and one chunk's MMA; a deterministic fill of test data; CHECK for the runtime calls. Each probe is
-// built on its own with nvcc.
+// and one chunk's MMA; a deterministic fill of test data; the host's timing and error measures;
+// CHECK for the runtime calls. Each probe is built on its own with nvcc.
 #pragma once
 
 #include <cuda_bf16.h>
 #include <cuda_runtime.h>
 
+#include <cmath>
+#include <cstddef>
 #include <cstdint>
 #include <cstdio>
 #include <cstdlib>
@@ -108,4 +110,30 @@ __global__ void fill_kernel(__nv_bfloat16* p, size_t n, uint32_t seed, float sca
     h ^= h >> 15, h *= 2246822519u, h ^= h >> 13, h *= 3266489917u, h ^= h >> 16;
     p[i] = __float2bfloat16(scale * (static_cast<float>(h >> 8) / 8388608.f - 1.f));
   }
+}
+
+// milliseconds a launch: `launch()` 3 times to warm up, then `reps` times between two events
+template <typename Launch>
+float ms_per_launch(Launch&& launch, int reps = 20) {
+  cudaEvent_t start, end;
+  CHECK(cudaEventCreate(&start));
+  CHECK(cudaEventCreate(&end));
+  for (int i = 0; i < 3; ++i) launch();
+  CHECK(cudaEventRecord(start));
+  for (int i = 0; i < reps; ++i) launch();
+  CHECK(cudaEventRecord(end));
+  CHECK(cudaEventSynchronize(end));
+  CHECK(cudaGetLastError());
+  float ms = 0;
+  CHECK(cudaEventElapsedTime(&ms, start, end));
+  CHECK(cudaEventDestroy(start));
+  CHECK(cudaEventDestroy(end));
+  return ms / reps;
+}
+
+// relative L2 error of got[0, n) against ref[0, n)
+inline double rel_l2(const float* got, const float* ref, size_t n) {
+  double e = 0, r = 0;
+  for (size_t i = 0; i < n; ++i) e += (got[i] - ref[i]) * (got[i] - ref[i]), r += static_cast<double>(ref[i]) * ref[i];
+  return std::sqrt(e / r);
 }
