@@ -5,21 +5,25 @@
 #               call goes, cold and warm (first_call.py, its own cache directory)
 #            B: cluster_probe.cu with the clusters resident at once printed, then the first call of the
 #               same levers without compile (graph + the kernels), cold and warm
+# On nvidia-h200 (one GPU) ONE_GPU=1 runs lane B after lane A, both on GPU 0.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session11.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
 K=$X,triton_kernels,megakernel  # best less compile
+GPU_B=1; [ "${ONE_GPU:-0}" = 1 ] && GPU_B=0
+after_a() { [ "${ONE_GPU:-0}" = 1 ] && wait; }  # one GPU: lane B waits for lane A
 case "${PART:-a}" in
 a)
   lane A 0 40 <<EOT &
-200 nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/mlp_probe benchmarks/mlp_probe.cu && /tmp/mlp_probe | tee $R/mlp_probe.txt
-150 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcA --json $R/first_call_libero-pi0_best_cold.json
-100 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcA --json $R/first_call_libero-pi0_best_warm.json
+90 nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/mlp_probe benchmarks/mlp_probe.cu && /tmp/mlp_probe | tee $R/mlp_probe.txt
+120 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcA --json $R/first_call_libero-pi0_best_cold.json
+60 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcA --json $R/first_call_libero-pi0_best_warm.json
 EOT
-  lane B 1 40 <<EOT &
-200 nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/cluster_probe benchmarks/cluster_probe.cu && /tmp/cluster_probe | tee $R/cluster_probe_residency.txt
-150 python3 benchmarks/first_call.py --workload libero-pi0 --levers $K --compile-cache /tmp/fcB --json $R/first_call_libero-pi0_kernels-graph_cold.json
-100 python3 benchmarks/first_call.py --workload libero-pi0 --levers $K --compile-cache /tmp/fcB --json $R/first_call_libero-pi0_kernels-graph_warm.json
+  after_a
+  lane B $GPU_B 40 <<EOT &
+90 nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/cluster_probe benchmarks/cluster_probe.cu && /tmp/cluster_probe | tee $R/cluster_probe_residency.txt
+120 python3 benchmarks/first_call.py --workload libero-pi0 --levers $K --compile-cache /tmp/fcB --json $R/first_call_libero-pi0_kernels-graph_cold.json
+60 python3 benchmarks/first_call.py --workload libero-pi0 --levers $K --compile-cache /tmp/fcB --json $R/first_call_libero-pi0_kernels-graph_warm.json
 EOT
   ;;
 esac
