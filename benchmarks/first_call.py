@@ -6,7 +6,7 @@ the process itself, and what is left (tracing glue, the CUDA-graph capture).
 Run it in a new process for each measurement: with an empty --compile-cache directory it times a
 cold start, with the directory an earlier run filled, a restart (docs/serving.md). The file
 records, besides the first call's wall time:
-  compile_phases   torch's own timers (torch._dynamo.utils.compilation_time_metrics): seconds
+  compile_phases   (and compile_phases_each, per compiled graph) torch's own timers (torch._dynamo.utils.compilation_time_metrics): seconds
                    per timed function, summed over the compiled graphs. They nest (Dynamo's
                    `_compile.compile_inner` contains the backend's `compile_fx_inner`, which
                    contains the lowering and the wait for inductor's kernel compiles), so they
@@ -15,12 +15,14 @@ records, besides the first call's wall time:
                    first launch; inductor compiles its own in worker processes, which this does not
                    see, except when it falls back to compiling in-process): kernel name, seconds
   later_calls_ms   the next calls, synced each, for the steady state
+  cache_files_before  files in the cache directories when the process started (0: a cold start)
 """
 
 from __future__ import annotations
 
 import argparse
 import json
+import os
 import statistics
 import time
 from collections import defaultdict
@@ -53,12 +55,13 @@ def watch_triton_compiles() -> list[dict]:
     return log
 
 
-def compile_phase_seconds() -> dict[str, float]:
+def compile_phase_seconds() -> dict[str, list[float]]:
+    """torch's timers: each timed function's seconds, one entry per time it ran (per compiled graph)."""
     try:
         from torch._dynamo.utils import compilation_time_metrics
     except ImportError:
         return {}
-    return {name: sum(values) for name, values in compilation_time_metrics.items()}
+    return {name: list(values) for name, values in compilation_time_metrics.items()}
 
 
 def summarize_triton(log: list[dict]) -> list[dict]:
@@ -79,6 +82,7 @@ def main() -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     cache_env = use_compile_cache(args.compile_cache)
+    cache_files_before = sum(len(files) for d in cache_env.values() for _, _, files in os.walk(d))
     triton_log = watch_triton_compiles()
     from vlaperf.engine import Engine
     from vlaperf.inputs import random_noise, random_observation
@@ -104,11 +108,13 @@ def main() -> None:
         sync()
         later.append((time.perf_counter() - start) * 1e3)
     triton_rows = summarize_triton(triton_log)
+    phases = compile_phase_seconds()
     result = {"schema": SCHEMA, "command": "first-call", "workload": {"id": w.id, "overrides": {}},
               "variant": {"levers": engine.levers.names(), "label": engine.name, "dtype": str(model.dtype).split(".")[-1]},
-              "env": environment_record(args.device), "compile_cache": cache_env,
+              "env": environment_record(args.device), "compile_cache": cache_env, "cache_files_before": cache_files_before,
               "model_build_s": t1 - t0, "engine_init_s": t2 - t1, "first_call_s": first,
-              "compile_phases": compile_phase_seconds(), "triton_compiles": triton_rows,
+              "compile_phases": {k: sum(v) for k, v in phases.items()}, "compile_phases_each": phases,
+              "triton_compiles": triton_rows,
               "triton_compile_s": sum(r["s"] for r in triton_rows),
               "later_calls_ms": later, "later_median_ms": statistics.median(later) if later else None}
     print(f"first call {first:.2f} s (model {t1 - t0:.1f} s, engine {t2 - t1:.1f} s); "

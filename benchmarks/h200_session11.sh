@@ -5,6 +5,9 @@
 #               call goes, cold and warm (first_call.py, its own cache directory)
 #            B: cluster_probe.cu with the clusters resident at once printed, then the first call of the
 #               same levers without compile (graph + the kernels), cold and warm
+#   PART=b   compile_layers (the prefix compiled layer block by layer block): A: first calls cold and warm
+#            (first_call.py), then best against best + compile_layers in one process (matrix)
+#            B: libero-pi05's first calls with compile_layers, cold and warm
 # On nvidia-h200 (one GPU) ONE_GPU=1 runs lane B after lane A, both on GPU 0.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session11.sh
 set -u
@@ -24,6 +27,19 @@ EOT
 90 nvcc -O3 -std=c++17 -gencode=arch=compute_90a,code=sm_90a -o /tmp/cluster_probe benchmarks/cluster_probe.cu && /tmp/cluster_probe | tee $R/cluster_probe_residency.txt
 120 python3 benchmarks/first_call.py --workload libero-pi0 --levers $K --compile-cache /tmp/fcB --json $R/first_call_libero-pi0_kernels-graph_cold.json
 60 python3 benchmarks/first_call.py --workload libero-pi0 --levers $K --compile-cache /tmp/fcB --json $R/first_call_libero-pi0_kernels-graph_warm.json
+EOT
+  ;;
+b)
+  L=$X,compile=default,compile_layers,triton_kernels,megakernel  # best + compile_layers
+  lane A 0 40 <<EOT &
+120 python3 benchmarks/first_call.py --workload libero-pi0 --levers $L --compile-cache /tmp/fcC --json $R/first_call_libero-pi0_best-layers_cold.json
+60 python3 benchmarks/first_call.py --workload libero-pi0 --levers $L --compile-cache /tmp/fcC --json $R/first_call_libero-pi0_best-layers_warm.json
+240 $V matrix --workload libero-pi0 --variants "best;$L" --iters 40 --warmup 5 --no-progress --json $R/matrix_libero-pi0_compile_layers.json
+EOT
+  after_a
+  lane B $GPU_B 40 <<EOT &
+120 python3 benchmarks/first_call.py --workload libero-pi05 --levers $L --compile-cache /tmp/fcD --json $R/first_call_libero-pi05_best-layers_cold.json
+60 python3 benchmarks/first_call.py --workload libero-pi05 --levers $L --compile-cache /tmp/fcD --json $R/first_call_libero-pi05_best-layers_warm.json
 EOT
   ;;
 esac

@@ -332,6 +332,21 @@ def geglu_bench_tables(results):
                          note="; tiling: kind, BM, BN, BK, GROUP_M, warps, stages", small_floats=True)
 
 
+def first_call_tables(results):
+    """benchmarks/first_call.py: the first call of a fresh process, cold and warm caches."""
+    from vlaperf.report.render import FIRST_CALL_HEADER, first_call_rows
+
+    rows = first_call_rows([(str(p.relative_to(ROOT)), r) for p, r in results if r["command"] == "first-call"])
+    if not rows:
+        return []
+    fmt = lambda c: f"{c:.2f}" if isinstance(c, float) else str(c)  # noqa: E731
+    return ["A fresh process each (commit in the file); torch.compile s = Dynamo's whole compile "
+            "(`_compile.compile_inner`), inductor s = its `compile_fx_inner` part; Triton in process = the engine's "
+            "kernels compiled at their first launch (inductor compiles its own in worker processes).", "",
+            "| " + " | ".join(FIRST_CALL_HEADER) + " |", "|" + "---|" * len(FIRST_CALL_HEADER)] + \
+        ["| " + " | ".join(fmt(c) for c in row) + " |" for row in rows] + [""]
+
+
 def main() -> None:
     results = [(p, json.loads(p.read_text())) for p in sorted(RESULTS.rglob("*.json"))]
     lines = ["# Performance", "",
@@ -354,6 +369,7 @@ def main() -> None:
     lines += ["## GEMM shapes alone (`benchmarks/gemm_probe.py`)", ""] + gemm_probe_tables(results)
     lines += ["## Prefix GEMMs as other cuBLAS calls (`benchmarks/splitk_probe.py`)", ""] + splitk_probe_tables(results)
     lines += ["## Gemma gate_up with GELU x up in one Triton GEMM (session 10, taken out)", ""] + geglu_bench_tables(results)
+    lines += ["## The first call of a fresh process (`benchmarks/first_call.py`)", ""] + first_call_tables(results)
     lines += ["## Kernels (`benchmarks/*_bench.py`)", ""] + kernel_tables(results)
     OUT.write_text("\n".join(lines) + "\n")
     print(f"wrote {OUT}")

@@ -9,13 +9,13 @@ import torch
 
 from vlaperf.check import check_equivalence, compare
 from vlaperf.engine import LEVERS, Engine, LeverError, Levers
-from vlaperf.engine.levers import EXPERIMENTAL
+from vlaperf.engine.levers import EXPERIMENTAL, MODIFIERS
 from vlaperf.engine.prefix import prompt_bucket
 from vlaperf.inputs import random_noise, random_observation
-from vlaperf.models.pi0 import build_model
+from vlaperf.models.pi0 import build_model, get_config
 from vlaperf.workloads import get_workload
 
-PLAIN = [n for n in LEVERS if n not in ("cuda_graph", "compile") + EXPERIMENTAL]
+PLAIN = [n for n in LEVERS if n not in ("cuda_graph", "compile") + EXPERIMENTAL + MODIFIERS]
 ALL_PLAIN = ",".join(PLAIN)
 FP32_TOL = 1e-4  # relative L2; float32 reordering only (see vlaperf.check)
 
@@ -158,7 +158,7 @@ def test_release_without_fused_copies_frees_nothing(tiny_model, tiny_inputs, tin
     assert rel_l2(engine.sample_actions(*tiny_inputs, tiny_workload.steps), ref) < FP32_TOL
 
 
-@pytest.mark.parametrize("levers", ["for_loop,compile", ALL_PLAIN + ",compile"])
+@pytest.mark.parametrize("levers", ["for_loop,compile", ALL_PLAIN + ",compile", ALL_PLAIN + ",compile,compile_layers"])
 def test_compiled_path_has_no_graph_breaks_and_no_recompiles(tiny_model, tiny_workload, levers):
     """fullgraph=True turns a graph break into an error; a new prompt length inside the
     same bucket must not recompile. The 'eager' backend traces exactly as inductor would
@@ -176,6 +176,38 @@ def test_compiled_path_has_no_graph_breaks_and_no_recompiles(tiny_model, tiny_wo
     with torch._dynamo.config.patch(error_on_recompile=True):
         out7 = engine.sample_actions(obs7, noise, tiny_workload.steps)
     assert rel_l2(out7, tiny_model.sample_actions(obs7, noise, tiny_workload.steps)) < FP32_TOL
+
+
+@pytest.mark.parametrize("pi05", [False, True], ids=["pi0", "pi05"])
+def test_compile_layers_compiles_each_layer_block_once_whatever_the_depth(tiny_workload, pi05):
+    """Regional compilation: the number of compiled graphs does not grow with the number of
+    layers (first SigLIP layer, the others; first Gemma layer, the others; the last layer's K/V;
+    the step), and the actions match the reference at every depth."""
+    import torch._dynamo
+    from torch._dynamo.utils import counters
+
+    graphs = {}
+    for depth in (4, 6):
+        base = get_config("tiny", pi05=pi05)
+        cfg = dataclasses.replace(base, vision=dataclasses.replace(base.vision, depth=depth),
+                                  backbone=dataclasses.replace(base.backbone, depth=depth),
+                                  expert=dataclasses.replace(base.expert, depth=depth))
+        model = build_model(cfg, "cpu", torch.float32, seed=0)
+        obs, noise = random_observation(tiny_workload, cfg, seed=1), random_noise(tiny_workload, cfg, seed=1)
+        torch._dynamo.reset()
+        counters.clear()
+        engine = Engine(model, ALL_PLAIN + ",compile,compile_layers", compile_backend="eager")
+        out = engine.sample_actions(obs, noise, tiny_workload.steps)
+        assert rel_l2(out, model.sample_actions(obs, noise, tiny_workload.steps)) < FP32_TOL
+        graphs[depth] = counters["stats"]["unique_graphs"]
+    assert graphs[4] == graphs[6] == 6, graphs
+
+
+def test_compile_layers_without_compile_is_a_lever_error():
+    with pytest.raises(LeverError, match="compile_layers needs compile"):
+        Levers.parse("for_loop,compile_layers").check("cpu")
+    assert Levers.parse("for_loop,compile=reduce-overhead,compile_layers").names()[-2:] == ["compile=reduce-overhead",
+                                                                                         "compile_layers"]
 
 
 def test_check_equivalence_passes_and_catches_a_broken_variant(tiny_model, tiny_workload):

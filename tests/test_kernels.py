@@ -269,6 +269,12 @@ COMPILE_SCRIPT = TINY_SETUP + textwrap.dedent(
     err = ((out - ref).norm() / ref.norm()).item()
     assert err < 1e-4, err
     assert len(calls) == (4 * 2 + 3) * 4, len(calls)  # the layer and head kernels ran inside the compiled step
+    # compile_layers: the prefix's layer blocks compiled one by one, the RoPE + cache-write kernel
+    # writing each layer's slice of the static cache from inside its compiled block
+    layered = Engine(model, levers + ",compile_layers", compile_backend="aot_eager")
+    out_layered = layered.sample_actions(obs, noise, w.steps)
+    err = ((out_layered - ref).norm() / ref.norm()).item()
+    assert err < 1e-4, err
     print("ok")
     """
 )

@@ -280,7 +280,7 @@ def cmd_check(args) -> int:
 def _applicable(lever: str, device: torch.device) -> bool:
     if lever in ("cuda_graph", "triton_kernels", "megakernel"):
         return device.type == "cuda"
-    return lever != "compile"  # compile is checked explicitly (it needs a compiler and minutes)
+    return lever not in ("compile", "compile_layers")  # compile is checked explicitly (it needs a compiler and minutes)
 
 
 # --------------------------------------------------------------------------- levers

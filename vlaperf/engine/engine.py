@@ -23,7 +23,7 @@ from vlaperf.engine.fusion import (build_weights, release_reference_copies, sche
 from vlaperf.engine.graphs import GraphCache
 from vlaperf.engine.levers import Levers
 from vlaperf.engine.loop import SuffixContext, denoise_step
-from vlaperf.engine.prefix import PrefixPlan, embed_prefix, plan_prefix, prefill
+from vlaperf.engine.prefix import PLAIN_BLOCKS, PrefixBlocks, PrefixPlan, embed_prefix, plan_prefix, prefill
 from vlaperf.inputs import Observation
 from vlaperf.models.pi0 import Pi0Model
 
@@ -58,13 +58,19 @@ class Engine:
         # Only on the plain path (it is not called inside a CUDA graph or compiled code).
         self.stage_hook: Callable[[str], None] | None = None
         self._prefix = self._prefix_eager
+        self._blocks = PLAIN_BLOCKS
         self._step = partial(denoise_step, model, self.weights, kernels=self.levers.triton_kernels,
                              megakernel=self.levers.megakernel)
         if self.levers.compile:
             from vlaperf.engine.compile import compile_fn
 
-            self._prefix = compile_fn(self._prefix_eager, self.levers.compile, compile_backend)
-            self._step = compile_fn(self._step, self.levers.compile, compile_backend)
+            mode = self.levers.compile
+            if self.levers.compile_layers:  # each layer block compiled once, reused by every layer
+                self._blocks = PrefixBlocks(*(compile_fn(f, mode, compile_backend) for f in
+                                              (PLAIN_BLOCKS.siglip, PLAIN_BLOCKS.gemma, PLAIN_BLOCKS.gemma_last_kv)))
+            else:
+                self._prefix = compile_fn(self._prefix_eager, mode, compile_backend)
+            self._step = compile_fn(self._step, mode, compile_backend)
 
     @property
     def name(self) -> str:
@@ -153,9 +159,10 @@ class Engine:
 
     def _prefix_eager(self, obs: Observation, plan: PrefixPlan, kv_buffers):
         self._mark("embed_prefix")
-        prefix, pad = embed_prefix(self.model, self.weights, obs, plan, self.levers.sdpa)
+        prefix, pad = embed_prefix(self.model, self.weights, obs, plan, self.levers.sdpa, self._blocks)
         self._mark("prefill")
-        cache = prefill(self.model, self.weights, prefix, pad, self.levers.sdpa, kv_buffers, kernels=self.levers.triton_kernels)
+        cache = prefill(self.model, self.weights, prefix, pad, self.levers.sdpa, kv_buffers, kernels=self.levers.triton_kernels,
+                        blocks=self._blocks)
         return pad, cache
 
     def _mark(self, stage: str) -> None:

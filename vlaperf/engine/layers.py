@@ -37,6 +37,12 @@ def adaptive_from_dense(x: Tensor, eps: float, dense: tuple[Tensor, Tensor], con
 
 
 def siglip_layer(lw: SiglipLayerW, x: Tensor, eps: float, use_sdpa: bool) -> Tensor:
+    x, branch = siglip_layer_parts(lw, x, eps, use_sdpa)
+    return x + branch
+
+
+def siglip_layer_parts(lw: SiglipLayerW, x: Tensor, eps: float, use_sdpa: bool) -> tuple[Tensor, Tensor]:
+    """siglip_layer up to its last residual add: (x, branch), the layer's output being x + branch."""
     B, T, D = x.shape
     h = F.layer_norm(x, (D,), *lw.ln1, eps)
     if lw.qkv is not None:
@@ -47,7 +53,7 @@ def siglip_layer(lw: SiglipLayerW, x: Tensor, eps: float, use_sdpa: bool) -> Ten
     out = attention(heads(q), heads(k), heads(v), None, use_sdpa)
     x = x + F.linear(out.transpose(1, 2).reshape(B, T, D), *lw.out)
     h = F.layer_norm(x, (D,), *lw.ln2, eps)
-    return x + F.linear(siglip_fc1_gelu(lw, h), *lw.fc2)
+    return x, F.linear(siglip_fc1_gelu(lw, h), *lw.fc2)
 
 
 def siglip_fc1_gelu(lw: SiglipLayerW, h: Tensor) -> Tensor:
@@ -83,7 +89,14 @@ def gemma_mlp(lw: GemmaLayerW, h: Tensor) -> Tensor:
     return F.linear(F.gelu(gate, approximate="tanh") * up, lw.down)
 
 
-def gemma_layer(
+def gemma_layer(*args, **kwargs) -> tuple[Tensor, tuple[Tensor, Tensor]]:
+    """One Gemma layer on one stream; the arguments are gemma_layer_parts'.
+    Returns the new x and this stream's (k, v) after RoPE (for the prefix cache)."""
+    x, branch, gate, kv = gemma_layer_parts(*args, **kwargs)
+    return (x + branch if gate is None else x + branch * gate), kv
+
+
+def gemma_layer_parts(
     lw: GemmaLayerW,
     x: Tensor,
     eps: float,
@@ -97,8 +110,9 @@ def gemma_layer(
     ada_cond: Tensor | None = None,
     attend=None,
     rope_qkv=None,
-) -> tuple[Tensor, tuple[Tensor, Tensor]]:
-    """One Gemma layer on one stream.
+) -> tuple[Tensor, Tensor, Tensor | None, tuple[Tensor, Tensor]]:
+    """One Gemma layer up to its last residual add: (x, branch, gate, (k, v)), the layer's output
+    being x + branch (times gate, pi0.5's adaptive norms, when not None).
 
     kv_write: static buffers (B, K, T_total, h) and this stream's slot in them are given as
               views; this stream's k, v are written there and attention reads the whole
@@ -110,7 +124,7 @@ def gemma_layer(
     rope_qkv: the fused projection's output (B, T, (N + 2K) h) -> (q, k) after RoPE, writing
               k and v into the static cache itself (the prefix with `triton_kernels`:
               kernels/rope_qkv.py); needs `attend`, replaces kv_write / kv_past.
-    Returns the new x and this stream's (k, v) after RoPE (for the prefix cache).
+    (k, v) are this stream's after RoPE (for the prefix cache).
     """
     gate1 = gate2 = None
     if mod is not None:
@@ -138,8 +152,7 @@ def gemma_layer(
         h, gate2 = adaptive_from_dense(x, eps, lw.ada_post, ada_cond)
     else:
         h = rms_normalize(x, eps, lw.post_scale)
-    branch = gemma_mlp(lw, h)
-    return (x + branch if gate2 is None else x + branch * gate2), (k, v)
+    return x, gemma_mlp(lw, h), gate2, (k, v)
 
 
 def rope_and_attend(q, k, v, cos, sin, mask, use_sdpa, kv_write, kv_past, attend=None):

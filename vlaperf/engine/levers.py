@@ -22,6 +22,7 @@ LEVERS: dict[str, str] = {
     "fuse_projections": "fused QKV and gate/up matmuls, RMSNorm scales folded into the next linear, time conditioning tabulated per step",
     "cuda_graph": "capture the whole sample_actions (prefix + all steps) in one CUDA graph per input shape, replayed per call",
     "compile": "torch.compile the prefix and the denoise step (mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs)",
+    "compile_layers": "with compile: torch.compile each SigLIP and Gemma prefix layer once and reuse it for every layer (regional compilation), instead of the whole prefix as one graph: a shorter first call; the few ops between the layers run eager",
     "triton_kernels": "in `best` on Hopper GPUs, else opt-in: the denoise step's matmuls (RMSNorm/GEGLU/residual fused) and attention as Triton kernels (pi0 and shallow6, batch 1; H200: 1.2-1.3x over graph, 1.07x over compile + graph), the step's attention at any batch and for pi0.5 (H200 batch 4: 1.24x, batch 8: 1.15x), its float32 heads as TF32x3 products (1.02x on libero-pi0), and the prefix attention (one K/V head: 24 vs 50 us a layer for SDPA) with RoPE and the static-cache write as one kernel a layer (1.02x on libero-pi0 and at batch 4)",
     "megakernel": "in `best` on Hopper GPUs, else opt-in: all expert layers of a denoise step in one persistent Triton kernel, grid barriers between its phases (pi0, pi0.5 and shallow6, batch 1; H200: 1.28x over compile + graph + triton_kernels at 10 steps, 1.52x on a step; pi0.5, its adaptive norms from a per-step table: 1.10-1.11x on libero-pi05); `megakernel=batched` also sends batches of up to 256 suffix rows (pi0: 4 samples) to it, in one launch (checked; at batch 4 slower than the layers on the H200: 2.10 against 1.53 ms a step)",
 }
@@ -31,8 +32,10 @@ LEVERS: dict[str, str] = {
 # adds them on Hopper (compute capability 9.x) alone; elsewhere they are opt-in.
 EXPERIMENTAL = ("triton_kernels", "megakernel")
 TUNED_FOR = {"triton_kernels": (9,), "megakernel": (9,)}  # lever -> compute-capability majors where `best` uses it
+# Levers that change how another applies, outside the cumulative table and the presets.
+MODIFIERS = ("compile_layers",)
 # What a lever needs beside it (`vlaperf check` adds these when it checks a lever alone).
-REQUIRES = {"cuda_graph": ("for_loop",), "triton_kernels": ("fuse_projections",),
+REQUIRES = {"cuda_graph": ("for_loop",), "compile_layers": ("compile",), "triton_kernels": ("fuse_projections",),
             "megakernel": ("fuse_projections", "static_kv_cache")}
 
 COMPILE_MODES = ("default", "reduce-overhead", "max-autotune", "max-autotune-no-cudagraphs")
@@ -71,6 +74,7 @@ class Levers:
     fuse_projections: bool = False
     cuda_graph: bool = False
     compile: str | None = None  # one of COMPILE_MODES, or None
+    compile_layers: bool = False  # compile the prefix layer by layer (needs compile)
     triton_kernels: bool = False
     megakernel: bool | str = False  # True: batch 1; "batched": up to 256 suffix rows of several samples (slower at batch 4)
 
@@ -142,6 +146,9 @@ class Levers:
                 raise LeverError("cuda_graph needs for_loop: the reference while-loop reads a device tensor on the host, which cannot be captured")
             if self.compile in ("reduce-overhead", "max-autotune"):
                 raise LeverError(f"cuda_graph and compile={self.compile} both capture CUDA graphs; use compile=default or max-autotune-no-cudagraphs with cuda_graph")
+        if self.compile_layers and not self.compile:
+            raise LeverError("compile_layers needs compile: it changes how the prefix is compiled (add compile, "
+                             "e.g. compile=default)")
         if self.compile in ("reduce-overhead", "max-autotune") and device.type != "cuda":
             raise LeverError(f"compile={self.compile} uses CUDA graphs and needs a CUDA device")
         if self.triton_kernels:

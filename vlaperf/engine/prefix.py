@@ -10,6 +10,7 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass
+from typing import Callable
 
 import torch
 import torch.nn.functional as F
@@ -17,7 +18,7 @@ from torch import Tensor
 
 from vlaperf.engine.attention import prefix_mask
 from vlaperf.engine.fusion import EngineWeights
-from vlaperf.engine.layers import gemma_layer, qkv_projection, rms_normalize, siglip_layer
+from vlaperf.engine.layers import gemma_layer_parts, qkv_projection, rms_normalize, siglip_layer_parts
 from vlaperf.models.pi0 import Pi0Model, apply_rope, rope_cos_sin
 
 # Static prompt lengths: changing the instruction must not re-capture a graph or recompile
@@ -59,7 +60,72 @@ def plan_prefix(obs, skip_masked_images: bool, trim_prompt_padding: bool) -> Pre
     return PrefixPlan(slots, prompt_len, read)
 
 
-def embed_images(model: Pi0Model, ew: EngineWeights, images: Tensor, use_sdpa: bool) -> Tensor:
+# ------------------------------------------------------------------ the repeated layers as blocks
+# Each block is one layer less its last residual add, which the next block does first: when
+# `compile_layers` compiles each block once and reuses it for every layer, that add and the next
+# layer's norm stay one fused kernel, as they are when the whole prefix is one graph. The per-
+# layer arguments are tensors only (the layer's weights and its slice of the static cache), so
+# one compiled block serves every layer; the first layer (nothing pending) is a second graph.
+
+
+def siglip_block(lw, x: Tensor, pending: Tensor | None, eps: float, use_sdpa: bool) -> tuple[Tensor, Tensor]:
+    """x + pending, then a SigLIP layer up to its last residual add: (x, branch)."""
+    if pending is not None:
+        x = x + pending
+    return siglip_layer_parts(lw, x, eps, use_sdpa)
+
+
+def gemma_block(lw, x: Tensor, pending: Tensor | None, eps: float, cos: Tensor, sin: Tensor, mask: Tensor, use_sdpa: bool,
+                attend, kv_layer: tuple[Tensor, Tensor] | None, rope_kernel: bool):
+    """x + pending, then a Gemma prefix layer up to its last residual add: (x, branch, (k, v)).
+    kv_layer: this layer's static cache, (1, B, K, T, h) each, or None (the keys are returned);
+    rope_kernel: RoPE and the cache write as one kernel (kernels/rope_qkv.py), else copies."""
+    if pending is not None:
+        x = x + pending
+    rope = None
+    if rope_kernel:
+        from vlaperf.engine.kernels.ops import rope_qkv  # custom op: compile sees through
+
+        rope = lambda qkv: rope_qkv(qkv, cos, sin, kv_layer[0], kv_layer[1], 0, 0, lw.num_heads, lw.num_kv_heads, True)  # noqa: E731
+    x, branch, gate, kv = gemma_layer_parts(lw, x, eps, cos, sin, mask, use_sdpa, attend=attend, rope_qkv=rope)
+    if kv_layer is not None and not rope_kernel:
+        Tp = x.shape[1]
+        kv_layer[0][0, :, :, :Tp].copy_(kv[0])
+        kv_layer[1][0, :, :, :Tp].copy_(kv[1])
+    return x, branch, kv
+
+
+def gemma_last_kv_block(lw, x: Tensor, pending: Tensor | None, eps: float, cos: Tensor, sin: Tensor,
+                        kv_layer: tuple[Tensor, Tensor], rope_kernel: bool) -> None:
+    """The last prefix layer with a static cache: only its keys and values feed the actions."""
+    if pending is not None:
+        x = x + pending
+    h = rms_normalize(x, eps, lw.in_scale)
+    if rope_kernel:
+        from vlaperf.engine.kernels.ops import rope_qkv
+
+        rope_qkv(F.linear(h, lw.qkv), cos, sin, kv_layer[0], kv_layer[1], 0, 0, lw.num_heads, lw.num_kv_heads, False)
+        return
+    _, k, v = qkv_projection(lw, h)
+    Tp = x.shape[1]
+    kv_layer[0][0, :, :, :Tp].copy_(apply_rope(k, cos, sin))
+    kv_layer[1][0, :, :, :Tp].copy_(v)
+
+
+@dataclass(frozen=True)
+class PrefixBlocks:
+    """How the prefix runs its repeated layers: these functions as they are, or each compiled once
+    and reused for every layer (`compile_layers`, engine.py)."""
+    siglip: Callable = siglip_block
+    gemma: Callable = gemma_block
+    gemma_last_kv: Callable = gemma_last_kv_block
+
+
+PLAIN_BLOCKS = PrefixBlocks()
+
+
+def embed_images(model: Pi0Model, ew: EngineWeights, images: Tensor, use_sdpa: bool,
+                 blocks: PrefixBlocks = PLAIN_BLOCKS) -> Tensor:
     """(B, S', 3, R, R) -> (B, S' * P, D). All kept images go through SigLIP as one batch
     (fatter matmuls than one call per camera)."""
     B, S = images.shape[:2]
@@ -70,8 +136,11 @@ def embed_images(model: Pi0Model, ew: EngineWeights, images: Tensor, use_sdpa: b
         x = patch_embed(ew.patch, images.flatten(0, 1), vision.embeddings)
     x = x.to(vision.post_layernorm.weight.dtype)
     eps = vision.post_layernorm.eps
+    pending = None
     for lw in ew.vision:
-        x = siglip_layer(lw, x, eps, use_sdpa)
+        x, pending = blocks.siglip(lw, x, pending, eps, use_sdpa)
+    if pending is not None:
+        x = x + pending
     x = model.projector(vision.post_layernorm(x))
     return x.view(B, S * x.shape[1], x.shape[2])
 
@@ -98,11 +167,12 @@ def select_slots(x: Tensor, slots: tuple[int, ...]) -> Tensor:
     return torch.stack([x[:, s] for s in slots], dim=1)
 
 
-def embed_prefix(model: Pi0Model, ew: EngineWeights, obs, plan: PrefixPlan, use_sdpa: bool) -> tuple[Tensor, Tensor]:
+def embed_prefix(model: Pi0Model, ew: EngineWeights, obs, plan: PrefixPlan, use_sdpa: bool,
+                 blocks: PrefixBlocks = PLAIN_BLOCKS) -> tuple[Tensor, Tensor]:
     """Prefix embeddings (B, Tp, D) and pad mask (B, Tp) for the planned layout."""
     embs, pads = [], []
     if plan.slots:
-        img = embed_images(model, ew, select_slots(obs.images, plan.slots), use_sdpa)
+        img = embed_images(model, ew, select_slots(obs.images, plan.slots), use_sdpa, blocks)
         P = img.shape[1] // len(plan.slots)
         embs.append(img)
         pads.append(select_slots(obs.image_mask, plan.slots).repeat_interleave(P, dim=1))
@@ -121,6 +191,7 @@ def prefill(
     use_sdpa: bool,
     kv_buffers: tuple[Tensor, Tensor] | None,
     kernels: bool = False,
+    blocks: PrefixBlocks = PLAIN_BLOCKS,
 ) -> list[tuple[Tensor, Tensor]] | None:
     """Backbone over the prefix. With `kv_buffers` (depth, B, K, T >= Tp + Ts, h) the keys and
     values are written into their prefix part and nothing is returned; otherwise the
@@ -128,7 +199,9 @@ def prefill(
     K/V: its attention output, MLP and the final norm feed nothing the actions depend on.
     `kernels` (the `triton_kernels` lever): attention by the Triton kernel where the backbone
     has one K/V head (Gemma-2B), with the mask cast to bytes once for all layers, and with
-    static buffers RoPE and the cache write as one kernel per layer (kernels/rope_qkv.py)."""
+    static buffers RoPE and the cache write as one kernel per layer (kernels/rope_qkv.py: it
+    writes the cache in place, a declared mutation, so torch.compile does not rebuild the
+    buffer per layer)."""
     cfg = model.config.backbone
     positions = torch.cumsum(pad.long(), dim=1) - 1
     cos, sin = rope_cos_sin(positions, cfg.head_dim, cfg.rope_base, prefix.dtype)
@@ -138,19 +211,16 @@ def prefill(
         from vlaperf.engine.kernels.ops import prefix_attention  # custom op: compile sees through
 
         attend, mask = prefix_attention, mask.to(torch.uint8)
-    Tp = prefix.shape[1]
-    x, cache = prefix, []
-    if attend is not None and kv_buffers is not None and FUSED_ROPE_CACHE_WRITE and ew.backbone[0].qkv is not None:
-        return _prefill_rope_kernel(ew, x, cfg, cos, sin, mask, use_sdpa, kv_buffers, attend)
+    rope_kernel = attend is not None and kv_buffers is not None and FUSED_ROPE_CACHE_WRITE and ew.backbone[0].qkv is not None
+    x, pending, cache = prefix, None, []
+    last = len(ew.backbone) - 1
     for i, lw in enumerate(ew.backbone):
-        if kv_buffers is not None and i == len(ew.backbone) - 1:
-            _write_last_kv(lw, x, cfg.eps, cos, sin, kv_buffers, i, Tp)
+        kv_layer = None if kv_buffers is None else (kv_buffers[0][i : i + 1], kv_buffers[1][i : i + 1])
+        if kv_layer is not None and i == last:
+            blocks.gemma_last_kv(lw, x, pending, cfg.eps, cos, sin, kv_layer, rope_kernel)
             return None
-        x, kv = gemma_layer(lw, x, cfg.eps, cos, sin, mask, use_sdpa, attend=attend)
-        if kv_buffers is not None:
-            kv_buffers[0][i, :, :, :Tp].copy_(kv[0])
-            kv_buffers[1][i, :, :, :Tp].copy_(kv[1])
-        else:
+        x, pending, kv = blocks.gemma(lw, x, pending, cfg.eps, cos, sin, mask, use_sdpa, attend, kv_layer, rope_kernel)
+        if kv_layer is None:
             cache.append(kv)
     return cache
 
@@ -158,27 +228,3 @@ def prefill(
 # The prefix's RoPE + cache write as one kernel (with `triton_kernels` and a static cache).
 # A switch so benchmarks/change_ab.py can time the call without it, in the same process.
 FUSED_ROPE_CACHE_WRITE = True
-
-
-def _prefill_rope_kernel(ew: EngineWeights, x: Tensor, cfg, cos, sin, mask, use_sdpa, kv_buffers, attend) -> None:
-    """`prefill` with the rope_qkv kernel: each layer's fused projection goes through one
-    kernel that returns RoPE(q), RoPE(k) and writes RoPE(k), v into the static cache (in place,
-    a declared mutation, so torch.compile does not rebuild the buffer per layer)."""
-    from vlaperf.engine.kernels.ops import rope_qkv  # custom op: compile sees through
-
-    def rope_for(i: int, lw, write_q: bool = True):
-        return lambda qkv: rope_qkv(qkv, cos, sin, kv_buffers[0], kv_buffers[1], i, 0, lw.num_heads, lw.num_kv_heads,
-                                    write_q)
-
-    last = len(ew.backbone) - 1
-    for i, lw in enumerate(ew.backbone[:last]):
-        x, _ = gemma_layer(lw, x, cfg.eps, cos, sin, mask, use_sdpa, attend=attend, rope_qkv=rope_for(i, lw))
-    lw = ew.backbone[last]  # its K/V only (see prefill)
-    rope_for(last, lw, write_q=False)(F.linear(rms_normalize(x, cfg.eps, lw.in_scale), lw.qkv))
-    return None
-
-
-def _write_last_kv(lw, x, eps, cos, sin, kv_buffers, i, Tp) -> None:
-    _, k, v = qkv_projection(lw, rms_normalize(x, eps, lw.in_scale))
-    kv_buffers[0][i, :, :, :Tp].copy_(apply_rope(k, cos, sin))
-    kv_buffers[1][i, :, :, :Tp].copy_(v)

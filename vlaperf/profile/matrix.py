@@ -11,7 +11,7 @@ from __future__ import annotations
 import torch
 
 from vlaperf.engine.engine import first_call_seconds
-from vlaperf.engine.levers import EXACT, EXPERIMENTAL, LEVERS
+from vlaperf.engine.levers import EXACT, EXPERIMENTAL, LEVERS, MODIFIERS
 
 
 def cumulative_variants(device: torch.device) -> list[str]:
@@ -20,7 +20,8 @@ def cumulative_variants(device: torch.device) -> list[str]:
     adds on this GPU only (triton_kernels and megakernel on Hopper)."""
     from vlaperf.engine.levers import Levers
 
-    order = [n for n in LEVERS if n != "compile" and n not in EXPERIMENTAL and (n != "cuda_graph" or device.type == "cuda")]
+    order = [n for n in LEVERS if n != "compile" and n not in EXPERIMENTAL + MODIFIERS
+             and (n != "cuda_graph" or device.type == "cuda")]
     if device.type == "cuda":
         order.append("compile=default")
         best = Levers.parse("best", device)

@@ -654,6 +654,33 @@ def splitk_probe_rows(r: dict) -> list[list]:
     return rows
 
 
+FIRST_CALL_HEADER = ["file", "workload", "variant", "cache", "first call s", "torch.compile s", "of it inductor s",
+                     "Triton in process s", "slowest Triton kernel", "engine init s", "later median ms"]
+
+
+def first_call_rows(results: list[tuple[str, dict]]) -> list[list]:
+    """benchmarks/first_call.py files: the first call of a fresh process and what it spent compiling
+    (torch's timers: Dynamo's whole compile and inductor's part of it; the Triton kernels compiled
+    in the process itself, i.e. ours), with cold (empty) or warm compile caches."""
+    rows = []
+    for path, r in results:
+        phases, triton = r.get("compile_phases") or {}, r.get("triton_compiles") or []
+        before = r.get("cache_files_before")
+        cache = "-" if before is None else "cold" if before == 0 else f"warm ({before} files)"
+        slowest = f"{triton[0]['kernel']} {triton[0]['s']:.2f} s" if triton else "-"
+        rows.append([Path(path).name, r["workload"]["id"], _short_variant(r["variant"]["label"]), cache, r["first_call_s"],
+                     phases.get("_compile.compile_inner", 0.0), phases.get("compile_fx_inner", 0.0),
+                     r.get("triton_compile_s", 0.0), slowest, r.get("engine_init_s"), r.get("later_median_ms")])
+    return rows
+
+
+def _first_call(doc: _Doc, items: list[tuple[str, dict]]) -> None:
+    doc.p("a fresh process each: the first call (compiles and the CUDA-graph capture included), torch.compile's "
+          "own timers (Dynamo's whole compile, inductor's part of it), the Triton kernels compiled in the process "
+          "(the engine's; inductor compiles its own in worker processes), and the calls after", "")
+    doc.table(FIRST_CALL_HEADER, first_call_rows(items))
+
+
 def _geglu_bench(doc: _Doc, path: str, r: dict) -> None:
     doc.h(3, f"Gemma gate_up with GELU x up on {_gpu(r)}")
     doc.p("the prefix's MLP input as one Triton GEMM with the GEGLU in its epilogue (tiling: kind, BM, BN, BK, "
@@ -796,15 +823,16 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
                 ("call-overhead", "What a graphed call costs besides its replay (call-overhead)"),
                 ("gemm-probe", "GEMM shapes alone: cuBLAS against max-autotune (gemm-probe)"),
                 ("splitk-probe", "Prefix GEMMs as other cuBLAS calls (splitk-probe)"),
-                ("geglu-bench", "Gemma gate_up with GELU x up in one GEMM (geglu-bench)"))
+                ("geglu-bench", "Gemma gate_up with GELU x up in one GEMM (geglu-bench)"),
+                ("first-call", "The first call of a fresh process (first-call)"))
     for cmd, heading in sections:
         items = by_cmd.pop(cmd, [])
         if not items:
             continue
         doc.h(2, heading)
-        if cmd in ("bench", "loadgen"):  # one section (and shared figures) over all their files
+        if cmd in ("bench", "loadgen", "first-call"):  # one section (and shared figures) over all their files
             try:
-                (_bench if cmd == "bench" else _loadgen)(doc, items)
+                {"bench": _bench, "loadgen": _loadgen, "first-call": _first_call}[cmd](doc, items)
             except (KeyError, TypeError, ValueError) as e:
                 doc.p(f"could not render the {cmd} results: {type(e).__name__}: {e}", "warn")
             continue
