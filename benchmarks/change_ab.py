@@ -24,6 +24,9 @@ the same levers with the change. Changes:
   step_kernel            the denoise step through the step kernel (`megakernel`) against the
                          layers: for pi0.5 (--workload libero-pi05), whose adaptive norms the
                          kernel takes as a per-step table since session 9
+  fused_loop             the loop around the step kernel with one launch between steps
+                         (kernels/denoise_loop.py: action head, Euler update, next tokens)
+                         against one denoise_step call a step (~15 small kernels between steps)
 Tried and taken out (docs/perf-notes.md, session 8): siglip_sdpa_flash (SDPA's flash kernel
 first for SigLIP's attention, at 1d8a3f5) and siglip_attention_kernel (SigLIP's attention
 through the split-key Triton kernel, at 0ccbea4, and with swept tiles at 8a3233d): no gain.
@@ -111,6 +114,18 @@ def without_rope_cache_kernel(engine: Engine):
 
 
 @contextlib.contextmanager
+def without_fused_loop(engine: Engine):
+    from vlaperf.engine import loop
+
+    real = loop.FUSED_LOOP
+    loop.FUSED_LOOP = False
+    try:
+        yield
+    finally:
+        loop.FUSED_LOOP = real
+
+
+@contextlib.contextmanager
 def without_step_kernel(engine: Engine):
     engine.weights.expert_stack = None  # the layers keep their own views of the stacked weights
     yield
@@ -121,7 +136,8 @@ CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "patch_matmul": (without_patch_matmul, lambda model: {}),
            "kv_align": (without_kv_align, lambda model: {}),
            "rope_cache_kernel": (without_rope_cache_kernel, lambda model: {}),
-           "step_kernel": (without_step_kernel, lambda model: {})}
+           "step_kernel": (without_step_kernel, lambda model: {}),
+           "fused_loop": (without_fused_loop, lambda model: {})}
 
 
 def main() -> None:

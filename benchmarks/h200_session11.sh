@@ -8,6 +8,9 @@
 #   PART=b   compile_layers (the prefix compiled layer block by layer block): A: first calls cold and warm
 #            (first_call.py), then best against best + compile_layers in one process (matrix)
 #            B: libero-pi05's first calls with compile_layers, cold and warm
+#   PART=c   the denoise loop with one launch between steps (kernels/denoise_loop.py): A: the call A/B in one
+#            process, libero-pi0 then libero-pi05 (change_ab.py fused_loop); the kernel sequence of best
+#            B: libero-pi0 best bench with empty compile caches (best now has compile_layers and the loop)
 # On nvidia-h200 (one GPU) ONE_GPU=1 runs lane B after lane A, both on GPU 0.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session11.sh
 set -u
@@ -40,6 +43,17 @@ EOT
   lane B $GPU_B 40 <<EOT &
 120 python3 benchmarks/first_call.py --workload libero-pi05 --levers $L --compile-cache /tmp/fcD --json $R/first_call_libero-pi05_best-layers_cold.json
 60 python3 benchmarks/first_call.py --workload libero-pi05 --levers $L --compile-cache /tmp/fcD --json $R/first_call_libero-pi05_best-layers_warm.json
+EOT
+  ;;
+c)
+  lane A 0 30 <<EOT &
+200 python3 benchmarks/change_ab.py --change fused_loop --rounds 60 --json $R/change_ab_libero-pi0_fused_loop.json
+150 python3 benchmarks/change_ab.py --change fused_loop --workload libero-pi05 --rounds 40 --json $R/change_ab_libero-pi05_fused_loop.json
+100 python3 benchmarks/profile_kernels.py --workload libero-pi0 --rows 40 --levers best --sequence $R/kernel_sequence_best_s11.txt > $R/kernels_best_s11.txt 2>&1; grep -A12 "^per call" $R/kernels_best_s11.txt
+EOT
+  after_a
+  lane B $GPU_B 20 <<EOT &
+120 $V bench --workload libero-pi0 --levers best --compile-cache /tmp/fcE $B --json $R/bench_libero-pi0_best-s11_model.json
 EOT
   ;;
 esac

@@ -16,8 +16,8 @@ from vlaperf.engine.levers import EXACT, EXPERIMENTAL, LEVERS, MODIFIERS
 
 def cumulative_variants(device: torch.device) -> list[str]:
     """reference, +for_loop, +skip_masked_images, ... in LEVERS order. On a GPU the table goes
-    on to what `best` resolves to there: +cuda_graph, +compile=default, and the levers `best`
-    adds on this GPU only (triton_kernels and megakernel on Hopper)."""
+    on to what `best` resolves to there: +cuda_graph, +compile=default, +compile_layers, and the
+    levers `best` adds on this GPU only (triton_kernels and megakernel on Hopper)."""
     from vlaperf.engine.levers import Levers
 
     order = [n for n in LEVERS if n != "compile" and n not in EXPERIMENTAL + MODIFIERS
@@ -25,7 +25,7 @@ def cumulative_variants(device: torch.device) -> list[str]:
     if device.type == "cuda":
         order.append("compile=default")
         best = Levers.parse("best", device)
-        order += [n for n in EXPERIMENTAL if getattr(best, n)]
+        order += [n for n in MODIFIERS + EXPERIMENTAL if getattr(best, n)]
     return ["reference"] + [",".join(order[: i + 1]) for i in range(len(order))]
 
 
