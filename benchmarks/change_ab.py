@@ -36,6 +36,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import json
 
 import torch
 import torch.nn.functional as F
@@ -147,7 +148,16 @@ def main() -> None:
     p.add_argument("--levers", default="best", help="both engines' levers (default best)")
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--json", default=None)
+    p.add_argument("--between-config", default=None, help="fused_loop: the between-steps kernel's tiling as "
+                   "BN,BK,warps,stages (kernels/denoise_loop.TILING), or a kernel_between_steps.json to take its fastest")
     args = p.parse_args()
+    if args.between_config:
+        from vlaperf.engine.kernels import denoise_loop
+
+        spec = args.between_config
+        values = json.load(open(spec))["fastest"]["config"] if spec.endswith(".json") else [int(v) for v in spec.split(",")]
+        denoise_loop.TILING = dict(zip(("block_n", "block_k", "num_warps", "num_stages"), values))
+        print("between-steps tiling:", denoise_loop.TILING)
     undo, probe = CHANGES[args.change]
     w = get_workload(args.workload)
     model = build_model(w.preset, "cuda")

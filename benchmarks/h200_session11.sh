@@ -11,6 +11,8 @@
 #   PART=c   the denoise loop with one launch between steps (kernels/denoise_loop.py): A: the call A/B in one
 #            process, libero-pi0 then libero-pi05 (change_ab.py fused_loop); the kernel sequence of best
 #            B: libero-pi0 best bench with empty compile caches (best now has compile_layers and the loop)
+#   PART=d   the between-steps kernel alone, every tiling (between_steps_bench.py), then the call A/B with
+#            its fastest tiling, libero-pi0 and libero-pi05
 # On nvidia-h200 (one GPU) ONE_GPU=1 runs lane B after lane A, both on GPU 0.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session11.sh
 set -u
@@ -54,6 +56,13 @@ EOT
   after_a
   lane B $GPU_B 20 <<EOT &
 120 $V bench --workload libero-pi0 --levers best --compile-cache /tmp/fcE $B --json $R/bench_libero-pi0_best-s11_model.json
+EOT
+  ;;
+d)
+  lane A 0 30 <<EOT &
+240 python3 benchmarks/between_steps_bench.py --json $R/kernel_between_steps.json | tail -3
+150 python3 benchmarks/change_ab.py --change fused_loop --rounds 60 --between-config $R/kernel_between_steps.json --json $R/change_ab_libero-pi0_fused_loop_tuned.json
+150 python3 benchmarks/change_ab.py --change fused_loop --workload libero-pi05 --rounds 40 --between-config $R/kernel_between_steps.json --json $R/change_ab_libero-pi05_fused_loop_tuned.json
 EOT
   ;;
 esac

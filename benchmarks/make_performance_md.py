@@ -213,9 +213,15 @@ def kernel_tables(results):
         if r["command"] != "kernel-bench":
             continue
         timing = ("back-to-back launches timed with CUDA events (fastest of 7 rounds of 20, three interleaved passes)"
-                  if r["variant"]["label"].startswith("tma_probe") else "CUDA-graph replays")
+                  if r["variant"]["label"].startswith("tma_probe") else "back-to-back launches timed with CUDA events"
+                  if r.get("kernel") == "between_steps" else "CUDA-graph replays")
         out += [f"### {r['variant']['label']} ({_env(r)})", "", f"`{path.relative_to(ROOT)}`; {timing}, bf16, checked against float32.", ""]
-        if "cases" in r:  # small_m_matmul: one row per expert matmul
+        if r.get("kernel") == "between_steps":  # kernels/denoise_loop.py: the launch between two steps
+            from vlaperf.report.render import BETWEEN_STEPS_HEADER, between_steps_rows
+
+            out += ["| " + " | ".join(BETWEEN_STEPS_HEADER) + " |", "|---|---|---|---|"]
+            out += [f"| {t} | {us:.1f} | {e1:.1e} | {e2:.1e} |" for t, us, e1, e2 in between_steps_rows(r)]
+        elif "cases" in r:  # small_m_matmul: one row per expert matmul
             out += ["| matmul (M = 51) | cuBLAS + eager elementwise us | kernel us | kernel TB/s | rel L2 | tiling |", "|---|---|---|---|---|---|"]
             for row in r["cases"]:
                 b = row["best"] or {}

@@ -695,9 +695,24 @@ def _splitk_probe(doc: _Doc, path: str, r: dict) -> None:
     doc.table(["shape", "M x K x N", "formulation", "us", "TFLOP/s", "rel L2"], splitk_probe_rows(r))
 
 
+BETWEEN_STEPS_HEADER = ["tiling (BN BK warps stages)", "us", "rel L2 x_t", "rel L2 tokens"]
+
+
+def between_steps_rows(r: dict, top: int = 5) -> list[list]:
+    """benchmarks/between_steps_bench.py: the fastest correct tilings of the kernel between steps
+    (x_t within 1e-3 of float32 torch: the normalized rows are rounded to bf16 on both sides, and an
+    ulp flips where rsqrt and 1/sqrt differ; the tokens within 1e-2: they are rounded to bf16)."""
+    ok = sorted((x for x in r["rows"] if "us" in x and x["rel_l2_xt"] < 1e-3 and x["rel_l2_tokens"] < 1e-2
+                 and x["state_row_ok"]), key=lambda x: x["us"])
+    return [[" ".join(map(str, x["config"])), x["us"], x["rel_l2_xt"], x["rel_l2_tokens"]] for x in ok[:top]]
+
+
 def _kernel_bench(doc: _Doc, path: str, r: dict) -> None:
     doc.h(3, f"kernel bench: {r['variant']['label']} on {_gpu(r)}")
-    if "cases" in r:
+    if r.get("kernel") == "between_steps":
+        doc.p(f"{len(r['rows'])} tilings, back-to-back launches; the fastest correct:", "")
+        doc.table(BETWEEN_STEPS_HEADER, between_steps_rows(r))
+    elif "cases" in r:
         doc.table(["case", "weight MB", "cuBLAS (+ eager elementwise) us", "kernel us", "kernel TB/s", "rel L2", "tiling",
                    "tilings tried", "wrong (rel L2 >= the case's tolerance: 1e-2 bf16, 1e-5 float32)"],
                   [[row["case"], row["weight_bytes"] / 1e6, row["cublas_ms"] * 1e3, (row["best"] or {}).get("ms", float("nan")) * 1e3,

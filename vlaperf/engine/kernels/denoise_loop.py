@@ -96,10 +96,15 @@ def _between_steps_kernel(
             tl.store(tile_ctr_ptr + idx, zeros, mask=idx < n_tile_ctr)
 
 
+# The kernel's tiling: BN columns of the next tokens a program, BK-deep loads, warps, stages.
+TILING = {"block_n": 16, "block_k": 64, "num_warps": 4, "num_stages": 3}
+
+
 def between_steps(x: torch.Tensor, tokens_out: torch.Tensor, xt_in: torch.Tensor, xt_out: torch.Tensor | None, heads: dict, time_row: torch.Tensor | None,
                   dt: float, eps: float, row0: int, counters: tuple[torch.Tensor, torch.Tensor] | None,
                   final_scale: torch.Tensor | None, final_shift: torch.Tensor | None = None, tokens: bool = True,
-                  block_n: int = 16, block_k: int = 64) -> None:
+                  block_n: int | None = None, block_k: int | None = None, num_warps: int | None = None,
+                  num_stages: int | None = None) -> None:
     """One launch between two steps (see the module docstring):
     x (Ts, D): the step's output, its last H rows read (unless this is the first step:
       final_scale None); tokens_out (Ts, D), another buffer (every program reads all of x):
@@ -114,6 +119,8 @@ def between_steps(x: torch.Tensor, tokens_out: torch.Tensor, xt_in: torch.Tensor
       final_shift (pi0.5's shift); counters: the step kernel's (counters, tile_counters)."""
     Ts, D = x.shape
     H, A = xt_in.shape
+    block_n, block_k = block_n or TILING["block_n"], block_k or TILING["block_k"]
+    num_warps, num_stages = num_warps or TILING["num_warps"], num_stages or TILING["num_stages"]
     first = final_scale is None
     mlp = "w_mlp" in heads
     if not first and xt_out is None:
@@ -141,6 +148,7 @@ def between_steps(x: torch.Tensor, tokens_out: torch.Tensor, xt_in: torch.Tensor
         D=D, A=A, AP=max(16, triton.next_power_of_2(A)), BLOCK_M=max(16, triton.next_power_of_2(H)), BN=block_n, BK=block_k, ZB=256, ROW0=row0, FIRST=first,
         TOKENS=tokens, MLP=mlp, SHIFT=final_shift is not None,
         PRECISION="tf32x3" if x.device.type != "cuda" or torch.cuda.get_device_capability(x.device)[0] >= 8 else "ieee",
+        num_warps=num_warps, num_stages=num_stages,
     )
 
 
