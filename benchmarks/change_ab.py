@@ -24,19 +24,17 @@ the same levers with the change. Changes:
   step_kernel            the denoise step through the step kernel (`megakernel`) against the
                          layers: for pi0.5 (--workload libero-pi05), whose adaptive norms the
                          kernel takes as a per-step table since session 9
-  fused_loop             the loop around the step kernel with one launch between steps
-                         (kernels/denoise_loop.py: action head, Euler update, next tokens)
-                         against one denoise_step call a step (~15 small kernels between steps)
 Tried and taken out (docs/perf-notes.md, session 8): siglip_sdpa_flash (SDPA's flash kernel
 first for SigLIP's attention, at 1d8a3f5) and siglip_attention_kernel (SigLIP's attention
 through the split-key Triton kernel, at 0ccbea4, and with swept tiles at 8a3233d): no gain.
+Session 11: fused_loop (the loop around the step kernel with one launch between steps for the
+action head, the Euler update and the next tokens, kernels/denoise_loop.py at 38a4931): 0.985x.
 """
 
 from __future__ import annotations
 
 import argparse
 import contextlib
-import json
 
 import torch
 import torch.nn.functional as F
@@ -115,18 +113,6 @@ def without_rope_cache_kernel(engine: Engine):
 
 
 @contextlib.contextmanager
-def without_fused_loop(engine: Engine):
-    from vlaperf.engine import loop
-
-    real = loop.FUSED_LOOP
-    loop.FUSED_LOOP = False
-    try:
-        yield
-    finally:
-        loop.FUSED_LOOP = real
-
-
-@contextlib.contextmanager
 def without_step_kernel(engine: Engine):
     engine.weights.expert_stack = None  # the layers keep their own views of the stacked weights
     yield
@@ -137,8 +123,7 @@ CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "patch_matmul": (without_patch_matmul, lambda model: {}),
            "kv_align": (without_kv_align, lambda model: {}),
            "rope_cache_kernel": (without_rope_cache_kernel, lambda model: {}),
-           "step_kernel": (without_step_kernel, lambda model: {}),
-           "fused_loop": (without_fused_loop, lambda model: {})}
+           "step_kernel": (without_step_kernel, lambda model: {})}
 
 
 def main() -> None:
@@ -148,16 +133,7 @@ def main() -> None:
     p.add_argument("--levers", default="best", help="both engines' levers (default best)")
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--json", default=None)
-    p.add_argument("--between-config", default=None, help="fused_loop: the between-steps kernel's tiling as "
-                   "BN,BK,warps,stages (kernels/denoise_loop.TILING), or a kernel_between_steps.json to take its fastest")
     args = p.parse_args()
-    if args.between_config:
-        from vlaperf.engine.kernels import denoise_loop
-
-        spec = args.between_config
-        values = json.load(open(spec))["fastest"]["config"] if spec.endswith(".json") else [int(v) for v in spec.split(",")]
-        denoise_loop.TILING = dict(zip(("block_n", "block_k", "num_warps", "num_stages"), values))
-        print("between-steps tiling:", denoise_loop.TILING)
     undo, probe = CHANGES[args.change]
     w = get_workload(args.workload)
     model = build_model(w.preset, "cuda")

@@ -10,9 +10,13 @@
 #            B: libero-pi05's first calls with compile_layers, cold and warm
 #   PART=c   the denoise loop with one launch between steps (kernels/denoise_loop.py): A: the call A/B in one
 #            process, libero-pi0 then libero-pi05 (change_ab.py fused_loop); the kernel sequence of best
-#            B: libero-pi0 best bench with empty compile caches (best now has compile_layers and the loop)
+#            B: libero-pi0 best bench with empty compile caches (best then had compile_layers and the loop)
+#            (0.982x and 0.970x: the kernel between steps took 59.8 us against the ~37 us of small kernels it
+#            replaced; bench 14.28 ms, kept as bench_libero-pi0_best-fused-loop-s11_model.json)
 #   PART=d   the between-steps kernel alone, every tiling (between_steps_bench.py), then the call A/B with
 #            its fastest tiling, libero-pi0 and libero-pi05
+#            (the default tiling was the fastest, 58.2 us; the call 0.985x / 0.967x. The loop, its kernel and
+#            bench were taken out after this part: parts c and d run at ac42366 / 38a4931 only)
 # On nvidia-h200 (one GPU) ONE_GPU=1 runs lane B after lane A, both on GPU 0.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session11.sh
 set -u

@@ -482,13 +482,10 @@ def test_step_kernel_matches_torch_layers_in_the_interpreter():
 MEGAKERNEL_LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
     """
 
-    import vlaperf.engine.kernels.denoise_loop as DL
     import vlaperf.engine.kernels.expert_step as S
-    from vlaperf.engine import loop
-    calls, between = [], []
-    real, real_between = S.launch_step, DL.between_steps
-    S.launch_step = lambda *a, **kw: calls.append(1) or real(*a, **kw)
-    DL.between_steps = lambda *a, **kw: between.append(1) or real_between(*a, **kw)
+    calls = []
+    real = S.expert_step
+    S.expert_step = lambda *a, **kw: calls.append(1) or real(*a, **kw)
 
     variants = ["for_loop,static_kv_cache,fuse_projections,megakernel",
                 "for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections,triton_kernels,megakernel"]
@@ -496,18 +493,12 @@ MEGAKERNEL_LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
         out = Engine(model, levers).sample_actions(obs, noise, w.steps)
         err = ((out - ref).norm() / ref.norm()).item()
         assert err < 1e-4, (levers, err)
-        # the loop with one launch between steps (kernels/denoise_loop.py) against one denoise_step call a step
-        loop.FUSED_LOOP = False
-        per_step = Engine(model, levers).sample_actions(obs, noise, w.steps)
-        loop.FUSED_LOOP = True
-        assert ((out - per_step).norm() / per_step.norm()).item() < 1e-5
-    assert len(calls) == 4 * 2 * 2, len(calls)  # one kernel per step (4 steps), both variants, both loops
-    assert len(between) == 5 * 2, len(between)  # the fused loop: before the first step and after each
+    assert len(calls) == 4 * 2, len(calls)  # one kernel per step (4 steps), both variants
     # compiled (aot_eager traces the custom op's fake as inductor would; fullgraph=True: no breaks)
     engine = Engine(model, variants[1] + ",compile", compile_backend="aot_eager")
     out = engine.sample_actions(obs, noise, w.steps)
     assert ((out - ref).norm() / ref.norm()).item() < 1e-4
-    assert len(calls) == 4 * 5, len(calls)
+    assert len(calls) == 4 * 3, len(calls)
     # batch 2 (22 suffix rows over two prefixes) falls back to the layer-by-layer path, still exact
     w2 = get_workload("tiny")
     import dataclasses
@@ -516,11 +507,11 @@ MEGAKERNEL_LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
     out2 = Engine(model, variants[0]).sample_actions(obs2, noise2, w.steps)
     ref2 = model.sample_actions(obs2, noise2, w.steps)
     assert ((out2 - ref2).norm() / ref2.norm()).item() < 1e-4
-    assert len(calls) == 4 * 5, len(calls)
+    assert len(calls) == 4 * 3, len(calls)
     # megakernel=batched: both samples through one launch a step, still exact
     out2b = Engine(model, variants[0].replace("megakernel", "megakernel=batched")).sample_actions(obs2, noise2, w.steps)
     assert ((out2b - ref2).norm() / ref2.norm()).item() < 1e-4
-    assert len(calls) == 4 * 6, len(calls)
+    assert len(calls) == 4 * 4, len(calls)
     # pi0.5: its adaptive norms go to the kernel as a per-step table (fusion.step_kernel_modulation)
     from vlaperf.models.pi0 import get_config
     m5 = build_model(get_config("tiny", pi05=True), "cpu", torch.float32, seed=0)
@@ -531,7 +522,6 @@ MEGAKERNEL_LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
         out5 = Engine(m5, levers, compile_backend="aot_eager").sample_actions(obs5, noise5, w.steps)
         assert ((out5 - ref5).norm() / ref5.norm()).item() < 1e-4, levers
     assert len(calls) == before + 4 * 2, len(calls)  # the kernel ran every step, eager and compiled
-    assert len(between) == 5 * 5, len(between)  # through the fused loop (pi0.5: no MLP, per-step final norm)
     # and two pi0.5 samples in one launch a step (megakernel=batched): one table for both
     obs52, noise52 = random_observation(w2, m5.config, seed=5), random_noise(w2, m5.config, seed=5)
     ref52 = m5.sample_actions(obs52, noise52, w.steps)

@@ -22,7 +22,7 @@ from vlaperf.engine.fusion import (build_weights, release_reference_copies, sche
                                    time_tables)
 from vlaperf.engine.graphs import GraphCache
 from vlaperf.engine.levers import Levers
-from vlaperf.engine.loop import SuffixContext, denoise_step, fused_denoise_loop
+from vlaperf.engine.loop import SuffixContext, denoise_step
 from vlaperf.engine.prefix import PLAIN_BLOCKS, PrefixBlocks, PrefixPlan, embed_prefix, plan_prefix, prefill
 from vlaperf.inputs import Observation
 from vlaperf.models.pi0 import Pi0Model
@@ -185,10 +185,6 @@ class Engine:
         x_t = noise.float()
         sdpa = self.levers.sdpa
         if self.levers.for_loop:
-            if self.levers.megakernel:  # the loop around the step kernel, one launch between steps
-                fused = fused_denoise_loop(self.model, self.weights, ctx, x_t, tables, num_steps, dt, self._mark)
-                if fused is not None:
-                    return fused
             for i in range(num_steps):
                 self._mark(f"denoise_step_{i}")
                 row = _table_row(tables, i)

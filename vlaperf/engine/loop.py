@@ -135,46 +135,6 @@ def step_attention_kernel(lw: GemmaLayerW, kernels: bool, mask: Tensor | None):
     return suffix_attention
 
 
-# The loop around the step kernel with one launch between steps (kernels/denoise_loop.py). A
-# switch so benchmarks/change_ab.py can time the call without it, in the same process.
-FUSED_LOOP = True
-
-
-def fused_denoise_loop(model: Pi0Model, ew: EngineWeights, ctx: SuffixContext, x_t: Tensor, tables: dict | None,
-                       num_steps: int, dt: float, mark=None) -> Tensor | None:
-    """The whole denoise loop through kernels/denoise_loop.py (the step kernel, and one launch
-    between steps for the action head, the Euler update and the next step's tokens), where it
-    applies: `megakernel` at batch 1 with the tabulated schedule (fuse_projections), float32
-    heads, and suffix rows the step kernel takes. Else None (the loop of denoise_step calls)."""
-    from vlaperf.engine.kernels.expert_step import TUNED_ROWS
-
-    cfg = model.config
-    st = ew.expert_stack
-    head = model.action_out_proj
-    if (not FUSED_LOOP or tables is None or st is None or ctx.kv_buffers is None or x_t.shape[0] != 1
-            or ctx.suffix_len > TUNED_ROWS or head.weight.dtype != torch.float32
-            or (st.adaptive and "step_kernel_modulation" not in tables)):
-        return None
-    from vlaperf.engine.kernels.denoise_loop import denoise_loop
-
-    eps = cfg.expert.eps
-    mask, cos, sin = ctx.mask_rope()
-    T = ctx.prefix_pad.shape[1] + ctx.suffix_len  # the step kernel reads this step's keys from its own scratch
-    kb, vb = ctx.kv_buffers
-    step_args = dict(wqkv=st.qkv, wo=st.o, wgu=st.gate_up, wd=st.down, k_cache=kb[:, 0, 0, :T], v_cache=vb[:, 0, 0, :T],
-                     cos=cos[0], sin=sin[0], mask=mask.to(torch.uint8)[0, :, :T], eps=eps)
-    heads = {"w_out": head.weight, "b_out": head.bias}
-    if cfg.pi05:  # time enters through the norms' tables; the final norm's scale and shift are per step
-        mods = tables["modulation"]  # (steps, depth * 6 + 2, D)
-        heads.update(w_in=model.action_in_proj.weight, b_in=model.action_in_proj.bias)
-        return denoise_loop(x_t[0], heads, num_steps, None, 1.0 + mods[:, -2].float(), mods[:, -1].float(), dt, eps,
-                            step_args, tables["step_kernel_modulation"], mark)[None]
-    mlp_out = model.action_time_mlp_out
-    heads.update(w_proj=tables["action_proj"], w_mlp=mlp_out.weight, b_mlp=mlp_out.bias, state=ctx.state_token()[0, 0])
-    return denoise_loop(x_t[0], heads, num_steps, tables["action_time"], 1.0 + ew.expert_final.weight.float(), None,
-                        dt, eps, step_args, None, mark)[None]
-
-
 def denoise_step(
     model: Pi0Model, ew: EngineWeights, ctx: SuffixContext, x_t: Tensor, t: Tensor, table_row: dict | None, use_sdpa: bool,
     kernels: bool = False, megakernel: bool = False,

@@ -1048,72 +1048,7 @@ def expert_step(
     mod: torch.Tensor | None = None,
 ) -> torch.Tensor:
     """x (M, D) suffix hidden states -> x after all L layers of a pi0 expert; or B samples at
-    once: x (B, M, D) with a batch axis on the cache, tables and mask as below. The arguments
-    are prepare_step's; the launch is launch_step's."""
-    launch = prepare_step(x, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin, mask, eps, persistent=persistent,
-                          config=config, programs=programs, timeline=timeline, mod=mod)
-    launch_step(launch, mod, phases)
-    return launch.x.view(launch.NB, launch.M, -1) if launch.batched else launch.x
-
-
-@dataclass
-class StepLaunch:
-    """A step-kernel launch set up once and replayed (kernels/denoise_loop.py: every step of a
-    call): its buffers and arguments. `x` (B*M, D) holds the suffix rows in and the last
-    layer's rows out (updated in place); the arrival counters must be zero at each launch."""
-    x: torch.Tensor
-    counters: torch.Tensor
-    tile_counters: torch.Tensor
-    args: list
-    consts: dict
-    grid: int
-    persistent: bool
-    batched: bool
-    NB: int
-    M: int
-    L: int
-    ctr_layer: int
-    mod_prologue: tuple | None  # pi0.5: (grid, xm, ssq, BN) of the first layer's norm statistics
-
-
-MOD_ARG, XM_ARG = 21, 22  # where `mod` and `xm` sit in StepLaunch.args
-
-
-def set_step_input(launch: StepLaunch, x: torch.Tensor) -> None:
-    """Run the prepared launch on another (B*M, D) buffer of suffix rows (updated in place)."""
-    if x.shape != launch.x.shape or x.dtype != launch.x.dtype or not x.is_contiguous():
-        raise ValueError(f"set_step_input: expected a contiguous {launch.x.dtype} buffer of shape {tuple(launch.x.shape)}")
-    if launch.args[XM_ARG] is launch.args[0]:  # pi0 reads no xm, and passes x for it
-        launch.args[XM_ARG] = x
-    launch.x = launch.args[0] = x
-
-
-def launch_step(launch: StepLaunch, mod: torch.Tensor | None = None, phases: tuple[int, int] = (0, len(PHASES))) -> None:
-    """Run the prepared step (pi0.5: with this step's modulation table `mod`)."""
-    args, consts = launch.args, launch.consts
-    if launch.mod_prologue is not None:
-        grid, xm, ssq, bn = launch.mod_prologue
-        args[MOD_ARG] = mod
-        _mod_prologue_kernel[grid](launch.x, mod, xm, ssq, launch.NB * launch.M, D=consts["D"], BLOCK_M=consts["BLOCK_M"],
-                                   BN=bn)
-    if launch.persistent:
-        _expert_step_kernel[(launch.grid,)](*args, 0, launch.L, phases[0], phases[1], USE_BARRIER=True, **consts)
-        _LAST_COUNTERS[_device_key(launch.x.device)] = (launch.counters, launch.tile_counters.view(launch.L, launch.ctr_layer))
-    else:
-        for layer in range(launch.L):
-            for phase in range(*phases):
-                _expert_step_kernel[(launch.grid,)](*args, layer, layer + 1, phase, phase + 1, USE_BARRIER=False, **consts)
-
-
-def prepare_step(
-    x: torch.Tensor, wqkv: torch.Tensor, wo: torch.Tensor, wgu: torch.Tensor, wd: torch.Tensor,
-    k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-    eps: float, *, persistent: bool | None = None, config: StepKernelConfig | None = None,
-    programs: int | None = None, timeline: torch.Tensor | None = None, mod: torch.Tensor | None = None,
-) -> StepLaunch:
-    """Check the arguments and set up a step-kernel launch of x (see expert_step; `mod` here
-    only tells pi0.5's tables apart and gives their shape: the table of each launch is
-    launch_step's).
+    once: x (B, M, D) with a batch axis on the cache, tables and mask as below.
 
     wqkv (L, NH*HD + 2*HD, D) with the input RMSNorm scale folded; wo (L, D, NH*HD);
     wgu (L, 2F, D): gate rows then up rows, post-attention RMSNorm scale folded; wd (L, D, F).
@@ -1126,8 +1061,8 @@ def prepare_step(
     attention tasks stay within one sample. Timed on the H200 for one sample of up to
     TUNED_ROWS rows, which is all the engine sends by default (docs/perf-notes.md).
     persistent: one launch with grid barriers (default on CUDA) or one launch per (layer,
-    phase). (launch_step's phases: run only phases [lo, hi) of every layer (benchmarks; phase
-    6 is empty, so (6, 7) times the barriers alone).) timeline: an int64 (L, 7, programs, 3) CUDA tensor
+    phase). phases: run only phases [lo, hi) of every layer (benchmarks; phase 6 is empty,
+    so (6, 7) times the barriers alone). timeline: an int64 (L, 7, programs, 3) CUDA tensor
     to fill with each program's global-clock nanoseconds at the start of every (layer,
     phase), when its work is done and when it has passed the barrier (persistent launches
     only; see `timeline_summary`).
@@ -1222,14 +1157,13 @@ def prepare_step(
             raise ValueError(f"expert_step: timeline must be an int64 tensor of shape {want} on {device}, got "
                              f"{timeline.dtype} {tuple(timeline.shape)} on {timeline.device}")
     clock = err if timeline is None else timeline  # any pointer will do when TIMELINE is off
-    mod_prologue = None
     if mod is not None:
         # pi0.5: the first layer's modulated input and norm statistics, in the tiles qkv reads
-        # (down's), written by launch_step; later layers get theirs from the phase before (_write_next)
+        # (down's); later layers get theirs from the phase before (_write_next)
         xm = torch.empty_like(x)
         ssq = torch.empty(max(triton.cdiv(D, cfg.bn_o), triton.cdiv(D, cfg.bn_down)), BLOCK_M, dtype=torch.float32,
                           device=device)
-        mod_prologue = ((triton.cdiv(D, cfg.bn_down),), xm, ssq, cfg.bn_down)
+        _mod_prologue_kernel[(triton.cdiv(D, cfg.bn_down),)](x, mod, xm, ssq, MT, D=D, BLOCK_M=BLOCK_M, BN=cfg.bn_down)
     else:
         xm, ssq = x, err  # not read
     args = [x, q, kv, o, h, acc, ml, part, counters, tile_counters, err, clock, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin,
@@ -1248,9 +1182,14 @@ def prepare_step(
                   ROTATE=cfg.k_rotate, NB=NB, DATAFLOW=cfg.dataflow, CTR_SLOT=ctr_slot,
                   PREFETCH_OWN=cfg.prefetch_own if device.type == "cuda" else 0, MOD=mod is not None,
                   EARLY_MOD=cfg.early_mod_loads, SCALE_AFTER_LOOP=cfg.scale_after_loop)
-    assert args[MOD_ARG] is (err if mod is None else mod) and args[XM_ARG] is xm
-    return StepLaunch(x, counters, tile_counters, args, consts, grid, persistent, batched, NB, M, L, ctr_layer,
-                      mod_prologue)
+    if persistent:
+        _expert_step_kernel[(grid,)](*args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
+        _LAST_COUNTERS[_device_key(device)] = (counters, tile_counters.view(L, ctr_layer))
+    else:
+        for layer in range(L):
+            for phase in range(*phases):
+                _expert_step_kernel[(grid,)](*args, layer, layer + 1, phase, phase + 1, USE_BARRIER=False, **consts)
+    return x.view(NB, M, D) if batched else x
 
 
 def timeline_summary(timeline: torch.Tensor, phases: tuple[int, int] = (0, len(PHASES))) -> dict:
