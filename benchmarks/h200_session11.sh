@@ -17,6 +17,8 @@
 #            its fastest tiling, libero-pi0 and libero-pi05
 #            (the default tiling was the fastest, 58.2 us; the call 0.985x / 0.967x. The loop, its kernel and
 #            bench were taken out after this part: parts c and d run at ac42366 / 38a4931 only)
+#   PART=e   best as it now resolves (compile_layers) on every batch-1 workload, each bench in a fresh process
+#            with empty compile caches (its first call is a cold start); then the cumulative table of libero-pi0
 # On nvidia-h200 (one GPU) ONE_GPU=1 runs lane B after lane A, both on GPU 0.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session11.sh
 set -u
@@ -67,6 +69,14 @@ d)
 240 python3 benchmarks/between_steps_bench.py --json $R/kernel_between_steps.json | tail -3
 150 python3 benchmarks/change_ab.py --change fused_loop --rounds 60 --between-config $R/kernel_between_steps.json --json $R/change_ab_libero-pi0_fused_loop_tuned.json
 150 python3 benchmarks/change_ab.py --change fused_loop --workload libero-pi05 --rounds 40 --between-config $R/kernel_between_steps.json --json $R/change_ab_libero-pi05_fused_loop_tuned.json
+EOT
+  ;;
+e)
+  lane A 0 30 <<EOT &
+100 $V bench --workload libero-pi0 --levers best --compile-cache /tmp/fcF $B --json $R/bench_libero-pi0_best-s11_model.json
+100 $V bench --workload libero-pi05 --levers best --compile-cache /tmp/fcG $B --json $R/bench_libero-pi05_best-s11_model.json
+100 $V bench --workload libero-shallow6 --levers best --compile-cache /tmp/fcH $B --json $R/bench_libero-shallow6_best-s11_model.json
+260 $V matrix --workload libero-pi0 --variants cumulative --iters 30 --warmup 5 --no-progress --json $R/matrix_libero-pi0_cumulative_s11.json
 EOT
   ;;
 esac
