@@ -23,7 +23,9 @@
 //                                 # warp; checks every output
 // Prints one row per variant: us a layer, weights TB/s, KB a CTA takes in a microsecond, and the
 // largest error against a plain float32 reference kernel. Prepared in session 9, run in
-// session 10 (benchmarks/results/h200/cluster_probe.txt; docs/perf-notes.md, version 43).
+// session 10 (benchmarks/results/h200/cluster_probe.txt; docs/perf-notes.md, version 43), and with
+// the resident clusters printed in session 11 (cluster_probe_residency.txt: clusters of 2 all
+// resident and still 2x slower; of 4, 30 of 32 resident).
 
 #include <algorithm>
 #include <cmath>
