@@ -19,6 +19,8 @@
 #            bench were taken out after this part: parts c and d run at ac42366 / 38a4931 only)
 #   PART=e   best as it now resolves (compile_layers) on every batch-1 workload, each bench in a fresh process
 #            with empty compile caches (its first call is a cold start); then the cumulative table of libero-pi0
+#   PART=f   compile_layers with zeros pending for the first layer (one graph a block): libero-pi0 best's
+#            first call cold and warm, then best against the whole-prefix compile in one process
 # On nvidia-h200 (one GPU) ONE_GPU=1 runs lane B after lane A, both on GPU 0.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session11.sh
 set -u
@@ -77,6 +79,13 @@ e)
 100 $V bench --workload libero-pi05 --levers best --compile-cache /tmp/fcG $B --json $R/bench_libero-pi05_best-s11_model.json
 100 $V bench --workload libero-shallow6 --levers best --compile-cache /tmp/fcH $B --json $R/bench_libero-shallow6_best-s11_model.json
 260 $V matrix --workload libero-pi0 --variants cumulative --iters 30 --warmup 5 --no-progress --json $R/matrix_libero-pi0_cumulative_s11.json
+EOT
+  ;;
+f)
+  lane A 0 30 <<EOT &
+100 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcI --json $R/first_call_libero-pi0_best-layers1_cold.json
+60 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcI --json $R/first_call_libero-pi0_best-layers1_warm.json
+200 $V matrix --workload libero-pi0 --variants "best;$X,compile=default,triton_kernels,megakernel" --iters 40 --warmup 5 --no-progress --json $R/matrix_libero-pi0_compile_layers1.json
 EOT
   ;;
 esac

@@ -61,8 +61,9 @@ def compile_fn(fn, mode: str, backend: str = "inductor"):
     blockers = compile_blockers(backend)
     if blockers:
         raise CompileUnavailable("compile lever cannot apply: " + "; ".join(blockers))
-    # Each prompt bucket / image layout is a distinct static shape; allow a few of them.
-    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 32)
+    # Each batch size x image count x prompt bucket is a distinct static shape of the same code
+    # (with compile_layers, of each layer block): a finite set, compiled once each as it comes.
+    torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
     if backend != "inductor":
         return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
     return torch.compile(fn, mode=mode, fullgraph=True, dynamic=False)

@@ -65,23 +65,21 @@ def plan_prefix(obs, skip_masked_images: bool, trim_prompt_padding: bool) -> Pre
 # `compile_layers` compiles each block once and reuses it for every layer, that add and the next
 # layer's norm stay one fused kernel, as they are when the whole prefix is one graph. The per-
 # layer arguments are tensors only (the layer's weights and its slice of the static cache), so
-# one compiled block serves every layer; the first layer (nothing pending) is a second graph.
+# one compiled block serves every layer. The first layer gets zeros pending (one small fill and
+# an add inside its norm's kernel, ~2 us), not None, which would be a second graph to compile.
 
 
-def siglip_block(lw, x: Tensor, pending: Tensor | None, eps: float, use_sdpa: bool) -> tuple[Tensor, Tensor]:
+def siglip_block(lw, x: Tensor, pending: Tensor, eps: float, use_sdpa: bool) -> tuple[Tensor, Tensor]:
     """x + pending, then a SigLIP layer up to its last residual add: (x, branch)."""
-    if pending is not None:
-        x = x + pending
-    return siglip_layer_parts(lw, x, eps, use_sdpa)
+    return siglip_layer_parts(lw, x + pending, eps, use_sdpa)
 
 
-def gemma_block(lw, x: Tensor, pending: Tensor | None, eps: float, cos: Tensor, sin: Tensor, mask: Tensor, use_sdpa: bool,
+def gemma_block(lw, x: Tensor, pending: Tensor, eps: float, cos: Tensor, sin: Tensor, mask: Tensor, use_sdpa: bool,
                 attend, kv_layer: tuple[Tensor, Tensor] | None, rope_kernel: bool):
     """x + pending, then a Gemma prefix layer up to its last residual add: (x, branch, (k, v)).
     kv_layer: this layer's static cache, (1, B, K, T, h) each, or None (the keys are returned);
     rope_kernel: RoPE and the cache write as one kernel (kernels/rope_qkv.py), else copies."""
-    if pending is not None:
-        x = x + pending
+    x = x + pending
     rope = None
     if rope_kernel:
         from vlaperf.engine.kernels.ops import rope_qkv  # custom op: compile sees through
@@ -95,11 +93,10 @@ def gemma_block(lw, x: Tensor, pending: Tensor | None, eps: float, cos: Tensor, 
     return x, branch, kv
 
 
-def gemma_last_kv_block(lw, x: Tensor, pending: Tensor | None, eps: float, cos: Tensor, sin: Tensor,
+def gemma_last_kv_block(lw, x: Tensor, pending: Tensor, eps: float, cos: Tensor, sin: Tensor,
                         kv_layer: tuple[Tensor, Tensor], rope_kernel: bool) -> None:
     """The last prefix layer with a static cache: only its keys and values feed the actions."""
-    if pending is not None:
-        x = x + pending
+    x = x + pending
     h = rms_normalize(x, eps, lw.in_scale)
     if rope_kernel:
         from vlaperf.engine.kernels.ops import rope_qkv
@@ -136,11 +133,10 @@ def embed_images(model: Pi0Model, ew: EngineWeights, images: Tensor, use_sdpa: b
         x = patch_embed(ew.patch, images.flatten(0, 1), vision.embeddings)
     x = x.to(vision.post_layernorm.weight.dtype)
     eps = vision.post_layernorm.eps
-    pending = None
+    pending = torch.zeros_like(x)
     for lw in ew.vision:
         x, pending = blocks.siglip(lw, x, pending, eps, use_sdpa)
-    if pending is not None:
-        x = x + pending
+    x = x + pending
     x = model.projector(vision.post_layernorm(x))
     return x.view(B, S * x.shape[1], x.shape[2])
 
@@ -212,7 +208,7 @@ def prefill(
 
         attend, mask = prefix_attention, mask.to(torch.uint8)
     rope_kernel = attend is not None and kv_buffers is not None and FUSED_ROPE_CACHE_WRITE and ew.backbone[0].qkv is not None
-    x, pending, cache = prefix, None, []
+    x, pending, cache = prefix, torch.zeros_like(prefix), []
     last = len(ew.backbone) - 1
     for i, lw in enumerate(ew.backbone):
         kv_layer = None if kv_buffers is None else (kv_buffers[0][i : i + 1], kv_buffers[1][i : i + 1])
