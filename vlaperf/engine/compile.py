@@ -33,8 +33,8 @@ def compile_blockers(backend: str = "inductor") -> list[str]:
 
 # Where torch.compile's artifacts live: Triton's compiled kernels (ours, launched by the custom
 # ops, and inductor's) and inductor's FX-graph / autotuning caches. A process that finds them
-# skips the compiles: on an H200 the first call of `best` takes 19-20 s with empty caches and
-# 4.1 s with the caches an earlier process wrote (27-35 and 5.3-5.7 s before `compile_layers`;
+# skips the compiles: on an H200 the first call of `best` takes 15.5 s with empty caches and
+# 4.2 s with the caches an earlier process wrote (27-35 and 5.3-5.7 s before `compile_layers`;
 # docs/perf-notes.md, sessions 10 and 11).
 CACHE_ENV = {"triton": "TRITON_CACHE_DIR", "inductor": "TORCHINDUCTOR_CACHE_DIR"}
 
