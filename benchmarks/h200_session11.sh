@@ -21,6 +21,8 @@
 #            with empty compile caches (its first call is a cold start); then the cumulative table of libero-pi0
 #   PART=f   compile_layers with zeros pending for the first layer (one graph a block): libero-pi0 best's
 #            first call cold and warm, then best against the whole-prefix compile in one process
+#   PART=g   our Triton kernels compiled in a thread while torch.compile traces the first call
+#            (Engine._precompile_kernels): first calls cold and warm, libero-pi0 and libero-pi05
 # On nvidia-h200 (one GPU) ONE_GPU=1 runs lane B after lane A, both on GPU 0.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session11.sh
 set -u
@@ -86,6 +88,13 @@ f)
 100 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcI --json $R/first_call_libero-pi0_best-layers1_cold.json
 60 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcI --json $R/first_call_libero-pi0_best-layers1_warm.json
 200 $V matrix --workload libero-pi0 --variants "best;$X,compile=default,triton_kernels,megakernel" --iters 40 --warmup 5 --no-progress --json $R/matrix_libero-pi0_compile_layers1.json
+EOT
+  ;;
+g)
+  lane A 0 30 <<EOT &
+100 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcJ --json $R/first_call_libero-pi0_best-precompile_cold.json
+60 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcJ --json $R/first_call_libero-pi0_best-precompile_warm.json
+100 python3 benchmarks/first_call.py --workload libero-pi05 --levers best --compile-cache /tmp/fcK --json $R/first_call_libero-pi05_best-precompile_cold.json
 EOT
   ;;
 esac

@@ -280,6 +280,76 @@ COMPILE_SCRIPT = TINY_SETUP + textwrap.dedent(
 )
 
 
+PRECOMPILE_SCRIPT = TINY_SETUP + textwrap.dedent(
+    """
+    from collections import Counter
+
+    import vlaperf.engine.kernels.expert_step as S
+    import vlaperf.engine.kernels.rope_qkv as R
+    import vlaperf.engine.kernels.small_m_matmul as K
+    import vlaperf.engine.kernels.suffix_attention as A
+    from vlaperf.engine.prefix import plan_prefix
+
+    warmups, runs = Counter(), Counter()
+    for mod, name in ((S, "_expert_step_kernel"), (R, "_rope_qkv_kernel"), (K, "_small_m_kernel"), (A, "_partial_kernel"),
+                      (A, "_merge_kernel")):
+        kernel = getattr(mod, name)
+        real_warmup, real_run = kernel.warmup, kernel.run
+        kernel.warmup = lambda *a, _n=name, _w=real_warmup, **kw: warmups.update([_n]) or _w(*a, **kw)
+        kernel.run = lambda *a, _n=name, _r=real_run, **kw: (runs.update([_n]) if not kw.get("warmup") else None) or _r(*a, **kw)
+
+    levers = "for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections,triton_kernels,megakernel"
+    engine = Engine(model, levers)
+    plan = plan_prefix(obs, True, True)
+    inputs = [obs.images, obs.image_mask, obs.tokens, obs.token_mask, obs.state, noise]
+    engine.prepare(w.steps)
+    engine._precompile_kernels(inputs, plan, w.steps)()  # start the thread, wait for it
+    assert engine.precompile_error is None, engine.precompile_error
+    # every kernel of the path was compiled for its arguments, none ran
+    assert set(warmups) == {"_expert_step_kernel", "_rope_qkv_kernel", "_small_m_kernel", "_partial_kernel",
+                            "_merge_kernel"}, warmups
+    assert not runs, runs
+    out = engine.sample_actions(obs, noise, w.steps)  # the real call afterwards: unaffected
+    assert ((out - ref).norm() / ref.norm()).item() < 1e-4
+    assert runs["_expert_step_kernel"] > 0 and runs["_rope_qkv_kernel"] > 0, runs
+    print("ok")
+    """
+)
+
+
+def test_first_call_kernel_compile_thread_compiles_every_kernel_and_runs_none():
+    """Engine._precompile_kernels (the first call of a compiled engine on the GPU): the uncompiled
+    path in a thread with every launch a compile only (kernels/launch.py)."""
+    run_in_interpreter(PRECOMPILE_SCRIPT, timeout=600)
+
+
+def test_launch_compiles_only_inside_compile_only_and_only_in_its_thread():
+    import threading
+
+    from vlaperf.engine.kernels.launch import compile_only, launch
+
+    class Kernel:
+        def __init__(self):
+            self.calls = []
+
+        def __getitem__(self, grid):
+            return lambda *a, **kw: self.calls.append(("run", grid, a, kw))
+
+        def warmup(self, *a, grid, **kw):
+            self.calls.append(("warmup", grid, a, kw))
+
+    k = Kernel()
+    launch(k, (2,), 1, X=3)
+    with compile_only():
+        launch(k, (4,), 5, X=6)
+        other = threading.Thread(target=launch, args=(k, (7,), 8))  # another thread still launches
+        other.start()
+        other.join()
+    launch(k, (9,), 10)
+    assert k.calls == [("run", (2,), (1,), {"X": 3}), ("warmup", (4,), (5,), {"X": 6}), ("run", (7,), (8,), {}),
+                       ("run", (9,), (10,), {})]
+
+
 def test_triton_kernels_compose_with_compile_without_graph_breaks():
     """The kernels are custom ops (kernels/ops.py), so the compiled step traces them whole."""
     run_in_interpreter(COMPILE_SCRIPT, timeout=900)

@@ -53,14 +53,15 @@ class Engine:
         self._kv: dict[tuple, tuple[Tensor, Tensor]] = {}
         self.graphs = GraphCache() if self.levers.cuda_graph else None
         self.last_plan: PrefixPlan | None = None
+        self.precompile_error: Exception | None = None  # what stopped the last kernel-compile thread, if anything
         # Stage boundaries for the profiler: called with a stage name where that stage
         # starts ("embed_prefix", "prefill", "denoise_step_<i>") and "end" after the last.
         # Only on the plain path (it is not called inside a CUDA graph or compiled code).
         self.stage_hook: Callable[[str], None] | None = None
         self._prefix = self._prefix_eager
         self._blocks = PLAIN_BLOCKS
-        self._step = partial(denoise_step, model, self.weights, kernels=self.levers.triton_kernels,
-                             megakernel=self.levers.megakernel)
+        self._step = self._step_eager = partial(denoise_step, model, self.weights, kernels=self.levers.triton_kernels,
+                                                megakernel=self.levers.megakernel)
         if self.levers.compile:
             from vlaperf.engine.compile import compile_fn
 
@@ -118,12 +119,49 @@ class Engine:
         if self.graphs is not None:
             self.prepare(num_steps)  # schedule tables are copied to the device before any capture
             key = (plan.slots, plan.prompt_len, num_steps, tuple((tuple(x.shape), x.dtype) for x in inputs))
-            return self.graphs.run(key, lambda: partial(self._sample, plan=plan, num_steps=num_steps), inputs)
+            precompile = None
+            if key not in self.graphs.entries and self.levers.compile and (lv.triton_kernels or lv.megakernel):
+                precompile = self._precompile_kernels(inputs, plan, num_steps)
+            return self.graphs.run(key, lambda: partial(self._sample, plan=plan, num_steps=num_steps), inputs,
+                                   before_capture=precompile)
         return self._sample(*inputs, plan=plan, num_steps=num_steps)
 
     def prepare(self, num_steps: int) -> None:
         """Build the per-schedule tables ahead of time (also done lazily)."""
         self._schedule_tensors(num_steps)
+
+    def _precompile_kernels(self, inputs: list[Tensor], plan: PrefixPlan, num_steps: int) -> Callable[[], None]:
+        """Compile this engine's Triton kernels in a thread while torch.compile traces the first
+        call of a new shape: the uncompiled path runs there once with every kernel launch a
+        compile only (kernels/launch.py), so each kernel is compiled for the arguments it will
+        get. Returns the wait for that thread, which the graph cache calls before it captures
+        (the thread's stream must be idle then). The thread only saves time: if it fails, the
+        kernels compile at their first launch as before."""
+        import contextlib
+        import threading
+
+        from vlaperf.engine.kernels.launch import compile_only
+
+        B = inputs[-1].shape[0]
+        Tp = len(plan.slots) * self.model.config.vision.num_patches + plan.prompt_len
+        self._kv_buffers(B, Tp)  # allocated here, not raced for by the two threads
+        stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
+        if stream is not None:
+            stream.wait_stream(torch.cuda.current_stream(self.device))
+        self.precompile_error = None
+
+        def work():
+            try:
+                with torch.no_grad(), torch.cuda.stream(stream) if stream else contextlib.nullcontext(), compile_only():
+                    self._sample(*inputs, plan=plan, num_steps=num_steps, compiled=False)
+            except Exception as e:  # an optimization only: the main thread compiles what is missing
+                self.precompile_error = e
+            if stream is not None:
+                stream.synchronize()
+
+        thread = threading.Thread(target=work, name="vlaperf-kernel-compile", daemon=True)
+        thread.start()
+        return thread.join
 
     # ----------------------------------------------------------------- the path
 
@@ -157,19 +195,25 @@ class Engine:
                     torch._dynamo.mark_static_address(t)
         return self._kv[shape]
 
-    def _prefix_eager(self, obs: Observation, plan: PrefixPlan, kv_buffers):
+    def _prefix_eager(self, obs: Observation, plan: PrefixPlan, kv_buffers, blocks: PrefixBlocks | None = None):
+        blocks = blocks or self._blocks
         self._mark("embed_prefix")
-        prefix, pad = embed_prefix(self.model, self.weights, obs, plan, self.levers.sdpa, self._blocks)
+        prefix, pad = embed_prefix(self.model, self.weights, obs, plan, self.levers.sdpa, blocks)
         self._mark("prefill")
         cache = prefill(self.model, self.weights, prefix, pad, self.levers.sdpa, kv_buffers, kernels=self.levers.triton_kernels,
-                        blocks=self._blocks)
+                        blocks=blocks)
         return pad, cache
 
     def _mark(self, stage: str) -> None:
         if self.stage_hook is not None and self.graphs is None and not self.levers.compile:
             self.stage_hook(stage)
 
-    def _sample(self, images, image_mask, tokens, token_mask, state, noise, *, plan: PrefixPlan, num_steps: int) -> Tensor:
+    def _sample(self, images, image_mask, tokens, token_mask, state, noise, *, plan: PrefixPlan, num_steps: int,
+                compiled: bool = True) -> Tensor:
+        """The call on the engine's path; compiled=False: none of it through torch.compile (the
+        kernel-compile thread of the first call)."""
+        prefix_fn = self._prefix if compiled else partial(self._prefix_eager, blocks=PLAIN_BLOCKS)
+        step_fn = self._step if compiled else self._step_eager
         if self.levers.compile in ("reduce-overhead", "max-autotune"):
             # One policy call is one cudagraph-trees "step": outputs of the previous call's
             # graphs may be overwritten from here on, never within the call.
@@ -178,7 +222,7 @@ class Engine:
         B = state.shape[0]
         Tp = len(plan.slots) * self.model.config.vision.num_patches + plan.prompt_len
         kv_buffers = self._kv_buffers(B, Tp)
-        pad, cache = self._prefix(obs, plan, kv_buffers)
+        pad, cache = prefix_fn(obs, plan, kv_buffers)
         ctx = SuffixContext(self.model, state, pad, cache, kv_buffers, hoist=self.levers.static_kv_cache)
         times, tables = self._schedule_tensors(num_steps)
         dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32).item()  # the reference's float32 dt
@@ -188,7 +232,7 @@ class Engine:
             for i in range(num_steps):
                 self._mark(f"denoise_step_{i}")
                 row = _table_row(tables, i)
-                v_t = self._step(ctx, x_t, times[i].expand(B), row, sdpa)
+                v_t = step_fn(ctx, x_t, times[i].expand(B), row, sdpa)
                 x_t = x_t + dt * v_t
             self._mark("end")
             return x_t
@@ -198,7 +242,7 @@ class Engine:
         i = 0
         while time_t >= -dt_t / 2:
             self._mark(f"denoise_step_{i}")
-            v_t = self._step(ctx, x_t, time_t.expand(B), _table_row(tables, i), sdpa)
+            v_t = step_fn(ctx, x_t, time_t.expand(B), _table_row(tables, i), sdpa)
             x_t = x_t + dt_t * v_t
             time_t = time_t + dt_t
             i += 1

@@ -30,18 +30,21 @@ class GraphCache:
         self.warmup_runs = warmup_runs
         self.pool = None
 
-    def run(self, key: Hashable, build: Callable[[], Callable[..., Tensor]], inputs: list[Tensor]) -> Tensor:
-        """Replay the graph for `key` on `inputs` (captured from `build()` the first time).
-        Returns a fresh tensor (the graph's output buffer is overwritten by the next replay)."""
+    def run(self, key: Hashable, build: Callable[[], Callable[..., Tensor]], inputs: list[Tensor],
+            before_capture: Callable[[], None] | None = None) -> Tensor:
+        """Replay the graph for `key` on `inputs` (captured from `build()` the first time, after
+        the warm-up runs and `before_capture()`). Returns a fresh tensor (the graph's output
+        buffer is overwritten by the next replay)."""
         entry = self.entries.get(key)
         if entry is None:
-            entry = self.entries[key] = self._capture(build(), inputs)
+            entry = self.entries[key] = self._capture(build(), inputs, before_capture)
         # one call for every input (one dispatch from Python, not one per tensor)
         torch._foreach_copy_(entry.static_inputs, inputs, non_blocking=True)
         entry.graph.replay()
         return entry.output.clone()
 
-    def _capture(self, fn: Callable[..., Tensor], inputs: list[Tensor]) -> CapturedGraph:
+    def _capture(self, fn: Callable[..., Tensor], inputs: list[Tensor],
+                 before_capture: Callable[[], None] | None = None) -> CapturedGraph:
         start = time.perf_counter()
         static_inputs = [x.clone() for x in inputs]
         if self.pool is None:
@@ -54,6 +57,8 @@ class GraphCache:
             for _ in range(self.warmup_runs):
                 fn(*static_inputs)
         torch.cuda.current_stream().wait_stream(side)
+        if before_capture is not None:
+            before_capture()
         graph = torch.cuda.CUDAGraph()
         with torch.cuda.graph(graph, pool=self.pool):
             output = fn(*static_inputs)

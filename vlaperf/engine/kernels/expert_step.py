@@ -78,6 +78,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vlaperf.engine.kernels.launch import launch
 from vlaperf.engine.kernels.small_m_matmul import _gelu_tanh
 from vlaperf.models.pi0 import ATTENTION_MASK_VALUE
 
@@ -1163,7 +1164,7 @@ def expert_step(
         xm = torch.empty_like(x)
         ssq = torch.empty(max(triton.cdiv(D, cfg.bn_o), triton.cdiv(D, cfg.bn_down)), BLOCK_M, dtype=torch.float32,
                           device=device)
-        _mod_prologue_kernel[(triton.cdiv(D, cfg.bn_down),)](x, mod, xm, ssq, MT, D=D, BLOCK_M=BLOCK_M, BN=cfg.bn_down)
+        launch(_mod_prologue_kernel, (triton.cdiv(D, cfg.bn_down),), x, mod, xm, ssq, MT, D=D, BLOCK_M=BLOCK_M, BN=cfg.bn_down)
     else:
         xm, ssq = x, err  # not read
     args = [x, q, kv, o, h, acc, ml, part, counters, tile_counters, err, clock, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin,
@@ -1183,12 +1184,12 @@ def expert_step(
                   PREFETCH_OWN=cfg.prefetch_own if device.type == "cuda" else 0, MOD=mod is not None,
                   EARLY_MOD=cfg.early_mod_loads, SCALE_AFTER_LOOP=cfg.scale_after_loop)
     if persistent:
-        _expert_step_kernel[(grid,)](*args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
+        launch(_expert_step_kernel, (grid,), *args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
         _LAST_COUNTERS[_device_key(device)] = (counters, tile_counters.view(L, ctr_layer))
     else:
         for layer in range(L):
             for phase in range(*phases):
-                _expert_step_kernel[(grid,)](*args, layer, layer + 1, phase, phase + 1, USE_BARRIER=False, **consts)
+                launch(_expert_step_kernel, (grid,), *args, layer, layer + 1, phase, phase + 1, USE_BARRIER=False, **consts)
     return x.view(NB, M, D) if batched else x
 
 

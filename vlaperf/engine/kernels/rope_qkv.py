@@ -20,6 +20,8 @@ import torch
 import triton
 import triton.language as tl
 
+from vlaperf.engine.kernels.launch import launch
+
 
 @triton.jit
 def _rotate(x1, x2, cos_ptr, sin_ptr, trig, t_ok, HALF: tl.constexpr):
@@ -98,8 +100,8 @@ def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: t
     kc, vc = k_cache[layer], v_cache[layer]
     if kc.stride() != vc.stride():
         raise ValueError("rope_qkv: the key and value caches must share a layout")
-    _rope_qkv_kernel[(B, triton.cdiv(T, block_t), (N if write_q else 0) + 2 * K)](
-        qkv, cos, sin, q, k, kc, vc, T, start, N, K,
+    launch(
+        _rope_qkv_kernel, (B, triton.cdiv(T, block_t), (N if write_q else 0) + 2 * K), qkv, cos, sin, q, k, kc, vc, T, start, N, K,
         qkv.stride(0), qkv.stride(1), cos.stride(0), cos.stride(1),
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(1), k.stride(2),
         kc.stride(0), kc.stride(1), kc.stride(2),

@@ -28,6 +28,8 @@ import torch
 import triton
 import triton.language as tl
 
+from vlaperf.engine.kernels.launch import launch
+
 
 @triton.jit
 def _gelu_tanh(x):
@@ -200,15 +202,15 @@ def small_m_matmul(
         ssq = torch.empty(split_k * BLOCK_M, dtype=torch.float32, device=x.device)
     else:
         part = ssq = out
-    _small_m_kernel[(n_blocks, split_k)](
-        x, w, w_up if geglu else w, out, res, g, part, ssq, M, N, K, eps,
+    launch(
+        _small_m_kernel, (n_blocks, split_k), x, w, w_up if geglu else w, out, res, g, part, ssq, M, N, K, eps,
         x.stride(0), w.stride(0), out.stride(0), res.stride(0),
         BLOCK_M=BLOCK_M, BLOCK_N=block_n, BLOCK_K=block_k, SPLIT_K=split_k,
         PRECISION=(precision or "ieee") if x.dtype == torch.float32 else None, **flags,
     )
     if split_k > 1:
-        _reduce_kernel[(n_blocks,)](
-            part, ssq, out, res, g, M, N, K, eps, out.stride(0), res.stride(0),
+        launch(
+            _reduce_kernel, (n_blocks,), part, ssq, out, res, g, M, N, K, eps, out.stride(0), res.stride(0),
             BLOCK_M=BLOCK_M, BLOCK_N=block_n, SPLIT_K=split_k, **flags,
         )
     return out

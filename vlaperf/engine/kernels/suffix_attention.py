@@ -26,6 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
+from vlaperf.engine.kernels.launch import launch
 from vlaperf.models.pi0 import ATTENTION_MASK_VALUE
 
 
@@ -130,8 +131,8 @@ def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     else:
         out = torch.empty(B, N, Tq, h, dtype=q.dtype, device=q.device)
     mask_u8 = mask.to(torch.uint8) if mask.dtype == torch.bool else mask
-    _partial_kernel[(B, row_blocks, splits)](
-        q, k, v, mask_u8, acc, m, l_, out, rows, Tq, Tk, keys_per_split, h**-0.5,
+    launch(
+        _partial_kernel, (B, row_blocks, splits), q, k, v, mask_u8, acc, m, l_, out, rows, Tq, Tk, keys_per_split, h**-0.5,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(2), v.stride(0), v.stride(2),
         mask_u8.stride(0), mask_u8.stride(1), out.stride(0), out.stride(1), out.stride(2),
         MASK_VALUE=ATTENTION_MASK_VALUE, HEAD_DIM=h, BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits,
@@ -139,8 +140,8 @@ def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     )
     if single:
         return out
-    _merge_kernel[(B, row_blocks)](acc, m, l_, out, rows, Tq, out.stride(1), out.stride(2), out.stride(0),
-                                   HEAD_DIM=h, BLOCK_M=block_m, SPLITS=splits)
+    launch(_merge_kernel, (B, row_blocks), acc, m, l_, out, rows, Tq, out.stride(1), out.stride(2), out.stride(0),
+           HEAD_DIM=h, BLOCK_M=block_m, SPLITS=splits)
     return out
 
 
