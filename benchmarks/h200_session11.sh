@@ -23,6 +23,7 @@
 #            first call cold and warm, then best against the whole-prefix compile in one process
 #   PART=g   our Triton kernels compiled in a thread while torch.compile traces the first call
 #            (Engine._precompile_kernels): first calls cold and warm, libero-pi0 and libero-pi05
+#   PART=h   the closing figures: libero-pi0 best bench with empty compile caches, then its equivalence on the GPU
 # On nvidia-h200 (one GPU) ONE_GPU=1 runs lane B after lane A, both on GPU 0.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session11.sh
 set -u
@@ -95,6 +96,12 @@ g)
 100 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcJ --json $R/first_call_libero-pi0_best-precompile_cold.json
 60 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcJ --json $R/first_call_libero-pi0_best-precompile_warm.json
 100 python3 benchmarks/first_call.py --workload libero-pi05 --levers best --compile-cache /tmp/fcK --json $R/first_call_libero-pi05_best-precompile_cold.json
+EOT
+  ;;
+h)
+  lane A 0 30 <<EOT &
+80 $V bench --workload libero-pi0 --levers best --compile-cache /tmp/fcL $B --json $R/bench_libero-pi0_best-s11b_model.json
+80 $V check --workload libero-pi0 --levers best --seeds 2 --compile-cache /tmp/fcL --json $R/check_libero-pi0_best_s11.json
 EOT
   ;;
 esac
