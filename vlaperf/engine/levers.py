@@ -47,7 +47,8 @@ EXACT = ("for_loop", "skip_masked_images", "trim_prompt_padding", "static_kv_cac
 # kernels inside that graph, the fastest on an H200 but with a compile on the first call
 # ("best"; falls back to "graph" where compile cannot run, e.g. no C compiler). The prefix is
 # compiled layer block by layer block: as fast a call as the whole prefix in one graph, and a
-# first call of 15.5 s instead of 35 on an H200 with empty caches (docs/perf-notes.md, session 11).
+# first call of 15.5 s instead of 35 on an H200 with empty caches (9.4 s with the engine's Triton
+# kernels compiled in a thread meanwhile; docs/perf-notes.md, session 11).
 GRAPH_GPU = EXACT + ("cuda_graph",)
 BEST_GPU = GRAPH_GPU + ("compile=default", "compile_layers")
 BEST_CPU = EXACT
