@@ -16,6 +16,7 @@ records, besides the first call's wall time:
                    see, except when it falls back to compiling in-process): kernel name, seconds
   later_calls_ms   the next calls, synced each, for the steady state
   cache_files_before  files in the cache directories when the process started (0: a cold start)
+  precompile_error what stopped the engine's kernel-compile thread (Engine._precompile_kernels), if anything
 """
 
 from __future__ import annotations
@@ -116,6 +117,7 @@ def main() -> None:
               "compile_phases": {k: sum(v) for k, v in phases.items()}, "compile_phases_each": phases,
               "triton_compiles": triton_rows,
               "triton_compile_s": sum(r["s"] for r in triton_rows),
+              "precompile_error": None if engine.precompile_error is None else repr(engine.precompile_error),
               "later_calls_ms": later, "later_median_ms": statistics.median(later) if later else None}
     print(f"first call {first:.2f} s (model {t1 - t0:.1f} s, engine {t2 - t1:.1f} s); "
           f"in-process Triton compiles {result['triton_compile_s']:.2f} s; later median {result['later_median_ms']:.2f} ms")
