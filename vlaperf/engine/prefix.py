@@ -86,6 +86,7 @@ def gemma_block(lw, x: Tensor, pending: Tensor, eps: float, cos: Tensor, sin: Te
 
         rope = lambda qkv: rope_qkv(qkv, cos, sin, kv_layer[0], kv_layer[1], 0, 0, lw.num_heads, lw.num_kv_heads, True)  # noqa: E731
     x, branch, gate, kv = gemma_layer_parts(lw, x, eps, cos, sin, mask, use_sdpa, attend=attend, rope_qkv=rope)
+    assert gate is None, "the prefix's layers have no adaptive norms (only the expert's do)"
     if kv_layer is not None and not rope_kernel:
         Tp = x.shape[1]
         kv_layer[0][0, :, :, :Tp].copy_(kv[0])
