@@ -348,7 +348,8 @@ def first_call_tables(results):
     fmt = lambda c: f"{c:.2f}" if isinstance(c, float) else str(c)  # noqa: E731
     return ["A fresh process each (commit in the file); torch.compile s = Dynamo's whole compile "
             "(`_compile.compile_inner`), inductor s = its `compile_fx_inner` part; Triton in process = the engine's "
-            "kernels compiled at their first launch (inductor compiles its own in worker processes).", "",
+            "kernels compiled in this process (inductor compiles its own in worker processes); since version 52 "
+            "(`best-precompile` files) mostly in a thread beside torch.compile, so not all of it adds to the first call.", "",
             "| " + " | ".join(FIRST_CALL_HEADER) + " |", "|" + "---|" * len(FIRST_CALL_HEADER)] + \
         ["| " + " | ".join(fmt(c) for c in row) + " |" for row in rows] + [""]
 

@@ -677,7 +677,8 @@ def first_call_rows(results: list[tuple[str, dict]]) -> list[list]:
 def _first_call(doc: _Doc, items: list[tuple[str, dict]]) -> None:
     doc.p("a fresh process each: the first call (compiles and the CUDA-graph capture included), torch.compile's "
           "own timers (Dynamo's whole compile, inductor's part of it), the Triton kernels compiled in the process "
-          "(the engine's; inductor compiles its own in worker processes), and the calls after", "")
+          "(the engine's; inductor compiles its own in worker processes; with the engine's kernel-compile thread, "
+          "mostly beside torch.compile, so not all of it adds to the first call), and the calls after", "")
     doc.table(FIRST_CALL_HEADER, first_call_rows(items))
 
 
