@@ -349,3 +349,34 @@ def test_static_cache_keys_padded_to_alignment_change_nothing(monkeypatch):
     (k1, _), = plain._kv.values()
     assert k1.shape[3] == 40 + 11
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
+
+
+def test_euler_update_folded_into_the_action_head(tiny_model, tiny_workload, tiny_inputs, monkeypatch):
+    """With fuse_projections the action head returns the next x_t (dt folded into its weight and
+    bias, fusion.euler_tables): the same actions as the update written out, within float32
+    rounding; a model whose head is not float32 keeps the update written out."""
+    from vlaperf.engine import fusion, loop
+
+    obs, noise = tiny_inputs
+    levers = "for_loop,static_kv_cache,fuse_projections"
+    residuals = []
+    real_head = loop.head_linear
+
+    def head(x, weight, bias, kernels, residual=None):
+        residuals.append(residual is not None)
+        return real_head(x, weight, bias, kernels, residual=residual)
+
+    monkeypatch.setattr(loop, "head_linear", head)
+    folded = Engine(tiny_model, levers).sample_actions(obs, noise, tiny_workload.steps)
+    assert residuals.count(True) == tiny_workload.steps  # every step's action head took x_t + dt b
+    monkeypatch.setattr(fusion, "euler_tables", lambda model, num_steps: {})
+    residuals.clear()
+    written_out = Engine(tiny_model, levers).sample_actions(obs, noise, tiny_workload.steps)
+    assert not any(residuals)
+    assert rel_l2(folded, written_out) < 1e-6
+    ref = tiny_model.sample_actions(obs, noise, tiny_workload.steps)
+    assert rel_l2(folded, ref) < FP32_TOL
+
+    bf16_head = copy.deepcopy(tiny_model)
+    bf16_head.action_out_proj.to(torch.bfloat16)
+    assert "euler_proj" not in fusion.time_tables(bf16_head, 3, "cpu")

@@ -18,8 +18,8 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from vlaperf.engine.fusion import (build_weights, release_reference_copies, schedule, stack_expert, step_kernel_modulation,
-                                   time_tables)
+from vlaperf.engine.fusion import (SCHEDULE_TABLES, build_weights, release_reference_copies, schedule, stack_expert,
+                                   step_kernel_modulation, time_tables)
 from vlaperf.engine.graphs import GraphCache
 from vlaperf.engine.levers import Levers
 from vlaperf.engine.loop import SuffixContext, denoise_step
@@ -232,8 +232,10 @@ class Engine:
             for i in range(num_steps):
                 self._mark(f"denoise_step_{i}")
                 row = _table_row(tables, i)
-                v_t = step_fn(ctx, x_t, times[i].expand(B), row, sdpa)
-                x_t = x_t + dt * v_t
+                if row is not None and "euler_proj" in row:  # the action head returns the next x_t
+                    x_t = step_fn(ctx, x_t, times[i].expand(B), row, sdpa, euler=True)
+                else:
+                    x_t = x_t + dt * step_fn(ctx, x_t, times[i].expand(B), row, sdpa)
             self._mark("end")
             return x_t
         # Without for_loop: the reference's loop condition, read on the host every step.
@@ -253,10 +255,7 @@ class Engine:
 def _table_row(tables: dict[str, Tensor] | None, i: int) -> dict[str, Tensor] | None:
     if tables is None:
         return None
-    row = {name: t[i] for name, t in tables.items() if name != "action_proj"}
-    if "action_proj" in tables:
-        row["action_proj"] = tables["action_proj"]
-    return row
+    return {name: t if name in SCHEDULE_TABLES else t[i] for name, t in tables.items()}
 
 
 def first_call_seconds(engine: Engine, obs: Observation, noise: Tensor, num_steps: int) -> float:

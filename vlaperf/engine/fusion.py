@@ -215,7 +215,30 @@ def time_tables(model: Pi0Model, num_steps: int, device) -> dict[str, Tensor]:
           action_in_proj bias pushed through W_a; `action_proj` (D_e, A): W_a @ W_in, so one
           small matmul maps x_t straight to the MLP's pre-activation.
     pi0.5: `modulation` (steps, depth*6 + 2, D_e): every adaptive norm's scale/shift/gate.
+    Both: the Euler update folded into the action head (`euler_tables`).
+    Tables without a steps axis are named in SCHEDULE_TABLES.
     """
+    return {**_time_tables(model, num_steps, device), **euler_tables(model, num_steps)}
+
+
+# time_tables entries shared by every step (no leading steps axis)
+SCHEDULE_TABLES = ("action_proj", "euler_proj", "euler_bias")
+
+
+def euler_tables(model: Pi0Model, num_steps: int) -> dict[str, Tensor]:
+    """x_t + dt (y W^T + b) = y (dt W)^T + (x_t + dt b), with the schedule's float32 dt: the
+    action head returns the next x_t, so the update is no kernel of its own (two eager
+    kernels a step before, ~3 us on an H200). `euler_proj` (A, D_e) = dt W, `euler_bias`
+    (A,) = dt b. Only for a float32 head (openpi's): x_t stays float32 through the sum, where a
+    bf16 head's output would round it."""
+    head = model.action_out_proj
+    if head.weight.dtype != torch.float32:
+        return {}
+    dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32).item()  # the reference's float32 dt
+    return {"euler_proj": head.weight * dt, "euler_bias": head.bias * dt}
+
+
+def _time_tables(model: Pi0Model, num_steps: int, device) -> dict[str, Tensor]:
     cfg = model.config
     ts = torch.tensor(schedule(num_steps), dtype=torch.float32, device=device)
     temb = model.time_condition(ts)  # (steps, D_e), heads' dtype, as the reference rounds it

@@ -51,21 +51,28 @@ class SuffixContext:
         return self._state_tok if self.hoist else self._embed_state()
 
 
-def head_linear(x: Tensor, weight: Tensor, bias: Tensor | None, kernels: bool) -> Tensor:
+def head_linear(x: Tensor, weight: Tensor, bias: Tensor | None, kernels: bool, residual: Tensor | None = None) -> Tensor:
     """x (B, T, K) @ weight^T + bias for the step's float32 heads (action in/out, pi0's time
-    MLP). With `kernels` and at most 64 rows it is one small_m_matmul launch, the bias as a
+    MLP), or + residual (B, T, N) instead of the bias (the Euler-folded action head). With
+    `kernels` and at most 64 rows it is one small_m_matmul launch, the bias as a
     broadcast residual, float32 operands multiplied as three TF32 tensor-core products
     ("tf32x3", within 1e-6 of float32; plain float32 FMA was no faster than cuBLAS; see
     `head_precision` for GPUs without TF32). On the
     H200 these took 2.6 / 8.1 / 6.4 us against cuBLAS's 15.7 / 24.8 / 20.4 us
     (kernel_small_m_heads.json; docs/perf-notes.md, versions 17 and 19)."""
     B, T, K = x.shape
+    rows = x.reshape(B * T, K)
+    if residual is not None:
+        assert bias is None, "head_linear: a residual replaces the bias"
+        residual = residual.reshape(B * T, -1)
     if not kernels or B * T > 64:
-        return F.linear(x, weight, bias)
+        if residual is None:
+            return F.linear(x, weight, bias)
+        return torch.addmm(residual, rows, weight.t()).view(B, T, -1)
     from vlaperf.engine.kernels.ops import small_m_matmul  # a custom op: compile sees through
 
-    rows = x.reshape(B * T, K)
-    residual = None if bias is None else bias.expand(B * T, -1)
+    if residual is None and bias is not None:
+        residual = bias.expand(B * T, -1)
     return small_m_matmul(rows, weight, residual=residual, precision=head_precision(weight)).view(B, T, -1)
 
 
@@ -137,10 +144,11 @@ def step_attention_kernel(lw: GemmaLayerW, kernels: bool, mask: Tensor | None):
 
 def denoise_step(
     model: Pi0Model, ew: EngineWeights, ctx: SuffixContext, x_t: Tensor, t: Tensor, table_row: dict | None, use_sdpa: bool,
-    kernels: bool = False, megakernel: bool = False,
+    kernels: bool = False, megakernel: bool = False, euler: bool = False,
 ) -> Tensor:
-    """Velocity (B, H, A) float32 at x_t. `kernels`: the triton_kernels layers where they apply;
-    `megakernel`: all expert layers in one kernel where it applies (else the layers as usual)."""
+    """Velocity (B, H, A) float32 at x_t, or with `euler` (the table row's euler_proj / euler_bias,
+    fusion.euler_tables) the next x_t = x_t + dt v. `kernels`: the triton_kernels layers where
+    they apply; `megakernel`: all expert layers in one kernel where it applies (else the layers)."""
     cfg = model.config
     eps = cfg.expert.eps
     x, adarms = suffix_tokens(model, ctx, x_t, t, table_row, kernels)
@@ -157,12 +165,13 @@ def denoise_step(
         st, (kb, vb) = ew.expert_stack, ctx.kv_buffers
         T = Tp + Ts  # the kernel reads this step's keys from its own scratch: no padding
         step_mod = table_row["step_kernel_modulation"] if st.adaptive else None  # pi0.5's norms for this step
+        x = x.contiguous()  # the op updates it in place (the tokens just built: no copy)
         if batched:  # (B, Ts, D) with the cache's batch axis: all samples in one launch
-            x = expert_step(x, st.qkv, st.o, st.gate_up, st.down, kb[:, :, 0, :T], vb[:, :, 0, :T], cos, sin,
-                            kernel_mask[..., :T], eps, step_mod)
+            expert_step(x, st.qkv, st.o, st.gate_up, st.down, kb[:, :, 0, :T], vb[:, :, 0, :T], cos, sin,
+                        kernel_mask[..., :T], eps, step_mod)
         else:
-            x = expert_step(x[0], st.qkv, st.o, st.gate_up, st.down, kb[:, 0, 0, :T], vb[:, 0, 0, :T], cos[0], sin[0],
-                            kernel_mask[0, :, :T], eps, step_mod)[None]
+            expert_step(x[0], st.qkv, st.o, st.gate_up, st.down, kb[:, 0, 0, :T], vb[:, 0, 0, :T], cos[0], sin[0],
+                        kernel_mask[0, :, :T], eps, step_mod)
     else:
         for i, lw in enumerate(ew.expert):
             mod = mods[6 * i : 6 * i + 6] if mods is not None else None
@@ -185,4 +194,7 @@ def denoise_step(
         x = rms_normalize(x, eps, 1.0 + ew.expert_final.weight.float())
     H = x_t.shape[1]
     head = model.action_out_proj
-    return head_linear(x[:, -H:].to(head.weight.dtype), head.weight, head.bias, kernels).float()
+    y = x[:, -H:].to(head.weight.dtype)
+    if euler:
+        return head_linear(y, table_row["euler_proj"], None, kernels, residual=x_t + table_row["euler_bias"])
+    return head_linear(y, head.weight, head.bias, kernels).float()

@@ -1046,10 +1046,12 @@ def expert_step(
     k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
     eps: float, *, persistent: bool | None = None, config: StepKernelConfig | None = None,
     phases: tuple[int, int] = (0, len(PHASES)), programs: int | None = None, timeline: torch.Tensor | None = None,
-    mod: torch.Tensor | None = None,
+    mod: torch.Tensor | None = None, in_place: bool = False,
 ) -> torch.Tensor:
     """x (M, D) suffix hidden states -> x after all L layers of a pi0 expert; or B samples at
-    once: x (B, M, D) with a batch axis on the cache, tables and mask as below.
+    once: x (B, M, D) with a batch axis on the cache, tables and mask as below. in_place: x
+    (contiguous) is updated and returned, else a copy is (the custom op mutates: no copy
+    kernel a step in the engine's graph).
 
     wqkv (L, NH*HD + 2*HD, D) with the input RMSNorm scale folded; wo (L, D, NH*HD);
     wgu (L, 2F, D): gate rows then up rows, post-attention RMSNorm scale folded; wd (L, D, F).
@@ -1127,7 +1129,9 @@ def expert_step(
     MT = NB * M
     BLOCK_M = row_block(MT)
     bk = k_depths(cfg, BLOCK_M)
-    x = x.reshape(MT, D).contiguous().clone()  # updated in place by the kernel
+    if in_place and not x.is_contiguous():
+        raise ValueError("expert_step: in_place needs a contiguous x")
+    x = x.view(MT, D) if in_place else x.reshape(MT, D).contiguous().clone()  # updated in place by the kernel
     R = NH * M
     splits, keys_per_split = key_splits(cfg, Tk)
     q = torch.empty(MT, NH * HD, dtype=x.dtype, device=device)
@@ -1140,14 +1144,15 @@ def expert_step(
     gu_tiles = triton.cdiv(F, cfg.bn_gu)
     part_size = max(max(cfg.ks_o, cfg.ks_down) * BLOCK_M * D, cfg.ks_gu * BLOCK_M * (2 * F + gu_tiles))
     part = torch.empty(part_size if max(cfg.ks_o, cfg.ks_gu, cfg.ks_down) > 1 else 1, dtype=torch.float32, device=device)
-    counters = torch.zeros(L * (len(PHASES) + 1), dtype=torch.int32, device=device)
     # arrival counters of the split tasks, per layer: attention row blocks, o_proj, gate_up, down tiles
     ctr_o = NB * triton.cdiv(R, cfg.att_bm)
     ctr_gu = ctr_o + triton.cdiv(D, cfg.bn_o)
     ctr_down = ctr_gu + gu_tiles
     ctr_slot = ctr_down + triton.cdiv(D, cfg.bn_down)
     ctr_layer = ctr_slot + NH + 2
-    tile_counters = torch.zeros(L * ctr_layer, dtype=torch.int32, device=device)
+    # the barrier counters (layer * 7 + phase), then the split tasks' ones: zeroed by one fill
+    all_counters = torch.zeros(L * (len(PHASES) + 1) + L * ctr_layer, dtype=torch.int32, device=device)
+    counters, tile_counters = all_counters.split([L * (len(PHASES) + 1), L * ctr_layer])
     err = _error_flag(device)
     grid = programs or num_sms(device)
     if timeline is not None:

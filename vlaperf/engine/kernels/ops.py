@@ -101,16 +101,18 @@ def _(qkv, cos, sin, k_cache, v_cache, layer, start, num_heads, num_kv_heads, wr
     return qkv.new_empty(B, num_heads if write_q else 0, T, h), qkv.new_empty(B, num_kv_heads, T, h)
 
 
-@torch.library.custom_op("vlaperf::expert_step", mutates_args=())
+@torch.library.custom_op("vlaperf::expert_step", mutates_args=("x",))
 def expert_step(x: torch.Tensor, wqkv: torch.Tensor, wo: torch.Tensor, wgu: torch.Tensor, wd: torch.Tensor,
                 k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
-                eps: float, mod: torch.Tensor | None = None) -> torch.Tensor:
-    """See kernels/expert_step.py: the suffix (M, D) through every expert layer in one kernel
-    (`mod`: pi0.5's adaptive norms for this step, expert_step.modulation_table)."""
+                eps: float, mod: torch.Tensor | None = None) -> None:
+    """See kernels/expert_step.py: the suffix x (M, D), contiguous, through every expert layer
+    in one kernel, in place (`mod`: pi0.5's adaptive norms for this step,
+    expert_step.modulation_table). In place, so that the step's input is not copied: the
+    engine hands it the tokens it has just built (inductor reuses that buffer)."""
     with _explain_resource_errors("expert_step", "megakernel"):
-        return _step_module.expert_step(x, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin, mask, eps, mod=mod)
+        _step_module.expert_step(x, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin, mask, eps, mod=mod, in_place=True)
 
 
 @expert_step.register_fake
 def _(x, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin, mask, eps, mod=None):
-    return torch.empty_like(x, memory_format=torch.contiguous_format)
+    return None
