@@ -24,6 +24,9 @@ the same levers with the change. Changes:
   step_kernel            the denoise step through the step kernel (`megakernel`) against the
                          layers: for pi0.5 (--workload libero-pi05), whose adaptive norms the
                          kernel takes as a per-step table since session 9
+  between_steps          the Euler update folded into the action head and the step kernel's op
+                         updating its input in place (c38e9b4), against the update written out
+                         and the op copying its input
 Tried and taken out (docs/perf-notes.md, session 8): siglip_sdpa_flash (SDPA's flash kernel
 first for SigLIP's attention, at 1d8a3f5) and siglip_attention_kernel (SigLIP's attention
 through the split-key Triton kernel, at 0ccbea4, and with swept tiles at 8a3233d): no gain.
@@ -118,12 +121,48 @@ def without_step_kernel(engine: Engine):
     yield
 
 
+@torch.library.custom_op("vlaperf_ab::expert_step_copying", mutates_args=("x",))
+def _expert_step_copying(x: torch.Tensor, wqkv: torch.Tensor, wo: torch.Tensor, wgu: torch.Tensor, wd: torch.Tensor,
+                         k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor,
+                         mask: torch.Tensor, eps: float, mod: torch.Tensor | None = None) -> None:
+    """The step kernel's op with a copy of its input, as before c38e9b4 (which copied x and
+    returned the copy): a copy in, the kernel, a copy back (two 104 KB copies where there were
+    a copy and a second counter fill, ~1 us apart on the H200)."""
+    from vlaperf.engine.kernels import expert_step as S
+
+    y = x.clone()
+    S.expert_step(y, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin, mask, eps, mod=mod, in_place=True)
+    x.copy_(y)
+
+
+@_expert_step_copying.register_fake
+def _(x, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin, mask, eps, mod=None):
+    return None
+
+
+@contextlib.contextmanager
+def without_between_steps_trims(engine: Engine):
+    """c38e9b4: the Euler update written out (two eager kernels a step) and the step kernel's
+    op copying its input."""
+    from vlaperf.engine import fusion
+    from vlaperf.engine.kernels import ops
+
+    real_tables, real_op = fusion.euler_tables, ops.expert_step
+    fusion.euler_tables = lambda model, num_steps: {}
+    ops.expert_step = _expert_step_copying
+    try:
+        yield
+    finally:
+        fusion.euler_tables, ops.expert_step = real_tables, real_op
+
+
 CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "step_attention_kernel": (without_step_attention_kernel, lambda model: {}),
            "patch_matmul": (without_patch_matmul, lambda model: {}),
            "kv_align": (without_kv_align, lambda model: {}),
            "rope_cache_kernel": (without_rope_cache_kernel, lambda model: {}),
-           "step_kernel": (without_step_kernel, lambda model: {})}
+           "step_kernel": (without_step_kernel, lambda model: {}),
+           "between_steps": (without_between_steps_trims, lambda model: {})}
 
 
 def main() -> None:

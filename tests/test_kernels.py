@@ -350,6 +350,50 @@ def test_launch_compiles_only_inside_compile_only_and_only_in_its_thread():
                        ("run", (9,), (10,), {})]
 
 
+def test_recorded_launches_compile_in_threads_the_named_kernel_first():
+    """compile_only(record=...) collects the launches without compiling; compile_recorded then
+    compiles each kernel's launches in order, in threads, the kernels named `first` submitted
+    first, and raises a compile's error."""
+    import threading
+
+    from vlaperf.engine.kernels.launch import compile_only, compile_recorded, launch
+
+    log, lock = [], threading.Lock()
+
+    class Kernel:
+        def __init__(self, name):
+            self.__name__ = name
+
+        def __getitem__(self, grid):
+            raise AssertionError("a recorded launch must not run")
+
+        def warmup(self, *a, grid, **kw):
+            if kw.get("fail"):
+                raise ValueError("compile failed")
+            with lock:
+                log.append((self.__name__, grid, a, threading.current_thread().name))
+
+    small, step = Kernel("_small"), Kernel("_expert_step_kernel")
+    launches = []
+    with compile_only(record=launches):
+        launch(small, (1,), 1)
+        launch(step, (2,), 2)
+        launch(small, (3,), 3)
+    assert not log and [r[0] for r in launches] == [small, step, small]
+    with compile_only(record=[]):  # the flag and the record end with the block
+        pass
+    compile_recorded(launches, first=("_expert_step_kernel",), workers=1)  # one thread: submission order
+    assert [(n, g, a) for n, g, a, _ in log] == [("_expert_step_kernel", (2,), (2,)), ("_small", (1,), (1,)),
+                                                 ("_small", (3,), (3,))]
+    assert all(t.startswith("vlaperf-kernel-compile") for *_, t in log)
+    log.clear()
+    compile_recorded(launches, first=("_expert_step_kernel",))
+    assert sorted((n, g) for n, g, _, _ in log) == [("_expert_step_kernel", (2,)), ("_small", (1,)), ("_small", (3,))]
+    assert [g for n, g, _, _ in log if n == "_small"] == [(1,), (3,)]  # one kernel's launches stay in order
+    with pytest.raises(ValueError, match="compile failed"):
+        compile_recorded([(small, (1,), (), {"fail": True})])
+
+
 def test_triton_kernels_compose_with_compile_without_graph_breaks():
     """The kernels are custom ops (kernels/ops.py), so the compiled step traces them whole."""
     run_in_interpreter(COMPILE_SCRIPT, timeout=900)

@@ -45,6 +45,12 @@ class Engine:
         self.device = model.action_in_proj.weight.device
         self.levers = Levers.parse(levers, self.device)
         self.levers.check(self.device)
+        self._inductor_warmup = None
+        if self.levers.compile and compile_backend == "inductor":
+            from vlaperf.engine.compile import compile_blockers, start_inductor_warmup
+
+            if not compile_blockers():  # beside the weights' preparation below; joined by the first call
+                self._inductor_warmup = start_inductor_warmup()
         self.weights = build_weights(model, fuse=self.levers.fuse_projections)
         if self.levers.megakernel:
             self.weights.expert_stack = stack_expert(self.weights)
@@ -113,6 +119,9 @@ class Engine:
         if noise is None:
             noise = torch.randn(obs.batch, cfg.action_horizon, cfg.action_dim, device=self.device)
         lv = self.levers
+        if self._inductor_warmup is not None:
+            self._inductor_warmup.join()
+            self._inductor_warmup = None
         plan = plan_prefix(obs, lv.skip_masked_images, lv.trim_prompt_padding)
         self.last_plan = plan
         inputs = [obs.images, obs.image_mask, obs.tokens, obs.token_mask, obs.state, noise]
@@ -132,15 +141,16 @@ class Engine:
 
     def _precompile_kernels(self, inputs: list[Tensor], plan: PrefixPlan, num_steps: int) -> Callable[[], None]:
         """Compile this engine's Triton kernels in a thread while torch.compile traces the first
-        call of a new shape: the uncompiled path runs there once with every kernel launch a
-        compile only (kernels/launch.py), so each kernel is compiled for the arguments it will
-        get. Returns the wait for that thread, which the graph cache calls before it captures
+        call of a new shape: the uncompiled path runs there once with every kernel launch
+        recorded, not run (kernels/launch.py), and the launches are compiled in a few threads,
+        the step kernel first, so each kernel is compiled for the arguments it will get.
+        Returns the wait for that thread, which the graph cache calls before it captures
         (the thread's stream must be idle then). The thread only saves time: if it fails, the
         kernels compile at their first launch as before."""
         import contextlib
         import threading
 
-        from vlaperf.engine.kernels.launch import compile_only
+        from vlaperf.engine.kernels.launch import compile_only, compile_recorded
 
         B = inputs[-1].shape[0]
         Tp = len(plan.slots) * self.model.config.vision.num_patches + plan.prompt_len
@@ -151,9 +161,15 @@ class Engine:
         self.precompile_error = None
 
         def work():
+            launches: list = []
             try:
-                with torch.no_grad(), torch.cuda.stream(stream) if stream else contextlib.nullcontext(), compile_only():
+                with torch.no_grad(), torch.cuda.stream(stream) if stream else contextlib.nullcontext(), \
+                        compile_only(record=launches):
                     self._sample(*inputs, plan=plan, num_steps=num_steps, compiled=False)
+                if stream is not None:
+                    stream.synchronize()
+                # the step kernel takes longest (~2.3 s on the H200's host), and the main thread needs it soonest
+                compile_recorded(launches, first=("_expert_step_kernel",))
             except Exception as e:  # an optimization only: the main thread compiles what is missing
                 self.precompile_error = e
             if stream is not None:

@@ -8,30 +8,60 @@ exactly the arguments a launch would get (dtypes, alignment, the integers Triton
 on) and runs nothing. Triton's compiler does most of its work without holding the GIL (two
 step-kernel compiles in two threads took 3.8 s against 3.4-4.0 s each alone), so the two
 threads overlap: that first call took 9.4 s with the thread (docs/perf-notes.md, version 52).
+
+With `record`, the pass only collects the launches (a fraction of a second) and
+`compile_recorded` then compiles them in a few threads, one kernel each, the slowest to compile
+(the step kernel, ~2.3 s) first: the main thread otherwise reached pi0.5's step kernel while
+the pass was still compiling the prefix's kernels, and compiled it a second time.
 """
 
 from __future__ import annotations
 
 import contextlib
 import threading
+from concurrent.futures import ThreadPoolExecutor
 
 _state = threading.local()
 
 
 @contextlib.contextmanager
-def compile_only():
+def compile_only(record: list | None = None):
     """In this thread, until the block ends, kernels compile and do not run (their outputs stay
-    whatever the buffers held)."""
-    _state.compile_only = True
+    whatever the buffers held); with `record`, they are not even compiled but appended to it as
+    (kernel, grid, args, kwargs), for `compile_recorded`."""
+    _state.compile_only, _state.record = True, record
     try:
         yield
     finally:
-        _state.compile_only = False
+        _state.compile_only, _state.record = False, None
 
 
 def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     """kernel[grid](*args, **kwargs), or only its compile inside `compile_only()`."""
     if getattr(_state, "compile_only", False):
-        kernel.warmup(*args, grid=grid, **kwargs)
+        if _state.record is not None:
+            _state.record.append((kernel, grid, args, kwargs))
+        else:
+            kernel.warmup(*args, grid=grid, **kwargs)
     else:
         kernel[grid](*args, **kwargs)
+
+
+def compile_recorded(launches: list, first: tuple[str, ...] = (), workers: int = 4) -> None:
+    """Compile recorded launches in up to `workers` threads: one task per kernel, its launches in
+    order (a specialization seen twice is a cache hit the second time, never two compiles at
+    once), the kernels named in `first` submitted first. Raises the first task's error."""
+    by_kernel: dict = {}
+    for kernel, grid, args, kwargs in launches:
+        by_kernel.setdefault(kernel, []).append((grid, args, kwargs))
+    order = sorted(by_kernel, key=lambda k: getattr(k, "__name__", "") not in first)  # stable: first ones first
+
+    def compile_kernel(kernel) -> None:
+        for grid, args, kwargs in by_kernel[kernel]:
+            kernel.warmup(*args, grid=grid, **kwargs)
+
+    if not order:
+        return
+    with ThreadPoolExecutor(max_workers=max(1, min(workers, len(order))), thread_name_prefix="vlaperf-kernel-compile") as pool:
+        for done in [pool.submit(compile_kernel, k) for k in order]:
+            done.result()

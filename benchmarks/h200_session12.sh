@@ -1,0 +1,34 @@
+#!/bin/bash
+# Session 12's device calls on nvidia-h200 (one GPU; lanes.sh, lane A only).
+#   PART=a   the between-step trims of c38e9b4 (the Euler update folded into the action head, the step
+#            kernel's op updating its input in place, one counter fill): the call A/B in one process,
+#            libero-pi0 then libero-pi05 (change_ab.py between_steps); then the first call with the
+#            kernel-compile thread recording the launches and compiling them in threads, the step
+#            kernel first, and inductor warmed up during the engine's construction: libero-pi0 cold and
+#            warm, libero-pi05 cold (first_call.py, empty cache directories of their own)
+#   PART=b   the closing figures: best's bench on every batch-1 workload, each in a fresh process with
+#            empty compile caches; its equivalence on the GPU; the kernel sequence of libero-pi0 best
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session12.sh
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
+case "${PART:-a}" in
+a)
+  lane A 0 30 <<EOT &
+200 python3 benchmarks/change_ab.py --change between_steps --rounds 60 --json $R/change_ab_libero-pi0_between_steps.json
+160 python3 benchmarks/change_ab.py --change between_steps --workload libero-pi05 --rounds 40 --json $R/change_ab_libero-pi05_between_steps.json
+100 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcA --json $R/first_call_libero-pi0_best-s12_cold.json
+60 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcA --json $R/first_call_libero-pi0_best-s12_warm.json
+100 python3 benchmarks/first_call.py --workload libero-pi05 --levers best --compile-cache /tmp/fcB --json $R/first_call_libero-pi05_best-s12_cold.json
+EOT
+  ;;
+b)
+  lane A 0 30 <<EOT &
+80 $V bench --workload libero-pi0 --levers best --compile-cache /tmp/fcC $B --json $R/bench_libero-pi0_best-s12_model.json
+80 $V check --workload libero-pi0 --levers best --seeds 2 --compile-cache /tmp/fcC --json $R/check_libero-pi0_best_s12.json
+80 $V bench --workload libero-pi05 --levers best --compile-cache /tmp/fcD $B --json $R/bench_libero-pi05_best-s12_model.json
+80 $V bench --workload libero-shallow6 --levers best --compile-cache /tmp/fcE $B --json $R/bench_libero-shallow6_best-s12_model.json
+100 python3 benchmarks/profile_kernels.py --workload libero-pi0 --rows 40 --levers best --sequence $R/kernel_sequence_best_s12.txt > $R/kernels_best_s12.txt 2>&1; grep -A12 "^per call" $R/kernels_best_s12.txt
+EOT
+  ;;
+esac
+finish  # lanes.sh: waits for the lane, then $OUT/results.tgz holds every finished file
