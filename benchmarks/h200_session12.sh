@@ -6,7 +6,9 @@
 #            kernel-compile thread recording the launches and compiling them in threads, the step
 #            kernel first, and inductor warmed up during the engine's construction: libero-pi0 cold and
 #            warm, libero-pi05 cold (first_call.py, empty cache directories of their own)
-#   PART=b   the closing figures: best's bench on every batch-1 workload, each in a fresh process with
+#            (the call 1.000x on libero-pi0, 0.995x on libero-pi05; first calls 10.2 / 11.4 s: the four compile
+#            threads made every Triton compile slower, so the thread compiles in one since)
+#   PART=b   the first calls again with one compile thread (the step kernel first), then the closing figures: best's bench on every batch-1 workload, each in a fresh process with
 #            empty compile caches; its equivalence on the GPU; the kernel sequence of libero-pi0 best
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session12.sh
 set -u
@@ -23,6 +25,8 @@ EOT
   ;;
 b)
   lane A 0 30 <<EOT &
+80 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcF --json $R/first_call_libero-pi0_best-s12b_cold.json
+80 python3 benchmarks/first_call.py --workload libero-pi05 --levers best --compile-cache /tmp/fcG --json $R/first_call_libero-pi05_best-s12b_cold.json
 80 $V bench --workload libero-pi0 --levers best --compile-cache /tmp/fcC $B --json $R/bench_libero-pi0_best-s12_model.json
 80 $V check --workload libero-pi0 --levers best --seeds 2 --compile-cache /tmp/fcC --json $R/check_libero-pi0_best_s12.json
 80 $V bench --workload libero-pi05 --levers best --compile-cache /tmp/fcD $B --json $R/bench_libero-pi05_best-s12_model.json

@@ -168,8 +168,10 @@ class Engine:
                     self._sample(*inputs, plan=plan, num_steps=num_steps, compiled=False)
                 if stream is not None:
                     stream.synchronize()
-                # the step kernel takes longest (~2.3 s on the H200's host), and the main thread needs it soonest
-                compile_recorded(launches, first=("_expert_step_kernel",))
+                # the step kernel takes longest (~2.3 s on the H200's host) and pi0.5's main thread reached
+                # it before the in-order pass had; one thread: four made each compile 1.4-1.9x slower
+                # (the GIL, and the main thread's own compile beside them) and the first call 0.8 s longer
+                compile_recorded(launches, first=("_expert_step_kernel",), workers=1)
             except Exception as e:  # an optimization only: the main thread compiles what is missing
                 self.precompile_error = e
             if stream is not None:
