@@ -80,6 +80,8 @@ def main() -> None:
     p.add_argument("--compile-cache", required=True, help="the caches' directory (empty: a cold start)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--later", type=int, default=20, help="calls timed after the first")
+    p.add_argument("--no-inductor-warmup", action="store_true",
+                   help="do not warm inductor up during the engine's construction (compile.start_inductor_warmup)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     cache_env = use_compile_cache(args.compile_cache)
@@ -97,6 +99,10 @@ def main() -> None:
     obs, noise = random_observation(w, model.config, args.device), random_noise(w, model.config, args.device)
     sync()
     t1 = time.perf_counter()
+    if args.no_inductor_warmup:
+        import vlaperf.engine.compile as compile_module
+
+        compile_module.start_inductor_warmup = lambda: None
     engine = Engine(model, args.levers)
     t2 = time.perf_counter()
     engine.sample_actions(obs, noise, w.steps)
@@ -118,7 +124,8 @@ def main() -> None:
               "triton_compiles": triton_rows,
               "triton_compile_s": sum(r["s"] for r in triton_rows),
               "precompile_error": None if engine.precompile_error is None else repr(engine.precompile_error),
-              "later_calls_ms": later, "later_median_ms": statistics.median(later) if later else None}
+              "later_calls_ms": later, "later_median_ms": statistics.median(later) if later else None,
+              "inductor_warmup": not args.no_inductor_warmup}
     print(f"first call {first:.2f} s (model {t1 - t0:.1f} s, engine {t2 - t1:.1f} s); "
           f"in-process Triton compiles {result['triton_compile_s']:.2f} s; later median {result['later_median_ms']:.2f} ms")
     for name, s in sorted(result["compile_phases"].items(), key=lambda kv: -kv[1])[:12]:

@@ -34,5 +34,14 @@ b)
 100 python3 benchmarks/profile_kernels.py --workload libero-pi0 --rows 40 --levers best --sequence $R/kernel_sequence_best_s12.txt > $R/kernels_best_s12.txt 2>&1; grep -A12 "^per call" $R/kernels_best_s12.txt
 EOT
   ;;
+c)
+  # the inductor warm-up during the engine's construction on and off, cold first calls alternating, twice
+  lane A 0 12 <<EOT &
+60 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcH --no-inductor-warmup --later 3 --json $R/first_call_libero-pi0_best-s12c_nowarm1_cold.json
+60 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcI --later 3 --json $R/first_call_libero-pi0_best-s12c_warm1_cold.json
+60 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcJ --no-inductor-warmup --later 3 --json $R/first_call_libero-pi0_best-s12c_nowarm2_cold.json
+60 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcK --later 3 --json $R/first_call_libero-pi0_best-s12c_warm2_cold.json
+EOT
+  ;;
 esac
 finish  # lanes.sh: waits for the lane, then $OUT/results.tgz holds every finished file
