@@ -82,6 +82,8 @@ def main() -> None:
     p.add_argument("--later", type=int, default=20, help="calls timed after the first")
     p.add_argument("--no-inductor-warmup", action="store_true",
                    help="do not warm inductor up during the engine's construction (compile.start_inductor_warmup)")
+    p.add_argument("--compile-threads", type=int, default=0,
+                   help="threads for the kernel-compile thread's recorded launches (default: the engine's)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     cache_env = use_compile_cache(args.compile_cache)
@@ -99,6 +101,14 @@ def main() -> None:
     obs, noise = random_observation(w, model.config, args.device), random_noise(w, model.config, args.device)
     sync()
     t1 = time.perf_counter()
+    if args.compile_threads:
+        import functools
+
+        import vlaperf.engine.kernels.launch as launch_module
+
+        real = launch_module.compile_recorded
+        launch_module.compile_recorded = lambda launches, first=(), workers=1: real(launches, first, args.compile_threads)
+        functools.update_wrapper(launch_module.compile_recorded, real)
     if args.no_inductor_warmup:
         import vlaperf.engine.compile as compile_module
 
@@ -125,7 +135,7 @@ def main() -> None:
               "triton_compile_s": sum(r["s"] for r in triton_rows),
               "precompile_error": None if engine.precompile_error is None else repr(engine.precompile_error),
               "later_calls_ms": later, "later_median_ms": statistics.median(later) if later else None,
-              "inductor_warmup": not args.no_inductor_warmup}
+              "inductor_warmup": not args.no_inductor_warmup, "compile_threads": args.compile_threads or None}
     print(f"first call {first:.2f} s (model {t1 - t0:.1f} s, engine {t2 - t1:.1f} s); "
           f"in-process Triton compiles {result['triton_compile_s']:.2f} s; later median {result['later_median_ms']:.2f} ms")
     for name, s in sorted(result["compile_phases"].items(), key=lambda kv: -kv[1])[:12]:

@@ -43,5 +43,16 @@ c)
 60 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcK --later 3 --json $R/first_call_libero-pi0_best-s12c_warm2_cold.json
 EOT
   ;;
+d)
+  # (part c: warm-up on 10.5 / 11.1 s, off 12.1 / 11.0 s; torch.compile 5.6 against 8.4-8.6 s, so the compile
+  # thread's Triton kernels (6.4-6.9 s in one thread) became the wait): their compile in 2 threads against 1,
+  # alternating, twice
+  lane A 0 12 <<EOT &
+60 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcL --compile-threads 2 --later 3 --json $R/first_call_libero-pi0_best-s12d_threads2a_cold.json
+60 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcM --compile-threads 1 --later 3 --json $R/first_call_libero-pi0_best-s12d_threads1a_cold.json
+60 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcN --compile-threads 2 --later 3 --json $R/first_call_libero-pi0_best-s12d_threads2b_cold.json
+60 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcO --compile-threads 1 --later 3 --json $R/first_call_libero-pi0_best-s12d_threads1b_cold.json
+EOT
+  ;;
 esac
 finish  # lanes.sh: waits for the lane, then $OUT/results.tgz holds every finished file
