@@ -26,7 +26,7 @@ the same levers with the change. Changes:
                          kernel takes as a per-step table since session 9
   between_steps          the Euler update folded into the action head and the step kernel's op
                          updating its input in place (c38e9b4), against the update written out
-                         and the op copying its input
+                         and the op copying its input; `euler_fold` and `step_in_place` each half
 Tried and taken out (docs/perf-notes.md, session 8): siglip_sdpa_flash (SDPA's flash kernel
 first for SigLIP's attention, at 1d8a3f5) and siglip_attention_kernel (SigLIP's attention
 through the split-key Triton kernel, at 0ccbea4, and with swept tiles at 8a3233d): no gain.
@@ -141,19 +141,36 @@ def _(x, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin, mask, eps, mod=None):
 
 
 @contextlib.contextmanager
-def without_between_steps_trims(engine: Engine):
-    """c38e9b4: the Euler update written out (two eager kernels a step) and the step kernel's
-    op copying its input."""
+def without_euler_fold(engine: Engine):
+    """c38e9b4's first half: the Euler update written out (two eager kernels a step)."""
     from vlaperf.engine import fusion
+
+    real = fusion.euler_tables
+    fusion.euler_tables = lambda model, num_steps: {}
+    try:
+        yield
+    finally:
+        fusion.euler_tables = real
+
+
+@contextlib.contextmanager
+def without_step_in_place(engine: Engine):
+    """c38e9b4's second half: the step kernel's op copying its input."""
     from vlaperf.engine.kernels import ops
 
-    real_tables, real_op = fusion.euler_tables, ops.expert_step
-    fusion.euler_tables = lambda model, num_steps: {}
+    real = ops.expert_step
     ops.expert_step = _expert_step_copying
     try:
         yield
     finally:
-        fusion.euler_tables, ops.expert_step = real_tables, real_op
+        ops.expert_step = real
+
+
+@contextlib.contextmanager
+def without_between_steps_trims(engine: Engine):
+    """c38e9b4: both."""
+    with without_euler_fold(engine), without_step_in_place(engine):
+        yield
 
 
 CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
@@ -162,7 +179,9 @@ CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "kv_align": (without_kv_align, lambda model: {}),
            "rope_cache_kernel": (without_rope_cache_kernel, lambda model: {}),
            "step_kernel": (without_step_kernel, lambda model: {}),
-           "between_steps": (without_between_steps_trims, lambda model: {})}
+           "between_steps": (without_between_steps_trims, lambda model: {}),
+           "euler_fold": (without_euler_fold, lambda model: {}),
+           "step_in_place": (without_step_in_place, lambda model: {})}
 
 
 def main() -> None:

@@ -54,5 +54,16 @@ d)
 60 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcO --compile-threads 1 --later 3 --json $R/first_call_libero-pi0_best-s12d_threads1b_cold.json
 EOT
   ;;
+e)
+  # (part d: 2 threads 13.6 / 11.8 s, 1 thread 12.9 / 11.9 s: no difference beyond the spread between runs)
+  # part a's between_steps A/B (1.000x libero-pi0, 0.995x libero-pi05) split into its halves, then pi0.5's
+  # kernel sequence of best
+  lane A 0 12 <<EOT &
+120 python3 benchmarks/change_ab.py --change euler_fold --workload libero-pi05 --rounds 40 --json $R/change_ab_libero-pi05_euler_fold.json
+120 python3 benchmarks/change_ab.py --change step_in_place --workload libero-pi05 --rounds 40 --json $R/change_ab_libero-pi05_step_in_place.json
+120 python3 benchmarks/change_ab.py --change between_steps --workload libero-pi05 --rounds 40 --json $R/change_ab_libero-pi05_between_steps_2.json
+100 python3 benchmarks/profile_kernels.py --workload libero-pi05 --rows 40 --levers best --sequence $R/kernel_sequence_best_pi05_s12.txt > $R/kernels_best_pi05_s12.txt 2>&1; grep -A12 "^per call" $R/kernels_best_pi05_s12.txt
+EOT
+  ;;
 esac
 finish  # lanes.sh: waits for the lane, then $OUT/results.tgz holds every finished file
