@@ -65,5 +65,13 @@ e)
 100 python3 benchmarks/profile_kernels.py --workload libero-pi05 --rows 40 --levers best --sequence $R/kernel_sequence_best_pi05_s12.txt > $R/kernels_best_pi05_s12.txt 2>&1; grep -A12 "^per call" $R/kernels_best_pi05_s12.txt
 EOT
   ;;
+f)
+  # (part e, libero-pi05: euler_fold 0.9945x, step_in_place 1.0035x, both 1.0001x (part a: 0.9947x): the
+  # two-engine A/B moves by about +-0.5% from run to run, more than these changes)
+  # the prefix attention by PyTorch's fused kernels given the valid key count, against the engine's kernel
+  lane A 0 20 <<EOT &
+120 python3 benchmarks/prefix_attention_probe.py --json $R/prefix_attention_probe.json
+EOT
+  ;;
 esac
 finish  # lanes.sh: waits for the lane, then $OUT/results.tgz holds every finished file
