@@ -73,5 +73,18 @@ f)
 120 python3 benchmarks/prefix_attention_probe.py --json $R/prefix_attention_probe.json
 EOT
   ;;
+g)
+  # (part f: flash_varlen 20.8 us against ours 21.3 us, the memory-efficient kernel wrong and 42 us, cuDNN
+  # ragged refused: nothing to take)
+  # seed 000's grid, {eager, compile=default, compile=reduce-overhead, cuda_graph} x {for_loop, the exact
+  # levers}, interleaved; then the compile modes not yet measured with compile_layers (each a bench in a fresh
+  # process with empty caches: its first call is the mode's compile)
+  E=for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections
+  lane A 0 40 <<EOT &
+330 $V matrix --workload libero-pi0 --variants grid --iters 20 --warmup 3 --no-progress --compile-cache /tmp/fcP --json $R/matrix_libero-pi0_grid_s12.json
+150 $V bench --workload libero-pi0 --levers $E,cuda_graph,compile=max-autotune-no-cudagraphs,compile_layers,triton_kernels,megakernel --compile-cache /tmp/fcQ $B --json $R/bench_libero-pi0_max-autotune-no-cudagraphs-s12_model.json
+100 $V bench --workload libero-pi0 --levers $E,compile=reduce-overhead,compile_layers,triton_kernels,megakernel --compile-cache /tmp/fcR $B --json $R/bench_libero-pi0_reduce-overhead-layers-s12_model.json
+EOT
+  ;;
 esac
 finish  # lanes.sh: waits for the lane, then $OUT/results.tgz holds every finished file
