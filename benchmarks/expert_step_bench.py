@@ -216,7 +216,7 @@ def main() -> None:
         ordering fault between programs shows up as a launch that differs, not always the first:
         session 6 saw one tiling differ once)."""
         multi = S.expert_step(*inputs, persistent=False, config=cfg)
-        pers = S.expert_step(*inputs, persistent=True, config=cfg)
+        pers = S.expert_step(*inputs, persistent=True, config=cfg, keep_counters=True)
         torch.cuda.synchronize()
         counters = S.last_barrier_counters(dev).cpu().view(L, 7)
         differing = sum(not torch.equal(S.expert_step(*inputs, persistent=True, config=cfg), multi) for _ in range(repeats))

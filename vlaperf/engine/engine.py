@@ -53,7 +53,10 @@ class Engine:
                 self._inductor_warmup = start_inductor_warmup()
         self.weights = build_weights(model, fuse=self.levers.fuse_projections)
         if self.levers.megakernel:
+            from vlaperf.engine.kernels.expert_step import error_flag
+
             self.weights.expert_stack = stack_expert(self.weights)
+            error_flag(self.device)  # now, not first inside a CUDA-graph pool
         self._tables: dict[int, dict[str, Tensor]] = {}
         self._times: dict[int, Tensor] = {}
         self._kv: dict[tuple, tuple[Tensor, Tensor]] = {}

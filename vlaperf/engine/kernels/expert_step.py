@@ -894,6 +894,13 @@ def _device_key(device: torch.device | str) -> str:
     return str(device)
 
 
+def error_flag(device: torch.device) -> torch.Tensor:
+    """The device's barrier-timeout flag, created on first use. The engine creates it when it is
+    built, outside any CUDA-graph memory pool: a flag first made inside a pool would be a live
+    pool allocation that no graph outputs (inductor's CUDA-graph trees refuse that)."""
+    return _error_flag(torch.device(device))
+
+
 def _error_flag(device: torch.device) -> torch.Tensor:
     key = _device_key(device)
     if key not in _ERROR_FLAGS:
@@ -918,7 +925,8 @@ def take_barrier_timeouts(device: torch.device | str) -> int:
 
 
 def last_barrier_counters(device: torch.device | str) -> torch.Tensor | None:
-    """The barrier counters of the last persistent launch on `device` (layer * 7 + phase):
+    """The barrier counters of the last persistent launch on `device` made with keep_counters
+    (layer * 7 + phase):
     those of the phases run must equal the number of programs, except the very last one
     (the kernel's end syncs it) and a folded merge phase (no barrier)."""
     counters = _LAST_COUNTERS.get(_device_key(device))
@@ -926,8 +934,8 @@ def last_barrier_counters(device: torch.device | str) -> torch.Tensor | None:
 
 
 def last_split_counters(device: torch.device | str) -> torch.Tensor | None:
-    """The arrival counters of the split tasks in the last persistent launch on `device`,
-    per layer: attention row blocks (each must read the number of key splits if the merge is
+    """The arrival counters of the split tasks in the last persistent launch on `device` made
+    with keep_counters, per layer: attention row blocks (each must read the number of key splits if the merge is
     folded or with dataflow), o_proj, gate_up and down tiles (ks_o, ks_gu, ks_down if split),
     qkv slots (with dataflow); else 0."""
     counters = _LAST_COUNTERS.get(_device_key(device))
@@ -1046,7 +1054,7 @@ def expert_step(
     k_cache: torch.Tensor, v_cache: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, mask: torch.Tensor,
     eps: float, *, persistent: bool | None = None, config: StepKernelConfig | None = None,
     phases: tuple[int, int] = (0, len(PHASES)), programs: int | None = None, timeline: torch.Tensor | None = None,
-    mod: torch.Tensor | None = None, in_place: bool = False,
+    mod: torch.Tensor | None = None, in_place: bool = False, keep_counters: bool = False,
 ) -> torch.Tensor:
     """x (M, D) suffix hidden states -> x after all L layers of a pi0 expert; or B samples at
     once: x (B, M, D) with a batch axis on the cache, tables and mask as below. in_place: x
@@ -1071,6 +1079,9 @@ def expert_step(
     only; see `timeline_summary`).
     mod: pi0.5's adaptive norms for this step, float32 (L, 4D + NH*HD + 2*HD + 2F) per
     `modulation_table` (then the weights carry no folded norm scales); None for pi0.
+    keep_counters: keep this launch's barrier and split counters for `last_barrier_counters`
+    (benchmarks' self-checks). Off by default: a reference kept past the call is a live
+    allocation that inductor's CUDA-graph trees (compile=reduce-overhead) refuse.
     """
     cfg = config or StepKernelConfig()
     batched = x.dim() == 3
@@ -1190,7 +1201,8 @@ def expert_step(
                   EARLY_MOD=cfg.early_mod_loads, SCALE_AFTER_LOOP=cfg.scale_after_loop)
     if persistent:
         launch(_expert_step_kernel, (grid,), *args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
-        _LAST_COUNTERS[_device_key(device)] = (counters, tile_counters.view(L, ctr_layer))
+        if keep_counters:
+            _LAST_COUNTERS[_device_key(device)] = (counters, tile_counters.view(L, ctr_layer))
     else:
         for layer in range(L):
             for phase in range(*phases):
