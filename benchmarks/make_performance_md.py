@@ -338,6 +338,14 @@ def geglu_bench_tables(results):
                          note="; tiling: kind, BM, BN, BK, GROUP_M, warps, stages", small_floats=True)
 
 
+def prefix_attention_probe_tables(results):
+    """benchmarks/prefix_attention_probe.py: the prefix attention by PyTorch's fused kernels."""
+    from vlaperf.report.render import prefix_attention_probe_rows
+
+    return _probe_tables(results, "prefix-attention-probe", ["kernel", "us", "rel L2 (valid rows, vs float32)"],
+                         prefix_attention_probe_rows, small_floats=True)
+
+
 def first_call_tables(results):
     """benchmarks/first_call.py: the first call of a fresh process, cold and warm caches."""
     from vlaperf.report.render import FIRST_CALL_HEADER, first_call_rows
@@ -349,7 +357,10 @@ def first_call_tables(results):
     return ["A fresh process each (commit in the file); torch.compile s = Dynamo's whole compile "
             "(`_compile.compile_inner`), inductor s = its `compile_fx_inner` part; Triton in process = the engine's "
             "kernels compiled in this process (inductor compiles its own in worker processes); since version 52 "
-            "(`best-precompile` files) mostly in a thread beside torch.compile, so not all of it adds to the first call.", "",
+            "(`best-precompile` files) mostly in a thread beside torch.compile, so not all of it adds to the first call. "
+            "Inductor warm-up: its compiler, worker pool and source hash started during the engine's construction "
+            "(session 12; `-`: a file without the field); compile threads: the kernel-compile thread's workers (`-`: "
+            "the engine's default).", "",
             "| " + " | ".join(FIRST_CALL_HEADER) + " |", "|" + "---|" * len(FIRST_CALL_HEADER)] + \
         ["| " + " | ".join(fmt(c) for c in row) + " |" for row in rows] + [""]
 
@@ -376,6 +387,8 @@ def main() -> None:
     lines += ["## GEMM shapes alone (`benchmarks/gemm_probe.py`)", ""] + gemm_probe_tables(results)
     lines += ["## Prefix GEMMs as other cuBLAS calls (`benchmarks/splitk_probe.py`)", ""] + splitk_probe_tables(results)
     lines += ["## Gemma gate_up with GELU x up in one Triton GEMM (session 10, taken out)", ""] + geglu_bench_tables(results)
+    lines += ["## The prefix attention by PyTorch's fused kernels (`benchmarks/prefix_attention_probe.py`)", ""] + \
+        prefix_attention_probe_tables(results)
     lines += ["## The first call of a fresh process (`benchmarks/first_call.py`)", ""] + first_call_tables(results)
     lines += ["## Kernels (`benchmarks/*_bench.py`)", ""] + kernel_tables(results)
     OUT.write_text("\n".join(lines) + "\n")

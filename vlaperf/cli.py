@@ -73,7 +73,7 @@ def add_common(p: argparse.ArgumentParser, levers_default: str = "reference") ->
 def add_compile_cache(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile-cache", default=None, metavar="DIR",
                    help="keep torch.compile's and Triton's caches in DIR (created if missing), e.g. a volume that outlives "
-                        "a container: a later process skips the compiles (H200, best: first call 9-11 s cold, 3.6 s warm)")
+                        "a container: a later process skips the compiles (H200, best: first call 9-14 s cold, 3.6-4 s warm)")
 
 
 def setup(args):

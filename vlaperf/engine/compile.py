@@ -34,9 +34,9 @@ def compile_blockers(backend: str = "inductor") -> list[str]:
 
 # Where torch.compile's artifacts live: Triton's compiled kernels (ours, launched by the custom
 # ops, and inductor's) and inductor's FX-graph / autotuning caches. A process that finds them
-# skips the compiles: on an H200 the first call of `best` takes 9.4-11.2 s with empty caches and
-# 3.6 s with the caches an earlier process wrote (27-35 and 5.3-5.7 s before `compile_layers`
-# and the kernel-compile thread; docs/perf-notes.md, sessions 10 and 11).
+# skips the compiles: on an H200 the first call of `best` takes 9.4-13.6 s with empty caches and
+# 3.6-4.0 s with the caches an earlier process wrote (27-35 and 5.3-5.7 s before `compile_layers`
+# and the kernel-compile thread; docs/perf-notes.md, sessions 10-12).
 CACHE_ENV = {"triton": "TRITON_CACHE_DIR", "inductor": "TORCHINDUCTOR_CACHE_DIR"}
 
 

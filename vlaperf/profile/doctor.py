@@ -173,7 +173,7 @@ def _compile_cache_check() -> dict:
     dirs = compile_cache_dirs()
     parts = [f"{name} {path} ({_size(path)})" for name, path in dirs.items()]
     detail = ("compiled kernels are cached at: " + "; ".join(parts) + ". A process that finds them skips the compiles "
-              "(H200, libero-pi0 best: first call 9-11 s with empty caches, 3.6 s warm).")
+              "(H200, libero-pi0 best: first call 9-14 s with empty caches, 3.6-4 s warm).")
     temp_roots = {os.path.abspath(tempfile.gettempdir()), "/tmp"}
     volatile = [p for p in dirs.values() if any(os.path.abspath(p).startswith(r + os.sep) for r in temp_roots)]
     return finding("env.compile_cache", "info", "compile caches" + (" (in a temporary directory)" if volatile else ""), detail,

@@ -655,7 +655,8 @@ def splitk_probe_rows(r: dict) -> list[list]:
 
 
 FIRST_CALL_HEADER = ["file", "workload", "variant", "cache", "first call s", "torch.compile s", "of it inductor s",
-                     "Triton in process s", "slowest Triton kernel", "engine init s", "later median ms"]
+                     "Triton in process s", "slowest Triton kernel", "engine init s", "later median ms", "commit",
+                     "inductor warm-up", "compile threads"]
 
 
 def first_call_rows(results: list[tuple[str, dict]]) -> list[list]:
@@ -670,8 +671,16 @@ def first_call_rows(results: list[tuple[str, dict]]) -> list[list]:
         slowest = f"{triton[0]['kernel']} {triton[0]['s']:.2f} s" if triton else "-"
         rows.append([Path(path).name, r["workload"]["id"], _short_variant(r["variant"]["label"]), cache, r["first_call_s"],
                      phases.get("_compile.compile_inner", 0.0), phases.get("compile_fx_inner", 0.0),
-                     r.get("triton_compile_s", 0.0), slowest, r.get("engine_init_s"), r.get("later_median_ms")])
+                     r.get("triton_compile_s", 0.0), slowest, r.get("engine_init_s"), r.get("later_median_ms"),
+                     ((r.get("env") or {}).get("git_commit") or "-")[:7],
+                     {True: "yes", False: "no"}.get(r.get("inductor_warmup"), "-"), r.get("compile_threads") or "-"])
     return rows
+
+
+def prefix_attention_probe_rows(r: dict) -> list[list]:
+    """benchmarks/prefix_attention_probe.py rows: kernel, us, rel L2 against float32 (or its error)."""
+    return [[row["name"], row["us"], row["rel_l2_vs_fp32"]] if "us" in row else [row["name"], row.get("error", "-")[:90], "-"]
+            for row in r["rows"]]
 
 
 def _first_call(doc: _Doc, items: list[tuple[str, dict]]) -> None:
@@ -687,6 +696,15 @@ def _geglu_bench(doc: _Doc, path: str, r: dict) -> None:
     doc.p("the prefix's MLP input as one Triton GEMM with the GEGLU in its epilogue (tiling: kind, BM, BN, BK, "
           "GROUP_M, warps, stages) against cuBLAS's GEMM and inductor's GELU x up kernel, CUDA-graph replays", "")
     doc.table(["M", "tiling", "us", "TFLOP/s", "rel L2", "speedup"], geglu_bench_rows(r))
+
+
+def _prefix_attention_probe(doc: _Doc, path: str, r: dict) -> None:
+    o = r["workload"]["overrides"]
+    doc.h(3, f"{Path(path).name} on {_gpu(r)}")
+    doc.p(f"the Gemma prefix's attention, {o['tokens']} tokens of which {o['valid_keys']} valid keys, {o['heads']} query "
+          f"heads over one K/V head of {o['head_dim']}: PyTorch's fused kernels given the valid key count against the "
+          "engine's kernel (the exact mask), CUDA-graph replays; rel L2 over the valid query rows against float32", "")
+    doc.table(["kernel", "us", "rel L2"], prefix_attention_probe_rows(r))
 
 
 def _splitk_probe(doc: _Doc, path: str, r: dict) -> None:
@@ -840,6 +858,7 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
                 ("call-overhead", "What a graphed call costs besides its replay (call-overhead)"),
                 ("gemm-probe", "GEMM shapes alone: cuBLAS against max-autotune (gemm-probe)"),
                 ("splitk-probe", "Prefix GEMMs as other cuBLAS calls (splitk-probe)"),
+                ("prefix-attention-probe", "The prefix attention by PyTorch's fused kernels (prefix-attention-probe)"),
                 ("geglu-bench", "Gemma gate_up with GELU x up in one GEMM (geglu-bench)"),
                 ("first-call", "The first call of a fresh process (first-call)"))
     for cmd, heading in sections:
@@ -859,6 +878,7 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
                  "doctor": _doctor, "compare": _compare, "kernel-bench": _kernel_bench, "heads-ab": _heads_ab,
                  "step-config-ab": _step_config_ab, "prefix-tiles-ab": _prefix_tiles_ab, "change-ab": _change_ab,
                  "call-overhead": _call_overhead, "gemm-probe": _gemm_probe, "splitk-probe": _splitk_probe,
+                 "prefix-attention-probe": _prefix_attention_probe,
                  "geglu-bench": _geglu_bench}[cmd](doc, p, r)
             except (KeyError, TypeError, ValueError) as e:
                 doc.p(f"could not render {p}: {type(e).__name__}: {e}", "warn")

@@ -52,7 +52,8 @@ runs one launch per (layer, phase); that is how the CPU tests run it under Trito
 interpreter, which executes programs one after another.
 
 The prefix K/V are read from the engine's static cache; this step's own k/v live in a
-scratch buffer, so the op writes nothing it was given (a pure function for torch.compile).
+scratch buffer. The custom op updates x in place (a declared mutation: inductor hands it the
+tokens it has just built, so no copy a step); the launcher itself copies x unless in_place.
 
 `dataflow` (off until timed): the attention tasks wait on per-head counters that the qkv tasks
 count in, and the merge tasks on per-row-block counters that the attention tasks count in,
