@@ -51,22 +51,27 @@ from vlaperf.workloads import get_workload
 
 
 @contextlib.contextmanager
+def patched(owner, name: str, value):
+    """owner.name = value inside the block (a module switch or function), restored after."""
+    real = getattr(owner, name)
+    setattr(owner, name, value)
+    try:
+        yield
+    finally:
+        setattr(owner, name, real)
+
+
+@contextlib.contextmanager
 def without_gelu_epilogue(engine: Engine):
     for lw in engine.weights.vision:
         lw.gelu_epilogue = False
     yield
 
 
-@contextlib.contextmanager
 def without_step_attention_kernel(engine: Engine):
     from vlaperf.engine import loop
 
-    real = loop.step_attention_kernel
-    loop.step_attention_kernel = lambda *a: None
-    try:
-        yield
-    finally:
-        loop.step_attention_kernel = real
+    return patched(loop, "step_attention_kernel", lambda *a: None)
 
 
 def gelu_epilogue_check(model) -> dict:
@@ -91,28 +96,16 @@ def without_patch_matmul(engine: Engine):
     yield
 
 
-@contextlib.contextmanager
 def without_kv_align(engine: Engine):
     from vlaperf.engine import engine as engine_module
 
-    real = engine_module.KV_ALIGN
-    engine_module.KV_ALIGN = 1
-    try:
-        yield
-    finally:
-        engine_module.KV_ALIGN = real
+    return patched(engine_module, "KV_ALIGN", 1)
 
 
-@contextlib.contextmanager
 def without_rope_cache_kernel(engine: Engine):
     from vlaperf.engine import prefix
 
-    real = prefix.FUSED_ROPE_CACHE_WRITE
-    prefix.FUSED_ROPE_CACHE_WRITE = False
-    try:
-        yield
-    finally:
-        prefix.FUSED_ROPE_CACHE_WRITE = real
+    return patched(prefix, "FUSED_ROPE_CACHE_WRITE", False)
 
 
 @contextlib.contextmanager
@@ -140,30 +133,18 @@ def _(x, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin, mask, eps, mod=None):
     return None
 
 
-@contextlib.contextmanager
 def without_euler_fold(engine: Engine):
     """c38e9b4's first half: the Euler update written out (two eager kernels a step)."""
     from vlaperf.engine import fusion
 
-    real = fusion.euler_tables
-    fusion.euler_tables = lambda model, num_steps: {}
-    try:
-        yield
-    finally:
-        fusion.euler_tables = real
+    return patched(fusion, "euler_tables", lambda model, num_steps: {})
 
 
-@contextlib.contextmanager
 def without_step_in_place(engine: Engine):
     """c38e9b4's second half: the step kernel's op copying its input."""
     from vlaperf.engine.kernels import ops
 
-    real = ops.expert_step
-    ops.expert_step = _expert_step_copying
-    try:
-        yield
-    finally:
-        ops.expert_step = real
+    return patched(ops, "expert_step", _expert_step_copying)
 
 
 @contextlib.contextmanager
