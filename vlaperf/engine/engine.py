@@ -145,8 +145,8 @@ class Engine:
     def _precompile_kernels(self, inputs: list[Tensor], plan: PrefixPlan, num_steps: int) -> Callable[[], None]:
         """Compile this engine's Triton kernels in a thread while torch.compile traces the first
         call of a new shape: the uncompiled path runs there once with every kernel launch
-        recorded, not run (kernels/launch.py), and the launches are compiled in a few threads,
-        the step kernel first, so each kernel is compiled for the arguments it will get.
+        recorded, not run (kernels/launch.py), and the launches are compiled afterwards, the
+        step kernel first, so each kernel is compiled for the arguments it will get.
         Returns the wait for that thread, which the graph cache calls before it captures
         (the thread's stream must be idle then). The thread only saves time: if it fails, the
         kernels compile at their first launch as before."""
@@ -169,11 +169,9 @@ class Engine:
                 with torch.no_grad(), torch.cuda.stream(stream) if stream else contextlib.nullcontext(), \
                         compile_only(record=launches):
                     self._sample(*inputs, plan=plan, num_steps=num_steps, compiled=False)
-                if stream is not None:
-                    stream.synchronize()
                 # the step kernel takes longest (~2.3 s on the H200's host) and pi0.5's main thread reached
-                # it before the in-order pass had; one thread: four made each compile 1.4-1.9x slower
-                # (the GIL, and the main thread's own compile beside them) and the first call 0.8 s longer
+                # it before the in-order pass had; one thread: in four each compile took 1.4-1.9x longer
+                # (the GIL, and the main thread's own compile beside them), two were no faster than one
                 compile_recorded(launches, first=("_expert_step_kernel",), workers=1)
             except Exception as e:  # an optimization only: the main thread compiles what is missing
                 self.precompile_error = e

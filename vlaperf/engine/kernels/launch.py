@@ -13,7 +13,7 @@ With `record`, the pass only collects the launches (a fraction of a second) and
 `compile_recorded` then compiles them, the slowest to compile (the step kernel, ~2.3 s) first:
 the main thread otherwise reached pi0.5's step kernel while the pass was still compiling the
 prefix's kernels, and compiled it a second time. The engine compiles them in one thread: in
-four, each compile took 1.4-1.9x longer and the first call 0.8 s more (session 12).
+four, each compile took 1.4-1.9x longer, and two gave no faster first call (session 12).
 """
 
 from __future__ import annotations
