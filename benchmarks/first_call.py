@@ -84,6 +84,8 @@ def main() -> None:
                    help="do not warm inductor up during the engine's construction (compile.start_inductor_warmup)")
     p.add_argument("--compile-threads", type=int, default=0,
                    help="threads for the kernel-compile thread's recorded launches (default: the engine's)")
+    p.add_argument("--compile-workers", type=int, default=None,
+                   help="the engine's compile worker processes (engine.COMPILE_WORKERS; 0: the thread alone)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     cache_env = use_compile_cache(args.compile_cache)
@@ -109,6 +111,10 @@ def main() -> None:
         real = launch_module.compile_recorded
         launch_module.compile_recorded = lambda launches, first=(), workers=1: real(launches, first, args.compile_threads)
         functools.update_wrapper(launch_module.compile_recorded, real)
+    if args.compile_workers is not None:
+        import vlaperf.engine.engine as engine_module
+
+        engine_module.COMPILE_WORKERS = args.compile_workers
     if args.no_inductor_warmup:
         import vlaperf.engine.compile as compile_module
 
@@ -135,7 +141,8 @@ def main() -> None:
               "triton_compile_s": sum(r["s"] for r in triton_rows),
               "precompile_error": None if engine.precompile_error is None else repr(engine.precompile_error),
               "later_calls_ms": later, "later_median_ms": statistics.median(later) if later else None,
-              "inductor_warmup": not args.no_inductor_warmup, "compile_threads": args.compile_threads or None}
+              "inductor_warmup": not args.no_inductor_warmup, "compile_threads": args.compile_threads or None,
+              "compile_workers": args.compile_workers, "compile_worker_seconds": engine.compile_worker_seconds}
     print(f"first call {first:.2f} s (model {t1 - t0:.1f} s, engine {t2 - t1:.1f} s); "
           f"in-process Triton compiles {result['triton_compile_s']:.2f} s; later median {result['later_median_ms']:.2f} ms")
     for name, s in sorted(result["compile_phases"].items(), key=lambda kv: -kv[1])[:12]:

@@ -99,5 +99,18 @@ h)
 120 $V bench --workload libero-pi0-b8 --levers best --compile-cache /tmp/fcU $B --json $R/bench_libero-pi0-b8_best-s12_model.json
 EOT
   ;;
+i)
+  # (part h: reduce-overhead + compile_layers + the kernels 25.88 ms after a 17.35 s first call; batch 4 33.25 ms,
+  # batch 8 59.86 ms)
+  # the engine's Triton kernels compiled in 3 worker processes during the first call (compile_worker.py), against
+  # the thread alone, cold first calls alternating, twice; then libero-pi05 cold with the workers
+  lane A 0 12 <<EOT &
+60 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcV --compile-workers 3 --later 3 --json $R/first_call_libero-pi0_best-s12i_workers3a_cold.json
+60 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcW --compile-workers 0 --later 3 --json $R/first_call_libero-pi0_best-s12i_workers0a_cold.json
+60 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcX --compile-workers 3 --later 3 --json $R/first_call_libero-pi0_best-s12i_workers3b_cold.json
+60 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcY --compile-workers 0 --later 3 --json $R/first_call_libero-pi0_best-s12i_workers0b_cold.json
+60 python3 benchmarks/first_call.py --workload libero-pi05 --levers best --compile-cache /tmp/fcZ --compile-workers 3 --later 3 --json $R/first_call_libero-pi05_best-s12i_workers3_cold.json
+EOT
+  ;;
 esac
 finish  # lanes.sh: waits for the lane, then $OUT/results.tgz holds every finished file

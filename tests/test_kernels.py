@@ -12,6 +12,7 @@ import sys
 import textwrap
 
 import pytest
+import torch
 
 pytest.importorskip("triton")
 
@@ -817,3 +818,84 @@ def test_cuda_probe_builds_for_hopper_without_spills(tmp_path, probe, kernels):
     spills = re.findall(r"(\d+) bytes spill stores, (\d+) bytes spill loads", proc.stderr)
     assert len(spills) == kernels, proc.stderr[-3000:]
     assert all(s == ("0", "0") for s in spills), spills
+
+
+FAKE_KERNELS = textwrap.dedent(
+    """
+    import json, os
+
+
+    def _body():
+        pass
+
+
+    class Kernel:
+        '''Stands for a Triton kernel: compile_worker imports it by module and name, calls warmup.'''
+
+        def __init__(self, name, fail=False):
+            self.__name__, self.fail, self.fn = name, fail, _body
+
+        def warmup(self, *args, grid, **kwargs):
+            if self.fail:
+                raise ValueError("no registers left")
+            seen = [[str(a.dtype), a.data_ptr() % 16 == 0] if hasattr(a, "dtype") else a for a in args]
+            with open(os.environ["FAKE_KERNEL_LOG"], "a") as f:
+                f.write(json.dumps([self.__name__, list(grid), seen, kwargs]) + "\\n")
+
+
+    _expert_step_kernel = Kernel("_expert_step_kernel")  # the module attribute is the kernel's name, as with @triton.jit
+    _small = Kernel("_small")
+    broken = Kernel("broken", fail=True)
+    """
+)
+
+
+def test_compile_worker_args_specialize_like_the_launch():
+    """describe_args keeps what Triton specializes on (dtype, 16-byte alignment, the scalars);
+    rebuild_args makes arguments that specialize the same way."""
+    from vlaperf.engine.kernels.compile_worker import describe_args, rebuild_args
+
+    x = torch.zeros(40, dtype=torch.bfloat16)
+    args = [x, x[1:], torch.zeros(8, dtype=torch.uint8)[3:], 51, 1, 0.5, None, True]
+    described = describe_args(args)
+    assert described == [("tensor", "bfloat16", True), ("tensor", "bfloat16", False), ("tensor", "uint8", False),
+                         51, 1, 0.5, None, True]
+    assert describe_args(rebuild_args(described, "cpu")) == described
+
+
+def test_compile_workers_compile_each_kernel_in_a_process_and_report_failures(tmp_path, monkeypatch):
+    """CompileWorkers: fresh interpreters that import each recorded kernel by module and name and
+    compile its launches with rebuilt arguments, the kernel named first handed out first; a
+    kernel that fails to compile fails the whole, with its message (the engine then compiles)."""
+    import json
+
+    from vlaperf.engine.kernels.compile_worker import CompileWorkers
+
+    (tmp_path / "fakekern.py").write_text(FAKE_KERNELS)
+    log = tmp_path / "log.jsonl"
+    monkeypatch.setenv("FAKE_KERNEL_LOG", str(log))
+    monkeypatch.setenv("PYTHONPATH", f"{tmp_path}{os.pathsep}{os.environ.get('PYTHONPATH', '')}")
+    monkeypatch.syspath_prepend(str(tmp_path))
+    import fakekern
+
+    x = torch.zeros(16, dtype=torch.float32)
+    launches = [(fakekern._small, (4,), (x, 7), {"BLOCK": 32}),
+                (fakekern._expert_step_kernel, (132,), (x[1:], 51), {"num_warps": 8}),
+                (fakekern._small, (8,), (x[1:], 16), {"BLOCK": 64})]
+    workers = CompileWorkers(1, "cpu")
+    try:
+        seconds = workers.compile(launches, first=("_expert_step_kernel",))
+    finally:
+        workers.close()
+    assert set(seconds) == {"_expert_step_kernel", "_small"}
+    rows = [json.loads(line) for line in log.read_text().splitlines()]
+    assert rows == [["_expert_step_kernel", [132], [["torch.float32", False], 51], {"num_warps": 8}],
+                    ["_small", [4], [["torch.float32", True], 7], {"BLOCK": 32}],
+                    ["_small", [8], [["torch.float32", False], 16], {"BLOCK": 64}]]
+    workers = CompileWorkers(2, "cpu")
+    try:
+        with pytest.raises(RuntimeError, match="broken: ValueError: no registers left"):
+            workers.compile([(fakekern.broken, (1,), (x,), {})])
+    finally:
+        workers.close()
+    assert not workers.procs

@@ -28,6 +28,10 @@ from vlaperf.inputs import Observation
 from vlaperf.models.pi0 import Pi0Model
 
 
+# Worker processes that compile the engine's Triton kernels during the first call of a compiled
+# engine (kernels/compile_worker.py); 0: the kernel-compile thread compiles them alone.
+COMPILE_WORKERS = 3
+
 # The static cache's keys per sample, rounded up to this: with pi0's 595 (544 prefix + 51
 # suffix) the folded attention's probabilities had rows of 1190 bytes, not 16-byte aligned,
 # and cuBLAS ran those matmuls with sm75 kernels (~47 us a layer at batch 4 on the H200, in
@@ -45,12 +49,17 @@ class Engine:
         self.device = model.action_in_proj.weight.device
         self.levers = Levers.parse(levers, self.device)
         self.levers.check(self.device)
-        self._inductor_warmup = None
+        self.precompile_error: Exception | None = None  # what stopped the last kernel-compile thread, if anything
+        self.compile_worker_seconds: dict[str, float] = {}  # each kernel's compile in the first call's workers
+        self._inductor_warmup = self._compile_workers = None
         if self.levers.compile and compile_backend == "inductor":
             from vlaperf.engine.compile import compile_blockers, start_inductor_warmup
 
             if not compile_blockers():  # beside the weights' preparation below; joined by the first call
                 self._inductor_warmup = start_inductor_warmup()
+                kernels = self.levers.triton_kernels or self.levers.megakernel
+                if COMPILE_WORKERS and self.device.type == "cuda" and self.levers.cuda_graph and kernels:
+                    self._start_compile_workers()
         self.weights = build_weights(model, fuse=self.levers.fuse_projections)
         if self.levers.megakernel:
             from vlaperf.engine.kernels.expert_step import error_flag
@@ -62,7 +71,6 @@ class Engine:
         self._kv: dict[tuple, tuple[Tensor, Tensor]] = {}
         self.graphs = GraphCache() if self.levers.cuda_graph else None
         self.last_plan: PrefixPlan | None = None
-        self.precompile_error: Exception | None = None  # what stopped the last kernel-compile thread, if anything
         # Stage boundaries for the profiler: called with a stage name where that stage
         # starts ("embed_prefix", "prefill", "denoise_step_<i>") and "end" after the last.
         # Only on the plain path (it is not called inside a CUDA graph or compiled code).
@@ -142,11 +150,29 @@ class Engine:
         """Build the per-schedule tables ahead of time (also done lazily)."""
         self._schedule_tensors(num_steps)
 
+    def _start_compile_workers(self) -> None:
+        """Start the kernel compile workers now (they import torch while the weights are prepared);
+        the first call's kernel-compile thread hands them its launches, then ends them. Closed
+        with the engine if no call comes."""
+        import weakref
+
+        from vlaperf.engine.kernels.compile_worker import CompileWorkers
+
+        try:
+            workers = CompileWorkers(COMPILE_WORKERS, self.device)
+        except OSError as e:  # no process to spare: the thread compiles alone
+            self.precompile_error = e
+            return
+        self._compile_workers = workers
+        weakref.finalize(self, workers.close)
+
     def _precompile_kernels(self, inputs: list[Tensor], plan: PrefixPlan, num_steps: int) -> Callable[[], None]:
         """Compile this engine's Triton kernels in a thread while torch.compile traces the first
         call of a new shape: the uncompiled path runs there once with every kernel launch
         recorded, not run (kernels/launch.py), and the launches are compiled afterwards, the
-        step kernel first, so each kernel is compiled for the arguments it will get.
+        step kernel first, so each kernel is compiled for the arguments it will get: in the
+        compile worker processes of a first call (`COMPILE_WORKERS`), whose cache entries the
+        thread's own compile then finds, or in the thread alone.
         Returns the wait for that thread, which the graph cache calls before it captures
         (the thread's stream must be idle then). The thread only saves time: if it fails, the
         kernels compile at their first launch as before."""
@@ -162,6 +188,7 @@ class Engine:
         if stream is not None:
             stream.wait_stream(torch.cuda.current_stream(self.device))
         self.precompile_error = None
+        workers, self._compile_workers = self._compile_workers, None  # the first call's only
 
         def work():
             launches: list = []
@@ -172,6 +199,13 @@ class Engine:
                 # the step kernel takes longest (~2.3 s on the H200's host) and pi0.5's main thread reached
                 # it before the in-order pass had; one thread: in four each compile took 1.4-1.9x longer
                 # (the GIL, and the main thread's own compile beside them), two were no faster than one
+                if workers is not None:
+                    try:
+                        self.compile_worker_seconds = workers.compile(launches, first=("_expert_step_kernel",))
+                    except Exception as e:  # the thread compiles what they did not
+                        self.precompile_error = e
+                    finally:
+                        workers.close()
                 compile_recorded(launches, first=("_expert_step_kernel",), workers=1)
             except Exception as e:  # an optimization only: the main thread compiles what is missing
                 self.precompile_error = e
