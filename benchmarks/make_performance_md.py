@@ -360,7 +360,8 @@ def first_call_tables(results):
             "(`best-precompile` files) mostly in a thread beside torch.compile, so not all of it adds to the first call. "
             "Inductor warm-up: its compiler, worker pool and source hash started during the engine's construction "
             "(session 12; `-`: a file without the field); compile threads: the kernel-compile thread's workers (`-`: "
-            "the engine's default).", "",
+            "the engine's default); compile workers: the worker processes that compile the engine's kernels during "
+            "the first call (`Engine` `COMPILE_WORKERS`, 3 since session 12; 0: the thread alone; `-`: before them).", "",
             "| " + " | ".join(FIRST_CALL_HEADER) + " |", "|" + "---|" * len(FIRST_CALL_HEADER)] + \
         ["| " + " | ".join(fmt(c) for c in row) + " |" for row in rows] + [""]
 

@@ -656,7 +656,7 @@ def splitk_probe_rows(r: dict) -> list[list]:
 
 FIRST_CALL_HEADER = ["file", "workload", "variant", "cache", "first call s", "torch.compile s", "of it inductor s",
                      "Triton in process s", "slowest Triton kernel", "engine init s", "later median ms", "commit",
-                     "inductor warm-up", "compile threads"]
+                     "inductor warm-up", "compile threads", "compile workers"]
 
 
 def first_call_rows(results: list[tuple[str, dict]]) -> list[list]:
@@ -673,7 +673,8 @@ def first_call_rows(results: list[tuple[str, dict]]) -> list[list]:
                      phases.get("_compile.compile_inner", 0.0), phases.get("compile_fx_inner", 0.0),
                      r.get("triton_compile_s", 0.0), slowest, r.get("engine_init_s"), r.get("later_median_ms"),
                      ((r.get("env") or {}).get("git_commit") or "-")[:7],
-                     {True: "yes", False: "no"}.get(r.get("inductor_warmup"), "-"), r.get("compile_threads") or "-"])
+                     {True: "yes", False: "no"}.get(r.get("inductor_warmup"), "-"), r.get("compile_threads") or "-",
+                     "-" if "compile_workers" not in r else "engine's" if r["compile_workers"] is None else r["compile_workers"]])
     return rows
 
 

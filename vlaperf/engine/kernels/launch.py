@@ -13,7 +13,9 @@ With `record`, the pass only collects the launches (a fraction of a second) and
 `compile_recorded` then compiles them, the slowest to compile (the step kernel, ~2.3 s) first:
 the main thread otherwise reached pi0.5's step kernel while the pass was still compiling the
 prefix's kernels, and compiled it a second time. The engine compiles them in one thread: in
-four, each compile took 1.4-1.9x longer, and two gave no faster first call (session 12).
+four, each compile took 1.4-1.9x longer, and two gave no faster first call (session 12). Worker
+processes do overlap them (compile_worker.py): the thread's own compiles then find their work
+in Triton's cache.
 """
 
 from __future__ import annotations
