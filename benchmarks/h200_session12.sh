@@ -10,6 +10,10 @@
 #            threads made every Triton compile slower, so the thread compiles in one since)
 #   PART=b   the first calls again with one compile thread (the step kernel first), then the closing figures: best's bench on every batch-1 workload, each in a fresh process with
 #            empty compile caches; its equivalence on the GPU; the kernel sequence of libero-pi0 best
+#   PART=c-j later experiments, each described where it is defined below (the inductor warm-up on and off;
+#            compile threads; the between-step A/B's halves; the prefix attention probe; seed 000's grid and the
+#            compile modes; reduce-overhead with compile_layers again, batch 4 and 8; the compile workers; the
+#            closing benches)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session12.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -110,6 +114,14 @@ i)
 60 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcX --compile-workers 3 --later 3 --json $R/first_call_libero-pi0_best-s12i_workers3b_cold.json
 60 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcY --compile-workers 0 --later 3 --json $R/first_call_libero-pi0_best-s12i_workers0b_cold.json
 60 python3 benchmarks/first_call.py --workload libero-pi05 --levers best --compile-cache /tmp/fcZ --compile-workers 3 --later 3 --json $R/first_call_libero-pi05_best-s12i_workers3_cold.json
+EOT
+  ;;
+j)
+  # (part i: 9.81 / 10.78 s with the workers against 12.21 / 12.34 s without; libero-pi05 10.91 s)
+  # the closing bench of best at the session's last code, libero-pi0 and libero-pi05, empty caches
+  lane A 0 20 <<EOT &
+80 $V bench --workload libero-pi0 --levers best --compile-cache /tmp/fcJ1 $B --json $R/bench_libero-pi0_best-s12j_model.json
+80 $V bench --workload libero-pi05 --levers best --compile-cache /tmp/fcJ2 $B --json $R/bench_libero-pi05_best-s12j_model.json
 EOT
   ;;
 esac
