@@ -8,7 +8,8 @@ specializes on them (`describe_args`), rebuilds arguments that specialize the sa
 (`rebuild_args`: same dtypes, same 16-byte alignment, the same integers) and calls
 `kernel.warmup`. The compiled kernel lands in Triton's cache directory (the worker inherits the
 environment, TRITON_CACHE_DIR included), where the engine's own compile of the same launch then
-finds it. Replies go back on stdout (the worker's other prints go to stderr).
+finds it. Replies go back on stdout; anything else the worker prints goes to stderr, which
+`CompileWorkers` discards.
 
 `CompileWorkers` starts the processes (they import torch while the engine is being built) and
 hands them the recorded launches of a first call, one kernel per request, the slowest first.

@@ -5,9 +5,9 @@ each at its first launch (first_call.py: 4.7 s of libero-pi0 best's 15.5 s on th
 torch.compile has the main thread. `Engine` runs its uncompiled path once in a thread meanwhile,
 inside `compile_only()`: every launch below becomes `kernel.warmup(...)`, which compiles for
 exactly the arguments a launch would get (dtypes, alignment, the integers Triton specializes
-on) and runs nothing. Triton's compiler does most of its work without holding the GIL (two
-step-kernel compiles in two threads took 3.8 s against 3.4-4.0 s each alone), so the two
-threads overlap: that first call took 9.4 s with the thread (docs/perf-notes.md, version 52).
+on) and runs nothing. Part of Triton's compile runs without the GIL (two step-kernel compiles in
+two threads took 3.8 s against 3.4-4.0 s each alone on the CPU machine), so the thread overlaps
+torch.compile: that first call took 9.4 s with the thread (docs/perf-notes.md, version 52).
 
 With `record`, the pass only collects the launches (a fraction of a second) and
 `compile_recorded` then compiles them, the slowest to compile (the step kernel, ~2.3 s) first:
