@@ -899,3 +899,23 @@ def test_compile_workers_compile_each_kernel_in_a_process_and_report_failures(tm
     finally:
         workers.close()
     assert not workers.procs
+
+
+def test_compile_workers_that_hang_are_killed_after_the_timeout(tmp_path):
+    """A worker that never answers must not hold the first call: compile gives up after its
+    timeout and kills the workers (the engine then compiles by itself)."""
+    import time
+
+    from vlaperf.engine.kernels.compile_worker import CompileWorkers
+
+    class Kernel:
+        __name__ = "_k"
+        fn = test_compile_workers_that_hang_are_killed_after_the_timeout
+
+    workers = CompileWorkers(2, "cpu", command=[sys.executable, "-c", "import time; time.sleep(60)"])
+    procs = list(workers.procs)
+    start = time.monotonic()
+    with pytest.raises(TimeoutError, match="longer than 1 s"):
+        workers.compile([(Kernel(), (1,), (), {})], timeout=1.0)
+    assert time.monotonic() - start < 15
+    assert not workers.procs and all(p.poll() is not None for p in procs)

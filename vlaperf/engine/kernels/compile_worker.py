@@ -109,10 +109,11 @@ class CompileWorkers:
         self.procs = [subprocess.Popen(cmd, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL)
                       for _ in range(count)]
 
-    def compile(self, launches: list, first: tuple[str, ...] = (), timeout: float = 300.0) -> dict[str, float]:
+    def compile(self, launches: list, first: tuple[str, ...] = (), timeout: float = 60.0) -> dict[str, float]:
         """Compile recorded launches (kernel, grid, args, kwargs) in the workers, one kernel per
         request, those named in `first` handed out first; returns each kernel's seconds in its
-        worker. Raises if a worker fails or the whole takes longer than `timeout`."""
+        worker. Raises if a worker fails, or after `timeout` (the whole took ~5 s on the H200's
+        host: a worker that hangs must not hold the first call for long), killing the workers."""
         by_kernel: dict = {}
         for kernel, grid, args, kwargs in launches:
             by_kernel.setdefault(kernel, []).append((grid, describe_args(args), kwargs))
@@ -143,16 +144,17 @@ class CompileWorkers:
         for t in feeders:
             t.join(max(0.0, deadline - time.monotonic()))
         if any(t.is_alive() for t in feeders):
-            self.close()
+            self.close(kill=True)
             raise TimeoutError(f"compile workers took longer than {timeout:.0f} s")
         if errors:
             raise errors[0]
         return results
 
-    def close(self) -> None:
+    def close(self, kill: bool = False) -> None:
+        """End the workers: at the end of their input, or at once with `kill`."""
         for p in self.procs:
             try:
-                p.stdin.close()
+                p.kill() if kill else p.stdin.close()
             except OSError:
                 pass
         for p in self.procs:
@@ -160,6 +162,7 @@ class CompileWorkers:
                 p.wait(timeout=10)
             except subprocess.TimeoutExpired:
                 p.kill()
+                p.wait()
         self.procs = []
 
 
