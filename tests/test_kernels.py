@@ -313,6 +313,32 @@ PRECOMPILE_SCRIPT = TINY_SETUP + textwrap.dedent(
     out = engine.sample_actions(obs, noise, w.steps)  # the real call afterwards: unaffected
     assert ((out - ref).norm() / ref.norm()).item() < 1e-4
     assert runs["_expert_step_kernel"] > 0 and runs["_rope_qkv_kernel"] > 0, runs
+
+    # with compile workers (a CUDA engine's first call), the thread hands them its recorded launches
+    # first, closes them, and still compiles itself (on the GPU, cache hits)
+    class FakeWorkers:
+        def __init__(self):
+            self.calls, self.closed = [], False
+
+        def compile(self, launches, first=()):
+            self.calls.append(([k.__name__ for k, *_ in launches], first))
+            return {"_expert_step_kernel": 1.5}
+
+        def close(self, kill=False):
+            self.closed = True
+
+    engine2 = Engine(model, levers)
+    engine2.prepare(w.steps)
+    fake = engine2._compile_workers = FakeWorkers()
+    warmups.clear()
+    engine2._precompile_kernels(inputs, plan, w.steps)()
+    assert engine2.precompile_error is None, engine2.precompile_error
+    (names, first), = fake.calls
+    assert first == ("_expert_step_kernel",) and "_expert_step_kernel" in names and "_rope_qkv_kernel" in names, names
+    assert fake.closed and engine2._compile_workers is None  # the first call's only
+    assert engine2.compile_worker_seconds == {"_expert_step_kernel": 1.5}
+    assert set(warmups) == {"_expert_step_kernel", "_rope_qkv_kernel", "_small_m_kernel", "_partial_kernel",
+                            "_merge_kernel"}, warmups
     print("ok")
     """
 )
@@ -320,7 +346,8 @@ PRECOMPILE_SCRIPT = TINY_SETUP + textwrap.dedent(
 
 def test_first_call_kernel_compile_thread_compiles_every_kernel_and_runs_none():
     """Engine._precompile_kernels (the first call of a compiled engine on the GPU): the uncompiled
-    path in a thread with every launch a compile only (kernels/launch.py)."""
+    path in a thread with every launch recorded, then compiled (kernels/launch.py); with compile
+    workers, they get the recorded launches first and are closed after."""
     run_in_interpreter(PRECOMPILE_SCRIPT, timeout=600)
 
 
