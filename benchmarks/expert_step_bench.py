@@ -158,6 +158,9 @@ def sweeps(base: S.StepKernelConfig) -> dict[int, list[S.StepKernelConfig]]:
         # with --pi05: the writers' next-norm scale loaded right after the K loop (with the gate,
         # overlapping the partial store and the arrival) against in the tail, twice
         21: [r(scale_after_loop=True), r(), r(scale_after_loop=True)],
+        # with --pi05: the programs idle in qkv also prefetch the layer's (and the next layer's) rows of
+        # the modulation table to L2 (mod_prefetch), against without, twice (prepared in session 12)
+        22: [r(mod_prefetch=True), r(), r(mod_prefetch=True)],
     }
 
 
@@ -170,7 +173,7 @@ def main() -> None:
     p.add_argument("--timeline", action="store_true",
                    help="also read the GPU clock at every (layer, phase, program) and summarise where each config's time goes")
     p.add_argument("--sweep", type=int, default=1, choices=sorted(sweeps(S.StepKernelConfig())),
-                   help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps; 9: barrier polling, pipeline depth; 10: deeper pipelines, atomic polling at 4 stages, wider split tiles; 11: early value loads, 128-key tiles; 12: prefetch by the programs idle in qkv, wider o_proj tiles; 13: rotated K loops; 14: dataflow waits instead of two barriers; 15: prefetch plans; 16: 4 warps; 17-18: prefetch_own; 20: with --pi05, early_mod_loads; 21: with --pi05, scale_after_loop)")
+                   help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps; 9: barrier polling, pipeline depth; 10: deeper pipelines, atomic polling at 4 stages, wider split tiles; 11: early value loads, 128-key tiles; 12: prefetch by the programs idle in qkv, wider o_proj tiles; 13: rotated K loops; 14: dataflow waits instead of two barriers; 15: prefetch plans; 16: 4 warps; 17-18: prefetch_own; 20: with --pi05, early_mod_loads; 21: with --pi05, scale_after_loop; 22: with --pi05, mod_prefetch)")
     p.add_argument("--pi05", action="store_true",
                    help="pi0.5's expert step: 50 rows, adaptive norms and gated residuals (random modulation, the "
                         "kernel's `mod` table)")

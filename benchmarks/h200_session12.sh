@@ -124,5 +124,12 @@ j)
 80 $V bench --workload libero-pi05 --levers best --compile-cache /tmp/fcJ2 $B --json $R/bench_libero-pi05_best-s12j_model.json
 EOT
   ;;
+next)
+  # prepared, not run (the device time was spent): pi0.5's step kernel with the idle programs prefetching its
+  # modulation table rows (mod_prefetch, sweep 22, a timeline each), then the whole call if it gains
+  lane A 0 30 <<EOT &
+240 python3 benchmarks/expert_step_bench.py --pi05 --sweep 22 --timeline --json $R/kernel_expert_step_pi05_sweep22.json | grep -v timeline
+EOT
+  ;;
 esac
 finish  # lanes.sh: waits for the lane, then $OUT/results.tgz holds every finished file

@@ -758,8 +758,8 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
     with its spin loop, the clock reads of the timeline) must assemble, in both barrier
     variants, and the L2 prefetches (of the programs idle in qkv, `idle_prefetch`, and by plan,
     `prefetch`); with and
-    without rotated K loops, still pipelined; and for 4 samples in one launch. The interpreter
-    cannot run any of it."""
+    without rotated K loops, still pipelined; and for 4 samples in one launch; pi0.5's with and
+    without `mod_prefetch`. The interpreter cannot run any of it."""
     from dataclasses import replace
 
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
@@ -784,6 +784,15 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
         # a strided loop variable once stopped that for k_rotate, and the kernel spilled. One
         # sample compiles without spills; 4 samples (a 256-row block) spilled 32 B under Triton 3.6
         assert r["async_copies"] >= 100 and r["spill_store_bytes"] <= (0 if samples == 1 else 256), (cfg, samples, r)
+    # pi0.5 (the modulated norms), with and without the idle programs' prefetch of the modulation table
+    prefetches = {}
+    for mod_prefetch in (False, True):
+        cfg = replace(S.StepKernelConfig(), mod_prefetch=mod_prefetch)
+        r = resources.compile_kernel(S._expert_step_kernel, resources.whole_kernel_constexprs(cfg, mod=True),
+                                     cfg.num_warps, cfg.num_stages, ptxas=True)
+        assert r["registers"] <= 255 and r["spill_store_bytes"] == 0, (mod_prefetch, r)
+        prefetches[mod_prefetch] = resources.last_ptx().count("prefetch.global.L2")
+    assert prefetches[True] > prefetches[False] > 0, prefetches
 
 
 def test_head_precision_follows_dtype_and_gpu(monkeypatch):

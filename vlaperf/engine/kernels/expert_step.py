@@ -153,6 +153,12 @@ class StepKernelConfig:
     # the last task's tail after the store of x. No gain: the libero-pi05 call 1.002x
     # (p10..p90 0.999..1.005, step_config_ab_libero-pi05_scale_after_loop.json); off
     scale_after_loop: bool = False
+    # pi0.5 only: the programs idle in qkv also ask L2 for this layer's and the next one's rows of
+    # the modulation table (2 x 58 KB of float32 a layer, a different table every step, so it is
+    # never in L2 after the weights have streamed through): the writers' gate and next-norm scale
+    # and gate_up's biases would hit L2 instead of HBM. Prepared in session 12, not yet timed
+    # (expert_step_bench.py --pi05 --sweep 22); off
+    mod_prefetch: bool = False
 
 
 # ------------------------------------------------------------------------ helpers
@@ -792,7 +798,7 @@ def _expert_step_kernel(
     POLL_ONE: tl.constexpr, CTR_O: tl.constexpr, CTR_GU: tl.constexpr, CTR_DOWN: tl.constexpr, CTR_LAYER: tl.constexpr,
     TIMELINE: tl.constexpr, EARLY_V: tl.constexpr, IDLE_PREFETCH: tl.constexpr, ROTATE: tl.constexpr,
     NB: tl.constexpr, DATAFLOW: tl.constexpr, CTR_SLOT: tl.constexpr, PREFETCH_OWN: tl.constexpr, MOD: tl.constexpr,
-    EARLY_MOD: tl.constexpr, SCALE_AFTER_LOOP: tl.constexpr,
+    EARLY_MOD: tl.constexpr, SCALE_AFTER_LOOP: tl.constexpr, MOD_PREFETCH: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -840,6 +846,9 @@ def _expert_step_kernel(
                         _prefetch_l2(wo_ptr + layer * (D * NH * HD), D * NH * HD, ip, n_idle, ELEMS_PER_LINE, 512)
                         if IDLE_PREFETCH > 1:
                             _prefetch_l2(wgu_ptr + layer * (2 * F * D), 2 * F * D, ip, n_idle, ELEMS_PER_LINE, 512)
+                        if MOD and MOD_PREFETCH:  # float32 rows: 32 to a 128-byte line; the next layer's too
+                            rows_ahead = tl.where(layer + 1 < L, 2, 1)
+                            _prefetch_l2(modl, MOD_W * rows_ahead, ip, n_idle, 32, 512)
             elif phase == 1:
                 _phase_attention(q_ptr, kv_ptr, kc_ptr + layer * stride_cl, vc_ptr + layer * stride_cl, mask_ptr,
                                  acc_ptr, ml_ptr, o_ptr, tile_ctr, M, Tk, Tp, keys_per_split, scale, stride_cb, stride_ct,
@@ -1199,7 +1208,8 @@ def expert_step(
                   EARLY_V=cfg.att_early_v, IDLE_PREFETCH=cfg.idle_prefetch if device.type == "cuda" else 0,
                   ROTATE=cfg.k_rotate, NB=NB, DATAFLOW=cfg.dataflow, CTR_SLOT=ctr_slot,
                   PREFETCH_OWN=cfg.prefetch_own if device.type == "cuda" else 0, MOD=mod is not None,
-                  EARLY_MOD=cfg.early_mod_loads, SCALE_AFTER_LOOP=cfg.scale_after_loop)
+                  EARLY_MOD=cfg.early_mod_loads, SCALE_AFTER_LOOP=cfg.scale_after_loop,
+                  MOD_PREFETCH=cfg.mod_prefetch and device.type == "cuda")
     if persistent:
         launch(_expert_step_kernel, (grid,), *args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
         if keep_counters:
