@@ -159,8 +159,17 @@ def sweeps(base: S.StepKernelConfig) -> dict[int, list[S.StepKernelConfig]]:
         # overlapping the partial store and the arrival) against in the tail, twice
         21: [r(scale_after_loop=True), r(), r(scale_after_loop=True)],
         # with --pi05: the programs idle in qkv also prefetch the layer's (and the next layer's) rows of
-        # the modulation table to L2 (mod_prefetch), against without, twice (prepared in session 12)
-        22: [r(mod_prefetch=True), r(), r(mod_prefetch=True)],
+        # the modulation table to L2 (mod_prefetch, prepared in session 12); the statistics and biases
+        # loaded before the K loops as one block, added after them (stats_ahead, session 13); both;
+        # the first two again
+        22: [r(mod_prefetch=True), r(stats_ahead=True), r(mod_prefetch=True, stats_ahead=True), r(mod_prefetch=True),
+             r(stats_ahead=True)],
+        # pi0: the norm statistics from o_proj's and down's writers instead of squared in qkv's and
+        # gate_up's K loops (ssq_from_writers), added after the loop or loaded ahead of it
+        # (stats_ahead); 256-deep K blocks for qkv and gate_up (half the iterations: their work is
+        # ~2.5 us longer a layer than down's for the same bytes, session 10's timeline); again
+        23: [r(ssq_from_writers=True), r(ssq_from_writers=True, stats_ahead=True), r(bk_qkv=256), r(bk_gu=256),
+             r(bk_qkv=256, bk_gu=256, ssq_from_writers=True, stats_ahead=True), r(ssq_from_writers=True, stats_ahead=True)],
     }
 
 
@@ -173,7 +182,9 @@ def main() -> None:
     p.add_argument("--timeline", action="store_true",
                    help="also read the GPU clock at every (layer, phase, program) and summarise where each config's time goes")
     p.add_argument("--sweep", type=int, default=1, choices=sorted(sweeps(S.StepKernelConfig())),
-                   help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps; 9: barrier polling, pipeline depth; 10: deeper pipelines, atomic polling at 4 stages, wider split tiles; 11: early value loads, 128-key tiles; 12: prefetch by the programs idle in qkv, wider o_proj tiles; 13: rotated K loops; 14: dataflow waits instead of two barriers; 15: prefetch plans; 16: 4 warps; 17-18: prefetch_own; 20: with --pi05, early_mod_loads; 21: with --pi05, scale_after_loop; 22: with --pi05, mod_prefetch)")
+                   help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps; 9: barrier polling, pipeline depth; 10: deeper pipelines, atomic polling at 4 stages, wider split tiles; 11: early value loads, 128-key tiles; 12: prefetch by the programs idle in qkv, wider o_proj tiles; 13: rotated K loops; 14: dataflow waits instead of two barriers; 15: prefetch plans; 16: 4 warps; 17-18: prefetch_own; 20: with --pi05, early_mod_loads; 21: with --pi05, scale_after_loop; 22: with --pi05, mod_prefetch and stats_ahead; 23: ssq_from_writers, stats_ahead, 256-deep K blocks)")
+    p.add_argument("--no-phases", action="store_true",
+                   help="skip timing each phase and the barriers alone after the configurations (five more compiles)")
     p.add_argument("--pi05", action="store_true",
                    help="pi0.5's expert step: 50 rows, adaptive norms and gated residuals (random modulation, the "
                         "kernel's `mod` table)")
@@ -287,6 +298,9 @@ def main() -> None:
     best = min(ok, key=lambda r: r["us"]) if ok else None
     result["best"] = best
     cfg = S.StepKernelConfig(**best["config"]) if best else base
+    if args.no_phases:
+        save()
+        return
     for i, name in enumerate(S.PHASES):
         try:
             result["phases"][name] = graph_time_ms(lambda: S.expert_step(*inputs, config=cfg, phases=(i, i + 1)), reps=20) * 1e3

@@ -510,7 +510,10 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
     # one launch per phase, so this checks the counting and the waits' indexing, not the timing)
     configs = [small, replace(small, ks_o=1, ks_down=1, fold_merge=True), replace(small, ks_o=4, bn_down=8, ks_down=4, ks_gu=2),
                replace(small, att_early_v=False), replace(small, k_rotate=True, bk_qkv=16, bk_gu=16, bk_o=16, bk_down=16),
-               replace(small, dataflow=True)]
+               replace(small, dataflow=True),
+               # the norm statistics from o_proj's and down's writers, added after or (stats_ahead) loaded before the K loops
+               replace(small, ssq_from_writers=True), replace(small, ssq_from_writers=True, stats_ahead=True),
+               replace(small, ssq_from_writers=True, stats_ahead=True, ks_o=1, bn_down=8, ks_down=4, ks_gu=2)]
     # (layers, D, heads, head dim, F, rows, prefix): head dim 16 has 8-dim RoPE halves, less than a tile
     for L, D, NH, HD, Fd, M, Tp in [(2, 32, 4, 16, 64, 11, 20), (1, 64, 2, 32, 96, 7, 45)]:
         x = torch.randn(M, D)
@@ -539,7 +542,8 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
             maskb[:, :, 0] = True
             refs = torch.stack([reference(xb[b], wqkv, wo, wgu, wd, kcb[:, b], vcb[:, b], cosb[b], sinb[b], maskb[b], 1e-6,
                                           NH, HD) for b in range(B)])
-            for cfg in (small, replace(small, fold_merge=True, ks_o=1), replace(small, dataflow=True)):
+            for cfg in (small, replace(small, fold_merge=True, ks_o=1), replace(small, dataflow=True),
+                        replace(small, ssq_from_writers=True, stats_ahead=True)):
                 out = expert_step(xb, wqkv, wo, wgu, wd, kcb, vcb, cosb, sinb, maskb, 1e-6, config=cfg)
                 assert out.shape == (B, M, D)
                 err = ((out - refs).norm(dim=(1, 2)) / refs.norm(dim=(1, 2))).max().item()
@@ -553,7 +557,9 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
             ref = modulated_reference(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, NH, HD, mods[step])
             for cfg in (small, replace(small, ks_o=1, ks_down=1), replace(small, ks_gu=2, bn_down=8),
                         replace(small, early_mod_loads=True), replace(small, early_mod_loads=True, ks_o=1, ks_down=1),
-                        replace(small, scale_after_loop=True), replace(small, scale_after_loop=True, ks_o=1, ks_down=1)):
+                        replace(small, scale_after_loop=True), replace(small, scale_after_loop=True, ks_o=1, ks_down=1),
+                        replace(small, stats_ahead=True), replace(small, stats_ahead=True, ks_o=1, ks_down=1, ks_gu=2),
+                        replace(small, stats_ahead=True, ssq_from_writers=True)):
                 out = expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=cfg, mod=table[step])
                 err = ((out - ref).norm() / ref.norm()).item()
                 assert err < 1e-5, ("pi0.5", step, cfg, err)
@@ -590,6 +596,17 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
         raise SystemExit("dataflow with a folded merge must be refused")
     except ValueError as e:
         assert "dataflow and fold_merge" in str(e), e
+    try:
+        expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=replace(small, stats_ahead=True,
+                                                                                        early_mod_loads=True))
+        raise SystemExit("stats_ahead with early_mod_loads must be refused")
+    except ValueError as e:
+        assert "stats_ahead and early_mod_loads" in str(e), e
+    try:  # 64 / 24 columns: 3 statistics tiles, not one power-of-two block
+        expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=replace(small, stats_ahead=True, bn_o=24))
+        raise SystemExit("stats_ahead over a tile count that is not a power of two must be refused")
+    except ValueError as e:
+        assert "stats_ahead" in str(e) and "bn_o=24" in str(e) and "power of two" in str(e), e
     try:
         expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=replace(small, ks_down=5))
         raise SystemExit("a split that does not divide F must be refused")

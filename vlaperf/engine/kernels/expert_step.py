@@ -159,6 +159,15 @@ class StepKernelConfig:
     # and gate_up's biases would hit L2 instead of HBM. Prepared in session 12, not yet timed
     # (expert_step_bench.py --pi05 --sweep 22); off
     mod_prefetch: bool = False
+    # pi0: o_proj's and down's writers also store per-tile sums of squares of x (as pi0.5's do), so
+    # qkv's and gate_up's K loops no longer square their activation tiles (the first layer's come
+    # from a small kernel before the launch). Prepared in session 13 (sweep 23); off until timed
+    ssq_from_writers: bool = False
+    # the consumers of those per-tile sums (pi0.5 always, pi0 with ssq_from_writers) load them, and
+    # pi0.5's biases, as one block before the K loop and add them after it: the loads' latency
+    # overlaps the loop (early_mod_loads added them before the loop, which waited on them there).
+    # Prepared in session 13 (sweeps 22, 23); off until timed
+    stats_ahead: bool = False
 
 
 # ------------------------------------------------------------------------ helpers
@@ -381,6 +390,20 @@ def _prefetch_next_task(phase, layer, pid, wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, L,
 
 
 @triton.jit
+def _load_ssq_tiles(ssq_ptr, rows, TILES: tl.constexpr, BLOCK_M: tl.constexpr):
+    """The per-tile sums of squares as one (tiles, rows) block, loaded, not yet added
+    (StepKernelConfig.stats_ahead: issued before a K loop, added after it by _add_ssq_tiles).
+    TILES is a power of two (the launcher checks)."""
+    t = tl.arange(0, TILES)
+    return tl.load(ssq_ptr + t[:, None] * BLOCK_M + rows[None, :], cache_modifier=".cg")
+
+
+@triton.jit
+def _add_ssq_tiles(block):
+    return tl.sum(block, axis=0)
+
+
+@triton.jit
 def _sum_ssq_tiles(ssq_ptr, rows, TILES: tl.constexpr, BLOCK_M: tl.constexpr):
     """MOD: the per-row sum of squares of x from the per-tile partials its writers left
     (_phase_residual), added in tile order (the same bits in every program)."""
@@ -398,14 +421,18 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
                D: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr,
                BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr,
                DATAFLOW: tl.constexpr, mod_ptr=None, xm_ptr=None, ssq_ptr=None, MOD: tl.constexpr = False,
-               SSQ_TILES: tl.constexpr = 1, EARLY_MOD: tl.constexpr = False):
+               SSQ_TILES: tl.constexpr = 1, EARLY_MOD: tl.constexpr = False, SSQ_IN: tl.constexpr = False,
+               AHEAD: tl.constexpr = False):
     """DATAFLOW: each task counts itself in at its slot's counter (query head, k or v) once
     its outputs are stored, for the attention tasks that wait on them.
     MOD (pi0.5's adaptive norm, n (1 + scale) + shift): the product reads xm = x (1 + scale),
     which the previous phase's writers stored with x, and the norm's statistics from their
     per-tile partials (ssq_ptr); mod_ptr + D holds shift @ Wqkv^T (modulation_table):
-    (n (1 + scale) + shift) @ W^T = inv (x (1 + scale)) @ W^T + shift @ W^T."""
+    (n (1 + scale) + shift) @ W^T = inv (x (1 + scale)) @ W^T + shift @ W^T.
+    SSQ_IN (pi0 with ssq_from_writers): the statistics come from ssq_ptr too, the K loop reads x.
+    AHEAD (stats_ahead): the statistics' block and the biases are loaded before the K loop."""
     HALF: tl.constexpr = HD // 2
+    LOADED: tl.constexpr = EARLY_MOD | AHEAD  # the biases were loaded before the loop
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
     n_jb = tl.cdiv(HALF, BN)
@@ -414,14 +441,25 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
         d1 = (task % n_jb) * BN + tl.arange(0, BN)
         d_ok = d1 < HALF
         cols = slot * HD + d1
-        if MOD:
-            if EARLY_MOD:  # the bias and the statistics, ahead of the loop
-                bias1 = tl.load(mod_ptr + D + cols, mask=d_ok, other=0.0)
-                bias2 = tl.load(mod_ptr + D + cols + HALF, mask=d_ok, other=0.0)
-                ssq_pre = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
-            acc1, acc2, ssq = _rows_matmul(xm_ptr, D, rows, row_ok, wqkv_ptr, D, cols, cols + HALF, d_ok, D, task,
+        if SSQ_IN:  # (Triton folds constexpr conditions one name at a time: no `or` in them)
+            if MOD:
+                if EARLY_MOD:  # the bias and the statistics, ahead of the loop
+                    bias1 = tl.load(mod_ptr + D + cols, mask=d_ok, other=0.0)
+                    bias2 = tl.load(mod_ptr + D + cols + HALF, mask=d_ok, other=0.0)
+                    ssq_pre = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
+                if AHEAD:
+                    bias1 = tl.load(mod_ptr + D + cols, mask=d_ok, other=0.0)
+                    bias2 = tl.load(mod_ptr + D + cols + HALF, mask=d_ok, other=0.0)
+            if AHEAD:
+                ssq_block = _load_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
+            a_ptr = x_ptr
+            if MOD:
+                a_ptr = xm_ptr
+            acc1, acc2, ssq = _rows_matmul(a_ptr, D, rows, row_ok, wqkv_ptr, D, cols, cols + HALF, d_ok, D, task,
                                            BLOCK_M, BN, BK, True, False, STAGES, ROTATE)
-            if EARLY_MOD:
+            if AHEAD:
+                ssq = _add_ssq_tiles(ssq_block)
+            elif EARLY_MOD:
                 ssq = ssq_pre
             else:
                 ssq = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
@@ -432,7 +470,7 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
         acc1 = acc1 * inv[:, None]
         acc2 = acc2 * inv[:, None]
         if MOD:
-            if EARLY_MOD:
+            if LOADED:
                 acc1 += bias1[None, :]
                 acc2 += bias2[None, :]
             else:
@@ -623,25 +661,33 @@ def _store_next(x_new, xm_ptr, ssq_ptr, scale, rows, cols, mask, tile, D: tl.con
 
 
 @triton.jit
-def _mod_prologue_kernel(x_ptr, scale_ptr, xm_ptr, ssq_ptr, MT, D: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr):
+def _mod_prologue_kernel(x_ptr, scale_ptr, xm_ptr, ssq_ptr, MT, D: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr,
+                         XM: tl.constexpr = True):
     """MOD, before the step kernel: the first layer's xm and per-tile sums of squares, one tile
     of columns a program, as _write_next leaves them for every later layer (one small launch
-    where torch took six: ~20 us a step on the H200, docs/perf-notes.md session 9)."""
+    where torch took six: ~20 us a step on the H200, docs/perf-notes.md session 9). Not XM (pi0
+    with ssq_from_writers): the sums of squares only."""
     tile = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)
     cols = tile * BN + tl.arange(0, BN)
     col_ok = cols < D
     mask = (rows < MT)[:, None] & col_ok[None, :]
     x = tl.load(x_ptr + rows[:, None] * D + cols[None, :], mask=mask, other=0.0)
-    _write_next(x, xm_ptr, ssq_ptr, scale_ptr, rows, cols, col_ok, mask, tile, 1, D, BLOCK_M)
+    if XM:
+        _write_next(x, xm_ptr, ssq_ptr, scale_ptr, rows, cols, col_ok, mask, tile, 1, D, BLOCK_M)
+    else:
+        xf = tl.where(mask, x.to(tl.float32), 0.0)
+        tl.store(ssq_ptr + tile * BLOCK_M + rows, tl.sum(xf * xf, axis=1))
 
 
 @triton.jit
 def _add_to_x(acc, gate, ptrs, mask, x_ptr, xm_ptr, ssq_ptr, scale_pre, scale_ptr, rows, cols, col_ok, tile, write_next,
-              D: tl.constexpr, BLOCK_M: tl.constexpr, GATE: tl.constexpr, SCALE_LOADED: tl.constexpr):
+              D: tl.constexpr, BLOCK_M: tl.constexpr, GATE: tl.constexpr, SCALE_LOADED: tl.constexpr,
+              SSQ_OUT: tl.constexpr = False):
     """_phase_residual's write of a finished tile: x += acc (* gate), and with GATE the next
     norm's inputs (xm, the sums of squares), from the scale the caller loaded (SCALE_LOADED:
-    early_mod_loads, scale_after_loop) or loaded here."""
+    early_mod_loads, scale_after_loop) or loaded here; SSQ_OUT (pi0, ssq_from_writers): the
+    sums of squares only."""
     res = tl.load(ptrs, mask=mask, other=0.0, cache_modifier=".cg").to(tl.float32)
     x_new = (acc * gate + res).to(x_ptr.dtype.element_ty)
     tl.store(ptrs, x_new, mask=mask)
@@ -651,6 +697,10 @@ def _add_to_x(acc, gate, ptrs, mask, x_ptr, xm_ptr, ssq_ptr, scale_pre, scale_pt
                 _store_next(x_new, xm_ptr, ssq_ptr, scale_pre, rows, cols, mask, tile, D, BLOCK_M)
         else:
             _write_next(x_new, xm_ptr, ssq_ptr, scale_ptr, rows, cols, col_ok, mask, tile, write_next, D, BLOCK_M)
+    elif SSQ_OUT:
+        if write_next:
+            xf = tl.where(mask, x_new.to(tl.float32), 0.0)
+            tl.store(ssq_ptr + tile * BLOCK_M + rows, tl.sum(xf * xf, axis=1))
 
 
 @triton.jit
@@ -658,11 +708,12 @@ def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, npro
                     D: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
                     STAGES: tl.constexpr, ROTATE: tl.constexpr, gate_ptr=None, scale_ptr=None, xm_ptr=None,
                     ssq_ptr=None, write_next=0, GATE: tl.constexpr = False, EARLY_MOD: tl.constexpr = False,
-                    SCALE_AFTER_LOOP: tl.constexpr = False):
+                    SCALE_AFTER_LOOP: tl.constexpr = False, SSQ_OUT: tl.constexpr = False):
     """x[:, cols] += A @ W[cols]^T; GATE (pi0.5): x[:, cols] += (A @ W[cols]^T) gate[cols], and
     where `write_next`, also xm[:, cols] = x (1 + scale)[cols] (the next norm's modulated
     input, scale_ptr) and ssq[tile] = the rows' sums of squares over these columns, for the
     next matmul phase (_phase_qkv / _phase_gate_up with MOD): no pass over x of its own.
+    SSQ_OUT (pi0, ssq_from_writers): only the sums of squares, where `write_next`.
 
     KS == 1: each task owns its columns of x (so in place is safe) and reads all of A.
     KS > 1 (split K): task (tile, s) multiplies only the K-slice s, so each program reads
@@ -699,7 +750,7 @@ def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, npro
         SCALE_LOADED: tl.constexpr = EARLY_MOD or SCALE_AFTER_LOOP
         if KS == 1:
             _add_to_x(acc, gate, ptrs, mask, x_ptr, xm_ptr, ssq_ptr, scale_pre, scale_ptr, rows, cols, col_ok, tile,
-                      write_next, D, BLOCK_M, GATE, SCALE_LOADED)
+                      write_next, D, BLOCK_M, GATE, SCALE_LOADED, SSQ_OUT)
         else:
             part = part_ptr + rows[:, None] * D + cols[None, :]
             tl.store(part + s * (BLOCK_M * D), acc, mask=mask)
@@ -708,19 +759,22 @@ def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, npro
                 for s2 in tl.static_range(KS):
                     total += tl.load(part + s2 * (BLOCK_M * D), mask=mask, other=0.0, cache_modifier=".cg")
                 _add_to_x(total, gate, ptrs, mask, x_ptr, xm_ptr, ssq_ptr, scale_pre, scale_ptr, rows, cols, col_ok, tile,
-                          write_next, D, BLOCK_M, GATE, SCALE_LOADED)
+                          write_next, D, BLOCK_M, GATE, SCALE_LOADED, SSQ_OUT)
 
 
 @triton.jit
 def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, nprog,
                    D: tl.constexpr, F: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                    KS: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr, mod_ptr=None, xm_ptr=None,
-                   ssq_ptr=None, MOD: tl.constexpr = False, SSQ_TILES: tl.constexpr = 1, EARLY_MOD: tl.constexpr = False):
+                   ssq_ptr=None, MOD: tl.constexpr = False, SSQ_TILES: tl.constexpr = 1, EARLY_MOD: tl.constexpr = False,
+                   SSQ_IN: tl.constexpr = False, AHEAD: tl.constexpr = False):
     """h[:, cols] = gelu(n(x) @ Wg[cols]^T) * (n(x) @ Wu[cols]^T). KS > 1 splits D as in
     _phase_residual: each task's gate, up and sum-of-squares partials go to `part`, and the
     tile's last task adds them (in order) before the norm and GELU, which need the whole sums.
     MOD (pi0.5): n(x) is modulated, n (1 + scale) + shift: as in _phase_qkv, the product reads
-    xm and the statistics come from ssq_ptr; mod_ptr + D holds shift @ Wgu^T over the 2F columns."""
+    xm and the statistics come from ssq_ptr; mod_ptr + D holds shift @ Wgu^T over the 2F columns.
+    SSQ_IN and AHEAD as in _phase_qkv."""
+    LOADED: tl.constexpr = EARLY_MOD | AHEAD  # the biases were loaded before the loop
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
     k_slice = D // KS
@@ -731,12 +785,21 @@ def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, n
         cols = tile * BN + tl.arange(0, BN)
         col_ok = cols < F
         mask = row_ok[:, None] & col_ok[None, :]
-        if MOD:
-            if EARLY_MOD:  # the biases and the statistics, ahead of the loop
-                bias_g = tl.load(mod_ptr + D + cols, mask=col_ok, other=0.0)
-                bias_u = tl.load(mod_ptr + D + F + cols, mask=col_ok, other=0.0)
-                ssq_pre = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
-            g, u, ssq = _rows_matmul(xm_ptr + s * k_slice, D, rows, row_ok, wgu_ptr + s * k_slice, D, cols, cols + F,
+        if SSQ_IN:
+            if MOD:
+                if EARLY_MOD:  # the biases and the statistics, ahead of the loop
+                    bias_g = tl.load(mod_ptr + D + cols, mask=col_ok, other=0.0)
+                    bias_u = tl.load(mod_ptr + D + F + cols, mask=col_ok, other=0.0)
+                    ssq_pre = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
+                if AHEAD:
+                    bias_g = tl.load(mod_ptr + D + cols, mask=col_ok, other=0.0)
+                    bias_u = tl.load(mod_ptr + D + F + cols, mask=col_ok, other=0.0)
+            if AHEAD:
+                ssq_block = _load_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
+            a_ptr = x_ptr
+            if MOD:
+                a_ptr = xm_ptr
+            g, u, ssq = _rows_matmul(a_ptr + s * k_slice, D, rows, row_ok, wgu_ptr + s * k_slice, D, cols, cols + F,
                                      col_ok, k_slice, tile, BLOCK_M, BN, BK, True, False, STAGES, ROTATE)
         else:
             g, u, ssq = _rows_matmul(x_ptr + s * k_slice, D, rows, row_ok, wgu_ptr + s * k_slice, D, cols, cols + F,
@@ -758,14 +821,16 @@ def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, n
                     u += tl.load(gu + s2 * (BLOCK_M * 2 * F) + F, mask=mask, other=0.0, cache_modifier=".cg")
                     ssq += tl.load(sq + s2 * (n_tiles * BLOCK_M), cache_modifier=".cg")
         if last:
-            if MOD:
-                if EARLY_MOD:
+            if SSQ_IN:
+                if AHEAD:
+                    ssq = _add_ssq_tiles(ssq_block)
+                elif EARLY_MOD:
                     ssq = ssq_pre
                 else:
                     ssq = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
             inv = 1.0 / tl.sqrt(ssq / D + eps)
             if MOD:
-                if EARLY_MOD:
+                if LOADED:
                     g = g * inv[:, None] + bias_g[None, :]
                     u = u * inv[:, None] + bias_u[None, :]
                 else:
@@ -799,6 +864,7 @@ def _expert_step_kernel(
     TIMELINE: tl.constexpr, EARLY_V: tl.constexpr, IDLE_PREFETCH: tl.constexpr, ROTATE: tl.constexpr,
     NB: tl.constexpr, DATAFLOW: tl.constexpr, CTR_SLOT: tl.constexpr, PREFETCH_OWN: tl.constexpr, MOD: tl.constexpr,
     EARLY_MOD: tl.constexpr, SCALE_AFTER_LOOP: tl.constexpr, MOD_PREFETCH: tl.constexpr = False,
+    SSQ_IN: tl.constexpr = False, SSQ_OUT: tl.constexpr = False, STATS_AHEAD: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -807,6 +873,9 @@ def _expert_step_kernel(
     QKV_JB: tl.constexpr = (HD // 2 + BN_QKV - 1) // BN_QKV  # qkv tasks per slot (query head, k, v)
     # pi0.5's per-layer modulation table (MOD), laid out as modulation_table says
     MOD_W: tl.constexpr = 4 * D + QKV_N + 2 * F
+    # SSQ_IN (pi0.5, or pi0 with ssq_from_writers): qkv and gate_up read the norm statistics from
+    # the writers' tiles instead of squaring x; SSQ_OUT (pi0 with ssq_from_writers): the writers
+    # store them (pi0.5's do with xm, under MOD)
     for layer in range(layer_lo, layer_hi):
         # attention row blocks, o_proj tiles, gate_up tiles, down tiles, qkv slots (dataflow)
         tile_ctr = tile_ctr_ptr + layer * CTR_LAYER
@@ -832,7 +901,7 @@ def _expert_step_kernel(
             if phase == 0:
                 _phase_qkv(x_ptr, wqkv_ptr + layer * (QKV_N * D), q_ptr, kv_ptr, cos_ptr, sin_ptr, tile_ctr + CTR_SLOT, MT,
                            eps, pid, nprog, D, NH, HD, BLOCK_M, BN_QKV, BK_QKV, STAGES, ROTATE, DATAFLOW, modl, xm_ptr,
-                           ssq_ptr, MOD, (D + BN_DOWN - 1) // BN_DOWN, EARLY_MOD)
+                           ssq_ptr, MOD, (D + BN_DOWN - 1) // BN_DOWN, EARLY_MOD, SSQ_IN, STATS_AHEAD)
                 if IDLE_PREFETCH > 0:
                     # qkv has fewer tasks than programs (80 of 132 for pi0's expert); the idle ones ask L2
                     # for what the next phases read first from HBM, instead of waiting at the barrier
@@ -862,15 +931,15 @@ def _expert_step_kernel(
             elif phase == 3:
                 _phase_residual(o_ptr, NH * HD, wo_ptr + layer * (D * NH * HD), x_ptr, part_ptr, tile_ctr + CTR_O, MT, pid,
                                 nprog, D, BLOCK_M, BN_O, BK_O, KS_O, STAGES, ROTATE, modl + D + QKV_N, modl + 2 * D + QKV_N,
-                                xm_ptr, ssq_ptr, 1, MOD, EARLY_MOD, SCALE_AFTER_LOOP)
+                                xm_ptr, ssq_ptr, 1, MOD, EARLY_MOD, SCALE_AFTER_LOOP, SSQ_OUT)
             elif phase == 4:
                 _phase_gate_up(x_ptr, wgu_ptr + layer * (2 * F * D), h_ptr, part_ptr, tile_ctr + CTR_GU, MT, eps, pid, nprog,
                                D, F, BLOCK_M, BN_GU, BK_GU, KS_GU, STAGES, ROTATE, modl + 2 * D + QKV_N, xm_ptr, ssq_ptr, MOD,
-                               (D + BN_O - 1) // BN_O, EARLY_MOD)
+                               (D + BN_O - 1) // BN_O, EARLY_MOD, SSQ_IN, STATS_AHEAD)
             elif phase == 5:
                 _phase_residual(h_ptr, F, wd_ptr + layer * (D * F), x_ptr, part_ptr, tile_ctr + CTR_DOWN, MT, pid, nprog, D,
                                 BLOCK_M, BN_DOWN, BK_DOWN, KS_DOWN, STAGES, ROTATE, modl + 3 * D + QKV_N + 2 * F,
-                                modl + MOD_W, xm_ptr, ssq_ptr, layer + 1 < L, MOD, EARLY_MOD, SCALE_AFTER_LOOP)
+                                modl + MOD_W, xm_ptr, ssq_ptr, layer + 1 < L, MOD, EARLY_MOD, SCALE_AFTER_LOOP, SSQ_OUT)
             # phase 6 does nothing: benchmarks time the barriers alone with phases=(6, 7)
             if TIMELINE:
                 tl.debug_barrier()  # every warp of the program is done
@@ -1013,6 +1082,12 @@ def l2_traffic(cfg: StepKernelConfig, M: int, NH: int, HD: int, D: int, F: int, 
     }
 
 
+def ssq_constexprs(cfg: StepKernelConfig, mod: bool) -> dict[str, bool]:
+    """Where the norm statistics come from (see the kernel): SSQ_IN, SSQ_OUT, STATS_AHEAD."""
+    return {"SSQ_IN": mod or cfg.ssq_from_writers, "SSQ_OUT": cfg.ssq_from_writers and not mod,
+            "STATS_AHEAD": cfg.stats_ahead and (mod or cfg.ssq_from_writers)}
+
+
 def prefetch_phases(plan: int) -> dict[str, int]:
     """The kernel's constants for a prefetch plan: the phase at whose start every program asks
     L2 for each weight matrix (-1: never)."""
@@ -1128,6 +1203,15 @@ def expert_step(
     if not 0 <= cfg.prefetch_own <= 15:
         raise ValueError(f"StepKernelConfig.prefetch_own={cfg.prefetch_own}: expected a bit mask of 1 (o_proj), "
                          "2 (gate_up), 4 (down), 8 (next qkv)")
+    if cfg.stats_ahead:
+        if cfg.early_mod_loads:
+            raise ValueError("StepKernelConfig: stats_ahead and early_mod_loads exclude each other (both move the "
+                             "statistics' loads before the K loops)")
+        for name, bn in (("bn_o", cfg.bn_o), ("bn_down", cfg.bn_down)):
+            tiles = triton.cdiv(D, bn)
+            if tiles & (tiles - 1):
+                raise ValueError(f"StepKernelConfig.stats_ahead loads the {tiles} statistics tiles of {name}={bn} as one "
+                                 f"block: expected a power of two (D={D} over {name})")
     prefetch = prefetch_phases(cfg.prefetch)  # raises for an unknown plan, on every device
     if x.device.type != "cuda":
         prefetch = prefetch_phases(0)  # prefetch.global.L2 is PTX: the interpreter runs none
@@ -1184,13 +1268,15 @@ def expert_step(
             raise ValueError(f"expert_step: timeline must be an int64 tensor of shape {want} on {device}, got "
                              f"{timeline.dtype} {tuple(timeline.shape)} on {timeline.device}")
     clock = err if timeline is None else timeline  # any pointer will do when TIMELINE is off
-    if mod is not None:
+    if mod is not None or cfg.ssq_from_writers:
         # pi0.5: the first layer's modulated input and norm statistics, in the tiles qkv reads
-        # (down's); later layers get theirs from the phase before (_write_next)
-        xm = torch.empty_like(x)
+        # (down's); later layers get theirs from the phase before (_write_next). pi0 with
+        # ssq_from_writers: the statistics alone
+        xm = torch.empty_like(x) if mod is not None else x
         ssq = torch.empty(max(triton.cdiv(D, cfg.bn_o), triton.cdiv(D, cfg.bn_down)), BLOCK_M, dtype=torch.float32,
                           device=device)
-        launch(_mod_prologue_kernel, (triton.cdiv(D, cfg.bn_down),), x, mod, xm, ssq, MT, D=D, BLOCK_M=BLOCK_M, BN=cfg.bn_down)
+        launch(_mod_prologue_kernel, (triton.cdiv(D, cfg.bn_down),), x, err if mod is None else mod, xm, ssq, MT, D=D,
+               BLOCK_M=BLOCK_M, BN=cfg.bn_down, XM=mod is not None)
     else:
         xm, ssq = x, err  # not read
     args = [x, q, kv, o, h, acc, ml, part, counters, tile_counters, err, clock, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin,
@@ -1209,7 +1295,7 @@ def expert_step(
                   ROTATE=cfg.k_rotate, NB=NB, DATAFLOW=cfg.dataflow, CTR_SLOT=ctr_slot,
                   PREFETCH_OWN=cfg.prefetch_own if device.type == "cuda" else 0, MOD=mod is not None,
                   EARLY_MOD=cfg.early_mod_loads, SCALE_AFTER_LOOP=cfg.scale_after_loop,
-                  MOD_PREFETCH=cfg.mod_prefetch and device.type == "cuda")
+                  MOD_PREFETCH=cfg.mod_prefetch and device.type == "cuda", **ssq_constexprs(cfg, mod is not None))
     if persistent:
         launch(_expert_step_kernel, (grid,), *args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
         if keep_counters:
