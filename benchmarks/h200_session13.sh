@@ -5,6 +5,8 @@
 #            256-deep K blocks for qkv and gate_up) and pi0.5's sweep 22 (the modulation table prefetched
 #            by the programs idle in qkv; statistics and biases loaded ahead), each with timelines; then
 #            the whole call, both sides in one process, for the candidate of each
+#   PART=b   pi0.5's two new defaults one at a time (sweep 24), pi0's 256-deep K blocks (sweep 25), pi0.5's
+#            bench and check at the new defaults
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session13.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -15,6 +17,19 @@ a)
 200 python3 benchmarks/expert_step_bench.py --pi05 --sweep 22 --timeline --no-phases --json $R/kernel_expert_step_pi05_sweep22.json | grep -v timeline
 130 python3 benchmarks/step_config_ab.py --base "" --new "ssq_from_writers=1 stats_ahead=1" --rounds 40 --json $R/step_config_ab_libero-pi0_ssq_writers.json
 130 python3 benchmarks/step_config_ab.py --workload libero-pi05 --base "" --new "mod_prefetch=1 stats_ahead=1" --rounds 40 --json $R/step_config_ab_libero-pi05_stats_ahead.json
+EOT
+  ;;
+b)
+  # (part a: the sweeps ran out of their 200 s after 1 and 3 rows, each row compiling three times; pi0's
+  # ssq_from_writers 891 against 775 us a step, the call 0.924x with stats_ahead; pi0.5's call with
+  # mod_prefetch + stats_ahead 1.167x, 15.04 -> 12.90 ms: made its defaults) what each of the two gives
+  # pi0.5 at the kernel (sweep 24, against the new defaults), pi0's 256-deep K blocks (sweep 25), then
+  # pi0.5's best at the new defaults: the bench in a fresh process, its equivalence
+  lane A 0 30 <<EOT &
+240 python3 benchmarks/expert_step_bench.py --pi05 --sweep 24 --timeline --no-phases --json $R/kernel_expert_step_pi05_sweep24.json | grep -v timeline
+160 python3 benchmarks/expert_step_bench.py --sweep 25 --timeline --no-phases --json $R/kernel_expert_step_sweep25.json | grep -v timeline
+80 $V bench --workload libero-pi05 --levers best --compile-cache /tmp/fcA $B --json $R/bench_libero-pi05_best-s13_model.json
+70 $V check --workload libero-pi05 --levers best --seeds 2 --compile-cache /tmp/fcA --json $R/check_libero-pi05_best_s13.json
 EOT
   ;;
 esac

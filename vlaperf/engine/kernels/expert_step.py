@@ -156,18 +156,19 @@ class StepKernelConfig:
     # pi0.5 only: the programs idle in qkv also ask L2 for this layer's and the next one's rows of
     # the modulation table (2 x 58 KB of float32 a layer, a different table every step, so it is
     # never in L2 after the weights have streamed through): the writers' gate and next-norm scale
-    # and gate_up's biases would hit L2 instead of HBM. Prepared in session 12, not yet timed
-    # (expert_step_bench.py --pi05 --sweep 22); off
-    mod_prefetch: bool = False
+    # and gate_up's biases hit L2 instead of HBM. With stats_ahead, the libero-pi05 call 1.167x
+    # (15.04 -> 12.90 ms, both sides in one process, session 13: step_config_ab_libero-pi05_stats_ahead.json)
+    mod_prefetch: bool = True
     # pi0: o_proj's and down's writers also store per-tile sums of squares of x (as pi0.5's do), so
     # qkv's and gate_up's K loops no longer square their activation tiles (the first layer's come
-    # from a small kernel before the launch). Prepared in session 13 (sweep 23); off until timed
+    # from a small kernel before the launch). Slower: 891 against 775 us a step (sweep 23), the
+    # libero-pi0 call 0.924x with stats_ahead (step_config_ab_libero-pi0_ssq_writers.json); off
     ssq_from_writers: bool = False
     # the consumers of those per-tile sums (pi0.5 always, pi0 with ssq_from_writers) load them, and
     # pi0.5's biases, as one block before the K loop and add them after it: the loads' latency
-    # overlaps the loop (early_mod_loads added them before the loop, which waited on them there).
-    # Prepared in session 13 (sweeps 22, 23); off until timed
-    stats_ahead: bool = False
+    # overlaps the loop (early_mod_loads added them before the loop, which waited on them there;
+    # early_mod_loads takes precedence). On for pi0.5 with mod_prefetch (see there)
+    stats_ahead: bool = True
 
 
 # ------------------------------------------------------------------------ helpers
@@ -1085,7 +1086,7 @@ def l2_traffic(cfg: StepKernelConfig, M: int, NH: int, HD: int, D: int, F: int, 
 def ssq_constexprs(cfg: StepKernelConfig, mod: bool) -> dict[str, bool]:
     """Where the norm statistics come from (see the kernel): SSQ_IN, SSQ_OUT, STATS_AHEAD."""
     return {"SSQ_IN": mod or cfg.ssq_from_writers, "SSQ_OUT": cfg.ssq_from_writers and not mod,
-            "STATS_AHEAD": cfg.stats_ahead and (mod or cfg.ssq_from_writers)}
+            "STATS_AHEAD": cfg.stats_ahead and not cfg.early_mod_loads and (mod or cfg.ssq_from_writers)}
 
 
 def prefetch_phases(plan: int) -> dict[str, int]:
@@ -1203,10 +1204,7 @@ def expert_step(
     if not 0 <= cfg.prefetch_own <= 15:
         raise ValueError(f"StepKernelConfig.prefetch_own={cfg.prefetch_own}: expected a bit mask of 1 (o_proj), "
                          "2 (gate_up), 4 (down), 8 (next qkv)")
-    if cfg.stats_ahead:
-        if cfg.early_mod_loads:
-            raise ValueError("StepKernelConfig: stats_ahead and early_mod_loads exclude each other (both move the "
-                             "statistics' loads before the K loops)")
+    if ssq_constexprs(cfg, mod is not None)["STATS_AHEAD"]:
         for name, bn in (("bn_o", cfg.bn_o), ("bn_down", cfg.bn_down)):
             tiles = triton.cdiv(D, bn)
             if tiles & (tiles - 1):
