@@ -7,6 +7,7 @@
 #            the whole call, both sides in one process, for the candidate of each
 #   PART=b   pi0.5's two new defaults one at a time (sweep 24), pi0's 256-deep K blocks (sweep 25), pi0.5's
 #            bench and check at the new defaults
+#   PART=c   pi0.5's kernel sequence at the new defaults; each option's share of the call
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session13.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -30,6 +31,17 @@ b)
 160 python3 benchmarks/expert_step_bench.py --sweep 25 --timeline --no-phases --json $R/kernel_expert_step_sweep25.json | grep -v timeline
 80 $V bench --workload libero-pi05 --levers best --compile-cache /tmp/fcA $B --json $R/bench_libero-pi05_best-s13_model.json
 70 $V check --workload libero-pi05 --levers best --seeds 2 --compile-cache /tmp/fcA --json $R/check_libero-pi05_best_s13.json
+EOT
+  ;;
+c)
+  # (part b: at the kernel alone, replaying one launch, the new defaults are not faster: 912 against 895 us a
+  # step; yet pi0.5's bench fell 14.96 -> 13.04 ms.) The kernel sequence of pi0.5's best call, to see the step
+  # kernel's time in the real call (its modulation table is a different one every step there), then what
+  # each of the two options gives the call, against the new defaults
+  lane A 0 30 <<EOT &
+110 python3 benchmarks/profile_kernels.py --workload libero-pi05 --rows 40 --levers best --sequence $R/kernel_sequence_best_pi05_s13.txt > $R/kernels_best_pi05_s13.txt 2>&1; grep -A12 "^per call" $R/kernels_best_pi05_s13.txt
+100 python3 benchmarks/step_config_ab.py --workload libero-pi05 --base "mod_prefetch=0" --new "" --rounds 40 --json $R/step_config_ab_libero-pi05_mod_prefetch.json
+100 python3 benchmarks/step_config_ab.py --workload libero-pi05 --base "stats_ahead=0" --new "" --rounds 40 --json $R/step_config_ab_libero-pi05_stats_ahead_only.json
 EOT
   ;;
 esac
