@@ -8,6 +8,7 @@
 #   PART=b   pi0.5's two new defaults one at a time (sweep 24), pi0's 256-deep K blocks (sweep 25), pi0.5's
 #            bench and check at the new defaults
 #   PART=c   pi0.5's kernel sequence at the new defaults; each option's share of the call
+#   PART=d   sweep 24 again with cold modulation tables (--tables 10); mod_prefetch alone in the call; libero-pi0 bench
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session13.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -42,6 +43,17 @@ c)
 110 python3 benchmarks/profile_kernels.py --workload libero-pi05 --rows 40 --levers best --sequence $R/kernel_sequence_best_pi05_s13.txt > $R/kernels_best_pi05_s13.txt 2>&1; grep -A12 "^per call" $R/kernels_best_pi05_s13.txt
 100 python3 benchmarks/step_config_ab.py --workload libero-pi05 --base "mod_prefetch=0" --new "" --rounds 40 --json $R/step_config_ab_libero-pi05_mod_prefetch.json
 100 python3 benchmarks/step_config_ab.py --workload libero-pi05 --base "stats_ahead=0" --new "" --rounds 40 --json $R/step_config_ab_libero-pi05_stats_ahead_only.json
+EOT
+  ;;
+d)
+  # (part c: in the real call pi0.5's step kernel takes 665-675 us a step against 870-907 in session 12; all of
+  # the gain is stats_ahead's, 1.167x, mod_prefetch's 1.001x.) Why the kernel alone did not show it: there one
+  # table stayed warm in L2; here the timed launches cycle through 10 tables, cold as in the call (sweep 24
+  # again); mod_prefetch alone against neither, in the call; libero-pi0's best at the session's code
+  lane A 0 30 <<EOT &
+250 python3 benchmarks/expert_step_bench.py --pi05 --tables 10 --sweep 24 --timeline --no-phases --json $R/kernel_expert_step_pi05_sweep24_cold.json | grep -v timeline
+80 python3 benchmarks/step_config_ab.py --workload libero-pi05 --base "mod_prefetch=0 stats_ahead=0" --new "stats_ahead=0" --rounds 40 --json $R/step_config_ab_libero-pi05_mod_prefetch_alone.json
+80 $V bench --workload libero-pi0 --levers best --compile-cache /tmp/fcB $B --json $R/bench_libero-pi0_best-s13_model.json
 EOT
   ;;
 esac
