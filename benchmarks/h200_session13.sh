@@ -9,6 +9,7 @@
 #            bench and check at the new defaults
 #   PART=c   pi0.5's kernel sequence at the new defaults; each option's share of the call
 #   PART=d   sweep 24 again with cold modulation tables (--tables 10); mod_prefetch alone in the call; libero-pi0 bench
+#   PART=e   pi0 through pi0.5's modulated path with an identity table, in the call (step_config_ab --identity-mod)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session13.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -54,6 +55,16 @@ d)
 250 python3 benchmarks/expert_step_bench.py --pi05 --tables 10 --sweep 24 --timeline --no-phases --json $R/kernel_expert_step_pi05_sweep24_cold.json | grep -v timeline
 80 python3 benchmarks/step_config_ab.py --workload libero-pi05 --base "mod_prefetch=0 stats_ahead=0" --new "stats_ahead=0" --rounds 40 --json $R/step_config_ab_libero-pi05_mod_prefetch_alone.json
 80 $V bench --workload libero-pi0 --levers best --compile-cache /tmp/fcB $B --json $R/bench_libero-pi0_best-s13_model.json
+EOT
+  ;;
+e)
+  # (part d: with cold tables the kernel alone is still 913 against 897 us: the call's gain is not the
+  # table's temperature; mod_prefetch alone 1.004x in the call; libero-pi0 14.09 ms.) pi0.5's step kernel is
+  # 668 us a step in its call, pi0's 764: pi0 through pi0.5's modulated path with an identity table, in the
+  # call, with and without stats_ahead
+  lane A 0 30 <<EOT &
+90 python3 benchmarks/step_config_ab.py --base "" --identity-mod --rounds 40 --json $R/step_config_ab_libero-pi0_identity_mod.json
+90 python3 benchmarks/step_config_ab.py --base "" --new "stats_ahead=0" --identity-mod --rounds 40 --json $R/step_config_ab_libero-pi0_identity_mod_no_ahead.json
 EOT
   ;;
 esac

@@ -8,6 +8,11 @@ free of the machine-to-machine spread between device calls.
 
     python benchmarks/step_config_ab.py --base "bn_o=16 ks_o=2 idle_prefetch=0" --json $OUT/step_ab.json
     python benchmarks/step_config_ab.py --base "" --new "k_rotate=1" --json $OUT/step_ab_rotate.json
+    python benchmarks/step_config_ab.py --base "" --identity-mod --json $OUT/step_ab_identity_mod.json
+
+--identity-mod (pi0): side B runs pi0's step through pi0.5's modulated path with a table that
+changes nothing (scales 1, shifts 0, gates 1; pi0's norm scales stay folded in the weights):
+the same layers, through the writers' statistics and the modulated input buffer.
 """
 
 from __future__ import annotations
@@ -15,6 +20,7 @@ from __future__ import annotations
 import argparse
 from dataclasses import asdict
 
+import torch
 from engine_ab import ab_result, finish, interleave  # benchmarks/ (the script's folder is on sys.path)
 from step_kernel_once import parse_config
 
@@ -33,6 +39,8 @@ def main() -> None:
     p.add_argument("--new", default="", help="side B, as changes to today's defaults (default: the defaults)")
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--json", default=None)
+    p.add_argument("--identity-mod", action="store_true",
+                   help="side B: pi0 through pi0.5's modulated kernel path with an identity table (see the docstring)")
     args = p.parse_args()
     base, new = parse_config(args.base.split()), parse_config(args.new.split())
     w = get_workload(args.workload)
@@ -43,13 +51,23 @@ def main() -> None:
     older = Engine(model, "best")
     out_older = older.sample_actions(obs, noise, w.steps)  # compiled and captured with the older tiling
     S.expert_step = lambda *a, **kw: real(*a, **{**kw, "config": new})  # noqa: E731
+    if args.identity_mod:
+        if model.config.pi05:
+            raise SystemExit("--identity-mod is for pi0 (pi0.5 has its own table)")
+        e = model.config.expert
+        qkv_n = (e.num_heads + 2 * e.num_kv_heads) * e.head_dim
+        one, zero = (lambda n: torch.ones(n, device="cuda")), (lambda n: torch.zeros(n, device="cuda"))  # noqa: E731
+        # per layer: 1 + scale1, shift1 @ Wqkv^T, gate1, 1 + scale2, shift2 @ Wgu^T, gate2 (modulation_table)
+        row = torch.cat([one(e.width), zero(qkv_n), one(e.width), one(e.width), zero(2 * e.mlp_dim), one(e.width)])
+        identity = row.repeat(e.depth, 1).contiguous()
+        S.expert_step = lambda *a, **kw: real(*a, **{**kw, "config": new, "mod": identity})  # noqa: E731
     today = Engine(model, "best")
     out_today = today.sample_actions(obs, noise, w.steps)
     S.expert_step = real
     samples = interleave({"base": lambda: older.sample_actions(obs, noise, w.steps),
                           "defaults": lambda: today.sample_actions(obs, noise, w.steps)}, args.rounds)
     result = ab_result("step-config-ab", w, model, today, samples, "base", "defaults")
-    result.update(base_config=asdict(base), default_config=asdict(new),
+    result.update(base_config=asdict(base), default_config=asdict(new), identity_mod=args.identity_mod,
                   rel_l2_defaults_vs_base=((out_today - out_older).norm() / out_older.norm()).item(),
                   equivalence_defaults=check_equivalence(model, today, w))
     finish(result, "rel_l2_defaults_vs_base", "equivalence_defaults", args.json)
