@@ -207,6 +207,23 @@ def compare_tables(results):
     return out + [""] if out else []
 
 
+def step_kernel_shape(r):
+    """What a step-kernel bench timed: layers, rows, and (pi0.5) how many modulation tables its launches cycled."""
+    o = r["workload"]["overrides"]
+    tables = o.get("modulation_tables")
+    return (f"{o.get('layers', 18)} layers, {o.get('rows', 51)} rows, {r['workload']['id']}"
+            + (f", {tables} modulation table{'s' if tables != 1 else ''} cycled" if tables else ""))
+
+
+def step_kernel_rows(r):
+    """The correct rows of a step-kernel sweep in the order they ran: the first is the run's defaults (the
+    defaults of its day); each later one is labelled by the fields where it differs from the first."""
+    configs = [x for x in r["configs"] if "us" in x and x["rel_l2_vs_fp32"] < 2e-2]
+    first = r["configs"][0]["config"] if r["configs"] else {}
+    return [(", ".join(f"{k}={v}" for k, v in x["config"].items() if first.get(k) != v) or "the run's defaults", x)
+            for x in configs]
+
+
 def kernel_tables(results):
     out = []
     for path, r in results:
@@ -232,13 +249,13 @@ def kernel_tables(results):
             out += [f"Barrier self-check: persistent launch equals the per-(layer, phase) launches bit for bit: "
                     f"{'yes' if c['persistent_equals_multi_launch_bitwise'] else 'NO'}; every counter = {r['programs']} programs: "
                     f"{'yes' if c['barrier_counters_all_equal_programs'] else 'NO'}; timeouts: {c['barrier_timeouts']}.", "",
-                    "| step kernel (18 layers, 51 rows) | us | weights GB/s | rel L2 vs fp32 | tiling |", "|---|---|---|---|---|"]
-            ok = sorted((x for x in r["configs"] if "us" in x and x["rel_l2_vs_fp32"] < 2e-2), key=lambda x: x["us"])
-            for x in ok[:3]:
-                tiling = " ".join(f"{k}={v}" for k, v in x["config"].items())
-                out.append(f"| config | {x['us']:.1f} | {x['weights_gb_per_s']:.0f} | {x['rel_l2_vs_fp32']:.1e} | {tiling} |")
-            out += ["", "| phase (all 18 layers, with its barriers) | us |", "|---|---|"]
-            out += [f"| {name} | {us:.1f} |" for name, us in r["phases"].items()]
+                    f"| step kernel ({step_kernel_shape(r)}) | us | weights GB/s | rel L2 vs fp32 | tiling |", "|---|---|---|---|---|"]
+            for label, x in step_kernel_rows(r):
+                out.append(f"| {label} | {x['us']:.1f} | {x['weights_gb_per_s']:.0f} | {x['rel_l2_vs_fp32']:.1e} | "
+                           f"{' '.join(f'{k}={v}' for k, v in x['config'].items())} |")
+            if r["phases"]:
+                out += ["", "| phase (all 18 layers, with its barriers) | us |", "|---|---|"]
+                out += [f"| {name} | {us:.1f} |" for name, us in r["phases"].items()]
         elif r["variant"]["label"].startswith("tma_probe"):  # streaming probe: the fastest run per shape and load mode
             out += ["| task shape (18 layers, 51 rows) | loads / weights from | warps | stages | us | weights TB/s | KB/us a program | rel L2 |",
                     "|---|---|---|---|---|---|---|---|"]
@@ -270,6 +287,8 @@ def ab_tables(results):
             change, old, new, eq = "float32 heads: cuBLAS -> small_m_matmul", "cublas_heads", "kernel_heads", r["equivalence_kernel_heads"]
         elif r["command"] == "step-config-ab":
             diff = [f"{k} {r['base_config'].get(k)}->{v}" for k, v in r["default_config"].items() if r["base_config"].get(k) != v]
+            if r.get("identity_mod"):  # step_config_ab.py --identity-mod: pi0 through pi0.5's modulated path
+                diff.append("pi0 through pi0.5's modulated path (identity table)")
             change, old, new, eq = "step kernel: " + ", ".join(diff), "base", "defaults", r["equivalence_defaults"]
         elif r["command"] == "prefix-tiles-ab":
             diff = [f"{k} {r['today_tiles'].get(k)}->{v}" for k, v in r["pick_tiles"].items() if r["today_tiles"].get(k) != v]

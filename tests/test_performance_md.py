@@ -19,3 +19,20 @@ def test_performance_md_is_what_the_results_generate(tmp_path):
     committed = (ROOT / "docs" / "performance.md").read_text()
     assert fresh == committed, "docs/performance.md is stale: run python benchmarks/make_performance_md.py"
     assert "## Single runs (`vlaperf bench`)" in fresh and "benchmarks/results/h200/" in fresh
+
+
+def test_step_kernel_sweeps_list_their_rows_by_what_differs_from_the_first():
+    """A sweep's rows keep their run order, each named by the fields where it differs from the run's
+    first row (its defaults); wrong rows (rel L2 >= 2e-2) are left out; pi0.5's rows say how many
+    modulation tables the timed launches cycled."""
+    spec = importlib.util.spec_from_file_location("make_performance_md", ROOT / "benchmarks" / "make_performance_md.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    row = lambda us, rel, **cfg: {"config": {"a": 1, "b": 2, **cfg}, "us": us, "rel_l2_vs_fp32": rel}  # noqa: E731
+    r = {"workload": {"id": "libero-pi05", "overrides": {"layers": 18, "rows": 50, "modulation_tables": 10}},
+         "configs": [row(900.0, 1e-2), row(700.0, 1e-2, b=3), row(600.0, 0.5, a=5), row(800.0, 1e-2, a=2, b=4)]}
+    assert [(label, x["us"]) for label, x in gen.step_kernel_rows(r)] == [
+        ("the run's defaults", 900.0), ("b=3", 700.0), ("a=2, b=4", 800.0)]
+    assert gen.step_kernel_shape(r) == "18 layers, 50 rows, libero-pi05, 10 modulation tables cycled"
+    r["workload"] = {"id": "libero-pi0", "overrides": {"layers": 18, "rows": 51}}
+    assert gen.step_kernel_shape(r) == "18 layers, 51 rows, libero-pi0"

@@ -561,7 +561,10 @@ def _step_config_ab(doc: _Doc, path: str, r: dict) -> None:
     base, new = r["base_config"], r["default_config"]
     doc.h(3, f"step-kernel tiling A/B: {r['workload']['id']}, {r['variant']['label']} on {_gpu(r)}")
     doc.p(_ab_text(r, "base over defaults", r["rel_l2_defaults_vs_base"], "defaults", eq), "")
-    doc.table(["field", "base", "defaults"], [[k, base.get(k), v] for k, v in new.items() if base.get(k) != v])
+    rows = [[k, base.get(k), v] for k, v in new.items() if base.get(k) != v]
+    if r.get("identity_mod"):  # step_config_ab.py --identity-mod: pi0 through pi0.5's modulated kernel path
+        rows.append(["modulation table (pi0)", "none", "identity (pi0.5's modulated path)"])
+    doc.table(["field", "base", "defaults"], rows)
     _ab_medians(doc, r)
 
 
@@ -750,10 +753,16 @@ def _kernel_bench(doc: _Doc, path: str, r: dict) -> None:
         doc.p(f"{len(ok)} of {len(r['configs'])} tilings within 2e-2 of float32; persistent launch equals per-phase "
               f"launches bit for bit: {c['persistent_equals_multi_launch_bitwise']}{repeats}; barrier timeouts: "
               f"{c['barrier_timeouts']}", "")
-        doc.table(["tiling", "us", "weights GB/s", "rel L2"],
-                  [[" ".join(f"{k}={v}" for k, v in x["config"].items()), x["us"], x["weights_gb_per_s"], x["rel_l2_vs_fp32"]]
-                   for x in ok[:5]])
-        doc.table(["phase (all layers, with its barriers)", "us"], [[k, v] for k, v in r["phases"].items()])
+        o = r["workload"]["overrides"]
+        if o.get("modulation_tables"):
+            doc.p(f"{r['workload']['id']}: the timed launches cycled through {o['modulation_tables']} modulation table(s)", "")
+        first = r["configs"][0]["config"] if r["configs"] else {}
+        doc.table(["tiling (fields that differ from the run's first row)", "us", "weights GB/s", "rel L2"],
+                  [[", ".join(f"{k}={v}" for k, v in x["config"].items() if first.get(k) != v) or "the run's defaults",
+                    x["us"], x["weights_gb_per_s"], x["rel_l2_vs_fp32"]]
+                   for x in r["configs"] if "us" in x and x["rel_l2_vs_fp32"] < 2e-2][:8])
+        if r["phases"]:
+            doc.table(["phase (all layers, with its barriers)", "us"], [[k, v] for k, v in r["phases"].items()])
         timed = [x for x in ok if x.get("timeline")]
         if timed:
             _step_timeline(doc, timed[0])
