@@ -33,7 +33,11 @@ from vlaperf.report.schema import SCHEMA
 from vlaperf.timing import environment_record
 
 L, D, NH, HD, FF, M, TP, VALID = 18, 1024, 8, 256, 4096, 51, 544, 532
-PI05 = False  # --pi05: 50 action rows (no state token), their mask, the modulated norms
+PI05 = False  # --pi05: libero-pi05's shapes (below), its mask (no state token), the modulated norms
+# libero-pi05: 10 action rows (openpi's pi05_libero horizon), a 576-token prefix (2 images + a full 64-token
+# prompt bucket). Sweeps 19-24 ran with 50 rows over pi0's prefix (their files say "rows": 50), which is not
+# what the libero-pi05 call launches: a 16-row block there, a 64-row one here (docs/perf-notes.md, session 13)
+PI05_ROWS, PI05_PREFIX = 10, 576
 
 
 def reference(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, eps=1e-6, mods=None):
@@ -191,18 +195,25 @@ def main() -> None:
     p.add_argument("--no-phases", action="store_true",
                    help="skip timing each phase and the barriers alone after the configurations (five more compiles)")
     p.add_argument("--pi05", action="store_true",
-                   help="pi0.5's expert step: 50 rows, adaptive norms and gated residuals (random modulation, the "
+                   help="pi0.5's expert step: libero-pi05's rows and prefix (see --rows), adaptive norms and gated residuals (random modulation, the "
                         "kernel's `mod` table)")
+    p.add_argument("--rows", type=int, default=None,
+                   help=f"suffix rows (default: {M} for pi0's libero-pi0; with --pi05 {PI05_ROWS}, libero-pi05's action horizon, "
+                        f"over its {PI05_PREFIX}-token prefix; 50 gives sweeps 19-24's shape)")
     p.add_argument("--tables", type=int, default=10,
                    help="with --pi05: time the launches cycling through this many modulation tables, as a call's steps "
                         "do (10: each launch's table was last read ten launches ago, cold as in the real call; 1: one "
                         "table, warm in L2, as sweeps 20-24 timed)")
     args = p.parse_args()
     dev = "cuda"
-    global M, PI05
+    global M, PI05, TP, VALID
     mods = None
     if args.pi05:
-        M, PI05 = 50, True
+        M, PI05 = PI05_ROWS, True
+        if args.rows is None or args.rows == PI05_ROWS:
+            TP = VALID = PI05_PREFIX
+    if args.rows is not None:
+        M = args.rows
     inputs = make_inputs(dev, samples=args.samples)
     cycling = {"on": False, "next": 0}
     if args.pi05:  # every expert_step call below gets a table; the reference the raw modulation of the first
