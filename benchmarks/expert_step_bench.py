@@ -183,6 +183,7 @@ def sweeps(base: S.StepKernelConfig) -> dict[int, list[S.StepKernelConfig]]:
 
 
 def main() -> None:
+    global M, PI05, TP, VALID
     p = argparse.ArgumentParser()
     p.add_argument("--json", default=None)
     p.add_argument("--quick", action="store_true", help="default configuration only")
@@ -206,7 +207,6 @@ def main() -> None:
                         "table, warm in L2, as sweeps 20-24 timed)")
     args = p.parse_args()
     dev = "cuda"
-    global M, PI05, TP, VALID
     mods = None
     if args.pi05:
         M, PI05 = PI05_ROWS, True
