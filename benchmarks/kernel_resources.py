@@ -12,6 +12,7 @@ shows which phase sets the kernel's register count.
     python benchmarks/kernel_resources.py --timeline            # with the clock readings compiled in
     python benchmarks/kernel_resources.py --samples=4           # the whole kernel for 4 samples (256-row block)
     python benchmarks/kernel_resources.py --mod                 # with pi0.5's modulated norms
+    python benchmarks/kernel_resources.py --mod --rows=10 --keys=586   # at libero-pi05's shape (10 action rows)
 
 These are compiler facts, not timings, and they depend on the Triton version: Triton 3.9
 issued 2-byte loads where 3.6 (the H200 machine's) issued 16-byte ones (docs/perf-notes.md,
@@ -166,9 +167,16 @@ def whole_kernel_constexprs(cfg: S.StepKernelConfig, timeline: bool = False, sam
 
 
 def main() -> None:
+    global M, TK
     timeline, mod = "--timeline" in sys.argv[1:], "--mod" in sys.argv[1:]
     samples = [int(a.split("=")[1]) for a in sys.argv[1:] if a.startswith("--samples=")] or [1]
-    cfg = parse_config([a for a in sys.argv[1:] if a not in ("--timeline", "--mod") and not a.startswith("--samples=")])
+    for a in sys.argv[1:]:  # --rows=10 --keys=586: libero-pi05's shape (the whole kernel; the phases alone stay pi0's)
+        if a.startswith("--rows="):
+            M = int(a.split("=")[1])
+        if a.startswith("--keys="):
+            TK = int(a.split("=")[1])
+    cfg = parse_config([a for a in sys.argv[1:] if a not in ("--timeline", "--mod") and a.split("=")[0] not in
+                        ("--samples", "--rows", "--keys")])
     splits, _ = S.key_splits(cfg, TK)
     kernels = [(f"whole step kernel ({samples[0]} sample{'s' if samples[0] > 1 else ''})", S._expert_step_kernel,
                 whole_kernel_constexprs(cfg, timeline, samples[0], mod)),
