@@ -969,3 +969,31 @@ def test_compile_workers_that_hang_are_killed_after_the_timeout(tmp_path):
         workers.compile([(Kernel(), (1,), (), {})], timeout=1.0)
     assert time.monotonic() - start < 15
     assert not workers.procs and all(p.poll() is not None for p in procs)
+
+
+def test_step_kernel_bench_launches_the_workloads_shapes():
+    """benchmarks/expert_step_bench.py times the step kernel at the shapes its workloads launch:
+    libero-pi0's 51 suffix rows (50 actions and the state token) over its kept prefix (2 images
+    and a 32-token prompt bucket, 532 valid), and with --pi05 libero-pi05's 10 action rows over a
+    576-token prefix. Sessions 9-13 timed pi0.5 at 50 rows while its call launched 10, and read the
+    wrong shape's numbers as the call's (docs/perf-notes.md, version 63)."""
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import expert_step_bench as bench
+
+    from vlaperf.engine.prefix import plan_prefix
+    from vlaperf.inputs import random_observation
+    from vlaperf.models.pi0 import get_config
+    from vlaperf.workloads import get_workload
+
+    def launched(workload_id):
+        w = get_workload(workload_id)
+        cfg = get_config(w.preset)
+        obs = random_observation(w, cfg)
+        plan = plan_prefix(obs, skip_masked_images=True, trim_prompt_padding=True)
+        prefix = len(plan.slots) * cfg.vision.num_patches + plan.prompt_len
+        valid = len(plan.slots) * cfg.vision.num_patches + w.prompt_valid[0]
+        return cfg.action_horizon + (0 if cfg.pi05 else 1), prefix, valid  # pi0's state token is a suffix row
+
+    assert launched("libero-pi0") == (bench.M, bench.TP, bench.VALID)
+    rows, prefix, valid = launched("libero-pi05")
+    assert (rows, prefix) == (bench.PI05_ROWS, bench.PI05_PREFIX) and valid == prefix  # a full 64-token bucket
