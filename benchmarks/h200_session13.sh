@@ -10,6 +10,7 @@
 #   PART=c   pi0.5's kernel sequence at the new defaults; each option's share of the call
 #   PART=d   sweep 24 again with cold modulation tables (--tables 10); mod_prefetch alone in the call; libero-pi0 bench
 #   PART=e   pi0 through pi0.5's modulated path with an identity table, in the call (step_config_ab --identity-mod)
+#   PART=next  (not run) sweep 26: pi0.5's step kernel at libero-pi05's 10 rows
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session13.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -65,6 +66,13 @@ e)
   lane A 0 30 <<EOT &
 90 python3 benchmarks/step_config_ab.py --base "" --identity-mod --rounds 40 --json $R/step_config_ab_libero-pi0_identity_mod.json
 90 python3 benchmarks/step_config_ab.py --base "" --new "stats_ahead=0" --identity-mod --rounds 40 --json $R/step_config_ab_libero-pi0_identity_mod_no_ahead.json
+EOT
+  ;;
+next)
+  # prepared, not run (the device time was spent): pi0.5's step kernel at libero-pi05's real shape (10 rows over
+  # a 576-token prefix; sweeps 19-24 timed 50 rows), sweep 26, with timelines
+  lane A 0 30 <<EOT &
+560 python3 benchmarks/expert_step_bench.py --pi05 --sweep 26 --timeline --no-phases --json $R/kernel_expert_step_pi05_sweep26.json | grep -v timeline
 EOT
   ;;
 esac
