@@ -146,7 +146,8 @@ class StepKernelConfig:
     prefetch_own: int = 0
     # pi0.5 only: the loads its epilogues add (o_proj's / down's gate and next scale, qkv's and
     # gate_up's biases and norm statistics) issued before the K loop instead of after it: 8%
-    # slower a step (sweep 20, same process: 945 / 947 against 878 / 879 us)
+    # slower a step (sweep 20, same process: 945 / 947 against 878 / 879 us). Sweeps 19-24 timed
+    # 50 rows; libero-pi05 launches 10 (docs/perf-notes.md, version 63): not measured at that shape
     early_mod_loads: bool = False
     # pi0.5 only: the writers' (o_proj, down) next-norm scale loaded right after the K loop, with
     # the gate, so its latency overlaps the partial store and the tile's arrival, instead of in
