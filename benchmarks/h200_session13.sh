@@ -11,6 +11,7 @@
 #   PART=d   sweep 24 again with cold modulation tables (--tables 10); mod_prefetch alone in the call; libero-pi0 bench
 #   PART=e   pi0 through pi0.5's modulated path with an identity table, in the call (step_config_ab --identity-mod)
 #   PART=next  (not run) sweep 26: pi0.5's step kernel at libero-pi05's 10 rows
+#   PART=next2 (not run) sweep 27 and the call: pi0's qkv RoPE tables loaded ahead of its K loop
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session13.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -73,6 +74,13 @@ next)
   # a 576-token prefix; sweeps 19-24 timed 50 rows), sweep 26, with timelines
   lane A 0 30 <<EOT &
 560 python3 benchmarks/expert_step_bench.py --pi05 --sweep 26 --timeline --no-phases --json $R/kernel_expert_step_pi05_sweep26.json | grep -v timeline
+EOT
+  ;;
+next2)
+  # prepared, not run: pi0's qkv with its RoPE tables loaded before the K loop (rope_ahead), sweep 27, then the call
+  lane A 0 30 <<EOT &
+300 python3 benchmarks/expert_step_bench.py --sweep 27 --timeline --no-phases --json $R/kernel_expert_step_sweep27.json | grep -v timeline
+100 python3 benchmarks/step_config_ab.py --base "" --new "rope_ahead=1" --rounds 60 --json $R/step_config_ab_libero-pi0_rope_ahead.json
 EOT
   ;;
 esac

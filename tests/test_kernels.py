@@ -513,7 +513,8 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
                replace(small, dataflow=True),
                # the norm statistics from o_proj's and down's writers, added after or (stats_ahead) loaded before the K loops
                replace(small, ssq_from_writers=True, stats_ahead=False), replace(small, ssq_from_writers=True, stats_ahead=True),
-               replace(small, ssq_from_writers=True, stats_ahead=True, ks_o=1, bn_down=8, ks_down=4, ks_gu=2)]
+               replace(small, ssq_from_writers=True, stats_ahead=True, ks_o=1, bn_down=8, ks_down=4, ks_gu=2),
+               replace(small, rope_ahead=True)]  # qkv's RoPE tables loaded before its K loop
     # (layers, D, heads, head dim, F, rows, prefix): head dim 16 has 8-dim RoPE halves, less than a tile
     for L, D, NH, HD, Fd, M, Tp in [(2, 32, 4, 16, 64, 11, 20), (1, 64, 2, 32, 96, 7, 45)]:
         x = torch.randn(M, D)
@@ -561,7 +562,7 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
                         replace(small, early_mod_loads=True), replace(small, early_mod_loads=True, ks_o=1, ks_down=1),
                         replace(small, scale_after_loop=True), replace(small, scale_after_loop=True, ks_o=1, ks_down=1),
                         replace(small, stats_ahead=True), replace(small, stats_ahead=True, ks_o=1, ks_down=1, ks_gu=2),
-                        replace(small, stats_ahead=True, ssq_from_writers=True)):
+                        replace(small, stats_ahead=True, ssq_from_writers=True), replace(small, rope_ahead=True)):
                 out = expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=cfg, mod=table[step])
                 err = ((out - ref).norm() / ref.norm()).item()
                 assert err < 1e-5, ("pi0.5", step, cfg, err)
@@ -785,7 +786,8 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
                (replace(S.StepKernelConfig(), k_rotate=True), False, 1), (S.StepKernelConfig(), False, 4),
                (replace(S.StepKernelConfig(), dataflow=True), False, 1),
                (replace(S.StepKernelConfig(), idle_prefetch=0, prefetch=2), False, 1),
-               (replace(S.StepKernelConfig(), idle_prefetch=0), False, 1))
+               (replace(S.StepKernelConfig(), idle_prefetch=0), False, 1),
+               (replace(S.StepKernelConfig(), rope_ahead=True), False, 1))
     for cfg, timeline, samples in configs:
         consts = resources.whole_kernel_constexprs(cfg, timeline, samples)
         r = resources.compile_kernel(S._expert_step_kernel, consts, cfg.num_warps, cfg.num_stages, ptxas=True)

@@ -170,6 +170,11 @@ class StepKernelConfig:
     # overlaps the loop (early_mod_loads added them before the loop, which waited on them there;
     # early_mod_loads takes precedence). On for pi0.5 with mod_prefetch (see there)
     stats_ahead: bool = True
+    # qkv's RoPE tables (its tile's cos / sin, both halves) loaded before the K loop instead of after
+    # it, so their L2 round trip overlaps the loop: pi0's analogue of stats_ahead (whose epilogue
+    # loads after the loop cost pi0.5 0.21 ms a step). Compiled for sm_90a under Triton 3.6 without
+    # spills; prepared in session 13, not timed (sweep 27); off
+    rope_ahead: bool = False
 
 
 # ------------------------------------------------------------------------ helpers
@@ -424,7 +429,7 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
                BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr,
                DATAFLOW: tl.constexpr, mod_ptr=None, xm_ptr=None, ssq_ptr=None, MOD: tl.constexpr = False,
                SSQ_TILES: tl.constexpr = 1, EARLY_MOD: tl.constexpr = False, SSQ_IN: tl.constexpr = False,
-               AHEAD: tl.constexpr = False):
+               AHEAD: tl.constexpr = False, ROPE_AHEAD: tl.constexpr = False):
     """DATAFLOW: each task counts itself in at its slot's counter (query head, k or v) once
     its outputs are stored, for the attention tasks that wait on them.
     MOD (pi0.5's adaptive norm, n (1 + scale) + shift): the product reads xm = x (1 + scale),
@@ -432,7 +437,8 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
     per-tile partials (ssq_ptr); mod_ptr + D holds shift @ Wqkv^T (modulation_table):
     (n (1 + scale) + shift) @ W^T = inv (x (1 + scale)) @ W^T + shift @ W^T.
     SSQ_IN (pi0 with ssq_from_writers): the statistics come from ssq_ptr too, the K loop reads x.
-    AHEAD (stats_ahead): the statistics' block and the biases are loaded before the K loop."""
+    AHEAD (stats_ahead): the statistics' block and the biases are loaded before the K loop.
+    ROPE_AHEAD (rope_ahead): so are the RoPE tables of the tile (none for the value slot)."""
     HALF: tl.constexpr = HD // 2
     LOADED: tl.constexpr = EARLY_MOD | AHEAD  # the biases were loaded before the loop
     rows = tl.arange(0, BLOCK_M)
@@ -443,6 +449,13 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
         d1 = (task % n_jb) * BN + tl.arange(0, BN)
         d_ok = d1 < HALF
         cols = slot * HD + d1
+        if ROPE_AHEAD:  # in the table's dtype until used
+            rope_ok = row_ok[:, None] & (d_ok & ((d1 * 0 + slot) <= NH))[None, :]  # not the value slot
+            t_ahead = rows[:, None] * HD + d1[None, :]
+            c1_ahead = tl.load(cos_ptr + t_ahead, mask=rope_ok, other=0.0)
+            s1_ahead = tl.load(sin_ptr + t_ahead, mask=rope_ok, other=0.0)
+            c2_ahead = tl.load(cos_ptr + t_ahead + HALF, mask=rope_ok, other=0.0)
+            s2_ahead = tl.load(sin_ptr + t_ahead + HALF, mask=rope_ok, other=0.0)
         if SSQ_IN:  # (Triton folds constexpr conditions one name at a time: no `or` in them)
             if MOD:
                 if EARLY_MOD:  # the bias and the statistics, ahead of the loop
@@ -480,11 +493,15 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
                 acc2 += tl.load(mod_ptr + D + cols + HALF, mask=d_ok, other=0.0)[None, :]
         mask = row_ok[:, None] & d_ok[None, :]
         if slot <= NH:  # RoPE (rotate-half): (x1, x2) -> (x1 cos1 - x2 sin1, x2 cos2 + x1 sin2)
-            t1 = rows[:, None] * HD + d1[None, :]
-            c1 = tl.load(cos_ptr + t1, mask=mask, other=0.0).to(tl.float32)
-            s1 = tl.load(sin_ptr + t1, mask=mask, other=0.0).to(tl.float32)
-            c2 = tl.load(cos_ptr + t1 + HALF, mask=mask, other=0.0).to(tl.float32)
-            s2 = tl.load(sin_ptr + t1 + HALF, mask=mask, other=0.0).to(tl.float32)
+            if ROPE_AHEAD:
+                c1, s1 = c1_ahead.to(tl.float32), s1_ahead.to(tl.float32)
+                c2, s2 = c2_ahead.to(tl.float32), s2_ahead.to(tl.float32)
+            else:
+                t1 = rows[:, None] * HD + d1[None, :]
+                c1 = tl.load(cos_ptr + t1, mask=mask, other=0.0).to(tl.float32)
+                s1 = tl.load(sin_ptr + t1, mask=mask, other=0.0).to(tl.float32)
+                c2 = tl.load(cos_ptr + t1 + HALF, mask=mask, other=0.0).to(tl.float32)
+                s2 = tl.load(sin_ptr + t1 + HALF, mask=mask, other=0.0).to(tl.float32)
             out1 = acc1 * c1 - acc2 * s1
             out2 = acc2 * c2 + acc1 * s2
         else:
@@ -867,6 +884,7 @@ def _expert_step_kernel(
     NB: tl.constexpr, DATAFLOW: tl.constexpr, CTR_SLOT: tl.constexpr, PREFETCH_OWN: tl.constexpr, MOD: tl.constexpr,
     EARLY_MOD: tl.constexpr, SCALE_AFTER_LOOP: tl.constexpr, MOD_PREFETCH: tl.constexpr = False,
     SSQ_IN: tl.constexpr = False, SSQ_OUT: tl.constexpr = False, STATS_AHEAD: tl.constexpr = False,
+    ROPE_AHEAD: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -903,7 +921,7 @@ def _expert_step_kernel(
             if phase == 0:
                 _phase_qkv(x_ptr, wqkv_ptr + layer * (QKV_N * D), q_ptr, kv_ptr, cos_ptr, sin_ptr, tile_ctr + CTR_SLOT, MT,
                            eps, pid, nprog, D, NH, HD, BLOCK_M, BN_QKV, BK_QKV, STAGES, ROTATE, DATAFLOW, modl, xm_ptr,
-                           ssq_ptr, MOD, (D + BN_DOWN - 1) // BN_DOWN, EARLY_MOD, SSQ_IN, STATS_AHEAD)
+                           ssq_ptr, MOD, (D + BN_DOWN - 1) // BN_DOWN, EARLY_MOD, SSQ_IN, STATS_AHEAD, ROPE_AHEAD)
                 if IDLE_PREFETCH > 0:
                     # qkv has fewer tasks than programs (80 of 132 for pi0's expert); the idle ones ask L2
                     # for what the next phases read first from HBM, instead of waiting at the barrier
@@ -1294,7 +1312,8 @@ def expert_step(
                   ROTATE=cfg.k_rotate, NB=NB, DATAFLOW=cfg.dataflow, CTR_SLOT=ctr_slot,
                   PREFETCH_OWN=cfg.prefetch_own if device.type == "cuda" else 0, MOD=mod is not None,
                   EARLY_MOD=cfg.early_mod_loads, SCALE_AFTER_LOOP=cfg.scale_after_loop,
-                  MOD_PREFETCH=cfg.mod_prefetch and device.type == "cuda", **ssq_constexprs(cfg, mod is not None))
+                  MOD_PREFETCH=cfg.mod_prefetch and device.type == "cuda", **ssq_constexprs(cfg, mod is not None),
+                  ROPE_AHEAD=cfg.rope_ahead)
     if persistent:
         launch(_expert_step_kernel, (grid,), *args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
         if keep_counters:
