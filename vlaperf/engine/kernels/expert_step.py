@@ -38,7 +38,10 @@ residuals, x + branch * gate, with scale / shift / gate fixed per step and layer
 xm = x (1 + scale), which o_proj's and down's writers store beside x with the per-tile sums
 of squares of x (the norm's statistics), and add shift @ W^T, tabulated once per schedule.
 The K loops stay those of pi0: the first version scaled the activations inside them and took
-1.24 ms a step against pi0's 0.77 (docs/perf-notes.md, session 9, version 39).
+1.24 ms a step against pi0's 0.77 (docs/perf-notes.md, session 9, version 39). qkv and gate_up
+load those sums of squares (one block) and their shift biases before the K loop and add them
+after it (`stats_ahead`): libero-pi05's step kernel (10 rows) 0.67 against 0.88 ms a step in
+its call (session 13, version 62).
 
 Grid barrier: each program adds 1 to the phase's counter (release) and spins on it
 (acquire) until every program has arrived; activations written in the kernel are read
@@ -157,8 +160,8 @@ class StepKernelConfig:
     # pi0.5 only: the programs idle in qkv also ask L2 for this layer's and the next one's rows of
     # the modulation table (2 x 58 KB of float32 a layer, a different table every step, so it is
     # never in L2 after the weights have streamed through): the writers' gate and next-norm scale
-    # and gate_up's biases hit L2 instead of HBM. With stats_ahead, the libero-pi05 call 1.167x
-    # (15.04 -> 12.90 ms, both sides in one process, session 13: step_config_ab_libero-pi05_stats_ahead.json)
+    # and gate_up's biases hit L2 instead of HBM. Neutral in the libero-pi05 call (session 13, both
+    # sides in one process: 1.001x beside stats_ahead, 1.004x alone); on, as the closing bench ran
     mod_prefetch: bool = True
     # pi0: o_proj's and down's writers also store per-tile sums of squares of x (as pi0.5's do), so
     # qkv's and gate_up's K loops no longer square their activation tiles (the first layer's come
@@ -168,7 +171,8 @@ class StepKernelConfig:
     # the consumers of those per-tile sums (pi0.5 always, pi0 with ssq_from_writers) load them, and
     # pi0.5's biases, as one block before the K loop and add them after it: the loads' latency
     # overlaps the loop (early_mod_loads added them before the loop, which waited on them there;
-    # early_mod_loads takes precedence). On for pi0.5 with mod_prefetch (see there)
+    # early_mod_loads takes precedence). The libero-pi05 call 1.167x (14.86 -> 12.73 ms, both sides
+    # in one process; its step kernel 665-675 against 870-907 us a step: session 13); on
     stats_ahead: bool = True
     # qkv's RoPE tables (its tile's cos / sin, both halves) loaded before the K loop instead of after
     # it, so their L2 round trip overlaps the loop: pi0's analogue of stats_ahead (whose epilogue
