@@ -299,9 +299,11 @@ def main() -> None:
         programs = result["programs"]
         ts = torch.zeros(L, len(S.PHASES) + 1, programs, 3, dtype=torch.int64, device=dev)
         cycling["on"] = True  # the last launch's table cold, as in the timing
-        for _ in range(3):
-            S.expert_step(*inputs, config=cfg, timeline=ts)
-        cycling["on"] = False
+        try:
+            for _ in range(3):
+                S.expert_step(*inputs, config=cfg, timeline=ts)
+        finally:
+            cycling["on"] = False
         torch.cuda.synchronize()
         summary = S.timeline_summary(ts)
         work = (ts[..., 1] - ts[..., 0]).double().median(dim=0).values / 1e3  # (7, programs), median over layers
@@ -323,8 +325,10 @@ def main() -> None:
             if cfg != base:
                 row["checks"] = self_check(cfg)
             cycling["on"] = True  # (pi0.5: a different modulation table each launch)
-            row["us"] = graph_time_ms(lambda: S.expert_step(*inputs, config=cfg), reps=20) * 1e3
-            cycling["on"] = False
+            try:
+                row["us"] = graph_time_ms(lambda: S.expert_step(*inputs, config=cfg), reps=20) * 1e3
+            finally:
+                cycling["on"] = False
             row["weights_gb_per_s"] = gbps(row["us"] / 1e3)
             print(f"{row['us']:8.1f} us  {row['weights_gb_per_s']:7.0f} GB/s  rel {row['rel_l2_vs_fp32']:.1e}  {cfg}")
             if args.timeline:
