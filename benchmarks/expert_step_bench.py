@@ -60,6 +60,43 @@ def reference(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, eps=1e-6, mods=None)
     return x
 
 
+RECORD_LEVERS = "for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections,megakernel"
+
+
+def record_engine_steps(workload_id: str, device: str = "cuda", seed: int = 0) -> list[dict]:
+    """What the engine launches: one call of `workload_id` (random weights, the engine's eager step
+    kernel path, RECORD_LEVERS), with every step's expert_step arguments kept as passed: `args`
+    (x cloned before the kernel updates it in place, then the stacked weights, the static cache's
+    views, the RoPE tables, the byte mask, eps), `mod` (pi0.5's table for that step, else None) and
+    `out` (what the kernel returned).
+    The kernel's shapes, strides and values are then exactly the call's (--from-engine)."""
+    from vlaperf.engine import Engine
+    from vlaperf.inputs import random_noise, random_observation
+    from vlaperf.models.pi0 import build_model
+    from vlaperf.workloads import get_workload
+
+    w = get_workload(workload_id)
+    model = build_model(w.preset, device, torch.bfloat16 if device == "cuda" else torch.float32, seed=seed)
+    obs, noise = random_observation(w, model.config, device, seed=seed), random_noise(w, model.config, device, seed=seed)
+    steps, real = [], S.expert_step
+
+    def recording(*args, **kwargs):
+        step = {"args": (args[0].clone(), *args[1:]), "mod": kwargs.get("mod")}
+        out = real(*args, **kwargs)
+        steps.append({**step, "out": out.clone()})
+        return out
+
+    S.expert_step = recording
+    try:
+        engine = Engine(model, RECORD_LEVERS)
+        engine.sample_actions(obs, noise, w.steps)
+    finally:
+        S.expert_step = real
+    if not steps:
+        raise SystemExit(f"{workload_id}: the engine ran no step kernel with {RECORD_LEVERS}")
+    return steps
+
+
 def make_inputs(dev: str = "cuda", seed: int = 0, samples: int = 1) -> tuple:
     """Random bf16 layers of pi0's expert shapes and a 532-valid-token prefix cache: the
     arguments of expert_step after the config. samples > 1: that many samples with their own
@@ -191,7 +228,7 @@ def sweeps(base: S.StepKernelConfig) -> dict[int, list[S.StepKernelConfig]]:
 
 
 def main() -> None:
-    global M, PI05, TP, VALID
+    global M, PI05, TP, VALID, L, D, NH, HD, FF
     p = argparse.ArgumentParser()
     p.add_argument("--json", default=None)
     p.add_argument("--quick", action="store_true", help="default configuration only")
@@ -209,6 +246,10 @@ def main() -> None:
     p.add_argument("--rows", type=int, default=None,
                    help=f"suffix rows (default: {M} for pi0's libero-pi0; with --pi05 {PI05_ROWS}, libero-pi05's action horizon, "
                         f"over its {PI05_PREFIX}-token prefix; 50 gives sweeps 19-24's shape)")
+    p.add_argument("--from-engine", default=None, metavar="WORKLOAD",
+                   help="time the kernel on the arguments the engine launches for WORKLOAD (recorded from one eager "
+                        "call: its shapes, strides, tables and values; pi0.5 cycles the call's own per-step tables); "
+                        "rel L2 is then against the default configuration's output on them")
     p.add_argument("--tables", type=int, default=10,
                    help="with --pi05: time the launches cycling through this many modulation tables, as a call's steps "
                         "do (10: each launch's table was last read ten launches ago, cold as in the real call; 1: one "
@@ -222,9 +263,28 @@ def main() -> None:
             TP = VALID = PI05_PREFIX
     if args.rows is not None:
         M = args.rows
-    inputs = make_inputs(dev, samples=args.samples)
     cycling = {"on": False, "next": 0}
-    if args.pi05:  # every expert_step call below gets a table; the reference the raw modulation of the first
+    if args.from_engine:
+        steps = record_engine_steps(args.from_engine, dev)
+        inputs = steps[0]["args"]
+        x, wqkv, wo, wgu, wd, kc = inputs[:6]
+        (L, qkv_n, D), HD, FF, M, Tk = wqkv.shape, kc.shape[-1], wgu.shape[1] // 2, x.shape[0], kc.shape[-2]
+        NH, TP = (qkv_n - 2 * HD) // HD, Tk - x.shape[0]
+        tables = [st["mod"] for st in steps]
+        if tables[0] is not None:
+            real_step = S.expert_step
+
+            def step_with_call_table(*a, **kw):
+                """The first step's table for the checks; while timing, the call's next step's table."""
+                i = 0
+                if cycling["on"]:
+                    i, cycling["next"] = cycling["next"], (cycling["next"] + 1) % len(tables)
+                return real_step(*a, **kw, mod=tables[i])
+
+            S.expert_step = step_with_call_table
+    else:
+        inputs = make_inputs(dev, samples=args.samples)
+    if args.pi05 and not args.from_engine:  # every expert_step call below gets a table; the reference the raw modulation of the first
         torch.manual_seed(1)
         n = max(1, args.tables)
         mods = (torch.randn(n, 6 * L + 2, D, device=dev) * 0.3).to(torch.bfloat16)
@@ -242,9 +302,10 @@ def main() -> None:
         S.expert_step = step_with_table
         mods = mods[0, : 6 * L]
     result = {"schema": SCHEMA, "command": "kernel-bench",
-              "workload": {"id": "libero-pi05" if args.pi05 else "libero-pi0",
+              "workload": {"id": args.from_engine or ("libero-pi05" if args.pi05 else "libero-pi0"),
                            "overrides": {"layers": L, "rows": M, "keys": TP + M, "batch": args.samples,
-                                         **({"modulation_tables": args.tables} if args.pi05 else {})}},
+                                         **({"modulation_tables": args.tables} if args.pi05 and not args.from_engine else {}),
+                                         **({"from_engine": RECORD_LEVERS} if args.from_engine else {})}},
               "variant": {"levers": ["megakernel"], "label": "expert_step", "dtype": "bfloat16"}, "mode": None,
               "env": environment_record(dev), "programs": S.num_sms(torch.device(dev)), "checks": {}, "configs": [], "phases": {}}
     weight_bytes = sum(t.numel() * t.element_size() for t in inputs[1:5])
@@ -256,7 +317,10 @@ def main() -> None:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)
 
-    if args.samples > 1:  # each sample through the float32 layers on its own
+    if args.from_engine:  # no float32 layers of the recorded call here: the default configuration's output
+        ref = S.expert_step(*inputs, config=S.StepKernelConfig()).float()
+        result["reference"] = "the default StepKernelConfig's output on the recorded arguments"
+    elif args.samples > 1:  # each sample through the float32 layers on its own
         x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask = inputs[:-1]
         ref = torch.stack([reference(x[b], wqkv, wo, wgu, wd, kc[:, b], vc[:, b], cos[b], sin[b], mask[b], mods=mods)
                            for b in range(args.samples)])

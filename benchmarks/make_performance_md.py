@@ -212,7 +212,8 @@ def step_kernel_shape(r):
     o = r["workload"]["overrides"]
     tables = o.get("modulation_tables")
     return (f"{o.get('layers', 18)} layers, {o.get('rows', 51)} rows, {r['workload']['id']}"
-            + (f", {tables} modulation table{'s' if tables != 1 else ''} cycled" if tables else ""))
+            + (f", {tables} modulation table{'s' if tables != 1 else ''} cycled" if tables else "")
+            + (", the arguments its engine call launched" if o.get("from_engine") else ""))
 
 
 def step_kernel_rows(r):
@@ -249,7 +250,8 @@ def kernel_tables(results):
             out += [f"Barrier self-check: persistent launch equals the per-(layer, phase) launches bit for bit: "
                     f"{'yes' if c['persistent_equals_multi_launch_bitwise'] else 'NO'}; every counter = {r['programs']} programs: "
                     f"{'yes' if c['barrier_counters_all_equal_programs'] else 'NO'}; timeouts: {c['barrier_timeouts']}.", "",
-                    f"| step kernel ({step_kernel_shape(r)}) | us | weights GB/s | rel L2 vs fp32 | tiling |", "|---|---|---|---|---|"]
+                    f"| step kernel ({step_kernel_shape(r)}) | us | weights GB/s | "
+                    f"{'rel L2 vs the defaults' if r.get('reference') else 'rel L2 vs fp32'} | tiling |", "|---|---|---|---|---|"]
             for label, x in step_kernel_rows(r):
                 out.append(f"| {label} | {x['us']:.1f} | {x['weights_gb_per_s']:.0f} | {x['rel_l2_vs_fp32']:.1e} | "
                            f"{' '.join(f'{k}={v}' for k, v in x['config'].items())} |")

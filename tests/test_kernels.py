@@ -999,3 +999,35 @@ def test_step_kernel_bench_launches_the_workloads_shapes():
     assert launched("libero-pi0") == (bench.M, bench.TP, bench.VALID)
     rows, prefix, valid = launched("libero-pi05")
     assert (rows, prefix) == (bench.PI05_ROWS, bench.PI05_PREFIX) and valid == prefix  # a full 64-token bucket
+
+
+RECORD_SCRIPT = textwrap.dedent(
+    """
+    import sys
+    sys.path.insert(0, BENCH_DIR)
+    import torch
+    import expert_step_bench as bench
+    from vlaperf.engine.kernels import expert_step as S
+    from vlaperf.workloads import get_workload
+
+    w = get_workload("tiny")
+    steps = bench.record_engine_steps("tiny", "cpu")
+    assert len(steps) == w.steps, len(steps)
+    x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, eps = steps[0]["args"]
+    assert x.shape[0] == 11 and kc.shape == vc.shape and mask.shape == (11, kc.shape[-2]) and mask.dtype == torch.uint8
+    assert all(st["mod"] is None for st in steps)  # pi0: no modulation table
+    # the recorded arguments are complete and were not overwritten by later steps: each step's kernel
+    # run again on them gives what it gave inside the call, bit for bit
+    for st in steps:
+        assert torch.equal(S.expert_step(*st["args"], mod=st["mod"]), st["out"])
+    assert not torch.equal(steps[0]["args"][0], steps[1]["args"][0])  # each step's own input
+    print("ok")
+    """
+)
+
+
+def test_step_kernel_bench_records_what_the_engine_launches():
+    """expert_step_bench.py --from-engine times the kernel on the arguments the engine passes it:
+    one eager call of the workload is recorded step by step (run here on `tiny` in the interpreter)."""
+    bench_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
+    run_in_interpreter(RECORD_SCRIPT.replace("BENCH_DIR", repr(bench_dir)), timeout=600)

@@ -36,3 +36,5 @@ def test_step_kernel_sweeps_list_their_rows_by_what_differs_from_the_first():
     assert gen.step_kernel_shape(r) == "18 layers, 50 rows, libero-pi05, 10 modulation tables cycled"
     r["workload"] = {"id": "libero-pi0", "overrides": {"layers": 18, "rows": 51}}
     assert gen.step_kernel_shape(r) == "18 layers, 51 rows, libero-pi0"
+    r["workload"]["overrides"]["from_engine"] = "for_loop,...,megakernel"  # expert_step_bench.py --from-engine
+    assert gen.step_kernel_shape(r).endswith(", the arguments its engine call launched")

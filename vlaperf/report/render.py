@@ -756,6 +756,9 @@ def _kernel_bench(doc: _Doc, path: str, r: dict) -> None:
         o = r["workload"]["overrides"]
         if o.get("modulation_tables"):
             doc.p(f"{r['workload']['id']}: the timed launches cycled through {o['modulation_tables']} modulation table(s)", "")
+        if o.get("from_engine"):
+            doc.p(f"{r['workload']['id']}: timed on the arguments its engine call launched ({o['from_engine']}); rel L2 "
+                  "against the default configuration's output on them", "")
         first = r["configs"][0]["config"] if r["configs"] else {}
         doc.table(["tiling (fields that differ from the run's first row)", "us", "weights GB/s", "rel L2"],
                   [[", ".join(f"{k}={v}" for k, v in x["config"].items() if first.get(k) != v) or "the run's defaults",
