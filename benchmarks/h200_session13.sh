@@ -74,8 +74,8 @@ next)
   # (--from-engine: does the bench now give the call's 665-675 us?), then at libero-pi05's real shape (10 rows
   # over a 576-token prefix; sweeps 19-24 timed 50 rows), sweep 26, with timelines
   lane A 0 30 <<EOT &
-150 python3 benchmarks/expert_step_bench.py --from-engine libero-pi05 --quick --timeline --no-phases --json $R/kernel_expert_step_pi05_from_engine.json | grep -v timeline
-420 python3 benchmarks/expert_step_bench.py --pi05 --sweep 26 --timeline --no-phases --json $R/kernel_expert_step_pi05_sweep26.json | grep -v timeline
+200 python3 benchmarks/expert_step_bench.py --from-engine libero-pi05 --quick --timeline --no-phases --json $R/kernel_expert_step_pi05_from_engine.json | grep -v timeline
+370 python3 benchmarks/expert_step_bench.py --pi05 --sweep 26 --timeline --no-phases --json $R/kernel_expert_step_pi05_sweep26.json | grep -v timeline
 EOT
   ;;
 next2)
