@@ -404,7 +404,7 @@ def _prefetch_next_task(phase, layer, pid, wqkv_ptr, wo_ptr, wgu_ptr, wd_ptr, L,
 def _load_ssq_tiles(ssq_ptr, rows, TILES: tl.constexpr, BLOCK_M: tl.constexpr):
     """The per-tile sums of squares as one (tiles, rows) block, loaded, not yet added
     (StepKernelConfig.stats_ahead: issued before a K loop, added after it by _add_ssq_tiles).
-    TILES is a power of two (the launcher checks)."""
+    TILES is a power of two (ssq_constexprs turns stats_ahead off otherwise)."""
     t = tl.arange(0, TILES)
     return tl.load(ssq_ptr + t[:, None] * BLOCK_M + rows[None, :], cache_modifier=".cg")
 
@@ -1106,10 +1106,14 @@ def l2_traffic(cfg: StepKernelConfig, M: int, NH: int, HD: int, D: int, F: int, 
     }
 
 
-def ssq_constexprs(cfg: StepKernelConfig, mod: bool) -> dict[str, bool]:
-    """Where the norm statistics come from (see the kernel): SSQ_IN, SSQ_OUT, STATS_AHEAD."""
+def ssq_constexprs(cfg: StepKernelConfig, mod: bool, D: int) -> dict[str, bool]:
+    """Where the norm statistics come from (see the kernel): SSQ_IN, SSQ_OUT, STATS_AHEAD. stats_ahead
+    loads the writers' statistics tiles as one block, which needs a power-of-two tile count; other
+    widths add them after the loop as before."""
+    tiles = (triton.cdiv(D, cfg.bn_o), triton.cdiv(D, cfg.bn_down))
+    one_block = all(t & (t - 1) == 0 for t in tiles)
     return {"SSQ_IN": mod or cfg.ssq_from_writers, "SSQ_OUT": cfg.ssq_from_writers and not mod,
-            "STATS_AHEAD": cfg.stats_ahead and not cfg.early_mod_loads and (mod or cfg.ssq_from_writers)}
+            "STATS_AHEAD": cfg.stats_ahead and not cfg.early_mod_loads and (mod or cfg.ssq_from_writers) and one_block}
 
 
 def prefetch_phases(plan: int) -> dict[str, int]:
@@ -1227,12 +1231,6 @@ def expert_step(
     if not 0 <= cfg.prefetch_own <= 15:
         raise ValueError(f"StepKernelConfig.prefetch_own={cfg.prefetch_own}: expected a bit mask of 1 (o_proj), "
                          "2 (gate_up), 4 (down), 8 (next qkv)")
-    if ssq_constexprs(cfg, mod is not None)["STATS_AHEAD"]:
-        for name, bn in (("bn_o", cfg.bn_o), ("bn_down", cfg.bn_down)):
-            tiles = triton.cdiv(D, bn)
-            if tiles & (tiles - 1):
-                raise ValueError(f"StepKernelConfig.stats_ahead loads the {tiles} statistics tiles of {name}={bn} as one "
-                                 f"block: expected a power of two (D={D} over {name})")
     prefetch = prefetch_phases(cfg.prefetch)  # raises for an unknown plan, on every device
     if x.device.type != "cuda":
         prefetch = prefetch_phases(0)  # prefetch.global.L2 is PTX: the interpreter runs none
@@ -1316,7 +1314,7 @@ def expert_step(
                   ROTATE=cfg.k_rotate, NB=NB, DATAFLOW=cfg.dataflow, CTR_SLOT=ctr_slot,
                   PREFETCH_OWN=cfg.prefetch_own if device.type == "cuda" else 0, MOD=mod is not None,
                   EARLY_MOD=cfg.early_mod_loads, SCALE_AFTER_LOOP=cfg.scale_after_loop,
-                  MOD_PREFETCH=cfg.mod_prefetch and device.type == "cuda", **ssq_constexprs(cfg, mod is not None),
+                  MOD_PREFETCH=cfg.mod_prefetch and device.type == "cuda", **ssq_constexprs(cfg, mod is not None, D),
                   ROPE_AHEAD=cfg.rope_ahead)
     if persistent:
         launch(_expert_step_kernel, (grid,), *args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
