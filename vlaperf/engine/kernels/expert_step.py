@@ -462,13 +462,11 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
             s2_ahead = tl.load(sin_ptr + t_ahead + HALF, mask=rope_ok, other=0.0)
         if SSQ_IN:  # (Triton folds constexpr conditions one name at a time: no `or` in them)
             if MOD:
-                if EARLY_MOD:  # the bias and the statistics, ahead of the loop
+                if LOADED:  # the biases ahead of the loop (early_mod_loads, stats_ahead)
                     bias1 = tl.load(mod_ptr + D + cols, mask=d_ok, other=0.0)
                     bias2 = tl.load(mod_ptr + D + cols + HALF, mask=d_ok, other=0.0)
+                if EARLY_MOD:  # and the statistics, summed there
                     ssq_pre = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
-                if AHEAD:
-                    bias1 = tl.load(mod_ptr + D + cols, mask=d_ok, other=0.0)
-                    bias2 = tl.load(mod_ptr + D + cols + HALF, mask=d_ok, other=0.0)
             if AHEAD:
                 ssq_block = _load_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
             a_ptr = x_ptr
@@ -810,13 +808,11 @@ def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, n
         mask = row_ok[:, None] & col_ok[None, :]
         if SSQ_IN:
             if MOD:
-                if EARLY_MOD:  # the biases and the statistics, ahead of the loop
+                if LOADED:  # the biases ahead of the loop (early_mod_loads, stats_ahead)
                     bias_g = tl.load(mod_ptr + D + cols, mask=col_ok, other=0.0)
                     bias_u = tl.load(mod_ptr + D + F + cols, mask=col_ok, other=0.0)
+                if EARLY_MOD:  # and the statistics, summed there
                     ssq_pre = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
-                if AHEAD:
-                    bias_g = tl.load(mod_ptr + D + cols, mask=col_ok, other=0.0)
-                    bias_u = tl.load(mod_ptr + D + F + cols, mask=col_ok, other=0.0)
             if AHEAD:
                 ssq_block = _load_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
             a_ptr = x_ptr
