@@ -224,6 +224,11 @@ def sweeps(base: S.StepKernelConfig) -> dict[int, list[S.StepKernelConfig]]:
              r(num_stages=5), r(mod_prefetch=False)],
         # pi0: qkv's RoPE tables loaded before its K loop (rope_ahead; prepared in session 13, not run), twice
         27: [r(rope_ahead=True), r(), r(rope_ahead=True)],
+        # pi0: qkv as 128 tasks of 10 rotary pairs (qkv_pairs; 80 per-slot tasks left 52 programs idle), and
+        # with rope_ahead
+        28: [r(qkv_pairs=10), r(rope_ahead=True), r(qkv_pairs=10, rope_ahead=True)],
+        # pi0.5 at its 10 rows: qkv_pairs, then sweep 26's attention splits, warps and mod_prefetch
+        29: [r(qkv_pairs=10), r(splits=10), r(att_bn=32, splits=16), r(num_warps=4), r(mod_prefetch=False)],
     }
 
 
@@ -237,7 +242,8 @@ def main() -> None:
     p.add_argument("--timeline", action="store_true",
                    help="also read the GPU clock at every (layer, phase, program) and summarise where each config's time goes")
     p.add_argument("--sweep", type=int, default=1, choices=sorted(sweeps(S.StepKernelConfig())),
-                   help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps; 9: barrier polling, pipeline depth; 10: deeper pipelines, atomic polling at 4 stages, wider split tiles; 11: early value loads, 128-key tiles; 12: prefetch by the programs idle in qkv, wider o_proj tiles; 13: rotated K loops; 14: dataflow waits instead of two barriers; 15: prefetch plans; 16: 4 warps; 17-18: prefetch_own; 20: with --pi05, early_mod_loads; 21: with --pi05, scale_after_loop; 22: with --pi05, mod_prefetch and stats_ahead; 23: ssq_from_writers, stats_ahead, 256-deep K blocks; 24: with --pi05, mod_prefetch and stats_ahead off; 25: 256-deep K blocks; 26: with --pi05 at 10 rows, attention splits, merge chunks, K depth, warps, stages; 27: rope_ahead)")
+                   help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps; 9: barrier polling, pipeline depth; 10: deeper pipelines, atomic polling at 4 stages, wider split tiles; 11: early value loads, 128-key tiles; 12: prefetch by the programs idle in qkv, wider o_proj tiles; 13: rotated K loops; 14: dataflow waits instead of two barriers; 15: prefetch plans; 16: 4 warps; 17-18: prefetch_own; 20: with --pi05, early_mod_loads; 21: with --pi05, scale_after_loop; 22: with --pi05, mod_prefetch and stats_ahead; 23: ssq_from_writers, stats_ahead, 256-deep K blocks; 24: with --pi05, mod_prefetch and stats_ahead off; 25: 256-deep K blocks; 26: with --pi05 at 10 rows, attention splits, merge chunks, K depth, warps, stages; 27: rope_ahead; 28: qkv_pairs, "
+                        "rope_ahead; 29: with --pi05, qkv_pairs, attention splits, warps, mod_prefetch)")
     p.add_argument("--no-phases", action="store_true",
                    help="skip timing each phase and the barriers alone after the configurations (five more compiles)")
     p.add_argument("--pi05", action="store_true",

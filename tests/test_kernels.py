@@ -514,7 +514,11 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
                # the norm statistics from o_proj's and down's writers, added after or (stats_ahead) loaded before the K loops
                replace(small, ssq_from_writers=True, stats_ahead=False), replace(small, ssq_from_writers=True, stats_ahead=True),
                replace(small, ssq_from_writers=True, stats_ahead=True, ks_o=1, bn_down=8, ks_down=4, ks_gu=2),
-               replace(small, rope_ahead=True)]  # qkv's RoPE tables loaded before its K loop
+               replace(small, rope_ahead=True),  # qkv's RoPE tables loaded before its K loop
+               # qkv's tasks as runs of rotary pairs across the slots: 5 (a run spans two slots, the last is
+               # short), 16 (whole slots and more), with the tables ahead, and with one row a task's lanes
+               replace(small, qkv_pairs=5), replace(small, qkv_pairs=16), replace(small, qkv_pairs=5, rope_ahead=True),
+               replace(small, qkv_pairs=1)]
     # (layers, D, heads, head dim, F, rows, prefix): head dim 16 has 8-dim RoPE halves, less than a tile
     for L, D, NH, HD, Fd, M, Tp in [(2, 32, 4, 16, 64, 11, 20), (1, 64, 2, 32, 96, 7, 45)]:
         x = torch.randn(M, D)
@@ -544,7 +548,7 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
             refs = torch.stack([reference(xb[b], wqkv, wo, wgu, wd, kcb[:, b], vcb[:, b], cosb[b], sinb[b], maskb[b], 1e-6,
                                           NH, HD) for b in range(B)])
             for cfg in (small, replace(small, fold_merge=True, ks_o=1), replace(small, dataflow=True),
-                        replace(small, ssq_from_writers=True, stats_ahead=True)):
+                        replace(small, ssq_from_writers=True, stats_ahead=True), replace(small, qkv_pairs=5)):
                 out = expert_step(xb, wqkv, wo, wgu, wd, kcb, vcb, cosb, sinb, maskb, 1e-6, config=cfg)
                 assert out.shape == (B, M, D)
                 err = ((out - refs).norm(dim=(1, 2)) / refs.norm(dim=(1, 2))).max().item()
@@ -562,7 +566,8 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
                         replace(small, early_mod_loads=True), replace(small, early_mod_loads=True, ks_o=1, ks_down=1),
                         replace(small, scale_after_loop=True), replace(small, scale_after_loop=True, ks_o=1, ks_down=1),
                         replace(small, stats_ahead=True), replace(small, stats_ahead=True, ks_o=1, ks_down=1, ks_gu=2),
-                        replace(small, stats_ahead=True, ssq_from_writers=True), replace(small, rope_ahead=True)):
+                        replace(small, stats_ahead=True, ssq_from_writers=True), replace(small, rope_ahead=True),
+                        replace(small, qkv_pairs=5), replace(small, qkv_pairs=5, stats_ahead=False)):
                 out = expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=cfg, mod=table[step])
                 err = ((out - ref).norm() / ref.norm()).item()
                 assert err < 1e-5, ("pi0.5", step, cfg, err)
@@ -599,6 +604,13 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
         raise SystemExit("dataflow with a folded merge must be refused")
     except ValueError as e:
         assert "dataflow and fold_merge" in str(e), e
+    for bad, words in ((replace(small, qkv_pairs=17), "qkv_pairs=17: expected 0 (per-slot tiles) or 1..bn_qkv (16)"),
+                       (replace(small, qkv_pairs=5, dataflow=True), "qkv_pairs excludes dataflow")):
+        try:
+            expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=bad)
+            raise SystemExit(f"{bad} must be refused")
+        except ValueError as e:
+            assert words in str(e), e
     # width 48 in 16-column tiles: 3 statistics tiles, not one power-of-two block: stats_ahead falls back to
     # adding them after the loop, and the result is still the layers' (pi0 with ssq_from_writers, and pi0.5)
     from vlaperf.engine.kernels.expert_step import ssq_constexprs
@@ -801,7 +813,8 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
                (replace(S.StepKernelConfig(), dataflow=True), False, 1),
                (replace(S.StepKernelConfig(), idle_prefetch=0, prefetch=2), False, 1),
                (replace(S.StepKernelConfig(), idle_prefetch=0), False, 1),
-               (replace(S.StepKernelConfig(), rope_ahead=True), False, 1))
+               (replace(S.StepKernelConfig(), rope_ahead=True), False, 1),
+               (replace(S.StepKernelConfig(), qkv_pairs=10), False, 1))
     for cfg, timeline, samples in configs:
         consts = resources.whole_kernel_constexprs(cfg, timeline, samples)
         r = resources.compile_kernel(S._expert_step_kernel, consts, cfg.num_warps, cfg.num_stages, ptxas=True)

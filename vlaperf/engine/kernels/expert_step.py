@@ -179,6 +179,11 @@ class StepKernelConfig:
     # loads after the loop cost pi0.5 0.21 ms a step). Compiled for sm_90a under Triton 3.6 without
     # spills; prepared in session 13, not timed (sweep 27); off
     rope_ahead: bool = False
+    # qkv's tasks take this many consecutive rotary pairs (d, d + HD/2) each, counted over all slots
+    # (query heads, k, v) so a task may span two slots, in a bn_qkv-wide block: 10 makes pi0's 1280
+    # pairs 128 tasks for 132 programs, where the per-slot tiling of bn_qkv pairs gives 80 tasks
+    # and leaves 52 programs idle. 0: the per-slot tiling. Not with dataflow or prefetch_own's bit 8
+    qkv_pairs: int = 0
 
 
 # ------------------------------------------------------------------------ helpers
@@ -433,7 +438,7 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
                BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr,
                DATAFLOW: tl.constexpr, mod_ptr=None, xm_ptr=None, ssq_ptr=None, MOD: tl.constexpr = False,
                SSQ_TILES: tl.constexpr = 1, EARLY_MOD: tl.constexpr = False, SSQ_IN: tl.constexpr = False,
-               AHEAD: tl.constexpr = False, ROPE_AHEAD: tl.constexpr = False):
+               AHEAD: tl.constexpr = False, ROPE_AHEAD: tl.constexpr = False, PAIRS: tl.constexpr = 0):
     """DATAFLOW: each task counts itself in at its slot's counter (query head, k or v) once
     its outputs are stored, for the attention tasks that wait on them.
     MOD (pi0.5's adaptive norm, n (1 + scale) + shift): the product reads xm = x (1 + scale),
@@ -442,19 +447,35 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
     (n (1 + scale) + shift) @ W^T = inv (x (1 + scale)) @ W^T + shift @ W^T.
     SSQ_IN (pi0 with ssq_from_writers): the statistics come from ssq_ptr too, the K loop reads x.
     AHEAD (stats_ahead): the statistics' block and the biases are loaded before the K loop.
-    ROPE_AHEAD (rope_ahead): so are the RoPE tables of the tile (none for the value slot)."""
+    ROPE_AHEAD (rope_ahead): so are the RoPE tables of the tile (none for the value slot).
+    PAIRS (qkv_pairs): a task is PAIRS consecutive pairs of all (NH + 2) * HD/2, so its lanes may
+    belong to two slots; the slot, the RoPE and the destination are then chosen lane by lane."""
     HALF: tl.constexpr = HD // 2
     LOADED: tl.constexpr = EARLY_MOD | AHEAD  # the biases were loaded before the loop
     rows = tl.arange(0, BLOCK_M)
     row_ok = rows < M
     n_jb = tl.cdiv(HALF, BN)
-    for task in range(pid, (NH + 2) * n_jb, nprog):
-        slot = task // n_jb  # 0..NH-1 query heads, NH the key, NH+1 the value
-        d1 = (task % n_jb) * BN + tl.arange(0, BN)
-        d_ok = d1 < HALF
-        cols = slot * HD + d1
+    if PAIRS > 0:
+        n_tasks = tl.cdiv((NH + 2) * HALF, PAIRS)
+    else:
+        n_tasks = (NH + 2) * n_jb
+    for task in range(pid, n_tasks, nprog):
+        if PAIRS > 0:
+            lane = tl.arange(0, BN)
+            pair = task * PAIRS + lane
+            d_ok = (lane < PAIRS) & (pair < (NH + 2) * HALF)
+            slot_v = pair // HALF  # per lane: 0..NH-1 query heads, NH the key, NH+1 the value
+            d1 = pair % HALF
+            cols = slot_v * HD + d1
+            rope_lane = d_ok & (slot_v <= NH)
+        else:
+            slot = task // n_jb  # 0..NH-1 query heads, NH the key, NH+1 the value
+            d1 = (task % n_jb) * BN + tl.arange(0, BN)
+            d_ok = d1 < HALF
+            cols = slot * HD + d1
+            rope_lane = d_ok & ((d1 * 0 + slot) <= NH)  # not the value slot
         if ROPE_AHEAD:  # in the table's dtype until used
-            rope_ok = row_ok[:, None] & (d_ok & ((d1 * 0 + slot) <= NH))[None, :]  # not the value slot
+            rope_ok = row_ok[:, None] & rope_lane[None, :]
             t_ahead = rows[:, None] * HD + d1[None, :]
             c1_ahead = tl.load(cos_ptr + t_ahead, mask=rope_ok, other=0.0)
             s1_ahead = tl.load(sin_ptr + t_ahead, mask=rope_ok, other=0.0)
@@ -494,27 +515,46 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
                 acc1 += tl.load(mod_ptr + D + cols, mask=d_ok, other=0.0)[None, :]
                 acc2 += tl.load(mod_ptr + D + cols + HALF, mask=d_ok, other=0.0)[None, :]
         mask = row_ok[:, None] & d_ok[None, :]
-        if slot <= NH:  # RoPE (rotate-half): (x1, x2) -> (x1 cos1 - x2 sin1, x2 cos2 + x1 sin2)
+        if PAIRS > 0:  # lane by lane: RoPE where the lane's slot is a query head or the key
             if ROPE_AHEAD:
                 c1, s1 = c1_ahead.to(tl.float32), s1_ahead.to(tl.float32)
                 c2, s2 = c2_ahead.to(tl.float32), s2_ahead.to(tl.float32)
             else:
+                rope = row_ok[:, None] & rope_lane[None, :]
                 t1 = rows[:, None] * HD + d1[None, :]
-                c1 = tl.load(cos_ptr + t1, mask=mask, other=0.0).to(tl.float32)
-                s1 = tl.load(sin_ptr + t1, mask=mask, other=0.0).to(tl.float32)
-                c2 = tl.load(cos_ptr + t1 + HALF, mask=mask, other=0.0).to(tl.float32)
-                s2 = tl.load(sin_ptr + t1 + HALF, mask=mask, other=0.0).to(tl.float32)
-            out1 = acc1 * c1 - acc2 * s1
-            out2 = acc2 * c2 + acc1 * s2
+                c1 = tl.load(cos_ptr + t1, mask=rope, other=0.0).to(tl.float32)
+                s1 = tl.load(sin_ptr + t1, mask=rope, other=0.0).to(tl.float32)
+                c2 = tl.load(cos_ptr + t1 + HALF, mask=rope, other=0.0).to(tl.float32)
+                s2 = tl.load(sin_ptr + t1 + HALF, mask=rope, other=0.0).to(tl.float32)
+            out1 = tl.where(rope_lane[None, :], acc1 * c1 - acc2 * s1, acc1)
+            out2 = tl.where(rope_lane[None, :], acc2 * c2 + acc1 * s2, acc2)
+            # queries to q, the key and the value to their scratch rows (the other pointer is not dereferenced)
+            dst = tl.where((slot_v < NH)[None, :], q_ptr + rows[:, None] * (NH * HD) + (slot_v * HD + d1)[None, :],
+                           kv_ptr + rows[:, None] * HD + ((slot_v - NH) * (BLOCK_M * HD) + d1)[None, :])
+            tl.store(dst, out1.to(q_ptr.dtype.element_ty), mask=mask)
+            tl.store(dst + HALF, out2.to(q_ptr.dtype.element_ty), mask=mask)
         else:
-            out1 = acc1
-            out2 = acc2
-        if slot < NH:
-            dst = q_ptr + rows[:, None] * (NH * HD) + slot * HD + d1[None, :]
-        else:  # scratch k (slot NH) / v (slot NH + 1): (2, BLOCK_M, HD)
-            dst = kv_ptr + (slot - NH) * BLOCK_M * HD + rows[:, None] * HD + d1[None, :]
-        tl.store(dst, out1.to(q_ptr.dtype.element_ty), mask=mask)
-        tl.store(dst + HALF, out2.to(q_ptr.dtype.element_ty), mask=mask)
+            if slot <= NH:  # RoPE (rotate-half): (x1, x2) -> (x1 cos1 - x2 sin1, x2 cos2 + x1 sin2)
+                if ROPE_AHEAD:
+                    c1, s1 = c1_ahead.to(tl.float32), s1_ahead.to(tl.float32)
+                    c2, s2 = c2_ahead.to(tl.float32), s2_ahead.to(tl.float32)
+                else:
+                    t1 = rows[:, None] * HD + d1[None, :]
+                    c1 = tl.load(cos_ptr + t1, mask=mask, other=0.0).to(tl.float32)
+                    s1 = tl.load(sin_ptr + t1, mask=mask, other=0.0).to(tl.float32)
+                    c2 = tl.load(cos_ptr + t1 + HALF, mask=mask, other=0.0).to(tl.float32)
+                    s2 = tl.load(sin_ptr + t1 + HALF, mask=mask, other=0.0).to(tl.float32)
+                out1 = acc1 * c1 - acc2 * s1
+                out2 = acc2 * c2 + acc1 * s2
+            else:
+                out1 = acc1
+                out2 = acc2
+            if slot < NH:
+                dst = q_ptr + rows[:, None] * (NH * HD) + slot * HD + d1[None, :]
+            else:  # scratch k (slot NH) / v (slot NH + 1): (2, BLOCK_M, HD)
+                dst = kv_ptr + (slot - NH) * BLOCK_M * HD + rows[:, None] * HD + d1[None, :]
+            tl.store(dst, out1.to(q_ptr.dtype.element_ty), mask=mask)
+            tl.store(dst + HALF, out2.to(q_ptr.dtype.element_ty), mask=mask)
         if DATAFLOW:
             _count_in(slot_ctr_ptr + slot)
 
@@ -884,7 +924,7 @@ def _expert_step_kernel(
     NB: tl.constexpr, DATAFLOW: tl.constexpr, CTR_SLOT: tl.constexpr, PREFETCH_OWN: tl.constexpr, MOD: tl.constexpr,
     EARLY_MOD: tl.constexpr, SCALE_AFTER_LOOP: tl.constexpr, MOD_PREFETCH: tl.constexpr = False,
     SSQ_IN: tl.constexpr = False, SSQ_OUT: tl.constexpr = False, STATS_AHEAD: tl.constexpr = False,
-    ROPE_AHEAD: tl.constexpr = False,
+    ROPE_AHEAD: tl.constexpr = False, QKV_PAIRS: tl.constexpr = 0,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -921,11 +961,15 @@ def _expert_step_kernel(
             if phase == 0:
                 _phase_qkv(x_ptr, wqkv_ptr + layer * (QKV_N * D), q_ptr, kv_ptr, cos_ptr, sin_ptr, tile_ctr + CTR_SLOT, MT,
                            eps, pid, nprog, D, NH, HD, BLOCK_M, BN_QKV, BK_QKV, STAGES, ROTATE, DATAFLOW, modl, xm_ptr,
-                           ssq_ptr, MOD, (D + BN_DOWN - 1) // BN_DOWN, EARLY_MOD, SSQ_IN, STATS_AHEAD, ROPE_AHEAD)
+                           ssq_ptr, MOD, (D + BN_DOWN - 1) // BN_DOWN, EARLY_MOD, SSQ_IN, STATS_AHEAD, ROPE_AHEAD,
+                           QKV_PAIRS)
                 if IDLE_PREFETCH > 0:
                     # qkv has fewer tasks than programs (80 of 132 for pi0's expert); the idle ones ask L2
                     # for what the next phases read first from HBM, instead of waiting at the barrier
-                    QKV_TASKS: tl.constexpr = (NH + 2) * ((HD // 2 + BN_QKV - 1) // BN_QKV)
+                    if QKV_PAIRS > 0:
+                        QKV_TASKS: tl.constexpr = ((NH + 2) * (HD // 2) + QKV_PAIRS - 1) // QKV_PAIRS
+                    else:
+                        QKV_TASKS: tl.constexpr = (NH + 2) * ((HD // 2 + BN_QKV - 1) // BN_QKV)
                     if pid >= QKV_TASKS:
                         ip = pid - QKV_TASKS
                         n_idle = nprog - QKV_TASKS
@@ -1077,7 +1121,7 @@ def l2_traffic(cfg: StepKernelConfig, M: int, NH: int, HD: int, D: int, F: int, 
     docs/perf-notes.md, session 7, compares this model with the timeline."""
     rows, f32 = samples * M, 4
     qkv_n = NH * HD + 2 * HD
-    qkv_tasks = (NH + 2) * triton.cdiv(HD // 2, cfg.bn_qkv)
+    qkv_tasks = qkv_task_count(cfg, NH, HD)
     splits = key_splits(cfg, Tk)[0]
     att_blocks = samples * triton.cdiv(NH * M, cfg.att_bm)
 
@@ -1100,6 +1144,13 @@ def l2_traffic(cfg: StepKernelConfig, M: int, NH: int, HD: int, D: int, F: int, 
                     "outputs": rows * F * elem},
         "down": residual(F, cfg.bn_down, cfg.ks_down),
     }
+
+
+def qkv_task_count(cfg: StepKernelConfig, NH: int, HD: int) -> int:
+    """The qkv phase's tasks: bn_qkv rotary pairs of one slot each, or qkv_pairs pairs of all slots."""
+    if cfg.qkv_pairs:
+        return triton.cdiv((NH + 2) * (HD // 2), cfg.qkv_pairs)
+    return (NH + 2) * triton.cdiv(HD // 2, cfg.bn_qkv)
 
 
 def ssq_constexprs(cfg: StepKernelConfig, mod: bool, D: int) -> dict[str, bool]:
@@ -1227,6 +1278,13 @@ def expert_step(
     if not 0 <= cfg.prefetch_own <= 15:
         raise ValueError(f"StepKernelConfig.prefetch_own={cfg.prefetch_own}: expected a bit mask of 1 (o_proj), "
                          "2 (gate_up), 4 (down), 8 (next qkv)")
+    if cfg.qkv_pairs:
+        if not 0 < cfg.qkv_pairs <= cfg.bn_qkv:
+            raise ValueError(f"StepKernelConfig.qkv_pairs={cfg.qkv_pairs}: expected 0 (per-slot tiles) or 1..bn_qkv "
+                             f"({cfg.bn_qkv}), the lanes of a qkv task's block")
+        if cfg.dataflow or cfg.prefetch_own & 8:
+            raise ValueError("StepKernelConfig: qkv_pairs excludes dataflow and prefetch_own's bit 8 (both count qkv's "
+                             "tasks slot by slot)")
     prefetch = prefetch_phases(cfg.prefetch)  # raises for an unknown plan, on every device
     if x.device.type != "cuda":
         prefetch = prefetch_phases(0)  # prefetch.global.L2 is PTX: the interpreter runs none
@@ -1311,7 +1369,7 @@ def expert_step(
                   PREFETCH_OWN=cfg.prefetch_own if device.type == "cuda" else 0, MOD=mod is not None,
                   EARLY_MOD=cfg.early_mod_loads, SCALE_AFTER_LOOP=cfg.scale_after_loop,
                   MOD_PREFETCH=cfg.mod_prefetch and device.type == "cuda", **ssq_constexprs(cfg, mod is not None, D),
-                  ROPE_AHEAD=cfg.rope_ahead)
+                  ROPE_AHEAD=cfg.rope_ahead, QKV_PAIRS=cfg.qkv_pairs)
     if persistent:
         launch(_expert_step_kernel, (grid,), *args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
         if keep_counters:
