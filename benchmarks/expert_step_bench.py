@@ -227,8 +227,9 @@ def sweeps(base: S.StepKernelConfig) -> dict[int, list[S.StepKernelConfig]]:
         # pi0: qkv as 128 tasks of 10 rotary pairs (qkv_pairs; 80 per-slot tasks left 52 programs idle), and
         # with rope_ahead
         28: [r(qkv_pairs=10), r(rope_ahead=True), r(qkv_pairs=10, rope_ahead=True)],
-        # pi0.5 at its 10 rows: qkv_pairs, then sweep 26's attention splits, warps and mod_prefetch
-        29: [r(qkv_pairs=10), r(splits=10), r(att_bn=32, splits=16), r(num_warps=4), r(mod_prefetch=False)],
+        # pi0.5 at its 10 rows, around its defaults (qkv_pairs=10 from session 14's call A/B): without
+        # qkv_pairs, then sweep 26's attention splits and warps
+        29: [r(qkv_pairs=0), r(splits=10), r(att_bn=32, splits=16), r(num_warps=4)],
     }
 
 
@@ -243,7 +244,7 @@ def main() -> None:
                    help="also read the GPU clock at every (layer, phase, program) and summarise where each config's time goes")
     p.add_argument("--sweep", type=int, default=1, choices=sorted(sweeps(S.StepKernelConfig())),
                    help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps; 9: barrier polling, pipeline depth; 10: deeper pipelines, atomic polling at 4 stages, wider split tiles; 11: early value loads, 128-key tiles; 12: prefetch by the programs idle in qkv, wider o_proj tiles; 13: rotated K loops; 14: dataflow waits instead of two barriers; 15: prefetch plans; 16: 4 warps; 17-18: prefetch_own; 20: with --pi05, early_mod_loads; 21: with --pi05, scale_after_loop; 22: with --pi05, mod_prefetch and stats_ahead; 23: ssq_from_writers, stats_ahead, 256-deep K blocks; 24: with --pi05, mod_prefetch and stats_ahead off; 25: 256-deep K blocks; 26: with --pi05 at 10 rows, attention splits, merge chunks, K depth, warps, stages; 27: rope_ahead; 28: qkv_pairs, "
-                        "rope_ahead; 29: with --pi05, qkv_pairs, attention splits, warps, mod_prefetch)")
+                        "rope_ahead; 29: with --pi05, qkv_pairs, attention splits, warps)")
     p.add_argument("--no-phases", action="store_true",
                    help="skip timing each phase and the barriers alone after the configurations (five more compiles)")
     p.add_argument("--pi05", action="store_true",
@@ -290,6 +291,8 @@ def main() -> None:
             S.expert_step = step_with_call_table
     else:
         inputs = make_inputs(dev, samples=args.samples)
+    # the engine's defaults for this kernel: pi0.5's modulated one has its own (S.default_config)
+    base = S.default_config(args.pi05 or bool(args.from_engine and tables[0] is not None))
     if args.pi05 and not args.from_engine:  # every expert_step call below gets a table; the reference the raw modulation of the first
         torch.manual_seed(1)
         n = max(1, args.tables)
@@ -324,8 +327,8 @@ def main() -> None:
                 json.dump(result, f, indent=1)
 
     if args.from_engine:  # no float32 layers of the recorded call here: the default configuration's output
-        ref = S.expert_step(*inputs, config=S.StepKernelConfig()).float()
-        result["reference"] = "the default StepKernelConfig's output on the recorded arguments"
+        ref = S.expert_step(*inputs, config=base).float()
+        result["reference"] = "the default configuration's output on the recorded arguments"
     elif args.samples > 1:  # each sample through the float32 layers on its own
         x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask = inputs[:-1]
         ref = torch.stack([reference(x[b], wqkv, wo, wgu, wd, kc[:, b], vc[:, b], cos[b], sin[b], mask[b], mods=mods)
@@ -359,7 +362,7 @@ def main() -> None:
             "repeat_launches_differing": differing,
         }
 
-    checks = self_check(S.StepKernelConfig())
+    checks = self_check(base)
     result["checks"] = checks
     print(json.dumps(checks))
 
@@ -385,7 +388,6 @@ def main() -> None:
         return summary
 
     gbps = lambda ms: weight_bytes / (ms * 1e-3) / 1e9  # noqa: E731
-    base = S.StepKernelConfig()
     configs = [base] + ([] if args.quick else sweeps(base)[args.sweep])
     for cfg in configs:
         row = {"config": S.config_dict(cfg)}

@@ -3,8 +3,10 @@
 #   PART=a   qkv as 128 tasks of 10 rotary pairs (qkv_pairs: the per-slot tiling gives 80 tasks for 132
 #            programs) in the whole call for pi0 and pi0.5, rope_ahead (session 13's, never timed) in pi0's
 #            call, then pi0's kernel with both (sweep 28, with timelines)
-#   PART=b   pi0.5's kernel on the arguments its call launches (--from-engine), then at its 10 rows with
-#            qkv_pairs, attention splits, warps and mod_prefetch (sweep 29)
+#   PART=b   qkv_pairs and rope_ahead together in pi0's call; rope_ahead in pi0.5's; pi0.5's kernel at its
+#            10 rows around its new defaults (sweep 29: without qkv_pairs, attention splits, warps)
+#   PART=c   the closing benches and checks of libero-pi0 and libero-pi05; pi0.5's kernel on the arguments
+#            its call launches (--from-engine)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session14.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -18,9 +20,24 @@ a)
 EOT
   ;;
 b)
+  # (part a: pi0's call 0.996x with qkv_pairs, 1.0056x with rope_ahead; pi0.5's 1.0065x with qkv_pairs. Now
+  # rope_ahead is on and pi0.5's kernel has qkv_pairs=10: S.default_config) both for pi0 in the call; rope_ahead
+  # for pi0.5 in the call (its kernel was not timed with it); then pi0.5's kernel around its defaults (sweep 29)
   lane A 0 30 <<EOT &
+80 python3 benchmarks/step_config_ab.py --base "" --new "qkv_pairs=10" --rounds 40 --json $R/step_config_ab_libero-pi0_qkv_pairs_rope_ahead.json
+80 python3 benchmarks/step_config_ab.py --workload libero-pi05 --base "rope_ahead=0" --new "" --rounds 40 --json $R/step_config_ab_libero-pi05_rope_ahead.json
+340 python3 benchmarks/expert_step_bench.py --pi05 --sweep 29 --timeline --no-phases --json $R/kernel_expert_step_pi05_sweep29.json | grep -v timeline
+EOT
+  ;;
+c)
+  # the closing benches at the session's defaults, each in a fresh process with empty caches, their checks,
+  # and pi0.5's kernel on the arguments its call launches (--from-engine)
+  lane A 0 30 <<EOT &
+80 $V bench --workload libero-pi0 --levers best --compile-cache /tmp/fcA $B --json $R/bench_libero-pi0_best-s14_model.json
+80 $V bench --workload libero-pi05 --levers best --compile-cache /tmp/fcB $B --json $R/bench_libero-pi05_best-s14_model.json
+120 $V check --workload libero-pi0 --levers best --seeds 2 --compile-cache /tmp/fcA --json $R/check_libero-pi0_best_s14.json
+120 $V check --workload libero-pi05 --levers best --seeds 2 --compile-cache /tmp/fcB --json $R/check_libero-pi05_best_s14.json
 120 python3 benchmarks/expert_step_bench.py --from-engine libero-pi05 --quick --timeline --no-phases --json $R/kernel_expert_step_pi05_from_engine.json | grep -v timeline
-420 python3 benchmarks/expert_step_bench.py --pi05 --sweep 29 --timeline --no-phases --json $R/kernel_expert_step_pi05_sweep29.json | grep -v timeline
 EOT
   ;;
 esac

@@ -176,7 +176,7 @@ def main() -> None:
         if a.startswith("--keys="):
             TK = int(a.split("=")[1])
     cfg = parse_config([a for a in sys.argv[1:] if a not in ("--timeline", "--mod") and a.split("=")[0] not in
-                        ("--samples", "--rows", "--keys")])
+                        ("--samples", "--rows", "--keys")], mod)
     splits, _ = S.key_splits(cfg, TK)
     kernels = [(f"whole step kernel ({samples[0]} sample{'s' if samples[0] > 1 else ''})", S._expert_step_kernel,
                 whole_kernel_constexprs(cfg, timeline, samples[0], mod)),

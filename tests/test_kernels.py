@@ -514,10 +514,10 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
                # the norm statistics from o_proj's and down's writers, added after or (stats_ahead) loaded before the K loops
                replace(small, ssq_from_writers=True, stats_ahead=False), replace(small, ssq_from_writers=True, stats_ahead=True),
                replace(small, ssq_from_writers=True, stats_ahead=True, ks_o=1, bn_down=8, ks_down=4, ks_gu=2),
-               replace(small, rope_ahead=True),  # qkv's RoPE tables loaded before its K loop
+               replace(small, rope_ahead=False),  # qkv's RoPE tables loaded after its K loop (before session 14)
                # qkv's tasks as runs of rotary pairs across the slots: 5 (a run spans two slots, the last is
                # short), 16 (whole slots and more), with the tables ahead, and with one row a task's lanes
-               replace(small, qkv_pairs=5), replace(small, qkv_pairs=16), replace(small, qkv_pairs=5, rope_ahead=True),
+               replace(small, qkv_pairs=5), replace(small, qkv_pairs=16), replace(small, qkv_pairs=5, rope_ahead=False),
                replace(small, qkv_pairs=1)]
     # (layers, D, heads, head dim, F, rows, prefix): head dim 16 has 8-dim RoPE halves, less than a tile
     for L, D, NH, HD, Fd, M, Tp in [(2, 32, 4, 16, 64, 11, 20), (1, 64, 2, 32, 96, 7, 45)]:
@@ -566,7 +566,7 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
                         replace(small, early_mod_loads=True), replace(small, early_mod_loads=True, ks_o=1, ks_down=1),
                         replace(small, scale_after_loop=True), replace(small, scale_after_loop=True, ks_o=1, ks_down=1),
                         replace(small, stats_ahead=True), replace(small, stats_ahead=True, ks_o=1, ks_down=1, ks_gu=2),
-                        replace(small, stats_ahead=True, ssq_from_writers=True), replace(small, rope_ahead=True),
+                        replace(small, stats_ahead=True, ssq_from_writers=True), replace(small, rope_ahead=False),
                         replace(small, qkv_pairs=5), replace(small, qkv_pairs=5, stats_ahead=False)):
                 out = expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=cfg, mod=table[step])
                 err = ((out - ref).norm() / ref.norm()).item()
@@ -813,7 +813,7 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
                (replace(S.StepKernelConfig(), dataflow=True), False, 1),
                (replace(S.StepKernelConfig(), idle_prefetch=0, prefetch=2), False, 1),
                (replace(S.StepKernelConfig(), idle_prefetch=0), False, 1),
-               (replace(S.StepKernelConfig(), rope_ahead=True), False, 1),
+               (replace(S.StepKernelConfig(), rope_ahead=False), False, 1),
                (replace(S.StepKernelConfig(), qkv_pairs=10), False, 1))
     for cfg, timeline, samples in configs:
         consts = resources.whole_kernel_constexprs(cfg, timeline, samples)
@@ -830,7 +830,7 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
     # pi0.5 (the modulated norms), with and without the idle programs' prefetch of the modulation table
     prefetches = {}
     for mod_prefetch in (False, True):
-        cfg = replace(S.StepKernelConfig(), mod_prefetch=mod_prefetch)
+        cfg = replace(S.default_config(modulated=True), mod_prefetch=mod_prefetch)  # the engine's pi0.5 kernel
         r = resources.compile_kernel(S._expert_step_kernel, resources.whole_kernel_constexprs(cfg, mod=True),
                                      cfg.num_warps, cfg.num_stages, ptxas=True)
         assert r["registers"] <= 255 and r["spill_store_bytes"] == 0, (mod_prefetch, r)

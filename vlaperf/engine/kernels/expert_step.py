@@ -76,7 +76,7 @@ sample only (`TUNED_ROWS`, loop.step_kernel_applies).
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 
 import torch
 import triton
@@ -176,14 +176,23 @@ class StepKernelConfig:
     stats_ahead: bool = True
     # qkv's RoPE tables (its tile's cos / sin, both halves) loaded before the K loop instead of after
     # it, so their L2 round trip overlaps the loop: pi0's analogue of stats_ahead (whose epilogue
-    # loads after the loop cost pi0.5 0.21 ms a step). Compiled for sm_90a under Triton 3.6 without
-    # spills; prepared in session 13, not timed (sweep 27); off
-    rope_ahead: bool = False
+    # loads after the loop cost pi0.5 0.21 ms a step). pi0 (session 14): 764.8 against 774.4 us a
+    # step (sweep 28), the libero-pi0 call 1.0056x (p10..p90 1.001..1.013); on
+    rope_ahead: bool = True
     # qkv's tasks take this many consecutive rotary pairs (d, d + HD/2) each, counted over all slots
     # (query heads, k, v) so a task may span two slots, in a bn_qkv-wide block: 10 makes pi0's 1280
     # pairs 128 tasks for 132 programs, where the per-slot tiling of bn_qkv pairs gives 80 tasks
-    # and leaves 52 programs idle. 0: the per-slot tiling. Not with dataflow or prefetch_own's bit 8
+    # and leaves 52 programs idle. 0: the per-slot tiling. Not with dataflow or prefetch_own's bit 8.
+    # Session 14: pi0's qkv slot unchanged (9.7 us: its tasks still each read all 51 rows of x), the
+    # call 0.996x; pi0.5's 10-row call 1.0065x (p10..p90 1.005..1.011), where the weights dominate a
+    # task's bytes: on for pi0.5 only (default_config)
     qkv_pairs: int = 0
+
+
+def default_config(modulated: bool = False) -> StepKernelConfig:
+    """The step kernel's measured defaults: StepKernelConfig()'s for pi0, and for pi0.5's modulated
+    kernel (libero-pi05 launches 10 rows, where qkv's tasks stream mostly weights) qkv_pairs=10."""
+    return replace(StepKernelConfig(), qkv_pairs=10) if modulated else StepKernelConfig()
 
 
 # ------------------------------------------------------------------------ helpers
@@ -1243,7 +1252,7 @@ def expert_step(
     (benchmarks' self-checks). Off by default: a reference kept past the call is a live
     allocation that inductor's CUDA-graph trees (compile=reduce-overhead) refuse.
     """
-    cfg = config or StepKernelConfig()
+    cfg = config or default_config(mod is not None)
     batched = x.dim() == 3
     NB, (M, D) = (x.shape[0] if batched else 1), x.shape[-2:]
     L, qkv_n, _ = wqkv.shape
