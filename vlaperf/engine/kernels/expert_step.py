@@ -117,7 +117,11 @@ class StepKernelConfig:
     bk_down: int = 256
     att_bm: int = 16
     att_bn: int = 64
-    splits: int = 5
+    # key splits of the attention phase, at most one att_bn tile each; 0: fitted to the programs
+    # (fit_config: as many as the row blocks leave programs for, at least MIN_SPLITS, sweep 8's 5 at
+    # pi0's 51 rows). libero-pi05's 10 rows are 5 row blocks: 10 splits, 614 against 663 us a step
+    # at 5 (sweep 29, session 14)
+    splits: int = 0
     merge_bd: int = 32
     att_stages: int = 1
     num_warps: int = 8
@@ -182,17 +186,30 @@ class StepKernelConfig:
     # qkv's tasks take this many consecutive rotary pairs (d, d + HD/2) each, counted over all slots
     # (query heads, k, v) so a task may span two slots, in a bn_qkv-wide block: 10 makes pi0's 1280
     # pairs 128 tasks for 132 programs, where the per-slot tiling of bn_qkv pairs gives 80 tasks
-    # and leaves 52 programs idle. 0: the per-slot tiling. Not with dataflow or prefetch_own's bit 8.
-    # Session 14: pi0's qkv slot unchanged (9.7 us: its tasks still each read all 51 rows of x), the
-    # call 0.996x; pi0.5's 10-row call 1.0065x (p10..p90 1.005..1.011), where the weights dominate a
-    # task's bytes: on for pi0.5 only (default_config)
-    qkv_pairs: int = 0
+    # and leaves 52 programs idle. 0: the per-slot tiling; -1: fitted to the programs (fit_config: the
+    # fewest pairs a task that spread the pairs over all programs, where they fit bn_qkv). Not with
+    # dataflow or prefetch_own's bit 8. Session 14, 10 pairs: the libero-pi05 call 1.0065x (p10..p90
+    # 1.005..1.011), where the weights dominate a task's bytes; libero-pi0's 0.996x alone, 1.0058x
+    # (1.002..1.010) with rope_ahead, its kernel 760.0 against 764.8 us a step (sweep 28)
+    qkv_pairs: int = -1
 
 
-def default_config(modulated: bool = False) -> StepKernelConfig:
-    """The step kernel's measured defaults: StepKernelConfig()'s for pi0, and for pi0.5's modulated
-    kernel (libero-pi05 launches 10 rows, where qkv's tasks stream mostly weights) qkv_pairs=10."""
-    return replace(StepKernelConfig(), qkv_pairs=10) if modulated else StepKernelConfig()
+MIN_SPLITS = 5  # fit_config's least key splits (sweep 8's best at pi0's 51 rows)
+
+
+def fit_config(cfg: StepKernelConfig, rows: int, samples: int, NH: int, HD: int, Tk: int, programs: int) -> StepKernelConfig:
+    """`cfg` with its fitted fields (qkv_pairs -1, splits 0) resolved for a launch of `programs`
+    programs over `samples` x `rows` suffix rows, NH query heads of dim HD and Tk keys. Every user
+    of the splits or of qkv's tasks (the launch, its counters, the benches' models) takes this."""
+    pairs = cfg.qkv_pairs
+    if pairs < 0:
+        pairs = triton.cdiv((NH + 2) * (HD // 2), programs)
+        pairs = pairs if pairs <= cfg.bn_qkv and not cfg.dataflow and not cfg.prefetch_own & 8 else 0
+    splits = cfg.splits
+    if splits <= 0:
+        row_blocks = samples * triton.cdiv(NH * rows, cfg.att_bm)
+        splits = min(max(MIN_SPLITS, programs // row_blocks), triton.cdiv(Tk, cfg.att_bn))
+    return replace(cfg, qkv_pairs=pairs, splits=splits)
 
 
 # ------------------------------------------------------------------------ helpers
@@ -1103,11 +1120,12 @@ def key_splits(cfg: StepKernelConfig, Tk: int) -> tuple[int, int]:
 
 
 def split_counter_targets(cfg: StepKernelConfig, M: int, NH: int, D: int, F: int, Tk: int, samples: int = 1,
-                          HD: int = 256) -> list[int]:
+                          HD: int = 256, programs: int = 132) -> list[int]:
     """What each split counter of one layer (see `last_split_counters`) must read after a
     launch: the key splits per attention row block (per sample) if the merge is folded or
     with dataflow, ks_o / ks_gu / ks_down per o_proj / gate_up / down tile if split, and with
     dataflow the qkv tasks per slot (query heads, k, v); else 0 (nothing counts there)."""
+    cfg = fit_config(cfg, M, samples, NH, HD, Tk, programs)
     splits = key_splits(cfg, Tk)[0] if (cfg.fold_merge or cfg.dataflow) else 0
     jb = triton.cdiv(HD // 2, cfg.bn_qkv) if cfg.dataflow else 0
     return ([splits] * (samples * triton.cdiv(NH * M, cfg.att_bm))
@@ -1117,7 +1135,7 @@ def split_counter_targets(cfg: StepKernelConfig, M: int, NH: int, D: int, F: int
 
 
 def l2_traffic(cfg: StepKernelConfig, M: int, NH: int, HD: int, D: int, F: int, Tk: int, samples: int = 1,
-               elem: int = 2) -> dict[str, dict[str, int]]:
+               elem: int = 2, programs: int = 132) -> dict[str, dict[str, int]]:
     """A model of the bytes each phase of one layer moves through L2 (every load and store of
     the kernel goes there; the weights also come from HBM once), by kind: `weights`,
     `activations` (what the tasks read of the previous phase's output: every tile reads the
@@ -1128,6 +1146,7 @@ def l2_traffic(cfg: StepKernelConfig, M: int, NH: int, HD: int, D: int, F: int, 
     50 KB a microsecond with its weights from HBM and 64-68 with them in L2
     (benchmarks/tma_probe.py), so a phase's time follows its bytes per program;
     docs/perf-notes.md, session 7, compares this model with the timeline."""
+    cfg = fit_config(cfg, M, samples, NH, HD, Tk, programs)
     rows, f32 = samples * M, 4
     qkv_n = NH * HD + 2 * HD
     qkv_tasks = qkv_task_count(cfg, NH, HD)
@@ -1252,7 +1271,6 @@ def expert_step(
     (benchmarks' self-checks). Off by default: a reference kept past the call is a live
     allocation that inductor's CUDA-graph trees (compile=reduce-overhead) refuse.
     """
-    cfg = config or default_config(mod is not None)
     batched = x.dim() == 3
     NB, (M, D) = (x.shape[0] if batched else 1), x.shape[-2:]
     L, qkv_n, _ = wqkv.shape
@@ -1260,6 +1278,8 @@ def expert_step(
     F = wgu.shape[1] // 2
     NH = (qkv_n - 2 * HD) // HD
     Tk = k_cache.shape[-2]
+    grid = programs or num_sms(x.device)
+    cfg = fit_config(config or StepKernelConfig(), M, NB, NH, HD, Tk, grid)
     if NB * M > MAX_ROWS:
         raise ValueError(f"the step kernel takes at most {MAX_ROWS} suffix rows (batch x rows), got {NB} x {M}")
     lead = (NB,) if batched else ()  # the batch axis, where the caller has one
@@ -1289,8 +1309,8 @@ def expert_step(
                          "2 (gate_up), 4 (down), 8 (next qkv)")
     if cfg.qkv_pairs:
         if not 0 < cfg.qkv_pairs <= cfg.bn_qkv:
-            raise ValueError(f"StepKernelConfig.qkv_pairs={cfg.qkv_pairs}: expected 0 (per-slot tiles) or 1..bn_qkv "
-                             f"({cfg.bn_qkv}), the lanes of a qkv task's block")
+            raise ValueError(f"StepKernelConfig.qkv_pairs={cfg.qkv_pairs}: expected -1 (fitted), 0 (per-slot tiles) or "
+                             f"1..bn_qkv ({cfg.bn_qkv}), the lanes of a qkv task's block")
         if cfg.dataflow or cfg.prefetch_own & 8:
             raise ValueError("StepKernelConfig: qkv_pairs excludes dataflow and prefetch_own's bit 8 (both count qkv's "
                              "tasks slot by slot)")
@@ -1341,7 +1361,6 @@ def expert_step(
     all_counters = torch.zeros(L * (len(PHASES) + 1) + L * ctr_layer, dtype=torch.int32, device=device)
     counters, tile_counters = all_counters.split([L * (len(PHASES) + 1), L * ctr_layer])
     err = _error_flag(device)
-    grid = programs or num_sms(device)
     if timeline is not None:
         want = (L, len(PHASES) + 1, grid, 3)
         if device.type != "cuda" or not persistent:
