@@ -7,7 +7,8 @@
 #            10 rows around its new defaults (sweep 29: without qkv_pairs, attention splits, warps)
 #   PART=c   pi0.5's fitted 10 key splits in its call; the closing benches and checks of libero-pi0 and
 #            libero-pi05
-#   PART=d   pi0.5's kernel on the arguments its call launches (--from-engine)
+#   PART=d   pi0.5's kernel on the arguments its call launches (--from-engine); sweep 30 (merge chunks,
+#            mod_prefetch at pi0.5's 10 rows and 10 splits)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session14.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -47,6 +48,7 @@ d)
   # pi0.5's kernel on the arguments its call launches (--from-engine): does the bench give the call's step?
   lane A 0 30 <<EOT &
 120 python3 benchmarks/expert_step_bench.py --from-engine libero-pi05 --quick --timeline --no-phases --json $R/kernel_expert_step_pi05_from_engine.json | grep -v timeline
+230 python3 benchmarks/expert_step_bench.py --pi05 --sweep 30 --timeline --no-phases --json $R/kernel_expert_step_pi05_sweep30.json | grep -v timeline
 EOT
   ;;
 esac
