@@ -392,7 +392,9 @@ def main() -> None:
     gbps = lambda ms: weight_bytes / (ms * 1e-3) / 1e9  # noqa: E731
     configs = [base] + ([] if args.quick else sweeps(base)[args.sweep])
     for cfg in configs:
-        row = {"config": S.config_dict(cfg)}
+        # what the fitted fields resolved to on this launch's shape and programs
+        row = {"config": S.config_dict(cfg),
+               "fitted": S.config_dict(S.fit_config(cfg, M, args.samples, NH, HD, TP + M, result["programs"]))}
         try:
             out = S.expert_step(*inputs, config=cfg)
             row["rel_l2_vs_fp32"] = rel(out)

@@ -10,6 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from vlaperf.report.render import step_config_diff, step_config_value
+
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 OUT = ROOT / "docs" / "performance.md"
@@ -221,8 +223,7 @@ def step_kernel_rows(r):
     defaults of its day); each later one is labelled by the fields where it differs from the first."""
     configs = [x for x in r["configs"] if "us" in x and x["rel_l2_vs_fp32"] < 2e-2]
     first = r["configs"][0]["config"] if r["configs"] else {}
-    return [(", ".join(f"{k}={v}" for k, v in x["config"].items() if first.get(k) != v) or "the run's defaults", x)
-            for x in configs]
+    return [(step_config_diff(x["config"], first, x.get("fitted")) or "the run's defaults", x) for x in configs]
 
 
 def kernel_tables(results):
@@ -253,8 +254,8 @@ def kernel_tables(results):
                     f"| step kernel ({step_kernel_shape(r)}) | us | weights GB/s | "
                     f"{'rel L2 vs the defaults' if r.get('reference') else 'rel L2 vs fp32'} | tiling |", "|---|---|---|---|---|"]
             for label, x in step_kernel_rows(r):
-                out.append(f"| {label} | {x['us']:.1f} | {x['weights_gb_per_s']:.0f} | {x['rel_l2_vs_fp32']:.1e} | "
-                           f"{' '.join(f'{k}={v}' for k, v in x['config'].items())} |")
+                tiling = " ".join(f"{k}={step_config_value(k, v, x.get('fitted'))}" for k, v in x["config"].items())
+                out.append(f"| {label} | {x['us']:.1f} | {x['weights_gb_per_s']:.0f} | {x['rel_l2_vs_fp32']:.1e} | {tiling} |")
             if r["phases"]:
                 out += ["", "| phase (all 18 layers, with its barriers) | us |", "|---|---|"]
                 out += [f"| {name} | {us:.1f} |" for name, us in r["phases"].items()]
@@ -288,7 +289,8 @@ def ab_tables(results):
         if r["command"] == "heads-ab":
             change, old, new, eq = "float32 heads: cuBLAS -> small_m_matmul", "cublas_heads", "kernel_heads", r["equivalence_kernel_heads"]
         elif r["command"] == "step-config-ab":
-            diff = [f"{k} {r['base_config'].get(k)}->{v}" for k, v in r["default_config"].items() if r["base_config"].get(k) != v]
+            diff = [f"{k} {step_config_value(k, r['base_config'].get(k))}->{step_config_value(k, v)}"
+                    for k, v in r["default_config"].items() if r["base_config"].get(k) != v]
             if r.get("identity_mod"):  # step_config_ab.py --identity-mod: pi0 through pi0.5's modulated path
                 diff.append("pi0 through pi0.5's modulated path (identity table)")
             change, old, new, eq = "step kernel: " + ", ".join(diff), "base", "defaults", r["equivalence_defaults"]

@@ -38,3 +38,24 @@ def test_step_kernel_sweeps_list_their_rows_by_what_differs_from_the_first():
     assert gen.step_kernel_shape(r) == "18 layers, 51 rows, libero-pi0"
     r["workload"]["overrides"]["from_engine"] = "for_loop,...,megakernel"  # expert_step_bench.py --from-engine
     assert gen.step_kernel_shape(r).endswith(", the arguments its engine call launched")
+
+
+def test_step_kernel_fitted_fields_show_what_they_resolved_to():
+    """qkv_pairs=-1 and splits=0 mean "fitted to the launch" (expert_step.fit_config): tables show them as
+    `fitted`, with the resolved value where the sweep row records it, and A/B rows name both sides so."""
+    spec = importlib.util.spec_from_file_location("make_performance_md", ROOT / "benchmarks" / "make_performance_md.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    base = {"splits": 0, "qkv_pairs": -1, "num_warps": 8}
+    r = {"configs": [{"config": base, "fitted": {**base, "splits": 10, "qkv_pairs": 10}, "us": 600.0, "rel_l2_vs_fp32": 1e-2},
+                     {"config": {**base, "splits": 5}, "us": 650.0, "rel_l2_vs_fp32": 1e-2},
+                     {"config": {**base, "num_warps": 4}, "fitted": {**base, "splits": 10, "qkv_pairs": 10, "num_warps": 4},
+                      "us": 640.0, "rel_l2_vs_fp32": 1e-2}]}
+    assert [label for label, _ in gen.step_kernel_rows(r)] == ["the run's defaults", "splits=5", "num_warps=4"]
+    assert gen.step_config_value("splits", 0, r["configs"][0]["fitted"]) == "fitted (10)"
+    assert gen.step_config_value("qkv_pairs", -1) == "fitted" and gen.step_config_value("qkv_pairs", 0) == "0"
+    ab = {"command": "step-config-ab", "base_config": {**base, "splits": 5}, "default_config": base,
+          "workload": {"id": "libero-pi05"}, "env": {"git_commit": "abc1234"}, "median_ms": {"base": 12.7, "defaults": 12.3},
+          "speedup_median": 1.03, "speedup_p10_p90": [1.02, 1.04], "equivalence_defaults": {"rel_l2": 3e-3}}
+    table = "\n".join(gen.ab_tables([(gen.ROOT / "benchmarks" / "results" / "step_config_ab_x.json", ab)]))
+    assert "step kernel: splits 5->fitted" in table

@@ -554,6 +554,23 @@ def _heads_ab(doc: _Doc, path: str, r: dict) -> None:
     _ab_medians(doc, r, "heads")
 
 
+# StepKernelConfig's fields whose value means "fitted to the launch" (expert_step.fit_config)
+STEP_FITTED = {"qkv_pairs": -1, "splits": 0}
+
+
+def step_config_value(field: str, value, fitted: dict | None = None) -> str:
+    """A step-kernel config value as the tables show it: a fitted field as `fitted`, with what it
+    resolved to when the file records that (`fitted`: the resolved config)."""
+    if STEP_FITTED.get(field) == value:
+        return f"fitted ({fitted[field]})" if fitted and field in fitted else "fitted"
+    return str(value)
+
+
+def step_config_diff(config: dict, first: dict, fitted: dict | None = None) -> str:
+    """The fields of a sweep row's config that differ from the run's first row, `k=v, ...`."""
+    return ", ".join(f"{k}={step_config_value(k, v, fitted)}" for k, v in config.items() if first.get(k) != v)
+
+
 def _step_config_ab(doc: _Doc, path: str, r: dict) -> None:
     """benchmarks/step_config_ab.py: `best` with an older step-kernel tiling against today's
     defaults, interleaved in one process; the table lists the fields where the two differ."""
@@ -561,7 +578,7 @@ def _step_config_ab(doc: _Doc, path: str, r: dict) -> None:
     base, new = r["base_config"], r["default_config"]
     doc.h(3, f"step-kernel tiling A/B: {r['workload']['id']}, {r['variant']['label']} on {_gpu(r)}")
     doc.p(_ab_text(r, "base over defaults", r["rel_l2_defaults_vs_base"], "defaults", eq), "")
-    rows = [[k, base.get(k), v] for k, v in new.items() if base.get(k) != v]
+    rows = [[k, step_config_value(k, base.get(k)), step_config_value(k, v)] for k, v in new.items() if base.get(k) != v]
     if r.get("identity_mod"):  # step_config_ab.py --identity-mod: pi0 through pi0.5's modulated kernel path
         rows.append(["modulation table (pi0)", "none", "identity (pi0.5's modulated path)"])
     doc.table(["field", "base", "defaults"], rows)
@@ -761,7 +778,7 @@ def _kernel_bench(doc: _Doc, path: str, r: dict) -> None:
                   "against the default configuration's output on them", "")
         first = r["configs"][0]["config"] if r["configs"] else {}
         doc.table(["tiling (fields that differ from the run's first row)", "us", "weights GB/s", "rel L2"],
-                  [[", ".join(f"{k}={v}" for k, v in x["config"].items() if first.get(k) != v) or "the run's defaults",
+                  [[step_config_diff(x["config"], first, x.get("fitted")) or "the run's defaults",
                     x["us"], x["weights_gb_per_s"], x["rel_l2_vs_fp32"]]
                    for x in r["configs"] if "us" in x and x["rel_l2_vs_fp32"] < 2e-2][:8])
         if r["phases"]:
