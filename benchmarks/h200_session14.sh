@@ -7,6 +7,7 @@
 #            10 rows around its new defaults (sweep 29: without qkv_pairs, attention splits, warps)
 #   PART=c   pi0.5's fitted 10 key splits in its call; the closing benches and checks of libero-pi0 and
 #            libero-pi05
+#   PART=e   libero-shallow6's bench and check; the kernel tables of libero-pi0's and libero-pi05's calls
 #   PART=d   pi0.5's kernel on the arguments its call launches (--from-engine); sweep 30 (merge chunks,
 #            mod_prefetch at pi0.5's 10 rows and 10 splits)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session14.sh
@@ -49,6 +50,16 @@ d)
   lane A 0 30 <<EOT &
 120 python3 benchmarks/expert_step_bench.py --from-engine libero-pi05 --quick --timeline --no-phases --json $R/kernel_expert_step_pi05_from_engine.json | grep -v timeline
 230 python3 benchmarks/expert_step_bench.py --pi05 --sweep 30 --timeline --no-phases --json $R/kernel_expert_step_pi05_sweep30.json | grep -v timeline
+EOT
+  ;;
+e)
+  # libero-shallow6 at the session's defaults (its 6-layer expert runs the step kernel: 51 rows, fitted as pi0's),
+  # and the kernels of both calls
+  lane A 0 30 <<EOT &
+80 $V bench --workload libero-shallow6 --levers best --compile-cache /tmp/fcE $B --json $R/bench_libero-shallow6_best-s14_model.json
+100 $V check --workload libero-shallow6 --levers best --seeds 2 --compile-cache /tmp/fcE --json $R/check_libero-shallow6_best_s14.json
+100 python3 benchmarks/profile_kernels.py --workload libero-pi0 --rows 40 --levers best --sequence $R/kernel_sequence_best_s14.txt > $R/kernels_best_s14.txt 2>&1; grep -A12 "^per call" $R/kernels_best_s14.txt
+100 python3 benchmarks/profile_kernels.py --workload libero-pi05 --rows 40 --levers best --sequence $R/kernel_sequence_best_pi05_s14.txt > $R/kernels_best_pi05_s14.txt 2>&1; grep -A12 "^per call" $R/kernels_best_pi05_s14.txt
 EOT
   ;;
 esac
