@@ -8,6 +8,7 @@
 #   PART=c   pi0.5's fitted 10 key splits in its call; the closing benches and checks of libero-pi0 and
 #            libero-pi05
 #   PART=e   libero-shallow6's bench and check; the kernel tables of libero-pi0's and libero-pi05's calls
+#   PART=f   pi0's merge in 64-dim chunks (one round of tasks): sweep 31 and the call
 #   PART=d   pi0.5's kernel on the arguments its call launches (--from-engine); sweep 30 (merge chunks,
 #            mod_prefetch at pi0.5's 10 rows and 10 splits)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session14.sh
@@ -60,6 +61,13 @@ e)
 100 $V check --workload libero-shallow6 --levers best --seeds 2 --compile-cache /tmp/fcE --json $R/check_libero-shallow6_best_s14.json
 100 python3 benchmarks/profile_kernels.py --workload libero-pi0 --rows 40 --levers best --sequence $R/kernel_sequence_best_s14.txt > $R/kernels_best_s14.txt 2>&1; grep -A12 "^per call" $R/kernels_best_s14.txt
 100 python3 benchmarks/profile_kernels.py --workload libero-pi05 --rows 40 --levers best --sequence $R/kernel_sequence_best_pi05_s14.txt > $R/kernels_best_pi05_s14.txt 2>&1; grep -A12 "^per call" $R/kernels_best_pi05_s14.txt
+EOT
+  ;;
+f)
+  # pi0's merge in one round of tasks: 64-dim chunks (sweep 31), then in the call
+  lane A 0 30 <<EOT &
+150 python3 benchmarks/expert_step_bench.py --sweep 31 --timeline --no-phases --json $R/kernel_expert_step_sweep31.json | grep -v timeline
+80 python3 benchmarks/step_config_ab.py --base "" --new "merge_bd=64" --rounds 40 --json $R/step_config_ab_libero-pi0_merge_bd64.json
 EOT
   ;;
 esac
