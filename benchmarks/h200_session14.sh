@@ -9,6 +9,7 @@
 #            libero-pi05
 #   PART=e   libero-shallow6's bench and check; the kernel tables of libero-pi0's and libero-pi05's calls
 #   PART=f   pi0's merge in 64-dim chunks (one round of tasks): sweep 31 and the call
+#   PART=g   libero-pi0's closing bench and check with the merge chunks fitted
 #   PART=d   pi0.5's kernel on the arguments its call launches (--from-engine); sweep 30 (merge chunks,
 #            mod_prefetch at pi0.5's 10 rows and 10 splits)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session14.sh
@@ -68,6 +69,14 @@ f)
   lane A 0 30 <<EOT &
 150 python3 benchmarks/expert_step_bench.py --sweep 31 --timeline --no-phases --json $R/kernel_expert_step_sweep31.json | grep -v timeline
 80 python3 benchmarks/step_config_ab.py --base "" --new "merge_bd=64" --rounds 40 --json $R/step_config_ab_libero-pi0_merge_bd64.json
+EOT
+  ;;
+g)
+  # (part f: pi0's kernel 746.4 against 756.1 us a step with 64-dim merge chunks, the call 1.0092x; now fitted:
+  # merge_bd=0) libero-pi0's closing bench and check at the session's last defaults
+  lane A 0 30 <<EOT &
+80 $V bench --workload libero-pi0 --levers best --compile-cache /tmp/fcA $B --json $R/bench_libero-pi0_best-s14g_model.json
+80 $V check --workload libero-pi0 --levers best --seeds 2 --compile-cache /tmp/fcA --json $R/check_libero-pi0_best_s14g.json
 EOT
   ;;
 esac

@@ -864,30 +864,33 @@ def test_head_precision_follows_dtype_and_gpu(monkeypatch):
 
 
 def test_step_kernel_fits_qkv_tasks_and_key_splits_to_the_programs():
-    """fit_config resolves qkv_pairs=-1 and splits=0 (the defaults) for a launch's shape and programs:
-    pi0 (51 rows, 595 keys) and pi0.5 (libero-pi05: 10 rows, 586 keys) on the H200's 132 SMs get the
-    configurations the session-14 sweeps timed (10 pairs a task; 5 and 10 key splits); explicit values
-    stay; the interpreter's 4 programs keep the per-slot qkv tiles; dataflow never gets pairs."""
+    """fit_config resolves qkv_pairs=-1, splits=0 and merge_bd=0 (the defaults) for a launch's shape and
+    programs: pi0 (51 rows, 595 keys) and pi0.5 (libero-pi05: 10 rows, 586 keys) on the H200's 132 SMs get
+    the configurations the session-14 sweeps timed (10 pairs a task; 5 and 10 key splits; merge chunks of 64
+    and 32 dims); explicit values stay; the interpreter's 4 programs keep the per-slot qkv tiles; dataflow
+    never gets pairs."""
     from dataclasses import replace
 
     from vlaperf.engine.kernels.expert_step import MIN_SPLITS, StepKernelConfig, fit_config
 
     d = StepKernelConfig()
-    assert (d.qkv_pairs, d.splits) == (-1, 0)
+    assert (d.qkv_pairs, d.splits, d.merge_bd) == (-1, 0, 0)
     pi0 = fit_config(d, 51, 1, 8, 256, 595, 132)
-    assert (pi0.qkv_pairs, pi0.splits) == (10, 5)  # 1280 pairs in 128 tasks; 26 row blocks x 5 splits = 130
+    # 1280 pairs in 128 tasks; 26 row blocks x 5 splits = 130; merge 26 x 4 chunks = 104 tasks (32 dims: 208)
+    assert (pi0.qkv_pairs, pi0.splits, pi0.merge_bd) == (10, 5, 64)
     pi05 = fit_config(d, 10, 1, 8, 256, 586, 132)
-    assert (pi05.qkv_pairs, pi05.splits) == (10, 10)  # 5 row blocks: 26 splits wanted, 10 key tiles of 64
+    assert (pi05.qkv_pairs, pi05.splits, pi05.merge_bd) == (10, 10, 32)  # 5 row blocks: 26 splits wanted, 10 key tiles
     assert fit_config(pi05, 51, 1, 8, 256, 595, 132) == pi05  # resolved fields stay
     batch4 = fit_config(d, 51, 4, 8, 256, 595, 132)
-    assert batch4.splits == MIN_SPLITS  # 104 row blocks: the floor
+    assert batch4.splits == MIN_SPLITS and batch4.merge_bd == 256  # 104 row blocks: the floor; whole rows a merge task
     assert fit_config(d, 51, 1, 8, 256, 100, 132).splits == 2  # only 2 tiles of keys
     cpu = fit_config(d, 51, 1, 8, 256, 595, 4)
     assert (cpu.qkv_pairs, cpu.splits) == (0, MIN_SPLITS)  # 320 pairs a task would not fit a 16-lane block
+    assert fit_config(d, 51, 1, 8, 16, 595, 4).merge_bd == 16  # never wider than the head
     assert fit_config(replace(d, dataflow=True), 51, 1, 8, 256, 595, 132).qkv_pairs == 0
     assert fit_config(replace(d, prefetch_own=8), 51, 1, 8, 256, 595, 132).qkv_pairs == 0
-    explicit = fit_config(replace(d, qkv_pairs=4, splits=3), 10, 1, 8, 256, 586, 132)
-    assert (explicit.qkv_pairs, explicit.splits) == (4, 3)
+    explicit = fit_config(replace(d, qkv_pairs=4, splits=3, merge_bd=16), 10, 1, 8, 256, 586, 132)
+    assert (explicit.qkv_pairs, explicit.splits, explicit.merge_bd) == (4, 3, 16)
 
 
 def test_step_kernel_l2_traffic_model():

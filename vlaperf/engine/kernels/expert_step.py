@@ -122,7 +122,11 @@ class StepKernelConfig:
     # pi0's 51 rows). libero-pi05's 10 rows are 5 row blocks: 10 splits, 614 against 663 us a step
     # at 5 (sweep 29, session 14)
     splits: int = 0
-    merge_bd: int = 32
+    # dims of the attention output a merge task combines; 0: fitted (fit_config: from 32 up, doubled while
+    # the merge's tasks would take more than one round of the programs). pi0's 26 row blocks: 64 (104
+    # tasks; 32 gave 208, two rounds), 746.4 against 756.1 us a step (sweep 31), the libero-pi0 call
+    # 1.0092x (p10..p90 1.005..1.015); pi0.5's 5 row blocks: 32 (16: the same, sweep 30)
+    merge_bd: int = 0
     att_stages: int = 1
     num_warps: int = 8
     num_stages: int = 4  # the matmuls' K loops
@@ -198,18 +202,23 @@ MIN_SPLITS = 5  # fit_config's least key splits (sweep 8's best at pi0's 51 rows
 
 
 def fit_config(cfg: StepKernelConfig, rows: int, samples: int, NH: int, HD: int, Tk: int, programs: int) -> StepKernelConfig:
-    """`cfg` with its fitted fields (qkv_pairs -1, splits 0) resolved for a launch of `programs`
+    """`cfg` with its fitted fields (qkv_pairs -1, splits 0, merge_bd 0) resolved for a launch of `programs`
     programs over `samples` x `rows` suffix rows, NH query heads of dim HD and Tk keys. Every user
     of the splits or of qkv's tasks (the launch, its counters, the benches' models) takes this."""
     pairs = cfg.qkv_pairs
     if pairs < 0:
         pairs = triton.cdiv((NH + 2) * (HD // 2), programs)
         pairs = pairs if pairs <= cfg.bn_qkv and not cfg.dataflow and not cfg.prefetch_own & 8 else 0
+    row_blocks = samples * triton.cdiv(NH * rows, cfg.att_bm)
     splits = cfg.splits
     if splits <= 0:
-        row_blocks = samples * triton.cdiv(NH * rows, cfg.att_bm)
         splits = min(max(MIN_SPLITS, programs // row_blocks), triton.cdiv(Tk, cfg.att_bn))
-    return replace(cfg, qkv_pairs=pairs, splits=splits)
+    merge_bd = cfg.merge_bd
+    if merge_bd <= 0:
+        merge_bd = min(32, HD)
+        while merge_bd < HD and row_blocks * (HD // merge_bd) > programs:
+            merge_bd *= 2
+    return replace(cfg, qkv_pairs=pairs, splits=splits, merge_bd=merge_bd)
 
 
 # ------------------------------------------------------------------------ helpers
