@@ -104,8 +104,10 @@ class StepKernelConfig:
     """Tiles of the step kernel. `bn_*` columns and `bk_*` reduction depth per matmul task,
     `ks_*` K-slices; attention tiles `att_bm` query rows x `att_bn` keys, `splits` key
     splits, `merge_bd` dims per merge task; `num_warps` for the whole kernel. The defaults
-    are the fastest of the H200 sweeps (benchmarks/expert_step_bench.py, sweeps 1-11); the
-    options off by default measured slower there (docs/perf-notes.md, versions 9b, 11a, 11b)."""
+    are the fastest of the H200 sweeps (benchmarks/expert_step_bench.py, sweeps 1-31); the
+    options off by default measured slower there (docs/perf-notes.md). Three fields follow the
+    launch's shape, so their defaults are "fitted" sentinels that `fit_config` resolves for
+    each launch: `qkv_pairs` -1, `splits` 0, `merge_bd` 0."""
 
     bn_qkv: int = 16
     bk_qkv: int = 128
