@@ -42,9 +42,9 @@ def main() -> None:
     p.add_argument("--identity-mod", action="store_true",
                    help="side B: pi0 through pi0.5's modulated kernel path with an identity table (see the docstring)")
     args = p.parse_args()
+    base, new = parse_config(args.base.split()), parse_config(args.new.split())
     w = get_workload(args.workload)
     model = build_model(w.preset, "cuda")
-    base, new = parse_config(args.base.split()), parse_config(args.new.split())
     obs, noise = random_observation(w, model.config, "cuda"), random_noise(w, model.config, "cuda")
     real = S.expert_step
     S.expert_step = lambda *a, **kw: real(*a, **{**kw, "config": base})  # noqa: E731

@@ -206,7 +206,7 @@ MIN_SPLITS = 5  # fit_config's least key splits (sweep 8's best at pi0's 51 rows
 def fit_config(cfg: StepKernelConfig, rows: int, samples: int, NH: int, HD: int, Tk: int, programs: int) -> StepKernelConfig:
     """`cfg` with its fitted fields (qkv_pairs -1, splits 0, merge_bd 0) resolved for a launch of `programs`
     programs over `samples` x `rows` suffix rows, NH query heads of dim HD and Tk keys. Every user
-    of the splits or of qkv's tasks (the launch, its counters, the benches' models) takes this."""
+    of these fields (the launch, its counter targets, the L2 model, the benches) resolves them here."""
     pairs = cfg.qkv_pairs
     if pairs < 0:
         pairs = triton.cdiv((NH + 2) * (HD // 2), programs)
