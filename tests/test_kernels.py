@@ -468,7 +468,7 @@ def test_pick_config_takes_the_h200_sweep_winners():
 STEP_KERNEL_SCRIPT = textwrap.dedent(
     """
     import torch, torch.nn.functional as F
-    from dataclasses import replace
+    from dataclasses import asdict, replace
     from vlaperf.engine.kernels.expert_step import StepKernelConfig, expert_step
     from vlaperf.models.pi0 import apply_rope, eager_attention, rope_cos_sin
 
@@ -577,8 +577,14 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
         raise SystemExit("a modulation table of the wrong width must be refused")
     except ValueError as e:
         assert "mod has shape" in str(e), e
-    from vlaperf.engine.kernels.expert_step import barrier_timeouts
+    from vlaperf.engine.kernels.expert_step import barrier_timeouts, fit_config, last_launch
     assert barrier_timeouts("cpu") == 0  # no wait gave up (a short count would spin until it did)
+    # the last launch is recorded with its fitted fields resolved for its shape and the interpreter's 4 programs
+    expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=replace(small, splits=0, merge_bd=0))
+    launched = last_launch("cpu")
+    assert launched == {"config": asdict(fit_config(replace(small, splits=0, merge_bd=0), M, 1, NH, HD, Tp + M, 4)),
+                        "rows": M, "samples": 1, "keys": Tp + M, "programs": 4}, launched
+    assert launched["config"]["splits"] > 0 and launched["config"]["merge_bd"] > 0 and launched["config"]["qkv_pairs"] >= 0
     try:
         expert_step(x, wqkv[:, :-1], wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6)
         raise SystemExit("a wrong weight shape must be refused")
@@ -720,6 +726,16 @@ MEGAKERNEL_LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
     assert freed > oc and all(l.self_attn.o_proj.weight.numel() == 0 for l in model.expert.layers), freed
     assert torch.equal(engine.sample_actions(obs, noise, w.steps), before)
     assert torch.equal(engine.sample_actions(obs2, noise2, w.steps), out2)  # batch 2: the per-layer path, views
+    # vlaperf bench records the step kernel's tiling as launched: its fitted fields resolved for pi0's suffix
+    # (the state token and the action horizon) and the interpreter's 4 programs
+    import json, os, tempfile
+    from vlaperf.cli import main
+    path = os.path.join(tempfile.mkdtemp(), "bench.json")
+    assert main(["bench", "--workload", "tiny", "--device", "cpu", "--levers", variants[0], "--warmup", "0",
+                 "--iters", "1", "--no-progress", "--json", path]) == 0
+    launched = json.load(open(path))["step_kernel"]
+    assert (launched["rows"], launched["samples"], launched["programs"]) == (noise.shape[1] + 1, 1, 4), launched
+    assert launched["config"]["splits"] >= 1 and launched["config"]["merge_bd"] >= 1 and launched["config"]["qkv_pairs"] >= 0
     print("ok")
     """
 )

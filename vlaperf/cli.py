@@ -193,6 +193,10 @@ def cmd_bench(args) -> int:
     if device.type == "cuda":
         result["memory_allocated_bytes"] = torch.cuda.memory_allocated(device)  # after the timed calls: what stays
     result["roofline"] = floor
+    if engine is not None and engine.levers.megakernel:  # the step kernel's tiling as fitted here (None: it did not run)
+        from vlaperf.engine.kernels.expert_step import last_launch
+
+        result["step_kernel"] = last_launch(device)
     print_bench(result)
     if args.json:
         write_result(result, args.json)

@@ -1065,6 +1065,7 @@ def _expert_step_kernel(
 
 _ERROR_FLAGS: dict[str, torch.Tensor] = {}
 _LAST_COUNTERS: dict[str, tuple[torch.Tensor, torch.Tensor]] = {}
+_LAST_LAUNCH: dict[str, dict] = {}
 
 
 def _device_key(device: torch.device | str) -> str:
@@ -1102,6 +1103,13 @@ def take_barrier_timeouts(device: torch.device | str) -> int:
     if seen:
         _ERROR_FLAGS[_device_key(device)].zero_()
     return seen
+
+
+def last_launch(device: torch.device | str) -> dict | None:
+    """What the last expert_step call on `device` launched: its configuration with the fitted fields
+    resolved (`config`), and the shape they were fitted to (`rows` a sample, `samples`, `keys`,
+    `programs`). Result files record it, so a figure names the tiling it ran with on that GPU."""
+    return _LAST_LAUNCH.get(_device_key(device))
 
 
 def last_barrier_counters(device: torch.device | str) -> torch.Tensor | None:
@@ -1291,6 +1299,7 @@ def expert_step(
     Tk = k_cache.shape[-2]
     grid = programs or num_sms(x.device)
     cfg = fit_config(config or StepKernelConfig(), M, NB, NH, HD, Tk, grid)
+    _LAST_LAUNCH[_device_key(x.device)] = {"config": asdict(cfg), "rows": M, "samples": NB, "keys": Tk, "programs": grid}
     if NB * M > MAX_ROWS:
         raise ValueError(f"the step kernel takes at most {MAX_ROWS} suffix rows (batch x rows), got {NB} x {M}")
     lead = (NB,) if batched else ()  # the batch axis, where the caller has one
