@@ -10,6 +10,7 @@
 #   PART=e   libero-shallow6's bench and check; the kernel tables of libero-pi0's and libero-pi05's calls
 #   PART=f   pi0's merge in 64-dim chunks (one round of tasks): sweep 31 and the call
 #   PART=g   libero-pi0's closing bench and check with the merge chunks fitted
+#   PART=next (not run) ssq_mma: sweep 32 and the call
 #   PART=d   pi0.5's kernel on the arguments its call launches (--from-engine); sweep 30 (merge chunks,
 #            mod_prefetch at pi0.5's 10 rows and 10 splits)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session14.sh
@@ -77,6 +78,15 @@ g)
   lane A 0 30 <<EOT &
 80 $V bench --workload libero-pi0 --levers best --compile-cache /tmp/fcA $B --json $R/bench_libero-pi0_best-s14g_model.json
 80 $V check --workload libero-pi0 --levers best --seeds 2 --compile-cache /tmp/fcA --json $R/check_libero-pi0_best_s14g.json
+EOT
+  ;;
+next)
+  # prepared, not run (the device time was spent): pi0's RMSNorm statistics summed on the tensor cores in qkv and
+  # gate_up (ssq_mma) at 64-deep K blocks, against those K blocks alone and against ssq_mma at 128 (sweep 32), then
+  # the first row's configuration in the call
+  lane A 0 30 <<EOT &
+300 python3 benchmarks/expert_step_bench.py --sweep 32 --timeline --no-phases --json $R/kernel_expert_step_sweep32.json | grep -v timeline
+80 python3 benchmarks/step_config_ab.py --base "" --new "ssq_mma=1 bk_qkv=64 bk_gu=64" --rounds 40 --json $R/step_config_ab_libero-pi0_ssq_mma.json
 EOT
   ;;
 esac
