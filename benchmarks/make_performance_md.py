@@ -289,7 +289,9 @@ def ab_tables(results):
         if r["command"] == "heads-ab":
             change, old, new, eq = "float32 heads: cuBLAS -> small_m_matmul", "cublas_heads", "kernel_heads", r["equivalence_kernel_heads"]
         elif r["command"] == "step-config-ab":
-            diff = [f"{k} {step_config_value(k, r['base_config'].get(k))}->{step_config_value(k, v)}"
+            # the fitted fields as each side resolved them, where the file records its launches (session 14 on)
+            fb, fd = ((r.get(side) or {}).get("config") for side in ("base_launch", "default_launch"))
+            diff = [f"{k} {step_config_value(k, r['base_config'].get(k), fb)}->{step_config_value(k, v, fd)}"
                     for k, v in r["default_config"].items() if r["base_config"].get(k) != v]
             if r.get("identity_mod"):  # step_config_ab.py --identity-mod: pi0 through pi0.5's modulated path
                 diff.append("pi0 through pi0.5's modulated path (identity table)")

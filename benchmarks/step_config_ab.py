@@ -50,6 +50,7 @@ def main() -> None:
     S.expert_step = lambda *a, **kw: real(*a, **{**kw, "config": base})  # noqa: E731
     older = Engine(model, "best")
     out_older = older.sample_actions(obs, noise, w.steps)  # compiled and captured with the older tiling
+    base_launch = S.last_launch("cuda")  # its fitted fields as resolved (expert_step.fit_config)
     S.expert_step = lambda *a, **kw: real(*a, **{**kw, "config": new})  # noqa: E731
     if args.identity_mod:
         if model.config.pi05:
@@ -63,11 +64,13 @@ def main() -> None:
         S.expert_step = lambda *a, **kw: real(*a, **{**kw, "config": new, "mod": identity})  # noqa: E731
     today = Engine(model, "best")
     out_today = today.sample_actions(obs, noise, w.steps)
+    default_launch = S.last_launch("cuda")
     S.expert_step = real
     samples = interleave({"base": lambda: older.sample_actions(obs, noise, w.steps),
                           "defaults": lambda: today.sample_actions(obs, noise, w.steps)}, args.rounds)
     result = ab_result("step-config-ab", w, model, today, samples, "base", "defaults")
     result.update(base_config=asdict(base), default_config=asdict(new), identity_mod=args.identity_mod,
+                  base_launch=base_launch, default_launch=default_launch,
                   rel_l2_defaults_vs_base=((out_today - out_older).norm() / out_older.norm()).item(),
                   equivalence_defaults=check_equivalence(model, today, w))
     finish(result, "rel_l2_defaults_vs_base", "equivalence_defaults", args.json)

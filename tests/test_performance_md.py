@@ -58,4 +58,7 @@ def test_step_kernel_fitted_fields_show_what_they_resolved_to():
           "workload": {"id": "libero-pi05"}, "env": {"git_commit": "abc1234"}, "median_ms": {"base": 12.7, "defaults": 12.3},
           "speedup_median": 1.03, "speedup_p10_p90": [1.02, 1.04], "equivalence_defaults": {"rel_l2": 3e-3}}
     table = "\n".join(gen.ab_tables([(gen.ROOT / "benchmarks" / "results" / "step_config_ab_x.json", ab)]))
-    assert "step kernel: splits 5->fitted" in table
+    assert "step kernel: splits 5->fitted |" in table
+    ab["default_launch"] = {"config": {**base, "splits": 10, "qkv_pairs": 10}, "rows": 10}  # files from session 14 on
+    table = "\n".join(gen.ab_tables([(gen.ROOT / "benchmarks" / "results" / "step_config_ab_x.json", ab)]))
+    assert "step kernel: splits 5->fitted (10) |" in table

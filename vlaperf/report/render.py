@@ -578,7 +578,9 @@ def _step_config_ab(doc: _Doc, path: str, r: dict) -> None:
     base, new = r["base_config"], r["default_config"]
     doc.h(3, f"step-kernel tiling A/B: {r['workload']['id']}, {r['variant']['label']} on {_gpu(r)}")
     doc.p(_ab_text(r, "base over defaults", r["rel_l2_defaults_vs_base"], "defaults", eq), "")
-    rows = [[k, step_config_value(k, base.get(k)), step_config_value(k, v)] for k, v in new.items() if base.get(k) != v]
+    fb, fd = ((r.get(side) or {}).get("config") for side in ("base_launch", "default_launch"))  # as resolved
+    rows = [[k, step_config_value(k, base.get(k), fb), step_config_value(k, v, fd)] for k, v in new.items()
+            if base.get(k) != v]
     if r.get("identity_mod"):  # step_config_ab.py --identity-mod: pi0 through pi0.5's modulated kernel path
         rows.append(["modulation table (pi0)", "none", "identity (pi0.5's modulated path)"])
     doc.table(["field", "base", "defaults"], rows)
