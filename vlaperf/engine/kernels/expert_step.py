@@ -489,6 +489,15 @@ def _sum_ssq_tiles(ssq_ptr, rows, TILES: tl.constexpr, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _rope_tables(cos_ptr, sin_ptr, rows, d1, mask, HD: tl.constexpr):
+    """The RoPE tables of qkv's tile, in the tables' dtype: cos and sin at the lanes' dims d1 and at
+    their rotate-half partners d1 + HD/2, for the rows."""
+    t = rows[:, None] * HD + d1[None, :]
+    return (tl.load(cos_ptr + t, mask=mask, other=0.0), tl.load(sin_ptr + t, mask=mask, other=0.0),
+            tl.load(cos_ptr + t + HD // 2, mask=mask, other=0.0), tl.load(sin_ptr + t + HD // 2, mask=mask, other=0.0))
+
+
+@triton.jit
 def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M, eps, pid, nprog,
                D: tl.constexpr, NH: tl.constexpr, HD: tl.constexpr, BLOCK_M: tl.constexpr,
                BN: tl.constexpr, BK: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr,
@@ -533,11 +542,7 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
             rope_lane = d_ok & ((d1 * 0 + slot) <= NH)  # not the value slot
         if ROPE_AHEAD:  # in the table's dtype until used
             rope_ok = row_ok[:, None] & rope_lane[None, :]
-            t_ahead = rows[:, None] * HD + d1[None, :]
-            c1_ahead = tl.load(cos_ptr + t_ahead, mask=rope_ok, other=0.0)
-            s1_ahead = tl.load(sin_ptr + t_ahead, mask=rope_ok, other=0.0)
-            c2_ahead = tl.load(cos_ptr + t_ahead + HALF, mask=rope_ok, other=0.0)
-            s2_ahead = tl.load(sin_ptr + t_ahead + HALF, mask=rope_ok, other=0.0)
+            c1_ahead, s1_ahead, c2_ahead, s2_ahead = _rope_tables(cos_ptr, sin_ptr, rows, d1, rope_ok, HD)
         if SSQ_IN:  # (Triton folds constexpr conditions one name at a time: no `or` in them)
             if MOD:
                 if LOADED:  # the biases ahead of the loop (early_mod_loads, stats_ahead)
@@ -577,12 +582,8 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
                 c1, s1 = c1_ahead.to(tl.float32), s1_ahead.to(tl.float32)
                 c2, s2 = c2_ahead.to(tl.float32), s2_ahead.to(tl.float32)
             else:
-                rope = row_ok[:, None] & rope_lane[None, :]
-                t1 = rows[:, None] * HD + d1[None, :]
-                c1 = tl.load(cos_ptr + t1, mask=rope, other=0.0).to(tl.float32)
-                s1 = tl.load(sin_ptr + t1, mask=rope, other=0.0).to(tl.float32)
-                c2 = tl.load(cos_ptr + t1 + HALF, mask=rope, other=0.0).to(tl.float32)
-                s2 = tl.load(sin_ptr + t1 + HALF, mask=rope, other=0.0).to(tl.float32)
+                c1, s1, c2, s2 = _rope_tables(cos_ptr, sin_ptr, rows, d1, row_ok[:, None] & rope_lane[None, :], HD)
+                c1, s1, c2, s2 = c1.to(tl.float32), s1.to(tl.float32), c2.to(tl.float32), s2.to(tl.float32)
             out1 = tl.where(rope_lane[None, :], acc1 * c1 - acc2 * s1, acc1)
             out2 = tl.where(rope_lane[None, :], acc2 * c2 + acc1 * s2, acc2)
             # queries to q, the key and the value to their scratch rows (the other pointer is not dereferenced)
@@ -596,11 +597,8 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
                     c1, s1 = c1_ahead.to(tl.float32), s1_ahead.to(tl.float32)
                     c2, s2 = c2_ahead.to(tl.float32), s2_ahead.to(tl.float32)
                 else:
-                    t1 = rows[:, None] * HD + d1[None, :]
-                    c1 = tl.load(cos_ptr + t1, mask=mask, other=0.0).to(tl.float32)
-                    s1 = tl.load(sin_ptr + t1, mask=mask, other=0.0).to(tl.float32)
-                    c2 = tl.load(cos_ptr + t1 + HALF, mask=mask, other=0.0).to(tl.float32)
-                    s2 = tl.load(sin_ptr + t1 + HALF, mask=mask, other=0.0).to(tl.float32)
+                    c1, s1, c2, s2 = _rope_tables(cos_ptr, sin_ptr, rows, d1, mask, HD)
+                    c1, s1, c2, s2 = c1.to(tl.float32), s1.to(tl.float32), c2.to(tl.float32), s2.to(tl.float32)
                 out1 = acc1 * c1 - acc2 * s1
                 out2 = acc2 * c2 + acc1 * s2
             else:
