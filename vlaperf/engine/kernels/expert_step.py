@@ -489,6 +489,32 @@ def _sum_ssq_tiles(ssq_ptr, rows, TILES: tl.constexpr, BLOCK_M: tl.constexpr):
 
 
 @triton.jit
+def _before_k_loop(bias_ptr, second, bias_ok, ssq_ptr, rows, x_ptr, xm_ptr, MOD: tl.constexpr, LOADED: tl.constexpr,
+                   EARLY_MOD: tl.constexpr, AHEAD: tl.constexpr, SSQ_TILES: tl.constexpr, BLOCK_M: tl.constexpr):
+    """What qkv and gate_up load before their K loop when the norm statistics come from the writers'
+    tiles (SSQ_IN): pi0.5's two biases (at bias_ptr and bias_ptr + second: qkv's rotate-half
+    partners, gate_up's up columns) under early_mod_loads / stats_ahead (LOADED), the statistics
+    summed there (EARLY_MOD) or their block (AHEAD, added after the loop); and the activations the
+    product reads (pi0.5: xm = x (1 + scale)). What a flag does not ask for is 0.0, never read."""
+    bias1 = 0.0
+    bias2 = 0.0
+    ssq_pre = 0.0
+    ssq_block = 0.0
+    if MOD:
+        if LOADED:  # the biases ahead of the loop (early_mod_loads, stats_ahead)
+            bias1 = tl.load(bias_ptr, mask=bias_ok, other=0.0)
+            bias2 = tl.load(bias_ptr + second, mask=bias_ok, other=0.0)
+        if EARLY_MOD:  # and the statistics, summed there
+            ssq_pre = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
+    if AHEAD:
+        ssq_block = _load_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
+    a_ptr = x_ptr
+    if MOD:
+        a_ptr = xm_ptr
+    return bias1, bias2, ssq_pre, ssq_block, a_ptr
+
+
+@triton.jit
 def _rope_tables(cos_ptr, sin_ptr, rows, d1, mask, HD: tl.constexpr):
     """The RoPE tables of qkv's tile, in the tables' dtype: cos and sin at the lanes' dims d1 and at
     their rotate-half partners d1 + HD/2, for the rows."""
@@ -544,17 +570,9 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
             rope_ok = row_ok[:, None] & rope_lane[None, :]
             c1_ahead, s1_ahead, c2_ahead, s2_ahead = _rope_tables(cos_ptr, sin_ptr, rows, d1, rope_ok, HD)
         if SSQ_IN:  # (Triton folds constexpr conditions one name at a time: no `or` in them)
-            if MOD:
-                if LOADED:  # the biases ahead of the loop (early_mod_loads, stats_ahead)
-                    bias1 = tl.load(mod_ptr + D + cols, mask=d_ok, other=0.0)
-                    bias2 = tl.load(mod_ptr + D + cols + HALF, mask=d_ok, other=0.0)
-                if EARLY_MOD:  # and the statistics, summed there
-                    ssq_pre = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
-            if AHEAD:
-                ssq_block = _load_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
-            a_ptr = x_ptr
-            if MOD:
-                a_ptr = xm_ptr
+            bias1, bias2, ssq_pre, ssq_block, a_ptr = _before_k_loop(
+                mod_ptr + D + cols, HALF, d_ok, ssq_ptr, rows, x_ptr, xm_ptr, MOD, LOADED, EARLY_MOD, AHEAD, SSQ_TILES,
+                BLOCK_M)
             acc1, acc2, ssq = _rows_matmul(a_ptr, D, rows, row_ok, wqkv_ptr, D, cols, cols + HALF, d_ok, D, task,
                                            BLOCK_M, BN, BK, True, False, STAGES, ROTATE)
             if AHEAD:
@@ -902,17 +920,9 @@ def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, n
         col_ok = cols < F
         mask = row_ok[:, None] & col_ok[None, :]
         if SSQ_IN:
-            if MOD:
-                if LOADED:  # the biases ahead of the loop (early_mod_loads, stats_ahead)
-                    bias_g = tl.load(mod_ptr + D + cols, mask=col_ok, other=0.0)
-                    bias_u = tl.load(mod_ptr + D + F + cols, mask=col_ok, other=0.0)
-                if EARLY_MOD:  # and the statistics, summed there
-                    ssq_pre = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
-            if AHEAD:
-                ssq_block = _load_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
-            a_ptr = x_ptr
-            if MOD:
-                a_ptr = xm_ptr
+            bias_g, bias_u, ssq_pre, ssq_block, a_ptr = _before_k_loop(
+                mod_ptr + D + cols, F, col_ok, ssq_ptr, rows, x_ptr, xm_ptr, MOD, LOADED, EARLY_MOD, AHEAD, SSQ_TILES,
+                BLOCK_M)
             g, u, ssq = _rows_matmul(a_ptr + s * k_slice, D, rows, row_ok, wgu_ptr + s * k_slice, D, cols, cols + F,
                                      col_ok, k_slice, tile, BLOCK_M, BN, BK, True, False, STAGES, ROTATE)
         else:
