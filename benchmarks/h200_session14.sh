@@ -10,7 +10,7 @@
 #   PART=e   libero-shallow6's bench and check; the kernel tables of libero-pi0's and libero-pi05's calls
 #   PART=f   pi0's merge in 64-dim chunks (one round of tasks): sweep 31 and the call
 #   PART=g   libero-pi0's closing bench and check with the merge chunks fitted
-#   PART=next (not run) ssq_mma: sweep 32 and the call
+#   PART=next (not run here; session 15's h200_session15.sh PART=a ran it with ssq_local) ssq_mma: sweep 32 and the call
 #   PART=d   pi0.5's kernel on the arguments its call launches (--from-engine); sweep 30 (merge chunks,
 #            mod_prefetch at pi0.5's 10 rows and 10 splits)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session14.sh

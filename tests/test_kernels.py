@@ -521,7 +521,9 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
                replace(small, qkv_pairs=1),
                replace(small, qkv_pairs=0),  # (small's default, -1, fits 12 or 16 pairs a task to the 4 programs)
                # the norm statistics summed on the tensor cores, also with gate_up split in K (partial sums)
-               replace(small, ssq_mma=True), replace(small, ssq_mma=True, ks_gu=2, bn_down=8)]
+               replace(small, ssq_mma=True), replace(small, ssq_mma=True, ks_gu=2, bn_down=8),
+               # each thread's own float32 partial sums, added across threads after the loop
+               replace(small, ssq_local=True), replace(small, ssq_local=True, ks_gu=2, bn_down=8)]
     # (layers, D, heads, head dim, F, rows, prefix): head dim 16 has 8-dim RoPE halves, less than a tile
     for L, D, NH, HD, Fd, M, Tp in [(2, 32, 4, 16, 64, 11, 20), (1, 64, 2, 32, 96, 7, 45)]:
         x = torch.randn(M, D)
@@ -614,7 +616,8 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
     except ValueError as e:
         assert "dataflow and fold_merge" in str(e), e
     for bad, words in ((replace(small, qkv_pairs=17), "qkv_pairs=17: expected -1 (fitted), 0 (per-slot tiles) or 1..bn_qkv (16)"),
-                       (replace(small, qkv_pairs=5, dataflow=True), "qkv_pairs excludes dataflow")):
+                       (replace(small, qkv_pairs=5, dataflow=True), "qkv_pairs excludes dataflow"),
+                       (replace(small, ssq_mma=True, ssq_local=True), "ssq_mma and ssq_local are two ways")):
         try:
             expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=bad)
             raise SystemExit(f"{bad} must be refused")
@@ -834,7 +837,8 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
                (replace(S.StepKernelConfig(), idle_prefetch=0), False, 1),
                (replace(S.StepKernelConfig(), rope_ahead=False), False, 1),
                (replace(S.StepKernelConfig(), qkv_pairs=10), False, 1),
-               (replace(S.StepKernelConfig(), ssq_mma=True, bk_qkv=64, bk_gu=64), False, 1))
+               (replace(S.StepKernelConfig(), ssq_mma=True, bk_qkv=64, bk_gu=64), False, 1),
+               (replace(S.StepKernelConfig(), ssq_local=True), False, 1))
     for cfg, timeline, samples in configs:
         consts = resources.whole_kernel_constexprs(cfg, timeline, samples)
         r = resources.compile_kernel(S._expert_step_kernel, consts, cfg.num_warps, cfg.num_stages, ptxas=True)

@@ -205,6 +205,19 @@ class StepKernelConfig:
     # Prepared in session 14, not timed (sweep 32); off. Under Triton 3.6 (sm_90a) it spills 136 B at
     # the default 128-deep K blocks, none with bk_qkv = bk_gu = 64
     ssq_mma: bool = False
+    # pi0: qkv's and gate_up's K loops sum the squares without crossing threads: each thread adds its own
+    # 8-element runs of the activation tile into float32 partials (BLOCK_M x BLOCK_K / 8, 4 registers a
+    # thread at 128-deep blocks), which one reduction after the loop adds up (ssq_mma's aim without the
+    # bf16 rounding of the squares or the extra product). Prepared in session 15; off
+    ssq_local: bool = False
+
+
+def ssq_sum_mode(cfg: StepKernelConfig) -> int:
+    """The K loops' way of summing the norm statistics' squares (_rows_matmul's SSQ_SUM): 0 across
+    threads every K block, 1 `ssq_mma`, 2 `ssq_local`."""
+    if cfg.ssq_mma and cfg.ssq_local:
+        raise ValueError("StepKernelConfig: ssq_mma and ssq_local are two ways of summing the same squares; pick one")
+    return 1 if cfg.ssq_mma else 2 if cfg.ssq_local else 0
 
 
 MIN_SPLITS = 5  # fit_config's least key splits (sweep 8's best at pi0's 51 rows)
@@ -341,7 +354,7 @@ def _now():
 
 @triton.jit
 def _rows_k_block(k0, acc, acc2, ssq, a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, col_ok, K,
-                  BLOCK_K: tl.constexpr, TWO: tl.constexpr, SSQ: tl.constexpr, SSQ_MMA: tl.constexpr = False):
+                  BLOCK_K: tl.constexpr, TWO: tl.constexpr, SSQ: tl.constexpr, SSQ_SUM: tl.constexpr = 0):
     """One K block [k0, k0 + BLOCK_K) of _rows_matmul."""
     ks = k0 + tl.arange(0, BLOCK_K)
     k_ok = ks < K
@@ -355,8 +368,11 @@ def _rows_k_block(k0, acc, acc2, ssq, a_ptr, stride_a, rows, row_ok, w_ptr, stri
                      eviction_policy="evict_first")
         acc2 += tl.dot(a, tl.trans(w2))
     if SSQ:
-        if SSQ_MMA:  # the squares summed by the tensor cores: (a * a) @ ones, every column the row's sum
+        if SSQ_SUM == 1:  # the squares summed by the tensor cores: (a * a) @ ones, every column the row's sum
             ssq = tl.dot(a * a, tl.full((BLOCK_K, 16), 1.0, a.dtype), ssq)
+        elif SSQ_SUM == 2:  # each thread adds up its own 8-element runs; across threads once after the loop
+            af = a.to(tl.float32)
+            ssq += tl.sum(tl.reshape(af * af, (a.shape[0], BLOCK_K // 8, 8)), axis=2)
         else:
             af = a.to(tl.float32)
             ssq += tl.sum(af * af, axis=1)
@@ -367,12 +383,14 @@ def _rows_k_block(k0, acc, acc2, ssq, a_ptr, stride_a, rows, row_ok, w_ptr, stri
 def _rows_matmul(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, col_ok, K, rot,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  TWO: tl.constexpr, SSQ: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr,
-                 SSQ_MMA: tl.constexpr = False):
+                 SSQ_SUM: tl.constexpr = 0):
     """acc = A[rows] @ W[cols]^T (and acc2 with W[cols2] if TWO), float32; ssq = per-row sum
     of squares of A (if SSQ). A rows are activations written in this kernel: .cg loads.
-    SSQ_MMA: the squares are summed by a product with a block of ones on the tensor cores (the squares
-    of bf16 activations rounded to bf16, the sum in float32), not by a reduction across the
-    threads in every K block; one reduction after the loop picks the sum.
+    SSQ_SUM: how the squares are summed. 0: a reduction across the threads in every K block;
+    1 (ssq_mma): a product with a block of ones on the tensor cores (the squares of bf16
+    activations rounded to bf16, the sum in float32), one pick after the loop; 2 (ssq_local):
+    each thread keeps float32 sums of its own 8-element runs, reduced across threads once
+    after the loop.
 
     ROTATE: start at K block `rot` (the task's tile) and wrap around. Every task of a phase
     reads the same activations; in step they would all ask L2 for the same lines at once,
@@ -381,21 +399,25 @@ def _rows_matmul(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, co
     so that Triton still pipelines it: a modulo on a strided loop's variable stopped that.)"""
     acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
-    if SSQ_MMA:
+    if SSQ_SUM == 1:
         ssq = tl.zeros((BLOCK_M, 16), dtype=tl.float32)
+    elif SSQ_SUM == 2:
+        ssq = tl.zeros((BLOCK_M, BLOCK_K // 8), dtype=tl.float32)
     else:
         ssq = tl.zeros((BLOCK_M,), dtype=tl.float32)
     if ROTATE:
         n_k = tl.cdiv(K, BLOCK_K)
         for i in tl.range(0, n_k, num_stages=STAGES):
             acc, acc2, ssq = _rows_k_block(((i + rot) % n_k) * BLOCK_K, acc, acc2, ssq, a_ptr, stride_a, rows, row_ok,
-                                           w_ptr, stride_w, cols, cols2, col_ok, K, BLOCK_K, TWO, SSQ, SSQ_MMA)
+                                           w_ptr, stride_w, cols, cols2, col_ok, K, BLOCK_K, TWO, SSQ, SSQ_SUM)
     else:
         for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
             acc, acc2, ssq = _rows_k_block(k0, acc, acc2, ssq, a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols,
-                                           cols2, col_ok, K, BLOCK_K, TWO, SSQ, SSQ_MMA)
-    if SSQ_MMA:
+                                           cols2, col_ok, K, BLOCK_K, TWO, SSQ, SSQ_SUM)
+    if SSQ_SUM == 1:
         ssq = tl.max(ssq, axis=1)  # the 16 columns hold the same sum
+    elif SSQ_SUM == 2:
+        ssq = tl.sum(ssq, axis=1)
     return acc, acc2, ssq
 
 
@@ -530,7 +552,7 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
                DATAFLOW: tl.constexpr, mod_ptr=None, xm_ptr=None, ssq_ptr=None, MOD: tl.constexpr = False,
                SSQ_TILES: tl.constexpr = 1, EARLY_MOD: tl.constexpr = False, SSQ_IN: tl.constexpr = False,
                AHEAD: tl.constexpr = False, ROPE_AHEAD: tl.constexpr = False, PAIRS: tl.constexpr = 0,
-               SSQ_MMA: tl.constexpr = False):
+               SSQ_SUM: tl.constexpr = 0):
     """DATAFLOW: each task counts itself in at its slot's counter (query head, k or v) once
     its outputs are stored, for the attention tasks that wait on them.
     MOD (pi0.5's adaptive norm, n (1 + scale) + shift): the product reads xm = x (1 + scale),
@@ -583,7 +605,7 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
                 ssq = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
         else:
             acc1, acc2, ssq = _rows_matmul(x_ptr, D, rows, row_ok, wqkv_ptr, D, cols, cols + HALF, d_ok, D, task,
-                                           BLOCK_M, BN, BK, True, True, STAGES, ROTATE, SSQ_MMA)
+                                           BLOCK_M, BN, BK, True, True, STAGES, ROTATE, SSQ_SUM)
         inv = 1.0 / tl.sqrt(ssq / D + eps)
         acc1 = acc1 * inv[:, None]
         acc2 = acc2 * inv[:, None]
@@ -901,7 +923,7 @@ def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, n
                    D: tl.constexpr, F: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                    KS: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr, mod_ptr=None, xm_ptr=None,
                    ssq_ptr=None, MOD: tl.constexpr = False, SSQ_TILES: tl.constexpr = 1, EARLY_MOD: tl.constexpr = False,
-                   SSQ_IN: tl.constexpr = False, AHEAD: tl.constexpr = False, SSQ_MMA: tl.constexpr = False):
+                   SSQ_IN: tl.constexpr = False, AHEAD: tl.constexpr = False, SSQ_SUM: tl.constexpr = 0):
     """h[:, cols] = gelu(n(x) @ Wg[cols]^T) * (n(x) @ Wu[cols]^T). KS > 1 splits D as in
     _phase_residual: each task's gate, up and sum-of-squares partials go to `part`, and the
     tile's last task adds them (in order) before the norm and GELU, which need the whole sums.
@@ -927,7 +949,7 @@ def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, n
                                      col_ok, k_slice, tile, BLOCK_M, BN, BK, True, False, STAGES, ROTATE)
         else:
             g, u, ssq = _rows_matmul(x_ptr + s * k_slice, D, rows, row_ok, wgu_ptr + s * k_slice, D, cols, cols + F,
-                                     col_ok, k_slice, tile, BLOCK_M, BN, BK, True, True, STAGES, ROTATE, SSQ_MMA)
+                                     col_ok, k_slice, tile, BLOCK_M, BN, BK, True, True, STAGES, ROTATE, SSQ_SUM)
         last = True
         if KS > 1:
             gu = part_ptr + rows[:, None] * (2 * F) + cols[None, :]  # (KS, BLOCK_M, 2F): gate columns, then up
@@ -989,7 +1011,7 @@ def _expert_step_kernel(
     NB: tl.constexpr, DATAFLOW: tl.constexpr, CTR_SLOT: tl.constexpr, PREFETCH_OWN: tl.constexpr, MOD: tl.constexpr,
     EARLY_MOD: tl.constexpr, SCALE_AFTER_LOOP: tl.constexpr, MOD_PREFETCH: tl.constexpr = False,
     SSQ_IN: tl.constexpr = False, SSQ_OUT: tl.constexpr = False, STATS_AHEAD: tl.constexpr = False,
-    ROPE_AHEAD: tl.constexpr = False, QKV_PAIRS: tl.constexpr = 0, SSQ_MMA: tl.constexpr = False,
+    ROPE_AHEAD: tl.constexpr = False, QKV_PAIRS: tl.constexpr = 0, SSQ_SUM: tl.constexpr = 0,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -1027,7 +1049,7 @@ def _expert_step_kernel(
                 _phase_qkv(x_ptr, wqkv_ptr + layer * (QKV_N * D), q_ptr, kv_ptr, cos_ptr, sin_ptr, tile_ctr + CTR_SLOT, MT,
                            eps, pid, nprog, D, NH, HD, BLOCK_M, BN_QKV, BK_QKV, STAGES, ROTATE, DATAFLOW, modl, xm_ptr,
                            ssq_ptr, MOD, (D + BN_DOWN - 1) // BN_DOWN, EARLY_MOD, SSQ_IN, STATS_AHEAD, ROPE_AHEAD,
-                           QKV_PAIRS, SSQ_MMA)
+                           QKV_PAIRS, SSQ_SUM)
                 if IDLE_PREFETCH > 0:
                     # qkv has fewer tasks than programs (80 of 132 for pi0's expert); the idle ones ask L2
                     # for what the next phases read first from HBM, instead of waiting at the barrier
@@ -1064,7 +1086,7 @@ def _expert_step_kernel(
             elif phase == 4:
                 _phase_gate_up(x_ptr, wgu_ptr + layer * (2 * F * D), h_ptr, part_ptr, tile_ctr + CTR_GU, MT, eps, pid, nprog,
                                D, F, BLOCK_M, BN_GU, BK_GU, KS_GU, STAGES, ROTATE, modl + 2 * D + QKV_N, xm_ptr, ssq_ptr, MOD,
-                               (D + BN_O - 1) // BN_O, EARLY_MOD, SSQ_IN, STATS_AHEAD, SSQ_MMA)
+                               (D + BN_O - 1) // BN_O, EARLY_MOD, SSQ_IN, STATS_AHEAD, SSQ_SUM)
             elif phase == 5:
                 _phase_residual(h_ptr, F, wd_ptr + layer * (D * F), x_ptr, part_ptr, tile_ctr + CTR_DOWN, MT, pid, nprog, D,
                                 BLOCK_M, BN_DOWN, BK_DOWN, KS_DOWN, STAGES, ROTATE, modl + 3 * D + QKV_N + 2 * F,
@@ -1362,6 +1384,7 @@ def expert_step(
         if cfg.dataflow or cfg.prefetch_own & 8:
             raise ValueError("StepKernelConfig: qkv_pairs excludes dataflow and prefetch_own's bit 8 (both count qkv's "
                              "tasks slot by slot)")
+    ssq_sum_mode(cfg)  # raises for ssq_mma with ssq_local
     prefetch = prefetch_phases(cfg.prefetch)  # raises for an unknown plan, on every device
     if x.device.type != "cuda":
         prefetch = prefetch_phases(0)  # prefetch.global.L2 is PTX: the interpreter runs none
@@ -1445,7 +1468,7 @@ def expert_step(
                   PREFETCH_OWN=cfg.prefetch_own if device.type == "cuda" else 0, MOD=mod is not None,
                   EARLY_MOD=cfg.early_mod_loads, SCALE_AFTER_LOOP=cfg.scale_after_loop,
                   MOD_PREFETCH=cfg.mod_prefetch and device.type == "cuda", **ssq_constexprs(cfg, mod is not None, D),
-                  ROPE_AHEAD=cfg.rope_ahead, QKV_PAIRS=cfg.qkv_pairs, SSQ_MMA=cfg.ssq_mma)
+                  ROPE_AHEAD=cfg.rope_ahead, QKV_PAIRS=cfg.qkv_pairs, SSQ_SUM=ssq_sum_mode(cfg))
     if persistent:
         launch(_expert_step_kernel, (grid,), *args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
         if keep_counters:
