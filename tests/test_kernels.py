@@ -522,8 +522,8 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
                replace(small, qkv_pairs=0),  # (small's default, -1, fits 12 or 16 pairs a task to the 4 programs)
                # the norm statistics summed on the tensor cores, also with gate_up split in K (partial sums)
                replace(small, ssq_mma=True), replace(small, ssq_mma=True, ks_gu=2, bn_down=8),
-               # each thread's own float32 partial sums, added across threads after the loop
-               replace(small, ssq_local=True), replace(small, ssq_local=True, ks_gu=2, bn_down=8)]
+               # the squares summed across the threads in every K block (before session 15's ssq_local)
+               replace(small, ssq_local=False), replace(small, ssq_local=False, ks_gu=2, bn_down=8)]
     # (layers, D, heads, head dim, F, rows, prefix): head dim 16 has 8-dim RoPE halves, less than a tile
     for L, D, NH, HD, Fd, M, Tp in [(2, 32, 4, 16, 64, 11, 20), (1, 64, 2, 32, 96, 7, 45)]:
         x = torch.randn(M, D)
@@ -616,8 +616,7 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
     except ValueError as e:
         assert "dataflow and fold_merge" in str(e), e
     for bad, words in ((replace(small, qkv_pairs=17), "qkv_pairs=17: expected -1 (fitted), 0 (per-slot tiles) or 1..bn_qkv (16)"),
-                       (replace(small, qkv_pairs=5, dataflow=True), "qkv_pairs excludes dataflow"),
-                       (replace(small, ssq_mma=True, ssq_local=True), "ssq_mma and ssq_local are two ways")):
+                       (replace(small, qkv_pairs=5, dataflow=True), "qkv_pairs excludes dataflow")):
         try:
             expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=bad)
             raise SystemExit(f"{bad} must be refused")
@@ -838,7 +837,7 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
                (replace(S.StepKernelConfig(), rope_ahead=False), False, 1),
                (replace(S.StepKernelConfig(), qkv_pairs=10), False, 1),
                (replace(S.StepKernelConfig(), ssq_mma=True, bk_qkv=64, bk_gu=64), False, 1),
-               (replace(S.StepKernelConfig(), ssq_local=True), False, 1))
+               (replace(S.StepKernelConfig(), ssq_local=False), False, 1))
     for cfg, timeline, samples in configs:
         consts = resources.whole_kernel_constexprs(cfg, timeline, samples)
         r = resources.compile_kernel(S._expert_step_kernel, consts, cfg.num_warps, cfg.num_stages, ptxas=True)
@@ -910,6 +909,9 @@ def test_step_kernel_fits_qkv_tasks_and_key_splits_to_the_programs():
     cpu = fit_config(d, 51, 1, 8, 256, 595, 4)
     assert (cpu.qkv_pairs, cpu.splits) == (0, MIN_SPLITS)  # 320 pairs a task would not fit a 16-lane block
     assert fit_config(d, 51, 1, 8, 16, 595, 4).merge_bd == 16  # never wider than the head
+    # the norm statistics' squares: summed within each thread by default (ssq_local), ssq_mma wins where set
+    from vlaperf.engine.kernels.expert_step import ssq_sum_mode
+    assert [ssq_sum_mode(c) for c in (d, replace(d, ssq_local=False), replace(d, ssq_mma=True))] == [2, 0, 1]
     assert fit_config(replace(d, dataflow=True), 51, 1, 8, 256, 595, 132).qkv_pairs == 0
     assert fit_config(replace(d, prefetch_own=8), 51, 1, 8, 256, 595, 132).qkv_pairs == 0
     explicit = fit_config(replace(d, qkv_pairs=4, splits=3, merge_bd=16), 10, 1, 8, 256, 586, 132)

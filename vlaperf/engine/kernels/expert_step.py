@@ -202,21 +202,22 @@ class StepKernelConfig:
     # with a product against a block of ones on the tensor cores instead of a reduction across the threads
     # in every K block (those two phases take ~2.5 us a layer longer than down for the same bytes, session
     # 10). The squares of bf16 activations round to bf16 (relative 2^-9 each, the sum in float32).
-    # Prepared in session 14, not timed (sweep 32); off. Under Triton 3.6 (sm_90a) it spills 136 B at
-    # the default 128-deep K blocks, none with bk_qkv = bk_gu = 64
+    # Under Triton 3.6 (sm_90a) it spills 136 B at the default 128-deep K blocks, none with bk_qkv = bk_gu
+    # = 64. Slower (session 15, sweep 32): 765.2 us a step at 64-deep blocks (those blocks alone 756.1),
+    # 826.9 at 128, against 748.7; the libero-pi0 call 0.983x (p10..p90 0.980..0.986). Off; where on, it
+    # takes precedence over ssq_local
     ssq_mma: bool = False
     # pi0: qkv's and gate_up's K loops sum the squares without crossing threads: each thread adds its own
     # 8-element runs of the activation tile into float32 partials (BLOCK_M x BLOCK_K / 8, 4 registers a
-    # thread at 128-deep blocks), which one reduction after the loop adds up (ssq_mma's aim without the
-    # bf16 rounding of the squares or the extra product). Prepared in session 15; off
-    ssq_local: bool = False
+    # thread at 128-deep blocks), which one reduction after the loop adds up; before, every K block ended
+    # in 16 warp shuffles. Session 15 (sweep 32): 728.3 against 748.7 us a step (qkv's and gate_up's
+    # median work 0.5 us shorter each), the libero-pi0 call 1.013x (p10..p90 1.011..1.015); on
+    ssq_local: bool = True
 
 
 def ssq_sum_mode(cfg: StepKernelConfig) -> int:
     """The K loops' way of summing the norm statistics' squares (_rows_matmul's SSQ_SUM): 0 across
-    threads every K block, 1 `ssq_mma`, 2 `ssq_local`."""
-    if cfg.ssq_mma and cfg.ssq_local:
-        raise ValueError("StepKernelConfig: ssq_mma and ssq_local are two ways of summing the same squares; pick one")
+    threads every K block, 1 `ssq_mma` (which takes precedence), 2 `ssq_local`."""
     return 1 if cfg.ssq_mma else 2 if cfg.ssq_local else 0
 
 
@@ -1384,7 +1385,6 @@ def expert_step(
         if cfg.dataflow or cfg.prefetch_own & 8:
             raise ValueError("StepKernelConfig: qkv_pairs excludes dataflow and prefetch_own's bit 8 (both count qkv's "
                              "tasks slot by slot)")
-    ssq_sum_mode(cfg)  # raises for ssq_mma with ssq_local
     prefetch = prefetch_phases(cfg.prefetch)  # raises for an unknown plan, on every device
     if x.device.type != "cuda":
         prefetch = prefetch_phases(0)  # prefetch.global.L2 is PTX: the interpreter runs none
