@@ -616,7 +616,9 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
     except ValueError as e:
         assert "dataflow and fold_merge" in str(e), e
     for bad, words in ((replace(small, qkv_pairs=17), "qkv_pairs=17: expected -1 (fitted), 0 (per-slot tiles) or 1..bn_qkv (16)"),
-                       (replace(small, qkv_pairs=5, dataflow=True), "qkv_pairs excludes dataflow")):
+                       (replace(small, qkv_pairs=5, dataflow=True), "qkv_pairs excludes dataflow"),
+                       (replace(small, poll_depth=5), "poll_depth=5, poll_gap=128: expected a depth of 1 to 4"),
+                       (replace(small, poll_depth=2, poll_one=False), "it needs barrier_asm and poll_one")):
         try:
             expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=bad)
             raise SystemExit(f"{bad} must be refused")
@@ -837,14 +839,18 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
                (replace(S.StepKernelConfig(), rope_ahead=False), False, 1),
                (replace(S.StepKernelConfig(), qkv_pairs=10), False, 1),
                (replace(S.StepKernelConfig(), ssq_mma=True, bk_qkv=64, bk_gu=64), False, 1),
-               (replace(S.StepKernelConfig(), ssq_local=False), False, 1))
+               (replace(S.StepKernelConfig(), ssq_local=False), False, 1),
+               (replace(S.StepKernelConfig(), poll_depth=4, poll_gap=64), False, 1))
     for cfg, timeline, samples in configs:
         consts = resources.whole_kernel_constexprs(cfg, timeline, samples)
         r = resources.compile_kernel(S._expert_step_kernel, consts, cfg.num_warps, cfg.num_stages, ptxas=True)
         assert r["registers"] <= 255 and r["shared_bytes"] <= 227 * 1024, r
         ptx = resources.last_ptx()
         assert ("%globaltimer" in ptx) == timeline
-        assert ("SPIN" in ptx) == cfg.poll_one  # thread 0's spin loop, present only with poll_one
+        # thread 0's spin loop, present only with poll_one; with poll_depth, relaxed reads a clock gap apart
+        assert ("SPIN" in ptx) == (cfg.poll_one and cfg.poll_depth == 1)
+        polls = ptx.count("ld.relaxed.gpu.global.u32")  # each barrier: depth reads first, depth in its loop
+        assert (polls > 0 and polls % (2 * cfg.poll_depth) == 0 if cfg.poll_depth > 1 else "%clock" not in ptx), cfg
         assert ("prefetch.global.L2" in ptx) == (cfg.idle_prefetch > 0 or cfg.prefetch > 0)
         # the K loops stay software-pipelined (asynchronous copies to shared memory): a modulo on
         # a strided loop variable once stopped that for k_rotate, and the kernel spilled. One

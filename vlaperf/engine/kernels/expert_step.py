@@ -213,6 +213,13 @@ class StepKernelConfig:
     # in 16 warp shuffles. Session 15 (sweep 32): 728.3 against 748.7 us a step (qkv's and gate_up's
     # median work 0.5 us shorter each), the libero-pi0 call 1.013x (p10..p90 1.011..1.015); on
     ssq_local: bool = True
+    # the grid barrier's poll (barrier_asm with poll_one): 1 is thread 0 reading the count with
+    # `ld.acquire` one round trip after another. 2-4 keep that many relaxed reads in flight, issued
+    # `poll_gap` clock cycles apart, so the count's completion is seen up to a round trip sooner
+    # (the barrier releases ~0.77 us after the last arrival: sweep 32's timeline); the read that sees
+    # it is followed by an acquiring fence. Prepared in session 15
+    poll_depth: int = 1
+    poll_gap: int = 128
 
 
 def ssq_sum_mode(cfg: StepKernelConfig) -> int:
@@ -289,6 +296,49 @@ def _poll_one(ptr, target, err_ptr, MAX_SPIN: tl.constexpr):
         tl.atomic_xchg(err_ptr, 1)
 
 
+def _staggered_poll_ptx(depth: int) -> str:
+    """PTX for thread 0's grid-barrier poll with `depth` relaxed loads in flight, issued `$4` clock
+    cycles apart (StepKernelConfig.poll_depth / poll_gap): an L2 read every gap cycles instead of one a
+    round trip, so the count's completion is seen sooner. The load that sees it is followed by
+    `fence.acq_rel.gpu` (a relaxed read then a fence: the acquire pattern of PTX's memory model), which
+    orders the block's later loads as `ld.acquire` did. Operands: $0 timed out, $1 counter, $2 target,
+    $3 most polls, $4 gap."""
+    regs = ", ".join(f"v{i}" for i in range(depth))
+
+    def load_then_gap(i: int, tag: str) -> str:
+        return (f"ld.relaxed.gpu.global.u32 v{i}, [$1]; mov.u32 c0, %clock; "
+                f"G{tag}${{:uid}}: mov.u32 c1, %clock; sub.u32 c1, c1, c0; setp.lt.u32 q, c1, $4; @q bra G{tag}${{:uid}}; ")
+
+    ptx = (f"{{ .reg .pred p, q; .reg .u32 t, n, c0, c1, {regs}; mov.u32 $0, 0; mov.u32 t, %tid.x; "
+           "setp.ne.u32 p, t, 0; @p bra DONE${:uid}; mov.u32 n, 0; ")
+    ptx += "".join(load_then_gap(i, f"a{i}") for i in range(depth))
+    ptx += "LOOP${:uid}: "
+    for i in range(depth):
+        ptx += f"setp.ge.s32 p, v{i}, $2; @p bra HIT${{:uid}}; " + load_then_gap(i, f"b{i}")
+    ptx += (f"add.u32 n, n, {depth}; setp.lt.u32 p, n, $3; @p bra LOOP${{:uid}}; mov.u32 $0, 1; bra DONE${{:uid}}; "
+            "HIT${:uid}: fence.acq_rel.gpu; DONE${:uid}: }")
+    return ptx
+
+
+STAGGERED_POLL_2 = tl.constexpr(_staggered_poll_ptx(2))
+STAGGERED_POLL_3 = tl.constexpr(_staggered_poll_ptx(3))
+STAGGERED_POLL_4 = tl.constexpr(_staggered_poll_ptx(4))
+
+
+@triton.jit
+def _poll_staggered(ptr, target, err_ptr, MAX_SPIN: tl.constexpr, DEPTH: tl.constexpr, GAP: tl.constexpr):
+    """_poll_one with DEPTH (2-4) polls in flight, GAP clock cycles apart (_staggered_poll_ptx)."""
+    args = [ptr, target + tl.zeros((1,), tl.int32), MAX_SPIN + tl.zeros((1,), tl.int32), GAP + tl.zeros((1,), tl.int32)]
+    if DEPTH == 2:
+        timed_out = tl.inline_asm_elementwise(STAGGERED_POLL_2, "=r,l,r,r,r", args, dtype=tl.int32, is_pure=False, pack=1)
+    elif DEPTH == 3:
+        timed_out = tl.inline_asm_elementwise(STAGGERED_POLL_3, "=r,l,r,r,r", args, dtype=tl.int32, is_pure=False, pack=1)
+    else:
+        timed_out = tl.inline_asm_elementwise(STAGGERED_POLL_4, "=r,l,r,r,r", args, dtype=tl.int32, is_pure=False, pack=1)
+    if tl.max(timed_out, axis=0) > 0:
+        tl.atomic_xchg(err_ptr, 1)
+
+
 @triton.jit
 def _count_in(counter_ptr):
     """Count this program in at `counter_ptr` once every thread's stores are issued (release)."""
@@ -309,7 +359,8 @@ def _wait_count(counter_ptr, target, err_ptr, MAX_SPIN: tl.constexpr, ASM: tl.co
 
 
 @triton.jit
-def _grid_sync_asm(counter_ptr, err_ptr, nprog, MAX_SPIN: tl.constexpr, POLL_ONE: tl.constexpr):
+def _grid_sync_asm(counter_ptr, err_ptr, nprog, MAX_SPIN: tl.constexpr, POLL_ONE: tl.constexpr,
+                   POLL_DEPTH: tl.constexpr = 1, POLL_GAP: tl.constexpr = 0):
     """The same barrier with lighter instructions: one thread arrives with `red.release` (no
     value comes back, so it does not wait for the round trip) and polls with `ld.acquire`,
     which orders later loads without a closing atomic. POLL_ONE: only that thread polls and
@@ -323,7 +374,10 @@ def _grid_sync_asm(counter_ptr, err_ptr, nprog, MAX_SPIN: tl.constexpr, POLL_ONE
         "@p red.release.gpu.global.add.s32 [$1], 1; mov.u32 $0, 0; }",
         "=r,l", [ptr], dtype=tl.int32, is_pure=False, pack=1)
     if POLL_ONE:
-        _poll_one(ptr, nprog, err_ptr, MAX_SPIN)
+        if POLL_DEPTH > 1:
+            _poll_staggered(ptr, nprog, err_ptr, MAX_SPIN, POLL_DEPTH, POLL_GAP)
+        else:
+            _poll_one(ptr, nprog, err_ptr, MAX_SPIN)
     else:
         spins = 0
         seen = tl.max(tl.inline_asm_elementwise("ld.acquire.gpu.global.u32 $0, [$1];", "=r,l", [ptr], dtype=tl.int32,
@@ -1013,6 +1067,7 @@ def _expert_step_kernel(
     EARLY_MOD: tl.constexpr, SCALE_AFTER_LOOP: tl.constexpr, MOD_PREFETCH: tl.constexpr = False,
     SSQ_IN: tl.constexpr = False, SSQ_OUT: tl.constexpr = False, STATS_AHEAD: tl.constexpr = False,
     ROPE_AHEAD: tl.constexpr = False, QKV_PAIRS: tl.constexpr = 0, SSQ_SUM: tl.constexpr = 0,
+    POLL_DEPTH: tl.constexpr = 1, POLL_GAP: tl.constexpr = 0,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -1105,7 +1160,8 @@ def _expert_step_kernel(
                 if (((layer < layer_hi - 1) | (phase < phase_hi - 1)) & ((phase != 2) | (not FOLD_MERGE))
                         & ((phase > 1) | (not DATAFLOW))):
                     if BARRIER_ASM:
-                        _grid_sync_asm(counter_ptr + layer * 7 + phase, err_ptr, nprog, MAX_SPIN, POLL_ONE)
+                        _grid_sync_asm(counter_ptr + layer * 7 + phase, err_ptr, nprog, MAX_SPIN, POLL_ONE, POLL_DEPTH,
+                                       POLL_GAP)
                     else:
                         _grid_sync(counter_ptr + layer * 7 + phase, err_ptr, nprog, MAX_SPIN, POLL_LOAD)
             if TIMELINE:
@@ -1378,6 +1434,11 @@ def expert_step(
     if not 0 <= cfg.prefetch_own <= 15:
         raise ValueError(f"StepKernelConfig.prefetch_own={cfg.prefetch_own}: expected a bit mask of 1 (o_proj), "
                          "2 (gate_up), 4 (down), 8 (next qkv)")
+    if not 1 <= cfg.poll_depth <= 4 or cfg.poll_gap < 0:
+        raise ValueError(f"StepKernelConfig.poll_depth={cfg.poll_depth}, poll_gap={cfg.poll_gap}: expected a depth of 1 "
+                         "to 4 reads in flight and a gap of 0 or more clock cycles")
+    if cfg.poll_depth > 1 and not (cfg.barrier_asm and cfg.poll_one):
+        raise ValueError("StepKernelConfig.poll_depth > 1 is thread 0's poll in PTX: it needs barrier_asm and poll_one")
     if cfg.qkv_pairs:
         if not 0 < cfg.qkv_pairs <= cfg.bn_qkv:
             raise ValueError(f"StepKernelConfig.qkv_pairs={cfg.qkv_pairs}: expected -1 (fitted), 0 (per-slot tiles) or "
@@ -1468,7 +1529,8 @@ def expert_step(
                   PREFETCH_OWN=cfg.prefetch_own if device.type == "cuda" else 0, MOD=mod is not None,
                   EARLY_MOD=cfg.early_mod_loads, SCALE_AFTER_LOOP=cfg.scale_after_loop,
                   MOD_PREFETCH=cfg.mod_prefetch and device.type == "cuda", **ssq_constexprs(cfg, mod is not None, D),
-                  ROPE_AHEAD=cfg.rope_ahead, QKV_PAIRS=cfg.qkv_pairs, SSQ_SUM=ssq_sum_mode(cfg))
+                  ROPE_AHEAD=cfg.rope_ahead, QKV_PAIRS=cfg.qkv_pairs, SSQ_SUM=ssq_sum_mode(cfg),
+                  POLL_DEPTH=cfg.poll_depth, POLL_GAP=cfg.poll_gap)
     if persistent:
         launch(_expert_step_kernel, (grid,), *args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
         if keep_counters:
