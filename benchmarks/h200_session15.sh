@@ -6,7 +6,10 @@
 #   PART=b   (part a: ssq_local 728.3 against 748.7 us a step, the call 1.013x; ssq_mma slower: now ssq_local is on)
 #            the grid barrier's poll with several reads in flight, and the idle programs' prefetch off (sweep 33, with
 #            timelines), then Nsight Compute's stall samples by source line on one launch of pi0's step kernel
-#   PART=c   the closing benches and checks of libero-pi0 and libero-shallow6 (each in a fresh process, empty caches)
+#   PART=c   (part b: staggered polls slower, 769-778 against 726.6 us a step, the barriers' release 0.77 -> 1.02 us;
+#            idle_prefetch=0 740.2) the merge folded into attention (sweep 34), Nsight Compute's source view again
+#            (part b's had no counters: `--print-source cuda` alone), the closing benches and checks of libero-pi0 and
+#            libero-shallow6 (each in a fresh process, empty caches)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session15.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -26,7 +29,10 @@ b)
 EOT
   ;;
 c)
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
   lane A 0 30 <<EOT &
+240 python3 benchmarks/expert_step_bench.py --sweep 34 --timeline --no-phases --json $R/kernel_expert_step_sweep34.json | grep -v timeline
+100 $NCU --clock-control none -k regex:_expert_step_kernel -s 2 -c 1 --section SourceCounters --section WarpStateStats --import-source yes -f -o /tmp/step_ncu python3 benchmarks/step_kernel_once.py && $NCU -i /tmp/step_ncu.ncu-rep --page source --csv --print-source cuda,sass | gzip > $R/ncu_step_kernel_source_s15.csv.gz; ls -la $R
 80 $V bench --workload libero-pi0 --levers best --compile-cache /tmp/fcA $B --json $R/bench_libero-pi0_best-s15_model.json
 100 $V check --workload libero-pi0 --levers best --seeds 2 --compile-cache /tmp/fcA --json $R/check_libero-pi0_best_s15.json
 80 $V bench --workload libero-shallow6 --levers best --compile-cache /tmp/fcE $B --json $R/bench_libero-shallow6_best-s15_model.json
