@@ -10,6 +10,9 @@
 #            idle_prefetch=0 740.2) the merge folded into attention (sweep 34), Nsight Compute's source view again
 #            (part b's had no counters: `--print-source cuda` alone), the closing benches and checks of libero-pi0 and
 #            libero-shallow6 (each in a fresh process, empty caches)
+#   PART=d   (part c: fold_merge slower, 758.8 / 798.0 against 731.3 us; libero-pi0 best 13.44 ms) aloha-pi0's first
+#            bench and check (3 views, 48-token prompt: an 867-key step kernel), batch 4 and 8 with today's best (last
+#            benched in session 9), and libero-pi0's kernel table at the session's defaults
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session15.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -37,6 +40,15 @@ c)
 100 $V check --workload libero-pi0 --levers best --seeds 2 --compile-cache /tmp/fcA --json $R/check_libero-pi0_best_s15.json
 80 $V bench --workload libero-shallow6 --levers best --compile-cache /tmp/fcE $B --json $R/bench_libero-shallow6_best-s15_model.json
 100 $V check --workload libero-shallow6 --levers best --seeds 2 --compile-cache /tmp/fcE --json $R/check_libero-shallow6_best_s15.json
+EOT
+  ;;
+d)
+  lane A 0 30 <<EOT &
+80 $V bench --workload aloha-pi0 --levers best --compile-cache /tmp/fcD $B --json $R/bench_aloha-pi0_best-s15_model.json
+100 $V check --workload aloha-pi0 --levers best --seeds 2 --compile-cache /tmp/fcD --json $R/check_aloha-pi0_best_s15.json
+100 $V bench --workload libero-pi0-b4 --levers best --compile-cache /tmp/fc4 $B --json $R/bench_libero-pi0-b4_best-s15_model.json
+120 $V bench --workload libero-pi0-b8 --levers best --compile-cache /tmp/fc8 $B --json $R/bench_libero-pi0-b8_best-s15_model.json
+100 python3 benchmarks/profile_kernels.py --workload libero-pi0 --rows 40 --levers best --sequence $R/kernel_sequence_best_s15.txt > $R/kernels_best_s15.txt 2>&1; grep -A12 "^per call" $R/kernels_best_s15.txt
 EOT
   ;;
 esac
