@@ -217,7 +217,8 @@ class StepKernelConfig:
     # `ld.acquire` one round trip after another. 2-4 keep that many relaxed reads in flight, issued
     # `poll_gap` clock cycles apart, so the count's completion is seen up to a round trip sooner
     # (the barrier releases ~0.77 us after the last arrival: sweep 32's timeline); the read that sees
-    # it is followed by an acquiring fence. Prepared in session 15
+    # it is followed by an acquiring fence. Slower (session 15, sweep 33): 769-778 against 726.6 us a step, the
+    # release 0.77 -> 1.02 us (the fence compiles to MEMBAR.ALL.GPU, which waits for the reads still in flight); off
     poll_depth: int = 1
     poll_gap: int = 128
 
