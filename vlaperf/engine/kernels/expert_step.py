@@ -221,6 +221,11 @@ class StepKernelConfig:
     # release 0.77 -> 1.02 us (the fence compiles to MEMBAR.ALL.GPU, which waits for the reads still in flight); off
     poll_depth: int = 1
     poll_gap: int = 128
+    # qkv's rotary halves (d, d + HD/2) and gate_up's gate and up columns as one product of twice the
+    # width instead of two: their weight rows interleaved in one tile (a row at a time, so the loads
+    # stay whole rows), the accumulator split in two after the K loop. Half the tensor-core issues and
+    # one read of the activation tile from shared memory a K block instead of two
+    one_dot: bool = False
 
 
 def ssq_sum_mode(cfg: StepKernelConfig) -> int:
@@ -478,6 +483,25 @@ def _rows_matmul(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, co
 
 
 @triton.jit
+def _rows_matmul_pair(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, col_ok, K, rot,
+                      BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SSQ: tl.constexpr,
+                      STAGES: tl.constexpr, ROTATE: tl.constexpr, SSQ_SUM: tl.constexpr, ONE_DOT: tl.constexpr):
+    """_rows_matmul with TWO: A[rows] @ W[cols]^T and A[rows] @ W[cols2]^T. ONE_DOT (one_dot): as one
+    product over the interleaved rows (cols[0], cols2[0], cols[1], ...), 2 BLOCK_N wide, whose
+    accumulator's even and odd columns are the two results."""
+    if ONE_DOT:
+        wide_cols = tl.reshape(tl.join(cols, cols2), (2 * BLOCK_N,))
+        wide_ok = tl.reshape(tl.join(col_ok, col_ok), (2 * BLOCK_N,))
+        acc, _unused, ssq = _rows_matmul(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, wide_cols, wide_cols, wide_ok,
+                                         K, rot, BLOCK_M, 2 * BLOCK_N, BLOCK_K, False, SSQ, STAGES, ROTATE, SSQ_SUM)
+        acc1, acc2 = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
+    else:
+        acc1, acc2, ssq = _rows_matmul(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, col_ok, K, rot,
+                                       BLOCK_M, BLOCK_N, BLOCK_K, True, SSQ, STAGES, ROTATE, SSQ_SUM)
+    return acc1, acc2, ssq
+
+
+@triton.jit
 def _prefetch_l2(base_ptr, n_elems, pid, nprog, ELEMS_PER_LINE: tl.constexpr, LINES: tl.constexpr):
     """Ask L2 for this program's share of the weights [base, base + n_elems) that a later
     phase reads: their loads then hit L2 instead of waiting on HBM. Weights do not depend
@@ -608,7 +632,7 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
                DATAFLOW: tl.constexpr, mod_ptr=None, xm_ptr=None, ssq_ptr=None, MOD: tl.constexpr = False,
                SSQ_TILES: tl.constexpr = 1, EARLY_MOD: tl.constexpr = False, SSQ_IN: tl.constexpr = False,
                AHEAD: tl.constexpr = False, ROPE_AHEAD: tl.constexpr = False, PAIRS: tl.constexpr = 0,
-               SSQ_SUM: tl.constexpr = 0):
+               SSQ_SUM: tl.constexpr = 0, ONE_DOT: tl.constexpr = False):
     """DATAFLOW: each task counts itself in at its slot's counter (query head, k or v) once
     its outputs are stored, for the attention tasks that wait on them.
     MOD (pi0.5's adaptive norm, n (1 + scale) + shift): the product reads xm = x (1 + scale),
@@ -651,8 +675,8 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
             bias1, bias2, ssq_pre, ssq_block, a_ptr = _before_k_loop(
                 mod_ptr + D + cols, HALF, d_ok, ssq_ptr, rows, x_ptr, xm_ptr, MOD, LOADED, EARLY_MOD, AHEAD, SSQ_TILES,
                 BLOCK_M)
-            acc1, acc2, ssq = _rows_matmul(a_ptr, D, rows, row_ok, wqkv_ptr, D, cols, cols + HALF, d_ok, D, task,
-                                           BLOCK_M, BN, BK, True, False, STAGES, ROTATE)
+            acc1, acc2, ssq = _rows_matmul_pair(a_ptr, D, rows, row_ok, wqkv_ptr, D, cols, cols + HALF, d_ok, D, task,
+                                                BLOCK_M, BN, BK, False, STAGES, ROTATE, 0, ONE_DOT)
             if AHEAD:
                 ssq = _add_ssq_tiles(ssq_block)
             elif EARLY_MOD:
@@ -660,8 +684,8 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
             else:
                 ssq = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
         else:
-            acc1, acc2, ssq = _rows_matmul(x_ptr, D, rows, row_ok, wqkv_ptr, D, cols, cols + HALF, d_ok, D, task,
-                                           BLOCK_M, BN, BK, True, True, STAGES, ROTATE, SSQ_SUM)
+            acc1, acc2, ssq = _rows_matmul_pair(x_ptr, D, rows, row_ok, wqkv_ptr, D, cols, cols + HALF, d_ok, D, task,
+                                                BLOCK_M, BN, BK, True, STAGES, ROTATE, SSQ_SUM, ONE_DOT)
         inv = 1.0 / tl.sqrt(ssq / D + eps)
         acc1 = acc1 * inv[:, None]
         acc2 = acc2 * inv[:, None]
@@ -979,7 +1003,8 @@ def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, n
                    D: tl.constexpr, F: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr,
                    KS: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr, mod_ptr=None, xm_ptr=None,
                    ssq_ptr=None, MOD: tl.constexpr = False, SSQ_TILES: tl.constexpr = 1, EARLY_MOD: tl.constexpr = False,
-                   SSQ_IN: tl.constexpr = False, AHEAD: tl.constexpr = False, SSQ_SUM: tl.constexpr = 0):
+                   SSQ_IN: tl.constexpr = False, AHEAD: tl.constexpr = False, SSQ_SUM: tl.constexpr = 0,
+                   ONE_DOT: tl.constexpr = False):
     """h[:, cols] = gelu(n(x) @ Wg[cols]^T) * (n(x) @ Wu[cols]^T). KS > 1 splits D as in
     _phase_residual: each task's gate, up and sum-of-squares partials go to `part`, and the
     tile's last task adds them (in order) before the norm and GELU, which need the whole sums.
@@ -1001,11 +1026,11 @@ def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, n
             bias_g, bias_u, ssq_pre, ssq_block, a_ptr = _before_k_loop(
                 mod_ptr + D + cols, F, col_ok, ssq_ptr, rows, x_ptr, xm_ptr, MOD, LOADED, EARLY_MOD, AHEAD, SSQ_TILES,
                 BLOCK_M)
-            g, u, ssq = _rows_matmul(a_ptr + s * k_slice, D, rows, row_ok, wgu_ptr + s * k_slice, D, cols, cols + F,
-                                     col_ok, k_slice, tile, BLOCK_M, BN, BK, True, False, STAGES, ROTATE)
+            g, u, ssq = _rows_matmul_pair(a_ptr + s * k_slice, D, rows, row_ok, wgu_ptr + s * k_slice, D, cols, cols + F,
+                                          col_ok, k_slice, tile, BLOCK_M, BN, BK, False, STAGES, ROTATE, 0, ONE_DOT)
         else:
-            g, u, ssq = _rows_matmul(x_ptr + s * k_slice, D, rows, row_ok, wgu_ptr + s * k_slice, D, cols, cols + F,
-                                     col_ok, k_slice, tile, BLOCK_M, BN, BK, True, True, STAGES, ROTATE, SSQ_SUM)
+            g, u, ssq = _rows_matmul_pair(x_ptr + s * k_slice, D, rows, row_ok, wgu_ptr + s * k_slice, D, cols, cols + F,
+                                          col_ok, k_slice, tile, BLOCK_M, BN, BK, True, STAGES, ROTATE, SSQ_SUM, ONE_DOT)
         last = True
         if KS > 1:
             gu = part_ptr + rows[:, None] * (2 * F) + cols[None, :]  # (KS, BLOCK_M, 2F): gate columns, then up
@@ -1068,7 +1093,7 @@ def _expert_step_kernel(
     EARLY_MOD: tl.constexpr, SCALE_AFTER_LOOP: tl.constexpr, MOD_PREFETCH: tl.constexpr = False,
     SSQ_IN: tl.constexpr = False, SSQ_OUT: tl.constexpr = False, STATS_AHEAD: tl.constexpr = False,
     ROPE_AHEAD: tl.constexpr = False, QKV_PAIRS: tl.constexpr = 0, SSQ_SUM: tl.constexpr = 0,
-    POLL_DEPTH: tl.constexpr = 1, POLL_GAP: tl.constexpr = 0,
+    POLL_DEPTH: tl.constexpr = 1, POLL_GAP: tl.constexpr = 0, ONE_DOT: tl.constexpr = False,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -1106,7 +1131,7 @@ def _expert_step_kernel(
                 _phase_qkv(x_ptr, wqkv_ptr + layer * (QKV_N * D), q_ptr, kv_ptr, cos_ptr, sin_ptr, tile_ctr + CTR_SLOT, MT,
                            eps, pid, nprog, D, NH, HD, BLOCK_M, BN_QKV, BK_QKV, STAGES, ROTATE, DATAFLOW, modl, xm_ptr,
                            ssq_ptr, MOD, (D + BN_DOWN - 1) // BN_DOWN, EARLY_MOD, SSQ_IN, STATS_AHEAD, ROPE_AHEAD,
-                           QKV_PAIRS, SSQ_SUM)
+                           QKV_PAIRS, SSQ_SUM, ONE_DOT)
                 if IDLE_PREFETCH > 0:
                     # qkv has fewer tasks than programs (80 of 132 for pi0's expert); the idle ones ask L2
                     # for what the next phases read first from HBM, instead of waiting at the barrier
@@ -1143,7 +1168,7 @@ def _expert_step_kernel(
             elif phase == 4:
                 _phase_gate_up(x_ptr, wgu_ptr + layer * (2 * F * D), h_ptr, part_ptr, tile_ctr + CTR_GU, MT, eps, pid, nprog,
                                D, F, BLOCK_M, BN_GU, BK_GU, KS_GU, STAGES, ROTATE, modl + 2 * D + QKV_N, xm_ptr, ssq_ptr, MOD,
-                               (D + BN_O - 1) // BN_O, EARLY_MOD, SSQ_IN, STATS_AHEAD, SSQ_SUM)
+                               (D + BN_O - 1) // BN_O, EARLY_MOD, SSQ_IN, STATS_AHEAD, SSQ_SUM, ONE_DOT)
             elif phase == 5:
                 _phase_residual(h_ptr, F, wd_ptr + layer * (D * F), x_ptr, part_ptr, tile_ctr + CTR_DOWN, MT, pid, nprog, D,
                                 BLOCK_M, BN_DOWN, BK_DOWN, KS_DOWN, STAGES, ROTATE, modl + 3 * D + QKV_N + 2 * F,
@@ -1531,7 +1556,7 @@ def expert_step(
                   EARLY_MOD=cfg.early_mod_loads, SCALE_AFTER_LOOP=cfg.scale_after_loop,
                   MOD_PREFETCH=cfg.mod_prefetch and device.type == "cuda", **ssq_constexprs(cfg, mod is not None, D),
                   ROPE_AHEAD=cfg.rope_ahead, QKV_PAIRS=cfg.qkv_pairs, SSQ_SUM=ssq_sum_mode(cfg),
-                  POLL_DEPTH=cfg.poll_depth, POLL_GAP=cfg.poll_gap)
+                  POLL_DEPTH=cfg.poll_depth, POLL_GAP=cfg.poll_gap, ONE_DOT=cfg.one_dot)
     if persistent:
         launch(_expert_step_kernel, (grid,), *args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
         if keep_counters:
