@@ -2,6 +2,10 @@
 # Session 16's device calls on nvidia-h200 (one GPU; lanes.sh, lane A only).
 #   PART=a   qkv's rotary halves and gate_up's gate and up as one product of twice the width (one_dot, new): sweep 35
 #            with timelines for pi0 and for pi0.5 at its 10 rows, then both workloads' calls in one process each
+#   PART=b   (part a: one_dot 691.9 against 731.6 us a step, the libero-pi0 call 1.027x, libero-pi05 1.010x: now on) the
+#            K loops bound by their instruction issue, not their bytes: o_proj's and down's tiles twice as wide (64
+#            columns, 8 K slices of 128-deep blocks: n32 a warpgroup), each and both, in the call; then the benches
+#            and checks of libero-pi0 and libero-pi05 at the new defaults (fresh process each, empty caches)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session16.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -12,6 +16,17 @@ a)
 200 python3 benchmarks/expert_step_bench.py --pi05 --sweep 35 --timeline --no-phases --json $R/kernel_expert_step_pi05_sweep35.json | grep -v timeline
 80 python3 benchmarks/step_config_ab.py --base "" --new "one_dot=1" --rounds 40 --json $R/step_config_ab_libero-pi0_one_dot.json
 80 python3 benchmarks/step_config_ab.py --workload libero-pi05 --base "" --new "one_dot=1" --rounds 40 --json $R/step_config_ab_libero-pi05_one_dot.json
+EOT
+  ;;
+b)
+  lane A 0 30 <<EOT &
+80 python3 benchmarks/step_config_ab.py --base "" --new "bn_o=64 ks_o=8 bk_o=128" --rounds 40 --json $R/step_config_ab_libero-pi0_wide_o.json
+80 python3 benchmarks/step_config_ab.py --base "" --new "bn_down=64 ks_down=8 bk_down=128" --rounds 40 --json $R/step_config_ab_libero-pi0_wide_down.json
+80 python3 benchmarks/step_config_ab.py --base "" --new "bn_o=64 ks_o=8 bk_o=128 bn_down=64 ks_down=8 bk_down=128" --rounds 40 --json $R/step_config_ab_libero-pi0_wide_o_down.json
+80 $V bench --workload libero-pi0 --levers best --compile-cache /tmp/fcA $B --json $R/bench_libero-pi0_best-s16_model.json
+100 $V check --workload libero-pi0 --levers best --seeds 2 --compile-cache /tmp/fcA --json $R/check_libero-pi0_best_s16.json
+80 $V bench --workload libero-pi05 --levers best --compile-cache /tmp/fcB $B --json $R/bench_libero-pi05_best-s16_model.json
+100 $V check --workload libero-pi05 --levers best --seeds 2 --compile-cache /tmp/fcB --json $R/check_libero-pi05_best_s16.json
 EOT
   ;;
 esac

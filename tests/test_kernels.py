@@ -524,10 +524,10 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
                replace(small, ssq_mma=True), replace(small, ssq_mma=True, ks_gu=2, bn_down=8),
                # the squares summed across the threads in every K block (before session 15's ssq_local)
                replace(small, ssq_local=False), replace(small, ssq_local=False, ks_gu=2, bn_down=8),
-               # qkv's rotary halves and gate_up's gate and up as one product of interleaved weight rows, also
+               # qkv's rotary halves and gate_up's gate and up as two products (before session 16's one_dot), also
                # with gate_up split in K, with qkv's tasks as runs of pairs, and with the squares summed per K block
-               replace(small, one_dot=True), replace(small, one_dot=True, ks_gu=2, bn_down=8),
-               replace(small, one_dot=True, qkv_pairs=5), replace(small, one_dot=True, ssq_local=False)]
+               replace(small, one_dot=False), replace(small, one_dot=False, ks_gu=2, bn_down=8),
+               replace(small, one_dot=False, qkv_pairs=5), replace(small, one_dot=False, ssq_local=False)]
     # (layers, D, heads, head dim, F, rows, prefix): head dim 16 has 8-dim RoPE halves, less than a tile
     for L, D, NH, HD, Fd, M, Tp in [(2, 32, 4, 16, 64, 11, 20), (1, 64, 2, 32, 96, 7, 45)]:
         x = torch.randn(M, D)
@@ -577,7 +577,7 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
                         replace(small, stats_ahead=True), replace(small, stats_ahead=True, ks_o=1, ks_down=1, ks_gu=2),
                         replace(small, stats_ahead=True, ssq_from_writers=True), replace(small, rope_ahead=False),
                         replace(small, qkv_pairs=5), replace(small, qkv_pairs=5, stats_ahead=False),
-                        replace(small, one_dot=True), replace(small, one_dot=True, ks_gu=2, bn_down=8)):
+                        replace(small, one_dot=False), replace(small, one_dot=False, ks_gu=2, bn_down=8)):
                 out = expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=cfg, mod=table[step])
                 err = ((out - ref).norm() / ref.norm()).item()
                 assert err < 1e-5, ("pi0.5", step, cfg, err)
@@ -846,7 +846,7 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
                (replace(S.StepKernelConfig(), ssq_mma=True, bk_qkv=64, bk_gu=64), False, 1),
                (replace(S.StepKernelConfig(), ssq_local=False), False, 1),
                (replace(S.StepKernelConfig(), poll_depth=4, poll_gap=64), False, 1),
-               (replace(S.StepKernelConfig(), one_dot=True), False, 1))
+               (replace(S.StepKernelConfig(), one_dot=False), False, 1))
     for cfg, timeline, samples in configs:
         consts = resources.whole_kernel_constexprs(cfg, timeline, samples)
         r = resources.compile_kernel(S._expert_step_kernel, consts, cfg.num_warps, cfg.num_stages, ptxas=True)

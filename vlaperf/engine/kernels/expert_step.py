@@ -223,9 +223,12 @@ class StepKernelConfig:
     poll_gap: int = 128
     # qkv's rotary halves (d, d + HD/2) and gate_up's gate and up columns as one product of twice the
     # width instead of two: their weight rows interleaved in one tile (a row at a time, so the loads
-    # stay whole rows), the accumulator split in two after the K loop. Half the tensor-core issues and
-    # one read of the activation tile from shared memory a K block instead of two
-    one_dot: bool = False
+    # stay whole rows), the accumulator split in two after the K loop. Half the wgmma instructions (n16 /
+    # n32 a warpgroup instead of n8 / n16) and one read of the activation tile from shared memory a K
+    # block instead of two. Session 16 (sweep 35): pi0 691.9 against 731.6 us a step (qkv's slot 8.38 ->
+    # 7.36 us, gate_up's 9.47 -> 8.61), the libero-pi0 call 1.027x (p10..p90 1.022..1.034, the same
+    # actions bit for bit); pi0.5 601.0 against 613.9 us, its call 1.010x (1.004..1.016); on
+    one_dot: bool = True
 
 
 def ssq_sum_mode(cfg: StepKernelConfig) -> int:
