@@ -6,6 +6,10 @@
 #            K loops bound by their instruction issue, not their bytes: o_proj's and down's tiles twice as wide (64
 #            columns, 8 K slices of 128-deep blocks: n32 a warpgroup), each and both, in the call; then the benches
 #            and checks of libero-pi0 and libero-pi05 at the new defaults (fresh process each, empty caches)
+#   PART=c   (part b: wider o_proj / down tiles slower, 0.977x / 0.990x / 0.978x; libero-pi0 best 13.12 ms, libero-pi05
+#            12.12 ms) with one_dot's freed registers and issue slots: the norm statistics from the writers again
+#            (ssq_from_writers: 0.924x in session 13, when it spilled), one warpgroup (4 warps: n32 / n64 wgmma), 3-deep
+#            pipelines, each in the call; libero-shallow6's bench and check; libero-pi0's kernel table
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session16.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -27,6 +31,16 @@ b)
 100 $V check --workload libero-pi0 --levers best --seeds 2 --compile-cache /tmp/fcA --json $R/check_libero-pi0_best_s16.json
 80 $V bench --workload libero-pi05 --levers best --compile-cache /tmp/fcB $B --json $R/bench_libero-pi05_best-s16_model.json
 100 $V check --workload libero-pi05 --levers best --seeds 2 --compile-cache /tmp/fcB --json $R/check_libero-pi05_best_s16.json
+EOT
+  ;;
+c)
+  lane A 0 30 <<EOT &
+80 python3 benchmarks/step_config_ab.py --base "" --new "ssq_from_writers=1" --rounds 40 --json $R/step_config_ab_libero-pi0_ssq_writers_one_dot.json
+80 python3 benchmarks/step_config_ab.py --base "" --new "num_warps=4" --rounds 40 --json $R/step_config_ab_libero-pi0_warps4_one_dot.json
+80 python3 benchmarks/step_config_ab.py --base "" --new "num_stages=3" --rounds 40 --json $R/step_config_ab_libero-pi0_stages3_one_dot.json
+80 $V bench --workload libero-shallow6 --levers best --compile-cache /tmp/fcE $B --json $R/bench_libero-shallow6_best-s16_model.json
+100 $V check --workload libero-shallow6 --levers best --seeds 2 --compile-cache /tmp/fcE --json $R/check_libero-shallow6_best_s16.json
+100 python3 benchmarks/profile_kernels.py --workload libero-pi0 --rows 40 --levers best --sequence $R/kernel_sequence_best_s16.txt > $R/kernels_best_s16.txt 2>&1; grep -A12 "^per call" $R/kernels_best_s16.txt
 EOT
   ;;
 esac
