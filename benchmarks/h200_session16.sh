@@ -10,6 +10,9 @@
 #            12.12 ms) with one_dot's freed registers and issue slots: the norm statistics from the writers again
 #            (ssq_from_writers: 0.924x in session 13, when it spilled), one warpgroup (4 warps: n32 / n64 wgmma), 3-deep
 #            pipelines, each in the call; libero-shallow6's bench and check; libero-pi0's kernel table
+#   PART=d   (part c: ssq_from_writers 0.906x, 4 warps 0.889x, 3 stages 0.966x; libero-shallow6 5.77 ms; the step kernel
+#            6.86 ms of the libero-pi0 call) gate_up's K blocks 64 deep (twice the iterations for the same shared-memory
+#            traffic: is the loop's per-block cost what is left?), in the call; batch 4 and 8 and aloha-pi0 with one_dot
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session16.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -41,6 +44,15 @@ c)
 80 $V bench --workload libero-shallow6 --levers best --compile-cache /tmp/fcE $B --json $R/bench_libero-shallow6_best-s16_model.json
 100 $V check --workload libero-shallow6 --levers best --seeds 2 --compile-cache /tmp/fcE --json $R/check_libero-shallow6_best_s16.json
 100 python3 benchmarks/profile_kernels.py --workload libero-pi0 --rows 40 --levers best --sequence $R/kernel_sequence_best_s16.txt > $R/kernels_best_s16.txt 2>&1; grep -A12 "^per call" $R/kernels_best_s16.txt
+EOT
+  ;;
+d)
+  lane A 0 30 <<EOT &
+80 python3 benchmarks/step_config_ab.py --base "" --new "bk_gu=64" --rounds 40 --json $R/step_config_ab_libero-pi0_bk_gu64_one_dot.json
+100 $V bench --workload libero-pi0-b4 --levers best --compile-cache /tmp/fc4 $B --json $R/bench_libero-pi0-b4_best-s16_model.json
+120 $V bench --workload libero-pi0-b8 --levers best --compile-cache /tmp/fc8 $B --json $R/bench_libero-pi0-b8_best-s16_model.json
+80 $V bench --workload aloha-pi0 --levers best --compile-cache /tmp/fcD $B --json $R/bench_aloha-pi0_best-s16_model.json
+100 $V check --workload aloha-pi0 --levers best --seeds 2 --compile-cache /tmp/fcD --json $R/check_aloha-pi0_best_s16.json
 EOT
   ;;
 esac
