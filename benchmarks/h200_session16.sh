@@ -13,6 +13,9 @@
 #   PART=d   (part c: ssq_from_writers 0.906x, 4 warps 0.889x, 3 stages 0.966x; libero-shallow6 5.77 ms; the step kernel
 #            6.86 ms of the libero-pi0 call) gate_up's K blocks 64 deep (twice the iterations for the same shared-memory
 #            traffic: is the loop's per-block cost what is left?), in the call; batch 4 and 8 and aloha-pi0 with one_dot
+#   PART=e   (part d: bk_gu=64 0.998x; b4 33.57 ms, b8 60.65 ms under the power cap; aloha-pi0 16.89 ms) Nsight Compute
+#            on one launch of pi0's step kernel at the new defaults: stall reasons, shared-memory and L2 throughput
+#            (is the K loops' shared-memory traffic what binds them?), stall samples by source line
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session16.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, and the lever lists $X / $G, $V, $B
@@ -53,6 +56,12 @@ d)
 120 $V bench --workload libero-pi0-b8 --levers best --compile-cache /tmp/fc8 $B --json $R/bench_libero-pi0-b8_best-s16_model.json
 80 $V bench --workload aloha-pi0 --levers best --compile-cache /tmp/fcD $B --json $R/bench_aloha-pi0_best-s16_model.json
 100 $V check --workload aloha-pi0 --levers best --seeds 2 --compile-cache /tmp/fcD --json $R/check_aloha-pi0_best_s16.json
+EOT
+  ;;
+e)
+  NCU=$(command -v ncu || ls /opt/nvidia/nsight-compute/*/ncu | head -1)
+  lane A 0 60 <<EOT &
+150 $NCU --clock-control none -k regex:_expert_step_kernel -s 2 -c 1 --section SourceCounters --section WarpStateStats --section MemoryWorkloadAnalysis --section MemoryWorkloadAnalysis_Tables --section ComputeWorkloadAnalysis --section SpeedOfLight --import-source yes -f -o /tmp/step_ncu python3 benchmarks/step_kernel_once.py && $NCU -i /tmp/step_ncu.ncu-rep --page details > $R/ncu_step_kernel_details_s16.txt && $NCU -i /tmp/step_ncu.ncu-rep --page source --csv --print-source cuda,sass | gzip > $R/ncu_step_kernel_source_s16.csv.gz; grep -i "shared\|throughput\|stall\|issue" $R/ncu_step_kernel_details_s16.txt | head -60
 EOT
   ;;
 esac
