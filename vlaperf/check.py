@@ -48,3 +48,32 @@ def check_equivalence(model, engine, workload: Workload, seeds=(0, 1), num_steps
     worst = dict(max(results, key=lambda r: (not r["passed"], r["rel_l2"] if r["rel_l2"] == r["rel_l2"] else float("inf"))))
     worst.update({"dtype": str(model.dtype).replace("torch.", ""), "seeds": len(seeds), "variant": engine.name})
     return worst
+
+
+@torch.no_grad()
+def check_wam_equivalence(model, engine, workload, seeds=(0, 1)) -> dict:
+    """Worst case over `seeds` of a world-action engine variant against `model.generate`, on
+    the actions and on the predicted video (both must pass)."""
+    from vlaperf.models.wam import random_wam_inputs
+
+    kw = dict(steps=workload.steps, video_steps=workload.video_steps, sparsity=workload.sparsity,
+              cfg_scale=workload.cfg_scale, shift=workload.shift)
+    results = []
+    for seed in seeds:
+        obs, noise = random_wam_inputs(model.config, workload.batch, model.device, model.dtype, seed=100 + seed)
+        ref_a, ref_v = model.generate(obs, noise, **kw)
+        out_a, out_v = engine.generate(obs, noise, **kw)
+        for name, out, ref in (("actions", out_a, ref_a), ("video", out_v, ref_v)):
+            if out.shape != ref.shape:
+                raise AssertionError(f"variant {engine.name} returned {name} of shape {tuple(out.shape)}, reference {tuple(ref.shape)}")
+        a, v = compare(out_a, ref_a, model.dtype), compare(out_v, ref_v, model.dtype)
+        results.append({**a, "video_rel_l2": v["rel_l2"], "video_max_abs": v["max_abs"], "passed": a["passed"] and v["passed"]})
+
+    def badness(r):
+        worst = max(r["rel_l2"], r["video_rel_l2"])
+        return (not r["passed"], worst if worst == worst else float("inf"))
+
+    worst = dict(max(results, key=badness))
+    worst.update({"dtype": str(model.dtype).replace("torch.", ""), "seeds": len(seeds), "variant": engine.name,
+                  "sparsity": workload.sparsity})
+    return worst

@@ -67,6 +67,13 @@ def add_common(p: argparse.ArgumentParser, levers_default: str = "reference") ->
     p.add_argument("--levers", default=levers_default, help="'reference', 'best' or a comma list (see `vlaperf levers`)")
     p.add_argument("--json", default=None, help="write the result file here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    # world-action workloads only (wam-761, wam-tiny): settings that change the result
+    p.add_argument("--sparsity", choices=("none", "drop_middle", "mae_middle"), default=None,
+                   help="world-action workloads: frame sparsity (check / matrix: all three when not given)")
+    p.add_argument("--video-steps", type=positive_int, default=None,
+                   help="world-action workloads: the video's denoise steps (< --steps: the video's early stop)")
+    p.add_argument("--cfg-scale", type=non_negative_float, default=None,
+                   help="world-action workloads: classifier-free guidance scale (0: off; > 0 doubles the batch)")
     add_compile_cache(p)
 
 
@@ -74,6 +81,20 @@ def add_compile_cache(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile-cache", default=None, metavar="DIR",
                    help="keep torch.compile's and Triton's caches in DIR (created if missing), e.g. a volume that outlives "
                         "a container: a later process skips the compiles (H200, best: first call 9-14 s cold, 3.6-4 s warm)")
+
+
+def wam_args(args) -> bool:
+    """True for a world-action workload; pi0 workloads refuse the world-action settings."""
+    from vlaperf.workloads import is_wam_workload
+
+    if is_wam_workload(getattr(args, "workload", None)):
+        return True
+    given = [f"--{n.replace('_', '-')}" for n in ("sparsity", "video_steps", "cfg_scale") if getattr(args, n, None) is not None]
+    if given:
+        raise CliError(f"{', '.join(given)}: only for the world-action workloads (wam-761, wam-tiny)")
+    if getattr(args, "mode", None) == "forward":
+        raise CliError("--mode forward: only for the world-action workloads (wam-761, wam-tiny) so far")
+    return False
 
 
 def setup(args):
@@ -144,6 +165,10 @@ def cmd_bench(args) -> int:
     from vlaperf.roofline import roofline
     from vlaperf.timing import environment_record, time_calls
 
+    if wam_args(args):
+        from vlaperf.profile import wam
+
+        return wam.cmd_bench(args)
     base, workload, model, device = setup(args)
     engine = None if args.levers in ("reference", "none", "") else make_engine(model, args.levers)
     sample = engine.sample_actions if engine else model.sample_actions
@@ -258,6 +283,10 @@ def cmd_check(args) -> int:
     from vlaperf.report.schema import write_result
     from vlaperf.timing import environment_record
 
+    if wam_args(args):
+        from vlaperf.profile import wam
+
+        return wam.cmd_check(args)
     base, workload, model, device = setup(args)
     if args.levers == "all":
         # Each lever alone (with what it needs beside it), then the best preset.
@@ -305,6 +334,16 @@ def cmd_levers(args) -> int:
     console.print(table)
     console.print(f"presets: best (GPU) = {','.join(BEST_GPU)} (+ triton_kernels, megakernel on Hopper, compute capability 9.x)\n         graph (GPU, no compile) = {','.join(GRAPH_GPU)}\n"
                   f"         best (CPU) = exact = {','.join(BEST_CPU)}\n         reference = none")
+    from vlaperf.engine.wam import WAM_LEVERS, WAM_PRESETS
+
+    table = Table(title="world-action model levers (workloads wam-761, wam-tiny)")
+    table.add_column("lever")
+    table.add_column("what it does")
+    for name, desc in WAM_LEVERS.items():
+        table.add_row(name, desc)
+    console.print(table)
+    console.print("presets: " + "\n         ".join(f"{k} = {','.join(v) or 'none'}" for k, v in WAM_PRESETS.items())
+                  + " (CPU: exact)")
     return 0
 
 
@@ -312,6 +351,10 @@ def cmd_levers(args) -> int:
 
 
 def cmd_matrix(args) -> int:
+    if wam_args(args):
+        from vlaperf.profile import wam
+
+        return wam.cmd_matrix(args)
     if getattr(args, "ray", False):
         from vlaperf.profile.ray_matrix import run_matrix_ray
 
@@ -332,7 +375,9 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("bench", help="latency of one policy call (model or policy mode)")
     add_common(p)
-    p.add_argument("--mode", choices=("model", "policy"), default="model")
+    p.add_argument("--mode", choices=("model", "policy", "forward"), default="model",
+                   help="model: the call on device tensors; policy: the served path (pi0 family); forward: one model "
+                        "forward (world-action workloads)")
     p.add_argument("--warmup", type=non_negative_int, default=30)
     p.add_argument("--iters", type=positive_int, default=100)
     p.add_argument("--no-check", action="store_true", help="skip the equivalence check of a non-reference variant")
@@ -349,6 +394,8 @@ def build_parser() -> argparse.ArgumentParser:
     p = sub.add_parser("matrix", help="optimization matrix: variants interleaved in one process")
     add_common(p)
     p.add_argument("--variants", default="cumulative", help="'cumulative', 'grid', or variants separated by ';'")
+    p.add_argument("--mode", choices=("model", "forward"), default=None,
+                   help="world-action workloads: time one generate call (model, the default) or one forward")
     p.add_argument("--warmup", type=positive_int, default=10)
     p.add_argument("--iters", type=positive_int, default=50)
     from vlaperf.profile.ray_matrix import add_matrix_arguments

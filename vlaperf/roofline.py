@@ -57,3 +57,55 @@ def roofline(cfg: Pi0Config, workload: Workload, images: int, prompt_len: int, s
         "prefix_ms": prefix_ms, "denoise_ms": denoise_ms, "floor_ms": prefix_ms + denoise_ms,
         "matmul_flops": matmul_flops, "bandwidth": bandwidth,
     }
+
+
+# --------------------------------------------------------------- world-action model
+
+
+def _wam_forward(cfg, batch: int, tokens: int, video_side: int, context_kv: bool) -> tuple[float, float]:
+    """FLOPs and weight bytes (bf16) of one forward over `tokens` tokens per sample, of which
+    the first `video_side` attend among themselves only and the rest attend to all
+    (`tokens` = the action tokens alone with the finished video's keys cached: then the keys
+    are video_side + tokens). context_kv: the cross-attention keys/values are computed here."""
+    d, m, L = cfg.width, cfg.mlp_dim, cfg.text_tokens
+    linear = 6 * d * d + 2 * d * m  # self q, k, v, o; cross q, o; the MLP
+    flops = 2 * batch * tokens * linear
+    if video_side:  # a full forward: video side over itself, actions over everything
+        actions = tokens - video_side
+        pairs = video_side * video_side + actions * tokens
+    else:  # actions alone against the cached video side
+        pairs = tokens * (cfg.frame_tokens + 1 + tokens)
+    flops += 4 * batch * d * (pairs + tokens * L)  # QK^T and PV, self and cross
+    params = linear
+    if context_kv:
+        flops += 2 * batch * L * 2 * d * d
+        params += 2 * d * d
+    return flops * cfg.depth, 2.0 * params * cfg.depth
+
+
+def wam_roofline(cfg, workload, matmul_flops: float = H200_MATMUL_FLOPS, bandwidth: float = H200_BANDWIDTH) -> dict:
+    """Floor of one world-action `generate` as vlaperf's best algorithm runs it: the text
+    context's cross-attention keys/values once, a full forward a step while the video is
+    being denoised plus the one that fills the video cache, the action tokens alone after;
+    each forward at max(FLOPs / matmul rate, weight bytes / bandwidth). Guidance doubles the batch."""
+    from vlaperf.models.wam import kept_frame_tokens
+
+    b = workload.batch * (2 if workload.cfg_scale > 0 else 1)
+    frames = kept_frame_tokens(cfg, workload.sparsity)
+    tokens = frames + 1 + cfg.action_horizon
+    full = workload.steps if workload.video_steps >= workload.steps else workload.video_steps + 1
+    f_full, by_full = _wam_forward(cfg, b, tokens, frames + 1, context_kv=False)
+    f_act, by_act = _wam_forward(cfg, b, cfg.action_horizon, 0, context_kv=False)
+    f_ctx, by_ctx = 2 * b * cfg.text_tokens * 2 * cfg.width**2 * cfg.depth, 2.0 * 2 * cfg.width**2 * cfg.depth
+    ms = lambda f, by: 1e3 * max(f / matmul_flops, by / bandwidth)  # noqa: E731
+    phases = {
+        "context_kv_ms": ms(f_ctx, by_ctx),
+        "full_forward_ms": ms(f_full, by_full),
+        "action_forward_ms": ms(f_act, by_act),
+    }
+    floor = phases["context_kv_ms"] + full * phases["full_forward_ms"] + (workload.steps - full) * phases["action_forward_ms"]
+    return {
+        "tokens": tokens, "full_forwards": full, "action_forwards": workload.steps - full,
+        "full_forward_tflop": f_full / 1e12, "flops": f_ctx + full * f_full + (workload.steps - full) * f_act,
+        **phases, "floor_ms": floor, "matmul_flops": matmul_flops, "bandwidth": bandwidth,
+    }

@@ -79,13 +79,69 @@ WORKLOADS: dict[str, Workload] = {
     ]
 }
 
-# Listed in workloads.md but served by the world-action model, which is not built yet.
-PLANNED_WORKLOADS = ("wam-761", "wam-tiny")
+
+
+@dataclass(frozen=True)
+class WamWorkload:
+    """A world-action-model workload (seed 000): model preset + batch + sampler settings.
+
+    `video_steps` < `steps` is the "early stop" of the video tokens: the video is finished
+    after that many model calls and held clean while the actions go on (models/wam.py)."""
+
+    id: str
+    preset: str  # model preset name in vlaperf.models.wam.PRESETS
+    batch: int
+    steps: int  # model calls, the action schedule
+    video_steps: int  # the video's schedule (<= steps)
+    sparsity: str = "none"  # none | drop_middle | mae_middle
+    cfg_scale: float = 0.0  # 0: no guidance (seed 000's cfg=0); > 0 doubles the batch
+    shift: float = 3.0  # flow-matching time shift of both schedules
+
+    def with_overrides(self, **overrides) -> "WamWorkload":
+        overrides = {k: v for k, v in overrides.items() if v is not None}
+        if not overrides:
+            return self
+        for name in ("batch", "steps"):
+            if name in overrides and (not isinstance(overrides[name], int) or overrides[name] < 1):
+                raise ValueError(f"{name} must be an integer >= 1, got {overrides[name]!r}")
+        if "steps" in overrides and "video_steps" not in overrides:
+            # keep the early stop's share of the calls: half by default
+            overrides["video_steps"] = max(1, round(self.video_steps * overrides["steps"] / self.steps))
+        w = dataclasses.replace(self, **overrides)
+        from vlaperf.models.wam import check_sampling_args
+
+        check_sampling_args(w.steps, w.video_steps, w.sparsity, w.cfg_scale, w.shift)
+        return w
+
+    def overrides_vs(self, base: "WamWorkload") -> dict:
+        return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(base, f.name)}
+
+
+# 761 tokens = 6 frames x 120 patches + 1 state + 40 actions; 10 action steps, the video finished
+# in 5 (early stop), no guidance: seed 000's `generate(early_stop=True, cfg=0)`.
+WAM_WORKLOADS: dict[str, WamWorkload] = {
+    w.id: w
+    for w in [
+        WamWorkload("wam-761", "wam", 1, 10, 5),
+        WamWorkload("wam-tiny", "wam-tiny", 1, 4, 2),
+    ]
+}
+
+
+def is_wam_workload(workload_id: str | None) -> bool:
+    return workload_id in WAM_WORKLOADS
+
+
+def get_wam_workload(workload_id: str) -> WamWorkload:
+    if workload_id not in WAM_WORKLOADS:
+        raise ValueError(f"unknown world-action-model workload {workload_id!r}; expected one of: {', '.join(WAM_WORKLOADS)}")
+    return WAM_WORKLOADS[workload_id]
 
 
 def get_workload(workload_id: str) -> Workload:
     if workload_id in WORKLOADS:
         return WORKLOADS[workload_id]
-    if workload_id in PLANNED_WORKLOADS:
-        raise ValueError(f"workload {workload_id!r} needs the world-action model, which vlaperf does not have yet")
-    raise ValueError(f"unknown workload {workload_id!r}; expected one of: {', '.join(WORKLOADS)}")
+    if workload_id in WAM_WORKLOADS:
+        raise ValueError(f"workload {workload_id!r} is a world-action model workload: `vlaperf bench`, `check` and `matrix` "
+                         "run it; this command takes a pi0-family workload")
+    raise ValueError(f"unknown workload {workload_id!r}; expected one of: {', '.join(list(WORKLOADS) + list(WAM_WORKLOADS))}")

@@ -1,0 +1,352 @@
+"""The world-action model (models/wam.py), its engine (engine/wam.py) and commands, on wam-tiny."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+import torch
+
+from vlaperf.check import check_wam_equivalence, compare
+from vlaperf.engine.levers import LeverError
+from vlaperf.engine.wam import WAM_EXACT, WAM_LEVERS, WamEngine, WamLevers
+from vlaperf.models.wam import (
+    PRESETS,
+    SPARSITY,
+    WorldActionModel,
+    build_wam,
+    get_config,
+    keep_mask,
+    mae_mask,
+    random_wam_inputs,
+)
+from vlaperf.workloads import get_wam_workload, get_workload
+
+CPU = torch.device("cpu")
+STEPS = 4
+
+
+@pytest.fixture(scope="module")
+def tiny():
+    return build_wam("wam-tiny", seed=0)
+
+
+@pytest.fixture(scope="module")
+def inputs(tiny):
+    return random_wam_inputs(tiny.config, 2, "cpu", torch.float32, seed=3)
+
+
+def rel(a, b) -> float:
+    return float((a.double() - b.double()).norm() / b.double().norm())
+
+
+# ------------------------------------------------------------------------- model
+
+
+def test_sequence_layouts_match_the_workloads_file():
+    full, tiny = get_config("wam"), get_config("wam-tiny")
+    assert full.seq_len == 761 and tiny.seq_len == 53  # 6 x 120 + 1 + 40; 6 x 8 + 1 + 4
+    assert int(keep_mask(full, "drop_middle").sum()) == 521
+    assert int(keep_mask(full, "none").sum()) == int(keep_mask(full, "mae_middle").sum()) == 761
+    masked = mae_mask(full, "mae_middle")
+    assert int(masked.sum()) == 180 == full.frame_tokens // 4  # a quarter of the frame tokens
+    assert not masked[: 2 * full.patches].any() and not masked[4 * full.patches:].any()  # the two middle frames only
+
+
+def test_full_preset_is_a_wan_1_3b_class_model():
+    with torch.device("meta"):
+        model = WorldActionModel(PRESETS["wam"])
+    blocks = sum(p.numel() for p in model.blocks.parameters())
+    assert 1.3e9 < blocks < 1.5e9, blocks  # 30 blocks of width 1536, MLP 8960, self + cross attention
+    assert len(model.blocks) == 30 and model.blocks[0].self_attn.q.weight.shape == (1536, 1536)
+    assert model.blocks[0].ffn[0].weight.shape == (8960, 1536)
+
+
+def test_reference_generate_is_deterministic_finite_and_seed_dependent(tiny, inputs):
+    obs, noise = inputs
+    a1, v1 = tiny.generate(obs, noise, STEPS, 2)
+    a2, v2 = tiny.generate(obs, noise, STEPS, 2)
+    assert a1.shape == (2, 4, 8) and v1.shape == (2, 5, 8, 16)
+    assert torch.equal(a1, a2) and torch.equal(v1, v2)
+    assert torch.isfinite(a1).all() and torch.isfinite(v1).all()
+    obs3, noise3 = random_wam_inputs(tiny.config, 2, "cpu", torch.float32, seed=4)
+    assert rel(tiny.generate(obs3, noise3, STEPS, 2)[0], a1) > 0.1
+    # the two samples of the batch differ, and sample 0 alone gives sample 0 of the batch
+    assert rel(a1[0], a1[1]) > 0.1
+    one = (type(obs)(obs.context[:1], obs.text[:1], obs.state[:1]), type(noise)(noise.video[:1], noise.actions[:1]))
+    assert rel(tiny.generate(*one, STEPS, 2)[0], a1[:1]) < 1e-5
+
+
+def test_the_video_never_sees_the_actions_but_the_actions_see_the_video(tiny, inputs):
+    """The attention rule: what makes video_kv_cache exact."""
+    obs, noise = inputs
+    a, v = tiny.generate(obs, noise, STEPS)
+    other = type(noise)(noise.video, noise.actions + 1.0)
+    a2, v2 = tiny.generate(obs, other, STEPS)
+    assert torch.equal(v, v2) and rel(a2, a) > 1e-3
+    moved = type(noise)(noise.video + 1.0, noise.actions)
+    assert rel(tiny.generate(obs, moved, STEPS)[0], a) > 1e-3
+
+
+def test_drop_middle_never_sees_the_dropped_frames_and_zeroes_them(tiny, inputs):
+    obs, noise = inputs
+    a, v = tiny.generate(obs, noise, STEPS, sparsity="drop_middle")
+    dropped = slice(1, 3)  # frames 2 and 3 of 6, after the one context frame
+    assert float(v[:, dropped].abs().max()) == 0.0
+    assert float(v[:, 0].abs().min()) > 0  # kept frames are predicted
+    video = noise.video.clone()
+    video[:, dropped] += 5.0
+    a2, v2 = tiny.generate(obs, type(noise)(video, noise.actions), STEPS, sparsity="drop_middle")
+    assert torch.equal(a, a2) and torch.equal(v, v2)
+    # without sparsity, the same change moves the actions
+    assert rel(tiny.generate(obs, type(noise)(video, noise.actions), STEPS)[0], tiny.generate(obs, noise, STEPS)[0]) > 1e-4
+
+
+def test_mae_middle_replaces_the_masked_tokens_inputs(tiny, inputs):
+    obs, noise = inputs
+    a, _ = tiny.generate(obs, noise, STEPS, sparsity="mae_middle")
+    cfg = tiny.config
+    video = noise.video.clone().view(2, cfg.video_frames * cfg.patches, -1)
+    masked = mae_mask(cfg, "mae_middle")[cfg.context_frames * cfg.patches: cfg.frame_tokens]
+    video[:, masked] += 5.0  # the masked tokens' first inputs are replaced: the first forward cannot see this
+    changed = type(noise)(video.view_as(noise.video), noise.actions)
+    # later steps see the sampler's update of those tokens (their x0 prediction), so only step 1 is blind to it
+    a1, _ = tiny.generate(obs, noise, 1, sparsity="mae_middle")
+    b1, _ = tiny.generate(obs, changed, 1, sparsity="mae_middle")
+    assert torch.equal(a1, b1)
+    assert rel(tiny.generate(obs, noise, 1)[0], tiny.generate(obs, changed, 1)[0]) > 1e-4
+    assert rel(a, tiny.generate(obs, noise, STEPS)[0]) > 1e-3  # the mode changes the result
+
+
+def test_sampling_arguments_are_checked(tiny, inputs):
+    obs, noise = inputs
+    with pytest.raises(ValueError, match="video_steps must be an integer in 1..steps"):
+        tiny.generate(obs, noise, 4, video_steps=5)
+    with pytest.raises(ValueError, match="sparsity must be one of"):
+        tiny.generate(obs, noise, 4, sparsity="drop_all")
+    with pytest.raises(ValueError, match="cfg_scale must be >= 0"):
+        tiny.generate(obs, noise, 4, cfg_scale=-1.0)
+    with pytest.raises(ValueError, match="steps must be an integer >= 1"):
+        tiny.generate(obs, noise, 0)
+    with pytest.raises(ValueError, match="unknown world-action model preset"):
+        get_config("wam-huge")
+
+
+# ------------------------------------------------------------------------ engine
+
+SETTINGS = [  # (video_steps, sparsity, cfg_scale)
+    (2, "none", 0.0), (4, "none", 0.0), (2, "drop_middle", 0.0), (4, "drop_middle", 0.0), (2, "mae_middle", 0.0),
+    (2, "none", 1.5), (2, "drop_middle", 1.5),
+]
+
+
+@pytest.mark.parametrize("levers", list(WAM_EXACT) + ["exact"])
+@pytest.mark.parametrize("video_steps,sparsity,cfg_scale", SETTINGS)
+def test_each_lever_is_equivalent_to_the_reference(tiny, inputs, levers, video_steps, sparsity, cfg_scale):
+    obs, noise = inputs
+    ref_a, ref_v = tiny.generate(obs, noise, STEPS, video_steps, sparsity, cfg_scale)
+    a, v = WamEngine(tiny, levers).generate(obs, noise, STEPS, video_steps, sparsity, cfg_scale)
+    assert compare(a, ref_a, torch.float32)["passed"], rel(a, ref_a)
+    assert compare(v, ref_v, torch.float32)["passed"], rel(v, ref_v)
+
+
+def test_video_kv_cache_runs_the_actions_alone_after_the_video_is_finished(tiny, inputs, monkeypatch):
+    obs, noise = inputs
+    engine = WamEngine(tiny, "exact")
+    calls = {"full": 0, "actions": 0}
+    full, actions = engine._full_forward, engine._action_forward
+
+    def count(name, fn):
+        def wrapped(*a, **k):
+            calls[name] += 1
+            return fn(*a, **k)
+        return wrapped
+
+    monkeypatch.setattr(engine, "_full_forward", count("full", full))
+    monkeypatch.setattr(engine, "_action_forward", count("actions", actions))
+    engine.generate(obs, noise, 6, 2)
+    assert calls == {"full": 3, "actions": 3}  # 2 video steps, the one that fills the cache, then actions alone
+    calls.update(full=0, actions=0)
+    engine.generate(obs, noise, 6, 6)  # no early stop: nothing to cache
+    assert calls == {"full": 6, "actions": 0}
+
+
+def test_cached_keep_index_makes_no_nonzero_per_forward(tiny, inputs, monkeypatch):
+    """The reference's `.nonzero()` in every forward is a host sync on a GPU; the lever builds it once."""
+    obs, noise = inputs
+    count = {"n": 0}
+    real = torch.Tensor.nonzero
+
+    def counting(self, *a, **k):
+        count["n"] += 1
+        return real(self, *a, **k)
+
+    monkeypatch.setattr(torch.Tensor, "nonzero", counting)
+    tiny.generate(obs, noise, STEPS, sparsity="drop_middle")
+    assert count["n"] == STEPS
+    engine = WamEngine(tiny, "cached_keep_index")
+    engine.generate(obs, noise, STEPS, sparsity="drop_middle")  # builds the layout once
+    count["n"] = 0
+    engine.generate(obs, noise, STEPS, sparsity="drop_middle")
+    assert count["n"] == 0
+    count["n"] = 0
+    WamEngine(tiny, "host_schedule").generate(obs, noise, STEPS, sparsity="drop_middle")
+    assert count["n"] >= STEPS  # without the lever, one a forward as the reference
+
+
+@pytest.mark.parametrize("sparsity", ["none", "drop_middle"])
+def test_compile_traces_each_block_once_without_graph_breaks_or_recompiles(inputs, sparsity):
+    """Regional compile: one compiled block serves every block (the number of graphs does not
+    grow with the depth), fullgraph=True makes a graph break an error, and a second call of the
+    same shapes must not recompile. The eager backend traces exactly as inductor would."""
+    from torch._dynamo.utils import counters
+
+    obs, noise = inputs
+    graphs = []
+    for depth in (2, 4):
+        torch._dynamo.reset()
+        counters.clear()
+        model = build_wam(get_config("wam-tiny", depth=depth))
+        engine = WamEngine(model, "exact,compile", compile_backend="eager")
+        a, v = engine.generate(obs, noise, STEPS, 2, sparsity)
+        ref_a, ref_v = model.generate(obs, noise, STEPS, 2, sparsity)
+        assert compare(a, ref_a, torch.float32)["passed"] and compare(v, ref_v, torch.float32)["passed"]
+        with torch._dynamo.config.patch(error_on_recompile=True):
+            engine.generate(obs, noise, STEPS, 2, sparsity)
+        graphs.append(counters["stats"]["unique_graphs"])
+    assert graphs[0] == graphs[1] <= 3, graphs  # full sequence, actions alone (and their guards), not per block
+
+
+def test_lever_parsing_and_errors():
+    assert WamLevers.parse("best", CPU).names() == list(WAM_EXACT)  # CPU: no graph, no compile
+    assert WamLevers.parse("exact,compile=max-autotune", CPU).compile == "max-autotune"
+    assert WamLevers.parse("reference", CPU).names() == []
+    with pytest.raises(LeverError, match="unknown world-action-model lever 'for_loop'"):
+        WamLevers.parse("for_loop", CPU)
+    with pytest.raises(LeverError, match="compile mode must be one of"):
+        WamLevers.parse("compile=fast", CPU)
+    with pytest.raises(LeverError, match="lever 'cuda_graph' needs host_schedule, cached_keep_index beside it"):
+        WamLevers.parse("cuda_graph", CPU)
+    with pytest.raises(LeverError, match="cuda_graph needs a CUDA device"):
+        WamLevers.parse("host_schedule,cached_keep_index,cuda_graph", CPU)
+    with pytest.raises(LeverError, match="preset 'graph' needs a CUDA device"):
+        WamLevers.parse("graph", CPU)
+    with pytest.raises(LeverError, match="reduce-overhead uses CUDA graphs"):
+        WamLevers.parse("exact,compile=reduce-overhead", CPU)
+    with pytest.raises(LeverError, match="takes no argument"):
+        WamLevers.parse("sdpa=1", CPU)
+    assert set(WAM_LEVERS) >= set(WAM_EXACT) | {"cuda_graph", "compile"}
+
+
+def test_check_reports_actions_and_video_and_fails_a_wrong_variant(tiny, monkeypatch):
+    w = get_wam_workload("wam-tiny")
+    r = check_wam_equivalence(tiny, WamEngine(tiny, "exact"), w, seeds=(0,))
+    assert r["passed"] and r["rel_l2"] < 1e-5 and r["video_rel_l2"] < 1e-5 and r["sparsity"] == "none"
+    engine = WamEngine(tiny, "exact")
+    real = engine._video_x0
+    monkeypatch.setattr(engine, "_video_x0", lambda *a: real(*a) * 1.01)  # a 1% error in the video's x0
+    bad = check_wam_equivalence(tiny, engine, w, seeds=(0,))
+    assert not bad["passed"] and bad["video_rel_l2"] > 1e-4
+
+
+def test_workloads_and_overrides():
+    w = get_wam_workload("wam-761")
+    assert (w.batch, w.steps, w.video_steps, w.sparsity, w.cfg_scale) == (1, 10, 5, "none", 0.0)
+    w20 = w.with_overrides(steps=20)
+    assert w20.video_steps == 10 and w20.overrides_vs(w) == {"steps": 20, "video_steps": 10}
+    with pytest.raises(ValueError, match="video_steps must be an integer in 1..steps"):
+        w.with_overrides(video_steps=11)
+    with pytest.raises(ValueError, match="world-action model workload"):
+        get_workload("wam-761")
+    with pytest.raises(ValueError, match="unknown world-action-model workload"):
+        get_wam_workload("wam-999")
+
+
+def test_roofline_counts_the_forward_flops_torch_counts(tiny, inputs):
+    """The floor's FLOPs of one full forward against torch's FLOP counter on the same forward."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vlaperf.roofline import _wam_forward, wam_roofline
+
+    obs, noise = inputs
+    engine = WamEngine(tiny, "cached_keep_index")  # eager attention: matmuls the counter sees on any device
+    cfg = tiny.config
+    for sparsity in SPARSITY:
+        with FlopCounterMode(display=False) as counter:
+            engine.forward_once(obs, noise, sparsity)
+        frames = cfg.frame_tokens - (2 * cfg.patches if sparsity == "drop_middle" else 0)
+        flops, _ = _wam_forward(cfg, 2, frames + 1 + cfg.action_horizon, frames + 1, context_kv=True)
+        counted = counter.get_total_flops()
+        # counted also has the embeddings, the time MLP and the heads, which the floor leaves out
+        assert 0.8 < flops / counted <= 1.0, (sparsity, flops, counted)
+    full = wam_roofline(get_config("wam"), get_wam_workload("wam-761"))
+    drop = wam_roofline(get_config("wam"), get_wam_workload("wam-761").with_overrides(sparsity="drop_middle"))
+    assert full["tokens"] == 761 and drop["tokens"] == 521
+    assert full["full_forwards"] == 6 and full["action_forwards"] == 4
+    assert 1.5 < full["full_forward_tflop"] < 2.5 and drop["floor_ms"] < full["floor_ms"]
+
+
+# --------------------------------------------------------------------------- CLI
+
+
+def test_cli_bench_check_matrix_on_wam_tiny(tmp_path):
+    from vlaperf.cli import main
+    from vlaperf.report.schema import read_result
+
+    out = tmp_path / "b.json"
+    assert main(["bench", "--workload", "wam-tiny", "--device", "cpu", "--levers", "exact", "--warmup", "2", "--iters", "3",
+                 "--no-progress", "--sparsity", "drop_middle", "--json", str(out)]) == 0
+    r = read_result(out)
+    assert r["workload"]["overrides"] == {"sparsity": "drop_middle"} and r["equivalence"]["passed"]
+    assert r["timers"]["wall_ms"]["count"] == 3 and r["roofline"]["tokens"] == 37 and r["mode"] == "model"
+    assert main(["bench", "--workload", "wam-tiny", "--device", "cpu", "--mode", "forward", "--warmup", "1", "--iters", "2",
+                 "--no-progress", "--batch", "4", "--json", str(out)]) == 0
+    assert read_result(out)["workload"]["overrides"] == {"batch": 4}
+    assert main(["check", "--workload", "wam-tiny", "--device", "cpu", "--seeds", "1", "--json", str(tmp_path / "c.json")]) == 0
+    checks = json.loads((tmp_path / "c.json").read_text())["checks"]
+    assert {c["sparsity"] for c in checks} == set(SPARSITY) and all(c["passed"] for c in checks)
+    m = tmp_path / "m.json"
+    assert main(["matrix", "--workload", "wam-tiny", "--device", "cpu", "--warmup", "1", "--iters", "3", "--no-progress",
+                 "--variants", "reference;exact", "--json", str(m)]) == 0
+    rows = read_result(m)["variants"]
+    assert [(r["variant"], r["sparsity"]) for r in rows] == [(v, s) for s in SPARSITY for v in ("reference", "exact")]
+    exact_drop = next(r for r in rows if r["variant"] == "exact" and r["sparsity"] == "drop_middle")
+    assert exact_drop["vs_reference"]["speedup"] > 0 and exact_drop["sparsity_gain"] is not None
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["bench", "--workload", "tiny", "--sparsity", "drop_middle"], "--sparsity: only for the world-action workloads"),
+    (["bench", "--workload", "tiny", "--mode", "forward"], "--mode forward: only for the world-action workloads"),
+    (["bench", "--workload", "wam-tiny", "--mode", "policy"], "--mode policy: the world-action model has no"),
+    (["bench", "--workload", "wam-tiny", "--video-steps", "9"], "video_steps must be an integer in 1..steps (4)"),
+    (["bench", "--workload", "wam-tiny", "--levers", "for_loop"], "unknown world-action-model lever 'for_loop'"),
+    (["bench", "--workload", "wam-tiny", "--levers", "graph"], "preset 'graph' needs a CUDA device"),
+    (["check", "--workload", "wam-9"], "unknown workload 'wam-9'"),
+])
+def test_cli_errors_name_the_field(argv, message, capsys):
+    from vlaperf.cli import main
+
+    assert main(argv + ["--device", "cpu", "--no-progress"]) == 2
+    assert message in capsys.readouterr().err
+
+
+# --------------------------------------------------------------------------- GPU
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("sparsity", SPARSITY)
+def test_cuda_graph_is_equivalent_and_makes_no_host_sync(sparsity):
+    model = build_wam("wam-tiny", device="cuda")
+    obs, noise = random_wam_inputs(model.config, 2, "cuda", model.dtype, seed=1)
+    engine = WamEngine(model, "graph")
+    ref_a, ref_v = model.generate(obs, noise, STEPS, 2, sparsity)
+    a, v = engine.generate(obs, noise, STEPS, 2, sparsity)
+    assert compare(a, ref_a, model.dtype)["passed"] and compare(v, ref_v, model.dtype)["passed"]
+    torch.cuda.synchronize()
+    torch.cuda.set_sync_debug_mode("error")
+    try:
+        engine.generate(obs, noise, STEPS, 2, sparsity)  # a replay: any host sync raises
+    finally:
+        torch.cuda.set_sync_debug_mode("default")
+    assert engine._graphs.captures == 1

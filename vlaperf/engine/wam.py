@@ -1,0 +1,398 @@
+"""The world-action model's fast `generate`: the reference runner's overheads as named levers.
+
+`WamEngine(model, "best")` builds a `generate` that computes what `WorldActionModel.generate`
+computes (checked by `vlaperf check --workload wam-tiny`), with each of these switched on or off:
+
+    host_schedule      UniPC's coefficients planned once on the host (Python floats) and the
+                       time-conditioning tables of every step computed once per schedule; the
+                       reference rebuilds both as device tensors at every step
+    cached_keep_index  the frame-sparsity keep index, token groups and attention rule built once,
+                       as static tensors; the reference calls `.nonzero()` in every forward (a host
+                       sync: seed 000's open question)
+    sparse_sampler     with drop_middle, the sampler runs on the kept frames only (the dropped ones
+                       end at exactly 0, written once) instead of the full latent grid
+    context_kv_cache   the text embedding and every block's cross-attention keys and values once
+                       a call instead of at every step
+    video_kv_cache     once the video is finished (video_steps < steps), its tokens' keys and values
+                       are constants (the video side never attends to the actions): later steps run
+                       the action tokens alone against the cached keys and values
+    sdpa               torch's fused attention; the attention rule as two unmasked calls (video side
+                       over the video side, actions over everything), so the flash kernel applies
+    cuda_graph         the whole call captured in one CUDA graph per input shape, replayed per call
+    compile=<mode>     torch.compile of the transformer block, once for all blocks (regional)
+
+Sparsity, guidance and the schedules are workload settings (they change the result), not levers.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import Tensor
+
+from vlaperf.engine.compile import compile_fn
+from vlaperf.engine.graphs import GraphCache
+from vlaperf.engine.levers import COMPILE_MODES, LeverError
+from vlaperf.models.unipc import (
+    ReferenceUniPC,
+    UniPCSampler,
+    flow_sigmas,
+    unipc_plan,
+    x0_from_velocity,
+)
+from vlaperf.models.wam import (
+    ACTION,
+    WamNoise,
+    WamObservation,
+    WorldActionModel,
+    check_sampling_args,
+    drop_factor,
+    eager_attention,
+    keep_mask,
+    kept_frame_tokens,
+    mae_mask,
+    middle_frames,
+    token_groups,
+)
+
+WAM_LEVERS: dict[str, str] = {
+    "host_schedule": "UniPC's coefficients planned once on the host and every step's time-conditioning tables computed once per schedule, instead of device tensors rebuilt at every step",
+    "cached_keep_index": "the frame-sparsity keep index, token groups and attention rule built once as static tensors, instead of `.nonzero()` in every forward (a host sync each)",
+    "sparse_sampler": "with drop_middle, the sampler on the kept frames only (the dropped frames end at exactly 0) instead of the full latent grid",
+    "context_kv_cache": "the text embedding and every block's cross-attention keys/values once a call, not at every step",
+    "video_kv_cache": "once the video is finished (video_steps < steps) its keys/values are constants: later steps run the action tokens alone against them",
+    "sdpa": "torch scaled_dot_product_attention, the attention rule as two unmasked calls so the flash kernel applies, instead of eager softmax with a mask",
+    "cuda_graph": "the whole generate call in one CUDA graph per input shape, replayed per call",
+    "compile": "torch.compile the transformer block once and reuse it for all blocks (regional; mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs)",
+}
+WAM_EXACT = ("host_schedule", "cached_keep_index", "sparse_sampler", "context_kv_cache", "video_kv_cache", "sdpa")
+WAM_REQUIRES = {"cuda_graph": ("host_schedule", "cached_keep_index"), "compile": ("cached_keep_index",)}
+WAM_PRESETS = {
+    "reference": (),
+    "exact": WAM_EXACT,
+    "graph": WAM_EXACT + ("cuda_graph",),
+    "best": WAM_EXACT + ("cuda_graph", "compile=default"),  # CPU: exact
+}
+
+
+def block_step(block, x: Tensor, e_tok: Tensor, context_kv: tuple[Tensor, Tensor], allowed: Tensor | None,
+               n_video_side: int, use_sdpa: bool, cached_kv: tuple[Tensor, Tensor] | None = None):
+    """One transformer block with the engine's attention. The attention rule comes as data
+    (`allowed`, or `n_video_side` for sdpa's two calls; neither for the action tokens alone,
+    which see everything), not as a closure, so `compile` traces this function once and reuses
+    it for every block (a closure made per call would be a new guard each time)."""
+    if use_sdpa:
+        def attend_self(q, k, v):
+            if n_video_side <= 0:
+                return F.scaled_dot_product_attention(q, k, v)
+            # video side over the video side, actions over everything: two unmasked calls (flash)
+            video = F.scaled_dot_product_attention(q[:, :, :n_video_side], k[:, :, :n_video_side], v[:, :, :n_video_side])
+            actions = F.scaled_dot_product_attention(q[:, :, n_video_side:], k, v)
+            return torch.cat([video, actions], dim=2)
+
+        def attend_cross(q, k, v, mask=None):
+            return F.scaled_dot_product_attention(q, k, v)
+    else:
+        def attend_self(q, k, v):
+            return eager_attention(q, k, v, allowed)
+
+        attend_cross = eager_attention
+    return block(x, e_tok, context_kv, attend_self, attend_cross, cached_kv=cached_kv)
+
+
+@dataclass(frozen=True)
+class WamLevers:
+    host_schedule: bool = False
+    cached_keep_index: bool = False
+    sparse_sampler: bool = False
+    context_kv_cache: bool = False
+    video_kv_cache: bool = False
+    sdpa: bool = False
+    cuda_graph: bool = False
+    compile: str | None = None
+
+    @classmethod
+    def parse(cls, spec: str, device: torch.device) -> "WamLevers":
+        """A comma list of lever names (compile=<mode>) and presets ('reference', 'exact', 'graph',
+        'best'; best is exact on the CPU)."""
+        names: list[str] = []
+        for item in (n.strip() for n in spec.split(",") if n.strip()):
+            if item in WAM_PRESETS:  # a preset may start a list: "exact,compile=default"
+                if item == "graph" and device.type != "cuda":
+                    raise LeverError("preset 'graph' needs a CUDA device (CUDA graphs); use 'exact' on the CPU")
+                names += WAM_EXACT if item == "best" and device.type != "cuda" else WAM_PRESETS[item]
+            else:
+                names.append(item)
+        kw: dict = {}
+        for item in names:
+            name, _, arg = item.partition("=")
+            if name not in WAM_LEVERS:
+                raise LeverError(f"unknown world-action-model lever {name!r}; expected one of: {', '.join(WAM_LEVERS)} "
+                                 f"or a preset ({', '.join(WAM_PRESETS)})")
+            if name == "compile":
+                mode = arg or "default"
+                if mode not in COMPILE_MODES:
+                    raise LeverError(f"compile mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
+                kw["compile"] = mode
+            elif arg:
+                raise LeverError(f"lever {name!r} takes no argument, got {item!r}")
+            else:
+                kw[name] = True
+        levers = cls(**kw)
+        levers.validate(device)
+        return levers
+
+    def validate(self, device: torch.device) -> None:
+        for lever, needs in WAM_REQUIRES.items():
+            if getattr(self, lever):
+                missing = [n for n in needs if not getattr(self, n)]
+                if missing:
+                    raise LeverError(f"lever {lever!r} needs {', '.join(missing)} beside it")
+        if self.cuda_graph and device.type != "cuda":
+            raise LeverError("cuda_graph needs a CUDA device; drop it on the CPU")
+        if self.cuda_graph and self.compile == "reduce-overhead":
+            raise LeverError("compile=reduce-overhead brings its own CUDA graphs; drop cuda_graph beside it")
+        if self.compile == "reduce-overhead" and device.type != "cuda":
+            raise LeverError("compile=reduce-overhead uses CUDA graphs and needs a CUDA device")
+
+    def names(self) -> list[str]:
+        out = [n for n in WAM_LEVERS if n != "compile" and getattr(self, n)]
+        return out + ([f"compile={self.compile}"] if self.compile else [])
+
+
+class WamEngine:
+    def __init__(self, model: WorldActionModel, levers: str | WamLevers = "best", compile_backend: str = "inductor"):
+        """compile_backend: "eager" traces exactly as inductor would (graph breaks, guards) without
+        generating kernels: what the CPU tests use."""
+        self.model = model
+        self.cfg = model.config
+        self.device = model.device
+        self.levers = levers if isinstance(levers, WamLevers) else WamLevers.parse(levers, self.device)
+        self.name = ",".join(self.levers.names()) or "reference"
+        self._layouts: dict[str, dict] = {}
+        self._time_tables: dict = {}
+        self._graphs = GraphCache() if self.levers.cuda_graph else None
+        # compile is regional: the block function compiled once and reused by all blocks (a first
+        # call in seconds, not a 30-block graph per shape); the glue around the blocks runs eager.
+        # compile_fn raises CompileUnavailable where inductor cannot run (seed 000's trap).
+        self.block = compile_fn(block_step, self.levers.compile, compile_backend) if self.levers.compile else block_step
+
+    # ------------------------------------------------------------------ static layout
+
+    def layout(self, sparsity: str) -> dict:
+        """Everything about the token sequence that depends on the sparsity mode alone."""
+        if sparsity in self._layouts:
+            return self._layouts[sparsity]
+        cfg, dev = self.cfg, self.device
+        keep = keep_mask(cfg, sparsity)  # built on the host: no device round trip
+        keep_idx = keep.nonzero().squeeze(1)
+        groups = token_groups(cfg)[keep_idx]
+        n_frames = kept_frame_tokens(cfg, sparsity)
+        lay = {
+            "keep_idx": None if bool(keep.all()) else keep_idx.to(dev),
+            "frame_idx": keep_idx[:n_frames].to(dev),
+            "masked": mae_mask(cfg, sparsity, dev) if sparsity == "mae_middle" else None,
+            "groups": groups.to(dev),
+            "allowed": ((groups[None, :] != ACTION) | (groups[:, None] == ACTION)).to(dev),
+            "n_frames": n_frames,
+            "n_video_side": n_frames + 1,  # frames + state
+            "action_pos": torch.arange(cfg.frame_tokens + 1, cfg.seq_len, device=dev),
+        }
+        if sparsity == "drop_middle":
+            a, b = middle_frames(cfg)
+            c = cfg.context_frames
+            # a device index (a Python list would be copied to the device at every use: not capturable)
+            lay["video_keep"] = torch.tensor([f for f in range(cfg.video_frames) if not a - c <= f <= b - c], device=dev)
+        self._layouts[sparsity] = lay
+        return lay
+
+    def _layout_per_forward(self, sparsity: str) -> dict:
+        """Without cached_keep_index: rebuilt on the device in every forward, as the reference does."""
+        if self.levers.cached_keep_index:
+            return self.layout(sparsity)
+        cfg, dev = self.cfg, self.device
+        keep_idx = keep_mask(cfg, sparsity, dev).nonzero().squeeze(1)  # the host sync of the research code
+        groups = token_groups(cfg, dev)[keep_idx]
+        n_frames = kept_frame_tokens(cfg, sparsity)
+        return {**self.layout(sparsity), "keep_idx": keep_idx, "frame_idx": keep_idx[:n_frames], "groups": groups,
+                "allowed": (groups[None, :] != ACTION) | (groups[:, None] == ACTION),
+                "masked": mae_mask(cfg, sparsity, dev) if sparsity == "mae_middle" else None}
+
+    # -------------------------------------------------------------------- forwards
+
+    def _context_kv(self, text: Tensor) -> list[tuple[Tensor, Tensor]]:
+        ctx = self.model.embed_context(text)
+        return [block.cross_attn.context_kv(ctx) for block in self.model.blocks]
+
+    def _full_forward(self, frames: Tensor, state: Tensor, actions: Tensor, t_emb: Tensor, e0: Tensor,
+                      context_kv: list, lay: dict, want_video: bool, want_kv: bool):
+        """All kept tokens. t_emb (B, 3, D), e0 (B, 3, 6, D) per group. Returns the kept frames'
+        velocity (B, n_frames, C) or None, the actions' (B, H, A), and the video side's keys and
+        values per block (for video_kv_cache) or None."""
+        model = self.model
+        x = model.embed_tokens(frames, state, actions, lay["masked"])
+        if lay["keep_idx"] is not None:
+            x = x[:, lay["keep_idx"]]
+        groups = lay["groups"]
+        t_tok, e_tok = t_emb[:, groups], e0[:, groups]
+        n, sdpa = lay["n_video_side"], self.levers.sdpa
+        allowed = None if sdpa else lay["allowed"]
+        kv_cache = []
+        for block, ckv in zip(model.blocks, context_kv):
+            x, k, v = self.block(block, x, e_tok, ckv, allowed, n, sdpa)
+            if want_kv:
+                kv_cache.append((k[:, :, :n], v[:, :, :n]))
+        nf = lay["n_frames"]
+        vel_frames = model.video_head(x[:, :nf], t_tok[:, :nf]) if want_video else None
+        vel_actions = model.action_head(x[:, nf + 1 :], t_tok[:, nf + 1 :])
+        return vel_frames, vel_actions, (kv_cache if want_kv else None)
+
+    def _action_forward(self, actions: Tensor, t_emb: Tensor, e0: Tensor, context_kv: list, video_kv: list,
+                        lay: dict) -> Tensor:
+        """The action tokens alone, attending to the finished video's cached keys and values."""
+        model = self.model
+        dt = model.dtype
+        x = model.action_in_proj(actions.to(dt)) + model.pos_embedding[lay["action_pos"]].to(dt)
+        e_tok = e0[:, ACTION : ACTION + 1].expand(-1, x.shape[1], -1, -1)
+        t_tok = t_emb[:, ACTION : ACTION + 1].expand(-1, x.shape[1], -1)
+        for block, ckv, vkv in zip(model.blocks, context_kv, video_kv):
+            x, _, _ = self.block(block, x, e_tok, ckv, None, 0, self.levers.sdpa, vkv)
+        return model.action_head(x, t_tok)
+
+    # -------------------------------------------------------------------- schedule
+
+    def _tables(self, steps: int, video_steps: int, shift: float, batch: int) -> list[tuple[Tensor, Tensor]]:
+        """Per step i, the time-conditioning tables (t_emb, e0) for sigmas (0, sigma_v, sigma_a)."""
+        key = (steps, video_steps, shift, batch)
+        if self.levers.host_schedule and key in self._time_tables:
+            return self._time_tables[key]
+        sig_a = flow_sigmas(steps, shift)
+        sig_v = flow_sigmas(video_steps, shift)
+        rows = torch.tensor([[0.0, sig_v[min(i, video_steps)], sig_a[i]] for i in range(steps)], device=self.device)
+        tables = []
+        for i in range(steps):
+            t_emb, e0 = self.model.time_tables(rows[i].expand(batch, 3))
+            tables.append((t_emb, e0))
+        if self.levers.host_schedule:
+            self._time_tables[key] = tables
+        return tables
+
+    # ---------------------------------------------------------------------- generate
+
+    @torch.no_grad()
+    def generate(self, obs: WamObservation, noise: WamNoise, steps: int, video_steps: int | None = None,
+                 sparsity: str = "none", cfg_scale: float = 0.0, shift: float = 3.0) -> tuple[Tensor, Tensor]:
+        """As WorldActionModel.generate: actions (B, H, A) and the video (B, video_frames, P, C)."""
+        video_steps = steps if video_steps is None else video_steps
+        check_sampling_args(steps, video_steps, sparsity, cfg_scale, shift)
+        if self._graphs is None:
+            return self._generate(obs.context, obs.text, obs.state, noise.video, noise.actions,
+                                  steps=steps, video_steps=video_steps, sparsity=sparsity, cfg_scale=cfg_scale, shift=shift)
+        cfg = self.cfg
+        b = obs.batch
+        key = (b, steps, video_steps, sparsity, cfg_scale, shift)
+
+        def build():
+            self.layout(sparsity)
+            self._tables(steps, video_steps, shift, 2 * b if cfg_scale > 0 else b)
+
+            def fn(context, text, state, video, actions):
+                a, v = self._generate(context, text, state, video, actions, steps=steps, video_steps=video_steps,
+                                      sparsity=sparsity, cfg_scale=cfg_scale, shift=shift)
+                return torch.cat([a.flatten(1), v.flatten(1)], dim=1)
+
+            return fn
+
+        out = self._graphs.run(key, build, [obs.context, obs.text, obs.state, noise.video, noise.actions])
+        n_a = cfg.action_horizon * cfg.action_dim
+        return (out[:, :n_a].view(b, cfg.action_horizon, cfg.action_dim),
+                out[:, n_a:].view(b, cfg.video_frames, cfg.patches, cfg.patch_channels))
+
+    def _generate(self, context: Tensor, text: Tensor, state: Tensor, video0: Tensor, actions0: Tensor, *,
+                  steps: int, video_steps: int, sparsity: str, cfg_scale: float, shift: float):
+        lv = self.levers
+        b = context.shape[0]
+        guided = cfg_scale > 0
+        if lv.host_schedule:
+            action_sampler = UniPCSampler(unipc_plan(flow_sigmas(steps, shift)))
+            video_sampler = UniPCSampler(unipc_plan(flow_sigmas(video_steps, shift)))
+        else:
+            action_sampler = ReferenceUniPC(flow_sigmas(steps, shift))
+            video_sampler = ReferenceUniPC(flow_sigmas(video_steps, shift))
+        sig_a, sig_v = flow_sigmas(steps, shift), flow_sigmas(video_steps, shift)
+        tables = self._tables(steps, video_steps, shift, 2 * b if guided else b)
+        sparse = lv.sparse_sampler and sparsity == "drop_middle"
+        lay0 = self.layout(sparsity)
+        video = video0[:, lay0["video_keep"]].clone() if sparse else video0.clone()
+        actions = actions0.clone()
+        if guided:
+            text, state = torch.cat([text, torch.zeros_like(text)]), torch.cat([state, state])
+        context_kv = self._context_kv(text) if lv.context_kv_cache else None
+        use_video_cache = lv.video_kv_cache and video_steps < steps
+        video_kv = None
+        for i in range(steps):
+            lay = self._layout_per_forward(sparsity)
+            ckv = context_kv if context_kv is not None else self._context_kv(text)
+            t_emb, e0 = tables[i]
+            a_in = torch.cat([actions, actions]) if guided else actions
+            video_live = i < video_steps
+            if use_video_cache and video_kv is not None:
+                vel_a = self._action_forward(a_in, t_emb, e0, ckv, video_kv, lay)
+                vel_f = None
+            else:
+                if sparse:  # the full grid back for the embedding: dropped frames never reach the sequence
+                    full = video0.new_zeros(video0.shape)
+                    full[:, lay0["video_keep"]] = video
+                else:
+                    full = video
+                frames = torch.cat([context.float(), full], dim=1)
+                if guided:
+                    frames = torch.cat([frames, frames])
+                # the forward right after the video finished fills the cache
+                want_kv = use_video_cache and i >= video_steps
+                vel_kept, vel_a, kv = self._full_forward(frames, state, a_in, t_emb, e0, ckv, lay,
+                                                        want_video=video_live, want_kv=want_kv)
+                if want_kv:
+                    video_kv = kv
+                vel_f = vel_kept
+            if guided:
+                vel_a = vel_a[:b] + cfg_scale * (vel_a[:b] - vel_a[b:])
+                if vel_f is not None:
+                    vel_f = vel_f[:b] + cfg_scale * (vel_f[:b] - vel_f[b:])
+            actions = action_sampler.step(i, actions, x0_from_velocity(actions, vel_a, sig_a[i]))
+            if video_live:
+                x0_v = self._video_x0(video, vel_f, lay, sig_v[i], sparse, sparsity)
+                video = video_sampler.step(i, video, x0_v)
+        if sparse:
+            full = video0.new_zeros(video0.shape)
+            full[:, lay0["video_keep"]] = video
+            video = full
+        return actions, video
+
+    def _video_x0(self, video: Tensor, vel_kept: Tensor, lay: dict, sigma: float, sparse: bool, sparsity: str) -> Tensor:
+        """The x0 prediction of the sampler's video tokens from the kept frames' velocity."""
+        cfg = self.cfg
+        b = video.shape[0]
+        c0 = cfg.context_frames * cfg.patches
+        if sparse:  # kept frames only, in order; the context frames come first in the sequence
+            vel = vel_kept[:, c0:].reshape(video.shape)
+            return x0_from_velocity(video, vel, sigma)
+        vel_frames = vel_kept.new_zeros(b, cfg.frame_tokens, cfg.patch_channels)
+        vel_frames[:, lay["frame_idx"]] = vel_kept
+        vel = vel_frames.view(b, cfg.frames, cfg.patches, cfg.patch_channels)[:, cfg.context_frames :]
+        x0 = x0_from_velocity(video, vel, sigma)
+        if sparsity == "drop_middle":
+            x0 = x0 * drop_factor(cfg, video.device)
+        return x0
+
+    # -------------------------------------------------------------------- one forward
+
+    def forward_once(self, obs: WamObservation, noise: WamNoise, sparsity: str = "none", sigma: float = 0.5):
+        """One full model forward (seed 000's first measurement level) at sigma for both groups."""
+        lay = self._layout_per_forward(sparsity)
+        t_emb, e0 = self.model.time_tables(torch.tensor([[0.0, sigma, sigma]], device=self.device).expand(obs.batch, 3))
+        frames = torch.cat([obs.context.float(), noise.video], dim=1)
+        ckv = self._context_kv(obs.text)
+        return self._full_forward(frames, obs.state, noise.actions, t_emb, e0, ckv, lay, want_video=True, want_kv=False)[1]

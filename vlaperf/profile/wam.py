@@ -1,0 +1,312 @@
+"""`vlaperf bench / check / matrix` for the world-action workloads (`wam-761`, `wam-tiny`).
+
+Seed 000 measured its model at three levels and asked two questions this answers:
+    bench --mode forward   one full model forward (level 1), batch 1 / 4 / 8, per sparsity mode
+    bench --mode model     one policy call, `generate` on device tensors (level 2)
+    matrix --variants grid {reference (eager), exact levers, + compile default, + compile
+                           reduce-overhead, + one CUDA graph, best} x {none, drop_middle,
+                           mae_middle}, all interleaved in one process: each variant's speedup
+                           over the reference at the same sparsity, and each sparsity mode's
+                           gain over `none` for the same variant (does sparsity still pay once
+                           the overhead is gone?)
+    matrix --variants cumulative   reference -> + host_schedule -> + cached_keep_index -> ...
+                           (which of the runner's overheads costs what)
+Level 3 (end to end) is `vlaperf rollout` for the pi0 family; the world-action model has no
+server path yet.
+"""
+
+from __future__ import annotations
+
+import sys
+
+import torch
+
+from vlaperf.engine.levers import LeverError
+
+SPARSITY_ALL = ("none", "drop_middle", "mae_middle")
+
+
+def setup(args):
+    from vlaperf.cli import CliError, default_device
+    from vlaperf.models.wam import build_wam
+    from vlaperf.workloads import get_wam_workload
+
+    if getattr(args, "compile_cache", None):
+        from vlaperf.engine.compile import use_compile_cache
+
+        try:
+            use_compile_cache(args.compile_cache)
+        except ValueError as e:
+            raise CliError(str(e)) from None
+    if getattr(args, "checkpoint", None):
+        raise CliError("--checkpoint: the world-action model has no public checkpoint layout yet; it runs on random weights")
+    device = torch.device(args.device or default_device())
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise CliError("--device cuda requested but CUDA is not available (use --device cpu)")
+    try:
+        base = get_wam_workload(args.workload)
+        workload = base.with_overrides(batch=args.batch, steps=args.steps, video_steps=getattr(args, "video_steps", None),
+                                       sparsity=getattr(args, "sparsity", None), cfg_scale=getattr(args, "cfg_scale", None))
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    dtype = getattr(torch, args.dtype) if args.dtype else None
+    model = build_wam(workload.preset, device=device, dtype=dtype, seed=args.seed)
+    return base, workload, model, device
+
+
+def make_engine(model, spec: str):
+    from vlaperf.cli import CliError
+    from vlaperf.engine.compile import CompileUnavailable
+    from vlaperf.engine.wam import WamEngine
+
+    try:
+        return WamEngine(model, spec)
+    except (LeverError, CompileUnavailable) as e:
+        raise CliError(str(e)) from None
+
+
+def header(command: str, base, workload, model, env: dict, levers: list[str], label: str, mode: str | None) -> dict:
+    from vlaperf.report.schema import SCHEMA
+
+    return {
+        "schema": SCHEMA,
+        "command": command,
+        "workload": {"id": workload.id, "overrides": workload.overrides_vs(base),
+                     "settings": {"steps": workload.steps, "video_steps": workload.video_steps, "sparsity": workload.sparsity,
+                                  "cfg_scale": workload.cfg_scale, "shift": workload.shift, "batch": workload.batch}},
+        "variant": {"levers": levers, "label": label, "dtype": str(model.dtype).replace("torch.", "")},
+        "mode": mode,
+        "env": env,
+    }
+
+
+def call_fn(model, engine, workload, obs, noise, mode: str):
+    """The call to time: one forward or one generate, by the engine or the reference."""
+    kw = dict(steps=workload.steps, video_steps=workload.video_steps, sparsity=workload.sparsity,
+              cfg_scale=workload.cfg_scale, shift=workload.shift)
+    if mode == "forward":
+        from vlaperf.engine.wam import WamEngine
+
+        runner = engine or WamEngine(model, "reference")  # the reference forward: same ops as model.forward
+        return lambda: runner.forward_once(obs, noise, workload.sparsity)
+    if engine is None:
+        return lambda: model.generate(obs, noise, **kw)
+    return lambda: engine.generate(obs, noise, **kw)
+
+
+# --------------------------------------------------------------------------- bench
+
+
+def cmd_bench(args) -> int:
+    from vlaperf.check import check_wam_equivalence
+    from vlaperf.cli import CliError, _timed_once, print_bench
+    from vlaperf.models.wam import random_wam_inputs
+    from vlaperf.report.schema import write_result
+    from vlaperf.roofline import wam_roofline
+    from vlaperf.timing import environment_record, time_calls
+
+    if args.mode == "policy":
+        raise CliError("--mode policy: the world-action model has no observation transform (VAE, text encoder) in vlaperf; "
+                       "use --mode model (generate on device tensors) or --mode forward")
+    if args.release_reference:
+        raise CliError("--release-reference applies to the pi0 family's fused weight copies only")
+    base, workload, model, device = setup(args)
+    engine = None if args.levers in ("reference", "none", "") else make_engine(model, args.levers)
+    label = engine.name if engine else "reference"
+    obs, noise = random_wam_inputs(model.config, workload.batch, device, model.dtype, seed=args.seed)
+    fn = call_fn(model, engine, workload, obs, noise, args.mode)
+    first_call_s = _timed_once(fn, device)
+    equivalence = None
+    if engine is not None and not args.no_check:
+        equivalence = check_wam_equivalence(model, engine, workload)
+        if not equivalence["passed"]:
+            print(f"vlaperf: variant {label} fails equivalence (actions rel_l2 {equivalence['rel_l2']:.3g}, video "
+                  f"{equivalence['video_rel_l2']:.3g} > {equivalence['tolerance']:.3g}); refusing to report its speed",
+                  file=sys.stderr)
+            return 1
+    timing = time_calls(fn, device=device, warmup=args.warmup, iters=args.iters, progress=not args.no_progress, label=label)
+    result = header("bench", base, workload, model, environment_record(device), engine.levers.names() if engine else [],
+                    label, args.mode)
+    result.update({k: timing[k] for k in ("timers", "warmup_s", "warmup", "iters", "peak_memory_bytes", "samples")})
+    result["first_call_s"] = first_call_s
+    result["first_call_timing"] = "before equivalence check"
+    result["equivalence"] = equivalence
+    floor = wam_roofline(model.config, workload)
+    if args.mode == "forward":
+        floor = {**floor, "floor_ms": floor["full_forward_ms"], "what": "one full forward"}
+    result["roofline"] = floor
+    print_bench(result)
+    if args.json:
+        write_result(result, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+# --------------------------------------------------------------------------- check
+
+
+def check_specs(device: torch.device) -> list[str]:
+    """Each lever alone (with what it needs), then the presets that apply here."""
+    from vlaperf.engine.wam import WAM_LEVERS, WAM_REQUIRES
+
+    specs = []
+    for name in WAM_LEVERS:
+        if name == "compile" or (name == "cuda_graph" and device.type != "cuda"):
+            continue  # compile is checked explicitly (`--levers compile`): it needs a compiler and time
+        specs.append(",".join(WAM_REQUIRES.get(name, ()) + (name,)))
+    return specs + ["exact"] + (["graph"] if device.type == "cuda" else [])
+
+
+def cmd_check(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from vlaperf.check import check_wam_equivalence
+    from vlaperf.report.schema import write_result
+    from vlaperf.timing import environment_record
+
+    base, workload, model, device = setup(args)
+    specs = check_specs(device) if args.levers == "all" else [s for s in args.levers.split(";") if s.strip()]
+    sparsities = [workload.sparsity] if getattr(args, "sparsity", None) else list(SPARSITY_ALL)
+    rows = []
+    for sp in sparsities:
+        w = workload.with_overrides(sparsity=sp)
+        for spec in specs:
+            rows.append(check_wam_equivalence(model, make_engine(model, spec), w, seeds=range(args.seeds)))
+    table = Table(title=f"vlaperf check  {workload.id}  ({rows[0]['dtype'] if rows else ''}, {device}; actions and video)")
+    for col in ("variant", "sparsity", "actions rel L2", "video rel L2", "tolerance", "passed"):
+        table.add_column(col)
+    for r in rows:
+        table.add_row(r["variant"], r["sparsity"], f"{r['rel_l2']:.3g}", f"{r['video_rel_l2']:.3g}", f"{r['tolerance']:.0e}",
+                      "yes" if r["passed"] else "NO")
+    Console(width=160).print(table)
+    if args.json:
+        result = header("check", base, workload, model, environment_record(device), [], "check", None)
+        result["checks"] = rows
+        write_result(result, args.json)
+    return 0 if all(r["passed"] for r in rows) else 1
+
+
+# --------------------------------------------------------------------------- matrix
+
+
+def grid_variants(device: torch.device) -> list[str]:
+    """Seed 000's {eager, compile default, compile reduce-overhead} plus vlaperf's exact levers and graph."""
+    if device.type != "cuda":
+        return ["reference", "exact", "exact,compile=default"]
+    return ["reference", "exact", "exact,compile=default", "exact,compile=reduce-overhead", "graph", "best"]
+
+
+def cumulative_variants(device: torch.device) -> list[str]:
+    from vlaperf.engine.wam import WAM_EXACT
+
+    order = list(WAM_EXACT) + (["cuda_graph", "compile=default"] if device.type == "cuda" else [])
+    return ["reference"] + [",".join(order[: i + 1]) for i in range(len(order))]
+
+
+def parse_variants(spec: str, device: torch.device) -> list[str]:
+    if spec == "grid":
+        return grid_variants(device)
+    if spec == "cumulative":
+        return cumulative_variants(device)
+    items = [s.strip() for s in spec.split(";") if s.strip()]
+    return items if items and items[0] == "reference" else ["reference"] + items
+
+
+def cmd_matrix(args) -> int:
+    from rich.console import Console
+    from rich.table import Table
+
+    from vlaperf.check import check_wam_equivalence
+    from vlaperf.cli import CliError, _timed_once
+    from vlaperf.models.wam import random_wam_inputs
+    from vlaperf.report.schema import write_result
+    from vlaperf.roofline import wam_roofline
+    from vlaperf.timing import _ratio_stats, environment_record, interleaved
+
+    if getattr(args, "ray", False):
+        raise CliError("--ray: the world-action workloads run in one process (no Ray matrix yet)")
+    mode = getattr(args, "mode", None) or "model"
+    if mode not in ("model", "forward"):
+        raise CliError(f"--mode {mode}: the world-action matrix times 'model' (generate) or 'forward' (one forward)")
+    base, workload, model, device = setup(args)
+    variants = parse_variants(args.variants, device)
+    sparsities = [workload.sparsity] if getattr(args, "sparsity", None) else list(SPARSITY_ALL)
+    obs, noise = random_wam_inputs(model.config, workload.batch, device, model.dtype, seed=args.seed)
+    rows, fns = [], {}
+    for sp in sparsities:
+        w = workload.with_overrides(sparsity=sp)
+        for spec in variants:
+            key = f"{spec} | {sp}"
+            row = {"variant": spec, "sparsity": sp, "key": key, "levers": [],
+                   "roofline_floor_ms": wam_roofline(model.config, w)["floor_ms"]}
+            if spec == "reference":
+                row["equivalence"] = None
+                fns[key] = call_fn(model, None, w, obs, noise, mode)
+                rows.append(row)
+                continue
+            try:
+                engine = make_engine(model, spec)
+            except CliError as e:
+                row["skipped"] = str(e)
+                rows.append(row)
+                continue
+            row["levers"] = engine.levers.names()
+            fn = call_fn(model, engine, w, obs, noise, mode)
+            row["first_call_s"] = _timed_once(fn, device)  # compile and capture land here, before the check
+            row["equivalence"] = check_wam_equivalence(model, engine, w)
+            if not row["equivalence"]["passed"]:
+                row["skipped"] = "fails equivalence: speed not reported"
+            else:
+                fns[key] = fn
+            rows.append(row)
+    timing = interleaved(fns, device=device, warmup=args.warmup, iters=args.iters, baseline=next(iter(fns)),
+                         progress=not args.no_progress)
+    samples = {k: v["samples"]["wall_ms"] for k, v in timing["variants"].items()}
+    for row in rows:
+        v = timing["variants"].get(row["key"])
+        if v is None:
+            continue
+        row.update({k: v[k] for k in ("timers", "warmup_s", "peak_memory_bytes")})
+        row.setdefault("first_call_s", v["first_call_s"])
+        ref = samples.get(f"reference | {row['sparsity']}")
+        row["vs_reference"] = _ratio_stats(ref, samples[row["key"]]) if ref else None
+        if mode == "forward":
+            row["roofline_floor_ms"] = wam_roofline(model.config, workload.with_overrides(sparsity=row["sparsity"]))["full_forward_ms"]
+        dense = samples.get(f"{row['variant']} | none")
+        row["sparsity_gain"] = _ratio_stats(dense, samples[row["key"]]) if dense and row["sparsity"] != "none" else None
+    _print(rows, workload, device, Console(width=180), Table, mode)
+    if args.json:
+        result = header("matrix", base, workload, model, environment_record(device), [], args.variants, mode)
+        result.update({"variants": rows, "warmup": args.warmup, "iters": args.iters, "sparsities": sparsities,
+                       "first_call_timing": "before equivalence check",
+                       "ratios": "vs_reference: the reference at the same sparsity over this row, per round (p10..p90); "
+                                 "sparsity_gain: the same variant at sparsity none over this row"})
+        write_result(result, args.json)
+        print(f"wrote {args.json}")
+    return 0
+
+
+def _fmt_ratio(r) -> str:
+    if not r:
+        return "-"
+    return f"{r['speedup']:.2f}x ({r['ratio_p10']:.2f}..{r['ratio_p90']:.2f})" + ("" if r["significant"] else " noise")
+
+
+def _print(rows, workload, device, console, Table, mode: str) -> None:
+    what = "one forward" if mode == "forward" else "one generate call"
+    t = Table(title=f"vlaperf matrix  {workload.id}  batch {workload.batch}, {what}  ({device}; interleaved in one process; "
+                    "ratios per round, p10..p90)")
+    for col in ("variant", "sparsity", "median ms", "p95 ms", "vs reference", "sparsity gain", "actions rel L2",
+                "first call s", "peak GiB", "floor ms"):
+        t.add_column(col)
+    for r in rows:
+        if "timers" not in r:
+            t.add_row(r["variant"], r["sparsity"], r.get("skipped", ""), *[""] * 7)
+            continue
+        w, eq = r["timers"]["wall_ms"], r["equivalence"]
+        t.add_row(r["variant"], r["sparsity"], f"{w['median']:.2f}", f"{w['p95']:.2f}", _fmt_ratio(r["vs_reference"]),
+                  _fmt_ratio(r["sparsity_gain"]), f"{eq['rel_l2']:.1e}" if eq else "-", f"{r['first_call_s']:.2f}",
+                  f"{r['peak_memory_bytes'] / 2**30:.2f}" if r.get("peak_memory_bytes") else "-",
+                  f"{r['roofline_floor_ms']:.2f}")
+    console.print(t)
