@@ -178,6 +178,12 @@ class WamEngine:
         # call in seconds, not a 30-block graph per shape); the glue around the blocks runs eager.
         # compile_fn raises CompileUnavailable where inductor cannot run (seed 000's trap).
         self.block = compile_fn(block_step, self.levers.compile, compile_backend) if self.levers.compile else block_step
+        if self.levers.compile == "reduce-overhead":
+            # inductor's CUDA-graph trees reuse a graph's output buffers at its next replay, and the
+            # engine keeps block outputs across calls of the same compiled block (the next block's
+            # input, the video cache): keep copies
+            compiled = self.block
+            self.block = lambda *a: tuple(t.clone() for t in compiled(*a))
 
     # ------------------------------------------------------------------ static layout
 
@@ -287,6 +293,8 @@ class WamEngine:
         """As WorldActionModel.generate: actions (B, H, A) and the video (B, video_frames, P, C)."""
         video_steps = steps if video_steps is None else video_steps
         check_sampling_args(steps, video_steps, sparsity, cfg_scale, shift)
+        if self.levers.compile == "reduce-overhead":
+            torch.compiler.cudagraph_mark_step_begin()  # a new call: the trees may reuse the last call's buffers
         if self._graphs is None:
             return self._generate(obs.context, obs.text, obs.state, noise.video, noise.actions,
                                   steps=steps, video_steps=video_steps, sparsity=sparsity, cfg_scale=cfg_scale, shift=shift)

@@ -253,8 +253,13 @@ def cmd_matrix(args) -> int:
                 continue
             row["levers"] = engine.levers.names()
             fn = call_fn(model, engine, w, obs, noise, mode)
-            row["first_call_s"] = _timed_once(fn, device)  # compile and capture land here, before the check
-            row["equivalence"] = check_wam_equivalence(model, engine, w)
+            try:
+                row["first_call_s"] = _timed_once(fn, device)  # compile and capture land here, before the check
+                row["equivalence"] = check_wam_equivalence(model, engine, w)
+            except Exception as e:  # one variant that breaks (a compiler error) must not lose the matrix
+                row["skipped"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                rows.append(row)
+                continue
             if not row["equivalence"]["passed"]:
                 row["skipped"] = "fails equivalence: speed not reported"
             else:
