@@ -4,7 +4,9 @@
 #            sparsity mode; benches of the reference and of best (model mode), best with drop_middle
 #   PART=b   seed 000's questions, each table interleaved in one process: the grid {reference, exact, + compile default,
 #            + compile reduce-overhead, graph, best} x {none, drop_middle, mae_middle} on the policy call; the cumulative
-#            table (which of the runner's overheads costs what); one forward at batch 1, 4, 8 x the three sparsity modes
+#            table (which of the runner's overheads costs what); one forward at batch 1 and 8 x the three sparsity modes.
+#            As run in session 17 (the device time was nearly spent): the forwards first (at c06fce5), then the grid and
+#            the cumulative table (at d5cd353, after the reduce-overhead fix), with these round counts; batch 4 not run
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session17.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -21,11 +23,10 @@ EOT
   ;;
 b)
   lane A 0 40 <<EOT &
-240 $V matrix $W --variants grid --warmup 3 --iters 20 --no-progress --compile-cache /tmp/fcW --json $R/matrix_wam-761_grid.json
-150 $V matrix $W --variants cumulative --sparsity drop_middle --warmup 3 --iters 20 --no-progress --compile-cache /tmp/fcW --json $R/matrix_wam-761_cumulative_drop.json
-60 $V matrix $W --mode forward --variants "reference;best" --warmup 3 --iters 20 --no-progress --compile-cache /tmp/fcW --json $R/matrix_wam-761_forward_b1.json
-60 $V matrix $W --mode forward --batch 4 --variants "reference;best" --warmup 3 --iters 20 --no-progress --compile-cache /tmp/fcW --json $R/matrix_wam-761_forward_b4.json
-60 $V matrix $W --mode forward --batch 8 --variants "reference;best" --warmup 3 --iters 20 --no-progress --compile-cache /tmp/fcW --json $R/matrix_wam-761_forward_b8.json
+250 $V matrix $W --variants grid --warmup 3 --iters 12 --no-progress --compile-cache /tmp/fcW --json $R/matrix_wam-761_grid.json
+150 $V matrix $W --variants cumulative --sparsity drop_middle --warmup 3 --iters 12 --no-progress --compile-cache /tmp/fcW --json $R/matrix_wam-761_cumulative_drop.json
+70 $V matrix $W --mode forward --variants "reference;best" --warmup 3 --iters 15 --no-progress --compile-cache /tmp/fcW --json $R/matrix_wam-761_forward_b1.json
+70 $V matrix $W --mode forward --batch 8 --variants "reference;best" --warmup 3 --iters 15 --no-progress --compile-cache /tmp/fcW --json $R/matrix_wam-761_forward_b8.json
 EOT
   ;;
 esac

@@ -132,6 +132,18 @@ def test_sampling_arguments_are_checked(tiny, inputs):
         get_config("wam-huge")
 
 
+@pytest.mark.parametrize("field", ["context", "text", "state", "video", "actions"])
+def test_wrong_input_shapes_name_the_field(tiny, inputs, field):
+    obs, noise = inputs
+    where = obs if field in ("context", "text", "state") else noise
+    bad = type(where)(**{**where.__dict__, field: getattr(where, field)[..., :-1]})
+    args = (bad, noise) if where is obs else (obs, bad)
+    prefix = "obs" if where is obs else "noise"
+    for run in (tiny.generate, WamEngine(tiny, "exact").generate):
+        with pytest.raises(ValueError, match=rf"{prefix}\.{field}: expected shape \(2, "):
+            run(*args, STEPS)
+
+
 # ------------------------------------------------------------------------ engine
 
 SETTINGS = [  # (video_steps, sparsity, cfg_scale)
@@ -350,3 +362,19 @@ def test_cuda_graph_is_equivalent_and_makes_no_host_sync(sparsity):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert engine._graphs.captures == 1
+
+
+def test_syncs_finds_the_reference_runners_nonzero_and_none_in_the_engine(tmp_path, capsys):
+    """Seed 000's suspect: the keep index's `.nonzero()`, one host sync per forward."""
+    from vlaperf.cli import main
+
+    out = tmp_path / "s.json"
+    assert main(["syncs", "--workload", "wam-tiny", "--device", "cpu", "--sparsity", "drop_middle", "--json", str(out)]) == 0
+    rep = json.loads(out.read_text())["syncs"]
+    assert rep["per_call"] == STEPS
+    assert [s["op"] for s in rep["sites"]] == ["Tensor.nonzero"] and rep["sites"][0]["file"].endswith("models/wam.py")
+    assert main(["syncs", "--workload", "wam-tiny", "--device", "cpu", "--sparsity", "drop_middle", "--levers", "exact",
+                 "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["syncs"]["per_call"] == 0
+    assert main(["breakdown", "--workload", "wam-tiny", "--device", "cpu"]) == 2
+    assert "world-action model workload" in capsys.readouterr().err

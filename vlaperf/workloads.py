@@ -12,6 +12,15 @@ import dataclasses
 from dataclasses import dataclass
 
 
+def given_overrides(overrides: dict) -> dict:
+    """The overrides that were given (None: keep the workload's), batch and steps checked."""
+    overrides = {k: v for k, v in overrides.items() if v is not None}
+    for name in ("batch", "steps"):
+        if name in overrides and (not isinstance(overrides[name], int) or overrides[name] < 1):
+            raise ValueError(f"{name} must be an integer >= 1, got {overrides[name]!r}")
+    return overrides
+
+
 @dataclass(frozen=True)
 class Workload:
     id: str
@@ -33,12 +42,9 @@ class Workload:
 
     def with_overrides(self, **overrides) -> "Workload":
         """A copy with some knobs changed (batch, steps); keeps per-sample lists consistent."""
-        overrides = {k: v for k, v in overrides.items() if v is not None}
+        overrides = given_overrides(overrides)
         if not overrides:
             return self
-        for name in ("batch", "steps"):
-            if name in overrides and (not isinstance(overrides[name], int) or overrides[name] < 1):
-                raise ValueError(f"{name} must be an integer >= 1, got {overrides[name]!r}")
         w = dataclasses.replace(self, **overrides)
         if w.batch != len(w.prompt_valid):
             # Repeat the per-sample prompt lengths cyclically to the new batch size.
@@ -98,12 +104,9 @@ class WamWorkload:
     shift: float = 3.0  # flow-matching time shift of both schedules
 
     def with_overrides(self, **overrides) -> "WamWorkload":
-        overrides = {k: v for k, v in overrides.items() if v is not None}
+        overrides = given_overrides(overrides)
         if not overrides:
             return self
-        for name in ("batch", "steps"):
-            if name in overrides and (not isinstance(overrides[name], int) or overrides[name] < 1):
-                raise ValueError(f"{name} must be an integer >= 1, got {overrides[name]!r}")
         if "steps" in overrides and "video_steps" not in overrides:
             # keep the early stop's share of the calls: half by default
             overrides["video_steps"] = max(1, round(self.video_steps * overrides["steps"] / self.steps))
@@ -142,6 +145,6 @@ def get_workload(workload_id: str) -> Workload:
     if workload_id in WORKLOADS:
         return WORKLOADS[workload_id]
     if workload_id in WAM_WORKLOADS:
-        raise ValueError(f"workload {workload_id!r} is a world-action model workload: `vlaperf bench`, `check` and `matrix` "
+        raise ValueError(f"workload {workload_id!r} is a world-action model workload: `vlaperf bench`, `check`, `matrix` and `syncs` "
                          "run it; this command takes a pi0-family workload")
     raise ValueError(f"unknown workload {workload_id!r}; expected one of: {', '.join(list(WORKLOADS) + list(WAM_WORKLOADS))}")

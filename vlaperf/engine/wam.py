@@ -47,6 +47,7 @@ from vlaperf.models.wam import (
     WamNoise,
     WamObservation,
     WorldActionModel,
+    check_inputs,
     check_sampling_args,
     drop_factor,
     eager_attention,
@@ -293,6 +294,7 @@ class WamEngine:
         """As WorldActionModel.generate: actions (B, H, A) and the video (B, video_frames, P, C)."""
         video_steps = steps if video_steps is None else video_steps
         check_sampling_args(steps, video_steps, sparsity, cfg_scale, shift)
+        check_inputs(self.cfg, obs, noise)
         if self.levers.compile == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()  # a new call: the trees may reuse the last call's buffers
         if self._graphs is None:

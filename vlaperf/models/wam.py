@@ -131,6 +131,24 @@ class WamNoise:
     actions: Tensor  # (B, H, A) float32
 
 
+def check_inputs(cfg: WamConfig, obs: WamObservation, noise: WamNoise) -> None:
+    """Shapes of a call's inputs against the config: a ValueError naming the field, what was
+    expected and what came (a wrong shape would otherwise fail deep inside a block)."""
+    b = obs.context.shape[0] if obs.context.ndim else None
+    expected = {
+        "obs.context": (obs.context, (b, cfg.context_frames, cfg.patches, cfg.patch_channels)),
+        "obs.text": (obs.text, (b, cfg.text_tokens, cfg.text_dim)),
+        "obs.state": (obs.state, (b, cfg.state_dim)),
+        "noise.video": (noise.video, (b, cfg.video_frames, cfg.patches, cfg.patch_channels)),
+        "noise.actions": (noise.actions, (b, cfg.action_horizon, cfg.action_dim)),
+    }
+    for name, (t, shape) in expected.items():
+        if not isinstance(t, Tensor):
+            raise ValueError(f"{name}: expected a tensor of shape {shape}, got {type(t).__name__}")
+        if tuple(t.shape) != shape:
+            raise ValueError(f"{name}: expected shape {shape} (batch, ...; {cfg.name}), got {tuple(t.shape)}")
+
+
 def random_wam_inputs(cfg: WamConfig, batch: int, device, dtype: torch.dtype, seed: int = 0) -> tuple[WamObservation, WamNoise]:
     """Random observation and starting noise (never zeros). The noise is float32: the sampler's state."""
     g = torch.Generator(device="cpu").manual_seed(seed)
@@ -242,7 +260,9 @@ def merge_heads(x: Tensor) -> Tensor:
     return x.transpose(1, 2).reshape(b, t, n * h)
 
 
-class SelfAttention(nn.Module):
+class Attention(nn.Module):
+    """q, k, v, o projections with q/k RMSNorm over the whole width (Wan's attention weights)."""
+
     def __init__(self, cfg: WamConfig):
         super().__init__()
         d = cfg.width
@@ -250,20 +270,15 @@ class SelfAttention(nn.Module):
         self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
         self.norm_q, self.norm_k = RMSNorm(d, cfg.eps), RMSNorm(d, cfg.eps)
 
+
+class SelfAttention(Attention):
     def qkv(self, x: Tensor) -> tuple[Tensor, Tensor, Tensor]:
         """(B, T, D) -> q, k, v as (B, N, T, h), q and k RMS-normalised over the whole width."""
         n = self.num_heads
         return heads(self.norm_q(self.q(x)), n), heads(self.norm_k(self.k(x)), n), heads(self.v(x), n)
 
 
-class CrossAttention(nn.Module):
-    def __init__(self, cfg: WamConfig):
-        super().__init__()
-        d = cfg.width
-        self.num_heads = cfg.num_heads
-        self.q, self.k, self.v, self.o = (nn.Linear(d, d) for _ in range(4))
-        self.norm_q, self.norm_k = RMSNorm(d, cfg.eps), RMSNorm(d, cfg.eps)
-
+class CrossAttention(Attention):
     def context_kv(self, context: Tensor) -> tuple[Tensor, Tensor]:
         """(B, L, D) -> k, v (B, N, L, h): the same at every denoise step."""
         return heads(self.norm_k(self.k(context)), self.num_heads), heads(self.v(context), self.num_heads)
@@ -417,6 +432,7 @@ class WorldActionModel(nn.Module):
         cfg = self.config
         video_steps = steps if video_steps is None else video_steps
         check_sampling_args(steps, video_steps, sparsity, cfg_scale, shift)
+        check_inputs(cfg, obs, noise)
         b = obs.batch
         action_sampler = ReferenceUniPC(flow_sigmas(steps, shift))
         video_sampler = ReferenceUniPC(flow_sigmas(video_steps, shift))

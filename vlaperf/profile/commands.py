@@ -149,6 +149,21 @@ def cmd_syncs(args) -> int:
     from vlaperf.profile.syncs import count_syncs, format_syncs
     from vlaperf.timing import environment_record
 
+    from vlaperf.workloads import is_wam_workload
+
+    if is_wam_workload(args.workload):  # the world-action model: one generate call (seed 000's `.nonzero()` question)
+        from vlaperf.models.wam import random_wam_inputs
+        from vlaperf.profile import wam
+
+        if args.mode != "model":
+            raise CliError("--mode policy: the world-action model has no observation transform in vlaperf; use --mode model")
+        base, workload, model, device = wam.setup(args)
+        engine = None if args.levers in ("reference", "none", "") else wam.make_engine(model, args.levers)
+        obs, noise = random_wam_inputs(model.config, workload.batch, device, model.dtype, seed=args.seed)
+        fn, expected = wam.call_fn(model, engine, workload, obs, noise, "model"), 0
+        header = lambda: wam.header("syncs", base, workload, model, environment_record(device),  # noqa: E731
+                                    engine.levers.names() if engine else [], engine.name if engine else "reference", "model")
+        return _report_syncs(args, fn, device, expected, header)
     base, workload, model, device = setup(args)
     engine = _levers_or_error(model, args.levers)
     sample = engine.sample_actions if engine else model.sample_actions
@@ -164,6 +179,15 @@ def cmd_syncs(args) -> int:
         request = examples[0] if workload.batch == 1 else examples
         fn = lambda: policy.infer(request)  # noqa: E731
         expected = 1
+    label = engine.name if engine else "reference"
+    header = lambda: result_header("syncs", base, workload, model, environment_record(device),  # noqa: E731
+                                   engine.levers.names() if engine else [], label, args.mode)
+    return _report_syncs(args, fn, device, expected, header)
+
+
+def _report_syncs(args, fn, device, expected: int, header) -> int:
+    from vlaperf.profile.syncs import count_syncs, format_syncs
+
     treat = {"auto": None, "yes": True, "no": False}[args.treat_as_device]
     try:
         rep = count_syncs(fn, device=device, calls=args.calls, warmup=args.warmup, source=args.source,
@@ -171,9 +195,7 @@ def cmd_syncs(args) -> int:
     except ValueError as e:
         raise CliError(str(e)) from None
     print(format_syncs(rep))
-    label = engine.name if engine else "reference"
-    result = result_header("syncs", base, workload, model, environment_record(device),
-                           engine.levers.names() if engine else [], label, args.mode)
+    result = header()
     result["syncs"] = rep
     _write(result, args.json)
     return 0

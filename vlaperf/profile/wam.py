@@ -66,18 +66,13 @@ def make_engine(model, spec: str):
 
 
 def header(command: str, base, workload, model, env: dict, levers: list[str], label: str, mode: str | None) -> dict:
-    from vlaperf.report.schema import SCHEMA
+    """cli.result_header plus the sampler settings the figure ran with."""
+    from vlaperf.cli import result_header
 
-    return {
-        "schema": SCHEMA,
-        "command": command,
-        "workload": {"id": workload.id, "overrides": workload.overrides_vs(base),
-                     "settings": {"steps": workload.steps, "video_steps": workload.video_steps, "sparsity": workload.sparsity,
-                                  "cfg_scale": workload.cfg_scale, "shift": workload.shift, "batch": workload.batch}},
-        "variant": {"levers": levers, "label": label, "dtype": str(model.dtype).replace("torch.", "")},
-        "mode": mode,
-        "env": env,
-    }
+    result = result_header(command, base, workload, model, env, levers, label, mode)
+    result["workload"]["settings"] = {k: getattr(workload, k) for k in ("steps", "video_steps", "sparsity", "cfg_scale",
+                                                                        "shift", "batch")}
+    return result
 
 
 def call_fn(model, engine, workload, obs, noise, mode: str):

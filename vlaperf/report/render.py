@@ -283,6 +283,12 @@ def _levers_of(row: dict) -> list[str]:
     return [x.split("=")[0] for x in spec.split(",") if x]
 
 
+def _wall_ratio(row: dict) -> dict:
+    """A matrix row's wall-clock ratio against its reference: `ratio.wall_ms` (pi0 matrices) or
+    `vs_reference` (world-action matrices); {} when the row has neither."""
+    return ((row.get("ratio") or {}).get("wall_ms") or row.get("vs_reference") or {})
+
+
 def _matrix(doc: _Doc, path: str, r: dict) -> None:
     doc.h(3, f"matrix: {r['workload']['id']} on {_gpu(r)} ({(r.get('variant') or {}).get('label', '')[:60]})")
     doc.p(f"{path}: {r.get('iters')} interleaved rounds after {r.get('warmup')} warm-up calls per variant; "
@@ -290,12 +296,13 @@ def _matrix(doc: _Doc, path: str, r: dict) -> None:
           "'noise' = the p10..p90 of per-round ratios includes 1.", "note")
     rows, timed = [], []
     for v in r.get("variants", []):
-        name = _short_variant(v.get("variant", ""))
+        # world-action matrices have a row per variant and sparsity mode, each against the reference at its sparsity
+        name = _short_variant(v.get("variant", "")) + (f" | {v['sparsity']}" if v.get("sparsity") else "")
         if "timers" not in v:
             rows.append([name, v.get("skipped", "not timed")] + [None] * 8)
             continue
         w, e = v["timers"]["wall_ms"], v["timers"].get("cuda_event_ms")
-        q = (v.get("ratio") or {}).get("wall_ms") or {}
+        q = _wall_ratio(v)
         eq = v.get("equivalence") or {}
         sig = q.get("significant")
         speed = f"{q['speedup']:.2f}x" + ("" if sig or v.get("variant") == r.get("baseline", "reference") else " (noise)") if q else None
@@ -316,7 +323,7 @@ def _matrix(doc: _Doc, path: str, r: dict) -> None:
     extra = sorted({l for v in timed for l in _levers_of(v)} - set(levers))
     levers += extra
     cols = levers + ["speedup"]
-    speed = [((v.get("ratio") or {}).get("wall_ms") or {}).get("speedup", float("nan")) for v in timed]
+    speed = [_wall_ratio(v).get("speedup", float("nan")) for v in timed]
     grid = np.full((len(timed), len(cols)), np.nan)
     for i, v in enumerate(timed):
         on = set(_levers_of(v))
@@ -378,9 +385,11 @@ def _matrix(doc: _Doc, path: str, r: dict) -> None:
 
 def _check(doc: _Doc, path: str, r: dict) -> None:
     doc.h(3, f"check: {r['workload']['id']} on {_gpu(r)}")
-    rows = [[c.get("variant"), c.get("dtype"), c.get("max_abs"), c.get("rel_l2"), c.get("tolerance"), c.get("seeds"),
-             "yes" if c.get("passed") else "NO"] for c in r.get("checks", [])]
-    doc.table(["variant", "dtype", "max abs", "rel L2", "tolerance", "seeds", "passed"], rows)
+    # world-action checks also name the sparsity mode and hold the predicted video's error
+    rows = [[c.get("variant") + (f" | {c['sparsity']}" if c.get("sparsity") else ""), c.get("dtype"), c.get("max_abs"),
+             c.get("rel_l2"), c.get("video_rel_l2"), c.get("tolerance"), c.get("seeds"), "yes" if c.get("passed") else "NO"]
+            for c in r.get("checks", [])]
+    doc.table(["variant", "dtype", "max abs", "rel L2", "video rel L2", "tolerance", "seeds", "passed"], rows)
 
 
 def _breakdown(doc: _Doc, path: str, r: dict) -> None:
