@@ -48,3 +48,148 @@ class Policy:
         if isinstance(example, dict):
             out = out[0]
         return {"actions": out, "policy_timing": timing}
+
+
+# ------------------------------------------------------------------ the world-action model
+
+WAM_KEYS = ("observation/context_latent", "observation/state", "prompt")
+
+
+def make_wam_example(workload, seed: int = 0) -> dict[str, Any]:
+    """One raw world-action observation as a client sends it (unbatched numpy): the observed
+    frame's latent patches (context_frames, P, C) float32 (a video VAE encodes them from the
+    camera image; vlaperf has none, so clients send latents), the state (state_dim,) float32
+    and the instruction."""
+    from vlaperf.models.wam import get_config
+
+    cfg = get_config(workload.preset)
+    rng = np.random.default_rng(seed)
+    return {
+        "observation/context_latent": rng.standard_normal((cfg.context_frames, cfg.patches, cfg.patch_channels), np.float32),
+        "observation/state": rng.standard_normal(cfg.state_dim, np.float32),
+        "prompt": "put the bowl on the plate",
+    }
+
+
+class HashTextEncoder:
+    """A deterministic stand-in for the text encoder (umT5-XXL class), which cannot be downloaded
+    here: a prompt -> (text_tokens, text_dim) float32 embedding seeded by a stable hash of its
+    words. Shapes and costs are real; the values mean nothing to a trained model. Pass your own
+    (any callable prompt -> array of that shape) to WamPolicy. Embeddings are cached per prompt,
+    as a server would cache the encoder's output for an episode's instruction."""
+
+    def __init__(self, text_tokens: int, text_dim: int, cache_size: int = 64):
+        self.shape = (text_tokens, text_dim)
+        self.cache: dict[str, np.ndarray] = {}
+        self.cache_size = cache_size
+
+    def __call__(self, prompt: str) -> np.ndarray:
+        key = " ".join(prompt.lower().split())
+        if key not in self.cache:
+            import zlib
+
+            if len(self.cache) >= self.cache_size:
+                self.cache.pop(next(iter(self.cache)))
+            rng = np.random.default_rng(zlib.crc32(key.encode()))
+            self.cache[key] = rng.standard_normal(self.shape, np.float32)
+        return self.cache[key]
+
+
+class WamTransform:
+    """World-action dicts -> WamObservation on the device; every field checked first."""
+
+    def __init__(self, cfg, device, dtype, text_encoder=None):
+        self.cfg, self.device, self.dtype = cfg, device, dtype
+        self.text_encoder = text_encoder or HashTextEncoder(cfg.text_tokens, cfg.text_dim)
+
+    def _array(self, example: dict, key: str, shape: tuple[int, ...]) -> np.ndarray:
+        from vlaperf.inputs import InputError
+
+        if key not in example:
+            raise InputError(f"{key}: missing; a world-action observation has {', '.join(WAM_KEYS)}")
+        a = np.asarray(example[key])
+        if a.dtype.kind not in "fiu":
+            raise InputError(f"{key}: expected numbers, got dtype {a.dtype}")
+        if a.shape != shape:
+            raise InputError(f"{key}: expected shape {shape}, got {a.shape}")
+        if not np.isfinite(a).all():
+            raise InputError(f"{key}: holds NaN or inf")
+        return a.astype(np.float32, copy=False)
+
+    def validate(self, example: dict) -> None:
+        from vlaperf.inputs import InputError
+
+        if not isinstance(example, dict):
+            raise InputError(f"observation must be a dict, got {type(example).__name__}")
+        cfg = self.cfg
+        self._array(example, "observation/context_latent", (cfg.context_frames, cfg.patches, cfg.patch_channels))
+        self._array(example, "observation/state", (cfg.state_dim,))
+        prompt = example.get("prompt")
+        if not isinstance(prompt, str) or not prompt.strip():
+            raise InputError(f"prompt: expected a non-empty string, got {type(prompt).__name__}")
+
+    def __call__(self, examples: list[dict]):
+        from vlaperf.models.wam import WamObservation
+
+        cfg = self.cfg
+        for ex in examples:
+            self.validate(ex)
+        stack = lambda key, shape: torch.from_numpy(np.stack([self._array(e, key, shape) for e in examples]))  # noqa: E731
+        context = stack("observation/context_latent", (cfg.context_frames, cfg.patches, cfg.patch_channels))
+        state = stack("observation/state", (cfg.state_dim,))
+        text = torch.from_numpy(np.stack([self.text_encoder(e["prompt"]) for e in examples]))
+        to = lambda t: t.to(self.device, self.dtype, non_blocking=True)  # noqa: E731
+        return WamObservation(context=to(context), text=to(text), state=to(state))
+
+
+class WamPolicy:
+    """`infer(example or list) -> {"actions": (H, A) or (B, H, A) float32, "policy_timing"}` for a
+    world-action model: dicts -> device -> `generate` (the engine's or the reference's) -> numpy.
+    Fresh starting noise per call unless `noise` is given (benchmarks pass a fixed one)."""
+
+    def __init__(self, model, generate: Callable, workload, text_encoder=None, noise=None):
+        self.model, self.sample, self.workload = model, generate, workload
+        self.device = model.device
+        self.num_steps = workload.steps
+        self.transform = WamTransform(model.config, self.device, model.dtype, text_encoder)
+        self.noise = noise
+        self._gen = torch.Generator(device="cpu").manual_seed(0)
+
+    def _noise(self, batch: int):
+        from vlaperf.models.wam import WamNoise
+
+        if self.noise is not None and self.noise.actions.shape[0] == batch:
+            return self.noise
+        cfg = self.model.config
+        video = torch.randn(batch, cfg.video_frames, cfg.patches, cfg.patch_channels, generator=self._gen)
+        actions = torch.randn(batch, cfg.action_horizon, cfg.action_dim, generator=self._gen)
+        return WamNoise(video.to(self.device), actions.to(self.device))
+
+    def infer(self, example: dict[str, Any] | list[dict[str, Any]]) -> dict[str, Any]:
+        w = self.workload
+        t0 = time.perf_counter()
+        examples = [example] if isinstance(example, dict) else list(example)
+        obs = self.transform(examples)
+        noise = self._noise(len(examples))
+        t1 = time.perf_counter()
+        actions, _ = self.sample(obs, noise, w.steps, video_steps=w.video_steps, sparsity=w.sparsity,
+                                 cfg_scale=w.cfg_scale, shift=w.shift)
+        out = actions.cpu().numpy().astype(np.float32)
+        t2 = time.perf_counter()
+        timing = {"transform_ms": (t1 - t0) * 1e3, "sample_and_copy_ms": (t2 - t1) * 1e3, "infer_ms": (t2 - t0) * 1e3}
+        return {"actions": out[0] if isinstance(example, dict) else out, "policy_timing": timing}
+
+    def warmup_examples(self, batch: int) -> list[dict[str, Any]]:
+        """What the server runs before it listens, per warm-up batch size (one graph capture each)."""
+        return [make_wam_example(self.workload, seed=i) for i in range(batch)]
+
+    def workload_metadata(self) -> dict[str, Any]:
+        """The workload's part of the server's metadata (what clients and loadgen read)."""
+        from vlaperf.workloads import get_wam_workload
+
+        cfg, w = self.model.config, self.workload
+        return {"workload": w.id, "workload_overrides": w.overrides_vs(get_wam_workload(w.id)),
+                "action_horizon": cfg.action_horizon, "robot_action_dim": cfg.action_dim, "action_dim": cfg.action_dim,
+                "state_dim": cfg.state_dim, "layout": "wam", "keys": list(WAM_KEYS),
+                "context_latent_shape": [cfg.context_frames, cfg.patches, cfg.patch_channels],
+                "sampler": {k: getattr(w, k) for k in ("steps", "video_steps", "sparsity", "cfg_scale", "shift")}}

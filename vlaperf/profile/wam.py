@@ -11,8 +11,8 @@ Seed 000 measured its model at three levels and asked two questions this answers
                            the overhead is gone?)
     matrix --variants cumulative   reference -> + host_schedule -> + cached_keep_index -> ...
                            (which of the runner's overheads costs what)
-Level 3 (end to end) is `vlaperf rollout` for the pi0 family; the world-action model has no
-server path yet.
+Level 3 (end to end): `vlaperf serve --workload wam-761` behind the websocket front end, driven by
+`vlaperf loadgen` / `vlaperf rollout` (docs/serving.md).
 """
 
 from __future__ import annotations

@@ -61,6 +61,10 @@ def register(subparsers) -> None:
     p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
     p.add_argument("--checkpoint", default=None, help="openpi or LeRobot model.safetensors (default: random weights)")
     p.add_argument("--no-check", action="store_true", help="skip the equivalence check of the engine before serving")
+    p.add_argument("--sparsity", choices=("none", "drop_middle", "mae_middle"), default=None,
+                   help="world-action workloads: frame sparsity of the served model")
+    p.add_argument("--video-steps", type=_positive_int, default=None, help="world-action workloads: the video's steps")
+    p.add_argument("--cfg-scale", type=_non_negative_float, default=None, help="world-action workloads: guidance scale")
     p.add_argument("--keep-reference", action="store_true",
                    help="keep the reference model's weights that the engine holds fused copies of (by default they are "
                         "freed after the check: 3.2 GB for pi0 in bf16, 3.4 GB with megakernel)")
@@ -150,8 +154,7 @@ def cmd_serve(args) -> int:
 
     from rich.console import Console
 
-    from vlaperf.cli import CliError, make_engine, setup
-    from vlaperf.policy import Policy
+    from vlaperf.cli import CliError
 
     _need_serve_deps()
     from vlaperf.serve.server import PolicyServer, is_loopback
@@ -167,26 +170,16 @@ def cmd_serve(args) -> int:
         from vlaperf.serve.ray_backend import serve_replicas
 
         return serve_replicas(args, api_key, warmup, console)
-    base, workload, model, device = setup(args)
-    if args.levers == "serve":
-        args.levers = "graph" if model.action_in_proj.weight.device.type == "cuda" else "exact"
-    engine = None if args.levers in ("reference", "none", "") else make_engine(model, args.levers)
-    if engine is not None and not args.no_check:
-        from vlaperf.check import check_equivalence
+    from vlaperf.workloads import is_wam_workload
 
-        eq = check_equivalence(model, engine, workload)
-        if not eq["passed"]:
-            print(f"vlaperf serve: variant {engine.name} fails equivalence (rel_l2 {eq['rel_l2']:.3g} > "
-                  f"{eq['tolerance']:.3g}); refusing to serve it", file=sys.stderr)
+    if is_wam_workload(args.workload):
+        policy = _wam_policy(args)
+        if policy is None:
             return 1
-    if engine is not None and not getattr(args, "keep_reference", False):
-        freed = engine.release_reference_weights()
-        if freed:
-            console.print(f"freed {freed / 1e6:.1f} MB of reference weights the engine holds fused copies of "
-                          "(--keep-reference keeps them)")
-    sample = engine.sample_actions if engine is not None else model.sample_actions
-    policy = Policy(model, sample, workload, num_steps=workload.steps,
-                    verify=engine.raise_on_kernel_fault if engine is not None else None)
+    else:
+        policy = _pi0_policy(args, console)
+        if policy is None:
+            return 1
     logging.basicConfig(level=logging.INFO, format="%(asctime)s %(name)s %(levelname)s %(message)s")
     logging.getLogger("websockets").setLevel(logging.WARNING)
     try:
@@ -204,6 +197,54 @@ def cmd_serve(args) -> int:
         return 130
     return 0
 
+
+
+def _pi0_policy(args, console):
+    """The served pi0-family policy (None: its variant failed the equivalence check)."""
+    from vlaperf.cli import make_engine, setup
+    from vlaperf.policy import Policy
+
+    base, workload, model, device = setup(args)
+    if args.levers == "serve":
+        args.levers = "graph" if model.action_in_proj.weight.device.type == "cuda" else "exact"
+    engine = None if args.levers in ("reference", "none", "") else make_engine(model, args.levers)
+    if engine is not None and not args.no_check:
+        from vlaperf.check import check_equivalence
+
+        eq = check_equivalence(model, engine, workload)
+        if not eq["passed"]:
+            print(f"vlaperf serve: variant {engine.name} fails equivalence (rel_l2 {eq['rel_l2']:.3g} > "
+                  f"{eq['tolerance']:.3g}); refusing to serve it", file=sys.stderr)
+            return None
+    if engine is not None and not getattr(args, "keep_reference", False):
+        freed = engine.release_reference_weights()
+        if freed:
+            console.print(f"freed {freed / 1e6:.1f} MB of reference weights the engine holds fused copies of "
+                          "(--keep-reference keeps them)")
+    sample = engine.sample_actions if engine is not None else model.sample_actions
+    policy = Policy(model, sample, workload, num_steps=workload.steps,
+                    verify=engine.raise_on_kernel_fault if engine is not None else None)
+    return policy
+
+
+def _wam_policy(args):
+    """The served world-action policy (None: its variant failed the equivalence check). The
+    reference's weights are shared with the engine (it keeps no fused copies), so nothing is freed."""
+    from vlaperf.check import check_wam_equivalence
+    from vlaperf.policy import WamPolicy
+    from vlaperf.profile import wam
+
+    base, workload, model, device = wam.setup(args)
+    if args.levers == "serve":
+        args.levers = "graph" if device.type == "cuda" else "exact"
+    engine = None if args.levers in ("reference", "none", "") else wam.make_engine(model, args.levers)
+    if engine is not None and not args.no_check:
+        eq = check_wam_equivalence(model, engine, workload)
+        if not eq["passed"]:
+            print(f"vlaperf serve: variant {engine.name} fails equivalence (actions rel_l2 {eq['rel_l2']:.3g}, video "
+                  f"{eq['video_rel_l2']:.3g} > {eq['tolerance']:.3g}); refusing to serve it", file=sys.stderr)
+            return None
+    return WamPolicy(model, engine.generate if engine is not None else model.generate, workload)
 
 def print_serve(server, console=None) -> None:
     from rich.console import Console

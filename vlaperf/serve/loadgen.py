@@ -169,7 +169,7 @@ async def _phase(url: str, api_key: str | None, workload, n_clients: int, reques
                  timeout_s: float, image_size: int, seed: int, meta_box: dict) -> dict:
     nonce = secrets.token_hex(4)
     pool = 4  # distinct observations per client, cycled
-    examples = [[make_example(workload, seed=seed + 1000 * i + k, image_size=image_size) for k in range(pool)]
+    examples = [[example_for(workload, seed=seed + 1000 * i + k, image_size=image_size) for k in range(pool)]
                 for i in range(n_clients)]
     clients = [_Client(i) for i in range(n_clients)]
     ready: list = [set()]
@@ -235,8 +235,20 @@ async def fetch_metadata(url: str, api_key: str | None = None, timeout_s: float 
         await ws.close()
 
 
+def example_for(workload, seed: int, image_size: int) -> dict:
+    """A synthetic observation for the served workload: camera images for the pi0 family, the
+    observed frame's latents for the world-action model."""
+    from vlaperf.workloads import is_wam_workload
+
+    if is_wam_workload(workload.id):
+        from vlaperf.policy import make_wam_example
+
+        return make_wam_example(workload, seed=seed)
+    return make_example(workload, seed=seed, image_size=image_size)
+
+
 def resolve_workload(metadata: dict, workload_id: str | None):
-    from vlaperf.workloads import get_workload
+    from vlaperf.workloads import get_wam_workload, get_workload, is_wam_workload
 
     served = metadata.get("workload")
     if workload_id and served and workload_id != served:
@@ -245,7 +257,7 @@ def resolve_workload(metadata: dict, workload_id: str | None):
     if not wid:
         raise LoadgenError("the server does not say which workload it serves; pass --workload")
     try:
-        return get_workload(wid)
+        return get_wam_workload(wid) if is_wam_workload(wid) else get_workload(wid)
     except ValueError as e:
         raise LoadgenError(str(e)) from None
 
@@ -306,7 +318,8 @@ def run_loadgen(url: str = "ws://127.0.0.1:8000", clients: tuple[int, ...] | lis
         "warmup_per_client": warmup,
         "timeout_s": timeout_s,
         "image_size": image_size,
-        "observations": "synthetic: vlaperf.inputs.make_example (random pixels and state), made before timing",
+        "observations": "synthetic: vlaperf.inputs.make_example (random pixels and state; the world-action model: "
+                        "vlaperf.policy.make_wam_example, random latents and state), made before timing",
         "phases": phases,
         "passed": all(p["errors"] == 0 and p["lost"] == 0 and not p["timed_out"] for p in phases),
     }

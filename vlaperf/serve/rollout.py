@@ -18,9 +18,8 @@ from __future__ import annotations
 
 import time
 
-from vlaperf.inputs import make_example
 from vlaperf.serve.client import Client, ServerError
-from vlaperf.serve.loadgen import LoadgenError, check_loopback_url, resolve_workload, result_header
+from vlaperf.serve.loadgen import LoadgenError, check_loopback_url, example_for, resolve_workload, result_header
 from vlaperf.timing import summarize
 
 MAX_EPISODES, MAX_STEPS = 1000, 100_000
@@ -47,11 +46,11 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
     with client:
         meta = client.metadata
         wl = resolve_workload(meta, workload)
-        horizon = int(meta.get("action_horizon") or wl.horizon)
+        horizon = int(meta.get("action_horizon") or getattr(wl, "horizon", 0))
         if not isinstance(replan_every, int) or not 1 <= replan_every <= horizon:
             raise LoadgenError(f"replan_every must be an integer in [1, {horizon}] (the action horizon), got {replan_every!r}")
         period = 1.0 / control_hz
-        frames = [make_example(wl, seed=seed + k, image_size=image_size) for k in range(8)]
+        frames = [example_for(wl, seed=seed + k, image_size=image_size) for k in range(8)]
         client.infer(dict(frames[0]))  # connection warm-up, not timed
         deadline = time.perf_counter() + timeout_s
         rows, all_calls, all_infer, errors, timed_out = [], [], [], 0, False
@@ -107,7 +106,8 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
     result = result_header("rollout", meta, wl)
     result["rollout"] = {
         "url": url,
-        "observations": "SYNTHETIC: random images and state from vlaperf.inputs.make_example; no simulator or robot, "
+        "observations": "SYNTHETIC: random images (pi0 family: vlaperf.inputs.make_example) or latents (world-action model: "
+                        "vlaperf.policy.make_wam_example) and state; no simulator or robot, "
                         "actions are not applied",
         "episodes": episodes,
         "steps_per_episode": steps_per_episode,

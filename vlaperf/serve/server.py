@@ -546,7 +546,10 @@ class PolicyServer:
     def _warmup(self) -> None:
         workload = getattr(self._policy, "workload", None)
         t0 = time.perf_counter()
-        if workload is not None:
+        if hasattr(self._policy, "warmup_examples"):  # a policy that knows its own warm-up (the world-action model)
+            for b in self.warmup_batch_sizes:
+                self._policy.infer(self._policy.warmup_examples(b))
+        elif workload is not None:
             # Every batch size x every prompt bucket: with CUDA graphs each pair is its own
             # capture, and a capture inside a client's request costs it about a second.
             for prompt in warmup_prompts(workload.prompt_slots):
@@ -657,7 +660,9 @@ class PolicyServer:
         policy = self._policy
         meta: dict[str, Any] = {"server": "vlaperf", "vlaperf_version": __version__, "wire_format": "openpi msgpack-numpy"}
         workload = getattr(policy, "workload", None)
-        if workload is not None:
+        if hasattr(policy, "workload_metadata"):  # the policy describes its own workload (the world-action model)
+            meta.update(policy.workload_metadata())
+        elif workload is not None:
             overrides = {}
             try:
                 from vlaperf.workloads import get_workload
