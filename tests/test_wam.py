@@ -378,3 +378,24 @@ def test_syncs_finds_the_reference_runners_nonzero_and_none_in_the_engine(tmp_pa
     assert json.loads(out.read_text())["syncs"]["per_call"] == 0
     assert main(["breakdown", "--workload", "wam-tiny", "--device", "cpu"]) == 2
     assert "world-action model workload" in capsys.readouterr().err
+
+
+def test_doctor_names_seed_000s_overheads_and_their_levers(tmp_path, monkeypatch):
+    from vlaperf.cli import main
+
+    out = tmp_path / "d.json"
+    assert main(["doctor", "--workload", "wam-tiny", "--device", "cpu", "--sparsity", "drop_middle", "--no-measure",
+                 "--json", str(out)]) == 0
+    found = {f["id"]: f for f in json.loads(out.read_text())["findings"]}
+    assert "cached_keep_index" in found["wam.host_syncs"]["fix"] and "nonzero" in found["wam.host_syncs"]["detail"]
+    assert found["wam.context_kv_per_step"]["fix"] == "lever context_kv_cache"
+    assert "in 1 forwards" in found["wam.finished_video_recomputed"]["title"]  # 4 steps, the video in 2
+    assert "wam.sparsity_host_bound" in found
+    assert main(["doctor", "--workload", "wam-tiny", "--device", "cpu", "--levers", "exact", "--no-measure",
+                 "--json", str(out)]) == 0
+    found = {f["id"]: f for f in json.loads(out.read_text())["findings"]}
+    assert found["wam.host_syncs"]["severity"] == "info"
+    assert not {"wam.context_kv_per_step", "wam.finished_video_recomputed", "wam.eager_attention"} & set(found)
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")  # seed 000's trap: an error, exit code 1
+    assert main(["doctor", "--workload", "wam-tiny", "--device", "cpu", "--no-measure", "--json", str(out)]) == 1
+    assert "env.compile_disabled" in {f["id"] for f in json.loads(out.read_text())["findings"]}

@@ -216,8 +216,16 @@ def cmd_doctor(args) -> int:
         base = workload = model = None
         device = device or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     else:
-        base, workload, model, device = setup(args)
-        engine = _levers_or_error(model, args.levers)
+        from vlaperf.workloads import is_wam_workload
+
+        if is_wam_workload(args.workload):  # the world-action model: seed 000's runner overheads
+            from vlaperf.profile import wam
+
+            base, workload, model, device = wam.setup(args)
+            engine = None if args.levers in ("reference", "none", "") else wam.make_engine(model, args.levers)
+        else:
+            base, workload, model, device = setup(args)
+            engine = _levers_or_error(model, args.levers)
         findings = doctor(model, engine=engine, workload=workload, measure=not args.no_measure)
     t = Table(title=f"vlaperf doctor  {workload.id if workload else 'environment only'}  ({device})", show_lines=True)
     for col in ("severity", "finding", "cost ms", "fix"):

@@ -376,6 +376,107 @@ def model_checks(model, engine=None, workload=None, measure: bool = True, seed: 
     return out
 
 
+@torch.no_grad()
+def wam_model_checks(model, engine=None, workload=None, measure: bool = True, seed: int = 0) -> list[dict]:
+    """Checks of one world-action policy path (the reference `model.generate`, or a WamEngine):
+    seed 000's runner overheads, each with the lever that removes it."""
+    from vlaperf.engine.wam import WamLevers
+    from vlaperf.models.wam import random_wam_inputs
+    from vlaperf.profile.syncs import count_syncs, measure_sync_cost_ms
+    from vlaperf.workloads import WAM_WORKLOADS, get_wam_workload
+
+    device = model.device
+    if workload is None:
+        workload = next(w for w in WAM_WORKLOADS.values() if w.preset == model.config.name)
+    elif isinstance(workload, str):
+        workload = get_wam_workload(workload)
+    levers = engine.levers if engine is not None else WamLevers()
+    path = f"engine {engine.name}" if engine is not None else "reference generate"
+    generate = engine.generate if engine is not None else model.generate
+    obs, noise = random_wam_inputs(model.config, workload.batch, device, model.dtype, seed=seed)
+    kw = dict(video_steps=workload.video_steps, sparsity=workload.sparsity, cfg_scale=workload.cfg_scale,
+              shift=workload.shift)
+    out = []
+
+    rep = count_syncs(lambda: generate(obs, noise, workload.steps, **kw), device=device, calls=1, warmup=1)
+    if rep["per_call"] > 0:
+        per_sync = measure_sync_cost_ms(device) if measure else None
+        cost = per_sync * rep["per_call"] if per_sync is not None else None
+        sites = "; ".join(f"{s['per_call']:g}x {s['location']} {s['op']}: {s['code']}" for s in rep["sites"][:5])
+        nonzero = any(s["op"].endswith("nonzero") for s in rep["sites"])
+        out.append(finding(
+            "wam.host_syncs", "warning", f"{rep['per_call']:g} host syncs per call ({path})", f"{sites}. " + (rep["note"] or ""),
+            cost=cost, cost_note=(f"estimate: {rep['per_call']:g} syncs x {per_sync:.4f} ms measured round trip"
+                                  if cost is not None else "not measurable on the CPU (no device to wait for)"),
+            fix="lever cached_keep_index (the keep index built once, not with .nonzero() per forward)" if nonzero
+            else "remove the host reads at the listed lines"))
+    else:
+        out.append(finding("wam.host_syncs", "info", f"no host syncs inside the call ({path})", rep["note"] or ""))
+
+    if workload.sparsity != "none" and not levers.cuda_graph:
+        out.append(finding(
+            "wam.sparsity_host_bound", "warning", f"frame sparsity ({workload.sparsity}) on a host-bound call",
+            "while the call's kernels are launched from Python the GPU waits for the host, and fewer tokens shorten "
+            "only the GPU's part: on the H200 (wam-761, benchmarks/results/h200/matrix_wam-761_grid.json) drop_middle "
+            "gave 0.88x-1.06x (within noise) without a CUDA graph, 1.15x and 1.11x with one (graph, best).",
+            fix="lever cuda_graph (preset graph or best), then measure the sparsity again"))
+
+    if not levers.context_kv_cache:
+        cost = None
+        if measure:
+            text = torch.cat([obs.text, obs.text]) if workload.cfg_scale > 0 else obs.text
+
+            def context_kv():
+                ctx = model.embed_context(text)
+                return [block.cross_attn.context_kv(ctx) for block in model.blocks]
+
+            cost = _median_ms(context_kv, device) * (workload.steps - 1)
+        out.append(finding(
+            "wam.context_kv_per_step", "warning",
+            f"the text context's cross-attention keys/values recomputed at every step ({workload.steps} a call)",
+            f"the instruction does not change during a call, yet {path} runs the text embedding and {len(model.blocks)} "
+            f"blocks' key/value projections over {model.config.text_tokens} text tokens in every forward.",
+            cost=cost, cost_note="measured: one computation, x (steps - 1)" if cost is not None else None,
+            fix="lever context_kv_cache"))
+
+    if workload.video_steps < workload.steps and not levers.video_kv_cache:
+        wasted = workload.steps - workload.video_steps - 1
+        out.append(finding(
+            "wam.finished_video_recomputed", "warning" if wasted > 0 else "info",
+            f"the finished video recomputed in {max(wasted, 0)} forwards",
+            f"the video is finished after {workload.video_steps} of {workload.steps} steps; its tokens never attend to "
+            f"the actions, so their keys and values are constants from then on, yet {path} runs all "
+            f"{model.config.seq_len} tokens through every block in each later step.",
+            fix="lever video_kv_cache (the action tokens alone against the cached keys and values)"))
+
+    if not levers.host_schedule:
+        out.append(finding(
+            "wam.scheduler_on_device", "info", "UniPC's coefficients rebuilt as device tensors at every step",
+            "a dozen small kernels and a linear solve per step; on the H200 they were within noise of the call "
+            "(host_schedule 0.99x in matrix_wam-761_cumulative_drop.json), but they block a CUDA graph.",
+            fix="lever host_schedule"))
+
+    if not levers.sdpa:
+        out.append(finding(
+            "wam.eager_attention", "warning" if device.type == "cuda" else "info",
+            "eager softmax attention with a mask while SDPA is available",
+            f"{path} materialises the (T x T) scores; the attention rule (video side never sees the actions) splits "
+            "into two unmasked fused calls.", fix="lever sdpa"))
+
+    if device.type == "cuda" and model.dtype == torch.float32:
+        out.append(finding("wam.fp32_on_gpu", "warning", "float32 transformer weights on a GPU",
+                           "bfloat16 doubles the tensor-core rate and halves the weight traffic.",
+                           fix="--dtype bfloat16 (build_wam's default on cuda)"))
+
+    if device.type == "cuda" and not levers.cuda_graph and levers.compile != "reduce-overhead":
+        out.append(finding(
+            "wam.launch_overhead", "warning", "every kernel is launched from Python",
+            "on the H200 one CUDA graph around the exact levers made wam-761's call 3.3x faster (367 -> 110 ms, "
+            "matrix_wam-761_grid.json): the call was host-bound.",
+            fix="lever cuda_graph (preset graph), or best (graph + compile)"))
+    return out
+
+
 def megakernel_residency(levers) -> dict | None:
     """The `megakernel` step kernel runs one program per SM and waits at grid barriers for all
     of them: under an MPS thread limit below 100% not all can be resident, every barrier waits
@@ -406,7 +507,10 @@ def doctor(model=None, engine=None, workload=None, device: torch.device | str | 
         device = model.action_in_proj.weight.device
     out = environment_checks(device, model.dtype if model is not None else None)
     if model is not None:
-        out += model_checks(model, engine, workload, measure=measure)
+        from vlaperf.models.wam import WorldActionModel
+
+        checks = wam_model_checks if isinstance(model, WorldActionModel) else model_checks
+        out += checks(model, engine, workload, measure=measure)
     order = {s: i for i, s in enumerate(SEVERITIES)}
     return sorted(out, key=lambda f: order[f["severity"]])
 
