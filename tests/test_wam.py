@@ -399,3 +399,17 @@ def test_doctor_names_seed_000s_overheads_and_their_levers(tmp_path, monkeypatch
     monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")  # seed 000's trap: an error, exit code 1
     assert main(["doctor", "--workload", "wam-tiny", "--device", "cpu", "--no-measure", "--json", str(out)]) == 1
     assert "env.compile_disabled" in {f["id"] for f in json.loads(out.read_text())["findings"]}
+
+
+def test_scaling_fits_t_of_n_for_the_world_action_model(tmp_path):
+    from vlaperf.cli import main
+
+    out = tmp_path / "t.json"
+    assert main(["scaling", "--workload", "wam-tiny", "--device", "cpu", "--levers", "reference;exact", "--steps",
+                 "1,2,4", "--warmup", "1", "--iters", "2", "--no-progress", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["workload"]["settings"]["video_steps"] == 2
+    series = {s["label"]: s for s in r["scaling"]["series"]}
+    assert set(series) == {"reference", ",".join(WAM_EXACT)}
+    for s in series.values():
+        assert [p["steps"] for p in s["points"]] == [1, 2, 4] and s["fit"]["slope"] > 0

@@ -115,12 +115,22 @@ def cmd_scaling(args) -> int:
     from vlaperf.profile.scaling import describe_fit, plot_scaling, scaling
     from vlaperf.timing import environment_record
 
-    base, workload, model, device = setup(args)
+    from vlaperf.workloads import is_wam_workload
+
     specs = [s.strip() for s in args.levers.split(";") if s.strip()] or ["reference"]
     sources = {}
-    for spec in specs:
-        engine = _levers_or_error(model, spec)
-        sources["reference" if engine is None else engine.name] = engine or model
+    if is_wam_workload(args.workload):  # the world-action model: T(N) of generate, the video's share of N kept
+        from vlaperf.profile import wam
+
+        base, workload, model, device = wam.setup(args)
+        for spec in specs:
+            engine = None if spec in ("reference", "none") else wam.make_engine(model, spec)
+            sources["reference" if engine is None else engine.name] = engine or model
+    else:
+        base, workload, model, device = setup(args)
+        for spec in specs:
+            engine = _levers_or_error(model, spec)
+            sources["reference" if engine is None else engine.name] = engine or model
     sc = scaling(sources, workload, steps=args.steps_list, warmup=args.warmup, iters=args.iters, seed=args.seed,
                  progress=not args.no_progress)
     t = Table(title=f"vlaperf scaling  {workload.id}  ({device}; interleaved; median wall ms per call)")
@@ -131,7 +141,8 @@ def cmd_scaling(args) -> int:
     for s in sc["series"]:
         t.add_row(s["label"], *(f"{p['median_ms']:.3f}" for p in s["points"]), describe_fit(s["fit"]))
     _console().print(t)
-    result = result_header("scaling", base, workload, model, environment_record(device), [], args.levers, "model")
+    header = wam.header if is_wam_workload(args.workload) else result_header
+    result = header("scaling", base, workload, model, environment_record(device), [], args.levers, "model")
     result["scaling"] = sc
     if args.plot:
         plot_scaling(sc, args.plot, title=f"T(N), {workload.id} on {result['env'].get('gpu') or device}")

@@ -55,8 +55,14 @@ def fit_linear(ns: Sequence[float], times: Sequence[float]) -> dict[str, float]:
 def _as_sample_fn(source) -> tuple[Callable, Any, torch.device | None]:
     """A model, an Engine or a callable (obs, noise, num_steps) -> (fn, config, device)."""
     from vlaperf.engine import Engine
+    from vlaperf.engine.wam import WamEngine
     from vlaperf.models.pi0 import Pi0Model
+    from vlaperf.models.wam import WorldActionModel
 
+    if isinstance(source, WorldActionModel):
+        return source.generate, source.config, source.device
+    if isinstance(source, WamEngine):
+        return source.generate, source.cfg, source.device
     if isinstance(source, Pi0Model):
         return source.sample_actions, source.config, source.action_in_proj.weight.device
     if isinstance(source, Engine):
@@ -80,14 +86,22 @@ def scaling(sources, workload, steps: Sequence[int] = DEFAULT_STEPS, warmup: int
     from vlaperf.inputs import random_noise, random_observation
     from vlaperf.workloads import get_workload
 
-    w = get_workload(workload) if isinstance(workload, str) else workload
+    from vlaperf.workloads import WamWorkload, get_wam_workload, is_wam_workload
+
+    if isinstance(workload, str):
+        w = get_wam_workload(workload) if is_wam_workload(workload) else get_workload(workload)
+    else:
+        w = workload
+    wam = isinstance(w, WamWorkload)
     steps = sorted({int(n) for n in steps})
     if len(steps) < 2 or steps[0] < 1:
         raise ValueError(f"scaling: need at least two step counts >= 1, got {steps}")
     if not isinstance(sources, dict):
         from vlaperf.models.pi0 import Pi0Model
+        from vlaperf.models.wam import WorldActionModel
 
-        label = sources.name if hasattr(sources, "levers") else "reference" if isinstance(sources, Pi0Model) else "policy"
+        reference = isinstance(sources, (Pi0Model, WorldActionModel))
+        label = sources.name if hasattr(sources, "levers") else "reference" if reference else "policy"
         sources = {label: sources}
     fns, cfg, dev = {}, config, None if device is None else torch.device(device)
     resolved = {}
@@ -97,15 +111,33 @@ def scaling(sources, workload, steps: Sequence[int] = DEFAULT_STEPS, warmup: int
         cfg = cfg or c
         dev = dev or d
     dev = dev or torch.device("cpu")
-    if cfg is None:
-        from vlaperf.models.pi0 import get_config
+    if wam:  # generate(obs, noise, N, ...): the video's early stop keeps its share of the N calls
+        from vlaperf.models.wam import get_config as wam_config
+        from vlaperf.models.wam import random_wam_inputs
 
-        cfg = get_config(w.preset)
-    obs = random_observation(w, cfg, dev, seed=seed)
-    noise = random_noise(w, cfg, dev, seed=seed)
-    for label, fn in resolved.items():
-        for n in steps:
-            fns[(label, n)] = (lambda f, k: lambda: f(obs, noise, k))(fn, n)
+        cfg = cfg or wam_config(w.preset)
+        first = next(iter(sources.values()))  # a WorldActionModel or a WamEngine (which has .model)
+        dtype = getattr(first, "model", first).dtype
+        obs, noise = random_wam_inputs(cfg, w.batch, dev, dtype, seed=seed)
+
+        def call(f, k):
+            wk = w.with_overrides(steps=k)
+            return lambda: f(obs, noise, k, video_steps=wk.video_steps, sparsity=w.sparsity, cfg_scale=w.cfg_scale,
+                             shift=w.shift)
+
+        for label, fn in resolved.items():
+            for n in steps:
+                fns[(label, n)] = call(fn, n)
+    else:
+        if cfg is None:
+            from vlaperf.models.pi0 import get_config
+
+            cfg = get_config(w.preset)
+        obs = random_observation(w, cfg, dev, seed=seed)
+        noise = random_noise(w, cfg, dev, seed=seed)
+        for label, fn in resolved.items():
+            for n in steps:
+                fns[(label, n)] = (lambda f, k: lambda: f(obs, noise, k))(fn, n)
     keys = list(fns)
     names = {k: f"{k[0]} N={k[1]}" for k in keys}
     timing = interleaved({names[k]: fns[k] for k in keys}, device=dev, warmup=max(warmup, 1), iters=iters,
