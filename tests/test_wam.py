@@ -376,8 +376,8 @@ def test_syncs_finds_the_reference_runners_nonzero_and_none_in_the_engine(tmp_pa
     assert main(["syncs", "--workload", "wam-tiny", "--device", "cpu", "--sparsity", "drop_middle", "--levers", "exact",
                  "--json", str(out)]) == 0
     assert json.loads(out.read_text())["syncs"]["per_call"] == 0
-    assert main(["breakdown", "--workload", "wam-tiny", "--device", "cpu"]) == 2
-    assert "world-action model workload" in capsys.readouterr().err
+    assert main(["matrix", "--workload", "wam-tiny", "--device", "cpu", "--ray"]) == 2
+    assert "--ray: the world-action workloads run in one process" in capsys.readouterr().err
 
 
 def test_doctor_names_seed_000s_overheads_and_their_levers(tmp_path, monkeypatch):
@@ -413,3 +413,18 @@ def test_scaling_fits_t_of_n_for_the_world_action_model(tmp_path):
     assert set(series) == {"reference", ",".join(WAM_EXACT)}
     for s in series.values():
         assert [p["steps"] for p in s["points"]] == [1, 2, 4] and s["fit"]["slope"] > 0
+
+
+def test_breakdown_names_the_steps_that_run_every_token_and_those_that_run_the_actions_alone(tmp_path):
+    from vlaperf.cli import main
+    from vlaperf.report.schema import read_result
+
+    out = tmp_path / "b.json"
+    for levers, full, alone in (("reference", 4, 0), ("exact", 3, 1)):  # 4 steps, the video finished in 2
+        assert main(["breakdown", "--workload", "wam-tiny", "--device", "cpu", "--levers", levers, "--warmup", "1",
+                     "--iters", "2", "--no-progress", "--json", str(out)]) == 0
+        bd = read_result(out)["breakdown"]
+        stages = {s["name"]: s for s in bd["stages"]}
+        assert stages["full_denoise_step"]["per_call"] == full
+        assert stages.get("action_denoise_step", {}).get("per_call", 0) == alone
+        assert {"setup", "context_kv", "output"} <= set(stages) and 0 < bd["coverage"]

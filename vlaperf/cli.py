@@ -103,7 +103,7 @@ def setup(args):
 
     if wam_args(args):  # also refuses the world-action settings beside a pi0 workload
         raise CliError(f"workload {args.workload!r} is a world-action model workload: `vlaperf bench`, `check`, `matrix`, "
-                       "`scaling`, `syncs`, `doctor` and `serve` run it; this command takes a pi0-family workload")
+                       "`breakdown`, `scaling`, `syncs`, `doctor` and `serve` run it; this command takes a pi0-family workload")
 
     if getattr(args, "compile_cache", None):
         from vlaperf.engine.compile import use_compile_cache

@@ -145,6 +145,6 @@ def get_workload(workload_id: str) -> Workload:
     if workload_id in WORKLOADS:
         return WORKLOADS[workload_id]
     if workload_id in WAM_WORKLOADS:
-        raise ValueError(f"workload {workload_id!r} is a world-action model workload: `vlaperf bench`, `check`, `matrix`, `scaling`, `syncs`, `doctor` and `serve` "
+        raise ValueError(f"workload {workload_id!r} is a world-action model workload: `vlaperf bench`, `check`, `matrix`, `breakdown`, `scaling`, `syncs`, `doctor` and `serve` "
                          "run it; this command takes a pi0-family workload")
     raise ValueError(f"unknown workload {workload_id!r}; expected one of: {', '.join(list(WORKLOADS) + list(WAM_WORKLOADS))}")

@@ -33,6 +33,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vlaperf.engine.compile import compile_fn
+from vlaperf.profile.markers import mark
 from vlaperf.engine.graphs import GraphCache
 from vlaperf.engine.levers import COMPILE_MODES, LeverError
 from vlaperf.models.unipc import (
@@ -322,6 +323,7 @@ class WamEngine:
 
     def _generate(self, context: Tensor, text: Tensor, state: Tensor, video0: Tensor, actions0: Tensor, *,
                   steps: int, video_steps: int, sparsity: str, cfg_scale: float, shift: float):
+        mark("setup")
         lv = self.levers
         b = context.shape[0]
         guided = cfg_scale > 0
@@ -339,10 +341,12 @@ class WamEngine:
         actions = actions0.clone()
         if guided:
             text, state = torch.cat([text, torch.zeros_like(text)]), torch.cat([state, state])
+        mark("context_kv")  # stage marks for `vlaperf breakdown` (no-ops unless a recorder is active)
         context_kv = self._context_kv(text) if lv.context_kv_cache else None
         use_video_cache = lv.video_kv_cache and video_steps < steps
         video_kv = None
         for i in range(steps):
+            mark(f"{'action' if use_video_cache and video_kv is not None else 'full'}_denoise_step_{i}")
             lay = self._layout_per_forward(sparsity)
             ckv = context_kv if context_kv is not None else self._context_kv(text)
             t_emb, e0 = tables[i]
@@ -375,6 +379,7 @@ class WamEngine:
             if video_live:
                 x0_v = self._video_x0(video, vel_f, lay, sig_v[i], sparse, sparsity)
                 video = video_sampler.step(i, video, x0_v)
+        mark("output")
         if sparse:
             full = video0.new_zeros(video0.shape)
             full[:, lay0["video_keep"]] = video

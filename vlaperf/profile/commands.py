@@ -57,6 +57,30 @@ def _console():
 # --------------------------------------------------------------------------- breakdown
 
 
+def _wam_breakdown_result(args, levers):
+    """`vlaperf breakdown --workload wam-*`: the stages of one generate, as a result file."""
+    from vlaperf.engine import LeverError
+    from vlaperf.profile import wam
+    from vlaperf.timing import environment_record
+
+    if args.mode != "model":
+        raise CliError("--mode policy: the world-action breakdown times generate on device tensors (--mode model)")
+    base, workload, model, device = wam.setup(args)
+    try:
+        bd, notes, label = wam.wam_breakdown(model, workload, levers, warmup=args.warmup, iters=args.iters, seed=args.seed,
+                                             progress=not args.no_progress)
+    except LeverError as e:
+        raise CliError(str(e)) from None
+    names = [] if label == "reference" else label.split(",")
+    result = wam.header("breakdown", base, workload, model, environment_record(device), names, label, "model")
+    untimed = bd.pop("untimed")
+    result["timers"], result["samples"] = untimed["timers"], untimed["samples"]
+    result.update({k: untimed[k] for k in ("first_call_s", "warmup_s", "warmup", "iters", "peak_memory_bytes")})
+    result["breakdown"] = {"path": f"WamEngine {label}", "levers_timed": names, "steps": workload.steps,
+                           "notes": notes, "matches_reference": None, **bd}
+    return result, workload, device
+
+
 def cmd_breakdown(args) -> int:
     from rich.table import Table
 
@@ -64,13 +88,18 @@ def cmd_breakdown(args) -> int:
     from vlaperf.engine.compile import CompileUnavailable
     from vlaperf.profile.breakdown import breakdown, prepare_breakdown
 
-    base, workload, model, device = setup(args)
+    from vlaperf.workloads import is_wam_workload
+
     levers = None if args.levers.strip() in REFERENCE else args.levers
-    try:
-        result = breakdown(model, workload, levers=levers, mode=args.mode, warmup=args.warmup, iters=args.iters,
-                           seed=args.seed, progress=not args.no_progress)
-    except (LeverError, CompileUnavailable, ValueError) as e:
-        raise CliError(str(e)) from None
+    if is_wam_workload(args.workload):
+        result, workload, device = _wam_breakdown_result(args, levers)
+    else:
+        base, workload, model, device = setup(args)
+        try:
+            result = breakdown(model, workload, levers=levers, mode=args.mode, warmup=args.warmup, iters=args.iters,
+                               seed=args.seed, progress=not args.no_progress)
+        except (LeverError, CompileUnavailable, ValueError) as e:
+            raise CliError(str(e)) from None
     bd = result["breakdown"]
     t = Table(title=f"vlaperf breakdown  {workload.id}  {result['variant']['label']}  ({args.mode} mode, "
                     f"{result['variant']['dtype']}, {result['env'].get('gpu') or device}, {bd['timer']})")

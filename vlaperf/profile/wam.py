@@ -310,3 +310,38 @@ def _print(rows, workload, device, console, Table, mode: str) -> None:
                   f"{r['peak_memory_bytes'] / 2**30:.2f}" if r.get("peak_memory_bytes") else "-",
                   f"{r['roofline_floor_ms']:.2f}")
     console.print(t)
+
+
+# ------------------------------------------------------------------------ breakdown
+
+
+def wam_breakdown(model, workload, levers: str | None, warmup: int = 3, iters: int = 20, seed: int = 0,
+                  progress: bool = False) -> tuple[dict, list[str], str]:
+    """Median / p95 per stage of one world-action `generate`: setup, context_kv, each
+    denoise step (full_denoise_step_<i> over every token, action_denoise_step_<i> for the
+    action tokens alone once the video is cached), output. The reference is broken down as the
+    engine with no levers (the same operations: equal to `model.generate` within float32
+    rounding, tests/test_wam.py); cuda_graph and compile hide the stage boundaries, so a variant
+    with them is broken down without them, as the pi0 breakdown does. Returns the breakdown
+    (vlaperf.profile.breakdown.breakdown_fn's), notes, and the label of what was timed."""
+    from vlaperf.engine.wam import WamEngine, WamLevers
+    from vlaperf.models.wam import random_wam_inputs
+    from vlaperf.profile.breakdown import breakdown_fn
+
+    device = model.device
+    requested = WamLevers.parse(levers or "reference", device)
+    timed = WamLevers(**{**requested.__dict__, "cuda_graph": False, "compile": None})
+    notes = []
+    if timed != requested:
+        notes.append(f"{','.join(requested.names())} broken down without cuda_graph / compile (they hide the stage "
+                     "boundaries): the stages are those of the same levers run eagerly")
+    engine = WamEngine(model, timed)
+    obs, noise = random_wam_inputs(model.config, workload.batch, device, model.dtype, seed=seed)
+    kw = dict(video_steps=workload.video_steps, sparsity=workload.sparsity, cfg_scale=workload.cfg_scale,
+              shift=workload.shift)
+
+    def call(rec):
+        return engine.generate(obs, noise, workload.steps, **kw)
+
+    bd = breakdown_fn(call, device=device, warmup=warmup, iters=iters, progress=progress, label=engine.name)
+    return bd, notes, engine.name
