@@ -97,14 +97,8 @@ def wam_args(args) -> bool:
     return False
 
 
-def setup(args):
-    from vlaperf.models.pi0 import build_model
-    from vlaperf.workloads import WORKLOADS, get_workload
-
-    if wam_args(args):  # also refuses the world-action settings beside a pi0 workload
-        raise CliError(f"workload {args.workload!r} is a world-action model workload: `vlaperf bench`, `check`, `matrix`, "
-                       "`breakdown`, `scaling`, `syncs`, `doctor` and `serve` run it; this command takes a pi0-family workload")
-
+def setup_device(args) -> torch.device:
+    """What every model command does first: the compile caches (--compile-cache) and the device."""
     if getattr(args, "compile_cache", None):
         from vlaperf.engine.compile import use_compile_cache
 
@@ -115,6 +109,17 @@ def setup(args):
     device = torch.device(args.device or default_device())
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CliError("--device cuda requested but CUDA is not available (use --device cpu)")
+    return device
+
+
+def setup(args):
+    from vlaperf.models.pi0 import build_model
+    from vlaperf.workloads import WORKLOADS, get_workload
+
+    if wam_args(args):  # also refuses the world-action settings beside a pi0 workload
+        raise CliError(f"workload {args.workload!r} is a world-action model workload: `vlaperf bench`, `check`, `matrix`, "
+                       "`breakdown`, `scaling`, `syncs`, `doctor` and `serve` run it; this command takes a pi0-family workload")
+    device = setup_device(args)
     workload_id = args.workload or ("libero-pi0" if device.type == "cuda" else "tiny")
     try:
         base = get_workload(workload_id)

@@ -186,7 +186,6 @@ def cmd_scaling(args) -> int:
 def cmd_syncs(args) -> int:
     from vlaperf.inputs import make_example, random_noise, random_observation
     from vlaperf.policy import Policy
-    from vlaperf.profile.syncs import count_syncs, format_syncs
     from vlaperf.timing import environment_record
 
     from vlaperf.workloads import is_wam_workload

@@ -27,22 +27,13 @@ SPARSITY_ALL = ("none", "drop_middle", "mae_middle")
 
 
 def setup(args):
-    from vlaperf.cli import CliError, default_device
+    from vlaperf.cli import CliError, setup_device
     from vlaperf.models.wam import build_wam
     from vlaperf.workloads import get_wam_workload
 
-    if getattr(args, "compile_cache", None):
-        from vlaperf.engine.compile import use_compile_cache
-
-        try:
-            use_compile_cache(args.compile_cache)
-        except ValueError as e:
-            raise CliError(str(e)) from None
     if getattr(args, "checkpoint", None):
         raise CliError("--checkpoint: the world-action model has no public checkpoint layout yet; it runs on random weights")
-    device = torch.device(args.device or default_device())
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise CliError("--device cuda requested but CUDA is not available (use --device cpu)")
+    device = setup_device(args)
     try:
         base = get_wam_workload(args.workload)
         workload = base.with_overrides(batch=args.batch, steps=args.steps, video_steps=getattr(args, "video_steps", None),
