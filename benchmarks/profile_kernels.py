@@ -1,6 +1,7 @@
 """Where the GPU time of one call goes: torch.profiler kernel table for one engine variant.
 
     python benchmarks/profile_kernels.py --workload libero-pi0 --levers <levers>
+    python benchmarks/profile_kernels.py --workload wam-761 --levers best [--sparsity drop_middle]
 
 With cuda_graph the profiled call is a graph replay: CUPTI still reports each kernel node.
 --also "<levers>[;<levers>...]": build and run these engines in the same process first (and
@@ -26,6 +27,7 @@ p.add_argument("--trace", default=None, help="also write the Chrome trace here")
 p.add_argument("--also", default="", help="engines to build, run and check in this process before the profiled one")
 p.add_argument("--kv-align", type=int, default=None, help="engine.KV_ALIGN for this run (1: the static cache "
                                                             "holds exactly Tp + Ts keys)")
+p.add_argument("--sparsity", default="none", help="world-action workloads: frame sparsity")
 p.add_argument("--sequence", default=None, help="also write every kernel of the call in launch order (start, duration, "
                                                "gap to the previous kernel's end, name) to this file")
 args = p.parse_args()
@@ -33,24 +35,44 @@ if args.kv_align is not None:
     import vlaperf.engine.engine as engine_module
 
     engine_module.KV_ALIGN = args.kv_align
-w = get_workload(args.workload)
-model = build_model(w.preset, "cuda")
-obs = random_observation(w, model.config, "cuda")
-noise = random_noise(w, model.config, "cuda")
-others = []
-for spec in filter(None, (s.strip() for s in args.also.split(";"))):
-    from vlaperf.check import check_equivalence
+from vlaperf.workloads import get_wam_workload, is_wam_workload  # noqa: E402
 
-    other = Engine(model, spec)
-    other.sample_actions(obs, noise, w.steps)
-    print(f"also built {spec}: equivalence {check_equivalence(model, other, w)['passed']}")
-    others.append(other)  # kept alive, as the matrix keeps every variant
-engine = Engine(model, args.levers)
+if is_wam_workload(args.workload):  # the world-action model: one generate call
+    from vlaperf.engine.wam import WamEngine
+    from vlaperf.models.wam import build_wam, random_wam_inputs
+
+    w = get_wam_workload(args.workload).with_overrides(sparsity=args.sparsity)
+    model = build_wam(w.preset, "cuda")
+    obs, noise = random_wam_inputs(model.config, w.batch, "cuda", model.dtype)
+    if args.also:
+        raise SystemExit("--also: pi0 workloads only")
+    engine = WamEngine(model, args.levers)
+
+    def call():
+        return engine.generate(obs, noise, w.steps, video_steps=w.video_steps, sparsity=w.sparsity,
+                               cfg_scale=w.cfg_scale, shift=w.shift)
+else:
+    w = get_workload(args.workload)
+    model = build_model(w.preset, "cuda")
+    obs = random_observation(w, model.config, "cuda")
+    noise = random_noise(w, model.config, "cuda")
+    others = []
+    for spec in filter(None, (s.strip() for s in args.also.split(";"))):
+        from vlaperf.check import check_equivalence
+
+        other = Engine(model, spec)
+        other.sample_actions(obs, noise, w.steps)
+        print(f"also built {spec}: equivalence {check_equivalence(model, other, w)['passed']}")
+        others.append(other)  # kept alive, as the matrix keeps every variant
+    engine = Engine(model, args.levers)
+
+    def call():
+        return engine.sample_actions(obs, noise, w.steps)
 for _ in range(3):
-    engine.sample_actions(obs, noise, w.steps)
+    call()
 torch.cuda.synchronize()
 with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
-    engine.sample_actions(obs, noise, w.steps)
+    call()
     torch.cuda.synchronize()
 print(prof.key_averages().table(sort_by="cuda_time_total", row_limit=args.rows, max_name_column_width=70))
 
