@@ -49,8 +49,7 @@ if is_wam_workload(args.workload):  # the world-action model: one generate call
     engine = WamEngine(model, args.levers)
 
     def call():
-        return engine.generate(obs, noise, w.steps, video_steps=w.video_steps, sparsity=w.sparsity,
-                               cfg_scale=w.cfg_scale, shift=w.shift)
+        return engine.generate(obs, noise, **w.sampling())
 else:
     w = get_workload(args.workload)
     model = build_model(w.preset, "cuda")

@@ -56,8 +56,7 @@ def check_wam_equivalence(model, engine, workload, seeds=(0, 1)) -> dict:
     the actions and on the predicted video (both must pass)."""
     from vlaperf.models.wam import random_wam_inputs
 
-    kw = dict(steps=workload.steps, video_steps=workload.video_steps, sparsity=workload.sparsity,
-              cfg_scale=workload.cfg_scale, shift=workload.shift)
+    kw = workload.sampling()
     results = []
     for seed in seeds:
         obs, noise = random_wam_inputs(model.config, workload.batch, model.device, model.dtype, seed=100 + seed)

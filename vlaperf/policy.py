@@ -172,8 +172,7 @@ class WamPolicy:
         obs = self.transform(examples)
         noise = self._noise(len(examples))
         t1 = time.perf_counter()
-        actions, _ = self.sample(obs, noise, w.steps, video_steps=w.video_steps, sparsity=w.sparsity,
-                                 cfg_scale=w.cfg_scale, shift=w.shift)
+        actions, _ = self.sample(obs, noise, **w.sampling())
         out = actions.cpu().numpy().astype(np.float32)
         t2 = time.perf_counter()
         timing = {"transform_ms": (t1 - t0) * 1e3, "sample_and_copy_ms": (t2 - t1) * 1e3, "infer_ms": (t2 - t0) * 1e3}

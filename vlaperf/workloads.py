@@ -116,6 +116,11 @@ class WamWorkload:
         check_sampling_args(w.steps, w.video_steps, w.sparsity, w.cfg_scale, w.shift)
         return w
 
+    def sampling(self) -> dict:
+        """The keyword arguments of `generate` (model or engine) that this workload fixes."""
+        return {"steps": self.steps, "video_steps": self.video_steps, "sparsity": self.sparsity,
+                "cfg_scale": self.cfg_scale, "shift": self.shift}
+
     def overrides_vs(self, base: "WamWorkload") -> dict:
         return {f.name: getattr(self, f.name) for f in dataclasses.fields(self) if getattr(self, f.name) != getattr(base, f.name)}
 

@@ -394,11 +394,10 @@ def wam_model_checks(model, engine=None, workload=None, measure: bool = True, se
     path = f"engine {engine.name}" if engine is not None else "reference generate"
     generate = engine.generate if engine is not None else model.generate
     obs, noise = random_wam_inputs(model.config, workload.batch, device, model.dtype, seed=seed)
-    kw = dict(video_steps=workload.video_steps, sparsity=workload.sparsity, cfg_scale=workload.cfg_scale,
-              shift=workload.shift)
+    kw = workload.sampling()
     out = []
 
-    rep = count_syncs(lambda: generate(obs, noise, workload.steps, **kw), device=device, calls=1, warmup=1)
+    rep = count_syncs(lambda: generate(obs, noise, **kw), device=device, calls=1, warmup=1)
     if rep["per_call"] > 0:
         per_sync = measure_sync_cost_ms(device) if measure else None
         cost = per_sync * rep["per_call"] if per_sync is not None else None

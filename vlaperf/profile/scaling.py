@@ -121,9 +121,8 @@ def scaling(sources, workload, steps: Sequence[int] = DEFAULT_STEPS, warmup: int
         obs, noise = random_wam_inputs(cfg, w.batch, dev, dtype, seed=seed)
 
         def call(f, k):
-            wk = w.with_overrides(steps=k)
-            return lambda: f(obs, noise, k, video_steps=wk.video_steps, sparsity=w.sparsity, cfg_scale=w.cfg_scale,
-                             shift=w.shift)
+            kw = w.with_overrides(steps=k).sampling()
+            return lambda: f(obs, noise, **kw)
 
         for label, fn in resolved.items():
             for n in steps:

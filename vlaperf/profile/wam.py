@@ -68,8 +68,7 @@ def header(command: str, base, workload, model, env: dict, levers: list[str], la
 
 def call_fn(model, engine, workload, obs, noise, mode: str):
     """The call to time: one forward or one generate, by the engine or the reference."""
-    kw = dict(steps=workload.steps, video_steps=workload.video_steps, sparsity=workload.sparsity,
-              cfg_scale=workload.cfg_scale, shift=workload.shift)
+    kw = workload.sampling()
     if mode == "forward":
         from vlaperf.engine.wam import WamEngine
 
@@ -328,11 +327,10 @@ def wam_breakdown(model, workload, levers: str | None, warmup: int = 3, iters: i
                      "boundaries): the stages are those of the same levers run eagerly")
     engine = WamEngine(model, timed)
     obs, noise = random_wam_inputs(model.config, workload.batch, device, model.dtype, seed=seed)
-    kw = dict(video_steps=workload.video_steps, sparsity=workload.sparsity, cfg_scale=workload.cfg_scale,
-              shift=workload.shift)
+    kw = workload.sampling()
 
     def call(rec):
-        return engine.generate(obs, noise, workload.steps, **kw)
+        return engine.generate(obs, noise, **kw)
 
     bd = breakdown_fn(call, device=device, warmup=warmup, iters=iters, progress=progress, label=engine.name)
     return bd, notes, engine.name

@@ -246,6 +246,7 @@ def _wam_policy(args):
             return None
     return WamPolicy(model, engine.generate if engine is not None else model.generate, workload)
 
+
 def print_serve(server, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
