@@ -2,6 +2,7 @@
 
     python benchmarks/profile_kernels.py --workload libero-pi0 --levers <levers>
     python benchmarks/profile_kernels.py --workload wam-761 --levers best [--sparsity drop_middle]
+    python benchmarks/profile_kernels.py --workload wam-761 --levers best --mode forward --batch 8
 
 With cuda_graph the profiled call is a graph replay: CUPTI still reports each kernel node.
 --also "<levers>[;<levers>...]": build and run these engines in the same process first (and
@@ -28,6 +29,9 @@ p.add_argument("--also", default="", help="engines to build, run and check in th
 p.add_argument("--kv-align", type=int, default=None, help="engine.KV_ALIGN for this run (1: the static cache "
                                                             "holds exactly Tp + Ts keys)")
 p.add_argument("--sparsity", default="none", help="world-action workloads: frame sparsity")
+p.add_argument("--mode", default="model", choices=("model", "forward"),
+               help="world-action workloads: the whole generate call, or one full forward (not graph-captured)")
+p.add_argument("--batch", type=int, default=None, help="world-action workloads: batch size instead of the workload's")
 p.add_argument("--sequence", default=None, help="also write every kernel of the call in launch order (start, duration, "
                                                "gap to the previous kernel's end, name) to this file")
 args = p.parse_args()
@@ -41,7 +45,7 @@ if is_wam_workload(args.workload):  # the world-action model: one generate call
     from vlaperf.engine.wam import WamEngine
     from vlaperf.models.wam import build_wam, random_wam_inputs
 
-    w = get_wam_workload(args.workload).with_overrides(sparsity=args.sparsity)
+    w = get_wam_workload(args.workload).with_overrides(sparsity=args.sparsity, **({"batch": args.batch} if args.batch else {}))
     model = build_wam(w.preset, "cuda")
     obs, noise = random_wam_inputs(model.config, w.batch, "cuda", model.dtype)
     if args.also:
@@ -49,6 +53,8 @@ if is_wam_workload(args.workload):  # the world-action model: one generate call
     engine = WamEngine(model, args.levers)
 
     def call():
+        if args.mode == "forward":
+            return engine.forward_once(obs, noise, w.sparsity)
         return engine.generate(obs, noise, **w.sampling())
 else:
     w = get_workload(args.workload)
