@@ -9,7 +9,7 @@ import torch
 
 pytest.importorskip("websockets")
 
-from vlaperf.engine.wam import WamEngine  # noqa: E402
+from vlaperf.engine.wam import WAM_EXACT, WamEngine  # noqa: E402
 from vlaperf.models.wam import WamNoise, build_wam  # noqa: E402
 from vlaperf.policy import WamPolicy, make_wam_example  # noqa: E402
 from vlaperf.serve.client import Client, ServerError  # noqa: E402
@@ -51,7 +51,7 @@ def test_openpi_client_gets_the_reference_actions(server, model):
     client = wcp.WebsocketClientPolicy(host="127.0.0.1", port=server.port)
     meta = client.get_server_metadata()
     assert meta["workload"] == "wam-tiny" and meta["layout"] == "wam" and meta["action_horizon"] == 4
-    assert meta["levers_label"] == "host_schedule,cached_keep_index,sparse_sampler,context_kv_cache,video_kv_cache,sdpa"
+    assert meta["levers_label"] == ",".join(WAM_EXACT)
     assert meta["sampler"] == {"steps": 4, "video_steps": 2, "sparsity": "none", "cfg_scale": 0.0, "shift": 3.0}
     example = make_wam_example(W, seed=5)
     out = client.infer(example)

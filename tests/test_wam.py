@@ -162,6 +162,36 @@ def test_each_lever_is_equivalent_to_the_reference(tiny, inputs, levers, video_s
     assert compare(v, ref_v, torch.float32)["passed"], rel(v, ref_v)
 
 
+def test_fused_block_is_the_models_block(tiny):
+    """fuse_projections' block (engine/wam.py) against WamBlock.forward, float32: one stacked
+    q/k/v matmul and one context k/v matmul compute what the separate projections compute,
+    with and without cached video keys; the model's own weights are left as they were."""
+    from vlaperf.engine.wam import block_step, context_kv_step
+
+    cfg = tiny.config
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(2, 9, cfg.width, generator=g)
+    e = torch.randn(2, 9, 6, cfg.width, generator=g)
+    ctx = torch.randn(2, cfg.text_tokens, cfg.width, generator=g)
+    cached = tuple(torch.randn(2, cfg.num_heads, 5, cfg.head_dim, generator=g) for _ in range(2))
+    before = {k: v.clone() for k, v in tiny.state_dict().items()}
+    engine = WamEngine(tiny, "exact")
+    assert not engine._gelu_epilogue  # the CPU's `_addmm_activation` is the erf GELU: never used there
+    block, fused_qkv, fused_ctx = tiny.blocks[1], engine._fused_qkv[1], engine._fused_context[1]
+    assert fused_qkv[0].shape == (3 * cfg.width, cfg.width) and fused_ctx[0].shape == (2 * cfg.width, cfg.width)
+    ref_ctx = block.cross_attn.context_kv(ctx)
+    got_ctx = context_kv_step(block.cross_attn, ctx, fused_ctx)
+    for a, b in zip(got_ctx, ref_ctx):
+        assert rel(a, b) < 1e-6
+    for kv in (None, cached):
+        for sdpa in (False, True):
+            ref = block_step(block, x, e, ref_ctx, None, 0, sdpa, kv)
+            got = block_step(block, x, e, ref_ctx, None, 0, sdpa, kv, fused_qkv)
+            for a, b in zip(got, ref):
+                assert rel(a, b) < 1e-6, (kv is None, sdpa, rel(a, b))
+    assert all(torch.equal(v, before[k]) for k, v in tiny.state_dict().items())
+
+
 def test_video_kv_cache_runs_the_actions_alone_after_the_video_is_finished(tiny, inputs, monkeypatch):
     obs, noise = inputs
     engine = WamEngine(tiny, "exact")
@@ -362,6 +392,31 @@ def test_cuda_graph_is_equivalent_and_makes_no_host_sync(sparsity):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert engine._graphs.captures == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_fused_projections_and_gelu_epilogue_match_the_block():
+    """On CUDA fuse_projections also takes fc1's GELU(tanh) into the GEMM's epilogue: the block
+    stays within bf16 rounding of the model's block, and the whole call within the bf16 check."""
+    from vlaperf.engine.wam import block_step
+
+    model = build_wam("wam-tiny", device="cuda")
+    cfg = model.config
+    engine = WamEngine(model, "exact")
+    assert engine._gelu_epilogue
+    g = torch.Generator(device="cuda").manual_seed(2)
+    x = torch.randn(2, 9, cfg.width, device="cuda", generator=g).to(model.dtype)
+    e = torch.randn(2, 9, 6, cfg.width, device="cuda", generator=g)
+    ctx = model.blocks[0].cross_attn.context_kv(torch.randn(2, cfg.text_tokens, cfg.width, device="cuda",
+                                                            generator=g).to(model.dtype))
+    ref = block_step(model.blocks[0], x, e, ctx, None, 0, True)
+    got = block_step(model.blocks[0], x, e, ctx, None, 0, True, None, engine._fused_qkv[0], True)
+    assert compare(got[0], ref[0], model.dtype)["passed"], rel(got[0], ref[0])
+    obs, noise = random_wam_inputs(cfg, 2, "cuda", model.dtype, seed=1)
+    ref_a, ref_v = model.generate(obs, noise, STEPS, 2)
+    a, v = engine.generate(obs, noise, STEPS, 2)
+    assert compare(a, ref_a, model.dtype)["passed"] and compare(v, ref_v, model.dtype)["passed"]
 
 
 def test_syncs_finds_the_reference_runners_nonzero_and_none_in_the_engine(tmp_path, capsys):

@@ -18,8 +18,12 @@ computes (checked by `vlaperf check --workload wam-tiny`), with each of these sw
                        the action tokens alone against the cached keys and values
     sdpa               torch's fused attention; the attention rule as two unmasked calls (video side
                        over the video side, actions over everything), so the flash kernel applies
+    fuse_projections   each block's q, k, v projections as one matmul of stacked weights, the text
+                       context's k, v as one, and on CUDA fc1 with its GELU(tanh) as one cuBLASLt
+                       call (the activation in the GEMM's epilogue)
     cuda_graph         the whole call captured in one CUDA graph per input shape, replayed per call
-    compile=<mode>     torch.compile of the transformer block, once for all blocks (regional)
+    compile=<mode>     torch.compile of the transformer block and of the text context's key/value
+                       projection, each once for all blocks (regional)
 
 Sparsity, guidance and the schedules are workload settings (they change the result), not levers.
 """
@@ -52,10 +56,13 @@ from vlaperf.models.wam import (
     check_sampling_args,
     drop_factor,
     eager_attention,
+    heads,
     keep_mask,
     kept_frame_tokens,
     mae_mask,
+    merge_heads,
     middle_frames,
+    modulate,
     token_groups,
 )
 
@@ -66,10 +73,12 @@ WAM_LEVERS: dict[str, str] = {
     "context_kv_cache": "the text embedding and every block's cross-attention keys/values once a call, not at every step",
     "video_kv_cache": "once the video is finished (video_steps < steps) its keys/values are constants: later steps run the action tokens alone against them",
     "sdpa": "torch scaled_dot_product_attention, the attention rule as two unmasked calls so the flash kernel applies, instead of eager softmax with a mask",
+    "fuse_projections": "q/k/v as one matmul, the text context's k/v as one, and on CUDA fc1 + GELU(tanh) as one cuBLASLt call with the activation in its epilogue",
     "cuda_graph": "the whole generate call in one CUDA graph per input shape, replayed per call",
-    "compile": "torch.compile the transformer block once and reuse it for all blocks (regional; mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs)",
+    "compile": "torch.compile the transformer block and the text context's k/v projection, each once for all blocks (regional; mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs)",
 }
-WAM_EXACT = ("host_schedule", "cached_keep_index", "sparse_sampler", "context_kv_cache", "video_kv_cache", "sdpa")
+WAM_EXACT = ("host_schedule", "cached_keep_index", "sparse_sampler", "context_kv_cache", "video_kv_cache", "sdpa",
+             "fuse_projections")
 WAM_REQUIRES = {"cuda_graph": ("host_schedule", "cached_keep_index"), "compile": ("cached_keep_index",)}
 WAM_PRESETS = {
     "reference": (),
@@ -80,11 +89,13 @@ WAM_PRESETS = {
 
 
 def block_step(block, x: Tensor, e_tok: Tensor, context_kv: tuple[Tensor, Tensor], allowed: Tensor | None,
-               n_video_side: int, use_sdpa: bool, cached_kv: tuple[Tensor, Tensor] | None = None):
+               n_video_side: int, use_sdpa: bool, cached_kv: tuple[Tensor, Tensor] | None = None,
+               fused: tuple[Tensor, Tensor] | None = None, gelu_epilogue: bool = False):
     """One transformer block with the engine's attention. The attention rule comes as data
     (`allowed`, or `n_video_side` for sdpa's two calls; neither for the action tokens alone,
     which see everything), not as a closure, so `compile` traces this function once and reuses
-    it for every block (a closure made per call would be a new guard each time)."""
+    it for every block (a closure made per call would be a new guard each time). So do the
+    fused weights: `fused` is this block's stacked q/k/v weight and bias (fuse_projections)."""
     if use_sdpa:
         def attend_self(q, k, v):
             if n_video_side <= 0:
@@ -101,7 +112,45 @@ def block_step(block, x: Tensor, e_tok: Tensor, context_kv: tuple[Tensor, Tensor
             return eager_attention(q, k, v, allowed)
 
         attend_cross = eager_attention
-    return block(x, e_tok, context_kv, attend_self, attend_cross, cached_kv=cached_kv)
+    if fused is None:
+        return block(x, e_tok, context_kv, attend_self, attend_cross, cached_kv=cached_kv)
+    return fused_block_forward(block, fused, gelu_epilogue, x, e_tok, context_kv, attend_self, attend_cross, cached_kv)
+
+
+def fused_block_forward(block, qkv_weight: tuple[Tensor, Tensor], gelu_epilogue: bool, x: Tensor, e: Tensor,
+                        context_kv: tuple[Tensor, Tensor], attend_self, attend_cross,
+                        cached_kv: tuple[Tensor, Tensor] | None) -> tuple[Tensor, Tensor, Tensor]:
+    """WamBlock.forward (models/wam.py) with its projections fused: q, k, v from one matmul of
+    the stacked (3D, D) weight, and with `gelu_epilogue` fc1 and GELU(tanh) as one cuBLASLt
+    GEMM (`_addmm_activation`: the activation taken on the float32 accumulator before the one
+    rounding; CUDA only, on the CPU that call computes the erf GELU). The same math otherwise,
+    line for line; tests/test_wam.py checks it against the model's block."""
+    sa, n = block.self_attn, block.self_attn.num_heads
+    shift1, scale1, gate1, shift2, scale2, gate2 = (block.modulation.float() + e).unbind(2)
+    q, k, v = F.linear(modulate(x, shift1, scale1, block.eps), *qkv_weight).chunk(3, dim=-1)
+    q, k, v = heads(sa.norm_q(q), n), heads(sa.norm_k(k), n), heads(v, n)
+    k_all, v_all = (k, v) if cached_kv is None else (torch.cat([cached_kv[0], k], 2), torch.cat([cached_kv[1], v], 2))
+    y = sa.o(merge_heads(attend_self(q, k_all, v_all)))
+    x = (x.float() + y.float() * gate1).to(x.dtype)
+    x = x + block.cross_attn(block.norm3(x), context_kv, attend_cross)
+    fc1, fc2 = block.ffn[0], block.ffn[2]
+    h = modulate(x, shift2, scale2, block.eps)
+    if gelu_epilogue:
+        h = torch._addmm_activation(fc1.bias, h.flatten(0, 1), fc1.weight.t(), use_gelu=True).view(*h.shape[:2], -1)
+    else:
+        h = F.gelu(fc1(h), approximate="tanh")
+    x = (x.float() + fc2(h).float() * gate2).to(x.dtype)
+    return x, k, v
+
+
+def context_kv_step(cross, context: Tensor, fused: tuple[Tensor, Tensor] | None = None) -> tuple[Tensor, Tensor]:
+    """A block's cross-attention keys and values of the text context, (B, N, L, h) each; with
+    `fused` (fuse_projections) k and v from one matmul of the stacked (2D, D) weight. One
+    function for every block, so `compile` traces it once."""
+    if fused is None:
+        return cross.context_kv(context)
+    k, v = F.linear(context, *fused).chunk(2, dim=-1)
+    return heads(cross.norm_k(k), cross.num_heads), heads(v, cross.num_heads)
 
 
 @dataclass(frozen=True)
@@ -112,6 +161,7 @@ class WamLevers:
     context_kv_cache: bool = False
     video_kv_cache: bool = False
     sdpa: bool = False
+    fuse_projections: bool = False
     cuda_graph: bool = False
     compile: str | None = None
 
@@ -180,12 +230,27 @@ class WamEngine:
         # call in seconds, not a 30-block graph per shape); the glue around the blocks runs eager.
         # compile_fn raises CompileUnavailable where inductor cannot run (seed 000's trap).
         self.block = compile_fn(block_step, self.levers.compile, compile_backend) if self.levers.compile else block_step
+        self.context_kv_fn = (compile_fn(context_kv_step, self.levers.compile, compile_backend) if self.levers.compile
+                              else context_kv_step)
         if self.levers.compile == "reduce-overhead":
             # inductor's CUDA-graph trees reuse a graph's output buffers at its next replay, and the
             # engine keeps block outputs across calls of the same compiled block (the next block's
-            # input, the video cache): keep copies
-            compiled = self.block
-            self.block = lambda *a: tuple(t.clone() for t in compiled(*a))
+            # input, the video cache, every block's context keys): keep copies
+            compiled_block, compiled_context = self.block, self.context_kv_fn
+            self.block = lambda *a: tuple(t.clone() for t in compiled_block(*a))
+            self.context_kv_fn = lambda *a: tuple(t.clone() for t in compiled_context(*a))
+        # fuse_projections: per block, the stacked q/k/v and context k/v weights (made once; the
+        # model's own weights stay as they are, so a reference beside the engine is unchanged)
+        self._fused_qkv: list[tuple[Tensor, Tensor] | None] = [None] * len(model.blocks)
+        self._fused_context: list[tuple[Tensor, Tensor] | None] = [None] * len(model.blocks)
+        self._gelu_epilogue = self.levers.fuse_projections and self.device.type == "cuda"
+        if self.levers.fuse_projections:
+            with torch.no_grad():
+                for i, block in enumerate(model.blocks):
+                    sa, ca = block.self_attn, block.cross_attn
+                    self._fused_qkv[i] = (torch.cat([sa.q.weight, sa.k.weight, sa.v.weight]),
+                                          torch.cat([sa.q.bias, sa.k.bias, sa.v.bias]))
+                    self._fused_context[i] = (torch.cat([ca.k.weight, ca.v.weight]), torch.cat([ca.k.bias, ca.v.bias]))
 
     # ------------------------------------------------------------------ static layout
 
@@ -232,7 +297,8 @@ class WamEngine:
 
     def _context_kv(self, text: Tensor) -> list[tuple[Tensor, Tensor]]:
         ctx = self.model.embed_context(text)
-        return [block.cross_attn.context_kv(ctx) for block in self.model.blocks]
+        return [self.context_kv_fn(block.cross_attn, ctx, fused)
+                for block, fused in zip(self.model.blocks, self._fused_context)]
 
     def _full_forward(self, frames: Tensor, state: Tensor, actions: Tensor, t_emb: Tensor, e0: Tensor,
                       context_kv: list, lay: dict, want_video: bool, want_kv: bool):
@@ -248,8 +314,8 @@ class WamEngine:
         n, sdpa = lay["n_video_side"], self.levers.sdpa
         allowed = None if sdpa else lay["allowed"]
         kv_cache = []
-        for block, ckv in zip(model.blocks, context_kv):
-            x, k, v = self.block(block, x, e_tok, ckv, allowed, n, sdpa)
+        for block, ckv, fused in zip(model.blocks, context_kv, self._fused_qkv):
+            x, k, v = self.block(block, x, e_tok, ckv, allowed, n, sdpa, None, fused, self._gelu_epilogue)
             if want_kv:
                 kv_cache.append((k[:, :, :n], v[:, :, :n]))
         nf = lay["n_frames"]
@@ -265,8 +331,8 @@ class WamEngine:
         x = model.action_in_proj(actions.to(dt)) + model.pos_embedding[lay["action_pos"]].to(dt)
         e_tok = e0[:, ACTION : ACTION + 1].expand(-1, x.shape[1], -1, -1)
         t_tok = t_emb[:, ACTION : ACTION + 1].expand(-1, x.shape[1], -1)
-        for block, ckv, vkv in zip(model.blocks, context_kv, video_kv):
-            x, _, _ = self.block(block, x, e_tok, ckv, None, 0, self.levers.sdpa, vkv)
+        for block, ckv, vkv, fused in zip(model.blocks, context_kv, video_kv, self._fused_qkv):
+            x, _, _ = self.block(block, x, e_tok, ckv, None, 0, self.levers.sdpa, vkv, fused, self._gelu_epilogue)
         return model.action_head(x, t_tok)
 
     # -------------------------------------------------------------------- schedule
