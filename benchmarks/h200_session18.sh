@@ -12,6 +12,10 @@
 #            q/k/v and context k/v weights, fc1 + GELU in one cuBLASLt call) against best without it, in one
 #            process, at none and drop_middle; best in a fresh process; the SDPA backends on the model's
 #            attention shapes; the served model under loadgen (PART=b's try had no websockets)
+#   PART=d   the two levers that part c's kernel table pointed to, added one at a time in one process
+#            (best before this session -> + fuse_projections -> + group_modulation -> + flash_actions = best)
+#            at none and drop_middle; best in a fresh process, its kernel table, its check at every sparsity
+#            mode, batch 4
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session18.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -48,6 +52,19 @@ c)
 100 $V matrix $W --variants "$OLD;best" --sparsity drop_middle --warmup 3 --iters 20 --no-progress --compile-cache /tmp/fcW --json $R/matrix_wam-761_fuse_drop.json
 60 $V bench $W --levers best --compile-cache /tmp/fcW $B --json $R/bench_wam-761_best-s18_model.json
 150 bash -c 'setsid $V serve $W --levers graph --port 8765 --warmup-batches 1,4 > $R/serve_wam-761.log 2>&1 & SP=\$!; for i in \$(seq 120); do python3 -c "import urllib.request as u; u.urlopen(\"http://127.0.0.1:8765/healthz\", timeout=2)" 2>/dev/null && break; sleep 1; done; timeout 100 $V loadgen --url ws://127.0.0.1:8765 --clients 1,4 --requests 20 --warmup 2 --json $R/loadgen_wam-761_graph.json; kill -TERM \$SP; tail -5 $R/serve_wam-761.log'
+EOT
+  ;;
+d)
+  O=host_schedule,cached_keep_index,sparse_sampler,context_kv_cache,video_kv_cache,sdpa,cuda_graph,compile=default
+  VS="$O;$O,fuse_projections;$O,fuse_projections,group_modulation;best"
+  lane A 0 40 <<EOT &
+60 python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/test_wam.py -k "gpu or cuda" 2>&1 | tail -3
+150 $V matrix $W --variants "$VS" --sparsity none --warmup 3 --iters 20 --no-progress --compile-cache /tmp/fcW --json $R/matrix_wam-761_levers_s18.json
+120 $V matrix $W --variants "$VS" --sparsity drop_middle --warmup 3 --iters 20 --no-progress --compile-cache /tmp/fcW --json $R/matrix_wam-761_levers_s18_drop.json
+60 $V bench $W --levers best --compile-cache /tmp/fcW $B --json $R/bench_wam-761_best-s18d_model.json
+60 $PK --sequence $R/kernel_sequence_wam-761_best_s18.txt > $R/kernels_wam-761_best_s18.txt 2>&1; grep -A10 "^per call" $R/kernels_wam-761_best_s18.txt
+80 $V check $W --levers best --seeds 1 --compile-cache /tmp/fcW --json $R/check_wam-761_best_s18.json
+60 $V bench $W --levers best --batch 4 --compile-cache /tmp/fcW $B --json $R/bench_wam-761-b4_best-s18_model.json
 EOT
   ;;
 esac

@@ -192,6 +192,38 @@ def test_fused_block_is_the_models_block(tiny):
     assert all(torch.equal(v, before[k]) for k, v in tiny.state_dict().items())
 
 
+@pytest.mark.parametrize("video_steps,sparsity,cfg_scale", SETTINGS)
+def test_group_modulation_is_exact(tiny, inputs, video_steps, sparsity, cfg_scale):
+    """The per-group table indexed inside each block gives the per-token modulation's values:
+    the same result to float32 rounding, with and without the action-only forwards."""
+    obs, noise = inputs
+    ref = WamEngine(tiny, "exact").generate(obs, noise, STEPS, video_steps, sparsity, cfg_scale)
+    got = WamEngine(tiny, "exact,group_modulation").generate(obs, noise, STEPS, video_steps, sparsity, cfg_scale)
+    for a, b in zip(got, ref):
+        assert rel(a, b) < 1e-6
+
+
+def test_group_modulation_passes_the_table_not_per_token_rows(tiny, inputs, monkeypatch):
+    """What the lever is for: the blocks receive the (B, 3, 6, D) table and the token groups."""
+    from vlaperf.engine import wam as engine_wam
+
+    obs, noise = inputs
+    seen = []
+    real = engine_wam.block_step
+
+    def spy(block, x, e_tok, *rest):
+        seen.append((tuple(e_tok.shape), len(rest) > 7 and rest[7] is not None))  # rest[7]: groups
+        return real(block, x, e_tok, *rest)
+
+    monkeypatch.setattr(engine_wam, "block_step", spy)
+    WamEngine(tiny, "exact,group_modulation").generate(obs, noise, STEPS, STEPS)
+    cfg = tiny.config
+    assert seen and all(shape == (2, 3, 6, cfg.width) and has_groups for shape, has_groups in seen)
+    seen.clear()
+    WamEngine(tiny, "exact").generate(obs, noise, STEPS, STEPS)
+    assert seen and all(shape == (2, cfg.seq_len, 6, cfg.width) and not g for shape, g in seen)
+
+
 def test_video_kv_cache_runs_the_actions_alone_after_the_video_is_finished(tiny, inputs, monkeypatch):
     obs, noise = inputs
     engine = WamEngine(tiny, "exact")
@@ -236,8 +268,9 @@ def test_cached_keep_index_makes_no_nonzero_per_forward(tiny, inputs, monkeypatc
     assert count["n"] >= STEPS  # without the lever, one a forward as the reference
 
 
+@pytest.mark.parametrize("levers", ["exact,compile", "exact,group_modulation,compile"])
 @pytest.mark.parametrize("sparsity", ["none", "drop_middle"])
-def test_compile_traces_each_block_once_without_graph_breaks_or_recompiles(inputs, sparsity):
+def test_compile_traces_each_block_once_without_graph_breaks_or_recompiles(inputs, sparsity, levers):
     """Regional compile: one compiled block serves every block (the number of graphs does not
     grow with the depth), fullgraph=True makes a graph break an error, and a second call of the
     same shapes must not recompile. The eager backend traces exactly as inductor would."""
@@ -249,14 +282,14 @@ def test_compile_traces_each_block_once_without_graph_breaks_or_recompiles(input
         torch._dynamo.reset()
         counters.clear()
         model = build_wam(get_config("wam-tiny", depth=depth))
-        engine = WamEngine(model, "exact,compile", compile_backend="eager")
+        engine = WamEngine(model, levers, compile_backend="eager")
         a, v = engine.generate(obs, noise, STEPS, 2, sparsity)
         ref_a, ref_v = model.generate(obs, noise, STEPS, 2, sparsity)
         assert compare(a, ref_a, torch.float32)["passed"] and compare(v, ref_v, torch.float32)["passed"]
         with torch._dynamo.config.patch(error_on_recompile=True):
             engine.generate(obs, noise, STEPS, 2, sparsity)
         graphs.append(counters["stats"]["unique_graphs"])
-    assert graphs[0] == graphs[1] <= 3, graphs  # full sequence, actions alone (and their guards), not per block
+    assert graphs[0] == graphs[1] <= 3, graphs  # full sequence, actions alone, the context k/v step: not per block
 
 
 def test_lever_parsing_and_errors():
@@ -277,6 +310,14 @@ def test_lever_parsing_and_errors():
         WamLevers.parse("exact,compile=reduce-overhead", CPU)
     with pytest.raises(LeverError, match="takes no argument"):
         WamLevers.parse("sdpa=1", CPU)
+    with pytest.raises(LeverError, match="flash_actions needs a CUDA device"):
+        WamLevers.parse("exact,flash_actions", CPU)
+    with pytest.raises(LeverError, match="lever 'flash_actions' needs sdpa beside it"):
+        WamLevers.parse("flash_actions", CPU)
+    with pytest.raises(LeverError, match="lever 'group_modulation' needs cached_keep_index beside it"):
+        WamLevers.parse("group_modulation", CPU)
+    # labels keep the lever table's order (compile before the levers that come after it in best)
+    assert WamLevers.parse("exact,group_modulation,compile", CPU).names()[-2:] == ["compile=default", "group_modulation"]
     assert set(WAM_LEVERS) >= set(WAM_EXACT) | {"cuda_graph", "compile"}
 
 
@@ -417,6 +458,21 @@ def test_cuda_fused_projections_and_gelu_epilogue_match_the_block():
     ref_a, ref_v = model.generate(obs, noise, STEPS, 2)
     a, v = engine.generate(obs, noise, STEPS, 2)
     assert compare(a, ref_a, model.dtype)["passed"] and compare(v, ref_v, model.dtype)["passed"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+@pytest.mark.parametrize("video_steps", [2, STEPS])
+def test_cuda_flash_actions_and_group_modulation_are_equivalent(video_steps):
+    """flash_actions sends the action queries' calls to the flash kernel (the full forward's
+    actions-over-all call, and the action-only forwards' self and cross calls): within the bf16
+    check of the reference, as is group_modulation under compile."""
+    model = build_wam("wam-tiny", device="cuda")
+    obs, noise = random_wam_inputs(model.config, 2, "cuda", model.dtype, seed=1)
+    ref_a, ref_v = model.generate(obs, noise, STEPS, video_steps, "drop_middle")
+    for levers in ("exact,flash_actions", "exact,group_modulation,compile"):
+        a, v = WamEngine(model, levers).generate(obs, noise, STEPS, video_steps, "drop_middle")
+        assert compare(a, ref_a, model.dtype)["passed"] and compare(v, ref_v, model.dtype)["passed"], levers
 
 
 def test_syncs_finds_the_reference_runners_nonzero_and_none_in_the_engine(tmp_path, capsys):

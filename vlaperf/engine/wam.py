@@ -24,6 +24,14 @@ computes (checked by `vlaperf check --workload wam-tiny`), with each of these sw
     cuda_graph         the whole call captured in one CUDA graph per input shape, replayed per call
     compile=<mode>     torch.compile of the transformer block and of the text context's key/value
                        projection, each once for all blocks (regional)
+    group_modulation   the blocks get the time modulation as its per-group table (B, 3, 6, D) and the
+                       token groups, and index it themselves; with compile the index folds into the
+                       norms' loads, instead of every block reading a (B, T, 6, D) float32 tensor
+                       (28 MB a wam-761 forward) that the reference builds per token
+    flash_actions      the attention calls of the few action queries (40 at wam-761) through the flash
+                       kernel, cuDNN's left for the long ones: `benchmarks/wam_attention_probe.py`
+                       measured flash at 10.8 us against cuDNN's 15.8 for 40 x 761 (and cuDNN at 15.9
+                       against 30.2 for the video side's 721 x 721) on an H200
 
 Sparsity, guidance and the schedules are workload settings (they change the result), not levers.
 """
@@ -76,37 +84,55 @@ WAM_LEVERS: dict[str, str] = {
     "fuse_projections": "q/k/v as one matmul, the text context's k/v as one, and on CUDA fc1 + GELU(tanh) as one cuBLASLt call with the activation in its epilogue",
     "cuda_graph": "the whole generate call in one CUDA graph per input shape, replayed per call",
     "compile": "torch.compile the transformer block and the text context's k/v projection, each once for all blocks (regional; mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs)",
+    "group_modulation": "the time modulation as its per-group table, indexed inside each block (with compile, in the norms' loads), instead of a per-token float32 tensor every block reads",
+    "flash_actions": "the attention of the few action queries through the flash kernel (faster there than cuDNN's), cuDNN's for the long calls; CUDA, with sdpa",
 }
 WAM_EXACT = ("host_schedule", "cached_keep_index", "sparse_sampler", "context_kv_cache", "video_kv_cache", "sdpa",
              "fuse_projections")
-WAM_REQUIRES = {"cuda_graph": ("host_schedule", "cached_keep_index"), "compile": ("cached_keep_index",)}
+WAM_REQUIRES = {"cuda_graph": ("host_schedule", "cached_keep_index"), "compile": ("cached_keep_index",),
+                "group_modulation": ("cached_keep_index",), "flash_actions": ("sdpa",)}
 WAM_PRESETS = {
     "reference": (),
     "exact": WAM_EXACT,
     "graph": WAM_EXACT + ("cuda_graph",),
-    "best": WAM_EXACT + ("cuda_graph", "compile=default"),  # CPU: exact
+    # group_modulation pays only where compile folds its index into the norms (eager, it adds a
+    # gather a block), so it is in best, not in exact
+    "best": WAM_EXACT + ("cuda_graph", "compile=default", "group_modulation", "flash_actions"),  # CPU: exact
 }
+WAM_CUDA_ONLY = ("cuda_graph", "flash_actions")
+# a few-query attention call (the action tokens) goes to the flash kernel under flash_actions
+FLASH_MAX_QUERIES = 64
 
 
 def block_step(block, x: Tensor, e_tok: Tensor, context_kv: tuple[Tensor, Tensor], allowed: Tensor | None,
                n_video_side: int, use_sdpa: bool, cached_kv: tuple[Tensor, Tensor] | None = None,
-               fused: tuple[Tensor, Tensor] | None = None, gelu_epilogue: bool = False):
+               fused: tuple[Tensor, Tensor] | None = None, gelu_epilogue: bool = False,
+               groups: Tensor | None = None, flash_actions: bool = False):
     """One transformer block with the engine's attention. The attention rule comes as data
     (`allowed`, or `n_video_side` for sdpa's two calls; neither for the action tokens alone,
     which see everything), not as a closure, so `compile` traces this function once and reuses
     it for every block (a closure made per call would be a new guard each time). So do the
-    fused weights: `fused` is this block's stacked q/k/v weight and bias (fuse_projections)."""
+    fused weights: `fused` is this block's stacked q/k/v weight and bias (fuse_projections).
+    With `groups` (group_modulation), e_tok is the per-group table (B, 3, 6, D) and the block
+    takes its tokens' rows here, inside the compiled graph."""
+    if groups is not None:
+        e_tok = e_tok[:, groups]
     if use_sdpa:
+        def attend(q, k, v):
+            if flash_actions and q.shape[2] <= FLASH_MAX_QUERIES:
+                return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v)[0]
+            return F.scaled_dot_product_attention(q, k, v)
+
         def attend_self(q, k, v):
             if n_video_side <= 0:
-                return F.scaled_dot_product_attention(q, k, v)
+                return attend(q, k, v)
             # video side over the video side, actions over everything: two unmasked calls (flash)
-            video = F.scaled_dot_product_attention(q[:, :, :n_video_side], k[:, :, :n_video_side], v[:, :, :n_video_side])
-            actions = F.scaled_dot_product_attention(q[:, :, n_video_side:], k, v)
+            video = attend(q[:, :, :n_video_side], k[:, :, :n_video_side], v[:, :, :n_video_side])
+            actions = attend(q[:, :, n_video_side:], k, v)
             return torch.cat([video, actions], dim=2)
 
         def attend_cross(q, k, v, mask=None):
-            return F.scaled_dot_product_attention(q, k, v)
+            return attend(q, k, v)
     else:
         def attend_self(q, k, v):
             return eager_attention(q, k, v, allowed)
@@ -164,6 +190,8 @@ class WamLevers:
     fuse_projections: bool = False
     cuda_graph: bool = False
     compile: str | None = None
+    group_modulation: bool = False
+    flash_actions: bool = False
 
     @classmethod
     def parse(cls, spec: str, device: torch.device) -> "WamLevers":
@@ -208,10 +236,17 @@ class WamLevers:
             raise LeverError("compile=reduce-overhead brings its own CUDA graphs; drop cuda_graph beside it")
         if self.compile == "reduce-overhead" and device.type != "cuda":
             raise LeverError("compile=reduce-overhead uses CUDA graphs and needs a CUDA device")
+        if self.flash_actions and device.type != "cuda":
+            raise LeverError("flash_actions needs a CUDA device (the flash kernel); drop it on the CPU")
 
     def names(self) -> list[str]:
-        out = [n for n in WAM_LEVERS if n != "compile" and getattr(self, n)]
-        return out + ([f"compile={self.compile}"] if self.compile else [])
+        out = []
+        for n in WAM_LEVERS:
+            if n == "compile":
+                out += [f"compile={self.compile}"] if self.compile else []
+            elif getattr(self, n):
+                out.append(n)
+        return out
 
 
 class WamEngine:
@@ -310,12 +345,16 @@ class WamEngine:
         if lay["keep_idx"] is not None:
             x = x[:, lay["keep_idx"]]
         groups = lay["groups"]
-        t_tok, e_tok = t_emb[:, groups], e0[:, groups]
-        n, sdpa = lay["n_video_side"], self.levers.sdpa
+        t_tok = t_emb[:, groups]
+        lv = self.levers
+        # group_modulation: each block indexes the per-group table itself (see block_step)
+        e_tok, block_groups = (e0, groups) if lv.group_modulation else (e0[:, groups], None)
+        n, sdpa = lay["n_video_side"], lv.sdpa
         allowed = None if sdpa else lay["allowed"]
         kv_cache = []
         for block, ckv, fused in zip(model.blocks, context_kv, self._fused_qkv):
-            x, k, v = self.block(block, x, e_tok, ckv, allowed, n, sdpa, None, fused, self._gelu_epilogue)
+            x, k, v = self.block(block, x, e_tok, ckv, allowed, n, sdpa, None, fused, self._gelu_epilogue,
+                                 block_groups, lv.flash_actions)
             if want_kv:
                 kv_cache.append((k[:, :, :n], v[:, :, :n]))
         nf = lay["n_frames"]
@@ -332,7 +371,8 @@ class WamEngine:
         e_tok = e0[:, ACTION : ACTION + 1].expand(-1, x.shape[1], -1, -1)
         t_tok = t_emb[:, ACTION : ACTION + 1].expand(-1, x.shape[1], -1)
         for block, ckv, vkv, fused in zip(model.blocks, context_kv, video_kv, self._fused_qkv):
-            x, _, _ = self.block(block, x, e_tok, ckv, None, 0, self.levers.sdpa, vkv, fused, self._gelu_epilogue)
+            x, _, _ = self.block(block, x, e_tok, ckv, None, 0, self.levers.sdpa, vkv, fused, self._gelu_epilogue,
+                                 None, self.levers.flash_actions)
         return model.action_head(x, t_tok)
 
     # -------------------------------------------------------------------- schedule

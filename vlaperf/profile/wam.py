@@ -132,11 +132,11 @@ def cmd_bench(args) -> int:
 
 def check_specs(device: torch.device) -> list[str]:
     """Each lever alone (with what it needs), then the presets that apply here."""
-    from vlaperf.engine.wam import WAM_LEVERS, WAM_REQUIRES
+    from vlaperf.engine.wam import WAM_CUDA_ONLY, WAM_LEVERS, WAM_REQUIRES
 
     specs = []
     for name in WAM_LEVERS:
-        if name == "compile" or (name == "cuda_graph" and device.type != "cuda"):
+        if name == "compile" or (name in WAM_CUDA_ONLY and device.type != "cuda"):
             continue  # compile is checked explicitly (`--levers compile`): it needs a compiler and time
         specs.append(",".join(WAM_REQUIRES.get(name, ()) + (name,)))
     return specs + ["exact"] + (["graph"] if device.type == "cuda" else [])
@@ -185,7 +185,9 @@ def grid_variants(device: torch.device) -> list[str]:
 def cumulative_variants(device: torch.device) -> list[str]:
     from vlaperf.engine.wam import WAM_EXACT
 
-    order = list(WAM_EXACT) + (["cuda_graph", "compile=default"] if device.type == "cuda" else [])
+    from vlaperf.engine.wam import WAM_PRESETS
+
+    order = list(WAM_PRESETS["best"]) if device.type == "cuda" else list(WAM_EXACT)  # best ends with the CUDA levers
     return ["reference"] + [",".join(order[: i + 1]) for i in range(len(order))]
 
 
