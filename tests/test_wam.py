@@ -500,13 +500,15 @@ def test_doctor_names_seed_000s_overheads_and_their_levers(tmp_path, monkeypatch
     found = {f["id"]: f for f in json.loads(out.read_text())["findings"]}
     assert "cached_keep_index" in found["wam.host_syncs"]["fix"] and "nonzero" in found["wam.host_syncs"]["detail"]
     assert found["wam.context_kv_per_step"]["fix"] == "lever context_kv_cache"
+    assert found["wam.unfused_projections"]["fix"] == "lever fuse_projections"
     assert "in 1 forwards" in found["wam.finished_video_recomputed"]["title"]  # 4 steps, the video in 2
     assert "wam.sparsity_host_bound" in found
     assert main(["doctor", "--workload", "wam-tiny", "--device", "cpu", "--levers", "exact", "--no-measure",
                  "--json", str(out)]) == 0
     found = {f["id"]: f for f in json.loads(out.read_text())["findings"]}
     assert found["wam.host_syncs"]["severity"] == "info"
-    assert not {"wam.context_kv_per_step", "wam.finished_video_recomputed", "wam.eager_attention"} & set(found)
+    assert not {"wam.context_kv_per_step", "wam.finished_video_recomputed", "wam.eager_attention",
+                "wam.unfused_projections"} & set(found)
     monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")  # seed 000's trap: an error, exit code 1
     assert main(["doctor", "--workload", "wam-tiny", "--device", "cpu", "--no-measure", "--json", str(out)]) == 1
     assert "env.compile_disabled" in {f["id"] for f in json.loads(out.read_text())["findings"]}

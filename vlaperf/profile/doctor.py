@@ -462,6 +462,16 @@ def wam_model_checks(model, engine=None, workload=None, measure: bool = True, se
             f"{path} materialises the (T x T) scores; the attention rule (video side never sees the actions) splits "
             "into two unmasked fused calls.", fix="lever sdpa"))
 
+    if not levers.fuse_projections:
+        out.append(finding(
+            "wam.unfused_projections", "warning" if device.type == "cuda" else "info",
+            "q, k and v as three matmuls a block, and fc1's GELU as a kernel of its own",
+            f"{path} runs {len(model.blocks)} blocks x 3 projections of width {model.config.width} where one stacked "
+            "matmul does the same work at a better tile shape, and writes fc1's output only for a GELU kernel to read "
+            "it back; on the H200 fusing them gave 1.10x over best without them (wam-761, "
+            "benchmarks/results/h200/matrix_wam-761_levers_s18.json).",
+            fix="lever fuse_projections"))
+
     if device.type == "cuda" and model.dtype == torch.float32:
         out.append(finding("wam.fp32_on_gpu", "warning", "float32 transformer weights on a GPU",
                            "bfloat16 doubles the tensor-core rate and halves the weight traffic.",
