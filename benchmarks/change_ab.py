@@ -27,13 +27,11 @@ the same levers with the change. Changes:
   between_steps          the Euler update folded into the action head and the step kernel's op
                          updating its input in place (c38e9b4), against the update written out
                          and the op copying its input; `euler_fold` and `step_in_place` each half
-  input_copy             a replay's inputs copied into the graph's static buffers as one list of
-                         bytes (graphs.copy_into: one multi-tensor kernel) against torch's
-                         per-tensor path for mixed dtypes (one copy call per input). The undo
-                         stays on the engine for every call, not only the first.
 Tried and taken out (docs/perf-notes.md, session 8): siglip_sdpa_flash (SDPA's flash kernel
 first for SigLIP's attention, at 1d8a3f5) and siglip_attention_kernel (SigLIP's attention
 through the split-key Triton kernel, at 0ccbea4, and with swept tiles at 8a3233d): no gain.
+Session 18: input_copy (a replay's inputs copied into the graph's static buffers as one list of
+bytes, one multi-tensor kernel, instead of a copy call per input, at d211137): 0.994x.
 Session 11: fused_loop (the loop around the step kernel with one launch between steps for the
 action head, the Euler update and the next tokens, kernels/denoise_loop.py at 38a4931): 0.985x.
 """
@@ -158,16 +156,7 @@ def without_between_steps_trims(engine: Engine):
         yield
 
 
-@contextlib.contextmanager
-def without_input_copy(engine: Engine):
-    """graphs.copy_into's byte view undone for this engine's every replay (the attribute is the
-    engine's own, so it is left set after the block)."""
-    engine.graphs.copy_inputs = lambda static, inputs: torch._foreach_copy_(static, inputs, non_blocking=True)
-    yield
-
-
-CHANGES = {"input_copy": (without_input_copy, lambda model: {}),
-           "siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
+CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "step_attention_kernel": (without_step_attention_kernel, lambda model: {}),
            "patch_matmul": (without_patch_matmul, lambda model: {}),
            "kv_align": (without_kv_align, lambda model: {}),

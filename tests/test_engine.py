@@ -380,22 +380,3 @@ def test_euler_update_folded_into_the_action_head(tiny_model, tiny_workload, tin
     bf16_head = copy.deepcopy(tiny_model)
     bf16_head.action_out_proj.to(torch.bfloat16)
     assert "euler_proj" not in fusion.time_tables(bf16_head, 3, "cpu")
-
-
-def test_graph_input_copy_as_bytes_copies_every_dtype_and_falls_back():
-    """graphs.copy_into: a call's mixed-dtype inputs copied as one list of bytes give the same
-    buffers as tensor-by-tensor copies; a non-contiguous input takes the per-tensor path."""
-    from vlaperf.engine.graphs import as_bytes, copy_into
-
-    g = torch.Generator().manual_seed(0)
-    inputs = [torch.randn(2, 3, 8, 8, generator=g).to(torch.bfloat16), torch.rand(2, 3, generator=g) > 0.5,
-              torch.randint(0, 1000, (2, 48), generator=g), torch.randn(2, 32, generator=g),
-              torch.randn((), generator=g)]
-    static = [torch.zeros_like(x) for x in inputs]
-    copy_into(static, inputs)
-    assert all(torch.equal(s, x) and s.dtype == x.dtype for s, x in zip(static, inputs))
-    assert as_bytes(inputs[0]).numel() == inputs[0].numel() * 2 and as_bytes(inputs[0]).data_ptr() == inputs[0].data_ptr()
-    strided = torch.randn(32, 2, generator=g).t()  # not contiguous: the fallback
-    static = [torch.zeros(2, 32), torch.zeros(2, 48, dtype=torch.long)]
-    copy_into(static, [strided, inputs[2]])
-    assert torch.equal(static[0], strided) and torch.equal(static[1], inputs[2])

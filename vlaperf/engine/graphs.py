@@ -24,33 +24,11 @@ class CapturedGraph:
     capture_s: float
 
 
-def as_bytes(t: Tensor) -> Tensor:
-    """A contiguous tensor's storage as a flat uint8 view (no copy)."""
-    return t.reshape(-1).view(torch.uint8)
-
-
-def copy_into(static: list[Tensor], inputs: list[Tensor]) -> None:
-    """Copy a call's inputs into the graph's static buffers, in one launch where it can be.
-
-    torch's multi-tensor copy has a one-kernel path for lists of a single dtype. A call's inputs
-    mix dtypes (images, bool masks, int tokens, float32 state and noise), and for those it copies
-    tensor by tensor, one copy call from the host each, before the replay can start (the H200's
-    kernel sequence of libero-pi0 `best`, profiles/kernel_sequence_best_s16.txt: 6 copies
-    10-67 us apart). Viewed as bytes, the same copies are one list of one dtype. Inputs that
-    are not contiguous, or on another device, take the tensor-by-tensor path."""
-    if all(s.device == d.device and s.is_contiguous() and d.is_contiguous() and s.dtype == d.dtype
-           and s.shape == d.shape for s, d in zip(inputs, static)):
-        torch._foreach_copy_([as_bytes(d) for d in static], [as_bytes(s) for s in inputs], non_blocking=True)
-    else:
-        torch._foreach_copy_(static, inputs, non_blocking=True)
-
-
 class GraphCache:
     def __init__(self, warmup_runs: int = 2):
         self.entries: dict[Hashable, CapturedGraph] = {}
         self.warmup_runs = warmup_runs
         self.pool = None
-        self.copy_inputs = copy_into  # an attribute so benchmarks/change_ab.py can time the other way
 
     def run(self, key: Hashable, build: Callable[[], Callable[..., Tensor]], inputs: list[Tensor],
             before_capture: Callable[[], None] | None = None) -> Tensor:
@@ -60,7 +38,8 @@ class GraphCache:
         entry = self.entries.get(key)
         if entry is None:
             entry = self.entries[key] = self._capture(build(), inputs, before_capture)
-        self.copy_inputs(entry.static_inputs, inputs)
+        # one call for every input (one dispatch from Python, not one per tensor)
+        torch._foreach_copy_(entry.static_inputs, inputs, non_blocking=True)
         entry.graph.replay()
         return entry.output.clone()
 
