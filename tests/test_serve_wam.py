@@ -100,9 +100,10 @@ def test_loadgen_and_rollout_against_the_world_action_server(server):
     assert ro["errors"] == 0 and ro["action_horizon"] == 4 and ro["per_episode"][0]["policy_calls"] == 2
 
 
-def test_serve_cli_builds_a_checked_world_action_policy(monkeypatch):
-    """`vlaperf serve --workload wam-tiny` builds its policy through the equivalence check; the
-    server itself is exercised above, so the listener is replaced here."""
+def test_serve_cli_builds_a_checked_world_action_policy(monkeypatch, capsys):
+    """`vlaperf serve --workload wam-tiny` builds its policy through the equivalence check, then
+    frees the reference weights the engine holds stacked copies of (as for pi0); the server itself
+    is exercised above, so the listener is replaced here."""
     import vlaperf.serve.server as srv
     from vlaperf.cli import main
 
@@ -115,4 +116,5 @@ def test_serve_cli_builds_a_checked_world_action_policy(monkeypatch):
     assert main(["serve", "--workload", "wam-tiny", "--device", "cpu", "--port", "0", "--sparsity", "drop_middle"]) == 0
     policy = seen["policy"]
     assert isinstance(policy, WamPolicy) and policy.workload.sparsity == "drop_middle"
-    assert policy.infer(make_wam_example(W))["actions"].shape == (4, 8)
+    assert "MB of reference weights the engine holds fused copies of" in capsys.readouterr().out
+    assert policy.infer(make_wam_example(W))["actions"].shape == (4, 8)  # the engine runs on after the release

@@ -349,6 +349,13 @@ class WorldActionModel(nn.Module):
         self.blocks = nn.ModuleList(WamBlock(cfg) for _ in range(cfg.depth))
         self.video_head = Head(cfg, cfg.patch_channels)
         self.action_head = Head(cfg, cfg.action_dim)
+        self.reference_released = False  # set by WamEngine.release_reference_weights
+
+    def _check_reference(self) -> None:
+        if self.reference_released:
+            raise RuntimeError("this model's reference weights were released (WamEngine.release_reference_weights, "
+                               "which `vlaperf serve` calls after its equivalence check); build the model again to run "
+                               "the reference path")
 
     @property
     def dtype(self) -> torch.dtype:
@@ -391,6 +398,7 @@ class WorldActionModel(nn.Module):
         """One model forward, the reference way. frames (B, F, P, C) with the context frames
         first; sigma_video, sigma_action (B,). Returns the velocity of every frame token
         (B, F, P, C; 0 where a token was dropped) and of the actions (B, H, A), float32."""
+        self._check_reference()
         cfg = self.config
         device = frames.device
         b = frames.shape[0]
@@ -429,6 +437,7 @@ class WorldActionModel(nn.Module):
         conditional and an unconditional (zero text context) forward as one doubled batch and
         guides with v = v_c + cfg_scale (v_c - v_u). Returns actions (B, H, A) and the
         predicted video latents (B, video_frames, P, C), float32."""
+        self._check_reference()
         cfg = self.config
         video_steps = steps if video_steps is None else video_steps
         check_sampling_args(steps, video_steps, sparsity, cfg_scale, shift)

@@ -93,8 +93,6 @@ def cmd_bench(args) -> int:
     if args.mode == "policy":
         raise CliError("--mode policy: the world-action model has no observation transform (VAE, text encoder) in vlaperf; "
                        "use --mode model (generate on device tensors) or --mode forward")
-    if args.release_reference:
-        raise CliError("--release-reference applies to the pi0 family's fused weight copies only")
     base, workload, model, device = setup(args)
     engine = None if args.levers in ("reference", "none", "") else make_engine(model, args.levers)
     label = engine.name if engine else "reference"
@@ -109,6 +107,11 @@ def cmd_bench(args) -> int:
                   f"{equivalence['video_rel_l2']:.3g} > {equivalence['tolerance']:.3g}); refusing to report its speed",
                   file=sys.stderr)
             return 1
+    released = None
+    if args.release_reference:  # as `vlaperf serve` does after its check: the engine's stacked copies only
+        if engine is None:
+            raise CliError("--release-reference needs an engine variant (the reference path runs on those weights)")
+        released = engine.release_reference_weights()
     timing = time_calls(fn, device=device, warmup=args.warmup, iters=args.iters, progress=not args.no_progress, label=label)
     result = header("bench", base, workload, model, environment_record(device), engine.levers.names() if engine else [],
                     label, args.mode)
@@ -116,6 +119,7 @@ def cmd_bench(args) -> int:
     result["first_call_s"] = first_call_s
     result["first_call_timing"] = "before equivalence check"
     result["equivalence"] = equivalence
+    result["released_reference_bytes"] = released
     floor = wam_roofline(model.config, workload)
     if args.mode == "forward":
         floor = {**floor, "floor_ms": floor["full_forward_ms"], "what": "one full forward"}

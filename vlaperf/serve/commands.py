@@ -173,7 +173,7 @@ def cmd_serve(args) -> int:
     from vlaperf.workloads import is_wam_workload
 
     if is_wam_workload(args.workload):
-        policy = _wam_policy(args)
+        policy = _wam_policy(args, console)
         if policy is None:
             return 1
     else:
@@ -227,9 +227,9 @@ def _pi0_policy(args, console):
     return policy
 
 
-def _wam_policy(args):
-    """The served world-action policy (None: its variant failed the equivalence check). The
-    reference's weights are shared with the engine (it keeps no fused copies), so nothing is freed."""
+def _wam_policy(args, console):
+    """The served world-action policy (None: its variant failed the equivalence check). After the
+    check, the reference's weights that the engine holds stacked copies of are freed, as for pi0."""
     from vlaperf.check import check_wam_equivalence
     from vlaperf.policy import WamPolicy
     from vlaperf.profile import wam
@@ -244,6 +244,11 @@ def _wam_policy(args):
             print(f"vlaperf serve: variant {engine.name} fails equivalence (actions rel_l2 {eq['rel_l2']:.3g}, video "
                   f"{eq['video_rel_l2']:.3g} > {eq['tolerance']:.3g}); refusing to serve it", file=sys.stderr)
             return None
+    if engine is not None and not getattr(args, "keep_reference", False):
+        freed = engine.release_reference_weights()
+        if freed:
+            console.print(f"freed {freed / 1e6:.1f} MB of reference weights the engine holds fused copies of "
+                          "(--keep-reference keeps them)")
     return WamPolicy(model, engine.generate if engine is not None else model.generate, workload)
 
 
