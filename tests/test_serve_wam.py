@@ -118,3 +118,12 @@ def test_serve_cli_builds_a_checked_world_action_policy(monkeypatch, capsys):
     assert isinstance(policy, WamPolicy) and policy.workload.sparsity == "drop_middle"
     assert "MB of reference weights the engine holds fused copies of" in capsys.readouterr().out
     assert policy.infer(make_wam_example(W))["actions"].shape == (4, 8)  # the engine runs on after the release
+
+
+def test_serve_replicas_refuses_the_world_action_model(capsys):
+    """Ray Serve replicas serve the pi0 family; asked for wam-tiny the command says so before
+    starting Ray (exit 2), instead of failing inside the replica set-up."""
+    from vlaperf.cli import main
+
+    assert main(["serve", "--workload", "wam-tiny", "--device", "cpu", "--port", "0", "--replicas", "1"]) == 2
+    assert "--replicas: Ray Serve replicas serve the pi0 family; wam-tiny" in capsys.readouterr().err

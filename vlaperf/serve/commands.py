@@ -166,12 +166,15 @@ def cmd_serve(args) -> int:
                        "or --allow-unauthenticated on a trusted network")
     warmup = _warmup_sizes(args.warmup_batches, args.max_batch)
     console = Console()
+    from vlaperf.workloads import is_wam_workload
+
     if getattr(args, "replicas", None):  # the model runs in Ray Serve replicas, not in this process
+        if is_wam_workload(args.workload or ""):
+            raise CliError(f"--replicas: Ray Serve replicas serve the pi0 family; {args.workload} (the world-action "
+                           "model) is served in this process: drop --replicas")
         from vlaperf.serve.ray_backend import serve_replicas
 
         return serve_replicas(args, api_key, warmup, console)
-    from vlaperf.workloads import is_wam_workload
-
     if is_wam_workload(args.workload):
         policy = _wam_policy(args, console)
         if policy is None:
