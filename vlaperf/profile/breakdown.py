@@ -258,12 +258,13 @@ def _merge_timings(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 def breakdown_fn(call: Callable[[Any], Any], *, device: torch.device | str = "cpu", warmup: int = 3, iters: int = 20,
                  untimed: Callable[[], Any] | None = None, recorder: StageRecorder | None = None,
-                 progress: bool = False, label: str = "", blocks: int = 4) -> dict[str, Any]:
+                 progress: bool = False, label: str = "", blocks: int | None = None) -> dict[str, Any]:
     """Break down any policy call. `call(rec)` runs one call and marks its stages on `rec`
     (rec.mark / rec.stage, or the module-level markers: `rec` is active while it runs).
     `untimed()` is the same call without marks (default: `call(NULL_RECORDER)` with no
     recorder active), timed separately with time_calls for the coverage statement; the
-    instrumented and untimed calls alternate in `blocks` blocks of iters / blocks calls."""
+    instrumented and untimed calls alternate in `blocks` blocks of iters / blocks calls (default:
+    one call each, in turn)."""
     device = torch.device(device)
     rec = recorder or StageRecorder(device)
 
@@ -276,9 +277,11 @@ def breakdown_fn(call: Callable[[Any], Any], *, device: torch.device | str = "cp
         one()
     rec.clear()
     untimed = untimed or (lambda: call(NULL_RECORDER))
-    # Instrumented and untimed calls alternate in `blocks` blocks, so slow drift (clocks,
-    # other tenants) hits both alike; the untimed calls are timed by time_calls.
-    blocks = max(1, min(blocks, iters))
+    # Instrumented and untimed calls alternate, by default call by call, so drift (clocks, other
+    # tenants) hits both alike: in blocks of 3 calls, a CI run that shared its 2 CPUs with another
+    # test run once had the untimed median 66% above the instrumented one. The untimed calls are
+    # timed by time_calls.
+    blocks = iters if blocks is None else max(1, min(blocks, iters))
     sizes = [iters // blocks + (1 if b < iters % blocks else 0) for b in range(blocks)]
     parts = []
     for b, n in enumerate(sizes):
