@@ -202,6 +202,16 @@ def cmd_serve(args) -> int:
 
 
 
+def _release_reference(engine, args, console) -> None:
+    """After the check: free the model's weights the engine holds fused copies of (pi0 family and
+    world-action engines alike), unless --keep-reference."""
+    if engine is not None and not getattr(args, "keep_reference", False):
+        freed = engine.release_reference_weights()
+        if freed:
+            console.print(f"freed {freed / 1e6:.1f} MB of reference weights the engine holds fused copies of "
+                          "(--keep-reference keeps them)")
+
+
 def _pi0_policy(args, console):
     """The served pi0-family policy (None: its variant failed the equivalence check)."""
     from vlaperf.cli import make_engine, setup
@@ -219,11 +229,7 @@ def _pi0_policy(args, console):
             print(f"vlaperf serve: variant {engine.name} fails equivalence (rel_l2 {eq['rel_l2']:.3g} > "
                   f"{eq['tolerance']:.3g}); refusing to serve it", file=sys.stderr)
             return None
-    if engine is not None and not getattr(args, "keep_reference", False):
-        freed = engine.release_reference_weights()
-        if freed:
-            console.print(f"freed {freed / 1e6:.1f} MB of reference weights the engine holds fused copies of "
-                          "(--keep-reference keeps them)")
+    _release_reference(engine, args, console)
     sample = engine.sample_actions if engine is not None else model.sample_actions
     policy = Policy(model, sample, workload, num_steps=workload.steps,
                     verify=engine.raise_on_kernel_fault if engine is not None else None)
@@ -247,11 +253,7 @@ def _wam_policy(args, console):
             print(f"vlaperf serve: variant {engine.name} fails equivalence (actions rel_l2 {eq['rel_l2']:.3g}, video "
                   f"{eq['video_rel_l2']:.3g} > {eq['tolerance']:.3g}); refusing to serve it", file=sys.stderr)
             return None
-    if engine is not None and not getattr(args, "keep_reference", False):
-        freed = engine.release_reference_weights()
-        if freed:
-            console.print(f"freed {freed / 1e6:.1f} MB of reference weights the engine holds fused copies of "
-                          "(--keep-reference keeps them)")
+    _release_reference(engine, args, console)
     return WamPolicy(model, engine.generate if engine is not None else model.generate, workload)
 
 
