@@ -167,7 +167,8 @@ def whole_kernel_constexprs(cfg: S.StepKernelConfig, timeline: bool = False, sam
                 CTR_SLOT=ctr_down + triton.cdiv(D, cfg.bn_down), PREFETCH_OWN=cfg.prefetch_own, MOD=mod,
                 EARLY_MOD=cfg.early_mod_loads, SCALE_AFTER_LOOP=cfg.scale_after_loop, MOD_PREFETCH=cfg.mod_prefetch,
                 **S.ssq_constexprs(cfg, mod, D), ROPE_AHEAD=cfg.rope_ahead, QKV_PAIRS=cfg.qkv_pairs,
-                SSQ_SUM=S.ssq_sum_mode(cfg), POLL_DEPTH=cfg.poll_depth, POLL_GAP=cfg.poll_gap, ONE_DOT=cfg.one_dot)
+                SSQ_SUM=S.ssq_sum_mode(cfg), POLL_DEPTH=cfg.poll_depth, POLL_GAP=cfg.poll_gap, ONE_DOT=cfg.one_dot,
+                ADS=cfg.att_dsplit)
 
 
 def main() -> None:

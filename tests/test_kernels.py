@@ -527,7 +527,9 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
                # qkv's rotary halves and gate_up's gate and up as two products (before session 16's one_dot), also
                # with gate_up split in K, with qkv's tasks as runs of pairs, and with the squares summed per K block
                replace(small, one_dot=False), replace(small, one_dot=False, ks_gu=2, bn_down=8),
-               replace(small, one_dot=False, qkv_pairs=5), replace(small, one_dot=False, ssq_local=False)]
+               replace(small, one_dot=False, qkv_pairs=5), replace(small, one_dot=False, ssq_local=False),
+               # attention's value / output dims in parts a task (att_dsplit): 2 and 4 parts, with 32-row blocks
+               replace(small, att_dsplit=2), replace(small, att_dsplit=4, att_bm=32), replace(small, att_dsplit=2, att_early_v=False)]
     # (layers, D, heads, head dim, F, rows, prefix): head dim 16 has 8-dim RoPE halves, less than a tile
     for L, D, NH, HD, Fd, M, Tp in [(2, 32, 4, 16, 64, 11, 20), (1, 64, 2, 32, 96, 7, 45)]:
         x = torch.randn(M, D)
@@ -557,7 +559,8 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
             refs = torch.stack([reference(xb[b], wqkv, wo, wgu, wd, kcb[:, b], vcb[:, b], cosb[b], sinb[b], maskb[b], 1e-6,
                                           NH, HD) for b in range(B)])
             for cfg in (small, replace(small, fold_merge=True, ks_o=1), replace(small, dataflow=True),
-                        replace(small, ssq_from_writers=True, stats_ahead=True), replace(small, qkv_pairs=5)):
+                        replace(small, ssq_from_writers=True, stats_ahead=True), replace(small, qkv_pairs=5),
+                        replace(small, att_dsplit=2, att_bm=32)):
                 out = expert_step(xb, wqkv, wo, wgu, wd, kcb, vcb, cosb, sinb, maskb, 1e-6, config=cfg)
                 assert out.shape == (B, M, D)
                 err = ((out - refs).norm(dim=(1, 2)) / refs.norm(dim=(1, 2))).max().item()
@@ -623,7 +626,9 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
     for bad, words in ((replace(small, qkv_pairs=17), "qkv_pairs=17: expected -1 (fitted), 0 (per-slot tiles) or 1..bn_qkv (16)"),
                        (replace(small, qkv_pairs=5, dataflow=True), "qkv_pairs excludes dataflow"),
                        (replace(small, poll_depth=5), "poll_depth=5, poll_gap=128: expected a depth of 1 to 4"),
-                       (replace(small, poll_depth=2, poll_one=False), "it needs barrier_asm and poll_one")):
+                       (replace(small, poll_depth=2, poll_one=False), "it needs barrier_asm and poll_one"),
+                       (replace(small, att_dsplit=3), "att_dsplit=3: expected a divisor of the head dim"),
+                       (replace(small, att_dsplit=2, fold_merge=True), "att_dsplit > 1 excludes dataflow and fold_merge")):
         try:
             expert_step(x, wqkv, wo, wgu, wd, kc, vc, cos, sin, mask, 1e-6, config=bad)
             raise SystemExit(f"{bad} must be refused")
@@ -846,7 +851,8 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
                (replace(S.StepKernelConfig(), ssq_mma=True, bk_qkv=64, bk_gu=64), False, 1),
                (replace(S.StepKernelConfig(), ssq_local=False), False, 1),
                (replace(S.StepKernelConfig(), poll_depth=4, poll_gap=64), False, 1),
-               (replace(S.StepKernelConfig(), one_dot=False), False, 1))
+               (replace(S.StepKernelConfig(), one_dot=False), False, 1),
+               (replace(S.StepKernelConfig(), att_bm=32, att_dsplit=2), False, 1))
     for cfg, timeline, samples in configs:
         consts = resources.whole_kernel_constexprs(cfg, timeline, samples)
         r = resources.compile_kernel(S._expert_step_kernel, consts, cfg.num_warps, cfg.num_stages, ptxas=True)

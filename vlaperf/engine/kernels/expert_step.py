@@ -130,6 +130,14 @@ class StepKernelConfig:
     # 1.0092x (p10..p90 1.005..1.015); pi0.5's 5 row blocks: 32 (16: the same, sweep 30)
     merge_bd: int = 0
     att_stages: int = 1
+    # attention tasks split the value / output dims in this many parts as well (each task: its rows'
+    # scores over its key split in full, P @ V for HD / att_dsplit of the dims). At pi0's 51 rows every
+    # key tile is read by each of the 26 row blocks of 16 (19 MB of L2 reads a layer for 0.6 MB of
+    # keys); 32-row blocks halve that but spill with a 32 x 256 float32 accumulator (session 14).
+    # With 32 rows and 2 dim parts the accumulator is 16 x 256's size again, and a task reads its
+    # split's values half (q 16 KB + K 64 KB + V 32 KB, against 8 + 64 + 64 KB). Not with fold_merge
+    # or dataflow (their arrival counts are per row block)
+    att_dsplit: int = 1
     num_warps: int = 8
     num_stages: int = 4  # the matmuls' K loops
     poll_load: bool = True  # barrier polls with plain loads (else with atomics)
@@ -251,7 +259,7 @@ def fit_config(cfg: StepKernelConfig, rows: int, samples: int, NH: int, HD: int,
     row_blocks = samples * triton.cdiv(NH * rows, cfg.att_bm)
     splits = cfg.splits
     if splits <= 0:
-        splits = min(max(MIN_SPLITS, programs // row_blocks), triton.cdiv(Tk, cfg.att_bn))
+        splits = min(max(MIN_SPLITS, programs // (row_blocks * cfg.att_dsplit)), triton.cdiv(Tk, cfg.att_bn))
     merge_bd = cfg.merge_bd
     if merge_bd <= 0:
         merge_bd = min(32, HD)
@@ -744,20 +752,30 @@ def _phase_attention(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o
                      ABN: tl.constexpr, SPLITS: tl.constexpr, MASK_VALUE: tl.constexpr, ATT_STAGES: tl.constexpr,
                      FOLD_MERGE: tl.constexpr, MD: tl.constexpr, EARLY_V: tl.constexpr, ROTATE: tl.constexpr,
                      NB: tl.constexpr, slot_ctr_ptr, err_ptr, QKV_JB: tl.constexpr, DATAFLOW: tl.constexpr,
-                     MAX_SPIN: tl.constexpr, ASM: tl.constexpr):
+                     MAX_SPIN: tl.constexpr, ASM: tl.constexpr, ADS: tl.constexpr = 1):
     """NB samples: a task is (sample, block of ABM folded rows, key split); its rows are
     head x token of one sample, so they share that sample's keys and mask. Partials are
-    indexed by the global folded row g = sample * R + r.
+    indexed by the global folded row g = sample * R + r. ADS > 1 (`att_dsplit`): the task is also
+    one of ADS parts of the value / output dims; it computes the full scores (the same m and l in
+    every part, bit for bit) and writes its part of the partial output, part 0 the m and l.
 
     DATAFLOW (no grid barrier after qkv): a task first waits until the qkv tasks of its rows'
     heads (QKV_JB each), and of k and v if its split reads this step's own keys, have counted
     in; it counts itself in at its row block's counter once its partials are stored."""
     R = NH * M
     d = tl.arange(0, HD)
+    VD: tl.constexpr = HD // ADS  # the value / output dims of a task
     n_rb = tl.cdiv(R, ABM)
-    for task in range(pid, NB * n_rb * SPLITS, nprog):
-        s = task % SPLITS
-        blk = task // SPLITS
+    for task in range(pid, NB * n_rb * SPLITS * ADS, nprog):
+        if ADS == 1:  # (the default kernel's code as before att_dsplit)
+            s = task % SPLITS
+            blk = task // SPLITS
+            dv = d
+        else:
+            part = task % ADS
+            s = (task // ADS) % SPLITS
+            blk = task // (ADS * SPLITS)
+            dv = part * VD + tl.arange(0, VD)
         if NB == 1:
             b = 0
             r = blk * ABM + tl.arange(0, ABM)
@@ -780,11 +798,11 @@ def _phase_attention(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o
                     cache_modifier=".cg")
         m_i = tl.full((ABM,), float("-inf"), tl.float32)
         l_i = tl.zeros((ABM,), tl.float32)
-        acc = tl.zeros((ABM, HD), tl.float32)
+        acc = tl.zeros((ABM, VD), tl.float32)
         n_kt = keys_per_split // ABN  # key tiles of a split (keys_per_split is a multiple of ABN)
         for j in tl.range(0, n_kt, num_stages=ATT_STAGES):
             # ROTATE: the row blocks of one split take its key tiles in different orders (see _rows_matmul)
-            k0 = k_start + ((j + task // SPLITS) % n_kt if ROTATE else j) * ABN
+            k0 = k_start + ((j + blk) % n_kt if ROTATE else j) * ABN
             keys = k0 + tl.arange(0, ABN)
             key_ok = (keys < Tk) & (keys < k_start + keys_per_split)
             # The prefix from the static cache, then this step's scratch k/v: one load through
@@ -800,7 +818,7 @@ def _phase_attention(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o
                                              kv_ptr + (BLOCK_M + b * M + keys - Tp) * HD), 16)
             mask_ptrs = mask_ptr + b * stride_mb + t[:, None] * stride_mq + keys[None, :]
             if EARLY_V:  # values and mask in flight while the scores are computed: one round trip less a tile
-                v = tl.load(v_rows[:, None] + d[None, :], mask=key_ok[:, None], other=0.0, cache_modifier=".cg")
+                v = tl.load(v_rows[:, None] + dv[None, :], mask=key_ok[:, None], other=0.0, cache_modifier=".cg")
                 allowed = tl.load(mask_ptrs, mask=r_ok[:, None] & key_ok[None, :], other=0)
             scores = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
             if not EARLY_V:
@@ -812,14 +830,18 @@ def _phase_attention(q_ptr, kv_ptr, kc_ptr, vc_ptr, mask_ptr, acc_ptr, ml_ptr, o
             p = tl.exp(scores - m_new[:, None])
             l_i = l_i * alpha + tl.sum(p, axis=1)
             if not EARLY_V:
-                v = tl.load(v_rows[:, None] + d[None, :], mask=key_ok[:, None], other=0.0, cache_modifier=".cg")
+                v = tl.load(v_rows[:, None] + dv[None, :], mask=key_ok[:, None], other=0.0, cache_modifier=".cg")
             acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
             m_i = m_new
         g = b * R + r
         base = s * (NB * R) + g
-        tl.store(acc_ptr + base[:, None] * HD + d[None, :], acc, mask=r_ok[:, None])
-        tl.store(ml_ptr + base, m_i, mask=r_ok)
-        tl.store(ml_ptr + SPLITS * NB * R + base, l_i, mask=r_ok)
+        tl.store(acc_ptr + base[:, None] * HD + dv[None, :], acc, mask=r_ok[:, None])
+        if ADS == 1:
+            tl.store(ml_ptr + base, m_i, mask=r_ok)
+            tl.store(ml_ptr + SPLITS * NB * R + base, l_i, mask=r_ok)
+        elif part == 0:  # every part has the same m and l
+            tl.store(ml_ptr + base, m_i, mask=r_ok)
+            tl.store(ml_ptr + SPLITS * NB * R + base, l_i, mask=r_ok)
         if DATAFLOW:
             _count_in(row_ctr_ptr + blk)
         if FOLD_MERGE:  # the row block's last split to finish merges them all: no merge phase, one barrier less
@@ -1096,7 +1118,7 @@ def _expert_step_kernel(
     EARLY_MOD: tl.constexpr, SCALE_AFTER_LOOP: tl.constexpr, MOD_PREFETCH: tl.constexpr = False,
     SSQ_IN: tl.constexpr = False, SSQ_OUT: tl.constexpr = False, STATS_AHEAD: tl.constexpr = False,
     ROPE_AHEAD: tl.constexpr = False, QKV_PAIRS: tl.constexpr = 0, SSQ_SUM: tl.constexpr = 0,
-    POLL_DEPTH: tl.constexpr = 1, POLL_GAP: tl.constexpr = 0, ONE_DOT: tl.constexpr = False,
+    POLL_DEPTH: tl.constexpr = 1, POLL_GAP: tl.constexpr = 0, ONE_DOT: tl.constexpr = False, ADS: tl.constexpr = 1,
 ):
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
@@ -1159,7 +1181,7 @@ def _expert_step_kernel(
                                  acc_ptr, ml_ptr, o_ptr, tile_ctr, M, Tk, Tp, keys_per_split, scale, stride_cb, stride_ct,
                                  stride_mb, stride_mq, pid, nprog, NH, HD, BLOCK_M, ABM, ABN, SPLITS, MASK_VALUE,
                                  ATT_STAGES, FOLD_MERGE, MD, EARLY_V, ROTATE, NB, tile_ctr + CTR_SLOT, err_ptr, QKV_JB,
-                                 DATAFLOW, MAX_SPIN, BARRIER_ASM)
+                                 DATAFLOW, MAX_SPIN, BARRIER_ASM, ADS)
             elif phase == 2:
                 if not FOLD_MERGE:
                     _phase_merge(acc_ptr, ml_ptr, o_ptr, tile_ctr, err_ptr, M, pid, nprog, NH, HD, ABM, SPLITS, MD, NB,
@@ -1316,8 +1338,9 @@ def l2_traffic(cfg: StepKernelConfig, M: int, NH: int, HD: int, D: int, F: int, 
     return {
         "qkv": {"weights": qkv_n * D * elem, "activations": qkv_tasks * rows * D * elem, "partials": 0,
                 "outputs": rows * qkv_n * elem},
-        "attention": {"weights": 0, "activations": att_blocks * splits * cfg.att_bm * HD * elem
-                      + att_blocks * triton.cdiv(Tk, splits) * splits * 2 * HD * elem,
+        # every task reads its rows' q and its split's keys whole, its part of the values
+        "attention": {"weights": 0, "activations": cfg.att_dsplit * att_blocks * splits * cfg.att_bm * HD * elem
+                      + att_blocks * triton.cdiv(Tk, splits) * splits * (cfg.att_dsplit + 1) * HD * elem,
                       "partials": splits * samples * NH * M * (HD + 2) * f32, "outputs": 0},
         "merge": {"weights": 0, "activations": 0, "partials": splits * samples * NH * M * (HD + 2) * f32,
                   "outputs": rows * NH * HD * elem},
@@ -1460,6 +1483,12 @@ def expert_step(
     if cfg.dataflow and cfg.fold_merge:
         raise ValueError("StepKernelConfig: dataflow and fold_merge exclude each other (the folded merge needs the "
                          "barrier after attention that dataflow removes)")
+    if cfg.att_dsplit < 1 or HD % cfg.att_dsplit or (HD // cfg.att_dsplit) & (HD // cfg.att_dsplit - 1):
+        raise ValueError(f"StepKernelConfig.att_dsplit={cfg.att_dsplit}: expected a divisor of the head dim {HD} "
+                         "leaving a power of two")
+    if cfg.att_dsplit > 1 and (cfg.dataflow or cfg.fold_merge):
+        raise ValueError("StepKernelConfig: att_dsplit > 1 excludes dataflow and fold_merge (they count the "
+                         "attention tasks per row block)")
     if not 0 <= cfg.prefetch_own <= 15:
         raise ValueError(f"StepKernelConfig.prefetch_own={cfg.prefetch_own}: expected a bit mask of 1 (o_proj), "
                          "2 (gate_up), 4 (down), 8 (next qkv)")
@@ -1559,7 +1588,8 @@ def expert_step(
                   EARLY_MOD=cfg.early_mod_loads, SCALE_AFTER_LOOP=cfg.scale_after_loop,
                   MOD_PREFETCH=cfg.mod_prefetch and device.type == "cuda", **ssq_constexprs(cfg, mod is not None, D),
                   ROPE_AHEAD=cfg.rope_ahead, QKV_PAIRS=cfg.qkv_pairs, SSQ_SUM=ssq_sum_mode(cfg),
-                  POLL_DEPTH=cfg.poll_depth, POLL_GAP=cfg.poll_gap, ONE_DOT=cfg.one_dot)
+                  POLL_DEPTH=cfg.poll_depth, POLL_GAP=cfg.poll_gap, ONE_DOT=cfg.one_dot,
+                  ADS=cfg.att_dsplit)
     if persistent:
         launch(_expert_step_kernel, (grid,), *args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
         if keep_counters:
