@@ -5,6 +5,7 @@
 #            tiles), then the libero-pi0 call with att_bm=32 att_dsplit=2 against the defaults, in one process
 #   PART=b   sweep 37 (the attention's key tiles pipelined), then the call with its fastest row against the
 #            defaults if that row was at least 1% faster than them in the sweep
+#   PART=c   (carry .whl) libero-pi0 served as `best` (max batch 1) under loadgen, one client
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session19.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -20,6 +21,14 @@ b)
   lane A 0 40 <<EOT &
 230 python3 benchmarks/expert_step_bench.py --sweep 37 --timeline --no-phases --json $R/kernel_expert_step_sweep37.json | grep -v timeline
 250 NEW=\$(python3 benchmarks/pick_row.py $R/kernel_expert_step_sweep37.json 0.99) && python3 benchmarks/step_config_ab.py --base "" --new "\$NEW" --rounds 50 --json $R/step_config_ab_libero-pi0_sweep37_best.json
+EOT
+  ;;
+c)
+  # (carry .whl: websockets and msgpack for the server) libero-pi0 served as `best`, one client: the round trip a
+  # closed loop sees, against the model-mode call (13.1 ms) and policy mode (14.2 ms)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site
+  lane A 0 40 <<EOT &
+200 bash -c 'setsid $V serve --workload libero-pi0 --levers best --max-batch 1 --port 8765 --warmup-batches 1 --compile-cache /tmp/fc > $R/serve_libero-pi0_best.log 2>&1 & SP=\$!; for i in \$(seq 150); do python3 -c "import urllib.request as u; u.urlopen(\"http://127.0.0.1:8765/healthz\", timeout=2)" 2>/dev/null && break; sleep 1; done; timeout 120 $V loadgen --url ws://127.0.0.1:8765 --clients 1 --requests 200 --warmup 10 --json $R/loadgen_libero-pi0_best.json; kill -TERM \$SP; tail -5 $R/serve_libero-pi0_best.log'
 EOT
   ;;
 esac
