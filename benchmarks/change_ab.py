@@ -32,6 +32,8 @@ first for SigLIP's attention, at 1d8a3f5) and siglip_attention_kernel (SigLIP's 
 through the split-key Triton kernel, at 0ccbea4, and with swept tiles at 8a3233d): no gain.
 Session 18: input_copy (a replay's inputs copied into the graph's static buffers as one list of
 bytes, one multi-tensor kernel, instead of a copy call per input, at d211137): 0.994x.
+Session 19: split_gate_up (layers.SPLIT_GATE_UP, off: on for engine B only) Gemma's stacked gate_up as two
+GEMMs of its halves, which at the prefix's shape come without cuBLAS's memset node (memset_probe.py).
 Session 11: fused_loop (the loop around the step kernel with one launch between steps for the
 action head, the Euler update and the next tokens, kernels/denoise_loop.py at 38a4931): 0.985x.
 """
@@ -104,6 +106,12 @@ def without_kv_align(engine: Engine):
     return patched(engine_module, "KV_ALIGN", 1)
 
 
+def without_split_gate_up(engine: Engine):
+    from vlaperf.engine import layers
+
+    return patched(layers, "SPLIT_GATE_UP", False)
+
+
 def without_rope_cache_kernel(engine: Engine):
     from vlaperf.engine import prefix
 
@@ -164,7 +172,10 @@ CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "step_kernel": (without_step_kernel, lambda model: {}),
            "between_steps": (without_between_steps_trims, lambda model: {}),
            "euler_fold": (without_euler_fold, lambda model: {}),
-           "step_in_place": (without_step_in_place, lambda model: {})}
+           "step_in_place": (without_step_in_place, lambda model: {}),
+           "split_gate_up": (without_split_gate_up, lambda model: {})}
+# changes whose switch is off in the engine: turned on for this process (engine B), undone for engine A
+SWITCH_ON = {"split_gate_up": ("vlaperf.engine.layers", "SPLIT_GATE_UP")}
 
 
 def main() -> None:
@@ -176,6 +187,11 @@ def main() -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     undo, probe = CHANGES[args.change]
+    if args.change in SWITCH_ON:
+        import importlib
+
+        module, name = SWITCH_ON[args.change]
+        setattr(importlib.import_module(module), name, True)
     w = get_workload(args.workload)
     model = build_model(w.preset, "cuda")
     obs, noise = random_observation(w, model.config, "cuda"), random_noise(w, model.config, "cuda")

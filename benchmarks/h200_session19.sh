@@ -6,6 +6,7 @@
 #   PART=b   sweep 37 (the attention's key tiles pipelined), then the call with its fastest row against the
 #            defaults if that row was at least 1% faster than them in the sweep
 #   PART=c   (carry .whl) libero-pi0 served as `best` (max batch 1) under loadgen, one client
+#   PART=d   the call with Gemma's gate_up as two GEMMs of its halves against the stacked one (change_ab.py)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session19.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -29,6 +30,12 @@ c)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site
   lane A 0 40 <<EOT &
 200 bash -c 'setsid $V serve --workload libero-pi0 --levers best --max-batch 1 --port 8765 --warmup-batches 1 --compile-cache /tmp/fc > $R/serve_libero-pi0_best.log 2>&1 & SP=\$!; for i in \$(seq 150); do python3 -c "import urllib.request as u; u.urlopen(\"http://127.0.0.1:8765/healthz\", timeout=2)" 2>/dev/null && break; sleep 1; done; timeout 120 $V loadgen --url ws://127.0.0.1:8765 --clients 1 --requests 200 --warmup 10 --json $R/loadgen_libero-pi0_best.json; kill -TERM \$SP; tail -5 $R/serve_libero-pi0_best.log'
+EOT
+  ;;
+d)
+  # Gemma's gate_up as two GEMMs of its halves (no memset node; layers.SPLIT_GATE_UP) against the stacked GEMM
+  lane A 0 40 <<EOT &
+250 python3 benchmarks/change_ab.py --change split_gate_up --rounds 60 --json $R/change_ab_libero-pi0_split_gate_up.json
 EOT
   ;;
 esac

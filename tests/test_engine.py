@@ -380,3 +380,21 @@ def test_euler_update_folded_into_the_action_head(tiny_model, tiny_workload, tin
     bf16_head = copy.deepcopy(tiny_model)
     bf16_head.action_out_proj.to(torch.bfloat16)
     assert "euler_proj" not in fusion.time_tables(bf16_head, 3, "cpu")
+
+
+def test_split_gate_up_switch_gives_the_fused_gate_ups_actions(tiny_model, tiny_inputs, tiny_workload, monkeypatch):
+    """layers.SPLIT_GATE_UP (benchmarks/change_ab.py's `split_gate_up`): the stacked gate_up weight's two halves
+    as two GEMMs compute the same products as the one GEMM of twice the width, bit for bit on the CPU."""
+    from vlaperf.engine import layers
+
+    obs, noise = tiny_inputs
+    levers = "for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections"
+    fused = Engine(tiny_model, levers).sample_actions(obs, noise, tiny_workload.steps)
+    monkeypatch.setattr(layers, "SPLIT_GATE_UP", True)
+    calls = []
+    real = layers.F.linear
+    monkeypatch.setattr(layers.F, "linear", lambda x, w, *a: calls.append(w.shape) or real(x, w, *a))
+    split = Engine(tiny_model, levers).sample_actions(obs, noise, tiny_workload.steps)
+    width = 2 * tiny_model.config.backbone.mlp_dim
+    assert calls and all(shape[0] != width for shape in calls)  # no GEMM of the stacked width ran
+    assert torch.equal(fused, split)
