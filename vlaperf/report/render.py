@@ -661,6 +661,28 @@ def _gemm_probe(doc: _Doc, path: str, r: dict) -> None:
     doc.table(["shape", "M x K x N", "cuBLAS us", "TFLOP/s", "max-autotune us", "TFLOP/s"], gemm_probe_rows(r))
 
 
+def memset_probe_rows(r: dict) -> list[list]:
+    """benchmarks/memset_probe.py rows: chain, formulation, us a link of the chain, speedup over the chain's
+    first formulation (median of the interleaved rounds' ratios), memset nodes in its graph, rel L2 against
+    float32 (or the error that formulation raised)."""
+    rows = []
+    for chain, variants in r["chains"].items():
+        for name, v in variants.items():
+            if "error" in v:
+                rows.append([chain, name, v["error"][:60], "-", "-", "-"])
+                continue
+            speedup = next((val for key, val in v.items() if key.startswith("speedup_vs_")), "-")
+            rows.append([chain, name, v["per_link_us"], speedup, v["memsets"], f"{v['rel_l2_vs_fp32']:.1e}"])
+    return rows
+
+
+def _memset_probe(doc: _Doc, path: str, r: dict) -> None:
+    doc.h(3, f"Memset nodes and attention formulations in graph chains on {_gpu(r)} ({r['variant']['label']})")
+    doc.p("chains of 17-27 links shaped like the call (a norm, the op, the next GEMM) in one CUDA graph, each "
+          "formulation replayed in turn over the rounds; memsets counted by torch.profiler over one replay", "")
+    doc.table(["chain", "formulation", "us a link", "speedup", "memsets", "rel L2"], memset_probe_rows(r))
+
+
 def geglu_bench_rows(r: dict) -> list[list]:
     """benchmarks/geglu_matmul_bench.py (session 10, kernel since taken out) rows: M, the tiling
     (or cuBLAS + inductor, what `best` runs), us, TFLOP/s, rel L2 against float32, speedup."""
@@ -901,6 +923,7 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
                 ("splitk-probe", "Prefix GEMMs as other cuBLAS calls (splitk-probe)"),
                 ("prefix-attention-probe", "The prefix attention by PyTorch's fused kernels (prefix-attention-probe)"),
                 ("geglu-bench", "Gemma gate_up with GELU x up in one GEMM (geglu-bench)"),
+                ("memset-probe", "The prefix's memset nodes and attention formulations (memset-probe)"),
                 ("first-call", "The first call of a fresh process (first-call)"))
     for cmd, heading in sections:
         items = by_cmd.pop(cmd, [])
@@ -920,7 +943,7 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
                  "step-config-ab": _step_config_ab, "prefix-tiles-ab": _prefix_tiles_ab, "change-ab": _change_ab,
                  "call-overhead": _call_overhead, "gemm-probe": _gemm_probe, "splitk-probe": _splitk_probe,
                  "prefix-attention-probe": _prefix_attention_probe,
-                 "geglu-bench": _geglu_bench}[cmd](doc, p, r)
+                 "geglu-bench": _geglu_bench, "memset-probe": _memset_probe}[cmd](doc, p, r)
             except (KeyError, TypeError, ValueError) as e:
                 doc.p(f"could not render {p}: {type(e).__name__}: {e}", "warn")
     for cmd, items in by_cmd.items():
