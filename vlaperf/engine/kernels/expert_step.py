@@ -129,6 +129,9 @@ class StepKernelConfig:
     # tasks; 32 gave 208, two rounds), 746.4 against 756.1 us a step (sweep 31), the libero-pi0 call
     # 1.0092x (p10..p90 1.005..1.015); pi0.5's 5 row blocks: 32 (16: the same, sweep 30)
     merge_bd: int = 0
+    # attention's key-tile loop pipelined in this many stages (2: the next tile's keys and values copied to
+    # shared memory during this tile's products). 2 in session 19's sweep 37: 689.8 against 690.6 us a step
+    # (the attention's median work 6.66 -> 6.40 us, its slot unchanged); 1
     att_stages: int = 1
     # attention tasks split the value / output dims in this many parts as well (each task: its rows'
     # scores over its key split in full, P @ V for HD / att_dsplit of the dims). At pi0's 51 rows every
@@ -136,7 +139,9 @@ class StepKernelConfig:
     # keys); 32-row blocks halve that but spill with a 32 x 256 float32 accumulator (session 14).
     # With 32 rows and 2 dim parts the accumulator is 16 x 256's size again, and a task reads its
     # split's values half (q 16 KB + K 64 KB + V 32 KB, against 8 + 64 + 64 KB). Not with fold_merge
-    # or dataflow (their arrival counts are per row block)
+    # or dataflow (their arrival counts are per row block). Slower (session 19, sweep 36): 713.2 against
+    # 691.7 us a step, attention's work 6.66 -> 7.94 us; the libero-pi0 call 0.975x (p10..p90
+    # 0.970..0.979): a task's time follows its chain of key tiles, not its bytes; off
     att_dsplit: int = 1
     num_warps: int = 8
     num_stages: int = 4  # the matmuls' K loops
