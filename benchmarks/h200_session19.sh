@@ -7,6 +7,7 @@
 #            defaults if that row was at least 1% faster than them in the sweep
 #   PART=c   (carry .whl) libero-pi0 served as `best` (max batch 1) under loadgen, one client
 #   PART=d   the call with Gemma's gate_up as two GEMMs of its halves against the stacked one (change_ab.py)
+#   PART=e   libero-pi0 best in a fresh process, and its check
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session19.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -36,6 +37,13 @@ d)
   # Gemma's gate_up as two GEMMs of its halves (no memset node; layers.SPLIT_GATE_UP) against the stacked GEMM
   lane A 0 40 <<EOT &
 250 python3 benchmarks/change_ab.py --change split_gate_up --rounds 60 --json $R/change_ab_libero-pi0_split_gate_up.json
+EOT
+  ;;
+e)
+  # closing: libero-pi0 best in a fresh process and its equivalence check, at the session's last code
+  lane A 0 40 <<EOT &
+120 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s19_model.json
+120 $V check --workload libero-pi0 --levers best --seeds 2 --json $R/check_libero-pi0_best_s19.json
 EOT
   ;;
 esac
