@@ -8,6 +8,7 @@
 #   PART=c   (carry .whl) libero-pi0 served as `best` (max batch 1) under loadgen, one client
 #   PART=d   the call with Gemma's gate_up as two GEMMs of its halves against the stacked one (change_ab.py)
 #   PART=e   libero-pi0 best in a fresh process, and its check
+#   PART=f   where best's first call goes (first_call.py cold and warm), and the bench's first call again
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session19.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -44,6 +45,15 @@ e)
   lane A 0 40 <<EOT &
 120 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s19_model.json
 120 $V check --workload libero-pi0 --levers best --seeds 2 --json $R/check_libero-pi0_best_s19.json
+EOT
+  ;;
+f)
+  # part e's first call took 17.3 s (9.4-13.6 in sessions 11-16, 11.8 s for part c's served warm-up): where it went,
+  # cold then warm, on one instance; then the bench's own first call in a fresh process
+  lane A 0 40 <<EOT &
+120 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcF --json $R/first_call_libero-pi0_best-s19_cold.json
+90 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcF --json $R/first_call_libero-pi0_best-s19_warm.json
+100 $V bench --workload libero-pi0 --levers best --no-progress --iters 20 --warmup 5 --json $R/bench_libero-pi0_best-s19f_model.json
 EOT
   ;;
 esac
