@@ -9,6 +9,7 @@
 #   PART=d   the call with Gemma's gate_up as two GEMMs of its halves against the stacked one (change_ab.py)
 #   PART=e   libero-pi0 best in a fresh process, and its check
 #   PART=f   where best's first call goes (first_call.py cold and warm), and the bench's first call again
+#   PART=g   the first call of session 16's code against today's, cold, alternating on one instance
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session19.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -55,6 +56,18 @@ f)
 90 python3 benchmarks/first_call.py --workload libero-pi0 --levers best --compile-cache /tmp/fcF --json $R/first_call_libero-pi0_best-s19_warm.json
 100 $V bench --workload libero-pi0 --levers best --no-progress --iters 20 --warmup 5 --json $R/bench_libero-pi0_best-s19f_model.json
 EOT
+  ;;
+g)
+  # the first call of session 16's code (fd6b0b9) against today's, cold, alternating on one instance. Before the call,
+  # on the CPU machine: mkdir old16 && git archive fd6b0b9 vlaperf benchmarks/first_call.py benchmarks/kernel_timing.py
+  # | tar x -C old16 (untracked, so the device tool carries it; deleted after). The call ran these lines directly
+  # (not through a lane); the s16code files' env.git_commit was set to fd6b0b9 afterwards, with a note saying so
+  F="benchmarks/first_call.py --workload libero-pi0 --levers best"
+  for i in 1 2; do
+    (cd old16 && PYTHONPATH=$PWD timeout 70 python3 $F --compile-cache /tmp/o$i --json $OUT/first_call_s16code_cold$i.json 2>&1 | grep "first call")
+    timeout 70 python3 $F --compile-cache /tmp/n$i --json $OUT/first_call_s19code_cold$i.json 2>&1 | grep "first call"
+  done
+  exit 0
   ;;
 esac
 finish
