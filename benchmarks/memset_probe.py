@@ -11,6 +11,11 @@ This times short chains that look like the call (a norm-like kernel, the op, the
 counts the memset nodes each formulation puts into its graph (torch.profiler over one replay).
 
     python benchmarks/memset_probe.py --json $OUT/memset_probe.json
+
+The chains run eager between the captured ops, so a formulation that changes its output's layout
+changes the eager kernels after it too: the gate_up halves' 1.13x (session 19) is mostly the GELU x up
+reading contiguous halves instead of strided ones, which inductor's fused kernel in the call does not
+pay. The call itself answers whether the memsets cost anything (change_ab.py split_gate_up: 0.996x).
 """
 
 from __future__ import annotations

@@ -84,7 +84,8 @@ def qkv_projection(lw: GemmaLayerW, h: Tensor) -> tuple[Tensor, Tensor, Tensor]:
 # The stacked gate_up weight as two GEMMs of its halves (views, no copy) instead of one of twice the
 # width: at the prefix's M = 544 cuBLAS picks the same 192 x 192 kernel for both widths, and only the
 # 32768-wide call comes with a memset node in front of it (benchmarks/memset_probe.py). A switch for
-# benchmarks/change_ab.py (`split_gate_up`); off.
+# benchmarks/change_ab.py (`split_gate_up`); off: the libero-pi0 call 0.996x (session 19), the memset's
+# idle time is the profiler's, not a replay's.
 SPLIT_GATE_UP = False
 
 
