@@ -26,31 +26,10 @@ import statistics
 
 import torch
 import torch.nn.functional as F
+from kernel_timing import capture, replay_ms  # benchmarks/ (the script's folder is on sys.path)
 
 from vlaperf.report.schema import SCHEMA
 from vlaperf.timing import environment_record
-
-
-def capture(fn):
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for _ in range(2):
-            fn()
-    torch.cuda.current_stream().wait_stream(s)
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        fn()
-    return g
-
-
-def replay_ms(g) -> float:
-    start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    start.record()
-    g.replay()
-    end.record()
-    end.synchronize()
-    return start.elapsed_time(end)
 
 
 def memsets_in(g) -> dict:
@@ -236,7 +215,7 @@ def main() -> None:
                 fn, check, links = build(v)
                 keep[v] = fn
                 rows[v] = {"rel_l2_vs_fp32": check(), "links": links}
-                graphs[v] = capture(fn)
+                graphs[v] = capture(fn, warmup=2)
                 rows[v].update(memsets_in(graphs[v]))
             except Exception as e:  # a formulation that fails is a finding
                 rows[v] = {"error": f"{type(e).__name__}: {str(e)[:300]}"}
