@@ -27,6 +27,13 @@ the same levers with the change. Changes:
   between_steps          the Euler update folded into the action head and the step kernel's op
                          updating its input in place (c38e9b4), against the update written out
                          and the op copying its input; `euler_fold` and `step_in_place` each half
+  merge_dims             the split-key attention's merge with its head dim in parts a program
+                         (suffix_attention.merge_block_d: at least MERGE_PROGRAMS programs)
+                         against one program a row block: the prefix's merge, and the step's at
+                         a batch (--workload libero-pi0-b4)
+  step_tiles             the step's attention tiles of suffix_attention.STEP_TILES for the
+                         workload's batch (or --tiles-from: a suffix_attention_bench.py --batch
+                         file, its "fastest") against the kernel's defaults
 Tried and taken out (docs/perf-notes.md, session 8): siglip_sdpa_flash (SDPA's flash kernel
 first for SigLIP's attention, at 1d8a3f5) and siglip_attention_kernel (SigLIP's attention
 through the split-key Triton kernel, at 0ccbea4, and with swept tiles at 8a3233d): no gain.
@@ -118,6 +125,18 @@ def without_rope_cache_kernel(engine: Engine):
     return patched(prefix, "FUSED_ROPE_CACHE_WRITE", False)
 
 
+def without_merge_dims(engine: Engine):
+    from vlaperf.engine.kernels import suffix_attention
+
+    return patched(suffix_attention, "MERGE_PROGRAMS", 0)
+
+
+def without_step_tiles(engine: Engine):
+    from vlaperf.engine.kernels import suffix_attention
+
+    return patched(suffix_attention, "STEP_TILES", {})
+
+
 @contextlib.contextmanager
 def without_step_kernel(engine: Engine):
     engine.weights.expert_stack = None  # the layers keep their own views of the stacked weights
@@ -173,7 +192,9 @@ CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "between_steps": (without_between_steps_trims, lambda model: {}),
            "euler_fold": (without_euler_fold, lambda model: {}),
            "step_in_place": (without_step_in_place, lambda model: {}),
-           "split_gate_up": (without_split_gate_up, lambda model: {})}
+           "split_gate_up": (without_split_gate_up, lambda model: {}),
+           "merge_dims": (without_merge_dims, lambda model: {}),
+           "step_tiles": (without_step_tiles, lambda model: {})}
 # changes whose switch is off in the engine: turned on for this process (engine B), undone for engine A
 SWITCH_ON = {"split_gate_up": ("vlaperf.engine.layers", "SPLIT_GATE_UP")}
 
@@ -185,14 +206,30 @@ def main() -> None:
     p.add_argument("--levers", default="best", help="both engines' levers (default best)")
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--json", default=None)
+    p.add_argument("--tiles-from", default=None, help="step_tiles: engine B's tiles, the \"fastest\" of this "
+                                                      "suffix_attention_bench.py --batch file (its batch)")
     args = p.parse_args()
     undo, probe = CHANGES[args.change]
+    w = get_workload(args.workload)
+    if args.change == "step_tiles":
+        from vlaperf.engine.kernels import suffix_attention
+
+        if args.tiles_from:
+            import json
+
+            bench = json.load(open(args.tiles_from))
+            if bench.get("batch") != w.batch or not bench.get("fastest"):
+                raise SystemExit(f"--tiles-from {args.tiles_from}: expected a sweep at batch {w.batch} with a "
+                                 f"fastest row, got batch {bench.get('batch')}")
+            suffix_attention.STEP_TILES = {**suffix_attention.STEP_TILES, w.batch: bench["fastest"]}
+        if w.batch not in suffix_attention.STEP_TILES:
+            raise SystemExit(f"step_tiles: no tiles for batch {w.batch} (STEP_TILES or --tiles-from)")
+        print("engine B's step tiles:", suffix_attention.STEP_TILES[w.batch])
     if args.change in SWITCH_ON:
         import importlib
 
         module, name = SWITCH_ON[args.change]
         setattr(importlib.import_module(module), name, True)
-    w = get_workload(args.workload)
     model = build_model(w.preset, "cuda")
     obs, noise = random_observation(w, model.config, "cuda"), random_noise(w, model.config, "cuda")
     without = Engine(model, args.levers)
@@ -203,6 +240,10 @@ def main() -> None:
     samples = interleave({"without": lambda: without.sample_actions(obs, noise, w.steps),
                           "with": lambda: today.sample_actions(obs, noise, w.steps)}, args.rounds)
     result = ab_result("change-ab", w, model, today, samples, "without", "with")
+    if args.change == "step_tiles":
+        from vlaperf.engine.kernels import suffix_attention
+
+        result["step_tiles"] = suffix_attention.STEP_TILES[w.batch]
     result.update(change=args.change, probe=probe(model),
                   rel_l2_with_vs_without=((out_today - out_without).norm() / out_without.norm()).item(),
                   equivalence_with=check_equivalence(model, today, w))

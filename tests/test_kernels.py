@@ -82,9 +82,18 @@ ATTENTION_SCRIPT = textwrap.dedent(
         mask = torch.rand(B, Tq, Tk) > 0.3
         mask[:, :, 0] = True
         ref = eager_attention(q, k, v, mask)
-        out = suffix_attention(q, k, v, mask, block_m=16, block_n=16, splits=splits)
-        err = ((out - ref).norm() / ref.norm()).item()
-        assert err < 1e-5, (B, N, Tq, Tk, h, err)
+        for block_d in (None, h // 2):  # the merge with one program a row block, or the head dim in halves
+            out = suffix_attention(q, k, v, mask, block_m=16, block_n=16, splits=splits, block_d=block_d)
+            err = ((out - ref).norm() / ref.norm()).item()
+            assert err < 1e-5, (B, N, Tq, Tk, h, block_d, err)
+    # the step's entry point takes STEP_TILES for its batch: here the merge in four parts of the head dim
+    import vlaperf.engine.kernels.suffix_attention as A
+    A.STEP_TILES = {2: dict(block_m=16, block_n=16, splits=3, block_d=8)}
+    q, k, v = torch.randn(2, 8, 7, 32), torch.randn(2, 1, 130, 32), torch.randn(2, 1, 130, 32)
+    mask = torch.rand(2, 7, 130) > 0.3
+    mask[:, :, 0] = True
+    ref = eager_attention(q, k, v, mask)
+    assert ((A.step_attention(q, k, v, mask) - ref).norm() / ref.norm()).item() < 1e-5
     # a fully masked row stays finite and matches the reference's uniform weights
     q, k, v = torch.randn(1, 2, 3, 16), torch.randn(1, 1, 20, 16), torch.randn(1, 1, 20, 16)
     mask = torch.ones(1, 3, 20, dtype=torch.bool)
@@ -165,6 +174,21 @@ def test_rope_qkv_kernel_matches_reference_rope_and_cache_write_in_the_interpret
 
 def test_suffix_attention_matches_eager_in_the_interpreter():
     run_in_interpreter(ATTENTION_SCRIPT, timeout=600)
+
+
+def test_merge_programs_split_the_head_dim_until_the_gpu_is_covered():
+    from vlaperf.engine.kernels.suffix_attention import MERGE_PROGRAMS, merge_block_d, suffix_attention
+
+    assert MERGE_PROGRAMS == 264
+    # the step at batch 4: 4 samples x 13 row blocks of 32 -> 32 dims a program, 416 programs
+    assert merge_block_d(52, 256) == 32
+    assert merge_block_d(68, 256) == 64  # the prefix at batch 1: 68 row blocks x 4 parts = 272
+    assert merge_block_d(300, 256) == 256  # enough programs already: one a row block
+    assert merge_block_d(1, 32) == 32  # never below MIN_MERGE_DIMS
+    assert merge_block_d(1, 72) == 72  # a head dim whose halves are no power of two stays whole
+    q, k = torch.randn(1, 2, 3, 16), torch.randn(1, 1, 20, 16)
+    with pytest.raises(ValueError, match="block_d=12, expected a power of two dividing the head dim 16"):
+        suffix_attention(q, k, k, torch.ones(1, 3, 20, dtype=torch.bool), splits=2, block_d=12)
 
 
 def test_small_m_matmul_matches_torch_in_the_interpreter():

@@ -77,16 +77,20 @@ def _partial_kernel(
 
 @triton.jit
 def _merge_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, ROWS, TQ, soh, sot, sob,
-                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, SPLITS: tl.constexpr):
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr):
+    """Program (b, row block, dim block): the splits' partials of BLOCK_M rows and BLOCK_D of the
+    head dims, weighted by their running maxima. The per-row maxima and sums are re-read by
+    each dim block (a few hundred bytes): what the dim split buys is programs, since one
+    program a row block left most SMs idle (52 programs at batch 4, 68 for the prefix)."""
     b = tl.program_id(0)
     rb = tl.program_id(1)
     rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
     row_ok = rows < ROWS
-    d = tl.arange(0, HEAD_DIM)
+    d = tl.program_id(2) * BLOCK_D + tl.arange(0, BLOCK_D)
     m = tl.full((BLOCK_M,), float("-inf"), tl.float32)
     for s in range(SPLITS):
         m = tl.maximum(m, tl.load(m_ptr + (b * SPLITS + s) * ROWS + rows, mask=row_ok, other=float("-inf")))
-    total = tl.zeros((BLOCK_M, HEAD_DIM), tl.float32)
+    total = tl.zeros((BLOCK_M, BLOCK_D), tl.float32)
     norm = tl.zeros((BLOCK_M,), tl.float32)
     for s in range(SPLITS):
         base = (b * SPLITS + s) * ROWS
@@ -101,13 +105,32 @@ def _merge_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, ROWS, TQ, soh, sot, sob,
              mask=row_ok[:, None])
 
 
+# The merge's programs: split the head dim until there are at least this many (two per SM on
+# the H200), down to MIN_MERGE_DIMS dims a program
+MERGE_PROGRAMS = 264
+MIN_MERGE_DIMS = 32
+
+
+def merge_block_d(programs: int, head_dim: int) -> int:
+    """Dims per merge program: the whole head dim, halved while fewer than MERGE_PROGRAMS
+    programs would run (`programs`: samples x row blocks) and a half stays a power of two of
+    at least MIN_MERGE_DIMS. A head dim that is not a power of two stays whole."""
+    bd = head_dim
+    while programs * (head_dim // bd) < MERGE_PROGRAMS and bd // 2 >= MIN_MERGE_DIMS and bd % 2 == 0 \
+            and (bd // 2) & (bd // 2 - 1) == 0:
+        bd //= 2
+    return bd
+
+
 def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                      block_m: int = 32, block_n: int = 32, splits: int | None = None,
-                     num_warps: int = 4, num_stages: int = 2, token_major: bool = False) -> torch.Tensor:
+                     num_warps: int = 4, num_stages: int = 2, token_major: bool = False,
+                     block_d: int | None = None) -> torch.Tensor:
     """q (B, N, Tq, h); k, v (B, 1, Tk, h); mask (B, Tq, Tk) bool -> (B, N, Tq, h).
     splits=1: one pass per row block, normalised in place (no partials, no merge launch).
     token_major: the output's memory is (B, Tq, N, h) (a transposed view is returned), so the
-    (B, Tq, N * h) the output projection reads is a view, not a copy."""
+    (B, Tq, N * h) the output projection reads is a view, not a copy.
+    block_d: head dims per merge program (None: `merge_block_d`; h: one program a row block)."""
     B, N, Tq, h = q.shape
     Tk = k.shape[2]
     if k.shape[1] != 1 or v.shape[1] != 1:
@@ -123,6 +146,9 @@ def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     keys_per_split = triton.cdiv(triton.cdiv(Tk, splits), block_n) * block_n
     splits = triton.cdiv(Tk, keys_per_split)
     single = splits == 1
+    block_d = merge_block_d(B * row_blocks, h) if block_d is None else block_d
+    if block_d < 1 or h % block_d or block_d & (block_d - 1):
+        raise ValueError(f"suffix_attention: block_d={block_d}, expected a power of two dividing the head dim {h}")
     acc = torch.empty(1 if single else B * splits * rows * h, dtype=torch.float32, device=q.device)
     m = torch.empty(1 if single else B * splits * rows, dtype=torch.float32, device=q.device)
     l_ = torch.empty_like(m)
@@ -140,9 +166,20 @@ def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     )
     if single:
         return out
-    launch(_merge_kernel, (B, row_blocks), acc, m, l_, out, rows, Tq, out.stride(1), out.stride(2), out.stride(0),
-           HEAD_DIM=h, BLOCK_M=block_m, SPLITS=splits)
+    launch(_merge_kernel, (B, row_blocks, h // block_d), acc, m, l_, out, rows, Tq, out.stride(1), out.stride(2),
+           out.stride(0), HEAD_DIM=h, BLOCK_M=block_m, BLOCK_D=block_d, SPLITS=splits)
     return out
+
+
+# The denoise step's tiles by batch size (the layers' path: batches, and pi0.5), each from
+# benchmarks/suffix_attention_bench.py --batch N on the H200 and the whole call's A/B
+# (docs/perf-notes.md); a batch not listed runs suffix_attention's defaults.
+STEP_TILES: dict[int, dict] = {}
+
+
+def step_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """The step's attention (suffix_attention) with the tiles STEP_TILES gives its batch."""
+    return suffix_attention(q, k, v, mask, **STEP_TILES.get(q.shape[0], {}))
 
 
 # Prefix tiles: 64 query rows x 32 keys, the keys split in 3 (partials + the merge kernel):
