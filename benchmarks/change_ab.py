@@ -31,6 +31,12 @@ the same levers with the change. Changes:
                          (suffix_attention.merge_block_d: at least MERGE_PROGRAMS programs)
                          against one program a row block: the prefix's merge, and the step's at
                          a batch (--workload libero-pi0-b4)
+  step_rope_cache_kernel the step's RoPE and cache write as one kernel a layer (loop.step_rope_cache_kernel,
+                         the layers' path: batches) instead of two copies into the cache's slices
+  step_token_major       the step's attention output written token-major (loop.STEP_TOKEN_MAJOR, ops.step_attention):
+                         no transpose copy before the output projection
+  wave_splits            the step attention's key splits capped at one wave of programs
+                         (suffix_attention.default_splits) against the rounded-up count before
   step_tiles             the step's attention tiles of suffix_attention.STEP_TILES for the
                          workload's batch (or --tiles-from: a suffix_attention_bench.py --batch
                          file, its "fastest") against the kernel's defaults
@@ -131,6 +137,28 @@ def without_merge_dims(engine: Engine):
     return patched(suffix_attention, "MERGE_PROGRAMS", 0)
 
 
+def without_step_rope_cache_kernel(engine: Engine):
+    from vlaperf.engine import loop
+
+    return patched(loop, "FUSED_STEP_ROPE_CACHE_WRITE", False)
+
+
+def without_step_token_major(engine: Engine):
+    from vlaperf.engine import loop
+
+    return patched(loop, "STEP_TOKEN_MAJOR", False)
+
+
+def without_wave_splits(engine: Engine):
+    """Before session 20: at least WAVE_PROGRAMS programs, the splits rounded up."""
+    import triton
+
+    from vlaperf.engine.kernels import suffix_attention
+
+    return patched(suffix_attention, "default_splits",
+                   lambda Tk, block_n, blocks: max(1, min(triton.cdiv(Tk, 4 * block_n), triton.cdiv(264, blocks))))
+
+
 def without_step_tiles(engine: Engine):
     from vlaperf.engine.kernels import suffix_attention
 
@@ -194,7 +222,10 @@ CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "step_in_place": (without_step_in_place, lambda model: {}),
            "split_gate_up": (without_split_gate_up, lambda model: {}),
            "merge_dims": (without_merge_dims, lambda model: {}),
-           "step_tiles": (without_step_tiles, lambda model: {})}
+           "step_tiles": (without_step_tiles, lambda model: {}),
+           "step_rope_cache_kernel": (without_step_rope_cache_kernel, lambda model: {}),
+           "step_token_major": (without_step_token_major, lambda model: {}),
+           "wave_splits": (without_wave_splits, lambda model: {})}
 # changes whose switch is off in the engine: turned on for this process (engine B), undone for engine A
 SWITCH_ON = {"split_gate_up": ("vlaperf.engine.layers", "SPLIT_GATE_UP")}
 

@@ -4,9 +4,11 @@
 #   PART=a   where libero-pi0-b4's time goes now (kernel table and sequence of `best`), then the step attention's tiles
 #            swept at batch 4 and 8 (suffix_attention_bench.py --batch: the partial kernel's tilings and the merge
 #            with its head dim in parts)
-#   PART=b   the whole call, in one process each: the merge's head-dim split (merge_dims) at batch 4 and 1, and each
-#            batch's fastest tiles from part a (step_tiles --tiles-from; part a's JSONs must be in $R, copied from the
-#            committed results into benchmarks/results/h200 and passed by path)
+#   PART=b   libero-pi0-b4's call, each change against the same without it, in one process (change_ab.py): the step's
+#            RoPE + cache write as one kernel (step_rope_cache_kernel), its attention written token-major
+#            (step_token_major), the merge's head dim in parts (merge_dims)
+#   PART=c   libero-pi0-b8 with the key splits capped at one wave (wave_splits), libero-pi0 with merge_dims (the
+#            prefix's merge), then the closing benches of b4, b8 and libero-pi0 in fresh processes
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session20.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -21,10 +23,17 @@ EOT
   ;;
 b)
   lane A 0 30 <<EOT &
+190 python3 benchmarks/change_ab.py --change step_rope_cache_kernel --workload libero-pi0-b4 --rounds 30 --json $R/change_ab_libero-pi0-b4_step_rope_cache_kernel.json
+170 python3 benchmarks/change_ab.py --change step_token_major --workload libero-pi0-b4 --rounds 30 --json $R/change_ab_libero-pi0-b4_step_token_major.json
 170 python3 benchmarks/change_ab.py --change merge_dims --workload libero-pi0-b4 --rounds 30 --json $R/change_ab_libero-pi0-b4_merge_dims.json
-170 python3 benchmarks/change_ab.py --change step_tiles --workload libero-pi0-b4 --tiles-from $S/kernel_suffix_attention_b4.json --rounds 30 --json $R/change_ab_libero-pi0-b4_step_tiles.json
-170 python3 benchmarks/change_ab.py --change step_tiles --workload libero-pi0-b8 --tiles-from $S/kernel_suffix_attention_b8.json --rounds 20 --json $R/change_ab_libero-pi0-b8_step_tiles.json
-90 python3 benchmarks/change_ab.py --change merge_dims --workload libero-pi0 --rounds 60 --json $R/change_ab_libero-pi0_merge_dims.json
+EOT
+  ;;
+c)
+  lane A 0 30 <<EOT &
+190 python3 benchmarks/change_ab.py --change wave_splits --workload libero-pi0-b8 --rounds 20 --json $R/change_ab_libero-pi0-b8_wave_splits.json
+100 python3 benchmarks/change_ab.py --change merge_dims --workload libero-pi0 --rounds 60 --json $R/change_ab_libero-pi0_merge_dims.json
+100 $V bench --workload libero-pi0-b4 --levers best $B --json $R/bench_libero-pi0-b4_best-s20_model.json
+100 $V bench --workload libero-pi0-b8 --levers best $B --json $R/bench_libero-pi0-b8_best-s20_model.json
 EOT
   ;;
 esac

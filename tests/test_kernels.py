@@ -9,6 +9,7 @@ benchmarks/h200_next.sh (`vlaperf matrix` checks equivalence before it times).
 import os
 import subprocess
 import sys
+import tempfile
 import textwrap
 
 import pytest
@@ -19,8 +20,11 @@ pytest.importorskip("triton")
 
 def run_in_interpreter(script: str, timeout: int) -> None:
     """Run `script` in a fresh Python under Triton's CPU interpreter; it must print "ok"."""
-    env = dict(os.environ, TRITON_INTERPRET="1")
-    proc = subprocess.run([sys.executable, "-W", "ignore", "-c", script], env=env, capture_output=True, text=True, timeout=timeout)
+    # a compile cache of its own: an earlier run's cached graphs (another checkout's custom ops) stay out
+    with tempfile.TemporaryDirectory(prefix="vlaperf-test-inductor-") as cache:
+        env = dict(os.environ, TRITON_INTERPRET="1", TORCHINDUCTOR_CACHE_DIR=cache)
+        proc = subprocess.run([sys.executable, "-W", "ignore", "-c", script], env=env, capture_output=True, text=True,
+                              timeout=timeout)
     assert proc.returncode == 0 and proc.stdout.strip().endswith("ok"), proc.stderr[-3000:]
 
 
@@ -93,7 +97,11 @@ ATTENTION_SCRIPT = textwrap.dedent(
     mask = torch.rand(2, 7, 130) > 0.3
     mask[:, :, 0] = True
     ref = eager_attention(q, k, v, mask)
-    assert ((A.step_attention(q, k, v, mask) - ref).norm() / ref.norm()).item() < 1e-5
+    from vlaperf.engine.kernels import ops
+    out = ops.step_attention(q, k, v, mask)  # the step's op: token-major memory, a view for o_proj
+    assert ((out - ref).norm() / ref.norm()).item() < 1e-5
+    assert out.transpose(1, 2).is_contiguous() and not out.is_contiguous()
+    assert ((ops.suffix_attention(q, k, v, mask) - ref).norm() / ref.norm()).item() < 1e-5
     # a fully masked row stays finite and matches the reference's uniform weights
     q, k, v = torch.randn(1, 2, 3, 16), torch.randn(1, 1, 20, 16), torch.randn(1, 1, 20, 16)
     mask = torch.ones(1, 3, 20, dtype=torch.bool)
@@ -186,6 +194,13 @@ def test_merge_programs_split_the_head_dim_until_the_gpu_is_covered():
     assert merge_block_d(300, 256) == 256  # enough programs already: one a row block
     assert merge_block_d(1, 32) == 32  # never below MIN_MERGE_DIMS
     assert merge_block_d(1, 72) == 72  # a head dim whose halves are no power of two stays whole
+    from vlaperf.engine.kernels.suffix_attention import WAVE_PROGRAMS, default_splits
+    # key splits: ~4 tiles of keys each, capped at one wave of programs
+    assert WAVE_PROGRAMS == 264
+    assert default_splits(600, 32, 8 * 13) == 2  # batch 8: 208 programs, not 312 in 1.2 waves
+    assert default_splits(600, 32, 4 * 13) == 5  # batch 4: 260 programs
+    assert default_splits(595, 32, 13) == 5  # batch 1: 5 splits of 4 tiles
+    assert default_splits(600, 32, 400) == 1  # more blocks than a wave: no split
     q, k = torch.randn(1, 2, 3, 16), torch.randn(1, 1, 20, 16)
     with pytest.raises(ValueError, match="block_d=12, expected a power of two dividing the head dim 16"):
         suffix_attention(q, k, k, torch.ones(1, 3, 20, dtype=torch.bool), splits=2, block_d=12)
@@ -253,7 +268,8 @@ LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
     err = ((out5 - ref5).norm() / ref5.norm()).item()
     assert err < 1e-4, err
     assert (len(calls), len(prefix_calls)) == (before[0] + 2 * 4, before[1] + 1), (len(calls), len(prefix_calls))
-    assert rope_calls[2:] == [True, False], rope_calls
+    # its expert layers (torch layers) write the step's keys with the same kernel: 2 layers x 4 steps
+    assert rope_calls[2:] == [True, False] + [True] * 2 * 4, rope_calls
     # its expert layers (torch layers) attend through the split-key kernel: 2 layers x 4 steps
     assert len(attn_calls) == before[2] + 2 * 4 + 1, len(attn_calls)
 
@@ -262,12 +278,21 @@ LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
     w8 = w.with_overrides(batch=8)
     obs8, noise8 = random_observation(w8, model.config, seed=5), random_noise(w8, model.config, seed=5)
     ref8 = model.sample_actions(obs8, noise8, w8.steps)
-    before = (len(calls), len(attn_calls))
+    before = (len(calls), len(attn_calls), len(rope_calls))
     out8 = Engine(model, levers).sample_actions(obs8, noise8, w8.steps)
     err = ((out8 - ref8).norm() / ref8.norm()).item()
     assert err < 1e-4, err
     # no layer kernel (rows > 64), the 3 float32 heads don't apply (more than 64 rows) either
     assert len(attn_calls) == before[1] + 2 * 4 + 1, len(attn_calls)
+    # RoPE and the cache write: the prefix's two layers, then each step layer's keys at [Tp, Tp + Ts)
+    assert rope_calls[before[2]:] == [True, False] + [True] * 2 * 4, rope_calls
+    # the same without the step's kernel (its two copies into the cache): the same actions
+    import vlaperf.engine.loop as L
+    L.FUSED_STEP_ROPE_CACHE_WRITE = False
+    out8_copies = Engine(model, levers).sample_actions(obs8, noise8, w8.steps)
+    L.FUSED_STEP_ROPE_CACHE_WRITE = True
+    assert ((out8 - out8_copies).norm() / out8_copies.norm()).item() < 1e-5
+    assert len(rope_calls) == before[2] + 2 + 2 + 2 * 4, len(rope_calls)
     print("ok")
     """
 )
@@ -275,6 +300,40 @@ LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
 
 def test_triton_kernels_lever_matches_reference_in_the_interpreter():
     run_in_interpreter(LEVER_SCRIPT, timeout=900)
+
+
+STEP_CACHE_WRITE_SCRIPT = TINY_SETUP + textwrap.dedent(
+    """
+    from torch._inductor.utils import run_and_get_code
+    import vlaperf.engine.loop as L
+
+    # batch 8: 88 suffix rows, so the step runs the torch layers (not the small-M layer kernels)
+    w8 = w.with_overrides(batch=8)
+    obs8, noise8 = random_observation(w8, model.config, seed=5), random_noise(w8, model.config, seed=5)
+    ref8 = model.sample_actions(obs8, noise8, w8.steps)
+    levers = "for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections,triton_kernels,compile"
+    whole_cache_buffers = {}
+    for fused in (True, False):
+        L.FUSED_STEP_ROPE_CACHE_WRITE = fused
+        torch._dynamo.reset()
+        engine = Engine(model, levers)  # inductor, on the CPU
+        out, code = run_and_get_code(lambda: engine.sample_actions(obs8, noise8, w8.steps))
+        assert ((out - ref8).norm() / ref8.norm()).item() < 1e-4
+        (shape,) = [s for s in engine._kv if s[1] == 8]
+        whole_cache_buffers[fused] = "\\n".join(code).count(f"empty_strided_cpu({shape}")
+    # the two copies into slices of the cache: inductor allocates buffers of the whole cache
+    # (the layers of all depths) to scatter into; the kernel's declared mutation: none
+    assert whole_cache_buffers[False] > 0 and whole_cache_buffers[True] == 0, whole_cache_buffers
+    print("ok")
+    """
+)
+
+
+def test_step_cache_write_compiles_without_copies_of_the_whole_cache():
+    """The step's RoPE + cache write through kernels/rope_qkv.py (loop.step_rope_cache_kernel)
+    under inductor: no buffer the size of the whole static cache, where the two `copy_` calls
+    into its slices got them (a full copy per write, 12-14 us each at batch 4 on the H200)."""
+    run_in_interpreter(STEP_CACHE_WRITE_SCRIPT, timeout=600)
 
 
 COMPILE_SCRIPT = TINY_SETUP + textwrap.dedent(

@@ -133,8 +133,10 @@ def gemma_layer_parts(
     ada_cond: pi0.5 condition (B, D) when modulation is not tabulated.
     attend:   attention to use instead of `attention` (a kernel), called as attend(q, k, v, mask).
     rope_qkv: the fused projection's output (B, T, (N + 2K) h) -> (q, k) after RoPE, writing
-              k and v into the static cache itself (the prefix with `triton_kernels`:
-              kernels/rope_qkv.py); needs `attend`, replaces kv_write / kv_past.
+              k and v into the static cache itself (with `triton_kernels`: kernels/rope_qkv.py);
+              needs `attend`, replaces kv_write. Attention reads kv_past if given (the denoise
+              step: the whole cache, this stream's keys just written there), else this
+              stream's own k, v (the prefix).
     (k, v) are this stream's after RoPE (for the prefix cache).
     """
     gate1 = gate2 = None
@@ -150,7 +152,8 @@ def gemma_layer_parts(
         qkv = F.linear(h, lw.qkv)
         q, k = rope_qkv(qkv)
         v = qkv[..., -lw.num_kv_heads * lw.head_dim :].view(B, T, lw.num_kv_heads, lw.head_dim).transpose(1, 2)
-        out = attend(q, k, v, mask).transpose(1, 2).reshape(B, T, -1)
+        k_all, v_all = kv_past if kv_past is not None else (k, v)
+        out = attend(q, k_all, v_all, mask).transpose(1, 2).reshape(B, T, -1)
     else:
         q, k, v = qkv_projection(lw, h)
         out, (k, v) = rope_and_attend(q, k, v, cos, sin, mask, use_sdpa, kv_write, kv_past, attend)

@@ -137,9 +137,36 @@ def step_attention_kernel(lw: GemmaLayerW, kernels: bool, mask: Tensor | None):
     kernel made the call 1.24x faster there (docs/perf-notes.md, session 8)."""
     if not kernels or mask is None or lw.num_kv_heads != 1:
         return None
-    from vlaperf.engine.kernels.ops import suffix_attention  # a custom op: compile sees through
+    from vlaperf.engine.kernels import ops  # custom ops: compile sees through
 
-    return suffix_attention
+    return ops.step_attention if STEP_TOKEN_MAJOR else ops.suffix_attention
+
+
+# The step's attention output written token-major (ops.step_attention), so the output projection
+# reads it as a view: no transpose copy (1.3 us a layer at batch 4 on the H200,
+# kernel_sequence_b4_best_s20.txt). A switch so benchmarks/change_ab.py can time the call without it.
+STEP_TOKEN_MAJOR = True
+
+
+# The step's RoPE + cache write as one kernel a layer (the layers' path with `triton_kernels` and a
+# static cache). A switch so benchmarks/change_ab.py can time the call without it, in one process.
+FUSED_STEP_ROPE_CACHE_WRITE = True
+
+
+def step_rope_cache_kernel(lw: GemmaLayerW, ctx: SuffixContext, attend, layer: int, Tp: int, cos: Tensor, sin: Tensor):
+    """qkv -> (RoPE(q), RoPE(k)) with this step's RoPE(k) and v written into layer `layer`'s
+    static cache at [Tp, Tp + Ts) by one kernel (kernels/rope_qkv.py, as the prefix does), or
+    None. With it, torch.compile sees one declared mutation of the cache; without it, the
+    reference's two `copy_` into slices of the cache, which inductor lowered for 8 of the 18
+    layers as a copy of the whole cache buffer, ~12-14 us for the keys and again for the values
+    at batch 4 on the H200 (benchmarks/results/h200/profiles/kernel_sequence_b4_best_s20.txt).
+    Needs the step attention kernel (`attend`), the fused qkv weights and the static cache."""
+    if attend is None or ctx.kv_buffers is None or lw.qkv is None or not FUSED_STEP_ROPE_CACHE_WRITE:
+        return None
+    from vlaperf.engine.kernels.ops import rope_qkv  # a custom op: compile sees through
+
+    kv_layer = (ctx.kv_buffers[0][layer : layer + 1], ctx.kv_buffers[1][layer : layer + 1])
+    return lambda qkv: rope_qkv(qkv, cos, sin, kv_layer[0], kv_layer[1], 0, Tp, lw.num_heads, lw.num_kv_heads, True)
 
 
 def denoise_step(
@@ -184,8 +211,11 @@ def denoise_step(
                 x, _ = gemma_layer_small_m(lw, x, eps, cos, sin, kernel_mask, use_sdpa, **cache)
             else:
                 attend = step_attention_kernel(lw, kernels, mask)
+                rope = step_rope_cache_kernel(lw, ctx, attend, i, Tp, cos, sin)
+                if rope is not None:  # the kernel writes this step's keys: no copies into the cache
+                    cache.pop("kv_write")
                 x, _ = gemma_layer(lw, x, eps, cos, sin, kernel_mask if attend else mask, use_sdpa, mod=mod,
-                                   ada_cond=adarms, attend=attend, **cache)
+                                   ada_cond=adarms, attend=attend, rope_qkv=rope, **cache)
     if mods is not None:
         x = modulated(x, eps, mods[-2], mods[-1])
     elif cfg.pi05:

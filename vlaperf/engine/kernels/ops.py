@@ -73,6 +73,23 @@ def _(q, k, v, mask):
     return q.new_empty(q.shape)
 
 
+# A second op, not a flag of the first: the output's layout is then part of the traced graph's
+# code, so no compile cache can hand one layout's compiled graph to the other (inductor's FX
+# graph cache keys on the graph, not on what a fake implementation returns)
+@torch.library.custom_op("vlaperf::step_attention", mutates_args=())
+def step_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+    """suffix_attention with its output's memory token-major (B, Tq, N, h): the (B, Tq, N * h)
+    that the output projection reads is a view, not a transpose copy."""
+    with _explain_resource_errors("suffix_attention"):
+        return _attention_module.step_attention(_unit_stride(q), _unit_stride(k), _unit_stride(v), mask, token_major=True)
+
+
+@step_attention.register_fake
+def _(q, k, v, mask):
+    B, N, T, h = q.shape
+    return q.new_empty(B, T, N, h).transpose(1, 2)
+
+
 @torch.library.custom_op("vlaperf::prefix_attention", mutates_args=())
 def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """See kernels/suffix_attention.py: the prefix's attention, one pass per 64 folded query rows."""

@@ -122,6 +122,20 @@ def merge_block_d(programs: int, head_dim: int) -> int:
     return bd
 
 
+# Programs of the partial kernel resident at once: two a multiprocessor at the default tiles
+# (32 x 32, two stages: ~80 KB of shared memory each) on the H200's 132
+WAVE_PROGRAMS = 264
+
+
+def default_splits(Tk: int, block_n: int, blocks: int) -> int:
+    """Key splits for `blocks` (samples x row blocks): ~4 key tiles a split (more splits add
+    float32 partials, splits x rows x h, to write and merge, which at 8 x 51 rows outweigh the
+    K/V bytes themselves), and no more than keep all programs in one wave: a second, partial
+    wave costs about a whole program's time (batch 8, 104 blocks: 3 splits, 312 programs,
+    46.1 us; 2 splits, 208 programs, 36.9 us; kernel_suffix_attention_b8.json)."""
+    return max(1, min(triton.cdiv(Tk, 4 * block_n), WAVE_PROGRAMS // blocks))
+
+
 def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                      block_m: int = 32, block_n: int = 32, splits: int | None = None,
                      num_warps: int = 4, num_stages: int = 2, token_major: bool = False,
@@ -140,9 +154,7 @@ def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     rows = N * Tq
     row_blocks = triton.cdiv(rows, block_m)
     if splits is None:
-        # ~4 key tiles per program: more splits add float32 partials (splits x rows x h) to
-        # write and merge, which at 8 x 51 rows outweigh the K/V bytes themselves
-        splits = max(1, min(triton.cdiv(Tk, 4 * block_n), triton.cdiv(264, B * row_blocks)))
+        splits = default_splits(Tk, block_n, B * row_blocks)
     keys_per_split = triton.cdiv(triton.cdiv(Tk, splits), block_n) * block_n
     splits = triton.cdiv(Tk, keys_per_split)
     single = splits == 1
@@ -177,9 +189,10 @@ def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
 STEP_TILES: dict[int, dict] = {}
 
 
-def step_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
+def step_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
+                   token_major: bool = False) -> torch.Tensor:
     """The step's attention (suffix_attention) with the tiles STEP_TILES gives its batch."""
-    return suffix_attention(q, k, v, mask, **STEP_TILES.get(q.shape[0], {}))
+    return suffix_attention(q, k, v, mask, token_major=token_major, **STEP_TILES.get(q.shape[0], {}))
 
 
 # Prefix tiles: 64 query rows x 32 keys, the keys split in 3 (partials + the merge kernel):
