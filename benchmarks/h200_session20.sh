@@ -9,6 +9,8 @@
 #            (step_token_major), the merge's head dim in parts (merge_dims)
 #   PART=c   libero-pi0-b8 with the key splits capped at one wave (wave_splits), libero-pi0 with merge_dims (the
 #            prefix's merge), then the closing benches of b4, b8 and libero-pi0 in fresh processes
+#   PART=d   after parts b-c: libero-pi0-b4's kernel table and sequence again, libero-pi0 best in a fresh process, and
+#            the equivalence checks of best at batch 1 and 4
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session20.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -34,6 +36,14 @@ c)
 100 python3 benchmarks/change_ab.py --change merge_dims --workload libero-pi0 --rounds 60 --json $R/change_ab_libero-pi0_merge_dims.json
 100 $V bench --workload libero-pi0-b4 --levers best $B --json $R/bench_libero-pi0-b4_best-s20_model.json
 100 $V bench --workload libero-pi0-b8 --levers best $B --json $R/bench_libero-pi0-b8_best-s20_model.json
+EOT
+  ;;
+d)
+  lane A 0 30 <<EOT &
+150 python3 benchmarks/profile_kernels.py --workload libero-pi0-b4 --levers best --rows 30 --sequence $R/kernel_sequence_b4_best_s20d.txt > $R/kernels_b4_best_s20d.txt 2>&1; tail -8 $R/kernels_b4_best_s20d.txt
+100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s20_model.json
+150 $V check --workload libero-pi0 --levers best --seeds 2 --json $R/check_libero-pi0_best_s20.json
+150 $V check --workload libero-pi0-b4 --levers best --seeds 1 --json $R/check_libero-pi0-b4_best_s20.json
 EOT
   ;;
 esac
