@@ -11,6 +11,8 @@
 #            prefix's merge), then the closing benches of b4, b8 and libero-pi0 in fresh processes
 #   PART=d   after parts b-c: libero-pi0-b4's kernel table and sequence again, libero-pi0 best in a fresh process, and
 #            the equivalence checks of best at batch 1 and 4
+#   PART=e   the batch-1 workloads that parts b-d did not bench (libero-pi05, libero-shallow6, aloha-pi0), best, each in
+#            a fresh process: their prefixes' merge now runs the head dim in parts
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session20.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -44,6 +46,13 @@ d)
 100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s20_model.json
 150 $V check --workload libero-pi0 --levers best --seeds 2 --json $R/check_libero-pi0_best_s20.json
 150 $V check --workload libero-pi0-b4 --levers best --seeds 1 --json $R/check_libero-pi0-b4_best_s20.json
+EOT
+  ;;
+e)
+  lane A 0 30 <<EOT &
+100 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s20_model.json
+100 $V bench --workload libero-shallow6 --levers best $B --json $R/bench_libero-shallow6_best-s20_model.json
+100 $V bench --workload aloha-pi0 --levers best $B --json $R/bench_aloha-pi0_best-s20_model.json
 EOT
   ;;
 esac
