@@ -37,9 +37,6 @@ the same levers with the change. Changes:
                          no transpose copy before the output projection
   wave_splits            the step attention's key splits capped at one wave of programs
                          (suffix_attention.default_splits) against the rounded-up count before
-  step_tiles             the step's attention tiles of suffix_attention.STEP_TILES for the
-                         workload's batch (or --tiles-from: a suffix_attention_bench.py --batch
-                         file, its "fastest") against the kernel's defaults
 Tried and taken out (docs/perf-notes.md, session 8): siglip_sdpa_flash (SDPA's flash kernel
 first for SigLIP's attention, at 1d8a3f5) and siglip_attention_kernel (SigLIP's attention
 through the split-key Triton kernel, at 0ccbea4, and with swept tiles at 8a3233d): no gain.
@@ -159,12 +156,6 @@ def without_wave_splits(engine: Engine):
                    lambda Tk, block_n, blocks: max(1, min(triton.cdiv(Tk, 4 * block_n), triton.cdiv(264, blocks))))
 
 
-def without_step_tiles(engine: Engine):
-    from vlaperf.engine.kernels import suffix_attention
-
-    return patched(suffix_attention, "STEP_TILES", {})
-
-
 @contextlib.contextmanager
 def without_step_kernel(engine: Engine):
     engine.weights.expert_stack = None  # the layers keep their own views of the stacked weights
@@ -222,7 +213,6 @@ CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "step_in_place": (without_step_in_place, lambda model: {}),
            "split_gate_up": (without_split_gate_up, lambda model: {}),
            "merge_dims": (without_merge_dims, lambda model: {}),
-           "step_tiles": (without_step_tiles, lambda model: {}),
            "step_rope_cache_kernel": (without_step_rope_cache_kernel, lambda model: {}),
            "step_token_major": (without_step_token_major, lambda model: {}),
            "wave_splits": (without_wave_splits, lambda model: {})}
@@ -237,25 +227,9 @@ def main() -> None:
     p.add_argument("--levers", default="best", help="both engines' levers (default best)")
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--json", default=None)
-    p.add_argument("--tiles-from", default=None, help="step_tiles: engine B's tiles, the \"fastest\" of this "
-                                                      "suffix_attention_bench.py --batch file (its batch)")
     args = p.parse_args()
     undo, probe = CHANGES[args.change]
     w = get_workload(args.workload)
-    if args.change == "step_tiles":
-        from vlaperf.engine.kernels import suffix_attention
-
-        if args.tiles_from:
-            import json
-
-            bench = json.load(open(args.tiles_from))
-            if bench.get("batch") != w.batch or not bench.get("fastest"):
-                raise SystemExit(f"--tiles-from {args.tiles_from}: expected a sweep at batch {w.batch} with a "
-                                 f"fastest row, got batch {bench.get('batch')}")
-            suffix_attention.STEP_TILES = {**suffix_attention.STEP_TILES, w.batch: bench["fastest"]}
-        if w.batch not in suffix_attention.STEP_TILES:
-            raise SystemExit(f"step_tiles: no tiles for batch {w.batch} (STEP_TILES or --tiles-from)")
-        print("engine B's step tiles:", suffix_attention.STEP_TILES[w.batch])
     if args.change in SWITCH_ON:
         import importlib
 
@@ -271,10 +245,6 @@ def main() -> None:
     samples = interleave({"without": lambda: without.sample_actions(obs, noise, w.steps),
                           "with": lambda: today.sample_actions(obs, noise, w.steps)}, args.rounds)
     result = ab_result("change-ab", w, model, today, samples, "without", "with")
-    if args.change == "step_tiles":
-        from vlaperf.engine.kernels import suffix_attention
-
-        result["step_tiles"] = suffix_attention.STEP_TILES[w.batch]
     result.update(change=args.change, probe=probe(model),
                   rel_l2_with_vs_without=((out_today - out_without).norm() / out_without.norm()).item(),
                   equivalence_with=check_equivalence(model, today, w))

@@ -11,7 +11,7 @@ writes a vlaperf.result/1 JSON when --json is given.
 --batch N: N samples, each with its own prompt length (12..28 valid of the 32-token bucket, as
 `libero-pi0-b4/-b8`), the keys padded to the static cache's 600 (engine.KV_ALIGN). The sweep then
 also times the merge with its head dim in parts a program (`block_d`), and the file's "fastest"
-holds the fastest correct tiling, which `change_ab.py --change step_tiles --tiles-from` takes.
+holds the fastest correct tiling.
 
 --prefix: the prefix's shape instead (8 heads x 544 query rows over the 544 prefix keys, the
 bidirectional prefix mask, padded rows attending to themselves), the kernel in one pass per

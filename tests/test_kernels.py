@@ -86,21 +86,21 @@ ATTENTION_SCRIPT = textwrap.dedent(
         mask = torch.rand(B, Tq, Tk) > 0.3
         mask[:, :, 0] = True
         ref = eager_attention(q, k, v, mask)
-        for block_d in (None, h // 2):  # the merge with one program a row block, or the head dim in halves
+        for block_d in (None, h // 2):  # the merge fitted (here: the whole head dim a program), or in halves
             out = suffix_attention(q, k, v, mask, block_m=16, block_n=16, splits=splits, block_d=block_d)
             err = ((out - ref).norm() / ref.norm()).item()
             assert err < 1e-5, (B, N, Tq, Tk, h, block_d, err)
-    # the step's entry point takes STEP_TILES for its batch: here the merge in four parts of the head dim
-    import vlaperf.engine.kernels.suffix_attention as A
-    A.STEP_TILES = {2: dict(block_m=16, block_n=16, splits=3, block_d=8)}
+    # the merge in four parts of the head dim, the output token-major; the step's op writes it so
+    from vlaperf.engine.kernels import ops
     q, k, v = torch.randn(2, 8, 7, 32), torch.randn(2, 1, 130, 32), torch.randn(2, 1, 130, 32)
     mask = torch.rand(2, 7, 130) > 0.3
     mask[:, :, 0] = True
     ref = eager_attention(q, k, v, mask)
-    from vlaperf.engine.kernels import ops
-    out = ops.step_attention(q, k, v, mask)  # the step's op: token-major memory, a view for o_proj
+    out = suffix_attention(q, k, v, mask, block_m=16, block_n=16, splits=3, block_d=8, token_major=True)
     assert ((out - ref).norm() / ref.norm()).item() < 1e-5
-    assert out.transpose(1, 2).is_contiguous() and not out.is_contiguous()
+    assert out.transpose(1, 2).is_contiguous() and not out.is_contiguous()  # (B, T, N, h) memory: a view for o_proj
+    out = ops.step_attention(q, k, v, mask)
+    assert ((out - ref).norm() / ref.norm()).item() < 1e-5 and out.transpose(1, 2).is_contiguous()
     assert ((ops.suffix_attention(q, k, v, mask) - ref).norm() / ref.norm()).item() < 1e-5
     # a fully masked row stays finite and matches the reference's uniform weights
     q, k, v = torch.randn(1, 2, 3, 16), torch.randn(1, 1, 20, 16), torch.randn(1, 1, 20, 16)

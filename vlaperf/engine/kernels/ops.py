@@ -62,10 +62,9 @@ def _(x, w, w_up=None, rms_eps=None, residual=None, gate=None, precision=None):
 
 @torch.library.custom_op("vlaperf::suffix_attention", mutates_args=())
 def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
-    """See kernels/suffix_attention.py: q (B, N, Tq, h) over one shared K/V head -> (B, N, Tq, h),
-    with the tiles of `STEP_TILES` for its batch."""
+    """See kernels/suffix_attention.py: q (B, N, Tq, h) over one shared K/V head -> (B, N, Tq, h)."""
     with _explain_resource_errors("suffix_attention"):
-        return _attention_module.step_attention(_unit_stride(q), _unit_stride(k), _unit_stride(v), mask)
+        return _attention_module.suffix_attention(_unit_stride(q), _unit_stride(k), _unit_stride(v), mask)
 
 
 @suffix_attention.register_fake
@@ -81,7 +80,7 @@ def step_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torc
     """suffix_attention with its output's memory token-major (B, Tq, N, h): the (B, Tq, N * h)
     that the output projection reads is a view, not a transpose copy."""
     with _explain_resource_errors("suffix_attention"):
-        return _attention_module.step_attention(_unit_stride(q), _unit_stride(k), _unit_stride(v), mask, token_major=True)
+        return _attention_module.suffix_attention(_unit_stride(q), _unit_stride(k), _unit_stride(v), mask, token_major=True)
 
 
 @step_attention.register_fake

@@ -183,18 +183,6 @@ def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     return out
 
 
-# The denoise step's tiles by batch size (the layers' path: batches, and pi0.5), each from
-# benchmarks/suffix_attention_bench.py --batch N on the H200 and the whole call's A/B
-# (docs/perf-notes.md); a batch not listed runs suffix_attention's defaults.
-STEP_TILES: dict[int, dict] = {}
-
-
-def step_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
-                   token_major: bool = False) -> torch.Tensor:
-    """The step's attention (suffix_attention) with the tiles STEP_TILES gives its batch."""
-    return suffix_attention(q, k, v, mask, token_major=token_major, **STEP_TILES.get(q.shape[0], {}))
-
-
 # Prefix tiles: 64 query rows x 32 keys, the keys split in 3 (partials + the merge kernel):
 # 68 row blocks x 3 = 204 programs where one pass gave 68 on the H200's 132 SMs. The fastest
 # of 32 tilings (benchmarks/prefix_tiles_ab.py, session 7): 24.0 us a layer against 28.6 for
