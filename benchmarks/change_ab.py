@@ -110,40 +110,19 @@ def without_patch_matmul(engine: Engine):
     yield
 
 
-def without_kv_align(engine: Engine):
-    from vlaperf.engine import engine as engine_module
+def switched(module: str, name: str, value):
+    """The undo of a change behind a module switch: `module.name = value` for engine A's first call."""
+    import importlib
 
-    return patched(engine_module, "KV_ALIGN", 1)
-
-
-def without_split_gate_up(engine: Engine):
-    from vlaperf.engine import layers
-
-    return patched(layers, "SPLIT_GATE_UP", False)
+    return lambda engine: patched(importlib.import_module(module), name, value)
 
 
-def without_rope_cache_kernel(engine: Engine):
-    from vlaperf.engine import prefix
-
-    return patched(prefix, "FUSED_ROPE_CACHE_WRITE", False)
-
-
-def without_merge_dims(engine: Engine):
-    from vlaperf.engine.kernels import suffix_attention
-
-    return patched(suffix_attention, "MERGE_PROGRAMS", 0)
-
-
-def without_step_rope_cache_kernel(engine: Engine):
-    from vlaperf.engine import loop
-
-    return patched(loop, "FUSED_STEP_ROPE_CACHE_WRITE", False)
-
-
-def without_step_token_major(engine: Engine):
-    from vlaperf.engine import loop
-
-    return patched(loop, "STEP_TOKEN_MAJOR", False)
+without_kv_align = switched("vlaperf.engine.engine", "KV_ALIGN", 1)
+without_split_gate_up = switched("vlaperf.engine.layers", "SPLIT_GATE_UP", False)
+without_rope_cache_kernel = switched("vlaperf.engine.prefix", "FUSED_ROPE_CACHE_WRITE", False)
+without_merge_dims = switched("vlaperf.engine.kernels.suffix_attention", "MERGE_PROGRAMS", 0)
+without_step_rope_cache_kernel = switched("vlaperf.engine.loop", "FUSED_STEP_ROPE_CACHE_WRITE", False)
+without_step_token_major = switched("vlaperf.engine.loop", "STEP_TOKEN_MAJOR", False)
 
 
 def without_wave_splits(engine: Engine):
