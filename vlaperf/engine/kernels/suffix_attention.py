@@ -113,11 +113,12 @@ MIN_MERGE_DIMS = 32
 
 def merge_block_d(programs: int, head_dim: int) -> int:
     """Dims per merge program: the whole head dim, halved while fewer than MERGE_PROGRAMS
-    programs would run (`programs`: samples x row blocks) and a half stays a power of two of
-    at least MIN_MERGE_DIMS. A head dim that is not a power of two stays whole."""
+    programs would run (`programs`: samples x row blocks) and a half keeps at least
+    MIN_MERGE_DIMS dims. A head dim that is not a power of two stays whole."""
+    if head_dim & (head_dim - 1):
+        return head_dim
     bd = head_dim
-    while programs * (head_dim // bd) < MERGE_PROGRAMS and bd // 2 >= MIN_MERGE_DIMS and bd % 2 == 0 \
-            and (bd // 2) & (bd // 2 - 1) == 0:
+    while programs * (head_dim // bd) < MERGE_PROGRAMS and bd // 2 >= MIN_MERGE_DIMS:
         bd //= 2
     return bd
 
