@@ -37,6 +37,13 @@ the same levers with the change. Changes:
                          no transpose copy before the output projection
   wave_splits            the step attention's key splits capped at one wave of programs
                          (suffix_attention.default_splits) against the rounded-up count before
+  inductor_pdl           inductor's kernels with programmatic dependent launch (Hopper: a kernel is launched
+                         while the one before drains, and waits in-kernel, `gdc_wait`, only before
+                         its first read of what that one wrote; torch._inductor.config.triton.enable_pdl)
+                         against inductor's default launches. Dynamo's caches are reset between the two
+                         engines' first calls (inductor's config is not among dynamo's guards, so engine B
+                         would otherwise reuse engine A's compiled code); the probe counts the generated
+                         kernels that wait (`gdc_wait`) in this process's inductor cache.
 Tried and taken out (docs/perf-notes.md, session 8): siglip_sdpa_flash (SDPA's flash kernel
 first for SigLIP's attention, at 1d8a3f5) and siglip_attention_kernel (SigLIP's attention
 through the split-key Triton kernel, at 0ccbea4, and with swept tiles at 8a3233d): no gain.
@@ -181,6 +188,30 @@ def without_between_steps_trims(engine: Engine):
         yield
 
 
+def without_inductor_pdl(engine: Engine):
+    import torch._inductor.config as inductor_config
+
+    return patched(inductor_config.triton, "enable_pdl", False)
+
+
+def pdl_kernel_count(model) -> dict:
+    """How many of inductor's generated kernel sources in this process's cache wait in-kernel."""
+    import os
+
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    total = waiting = 0
+    for root, _, files in os.walk(cache_dir()):
+        for name in files:
+            if name.endswith(".py"):
+                with open(os.path.join(root, name), errors="replace") as f:
+                    text = f.read()
+                if "@triton.jit" in text:
+                    total += 1
+                    waiting += "gdc_wait" in text
+    return {"inductor_cache": cache_dir(), "triton_sources": total, "with_gdc_wait": waiting}
+
+
 CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "step_attention_kernel": (without_step_attention_kernel, lambda model: {}),
            "patch_matmul": (without_patch_matmul, lambda model: {}),
@@ -194,9 +225,13 @@ CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "merge_dims": (without_merge_dims, lambda model: {}),
            "step_rope_cache_kernel": (without_step_rope_cache_kernel, lambda model: {}),
            "step_token_major": (without_step_token_major, lambda model: {}),
-           "wave_splits": (without_wave_splits, lambda model: {})}
+           "wave_splits": (without_wave_splits, lambda model: {}),
+           "inductor_pdl": (without_inductor_pdl, pdl_kernel_count)}
 # changes whose switch is off in the engine: turned on for this process (engine B), undone for engine A
-SWITCH_ON = {"split_gate_up": ("vlaperf.engine.layers", "SPLIT_GATE_UP")}
+SWITCH_ON = {"split_gate_up": ("vlaperf.engine.layers", "SPLIT_GATE_UP"),
+             "inductor_pdl": ("torch._inductor.config", "triton.enable_pdl")}
+# changes that dynamo's guards do not see (inductor's config): its caches are reset before engine B's first call
+RESET_DYNAMO = ("inductor_pdl",)
 
 
 def main() -> None:
@@ -213,12 +248,18 @@ def main() -> None:
         import importlib
 
         module, name = SWITCH_ON[args.change]
-        setattr(importlib.import_module(module), name, True)
+        owner = importlib.import_module(module)
+        *path, name = name.split(".")
+        for part in path:
+            owner = getattr(owner, part)
+        setattr(owner, name, True)
     model = build_model(w.preset, "cuda")
     obs, noise = random_observation(w, model.config, "cuda"), random_noise(w, model.config, "cuda")
     without = Engine(model, args.levers)
     with undo(without):
         out_without = without.sample_actions(obs, noise, w.steps)  # compiled and captured without the change
+    if args.change in RESET_DYNAMO:
+        torch._dynamo.reset()  # engine A's graph is captured; its compiled code must not serve engine B
     today = Engine(model, args.levers)
     out_today = today.sample_actions(obs, noise, w.steps)
     samples = interleave({"without": lambda: without.sample_actions(obs, noise, w.steps),

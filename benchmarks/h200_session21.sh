@@ -1,0 +1,21 @@
+#!/bin/bash
+# Session 21's device calls on nvidia-h200 (one GPU; lanes.sh, lane A only).
+#   PART=a   programmatic dependent launch for inductor's kernels (change_ab.py --change inductor_pdl) at batch 1
+#            and 4, each in one process against the same levers without it; then libero-pi0-b4 with the step
+#            kernel (`megakernel=batched`) against `best` (the layers), each in a fresh process (session 20's
+#            "Next" item 2: sessions 13-16 changed the kernel since session 7 measured it slower at batch 4)
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session21.sh
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
+case "${PART:-a}" in
+a)
+  python3 -c "import torch, triton, torch._inductor.config as c; print(torch.__version__, triton.__version__, 'enable_pdl' in dir(c.triton), hasattr(triton.language.extra.cuda, 'gdc_wait'))"
+  lane A 0 30 <<EOT &
+200 TORCHINDUCTOR_CACHE_DIR=/tmp/ind_pdl1 python3 benchmarks/change_ab.py --change inductor_pdl --workload libero-pi0 --rounds 60 --json $R/change_ab_libero-pi0_inductor_pdl.json
+200 TORCHINDUCTOR_CACHE_DIR=/tmp/ind_pdl4 python3 benchmarks/change_ab.py --change inductor_pdl --workload libero-pi0-b4 --rounds 30 --json $R/change_ab_libero-pi0-b4_inductor_pdl.json
+120 $V bench --workload libero-pi0-b4 --levers best $B --json $R/bench_libero-pi0-b4_best-s21_model.json
+150 $V bench --workload libero-pi0-b4 --levers $G,compile_layers,megakernel=batched $B --json $R/bench_libero-pi0-b4_megakernel-batched-s21_model.json
+EOT
+  ;;
+esac
+finish
