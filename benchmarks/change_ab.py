@@ -39,11 +39,15 @@ the same levers with the change. Changes:
                          (suffix_attention.default_splits) against the rounded-up count before
   inductor_pdl           inductor's kernels with programmatic dependent launch (Hopper: a kernel is launched
                          while the one before drains, and waits in-kernel, `gdc_wait`, only before
-                         its first read of what that one wrote; torch._inductor.config.triton.enable_pdl)
-                         against inductor's default launches. Dynamo's caches are reset between the two
-                         engines' first calls (inductor's config is not among dynamo's guards, so engine B
-                         would otherwise reuse engine A's compiled code); the probe counts the generated
-                         kernels that wait (`gdc_wait`) in this process's inductor cache.
+                         its first read of what that one wrote; compile.INDUCTOR_PDL, the option
+                         triton.enable_pdl) against inductor's default launches. Engine A is built as
+                         well as first called without it (the options are bound when the engine is built),
+                         and dynamo's caches are reset between the two engines' first calls, so engine B
+                         never reuses engine A's compiled code; the probe counts the generated kernels
+                         that wait (`gdc_wait`) in this process's inductor cache.
+  kernel_pdl             the engine's own Triton kernels (prefix attention, RoPE + cache write, the step
+                         kernel, the heads' small-M matmuls) launched with PDL, each waiting for the
+                         kernel before it as its first instruction (kernels/launch.py, launch.PDL)
 Tried and taken out (docs/perf-notes.md, session 8): siglip_sdpa_flash (SDPA's flash kernel
 first for SigLIP's attention, at 1d8a3f5) and siglip_attention_kernel (SigLIP's attention
 through the split-key Triton kernel, at 0ccbea4, and with swept tiles at 8a3233d): no gain.
@@ -188,10 +192,8 @@ def without_between_steps_trims(engine: Engine):
         yield
 
 
-def without_inductor_pdl(engine: Engine):
-    import torch._inductor.config as inductor_config
-
-    return patched(inductor_config.triton, "enable_pdl", False)
+without_inductor_pdl = switched("vlaperf.engine.compile", "INDUCTOR_PDL", False)
+without_kernel_pdl = switched("vlaperf.engine.kernels.launch", "PDL", False)
 
 
 def pdl_kernel_count(model) -> dict:
@@ -226,12 +228,19 @@ CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "step_rope_cache_kernel": (without_step_rope_cache_kernel, lambda model: {}),
            "step_token_major": (without_step_token_major, lambda model: {}),
            "wave_splits": (without_wave_splits, lambda model: {}),
-           "inductor_pdl": (without_inductor_pdl, pdl_kernel_count)}
+           "inductor_pdl": (without_inductor_pdl, pdl_kernel_count),
+           "kernel_pdl": (without_kernel_pdl, lambda model: {"pdl_here": _pdl_here()})}
 # changes whose switch is off in the engine: turned on for this process (engine B), undone for engine A
-SWITCH_ON = {"split_gate_up": ("vlaperf.engine.layers", "SPLIT_GATE_UP"),
-             "inductor_pdl": ("torch._inductor.config", "triton.enable_pdl")}
-# changes that dynamo's guards do not see (inductor's config): its caches are reset before engine B's first call
-RESET_DYNAMO = ("inductor_pdl",)
+SWITCH_ON = {"split_gate_up": ("vlaperf.engine.layers", "SPLIT_GATE_UP")}
+# changes bound when an engine is built (compile options): engine A is built inside the undo too, and dynamo's
+# caches are reset before engine B's first call
+AT_CONSTRUCTION = ("inductor_pdl",)
+
+
+def _pdl_here() -> bool:
+    from vlaperf.engine.kernels.launch import pdl_here
+
+    return pdl_here()
 
 
 def main() -> None:
@@ -248,18 +257,18 @@ def main() -> None:
         import importlib
 
         module, name = SWITCH_ON[args.change]
-        owner = importlib.import_module(module)
-        *path, name = name.split(".")
-        for part in path:
-            owner = getattr(owner, part)
-        setattr(owner, name, True)
+        setattr(importlib.import_module(module), name, True)
     model = build_model(w.preset, "cuda")
     obs, noise = random_observation(w, model.config, "cuda"), random_noise(w, model.config, "cuda")
-    without = Engine(model, args.levers)
-    with undo(without):
-        out_without = without.sample_actions(obs, noise, w.steps)  # compiled and captured without the change
-    if args.change in RESET_DYNAMO:
+    if args.change in AT_CONSTRUCTION:
+        with undo(None):
+            without = Engine(model, args.levers)
+            out_without = without.sample_actions(obs, noise, w.steps)
         torch._dynamo.reset()  # engine A's graph is captured; its compiled code must not serve engine B
+    else:
+        without = Engine(model, args.levers)
+        with undo(without):
+            out_without = without.sample_actions(obs, noise, w.steps)  # compiled and captured without the change
     today = Engine(model, args.levers)
     out_today = today.sample_actions(obs, noise, w.steps)
     samples = interleave({"without": lambda: without.sample_actions(obs, noise, w.steps),

@@ -4,6 +4,9 @@
 #            and 4, each in one process against the same levers without it; then libero-pi0-b4 with the step
 #            kernel (`megakernel=batched`) against `best` (the layers), each in a fresh process (session 20's
 #            "Next" item 2: sessions 13-16 changed the kernel since session 7 measured it slower at batch 4)
+#   PART=b   programmatic dependent launch for the engine's own Triton kernels (change_ab.py --change kernel_pdl) at
+#            batch 1 and 4, inductor's PDL (now a compile option the engine sets, on in both engines) again at batch 1
+#            (inductor_pdl, engine A built without it); libero-pi0 best in a fresh process
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session21.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -15,6 +18,14 @@ a)
 200 TORCHINDUCTOR_CACHE_DIR=/tmp/ind_pdl4 python3 benchmarks/change_ab.py --change inductor_pdl --workload libero-pi0-b4 --rounds 30 --json $R/change_ab_libero-pi0-b4_inductor_pdl.json
 120 $V bench --workload libero-pi0-b4 --levers best $B --json $R/bench_libero-pi0-b4_best-s21_model.json
 150 $V bench --workload libero-pi0-b4 --levers $G,compile_layers,megakernel=batched $B --json $R/bench_libero-pi0-b4_megakernel-batched-s21_model.json
+EOT
+  ;;
+b)
+  lane A 0 30 <<EOT &
+200 python3 benchmarks/change_ab.py --change kernel_pdl --workload libero-pi0 --rounds 60 --json $R/change_ab_libero-pi0_kernel_pdl.json
+200 python3 benchmarks/change_ab.py --change kernel_pdl --workload libero-pi0-b4 --rounds 30 --json $R/change_ab_libero-pi0-b4_kernel_pdl.json
+200 TORCHINDUCTOR_CACHE_DIR=/tmp/ind_pdl1b python3 benchmarks/change_ab.py --change inductor_pdl --workload libero-pi0 --rounds 60 --json $R/change_ab_libero-pi0_inductor_pdl_option.json
+100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s21b_model.json
 EOT
   ;;
 esac

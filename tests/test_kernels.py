@@ -970,6 +970,96 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
     assert prefetches[True] > prefetches[False] > 0, prefetches
 
 
+def _resources():
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks"))
+    import kernel_resources
+
+    return kernel_resources
+
+
+def test_launch_gives_pdl_only_to_kernels_that_wait_and_only_where_the_gpu_has_it(monkeypatch):
+    """`launch` hands USE_PDL (and the PDL launch option) to the kernels that take it, and only
+    where `pdl_here()`: never on the CPU or in the interpreter, never with the switch off; a
+    kernel without USE_PDL is launched as it was, since launching it with PDL would let it read
+    before the kernel it follows has written."""
+    # imported before TRITON_INTERPRET is set below: Triton picks the interpreter when a kernel is defined
+    from vlaperf.engine.kernels import expert_step, rope_qkv, small_m_matmul, suffix_attention
+    from vlaperf.engine.kernels import launch as L
+
+    class FakeKernel:
+        def __init__(self, arg_names):
+            self.arg_names, self.calls = arg_names, []
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
+
+    waits, plain = FakeKernel(["x_ptr", "N", "USE_PDL"]), FakeKernel(["x_ptr", "N"])
+    for kernel in (waits, plain):
+        L.launch(kernel, (4,), "x", 7, BLOCK=16)
+    assert not L.pdl_here()  # this CPU machine
+    assert waits.calls == [((4,), ("x", 7), {"BLOCK": 16, "USE_PDL": False})]
+    assert plain.calls == [((4,), ("x", 7), {"BLOCK": 16})]
+    monkeypatch.setattr(L, "pdl_here", lambda: True)
+    L.launch(waits, (4,), "x", 7)
+    L.launch(plain, (4,), "x", 7)
+    assert waits.calls[-1][2] == {"USE_PDL": True, "launch_pdl": True}
+    assert plain.calls[-1][2] == {}
+    monkeypatch.undo()
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    assert not L.pdl_here()
+    # every kernel the engine launches takes USE_PDL (each waits before its first access)
+    for kernel in (expert_step._expert_step_kernel, expert_step._mod_prologue_kernel, rope_qkv._rope_qkv_kernel,
+                   small_m_matmul._small_m_kernel, small_m_matmul._reduce_kernel, suffix_attention._partial_kernel,
+                   suffix_attention._merge_kernel):
+        assert kernel.arg_names[-1] == "USE_PDL", kernel
+
+
+def test_kernels_launched_with_pdl_wait_before_anything_else_when_compiled_for_hopper():
+    """Compiled for sm_90 on this CPU machine: with USE_PDL the merge kernel's PTX waits for
+    the kernel before it (griddepcontrol.wait) ahead of its first global load, then releases
+    the next one; without it there is no such instruction. The step kernel at its defaults
+    still assembles without spills with the wait in it."""
+    from vlaperf.engine.kernels import expert_step as S
+    from vlaperf.engine.kernels import suffix_attention as A
+
+    resources = _resources()
+    consts = dict(HEAD_DIM=256, BLOCK_M=32, BLOCK_D=64, SPLITS=5)
+    for use in (False, True):
+        resources.compile_kernel(A._merge_kernel, {**consts, "USE_PDL": use}, 4, 2, ptxas=False)
+        ptx = resources.last_ptx()
+        assert ("griddepcontrol.wait" in ptx) == use and ("griddepcontrol.launch_dependents" in ptx) == use
+        if use:
+            assert ptx.index("griddepcontrol.wait") < ptx.index("ld.global")
+    cfg = S.StepKernelConfig()
+    consts = {**resources.whole_kernel_constexprs(cfg, False, 1), "USE_PDL": True}
+    r = resources.compile_kernel(S._expert_step_kernel, consts, cfg.num_warps, cfg.num_stages, ptxas=True)
+    ptx = resources.last_ptx()
+    assert "griddepcontrol.wait" in ptx and ptx.index("griddepcontrol.wait") < ptx.index("ld.global"), r
+    assert r["registers"] <= 255 and r["spill_store_bytes"] == 0, r
+
+
+def test_compile_asks_inductor_for_pdl_only_for_graph_replays_on_hopper(monkeypatch):
+    """`compile_fn(pdl=True)` passes the mode's own options plus triton.enable_pdl (torch.compile
+    takes a mode or options, not both); the engine asks for it only where its calls replay from
+    a CUDA graph on a GPU of compute capability 9+; with the module switch off, the mode alone."""
+    from vlaperf.engine import compile as C
+
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
+    C.compile_fn(len, "max-autotune-no-cudagraphs", pdl=True)
+    assert seen[-1]["options"] == {**torch._inductor.list_mode_options("max-autotune-no-cudagraphs"),
+                                   "triton.enable_pdl": True} and "mode" not in seen[-1]
+    C.compile_fn(len, "default", pdl=False)
+    assert seen[-1]["mode"] == "default" and "options" not in seen[-1]
+    monkeypatch.setattr(C, "INDUCTOR_PDL", False)
+    C.compile_fn(len, "default", pdl=True)
+    assert seen[-1]["mode"] == "default" and "options" not in seen[-1]
+    assert not C.wants_pdl(torch.device("cpu"), in_graph=True)
+    for major, in_graph, want in ((9, True, True), (9, False, False), (8, True, False), (10, True, True)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None, m=major: (m, 0))
+        assert C.wants_pdl(torch.device("cuda"), in_graph=in_graph) == want, (major, in_graph)
+
+
 def test_head_precision_follows_dtype_and_gpu(monkeypatch):
     """The step's float32 heads multiply as TF32x3 where TF32 tensor cores exist, in full float32
     FMA on older GPUs (compute capability < 8), and bf16 heads take no precision option."""

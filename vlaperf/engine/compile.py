@@ -58,7 +58,21 @@ def use_compile_cache(path: str) -> dict[str, str]:
     return env
 
 
-def compile_fn(fn, mode: str, backend: str = "inductor"):
+# Inductor's kernels with programmatic dependent launch where the engine asks for it (`pdl`:
+# CUDA graphs on a Hopper GPU; kernels/launch.py says what PDL does). Off outside graphs: a PDL
+# kernel bypasses inductor's static launcher, which eager launches rely on for their host time.
+# benchmarks/change_ab.py --change inductor_pdl measures it (module switch).
+INDUCTOR_PDL = True
+
+
+def wants_pdl(device: torch.device, in_graph: bool) -> bool:
+    """PDL for the kernels of an engine on `device` whose calls replay from a CUDA graph."""
+    if not in_graph or device.type != "cuda":
+        return False
+    return torch.cuda.get_device_capability(device)[0] >= 9
+
+
+def compile_fn(fn, mode: str, backend: str = "inductor", pdl: bool = False):
     blockers = compile_blockers(backend)
     if blockers:
         raise CompileUnavailable("compile lever cannot apply: " + "; ".join(blockers))
@@ -67,6 +81,9 @@ def compile_fn(fn, mode: str, backend: str = "inductor"):
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
     if backend != "inductor":
         return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
+    if pdl and INDUCTOR_PDL:  # a mode is a set of inductor options; torch.compile takes one or the other
+        options = {**torch._inductor.list_mode_options(mode), "triton.enable_pdl": True}
+        return torch.compile(fn, options=options, fullgraph=True, dynamic=False)
     return torch.compile(fn, mode=mode, fullgraph=True, dynamic=False)
 
 

@@ -80,15 +80,16 @@ class Engine:
         self._step = self._step_eager = partial(denoise_step, model, self.weights, kernels=self.levers.triton_kernels,
                                                 megakernel=self.levers.megakernel)
         if self.levers.compile:
-            from vlaperf.engine.compile import compile_fn
+            from vlaperf.engine.compile import compile_fn, wants_pdl
 
             mode = self.levers.compile
+            pdl = wants_pdl(self.device, in_graph=self.levers.cuda_graph)
             if self.levers.compile_layers:  # each layer block compiled once, reused by every layer
-                self._blocks = PrefixBlocks(*(compile_fn(f, mode, compile_backend) for f in
+                self._blocks = PrefixBlocks(*(compile_fn(f, mode, compile_backend, pdl) for f in
                                               (PLAIN_BLOCKS.siglip, PLAIN_BLOCKS.gemma, PLAIN_BLOCKS.gemma_last_kv)))
             else:
-                self._prefix = compile_fn(self._prefix_eager, mode, compile_backend)
-            self._step = compile_fn(self._step, mode, compile_backend)
+                self._prefix = compile_fn(self._prefix_eager, mode, compile_backend, pdl)
+            self._step = compile_fn(self._step, mode, compile_backend, pdl)
 
     @property
     def name(self) -> str:

@@ -82,7 +82,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vlaperf.engine.kernels.launch import launch
+from vlaperf.engine.kernels.launch import launch, pdl_wait
 from vlaperf.engine.kernels.small_m_matmul import _gelu_tanh
 from vlaperf.models.pi0 import ATTENTION_MASK_VALUE
 
@@ -928,11 +928,12 @@ def _store_next(x_new, xm_ptr, ssq_ptr, scale, rows, cols, mask, tile, D: tl.con
 
 @triton.jit
 def _mod_prologue_kernel(x_ptr, scale_ptr, xm_ptr, ssq_ptr, MT, D: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr,
-                         XM: tl.constexpr = True):
+                         XM: tl.constexpr = True, USE_PDL: tl.constexpr = False):
     """MOD, before the step kernel: the first layer's xm and per-tile sums of squares, one tile
     of columns a program, as _write_next leaves them for every later layer (one small launch
     where torch took six: ~20 us a step on the H200, docs/perf-notes.md session 9). Not XM (pi0
     with ssq_from_writers): the sums of squares only."""
+    pdl_wait(USE_PDL)
     tile = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)
     cols = tile * BN + tl.arange(0, BN)
@@ -1124,7 +1125,9 @@ def _expert_step_kernel(
     SSQ_IN: tl.constexpr = False, SSQ_OUT: tl.constexpr = False, STATS_AHEAD: tl.constexpr = False,
     ROPE_AHEAD: tl.constexpr = False, QKV_PAIRS: tl.constexpr = 0, SSQ_SUM: tl.constexpr = 0,
     POLL_DEPTH: tl.constexpr = 1, POLL_GAP: tl.constexpr = 0, ONE_DOT: tl.constexpr = False, ADS: tl.constexpr = 1,
+    USE_PDL: tl.constexpr = False,
 ):
+    pdl_wait(USE_PDL)
     pid = tl.program_id(0)
     nprog = tl.num_programs(0)
     QKV_N: tl.constexpr = NH * HD + 2 * HD

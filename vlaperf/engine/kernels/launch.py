@@ -16,15 +16,58 @@ prefix's kernels, and compiled it a second time. The engine compiles them in one
 four, each compile took 1.4-1.9x longer, and two gave no faster first call (session 12). Worker
 processes do overlap them (compile_worker.py): the thread's own compiles then find their work
 in Triton's cache.
+
+Programmatic dependent launch (PDL, Hopper and newer): a kernel that takes a `USE_PDL`
+constexpr starts with `pdl_wait(USE_PDL)`. Launched with PDL, its programs may be scheduled
+while the kernel before it in the stream drains, and wait in-kernel (`griddepcontrol.wait`)
+until that kernel has finished and its writes are visible; they then let the next kernel be
+scheduled early the same way. Waiting first, before any load or store, keeps the order of
+every read and write as without PDL, and since every such kernel waits, a kernel never
+completes before the one it follows. What it saves is the launch gap between kernels, which
+a CUDA graph shortens but does not remove.
 """
 
 from __future__ import annotations
 
 import contextlib
+import functools
+import os
 import threading
 from concurrent.futures import ThreadPoolExecutor
 
+import torch
+import triton
+import triton.language as tl
+
 _state = threading.local()
+
+# Module switch: launch the kernels that support it with PDL where the GPU has it (compute
+# capability 9+, not in Triton's CPU interpreter). benchmarks/change_ab.py --change kernel_pdl
+# measures it against the plain launches.
+PDL = True
+
+
+@triton.jit
+def pdl_wait(USE_PDL: tl.constexpr):
+    """First thing in a kernel that takes USE_PDL: wait for the kernel before it (its writes
+    visible), then let the next one be scheduled. A no-op without PDL."""
+    if USE_PDL:
+        tl.extra.cuda.gdc_wait()
+        tl.extra.cuda.gdc_launch_dependents()
+
+
+@functools.lru_cache(maxsize=None)
+def _device_has_pdl(index: int) -> bool:
+    return torch.cuda.get_device_capability(index)[0] >= 9
+
+
+def pdl_here() -> bool:
+    """Whether launches on the current CUDA device use PDL now."""
+    if not PDL or os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+        return False
+    if not hasattr(tl.extra.cuda, "gdc_wait"):  # Triton before 3.3 has no PDL
+        return False
+    return _device_has_pdl(torch.cuda.current_device())
 
 
 @contextlib.contextmanager
@@ -40,7 +83,13 @@ def compile_only(record: list | None = None):
 
 
 def launch(kernel, grid: tuple, *args, **kwargs) -> None:
-    """kernel[grid](*args, **kwargs), or only its compile inside `compile_only()`."""
+    """kernel[grid](*args, **kwargs), or only its compile inside `compile_only()`. A kernel
+    that takes USE_PDL gets it, and the launch PDL, where `pdl_here()`."""
+    if "USE_PDL" in getattr(kernel, "arg_names", ()):
+        use = pdl_here()
+        kwargs["USE_PDL"] = use
+        if use:
+            kwargs["launch_pdl"] = True
     if getattr(_state, "compile_only", False):
         if _state.record is not None:
             _state.record.append((kernel, grid, args, kwargs))

@@ -20,7 +20,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vlaperf.engine.kernels.launch import launch
+from vlaperf.engine.kernels.launch import launch, pdl_wait
 
 
 @triton.jit
@@ -40,8 +40,9 @@ def _rope_qkv_kernel(
     qkv_ptr, cos_ptr, sin_ptr, q_ptr, k_ptr, kc_ptr, vc_ptr,
     T, start, N, K,
     sxb, sxt, scb, sct, sqb, sqh, sqt, skb, skh, skt, scache_b, scache_h, scache_t,
-    HALF: tl.constexpr, BLOCK_T: tl.constexpr, WRITE_Q: tl.constexpr,
+    HALF: tl.constexpr, BLOCK_T: tl.constexpr, WRITE_Q: tl.constexpr, USE_PDL: tl.constexpr = False,
 ):
+    pdl_wait(USE_PDL)
     b = tl.program_id(0)
     t = tl.program_id(1) * BLOCK_T + tl.arange(0, BLOCK_T)
     head = tl.program_id(2)  # [0, N): q heads, [N, N + K): k heads, [N + K, N + 2K): v heads

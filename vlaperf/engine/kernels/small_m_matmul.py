@@ -28,7 +28,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vlaperf.engine.kernels.launch import launch
+from vlaperf.engine.kernels.launch import launch, pdl_wait
 
 
 @triton.jit
@@ -45,7 +45,9 @@ def _small_m_kernel(
     stride_xm, stride_wn, stride_om, stride_rm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SPLIT_K: tl.constexpr,
     RMS_NORM: tl.constexpr, GEGLU: tl.constexpr, RESIDUAL: tl.constexpr, GATED: tl.constexpr, PRECISION: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    pdl_wait(USE_PDL)
     pid_n = tl.program_id(0)
     pid_k = tl.program_id(1)
     rows = tl.arange(0, BLOCK_M)
@@ -109,7 +111,9 @@ def _reduce_kernel(
     part_ptr, ssq_ptr, out_ptr, res_ptr, gate_ptr, M, N, K, eps, stride_om, stride_rm,
     BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLIT_K: tl.constexpr,
     RMS_NORM: tl.constexpr, GEGLU: tl.constexpr, RESIDUAL: tl.constexpr, GATED: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    pdl_wait(USE_PDL)
     pid_n = tl.program_id(0)
     rows = tl.arange(0, BLOCK_M)
     cols = pid_n * BLOCK_N + tl.arange(0, BLOCK_N)

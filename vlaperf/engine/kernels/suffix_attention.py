@@ -26,7 +26,7 @@ import torch
 import triton
 import triton.language as tl
 
-from vlaperf.engine.kernels.launch import launch
+from vlaperf.engine.kernels.launch import launch, pdl_wait
 from vlaperf.models.pi0 import ATTENTION_MASK_VALUE
 
 
@@ -36,7 +36,9 @@ def _partial_kernel(
     ROWS, TQ, TK, keys_per_split, scale,
     sqb, sqh, sqt, skb, skt, svb, svt, smb, smq, sob, soh, sot,
     MASK_VALUE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
+    USE_PDL: tl.constexpr = False,
 ):
+    pdl_wait(USE_PDL)
     b = tl.program_id(0)
     rb = tl.program_id(1)
     s = tl.program_id(2)
@@ -77,11 +79,13 @@ def _partial_kernel(
 
 @triton.jit
 def _merge_kernel(acc_ptr, m_ptr, l_ptr, out_ptr, ROWS, TQ, soh, sot, sob,
-                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr):
+                  HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_D: tl.constexpr, SPLITS: tl.constexpr,
+                  USE_PDL: tl.constexpr = False):
     """Program (b, row block, dim block): the splits' partials of BLOCK_M rows and BLOCK_D of the
     head dims, weighted by their running maxima. The per-row maxima and sums are re-read by
     each dim block (a few hundred bytes): what the dim split buys is programs, since one
     program a row block left most SMs idle (52 programs at batch 4, 68 for the prefix)."""
+    pdl_wait(USE_PDL)
     b = tl.program_id(0)
     rb = tl.program_id(1)
     rows = rb * BLOCK_M + tl.arange(0, BLOCK_M)
