@@ -7,6 +7,9 @@
 #   PART=b   programmatic dependent launch for the engine's own Triton kernels (change_ab.py --change kernel_pdl) at
 #            batch 1 and 4, inductor's PDL (now a compile option the engine sets, on in both engines) again at batch 1
 #            (inductor_pdl, engine A built without it); libero-pi0 best in a fresh process
+#   PART=c   with kernel PDL off (launch.PDL; part b: 0.997x) and inductor's PDL on: where a served call's time goes
+#            beyond the model call (served_path_probe.py), then the closing benches of every pi0-family workload in
+#            fresh processes and the equivalence checks of best at batch 1 and 4
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session21.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -26,6 +29,20 @@ b)
 200 python3 benchmarks/change_ab.py --change kernel_pdl --workload libero-pi0-b4 --rounds 30 --json $R/change_ab_libero-pi0-b4_kernel_pdl.json
 200 TORCHINDUCTOR_CACHE_DIR=/tmp/ind_pdl1b python3 benchmarks/change_ab.py --change inductor_pdl --workload libero-pi0 --rounds 60 --json $R/change_ab_libero-pi0_inductor_pdl_option.json
 100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s21b_model.json
+EOT
+  ;;
+c)
+  lane A 0 40 <<EOT &
+150 python3 benchmarks/served_path_probe.py --workload libero-pi0 --levers best --json $R/served_path_libero-pi0_best.json
+100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s21_model.json
+100 $V bench --workload libero-pi0 --levers best --mode policy $B --json $R/bench_libero-pi0_best-s21_policy.json
+100 $V bench --workload libero-pi0-b4 --levers best $B --json $R/bench_libero-pi0-b4_best-s21c_model.json
+120 $V bench --workload libero-pi0-b8 --levers best $B --json $R/bench_libero-pi0-b8_best-s21_model.json
+100 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s21_model.json
+100 $V bench --workload libero-shallow6 --levers best $B --json $R/bench_libero-shallow6_best-s21_model.json
+100 $V bench --workload aloha-pi0 --levers best $B --json $R/bench_aloha-pi0_best-s21_model.json
+150 $V check --workload libero-pi0 --levers best --seeds 2 --json $R/check_libero-pi0_best_s21.json
+150 $V check --workload libero-pi0-b4 --levers best --seeds 1 --json $R/check_libero-pi0-b4_best_s21.json
 EOT
   ;;
 esac

@@ -42,9 +42,11 @@ import triton.language as tl
 _state = threading.local()
 
 # Module switch: launch the kernels that support it with PDL where the GPU has it (compute
-# capability 9+, not in Triton's CPU interpreter). benchmarks/change_ab.py --change kernel_pdl
-# measures it against the plain launches.
-PDL = True
+# capability 9+, not in Triton's CPU interpreter). Off: on the H200 it did not pay in the call
+# (benchmarks/change_ab.py --change kernel_pdl: libero-pi0 0.997x, p10..p90 0.996..1.000;
+# libero-pi0-b4 0.989x, 0.970..1.008; docs/perf-notes.md, session 21), where inductor's PDL
+# kernels did (engine/compile.py).
+PDL = False
 
 
 @triton.jit

@@ -1,0 +1,160 @@
+"""Where a served call's time goes beyond the model call, on this machine: the policy path's
+phases one by one (each synced), and the websocket front end around a policy that waits on
+the GPU as long as the model does.
+
+    python benchmarks/served_path_probe.py --workload libero-pi0 --levers best --json $OUT/served_path.json
+
+Part 1, the policy (`vlaperf.policy.Policy.infer`) on one openpi example, timed whole and
+phase by phase with a device sync after each phase (so the phases' sum exceeds the whole call
+by the syncs): validate + tokenize on the host, the upload (one pinned staging copy), the
+device preprocess, `sample_actions` (graph replay), the actions' copy to the host, and the
+step kernel's fault check (`verify`, one 4-byte read). Model mode (`sample_actions` on device
+tensors) is timed in the same rounds, interleaved, for the difference.
+
+Part 2, the front end: a `PolicyServer` in this process serves (a) the real policy and (b) a
+stand-in whose `infer` sleeps for the real policy's median (the GIL released, as while the
+GPU runs) and (c) one that returns at once; an openpi-style client (websockets' synchronous
+client, msgpack-numpy frames) sends the same example in a closed loop. Round trip minus the
+server's own infer time is the front end: decode, the hand-offs between the event loop and the
+inference thread, the reply, both websocket hops and the client's packing. (b) against (c)
+says how much of it depends on the threads having slept through a ~13 ms call.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from vlaperf.engine import Engine
+from vlaperf.inputs import make_example, random_noise, random_observation
+from vlaperf.models.pi0 import build_model
+from vlaperf.policy import Policy
+from vlaperf.report.schema import SCHEMA
+from vlaperf.timing import environment_record
+from vlaperf.workloads import get_workload
+
+
+def median_ms(xs: list[float]) -> float:
+    return statistics.median(xs) * 1e3
+
+
+def sync() -> None:
+    if torch.cuda.is_available():
+        torch.cuda.synchronize()
+
+
+def policy_phases(policy: Policy, engine: Engine, example: dict, noise, steps: int, rounds: int) -> dict:
+    tr = policy.transform
+    names = ("host_arrays", "upload", "preprocess", "sample_actions", "to_host", "verify")
+    phases: dict[str, list[float]] = {n: [] for n in names}
+    whole: list[float] = []
+    for _ in range(rounds):
+        sync()
+        t = time.perf_counter()
+        policy.infer(example)
+        sync()
+        whole.append(time.perf_counter() - t)
+        marks = [time.perf_counter()]
+        hb = tr.host_arrays(example)
+        marks.append(time.perf_counter())
+        db = tr.upload(hb)
+        sync()
+        marks.append(time.perf_counter())
+        obs = tr.preprocess(db)
+        sync()
+        marks.append(time.perf_counter())
+        actions = engine.sample_actions(obs, noise, steps)
+        sync()
+        marks.append(time.perf_counter())
+        actions[..., : policy.workload.robot_action_dim].cpu().numpy().astype(np.float32)
+        marks.append(time.perf_counter())
+        engine.raise_on_kernel_fault()
+        marks.append(time.perf_counter())
+        for n, a, b in zip(names, marks, marks[1:]):
+            phases[n].append(b - a)
+    return {"infer_ms": median_ms(whole), "phases_ms": {n: median_ms(v) for n, v in phases.items()}}
+
+
+def front_end(policy, example: dict, requests: int) -> dict:
+    from websockets.sync.client import connect
+
+    from vlaperf.serve.protocol import packb, unpackb
+    from vlaperf.serve.server import PolicyServer
+
+    round_trips, infers = [], []
+    with PolicyServer(policy, port=0, max_batch=1, warmup_batch_sizes=()) as srv, \
+            connect(srv.url, compression=None, max_size=None) as ws:
+        ws.recv()  # the metadata frame
+        for i in range(requests + 10):
+            t = time.perf_counter()
+            ws.send(packb(example))
+            reply = unpackb(ws.recv())
+            dt = time.perf_counter() - t
+            if i >= 10:
+                round_trips.append(dt)
+                infers.append(reply["server_timing"]["infer_ms"] / 1e3)
+    return {"round_trip_ms": median_ms(round_trips), "server_infer_ms": median_ms(infers),
+            "front_end_ms": median_ms([r - i for r, i in zip(round_trips, infers)])}
+
+
+class Sleeper:
+    """A stand-in policy: sleeps `seconds` (the GIL released, as while the GPU runs), then
+    returns zero actions of the workload's shape."""
+
+    def __init__(self, workload, horizon: int, seconds: float):
+        self.workload, self.horizon, self.seconds = workload, horizon, seconds
+
+    def infer(self, examples):
+        if self.seconds:
+            time.sleep(self.seconds)
+        n = len(examples) if isinstance(examples, list) else 1
+        return {"actions": np.zeros((n, self.horizon, self.workload.robot_action_dim), np.float32)}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--workload", default="libero-pi0")
+    p.add_argument("--levers", default="best")
+    p.add_argument("--rounds", type=int, default=100)
+    p.add_argument("--device", default="cuda", help="cuda, or cpu with --workload tiny to try the script")
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    w = get_workload(args.workload)
+    model = build_model(w.preset, args.device)
+    engine = Engine(model, args.levers)
+    noise = random_noise(w, model.config, args.device)
+    policy = Policy(model, engine.sample_actions, w, num_steps=w.steps, noise=noise, verify=engine.raise_on_kernel_fault)
+    example = make_example(w)
+    obs = random_observation(w, model.config, args.device)
+    for _ in range(10):  # compile, capture, warm up both paths
+        policy.infer(example)
+        engine.sample_actions(obs, noise, w.steps)
+    model_ms = []
+    for _ in range(args.rounds):
+        sync()
+        t = time.perf_counter()
+        engine.sample_actions(obs, noise, w.steps)
+        sync()
+        model_ms.append(time.perf_counter() - t)
+    part1 = policy_phases(policy, engine, example, noise, w.steps, args.rounds)
+    part1["model_ms"] = median_ms(model_ms)
+    H = model.config.action_horizon
+    part2 = {"real_policy": front_end(policy, example, args.rounds),
+             "sleeper_like_policy": front_end(Sleeper(w, H, part1["infer_ms"] / 1e3), example, args.rounds),
+             "instant_policy": front_end(Sleeper(w, H, 0.0), example, args.rounds)}
+    result = {"schema": SCHEMA, "command": "served-path-probe", "workload": {"id": w.id, "overrides": {}},
+              "variant": {"levers": engine.levers.names(), "label": engine.name, "dtype": str(model.dtype).split(".")[-1]},
+              "env": environment_record(args.device), "rounds": args.rounds, "policy": part1, "front_end": part2}
+    print(json.dumps({"policy": part1, "front_end": part2}, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
