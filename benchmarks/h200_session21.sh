@@ -9,7 +9,8 @@
 #            (inductor_pdl, engine A built without it); libero-pi0 best in a fresh process
 #   PART=c   with kernel PDL off (launch.PDL; part b: 0.997x) and inductor's PDL on: where a served call's time goes
 #            beyond the model call (served_path_probe.py), then the closing benches of every pi0-family workload in
-#            fresh processes and the equivalence checks of best at batch 1 and 4
+#            fresh processes (c: libero-pi0 in model and policy mode, b4, b8; d: libero-pi05, libero-shallow6,
+#            aloha-pi0) and the equivalence checks of best at batch 1 and 4 (d)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session21.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -38,6 +39,10 @@ c)
 100 $V bench --workload libero-pi0 --levers best --mode policy $B --json $R/bench_libero-pi0_best-s21_policy.json
 100 $V bench --workload libero-pi0-b4 --levers best $B --json $R/bench_libero-pi0-b4_best-s21c_model.json
 120 $V bench --workload libero-pi0-b8 --levers best $B --json $R/bench_libero-pi0-b8_best-s21_model.json
+EOT
+  ;;
+d)
+  lane A 0 40 <<EOT &
 100 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s21_model.json
 100 $V bench --workload libero-shallow6 --levers best $B --json $R/bench_libero-shallow6_best-s21_model.json
 100 $V bench --workload aloha-pi0 --levers best $B --json $R/bench_aloha-pi0_best-s21_model.json
