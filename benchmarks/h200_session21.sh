@@ -10,7 +10,8 @@
 #   PART=c   with kernel PDL off (launch.PDL; part b: 0.997x) and inductor's PDL on: where a served call's time goes
 #            beyond the model call (served_path_probe.py), then the closing benches of every pi0-family workload in
 #            fresh processes (c: libero-pi0 in model and policy mode, b4, b8; d: libero-pi05, libero-shallow6,
-#            aloha-pi0) and the equivalence checks of best at batch 1 and 4 (d)
+#            aloha-pi0) and the equivalence checks of best at batch 1 and 4 (d); the probe runs in d (carry .whl:
+#            its first try in c found no websockets on the image)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session21.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -34,7 +35,6 @@ EOT
   ;;
 c)
   lane A 0 40 <<EOT &
-150 python3 benchmarks/served_path_probe.py --workload libero-pi0 --levers best --json $R/served_path_libero-pi0_best.json
 100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s21_model.json
 100 $V bench --workload libero-pi0 --levers best --mode policy $B --json $R/bench_libero-pi0_best-s21_policy.json
 100 $V bench --workload libero-pi0-b4 --levers best $B --json $R/bench_libero-pi0-b4_best-s21c_model.json
@@ -42,7 +42,10 @@ c)
 EOT
   ;;
 d)
+  # (carry .whl: websockets, which the image lacks, for the probe's server and client)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site
   lane A 0 40 <<EOT &
+150 python3 benchmarks/served_path_probe.py --workload libero-pi0 --levers best --json $R/served_path_libero-pi0_best.json
 100 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s21_model.json
 100 $V bench --workload libero-shallow6 --levers best $B --json $R/bench_libero-shallow6_best-s21_model.json
 100 $V bench --workload aloha-pi0 --levers best $B --json $R/bench_aloha-pi0_best-s21_model.json
