@@ -324,6 +324,24 @@ def call_overhead_tables(results):
     return out
 
 
+def served_path_tables(results):
+    """benchmarks/served_path_probe.py: the policy call phase by phase, and the websocket front end
+    around the real policy, a stand-in that sleeps as long (the GIL released) and one that returns at once."""
+    out = []
+    for path, r in results:
+        if r["command"] != "served-path-probe":
+            continue
+        pol, fe = r["policy"], r["front_end"]
+        out += [f"`{path.relative_to(ROOT)}` ({r['workload']['id']}, {_short(r['variant']['label'])}, commit "
+                f"{(r['env'].get('git_commit') or '')[:7]}, {r['rounds']} rounds): the policy call {pol['infer_ms']:.3f} ms "
+                f"against the model call {pol['model_ms']:.3f} ms in the same process; each phase synced on its own", "",
+                "| policy phase | median ms |", "|---|---|"] + [f"| {k} | {v:.3f} |" for k, v in pol["phases_ms"].items()]
+        out += ["", "| front end around | round trip ms | server infer ms | front end ms |", "|---|---|---|---|"]
+        out += [f"| {k.replace('_', ' ')} | {v['round_trip_ms']:.3f} | {v['server_infer_ms']:.3f} | {v['front_end_ms']:.3f} |"
+                for k, v in fe.items()] + [""]
+    return out
+
+
 def _probe_tables(results, command: str, header: list[str], rows_fn, note: str = "", small_floats: bool = False):
     """One table per result file of `command` (the GEMM probes and benches): the file and its
     commit, then `rows_fn(result)` under `header`; with `small_floats`, values below 0.1 (errors)
@@ -470,6 +488,8 @@ def main() -> None:
     lines += ["## Step scaling (`vlaperf scaling`)", ""] + scaling_tables(results)
     lines += ["## Host syncs per call (`vlaperf syncs`)", ""] + sync_tables(results)
     lines += ["## Serving (`vlaperf serve` + `vlaperf loadgen`)", ""] + loadgen_tables(results)
+    lines += ["## Where a served call's time goes beyond the model call (`benchmarks/served_path_probe.py`)", ""] + \
+        served_path_tables(results)
     lines += ["## Side by side with LeRobot (`vlaperf compare`)", ""] + compare_tables(results)
     lines += ["## One change inside the whole call, A/B in one process (`benchmarks/*_ab.py`)", ""] + ab_tables(results)
     lines += ["## A graphed call besides its replay (`benchmarks/call_overhead.py`)", ""] + call_overhead_tables(results)

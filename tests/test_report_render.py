@@ -152,6 +152,11 @@ def test_serving_peer_and_kernel_results_have_renderers(tmp_path):
         assert "| siglip_fc2 | 512 x 4304 x 1152 | split 2 |" in md
     if any(r["command"] == "geglu-bench" for _, r in results):  # the GEGLU GEMM against cuBLAS + inductor
         assert "| 544 | cuBLAS gate_up + inductor GELU x up |" in md and "| 544 | tma 128 128 64 8 8 3 |" in md
+    if any(r["command"] == "served-path-probe" for _, r in results):  # the served call's phases and front end
+        assert "| policy phase | median ms |" in md and "| upload |" in md
+        assert "| front end around | round trip ms | server infer ms | front end ms |" in md and "| instant policy |" in md
+    if any(r["command"] == "change-ab" and r.get("change") == "inductor_pdl" for _, r in results):
+        assert "probe: inductor_cache" in md and "with_gdc_wait" in md  # a flat probe, not per dtype
     if (H200.parent / "h200x2").is_dir():
         assert "Ray Serve, 2 replica(s) on 2 GPU(s)" in md
 

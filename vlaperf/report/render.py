@@ -628,8 +628,26 @@ def _change_ab(doc: _Doc, path: str, r: dict) -> None:
     doc.h(3, f"change A/B: {r['change']}: {r['workload']['id']}, {r['variant']['label']} on {_gpu(r)}")
     doc.p(_ab_text(r, "without over with", r["rel_l2_with_vs_without"], "with the change", eq), "")
     _ab_medians(doc, r)
-    for dtype, probe in (r.get("probe") or {}).items():
-        doc.p(f"probe ({dtype}): " + ", ".join(f"{k} {v:.1e}" for k, v in probe.items()), "note")
+    flat = {}
+    for key, probe in (r.get("probe") or {}).items():
+        if isinstance(probe, dict):  # per dtype (siglip_gelu_epilogue): errors against the two GELUs
+            doc.p(f"probe ({key}): " + ", ".join(f"{k} {v:.1e}" for k, v in probe.items()), "note")
+        else:  # plain facts the change's probe recorded (inductor_pdl: kernels that wait; kernel_pdl: PDL on)
+            flat[key] = probe
+    if flat:
+        doc.p("probe: " + ", ".join(f"{k} {v}" for k, v in flat.items()), "note")
+
+
+def _served_path(doc: _Doc, path: str, r: dict) -> None:
+    """benchmarks/served_path_probe.py: the policy path phase by phase, and the websocket front
+    end around the real policy, a stand-in that sleeps as long, and one that returns at once."""
+    pol, fe = r["policy"], r["front_end"]
+    doc.h(3, f"served path: {r['workload']['id']}, {r['variant']['label']} on {_gpu(r)}")
+    doc.p(f"{r['rounds']} rounds: the policy call {pol['infer_ms']:.3f} ms against the model call "
+          f"{pol['model_ms']:.3f} ms (+{pol['infer_ms'] - pol['model_ms']:.3f}); each phase below synced on its own", "")
+    doc.table(["policy phase", "median ms"], [[k, v] for k, v in pol["phases_ms"].items()])
+    doc.table(["front end around", "round trip ms", "server infer ms", "front end ms"],
+              [[k.replace("_", " "), v["round_trip_ms"], v["server_infer_ms"], v["front_end_ms"]] for k, v in fe.items()])
 
 
 def _call_overhead(doc: _Doc, path: str, r: dict) -> None:
@@ -924,7 +942,8 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
                 ("prefix-attention-probe", "The prefix attention by PyTorch's fused kernels (prefix-attention-probe)"),
                 ("geglu-bench", "Gemma gate_up with GELU x up in one GEMM (geglu-bench)"),
                 ("memset-probe", "The prefix's memset nodes and attention formulations (memset-probe)"),
-                ("first-call", "The first call of a fresh process (first-call)"))
+                ("first-call", "The first call of a fresh process (first-call)"),
+                ("served-path-probe", "Where a served call's time goes beyond the model call (served-path-probe)"))
     for cmd, heading in sections:
         items = by_cmd.pop(cmd, [])
         if not items:
@@ -943,7 +962,8 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
                  "step-config-ab": _step_config_ab, "prefix-tiles-ab": _prefix_tiles_ab, "change-ab": _change_ab,
                  "call-overhead": _call_overhead, "gemm-probe": _gemm_probe, "splitk-probe": _splitk_probe,
                  "prefix-attention-probe": _prefix_attention_probe,
-                 "geglu-bench": _geglu_bench, "memset-probe": _memset_probe}[cmd](doc, p, r)
+                 "geglu-bench": _geglu_bench, "memset-probe": _memset_probe,
+                 "served-path-probe": _served_path}[cmd](doc, p, r)
             except (KeyError, TypeError, ValueError) as e:
                 doc.p(f"could not render {p}: {type(e).__name__}: {e}", "warn")
     for cmd, items in by_cmd.items():
