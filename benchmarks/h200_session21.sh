@@ -12,6 +12,8 @@
 #            fresh processes (c: libero-pi0 in model and policy mode, b4, b8; d: libero-pi05, libero-shallow6,
 #            aloha-pi0) and the equivalence checks of best at batch 1 and 4 (d); the probe runs in d (carry .whl:
 #            its first try in c found no websockets on the image)
+#   PART=e   the policy path's host <-> device pieces alone (upload_probe.py): where the served path probe's 0.59 ms
+#            upload and 0.24 ms copy to the host go
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session21.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -51,6 +53,11 @@ d)
 100 $V bench --workload aloha-pi0 --levers best $B --json $R/bench_aloha-pi0_best-s21_model.json
 150 $V check --workload libero-pi0 --levers best --seeds 2 --json $R/check_libero-pi0_best_s21.json
 150 $V check --workload libero-pi0-b4 --levers best --seeds 1 --json $R/check_libero-pi0-b4_best_s21.json
+EOT
+  ;;
+e)
+  lane A 0 40 <<EOT &
+100 python3 benchmarks/upload_probe.py --json $R/upload_probe_libero-pi0.json
 EOT
   ;;
 esac

@@ -342,6 +342,19 @@ def served_path_tables(results):
     return out
 
 
+def upload_probe_tables(results):
+    """benchmarks/upload_probe.py: the policy path's host <-> device pieces, each timed alone."""
+    out = []
+    for path, r in results:
+        if r["command"] != "upload-probe":
+            continue
+        out += [f"`{path.relative_to(ROOT)}` ({r['workload']['id']}, commit {(r['env'].get('git_commit') or '')[:7]}, "
+                f"{r['rounds']} rounds each, the GPU idle before each piece, {r['staging_bytes']} bytes staged a call)", "",
+                "| piece | median ms |", "|---|---|"] + [f"| {k.replace('_', ' ')} | {v:.3f} |" for k, v in r["median_ms"].items()]
+        out.append("")
+    return out
+
+
 def _probe_tables(results, command: str, header: list[str], rows_fn, note: str = "", small_floats: bool = False):
     """One table per result file of `command` (the GEMM probes and benches): the file and its
     commit, then `rows_fn(result)` under `header`; with `small_floats`, values below 0.1 (errors)
@@ -489,7 +502,7 @@ def main() -> None:
     lines += ["## Host syncs per call (`vlaperf syncs`)", ""] + sync_tables(results)
     lines += ["## Serving (`vlaperf serve` + `vlaperf loadgen`)", ""] + loadgen_tables(results)
     lines += ["## Where a served call's time goes beyond the model call (`benchmarks/served_path_probe.py`)", ""] + \
-        served_path_tables(results)
+        served_path_tables(results) + upload_probe_tables(results)
     lines += ["## Side by side with LeRobot (`vlaperf compare`)", ""] + compare_tables(results)
     lines += ["## One change inside the whole call, A/B in one process (`benchmarks/*_ab.py`)", ""] + ab_tables(results)
     lines += ["## A graphed call besides its replay (`benchmarks/call_overhead.py`)", ""] + call_overhead_tables(results)

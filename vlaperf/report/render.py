@@ -638,6 +638,13 @@ def _change_ab(doc: _Doc, path: str, r: dict) -> None:
         doc.p("probe: " + ", ".join(f"{k} {v}" for k, v in flat.items()), "note")
 
 
+def _upload_probe(doc: _Doc, path: str, r: dict) -> None:
+    """benchmarks/upload_probe.py: the policy path's host <-> device pieces, each timed alone."""
+    doc.h(3, f"policy transfers: {r['workload']['id']} on {_gpu(r)}")
+    doc.p(f"{r['rounds']} rounds each, the GPU idle before each piece; {r['staging_bytes']} bytes staged a call", "")
+    doc.table(["piece", "median ms"], [[k.replace("_", " "), v] for k, v in r["median_ms"].items()])
+
+
 def _served_path(doc: _Doc, path: str, r: dict) -> None:
     """benchmarks/served_path_probe.py: the policy path phase by phase, and the websocket front
     end around the real policy, a stand-in that sleeps as long, and one that returns at once."""
@@ -943,7 +950,8 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
                 ("geglu-bench", "Gemma gate_up with GELU x up in one GEMM (geglu-bench)"),
                 ("memset-probe", "The prefix's memset nodes and attention formulations (memset-probe)"),
                 ("first-call", "The first call of a fresh process (first-call)"),
-                ("served-path-probe", "Where a served call's time goes beyond the model call (served-path-probe)"))
+                ("served-path-probe", "Where a served call's time goes beyond the model call (served-path-probe)"),
+                ("upload-probe", "The policy path's transfers, piece by piece (upload-probe)"))
     for cmd, heading in sections:
         items = by_cmd.pop(cmd, [])
         if not items:
@@ -963,7 +971,7 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
                  "call-overhead": _call_overhead, "gemm-probe": _gemm_probe, "splitk-probe": _splitk_probe,
                  "prefix-attention-probe": _prefix_attention_probe,
                  "geglu-bench": _geglu_bench, "memset-probe": _memset_probe,
-                 "served-path-probe": _served_path}[cmd](doc, p, r)
+                 "served-path-probe": _served_path, "upload-probe": _upload_probe}[cmd](doc, p, r)
             except (KeyError, TypeError, ValueError) as e:
                 doc.p(f"could not render {p}: {type(e).__name__}: {e}", "warn")
     for cmd, items in by_cmd.items():

@@ -1,0 +1,104 @@
+"""The policy path's host <-> device pieces, one by one, on this machine (served_path_probe.py found
+its upload at 0.59 ms and its copy of the actions to the host at 0.24 ms on the H200's host).
+
+    python benchmarks/upload_probe.py --json $OUT/upload_probe.json
+
+Each piece is timed on the host clock, median of `--rounds`, with the GPU idle before it:
+- upload: `ObservationTransform.upload` whole (synced), then its parts: filling the pinned staging
+  buffer on the host, the `.to(device, non_blocking=True)` call's return, the wait for the copy;
+  against the same bytes copied into a preallocated device buffer, and from pageable memory;
+- preprocess: the eager uint8 -> [-1, 1] float kernels (synced);
+- to host: the actions' robot dims sliced on the device then copied (`[..., :7].cpu()`, as the
+  policy does), against the whole contiguous tensor copied then sliced on the host, and against a
+  non-blocking copy into a pinned buffer and an event's wait.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import time
+
+import numpy as np
+import torch
+
+from vlaperf.inputs import ObservationTransform, make_example
+from vlaperf.models.pi0 import get_config
+from vlaperf.report.schema import SCHEMA
+from vlaperf.timing import environment_record
+from vlaperf.workloads import get_workload
+
+
+def timed(fn, rounds: int) -> float:
+    xs = []
+    for _ in range(rounds):
+        torch.cuda.synchronize()
+        t = time.perf_counter()
+        fn()
+        xs.append(time.perf_counter() - t)
+    return statistics.median(xs) * 1e3
+
+
+def main() -> None:
+    p = argparse.ArgumentParser()
+    p.add_argument("--workload", default="libero-pi0")
+    p.add_argument("--rounds", type=int, default=200)
+    p.add_argument("--json", default=None)
+    args = p.parse_args()
+    w = get_workload(args.workload)
+    cfg = get_config(w.preset)
+    dev = torch.device("cuda")
+    tr = ObservationTransform(w, cfg, None, dev)
+    hb = tr.host_arrays(make_example(w))
+    for _ in range(5):
+        tr.preprocess(tr.upload(hb))
+    torch.cuda.synchronize()
+    nbytes = tr.upload(hb).state.untyped_storage().nbytes()  # the bytes one upload copies
+    host = tr._host_buffer[:nbytes]
+    flat = host.numpy()
+    pageable = torch.empty(nbytes, dtype=torch.uint8)
+    dev_buf = torch.empty(nbytes, dtype=torch.uint8, device=dev)
+    images = np.stack([np.stack(s) for s in hb.pixels])
+    out: dict[str, float] = {}
+
+    def upload_synced():
+        tr.upload(hb)
+        torch.cuda.synchronize()
+
+    out["upload_whole_synced"] = timed(upload_synced, args.rounds)
+    out["fill_staging_host"] = timed(lambda: flat[: images.size].__setitem__(..., images.reshape(-1)), args.rounds)
+    out["to_device_call_return"] = timed(lambda: host.to(dev, non_blocking=True), args.rounds)
+    out["to_device_synced"] = timed(lambda: (host.to(dev, non_blocking=True), torch.cuda.synchronize()), args.rounds)
+    out["copy_into_prealloc_synced"] = timed(lambda: (dev_buf.copy_(host, non_blocking=True), torch.cuda.synchronize()),
+                                             args.rounds)
+    out["copy_from_pageable_synced"] = timed(lambda: (dev_buf.copy_(pageable), torch.cuda.synchronize()), args.rounds)
+    out["event_create_record"] = timed(lambda: torch.cuda.Event().record(), args.rounds)
+    out["sync_idle_gpu"] = timed(torch.cuda.synchronize, args.rounds)
+    db = tr.upload(hb)
+    out["preprocess_synced"] = timed(lambda: (tr.preprocess(db), torch.cuda.synchronize()), args.rounds)
+    actions = torch.randn(1, cfg.action_horizon, cfg.action_dim, device=dev)
+    pinned = torch.empty(actions.shape, dtype=actions.dtype, pin_memory=True)
+    A = w.robot_action_dim
+    out["to_host_slice_then_copy"] = timed(lambda: actions[..., :A].cpu().numpy().astype(np.float32), args.rounds)
+    out["to_host_copy_then_slice"] = timed(lambda: actions.cpu().numpy()[..., :A].astype(np.float32), args.rounds)
+
+    def pinned_event():
+        pinned.copy_(actions, non_blocking=True)
+        e = torch.cuda.Event()
+        e.record()
+        e.synchronize()
+        return pinned.numpy()[..., :A].astype(np.float32)
+
+    out["to_host_pinned_event"] = timed(pinned_event, args.rounds)
+    result = {"schema": SCHEMA, "command": "upload-probe", "workload": {"id": w.id, "overrides": {}},
+              "variant": {"levers": [], "label": "policy transfers", "dtype": "-"}, "env": environment_record("cuda"),
+              "rounds": args.rounds, "staging_bytes": nbytes, "median_ms": out}
+    print(json.dumps(out, indent=1))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump(result, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
