@@ -14,6 +14,9 @@
 #            its first try in c found no websockets on the image)
 #   PART=e   the policy path's host <-> device pieces alone (upload_probe.py): where the served path probe's 0.59 ms
 #            upload and 0.24 ms copy to the host go
+#   PART=f   (carry .whl) the served-path probe again with the server's event loop polling for results (every 0.2 ms)
+#            against sleeping until the inference thread wakes it; libero-pi0 best's kernel table and sequence with
+#            inductor's PDL (the gaps between kernels against session 16's sequence)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session21.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -58,6 +61,13 @@ EOT
 e)
   lane A 0 40 <<EOT &
 100 python3 benchmarks/upload_probe.py --json $R/upload_probe_libero-pi0.json
+EOT
+  ;;
+f)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site
+  lane A 0 40 <<EOT &
+150 python3 benchmarks/served_path_probe.py --workload libero-pi0 --levers best --json $R/served_path_libero-pi0_best_polls.json
+150 python3 benchmarks/profile_kernels.py --workload libero-pi0 --levers best --rows 30 --sequence $R/kernel_sequence_best_s21.txt > $R/kernels_best_s21.txt 2>&1; tail -10 $R/kernels_best_s21.txt
 EOT
   ;;
 esac
