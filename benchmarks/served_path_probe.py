@@ -101,7 +101,9 @@ def loop_polls(seconds: float | None):
             await asyncio.sleep(seconds)
         return [f.result() for f in futures]
 
-    S.asyncio.gather = polling_gather  # the module's name for asyncio: only _reply's gather calls go here
+    # asyncio.gather itself, process-wide while the block runs (S.asyncio is the asyncio module): on this
+    # path the server's _reply is its one caller that waits on the inference thread
+    S.asyncio.gather = polling_gather
     try:
         yield
     finally:
