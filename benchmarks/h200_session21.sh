@@ -17,6 +17,8 @@
 #   PART=f   (carry .whl) the served-path probe again with the server's event loop polling for results (every 0.2 ms)
 #            against sleeping until the inference thread wakes it; libero-pi0 best's kernel table and sequence with
 #            inductor's PDL (the gaps between kernels against session 16's sequence)
+#   PART=g   libero-pi0 best's kernel table and sequence with and without our kernels' PDL, one instance, to place
+#            version 94's loss
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session21.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -68,6 +70,12 @@ f)
   lane A 0 40 <<EOT &
 150 python3 benchmarks/served_path_probe.py --workload libero-pi0 --levers best --json $R/served_path_libero-pi0_best_polls.json
 150 python3 benchmarks/profile_kernels.py --workload libero-pi0 --levers best --rows 30 --sequence $R/kernel_sequence_best_s21.txt > $R/kernels_best_s21.txt 2>&1; tail -10 $R/kernels_best_s21.txt
+EOT
+  ;;
+g)
+  lane A 0 12 <<EOT &
+150 python3 benchmarks/profile_kernels.py --workload libero-pi0 --levers best --rows 30 --sequence $R/kernel_sequence_best_s21g.txt > $R/kernels_best_s21g.txt 2>&1; tail -10 $R/kernels_best_s21g.txt
+150 python3 benchmarks/profile_kernels.py --workload libero-pi0 --levers best --kernel-pdl --rows 30 --sequence $R/kernel_sequence_best_kernel-pdl_s21g.txt > $R/kernels_best_kernel-pdl_s21g.txt 2>&1; tail -10 $R/kernels_best_kernel-pdl_s21g.txt
 EOT
   ;;
 esac
