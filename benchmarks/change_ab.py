@@ -45,9 +45,11 @@ the same levers with the change. Changes:
                          and dynamo's caches are reset between the two engines' first calls, so engine B
                          never reuses engine A's compiled code; the probe counts the generated kernels
                          that wait (`gdc_wait`) in this process's inductor cache.
-  kernel_pdl             the engine's own Triton kernels (prefix attention, RoPE + cache write, the step
-                         kernel, the heads' small-M matmuls) launched with PDL, each waiting for the
-                         kernel before it as its first instruction (kernels/launch.py, launch.PDL)
+  kernel_pdl             the engine's own Triton kernels named in launch.PDL_KERNELS launched with PDL, each
+                         waiting for the kernel before it as its first instruction (kernels/launch.py),
+                         against none of them. Session 21's first run (every kernel of ours, the prefix's
+                         attention and RoPE too) was at 27a3de5; the run of the denoise loop's kernels
+                         alone (the step kernel and the heads) at a later commit.
 Tried and taken out (docs/perf-notes.md, session 8): siglip_sdpa_flash (SDPA's flash kernel
 first for SigLIP's attention, at 1d8a3f5) and siglip_attention_kernel (SigLIP's attention
 through the split-key Triton kernel, at 0ccbea4, and with swept tiles at 8a3233d): no gain.
@@ -193,7 +195,7 @@ def without_between_steps_trims(engine: Engine):
 
 
 without_inductor_pdl = switched("vlaperf.engine.compile", "INDUCTOR_PDL", False)
-without_kernel_pdl = switched("vlaperf.engine.kernels.launch", "PDL", False)
+without_kernel_pdl = switched("vlaperf.engine.kernels.launch", "PDL_KERNELS", frozenset())
 
 
 def pdl_kernel_count(model) -> dict:
@@ -229,7 +231,7 @@ CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "step_token_major": (without_step_token_major, lambda model: {}),
            "wave_splits": (without_wave_splits, lambda model: {}),
            "inductor_pdl": (without_inductor_pdl, pdl_kernel_count),
-           "kernel_pdl": (without_kernel_pdl, lambda model: {"pdl_here": _pdl_here()})}
+           "kernel_pdl": (without_kernel_pdl, lambda model: _pdl_here())}
 # changes whose switch is off in the engine: turned on for this process (engine B), undone for engine A
 SWITCH_ON = {"split_gate_up": ("vlaperf.engine.layers", "SPLIT_GATE_UP")}
 # changes bound when an engine is built (compile options): engine A is built inside the undo too, and dynamo's
@@ -237,10 +239,10 @@ SWITCH_ON = {"split_gate_up": ("vlaperf.engine.layers", "SPLIT_GATE_UP")}
 AT_CONSTRUCTION = ("inductor_pdl",)
 
 
-def _pdl_here() -> bool:
-    from vlaperf.engine.kernels.launch import pdl_here
+def _pdl_here() -> dict:
+    from vlaperf.engine.kernels import launch, small_m_matmul
 
-    return pdl_here()
+    return {"pdl_kernels": sorted(launch.PDL_KERNELS), "small_m_with_pdl": launch.pdl_here(small_m_matmul._small_m_kernel)}
 
 
 def main() -> None:

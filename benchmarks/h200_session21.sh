@@ -19,6 +19,8 @@
 #            inductor's PDL (the gaps between kernels against session 16's sequence)
 #   PART=g   libero-pi0 best's kernel table and sequence with and without our kernels' PDL, one instance, to place
 #            version 94's loss
+#   PART=h   PDL for the denoise loop's kernels alone (launch.PDL_KERNELS: the step kernel and the heads between
+#            its launches), change_ab.py --change kernel_pdl, libero-pi0
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session21.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -74,8 +76,13 @@ EOT
   ;;
 g)
   lane A 0 12 <<EOT &
-150 python3 benchmarks/profile_kernels.py --workload libero-pi0 --levers best --rows 30 --sequence $R/kernel_sequence_best_s21g.txt > $R/kernels_best_s21g.txt 2>&1; tail -10 $R/kernels_best_s21g.txt
-150 python3 benchmarks/profile_kernels.py --workload libero-pi0 --levers best --kernel-pdl --rows 30 --sequence $R/kernel_sequence_best_kernel-pdl_s21g.txt > $R/kernels_best_kernel-pdl_s21g.txt 2>&1; tail -10 $R/kernels_best_kernel-pdl_s21g.txt
+150 python3 benchmarks/profile_kernels.py --workload libero-pi0 --levers best --kernel-pdl none --rows 30 --sequence $R/kernel_sequence_best_s21g.txt > $R/kernels_best_s21g.txt 2>&1; tail -10 $R/kernels_best_s21g.txt
+150 python3 benchmarks/profile_kernels.py --workload libero-pi0 --levers best --kernel-pdl all --rows 30 --sequence $R/kernel_sequence_best_kernel-pdl_s21g.txt > $R/kernels_best_kernel-pdl_s21g.txt 2>&1; tail -10 $R/kernels_best_kernel-pdl_s21g.txt
+EOT
+  ;;
+h)
+  lane A 0 12 <<EOT &
+200 python3 benchmarks/change_ab.py --change kernel_pdl --workload libero-pi0 --rounds 60 --json $R/change_ab_libero-pi0_kernel_pdl_loop.json
 EOT
   ;;
 esac

@@ -979,39 +979,52 @@ def _resources():
 
 def test_launch_gives_pdl_only_to_kernels_that_wait_and_only_where_the_gpu_has_it(monkeypatch):
     """`launch` hands USE_PDL (and the PDL launch option) to the kernels that take it, and only
-    where `pdl_here()`: never on the CPU or in the interpreter, never with the switch off; a
-    kernel without USE_PDL is launched as it was, since launching it with PDL would let it read
-    before the kernel it follows has written."""
+    where `pdl_here(kernel)`: a kernel named in PDL_KERNELS, on a CUDA GPU of compute capability
+    9+, never in the interpreter; a kernel without USE_PDL is launched as it was, since launching
+    it with PDL would let it read before the kernel it follows has written."""
     # imported before TRITON_INTERPRET is set below: Triton picks the interpreter when a kernel is defined
     from vlaperf.engine.kernels import expert_step, rope_qkv, small_m_matmul, suffix_attention
     from vlaperf.engine.kernels import launch as L
 
     class FakeKernel:
-        def __init__(self, arg_names):
-            self.arg_names, self.calls = arg_names, []
+        def __init__(self, name, arg_names):
+            self.__name__, self.arg_names, self.calls = name, arg_names, []
 
         def __getitem__(self, grid):
             return lambda *args, **kwargs: self.calls.append((grid, args, kwargs))
 
-    waits, plain = FakeKernel(["x_ptr", "N", "USE_PDL"]), FakeKernel(["x_ptr", "N"])
+    waits = FakeKernel("_small_m_kernel", ["x_ptr", "N", "USE_PDL"])
+    plain = FakeKernel("_small_m_kernel", ["x_ptr", "N"])
     for kernel in (waits, plain):
         L.launch(kernel, (4,), "x", 7, BLOCK=16)
-    assert not L.pdl_here()  # this CPU machine
+    assert "_small_m_kernel" in L.PDL_KERNELS and not L.pdl_here(waits)  # this CPU machine
     assert waits.calls == [((4,), ("x", 7), {"BLOCK": 16, "USE_PDL": False})]
     assert plain.calls == [((4,), ("x", 7), {"BLOCK": 16})]
-    monkeypatch.setattr(L, "pdl_here", lambda: True)
+    # a Hopper GPU: the listed kernels get PDL, the others not
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(L, "_device_has_pdl", lambda index: True)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     L.launch(waits, (4,), "x", 7)
     L.launch(plain, (4,), "x", 7)
     assert waits.calls[-1][2] == {"USE_PDL": True, "launch_pdl": True}
     assert plain.calls[-1][2] == {}
-    monkeypatch.undo()
+    prefix_kernel = FakeKernel("_partial_kernel", ["q_ptr", "USE_PDL"])
+    L.launch(prefix_kernel, (4,), "q")
+    assert "_partial_kernel" not in L.PDL_KERNELS and prefix_kernel.calls[-1][2] == {"USE_PDL": False}
+    monkeypatch.setattr(L, "_device_has_pdl", lambda index: False)  # an Ampere GPU
+    assert not L.pdl_here(waits)
+    monkeypatch.setattr(L, "_device_has_pdl", lambda index: True)
     monkeypatch.setenv("TRITON_INTERPRET", "1")
-    assert not L.pdl_here()
-    # every kernel the engine launches takes USE_PDL (each waits before its first access)
-    for kernel in (expert_step._expert_step_kernel, expert_step._mod_prologue_kernel, rope_qkv._rope_qkv_kernel,
-                   small_m_matmul._small_m_kernel, small_m_matmul._reduce_kernel, suffix_attention._partial_kernel,
-                   suffix_attention._merge_kernel):
+    assert not L.pdl_here(waits)
+    # every kernel the engine launches takes USE_PDL (each waits before its first access), and
+    # PDL_KERNELS names only kernels that exist
+    kernels = (expert_step._expert_step_kernel, expert_step._mod_prologue_kernel, rope_qkv._rope_qkv_kernel,
+               small_m_matmul._small_m_kernel, small_m_matmul._reduce_kernel, suffix_attention._partial_kernel,
+               suffix_attention._merge_kernel)
+    for kernel in kernels:
         assert kernel.arg_names[-1] == "USE_PDL", kernel
+    assert L.PDL_KERNELS <= {k.__name__ for k in kernels}
 
 
 def test_kernels_launched_with_pdl_wait_before_anything_else_when_compiled_for_hopper():

@@ -41,12 +41,14 @@ import triton.language as tl
 
 _state = threading.local()
 
-# Module switch: launch the kernels that support it with PDL where the GPU has it (compute
-# capability 9+, not in Triton's CPU interpreter). Off: on the H200 it did not pay in the call
-# (benchmarks/change_ab.py --change kernel_pdl: libero-pi0 0.997x, p10..p90 0.996..1.000;
-# libero-pi0-b4 0.989x, 0.970..1.008; docs/perf-notes.md, session 21), where inductor's PDL
-# kernels did (engine/compile.py).
-PDL = False
+# The kernels launched with PDL where the GPU has it (compute capability 9+, not in Triton's CPU
+# interpreter): those of the denoise loop, the step kernel and the float32 heads between two of
+# its launches. On the H200 every kernel of ours with PDL lost in the call (libero-pi0 0.997x,
+# benchmarks/change_ab.py --change kernel_pdl); its kernel sequences (profiles/*_s21g.txt) had the
+# steps 34 us faster (the heads' chain between two step launches 25.6 -> 22.1 us) and the prefix
+# 65 us slower, where its attention and RoPE kernels release the next one early
+# (docs/perf-notes.md, session 21).
+PDL_KERNELS = frozenset({"_expert_step_kernel", "_mod_prologue_kernel", "_small_m_kernel", "_reduce_kernel"})
 
 
 @triton.jit
@@ -63,9 +65,11 @@ def _device_has_pdl(index: int) -> bool:
     return torch.cuda.get_device_capability(index)[0] >= 9
 
 
-def pdl_here() -> bool:
-    """Whether launches on the current CUDA device use PDL now."""
-    if not PDL or os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
+def pdl_here(kernel) -> bool:
+    """Whether `kernel` is launched with PDL on the current CUDA device now."""
+    if getattr(kernel, "__name__", None) not in PDL_KERNELS:
+        return False
+    if os.environ.get("TRITON_INTERPRET") == "1" or not torch.cuda.is_available():
         return False
     if not hasattr(tl.extra.cuda, "gdc_wait"):  # Triton before 3.3 has no PDL
         return False
@@ -86,9 +90,9 @@ def compile_only(record: list | None = None):
 
 def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     """kernel[grid](*args, **kwargs), or only its compile inside `compile_only()`. A kernel
-    that takes USE_PDL gets it, and the launch PDL, where `pdl_here()`."""
+    that takes USE_PDL gets it, and the launch PDL, where `pdl_here(kernel)`."""
     if "USE_PDL" in getattr(kernel, "arg_names", ()):
-        use = pdl_here()
+        use = pdl_here(kernel)
         kwargs["USE_PDL"] = use
         if use:
             kwargs["launch_pdl"] = True
