@@ -45,11 +45,11 @@ the same levers with the change. Changes:
                          and dynamo's caches are reset between the two engines' first calls, so engine B
                          never reuses engine A's compiled code; the probe counts the generated kernels
                          that wait (`gdc_wait`) in this process's inductor cache.
-  kernel_pdl             the engine's own Triton kernels named in launch.PDL_KERNELS launched with PDL, each
-                         waiting for the kernel before it as its first instruction (kernels/launch.py),
-                         against none of them. Session 21's first run (every kernel of ours, the prefix's
-                         attention and RoPE too) was at 27a3de5; the run of the denoise loop's kernels
-                         alone (the step kernel and the heads) at a later commit.
+  kernel_pdl             the denoise loop's Triton kernels (launch.DENOISE_LOOP_KERNELS: the step kernel and
+                         the heads between its launches) launched with PDL, each waiting for the kernel
+                         before it as its first instruction (kernels/launch.py), against none of ours.
+                         Session 21's run of it, at 27a3de5, had every kernel of ours (the prefix's
+                         attention and RoPE too) on the with-side.
 Tried and taken out (docs/perf-notes.md, session 8): siglip_sdpa_flash (SDPA's flash kernel
 first for SigLIP's attention, at 1d8a3f5) and siglip_attention_kernel (SigLIP's attention
 through the split-key Triton kernel, at 0ccbea4, and with swept tiles at 8a3233d): no gain.
@@ -233,7 +233,9 @@ CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "inductor_pdl": (without_inductor_pdl, pdl_kernel_count),
            "kernel_pdl": (without_kernel_pdl, lambda model: _pdl_here())}
 # changes whose switch is off in the engine: turned on for this process (engine B), undone for engine A
-SWITCH_ON = {"split_gate_up": ("vlaperf.engine.layers", "SPLIT_GATE_UP")}
+# (module, name, value; a str value names the module's constant to use)
+SWITCH_ON = {"split_gate_up": ("vlaperf.engine.layers", "SPLIT_GATE_UP", True),
+             "kernel_pdl": ("vlaperf.engine.kernels.launch", "PDL_KERNELS", "DENOISE_LOOP_KERNELS")}
 # changes bound when an engine is built (compile options): engine A is built inside the undo too, and dynamo's
 # caches are reset before engine B's first call
 AT_CONSTRUCTION = ("inductor_pdl",)
@@ -258,8 +260,9 @@ def main() -> None:
     if args.change in SWITCH_ON:
         import importlib
 
-        module, name = SWITCH_ON[args.change]
-        setattr(importlib.import_module(module), name, True)
+        module, name, value = SWITCH_ON[args.change]
+        owner = importlib.import_module(module)
+        setattr(owner, name, getattr(owner, value) if isinstance(value, str) else value)  # a str: another of its names
     model = build_model(w.preset, "cuda")
     obs, noise = random_observation(w, model.config, "cuda"), random_noise(w, model.config, "cuda")
     if args.change in AT_CONSTRUCTION:

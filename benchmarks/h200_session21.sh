@@ -19,8 +19,9 @@
 #            inductor's PDL (the gaps between kernels against session 16's sequence)
 #   PART=g   libero-pi0 best's kernel table and sequence with and without our kernels' PDL, one instance, to place
 #            version 94's loss
-#   PART=h   PDL for the denoise loop's kernels alone (launch.PDL_KERNELS: the step kernel and the heads between
-#            its launches), change_ab.py --change kernel_pdl, libero-pi0
+#   PART=h   PDL for the denoise loop's kernels alone (launch.DENOISE_LOOP_KERNELS: the step kernel and the heads
+#            between its launches), change_ab.py --change kernel_pdl, libero-pi0. Prepared, not run: the session's
+#            device time was spent
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session21.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B

@@ -34,15 +34,16 @@ p.add_argument("--mode", default="model", choices=("model", "forward"),
 p.add_argument("--batch", type=int, default=None, help="world-action workloads: batch size instead of the workload's")
 p.add_argument("--sequence", default=None, help="also write every kernel of the call in launch order (start, duration, "
                                                "gap to the previous kernel's end, name) to this file")
-p.add_argument("--kernel-pdl", default=None, choices=("all", "none"), help="the engine's own Triton kernels launched "
-               "with programmatic dependent launch: all of them, or none (default: kernels/launch.py PDL_KERNELS)")
+p.add_argument("--kernel-pdl", default=None, choices=("all", "loop", "none"), help="the engine's own Triton kernels "
+               "launched with programmatic dependent launch: all of them, the denoise loop's (launch.DENOISE_LOOP_KERNELS) "
+               "or none (default: launch.PDL_KERNELS)")
 args = p.parse_args()
 if args.kernel_pdl:
     import vlaperf.engine.kernels.launch as launch_module
 
-    launch_module.PDL_KERNELS = frozenset() if args.kernel_pdl == "none" else frozenset(
-        {"_expert_step_kernel", "_mod_prologue_kernel", "_small_m_kernel", "_reduce_kernel", "_rope_qkv_kernel",
-         "_partial_kernel", "_merge_kernel"})
+    launch_module.PDL_KERNELS = {"none": frozenset(), "loop": launch_module.DENOISE_LOOP_KERNELS,
+                                 "all": launch_module.DENOISE_LOOP_KERNELS | {"_rope_qkv_kernel", "_partial_kernel",
+                                                                             "_merge_kernel"}}[args.kernel_pdl]
 if args.kv_align is not None:
     import vlaperf.engine.engine as engine_module
 

@@ -42,13 +42,14 @@ import triton.language as tl
 _state = threading.local()
 
 # The kernels launched with PDL where the GPU has it (compute capability 9+, not in Triton's CPU
-# interpreter): those of the denoise loop, the step kernel and the float32 heads between two of
-# its launches. On the H200 every kernel of ours with PDL lost in the call (libero-pi0 0.997x,
-# benchmarks/change_ab.py --change kernel_pdl); its kernel sequences (profiles/*_s21g.txt) had the
-# steps 34 us faster (the heads' chain between two step launches 25.6 -> 22.1 us) and the prefix
-# 65 us slower, where its attention and RoPE kernels release the next one early
+# interpreter): none by default. On the H200 every kernel of ours with PDL lost in the call
+# (libero-pi0 0.997x, benchmarks/change_ab.py --change kernel_pdl); its kernel sequences
+# (profiles/*_s21g.txt) had the steps 34 us faster (the heads' chain between two step launches
+# 25.6 -> 22.1 us) and the prefix 65 us slower. The denoise loop's kernels alone (the step kernel
+# and the float32 heads between its launches) are the next A/B, not yet measured
 # (docs/perf-notes.md, session 21).
-PDL_KERNELS = frozenset({"_expert_step_kernel", "_mod_prologue_kernel", "_small_m_kernel", "_reduce_kernel"})
+DENOISE_LOOP_KERNELS = frozenset({"_expert_step_kernel", "_mod_prologue_kernel", "_small_m_kernel", "_reduce_kernel"})
+PDL_KERNELS: frozenset[str] = frozenset()
 
 
 @triton.jit
