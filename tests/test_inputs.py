@@ -113,9 +113,14 @@ def test_bad_inputs_name_the_field(libero, edit, message):
 def test_policy_infer_returns_robot_actions():
     w = get_workload("tiny")
     model = build_model("tiny")
-    policy = Policy(model, model.sample_actions, w)
+    noise = torch.randn(1, model.config.action_horizon, model.config.action_dim)
+    policy = Policy(model, model.sample_actions, w, noise=noise)
     out = policy.infer(make_example(w))
     assert out["actions"].shape == (10, 7) and out["actions"].dtype == np.float32
+    assert out["actions"].flags["C_CONTIGUOUS"]
+    # the robot's dims of the model's chunk, exactly (sliced on the host after the copy)
+    full = model.sample_actions(policy.transform(make_example(w)), noise, w.steps)
+    np.testing.assert_array_equal(out["actions"], full[0, :, :7].numpy())
     assert out["policy_timing"]["infer_ms"] > 0
     batch = policy.infer([make_example(w, seed=1), make_example(w, seed=2)])
     assert batch["actions"].shape == (2, 10, 7)
