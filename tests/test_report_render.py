@@ -72,13 +72,22 @@ def test_html_from_h200_results(h200_files, tmp_path):
     assert "http://" not in text and "<script" not in text  # readable offline, no server
 
 
-def test_markdown_from_h200_results(h200_files, tmp_path):
-    out = render([H200], tmp_path / "report.md")
+@pytest.fixture(scope="module")
+def h200_markdown(h200_files, tmp_path_factory):
+    """One markdown report of every committed GPU result (h200 and h200x2): rendering ~400 files
+    with their figures takes ~40 s on the CI machine, so the tests below share it."""
+    dirs = [d for d in (H200, H200.parent / "h200x2") if d.is_dir()]
+    out = render(dirs, tmp_path_factory.mktemp("h200_markdown") / "report.md")
+    return dirs, out
+
+
+def test_markdown_from_h200_results(h200_markdown):
+    _, out = h200_markdown
     text = out.read_text()
     links = re.findall(r"!\[[^\]]*\]\((report_files/[^)]+\.png)\)", text)
     assert links
     for link in links:
-        assert (tmp_path / link).read_bytes().startswith(PNG)
+        assert (out.parent / link).read_bytes().startswith(PNG)
     assert "| variant [mode] | timer | median ms" in text
     assert "## Environment" in text
 
@@ -119,15 +128,15 @@ def test_breakdown_and_scaling_results_follow_the_schema(tiny_results):
         assert r["schema"] == "vlaperf.result/1" and r["workload"]["id"] == "tiny"
 
 
-def test_serving_peer_and_kernel_results_have_renderers(tmp_path):
+def test_serving_peer_and_kernel_results_have_renderers(h200_markdown):
     """loadgen (1 vs N replicas on one plot), compare and kernel-bench files get sections,
     tables and figures, not the 'no renderer' fallback."""
-    dirs = [d for d in (H200, H200.parent / "h200x2") if d.is_dir()]
+    dirs, out = h200_markdown
     results, _ = load_results(dirs)
     commands = {r["command"] for _, r in results}
     if not {"loadgen", "compare", "kernel-bench"} <= commands:
         pytest.skip("the committed results lack a loadgen, compare or kernel-bench file")
-    md = render(dirs, tmp_path / "r.md").read_text()
+    md = out.read_text()
     assert "has no renderer" not in md and "could not render" not in md
     for heading in ("## Serving under load (loadgen)", "## Side by side with a peer (compare)", "## Kernels (kernel-bench)"):
         assert heading in md, heading
