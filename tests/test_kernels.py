@@ -1056,7 +1056,8 @@ def test_kernels_launched_with_pdl_wait_before_anything_else_when_compiled_for_h
 def test_compile_asks_inductor_for_pdl_only_for_graph_replays_on_hopper(monkeypatch):
     """`compile_fn(pdl=True)` passes the mode's own options plus triton.enable_pdl (torch.compile
     takes a mode or options, not both); the engine asks for it only where its calls replay from
-    a CUDA graph on a GPU of compute capability 9+; with the module switch off, the mode alone."""
+    a CUDA graph on a GPU of compute capability 9+; with the module switch off, or a torch whose
+    inductor lacks the option, the mode alone."""
     from vlaperf.engine import compile as C
 
     seen = []
@@ -1066,6 +1067,11 @@ def test_compile_asks_inductor_for_pdl_only_for_graph_replays_on_hopper(monkeypa
                                    "triton.enable_pdl": True} and "mode" not in seen[-1]
     C.compile_fn(len, "default", pdl=False)
     assert seen[-1]["mode"] == "default" and "options" not in seen[-1]
+    monkeypatch.setattr(C, "inductor_has_pdl", lambda: False)  # a torch whose inductor has no such option
+    C.compile_fn(len, "default", pdl=True)
+    assert seen[-1]["mode"] == "default" and "options" not in seen[-1]
+    monkeypatch.undo()
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
     monkeypatch.setattr(C, "INDUCTOR_PDL", False)
     C.compile_fn(len, "default", pdl=True)
     assert seen[-1]["mode"] == "default" and "options" not in seen[-1]

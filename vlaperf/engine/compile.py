@@ -72,6 +72,13 @@ def wants_pdl(device: torch.device, in_graph: bool) -> bool:
     return torch.cuda.get_device_capability(device)[0] >= 9
 
 
+def inductor_has_pdl() -> bool:
+    """Whether this torch's inductor has the PDL option (older releases reject an unknown option)."""
+    import torch._inductor.config as inductor_config
+
+    return "triton.enable_pdl" in inductor_config.get_config_copy()
+
+
 def compile_fn(fn, mode: str, backend: str = "inductor", pdl: bool = False):
     blockers = compile_blockers(backend)
     if blockers:
@@ -81,7 +88,7 @@ def compile_fn(fn, mode: str, backend: str = "inductor", pdl: bool = False):
     torch._dynamo.config.cache_size_limit = max(torch._dynamo.config.cache_size_limit, 256)
     if backend != "inductor":
         return torch.compile(fn, backend=backend, fullgraph=True, dynamic=False)
-    if pdl and INDUCTOR_PDL:  # a mode is a set of inductor options; torch.compile takes one or the other
+    if pdl and INDUCTOR_PDL and inductor_has_pdl():  # a mode is a set of inductor options; torch.compile takes one or the other
         options = {**torch._inductor.list_mode_options(mode), "triton.enable_pdl": True}
         return torch.compile(fn, options=options, fullgraph=True, dynamic=False)
     return torch.compile(fn, mode=mode, fullgraph=True, dynamic=False)
