@@ -7,7 +7,7 @@
 #   PART=b   programmatic dependent launch for the engine's own Triton kernels (change_ab.py --change kernel_pdl) at
 #            batch 1 and 4, inductor's PDL (now a compile option the engine sets, on in both engines) again at batch 1
 #            (inductor_pdl, engine A built without it); libero-pi0 best in a fresh process
-#   PART=c   with kernel PDL off (launch.PDL; part b: 0.997x) and inductor's PDL on: where a served call's time goes
+#   PART=c   with kernel PDL off (launch.PDL then, PDL_KERNELS empty now; part b: 0.997x) and inductor's PDL on: where a served call's time goes
 #            beyond the model call (served_path_probe.py), then the closing benches of every pi0-family workload in
 #            fresh processes (c: libero-pi0 in model and policy mode, b4, b8; d: libero-pi05, libero-shallow6,
 #            aloha-pi0) and the equivalence checks of best at batch 1 and 4 (d); the probe runs in d (carry .whl:
