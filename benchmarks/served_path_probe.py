@@ -9,7 +9,9 @@ phase by phase with a device sync after each phase (so the phases' sum exceeds t
 by the syncs): validate + tokenize on the host, the upload (one pinned staging copy), the
 device preprocess, `sample_actions` (graph replay), the actions' copy to the host, and the
 step kernel's fault check (`verify`, one 4-byte read). Model mode (`sample_actions` on device
-tensors) is timed in the same rounds, interleaved, for the difference.
+tensors) is timed in its own loop first, in the same process, for the difference. The copy to
+the host is the policy's own: the whole chunk, then the robot's dims on the host (session 21's
+two files, at 278ad08 and 29cebd9, sliced on the device first, as the policy did then).
 
 Part 2, the front end: a `PolicyServer` in this process serves (a) the real policy and (b) a
 stand-in whose `infer` sleeps for the real policy's median (the GIL released, as while the
@@ -75,7 +77,7 @@ def policy_phases(policy: Policy, engine: Engine, example: dict, noise, steps: i
         actions = engine.sample_actions(obs, noise, steps)
         sync()
         marks.append(time.perf_counter())
-        actions[..., : policy.workload.robot_action_dim].cpu().numpy().astype(np.float32)
+        actions.cpu().numpy()[..., : policy.workload.robot_action_dim].astype(np.float32)
         marks.append(time.perf_counter())
         engine.raise_on_kernel_fault()
         marks.append(time.perf_counter())
