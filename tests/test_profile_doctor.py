@@ -87,6 +87,30 @@ def test_compile_cache_finding_names_the_directories_and_their_size(monkeypatch,
     assert f["title"] == "compile caches" and f["fix"] is None, f
 
 
+def test_pdl_finding_says_why_it_is_off(monkeypatch):
+    """The doctor names the reason inductor's PDL kernels are not used: an older GPU, a torch
+    without the option, the switch; and that it is on otherwise. Never an error (a speed note)."""
+    from vlaperf.engine import compile as compile_mod
+
+    cuda = torch.device("cuda")
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 0))
+    f = doctor_mod._pdl_check(cuda)
+    assert f["id"] == "env.pdl" and f["severity"] == "info" and "not on this GPU" in f["title"] and "8.0" in f["detail"]
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(compile_mod, "inductor_has_pdl", lambda: True)
+    assert doctor_mod._pdl_check(cuda)["title"].endswith(": on")
+    monkeypatch.setattr(compile_mod, "inductor_has_pdl", lambda: False)
+    f = doctor_mod._pdl_check(cuda)
+    assert "not in this torch" in f["title"] and f["fix"]
+    monkeypatch.setattr(compile_mod, "inductor_has_pdl", lambda: True)
+    monkeypatch.setattr(compile_mod, "INDUCTOR_PDL", False)
+    assert doctor_mod._pdl_check(cuda)["title"].endswith(": off")
+    monkeypatch.setenv("TORCHINDUCTOR_ENABLE_PDL", "1")
+    assert "static launcher" in doctor_mod._pdl_check(cuda)["detail"]
+    # a CPU run has no such finding
+    assert "env.pdl" not in by_id(environment_checks("cpu"))
+
+
 def test_gpu_probes_with_fake_nvidia_smi(monkeypatch):
     """Only our GPU (by UUID) counts: a job on the host's other GPU is not a tenant of ours."""
     def fake(args):

@@ -107,6 +107,8 @@ def environment_checks(device: torch.device | str | None = None, model_dtype: to
         out.append(finding("env.matmul_precision", "info", f"float32 matmul precision: {precision}",
                            detail + (" (matters only for float32 matmuls)" if device.type == "cuda" else "")))
     out.append(_compile_cache_check())
+    if device.type == "cuda":
+        out.append(_pdl_check(device))
     out += _gpu_checks(device)
     out.append(_versions(device))
     relevant = {k: v for k, v in os.environ.items()
@@ -115,6 +117,35 @@ def environment_checks(device: torch.device | str | None = None, model_dtype: to
         out.append(finding("env.variables", "info", "environment variables that change torch's behaviour",
                            ", ".join(f"{k}={v}" for k, v in sorted(relevant.items()))))
     return out
+
+
+def _pdl_check(device: torch.device) -> dict:
+    """Whether inductor's kernels in vlaperf's CUDA-graph calls use programmatic dependent launch
+    here (engine/compile.py): it needs a Hopper or newer GPU and a torch whose inductor has the
+    option; the H200 figures include it (libero-pi0 1.002-1.008x)."""
+    from vlaperf.engine.compile import INDUCTOR_PDL, inductor_has_pdl
+
+    title = "programmatic dependent launch (inductor's kernels in CUDA-graph calls)"
+    forced = ("; TORCHINDUCTOR_ENABLE_PDL is set: every compiled call gets it, eager launches too, where a PDL "
+              "kernel loses inductor's static launcher" if _set("TORCHINDUCTOR_ENABLE_PDL") else "")
+    try:
+        major, minor = torch.cuda.get_device_capability(device)
+    except Exception as e:  # no CUDA runtime here (a CPU build of torch asked about cuda)
+        return finding("env.pdl", "info", title + ": unknown", f"could not read the GPU's compute capability: {e}" + forced)
+    if major < 9:
+        return finding("env.pdl", "info", title + ": not on this GPU",
+                       f"compute capability {major}.{minor}; PDL needs 9.0 or newer (Hopper), so the H200 figures' "
+                       "0.2-0.8% from it do not carry over" + forced)
+    if not inductor_has_pdl():
+        return finding("env.pdl", "info", title + ": not in this torch",
+                       f"torch {torch.__version__}'s inductor has no triton.enable_pdl option: compiled calls replayed "
+                       "from the CUDA graph run without it (H200 libero-pi0: 1.002-1.008x with it)" + forced,
+                       fix="a newer torch (2.11 has the option)")
+    if not INDUCTOR_PDL:
+        return finding("env.pdl", "info", title + ": off", "vlaperf.engine.compile.INDUCTOR_PDL is False" + forced)
+    return finding("env.pdl", "info", title + ": on",
+                   f"compute capability {major}.{minor}; engines with compile and cuda_graph compile with "
+                   "triton.enable_pdl" + forced)
 
 
 def _dir_bytes(path: str, max_files: int = 20_000) -> tuple[int, bool]:
