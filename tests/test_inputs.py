@@ -139,19 +139,21 @@ def _per_array_reference(tr, examples):
             torch.from_numpy(np.stack(hb.token_masks)), torch.from_numpy(np.stack(hb.states)))
 
 
-@pytest.mark.parametrize("case", ["model_size", "resized", "mixed_sizes", "aloha_missing_camera", "batch"])
+@pytest.mark.parametrize("case", ["model_size", "resized", "mixed_sizes", "aloha_model_size", "aloha_missing_camera",
+                                  "batch"])
 def test_packed_upload_gives_the_per_array_tensors(case):
     """One staging buffer and one copy (images at the model's size skip the per-image path)
-    give exactly the tensors of one copy per array, for every layout and batch."""
+    give exactly the tensors of one copy per array, for every layout and batch. ALOHA's images
+    arrive channels first and are staged so (a plain copy, not a transposing one)."""
     w, cfg = get_workload("tiny"), get_config("tiny")
-    if case == "aloha_missing_camera":
+    if case.startswith("aloha"):
         w, cfg = get_workload("aloha-pi0"), get_config("tiny", action_dim=16)
     tr = ObservationTransform(w, cfg)
     R = cfg.vision.image_size
     if case == "batch":
         examples = [make_example(w, seed=i, image_size=R) for i in range(3)]
     else:
-        ex = make_example(w, seed=1, image_size=R if case == "model_size" else 64)
+        ex = make_example(w, seed=1, image_size=R if case in ("model_size", "aloha_model_size") else 64)
         if case == "mixed_sizes":
             ex["observation/wrist_image"] = np.full((40, 80, 3), 200, np.uint8)
         if case == "aloha_missing_camera":
@@ -159,6 +161,7 @@ def test_packed_upload_gives_the_per_array_tensors(case):
         examples = ex
     obs = tr(examples)
     ref = _per_array_reference(tr, examples)
+    assert tr.upload(tr.host_arrays(examples)).channels_first == case.startswith("aloha")
     for got, want in zip((obs.images, obs.image_mask, obs.tokens, obs.token_mask, obs.state), ref):
         assert got.dtype == want.dtype and got.shape == want.shape and torch.equal(got, want), case
     # the staging buffer is reused: a second call must not change the first call's tensors

@@ -330,14 +330,19 @@ class ObservationTransform:
         B, S = len(hb.pixels), len(hb.pixels[0])
         shapes = {a.shape for slots in hb.pixels for a in slots}
         one_shape = len(shapes) == 1
+        # Images that arrived channels first (ALOHA's (3, H, W)) are (H, W, 3) views of them here; staging
+        # them as they are is a plain copy, where writing them (H, W, 3) was a transposing one (aloha-pi0's
+        # upload on the CPU machine: 684 -> 144 us a call), and the device permuted them back anyway.
+        chw = one_shape and all(a.transpose(2, 0, 1).flags.c_contiguous for slots in hb.pixels for a in slots)
 
         def block(dst):  # every image written straight into its place: no stacked host copy
             for b, slots in enumerate(hb.pixels):
                 for s, a in enumerate(slots):
-                    dst[b, s] = a
+                    dst[b, s] = a.transpose(2, 0, 1) if chw else a
 
         # (shape, dtype, fill) of each region of the staging buffer
-        regions = ([((B, S, *next(iter(shapes))), np.dtype(np.uint8), block)] if one_shape else
+        H, W, C = next(iter(shapes))
+        regions = ([((B, S, C, H, W) if chw else (B, S, H, W, C), np.dtype(np.uint8), block)] if one_shape else
                    [(a.shape, np.dtype(np.uint8), lambda dst, a=a: dst.__setitem__(..., a))
                     for slots in hb.pixels for a in slots])
         for value in (np.array(hb.image_valid, dtype=np.bool_), np.stack(hb.tokens), np.stack(hb.token_masks),
@@ -366,7 +371,7 @@ class ObservationTransform:
             it = iter(views[: B * S])
             pixels, rest = [[next(it) for _ in range(S)] for _ in range(B)], views[B * S :]
         image_mask, tokens, token_mask, state = rest
-        return DeviceBatch(pixels=pixels, image_mask=image_mask, tokens=tokens, token_mask=token_mask, state=state,
+        return DeviceBatch(pixels=pixels, channels_first=chw, image_mask=image_mask, tokens=tokens, token_mask=token_mask, state=state,
                            host_image_valid=tuple(bool(any(v[s] for v in hb.image_valid)) for s in range(S)),
                            host_prompt_len=int(max(m.sum() for m in hb.token_masks)))
 
@@ -385,10 +390,12 @@ class ObservationTransform:
         """On the device: resize with padding to the model's size, normalise to [-1, 1]. Images
         already at the model's size (one (B, S, R, R, 3) block) skip the per-image path."""
         R = self.config.vision.image_size
-        if isinstance(db.pixels, Tensor) and tuple(db.pixels.shape[2:]) == (R, R, 3):
-            images = db.pixels.permute(0, 1, 4, 2, 3)
+        if isinstance(db.pixels, Tensor):
+            chw = db.pixels if db.channels_first else db.pixels.permute(0, 1, 4, 2, 3)  # (B, S, 3, H, W)
+        if isinstance(db.pixels, Tensor) and tuple(chw.shape[3:]) == (R, R):
+            images = chw
         else:
-            rows = db.pixels if isinstance(db.pixels, list) else [list(sample) for sample in db.pixels]
+            rows = db.pixels if isinstance(db.pixels, list) else [[x.permute(1, 2, 0) for x in sample] for sample in chw]
             images = torch.stack([torch.stack([resize_with_pad(a, R) for a in slots]) for slots in rows])
         return Observation(images.float() / 127.5 - 1.0, db.image_mask, db.tokens, db.token_mask, db.state,
                            host_image_valid=db.host_image_valid, host_prompt_len=db.host_prompt_len)
@@ -408,13 +415,15 @@ class HostBatch:
 
 @dataclass
 class DeviceBatch:
-    pixels: Tensor | list  # uint8 (B, S, H, W, 3) when every slot has one shape, else per sample per slot (H, W, 3)
+    pixels: Tensor | list  # uint8 (B, S, H, W, 3) (or (B, S, 3, H, W), channels_first) when every slot has one
+    # shape, else per sample per slot (H, W, 3)
     image_mask: Tensor
     tokens: Tensor
     token_mask: Tensor
     state: Tensor
     host_image_valid: tuple[bool, ...]
     host_prompt_len: int
+    channels_first: bool = False  # the (B, S, ...) block is (B, S, 3, H, W): the images came channels first
 
 
 def resize_with_pad(image_hwc: Tensor, size: int) -> Tensor:
