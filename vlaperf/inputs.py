@@ -371,8 +371,8 @@ class ObservationTransform:
             it = iter(views[: B * S])
             pixels, rest = [[next(it) for _ in range(S)] for _ in range(B)], views[B * S :]
         image_mask, tokens, token_mask, state = rest
-        return DeviceBatch(pixels=pixels, channels_first=chw, image_mask=image_mask, tokens=tokens, token_mask=token_mask, state=state,
-                           host_image_valid=tuple(bool(any(v[s] for v in hb.image_valid)) for s in range(S)),
+        return DeviceBatch(pixels=pixels, channels_first=chw, image_mask=image_mask, tokens=tokens, token_mask=token_mask,
+                           state=state, host_image_valid=tuple(bool(any(v[s] for v in hb.image_valid)) for s in range(S)),
                            host_prompt_len=int(max(m.sum() for m in hb.token_masks)))
 
     def _staging(self, nbytes: int) -> Tensor:
@@ -388,7 +388,8 @@ class ObservationTransform:
 
     def preprocess(self, db: "DeviceBatch") -> Observation:
         """On the device: resize with padding to the model's size, normalise to [-1, 1]. Images
-        already at the model's size (one (B, S, R, R, 3) block) skip the per-image path."""
+        already at the model's size (one (B, S, R, R, 3) block, or (B, S, 3, R, R) when they came
+        channels first) skip the per-image path."""
         R = self.config.vision.image_size
         if isinstance(db.pixels, Tensor):
             chw = db.pixels if db.channels_first else db.pixels.permute(0, 1, 4, 2, 3)  # (B, S, 3, H, W)
