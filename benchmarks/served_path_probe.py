@@ -21,7 +21,11 @@ server's own infer time is the front end: decode, the hand-offs between the even
 inference thread, the reply, both websocket hops and the client's packing. (b) against (c)
 says how much of it depends on the threads having slept through a ~13 ms call; (d) and (e) are
 (b) and (a) with the server's event loop polling for the result every 0.2 ms instead of
-sleeping until the inference thread wakes it.
+sleeping until the inference thread wakes it (asyncio rounds that sleep up to 1 ms in epoll);
+(f) is (a) with the loop spinning (asyncio.sleep(0)) while it waits; (g)-(i) are (b), (a) and (c)
+with one lowest-priority spinning process per CPU, so no CPU goes idle (`idle_spinners`). Each
+front end is split into the client's side (round trip less the server's own time, received to
+reply sent), the worker's wake-up (`queue_ms`) and the rest of the server's time.
 """
 
 from __future__ import annotations
@@ -30,6 +34,7 @@ import argparse
 import asyncio
 import contextlib
 import json
+import os
 import statistics
 import time
 
@@ -113,26 +118,55 @@ def loop_polls(seconds: float | None):
         S.asyncio.gather = real
 
 
-def front_end(policy, example: dict, requests: int, poll_s: float | None = None) -> dict:
+def front_end(policy, example: dict, requests: int, poll_s: float | None = None, spinners: int = 0) -> dict:
     from websockets.sync.client import connect
 
     from vlaperf.serve.protocol import packb, unpackb
     from vlaperf.serve.server import PolicyServer
 
-    round_trips, infers = [], []
-    with loop_polls(poll_s), PolicyServer(policy, port=0, max_batch=1, warmup_batch_sizes=()) as srv, \
+    round_trips, timings = [], []
+    with loop_polls(poll_s), idle_spinners(spinners), \
+            PolicyServer(policy, port=0, max_batch=1, warmup_batch_sizes=()) as srv, \
             connect(srv.url, compression=None, max_size=None) as ws:
         ws.recv()  # the metadata frame
-        for i in range(requests + 10):
+        for i in range(requests + 11):
             t = time.perf_counter()
             ws.send(packb(example))
             reply = unpackb(ws.recv())
             dt = time.perf_counter() - t
             if i >= 10:
                 round_trips.append(dt)
-                infers.append(reply["server_timing"]["infer_ms"] / 1e3)
-    return {"round_trip_ms": median_ms(round_trips), "server_infer_ms": median_ms(infers),
-            "front_end_ms": median_ms([r - i for r, i in zip(round_trips, infers)])}
+                timings.append({k: v / 1e3 for k, v in reply["server_timing"].items() if k.endswith("_ms")})
+    # a reply's prev_total_ms is the server's time for the request before it (received -> reply sent)
+    rt, st, server = round_trips[:-1], timings[:-1], [t["prev_total_ms"] for t in timings[1:]]
+    return {"round_trip_ms": median_ms(rt), "server_infer_ms": median_ms([t["infer_ms"] for t in st]),
+            "front_end_ms": median_ms([r - t["infer_ms"] for r, t in zip(rt, st)]),
+            # the front end in three parts: the client's side (its send, both socket hops, its wake-up and
+            # decode), the worker's wake-up (queue) and the server's own remainder (decode, hand-offs, reply)
+            "client_side_ms": median_ms([r - s for r, s in zip(rt, server)]),
+            "server_queue_ms": median_ms([t["queue_ms"] for t in st]),
+            "server_decode_ms": median_ms([t["decode_ms"] for t in st]),
+            "server_rest_ms": median_ms([s - t["infer_ms"] - t["queue_ms"] - t["decode_ms"] for s, t in zip(server, st)])}
+
+
+@contextlib.contextmanager
+def idle_spinners(n: int):
+    """`n` processes that spin at the lowest priority (SCHED_IDLE) while the block runs: any
+    thread that wakes preempts one at once, and no CPU of the machine ever goes idle. If the
+    front end then matches the instant policy's, what the threads lose after a ~13 ms wait is
+    their CPUs waking from idle (a virtual machine's halted vCPUs), not their own code."""
+    import subprocess
+    import sys
+
+    code = "import os\nos.sched_setscheduler(0, os.SCHED_IDLE, os.sched_param(0))\nwhile True: pass"
+    procs = [subprocess.Popen([sys.executable, "-c", code]) for _ in range(n)]
+    try:
+        time.sleep(0.5 if n else 0)
+        yield
+    finally:
+        for proc in procs:
+            proc.kill()
+            proc.wait()
 
 
 class Sleeper:
@@ -176,7 +210,15 @@ def main() -> None:
              "instant_policy": front_end(Sleeper(w, H, 0.0), example, args.rounds),
              "sleeper_like_policy_loop_polls_0.2ms": front_end(Sleeper(w, H, part1["infer_ms"] / 1e3), example, args.rounds,
                                                                poll_s=2e-4),
-             "real_policy_loop_polls_0.2ms": front_end(policy, example, args.rounds, poll_s=2e-4)}
+             "real_policy_loop_polls_0.2ms": front_end(policy, example, args.rounds, poll_s=2e-4),
+             # asyncio.sleep(2e-4) sleeps in epoll for a whole millisecond (its timeout is rounded up to ms):
+             # sleep(0) spins the loop's thread instead
+             "real_policy_loop_spins": front_end(policy, example, args.rounds, poll_s=0.0),
+             "sleeper_like_policy_idle_spinners": front_end(Sleeper(w, H, part1["infer_ms"] / 1e3), example, args.rounds,
+                                                            spinners=os.cpu_count() or 1),
+             "real_policy_idle_spinners": front_end(policy, example, args.rounds, spinners=os.cpu_count() or 1),
+             "instant_policy_idle_spinners": front_end(Sleeper(w, H, 0.0), example, args.rounds,
+                                                       spinners=os.cpu_count() or 1)}
     result = {"schema": SCHEMA, "command": "served-path-probe", "workload": {"id": w.id, "overrides": {}},
               "variant": {"levers": engine.levers.names(), "label": engine.name, "dtype": str(model.dtype).split(".")[-1]},
               "env": environment_record(args.device), "rounds": args.rounds, "policy": part1, "front_end": part2}

@@ -1,0 +1,23 @@
+#!/bin/bash
+# Session 22's device calls on nvidia-h200 (one GPU; lanes.sh, lane A only).
+#   PART=a   (carry .whl: websockets for the served-path probe) where a replayed libero-pi0 call waits for the host
+#            (launch_probe.py: the call's GPU span with the GPU idle at its start against queued behind a sleep kernel,
+#            the pieces of GraphCache.run, graphs of 1..2000 kernels); session 21's part h (PDL for the denoise loop's
+#            kernels alone, change_ab.py --change kernel_pdl); the served-path probe with its front end split into
+#            the client's side, the worker's wake-up and the server's rest, and run with the event loop spinning and
+#            with idle-priority spinners on every CPU (whether the ~0.7-1.0 ms lost after a ~13 ms wait is CPUs waking
+#            from idle)
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session22.sh
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
+case "${PART:-a}" in
+a)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site
+  lane A 0 40 <<EOT &
+150 python3 benchmarks/launch_probe.py --workload libero-pi0 --levers best --json $R/launch_probe_libero-pi0_best.json
+200 python3 benchmarks/change_ab.py --change kernel_pdl --workload libero-pi0 --rounds 60 --json $R/change_ab_libero-pi0_kernel_pdl_loop.json
+200 python3 benchmarks/served_path_probe.py --workload libero-pi0 --levers best --json $R/served_path_libero-pi0_best_s22.json
+EOT
+  ;;
+esac
+finish
