@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from vlaperf.report.render import step_config_diff, step_config_value
+from vlaperf.report.render import FRONT_END_SPLIT, step_config_diff, step_config_value
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -336,9 +336,32 @@ def served_path_tables(results):
                 f"{(r['env'].get('git_commit') or '')[:7]}, {r['rounds']} rounds): the policy call {pol['infer_ms']:.3f} ms "
                 f"against the model call {pol['model_ms']:.3f} ms in the same process; each phase synced on its own", "",
                 "| policy phase | median ms |", "|---|---|"] + [f"| {k} | {v:.3f} |" for k, v in pol["phases_ms"].items()]
-        out += ["", "| front end around | round trip ms | server infer ms | front end ms |", "|---|---|---|---|"]
+        split = [(key, head) for key, head in FRONT_END_SPLIT if any(key in v for v in fe.values())]
+        out += ["", "| front end around | round trip ms | server infer ms | front end ms |"
+                + "".join(f" {head} |" for _, head in split), "|---|---|---|---|" + "---|" * len(split)]
         out += [f"| {k.replace('_', ' ')} | {v['round_trip_ms']:.3f} | {v['server_infer_ms']:.3f} | {v['front_end_ms']:.3f} |"
-                for k, v in fe.items()] + [""]
+                + "".join(f" {v[key]:.3f} |" if key in v else " |" for key, _ in split) for k, v in fe.items()] + [""]
+    return out
+
+
+def launch_probe_tables(results):
+    """benchmarks/launch_probe.py: the host latency a replayed call exposes, its pieces, and graphs
+    of N one-element kernels."""
+    from vlaperf.report.render import launch_probe_row
+
+    out = []
+    for path, r in results:
+        if r["command"] != "launch-probe":
+            continue
+        rows = [("call (sample_actions)", r["call"])] + [(k.replace("_", " "), v) for k, v in r["pieces"].items()
+                                                         if isinstance(v, dict)]
+        rows += [(f"graph of {n} one-element kernels", v) for n, v in r["synthetic_graphs"].items()]
+        out += [f"`{path.relative_to(ROOT)}` ({r['workload']['id']}, {_short(r['variant']['label'])}, commit "
+                f"{(r['env'].get('git_commit') or '')[:7]}, {r['rounds']} rounds each): exposed = the GPU span with the GPU "
+                "idle at the start less the span queued behind a 2 ms sleep kernel", "",
+                "| what | GPU span, idle start ms | GPU span, host hidden ms | exposed ms | host until return ms | wall, synced ms |",
+                "|---|---|---|---|---|---|"]
+        out += ["| " + " | ".join([name] + [f"{x:.4f}" for x in launch_probe_row(v)]) + " |" for name, v in rows] + [""]
     return out
 
 
@@ -502,7 +525,7 @@ def main() -> None:
     lines += ["## Host syncs per call (`vlaperf syncs`)", ""] + sync_tables(results)
     lines += ["## Serving (`vlaperf serve` + `vlaperf loadgen`)", ""] + loadgen_tables(results)
     lines += ["## Where a served call's time goes beyond the model call (`benchmarks/served_path_probe.py`)", ""] + \
-        served_path_tables(results) + upload_probe_tables(results)
+        served_path_tables(results) + upload_probe_tables(results) + launch_probe_tables(results)
     lines += ["## Side by side with LeRobot (`vlaperf compare`)", ""] + compare_tables(results)
     lines += ["## One change inside the whole call, A/B in one process (`benchmarks/*_ab.py`)", ""] + ab_tables(results)
     lines += ["## A graphed call besides its replay (`benchmarks/call_overhead.py`)", ""] + call_overhead_tables(results)

@@ -653,8 +653,33 @@ def _served_path(doc: _Doc, path: str, r: dict) -> None:
     doc.p(f"{r['rounds']} rounds: the policy call {pol['infer_ms']:.3f} ms against the model call "
           f"{pol['model_ms']:.3f} ms (+{pol['infer_ms'] - pol['model_ms']:.3f}); each phase below synced on its own", "")
     doc.table(["policy phase", "median ms"], [[k, v] for k, v in pol["phases_ms"].items()])
-    doc.table(["front end around", "round trip ms", "server infer ms", "front end ms"],
-              [[k.replace("_", " "), v["round_trip_ms"], v["server_infer_ms"], v["front_end_ms"]] for k, v in fe.items()])
+    doc.table(["front end around", "round trip ms", "server infer ms", "front end ms"] + [h for _, h in FRONT_END_SPLIT],
+              [[k.replace("_", " "), v["round_trip_ms"], v["server_infer_ms"], v["front_end_ms"]]
+               + [v.get(key) for key, _ in FRONT_END_SPLIT] for k, v in fe.items()])
+
+
+# served_path_probe.py's split of a front end (files from session 22 on; earlier ones leave the columns empty)
+FRONT_END_SPLIT = (("client_side_ms", "client side ms"), ("server_queue_ms", "worker wake-up ms"),
+                   ("server_decode_ms", "decode ms"), ("server_rest_ms", "server rest ms"))
+
+
+def _launch_probe(doc: _Doc, path: str, r: dict) -> None:
+    """benchmarks/launch_probe.py: the host latency a replayed call exposes (its GPU span with
+    the GPU idle at the start against queued behind a sleep kernel), its pieces, and graphs of
+    N one-element kernels."""
+    doc.h(3, f"launch latency: {r['workload']['id']}, {r['variant']['label']} on {_gpu(r)}")
+    doc.p(f"{r['rounds']} rounds each; 'exposed' is the GPU span with the GPU idle at the start less the span "
+          "queued behind a 2 ms sleep kernel (the host's latency the GPU waits for)", "")
+    rows = [["call (sample_actions)"] + launch_probe_row(r["call"])]
+    rows += [[k.replace("_", " ")] + launch_probe_row(v) for k, v in (r.get("pieces") or {}).items() if isinstance(v, dict)]
+    rows += [[f"graph of {n} one-element kernels"] + launch_probe_row(v) for n, v in r["synthetic_graphs"].items()]
+    doc.table(["what", "GPU span, idle start ms", "GPU span, host hidden ms", "exposed ms", "host until return ms",
+               "wall, synced ms"], rows)
+
+
+def launch_probe_row(v: dict) -> list:
+    return [v["gpu_span_idle_start_ms"], v["gpu_span_host_hidden_ms"], v["exposed_host_ms"], v["host_return_ms"],
+            v["wall_synced_ms"]]
 
 
 def _call_overhead(doc: _Doc, path: str, r: dict) -> None:
@@ -951,7 +976,8 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
                 ("memset-probe", "The prefix's memset nodes and attention formulations (memset-probe)"),
                 ("first-call", "The first call of a fresh process (first-call)"),
                 ("served-path-probe", "Where a served call's time goes beyond the model call (served-path-probe)"),
-                ("upload-probe", "The policy path's transfers, piece by piece (upload-probe)"))
+                ("upload-probe", "The policy path's transfers, piece by piece (upload-probe)"),
+                ("launch-probe", "The host latency a replayed call exposes (launch-probe)"))
     for cmd, heading in sections:
         items = by_cmd.pop(cmd, [])
         if not items:
@@ -971,7 +997,8 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
                  "call-overhead": _call_overhead, "gemm-probe": _gemm_probe, "splitk-probe": _splitk_probe,
                  "prefix-attention-probe": _prefix_attention_probe,
                  "geglu-bench": _geglu_bench, "memset-probe": _memset_probe,
-                 "served-path-probe": _served_path, "upload-probe": _upload_probe}[cmd](doc, p, r)
+                 "served-path-probe": _served_path, "upload-probe": _upload_probe,
+                 "launch-probe": _launch_probe}[cmd](doc, p, r)
             except (KeyError, TypeError, ValueError) as e:
                 doc.p(f"could not render {p}: {type(e).__name__}: {e}", "warn")
     for cmd, items in by_cmd.items():
