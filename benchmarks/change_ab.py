@@ -15,6 +15,8 @@ the same levers with the change. Changes:
                          Triton kernel instead of the folded matmuls (loop.step_attention_kernel).
   patch_matmul           SigLIP's patch embedding as one float32 matmul of the patches
                          (prefix.patch_embed) instead of cuDNN's convolution.
+  patch_tf32             that matmul in TF32 on the tensor cores (bf16 models: EngineWeights.patch_tf32)
+                         instead of cuBLAS's float32 FFMA kernel (~39 us in session 21's sequence)
   kv_align               the static cache's keys rounded up to a multiple of 8 (engine.KV_ALIGN),
                          padding masked, against exactly Tp + Ts keys: aligned rows for the
                          folded attention matmuls (the path without triton_kernels: --levers)
@@ -123,6 +125,12 @@ def without_patch_matmul(engine: Engine):
     yield
 
 
+@contextlib.contextmanager
+def without_patch_tf32(engine: Engine):
+    engine.weights.patch_tf32 = False
+    yield
+
+
 def switched(module: str, name: str, value):
     """The undo of a change behind a module switch: `module.name = value` for engine A's first call."""
     import importlib
@@ -219,6 +227,7 @@ def pdl_kernel_count(model) -> dict:
 CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "step_attention_kernel": (without_step_attention_kernel, lambda model: {}),
            "patch_matmul": (without_patch_matmul, lambda model: {}),
+           "patch_tf32": (without_patch_tf32, lambda model: {}),
            "kv_align": (without_kv_align, lambda model: {}),
            "rope_cache_kernel": (without_rope_cache_kernel, lambda model: {}),
            "step_kernel": (without_step_kernel, lambda model: {}),

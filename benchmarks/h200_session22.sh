@@ -6,7 +6,7 @@
 #            kernels alone, change_ab.py --change kernel_pdl); the served-path probe with its front end split into
 #            the client's side, the worker's wake-up and the server's rest, and run with the event loop spinning and
 #            with idle-priority spinners on every CPU (whether the ~0.7-1.0 ms lost after a ~13 ms wait is CPUs waking
-#            from idle)
+#            from idle); SigLIP's patch matmul in TF32 (change_ab.py --change patch_tf32)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session22.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -16,6 +16,7 @@ a)
   lane A 0 40 <<EOT &
 150 python3 benchmarks/launch_probe.py --workload libero-pi0 --levers best --json $R/launch_probe_libero-pi0_best.json
 200 python3 benchmarks/change_ab.py --change kernel_pdl --workload libero-pi0 --rounds 60 --json $R/change_ab_libero-pi0_kernel_pdl_loop.json
+200 python3 benchmarks/change_ab.py --change patch_tf32 --workload libero-pi0 --rounds 100 --json $R/change_ab_libero-pi0_patch_tf32.json
 200 python3 benchmarks/served_path_probe.py --workload libero-pi0 --levers best --json $R/served_path_libero-pi0_best_s22.json
 EOT
   ;;

@@ -309,6 +309,29 @@ def test_patch_embed_matmul_equals_the_conv():
     assert out.shape == ref.shape
     torch.testing.assert_close(out, ref, rtol=1e-5, atol=1e-5)
     assert build_weights(model, fuse=False).patch is None
+    # TF32 only where the model computes in bf16 (the check's float32 tolerance stays exact)
+    assert not ew.patch_tf32
+    assert build_weights(build_model("tiny", "cpu", torch.bfloat16, seed=0), fuse=True).patch_tf32
+    out_tf32 = patch_embed(ew.patch, images, model.vision.embeddings, tf32=True)  # a CPU tensor: the float32 path
+    torch.testing.assert_close(out_tf32, out, rtol=0, atol=0)
+
+
+def test_tf32_block_restores_the_processs_setting_even_on_error():
+    from vlaperf.engine.prefix import tf32_matmuls
+
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    try:
+        for setting in ("ieee", "tf32", "none"):
+            matmul.fp32_precision = setting
+            with tf32_matmuls():
+                assert matmul.fp32_precision == "tf32"
+            assert matmul.fp32_precision == setting
+            with pytest.raises(ZeroDivisionError), tf32_matmuls():
+                1 / 0
+            assert matmul.fp32_precision == setting
+    finally:
+        matmul.fp32_precision = before
 
 
 def test_siglip_gelu_epilogue_is_cuda_only_and_computes_fc1_gelu():

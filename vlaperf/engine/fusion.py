@@ -124,6 +124,9 @@ class EngineWeights:
     expert_final: RMSNorm | AdaptiveRMSNorm
     fused: bool
     expert_stack: ExpertStack | None = None
+    # the patch matmul in TF32 (float32 operands rounded to 10-bit mantissas on the tensor cores): only for models
+    # that compute in bf16, whose next step rounds the embeddings to bf16's 7 bits anyway; float32 models stay exact
+    patch_tf32: bool = False
 
 
 def stack_expert(ew: EngineWeights) -> ExpertStack | None:
@@ -179,6 +182,7 @@ def build_weights(model: Pi0Model, fuse: bool) -> EngineWeights:
             expert=[gemma_layer_weights(l, fuse) for l in model.expert.layers],
             expert_final=model.expert.norm,
             fused=fuse,
+            patch_tf32=fuse and model.dtype != torch.float32,
         )
 
 

@@ -8,6 +8,7 @@ cumsum and no valid token attends to them).
 
 from __future__ import annotations
 
+import contextlib
 import math
 from dataclasses import dataclass
 from typing import Callable
@@ -131,7 +132,7 @@ def embed_images(model: Pi0Model, ew: EngineWeights, images: Tensor, use_sdpa: b
     if ew.patch is None:
         x = vision.embeddings(images.flatten(0, 1))
     else:
-        x = patch_embed(ew.patch, images.flatten(0, 1), vision.embeddings)
+        x = patch_embed(ew.patch, images.flatten(0, 1), vision.embeddings, tf32=ew.patch_tf32)
     x = x.to(vision.post_layernorm.weight.dtype)
     eps = vision.post_layernorm.eps
     pending = torch.zeros_like(x)
@@ -142,18 +143,40 @@ def embed_images(model: Pi0Model, ew: EngineWeights, images: Tensor, use_sdpa: b
     return x.view(B, S * x.shape[1], x.shape[2])
 
 
-def patch_embed(patch: tuple[Tensor, Tensor], images: Tensor, embeddings) -> Tensor:
+def patch_embed(patch: tuple[Tensor, Tensor], images: Tensor, embeddings, tf32: bool = False) -> Tensor:
     """SigLIP's patch embedding as one matmul: (N, 3, R, R) -> (N, P, D). The conv's stride
     equals its kernel, so it is the patches (channel, row, column within a patch, the conv
     weight's order) times the flattened weight. On the H200 cuDNN ran the float32 conv as a
-    SIMT implicit GEMM at 57 us a call for 0.7 GFLOP (2 images)."""
+    SIMT implicit GEMM at 57 us a call for 0.7 GFLOP (2 images), cuBLAS's float32 matmul at
+    ~39 us (FFMA); `tf32`: on a CUDA device, outside torch.compile (whose kernels follow the
+    process's setting at compile time), on the tensor cores in TF32."""
     weight, bias = patch
     N, C, R, _ = images.shape
     p = embeddings.patch_embedding.kernel_size[0]
     g = R // p
     rows = images.to(weight.dtype).view(N, C, g, p, g, p).permute(0, 2, 4, 1, 3, 5).reshape(N * g * g, C * p * p)
-    x = F.linear(rows, weight, bias).view(N, g * g, -1)
+    if tf32 and rows.is_cuda and weight.dtype == torch.float32 and not torch.compiler.is_compiling():
+        with tf32_matmuls():
+            x = F.linear(rows, weight, bias)
+    else:
+        x = F.linear(rows, weight, bias)
+    x = x.view(N, g * g, -1)
     return x + embeddings.position_embedding.weight[None]
+
+
+@contextlib.contextmanager
+def tf32_matmuls():
+    """cuBLAS's float32 matmuls in TF32 inside the block, the process's setting restored after
+    (through torch's newer `fp32_precision` switch only: mixing it with `allow_tf32` makes
+    torch refuse to read either). Inside a CUDA-graph capture the TF32 kernel is what the
+    graph keeps."""
+    matmul = torch.backends.cuda.matmul
+    before = matmul.fp32_precision
+    matmul.fp32_precision = "tf32"
+    try:
+        yield
+    finally:
+        matmul.fp32_precision = before
 
 
 def select_slots(x: Tensor, slots: tuple[int, ...]) -> Tensor:
