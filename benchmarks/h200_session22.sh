@@ -7,6 +7,9 @@
 #            the client's side, the worker's wake-up and the server's rest, and run with the event loop spinning and
 #            with idle-priority spinners on every CPU (whether the ~0.7-1.0 ms lost after a ~13 ms wait is CPUs waking
 #            from idle); SigLIP's patch matmul in TF32 (change_ab.py --change patch_tf32)
+#   PART=b   (carry .whl) part a's launch probe with what separates the causes (a kernel, one small memcpy, the six
+#            copies as one multi-tensor kernel, each before the replay; two replays; the graph's nodes by type; the
+#            engine built without inductor's PDL), the served-path probe with the client in a child process
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session22.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -18,6 +21,13 @@ a)
 200 python3 benchmarks/change_ab.py --change kernel_pdl --workload libero-pi0 --rounds 60 --json $R/change_ab_libero-pi0_kernel_pdl_loop.json
 200 python3 benchmarks/change_ab.py --change patch_tf32 --workload libero-pi0 --rounds 100 --json $R/change_ab_libero-pi0_patch_tf32.json
 200 python3 benchmarks/served_path_probe.py --workload libero-pi0 --levers best --json $R/served_path_libero-pi0_best_s22.json
+EOT
+  ;;
+b)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site
+  lane A 0 60 <<EOT &
+200 python3 benchmarks/launch_probe.py --workload libero-pi0 --levers best --without-inductor-pdl --json $R/launch_probe_libero-pi0_best_b.json
+240 python3 benchmarks/served_path_probe.py --workload libero-pi0 --levers best --json $R/served_path_libero-pi0_best_s22b.json
 EOT
   ;;
 esac

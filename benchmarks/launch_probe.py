@@ -83,6 +83,67 @@ def exposure(fn, rounds: int, cycles_per_ms: float) -> dict:
             "host_return_ms": host_ms(fn, rounds), "wall_synced_ms": statistics.median(timed(fn) for _ in range(rounds))}
 
 
+NODE_TYPES = {0: "kernel", 1: "memcpy", 2: "memset", 3: "host", 4: "child graph", 5: "empty", 6: "event wait",
+              7: "event record", 8: "semaphore signal", 9: "semaphore wait", 10: "mem alloc", 11: "mem free",
+              12: "conditional"}
+
+
+def graph_census(graph: torch.cuda.CUDAGraph) -> dict | None:
+    """The captured graph's nodes by type and its edge count (CUDA runtime, through ctypes); a
+    straight line of N nodes has N - 1 edges. None where the runtime or the handle is missing."""
+    import ctypes
+
+    raw = getattr(graph, "raw_cuda_graph", None)
+    if raw is None:
+        return None
+    lib = None
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+    if lib is None:
+        return None
+    try:
+        handle = ctypes.c_void_p(raw())
+        n = ctypes.c_size_t(0)
+        if lib.cudaGraphGetNodes(handle, None, ctypes.byref(n)):
+            return None
+        nodes = (ctypes.c_void_p * n.value)()
+        lib.cudaGraphGetNodes(handle, nodes, ctypes.byref(n))
+        counts: dict[str, int] = {}
+        for node in nodes:
+            t = ctypes.c_int(-1)
+            lib.cudaGraphNodeGetType(ctypes.c_void_p(node), ctypes.byref(t))
+            counts[NODE_TYPES.get(t.value, str(t.value))] = counts.get(NODE_TYPES.get(t.value, str(t.value)), 0) + 1
+        version = ctypes.c_int(0)
+        lib.cudaRuntimeGetVersion(ctypes.byref(version))
+        edges = ctypes.c_size_t(0)
+        if version.value >= 13000:  # CUDA 13: (graph, from, to, edgeData, numEdges)
+            err = lib.cudaGraphGetEdges(handle, None, None, None, ctypes.byref(edges))
+        else:
+            err = lib.cudaGraphGetEdges(handle, None, None, ctypes.byref(edges))
+        return {"nodes": n.value, "by_type": counts, "edges": edges.value if not err else None,
+                "runtime_version": version.value}
+    except Exception as e:  # a probe: report, never fail the run
+        return {"error": f"{type(e).__name__}: {e}"}
+
+
+def replay_experiments(entry, inputs: list[torch.Tensor], rounds: int, cycles: float) -> dict:
+    """What makes the GPU wait for the whole launch when work precedes the replay: a kernel, one
+    small memcpy, the six copies as one multi-tensor kernel (same bytes, uint8 views), two replays."""
+    x = torch.zeros(1, device="cuda")
+    small_src, small_dst = torch.zeros(1, device="cuda"), torch.zeros(1, device="cuda")
+    src = [t.contiguous().view(-1).view(torch.uint8) for t in inputs]
+    dst = [t.view(-1).view(torch.uint8) for t in entry.static_inputs]
+    replay = entry.graph.replay
+    return {"kernel_then_replay": exposure(lambda: (x.add_(1), replay()), rounds, cycles),
+            "small_memcpy_then_replay": exposure(lambda: (small_dst.copy_(small_src), replay()), rounds, cycles),
+            "copies_as_one_kernel_then_replay": exposure(lambda: (torch._foreach_copy_(dst, src), replay()), rounds, cycles),
+            "replay_twice": exposure(lambda: (replay(), replay()), rounds, cycles)}
+
+
 def synthetic_graphs(rounds: int, cycles_per_ms: float, sizes=(1, 10, 100, 300, 600, 1000, 2000)) -> dict:
     x = torch.zeros(1, device="cuda")
     out = {}
@@ -108,6 +169,8 @@ def main() -> None:
     p.add_argument("--workload", default="libero-pi0")
     p.add_argument("--levers", default="best")
     p.add_argument("--rounds", type=int, default=200)
+    p.add_argument("--without-inductor-pdl", action="store_true",
+                   help="also build the engine without inductor's PDL and time its call and replay")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     w = get_workload(args.workload)
@@ -128,13 +191,28 @@ def main() -> None:
         pieces = {"input_copies": exposure(copies, args.rounds, cycles),
                   "replay_alone": exposure(entry.graph.replay, args.rounds, cycles),
                   "copies_then_replay": exposure(lambda: (copies(), entry.graph.replay()), args.rounds, cycles),
-                  "output_clone_host_ms": host_ms(entry.output.clone, args.rounds)}
+                  "output_clone_host_ms": host_ms(entry.output.clone, args.rounds),
+                  "graph": graph_census(entry.graph)}
+        pieces.update(replay_experiments(entry, inputs, args.rounds, cycles))
+    if args.without_inductor_pdl:  # the same call from an engine whose inductor kernels have no PDL
+        from vlaperf.engine import compile as compile_mod
+
+        torch._dynamo.reset()
+        compile_mod.INDUCTOR_PDL = False
+        plain = Engine(model, args.levers)
+        for _ in range(10):
+            plain.sample_actions(obs, noise, w.steps)
+        entry = next(iter(plain.graphs.entries.values()))
+        pieces["without_inductor_pdl"] = {
+            "call": exposure(lambda: plain.sample_actions(obs, noise, w.steps), args.rounds, cycles),
+            "replay_alone": exposure(entry.graph.replay, args.rounds, cycles), "graph": graph_census(entry.graph)}
+        compile_mod.INDUCTOR_PDL = True
     synthetic = synthetic_graphs(args.rounds // 2, cycles)
     result = {"schema": SCHEMA, "command": "launch-probe", "workload": {"id": w.id, "overrides": {}},
               "variant": {"levers": engine.levers.names(), "label": engine.name, "dtype": str(model.dtype).split(".")[-1]},
               "env": environment_record("cuda"), "rounds": args.rounds, "sleep_cycles_per_ms": cycles,
               "call": result_call, "pieces": pieces, "synthetic_graphs": synthetic}
-    print(json.dumps({"call": result_call, "pieces": pieces}, indent=1))
+    print(json.dumps({"call": result_call, "pieces": pieces}, indent=1, default=str))
     for n, r in synthetic.items():
         print(f"graph of {n:>5} kernels: idle {r['gpu_span_idle_start_ms']:.4f} hidden {r['gpu_span_host_hidden_ms']:.4f} "
               f"exposed {r['exposed_host_ms']:.4f} host return {r['host_return_ms']:.4f} ms")

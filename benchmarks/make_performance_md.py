@@ -347,21 +347,20 @@ def served_path_tables(results):
 def launch_probe_tables(results):
     """benchmarks/launch_probe.py: the host latency a replayed call exposes, its pieces, and graphs
     of N one-element kernels."""
-    from vlaperf.report.render import launch_probe_row
+    from vlaperf.report.render import launch_probe_graphs, launch_probe_row, launch_probe_rows
 
     out = []
     for path, r in results:
         if r["command"] != "launch-probe":
             continue
-        rows = [("call (sample_actions)", r["call"])] + [(k.replace("_", " "), v) for k, v in r["pieces"].items()
-                                                         if isinstance(v, dict)]
-        rows += [(f"graph of {n} one-element kernels", v) for n, v in r["synthetic_graphs"].items()]
+        rows = launch_probe_rows(r)
         out += [f"`{path.relative_to(ROOT)}` ({r['workload']['id']}, {_short(r['variant']['label'])}, commit "
                 f"{(r['env'].get('git_commit') or '')[:7]}, {r['rounds']} rounds each): exposed = the GPU span with the GPU "
                 "idle at the start less the span queued behind a 2 ms sleep kernel", "",
                 "| what | GPU span, idle start ms | GPU span, host hidden ms | exposed ms | host until return ms | wall, synced ms |",
                 "|---|---|---|---|---|---|"]
         out += ["| " + " | ".join([name] + [f"{x:.4f}" for x in launch_probe_row(v)]) + " |" for name, v in rows] + [""]
+        out += [f"{name}: {json.dumps(census)}" for name, census in launch_probe_graphs(r)] + [""]
     return out
 
 

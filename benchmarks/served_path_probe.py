@@ -23,7 +23,8 @@ says how much of it depends on the threads having slept through a ~13 ms call; (
 (b) and (a) with the server's event loop polling for the result every 0.2 ms instead of
 sleeping until the inference thread wakes it (asyncio rounds that sleep up to 1 ms in epoll);
 (f) is (a) with the loop spinning (asyncio.sleep(0)) while it waits; (g)-(i) are (b), (a) and (c)
-with one lowest-priority spinning process per CPU, so no CPU goes idle (`idle_spinners`). Each
+with one lowest-priority spinning process per CPU, so no CPU goes idle (`idle_spinners`); (j)-(l)
+are (a)-(c) with the client in a child process (its own GIL, as a robot's client is). Each
 front end is split into the client's side (round trip less the server's own time, received to
 reply sent), the worker's wake-up (`queue_ms`) and the rest of the server's time.
 """
@@ -118,16 +119,15 @@ def loop_polls(seconds: float | None):
         S.asyncio.gather = real
 
 
-def front_end(policy, example: dict, requests: int, poll_s: float | None = None, spinners: int = 0) -> dict:
+def closed_loop(url: str, example: dict, requests: int) -> tuple[list[float], list[dict]]:
+    """An openpi-style client's closed loop: round trips (s) and each reply's server timings (s),
+    after 10 unrecorded requests."""
     from websockets.sync.client import connect
 
     from vlaperf.serve.protocol import packb, unpackb
-    from vlaperf.serve.server import PolicyServer
 
     round_trips, timings = [], []
-    with loop_polls(poll_s), idle_spinners(spinners), \
-            PolicyServer(policy, port=0, max_batch=1, warmup_batch_sizes=()) as srv, \
-            connect(srv.url, compression=None, max_size=None) as ws:
+    with connect(url, compression=None, max_size=None) as ws:
         ws.recv()  # the metadata frame
         for i in range(requests + 11):
             t = time.perf_counter()
@@ -137,6 +137,37 @@ def front_end(policy, example: dict, requests: int, poll_s: float | None = None,
             if i >= 10:
                 round_trips.append(dt)
                 timings.append({k: v / 1e3 for k, v in reply["server_timing"].items() if k.endswith("_ms")})
+    return round_trips, timings
+
+
+def client_process(url: str, workload: str, requests: int) -> tuple[list[float], list[dict]]:
+    """closed_loop in a child process (its own interpreter and GIL, as a robot's client is)."""
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    code = ("import json, sys; sys.path.insert(0, sys.argv[1]); from served_path_probe import closed_loop; "
+            "from vlaperf.inputs import make_example; from vlaperf.workloads import get_workload; "
+            "rt, tm = closed_loop(sys.argv[2], make_example(get_workload(sys.argv[3])), int(sys.argv[4])); "
+            "print(json.dumps([rt, tm]))")
+    out = subprocess.run([sys.executable, "-c", code, str(Path(__file__).parent), url, workload, str(requests)],
+                         capture_output=True, text=True, check=True, timeout=600)
+    rt, tm = json.loads(out.stdout.strip().splitlines()[-1])
+    return rt, tm
+
+
+def front_end(policy, example: dict, requests: int, poll_s: float | None = None, spinners: int = 0,
+              workload_in_child: str | None = None) -> dict:
+    """The closed loop against a PolicyServer in this process around `policy`; with
+    `workload_in_child`, the client runs in a child process on that workload's example."""
+    from vlaperf.serve.server import PolicyServer
+
+    with loop_polls(poll_s), idle_spinners(spinners), \
+            PolicyServer(policy, port=0, max_batch=1, warmup_batch_sizes=()) as srv:
+        if workload_in_child:
+            round_trips, timings = client_process(srv.url, workload_in_child, requests)
+        else:
+            round_trips, timings = closed_loop(srv.url, example, requests)
     # a reply's prev_total_ms is the server's time for the request before it (received -> reply sent)
     rt, st, server = round_trips[:-1], timings[:-1], [t["prev_total_ms"] for t in timings[1:]]
     return {"round_trip_ms": median_ms(rt), "server_infer_ms": median_ms([t["infer_ms"] for t in st]),
@@ -214,6 +245,11 @@ def main() -> None:
              # asyncio.sleep(2e-4) sleeps in epoll for a whole millisecond (its timeout is rounded up to ms):
              # sleep(0) spins the loop's thread instead
              "real_policy_loop_spins": front_end(policy, example, args.rounds, poll_s=0.0),
+             # the client in its own process (its own GIL, as a robot's client is)
+             "real_policy_client_process": front_end(policy, example, args.rounds, workload_in_child=w.id),
+             "sleeper_like_policy_client_process": front_end(Sleeper(w, H, part1["infer_ms"] / 1e3), example, args.rounds,
+                                                             workload_in_child=w.id),
+             "instant_policy_client_process": front_end(Sleeper(w, H, 0.0), example, args.rounds, workload_in_child=w.id),
              "sleeper_like_policy_idle_spinners": front_end(Sleeper(w, H, part1["infer_ms"] / 1e3), example, args.rounds,
                                                             spinners=os.cpu_count() or 1),
              "real_policy_idle_spinners": front_end(policy, example, args.rounds, spinners=os.cpu_count() or 1),

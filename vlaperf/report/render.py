@@ -670,11 +670,31 @@ def _launch_probe(doc: _Doc, path: str, r: dict) -> None:
     doc.h(3, f"launch latency: {r['workload']['id']}, {r['variant']['label']} on {_gpu(r)}")
     doc.p(f"{r['rounds']} rounds each; 'exposed' is the GPU span with the GPU idle at the start less the span "
           "queued behind a 2 ms sleep kernel (the host's latency the GPU waits for)", "")
-    rows = [["call (sample_actions)"] + launch_probe_row(r["call"])]
-    rows += [[k.replace("_", " ")] + launch_probe_row(v) for k, v in (r.get("pieces") or {}).items() if isinstance(v, dict)]
-    rows += [[f"graph of {n} one-element kernels"] + launch_probe_row(v) for n, v in r["synthetic_graphs"].items()]
     doc.table(["what", "GPU span, idle start ms", "GPU span, host hidden ms", "exposed ms", "host until return ms",
-               "wall, synced ms"], rows)
+               "wall, synced ms"], [[name] + launch_probe_row(v) for name, v in launch_probe_rows(r)])
+    for name, census in launch_probe_graphs(r):
+        doc.p(f"{name}: {census}", "")
+
+
+def launch_probe_rows(r: dict) -> list[tuple[str, dict]]:
+    """(what, its exposure record) for every timed thing of a launch-probe file, in order."""
+    def timed_items(prefix: str, d: dict):
+        for k, v in d.items():
+            if isinstance(v, dict) and "gpu_span_idle_start_ms" in v:
+                yield prefix + k.replace("_", " "), v
+            elif isinstance(v, dict) and k != "graph":
+                yield from timed_items(prefix + k.replace("_", " ") + ": ", v)
+
+    return ([("call (sample_actions)", r["call"])] + list(timed_items("", r.get("pieces") or {}))
+            + [(f"graph of {n} one-element kernels", v) for n, v in r["synthetic_graphs"].items()])
+
+
+def launch_probe_graphs(r: dict) -> list[tuple[str, dict]]:
+    """The node censuses of a launch-probe file: (whose graph, census)."""
+    pieces = r.get("pieces") or {}
+    out = [("the engine's graph", pieces["graph"])] if pieces.get("graph") else []
+    other = pieces.get("without_inductor_pdl") or {}
+    return out + ([("without inductor's PDL", other["graph"])] if other.get("graph") else [])
 
 
 def launch_probe_row(v: dict) -> list:
