@@ -10,6 +10,10 @@
 #   PART=b   (carry .whl) part a's launch probe with what separates the causes (a kernel, one small memcpy, the six
 #            copies as one multi-tensor kernel, each before the replay; two replays; the graph's nodes by type; the
 #            engine built without inductor's PDL), the served-path probe with the client in a child process
+#   PART=c   the closing benches, each in a fresh process, with SigLIP's patch matmul in TF32 (now in best): libero-pi0
+#            in model and policy mode, b4, b8, libero-pi05, libero-shallow6, aloha-pi0 in model and policy mode (its
+#            channels-first upload, session 21's version 98, on the H200 for the first time), and the equivalence
+#            checks of best at batch 1 and 4 and for aloha-pi0
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session22.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -28,6 +32,21 @@ b)
   lane A 0 60 <<EOT &
 200 python3 benchmarks/launch_probe.py --workload libero-pi0 --levers best --without-inductor-pdl --json $R/launch_probe_libero-pi0_best_b.json
 240 python3 benchmarks/served_path_probe.py --workload libero-pi0 --levers best --json $R/served_path_libero-pi0_best_s22b.json
+EOT
+  ;;
+c)
+  lane A 0 40 <<EOT &
+100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s22_model.json
+100 $V bench --workload libero-pi0 --levers best --mode policy $B --json $R/bench_libero-pi0_best-s22_policy.json
+150 $V check --workload libero-pi0 --levers best --seeds 2 --json $R/check_libero-pi0_best_s22.json
+100 $V bench --workload libero-pi0-b4 --levers best $B --json $R/bench_libero-pi0-b4_best-s22_model.json
+120 $V bench --workload libero-pi0-b8 --levers best $B --json $R/bench_libero-pi0-b8_best-s22_model.json
+100 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s22_model.json
+100 $V bench --workload libero-shallow6 --levers best $B --json $R/bench_libero-shallow6_best-s22_model.json
+100 $V bench --workload aloha-pi0 --levers best $B --json $R/bench_aloha-pi0_best-s22_model.json
+100 $V bench --workload aloha-pi0 --levers best --mode policy $B --json $R/bench_aloha-pi0_best-s22_policy.json
+150 $V check --workload libero-pi0-b4 --levers best --seeds 1 --json $R/check_libero-pi0-b4_best_s22.json
+150 $V check --workload aloha-pi0 --levers best --seeds 1 --json $R/check_aloha-pi0_best_s22.json
 EOT
   ;;
 esac
