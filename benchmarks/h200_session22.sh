@@ -13,7 +13,8 @@
 #   PART=c   the closing benches, each in a fresh process, with SigLIP's patch matmul in TF32 (now in best): libero-pi0
 #            in model and policy mode, b4, b8, libero-pi05, libero-shallow6, aloha-pi0 in model and policy mode (its
 #            channels-first upload, session 21's version 98, on the H200 for the first time), and the equivalence
-#            checks of best at batch 1 and 4 and for aloha-pi0
+#            checks of best at batch 1 and 4 and for aloha-pi0; first the upload probe for libero-pi0 and aloha-pi0,
+#            now with the upload timed right after 13 ms of GPU work, host sleep or host work
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session22.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -36,6 +37,8 @@ EOT
   ;;
 c)
   lane A 0 40 <<EOT &
+100 python3 benchmarks/upload_probe.py --rounds 100 --json $R/upload_probe_libero-pi0_s22.json
+100 python3 benchmarks/upload_probe.py --workload aloha-pi0 --rounds 100 --json $R/upload_probe_aloha-pi0_s22.json
 100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s22_model.json
 100 $V bench --workload libero-pi0 --levers best --mode policy $B --json $R/bench_libero-pi0_best-s22_policy.json
 150 $V check --workload libero-pi0 --levers best --seeds 2 --json $R/check_libero-pi0_best_s22.json

@@ -10,7 +10,9 @@ Each piece is timed on the host clock, median of `--rounds`, with the GPU idle b
 - preprocess: the eager uint8 -> [-1, 1] float kernels (synced);
 - to host: the actions' robot dims sliced on the device then copied (`[..., :7].cpu()`, as the
   policy does), against the whole contiguous tensor copied then sliced on the host, and against a
-  non-blocking copy into a pinned buffer and an event's wait.
+  non-blocking copy into a pinned buffer and an event's wait;
+- the whole upload again right after ~13 ms of the GPU busy (the host waiting in a sync), the host
+  asleep, or the host busy: which of them makes it slower in a policy call's sequence.
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ from __future__ import annotations
 import argparse
 import json
 import statistics
+import time
 
 import numpy as np
 import torch
@@ -33,6 +36,23 @@ from vlaperf.workloads import get_workload
 def timed(fn, rounds: int) -> float:
     """Median ms of `rounds` synced calls (engine_ab.timed: the GPU idle before each)."""
     return statistics.median(one_call_ms(fn) for _ in range(rounds))
+
+
+def sleep_cycles_per_ms() -> float:
+    """`torch.cuda._sleep`'s cycles per millisecond at the present clock (one timed sleep)."""
+    torch.cuda._sleep(1_000_000)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    torch.cuda._sleep(20_000_000)
+    b.record()
+    torch.cuda.synchronize()
+    return 20_000_000 / a.elapsed_time(b)
+
+
+def busy_wait(seconds: float) -> None:
+    end = time.perf_counter() + seconds
+    while time.perf_counter() < end:
+        pass
 
 
 def main() -> None:
@@ -86,6 +106,19 @@ def main() -> None:
         return pinned.numpy()[..., :A].astype(np.float32)
 
     out["to_host_pinned_event"] = timed(pinned_event, args.rounds)
+    # The upload again, each time right after ~13 ms of something else (untimed): what makes it take 0.6-0.7 ms in a
+    # policy call's sequence (served_path_probe.py) against ~0.25 ms back to back? The GPU busy (a sleep kernel the
+    # host waits for, as for a model call), the host asleep, or the host busy in Python.
+    cycles = sleep_cycles_per_ms()
+    befores = {"after_gpu_busy_13ms": lambda: (torch.cuda._sleep(int(13 * cycles)), torch.cuda.synchronize()),
+               "after_host_sleep_13ms": lambda: time.sleep(0.013),
+               "after_host_busy_13ms": lambda: busy_wait(0.013)}
+    for name, before in befores.items():
+        samples = []
+        for _ in range(args.rounds // 2):
+            before()
+            samples.append(one_call_ms(upload_synced))
+        out[f"upload_whole_synced_{name}"] = statistics.median(samples)
     result = {"schema": SCHEMA, "command": "upload-probe", "workload": {"id": w.id, "overrides": {}},
               "variant": {"levers": [], "label": "policy transfers", "dtype": "-"}, "env": environment_record("cuda"),
               "rounds": args.rounds, "staging_bytes": nbytes, "median_ms": out}
