@@ -14,7 +14,8 @@
 #            in model and policy mode, b4, b8, libero-pi05, libero-shallow6, aloha-pi0 in model and policy mode (its
 #            channels-first upload, session 21's version 98, on the H200 for the first time), and the equivalence
 #            checks of best at batch 1 and 4 and for aloha-pi0; first the upload probe for libero-pi0 and aloha-pi0,
-#            now with the upload timed right after 13 ms of GPU work, host sleep or host work
+#            now with the upload timed right after 13 ms of GPU work, host sleep or host work; last the launch probe
+#            with the graphs kept (GraphCache.keep_graphs), so it can count their nodes and edges by type
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session22.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -50,6 +51,7 @@ c)
 100 $V bench --workload aloha-pi0 --levers best --mode policy $B --json $R/bench_aloha-pi0_best-s22_policy.json
 150 $V check --workload libero-pi0-b4 --levers best --seeds 1 --json $R/check_libero-pi0-b4_best_s22.json
 150 $V check --workload aloha-pi0 --levers best --seeds 1 --json $R/check_aloha-pi0_best_s22.json
+150 python3 benchmarks/launch_probe.py --workload libero-pi0 --levers best --without-inductor-pdl --rounds 100 --json $R/launch_probe_libero-pi0_best_c.json
 EOT
   ;;
 esac

@@ -119,13 +119,22 @@ def graph_census(graph: torch.cuda.CUDAGraph) -> dict | None:
             counts[NODE_TYPES.get(t.value, str(t.value))] = counts.get(NODE_TYPES.get(t.value, str(t.value)), 0) + 1
         version = ctypes.c_int(0)
         lib.cudaRuntimeGetVersion(ctypes.byref(version))
-        edges = ctypes.c_size_t(0)
-        if version.value >= 13000:  # CUDA 13: (graph, from, to, edgeData, numEdges)
-            err = lib.cudaGraphGetEdges(handle, None, None, None, ctypes.byref(edges))
-        else:
-            err = lib.cudaGraphGetEdges(handle, None, None, ctypes.byref(edges))
-        return {"nodes": n.value, "by_type": counts, "edges": edges.value if not err else None,
-                "runtime_version": version.value}
+        out = {"nodes": n.value, "by_type": counts, "runtime_version": version.value}
+        if version.value >= 13000:  # CUDA 13: (graph, from, to, edgeData, numEdges); edgeData is 8 bytes, its type at 2
+            m = ctypes.c_size_t(0)
+            if not lib.cudaGraphGetEdges(handle, None, None, None, ctypes.byref(m)):
+                src, dst = (ctypes.c_void_p * m.value)(), (ctypes.c_void_p * m.value)()
+                data = (ctypes.c_ubyte * (8 * m.value))()
+                lib.cudaGraphGetEdges(handle, src, dst, data, ctypes.byref(m))
+                kinds: dict[str, int] = {}
+                for i in range(m.value):
+                    kind = {0: "default", 1: "programmatic"}.get(data[8 * i + 2], str(data[8 * i + 2]))
+                    kinds[kind] = kinds.get(kind, 0) + 1
+                fan_out = max((list(src).count(x) for x in set(src)), default=0)
+                fan_in = max((list(dst).count(x) for x in set(dst)), default=0)
+                out.update(edges=m.value, edges_by_type=kinds, max_fan_out=fan_out, max_fan_in=fan_in,
+                           straight_line=m.value == n.value - 1 and fan_out <= 1 and fan_in <= 1)
+        return out
     except Exception as e:  # a probe: report, never fail the run
         return {"error": f"{type(e).__name__}: {e}"}
 
@@ -144,11 +153,11 @@ def replay_experiments(entry, inputs: list[torch.Tensor], rounds: int, cycles: f
             "replay_twice": exposure(lambda: (replay(), replay()), rounds, cycles)}
 
 
-def synthetic_graphs(rounds: int, cycles_per_ms: float, sizes=(1, 10, 100, 300, 600, 1000, 2000)) -> dict:
+def synthetic_graphs(rounds: int, cycles_per_ms: float, sizes=(1, 10, 100, 300, 600, 1000, 2000)) -> tuple[dict, dict]:
     x = torch.zeros(1, device="cuda")
-    out = {}
+    out, censuses = {}, {}
     for n in sizes:
-        g = torch.cuda.CUDAGraph()
+        g = torch.cuda.CUDAGraph(keep_graph=True)
         side = torch.cuda.Stream()
         side.wait_stream(torch.cuda.current_stream())
         with torch.cuda.stream(side):
@@ -157,11 +166,13 @@ def synthetic_graphs(rounds: int, cycles_per_ms: float, sizes=(1, 10, 100, 300, 
         with torch.cuda.graph(g):
             for _ in range(n):
                 x.add_(1)
+        g.instantiate()
         g.replay()
         torch.cuda.synchronize()
         out[str(n)] = exposure(g.replay, rounds, cycles_per_ms)
+        censuses[str(n)] = graph_census(g)
         del g
-    return out
+    return out, censuses
 
 
 def main() -> None:
@@ -176,6 +187,8 @@ def main() -> None:
     w = get_workload(args.workload)
     model = build_model(w.preset, "cuda")
     engine = Engine(model, args.levers)
+    if engine.graphs is not None:
+        engine.graphs.keep_graphs = True  # for the census of its nodes (graph_census)
     obs, noise = random_observation(w, model.config, "cuda"), random_noise(w, model.config, "cuda")
     for _ in range(10):
         engine.sample_actions(obs, noise, w.steps)
@@ -200,6 +213,7 @@ def main() -> None:
         torch._dynamo.reset()
         compile_mod.INDUCTOR_PDL = False
         plain = Engine(model, args.levers)
+        plain.graphs.keep_graphs = True
         for _ in range(10):
             plain.sample_actions(obs, noise, w.steps)
         entry = next(iter(plain.graphs.entries.values()))
@@ -207,12 +221,14 @@ def main() -> None:
             "call": exposure(lambda: plain.sample_actions(obs, noise, w.steps), args.rounds, cycles),
             "replay_alone": exposure(entry.graph.replay, args.rounds, cycles), "graph": graph_census(entry.graph)}
         compile_mod.INDUCTOR_PDL = True
-    synthetic = synthetic_graphs(args.rounds // 2, cycles)
+    synthetic, synthetic_census = synthetic_graphs(args.rounds // 2, cycles)
     result = {"schema": SCHEMA, "command": "launch-probe", "workload": {"id": w.id, "overrides": {}},
               "variant": {"levers": engine.levers.names(), "label": engine.name, "dtype": str(model.dtype).split(".")[-1]},
               "env": environment_record("cuda"), "rounds": args.rounds, "sleep_cycles_per_ms": cycles,
-              "call": result_call, "pieces": pieces, "synthetic_graphs": synthetic}
-    print(json.dumps({"call": result_call, "pieces": pieces}, indent=1, default=str))
+              "call": result_call, "pieces": pieces, "synthetic_graphs": synthetic,
+              "synthetic_census": synthetic_census}
+    print(json.dumps({"call": result_call, "pieces": pieces, "synthetic_census_600": synthetic_census.get("600")},
+                     indent=1, default=str))
     for n, r in synthetic.items():
         print(f"graph of {n:>5} kernels: idle {r['gpu_span_idle_start_ms']:.4f} hidden {r['gpu_span_host_hidden_ms']:.4f} "
               f"exposed {r['exposed_host_ms']:.4f} host return {r['host_return_ms']:.4f} ms")

@@ -25,9 +25,12 @@ class CapturedGraph:
 
 
 class GraphCache:
-    def __init__(self, warmup_runs: int = 2):
+    def __init__(self, warmup_runs: int = 2, keep_graphs: bool = False):
         self.entries: dict[Hashable, CapturedGraph] = {}
         self.warmup_runs = warmup_runs
+        # keep each captured cudaGraph_t beside its executable one (torch's keep_graph), so a probe can read its
+        # nodes (`graph.raw_cuda_graph()`); off: torch frees it after instantiating
+        self.keep_graphs = keep_graphs
         self.pool = None
 
     def run(self, key: Hashable, build: Callable[[], Callable[..., Tensor]], inputs: list[Tensor],
@@ -59,9 +62,11 @@ class GraphCache:
         torch.cuda.current_stream().wait_stream(side)
         if before_capture is not None:
             before_capture()
-        graph = torch.cuda.CUDAGraph()
+        graph = torch.cuda.CUDAGraph(keep_graph=self.keep_graphs)
         with torch.cuda.graph(graph, pool=self.pool):
             output = fn(*static_inputs)
+        if self.keep_graphs:
+            graph.instantiate()  # otherwise the first replay would
         torch.cuda.synchronize()
         return CapturedGraph(graph, static_inputs, output, time.perf_counter() - start)
 

@@ -694,7 +694,9 @@ def launch_probe_graphs(r: dict) -> list[tuple[str, dict]]:
     pieces = r.get("pieces") or {}
     out = [("the engine's graph", pieces["graph"])] if pieces.get("graph") else []
     other = pieces.get("without_inductor_pdl") or {}
-    return out + ([("without inductor's PDL", other["graph"])] if other.get("graph") else [])
+    out += [("without inductor's PDL", other["graph"])] if other.get("graph") else []
+    return out + [(f"a graph of {n} one-element kernels", c) for n, c in (r.get("synthetic_census") or {}).items()
+                  if c and n == "600"]
 
 
 def launch_probe_row(v: dict) -> list:
