@@ -137,6 +137,12 @@ def graph_census(graph: torch.cuda.CUDAGraph) -> dict | None:
         return out
     except Exception as e:  # a probe: report, never fail the run
         return {"error": f"{type(e).__name__}: {e}"}
+    finally:
+        # a refused call leaves its error as the runtime's last error, which torch's next launch check would
+        # report as its own (session 22's part c): take it here, into the record
+        last = lib.cudaGetLastError()
+        if last:
+            print(f"graph_census: the CUDA runtime reported error {last} during the census")
 
 
 def replay_experiments(entry, inputs: list[torch.Tensor], rounds: int, cycles: float) -> dict:
