@@ -168,8 +168,8 @@ def patch_embed(patch: tuple[Tensor, Tensor], images: Tensor, embeddings, tf32: 
 def tf32_matmuls():
     """cuBLAS's float32 matmuls in TF32 inside the block, the process's setting restored after
     (through torch's newer `fp32_precision` switch only: mixing it with `allow_tf32` makes
-    torch refuse to read either). Inside a CUDA-graph capture the TF32 kernel is what the
-    graph keeps."""
+    torch refuse to read either). The switch is process-wide while the block runs (one matmul's
+    dispatch). Inside a CUDA-graph capture the TF32 kernel is what the graph keeps."""
     matmul = torch.backends.cuda.matmul
     before = matmul.fp32_precision
     matmul.fp32_precision = "tf32"
