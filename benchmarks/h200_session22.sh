@@ -16,6 +16,9 @@
 #            checks of best at batch 1 and 4 and for aloha-pi0; first the upload probe for libero-pi0 and aloha-pi0,
 #            now with the upload timed right after 13 ms of GPU work, host sleep or host work; last the launch probe
 #            with the graphs kept (GraphCache.keep_graphs), so it can count their nodes and edges by type
+#   PART=d   (prepared, not run: the device time was spent) the launch probe with graphs of 600 kernels of each kind
+#            the engine's graph holds (memset nodes, Triton kernels, Triton kernels with PDL): which keeps it off the
+#            driver's constant-time launch
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session22.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -52,6 +55,11 @@ c)
 150 $V check --workload libero-pi0-b4 --levers best --seeds 1 --json $R/check_libero-pi0-b4_best_s22.json
 150 $V check --workload aloha-pi0 --levers best --seeds 1 --json $R/check_aloha-pi0_best_s22.json
 150 python3 benchmarks/launch_probe.py --workload libero-pi0 --levers best --without-inductor-pdl --rounds 100 --json $R/launch_probe_libero-pi0_best_c.json
+EOT
+  ;;
+d)
+  lane A 0 60 <<EOT &
+150 python3 benchmarks/launch_probe.py --workload libero-pi0 --levers best --rounds 100 --json $R/launch_probe_libero-pi0_best_d.json
 EOT
   ;;
 esac

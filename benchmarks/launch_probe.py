@@ -14,7 +14,9 @@ and the graph's first kernel; the profiler slows launches, so this probe times w
   exposes;
 - the pieces of `GraphCache.run` alone: the input copies, `graph.replay()`, the output's clone;
 - graphs of N one-element kernels (N = 1 .. 2000) replayed the same two ways: whether a graph's
-  launch latency grows with its node count on this driver (the engine's graph has ~600 nodes).
+  launch latency grows with its node count on this driver (the engine's graph has ~600 nodes);
+- graphs of 600 kernels of the kinds the engine's graph holds (memset nodes among them, Triton
+  kernels, Triton kernels with PDL): which kind makes its launch slow (`graph_kinds`).
 """
 
 from __future__ import annotations
@@ -25,9 +27,12 @@ import statistics
 import time
 
 import torch
+import triton
+import triton.language as tl
 from engine_ab import timed  # benchmarks/ (the script's folder is on sys.path): one synced call, ms
 
 from vlaperf.engine import Engine
+from vlaperf.engine.kernels.launch import pdl_wait
 from vlaperf.inputs import random_noise, random_observation
 from vlaperf.models.pi0 import build_model
 from vlaperf.report.schema import SCHEMA
@@ -181,6 +186,79 @@ def synthetic_graphs(rounds: int, cycles_per_ms: float, sizes=(1, 10, 100, 300, 
     return out, censuses
 
 
+@triton.jit
+def _bump_kernel(x_ptr, USE_PDL: tl.constexpr):
+    """x[0] += 1, after waiting for the kernel before it where launched with PDL (as ours do)."""
+    pdl_wait(USE_PDL)
+    tl.store(x_ptr, tl.load(x_ptr) + 1.0)
+
+
+def graph_kinds(rounds: int, cycles_per_ms: float, n: int = 600, memset_every: int = 13) -> tuple[dict, dict]:
+    """Graphs of `n` one-element kernels of the kinds the engine's graph holds, each replayed as
+    `exposure` times it, to say which kind keeps a straight-line graph off the driver's
+    constant-time launch (the engine's: 571 kernels, 44 memsets, 183 programmatic edges, launched
+    in 0.09-0.20 ms against 0.008-0.02 for plain kernels): torch's kernels; the same with a memset
+    node every `memset_every` kernels (cudaMemsetAsync, as cuBLAS and cuDNN add them); a Triton
+    kernel without PDL; the same kernel launched with PDL (every edge programmatic)."""
+    import ctypes
+
+    x = torch.zeros(1, device="cuda")
+    scratch = torch.zeros(1024, device="cuda")
+    lib = None
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            lib = ctypes.CDLL(name)
+            break
+        except OSError:
+            continue
+
+    def memset():
+        stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)
+        lib.cudaMemsetAsync(ctypes.c_void_p(scratch.data_ptr()), 0, ctypes.c_size_t(scratch.numel() * 4), stream)
+
+    def torch_kernels(with_memsets: bool):
+        def body():
+            for i in range(n):
+                x.add_(1)
+                if with_memsets and i % memset_every == 0:
+                    memset()
+        return body
+
+    def triton_kernels(pdl: bool):
+        def body():
+            for _ in range(n):
+                _bump_kernel[(1,)](x, USE_PDL=pdl, launch_pdl=pdl)
+        return body
+
+    kinds = {"torch_kernels": torch_kernels(False), "triton_kernels": triton_kernels(False),
+             "triton_kernels_pdl": triton_kernels(True)}
+    if lib is not None:
+        kinds["torch_kernels_with_memsets"] = torch_kernels(True)
+    out, censuses = {}, {}
+    for name, body in kinds.items():
+        try:
+            side = torch.cuda.Stream()
+            side.wait_stream(torch.cuda.current_stream())
+            with torch.cuda.stream(side):
+                body()  # compiles the Triton kernel outside the capture
+            torch.cuda.current_stream().wait_stream(side)
+            torch.cuda.synchronize()
+            g = torch.cuda.CUDAGraph(keep_graph=True)
+            with torch.cuda.graph(g):
+                body()
+            g.instantiate()
+            g.replay()
+            torch.cuda.synchronize()
+            out[name] = exposure(g.replay, rounds, cycles_per_ms)
+            censuses[name] = graph_census(g)
+            del g
+        except Exception as e:  # a probe: one kind failing must not lose the others
+            censuses[name] = {"error": f"{type(e).__name__}: {e}"}
+            if lib is not None:
+                lib.cudaGetLastError()
+    return out, censuses
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--workload", default="libero-pi0")
@@ -228,13 +306,17 @@ def main() -> None:
             "replay_alone": exposure(entry.graph.replay, args.rounds, cycles), "graph": graph_census(entry.graph)}
         compile_mod.INDUCTOR_PDL = True
     synthetic, synthetic_census = synthetic_graphs(args.rounds // 2, cycles)
+    kinds, kinds_census = graph_kinds(args.rounds // 2, cycles)
     result = {"schema": SCHEMA, "command": "launch-probe", "workload": {"id": w.id, "overrides": {}},
               "variant": {"levers": engine.levers.names(), "label": engine.name, "dtype": str(model.dtype).split(".")[-1]},
               "env": environment_record("cuda"), "rounds": args.rounds, "sleep_cycles_per_ms": cycles,
               "call": result_call, "pieces": pieces, "synthetic_graphs": synthetic,
-              "synthetic_census": synthetic_census}
+              "synthetic_census": synthetic_census, "graph_kinds": kinds, "graph_kinds_census": kinds_census}
     print(json.dumps({"call": result_call, "pieces": pieces, "synthetic_census_600": synthetic_census.get("600")},
                      indent=1, default=str))
+    for name, r in kinds.items():
+        print(f"600 {name:>28}: exposed {r['exposed_host_ms']:.4f} host return {r['host_return_ms']:.4f} ms; "
+              f"{kinds_census.get(name)}")
     for n, r in synthetic.items():
         print(f"graph of {n:>5} kernels: idle {r['gpu_span_idle_start_ms']:.4f} hidden {r['gpu_span_host_hidden_ms']:.4f} "
               f"exposed {r['exposed_host_ms']:.4f} host return {r['host_return_ms']:.4f} ms")

@@ -686,7 +686,8 @@ def launch_probe_rows(r: dict) -> list[tuple[str, dict]]:
                 yield from timed_items(prefix + k.replace("_", " ") + ": ", v)
 
     return ([("call (sample_actions)", r["call"])] + list(timed_items("", r.get("pieces") or {}))
-            + [(f"graph of {n} one-element kernels", v) for n, v in r["synthetic_graphs"].items()])
+            + [(f"graph of {n} one-element kernels", v) for n, v in r["synthetic_graphs"].items()]
+            + [(f"graph of 600: {k.replace('_', ' ')}", v) for k, v in (r.get("graph_kinds") or {}).items()])
 
 
 def launch_probe_graphs(r: dict) -> list[tuple[str, dict]]:
@@ -695,8 +696,9 @@ def launch_probe_graphs(r: dict) -> list[tuple[str, dict]]:
     out = [("the engine's graph", pieces["graph"])] if pieces.get("graph") else []
     other = pieces.get("without_inductor_pdl") or {}
     out += [("without inductor's PDL", other["graph"])] if other.get("graph") else []
-    return out + [(f"a graph of {n} one-element kernels", c) for n, c in (r.get("synthetic_census") or {}).items()
-                  if c and n == "600"]
+    out += [(f"a graph of {n} one-element kernels", c) for n, c in (r.get("synthetic_census") or {}).items()
+            if c and n == "600"]
+    return out + [(f"a graph of 600: {k.replace('_', ' ')}", c) for k, c in (r.get("graph_kinds_census") or {}).items() if c]
 
 
 def launch_probe_row(v: dict) -> list:
