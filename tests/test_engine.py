@@ -334,6 +334,20 @@ def test_tf32_block_restores_the_processs_setting_even_on_error():
         matmul.fp32_precision = before
 
 
+def test_tf32_block_falls_back_to_the_older_switch(monkeypatch):
+    """torch before 2.9 has only `allow_tf32`: the block sets and restores that one."""
+    from vlaperf.engine import prefix
+
+    class OldMatmul:  # torch.backends.cuda.matmul as torch 2.4-2.8 has it
+        allow_tf32 = False
+
+    old = OldMatmul()
+    monkeypatch.setattr(prefix.torch.backends.cuda, "matmul", old)
+    with prefix.tf32_matmuls():
+        assert old.allow_tf32 is True
+    assert old.allow_tf32 is False
+
+
 def test_siglip_gelu_epilogue_is_cuda_only_and_computes_fc1_gelu():
     """The fused fc1 + GELU call is used only where `_addmm_activation` is the tanh GELU (CUDA:
     the H200 probe in benchmarks/results/h200/prefix_ab_libero-pi0_gelu_epilogue.json); on the

@@ -171,12 +171,13 @@ def tf32_matmuls():
     torch refuse to read either). The switch is process-wide while the block runs (one matmul's
     dispatch). Inside a CUDA-graph capture the TF32 kernel is what the graph keeps."""
     matmul = torch.backends.cuda.matmul
-    before = matmul.fp32_precision
-    matmul.fp32_precision = "tf32"
+    name = "fp32_precision" if hasattr(matmul, "fp32_precision") else "allow_tf32"  # torch < 2.9: the older switch
+    before = getattr(matmul, name)
+    setattr(matmul, name, "tf32" if name == "fp32_precision" else True)
     try:
         yield
     finally:
-        matmul.fp32_precision = before
+        setattr(matmul, name, before)
 
 
 def select_slots(x: Tensor, slots: tuple[int, ...]) -> Tensor:
