@@ -18,7 +18,8 @@
 #            with the graphs kept (GraphCache.keep_graphs), so it can count their nodes and edges by type
 #   PART=d   (prepared, not run: the device time was spent) the launch probe with graphs of 600 kernels of each kind
 #            the engine's graph holds (memset nodes, Triton kernels, Triton kernels with PDL): which keeps it off the
-#            driver's constant-time launch
+#            driver's constant-time launch; the upload probe with a 4-byte transfer issued after the pause, ahead of
+#            the upload (whether a tiny transfer ahead takes the after-pause cost off it)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session22.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -60,6 +61,7 @@ EOT
 d)
   lane A 0 60 <<EOT &
 150 python3 benchmarks/launch_probe.py --workload libero-pi0 --levers best --rounds 100 --json $R/launch_probe_libero-pi0_best_d.json
+100 python3 benchmarks/upload_probe.py --rounds 100 --json $R/upload_probe_libero-pi0_s22d.json
 EOT
   ;;
 esac

@@ -12,7 +12,9 @@ Each piece is timed on the host clock, median of `--rounds`, with the GPU idle b
   policy does), against the whole contiguous tensor copied then sliced on the host, and against a
   non-blocking copy into a pinned buffer and an event's wait;
 - the whole upload again right after ~13 ms of the GPU busy (the host waiting in a sync), the host
-  asleep, or the host busy: which of them makes it slower in a policy call's sequence.
+  asleep, or the host busy: which of them makes it slower in a policy call's sequence; and after
+  the GPU's 13 ms with a 4-byte transfer issued first (either way): whether a tiny transfer ahead
+  takes the after-pause cost off the upload.
 """
 
 from __future__ import annotations
@@ -113,6 +115,13 @@ def main() -> None:
     befores = {"after_gpu_busy_13ms": lambda: (torch.cuda._sleep(int(13 * cycles)), torch.cuda.synchronize()),
                "after_host_sleep_13ms": lambda: time.sleep(0.013),
                "after_host_busy_13ms": lambda: busy_wait(0.013)}
+    # Candidates for the policy to take it off the upload: a 4-byte transfer each way issued right after the pause (not
+    # waited for), as the policy could issue one while the host validates and tokenizes the request
+    tiny_host, tiny_dev = torch.zeros(1, pin_memory=True), torch.zeros(1, device=dev)
+    befores["after_gpu_busy_13ms_then_tiny_h2d"] = lambda: (befores["after_gpu_busy_13ms"](),
+                                                             tiny_dev.copy_(tiny_host, non_blocking=True))
+    befores["after_gpu_busy_13ms_then_tiny_d2h"] = lambda: (befores["after_gpu_busy_13ms"](),
+                                                             tiny_host.copy_(tiny_dev, non_blocking=True))
     for name, before in befores.items():
         samples = []
         for _ in range(args.rounds // 2):
