@@ -144,7 +144,7 @@ def graph_census(graph: torch.cuda.CUDAGraph) -> dict | None:
         return {"error": f"{type(e).__name__}: {e}"}
     finally:
         # a refused call leaves its error as the runtime's last error, which torch's next launch check would
-        # report as its own (session 22's part c): take it here, into the record
+        # report as its own (session 22's part c): take it here and say so
         last = lib.cudaGetLastError()
         if last:
             print(f"graph_census: the CUDA runtime reported error {last} during the census")
