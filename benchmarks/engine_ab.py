@@ -24,6 +24,17 @@ def timed(fn: Callable[[], object]) -> float:
     return (time.perf_counter() - start) * 1e3
 
 
+def sleep_cycles_per_ms() -> float:
+    """`torch.cuda._sleep`'s cycles per millisecond at the present clock (one timed sleep)."""
+    torch.cuda._sleep(1_000_000)
+    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+    a.record()
+    torch.cuda._sleep(20_000_000)
+    b.record()
+    torch.cuda.synchronize()
+    return 20_000_000 / a.elapsed_time(b)
+
+
 def interleave(variants: dict[str, Callable[[], object]], rounds: int, warmup: int = 10) -> dict[str, list[float]]:
     """Warm each variant up, then `rounds` rounds of one timed call each: wall ms per call."""
     for fn in variants.values():

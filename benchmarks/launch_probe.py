@@ -29,7 +29,7 @@ import time
 import torch
 import triton
 import triton.language as tl
-from engine_ab import timed  # benchmarks/ (the script's folder is on sys.path): one synced call, ms
+from engine_ab import sleep_cycles_per_ms, timed  # benchmarks/ (the script's folder is on sys.path)
 
 from vlaperf.engine import Engine
 from vlaperf.engine.kernels.launch import pdl_wait
@@ -40,15 +40,16 @@ from vlaperf.timing import environment_record
 from vlaperf.workloads import get_workload
 
 
-def sleep_cycles_per_ms() -> float:
-    """`torch.cuda._sleep`'s cycles per millisecond at the present clock (one timed sleep)."""
-    torch.cuda._sleep(1_000_000)
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    torch.cuda._sleep(20_000_000)
-    b.record()
-    torch.cuda.synchronize()
-    return 20_000_000 / a.elapsed_time(b)
+def cudart():
+    """The CUDA runtime library through ctypes (the one torch loaded), or None."""
+    import ctypes
+
+    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
+        try:
+            return ctypes.CDLL(name)
+        except OSError:
+            continue
+    return None
 
 
 def gpu_span_ms(fn, rounds: int, hide_host_ms: float, cycles_per_ms: float) -> float:
@@ -101,13 +102,7 @@ def graph_census(graph: torch.cuda.CUDAGraph) -> dict | None:
     raw = getattr(graph, "raw_cuda_graph", None)
     if raw is None:
         return None
-    lib = None
-    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
-        try:
-            lib = ctypes.CDLL(name)
-            break
-        except OSError:
-            continue
+    lib = cudart()
     if lib is None:
         return None
     try:
@@ -204,13 +199,7 @@ def graph_kinds(rounds: int, cycles_per_ms: float, n: int = 600, memset_every: i
 
     x = torch.zeros(1, device="cuda")
     scratch = torch.zeros(1024, device="cuda")
-    lib = None
-    for name in ("libcudart.so.13", "libcudart.so.12", "libcudart.so"):
-        try:
-            lib = ctypes.CDLL(name)
-            break
-        except OSError:
-            continue
+    lib = cudart()
 
     def memset():
         stream = ctypes.c_void_p(torch.cuda.current_stream().cuda_stream)

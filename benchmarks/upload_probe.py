@@ -26,7 +26,8 @@ import time
 
 import numpy as np
 import torch
-from engine_ab import timed as one_call_ms  # benchmarks/ (the script's folder is on sys.path)
+from engine_ab import sleep_cycles_per_ms  # benchmarks/ (the script's folder is on sys.path)
+from engine_ab import timed as one_call_ms  # one synced call, ms
 
 from vlaperf.inputs import ObservationTransform, make_example
 from vlaperf.models.pi0 import get_config
@@ -38,17 +39,6 @@ from vlaperf.workloads import get_workload
 def timed(fn, rounds: int) -> float:
     """Median ms of `rounds` synced calls (engine_ab.timed: the GPU idle before each)."""
     return statistics.median(one_call_ms(fn) for _ in range(rounds))
-
-
-def sleep_cycles_per_ms() -> float:
-    """`torch.cuda._sleep`'s cycles per millisecond at the present clock (one timed sleep)."""
-    torch.cuda._sleep(1_000_000)
-    a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-    a.record()
-    torch.cuda._sleep(20_000_000)
-    b.record()
-    torch.cuda.synchronize()
-    return 20_000_000 / a.elapsed_time(b)
 
 
 def busy_wait(seconds: float) -> None:
