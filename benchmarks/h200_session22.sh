@@ -19,7 +19,8 @@
 #   PART=d   (prepared, not run: the device time was spent) the launch probe with graphs of 600 kernels of each kind
 #            the engine's graph holds (memset nodes, Triton kernels, Triton kernels with PDL): which keeps it off the
 #            driver's constant-time launch; the upload probe with a 4-byte transfer issued after the pause, ahead of
-#            the upload (whether a tiny transfer ahead takes the after-pause cost off it)
+#            the upload (whether a tiny transfer ahead takes the after-pause cost off it), and the upload's pieces and a
+#            fixed Python loop after a pause (whether the host's own work or the transfer slows down); run in session 23
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session22.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B

@@ -14,7 +14,8 @@ Each piece is timed on the host clock, median of `--rounds`, with the GPU idle b
 - the whole upload again right after ~13 ms of the GPU busy (the host waiting in a sync), the host
   asleep, or the host busy: which of them makes it slower in a policy call's sequence; and after
   the GPU's 13 ms with a 4-byte transfer issued first (either way): whether a tiny transfer ahead
-  takes the after-pause cost off the upload.
+  takes the after-pause cost off the upload; then the upload's pieces (and a fixed Python loop) back to back and
+  after a pause: whether the host's own work or the transfer is what slows down.
 """
 
 from __future__ import annotations
@@ -118,6 +119,19 @@ def main() -> None:
             before()
             samples.append(one_call_ms(upload_synced))
         out[f"upload_whole_synced_{name}"] = statistics.median(samples)
+    # Which part of the upload pays after the pause: the host's own work (a fixed Python loop, the staging fill, which
+    # touch no device), the transfer of the staging buffer, or the first CUDA call (a sync on an idle GPU)
+    pieces = {"python_loop": lambda: sum(range(3000)), "fill_staging_host": lambda: flat[: images.size].__setitem__(
+        ..., images.reshape(-1)), "to_device_synced": lambda: (host.to(dev, non_blocking=True), torch.cuda.synchronize()),
+        "sync_idle_gpu": torch.cuda.synchronize}
+    for piece, fn in pieces.items():
+        out[f"{piece}_back_to_back"] = timed(fn, args.rounds // 2)
+        for name in ("after_gpu_busy_13ms", "after_host_sleep_13ms"):
+            samples = []
+            for _ in range(args.rounds // 2):
+                befores[name]()
+                samples.append(one_call_ms(fn))
+            out[f"{piece}_{name}"] = statistics.median(samples)
     result = {"schema": SCHEMA, "command": "upload-probe", "workload": {"id": w.id, "overrides": {}},
               "variant": {"levers": [], "label": "policy transfers", "dtype": "-"}, "env": environment_record("cuda"),
               "rounds": args.rounds, "staging_bytes": nbytes, "median_ms": out}
