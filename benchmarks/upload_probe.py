@@ -15,7 +15,8 @@ Each piece is timed on the host clock, median of `--rounds`, with the GPU idle b
   asleep, or the host busy: which of them makes it slower in a policy call's sequence; and after
   the GPU's 13 ms with a 4-byte transfer issued first (either way): whether a tiny transfer ahead
   takes the after-pause cost off the upload; then the upload's pieces (and a fixed Python loop) back to back and
-  after a pause: whether the host's own work or the transfer is what slows down.
+  after a pause: whether the host's own work or the transfer is what slows down; last the whole upload with its
+  staging buffer in 2 MB pages against torch's pinned buffer, alternating.
 """
 
 from __future__ import annotations
@@ -46,6 +47,39 @@ def busy_wait(seconds: float) -> None:
     end = time.perf_counter() + seconds
     while time.perf_counter() < end:
         pass
+
+
+def hugepage_pinned(nbytes: int) -> dict:
+    """A host buffer of `nbytes` (rounded up to 2 MB) in transparent huge pages, registered with CUDA as pinned;
+    with what the kernel gave (the THP setting, the process's huge-page bytes after touching it)."""
+    import mmap
+
+    page = 2 << 20
+    size = -(-nbytes // page) * page
+    record: dict = {"bytes": size}
+    try:
+        with open("/sys/kernel/mm/transparent_hugepage/enabled") as f:
+            record["thp_enabled"] = f.read().strip()
+    except OSError as e:
+        record["thp_enabled"] = f"unreadable: {e}"
+    try:
+        m = mmap.mmap(-1, size + page, flags=mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS)
+        raw = np.frombuffer(m, dtype=np.uint8)
+        off = (-raw.ctypes.data) % page
+        m.madvise(mmap.MADV_HUGEPAGE, off, size)
+        arr = raw[off : off + size]
+        arr[:] = 1  # touched: the kernel backs the range now
+        with open("/proc/self/smaps_rollup") as f:
+            record["anon_huge_kb"] = next((int(line.split()[1]) for line in f if line.startswith("AnonHugePages")), None)
+        t = torch.from_numpy(arr)
+        err = torch.cuda.cudart().cudaHostRegister(t.data_ptr(), size, 0)
+        record["register_status"] = int(getattr(err, "value", err))
+        record["is_pinned"] = bool(t.is_pinned())
+        hugepage_pinned.keep = m  # the mapping must outlive the tensor
+        return {"record": record, "tensor": t if record["register_status"] == 0 else None}
+    except Exception as e:  # a probe: report, do not stop
+        record["error"] = f"{type(e).__name__}: {e}"
+        return {"record": record, "tensor": None}
 
 
 def main() -> None:
@@ -132,10 +166,28 @@ def main() -> None:
                 befores[name]()
                 samples.append(one_call_ms(fn))
             out[f"{piece}_{name}"] = statistics.median(samples)
+    # The staging buffer in 2 MB pages (transparent huge pages, registered with CUDA) against torch's pinned one,
+    # alternating round by round: if the after-pause cost is the host's and the DMA's page-table walks over the
+    # buffer's 4 KB pages, fewer, larger pages cut it
+    hp = hugepage_pinned(tr._host_buffer.numel())
+    if hp["tensor"] is not None:
+        buffers = {"torch_pinned": tr._host_buffer, "hugepage_pinned": hp["tensor"]}
+        for name in ("back_to_back", "after_gpu_busy_13ms", "after_host_sleep_13ms"):
+            samples = {k: [] for k in buffers}
+            for _ in range(args.rounds // 2):
+                for kind, buf in buffers.items():
+                    tr._host_buffer = buf
+                    if name != "back_to_back":
+                        befores[name]()
+                    samples[kind].append(one_call_ms(upload_synced))
+            for kind, v in samples.items():
+                out[f"upload_whole_synced_{kind}_{name}"] = statistics.median(v)
+        tr._host_buffer = buffers["torch_pinned"]
     result = {"schema": SCHEMA, "command": "upload-probe", "workload": {"id": w.id, "overrides": {}},
               "variant": {"levers": [], "label": "policy transfers", "dtype": "-"}, "env": environment_record("cuda"),
-              "rounds": args.rounds, "staging_bytes": nbytes, "median_ms": out}
-    print(json.dumps(out, indent=1))
+              "rounds": args.rounds, "staging_bytes": nbytes, "median_ms": out,
+              "hugepage_staging": hp["record"]}
+    print(json.dumps(out, indent=1), json.dumps(hp["record"]))
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
