@@ -374,6 +374,8 @@ def upload_probe_tables(results):
                 f"{r['rounds']} rounds each, the GPU idle before each piece, {r['staging_bytes']} bytes staged a call)", "",
                 "| piece | median ms |", "|---|---|"] + [f"| {k.replace('_', ' ')} | {v:.3f} |" for k, v in r["median_ms"].items()]
         out.append("")
+        if r.get("hugepage_staging"):
+            out += [f"The staging buffer in 2 MB pages: {json.dumps(r['hugepage_staging'])}", ""]
     return out
 
 
@@ -398,6 +400,13 @@ def gemm_probe_tables(results):
 
     return _probe_tables(results, "gemm-probe", ["shape", "M x K x N", "cuBLAS us", "TFLOP/s", "max-autotune us", "TFLOP/s"],
                          gemm_probe_rows)
+
+
+def cublaslt_probe_tables(results):
+    """benchmarks/cublaslt_probe.py: the prefix's GEMM shapes through every algorithm of cuBLASLt's heuristic."""
+    from vlaperf.report.render import CUBLASLT_PROBE_HEADER, cublaslt_probe_rows
+
+    return _probe_tables(results, "cublaslt-probe", CUBLASLT_PROBE_HEADER, cublaslt_probe_rows)
 
 
 def splitk_probe_tables(results):
@@ -530,6 +539,8 @@ def main() -> None:
     lines += ["## A graphed call besides its replay (`benchmarks/call_overhead.py`)", ""] + call_overhead_tables(results)
     lines += ["## GEMM shapes alone (`benchmarks/gemm_probe.py`)", ""] + gemm_probe_tables(results)
     lines += ["## Prefix GEMMs as other cuBLAS calls (`benchmarks/splitk_probe.py`)", ""] + splitk_probe_tables(results)
+    lines += ["## Prefix GEMMs through every algorithm of cuBLASLt's heuristic (`benchmarks/cublaslt_probe.py`)", ""] + \
+        cublaslt_probe_tables(results)
     lines += ["## Gemma gate_up with GELU x up in one Triton GEMM (session 10, taken out)", ""] + geglu_bench_tables(results)
     lines += ["## The prefix attention by PyTorch's fused kernels (`benchmarks/prefix_attention_probe.py`)", ""] + \
         prefix_attention_probe_tables(results)

@@ -643,6 +643,8 @@ def _upload_probe(doc: _Doc, path: str, r: dict) -> None:
     doc.h(3, f"policy transfers: {r['workload']['id']} on {_gpu(r)}")
     doc.p(f"{r['rounds']} rounds each, the GPU idle before each piece; {r['staging_bytes']} bytes staged a call", "")
     doc.table(["piece", "median ms"], [[k.replace("_", " "), v] for k, v in r["median_ms"].items()])
+    if r.get("hugepage_staging"):
+        doc.p(f"the staging buffer in 2 MB pages: {r['hugepage_staging']}", "")
 
 
 def _served_path(doc: _Doc, path: str, r: dict) -> None:
@@ -733,6 +735,32 @@ def _gemm_probe(doc: _Doc, path: str, r: dict) -> None:
     doc.p("each shape alone in CUDA-graph replays: cuBLAS as the engine calls it against inductor's max-autotune "
           "choice (its Triton templates and cuBLAS, timed when it compiles)", "")
     doc.table(["shape", "M x K x N", "cuBLAS us", "TFLOP/s", "max-autotune us", "TFLOP/s"], gemm_probe_rows(r))
+
+
+def cublaslt_probe_rows(r: dict) -> list[list]:
+    """benchmarks/cublaslt_probe.py rows: shape, M x K x N, what best runs (us before and after the algorithms,
+    TFLOP/s), algorithms offered / correct and timed, the fastest (us, TFLOP/s, its heuristic rank, tile id,
+    split-K, cluster shape id) and its speedup over the faster baseline timing."""
+    rows = []
+    for row in r["rows"]:
+        b, algos = row.get("best") or {}, row.get("algos") or []
+        rows.append([row["name"], f"{row['M']} x {row['K']} x {row['N']}", " / ".join(f"{u:.2f}" for u in row["baseline_us"]),
+                     row["baseline_tflops"], f"{len(algos)} / {sum('us' in a for a in algos)}", b.get("us", "-"),
+                     b.get("tflops", "-"), b.get("rank", "-"), b.get("tile", "-"), b.get("splitk", "-"),
+                     b.get("cluster_shape", "-"), row.get("best_vs_baseline") or "-"])
+    return rows
+
+
+CUBLASLT_PROBE_HEADER = ["shape", "M x K x N", "best runs: us (before / after)", "TFLOP/s", "algorithms offered / timed",
+                         "fastest us", "TFLOP/s", "heuristic rank", "tile id", "split-K", "cluster id", "speedup"]
+
+
+def _cublaslt_probe(doc: _Doc, path: str, r: dict) -> None:
+    doc.h(3, f"GEMM shapes of the prefix through cuBLASLt's algorithms on {_gpu(r)}")
+    doc.p("each shape in CUDA-graph replays over weight copies larger than L2: what the engine runs (F.linear or the "
+          "GELU epilogue), timed before and after every algorithm cuBLASLt's heuristic offers (each checked against "
+          "it first)", "")
+    doc.table(CUBLASLT_PROBE_HEADER, cublaslt_probe_rows(r))
 
 
 def memset_probe_rows(r: dict) -> list[list]:
@@ -994,6 +1022,7 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
                 ("change-ab", "Engine changes, A/B in the whole call (change-ab)"),
                 ("call-overhead", "What a graphed call costs besides its replay (call-overhead)"),
                 ("gemm-probe", "GEMM shapes alone: cuBLAS against max-autotune (gemm-probe)"),
+                ("cublaslt-probe", "GEMM shapes alone: every algorithm of cuBLASLt's heuristic (cublaslt-probe)"),
                 ("splitk-probe", "Prefix GEMMs as other cuBLAS calls (splitk-probe)"),
                 ("prefix-attention-probe", "The prefix attention by PyTorch's fused kernels (prefix-attention-probe)"),
                 ("geglu-bench", "Gemma gate_up with GELU x up in one GEMM (geglu-bench)"),
@@ -1018,7 +1047,7 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
                 {"matrix": _matrix, "check": _check, "breakdown": _breakdown, "scaling": _scaling, "syncs": _syncs,
                  "doctor": _doctor, "compare": _compare, "kernel-bench": _kernel_bench, "heads-ab": _heads_ab,
                  "step-config-ab": _step_config_ab, "prefix-tiles-ab": _prefix_tiles_ab, "change-ab": _change_ab,
-                 "call-overhead": _call_overhead, "gemm-probe": _gemm_probe, "splitk-probe": _splitk_probe,
+                 "call-overhead": _call_overhead, "gemm-probe": _gemm_probe, "cublaslt-probe": _cublaslt_probe, "splitk-probe": _splitk_probe,
                  "prefix-attention-probe": _prefix_attention_probe,
                  "geglu-bench": _geglu_bench, "memset-probe": _memset_probe,
                  "served-path-probe": _served_path, "upload-probe": _upload_probe,
