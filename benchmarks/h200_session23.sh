@@ -2,6 +2,8 @@
 # Session 23's device calls on nvidia-h200 (one GPU; lanes.sh, lane A only).
 #   PART=a   the prefix's GEMM shapes through every algorithm cuBLASLt's heuristic offers (cublaslt_probe.py), against
 #            what best runs; the upload probe with its staging buffer in 2 MB pages against torch's pinned buffer
+#   PART=b   part a's probe for the shapes where an algorithm beat torch's, with torch's cuBLASLt workspace at 32 MiB
+#            (CUBLASLT_WORKSPACE_SIZE, KiB) and at 1 MiB: whether torch's own pick changes with it
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session23.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -10,6 +12,13 @@ a)
   lane A 0 60 <<EOT &
 200 python3 benchmarks/cublaslt_probe.py --json $R/cublaslt_probe.json
 150 python3 benchmarks/upload_probe.py --rounds 100 --json $R/upload_probe_libero-pi0_s23a.json
+EOT
+  ;;
+b)
+  lane A 0 60 <<EOT &
+100 CUBLASLT_WORKSPACE_SIZE=32768 python3 benchmarks/cublaslt_probe.py --algos 1 --json $R/cublaslt_probe_ws32m.json
+100 CUBLASLT_WORKSPACE_SIZE=1024 python3 benchmarks/cublaslt_probe.py --algos 1 --json $R/cublaslt_probe_ws1m.json
+100 python3 -c "import torch; print(torch.__version__); print(torch.backends.cuda.preferred_blas_library())"
 EOT
   ;;
 esac
