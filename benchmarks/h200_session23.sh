@@ -4,6 +4,8 @@
 #            what best runs; the upload probe with its staging buffer in 2 MB pages against torch's pinned buffer
 #   PART=b   part a's probe for the shapes where an algorithm beat torch's, with torch's cuBLASLt workspace at 32 MiB
 #            (CUBLASLT_WORKSPACE_SIZE, KiB) and at 1 MiB: whether torch's own pick changes with it
+#   PART=c   the whole call with torch's cuBLASLt workspace at 32 MiB against its default: the kernel sequence of one
+#            libero-pi0 best call each way, and the bench in four fresh processes, alternating default / 32 MiB
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session23.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -19,6 +21,16 @@ b)
 100 CUBLASLT_WORKSPACE_SIZE=32768 python3 benchmarks/cublaslt_probe.py --algos 1 --json $R/cublaslt_probe_ws32m.json
 100 CUBLASLT_WORKSPACE_SIZE=1024 python3 benchmarks/cublaslt_probe.py --algos 1 --json $R/cublaslt_probe_ws1m.json
 100 python3 -c "import torch; print(torch.__version__); print(torch.backends.cuda.preferred_blas_library())"
+EOT
+  ;;
+c)
+  lane A 0 40 <<EOT &
+150 python3 benchmarks/profile_kernels.py --workload libero-pi0 --levers best --rows 30 --sequence $R/kernel_sequence_best_s23.txt > $R/kernels_best_s23.txt 2>&1; tail -5 $R/kernels_best_s23.txt
+150 CUBLASLT_WORKSPACE_SIZE=32768 python3 benchmarks/profile_kernels.py --workload libero-pi0 --levers best --rows 30 --sequence $R/kernel_sequence_best_ws32m_s23.txt > $R/kernels_best_ws32m_s23.txt 2>&1; tail -5 $R/kernels_best_ws32m_s23.txt
+100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s23-ws-default-1_model.json
+100 CUBLASLT_WORKSPACE_SIZE=32768 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s23-ws32m-1_model.json
+100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s23-ws-default-2_model.json
+100 CUBLASLT_WORKSPACE_SIZE=32768 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s23-ws32m-2_model.json
 EOT
   ;;
 esac
