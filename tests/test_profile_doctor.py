@@ -60,6 +60,13 @@ def test_cuda_launch_blocking(monkeypatch):
     assert by_id(doctor())["env.cuda_launch_blocking"]["severity"] == "error"
 
 
+def test_gemm_workspace_variables_are_listed(monkeypatch):
+    """cuBLAS's workspace variables change which GEMM kernels run: the doctor names them."""
+    monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", "32768")
+    f = by_id(environment_checks("cpu"))["env.variables"]
+    assert "CUBLASLT_WORKSPACE_SIZE=32768" in f["detail"]
+
+
 def test_clean_environment_has_no_errors(monkeypatch):
     if not any(__import__("shutil").which(cc) for cc in ("cc", "gcc", "clang")):
         pytest.skip("this machine has no C compiler")

@@ -200,12 +200,14 @@ ENV_KEYS = {
 def test_environment_record_keys_and_env_vars(monkeypatch):
     monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
     monkeypatch.setenv("TORCHINDUCTOR_MAX_AUTOTUNE", "1")
+    monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", "32768")
     monkeypatch.delenv("TORCH_LOGS", raising=False)
     env = environment_record("cpu")
     assert ENV_KEYS <= set(env)
     assert env["gpu"] is None and env["gpu_state"] is None  # CPU device
     assert env["env_vars"]["TORCHDYNAMO_DISABLE"] == "1"
     assert env["env_vars"]["TORCHINDUCTOR_MAX_AUTOTUNE"] == "1"
+    assert env["env_vars"]["CUBLASLT_WORKSPACE_SIZE"] == "32768"  # picks other GEMM kernels
     assert "TORCH_LOGS" not in env["env_vars"]
     assert env["torch"] and env["python"] and env["timestamp"].endswith("+00:00")
     assert isinstance(env["torch_threads"], int)

@@ -54,7 +54,10 @@ ENV_VARS = (
     "OMP_NUM_THREADS",
     "TRITON_CACHE_DIR",  # a warm cache makes the first call seconds instead of tens of seconds
 )
-ENV_PREFIXES = ("TORCHINDUCTOR_",)
+# cuBLAS's and cuBLASLt's workspace sizes (CUBLAS_WORKSPACE_CONFIG, CUBLASLT_WORKSPACE_SIZE) change which GEMM
+# kernels their heuristics pick: SigLIP's fc2 on the H200 ran 15.5 us at torch's default and 13.4 us with a 32 MiB
+# cuBLASLt workspace (benchmarks/cublaslt_probe.py, docs/perf-notes.md session 23)
+ENV_PREFIXES = ("TORCHINDUCTOR_", "CUBLAS")
 
 
 # ----------------------------------------------------------------------------- statistics

@@ -112,7 +112,8 @@ def environment_checks(device: torch.device | str | None = None, model_dtype: to
     out += _gpu_checks(device)
     out.append(_versions(device))
     relevant = {k: v for k, v in os.environ.items()
-                if k.startswith(("TORCHINDUCTOR_", "TORCH_LOGS", "PYTORCH_CUDA_ALLOC_CONF", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES"))}
+                if k.startswith(("TORCHINDUCTOR_", "TORCH_LOGS", "PYTORCH_CUDA_ALLOC_CONF", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
+                                 "CUBLAS"))}
     if relevant:
         out.append(finding("env.variables", "info", "environment variables that change torch's behaviour",
                            ", ".join(f"{k}={v}" for k, v in sorted(relevant.items()))))
