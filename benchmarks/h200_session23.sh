@@ -6,6 +6,8 @@
 #            (CUBLASLT_WORKSPACE_SIZE, KiB) and at 1 MiB: whether torch's own pick changes with it
 #   PART=c   the whole call with torch's cuBLASLt workspace at 32 MiB against its default: the kernel sequence of one
 #            libero-pi0 best call each way, and the bench in four fresh processes, alternating default / 32 MiB
+#   PART=d   SigLIP's fc2 through cuBLASLt's first algorithm at 32 MiB of workspace (change_ab.py --change lt_fc2),
+#            in one process, interleaved: what part c's two processes a side could not resolve
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session23.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -31,6 +33,11 @@ c)
 100 CUBLASLT_WORKSPACE_SIZE=32768 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s23-ws32m-1_model.json
 100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s23-ws-default-2_model.json
 100 CUBLASLT_WORKSPACE_SIZE=32768 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s23-ws32m-2_model.json
+EOT
+  ;;
+d)
+  lane A 0 40 <<EOT &
+300 python3 benchmarks/change_ab.py --change lt_fc2 --workload libero-pi0 --rounds 100 --json $R/change_ab_libero-pi0_lt_fc2.json
 EOT
   ;;
 esac
