@@ -47,6 +47,9 @@ the same levers with the change. Changes:
                          and dynamo's caches are reset between the two engines' first calls, so engine B
                          never reuses engine A's compiled code; the probe counts the generated kernels
                          that wait (`gdc_wait`) in this process's inductor cache.
+  lt_fc2                 SigLIP's fc2 through cuBLASLt's heuristic's first algorithm at a 32 MiB workspace limit
+                         (SiglipLayerW.fc2_lt, kernels/cublaslt.py) against torch's F.linear, which asks under
+                         torch's own limit and gets a slower kernel on the H200 (cublaslt_probe.py)
   kernel_pdl             the denoise loop's Triton kernels (launch.DENOISE_LOOP_KERNELS: the step kernel and
                          the heads between its launches) launched with PDL, each waiting for the kernel
                          before it as its first instruction (kernels/launch.py), against none of ours.
@@ -59,8 +62,6 @@ Session 18: input_copy (a replay's inputs copied into the graph's static buffers
 bytes, one multi-tensor kernel, instead of a copy call per input, at d211137): 0.994x.
 Session 19: split_gate_up (layers.SPLIT_GATE_UP, off: on for engine B only) Gemma's stacked gate_up as two
 GEMMs of its halves, which at the prefix's shape come without cuBLAS's memset node (memset_probe.py).
-Session 23: lt_fc2 (SigLIP's fc2 through cuBLASLt's first algorithm at 32 MiB of workspace, a ctypes binding:
-cublaslt_probe.py; engine B only).
 Session 11: fused_loop (the loop around the step kernel with one launch between steps for the
 action head, the Euler update and the next tokens, kernels/denoise_loop.py at 38a4931): 0.985x.
 """
@@ -204,52 +205,18 @@ def without_between_steps_trims(engine: Engine):
         yield
 
 
-# lt_fc2: SigLIP's fc2 through cuBLASLt's first algorithm at 32 MiB of workspace (cublaslt_probe.py's binding), which
-# torch's own workspace limit does not get (session 23: 13.3 against 15.4-16.0 us alone; its environment-variable form
-# could only be compared across processes). Engine B's layers see a copy of torch.nn.functional whose `linear`
-# sends fc2's shape to that call; engine A's see torch's.
-_LT_CALLS: dict = {}
-
-
-@torch.library.custom_op("vlaperf_ab::lt_linear", mutates_args=())
-def _lt_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
-    from cublaslt_probe import LtLinear, load_cublaslt
-
-    rows = x.reshape(-1, x.shape[-1]).contiguous()
-    M, (N, K) = rows.shape[0], w.shape
-    if (M, K, N) not in _LT_CALLS:
-        lt = LtLinear(load_cublaslt(), M, K, N, True, None)
-        _LT_CALLS[(M, K, N)] = (lt, lt.heuristics(b)[0])
-    lt, algo = _LT_CALLS[(M, K, N)]
-    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
-    lt(algo, rows, w, b, out)
-    return out.view(*x.shape[:-1], N)
-
-
-@_lt_linear.register_fake
-def _(x, w, b):
-    return x.new_empty(*x.shape[:-1], w.shape[0])
-
-
-def _functional_with_lt_fc2():
-    import types
-
-    shim = types.ModuleType("functional_lt_fc2")
-    shim.__dict__.update(F.__dict__)
-
-    def linear(x, w, b=None):
-        if b is not None and x.is_cuda and x.dtype == torch.bfloat16 and tuple(w.shape) == (1152, 4304):
-            return _lt_linear(x, w, b)  # SigLIP's fc2 (So400m: 4304 -> 1152)
-        return F.linear(x, w, b)
-
-    shim.linear = linear
-    return shim
-
-
+@contextlib.contextmanager
 def without_lt_fc2(engine: Engine):
-    import vlaperf.engine.layers as layers
+    for lw in engine.weights.vision:
+        lw.fc2_lt = False
+    yield
 
-    return patched(layers, "F", F)
+
+def lt_fc2_choice(model) -> dict:
+    """The algorithm cuBLASLt's heuristic gave each shape the engine sent it (kernels/cublaslt.py)."""
+    from vlaperf.engine.kernels import cublaslt
+
+    return {"x".join(map(str, key[:3])): (None if c is None else c[0].config(c[1])) for key, c in cublaslt._chosen.items()}
 
 
 without_inductor_pdl = switched("vlaperf.engine.compile", "INDUCTOR_PDL", False)
@@ -291,13 +258,11 @@ CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "wave_splits": (without_wave_splits, lambda model: {}),
            "inductor_pdl": (without_inductor_pdl, pdl_kernel_count),
            "kernel_pdl": (without_kernel_pdl, lambda model: _pdl_here()),
-           "lt_fc2": (without_lt_fc2, lambda model: {"algorithm": next(
-               ({"shape": list(k), **lt.config(h)} for k, (lt, h) in _LT_CALLS.items()), None)})}
+           "lt_fc2": (without_lt_fc2, lt_fc2_choice)}
 # changes whose switch is off in the engine: turned on for this process (engine B), undone for engine A
 # (module, name, value; a str value names the module's constant to use)
 SWITCH_ON = {"split_gate_up": ("vlaperf.engine.layers", "SPLIT_GATE_UP", True),
-             "kernel_pdl": ("vlaperf.engine.kernels.launch", "PDL_KERNELS", "DENOISE_LOOP_KERNELS"),
-             "lt_fc2": ("vlaperf.engine.layers", "F", _functional_with_lt_fc2())}
+             "kernel_pdl": ("vlaperf.engine.kernels.launch", "PDL_KERNELS", "DENOISE_LOOP_KERNELS")}
 # changes bound when an engine is built (compile options): engine A is built inside the undo too, and dynamo's
 # caches are reset before engine B's first call
 AT_CONSTRUCTION = ("inductor_pdl",)

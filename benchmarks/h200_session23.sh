@@ -8,6 +8,8 @@
 #            libero-pi0 best call each way, and the bench in four fresh processes, alternating default / 32 MiB
 #   PART=d   SigLIP's fc2 through cuBLASLt's first algorithm at 32 MiB of workspace (change_ab.py --change lt_fc2),
 #            in one process, interleaved: what part c's two processes a side could not resolve
+#   PART=e   the same change in the product (SiglipLayerW.fc2_lt, kernels/cublaslt.py), in one process each: libero-pi0,
+#            libero-pi0-b4 (M = 2048) and aloha-pi0 (three images, M = 768); the probe through the product's binding
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session23.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -38,6 +40,14 @@ EOT
 d)
   lane A 0 40 <<EOT &
 300 python3 benchmarks/change_ab.py --change lt_fc2 --workload libero-pi0 --rounds 100 --json $R/change_ab_libero-pi0_lt_fc2.json
+EOT
+  ;;
+e)
+  lane A 0 40 <<EOT &
+60 python3 benchmarks/cublaslt_probe.py --shapes siglip_fc2,siglip_o --json $R/cublaslt_probe_e.json
+240 python3 benchmarks/change_ab.py --change lt_fc2 --workload libero-pi0 --rounds 100 --json $R/change_ab_libero-pi0_lt_fc2_product.json
+240 python3 benchmarks/change_ab.py --change lt_fc2 --workload libero-pi0-b4 --rounds 40 --json $R/change_ab_libero-pi0-b4_lt_fc2.json
+240 python3 benchmarks/change_ab.py --change lt_fc2 --workload aloha-pi0 --rounds 60 --json $R/change_ab_aloha-pi0_lt_fc2.json
 EOT
   ;;
 esac

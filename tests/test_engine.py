@@ -367,6 +367,41 @@ def test_siglip_gelu_epilogue_is_cuda_only_and_computes_fc1_gelu():
     torch.testing.assert_close(siglip_fc1_gelu(lw, h), F.gelu(F.linear(h, *lw.fc1)), rtol=1e-5, atol=1e-5)
 
 
+def test_siglip_fc2_through_cublaslt_is_cuda_bf16_only_and_computes_fc2():
+    """SigLIP's fc2 goes through `vlaperf::lt_linear` (kernels/cublaslt.py: cuBLASLt with its heuristic's
+    algorithm for a 32 MiB workspace limit) only for fused bf16 weights on CUDA; the op computes F.linear
+    wherever cuBLASLt cannot serve, so the layer's output with the flag on equals it with the flag off here.
+    On the GPU, benchmarks/change_ab.py --change lt_fc2 checks the engine's actions against the reference."""
+    import ctypes
+
+    import torch.nn.functional as F
+
+    from vlaperf.engine.fusion import build_weights
+    from vlaperf.engine.kernels import cublaslt
+    from vlaperf.engine.kernels.ops import lt_linear
+    from vlaperf.engine.layers import siglip_layer_parts
+
+    for dtype in (torch.float32, torch.bfloat16):
+        lw = build_weights(build_model("tiny", "cpu", dtype, seed=0), fuse=True).vision[0]
+        assert lw.fc2_lt is False  # CPU weights
+    lw = build_weights(build_model("tiny", "cpu", torch.float32, seed=0), fuse=True).vision[0]
+    x = torch.randn(2, 5, lw.fc2[0].shape[0])
+    g = torch.randn(2, 5, lw.fc2[0].shape[1])
+    assert torch.equal(lt_linear(g, *lw.fc2), F.linear(g, *lw.fc2))
+    assert torch.equal(cublaslt.linear(g.bfloat16(), *(t.bfloat16() for t in lw.fc2)),
+                       F.linear(g.bfloat16(), *(t.bfloat16() for t in lw.fc2)))
+    off = siglip_layer_parts(lw, x, 1e-6, True)
+    lw.fc2_lt = True
+    on = siglip_layer_parts(lw, x, 1e-6, True)
+    assert torch.equal(on[0], off[0]) and torch.equal(on[1], off[1])
+    torch.library.opcheck(lt_linear, (g, *lw.fc2))  # schema, fake shapes, dispatch
+    # the result struct cuBLASLt fills in an array: its size must be the header's (an algorithm is 8 words)
+    assert (ctypes.sizeof(cublaslt.Algo), ctypes.sizeof(cublaslt.Heuristic)) == (64, 96)
+    if not torch.cuda.is_available():
+        with pytest.raises(cublaslt.CublasLtError, match="needs CUDA"):
+            cublaslt.library()
+
+
 def test_static_cache_keys_padded_to_alignment_change_nothing(monkeypatch):
     """The static cache holds Tp + Ts keys rounded up to KV_ALIGN (tiny: 40 + 11 -> 56); the
     padding keys are masked, so the actions equal those of an unpadded cache."""

@@ -53,7 +53,12 @@ def siglip_layer_parts(lw: SiglipLayerW, x: Tensor, eps: float, use_sdpa: bool) 
     out = attention(heads(q), heads(k), heads(v), None, use_sdpa)
     x = x + F.linear(out.transpose(1, 2).reshape(B, T, D), *lw.out)
     h = F.layer_norm(x, (D,), *lw.ln2, eps)
-    return x, F.linear(siglip_fc1_gelu(lw, h), *lw.fc2)
+    g = siglip_fc1_gelu(lw, h)
+    if lw.fc2_lt:
+        from vlaperf.engine.kernels.ops import lt_linear  # custom op: compile sees through
+
+        return x, lt_linear(g, *lw.fc2)
+    return x, F.linear(g, *lw.fc2)
 
 
 def siglip_fc1_gelu(lw: SiglipLayerW, h: Tensor) -> Tensor:

@@ -19,7 +19,7 @@ LEVERS: dict[str, str] = {
     "trim_prompt_padding": "drop padded prompt tokens past the longest valid prompt, padded up to a static bucket (8, 16, 32, 64, ...)",
     "static_kv_cache": "preallocated prefix+suffix KV buffers written in place; suffix mask and RoPE built once per call, not per step",
     "sdpa": "torch scaled_dot_product_attention (flash / memory-efficient kernels) instead of eager softmax attention",
-    "fuse_projections": "fused QKV and gate/up matmuls, RMSNorm scales folded into the next linear, time conditioning tabulated per step, the Euler update folded into the action head, SigLIP's patch conv as one matmul (TF32 for bf16 models)",
+    "fuse_projections": "fused QKV and gate/up matmuls, RMSNorm scales folded into the next linear, time conditioning tabulated per step, the Euler update folded into the action head, SigLIP's patch conv as one matmul (TF32 for bf16 models), SigLIP's fc2 on CUDA in bf16 through cuBLASLt's algorithm for a 32 MiB workspace limit (H200 libero-pi0: 1.003x)",
     "cuda_graph": "capture the whole sample_actions (prefix + all steps) in one CUDA graph per input shape, replayed per call",
     "compile": "torch.compile the prefix and the denoise step (mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs); with cuda_graph on Hopper GPUs inductor's kernels use programmatic dependent launch (H200 libero-pi0: 1.002-1.008x)",
     "compile_layers": "with compile: torch.compile each SigLIP and Gemma prefix layer once and reuse it for every layer (regional compilation), instead of the whole prefix as one graph: a shorter first call; the few ops between the layers run eager",

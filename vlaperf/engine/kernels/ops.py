@@ -6,6 +6,8 @@ cache in place: a declared mutation) and `torch.ops.vlaperf.expert_step` (the `m
 lever) as opaque calls with known output shapes (the fake implementations below): no graph
 break, and inductor still fuses the elementwise work between them (norms, residuals, casts).
 In eager (and inside the engine's CUDA graph) they dispatch straight to the launchers.
+`torch.ops.vlaperf.lt_linear` is the one that is no Triton kernel: a cuBLASLt GEMM with an algorithm
+of our choosing (kernels/cublaslt.py, SigLIP's fc2).
 
 The implementations look the launchers up on their modules at call time, so a test that
 wraps `small_m_matmul.small_m_matmul` to count calls sees these calls too.
@@ -17,6 +19,7 @@ import contextlib
 
 import torch
 
+from vlaperf.engine.kernels import cublaslt as _cublaslt_module
 from vlaperf.engine.kernels import expert_step as _step_module
 from vlaperf.engine.kernels import rope_qkv as _rope_module
 from vlaperf.engine.kernels import small_m_matmul as _matmul_module
@@ -41,6 +44,17 @@ def _explain_resource_errors(kernel: str, lever: str = "triton_kernels"):
 
 def _unit_stride(t: torch.Tensor) -> torch.Tensor:
     return t if t.stride(-1) == 1 else t.contiguous()
+
+
+@torch.library.custom_op("vlaperf::lt_linear", mutates_args=())
+def lt_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """See kernels/cublaslt.py: F.linear(x, w, b) with cuBLASLt's algorithm chosen for the shape (F.linear off CUDA)."""
+    return _cublaslt_module.linear(x, w, b)
+
+
+@lt_linear.register_fake
+def _(x, w, b):
+    return x.new_empty(*x.shape[:-1], w.shape[0])
 
 
 @torch.library.custom_op("vlaperf::small_m_matmul", mutates_args=())
