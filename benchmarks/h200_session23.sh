@@ -10,6 +10,8 @@
 #            in one process, interleaved: what part c's two processes a side could not resolve
 #   PART=e   the same change in the product (SiglipLayerW.fc2_lt, kernels/cublaslt.py), in one process each: libero-pi0,
 #            libero-pi0-b4 (M = 2048) and aloha-pi0 (three images, M = 768); the probe through the product's binding
+#   PART=f   closing runs with fc2 through cuBLASLt in best: libero-pi0 best (model mode) and its equivalence check,
+#            aloha-pi0 best, each in a fresh process
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session23.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -48,6 +50,13 @@ e)
 240 python3 benchmarks/change_ab.py --change lt_fc2 --workload libero-pi0 --rounds 100 --json $R/change_ab_libero-pi0_lt_fc2_product.json
 240 python3 benchmarks/change_ab.py --change lt_fc2 --workload libero-pi0-b4 --rounds 40 --json $R/change_ab_libero-pi0-b4_lt_fc2.json
 240 python3 benchmarks/change_ab.py --change lt_fc2 --workload aloha-pi0 --rounds 60 --json $R/change_ab_aloha-pi0_lt_fc2.json
+EOT
+  ;;
+f)
+  lane A 0 40 <<EOT &
+100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s23_model.json
+150 $V check --workload libero-pi0 --levers best --seeds 2 --json $R/check_libero-pi0_best_s23.json
+100 $V bench --workload aloha-pi0 --levers best $B --json $R/bench_aloha-pi0_best-s23_model.json
 EOT
   ;;
 esac

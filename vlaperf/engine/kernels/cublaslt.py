@@ -3,9 +3,10 @@
 Why: torch asks cuBLASLt's heuristic for one algorithm under torch's own workspace limit, and that limit
 changes the heuristic's ranking. For SigLIP's fc2 (M = 512, K = 4304, N = 1152) the heuristic's first
 algorithm when 32 MiB of workspace is allowed runs 13.3 us on the H200 against 15.4-16.0 us for what
-torch gets (benchmarks/cublaslt_probe.py), and needs no workspace at all; the libero-pi0 call gains
-0.05 ms (change_ab.py --change lt_fc2, docs/perf-notes.md session 23). Other prefix shapes gain nothing
-measurable this way, so the engine uses it for fc2 only (`SiglipLayerW.fc2_lt`).
+torch gets (benchmarks/cublaslt_probe.py), and needs no workspace at all; in one process, interleaved,
+the libero-pi0 call is 1.003x faster (-0.045 ms), aloha-pi0's (three images) 1.007x, batch 4's unchanged
+(change_ab.py --change lt_fc2, docs/perf-notes.md session 23). Other prefix shapes are within 1-4% of
+the fastest algorithm offered, so the engine uses it for fc2 only (`SiglipLayerW.fc2_lt`).
 
 `LtLinear(M, K, N)` describes one shape: bf16 operands, float32 accumulation and scale, a bias epilogue
 (optionally bias + GELU(tanh)). cuBLAS is column-major, so it computes D (N x M) = W (K x N)^T X (K x M):
