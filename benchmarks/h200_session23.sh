@@ -12,6 +12,8 @@
 #            libero-pi0-b4 (M = 2048) and aloha-pi0 (three images, M = 768); the probe through the product's binding
 #   PART=f   closing runs with fc2 through cuBLASLt in best: libero-pi0 best (model mode) and its equivalence check,
 #            aloha-pi0 best, each in a fresh process
+#   PART=g   part f's check again, after the fix of the race it met (the TF32 switch flipped in the kernel-compile
+#            thread while the main thread traced: "GLOBAL_STATE changed: allow_tf32"), and the bench of best with it
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session23.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -57,6 +59,12 @@ f)
 100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s23_model.json
 150 $V check --workload libero-pi0 --levers best --seeds 2 --json $R/check_libero-pi0_best_s23.json
 100 $V bench --workload aloha-pi0 --levers best $B --json $R/bench_aloha-pi0_best-s23_model.json
+EOT
+  ;;
+g)
+  lane A 0 40 <<EOT &
+150 $V check --workload libero-pi0 --levers best --seeds 2 --json $R/check_libero-pi0_best_s23.json
+100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s23g_model.json
 EOT
   ;;
 esac

@@ -334,6 +334,33 @@ def test_tf32_block_restores_the_processs_setting_even_on_error():
         matmul.fp32_precision = before
 
 
+def test_kernel_compile_pass_is_seen_by_its_own_thread_only():
+    """patch_embed leaves the process-wide TF32 switch alone in the engine's kernel-compile thread (inside
+    `compile_only()`): flipped there while the main thread traced a compiled block, it failed dynamo's guard
+    on the H200. The flag must be this thread's alone, so the main thread's own calls keep TF32."""
+    import threading
+
+    from vlaperf.engine.kernels.launch import compile_only, compiling_only
+
+    seen = {}
+    inside, release = threading.Event(), threading.Event()
+
+    def compile_thread():
+        with compile_only(record=[]):
+            seen["compile thread"] = compiling_only()
+            inside.set()
+            release.wait(10)
+
+    t = threading.Thread(target=compile_thread)
+    t.start()
+    assert inside.wait(10)
+    seen["main thread meanwhile"] = compiling_only()
+    release.set()
+    t.join()
+    assert seen == {"compile thread": True, "main thread meanwhile": False}
+    assert not compiling_only()
+
+
 def test_tf32_block_falls_back_to_the_older_switch(monkeypatch):
     """torch before 2.9 has only `allow_tf32`: the block sets and restores that one."""
     from vlaperf.engine import prefix

@@ -149,19 +149,27 @@ def patch_embed(patch: tuple[Tensor, Tensor], images: Tensor, embeddings, tf32: 
     weight's order) times the flattened weight. On the H200 cuDNN ran the float32 conv as a
     SIMT implicit GEMM at 57 us a call for 0.7 GFLOP (2 images), cuBLAS's float32 matmul at
     ~39 us (FFMA); `tf32`: on a CUDA device, outside torch.compile (whose kernels follow the
-    process's setting at compile time), on the tensor cores in TF32."""
+    process's setting at compile time), on the tensor cores in TF32; not in the engine's
+    kernel-compile thread, whose results are discarded: the switch is process-wide, and flipped
+    there while the main thread traces a compiled block it failed dynamo's guard on it
+    ("GLOBAL_STATE changed: allow_tf32", `vlaperf check` on the H200, session 23)."""
     weight, bias = patch
     N, C, R, _ = images.shape
     p = embeddings.patch_embedding.kernel_size[0]
     g = R // p
     rows = images.to(weight.dtype).view(N, C, g, p, g, p).permute(0, 2, 4, 1, 3, 5).reshape(N * g * g, C * p * p)
-    if tf32 and rows.is_cuda and weight.dtype == torch.float32 and not torch.compiler.is_compiling():
-        with tf32_matmuls():
-            x = F.linear(rows, weight, bias)
-    else:
+    tf32 = (tf32 and rows.is_cuda and weight.dtype == torch.float32 and not torch.compiler.is_compiling()
+            and not _in_kernel_compile_pass())
+    with tf32_matmuls() if tf32 else contextlib.nullcontext():
         x = F.linear(rows, weight, bias)
     x = x.view(N, g * g, -1)
     return x + embeddings.position_embedding.weight[None]
+
+
+def _in_kernel_compile_pass() -> bool:
+    from vlaperf.engine.kernels.launch import compiling_only  # Triton's module: imported on CUDA paths only
+
+    return compiling_only()
 
 
 @contextlib.contextmanager

@@ -89,6 +89,11 @@ def compile_only(record: list | None = None):
         _state.compile_only, _state.record = False, None
 
 
+def compiling_only() -> bool:
+    """Whether this thread is inside `compile_only()` (the engine's kernel-compile pass, whose outputs are discarded)."""
+    return getattr(_state, "compile_only", False)
+
+
 def launch(kernel, grid: tuple, *args, **kwargs) -> None:
     """kernel[grid](*args, **kwargs), or only its compile inside `compile_only()`. A kernel
     that takes USE_PDL gets it, and the launch PDL, where `pdl_here(kernel)`."""
@@ -97,7 +102,7 @@ def launch(kernel, grid: tuple, *args, **kwargs) -> None:
         kwargs["USE_PDL"] = use
         if use:
             kwargs["launch_pdl"] = True
-    if getattr(_state, "compile_only", False):
+    if compiling_only():
         if _state.record is not None:
             _state.record.append((kernel, grid, args, kwargs))
         else:
