@@ -53,23 +53,30 @@ _handle: ctypes.c_void_p | None = None
 _lock = threading.Lock()
 
 
+def _loaded_path() -> str | None:
+    try:
+        with open("/proc/self/maps") as f:
+            return next((line.split()[-1] for line in f if "libcublasLt.so" in line), None)
+    except OSError as e:
+        raise CublasLtError(f"cannot read this process's memory map: {e}") from e
+
+
 def library() -> ctypes.CDLL:
-    """The libcublasLt this process has loaded (torch loads it with its first bf16 matmul on CUDA, which
-    this runs if needed), found in the process's memory map, so no second copy is ever loaded."""
+    """The libcublasLt this process has loaded, found in the process's memory map, so no second copy is
+    ever loaded (torch loads it with its first bf16 matmul on CUDA, which this runs if none ran yet; the
+    engine's warm-up runs come before any capture, so that matmul never lands in a CUDA graph)."""
     global _lib
     if _lib is None:
         if not torch.cuda.is_available():
             raise CublasLtError("cuBLASLt needs CUDA")
-        a = torch.ones(16, 16, device="cuda", dtype=torch.bfloat16)
-        F.linear(a, a, a[0])
-        try:
-            with open("/proc/self/maps") as f:
-                paths = [line.split()[-1] for line in f if "libcublasLt.so" in line]
-        except OSError as e:
-            raise CublasLtError(f"cannot read this process's memory map: {e}") from e
-        if not paths:
+        path = _loaded_path()
+        if path is None and not torch.cuda.is_current_stream_capturing():
+            a = torch.ones(16, 16, device="cuda", dtype=torch.bfloat16)
+            F.linear(a, a, a[0])
+            path = _loaded_path()
+        if path is None:
             raise CublasLtError("torch has not loaded libcublasLt in this process")
-        _lib = ctypes.CDLL(paths[0])
+        _lib = ctypes.CDLL(path)
     return _lib
 
 
