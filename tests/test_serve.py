@@ -157,6 +157,11 @@ BAD_INPUTS = {
     "wrong image size": (packb(_example(observation__image=np.zeros((2, 2, 3), np.uint8))), "InputError", "out of range"),
     "NaN state": (packb(_example(observation__state=np.array([np.nan] + [0.0] * 7, np.float32))), "InputError",
                   "state holds NaN or inf"),
+    "state beyond float32": (packb(_example(observation__state=np.full(8, 1e39, np.float64))), "InputError",
+                             "beyond float32's range"),
+    # finite as sent, but the model's arithmetic overflows: the NaN/inf actions are withheld from the robot
+    "state that overflows the model": (packb(_example(observation__state=np.full(8, 3e38, np.float32))), "InternalError",
+                                       "NonFiniteActions: the actions hold NaN or inf"),
     "NaN image": (packb(_example(observation__image=np.full((8, 8, 3), np.nan, np.float32))), "InputError", "NaN"),
     "prompt not a string": (packb(_example(prompt=5)), "InputError", "prompt: expected a string"),
     "non-msgpack bytes": (b"\xc1\xc1 definitely not msgpack", "ProtocolError", "not a valid msgpack message"),

@@ -273,7 +273,11 @@ class ObservationTransform:
             raise InputError(f"{key}: expected {self.workload.state_dim} values, got {state.shape[0]}")
         if not np.isfinite(state).all():
             raise InputError(f"{key}: state holds NaN or inf")
-        return state.astype(np.float32)
+        with np.errstate(over="ignore"):
+            state32 = state.astype(np.float32)
+        if not np.isfinite(state32).all():
+            raise InputError(f"{key}: state holds values beyond float32's range (|x| > 3.4e38)")
+        return state32
 
     def _prompt(self, example: dict) -> str:
         prompt = example.get("prompt", "")

@@ -16,6 +16,18 @@ from vlaperf.inputs import ObservationTransform, Tokenizer
 from vlaperf.workloads import Workload
 
 
+class NonFiniteActions(RuntimeError):
+    """The policy computed NaN or inf actions: never handed to a robot."""
+
+
+def finite_actions(actions: np.ndarray) -> np.ndarray:
+    if not np.isfinite(actions).all():
+        raise NonFiniteActions("the actions hold NaN or inf, so they are not returned: check the observation's values "
+                               "(e.g. a state far outside the robot's range); if every observation does this, the "
+                               "model's weights are at fault")
+    return actions
+
+
 class Policy:
     """`infer(example) -> {"actions": (H, robot_action_dim) float32, "policy_timing": {...}}`.
 
@@ -44,7 +56,8 @@ class Policy:
         # costs a copy kernel (H200: 0.039 against 0.021 ms, benchmarks/results/h200/upload_probe_libero-pi0.json)
         out = actions.cpu().numpy()[..., : self.workload.robot_action_dim].astype(np.float32)
         if self.verify is not None:
-            self.verify()
+            self.verify()  # a kernel fault first: it names the cause of what the next check would see
+        finite_actions(out)
         t2 = time.perf_counter()
         timing = {"transform_ms": (t1 - t0) * 1e3, "sample_and_copy_ms": (t2 - t1) * 1e3, "infer_ms": (t2 - t0) * 1e3}
         if isinstance(example, dict):
@@ -175,7 +188,7 @@ class WamPolicy:
         noise = self._noise(len(examples))
         t1 = time.perf_counter()
         actions, _ = self.sample(obs, noise, **w.sampling())
-        out = actions.cpu().numpy().astype(np.float32)
+        out = finite_actions(actions.cpu().numpy().astype(np.float32))
         t2 = time.perf_counter()
         timing = {"transform_ms": (t1 - t0) * 1e3, "sample_and_copy_ms": (t2 - t1) * 1e3, "infer_ms": (t2 - t0) * 1e3}
         return {"actions": out[0] if isinstance(example, dict) else out, "policy_timing": timing}

@@ -630,8 +630,9 @@ def _change_ab(doc: _Doc, path: str, r: dict) -> None:
     _ab_medians(doc, r)
     flat = {}
     for key, probe in (r.get("probe") or {}).items():
-        if isinstance(probe, dict):  # per dtype (siglip_gelu_epilogue): errors against the two GELUs
-            doc.p(f"probe ({key}): " + ", ".join(f"{k} {v:.1e}" for k, v in probe.items()), "note")
+        if isinstance(probe, dict):  # per dtype (siglip_gelu_epilogue): errors against the two GELUs; lt_fc2: algorithms
+            doc.p(f"probe ({key}): " + ", ".join(f"{k} {v:.1e}" if isinstance(v, float) else f"{k} {v}"
+                                                 for k, v in probe.items()), "note")
         else:  # plain facts the change's probe recorded (inductor_pdl: kernels that wait; kernel_pdl: PDL on)
             flat[key] = probe
     if flat:

@@ -54,6 +54,7 @@ import numpy as np
 
 from vlaperf import __version__
 from vlaperf.inputs import InputError, make_example, warmup_prompts
+from vlaperf.policy import NonFiniteActions
 from vlaperf.serve.protocol import DEFAULT_MAX_MESSAGE_BYTES, ProtocolError, error_frame, packb, unpackb
 
 log = logging.getLogger("vlaperf.serve")
@@ -615,7 +616,9 @@ class PolicyServer:
                     self._run_batch([job])
                 return
             kind = "InputError" if isinstance(e, InputError) else "InternalError"
-            if kind == "InternalError":
+            if isinstance(e, NonFiniteActions):  # withheld from the robot; the message says why: no traceback
+                log.warning("withheld non-finite actions: %s", e)
+            elif kind == "InternalError":
                 log.exception("inference failed")
             self._deliver(batch[0], RequestError(kind, str(e) if kind == "InputError" else f"{type(e).__name__}: {e}"))
             return
