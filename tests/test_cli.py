@@ -55,11 +55,44 @@ def test_bench_release_reference_records_the_freed_bytes(tmp_path, capsys):
         (["--levers", "warp_drive"], "unknown lever 'warp_drive'"),
         (["--levers", "for_loop,cuda_graph", "--device", "cpu"], "cuda_graph needs a CUDA device"),
         (["--mode", "train"], "invalid choice: 'train'"),
+        (["--device", "gpu"], "argument --device: expected cpu, cuda or cuda:N, got 'gpu'"),
+        (["--device", "cuda:x"], "expected cpu, cuda or cuda:N, got 'cuda:x'"),
+        (["--seed", "99999999999999999999999"], "argument --seed: expected an integer >= 0 and <= 9223372036854775807"),
+        (["--json", "."], "argument --json: expected a file path, got the folder '.'"),  # refused before the run
     ],
 )
 def test_bad_arguments_exit_2_with_message(args, message, capsys):
     assert run_cli(["bench", "--device", "cpu", "--iters", "1", "--warmup", "0", "--no-progress", *args]) == 2
     assert message in capsys.readouterr().err
+
+
+@pytest.mark.parametrize(
+    "args,message",
+    [
+        (["serve", "--port", "70000"], "argument --port: expected an integer >= 0 and <= 65535, got 70000"),
+        (["matrix", "--device", "cpu", "--variants", "for_loop;nope"], "--variants: unknown lever 'nope' in 'nope'"),
+        (["scaling", "--device", "cpu", "--plot", "."], "argument --plot: expected a file path, got the folder '.'"),
+        (["breakdown", "--device", "cpu", "--trace", "."], "argument --trace: expected a file path, got the folder"),
+        (["report", ".", "-o", "."], "argument -o/--output: expected a file path, got the folder '.'"),
+        (["compare", "--device", "mps"], "argument --device: expected cpu, cuda or cuda:N, got 'mps'"),
+    ],
+)
+def test_other_commands_refuse_bad_arguments_before_running(args, message, capsys):
+    """Each of these once ran (or built a model) and then ended in a traceback with exit code 1."""
+    assert run_cli(args) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_checkpoint_that_is_no_safetensors_file_is_a_clear_error(tmp_path, capsys):
+    bad = tmp_path / "model.safetensors"
+    bad.write_text("not a checkpoint")
+    assert run_cli(["bench", "--device", "cpu", "--checkpoint", str(bad), "--iters", "1", "--no-progress"]) == 2
+    assert f"{bad}: not a readable safetensors file" in capsys.readouterr().err
+
+
+def test_syncs_source_cuda_needs_a_cuda_device(capsys):
+    assert run_cli(["syncs", "--device", "cpu", "--source", "cuda", "--calls", "1", "--no-progress"]) == 2
+    assert "--source cuda: counts the CUDA runtime's syncs, so it needs a CUDA device" in capsys.readouterr().err
 
 
 def run_cli(argv) -> int:

@@ -18,7 +18,7 @@ import os
 from pathlib import Path
 
 import torch
-from safetensors import safe_open
+from safetensors import SafetensorError, safe_open
 from safetensors.torch import save_file
 
 from vlaperf.models.pi0 import Pi0Model
@@ -43,8 +43,12 @@ def checkpoint_file(path: str | os.PathLike) -> Path:
 
 
 def read_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
-    with safe_open(str(checkpoint_file(path)), framework="pt") as f:
-        return {k: f.get_tensor(k) for k in f.keys()}
+    p = checkpoint_file(path)
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            return {k: f.get_tensor(k) for k in f.keys()}
+    except SafetensorError as e:
+        raise CheckpointError(f"{p}: not a readable safetensors file ({e})") from None
 
 
 def detect_layout(keys) -> str:

@@ -14,6 +14,7 @@ Exit codes: 0 ok, 1 an equivalence check failed (doctor: an error-severity findi
 from __future__ import annotations
 
 import argparse
+import os
 import sys
 
 import torch
@@ -25,18 +26,18 @@ class CliError(Exception):
     """Bad input or setup: printed as one line, exit code 2."""
 
 
-def number_arg(kind: type = int, minimum: float = 1, strict: bool = False):
-    """An argparse type: `kind` (int or float) at least `minimum` (above it if `strict`),
-    with an error that says what was expected and what came."""
+def number_arg(kind: type = int, minimum: float = 1, strict: bool = False, maximum: float | None = None):
+    """An argparse type: `kind` (int or float) at least `minimum` (above it if `strict`) and at
+    most `maximum`, with an error that says what was expected and what came."""
     what = "an integer" if kind is int else "a number"
-    bound = f"{'>' if strict else '>='} {minimum}"
+    bound = f"{'>' if strict else '>='} {minimum}" + ("" if maximum is None else f" and <= {maximum}")
 
     def parse(text: str):
         try:
             value = kind(text)
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what} {bound}, got {text!r}") from None
-        if not (value > minimum if strict else value >= minimum):
+        if not (value > minimum if strict else value >= minimum) or (maximum is not None and value > maximum):
             raise argparse.ArgumentTypeError(f"expected {what} {bound}, got {value}")
         return value
 
@@ -47,6 +48,25 @@ positive_int = number_arg(int, 1)
 non_negative_int = number_arg(int, 0)
 positive_float = number_arg(float, 0, strict=True)
 non_negative_float = number_arg(float, 0)
+seed_int = number_arg(int, 0, maximum=2**63 - 1)  # torch's generators take a signed 64-bit seed
+port_int = number_arg(int, 0, maximum=65535)
+
+
+def device_arg(text: str) -> str:
+    """--device: cpu, cuda or cuda:N (whether CUDA and that GPU exist is `setup_device`'s question)."""
+    if text in ("cpu", "cuda") or (text.startswith("cuda:") and text[5:].isdigit()):
+        return text
+    raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
+
+
+def output_file(text: str) -> str:
+    """A file a command writes (--json, --plot, --trace, -o): refused before the run, not after it, when it
+    cannot be one (empty, or an existing folder). A missing parent folder is created when the file is written."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a file path, got an empty string")
+    if os.path.isdir(text):
+        raise argparse.ArgumentTypeError(f"expected a file path, got the folder {text!r}")
+    return text
 
 
 def default_device() -> str:
@@ -58,14 +78,14 @@ def default_device() -> str:
 
 def add_common(p: argparse.ArgumentParser, levers_default: str = "reference") -> None:
     p.add_argument("--workload", default=None, help="workload id (default: libero-pi0 on a GPU, tiny on the CPU)")
-    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+    p.add_argument("--device", type=device_arg, default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--steps", type=positive_int, default=None, help="denoise steps (default: the workload's)")
     p.add_argument("--batch", type=positive_int, default=None, help="batch size (default: the workload's)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights and inputs")
     p.add_argument("--checkpoint", default=None, help="openpi or LeRobot model.safetensors (default: random weights)")
     p.add_argument("--levers", default=levers_default, help="'reference', 'best' or a comma list (see `vlaperf levers`)")
-    p.add_argument("--json", default=None, help="write the result file here")
+    p.add_argument("--json", type=output_file, default=None, help="write the result file here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     # world-action workloads only (wam-761, wam-tiny): settings that change the result
     p.add_argument("--sparsity", choices=("none", "drop_middle", "mae_middle"), default=None,
@@ -109,6 +129,9 @@ def setup_device(args) -> torch.device:
     device = torch.device(args.device or default_device())
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CliError("--device cuda requested but CUDA is not available (use --device cpu)")
+    if device.type == "cuda" and device.index is not None and device.index >= torch.cuda.device_count():
+        raise CliError(f"--device {device}: this machine has {torch.cuda.device_count()} GPU(s), cuda:0 to "
+                       f"cuda:{torch.cuda.device_count() - 1}")
     return device
 
 

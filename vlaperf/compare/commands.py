@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from vlaperf.cli import CliError, default_device, positive_int
+from vlaperf.cli import CliError, device_arg, output_file, positive_int, seed_int, setup_device
 
 COMPARE_WORKLOADS = ("libero-pi0", "libero-pi05", "aloha-pi0", "libero-pi0-b4", "libero-pi0-b8", "libero-shallow6", "tiny")
 
@@ -31,10 +31,10 @@ def register(subparsers) -> None:
                    help="default: libero-pi0 on a GPU, tiny on the CPU; tiny and libero-shallow6 build a reduced LeRobot model")
     p.add_argument("--against", choices=("lerobot",), default="lerobot",
                    help="the peer (openpi: use vlaperf.compare.openpi from Python with your openpi model)")
-    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+    p.add_argument("--device", type=device_arg, default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--steps", type=positive_int, default=None, help="denoise steps (default: the workload's)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights and inputs")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights and inputs")
     p.add_argument("--levers", default="best", help="vlaperf variant timed besides the reference ('best', a comma list, or 'reference')")
     p.add_argument("--reduced", action="store_true",
                    help="build LeRobot (and vlaperf) at a reduced size (see vlaperf.compare.lerobot.Reduced); CPU-friendly")
@@ -44,7 +44,7 @@ def register(subparsers) -> None:
     p.add_argument("--no-timing", action="store_true", help="equivalence only")
     p.add_argument("--warmup", type=positive_int, default=10)
     p.add_argument("--iters", type=positive_int, default=50)
-    p.add_argument("--json", default=None, help="write the result file here")
+    p.add_argument("--json", type=output_file, default=None, help="write the result file here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_compare)
 
@@ -86,9 +86,7 @@ def cmd_compare(args) -> int:
     from vlaperf.models.pi0 import default_dtype
     from vlaperf.workloads import get_workload
 
-    device = torch.device(args.device or default_device())
-    if device.type == "cuda" and not torch.cuda.is_available():
-        raise CliError("--device cuda requested but CUDA is not available (use --device cpu)")
+    device = setup_device(args)
     workload_id = args.workload or ("libero-pi0" if device.type == "cuda" else "tiny")
     base = get_workload(workload_id)
     workload = base.with_overrides(steps=args.steps)

@@ -60,6 +60,16 @@ class LeverError(ValueError):
     """A lever that does not exist, or cannot apply here; the message says why."""
 
 
+def unknown_lever(spec: str) -> str | None:
+    """The first name in a lever list (`Levers.parse`'s syntax) that is neither a lever nor a preset, or None:
+    a typo, where a lever that cannot apply on this device is a row a matrix skips."""
+    for item in spec.split(","):
+        name = item.strip().partition("=")[0]
+        if name and name not in LEVERS and name not in PRESETS and name != "none":
+            return name
+    return None
+
+
 def _capability_major(device: torch.device | str) -> int | None:
     """The CUDA compute-capability major of `device` (9 for H100/H200), None if unknown."""
     try:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from vlaperf.cli import CliError, add_common, make_engine, non_negative_int, positive_int, result_header, setup
+from vlaperf.cli import CliError, add_common, make_engine, non_negative_int, output_file, positive_int, result_header, setup
 
 REFERENCE = ("reference", "none", "")
 
@@ -228,6 +228,8 @@ def _report_syncs(args, fn, device, expected: int, header) -> int:
     from vlaperf.profile.syncs import count_syncs, format_syncs
 
     treat = {"auto": None, "yes": True, "no": False}[args.treat_as_device]
+    if args.source == "cuda" and torch.device(device).type != "cuda":
+        raise CliError(f"--source cuda: counts the CUDA runtime's syncs, so it needs a CUDA device (this run is on {device})")
     try:
         rep = count_syncs(fn, device=device, calls=args.calls, warmup=args.warmup, source=args.source,
                           treat_as_device=treat, expected_per_call=expected)
@@ -319,7 +321,7 @@ def register(subparsers) -> None:
     p.add_argument("--mode", choices=("model", "policy"), default="model")
     p.add_argument("--warmup", type=non_negative_int, default=10)
     p.add_argument("--iters", type=positive_int, default=50)
-    p.add_argument("--trace", default=None, help="also write a Chrome/Perfetto trace of one call here")
+    p.add_argument("--trace", type=output_file, default=None, help="also write a Chrome/Perfetto trace of one call here")
     p.set_defaults(func=cmd_breakdown)
 
     # add_common's --steps (one step count) is replaced by a list of step counts here.
@@ -333,7 +335,7 @@ def register(subparsers) -> None:
                    help="a variant, or several separated by ';' to compare slopes, e.g. 'reference;for_loop'")
     p.add_argument("--warmup", type=positive_int, default=3)
     p.add_argument("--iters", type=positive_int, default=10, help="interleaved rounds")
-    p.add_argument("--plot", default=None, help="write the T(N) plot (PNG) here")
+    p.add_argument("--plot", type=output_file, default=None, help="write the T(N) plot (PNG) here")
     p.set_defaults(func=cmd_scaling)
 
     p = subparsers.add_parser("syncs", help="host-device syncs per policy call, by source line")
@@ -354,5 +356,5 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("report", help="render result files into an HTML or markdown report")
     p.add_argument("paths", nargs="+", help="result JSON files or directories of them")
-    p.add_argument("-o", "--output", default="report.html", help="report.html (self-contained) or report.md")
+    p.add_argument("-o", "--output", type=output_file, default="report.html", help="report.html (self-contained) or report.md")
     p.set_defaults(func=cmd_report)

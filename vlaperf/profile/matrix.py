@@ -44,7 +44,14 @@ def parse_variants(spec: str, device: torch.device) -> list[str]:
         return cumulative_variants(device)
     if spec == "grid":
         return grid_variants(device)
+    from vlaperf.cli import CliError
+    from vlaperf.engine.levers import LEVERS, unknown_lever
+
     items = [s.strip() for s in spec.split(";") if s.strip()]
+    for item in items:
+        if (name := unknown_lever(item)) is not None:
+            raise CliError(f"--variants: unknown lever {name!r} in {item!r}; expected 'cumulative', 'grid' or "
+                           f"';'-separated lists of: {', '.join(LEVERS)} (or 'best', 'graph', 'exact', 'reference')")
     return items if items and items[0] == "reference" else ["reference"] + items
 
 

@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 
-from vlaperf.cli import add_compile_cache
+from vlaperf.cli import add_compile_cache, device_arg, output_file, port_int, seed_int
 from vlaperf.cli import non_negative_float as _non_negative_float
 from vlaperf.cli import non_negative_int as _non_negative_int
 from vlaperf.cli import positive_float as _positive_float
@@ -44,7 +44,7 @@ def register(subparsers) -> None:
                    help="'serve' (default: 'graph' on a GPU, 'exact' on the CPU: no compile, so every batch size "
                         "and prompt bucket warms up in seconds), 'best', 'reference' or a comma list (`vlaperf levers`)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
-    p.add_argument("--port", type=_non_negative_int, default=8000, help="port (0 = any free port)")
+    p.add_argument("--port", type=port_int, default=8000, help="port (0 = any free port)")
     p.add_argument("--api-key", default=None,
                    help=f"require 'Authorization: Api-Key <key>' (default: ${API_KEY_ENV} if set, else no auth)")
     p.add_argument("--allow-unauthenticated", action="store_true",
@@ -55,10 +55,10 @@ def register(subparsers) -> None:
     p.add_argument("--max-message-mb", type=_positive_float, default=16.0, help="largest accepted message (MiB)")
     p.add_argument("--warmup-batches", default="1,max",
                    help="batch sizes to warm up before listening: comma list, 'max' = --max-batch, 'all' = 1..max")
-    p.add_argument("--device", default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
+    p.add_argument("--device", type=device_arg, default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--steps", type=_positive_int, default=None, help="denoise steps (default: the workload's)")
-    p.add_argument("--seed", type=int, default=0, help="seed of the random weights")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights")
     p.add_argument("--checkpoint", default=None, help="openpi or LeRobot model.safetensors (default: random weights)")
     p.add_argument("--no-check", action="store_true", help="skip the equivalence check of the engine before serving")
     p.add_argument("--sparsity", choices=("none", "drop_middle", "mae_middle"), default=None,
@@ -81,7 +81,7 @@ def register(subparsers) -> None:
     p.add_argument("--api-key", default=None, help=f"default: ${API_KEY_ENV} if set")
     p.add_argument("--workload", default=None, help="default: the one the server reports")
     p.add_argument("--image-size", type=_positive_int, default=224, help="side of the camera images sent")
-    p.add_argument("--json", default=None, help="write the result file here")
+    p.add_argument("--json", type=output_file, default=None, help="write the result file here")
     p.set_defaults(func=cmd_loadgen)
 
     p = subparsers.add_parser("rollout", help="control-loop timing against a running server (synthetic observations)")
@@ -94,7 +94,7 @@ def register(subparsers) -> None:
     p.add_argument("--api-key", default=None, help=f"default: ${API_KEY_ENV} if set")
     p.add_argument("--workload", default=None, help="default: the one the server reports")
     p.add_argument("--image-size", type=_positive_int, default=224)
-    p.add_argument("--json", default=None, help="write the result file here")
+    p.add_argument("--json", type=output_file, default=None, help="write the result file here")
     p.set_defaults(func=cmd_rollout)
 
 
