@@ -339,6 +339,7 @@ def cmd_check(args) -> int:
         result = result_header("check", base, workload, model, environment_record(device), [], "check", None)
         result["checks"] = rows
         write_result(result, args.json)
+        print(f"wrote {args.json}")
     return 0 if all(r["passed"] for r in rows) else 1
 
 
