@@ -150,8 +150,8 @@ def patch_embed(patch: tuple[Tensor, Tensor], images: Tensor, embeddings, tf32: 
     SIMT implicit GEMM at 57 us a call for 0.7 GFLOP (2 images), cuBLAS's float32 matmul at
     ~39 us (FFMA); `tf32`: on a CUDA device, outside torch.compile (whose kernels follow the
     process's setting at compile time), on the tensor cores in TF32; not in the engine's
-    kernel-compile thread, whose results are discarded: the switch is process-wide, and flipped
-    there while the main thread traces a compiled block it failed dynamo's guard on it
+    kernel-compile thread, whose results are discarded: the switch is process-wide, and when that
+    thread flipped it while the main thread traced a compiled block, dynamo's guard on it failed
     ("GLOBAL_STATE changed: allow_tf32", `vlaperf check` on the H200, session 23)."""
     weight, bias = patch
     N, C, R, _ = images.shape
