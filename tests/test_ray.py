@@ -292,11 +292,20 @@ def test_matrix_ray_merges_tasks_with_device_per_row(ray_cluster, tmp_path, caps
     assert "for_loop" in capsys.readouterr().out
 
 
+def test_matrix_ray_refuses_an_unknown_lever_before_any_replica_starts():
+    from vlaperf.cli import CliError
+    from vlaperf.profile.ray_matrix import ray_matrix
+
+    with pytest.raises(CliError, match="unknown lever 'no_such_lever'"):
+        ray_matrix(["tiny"], "no_such_lever", device="cpu", warmup=1, iters=2, log=lambda m: None)
+
+
 def test_matrix_ray_reports_a_failed_variant(ray_cluster):
     from vlaperf.profile.ray_matrix import ray_matrix
 
-    (result,) = ray_matrix(["tiny"], "no_such_lever", device="cpu", warmup=1, iters=2, log=lambda m: None)
+    # a lever that cannot apply on the replica's device: the replica reports the row as skipped
+    (result,) = ray_matrix(["tiny"], "for_loop,cuda_graph", device="cpu", warmup=1, iters=2, log=lambda m: None)
     row = result["variants"][-1]
-    assert row["variant"] == "no_such_lever" and "timers" not in row and row["skipped"]
+    assert row["variant"] == "for_loop,cuda_graph" and "timers" not in row and "needs a CUDA device" in row["skipped"]
     assert result["variants"][0]["variant"] == "reference" and "timers" not in result["variants"][0]
     json.dumps(result, default=str)

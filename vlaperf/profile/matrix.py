@@ -39,19 +39,27 @@ def grid_variants(device: torch.device) -> list[str]:
     return out
 
 
+def check_variants(spec: str) -> None:
+    """--variants' lever names, before anything is built: a name that is no lever is a typo and an error (a
+    lever that cannot apply on the device is a row the matrix reports as skipped)."""
+    from vlaperf.cli import CliError
+    from vlaperf.engine.levers import LEVERS, unknown_lever
+
+    if spec in ("cumulative", "grid"):
+        return
+    for item in (s.strip() for s in spec.split(";")):
+        if (name := unknown_lever(item)) is not None:
+            raise CliError(f"--variants: unknown lever {name!r} in {item!r}; expected 'cumulative', 'grid' or "
+                           f"';'-separated lists of: {', '.join(LEVERS)} (or 'best', 'graph', 'exact', 'reference')")
+
+
 def parse_variants(spec: str, device: torch.device) -> list[str]:
+    check_variants(spec)
     if spec == "cumulative":
         return cumulative_variants(device)
     if spec == "grid":
         return grid_variants(device)
-    from vlaperf.cli import CliError
-    from vlaperf.engine.levers import LEVERS, unknown_lever
-
     items = [s.strip() for s in spec.split(";") if s.strip()]
-    for item in items:
-        if (name := unknown_lever(item)) is not None:
-            raise CliError(f"--variants: unknown lever {name!r} in {item!r}; expected 'cumulative', 'grid' or "
-                           f"';'-separated lists of: {', '.join(LEVERS)} (or 'best', 'graph', 'exact', 'reference')")
     return items if items and items[0] == "reference" else ["reference"] + items
 
 

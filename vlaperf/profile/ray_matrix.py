@@ -130,10 +130,11 @@ def ray_matrix(workload_ids: list[str], variants: str, *, device: str | None = N
     import ray
     import torch
 
-    from vlaperf.profile.matrix import parse_variants
+    from vlaperf.profile.matrix import check_variants, parse_variants
     from vlaperf.report.schema import SCHEMA
     from vlaperf.workloads import get_workload
 
+    check_variants(variants)  # a typo fails here, before the cluster is asked for anything
     gpus = int(ray.cluster_resources().get("GPU", 0))
     device = device or ("cuda" if gpus >= 1 else "cpu")
     on_gpu = device.startswith("cuda")
