@@ -59,6 +59,7 @@ def test_bench_release_reference_records_the_freed_bytes(tmp_path, capsys):
         (["--device", "cuda:x"], "expected cpu, cuda or cuda:N, got 'cuda:x'"),
         (["--seed", "99999999999999999999999"], "argument --seed: expected an integer >= 0 and <= 9223372036854775807"),
         (["--json", "."], "argument --json: expected a file path, got the folder '.'"),  # refused before the run
+        (["--workload", ""], "argument --workload: expected a workload id, got an empty string"),
     ],
 )
 def test_bad_arguments_exit_2_with_message(args, message, capsys):

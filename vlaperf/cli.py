@@ -59,6 +59,14 @@ def device_arg(text: str) -> str:
     raise argparse.ArgumentTypeError(f"expected cpu, cuda or cuda:N, got {text!r}")
 
 
+def workload_arg(text: str) -> str:
+    """--workload: a non-empty id (an empty one used to fall back to the default silently); which ids exist is
+    `get_workload`'s to say, with the list."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a workload id, got an empty string")
+    return text
+
+
 def output_file(text: str) -> str:
     """A file a command writes (--json, --plot, --trace, -o): refused before the run, not after it, when it
     cannot be one (empty, or an existing folder). A missing parent folder is created when the file is written."""
@@ -77,7 +85,8 @@ def default_device() -> str:
 
 
 def add_common(p: argparse.ArgumentParser, levers_default: str = "reference") -> None:
-    p.add_argument("--workload", default=None, help="workload id (default: libero-pi0 on a GPU, tiny on the CPU)")
+    p.add_argument("--workload", type=workload_arg, default=None,
+                   help="workload id (default: libero-pi0 on a GPU, tiny on the CPU)")
     p.add_argument("--device", type=device_arg, default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--steps", type=positive_int, default=None, help="denoise steps (default: the workload's)")

@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 
-from vlaperf.cli import add_compile_cache, device_arg, output_file, port_int, seed_int
+from vlaperf.cli import add_compile_cache, device_arg, output_file, port_int, seed_int, workload_arg
 from vlaperf.cli import non_negative_float as _non_negative_float
 from vlaperf.cli import non_negative_int as _non_negative_int
 from vlaperf.cli import positive_float as _positive_float
@@ -39,7 +39,8 @@ def _int_list(text: str) -> list[int]:
 def register(subparsers) -> None:
     """Add `serve`, `loadgen` and `rollout` to vlaperf's subparsers."""
     p = subparsers.add_parser("serve", help="serve a policy over websockets (openpi-client compatible)")
-    p.add_argument("--workload", default=None, help="workload id (default: libero-pi0 on a GPU, tiny on the CPU)")
+    p.add_argument("--workload", type=workload_arg, default=None,
+                   help="workload id (default: libero-pi0 on a GPU, tiny on the CPU)")
     p.add_argument("--levers", default="serve",
                    help="'serve' (default: 'graph' on a GPU, 'exact' on the CPU: no compile, so every batch size "
                         "and prompt bucket warms up in seconds), 'best', 'reference' or a comma list (`vlaperf levers`)")
@@ -79,7 +80,7 @@ def register(subparsers) -> None:
     p.add_argument("--warmup", type=_non_negative_int, default=1, help="untimed requests per client first")
     p.add_argument("--timeout-s", type=_positive_float, default=120.0, help="time limit per phase")
     p.add_argument("--api-key", default=None, help=f"default: ${API_KEY_ENV} if set")
-    p.add_argument("--workload", default=None, help="default: the one the server reports")
+    p.add_argument("--workload", type=workload_arg, default=None, help="default: the one the server reports")
     p.add_argument("--image-size", type=_positive_int, default=224, help="side of the camera images sent")
     p.add_argument("--json", type=output_file, default=None, help="write the result file here")
     p.set_defaults(func=cmd_loadgen)
@@ -92,7 +93,7 @@ def register(subparsers) -> None:
     p.add_argument("--replan-every", type=_positive_int, default=5, help="actions of each chunk executed before the next call")
     p.add_argument("--timeout-s", type=_positive_float, default=600.0, help="time limit of the whole run")
     p.add_argument("--api-key", default=None, help=f"default: ${API_KEY_ENV} if set")
-    p.add_argument("--workload", default=None, help="default: the one the server reports")
+    p.add_argument("--workload", type=workload_arg, default=None, help="default: the one the server reports")
     p.add_argument("--image-size", type=_positive_int, default=224)
     p.add_argument("--json", type=output_file, default=None, help="write the result file here")
     p.set_defaults(func=cmd_rollout)
@@ -135,14 +136,15 @@ def _warmup_sizes(spec: str, max_batch: int) -> list[int]:
         return list(range(1, max_batch + 1))
     sizes = []
     for item in (s.strip() for s in spec.split(",")):
-        if not item:
-            continue
         if item == "max":
             sizes.append(max_batch)
-        elif item.isdigit() and int(item) >= 1:
-            sizes.append(min(int(item), max_batch))
+        elif item.isdigit() and 1 <= int(item) <= max_batch:
+            sizes.append(int(item))
+        elif item.isdigit() and int(item) > max_batch:  # was clamped to max_batch without a word
+            raise CliError(f"--warmup-batches: {item} is above --max-batch {max_batch} (no batch that large is ever run)")
         else:
-            raise CliError(f"--warmup-batches: expected 'all' or a comma list of integers / 'max', got {spec!r}")
+            raise CliError(f"--warmup-batches: expected 'all' or a comma list of integers 1..{max_batch} / 'max', "
+                           f"got {spec!r}")
     return sorted(set(sizes))
 
 
