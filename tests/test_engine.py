@@ -497,3 +497,17 @@ def test_split_gate_up_switch_gives_the_fused_gate_ups_actions(tiny_model, tiny_
     width = 2 * tiny_model.config.backbone.mlp_dim
     assert calls and all(shape[0] != width for shape in calls)  # no GEMM of the stacked width ran
     assert torch.equal(fused, split)
+
+
+def test_unknown_lever_agrees_with_the_parser():
+    """matrix refuses a variant by `unknown_lever` before building anything; it must name what `Levers.parse`
+    would refuse as no lever, and nothing it accepts (a preset only as the whole list)."""
+    from vlaperf.engine.levers import LeverError, Levers, unknown_lever
+
+    for spec in ("best", "graph", "reference", "none", "", "for_loop,sdpa", "for_loop,compile=reduce-overhead"):
+        assert unknown_lever(spec) is None
+        Levers.parse(spec)
+    for spec, name in (("warp_drive", "warp_drive"), ("for_loop,best", "best"), ("for_loop, nope=1", "nope")):
+        assert unknown_lever(spec) == name
+        with pytest.raises(LeverError, match=f"unknown lever {name!r}"):
+            Levers.parse(spec)

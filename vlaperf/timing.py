@@ -603,7 +603,7 @@ def _git_state() -> tuple[str | None, bool | None]:
     return commit, (None if status is None else bool(status))
 
 
-def _env_vars() -> dict[str, str]:
+def behaviour_env_vars() -> dict[str, str]:
     """Values of the variables that change compile/runtime behaviour; unset ones are absent."""
     found = {name: os.environ[name] for name in ENV_VARS if name in os.environ}
     for name in sorted(os.environ):
@@ -651,7 +651,7 @@ def environment_record(device: torch.device | str) -> dict[str, Any]:
         "vlaperf": _probe(_vlaperf_version, "unknown"),
         "git_commit": commit,
         "git_dirty": dirty,
-        "env_vars": _probe(_env_vars, {}),
+        "env_vars": _probe(behaviour_env_vars, {}),
         "c_compiler": _probe(_c_compiler),
         "matmul_precision": _probe(torch.get_float32_matmul_precision),
         "tf32_matmul": _probe(lambda: bool(torch.backends.cuda.matmul.allow_tf32)),

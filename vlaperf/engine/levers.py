@@ -61,13 +61,12 @@ class LeverError(ValueError):
 
 
 def unknown_lever(spec: str) -> str | None:
-    """The first name in a lever list (`Levers.parse`'s syntax) that is neither a lever nor a preset, or None:
-    a typo, where a lever that cannot apply on this device is a row a matrix skips."""
-    for item in spec.split(","):
-        name = item.strip().partition("=")[0]
-        if name and name not in LEVERS and name not in PRESETS and name != "none":
-            return name
-    return None
+    """The first name in a lever list that `Levers.parse` would refuse as no lever (a preset only as the whole
+    list), or None: a typo, where a lever that cannot apply on this device is a row a matrix skips."""
+    items = [s.strip() for s in spec.split(",") if s.strip()]
+    if len(items) == 1 and (items[0] in PRESETS or items[0] == "none"):
+        return None
+    return next((name for name in (item.partition("=")[0] for item in items) if name not in LEVERS), None)
 
 
 def _capability_major(device: torch.device | str) -> int | None:

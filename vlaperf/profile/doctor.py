@@ -31,7 +31,7 @@ from typing import Any
 
 import torch
 
-from vlaperf.timing import CLOCK_EVENT_REASONS, device_uuid
+from vlaperf.timing import CLOCK_EVENT_REASONS, behaviour_env_vars, device_uuid
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -111,9 +111,7 @@ def environment_checks(device: torch.device | str | None = None, model_dtype: to
         out.append(_pdl_check(device))
     out += _gpu_checks(device)
     out.append(_versions(device))
-    relevant = {k: v for k, v in os.environ.items()
-                if k.startswith(("TORCHINDUCTOR_", "TORCH_LOGS", "PYTORCH_CUDA_ALLOC_CONF", "OMP_NUM_THREADS", "CUDA_VISIBLE_DEVICES",
-                                 "CUBLAS"))}
+    relevant = behaviour_env_vars()  # the result files' list: one place says which variables matter
     if relevant:
         out.append(finding("env.variables", "info", "environment variables that change torch's behaviour",
                            ", ".join(f"{k}={v}" for k, v in sorted(relevant.items()))))
