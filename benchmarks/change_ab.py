@@ -50,6 +50,10 @@ the same levers with the change. Changes:
   lt_fc2                 SigLIP's fc2 through cuBLASLt's heuristic's first algorithm at a 32 MiB workspace limit
                          (SiglipLayerW.fc2_lt, kernels/cublaslt.py) against torch's F.linear, which asks under
                          torch's own limit and gets a slower kernel on the H200 (cublaslt_probe.py)
+  lt_fastest             SigLIP's fc2 and o and Gemma's down through cuBLASLt (fusion.LT_LINEARS), each shape's
+                         algorithm the fastest of the heuristic's zero-workspace offers timed at its first
+                         call (cublaslt.PICK "fastest"), against best (fc2 alone, the heuristic's first offer).
+                         The probe lists each shape's pick and the offers' timings
   kernel_pdl             the denoise loop's Triton kernels (launch.DENOISE_LOOP_KERNELS: the step kernel and
                          the heads between its launches) launched with PDL, each waiting for the kernel
                          before it as its first instruction (kernels/launch.py), against none of ours.
@@ -212,6 +216,28 @@ def without_lt_fc2(engine: Engine):
     yield
 
 
+@contextlib.contextmanager
+def without_lt_fastest(engine: Engine):
+    """Engine A as best builds it: fc2 alone through cuBLASLt, the heuristic's first offer."""
+    from vlaperf.engine.kernels import cublaslt
+
+    for lw in engine.weights.vision:
+        lw.out_lt = False
+    for lw in list(engine.weights.backbone) + list(engine.weights.expert):
+        lw.down_lt = False
+    with patched(cublaslt, "PICK", "first"):
+        yield
+
+
+def lt_fastest_choice(model) -> dict:
+    """Each shape the engines sent cuBLASLt: the pick's config, and the offers' timings where timed."""
+    from vlaperf.engine.kernels import cublaslt
+
+    return {"x".join(map(str, key[:3])) + f" bias={key[3]} pick={key[5]}": {
+        "config": None if c is None else c[0].config(c[1]), "offers_us": cublaslt.timings.get(key)}
+        for key, c in cublaslt._chosen.items()}
+
+
 def lt_fc2_choice(model) -> dict:
     """The algorithm cuBLASLt's heuristic gave each shape the engine sent it (kernels/cublaslt.py)."""
     from vlaperf.engine.kernels import cublaslt
@@ -258,11 +284,14 @@ CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "wave_splits": (without_wave_splits, lambda model: {}),
            "inductor_pdl": (without_inductor_pdl, pdl_kernel_count),
            "kernel_pdl": (without_kernel_pdl, lambda model: _pdl_here()),
-           "lt_fc2": (without_lt_fc2, lt_fc2_choice)}
+           "lt_fc2": (without_lt_fc2, lt_fc2_choice),
+           "lt_fastest": (without_lt_fastest, lt_fastest_choice)}
 # changes whose switch is off in the engine: turned on for this process (engine B), undone for engine A
 # (module, name, value; a str value names the module's constant to use)
 SWITCH_ON = {"split_gate_up": ("vlaperf.engine.layers", "SPLIT_GATE_UP", True),
-             "kernel_pdl": ("vlaperf.engine.kernels.launch", "PDL_KERNELS", "DENOISE_LOOP_KERNELS")}
+             "kernel_pdl": ("vlaperf.engine.kernels.launch", "PDL_KERNELS", "DENOISE_LOOP_KERNELS"),
+             "lt_fastest": [("vlaperf.engine.fusion", "LT_LINEARS", frozenset({"siglip.fc2", "siglip.out", "gemma.down"})),
+                            ("vlaperf.engine.kernels.cublaslt", "PICK", "fastest")]}
 # changes bound when an engine is built (compile options): engine A is built inside the undo too, and dynamo's
 # caches are reset before engine B's first call
 AT_CONSTRUCTION = ("inductor_pdl",)
@@ -287,9 +316,11 @@ def main() -> None:
     if args.change in SWITCH_ON:
         import importlib
 
-        module, name, value = SWITCH_ON[args.change]
-        owner = importlib.import_module(module)
-        setattr(owner, name, getattr(owner, value) if isinstance(value, str) else value)  # a str: another of its names
+        switches = SWITCH_ON[args.change]
+        for module, name, value in switches if isinstance(switches, list) else [switches]:
+            owner = importlib.import_module(module)
+            # a str that is another of the module's names: that constant's value
+            setattr(owner, name, getattr(owner, value) if isinstance(value, str) and hasattr(owner, value) else value)
     model = build_model(w.preset, "cuda")
     obs, noise = random_observation(w, model.config, "cuda"), random_noise(w, model.config, "cuda")
     if args.change in AT_CONSTRUCTION:
