@@ -50,10 +50,6 @@ the same levers with the change. Changes:
   lt_fc2                 SigLIP's fc2 through cuBLASLt's heuristic's first algorithm at a 32 MiB workspace limit
                          (SiglipLayerW.fc2_lt, kernels/cublaslt.py) against torch's F.linear, which asks under
                          torch's own limit and gets a slower kernel on the H200 (cublaslt_probe.py)
-  lt_fastest             SigLIP's fc2 and o and Gemma's down through cuBLASLt (fusion.LT_LINEARS), each shape's
-                         algorithm the fastest of the heuristic's zero-workspace offers timed at its first
-                         call (cublaslt.PICK "fastest"), against best (fc2 alone, the heuristic's first offer).
-                         The probe lists each shape's pick and the offers' timings
   kernel_pdl             the denoise loop's Triton kernels (launch.DENOISE_LOOP_KERNELS: the step kernel and
                          the heads between its launches) launched with PDL, each waiting for the kernel
                          before it as its first instruction (kernels/launch.py), against none of ours.
@@ -66,6 +62,8 @@ Session 18: input_copy (a replay's inputs copied into the graph's static buffers
 bytes, one multi-tensor kernel, instead of a copy call per input, at d211137): 0.994x.
 Session 19: split_gate_up (layers.SPLIT_GATE_UP, off: on for engine B only) Gemma's stacked gate_up as two
 GEMMs of its halves, which at the prefix's shape come without cuBLAS's memset node (memset_probe.py).
+Session 24: lt_fastest (at 1ea7fbf: SigLIP's fc2 and o and Gemma's down through cuBLASLt, each shape's fastest
+zero-workspace algorithm timed at its first call, against best): 0.993x on libero-pi0.
 Session 11: fused_loop (the loop around the step kernel with one launch between steps for the
 action head, the Euler update and the next tokens, kernels/denoise_loop.py at 38a4931): 0.985x.
 """
@@ -216,28 +214,6 @@ def without_lt_fc2(engine: Engine):
     yield
 
 
-@contextlib.contextmanager
-def without_lt_fastest(engine: Engine):
-    """Engine A as best builds it: fc2 alone through cuBLASLt, the heuristic's first offer."""
-    from vlaperf.engine.kernels import cublaslt
-
-    for lw in engine.weights.vision:
-        lw.out_lt = False
-    for lw in list(engine.weights.backbone) + list(engine.weights.expert):
-        lw.down_lt = False
-    with patched(cublaslt, "PICK", "first"):
-        yield
-
-
-def lt_fastest_choice(model) -> dict:
-    """Each shape the engines sent cuBLASLt: the pick's config, and the offers' timings where timed."""
-    from vlaperf.engine.kernels import cublaslt
-
-    return {"x".join(map(str, key[:3])) + f" bias={key[3]} pick={key[5]}": {
-        "config": None if c is None else c[0].config(c[1]), "offers_us": cublaslt.timings.get(key)}
-        for key, c in cublaslt._chosen.items()}
-
-
 def lt_fc2_choice(model) -> dict:
     """The algorithm cuBLASLt's heuristic gave each shape the engine sent it (kernels/cublaslt.py)."""
     from vlaperf.engine.kernels import cublaslt
@@ -284,14 +260,11 @@ CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "wave_splits": (without_wave_splits, lambda model: {}),
            "inductor_pdl": (without_inductor_pdl, pdl_kernel_count),
            "kernel_pdl": (without_kernel_pdl, lambda model: _pdl_here()),
-           "lt_fc2": (without_lt_fc2, lt_fc2_choice),
-           "lt_fastest": (without_lt_fastest, lt_fastest_choice)}
+           "lt_fc2": (without_lt_fc2, lt_fc2_choice)}
 # changes whose switch is off in the engine: turned on for this process (engine B), undone for engine A
 # (module, name, value; a str value names the module's constant to use)
 SWITCH_ON = {"split_gate_up": ("vlaperf.engine.layers", "SPLIT_GATE_UP", True),
-             "kernel_pdl": ("vlaperf.engine.kernels.launch", "PDL_KERNELS", "DENOISE_LOOP_KERNELS"),
-             "lt_fastest": [("vlaperf.engine.fusion", "LT_LINEARS", frozenset({"siglip.fc2", "siglip.out", "gemma.down"})),
-                            ("vlaperf.engine.kernels.cublaslt", "PICK", "fastest")]}
+             "kernel_pdl": ("vlaperf.engine.kernels.launch", "PDL_KERNELS", "DENOISE_LOOP_KERNELS")}
 # changes bound when an engine is built (compile options): engine A is built inside the undo too, and dynamo's
 # caches are reset before engine B's first call
 AT_CONSTRUCTION = ("inductor_pdl",)
@@ -316,11 +289,9 @@ def main() -> None:
     if args.change in SWITCH_ON:
         import importlib
 
-        switches = SWITCH_ON[args.change]
-        for module, name, value in switches if isinstance(switches, list) else [switches]:
-            owner = importlib.import_module(module)
-            # a str that is another of the module's names: that constant's value
-            setattr(owner, name, getattr(owner, value) if isinstance(value, str) and hasattr(owner, value) else value)
+        module, name, value = SWITCH_ON[args.change]
+        owner = importlib.import_module(module)
+        setattr(owner, name, getattr(owner, value) if isinstance(value, str) else value)  # a str: another of its names
     model = build_model(w.preset, "cuda")
     obs, noise = random_observation(w, model.config, "cuda"), random_noise(w, model.config, "cuda")
     if args.change in AT_CONSTRUCTION:

@@ -429,65 +429,6 @@ def test_siglip_fc2_through_cublaslt_is_cuda_bf16_only_and_computes_fc2():
             cublaslt.library()
 
 
-def test_cublaslt_linears_named_in_lt_linears_stay_off_on_cpu_and_compute_the_same(monkeypatch):
-    """fusion.LT_LINEARS names the projections that go through cuBLASLt: on CPU weights none does, and
-    with the flags forced on, SigLIP's layer and Gemma's MLP compute what F.linear does (the op falls back)."""
-    from vlaperf.engine import fusion
-    from vlaperf.engine.fusion import build_weights
-    from vlaperf.engine.layers import gemma_mlp, siglip_layer_parts
-
-    monkeypatch.setattr(fusion, "LT_LINEARS", frozenset({"siglip.fc2", "siglip.out", "gemma.down"}))
-    w = build_weights(build_model("tiny", "cpu", torch.float32, seed=0), fuse=True)
-    sl, gl = w.vision[0], w.backbone[0]
-    assert (sl.fc2_lt, sl.out_lt, gl.down_lt) == (False, False, False)
-    x = torch.randn(2, 5, sl.fc2[0].shape[0])
-    h = torch.randn(2, 5, gl.down.shape[0])
-    off = siglip_layer_parts(sl, x, 1e-6, True), gemma_mlp(gl, h)
-    sl.fc2_lt = sl.out_lt = gl.down_lt = True
-    on = siglip_layer_parts(sl, x, 1e-6, True), gemma_mlp(gl, h)
-    assert all(torch.equal(a, b) for a, b in zip([*off[0], off[1]], [*on[0], on[1]]))
-
-
-def test_cublaslt_pick_fastest_times_the_zero_workspace_offers_once_and_never_while_compiling(monkeypatch):
-    """cublaslt.PICK: "first" keeps the heuristic's first offer that needs no workspace; "fastest" times
-    those offers (not one that needs workspace) and keeps the fastest, once per shape; inside the engine's
-    kernel-compile pass it uses the first offer for that call and keeps nothing; an unknown PICK is an error."""
-    from vlaperf.engine.kernels import cublaslt
-    from vlaperf.engine.kernels.launch import compile_only
-
-    offers = [cublaslt.Heuristic() for _ in range(4)]
-    offers[1].workspace_size = 4  # needs workspace: never a candidate
-    timed: list[list] = []
-
-    class FakeLt:
-        def __init__(self, M, K, N, bias=True):
-            self.shape, self.bias = (M, K, N), bias
-
-        def heuristics(self, bias=None):
-            return offers
-
-    def fake_time(lt, candidates, x, w, b):
-        timed.append(candidates)
-        return [5.0, 3.0, 4.0]
-
-    monkeypatch.setattr(cublaslt, "LtLinear", FakeLt)
-    monkeypatch.setattr(cublaslt, "time_algorithms", fake_time)
-    monkeypatch.setattr(cublaslt, "_chosen", {})
-    monkeypatch.setattr(cublaslt, "timings", {})
-    x, w = torch.randn(6, 8), torch.randn(3, 8)
-    assert cublaslt._choose(x, w, None, "first")[1] is offers[0] and not timed
-    with compile_only():
-        assert cublaslt._choose(x, w, None, "fastest")[1] is offers[0]
-    assert not timed and (6, 8, 3, False, None, "fastest") not in cublaslt._chosen
-    for _ in range(2):
-        assert cublaslt._choose(x, w, None, "fastest")[1] is offers[2]
-    assert timed == [[offers[0], offers[2], offers[3]]]  # timed once, the workspace offer left out
-    assert cublaslt.timings[(6, 8, 3, False, None, "fastest")] == [5.0, 3.0, 4.0]
-    monkeypatch.setattr(cublaslt, "PICK", "best")
-    with pytest.raises(ValueError, match="cublaslt.PICK: 'best', expected one of first, fastest"):
-        cublaslt.linear(x, w)
-
-
 def test_static_cache_keys_padded_to_alignment_change_nothing(monkeypatch):
     """The static cache holds Tp + Ts keys rounded up to KV_ALIGN (tiny: 40 + 11 -> 56); the
     padding keys are masked, so the actions equal those of an unpadded cache."""

@@ -40,7 +40,6 @@ class GemmaLayerW:
     num_heads: int
     num_kv_heads: int
     head_dim: int
-    down_lt: bool = False  # down through kernels/cublaslt.py (see LT_LINEARS)
 
 
 @dataclass
@@ -61,16 +60,6 @@ class SiglipLayerW:
     # fc2 through cuBLASLt's heuristic's first algorithm at a 32 MiB workspace limit (kernels/cublaslt.py), which
     # torch's own limit does not get: 13.3 against 15.4-16.0 us a layer on the H200 (fused bf16 weights on CUDA)
     fc2_lt: bool = False
-    out_lt: bool = False  # the attention's output projection through kernels/cublaslt.py (see LT_LINEARS)
-
-
-# Which projections go through kernels/cublaslt.py (fused bf16 weights on CUDA): "siglip.fc2" (version 105),
-# "siglip.out", "gemma.down" (version 106, with cublaslt.PICK "fastest": benchmarks/change_ab.py --change lt_fastest)
-LT_LINEARS = frozenset({"siglip.fc2"})
-
-
-def _through_lt(name: str, fuse: bool, weight: Tensor) -> bool:
-    return fuse and name in LT_LINEARS and weight.is_cuda and weight.dtype == torch.bfloat16
 
 
 def _wb(linear) -> tuple[Tensor, Tensor]:
@@ -88,8 +77,7 @@ def siglip_layer_weights(layer: SiglipLayer, fuse: bool) -> SiglipLayerW:
         ln1=_wb(layer.layer_norm1), qkv=qkv, q=q, k=k, v=v, out=_wb(a.out_proj),
         ln2=_wb(layer.layer_norm2), fc1=_wb(layer.mlp.fc1), fc2=_wb(layer.mlp.fc2), num_heads=a.num_heads,
         gelu_epilogue=fuse and layer.mlp.fc1.weight.is_cuda,
-        fc2_lt=_through_lt("siglip.fc2", fuse, layer.mlp.fc2.weight),
-        out_lt=_through_lt("siglip.out", fuse, a.out_proj.weight),
+        fc2_lt=fuse and layer.mlp.fc2.weight.is_cuda and layer.mlp.fc2.weight.dtype == torch.bfloat16,
     )
 
 
@@ -105,8 +93,7 @@ def gemma_layer_weights(layer: GemmaLayer, fuse: bool) -> GemmaLayerW:
     ada_in = None if not adaptive else _wb(layer.input_layernorm.dense)
     ada_post = None if not adaptive else _wb(layer.post_attention_layernorm.dense)
     common = dict(o=a.o_proj.weight, down=m.down_proj.weight, ada_in=ada_in, ada_post=ada_post,
-                  num_heads=a.num_heads, num_kv_heads=a.num_kv_heads, head_dim=a.head_dim,
-                  down_lt=_through_lt("gemma.down", fuse, m.down_proj.weight))
+                  num_heads=a.num_heads, num_kv_heads=a.num_kv_heads, head_dim=a.head_dim)
     if not fuse:
         return GemmaLayerW(in_scale=in_scale, qkv=None, q=a.q_proj.weight, k=a.k_proj.weight, v=a.v_proj.weight,
                            post_scale=post_scale, gate_up=None, gate=m.gate_proj.weight, up=m.up_proj.weight, **common)

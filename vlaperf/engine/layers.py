@@ -33,15 +33,6 @@ def adaptive_from_dense(x: Tensor, eps: float, dense: tuple[Tensor, Tensor], con
     return modulated(x, eps, scale, shift), gate.to(x.dtype)
 
 
-def linear(through_lt: bool, x: Tensor, w: Tensor, b: Tensor | None = None) -> Tensor:
-    """F.linear, or the same product through cuBLASLt with an algorithm of our choosing (fusion.LT_LINEARS)."""
-    if through_lt:
-        from vlaperf.engine.kernels.ops import lt_linear  # custom op: compile sees through
-
-        return lt_linear(x, w, b)
-    return F.linear(x, w, b)
-
-
 # ------------------------------------------------------------------------ SigLIP
 
 
@@ -60,9 +51,14 @@ def siglip_layer_parts(lw: SiglipLayerW, x: Tensor, eps: float, use_sdpa: bool) 
         q, k, v = F.linear(h, *lw.q), F.linear(h, *lw.k), F.linear(h, *lw.v)
     heads = lambda t: t.view(B, T, lw.num_heads, D // lw.num_heads).transpose(1, 2)  # noqa: E731
     out = attention(heads(q), heads(k), heads(v), None, use_sdpa)
-    x = x + linear(lw.out_lt, out.transpose(1, 2).reshape(B, T, D), *lw.out)
+    x = x + F.linear(out.transpose(1, 2).reshape(B, T, D), *lw.out)
     h = F.layer_norm(x, (D,), *lw.ln2, eps)
-    return x, linear(lw.fc2_lt, siglip_fc1_gelu(lw, h), *lw.fc2)
+    g = siglip_fc1_gelu(lw, h)
+    if lw.fc2_lt:
+        from vlaperf.engine.kernels.ops import lt_linear  # custom op: compile sees through
+
+        return x, lt_linear(g, *lw.fc2)
+    return x, F.linear(g, *lw.fc2)
 
 
 def siglip_fc1_gelu(lw: SiglipLayerW, h: Tensor) -> Tensor:
@@ -106,7 +102,7 @@ def gemma_mlp(lw: GemmaLayerW, h: Tensor) -> Tensor:
         gate, up = F.linear(h, lw.gate_up).chunk(2, dim=-1)
     else:
         gate, up = F.linear(h, lw.gate), F.linear(h, lw.up)
-    return linear(lw.down_lt, F.gelu(gate, approximate="tanh") * up, lw.down)
+    return F.linear(F.gelu(gate, approximate="tanh") * up, lw.down)
 
 
 def gemma_layer(*args, **kwargs) -> tuple[Tensor, tuple[Tensor, Tensor]]:

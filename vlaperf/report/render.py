@@ -836,8 +836,8 @@ def first_call_rows(results: list[tuple[str, dict]]) -> list[list]:
 
 def prefix_attention_probe_rows(r: dict) -> list[list]:
     """benchmarks/prefix_attention_probe.py rows: kernel, us, rel L2 against float32 (or its error)."""
-    return [[row["name"], row["us"], row["rel_l2_vs_fp32"]] if "us" in row else [row["name"], row.get("error", "-")[:90], "-"]
-            for row in r["rows"]]
+    return [[row["name"], round(row["us"], 2), f"{row['rel_l2_vs_fp32']:.1e}"] if "us" in row
+            else [row["name"], row.get("error", "-")[:90], "-"] for row in r["rows"]]
 
 
 def _first_call(doc: _Doc, items: list[tuple[str, dict]]) -> None:

@@ -17,7 +17,6 @@ and falls back to F.linear wherever cuBLASLt cannot serve (no CUDA, another dtyp
 
 from __future__ import annotations
 
-import contextlib
 import ctypes
 import threading
 
@@ -116,7 +115,7 @@ class LtLinear:
         _check(self.lib.cublasLtMatmulDescSetAttribute(self.desc, attr, ctypes.byref(value), ctypes.sizeof(value)),
                f"MatmulDescSetAttribute({attr})")
 
-    def heuristics(self, bias: torch.Tensor | None = None, workspace_bytes: int = HEURISTIC_WORKSPACE_BYTES,
+    def heuristics(self, bias: torch.Tensor | None, workspace_bytes: int = HEURISTIC_WORKSPACE_BYTES,
                    count: int = 16) -> list[Heuristic]:
         """The algorithms cuBLASLt's heuristic offers for this shape, best first (the bias pointer is
         set first: the heuristic reads its alignment)."""
@@ -168,90 +167,39 @@ class LtLinear:
             ctypes.c_void_p(torch.cuda.current_stream(out.device).cuda_stream)), "Matmul")
 
 
-# How `linear` picks a shape's algorithm among the heuristic's offers that need no workspace:
-#   "first":   the heuristic's first (SigLIP's fc2: session 23's version 105);
-#   "fastest": each offer timed once at the shape's first call outside a CUDA graph capture (CUDA events,
-#              interleaved rounds, the median), the fastest kept. Zero-workspace offers do not split K, so
-#              they sum in one order and give the same bits (cublaslt_probe.py: rel L2 0 between them): the
-#              pick moves the speed only. benchmarks/cublaslt_probe.py put SigLIP's o (1.043x), Gemma's
-#              down (1.022x) ahead of torch's kernel that way on the H200 (session 24, version 106).
-PICK = "first"
-PICKS = ("first", "fastest")
-TIMING_ROUNDS, TIMING_CALLS = 5, 10
-
-# (M, K, N, bias, device index, pick) -> (LtLinear, algorithm), or None where cuBLASLt offered none usable
+# (M, K, N, device index) -> (LtLinear, algorithm), or None where cuBLASLt offered none usable
 _chosen: dict[tuple, tuple[LtLinear, Heuristic] | None] = {}
-# the same keys -> each offer's median us a call, in the heuristic's order, where "fastest" timed them
-timings: dict[tuple, list[float]] = {}
 
 
-def time_algorithms(lt: LtLinear, offers: list[Heuristic], x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None,
-                    rounds: int = TIMING_ROUNDS, calls: int = TIMING_CALLS) -> list[float]:
-    """Each offer's median us a call on these operands: `rounds` rounds, in each every offer in turn
-    for `calls` calls between two CUDA events (interleaved, so a clock change hits all of them alike)."""
-    out = torch.empty(x.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
-    for h in offers:  # warm-up: each kernel loaded once
-        lt(h, x, w, b, out)
-    events = [[(torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)) for _ in range(rounds)]
-              for _ in offers]
-    for r in range(rounds):
-        for h, ev in zip(offers, events):
-            ev[r][0].record()
-            for _ in range(calls):
-                lt(h, x, w, b, out)
-            ev[r][1].record()
-    torch.cuda.synchronize(x.device)
-    return [sorted(s.elapsed_time(e) * 1000.0 / calls for s, e in ev)[rounds // 2] for ev in events]
-
-
-def _choose(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None, pick: str) -> tuple[LtLinear, Heuristic] | None:
-    """The algorithm for x (M, K) W^T (N, K): among the heuristic's offers that need no workspace (none to
-    own, none to share with torch's streams) when 32 MiB are allowed, the first or the fastest (`PICK`);
-    None (F.linear serves) if there is none or cuBLASLt fails. Nothing is kept while a CUDA graph is
-    being captured or in the engine's kernel-compile pass (whose stream runs beside the main thread's
-    work): there "fastest" cannot time, so the first offer serves that call and the next call decides."""
-    (M, K), N = x.shape, w.shape[0]
-    key = (M, K, N, b is not None, x.device.index, pick)
+def _choose(M: int, K: int, N: int, device: torch.device, bias: torch.Tensor) -> tuple[LtLinear, Heuristic] | None:
+    """The heuristic's first algorithm that needs no workspace (none to own, none to share with torch's
+    streams) when 32 MiB are allowed; None (F.linear serves) if there is none or cuBLASLt fails."""
+    key = (M, K, N, device.index)
     with _lock:
-        if key in _chosen:
-            return _chosen[key]
-    from vlaperf.engine.kernels.launch import compiling_only
-
-    provisional = pick == "fastest" and ((x.is_cuda and torch.cuda.is_current_stream_capturing()) or compiling_only())
-    try:
-        with torch.cuda.device(x.device) if x.is_cuda else contextlib.nullcontext():  # (tests run it on the CPU)
-            lt = LtLinear(M, K, N, bias=b is not None)
-            offers = [h for h in lt.heuristics(b) if h.workspace_size == 0]
-            if not offers:
-                choice = None
-            elif pick == "first" or provisional or len(offers) == 1:
-                choice = (lt, offers[0])
-            else:
-                us = time_algorithms(lt, offers, x, w, b)
-                choice = (lt, offers[us.index(min(us))])
-                with _lock:
-                    timings.setdefault(key, us)
-    except CublasLtError:
-        choice, provisional = None, False
-    if provisional:
-        return choice
-    with _lock:
-        return _chosen.setdefault(key, choice)
+        known = key in _chosen
+    if not known:
+        try:
+            with torch.cuda.device(device):
+                lt = LtLinear(M, K, N)
+                choice = next(((lt, h) for h in lt.heuristics(bias) if h.workspace_size == 0), None)
+        except CublasLtError:
+            choice = None
+        with _lock:
+            _chosen.setdefault(key, choice)
+    return _chosen[key]
 
 
-def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
-    """F.linear(x, w, b) through cuBLASLt's chosen algorithm for this shape (`PICK`) on CUDA in bf16;
-    F.linear itself elsewhere (CPU, other dtypes, no usable algorithm)."""
-    if PICK not in PICKS:
-        raise ValueError(f"cublaslt.PICK: {PICK!r}, expected one of {', '.join(PICKS)}")
-    if not (x.is_cuda and x.dtype == w.dtype == torch.bfloat16 and w.is_contiguous()
-            and (b is None or (b.dtype == torch.bfloat16 and b.is_contiguous()))):
+def linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+    """F.linear(x, w, b) through cuBLASLt's chosen algorithm for this shape on CUDA in bf16; F.linear
+    itself elsewhere (CPU, other dtypes, no usable algorithm)."""
+    if not (x.is_cuda and x.dtype == w.dtype == b.dtype == torch.bfloat16 and w.is_contiguous() and b.is_contiguous()):
         return F.linear(x, w, b)
     rows = x.reshape(-1, x.shape[-1]).contiguous()
-    choice = _choose(rows, w, b, PICK)
+    (M, K), N = rows.shape, w.shape[0]
+    choice = _choose(M, K, N, x.device, b)
     if choice is None:
         return F.linear(x, w, b)
     lt, h = choice
-    out = torch.empty(rows.shape[0], w.shape[0], dtype=x.dtype, device=x.device)
+    out = torch.empty(M, N, dtype=x.dtype, device=x.device)
     lt(h, rows, w, b, out)
-    return out.view(*x.shape[:-1], w.shape[0])
+    return out.view(*x.shape[:-1], N)

@@ -47,13 +47,13 @@ def _unit_stride(t: torch.Tensor) -> torch.Tensor:
 
 
 @torch.library.custom_op("vlaperf::lt_linear", mutates_args=())
-def lt_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor | None = None) -> torch.Tensor:
+def lt_linear(x: torch.Tensor, w: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
     """See kernels/cublaslt.py: F.linear(x, w, b) with cuBLASLt's algorithm chosen for the shape (F.linear off CUDA)."""
     return _cublaslt_module.linear(x, w, b)
 
 
 @lt_linear.register_fake
-def _(x, w, b=None):
+def _(x, w, b):
     return x.new_empty(*x.shape[:-1], w.shape[0])
 
 
