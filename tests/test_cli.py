@@ -72,6 +72,8 @@ def test_bad_arguments_exit_2_with_message(args, message, capsys):
     [
         (["serve", "--port", "70000"], "argument --port: expected an integer >= 0 and <= 65535, got 70000"),
         (["matrix", "--device", "cpu", "--variants", "for_loop;nope"], "--variants: unknown lever 'nope' in 'nope'"),
+        (["matrix", "--device", "cpu", "--variants", "for_loop,,sdpa"], "--variants: empty lever name in 'for_loop,,sdpa'"),
+        (["check", "--device", "cpu", "--levers", "for_loop,"], "empty lever name in 'for_loop,'"),
         (["scaling", "--device", "cpu", "--plot", "."], "argument --plot: expected a file path, got the folder '.'"),
         (["breakdown", "--device", "cpu", "--trace", "."], "argument --trace: expected a file path, got the folder"),
         (["report", ".", "-o", "."], "argument -o/--output: expected a file path, got the folder '.'"),

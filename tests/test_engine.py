@@ -511,3 +511,7 @@ def test_unknown_lever_agrees_with_the_parser():
         assert unknown_lever(spec) == name
         with pytest.raises(LeverError, match=f"unknown lever {name!r}"):
             Levers.parse(spec)
+    for spec in ("for_loop,,sdpa", "for_loop,", ",sdpa", ["for_loop", " "]):  # a name lost: both refuse it alike
+        for refuse in (unknown_lever, Levers.parse):
+            with pytest.raises(LeverError, match="empty lever name in .*two commas in a row, or one at an end"):
+                refuse(spec)

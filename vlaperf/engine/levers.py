@@ -60,10 +60,22 @@ class LeverError(ValueError):
     """A lever that does not exist, or cannot apply here; the message says why."""
 
 
+def lever_items(spec: "str | list[str] | tuple[str, ...]") -> list[str]:
+    """A lever list's items, stripped. An empty item among others ('for_loop,,sdpa', 'for_loop,') is an error:
+    a name was lost there; an empty list is no levers."""
+    raw = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec)]
+    items = [s for s in raw if s]
+    if items and len(items) != len(raw):
+        raise LeverError(f"empty lever name in {spec!r} (two commas in a row, or one at an end); "
+                         f"expected comma-separated names such as 'for_loop,sdpa'")
+    return items
+
+
 def unknown_lever(spec: str) -> str | None:
     """The first name in a lever list that `Levers.parse` would refuse as no lever (a preset only as the whole
-    list), or None: a typo, where a lever that cannot apply on this device is a row a matrix skips."""
-    items = [s.strip() for s in spec.split(",") if s.strip()]
+    list), or None: a typo, where a lever that cannot apply on this device is a row a matrix skips. An empty
+    name among others raises LeverError, as `Levers.parse` does."""
+    items = lever_items(spec)
     if len(items) == 1 and (items[0] in PRESETS or items[0] == "none"):
         return None
     return next((name for name in (item.partition("=")[0] for item in items) if name not in LEVERS), None)
@@ -99,7 +111,7 @@ class Levers:
             return spec
         if spec is None:
             return cls()
-        items = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec) if s.strip()]
+        items = lever_items(spec)
         if items in ([], ["none"], ["reference"]):
             return cls()
         on_gpu = torch.device(device).type == "cuda"

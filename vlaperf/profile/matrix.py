@@ -43,12 +43,16 @@ def check_variants(spec: str) -> None:
     """--variants' lever names, before anything is built: a name that is no lever is a typo and an error (a
     lever that cannot apply on the device is a row the matrix reports as skipped)."""
     from vlaperf.cli import CliError
-    from vlaperf.engine.levers import LEVERS, unknown_lever
+    from vlaperf.engine.levers import LEVERS, LeverError, unknown_lever
 
     if spec in ("cumulative", "grid"):
         return
     for item in (s.strip() for s in spec.split(";")):
-        if (name := unknown_lever(item)) is not None:
+        try:
+            name = unknown_lever(item)
+        except LeverError as e:
+            raise CliError(f"--variants: {e}") from None
+        if name is not None:
             raise CliError(f"--variants: unknown lever {name!r} in {item!r}; expected 'cumulative', 'grid' or "
                            f"';'-separated lists of: {', '.join(LEVERS)} (or 'best', 'graph', 'exact', 'reference')")
 
