@@ -121,9 +121,86 @@ def test_inapplicable_levers_fail_clearly(tiny_model):
         Levers.parse("fuse_projections,static_kv_cache,megakernel").check("cpu")
 
 
-def test_bad_steps(tiny_model, tiny_inputs):
-    with pytest.raises(ValueError, match="num_steps must be >= 1"):
-        Engine(tiny_model, "for_loop").sample_actions(*tiny_inputs, num_steps=0)
+def test_bad_sample_inputs_are_named_errors_on_both_paths(tiny_model, tiny_inputs):
+    """The reference and the engine refuse a wrong argument before any layer runs, naming it (a negative
+    num_steps used to make the reference's `while` loop forever; a wrong shape failed inside a matmul)."""
+    import dataclasses
+
+    obs, noise = tiny_inputs
+    cfg = tiny_model.config
+    B, S = obs.images.shape[:2]
+    bad_obs = [
+        (dict(images=obs.images[..., :20, :20]), "obs.images: expected a float tensor"),
+        (dict(images=obs.images.to(torch.uint8)), "obs.images: expected a float tensor"),
+        (dict(image_mask=obs.image_mask.float()), "obs.image_mask: expected a bool tensor"),
+        (dict(tokens=obs.tokens.float()), "obs.tokens: expected an integer tensor"),
+        (dict(token_mask=obs.token_mask[:, :3]), "obs.token_mask: expected a bool tensor"),
+        (dict(host_image_valid=(True,) * (S + 1)), "obs.host_image_valid: expected one flag per image slot"),
+    ]
+    if not cfg.pi05:  # pi0.5's state goes into the prompt; pi0 projects the padded state
+        bad_obs.append((dict(state=obs.state[:, :3]), f"obs.state: expected a float tensor \\(B, {cfg.action_dim}\\)"))
+    engine = Engine(tiny_model, "for_loop")
+    for sample in (tiny_model.sample_actions, engine.sample_actions):
+        for steps in (0, -3, 2.5, True):
+            with pytest.raises(ValueError, match=f"num_steps: expected an integer >= 1, got {steps!r}"):
+                sample(obs, noise, steps)
+        for change, message in bad_obs:
+            with pytest.raises(ValueError, match=message):
+                sample(dataclasses.replace(obs, **change), noise, 2)
+        with pytest.raises(ValueError, match=r"noise: expected a float tensor \(%d, %d, %d\)" % (B, cfg.action_horizon, cfg.action_dim)):
+            sample(obs, noise[:, :, :3], 2)
+        with pytest.raises(TypeError, match="obs.state: expected a torch.Tensor"):
+            sample(dataclasses.replace(obs, state=obs.state.numpy()), noise, 2)
+
+
+def test_engine_calls_from_two_threads_get_their_own_actions(tiny_model, tiny_workload):
+    """The static KV cache is the engine's own buffer: calls from several threads take turns (they once
+    overwrote each other's cache and returned wrong actions with no error)."""
+    import threading
+
+    engine = Engine(tiny_model, "exact")
+    cases = [(random_observation(tiny_workload, tiny_model.config, seed=s), random_noise(tiny_workload, tiny_model.config, seed=s))
+             for s in (1, 2)]
+    expected = [engine.sample_actions(o, n, 3) for o, n in cases]
+    wrong = []
+
+    def run(i: int) -> None:
+        for _ in range(6):
+            out = engine.sample_actions(*cases[i], 3)
+            wrong.append(not torch.equal(out, expected[i]))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in (0, 1)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert len(wrong) == 12 and not any(wrong)
+
+
+def test_engine_joins_the_inductor_warmup_thread_before_torch_compile(tiny_model, monkeypatch):
+    """The warm-up thread imports inductor; torch.compile in the constructor imports it too. Both at once
+    raised a circular ImportError ("partially initialized module"), so the constructor waits for the thread."""
+    import threading
+
+    from vlaperf.engine import compile as compile_module
+
+    started = []
+
+    def slow_warmup():
+        t = threading.Thread(target=lambda: __import__("time").sleep(0.3))
+        t.start()
+        started.append(t)
+        return t
+
+    def fake_compile_fn(fn, *args, **kwargs):
+        assert started and not started[0].is_alive(), "torch.compile while the warm-up thread still runs"
+        return fn
+
+    monkeypatch.setattr(compile_module, "compile_blockers", lambda *a: [])
+    monkeypatch.setattr(compile_module, "start_inductor_warmup", slow_warmup)
+    monkeypatch.setattr(compile_module, "compile_fn", fake_compile_fn)
+    engine = Engine(tiny_model, "for_loop,sdpa,compile=default", compile_backend="inductor")
+    assert started and engine._inductor_warmup is None
 
 
 def test_reference_weights_untouched(tiny_model, tiny_inputs, tiny_workload):

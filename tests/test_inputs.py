@@ -100,6 +100,11 @@ def test_resize_with_pad_keeps_aspect(libero):
         (lambda e: e.__setitem__("observation/wrist_image", np.zeros((224, 224, 4), np.uint8)), "3 colour channels"),
         (lambda e: e.__setitem__("prompt", 42), "prompt: expected a string"),
         (lambda e: e.__setitem__("observation/state", np.array(["a"] * 8)), "1-d numeric array"),
+        (lambda e: e.__setitem__("observation/image", np.full((64, 64, 3), 254.0, np.float32)),
+         r"observation/image: float pixels must be in \[0, 1\], got 254..254 \(send uint8 for 0..255\)"),
+        (lambda e: e.pop("prompt"), "prompt: missing; an observation carries its task instruction as 'prompt'"),
+        (lambda e: e.__setitem__("prompt", np.array(["a", "b"])), r"prompt: expected a string, got an array of shape \(2,\)"),
+        (lambda e: e.__setitem__("prompt", "a " * 5000), "prompt: 10000 characters, expected at most 4096"),
     ],
 )
 def test_bad_inputs_name_the_field(libero, edit, message):
@@ -108,6 +113,45 @@ def test_bad_inputs_name_the_field(libero, edit, message):
     edit(ex)
     with pytest.raises(InputError, match=message):
         tr(ex)
+
+
+def test_either_image_layout_and_float_pixels_in_range_are_taken(libero):
+    """openpi's image parsing takes (3, H, W) and (H, W, 3) alike; so does the transform, for any camera.
+    Float pixels in [0, 1] (up to FLOAT_PIXEL_SLACK outside) read as the same image in uint8."""
+    w, tr = libero
+    ex = make_example(w)
+    hwc = ex["observation/image"]
+    base = tr(ex).images
+    ex["observation/image"] = np.ascontiguousarray(hwc.transpose(2, 0, 1))  # channels first
+    assert torch.equal(tr(ex).images, base)
+    ex["observation/image"] = hwc.astype(np.float32) / 255 + 5e-4  # a rounding's overshoot stays in range
+    assert (tr(ex).images - base).abs().max() <= 2 / 127.5
+
+
+def test_tokenizer_ids_outside_the_vocabulary_are_refused(libero):
+    """A custom tokenizer's out-of-range id fails at tokenization, naming the tokenizer (the embedding would
+    index out of range later: on CUDA a device-side assert that ends the process)."""
+    w, tr = libero
+
+    class Wrong:
+        def encode(self, text):
+            return [1, 5000]
+
+    bad = ObservationTransform(w, tr.config, Wrong())
+    with pytest.raises(ValueError, match=r"tokenizer Wrong: encode\('.*'\) gave the id 5000, expected integers in \[0, 1024\)"):
+        bad(make_example(w))
+    for example in (None, 3, "obs"):
+        with pytest.raises(InputError, match="observation must be a dict"):
+            tr(example)
+
+
+def test_policy_refuses_a_bad_step_count():
+    w = get_workload("tiny")
+    model = build_model("tiny")
+    assert Policy(model, model.sample_actions, w).num_steps == w.steps
+    for steps in (0, -1, 2.5):
+        with pytest.raises(ValueError, match=f"num_steps: expected an integer >= 1 .*got {steps!r}"):
+            Policy(model, model.sample_actions, w, num_steps=steps)
 
 
 def test_policy_infer_returns_robot_actions():

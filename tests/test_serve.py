@@ -279,6 +279,22 @@ def test_security_defaults(model):
     PolicyServer(fixed_noise_policy(model), host="0.0.0.0", port=0, allow_unauthenticated_remote=True)
 
 
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(port=70000), r"port must be an integer in \[0, 65535\]"),
+    (dict(port=-5), r"port must be an integer in \[0, 65535\]"),
+    (dict(max_wait_ms="5"), "max_wait_ms must be a finite number >= 0, got '5'"),
+    (dict(max_wait_ms=float("nan")), "max_wait_ms must be a finite number >= 0"),
+    (dict(warmup_batch_sizes=(1, 100)), r"warmup_batch_sizes must hold integers in \[1, max_batch=8\], got 100"),
+    (dict(warmup_batch_sizes=(0,)), r"warmup_batch_sizes must hold integers in \[1, max_batch=8\], got 0"),
+])
+def test_server_constructor_refuses_bad_settings(model, kwargs, message):
+    """Settings are checked when the server is built (they used to fail at start, or be clamped or dropped)."""
+    with pytest.raises(ValueError, match=message):
+        PolicyServer(fixed_noise_policy(model), **kwargs)
+    assert PolicyServer(fixed_noise_policy(model), port=0, max_batch=4).warmup_batch_sizes == (1, 4)  # as vlaperf serve
+    assert PolicyServer(fixed_noise_policy(model), port=0, warmup_batch_sizes=()).warmup_batch_sizes == ()
+
+
 # ----------------------------------------------------------------------------- batching
 
 

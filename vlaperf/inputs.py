@@ -91,9 +91,16 @@ class WordHashTokenizer:
         return ids + [self.NEWLINE]
 
 
-def tokenize_prompt(tokenizer: Tokenizer, prompt: str, slots: int) -> tuple[np.ndarray, np.ndarray]:
-    """ids and mask, each (slots,), right-padded with 0; too long prompts are cut (as openpi does)."""
-    ids = tokenizer.encode(prompt)[:slots]
+def tokenize_prompt(tokenizer: Tokenizer, prompt: str, slots: int, vocab_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+    """ids and mask, each (slots,), right-padded with 0; too long prompts are cut (as openpi does). With
+    `vocab_size`, an id outside [0, vocab_size) is a ValueError naming the tokenizer (the embedding would fail
+    later, on CUDA as a device-side assert that ends the process)."""
+    ids = list(tokenizer.encode(prompt)[:slots])
+    if vocab_size is not None:
+        bad = next((i for i in ids if not isinstance(i, (int, np.integer)) or not 0 <= i < vocab_size), None)
+        if bad is not None:
+            raise ValueError(f"tokenizer {type(tokenizer).__name__}: encode({prompt[:40]!r}) gave the id {bad!r}, "
+                             f"expected integers in [0, {vocab_size}) (the model's vocabulary)")
     tokens = np.zeros(slots, dtype=np.int64)
     mask = np.zeros(slots, dtype=bool)
     tokens[: len(ids)] = ids
@@ -201,15 +208,19 @@ def _get(example: dict, key: str) -> Any:
 
 
 def _image(value: Any, key: str, channels_first: bool) -> np.ndarray:
+    """One camera image as (H, W, 3) uint8 (a view where it can be). Either layout is taken, (H, W, 3) or
+    (3, H, W), whichever has the 3 colour channels, as openpi's image parsing does; `channels_first`
+    (ALOHA's layout) only decides which one names the error. Float pixels must be in [0, 1]."""
     arr = np.asarray(value)
+    layout = "3, H, W" if channels_first else "H, W, 3"
     if arr.dtype == object:
         raise InputError(f"{key}: expected a uint8 or float image array, got an object array")
     if arr.ndim != 3:
-        raise InputError(f"{key}: expected a 3-d image ({'3, H, W' if channels_first else 'H, W, 3'}), got shape {arr.shape}")
-    if channels_first:
+        raise InputError(f"{key}: expected a 3-d image ({layout}), got shape {arr.shape}")
+    if arr.shape[0] == 3 and arr.shape[-1] != 3:
         arr = arr.transpose(1, 2, 0)
     if arr.shape[-1] != 3:
-        raise InputError(f"{key}: expected 3 colour channels, got shape {arr.shape}")
+        raise InputError(f"{key}: expected 3 colour channels ({layout}), got shape {arr.shape}")
     if not (4 <= arr.shape[0] <= 4096 and 4 <= arr.shape[1] <= 4096):
         raise InputError(f"{key}: image size {arr.shape[:2]} out of range [4, 4096]")
     if arr.dtype == np.uint8:
@@ -217,9 +228,19 @@ def _image(value: Any, key: str, channels_first: bool) -> np.ndarray:
     if np.issubdtype(arr.dtype, np.floating):
         if not np.isfinite(arr).all():
             raise InputError(f"{key}: image holds NaN or inf")
+        lo, hi = float(arr.min()), float(arr.max())
+        if lo < -FLOAT_PIXEL_SLACK or hi > 1.0 + FLOAT_PIXEL_SLACK:
+            raise InputError(f"{key}: float pixels must be in [0, 1], got {lo:.4g}..{hi:.4g} (send uint8 for 0..255)")
         # openpi accepts float images in [0, 1]; convert like its transform does.
         return (np.clip(arr, 0.0, 1.0) * 255).astype(np.uint8)
     raise InputError(f"{key}: expected uint8 or float pixels, got dtype {arr.dtype}")
+
+
+# Float pixels this far outside [0, 1] (a resize's overshoot, rounding) are clipped; beyond it they are an error
+FLOAT_PIXEL_SLACK = 1e-3
+# A prompt longer than this many characters is refused before it is tokenized: the model keeps at most 48 tokens
+# (pi0.5: 200), and tokenizing megabytes of text on the inference thread held every other client up for seconds
+MAX_PROMPT_CHARS = 4096
 
 
 class ObservationTransform:
@@ -280,13 +301,21 @@ class ObservationTransform:
         return state32
 
     def _prompt(self, example: dict) -> str:
-        prompt = example.get("prompt", "")
+        """The task instruction: required, as openpi's transforms require it (send "" for none)."""
+        if "prompt" not in example:
+            raise InputError("prompt: missing; an observation carries its task instruction as 'prompt' (a string; "
+                             "'' for none)")
+        prompt = example["prompt"]
         if isinstance(prompt, bytes):
             prompt = prompt.decode("utf-8", "replace")
-        if isinstance(prompt, np.ndarray) and prompt.dtype.kind in "US":
+        if isinstance(prompt, np.ndarray) and prompt.dtype.kind in "US" and prompt.ndim == 0:
             prompt = str(prompt)
         if not isinstance(prompt, str):
-            raise InputError(f"prompt: expected a string, got {type(prompt).__name__}")
+            got = f"an array of shape {prompt.shape}" if isinstance(prompt, np.ndarray) else type(prompt).__name__
+            raise InputError(f"prompt: expected a string, got {got}")
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise InputError(f"prompt: {len(prompt)} characters, expected at most {MAX_PROMPT_CHARS} (the model keeps "
+                             f"{self.workload.prompt_slots} tokens)")
         return prompt
 
     def validate(self, example: dict) -> None:
@@ -305,7 +334,7 @@ class ObservationTransform:
 
     def host_arrays(self, examples: dict | list[dict]) -> "HostBatch":
         """Validate, tokenize and pad on the host: numpy arrays, nothing on the device yet."""
-        batch = [examples] if isinstance(examples, dict) else list(examples)
+        batch = [examples] if isinstance(examples, dict) else list(examples) if isinstance(examples, (list, tuple)) else None
         if not batch or not all(isinstance(e, dict) for e in batch):
             raise InputError("observation must be a dict (or a non-empty list of dicts)")
         cfg = self.config
@@ -316,7 +345,7 @@ class ObservationTransform:
             prompt = self._prompt(ex)
             if cfg.pi05:
                 prompt = f"Task: {prompt.strip()}, {state_prompt(state)}\nAction: "
-            ids, mask = tokenize_prompt(self.tokenizer, prompt, self.workload.prompt_slots)
+            ids, mask = tokenize_prompt(self.tokenizer, prompt, self.workload.prompt_slots, cfg.backbone.vocab_size)
             padded = np.zeros(cfg.action_dim, dtype=np.float32)
             padded[: state.shape[0]] = state
             hb.pixels.append(slots)

@@ -43,7 +43,10 @@ class Policy:
         self.model, self.sample, self.workload, self.verify = model, sample, workload, verify
         self.device = model.action_in_proj.weight.device
         self.transform = ObservationTransform(workload, model.config, tokenizer, self.device)
-        self.num_steps = num_steps or workload.steps
+        self.num_steps = workload.steps if num_steps is None else num_steps
+        if isinstance(self.num_steps, bool) or not isinstance(self.num_steps, int) or self.num_steps < 1:
+            raise ValueError(f"num_steps: expected an integer >= 1 (or None: the workload's {workload.steps}), "
+                             f"got {num_steps!r}")
         self.noise = noise
 
     def infer(self, example: dict[str, Any] | list[dict[str, Any]]) -> dict[str, Any]:

@@ -11,6 +11,7 @@ A process that only serves the engine may then free the copied originals with
 
 from __future__ import annotations
 
+import threading
 import time
 from functools import partial
 from typing import Callable
@@ -25,7 +26,7 @@ from vlaperf.engine.levers import Levers
 from vlaperf.engine.loop import SuffixContext, denoise_step
 from vlaperf.engine.prefix import PLAIN_BLOCKS, PrefixBlocks, PrefixPlan, embed_prefix, plan_prefix, prefill
 from vlaperf.inputs import Observation
-from vlaperf.models.pi0 import Pi0Model
+from vlaperf.models.pi0 import Pi0Model, check_sample_inputs
 
 
 # Worker processes that compile the engine's Triton kernels during the first call of a compiled
@@ -55,7 +56,7 @@ class Engine:
         if self.levers.compile and compile_backend == "inductor":
             from vlaperf.engine.compile import compile_blockers, start_inductor_warmup
 
-            if not compile_blockers():  # beside the weights' preparation below; joined by the first call
+            if not compile_blockers():  # beside the weights' preparation below; joined before torch.compile
                 self._inductor_warmup = start_inductor_warmup()
                 kernels = self.levers.triton_kernels or self.levers.megakernel
                 if COMPILE_WORKERS and self.device.type == "cuda" and self.levers.cuda_graph and kernels:
@@ -71,6 +72,7 @@ class Engine:
         self._kv: dict[tuple, tuple[Tensor, Tensor]] = {}
         self.graphs = GraphCache() if self.levers.cuda_graph else None
         self.last_plan: PrefixPlan | None = None
+        self._call_lock = threading.RLock()  # one call at a time (sample_actions)
         # Stage boundaries for the profiler: called with a stage name where that stage
         # starts ("embed_prefix", "prefill", "denoise_step_<i>") and "end" after the last.
         # Only on the plain path (it is not called inside a CUDA graph or compiled code).
@@ -79,6 +81,9 @@ class Engine:
         self._blocks = PLAIN_BLOCKS
         self._step = self._step_eager = partial(denoise_step, model, self.weights, kernels=self.levers.triton_kernels,
                                                 megakernel=self.levers.megakernel)
+        if self._inductor_warmup is not None:  # torch.compile below imports what that thread imports: never both at once
+            self._inductor_warmup.join()
+            self._inductor_warmup = None
         if self.levers.compile:
             from vlaperf.engine.compile import compile_fn, wants_pdl
 
@@ -124,16 +129,18 @@ class Engine:
 
     @torch.no_grad()
     def sample_actions(self, obs: Observation, noise: Tensor | None = None, num_steps: int = 10) -> Tensor:
-        """Actions (B, H, A) float32, the same function as `model.sample_actions`."""
-        if num_steps < 1:
-            raise ValueError(f"num_steps must be >= 1, got {num_steps}")
+        """Actions (B, H, A) float32, the same function as `model.sample_actions`. Calls from several
+        threads take turns: the static KV cache, the CUDA graphs' input buffers and the schedule
+        tables are the engine's own, one set per shape, so two calls at once would write each other's."""
+        check_sample_inputs(self.model.config, obs, noise, num_steps, self.device)
+        with self._call_lock:
+            return self._sample_actions(obs, noise, num_steps)
+
+    def _sample_actions(self, obs: Observation, noise: Tensor | None, num_steps: int) -> Tensor:
         cfg = self.model.config
         if noise is None:
             noise = torch.randn(obs.batch, cfg.action_horizon, cfg.action_dim, device=self.device)
         lv = self.levers
-        if self._inductor_warmup is not None:
-            self._inductor_warmup.join()
-            self._inductor_warmup = None
         plan = plan_prefix(obs, lv.skip_masked_images, lv.trim_prompt_padding)
         self.last_plan = plan
         inputs = [obs.images, obs.image_mask, obs.tokens, obs.token_mask, obs.state, noise]

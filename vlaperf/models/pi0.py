@@ -433,6 +433,50 @@ def joint_layer(
 # ------------------------------------------------------------------------ the model
 
 
+def _shape(t: Tensor) -> str:
+    return f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)} on {t.device}"
+
+
+def check_sample_inputs(cfg: Pi0Config, obs, noise: Tensor | None, num_steps: int, device: torch.device) -> None:
+    """`sample_actions`' arguments against the model, on the host (dtypes, shapes, devices: nothing is read
+    from the device, so no sync). A wrong one is a ValueError or TypeError naming it and what was expected,
+    not an error from inside a layer; a negative num_steps would make the reference's `while` never end."""
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
+        raise ValueError(f"num_steps: expected an integer >= 1, got {num_steps!r}")
+    fields = ("images", "image_mask", "tokens", "token_mask", "state")
+    for name in fields:
+        if not isinstance(getattr(obs, name, None), Tensor):
+            raise TypeError(f"obs.{name}: expected a torch.Tensor (an inputs.Observation), got "
+                            f"{type(getattr(obs, name, None)).__name__}")
+    for name in fields:
+        if getattr(obs, name).device != device:
+            raise ValueError(f"obs.{name}: on {getattr(obs, name).device}, the model is on {device}")
+    state, images, tokens = obs.state, obs.images, obs.tokens
+    if state.dim() != 2 or not state.is_floating_point() or (not cfg.pi05 and state.shape[1] != cfg.action_dim):
+        width = "state_dim" if cfg.pi05 else cfg.action_dim
+        raise ValueError(f"obs.state: expected a float tensor (B, {width}) (pi0 pads the state to the action dim), "
+                         f"got {_shape(state)}")
+    B, R = state.shape[0], cfg.vision.image_size
+    if images.dim() != 5 or images.shape[0] != B or tuple(images.shape[2:]) != (3, R, R) or not images.is_floating_point():
+        raise ValueError(f"obs.images: expected a float tensor (B={B}, slots, 3, {R}, {R}) in [-1, 1], got {_shape(images)}")
+    if obs.image_mask.dtype != torch.bool or tuple(obs.image_mask.shape) != (B, images.shape[1]):
+        raise ValueError(f"obs.image_mask: expected a bool tensor ({B}, {images.shape[1]}), got {_shape(obs.image_mask)}")
+    if tokens.dim() != 2 or tokens.shape[0] != B or tokens.is_floating_point() or tokens.is_complex() \
+            or tokens.dtype == torch.bool:
+        raise ValueError(f"obs.tokens: expected an integer tensor (B={B}, L), got {_shape(tokens)}")
+    if obs.token_mask.dtype != torch.bool or obs.token_mask.shape != tokens.shape:
+        raise ValueError(f"obs.token_mask: expected a bool tensor {tuple(tokens.shape)}, got {_shape(obs.token_mask)}")
+    valid = getattr(obs, "host_image_valid", None)
+    if valid is not None and len(valid) != images.shape[1]:
+        raise ValueError(f"obs.host_image_valid: expected one flag per image slot ({images.shape[1]}), got {len(valid)}")
+    if noise is not None:
+        expected = (B, cfg.action_horizon, cfg.action_dim)
+        if not isinstance(noise, Tensor) or not noise.is_floating_point() or tuple(noise.shape) != expected \
+                or noise.device != device:
+            got = _shape(noise) if isinstance(noise, Tensor) else type(noise).__name__
+            raise ValueError(f"noise: expected a float tensor {expected} on {device}, got {got}")
+
+
 class Pi0Model(nn.Module):
     """pi0 / pi0.5 policy. Weights are random unless a checkpoint is loaded."""
 
@@ -585,8 +629,9 @@ class Pi0Model(nn.Module):
             raise RuntimeError("this model's reference weights were released (Engine.release_reference_weights, "
                                "which `vlaperf serve` calls after its equivalence check); build the model again to run "
                                "the reference path")
+        device = self.action_in_proj.weight.device
+        check_sample_inputs(self.config, obs, noise, num_steps, device)
         B = obs.state.shape[0]
-        device = obs.state.device
         if noise is None:
             noise = torch.randn(B, self.config.action_horizon, self.config.action_dim, device=device)
         prefix, pad, att = self.embed_prefix(obs)

@@ -41,6 +41,7 @@ import http
 import ipaddress
 import itertools
 import logging
+import math
 import signal
 import threading
 import time
@@ -124,7 +125,7 @@ class PolicyServer:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         *,
         max_list_items: int = 64,
-        warmup_batch_sizes: tuple[int, ...] | list[int] = (1,),
+        warmup_batch_sizes: tuple[int, ...] | list[int] | None = None,
         metadata: dict | None = None,
         allow_unauthenticated_remote: bool = False,
         drain_timeout_s: float = 30.0,
@@ -139,6 +140,9 @@ class PolicyServer:
 
         `on_ready(server)` is called (on the event loop) once the server listens.
 
+        `warmup_batch_sizes`: the batch sizes warmed up (compiled, captured) before the server listens;
+        None is 1 and max_batch, as `vlaperf serve` does; () warms up nothing.
+
         Security defaults: binds to loopback; binding any other address without an
         `api_key` raises ValueError unless `allow_unauthenticated_remote=True`.
         """
@@ -150,8 +154,15 @@ class PolicyServer:
             raise TypeError("policy must be a Policy (with .infer) or a zero-argument factory returning one")
         if not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
-        if not max_wait_ms >= 0:
-            raise ValueError(f"max_wait_ms must be >= 0, got {max_wait_ms!r}")
+        if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
+            raise ValueError(f"port must be an integer in [0, 65535] (0: any free port), got {port!r}")
+        if isinstance(max_wait_ms, bool) or not isinstance(max_wait_ms, (int, float)) or not 0 <= max_wait_ms < math.inf:
+            raise ValueError(f"max_wait_ms must be a finite number >= 0, got {max_wait_ms!r}")
+        if warmup_batch_sizes is None:
+            warmup_batch_sizes = (1, max_batch)
+        bad = [b for b in warmup_batch_sizes if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= max_batch]
+        if bad:
+            raise ValueError(f"warmup_batch_sizes must hold integers in [1, max_batch={max_batch}], got {bad[0]!r}")
         if not isinstance(max_message_bytes, int) or max_message_bytes < 1024:
             raise ValueError(f"max_message_bytes must be an integer >= 1024, got {max_message_bytes!r}")
         if not isinstance(max_list_items, int) or max_list_items < 1:
@@ -166,7 +177,7 @@ class PolicyServer:
         self.host, self.port, self.api_key = host, port, api_key
         self.max_batch, self.max_wait_ms = max_batch, float(max_wait_ms)
         self.max_message_bytes, self.max_list_items = max_message_bytes, max_list_items
-        self.warmup_batch_sizes = tuple(sorted({min(int(b), max_batch) for b in warmup_batch_sizes if int(b) >= 1}))
+        self.warmup_batch_sizes = tuple(sorted(set(warmup_batch_sizes)))
         self.drain_timeout_s, self.inline_decode_bytes = drain_timeout_s, inline_decode_bytes
         self._extra_metadata = dict(metadata or {})
         self._on_ready = on_ready
