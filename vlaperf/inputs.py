@@ -15,6 +15,7 @@ import hashlib
 import re
 import threading
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Protocol
 
 import numpy as np
@@ -60,10 +61,47 @@ class Observation:
 
 class Tokenizer(Protocol):
     """Anything that turns a prompt string into token ids. vlaperf ships a stand-in
-    (`WordHashTokenizer`); pass the real PaliGemma sentencepiece tokenizer for real
-    checkpoints, e.g. `lambda s: sp.encode(s)` wrapped in a class with `encode`."""
+    (`WordHashTokenizer`) and `PaligemmaTokenizer` (the real sentencepiece model, for real
+    checkpoints). A tokenizer may also have `encode_with_state(task, state)` for pi0.5, whose
+    prompt carries the discretised state; without it the transform builds that text and calls
+    `encode`."""
 
     def encode(self, text: str) -> list[int]: ...
+
+
+class PaligemmaTokenizer:
+    """PaliGemma's sentencepiece model (`paligemma_tokenizer.model`, which openpi fetches beside its
+    checkpoints) with openpi's prompt conventions: the task cleaned (stripped; '_' and newlines as
+    spaces), BOS first; pi0 ends with the newline token, pi0.5's prompt is "Task: <task>, State: <bins>;
+    \\nAction: " (the normalized state in 256 bins over [-1, 1]). Needs `pip install sentencepiece`
+    (`vlaperf[tokenizer]`)."""
+
+    def __init__(self, model_file: str | Path):
+        try:
+            import sentencepiece
+        except ImportError:
+            raise ImportError("PaligemmaTokenizer needs sentencepiece: pip install sentencepiece "
+                              "(or vlaperf[tokenizer])") from None
+        path = Path(model_file)
+        if not path.is_file():
+            raise FileNotFoundError(f"tokenizer model {str(path)!r}: no such file (PaliGemma's "
+                                    "paligemma_tokenizer.model)")
+        try:
+            self.sp = sentencepiece.SentencePieceProcessor(model_file=str(path))
+        except (OSError, RuntimeError) as e:
+            raise ValueError(f"tokenizer model {str(path)!r}: not a sentencepiece model ({e})") from None
+        self.vocab_size = self.sp.vocab_size()
+        self.source = str(path)
+
+    @staticmethod
+    def clean(task: str) -> str:
+        return task.strip().replace("_", " ").replace("\n", " ")
+
+    def encode(self, text: str) -> list[int]:
+        return self.sp.encode(self.clean(text), add_bos=True) + self.sp.encode("\n")
+
+    def encode_with_state(self, task: str, state: np.ndarray) -> list[int]:
+        return self.sp.encode(f"Task: {self.clean(task)}, {state_prompt(state)}\nAction: ", add_bos=True)
 
 
 class WordHashTokenizer:
@@ -91,11 +129,19 @@ class WordHashTokenizer:
         return ids + [self.NEWLINE]
 
 
-def tokenize_prompt(tokenizer: Tokenizer, prompt: str, slots: int, vocab_size: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+def tokenize_prompt(tokenizer: Tokenizer, prompt: str, slots: int, vocab_size: int | None = None,
+                    state: np.ndarray | None = None) -> tuple[np.ndarray, np.ndarray]:
     """ids and mask, each (slots,), right-padded with 0; too long prompts are cut (as openpi does). With
-    `vocab_size`, an id outside [0, vocab_size) is a ValueError naming the tokenizer (the embedding would fail
-    later, on CUDA as a device-side assert that ends the process)."""
-    ids = list(tokenizer.encode(prompt)[:slots])
+    `state` (pi0.5), the prompt carries it: the tokenizer's `encode_with_state`, or the same text through
+    `encode`. With `vocab_size`, an id outside [0, vocab_size) is a ValueError naming the tokenizer (the
+    embedding would fail later, on CUDA as a device-side assert that ends the process)."""
+    if state is None:
+        ids = tokenizer.encode(prompt)
+    elif hasattr(tokenizer, "encode_with_state"):
+        ids = tokenizer.encode_with_state(prompt, state)
+    else:
+        ids = tokenizer.encode(f"Task: {prompt.strip()}, {state_prompt(state)}\nAction: ")
+    ids = list(ids[:slots])
     if vocab_size is not None:
         bad = next((i for i in ids if not isinstance(i, (int, np.integer)) or not 0 <= i < vocab_size), None)
         if bad is not None:
@@ -251,12 +297,18 @@ class ObservationTransform:
     pi0.5), pads the state, and fills absent camera slots with a masked zero image.
     """
 
-    def __init__(self, workload: Workload, config: Pi0Config, tokenizer: Tokenizer | None = None, device="cpu"):
+    def __init__(self, workload: Workload, config: Pi0Config, tokenizer: Tokenizer | None = None, device="cpu",
+                 norm_stats=None):
+        """`norm_stats`: a `vlaperf.normalize.NormStats`; the state is normalized with it before it is padded
+        (and, for pi0.5, discretised into the prompt), as openpi's Normalize does."""
         if workload.state_dim > config.action_dim:
             raise ValueError(f"workload {workload.id!r} has a {workload.state_dim}-d state, more than model "
                              f"{config.name!r} pads to ({config.action_dim})")
         self.workload, self.config, self.device = workload, config, torch.device(device)
         self.tokenizer = tokenizer or WordHashTokenizer(config.backbone.vocab_size)
+        self.norm_stats = norm_stats
+        if norm_stats is not None:
+            norm_stats.check_dims(workload.state_dim)
         self._host_buffer: Tensor | None = None  # upload's staging buffer (pinned on CUDA)
         self._staged: torch.cuda.Event | None = None  # the last copy out of it
         self._staging_lock = threading.Lock()  # one caller at a time fills and sends the buffer
@@ -342,10 +394,11 @@ class ObservationTransform:
         for ex in batch:
             slots, valid = self._slots(ex)
             state = self._state(ex)
+            if self.norm_stats is not None:
+                state = self.norm_stats.normalize_state(state)
             prompt = self._prompt(ex)
-            if cfg.pi05:
-                prompt = f"Task: {prompt.strip()}, {state_prompt(state)}\nAction: "
-            ids, mask = tokenize_prompt(self.tokenizer, prompt, self.workload.prompt_slots, cfg.backbone.vocab_size)
+            ids, mask = tokenize_prompt(self.tokenizer, prompt, self.workload.prompt_slots, cfg.backbone.vocab_size,
+                                        state if cfg.pi05 else None)
             padded = np.zeros(cfg.action_dim, dtype=np.float32)
             padded[: state.shape[0]] = state
             hb.pixels.append(slots)

@@ -28,6 +28,27 @@ def finite_actions(actions: np.ndarray) -> np.ndarray:
     return actions
 
 
+def load_checkpoint_io(tokenizer_file: str | None, norm_stats_path: str | None, config) -> tuple[Any, Any]:
+    """A real checkpoint's input and output conventions, as `vlaperf serve --tokenizer --norm-stats` takes
+    them: (PaligemmaTokenizer or None, NormStats or None). ValueError (or ImportError: no sentencepiece)
+    names what is wrong; the statistics' kind follows the model (quantiles for pi0.5, as openpi's configs)."""
+    from vlaperf.inputs import PaligemmaTokenizer
+    from vlaperf.normalize import NormStats
+
+    tokenizer = norm_stats = None
+    if tokenizer_file is not None:
+        try:
+            tokenizer = PaligemmaTokenizer(tokenizer_file)
+        except FileNotFoundError as e:
+            raise ValueError(str(e)) from None
+        if tokenizer.vocab_size > config.backbone.vocab_size:
+            raise ValueError(f"tokenizer {tokenizer_file!r}: {tokenizer.vocab_size} ids, more than the model's "
+                             f"vocabulary ({config.backbone.vocab_size})")
+    if norm_stats_path is not None:
+        norm_stats = NormStats.load(norm_stats_path, quantile=config.pi05)
+    return tokenizer, norm_stats
+
+
 class Policy:
     """`infer(example) -> {"actions": (H, robot_action_dim) float32, "policy_timing": {...}}`.
 
@@ -35,14 +56,18 @@ class Policy:
     `model.sample_actions` or an `Engine.sample_actions`. Noise is fresh per call unless
     `noise` is given (benchmarks pass a fixed one). `verify`, if given, runs after the actions
     reach the host and raises if they cannot be trusted (`Engine.raise_on_kernel_fault`).
+    `norm_stats` (`vlaperf.normalize.NormStats`, a checkpoint's openpi statistics): the state is
+    normalized before the model and the actions unnormalized after it; without them (random weights,
+    benchmarks) both stay in the model's units.
     """
 
     def __init__(self, model, sample: Callable, workload: Workload, tokenizer: Tokenizer | None = None,
                  num_steps: int | None = None, noise: torch.Tensor | None = None,
-                 verify: Callable[[], None] | None = None):
+                 verify: Callable[[], None] | None = None, norm_stats=None):
         self.model, self.sample, self.workload, self.verify = model, sample, workload, verify
         self.device = model.action_in_proj.weight.device
-        self.transform = ObservationTransform(workload, model.config, tokenizer, self.device)
+        self.norm_stats = norm_stats
+        self.transform = ObservationTransform(workload, model.config, tokenizer, self.device, norm_stats)
         self.num_steps = workload.steps if num_steps is None else num_steps
         if isinstance(self.num_steps, bool) or not isinstance(self.num_steps, int) or self.num_steps < 1:
             raise ValueError(f"num_steps: expected an integer >= 1 (or None: the workload's {workload.steps}), "
@@ -58,6 +83,8 @@ class Policy:
         # the whole (contiguous) chunk to the host, then the robot's dims: slicing on the device first
         # costs a copy kernel (H200: 0.039 against 0.021 ms, benchmarks/results/h200/upload_probe_libero-pi0.json)
         out = actions.cpu().numpy()[..., : self.workload.robot_action_dim].astype(np.float32)
+        if self.norm_stats is not None:
+            out = self.norm_stats.unnormalize_actions(out)
         if self.verify is not None:
             self.verify()  # a kernel fault first: it names the cause of what the next check would see
         finite_actions(out)

@@ -61,6 +61,13 @@ def register(subparsers) -> None:
     p.add_argument("--steps", type=_positive_int, default=None, help="denoise steps (default: the workload's)")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights")
     p.add_argument("--checkpoint", default=None, help="openpi or LeRobot model.safetensors (default: random weights)")
+    p.add_argument("--tokenizer", default=None,
+                   help="PaliGemma's sentencepiece model (paligemma_tokenizer.model; needs sentencepiece) for a real "
+                        "checkpoint (default: a deterministic stand-in whose ids mean nothing to a trained model)")
+    p.add_argument("--norm-stats", default=None,
+                   help="the checkpoint's openpi norm_stats.json (or its folder): the state is normalized, the actions "
+                        "unnormalized, z-score for pi0 and quantiles for pi0.5 as openpi does (default: none, the "
+                        "model's own units)")
     p.add_argument("--no-check", action="store_true", help="skip the equivalence check of the engine before serving")
     p.add_argument("--sparsity", choices=("none", "drop_middle", "mae_middle"), default=None,
                    help="world-action workloads: frame sparsity of the served model")
@@ -233,9 +240,36 @@ def _pi0_policy(args, console):
             return None
     _release_reference(engine, args, console)
     sample = engine.sample_actions if engine is not None else model.sample_actions
-    policy = Policy(model, sample, workload, num_steps=workload.steps,
-                    verify=engine.raise_on_kernel_fault if engine is not None else None)
+    tokenizer, norm_stats = checkpoint_io(args.tokenizer, args.norm_stats, args.checkpoint, model.config)
+    policy = Policy(model, sample, workload, tokenizer=tokenizer, num_steps=workload.steps,
+                    verify=engine.raise_on_kernel_fault if engine is not None else None, norm_stats=norm_stats)
     return policy
+
+
+def checkpoint_io(tokenizer_file, norm_stats_path, checkpoint, config):
+    """--tokenizer and --norm-stats (`policy.load_checkpoint_io`), errors as CliError naming the option; a
+    warning where a real checkpoint is served without them (its actions would be in the model's normalized
+    units, its prompts tokenized by a stand-in)."""
+    from vlaperf.cli import CliError
+    from vlaperf.normalize import NormStatsError
+    from vlaperf.policy import load_checkpoint_io
+
+    try:
+        tokenizer, norm_stats = load_checkpoint_io(tokenizer_file, norm_stats_path, config)
+    except NormStatsError as e:
+        raise CliError(f"--norm-stats: {e}") from None
+    except (ImportError, ValueError) as e:
+        raise CliError(f"--tokenizer: {e}") from None
+    warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats)
+    return tokenizer, norm_stats
+
+
+def warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats) -> None:
+    missing = [name for name, value in (("--tokenizer", tokenizer), ("--norm-stats", norm_stats)) if value is None]
+    if checkpoint is not None and missing:
+        print(f"vlaperf serve: warning: serving a checkpoint without {' and '.join(missing)}: its actions are in "
+              "the model's normalized units and its prompts go through a stand-in tokenizer; a robot needs both "
+              "(openpi's assets/<robot>/norm_stats.json, paligemma_tokenizer.model)", file=sys.stderr)
 
 
 def _wam_policy(args, console):
@@ -273,6 +307,7 @@ def print_serve(server, console=None) -> None:
         ("auth", "Api-Key header required" if server.api_key else "none (loopback only unless --allow-unauthenticated)"),
         ("action chunk", f"{m.get('action_horizon')} x {m.get('robot_action_dim')} float32"),
         ("denoise steps", str(m.get("num_steps"))),
+        ("inputs", f"tokenizer {m.get('tokenizer', '-')}; normalization {m.get('normalization') or 'none (model units)'}"),
         ("levers", ",".join(m.get("levers") or []) or "reference"),
         ("batching", f"up to {server.max_batch} per call, wait <= {server.max_wait_ms:g} ms"),
         ("max message", f"{server.max_message_bytes / 2**20:g} MiB"),

@@ -129,9 +129,10 @@ def ray_init(address: str | None = None, *, num_cpus: int | None = None, num_gpu
 def build_policy_from_spec(spec: dict):
     """A vlaperf Policy built as `vlaperf serve` builds it (cli.setup, make_engine, the
     equivalence check), from a plain dict of the serve options: workload, levers, device,
-    dtype, steps, seed, checkpoint, no_check, keep_reference. Runs inside a replica."""
+    dtype, steps, seed, checkpoint, tokenizer, norm_stats, no_check, keep_reference (the files' paths must
+    be readable where the replica runs). Runs inside a replica."""
     from vlaperf.cli import make_engine, setup
-    from vlaperf.policy import Policy
+    from vlaperf.policy import Policy, load_checkpoint_io
 
     args = argparse.Namespace(workload=spec.get("workload"), device=spec.get("device"), dtype=spec.get("dtype"),
                               steps=spec.get("steps"), batch=None, seed=int(spec.get("seed", 0)),
@@ -151,8 +152,9 @@ def build_policy_from_spec(spec: dict):
     if engine is not None and not spec.get("keep_reference"):
         engine.release_reference_weights()  # as `vlaperf serve` does: the replica serves the engine only
     sample = engine.sample_actions if engine is not None else model.sample_actions
-    return Policy(model, sample, workload, num_steps=workload.steps,
-                  verify=engine.raise_on_kernel_fault if engine is not None else None)
+    tokenizer, norm_stats = load_checkpoint_io(spec.get("tokenizer"), spec.get("norm_stats"), model.config)
+    return Policy(model, sample, workload, tokenizer=tokenizer, num_steps=workload.steps,
+                  verify=engine.raise_on_kernel_fault if engine is not None else None, norm_stats=norm_stats)
 
 
 def describe_policy(policy) -> dict:
@@ -177,6 +179,11 @@ def describe_policy(policy) -> dict:
         out["levers"], out["levers_label"] = [], "reference"
     device = getattr(policy, "device", None)
     out["device"] = str(device) if device is not None else None
+    tokenizer = getattr(getattr(policy, "transform", None), "tokenizer", None)
+    if tokenizer is not None:
+        out["tokenizer"] = type(tokenizer).__name__
+    if hasattr(policy, "norm_stats"):
+        out["normalization"] = policy.norm_stats.describe() if policy.norm_stats is not None else None
     return out
 
 
@@ -408,7 +415,8 @@ class RayPolicy:
 
         infos = replicas_info if replicas_info is not None else self.describe_replicas()
         first = infos[0] if infos else {}
-        meta = {k: first[k] for k in ("image_size", "dtype", "device", "levers", "levers_label") if k in first}
+        meta = {k: first[k] for k in ("image_size", "dtype", "device", "levers", "levers_label", "tokenizer",
+                                      "normalization") if k in first}
         meta.update(backend="ray-serve", ray_version=ray.__version__, replicas=self.concurrency,
                     replica_timeout_s=self.request_timeout_s,
                     warmup_s=max((float(i.get("warmup_s") or 0.0) for i in infos), default=0.0),
@@ -450,9 +458,15 @@ def serve_replicas(args, api_key: str | None, warmup: list[int], console=None) -
             workload = workload.with_overrides(steps=args.steps)
         except ValueError as e:
             raise CliError(str(e)) from None
+        if args.tokenizer or args.norm_stats or args.checkpoint:  # read here first: a bad file fails before any replica
+            from vlaperf.models.pi0 import get_config
+            from vlaperf.serve.commands import checkpoint_io
+
+            checkpoint_io(args.tokenizer, args.norm_stats, args.checkpoint, get_config(workload.preset))
         spec = {"workload": workload.id, "levers": args.levers, "device": "cuda" if device.startswith("cuda") else device,
                 "dtype": args.dtype, "steps": args.steps, "seed": args.seed, "checkpoint": args.checkpoint,
-                "no_check": args.no_check, "keep_reference": getattr(args, "keep_reference", False)}
+                "no_check": args.no_check, "keep_reference": getattr(args, "keep_reference", False),
+                "tokenizer": getattr(args, "tokenizer", None), "norm_stats": getattr(args, "norm_stats", None)}
         options = ReplicaOptions(replicas=args.replicas, device=device, num_cpus=args.replica_cpus, app_name=app_name,
                                  request_timeout_s=args.replica_timeout_s)
         print(f"vlaperf serve: starting {args.replicas} replica(s) of {workload.id} on {device} "

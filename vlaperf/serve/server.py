@@ -689,6 +689,11 @@ class PolicyServer:
                         state_dim=workload.state_dim, layout=workload.layout)
         if getattr(policy, "num_steps", None) is not None:
             meta["num_steps"] = int(policy.num_steps)
+        transform = getattr(policy, "transform", None)
+        if getattr(transform, "tokenizer", None) is not None:
+            meta["tokenizer"] = type(transform.tokenizer).__name__
+        if hasattr(policy, "norm_stats"):
+            meta["normalization"] = policy.norm_stats.describe() if policy.norm_stats is not None else None
         model = getattr(policy, "model", None)
         config = getattr(model, "config", None)
         if config is not None and getattr(config, "vision", None) is not None:

@@ -1,0 +1,151 @@
+"""openpi's normalization statistics (vlaperf/normalize.py), the PaliGemma tokenizer wrapper, and both
+wired through the policy and `vlaperf serve`."""
+
+from __future__ import annotations
+
+import json
+
+import numpy as np
+import pytest
+import torch
+
+from vlaperf.inputs import ObservationTransform, PaligemmaTokenizer, make_example, state_prompt
+from vlaperf.models.pi0 import build_model, get_config
+from vlaperf.normalize import EPS, NormStats, NormStatsError
+from vlaperf.policy import Policy
+from vlaperf.workloads import get_workload
+
+TINY = get_workload("tiny")  # state 8, robot actions 7
+
+
+def _stats(dims: dict[str, int], seed: int = 0) -> dict:
+    rng = np.random.default_rng(seed)
+    out = {}
+    for key, d in dims.items():
+        q01 = rng.uniform(-3, -1, d)
+        out[key] = {"mean": rng.normal(size=d).tolist(), "std": rng.uniform(0.5, 2.0, d).tolist(),
+                    "q01": q01.tolist(), "q99": (q01 + rng.uniform(1, 4, d)).tolist()}
+    return {"norm_stats": out}
+
+
+def _write(tmp_path, doc, name="norm_stats.json"):
+    path = tmp_path / name
+    path.write_text(json.dumps(doc) if not isinstance(doc, str) else doc)
+    return path
+
+
+@pytest.mark.parametrize("quantile", [False, True], ids=["zscore", "quantile"])
+def test_normalize_and_unnormalize_follow_openpis_formulas(tmp_path, quantile):
+    doc = _stats({"state": 10, "actions": 5})  # longer state stats (cut to the array), shorter action stats
+    _write(tmp_path, doc)
+    ns = NormStats.load(tmp_path, quantile)  # the folder holding norm_stats.json
+    st, ac = ({f: np.asarray(v) for f, v in doc["norm_stats"][k].items()} for k in ("state", "actions"))
+    x = np.random.default_rng(1).normal(size=(3, 8)).astype(np.float32)
+    if quantile:
+        want = (x - st["q01"][:8]) / (st["q99"][:8] - st["q01"][:8] + EPS) * 2 - 1
+    else:
+        want = (x - st["mean"][:8]) / (st["std"][:8] + EPS)
+    np.testing.assert_allclose(ns.normalize_state(x), want, rtol=1e-5, atol=1e-5)
+    y = np.random.default_rng(2).uniform(-1, 1, size=(4, 10, 7)).astype(np.float32)
+    out = ns.unnormalize_actions(y)
+    if quantile:
+        head = (y[..., :5] + 1) / 2 * (ac["q99"] - ac["q01"] + EPS) + ac["q01"]
+    else:
+        head = y[..., :5] * (ac["std"] + EPS) + ac["mean"]
+    np.testing.assert_allclose(out[..., :5], head, rtol=1e-5, atol=1e-5)
+    np.testing.assert_array_equal(out[..., 5:], y[..., 5:])  # past the statistics: unchanged, as openpi
+    assert out.dtype == np.float32 and ns.normalize_state(x).dtype == np.float32
+    assert ns.describe().startswith("quantile" if quantile else "z-score")
+
+
+@pytest.mark.parametrize("content,message", [
+    (None, "cannot read the normalization statistics"),
+    ("{not json", "not JSON"),
+    ({"state": {}}, "expected openpi's layout, an object with 'norm_stats'"),
+    ({"norm_stats": {"other": {}}}, "'norm_stats' has neither 'state' nor 'actions'"),
+    ({"norm_stats": {"state": {"mean": [0.0]}}}, r"norm_stats.state.std: missing"),
+    ({"norm_stats": {"state": {"mean": [0.0], "std": [1.0]}}}, r"norm_stats.state.q01: missing \(quantile"),
+    ({"norm_stats": {"state": {"mean": [0, 1], "std": [1.0], "q01": [0, 0], "q99": [1, 1]}}}, "its lists differ in length"),
+    ({"norm_stats": {"state": {"mean": [float("nan")], "std": [1.0], "q01": [0], "q99": [1]}}}, "finite numbers"),
+    ({"norm_stats": {"state": {"mean": ["a"], "std": [1.0], "q01": [0], "q99": [1]}}}, "expected a list of numbers"),
+    ({"norm_stats": {"state": {"mean": [0], "std": [-1.0], "q01": [0], "q99": [1]}}}, "std: negative values"),
+])
+def test_bad_statistics_files_are_named_errors(tmp_path, content, message):
+    path = tmp_path / "missing.json" if content is None else _write(tmp_path, content)
+    with pytest.raises(NormStatsError, match=message) as err:
+        NormStats.load(path, quantile=True)
+    assert str(path) in str(err.value)
+
+
+def test_policy_normalizes_the_state_and_unnormalizes_the_actions(tmp_path):
+    """With statistics, a call equals the plain policy fed the normalized state, its actions unnormalized."""
+    model = build_model("tiny")
+    noise = torch.randn(1, model.config.action_horizon, model.config.action_dim)
+    ns = NormStats.load(_write(tmp_path, _stats({"state": 8, "actions": 7})), quantile=False)
+    plain = Policy(model, model.sample_actions, TINY, noise=noise)
+    normed = Policy(model, model.sample_actions, TINY, noise=noise, norm_stats=ns)
+    ex = make_example(TINY, seed=4)
+    pre = dict(ex, **{"observation/state": ns.normalize_state(np.asarray(ex["observation/state"], np.float32))})
+    np.testing.assert_allclose(normed.infer(ex)["actions"], ns.unnormalize_actions(plain.infer(pre)["actions"]),
+                               rtol=1e-5, atol=1e-5)
+    short = NormStats.load(_write(tmp_path, _stats({"state": 5}), "short.json"), quantile=False)
+    with pytest.raises(NormStatsError, match="'state' has 5 dimensions, the workload's state 8"):
+        Policy(model, model.sample_actions, TINY, norm_stats=short)
+
+
+def _sentencepiece_model(tmp_path) -> str:
+    spm = pytest.importorskip("sentencepiece")
+    text = tmp_path / "corpus.txt"
+    words = "pick up the black bowl and place it on the plate open the drawer put the cream cheese in the basket"
+    text.write_text("\n".join([words, "Task: State: Action:", *[" ".join(map(str, range(i, i + 20))) for i in range(0, 256, 20)]]))
+    prefix = tmp_path / "tok"
+    spm.SentencePieceTrainer.train(input=str(text), model_prefix=str(prefix), vocab_size=120, model_type="bpe",
+                                   bos_id=2, eos_id=1, pad_id=0, unk_id=3, user_defined_symbols=["\n"],
+                                   remove_extra_whitespaces=False, minloglevel=2)
+    return str(prefix) + ".model"
+
+
+def test_paligemma_tokenizer_uses_openpis_prompt_conventions(tmp_path):
+    """pi0: BOS, the cleaned task, the newline token; pi0.5: "Task: ..., State: <bins>;\\nAction: " with BOS.
+    The transform hands pi0.5's normalized state to `encode_with_state`."""
+    tok = PaligemmaTokenizer(_sentencepiece_model(tmp_path))
+    sp = tok.sp
+    assert tok.encode("  pick_up the bowl\n") == [sp.bos_id(), *sp.encode("pick up the bowl"), *sp.encode("\n")]
+    state = np.linspace(-1.2, 1.2, 8)
+    assert tok.encode_with_state("open the drawer", state) == sp.encode(
+        f"Task: open the drawer, {state_prompt(state)}\nAction: ", add_bos=True)
+    cfg = get_config("tiny", pi05=True)
+    ns = NormStats.load(_write(tmp_path, _stats({"state": 8, "actions": 7})), quantile=True)
+    tr = ObservationTransform(TINY, cfg, tok, norm_stats=ns)
+    ex = make_example(TINY, seed=1)
+    want = tok.encode_with_state(ex["prompt"], ns.normalize_state(np.asarray(ex["observation/state"], np.float32)))
+    want = want[: TINY.prompt_slots]
+    obs = tr(ex)
+    assert obs.tokens[0, : len(want)].tolist() == want and int(obs.token_mask[0].sum()) == len(want)
+    with pytest.raises(FileNotFoundError, match="no such file"):
+        PaligemmaTokenizer(tmp_path / "nope.model")
+    bad = _write(tmp_path, "not a model", "bad.model")
+    with pytest.raises(ValueError, match="not a sentencepiece model"):
+        PaligemmaTokenizer(bad)
+
+
+def test_serve_checks_tokenizer_and_norm_stats_before_serving(tmp_path, capsys):
+    from vlaperf.cli import main as run_cli
+
+    bad = _write(tmp_path, {"norm_stats": {}})
+    assert run_cli(["serve", "--device", "cpu", "--no-check", "--port", "0", "--norm-stats", str(bad)]) == 2
+    assert "--norm-stats: " in capsys.readouterr().err
+    assert run_cli(["serve", "--device", "cpu", "--no-check", "--port", "0", "--tokenizer", str(tmp_path / "x.model")]) == 2
+    assert "--tokenizer: tokenizer model" in capsys.readouterr().err
+
+
+def test_server_metadata_names_the_tokenizer_and_normalization(tmp_path):
+    from vlaperf.serve.server import PolicyServer
+
+    model = build_model("tiny")
+    ns = NormStats.load(_write(tmp_path, _stats({"state": 8, "actions": 7})), quantile=False)
+    server = PolicyServer(Policy(model, model.sample_actions, TINY, norm_stats=ns), port=0, warmup_batch_sizes=())
+    meta = server._build_metadata()
+    assert meta["tokenizer"] == "WordHashTokenizer" and meta["normalization"].startswith("z-score (mean/std) of state, actions")
+    plain = PolicyServer(Policy(model, model.sample_actions, TINY), port=0, warmup_batch_sizes=())._build_metadata()
+    assert plain["normalization"] is None
