@@ -425,6 +425,14 @@ def geglu_bench_tables(results):
                          note="; tiling: kind, BM, BN, BK, GROUP_M, warps, stages", small_floats=True)
 
 
+def wam_attention_probe_tables(results):
+    """benchmarks/wam_attention_probe.py: the world-action model's attention calls by SDPA backend."""
+    from vlaperf.report.render import WAM_ATTENTION_BACKENDS, wam_attention_probe_rows
+
+    return _probe_tables(results, "wam-attention-probe",
+                         ["call", "q x k tokens", *(f"{b} us" for b in WAM_ATTENTION_BACKENDS)], wam_attention_probe_rows)
+
+
 def prefix_attention_probe_tables(results):
     """benchmarks/prefix_attention_probe.py: the prefix attention by PyTorch's fused kernels."""
     from vlaperf.report.render import prefix_attention_probe_rows
@@ -544,6 +552,8 @@ def main() -> None:
     lines += ["## Gemma gate_up with GELU x up in one Triton GEMM (session 10, taken out)", ""] + geglu_bench_tables(results)
     lines += ["## The prefix attention by PyTorch's fused kernels (`benchmarks/prefix_attention_probe.py`)", ""] + \
         prefix_attention_probe_tables(results)
+    lines += ["## The world-action model's attention calls by SDPA backend (`benchmarks/wam_attention_probe.py`)", ""] + \
+        wam_attention_probe_tables(wam)
     lines += ["## The first call of a fresh process (`benchmarks/first_call.py`)", ""] + first_call_tables(results)
     lines += ["## Kernels (`benchmarks/*_bench.py`)", ""] + kernel_tables(results)
     OUT.write_text("\n".join(lines) + "\n")

@@ -19,6 +19,7 @@ import torch
 import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
+from vlaperf.report.schema import SCHEMA
 from vlaperf.timing import environment_record
 
 # (name, query tokens, key tokens): wam-761 (720 frame tokens + state = 721 on the video side, 40 actions,
@@ -83,8 +84,10 @@ def main() -> None:
         print(f"{name:38s} {tq:4d} x {tk:4d}  {cells}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"schema": "vlaperf.probe/1", "command": "wam-attention-probe", "batch": args.batch,
-                       "env": environment_record("cuda"), "rows": rows}, f, indent=1)
+            json.dump({"schema": SCHEMA, "command": "wam-attention-probe",
+                       "workload": {"id": "wam-761", "overrides": {"batch": args.batch}},
+                       "variant": {"levers": [], "label": "attention calls, SDPA backends", "dtype": "bfloat16"},
+                       "mode": None, "batch": args.batch, "env": environment_record("cuda"), "rows": rows}, f, indent=1)
         print(f"wrote {args.json}")
 
 

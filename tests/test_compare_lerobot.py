@@ -41,7 +41,7 @@ def test_compare_without_lerobot_exits_2_with_the_message(capsys):
     assert _cli(["compare", "--workload", "tiny", "--device", "cpu"]) == 2
     err = capsys.readouterr().err
     assert err.startswith("vlaperf compare: error: LeRobot 0.6 is not importable here (needs Python >= 3.12 and "
-                          "`pip install vlaperf[lerobot]`)")
+                          "`pip install lerobot==0.6.1`")
 
 
 def test_compare_when_lerobot_import_fails_exits_2(monkeypatch, capsys):

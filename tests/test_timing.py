@@ -285,3 +285,20 @@ def test_engine_ab_interleaves_and_takes_the_median_of_per_round_ratios():
     assert r["schema"] == SCHEMA and r["command"] == "step-config-ab" and r["rounds"] == 4
     assert r["median_ms"] == {"old": 3.5, "new": 1.5} and r["speedup_median"] == 2.5
     assert r["speedup_p10_p90"][0] <= 2.0 and r["speedup_p10_p90"][1] >= 3.0
+
+
+def test_env_record_leaves_out_the_inductor_cache_dir_torch_set_itself(monkeypatch):
+    """torch sets TORCHINDUCTOR_CACHE_DIR to its default when inductor first looks for its cache; the record
+    keeps it only where the process started with it or it points elsewhere (`--compile-cache`)."""
+    from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+    from vlaperf import timing
+
+    monkeypatch.setattr(timing, "_ENV_AT_IMPORT", frozenset())
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    assert "TORCHINDUCTOR_CACHE_DIR" not in timing.behaviour_env_vars()
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "/somewhere/else")
+    assert timing.behaviour_env_vars()["TORCHINDUCTOR_CACHE_DIR"] == "/somewhere/else"
+    monkeypatch.setattr(timing, "_ENV_AT_IMPORT", frozenset({"TORCHINDUCTOR_CACHE_DIR"}))
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
+    assert timing.behaviour_env_vars()["TORCHINDUCTOR_CACHE_DIR"] == default_cache_dir()

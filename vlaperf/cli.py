@@ -84,7 +84,7 @@ def default_device() -> str:
 # ------------------------------------------------------------------ shared set-up
 
 
-def add_common(p: argparse.ArgumentParser, levers_default: str = "reference") -> None:
+def add_common(p: argparse.ArgumentParser, levers_default: str = "reference", levers_help: str | None = None) -> None:
     p.add_argument("--workload", type=workload_arg, default=None,
                    help="workload id (default: libero-pi0 on a GPU, tiny on the CPU)")
     p.add_argument("--device", type=device_arg, default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
@@ -93,7 +93,8 @@ def add_common(p: argparse.ArgumentParser, levers_default: str = "reference") ->
     p.add_argument("--batch", type=positive_int, default=None, help="batch size (default: the workload's)")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights and inputs")
     p.add_argument("--checkpoint", default=None, help="openpi or LeRobot model.safetensors (default: random weights)")
-    p.add_argument("--levers", default=levers_default, help="'reference', 'best' or a comma list (see `vlaperf levers`)")
+    p.add_argument("--levers", default=levers_default,
+                   help=levers_help or "'reference', 'best', 'graph', 'exact' or a comma list (see `vlaperf levers`)")
     p.add_argument("--json", type=output_file, default=None, help="write the result file here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     # world-action workloads only (wam-761, wam-tiny): settings that change the result
@@ -344,6 +345,11 @@ def cmd_check(args) -> int:
     for r in rows:
         table.add_row(r["variant"], f"{r['max_abs']:.3g}", f"{r['rel_l2']:.3g}", f"{r['tolerance']:.0e}", "yes" if r["passed"] else "NO")
     Console().print(table)
+    if args.levers == "all":
+        left = [n for n in LEVERS if not _applicable(n, device)]
+        why = ("compile and compile_layers take minutes alone; best checks them" if device.type == "cuda"
+               else "the CUDA levers need a GPU; best checks compile and compile_layers on one")
+        print(f"not checked alone: {', '.join(left)} ({why})")
     if args.json:
         result = result_header("check", base, workload, model, environment_record(device), [], "check", None)
         result["checks"] = rows
@@ -375,7 +381,8 @@ def cmd_levers(args) -> int:
     console = Console()
     console.print(table)
     console.print(f"presets: best (GPU) = {','.join(BEST_GPU)} (+ triton_kernels, megakernel on Hopper, compute capability 9.x)\n         graph (GPU, no compile) = {','.join(GRAPH_GPU)}\n"
-                  f"         best (CPU) = exact = {','.join(BEST_CPU)}\n         reference = none")
+                  f"         best (CPU) = exact = {','.join(BEST_CPU)}\n         reference = none\n"
+                  "         serve (`vlaperf serve` only: its default) = graph on a GPU, exact on the CPU")
     from vlaperf.engine.wam import WAM_LEVERS, WAM_PRESETS
 
     table = Table(title="world-action model levers (workloads wam-761, wam-tiny)")
@@ -429,7 +436,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("check", help="equivalence of engine variants against the reference")
-    add_common(p, levers_default="all")
+    add_common(p, levers_default="all",
+               levers_help="'all' (default: each lever that applies on this device alone, with what it needs, then "
+                           "'best', which covers compile and compile_layers), or ';'-separated variants, each a preset "
+                           "or a comma list, e.g. 'for_loop,sdpa;best'")
     p.add_argument("--seeds", type=positive_int, default=2, help="fresh random inputs per variant")
     p.set_defaults(func=cmd_check)
 

@@ -603,12 +603,26 @@ def _git_state() -> tuple[str | None, bool | None]:
     return commit, (None if status is None else bool(status))
 
 
+# What the process started with: torch sets TORCHINDUCTOR_CACHE_DIR to its default itself when inductor
+# first looks for its cache, and a record should not report that as the user's setting
+_ENV_AT_IMPORT = frozenset(os.environ)
+
+
 def behaviour_env_vars() -> dict[str, str]:
-    """Values of the variables that change compile/runtime behaviour; unset ones are absent."""
+    """Values of the variables that change compile/runtime behaviour; unset ones are absent, and so is
+    TORCHINDUCTOR_CACHE_DIR where torch set it to its own default in this process."""
     found = {name: os.environ[name] for name in ENV_VARS if name in os.environ}
     for name in sorted(os.environ):
         if name.startswith(ENV_PREFIXES):
             found[name] = os.environ[name]
+    if "TORCHINDUCTOR_CACHE_DIR" in found and "TORCHINDUCTOR_CACHE_DIR" not in _ENV_AT_IMPORT:
+        try:
+            from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+            if found["TORCHINDUCTOR_CACHE_DIR"] == default_cache_dir():
+                del found["TORCHINDUCTOR_CACHE_DIR"]
+        except ImportError:
+            pass
     return found
 
 

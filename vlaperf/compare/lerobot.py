@@ -71,7 +71,7 @@ from vlaperf.models.pi0 import (
 )
 from vlaperf.workloads import Workload, get_workload
 
-LEROBOT_MISSING = "LeRobot 0.6 is not importable here (needs Python >= 3.12 and `pip install vlaperf[lerobot]`)"
+LEROBOT_MISSING = "LeRobot 0.6 is not importable here (needs Python >= 3.12 and `pip install lerobot==0.6.1`; docs/compare.md has the GPU machine's wheels)"
 TESTED_VERSION = "0.6.1"
 
 # Hard-coded in LeRobot 0.6.1's PaliGemmaWithExpertModel / compute_layer_complete.

@@ -129,7 +129,8 @@ class Levers:
         for item in items:
             name, _, value = item.partition("=")
             if name not in LEVERS:
-                raise LeverError(f"unknown lever {name!r}; expected one of: {', '.join(LEVERS)} (or 'best', 'none')")
+                raise LeverError(f"unknown lever {name!r}; expected one of: {', '.join(LEVERS)} (or, as the whole "
+                                 f"list, a preset: {', '.join(PRESETS)}, 'none' / 'reference')")
             if name == "compile":
                 mode = value or "default"
                 if mode not in COMPILE_MODES:

@@ -189,10 +189,10 @@ def compile_cache_dirs() -> dict[str, str]:
             dirs["triton"] = knobs.cache.dir
         except Exception:  # no Triton, or one without knobs
             dirs["triton"] = os.path.join(os.path.expanduser("~"), ".triton", "cache")
-    if "inductor" not in dirs:
-        from torch._inductor.runtime.cache_dir_utils import cache_dir
+    if "inductor" not in dirs:  # its default, read without cache_dir(), which would also set the variable
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-        dirs["inductor"] = cache_dir()
+        dirs["inductor"] = default_cache_dir()
     return dirs
 
 

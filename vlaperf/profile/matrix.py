@@ -132,7 +132,7 @@ def run_matrix(args, base, workload, model, device) -> int:
 
 
 def _print(rows, workload, device, console, Table) -> None:
-    t = Table(title=f"vlaperf matrix  {workload.id}  ({device}; interleaved; speedup = median ratio vs reference)")
+    t = Table(title=f"vlaperf matrix  {workload.id}  ({device}; interleaved; speedup = reference median / variant median)")
     for col in ("variant", "median ms", "p95 ms", "event ms", "speedup", "p10..p90", "rel L2", "first call s", "peak GiB"):
         t.add_column(col)
     for r in rows:

@@ -297,7 +297,7 @@ def print_ray_matrix(result: dict) -> None:
     from rich.table import Table
 
     t = Table(title=f"vlaperf matrix --ray  {result['workload']['id']}  ({result['ray']['tasks']} tasks on "
-                    f"{len(result['ray']['devices'])} device(s); speedup = median ratio vs the reference timed in "
+                    f"{len(result['ray']['devices'])} device(s); speedup = the reference's median / the variant's, the reference timed in "
                     "the same task, on the same device)")
     for col in ("variant", "median ms", "p95 ms", "event ms", "speedup", "p10..p90", "rel L2", "first call s",
                 "ref median ms", "gpu / device", "host"):

@@ -864,6 +864,24 @@ def _prefix_attention_probe(doc: _Doc, path: str, r: dict) -> None:
     doc.table(["kernel", "us", "rel L2"], prefix_attention_probe_rows(r))
 
 
+WAM_ATTENTION_BACKENDS = ("cudnn", "flash", "efficient")
+
+
+def wam_attention_probe_rows(r: dict) -> list[list]:
+    """benchmarks/wam_attention_probe.py rows: the call, q x k tokens, each SDPA backend's us (or its error)."""
+    return [[row["shape"], f"{row['q_tokens']} x {row['k_tokens']}"]
+            + [row[b]["us"] if "us" in row.get(b, {}) else row.get(b, {}).get("error", "-")[:60]
+               for b in WAM_ATTENTION_BACKENDS] for row in r["rows"]]
+
+
+def _wam_attention_probe(doc: _Doc, path: str, r: dict) -> None:
+    doc.h(3, f"{Path(path).name} on {_gpu(r)}")
+    doc.p("the world-action model's attention calls of one generate call (batch "
+          f"{r['workload']['overrides'].get('batch', 1)}, 12 heads of 128) under each SDPA backend: 20 calls in one "
+          "CUDA graph, the median replay over 20", "")
+    doc.table(["call", "q x k tokens", *(f"{b} us" for b in WAM_ATTENTION_BACKENDS)], wam_attention_probe_rows(r))
+
+
 def _splitk_probe(doc: _Doc, path: str, r: dict) -> None:
     doc.h(3, f"Prefix GEMMs as other cuBLAS calls on {_gpu(r)}")
     doc.p("F.linear (what the engine runs) against M and N swapped and K split into a batched GEMM whose "
@@ -1026,6 +1044,7 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
                 ("cublaslt-probe", "GEMM shapes alone: every algorithm of cuBLASLt's heuristic (cublaslt-probe)"),
                 ("splitk-probe", "Prefix GEMMs as other cuBLAS calls (splitk-probe)"),
                 ("prefix-attention-probe", "The prefix attention by PyTorch's fused kernels (prefix-attention-probe)"),
+                ("wam-attention-probe", "The world-action model's attention calls by SDPA backend (wam-attention-probe)"),
                 ("geglu-bench", "Gemma gate_up with GELU x up in one GEMM (geglu-bench)"),
                 ("memset-probe", "The prefix's memset nodes and attention formulations (memset-probe)"),
                 ("first-call", "The first call of a fresh process (first-call)"),
@@ -1049,7 +1068,7 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
                  "doctor": _doctor, "compare": _compare, "kernel-bench": _kernel_bench, "heads-ab": _heads_ab,
                  "step-config-ab": _step_config_ab, "prefix-tiles-ab": _prefix_tiles_ab, "change-ab": _change_ab,
                  "call-overhead": _call_overhead, "gemm-probe": _gemm_probe, "cublaslt-probe": _cublaslt_probe, "splitk-probe": _splitk_probe,
-                 "prefix-attention-probe": _prefix_attention_probe,
+                 "prefix-attention-probe": _prefix_attention_probe, "wam-attention-probe": _wam_attention_probe,
                  "geglu-bench": _geglu_bench, "memset-probe": _memset_probe,
                  "served-path-probe": _served_path, "upload-probe": _upload_probe,
                  "launch-probe": _launch_probe}[cmd](doc, p, r)

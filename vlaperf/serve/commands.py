@@ -97,7 +97,9 @@ def register(subparsers) -> None:
     p.add_argument("--episodes", type=_positive_int, default=3)
     p.add_argument("--steps-per-episode", type=_positive_int, default=50)
     p.add_argument("--control-hz", type=_positive_float, default=10.0)
-    p.add_argument("--replan-every", type=_positive_int, default=5, help="actions of each chunk executed before the next call")
+    p.add_argument("--replan-every", type=_positive_int, default=None,
+                   help="actions of each chunk executed before the next call (default: 5, or the served action horizon "
+                        "if shorter)")
     p.add_argument("--timeout-s", type=_positive_float, default=600.0, help="time limit of the whole run")
     p.add_argument("--api-key", default=None, help=f"default: ${API_KEY_ENV} if set")
     p.add_argument("--workload", type=workload_arg, default=None, help="default: the one the server reports")

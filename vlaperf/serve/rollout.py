@@ -23,10 +23,11 @@ from vlaperf.serve.loadgen import LoadgenError, check_loopback_url, example_for,
 from vlaperf.timing import summarize
 
 MAX_EPISODES, MAX_STEPS = 1000, 100_000
+DEFAULT_REPLAN_EVERY = 5  # or the action horizon, where the served model's chunk is shorter (wam-tiny: 4)
 
 
 def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_episode: int = 50,
-                control_hz: float = 10.0, replan_every: int = 5, api_key: str | None = None,
+                control_hz: float = 10.0, replan_every: int | None = None, api_key: str | None = None,
                 workload: str | None = None, timeout_s: float = 600.0, image_size: int = 224, seed: int = 0,
                 sleep=time.sleep) -> dict:
     """Returns a vlaperf result dict with the numbers under "rollout"."""
@@ -47,6 +48,8 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
         meta = client.metadata
         wl = resolve_workload(meta, workload)
         horizon = int(meta.get("action_horizon") or getattr(wl, "horizon", 0))
+        if replan_every is None:
+            replan_every = min(DEFAULT_REPLAN_EVERY, horizon)
         if not isinstance(replan_every, int) or not 1 <= replan_every <= horizon:
             raise LoadgenError(f"replan_every must be an integer in [1, {horizon}] (the action horizon), got {replan_every!r}")
         period = 1.0 / control_hz
