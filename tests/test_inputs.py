@@ -225,3 +225,24 @@ def test_packed_upload_from_several_threads():
     with ThreadPoolExecutor(max_workers=4) as pool:
         got = list(pool.map(lambda ex: tr(ex).images, examples))
     assert all(torch.equal(g, x) for g, x in zip(got, want))
+
+
+def test_library_entry_points_name_bad_arguments():
+    """build_model, Levers.parse, Policy and the transform refuse wrong argument types with messages naming them."""
+    from vlaperf.engine.levers import LeverError, Levers
+
+    with pytest.raises(ValueError, match="device: expected 'cpu', 'cuda' or 'cuda:N'"):
+        build_model("tiny", "gpu")
+    with pytest.raises(ValueError, match="dtype: expected a floating torch dtype or its name"):
+        build_model("tiny", "cpu", "int8")
+    assert build_model("tiny", "cpu", "bfloat16").dtype == torch.bfloat16
+    with pytest.raises(LeverError, match="levers: expected a comma-separated string"):
+        Levers.parse(5)
+    model = build_model("tiny")
+    with pytest.raises(ValueError, match="workload 'libero-pi0' .* does not fit model 'tiny'"):
+        Policy(model, model.sample_actions, get_workload("libero-pi0"))
+    w = get_workload("tiny")
+    ex = make_example(w)
+    ex["observation/state"] = np.asarray(ex["observation/state"]) + 1j
+    with pytest.raises(InputError, match="observation/state: expected a 1-d numeric array, got dtype complex"):
+        Policy(model, model.sample_actions, w).infer(ex)

@@ -40,7 +40,8 @@ class Observation:
     # Host-side copies of what the masks say, filled by whoever built the observation on the
     # host. The engine plans the prefix from these without reading the device masks (a
     # device-to-host read would be a sync per call). None = unknown: the engine reads the
-    # masks once per call and says so.
+    # masks once per call and says so. They are trusted, not checked (that would be the sync):
+    # a slot marked False here is skipped even where image_mask says True.
     host_image_valid: tuple[bool, ...] | None = None  # per slot: valid in any sample
     host_prompt_len: int | None = None  # longest valid prompt in the batch
 
@@ -340,7 +341,7 @@ class ObservationTransform:
     def _state(self, example: dict) -> np.ndarray:
         key = "observation/state" if self.workload.layout == "libero" else "state"
         state = np.asarray(_get(example, key))
-        if not np.issubdtype(state.dtype, np.number) or state.ndim != 1:
+        if state.dtype.kind not in "iuf" or state.ndim != 1:
             raise InputError(f"{key}: expected a 1-d numeric array, got dtype {state.dtype} shape {state.shape}")
         if state.shape[0] != self.workload.state_dim:
             raise InputError(f"{key}: expected {self.workload.state_dim} values, got {state.shape[0]}")

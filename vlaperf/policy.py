@@ -54,7 +54,7 @@ class Policy:
 
     `sample` is any `(obs, noise, num_steps) -> actions` function: the reference
     `model.sample_actions` or an `Engine.sample_actions`. Noise is fresh per call unless
-    `noise` is given (benchmarks pass a fixed one). `verify`, if given, runs after the actions
+    `noise` is given (benchmarks pass a fixed one; it serves calls of its batch size, others get fresh noise). `verify`, if given, runs after the actions
     reach the host and raises if they cannot be trusted (`Engine.raise_on_kernel_fault`).
     `norm_stats` (`vlaperf.normalize.NormStats`, a checkpoint's openpi statistics): the state is
     normalized before the model and the actions unnormalized after it; without them (random weights,
@@ -64,6 +64,10 @@ class Policy:
     def __init__(self, model, sample: Callable, workload: Workload, tokenizer: Tokenizer | None = None,
                  num_steps: int | None = None, noise: torch.Tensor | None = None,
                  verify: Callable[[], None] | None = None, norm_stats=None):
+        cfg = model.config
+        if (workload.horizon, workload.action_dim) != (cfg.action_horizon, cfg.action_dim):
+            raise ValueError(f"workload {workload.id!r} (horizon {workload.horizon}, action dim {workload.action_dim}) "
+                             f"does not fit model {cfg.name!r} (horizon {cfg.action_horizon}, action dim {cfg.action_dim})")
         self.model, self.sample, self.workload, self.verify = model, sample, workload, verify
         self.device = model.action_in_proj.weight.device
         self.norm_stats = norm_stats

@@ -695,8 +695,17 @@ def build_model(
     dtype: torch.dtype | None = None,
     seed: int = 0,
 ) -> Pi0Model:
-    """A model of `preset` with deterministic random weights on `device`, eval mode."""
+    """A model of `preset` with deterministic random weights on `device`, eval mode. `dtype` may be a
+    torch dtype or its name ("bfloat16", "float32"); None: bfloat16 on CUDA, float32 on the CPU."""
     cfg = preset if isinstance(preset, Pi0Config) else get_config(preset)
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N' (or a torch.device), got {device!r}") from None
+    if isinstance(dtype, str):
+        if not isinstance(getattr(torch, dtype, None), torch.dtype) or not getattr(torch, dtype).is_floating_point:
+            raise ValueError(f"dtype: expected a floating torch dtype or its name, e.g. 'bfloat16', got {dtype!r}")
+        dtype = getattr(torch, dtype)
     dtype = dtype or default_dtype(device)
     with torch.device(device):
         model = Pi0Model(cfg)
