@@ -3,7 +3,11 @@
 #   PART=a   SigLIP's fc2 and o and Gemma's down through cuBLASLt, each shape's fastest zero-workspace algorithm timed
 #            at its first call (change_ab.py --change lt_fastest), in one process each: libero-pi0, aloha-pi0,
 #            libero-pi0-b4; the Gemma prefix's attention with no mask (heads folded into rows, padding keys zeroed,
-#            the log-sum-exp correcting the sum) through cuDNN and flash, against the engine's kernel
+#            the log-sum-exp correcting the sum) through cuDNN and flash, against the engine's kernel (run at 1ea7fbf;
+#            change_ab.py's lt_fastest is taken out since: version 106)
+#   PART=b   closing runs after the session's API changes (calls take turns under a lock, sample_actions checks its
+#            arguments): one engine from two threads (engine_threads_check.py), the check of best, and the bench of best
+#            in model and policy mode, each in a fresh process
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session24.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -14,6 +18,13 @@ a)
 200 python3 benchmarks/change_ab.py --change lt_fastest --rounds 80 --json $R/change_ab_libero-pi0_lt_fastest.json
 200 python3 benchmarks/change_ab.py --change lt_fastest --workload aloha-pi0 --rounds 60 --json $R/change_ab_aloha-pi0_lt_fastest.json
 200 python3 benchmarks/change_ab.py --change lt_fastest --workload libero-pi0-b4 --rounds 40 --json $R/change_ab_libero-pi0-b4_lt_fastest.json
+EOT
+b)
+  lane A 0 40 <<EOT &
+120 python3 benchmarks/engine_threads_check.py --workload libero-pi0 --levers best
+150 $V check --workload libero-pi0 --levers best --seeds 2 --json $R/check_libero-pi0_best_s24.json
+100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s24_model.json
+100 $V bench --workload libero-pi0 --levers best --mode policy $B --json $R/bench_libero-pi0_best-s24_policy.json
 EOT
   ;;
 esac
