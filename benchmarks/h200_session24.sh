@@ -19,6 +19,7 @@ a)
 200 python3 benchmarks/change_ab.py --change lt_fastest --workload aloha-pi0 --rounds 60 --json $R/change_ab_aloha-pi0_lt_fastest.json
 200 python3 benchmarks/change_ab.py --change lt_fastest --workload libero-pi0-b4 --rounds 40 --json $R/change_ab_libero-pi0-b4_lt_fastest.json
 EOT
+  ;;
 b)
   lane A 0 40 <<EOT &
 120 python3 benchmarks/engine_threads_check.py --workload libero-pi0 --levers best
