@@ -149,3 +149,16 @@ def test_server_metadata_names_the_tokenizer_and_normalization(tmp_path):
     assert meta["tokenizer"] == "WordHashTokenizer" and meta["normalization"].startswith("z-score (mean/std) of state, actions")
     plain = PolicyServer(Policy(model, model.sample_actions, TINY), port=0, warmup_batch_sizes=())._build_metadata()
     assert plain["normalization"] is None
+
+
+def test_serving_a_checkpoint_without_its_conventions_warns(capsys):
+    from vlaperf.cli import main as run_cli
+    from vlaperf.serve.commands import warn_unconverted_checkpoint
+
+    warn_unconverted_checkpoint(None, None, None)  # random weights: nothing to warn about
+    assert capsys.readouterr().err == ""
+    warn_unconverted_checkpoint("model.safetensors", None, None)
+    err = capsys.readouterr().err
+    assert "without --tokenizer" in err and "without --norm-stats" in err
+    assert run_cli(["serve", "--workload", "wam-tiny", "--device", "cpu", "--norm-stats", "x.json"]) == 2
+    assert "--tokenizer / --norm-stats: the pi0 family's inputs; wam-tiny" in capsys.readouterr().err

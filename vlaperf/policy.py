@@ -54,8 +54,9 @@ class Policy:
 
     `sample` is any `(obs, noise, num_steps) -> actions` function: the reference
     `model.sample_actions` or an `Engine.sample_actions`. Noise is fresh per call unless
-    `noise` is given (benchmarks pass a fixed one; it serves calls of its batch size, others get fresh noise). `verify`, if given, runs after the actions
-    reach the host and raises if they cannot be trusted (`Engine.raise_on_kernel_fault`).
+    `noise` is given (benchmarks pass a fixed one; it serves calls of its batch size, others
+    get fresh noise). `verify`, if given, runs after the actions reach the host and raises if
+    they cannot be trusted (`Engine.raise_on_kernel_fault`).
     `norm_stats` (`vlaperf.normalize.NormStats`, a checkpoint's openpi statistics): the state is
     normalized before the model and the actions unnormalized after it; without them (random weights,
     benchmarks) both stay in the model's units.

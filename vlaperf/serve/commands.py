@@ -187,6 +187,9 @@ def cmd_serve(args) -> int:
 
         return serve_replicas(args, api_key, warmup, console)
     if is_wam_workload(args.workload):
+        if args.tokenizer or args.norm_stats:
+            raise CliError(f"--tokenizer / --norm-stats: the pi0 family's inputs; {args.workload} (the world-action "
+                           "model) takes latents and a text encoder (docs/world-action.md)")
         policy = _wam_policy(args, console)
         if policy is None:
             return 1
@@ -229,6 +232,7 @@ def _pi0_policy(args, console):
     from vlaperf.policy import Policy
 
     base, workload, model, device = setup(args)
+    tokenizer, norm_stats = checkpoint_io(args.tokenizer, args.norm_stats, args.checkpoint, model.config)  # before the slow part
     if args.levers == "serve":
         args.levers = "graph" if model.action_in_proj.weight.device.type == "cuda" else "exact"
     engine = None if args.levers in ("reference", "none", "") else make_engine(model, args.levers)
@@ -242,7 +246,6 @@ def _pi0_policy(args, console):
             return None
     _release_reference(engine, args, console)
     sample = engine.sample_actions if engine is not None else model.sample_actions
-    tokenizer, norm_stats = checkpoint_io(args.tokenizer, args.norm_stats, args.checkpoint, model.config)
     policy = Policy(model, sample, workload, tokenizer=tokenizer, num_steps=workload.steps,
                     verify=engine.raise_on_kernel_fault if engine is not None else None, norm_stats=norm_stats)
     return policy
@@ -267,11 +270,15 @@ def checkpoint_io(tokenizer_file, norm_stats_path, checkpoint, config):
 
 
 def warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats) -> None:
-    missing = [name for name, value in (("--tokenizer", tokenizer), ("--norm-stats", norm_stats)) if value is None]
-    if checkpoint is not None and missing:
-        print(f"vlaperf serve: warning: serving a checkpoint without {' and '.join(missing)}: its actions are in "
-              "the model's normalized units and its prompts go through a stand-in tokenizer; a robot needs both "
-              "(openpi's assets/<robot>/norm_stats.json, paligemma_tokenizer.model)", file=sys.stderr)
+    """A trained checkpoint served without its tokenizer or statistics gives a robot meaningless actions."""
+    if checkpoint is None:
+        return
+    if tokenizer is None:
+        print("vlaperf serve: warning: serving a checkpoint without --tokenizer: its prompts go through a stand-in "
+              "tokenizer whose ids mean nothing to the model (pass PaliGemma's paligemma_tokenizer.model)", file=sys.stderr)
+    if norm_stats is None:
+        print("vlaperf serve: warning: serving a checkpoint without --norm-stats: the state is not normalized and the "
+              "actions stay in the model's normalized units (pass openpi's assets/<robot>/norm_stats.json)", file=sys.stderr)
 
 
 def _wam_policy(args, console):
