@@ -126,6 +126,9 @@ def test_either_image_layout_and_float_pixels_in_range_are_taken(libero):
     assert torch.equal(tr(ex).images, base)
     ex["observation/image"] = hwc.astype(np.float32) / 255 + 5e-4  # a rounding's overshoot stays in range
     assert (tr(ex).images - base).abs().max() <= 2 / 127.5
+    prompts = [tr.host_arrays(dict(ex, prompt=p)).tokens[0] for p in (ex["prompt"], np.asarray(ex["prompt"]),
+                                                                       np.asarray(ex["prompt"].encode()), ex["prompt"].encode())]
+    assert all(np.array_equal(t, prompts[0]) for t in prompts)  # str, 0-d str / bytes arrays, bytes: one prompt
 
 
 def test_tokenizer_ids_outside_the_vocabulary_are_refused(libero):

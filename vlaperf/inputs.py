@@ -359,10 +359,10 @@ class ObservationTransform:
             raise InputError("prompt: missing; an observation carries its task instruction as 'prompt' (a string; "
                              "'' for none)")
         prompt = example["prompt"]
+        if isinstance(prompt, np.ndarray) and prompt.dtype.kind in "US" and prompt.ndim == 0:
+            prompt = prompt.item()  # openpi's own transforms send np.asarray(prompt)
         if isinstance(prompt, bytes):
             prompt = prompt.decode("utf-8", "replace")
-        if isinstance(prompt, np.ndarray) and prompt.dtype.kind in "US" and prompt.ndim == 0:
-            prompt = str(prompt)
         if not isinstance(prompt, str):
             got = f"an array of shape {prompt.shape}" if isinstance(prompt, np.ndarray) else type(prompt).__name__
             raise InputError(f"prompt: expected a string, got {got}")
