@@ -110,3 +110,95 @@ def test_both_embedding_names_the_embedding_wins(tmp_path):
     dst = build_model("tiny", seed=2)
     load_checkpoint(dst, tmp_path / "both.safetensors")
     _assert_same(src, dst)
+
+
+def test_engine_built_before_a_load_refuses_to_run(tmp_path):
+    """An engine copies the weights it is built from: after load_checkpoint it would run a mix of old and new
+    weights, so it refuses, naming the cause; an engine built after the load runs the checkpoint's weights."""
+    from vlaperf.engine import Engine
+    from vlaperf.inputs import random_noise, random_observation
+    from vlaperf.workloads import get_workload
+
+    w = get_workload("tiny")
+    path = save_checkpoint(build_model("tiny", seed=1), tmp_path / "seed1")
+    model = build_model("tiny", seed=0)
+    stale = Engine(model, "for_loop,fuse_projections")
+    load_checkpoint(model, path)
+    obs, noise = random_observation(w, model.config), random_noise(w, model.config)
+    with pytest.raises(RuntimeError, match="weights changed since this engine was built"):
+        stale.sample_actions(obs, noise, 2)
+    fresh = Engine(model, "for_loop,fuse_projections")
+    torch.testing.assert_close(fresh.sample_actions(obs, noise, 2), model.sample_actions(obs, noise, 2))
+    assert model.checkpoint == {"path": str(path), "layout": "openpi"}
+
+
+def test_released_models_cannot_be_saved_or_loaded(tmp_path):
+    from vlaperf.engine import Engine
+
+    model = build_model("tiny")
+    path = save_checkpoint(model, tmp_path / "ok")
+    Engine(model, "fuse_projections").release_reference_weights()
+    for action in (lambda: save_checkpoint(model, tmp_path / "out"), lambda: load_checkpoint(model, path)):
+        with pytest.raises(CheckpointError, match="reference weights were released"):
+            action()
+    assert not (tmp_path / "out").exists()
+
+
+@pytest.mark.parametrize("edit,message", [
+    (lambda t: t.__setitem__("action_in_proj.weight", t["action_in_proj.weight"].long()),
+     "wrong dtype for action_in_proj.weight: checkpoint has int64, model expects floating point"),
+    (lambda t: t["action_in_proj.weight"].__setitem__((0, 0), float("nan")), "non-finite weights:\n  action_in_proj.weight: NaN or inf"),
+])
+def test_integer_and_non_finite_weights_are_refused_and_the_model_is_untouched(tmp_path, edit, message):
+    tensors = read_tensors(save_checkpoint(build_model("tiny", seed=1), tmp_path / "a.safetensors"))
+    edit(tensors)
+    save_file(tensors, str(tmp_path / "bad.safetensors"))
+    model = build_model("tiny", seed=2)
+    before = {k: v.clone() for k, v in model.state_dict().items()}
+    with pytest.raises(CheckpointError, match=message):
+        load_checkpoint(model, tmp_path / "bad.safetensors")
+    assert all(torch.equal(before[k], v) for k, v in model.state_dict().items()) and model.weights_version == 0
+
+
+def test_overflow_in_the_models_dtype_is_refused(tmp_path):
+    tensors = read_tensors(save_checkpoint(build_model("tiny", seed=1), tmp_path / "a.safetensors"))
+    model = build_model("tiny", dtype=torch.float16)
+    key = next(k for k, v in model.state_dict().items() if v.dtype == torch.float16 and v.dim() == 2)
+    tensors[key] = tensors[key].float()
+    tensors[key][0, 0] = 1e6  # finite in float32, inf in float16
+    save_file(tensors, str(tmp_path / "big.safetensors"))
+    with pytest.raises(CheckpointError, match=f"{key}: NaN or inf once cast to the model's torch.float16"):
+        load_checkpoint(model, tmp_path / "big.safetensors")
+
+
+def test_duplicate_time_mlp_names_are_refused(tmp_path):
+    tensors = read_tensors(save_checkpoint(build_model("tiny", seed=1), tmp_path / "a.safetensors", layout="lerobot"))
+    for name in [k for k in tensors if k.startswith("model.action_time_mlp_")]:
+        tensors[name.replace("model.action_time_mlp_", "model.time_mlp_")] = tensors[name].clone()
+    save_file(tensors, str(tmp_path / "both.safetensors"))
+    with pytest.raises(CheckpointError, match="several keys of the checkpoint name the same tensor action_time_mlp_"):
+        load_checkpoint(build_model("tiny"), tmp_path / "both.safetensors")
+
+
+def test_bad_output_paths_are_named_and_leave_nothing_behind(tmp_path):
+    import os
+    import stat
+
+    model = build_model("tiny")
+    (tmp_path / "plainfile").write_text("x")
+    (tmp_path / "dir.safetensors").mkdir()
+    for out, message in ((tmp_path / "plainfile", "an existing file"), (tmp_path / "dir.safetensors", "a folder"),
+                         ("", "output path: empty")):
+        with pytest.raises(CheckpointError, match=message):
+            save_checkpoint(model, out)
+    blocker = tmp_path / "blocker"
+    blocker.write_text("x")
+    with pytest.raises(CheckpointError, match="cannot write"):
+        save_checkpoint(model, blocker / "sub" / "m.safetensors")  # a parent that is a file
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["blocker", "dir.safetensors", "plainfile"]
+    old = os.umask(0o022)
+    try:
+        path = save_checkpoint(model, tmp_path / "new" / "deeper" / "m.safetensors")  # parents created
+    finally:
+        os.umask(old)
+    assert stat.S_IMODE(path.stat().st_mode) == 0o644 and not list(path.parent.glob("*.partial"))

@@ -16,7 +16,7 @@ def test_bench_tiny_writes_valid_result(tmp_path, capsys):
     r = read_result(out)
     assert r["command"] == "bench" and r["workload"] == {"id": "tiny", "overrides": {}}
     assert r["timers"]["wall_ms"]["count"] == 5 and r["timers"]["cuda_event_ms"] is None
-    assert r["variant"] == {"levers": [], "label": "reference", "dtype": "float32"}
+    assert r["variant"] == {"levers": [], "label": "reference", "dtype": "float32", "checkpoint": None}  # random weights
     assert r["env"]["torch"] and isinstance(r["env"]["env_vars"], dict) and "c_compiler" in r["env"]
     assert r["first_call_s"] > 0 and len(r["samples"]["wall_ms"]) == 5
     assert "median" in capsys.readouterr().out

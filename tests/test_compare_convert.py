@@ -214,7 +214,8 @@ def test_cli_convert_round_trip(tmp_path, capsys):
 @pytest.mark.parametrize(
     "args,message",
     [
-        (["--from", "openpi", "--to", "lerobot", "--preset", "pi0"], "missing tensor"),  # a tiny file is not pi0
+        # a tiny file is not pi0: the counts first, then the wrong shapes (the telling ones) before the missing names
+        (["--from", "openpi", "--to", "lerobot", "--preset", "pi0"], "(90 wrong shape, 688 missing):\n  wrong shape for"),
         (["--from", "lerobot", "--to", "openpi", "--preset", "tiny"], "lack the 'model.' prefix"),
         (["--from", "openpi", "--to", "lerobot", "--preset", "tiny", "--in", "/nonexistent"], "checkpoint not found"),
         (["--from", "jax", "--to", "lerobot", "--preset", "tiny"], "invalid choice: 'jax'"),

@@ -14,6 +14,7 @@ is an error that names the key and both shapes.
 
 from __future__ import annotations
 
+import contextlib
 import os
 from pathlib import Path
 
@@ -64,8 +65,9 @@ def to_openpi_names(tensors: dict[str, torch.Tensor], layout: str, pi05: bool) -
         raise CheckpointError(f"unknown checkpoint layout {layout!r}; expected one of {LAYOUTS}")
     if layout == "auto":
         layout = detect_layout(tensors)
-    out = {}
+    out, source = {}, {}
     for key, t in tensors.items():
+        original = key
         if layout == "lerobot":
             if not key.startswith(LEROBOT_PREFIX):
                 raise CheckpointError(f"LeRobot checkpoint key {key!r} lacks the {LEROBOT_PREFIX!r} prefix")
@@ -75,7 +77,10 @@ def to_openpi_names(tensors: dict[str, torch.Tensor], layout: str, pi05: bool) -
                 key = key[len("action_"):]
             elif not pi05 and key.startswith("time_mlp_"):
                 key = "action_" + key
-        out[key] = t
+        if key in out:  # the legacy and the current time-MLP names both present: which one is meant is unknowable
+            raise CheckpointError(f"several keys of the checkpoint name the same tensor {key}: {source[key]!r} and "
+                                  f"{original!r}")
+        out[key], source[key] = t, original
     # Tied embedding: openpi's file keeps the LM head's name only. LeRobot (transformers 5.5)
     # unties the two and saves both; on load it copies the LM head into the embedding and
     # then the file's own embedding overwrites it, so with both present the embedding wins.
@@ -96,8 +101,10 @@ def load_checkpoint(model: Pi0Model, path: str | os.PathLike, layout: str = "aut
     layout_found = detect_layout(tensors) if layout == "auto" else layout
     named = to_openpi_names(tensors, layout_found, model.config.pi05)
     load_state(model, named)
-    return {"path": str(checkpoint_file(path)), "layout": layout_found, "tensors": len(tensors),
-            "file_dtypes": sorted({str(t.dtype) for t in tensors.values()})}
+    report = {"path": str(checkpoint_file(path)), "layout": layout_found, "tensors": len(tensors),
+              "file_dtypes": sorted({str(t.dtype) for t in tensors.values()})}
+    model.checkpoint = {"path": report["path"], "layout": layout_found}  # result files record where the weights came from
+    return report
 
 
 def check_tensors(named: dict[str, torch.Tensor], expected: dict[str, torch.Size], cfg) -> None:
@@ -105,27 +112,49 @@ def check_tensors(named: dict[str, torch.Tensor], expected: dict[str, torch.Size
     shaped tensor (openpi names on both sides), with a hint when the file is the other
     member of the family (pi0 vs pi0.5)."""
     problems = []
+    for key in sorted(set(named) & set(expected)):  # the ones that explain most first: shapes and dtypes
+        if named[key].shape != expected[key]:
+            problems.append(f"wrong shape for {key}: checkpoint has {list(named[key].shape)}, model expects {list(expected[key])}")
+        elif not named[key].is_floating_point():
+            problems.append(f"wrong dtype for {key}: checkpoint has {str(named[key].dtype).removeprefix('torch.')}, "
+                            "model expects floating point")
     for key in sorted(set(expected) - set(named)):
         problems.append(f"missing tensor {key} (model expects shape {list(expected[key])})")
     for key in sorted(set(named) - set(expected)):
         problems.append(f"unexpected tensor {key} with shape {list(named[key].shape)} (not a parameter of preset {cfg.name!r})")
-    for key in sorted(set(named) & set(expected)):
-        if named[key].shape != expected[key]:
-            problems.append(f"wrong shape for {key}: checkpoint has {list(named[key].shape)}, model expects {list(expected[key])}")
     if problems:
         shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
         looks_other = "state_proj.weight" in named if cfg.pi05 else "time_mlp_in.weight" in named
         kind, other = ("pi0.5", "pi0") if cfg.pi05 else ("pi0", "pi0.5")
         hint = f" (the file looks like {other}, the preset is {kind})" if looks_other else ""
-        raise CheckpointError(f"checkpoint does not match model preset {cfg.name!r}{hint}:\n  " + "\n  ".join(shown))
+        counts = ", ".join(f"{sum(p.startswith(k) for p in problems)} {k}" for k in ("wrong shape", "wrong dtype", "missing",
+                                                                                   "unexpected")
+                           if any(p.startswith(k) for p in problems))
+        raise CheckpointError(f"checkpoint does not match model preset {cfg.name!r}{hint} ({counts}):\n  " + "\n  ".join(shown))
 
 
 def load_state(model: Pi0Model, named: dict[str, torch.Tensor]) -> None:
+    """Check every tensor (names, shapes, dtypes; finite in the model's dtypes), then copy them in: a
+    refused file leaves the model as it was. Bumps `model.weights_version`, which engines built before
+    the load check before they run."""
+    if model.reference_released:
+        raise CheckpointError("this model's reference weights were released (Engine.release_reference_weights): "
+                              "build the model again to load a checkpoint into it")
     expected = model.state_dict()
     check_tensors(named, {k: v.shape for k, v in expected.items()}, model.config)
+    cast, bad = {}, []
+    for key, param in expected.items():
+        cast[key] = named[key].to(param.dtype)
+        if not torch.isfinite(cast[key]).all():
+            where = "" if not torch.isfinite(named[key]).all() else f" once cast to the model's {param.dtype}"
+            bad.append(f"{key}: NaN or inf{where}")
+    if bad:
+        shown = bad[:20] + ([f"... and {len(bad) - 20} more"] if len(bad) > 20 else [])
+        raise CheckpointError("checkpoint holds non-finite weights:\n  " + "\n  ".join(shown))
     with torch.no_grad():
         for key, param in expected.items():
-            param.copy_(named[key])  # copies into the model's own dtype and device
+            param.copy_(cast[key])  # into the model's own device
+    model.weights_version += 1
 
 
 def save_checkpoint(model: Pi0Model, path: str | os.PathLike, layout: str = "openpi") -> Path:
@@ -133,13 +162,51 @@ def save_checkpoint(model: Pi0Model, path: str | os.PathLike, layout: str = "ope
     Tensors are saved in the model's dtypes; the tied embedding under the LM head's name."""
     if layout not in ("openpi", "lerobot"):
         raise CheckpointError(f"can only save in 'openpi' or 'lerobot' layout, got {layout!r}")
-    p = Path(path)
-    if p.suffix != ".safetensors":
-        p.mkdir(parents=True, exist_ok=True)
-        p = p / "model.safetensors"
+    if model.reference_released:
+        raise CheckpointError("this model's reference weights were released (Engine.release_reference_weights); "
+                              "save a checkpoint before releasing them")
+    p = output_file(path)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
     if LM_HEAD in state:
         state.pop(EMBED, None)  # stored once, as openpi's file does
     prefix = LEROBOT_PREFIX if layout == "lerobot" else ""
-    save_file({prefix + k: v for k, v in state.items()}, str(p), metadata={"format": "pt", "layout": layout})
+    write_safetensors({prefix + k: v for k, v in state.items()}, p, {"format": "pt", "layout": layout})
     return p
+
+
+def output_file(path: str | os.PathLike) -> Path:
+    """Where a checkpoint goes: a `.safetensors` path as it is, any other path a folder that gets
+    `model.safetensors`. Nothing is created here (a refused run leaves nothing behind)."""
+    if not str(path).strip():
+        raise CheckpointError("output path: empty; expected a .safetensors file or a folder")
+    p = Path(path)
+    if p.suffix == ".safetensors":
+        if p.is_dir():
+            raise CheckpointError(f"output {p}: a folder; expected a .safetensors file path (or a folder without the suffix)")
+        return p
+    if p.exists() and not p.is_dir():
+        raise CheckpointError(f"output {p}: an existing file; expected a .safetensors path or a folder")
+    return p / "model.safetensors"
+
+
+def write_safetensors(tensors: dict[str, torch.Tensor], dst: Path, metadata: dict[str, str]) -> None:
+    """Write through a `.partial` file renamed into place, so a failed write leaves no file (and no folder
+    it created); the file gets the usual umask's mode, not the 0600 of safetensors' temporary file."""
+    created = [d for d in (dst.parent, *dst.parent.parents) if not d.exists()]
+    tmp = dst.with_name(dst.name + ".partial")
+    try:
+        dst.parent.mkdir(parents=True, exist_ok=True)
+        save_file(tensors, str(tmp), metadata=metadata)
+        umask = os.umask(0)
+        os.umask(umask)
+        os.chmod(tmp, 0o666 & ~umask)
+        os.replace(tmp, dst)
+    except (OSError, SafetensorError) as e:
+        with contextlib.suppress(OSError):
+            tmp.unlink(missing_ok=True)
+        for d in created:  # innermost first
+            try:
+                d.rmdir()
+            except OSError:
+                break
+        raise CheckpointError(f"cannot write {dst}: {getattr(e, 'strerror', None) or e}") from None

@@ -189,7 +189,8 @@ def result_header(command: str, base, workload, model, env: dict, levers: list[s
         "schema": SCHEMA,
         "command": command,
         "workload": {"id": workload.id, "overrides": workload.overrides_vs(base)},
-        "variant": {"levers": levers, "label": label, "dtype": str(model.dtype).replace("torch.", "")},
+        "variant": {"levers": levers, "label": label, "dtype": str(model.dtype).replace("torch.", ""),
+                    "checkpoint": getattr(model, "checkpoint", None)},  # None: random weights
         "mode": mode,
         "env": env,
     }

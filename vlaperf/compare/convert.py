@@ -32,10 +32,7 @@ Naming, as read in openpi and LeRobot 0.6.1 source:
 from __future__ import annotations
 
 import os
-from pathlib import Path
-
 import torch
-from safetensors.torch import save_file
 
 from vlaperf.checkpoints import (
     EMBED,
@@ -45,8 +42,10 @@ from vlaperf.checkpoints import (
     check_tensors,
     checkpoint_file,
     detect_layout,
+    output_file,
     read_tensors,
     to_openpi_names,
+    write_safetensors,
 )
 from vlaperf.models.pi0 import Pi0Config, Pi0Model, get_config
 
@@ -157,15 +156,6 @@ def convert_tensors(tensors: dict[str, torch.Tensor], from_layout: str, to_layou
     return out, report
 
 
-def _output_file(dst: str | os.PathLike) -> Path:
-    p = Path(dst)
-    if p.suffix == ".safetensors":
-        p.parent.mkdir(parents=True, exist_ok=True)
-        return p
-    p.mkdir(parents=True, exist_ok=True)
-    return p / "model.safetensors"
-
-
 def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, from_layout: str, to_layout: str,
                        preset: str | Pi0Config) -> dict:
     """Convert `src` (a model.safetensors or a folder holding one) from `from_layout` to
@@ -176,15 +166,13 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, from_layo
     embedding_from, lm_head_differed, src, dst.
     """
     src_file = checkpoint_file(src)
-    dst_file = _output_file(dst)
+    dst_file = output_file(dst)
     if dst_file.exists() and dst_file.resolve() == src_file.resolve():
         raise CheckpointError(f"refusing to overwrite the input {src_file}: give another output path")
     tensors = read_tensors(src_file)
     out, report = convert_tensors(tensors, from_layout, to_layout, preset)
     meta = {"format": "pt", "layout": to_layout, "converted_from": from_layout, "preset": report["preset"]}
-    tmp = dst_file.with_name(dst_file.name + ".partial")
-    save_file(out, str(tmp), metadata=meta)
-    os.replace(tmp, dst_file)  # a failed write never leaves a half file under the final name
+    write_safetensors(out, dst_file, meta)  # a failed write leaves no half file under the final name
     report.update({"src": str(src_file), "dst": str(dst_file)})
     return report
 

@@ -73,6 +73,7 @@ class Engine:
         self.graphs = GraphCache() if self.levers.cuda_graph else None
         self.last_plan: PrefixPlan | None = None
         self._call_lock = threading.RLock()  # one call at a time (sample_actions)
+        self._weights_version = model.weights_version  # the weights this engine copied (see sample_actions)
         # Stage boundaries for the profiler: called with a stage name where that stage
         # starts ("embed_prefix", "prefill", "denoise_step_<i>") and "end" after the last.
         # Only on the plain path (it is not called inside a CUDA graph or compiled code).
@@ -133,6 +134,9 @@ class Engine:
         threads take turns: the static KV cache, the CUDA graphs' input buffers and the schedule
         tables are the engine's own, one set per shape, so two calls at once would write each other's."""
         check_sample_inputs(self.model.config, obs, noise, num_steps, self.device)
+        if self.model.weights_version != self._weights_version:
+            raise RuntimeError("the model's weights changed since this engine was built (a checkpoint was loaded into "
+                               "it), and the engine holds copies of the old ones: build the Engine again")
         with self._call_lock:
             return self._sample_actions(obs, noise, num_steps)
 

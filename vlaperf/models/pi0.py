@@ -485,6 +485,10 @@ class Pi0Model(nn.Module):
         self.config = cfg
         # set by Engine.release_reference_weights: the layers' own weights are gone
         self.reference_released = False
+        # bumped by each checkpoint load (checkpoints.load_state): an engine built before it holds copies of
+        # the old weights and refuses to run; `checkpoint` says where the weights came from (None: random)
+        self.weights_version = 0
+        self.checkpoint: dict | None = None
         D_e = cfg.expert.width
         self.paligemma_with_expert = PaliGemmaWithExpert(cfg)
         self.action_in_proj = nn.Linear(cfg.action_dim, D_e)
