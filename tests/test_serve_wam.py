@@ -76,7 +76,11 @@ def test_batched_requests_match_unbatched(server):
     (lambda ex: ex.update({"observation/context_latent": np.zeros((1, 8, 15), np.float32)}),
      "observation/context_latent: expected shape (1, 8, 16), got (1, 8, 15)"),
     (lambda ex: ex.update({"observation/state": np.full(8, np.nan, np.float32)}), "observation/state: holds NaN or inf"),
-    (lambda ex: ex.update({"prompt": ""}), "prompt: expected a non-empty string"),
+    (lambda ex: ex.update({"prompt": ""}), "prompt: empty; the world-action model is conditioned on its instruction"),
+    (lambda ex: ex.update({"prompt": 7}), "prompt: expected a string"),
+    (lambda ex: ex.update({"prompt": "a" * 5000}), "prompt: 5000 characters, expected at most 4096"),
+    (lambda ex: ex.update({"observation/state": np.full(ex["observation/state"].shape, 1e300)}),
+     "observation/state: holds values beyond float32's range"),
 ])
 def test_bad_observations_name_the_field_and_the_connection_survives(server, change, message):
     example = make_wam_example(W, seed=1)

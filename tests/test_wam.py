@@ -124,10 +124,16 @@ def test_sampling_arguments_are_checked(tiny, inputs):
         tiny.generate(obs, noise, 4, video_steps=5)
     with pytest.raises(ValueError, match="sparsity must be one of"):
         tiny.generate(obs, noise, 4, sparsity="drop_all")
-    with pytest.raises(ValueError, match="cfg_scale must be >= 0"):
-        tiny.generate(obs, noise, 4, cfg_scale=-1.0)
-    with pytest.raises(ValueError, match="steps must be an integer >= 1"):
-        tiny.generate(obs, noise, 0)
+    for scale in (-1.0, float("inf"), 1e30):
+        with pytest.raises(ValueError, match=r"cfg_scale must be in \[0, 100\]"):
+            tiny.generate(obs, noise, 4, cfg_scale=scale)
+    for steps in (0, 10**6, True):
+        with pytest.raises(ValueError, match="steps must be an integer in 1..1000"):
+            tiny.generate(obs, noise, steps)
+    with pytest.raises(ValueError, match="shift must be a finite number > 0"):
+        tiny.generate(obs, noise, 4, shift=float("inf"))
+    with pytest.raises(ValueError, match="obs.state: expected a floating tensor of the other inputs' dtype"):
+        tiny.generate(type(obs)(obs.context, obs.text, obs.state.double()), noise, 4)
     with pytest.raises(ValueError, match="unknown world-action model preset"):
         get_config("wam-huge")
 
@@ -560,3 +566,28 @@ def test_breakdown_names_the_steps_that_run_every_token_and_those_that_run_the_a
         assert stages["full_denoise_step"]["per_call"] == full
         assert stages.get("action_denoise_step", {}).get("per_call", 0) == alone
         assert {"setup", "context_kv", "output"} <= set(stages) and 0 < bd["coverage"]
+
+
+def test_an_engine_on_a_released_model_and_an_empty_batch_are_named_errors(tiny):
+    from vlaperf.engine.wam import WamEngine
+    from vlaperf.inputs import InputError
+    from vlaperf.models.wam import build_wam
+    from vlaperf.policy import WamPolicy
+    from vlaperf.workloads import get_wam_workload
+
+    model = build_wam("wam-tiny", "cpu", seed=0)
+    WamEngine(model, "exact").release_reference_weights()
+    with pytest.raises(RuntimeError, match="reference weights were released"):
+        WamEngine(model, "exact")
+    fresh = build_wam("wam-tiny", "cpu", seed=0)
+    policy = WamPolicy(fresh, fresh.generate, get_wam_workload("wam-tiny"))
+    for batch in ([], None):
+        with pytest.raises(InputError, match="observation must be a dict"):
+            policy.infer(batch)
+
+
+def test_configs_whose_middle_frames_are_observed_are_refused():
+    """Frame sparsity drops or masks the two middle frames: they must be frames the model predicts."""
+    with pytest.raises(ValueError, match=r"middle frames \(1, 2\) .* frames must be >= 6"):
+        get_config("wam-tiny", frames=4, context_frames=2)
+    get_config("wam-tiny", frames=6, context_frames=2)

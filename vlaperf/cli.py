@@ -336,6 +336,8 @@ def cmd_check(args) -> int:
         specs = [",".join(REQUIRES.get(n, ()) + (n,)) for n in LEVERS if _applicable(n, device)] + ["best"]
     else:
         specs = [s for s in args.levers.split(";") if s.strip()]
+    if not specs:
+        raise CliError(f"--levers {args.levers!r}: no variant to check; expected 'all' or ';'-separated variants")
     rows = []
     for spec in specs:
         engine = make_engine(model, spec)

@@ -164,7 +164,11 @@ class WamTransform:
             raise InputError(f"{key}: expected shape {shape}, got {a.shape}")
         if not np.isfinite(a).all():
             raise InputError(f"{key}: holds NaN or inf")
-        return a.astype(np.float32, copy=False)
+        with np.errstate(over="ignore"):
+            a32 = a.astype(np.float32, copy=False)
+        if not np.isfinite(a32).all():
+            raise InputError(f"{key}: holds values beyond float32's range (|x| > 3.4e38)")
+        return a32
 
     def validate(self, example: dict) -> None:
         from vlaperf.inputs import InputError
@@ -174,9 +178,15 @@ class WamTransform:
         cfg = self.cfg
         self._array(example, "observation/context_latent", (cfg.context_frames, cfg.patches, cfg.patch_channels))
         self._array(example, "observation/state", (cfg.state_dim,))
+        from vlaperf.inputs import MAX_PROMPT_CHARS
+
         prompt = example.get("prompt")
-        if not isinstance(prompt, str) or not prompt.strip():
-            raise InputError(f"prompt: expected a non-empty string, got {type(prompt).__name__}")
+        if not isinstance(prompt, str):
+            raise InputError(f"prompt: expected a string (the task instruction), got {type(prompt).__name__}")
+        if not prompt.strip():  # unlike the pi0 family's "", the text encoder's embedding of nothing is no condition
+            raise InputError("prompt: empty; the world-action model is conditioned on its instruction")
+        if len(prompt) > MAX_PROMPT_CHARS:
+            raise InputError(f"prompt: {len(prompt)} characters, expected at most {MAX_PROMPT_CHARS}")
 
     def __call__(self, examples: list[dict]):
         from vlaperf.models.wam import WamObservation
@@ -218,7 +228,11 @@ class WamPolicy:
     def infer(self, example: dict[str, Any] | list[dict[str, Any]]) -> dict[str, Any]:
         w = self.workload
         t0 = time.perf_counter()
-        examples = [example] if isinstance(example, dict) else list(example)
+        from vlaperf.inputs import InputError
+
+        examples = [example] if isinstance(example, dict) else list(example) if isinstance(example, (list, tuple)) else []
+        if not examples:
+            raise InputError("observation must be a dict (or a non-empty list of dicts)")
         obs = self.transform(examples)
         noise = self._noise(len(examples))
         t1 = time.perf_counter()
@@ -241,4 +255,5 @@ class WamPolicy:
                 "action_horizon": cfg.action_horizon, "robot_action_dim": cfg.action_dim, "action_dim": cfg.action_dim,
                 "state_dim": cfg.state_dim, "layout": "wam", "keys": list(WAM_KEYS),
                 "context_latent_shape": [cfg.context_frames, cfg.patches, cfg.patch_channels],
-                "sampler": {k: getattr(w, k) for k in ("steps", "video_steps", "sparsity", "cfg_scale", "shift")}}
+                "sampler": {k: getattr(w, k) for k in ("steps", "video_steps", "sparsity", "cfg_scale", "shift")},
+                "text_encoder": type(self.transform.text_encoder).__name__}

@@ -253,6 +253,9 @@ class WamEngine:
     def __init__(self, model: WorldActionModel, levers: str | WamLevers = "best", compile_backend: str = "inductor"):
         """compile_backend: "eager" traces exactly as inductor would (graph breaks, guards) without
         generating kernels: what the CPU tests use."""
+        if model.reference_released:
+            raise RuntimeError("this model's reference weights were released (WamEngine.release_reference_weights): build "
+                               "the model again to build another engine")
         self.model = model
         self.cfg = model.config
         self.device = model.device

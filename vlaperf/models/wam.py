@@ -80,6 +80,10 @@ class WamConfig:
             raise ValueError(f"context_frames must be in 1..frames-1, got {self.context_frames} of {self.frames}")
         if self.frames < 4:
             raise ValueError(f"frames must be >= 4 (two middle frames besides the first and last), got {self.frames}")
+        if self.frames // 2 - 1 < self.context_frames:  # middle_frames: sparsity may only touch predicted frames
+            raise ValueError(f"the two middle frames ({self.frames // 2 - 1}, {self.frames // 2}) that frame sparsity drops "
+                             f"or masks must be predicted frames, after the {self.context_frames} observed one(s): "
+                             f"frames must be >= {2 * self.context_frames + 2}")
 
     @property
     def head_dim(self) -> int:
@@ -142,11 +146,16 @@ def check_inputs(cfg: WamConfig, obs: WamObservation, noise: WamNoise) -> None:
         "noise.video": (noise.video, (b, cfg.video_frames, cfg.patches, cfg.patch_channels)),
         "noise.actions": (noise.actions, (b, cfg.action_horizon, cfg.action_dim)),
     }
+    dtype = None
     for name, (t, shape) in expected.items():
         if not isinstance(t, Tensor):
             raise ValueError(f"{name}: expected a tensor of shape {shape}, got {type(t).__name__}")
         if tuple(t.shape) != shape:
             raise ValueError(f"{name}: expected shape {shape} (batch, ...; {cfg.name}), got {tuple(t.shape)}")
+        if not t.is_floating_point() or (dtype is not None and t.dtype != dtype):
+            raise ValueError(f"{name}: expected a floating tensor of the other inputs' dtype ({dtype or 'the model dtype'}), "
+                             f"got {t.dtype}")
+        dtype = dtype or t.dtype
 
 
 def random_wam_inputs(cfg: WamConfig, batch: int, device, dtype: torch.dtype, seed: int = 0) -> tuple[WamObservation, WamNoise]:
@@ -483,17 +492,22 @@ def drop_factor(cfg: WamConfig, device) -> Tensor:
     return f
 
 
+# Beyond these the run is a mistake, not a setting: a million steps would also tabulate ~129 GB of host
+# schedules (host_schedule), and a guidance scale this large gives non-finite velocities
+MAX_STEPS, MAX_CFG_SCALE = 1000, 100.0
+
+
 def check_sampling_args(steps: int, video_steps: int, sparsity: str, cfg_scale: float, shift: float) -> None:
-    if not isinstance(steps, int) or steps < 1:
-        raise ValueError(f"steps must be an integer >= 1, got {steps!r}")
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
+        raise ValueError(f"steps must be an integer in 1..{MAX_STEPS}, got {steps!r}")
     if not isinstance(video_steps, int) or not 1 <= video_steps <= steps:
         raise ValueError(f"video_steps must be an integer in 1..steps ({steps}), got {video_steps!r}")
     if sparsity not in SPARSITY:
         raise ValueError(f"sparsity must be one of {', '.join(SPARSITY)}, got {sparsity!r}")
-    if not cfg_scale >= 0:
-        raise ValueError(f"cfg_scale must be >= 0 (0: no guidance), got {cfg_scale!r}")
-    if not shift > 0:
-        raise ValueError(f"shift must be > 0, got {shift!r}")
+    if not 0 <= cfg_scale <= MAX_CFG_SCALE:
+        raise ValueError(f"cfg_scale must be in [0, {MAX_CFG_SCALE:g}] (0: no guidance), got {cfg_scale!r}")
+    if not 0 < shift < math.inf:
+        raise ValueError(f"shift must be a finite number > 0, got {shift!r}")
 
 
 # ------------------------------------------------------------------------ building

@@ -66,6 +66,15 @@ def header(command: str, base, workload, model, env: dict, levers: list[str], la
     return result
 
 
+def refuse_sampler_options_in_forward(args, mode: str) -> None:
+    """--mode forward times one unguided forward: the sampler's settings would be recorded but not run."""
+    from vlaperf.cli import CliError
+
+    given = [f"--{n.replace('_', '-')}" for n in ("steps", "video_steps", "cfg_scale") if getattr(args, n, None) is not None]
+    if mode == "forward" and given:
+        raise CliError(f"{', '.join(given)}: --mode forward times one forward, without the sampler; use --mode model")
+
+
 def call_fn(model, engine, workload, obs, noise, mode: str):
     """The call to time: one forward or one generate, by the engine or the reference."""
     kw = workload.sampling()
@@ -93,6 +102,7 @@ def cmd_bench(args) -> int:
     if args.mode == "policy":
         raise CliError("--mode policy: the world-action model has no observation transform (VAE, text encoder) in vlaperf; "
                        "use --mode model (generate on device tensors) or --mode forward")
+    refuse_sampler_options_in_forward(args, args.mode)
     base, workload, model, device = setup(args)
     engine = None if args.levers in ("reference", "none", "") else make_engine(model, args.levers)
     label = engine.name if engine else "reference"
@@ -151,11 +161,14 @@ def cmd_check(args) -> int:
     from rich.table import Table
 
     from vlaperf.check import check_wam_equivalence
+    from vlaperf.cli import CliError
     from vlaperf.report.schema import write_result
     from vlaperf.timing import environment_record
 
     base, workload, model, device = setup(args)
     specs = check_specs(device) if args.levers == "all" else [s for s in args.levers.split(";") if s.strip()]
+    if not specs:
+        raise CliError(f"--levers {args.levers!r}: no variant to check; expected 'all' or ';'-separated variants")
     sparsities = [workload.sparsity] if getattr(args, "sparsity", None) else list(SPARSITY_ALL)
     rows = []
     for sp in sparsities:
@@ -173,6 +186,7 @@ def cmd_check(args) -> int:
         result = header("check", base, workload, model, environment_record(device), [], "check", None)
         result["checks"] = rows
         write_result(result, args.json)
+        print(f"wrote {args.json}")
     return 0 if all(r["passed"] for r in rows) else 1
 
 
@@ -220,6 +234,7 @@ def cmd_matrix(args) -> int:
     mode = getattr(args, "mode", None) or "model"
     if mode not in ("model", "forward"):
         raise CliError(f"--mode {mode}: the world-action matrix times 'model' (generate) or 'forward' (one forward)")
+    refuse_sampler_options_in_forward(args, mode)
     base, workload, model, device = setup(args)
     variants = parse_variants(args.variants, device)
     sparsities = [workload.sparsity] if getattr(args, "sparsity", None) else list(SPARSITY_ALL)

@@ -316,7 +316,9 @@ def print_serve(server, console=None) -> None:
         ("auth", "Api-Key header required" if server.api_key else "none (loopback only unless --allow-unauthenticated)"),
         ("action chunk", f"{m.get('action_horizon')} x {m.get('robot_action_dim')} float32"),
         ("denoise steps", str(m.get("num_steps"))),
-        ("inputs", f"tokenizer {m.get('tokenizer', '-')}; normalization {m.get('normalization') or 'none (model units)'}"),
+        ("inputs", f"tokenizer {m.get('tokenizer', '-')}; normalization {m.get('normalization') or 'none (model units)'}"
+         if "sampler" not in m else f"latents, state, prompt (text encoder {m.get('text_encoder', '-')})"),
+        *([("sampler", ", ".join(f"{k} {v}" for k, v in m["sampler"].items()))] if "sampler" in m else []),
         ("levers", ",".join(m.get("levers") or []) or "reference"),
         ("batching", f"up to {server.max_batch} per call, wait <= {server.max_wait_ms:g} ms"),
         ("max message", f"{server.max_message_bytes / 2**20:g} MiB"),
