@@ -75,6 +75,8 @@ def test_bad_arguments_exit_2_with_message(args, message, capsys):
         (["matrix", "--device", "cpu", "--variants", "for_loop,,sdpa"], "--variants: empty lever name in 'for_loop,,sdpa'"),
         (["check", "--device", "cpu", "--levers", "for_loop,"], "empty lever name in 'for_loop,'"),
         (["check", "--device", "cpu", "--levers", ";;"], "--levers ';;': no variant to check"),
+        (["scaling", "--device", "cpu", "--steps", "1,100000000"], "expected at least two different step counts in 1..1000"),
+        (["scaling", "--device", "cpu", "--steps", "1,,2"], "expected comma-separated integers"),
         (["check", "--workload", "wam-tiny", "--device", "cpu", "--levers", ";;"], "--levers ';;': no variant to check"),
         (["bench", "--workload", "wam-tiny", "--device", "cpu", "--mode", "forward", "--cfg-scale", "5"],
          "--cfg-scale: --mode forward times one forward, without the sampler"),

@@ -244,6 +244,13 @@ def test_library_entry_points_name_bad_arguments():
     model = build_model("tiny")
     with pytest.raises(ValueError, match="workload 'libero-pi0' .* does not fit model 'tiny'"):
         Policy(model, model.sample_actions, get_workload("libero-pi0"))
+    from vlaperf.profile.breakdown import breakdown
+    from vlaperf.profile.doctor import doctor
+
+    with pytest.raises(ValueError, match="workload 'libero-pi0' .* does not fit model 'tiny'"):
+        breakdown(model, "libero-pi0", iters=1, warmup=0)
+    with pytest.raises(TypeError, match="doctor: the model checks are the pi0 family's and the world-action model's"):
+        doctor(torch.nn.Linear(3, 3))
     w = get_workload("tiny")
     ex = make_example(w)
     ex["observation/state"] = np.asarray(ex["observation/state"]) + 1j

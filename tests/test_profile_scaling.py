@@ -71,3 +71,21 @@ def test_scaling_accepts_a_plain_callable():
     result = scaling(lambda obs, noise, n: model.sample_actions(obs, noise, n), "tiny", steps=(1, 3), warmup=1,
                      iters=2, config=model.config)
     assert result["series"][0]["label"] == "policy" and len(result["series"][0]["points"]) == 2
+
+
+def test_profiler_api_counts_are_checked():
+    """The Python API refuses what the CLI refuses: no calls, fractional or huge step counts."""
+    from vlaperf.profile.breakdown import breakdown_fn
+    from vlaperf.profile.scaling import scaling
+    from vlaperf.profile.syncs import count_syncs
+
+    for iters in (0, -1, 2.5):
+        with pytest.raises(ValueError, match="breakdown_fn: iters must be an integer >= 1"):
+            breakdown_fn(lambda rec: None, iters=iters)
+    with pytest.raises(ValueError, match="breakdown_fn: warmup must be an integer >= 0"):
+        breakdown_fn(lambda rec: None, warmup=-5)
+    with pytest.raises(ValueError, match="count_syncs: calls must be an integer >= 1, got 0"):
+        count_syncs(lambda: None, device="cpu", calls=0)
+    for steps in ((1.9, 2.9), "12", (1, 10**6)):
+        with pytest.raises(ValueError, match="scaling: "):
+            scaling(lambda obs, noise, n: None, "tiny", steps=steps, device="cpu")

@@ -175,6 +175,7 @@ def random_observation(
     masked slots hold the all-zero uint8 image (-1 after normalisation, as openpi's LIBERO
     transform produces), prompts have the workload's valid token counts, state is padded."""
     cfg = config or get_config(workload.preset)
+    check_fits(workload, cfg)
     gen = torch.Generator().manual_seed(seed)
     B, S, R = workload.batch, workload.image_slots, cfg.vision.image_size
     pixels = torch.randint(0, 256, (B, S, 3, R, R), generator=gen, dtype=torch.uint8)
@@ -193,9 +194,20 @@ def random_observation(
     return obs.to(device)
 
 
+def check_fits(workload: Workload, config: Pi0Config) -> None:
+    """The workload's action chunk and state must be the model's (a workload of another preset is a mistake
+    that would otherwise surface as a wrong noise shape deep inside the call)."""
+    if (workload.horizon, workload.action_dim) != (config.action_horizon, config.action_dim) \
+            or workload.state_dim > config.action_dim:
+        raise ValueError(f"workload {workload.id!r} (preset {workload.preset!r}: horizon {workload.horizon}, action dim "
+                         f"{workload.action_dim}, state {workload.state_dim}) does not fit model {config.name!r} (horizon "
+                         f"{config.action_horizon}, action dim {config.action_dim})")
+
+
 def random_noise(workload: Workload, config: Pi0Config | None = None, device="cpu", seed: int = 0) -> Tensor:
     """Fixed initial noise (B, H, A) float32 for reproducible sampling."""
     cfg = config or get_config(workload.preset)
+    check_fits(workload, cfg)
     gen = torch.Generator().manual_seed(seed + 1)
     return torch.randn(workload.batch, workload.horizon, cfg.action_dim, generator=gen).to(device)
 

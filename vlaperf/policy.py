@@ -12,7 +12,7 @@ from typing import Any, Callable
 import numpy as np
 import torch
 
-from vlaperf.inputs import ObservationTransform, Tokenizer
+from vlaperf.inputs import ObservationTransform, Tokenizer, check_fits
 from vlaperf.workloads import Workload
 
 
@@ -65,10 +65,7 @@ class Policy:
     def __init__(self, model, sample: Callable, workload: Workload, tokenizer: Tokenizer | None = None,
                  num_steps: int | None = None, noise: torch.Tensor | None = None,
                  verify: Callable[[], None] | None = None, norm_stats=None):
-        cfg = model.config
-        if (workload.horizon, workload.action_dim) != (cfg.action_horizon, cfg.action_dim):
-            raise ValueError(f"workload {workload.id!r} (horizon {workload.horizon}, action dim {workload.action_dim}) "
-                             f"does not fit model {cfg.name!r} (horizon {cfg.action_horizon}, action dim {cfg.action_dim})")
+        check_fits(workload, model.config)
         self.model, self.sample, self.workload, self.verify = model, sample, workload, verify
         self.device = model.action_in_proj.weight.device
         self.norm_stats = norm_stats

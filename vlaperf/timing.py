@@ -237,11 +237,11 @@ class _Progress:
         self.close()
 
 
-def _check_counts(fn_name: str, warmup: int, iters: int, min_warmup: int = 0) -> None:
-    if not isinstance(warmup, int) or warmup < min_warmup:
+def _check_counts(fn_name: str, warmup: int, iters: int, min_warmup: int = 0, iters_name: str = "iters") -> None:
+    if isinstance(warmup, bool) or not isinstance(warmup, int) or warmup < min_warmup:
         raise ValueError(f"{fn_name}: warmup must be an integer >= {min_warmup}, got {warmup!r}")
-    if not isinstance(iters, int) or iters < 1:
-        raise ValueError(f"{fn_name}: iters must be an integer >= 1, got {iters!r}")
+    if isinstance(iters, bool) or not isinstance(iters, int) or iters < 1:
+        raise ValueError(f"{fn_name}: {iters_name} must be an integer >= 1, got {iters!r}")
 
 
 def time_calls(
@@ -252,6 +252,7 @@ def time_calls(
     iters: int = 100,
     progress: bool = True,
     label: str = "",
+    collect_garbage: bool = True,
 ) -> dict[str, Any]:
     """Time `iters` calls of `fn` after `warmup` warm-up calls.
 
@@ -287,8 +288,10 @@ def time_calls(
                 bar.advance()
 
         # Collect garbage from warm-up now rather than letting a gen-2 collection land
-        # inside a timed call.
-        gc.collect()
+        # inside a timed call (a caller that times one call at a time collects once itself:
+        # a collection walks every object and leaves the next short call's caches cold).
+        if collect_garbage:
+            gc.collect()
         _reset_peak_memory(device)
 
         bar.phase("timed")

@@ -26,12 +26,15 @@ REFERENCE = ("reference", "none", "")
 
 
 def _step_list(text: str) -> list[int]:
+    from vlaperf.profile.scaling import MAX_STEP_COUNT
+
+    items = [x.strip() for x in text.split(",")]
     try:
-        values = sorted({int(x) for x in text.split(",") if x.strip()})
+        values = sorted({int(x) for x in items})
     except ValueError:
         raise argparse.ArgumentTypeError(f"expected comma-separated integers, e.g. 1,2,5,10,20; got {text!r}") from None
-    if len(values) < 2 or values[0] < 1:
-        raise argparse.ArgumentTypeError(f"expected at least two step counts >= 1, got {text!r}")
+    if len(values) < 2 or values[0] < 1 or values[-1] > MAX_STEP_COUNT:
+        raise argparse.ArgumentTypeError(f"expected at least two different step counts in 1..{MAX_STEP_COUNT}, got {text!r}")
     return values
 
 

@@ -540,14 +540,19 @@ def doctor(model=None, engine=None, workload=None, device: torch.device | str | 
            measure: bool = True) -> list[dict]:
     """Environment checks, plus model checks when a model (or an engine) is given.
     Findings are sorted errors first. See the module docstring for the fields."""
+    from vlaperf.models.pi0 import Pi0Model
+    from vlaperf.models.wam import WorldActionModel
+
     if engine is not None and model is None:
         model = engine.model
+    if model is not None and not isinstance(model, (Pi0Model, WorldActionModel)):
+        raise TypeError(f"doctor: the model checks are the pi0 family's and the world-action model's, got "
+                        f"{type(model).__name__}; for your own policy run doctor(device=...) (the environment) and "
+                        "count_syncs / breakdown_fn on its call (docs/profiling.md, bring your own policy)")
     if model is not None:
         device = model.action_in_proj.weight.device
     out = environment_checks(device, model.dtype if model is not None else None)
     if model is not None:
-        from vlaperf.models.wam import WorldActionModel
-
         checks = wam_model_checks if isinstance(model, WorldActionModel) else model_checks
         out += checks(model, engine, workload, measure=measure)
     order = {s: i for i, s in enumerate(SEVERITIES)}

@@ -72,6 +72,9 @@ def _as_sample_fn(source) -> tuple[Callable, Any, torch.device | None]:
     raise TypeError(f"scaling: expected a Pi0Model, an Engine or a callable (obs, noise, num_steps), got {type(source).__name__}")
 
 
+MAX_STEP_COUNT = 1000  # beyond it a T(N) point is a mistake (a 1e8 steps call runs for days), not a measurement
+
+
 def scaling(sources, workload, steps: Sequence[int] = DEFAULT_STEPS, warmup: int = 3, iters: int = 10,
             device: torch.device | str | None = None, *, seed: int = 0, config=None, progress: bool = False) -> dict[str, Any]:
     """Time T(N) for each N in `steps` and fit a + b*N per variant.
@@ -93,9 +96,11 @@ def scaling(sources, workload, steps: Sequence[int] = DEFAULT_STEPS, warmup: int
     else:
         w = workload
     wam = isinstance(w, WamWorkload)
-    steps = sorted({int(n) for n in steps})
-    if len(steps) < 2 or steps[0] < 1:
-        raise ValueError(f"scaling: need at least two step counts >= 1, got {steps}")
+    if isinstance(steps, (str, bytes)) or not all(isinstance(n, int) and not isinstance(n, bool) for n in steps):
+        raise ValueError(f"scaling: steps must be integers, got {steps!r}")
+    steps = sorted(set(steps))
+    if len(steps) < 2 or steps[0] < 1 or steps[-1] > MAX_STEP_COUNT:
+        raise ValueError(f"scaling: need at least two different step counts in 1..{MAX_STEP_COUNT}, got {steps}")
     if not isinstance(sources, dict):
         from vlaperf.models.pi0 import Pi0Model
         from vlaperf.models.wam import WorldActionModel

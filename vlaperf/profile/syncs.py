@@ -344,7 +344,12 @@ def count_syncs(fn: Callable[[], Any], *, device: torch.device | str = "cuda", c
     Returns {"source", "device", "treat_as_device", "calls", "total", "per_call",
     "expected_per_call", "hidden_per_call", "sites", "note"}; per_call = total / calls.
     """
+    from vlaperf.timing import _check_counts
+
+    _check_counts("count_syncs", warmup, calls, iters_name="calls")
     device = torch.device(device)
+    if device.type == "cuda" and not torch.cuda.is_available():
+        raise ValueError(f"count_syncs: device {device} but this torch has no CUDA device (use device='cpu')")
     if source == "auto":
         source = "cuda" if device.type == "cuda" else "mode"
     if treat_as_device is None:
