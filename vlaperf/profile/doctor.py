@@ -411,7 +411,7 @@ def wam_model_checks(model, engine=None, workload=None, measure: bool = True, se
     """Checks of one world-action policy path (the reference `model.generate`, or a WamEngine):
     seed 000's runner overheads, each with the lever that removes it."""
     from vlaperf.engine.wam import WamLevers
-    from vlaperf.models.wam import random_wam_inputs
+    from vlaperf.models.wam import kept_frame_tokens, random_wam_inputs
     from vlaperf.profile.syncs import count_syncs, measure_sync_cost_ms
     from vlaperf.workloads import WAM_WORKLOADS, get_wam_workload
 
@@ -437,7 +437,9 @@ def wam_model_checks(model, engine=None, workload=None, measure: bool = True, se
             "wam.host_syncs", "warning", f"{rep['per_call']:g} host syncs per call ({path})", f"{sites}. " + (rep["note"] or ""),
             cost=cost, cost_note=(f"estimate: {rep['per_call']:g} syncs x {per_sync:.4f} ms measured round trip"
                                   if cost is not None else "not measurable on the CPU (no device to wait for)"),
-            fix="lever cached_keep_index (the keep index built once, not with .nonzero() per forward)" if nonzero
+            fix="levers cached_keep_index (the keep index built once, not with .nonzero() per forward) and host_schedule "
+                "(the sampler's coefficients on the host: on a GPU its per-step linear solve and tensor uploads sync too, "
+                "which the CPU counter does not see)" if nonzero
             else "remove the host reads at the listed lines"))
     else:
         out.append(finding("wam.host_syncs", "info", f"no host syncs inside the call ({path})", rep["note"] or ""))
@@ -475,7 +477,8 @@ def wam_model_checks(model, engine=None, workload=None, measure: bool = True, se
             f"the finished video recomputed in {max(wasted, 0)} forwards",
             f"the video is finished after {workload.video_steps} of {workload.steps} steps; its tokens never attend to "
             f"the actions, so their keys and values are constants from then on, yet {path} runs all "
-            f"{model.config.seq_len} tokens through every block in each later step.",
+            f"{model.config.seq_len - model.config.frame_tokens + kept_frame_tokens(model.config, workload.sparsity)} "
+            "tokens through every block in each later step.",
             fix="lever video_kv_cache (the action tokens alone against the cached keys and values)"))
 
     if not levers.host_schedule:

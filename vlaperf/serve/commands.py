@@ -454,4 +454,5 @@ def print_rollout(result: dict) -> None:
     console.print(f"total {ro['wall_s']:.2f} s, {'-' if share is None else f'{share:.1%}'} of it waiting for the policy; "
                   f"{ro['overrun_steps']} overrun steps; {ro['errors']} errors"
                   + ("; [red]stopped at the time limit[/red]" if ro["timed_out"] else ""))
-    console.print("observations are SYNTHETIC (random images and state, no simulator): only the timing is real")
+    what = "latents and state" if server.get("layout") == "wam" else "images and state"
+    console.print(f"observations are SYNTHETIC (random {what}, no simulator): only the timing is real")
