@@ -132,8 +132,10 @@ def test_sampling_arguments_are_checked(tiny, inputs):
             tiny.generate(obs, noise, steps)
     with pytest.raises(ValueError, match="shift must be a finite number > 0"):
         tiny.generate(obs, noise, 4, shift=float("inf"))
-    with pytest.raises(ValueError, match="obs.state: expected a floating tensor of the other inputs' dtype"):
+    with pytest.raises(ValueError, match="obs.state: expected obs.context's dtype torch.float32, got torch.float64"):
         tiny.generate(type(obs)(obs.context, obs.text, obs.state.double()), noise, 4)
+    with pytest.raises(ValueError, match="noise.actions: expected a floating tensor, got torch.int64"):
+        tiny.generate(obs, type(noise)(noise.video, noise.actions.long()), 4)
     with pytest.raises(ValueError, match="unknown world-action model preset"):
         get_config("wam-huge")
 

@@ -146,16 +146,17 @@ def check_inputs(cfg: WamConfig, obs: WamObservation, noise: WamNoise) -> None:
         "noise.video": (noise.video, (b, cfg.video_frames, cfg.patches, cfg.patch_channels)),
         "noise.actions": (noise.actions, (b, cfg.action_horizon, cfg.action_dim)),
     }
-    dtype = None
+    obs_dtype = obs.context.dtype if isinstance(obs.context, Tensor) else None
     for name, (t, shape) in expected.items():
         if not isinstance(t, Tensor):
             raise ValueError(f"{name}: expected a tensor of shape {shape}, got {type(t).__name__}")
         if tuple(t.shape) != shape:
             raise ValueError(f"{name}: expected shape {shape} (batch, ...; {cfg.name}), got {tuple(t.shape)}")
-        if not t.is_floating_point() or (dtype is not None and t.dtype != dtype):
-            raise ValueError(f"{name}: expected a floating tensor of the other inputs' dtype ({dtype or 'the model dtype'}), "
-                             f"got {t.dtype}")
-        dtype = dtype or t.dtype
+        if not t.is_floating_point():
+            raise ValueError(f"{name}: expected a floating tensor, got {t.dtype}")
+        # the observation in one dtype (the model's); the noise is the sampler's state and may be float32 beside it
+        if name.startswith("obs.") and t.dtype != obs_dtype:
+            raise ValueError(f"{name}: expected obs.context's dtype {obs_dtype}, got {t.dtype}")
 
 
 def random_wam_inputs(cfg: WamConfig, batch: int, device, dtype: torch.dtype, seed: int = 0) -> tuple[WamObservation, WamNoise]:
