@@ -8,6 +8,9 @@
 #   PART=b   closing runs after the session's API changes (calls take turns under a lock, sample_actions checks its
 #            arguments): one engine from two threads (engine_threads_check.py), the check of best, and the bench of best
 #            in model and policy mode, each in a fresh process
+#   PART=c   after the QA fixes (checkpoint loads, input checks of both model families): api_smoke.py (pi0 policy
+#            through best in bf16, a load with engines built before and after it, the world-action policy's float32
+#            noise beside its bf16 observation), the world-action check of graph, and the closing bench of best
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session24.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -26,6 +29,13 @@ b)
 150 $V check --workload libero-pi0 --levers best --seeds 2 --json $R/check_libero-pi0_best_s24.json
 100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s24_model.json
 100 $V bench --workload libero-pi0 --levers best --mode policy $B --json $R/bench_libero-pi0_best-s24_policy.json
+EOT
+  ;;
+c)
+  lane A 0 40 <<EOT &
+200 python3 benchmarks/api_smoke.py
+150 $V check --workload wam-761 --levers graph --sparsity none --seeds 1 --json $R/check_wam-761_graph_s24.json
+100 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s24c_model.json
 EOT
   ;;
 esac
