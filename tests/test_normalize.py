@@ -162,3 +162,34 @@ def test_serving_a_checkpoint_without_its_conventions_warns(capsys):
     assert "without --tokenizer" in err and "without --norm-stats" in err
     assert run_cli(["serve", "--workload", "wam-tiny", "--device", "cpu", "--norm-stats", "x.json"]) == 2
     assert "--tokenizer / --norm-stats: the pi0 family's inputs; wam-tiny" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("quantile", [False, True], ids=["mean_std", "quantiles"])
+def test_lerobot_normalizer_files_use_lerobots_arithmetic(tmp_path, quantile):
+    """LeRobot's preprocessor saves "<feature>.<stat>" tensors; its MEAN_STD adds eps 1e-8 when normalizing
+    only, its QUANTILES use q99 - q01 as is. A folder with one such file is read too."""
+    from safetensors.numpy import save_file
+
+    doc = _stats({"state": 8, "actions": 7}, seed=3)["norm_stats"]
+    flat = {f"{feature}.{stat}": np.asarray(v, np.float32) for key, feature in (("state", "observation.state"),
+                                                                                 ("actions", "action"))
+            for stat, v in doc[key].items()}
+    flat["observation.images.image.mean"] = np.zeros((3, 1, 1), np.float32)  # visual stats: not ours
+    save_file(flat, str(tmp_path / "policy_preprocessor_step_3_normalizer_processor.safetensors"))
+    ns = NormStats.load(tmp_path, quantile)
+    assert ns.convention == "lerobot" and "lerobot's arithmetic" in ns.describe()
+    st = {k: np.asarray(v, np.float32).astype(np.float64) for k, v in doc["state"].items()}
+    ac = {k: np.asarray(v, np.float32).astype(np.float64) for k, v in doc["actions"].items()}
+    x = np.random.default_rng(5).normal(size=(2, 8))
+    y = np.random.default_rng(6).uniform(-1, 1, size=(2, 10, 7))
+    if quantile:
+        want_x = 2.0 * (x - st["q01"]) / (st["q99"] - st["q01"]) - 1.0
+        want_y = (y + 1.0) * (ac["q99"] - ac["q01"]) / 2.0 + ac["q01"]
+    else:
+        want_x = (x - st["mean"]) / (st["std"] + 1e-8)
+        want_y = y * ac["std"] + ac["mean"]
+    np.testing.assert_allclose(ns.normalize_state(x), want_x, rtol=1e-5, atol=1e-5)
+    np.testing.assert_allclose(ns.unnormalize_actions(y), want_y, rtol=1e-5, atol=1e-5)
+    save_file({"other.mean": np.zeros(3, np.float32)}, str(tmp_path / "x.safetensors"))
+    with pytest.raises(NormStatsError, match="no 'observation.state.\\*' or 'action.\\*' statistics"):
+        NormStats.load(tmp_path / "x.safetensors", quantile)

@@ -11,6 +11,12 @@ pi0 uses the z-score, (x - mean) / (std + eps); pi0.5 (and FAST) the quantiles, 
 (x - q01) / (q99 - q01 + eps) * 2 - 1, which is also the range pi0.5 discretises its state from.
 Statistics longer than the array are cut to it; for the actions, dimensions beyond the statistics
 pass through unchanged, as openpi's Unnormalize does. eps is openpi's 1e-6.
+
+LeRobot keeps the same statistics in its processor files: the preprocessor's normalizer step saves a
+safetensors file of flat keys "<feature>.<stat>" ("observation.state.mean", "action.q99", ...). Its
+modes are pi0's MEAN_STD and pi0.5's QUANTILES as above, with its own arithmetic, which `convention`
+"lerobot" follows: eps 1e-8 added to std when normalizing only; the quantile span q99 - q01 used as it
+is (eps only where it is 0), in both directions.
 """
 
 from __future__ import annotations
@@ -22,7 +28,9 @@ from pathlib import Path
 import numpy as np
 
 EPS = 1e-6
+LEROBOT_EPS = 1e-8
 KEYS = ("state", "actions")
+LEROBOT_KEYS = {"state": "observation.state", "actions": "action"}  # LeRobot's feature names
 
 
 class NormStatsError(ValueError):
@@ -49,14 +57,22 @@ class NormStats:
     actions: ArrayStats | None
     quantile: bool  # q01 / q99 to [-1, 1] (pi0.5); else the z-score (pi0)
     source: str = ""  # where they came from, for the server's metadata
+    convention: str = "openpi"  # whose arithmetic: "openpi" or "lerobot" (module docstring)
 
     @classmethod
     def load(cls, path: str | Path, quantile: bool) -> "NormStats":
-        """openpi's norm_stats.json (the file, or a folder holding it). `quantile`: the model's
-        normalization, True for pi0.5 as openpi configures it, False for pi0."""
+        """openpi's norm_stats.json, or LeRobot's normalizer safetensors file (a file, or a folder holding
+        norm_stats.json or one `*normalizer_processor.safetensors`). `quantile`: the model's normalization,
+        True for pi0.5 as openpi and LeRobot configure it, False for pi0."""
         path = Path(path)
         if path.is_dir():
-            path = path / "norm_stats.json"
+            found = sorted(path.glob("*normalizer_processor.safetensors"))
+            if not (path / "norm_stats.json").exists() and len(found) == 1:
+                path = found[0]
+            else:
+                path = path / "norm_stats.json"
+        if path.suffix == ".safetensors":
+            return cls._load_lerobot(path, quantile)
         try:
             doc = json.loads(path.read_text())
         except OSError as e:
@@ -72,6 +88,26 @@ class NormStats:
             raise NormStatsError(f"{path}: 'norm_stats' has neither 'state' nor 'actions' (keys: {sorted(table)})")
         return cls(stats["state"], stats["actions"], quantile, str(path))
 
+    @classmethod
+    def _load_lerobot(cls, path: Path, quantile: bool) -> "NormStats":
+        from safetensors import SafetensorError
+        from safetensors.numpy import load_file
+
+        try:
+            flat = load_file(str(path))
+        except (OSError, SafetensorError) as e:
+            raise NormStatsError(f"{path}: not a readable safetensors file ({e})") from None
+        table: dict[str, dict] = {}
+        for key, name in LEROBOT_KEYS.items():
+            entry = {k.removeprefix(name + "."): v.tolist() for k, v in flat.items() if k.startswith(name + ".")}
+            if entry:
+                table[key] = entry
+        if not table:
+            raise NormStatsError(f"{path}: no 'observation.state.*' or 'action.*' statistics (LeRobot's normalizer "
+                                 f"keys); found {sorted(flat)[:8]}")
+        stats = {key: _array_stats(path, key, table[key], quantile) if key in table else None for key in KEYS}
+        return cls(stats["state"], stats["actions"], quantile, str(path), "lerobot")
+
     def check_dims(self, state_dim: int) -> None:
         """The state's statistics must cover the robot's state (openpi cuts longer ones to it)."""
         if self.state is not None and self.state.dim < state_dim:
@@ -85,10 +121,14 @@ class NormStats:
         s, d = self.state, state.shape[-1]
         x = state.astype(np.float64)
         if self.quantile:
-            out = (x - s.q01[:d]) / (s.q99[:d] - s.q01[:d] + EPS) * 2.0 - 1.0
+            out = (x - s.q01[:d]) / self._span(s, d) * 2.0 - 1.0
         else:
-            out = (x - s.mean[:d]) / (s.std[:d] + EPS)
+            out = (x - s.mean[:d]) / (s.std[:d] + (LEROBOT_EPS if self.convention == "lerobot" else EPS))
         return out.astype(np.float32)
+
+    def _span(self, s: ArrayStats, d: int) -> np.ndarray:
+        span = s.q99[:d] - s.q01[:d]
+        return np.where(span == 0, LEROBOT_EPS, span) if self.convention == "lerobot" else span + EPS
 
     def unnormalize_actions(self, actions: np.ndarray) -> np.ndarray:
         """(..., A) model actions -> the robot's units, float32; dimensions past the statistics unchanged."""
@@ -98,15 +138,15 @@ class NormStats:
         out = actions.astype(np.float64)
         head = out[..., :d]
         if self.quantile:
-            out[..., :d] = (head + 1.0) / 2.0 * (s.q99[:d] - s.q01[:d] + EPS) + s.q01[:d]
+            out[..., :d] = (head + 1.0) / 2.0 * self._span(s, d) + s.q01[:d]
         else:
-            out[..., :d] = head * (s.std[:d] + EPS) + s.mean[:d]
+            out[..., :d] = head * (s.std[:d] + (0.0 if self.convention == "lerobot" else EPS)) + s.mean[:d]
         return out.astype(np.float32)
 
     def describe(self) -> str:
         kind = "quantile (q01/q99 to [-1, 1])" if self.quantile else "z-score (mean/std)"
         keys = ", ".join(k for k in KEYS if getattr(self, k) is not None)
-        return f"{kind} of {keys} from {self.source}"
+        return f"{kind} of {keys} from {self.source} ({self.convention}'s arithmetic)"
 
 
 def _array_stats(path: Path, key: str, entry, quantile: bool) -> ArrayStats:

@@ -65,9 +65,9 @@ def register(subparsers) -> None:
                    help="PaliGemma's sentencepiece model (paligemma_tokenizer.model; needs sentencepiece) for a real "
                         "checkpoint (default: a deterministic stand-in whose ids mean nothing to a trained model)")
     p.add_argument("--norm-stats", default=None,
-                   help="the checkpoint's openpi norm_stats.json (or its folder): the state is normalized, the actions "
-                        "unnormalized, z-score for pi0 and quantiles for pi0.5 as openpi does (default: none, the "
-                        "model's own units)")
+                   help="the checkpoint's statistics: openpi's norm_stats.json or LeRobot's normalizer safetensors (or "
+                        "a folder holding one): the state is normalized, the actions unnormalized, z-score for pi0 and "
+                        "quantiles for pi0.5 (default: none, the model's own units)")
     p.add_argument("--no-check", action="store_true", help="skip the equivalence check of the engine before serving")
     p.add_argument("--sparsity", choices=("none", "drop_middle", "mae_middle"), default=None,
                    help="world-action workloads: frame sparsity of the served model")
