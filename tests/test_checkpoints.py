@@ -202,3 +202,13 @@ def test_bad_output_paths_are_named_and_leave_nothing_behind(tmp_path):
     finally:
         os.umask(old)
     assert stat.S_IMODE(path.stat().st_mode) == 0o644 and not list(path.parent.glob("*.partial"))
+
+
+def test_lerobot_files_with_stray_keys_and_the_wrong_layout_are_named(tmp_path):
+    tensors = read_tensors(save_checkpoint(build_model("tiny"), tmp_path / "a.safetensors", layout="lerobot"))
+    tensors["normalize_inputs.buffer_observation_state.mean"] = torch.zeros(8)  # older LeRobot files carried these
+    save_file(tensors, str(tmp_path / "stray.safetensors"))
+    with pytest.raises(CheckpointError, match="LeRobot checkpoint key 'normalize_inputs.buffer_observation_state.mean' lacks"):
+        load_checkpoint(build_model("tiny"), tmp_path / "stray.safetensors")
+    with pytest.raises(CheckpointError, match="load it with layout 'lerobot' or 'auto'"):
+        load_checkpoint(build_model("tiny"), tmp_path / "a.safetensors", layout="openpi")

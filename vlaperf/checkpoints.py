@@ -53,8 +53,10 @@ def read_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 
 def detect_layout(keys) -> str:
+    """LeRobot's when most keys carry its `model.` prefix (a few stray keys, such as older files'
+    normalization buffers, are then named as what they are, not as 180 missing tensors)."""
     keys = list(keys)
-    if keys and all(k.startswith(LEROBOT_PREFIX) for k in keys):
+    if keys and 2 * sum(k.startswith(LEROBOT_PREFIX) for k in keys) > len(keys):
         return "lerobot"
     return "openpi"
 
@@ -127,6 +129,8 @@ def check_tensors(named: dict[str, torch.Tensor], expected: dict[str, torch.Size
         looks_other = "state_proj.weight" in named if cfg.pi05 else "time_mlp_in.weight" in named
         kind, other = ("pi0.5", "pi0") if cfg.pi05 else ("pi0", "pi0.5")
         hint = f" (the file looks like {other}, the preset is {kind})" if looks_other else ""
+        if 2 * sum(k.startswith(LEROBOT_PREFIX) for k in named) > len(named):
+            hint += " (its keys carry LeRobot's 'model.' prefix: load it with layout 'lerobot' or 'auto')"
         counts = ", ".join(f"{sum(p.startswith(k) for p in problems)} {k}" for k in ("wrong shape", "wrong dtype", "missing",
                                                                                    "unexpected")
                            if any(p.startswith(k) for p in problems))
