@@ -146,10 +146,9 @@ def load_state(model: Pi0Model, named: dict[str, torch.Tensor]) -> None:
                               "build the model again to load a checkpoint into it")
     expected = model.state_dict()
     check_tensors(named, {k: v.shape for k, v in expected.items()}, model.config)
-    cast, bad = {}, []
-    for key, param in expected.items():
-        cast[key] = named[key].to(param.dtype)
-        if not torch.isfinite(cast[key]).all():
+    bad = []
+    for key, param in expected.items():  # one tensor's cast at a time: no second copy of the model in memory
+        if not torch.isfinite(named[key].to(param.dtype)).all():
             where = "" if not torch.isfinite(named[key]).all() else f" once cast to the model's {param.dtype}"
             bad.append(f"{key}: NaN or inf{where}")
     if bad:
@@ -157,7 +156,7 @@ def load_state(model: Pi0Model, named: dict[str, torch.Tensor]) -> None:
         raise CheckpointError("checkpoint holds non-finite weights:\n  " + "\n  ".join(shown))
     with torch.no_grad():
         for key, param in expected.items():
-            param.copy_(cast[key])  # into the model's own device
+            param.copy_(named[key])  # copies into the model's own dtype and device
     model.weights_version += 1
 
 
@@ -193,6 +192,15 @@ def output_file(path: str | os.PathLike) -> Path:
     return p / "model.safetensors"
 
 
+def _umask() -> int:
+    """The process's umask, read without setting it (os.umask would change it for every thread meanwhile)."""
+    try:
+        with open("/proc/self/status") as f:
+            return int(next(line.split()[1] for line in f if line.startswith("Umask:")), 8)
+    except (OSError, StopIteration, ValueError):
+        return 0o022
+
+
 def write_safetensors(tensors: dict[str, torch.Tensor], dst: Path, metadata: dict[str, str]) -> None:
     """Write through a `.partial` file renamed into place, so a failed write leaves no file (and no folder
     it created); the file gets the usual umask's mode, not the 0600 of safetensors' temporary file."""
@@ -201,9 +209,7 @@ def write_safetensors(tensors: dict[str, torch.Tensor], dst: Path, metadata: dic
     try:
         dst.parent.mkdir(parents=True, exist_ok=True)
         save_file(tensors, str(tmp), metadata=metadata)
-        umask = os.umask(0)
-        os.umask(umask)
-        os.chmod(tmp, 0o666 & ~umask)
+        os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, dst)
     except (OSError, SafetensorError) as e:
         with contextlib.suppress(OSError):
