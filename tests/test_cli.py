@@ -49,7 +49,7 @@ def test_bench_release_reference_records_the_freed_bytes(tmp_path, capsys):
     "args,message",
     [
         (["--workload", "nope"], "unknown workload 'nope'"),
-        (["--steps", "0"], "expected an integer >= 1, got 0"),
+        (["--steps", "0"], "argument --steps: expected an integer >= 1 and <= 1000, got 0"),
         (["--batch", "-2"], "expected an integer >= 1, got -2"),
         (["--iters", "x"], "expected an integer >= 1, got 'x'"),
         (["--levers", "warp_drive"], "unknown lever 'warp_drive'"),
@@ -60,6 +60,7 @@ def test_bench_release_reference_records_the_freed_bytes(tmp_path, capsys):
         (["--seed", "99999999999999999999999"], "argument --seed: expected an integer >= 0 and <= 9223372036854775807"),
         (["--json", "."], "argument --json: expected a file path, got the folder '.'"),  # refused before the run
         (["--workload", ""], "argument --workload: expected a workload id, got an empty string"),
+        (["--steps", "1000000"], "argument --steps: expected an integer >= 1 and <= 1000, got 1000000"),
     ],
 )
 def test_bad_arguments_exit_2_with_message(args, message, capsys):

@@ -141,8 +141,8 @@ def test_bad_sample_inputs_are_named_errors_on_both_paths(tiny_model, tiny_input
         bad_obs.append((dict(state=obs.state[:, :3]), f"obs.state: expected a float tensor \\(B, {cfg.action_dim}\\)"))
     engine = Engine(tiny_model, "for_loop")
     for sample in (tiny_model.sample_actions, engine.sample_actions):
-        for steps in (0, -3, 2.5, True):
-            with pytest.raises(ValueError, match=f"num_steps: expected an integer >= 1, got {steps!r}"):
+        for steps in (0, -3, 2.5, True, 1001):
+            with pytest.raises(ValueError, match=f"num_steps: expected an integer in 1..1000, got {steps!r}"):
                 sample(obs, noise, steps)
         for change, message in bad_obs:
             with pytest.raises(ValueError, match=message):

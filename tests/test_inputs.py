@@ -152,8 +152,8 @@ def test_policy_refuses_a_bad_step_count():
     w = get_workload("tiny")
     model = build_model("tiny")
     assert Policy(model, model.sample_actions, w).num_steps == w.steps
-    for steps in (0, -1, 2.5):
-        with pytest.raises(ValueError, match=f"num_steps: expected an integer >= 1 .*got {steps!r}"):
+    for steps in (0, -1, 2.5, 1001):
+        with pytest.raises(ValueError, match=f"num_steps: expected an integer in 1..1000 .*got {steps!r}"):
             Policy(model, model.sample_actions, w, num_steps=steps)
 
 

@@ -50,6 +50,8 @@ positive_float = number_arg(float, 0, strict=True)
 non_negative_float = number_arg(float, 0)
 seed_int = number_arg(int, 0, maximum=2**63 - 1)  # torch's generators take a signed 64-bit seed
 port_int = number_arg(int, 0, maximum=65535)
+MAX_STEPS = 1000  # denoise steps: beyond it a run is a typo (a million steps runs for days), for both model families
+steps_int = number_arg(int, 1, maximum=MAX_STEPS)
 
 
 def device_arg(text: str) -> str:
@@ -89,7 +91,7 @@ def add_common(p: argparse.ArgumentParser, levers_default: str = "reference", le
                    help="workload id (default: libero-pi0 on a GPU, tiny on the CPU)")
     p.add_argument("--device", type=device_arg, default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16 on cuda, float32 on cpu")
-    p.add_argument("--steps", type=positive_int, default=None, help="denoise steps (default: the workload's)")
+    p.add_argument("--steps", type=steps_int, default=None, help="denoise steps, 1..1000 (default: the workload's)")
     p.add_argument("--batch", type=positive_int, default=None, help="batch size (default: the workload's)")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights and inputs")
     p.add_argument("--checkpoint", default=None, help="openpi or LeRobot model.safetensors (default: random weights)")
@@ -100,7 +102,7 @@ def add_common(p: argparse.ArgumentParser, levers_default: str = "reference", le
     # world-action workloads only (wam-761, wam-tiny): settings that change the result
     p.add_argument("--sparsity", choices=("none", "drop_middle", "mae_middle"), default=None,
                    help="world-action workloads: frame sparsity (check / matrix: all three when not given)")
-    p.add_argument("--video-steps", type=positive_int, default=None,
+    p.add_argument("--video-steps", type=steps_int, default=None,
                    help="world-action workloads: the video's denoise steps (< --steps: the video's early stop)")
     p.add_argument("--cfg-scale", type=non_negative_float, default=None,
                    help="world-action workloads: classifier-free guidance scale (0: off; > 0 doubles the batch)")

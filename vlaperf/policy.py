@@ -71,9 +71,11 @@ class Policy:
         self.norm_stats = norm_stats
         self.transform = ObservationTransform(workload, model.config, tokenizer, self.device, norm_stats)
         self.num_steps = workload.steps if num_steps is None else num_steps
-        if isinstance(self.num_steps, bool) or not isinstance(self.num_steps, int) or self.num_steps < 1:
-            raise ValueError(f"num_steps: expected an integer >= 1 (or None: the workload's {workload.steps}), "
-                             f"got {num_steps!r}")
+        from vlaperf.models.pi0 import MAX_NUM_STEPS
+
+        if isinstance(self.num_steps, bool) or not isinstance(self.num_steps, int) or not 1 <= self.num_steps <= MAX_NUM_STEPS:
+            raise ValueError(f"num_steps: expected an integer in 1..{MAX_NUM_STEPS} (or None: the workload's "
+                             f"{workload.steps}), got {num_steps!r}")
         self.noise = noise
 
     def infer(self, example: dict[str, Any] | list[dict[str, Any]]) -> dict[str, Any]:

@@ -437,12 +437,15 @@ def _shape(t: Tensor) -> str:
     return f"{str(t.dtype).removeprefix('torch.')} {tuple(t.shape)} on {t.device}"
 
 
+MAX_NUM_STEPS = 1000  # denoise steps; beyond it a call is a typo (a million steps runs for hours), as the CLI's bound
+
+
 def check_sample_inputs(cfg: Pi0Config, obs, noise: Tensor | None, num_steps: int, device: torch.device) -> None:
     """`sample_actions`' arguments against the model, on the host (dtypes, shapes, devices: nothing is read
     from the device, so no sync). A wrong one is a ValueError or TypeError naming it and what was expected,
     not an error from inside a layer; a negative num_steps would make the reference's `while` never end."""
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or num_steps < 1:
-        raise ValueError(f"num_steps: expected an integer >= 1, got {num_steps!r}")
+    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or not 1 <= num_steps <= MAX_NUM_STEPS:
+        raise ValueError(f"num_steps: expected an integer in 1..{MAX_NUM_STEPS}, got {num_steps!r}")
     fields = ("images", "image_mask", "tokens", "token_mask", "state")
     for name in fields:
         if not isinstance(getattr(obs, name, None), Tensor):

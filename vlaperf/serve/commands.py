@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 
-from vlaperf.cli import add_compile_cache, device_arg, output_file, port_int, seed_int, workload_arg
+from vlaperf.cli import add_compile_cache, device_arg, output_file, port_int, seed_int, steps_int, workload_arg
 from vlaperf.cli import non_negative_float as _non_negative_float
 from vlaperf.cli import non_negative_int as _non_negative_int
 from vlaperf.cli import positive_float as _positive_float
@@ -58,7 +58,7 @@ def register(subparsers) -> None:
                    help="batch sizes to warm up before listening: comma list, 'max' = --max-batch, 'all' = 1..max")
     p.add_argument("--device", type=device_arg, default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16 on cuda, float32 on cpu")
-    p.add_argument("--steps", type=_positive_int, default=None, help="denoise steps (default: the workload's)")
+    p.add_argument("--steps", type=steps_int, default=None, help="denoise steps, 1..1000 (default: the workload's)")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights")
     p.add_argument("--checkpoint", default=None, help="openpi or LeRobot model.safetensors (default: random weights)")
     p.add_argument("--tokenizer", default=None,
