@@ -50,8 +50,7 @@ positive_float = number_arg(float, 0, strict=True)
 non_negative_float = number_arg(float, 0)
 seed_int = number_arg(int, 0, maximum=2**63 - 1)  # torch's generators take a signed 64-bit seed
 port_int = number_arg(int, 0, maximum=65535)
-MAX_STEPS = 1000  # denoise steps: beyond it a run is a typo (a million steps runs for days), for both model families
-steps_int = number_arg(int, 1, maximum=MAX_STEPS)
+steps_int = number_arg(int, 1, maximum=1000)  # models.pi0.MAX_NUM_STEPS (and the world-action model's MAX_STEPS)
 
 
 def device_arg(text: str) -> str:

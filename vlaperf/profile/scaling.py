@@ -21,6 +21,7 @@ from typing import Any, Callable, Sequence
 
 import torch
 
+from vlaperf.models.pi0 import MAX_NUM_STEPS as MAX_STEP_COUNT  # sample_actions' own bound
 from vlaperf.timing import interleaved
 
 DEFAULT_STEPS = (1, 2, 5, 10, 20)
@@ -72,7 +73,6 @@ def _as_sample_fn(source) -> tuple[Callable, Any, torch.device | None]:
     raise TypeError(f"scaling: expected a Pi0Model, an Engine or a callable (obs, noise, num_steps), got {type(source).__name__}")
 
 
-MAX_STEP_COUNT = 1000  # beyond it a T(N) point is a mistake (a 1e8 steps call runs for days), not a measurement
 
 
 def scaling(sources, workload, steps: Sequence[int] = DEFAULT_STEPS, warmup: int = 3, iters: int = 10,
