@@ -431,6 +431,9 @@ def test_cli_bench_check_matrix_on_wam_tiny(tmp_path):
     (["bench", "--workload", "wam-tiny", "--levers", "for_loop"], "unknown world-action-model lever 'for_loop'"),
     (["bench", "--workload", "wam-tiny", "--levers", "graph"], "preset 'graph' needs a CUDA device"),
     (["check", "--workload", "wam-9"], "unknown workload 'wam-9'"),
+    (["check", "--workload", "wam-tiny", "--levers", ";;"], "--levers ';;': no variant to check"),
+    (["bench", "--workload", "wam-tiny", "--mode", "forward", "--cfg-scale", "5"],
+     "--cfg-scale: --mode forward times one forward, without the sampler"),
 ])
 def test_cli_errors_name_the_field(argv, message, capsys):
     from vlaperf.cli import main

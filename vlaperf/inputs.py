@@ -102,7 +102,7 @@ class PaligemmaTokenizer:
         return self.sp.encode(self.clean(text), add_bos=True) + self.sp.encode("\n")
 
     def encode_with_state(self, task: str, state: np.ndarray) -> list[int]:
-        return self.sp.encode(f"Task: {self.clean(task)}, {state_prompt(state)}\nAction: ", add_bos=True)
+        return self.sp.encode(pi05_prompt(self.clean(task), state), add_bos=True)
 
 
 class WordHashTokenizer:
@@ -141,7 +141,7 @@ def tokenize_prompt(tokenizer: Tokenizer, prompt: str, slots: int, vocab_size: i
     elif hasattr(tokenizer, "encode_with_state"):
         ids = tokenizer.encode_with_state(prompt, state)
     else:
-        ids = tokenizer.encode(f"Task: {prompt.strip()}, {state_prompt(state)}\nAction: ")
+        ids = tokenizer.encode(pi05_prompt(prompt.strip(), state))
     ids = list(ids[:slots])
     if vocab_size is not None:
         bad = next((i for i in ids if not isinstance(i, (int, np.integer)) or not 0 <= i < vocab_size), None)
@@ -153,6 +153,11 @@ def tokenize_prompt(tokenizer: Tokenizer, prompt: str, slots: int, vocab_size: i
     tokens[: len(ids)] = ids
     mask[: len(ids)] = True
     return tokens, mask
+
+
+def pi05_prompt(task: str, state: np.ndarray) -> str:
+    """pi0.5's prompt text: the task and the discretised (normalized) state, then the action cue."""
+    return f"Task: {task}, {state_prompt(state)}\nAction: "
 
 
 def state_prompt(state: np.ndarray, bins: int = 256) -> str:
@@ -194,13 +199,20 @@ def random_observation(
     return obs.to(device)
 
 
+def check_state_fits(workload: Workload, config: Pi0Config) -> None:
+    """The robot's state must fit the model's padded state (what the observation transform needs)."""
+    if workload.state_dim > config.action_dim:
+        raise ValueError(f"workload {workload.id!r} has a {workload.state_dim}-d state, more than model "
+                         f"{config.name!r} pads to ({config.action_dim})")
+
+
 def check_fits(workload: Workload, config: Pi0Config) -> None:
     """The workload's action chunk and state must be the model's (a workload of another preset is a mistake
     that would otherwise surface as a wrong noise shape deep inside the call)."""
-    if (workload.horizon, workload.action_dim) != (config.action_horizon, config.action_dim) \
-            or workload.state_dim > config.action_dim:
+    check_state_fits(workload, config)
+    if (workload.horizon, workload.action_dim) != (config.action_horizon, config.action_dim):
         raise ValueError(f"workload {workload.id!r} (preset {workload.preset!r}: horizon {workload.horizon}, action dim "
-                         f"{workload.action_dim}, state {workload.state_dim}) does not fit model {config.name!r} (horizon "
+                         f"{workload.action_dim}) does not fit model {config.name!r} (horizon "
                          f"{config.action_horizon}, action dim {config.action_dim})")
 
 
@@ -314,9 +326,7 @@ class ObservationTransform:
                  norm_stats=None):
         """`norm_stats`: a `vlaperf.normalize.NormStats`; the state is normalized with it before it is padded
         (and, for pi0.5, discretised into the prompt), as openpi's Normalize does."""
-        if workload.state_dim > config.action_dim:
-            raise ValueError(f"workload {workload.id!r} has a {workload.state_dim}-d state, more than model "
-                             f"{config.name!r} pads to ({config.action_dim})")
+        check_state_fits(workload, config)
         self.workload, self.config, self.device = workload, config, torch.device(device)
         self.tokenizer = tokenizer or WordHashTokenizer(config.backbone.vocab_size)
         self.norm_stats = norm_stats
