@@ -130,6 +130,29 @@ def test_check_and_matrix_on_tiny(tmp_path):
     assert all("timers" in r for r in rows) and rows[-1]["ratio"]["wall_ms"]["speedup"] > 0
 
 
+def test_matrix_takes_levers_as_its_variants_and_check_refuses_before_running(tmp_path, capsys):
+    """`matrix --levers` (the issue's spelling, and bench's and check's name) is --variants, never
+    ignored; the two together must agree. `check` refuses a variant that cannot run on this device
+    before it checks any, naming the variant."""
+    import torch
+
+    if torch.cuda.is_available():
+        pytest.skip("this machine has CUDA")
+    out = tmp_path / "m.json"
+    assert main(["matrix", "--workload", "tiny", "--device", "cpu", "--levers", "exact;graph", "--warmup", "1",
+                 "--iters", "2", "--no-progress", "--json", str(out)]) == 0
+    rows = read_result(out)["variants"]
+    assert [r["variant"] for r in rows] == ["reference", "exact", "graph"]
+    assert "timers" in rows[1] and "cuda_graph needs a CUDA device" in rows[2]["skipped"]
+    capsys.readouterr()
+    assert main(["matrix", "--workload", "tiny", "--device", "cpu", "--levers", "exact", "--variants", "grid"]) == 2
+    assert "--levers 'exact' and --variants 'grid': give one of them" in capsys.readouterr().err
+    assert main(["check", "--workload", "tiny", "--device", "cpu", "--levers", "exact;graph;best"]) == 2
+    captured = capsys.readouterr()
+    assert "variant 'graph' cannot run here: cuda_graph needs a CUDA device" in captured.err
+    assert "vlaperf check" not in captured.out  # refused before the first variant's check printed anything
+
+
 def test_levers_lists_every_lever(capsys):
     from vlaperf.engine import LEVERS
 

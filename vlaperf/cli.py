@@ -339,6 +339,15 @@ def cmd_check(args) -> int:
         specs = [s for s in args.levers.split(";") if s.strip()]
     if not specs:
         raise CliError(f"--levers {args.levers!r}: no variant to check; expected 'all' or ';'-separated variants")
+    # Every variant is checked for this device before the first one runs (minutes on a GPU): a
+    # variant that cannot apply here is an error naming it, not a failure after the others' work.
+    from vlaperf.engine import LeverError, Levers
+
+    for spec in specs:
+        try:
+            Levers.parse(spec, device).check(device)
+        except LeverError as e:
+            raise CliError(f"--levers: variant {spec!r} cannot run here: {e}") from None
     rows = []
     for spec in specs:
         engine = make_engine(model, spec)
@@ -404,6 +413,12 @@ def cmd_levers(args) -> int:
 
 
 def cmd_matrix(args) -> int:
+    # --levers is the name bench and check use for what the matrix calls --variants: either one, never
+    # ignored.
+    if args.levers is not None and args.variants is not None and args.levers != args.variants:
+        raise CliError(f"--levers {args.levers!r} and --variants {args.variants!r}: give one of them (they name the same "
+                       "thing: the matrix's variants)")
+    args.variants = args.variants or args.levers or "cumulative"
     if wam_args(args):
         from vlaperf.profile import wam
 
@@ -448,8 +463,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("matrix", help="optimization matrix: variants interleaved in one process")
-    add_common(p)
-    p.add_argument("--variants", default="cumulative", help="'cumulative', 'grid', or variants separated by ';'")
+    add_common(p, levers_default=None, levers_help="the same as --variants (the name bench and check use)")
+    p.add_argument("--variants", default=None,
+                   help="'cumulative' (the default), 'grid', or variants separated by ';', e.g. 'graph;best'")
     p.add_argument("--mode", choices=("model", "forward"), default=None,
                    help="world-action workloads: time one generate call (model, the default) or one forward")
     p.add_argument("--warmup", type=positive_int, default=10)
