@@ -22,7 +22,6 @@ import json
 import math
 
 import torch
-import torch.nn.functional as F
 
 from gemm_probe import SHAPES, cublas  # benchmarks/ (the script's folder is on sys.path)
 from kernel_timing import capture, replay_ms

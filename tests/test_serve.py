@@ -420,7 +420,7 @@ def test_loadgen_refuses_remote_targets():
         run_loadgen("ws://127.0.0.1:1", clients=[100000], requests=1)
 
 
-def test_rollout(server, tmp_path):
+def test_rollout(server, tmp_path, monkeypatch, capsys):
     from vlaperf.report.schema import read_result, write_result
     from vlaperf.serve.rollout import run_rollout
 
@@ -431,6 +431,13 @@ def test_rollout(server, tmp_path):
     assert all(0 < r["policy_wait_share"] < 1 and r["wall_s"] >= r["policy_wait_s"] for r in ro["per_episode"])
     assert "SYNTHETIC" in ro["observations"]
     read_result(write_result(result, tmp_path / "rollout.json"))
+    # Piped or on an 80-column terminal, the table keeps every column's header whole.
+    from vlaperf.serve.commands import print_rollout
+
+    monkeypatch.setenv("COLUMNS", "80")
+    print_rollout(result)
+    out = capsys.readouterr().out
+    assert all(h in out for h in ("waiting s", "overruns", "call p50 ms", "call max ms")), out
 
 
 # ----------------------------------------------------------------------------- shutdown

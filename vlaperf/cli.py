@@ -85,6 +85,14 @@ def default_device() -> str:
 # ------------------------------------------------------------------ shared set-up
 
 
+def wide_console(min_width: int = 120):
+    """A rich console at least `min_width` columns wide: piped output (a log, CI) gets rich's
+    80-column default, which cuts the tables' columns to a few letters each."""
+    from rich.console import Console
+
+    return Console(width=max(Console().width, min_width))
+
+
 def add_common(p: argparse.ArgumentParser, levers_default: str = "reference", levers_help: str | None = None) -> None:
     p.add_argument("--workload", type=workload_arg, default=None,
                    help="workload id (default: libero-pi0 on a GPU, tiny on the CPU)")
@@ -286,7 +294,6 @@ def _timed_once(fn, device) -> float:
 
 
 def print_bench(result: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     t = Table(title=f"vlaperf bench  {result['workload']['id']}  {result['variant']['label']}  ({result['mode']} mode, "
@@ -297,7 +304,7 @@ def print_bench(result: dict) -> None:
     for name, s in result["timers"].items():
         if s:
             t.add_row(name, *(f"{s[k]:.3f}" for k in ("median", "mean", "p90", "p95", "p99", "min", "max")))
-    console = Console()
+    console = wide_console()
     console.print(t)
     med = result["timers"]["wall_ms"]["median"]
     floor = result.get("roofline")
@@ -319,7 +326,6 @@ def print_bench(result: dict) -> None:
 
 
 def cmd_check(args) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from vlaperf.check import check_equivalence
@@ -357,7 +363,7 @@ def cmd_check(args) -> int:
         table.add_column(col)
     for r in rows:
         table.add_row(r["variant"], f"{r['max_abs']:.3g}", f"{r['rel_l2']:.3g}", f"{r['tolerance']:.0e}", "yes" if r["passed"] else "NO")
-    Console().print(table)
+    wide_console().print(table)
     if args.levers == "all":
         left = [n for n in LEVERS if not _applicable(n, device)]
         why = ("compile and compile_layers take minutes alone; best checks them" if device.type == "cuda"
@@ -381,7 +387,6 @@ def _applicable(lever: str, device: torch.device) -> bool:
 
 
 def cmd_levers(args) -> int:
-    from rich.console import Console
     from rich.table import Table
 
     from vlaperf.engine.levers import BEST_CPU, BEST_GPU, GRAPH_GPU, LEVERS
@@ -391,7 +396,7 @@ def cmd_levers(args) -> int:
     table.add_column("what it does")
     for name, desc in LEVERS.items():
         table.add_row(name, desc)
-    console = Console()
+    console = wide_console()
     console.print(table)
     console.print(f"presets: best (GPU) = {','.join(BEST_GPU)} (+ triton_kernels, megakernel on Hopper, compute capability 9.x)\n         graph (GPU, no compile) = {','.join(GRAPH_GPU)}\n"
                   f"         best (CPU) = exact = {','.join(BEST_CPU)}\n         reference = none\n"

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from vlaperf.cli import CliError, device_arg, output_file, positive_int, seed_int, setup_device
+from vlaperf.cli import CliError, device_arg, output_file, positive_int, seed_int, setup_device, wide_console
 
 COMPARE_WORKLOADS = ("libero-pi0", "libero-pi05", "aloha-pi0", "libero-pi0-b4", "libero-pi0-b8", "libero-shallow6", "tiny")
 
@@ -134,10 +134,9 @@ def _write_json(path, base, workload, run, compared, timing, device) -> None:
 
 
 def print_compare(compared: dict, timing: dict | None, workload_id: str) -> None:
-    from rich.console import Console
     from rich.table import Table
 
-    console = Console()
+    console = wide_console()
     t = Table(title=f"vlaperf compare  {workload_id}  vs LeRobot {compared.get('lerobot_version') or '(version unknown)'}  "
               f"({compared['model']}, {compared['dtype']}, {compared['device']}, {compared['steps']} steps)")
     for col in ("vlaperf variant", "max abs", "rel L2", "worst dim (rel L2)", "tolerance", "passed"):

@@ -52,9 +52,9 @@ def _write(result: dict, path: str | None) -> None:
 
 
 def _console():
-    from rich.console import Console
+    from vlaperf.cli import wide_console
 
-    return Console(width=max(Console().width, 120))
+    return wide_console()
 
 
 # --------------------------------------------------------------------------- breakdown

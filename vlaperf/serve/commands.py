@@ -17,7 +17,7 @@ import argparse
 import os
 import sys
 
-from vlaperf.cli import add_compile_cache, device_arg, output_file, port_int, seed_int, steps_int, workload_arg
+from vlaperf.cli import add_compile_cache, device_arg, output_file, port_int, seed_int, steps_int, wide_console, workload_arg
 from vlaperf.cli import non_negative_float as _non_negative_float
 from vlaperf.cli import non_negative_int as _non_negative_int
 from vlaperf.cli import positive_float as _positive_float
@@ -163,8 +163,6 @@ def _warmup_sizes(spec: str, max_batch: int) -> list[int]:
 def cmd_serve(args) -> int:
     import logging
 
-    from rich.console import Console
-
     from vlaperf.cli import CliError
 
     _need_serve_deps()
@@ -176,7 +174,7 @@ def cmd_serve(args) -> int:
         raise CliError(f"refusing to serve on {args.host!r} without an API key: pass --api-key (or set ${API_KEY_ENV}), "
                        "or --allow-unauthenticated on a trusted network")
     warmup = _warmup_sizes(args.warmup_batches, args.max_batch)
-    console = Console()
+    console = wide_console()
     from vlaperf.workloads import is_wam_workload
 
     if getattr(args, "replicas", None):  # the model runs in Ray Serve replicas, not in this process
@@ -363,11 +361,10 @@ def cmd_loadgen(args) -> int:
 
 
 def print_loadgen(result: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     lg, server = result["loadgen"], result["server"]
-    console = Console()
+    console = wide_console()
     t = Table(title=f"vlaperf loadgen  {result['workload']['id']}  (times in ms)")
     for col in ("clients", "ok/sent", "errors", "req/s", "chunks/s", "rtt p50", "rtt p90", "rtt p99", "infer p50",
                 "queue p50", "overhead p50", "batch"):
@@ -434,11 +431,10 @@ def cmd_rollout(args) -> int:
 
 
 def print_rollout(result: dict) -> None:
-    from rich.console import Console
     from rich.table import Table
 
     ro, server = result["rollout"], result["server"]
-    console = Console()
+    console = wide_console()
     t = Table(title=f"vlaperf rollout  {result['workload']['id']}  ({ro['control_hz']:g} Hz, chunk of "
                     f"{ro['action_horizon']}, replan every {ro['replan_every']})")
     for col in ("episode", "steps", "calls", "wall s", "ideal s", "waiting s", "waiting", "overruns",
