@@ -292,6 +292,15 @@ def test_matrix_ray_merges_tasks_with_device_per_row(ray_cluster, tmp_path, caps
     assert "for_loop" in capsys.readouterr().out
 
 
+def test_device_record_has_the_same_keys_on_the_cpu():
+    """A CPU task's record has the GPU fields too (None), so rows from mixed devices share one schema."""
+    from vlaperf.profile.ray_matrix import device_record
+
+    rec = device_record("cpu")
+    assert rec["device"] == "cpu" and rec["gpu_name"] is None and rec["gpu_uuid"] is None
+    assert {"hostname", "pid", "cuda_visible_devices", "node_id", "node_ip", "ray_gpu_ids"} <= set(rec)
+
+
 def test_matrix_ray_refuses_an_unknown_lever_before_any_replica_starts():
     from vlaperf.cli import CliError
     from vlaperf.profile.ray_matrix import ray_matrix

@@ -44,9 +44,12 @@ def add_matrix_arguments(p: argparse.ArgumentParser) -> None:
 
 
 def device_record(device: Any = None) -> dict:
-    """Where this process runs: Ray node, host, the GPU Ray gave it (name and UUID)."""
+    """Where this process runs: Ray node, host, the GPU Ray gave it (name and UUID). Every record has
+    the same keys; a CPU task's GPU fields are None."""
     rec: dict[str, Any] = {"hostname": socket.gethostname(), "pid": os.getpid(),
-                           "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES")}
+                           "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
+                           "node_id": None, "node_ip": None, "ray_gpu_ids": [], "device": None,
+                           "gpu_name": None, "gpu_uuid": None}
     try:
         import ray
 
