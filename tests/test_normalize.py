@@ -122,6 +122,11 @@ def test_paligemma_tokenizer_uses_openpis_prompt_conventions(tmp_path):
     want = want[: TINY.prompt_slots]
     obs = tr(ex)
     assert obs.tokens[0, : len(want)].tolist() == want and int(obs.token_mask[0].sum()) == len(want)
+    lerobot = PaligemmaTokenizer(tok.source, style="lerobot")  # LeRobot's pi0: the task as given, a newline at its end
+    assert lerobot.encode("  pick_up the bowl") == sp.encode("  pick_up the bowl\n", add_bos=True)
+    assert lerobot.encode("pick up\n") == sp.encode("pick up\n", add_bos=True)
+    with pytest.raises(ValueError, match="style: expected 'openpi' or 'lerobot'"):
+        PaligemmaTokenizer(tok.source, style="hf")
     with pytest.raises(FileNotFoundError, match="no such file"):
         PaligemmaTokenizer(tmp_path / "nope.model")
     bad = _write(tmp_path, "not a model", "bad.model")
@@ -157,11 +162,14 @@ def test_serving_a_checkpoint_without_its_conventions_warns(capsys):
 
     warn_unconverted_checkpoint(None, None, None)  # random weights: nothing to warn about
     assert capsys.readouterr().err == ""
-    warn_unconverted_checkpoint("model.safetensors", None, None)
+    warn_unconverted_checkpoint("model.safetensors", None, None, None)
     err = capsys.readouterr().err
-    assert "without --tokenizer" in err and "without --norm-stats" in err
+    assert "without --tokenizer" in err and "without --norm-stats" in err and "without --conventions" in err
+    warn_unconverted_checkpoint("model.safetensors", None, None, "none")  # chosen: no warning about conventions
+    assert "--conventions" not in capsys.readouterr().err
     assert run_cli(["serve", "--workload", "wam-tiny", "--device", "cpu", "--norm-stats", "x.json"]) == 2
-    assert "--tokenizer / --norm-stats: the pi0 family's inputs; wam-tiny" in capsys.readouterr().err
+    assert "--tokenizer / --norm-stats / --conventions / --action-horizon: the pi0 family's; wam-tiny" in \
+        capsys.readouterr().err
 
 
 @pytest.mark.parametrize("quantile", [False, True], ids=["mean_std", "quantiles"])
@@ -193,3 +201,78 @@ def test_lerobot_normalizer_files_use_lerobots_arithmetic(tmp_path, quantile):
     save_file({"other.mean": np.zeros(3, np.float32)}, str(tmp_path / "x.safetensors"))
     with pytest.raises(NormStatsError, match="no 'observation.state.\\*' or 'action.\\*' statistics"):
         NormStats.load(tmp_path / "x.safetensors", quantile)
+
+
+def _lerobot_folder(tmp_path, seed=3, steps=None, norm_map=None, eps=None):
+    """A LeRobot checkpoint folder: the pre- and postprocessor's statistics files (the same statistics under
+    two names) and, with `steps`/`norm_map`, the preprocessor's pipeline JSON."""
+    from safetensors.numpy import save_file
+
+    doc = _stats({"state": 8, "actions": 7}, seed=seed)["norm_stats"]
+    flat = {f"{feature}.{stat}": np.asarray(v, np.float32) for key, feature in (("state", "observation.state"),
+                                                                                 ("actions", "action"))
+            for stat, v in doc[key].items()}
+    save_file(flat, str(tmp_path / "policy_preprocessor_step_2_normalizer_processor.safetensors"))
+    save_file({k: v * 0 for k, v in flat.items()},
+              str(tmp_path / "policy_postprocessor_step_0_unnormalizer_processor.safetensors"))
+    if steps is not None or norm_map is not None:
+        config = {"features": {}, "norm_map": norm_map or {}}
+        if eps is not None:
+            config["eps"] = eps
+        pipeline = {"name": "policy_preprocessor", "steps": (steps or []) + [
+            {"registry_name": "normalizer_processor", "config": config,
+             "state_file": "policy_preprocessor_step_2_normalizer_processor.safetensors"}]}
+        (tmp_path / "policy_preprocessor.json").write_text(json.dumps(pipeline))
+    return doc
+
+
+def test_lerobot_folder_takes_the_normalizer_not_the_unnormalizer(tmp_path):
+    """A saved LeRobot checkpoint holds "*_normalizer_processor" and "*_unnormalizer_processor" files; the
+    folder is read as the normalizer's (the unnormalizer's name ends the same way)."""
+    doc = _lerobot_folder(tmp_path)
+    ns = NormStats.load(tmp_path, quantile=False)
+    assert ns.source.endswith("policy_preprocessor_step_2_normalizer_processor.safetensors")
+    np.testing.assert_allclose(ns.state.mean, np.asarray(doc["state"]["mean"], np.float32))
+
+
+def test_lerobot_pipeline_json_gives_the_modes_and_eps(tmp_path):
+    """policy_preprocessor.json's normalizer step: its norm_map replaces the model's default mode per feature
+    type, its eps is used; modes vlaperf lacks and relative actions are refused, naming the file."""
+    doc = _lerobot_folder(tmp_path, norm_map={"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "IDENTITY"},
+                          eps=1e-3)
+    ns = NormStats.load(tmp_path, quantile=True)  # a pi0.5 fine-tuned with MEAN_STD on the state
+    st = {k: np.asarray(v, np.float32).astype(np.float64) for k, v in doc["state"].items()}
+    x = np.random.default_rng(1).normal(size=8)
+    np.testing.assert_allclose(ns.normalize_state(x), (x - st["mean"]) / (st["std"] + 1e-3), rtol=1e-5)
+    y = np.random.default_rng(2).normal(size=(1, 4, 7)).astype(np.float32)
+    np.testing.assert_array_equal(ns.unnormalize_actions(y), y)  # ACTION: IDENTITY
+    assert ns.mode("state") == "MEAN_STD" and ns.actions is None
+    assert "z-score (mean/std) of state" in ns.describe() and "policy_preprocessor.json" in ns.describe()
+    _lerobot_folder(tmp_path, norm_map={"STATE": "MIN_MAX", "ACTION": "MEAN_STD"})
+    with pytest.raises(NormStatsError, match="norm_map.STATE is 'MIN_MAX'; vlaperf applies MEAN_STD, QUANTILES"):
+        NormStats.load(tmp_path, quantile=False)
+    _lerobot_folder(tmp_path, steps=[{"registry_name": "relative_actions_processor", "config": {"enabled": True}}],
+                    norm_map={"STATE": "MEAN_STD", "ACTION": "MEAN_STD"})
+    with pytest.raises(NormStatsError, match="relative to the state"):
+        NormStats.load(tmp_path, quantile=False)
+    (tmp_path / "policy_preprocessor.json").write_text(json.dumps({"steps": []}))
+    with pytest.raises(NormStatsError, match="expected one 'normalizer_processor' step"):
+        NormStats.load(tmp_path, quantile=False)
+
+
+def test_resize_with_pad_matches_openpis_pil_resize():
+    """openpi resizes camera images with PIL's (antialiased) bilinear filter, sides rounded down: within one
+    level of 255 (rounding), for shrinking and growing images of several aspect ratios."""
+    Image = pytest.importorskip("PIL.Image")
+    from vlaperf.inputs import resize_with_pad
+
+    rng = np.random.default_rng(0)
+    for H, W in [(480, 640), (480, 848), (300, 100), (120, 160)]:
+        a = rng.integers(0, 256, (H, W, 3), dtype=np.uint8)
+        ours = resize_with_pad(torch.from_numpy(a), 224).permute(1, 2, 0).numpy().astype(int)
+        ratio = max(W / 224, H / 224)
+        h, w = int(H / ratio), int(W / ratio)
+        want = Image.new("RGB", (224, 224), 0)
+        want.paste(Image.fromarray(a).resize((w, h), resample=Image.BILINEAR), ((224 - w) // 2, (224 - h) // 2))
+        diff = np.abs(ours - np.asarray(want).astype(int))
+        assert diff.max() <= 1 and diff.mean() < 0.2, (H, W, diff.mean())

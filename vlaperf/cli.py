@@ -85,6 +85,60 @@ def default_device() -> str:
 # ------------------------------------------------------------------ shared set-up
 
 
+def horizon_int(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_ACTION_HORIZON:
+        raise argparse.ArgumentTypeError(f"expected an integer in 1..{MAX_ACTION_HORIZON}, got {text!r}")
+    return value
+
+
+# The longest action chunk a workload may be given (pi0-family checkpoints are trained with 10 to 50)
+MAX_ACTION_HORIZON = 256
+
+
+def add_action_horizon(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--action-horizon", type=horizon_int, default=None,
+                   help="actions a chunk: the horizon the checkpoint was trained with, e.g. 50 for a LeRobot or "
+                        "openpi ALOHA pi0.5 (default: the workload's; --conventions may set it)")
+
+
+def add_conventions(p: argparse.ArgumentParser) -> None:
+    from vlaperf.conventions import CONVENTIONS
+
+    p.add_argument("--conventions", choices=list(CONVENTIONS), default=None,
+                   help="the checkpoint's training conventions around the model (docs/serving.md): delta actions, "
+                        "ALOHA's space, pi0.5's state in the prompt, its action horizon (default: none, the model's "
+                        "own units)")
+
+
+def resolve_shape(args, base):
+    """The workload and model config `args` ask for: --batch, --steps, --action-horizon, and the horizon
+    --conventions were trained with (which --action-horizon must not contradict); the conventions must fit
+    the workload's model and layout. CliError names the option."""
+    from vlaperf.conventions import get_conventions
+    from vlaperf.models.pi0 import get_config
+
+    conventions = get_conventions(getattr(args, "conventions", None))
+    horizon = getattr(args, "action_horizon", None)
+    if conventions.action_horizon is not None:
+        if horizon is not None and horizon != conventions.action_horizon:
+            raise CliError(f"--action-horizon {horizon}: --conventions {conventions.name} were trained with "
+                           f"{conventions.action_horizon} actions a chunk")
+        horizon = conventions.action_horizon
+    config = get_config(base.preset)
+    why = conventions.fits(config.pi05, base.layout)
+    if why is not None:
+        raise CliError(f"--conventions: {why} (workload {base.id})")
+    if horizon is not None and horizon != base.horizon:
+        config = get_config(base.preset, action_horizon=horizon)
+    try:
+        workload = base.with_overrides(batch=getattr(args, "batch", None), steps=getattr(args, "steps", None),
+                                       horizon=horizon if horizon != base.horizon else None)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    return workload, config
+
+
 def wide_console(min_width: int = 120):
     """A rich console at least `min_width` columns wide: piped output (a log, CI) gets rich's
     80-column default, which cuts the tables' columns to a few letters each."""
@@ -100,6 +154,7 @@ def add_common(p: argparse.ArgumentParser, levers_default: str = "reference", le
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--steps", type=steps_int, default=None, help="denoise steps, 1..1000 (default: the workload's)")
     p.add_argument("--batch", type=positive_int, default=None, help="batch size (default: the workload's)")
+    add_action_horizon(p)
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights and inputs")
     p.add_argument("--checkpoint", default=None, help="openpi or LeRobot model.safetensors (default: random weights)")
     p.add_argument("--levers", default=levers_default,
@@ -165,11 +220,11 @@ def setup(args):
     workload_id = args.workload or ("libero-pi0" if device.type == "cuda" else "tiny")
     try:
         base = get_workload(workload_id)
-        workload = base.with_overrides(batch=args.batch, steps=args.steps)
     except ValueError as e:
         raise CliError(str(e)) from None
+    workload, config = resolve_shape(args, base)
     dtype = getattr(torch, args.dtype) if args.dtype else None
-    model = build_model(workload.preset, device=device, dtype=dtype, seed=args.seed)
+    model = build_model(config, device=device, dtype=dtype, seed=args.seed)
     if args.checkpoint:
         from vlaperf.checkpoints import CheckpointError, load_checkpoint
 

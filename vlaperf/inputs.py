@@ -77,7 +77,7 @@ class PaligemmaTokenizer:
     \\nAction: " (the normalized state in 256 bins over [-1, 1]). Needs `pip install sentencepiece`
     (`vlaperf[tokenizer]`)."""
 
-    def __init__(self, model_file: str | Path):
+    def __init__(self, model_file: str | Path, style: str = "openpi"):
         try:
             import sentencepiece
         except ImportError:
@@ -93,12 +93,17 @@ class PaligemmaTokenizer:
             raise ValueError(f"tokenizer model {str(path)!r}: not a sentencepiece model ({e})") from None
         self.vocab_size = self.sp.vocab_size()
         self.source = str(path)
+        if style not in ("openpi", "lerobot"):
+            raise ValueError(f"style: expected 'openpi' or 'lerobot', got {style!r}")
+        self.style = style  # pi0's prompt (vlaperf.conventions.Conventions.prompt_style)
 
     @staticmethod
     def clean(task: str) -> str:
         return task.strip().replace("_", " ").replace("\n", " ")
 
     def encode(self, text: str) -> list[int]:
+        if self.style == "lerobot":
+            return self.sp.encode(text if text.endswith("\n") else text + "\n", add_bos=True)
         return self.sp.encode(self.clean(text), add_bos=True) + self.sp.encode("\n")
 
     def encode_with_state(self, task: str, state: np.ndarray) -> list[int]:
@@ -161,9 +166,9 @@ def pi05_prompt(task: str, state: np.ndarray) -> str:
 
 
 def state_prompt(state: np.ndarray, bins: int = 256) -> str:
-    """pi0.5 puts the state into the prompt as discretised bins ("State: 12 200 ...;")."""
-    clipped = np.clip(np.asarray(state, dtype=np.float64), -1.0, 1.0)
-    digits = np.digitize(clipped, np.linspace(-1.0, 1.0, bins + 1)[:-1]) - 1
+    """pi0.5 puts the (normalized) state into the prompt as discretised bins ("State: 12 200 ...;"). Not
+    clipped, as openpi and LeRobot do not clip: a value below -1 is bin -1, one above 1 is bin 255."""
+    digits = np.digitize(np.asarray(state, dtype=np.float64), np.linspace(-1.0, 1.0, bins + 1)[:-1]) - 1
     return "State: " + " ".join(str(int(d)) for d in digits) + ";"
 
 
@@ -323,11 +328,19 @@ class ObservationTransform:
     """
 
     def __init__(self, workload: Workload, config: Pi0Config, tokenizer: Tokenizer | None = None, device="cpu",
-                 norm_stats=None):
+                 norm_stats=None, conventions=None):
         """`norm_stats`: a `vlaperf.normalize.NormStats`; the state is normalized with it before it is padded
-        (and, for pi0.5, discretised into the prompt), as openpi's Normalize does."""
+        (and, for pi0.5, discretised into the prompt), as openpi's Normalize does. `conventions`: a
+        `vlaperf.conventions.Conventions` or its name (None: "none"): ALOHA's state mapped into pi's space
+        first; whether pi0.5's prompt carries the state, padded to how many dims."""
+        from vlaperf.conventions import get_conventions
+
         check_state_fits(workload, config)
         self.workload, self.config, self.device = workload, config, torch.device(device)
+        self.conventions = get_conventions(conventions)
+        why = self.conventions.fits(config.pi05, workload.layout)
+        if why is not None:
+            raise ValueError(why)
         self.tokenizer = tokenizer or WordHashTokenizer(config.backbone.vocab_size)
         self.norm_stats = norm_stats
         if norm_stats is not None:
@@ -412,23 +425,32 @@ class ObservationTransform:
         batch = [examples] if isinstance(examples, dict) else list(examples) if isinstance(examples, (list, tuple)) else None
         if not batch or not all(isinstance(e, dict) for e in batch):
             raise InputError("observation must be a dict (or a non-empty list of dicts)")
-        cfg = self.config
-        hb = HostBatch([], [], [], [], [])
+        cfg, conv = self.config, self.conventions
+        hb = HostBatch([], [], [], [], [], [])
         for ex in batch:
             slots, valid = self._slots(ex)
-            state = self._state(ex)
-            if self.norm_stats is not None:
-                state = self.norm_stats.normalize_state(state)
+            model_state = conv.state_to_model(self._state(ex))  # float64, before normalization
+            state = model_state if self.norm_stats is None else self.norm_stats.normalize_state64(model_state)
             prompt = self._prompt(ex)
+            prompt_state = None
+            if cfg.pi05 and conv.state_in_prompt:
+                prompt_state = state
+                if conv.state_prompt_pad_to and state.shape[0] < conv.state_prompt_pad_to:
+                    prompt_state = np.pad(state, (0, conv.state_prompt_pad_to - state.shape[0]))
             ids, mask = tokenize_prompt(self.tokenizer, prompt, self.workload.prompt_slots, cfg.backbone.vocab_size,
-                                        state if cfg.pi05 else None)
+                                        prompt_state)
             padded = np.zeros(cfg.action_dim, dtype=np.float32)
-            padded[: state.shape[0]] = state
+            with np.errstate(over="ignore"):
+                padded[: state.shape[0]] = state
+            if not np.isfinite(padded).all():
+                raise InputError("state: not finite after its normalization (a value far outside the checkpoint's "
+                                 "statistics)")
             hb.pixels.append(slots)
             hb.image_valid.append(valid)
             hb.tokens.append(ids)
             hb.token_masks.append(mask)
             hb.states.append(padded)
+            hb.model_states.append(model_state)
         return hb
 
     def upload(self, hb: "HostBatch") -> "DeviceBatch":
@@ -520,7 +542,8 @@ class HostBatch:
     image_valid: list  # per sample: per slot bool
     tokens: list
     token_masks: list
-    states: list
+    states: list  # per sample: the model's state, normalized and padded, float32
+    model_states: list  # per sample: the state in the model's space before normalization, float64 (delta actions)
 
 
 @dataclass
@@ -537,14 +560,16 @@ class DeviceBatch:
 
 
 def resize_with_pad(image_hwc: Tensor, size: int) -> Tensor:
-    """uint8 (H, W, 3) -> uint8 (3, size, size): keep aspect ratio, bilinear, pad with black."""
+    """uint8 (H, W, 3) -> uint8 (3, size, size): keep aspect ratio, bilinear, pad with black, as openpi's
+    resize_with_pad (PIL's bilinear filter) does: the sides rounded down, the filter antialiased when it
+    shrinks (without it a 480 x 640 camera image differs from openpi's by ~33 of 255 levels on average)."""
     img = image_hwc.permute(2, 0, 1)
     H, W = img.shape[1:]
     if (H, W) == (size, size):
         return img
-    scale = size / max(H, W)
-    h, w = max(1, round(H * scale)), max(1, round(W * scale))
-    resized = F.interpolate(img[None].float(), size=(h, w), mode="bilinear", align_corners=False)[0]
+    ratio = max(W / size, H / size)
+    h, w = max(1, int(H / ratio)), max(1, int(W / ratio))
+    resized = F.interpolate(img[None].float(), size=(h, w), mode="bilinear", align_corners=False, antialias=True)[0]
     out = torch.zeros(3, size, size, dtype=torch.float32, device=img.device)
     top, left = (size - h) // 2, (size - w) // 2
     out[:, top : top + h, left : left + w] = resized

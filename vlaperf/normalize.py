@@ -15,14 +15,16 @@ pass through unchanged, as openpi's Unnormalize does. eps is openpi's 1e-6.
 LeRobot keeps the same statistics in its processor files: the preprocessor's normalizer step saves a
 safetensors file of flat keys "<feature>.<stat>" ("observation.state.mean", "action.q99", ...). Its
 modes are pi0's MEAN_STD and pi0.5's QUANTILES as above, with its own arithmetic, which `convention`
-"lerobot" follows: eps 1e-8 added to std when normalizing only; the quantile span q99 - q01 used as it
-is (eps only where it is 0), in both directions.
+"lerobot" follows: eps (1e-8 unless the checkpoint says otherwise) added to std when normalizing only;
+the quantile span q99 - q01 used as it is (eps only where it is 0), in both directions. A checkpoint
+folder's `policy_preprocessor.json` names the normalizer's file, its eps and its modes per feature type
+(`norm_map`), which then replace the model's defaults.
 """
 
 from __future__ import annotations
 
 import json
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
@@ -31,6 +33,9 @@ EPS = 1e-6
 LEROBOT_EPS = 1e-8
 KEYS = ("state", "actions")
 LEROBOT_KEYS = {"state": "observation.state", "actions": "action"}  # LeRobot's feature names
+LEROBOT_TYPES = {"state": "STATE", "actions": "ACTION"}  # their feature types in a norm_map
+# The modes, by LeRobot's names: what each key's statistics do (IDENTITY: nothing)
+MODES = ("MEAN_STD", "QUANTILES", "IDENTITY")
 
 
 class NormStatsError(ValueError):
@@ -55,22 +60,36 @@ class ArrayStats:
 class NormStats:
     state: ArrayStats | None
     actions: ArrayStats | None
-    quantile: bool  # q01 / q99 to [-1, 1] (pi0.5); else the z-score (pi0)
+    quantile: bool  # the model's default: q01 / q99 to [-1, 1] (pi0.5); else the z-score (pi0)
     source: str = ""  # where they came from, for the server's metadata
     convention: str = "openpi"  # whose arithmetic: "openpi" or "lerobot" (module docstring)
+    # Per key, where a LeRobot checkpoint's norm_map says (MODES); None: the model's default above
+    state_mode: str | None = None
+    actions_mode: str | None = None
+    lerobot_eps: float = LEROBOT_EPS
+
+    def mode(self, key: str) -> str:
+        given = self.state_mode if key == "state" else self.actions_mode
+        return given or ("QUANTILES" if self.quantile else "MEAN_STD")
 
     @classmethod
     def load(cls, path: str | Path, quantile: bool) -> "NormStats":
-        """openpi's norm_stats.json, or LeRobot's normalizer safetensors file (a file, or a folder holding
-        norm_stats.json or one `*normalizer_processor.safetensors`). `quantile`: the model's normalization,
-        True for pi0.5 as openpi and LeRobot configure it, False for pi0."""
+        """openpi's norm_stats.json, or LeRobot's normalizer safetensors file: a file, or a folder holding
+        norm_stats.json, LeRobot's `policy_preprocessor.json` (which names the normalizer's file, modes and
+        eps), or one `*_normalizer_processor.safetensors`. `quantile`: the model's normalization, True for
+        pi0.5 as openpi and LeRobot configure it, False for pi0."""
         path = Path(path)
         if path.is_dir():
-            found = sorted(path.glob("*normalizer_processor.safetensors"))
-            if not (path / "norm_stats.json").exists() and len(found) == 1:
-                path = found[0]
-            else:
+            if (path / "norm_stats.json").exists():
                 path = path / "norm_stats.json"
+            elif (path / "policy_preprocessor.json").exists():
+                return cls._load_lerobot_pipeline(path / "policy_preprocessor.json", quantile)
+            else:
+                # "*_normalizer_processor" alone: the postprocessor's "*_unnormalizer_processor" file holds the
+                # same statistics under another name
+                found = sorted(p for p in path.glob("*_normalizer_processor.safetensors")
+                               if not p.name.endswith("_unnormalizer_processor.safetensors"))
+                path = found[0] if len(found) == 1 else path / "norm_stats.json"
         if path.suffix == ".safetensors":
             return cls._load_lerobot(path, quantile)
         try:
@@ -89,7 +108,47 @@ class NormStats:
         return cls(stats["state"], stats["actions"], quantile, str(path))
 
     @classmethod
-    def _load_lerobot(cls, path: Path, quantile: bool) -> "NormStats":
+    def _load_lerobot_pipeline(cls, doc_path: Path, quantile: bool) -> "NormStats":
+        """A LeRobot checkpoint folder: its preprocessor's normalizer step (the statistics' file, eps, the
+        mode of each feature type). A pipeline that makes the actions relative to the state is refused:
+        the served actions would need the state added back, which vlaperf does not do for LeRobot yet."""
+        try:
+            doc = json.loads(doc_path.read_text())
+        except OSError as e:
+            raise NormStatsError(f"{doc_path}: cannot read LeRobot's pipeline ({e.strerror or e})") from None
+        except (json.JSONDecodeError, UnicodeDecodeError) as e:
+            raise NormStatsError(f"{doc_path}: not JSON ({e})") from None
+        steps = doc.get("steps") if isinstance(doc, dict) else None
+        if not isinstance(steps, list) or not all(isinstance(st, dict) for st in steps):
+            raise NormStatsError(f"{doc_path}: expected LeRobot's pipeline layout, an object with a 'steps' list")
+        relative = [st for st in steps if st.get("registry_name") == "relative_actions_processor"
+                    and isinstance(st.get("config"), dict) and st["config"].get("enabled")]
+        if relative:
+            raise NormStatsError(f"{doc_path}: the checkpoint was trained on actions relative to the state "
+                                 "(relative_actions_processor enabled); vlaperf does not add the state back to "
+                                 "LeRobot's actions yet, so its served actions would be relative")
+        norm = [st for st in steps if st.get("registry_name") == "normalizer_processor"]
+        if len(norm) != 1 or not isinstance(norm[0].get("state_file"), str):
+            raise NormStatsError(f"{doc_path}: expected one 'normalizer_processor' step with a 'state_file', found "
+                                 f"{len(norm)}")
+        config = norm[0].get("config") if isinstance(norm[0].get("config"), dict) else {}
+        norm_map = config.get("norm_map", {})
+        modes = {}
+        for key, ftype in LEROBOT_TYPES.items():
+            mode = norm_map.get(ftype) if isinstance(norm_map, dict) else None
+            if mode is not None and mode not in MODES:
+                raise NormStatsError(f"{doc_path}: norm_map.{ftype} is {mode!r}; vlaperf applies {', '.join(MODES)}")
+            modes[key] = mode
+        eps = config.get("eps", LEROBOT_EPS)
+        if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < 1:
+            raise NormStatsError(f"{doc_path}: eps: expected a number in [0, 1), got {eps!r}")
+        stats_file = doc_path.parent / Path(norm[0]["state_file"]).name
+        loaded = cls._load_lerobot(stats_file, quantile, modes)
+        return replace(loaded, state_mode=modes["state"], actions_mode=modes["actions"], lerobot_eps=float(eps),
+                       source=f"{stats_file} ({doc_path.name})")
+
+    @classmethod
+    def _load_lerobot(cls, path: Path, quantile: bool, modes: dict | None = None) -> "NormStats":
         from safetensors import SafetensorError
         from safetensors.numpy import load_file
 
@@ -105,7 +164,14 @@ class NormStats:
         if not table:
             raise NormStatsError(f"{path}: no 'observation.state.*' or 'action.*' statistics (LeRobot's normalizer "
                                  f"keys); found {sorted(flat)[:8]}")
-        stats = {key: _array_stats(path, key, table[key], quantile) if key in table else None for key in KEYS}
+        modes = modes or {}
+        stats = {}
+        for key in KEYS:
+            mode = modes.get(key) or ("QUANTILES" if quantile else "MEAN_STD")
+            stats[key] = (_array_stats(path, key, table[key], mode == "QUANTILES")
+                          if key in table and mode != "IDENTITY" else None)
+            if key not in table and mode != "IDENTITY" and modes.get(key):
+                raise NormStatsError(f"{path}: no '{LEROBOT_KEYS[key]}.*' statistics, which its {mode} needs")
         return cls(stats["state"], stats["actions"], quantile, str(path), "lerobot")
 
     def check_dims(self, state_dim: int) -> None:
@@ -118,17 +184,21 @@ class NormStats:
         """(..., D) robot state -> the model's units, float32."""
         if self.state is None:
             return state
+        return self.normalize_state64(state).astype(np.float32)
+
+    def normalize_state64(self, state: np.ndarray) -> np.ndarray:
+        """As normalize_state, in float64 (openpi discretises pi0.5's prompt state from these values)."""
+        x = np.asarray(state, dtype=np.float64)
+        if self.state is None:
+            return x
         s, d = self.state, state.shape[-1]
-        x = state.astype(np.float64)
-        if self.quantile:
-            out = (x - s.q01[:d]) / self._span(s, d) * 2.0 - 1.0
-        else:
-            out = (x - s.mean[:d]) / (s.std[:d] + (LEROBOT_EPS if self.convention == "lerobot" else EPS))
-        return out.astype(np.float32)
+        if self.mode("state") == "QUANTILES":
+            return (x - s.q01[:d]) / self._span(s, d) * 2.0 - 1.0
+        return (x - s.mean[:d]) / (s.std[:d] + (self.lerobot_eps if self.convention == "lerobot" else EPS))
 
     def _span(self, s: ArrayStats, d: int) -> np.ndarray:
         span = s.q99[:d] - s.q01[:d]
-        return np.where(span == 0, LEROBOT_EPS, span) if self.convention == "lerobot" else span + EPS
+        return np.where(span == 0, self.lerobot_eps, span) if self.convention == "lerobot" else span + EPS
 
     def unnormalize_actions(self, actions: np.ndarray) -> np.ndarray:
         """(..., A) model actions -> the robot's units, float32; dimensions past the statistics unchanged."""
@@ -137,16 +207,23 @@ class NormStats:
         s, d = self.actions, min(self.actions.dim, actions.shape[-1])
         out = actions.astype(np.float64)
         head = out[..., :d]
-        if self.quantile:
+        if self.mode("actions") == "QUANTILES":
             out[..., :d] = (head + 1.0) / 2.0 * self._span(s, d) + s.q01[:d]
         else:
             out[..., :d] = head * (s.std[:d] + (0.0 if self.convention == "lerobot" else EPS)) + s.mean[:d]
         return out.astype(np.float32)
 
     def describe(self) -> str:
-        kind = "quantile (q01/q99 to [-1, 1])" if self.quantile else "z-score (mean/std)"
-        keys = ", ".join(k for k in KEYS if getattr(self, k) is not None)
-        return f"{kind} of {keys} from {self.source} ({self.convention}'s arithmetic)"
+        names = {"QUANTILES": "quantile (q01/q99 to [-1, 1])", "MEAN_STD": "z-score (mean/std)"}
+        keys = [k for k in KEYS if getattr(self, k) is not None]
+        kinds = {self.mode(k) for k in keys}
+        if not kinds:
+            what = "no normalization (IDENTITY for state and actions)"
+        elif len(kinds) == 1:
+            what = f"{names[kinds.pop()]} of {', '.join(keys)}"
+        else:
+            what = "; ".join(f"{names[self.mode(k)]} of {k}" for k in keys)
+        return f"{what} from {self.source} ({self.convention}'s arithmetic)"
 
 
 def _array_stats(path: Path, key: str, entry, quantile: bool) -> ArrayStats:

@@ -28,17 +28,20 @@ def finite_actions(actions: np.ndarray) -> np.ndarray:
     return actions
 
 
-def load_checkpoint_io(tokenizer_file: str | None, norm_stats_path: str | None, config) -> tuple[Any, Any]:
-    """A real checkpoint's input and output conventions, as `vlaperf serve --tokenizer --norm-stats` takes
+def load_checkpoint_io(tokenizer_file: str | None, norm_stats_path: str | None, config,
+                       conventions=None) -> tuple[Any, Any]:
+    """A real checkpoint's tokenizer and statistics, as `vlaperf serve --tokenizer --norm-stats` takes
     them: (PaligemmaTokenizer or None, NormStats or None). ValueError (or ImportError: no sentencepiece)
-    names what is wrong; the statistics' kind follows the model (quantiles for pi0.5, as openpi's configs)."""
+    names what is wrong; the statistics' kind follows the model (quantiles for pi0.5, as openpi's configs);
+    the tokenizer's prompt style follows `conventions` (`vlaperf.conventions`)."""
+    from vlaperf.conventions import get_conventions
     from vlaperf.inputs import PaligemmaTokenizer
     from vlaperf.normalize import NormStats
 
     tokenizer = norm_stats = None
     if tokenizer_file is not None:
         try:
-            tokenizer = PaligemmaTokenizer(tokenizer_file)
+            tokenizer = PaligemmaTokenizer(tokenizer_file, style=get_conventions(conventions).prompt_style)
         except FileNotFoundError as e:
             raise ValueError(str(e)) from None
         if tokenizer.vocab_size > config.backbone.vocab_size:
@@ -59,17 +62,20 @@ class Policy:
     they cannot be trusted (`Engine.raise_on_kernel_fault`).
     `norm_stats` (`vlaperf.normalize.NormStats`, a checkpoint's openpi statistics): the state is
     normalized before the model and the actions unnormalized after it; without them (random weights,
-    benchmarks) both stay in the model's units.
+    benchmarks) both stay in the model's units. `conventions` (`vlaperf.conventions`, a name or a
+    Conventions; None: "none"): what the checkpoint's training did around the model besides, e.g. openpi
+    pi0_libero's delta actions, whose state is added back after unnormalizing.
     """
 
     def __init__(self, model, sample: Callable, workload: Workload, tokenizer: Tokenizer | None = None,
                  num_steps: int | None = None, noise: torch.Tensor | None = None,
-                 verify: Callable[[], None] | None = None, norm_stats=None):
+                 verify: Callable[[], None] | None = None, norm_stats=None, conventions=None):
         check_fits(workload, model.config)
         self.model, self.sample, self.workload, self.verify = model, sample, workload, verify
         self.device = model.action_in_proj.weight.device
         self.norm_stats = norm_stats
-        self.transform = ObservationTransform(workload, model.config, tokenizer, self.device, norm_stats)
+        self.transform = ObservationTransform(workload, model.config, tokenizer, self.device, norm_stats, conventions)
+        self.conventions = self.transform.conventions
         self.num_steps = workload.steps if num_steps is None else num_steps
         from vlaperf.models.pi0 import MAX_NUM_STEPS
 
@@ -80,7 +86,8 @@ class Policy:
 
     def infer(self, example: dict[str, Any] | list[dict[str, Any]]) -> dict[str, Any]:
         t0 = time.perf_counter()
-        obs = self.transform(example)
+        host = self.transform.host_arrays(example)
+        obs = self.transform.preprocess(self.transform.upload(host))
         noise = self.noise if self.noise is not None and self.noise.shape[0] == obs.batch else None
         t1 = time.perf_counter()
         actions = self.sample(obs, noise, self.num_steps)
@@ -89,6 +96,8 @@ class Policy:
         out = actions.cpu().numpy()[..., : self.workload.robot_action_dim].astype(np.float32)
         if self.norm_stats is not None:
             out = self.norm_stats.unnormalize_actions(out)
+        if self.conventions.changes_actions():  # openpi's order: unnormalize, absolute actions, ALOHA's space
+            out = self.conventions.actions_to_robot(out, np.stack(host.model_states))
         if self.verify is not None:
             self.verify()  # a kernel fault first: it names the cause of what the next check would see
         finite_actions(out)

@@ -17,7 +17,8 @@ import argparse
 import os
 import sys
 
-from vlaperf.cli import add_compile_cache, device_arg, output_file, port_int, seed_int, steps_int, wide_console, workload_arg
+from vlaperf.cli import add_action_horizon, add_compile_cache, add_conventions, device_arg, output_file, port_int, seed_int
+from vlaperf.cli import steps_int, wide_console, workload_arg
 from vlaperf.cli import non_negative_float as _non_negative_float
 from vlaperf.cli import non_negative_int as _non_negative_int
 from vlaperf.cli import positive_float as _positive_float
@@ -59,6 +60,7 @@ def register(subparsers) -> None:
     p.add_argument("--device", type=device_arg, default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--steps", type=steps_int, default=None, help="denoise steps, 1..1000 (default: the workload's)")
+    add_action_horizon(p)
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights")
     p.add_argument("--checkpoint", default=None, help="openpi or LeRobot model.safetensors (default: random weights)")
     p.add_argument("--tokenizer", default=None,
@@ -68,6 +70,7 @@ def register(subparsers) -> None:
                    help="the checkpoint's statistics: openpi's norm_stats.json or LeRobot's normalizer safetensors (or "
                         "a folder holding one): the state is normalized, the actions unnormalized, z-score for pi0 and "
                         "quantiles for pi0.5 (default: none, the model's own units)")
+    add_conventions(p)
     p.add_argument("--no-check", action="store_true", help="skip the equivalence check of the engine before serving")
     p.add_argument("--sparsity", choices=("none", "drop_middle", "mae_middle"), default=None,
                    help="world-action workloads: frame sparsity of the served model")
@@ -185,9 +188,10 @@ def cmd_serve(args) -> int:
 
         return serve_replicas(args, api_key, warmup, console)
     if is_wam_workload(args.workload):
-        if args.tokenizer or args.norm_stats:
-            raise CliError(f"--tokenizer / --norm-stats: the pi0 family's inputs; {args.workload} (the world-action "
-                           "model) takes latents and a text encoder (docs/world-action.md)")
+        if args.tokenizer or args.norm_stats or args.conventions or args.action_horizon:
+            raise CliError(f"--tokenizer / --norm-stats / --conventions / --action-horizon: the pi0 family's; "
+                           f"{args.workload} (the world-action model) takes latents and a text encoder "
+                           "(docs/world-action.md)")
         policy = _wam_policy(args, console)
         if policy is None:
             return 1
@@ -230,7 +234,8 @@ def _pi0_policy(args, console):
     from vlaperf.policy import Policy
 
     base, workload, model, device = setup(args)
-    tokenizer, norm_stats = checkpoint_io(args.tokenizer, args.norm_stats, args.checkpoint, model.config)  # before the slow part
+    tokenizer, norm_stats = checkpoint_io(args.tokenizer, args.norm_stats, args.checkpoint, model.config,
+                                          args.conventions)  # before the slow part
     if args.levers == "serve":
         args.levers = "graph" if model.action_in_proj.weight.device.type == "cuda" else "exact"
     engine = None if args.levers in ("reference", "none", "") else make_engine(model, args.levers)
@@ -245,32 +250,38 @@ def _pi0_policy(args, console):
     _release_reference(engine, args, console)
     sample = engine.sample_actions if engine is not None else model.sample_actions
     policy = Policy(model, sample, workload, tokenizer=tokenizer, num_steps=workload.steps,
-                    verify=engine.raise_on_kernel_fault if engine is not None else None, norm_stats=norm_stats)
+                    verify=engine.raise_on_kernel_fault if engine is not None else None, norm_stats=norm_stats,
+                    conventions=args.conventions)
     return policy
 
 
-def checkpoint_io(tokenizer_file, norm_stats_path, checkpoint, config):
+def checkpoint_io(tokenizer_file, norm_stats_path, checkpoint, config, conventions=None):
     """--tokenizer and --norm-stats (`policy.load_checkpoint_io`), errors as CliError naming the option; a
-    warning where a real checkpoint is served without them (its actions would be in the model's normalized
-    units, its prompts tokenized by a stand-in)."""
+    warning where a real checkpoint is served without them or without --conventions (its actions would be in
+    the model's normalized units, its prompts tokenized by a stand-in, its delta actions left relative)."""
     from vlaperf.cli import CliError
     from vlaperf.normalize import NormStatsError
     from vlaperf.policy import load_checkpoint_io
 
     try:
-        tokenizer, norm_stats = load_checkpoint_io(tokenizer_file, norm_stats_path, config)
+        tokenizer, norm_stats = load_checkpoint_io(tokenizer_file, norm_stats_path, config, conventions)
     except NormStatsError as e:
         raise CliError(f"--norm-stats: {e}") from None
     except (ImportError, ValueError) as e:
         raise CliError(f"--tokenizer: {e}") from None
-    warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats)
+    warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats, conventions)
     return tokenizer, norm_stats
 
 
-def warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats) -> None:
-    """A trained checkpoint served without its tokenizer or statistics gives a robot meaningless actions."""
+def warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats, conventions="unset") -> None:
+    """A trained checkpoint served without its tokenizer, statistics or conventions gives a robot meaningless
+    actions."""
     if checkpoint is None:
         return
+    if conventions is None:
+        print("vlaperf serve: warning: serving a checkpoint without --conventions: the actions are the model's "
+              "own; a checkpoint trained on delta actions (openpi pi0_libero, ALOHA) needs its conventions, e.g. "
+              "--conventions openpi:pi0_libero (docs/serving.md)", file=sys.stderr)
     if tokenizer is None:
         print("vlaperf serve: warning: serving a checkpoint without --tokenizer: its prompts go through a stand-in "
               "tokenizer whose ids mean nothing to the model (pass PaliGemma's paligemma_tokenizer.model)", file=sys.stderr)

@@ -129,14 +129,15 @@ def ray_init(address: str | None = None, *, num_cpus: int | None = None, num_gpu
 def build_policy_from_spec(spec: dict):
     """A vlaperf Policy built as `vlaperf serve` builds it (cli.setup, make_engine, the
     equivalence check), from a plain dict of the serve options: workload, levers, device,
-    dtype, steps, seed, checkpoint, tokenizer, norm_stats, no_check, keep_reference (the files' paths must
-    be readable where the replica runs). Runs inside a replica."""
+    dtype, steps, action_horizon, seed, checkpoint, tokenizer, norm_stats, conventions, no_check, keep_reference
+    (the files' paths must be readable where the replica runs). Runs inside a replica."""
     from vlaperf.cli import make_engine, setup
     from vlaperf.policy import Policy, load_checkpoint_io
 
     args = argparse.Namespace(workload=spec.get("workload"), device=spec.get("device"), dtype=spec.get("dtype"),
                               steps=spec.get("steps"), batch=None, seed=int(spec.get("seed", 0)),
-                              checkpoint=spec.get("checkpoint"))
+                              checkpoint=spec.get("checkpoint"), action_horizon=spec.get("action_horizon"),
+                              conventions=spec.get("conventions"))
     _, workload, model, _ = setup(args)
     levers = spec.get("levers") or "serve"
     if levers == "serve":
@@ -152,9 +153,11 @@ def build_policy_from_spec(spec: dict):
     if engine is not None and not spec.get("keep_reference"):
         engine.release_reference_weights()  # as `vlaperf serve` does: the replica serves the engine only
     sample = engine.sample_actions if engine is not None else model.sample_actions
-    tokenizer, norm_stats = load_checkpoint_io(spec.get("tokenizer"), spec.get("norm_stats"), model.config)
+    tokenizer, norm_stats = load_checkpoint_io(spec.get("tokenizer"), spec.get("norm_stats"), model.config,
+                                               spec.get("conventions"))
     return Policy(model, sample, workload, tokenizer=tokenizer, num_steps=workload.steps,
-                  verify=engine.raise_on_kernel_fault if engine is not None else None, norm_stats=norm_stats)
+                  verify=engine.raise_on_kernel_fault if engine is not None else None, norm_stats=norm_stats,
+                  conventions=spec.get("conventions"))
 
 
 def describe_policy(policy) -> dict:
@@ -184,6 +187,8 @@ def describe_policy(policy) -> dict:
         out["tokenizer"] = type(tokenizer).__name__
     if hasattr(policy, "norm_stats"):
         out["normalization"] = policy.norm_stats.describe() if policy.norm_stats is not None else None
+    if getattr(policy, "conventions", None) is not None:
+        out["conventions"] = policy.conventions.name
     return out
 
 
@@ -453,20 +458,22 @@ def serve_replicas(args, api_key: str | None, warmup: list[int], console=None) -
         if device.startswith("cuda") and gpus < args.replicas:
             raise CliError(f"--replicas {args.replicas} needs {args.replicas} GPUs (one per replica); the Ray cluster has "
                            f"{gpus}")
+        from vlaperf.cli import resolve_shape
+
         try:
             workload = get_workload(args.workload or ("libero-pi0" if device.startswith("cuda") else "tiny"))
-            workload = workload.with_overrides(steps=args.steps)
         except ValueError as e:
             raise CliError(str(e)) from None
+        workload, config = resolve_shape(args, workload)  # --steps, --action-horizon, --conventions checked here
         if args.tokenizer or args.norm_stats or args.checkpoint:  # read here first: a bad file fails before any replica
-            from vlaperf.models.pi0 import get_config
             from vlaperf.serve.commands import checkpoint_io
 
-            checkpoint_io(args.tokenizer, args.norm_stats, args.checkpoint, get_config(workload.preset))
+            checkpoint_io(args.tokenizer, args.norm_stats, args.checkpoint, config, args.conventions)
         spec = {"workload": workload.id, "levers": args.levers, "device": "cuda" if device.startswith("cuda") else device,
                 "dtype": args.dtype, "steps": args.steps, "seed": args.seed, "checkpoint": args.checkpoint,
                 "no_check": args.no_check, "keep_reference": getattr(args, "keep_reference", False),
-                "tokenizer": getattr(args, "tokenizer", None), "norm_stats": getattr(args, "norm_stats", None)}
+                "tokenizer": getattr(args, "tokenizer", None), "norm_stats": getattr(args, "norm_stats", None),
+                "action_horizon": getattr(args, "action_horizon", None), "conventions": getattr(args, "conventions", None)}
         options = ReplicaOptions(replicas=args.replicas, device=device, num_cpus=args.replica_cpus, app_name=app_name,
                                  request_timeout_s=args.replica_timeout_s)
         print(f"vlaperf serve: starting {args.replicas} replica(s) of {workload.id} on {device} "

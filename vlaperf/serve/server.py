@@ -694,6 +694,8 @@ class PolicyServer:
             meta["tokenizer"] = type(transform.tokenizer).__name__
         if hasattr(policy, "norm_stats"):
             meta["normalization"] = policy.norm_stats.describe() if policy.norm_stats is not None else None
+        if getattr(policy, "conventions", None) is not None:
+            meta["conventions"] = policy.conventions.name
         model = getattr(policy, "model", None)
         config = getattr(model, "config", None)
         if config is not None and getattr(config, "vision", None) is not None:
