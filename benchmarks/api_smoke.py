@@ -25,6 +25,43 @@ from vlaperf.policy import Policy, WamPolicy, make_wam_example
 from vlaperf.workloads import get_wam_workload, get_workload
 
 
+def check_conventions(model, engine, w, dev) -> None:
+    """A real checkpoint's serving path on this device: 480 x 640 camera images (resized here, antialiased),
+    openpi statistics and pi0_libero's delta actions, through the engine against the reference path."""
+    import json
+
+    from vlaperf.inputs import resize_with_pad
+
+    rng = np.random.default_rng(0)
+    cam = rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    on_device = resize_with_pad(torch.from_numpy(cam).to(dev), 224).cpu()
+    on_cpu = resize_with_pad(torch.from_numpy(cam), 224)
+    diff = (on_device.int() - on_cpu.int()).abs().max().item()
+    print(f"resize 480x640 -> 224 on {dev} against the CPU: max difference {diff} of 255")
+    if w.layout != "libero":
+        return
+    stats = {"norm_stats": {"state": {"mean": [0.1] * w.state_dim, "std": [0.5] * w.state_dim},
+                            "actions": {"mean": [0.2] * w.robot_action_dim, "std": [2.0] * w.robot_action_dim}}}
+    with tempfile.TemporaryDirectory() as d:
+        from pathlib import Path
+
+        from vlaperf.normalize import NormStats
+
+        Path(d, "norm_stats.json").write_text(json.dumps(stats))
+        ns = NormStats.load(d, quantile=model.config.pi05)
+    ex = make_example(w, seed=3)
+    ex["observation/image"] = cam
+    ex["observation/wrist_image"] = rng.integers(0, 256, (480, 640, 3), dtype=np.uint8)
+    conv = "openpi:pi0_libero" if not model.config.pi05 else "openpi:pi05_libero"
+    noise = random_noise(w, model.config, dev)
+    fast = Policy(model, engine.sample_actions, w, noise=noise, norm_stats=ns, conventions=conv).infer(ex)["actions"]
+    ref = Policy(model, model.sample_actions, w, noise=noise, norm_stats=ns, conventions=conv).infer(ex)["actions"]
+    rel = float(np.linalg.norm(fast - ref) / np.linalg.norm(ref))
+    print(f"policy with {conv}, statistics and 480x640 images, {engine.name} against the reference: rel L2 {rel:.2e}")
+    if diff > 1 or not rel < 3e-2 or not np.isfinite(fast).all():
+        raise SystemExit(1)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--device", default="cuda")
@@ -38,6 +75,7 @@ def main() -> None:
     engine = Engine(model, "best")
     out = Policy(model, engine.sample_actions, w).infer(make_example(w))["actions"]
     print(f"pi0 policy, {engine.name}, {model.dtype}: actions {out.shape} {out.dtype}, finite {np.isfinite(out).all()}")
+    check_conventions(model, engine, w, dev)
     with tempfile.TemporaryDirectory() as d:
         path = save_checkpoint(build_model(w.preset, dev, seed=1), d)
         stale = Engine(model, args.levers)
