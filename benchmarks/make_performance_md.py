@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from vlaperf.report.render import FRONT_END_SPLIT, step_config_diff, step_config_value
+from vlaperf.report.render import FRONT_END_SPLIT, step_config_diff, step_config_value, workload_label
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -56,7 +56,7 @@ def bench_rows(results):
         w, e = r["timers"]["wall_ms"], r["timers"]["cuda_event_ms"]
         floor = r.get("roofline") or {}
         ratio = w["median"] / floor["floor_ms"] if floor.get("floor_ms") and r["env"].get("gpu") else None
-        wl = r["workload"]["id"] + (f" {r['workload']['overrides']}" if r["workload"]["overrides"] else "")
+        wl = workload_label(r)
         peak = r.get("peak_memory_bytes")
         batch = r["workload"]["overrides"].get("batch") or get_workload(r["workload"]["id"]).batch
         served = " (reference weights released, as served)" if r.get("released_reference_bytes") else ""
@@ -105,7 +105,7 @@ def check_tables(results):
     for path, r in results:
         if r["command"] != "check":
             continue
-        out += [f"### equivalence on {r['workload']['id']} ({r['variant']['dtype']}, {_env(r)})", "",
+        out += [f"### equivalence on {workload_label(r)} ({r['variant']['dtype']}, {_env(r)})", "",
                 f"`{path.relative_to(ROOT)}`", "", "| variant | max abs | rel L2 | tolerance | passed |", "|---|---|---|---|---|"]
         for c in r["checks"]:
             out.append(f"| {_short(c['variant'])} | {c['max_abs']:.3g} | {c['rel_l2']:.3g} | {c['tolerance']:.0e} | {'yes' if c['passed'] else 'NO'} |")
@@ -485,7 +485,7 @@ def wam_tables(results):
     for path, r in results:
         if r["command"] != "check":
             continue
-        out += [f"### equivalence on {r['workload']['id']} ({r['variant']['dtype']}, {_env(r)})", "",
+        out += [f"### equivalence on {workload_label(r)} ({r['variant']['dtype']}, {_env(r)})", "",
                 f"`{path.relative_to(ROOT)}`; actions and predicted video against `WorldActionModel.generate`", "",
                 "| variant | sparsity | actions rel L2 | video rel L2 | tolerance | passed |", "|---|---|---|---|---|---|"]
         for c in r["checks"]:

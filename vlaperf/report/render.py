@@ -126,6 +126,13 @@ class _Doc:
         return "\n".join(lines)
 
 
+def workload_label(r: dict) -> str:
+    """The workload's id and what the run changed of it, e.g. "libero-pi05 (horizon 50)"."""
+    w = r.get("workload") or {}
+    o = w.get("overrides") or {}
+    return str(w.get("id")) + (" (" + ", ".join(f"{k} {v}" for k, v in sorted(o.items())) + ")" if o else "")
+
+
 def _cell(x: Any) -> str:
     if x is None:
         return "-"
@@ -213,7 +220,7 @@ def load_results(paths) -> tuple[list[tuple[str, dict]], list[str]]:
 def _bench(doc: _Doc, results: list[tuple[str, dict]]) -> None:
     groups: dict[str, list[tuple[str, dict]]] = {}
     for path, r in results:
-        groups.setdefault(f"{r['workload']['id']} on {_gpu(r)}", []).append((path, r))
+        groups.setdefault(f"{workload_label(r)} on {_gpu(r)}", []).append((path, r))
     for key, items in groups.items():
         doc.h(3, f"bench: {key}")
         rows = []
@@ -290,7 +297,7 @@ def _wall_ratio(row: dict) -> dict:
 
 
 def _matrix(doc: _Doc, path: str, r: dict) -> None:
-    doc.h(3, f"matrix: {r['workload']['id']} on {_gpu(r)} ({(r.get('variant') or {}).get('label', '')[:60]})")
+    doc.h(3, f"matrix: {workload_label(r)} on {_gpu(r)} ({(r.get('variant') or {}).get('label', '')[:60]})")
     doc.p(f"{path}: {r.get('iters')} interleaved rounds after {r.get('warmup')} warm-up calls per variant; "
           f"speedup = median of the baseline ({r.get('baseline', 'reference')}) / median of the variant; "
           "'noise' = the p10..p90 of per-round ratios includes 1.", "note")
@@ -384,7 +391,7 @@ def _matrix(doc: _Doc, path: str, r: dict) -> None:
 
 
 def _check(doc: _Doc, path: str, r: dict) -> None:
-    doc.h(3, f"check: {r['workload']['id']} on {_gpu(r)}")
+    doc.h(3, f"check: {workload_label(r)} on {_gpu(r)}")
     # world-action checks also name the sparsity mode and hold the predicted video's error
     rows = [[c.get("variant") + (f" | {c['sparsity']}" if c.get("sparsity") else ""), c.get("dtype"), c.get("max_abs"),
              c.get("rel_l2"), c.get("video_rel_l2"), c.get("tolerance"), c.get("seeds"), "yes" if c.get("passed") else "NO"]
@@ -394,7 +401,7 @@ def _check(doc: _Doc, path: str, r: dict) -> None:
 
 def _breakdown(doc: _Doc, path: str, r: dict) -> None:
     bd = r["breakdown"]
-    doc.h(3, f"breakdown: {r['workload']['id']} {(r.get('variant') or {}).get('label', '')} "
+    doc.h(3, f"breakdown: {workload_label(r)} {(r.get('variant') or {}).get('label', '')} "
              f"({r.get('mode')} mode, {_gpu(r)})")
     doc.p(bd.get("statement", ""), "")
     for n in bd.get("notes", []):
@@ -436,19 +443,19 @@ def _scaling(doc: _Doc, path: str, r: dict) -> None:
     from vlaperf.profile.scaling import plot_scaling
 
     sc = r["scaling"]
-    doc.h(3, f"scaling: {r['workload']['id']} on {_gpu(r)}")
+    doc.h(3, f"scaling: {workload_label(r)} on {_gpu(r)}")
     rows = []
     for s in sc["series"]:
         f = s["fit"]
         rows.append([s["label"], f["intercept"], f["slope"], f["r2"]] +
                     [p["median_ms"] for p in s["points"]])
     doc.table(["variant", "intercept a ms", "slope b ms/step", "r2"] + [f"T({p['steps']}) ms" for p in sc["series"][0]["points"]], rows)
-    doc.fig(plot_scaling(sc, None, title=f"T(N) = a + b*N, {r['workload']['id']}"), "T(N) fit")
+    doc.fig(plot_scaling(sc, None, title=f"T(N) = a + b*N, {workload_label(r)}"), "T(N) fit")
 
 
 def _syncs(doc: _Doc, path: str, r: dict) -> None:
     rep = r["syncs"]
-    doc.h(3, f"syncs: {r['workload']['id']} {(r.get('variant') or {}).get('label', '')} on {_gpu(r)}")
+    doc.h(3, f"syncs: {workload_label(r)} {(r.get('variant') or {}).get('label', '')} on {_gpu(r)}")
     doc.p(f"{rep['per_call']:g} host syncs per call ({rep['source']}, {rep['calls']} calls)"
           + (f"; {rep.get('expected_per_call')} expected" if rep.get("expected_per_call") else ""))
     if rep.get("note"):
@@ -478,7 +485,7 @@ def _loadgen(doc: _Doc, items: list[tuple[str, dict]]) -> None:
     for path, r in items:
         lg, srv = r["loadgen"], r.get("server") or {}
         label = f"{server_backend(r)} ({Path(path).stem})"
-        doc.h(3, f"loadgen: {r['workload']['id']}, {label}, levers {_short_variant(srv.get('levers_label', '?'))} on {_gpu(r)}")
+        doc.h(3, f"loadgen: {workload_label(r)}, {label}, levers {_short_variant(srv.get('levers_label', '?'))} on {_gpu(r)}")
         doc.p(f"max batch {srv.get('max_batch')}, max wait {srv.get('max_wait_ms')} ms; {lg.get('observations', '')}; "
               f"{'passed' if lg.get('passed') else 'FAILED'}", "note")
         rows = []
@@ -514,7 +521,7 @@ def _loadgen(doc: _Doc, items: list[tuple[str, dict]]) -> None:
 
 def _compare(doc: _Doc, path: str, r: dict) -> None:
     c, t = r["compare"], r.get("timing") or {}
-    doc.h(3, f"compare: {r['workload']['id']} vs {c['against']} {c.get('lerobot_version', '')} "
+    doc.h(3, f"compare: {workload_label(r)} vs {c['against']} {c.get('lerobot_version', '')} "
              f"({c['dtype']}, {'reduced' if c.get('reduced') else 'full size'}, {_gpu(r)})")
     for note in c.get("as_shipped", []):
         doc.p(note, "note")
@@ -536,7 +543,7 @@ def _compare(doc: _Doc, path: str, r: dict) -> None:
     ax.set_yticklabels(names, fontsize=8)
     ax.set_xlabel("wall ms per call (median, interleaved in one process)", fontsize=8)
     ax.grid(axis="x", alpha=0.3)
-    ax.set_title(f"{r['workload']['id']}: vlaperf against {c['against']}", fontsize=9)
+    ax.set_title(f"{workload_label(r)}: vlaperf against {c['against']}", fontsize=9)
     fig.tight_layout()
     doc.fig(fig, "comparison with the peer")
 
@@ -558,7 +565,7 @@ def _heads_ab(doc: _Doc, path: str, r: dict) -> None:
     """The interleaved A/B of the denoise step's float32 heads, cuBLAS against the small_m_matmul
     kernel (benchmarks/heads_ab.py: float32 FMA products in session 5, TF32x3 since session 6)."""
     eq = r.get("equivalence_kernel_heads") or {}
-    doc.h(3, f"heads A/B: {r['workload']['id']}, {r['variant']['label']} on {_gpu(r)}")
+    doc.h(3, f"heads A/B: {workload_label(r)}, {r['variant']['label']} on {_gpu(r)}")
     doc.p(_ab_text(r, "cuBLAS heads over kernel heads", r["rel_l2_kernel_vs_cublas_heads"], "kernel heads", eq), "")
     _ab_medians(doc, r, "heads")
 
@@ -585,7 +592,7 @@ def _step_config_ab(doc: _Doc, path: str, r: dict) -> None:
     defaults, interleaved in one process; the table lists the fields where the two differ."""
     eq = r.get("equivalence_defaults") or {}
     base, new = r["base_config"], r["default_config"]
-    doc.h(3, f"step-kernel tiling A/B: {r['workload']['id']}, {r['variant']['label']} on {_gpu(r)}")
+    doc.h(3, f"step-kernel tiling A/B: {workload_label(r)}, {r['variant']['label']} on {_gpu(r)}")
     doc.p(_ab_text(r, "base over defaults", r["rel_l2_defaults_vs_base"], "defaults", eq), "")
     fb, fd = ((r.get(side) or {}).get("config") for side in ("base_launch", "default_launch"))  # as resolved
     rows = [[k, step_config_value(k, base.get(k), fb), step_config_value(k, v, fd)] for k, v in new.items()
@@ -611,7 +618,7 @@ def _prefix_tiles_ab(doc: _Doc, path: str, r: dict) -> None:
     the fastest against today's inside the whole `best` call, interleaved in one process."""
     eq = r.get("equivalence_pick") or {}
     today, pick = r["today_tiles"], r["pick_tiles"]
-    doc.h(3, f"prefix attention tiles A/B: {r['workload']['id']}, {r['variant']['label']} on {_gpu(r)}")
+    doc.h(3, f"prefix attention tiles A/B: {workload_label(r)}, {r['variant']['label']} on {_gpu(r)}")
     ok = sorted((x for x in r["kernel_sweep"] if "us" in x and x["rel_l2"] < 1e-2), key=lambda x: x["us"])
     doc.p(f"kernel sweep: {len(ok)} of {len(r['kernel_sweep'])} tilings correct; then the whole call: "
           + _ab_text(r, "today over pick", None, "pick", eq), "")
@@ -625,7 +632,7 @@ def _change_ab(doc: _Doc, path: str, r: dict) -> None:
     """benchmarks/change_ab.py (session 8's first file says "prefix-ab"): `best` (or the file's
     levers) with one engine change undone for engine A's capture against the same with it."""
     eq = r.get("equivalence_with") or {}
-    doc.h(3, f"change A/B: {r['change']}: {r['workload']['id']}, {r['variant']['label']} on {_gpu(r)}")
+    doc.h(3, f"change A/B: {r['change']}: {workload_label(r)}, {r['variant']['label']} on {_gpu(r)}")
     doc.p(_ab_text(r, "without over with", r["rel_l2_with_vs_without"], "with the change", eq), "")
     _ab_medians(doc, r)
     flat = {}
@@ -641,7 +648,7 @@ def _change_ab(doc: _Doc, path: str, r: dict) -> None:
 
 def _upload_probe(doc: _Doc, path: str, r: dict) -> None:
     """benchmarks/upload_probe.py: the policy path's host <-> device pieces, each timed alone."""
-    doc.h(3, f"policy transfers: {r['workload']['id']} on {_gpu(r)}")
+    doc.h(3, f"policy transfers: {workload_label(r)} on {_gpu(r)}")
     doc.p(f"{r['rounds']} rounds each, the GPU idle before each piece; {r['staging_bytes']} bytes staged a call", "")
     doc.table(["piece", "median ms"], [[k.replace("_", " "), v] for k, v in r["median_ms"].items()])
     if r.get("hugepage_staging"):
@@ -652,7 +659,7 @@ def _served_path(doc: _Doc, path: str, r: dict) -> None:
     """benchmarks/served_path_probe.py: the policy path phase by phase, and the websocket front
     end around the real policy, a stand-in that sleeps as long, and one that returns at once."""
     pol, fe = r["policy"], r["front_end"]
-    doc.h(3, f"served path: {r['workload']['id']}, {r['variant']['label']} on {_gpu(r)}")
+    doc.h(3, f"served path: {workload_label(r)}, {r['variant']['label']} on {_gpu(r)}")
     doc.p(f"{r['rounds']} rounds: the policy call {pol['infer_ms']:.3f} ms against the model call "
           f"{pol['model_ms']:.3f} ms (+{pol['infer_ms'] - pol['model_ms']:.3f}); each phase below synced on its own", "")
     doc.table(["policy phase", "median ms"], [[k, v] for k, v in pol["phases_ms"].items()])
@@ -670,7 +677,7 @@ def _launch_probe(doc: _Doc, path: str, r: dict) -> None:
     """benchmarks/launch_probe.py: the host latency a replayed call exposes (its GPU span with
     the GPU idle at the start against queued behind a sleep kernel), its pieces, and graphs of
     N one-element kernels."""
-    doc.h(3, f"launch latency: {r['workload']['id']}, {r['variant']['label']} on {_gpu(r)}")
+    doc.h(3, f"launch latency: {workload_label(r)}, {r['variant']['label']} on {_gpu(r)}")
     doc.p(f"{r['rounds']} rounds each; 'exposed' is the GPU span with the GPU idle at the start less the span "
           "queued behind a 2 ms sleep kernel (the host's latency the GPU waits for)", "")
     doc.table(["what", "GPU span, idle start ms", "GPU span, host hidden ms", "exposed ms", "host until return ms",
@@ -712,7 +719,7 @@ def launch_probe_row(v: dict) -> list:
 def _call_overhead(doc: _Doc, path: str, r: dict) -> None:
     """benchmarks/call_overhead.py: a graphed call against its replay alone and its pieces."""
     m = r["median_ms"]
-    doc.h(3, f"call overhead: {r['workload']['id']}, {r['variant']['label']} on {_gpu(r)}")
+    doc.h(3, f"call overhead: {workload_label(r)}, {r['variant']['label']} on {_gpu(r)}")
     doc.p(f"{r['rounds']} interleaved rounds, each piece synced and timed on the host clock; the call costs "
           f"{m['call'] - m['replay']:.3f} ms more than its graph replay alone ({r['input_bytes'] / 1e6:.2f} MB of inputs)", "")
     doc.table(["piece", "median ms"], [[k, v] for k, v in m.items()])
@@ -825,7 +832,7 @@ def first_call_rows(results: list[tuple[str, dict]]) -> list[list]:
         before = r.get("cache_files_before")
         cache = "-" if before is None else "cold" if before == 0 else f"warm ({before} files)"
         slowest = f"{triton[0]['kernel']} {triton[0]['s']:.2f} s" if triton else "-"
-        rows.append([Path(path).name, r["workload"]["id"], _short_variant(r["variant"]["label"]), cache, r["first_call_s"],
+        rows.append([Path(path).name, workload_label(r), _short_variant(r["variant"]["label"]), cache, r["first_call_s"],
                      phases.get("_compile.compile_inner", 0.0), phases.get("compile_fx_inner", 0.0),
                      r.get("triton_compile_s", 0.0), slowest, r.get("engine_init_s"), r.get("later_median_ms"),
                      ((r.get("env") or {}).get("git_commit") or "-")[:7],
@@ -926,9 +933,9 @@ def _kernel_bench(doc: _Doc, path: str, r: dict) -> None:
               f"{c['barrier_timeouts']}", "")
         o = r["workload"]["overrides"]
         if o.get("modulation_tables"):
-            doc.p(f"{r['workload']['id']}: the timed launches cycled through {o['modulation_tables']} modulation table(s)", "")
+            doc.p(f"{workload_label(r)}: the timed launches cycled through {o['modulation_tables']} modulation table(s)", "")
         if o.get("from_engine"):
-            doc.p(f"{r['workload']['id']}: timed on the arguments its engine call launched ({o['from_engine']}); rel L2 "
+            doc.p(f"{workload_label(r)}: timed on the arguments its engine call launched ({o['from_engine']}); rel L2 "
                   "against the default configuration's output on them", "")
         first = r["configs"][0]["config"] if r["configs"] else {}
         doc.table(["tiling (fields that differ from the run's first row)", "us", "weights GB/s", "rel L2"],
@@ -1023,7 +1030,7 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
     doc.p(f"generated {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')} from "
           f"{len(results)} result file(s)", "note")
     doc.table(["#", "file", "command", "workload", "variant", "mode", "device", "GPU state", "timestamp"],
-              [[i + 1, Path(p).name, r["command"], r["workload"].get("id"), (r.get("variant") or {}).get("label"),
+              [[i + 1, Path(p).name, r["command"], workload_label(r), (r.get("variant") or {}).get("label"),
                 r.get("mode"), _gpu(r), _gpu_state(r), (r.get("env") or {}).get("timestamp")]
                for i, (p, r) in enumerate(results)])
     for msg in problems:
