@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import pytest
+import torch
 
 from vlaperf.cli import main
 from vlaperf.report.schema import SchemaError, read_result, validate_result
@@ -134,8 +135,6 @@ def test_matrix_takes_levers_as_its_variants_and_check_refuses_before_running(tm
     """`matrix --levers` (the issue's spelling, and bench's and check's name) is --variants, never
     ignored; the two together must agree. `check` refuses a variant that cannot run on this device
     before it checks any, naming the variant."""
-    import torch
-
     if torch.cuda.is_available():
         pytest.skip("this machine has CUDA")
     out = tmp_path / "m.json"
@@ -144,7 +143,8 @@ def test_matrix_takes_levers_as_its_variants_and_check_refuses_before_running(tm
     rows = read_result(out)["variants"]
     assert [r["variant"] for r in rows] == ["reference", "exact", "graph"]
     assert "timers" in rows[1] and "cuda_graph needs a CUDA device" in rows[2]["skipped"]
-    capsys.readouterr()
+    out = capsys.readouterr().out  # the reason below the table, its row marked
+    assert "skipped [1]" in out and "[1] graph: cuda_graph needs a CUDA device" in out
     assert main(["matrix", "--workload", "tiny", "--device", "cpu", "--levers", "exact", "--variants", "grid"]) == 2
     assert "--levers 'exact' and --variants 'grid': give one of them" in capsys.readouterr().err
     assert main(["check", "--workload", "tiny", "--device", "cpu", "--levers", "exact;graph;best"]) == 2
@@ -229,3 +229,60 @@ def test_inductor_writes_into_the_compile_cache_set_at_run_time(tmp_path):
     assert proc.returncode == 0 and proc.stdout.strip().endswith("24.0"), proc.stderr[-2000:]
     written = [p for p in (tmp_path / "c" / "inductor").rglob("*") if p.is_file()]
     assert written, "inductor wrote nothing under the compile cache"
+
+
+@pytest.mark.parametrize("where,message", [
+    ("afile/x.json", "is a file, not a folder"),
+    ("/proc/vlaperf-test/x.json", "cannot write in '/proc'"),
+])
+def test_an_unwritable_output_is_refused_before_the_run(tmp_path, capsys, monkeypatch, where, message):
+    """--json (and every output option) is checked before the run: under a file, or where nothing can be
+    written, is one line and exit 2, with nothing measured first."""
+    import vlaperf.cli as cli
+
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setattr(cli, "cmd_bench", lambda args: pytest.fail("the run started"))
+    with pytest.raises(SystemExit) as exit_info:
+        main(["bench", "--workload", "tiny", "--device", "cpu", "--json", where])
+    assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    monkeypatch.undo()
+    monkeypatch.chdir(tmp_path)
+    assert main(["bench", "--workload", "tiny", "--device", "cpu", "--json", "new/deeper/x.json", "--iters", "1",
+                 "--warmup", "0", "--no-progress"]) == 0
+    assert (tmp_path / "new" / "deeper" / "x.json").is_file()  # a missing folder is created at the write
+    with pytest.raises(SystemExit):
+        main(["scaling", "--workload", "tiny", "--device", "cpu", "--plot", "t.txt"])
+    assert "expected a .png file name" in capsys.readouterr().err
+
+
+def test_main_turns_interrupts_file_errors_and_out_of_memory_into_one_line(monkeypatch, capsys):
+    import vlaperf.cli as cli
+
+    def raising(exc):
+        def cmd(args):
+            raise exc
+        return cmd
+
+    cases = [(KeyboardInterrupt(), 130, "vlaperf bench: interrupted"),
+             (FileNotFoundError(2, "No such file or directory", "/x/y.json"), 2, "error: /x/y.json: No such file"),
+             (RuntimeError("DefaultCPUAllocator: can't allocate memory: you tried to allocate 1310720000 bytes"), 2,
+              "error: out of memory (DefaultCPUAllocator"),
+             (torch.OutOfMemoryError("CUDA out of memory. Tried to allocate 20 GiB"), 2, "out of memory (CUDA out")]
+    for exc, code, message in cases:
+        monkeypatch.setattr(cli, "cmd_bench", raising(exc))
+        assert main(["bench", "--device", "cpu"]) == code
+        err = capsys.readouterr().err
+        assert message in err and "Traceback" not in err, err
+    monkeypatch.setattr(cli, "cmd_bench", raising(RuntimeError("a bug")))
+    with pytest.raises(RuntimeError, match="a bug"):  # anything else stays a traceback: a bug to see whole
+        main(["bench", "--device", "cpu"])
+    with pytest.raises(SystemExit):
+        main(["bench", "--batch", "5000"])
+    assert "expected an integer in 1..1024" in capsys.readouterr().err
+
+
+def test_doctor_with_levers_and_no_workload_checks_them_on_the_default(tmp_path):
+    out = tmp_path / "d.json"
+    main(["doctor", "--device", "cpu", "--levers", "exact", "--no-measure", "--json", str(out)])
+    assert read_result(out)["workload"]["id"] == "tiny"  # not dropped: the default workload's doctor ran

@@ -171,6 +171,10 @@ def test_server_metadata_names_the_conventions():
 
     model = build_model("tiny")
     policy = Policy(model, model.sample_actions, TINY, conventions="openpi:pi0_libero")
-    assert PolicyServer(policy, port=0, warmup_batch_sizes=())._build_metadata()["conventions"] == "openpi:pi0_libero"
+    meta = PolicyServer(policy, port=0, warmup_batch_sizes=())._build_metadata()
+    assert meta["conventions"] == "openpi:pi0_libero" and meta["checkpoint"] is None  # random weights
+    model.checkpoint = {"path": "/secret/dir/model.safetensors", "layout": "openpi"}
+    meta = PolicyServer(policy, port=0, warmup_batch_sizes=())._build_metadata()
+    assert meta["checkpoint"] == {"name": "model.safetensors", "layout": "openpi"}  # the name only: clients see it
     with pytest.raises(ValueError, match="unknown conventions 'pi0'; expected one of: none, openpi:pi0_libero"):
         get_conventions("pi0")

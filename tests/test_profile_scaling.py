@@ -89,3 +89,11 @@ def test_profiler_api_counts_are_checked():
     for steps in ((1.9, 2.9), "12", (1, 10**6)):
         with pytest.raises(ValueError, match="scaling: "):
             scaling(lambda obs, noise, n: None, "tiny", steps=steps, device="cpu")
+
+
+def test_describe_fit_flags_a_line_that_does_not_fit():
+    from vlaperf.profile.scaling import describe_fit
+
+    assert "poor fit" not in describe_fit({"intercept": 6.0, "slope": 0.8, "r2": 0.999})
+    assert "poor fit" in describe_fit({"intercept": -72.7, "slope": 32.6, "r2": 0.93})
+    assert "poor fit" in describe_fit({"intercept": -0.1, "slope": 1.0, "r2": 0.999})

@@ -599,6 +599,23 @@ def test_cli_register_parses():
     assert (a.episodes, a.steps_per_episode, a.control_hz, a.replan_every) == (2, 50, 20.0, 4)
     with pytest.raises(SystemExit):
         parser.parse_args(["loadgen", "--clients", "0"])
+    for argv in (["rollout", "--image-size", "3"], ["loadgen", "--image-size", "5000"], ["serve", "--max-batch", "5000"]):
+        with pytest.raises(SystemExit):  # the server's image sides 4..4096; a batch typo refused before it allocates
+            parser.parse_args(argv)
+
+
+def test_serve_refuses_a_taken_port_before_building_the_model(capsys, monkeypatch):
+    import socket
+
+    from vlaperf.cli import main as run_cli
+
+    monkeypatch.setattr("vlaperf.serve.commands._pi0_policy", lambda *a: pytest.fail("the model was built"))
+    with socket.socket() as taken:
+        taken.bind(("127.0.0.1", 0))
+        taken.listen()
+        port = taken.getsockname()[1]
+        assert run_cli(["serve", "--device", "cpu", "--port", str(port)]) == 2
+    assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
 
 
 CLI = textwrap.dedent("""

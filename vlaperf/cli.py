@@ -14,7 +14,6 @@ Exit codes: 0 ok, 1 an equivalence check failed (doctor: an error-severity findi
 from __future__ import annotations
 
 import argparse
-import os
 import sys
 
 import torch
@@ -69,12 +68,35 @@ def workload_arg(text: str) -> str:
 
 
 def output_file(text: str) -> str:
-    """A file a command writes (--json, --plot, --trace, -o): refused before the run, not after it, when it
-    cannot be one (empty, or an existing folder). A missing parent folder is created when the file is written."""
+    """A file a command writes (--json, --plot, --trace, -o): refused before the run, not after it (on a GPU,
+    after a minute of compile), when it cannot be written: empty, an existing folder, under a file, or in a
+    folder this process cannot write to. A missing parent folder is created when the file is written."""
+    import tempfile
+    from pathlib import Path
+
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a file path, got an empty string")
-    if os.path.isdir(text):
+    path = Path(text).absolute()
+    if path.is_dir():
         raise argparse.ArgumentTypeError(f"expected a file path, got the folder {text!r}")
+    folder = path.parent
+    while not folder.exists():  # the nearest folder above it that exists: the missing ones are created in it
+        folder = folder.parent
+    if not folder.is_dir():
+        raise argparse.ArgumentTypeError(f"{text!r}: {str(folder)!r} is a file, not a folder")
+    try:  # a real write: os.access says yes to root on read-only and pseudo file systems (/proc)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        raise argparse.ArgumentTypeError(f"{text!r}: cannot write in {str(folder)!r} ({e.strerror or e})") from None
+    return text
+
+
+def png_file(text: str) -> str:
+    """An output_file for a PNG plot: the name must say so (the bytes written are PNG whatever the name)."""
+    text = output_file(text)
+    if not text.lower().endswith(".png"):
+        raise argparse.ArgumentTypeError(f"expected a .png file name, got {text!r}")
     return text
 
 
@@ -83,6 +105,18 @@ def default_device() -> str:
 
 
 # ------------------------------------------------------------------ shared set-up
+
+
+# The largest --batch: a typo of a few zeros must not take every byte of the machine's memory first
+# (libero-pi0's activations grow ~70 MB a sample in bf16; the server caps a request's list at 64)
+MAX_BATCH = 1024
+
+
+def batch_int(text: str) -> int:
+    value = positive_int(text)
+    if value > MAX_BATCH:
+        raise argparse.ArgumentTypeError(f"expected an integer in 1..{MAX_BATCH}, got {text!r}")
+    return value
 
 
 def horizon_int(text: str) -> int:
@@ -140,11 +174,12 @@ def resolve_shape(args, base):
 
 
 def wide_console(min_width: int = 120):
-    """A rich console at least `min_width` columns wide: piped output (a log, CI) gets rich's
-    80-column default, which cuts the tables' columns to a few letters each."""
+    """A rich console for tables: a terminal's own width (rich fits the table to it), piped output (a log,
+    CI) at least `min_width` columns, where rich's 80-column default cut the columns to a few letters."""
     from rich.console import Console
 
-    return Console(width=max(Console().width, min_width))
+    console = Console()
+    return console if console.is_terminal else Console(width=max(console.width, min_width))
 
 
 def add_common(p: argparse.ArgumentParser, levers_default: str = "reference", levers_help: str | None = None) -> None:
@@ -153,7 +188,7 @@ def add_common(p: argparse.ArgumentParser, levers_default: str = "reference", le
     p.add_argument("--device", type=device_arg, default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--steps", type=steps_int, default=None, help="denoise steps, 1..1000 (default: the workload's)")
-    p.add_argument("--batch", type=positive_int, default=None, help="batch size (default: the workload's)")
+    p.add_argument("--batch", type=batch_int, default=None, help=f"batch size, 1..{MAX_BATCH} (default: the workload's)")
     add_action_horizon(p)
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights and inputs")
     p.add_argument("--checkpoint", default=None, help="openpi or LeRobot model.safetensors (default: random weights)")
@@ -318,13 +353,13 @@ def cmd_bench(args) -> int:
     result = result_header("bench", base, workload, model, env, engine.levers.names() if engine else [], label, args.mode)
     result.update({k: timing[k] for k in ("timers", "warmup_s", "warmup", "iters", "peak_memory_bytes")})
     result["first_call_s"] = first_call_s
-    result["first_call_timing"] = "before equivalence check"
+    result["first_call_timing"] = "before equivalence check" if engine is not None else "reference: no check"
     result["samples"] = timing["samples"]
     result["equivalence"] = equivalence
     result["released_reference_bytes"] = released
     if device.type == "cuda":
         result["memory_allocated_bytes"] = torch.cuda.memory_allocated(device)  # after the timed calls: what stays
-    result["roofline"] = floor
+    result["roofline"] = floor  # of the H200's ceilings: readers compare GPU runs to it only
     if engine is not None and engine.levers.megakernel:  # the step kernel's tiling as fitted here (None: it did not run)
         from vlaperf.engine.kernels.expert_step import last_launch
 
@@ -560,6 +595,26 @@ def main(argv: list[str] | None = None) -> int:
     except CliError as e:
         print(f"vlaperf {args.command}: error: {e}", file=sys.stderr)
         return 2
+    except KeyboardInterrupt:
+        print(f"vlaperf {args.command}: interrupted", file=sys.stderr)
+        return 130
+    except OSError as e:
+        if e.filename is None:  # not a file's error: a bug to see whole
+            raise
+        print(f"vlaperf {args.command}: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
+        return 2
+    except RuntimeError as e:
+        if not is_out_of_memory(e):
+            raise
+        first = str(e).strip().splitlines()[0] if str(e).strip() else type(e).__name__
+        print(f"vlaperf {args.command}: error: out of memory ({first[:200]}); try a smaller --batch, "
+              "--max-batch or workload", file=sys.stderr)
+        return 2
+
+
+def is_out_of_memory(e: BaseException) -> bool:
+    """A failed allocation: torch.OutOfMemoryError on a GPU, the CPU allocator's RuntimeError on the host."""
+    return isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e)
 
 
 if __name__ == "__main__":

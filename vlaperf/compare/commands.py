@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from vlaperf.cli import CliError, device_arg, output_file, positive_int, seed_int, setup_device, wide_console
+from vlaperf.cli import CliError, device_arg, output_file, positive_int, seed_int, setup_device, steps_int, wide_console
 
 COMPARE_WORKLOADS = ("libero-pi0", "libero-pi05", "aloha-pi0", "libero-pi0-b4", "libero-pi0-b8", "libero-shallow6", "tiny")
 
@@ -33,7 +33,7 @@ def register(subparsers) -> None:
                    help="the peer (openpi: use vlaperf.compare.openpi from Python with your openpi model)")
     p.add_argument("--device", type=device_arg, default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16 on cuda, float32 on cpu")
-    p.add_argument("--steps", type=positive_int, default=None, help="denoise steps (default: the workload's)")
+    p.add_argument("--steps", type=steps_int, default=None, help="denoise steps, 1..1000 (default: the workload's)")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights and inputs")
     p.add_argument("--levers", default="best", help="vlaperf variant timed besides the reference ('best', a comma list, or 'reference')")
     p.add_argument("--reduced", action="store_true",

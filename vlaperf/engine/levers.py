@@ -130,6 +130,9 @@ class Levers:
         kwargs: dict = {}
         for item in items:
             name, _, value = item.partition("=")
+            if name in PRESETS and name not in LEVERS:
+                raise LeverError(f"{name!r} is a preset: give it alone (--levers {name}), or list the levers it holds "
+                                 f"with the others (`vlaperf levers` shows them)")
             if name not in LEVERS:
                 raise LeverError(f"unknown lever {name!r}; expected one of: {', '.join(LEVERS)} (or, as the whole "
                                  f"list, a preset: {', '.join(PRESETS)}, 'none' / 'reference')")

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import torch
 
-from vlaperf.cli import CliError, add_common, make_engine, non_negative_int, output_file, positive_int, result_header, setup
+from vlaperf.cli import CliError, add_common, make_engine, non_negative_int, output_file, png_file, positive_int, result_header, setup
 
 REFERENCE = ("reference", "none", "")
 
@@ -254,7 +254,8 @@ def cmd_doctor(args) -> int:
     from vlaperf.profile.doctor import doctor, exit_code
     from vlaperf.timing import environment_record
 
-    if args.workload is None and args.checkpoint is None:
+    # no workload, checkpoint or levers: the environment alone; --levers alone checks them on the default workload
+    if args.workload is None and args.checkpoint is None and args.levers in ("reference", "none", ""):
         device = torch.device(args.device) if args.device else None
         findings = doctor(device=device, measure=not args.no_measure)
         base = workload = model = None
@@ -336,9 +337,9 @@ def register(subparsers) -> None:
     p.set_defaults(steps=None)
     p.add_argument("--levers", default="reference",
                    help="a variant, or several separated by ';' to compare slopes, e.g. 'reference;for_loop'")
-    p.add_argument("--warmup", type=positive_int, default=3)
+    p.add_argument("--warmup", type=non_negative_int, default=3)
     p.add_argument("--iters", type=positive_int, default=10, help="interleaved rounds")
-    p.add_argument("--plot", type=output_file, default=None, help="write the T(N) plot (PNG) here")
+    p.add_argument("--plot", type=png_file, default=None, help="write the T(N) plot here (a .png file)")
     p.set_defaults(func=cmd_scaling)
 
     p = subparsers.add_parser("syncs", help="host-device syncs per policy call, by source line")

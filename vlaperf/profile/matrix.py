@@ -94,7 +94,7 @@ def prepare_variant(model, spec: str, workload, obs, noise, steps: int) -> tuple
 
 
 def run_matrix(args, base, workload, model, device) -> int:
-    from rich.console import Console
+    from vlaperf.cli import wide_console
     from rich.table import Table
 
     from vlaperf.cli import result_header
@@ -121,7 +121,7 @@ def run_matrix(args, base, workload, model, device) -> int:
         row.update({k: v[k] for k in ("timers", "warmup_s", "peak_memory_bytes")})
         row.setdefault("first_call_s", v["first_call_s"])
         row["ratio"] = timing["ratios"][row["variant"]]
-    _print(rows, workload, device, Console(width=170), Table)
+    _print(rows, workload, device, wide_console(170), Table)
     if args.json:
         result = result_header("matrix", base, workload, model, environment_record(device), [], args.variants, "model")
         result.update({"variants": rows, "warmup": args.warmup, "iters": args.iters, "baseline": "reference",
@@ -135,10 +135,12 @@ def _print(rows, workload, device, console, Table) -> None:
     t = Table(title=f"vlaperf matrix  {workload.id}  ({device}; interleaved; speedup = reference median / variant median)")
     for col in ("variant", "median ms", "p95 ms", "event ms", "speedup", "p10..p90", "rel L2", "first call s", "peak GiB"):
         t.add_column(col)
+    notes = []
     for r in rows:
         name = r["variant"] if len(r["variant"]) < 60 else "+".join(x[:4] for x in r["variant"].split(","))
-        if "timers" not in r:
-            t.add_row(name, r.get("skipped", ""), *[""] * 7)
+        if "timers" not in r:  # the reason below the table: in a timing column it widened every row
+            notes.append(f"[{len(notes) + 1}] {name}: {r.get('skipped', '')}")
+            t.add_row(name, f"skipped [{len(notes)}]", *[""] * 7)
             continue
         w, e, q = r["timers"]["wall_ms"], r["timers"]["cuda_event_ms"], r["ratio"]["wall_ms"]
         eq = r["equivalence"]
@@ -147,6 +149,8 @@ def _print(rows, workload, device, console, Table) -> None:
                   f"{q['ratio_p10']:.2f}..{q['ratio_p90']:.2f}", f"{eq['rel_l2']:.1e}" if eq else "-",
                   f"{r['first_call_s']:.2f}", f"{r['peak_memory_bytes'] / 2**30:.2f}" if r.get("peak_memory_bytes") else "-")
     console.print(t)
+    for note in notes:
+        console.print(note)
 
 
 

@@ -296,7 +296,7 @@ def run_matrix_ray(args) -> int:
 
 
 def print_ray_matrix(result: dict) -> None:
-    from rich.console import Console
+    from vlaperf.cli import wide_console
     from rich.table import Table
 
     t = Table(title=f"vlaperf matrix --ray  {result['workload']['id']}  ({result['ray']['tasks']} tasks on "
@@ -320,4 +320,4 @@ def print_ray_matrix(result: dict) -> None:
                   f"{q['ratio_p10']:.2f}..{q['ratio_p90']:.2f}", f"{eq['rel_l2']:.1e}" if eq else "-",
                   f"{r['first_call_s']:.2f}", f"{ref['median']:.3f}" if ref else "-", where,
                   str(d.get("hostname", "")))
-    Console(width=200).print(t)
+    wide_console(200).print(t)

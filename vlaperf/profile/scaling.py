@@ -167,7 +167,10 @@ def scaling(sources, workload, steps: Sequence[int] = DEFAULT_STEPS, warmup: int
 
 
 def describe_fit(fit: dict[str, float]) -> str:
-    return f"T(N) = {fit['intercept']:.3f} + {fit['slope']:.3f}*N ms (r^2 {fit['r2']:.4f})"
+    text = f"T(N) = {fit['intercept']:.3f} + {fit['slope']:.3f}*N ms (r^2 {fit['r2']:.4f})"
+    if fit["r2"] < 0.95 or fit["intercept"] < 0:  # noise or a non-linear T(N): the line's a and b mean little
+        text += " (poor fit: not a line; more --iters or a quieter machine)"
+    return text
 
 
 def plot_scaling(result: dict[str, Any], path: str | Path | None = None, title: str | None = None):

@@ -127,13 +127,13 @@ def cmd_bench(args) -> int:
                     label, args.mode)
     result.update({k: timing[k] for k in ("timers", "warmup_s", "warmup", "iters", "peak_memory_bytes", "samples")})
     result["first_call_s"] = first_call_s
-    result["first_call_timing"] = "before equivalence check"
+    result["first_call_timing"] = "before equivalence check" if engine is not None else "reference: no check"
     result["equivalence"] = equivalence
     result["released_reference_bytes"] = released
     floor = wam_roofline(model.config, workload)
     if args.mode == "forward":
         floor = {**floor, "floor_ms": floor["full_forward_ms"], "what": "one full forward"}
-    result["roofline"] = floor
+    result["roofline"] = floor  # of the H200's ceilings: readers compare GPU runs to it only
     print_bench(result)
     if args.json:
         write_result(result, args.json)
@@ -157,7 +157,7 @@ def check_specs(device: torch.device) -> list[str]:
 
 
 def cmd_check(args) -> int:
-    from rich.console import Console
+    from vlaperf.cli import wide_console
     from rich.table import Table
 
     from vlaperf.check import check_wam_equivalence
@@ -181,7 +181,7 @@ def cmd_check(args) -> int:
     for r in rows:
         table.add_row(r["variant"], r["sparsity"], f"{r['rel_l2']:.3g}", f"{r['video_rel_l2']:.3g}", f"{r['tolerance']:.0e}",
                       "yes" if r["passed"] else "NO")
-    Console(width=160).print(table)
+    wide_console(160).print(table)
     if args.json:
         result = header("check", base, workload, model, environment_record(device), [], "check", None)
         result["checks"] = rows
@@ -219,7 +219,7 @@ def parse_variants(spec: str, device: torch.device) -> list[str]:
 
 
 def cmd_matrix(args) -> int:
-    from rich.console import Console
+    from vlaperf.cli import wide_console
     from rich.table import Table
 
     from vlaperf.check import check_wam_equivalence
@@ -286,7 +286,7 @@ def cmd_matrix(args) -> int:
             row["roofline_floor_ms"] = wam_roofline(model.config, workload.with_overrides(sparsity=row["sparsity"]))["full_forward_ms"]
         dense = samples.get(f"{row['variant']} | none")
         row["sparsity_gain"] = _ratio_stats(dense, samples[row["key"]]) if dense and row["sparsity"] != "none" else None
-    _print(rows, workload, device, Console(width=180), Table, mode)
+    _print(rows, workload, device, wide_console(180), Table, mode)
     if args.json:
         result = header("matrix", base, workload, model, environment_record(device), [], args.variants, mode)
         result.update({"variants": rows, "warmup": args.warmup, "iters": args.iters, "sparsities": sparsities,

@@ -17,7 +17,8 @@ import argparse
 import os
 import sys
 
-from vlaperf.cli import add_action_horizon, add_compile_cache, add_conventions, device_arg, output_file, port_int, seed_int
+from vlaperf.cli import MAX_BATCH, add_action_horizon, add_compile_cache, add_conventions, batch_int, device_arg, output_file
+from vlaperf.cli import port_int, seed_int
 from vlaperf.cli import steps_int, wide_console, workload_arg
 from vlaperf.cli import non_negative_float as _non_negative_float
 from vlaperf.cli import non_negative_int as _non_negative_int
@@ -25,6 +26,36 @@ from vlaperf.cli import positive_float as _positive_float
 from vlaperf.cli import positive_int as _positive_int
 
 API_KEY_ENV = "VLAPERF_API_KEY"
+
+
+def _check_port_free(host: str, port: int) -> None:
+    """A port another process holds is refused now, not after the model's build, check and warm-up. (A
+    process could still take it in between; the server's own bind then reports it, later.)"""
+    import socket
+
+    from vlaperf.cli import CliError
+
+    if port == 0:
+        return
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except OSError as e:
+        raise CliError(f"--host {host!r}: cannot resolve it ({e.strerror or e})") from None
+    family, _, _, _, addr = infos[0]
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the server binds: TIME_WAIT is no clash
+        try:
+            probe.bind(addr)
+        except OSError as e:
+            raise CliError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
+
+
+def _image_side(text: str) -> int:
+    """A camera image's side as the server takes it (vlaperf.inputs: 4..4096 pixels)."""
+    value = _positive_int(text)
+    if not 4 <= value <= 4096:
+        raise argparse.ArgumentTypeError(f"expected an integer in 4..4096 (the server's image sizes), got {text!r}")
+    return value
 
 
 def _int_list(text: str) -> list[int]:
@@ -51,7 +82,8 @@ def register(subparsers) -> None:
                    help=f"require 'Authorization: Api-Key <key>' (default: ${API_KEY_ENV} if set, else no auth)")
     p.add_argument("--allow-unauthenticated", action="store_true",
                    help="allow a non-loopback --host without an API key (trusted networks only)")
-    p.add_argument("--max-batch", type=_positive_int, default=8, help="most observations stacked into one policy call")
+    p.add_argument("--max-batch", type=batch_int, default=8,
+                   help=f"most observations stacked into one policy call, 1..{MAX_BATCH}")
     p.add_argument("--max-wait-ms", type=_non_negative_float, default=5.0,
                    help="longest a request waits for others to batch with (0 = never wait)")
     p.add_argument("--max-message-mb", type=_positive_float, default=16.0, help="largest accepted message (MiB)")
@@ -91,7 +123,7 @@ def register(subparsers) -> None:
     p.add_argument("--timeout-s", type=_positive_float, default=120.0, help="time limit per phase")
     p.add_argument("--api-key", default=None, help=f"default: ${API_KEY_ENV} if set")
     p.add_argument("--workload", type=workload_arg, default=None, help="default: the one the server reports")
-    p.add_argument("--image-size", type=_positive_int, default=224, help="side of the camera images sent")
+    p.add_argument("--image-size", type=_image_side, default=224, help="side of the camera images sent, 4..4096")
     p.add_argument("--json", type=output_file, default=None, help="write the result file here")
     p.set_defaults(func=cmd_loadgen)
 
@@ -106,7 +138,7 @@ def register(subparsers) -> None:
     p.add_argument("--timeout-s", type=_positive_float, default=600.0, help="time limit of the whole run")
     p.add_argument("--api-key", default=None, help=f"default: ${API_KEY_ENV} if set")
     p.add_argument("--workload", type=workload_arg, default=None, help="default: the one the server reports")
-    p.add_argument("--image-size", type=_positive_int, default=224)
+    p.add_argument("--image-size", type=_image_side, default=224, help="side of the camera images sent, 4..4096")
     p.add_argument("--json", type=output_file, default=None, help="write the result file here")
     p.set_defaults(func=cmd_rollout)
 
@@ -177,6 +209,7 @@ def cmd_serve(args) -> int:
         raise CliError(f"refusing to serve on {args.host!r} without an API key: pass --api-key (or set ${API_KEY_ENV}), "
                        "or --allow-unauthenticated on a trusted network")
     warmup = _warmup_sizes(args.warmup_batches, args.max_batch)
+    _check_port_free(args.host, args.port)  # before a model is built and warmed up (a minute with best)
     console = wide_console()
     from vlaperf.workloads import is_wam_workload
 

@@ -271,7 +271,7 @@ def result_header(command: str, metadata: dict, workload) -> dict:
         "command": command,
         "workload": {"id": workload.id, "overrides": metadata.get("workload_overrides", {})},
         "variant": {"levers": metadata.get("levers", []), "label": metadata.get("levers_label", ""),
-                    "dtype": metadata.get("dtype")},
+                    "dtype": metadata.get("dtype"), "checkpoint": metadata.get("checkpoint")},
         "mode": "serve",
         # loopback only: the server runs on this machine, so this is its environment too
         "env": environment_record(metadata.get("device") or "cpu"),

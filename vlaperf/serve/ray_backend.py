@@ -189,6 +189,9 @@ def describe_policy(policy) -> dict:
         out["normalization"] = policy.norm_stats.describe() if policy.norm_stats is not None else None
     if getattr(policy, "conventions", None) is not None:
         out["conventions"] = policy.conventions.name
+    from vlaperf.serve.server import checkpoint_metadata
+
+    out["checkpoint"] = checkpoint_metadata(model)
     return out
 
 

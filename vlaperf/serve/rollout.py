@@ -54,7 +54,12 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
             raise LoadgenError(f"replan_every must be an integer in [1, {horizon}] (the action horizon), got {replan_every!r}")
         period = 1.0 / control_hz
         frames = [example_for(wl, seed=seed + k, image_size=image_size) for k in range(8)]
-        client.infer(dict(frames[0]))  # connection warm-up, not timed
+        try:  # connection warm-up, not timed; a server that refuses the observation says why here, once
+            client.infer(dict(frames[0]))
+        except ServerError as e:
+            raise LoadgenError(f"the server refused the first observation: {e}") from None
+        except Exception as e:  # the connection closed (e.g. a message over the server's size limit)
+            raise LoadgenError(f"the first call failed: {type(e).__name__}: {e}") from None
         deadline = time.perf_counter() + timeout_s
         rows, all_calls, all_infer, errors, timed_out = [], [], [], 0, False
         for ep in range(episodes):
@@ -75,6 +80,9 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
                     except ServerError:
                         errors += 1
                         reply = None
+                    except Exception as e:  # the connection is gone: no later call can succeed
+                        raise LoadgenError(f"episode {ep}, step {step}: the connection failed: {type(e).__name__}: "
+                                           f"{e}") from None
                     calls.append((time.perf_counter() - t0) * 1e3)
                     if reply is not None:
                         chunk, used = reply["actions"], 0

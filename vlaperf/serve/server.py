@@ -49,6 +49,7 @@ from collections import Counter, deque
 from concurrent.futures import Future as ThreadFuture
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any, Callable
 
 import numpy as np
@@ -112,6 +113,15 @@ def is_loopback(host: str) -> bool:
     except ValueError:
         return False
 
+
+
+def checkpoint_metadata(model) -> dict | None:
+    """Where the served weights came from, for clients and their result files: the file's name and layout
+    (not its path: the metadata goes to remote clients too); None for random weights."""
+    ckpt = getattr(model, "checkpoint", None)
+    if not isinstance(ckpt, dict):
+        return None
+    return {"name": Path(str(ckpt.get("path", ""))).name, "layout": ckpt.get("layout")}
 
 class PolicyServer:
     def __init__(
@@ -697,6 +707,7 @@ class PolicyServer:
         if getattr(policy, "conventions", None) is not None:
             meta["conventions"] = policy.conventions.name
         model = getattr(policy, "model", None)
+        meta["checkpoint"] = checkpoint_metadata(model)
         config = getattr(model, "config", None)
         if config is not None and getattr(config, "vision", None) is not None:
             meta["image_size"] = int(config.vision.image_size)
