@@ -74,8 +74,9 @@ class PaligemmaTokenizer:
     """PaliGemma's sentencepiece model (`paligemma_tokenizer.model`, which openpi fetches beside its
     checkpoints) with openpi's prompt conventions: the task cleaned (stripped; '_' and newlines as
     spaces), BOS first; pi0 ends with the newline token, pi0.5's prompt is "Task: <task>, State: <bins>;
-    \\nAction: " (the normalized state in 256 bins over [-1, 1]). Needs `pip install sentencepiece`
-    (`vlaperf[tokenizer]`)."""
+    \\nAction: " (the normalized state in 256 bins over [-1, 1]). `style="lerobot"`: pi0's prompt as
+    LeRobot's processor builds it (the task as given, a newline at its end; `vlaperf.conventions`). Needs
+    `pip install sentencepiece` (`vlaperf[tokenizer]`)."""
 
     def __init__(self, model_file: str | Path, style: str = "openpi"):
         try:
