@@ -9,6 +9,7 @@
 #   PART=c   the profiler's three levels on libero-pi0 at today's code (the committed ones are session 1's): the
 #            reference's bench and breakdown one after the other (a QA pass found session 1's breakdown 44% above its
 #            bench), best's breakdown, T(N) of reference and best interleaved, host syncs of both, doctor of best
+#   PART=d   best's breakdown again (part c's failed: "compile_layers needs compile", fixed), in model and policy mode
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session25.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -36,6 +37,12 @@ c)
 60 $V syncs --workload libero-pi0 --levers reference --json $R/syncs_libero-pi0_reference-s25.json
 90 $V syncs --workload libero-pi0 --levers best --json $R/syncs_libero-pi0_best-s25.json
 90 $V doctor --workload libero-pi0 --levers best --json $R/doctor_libero-pi0_best-s25.json
+EOT
+  ;;
+d)
+  lane A 0 40 <<EOT &
+120 $V breakdown --workload libero-pi0 --levers best --warmup 5 --iters 20 --no-progress --json $R/breakdown_libero-pi0_best-s25.json
+120 $V breakdown --workload libero-pi0 --levers best --mode policy --warmup 5 --iters 20 --no-progress --json $R/breakdown_libero-pi0_best-s25_policy.json
 EOT
   ;;
 esac

@@ -91,6 +91,17 @@ def test_compile_variant_is_broken_down_without_compile(tiny):
     assert result["variant"]["levers"] == ["for_loop", "compile=default"]
 
 
+def test_compile_layers_variant_is_broken_down_without_both(tiny):
+    """best on a GPU holds compile_layers, which needs compile: the breakdown drops both (it failed with
+    "compile_layers needs compile" on the H200)."""
+    model, w = tiny
+    engine = Engine(model, "for_loop,compile,compile_layers", compile_backend="eager")
+    result = breakdown(model, w, levers=engine, warmup=1, iters=3, compare_requested=False)
+    bd = result["breakdown"]
+    assert bd["levers_timed"] == ["for_loop"]
+    assert any("without compile=default, compile_layers" in n for n in bd["notes"]), bd["notes"]
+
+
 def test_policy_mode_adds_transform_and_copies(tiny):
     model, w = tiny
     result = breakdown(model, w, mode="policy", warmup=1, iters=6)

@@ -378,7 +378,8 @@ def prepare_breakdown(model: Pi0Model, workload: Workload | str, levers=None, mo
                      "vlaperf.profile.breakdown); its while-on-tensor loop is kept, so each denoise_step "
                      "includes the host read of the loop condition that follows it")
     else:
-        timed_levers = replace(requested, cuda_graph=False, compile=None)
+        # compile_layers only says how compile compiles the prefix: without compile it is no lever (and refused)
+        timed_levers = replace(requested, cuda_graph=False, compile=None, compile_layers=False)
         if timed_levers != requested:
             engine = Engine(model, timed_levers)
             dropped = [n for n in requested.names() if n not in timed_levers.names()]
