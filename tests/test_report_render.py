@@ -88,8 +88,12 @@ def test_markdown_from_h200_results(h200_markdown):
     assert links
     for link in links:
         assert (out.parent / link).read_bytes().startswith(PNG)
-    assert "| variant [mode] | timer | median ms" in text
+    assert "| file | variant [mode] | timer | median ms" in text
     assert "## Environment" in text
+    # the environment in narrow tables (a column per distinct environment made 281 of them)
+    env = text[text.index("## Environment"):]
+    assert max(line.count(" | ") + 1 for line in env.splitlines() if line.startswith("| ")) <= 4
+    assert "could not render" not in text and "skipped" not in text
 
 
 def test_reports_from_fresh_tiny_results(tiny_results, tmp_path):
@@ -206,3 +210,287 @@ def test_gpu_state_goes_in_the_file_table_not_the_environment(tiny_results, tmp_
     assert "SM 1755/1980 MHz, 699/700 W, 80 C, held by software power cap" in md
     env_section = md[md.index("## Environment"):]
     assert "gpu_state" not in env_section and "1755" not in env_section
+
+
+# ----------------------------------------------------------------- damaged files, duplicates
+
+
+def test_validate_result_names_wrong_types_as_schema_errors(tiny_results):
+    """A damaged result raises SchemaError naming the field, never AttributeError/TypeError from
+    the checker itself (a top-level array, env null, timers an array, ...)."""
+    from vlaperf.report.schema import SchemaError, validate_result
+
+    good = json.loads((tiny_results / "bench.json").read_text())
+    cases = [([1, 2, 3], "expected a JSON object, got array"),
+             ({**good, "env": None}, "env: expected an object, got null"),
+             ({**good, "timers": [1]}, "timers: expected an object or null, got array"),
+             ({**good, "timers": {"wall_ms": good["timers"]["wall_ms"], "cuda_event_ms": "x"}},
+              "timers.cuda_event_ms: expected a summary object, got string"),
+             ({**good, "timers": {"wall_ms": {**good["timers"]["wall_ms"], "median": "fast"}}},
+              "timers.wall_ms.median: expected a number, got string"),
+             ({**good, "variant": "best"}, "variant: expected an object or null, got string"),
+             ({**good, "mode": [1]}, "mode: expected a string or null, got array"),
+             ({**good, "workload": {"id": "tiny", "overrides": None}}, "workload.overrides: expected an object")]
+    for result, message in cases:
+        with pytest.raises(SchemaError, match=re.escape(message)):
+            validate_result(result)
+    validate_result(good)
+
+
+def _damaged(tiny_results, name: str, change) -> dict:
+    r = json.loads((tiny_results / name).read_text())
+    change(r)
+    return r
+
+
+DAMAGED = {  # file name -> (source file, how it is damaged, what the skipped line says)
+    "list.json": (None, None, "expected a JSON object, got array"),
+    "env_null.json": ("bench.json", lambda r: r.update(env=None), "env: expected an object, got null"),
+    "timers_list.json": ("bench.json", lambda r: r.update(timers=[1]), "timers: expected an object or null"),
+    "variant_str.json": ("bench.json", lambda r: r.update(variant="best"), "variant: expected an object or null"),
+    "samples_str.json": ("bench.json", lambda r: r["samples"].update(wall_ms=["x", "y"]),
+                         "samples.wall_ms must be an array of numbers"),
+    "breakdown_null.json": ("bd.json", lambda r: r.update(breakdown=None), "breakdown is null, expected an object"),
+    "breakdown_str.json": ("bd.json", lambda r: r.update(breakdown="x"), "breakdown is string, expected an object"),
+    "matrix_ints.json": ("matrix.json", lambda r: r.update(variants=[1, 2]), "variants holds number 1, expected objects"),
+    "checks_strs.json": ("bench.json", lambda r: r.update(command="check", checks=["a"]),
+                         "checks holds string \"a\", expected objects"),
+    "loadgen_null.json": ("bench.json", lambda r: r.update(command="loadgen", loadgen=None),
+                          "loadgen is null, expected an object"),
+    # past the field checks: the renderer's own error, caught per file
+    "stage_no_median.json": ("bd.json", lambda r: r["breakdown"].update(stages=[{"name": "x"}]),
+                             "could not render it: KeyError: 'median_ms'"),
+    # past the field checks in a section drawn over several files: only this one is dropped
+    "bench_roofline_str.json": ("bench.json", lambda r: r.update(roofline="x", env={**r["env"], "gpu": "NVIDIA H200"}),
+                                "could not render it: AttributeError"),
+}
+
+
+@pytest.mark.parametrize("name", sorted(DAMAGED))
+def test_a_damaged_file_is_skipped_and_the_rest_renders(tiny_results, tmp_path, name):
+    source, change, reason = DAMAGED[name]
+    bad = tmp_path / name
+    bad.write_text("[1, 2, 3]" if source is None else json.dumps(_damaged(tiny_results, source, change)))
+    good = [tiny_results / "bench.json", tiny_results / "sy.json", tiny_results / "bd.json"]
+    md = render([*good, bad], tmp_path / "r.md").read_text()
+    skipped = [line for line in md.splitlines() if line.startswith("skipped ")]
+    assert len(skipped) == 1 and skipped[0].startswith(f"skipped {bad}: ") and reason in skipped[0], skipped
+    assert "from 3 result file(s); 1 skipped" in md
+    # the good files: their sections, the bench row, the figures
+    for heading in ("## Latency (bench)", "## Host syncs", "## Stage breakdown", "## Environment"):
+        assert heading in md, heading
+    assert "| bench | reference [model] | wall_ms |" in md
+    assert "| bench_roofline_str |" not in md
+    assert md.count("![latency histograms") == 1 and "![stage breakdown]" in md
+    # the file table numbers only what was rendered
+    assert f"| {bad.name} |" not in md and "| 2 | sy.json |" in md and "| 3 | bd.json |" in md
+
+
+def test_the_same_file_twice_is_counted_once(tiny_results, tmp_path):
+    """`vlaperf report dir dir/bench.json`: bench.json once in the table, its samples once."""
+    results, problems = load_results([tiny_results, tiny_results / "bench.json", str(tiny_results / "." / "bench.json")])
+    paths = [p for p, _ in results]
+    assert len(paths) == len(set(paths)) == len(list(tiny_results.glob("*.json"))) and not problems
+    md = render([tiny_results / "bench.json", tiny_results, tiny_results / "bench.json"], tmp_path / "r.md").read_text()
+    assert md.count("| bench | reference [model] | wall_ms |") == 1
+    assert f"from {len(paths)} result file(s)_" in md
+
+
+def test_files_of_the_same_name_in_two_folders_are_told_apart(tiny_results, tmp_path):
+    for sub in ("a", "b"):
+        (tmp_path / sub).mkdir()
+        (tmp_path / sub / "bench.json").write_text((tiny_results / "bench.json").read_text())
+    md = render([tmp_path / "a", tmp_path / "b"], tmp_path / "r.md").read_text()
+    assert "| 1 | a/bench.json | bench |" in md and "| 2 | b/bench.json | bench |" in md
+    assert "| a/bench | reference [model] |" in md and "| b/bench | reference [model] |" in md
+
+
+# ----------------------------------------------------------------- bench figures
+
+
+@pytest.fixture
+def figures(monkeypatch):
+    """Every matplotlib figure the report saves, after its layout ran (savefig)."""
+    from vlaperf.report import render as mod
+
+    saved = []
+    original = mod._Doc.fig
+
+    def fig(self, f, alt):
+        original(self, f, alt)
+        saved.append((alt, f))
+
+    monkeypatch.setattr(mod._Doc, "fig", fig)
+    return saved
+
+
+def _bench_copies(tiny_results, tmp_path, n: int) -> list[Path]:
+    """n bench files of one variant label (as dozens of committed `best` runs are), medians apart."""
+    r = json.loads((tiny_results / "bench.json").read_text())
+    files = []
+    for i in range(n):
+        c = json.loads(json.dumps(r))
+        c["samples"]["wall_ms"] = [x * (1 + i / 10) for x in r["samples"]["wall_ms"]]
+        c["timers"]["wall_ms"]["median"] *= 1 + i / 10
+        files.append(tmp_path / f"bench_run{i:02d}.json")
+        files[-1].write_text(json.dumps(c))
+    return files
+
+
+def _renderer(fig):
+    """A renderer of `fig` drawn as the report saved it (the layout runs at draw)."""
+    from matplotlib.backends.backend_agg import FigureCanvasAgg
+
+    canvas = FigureCanvasAgg(fig)
+    canvas.draw()
+    return canvas.get_renderer()
+
+
+def _overlap(a, b) -> bool:
+    return a.x0 < b.x1 and b.x0 < a.x1 and a.y0 < b.y1 and b.y0 < a.y1
+
+
+def test_bench_rows_and_panels_name_their_files_and_titles_do_not_overlap(tiny_results, tmp_path, figures):
+    files = _bench_copies(tiny_results, tmp_path, 5)
+    md = render(files, tmp_path / "r.md").read_text()
+    assert "| file | variant [mode] | timer | median ms |" in md
+    for f in files:  # one label, five rows: the file column tells them apart
+        assert f"| {f.stem} | reference [model] | wall_ms |" in md
+    (alt, fig), = [(a, f) for a, f in figures if a.startswith("latency histograms")]
+    renderer = _renderer(fig)
+    axes = [ax for ax in fig.axes if ax.get_visible()]
+    assert [ax.get_title().split("\n")[0] for ax in axes] == [f.stem for f in files]
+    titles = [ax.title.get_window_extent(renderer) for ax in axes]
+    for i, a in enumerate(titles):
+        assert 0 <= a.x0 and a.x1 <= fig.bbox.x1, "a title is cut at the figure's edge"
+        assert not any(_overlap(a, b) for b in titles[i + 1:]), "two panel titles overlap"
+    sup = fig._suptitle.get_window_extent(renderer)
+    assert not any(_overlap(sup, ax.get_window_extent(renderer)) or _overlap(sup, t) for ax, t in zip(axes, titles))
+
+
+def test_histogram_median_is_the_summary_median(tiny_results, tmp_path, figures):
+    """Four samples 1, 2, 3, 10: the summary's (interpolated) median is 2.5, the upper middle sample 3."""
+    r = json.loads((tiny_results / "bench.json").read_text())
+    r["samples"] = {"wall_ms": [1.0, 2.0, 3.0, 10.0], "cuda_event_ms": None}
+    r["timers"]["wall_ms"].update(count=4, median=2.5, min=1.0, max=10.0)
+    (tmp_path / "b.json").write_text(json.dumps(r))
+    render([tmp_path / "b.json"], tmp_path / "r.md")
+    (fig,) = [f for a, f in figures if a.startswith("latency histograms")]
+    assert fig.axes[0].get_title().endswith("median 2.500 ms")
+    assert [line.get_xdata()[0] for line in fig.axes[0].lines] == [2.5]
+
+
+def test_many_bench_files_keep_the_figures_readable(tiny_results, tmp_path, figures):
+    """14 files of one group: histograms in images of at most 12 panels, a CDF legend of at most
+    10 entries outside the axes, every file still in the table."""
+    from vlaperf.report.render import CDF_LEGEND, HIST_PANELS
+
+    files = _bench_copies(tiny_results, tmp_path, 14)
+    md = render(files, tmp_path / "r.md").read_text()
+    assert all(f"| {f.stem} |" in md for f in files)
+    hists = [f for a, f in figures if a.startswith("latency histograms")]
+    assert len(hists) == 2 and [len([ax for ax in f.axes if ax.get_visible()]) for f in hists] == [HIST_PANELS, 2]
+    (cdf,) = [f for a, f in figures if a.startswith("latency CDF")]
+    ax = cdf.axes[0]
+    labels = [t.get_text() for t in ax.get_legend().get_texts()]
+    assert len(labels) == CDF_LEGEND and labels[0].startswith("bench_run00") and labels[-1].startswith("bench_run13")
+    renderer = _renderer(cdf)
+    assert not _overlap(ax.get_legend().get_window_extent(renderer), ax.get_window_extent(renderer))
+
+
+# ----------------------------------------------------------------- rollout, environment, small things
+
+
+def _rollout_result(tiny_results) -> dict:
+    """A result as `vlaperf rollout --json` writes it (vlaperf/serve/rollout.py), two episodes."""
+    r = json.loads((tiny_results / "bench.json").read_text())
+    head = {k: r[k] for k in ("schema", "workload", "variant", "env")}
+
+    def calls(*ms):
+        return {"count": len(ms), "mean": sum(ms) / len(ms), "median": sorted(ms)[len(ms) // 2], "p90": max(ms),
+                "p95": max(ms), "p99": max(ms), "min": min(ms), "max": max(ms), "std": 0.0}
+
+    episodes = [{"episode": 0, "steps": 20, "policy_calls": 4, "wall_s": 2.0039, "ideal_wall_s": 2.0,
+                 "policy_wait_s": 0.0549, "policy_wait_share": 0.0274, "overrun_steps": 0,
+                 "policy_call_ms": calls(12.0, 13.9, 14.0, 14.9)},
+                {"episode": 1, "steps": 20, "policy_calls": 4, "wall_s": 2.1042, "ideal_wall_s": 2.0,
+                 "policy_wait_s": 0.1447, "policy_wait_share": 0.0688, "overrun_steps": 1,
+                 "policy_call_ms": calls(10.6, 10.9, 11.0, 112.3)}]
+    return {**head, "command": "rollout", "mode": "serve",
+            "server": {"levers_label": "for_loop+sdpa", "dtype": "float32", "device": "cpu", "max_batch": 8},
+            "rollout": {"url": "ws://127.0.0.1:8000", "observations": "SYNTHETIC: random images and state; no "
+                        "simulator or robot, actions are not applied", "episodes": 2, "steps_per_episode": 20,
+                        "control_hz": 10.0, "replan_every": 5, "action_horizon": 10, "image_size": 224,
+                        "timed_out": False, "errors": 0, "per_episode": episodes, "wall_s": 4.1081,
+                        "policy_wait_s": 0.1996, "policy_wait_share": 0.0486, "overrun_steps": 1,
+                        "policy_call_ms": calls(10.6, 10.9, 11.0, 12.0, 13.9, 14.0, 14.9, 112.3),
+                        "server_infer_ms": calls(9.0, 9.5, 10.0, 10.2)}}
+
+
+def test_rollout_results_get_a_section(tiny_results, tmp_path):
+    (tmp_path / "rollout.json").write_text(json.dumps(_rollout_result(tiny_results)))
+    md = render([tmp_path / "rollout.json"], tmp_path / "r.md").read_text()
+    assert "has no renderer" not in md and "skipped" not in md
+    assert "## A control loop against the server (rollout)" in md
+    assert "### rollout: tiny, levers loop+sdpa on cpu" in md
+    assert ("| episode | steps | policy calls | wall s | ideal s | waiting s | waiting | overrun steps | call p50 ms "
+            "| call max ms |") in md
+    assert "| 1 | 20 | 4 | 2.104 | 2.000 | 0.145 | 6.9% | 1 | 11.000 | 112.3 |" in md
+    assert "| all | 40 | 8 | 4.108 | 4.000 | 0.2 | 4.9% | 1 |" in md
+    assert "4.9% of it waiting for the policy; 1 overrun steps; 0 errors" in md
+    assert "the observations are SYNTHETIC" in md
+
+
+def test_environment_lists_shared_keys_once_and_who_differs(tiny_results, tmp_path):
+    """One column per distinct environment made 281 columns of the committed results (the commit
+    differs between most runs): keys equal everywhere are listed once, the rest per value with
+    the files' numbers."""
+    r = json.loads((tiny_results / "bench.json").read_text())
+    for i, (commit, threads, env_vars) in enumerate([("aaa", 2, {}), ("bbb", 2, {"CUDA_VISIBLE_DEVICES": "0"}),
+                                                    ("aaa", 2, {"CUDA_VISIBLE_DEVICES": "0"}), ("ccc", 4, {})]):
+        r["env"].update(git_commit=commit, torch_threads=threads, env_vars=env_vars)
+        (tmp_path / f"b{i}.json").write_text(json.dumps(r))
+    md = render(sorted(tmp_path.glob("b*.json")), tmp_path / "r.md").read_text()
+    env = md[md.index("## Environment"):]
+    widths = {line.count(" | ") + 1 for line in env.splitlines() if line.startswith("| ")}
+    assert max(widths) <= 4
+    assert f"| torch | {r['env']['torch']} |" in env
+    assert "| git_commit | aaa | 2 | 1, 3 |" in env and "| git_commit | bbb | 1 | 2 |" in env
+    assert "| torch_threads | 2 | 3 | 1-3 |" in env and "| torch_threads | 4 | 1 | 4 |" in env
+    assert "| env_vars.CUDA_VISIBLE_DEVICES | 0 | 2 | 2-3 |" in env
+    assert "| env_vars.CUDA_VISIBLE_DEVICES | (absent) | 2 | 1, 4 |" in env
+
+
+def test_breakdown_syncs_and_output_details(tiny_results, tmp_path, figures):
+    """The masked-image caption only where there are image slots (not on world-action
+    breakdowns), shares as percentages, the syncs heading names its mode, and -o accepts
+    exactly .html or .md (any case)."""
+    wam = json.loads((tiny_results / "bd.json").read_text())
+    wam["workload"]["id"] = "wam-tiny"
+    wam["breakdown"]["stages"] = [e for e in wam["breakdown"]["stages"] if not e["name"].startswith("image_")]
+    (tmp_path / "bd_wam.json").write_text(json.dumps(wam))
+    md = render([tiny_results / "bd.json", tmp_path / "bd_wam.json", tiny_results / "sy.json"], tmp_path / "r.md").read_text()
+    captions = [f.axes[0].get_title() for a, f in figures if a == "stage breakdown"]
+    assert captions == ["stage breakdown (red: a masked image slot)", "stage breakdown"]
+    shares = re.findall(r"^\| prefix_prefill \| [^|]+ \| [^|]+ \| [^|]+ \| ([^|]+) \|", md, re.M)
+    assert shares and all(re.fullmatch(r"\d+\.\d%", s.strip()) for s in shares), shares
+    assert "### syncs: tiny reference (model mode, cpu)" in md
+    for bad in ("r.markdown", "r.htm", "r.txt", "r.md.bak"):
+        with pytest.raises(ValueError, match=r"must end in \.html or \.md \(any case\)"):
+            render([tiny_results / "sy.json"], tmp_path / bad)
+    assert render([tiny_results / "sy.json"], tmp_path / "R.MD").read_text().startswith("# vlaperf report")
+    assert render([tiny_results / "sy.json"], tmp_path / "R.HTML").read_text().startswith("<!DOCTYPE html>")
+
+
+def test_x_floor_only_for_gpu_runs(tmp_path):
+    """The roofline floor is of the H200's ceilings: a CPU run's file carries it, the report shows no
+    "x floor" for it (a tiny CPU run was "111482x" its floor)."""
+    from vlaperf.cli import main
+
+    out = tmp_path / "b.json"
+    assert main(["bench", "--workload", "tiny", "--device", "cpu", "--iters", "2", "--warmup", "1", "--no-progress",
+                 "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["roofline"]["floor_ms"] > 0
+    render([str(out)], tmp_path / "r.md")
+    row = next(line for line in (tmp_path / "r.md").read_text().splitlines() if line.startswith("| b | reference"))
+    assert row.rstrip(" |").endswith("| - | -"), row  # roofline floor ms, x floor

@@ -170,8 +170,10 @@ def cmd_scaling(args) -> int:
     for n in sc["steps"]:
         t.add_column(f"T({n})", justify="right")
     t.add_column("fit")
+    from vlaperf.report.render import short_variant
+
     for s in sc["series"]:
-        t.add_row(s["label"], *(f"{p['median_ms']:.3f}" for p in s["points"]), describe_fit(s["fit"]))
+        t.add_row(short_variant(s["label"]), *(f"{p['median_ms']:.3f}" for p in s["points"]), describe_fit(s["fit"]))
     _console().print(t)
     header = wam.header if is_wam_workload(args.workload) else result_header
     result = header("scaling", base, workload, model, environment_record(device), [], args.levers, "model")

@@ -179,8 +179,10 @@ def plot_scaling(result: dict[str, Any], path: str | Path | None = None, title: 
     or a result file holding it under "scaling"."""
     from matplotlib.figure import Figure
 
+    from vlaperf.report.render import short_variant
+
     data = result.get("scaling", result)
-    fig = Figure(figsize=(6.4, 4.2), dpi=110)
+    fig = Figure(figsize=(6.4, 4.2 + 0.25 * len(data["series"])), dpi=110, layout="constrained")
     ax = fig.add_subplot(1, 1, 1)
     colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
     ns_all = [p["steps"] for s in data["series"] for p in s["points"]]
@@ -192,16 +194,18 @@ def plot_scaling(result: dict[str, Any], path: str | Path | None = None, title: 
         up = [max(p["p95_ms"] - p["median_ms"], 0.0) for p in s["points"]]
         ax.errorbar(ns, med, yerr=[[0.0] * len(up), up], fmt="o", color=c, capsize=3)
         f = s["fit"]
+        name = short_variant(s["label"])
+        name = name if len(name) <= 64 else name[:63] + "\u2026"
         ax.plot(x_line, [f["intercept"] + f["slope"] * x for x in x_line], "-", color=c, alpha=0.8,
-                label=f"{s['label']}: {f['intercept']:.2f} + {f['slope']:.3f}*N ms (r²={f['r2']:.3f})")
+                label=f"{name}: {f['intercept']:.2f} + {f['slope']:.3f}*N ms (r²={f['r2']:.3f})")
     ax.set_xlabel("denoise steps N")
     ax.set_ylabel("latency per call, median ms (whisker: p95)")
     ax.set_xlim(left=0)
     ax.set_ylim(bottom=0)
     ax.grid(alpha=0.3)
-    ax.legend(fontsize=8, loc="upper left")
+    # below the axes: inside, long variant names squeezed the plot and hid the whiskers
+    fig.legend(fontsize=8, loc="outside lower center")
     ax.set_title(title or "T(N) = a + b*N", fontsize=10)
-    fig.tight_layout()
     if path is not None:
         Path(path).parent.mkdir(parents=True, exist_ok=True)
         fig.savefig(str(path), format="png")

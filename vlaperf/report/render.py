@@ -3,10 +3,11 @@
     render(["results/bench_ref.json", "results/matrix.json"], "report.html")   # self-contained
     render(["results/"], "report.md")                # markdown + PNGs in report_files/
 
-Reads result files of schema vlaperf.result/1 (commands bench, matrix, check, breakdown,
-scaling, syncs, doctor; a directory stands for the *.json files in it) and writes:
-- bench: a latency histogram per variant and one CDF of all of them (raw samples),
-  and the summary table (with the roofline floor when the file has one);
+Reads result files of schema vlaperf.result/1 (a directory stands for the *.json files in it;
+a file named twice is read once) and writes a table of the files, then per command:
+- bench: the summary table (a row per file and timer, named by the file; the roofline floor
+  when the file has one), latency histograms per file (at most 12 panels an image) and one
+  CDF of all of them (raw samples; past 10 files the legend names 10, fastest to slowest);
 - matrix: the table (median, p95, speedup with its p10..p90 spread, equivalence), a
   heatmap of speedup per variant x lever, and per-variant latency CDFs drawn from the
   summary percentiles (matrix files keep summaries, not raw samples; the plot says so);
@@ -14,7 +15,12 @@ scaling, syncs, doctor; a directory stands for the *.json files in it) and write
 - breakdown: a stage bar chart (median, p95 whisker), the table and the coverage statement;
 - scaling: T(N) points and fitted lines, the fit table;
 - syncs / doctor: their tables;
-- the environment of every file (identical environments share a column).
+- loadgen / rollout: the server under load; a control loop against it, per episode;
+- the probes and A/B files of benchmarks/ (see SECTIONS);
+- the environment: keys equal in every file once, the others a row per value with its files.
+A file that is unreadable, not a valid result (schema.validate_result), lacks a field its
+renderer needs (field_problem) or makes its renderer fail is listed as skipped with the
+reason; the other files are rendered.
 HTML embeds the plots as base64 PNG and needs no server or script; markdown writes
 the PNGs into "<name>_files/" beside it. Plots need matplotlib (`pip install matplotlib`).
 """
@@ -27,13 +33,15 @@ import html
 import io
 import json
 import math
+import os
 from pathlib import Path
 from typing import Any
 
-from vlaperf.report.schema import SchemaError, validate_result
+from vlaperf.report.schema import SchemaError, json_kind, validate_result
 
 _ABBR = {"for_loop": "loop", "skip_masked_images": "skipimg", "trim_prompt_padding": "trim", "static_kv_cache": "kv",
-         "sdpa": "sdpa", "fuse_projections": "fuse", "cuda_graph": "graph"}
+         "sdpa": "sdpa", "fuse_projections": "fuse", "cuda_graph": "graph", "compile_layers": "layers",
+         "triton_kernels": "triton", "megakernel": "mega"}
 _LEVER_ORDER = ("for_loop", "skip_masked_images", "trim_prompt_padding", "static_kv_cache", "sdpa", "fuse_projections",
                 "cuda_graph", "compile")
 _COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
@@ -47,7 +55,11 @@ class _Doc:
 
     def __init__(self):
         self.blocks: list[tuple] = []
-        self.images = 0
+
+    def extend(self, other: "_Doc") -> None:
+        """Append another document's blocks (a section rendered on its own first, so that a
+        renderer that fails half way leaves nothing behind)."""
+        self.blocks += other.blocks
 
     def h(self, level: int, text: str) -> None:
         self.blocks.append(("h", level, text))
@@ -61,8 +73,7 @@ class _Doc:
     def fig(self, fig, alt: str) -> None:
         buf = io.BytesIO()
         fig.savefig(buf, format="png")
-        self.images += 1
-        self.blocks.append(("img", f"fig{self.images:02d}", buf.getvalue(), alt))
+        self.blocks.append(("img", buf.getvalue(), alt))  # numbered when written: sections are merged first
 
     def pre(self, text: str) -> None:
         self.blocks.append(("pre", text))
@@ -96,14 +107,15 @@ class _Doc:
                     out.append("<tr>" + "".join(f"<td>{html.escape(_cell(x))}</td>" for x in row) + "</tr>")
                 out.append("</tbody></table>")
             elif kind == "img":
-                data = base64.b64encode(b[2]).decode("ascii")
-                out.append(f"<img alt='{html.escape(b[3])}' src='data:image/png;base64,{data}'>")
+                data = base64.b64encode(b[1]).decode("ascii")
+                out.append(f"<img alt='{html.escape(b[2])}' src='data:image/png;base64,{data}'>")
         out.append("</body></html>")
         return "\n".join(out) + "\n"
 
     def markdown(self, title: str, out_path: Path) -> str:
         files_dir = out_path.with_name(out_path.stem + "_files")
         lines = [f"# {title}", ""]
+        images = 0
         for b in self.blocks:
             kind = b[0]
             if kind == "h":
@@ -119,10 +131,11 @@ class _Doc:
                     lines.append("| " + " | ".join(_md(_cell(x)) for x in row) + " |")
                 lines.append("")
             elif kind == "img":
+                images += 1
                 files_dir.mkdir(parents=True, exist_ok=True)
-                name = f"{b[1]}.png"
-                (files_dir / name).write_bytes(b[2])
-                lines += [f"![{b[3]}]({files_dir.name}/{name})", ""]
+                name = f"fig{images:02d}.png"
+                (files_dir / name).write_bytes(b[1])
+                lines += [f"![{b[2]}]({files_dir.name}/{name})", ""]
         return "\n".join(lines)
 
 
@@ -161,15 +174,15 @@ def _md(text: str) -> str:
 # ----------------------------------------------------------------- helpers
 
 
-def _figure(w: float = 7.0, h: float = 3.6, ncols: int = 1, nrows: int = 1):
+def _figure(w: float = 7.0, h: float = 3.6, ncols: int = 1, nrows: int = 1, layout: str | None = None):
     from matplotlib.figure import Figure
 
-    fig = Figure(figsize=(w, h), dpi=100)
+    fig = Figure(figsize=(w, h), dpi=100, layout=layout)
     axes = fig.subplots(nrows, ncols, squeeze=False)
     return fig, axes
 
 
-def _short_variant(spec: str) -> str:
+def short_variant(spec: str) -> str:
     if spec in ("reference", "none", ""):
         return "reference"
     parts = [p for p in spec.replace("+", ",").split(",") if p]
@@ -178,10 +191,21 @@ def _short_variant(spec: str) -> str:
     return "+".join(_ABBR.get(p, p.replace("compile=", "c:")) for p in parts)
 
 
+def _clip(text: str, n: int) -> str:
+    """`text` cut to `n` characters, the cut marked (plot titles and legends have no room to wrap)."""
+    text = str(text)
+    return text if len(text) <= n else text[: n - 1] + "\u2026"
+
+
+def _pct(share) -> str | None:
+    """A fraction as the CLI prints it: 0.0805 -> "8.0%"; None stays None ("-")."""
+    return None if share is None else f"{100 * share:.1f}%"
+
+
 def _label(r: dict) -> str:
     v = r.get("variant") or {}
     label = v.get("label") or "reference"
-    return f"{_short_variant(label)} [{r.get('mode') or '-'}]"
+    return f"{short_variant(label)} [{r.get('mode') or '-'}]"
 
 
 def _gpu(r: dict) -> str:
@@ -197,7 +221,10 @@ def _gpu_state(r: dict) -> str:
 
 
 def load_results(paths) -> tuple[list[tuple[str, dict]], list[str]]:
-    """(path, result) for every valid file; problems (unreadable, invalid) as messages."""
+    """(path, result) for every valid file; problems (unreadable, invalid) as messages.
+
+    A file named twice (a folder and a file in it, or two spellings of one path) is read once:
+    counted twice, its samples would weigh twice in the figures."""
     files: list[Path] = []
     for p in paths:
         p = Path(p)
@@ -205,19 +232,97 @@ def load_results(paths) -> tuple[list[tuple[str, dict]], list[str]]:
             files += sorted(p.glob("*.json"))
         else:
             files.append(p)
-    out, problems = [], []
+    out, problems, seen = [], [], set()
     for f in files:
+        key = f.resolve()
+        if key in seen:
+            continue
+        seen.add(key)
         try:
             out.append((str(f), validate_result(json.loads(f.read_text()))))
-        except (OSError, ValueError, SchemaError) as e:
-            problems.append(f"{f}: {e}")
+        except (OSError, ValueError, SchemaError, RecursionError) as e:  # RecursionError: JSON nested too deep
+            problems.append(f"{f}: {_reason(e)}")
     return out, problems
+
+
+def _reason(e: BaseException) -> str:
+    """An exception as one short line for the "skipped" list."""
+    text = " ".join(str(e).split())
+    if isinstance(e, json.JSONDecodeError):
+        text = "not valid JSON: " + text
+    elif not isinstance(e, (SchemaError, OSError)):
+        text = f"{type(e).__name__}: {text}"
+    return _clip(text, 300)
+
+
+def file_names(paths: list[str]) -> dict[str, str]:
+    """How the report names each file: its name, or, where two files of different folders share
+    a name, its path below the folder all of them are in (h200/x.json and h200x2/x.json)."""
+    names = [Path(p).name for p in paths]
+    if len(set(names)) == len(names):
+        return dict(zip(paths, names))
+    resolved = [Path(p).resolve() for p in paths]
+    common = Path(os.path.commonpath([str(r.parent) for r in resolved]))
+    return {p: str(r.relative_to(common)) for p, r in zip(paths, resolved)}
+
+
+# What each renderer indexes without checking, so that a damaged file is skipped with a reason
+# that names the field (the final guard in render() catches what this misses, with Python's
+# words): dotted key -> "object" (a dict) or "objects" (a list of dicts).
+REQUIRED_FIELDS = {
+    "matrix": (("variants", "objects"),),
+    "check": (("checks", "objects"),),
+    "breakdown": (("breakdown", "object"), ("breakdown.stages", "objects")),
+    "scaling": (("scaling", "object"), ("scaling.series", "objects")),
+    "syncs": (("syncs", "object"), ("syncs.sites", "objects")),
+    "doctor": (("findings", "objects"),),
+    "loadgen": (("loadgen", "object"), ("loadgen.phases", "objects")),
+    "rollout": (("rollout", "object"), ("rollout.per_episode", "objects")),
+    "compare": (("compare", "object"), ("compare.equivalence", "object")),
+}
+
+
+def field_problem(r: dict) -> str | None:
+    """Why `r` (a valid result) cannot be rendered by its command's renderer, or None."""
+    cmd = r["command"]
+    for key, kind in REQUIRED_FIELDS.get(cmd, ()):
+        value: Any = r
+        for part in key.split("."):
+            value = value.get(part)  # the parents were checked to be objects first
+        if kind == "object" and not isinstance(value, dict):
+            return f"{cmd}: {key} is {json_kind(value)}, expected an object"
+        if kind == "objects":
+            if not isinstance(value, list):
+                return f"{cmd}: {key} is {json_kind(value)}, expected an array of objects"
+            bad = [x for x in value if not isinstance(x, dict)]
+            if bad:
+                return f"{cmd}: {key} holds {json_kind(bad[0])} {_clip(json.dumps(bad[0]), 40)}, expected objects"
+    if cmd == "bench":  # the histograms and CDFs sort and plot the raw samples
+        samples = r.get("samples")
+        if samples is not None and not isinstance(samples, dict):
+            return f"bench: samples is {json_kind(samples)}, expected an object"
+        for timer, xs in (samples or {}).items():
+            if xs is None:
+                continue
+            if not isinstance(xs, list) or any(json_kind(x) != "number" for x in xs):
+                return f"bench: samples.{timer} must be an array of numbers"
+    return None
 
 
 # ----------------------------------------------------------------- sections
 
 
-def _bench(doc: _Doc, results: list[tuple[str, dict]]) -> None:
+# bench figures: histogram panels per image (a group of 100 files would otherwise be one image
+# 8000 px tall) and CDF legend entries (more lines than that cannot be told apart by colour)
+HIST_PANELS, HIST_COLS, CDF_LEGEND = 12, 3, 10
+
+
+def _bench(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str] | None = None) -> None:
+    """Per workload and device: the summary table (a row per file and timer, the file named so
+    that rows of one variant label can be told apart), histograms of the raw samples and one CDF.
+    `names`: path -> how the report names the file (file_names); default the file's name."""
+    names = names or {}
+    stems = {p: names.get(p, Path(p).name).removesuffix(".json") for p, _ in results}
     groups: dict[str, list[tuple[str, dict]]] = {}
     for path, r in results:
         groups.setdefault(f"{workload_label(r)} on {_gpu(r)}", []).append((path, r))
@@ -228,57 +333,107 @@ def _bench(doc: _Doc, results: list[tuple[str, dict]]) -> None:
             for timer, s in (r.get("timers") or {}).items():
                 if not s:
                     continue
-                floor = (r.get("roofline") or {}).get("floor_ms")
-                rows.append([_label(r), timer, s["median"], s["p90"], s["p95"], s["p99"], s["min"], s["max"], s["mean"],
-                             s["count"], r.get("first_call_s"),
+                # the floor is of the H200's ceilings: a yardstick for GPU runs only (a CPU run was "111482x")
+                floor = (r.get("roofline") or {}).get("floor_ms") if (r.get("env") or {}).get("gpu") else None
+                rows.append([stems[path], _label(r), timer, s["median"], s["p90"], s["p95"], s["p99"], s["min"], s["max"],
+                             s["mean"], s["count"], r.get("first_call_s"),
                              (r.get("peak_memory_bytes") or 0) / 2**30 if r.get("peak_memory_bytes") else None,
                              floor, s["median"] / floor if floor and timer == "wall_ms" else None])
-        doc.table(["variant [mode]", "timer", "median ms", "p90", "p95", "p99", "min", "max", "mean", "n",
+        doc.table(["file", "variant [mode]", "timer", "median ms", "p90", "p95", "p99", "min", "max", "mean", "n",
                    "first call s", "peak GiB", "roofline floor ms", "x floor"], rows)
         with_samples = [(p, r) for p, r in items if (r.get("samples") or {}).get("wall_ms")]
         if not with_samples:
             continue
         n = len(with_samples)
-        ncols = min(n, 2)
-        nrows = math.ceil(n / ncols)
-        fig, axes = _figure(7.5, 2.4 * nrows + 0.4, ncols, nrows)
-        for i, (path, r) in enumerate(with_samples):
-            ax = axes[i // ncols][i % ncols]
-            xs = r["samples"]["wall_ms"]
-            ax.hist(xs, bins=min(40, max(8, len(xs) // 3)), color=_COLORS[i % len(_COLORS)], alpha=0.85)
-            med = sorted(xs)[len(xs) // 2]
-            ax.axvline(med, color="k", lw=1, ls="--")
-            ax.set_title(f"{_label(r)}\nmedian {med:.2f} ms", fontsize=8)
-            ax.set_xlabel("wall ms per call", fontsize=8)
-            ax.tick_params(labelsize=7)
-        for j in range(n, nrows * ncols):
-            axes[j // ncols][j % ncols].set_visible(False)
-        fig.suptitle(f"latency histograms, {key}", fontsize=9)
-        fig.tight_layout()
-        doc.fig(fig, f"latency histograms {key}")
+        for first in range(0, n, HIST_PANELS):
+            _bench_histograms(doc, key, with_samples[first:first + HIST_PANELS], first, n, stems)
+        _bench_cdf(doc, key, with_samples, stems)
 
-        fig, axes = _figure(7.0, 3.6)
-        ax = axes[0][0]
-        lo, hi = math.inf, 0.0
-        for i, (path, r) in enumerate(with_samples):
-            c = _COLORS[i % len(_COLORS)]
-            for timer, ls in (("wall_ms", "-"), ("cuda_event_ms", ":")):
-                xs = (r["samples"] or {}).get(timer)
-                if not xs:
-                    continue
-                xs = sorted(xs)
-                ys = [(k + 1) / len(xs) for k in range(len(xs))]
-                ax.step(xs, ys, where="post", color=c, ls=ls, label=f"{_label(r)} {timer.replace('_ms', '')}")
-                lo, hi = min(lo, xs[0]), max(hi, xs[-1])
-        if hi / max(lo, 1e-9) > 4:
-            ax.set_xscale("log")
-        ax.set_xlabel("ms per call")
-        ax.set_ylabel("fraction of calls")
-        ax.grid(alpha=0.3)
-        ax.legend(fontsize=7)
-        ax.set_title(f"latency CDF, {key} (solid: synced wall clock, dotted: CUDA events)", fontsize=9)
-        fig.tight_layout()
-        doc.fig(fig, f"latency CDF {key}")
+
+def _bench_histograms(doc: _Doc, key: str, chunk: list[tuple[str, dict]], first: int, n: int,
+                      stems: dict[str, str]) -> None:
+    """One image of up to HIST_PANELS histograms, each titled with its file, its variant and the
+    median the table gives (the summary's, interpolated; not the upper middle sample)."""
+    ncols = min(len(chunk), HIST_COLS)
+    nrows = math.ceil(len(chunk) / ncols)
+    # constrained layout keeps the three-line titles and the suptitle clear of the panels
+    fig, axes = _figure(3.7 * ncols + 0.3, 2.4 * nrows + 0.5, ncols, nrows, layout="constrained")
+    for i, (path, r) in enumerate(chunk):
+        ax = axes[i // ncols][i % ncols]
+        xs = r["samples"]["wall_ms"]
+        ax.hist(xs, bins=min(40, max(8, len(xs) // 3)), color=_COLORS[(first + i) % len(_COLORS)], alpha=0.85)
+        med = r["timers"]["wall_ms"]["median"]
+        ax.axvline(med, color="k", lw=1, ls="--")
+        # about 52 characters of 7-point text fit over a 3.7-inch panel; the mode is kept when the label is cut
+        label = f"{_clip(short_variant((r.get('variant') or {}).get('label') or 'reference'), 44)} [{r.get('mode') or '-'}]"
+        ax.set_title(f"{_clip(stems[path], 52)}\n{label}\nmedian {_cell(float(med))} ms", fontsize=7)
+        ax.set_xlabel("wall ms per call", fontsize=7)
+        ax.tick_params(labelsize=7)
+    for j in range(len(chunk), nrows * ncols):
+        axes[j // ncols][j % ncols].set_visible(False)
+    part = f" (panels {first + 1}-{first + len(chunk)} of {n})" if n > HIST_PANELS else ""
+    fig.suptitle(f"latency histograms, {key}{part}; dashed: median", fontsize=9)
+    doc.fig(fig, f"latency histograms {key}{part}")
+
+
+def _bench_cdf(doc: _Doc, key: str, items: list[tuple[str, dict]], stems: dict[str, str]) -> None:
+    """One CDF of every file's samples. Up to CDF_LEGEND files each get a colour and a legend
+    entry; beyond that the lines are coloured by their median's rank (fast to slow) and the
+    legend names CDF_LEGEND of them spread over that order: the table names them all."""
+    from matplotlib import colormaps
+
+    n = len(items)
+    by_median = sorted(range(n), key=lambda i: items[i][1]["timers"]["wall_ms"]["median"])
+    if n <= CDF_LEGEND:
+        colors = [_COLORS[i] for i in range(n)]
+        named = set(range(n))
+    else:
+        cmap = colormaps["viridis"]
+        colors = [None] * n
+        for rank, i in enumerate(by_median):
+            colors[i] = cmap(0.9 * rank / (n - 1))
+        named = {by_median[round(k * (n - 1) / (CDF_LEGEND - 1))] for k in range(CDF_LEGEND)}
+    fig, axes = _figure(10.0, 4.2, layout="constrained")
+    ax = axes[0][0]
+    lo, hi = math.inf, 0.0
+    for i in by_median:  # legend entries from fast to slow
+        path, r = items[i]
+        for timer, ls in (("wall_ms", "-"), ("cuda_event_ms", ":")):
+            xs = (r["samples"] or {}).get(timer)
+            if not xs:
+                continue
+            xs = sorted(xs)
+            ys = [(k + 1) / len(xs) for k in range(len(xs))]
+            label = None
+            if timer == "wall_ms" and i in named:
+                label = f"{_clip(stems[path], 44)}, {_cell(float(r['timers']['wall_ms']['median']))} ms"
+            ax.step(xs, ys, where="post", color=colors[i], ls=ls, lw=1.0 if n <= CDF_LEGEND else 0.8, label=label)
+            lo, hi = min(lo, xs[0]), max(hi, xs[-1])
+    if hi / max(lo, 1e-9) > 4:
+        _log_ms_axis(ax)
+    ax.set_xlabel("ms per call")
+    ax.set_ylabel("fraction of calls")
+    ax.grid(alpha=0.3)
+    legend_title = "file, median" if n <= CDF_LEGEND else f"{CDF_LEGEND} of {n} files, fast to slow"
+    ax.legend(fontsize=7, loc="upper left", bbox_to_anchor=(1.01, 1.0), frameon=False, title=legend_title,
+              title_fontsize=7)
+    ax.set_title(f"latency CDF, {key}\nsolid: synced wall clock, dotted: CUDA events"
+                 + ("" if n <= CDF_LEGEND else "; colour: the file's median rank, fast (dark) to slow (light)"), fontsize=9)
+    doc.fig(fig, f"latency CDF {key}")
+
+
+def _log_ms_axis(ax) -> None:
+    """A log x axis labelled in plain milliseconds (20, 50, 100), not matplotlib's 2x10^1 on
+    every minor tick, whose labels run into each other."""
+    from matplotlib.ticker import FuncFormatter
+
+    def minor(v, _pos):
+        lead = round(v / 10 ** math.floor(math.log10(v))) if v > 0 else 0
+        return f"{v:g}" if lead in (2, 5) else ""
+
+    ax.set_xscale("log")
+    ax.xaxis.set_major_formatter(FuncFormatter(lambda v, _pos: f"{v:g}"))
+    ax.xaxis.set_minor_formatter(FuncFormatter(minor))
 
 
 def _levers_of(row: dict) -> list[str]:
@@ -304,7 +459,7 @@ def _matrix(doc: _Doc, path: str, r: dict) -> None:
     rows, timed = [], []
     for v in r.get("variants", []):
         # world-action matrices have a row per variant and sparsity mode, each against the reference at its sparsity
-        name = _short_variant(v.get("variant", "")) + (f" | {v['sparsity']}" if v.get("sparsity") else "")
+        name = short_variant(v.get("variant", "")) + (f" | {v['sparsity']}" if v.get("sparsity") else "")
         if "timers" not in v:
             rows.append([name, v.get("skipped", "not timed")] + [None] * 8)
             continue
@@ -352,7 +507,7 @@ def _matrix(doc: _Doc, path: str, r: dict) -> None:
     ax.set_xticks(range(len(cols)))
     ax.set_xticklabels([_ABBR.get(c, c) for c in cols], rotation=30, ha="right", fontsize=8)
     ax.set_yticks(range(len(timed)))
-    ax.set_yticklabels([_short_variant(v["variant"]) for v in timed], fontsize=7)
+    ax.set_yticklabels([short_variant(v["variant"]) for v in timed], fontsize=7)
     ax.set_title("speedup vs baseline per variant (coloured cells: levers the variant uses)", fontsize=9)
     fig.tight_layout()
     doc.fig(fig, "matrix speedup heatmap")
@@ -371,12 +526,12 @@ def _matrix(doc: _Doc, path: str, r: dict) -> None:
         if xs_raw:
             xs = sorted(xs_raw)
             ys = [(k + 1) / len(xs) for k in range(len(xs))]
-            ax.step(xs, ys, where="post", color=c, label=_short_variant(v["variant"]))
+            ax.step(xs, ys, where="post", color=c, label=short_variant(v["variant"]))
         else:
             s = v["timers"]["wall_ms"]
             xs = [s[k] for k, _ in levels]
             ys = [q for _, q in levels]
-            ax.plot(xs, ys, "o-", color=c, ms=3, label=_short_variant(v["variant"]))
+            ax.plot(xs, ys, "o-", color=c, ms=3, label=short_variant(v["variant"]))
         lo, hi = min(lo, xs[0]), max(hi, xs[-1])
     if hi / max(lo, 1e-9) > 4:
         ax.set_xscale("log")
@@ -416,7 +571,7 @@ def _breakdown(doc: _Doc, path: str, r: dict) -> None:
         extra = []
         if info:
             extra.append(f"{info.get('tokens')} tokens, mask {'valid' if info.get('valid') else 'MASKED'}")
-        rows.append([e["name"], e["median_ms"], e["p95_ms"], e["mean_ms"], e.get("share"), e.get("per_call"),
+        rows.append([e["name"], e["median_ms"], e["p95_ms"], e["mean_ms"], _pct(e.get("share")), e.get("per_call"),
                      occ.get("mean_ms"), occ.get("max_ms"), "; ".join(extra) or None])
     doc.table(["stage", "median ms", "p95 ms", "mean ms", "share of call", "per call", "mean per occurrence",
                "max per occurrence", "info"], rows)
@@ -434,7 +589,9 @@ def _breakdown(doc: _Doc, path: str, r: dict) -> None:
     ax.set_yticklabels(names, fontsize=8)
     ax.set_xlabel(f"ms per call (median, whisker p95; {bd.get('timer')})", fontsize=8)
     ax.grid(axis="x", alpha=0.3)
-    ax.set_title("stage breakdown (red: a masked image slot)", fontsize=9)
+    # world-action breakdowns have no image slots, so no bar can be red there
+    has_images = any(str(e["name"]).startswith("image_") for e in stages)
+    ax.set_title("stage breakdown" + (" (red: a masked image slot)" if has_images else ""), fontsize=9)
     fig.tight_layout()
     doc.fig(fig, "stage breakdown")
 
@@ -455,9 +612,13 @@ def _scaling(doc: _Doc, path: str, r: dict) -> None:
 
 def _syncs(doc: _Doc, path: str, r: dict) -> None:
     rep = r["syncs"]
-    doc.h(3, f"syncs: {workload_label(r)} {(r.get('variant') or {}).get('label', '')} on {_gpu(r)}")
+    # a policy-mode count includes the read of the actions, a model-mode one does not: the heading says which
+    doc.h(3, f"syncs: {workload_label(r)} {(r.get('variant') or {}).get('label', '')} "
+             f"({r.get('mode') or '-'} mode, {_gpu(r)})")
+    expected, hidden = rep.get("expected_per_call"), rep.get("hidden_per_call")  # an older file may lack hidden_per_call
     doc.p(f"{rep['per_call']:g} host syncs per call ({rep['source']}, {rep['calls']} calls)"
-          + (f"; {rep.get('expected_per_call')} expected" if rep.get("expected_per_call") else ""))
+          + (f"; {expected} expected (reading the actions)" if expected else "")
+          + (f", {hidden:g} hidden" if expected and hidden is not None else ""))
     if rep.get("note"):
         doc.p(rep["note"], "note")
     doc.table(["per call", "location", "op", "code"], [[s["per_call"], s["location"], s["op"], s["code"]] for s in rep["sites"]])
@@ -485,7 +646,7 @@ def _loadgen(doc: _Doc, items: list[tuple[str, dict]]) -> None:
     for path, r in items:
         lg, srv = r["loadgen"], r.get("server") or {}
         label = f"{server_backend(r)} ({Path(path).stem})"
-        doc.h(3, f"loadgen: {workload_label(r)}, {label}, levers {_short_variant(srv.get('levers_label', '?'))} on {_gpu(r)}")
+        doc.h(3, f"loadgen: {workload_label(r)}, {label}, levers {short_variant(srv.get('levers_label', '?'))} on {_gpu(r)}")
         doc.p(f"max batch {srv.get('max_batch')}, max wait {srv.get('max_wait_ms')} ms; {lg.get('observations', '')}; "
               f"{'passed' if lg.get('passed') else 'FAILED'}", "note")
         rows = []
@@ -517,6 +678,41 @@ def _loadgen(doc: _Doc, items: list[tuple[str, dict]]) -> None:
     fig.legend(handles, labels, loc="lower center", fontsize=7, ncol=1, frameon=False)
     fig.tight_layout(rect=(0, 0.02 + 0.045 * len(series), 1, 1))
     doc.fig(fig, "server throughput and latency against clients")
+
+
+def _rollout(doc: _Doc, path: str, r: dict) -> None:
+    """`vlaperf rollout --json`: a control loop against a running server, per episode how long it
+    took against its ideal (steps / control rate) and how much of it went to waiting for the
+    policy; the totals, as print_rollout (vlaperf/serve/commands.py) gives them."""
+    ro, srv = r["rollout"], r.get("server") or {}
+    levers = srv.get("levers_label") or (r.get("variant") or {}).get("label") or "?"
+    doc.h(3, f"rollout: {workload_label(r)}, levers {short_variant(levers)} on {srv.get('device') or _gpu(r)}")
+    doc.p(f"{Path(path).name}: {ro.get('episodes')} episode(s) of {ro.get('steps_per_episode')} steps at "
+          f"{ro.get('control_hz')} Hz, chunks of {ro.get('action_horizon')} actions, a policy call every "
+          f"{ro.get('replan_every')} steps; server {srv.get('dtype')} on {srv.get('device')}, max batch "
+          f"{srv.get('max_batch')}", "note")
+    rows = []
+    for e in ro["per_episode"]:
+        call = e.get("policy_call_ms") or {}
+        rows.append([e.get("episode"), e.get("steps"), e.get("policy_calls"), e.get("wall_s"), e.get("ideal_wall_s"),
+                     e.get("policy_wait_s"), _pct(e.get("policy_wait_share")), e.get("overrun_steps"),
+                     call.get("median"), call.get("max")])
+    call = ro.get("policy_call_ms") or {}
+    ideal = [e.get("ideal_wall_s") for e in ro["per_episode"]]
+    rows.append(["all", sum(e.get("steps") or 0 for e in ro["per_episode"]),
+                 sum(e.get("policy_calls") or 0 for e in ro["per_episode"]), ro.get("wall_s"),
+                 sum(ideal) if all(isinstance(x, (int, float)) for x in ideal) else None, ro.get("policy_wait_s"),
+                 _pct(ro.get("policy_wait_share")), ro.get("overrun_steps"), call.get("median"), call.get("max")])
+    doc.table(["episode", "steps", "policy calls", "wall s", "ideal s", "waiting s", "waiting", "overrun steps",
+               "call p50 ms", "call max ms"], rows)
+    infer = ro.get("server_infer_ms") or {}
+    doc.p(f"total {_cell(ro.get('wall_s'))} s, {_pct(ro.get('policy_wait_share')) or '-'} of it waiting for the policy; "
+          f"{ro.get('overrun_steps')} overrun steps; {ro.get('errors')} errors"
+          + (f"; the server's model call p50 {_cell(infer['median'])} ms" if "median" in infer else "")
+          + ("; stopped at the time limit" if ro.get("timed_out") else ""), "warn" if ro.get("timed_out") or ro.get("errors")
+          else "")
+    doc.p("Only the timing is real; the observations are " + str(ro.get("observations") or "SYNTHETIC (random inputs, "
+          "no simulator or robot, the actions are applied to nothing)"), "note")
 
 
 def _compare(doc: _Doc, path: str, r: dict) -> None:
@@ -832,7 +1028,7 @@ def first_call_rows(results: list[tuple[str, dict]]) -> list[list]:
         before = r.get("cache_files_before")
         cache = "-" if before is None else "cold" if before == 0 else f"warm ({before} files)"
         slowest = f"{triton[0]['kernel']} {triton[0]['s']:.2f} s" if triton else "-"
-        rows.append([Path(path).name, workload_label(r), _short_variant(r["variant"]["label"]), cache, r["first_call_s"],
+        rows.append([Path(path).name, workload_label(r), short_variant(r["variant"]["label"]), cache, r["first_call_s"],
                      phases.get("_compile.compile_inner", 0.0), phases.get("compile_fx_inner", 0.0),
                      r.get("triton_compile_s", 0.0), slowest, r.get("engine_init_s"), r.get("later_median_ms"),
                      ((r.get("env") or {}).get("git_commit") or "-")[:7],
@@ -990,106 +1186,228 @@ def _step_timeline(doc: _Doc, row: dict) -> None:
     doc.fig(fig, "step kernel timeline per phase")
 
 
+def _id_ranges(ids: list[int]) -> str:
+    """[1, 2, 3, 5, 7, 8] -> "1-3, 5, 7-8"."""
+    out, i = [], 0
+    while i < len(ids):
+        j = i
+        while j + 1 < len(ids) and ids[j + 1] == ids[j] + 1:
+            j += 1
+        out.append(str(ids[i]) if i == j else f"{ids[i]}-{ids[j]}")
+        i = j + 1
+    return ", ".join(out)
+
+
+_ABSENT = "(absent)"
+
+
 def _environment(doc: _Doc, results: list[tuple[str, dict]]) -> None:
-    groups: list[tuple[dict, list[int]]] = []
-    for i, (path, r) in enumerate(results):
+    """The setup every file ran on, in two tables: the keys with one value in all files, once;
+    then for each key that differs, a row per value with the files (# of the file table) that
+    have it. (A column per distinct environment made 281 columns of the committed results:
+    the git commit alone differs between most runs.) Object values (env_vars) are split into
+    their keys, so one variable that differs does not make the whole set differ."""
+    envs: list[dict] = []
+    for path, r in results:
         # the setup, not the moment: the timestamp and the GPU's clocks go in the file table
-        env = {k: v for k, v in (r.get("env") or {}).items() if k not in ("timestamp", "gpu_state")}
-        for g in groups:
-            if g[0] == env:
-                g[1].append(i + 1)
-                break
-        else:
-            groups.append((env, [i + 1]))
+        flat: dict = {}
+        for k, v in (r.get("env") or {}).items():
+            if k in ("timestamp", "gpu_state"):
+                continue
+            if isinstance(v, dict) and v:
+                flat.update({f"{k}.{kk}": vv for kk, vv in v.items()})
+            else:
+                flat[k] = v
+        envs.append(flat)
     keys: list[str] = []
-    for env, _ in groups:
-        for k in env:
-            if k not in keys:
-                keys.append(k)
-    headers = ["key"] + [f"files {', '.join(map(str, ids))}" for _, ids in groups]
-    rows = [[k] + [env.get(k) for env, _ in groups] for k in keys]
-    doc.table(headers, rows)
+    for env in envs:
+        keys += [k for k in env if k not in keys]
+    # an empty object ("env_vars": {}) where other files set some of its keys: those keys show
+    # as (absent) for it; a row "env_vars {}" beside them would say the same twice
+    split = {k.split(".", 1)[0] for k in keys if "." in k}
+    for env in envs:
+        for k in split:
+            if env.get(k) == {}:
+                del env[k]
+    keys = [k for k in keys if any(k in env for env in envs)]
+    same, differ = [], []
+    for k in keys:
+        by_value: dict[str, list[int]] = {}  # the value as JSON (lists and None compare as written) -> file numbers
+        for i, env in enumerate(envs):
+            by_value.setdefault(json.dumps(env[k], sort_keys=True, default=str) if k in env else _ABSENT, []).append(i + 1)
+        if len(by_value) == 1:
+            same.append([k, envs[0][k]])
+        else:
+            differ += [[k, value if value == _ABSENT else _cell(json.loads(value)), len(ids), _id_ranges(ids)]
+                       for value, ids in by_value.items()]
+    if same:
+        doc.p(f"the same in all {len(envs)} file(s):", "")
+        doc.table(["key", "value"], same)
+    if differ:
+        doc.p("different between files (# as in the file table at the top):", "")
+        doc.table(["key", "value", "files", "#"], differ)
 
 
 # ----------------------------------------------------------------- entry point
 
 
+# command -> the section heading, in report order
+SECTIONS = (("bench", "Latency (bench)"), ("matrix", "Optimization matrix"), ("check", "Equivalence (check)"),
+            ("breakdown", "Stage breakdown"), ("scaling", "T(N) scaling"), ("syncs", "Host syncs"),
+            ("doctor", "Doctor"), ("loadgen", "Serving under load (loadgen)"),
+            ("rollout", "A control loop against the server (rollout)"),
+            ("compare", "Side by side with a peer (compare)"), ("kernel-bench", "Kernels (kernel-bench)"),
+            ("heads-ab", "The step's float32 heads, A/B (heads-ab)"),
+            ("step-config-ab", "The step kernel's tiling, A/B in the whole call (step-config-ab)"),
+            ("prefix-tiles-ab", "The prefix attention kernel's tiles, A/B in the whole call (prefix-tiles-ab)"),
+            ("change-ab", "Engine changes, A/B in the whole call (change-ab)"),
+            ("call-overhead", "What a graphed call costs besides its replay (call-overhead)"),
+            ("gemm-probe", "GEMM shapes alone: cuBLAS against max-autotune (gemm-probe)"),
+            ("cublaslt-probe", "GEMM shapes alone: every algorithm of cuBLASLt's heuristic (cublaslt-probe)"),
+            ("splitk-probe", "Prefix GEMMs as other cuBLAS calls (splitk-probe)"),
+            ("prefix-attention-probe", "The prefix attention by PyTorch's fused kernels (prefix-attention-probe)"),
+            ("wam-attention-probe", "The world-action model's attention calls by SDPA backend (wam-attention-probe)"),
+            ("geglu-bench", "Gemma gate_up with GELU x up in one GEMM (geglu-bench)"),
+            ("memset-probe", "The prefix's memset nodes and attention formulations (memset-probe)"),
+            ("first-call", "The first call of a fresh process (first-call)"),
+            ("served-path-probe", "Where a served call's time goes beyond the model call (served-path-probe)"),
+            ("upload-probe", "The policy path's transfers, piece by piece (upload-probe)"),
+            ("launch-probe", "The host latency a replayed call exposes (launch-probe)"))
+
+# one section (and shared figures) over all their files: renderer(doc, [(path, result), ...])
+GROUP_RENDERERS = {"bench": _bench, "loadgen": _loadgen, "first-call": _first_call}
+# a section per file: renderer(doc, path, result)
+FILE_RENDERERS = {"matrix": _matrix, "check": _check, "breakdown": _breakdown, "scaling": _scaling, "syncs": _syncs,
+                  "doctor": _doctor, "rollout": _rollout, "compare": _compare, "kernel-bench": _kernel_bench,
+                  "heads-ab": _heads_ab, "step-config-ab": _step_config_ab, "prefix-tiles-ab": _prefix_tiles_ab,
+                  "change-ab": _change_ab, "call-overhead": _call_overhead, "gemm-probe": _gemm_probe,
+                  "cublaslt-probe": _cublaslt_probe, "splitk-probe": _splitk_probe,
+                  "prefix-attention-probe": _prefix_attention_probe, "wam-attention-probe": _wam_attention_probe,
+                  "geglu-bench": _geglu_bench, "memset-probe": _memset_probe, "served-path-probe": _served_path,
+                  "upload-probe": _upload_probe, "launch-probe": _launch_probe}
+
+
+def _rendered(doc: _Doc, renderer, *args) -> str | None:
+    """Run `renderer` on a scratch document and append what it wrote to `doc`; on any error
+    append nothing and return the reason. This is the last guard, behind the schema and
+    field_problem: one damaged file must cost its own section, never the report."""
+    scratch = _Doc()
+    try:
+        renderer(scratch, *args)
+    except Exception as e:  # noqa: BLE001 - whatever a malformed field raises, the other files still render
+        return "could not render it: " + _reason(e)
+    doc.extend(scratch)
+    return None
+
+
+def _render_group(doc: _Doc, renderer, items: list[tuple[str, dict]], skipped: dict[str, str]) -> None:
+    """A section drawn over several files at once: if it fails, find the files that fail alone,
+    skip those and draw the rest."""
+    if _rendered(doc, renderer, items) is None:
+        return
+    bad = {}
+    for p, r in items:
+        reason = _rendered(_Doc(), renderer, [(p, r)])
+        if reason:
+            bad[p] = reason
+    skipped.update(bad)
+    rest = [(p, r) for p, r in items if p not in bad]
+    if rest:
+        reason = _rendered(doc, renderer, rest)
+        if reason:  # each file renders alone, not together: nothing here says which to drop
+            skipped.update({p: f"the section of these {len(rest)} files failed together: {reason}" for p, _ in rest})
+
+
+def _check_output(out_path: Path) -> str:
+    """The format of `out_path`, or ValueError before anything is rendered (which takes a while)."""
+    fmt = out_path.suffix.lower()  # any case: R.MD, report.HTML
+    if fmt not in (".html", ".md"):
+        raise ValueError(f"report: output must end in .html or .md (any case), got {out_path.name!r}")
+    if out_path.is_dir():
+        raise ValueError(f"report: output {out_path} is a folder")
+    # the folder is made when the report is written; here only whether it can be
+    existing = out_path.absolute().parent
+    while not existing.exists():
+        existing = existing.parent
+    if not existing.is_dir():
+        raise ValueError(f"report: cannot write {out_path}: {existing} is not a folder")
+    if not os.access(existing, os.W_OK):
+        raise ValueError(f"report: cannot write {out_path}: {existing} is not writable")
+    return fmt
+
+
 def render(result_paths, out_path, title: str | None = None) -> Path:
-    """Write the report of `result_paths` (files or directories) to `out_path` (.html or .md)."""
+    """Write the report of `result_paths` (files or directories) to `out_path` (.html or .md,
+    any case). A file that cannot be read, is not a valid result, or that its renderer fails
+    on is listed as skipped with the reason; the others are rendered."""
     out_path = Path(out_path)
-    fmt = out_path.suffix.lower()
-    if fmt not in (".html", ".htm", ".md", ".markdown"):
-        raise ValueError(f"report: output must end in .html or .md, got {out_path.name!r}")
+    fmt = _check_output(out_path)
     if isinstance(result_paths, (str, Path)):
         result_paths = [result_paths]
-    results, problems = load_results(result_paths)
-    if not results:
+    loaded, problems = load_results(result_paths)
+    if not loaded:
         raise ValueError("report: no valid vlaperf result files" + (": " + "; ".join(problems) if problems else ""))
-    title = title or "vlaperf report"
-    doc = _Doc()
-    doc.p(f"generated {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')} from "
-          f"{len(results)} result file(s)", "note")
-    doc.table(["#", "file", "command", "workload", "variant", "mode", "device", "GPU state", "timestamp"],
-              [[i + 1, Path(p).name, r["command"], workload_label(r), (r.get("variant") or {}).get("label"),
-                r.get("mode"), _gpu(r), _gpu_state(r), (r.get("env") or {}).get("timestamp")]
-               for i, (p, r) in enumerate(results)])
-    for msg in problems:
-        doc.p("skipped " + msg, "warn")
+    names = file_names([p for p, _ in loaded])
+    skipped: dict[str, str] = {}  # path -> why it is not in the report (a renderer's field or error)
+    index_rows: dict[str, list] = {}
+    for p, r in loaded:
+        problem = field_problem(r)
+        if problem:
+            skipped[p] = problem
+            continue
+        try:  # the file table reads the workload, variant and GPU state of every file
+            index_rows[p] = [names[p], r["command"], workload_label(r), (r.get("variant") or {}).get("label"),
+                             r.get("mode"), _gpu(r), _gpu_state(r), (r.get("env") or {}).get("timestamp")]
+        except Exception as e:  # noqa: BLE001
+            skipped[p] = "could not describe it: " + _reason(e)
     by_cmd: dict[str, list[tuple[str, dict]]] = {}
-    for p, r in results:  # "prefix-ab": the first change-ab file's name for its command
-        by_cmd.setdefault("change-ab" if r["command"] == "prefix-ab" else r["command"], []).append((p, r))
-    sections = (("bench", "Latency (bench)"), ("matrix", "Optimization matrix"), ("check", "Equivalence (check)"),
-                ("breakdown", "Stage breakdown"), ("scaling", "T(N) scaling"), ("syncs", "Host syncs"),
-                ("doctor", "Doctor"), ("loadgen", "Serving under load (loadgen)"),
-                ("compare", "Side by side with a peer (compare)"), ("kernel-bench", "Kernels (kernel-bench)"),
-                ("heads-ab", "The step's float32 heads, A/B (heads-ab)"),
-                ("step-config-ab", "The step kernel's tiling, A/B in the whole call (step-config-ab)"),
-                ("prefix-tiles-ab", "The prefix attention kernel's tiles, A/B in the whole call (prefix-tiles-ab)"),
-                ("change-ab", "Engine changes, A/B in the whole call (change-ab)"),
-                ("call-overhead", "What a graphed call costs besides its replay (call-overhead)"),
-                ("gemm-probe", "GEMM shapes alone: cuBLAS against max-autotune (gemm-probe)"),
-                ("cublaslt-probe", "GEMM shapes alone: every algorithm of cuBLASLt's heuristic (cublaslt-probe)"),
-                ("splitk-probe", "Prefix GEMMs as other cuBLAS calls (splitk-probe)"),
-                ("prefix-attention-probe", "The prefix attention by PyTorch's fused kernels (prefix-attention-probe)"),
-                ("wam-attention-probe", "The world-action model's attention calls by SDPA backend (wam-attention-probe)"),
-                ("geglu-bench", "Gemma gate_up with GELU x up in one GEMM (geglu-bench)"),
-                ("memset-probe", "The prefix's memset nodes and attention formulations (memset-probe)"),
-                ("first-call", "The first call of a fresh process (first-call)"),
-                ("served-path-probe", "Where a served call's time goes beyond the model call (served-path-probe)"),
-                ("upload-probe", "The policy path's transfers, piece by piece (upload-probe)"),
-                ("launch-probe", "The host latency a replayed call exposes (launch-probe)"))
-    for cmd, heading in sections:
+    for p, r in loaded:  # "prefix-ab": the first change-ab file's name for its command
+        if p not in skipped:
+            by_cmd.setdefault("change-ab" if r["command"] == "prefix-ab" else r["command"], []).append((p, r))
+    body = _Doc()
+    for cmd, heading in SECTIONS:
         items = by_cmd.pop(cmd, [])
         if not items:
             continue
-        doc.h(2, heading)
-        if cmd in ("bench", "loadgen", "first-call"):  # one section (and shared figures) over all their files
-            try:
-                {"bench": _bench, "loadgen": _loadgen, "first-call": _first_call}[cmd](doc, items)
-            except (KeyError, TypeError, ValueError) as e:
-                doc.p(f"could not render the {cmd} results: {type(e).__name__}: {e}", "warn")
-            continue
-        for p, r in items:
-            try:
-                {"matrix": _matrix, "check": _check, "breakdown": _breakdown, "scaling": _scaling, "syncs": _syncs,
-                 "doctor": _doctor, "compare": _compare, "kernel-bench": _kernel_bench, "heads-ab": _heads_ab,
-                 "step-config-ab": _step_config_ab, "prefix-tiles-ab": _prefix_tiles_ab, "change-ab": _change_ab,
-                 "call-overhead": _call_overhead, "gemm-probe": _gemm_probe, "cublaslt-probe": _cublaslt_probe, "splitk-probe": _splitk_probe,
-                 "prefix-attention-probe": _prefix_attention_probe, "wam-attention-probe": _wam_attention_probe,
-                 "geglu-bench": _geglu_bench, "memset-probe": _memset_probe,
-                 "served-path-probe": _served_path, "upload-probe": _upload_probe,
-                 "launch-probe": _launch_probe}[cmd](doc, p, r)
-            except (KeyError, TypeError, ValueError) as e:
-                doc.p(f"could not render {p}: {type(e).__name__}: {e}", "warn")
+        section = _Doc()
+        if cmd == "bench":
+            _render_group(section, lambda d, its: _bench(d, its, names), items, skipped)
+        elif cmd in GROUP_RENDERERS:
+            _render_group(section, GROUP_RENDERERS[cmd], items, skipped)
+        else:
+            for p, r in items:
+                reason = _rendered(section, FILE_RENDERERS[cmd], p, r)
+                if reason:
+                    skipped[p] = reason
+        if section.blocks:
+            body.h(2, heading)
+            body.extend(section)
     for cmd, items in by_cmd.items():
-        doc.h(2, f"Other results ({cmd})")
+        body.h(2, f"Other results ({cmd})")
         for p, r in items:
-            doc.p(f"{p}: command {cmd!r} has no renderer; keys: {', '.join(sorted(r))}", "note")
+            body.p(f"{p}: command {cmd!r} has no renderer; keys: {', '.join(sorted(r))}", "note")
+    results = [(p, r) for p, r in loaded if p not in skipped]
+    if not results:
+        raise ValueError("report: no result file could be rendered: "
+                         + "; ".join(problems + [f"{p}: {why}" for p, why in skipped.items()]))
+    doc = _Doc()
+    doc.p(f"generated {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')} from "
+          f"{len(results)} result file(s)" + (f"; {len(problems) + len(skipped)} skipped (listed below)"
+                                               if problems or skipped else ""), "note")
+    doc.table(["#", "file", "command", "workload", "variant", "mode", "device", "GPU state", "timestamp"],
+              [[i + 1] + index_rows[p] for i, (p, _) in enumerate(results)])
+    for msg in problems + [f"{p}: {why}" for p, why in skipped.items()]:
+        doc.p("skipped " + msg, "warn")
+    doc.extend(body)
     doc.h(2, "Environment")
     _environment(doc, results)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    if fmt in (".html", ".htm"):
-        out_path.write_text(doc.html(title))
-    else:
-        out_path.write_text(doc.markdown(title, out_path))
+    title = title or "vlaperf report"
+    try:
+        out_path.parent.mkdir(parents=True, exist_ok=True)
+        if fmt == ".html":
+            out_path.write_text(doc.html(title))
+        else:
+            out_path.write_text(doc.markdown(title, out_path))
+    except OSError as e:
+        raise ValueError(f"report: cannot write {out_path}: {e}") from None
     return out_path

@@ -24,27 +24,65 @@ class SchemaError(ValueError):
     pass
 
 
+def json_kind(x) -> str:
+    """A JSON value's kind as the messages name it: object, array, string, number, boolean or null."""
+    if x is None:
+        return "null"
+    if isinstance(x, bool):
+        return "boolean"
+    if isinstance(x, (int, float)):
+        return "number"
+    return {dict: "object", list: "array", str: "string"}.get(type(x), type(x).__name__)
+
+
 def validate_summary(summary, where: str) -> list[str]:
     if not isinstance(summary, dict):
-        return [f"{where}: expected a summary object"]
-    return [f"{where}: missing {k!r}" for k in SUMMARY_KEYS if k not in summary]
+        return [f"{where}: expected a summary object, got {json_kind(summary)}"]
+    errors = [f"{where}: missing {k!r}" for k in SUMMARY_KEYS if k not in summary]
+    # the report does arithmetic on every field (median / floor, histograms), so a string here
+    # would fail there, far from the file that carries it
+    errors += [f"{where}.{k}: expected a number, got {json_kind(summary[k])}" for k in SUMMARY_KEYS
+               if k in summary and json_kind(summary[k]) != "number"]
+    return errors
 
 
-def validate_result(result: dict) -> dict:
-    """Raise SchemaError naming every problem; return the result unchanged if valid."""
+def validate_result(result) -> dict:
+    """Raise SchemaError naming every problem; return the result unchanged if valid.
+
+    Checks the keys every command writes and their types (a damaged file must fail here, with
+    a SchemaError that names the field, not later with an AttributeError in whatever reads it);
+    the per-command extras are the readers' to check (vlaperf.report.render does)."""
+    if not isinstance(result, dict):
+        raise SchemaError(f"invalid vlaperf result: expected a JSON object, got {json_kind(result)}")
     errors = [f"missing key {k!r}" for k in REQUIRED if k not in result]
     if result.get("schema") != SCHEMA:
         errors.append(f"schema must be {SCHEMA!r}, got {result.get('schema')!r}")
+    if "command" in result and not isinstance(result["command"], str):
+        errors.append(f"command: expected a string, got {json_kind(result['command'])}")
     wl = result.get("workload")
     if not isinstance(wl, dict) or "id" not in wl or "overrides" not in wl:
         errors.append("workload: expected {'id': ..., 'overrides': {...}}")
+    elif not isinstance(wl["overrides"], dict):
+        errors.append(f"workload.overrides: expected an object, got {json_kind(wl['overrides'])}")
+    # doctor without a workload writes "variant": null and "mode": null
+    if result.get("variant") is not None and not isinstance(result["variant"], dict):
+        errors.append(f"variant: expected an object or null, got {json_kind(result['variant'])}")
+    if result.get("mode") is not None and not isinstance(result["mode"], str):
+        errors.append(f"mode: expected a string or null, got {json_kind(result['mode'])}")
     env = result.get("env", {})
-    errors += [f"env: missing {k!r}" for k in ENV_KEYS if k not in env]
+    if isinstance(env, dict):
+        errors += [f"env: missing {k!r}" for k in ENV_KEYS if k not in env]
+    else:
+        errors.append(f"env: expected an object, got {json_kind(env)}")
     timers = result.get("timers")
     if timers is not None:
-        errors += validate_summary(timers.get("wall_ms"), "timers.wall_ms")
-        if timers.get("cuda_event_ms") is not None:
-            errors += validate_summary(timers["cuda_event_ms"], "timers.cuda_event_ms")
+        if isinstance(timers, dict):
+            errors += validate_summary(timers.get("wall_ms"), "timers.wall_ms")
+            for name, summary in timers.items():  # cuda_event_ms is null on the CPU
+                if name != "wall_ms" and summary is not None:
+                    errors += validate_summary(summary, f"timers.{name}")
+        else:
+            errors.append(f"timers: expected an object or null, got {json_kind(timers)}")
     if errors:
         raise SchemaError("invalid vlaperf result: " + "; ".join(errors))
     return result
