@@ -92,12 +92,7 @@ class NormStats:
                 path = found[0] if len(found) == 1 else path / "norm_stats.json"
         if path.suffix == ".safetensors":
             return cls._load_lerobot(path, quantile)
-        try:
-            doc = json.loads(path.read_text())
-        except OSError as e:
-            raise NormStatsError(f"{path}: cannot read the normalization statistics ({e.strerror or e})") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise NormStatsError(f"{path}: not JSON ({e})") from None
+        doc = _read_json(path, "the normalization statistics")
         table = doc.get("norm_stats") if isinstance(doc, dict) else None
         if not isinstance(table, dict):
             raise NormStatsError(f"{path}: expected openpi's layout, an object with 'norm_stats': "
@@ -112,12 +107,7 @@ class NormStats:
         """A LeRobot checkpoint folder: its preprocessor's normalizer step (the statistics' file, eps, the
         mode of each feature type). A pipeline that makes the actions relative to the state is refused:
         the served actions would need the state added back, which vlaperf does not do for LeRobot yet."""
-        try:
-            doc = json.loads(doc_path.read_text())
-        except OSError as e:
-            raise NormStatsError(f"{doc_path}: cannot read LeRobot's pipeline ({e.strerror or e})") from None
-        except (json.JSONDecodeError, UnicodeDecodeError) as e:
-            raise NormStatsError(f"{doc_path}: not JSON ({e})") from None
+        doc = _read_json(doc_path, "LeRobot's pipeline")
         steps = doc.get("steps") if isinstance(doc, dict) else None
         if not isinstance(steps, list) or not all(isinstance(st, dict) for st in steps):
             raise NormStatsError(f"{doc_path}: expected LeRobot's pipeline layout, an object with a 'steps' list")
@@ -224,6 +214,15 @@ class NormStats:
         else:
             what = "; ".join(f"{names[self.mode(k)]} of {k}" for k in keys)
         return f"{what} from {self.source} ({self.convention}'s arithmetic)"
+
+
+def _read_json(path: Path, what: str):
+    try:
+        return json.loads(path.read_text())
+    except OSError as e:
+        raise NormStatsError(f"{path}: cannot read {what} ({e.strerror or e})") from None
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise NormStatsError(f"{path}: not JSON ({e})") from None
 
 
 def _array_stats(path: Path, key: str, entry, quantile: bool) -> ArrayStats:

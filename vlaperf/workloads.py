@@ -54,12 +54,14 @@ class Workload:
         return w
 
     def overrides_vs(self, base: "Workload") -> dict:
-        """Knobs that differ from `base` (recorded in every result file)."""
-        return {
-            f.name: getattr(self, f.name)
-            for f in dataclasses.fields(self)
-            if getattr(self, f.name) != getattr(base, f.name)
-        }
+        """Knobs that differ from `base` (recorded in every result file); the per-sample prompt lengths only
+        where they are not what another batch size makes of base's (with_overrides), as that is no choice."""
+        out = {f.name: getattr(self, f.name) for f in dataclasses.fields(self)
+               if getattr(self, f.name) != getattr(base, f.name)}
+        derived = tuple(base.prompt_valid[i % len(base.prompt_valid)] for i in range(self.batch))
+        if "prompt_valid" in out and self.prompt_valid == derived:
+            del out["prompt_valid"]
+        return out
 
 
 def _spread(lo: int, hi: int, n: int) -> tuple[int, ...]:
