@@ -178,3 +178,10 @@ def test_server_metadata_names_the_conventions():
     assert meta["checkpoint"] == {"name": "model.safetensors", "layout": "openpi"}  # the name only: clients see it
     with pytest.raises(ValueError, match="unknown conventions 'pi0'; expected one of: none, openpi:pi0_libero"):
         get_conventions("pi0")
+
+
+def test_world_action_workloads_refuse_an_action_horizon(capsys):
+    from vlaperf.cli import main
+
+    assert main(["bench", "--workload", "wam-tiny", "--device", "cpu", "--action-horizon", "8"]) == 2
+    assert "--action-horizon: the pi0 family's chunk" in capsys.readouterr().err

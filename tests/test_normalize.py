@@ -276,3 +276,29 @@ def test_resize_with_pad_matches_openpis_pil_resize():
         want.paste(Image.fromarray(a).resize((w, h), resample=Image.BILINEAR), ((224 - w) // 2, (224 - h) // 2))
         diff = np.abs(ours - np.asarray(want).astype(int))
         assert diff.max() <= 1 and diff.mean() < 0.2, (H, W, diff.mean())
+
+
+def test_lerobot_norm_map_leaves_unnamed_types_as_they_are(tmp_path):
+    """LeRobot leaves a feature type its norm_map does not name unnormalized (IDENTITY); a norm_map that is
+    no object is refused."""
+    _lerobot_folder(tmp_path, norm_map={"STATE": "MEAN_STD"})
+    ns = NormStats.load(tmp_path, quantile=True)
+    assert ns.mode("state") == "MEAN_STD" and ns.actions is None
+    y = np.ones((1, 3, 7), np.float32)
+    np.testing.assert_array_equal(ns.unnormalize_actions(y), y)
+    doc = json.loads((tmp_path / "policy_preprocessor.json").read_text())
+    doc["steps"][-1]["config"]["norm_map"] = ["STATE"]
+    (tmp_path / "policy_preprocessor.json").write_text(json.dumps(doc))
+    with pytest.raises(NormStatsError, match="config.norm_map: expected an object"):
+        NormStats.load(tmp_path, quantile=True)
+
+
+def test_serve_refuses_short_state_statistics_before_building(tmp_path, capsys, monkeypatch):
+    """Statistics with fewer state dims than the workload's are refused as --norm-stats, before the model is
+    built (it was a traceback after the build and the check)."""
+    from vlaperf.cli import main as run_cli
+
+    monkeypatch.setattr("vlaperf.cli.setup", lambda args: pytest.fail("the model was built"))
+    short = _write(tmp_path, _stats({"state": 5, "actions": 7}))
+    assert run_cli(["serve", "--device", "cpu", "--port", "0", "--norm-stats", str(short)]) == 2
+    assert "--norm-stats: " in (err := capsys.readouterr().err) and "'state' has 5 dimensions" in err, err

@@ -66,6 +66,7 @@ class _TestPolicy:
 
         self.inner = Policy(model, sample, TINY)
         self.workload, self.model, self.device, self.num_steps = TINY, model, self.inner.device, self.inner.num_steps
+        self.conventions = self.inner.conventions
 
     def infer(self, examples):
         batch = [examples] if isinstance(examples, dict) else examples
@@ -158,6 +159,7 @@ def test_front_end_metadata_health_and_replicas(server, replicas):
         meta = c.metadata
     assert meta["backend"] == "ray-serve" and meta["replicas"] == 2
     assert meta["workload"] == "tiny" and meta["action_horizon"] == H and meta["dtype"] == "float32"
+    assert meta["conventions"] == "none" and meta["checkpoint"] is None  # the replicas' policy fields reach clients
     assert len({d["replica"] for d in meta["replica_devices"]}) == 2
     assert all(d["device"] == "cpu" and d["node_id"] for d in meta["replica_devices"])
     health = f"http://127.0.0.1:{server.port}/healthz"
@@ -271,11 +273,11 @@ def test_matrix_ray_merges_tasks_with_device_per_row(ray_cluster, tmp_path, caps
 
     out = tmp_path / "matrix.json"
     args = _matrix_args(["--ray", "--workload", "tiny", "--variants", "for_loop;exact", "--warmup", "2", "--iters", "5",
-                         "--no-progress", "--json", str(out)])
+                         "--action-horizon", "6", "--no-progress", "--json", str(out)])
     assert args.ray and args.ray_address is None
     assert run_matrix_ray(args) == 0
     result = read_result(out)  # a valid vlaperf.result/1 file
-    assert result["command"] == "matrix" and result["workload"]["id"] == "tiny"
+    assert result["command"] == "matrix" and result["workload"] == {"id": "tiny", "overrides": {"horizon": 6}}
     rows = {r["variant"]: r for r in result["variants"]}
     assert list(rows) == ["reference", "for_loop", "exact"]
     for name in ("for_loop", "exact"):

@@ -123,17 +123,18 @@ NONE = Conventions("none", "the model's own units: no delta actions, no ALOHA co
 CONVENTIONS: dict[str, Conventions] = {c.name: c for c in (
     NONE,
     Conventions("openpi:pi0_libero", "openpi pi0_libero: the first 6 actions relative to the state (its extra delta "
-                "transform), the gripper absolute", family="pi0", layout="libero", delta_action_mask=_mask(6, -1)),
+                "transform), the gripper absolute, 50 actions a chunk", family="pi0", layout="libero",
+                delta_action_mask=_mask(6, -1), action_horizon=50),
     Conventions("openpi:pi05_libero", "openpi pi05_libero: absolute actions, the state kept out of the prompt (pi0's "
                 "prompt), 10 actions a chunk", family="pi05", layout="libero", state_in_prompt=False,
                 action_horizon=10),
     Conventions("openpi:pi0_aloha", "openpi pi0_aloha (and _towel, _tupperware): ALOHA adapted to pi's space, the "
-                "joints relative to the state, the grippers absolute", family="pi0", layout="aloha",
-                delta_action_mask=_mask(6, -1, 6, -1), aloha_adapt_to_pi=True),
-    Conventions("openpi:pi0_aloha_sim", "openpi pi0_aloha_sim: ALOHA adapted to pi's space, absolute actions",
-                family="pi0", layout="aloha", aloha_adapt_to_pi=True),
-    Conventions("lerobot:pi0", "LeRobot pi0: absolute actions, the prompt as given (BOS + text + newline)",
-                family="pi0", prompt_style="lerobot"),
+                "joints relative to the state, the grippers absolute, 50 actions a chunk", family="pi0", layout="aloha",
+                delta_action_mask=_mask(6, -1, 6, -1), aloha_adapt_to_pi=True, action_horizon=50),
+    Conventions("openpi:pi0_aloha_sim", "openpi pi0_aloha_sim: ALOHA adapted to pi's space, absolute actions, 50 "
+                "actions a chunk", family="pi0", layout="aloha", aloha_adapt_to_pi=True, action_horizon=50),
+    Conventions("lerobot:pi0", "LeRobot pi0: absolute actions, the prompt as given (BOS + text + newline), 50 "
+                "actions a chunk", family="pi0", prompt_style="lerobot", action_horizon=50),
     Conventions("lerobot:pi05", "LeRobot 0.5+ pi0.5: absolute actions, the state in the prompt, 50 actions a chunk",
                 family="pi05", action_horizon=50),
     Conventions("lerobot0.4:pi05", "LeRobot 0.4 pi0.5: as lerobot:pi05, the prompt's state padded to 32 dims",

@@ -121,12 +121,16 @@ class NormStats:
         if len(norm) != 1 or not isinstance(norm[0].get("state_file"), str):
             raise NormStatsError(f"{doc_path}: expected one 'normalizer_processor' step with a 'state_file', found "
                                  f"{len(norm)}")
-        config = norm[0].get("config") if isinstance(norm[0].get("config"), dict) else {}
-        norm_map = config.get("norm_map", {})
+        config = norm[0].get("config", {})
+        norm_map = config.get("norm_map", {}) if isinstance(config, dict) else None
+        if not isinstance(norm_map, dict):
+            raise NormStatsError(f"{doc_path}: the normalizer step's config.norm_map: expected an object of feature "
+                                 f"type -> mode, got {norm_map!r}")
         modes = {}
         for key, ftype in LEROBOT_TYPES.items():
-            mode = norm_map.get(ftype) if isinstance(norm_map, dict) else None
-            if mode is not None and mode not in MODES:
+            # LeRobot leaves a feature type that its map does not name as it is: IDENTITY
+            mode = norm_map.get(ftype) or "IDENTITY"
+            if mode not in MODES:
                 raise NormStatsError(f"{doc_path}: norm_map.{ftype} is {mode!r}; vlaperf applies {', '.join(MODES)}")
             modes[key] = mode
         eps = config.get("eps", LEROBOT_EPS)

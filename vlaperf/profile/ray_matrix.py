@@ -92,7 +92,7 @@ def run_variant(task: dict) -> dict:
     spec = task["variant"]
     args = argparse.Namespace(workload=task["workload"], device=task.get("device"), dtype=task.get("dtype"),
                               steps=task.get("steps"), batch=task.get("batch"), seed=int(task.get("seed", 0)),
-                              checkpoint=task.get("checkpoint"))
+                              checkpoint=task.get("checkpoint"), action_horizon=task.get("action_horizon"))
     _, workload, model, device = setup(args)
     row: dict[str, Any] = {"variant": spec, "levers": [], "workload": workload.id,
                            "dtype": str(model.dtype).replace("torch.", ""),
@@ -125,7 +125,7 @@ def run_variant(task: dict) -> dict:
 
 def ray_matrix(workload_ids: list[str], variants: str, *, device: str | None = None, dtype: str | None = None,
                steps: int | None = None, batch: int | None = None, seed: int = 0, checkpoint: str | None = None,
-               warmup: int = 10, iters: int = 50, cpus_per_task: float = 1.0, log=print) -> list[dict]:
+               action_horizon: int | None = None, warmup: int = 10, iters: int = 50, cpus_per_task: float = 1.0, log=print) -> list[dict]:
     """One merged matrix result (vlaperf.result/1) per workload. Needs ray.init() first.
 
     `device`: "cuda" (each task takes one whole GPU) or "cpu"; default cuda when the cluster
@@ -155,7 +155,7 @@ def ray_matrix(workload_ids: list[str], variants: str, *, device: str | None = N
         timed = [s for s in specs if s != "reference"] or ["reference"]
         for spec in timed:
             task = {"workload": wid, "variant": spec, "device": "cuda" if on_gpu else device, "dtype": dtype,
-                    "steps": steps, "batch": batch, "seed": seed, "checkpoint": checkpoint, "warmup": warmup,
+                    "steps": steps, "batch": batch, "action_horizon": action_horizon, "seed": seed, "checkpoint": checkpoint, "warmup": warmup,
                     "iters": iters}
             plan.append((wid, spec, remote.remote(task)))
     log(f"vlaperf matrix --ray: {len(plan)} task(s) ({len(workload_ids)} workload(s)) on "
@@ -183,7 +183,7 @@ def ray_matrix(workload_ids: list[str], variants: str, *, device: str | None = N
     results = []
     for wid in workload_ids:
         base = get_workload(wid)
-        workload = base.with_overrides(batch=batch, steps=steps)
+        workload = base.with_overrides(batch=batch, steps=steps, horizon=action_horizon)
         wrows = [rows[ref] for w, _, ref in plan if w == wid]
         timed = [r for r in wrows if "timers" in r]
         first = timed[0] if timed else (wrows[0] if wrows else {})
@@ -276,7 +276,8 @@ def run_matrix_ray(args) -> int:
             raise CliError("--device cuda: the Ray cluster has no GPU")
         try:
             results = ray_matrix(wids, args.variants, device=device, dtype=args.dtype, steps=args.steps,
-                                 batch=args.batch, seed=args.seed, checkpoint=args.checkpoint, warmup=args.warmup,
+                                 batch=args.batch, seed=args.seed, checkpoint=args.checkpoint,
+                                 action_horizon=getattr(args, "action_horizon", None), warmup=args.warmup,
                                  iters=args.iters, cpus_per_task=getattr(args, "ray_cpus_per_task", 1.0),
                                  log=lambda m: print(m, file=sys.stderr))
         except RuntimeError as e:

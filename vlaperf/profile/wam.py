@@ -33,6 +33,9 @@ def setup(args):
 
     if getattr(args, "checkpoint", None):
         raise CliError("--checkpoint: the world-action model has no public checkpoint layout yet; it runs on random weights")
+    if getattr(args, "action_horizon", None) is not None:
+        raise CliError("--action-horizon: the pi0 family's chunk; a world-action workload's actions come with its video "
+                       "frames (its preset)")
     device = setup_device(args)
     try:
         base = get_wam_workload(args.workload)

@@ -219,7 +219,9 @@ def cmd_serve(args) -> int:
                            "model) is served in this process: drop --replicas")
         from vlaperf.serve.ray_backend import serve_replicas
 
-        return serve_replicas(args, api_key, warmup, console)
+        # before Ray starts: both default workloads (libero-pi0 on GPUs, tiny) are pi0's, LIBERO's layout, state 8
+        checked = _precheck_pi0(args, args.workload or "libero-pi0")
+        return serve_replicas(args, api_key, warmup, console, checked)
     if is_wam_workload(args.workload):
         if args.tokenizer or args.norm_stats or args.conventions or args.action_horizon:
             raise CliError(f"--tokenizer / --norm-stats / --conventions / --action-horizon: the pi0 family's; "
@@ -263,12 +265,14 @@ def _release_reference(engine, args, console) -> None:
 
 def _pi0_policy(args, console):
     """The served pi0-family policy (None: its variant failed the equivalence check)."""
-    from vlaperf.cli import make_engine, setup
+    import torch
+
+    from vlaperf.cli import default_device, make_engine, setup
     from vlaperf.policy import Policy
 
+    on_gpu = torch.device(args.device or default_device()).type == "cuda"
+    tokenizer, norm_stats = _precheck_pi0(args, args.workload or ("libero-pi0" if on_gpu else "tiny"))
     base, workload, model, device = setup(args)
-    tokenizer, norm_stats = checkpoint_io(args.tokenizer, args.norm_stats, args.checkpoint, model.config,
-                                          args.conventions)  # before the slow part
     if args.levers == "serve":
         args.levers = "graph" if model.action_in_proj.weight.device.type == "cuda" else "exact"
     engine = None if args.levers in ("reference", "none", "") else make_engine(model, args.levers)
@@ -288,7 +292,22 @@ def _pi0_policy(args, console):
     return policy
 
 
-def checkpoint_io(tokenizer_file, norm_stats_path, checkpoint, config, conventions=None):
+def _precheck_pi0(args, workload_id: str):
+    """The served workload's shape (--action-horizon, --conventions) and the checkpoint's tokenizer and
+    statistics, checked before a model is built or Ray started: (tokenizer, norm_stats); CliError names the
+    option."""
+    from vlaperf.cli import CliError, resolve_shape
+    from vlaperf.workloads import get_workload
+
+    try:
+        base = get_workload(workload_id)
+    except ValueError as e:
+        raise CliError(str(e)) from None
+    workload, config = resolve_shape(args, base)
+    return checkpoint_io(args.tokenizer, args.norm_stats, args.checkpoint, config, args.conventions, workload.state_dim)
+
+
+def checkpoint_io(tokenizer_file, norm_stats_path, checkpoint, config, conventions=None, state_dim=None):
     """--tokenizer and --norm-stats (`policy.load_checkpoint_io`), errors as CliError naming the option; a
     warning where a real checkpoint is served without them or without --conventions (its actions would be in
     the model's normalized units, its prompts tokenized by a stand-in, its delta actions left relative)."""
@@ -298,6 +317,8 @@ def checkpoint_io(tokenizer_file, norm_stats_path, checkpoint, config, conventio
 
     try:
         tokenizer, norm_stats = load_checkpoint_io(tokenizer_file, norm_stats_path, config, conventions)
+        if norm_stats is not None and state_dim is not None:
+            norm_stats.check_dims(state_dim)
     except NormStatsError as e:
         raise CliError(f"--norm-stats: {e}") from None
     except (ImportError, ValueError) as e:
@@ -360,6 +381,8 @@ def print_serve(server, console=None) -> None:
         ("denoise steps", str(m.get("num_steps"))),
         ("inputs", f"tokenizer {m.get('tokenizer', '-')}; normalization {m.get('normalization') or 'none (model units)'}"
          if "sampler" not in m else f"latents, state, prompt (text encoder {m.get('text_encoder', '-')})"),
+        *([("conventions", str(m["conventions"]))] if "conventions" in m else []),
+        *([("checkpoint", f"{m['checkpoint']['name']} ({m['checkpoint']['layout']})")] if m.get("checkpoint") else []),
         *([("sampler", ", ".join(f"{k} {v}" for k, v in m["sampler"].items()))] if "sampler" in m else []),
         ("levers", ",".join(m.get("levers") or []) or "reference"),
         ("batching", f"up to {server.max_batch} per call, wait <= {server.max_wait_ms:g} ms"),

@@ -424,7 +424,7 @@ class RayPolicy:
         infos = replicas_info if replicas_info is not None else self.describe_replicas()
         first = infos[0] if infos else {}
         meta = {k: first[k] for k in ("image_size", "dtype", "device", "levers", "levers_label", "tokenizer",
-                                      "normalization") if k in first}
+                                      "normalization", "conventions", "checkpoint") if k in first}
         meta.update(backend="ray-serve", ray_version=ray.__version__, replicas=self.concurrency,
                     replica_timeout_s=self.request_timeout_s,
                     warmup_s=max((float(i.get("warmup_s") or 0.0) for i in infos), default=0.0),
@@ -440,8 +440,9 @@ class RayPolicy:
 # ----------------------------------------------------------------------------- CLI
 
 
-def serve_replicas(args, api_key: str | None, warmup: list[int], console=None) -> int:
-    """`vlaperf serve --replicas N`: deploy, then serve the websocket front end until stopped."""
+def serve_replicas(args, api_key: str | None, warmup: list[int], console=None, checked=None) -> int:
+    """`vlaperf serve --replicas N`: deploy, then serve the websocket front end until stopped. `checked`: the
+    caller has read --tokenizer / --norm-stats and checked --conventions already (serve's _precheck_pi0)."""
     from vlaperf.cli import CliError
     from vlaperf.serve.commands import print_serve
     from vlaperf.serve.server import PolicyServer
@@ -468,10 +469,10 @@ def serve_replicas(args, api_key: str | None, warmup: list[int], console=None) -
         except ValueError as e:
             raise CliError(str(e)) from None
         workload, config = resolve_shape(args, workload)  # --steps, --action-horizon, --conventions checked here
-        if args.tokenizer or args.norm_stats or args.checkpoint:  # read here first: a bad file fails before any replica
+        if checked is None and (args.tokenizer or args.norm_stats or args.checkpoint):  # before any replica starts
             from vlaperf.serve.commands import checkpoint_io
 
-            checkpoint_io(args.tokenizer, args.norm_stats, args.checkpoint, config, args.conventions)
+            checkpoint_io(args.tokenizer, args.norm_stats, args.checkpoint, config, args.conventions, workload.state_dim)
         spec = {"workload": workload.id, "levers": args.levers, "device": "cuda" if device.startswith("cuda") else device,
                 "dtype": args.dtype, "steps": args.steps, "seed": args.seed, "checkpoint": args.checkpoint,
                 "no_check": args.no_check, "keep_reference": getattr(args, "keep_reference", False),
