@@ -302,3 +302,15 @@ def test_serve_refuses_short_state_statistics_before_building(tmp_path, capsys, 
     short = _write(tmp_path, _stats({"state": 5, "actions": 7}))
     assert run_cli(["serve", "--device", "cpu", "--port", "0", "--norm-stats", str(short)]) == 2
     assert "--norm-stats: " in (err := capsys.readouterr().err) and "'state' has 5 dimensions" in err, err
+
+
+def test_a_statistic_the_mode_does_not_read_may_be_nan(tmp_path):
+    """z-score reads mean and std only: a NaN in q01 (a dataset whose quantiles were never computed) does not
+    refuse the file; under quantiles it does, naming the field."""
+    doc = _stats({"state": 8, "actions": 7})
+    doc["norm_stats"]["state"]["q01"][0] = float("nan")
+    path = _write(tmp_path, doc)
+    assert NormStats.load(path, quantile=False).state.q01 is None
+    with pytest.raises(NormStatsError, match="norm_stats.state.q01: expected a non-empty list of finite numbers, got "
+                                             "non-finite values"):
+        NormStats.load(path, quantile=True)

@@ -244,10 +244,15 @@ def _array_stats(path: Path, key: str, entry, quantile: bool) -> ArrayStats:
         try:
             a = np.asarray(entry[name], dtype=np.float64)
         except (TypeError, ValueError):
+            if name not in needed:
+                continue  # a statistic the mode never reads does not make the file unusable
             raise NormStatsError(f"{path}: norm_stats.{key}.{name}: expected a list of numbers") from None
         if a.ndim != 1 or a.shape[0] == 0 or not np.isfinite(a).all():
+            if name not in needed:
+                continue
+            bad = "non-finite values" if a.ndim == 1 and a.shape[0] else f"shape {a.shape}"
             raise NormStatsError(f"{path}: norm_stats.{key}.{name}: expected a non-empty list of finite numbers, "
-                                 f"got shape {a.shape}")
+                                 f"got {bad}")
         arrays[name] = a
     dims = {name: a.shape[0] for name, a in arrays.items()}
     if len(set(dims.values())) != 1:
