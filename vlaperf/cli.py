@@ -71,24 +71,17 @@ def output_file(text: str) -> str:
     """A file a command writes (--json, --plot, --trace, -o): refused before the run, not after it (on a GPU,
     after a minute of compile), when it cannot be written: empty, an existing folder, under a file, or in a
     folder this process cannot write to. A missing parent folder is created when the file is written."""
-    import tempfile
     from pathlib import Path
+
+    from vlaperf.report.schema import unwritable
 
     if not text.strip():
         raise argparse.ArgumentTypeError("expected a file path, got an empty string")
-    path = Path(text).absolute()
-    if path.is_dir():
+    if Path(text).is_dir():
         raise argparse.ArgumentTypeError(f"expected a file path, got the folder {text!r}")
-    folder = path.parent
-    while not folder.exists():  # the nearest folder above it that exists: the missing ones are created in it
-        folder = folder.parent
-    if not folder.is_dir():
-        raise argparse.ArgumentTypeError(f"{text!r}: {str(folder)!r} is a file, not a folder")
-    try:  # a real write: os.access says yes to root on read-only and pseudo file systems (/proc)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as e:
-        raise argparse.ArgumentTypeError(f"{text!r}: cannot write in {str(folder)!r} ({e.strerror or e})") from None
+    why = unwritable(text)
+    if why is not None:
+        raise argparse.ArgumentTypeError(f"{text!r}: {why}")
     return text
 
 
@@ -113,21 +106,15 @@ MAX_BATCH = 1024
 
 
 def batch_int(text: str) -> int:
-    value = positive_int(text)
+    value = positive_int(text)  # its message for 0 and below; the cap named on its own
     if value > MAX_BATCH:
         raise argparse.ArgumentTypeError(f"expected an integer in 1..{MAX_BATCH}, got {text!r}")
     return value
 
 
-def horizon_int(text: str) -> int:
-    value = positive_int(text)
-    if value > MAX_ACTION_HORIZON:
-        raise argparse.ArgumentTypeError(f"expected an integer in 1..{MAX_ACTION_HORIZON}, got {text!r}")
-    return value
-
-
 # The longest action chunk a workload may be given (pi0-family checkpoints are trained with 10 to 50)
 MAX_ACTION_HORIZON = 256
+horizon_int = number_arg(int, 1, maximum=MAX_ACTION_HORIZON)
 
 
 def add_action_horizon(p: argparse.ArgumentParser) -> None:

@@ -37,7 +37,7 @@ import os
 from pathlib import Path
 from typing import Any
 
-from vlaperf.report.schema import SchemaError, json_kind, validate_result
+from vlaperf.report.schema import SchemaError, json_kind, unwritable, validate_result
 
 _ABBR = {"for_loop": "loop", "skip_masked_images": "skipimg", "trim_prompt_padding": "trim", "static_kv_cache": "kv",
          "sdpa": "sdpa", "fuse_projections": "fuse", "cuda_graph": "graph", "compile_layers": "layers",
@@ -1323,16 +1323,9 @@ def _check_output(out_path: Path) -> str:
     fmt = out_path.suffix.lower()  # any case: R.MD, report.HTML
     if fmt not in (".html", ".md"):
         raise ValueError(f"report: output must end in .html or .md (any case), got {out_path.name!r}")
-    if out_path.is_dir():
-        raise ValueError(f"report: output {out_path} is a folder")
-    # the folder is made when the report is written; here only whether it can be
-    existing = out_path.absolute().parent
-    while not existing.exists():
-        existing = existing.parent
-    if not existing.is_dir():
-        raise ValueError(f"report: cannot write {out_path}: {existing} is not a folder")
-    if not os.access(existing, os.W_OK):
-        raise ValueError(f"report: cannot write {out_path}: {existing} is not writable")
+    why = unwritable(out_path)  # the folder is made when the report is written; here only whether it can be
+    if why is not None:
+        raise ValueError(f"report: cannot write {out_path}: {why}")
     return fmt
 
 

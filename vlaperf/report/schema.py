@@ -88,6 +88,28 @@ def validate_result(result) -> dict:
     return result
 
 
+def unwritable(path: str | Path) -> str | None:
+    """Why a file cannot be written at `path` (None: it can), asked before a run rather than after it: an
+    existing folder, under a file, or in a folder this process cannot write to. Folders missing on the way
+    are made at the write, in the nearest one that exists."""
+    import tempfile
+
+    path = Path(path).absolute()
+    if path.is_dir():
+        return f"{str(path)!r} is a folder"
+    folder = path.parent
+    while not folder.exists():
+        folder = folder.parent
+    if not folder.is_dir():
+        return f"{str(folder)!r} is a file, not a folder"
+    try:  # a real write: os.access says yes to root on read-only and pseudo file systems (/proc)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as e:
+        return f"cannot write in {str(folder)!r} ({e.strerror or e})"
+    return None
+
+
 def write_result(result: dict, path: str | Path) -> Path:
     validate_result(result)
     p = Path(path)

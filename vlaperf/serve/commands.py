@@ -17,9 +17,8 @@ import argparse
 import os
 import sys
 
-from vlaperf.cli import MAX_BATCH, add_action_horizon, add_compile_cache, add_conventions, batch_int, device_arg, output_file
-from vlaperf.cli import port_int, seed_int
-from vlaperf.cli import steps_int, wide_console, workload_arg
+from vlaperf.cli import MAX_BATCH, add_action_horizon, add_compile_cache, add_conventions, batch_int, device_arg, number_arg
+from vlaperf.cli import output_file, port_int, seed_int, steps_int, wide_console, workload_arg
 from vlaperf.cli import non_negative_float as _non_negative_float
 from vlaperf.cli import non_negative_int as _non_negative_int
 from vlaperf.cli import positive_float as _positive_float
@@ -50,12 +49,8 @@ def _check_port_free(host: str, port: int) -> None:
             raise CliError(f"cannot listen on {host}:{port}: {e.strerror or e}") from None
 
 
-def _image_side(text: str) -> int:
-    """A camera image's side as the server takes it (vlaperf.inputs: 4..4096 pixels)."""
-    value = _positive_int(text)
-    if not 4 <= value <= 4096:
-        raise argparse.ArgumentTypeError(f"expected an integer in 4..4096 (the server's image sizes), got {text!r}")
-    return value
+# a camera image's side as the server takes it (vlaperf.inputs: 4..4096 pixels)
+_image_side = number_arg(int, 4, maximum=4096)
 
 
 def _int_list(text: str) -> list[int]:
