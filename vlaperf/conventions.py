@@ -49,8 +49,6 @@ class Conventions:
             return f"conventions {self.name!r} are for {self.family} checkpoints; the model is {family}"
         if self.layout is not None and self.layout != layout:
             return f"conventions {self.name!r} are for the {self.layout} layout; the workload's is {layout}"
-        if self.delta_action_mask and layout == "libero" and len(self.delta_action_mask) > 7:
-            return f"conventions {self.name!r}: the delta mask covers {len(self.delta_action_mask)} dims, LIBERO has 7"
         return None
 
     # ---------------------------------------------------------------- the state, in
