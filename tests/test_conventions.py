@@ -22,6 +22,8 @@ from vlaperf.policy import Policy
 from vlaperf.workloads import get_workload
 
 TINY = get_workload("tiny")  # libero layout: state 8, robot actions 7, horizon 10
+# openpi's pi0 conventions were trained with 50 actions a chunk: a tiny model of that chunk
+TINY50 = dataclasses.replace(TINY, horizon=50)
 
 
 def _noise(workload, config, seed=0):
@@ -30,24 +32,25 @@ def _noise(workload, config, seed=0):
 
 def test_pi0_libero_adds_the_state_back_to_the_first_six_actions(tmp_path):
     """openpi's pi0_libero: unnormalize, then add the (raw) state on dims 0-5; the gripper stays absolute."""
-    model = build_model("tiny")
-    noise = _noise(TINY, model.config)
+    model = build_model(TINY50.model_config())
+    noise = _noise(TINY50, model.config)
     stats = {"norm_stats": {"state": {"mean": [0.5] * 8, "std": [2.0] * 8},
                             "actions": {"mean": [0.1] * 7, "std": [3.0] * 7}}}
     (tmp_path / "norm_stats.json").write_text(json.dumps(stats))
     ns = NormStats.load(tmp_path, quantile=False)
-    plain = Policy(model, model.sample_actions, TINY, noise=noise, norm_stats=ns)
-    delta = Policy(model, model.sample_actions, TINY, noise=noise, norm_stats=ns, conventions="openpi:pi0_libero")
-    ex = make_example(TINY, seed=2)
+    plain = Policy(model, model.sample_actions, TINY50, noise=noise, norm_stats=ns)
+    delta = Policy(model, model.sample_actions, TINY50, noise=noise, norm_stats=ns, conventions="openpi:pi0_libero")
+    ex = make_example(TINY50, seed=2)
     a, b = plain.infer(ex)["actions"], delta.infer(ex)["actions"]
     state = np.asarray(ex["observation/state"], np.float64)
     np.testing.assert_allclose(b[:, :6], a[:, :6] + state[:6], rtol=1e-5, atol=1e-5)
     np.testing.assert_array_equal(b[:, 6], a[:, 6])
     # a batch: each sample gets its own state back
-    exs = [make_example(TINY, seed=s) for s in (3, 4)]
-    batched = Policy(model, model.sample_actions, TINY, norm_stats=ns, conventions="openpi:pi0_libero",
-                     noise=_noise(TINY, model.config).repeat(2, 1, 1))
-    plain2 = Policy(model, model.sample_actions, TINY, norm_stats=ns, noise=_noise(TINY, model.config).repeat(2, 1, 1))
+    exs = [make_example(TINY50, seed=s) for s in (3, 4)]
+    batched = Policy(model, model.sample_actions, TINY50, norm_stats=ns, conventions="openpi:pi0_libero",
+                     noise=_noise(TINY50, model.config).repeat(2, 1, 1))
+    plain2 = Policy(model, model.sample_actions, TINY50, norm_stats=ns,
+                    noise=_noise(TINY50, model.config).repeat(2, 1, 1))
     got, base = batched.infer(exs)["actions"], plain2.infer(exs)["actions"]
     for i, e in enumerate(exs):
         np.testing.assert_allclose(got[i, :, :6], base[i, :, :6] + e["observation/state"][:6], rtol=1e-5, atol=1e-5)
@@ -83,8 +86,8 @@ def test_aloha_adapt_to_pi_maps_the_state_in_and_the_actions_out():
 def test_aloha_policy_with_conventions_end_to_end():
     """A tiny ALOHA-layout policy: the transform sees the state in pi's space (normalized from there) and
     the actions come out in ALOHA's."""
-    cfg = get_config("tiny", action_dim=16)
-    workload = dataclasses.replace(TINY, id="tiny-aloha", layout="aloha", state_dim=14, robot_action_dim=14,
+    cfg = get_config("tiny", action_dim=16, action_horizon=50)
+    workload = dataclasses.replace(TINY50, id="tiny-aloha", layout="aloha", state_dim=14, robot_action_dim=14,
                                    action_dim=16)
     model = build_model(cfg)
     noise = _noise(workload, cfg)
@@ -100,6 +103,10 @@ def test_aloha_policy_with_conventions_end_to_end():
     np.testing.assert_allclose(adapted.infer(ex)["actions"], want, rtol=1e-5, atol=1e-5)
     with pytest.raises(ValueError, match="for the aloha layout; the workload's is libero"):
         Policy(build_model("tiny"), None, TINY, conventions="openpi:pi0_aloha")
+    # a model of another chunk than the conventions were trained with would serve other actions silently
+    with pytest.raises(ValueError, match="'openpi:pi0_libero' were trained with 50 actions a chunk; the model has "
+                                         "10 .*--action-horizon 50"):
+        Policy(build_model("tiny"), None, TINY, conventions="openpi:pi0_libero")
 
 
 def test_pi05_prompt_state_follows_the_conventions():
@@ -169,8 +176,8 @@ def test_bench_with_another_action_horizon_runs_and_records_it(tmp_path):
 def test_server_metadata_names_the_conventions():
     from vlaperf.serve.server import PolicyServer
 
-    model = build_model("tiny")
-    policy = Policy(model, model.sample_actions, TINY, conventions="openpi:pi0_libero")
+    model = build_model(TINY50.model_config())
+    policy = Policy(model, model.sample_actions, TINY50, conventions="openpi:pi0_libero")
     meta = PolicyServer(policy, port=0, warmup_batch_sizes=())._build_metadata()
     assert meta["conventions"] == "openpi:pi0_libero" and meta["checkpoint"] is None  # random weights
     model.checkpoint = {"path": "/secret/dir/model.safetensors", "layout": "openpi"}
@@ -185,3 +192,130 @@ def test_world_action_workloads_refuse_an_action_horizon(capsys):
 
     assert main(["bench", "--workload", "wam-tiny", "--device", "cpu", "--action-horizon", "8"]) == 2
     assert "--action-horizon: the pi0 family's chunk" in capsys.readouterr().err
+
+
+# ------------------------------------------------------------------- DROID and pi0.5 ALOHA layouts
+
+# A tiny model in DROID's layout: openpi's pi05_droid (state 8 = 7 joints + the gripper, 8 actions, 15 a chunk)
+TINY_DROID = dataclasses.replace(TINY, id="tiny-droid", layout="droid", robot_action_dim=8, horizon=15)
+
+
+def _droid_as_libero(ex):
+    return {"observation/image": ex["observation/exterior_image_1_left"],
+            "observation/wrist_image": ex["observation/wrist_image_left"],
+            "observation/state": np.concatenate([ex["observation/joint_position"],
+                                                 np.atleast_1d(ex["observation/gripper_position"])]),
+            "prompt": ex["prompt"]}
+
+
+def test_droid_observation_is_libero_s_with_openpi_s_keys():
+    """openpi's DroidInputs: the exterior camera in the base slot, the wrist camera in the left wrist slot, the
+    right wrist slot zeros and masked; the state is the 7 joints then the gripper (a 1-value array or a scalar)."""
+    cfg = get_config("tiny", pi05=True, action_horizon=15)
+    droid = ObservationTransform(TINY_DROID, cfg, conventions="openpi:pi05_droid")
+    libero = ObservationTransform(dataclasses.replace(TINY_DROID, layout="libero"), cfg)
+    ex = make_example(TINY_DROID, seed=4)
+    assert ex["observation/joint_position"].shape == (7,) and ex["observation/gripper_position"].shape == (1,)
+    want = libero(_droid_as_libero(ex))
+    for scalar in (False, True):
+        if scalar:
+            ex["observation/gripper_position"] = float(ex["observation/gripper_position"][0])
+        got = droid(ex)
+        assert got.image_mask.tolist() == [[True, True, False]]
+        for a, b in zip(got.tensors(), want.tensors()):
+            assert torch.equal(a, b)  # the state is also in pi0.5's prompt: the tokens agree too
+    for key, value, message in [
+        ("observation/joint_position", np.zeros(6), "observation/joint_position: expected 7 values, got 6"),
+        ("observation/gripper_position", np.zeros(2), "observation/gripper_position: expected 1 value, got 2"),
+        ("observation/gripper_position", np.array([np.nan]), "observation/gripper_position: state holds NaN"),
+        ("observation/wrist_image_left", np.zeros((5, 5)), "observation/wrist_image_left: expected a 3-d image"),
+    ]:
+        bad = dict(make_example(TINY_DROID, seed=4), **{key: value})
+        with pytest.raises(ValueError, match=message):
+            droid.validate(bad)
+    bad = make_example(TINY_DROID, seed=4)
+    del bad["observation/exterior_image_1_left"]
+    with pytest.raises(ValueError, match="missing key 'observation/exterior_image_1_left'"):
+        droid.validate(bad)
+
+
+def test_droid_policy_serves_eight_actions_of_its_chunk():
+    """pi05_droid: 15 actions a chunk, the first 8 dims (DroidOutputs), absolute; a model of another chunk is
+    refused; the conventions need the DROID layout."""
+    cfg = get_config("tiny", pi05=True, action_horizon=15)
+    model = build_model(cfg)
+    policy = Policy(model, model.sample_actions, TINY_DROID, noise=_noise(TINY_DROID, cfg),
+                    conventions="openpi:pi05_droid")
+    out = policy.infer(make_example(TINY_DROID, seed=1))["actions"]
+    assert out.shape == (15, 8) and out.dtype == np.float32
+    plain = Policy(model, model.sample_actions, TINY_DROID, noise=_noise(TINY_DROID, cfg))
+    np.testing.assert_array_equal(out, plain.infer(make_example(TINY_DROID, seed=1))["actions"])
+    with pytest.raises(ValueError, match="'openpi:pi05_droid' are for the droid layout; the workload's is libero"):
+        Policy(model, model.sample_actions, dataclasses.replace(TINY_DROID, layout="libero"),
+               conventions="openpi:pi05_droid")
+    with pytest.raises(ValueError, match="'openpi:pi0_droid' are for pi0 checkpoints; the model is pi05"):
+        Policy(model, model.sample_actions, TINY_DROID, conventions="openpi:pi0_droid")
+
+
+def test_default_prompt_fills_a_missing_prompt_only():
+    """openpi's InjectDefaultPrompt (pi0_aloha_towel's "fold the towel"): used where the observation has no
+    prompt; a given prompt wins; without a default the prompt stays required."""
+    cfg = get_config("tiny", action_dim=16, action_horizon=50)
+    workload = dataclasses.replace(TINY50, layout="aloha", state_dim=14, robot_action_dim=14, action_dim=16)
+
+    class Recorder:
+        text = None
+
+        def encode(self, text):
+            Recorder.text = text
+            return [2, 5]
+
+    towel = ObservationTransform(workload, cfg, Recorder(), conventions="openpi:pi0_aloha_towel")
+    ex = make_example(workload, seed=0)
+    towel.host_arrays(ex)
+    assert Recorder.text == ex["prompt"]
+    del ex["prompt"]
+    towel.validate(ex)
+    towel.host_arrays(ex)
+    assert Recorder.text == "fold the towel"
+    with pytest.raises(ValueError, match="prompt: missing"):
+        ObservationTransform(workload, cfg, Recorder(), conventions="openpi:pi0_aloha").validate(ex)
+    assert CONVENTIONS["openpi:pi05_aloha_pen_uncap"].default_prompt == "uncap the pen"
+    assert CONVENTIONS["openpi:pi05_aloha"].family == "pi05" and CONVENTIONS["openpi:pi05_aloha"].delta_action_mask
+
+
+@pytest.mark.parametrize("workload_id, conventions, horizon", [
+    ("droid-pi0", "openpi:pi0_droid", 10), ("droid-pi05", "openpi:pi05_droid", 15),
+    ("aloha-pi05", "openpi:pi05_aloha", 50), ("aloha-pi05", "openpi:pi05_aloha_pen_uncap", 50),
+])
+def test_each_openpi_config_has_a_workload_of_its_layout(workload_id, conventions, horizon):
+    """The serving workloads of openpi's DROID and pi0.5 ALOHA configs: their model is their preset with their
+    chunk, and the CLI's shape for their conventions is the workload as it is."""
+    from vlaperf.cli import resolve_shape
+
+    base = get_workload(workload_id)
+    assert base.model_config().action_horizon == base.horizon == horizon
+    args = dataclasses.make_dataclass("A", [("conventions", object), ("action_horizon", object), ("batch", object),
+                                            ("steps", object)])
+    w, cfg = resolve_shape(args(conventions, None, None, None), base)
+    assert w == base and cfg == base.model_config() and w.overrides_vs(base) == {}
+
+
+def test_droid_server_round_trip():
+    """A DROID-layout policy behind the server: an openpi DROID client's observation in, (15, 8) actions out;
+    the warm-up's synthetic observations are DROID's too."""
+    pytest.importorskip("websockets")
+    from vlaperf.serve.client import Client
+    from vlaperf.serve.server import PolicyServer
+
+    cfg = get_config("tiny", pi05=True, action_horizon=15)
+    model = build_model(cfg)
+    server = PolicyServer(Policy(model, model.sample_actions, TINY_DROID, conventions="openpi:pi05_droid"),
+                          port=0).start()
+    try:
+        with Client(server.url) as client:
+            assert client.metadata["conventions"] == "openpi:pi05_droid" and client.metadata["action_horizon"] == 15
+            reply = client.infer(make_example(TINY_DROID, seed=2))
+            assert reply["actions"].shape == (15, 8)
+    finally:
+        server.stop()

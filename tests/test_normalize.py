@@ -3,6 +3,7 @@ wired through the policy and `vlaperf serve`."""
 
 from __future__ import annotations
 
+import dataclasses
 import json
 
 import numpy as np
@@ -237,7 +238,7 @@ def test_lerobot_folder_takes_the_normalizer_not_the_unnormalizer(tmp_path):
 
 def test_lerobot_pipeline_json_gives_the_modes_and_eps(tmp_path):
     """policy_preprocessor.json's normalizer step: its norm_map replaces the model's default mode per feature
-    type, its eps is used; modes vlaperf lacks and relative actions are refused, naming the file."""
+    type, its eps is used; modes vlaperf lacks are refused, naming the file."""
     doc = _lerobot_folder(tmp_path, norm_map={"VISUAL": "IDENTITY", "STATE": "MEAN_STD", "ACTION": "IDENTITY"},
                           eps=1e-3)
     ns = NormStats.load(tmp_path, quantile=True)  # a pi0.5 fine-tuned with MEAN_STD on the state
@@ -250,10 +251,6 @@ def test_lerobot_pipeline_json_gives_the_modes_and_eps(tmp_path):
     assert "z-score (mean/std) of state" in ns.describe() and "policy_preprocessor.json" in ns.describe()
     _lerobot_folder(tmp_path, norm_map={"STATE": "MIN_MAX", "ACTION": "MEAN_STD"})
     with pytest.raises(NormStatsError, match="norm_map.STATE is 'MIN_MAX'; vlaperf applies MEAN_STD, QUANTILES"):
-        NormStats.load(tmp_path, quantile=False)
-    _lerobot_folder(tmp_path, steps=[{"registry_name": "relative_actions_processor", "config": {"enabled": True}}],
-                    norm_map={"STATE": "MEAN_STD", "ACTION": "MEAN_STD"})
-    with pytest.raises(NormStatsError, match="relative to the state"):
         NormStats.load(tmp_path, quantile=False)
     (tmp_path / "policy_preprocessor.json").write_text(json.dumps({"steps": []}))
     with pytest.raises(NormStatsError, match="expected one 'normalizer_processor' step"):
@@ -314,3 +311,63 @@ def test_a_statistic_the_mode_does_not_read_may_be_nan(tmp_path):
     with pytest.raises(NormStatsError, match="norm_stats.state.q01: expected a non-empty list of finite numbers, got "
                                              "non-finite values"):
         NormStats.load(path, quantile=True)
+
+
+ARM = ["shoulder_pan.pos", "shoulder_lift.pos", "elbow_flex.pos", "wrist_flex.pos", "wrist_roll.pos", "extra.pos",
+       "Gripper.pos"]
+
+
+@pytest.mark.parametrize("config, mask", [
+    ({"enabled": True, "exclude_joints": ["gripper"], "action_names": ARM}, [True] * 6 + [False]),
+    ({"enabled": True, "exclude_joints": ["gripper"], "action_names": None}, [True] * 7),  # no names: all
+    ({"enabled": True, "exclude_joints": [], "action_names": ARM}, [True] * 7),
+    ({"enabled": True, "exclude_joints": ["wrist", "pan"], "action_names": ARM[:5]},
+     [False, True, True, False, False, True, True]),  # names shorter than the actions: the rest relative
+    ({"enabled": False, "exclude_joints": ["gripper"], "action_names": ARM}, None),
+])
+def test_lerobot_relative_actions_get_the_state_back(tmp_path, config, mask):
+    """LeRobot's relative_actions_processor (use_relative_actions): trained on action - raw state on the dims
+    whose names hold none of exclude_joints (case-insensitive); the policy adds the raw state back after
+    unnormalizing, as LeRobot's AbsoluteActionsProcessorStep does."""
+    _lerobot_folder(tmp_path, steps=[{"registry_name": "relative_actions_processor", "config": config}],
+                    norm_map={"STATE": "MEAN_STD", "ACTION": "MEAN_STD"})
+    ns = NormStats.load(tmp_path, quantile=False)
+    if mask is None:
+        assert ns.relative_actions is None
+        return
+    assert list(ns.relative_actions.mask(7)) == mask
+    assert "actions relative to the state, added back" in ns.describe()
+    w = get_workload("tiny")
+    model = build_model("tiny")
+    noise = torch.randn(1, w.horizon, model.config.action_dim, generator=torch.Generator().manual_seed(0))
+    plain_ns = dataclasses.replace(ns, relative_actions=None)
+    ex = make_example(w, seed=3)
+    got = Policy(model, model.sample_actions, w, noise=noise, norm_stats=ns).infer(ex)["actions"]
+    want = Policy(model, model.sample_actions, w, noise=noise, norm_stats=plain_ns).infer(ex)["actions"]
+    state = np.asarray(ex["observation/state"], np.float64)[:7]
+    np.testing.assert_allclose(got, want + np.where(mask, state, 0.0), rtol=1e-5, atol=1e-5)
+    # openpi's pi0_libero adds the state back too: both would add it twice
+    tiny50 = dataclasses.replace(w, horizon=50)
+    with pytest.raises(ValueError, match="conventions 'openpi:pi0_libero' do too"):
+        Policy(build_model(tiny50.model_config()), None, tiny50, norm_stats=ns, conventions="openpi:pi0_libero")
+
+
+def test_lerobot_relative_actions_config_is_checked(tmp_path, capsys, monkeypatch):
+    """A malformed relative-actions step is refused naming its field; `serve` refuses relative actions with
+    conventions that add the state back too, before the model is built."""
+    from vlaperf.cli import main as run_cli
+
+    _lerobot_folder(tmp_path, steps=[{"registry_name": "relative_actions_processor",
+                                      "config": {"enabled": True, "exclude_joints": ["gripper"]}}],
+                    norm_map={"STATE": "MEAN_STD", "ACTION": "MEAN_STD"})
+    monkeypatch.setattr("vlaperf.cli.setup", lambda args: pytest.fail("the model was built"))
+    assert run_cli(["serve", "--device", "cpu", "--port", "0", "--norm-stats", str(tmp_path),
+                    "--conventions", "openpi:pi0_libero"]) == 2
+    err = capsys.readouterr().err
+    assert "--norm-stats: " in err and "conventions 'openpi:pi0_libero' do too" in err, err
+    _lerobot_folder(tmp_path, steps=[{"registry_name": "relative_actions_processor",
+                                      "config": {"enabled": True, "exclude_joints": "gripper"}}],
+                    norm_map={"STATE": "MEAN_STD", "ACTION": "MEAN_STD"})
+    with pytest.raises(NormStatsError, match="relative_actions_processor's config.exclude_joints: expected a list of "
+                                             "strings, got 'gripper'"):
+        NormStats.load(tmp_path, quantile=False)

@@ -146,7 +146,7 @@ def resolve_shape(args, base):
             raise CliError(f"--action-horizon {horizon}: --conventions {conventions.name} were trained with "
                            f"{conventions.action_horizon} actions a chunk")
         horizon = conventions.action_horizon
-    config = get_config(base.preset)
+    config = base.model_config()
     why = conventions.fits(config.pi05, base.layout)
     if why is not None:
         raise CliError(f"--conventions: {why} (workload {base.id})")

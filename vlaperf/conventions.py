@@ -12,11 +12,13 @@ training configs differ in four ways that change the actions a real checkpoint r
 - pi0.5's state in the prompt: openpi's pi05_libero keeps it out (its prompt is pi0's), its other
   pi0.5 configs and LeRobot's pi0.5 put the discretised state into the prompt (LeRobot 0.4 after
   padding it to 32 dimensions);
-- the action horizon: pi0.5 checkpoints were trained with 10 (pi05_libero) or 50 (ALOHA, LeRobot)
-  actions a chunk; the suffix must have as many action tokens.
+- the action horizon: checkpoints were trained with 10 (pi05_libero, pi0_droid), 15 (pi05_droid) or
+  50 (the others) actions a chunk; the suffix must have as many action tokens.
 
-`Conventions` holds them; `CONVENTIONS` names the ones of the public configs that fit vlaperf's
-workloads (LIBERO and ALOHA layouts). "none" is the model's own units: random weights, benchmarks.
+Some configs also name a default prompt, used when an observation carries none (openpi's
+InjectDefaultPrompt). `Conventions` holds all this; `CONVENTIONS` names the ones of the public configs
+that fit vlaperf's workloads (LIBERO, ALOHA and DROID layouts). "none" is the model's own units: random
+weights, benchmarks.
 """
 
 from __future__ import annotations
@@ -31,7 +33,7 @@ class Conventions:
     name: str
     description: str
     family: str | None = None  # "pi0" or "pi05": the model it was trained with (None: any)
-    layout: str | None = None  # "libero" or "aloha": the observation layout (None: any)
+    layout: str | None = None  # "libero", "aloha" or "droid": the observation layout (None: any)
     # Dimensions whose actions are relative to the state: the state is added back after unnormalizing
     delta_action_mask: tuple[bool, ...] = ()
     aloha_adapt_to_pi: bool = False  # openpi's ALOHA joint flips and gripper conversions
@@ -41,6 +43,7 @@ class Conventions:
     # the newline token; "lerobot": BOS + the task as given with a newline at its end (LeRobot's pi0 processor)
     prompt_style: str = "openpi"
     action_horizon: int | None = None  # the chunk the checkpoint was trained with (None: the preset's)
+    default_prompt: str | None = None  # the prompt of an observation without one (None: the prompt is required)
 
     def fits(self, pi05: bool, layout: str) -> str | None:
         """Why these conventions do not fit a model / workload (None: they do)."""
@@ -126,11 +129,21 @@ CONVENTIONS: dict[str, Conventions] = {c.name: c for c in (
     Conventions("openpi:pi05_libero", "openpi pi05_libero: absolute actions, the state kept out of the prompt (pi0's "
                 "prompt), 10 actions a chunk", family="pi05", layout="libero", state_in_prompt=False,
                 action_horizon=10),
-    Conventions("openpi:pi0_aloha", "openpi pi0_aloha (and _towel, _tupperware): ALOHA adapted to pi's space, the "
-                "joints relative to the state, the grippers absolute, 50 actions a chunk", family="pi0", layout="aloha",
-                delta_action_mask=_mask(6, -1, 6, -1), aloha_adapt_to_pi=True, action_horizon=50),
+    *(Conventions(f"openpi:{name}", f"openpi {name}: ALOHA adapted to pi's space, the joints relative to the state, "
+                  "the grippers absolute, 50 actions a chunk" + (f", default prompt {prompt!r}" if prompt else ""),
+                  family="pi05" if name.startswith("pi05") else "pi0", layout="aloha",
+                  delta_action_mask=_mask(6, -1, 6, -1), aloha_adapt_to_pi=True, action_horizon=50,
+                  default_prompt=prompt)
+      for name, prompt in (("pi0_aloha", None), ("pi0_aloha_towel", "fold the towel"),
+                           ("pi0_aloha_tupperware", "open the tupperware and put the food on the plate"),
+                           ("pi0_aloha_pen_uncap", "uncap the pen"), ("pi05_aloha", None),
+                           ("pi05_aloha_pen_uncap", "uncap the pen"))),
     Conventions("openpi:pi0_aloha_sim", "openpi pi0_aloha_sim: ALOHA adapted to pi's space, absolute actions, 50 "
                 "actions a chunk", family="pi0", layout="aloha", aloha_adapt_to_pi=True, action_horizon=50),
+    Conventions("openpi:pi0_droid", "openpi pi0_droid: DROID's joint velocities and gripper, absolute, 10 actions "
+                "a chunk", family="pi0", layout="droid", action_horizon=10),
+    Conventions("openpi:pi05_droid", "openpi pi05_droid: DROID's joint velocities and gripper, absolute, the state "
+                "in the prompt, 15 actions a chunk", family="pi05", layout="droid", action_horizon=15),
     Conventions("lerobot:pi0", "LeRobot pi0: absolute actions, the prompt as given (BOS + text + newline), 50 "
                 "actions a chunk", family="pi0", prompt_style="lerobot", action_horizon=50),
     Conventions("lerobot:pi05", "LeRobot 0.5+ pi0.5: absolute actions, the state in the prompt, 50 actions a chunk",

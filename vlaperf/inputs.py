@@ -1,5 +1,5 @@
 """Model inputs: the Observation type, random observations per workload, and the openpi
-LIBERO / ALOHA numpy-dict layouts that a policy server receives (policy mode).
+LIBERO / ALOHA / DROID numpy-dict layouts that a policy server receives (policy mode).
 
 Shapes (axis letters as in vlaperf.models.pi0):
     images      (B, S, 3, R, R) float, in [-1, 1]   R = the model's image size (224)
@@ -23,7 +23,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from vlaperf.models.pi0 import Pi0Config, get_config
+from vlaperf.models.pi0 import Pi0Config
 from vlaperf.workloads import Workload
 
 # openpi's camera slot names, in the order the model embeds them.
@@ -185,7 +185,7 @@ def random_observation(
     """A random observation with the workload's shapes: valid image slots hold random pixels,
     masked slots hold the all-zero uint8 image (-1 after normalisation, as openpi's LIBERO
     transform produces), prompts have the workload's valid token counts, state is padded."""
-    cfg = config or get_config(workload.preset)
+    cfg = config or workload.model_config()
     check_fits(workload, cfg)
     gen = torch.Generator().manual_seed(seed)
     B, S, R = workload.batch, workload.image_slots, cfg.vision.image_size
@@ -224,7 +224,7 @@ def check_fits(workload: Workload, config: Pi0Config) -> None:
 
 def random_noise(workload: Workload, config: Pi0Config | None = None, device="cpu", seed: int = 0) -> Tensor:
     """Fixed initial noise (B, H, A) float32 for reproducible sampling."""
-    cfg = config or get_config(workload.preset)
+    cfg = config or workload.model_config()
     check_fits(workload, cfg)
     gen = torch.Generator().manual_seed(seed + 1)
     return torch.randn(workload.batch, workload.horizon, cfg.action_dim, generator=gen).to(device)
@@ -256,7 +256,8 @@ def make_example(workload: Workload, seed: int = 0, image_size: int = 224) -> di
 
     libero: observation/image, observation/wrist_image (H, W, 3 uint8), observation/state (8,),
             prompt.   aloha: images/{cam_high, cam_left_wrist, cam_right_wrist} (3, H, W uint8),
-            state (14,), prompt.
+            state (14,), prompt.   droid: observation/exterior_image_1_left, observation/wrist_image_left
+            (H, W, 3 uint8), observation/joint_position (7,), observation/gripper_position (1,), prompt.
     """
     rng = np.random.default_rng(seed)
     prompt = PROMPTS[seed % len(PROMPTS)]
@@ -264,6 +265,10 @@ def make_example(workload: Workload, seed: int = 0, image_size: int = 224) -> di
     if workload.layout == "libero":
         img = lambda: rng.integers(0, 256, (image_size, image_size, 3), dtype=np.uint8)  # noqa: E731
         return {"observation/image": img(), "observation/wrist_image": img(), "observation/state": state, "prompt": prompt}
+    if workload.layout == "droid":
+        img = lambda: rng.integers(0, 256, (image_size, image_size, 3), dtype=np.uint8)  # noqa: E731
+        return {"observation/exterior_image_1_left": img(), "observation/wrist_image_left": img(),
+                "observation/joint_position": state[:-1], "observation/gripper_position": state[-1:], "prompt": prompt}
     if workload.layout == "aloha":
         img = lambda: rng.integers(0, 256, (3, image_size, image_size), dtype=np.uint8)  # noqa: E731
         cams = ("cam_high", "cam_left_wrist", "cam_right_wrist")
@@ -313,6 +318,23 @@ def _image(value: Any, key: str, channels_first: bool) -> np.ndarray:
     raise InputError(f"{key}: expected uint8 or float pixels, got dtype {arr.dtype}")
 
 
+def _state_part(example: dict, key: str, size: int, scalar_ok: bool = False) -> np.ndarray:
+    """A 1-d numeric state field of `size` values (a 0-d value where `scalar_ok`)."""
+    value = np.asarray(_get(example, key))
+    if scalar_ok and value.ndim == 0:
+        value = value[None]
+    if value.dtype.kind not in "iuf" or value.ndim != 1:
+        raise InputError(f"{key}: expected a 1-d numeric array, got dtype {value.dtype} shape {value.shape}")
+    if value.shape[0] != size:
+        raise InputError(f"{key}: expected {size} value{'s' * (size != 1)}, got {value.shape[0]}")
+    if not np.isfinite(value).all():
+        raise InputError(f"{key}: state holds NaN or inf")
+    return value
+
+
+# The camera keys of openpi's LIBERO and DROID clients: the base (exterior) view, then the wrist
+LIBERO_CAMERAS = ("observation/image", "observation/wrist_image")
+DROID_CAMERAS = ("observation/exterior_image_1_left", "observation/wrist_image_left")
 # Float pixels this far outside [0, 1] (a resize's overshoot, rounding) are clipped; beyond it they are an error
 FLOAT_PIXEL_SLACK = 1e-3
 # A prompt longer than this many characters is refused before it is tokenized: the model keeps at most 48 tokens
@@ -321,7 +343,7 @@ MAX_PROMPT_CHARS = 4096
 
 
 class ObservationTransform:
-    """openpi LIBERO / ALOHA dicts -> Observation on the device.
+    """openpi LIBERO / ALOHA / DROID dicts -> Observation on the device.
 
     Validates every field (clear errors naming it), resizes with padding to the model's
     image size, normalises to [-1, 1], tokenizes the prompt (plus the discretised state for
@@ -352,10 +374,11 @@ class ObservationTransform:
 
     def _slots(self, example: dict) -> tuple[list[np.ndarray], list[bool]]:
         w = self.workload
-        if w.layout == "libero":
-            base = _image(_get(example, "observation/image"), "observation/image", False)
-            wrist = _image(_get(example, "observation/wrist_image"), "observation/wrist_image", False)
-            # LIBERO has no right wrist camera: openpi feeds zeros with the mask off.
+        if w.layout in ("libero", "droid"):
+            keys = DROID_CAMERAS if w.layout == "droid" else LIBERO_CAMERAS
+            base = _image(_get(example, keys[0]), keys[0], False)
+            wrist = _image(_get(example, keys[1]), keys[1], False)
+            # LIBERO and DROID have no right wrist camera: openpi feeds zeros with the mask off.
             return [base, wrist, np.zeros_like(base)], [True, True, False]
         cams = ("cam_high", "cam_left_wrist", "cam_right_wrist")
         images = example.get("images")
@@ -375,14 +398,14 @@ class ObservationTransform:
         return [a if a is not None else np.zeros_like(ref) for a in out], valid
 
     def _state(self, example: dict) -> np.ndarray:
-        key = "observation/state" if self.workload.layout == "libero" else "state"
-        state = np.asarray(_get(example, key))
-        if state.dtype.kind not in "iuf" or state.ndim != 1:
-            raise InputError(f"{key}: expected a 1-d numeric array, got dtype {state.dtype} shape {state.shape}")
-        if state.shape[0] != self.workload.state_dim:
-            raise InputError(f"{key}: expected {self.workload.state_dim} values, got {state.shape[0]}")
-        if not np.isfinite(state).all():
-            raise InputError(f"{key}: state holds NaN or inf")
+        if self.workload.layout == "droid":
+            # openpi's DroidInputs: the joints, then the gripper (a scalar or a 1-value array)
+            joints = _state_part(example, "observation/joint_position", self.workload.state_dim - 1)
+            gripper = _state_part(example, "observation/gripper_position", 1, scalar_ok=True)
+            key, state = "observation/joint_position and gripper_position", np.concatenate([joints, gripper])
+        else:
+            key = "observation/state" if self.workload.layout == "libero" else "state"
+            state = _state_part(example, key, self.workload.state_dim)
         with np.errstate(over="ignore"):
             state32 = state.astype(np.float32)
         if not np.isfinite(state32).all():
@@ -390,8 +413,11 @@ class ObservationTransform:
         return state32
 
     def _prompt(self, example: dict) -> str:
-        """The task instruction: required, as openpi's transforms require it (send "" for none)."""
+        """The task instruction: required, as openpi's transforms require it (send "" for none), unless the
+        conventions have a default prompt (openpi's InjectDefaultPrompt: used where the key is absent)."""
         if "prompt" not in example:
+            if self.conventions.default_prompt is not None:
+                return self.conventions.default_prompt
             raise InputError("prompt: missing; an observation carries its task instruction as 'prompt' (a string; "
                              "'' for none)")
         prompt = example["prompt"]

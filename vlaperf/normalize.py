@@ -18,7 +18,9 @@ modes are pi0's MEAN_STD and pi0.5's QUANTILES as above, with its own arithmetic
 "lerobot" follows: eps (1e-8 unless the checkpoint says otherwise) added to std when normalizing only;
 the quantile span q99 - q01 used as it is (eps only where it is 0), in both directions. A checkpoint
 folder's `policy_preprocessor.json` names the normalizer's file, its eps and its modes per feature type
-(`norm_map`), which then replace the model's defaults.
+(`norm_map`), which then replace the model's defaults, and whether the checkpoint was trained on actions
+relative to the state (its `relative_actions_processor`: `RelativeActions`, which `Policy` undoes after
+unnormalizing, as LeRobot's postprocessor does).
 """
 
 from __future__ import annotations
@@ -57,6 +59,24 @@ class ArrayStats:
 
 
 @dataclass(frozen=True)
+class RelativeActions:
+    """LeRobot's relative actions (`use_relative_actions`): the model was trained on action - state on the
+    dimensions of `mask`, so the raw state is added back after unnormalizing. A dimension is kept absolute
+    where its name (`action_names`) contains one of `exclude_joints`, case-insensitively (by default
+    "gripper"); without names every dimension is relative, as in LeRobot."""
+
+    exclude_joints: tuple[str, ...] = ()
+    action_names: tuple[str, ...] | None = None
+
+    def mask(self, action_dim: int) -> tuple[bool, ...]:
+        excluded = [t.lower() for t in self.exclude_joints if t]
+        if not excluded or self.action_names is None:
+            return (True,) * action_dim
+        mask = [not any(t in name.lower() for t in excluded) for name in self.action_names[:action_dim]]
+        return tuple(mask + [True] * (action_dim - len(mask)))
+
+
+@dataclass(frozen=True)
 class NormStats:
     state: ArrayStats | None
     actions: ArrayStats | None
@@ -67,6 +87,7 @@ class NormStats:
     state_mode: str | None = None
     actions_mode: str | None = None
     lerobot_eps: float = LEROBOT_EPS
+    relative_actions: RelativeActions | None = None  # a LeRobot pipeline's relative actions (None: absolute)
 
     def mode(self, key: str) -> str:
         given = self.state_mode if key == "state" else self.actions_mode
@@ -105,18 +126,12 @@ class NormStats:
     @classmethod
     def _load_lerobot_pipeline(cls, doc_path: Path, quantile: bool) -> "NormStats":
         """A LeRobot checkpoint folder: its preprocessor's normalizer step (the statistics' file, eps, the
-        mode of each feature type). A pipeline that makes the actions relative to the state is refused:
-        the served actions would need the state added back, which vlaperf does not do for LeRobot yet."""
+        mode of each feature type) and its relative-actions step, where enabled."""
         doc = _read_json(doc_path, "LeRobot's pipeline")
         steps = doc.get("steps") if isinstance(doc, dict) else None
         if not isinstance(steps, list) or not all(isinstance(st, dict) for st in steps):
             raise NormStatsError(f"{doc_path}: expected LeRobot's pipeline layout, an object with a 'steps' list")
-        relative = [st for st in steps if st.get("registry_name") == "relative_actions_processor"
-                    and isinstance(st.get("config"), dict) and st["config"].get("enabled")]
-        if relative:
-            raise NormStatsError(f"{doc_path}: the checkpoint was trained on actions relative to the state "
-                                 "(relative_actions_processor enabled); vlaperf does not add the state back to "
-                                 "LeRobot's actions yet, so its served actions would be relative")
+        relative = _relative_actions(doc_path, steps)
         norm = [st for st in steps if st.get("registry_name") == "normalizer_processor"]
         if len(norm) != 1 or not isinstance(norm[0].get("state_file"), str):
             raise NormStatsError(f"{doc_path}: expected one 'normalizer_processor' step with a 'state_file', found "
@@ -139,7 +154,7 @@ class NormStats:
         stats_file = doc_path.parent / Path(norm[0]["state_file"]).name
         loaded = cls._load_lerobot(stats_file, quantile, modes)
         return replace(loaded, state_mode=modes["state"], actions_mode=modes["actions"], lerobot_eps=float(eps),
-                       source=f"{stats_file} ({doc_path.name})")
+                       source=f"{stats_file} ({doc_path.name})", relative_actions=relative)
 
     @classmethod
     def _load_lerobot(cls, path: Path, quantile: bool, modes: dict | None = None) -> "NormStats":
@@ -217,7 +232,32 @@ class NormStats:
             what = f"{names[kinds.pop()]} of {', '.join(keys)}"
         else:
             what = "; ".join(f"{names[self.mode(k)]} of {k}" for k in keys)
-        return f"{what} from {self.source} ({self.convention}'s arithmetic)"
+        relative = ""
+        if self.relative_actions is not None:
+            kept = ", ".join(self.relative_actions.exclude_joints) if self.relative_actions.action_names else ""
+            relative = "; actions relative to the state, added back" + (f" except {kept}" if kept else "")
+        return f"{what} from {self.source} ({self.convention}'s arithmetic){relative}"
+
+
+def _relative_actions(doc_path: Path, steps: list[dict]) -> RelativeActions | None:
+    """The pipeline's enabled `relative_actions_processor` step (None: none, or disabled)."""
+    found = [st for st in steps if st.get("registry_name") == "relative_actions_processor"]
+    config = found[0].get("config") if found else None
+    if not found or not isinstance(config, dict) or not config.get("enabled"):
+        return None
+    if len(found) > 1:
+        raise NormStatsError(f"{doc_path}: expected at most one 'relative_actions_processor' step, found {len(found)}")
+
+    def names(field: str, default):
+        value = config.get(field, default)
+        if value is None and default is None:
+            return None
+        if not isinstance(value, list) or not all(isinstance(v, str) for v in value):
+            raise NormStatsError(f"{doc_path}: relative_actions_processor's config.{field}: expected a list of "
+                                 f"strings, got {value!r}")
+        return tuple(value)
+
+    return RelativeActions(names("exclude_joints", []), names("action_names", None))
 
 
 def _read_json(path: Path, what: str):

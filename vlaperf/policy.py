@@ -6,6 +6,7 @@ numpy observation dict -> validate/resize/normalise/tokenize -> host-to-device -
 
 from __future__ import annotations
 
+import dataclasses
 import time
 from typing import Any, Callable
 
@@ -52,6 +53,25 @@ def load_checkpoint_io(tokenizer_file: str | None, norm_stats_path: str | None, 
     return tokenizer, norm_stats
 
 
+def served_conventions(conventions, norm_stats, workload: Workload):
+    """The conventions a policy serves: `conventions` (a `Conventions`), with a LeRobot pipeline's relative
+    actions (`norm_stats.relative_actions`) as their delta mask, so the raw state is added back after
+    unnormalizing as LeRobot's postprocessor does. ValueError where both would add the state, or the state is
+    shorter than the actions."""
+    relative = getattr(norm_stats, "relative_actions", None)
+    if relative is None:
+        return conventions
+    if conventions.delta_action_mask:
+        raise ValueError(f"{norm_stats.source}: the pipeline makes the actions relative to the state, and conventions "
+                         f"{conventions.name!r} do too (the state would be added twice); a LeRobot checkpoint takes "
+                         "lerobot:pi0, lerobot:pi05 or none")
+    mask = relative.mask(workload.robot_action_dim)
+    if workload.state_dim < len(mask):
+        raise ValueError(f"{norm_stats.source}: relative actions need a state of at least the {len(mask)} action "
+                         f"dims; the workload's state has {workload.state_dim}")
+    return dataclasses.replace(conventions, delta_action_mask=mask)
+
+
 class Policy:
     """`infer(example) -> {"actions": (H, robot_action_dim) float32, "policy_timing": {...}}`.
 
@@ -75,7 +95,12 @@ class Policy:
         self.device = model.action_in_proj.weight.device
         self.norm_stats = norm_stats
         self.transform = ObservationTransform(workload, model.config, tokenizer, self.device, norm_stats, conventions)
-        self.conventions = self.transform.conventions
+        self.conventions = served_conventions(self.transform.conventions, norm_stats, workload)
+        trained = self.conventions.action_horizon
+        if trained is not None and trained != model.config.action_horizon:
+            raise ValueError(f"conventions {self.conventions.name!r} were trained with {trained} actions a chunk; the "
+                             f"model has {model.config.action_horizon} (build it with action_horizon={trained}, "
+                             f"`vlaperf serve --action-horizon {trained}`)")
         self.num_steps = workload.steps if num_steps is None else num_steps
         from vlaperf.models.pi0 import MAX_NUM_STEPS
 

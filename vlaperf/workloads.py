@@ -34,11 +34,19 @@ class Workload:
     horizon: int
     action_dim: int  # the model's (padded) action dim
     steps: int
-    layout: str  # openpi observation key layout for policy mode: "libero" | "aloha"
+    layout: str  # openpi observation key layout for policy mode: "libero" | "aloha" | "droid"
 
     @property
     def image_slots(self) -> int:
         return len(self.image_valid)
+
+    def model_config(self):
+        """The model config this workload runs: its preset with its action chunk (droid-pi0's 10 actions
+        against pi0's 50, for one)."""
+        from vlaperf.models.pi0 import get_config
+
+        config = get_config(self.preset)
+        return config if config.action_horizon == self.horizon else get_config(self.preset, action_horizon=self.horizon)
 
     def with_overrides(self, **overrides) -> "Workload":
         """A copy with some knobs changed (batch, steps); keeps per-sample lists consistent."""
@@ -84,6 +92,13 @@ WORKLOADS: dict[str, Workload] = {
         Workload("libero-pi0-b4", "pi0", 4, _LIBERO_IMAGES, 48, _spread(12, 28, 4), 8, 7, 50, 32, 10, "libero"),
         Workload("libero-pi0-b8", "pi0", 8, _LIBERO_IMAGES, 48, _spread(12, 28, 8), 8, 7, 50, 32, 10, "libero"),
         Workload("tiny", "tiny", 1, _LIBERO_IMAGES, 16, (6,), 8, 7, 10, 8, 4, "libero"),
+        # Beyond the standard list: the layouts of openpi's other public checkpoints, so that they can be served
+        # with their conventions (vlaperf.conventions). DROID: the exterior and wrist cameras (the right wrist slot
+        # masked, as LIBERO's), 7 joints + the gripper, 8 actions; pi0_droid's chunk is 10, pi05_droid's 15.
+        # pi0.5 ALOHA: aloha-pi0's cameras, state and chunk with pi0.5's 200 prompt slots.
+        Workload("droid-pi0", "pi0", 1, _LIBERO_IMAGES, 48, (20,), 8, 8, 10, 32, 10, "droid"),
+        Workload("droid-pi05", "pi05", 1, _LIBERO_IMAGES, 200, (64,), 8, 8, 15, 32, 10, "droid"),
+        Workload("aloha-pi05", "pi05", 1, (True, True, True), 200, (48,), 14, 14, 50, 32, 10, "aloha"),
     ]
 }
 

@@ -134,9 +134,7 @@ def scaling(sources, workload, steps: Sequence[int] = DEFAULT_STEPS, warmup: int
                 fns[(label, n)] = call(fn, n)
     else:
         if cfg is None:
-            from vlaperf.models.pi0 import get_config
-
-            cfg = get_config(w.preset)
+            cfg = w.model_config()
         obs = random_observation(w, cfg, dev, seed=seed)
         noise = random_noise(w, cfg, dev, seed=seed)
         for label, fn in resolved.items():

@@ -299,21 +299,28 @@ def _precheck_pi0(args, workload_id: str):
     except ValueError as e:
         raise CliError(str(e)) from None
     workload, config = resolve_shape(args, base)
-    return checkpoint_io(args.tokenizer, args.norm_stats, args.checkpoint, config, args.conventions, workload.state_dim)
+    return checkpoint_io(args.tokenizer, args.norm_stats, args.checkpoint, config, args.conventions, workload)
 
 
-def checkpoint_io(tokenizer_file, norm_stats_path, checkpoint, config, conventions=None, state_dim=None):
-    """--tokenizer and --norm-stats (`policy.load_checkpoint_io`), errors as CliError naming the option; a
-    warning where a real checkpoint is served without them or without --conventions (its actions would be in
-    the model's normalized units, its prompts tokenized by a stand-in, its delta actions left relative)."""
+def checkpoint_io(tokenizer_file, norm_stats_path, checkpoint, config, conventions=None, workload=None):
+    """--tokenizer and --norm-stats (`policy.load_checkpoint_io`), errors as CliError naming the option; the
+    statistics checked against `workload` (their state dims, a LeRobot pipeline's relative actions against the
+    conventions); a warning where a real checkpoint is served without them or without --conventions (its
+    actions would be in the model's normalized units, its prompts tokenized by a stand-in, its delta actions
+    left relative)."""
     from vlaperf.cli import CliError
+    from vlaperf.conventions import get_conventions
     from vlaperf.normalize import NormStatsError
-    from vlaperf.policy import load_checkpoint_io
+    from vlaperf.policy import load_checkpoint_io, served_conventions
 
     try:
         tokenizer, norm_stats = load_checkpoint_io(tokenizer_file, norm_stats_path, config, conventions)
-        if norm_stats is not None and state_dim is not None:
-            norm_stats.check_dims(state_dim)
+        if norm_stats is not None and workload is not None:
+            norm_stats.check_dims(workload.state_dim)
+            try:
+                served_conventions(get_conventions(conventions), norm_stats, workload)
+            except ValueError as e:
+                raise NormStatsError(str(e)) from None
     except NormStatsError as e:
         raise CliError(f"--norm-stats: {e}") from None
     except (ImportError, ValueError) as e:

@@ -360,12 +360,11 @@ class RayPolicy:
 
     def __init__(self, handle, workload, replicas: int, request_timeout_s: float = 60.0):
         from vlaperf.inputs import ObservationTransform
-        from vlaperf.models.pi0 import get_config
 
         self._handle = handle
         self.workload = workload
         self.num_steps = workload.steps
-        self.transform = ObservationTransform(workload, get_config(workload.preset), device="cpu")
+        self.transform = ObservationTransform(workload, workload.model_config(), device="cpu")
         self.concurrency = int(replicas)
         self.request_timeout_s = float(request_timeout_s)
         self.replica_calls: Counter = Counter()
@@ -472,7 +471,7 @@ def serve_replicas(args, api_key: str | None, warmup: list[int], console=None, c
         if checked is None and (args.tokenizer or args.norm_stats or args.checkpoint):  # before any replica starts
             from vlaperf.serve.commands import checkpoint_io
 
-            checkpoint_io(args.tokenizer, args.norm_stats, args.checkpoint, config, args.conventions, workload.state_dim)
+            checkpoint_io(args.tokenizer, args.norm_stats, args.checkpoint, config, args.conventions, workload)
         spec = {"workload": workload.id, "levers": args.levers, "device": "cuda" if device.startswith("cuda") else device,
                 "dtype": args.dtype, "steps": args.steps, "seed": args.seed, "checkpoint": args.checkpoint,
                 "no_check": args.no_check, "keep_reference": getattr(args, "keep_reference", False),

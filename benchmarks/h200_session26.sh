@@ -1,0 +1,23 @@
+#!/bin/bash
+# Session 26's device calls on nvidia-h200 (one GPU; lanes.sh, lane A only).
+#   PART=a   the serving workloads of openpi's DROID and pi0.5 ALOHA checkpoints (droid-pi0: pi0 with 10 actions a
+#            chunk, 11 suffix rows in the step kernel; droid-pi05: pi0.5 with 15; aloha-pi05: pi0.5 with 3 cameras and
+#            50): `vlaperf check` of best against the reference, then the bench of best in
+#            model mode, and droid-pi05's policy mode (the DROID observation keys through the transform on the GPU)
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session26.sh
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
+case "${PART:-a}" in
+a)
+  lane A 0 40 <<EOT &
+200 $V check --workload droid-pi05 --levers best --seeds 2 --json $R/check_droid-pi05_best_s26.json
+120 $V bench --workload droid-pi05 --levers best $B --json $R/bench_droid-pi05_best_model.json
+120 $V bench --workload droid-pi05 --levers best --mode policy $B --json $R/bench_droid-pi05_best_policy.json
+200 $V check --workload droid-pi0 --levers best --seeds 2 --json $R/check_droid-pi0_best_s26.json
+120 $V bench --workload droid-pi0 --levers best $B --json $R/bench_droid-pi0_best_model.json
+200 $V check --workload aloha-pi05 --levers best --seeds 2 --json $R/check_aloha-pi05_best_s26.json
+120 $V bench --workload aloha-pi05 --levers best $B --json $R/bench_aloha-pi05_best_model.json
+EOT
+  ;;
+esac
+finish
