@@ -71,13 +71,13 @@ def main() -> None:
     args = p.parse_args()
     dev = args.device
     w = get_workload(args.workload)
-    model = build_model(w.preset, dev, seed=0)
+    model = build_model(w.model_config(), dev, seed=0)
     engine = Engine(model, "best")
     out = Policy(model, engine.sample_actions, w).infer(make_example(w))["actions"]
     print(f"pi0 policy, {engine.name}, {model.dtype}: actions {out.shape} {out.dtype}, finite {np.isfinite(out).all()}")
     check_conventions(model, engine, w, dev)
     with tempfile.TemporaryDirectory() as d:
-        path = save_checkpoint(build_model(w.preset, dev, seed=1), d)
+        path = save_checkpoint(build_model(w.model_config(), dev, seed=1), d)
         stale = Engine(model, args.levers)
         load_checkpoint(model, path)
         try:

@@ -31,7 +31,7 @@ def main() -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     w = get_workload(args.workload)
-    model = build_model(w.preset, "cuda")
+    model = build_model(w.model_config(), "cuda")
     obs, noise = random_observation(w, model.config, "cuda"), random_noise(w, model.config, "cuda")
     engine = Engine(model, args.levers)
     engine.sample_actions(obs, noise, w.steps)

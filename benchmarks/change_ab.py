@@ -292,7 +292,7 @@ def main() -> None:
         module, name, value = SWITCH_ON[args.change]
         owner = importlib.import_module(module)
         setattr(owner, name, getattr(owner, value) if isinstance(value, str) else value)  # a str: another of its names
-    model = build_model(w.preset, "cuda")
+    model = build_model(w.model_config(), "cuda")
     obs, noise = random_observation(w, model.config, "cuda"), random_noise(w, model.config, "cuda")
     if args.change in AT_CONSTRUCTION:
         with undo(None):

@@ -26,7 +26,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda")
     args = p.parse_args()
     w = get_workload(args.workload)
-    model = build_model(w.preset, args.device)
+    model = build_model(w.model_config(), args.device)
     engine = Engine(model, args.levers)
     cases = [(random_observation(w, model.config, args.device, seed=s), random_noise(w, model.config, args.device, seed=s))
              for s in (1, 2)]

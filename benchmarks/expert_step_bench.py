@@ -76,7 +76,7 @@ def record_engine_steps(workload_id: str, device: str = "cuda", seed: int = 0) -
     from vlaperf.workloads import get_workload
 
     w = get_workload(workload_id)
-    model = build_model(w.preset, device, torch.bfloat16 if device == "cuda" else torch.float32, seed=seed)
+    model = build_model(w.model_config(), device, torch.bfloat16 if device == "cuda" else torch.float32, seed=seed)
     obs, noise = random_observation(w, model.config, device, seed=seed), random_noise(w, model.config, device, seed=seed)
     steps, real = [], S.expert_step
 

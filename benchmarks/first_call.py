@@ -99,7 +99,7 @@ def main() -> None:
     w = get_workload(args.workload)
     sync = torch.cuda.synchronize if args.device.startswith("cuda") else (lambda: None)
     t0 = time.perf_counter()
-    model = build_model(w.preset, args.device)
+    model = build_model(w.model_config(), args.device)
     obs, noise = random_observation(w, model.config, args.device), random_noise(w, model.config, args.device)
     sync()
     t1 = time.perf_counter()

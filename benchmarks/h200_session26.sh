@@ -4,6 +4,10 @@
 #            chunk, 11 suffix rows in the step kernel; droid-pi05: pi0.5 with 15; aloha-pi05: pi0.5 with 3 cameras and
 #            50): `vlaperf check` of best against the reference, then the bench of best in
 #            model mode, and droid-pi05's policy mode (the DROID observation keys through the transform on the GPU)
+#   PART=b   pi0's step kernel at droid-pi0's 11 suffix rows (a 16-row block, as pi0.5's 10-15): the norm statistics
+#            from the writers (ssq_from_writers, with stats_ahead), which lost at pi0's 51 rows (versions 60, 81: spills
+#            with a 64-row block) while pi0.5 gained 1.17x from them at 10 rows (version 62). Kernel sweep 23 on the
+#            engine's own arguments, then the whole call, both sides in one process (step_config_ab.py)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session26.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -17,6 +21,13 @@ a)
 120 $V bench --workload droid-pi0 --levers best $B --json $R/bench_droid-pi0_best_model.json
 200 $V check --workload aloha-pi05 --levers best --seeds 2 --json $R/check_aloha-pi05_best_s26.json
 120 $V bench --workload aloha-pi05 --levers best $B --json $R/bench_aloha-pi05_best_model.json
+EOT
+  ;;
+b)
+  lane A 0 60 <<EOT &
+200 python3 benchmarks/expert_step_bench.py --from-engine droid-pi0 --sweep 23 --no-phases --json $R/kernel_expert_step_droid-pi0_sweep23.json
+170 python3 benchmarks/step_config_ab.py --workload droid-pi0 --base "" --new "ssq_from_writers=1" --json $R/step_config_ab_droid-pi0_ssq_writers.json
+170 python3 benchmarks/step_config_ab.py --workload droid-pi0 --base "" --new "ssq_from_writers=1 bk_qkv=256 bk_gu=256" --json $R/step_config_ab_droid-pi0_ssq_writers_k256.json
 EOT
   ;;
 esac

@@ -30,7 +30,7 @@ def main() -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     w = get_workload(args.workload)
-    model = build_model(w.preset, "cuda")
+    model = build_model(w.model_config(), "cuda")
     obs, noise = random_observation(w, model.config, "cuda"), random_noise(w, model.config, "cuda")
     real = loop.head_linear
     loop.head_linear = lambda x, weight, bias, kernels: real(x, weight, bias, False)  # noqa: E731

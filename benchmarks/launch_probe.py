@@ -258,7 +258,7 @@ def main() -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     w = get_workload(args.workload)
-    model = build_model(w.preset, "cuda")
+    model = build_model(w.model_config(), "cuda")
     engine = Engine(model, args.levers)
     if engine.graphs is not None:
         engine.graphs.keep_graphs = True  # for the census of its nodes (graph_census)

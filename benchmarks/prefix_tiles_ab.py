@@ -63,7 +63,7 @@ def main() -> None:
     pick = {k: ok[0][k] for k in today}
     print(f"today's tiles {today}: {base_row and base_row.get('us')} us; fastest correct {pick}: {ok[0]['us']:.1f} us")
     w = get_workload(args.workload)
-    model = build_model(w.preset, "cuda")
+    model = build_model(w.model_config(), "cuda")
     obs, noise = random_observation(w, model.config, "cuda"), random_noise(w, model.config, "cuda")
     older = Engine(model, "best")
     out_older = older.sample_actions(obs, noise, w.steps)  # captured with today's tiles

@@ -67,7 +67,7 @@ if is_wam_workload(args.workload):  # the world-action model: one generate call
         return engine.generate(obs, noise, **w.sampling())
 else:
     w = get_workload(args.workload)
-    model = build_model(w.preset, "cuda")
+    model = build_model(w.model_config(), "cuda")
     obs = random_observation(w, model.config, "cuda")
     noise = random_noise(w, model.config, "cuda")
     others = []

@@ -223,7 +223,7 @@ def main() -> None:
     p.add_argument("--json", default=None)
     args = p.parse_args()
     w = get_workload(args.workload)
-    model = build_model(w.preset, args.device)
+    model = build_model(w.model_config(), args.device)
     engine = Engine(model, args.levers)
     noise = random_noise(w, model.config, args.device)
     policy = Policy(model, engine.sample_actions, w, num_steps=w.steps, noise=noise, verify=engine.raise_on_kernel_fault)

@@ -44,7 +44,7 @@ def main() -> None:
     args = p.parse_args()
     base, new = parse_config(args.base.split()), parse_config(args.new.split())
     w = get_workload(args.workload)
-    model = build_model(w.preset, "cuda")
+    model = build_model(w.model_config(), "cuda")
     obs, noise = random_observation(w, model.config, "cuda"), random_noise(w, model.config, "cuda")
     real = S.expert_step
     S.expert_step = lambda *a, **kw: real(*a, **{**kw, "config": base})  # noqa: E731
