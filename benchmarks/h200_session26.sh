@@ -8,6 +8,9 @@
 #            from the writers (ssq_from_writers, with stats_ahead), which lost at pi0's 51 rows (versions 60, 81: spills
 #            with a 64-row block) while pi0.5 gained 1.17x from them at 10 rows (version 62). Kernel sweep 23 on the
 #            engine's own arguments, then the whole call, both sides in one process (step_config_ab.py)
+#   PART=c   part b's ssq_from_writers made the fitted default for one sample's 16-row block: droid-pi0's check and
+#            bench of best in fresh processes, libero-pi0's bench (its 64-row block keeps the old path), then kernel
+#            sweep 26 (key splits, merge chunks, K depths, warps, stages) around the new defaults at droid-pi0's rows
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session26.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -28,6 +31,14 @@ b)
 200 python3 benchmarks/expert_step_bench.py --from-engine droid-pi0 --sweep 23 --no-phases --json $R/kernel_expert_step_droid-pi0_sweep23.json
 170 python3 benchmarks/step_config_ab.py --workload droid-pi0 --base "" --new "ssq_from_writers=1" --json $R/step_config_ab_droid-pi0_ssq_writers.json
 170 python3 benchmarks/step_config_ab.py --workload droid-pi0 --base "" --new "ssq_from_writers=1 bk_qkv=256 bk_gu=256" --json $R/step_config_ab_droid-pi0_ssq_writers_k256.json
+EOT
+  ;;
+c)
+  lane A 0 60 <<EOT &
+150 $V check --workload droid-pi0 --levers best --seeds 2 --json $R/check_droid-pi0_best_s26c.json
+120 $V bench --workload droid-pi0 --levers best $B --json $R/bench_droid-pi0_best-s26c_model.json
+120 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s26_model.json
+200 python3 benchmarks/expert_step_bench.py --from-engine droid-pi0 --sweep 26 --no-phases --json $R/kernel_expert_step_droid-pi0_sweep26.json
 EOT
   ;;
 esac

@@ -1128,6 +1128,13 @@ def test_step_kernel_fits_qkv_tasks_and_key_splits_to_the_programs():
     assert fit_config(replace(d, prefetch_own=8), 51, 1, 8, 256, 595, 132).qkv_pairs == 0
     explicit = fit_config(replace(d, qkv_pairs=4, splits=3, merge_bd=16), 10, 1, 8, 256, 586, 132)
     assert (explicit.qkv_pairs, explicit.splits, explicit.merge_bd) == (4, 3, 16)
+    # the norm statistics from the writers: fitted on for one sample's 16-row block (droid-pi0's 11 rows: the
+    # call 1.08x on the H200), off at pi0's 51 rows (0.92x) and for batched launches (not measured); explicit stays
+    assert d.ssq_from_writers == -1
+    assert [fit_config(d, rows, n, 8, 256, 595, 132).ssq_from_writers for rows, n in ((11, 1), (16, 1), (17, 1),
+                                                                                      (51, 1), (6, 2))] == [1, 1, 0, 0, 0]
+    assert fit_config(replace(d, ssq_from_writers=0), 11, 1, 8, 256, 595, 132).ssq_from_writers == 0
+    assert fit_config(replace(d, ssq_from_writers=1), 51, 1, 8, 256, 595, 132).ssq_from_writers == 1
 
 
 def test_step_kernel_l2_traffic_model():

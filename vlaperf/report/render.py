@@ -767,7 +767,7 @@ def _heads_ab(doc: _Doc, path: str, r: dict) -> None:
 
 
 # StepKernelConfig's fields whose value means "fitted to the launch" (expert_step.fit_config)
-STEP_FITTED = {"qkv_pairs": -1, "splits": 0, "merge_bd": 0}
+STEP_FITTED = {"qkv_pairs": -1, "splits": 0, "merge_bd": 0, "ssq_from_writers": -1}
 
 
 def step_config_value(field: str, value, fitted: dict | None = None) -> str:

@@ -188,9 +188,12 @@ class StepKernelConfig:
     mod_prefetch: bool = True
     # pi0: o_proj's and down's writers also store per-tile sums of squares of x (as pi0.5's do), so
     # qkv's and gate_up's K loops no longer square their activation tiles (the first layer's come
-    # from a small kernel before the launch). Slower: 891 against 775 us a step (sweep 23), the
-    # libero-pi0 call 0.924x with stats_ahead (step_config_ab_libero-pi0_ssq_writers.json); off
-    ssq_from_writers: bool = False
+    # from a small kernel before the launch). 1 on, 0 off, -1 fitted (fit_config: on for one sample's
+    # row block of at most WRITERS_SSQ_MAX_BLOCK rows). At pi0's 51 rows (a 64-row block) slower: 891
+    # against 775 us a step (sweep 23), the libero-pi0 call 0.924x (step_config_ab_libero-pi0_ssq_writers.json,
+    # the kernel spilled); at droid-pi0's 11 rows (a 16-row block) faster: 602 against 688 us a step
+    # (kernel_expert_step_droid-pi0_sweep23.json), the call 1.080x (step_config_ab_droid-pi0_ssq_writers.json)
+    ssq_from_writers: int = -1
     # the consumers of those per-tile sums (pi0.5 always, pi0 with ssq_from_writers) load them, and
     # pi0.5's biases, as one block before the K loop and add them after it: the loads' latency
     # overlaps the loop (early_mod_loads added them before the loop, which waited on them there;
@@ -251,12 +254,13 @@ def ssq_sum_mode(cfg: StepKernelConfig) -> int:
 
 
 MIN_SPLITS = 5  # fit_config's least key splits (sweep 8's best at pi0's 51 rows)
+WRITERS_SSQ_MAX_BLOCK = 16  # fit_config's largest row block with ssq_from_writers (measured at 16 and 64 rows)
 
 
 def fit_config(cfg: StepKernelConfig, rows: int, samples: int, NH: int, HD: int, Tk: int, programs: int) -> StepKernelConfig:
-    """`cfg` with its fitted fields (qkv_pairs -1, splits 0, merge_bd 0) resolved for a launch of `programs`
-    programs over `samples` x `rows` suffix rows, NH query heads of dim HD and Tk keys. Every user
-    of these fields (the launch, its counter targets, the L2 model, the benches) resolves them here."""
+    """`cfg` with its fitted fields (qkv_pairs -1, splits 0, merge_bd 0, ssq_from_writers -1) resolved for a
+    launch of `programs` programs over `samples` x `rows` suffix rows, NH query heads of dim HD and Tk keys.
+    Every user of these fields (the launch, its counter targets, the L2 model, the benches) resolves them here."""
     pairs = cfg.qkv_pairs
     if pairs < 0:
         pairs = triton.cdiv((NH + 2) * (HD // 2), programs)
@@ -270,7 +274,10 @@ def fit_config(cfg: StepKernelConfig, rows: int, samples: int, NH: int, HD: int,
         merge_bd = min(32, HD)
         while merge_bd < HD and row_blocks * (HD // merge_bd) > programs:
             merge_bd *= 2
-    return replace(cfg, qkv_pairs=pairs, splits=splits, merge_bd=merge_bd)
+    writers = cfg.ssq_from_writers
+    if writers < 0:  # (pi0.5's launches read the writers' statistics whatever this says)
+        writers = int(samples == 1 and row_block(rows) <= WRITERS_SSQ_MAX_BLOCK)
+    return replace(cfg, qkv_pairs=pairs, splits=splits, merge_bd=merge_bd, ssq_from_writers=writers)
 
 
 # ------------------------------------------------------------------------ helpers
@@ -1373,8 +1380,9 @@ def ssq_constexprs(cfg: StepKernelConfig, mod: bool, D: int) -> dict[str, bool]:
     widths add them after the loop as before."""
     tiles = (triton.cdiv(D, cfg.bn_o), triton.cdiv(D, cfg.bn_down))
     one_block = all(t & (t - 1) == 0 for t in tiles)
-    return {"SSQ_IN": mod or cfg.ssq_from_writers, "SSQ_OUT": cfg.ssq_from_writers and not mod,
-            "STATS_AHEAD": cfg.stats_ahead and not cfg.early_mod_loads and (mod or cfg.ssq_from_writers) and one_block}
+    writers = cfg.ssq_from_writers > 0  # (resolved by fit_config; an unresolved -1 counts as off)
+    return {"SSQ_IN": bool(mod) or writers, "SSQ_OUT": writers and not mod,
+            "STATS_AHEAD": cfg.stats_ahead and not cfg.early_mod_loads and (bool(mod) or writers) and one_block}
 
 
 def prefetch_phases(plan: int) -> dict[str, int]:
@@ -1500,6 +1508,8 @@ def expert_step(
     if not 0 <= cfg.prefetch_own <= 15:
         raise ValueError(f"StepKernelConfig.prefetch_own={cfg.prefetch_own}: expected a bit mask of 1 (o_proj), "
                          "2 (gate_up), 4 (down), 8 (next qkv)")
+    if cfg.ssq_from_writers not in (-1, 0, 1):
+        raise ValueError(f"StepKernelConfig.ssq_from_writers={cfg.ssq_from_writers}: expected -1 (fitted), 0 or 1")
     if not 1 <= cfg.poll_depth <= 4 or cfg.poll_gap < 0:
         raise ValueError(f"StepKernelConfig.poll_depth={cfg.poll_depth}, poll_gap={cfg.poll_gap}: expected a depth of 1 "
                          "to 4 reads in flight and a gap of 0 or more clock cycles")
@@ -1567,7 +1577,7 @@ def expert_step(
             raise ValueError(f"expert_step: timeline must be an int64 tensor of shape {want} on {device}, got "
                              f"{timeline.dtype} {tuple(timeline.shape)} on {timeline.device}")
     clock = err if timeline is None else timeline  # any pointer will do when TIMELINE is off
-    if mod is not None or cfg.ssq_from_writers:
+    if mod is not None or cfg.ssq_from_writers > 0:
         # pi0.5: the first layer's modulated input and norm statistics, in the tiles qkv reads
         # (down's); later layers get theirs from the phase before (_write_next). pi0 with
         # ssq_from_writers: the statistics alone
