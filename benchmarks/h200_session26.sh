@@ -11,6 +11,8 @@
 #   PART=c   part b's ssq_from_writers made the fitted default for one sample's 16-row block: droid-pi0's check and
 #            bench of best in fresh processes, libero-pi0's bench (its 64-row block keeps the old path), then kernel
 #            sweep 26 (key splits, merge chunks, K depths, warps, stages) around the new defaults at droid-pi0's rows
+#   PART=d   (carry .whl: websockets and openpi-client) droid-pi05 served as `best` with openpi:pi05_droid (max batch
+#            1): openpi's own client with observations built as its DROID example builds them, then `vlaperf loadgen`
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session26.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -39,6 +41,12 @@ c)
 120 $V bench --workload droid-pi0 --levers best $B --json $R/bench_droid-pi0_best-s26c_model.json
 120 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s26_model.json
 200 python3 benchmarks/expert_step_bench.py --from-engine droid-pi0 --sweep 26 --no-phases --json $R/kernel_expert_step_droid-pi0_sweep26.json
+EOT
+  ;;
+d)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site
+  lane A 0 40 <<EOT &
+240 bash -c 'setsid $V serve --workload droid-pi05 --conventions openpi:pi05_droid --levers best --max-batch 1 --port 8765 --warmup-batches 1 > $R/serve_droid-pi05_best.log 2>&1 & SP=\$!; for i in \$(seq 150); do python3 -c "import urllib.request as u; u.urlopen(\"http://127.0.0.1:8765/healthz\", timeout=2)" 2>/dev/null && break; sleep 1; done; timeout 60 python3 benchmarks/openpi_client_smoke.py --port 8765 --requests 50; timeout 120 $V loadgen --url ws://127.0.0.1:8765 --clients 1 --requests 200 --warmup 10 --json $R/loadgen_droid-pi05_best.json; kill -TERM \$SP; tail -8 $R/serve_droid-pi05_best.log'
 EOT
   ;;
 esac
