@@ -13,6 +13,9 @@
 #            sweep 26 (key splits, merge chunks, K depths, warps, stages) around the new defaults at droid-pi0's rows
 #   PART=d   (carry .whl: websockets and openpi-client) droid-pi05 served as `best` with openpi:pi05_droid (max batch
 #            1): openpi's own client with observations built as its DROID example builds them, then `vlaperf loadgen`
+#   PART=e   libero-pi0 (51 rows, a 64-row block) with the writers' statistics again (versions 60 and 81 lost 0.92x and
+#            0.91x, spilling under Triton 3.6 in 60), now with 64-deep K blocks for qkv and gate_up (fewer registers:
+#            version 72's ssq_mma did not spill at 64), and without them, each against today's defaults in one process
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session26.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -47,6 +50,12 @@ d)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --target /tmp/site .whl/*.whl && export PYTHONPATH=$PWD:/tmp/site
   lane A 0 40 <<EOT &
 240 bash -c 'setsid $V serve --workload droid-pi05 --conventions openpi:pi05_droid --levers best --max-batch 1 --port 8765 --warmup-batches 1 > $R/serve_droid-pi05_best.log 2>&1 & SP=\$!; for i in \$(seq 150); do python3 -c "import urllib.request as u; u.urlopen(\"http://127.0.0.1:8765/healthz\", timeout=2)" 2>/dev/null && break; sleep 1; done; timeout 60 python3 benchmarks/openpi_client_smoke.py --port 8765 --requests 50; timeout 120 $V loadgen --url ws://127.0.0.1:8765 --clients 1 --requests 200 --warmup 10 --json $R/loadgen_droid-pi05_best.json; kill -TERM \$SP; tail -8 $R/serve_droid-pi05_best.log'
+EOT
+  ;;
+e)
+  lane A 0 40 <<EOT &
+170 python3 benchmarks/step_config_ab.py --workload libero-pi0 --base "" --new "ssq_from_writers=1 bk_qkv=64 bk_gu=64" --json $R/step_config_ab_libero-pi0_ssq_writers_k64.json
+170 python3 benchmarks/step_config_ab.py --workload libero-pi0 --base "" --new "ssq_from_writers=1" --json $R/step_config_ab_libero-pi0_ssq_writers_s26.json
 EOT
   ;;
 esac
