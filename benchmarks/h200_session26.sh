@@ -16,6 +16,8 @@
 #   PART=e   libero-pi0 (51 rows, a 64-row block) with the writers' statistics again (versions 60 and 81 lost 0.92x and
 #            0.91x, spilling under Triton 3.6 in 60), now with 64-deep K blocks for qkv and gate_up (fewer registers:
 #            version 72's ssq_mma did not spill at 64), and without them, each against today's defaults in one process
+#   PART=f   where the writers' statistics gain at 16 rows and lose at 64 (versions 108, 109): kernel sweep 38 (on and
+#            off) with the GPU clock's timeline, on the engine's own arguments for droid-pi0 and for libero-pi0
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session26.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -56,6 +58,12 @@ e)
   lane A 0 40 <<EOT &
 170 python3 benchmarks/step_config_ab.py --workload libero-pi0 --base "" --new "ssq_from_writers=1 bk_qkv=64 bk_gu=64" --json $R/step_config_ab_libero-pi0_ssq_writers_k64.json
 170 python3 benchmarks/step_config_ab.py --workload libero-pi0 --base "" --new "ssq_from_writers=1" --json $R/step_config_ab_libero-pi0_ssq_writers_s26.json
+EOT
+  ;;
+f)
+  lane A 0 80 <<EOT &
+170 python3 benchmarks/expert_step_bench.py --from-engine droid-pi0 --sweep 38 --timeline --no-phases --json $R/kernel_expert_step_droid-pi0_sweep38.json
+170 python3 benchmarks/expert_step_bench.py --from-engine libero-pi0 --sweep 38 --timeline --no-phases --json $R/kernel_expert_step_libero-pi0_sweep38.json
 EOT
   ;;
 esac
