@@ -36,6 +36,8 @@ def main() -> int:
     p.add_argument("--port", type=int, default=8765)
     p.add_argument("--requests", type=int, default=50)
     args = p.parse_args()
+    if args.requests < 1:
+        p.error("--requests: expected at least 1")
     client = WebsocketClientPolicy(args.host, args.port)
     meta = client.get_server_metadata()
     print({k: meta.get(k) for k in ("workload", "conventions", "action_horizon", "robot_action_dim", "levers")})

@@ -226,6 +226,7 @@ def test_droid_observation_is_libero_s_with_openpi_s_keys():
             assert torch.equal(a, b)  # the state is also in pi0.5's prompt: the tokens agree too
     for key, value, message in [
         ("observation/joint_position", np.zeros(6), "observation/joint_position: expected 7 values, got 6"),
+        ("observation/joint_position", [[0.1], [1.0, 2.0]], "observation/joint_position: expected a 1-d numeric array"),
         ("observation/gripper_position", np.zeros(2), "observation/gripper_position: expected 1 value, got 2"),
         ("observation/gripper_position", np.array([np.nan]), "observation/gripper_position: state holds NaN"),
         ("observation/wrist_image_left", np.zeros((5, 5)), "observation/wrist_image_left: expected a 3-d image"),
@@ -280,7 +281,17 @@ def test_default_prompt_fills_a_missing_prompt_only():
     assert Recorder.text == "fold the towel"
     with pytest.raises(ValueError, match="prompt: missing"):
         ObservationTransform(workload, cfg, Recorder(), conventions="openpi:pi0_aloha").validate(ex)
+    # served through Ray replicas, the front end checks requests with the replicas' conventions too
+    from vlaperf.serve.ray_backend import RayPolicy
+
+    aloha = get_workload("aloha-pi0")
+    promptless = make_example(aloha, seed=0)
+    del promptless["prompt"]
+    RayPolicy(None, aloha, 1, conventions="openpi:pi0_aloha_towel").transform.validate(promptless)
+    with pytest.raises(ValueError, match="prompt: missing"):
+        RayPolicy(None, aloha, 1).transform.validate(promptless)
     assert CONVENTIONS["openpi:pi05_aloha_pen_uncap"].default_prompt == "uncap the pen"
+    assert CONVENTIONS["openpi:pi0_aloha_sim"].default_prompt == "Transfer cube"  # openpi's pi0_aloha_sim config
     assert CONVENTIONS["openpi:pi05_aloha"].family == "pi05" and CONVENTIONS["openpi:pi05_aloha"].delta_action_mask
 
 

@@ -346,10 +346,17 @@ def test_lerobot_relative_actions_get_the_state_back(tmp_path, config, mask):
     want = Policy(model, model.sample_actions, w, noise=noise, norm_stats=plain_ns).infer(ex)["actions"]
     state = np.asarray(ex["observation/state"], np.float64)[:7]
     np.testing.assert_allclose(got, want + np.where(mask, state, 0.0), rtol=1e-5, atol=1e-5)
-    # openpi's pi0_libero adds the state back too: both would add it twice
+    # openpi's pi0_libero adds the state back too: both would add it twice; openpi's other conventions are not a
+    # LeRobot checkpoint's either (ALOHA's space would change which state is added)
     tiny50 = dataclasses.replace(w, horizon=50)
     with pytest.raises(ValueError, match="conventions 'openpi:pi0_libero' do too"):
         Policy(build_model(tiny50.model_config()), None, tiny50, norm_stats=ns, conventions="openpi:pi0_libero")
+    from vlaperf.conventions import get_conventions
+    from vlaperf.policy import served_conventions
+
+    with pytest.raises(ValueError, match="conventions 'openpi:pi0_aloha_sim' are openpi's"):
+        served_conventions(get_conventions("openpi:pi0_aloha_sim"), ns, tiny50)
+    assert served_conventions(get_conventions("lerobot:pi0"), ns, w).delta_action_mask == tuple(mask)
 
 
 def test_lerobot_relative_actions_config_is_checked(tmp_path, capsys, monkeypatch):
@@ -371,3 +378,11 @@ def test_lerobot_relative_actions_config_is_checked(tmp_path, capsys, monkeypatc
     with pytest.raises(NormStatsError, match="relative_actions_processor's config.exclude_joints: expected a list of "
                                              "strings, got 'gripper'"):
         NormStats.load(tmp_path, quantile=False)
+    for steps, message in [
+        ([{"registry_name": "relative_actions_processor", "config": {"enabled": "false"}}], "a true/false 'enabled'"),
+        ([{"registry_name": "relative_actions_processor", "config": {"enabled": False}},
+          {"registry_name": "relative_actions_processor", "config": {"enabled": True}}], "at most one"),
+    ]:
+        _lerobot_folder(tmp_path, steps=steps, norm_map={"STATE": "MEAN_STD", "ACTION": "MEAN_STD"})
+        with pytest.raises(NormStatsError, match=message):
+            NormStats.load(tmp_path, quantile=False)

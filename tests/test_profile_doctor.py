@@ -167,6 +167,16 @@ def test_model_checks_on_the_reference_path():
     assert found["model.eager_attention"]["fix"] == "lever sdpa"
 
 
+def test_model_checks_pick_a_workload_of_the_model_s_chunk():
+    """Without a workload the checks take the first of the model's preset and chunk (droid-pi0's 10 actions, not
+    libero-pi0's 50); a chunk no workload has is run on the preset's first workload with that chunk."""
+    from vlaperf.models.pi0 import get_config
+
+    found = by_id(doctor(build_model(get_config("tiny", action_horizon=6))))  # was a ValueError (chunk 10 != 6)
+    assert found["model.host_syncs"]["title"].startswith("5 host syncs per call")  # tiny's 4 steps + 1, as above
+    assert "model.masked_images_embedded" in found
+
+
 def test_model_checks_on_the_best_engine():
     model = build_model("tiny")
     found = by_id(doctor(engine=Engine(model, "best"), workload="tiny"))

@@ -139,7 +139,8 @@ CONVENTIONS: dict[str, Conventions] = {c.name: c for c in (
                            ("pi0_aloha_pen_uncap", "uncap the pen"), ("pi05_aloha", None),
                            ("pi05_aloha_pen_uncap", "uncap the pen"))),
     Conventions("openpi:pi0_aloha_sim", "openpi pi0_aloha_sim: ALOHA adapted to pi's space, absolute actions, 50 "
-                "actions a chunk", family="pi0", layout="aloha", aloha_adapt_to_pi=True, action_horizon=50),
+                "actions a chunk, default prompt 'Transfer cube'", family="pi0", layout="aloha", aloha_adapt_to_pi=True,
+                action_horizon=50, default_prompt="Transfer cube"),
     Conventions("openpi:pi0_droid", "openpi pi0_droid: DROID's joint velocities and gripper, absolute, 10 actions "
                 "a chunk", family="pi0", layout="droid", action_horizon=10),
     Conventions("openpi:pi05_droid", "openpi pi05_droid: DROID's joint velocities and gripper, absolute, the state "

@@ -320,7 +320,11 @@ def _image(value: Any, key: str, channels_first: bool) -> np.ndarray:
 
 def _state_part(example: dict, key: str, size: int, scalar_ok: bool = False) -> np.ndarray:
     """A 1-d numeric state field of `size` values (a 0-d value where `scalar_ok`)."""
-    value = np.asarray(_get(example, key))
+    raw = _get(example, key)
+    try:
+        value = np.asarray(raw)
+    except ValueError as e:  # a ragged nested list
+        raise InputError(f"{key}: expected a 1-d numeric array ({e})") from None
     if scalar_ok and value.ndim == 0:
         value = value[None]
     if value.dtype.kind not in "iuf" or value.ndim != 1:

@@ -242,11 +242,16 @@ class NormStats:
 def _relative_actions(doc_path: Path, steps: list[dict]) -> RelativeActions | None:
     """The pipeline's enabled `relative_actions_processor` step (None: none, or disabled)."""
     found = [st for st in steps if st.get("registry_name") == "relative_actions_processor"]
-    config = found[0].get("config") if found else None
-    if not found or not isinstance(config, dict) or not config.get("enabled"):
+    if not found:
         return None
     if len(found) > 1:
         raise NormStatsError(f"{doc_path}: expected at most one 'relative_actions_processor' step, found {len(found)}")
+    config = found[0].get("config", {})
+    if not isinstance(config, dict) or not isinstance(config.get("enabled", False), bool):
+        raise NormStatsError(f"{doc_path}: relative_actions_processor's config: expected an object with a true/false "
+                             f"'enabled', got {config!r}")
+    if not config.get("enabled", False):
+        return None
 
     def names(field: str, default):
         value = config.get(field, default)

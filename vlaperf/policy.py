@@ -61,10 +61,12 @@ def served_conventions(conventions, norm_stats, workload: Workload):
     relative = getattr(norm_stats, "relative_actions", None)
     if relative is None:
         return conventions
-    if conventions.delta_action_mask:
+    if conventions.delta_action_mask or conventions.aloha_adapt_to_pi or conventions.name.startswith("openpi:"):
+        why = ("do too (the state would be added twice)" if conventions.delta_action_mask else
+               "are openpi's (LeRobot adds back the raw state, in the robot's space)")
         raise ValueError(f"{norm_stats.source}: the pipeline makes the actions relative to the state, and conventions "
-                         f"{conventions.name!r} do too (the state would be added twice); a LeRobot checkpoint takes "
-                         "lerobot:pi0, lerobot:pi05 or none")
+                         f"{conventions.name!r} {why}; a LeRobot checkpoint takes lerobot:pi0, lerobot:pi05, "
+                         "lerobot0.4:pi05 or none")
     mask = relative.mask(workload.robot_action_dim)
     if workload.state_dim < len(mask):
         raise ValueError(f"{norm_stats.source}: relative actions need a state of at least the {len(mask)} action "

@@ -23,6 +23,7 @@ SDPA exists, float32 weights on a GPU, per-kernel launch overhead without a CUDA
 
 from __future__ import annotations
 
+import dataclasses
 import os
 import shutil
 import subprocess
@@ -306,10 +307,15 @@ def model_checks(model, engine=None, workload=None, measure: bool = True, seed: 
 
     device = model.action_in_proj.weight.device
     if workload is None:
-        matches = [w for w in WORKLOADS.values() if w.preset == model.config.name]
+        cfg = model.config
+        matches = [w for w in WORKLOADS.values() if w.preset == cfg.name]
         if not matches:
-            raise ValueError(f"doctor: pass a workload for model preset {model.config.name!r}")
-        workload = matches[0]
+            raise ValueError(f"doctor: pass a workload for model preset {cfg.name!r}")
+        # the first workload of the model's chunk (droid-pi0's 10 actions, not libero-pi0's 50), else the first
+        # of its preset with the model's chunk
+        same = [w for w in matches if (w.horizon, w.action_dim) == (cfg.action_horizon, cfg.action_dim)]
+        workload = same[0] if same else dataclasses.replace(matches[0], horizon=cfg.action_horizon,
+                                                            action_dim=cfg.action_dim)
     elif isinstance(workload, str):
         workload = get_workload(workload)
     levers = engine.levers if engine is not None else Levers()

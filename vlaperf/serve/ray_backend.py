@@ -358,13 +358,14 @@ class RayPolicy:
     most `request_timeout_s`. `concurrency` (= replicas) makes the server run that many
     inference threads."""
 
-    def __init__(self, handle, workload, replicas: int, request_timeout_s: float = 60.0):
+    def __init__(self, handle, workload, replicas: int, request_timeout_s: float = 60.0, conventions=None):
         from vlaperf.inputs import ObservationTransform
 
         self._handle = handle
         self.workload = workload
         self.num_steps = workload.steps
-        self.transform = ObservationTransform(workload, workload.model_config(), device="cpu")
+        # the replicas' conventions: the checks must know a default prompt (a request without one is valid then)
+        self.transform = ObservationTransform(workload, workload.model_config(), device="cpu", conventions=conventions)
         self.concurrency = int(replicas)
         self.request_timeout_s = float(request_timeout_s)
         self.replica_calls: Counter = Counter()
@@ -488,7 +489,7 @@ def serve_replicas(args, api_key: str | None, warmup: list[int], console=None, c
             last = str(e).strip().splitlines()[-1] if str(e).strip() else type(e).__name__
             print(f"vlaperf serve: the replicas failed to start: {last}", file=sys.stderr)
             return 1
-        policy = RayPolicy(handle, workload, args.replicas, args.replica_timeout_s)
+        policy = RayPolicy(handle, workload, args.replicas, args.replica_timeout_s, getattr(args, "conventions", None))
         infos = policy.describe_replicas()
 
         def on_ready(server):
