@@ -286,3 +286,20 @@ def test_doctor_with_levers_and_no_workload_checks_them_on_the_default(tmp_path)
     out = tmp_path / "d.json"
     main(["doctor", "--device", "cpu", "--levers", "exact", "--no-measure", "--json", str(out)])
     assert read_result(out)["workload"]["id"] == "tiny"  # not dropped: the default workload's doctor ran
+
+
+def test_workloads_lists_every_workload_and_what_serves_it(tmp_path, capsys):
+    from vlaperf.workloads import WAM_WORKLOADS, WORKLOADS
+
+    out = tmp_path / "w.json"
+    assert main(["workloads", "--json", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert all(w in printed for w in list(WORKLOADS) + list(WAM_WORKLOADS))
+    doc = json.loads(out.read_text())
+    by_id = {r["id"]: r for r in doc["pi0"]}
+    assert by_id["droid-pi05"]["actions"] == "15 x 8 (32)" and by_id["droid-pi05"]["layout"] == "droid"
+    assert by_id["libero-pi0-b4"]["prompt"] == "12..28 of 48"
+    serves = {c["name"]: c["workloads"] for c in doc["conventions"]}
+    assert serves["openpi:pi05_droid"] == ["droid-pi05"] and serves["openpi:pi0_droid"] == ["droid-pi0"]
+    assert serves["lerobot:pi05"] == ["libero-pi05", "droid-pi05", "aloha-pi05"]
+    assert [w["id"] for w in doc["world_action"]] == list(WAM_WORKLOADS)

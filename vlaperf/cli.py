@@ -491,6 +491,62 @@ def cmd_levers(args) -> int:
     return 0
 
 
+def cmd_workloads(args) -> int:
+    """The workloads every figure names, and the conventions (`vlaperf serve --conventions`) each can serve."""
+    from rich.table import Table
+
+    from vlaperf.conventions import CONVENTIONS
+    from vlaperf.workloads import WAM_WORKLOADS, WORKLOADS
+
+    rows = []
+    for w in WORKLOADS.values():
+        lo, hi = min(w.prompt_valid), max(w.prompt_valid)
+        rows.append({"id": w.id, "preset": w.preset, "batch": w.batch, "images": f"{sum(w.image_valid)} of {w.image_slots}",
+                     "prompt": f"{lo if lo == hi else f'{lo}..{hi}'} of {w.prompt_slots}", "state": w.state_dim,
+                     "actions": f"{w.horizon} x {w.robot_action_dim} ({w.action_dim})", "steps": w.steps,
+                     "layout": w.layout})
+    conventions = []
+    for c in CONVENTIONS.values():
+        # the batch-1 workloads of its model and layout (serving with them sets the chunk it was trained with)
+        fits = [w.id for w in WORKLOADS.values() if w.batch == 1 and w.preset != "tiny"
+                and c.fits(w.model_config().pi05, w.layout) is None]
+        conventions.append({"name": c.name, "workloads": fits, "description": c.description})
+    wam_rows = [{"id": w.id, "preset": w.preset, "batch": w.batch, "steps": w.steps, "video_steps": w.video_steps,
+                 "sparsity": w.sparsity, "cfg_scale": w.cfg_scale} for w in WAM_WORKLOADS.values()]
+    if args.json:
+        import json
+        from pathlib import Path
+
+        Path(args.json).write_text(json.dumps({"pi0": rows, "conventions": conventions, "world_action": wam_rows},
+                                              indent=1) + "\n")
+    console = wide_console()
+    table = Table(title="vlaperf workloads (pi0 family)")
+    for col in ("id", "preset", "batch", "images valid", "prompt tokens valid", "state", "actions (padded)", "steps",
+                "layout"):
+        table.add_column(col, no_wrap=col == "id")
+    for r in rows:
+        table.add_row(r["id"], r["preset"], str(r["batch"]), r["images"], r["prompt"], str(r["state"]), r["actions"],
+                      str(r["steps"]), r["layout"])
+    console.print(table)
+    table = Table(title="world-action model workloads")
+    for col in ("id", "preset", "batch", "steps", "video steps", "sparsity", "cfg scale"):
+        table.add_column(col)
+    for r in wam_rows:
+        table.add_row(r["id"], r["preset"], str(r["batch"]), str(r["steps"]), str(r["video_steps"]), r["sparsity"],
+                      str(r["cfg_scale"]))
+    console.print(table)
+    table = Table(title="conventions (vlaperf serve --conventions) and the batch-1 workloads of their model and layout "
+                        "(the conventions set the chunk)")
+    for col in ("conventions", "workloads", "what the served policy does"):
+        table.add_column(col, no_wrap=col == "conventions")
+    for c in conventions:
+        table.add_row(c["name"], ", ".join(c["workloads"]) or "-", c["description"])
+    console.print(table)
+    console.print("--batch, --steps and --action-horizon override a workload; every result file records the overrides. "
+                  "docs/serving.md says more of each conventions.")
+    return 0
+
+
 # --------------------------------------------------------------------------- matrix
 
 
@@ -559,6 +615,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("levers", help="list the speed levers")
     p.set_defaults(func=cmd_levers)
+
+    p = sub.add_parser("workloads", help="list the workloads and the conventions that serve each")
+    p.add_argument("--json", type=output_file, default=None, help="also write the list here")
+    p.set_defaults(func=cmd_workloads)
 
     from vlaperf.serve.commands import register as register_serve
 
