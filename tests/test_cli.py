@@ -303,3 +303,16 @@ def test_workloads_lists_every_workload_and_what_serves_it(tmp_path, capsys):
     assert serves["openpi:pi05_droid"] == ["droid-pi05"] and serves["openpi:pi0_droid"] == ["droid-pi0"]
     assert serves["lerobot:pi05"] == ["libero-pi05", "droid-pi05", "aloha-pi05"]
     assert [w["id"] for w in doc["world_action"]] == list(WAM_WORKLOADS)
+
+
+def test_a_negative_list_value_gets_the_option_s_own_message(capsys):
+    """argparse read "-1,2" as an option ("expected one argument"); it now reaches the option's type, whose message
+    names the range."""
+    from vlaperf.cli import join_negative_values
+
+    assert join_negative_values(["scaling", "--steps", "-1,2", "--seed", "-3", "--no-progress"]) == \
+        ["scaling", "--steps=-1,2", "--seed=-3", "--no-progress"]
+    with pytest.raises(SystemExit) as exit_info:
+        main(["scaling", "--device", "cpu", "--steps", "-1,2"])
+    assert exit_info.value.code == 2
+    assert "--steps: expected at least two different step counts in 1..1000, got '-1,2'" in capsys.readouterr().err

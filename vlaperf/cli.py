@@ -14,6 +14,7 @@ Exit codes: 0 ok, 1 an equivalence check failed (doctor: an error-severity findi
 from __future__ import annotations
 
 import argparse
+import re
 import sys
 
 import torch
@@ -634,9 +635,22 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def join_negative_values(argv: list[str]) -> list[str]:
+    """`--steps -1,2` -> `--steps=-1,2`: argparse takes a value that starts with '-' for an option unless it is one
+    plain negative number, so a list like "-1,2" got "expected one argument" instead of the option's own message
+    naming the range. No vlaperf option looks like a number."""
+    out: list[str] = []
+    for arg in argv:
+        if out and out[-1].startswith("--") and "=" not in out[-1] and re.fullmatch(r"-\d[\d.,;]*", arg):
+            out[-1] = f"{out[-1]}={arg}"
+        else:
+            out.append(arg)
+    return out
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(argv)
+    args = parser.parse_args(join_negative_values(sys.argv[1:] if argv is None else list(argv)))
     try:
         return args.func(args)
     except CliError as e:
