@@ -166,6 +166,9 @@ def test_serving_a_checkpoint_without_its_conventions_warns(capsys):
     warn_unconverted_checkpoint("model.safetensors", None, None, None)
     err = capsys.readouterr().err
     assert "without --tokenizer" in err and "without --norm-stats" in err and "without --conventions" in err
+    warn_unconverted_checkpoint("model.safetensors", None, None, None, "droid", True)  # the ones that would fit
+    assert "this workload's model and layout take openpi:pi05_droid, lerobot:pi05, lerobot0.4:pi05" in \
+        capsys.readouterr().err
     warn_unconverted_checkpoint("model.safetensors", None, None, "none")  # chosen: no warning about conventions
     assert "--conventions" not in capsys.readouterr().err
     assert run_cli(["serve", "--workload", "wam-tiny", "--device", "cpu", "--norm-stats", "x.json"]) == 2

@@ -496,7 +496,7 @@ def cmd_workloads(args) -> int:
     """The workloads every figure names, and the conventions (`vlaperf serve --conventions`) each can serve."""
     from rich.table import Table
 
-    from vlaperf.conventions import CONVENTIONS
+    from vlaperf.conventions import CONVENTIONS, conventions_for
     from vlaperf.workloads import WAM_WORKLOADS, WORKLOADS
 
     rows = []
@@ -510,7 +510,7 @@ def cmd_workloads(args) -> int:
     for c in CONVENTIONS.values():
         # the batch-1 workloads of its model and layout (serving with them sets the chunk it was trained with)
         fits = [w.id for w in WORKLOADS.values() if w.batch == 1 and w.preset != "tiny"
-                and c.fits(w.model_config().pi05, w.layout) is None]
+                and (c.name == "none" or c.name in conventions_for(w.model_config().pi05, w.layout))]
         conventions.append({"name": c.name, "workloads": fits, "description": c.description})
     wam_rows = [{"id": w.id, "preset": w.preset, "batch": w.batch, "steps": w.steps, "video_steps": w.video_steps,
                  "sparsity": w.sparsity, "cfg_scale": w.cfg_scale} for w in WAM_WORKLOADS.values()]

@@ -154,6 +154,11 @@ CONVENTIONS: dict[str, Conventions] = {c.name: c for c in (
 )}
 
 
+def conventions_for(pi05: bool, layout: str) -> list[str]:
+    """The names of the conventions (not "none") that fit a model family and observation layout."""
+    return [c.name for c in CONVENTIONS.values() if c is not NONE and c.fits(pi05, layout) is None]
+
+
 def get_conventions(name: str | Conventions | None) -> Conventions:
     if isinstance(name, Conventions):
         return name

@@ -325,19 +325,26 @@ def checkpoint_io(tokenizer_file, norm_stats_path, checkpoint, config, conventio
         raise CliError(f"--norm-stats: {e}") from None
     except (ImportError, ValueError) as e:
         raise CliError(f"--tokenizer: {e}") from None
-    warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats, conventions)
+    warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats, conventions,
+                                workload.layout if workload is not None else None, config.pi05)
     return tokenizer, norm_stats
 
 
-def warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats, conventions="unset") -> None:
+def warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats, conventions="unset", layout: str | None = None,
+                                pi05: bool = False) -> None:
     """A trained checkpoint served without its tokenizer, statistics or conventions gives a robot meaningless
-    actions."""
+    actions. `layout` (the workload's) and `pi05`: the conventions that would fit are named."""
     if checkpoint is None:
         return
     if conventions is None:
+        from vlaperf.conventions import conventions_for
+
+        fitting = conventions_for(pi05, layout) if layout is not None else []
+        hint = (f"this workload's model and layout take {', '.join(fitting)}" if fitting
+                else "e.g. --conventions openpi:pi0_libero")
         print("vlaperf serve: warning: serving a checkpoint without --conventions: the actions are the model's "
-              "own; a checkpoint trained on delta actions (openpi pi0_libero, ALOHA) needs its conventions, e.g. "
-              "--conventions openpi:pi0_libero (docs/serving.md)", file=sys.stderr)
+              "own; a checkpoint trained on delta actions (openpi pi0_libero, ALOHA) or with another chunk needs its "
+              f"conventions: {hint} (docs/serving.md, vlaperf workloads)", file=sys.stderr)
     if tokenizer is None:
         print("vlaperf serve: warning: serving a checkpoint without --tokenizer: its prompts go through a stand-in "
               "tokenizer whose ids mean nothing to the model (pass PaliGemma's paligemma_tokenizer.model)", file=sys.stderr)
