@@ -189,10 +189,11 @@ class StepKernelConfig:
     # pi0: o_proj's and down's writers also store per-tile sums of squares of x (as pi0.5's do), so
     # qkv's and gate_up's K loops no longer square their activation tiles (the first layer's come
     # from a small kernel before the launch). 1 on, 0 off, -1 fitted (fit_config: on for one sample's
-    # row block of at most WRITERS_SSQ_MAX_BLOCK rows). At pi0's 51 rows (a 64-row block) slower: 891
-    # against 775 us a step (sweep 23), the libero-pi0 call 0.924x (step_config_ab_libero-pi0_ssq_writers.json,
-    # the kernel spilled); at droid-pi0's 11 rows (a 16-row block) faster: 602 against 688 us a step
-    # (kernel_expert_step_droid-pi0_sweep23.json), the call 1.080x (step_config_ab_droid-pi0_ssq_writers.json)
+    # row block of at most WRITERS_SSQ_MAX_BLOCK rows). At pi0's 51 rows (a 64-row block) slower: 826
+    # against 685 us a step, the libero-pi0 call 0.905x, and 0.910x with 64-deep K blocks, so not the
+    # registers (session 26: kernel_expert_step_libero-pi0_sweep38.json, step_config_ab_libero-pi0_ssq_writers_*.json);
+    # at droid-pi0's 11 rows (a 16-row block) faster: 602 against 688 us a step, the call 1.080x
+    # (kernel_expert_step_droid-pi0_sweep23.json, step_config_ab_droid-pi0_ssq_writers.json)
     ssq_from_writers: int = -1
     # the consumers of those per-tile sums (pi0.5 always, pi0 with ssq_from_writers) load them, and
     # pi0.5's biases, as one block before the K loop and add them after it: the loads' latency
