@@ -506,12 +506,12 @@ def cmd_workloads(args) -> int:
                      "prompt": f"{lo if lo == hi else f'{lo}..{hi}'} of {w.prompt_slots}", "state": w.state_dim,
                      "actions": f"{w.horizon} x {w.robot_action_dim} ({w.action_dim})", "steps": w.steps,
                      "layout": w.layout})
-    conventions = []
-    for c in CONVENTIONS.values():
-        # the batch-1 workloads of its model and layout (serving with them sets the chunk it was trained with)
-        fits = [w.id for w in WORKLOADS.values() if w.batch == 1 and w.preset != "tiny"
-                and (c.name == "none" or c.name in conventions_for(w.model_config().pi05, w.layout))]
-        conventions.append({"name": c.name, "workloads": fits, "description": c.description})
+    # per batch-1 workload, the conventions of its model and layout (serving with them sets the chunk they were
+    # trained with); "none" fits every one
+    serving = {w.id: ["none", *conventions_for(w.model_config().pi05, w.layout)] for w in WORKLOADS.values()
+               if w.batch == 1 and w.preset != "tiny"}
+    conventions = [{"name": c.name, "workloads": [wid for wid, names in serving.items() if c.name in names],
+                    "description": c.description} for c in CONVENTIONS.values()]
     wam_rows = [{"id": w.id, "preset": w.preset, "batch": w.batch, "steps": w.steps, "video_steps": w.video_steps,
                  "sparsity": w.sparsity, "cfg_scale": w.cfg_scale} for w in WAM_WORKLOADS.values()]
     if args.json:
