@@ -7,7 +7,8 @@ openpi (`model.safetensors` from its JAX->PyTorch converter) uses the parameter 
     `...language_model.embed_tokens.weight` (either name is accepted here);
   - the expert's LM head is stored although inference never uses it.
 LeRobot's `pi0` / `pi05` policies hold the same model under `model.`, so their keys are
-openpi's with that prefix. Older LeRobot files may name pi0's time MLP `time_mlp_*`
+openpi's with that prefix. openpi's JAX checkpoints (an orbax `params/` folder) are read and
+renamed by `vlaperf.openpi_jax` (layout "openpi-jax", detected from the folder). Older LeRobot files may name pi0's time MLP `time_mlp_*`
 (pi0.5's name) or the other way round; those names are mapped, and every other mismatch
 is an error that names the key and both shapes.
 """
@@ -27,7 +28,7 @@ from vlaperf.models.pi0 import Pi0Model
 LM_HEAD = "paligemma_with_expert.paligemma.lm_head.weight"
 EMBED = "paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"
 LEROBOT_PREFIX = "model."
-LAYOUTS = ("auto", "openpi", "lerobot")
+LAYOUTS = ("auto", "openpi", "lerobot", "openpi-jax")
 
 
 class CheckpointError(ValueError):
@@ -63,6 +64,8 @@ def detect_layout(keys) -> str:
 
 def to_openpi_names(tensors: dict[str, torch.Tensor], layout: str, pi05: bool) -> dict[str, torch.Tensor]:
     """Rename a file's tensors to openpi's names (the model's own)."""
+    if layout == "openpi-jax":
+        raise CheckpointError("an openpi JAX checkpoint is renamed by vlaperf.openpi_jax.to_openpi_names, not here")
     if layout not in LAYOUTS:
         raise CheckpointError(f"unknown checkpoint layout {layout!r}; expected one of {LAYOUTS}")
     if layout == "auto":
@@ -99,6 +102,20 @@ def load_checkpoint(model: Pi0Model, path: str | os.PathLike, layout: str = "aut
     Raises CheckpointError listing every missing, unexpected or wrongly shaped tensor.
     Returns a small report: layout, tensor count, dtypes found in the file.
     """
+    from vlaperf import openpi_jax
+
+    if layout not in LAYOUTS:
+        raise CheckpointError(f"unknown checkpoint layout {layout!r}; expected one of {LAYOUTS}")
+    jax_folder = openpi_jax.params_folder(path) if layout in ("auto", "openpi-jax") else None
+    if layout == "openpi-jax" or (layout == "auto" and jax_folder is not None):
+        tensors = openpi_jax.read_params(path)
+        named = openpi_jax.to_openpi_names(tensors)
+        filled = openpi_jax.fill_unused_heads(named, {k: v.shape for k, v in model.state_dict().items()})
+        load_state(model, named)
+        report = {"path": str(jax_folder or path), "layout": "openpi-jax", "tensors": len(tensors),
+                  "file_dtypes": sorted({str(t.dtype) for t in tensors.values()}), "filled": filled}
+        model.checkpoint = {"path": report["path"], "layout": "openpi-jax"}
+        return report
     tensors = read_tensors(path)
     layout_found = detect_layout(tensors) if layout == "auto" else layout
     named = to_openpi_names(tensors, layout_found, model.config.pi05)

@@ -179,7 +179,8 @@ def add_common(p: argparse.ArgumentParser, levers_default: str = "reference", le
     p.add_argument("--batch", type=batch_int, default=None, help=f"batch size, 1..{MAX_BATCH} (default: the workload's)")
     add_action_horizon(p)
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights and inputs")
-    p.add_argument("--checkpoint", default=None, help="openpi or LeRobot model.safetensors (default: random weights)")
+    p.add_argument("--checkpoint", default=None, help="openpi or LeRobot model.safetensors, or an openpi JAX checkpoint "
+                   "folder (orbax params/; needs tensorstore) (default: random weights)")
     p.add_argument("--levers", default=levers_default,
                    help=levers_help or "'reference', 'best', 'graph', 'exact' or a comma list (see `vlaperf levers`)")
     p.add_argument("--json", type=output_file, default=None, help="write the result file here")

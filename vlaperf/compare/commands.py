@@ -22,7 +22,7 @@ COMPARE_WORKLOADS = ("libero-pi0", "libero-pi05", "aloha-pi0", "libero-pi0-b4", 
 
 def register(subparsers) -> None:
     """Add `compare` and `convert` to vlaperf's subparsers."""
-    from vlaperf.compare.convert import LAYOUTS
+    from vlaperf.compare.convert import LAYOUTS, SOURCES
     from vlaperf.engine.levers import COMPILE_MODES
     from vlaperf.models.pi0 import PRESETS
 
@@ -48,11 +48,14 @@ def register(subparsers) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_compare)
 
-    p = subparsers.add_parser("convert", help="convert a model.safetensors between openpi's and LeRobot's layouts (strict)")
-    p.add_argument("--from", dest="from_layout", required=True, choices=LAYOUTS, help="layout of IN")
+    p = subparsers.add_parser("convert", help="convert a model.safetensors between openpi's and LeRobot's layouts, or "
+                                             "an openpi JAX checkpoint to either (strict)")
+    p.add_argument("--from", dest="from_layout", required=True, choices=SOURCES,
+                   help="layout of IN (openpi-jax: openpi's orbax checkpoint folder, or its params/; needs tensorstore)")
     p.add_argument("--to", dest="to_layout", required=True, choices=LAYOUTS, help="layout to write")
     p.add_argument("--preset", required=True, choices=tuple(PRESETS), help="model preset the file must match exactly")
-    p.add_argument("src", metavar="IN", help="model.safetensors, or a folder holding one")
+    p.add_argument("src", metavar="IN", help="model.safetensors, or a folder holding one (openpi-jax: the checkpoint "
+                                             "folder holding params/)")
     p.add_argument("dst", metavar="OUT", help="a .safetensors path, or a folder (gets model.safetensors)")
     p.set_defaults(func=cmd_convert)
 
@@ -72,6 +75,8 @@ def cmd_convert(args) -> int:
           f"({report['to']}, {report['tensors_out']} tensors, {'/'.join(report['dtypes'])}, preset {report['preset']})")
     for old, new in report["renamed"]:
         print(f"  renamed {old} -> {new}")
+    for name in report.get("filled", []):
+        print(f"  {name}: not in openpi's JAX model (inference never reads it): written as zeros")
     if report["lm_head_differed"]:
         print(f"  note: the file held both the token embedding and the LM head with different values; the embedding "
               f"({report['embedding_from']}) was kept, as LeRobot's loader does (inference never reads the LM head)")

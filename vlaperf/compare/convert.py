@@ -1,6 +1,8 @@
-"""Checkpoint conversion between openpi's and LeRobot's `model.safetensors` layouts.
+"""Checkpoint conversion between openpi's and LeRobot's `model.safetensors` layouts, and from
+openpi's JAX checkpoints (an orbax `params/` folder, read by `vlaperf.openpi_jax`) to either.
 
     convert_checkpoint("pi0_openpi/", "pi0_lerobot/", "openpi", "lerobot", "pi0")
+    convert_checkpoint("checkpoints/pi05_libero", "pi05_libero_pt/", "openpi-jax", "openpi", "pi05")
 
 Both layouts hold the same tensors under the same names, LeRobot's under a `model.` prefix
 (its policy keeps openpi's `PI0Pytorch` as `self.model`). The conversion is strict: every
@@ -50,6 +52,7 @@ from vlaperf.checkpoints import (
 from vlaperf.models.pi0 import Pi0Config, Pi0Model, get_config
 
 LAYOUTS = ("openpi", "lerobot")
+SOURCES = (*LAYOUTS, "openpi-jax")  # what can be read: the layouts, and openpi's JAX checkpoints
 
 
 def _config(preset: str | Pi0Config) -> Pi0Config:
@@ -165,6 +168,8 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, from_layo
     Returns a report: from, to, preset, tensors_in/out, dtypes, numel, renamed,
     embedding_from, lm_head_differed, src, dst.
     """
+    if from_layout == "openpi-jax":
+        return _convert_jax(src, dst, to_layout, preset)
     src_file = checkpoint_file(src)
     dst_file = output_file(dst)
     if dst_file.exists() and dst_file.resolve() == src_file.resolve():
@@ -177,5 +182,27 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, from_layo
     return report
 
 
-__all__ = ["LAYOUTS", "convert_checkpoint", "convert_tensors", "expected_shapes", "validate", "to_model_names",
+def _convert_jax(src, dst, to_layout: str, preset: str | Pi0Config) -> dict:
+    """An openpi JAX checkpoint -> `to_layout`'s file: renamed by vlaperf.openpi_jax, the expert's LM head (absent
+    in JAX) written as zeros, then the same strict check and writer as the safetensors layouts. dtypes as stored."""
+    from vlaperf import openpi_jax
+
+    if to_layout not in LAYOUTS:
+        raise CheckpointError(f"unknown checkpoint layout {to_layout!r}; expected one of {LAYOUTS}")
+    cfg = _config(preset)
+    dst_file = output_file(dst)  # checked before the (long) read
+    arrays = openpi_jax.read_params(src)
+    named = openpi_jax.to_openpi_names(arrays)
+    filled = openpi_jax.fill_unused_heads(named, expected_shapes(cfg))
+    validate(named, cfg)
+    out = from_model_names(named, to_layout)
+    meta = {"format": "pt", "layout": to_layout, "converted_from": "openpi-jax", "preset": cfg.name}
+    write_safetensors(out, dst_file, meta)
+    return {"from": "openpi-jax", "to": to_layout, "preset": cfg.name, "tensors_in": len(arrays), "tensors_out": len(out),
+            "dtypes": sorted({str(t.dtype).replace("torch.", "") for t in out.values()}),
+            "numel": sum(t.numel() for t in out.values()), "renamed": [], "embedding_from": None,
+            "lm_head_differed": None, "filled": filled, "src": str(openpi_jax.params_folder(src)), "dst": str(dst_file)}
+
+
+__all__ = ["LAYOUTS", "SOURCES", "convert_checkpoint", "convert_tensors", "expected_shapes", "validate", "to_model_names",
            "from_model_names"]

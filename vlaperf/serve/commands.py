@@ -89,7 +89,8 @@ def register(subparsers) -> None:
     p.add_argument("--steps", type=steps_int, default=None, help="denoise steps, 1..1000 (default: the workload's)")
     add_action_horizon(p)
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights")
-    p.add_argument("--checkpoint", default=None, help="openpi or LeRobot model.safetensors (default: random weights)")
+    p.add_argument("--checkpoint", default=None, help="openpi or LeRobot model.safetensors, or an openpi JAX checkpoint "
+                   "folder (orbax params/; needs tensorstore) (default: random weights)")
     p.add_argument("--tokenizer", default=None,
                    help="PaliGemma's sentencepiece model (paligemma_tokenizer.model; needs sentencepiece) for a real "
                         "checkpoint (default: a deterministic stand-in whose ids mean nothing to a trained model)")

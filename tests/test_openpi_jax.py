@@ -1,0 +1,169 @@
+"""openpi's JAX checkpoints (vlaperf.openpi_jax), checked against openpi's own JAX model.
+
+The fixture (tests/data/openpi_jax/, made by benchmarks/openpi_jax_fixture.py) is openpi's JAX pi0 and
+pi0.5 at a small size, every parameter random, saved by orbax 0.11.13 as openpi saves them (pi0 with nnx's
+`value` leaves, pi0.5 without), with openpi's `sample_actions` on a fixed batch (a masked camera, two prompt
+lengths) and fixed noise, computed in float32. vlaperf reads the folder through tensorstore alone, renames
+it, and its reference model must give openpi's JAX actions.
+
+Tolerance: float32 against float32 (JAX at "highest" matmul precision); the two differ in operation order
+only: rel L2 1e-5, max abs 1e-4 (measured 5e-7 and 2e-6 rel L2 when the fixture was made).
+"""
+
+import builtins
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from vlaperf.checkpoints import EMBED, LM_HEAD, CheckpointError, load_checkpoint, read_tensors
+from vlaperf.cli import main
+from vlaperf.compare.convert import convert_checkpoint
+from vlaperf.inputs import Observation
+from vlaperf.models.pi0 import GemmaConfig, Pi0Config, VisionConfig, build_model
+
+pytest.importorskip("tensorstore")  # the dev extra installs it (pip install "vlaperf[openpi-jax]")
+from vlaperf import openpi_jax  # noqa: E402
+
+DATA = Path(__file__).parent / "data" / "openpi_jax"
+KINDS = ("pi0", "pi05")
+
+
+def fixture_config(kind: str) -> Pi0Config:
+    c = json.loads((DATA / kind / "config.json").read_text())
+    return Pi0Config(f"openpi-jax-{kind}", VisionConfig(**c["vision"]), GemmaConfig(**c["backbone"]),
+                     GemmaConfig(**c["expert"]), pi05=c["pi05"], action_dim=c["action_dim"],
+                     action_horizon=c["action_horizon"], max_token_len=c["max_token_len"])
+
+
+def fixture_case(kind: str):
+    e = np.load(DATA / kind / "expected.npz")
+    images = torch.from_numpy(e["pixels"]).float().div(127.5).sub(1.0).permute(0, 1, 4, 2, 3).contiguous()
+    obs = Observation(images, torch.from_numpy(e["image_mask"]), torch.from_numpy(e["tokens"]).long(),
+                      torch.from_numpy(e["token_mask"]), torch.from_numpy(e["state"]))
+    return obs, torch.from_numpy(e["noise"]), torch.from_numpy(e["actions"])
+
+
+def actions_of(model, kind: str) -> torch.Tensor:
+    obs, noise, _ = fixture_case(kind)
+    steps = json.loads((DATA / kind / "config.json").read_text())["num_steps"]
+    with torch.no_grad():
+        return model.sample_actions(obs, noise, num_steps=steps)
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_jax_checkpoint_gives_openpi_jax_actions(kind):
+    model = build_model(fixture_config(kind), "cpu", torch.float32)
+    report = load_checkpoint(model, DATA / kind)
+    assert report["layout"] == "openpi-jax" and report["path"].endswith("params")
+    assert report["filled"] == [openpi_jax.EXPERT_LM_HEAD]
+    assert model.checkpoint["layout"] == "openpi-jax"
+    _, _, expected = fixture_case(kind)
+    got = actions_of(model, kind)
+    rel = ((got - expected).norm() / expected.norm()).item()
+    assert rel < 1e-5, rel
+    assert (got - expected).abs().max().item() < 1e-4
+    # the model's own random weights give other actions: the checkpoint is what matched
+    fresh = actions_of(build_model(fixture_config(kind), "cpu", torch.float32), kind)
+    assert ((fresh - expected).norm() / expected.norm()).item() > 0.1
+
+
+@pytest.mark.parametrize("kind", KINDS)
+def test_params_folder_or_its_parent(kind):
+    a, b = (build_model(fixture_config(kind), "cpu", torch.float32) for _ in range(2))
+    load_checkpoint(a, DATA / kind)
+    load_checkpoint(b, DATA / kind / "params", layout="openpi-jax")
+    for (ka, ta), (kb, tb) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert ka == kb and torch.equal(ta, tb), ka
+    state = a.state_dict()
+    assert torch.equal(state[LM_HEAD], state[EMBED])  # tied, as openpi's PyTorch model
+    assert not state[openpi_jax.EXPERT_LM_HEAD].any()  # not in JAX: zeros
+
+
+def test_read_params_names_without_root_and_value_keys():
+    trained, released = openpi_jax.read_params(DATA / "pi0"), openpi_jax.read_params(DATA / "pi05")
+    for params in (trained, released):
+        assert not any(k.startswith("params/") or k.endswith("/value") for k in params)
+        assert params["PaliGemma/llm/layers/attn/q_einsum/w"].shape == (2, 4, 64, 32)  # [L, N, D, h]
+        assert params["PaliGemma/llm/layers/attn/q_einsum_1/w"].shape == (2, 4, 48, 32)
+        assert params["PaliGemma/img/embedding/kernel"].dtype == torch.float32
+    assert "state_proj/kernel" in trained and "time_mlp_in/kernel" in released
+    assert "PaliGemma/llm/layers/pre_attention_norm_1/Dense_0/kernel" in released  # pi0.5's adaptive norms
+
+
+def test_family_and_size_mismatches_are_refused():
+    pi05_model = build_model(fixture_config("pi05"), "cpu", torch.float32)
+    before = {k: v.clone() for k, v in pi05_model.state_dict().items()}
+    with pytest.raises(CheckpointError, match=r"looks like pi0, the preset is pi0\.5"):
+        load_checkpoint(pi05_model, DATA / "pi0")
+    for k, v in pi05_model.state_dict().items():  # a refused file leaves the model as it was
+        assert torch.equal(v, before[k]), k
+    with pytest.raises(CheckpointError, match=r"(?s)preset 'tiny' \(37 wrong shape\).*layers\.0\.self_attn\.q_proj\.weight: "
+                                              r"checkpoint has \[128, 48\], model expects \[64, 32\]"):
+        load_checkpoint(build_model("tiny"), DATA / "pi0")
+
+
+def test_renaming_errors_name_the_array():
+    params = openpi_jax.read_params(DATA / "pi0")
+    missing = {k: v for k, v in params.items() if k != "PaliGemma/llm/layers/mlp/linear"}
+    with pytest.raises(CheckpointError, match=r"no array 'PaliGemma/llm/layers/mlp/linear'"):
+        openpi_jax.to_openpi_names(missing)
+    lora = {**params, "PaliGemma/llm/layers/attn/q_einsum/lora_a": torch.zeros(2, 4, 64, 16)}
+    with pytest.raises(CheckpointError, match=r"LoRA parameters.*q_einsum/lora_a \[2, 4, 64, 16\]"):
+        openpi_jax.to_openpi_names(lora)
+    no_expert = {k: v for k, v in params.items() if "_1/" not in k}  # every expert array's name has it
+    with pytest.raises(CheckpointError, match="pi0-FAST"):
+        openpi_jax.to_openpi_names(no_expert)
+    flat = {**params, "PaliGemma/llm/layers/attn/q_einsum/w": torch.zeros(2, 256, 32)}
+    with pytest.raises(CheckpointError, match=r"q_einsum/w': 3 dims \[2, 256, 32\], expected 4"):
+        openpi_jax.to_openpi_names(flat)
+    named = openpi_jax.to_openpi_names(params)  # the untouched tree renames
+    assert named["paligemma_with_expert.paligemma.model.language_model.layers.1.self_attn.o_proj.weight"].shape == (64, 128)
+
+
+def test_not_a_jax_checkpoint(tmp_path):
+    with pytest.raises(CheckpointError, match="not an openpi JAX checkpoint"):
+        load_checkpoint(build_model("tiny"), tmp_path, layout="openpi-jax")
+    with pytest.raises(CheckpointError, match="checkpoint not found"):  # auto: neither orbax nor safetensors
+        load_checkpoint(build_model("tiny"), tmp_path)
+    with pytest.raises(CheckpointError, match="unknown checkpoint layout 'jax'"):
+        load_checkpoint(build_model("tiny"), tmp_path, layout="jax")
+
+
+def test_without_tensorstore_the_error_says_what_to_install(monkeypatch):
+    real_import = builtins.__import__
+
+    def no_tensorstore(name, *args, **kwargs):
+        if name == "tensorstore":
+            raise ImportError("No module named 'tensorstore'")
+        return real_import(name, *args, **kwargs)
+
+    monkeypatch.setattr(builtins, "__import__", no_tensorstore)
+    with pytest.raises(CheckpointError, match=r"needs tensorstore: pip install \"vlaperf\[openpi-jax\]\""):
+        openpi_jax.read_params(DATA / "pi0")
+
+
+@pytest.mark.parametrize("layout", ("openpi", "lerobot"))
+def test_convert_jax_checkpoint(tmp_path, layout):
+    cfg = fixture_config("pi05")
+    report = convert_checkpoint(DATA / "pi05", tmp_path / "out", "openpi-jax", layout, cfg)
+    assert report["from"] == "openpi-jax" and report["filled"] == [openpi_jax.EXPERT_LM_HEAD]
+    tensors = read_tensors(tmp_path / "out")
+    assert len(tensors) == report["tensors_out"] and all(t.dtype == torch.float32 for t in tensors.values())
+    direct, converted = (build_model(cfg, "cpu", torch.float32) for _ in range(2))
+    load_checkpoint(direct, DATA / "pi05")
+    assert load_checkpoint(converted, tmp_path / "out")["layout"] == layout
+    assert torch.equal(actions_of(direct, "pi05"), actions_of(converted, "pi05"))
+
+
+def test_cli_refuses_a_jax_checkpoint_of_another_model(tmp_path, capsys):
+    assert main(["bench", "--workload", "tiny", "--device", "cpu", "--iters", "1", "--warmup", "0", "--no-progress",
+                 "--checkpoint", str(DATA / "pi0")]) == 2
+    assert "does not match model preset 'tiny'" in capsys.readouterr().err
+    assert main(["convert", "--from", "openpi-jax", "--to", "openpi", "--preset", "pi0", str(tmp_path),
+                 str(tmp_path / "out")]) == 2
+    assert "not an openpi JAX checkpoint" in capsys.readouterr().err
+    assert not (tmp_path / "out").exists()
+
