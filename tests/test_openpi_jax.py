@@ -167,3 +167,23 @@ def test_cli_refuses_a_jax_checkpoint_of_another_model(tmp_path, capsys):
     assert "not an openpi JAX checkpoint" in capsys.readouterr().err
     assert not (tmp_path / "out").exists()
 
+
+
+@pytest.mark.parametrize("zarr3", (False, True))
+def test_plain_file_store_bfloat16_and_zarr3(tmp_path, zarr3):
+    """Checkpoints written without OCDBT (one folder an array) and with zarr v3 arrays, in bfloat16, as other
+    orbax versions and settings write them: read to the same bits."""
+    import tensorstore as ts
+
+    folder = tmp_path / "params"
+    folder.mkdir()
+    (folder / "_METADATA").write_text(json.dumps({"tree_metadata": {}, "use_zarr3": zarr3}))
+    values = torch.randn(3, 5).to(torch.bfloat16)
+    bf16 = np.dtype(ts.bfloat16.numpy_dtype)
+    array = values.view(torch.uint16).numpy().view(bf16)
+    where = {"driver": "file", "path": str(folder / "params.state_proj.kernel.value") + "/"}
+    spec = {"driver": "zarr3" if zarr3 else "zarr", "kvstore": where}
+    ts.open(spec, create=True, dtype=ts.bfloat16, shape=array.shape).result().write(array).result()
+    params = openpi_jax.read_params(tmp_path)  # the checkpoint folder: params/ is found
+    assert list(params) == ["state_proj/kernel"]
+    assert params["state_proj/kernel"].dtype == torch.bfloat16 and torch.equal(params["state_proj/kernel"], values)

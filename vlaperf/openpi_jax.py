@@ -96,8 +96,9 @@ def read_params(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{path}: not an openpi JAX checkpoint (expected a folder holding params/, or the params "
                               f"folder itself, with orbax's {' / '.join(MARKERS)})")
     ts = _tensorstore()
-    base = {"driver": "file", "path": str(folder.resolve())}
-    kvstore = {"driver": "ocdbt", "base": base} if (folder / "manifest.ocdbt").exists() else base
+    root = str(folder.resolve()) + "/"
+    ocdbt = (folder / "manifest.ocdbt").exists()  # one database of all arrays (orbax's default), else a folder an array
+    kvstore = {"driver": "ocdbt", "base": {"driver": "file", "path": root}} if ocdbt else {"driver": "file", "path": root}
     zarr3 = False
     meta_file = folder / "_METADATA"
     if meta_file.is_file():
@@ -114,7 +115,8 @@ def read_params(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     out = {}
     for name in names:
         try:
-            spec = {"driver": "zarr3" if zarr3 else "zarr", "kvstore": {**kvstore, "path": name + "/"}}
+            where = {**kvstore, "path": name + "/"} if ocdbt else {"driver": "file", "path": root + name + "/"}
+            spec = {"driver": "zarr3" if zarr3 else "zarr", "kvstore": where}
             array = ts.open(spec, open=True, read=True).result().read().result()
         except Exception as e:
             raise CheckpointError(f"{folder}: cannot read array {name!r} ({e})") from None
