@@ -157,7 +157,7 @@ def test_server_metadata_names_the_tokenizer_and_normalization(tmp_path):
     assert plain["normalization"] is None
 
 
-def test_serving_a_checkpoint_without_its_conventions_warns(capsys):
+def test_serving_a_checkpoint_without_its_conventions_warns(capsys, tmp_path):
     from vlaperf.cli import main as run_cli
     from vlaperf.serve.commands import warn_unconverted_checkpoint
 
@@ -171,6 +171,11 @@ def test_serving_a_checkpoint_without_its_conventions_warns(capsys):
         capsys.readouterr().err
     warn_unconverted_checkpoint("model.safetensors", None, None, "none")  # chosen: no warning about conventions
     assert "--conventions" not in capsys.readouterr().err
+    stats = tmp_path / "pi05_libero" / "assets" / "libero" / "norm_stats.json"  # an openpi checkpoint folder's own
+    stats.parent.mkdir(parents=True)
+    stats.write_text("{}")
+    warn_unconverted_checkpoint(str(tmp_path / "pi05_libero"), object(), None, "none")
+    assert f"this checkpoint folder has {stats}" in capsys.readouterr().err
     assert run_cli(["serve", "--workload", "wam-tiny", "--device", "cpu", "--norm-stats", "x.json"]) == 2
     assert "--tokenizer / --norm-stats / --conventions / --action-horizon: the pi0 family's; wam-tiny" in \
         capsys.readouterr().err

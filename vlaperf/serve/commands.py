@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import os
 import sys
+from pathlib import Path
 
 from vlaperf.cli import MAX_BATCH, add_action_horizon, add_compile_cache, add_conventions, batch_int, device_arg, number_arg
 from vlaperf.cli import output_file, port_int, seed_int, steps_int, wide_console, workload_arg
@@ -350,8 +351,11 @@ def warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats, conventions="
         print("vlaperf serve: warning: serving a checkpoint without --tokenizer: its prompts go through a stand-in "
               "tokenizer whose ids mean nothing to the model (pass PaliGemma's paligemma_tokenizer.model)", file=sys.stderr)
     if norm_stats is None:
+        found = sorted(Path(checkpoint).glob("assets/*/norm_stats.json")) if Path(checkpoint).is_dir() else []
+        where = (f"this checkpoint folder has {', '.join(str(p) for p in found)}" if found
+                 else "pass openpi's assets/<robot>/norm_stats.json")
         print("vlaperf serve: warning: serving a checkpoint without --norm-stats: the state is not normalized and the "
-              "actions stay in the model's normalized units (pass openpi's assets/<robot>/norm_stats.json)", file=sys.stderr)
+              f"actions stay in the model's normalized units ({where})", file=sys.stderr)
 
 
 def _wam_policy(args, console):
