@@ -23,6 +23,7 @@ from vlaperf.cli import main
 from vlaperf.compare.convert import convert_checkpoint
 from vlaperf.inputs import Observation
 from vlaperf.models.pi0 import GemmaConfig, Pi0Config, VisionConfig, build_model
+from vlaperf.serve.server import checkpoint_metadata
 
 pytest.importorskip("tensorstore")  # the dev extra installs it (pip install "vlaperf[openpi-jax]")
 from vlaperf import openpi_jax  # noqa: E402
@@ -57,7 +58,8 @@ def actions_of(model, kind: str) -> torch.Tensor:
 def test_jax_checkpoint_gives_openpi_jax_actions(kind):
     model = build_model(fixture_config(kind), "cpu", torch.float32)
     report = load_checkpoint(model, DATA / kind)
-    assert report["layout"] == "openpi-jax" and report["path"].endswith("params")
+    assert report["layout"] == "openpi-jax" and report["path"] == str(DATA / kind)  # the checkpoint, not params/
+    assert checkpoint_metadata(model) == {"name": kind, "layout": "openpi-jax"}  # what a served model tells clients
     assert report["filled"] == [openpi_jax.EXPERT_LM_HEAD]
     assert model.checkpoint["layout"] == "openpi-jax"
     _, _, expected = fixture_case(kind)

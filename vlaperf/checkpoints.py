@@ -99,8 +99,10 @@ def to_openpi_names(tensors: dict[str, torch.Tensor], layout: str, pi05: bool) -
 def load_checkpoint(model: Pi0Model, path: str | os.PathLike, layout: str = "auto") -> dict:
     """Load a checkpoint strictly into `model` (in place), keeping the model's dtypes.
 
+    `path`: a model.safetensors (openpi's or LeRobot's layout) or a folder holding one, or an openpi JAX
+    checkpoint folder (orbax's params/, or the folder holding it: vlaperf.openpi_jax).
     Raises CheckpointError listing every missing, unexpected or wrongly shaped tensor.
-    Returns a small report: layout, tensor count, dtypes found in the file.
+    Returns a small report: layout, tensor count, dtypes found in the file (and, for JAX, the tensors filled).
     """
     from vlaperf import openpi_jax
 
@@ -108,11 +110,12 @@ def load_checkpoint(model: Pi0Model, path: str | os.PathLike, layout: str = "aut
         raise CheckpointError(f"unknown checkpoint layout {layout!r}; expected one of {LAYOUTS}")
     jax_folder = openpi_jax.params_folder(path) if layout in ("auto", "openpi-jax") else None
     if layout == "openpi-jax" or (layout == "auto" and jax_folder is not None):
-        tensors = openpi_jax.read_params(path)
+        tensors = openpi_jax.read_params(path)  # (raises where the folder is not one)
         named = openpi_jax.to_openpi_names(tensors)
         filled = openpi_jax.fill_unused_heads(named, {k: v.shape for k, v in model.state_dict().items()})
         load_state(model, named)
-        report = {"path": str(jax_folder or path), "layout": "openpi-jax", "tensors": len(tensors),
+        root = jax_folder.parent if jax_folder.name == "params" else jax_folder  # named by its checkpoint: pi05_libero
+        report = {"path": str(root), "layout": "openpi-jax", "tensors": len(tensors),
                   "file_dtypes": sorted({str(t.dtype) for t in tensors.values()}), "filled": filled}
         model.checkpoint = {"path": report["path"], "layout": "openpi-jax"}
         return report
