@@ -171,7 +171,7 @@ def test_serving_a_checkpoint_without_its_conventions_warns(capsys, tmp_path):
         capsys.readouterr().err
     warn_unconverted_checkpoint("model.safetensors", None, None, "none")  # chosen: no warning about conventions
     assert "--conventions" not in capsys.readouterr().err
-    stats = tmp_path / "pi05_libero" / "assets" / "libero" / "norm_stats.json"  # an openpi checkpoint folder's own
+    stats = tmp_path / "pi05_libero" / "assets" / "physical-intelligence" / "libero" / "norm_stats.json"  # openpi's
     stats.parent.mkdir(parents=True)
     stats.write_text("{}")
     warn_unconverted_checkpoint(str(tmp_path / "pi05_libero"), object(), None, "none")

@@ -351,7 +351,7 @@ def warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats, conventions="
         print("vlaperf serve: warning: serving a checkpoint without --tokenizer: its prompts go through a stand-in "
               "tokenizer whose ids mean nothing to the model (pass PaliGemma's paligemma_tokenizer.model)", file=sys.stderr)
     if norm_stats is None:
-        found = sorted(Path(checkpoint).glob("assets/*/norm_stats.json")) if Path(checkpoint).is_dir() else []
+        found = sorted(Path(checkpoint).glob("assets/**/norm_stats.json")) if Path(checkpoint).is_dir() else []
         where = (f"this checkpoint folder has {', '.join(str(p) for p in found)}" if found
                  else "pass openpi's assets/<robot>/norm_stats.json")
         print("vlaperf serve: warning: serving a checkpoint without --norm-stats: the state is not normalized and the "
