@@ -265,6 +265,9 @@ def sweeps(base: S.StepKernelConfig) -> dict[int, list[S.StepKernelConfig]]:
         # pi0: the norm statistics from the writers on and off, whatever the fitted default is at the shape (session 26:
         # 1.08x on droid-pi0's 11 rows, 0.91x on libero-pi0's 51); with --timeline, where each shape gains or loses
         38: [r(ssq_from_writers=1), r(ssq_from_writers=0)],
+        # the K loops' products as a batch of 16- (32-) row products (sub_m: mma.sync instead of the 64-row wgmma);
+        # with the writers' statistics too, which gained at droid-pi0's 16-row block and lost at 64 (session 26)
+        39: [r(sub_m=16), r(sub_m=16, ssq_from_writers=1), r(sub_m=32)],
     }
 
 
@@ -279,7 +282,7 @@ def main() -> None:
                    help="also read the GPU clock at every (layer, phase, program) and summarise where each config's time goes")
     p.add_argument("--sweep", type=int, default=1, choices=sorted(sweeps(S.StepKernelConfig())),
                    help="which set of tilings to try beside the default (4-7: split K, folded merge, PTX barrier; 8: attention tiles, 16 warps; 9: barrier polling, pipeline depth; 10: deeper pipelines, atomic polling at 4 stages, wider split tiles; 11: early value loads, 128-key tiles; 12: prefetch by the programs idle in qkv, wider o_proj tiles; 13: rotated K loops; 14: dataflow waits instead of two barriers; 15: prefetch plans; 16: 4 warps; 17-18: prefetch_own; 20: with --pi05, early_mod_loads; 21: with --pi05, scale_after_loop; 22: with --pi05, mod_prefetch and stats_ahead; 23: ssq_from_writers, stats_ahead, 256-deep K blocks; 24: with --pi05, mod_prefetch and stats_ahead off; 25: 256-deep K blocks; 26: with --pi05 at 10 rows, attention splits, merge chunks, K depth, warps, stages; 27: rope_ahead; 28: qkv_pairs, "
-                        "rope_ahead; 29: with --pi05, qkv_pairs, attention splits, warps; 30: with --pi05, merge chunks, mod_prefetch; 31: merge chunks; 32: ssq_mma, ssq_local; 33: staggered barrier polls, idle_prefetch; 34: fold_merge; 35: one_dot; 36: att_dsplit; 37: pipelined attention tiles; 38: ssq_from_writers on and off)")
+                        "rope_ahead; 29: with --pi05, qkv_pairs, attention splits, warps; 30: with --pi05, merge chunks, mod_prefetch; 31: merge chunks; 32: ssq_mma, ssq_local; 33: staggered barrier polls, idle_prefetch; 34: fold_merge; 35: one_dot; 36: att_dsplit; 37: pipelined attention tiles; 38: ssq_from_writers on and off; 39: sub_m, with and without ssq_from_writers)")
     p.add_argument("--no-phases", action="store_true",
                    help="skip timing each phase and the barriers alone after the configurations (five more compiles)")
     p.add_argument("--pi05", action="store_true",

@@ -168,7 +168,7 @@ def whole_kernel_constexprs(cfg: S.StepKernelConfig, timeline: bool = False, sam
                 EARLY_MOD=cfg.early_mod_loads, SCALE_AFTER_LOOP=cfg.scale_after_loop, MOD_PREFETCH=cfg.mod_prefetch,
                 **S.ssq_constexprs(cfg, mod, D), ROPE_AHEAD=cfg.rope_ahead, QKV_PAIRS=cfg.qkv_pairs,
                 SSQ_SUM=S.ssq_sum_mode(cfg), POLL_DEPTH=cfg.poll_depth, POLL_GAP=cfg.poll_gap, ONE_DOT=cfg.one_dot,
-                ADS=cfg.att_dsplit)
+                ADS=cfg.att_dsplit, SUB_M=S.sub_rows(cfg, block_m))
 
 
 def main() -> None:

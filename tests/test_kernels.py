@@ -643,7 +643,9 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
                                           NH, HD) for b in range(B)])
             for cfg in (small, replace(small, fold_merge=True, ks_o=1), replace(small, dataflow=True),
                         replace(small, ssq_from_writers=True, stats_ahead=True), replace(small, qkv_pairs=5),
-                        replace(small, att_dsplit=2, att_bm=32)):
+                        replace(small, att_dsplit=2, att_bm=32),
+                        # the K loops' products as a batch of 16-row products (sub_m): 2 or 8 a K block
+                        replace(small, sub_m=16), replace(small, sub_m=16, ks_gu=2, bn_down=8)):
                 out = expert_step(xb, wqkv, wo, wgu, wd, kcb, vcb, cosb, sinb, maskb, 1e-6, config=cfg)
                 assert out.shape == (B, M, D)
                 err = ((out - refs).norm(dim=(1, 2)) / refs.norm(dim=(1, 2))).max().item()
@@ -935,7 +937,8 @@ def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
                (replace(S.StepKernelConfig(), ssq_local=False), False, 1),
                (replace(S.StepKernelConfig(), poll_depth=4, poll_gap=64), False, 1),
                (replace(S.StepKernelConfig(), one_dot=False), False, 1),
-               (replace(S.StepKernelConfig(), att_bm=32, att_dsplit=2), False, 1))
+               (replace(S.StepKernelConfig(), att_bm=32, att_dsplit=2), False, 1),
+               (replace(S.StepKernelConfig(), sub_m=16), False, 1))
     for cfg, timeline, samples in configs:
         consts = resources.whole_kernel_constexprs(cfg, timeline, samples)
         r = resources.compile_kernel(S._expert_step_kernel, consts, cfg.num_warps, cfg.num_stages, ptxas=True)

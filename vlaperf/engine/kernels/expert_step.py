@@ -246,6 +246,21 @@ class StepKernelConfig:
     # 7.36 us, gate_up's 9.47 -> 8.61), the libero-pi0 call 1.027x (p10..p90 1.022..1.034, the same
     # actions bit for bit); pi0.5 601.0 against 613.9 us, its call 1.010x (1.004..1.016); on
     one_dot: bool = True
+    # the matmul phases' K loops multiply the row block as a batch of products of this many rows (0: one
+    # product of the whole block). At a 64-row block Triton issues a 64-row wgmma; as four 16-row products
+    # it issues mma.sync, the instruction of the kernel at droid-pi0's 16-row block, whose qkv and gate_up
+    # work ran shortest (4.35 and 5.89 us with the writers' statistics, session 26's timeline, against 5.89
+    # and 7.17 at libero-pi0's 64-row block). Needs one_dot; ignored where the block is not larger
+    sub_m: int = 0
+
+
+def sub_rows(cfg: StepKernelConfig, block_m: int) -> int:
+    """The K loops' sub-block rows for a row block (StepKernelConfig.sub_m): 0 where it is off, does not divide
+    the block into several, or one_dot is off."""
+    sub = cfg.sub_m
+    if sub <= 0 or not cfg.one_dot or sub >= block_m or block_m % sub or sub < 16:
+        return 0
+    return sub
 
 
 def ssq_sum_mode(cfg: StepKernelConfig) -> int:
@@ -439,15 +454,21 @@ def _now():
 
 @triton.jit
 def _rows_k_block(k0, acc, acc2, ssq, a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, col_ok, K,
-                  BLOCK_K: tl.constexpr, TWO: tl.constexpr, SSQ: tl.constexpr, SSQ_SUM: tl.constexpr = 0):
-    """One K block [k0, k0 + BLOCK_K) of _rows_matmul."""
+                  BLOCK_K: tl.constexpr, TWO: tl.constexpr, SSQ: tl.constexpr, SSQ_SUM: tl.constexpr = 0,
+                  SUB_M: tl.constexpr = 0):
+    """One K block [k0, k0 + BLOCK_K) of _rows_matmul (SUB_M: acc is (BLOCK_M / SUB_M, SUB_M, BLOCK_N))."""
     ks = k0 + tl.arange(0, BLOCK_K)
     k_ok = ks < K
     a = tl.load(a_ptr + rows[:, None] * stride_a + ks[None, :], mask=row_ok[:, None] & k_ok[None, :], other=0.0,
                 cache_modifier=".cg")
     w_mask = col_ok[:, None] & k_ok[None, :]
     w = tl.load(w_ptr + cols[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0, eviction_policy="evict_first")
-    acc += tl.dot(a, tl.trans(w))
+    if SUB_M > 0:  # the row block as a batch of SUB_M-row products against the one weight tile
+        SUBS: tl.constexpr = a.shape[0] // SUB_M
+        wt = tl.broadcast_to(tl.expand_dims(tl.trans(w), 0), (SUBS, BLOCK_K, w.shape[0]))
+        acc = tl.dot(tl.reshape(a, (SUBS, SUB_M, BLOCK_K)), wt, acc)
+    else:
+        acc += tl.dot(a, tl.trans(w))
     if TWO:
         w2 = tl.load(w_ptr + cols2[:, None] * stride_w + ks[None, :], mask=w_mask, other=0.0,
                      eviction_policy="evict_first")
@@ -468,7 +489,7 @@ def _rows_k_block(k0, acc, acc2, ssq, a_ptr, stride_a, rows, row_ok, w_ptr, stri
 def _rows_matmul(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, col_ok, K, rot,
                  BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr,
                  TWO: tl.constexpr, SSQ: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr,
-                 SSQ_SUM: tl.constexpr = 0):
+                 SSQ_SUM: tl.constexpr = 0, SUB_M: tl.constexpr = 0):
     """acc = A[rows] @ W[cols]^T (and acc2 with W[cols2] if TWO), float32; ssq = per-row sum
     of squares of A (if SSQ). A rows are activations written in this kernel: .cg loads.
     SSQ_SUM: how the squares are summed. 0: a reduction across the threads in every K block;
@@ -481,8 +502,16 @@ def _rows_matmul(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, co
     reads the same activations; in step they would all ask L2 for the same lines at once,
     rotated they spread over the K blocks. `rot` comes from the task, not the program, so the
     persistent launch still equals the per-phase launches bit for bit. (The loop counts blocks
-    so that Triton still pipelines it: a modulo on a strided loop's variable stopped that.)"""
-    acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
+    so that Triton still pipelines it: a modulo on a strided loop's variable stopped that.)
+
+    SUB_M (sub_m, not with TWO): each K block's product as BLOCK_M / SUB_M products of SUB_M rows (a
+    batched dot, which Triton compiles to mma.sync rather than a 64-row wgmma), the accumulator kept
+    in that shape and made (BLOCK_M, BLOCK_N) once after the loop."""
+    tl.static_assert((SUB_M == 0) | (not TWO), "sub_m needs one_dot")
+    if SUB_M > 0:
+        acc = tl.zeros((BLOCK_M // SUB_M, SUB_M, BLOCK_N), dtype=tl.float32)
+    else:
+        acc = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     acc2 = tl.zeros((BLOCK_M, BLOCK_N), dtype=tl.float32)
     if SSQ_SUM == 1:
         ssq = tl.zeros((BLOCK_M, 16), dtype=tl.float32)
@@ -494,11 +523,13 @@ def _rows_matmul(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, co
         n_k = tl.cdiv(K, BLOCK_K)
         for i in tl.range(0, n_k, num_stages=STAGES):
             acc, acc2, ssq = _rows_k_block(((i + rot) % n_k) * BLOCK_K, acc, acc2, ssq, a_ptr, stride_a, rows, row_ok,
-                                           w_ptr, stride_w, cols, cols2, col_ok, K, BLOCK_K, TWO, SSQ, SSQ_SUM)
+                                           w_ptr, stride_w, cols, cols2, col_ok, K, BLOCK_K, TWO, SSQ, SSQ_SUM, SUB_M)
     else:
         for k0 in tl.range(0, K, BLOCK_K, num_stages=STAGES):
             acc, acc2, ssq = _rows_k_block(k0, acc, acc2, ssq, a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols,
-                                           cols2, col_ok, K, BLOCK_K, TWO, SSQ, SSQ_SUM)
+                                           cols2, col_ok, K, BLOCK_K, TWO, SSQ, SSQ_SUM, SUB_M)
+    if SUB_M > 0:
+        acc = tl.reshape(acc, (BLOCK_M, BLOCK_N))
     if SSQ_SUM == 1:
         ssq = tl.max(ssq, axis=1)  # the 16 columns hold the same sum
     elif SSQ_SUM == 2:
@@ -509,7 +540,8 @@ def _rows_matmul(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, co
 @triton.jit
 def _rows_matmul_pair(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, col_ok, K, rot,
                       BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, BLOCK_K: tl.constexpr, SSQ: tl.constexpr,
-                      STAGES: tl.constexpr, ROTATE: tl.constexpr, SSQ_SUM: tl.constexpr, ONE_DOT: tl.constexpr):
+                      STAGES: tl.constexpr, ROTATE: tl.constexpr, SSQ_SUM: tl.constexpr, ONE_DOT: tl.constexpr,
+                      SUB_M: tl.constexpr = 0):
     """_rows_matmul with TWO: A[rows] @ W[cols]^T and A[rows] @ W[cols2]^T. ONE_DOT (one_dot): as one
     product over the interleaved rows (cols[0], cols2[0], cols[1], ...), 2 BLOCK_N wide, whose
     accumulator's even and odd columns are the two results."""
@@ -517,7 +549,7 @@ def _rows_matmul_pair(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols
         wide_cols = tl.reshape(tl.join(cols, cols2), (2 * BLOCK_N,))
         wide_ok = tl.reshape(tl.join(col_ok, col_ok), (2 * BLOCK_N,))
         acc, _unused, ssq = _rows_matmul(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, wide_cols, wide_cols, wide_ok,
-                                         K, rot, BLOCK_M, 2 * BLOCK_N, BLOCK_K, False, SSQ, STAGES, ROTATE, SSQ_SUM)
+                                         K, rot, BLOCK_M, 2 * BLOCK_N, BLOCK_K, False, SSQ, STAGES, ROTATE, SSQ_SUM, SUB_M)
         acc1, acc2 = tl.split(tl.reshape(acc, (BLOCK_M, BLOCK_N, 2)))
     else:
         acc1, acc2, ssq = _rows_matmul(a_ptr, stride_a, rows, row_ok, w_ptr, stride_w, cols, cols2, col_ok, K, rot,
@@ -656,7 +688,7 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
                DATAFLOW: tl.constexpr, mod_ptr=None, xm_ptr=None, ssq_ptr=None, MOD: tl.constexpr = False,
                SSQ_TILES: tl.constexpr = 1, EARLY_MOD: tl.constexpr = False, SSQ_IN: tl.constexpr = False,
                AHEAD: tl.constexpr = False, ROPE_AHEAD: tl.constexpr = False, PAIRS: tl.constexpr = 0,
-               SSQ_SUM: tl.constexpr = 0, ONE_DOT: tl.constexpr = False):
+               SSQ_SUM: tl.constexpr = 0, ONE_DOT: tl.constexpr = False, SUB_M: tl.constexpr = 0):
     """DATAFLOW: each task counts itself in at its slot's counter (query head, k or v) once
     its outputs are stored, for the attention tasks that wait on them.
     MOD (pi0.5's adaptive norm, n (1 + scale) + shift): the product reads xm = x (1 + scale),
@@ -700,7 +732,7 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
                 mod_ptr + D + cols, HALF, d_ok, ssq_ptr, rows, x_ptr, xm_ptr, MOD, LOADED, EARLY_MOD, AHEAD, SSQ_TILES,
                 BLOCK_M)
             acc1, acc2, ssq = _rows_matmul_pair(a_ptr, D, rows, row_ok, wqkv_ptr, D, cols, cols + HALF, d_ok, D, task,
-                                                BLOCK_M, BN, BK, False, STAGES, ROTATE, 0, ONE_DOT)
+                                                BLOCK_M, BN, BK, False, STAGES, ROTATE, 0, ONE_DOT, SUB_M)
             if AHEAD:
                 ssq = _add_ssq_tiles(ssq_block)
             elif EARLY_MOD:
@@ -709,7 +741,7 @@ def _phase_qkv(x_ptr, wqkv_ptr, q_ptr, kv_ptr, cos_ptr, sin_ptr, slot_ctr_ptr, M
                 ssq = _sum_ssq_tiles(ssq_ptr, rows, SSQ_TILES, BLOCK_M)
         else:
             acc1, acc2, ssq = _rows_matmul_pair(x_ptr, D, rows, row_ok, wqkv_ptr, D, cols, cols + HALF, d_ok, D, task,
-                                                BLOCK_M, BN, BK, True, STAGES, ROTATE, SSQ_SUM, ONE_DOT)
+                                                BLOCK_M, BN, BK, True, STAGES, ROTATE, SSQ_SUM, ONE_DOT, SUB_M)
         inv = 1.0 / tl.sqrt(ssq / D + eps)
         acc1 = acc1 * inv[:, None]
         acc2 = acc2 * inv[:, None]
@@ -983,7 +1015,7 @@ def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, npro
                     D: tl.constexpr, BLOCK_M: tl.constexpr, BN: tl.constexpr, BK: tl.constexpr, KS: tl.constexpr,
                     STAGES: tl.constexpr, ROTATE: tl.constexpr, gate_ptr=None, scale_ptr=None, xm_ptr=None,
                     ssq_ptr=None, write_next=0, GATE: tl.constexpr = False, EARLY_MOD: tl.constexpr = False,
-                    SCALE_AFTER_LOOP: tl.constexpr = False, SSQ_OUT: tl.constexpr = False):
+                    SCALE_AFTER_LOOP: tl.constexpr = False, SSQ_OUT: tl.constexpr = False, SUB_M: tl.constexpr = 0):
     """x[:, cols] += A @ W[cols]^T; GATE (pi0.5): x[:, cols] += (A @ W[cols]^T) gate[cols], and
     where `write_next`, also xm[:, cols] = x (1 + scale)[cols] (the next norm's modulated
     input, scale_ptr) and ssq[tile] = the rows' sums of squares over these columns, for the
@@ -1011,7 +1043,7 @@ def _phase_residual(a_ptr, K, w_ptr, x_ptr, part_ptr, tile_ctr_ptr, M, pid, npro
                 gate_pre = tl.load(gate_ptr + cols, mask=col_ok, other=0.0)
                 scale_pre = tl.load(scale_ptr + cols, mask=col_ok & ((cols * 0 + write_next) != 0), other=0.0)
         acc, _a, _s = _rows_matmul(a_ptr + s * k_slice, K, rows, row_ok, w_ptr + s * k_slice, K, cols, cols, col_ok,
-                                   k_slice, tile, BLOCK_M, BN, BK, False, False, STAGES, ROTATE)
+                                   k_slice, tile, BLOCK_M, BN, BK, False, False, STAGES, ROTATE, 0, SUB_M)
         mask = row_ok[:, None] & col_ok[None, :]
         ptrs = x_ptr + rows[:, None] * D + cols[None, :]
         gate = 1.0
@@ -1043,7 +1075,7 @@ def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, n
                    KS: tl.constexpr, STAGES: tl.constexpr, ROTATE: tl.constexpr, mod_ptr=None, xm_ptr=None,
                    ssq_ptr=None, MOD: tl.constexpr = False, SSQ_TILES: tl.constexpr = 1, EARLY_MOD: tl.constexpr = False,
                    SSQ_IN: tl.constexpr = False, AHEAD: tl.constexpr = False, SSQ_SUM: tl.constexpr = 0,
-                   ONE_DOT: tl.constexpr = False):
+                   ONE_DOT: tl.constexpr = False, SUB_M: tl.constexpr = 0):
     """h[:, cols] = gelu(n(x) @ Wg[cols]^T) * (n(x) @ Wu[cols]^T). KS > 1 splits D as in
     _phase_residual: each task's gate, up and sum-of-squares partials go to `part`, and the
     tile's last task adds them (in order) before the norm and GELU, which need the whole sums.
@@ -1066,10 +1098,11 @@ def _phase_gate_up(x_ptr, wgu_ptr, h_ptr, part_ptr, tile_ctr_ptr, M, eps, pid, n
                 mod_ptr + D + cols, F, col_ok, ssq_ptr, rows, x_ptr, xm_ptr, MOD, LOADED, EARLY_MOD, AHEAD, SSQ_TILES,
                 BLOCK_M)
             g, u, ssq = _rows_matmul_pair(a_ptr + s * k_slice, D, rows, row_ok, wgu_ptr + s * k_slice, D, cols, cols + F,
-                                          col_ok, k_slice, tile, BLOCK_M, BN, BK, False, STAGES, ROTATE, 0, ONE_DOT)
+                                          col_ok, k_slice, tile, BLOCK_M, BN, BK, False, STAGES, ROTATE, 0, ONE_DOT, SUB_M)
         else:
             g, u, ssq = _rows_matmul_pair(x_ptr + s * k_slice, D, rows, row_ok, wgu_ptr + s * k_slice, D, cols, cols + F,
-                                          col_ok, k_slice, tile, BLOCK_M, BN, BK, True, STAGES, ROTATE, SSQ_SUM, ONE_DOT)
+                                          col_ok, k_slice, tile, BLOCK_M, BN, BK, True, STAGES, ROTATE, SSQ_SUM, ONE_DOT,
+                                          SUB_M)
         last = True
         if KS > 1:
             gu = part_ptr + rows[:, None] * (2 * F) + cols[None, :]  # (KS, BLOCK_M, 2F): gate columns, then up
@@ -1133,7 +1166,7 @@ def _expert_step_kernel(
     SSQ_IN: tl.constexpr = False, SSQ_OUT: tl.constexpr = False, STATS_AHEAD: tl.constexpr = False,
     ROPE_AHEAD: tl.constexpr = False, QKV_PAIRS: tl.constexpr = 0, SSQ_SUM: tl.constexpr = 0,
     POLL_DEPTH: tl.constexpr = 1, POLL_GAP: tl.constexpr = 0, ONE_DOT: tl.constexpr = False, ADS: tl.constexpr = 1,
-    USE_PDL: tl.constexpr = False,
+    SUB_M: tl.constexpr = 0, USE_PDL: tl.constexpr = False,
 ):
     pdl_wait(USE_PDL)
     pid = tl.program_id(0)
@@ -1172,7 +1205,7 @@ def _expert_step_kernel(
                 _phase_qkv(x_ptr, wqkv_ptr + layer * (QKV_N * D), q_ptr, kv_ptr, cos_ptr, sin_ptr, tile_ctr + CTR_SLOT, MT,
                            eps, pid, nprog, D, NH, HD, BLOCK_M, BN_QKV, BK_QKV, STAGES, ROTATE, DATAFLOW, modl, xm_ptr,
                            ssq_ptr, MOD, (D + BN_DOWN - 1) // BN_DOWN, EARLY_MOD, SSQ_IN, STATS_AHEAD, ROPE_AHEAD,
-                           QKV_PAIRS, SSQ_SUM, ONE_DOT)
+                           QKV_PAIRS, SSQ_SUM, ONE_DOT, SUB_M)
                 if IDLE_PREFETCH > 0:
                     # qkv has fewer tasks than programs (80 of 132 for pi0's expert); the idle ones ask L2
                     # for what the next phases read first from HBM, instead of waiting at the barrier
@@ -1205,15 +1238,16 @@ def _expert_step_kernel(
             elif phase == 3:
                 _phase_residual(o_ptr, NH * HD, wo_ptr + layer * (D * NH * HD), x_ptr, part_ptr, tile_ctr + CTR_O, MT, pid,
                                 nprog, D, BLOCK_M, BN_O, BK_O, KS_O, STAGES, ROTATE, modl + D + QKV_N, modl + 2 * D + QKV_N,
-                                xm_ptr, ssq_ptr, 1, MOD, EARLY_MOD, SCALE_AFTER_LOOP, SSQ_OUT)
+                                xm_ptr, ssq_ptr, 1, MOD, EARLY_MOD, SCALE_AFTER_LOOP, SSQ_OUT, SUB_M)
             elif phase == 4:
                 _phase_gate_up(x_ptr, wgu_ptr + layer * (2 * F * D), h_ptr, part_ptr, tile_ctr + CTR_GU, MT, eps, pid, nprog,
                                D, F, BLOCK_M, BN_GU, BK_GU, KS_GU, STAGES, ROTATE, modl + 2 * D + QKV_N, xm_ptr, ssq_ptr, MOD,
-                               (D + BN_O - 1) // BN_O, EARLY_MOD, SSQ_IN, STATS_AHEAD, SSQ_SUM, ONE_DOT)
+                               (D + BN_O - 1) // BN_O, EARLY_MOD, SSQ_IN, STATS_AHEAD, SSQ_SUM, ONE_DOT, SUB_M)
             elif phase == 5:
                 _phase_residual(h_ptr, F, wd_ptr + layer * (D * F), x_ptr, part_ptr, tile_ctr + CTR_DOWN, MT, pid, nprog, D,
                                 BLOCK_M, BN_DOWN, BK_DOWN, KS_DOWN, STAGES, ROTATE, modl + 3 * D + QKV_N + 2 * F,
-                                modl + MOD_W, xm_ptr, ssq_ptr, layer + 1 < L, MOD, EARLY_MOD, SCALE_AFTER_LOOP, SSQ_OUT)
+                                modl + MOD_W, xm_ptr, ssq_ptr, layer + 1 < L, MOD, EARLY_MOD, SCALE_AFTER_LOOP, SSQ_OUT,
+                                SUB_M)
             # phase 6 does nothing: benchmarks time the barriers alone with phases=(6, 7)
             if TIMELINE:
                 tl.debug_barrier()  # every warp of the program is done
@@ -1608,7 +1642,7 @@ def expert_step(
                   MOD_PREFETCH=cfg.mod_prefetch and device.type == "cuda", **ssq_constexprs(cfg, mod is not None, D),
                   ROPE_AHEAD=cfg.rope_ahead, QKV_PAIRS=cfg.qkv_pairs, SSQ_SUM=ssq_sum_mode(cfg),
                   POLL_DEPTH=cfg.poll_depth, POLL_GAP=cfg.poll_gap, ONE_DOT=cfg.one_dot,
-                  ADS=cfg.att_dsplit)
+                  ADS=cfg.att_dsplit, SUB_M=sub_rows(cfg, BLOCK_M))
     if persistent:
         launch(_expert_step_kernel, (grid,), *args, 0, L, phases[0], phases[1], USE_BARRIER=True, **consts)
         if keep_counters:
