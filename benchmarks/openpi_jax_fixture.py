@@ -12,7 +12,9 @@ openpi's JAX parameters, this script runs openpi's *own* JAX model:
   - every parameter drawn at random (openpi zero-initialises SigLIP's head, which would hide the
     image path), computing in float32;
   - its params saved with orbax's PyTreeCheckpointer as openpi saves them: pi0 with every leaf
-    under nnx's "value" key (a training checkpoint), pi0.5 as a pure dict (a released one);
+    under nnx's "value" key (a training checkpoint), pi0.5 as a pure dict (a released one), and a
+    pi0 LoRA fine-tune (`pi0_lora`: both Gemmas with LoRA on attention and feed-forward, alpha =
+    rank as openpi's gemma_2b_lora / gemma_300m_lora, the adapters random too);
   - its `sample_actions` on a fixed batch of two observations (a masked camera, prompts of two
     lengths) with fixed noise, recorded with the inputs in `expected.npz`, and the sizes in
     `config.json`.
@@ -46,14 +48,20 @@ def import_openpi(src: str):
     stub = types.ModuleType("openpi.models_pytorch.pi0_pytorch")
     sys.modules["openpi.models_pytorch.pi0_pytorch"] = stub
     import openpi.models.gemma as gemma
+    import openpi.models.lora as lora
     import openpi.models.pi0_config as pi0_config
     import openpi.models.siglip as siglip
     from openpi.models import model as model_lib
 
     original = gemma.get_config
     sizes = {"vlaperf_backbone": BACKBONE, "vlaperf_expert": EXPERT}
+    lora_ranks = {"vlaperf_backbone_lora": ("vlaperf_backbone", 4), "vlaperf_expert_lora": ("vlaperf_expert", 6)}
 
     def get_config(variant):
+        if variant in lora_ranks:
+            name, rank = lora_ranks[variant]
+            adapters = {k: lora.LoRAConfig(rank=rank, alpha=float(rank)) for k in ("attn", "ffn")}
+            return gemma.Config(**sizes[name], lora_configs=adapters)
         return gemma.Config(**sizes[variant]) if variant in sizes else original(variant)
 
     gemma.get_config = get_config
@@ -101,13 +109,15 @@ def observation(model_lib, rng: np.random.Generator):
     return obs, arrays
 
 
-def make(name: str, pi05: bool, value_leaves: bool, out: Path, pi0_config, model_lib, seed: int) -> None:
+def make(name: str, pi05: bool, value_leaves: bool, out: Path, pi0_config, model_lib, seed: int,
+         lora: bool = False) -> None:
     import flax.nnx as nnx
     import jax
     import orbax.checkpoint as ocp
 
-    config = pi0_config.Pi0Config(dtype="float32", paligemma_variant="vlaperf_backbone",
-                                  action_expert_variant="vlaperf_expert", action_dim=ACTION_DIM,
+    suffix = "_lora" if lora else ""
+    config = pi0_config.Pi0Config(dtype="float32", paligemma_variant="vlaperf_backbone" + suffix,
+                                  action_expert_variant="vlaperf_expert" + suffix, action_dim=ACTION_DIM,
                                   action_horizon=HORIZON, max_token_len=TOKENS, pi05=pi05)
     model = randomize(config.create(jax.random.key(seed)), seed + 1)
     params = nnx.state(model, nnx.Param).to_pure_dict()
@@ -124,7 +134,7 @@ def make(name: str, pi05: bool, value_leaves: bool, out: Path, pi0_config, model
     actions = model.sample_actions(jax.random.key(0), obs, num_steps=STEPS, noise=jax.numpy.asarray(noise))
     np.savez_compressed(folder / "expected.npz", noise=noise, actions=np.asarray(actions, np.float32), **arrays)
     (folder / "config.json").write_text(json.dumps(dict(
-        pi05=pi05, value_leaves=value_leaves, backbone={**BACKBONE, "vocab_size": VOCAB},
+        pi05=pi05, value_leaves=value_leaves, lora=lora, backbone={**BACKBONE, "vocab_size": VOCAB},
         expert={**EXPERT, "vocab_size": VOCAB}, vision={**VISION, "image_size": 224}, action_dim=ACTION_DIM,
         action_horizon=HORIZON, max_token_len=TOKENS, num_steps=STEPS,
         made_with={"jax": jax.__version__, "orbax-checkpoint": ocp.__version__}), indent=1) + "\n")
@@ -144,6 +154,7 @@ def main() -> None:
     out.mkdir(parents=True, exist_ok=True)
     make("pi0", False, True, out, pi0_config, model_lib, seed=0)
     make("pi05", True, False, out, pi0_config, model_lib, seed=1)
+    make("pi0_lora", False, False, out, pi0_config, model_lib, seed=2, lora=True)
 
 
 if __name__ == "__main__":

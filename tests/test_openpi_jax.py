@@ -1,13 +1,13 @@
 """openpi's JAX checkpoints (vlaperf.openpi_jax), checked against openpi's own JAX model.
 
 The fixture (tests/data/openpi_jax/, made by benchmarks/openpi_jax_fixture.py) is openpi's JAX pi0 and
-pi0.5 at a small size, every parameter random, saved by orbax 0.11.13 as openpi saves them (pi0 with nnx's
-`value` leaves, pi0.5 without), with openpi's `sample_actions` on a fixed batch (a masked camera, two prompt
+pi0.5 at a small size, and a pi0 LoRA fine-tune, every parameter random (the adapters too), saved by orbax
+0.11.13 as openpi saves them (pi0 with nnx's `value` leaves, pi0.5 and the LoRA one without), with openpi's `sample_actions` on a fixed batch (a masked camera, two prompt
 lengths) and fixed noise, computed in float32. vlaperf reads the folder through tensorstore alone, renames
 it, and its reference model must give openpi's JAX actions.
 
 Tolerance: float32 against float32 (JAX at "highest" matmul precision); the two differ in operation order
-only: rel L2 1e-5, max abs 1e-4 (measured 5e-7 and 2e-6 rel L2 when the fixture was made).
+only: rel L2 1e-5, max abs 1e-4 (measured 5e-7, 2e-6 and, LoRA merged, 8e-7 rel L2 when the fixture was made).
 """
 
 import builtins
@@ -29,7 +29,7 @@ pytest.importorskip("tensorstore")  # the dev extra installs it (pip install "vl
 from vlaperf import openpi_jax  # noqa: E402
 
 DATA = Path(__file__).parent / "data" / "openpi_jax"
-KINDS = ("pi0", "pi05")
+KINDS = ("pi0", "pi05", "pi0_lora")
 
 
 def fixture_config(kind: str) -> Pi0Config:
@@ -61,6 +61,7 @@ def test_jax_checkpoint_gives_openpi_jax_actions(kind):
     assert report["layout"] == "openpi-jax" and report["path"] == str(DATA / kind)  # the checkpoint, not params/
     assert checkpoint_metadata(model) == {"name": kind, "layout": "openpi-jax"}  # what a served model tells clients
     assert report["filled"] == [openpi_jax.EXPERT_LM_HEAD]
+    assert report["lora_merged"] == (10 if kind == "pi0_lora" else 0)  # 5 adapted weights a Gemma, both Gemmas
     assert model.checkpoint["layout"] == "openpi-jax"
     _, _, expected = fixture_case(kind)
     got = actions_of(model, kind)
@@ -112,9 +113,14 @@ def test_renaming_errors_name_the_array():
     missing = {k: v for k, v in params.items() if k != "PaliGemma/llm/layers/mlp/linear"}
     with pytest.raises(CheckpointError, match=r"no array 'PaliGemma/llm/layers/mlp/linear'"):
         openpi_jax.to_openpi_names(missing)
-    lora = {**params, "PaliGemma/llm/layers/attn/q_einsum/lora_a": torch.zeros(2, 4, 64, 16)}
-    with pytest.raises(CheckpointError, match=r"LoRA parameters.*q_einsum/lora_a \[2, 4, 64, 16\]"):
-        openpi_jax.to_openpi_names(lora)
+    half = {**params, "PaliGemma/llm/layers/attn/q_einsum/lora_a": torch.zeros(2, 4, 64, 16)}
+    with pytest.raises(CheckpointError, match=r"LoRA adapter 'PaliGemma/llm/layers/attn/q_einsum/lora_a' without "
+                                              r"'PaliGemma/llm/layers/attn/q_einsum/lora_b'"):
+        openpi_jax.to_openpi_names(half)
+    odd = {**params, "PaliGemma/llm/layers/mlp/linear_lora_a": torch.zeros(2, 128, 4),
+           "PaliGemma/llm/layers/mlp/linear_lora_b": torch.zeros(2, 5, 64)}
+    with pytest.raises(CheckpointError, match=r"linear_lora_a' \[2, 128, 4\] and .*\[2, 5, 64\] do not multiply"):
+        openpi_jax.to_openpi_names(odd)
     no_expert = {k: v for k, v in params.items() if "_1/" not in k}  # every expert array's name has it
     with pytest.raises(CheckpointError, match="pi0-FAST"):
         openpi_jax.to_openpi_names(no_expert)
@@ -189,3 +195,27 @@ def test_plain_file_store_bfloat16_and_zarr3(tmp_path, zarr3):
     params = openpi_jax.read_params(tmp_path)  # the checkpoint folder: params/ is found
     assert list(params) == ["state_proj/kernel"]
     assert params["state_proj/kernel"].dtype == torch.bfloat16 and torch.equal(params["state_proj/kernel"], values)
+
+
+def test_lora_merge_follows_openpis_modules():
+    """merge_lora on hand-made adapters: attention einsums scaled by lora_scale (alpha / rank), the attention output's
+    b summed over its heads (openpi's einsum leaves no head axis between a and b), the feed-forward's unscaled."""
+    g = torch.Generator().manual_seed(0)
+    r = lambda *shape: torch.randn(*shape, generator=g)  # noqa: E731
+    L, N, D, H, F, R = 2, 3, 8, 4, 12, 2
+    q, qa, qb = r(L, N, D, H), r(L, N, D, R), r(L, N, R, H)
+    o, oa, ob = r(L, N, H, D), r(L, N, H, R), r(L, N, R, D)
+    lin, la, lb = r(L, F, D), r(L, F, R), r(L, R, D)
+    params = {"a/q_einsum/w": q, "a/q_einsum/lora_a": qa, "a/q_einsum/lora_b": qb,
+              "a/attn_vec_einsum/w": o, "a/attn_vec_einsum/lora_a": oa, "a/attn_vec_einsum/lora_b": ob,
+              "m/linear": lin, "m/linear_lora_a": la, "m/linear_lora_b": lb}
+    merged = openpi_jax.merge_lora(params, lora_scale=0.5)
+    assert sorted(merged) == ["a/attn_vec_einsum/w", "a/q_einsum/w", "m/linear"] and len(params) == 3
+    torch.testing.assert_close(params["a/q_einsum/w"], q + 0.5 * qa @ qb)
+    # x (B, T, N, H) through the LoRA path as openpi computes it: (sum over n, h of x a) then (sum over n of b)
+    x = r(5, N, H)
+    lora = torch.einsum("tnh,lnhr->ltr", x, oa)
+    lora = torch.einsum("ltr,lnrd->ltd", lora, ob)
+    torch.testing.assert_close(torch.einsum("tnh,lnhd->ltd", x, params["a/attn_vec_einsum/w"]),
+                               torch.einsum("tnh,lnhd->ltd", x, o) + 0.5 * lora, rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(params["m/linear"], lin + la @ lb)  # unscaled

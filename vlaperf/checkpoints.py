@@ -116,7 +116,8 @@ def load_checkpoint(model: Pi0Model, path: str | os.PathLike, layout: str = "aut
         load_state(model, named)
         root = jax_folder.parent if jax_folder.name == "params" else jax_folder  # named by its checkpoint: pi05_libero
         report = {"path": str(root), "layout": "openpi-jax", "tensors": len(tensors),
-                  "file_dtypes": sorted({str(t.dtype) for t in tensors.values()}), "filled": filled}
+                  "file_dtypes": sorted({str(t.dtype) for t in tensors.values()}), "filled": filled,
+                  "lora_merged": sum(k.endswith("lora_a") for k in tensors)}
         model.checkpoint = {"path": report["path"], "layout": "openpi-jax"}
         return report
     tensors = read_tensors(path)

@@ -22,7 +22,14 @@ both load. Two tensors of openpi's PyTorch state dict have no JAX counterpart an
 inference: the PaliGemma LM head (tied to the token embedding: the embedding's value) and the
 expert's LM head (zeros; openpi's own converter leaves it at its random initialisation).
 
-Not read: LoRA parameters (merge them into the weights first), pi0-FAST checkpoints (another model).
+LoRA checkpoints (openpi's `gemma_2b_lora` / `gemma_300m_lora` fine-tunes, e.g. pi0_libero_low_mem_finetune) are
+merged into the weights as openpi's modules apply them: an attention einsum's `lora_a` @ `lora_b` (over the last two
+axes) times alpha / rank, which is 1 for both of openpi's variants and not stored in the checkpoint (`lora_scale`
+otherwise); the feed-forward's `*_lora_a` @ `*_lora_b` unscaled, as openpi's FeedForward adds it. One quirk is kept:
+openpi derives the adapter's einsums from the weight's ("BTNH,NHD->BTD" for the attention output), and for the
+attention output the first one has no head axis left, so the second sums `lora_b` over the heads: the merged delta
+is `lora_a` @ (`lora_b` summed over heads), which is what the LoRA model computes.
+Not read: pi0-FAST checkpoints (another model).
 Checked against openpi's own JAX model in tests/test_openpi_jax.py (fixture made by
 benchmarks/openpi_jax_fixture.py).
 """
@@ -228,9 +235,41 @@ def _gemma(take: _Taker, out: dict, prefix: str, suffix: str) -> None:
         out[prefix + "norm.weight"] = take(final + "/scale", 1)
 
 
-def to_openpi_names(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
+def merge_lora(params: dict[str, torch.Tensor], lora_scale: float = 1.0) -> list[str]:
+    """Fold LoRA adapters into their weights, in place in `params` (the adapters are removed). Returns the
+    weights changed. Attention einsums (`.../q_einsum/lora_a`, `lora_b` beside `.../q_einsum/w`): w += lora_scale
+    a @ b (the attention output's with b summed over its heads, as openpi's einsum computes); the feed-forward's (`.../mlp/gating_einsum_lora_a` beside `.../mlp/gating_einsum`, `linear_lora_*`):
+    w += a @ b, without a scale. Computed in float32, stored in the weight's dtype."""
+    merged = []
+    for key in sorted(k for k in params if k.endswith("lora_a")):
+        b_key = key[:-1] + "b"
+        if key.endswith("/lora_a"):
+            base, scale = key[: -len("lora_a")] + "w", lora_scale
+        else:
+            base, scale = key[: -len("_lora_a")], 1.0
+        if base not in params or b_key not in params:
+            raise CheckpointError(f"LoRA adapter {key!r} without {b_key!r} and {base!r} beside it")
+        a, b, w = params.pop(key), params.pop(b_key), params[base]
+        if a.dim() < 2 or b.dim() != a.dim() or a.shape[-1] != b.shape[-2]:
+            raise CheckpointError(f"LoRA adapter {key!r} {list(a.shape)} and {b_key!r} {list(b.shape)} do not multiply")
+        b = b.float()
+        if "attn_vec_einsum" in key:  # x a reduces the heads away, so every head meets the heads' sum of b (see above)
+            b = b.sum(dim=-3, keepdim=True)
+        delta = torch.matmul(a.float(), b)
+        if delta.shape != w.shape:
+            raise CheckpointError(f"LoRA adapter {key!r} @ {b_key!r} is {list(delta.shape)}, the weight {base!r} "
+                                  f"{list(w.shape)}")
+        params[base] = (w.float() + scale * delta).to(w.dtype)
+        merged.append(base)
+    return merged
+
+
+def to_openpi_names(params: dict[str, torch.Tensor], lora_scale: float = 1.0) -> dict[str, torch.Tensor]:
     """read_params' tree -> openpi's PyTorch names (views of the same tensors where a transpose is all
-    it takes). Every array must be used: one left over is an error naming it."""
+    it takes), LoRA adapters merged first (merge_lora). Every array must be used: one left over is an
+    error naming it."""
+    params = dict(params)
+    merge_lora(params, lora_scale)
     take = _Taker(params)
     out: dict[str, torch.Tensor] = {}
     if not take.has("PaliGemma/llm/layers/attn/q_einsum_1/w"):
@@ -249,8 +288,7 @@ def to_openpi_names(params: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
         _linear(take, out, name, name + ".")
     if take.params:
         left = sorted(take.params)
-        lora = [k for k in left if "lora" in k.lower()]
-        hint = " (LoRA parameters: merge them into the weights first)" if lora else ""
+        hint = " (LoRA adapters of an unknown form)" if any("lora" in k.lower() for k in left) else ""
         listed = ", ".join(f"{k} {list(take.params[k].shape)}" for k in left[:8]) + (
             f" and {len(left) - 8} more" if len(left) > 8 else "")
         raise CheckpointError(f"the JAX checkpoint holds arrays openpi's pi0 / pi0.5 does not have{hint}: {listed}")
@@ -273,5 +311,5 @@ def read_checkpoint(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     return to_openpi_names(read_params(path))
 
 
-__all__ = ["is_params_folder", "params_folder", "read_params", "to_openpi_names", "read_checkpoint",
+__all__ = ["is_params_folder", "params_folder", "read_params", "merge_lora", "to_openpi_names", "read_checkpoint",
            "fill_unused_heads", "EXPERT_LM_HEAD"]
