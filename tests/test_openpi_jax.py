@@ -74,6 +74,19 @@ def test_jax_checkpoint_gives_openpi_jax_actions(kind):
 
 
 @pytest.mark.parametrize("kind", KINDS)
+def test_engine_levers_on_a_jax_checkpoint_give_openpi_jax_actions(kind):
+    """The engine's exact levers (no host syncs, the masked camera skipped, the prompts trimmed to the longer one,
+    the static cache, SDPA, fused projections) on the loaded checkpoint: openpi's JAX actions, same tolerance."""
+    from vlaperf.engine import Engine
+
+    model = build_model(fixture_config(kind), "cpu", torch.float32)
+    load_checkpoint(model, DATA / kind)
+    obs, noise, expected = fixture_case(kind)
+    got = Engine(model, "exact").sample_actions(obs, noise, num_steps=10)
+    assert ((got - expected).norm() / expected.norm()).item() < 1e-5
+
+
+@pytest.mark.parametrize("kind", KINDS)
 def test_params_folder_or_its_parent(kind):
     a, b = (build_model(fixture_config(kind), "cpu", torch.float32) for _ in range(2))
     load_checkpoint(a, DATA / kind)
