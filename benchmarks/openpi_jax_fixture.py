@@ -41,7 +41,9 @@ VOCAB = 1024
 ACTION_DIM, HORIZON, TOKENS, BATCH, STEPS = 8, 10, 16, 2, 10
 
 
-def import_openpi(src: str):
+def import_openpi(src: str, small: bool = True):
+    """openpi's JAX model modules from the checkout at `src`; `small`: with this fixture's sizes (the Gemma variants
+    named vlaperf_*, SigLIP at width 32, a 1024-token vocabulary) patched in; False leaves openpi as it is."""
     sys.path.insert(0, src)
     # openpi.models.model imports its PyTorch model (and through it transformers) at the top; the JAX
     # path never touches it
@@ -53,6 +55,8 @@ def import_openpi(src: str):
     import openpi.models.siglip as siglip
     from openpi.models import model as model_lib
 
+    if not small:
+        return pi0_config, model_lib
     original = gemma.get_config
     sizes = {"vlaperf_backbone": BACKBONE, "vlaperf_expert": EXPERT}
     lora_ranks = {"vlaperf_backbone_lora": ("vlaperf_backbone", 4), "vlaperf_expert_lora": ("vlaperf_expert", 6)}
