@@ -193,12 +193,12 @@ def test_cli_refuses_a_jax_checkpoint_of_another_model(tmp_path, capsys):
 @pytest.mark.parametrize("zarr3", (False, True))
 def test_plain_file_store_bfloat16_and_zarr3(tmp_path, zarr3):
     """Checkpoints written without OCDBT (one folder an array) and with zarr v3 arrays, in bfloat16, as other
-    orbax versions and settings write them: read to the same bits."""
+    orbax versions and settings write them: read to the same bits, each array by its own zarr version."""
     import tensorstore as ts
 
     folder = tmp_path / "params"
     folder.mkdir()
-    (folder / "_METADATA").write_text(json.dumps({"tree_metadata": {}, "use_zarr3": zarr3}))
+    (folder / "_CHECKPOINT_METADATA").write_text("{}")  # (no _METADATA: the driver comes from each array's own keys)
     values = torch.randn(3, 5).to(torch.bfloat16)
     bf16 = np.dtype(ts.bfloat16.numpy_dtype)
     array = values.view(torch.uint16).numpy().view(bf16)

@@ -7,10 +7,11 @@ openpi (`model.safetensors` from its JAX->PyTorch converter) uses the parameter 
     `...language_model.embed_tokens.weight` (either name is accepted here);
   - the expert's LM head is stored although inference never uses it.
 LeRobot's `pi0` / `pi05` policies hold the same model under `model.`, so their keys are
-openpi's with that prefix. openpi's JAX checkpoints (an orbax `params/` folder) are read and
-renamed by `vlaperf.openpi_jax` (layout "openpi-jax", detected from the folder). Older LeRobot files may name pi0's time MLP `time_mlp_*`
+openpi's with that prefix. Older LeRobot files may name pi0's time MLP `time_mlp_*`
 (pi0.5's name) or the other way round; those names are mapped, and every other mismatch
-is an error that names the key and both shapes.
+is an error that names the key and both shapes. openpi's JAX checkpoints (an orbax
+`params/` folder) are read and renamed by `vlaperf.openpi_jax` (layout "openpi-jax",
+detected from the folder).
 """
 
 from __future__ import annotations

@@ -36,7 +36,6 @@ benchmarks/openpi_jax_fixture.py).
 
 from __future__ import annotations
 
-import json
 import os
 from pathlib import Path
 
@@ -76,16 +75,20 @@ def _tensorstore():
     return tensorstore
 
 
-def _array_names(ts, kvstore: dict) -> list[str]:
-    """The arrays a store holds: the prefixes of its zarr metadata keys (`.zarray` for zarr v2, `zarr.json` for v3)."""
+ZARR_DRIVERS = {".zarray": "zarr", "zarr.json": "zarr3"}  # an array's metadata key -> tensorstore's driver for it
+
+
+def _array_names(ts, kvstore: dict) -> dict[str, str]:
+    """The arrays a store holds, each with its zarr driver: the prefixes of its metadata keys (`.zarray` for zarr
+    v2, `zarr.json` for v3, as orbax's `use_zarr3` chose)."""
     keys = ts.KvStore.open(kvstore).result().list().result()
-    names = set()
+    names = {}
     for key in keys:
         key = key.decode() if isinstance(key, bytes) else key
         head, _, tail = key.rpartition("/")
-        if tail in (".zarray", "zarr.json") and head:
-            names.add(head)
-    return sorted(names)
+        if tail in ZARR_DRIVERS and head:
+            names[head] = ZARR_DRIVERS[tail]
+    return dict(sorted(names.items()))
 
 
 def _to_torch(a: np.ndarray) -> torch.Tensor:
@@ -106,13 +109,6 @@ def read_params(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     root = str(folder.resolve()) + "/"
     ocdbt = (folder / "manifest.ocdbt").exists()  # one database of all arrays (orbax's default), else a folder an array
     kvstore = {"driver": "ocdbt", "base": {"driver": "file", "path": root}} if ocdbt else {"driver": "file", "path": root}
-    zarr3 = False
-    meta_file = folder / "_METADATA"
-    if meta_file.is_file():
-        try:
-            zarr3 = bool(json.loads(meta_file.read_text()).get("use_zarr3", False))
-        except (OSError, ValueError) as e:
-            raise CheckpointError(f"{meta_file}: not readable as orbax's JSON metadata ({e})") from None
     try:
         names = _array_names(ts, kvstore)
     except Exception as e:  # tensorstore raises ValueError with the store's own message
@@ -120,10 +116,10 @@ def read_params(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     if not names:
         raise CheckpointError(f"{folder}: the checkpoint holds no arrays")
     out = {}
-    for name in names:
+    for name, driver in names.items():
         try:
             where = {**kvstore, "path": name + "/"} if ocdbt else {"driver": "file", "path": root + name + "/"}
-            spec = {"driver": "zarr3" if zarr3 else "zarr", "kvstore": where}
+            spec = {"driver": driver, "kvstore": where}
             array = ts.open(spec, open=True, read=True).result().read().result()
         except Exception as e:
             raise CheckpointError(f"{folder}: cannot read array {name!r} ({e})") from None
