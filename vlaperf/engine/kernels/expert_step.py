@@ -249,8 +249,9 @@ class StepKernelConfig:
     # the matmul phases' K loops multiply the row block as a batch of products of this many rows (0: one
     # product of the whole block). At a 64-row block Triton issues a 64-row wgmma; as four 16-row products
     # it issues mma.sync, the instruction of the kernel at droid-pi0's 16-row block, whose qkv and gate_up
-    # work ran shortest (4.35 and 5.89 us with the writers' statistics, session 26's timeline, against 5.89
-    # and 7.17 at libero-pi0's 64-row block). Needs one_dot; ignored where the block is not larger
+    # work ran shortest (session 26). Far slower at libero-pi0's 51 rows (session 27, sweep 39): 1065.9
+    # against 688.4 us a step (qkv's work 5.89 -> 13.31 us, gate_up's 7.17 -> 16.64), the call 0.776x
+    # (step_config_ab_libero-pi0_sub_m16.json). Off; needs one_dot; ignored where the block is not larger
     sub_m: int = 0
 
 
