@@ -115,12 +115,22 @@ def read_params(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{folder}: cannot list the checkpoint's arrays ({e})") from None
     if not names:
         raise CheckpointError(f"{folder}: the checkpoint holds no arrays")
-    out = {}
+    # every array opened, then every read issued, then gathered: tensorstore runs them side by side (60 arrays,
+    # 1.25 GB, in the page cache of this project's 2-core machine: 0.73 s against 1.23 s one array after another,
+    # medians of 5 runs interleaved)
+    pending = {}
     for name, driver in names.items():
+        where = {**kvstore, "path": name + "/"} if ocdbt else {"driver": "file", "path": root + name + "/"}
+        pending[name] = ts.open({"driver": driver, "kvstore": where}, open=True, read=True)
+    out = {}
+    for name in names:
         try:
-            where = {**kvstore, "path": name + "/"} if ocdbt else {"driver": "file", "path": root + name + "/"}
-            spec = {"driver": driver, "kvstore": where}
-            array = ts.open(spec, open=True, read=True).result().read().result()
+            pending[name] = pending[name].result().read()
+        except Exception as e:
+            raise CheckpointError(f"{folder}: cannot read array {name!r} ({e})") from None
+    for name in names:
+        try:
+            array = pending.pop(name).result()
         except Exception as e:
             raise CheckpointError(f"{folder}: cannot read array {name!r} ({e})") from None
         parts = name.split(".")
