@@ -143,10 +143,11 @@ def read_params(path: str | os.PathLike) -> dict[str, torch.Tensor]:
 
 
 class _Taker:
-    """Pops the checkpoint's arrays by name; a missing one, or one of other dims, is an error naming it."""
+    """Pops the checkpoint's arrays by name from `params` (the caller's own copy: it is emptied); a missing
+    one, or one of other dims, is an error naming it."""
 
     def __init__(self, params: dict[str, torch.Tensor]):
-        self.params = dict(params)
+        self.params = params
 
     def __call__(self, name: str, ndim: int) -> torch.Tensor:
         if name not in self.params:
@@ -274,7 +275,7 @@ def to_openpi_names(params: dict[str, torch.Tensor], lora_scale: float = 1.0) ->
     """read_params' tree -> openpi's PyTorch names (views of the same tensors where a transpose is all
     it takes), LoRA adapters merged first (merge_lora). Every array must be used: one left over is an
     error naming it."""
-    params = dict(params)
+    params = dict(params)  # merge_lora and _Taker change this copy, not the caller's dict
     merge_lora(params, lora_scale)
     take = _Taker(params)
     out: dict[str, torch.Tensor] = {}
