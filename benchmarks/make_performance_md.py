@@ -67,6 +67,56 @@ def bench_rows(results):
     return rows
 
 
+def _times(a, b):
+    return f"{a / b:.2f}x" if a and b else "-"
+
+
+def _preset_of(levers: list[str]) -> str | None:
+    """Which preset a bench file's lever list is, as the preset stands today on a Hopper GPU, or None."""
+    from vlaperf.engine.levers import BEST_GPU, GRAPH_GPU, TUNED_FOR
+
+    presets = {"reference": set(), "graph": set(GRAPH_GPU), "best": set(BEST_GPU) | set(TUNED_FOR)}
+    return next((name for name, items in presets.items() if set(levers) == items), None)
+
+
+def headline_rows(results):
+    """The newest `vlaperf bench` file (by the timestamp its environment records) of each GPU, workload and mode for
+    the presets `reference`, `graph` and today's `best`: one row each where a `best` file exists. Files of a
+    served process (reference weights released) are left out: their peak memory is not the engine's alone."""
+    from vlaperf.workloads import get_workload
+
+    newest: dict = {}
+    for path, r in results:
+        preset = _preset_of(r["variant"]["levers"]) if r["command"] == "bench" else None
+        if preset is None or not r["env"].get("gpu") or r.get("released_reference_bytes"):
+            continue
+        key = (r["env"]["gpu"], workload_label(r), r["mode"])
+        held = newest.setdefault(key, {}).get(preset)
+        if held is None or r["env"].get("timestamp", "") > held[1]["env"].get("timestamp", ""):
+            newest[key][preset] = (path, r)
+    rows = ["| GPU | workload | mode | reference ms | graph ms | best ms | best vs reference | best x floor | action chunks/s | "
+            "best's first call s | best's peak GiB | best measured | file |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for (gpu, wl, mode), got in sorted(newest.items()):
+        if "best" not in got:
+            continue
+        path, r = got["best"]
+        median = {name: got[name][1]["timers"]["wall_ms"]["median"] if name in got else None for name in ("reference", "graph", "best")}
+        floor = (r.get("roofline") or {}).get("floor_ms")
+        batch = r["workload"]["overrides"].get("batch") or get_workload(r["workload"]["id"]).batch
+        peak = r.get("peak_memory_bytes")
+        day = {name: got[name][1]["env"].get("timestamp", "")[:10] for name in got}
+
+        def other(name):  # another preset's median, with its own day where that is not best's
+            return _ms(median[name]) + (f" ({day[name]})" if name in got and day[name] != day["best"] else "")
+
+        rows.append(f"| {gpu} | {wl} | {mode} | {other('reference')} | {other('graph')} | **{_ms(median['best'])}** | "
+                    f"{_times(median['reference'], median['best'])} | {_times(median['best'], floor)} | "
+                    f"{1e3 * batch / median['best']:.1f} | {_first(r, r['first_call_s'])} | "
+                    f"{f'{peak / 2**30:.2f}' if peak else '-'} | {day['best'] or '-'} | `{path.relative_to(ROOT)}` |")
+    return rows
+
+
 def _gpu_state(st):
     """SM clock / max and what held it, as nvidia-smi said right after the timed calls (bench
     records its environment then); '-' for files from before session 7."""
@@ -409,6 +459,14 @@ def cublaslt_probe_tables(results):
     return _probe_tables(results, "cublaslt-probe", CUBLASLT_PROBE_HEADER, cublaslt_probe_rows)
 
 
+def fp8_gemm_probe_tables(results):
+    """benchmarks/fp8_gemm_probe.py: libero-pi0's GEMM shapes in float8 (row-wise scales) against bf16."""
+    from vlaperf.report.render import FP8_GEMM_PROBE_HEADER, fp8_gemm_probe_rows
+
+    return _probe_tables(results, "fp8-gemm-probe", FP8_GEMM_PROBE_HEADER, fp8_gemm_probe_rows,
+                         note=", weight copies larger than L2", small_floats=True)
+
+
 def splitk_probe_tables(results):
     """benchmarks/splitk_probe.py: the prefix's weakest GEMMs as other cuBLAS formulations."""
     from vlaperf.report.render import splitk_probe_rows
@@ -527,7 +585,14 @@ def main() -> None:
              "kv = static_kv_cache, fuse = fuse_projections, graph = cuda_graph. Weights are random bf16 (openpi dtypes);",
              "model mode = `sample_actions` on device tensors with fixed noise; wall = synced host clock.",
              "x floor = median over the roofline floor of the variant's computed tokens (vlaperf/roofline.py, H200 ceilings).",
-             "", "## Single runs (`vlaperf bench`)", ""]
+             "", "## Where each workload stands", "",
+             "The newest `vlaperf bench` file of each workload and mode for three presets: `reference` (no levers: openpi's",
+             "semantics), `graph` (the exact levers in one CUDA graph, no compile) and `best` as it is today on Hopper GPUs",
+             "(graph + compile=default + compile_layers + triton_kernels + megakernel). Each figure is that file's wall-clock",
+             "median; another preset's figure carries its own day where it was measured on another day than `best`'s. `best vs",
+             "reference` divides two files' medians (separate processes; the matrices below compare in one).",
+             "Every file of every run follows under Single runs.", ""]
+    lines += headline_rows(results) + ["", "## Single runs (`vlaperf bench`)", ""]
     lines += bench_rows(results) + [""]
     lines += ["## Matrices (`vlaperf matrix`)", ""] + matrix_tables(results)
     lines += ["## Equivalence (`vlaperf check`)", ""] + check_tables(results)
@@ -549,6 +614,7 @@ def main() -> None:
     lines += ["## Prefix GEMMs as other cuBLAS calls (`benchmarks/splitk_probe.py`)", ""] + splitk_probe_tables(results)
     lines += ["## Prefix GEMMs through every algorithm of cuBLASLt's heuristic (`benchmarks/cublaslt_probe.py`)", ""] + \
         cublaslt_probe_tables(results)
+    lines += ["## libero-pi0's GEMM shapes in float8 (`benchmarks/fp8_gemm_probe.py`)", ""] + fp8_gemm_probe_tables(results)
     lines += ["## Gemma gate_up with GELU x up in one Triton GEMM (session 10, taken out)", ""] + geglu_bench_tables(results)
     lines += ["## The prefix attention by PyTorch's fused kernels (`benchmarks/prefix_attention_probe.py`)", ""] + \
         prefix_attention_probe_tables(results)

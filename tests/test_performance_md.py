@@ -62,3 +62,33 @@ def test_step_kernel_fitted_fields_show_what_they_resolved_to():
     ab["default_launch"] = {"config": {**base, "splits": 10, "qkv_pairs": 10}, "rows": 10}  # files from session 14 on
     table = "\n".join(gen.ab_tables([(gen.ROOT / "benchmarks" / "results" / "step_config_ab_x.json", ab)]))
     assert "step kernel: splits 5->fitted (10) |" in table
+
+
+def test_headline_takes_each_presets_newest_file_and_skips_served_ones():
+    """Where each workload stands: per GPU, workload and mode the newest file (by its environment's timestamp) of
+    reference, graph and today's best; a best file of a served process (reference weights released) is not taken,
+    and a workload without a best file gets no row."""
+    spec = importlib.util.spec_from_file_location("make_performance_md", ROOT / "benchmarks" / "make_performance_md.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    from vlaperf.engine.levers import BEST_GPU, GRAPH_GPU
+
+    best = list(BEST_GPU) + ["triton_kernels", "megakernel"]
+
+    def bench(name, levers, median, day, workload="libero-pi0", **extra):
+        r = {"command": "bench", "workload": {"id": workload, "overrides": {}}, "mode": "model",
+             "variant": {"levers": levers, "label": "+".join(levers)}, "first_call_s": 2.0,
+             "first_call_timing": "before equivalence check", "peak_memory_bytes": 2**30,
+             "timers": {"wall_ms": {"median": median}}, "roofline": {"floor_ms": 5.0},
+             "env": {"gpu": "NVIDIA H200", "timestamp": f"2026-12-{day:02d}T10:00:00+00:00"}, **extra}
+        return gen.ROOT / "benchmarks" / "results" / f"{name}.json", r
+
+    results = [bench("old_best", best, 14.0, 1), bench("new_best", best, 13.0, 2), bench("served", best, 12.0, 3,
+               released_reference_bytes=1), bench("graph", list(GRAPH_GPU), 40.0, 1), bench("ref", [], 200.0, 2),
+               bench("other", best[:-1], 11.0, 3), bench("shallow_graph", list(GRAPH_GPU), 9.0, 2, workload="libero-shallow6")]
+    rows = gen.headline_rows(results)
+    assert len(rows) == 3, rows  # header, separator, one row: libero-shallow6 has no best file
+    cells = [c.strip() for c in rows[2].strip("|").split("|")]
+    assert cells[1:6] == ["libero-pi0", "model", "200.00", "40.00 (2026-12-01)", "**13.00**"]
+    assert cells[6:9] == ["15.38x", "2.60x", "76.9"] and cells[11] == "2026-12-02"
+    assert cells[12] == "`benchmarks/results/new_best.json`"

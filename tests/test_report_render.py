@@ -160,6 +160,9 @@ def test_serving_peer_and_kernel_results_have_renderers(h200_markdown):
     if any(r["command"] == "gemm-probe" for _, r in results):  # the prefix's GEMM shapes, cuBLAS against max-autotune
         assert "| shape | M x K x N | cuBLAS us | TFLOP/s | max-autotune us | TFLOP/s |" in md
         assert "| gemma_gate_up | 544 x 2048 x 32768 |" in md
+    if any(r["command"] == "fp8-gemm-probe" for _, r in results):  # float8 against bf16 on the same shapes
+        assert "| shape | M x K x N | bf16 us | float8 us | quantize us | speedup | speedup with quantize |" in md
+        assert "| gemma_gate_up | 544 x 2048 x 32768 |" in md and "| expert_down | 51 x 4096 x 1024 |" in md
     if any(r["command"] == "splitk-probe" for _, r in results):  # other cuBLAS formulations of the same GEMMs
         assert "| shape | M x K x N | formulation | us | TFLOP/s | rel L2 |" in md
         assert "| siglip_fc2 | 512 x 4304 x 1152 | split 2 |" in md

@@ -941,6 +941,27 @@ def _gemm_probe(doc: _Doc, path: str, r: dict) -> None:
     doc.table(["shape", "M x K x N", "cuBLAS us", "TFLOP/s", "max-autotune us", "TFLOP/s"], gemm_probe_rows(r))
 
 
+def fp8_gemm_probe_rows(r: dict) -> list[list]:
+    """benchmarks/fp8_gemm_probe.py rows: shape, M x K x N, bf16 us, float8 us, the activations' quantization us,
+    float8's speedup without and with that quantization, and each side's rel L2 against float64."""
+    return [[row["name"], f"{row['M']} x {row['K']} x {row['N']}", row["bf16"]["us"], row["fp8"]["us"], row["quant_us"],
+             row["speedup_fp8"], row["speedup_fp8_with_quant"], row["bf16"]["rel_l2"], row["fp8"]["rel_l2"]]
+            for row in r["rows"]]
+
+
+FP8_GEMM_PROBE_HEADER = ["shape", "M x K x N", "bf16 us", "float8 us", "quantize us", "speedup", "speedup with quantize",
+                         "bf16 rel L2", "float8 rel L2"]
+
+
+def _fp8_gemm_probe(doc: _Doc, path: str, r: dict) -> None:
+    doc.h(3, f"GEMM shapes of libero-pi0 in float8 on {_gpu(r)}")
+    doc.p("each shape in CUDA-graph replays over weight copies larger than L2: bf16 F.linear (what the engine runs) "
+          "against torch._scaled_mm with e4m3 operands and row-wise scales; the activations' row-wise quantization "
+          "timed apart; errors against float64", "")
+    doc.table(FP8_GEMM_PROBE_HEADER, [[f"{c:.1e}" if isinstance(c, float) and c < 0.1 else c for c in row]
+                                      for row in fp8_gemm_probe_rows(r)])
+
+
 def cublaslt_probe_rows(r: dict) -> list[list]:
     """benchmarks/cublaslt_probe.py rows: shape, M x K x N, what best runs (us before and after the algorithms,
     TFLOP/s), algorithms offered / correct and timed, the fastest (us, TFLOP/s, its heuristic rank, tile id,
@@ -1264,6 +1285,7 @@ SECTIONS = (("bench", "Latency (bench)"), ("matrix", "Optimization matrix"), ("c
             ("call-overhead", "What a graphed call costs besides its replay (call-overhead)"),
             ("gemm-probe", "GEMM shapes alone: cuBLAS against max-autotune (gemm-probe)"),
             ("cublaslt-probe", "GEMM shapes alone: every algorithm of cuBLASLt's heuristic (cublaslt-probe)"),
+            ("fp8-gemm-probe", "GEMM shapes alone: float8 against bf16 (fp8-gemm-probe)"),
             ("splitk-probe", "Prefix GEMMs as other cuBLAS calls (splitk-probe)"),
             ("prefix-attention-probe", "The prefix attention by PyTorch's fused kernels (prefix-attention-probe)"),
             ("wam-attention-probe", "The world-action model's attention calls by SDPA backend (wam-attention-probe)"),
@@ -1281,7 +1303,7 @@ FILE_RENDERERS = {"matrix": _matrix, "check": _check, "breakdown": _breakdown, "
                   "doctor": _doctor, "rollout": _rollout, "compare": _compare, "kernel-bench": _kernel_bench,
                   "heads-ab": _heads_ab, "step-config-ab": _step_config_ab, "prefix-tiles-ab": _prefix_tiles_ab,
                   "change-ab": _change_ab, "call-overhead": _call_overhead, "gemm-probe": _gemm_probe,
-                  "cublaslt-probe": _cublaslt_probe, "splitk-probe": _splitk_probe,
+                  "cublaslt-probe": _cublaslt_probe, "fp8-gemm-probe": _fp8_gemm_probe, "splitk-probe": _splitk_probe,
                   "prefix-attention-probe": _prefix_attention_probe, "wam-attention-probe": _wam_attention_probe,
                   "geglu-bench": _geglu_bench, "memset-probe": _memset_probe, "served-path-probe": _served_path,
                   "upload-probe": _upload_probe, "launch-probe": _launch_probe}
