@@ -5,7 +5,7 @@
 #            activations' quantization timed apart (benchmarks/fp8_gemm_probe.py)
 #   PART=b   the headline of docs/performance.md at today's code, every run a fresh process: reference, graph and
 #            best on libero-pi0 (model mode; graph and best in policy mode too), graph and best on libero-pi05,
-#            libero-shallow6, aloha-pi0, libero-pi0-b4 and -b8
+#            libero-shallow6, libero-pi0-b4 and -b8
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session28.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -26,8 +26,6 @@ b)
 60 $V bench --workload libero-pi05 --levers graph $B --json $R/bench_libero-pi05_graph-s28_model.json
 120 $V bench --workload libero-shallow6 --levers best $B --json $R/bench_libero-shallow6_best-s28_model.json
 60 $V bench --workload libero-shallow6 --levers graph $B --json $R/bench_libero-shallow6_graph-s28_model.json
-120 $V bench --workload aloha-pi0 --levers best $B --json $R/bench_aloha-pi0_best-s28_model.json
-60 $V bench --workload aloha-pi0 --levers graph $B --json $R/bench_aloha-pi0_graph-s28_model.json
 120 $V bench --workload libero-pi0-b4 --levers best $B --json $R/bench_libero-pi0-b4_best-s28_model.json
 60 $V bench --workload libero-pi0-b4 --levers graph $B --json $R/bench_libero-pi0-b4_graph-s28_model.json
 150 $V bench --workload libero-pi0-b8 --levers best $B --json $R/bench_libero-pi0-b8_best-s28_model.json
