@@ -6,6 +6,8 @@
 #   PART=b   the headline of docs/performance.md at today's code, every run a fresh process: reference, graph and
 #            best on libero-pi0 (model mode; graph and best in policy mode too), graph and best on libero-pi05,
 #            libero-shallow6, libero-pi0-b4 and -b8
+#   PART=c   seed 004's cumulative table on libero-pi0 at today's code (one process, interleaved)
+#   PART=d   seed 000's grid on libero-pi0 at today's code (one process, interleaved)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session28.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -30,6 +32,16 @@ b)
 60 $V bench --workload libero-pi0-b4 --levers graph $B --json $R/bench_libero-pi0-b4_graph-s28_model.json
 150 $V bench --workload libero-pi0-b8 --levers best $B --json $R/bench_libero-pi0-b8_best-s28_model.json
 90 $V bench --workload libero-pi0-b8 --levers graph $B --json $R/bench_libero-pi0-b8_graph-s28_model.json
+EOT
+  ;;
+c)
+  lane A 0 40 <<EOT &
+300 $V matrix --workload libero-pi0 --variants cumulative --iters 30 --warmup 5 --no-progress --json $R/matrix_libero-pi0_cumulative_s28.json
+EOT
+  ;;
+d)
+  lane A 0 40 <<EOT &
+360 $V matrix --workload libero-pi0 --variants grid --iters 20 --warmup 3 --no-progress --json $R/matrix_libero-pi0_grid_s28.json
 EOT
   ;;
 esac
