@@ -467,6 +467,22 @@ def fp8_gemm_probe_tables(results):
                          note=", weight copies larger than L2", small_floats=True)
 
 
+def fp8_action_error_tables(results):
+    """benchmarks/fp8_action_error.py: the actions with every transformer matmul's operands rounded (CPU, emulated)."""
+    out = []
+    for path, r in results:
+        if r["command"] != "fp8-action-error":
+            continue
+        out += [f"`{path.relative_to(ROOT)}` ({r['workload']['id']}, {r['matmuls_rounded']} matmuls rounded, against the "
+                f"float32 reference on {r['env'].get('cpu') or 'the CPU'}; commit {(r['env'].get('git_commit') or '-')[:7]})", "",
+                "| operands rounded to | actions rel L2 | max abs | within bf16's tolerance |", "|---|---|---|---|"]
+        names = {"bf16": "bf16 (weights and inputs)", "fp8_w": "e4m3 weights (row scales), bf16 inputs",
+                 "fp8_w_a": "e4m3 weights and inputs (row scales)"}
+        out += [f"| {names.get(row['rounding'], row['rounding'])} | {row['rel_l2']:.1e} | {row['max_abs']:.3f} | "
+                f"{'yes' if row['within_bf16_tolerance'] else 'no'} ({row['bf16_tolerance']:g}) |" for row in r["rows"]] + [""]
+    return out
+
+
 def splitk_probe_tables(results):
     """benchmarks/splitk_probe.py: the prefix's weakest GEMMs as other cuBLAS formulations."""
     from vlaperf.report.render import splitk_probe_rows
@@ -614,7 +630,8 @@ def main() -> None:
     lines += ["## Prefix GEMMs as other cuBLAS calls (`benchmarks/splitk_probe.py`)", ""] + splitk_probe_tables(results)
     lines += ["## Prefix GEMMs through every algorithm of cuBLASLt's heuristic (`benchmarks/cublaslt_probe.py`)", ""] + \
         cublaslt_probe_tables(results)
-    lines += ["## libero-pi0's GEMM shapes in float8 (`benchmarks/fp8_gemm_probe.py`)", ""] + fp8_gemm_probe_tables(results)
+    lines += ["## libero-pi0's GEMM shapes in float8 (`benchmarks/fp8_gemm_probe.py`)", ""] + fp8_gemm_probe_tables(results) + \
+        fp8_action_error_tables(results)
     lines += ["## Gemma gate_up with GELU x up in one Triton GEMM (session 10, taken out)", ""] + geglu_bench_tables(results)
     lines += ["## The prefix attention by PyTorch's fused kernels (`benchmarks/prefix_attention_probe.py`)", ""] + \
         prefix_attention_probe_tables(results)
