@@ -94,6 +94,8 @@ def test_markdown_from_h200_results(h200_markdown):
     env = text[text.index("## Environment"):]
     assert max(line.count(" | ") + 1 for line in env.splitlines() if line.startswith("| ")) <= 4
     assert "could not render" not in text and "skipped" not in text
+    # a matrix's peak memory is the process's (every variant's engine held), and its table says so
+    assert "process peak GiB |" in text and "every variant's engine held in the one process" in text
 
 
 def test_reports_from_fresh_tiny_results(tiny_results, tmp_path):

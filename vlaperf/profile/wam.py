@@ -312,7 +312,7 @@ def _print(rows, workload, device, console, Table, mode: str) -> None:
     t = Table(title=f"vlaperf matrix  {workload.id}  batch {workload.batch}, {what}  ({device}; interleaved in one process; "
                     "ratios per round, p10..p90)")
     for col in ("variant", "sparsity", "median ms", "p95 ms", "vs reference", "sparsity gain", "actions rel L2",
-                "first call s", "peak GiB", "floor ms"):
+                "first call s", "process peak GiB", "floor ms"):
         t.add_column(col)
     for r in rows:
         if "timers" not in r:

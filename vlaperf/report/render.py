@@ -474,7 +474,10 @@ def _matrix(doc: _Doc, path: str, r: dict) -> None:
                      ", ".join(v.get("levers") or []) or "-"])
         timed.append(v)
     doc.table(["variant", "median ms", "p95 ms", "event median ms", "speedup", "ratio p10..p90", "rel L2",
-               "first call s", "peak GiB", "levers"], rows)
+               "first call s", "process peak GiB", "levers"], rows)
+    if any(v.get("peak_memory_bytes") for v in timed):
+        doc.p("process peak GiB: the allocator's peak over a variant's first call and warm-up, every variant's engine "
+              "held in the one process (a bench file gives one variant's own)", "note")
     if not timed:
         return
     # heatmap: variant x lever, cell = the variant's speedup where the lever is on
