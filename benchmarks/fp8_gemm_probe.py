@@ -111,7 +111,7 @@ def main() -> None:
         if args.json:
             with open(args.json, "w") as f:
                 json.dump(result, f, indent=1)
-        del ws, w8
+        ws = w8 = x8 = None  # this shape's copies freed before the next shape allocates its own
         torch.cuda.empty_cache()
     print(f"{'shape':15s} {'M x K x N':>20s} {'bf16 us':>8s} {'fp8 us':>8s} {'quant us':>8s} {'x':>6s} {'x+q':>6s} {'rel bf16':>9s} {'rel fp8':>9s}")
     for r in result["rows"]:

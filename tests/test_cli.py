@@ -131,6 +131,47 @@ def test_check_and_matrix_on_tiny(tmp_path):
     assert all("timers" in r for r in rows) and rows[-1]["ratio"]["wall_ms"]["speedup"] > 0
 
 
+def test_an_interrupted_matrix_writes_what_it_has(tmp_path, monkeypatch, capsys):
+    """A matrix stopped by SIGTERM (a time limit) or Ctrl-C keeps the rows it prepared (first call, equivalence) in
+    its file, marked interrupted and untimed, and exits 143 / 130; SIGTERM's previous handler comes back."""
+    import os
+    import signal
+
+    from vlaperf.profile import matrix
+
+    prepare, prepared = matrix.prepare_variant, []
+
+    def prepare_then_terminate(model, spec, *a, **kw):
+        if len(prepared) == 2:  # two rows prepared: the signal lands as the third begins
+            os.kill(os.getpid(), signal.SIGTERM)
+        prepared.append(spec)
+        return prepare(model, spec, *a, **kw)
+
+    before = signal.getsignal(signal.SIGTERM)
+    monkeypatch.setattr(matrix, "prepare_variant", prepare_then_terminate)
+    args = ["matrix", "--workload", "tiny", "--device", "cpu", "--variants", "for_loop;exact;best", "--warmup", "1",
+            "--iters", "2", "--no-progress", "--json", str(tmp_path / "t.json")]
+    assert main(args) == 143
+    assert signal.getsignal(signal.SIGTERM) is before
+    r = read_result(tmp_path / "t.json")
+    assert r["interrupted"] is True and [v["variant"] for v in r["variants"]] == ["reference", "for_loop", "exact", "best"]
+    assert r["variants"][1]["equivalence"]["passed"] and r["variants"][1]["first_call_s"] > 0
+    assert r["variants"][1]["skipped"] == "not timed: the matrix was interrupted"
+    assert [v["skipped"] for v in r["variants"][2:]] == ["not prepared: the matrix was interrupted"] * 2
+    assert not any("timers" in v for v in r["variants"])
+    assert "interrupted: wrote the 4 rows so far" in capsys.readouterr().out
+
+    def ctrl_c(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(matrix, "prepare_variant", prepare)
+    monkeypatch.setattr("vlaperf.timing.interleaved", ctrl_c)
+    assert main(args[:-1] + [str(tmp_path / "c.json")]) == 130
+    r = read_result(tmp_path / "c.json")
+    assert r["interrupted"] is True and all(v["skipped"] == "not timed: the matrix was interrupted" for v in r["variants"])
+    assert all(v["equivalence"]["passed"] for v in r["variants"][1:])
+
+
 def test_matrix_takes_levers_as_its_variants_and_check_refuses_before_running(tmp_path, capsys):
     """`matrix --levers` (the issue's spelling, and bench's and check's name) is --variants, never
     ignored; the two together must agree. `check` refuses a variant that cannot run on this device

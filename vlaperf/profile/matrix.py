@@ -8,6 +8,10 @@ exact levers}.
 
 from __future__ import annotations
 
+import contextlib
+import signal
+import threading
+
 import torch
 
 from vlaperf.engine.engine import first_call_seconds
@@ -107,13 +111,30 @@ def run_matrix(args, base, workload, model, device) -> int:
     noise = random_noise(workload, model.config, device, seed=args.seed)
     steps = workload.steps
     fns, rows = {}, []
-    for spec in variants:
-        row, fn = prepare_variant(model, spec, workload, obs, noise, steps)
-        if fn is not None:
-            fns[spec] = fn
-        rows.append(row)
-    timing = interleaved(fns, device=device, warmup=args.warmup, iters=args.iters, baseline="reference",
-                         progress=not args.no_progress)
+    try:
+        with _sigterm_as_interrupt():
+            for spec in variants:
+                row, fn = prepare_variant(model, spec, workload, obs, noise, steps)
+                if fn is not None:
+                    fns[spec] = fn
+                rows.append(row)
+            timing = interleaved(fns, device=device, warmup=args.warmup, iters=args.iters, baseline="reference",
+                                 progress=not args.no_progress)
+    except KeyboardInterrupt as e:
+        # Ctrl-C, or a time limit's SIGTERM: a long matrix (compiles, captures) keeps what it learnt so far. The
+        # rows prepared have their first call and their equivalence; none has a speed (the rounds never finished).
+        for row in rows:
+            row.setdefault("skipped", "not timed: the matrix was interrupted")
+        rows += [{"variant": spec, "levers": [], "skipped": "not prepared: the matrix was interrupted"}
+                 for spec in variants[len(rows):]]
+        _print(rows, workload, device, wide_console(170), Table)
+        if args.json:
+            result = result_header("matrix", base, workload, model, environment_record(device), [], args.variants, "model")
+            result.update({"variants": rows, "warmup": args.warmup, "iters": args.iters, "baseline": "reference",
+                           "first_call_timing": "before equivalence check", "interrupted": True})
+            write_result(result, args.json)
+            print(f"interrupted: wrote the {len(rows)} rows so far (none timed) to {args.json}")
+        return 128 + int(signal.SIGTERM) if isinstance(e, Terminated) else 130
     for row in rows:
         v = timing["variants"].get(row["variant"])
         if v is None:
@@ -129,6 +150,28 @@ def run_matrix(args, base, workload, model, device) -> int:
         write_result(result, args.json)
         print(f"wrote {args.json}")
     return 0
+
+
+class Terminated(KeyboardInterrupt):
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be (`_sigterm_as_interrupt`)."""
+
+
+@contextlib.contextmanager
+def _sigterm_as_interrupt():
+    """SIGTERM (what `timeout` and job schedulers send) raised as `Terminated`, a KeyboardInterrupt, inside the
+    block, on the main thread only (where Python delivers signals); the previous handler comes back after."""
+    if threading.current_thread() is not threading.main_thread():
+        yield
+        return
+
+    def interrupt(signum, frame):
+        raise Terminated(f"signal {signum}")
+
+    previous = signal.signal(signal.SIGTERM, interrupt)
+    try:
+        yield
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def _print(rows, workload, device, console, Table) -> None:
