@@ -8,6 +8,8 @@
 #            libero-shallow6, libero-pi0-b4 and -b8
 #   PART=c   seed 004's cumulative table on libero-pi0 at today's code (one process, interleaved)
 #   PART=d   seed 000's grid on libero-pi0 at today's code (one process, interleaved)
+#   PART=e   part d again under a 300 s limit, to see a matrix stopped by SIGTERM keep its rows (first calls,
+#            equivalence) in its file (the grid's compile modes do not fit without a warm compile cache)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session28.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -42,6 +44,11 @@ EOT
 d)
   lane A 0 40 <<EOT &
 360 $V matrix --workload libero-pi0 --variants grid --iters 20 --warmup 3 --no-progress --json $R/matrix_libero-pi0_grid_s28.json
+EOT
+  ;;
+e)
+  lane A 0 40 <<EOT &
+300 $V matrix --workload libero-pi0 --variants grid --iters 20 --warmup 3 --no-progress --json $R/matrix_libero-pi0_grid_s28e.json; echo "exit status \$?"
 EOT
   ;;
 esac
