@@ -48,7 +48,7 @@ EOT
   ;;
 e)
   lane A 0 40 <<EOT &
-300 $V matrix --workload libero-pi0 --variants grid --iters 20 --warmup 3 --no-progress --json $R/matrix_libero-pi0_grid_s28e.json; echo "exit status \$?"
+300 $V matrix --workload libero-pi0 --variants grid --iters 20 --warmup 3 --no-progress --json $R/matrix_libero-pi0_grid_s28e.json
 EOT
   ;;
 esac
