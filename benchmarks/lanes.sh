@@ -1,7 +1,7 @@
 # Sourced by the device scripts that run single-GPU jobs side by side, one lane per GPU:
 #   lane NAME GPU [TAIL] <<EOF ... EOF &
 # reads steps "budget_s command..." from stdin and runs them in order on that GPU (each under
-# `timeout budget_s`), keeping the last TAIL lines (default 40) of each step's output, warnings
+# `timeout -k 30 budget_s`), keeping the last TAIL lines (default 40) of each step's output, warnings
 # dropped, in $R/lane_NAME.log, and refreshing $OUT/lane_NAME.tgz (all of /tmp/results) after
 # every step, so a lane cut short by the call's time limit still returns what it finished.
 # Each lane's tgz holds all of /tmp/results as it was when that lane last wrote, so it may hold
@@ -22,7 +22,9 @@ lane() {
   while read -r t cmd; do
     [ -z "$t" ] && continue
     echo "== [$name $(date +%T)] $cmd"
-    CUDA_VISIBLE_DEVICES=$gpu timeout "$t" bash -c "$cmd" 2>&1 | grep -v -i "warn" | tail -"$keep"
+    # SIGTERM at the step's budget (a matrix then writes the rows it has), SIGKILL 30 s later if it is still there
+    # (session 28's part e: a matrix was still running 100 s after its SIGTERM, and the lane never returned)
+    CUDA_VISIBLE_DEVICES=$gpu timeout -k 30 "$t" bash -c "$cmd" 2>&1 | grep -v -i "warn" | tail -"$keep"
     tar czf "$OUT/lane_$name.tgz" -C /tmp results
   done > "$R/lane_$name.log" 2>&1
 }

@@ -9,6 +9,7 @@ exact levers}.
 from __future__ import annotations
 
 import contextlib
+import os
 import signal
 import threading
 
@@ -112,12 +113,13 @@ def run_matrix(args, base, workload, model, device) -> int:
     steps = workload.steps
     fns, rows = {}, []
     try:
-        with _sigterm_as_interrupt():
+        with _sigterm_as_interrupt() as terminated:
             for spec in variants:
                 row, fn = prepare_variant(model, spec, workload, obs, noise, steps)
                 if fn is not None:
                     fns[spec] = fn
                 rows.append(row)
+                terminated.raise_if_swallowed()
             timing = interleaved(fns, device=device, warmup=args.warmup, iters=args.iters, baseline="reference",
                                  progress=not args.no_progress)
     except KeyboardInterrupt as e:
@@ -156,20 +158,35 @@ class Terminated(KeyboardInterrupt):
     """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be (`_sigterm_as_interrupt`)."""
 
 
+class _SigtermState:
+    received = False
+
+    def raise_if_swallowed(self) -> None:
+        """Raise Terminated again where a SIGTERM came but its exception never reached us (a library caught it, or it
+        landed inside a finalizer, where Python prints and drops it): the matrix stops at the next row, not never."""
+        if self.received:
+            raise Terminated("SIGTERM (its first exception was lost)")
+
+
 @contextlib.contextmanager
 def _sigterm_as_interrupt():
     """SIGTERM (what `timeout` and job schedulers send) raised as `Terminated`, a KeyboardInterrupt, inside the
-    block, on the main thread only (where Python delivers signals); the previous handler comes back after."""
+    block, on the main thread only (where Python delivers signals); a second SIGTERM ends the process at once
+    (exit status 143), for a process that the first could not stop. The previous handler comes back after."""
+    state = _SigtermState()
     if threading.current_thread() is not threading.main_thread():
-        yield
+        yield state
         return
 
     def interrupt(signum, frame):
+        if state.received:
+            os._exit(128 + int(signal.SIGTERM))
+        state.received = True
         raise Terminated(f"signal {signum}")
 
     previous = signal.signal(signal.SIGTERM, interrupt)
     try:
-        yield
+        yield state
     finally:
         signal.signal(signal.SIGTERM, previous)
 
