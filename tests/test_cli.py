@@ -187,6 +187,37 @@ def test_an_interrupted_matrix_writes_what_it_has(tmp_path, monkeypatch, capsys)
     assert all(v["equivalence"]["passed"] for v in r["variants"][1:])
 
 
+def test_the_program_stopped_by_sigterm_leaves_without_waiting_for_its_threads(tmp_path):
+    """`vlaperf matrix` as a program, told by SIGTERM to stop, writes its file and exits 143 at once, even with a
+    thread still at work that a normal exit would wait for (an engine's kernel compile pool)."""
+    import subprocess
+    import sys
+    import time
+
+    script = f"""
+import os, signal, sys, threading, time
+threading.Thread(target=time.sleep, args=(120,)).start()  # not a daemon: a normal exit waits for it
+from vlaperf.profile import matrix
+prepare = matrix.prepare_variant
+def prepare_then_terminate(model, spec, *a, **kw):
+    if spec == "for_loop":
+        os.kill(os.getpid(), signal.SIGTERM)
+    return prepare(model, spec, *a, **kw)
+matrix.prepare_variant = prepare_then_terminate
+sys.argv = ["vlaperf", "matrix", "--workload", "tiny", "--device", "cpu", "--variants", "for_loop;exact", "--warmup", "1",
+            "--iters", "2", "--no-progress", "--json", {str(tmp_path / "p.json")!r}]
+from vlaperf.cli import main
+sys.exit(main())
+"""
+    start = time.monotonic()
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=100)
+    assert done.returncode == 143, done.stderr[-2000:]
+    assert time.monotonic() - start < 60  # not the thread's 120 s
+    r = read_result(tmp_path / "p.json")
+    assert r["interrupted"] is True and [v["variant"] for v in r["variants"]] == ["reference", "for_loop", "exact"]
+    assert "interrupted: wrote the 3 rows so far" in done.stdout
+
+
 def test_matrix_takes_levers_as_its_variants_and_check_refuses_before_running(tmp_path, capsys):
     """`matrix --levers` (the issue's spelling, and bench's and check's name) is --variants, never
     ignored; the two together must agree. `check` refuses a variant that cannot run on this device

@@ -14,6 +14,7 @@ Exit codes: 0 ok, 1 an equivalence check failed (doctor: an error-severity findi
 from __future__ import annotations
 
 import argparse
+import os
 import re
 import sys
 
@@ -649,11 +650,23 @@ def join_negative_values(argv: list[str]) -> list[str]:
     return out
 
 
+# a command that a SIGTERM stopped after it wrote what it had (`vlaperf matrix`) returns this
+STOPPED_BY_SIGTERM = 128 + 15
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
     args = parser.parse_args(join_negative_values(sys.argv[1:] if argv is None else list(argv)))
     try:
-        return args.func(args)
+        code = args.func(args)
+        if code == STOPPED_BY_SIGTERM and argv is None:
+            # The program itself (not a caller in Python) was told to stop and has written its file: leave now. A
+            # normal exit would first wait for threads and compile workers still at work (an engine's kernel compile
+            # pool runs to its end), which a scheduler's or `timeout`'s SIGTERM should not have to wait for.
+            sys.stdout.flush()
+            sys.stderr.flush()
+            os._exit(code)
+        return code
     except CliError as e:
         print(f"vlaperf {args.command}: error: {e}", file=sys.stderr)
         return 2

@@ -99,7 +99,7 @@ def prepare_variant(model, spec: str, workload, obs, noise, steps: int) -> tuple
 
 
 def run_matrix(args, base, workload, model, device) -> int:
-    from vlaperf.cli import wide_console
+    from vlaperf.cli import STOPPED_BY_SIGTERM, wide_console
     from rich.table import Table
 
     from vlaperf.cli import result_header
@@ -136,7 +136,7 @@ def run_matrix(args, base, workload, model, device) -> int:
                            "first_call_timing": "before equivalence check", "interrupted": True})
             write_result(result, args.json)
             print(f"interrupted: wrote the {len(rows)} rows so far (none timed) to {args.json}")
-        return 128 + int(signal.SIGTERM) if isinstance(e, Terminated) else 130
+        return STOPPED_BY_SIGTERM if isinstance(e, Terminated) else 130
     for row in rows:
         v = timing["variants"].get(row["variant"])
         if v is None:
@@ -180,7 +180,7 @@ def _sigterm_as_interrupt():
 
     def interrupt(signum, frame):
         if state.received:
-            os._exit(128 + int(signal.SIGTERM))
+            os._exit(128 + signal.SIGTERM.value)
         state.received = True
         raise Terminated(f"signal {signum}")
 
