@@ -423,6 +423,36 @@ def test_cli_bench_check_matrix_on_wam_tiny(tmp_path):
     assert exact_drop["vs_reference"]["speedup"] > 0 and exact_drop["sparsity_gain"] is not None
 
 
+def test_an_interrupted_wam_matrix_writes_what_it_has(tmp_path, monkeypatch):
+    """The world-action matrix, stopped by SIGTERM while it prepares a variant, keeps the rows prepared (first call,
+    equivalence), lists the rest as not prepared, and exits 143, as the pi0 family's matrix does."""
+    import os
+    import signal
+
+    from vlaperf.cli import main
+    from vlaperf.profile import wam
+    from vlaperf.report.schema import read_result
+
+    made, make = [], wam.make_engine
+
+    def make_then_terminate(model, spec):
+        made.append(spec)
+        if len(made) == 2:  # the second engine: at sparsity none, after exact's row
+            os.kill(os.getpid(), signal.SIGTERM)
+        return make(model, spec)
+
+    monkeypatch.setattr(wam, "make_engine", make_then_terminate)
+    m = tmp_path / "m.json"
+    assert main(["matrix", "--workload", "wam-tiny", "--device", "cpu", "--warmup", "1", "--iters", "2", "--no-progress",
+                 "--variants", "reference;exact;graph", "--sparsity", "none", "--json", str(m)]) == 143
+    r = read_result(m)
+    rows = {row["variant"]: row for row in r["variants"]}
+    assert r["interrupted"] is True and list(rows) == ["reference", "exact", "graph"]
+    assert rows["exact"]["equivalence"]["passed"] and rows["exact"]["first_call_s"] > 0
+    assert rows["exact"]["skipped"] == "not timed: the matrix was interrupted"
+    assert rows["graph"]["skipped"] == "not prepared: the matrix was interrupted"
+
+
 @pytest.mark.parametrize("argv,message", [
     (["bench", "--workload", "tiny", "--sparsity", "drop_middle"], "--sparsity: only for the world-action workloads"),
     (["bench", "--workload", "tiny", "--mode", "forward"], "--mode forward: only for the world-action workloads"),

@@ -113,7 +113,7 @@ def run_matrix(args, base, workload, model, device) -> int:
     steps = workload.steps
     fns, rows = {}, []
     try:
-        with _sigterm_as_interrupt() as terminated:
+        with sigterm_as_interrupt() as terminated:
             for spec in variants:
                 row, fn = prepare_variant(model, spec, workload, obs, noise, steps)
                 if fn is not None:
@@ -155,7 +155,7 @@ def run_matrix(args, base, workload, model, device) -> int:
 
 
 class Terminated(KeyboardInterrupt):
-    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be (`_sigterm_as_interrupt`)."""
+    """SIGTERM, raised where Ctrl-C's KeyboardInterrupt would be (`sigterm_as_interrupt`)."""
 
 
 class _SigtermState:
@@ -169,7 +169,7 @@ class _SigtermState:
 
 
 @contextlib.contextmanager
-def _sigterm_as_interrupt():
+def sigterm_as_interrupt():
     """SIGTERM (what `timeout` and job schedulers send) raised as `Terminated`, a KeyboardInterrupt, inside the
     block, on the main thread only (where Python delivers signals); a second SIGTERM ends the process at once
     (exit status 143), for a process that the first could not stop. The previous handler comes back after."""

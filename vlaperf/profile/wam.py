@@ -222,8 +222,10 @@ def parse_variants(spec: str, device: torch.device) -> list[str]:
 
 
 def cmd_matrix(args) -> int:
-    from vlaperf.cli import wide_console
+    from vlaperf.cli import STOPPED_BY_SIGTERM, wide_console
     from rich.table import Table
+
+    from vlaperf.profile.matrix import Terminated, sigterm_as_interrupt
 
     from vlaperf.check import check_wam_equivalence
     from vlaperf.cli import CliError, _timed_once
@@ -243,39 +245,59 @@ def cmd_matrix(args) -> int:
     sparsities = [workload.sparsity] if getattr(args, "sparsity", None) else list(SPARSITY_ALL)
     obs, noise = random_wam_inputs(model.config, workload.batch, device, model.dtype, seed=args.seed)
     rows, fns = [], {}
-    for sp in sparsities:
-        w = workload.with_overrides(sparsity=sp)
-        for spec in variants:
-            key = f"{spec} | {sp}"
-            row = {"variant": spec, "sparsity": sp, "key": key, "levers": [],
-                   "roofline_floor_ms": wam_roofline(model.config, w)["floor_ms"]}
-            if spec == "reference":
-                row["equivalence"] = None
-                fns[key] = call_fn(model, None, w, obs, noise, mode)
-                rows.append(row)
-                continue
-            try:
-                engine = make_engine(model, spec)
-            except CliError as e:
-                row["skipped"] = str(e)
-                rows.append(row)
-                continue
-            row["levers"] = engine.levers.names()
-            fn = call_fn(model, engine, w, obs, noise, mode)
-            try:
-                row["first_call_s"] = _timed_once(fn, device)  # compile and capture land here, before the check
-                row["equivalence"] = check_wam_equivalence(model, engine, w)
-            except Exception as e:  # one variant that breaks (a compiler error) must not lose the matrix
-                row["skipped"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
-                rows.append(row)
-                continue
-            if not row["equivalence"]["passed"]:
-                row["skipped"] = "fails equivalence: speed not reported"
-            else:
-                fns[key] = fn
-            rows.append(row)
-    timing = interleaved(fns, device=device, warmup=args.warmup, iters=args.iters, baseline=next(iter(fns)),
-                         progress=not args.no_progress)
+    try:
+        with sigterm_as_interrupt() as terminated:
+            for sp in sparsities:
+                w = workload.with_overrides(sparsity=sp)
+                for spec in variants:
+                    terminated.raise_if_swallowed()
+                    key = f"{spec} | {sp}"
+                    row = {"variant": spec, "sparsity": sp, "key": key, "levers": [],
+                           "roofline_floor_ms": wam_roofline(model.config, w)["floor_ms"]}
+                    if spec == "reference":
+                        row["equivalence"] = None
+                        fns[key] = call_fn(model, None, w, obs, noise, mode)
+                        rows.append(row)
+                        continue
+                    try:
+                        engine = make_engine(model, spec)
+                    except CliError as e:
+                        row["skipped"] = str(e)
+                        rows.append(row)
+                        continue
+                    row["levers"] = engine.levers.names()
+                    fn = call_fn(model, engine, w, obs, noise, mode)
+                    try:
+                        row["first_call_s"] = _timed_once(fn, device)  # compile and capture land here, before the check
+                        row["equivalence"] = check_wam_equivalence(model, engine, w)
+                    except Exception as e:  # one variant that breaks (a compiler error) must not lose the matrix
+                        row["skipped"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
+                        rows.append(row)
+                        continue
+                    if not row["equivalence"]["passed"]:
+                        row["skipped"] = "fails equivalence: speed not reported"
+                    else:
+                        fns[key] = fn
+                    rows.append(row)
+            terminated.raise_if_swallowed()
+            timing = interleaved(fns, device=device, warmup=args.warmup, iters=args.iters, baseline=next(iter(fns)),
+                                 progress=not args.no_progress)
+    except KeyboardInterrupt as e:
+        # as `vlaperf matrix` for the pi0 family: the rows prepared keep their first call and equivalence, none is timed
+        keys = {row["key"] for row in rows}
+        for row in rows:
+            row.setdefault("skipped", "not timed: the matrix was interrupted")
+        rows += [{"variant": spec, "sparsity": sp, "key": f"{spec} | {sp}", "levers": [],
+                  "skipped": "not prepared: the matrix was interrupted"}
+                 for sp in sparsities for spec in variants if f"{spec} | {sp}" not in keys]
+        _print(rows, workload, device, wide_console(180), Table, mode)
+        if args.json:
+            result = header("matrix", base, workload, model, environment_record(device), [], args.variants, mode)
+            result.update({"variants": rows, "warmup": args.warmup, "iters": args.iters, "sparsities": sparsities,
+                           "first_call_timing": "before equivalence check", "interrupted": True})
+            write_result(result, args.json)
+            print(f"interrupted: wrote the {len(rows)} rows so far (none timed) to {args.json}")
+        return STOPPED_BY_SIGTERM if isinstance(e, Terminated) else 130
     samples = {k: v["samples"]["wall_ms"] for k, v in timing["variants"].items()}
     for row in rows:
         v = timing["variants"].get(row["key"])
