@@ -661,8 +661,8 @@ def main(argv: list[str] | None = None) -> int:
         code = args.func(args)
         if code == STOPPED_BY_SIGTERM and argv is None:
             # The program itself (not a caller in Python) was told to stop and has written its file: leave now. A
-            # normal exit would first wait for threads and compile workers still at work (an engine's kernel compile
-            # pool runs to its end), which a scheduler's or `timeout`'s SIGTERM should not have to wait for.
+            # normal exit would first wait for threads and pools still at work (a compile pool runs its queue to the
+            # end), which a scheduler's or `timeout`'s SIGTERM should not have to wait for.
             sys.stdout.flush()
             sys.stderr.flush()
             os._exit(code)
