@@ -94,9 +94,16 @@ def headline_rows(results):
         held = newest.setdefault(key, {}).get(preset)
         if held is None or r["env"].get("timestamp", "") > held[1]["env"].get("timestamp", ""):
             newest[key][preset] = (path, r)
+    lerobot = {}  # (GPU, workload) -> the newest full-size `vlaperf compare` file's LeRobot median and its day
+    for path, r in results:
+        summary = (r.get("timing") or {}).get("summary") or {} if r["command"] == "compare" else {}
+        if "lerobot" in summary and not r["compare"].get("reduced") and r["env"].get("gpu"):
+            key, day = (r["env"]["gpu"], workload_label(r)), r["env"].get("timestamp", "")[:10]
+            if key not in lerobot or day > lerobot[key][1]:
+                lerobot[key] = (summary["lerobot"]["wall_ms_median"], day)
     rows = ["| GPU | workload | mode | reference ms | graph ms | best ms | best vs reference | best x floor | action chunks/s | "
-            "best's first call s | best's peak GiB | best measured | file |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+            "best's first call s | best's peak GiB | best measured | LeRobot eager ms | best vs LeRobot | file |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for (gpu, wl, mode), got in sorted(newest.items()):
         if "best" not in got:
             continue
@@ -110,10 +117,14 @@ def headline_rows(results):
         def other(name):  # another preset's median, with its own day where that is not best's
             return _ms(median[name]) + (f" ({day[name]})" if name in got and day[name] != day["best"] else "")
 
+        peer_ms, peer_day = lerobot.get((gpu, wl), (None, "")) if mode == "model" else (None, "")
+        peer = _ms(peer_ms) + (f" ({peer_day})" if peer_ms and peer_day != day["best"] else "")
+
         rows.append(f"| {gpu} | {wl} | {mode} | {other('reference')} | {other('graph')} | **{_ms(median['best'])}** | "
                     f"{_times(median['reference'], median['best'])} | {_times(median['best'], floor)} | "
                     f"{1e3 * batch / median['best']:.1f} | {_first(r, r['first_call_s'])} | "
-                    f"{f'{peak / 2**30:.2f}' if peak else '-'} | {day['best'] or '-'} | `{path.relative_to(ROOT)}` |")
+                    f"{f'{peak / 2**30:.2f}' if peak else '-'} | {day['best'] or '-'} | {peer} | "
+                    f"{_times(peer_ms, median['best'])} | `{path.relative_to(ROOT)}` |")
     return rows
 
 
@@ -606,7 +617,8 @@ def main() -> None:
              "semantics), `graph` (the exact levers in one CUDA graph, no compile) and `best` as it is today on Hopper GPUs",
              "(graph + compile=default + compile_layers + triton_kernels + megakernel). Each figure is that file's wall-clock",
              "median; another preset's figure carries its own day where it was measured on another day than `best`'s. `best vs",
-             "reference` divides two files' medians (separate processes; the matrices below compare in one).",
+             "reference` divides two files' medians (separate processes; the matrices below compare in one). LeRobot eager:",
+             "LeRobot's pi0 / pi05 as shipped, from the newest `vlaperf compare` file of the workload (model mode rows).",
              "Every file of every run follows under Single runs.", ""]
     lines += headline_rows(results) + ["", "## Single runs (`vlaperf bench`)", ""]
     lines += bench_rows(results) + [""]

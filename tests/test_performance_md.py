@@ -86,9 +86,18 @@ def test_headline_takes_each_presets_newest_file_and_skips_served_ones():
     results = [bench("old_best", best, 14.0, 1), bench("new_best", best, 13.0, 2), bench("served", best, 12.0, 3,
                released_reference_bytes=1), bench("graph", list(GRAPH_GPU), 40.0, 1), bench("ref", [], 200.0, 2),
                bench("other", best[:-1], 11.0, 3), bench("shallow_graph", list(GRAPH_GPU), 9.0, 2, workload="libero-shallow6")]
+
+    def compare(median, day, reduced=False):  # a `vlaperf compare` file: LeRobot's median beside vlaperf's
+        return gen.ROOT / "c.json", {"command": "compare", "workload": {"id": "libero-pi0", "overrides": {}},
+                                     "compare": {"reduced": reduced}, "env": {"gpu": "NVIDIA H200",
+                                     "timestamp": f"2026-11-{day:02d}T10:00:00+00:00"},
+                                     "timing": {"summary": {"lerobot": {"wall_ms_median": median}}}}
+
+    results += [compare(250.0, 28), compare(260.0, 29), compare(99.0, 30, reduced=True)]
     rows = gen.headline_rows(results)
     assert len(rows) == 3, rows  # header, separator, one row: libero-shallow6 has no best file
     cells = [c.strip() for c in rows[2].strip("|").split("|")]
     assert cells[1:6] == ["libero-pi0", "model", "200.00", "40.00 (2026-12-01)", "**13.00**"]
     assert cells[6:9] == ["15.38x", "2.60x", "76.9"] and cells[11] == "2026-12-02"
-    assert cells[12] == "`benchmarks/results/new_best.json`"
+    assert cells[12:14] == ["260.00 (2026-11-29)", "20.00x"]  # the newest full-size compare, not the reduced one
+    assert cells[14] == "`benchmarks/results/new_best.json`"
