@@ -10,6 +10,8 @@
 #   PART=d   seed 000's grid on libero-pi0 at today's code (one process, interleaved)
 #   PART=e   part d again under a 300 s limit, to see a matrix stopped by SIGTERM keep its rows (first calls,
 #            equivalence) in its file (the grid's compile modes do not fit without a warm compile cache)
+#   PART=f   (prepared, not run) seed 000's grid with a compile cache: a first pass fills it (cut by its limit, it
+#            writes the rows it has), a second process runs the grid on the warm cache; one call of ~10 minutes
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session28.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -49,6 +51,12 @@ EOT
 e)
   lane A 0 40 <<EOT &
 300 $V matrix --workload libero-pi0 --variants grid --iters 20 --warmup 3 --no-progress --json $R/matrix_libero-pi0_grid_s28e.json
+EOT
+  ;;
+f)
+  lane A 0 40 <<EOT &
+240 $V matrix --workload libero-pi0 --variants grid --iters 3 --warmup 2 --no-progress --compile-cache /tmp/grid_cache --json $R/matrix_libero-pi0_grid_s28f_fill.json
+330 $V matrix --workload libero-pi0 --variants grid --iters 20 --warmup 3 --no-progress --compile-cache /tmp/grid_cache --json $R/matrix_libero-pi0_grid_s28f.json
 EOT
   ;;
 esac
