@@ -23,6 +23,33 @@ def test_bench_tiny_writes_valid_result(tmp_path, capsys):
     assert "median" in capsys.readouterr().out
 
 
+def test_bench_floor_on_this_devices_measured_ceilings(tmp_path, capsys):
+    """--ceilings measure: the floor from this device's own matmul rate and copy bandwidth (recorded with how they
+    were taken), in the model's bytes per weight; the default keeps the H200's, and says so in the file."""
+    from vlaperf.models.pi0 import get_config
+    from vlaperf.roofline import H200_CEILINGS, roofline
+    from vlaperf.workloads import get_workload
+
+    common = ["bench", "--workload", "tiny", "--device", "cpu", "--warmup", "1", "--iters", "3", "--no-progress", "--json"]
+    assert main(common + [str(tmp_path / "m.json"), "--ceilings", "measure"]) == 0
+    floor = read_result(tmp_path / "m.json")["roofline"]
+    c = floor["ceilings"]
+    assert c["source"] == "measured on this device" and c["matmul"].startswith("2048 x 2048 x 2048 float32")
+    assert 1e8 < c["matmul_flops"] < 1e15 and 1e8 < c["bandwidth"] < 1e13
+    w = get_workload("tiny")  # the reference embeds every slot
+    again = roofline(get_config("tiny"), w, w.image_slots, w.prompt_slots, bytes_per_param=4,
+                     matmul_flops=c["matmul_flops"], bandwidth=c["bandwidth"])
+    assert again["floor_ms"] == pytest.approx(floor["floor_ms"])
+    out = capsys.readouterr().out
+    assert "this device's ceilings: " in out and "TB/s, measured) ->" in out
+    assert main(common + [str(tmp_path / "h.json")]) == 0
+    assert read_result(tmp_path / "h.json")["roofline"]["ceilings"] == H200_CEILINGS
+    assert "x the floor" not in capsys.readouterr().out  # the H200's floor is not this CPU's: not printed
+    with pytest.raises(SystemExit) as e:
+        main(common + [str(tmp_path / "x.json"), "--ceilings", "a100"])
+    assert e.value.code == 2
+
+
 def test_bench_best_policy_mode_with_overrides(tmp_path):
     out = tmp_path / "p.json"
     args = ["bench", "--workload", "tiny", "--device", "cpu", "--mode", "policy", "--levers", "best", "--batch", "2",

@@ -20,3 +20,18 @@ def test_libero_pi0_floor_matches_perf_facts():
 def test_full_prefix_costs_more():
     w, c = get_workload("libero-pi0"), get_config("pi0")
     assert roofline(c, w, 3, 48)["floor_ms"] > roofline(c, w, 2, 20)["floor_ms"] + 1.0
+
+
+def test_measured_ceilings_are_rates_of_their_own_work():
+    """measure_ceilings times a square matmul (2 n^3 FLOPs) and a copy (bytes read + written) and says how; bad sizes
+    are refused by name."""
+    import torch
+
+    from vlaperf.roofline import measure_ceilings
+
+    c = measure_ceilings("cpu", torch.float32, matmul_size=256, copy_bytes=2**22, reps=3)
+    assert c["source"] == "measured on this device"
+    assert c["matmul"] == "256 x 256 x 256 float32, median of 3" and c["copy"].startswith("4 MiB device to device")
+    assert 1e7 < c["matmul_flops"] < 1e15 and 1e7 < c["bandwidth"] < 1e13
+    with pytest.raises(ValueError, match="matmul_size, copy_bytes and reps must be positive"):
+        measure_ceilings("cpu", matmul_size=-1)

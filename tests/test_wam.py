@@ -409,8 +409,11 @@ def test_cli_bench_check_matrix_on_wam_tiny(tmp_path):
     assert r["released_reference_bytes"] > 0  # exact stacks q/k/v and the context's k/v: timed as served
     assert r["timers"]["wall_ms"]["count"] == 3 and r["roofline"]["tokens"] == 37 and r["mode"] == "model"
     assert main(["bench", "--workload", "wam-tiny", "--device", "cpu", "--mode", "forward", "--warmup", "1", "--iters", "2",
-                 "--no-progress", "--batch", "4", "--json", str(out)]) == 0
-    assert read_result(out)["workload"]["overrides"] == {"batch": 4}
+                 "--no-progress", "--batch", "4", "--ceilings", "measure", "--json", str(out)]) == 0
+    r = read_result(out)
+    assert r["workload"]["overrides"] == {"batch": 4}
+    assert r["roofline"]["ceilings"]["source"] == "measured on this device"  # the floor of this CPU's own rates
+    assert r["roofline"]["matmul_flops"] == r["roofline"]["ceilings"]["matmul_flops"]
     assert main(["check", "--workload", "wam-tiny", "--device", "cpu", "--seeds", "1", "--json", str(tmp_path / "c.json")]) == 0
     checks = json.loads((tmp_path / "c.json").read_text())["checks"]
     assert {c["sparsity"] for c in checks} == set(SPARSITY) and all(c["passed"] for c in checks)

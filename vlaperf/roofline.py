@@ -8,16 +8,66 @@ floor = sum over phases of max(flops / matmul_rate, bytes / bandwidth).
 Only matmul and attention FLOPs are counted (norms, RoPE, softmax are lower order), and
 only the weights and KV cache as bytes (activations are small at batch 1).
 The default ceilings are the ones measured on the lent H200 (shared/design/perf-facts.md):
-bf16 matmul 780 TFLOP/s, device copy 4.23 TB/s.
+bf16 matmul 780 TFLOP/s, device copy 4.23 TB/s. On another device, `measure_ceilings` takes its
+own (`vlaperf bench --ceilings measure`).
 """
 
 from __future__ import annotations
+
+import statistics
+import time
+
+import torch
 
 from vlaperf.models.pi0 import GemmaConfig, Pi0Config
 from vlaperf.workloads import Workload
 
 H200_MATMUL_FLOPS = 780e12
 H200_BANDWIDTH = 4.23e12
+H200_CEILINGS = {"matmul_flops": H200_MATMUL_FLOPS, "bandwidth": H200_BANDWIDTH, "source": "H200 (perf-facts)"}
+
+
+def measure_ceilings(device: torch.device | str, dtype: torch.dtype = torch.bfloat16, matmul_size: int | None = None,
+                     copy_bytes: int | None = None, reps: int = 10) -> dict:
+    """This device's two ceilings, measured as the H200's were: the rate of one large square matmul in `dtype` on
+    random data (2 n^3 FLOPs), and a large device-to-device copy, its bytes read plus written, over the time. Each the
+    median of `reps` timed runs after one warm-up (CUDA events on a GPU, the host clock elsewhere). Sizes default to
+    8192 and 2 GiB on a GPU (well past L2), 2048 and 256 MiB on the CPU, where a GPU's sizes would take minutes."""
+    device = torch.device(device)
+    on_gpu = device.type == "cuda"
+    n = matmul_size or (8192 if on_gpu else 2048)
+    nbytes = copy_bytes or (2**31 if on_gpu else 2**28)
+    if n < 1 or nbytes < 1 or reps < 1:
+        raise ValueError(f"measure_ceilings: matmul_size, copy_bytes and reps must be positive, got {n}, {nbytes}, {reps}")
+    gen = torch.Generator(device=device).manual_seed(0)
+    a = torch.randn(n, n, device=device, dtype=dtype, generator=gen)  # random: zeros run faster than real data
+    b = torch.randn(n, n, device=device, dtype=dtype, generator=gen)
+    src = torch.randn(nbytes // 4, device=device, generator=gen)
+    dst = torch.empty_like(src)
+
+    def seconds(fn) -> float:
+        fn()  # warm-up: library handles, kernel choice
+        times = []
+        for _ in range(reps):
+            if on_gpu:
+                start, end = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
+                start.record()
+                fn()
+                end.record()
+                end.synchronize()
+                times.append(start.elapsed_time(end) / 1e3)
+            else:
+                t0 = time.perf_counter()
+                fn()
+                times.append(time.perf_counter() - t0)
+        return statistics.median(times)
+
+    matmul_s = seconds(lambda: torch.mm(a, b))
+    copy_s = seconds(lambda: dst.copy_(src))
+    moved = 2 * src.numel() * src.element_size()
+    return {"matmul_flops": 2 * n**3 / matmul_s, "bandwidth": moved / copy_s, "source": "measured on this device",
+            "matmul": f"{n} x {n} x {n} {str(dtype).replace('torch.', '')}, median of {reps}",
+            "copy": f"{moved / 2 / 2**20:.0f} MiB device to device (read + written), median of {reps}"}
 
 
 def _gemma_layer_flops(c: GemmaConfig, tokens: int, keys: int) -> float:
