@@ -32,11 +32,12 @@ def measure_ceilings(device: torch.device | str, dtype: torch.dtype = torch.bflo
     """This device's two ceilings, measured as the H200's were: the rate of one large square matmul in `dtype` on
     random data (2 n^3 FLOPs), and a large device-to-device copy, its bytes read plus written, over the time. Each the
     median of `reps` timed runs after one warm-up (CUDA events on a GPU, the host clock elsewhere). Sizes default to
-    8192 and 2 GiB on a GPU (well past L2), 2048 and 256 MiB on the CPU, where a GPU's sizes would take minutes."""
+    8192 and 2 GiB on a GPU (well past L2; the copy less where a quarter of the free memory is less), 2048 and 256 MiB
+    on the CPU, where a GPU's sizes would take minutes."""
     device = torch.device(device)
     on_gpu = device.type == "cuda"
     n = matmul_size or (8192 if on_gpu else 2048)
-    nbytes = copy_bytes or (2**31 if on_gpu else 2**28)
+    nbytes = copy_bytes or (2**28 if not on_gpu else min(2**31, torch.cuda.mem_get_info(device)[0] // 4 // 2**20 * 2**20))
     if n < 1 or nbytes < 1 or reps < 1:
         raise ValueError(f"measure_ceilings: matmul_size, copy_bytes and reps must be positive, got {n}, {nbytes}, {reps}")
     gen = torch.Generator(device=device).manual_seed(0)
