@@ -5,10 +5,13 @@ same model with every transformer matmul's operands rounded first (emulated: rou
   fp8_w      weights rounded to e4m3 with a scale per output row, inputs to bfloat16 (weight-only float8)
   fp8_w_a    weights as fp8_w, inputs to e4m3 with a scale per row (what torch._scaled_mm row-wise computes)
 
-Same random weights, observation and noise for all; the relative L2 error of the actions against the float32
-reference, as `vlaperf check` measures it. The heads outside the transformers stay float32, as openpi keeps them.
+Same weights, observation and noise for all; the relative L2 error of the actions against the float32 reference, as
+`vlaperf check` measures it. The heads outside the transformers stay float32, as openpi keeps them. Random weights
+by default; `--checkpoint` loads real ones (an openpi or LeRobot model.safetensors, or an openpi JAX folder), whose
+outliers random weights do not have: that is the figure to decide on float8 for a policy.
 
     python benchmarks/fp8_action_error.py --workload libero-pi0 --json fp8_action_error.json
+    python benchmarks/fp8_action_error.py --workload libero-pi0 --checkpoint path/to/pi0_libero --device cuda
 """
 
 from __future__ import annotations
@@ -48,12 +51,18 @@ def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--workload", default="libero-pi0")
     p.add_argument("--seed", type=int, default=0)
+    p.add_argument("--checkpoint", default=None, help="real weights (vlaperf.checkpoints.load_checkpoint); default random")
+    p.add_argument("--device", default="cpu", help="where the float32 model runs (a GPU is far faster for the real sizes)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     wl = get_workload(args.workload)
-    model = build_model(wl.preset, "cpu", torch.float32, seed=args.seed)
-    obs = random_observation(wl, model.config, "cpu", seed=100 + args.seed)
-    noise = random_noise(wl, model.config, "cpu", seed=100 + args.seed)
+    model = build_model(wl.preset, args.device, torch.float32, seed=args.seed)
+    if args.checkpoint:
+        from vlaperf.checkpoints import load_checkpoint
+
+        load_checkpoint(model, args.checkpoint)
+    obs = random_observation(wl, model.config, args.device, seed=100 + args.seed)
+    noise = random_noise(wl, model.config, args.device, seed=100 + args.seed)
     rounded = [m for name, m in model.named_modules()
                if isinstance(m, nn.Linear) and name.startswith("paligemma_with_expert.") and "lm_head" not in name]
     plain = nn.Linear.forward
@@ -69,8 +78,9 @@ def main() -> None:
     selected = set(rounded)
     nn.Linear.forward = forward
     result = {"schema": SCHEMA, "command": "fp8-action-error", "workload": {"id": args.workload, "overrides": {}},
-              "variant": {"levers": [], "label": "reference path, matmul operands rounded", "dtype": "float32"},
-              "mode": "model", "env": environment_record("cpu"), "matmuls_rounded": len(rounded), "rows": []}
+              "variant": {"levers": [], "label": "reference path, matmul operands rounded", "dtype": "float32",
+                          "checkpoint": args.checkpoint},
+              "mode": "model", "env": environment_record(args.device), "matmuls_rounded": len(rounded), "rows": []}
     try:
         with torch.no_grad():
             start = time.perf_counter()

@@ -484,7 +484,8 @@ def fp8_action_error_tables(results):
     for path, r in results:
         if r["command"] != "fp8-action-error":
             continue
-        out += [f"`{path.relative_to(ROOT)}` ({r['workload']['id']}, {r['matmuls_rounded']} matmuls rounded, against the "
+        weights = r["variant"].get("checkpoint") or "random weights"
+        out += [f"`{path.relative_to(ROOT)}` ({r['workload']['id']}, {weights}, {r['matmuls_rounded']} matmuls rounded, against the "
                 f"float32 reference on {r['env'].get('cpu') or 'the CPU'}; commit {(r['env'].get('git_commit') or '-')[:7]})", "",
                 "| operands rounded to | actions rel L2 | max abs | within bf16's tolerance |", "|---|---|---|---|"]
         names = {"bf16": "bf16 (weights and inputs)", "fp8_w": "e4m3 weights (row scales), bf16 inputs",
