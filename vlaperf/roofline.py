@@ -36,8 +36,9 @@ def measure_ceilings(device: torch.device | str, dtype: torch.dtype = torch.bflo
     on the CPU, where a GPU's sizes would take minutes."""
     device = torch.device(device)
     on_gpu = device.type == "cuda"
-    n = matmul_size or (8192 if on_gpu else 2048)
-    nbytes = copy_bytes or (2**28 if not on_gpu else min(2**31, torch.cuda.mem_get_info(device)[0] // 4 // 2**20 * 2**20))
+    n = matmul_size if matmul_size is not None else 8192 if on_gpu else 2048
+    nbytes = copy_bytes if copy_bytes is not None else (
+        min(2**31, torch.cuda.mem_get_info(device)[0] // 4 // 2**20 * 2**20) if on_gpu else 2**28)
     if n < 1 or nbytes < 1 or reps < 1:
         raise ValueError(f"measure_ceilings: matmul_size, copy_bytes and reps must be positive, got {n}, {nbytes}, {reps}")
     gen = torch.Generator(device=device).manual_seed(0)
