@@ -14,10 +14,14 @@ own (`quant`, a compiled row-wise amax + scale + cast) and added (`fp8+quant`).
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
+import statistics
 
 import torch
 import torch.nn.functional as F
+
+from kernel_timing import capture, replay_ms  # benchmarks/ (the script's folder is on sys.path)
 
 from vlaperf.report.schema import SCHEMA
 from vlaperf.timing import environment_record
@@ -47,27 +51,11 @@ def quantize_rows(x: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
 
 
 def timed_graph_us(fn, calls: int, replays: int = 7) -> float:
-    """`fn(i)` for i in range(calls) captured in one graph; the median replay over `calls`, in us."""
-    s = torch.cuda.Stream()
-    s.wait_stream(torch.cuda.current_stream())
-    with torch.cuda.stream(s):
-        for i in range(calls):
-            fn(i)
-    torch.cuda.current_stream().wait_stream(s)
-    torch.cuda.synchronize()
-    g = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g):
-        for i in range(calls):
-            fn(i)
-    times = []
-    for _ in range(replays):
-        a, b = torch.cuda.Event(enable_timing=True), torch.cuda.Event(enable_timing=True)
-        a.record()
-        g.replay()
-        b.record()
-        torch.cuda.synchronize()
-        times.append(a.elapsed_time(b) * 1e3 / calls)
-    return sorted(times)[len(times) // 2]
+    """`fn(i)` for i in range(calls) captured in one graph (after one pass of the same calls as warm-up); the median
+    replay over `calls`, in us. `calls` is a multiple of every period `fn` cycles its inputs with."""
+    step = itertools.count()
+    g = capture(lambda: fn(next(step)), reps=calls, warmup=calls)
+    return statistics.median(replay_ms(g) for _ in range(replays)) * 1e3 / calls
 
 
 def main() -> None:
