@@ -15,6 +15,7 @@ from vlaperf.report.render import FRONT_END_SPLIT, step_config_diff, step_config
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
 OUT = ROOT / "docs" / "performance.md"
+README = ROOT / "README.md"
 
 
 def _short(levers: str) -> str:
@@ -71,29 +72,44 @@ def _times(a, b):
     return f"{a / b:.2f}x" if a and b else "-"
 
 
-def _preset_of(levers: list[str]) -> str | None:
+def _preset_of(levers: list[str], wam: bool = False) -> str | None:
     """Which preset a bench file's lever list is, as the preset stands today on a Hopper GPU, or None."""
-    from vlaperf.engine.levers import BEST_GPU, GRAPH_GPU, TUNED_FOR
+    if wam:
+        from vlaperf.engine.wam import WAM_PRESETS
 
-    presets = {"reference": set(), "graph": set(GRAPH_GPU), "best": set(BEST_GPU) | set(TUNED_FOR)}
+        presets = {name: set(WAM_PRESETS[name]) for name in ("reference", "graph", "best")}
+    else:
+        from vlaperf.engine.levers import BEST_GPU, GRAPH_GPU, TUNED_FOR
+
+        presets = {"reference": set(), "graph": set(GRAPH_GPU), "best": set(BEST_GPU) | set(TUNED_FOR)}
     return next((name for name, items in presets.items() if set(levers) == items), None)
 
 
-def headline_rows(results):
+def _headline_label(r) -> str:
+    """workload_label, plus a world-action run's settings that differ from its workload's (sparsity, guidance)."""
+    st = r["workload"].get("settings") or {}
+    extra = ([st["sparsity"]] if st.get("sparsity", "none") != "none" else []) + \
+        ([f"cfg {st['cfg_scale']:g}"] if st.get("cfg_scale") else [])
+    return workload_label(r) + (f" ({', '.join(extra)})" if extra else "")
+
+
+def headline(results, wam=()):
     """The newest `vlaperf bench` file (by the timestamp its environment records) of each GPU, workload and mode for
-    the presets `reference`, `graph` and today's `best`: one row each where a `best` file exists. Files of a
-    served process (reference weights released) are left out: their peak memory is not the engine's alone."""
+    the presets `reference`, `graph` and today's `best` (the world-action model's presets for its workloads): one
+    record each where a `best` file exists, sorted by GPU, workload and mode. Files of a served process (reference
+    weights released) are left out: their peak memory is not the engine's alone."""
     from vlaperf.workloads import get_workload
 
     newest: dict = {}
-    for path, r in results:
-        preset = _preset_of(r["variant"]["levers"]) if r["command"] == "bench" else None
-        if preset is None or not r["env"].get("gpu") or r.get("released_reference_bytes"):
-            continue
-        key = (r["env"]["gpu"], workload_label(r), r["mode"])
-        held = newest.setdefault(key, {}).get(preset)
-        if held is None or r["env"].get("timestamp", "") > held[1]["env"].get("timestamp", ""):
-            newest[key][preset] = (path, r)
+    for is_wam, group in ((False, results), (True, wam)):
+        for path, r in group:
+            preset = _preset_of(r["variant"]["levers"], is_wam) if r["command"] == "bench" else None
+            if preset is None or not r["env"].get("gpu") or r.get("released_reference_bytes"):
+                continue
+            key = (r["env"]["gpu"], _headline_label(r), r["mode"])
+            held = newest.setdefault(key, {}).get(preset)
+            if held is None or r["env"].get("timestamp", "") > held[1]["env"].get("timestamp", ""):
+                newest[key][preset] = (path, r)
     lerobot = {}  # (GPU, workload) -> the newest full-size `vlaperf compare` file's LeRobot median and its day
     for path, r in results:
         summary = (r.get("timing") or {}).get("summary") or {} if r["command"] == "compare" else {}
@@ -101,31 +117,95 @@ def headline_rows(results):
             key, day = (r["env"]["gpu"], workload_label(r)), r["env"].get("timestamp", "")[:10]
             if key not in lerobot or day > lerobot[key][1]:
                 lerobot[key] = (summary["lerobot"]["wall_ms_median"], day)
-    rows = ["| GPU | workload | mode | reference ms | graph ms | best ms | best vs reference | best x floor | action chunks/s | "
-            "best's first call s | best's peak GiB | best measured | LeRobot eager ms | best vs LeRobot | file |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    records = []
     for (gpu, wl, mode), got in sorted(newest.items()):
         if "best" not in got:
             continue
         path, r = got["best"]
-        median = {name: got[name][1]["timers"]["wall_ms"]["median"] if name in got else None for name in ("reference", "graph", "best")}
-        floor = (r.get("roofline") or {}).get("floor_ms")
-        batch = r["workload"]["overrides"].get("batch") or get_workload(r["workload"]["id"]).batch
-        peak = r.get("peak_memory_bytes")
-        day = {name: got[name][1]["env"].get("timestamp", "")[:10] for name in got}
-
-        def other(name):  # another preset's median, with its own day where that is not best's
-            return _ms(median[name]) + (f" ({day[name]})" if name in got and day[name] != day["best"] else "")
-
+        st = r["workload"].get("settings") or {}
+        batch = st.get("batch") or r["workload"]["overrides"].get("batch") or get_workload(r["workload"]["id"]).batch
         peer_ms, peer_day = lerobot.get((gpu, wl), (None, "")) if mode == "model" else (None, "")
-        peer = _ms(peer_ms) + (f" ({peer_day})" if peer_ms and peer_day != day["best"] else "")
+        records.append({
+            "gpu": gpu, "workload": wl, "mode": mode, "batch": batch, "path": path, "best": r,
+            "median": {name: got[name][1]["timers"]["wall_ms"]["median"] if name in got else None
+                       for name in ("reference", "graph", "best")},
+            "day": {name: got[name][1]["env"].get("timestamp", "")[:10] for name in got},
+            "floor_ms": (r.get("roofline") or {}).get("floor_ms"),
+            "lerobot_ms": peer_ms, "lerobot_day": peer_day})
+    return records
 
-        rows.append(f"| {gpu} | {wl} | {mode} | {other('reference')} | {other('graph')} | **{_ms(median['best'])}** | "
-                    f"{_times(median['reference'], median['best'])} | {_times(median['best'], floor)} | "
-                    f"{1e3 * batch / median['best']:.1f} | {_first(r, r['first_call_s'])} | "
-                    f"{f'{peak / 2**30:.2f}' if peak else '-'} | {day['best'] or '-'} | {peer} | "
-                    f"{_times(peer_ms, median['best'])} | `{path.relative_to(ROOT)}` |")
+
+def _median_cell(rec, name):
+    """A preset's median, with its own day where that is not best's."""
+    day = rec["day"]
+    return _ms(rec["median"][name]) + (f" ({day[name]})" if name in day and day[name] != day["best"] else "")
+
+
+def _peer_cell(rec):
+    """LeRobot's eager median, with its own day where that is not best's."""
+    day = rec["lerobot_day"]
+    return _ms(rec["lerobot_ms"]) + (f" ({day})" if rec["lerobot_ms"] and day != rec["day"]["best"] else "")
+
+
+def _checked(r):
+    """best's actions against the reference, as its own file's equivalence check measured them before timing."""
+    eq = r.get("equivalence")
+    return "-" if not eq else f"{eq['rel_l2']:.1e}" + ("" if eq.get("passed") else " (FAILED)")
+
+
+def headline_rows(results, wam=()):
+    """docs/performance.md's table of where each workload stands (`headline`), every column."""
+    rows = ["| GPU | workload | mode | reference ms | graph ms | best ms | best vs reference | best x floor | action chunks/s | "
+            "best's first call s | best's peak GiB | best's rel L2 | best measured | LeRobot eager ms | best vs LeRobot | file |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for rec in headline(results, wam):
+        r, median, peak = rec["best"], rec["median"], rec["best"].get("peak_memory_bytes")
+        rows.append(f"| {rec['gpu']} | {rec['workload']} | {rec['mode']} | {_median_cell(rec, 'reference')} | "
+                    f"{_median_cell(rec, 'graph')} | **{_ms(median['best'])}** | "
+                    f"{_times(median['reference'], median['best'])} | {_times(median['best'], rec['floor_ms'])} | "
+                    f"{1e3 * rec['batch'] / median['best']:.1f} | {_first(r, r['first_call_s'])} | "
+                    f"{f'{peak / 2**30:.2f}' if peak else '-'} | {_checked(r)} | {rec['day']['best'] or '-'} | {_peer_cell(rec)} | "
+                    f"{_times(rec['lerobot_ms'], median['best'])} | `{rec['path'].relative_to(ROOT)}` |")
     return rows
+
+
+README_BEGIN = "<!-- begin: generated by benchmarks/make_performance_md.py from benchmarks/results/ (do not edit) -->"
+README_END = "<!-- end: generated -->"
+
+
+def readme_rows(results, wam=()):
+    """The README's short form of the same table: model mode, the figures a reader compares."""
+    records = [rec for rec in headline(results, wam) if rec["mode"] == "model"]
+    gpus = sorted({rec["gpu"] for rec in records})
+    tolerances = ", ".join(sorted({f"{rec['best']['equivalence']['tolerance']:g}" for rec in records
+                                   if rec["best"].get("equivalence")})) or "-"
+    rows = [f"`vlaperf bench`, model mode, on the {' and '.join(gpus) or 'GPU'}: the newest file of each preset "
+            "(wall-clock median; a date where a figure is from another day than `best`'s). rel L2: `best`'s actions "
+            f"against the reference in the check that ran before its timing (tolerance {tolerances}). All runs, with "
+            "their files: [docs/performance.md](docs/performance.md).", "",
+            "| workload | reference ms | graph ms | best ms | best x floor | action chunks/s | best's first call s | "
+            "best's rel L2 | LeRobot eager ms | best measured |", "|---|---|---|---|---|---|---|---|---|---|"]
+    for rec in records:
+        r, median = rec["best"], rec["median"]
+        where = f" ({rec['gpu']})" if len(gpus) > 1 else ""
+        rows.append(f"| {rec['workload']}{where} | "
+                    f"{_median_cell(rec, 'reference')} | {_median_cell(rec, 'graph')} | **{_ms(median['best'])}** | "
+                    f"{_times(median['best'], rec['floor_ms'])} | {1e3 * rec['batch'] / median['best']:.1f} | "
+                    f"{_first(r, r['first_call_s'])} | {_checked(r)} | {_peer_cell(rec)} | {rec['day']['best'] or '-'} |")
+    return rows
+
+
+def write_readme_block(readme: Path, rows: list[str]) -> bool:
+    """Replace what lies between README_BEGIN and README_END in `readme` by `rows`; True when it changed."""
+    text = readme.read_text()
+    if README_BEGIN not in text or README_END not in text:
+        raise SystemExit(f"{readme}: the markers {README_BEGIN!r} and {README_END!r} are missing")
+    head, rest = text.split(README_BEGIN, 1)
+    tail = rest.split(README_END, 1)[1]
+    fresh = head + README_BEGIN + "\n" + "\n".join(rows) + "\n" + README_END + tail
+    if fresh != text:
+        readme.write_text(fresh)
+    return fresh != text
 
 
 def _gpu_state(st):
@@ -616,12 +696,13 @@ def main() -> None:
              "", "## Where each workload stands", "",
              "The newest `vlaperf bench` file of each workload and mode for three presets: `reference` (no levers: openpi's",
              "semantics), `graph` (the exact levers in one CUDA graph, no compile) and `best` as it is today on Hopper GPUs",
-             "(graph + compile=default + compile_layers + triton_kernels + megakernel). Each figure is that file's wall-clock",
+             "(graph + compile=default + compile_layers + triton_kernels + megakernel; the world-action model's own presets for",
+             "wam-761, `vlaperf levers`). Each figure is that file's wall-clock",
              "median; another preset's figure carries its own day where it was measured on another day than `best`'s. `best vs",
              "reference` divides two files' medians (separate processes; the matrices below compare in one). LeRobot eager:",
              "LeRobot's pi0 / pi05 as shipped, from the newest `vlaperf compare` file of the workload (model mode rows).",
              "Every file of every run follows under Single runs.", ""]
-    lines += headline_rows(results) + ["", "## Single runs (`vlaperf bench`)", ""]
+    lines += headline_rows(results, wam) + ["", "## Single runs (`vlaperf bench`)", ""]
     lines += bench_rows(results) + [""]
     lines += ["## Matrices (`vlaperf matrix`)", ""] + matrix_tables(results)
     lines += ["## Equivalence (`vlaperf check`)", ""] + check_tables(results)
@@ -654,6 +735,8 @@ def main() -> None:
     lines += ["## Kernels (`benchmarks/*_bench.py`)", ""] + kernel_tables(results)
     OUT.write_text("\n".join(lines) + "\n")
     print(f"wrote {OUT}")
+    if write_readme_block(README, readme_rows(results, wam)):
+        print(f"updated the figures in {README}")
 
 
 if __name__ == "__main__":

@@ -1,24 +1,36 @@
-"""docs/performance.md is generated from the committed result files, never typed: regenerating
-it from benchmarks/results/ must give the committed page byte for byte."""
+"""docs/performance.md and the README's table of figures are generated from the committed result files, never
+typed: regenerating them from benchmarks/results/ must give the committed text byte for byte."""
 
 from __future__ import annotations
 
 import importlib.util
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parents[1]
 
 
-def test_performance_md_is_what_the_results_generate(tmp_path):
+def _generator():
     spec = importlib.util.spec_from_file_location("make_performance_md", ROOT / "benchmarks" / "make_performance_md.py")
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
+    return gen
+
+
+def test_performance_md_and_the_readme_figures_are_what_the_results_generate(tmp_path):
+    gen = _generator()
     gen.OUT = tmp_path / "performance.md"
+    gen.README = tmp_path / "README.md"
+    gen.README.write_text((ROOT / "README.md").read_text())
     gen.main()
     fresh = gen.OUT.read_text()
     committed = (ROOT / "docs" / "performance.md").read_text()
     assert fresh == committed, "docs/performance.md is stale: run python benchmarks/make_performance_md.py"
     assert "## Single runs (`vlaperf bench`)" in fresh and "benchmarks/results/h200/" in fresh
+    readme = gen.README.read_text()
+    assert readme == (ROOT / "README.md").read_text(), "README's figures are stale: run python benchmarks/make_performance_md.py"
+    assert "| libero-pi0 |" in readme.split(gen.README_BEGIN)[1].split(gen.README_END)[0]
 
 
 def test_step_kernel_sweeps_list_their_rows_by_what_differs_from_the_first():
@@ -83,7 +95,8 @@ def test_headline_takes_each_presets_newest_file_and_skips_served_ones():
              "env": {"gpu": "NVIDIA H200", "timestamp": f"2026-12-{day:02d}T10:00:00+00:00"}, **extra}
         return gen.ROOT / "benchmarks" / "results" / f"{name}.json", r
 
-    results = [bench("old_best", best, 14.0, 1), bench("new_best", best, 13.0, 2), bench("served", best, 12.0, 3,
+    results = [bench("old_best", best, 14.0, 1), bench("new_best", best, 13.0, 2,
+               equivalence={"rel_l2": 6e-3, "tolerance": 0.03, "passed": True}), bench("served", best, 12.0, 3,
                released_reference_bytes=1), bench("graph", list(GRAPH_GPU), 40.0, 1), bench("ref", [], 200.0, 2),
                bench("other", best[:-1], 11.0, 3), bench("shallow_graph", list(GRAPH_GPU), 9.0, 2, workload="libero-shallow6")]
 
@@ -98,6 +111,52 @@ def test_headline_takes_each_presets_newest_file_and_skips_served_ones():
     assert len(rows) == 3, rows  # header, separator, one row: libero-shallow6 has no best file
     cells = [c.strip() for c in rows[2].strip("|").split("|")]
     assert cells[1:6] == ["libero-pi0", "model", "200.00", "40.00 (2026-12-01)", "**13.00**"]
-    assert cells[6:9] == ["15.38x", "2.60x", "76.9"] and cells[11] == "2026-12-02"
-    assert cells[12:14] == ["260.00 (2026-11-29)", "20.00x"]  # the newest full-size compare, not the reduced one
-    assert cells[14] == "`benchmarks/results/new_best.json`"
+    assert cells[6:9] == ["15.38x", "2.60x", "76.9"] and cells[11:13] == ["6.0e-03", "2026-12-02"]
+    assert cells[13:15] == ["260.00 (2026-11-29)", "20.00x"]  # the newest full-size compare, not the reduced one
+    assert cells[15] == "`benchmarks/results/new_best.json`"
+
+    # the README's short form: the same choice, model mode only, fewer columns
+    short = gen.readme_rows(results)
+    assert "on the NVIDIA H200" in short[0] and "tolerance 0.03" in short[0]
+    assert len(short) == 5, short
+    cells = [c.strip() for c in short[4].strip("|").split("|")]
+    assert cells == ["libero-pi0", "200.00", "40.00 (2026-12-01)", "**13.00**", "2.60x", "76.9", "2.00", "6.0e-03",
+                     "260.00 (2026-11-29)", "2026-12-02"]
+
+
+def test_headline_takes_the_world_action_presets_and_names_non_default_settings():
+    """wam-761's files match the world-action presets (not pi0's); a run with frame sparsity or guidance is its own
+    row, named by them; batch comes from the run's settings."""
+    gen = _generator()
+    from vlaperf.engine.wam import WAM_PRESETS
+
+    def bench(name, preset, median, sparsity="none", cfg=0.0, batch=1):
+        r = {"command": "bench", "workload": {"id": "wam-761", "overrides": {},
+                                              "settings": {"batch": batch, "sparsity": sparsity, "cfg_scale": cfg}},
+             "mode": "model", "variant": {"levers": list(WAM_PRESETS[preset]), "label": preset}, "first_call_s": 3.0,
+             "first_call_timing": "before equivalence check", "timers": {"wall_ms": {"median": median}},
+             "roofline": {"floor_ms": 20.0}, "equivalence": {"rel_l2": 5e-3, "tolerance": 0.03, "passed": False},
+             "env": {"gpu": "NVIDIA H200", "timestamp": "2026-12-01T10:00:00+00:00"}}
+        return gen.ROOT / f"{name}.json", r
+
+    wam = [bench("ref", "reference", 600.0), bench("best", "best", 50.0), bench("drop", "best", 45.0, "drop_middle"),
+           bench("cfg", "best", 80.0, cfg=3.0), bench("exact", "exact", 300.0)]
+    records = gen.headline(results=[], wam=wam)
+    assert [r["workload"] for r in records] == ["wam-761", "wam-761 (cfg 3)", "wam-761 (drop_middle)"]
+    assert records[0]["median"] == {"reference": 600.0, "graph": None, "best": 50.0}
+    rows = gen.readme_rows([], wam)
+    assert "| wam-761 | 600.00 | - | **50.00** | 2.50x | 20.0 | 3.00 | 5.0e-03 (FAILED) | - | 2026-12-01 |" in rows
+    # the same levers as pi0 files are not a pi0 preset when they are the world-action model's, and the reverse
+    assert gen.headline(results=wam, wam=[]) == []
+
+
+def test_readme_block_is_replaced_between_its_markers_and_missing_markers_are_an_error(tmp_path):
+    gen = _generator()
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# x\n\n{gen.README_BEGIN}\nold figures\n{gen.README_END}\n\nmore\n")
+    assert gen.write_readme_block(readme, ["| a |", "| b |"]) is True
+    assert readme.read_text() == f"# x\n\n{gen.README_BEGIN}\n| a |\n| b |\n{gen.README_END}\n\nmore\n"
+    assert gen.write_readme_block(readme, ["| a |", "| b |"]) is False  # unchanged: not rewritten
+    readme.write_text("# no markers\n")
+    with pytest.raises(SystemExit, match="markers"):
+        gen.write_readme_block(readme, ["| a |"])
