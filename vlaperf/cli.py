@@ -567,7 +567,12 @@ def cmd_matrix(args) -> int:
     if args.levers is not None and args.variants is not None and args.levers != args.variants:
         raise CliError(f"--levers {args.levers!r} and --variants {args.variants!r}: give one of them (they name the same "
                        "thing: the matrix's variants)")
-    args.variants = args.variants or args.levers or "cumulative"
+    given = args.variants if args.variants is not None else args.levers
+    if given is not None and not any(item.strip() for item in given.split(";")):
+        # an empty list (an unset shell variable, say) would otherwise run the whole default matrix
+        raise CliError(f"--variants {given!r}: no variant; expected 'cumulative', 'grid' or ';'-separated variants, "
+                       "e.g. 'graph;best'")
+    args.variants = given or "cumulative"
     if wam_args(args):
         from vlaperf.profile import wam
 
