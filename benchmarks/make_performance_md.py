@@ -85,14 +85,6 @@ def _preset_of(levers: list[str], wam: bool = False) -> str | None:
     return next((name for name, items in presets.items() if set(levers) == items), None)
 
 
-def _headline_label(r) -> str:
-    """workload_label, plus a world-action run's settings that differ from its workload's (sparsity, guidance)."""
-    st = r["workload"].get("settings") or {}
-    extra = ([st["sparsity"]] if st.get("sparsity", "none") != "none" else []) + \
-        ([f"cfg {st['cfg_scale']:g}"] if st.get("cfg_scale") else [])
-    return workload_label(r) + (f" ({', '.join(extra)})" if extra else "")
-
-
 def headline(results, wam=()):
     """The newest `vlaperf bench` file (by the timestamp its environment records) of each GPU, workload and mode for
     the presets `reference`, `graph` and today's `best` (the world-action model's presets for its workloads): one
@@ -106,7 +98,7 @@ def headline(results, wam=()):
             preset = _preset_of(r["variant"]["levers"], is_wam) if r["command"] == "bench" else None
             if preset is None or not r["env"].get("gpu") or r.get("released_reference_bytes"):
                 continue
-            key = (r["env"]["gpu"], _headline_label(r), r["mode"])
+            key = (r["env"]["gpu"], workload_label(r), r["mode"])
             held = newest.setdefault(key, {}).get(preset)
             if held is None or r["env"].get("timestamp", "") > held[1]["env"].get("timestamp", ""):
                 newest[key][preset] = (path, r)

@@ -125,13 +125,14 @@ def test_headline_takes_each_presets_newest_file_and_skips_served_ones():
 
 
 def test_headline_takes_the_world_action_presets_and_names_non_default_settings():
-    """wam-761's files match the world-action presets (not pi0's); a run with frame sparsity or guidance is its own
-    row, named by them; batch comes from the run's settings."""
+    """wam-761's files match the world-action presets (not pi0's); a run with frame sparsity or guidance (which the
+    file records as overrides) is its own row, named by them; batch comes from the run's settings."""
     gen = _generator()
     from vlaperf.engine.wam import WAM_PRESETS
 
     def bench(name, preset, median, sparsity="none", cfg=0.0, batch=1):
-        r = {"command": "bench", "workload": {"id": "wam-761", "overrides": {},
+        overrides = {**({"sparsity": sparsity} if sparsity != "none" else {}), **({"cfg_scale": cfg} if cfg else {})}
+        r = {"command": "bench", "workload": {"id": "wam-761", "overrides": overrides,
                                               "settings": {"batch": batch, "sparsity": sparsity, "cfg_scale": cfg}},
              "mode": "model", "variant": {"levers": list(WAM_PRESETS[preset]), "label": preset}, "first_call_s": 3.0,
              "first_call_timing": "before equivalence check", "timers": {"wall_ms": {"median": median}},
@@ -142,7 +143,8 @@ def test_headline_takes_the_world_action_presets_and_names_non_default_settings(
     wam = [bench("ref", "reference", 600.0), bench("best", "best", 50.0), bench("drop", "best", 45.0, "drop_middle"),
            bench("cfg", "best", 80.0, cfg=3.0), bench("exact", "exact", 300.0)]
     records = gen.headline(results=[], wam=wam)
-    assert [r["workload"] for r in records] == ["wam-761", "wam-761 (cfg 3)", "wam-761 (drop_middle)"]
+    assert [r["workload"] for r in records] == ["wam-761", "wam-761 (cfg_scale 3.0)",
+                                                "wam-761 (sparsity drop_middle)"]
     assert records[0]["median"] == {"reference": 600.0, "graph": None, "best": 50.0}
     rows = gen.readme_rows([], wam)
     assert "| wam-761 | 600.00 | - | **50.00** | 2.50x | 20.0 | 3.00 | 5.0e-03 (FAILED) | - | 2026-12-01 |" in rows
