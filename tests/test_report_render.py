@@ -499,3 +499,43 @@ def test_x_floor_only_for_gpu_runs(tmp_path):
     render([str(out)], tmp_path / "r.md")
     row = next(line for line in (tmp_path / "r.md").read_text().splitlines() if line.startswith("| b | reference"))
     assert row.rstrip(" |").endswith("| - | -"), row  # roofline floor ms, x floor
+
+
+def test_summary_takes_each_variants_newest_file_and_its_speed_up_over_the_reference(tiny_results, tmp_path, figures):
+    """The report opens with the newest bench file of each variant per workload, device and mode, slowest first,
+    each with the reference's median over its own; an older file of a variant is not in it; a group with no
+    reference has no speed-up; a group of three or more variants with a reference gets a bar chart."""
+    base = json.loads((tiny_results / "bench.json").read_text())
+
+    def bench(name, levers, median, day, passed=True, overrides=None):
+        c = json.loads(json.dumps(base))
+        c["variant"].update({"levers": levers, "label": ",".join(levers) or "reference"})
+        c["timers"]["wall_ms"]["median"] = median
+        c["env"]["timestamp"] = f"2026-12-{day:02d}T10:00:00+00:00"
+        c["equivalence"] = None if not levers else {"rel_l2": 1e-3, "max_abs": 1e-3, "tolerance": 1e-4,
+                                                    "passed": passed, "dtype": "float32", "seeds": 2, "variant": "x"}
+        c["workload"]["overrides"] = overrides or {}
+        (tmp_path / f"{name}.json").write_text(json.dumps(c))
+        return tmp_path / f"{name}.json"
+
+    files = [bench("ref", [], 100.0, 1), bench("loop_new", ["for_loop"], 40.0, 2), bench("loop_old", ["for_loop"], 50.0, 1),
+             bench("loop_sdpa", ["for_loop", "sdpa"], 20.0, 1, passed=False),
+             bench("b2", ["for_loop"], 30.0, 1, overrides={"batch": 2})]
+    md = render(files, tmp_path / "r.md").read_text()
+    assert md.index("## Summary") < md.index("## Files") < md.index("## bench")
+    summary = md.split("## Summary")[1].split("## Files")[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in summary.splitlines() if line.startswith("| tiny")]
+    assert [(r[0], r[1], r[2], r[4]) for r in rows] == [
+        ("tiny on cpu, model mode", "reference", "100.0", "1.00x"),
+        ("tiny on cpu, model mode", "for_loop", "40.000", "2.50x"),  # the newer file of for_loop, not the 50 ms one
+        ("tiny on cpu, model mode", "loop+sdpa", "20.000", "5.00x"),
+        ("tiny (batch 2) on cpu, model mode", "for_loop", "30.000", "-")]
+    assert [r[8] for r in rows] == ["-", "1.0e-03", "1.0e-03 (failed)", "1.0e-03"]
+    assert [r[6] for r in rows][3] == "66.667"  # action chunks a second at batch 2
+    assert [r[-1] for r in rows] == ["ref.json", "loop_new.json", "loop_sdpa.json", "b2.json"]
+    assert [alt for alt, _ in figures if alt.startswith("speed-up")] == ["speed-up over the reference, tiny on cpu, model mode"]
+
+
+def test_no_summary_without_bench_files(tiny_results, tmp_path):
+    md = render([tiny_results / "matrix.json"], tmp_path / "r.md").read_text()
+    assert "## Summary" not in md and "## Files" not in md and "## matrix" in md.lower()

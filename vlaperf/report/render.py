@@ -4,7 +4,9 @@
     render(["results/"], "report.md")                # markdown + PNGs in report_files/
 
 Reads result files of schema vlaperf.result/1 (a directory stands for the *.json files in it;
-a file named twice is read once) and writes a table of the files, then per command:
+a file named twice is read once) and writes a summary (the newest bench file of each variant per
+workload, device and mode, with its speed-up over the reference and a bar chart of them), a table
+of the files, then per command:
 - bench: the summary table (a row per file and timer, named by the file; the roofline floor
   when the file has one), latency histograms per file (at most 12 panels an image) and one
   CDF of all of them (raw samples; past 10 files the legend names 10, fastest to slowest);
@@ -315,6 +317,86 @@ def field_problem(r: dict) -> str | None:
 # bench figures: histogram panels per image (a group of 100 files would otherwise be one image
 # 8000 px tall) and CDF legend entries (more lines than that cannot be told apart by colour)
 HIST_PANELS, HIST_COLS, CDF_LEGEND = 12, 3, 10
+
+
+def _batch(r: dict) -> int | None:
+    """The batch a result ran: its settings or overrides, else its workload's (None for an unknown workload)."""
+    from vlaperf.workloads import get_workload
+
+    w = r.get("workload") or {}
+    batch = (w.get("settings") or {}).get("batch") or (w.get("overrides") or {}).get("batch")
+    if batch is None:
+        try:
+            batch = get_workload(str(w.get("id"))).batch
+        except (KeyError, ValueError):
+            return None
+    return int(batch)
+
+
+def bench_summary(results: list[tuple[str, dict]]) -> list[tuple[str, list[tuple[str, dict]]]]:
+    """Per device, workload and mode, the newest `bench` file of each variant (by the timestamp its environment
+    records; the later path when two have none), slowest first: [(group name, [(path, result), ...])]."""
+    groups: dict[str, dict[str, tuple[str, dict]]] = {}
+    for path, r in results:
+        if r.get("command") != "bench" or not ((r.get("timers") or {}).get("wall_ms")):
+            continue
+        key = f"{workload_label(r)} on {_gpu(r)}, {r.get('mode') or '-'} mode"
+        label = (r.get("variant") or {}).get("label") or "reference"
+        held = groups.setdefault(key, {}).get(label)
+        stamp = ((r.get("env") or {}).get("timestamp") or "", path)
+        if held is None or stamp >= ((held[1].get("env") or {}).get("timestamp") or "", held[0]):
+            groups[key][label] = (path, r)
+    return [(key, sorted(items.values(), key=lambda it: -it[1]["timers"]["wall_ms"]["median"]))
+            for key, items in groups.items()]
+
+
+def _summary(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str]) -> None:
+    """Where each variant stands, before the details: the newest bench file of each variant with its speed-up over
+    the reference (no levers) of the same workload, device and mode where there is one, and a bar chart of those
+    speed-ups per group of three or more variants."""
+    groups = bench_summary(results)
+    if not groups:
+        return
+    doc.h(2, "Summary")
+    doc.p("The newest `vlaperf bench` file of each variant, per workload, device and mode, slowest first. vs reference: "
+          "the reference's median over this one (two files, so two processes: a matrix compares in one). x floor: the "
+          "median over the roofline floor of the file (GPU runs). rel L2: the actions against the reference in the "
+          "equivalence check that ran before the timing.", "note")
+    rows, charts = [], []
+    for key, items in groups:
+        ref = next((r for _, r in items if not (r.get("variant") or {}).get("levers")), None)
+        ref_ms = ref["timers"]["wall_ms"]["median"] if ref else None
+        for path, r in items:
+            w = r["timers"]["wall_ms"]
+            floor = (r.get("roofline") or {}).get("floor_ms") if (r.get("env") or {}).get("gpu") else None
+            batch, eq = _batch(r), r.get("equivalence") or {}
+            rows.append([key, short_variant((r.get("variant") or {}).get("label") or ""), w["median"], w.get("p95"),
+                         f"{ref_ms / w['median']:.2f}x" if ref_ms else None,
+                         f"{w['median'] / floor:.2f}x" if floor else None,
+                         1e3 * batch / w["median"] if batch else None, r.get("first_call_s"),
+                         f"{eq['rel_l2']:.1e}" + ("" if eq.get("passed", True) else " (failed)") if "rel_l2" in eq else None,
+                         ((r.get("env") or {}).get("timestamp") or "")[:10] or None, names.get(path, Path(path).name)])
+        if ref_ms and len(items) >= 3:
+            charts.append((key, [(short_variant((r.get("variant") or {}).get("label") or ""),
+                                  r["timers"]["wall_ms"]["median"], ref_ms) for _, r in items]))
+    doc.table(["workload, device, mode", "variant", "median ms", "p95 ms", "vs reference", "x floor", "action chunks/s",
+               "first call s", "rel L2", "measured", "file"], rows)
+    for key, bars in charts:
+        fig, axes = _figure(8.0, 0.9 + 0.32 * len(bars))
+        ax = axes[0][0]
+        # variants of one group share their first levers: keep the end of a long name, where they differ
+        names_ = [n if len(n) <= 48 else "\u2026" + n[-47:] for n, _, _ in bars]
+        values = [ref / ms for _, ms, ref in bars]
+        ax.barh(range(len(bars)), values, color="#1f77b4")
+        ax.set_yticks(range(len(bars)), names_, fontsize=7)
+        ax.invert_yaxis()  # slowest (the reference, 1x) on top, as in the table
+        for i, (v, (_, ms, _)) in enumerate(zip(values, bars)):
+            ax.text(v, i, f" {v:.1f}x ({_cell(float(ms))} ms)", va="center", fontsize=7)
+        ax.set_xlim(0, max(values) * 1.3)
+        ax.set_xlabel("speed-up over the reference (median over median)")
+        ax.set_title(f"{key}: newest bench file of each variant", fontsize=9)
+        fig.tight_layout()
+        doc.fig(fig, f"speed-up over the reference, {key}")
 
 
 def _bench(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str] | None = None) -> None:
@@ -1412,6 +1494,15 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
     doc.p(f"generated {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')} from "
           f"{len(results)} result file(s)" + (f"; {len(problems) + len(skipped)} skipped (listed below)"
                                                if problems or skipped else ""), "note")
+    summary = _Doc()
+    try:  # a summary that fails (a field some old file lacks) must not cost the report
+        _summary(summary, results, names)
+    except Exception as e:  # noqa: BLE001
+        summary = _Doc()
+        summary.p("no summary: " + _reason(e), "warn")
+    doc.extend(summary)
+    if summary.blocks:
+        doc.h(2, "Files")
     doc.table(["#", "file", "command", "workload", "variant", "mode", "device", "GPU state", "timestamp"],
               [[i + 1] + index_rows[p] for i, (p, _) in enumerate(results)])
     for msg in problems + [f"{p}: {why}" for p, why in skipped.items()]:
