@@ -184,6 +184,17 @@ def readme_rows(results, wam=()):
                     f"{_median_cell(rec, 'reference')} | {_median_cell(rec, 'graph')} | **{_ms(median['best'])}** | "
                     f"{_times(median['best'], rec['floor_ms'])} | {1e3 * rec['batch'] / median['best']:.1f} | "
                     f"{_first(r, r['first_call_s'])} | {_checked(r)} | {_peer_cell(rec)} | {rec['day']['best'] or '-'} |")
+    measured = {}  # GPU -> the newest bench file that measured its own ceilings (`--ceilings measure`)
+    for path, r in results:
+        c = (r.get("roofline") or {}).get("ceilings") or {}
+        if r["command"] == "bench" and str(c.get("source", "")).startswith("measured") and r["env"].get("gpu"):
+            if r["env"]["gpu"] not in measured or r["env"].get("timestamp", "") > measured[r["env"]["gpu"]][1]["env"].get("timestamp", ""):
+                measured[r["env"]["gpu"]] = (path, r)
+    for gpu, (path, r) in sorted(measured.items()):
+        c = r["roofline"]["ceilings"]
+        rows += ["", f"Ceilings measured on the {gpu} by `vlaperf bench --ceilings measure`: {c['matmul_flops'] / 1e12:.0f} "
+                 f"TFLOP/s bf16 matmul, {c['bandwidth'] / 1e12:.2f} TB/s copy ({r['env'].get('timestamp', '')[:10]}, "
+                 f"`{path.relative_to(ROOT)}`)."]
     return rows
 
 
@@ -216,14 +227,18 @@ def matrix_tables(results):
     for path, r in results:
         if r["command"] != "matrix":
             continue
+        stopped = (" **Interrupted** (stopped by its time limit's SIGTERM or Ctrl-C): no row was timed; the rows it had "
+                   "prepared keep their first call and equivalence.") if r.get("interrupted") else ""
         out += [f"### matrix `{r['variant']['label']}` on {r['workload']['id']} ({_env(r)})", "",
                 f"`{path.relative_to(ROOT)}`; interleaved, {r['iters']} rounds after {r['warmup']} warm-up calls per variant; "
-                "speedup = ratio of median wall times vs the reference; p10..p90 = spread of per-round ratios.", "",
+                "speedup = ratio of median wall times vs the reference; p10..p90 = spread of per-round ratios." + stopped, "",
                 "| variant | median ms | p95 ms | speedup | p10..p90 | rel L2 vs reference | first call s |",
                 "|---|---|---|---|---|---|---|"]
         for v in r["variants"]:
-            if "timers" not in v:
-                out.append(f"| {_short(v['variant'])} | {v.get('skipped', '')} | | | | | |")
+            if "timers" not in v:  # skipped; an interrupted matrix's prepared rows still have a first call and a check
+                first = v.get("first_call_s")
+                out.append(f"| {_short(v['variant'])} | {v.get('skipped', '')} | | | | {_rel(v.get('equivalence'))} | "
+                           f"{_first(r, first, v['variant'] == 'reference') if first is not None else ''} |")
                 continue
             w, q, eq = v["timers"]["wall_ms"], v["ratio"]["wall_ms"], v.get("equivalence")
             out.append(f"| {_short(v['variant'])} | {_ms(w['median'])} | {_ms(w['p95'])} | {q['speedup']:.2f}x | "
@@ -684,7 +699,8 @@ def main() -> None:
              "(do not edit by hand). Abbreviations: loop = for_loop, skip = skip_masked_images, trim = trim_prompt_padding,",
              "kv = static_kv_cache, fuse = fuse_projections, graph = cuda_graph. Weights are random bf16 (openpi dtypes);",
              "model mode = `sample_actions` on device tensors with fixed noise; wall = synced host clock.",
-             "x floor = median over the roofline floor of the variant's computed tokens (vlaperf/roofline.py, H200 ceilings).",
+             "x floor = median over the roofline floor of the variant's computed tokens (vlaperf/roofline.py) at the file's ceilings:",
+             "the H200's 780 TFLOP/s and 4.23 TB/s, or the device's own measured by `vlaperf bench --ceilings measure`.",
              "", "## Where each workload stands", "",
              "The newest `vlaperf bench` file of each workload and mode for three presets: `reference` (no levers: openpi's",
              "semantics), `graph` (the exact levers in one CUDA graph, no compile) and `best` as it is today on Hopper GPUs",

@@ -162,3 +162,38 @@ def test_readme_block_is_replaced_between_its_markers_and_missing_markers_are_an
     readme.write_text("# no markers\n")
     with pytest.raises(SystemExit, match="markers"):
         gen.write_readme_block(readme, ["| a |"])
+
+
+def test_an_interrupted_matrix_keeps_its_prepared_rows_first_call_and_check():
+    gen = _generator()
+    r = {"command": "matrix", "variant": {"label": "grid"}, "workload": {"id": "libero-pi0"}, "iters": 3, "warmup": 2,
+         "interrupted": True, "first_call_timing": "before equivalence check",
+         "env": {"gpu": "NVIDIA H200", "torch": "2.11", "cuda": "13.0", "driver": "580"},
+         "variants": [{"variant": "reference", "skipped": "not timed: the matrix was interrupted"},
+                      {"variant": "for_loop,compile=default", "first_call_s": 66.4, "skipped": "not timed: the matrix was "
+                       "interrupted", "equivalence": {"rel_l2": 5.6e-3, "passed": True}},
+                      {"variant": "for_loop,cuda_graph", "skipped": "not prepared: the matrix was interrupted"}]}
+    text = "\n".join(gen.matrix_tables([(gen.ROOT / "m.json", r)]))
+    assert "**Interrupted**" in text
+    assert "| loop+compile:default | not timed: the matrix was interrupted | | | | 5.6e-03 | 66.40 |" in text
+    assert "| loop+graph | not prepared: the matrix was interrupted | | | | - |  |" in text
+
+
+def test_readme_names_the_ceilings_a_bench_measured_on_its_gpu():
+    gen = _generator()
+    from vlaperf.engine.levers import BEST_GPU
+
+    def bench(ts, ceilings):
+        return gen.ROOT / f"b{ts}.json", {
+            "command": "bench", "workload": {"id": "libero-pi0", "overrides": {}}, "mode": "model",
+            "variant": {"levers": list(BEST_GPU) + ["triton_kernels", "megakernel"], "label": "best"},
+            "first_call_s": 2.0, "first_call_timing": "before equivalence check", "timers": {"wall_ms": {"median": 13.0}},
+            "roofline": {"floor_ms": 4.9, "ceilings": ceilings},
+            "env": {"gpu": "NVIDIA H200", "timestamp": f"2026-12-0{ts}T10:00:00+00:00"}}
+
+    measured = {"matmul_flops": 787e12, "bandwidth": 4.22e12, "source": "measured on this device"}
+    rows = gen.readme_rows([bench(1, measured), bench(2, {**measured, "matmul_flops": 790e12}),
+                            bench(3, {"matmul_flops": 780e12, "bandwidth": 4.23e12, "source": "H200 (perf-facts)"})])
+    lines = [r for r in rows if r.startswith("Ceilings measured")]
+    assert lines == ["Ceilings measured on the NVIDIA H200 by `vlaperf bench --ceilings measure`: 790 TFLOP/s bf16 "
+                     "matmul, 4.22 TB/s copy (2026-12-02, `b2.json`)."]
