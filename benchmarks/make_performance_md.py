@@ -10,7 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from vlaperf.report.render import FRONT_END_SPLIT, step_config_diff, step_config_value, workload_label
+from vlaperf.report.render import FRONT_END_SPLIT, result_batch, step_config_diff, step_config_value, workload_label
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -47,8 +47,6 @@ def _env(r):
 
 
 def bench_rows(results):
-    from vlaperf.workloads import get_workload
-
     rows = ["| workload | mode | variant | median ms | p95 ms | event median ms | action chunks/s | first call s | peak GiB | x floor | commit | GPU after the run | file |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for path, r in results:
@@ -59,7 +57,7 @@ def bench_rows(results):
         ratio = w["median"] / floor["floor_ms"] if floor.get("floor_ms") and r["env"].get("gpu") else None
         wl = workload_label(r)
         peak = r.get("peak_memory_bytes")
-        batch = r["workload"]["overrides"].get("batch") or get_workload(r["workload"]["id"]).batch
+        batch = result_batch(r)
         served = " (reference weights released, as served)" if r.get("released_reference_bytes") else ""
         rows.append(f"| {wl} | {r['mode']} | {_short(r['variant']['label'])}{served} | {_ms(w['median'])} | {_ms(w['p95'])} | "
                     f"{_ms(e['median'] if e else None)} | {1e3 * batch / w['median']:.1f} | {_first(r, r['first_call_s'], not r['variant']['levers'])} | "
@@ -90,8 +88,6 @@ def headline(results, wam=()):
     the presets `reference`, `graph` and today's `best` (the world-action model's presets for its workloads): one
     record each where a `best` file exists, sorted by GPU, workload and mode. Files of a served process (reference
     weights released) are left out: their peak memory is not the engine's alone."""
-    from vlaperf.workloads import get_workload
-
     newest: dict = {}
     for is_wam, group in ((False, results), (True, wam)):
         for path, r in group:
@@ -114,8 +110,7 @@ def headline(results, wam=()):
         if "best" not in got:
             continue
         path, r = got["best"]
-        st = r["workload"].get("settings") or {}
-        batch = st.get("batch") or r["workload"]["overrides"].get("batch") or get_workload(r["workload"]["id"]).batch
+        batch = result_batch(r)
         peer_ms, peer_day = lerobot.get((gpu, wl), (None, "")) if mode == "model" else (None, "")
         records.append({
             "gpu": gpu, "workload": wl, "mode": mode, "batch": batch, "path": path, "best": r,

@@ -319,7 +319,7 @@ def field_problem(r: dict) -> str | None:
 HIST_PANELS, HIST_COLS, CDF_LEGEND = 12, 3, 10
 
 
-def _batch(r: dict) -> int | None:
+def result_batch(r: dict) -> int | None:
     """The batch a result ran: its settings or overrides, else its workload's (None for an unknown workload)."""
     from vlaperf.workloads import get_workload
 
@@ -369,7 +369,7 @@ def _summary(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str]) 
         for path, r in items:
             w = r["timers"]["wall_ms"]
             floor = (r.get("roofline") or {}).get("floor_ms") if (r.get("env") or {}).get("gpu") else None
-            batch, eq = _batch(r), r.get("equivalence") or {}
+            batch, eq = result_batch(r), r.get("equivalence") or {}
             rows.append([key, short_variant((r.get("variant") or {}).get("label") or ""), w["median"], w.get("p95"),
                          f"{ref_ms / w['median']:.2f}x" if ref_ms else None,
                          f"{w['median'] / floor:.2f}x" if floor else None,
