@@ -81,25 +81,29 @@ def test_engine_breakdown_uses_stage_hook(tiny):
     assert result["variant"]["levers"] == ["for_loop", "sdpa"]
 
 
-def test_compile_variant_is_broken_down_without_compile(tiny):
-    model, w = tiny
-    engine = Engine(model, "for_loop,compile", compile_backend="eager")
-    result = breakdown(model, w, levers=engine, warmup=1, iters=3, compare_requested=False)
-    bd = result["breakdown"]
-    assert bd["levers_timed"] == ["for_loop"]
-    assert any("without compile=default" in n for n in bd["notes"])
-    assert result["variant"]["levers"] == ["for_loop", "compile=default"]
+@pytest.mark.parametrize("levers,prefix_stages", [
+    ("for_loop,compile", ["prefix"]),  # the prefix compiled as one function: one stage
+    ("for_loop,sdpa,compile,compile_layers", ["embed_prefix", "prefill"]),  # best's form on a GPU
+])
+def test_compiled_variant_is_broken_down_as_requested(tiny, levers, prefix_stages):
+    """A compiled variant is timed itself (it used to be broken down without compile): the marks fall
+    between compiled functions, the actions are bit for bit the untimed call's, and setting or
+    clearing the stage hook compiles nothing again."""
+    import torch._dynamo
 
-
-def test_compile_layers_variant_is_broken_down_without_both(tiny):
-    """best on a GPU holds compile_layers, which needs compile: the breakdown drops both (it failed with
-    "compile_layers needs compile" on the H200)."""
     model, w = tiny
-    engine = Engine(model, "for_loop,compile,compile_layers", compile_backend="eager")
-    result = breakdown(model, w, levers=engine, warmup=1, iters=3, compare_requested=False)
+    torch._dynamo.reset()
+    engine = Engine(model, levers, compile_backend="eager")  # traces as inductor would, no code generation
+    engine.sample_actions(*(random_observation(w, model.config, seed=0), random_noise(w, model.config, seed=0)), w.steps)
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        result = breakdown(model, w, levers=engine, warmup=1, iters=3)
     bd = result["breakdown"]
-    assert bd["levers_timed"] == ["for_loop"]
-    assert any("without compile=default, compile_layers" in n for n in bd["notes"]), bd["notes"]
+    assert bd["levers_timed"] == engine.levers.names() == result["variant"]["levers"]
+    assert [s["name"] for s in bd["stages"]] == ["setup", *prefix_stages, "denoise_step", UNMARKED]
+    assert {s["name"]: s for s in bd["stages"]}["denoise_step"]["per_call"] == w.steps
+    assert bd["matches_reference"] == {"exact": True, "max_abs": 0.0}
+    assert not any("without" in n for n in bd["notes"]), bd["notes"]
+    validate_result(result)
 
 
 def test_policy_mode_adds_transform_and_copies(tiny):
@@ -145,3 +149,33 @@ def test_breakdown_fn_for_any_callable():
     assert [s["name"] for s in out["stages"]] == ["one", "two", UNMARKED]
     assert out["untimed"]["iters"] == 4
     assert len(calls) == 1 + 4 + (1 + 4)  # warm-up, instrumented, untimed (its warm-up + timed)
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
+@pytest.mark.parametrize("mode", ["model", "policy"])
+def test_cuda_graph_variant_is_timed_inside_its_graph(mode):
+    """With cuda_graph the stages come from event nodes of a second capture of the call, read after each
+    replay: the same stage names as the plain path, every stage timed, the actions bit for bit those of
+    the untimed graph, and each graph captured once."""
+    model, w = build_model("tiny", "cuda", torch.float32, seed=0), get_workload("tiny")
+    engine = Engine(model, "for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections,"
+                           "cuda_graph")
+    result = breakdown(model, w, levers=engine, mode=mode, warmup=2, iters=10)
+    bd = result["breakdown"]
+    names = [s["name"] for s in bd["stages"]]
+    model_stages = ["setup", "embed_prefix", "prefill", "denoise_step"]
+    if mode == "model":
+        assert names == [*model_stages, UNMARKED]
+    else:
+        assert names == ["input_transform", "host_to_device", "image_preprocess", *model_stages, "device_to_host",
+                         UNMARKED]
+    stages = {s["name"]: s for s in bd["stages"]}
+    assert stages["denoise_step"]["per_call"] == w.steps
+    assert all(stages[n]["median_ms"] > 0 for n in model_stages)
+    assert bd["matches_reference"] == {"exact": True, "max_abs": 0.0}
+    assert engine.graphs.captures == 2  # the untimed graph and the timed one, once each
+    timed = [e for key, e in engine.graphs.entries.items() if key[-1] == "timed"]
+    assert len(timed) == 1 and [n for n, _ in timed[0].stage_events][-1] == "end"
+    assert any("inside the CUDA graph" in n for n in bd["notes"])
+    assert abs(bd["coverage"] - 1.0) <= COVERAGE_TOLERANCE, bd["statement"]
+    validate_result(result)

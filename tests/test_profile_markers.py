@@ -125,6 +125,27 @@ def test_cuda_event_path_syncs_once_per_call():
     assert all(abs(ms - 0.5) < 1e-9 for n, d, ms in call.stages if n.startswith("denoise_step_"))
 
 
+def test_marks_with_given_tokens_use_them_and_open_no_range(monkeypatch):
+    """A mark given a token (a CUDA graph's stage event, recorded by the replay) takes that time, not
+    now, and pushes no NVTX range: after the replay the host's time is not the stage's."""
+    pushed = []
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: pushed.append(name))
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: None)
+    clock = FakeClock()  # now(): 1, 2, 3, ...
+    rec = StageRecorder("cpu", clock=clock, nvtx=True)
+    with rec.call():  # starts at t=1
+        rec.mark("setup")  # t=2, a range
+        rec.mark("prefix", token=2.25)  # the graph's events, handed over after its replay
+        rec.mark("denoise_step_0", token=2.5)
+        rec.mark("end", token=2.75)
+        rec.mark("device_to_host")  # t=3
+    (call,) = rec.calls
+    assert pushed == ["setup", "device_to_host"]
+    totals = call.totals()
+    assert totals["setup"] == totals["prefix"] == totals["denoise_step_0"] == 0.25
+    assert totals["device_to_host"] == 1.0  # from the host mark at t=3 to the call's end at t=4
+
+
 def test_marks_outside_call_make_an_implicit_call():
     rec = StageRecorder("cpu", clock=FakeClock(), nvtx=False)
     rec.mark("x")

@@ -499,6 +499,26 @@ def test_cuda_graph_is_equivalent_and_makes_no_host_sync(sparsity):
 
 @pytest.mark.gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_cuda_graph_breakdown_times_the_stages_inside_the_graph():
+    """The world-action breakdown of `graph` is taken on the graph itself: event nodes of a second
+    capture at each mark, read after each replay; the same stage names as the eager engine's."""
+    from vlaperf.profile.wam import wam_breakdown
+
+    model = build_wam("wam-tiny", device="cuda")
+    workload = get_wam_workload("wam-tiny")
+    bd, notes, label = wam_breakdown(model, workload, "graph", warmup=2, iters=8)
+    stages = {s["name"]: s for s in bd["stages"]}
+    assert {"setup", "context_kv", "output"} <= set(stages)
+    steps = stages.get("full_denoise_step", {}).get("per_call", 0) + stages.get("action_denoise_step", {}).get(
+        "per_call", 0)
+    assert steps == workload.steps
+    assert all(s["median_ms"] > 0 for name, s in stages.items() if name.endswith("denoise_step"))
+    assert "cuda_graph" in label.split(",") and any("inside the CUDA graph" in n for n in notes)
+    assert abs(bd["coverage"] - 1.0) <= 0.25, bd["statement"]
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
 def test_cuda_fused_projections_and_gelu_epilogue_match_the_block():
     """On CUDA fuse_projections also takes fc1's GELU(tanh) into the GEMM's epilogue: the block
     stays within bf16 rounding of the model's block, and the whole call within the bf16 check."""

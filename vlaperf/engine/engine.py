@@ -74,9 +74,11 @@ class Engine:
         self.last_plan: PrefixPlan | None = None
         self._call_lock = threading.RLock()  # one call at a time (sample_actions)
         self._weights_version = model.weights_version  # the weights this engine copied (see sample_actions)
-        # Stage boundaries for the profiler: called with a stage name where that stage
-        # starts ("embed_prefix", "prefill", "denoise_step_<i>") and "end" after the last.
-        # Only on the plain path (it is not called inside a CUDA graph or compiled code).
+        # Stage boundaries for the profiler: called with a stage name where that stage starts
+        # ("embed_prefix", "prefill", or "prefix" where compile makes the prefix one function;
+        # "denoise_step_<i>") and "end" after the last. Never from inside compiled code. With
+        # cuda_graph it is not called: a call made while it is set replays a second graph with
+        # a timing event at each boundary instead, and `last_stage_events` holds them.
         self.stage_hook: Callable[[str], None] | None = None
         self._prefix = self._prefix_eager
         self._blocks = PLAIN_BLOCKS
@@ -151,12 +153,21 @@ class Engine:
         if self.graphs is not None:
             self.prepare(num_steps)  # schedule tables are copied to the device before any capture
             key = (plan.slots, plan.prompt_len, num_steps, tuple((tuple(x.shape), x.dtype) for x in inputs))
+            timed = self.stage_hook is not None
             precompile = None
-            if key not in self.graphs.entries and self.levers.compile and (lv.triton_kernels or lv.megakernel):
+            first_of_shape = key not in self.graphs.entries and (key, "timed") not in self.graphs.entries
+            if first_of_shape and self.levers.compile and (lv.triton_kernels or lv.megakernel):
                 precompile = self._precompile_kernels(inputs, plan, num_steps)
             return self.graphs.run(key, lambda: partial(self._sample, plan=plan, num_steps=num_steps), inputs,
-                                   before_capture=precompile)
+                                   before_capture=precompile, timed=timed)
         return self._sample(*inputs, plan=plan, num_steps=num_steps)
+
+    @property
+    def last_stage_events(self) -> list[tuple[str, torch.cuda.Event]]:
+        """(stage, CUDA event) at each stage boundary of the last call, when it replayed the timed
+        graph (`stage_hook` set, with cuda_graph): the events that replay recorded, in order, ending
+        with "end"; read their times once the call has finished. [] otherwise."""
+        return self.graphs.last_stage_events if self.graphs is not None else []
 
     def prepare(self, num_steps: int) -> None:
         """Build the per-schedule tables ahead of time (also done lazily)."""
@@ -270,7 +281,13 @@ class Engine:
         return pad, cache
 
     def _mark(self, stage: str) -> None:
-        if self.stage_hook is not None and self.graphs is None and not self.levers.compile:
+        # is_compiling first: dynamo folds it, so a trace neither calls the hook nor guards on it
+        # (setting or clearing the hook must not recompile)
+        if torch.compiler.is_compiling() or self.stage_hook is None:
+            return
+        if self.graphs is not None:
+            self.graphs.record_stage(stage)  # an event node while the timed graph is captured
+        else:
             self.stage_hook(stage)
 
     def _sample(self, images, image_mask, tokens, token_mask, state, noise, *, plan: PrefixPlan, num_steps: int,
@@ -287,6 +304,8 @@ class Engine:
         B = state.shape[0]
         Tp = len(plan.slots) * self.model.config.vision.num_patches + plan.prompt_len
         kv_buffers = self._kv_buffers(B, Tp)
+        if compiled and self._prefix != self._prefix_eager:  # compiled as one function: its own marks never run
+            self._mark("prefix")
         pad, cache = prefix_fn(obs, plan, kv_buffers)
         ctx = SuffixContext(self.model, state, pad, cache, kv_buffers, hoist=self.levers.static_kv_cache)
         times, tables = self._schedule_tensors(num_steps)

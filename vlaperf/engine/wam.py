@@ -38,6 +38,7 @@ Sparsity, guidance and the schedules are workload settings (they change the resu
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass
 
 import torch
@@ -45,7 +46,7 @@ import torch.nn.functional as F
 from torch import Tensor
 
 from vlaperf.engine.compile import compile_fn
-from vlaperf.profile.markers import mark
+from vlaperf.profile.markers import NULL_RECORDER, active_recorder, mark, marks_to
 from vlaperf.engine.graphs import GraphCache
 from vlaperf.engine.levers import COMPILE_MODES, LeverError
 from vlaperf.models.unipc import (
@@ -445,7 +446,15 @@ class WamEngine:
 
             return fn
 
-        out = self._graphs.run(key, build, [obs.context, obs.text, obs.state, noise.video, noise.actions])
+        # Under a profiler's recorder, the graph with a timing-event node at each stage mark (a capture of its own),
+        # whose events this replay recorded are handed to the recorder after it (engine/graphs.py)
+        recorder = active_recorder()
+        timed = recorder is not NULL_RECORDER
+        with marks_to(self._graphs.record_stage) if timed else contextlib.nullcontext():
+            out = self._graphs.run(key, build, [obs.context, obs.text, obs.state, noise.video, noise.actions],
+                                   timed=timed)
+        for name, event in self._graphs.last_stage_events:
+            recorder.mark(name, token=event)
         n_a = cfg.action_horizon * cfg.action_dim
         return (out[:, :n_a].view(b, cfg.action_horizon, cfg.action_dim),
                 out[:, n_a:].view(b, cfg.video_frames, cfg.patches, cfg.patch_channels))

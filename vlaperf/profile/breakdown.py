@@ -30,11 +30,15 @@ boundary mark between stages (CUDA events on a GPU: no sync is added):
 Every result records whether the staged sequence reproduced the untimed call's output
 exactly (`matches_reference`); the tests assert it bit for bit in float32.
 
-Engine variants: `Engine.stage_hook` marks embed_prefix, prefill, denoise_step_<i> (and
-"setup": planning and buffers before the prefix). The hook cannot fire inside a CUDA graph
-replay or compiled code, so a variant with cuda_graph or compile is broken down on the same
-levers without those two; the result says so and also gives the requested variant's
-untimed median for comparison.
+Engine variants are broken down as requested, levers and all: `Engine.stage_hook` marks
+embed_prefix, prefill, denoise_step_<i> (and "setup": checks, planning and input copies
+before the prefix). Under compile the marks fall between compiled functions, never inside one;
+where compile makes the whole prefix one function (compile without compile_layers) it is one
+stage, "prefix". Under cuda_graph nothing runs on the host during the call, so the engine
+replays a second capture of the same call that holds a timing-event node at each boundary
+(engine/graphs.py); the events that replay recorded are handed to the recorder after it. The
+untimed call replays the graph without them, so the honesty check below also bounds what the
+event nodes cost.
 
 Policy mode adds the stages of `vlaperf.policy.Policy.infer`: input_transform (validate,
 tokenize, pad the state on the host), host_to_device (raw uint8 images, masks, tokens and
@@ -52,7 +56,7 @@ from __future__ import annotations
 import gc
 import math
 import re
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from typing import Any, Callable
 
 import numpy as np
@@ -73,7 +77,7 @@ from vlaperf.workloads import WORKLOADS, Workload, get_workload
 _STEP = re.compile(r"^(.*denoise_step)_(\d+)$")
 
 
-def _noop(name: str) -> None:
+def _noop(name: str, token=None) -> None:
     return None
 
 
@@ -139,9 +143,12 @@ def engine_sample_staged(engine) -> Callable:
         mark("setup")
         engine.stage_hook = mark
         try:
-            return engine.sample_actions(obs, noise, num_steps)
+            out = engine.sample_actions(obs, noise, num_steps)
         finally:
             engine.stage_hook = None
+        for name, event in engine.last_stage_events:  # a graph replay's boundaries, recorded by the graph
+            mark(name, token=event)
+        return out
 
     return sample
 
@@ -342,9 +349,7 @@ class StagedCall:
     untimed: Callable[[], Any]
     path: str  # "reference" | "engine"
     requested: Any  # the requested Levers
-    engine: Any  # the Engine the stages are taken on (None on the reference path)
-    requested_engine: Any
-    requested_untimed: Callable[[], Callable[[], Any]] | None  # builds the requested variant's plain call
+    engine: Any  # the Engine broken down (None on the reference path)
     images: list[dict[str, Any]]
     notes: list[str]
     steps: int
@@ -378,18 +383,15 @@ def prepare_breakdown(model: Pi0Model, workload: Workload | str, levers=None, mo
                      "vlaperf.profile.breakdown); its while-on-tensor loop is kept, so each denoise_step "
                      "includes the host read of the loop condition that follows it")
     else:
-        # compile_layers only says how compile compiles the prefix: without compile it is no lever (and refused)
-        timed_levers = replace(requested, cuda_graph=False, compile=None, compile_layers=False)
-        if timed_levers != requested:
-            engine = Engine(model, timed_levers)
-            dropped = [n for n in requested.names() if n not in timed_levers.names()]
-            notes.append(f"requested {requested.label()}: stage marks cannot fire inside a CUDA graph or compiled "
-                         f"code, so the breakdown is taken on the same levers without {', '.join(dropped)} "
-                         f"({timed_levers.label()})")
-        else:
-            engine = requested_engine or Engine(model, timed_levers)
+        engine = requested_engine or Engine(model, requested)
         path, untimed_sample = "engine", engine.sample_actions
         staged = engine_sample_staged(engine)
+        if engine.levers.cuda_graph:
+            notes.append("stages timed inside the CUDA graph: a second capture of the call with a timing-event node at "
+                         "each stage boundary; the untimed call replays the graph without them")
+        if engine.levers.compile and not engine.levers.compile_layers:
+            notes.append("compile makes the prefix one function, so it is one stage (prefix); with compile_layers it "
+                         "is embed_prefix and prefill")
 
     obs = random_observation(workload, model.config, device, seed=seed)
     noise = random_noise(workload, model.config, device, seed=seed)
@@ -404,9 +406,6 @@ def prepare_breakdown(model: Pi0Model, workload: Workload | str, levers=None, mo
         untimed = lambda: untimed_sample(obs, noise, steps)  # noqa: E731
         plain = lambda: staged(obs, noise, steps)  # noqa: E731
         reference = untimed
-
-        def requested_untimed(e):
-            return lambda: e.sample_actions(obs, noise, steps)
     else:
         # The same requests as `vlaperf bench --mode policy` (224 px camera images).
         examples = [make_example(workload, seed=seed + i) for i in range(workload.batch)]
@@ -418,16 +417,7 @@ def prepare_breakdown(model: Pi0Model, workload: Workload | str, levers=None, mo
         plain = lambda: sp(request)  # noqa: E731
         reference = lambda: policy.infer(request)["actions"]  # noqa: E731
 
-        def requested_untimed(e):
-            p = Policy(model, e.sample_actions, workload, num_steps=steps, noise=noise)
-            return lambda: p.infer(request)
-
-    def build_requested():
-        return requested_untimed(requested_engine or Engine(model, requested))
-
-    sc = StagedCall(call, untimed, path, requested, engine, requested_engine,
-                    build_requested if path == "engine" and engine.levers != requested else None,
-                    images, notes, steps, base, workload)
+    sc = StagedCall(call, untimed, path, requested, engine, images, notes, steps, base, workload)
     if check:
         sc.matches_reference = _same(plain(), reference())
         if not sc.matches_reference["exact"]:
@@ -439,15 +429,13 @@ def prepare_breakdown(model: Pi0Model, workload: Workload | str, levers=None, mo
 @torch.no_grad()
 def breakdown(model: Pi0Model, workload: Workload | str, levers=None, mode: str = "model", warmup: int = 5,
               iters: int = 20, device: torch.device | str | None = None, *, seed: int = 0,
-              num_steps: int | None = None, compare_requested: bool = True, progress: bool = False) -> dict[str, Any]:
+              num_steps: int | None = None, progress: bool = False) -> dict[str, Any]:
     """Median / p95 per stage of one pi0 policy call. Returns a vlaperf result
     (command "breakdown", schema vlaperf.result/1) with a "breakdown" section, and the
     untimed call's "timers"/"samples".
 
     levers: None / "reference" -> the reference path; a lever spec, a Levers or an Engine
-    -> that engine variant (without cuda_graph/compile, see the module docstring).
-    compare_requested: for a variant with cuda_graph/compile, also time the variant as
-    requested (untimed) and report its median next to the breakdown.
+    -> that engine variant, as requested (see the module docstring for cuda_graph and compile).
     """
     from vlaperf.cli import result_header
     from vlaperf.timing import environment_record
@@ -465,18 +453,6 @@ def breakdown(model: Pi0Model, workload: Workload | str, levers=None, mode: str 
         m = re.match(r"^image_(\d+)_embed$", entry["name"])
         if m:
             entry["info"] = sc.images[int(m.group(1))]
-    requested_median = None
-    if compare_requested and sc.requested_untimed is not None:
-        try:
-            fn = sc.requested_untimed()
-        except Exception as e:  # e.g. compile without a C compiler: say so, keep the breakdown
-            notes.append(f"the requested variant {requested.label()} could not be built: {e}")
-        else:
-            t = time_calls(fn, device=device, warmup=max(warmup, 3), iters=iters, progress=progress,
-                           label=requested.label())
-            requested_median = t["timers"]["wall_ms"]["median"]
-            notes.append(f"untimed median of the requested variant {requested.label()}: {requested_median:.3f} ms (wall)")
-
     timed_names = [] if sc.engine is None else sc.engine.levers.names()
     result = result_header("breakdown", sc.base, sc.workload, model, environment_record(device), requested.names(),
                            requested.label(), mode)
@@ -486,7 +462,7 @@ def breakdown(model: Pi0Model, workload: Workload | str, levers=None, mode: str 
     result.update({k: untimed_t[k] for k in ("first_call_s", "warmup_s", "warmup", "iters", "peak_memory_bytes")})
     result["breakdown"] = {
         "path": sc.path, "levers_timed": timed_names, "steps": sc.steps, "images": sc.images,
-        "matches_reference": sc.matches_reference, "notes": notes, "requested_untimed_median_ms": requested_median, **bd,
+        "matches_reference": sc.matches_reference, "notes": notes, **bd,
     }
     return result
 

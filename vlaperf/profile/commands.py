@@ -98,6 +98,8 @@ def cmd_breakdown(args) -> int:
         result, workload, device = _wam_breakdown_result(args, levers)
     else:
         base, workload, model, device = setup(args)
+        if levers is not None:  # one engine for the breakdown and --trace: a compiled variant compiles once
+            levers = make_engine(model, levers)
         try:
             result = breakdown(model, workload, levers=levers, mode=args.mode, warmup=args.warmup, iters=args.iters,
                                seed=args.seed, progress=not args.no_progress)

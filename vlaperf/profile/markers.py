@@ -12,7 +12,9 @@ Two ways to say where a stage is, freely mixed:
         rec.mark("end")
 
 `mark(name)` has the signature of `Engine.stage_hook`, so `engine.stage_hook = rec.mark`
-works. `@rec.stage("encode")` decorates a function. Code that should run with or without
+works; an engine with cuda_graph then times its stages inside the graph instead, and
+`for name, event in engine.last_stage_events: rec.mark(name, token=event)` after the call
+hands them over. `@rec.stage("encode")` decorates a function. Code that should run with or without
 a profiler uses the module-level `stage` / `mark` / `staged`, which forward to the
 recorder activated with `with rec.activate():` and do nothing otherwise.
 
@@ -238,20 +240,24 @@ class StageRecorder:
             it.end = token if token is not None else self.clock.now()
             self._ranges.close(handles)
 
-    def mark(self, name: str) -> None:
+    def mark(self, name: str, token=None) -> None:
         """A stage called `name` starts here; "end" only closes the open one.
 
         Same signature as `Engine.stage_hook`. The stage lasts until the next mark at the
-        same level, the end of the enclosing block stage, or the end of the call."""
+        same level, the end of the enclosing block stage, or the end of the call.
+        token: a timestamp taken elsewhere, in this clock's kind (a CUDA event recorded on the
+        call's stream, e.g. one of `Engine.last_stage_events` that a graph replay recorded),
+        used instead of now; such a mark opens no NVTX range (the host's time is not its time)."""
         self._ensure_call()
         depth = len(self._stack)
-        token = self.clock.now()
+        ranged = token is None
+        token = self.clock.now() if token is None else token
         self._close_boundary_from(depth, token)
         if name == END:
             return
         it = Interval(self._full(name), depth, token)
         self._intervals.append(it)
-        self._open[depth] = (it, self._ranges.open(name))
+        self._open[depth] = (it, self._ranges.open(name) if ranged else [])
 
     __call__ = mark
 
@@ -327,7 +333,7 @@ class NullRecorder:
 
     timer = "none"
 
-    def mark(self, name: str) -> None:
+    def mark(self, name: str, token=None) -> None:
         return None
 
     __call__ = mark
@@ -344,11 +350,36 @@ class NullRecorder:
 
 NULL_RECORDER = NullRecorder()
 
-_ACTIVE: contextvars.ContextVar[StageRecorder | None] = contextvars.ContextVar("vlaperf_stage_recorder", default=None)
+
+class _MarksTo:
+    """What `marks_to` activates: boundary marks go to one function; block stages are not timed."""
+
+    def __init__(self, fn: Callable[[str], None]):
+        self.mark = fn
+
+    def stage(self, name: str):
+        return contextlib.nullcontext()
+
+
+_ACTIVE: contextvars.ContextVar[StageRecorder | _MarksTo | None] = contextvars.ContextVar("vlaperf_stage_recorder",
+                                                                                       default=None)
 
 
 def active_recorder() -> StageRecorder | NullRecorder:
     return _ACTIVE.get() or NULL_RECORDER
+
+
+@contextlib.contextmanager
+def marks_to(fn: Callable[[str], None]) -> Iterator[None]:
+    """Inside the block, the module-level `mark(name)` calls `fn(name)` instead of the active
+    recorder's mark. For code that records its stage boundaries elsewhere while it runs: a CUDA
+    graph's capture turns each into an event node (engine/graphs.py, `GraphCache.record_stage`),
+    whose times the recorder gets after the replay through `mark(name, token=event)`."""
+    token = _ACTIVE.set(_MarksTo(fn))
+    try:
+        yield
+    finally:
+        _ACTIVE.reset(token)
 
 
 def mark(name: str) -> None:

@@ -361,8 +361,9 @@ def wam_breakdown(model, workload, levers: str | None, warmup: int = 3, iters: i
     denoise step (full_denoise_step_<i> over every token, action_denoise_step_<i> for the
     action tokens alone once the video is cached), output. The reference is broken down as the
     engine with no levers (the same operations: equal to `model.generate` within float32
-    rounding, tests/test_wam.py); cuda_graph and compile hide the stage boundaries, so a variant
-    with them is broken down without them, as the pi0 breakdown does. Returns the breakdown
+    rounding, tests/test_wam.py). Every variant is broken down as requested: compile is regional,
+    so the marks fall between compiled functions; under cuda_graph the engine replays a second
+    capture with a timing-event node at each mark (engine/graphs.py). Returns the breakdown
     (vlaperf.profile.breakdown.breakdown_fn's), notes, and the label of what was timed."""
     from vlaperf.engine.wam import WamEngine, WamLevers
     from vlaperf.models.wam import random_wam_inputs
@@ -370,12 +371,11 @@ def wam_breakdown(model, workload, levers: str | None, warmup: int = 3, iters: i
 
     device = model.device
     requested = WamLevers.parse(levers or "reference", device)
-    timed = WamLevers(**{**requested.__dict__, "cuda_graph": False, "compile": None})
     notes = []
-    if timed != requested:
-        notes.append(f"{','.join(requested.names())} broken down without cuda_graph / compile (they hide the stage "
-                     "boundaries): the stages are those of the same levers run eagerly")
-    engine = WamEngine(model, timed)
+    if requested.cuda_graph:
+        notes.append("stages timed inside the CUDA graph: a second capture of the call with a timing-event node at "
+                     "each stage boundary; the untimed call replays the graph without them")
+    engine = WamEngine(model, requested)
     obs, noise = random_wam_inputs(model.config, workload.batch, device, model.dtype, seed=seed)
     kw = workload.sampling()
 
