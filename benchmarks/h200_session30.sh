@@ -1,0 +1,29 @@
+#!/bin/bash
+# Session 30's device calls on nvidia-h200 (one GPU; lanes.sh, lane A only).
+#   PART=a   the breakdown taken inside the CUDA graph: the GPU tests of it (pi0 tiny, model and policy
+#            mode; wam-tiny), the event probe, then `vlaperf breakdown` of libero-pi0 `best` (model and
+#            policy mode) and `graph`, and of wam-761 `best`
+#   PART=b   refreshes of two table cells with old dates: wam-761 at batch 4 (`best`) and libero-pi0's
+#            policy-mode reference
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session30.sh
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
+case "${PART:-a}" in
+a)
+  lane A 0 40 <<EOT &
+150 python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/test_profile_breakdown.py tests/test_wam.py -k "cuda_graph" 2>&1 | tail -4
+30 python3 benchmarks/graph_event_probe.py
+150 $V breakdown --workload libero-pi0 --levers best --warmup 10 --iters 50 --no-progress --json $R/breakdown_libero-pi0_best-s30.json
+100 $V breakdown --workload libero-pi0 --levers best --mode policy --warmup 10 --iters 50 --no-progress --json $R/breakdown_libero-pi0_best-s30_policy.json
+60 $V breakdown --workload libero-pi0 --levers graph --warmup 10 --iters 50 --no-progress --json $R/breakdown_libero-pi0_graph-s30.json
+100 $V breakdown --workload wam-761 --levers best --warmup 5 --iters 30 --no-progress --json $R/breakdown_wam-761_best-s30.json
+EOT
+  ;;
+b)
+  lane A 0 14 <<EOT &
+120 $V bench --workload wam-761 --levers best --batch 4 $B --json $R/bench_wam-761-b4_best-s30_model.json
+120 $V bench --workload libero-pi0 --mode policy --levers reference --warmup 10 --iters 50 --no-progress --json $R/bench_libero-pi0_reference-s30_policy.json
+EOT
+  ;;
+esac
+finish
