@@ -5,6 +5,9 @@
 #            policy mode) and `graph`, and of wam-761 `best`
 #   PART=b   refreshes of two table cells with old dates: wam-761 at batch 4 (`best`) and libero-pi0's
 #            policy-mode reference
+#   PART=c   the other workloads' `best` broken down inside the graph: libero-pi05, libero-shallow6, libero-pi0-b8
+#   PART=d   what a padded prompt token costs `best` (benchmarks/prompt_len_probe.py): libero-pi0's 20 tokens kept
+#            as 20, 24, 32 (today's bucket), 40 and 48, interleaved in one process
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session30.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -23,6 +26,18 @@ b)
   lane A 0 14 <<EOT &
 120 $V bench --workload wam-761 --levers best --batch 4 $B --json $R/bench_wam-761-b4_best-s30_model.json
 120 $V bench --workload libero-pi0 --mode policy --levers reference --warmup 10 --iters 50 --no-progress --json $R/bench_libero-pi0_reference-s30_policy.json
+EOT
+  ;;
+c)
+  lane A 0 30 <<EOT &
+100 $V breakdown --workload libero-pi05 --levers best --warmup 10 --iters 50 --no-progress --json $R/breakdown_libero-pi05_best-s30.json
+100 $V breakdown --workload libero-shallow6 --levers best --warmup 10 --iters 50 --no-progress --json $R/breakdown_libero-shallow6_best-s30.json
+100 $V breakdown --workload libero-pi0-b8 --levers best --warmup 10 --iters 50 --no-progress --json $R/breakdown_libero-pi0-b8_best-s30.json
+EOT
+  ;;
+d)
+  lane A 0 20 <<EOT &
+240 cd benchmarks && python3 prompt_len_probe.py --lengths 20,24,32,40,48 --rounds 40 --json $R/prompt_len_probe_libero-pi0_s30.json
 EOT
   ;;
 esac
