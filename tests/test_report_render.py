@@ -539,3 +539,35 @@ def test_summary_takes_each_variants_newest_file_and_its_speed_up_over_the_refer
 def test_no_summary_without_bench_files(tiny_results, tmp_path):
     md = render([tiny_results / "matrix.json"], tmp_path / "r.md").read_text()
     assert "## Summary" not in md and "## Files" not in md and "## matrix" in md.lower()
+
+
+def test_a_file_the_summary_cannot_use_costs_only_its_own_row(tiny_results, tmp_path):
+    """One bench file with a field the summary cannot format is left out of the summary with its reason; the
+    other files keep their rows (one such file used to replace the whole summary with an error). A timestamp
+    that is not a string no longer breaks the newest-file choice, and a file that is no result at all (a
+    Chrome trace) is skipped with a one-line reason, also handed to on_skip."""
+    base = json.loads((tiny_results / "bench.json").read_text())
+
+    def bench(name, levers, median, **changes):
+        c = json.loads(json.dumps(base))
+        c["variant"].update({"levers": levers, "label": ",".join(levers) or "reference"})
+        c["timers"]["wall_ms"]["median"] = median
+        for key, value in changes.items():
+            c[key] = {**(c.get(key) or {}), **value}
+        (tmp_path / f"{name}.json").write_text(json.dumps(c))
+        return tmp_path / f"{name}.json"
+
+    files = [bench("ref", [], 100.0), bench("loop", ["for_loop"], 40.0, env={"timestamp": 12}),
+             bench("bad", ["sdpa"], 50.0, equivalence={"rel_l2": "x", "passed": True})]
+    trace = tmp_path / "trace.json"
+    trace.write_text(json.dumps({"traceEvents": []}))
+    skipped = []
+    md = render([*files, trace], tmp_path / "r.md", on_skip=skipped.append).read_text()
+    summary = md.split("## Summary")[1].split("## Files")[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in summary.splitlines() if line.startswith("| tiny")]
+    assert [(r[1], r[4]) for r in rows] == [("reference", "1.00x"), ("for_loop", "2.50x")]
+    assert "no summary" not in summary
+    assert "left out of the summary: bad.json: could not render it: ValueError" in summary
+    assert "bad.json" in md.split("## Files")[1]  # its own section still has it
+    assert skipped == [f"{trace}: not a vlaperf result file (no \"schema\" key; a result file has \"schema\": "
+                       "\"vlaperf.result/1\")"]

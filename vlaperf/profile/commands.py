@@ -16,6 +16,7 @@ doctor: 1 when any finding has severity "error" (so CI can gate on the environme
 from __future__ import annotations
 
 import argparse
+import sys
 from pathlib import Path
 
 import torch
@@ -309,13 +310,19 @@ def cmd_report(args) -> int:
     missing = [p for p in args.paths if not Path(p).exists()]
     if missing:
         raise CliError(f"no such file or directory: {', '.join(missing)}")
+    skipped: list[str] = []
+
+    def skip(msg: str) -> None:  # on stderr as well as in the report: a skipped file is easy to miss on a page
+        skipped.append(msg)
+        print(f"skipped {msg if len(msg) <= 300 else msg[:299] + '…'}", file=sys.stderr)
+
     try:
-        out = render(args.paths, args.output)
+        out = render(args.paths, args.output, on_skip=skip)
     except ValueError as e:
         raise CliError(str(e)) from None
     except ImportError as e:
         raise CliError(f"report needs matplotlib ({e}); pip install matplotlib") from None
-    print(f"wrote {out}")
+    print(f"wrote {out}" + (f" ({len(skipped)} file(s) skipped, listed above and in the report)" if skipped else ""))
     return 0
 
 

@@ -37,9 +37,9 @@ import json
 import math
 import os
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
-from vlaperf.report.schema import SchemaError, json_kind, unwritable, validate_result
+from vlaperf.report.schema import SCHEMA, SchemaError, json_kind, unwritable, validate_result
 
 _ABBR = {"for_loop": "loop", "skip_masked_images": "skipimg", "trim_prompt_padding": "trim", "static_kv_cache": "kv",
          "sdpa": "sdpa", "fuse_projections": "fuse", "cuda_graph": "graph", "compile_layers": "layers",
@@ -241,7 +241,12 @@ def load_results(paths) -> tuple[list[tuple[str, dict]], list[str]]:
             continue
         seen.add(key)
         try:
-            out.append((str(f), validate_result(json.loads(f.read_text()))))
+            data = json.loads(f.read_text())
+            if isinstance(data, dict) and "schema" not in data:  # a trace, a config: not one of ours at all
+                problems.append(f"{f}: not a vlaperf result file (no \"schema\" key; a result file has "
+                                f"\"schema\": \"{SCHEMA}\")")
+                continue
+            out.append((str(f), validate_result(data)))
         except (OSError, ValueError, SchemaError, RecursionError) as e:  # RecursionError: JSON nested too deep
             problems.append(f"{f}: {_reason(e)}")
     return out, problems
@@ -343,8 +348,8 @@ def bench_summary(results: list[tuple[str, dict]]) -> list[tuple[str, list[tuple
         key = f"{workload_label(r)} on {_gpu(r)}, {r.get('mode') or '-'} mode"
         label = (r.get("variant") or {}).get("label") or "reference"
         held = groups.setdefault(key, {}).get(label)
-        stamp = ((r.get("env") or {}).get("timestamp") or "", path)
-        if held is None or stamp >= ((held[1].get("env") or {}).get("timestamp") or "", held[0]):
+        stamp = (str((r.get("env") or {}).get("timestamp") or ""), path)
+        if held is None or stamp >= (str((held[1].get("env") or {}).get("timestamp") or ""), held[0]):
             groups[key][label] = (path, r)
     return [(key, sorted(items.values(), key=lambda it: -it[1]["timers"]["wall_ms"]["median"]))
             for key, items in groups.items()]
@@ -375,7 +380,7 @@ def _summary(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str]) 
                          f"{w['median'] / floor:.2f}x" if floor else None,
                          1e3 * batch / w["median"] if batch else None, r.get("first_call_s"),
                          f"{eq['rel_l2']:.1e}" + ("" if eq.get("passed", True) else " (failed)") if "rel_l2" in eq else None,
-                         ((r.get("env") or {}).get("timestamp") or "")[:10] or None, names.get(path, Path(path).name)])
+                         str((r.get("env") or {}).get("timestamp") or "")[:10] or None, names.get(path, Path(path).name)])
         if ref_ms and len(items) >= 3:
             charts.append((key, [(short_variant((r.get("variant") or {}).get("label") or ""),
                                   r["timers"]["wall_ms"]["median"], ref_ms) for _, r in items]))
@@ -1436,10 +1441,11 @@ def _check_output(out_path: Path) -> str:
     return fmt
 
 
-def render(result_paths, out_path, title: str | None = None) -> Path:
+def render(result_paths, out_path, title: str | None = None, on_skip: Callable[[str], None] | None = None) -> Path:
     """Write the report of `result_paths` (files or directories) to `out_path` (.html or .md,
     any case). A file that cannot be read, is not a valid result, or that its renderer fails
-    on is listed as skipped with the reason; the others are rendered."""
+    on is listed as skipped with the reason; the others are rendered. on_skip("file: reason") is
+    also called for each skipped file (the CLI prints them)."""
     out_path = Path(out_path)
     fmt = _check_output(out_path)
     if isinstance(result_paths, (str, Path)):
@@ -1495,11 +1501,14 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
           f"{len(results)} result file(s)" + (f"; {len(problems) + len(skipped)} skipped (listed below)"
                                                if problems or skipped else ""), "note")
     summary = _Doc()
-    try:  # a summary that fails (a field some old file lacks) must not cost the report
-        _summary(summary, results, names)
-    except Exception as e:  # noqa: BLE001
-        summary = _Doc()
-        summary.p("no summary: " + _reason(e), "warn")
+    # a file whose summary row fails (a field some old or damaged file has wrong) is left out of the summary, with
+    # its reason, and keeps its own section; the other files' rows stay
+    left_out = {p: reason for p, r in results if (reason := _rendered(_Doc(), _summary, [(p, r)], names))}
+    reason = _rendered(summary, _summary, [(p, r) for p, r in results if p not in left_out], names)
+    if reason:  # each file's row renders alone, not together
+        summary.p("no summary: " + reason, "warn")
+    for p, why in left_out.items():
+        summary.p(f"left out of the summary: {names[p]}: {why}", "warn")
     doc.extend(summary)
     if summary.blocks:
         doc.h(2, "Files")
@@ -1507,6 +1516,9 @@ def render(result_paths, out_path, title: str | None = None) -> Path:
               [[i + 1] + index_rows[p] for i, (p, _) in enumerate(results)])
     for msg in problems + [f"{p}: {why}" for p, why in skipped.items()]:
         doc.p("skipped " + msg, "warn")
+    if on_skip is not None:
+        for msg in problems + [f"{p}: {why}" for p, why in skipped.items()]:
+            on_skip(msg)
     doc.extend(body)
     doc.h(2, "Environment")
     _environment(doc, results)
