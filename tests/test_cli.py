@@ -113,6 +113,35 @@ def test_bad_arguments_exit_2_with_message(args, message, capsys):
         (["breakdown", "--device", "cpu", "--trace", "."], "argument --trace: expected a file path, got the folder"),
         (["report", ".", "-o", "."], "argument -o/--output: expected a file path, got the folder '.'"),
         (["compare", "--device", "mps"], "argument --device: expected cpu, cuda or cuda:N, got 'mps'"),
+        # a variant given twice was timed once and shown as two rows (matrix) or one (scaling)
+        (["matrix", "--workload", "tiny", "--device", "cpu", "--variants", "sdpa;sdpa"],
+         "--variants: 'sdpa' and 'sdpa' are the same spec twice on cpu (sdpa): give each variant once"),
+        (["matrix", "--workload", "tiny", "--device", "cpu", "--variants", "exact;sdpa;" + ",".join(
+            ["for_loop", "skip_masked_images", "trim_prompt_padding", "static_kv_cache", "sdpa", "fuse_projections"])],
+         "--variants: 'exact' and 'for_loop,skip_masked_images,"),
+        (["matrix", "--workload", "wam-tiny", "--device", "cpu", "--variants", "exact;best"],
+         "--variants: 'exact' and 'best' are the same variant on cpu"),
+        (["check", "--workload", "tiny", "--device", "cpu", "--levers", "sdpa;for_loop;sdpa"],
+         "--levers: 'sdpa' and 'sdpa' are the same spec twice"),
+        (["check", "--workload", "wam-tiny", "--device", "cpu", "--levers", "exact;best"],
+         "--levers: 'exact' and 'best' are the same variant on cpu"),
+        (["scaling", "--workload", "tiny", "--device", "cpu", "--steps", "1,2", "--levers", "reference;none"],
+         "--levers: 'reference' and 'none' are the same variant on cpu (reference)"),
+        (["scaling", "--workload", "wam-tiny", "--device", "cpu", "--steps", "1,2", "--levers", "exact;exact"],
+         "--levers: 'exact' and 'exact' are the same spec twice"),
+        # options that did nothing without their switch, and were accepted without a word
+        (["matrix", "--workload", "tiny", "--device", "cpu", "--ray-address", "auto"],
+         "--ray-address: configure the matrix's Ray tasks and need --ray"),
+        (["matrix", "--workload", "tiny", "--device", "cpu", "--ray-cpus-per-task", "2"],
+         "--ray-cpus-per-task: configure the matrix's Ray tasks and need --ray"),
+        (["serve", "--workload", "tiny", "--device", "cpu", "--port", "0", "--ray-address", "auto",
+          "--replica-timeout-s", "5"],
+         "--ray-address, --replica-timeout-s: configure Ray Serve replicas and need --replicas N"),
+        (["doctor", "--steps", "3"], "--steps: settings of a policy check; give --workload"),
+        (["doctor", "--sparsity", "drop_middle", "--dtype", "float32"], "--dtype, --sparsity: settings of a policy check"),
+        # an empty key (an unset shell variable) served without auth
+        (["serve", "--workload", "tiny", "--device", "cpu", "--port", "0", "--api-key", ""],
+         "--api-key: empty (an unset shell variable?)"),
     ],
 )
 def test_other_commands_refuse_bad_arguments_before_running(args, message, capsys):
@@ -180,12 +209,13 @@ def test_an_interrupted_matrix_writes_what_it_has(tmp_path, monkeypatch, capsys)
 
     before = signal.getsignal(signal.SIGTERM)
     monkeypatch.setattr(matrix, "prepare_variant", prepare_then_terminate)
-    args = ["matrix", "--workload", "tiny", "--device", "cpu", "--variants", "for_loop;exact;best", "--warmup", "1",
+    args = ["matrix", "--workload", "tiny", "--device", "cpu", "--variants", "for_loop;exact;for_loop,sdpa", "--warmup", "1",
             "--iters", "2", "--no-progress", "--json", str(tmp_path / "t.json")]
     assert main(args) == 143
     assert signal.getsignal(signal.SIGTERM) is before
     r = read_result(tmp_path / "t.json")
-    assert r["interrupted"] is True and [v["variant"] for v in r["variants"]] == ["reference", "for_loop", "exact", "best"]
+    assert r["interrupted"] is True and [v["variant"] for v in r["variants"]] == ["reference", "for_loop", "exact",
+                                                                                  "for_loop,sdpa"]
     assert r["variants"][1]["equivalence"]["passed"] and r["variants"][1]["first_call_s"] > 0
     assert r["variants"][1]["skipped"] == "not timed: the matrix was interrupted"
     assert [v["skipped"] for v in r["variants"][2:]] == ["not prepared: the matrix was interrupted"] * 2
@@ -433,3 +463,9 @@ def test_a_negative_list_value_gets_the_option_s_own_message(capsys):
         main(["scaling", "--device", "cpu", "--steps", "-1,2"])
     assert exit_info.value.code == 2
     assert "--steps: expected at least two different step counts in 1..1000, got '-1,2'" in capsys.readouterr().err
+
+
+def test_an_empty_api_key_variable_is_an_error_not_no_auth(monkeypatch, capsys):
+    monkeypatch.setenv("VLAPERF_API_KEY", "")
+    assert run_cli(["serve", "--workload", "tiny", "--device", "cpu", "--port", "0"]) == 2
+    assert "$VLAPERF_API_KEY is set but empty" in capsys.readouterr().err

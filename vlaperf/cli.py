@@ -27,6 +27,23 @@ class CliError(Exception):
     """Bad input or setup: printed as one line, exit code 2."""
 
 
+def refuse_repeated_variants(specs: list[str], names, flag: str, device) -> None:
+    """CliError if two of `specs` are the same variant (`names(spec)`: its lever names, () for the reference) on
+    `device`: timed once, it would be shown as two measurements. A spec `names` cannot parse is left to the
+    command's own check."""
+    seen: dict[tuple, str] = {}
+    for spec in specs:
+        try:
+            key = tuple(names(spec))
+        except Exception:  # noqa: BLE001 - an unknown lever: the command's own error names it
+            continue
+        if key in seen:
+            same = "the same spec twice" if seen[key].strip() == spec.strip() else "the same variant"
+            raise CliError(f"{flag}: {seen[key]!r} and {spec!r} are {same} on {device.type} "
+                           f"({'+'.join(key) or 'reference'}): give each variant once")
+        seen[key] = spec
+
+
 def number_arg(kind: type = int, minimum: float = 1, strict: bool = False, maximum: float | None = None):
     """An argparse type: `kind` (int or float) at least `minimum` (above it if `strict`) and at
     most `maximum`, with an error that says what was expected and what came."""
@@ -119,10 +136,11 @@ MAX_ACTION_HORIZON = 256
 horizon_int = number_arg(int, 1, maximum=MAX_ACTION_HORIZON)
 
 
-def add_action_horizon(p: argparse.ArgumentParser) -> None:
+def add_action_horizon(p: argparse.ArgumentParser, conventions: bool = False) -> None:
     p.add_argument("--action-horizon", type=horizon_int, default=None,
                    help="actions a chunk: the horizon the checkpoint was trained with, e.g. 50 for a LeRobot or "
-                        "openpi ALOHA pi0.5 (default: the workload's; --conventions may set it)")
+                        "openpi ALOHA pi0.5 (default: the workload's" + ("; --conventions may set it)" if conventions
+                                                                       else ")"))
 
 
 def add_conventions(p: argparse.ArgumentParser) -> None:
@@ -188,7 +206,8 @@ def add_common(p: argparse.ArgumentParser, levers_default: str = "reference", le
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     # world-action workloads only (wam-761, wam-tiny): settings that change the result
     p.add_argument("--sparsity", choices=("none", "drop_middle", "mae_middle"), default=None,
-                   help="world-action workloads: frame sparsity (check / matrix: all three when not given)")
+                   help="world-action workloads: frame sparsity (default: " + (
+                       "all three" if p.prog.split()[-1] in ("check", "matrix") else "the workload's") + ")")
     p.add_argument("--video-steps", type=steps_int, default=None,
                    help="world-action workloads: the video's denoise steps (< --steps: the video's early stop)")
     p.add_argument("--cfg-scale", type=non_negative_float, default=None,
@@ -442,6 +461,7 @@ def cmd_check(args) -> int:
             Levers.parse(spec, device).check(device)
         except LeverError as e:
             raise CliError(f"--levers: variant {spec!r} cannot run here: {e}") from None
+    refuse_repeated_variants(specs, lambda spec: Levers.parse(spec, device).names(), "--levers", device)
     rows = []
     for spec in specs:
         engine = make_engine(model, spec)
@@ -573,6 +593,11 @@ def cmd_matrix(args) -> int:
         raise CliError(f"--variants {given!r}: no variant; expected 'cumulative', 'grid' or ';'-separated variants, "
                        "e.g. 'graph;best'")
     args.variants = given or "cumulative"
+    ray_only = [flag for flag, value in (("--ray-address", getattr(args, "ray_address", None)),
+                                         ("--ray-cpus-per-task", getattr(args, "ray_cpus_per_task", None)))
+                if value is not None]
+    if ray_only and not getattr(args, "ray", False):  # it would run here, in this process, without a word
+        raise CliError(f"{', '.join(ray_only)}: configure the matrix's Ray tasks and need --ray")
     if wam_args(args):
         from vlaperf.profile import wam
 

@@ -21,7 +21,8 @@ from pathlib import Path
 
 import torch
 
-from vlaperf.cli import CliError, add_common, make_engine, non_negative_int, output_file, png_file, positive_int, result_header, setup
+from vlaperf.cli import (CliError, add_common, make_engine, non_negative_int, output_file, png_file, positive_int,
+                         refuse_repeated_variants, result_header, setup)
 
 REFERENCE = ("reference", "none", "")
 
@@ -155,14 +156,19 @@ def cmd_scaling(args) -> int:
     specs = [s.strip() for s in args.levers.split(";") if s.strip()] or ["reference"]
     sources = {}
     if is_wam_workload(args.workload):  # the world-action model: T(N) of generate, the video's share of N kept
+        from vlaperf.engine.wam import WamLevers
         from vlaperf.profile import wam
 
         base, workload, model, device = wam.setup(args)
+        refuse_repeated_variants(specs, lambda s: WamLevers.parse(s, device).names(), "--levers", device)
         for spec in specs:
             engine = None if spec in ("reference", "none") else wam.make_engine(model, spec)
             sources["reference" if engine is None else engine.name] = engine or model
     else:
+        from vlaperf.engine.levers import Levers
+
         base, workload, model, device = setup(args)
+        refuse_repeated_variants(specs, lambda s: Levers.parse(s, device).names(), "--levers", device)
         for spec in specs:
             engine = _levers_or_error(model, spec)
             sources["reference" if engine is None else engine.name] = engine or model
@@ -261,6 +267,11 @@ def cmd_doctor(args) -> int:
 
     # no workload, checkpoint or levers: the environment alone; --levers alone checks them on the default workload
     if args.workload is None and args.checkpoint is None and args.levers in ("reference", "none", ""):
+        policy_only = [f"--{n.replace('_', '-')}" for n in ("steps", "batch", "action_horizon", "dtype", "sparsity",
+                                                             "video_steps", "cfg_scale") if getattr(args, n) is not None]
+        if policy_only:  # they shape a policy check, which this is not: never dropped without a word
+            raise CliError(f"{', '.join(policy_only)}: settings of a policy check; give --workload (or --levers, or "
+                           "--checkpoint) to check a policy, or leave them out to check the environment alone")
         device = torch.device(args.device) if args.device else None
         findings = doctor(device=device, measure=not args.no_measure)
         base = workload = model = None

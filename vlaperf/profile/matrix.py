@@ -69,7 +69,12 @@ def parse_variants(spec: str, device: torch.device) -> list[str]:
     if spec == "grid":
         return grid_variants(device)
     items = [s.strip() for s in spec.split(";") if s.strip()]
-    return items if items and items[0] == "reference" else ["reference"] + items
+    items = items if items and items[0] == "reference" else ["reference"] + items
+    from vlaperf.cli import refuse_repeated_variants
+    from vlaperf.engine.levers import Levers
+
+    refuse_repeated_variants(items, lambda s: Levers.parse(s, device).names(), "--variants", device)
+    return items
 
 
 def prepare_variant(model, spec: str, workload, obs, noise, steps: int) -> tuple[dict, object | None]:

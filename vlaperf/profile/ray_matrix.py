@@ -36,8 +36,9 @@ def add_matrix_arguments(p: argparse.ArgumentParser) -> None:
     g.add_argument("--ray-address", default=None,
                    help="'auto', 'HOST:6379' or 'ray://HOST:10001' (default: $RAY_ADDRESS if set, else a private local Ray on "
                         "127.0.0.1)")
-    g.add_argument("--ray-cpus-per-task", type=positive_float, default=1.0,
-                   help="CPUs reserved per task (the only resource on the CPU; GPU tasks also take one whole GPU)")
+    g.add_argument("--ray-cpus-per-task", type=positive_float, default=None,
+                   help="CPUs reserved per task (the only resource on the CPU; GPU tasks also take one whole GPU; "
+                        "default: 1)")
 
 
 # ----------------------------------------------------------------------------- one task
@@ -278,7 +279,7 @@ def run_matrix_ray(args) -> int:
             results = ray_matrix(wids, args.variants, device=device, dtype=args.dtype, steps=args.steps,
                                  batch=args.batch, seed=args.seed, checkpoint=args.checkpoint,
                                  action_horizon=getattr(args, "action_horizon", None), warmup=args.warmup,
-                                 iters=args.iters, cpus_per_task=getattr(args, "ray_cpus_per_task", 1.0),
+                                 iters=args.iters, cpus_per_task=getattr(args, "ray_cpus_per_task", None) or 1.0,
                                  log=lambda m: print(m, file=sys.stderr))
         except RuntimeError as e:
             raise CliError(str(e)) from None

@@ -176,6 +176,10 @@ def cmd_check(args) -> int:
     specs = check_specs(device) if args.levers == "all" else [s for s in args.levers.split(";") if s.strip()]
     if not specs:
         raise CliError(f"--levers {args.levers!r}: no variant to check; expected 'all' or ';'-separated variants")
+    from vlaperf.cli import refuse_repeated_variants
+    from vlaperf.engine.wam import WamLevers
+
+    refuse_repeated_variants(specs, lambda s: WamLevers.parse(s, device).names(), "--levers", device)
     sparsities = [workload.sparsity] if getattr(args, "sparsity", None) else list(SPARSITY_ALL)
     rows = []
     for sp in sparsities:
@@ -222,7 +226,12 @@ def parse_variants(spec: str, device: torch.device) -> list[str]:
     if spec == "cumulative":
         return cumulative_variants(device)
     items = [s.strip() for s in spec.split(";") if s.strip()]
-    return items if items and items[0] == "reference" else ["reference"] + items
+    items = items if items and items[0] == "reference" else ["reference"] + items
+    from vlaperf.cli import refuse_repeated_variants
+    from vlaperf.engine.wam import WamLevers
+
+    refuse_repeated_variants(items, lambda s: WamLevers.parse(s, device).names(), "--variants", device)
+    return items
 
 
 def cmd_matrix(args) -> int:

@@ -88,7 +88,7 @@ def register(subparsers) -> None:
     p.add_argument("--device", type=device_arg, default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--steps", type=steps_int, default=None, help="denoise steps, 1..1000 (default: the workload's)")
-    add_action_horizon(p)
+    add_action_horizon(p, conventions=True)
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights")
     p.add_argument("--checkpoint", default=None, help="openpi or LeRobot model.safetensors, or an openpi JAX checkpoint "
                    "folder (orbax params/; needs tensorstore) (default: random weights)")
@@ -149,10 +149,33 @@ def _add_replica_arguments(p) -> None:
     g.add_argument("--ray-address", default=None,
                    help="Ray cluster to use: 'auto' (the one `ray start` runs on this node), 'HOST:6379' or "
                         "'ray://HOST:10001' (default: $RAY_ADDRESS if set, else a private local Ray on 127.0.0.1)")
-    g.add_argument("--replica-timeout-s", type=_positive_float, default=60.0,
-                   help="longest one batch may take on a replica before its requests get an error frame")
-    g.add_argument("--replica-cpus", type=_positive_float, default=1.0, help="CPUs reserved per replica")
-    g.add_argument("--ray-app-name", default="vlaperf", help="Ray Serve application name (one per front end)")
+    g.add_argument("--replica-timeout-s", type=_positive_float, default=None,
+                   help=f"longest one batch may take on a replica before its requests get an error frame (default: "
+                        f"{REPLICA_DEFAULTS['replica_timeout_s']:g})")
+    g.add_argument("--replica-cpus", type=_positive_float, default=None,
+                   help=f"CPUs reserved per replica (default: {REPLICA_DEFAULTS['replica_cpus']:g})")
+    g.add_argument("--ray-app-name", default=None,
+                   help=f"Ray Serve application name, one per front end (default: {REPLICA_DEFAULTS['ray_app_name']})")
+
+
+# The replica options' values when --replicas is given without them. Their parser defaults are None, so that one
+# given without --replicas (which would do nothing: the model then runs in this process) is an error, not ignored.
+REPLICA_DEFAULTS = {"ray_address": None, "replica_timeout_s": 60.0, "replica_cpus": 1.0, "ray_app_name": "vlaperf"}
+
+
+def _replica_options(args) -> None:
+    """CliError for a replica option given without --replicas; else fill in the defaults of those not given."""
+    from vlaperf.cli import CliError
+
+    given = [f"--{k.replace('_', '-')}" for k in REPLICA_DEFAULTS if getattr(args, k, None) is not None]
+    if not getattr(args, "replicas", None):
+        if given:
+            raise CliError(f"{', '.join(given)}: configure Ray Serve replicas and need --replicas N; without it the "
+                           "model runs in this process")
+        return
+    for k, default in REPLICA_DEFAULTS.items():
+        if getattr(args, k, None) is None:
+            setattr(args, k, default)
 
 
 def _need_serve_deps() -> None:
@@ -166,7 +189,19 @@ def _need_serve_deps() -> None:
 
 
 def _api_key(args) -> str | None:
-    return args.api_key or os.environ.get(API_KEY_ENV) or None
+    """--api-key, else $VLAPERF_API_KEY, else None (no auth). An empty one is an error: `--api-key "$KEY"` with KEY
+    unset must not serve without a key while the script believes it set one."""
+    from vlaperf.cli import CliError
+
+    if args.api_key is not None:
+        if not args.api_key:
+            raise CliError("--api-key: empty (an unset shell variable?); give a key, or leave --api-key out for no "
+                           "key (loopback only)")
+        return args.api_key
+    env = os.environ.get(API_KEY_ENV)
+    if env is not None and not env:
+        raise CliError(f"${API_KEY_ENV} is set but empty; give it a key, or unset it for no key (loopback only)")
+    return env or None
 
 
 def _warmup_sizes(spec: str, max_batch: int) -> list[int]:
@@ -201,6 +236,7 @@ def cmd_serve(args) -> int:
     from vlaperf.serve.server import PolicyServer, is_loopback
 
     args.batch = None  # the server batches requests itself
+    _replica_options(args)
     api_key = _api_key(args)
     if not is_loopback(args.host) and api_key is None and not args.allow_unauthenticated:
         raise CliError(f"refusing to serve on {args.host!r} without an API key: pass --api-key (or set ${API_KEY_ENV}), "
