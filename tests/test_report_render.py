@@ -571,3 +571,16 @@ def test_a_file_the_summary_cannot_use_costs_only_its_own_row(tiny_results, tmp_
     assert "bad.json" in md.split("## Files")[1]  # its own section still has it
     assert skipped == [f"{trace}: not a vlaperf result file (no \"schema\" key; a result file has \"schema\": "
                        "\"vlaperf.result/1\")"]
+
+
+def test_every_lever_has_a_short_name_so_long_variants_stay_distinct():
+    """Tables show variants by short names; a world-action preset's full lever list was cut to a prefix that five
+    rows of its cumulative matrix shared."""
+    from vlaperf.engine.levers import LEVERS
+    from vlaperf.engine.wam import WAM_LEVERS, WAM_PRESETS
+    from vlaperf.report.render import _ABBR, short_variant
+
+    assert set(LEVERS) - {"compile"} <= set(_ABBR) and set(WAM_LEVERS) - {"compile"} <= set(_ABBR)
+    best = ",".join(WAM_PRESETS["best"])
+    assert short_variant(best) == ("host+keepidx+sparse+ctxkv+vidkv+sdpa+fuse+graph+c:default+groupmod+flashact")
+    assert short_variant("host_schedule,cached_keep_index") != short_variant("host_schedule,cached_keep_index,sparse_sampler")

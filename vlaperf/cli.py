@@ -468,7 +468,7 @@ def cmd_check(args) -> int:
         rows.append(check_equivalence(model, engine, workload, seeds=range(args.seeds)))
     table = Table(title=f"vlaperf check  {workload.id}  ({rows[0]['dtype'] if rows else ''}, {device})")
     for col in ("variant", "max abs", "rel L2", "tolerance", "passed"):
-        table.add_column(col)
+        table.add_column(col, overflow="fold")  # a long variant name wraps, never cut
     for r in rows:
         table.add_row(r["variant"], f"{r['max_abs']:.3g}", f"{r['rel_l2']:.3g}", f"{r['tolerance']:.0e}", "yes" if r["passed"] else "NO")
     wide_console().print(table)

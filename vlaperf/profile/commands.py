@@ -175,7 +175,7 @@ def cmd_scaling(args) -> int:
     sc = scaling(sources, workload, steps=args.steps_list, warmup=args.warmup, iters=args.iters, seed=args.seed,
                  progress=not args.no_progress)
     t = Table(title=f"vlaperf scaling  {workload.id}  ({device}; interleaved; median wall ms per call)")
-    t.add_column("variant")
+    t.add_column("variant", overflow="fold")  # wrapped, never cut to a prefix the rows share
     for n in sc["steps"]:
         t.add_column(f"T({n})", justify="right")
     t.add_column("fit")

@@ -199,7 +199,7 @@ def sigterm_as_interrupt():
 def _print(rows, workload, device, console, Table) -> None:
     t = Table(title=f"vlaperf matrix  {workload.id}  ({device}; interleaved; speedup = reference median / variant median)")
     for col in ("variant", "median ms", "p95 ms", "event ms", "speedup", "p10..p90", "rel L2", "first call s", "process peak GiB"):
-        t.add_column(col)
+        t.add_column(col, overflow="fold")  # a long variant name wraps, never cut
     notes = []
     for r in rows:
         name = r["variant"] if len(r["variant"]) < 60 else "+".join(x[:4] for x in r["variant"].split(","))

@@ -188,9 +188,11 @@ def cmd_check(args) -> int:
             rows.append(check_wam_equivalence(model, make_engine(model, spec), w, seeds=range(args.seeds)))
     table = Table(title=f"vlaperf check  {workload.id}  ({rows[0]['dtype'] if rows else ''}, {device}; actions and video)")
     for col in ("variant", "sparsity", "actions rel L2", "video rel L2", "tolerance", "passed"):
-        table.add_column(col)
-    for r in rows:
-        table.add_row(r["variant"], r["sparsity"], f"{r['rel_l2']:.3g}", f"{r['video_rel_l2']:.3g}", f"{r['tolerance']:.0e}",
+        table.add_column(col, overflow="fold")
+    from vlaperf.report.render import short_variant
+
+    for r in rows:  # short names: the presets' full lever lists share a long prefix, which a narrow column would cut
+        table.add_row(short_variant(r["variant"]), r["sparsity"], f"{r['rel_l2']:.3g}", f"{r['video_rel_l2']:.3g}", f"{r['tolerance']:.0e}",
                       "yes" if r["passed"] else "NO")
     wide_console(160).print(table)
     if args.json:
@@ -348,13 +350,15 @@ def _print(rows, workload, device, console, Table, mode: str) -> None:
                     "ratios per round, p10..p90)")
     for col in ("variant", "sparsity", "median ms", "p95 ms", "vs reference", "sparsity gain", "actions rel L2",
                 "first call s", "process peak GiB", "floor ms"):
-        t.add_column(col)
-    for r in rows:
+        t.add_column(col, overflow="fold")  # a long variant name wraps, never cut to a prefix the rows share
+    from vlaperf.report.render import short_variant
+
+    for r in rows:  # short names, as check's table
         if "timers" not in r:
-            t.add_row(r["variant"], r["sparsity"], r.get("skipped", ""), *[""] * 7)
+            t.add_row(short_variant(r["variant"]), r["sparsity"], r.get("skipped", ""), *[""] * 7)
             continue
         w, eq = r["timers"]["wall_ms"], r["equivalence"]
-        t.add_row(r["variant"], r["sparsity"], f"{w['median']:.2f}", f"{w['p95']:.2f}", _fmt_ratio(r["vs_reference"]),
+        t.add_row(short_variant(r["variant"]), r["sparsity"], f"{w['median']:.2f}", f"{w['p95']:.2f}", _fmt_ratio(r["vs_reference"]),
                   _fmt_ratio(r["sparsity_gain"]), f"{eq['rel_l2']:.1e}" if eq else "-", f"{r['first_call_s']:.2f}",
                   f"{r['peak_memory_bytes'] / 2**30:.2f}" if r.get("peak_memory_bytes") else "-",
                   f"{r['roofline_floor_ms']:.2f}")

@@ -43,7 +43,11 @@ from vlaperf.report.schema import SCHEMA, SchemaError, json_kind, unwritable, va
 
 _ABBR = {"for_loop": "loop", "skip_masked_images": "skipimg", "trim_prompt_padding": "trim", "static_kv_cache": "kv",
          "sdpa": "sdpa", "fuse_projections": "fuse", "cuda_graph": "graph", "compile_layers": "layers",
-         "triton_kernels": "triton", "megakernel": "mega"}
+         "triton_kernels": "triton", "megakernel": "mega",
+         # the world-action model's levers (vlaperf.engine.wam)
+         "host_schedule": "host", "cached_keep_index": "keepidx", "sparse_sampler": "sparse",
+         "context_kv_cache": "ctxkv", "video_kv_cache": "vidkv", "group_modulation": "groupmod",
+         "flash_actions": "flashact"}
 _LEVER_ORDER = ("for_loop", "skip_masked_images", "trim_prompt_padding", "static_kv_cache", "sdpa", "fuse_projections",
                 "cuda_graph", "compile")
 _COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
