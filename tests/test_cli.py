@@ -67,7 +67,11 @@ def test_bench_release_reference_records_the_freed_bytes(tmp_path, capsys):
     assert main(args) == 0
     r = read_result(out)
     assert r["equivalence"]["passed"] and r["released_reference_bytes"] > 0  # best fuses q/k/v and gate/up
-    assert "of reference weights released (as served)" in " ".join(capsys.readouterr().out.split())  # rich wraps lines
+    printed = " ".join(capsys.readouterr().out.split())  # rich wraps lines
+    assert "of reference weights released (as served)" in printed
+    # the check that ran before the timing is printed, not only written to the file
+    assert (f"equivalence vs the reference (2 seeds): actions rel L2 {r['equivalence']['rel_l2']:.1e}, max abs "
+            f"{r['equivalence']['max_abs']:.2e}, tolerance 1e-04: passed") in printed
     assert main(["bench", "--workload", "tiny", "--device", "cpu", "--warmup", "0", "--iters", "1",
                  "--release-reference", "--no-progress"]) == 2
     assert "--release-reference needs an engine variant" in capsys.readouterr().err
@@ -469,3 +473,18 @@ def test_an_empty_api_key_variable_is_an_error_not_no_auth(monkeypatch, capsys):
     monkeypatch.setenv("VLAPERF_API_KEY", "")
     assert run_cli(["serve", "--workload", "tiny", "--device", "cpu", "--port", "0"]) == 2
     assert "$VLAPERF_API_KEY is set but empty" in capsys.readouterr().err
+
+
+def test_presets_say_what_they_leave_out_on_the_cpu():
+    """The grid and the cumulative table are shorter on a CPU: said before the matrix runs, for both model families."""
+    from vlaperf.profile.matrix import grid_variants, left_out_on
+    from vlaperf.profile.wam import grid_variants as wam_grid
+
+    cpu, gpu = torch.device("cpu"), torch.device("cuda")
+    assert left_out_on("grid", cpu) == "grid on cpu: the compile=reduce-overhead and cuda_graph rows need a CUDA device " \
+                                      "and are left out"
+    assert not any("cuda_graph" in v or "reduce-overhead" in v for v in grid_variants(cpu))
+    assert "exact + compile=reduce-overhead, graph and best rows" in left_out_on("grid", cpu, wam=True)
+    assert "best" not in wam_grid(cpu) and "best" in wam_grid(gpu)
+    assert left_out_on("cumulative", cpu).startswith("cumulative on cpu: the table ends at the exact levers")
+    assert left_out_on("grid", gpu) is None and left_out_on("for_loop;sdpa", cpu) is None

@@ -427,6 +427,12 @@ def print_bench(result: dict) -> None:
 
         line += f"; GPU after the timed calls: {describe_gpu_state(result['env']['gpu_state'])}"
     console.print(line)
+    eq = result.get("equivalence")
+    if eq:  # checked before the timing (a variant that fails is never timed): said here, not only in the file
+        video = f", video rel L2 {eq['video_rel_l2']:.1e}" if "video_rel_l2" in eq else ""
+        console.print(f"equivalence vs the reference ({eq.get('seeds', '?')} seeds): actions rel L2 {eq['rel_l2']:.1e}"
+                      f"{video}, max abs {eq['max_abs']:.2e}, tolerance {eq['tolerance']:.0e}: "
+                      + ("passed" if eq["passed"] else "FAILED"))
 
 
 # --------------------------------------------------------------------------- check

@@ -44,6 +44,18 @@ def grid_variants(device: torch.device) -> list[str]:
     return out
 
 
+def left_out_on(spec: str, device: torch.device, wam: bool = False) -> str | None:
+    """What the `grid` / `cumulative` presets leave out on a device without CUDA, in words (printed before the
+    matrix runs, so that a shorter table is not mistaken for the whole one); None where nothing is left out."""
+    if device.type == "cuda" or spec not in ("grid", "cumulative"):
+        return None
+    if spec == "grid":
+        rows = "exact + compile=reduce-overhead, graph and best" if wam else "compile=reduce-overhead and cuda_graph"
+        return f"grid on {device.type}: the {rows} rows need a CUDA device and are left out"
+    return (f"cumulative on {device.type}: the table ends at the exact levers; cuda_graph, compile and the GPU levers "
+            "of best need a CUDA device")
+
+
 def check_variants(spec: str) -> None:
     """--variants' lever names, before anything is built: a name that is no lever is a typo and an error (a
     lever that cannot apply on the device is a row the matrix reports as skipped)."""
@@ -113,6 +125,8 @@ def run_matrix(args, base, workload, model, device) -> int:
     from vlaperf.timing import environment_record, interleaved
 
     variants = parse_variants(args.variants, device)
+    if note := left_out_on(args.variants, device):
+        print(note)
     obs = random_observation(workload, model.config, device, seed=args.seed)
     noise = random_noise(workload, model.config, device, seed=args.seed)
     steps = workload.steps

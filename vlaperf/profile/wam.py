@@ -257,6 +257,10 @@ def cmd_matrix(args) -> int:
     refuse_sampler_options_in_forward(args, mode)
     base, workload, model, device = setup(args)
     variants = parse_variants(args.variants, device)
+    from vlaperf.profile.matrix import left_out_on
+
+    if note := left_out_on(args.variants, device, wam=True):
+        print(note)
     sparsities = [workload.sparsity] if getattr(args, "sparsity", None) else list(SPARSITY_ALL)
     obs, noise = random_wam_inputs(model.config, workload.batch, device, model.dtype, seed=args.seed)
     rows, fns = [], {}
