@@ -754,3 +754,20 @@ def test_idle_inference_threads_share_the_queue():
     server._busy.clear()
     server._pending.extend(_Job({}, i, None, None, time.perf_counter()) for i in range(8))
     assert len(server._next_batch()) == 8
+
+
+def test_a_request_above_the_servers_message_limit_is_refused_before_the_run():
+    """loadgen / rollout read the server's limit from its metadata: an image size whose requests exceed it is an
+    error naming both sizes before any load is sent (it used to fail mid-run with a closed connection, 1009)."""
+    from vlaperf.serve.loadgen import LoadgenError, check_request_size
+    from vlaperf.workloads import get_workload
+
+    w = get_workload("tiny")
+    small = make_example(w, seed=0, image_size=32)
+    big = make_example(w, seed=0, image_size=512)
+    meta = {"max_message_bytes": 1 << 20, "image_size": 224}
+    check_request_size(meta, small, 32)
+    with pytest.raises(LoadgenError, match=r"image_size 512: one request is \d\.\d MiB, above the server's 1 MiB message "
+                                           r"limit \(its --max-message-mb\); .*the model's own: 224"):
+        check_request_size(meta, big, 512)
+    check_request_size({}, big, 512)  # an older server's metadata without the limit: nothing to check against

@@ -46,7 +46,7 @@ def check_loopback_url(url: str) -> str:
     host = urlsplit(url).hostname or ""
     if not is_loopback(host):
         raise LoadgenError(f"refusing to send load to {host!r}: loadgen and rollout only target loopback servers "
-                           "(127.0.0.0/8, ::1, localhost)")
+                           "(127.0.0.0/8, ::1, localhost), e.g. ws://127.0.0.1:8000")
     return url
 
 
@@ -227,6 +227,17 @@ async def _phase(url: str, api_key: str | None, workload, n_clients: int, reques
     }
 
 
+def check_request_size(metadata: dict, example, image_size: int) -> None:
+    """LoadgenError if one request is larger than the server's message limit (from its metadata): sent, it would
+    be refused with the connection closed (1009) in the middle of the run."""
+    limit = metadata.get("max_message_bytes")
+    size = len(packb(example))
+    if isinstance(limit, int) and size > limit:
+        raise LoadgenError(f"image_size {image_size}: one request is {size / 2**20:.1f} MiB, above the server's "
+                           f"{limit / 2**20:g} MiB message limit (its --max-message-mb); use a smaller image size "
+                           f"(the model's own: {metadata.get('image_size', '?')})")
+
+
 async def fetch_metadata(url: str, api_key: str | None = None, timeout_s: float = 30.0) -> dict:
     ws = await connect_async(url, api_key, timeout_s=timeout_s)
     try:
@@ -302,6 +313,7 @@ def run_loadgen(url: str = "ws://127.0.0.1:8000", clients: tuple[int, ...] | lis
         except Exception as e:
             raise LoadgenError(f"cannot connect to {url}: {type(e).__name__}: {e}") from None
         wl = resolve_workload(metadata, workload)
+        check_request_size(metadata, example_for(wl, seed=seed, image_size=image_size), image_size)
         phases = []
         for n in clients:
             box: dict = {"metadata": metadata}

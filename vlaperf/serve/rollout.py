@@ -19,7 +19,8 @@ from __future__ import annotations
 import time
 
 from vlaperf.serve.client import Client, ServerError
-from vlaperf.serve.loadgen import LoadgenError, check_loopback_url, example_for, resolve_workload, result_header
+from vlaperf.serve.loadgen import (LoadgenError, check_loopback_url, check_request_size, example_for, resolve_workload,
+                                   result_header)
 from vlaperf.timing import summarize
 
 MAX_EPISODES, MAX_STEPS = 1000, 100_000
@@ -54,6 +55,7 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
             raise LoadgenError(f"replan_every must be an integer in [1, {horizon}] (the action horizon), got {replan_every!r}")
         period = 1.0 / control_hz
         frames = [example_for(wl, seed=seed + k, image_size=image_size) for k in range(8)]
+        check_request_size(meta, frames[0], image_size)
         try:  # connection warm-up, not timed; a server that refuses the observation says why here, once
             client.infer(dict(frames[0]))
         except ServerError as e:
