@@ -142,6 +142,10 @@ def test_bad_arguments_exit_2_with_message(args, message, capsys):
           "--replica-timeout-s", "5"],
          "--ray-address, --replica-timeout-s: configure Ray Serve replicas and need --replicas N"),
         (["doctor", "--steps", "3"], "--steps: settings of a policy check; give --workload"),
+        (["bench", "--workload", "tiny", "--device", "cpu", "--levers", "best;graph"],
+         "'best;graph' holds several variants (';'); this command runs one: give one, or compare them with "
+         "`vlaperf matrix --variants 'best;graph'`"),
+        (["bench", "--workload", "wam-tiny", "--device", "cpu", "--levers", "exact;best"], "holds several variants"),
         (["doctor", "--sparsity", "drop_middle", "--dtype", "float32"], "--dtype, --sparsity: settings of a policy check"),
         # an empty key (an unset shell variable) served without auth
         (["serve", "--workload", "tiny", "--device", "cpu", "--port", "0", "--api-key", ""],

@@ -631,8 +631,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("model", "policy", "forward"), default="model",
                    help="model: the call on device tensors; policy: the served path (pi0 family); forward: one model "
                         "forward (world-action workloads)")
-    p.add_argument("--warmup", type=non_negative_int, default=30)
-    p.add_argument("--iters", type=positive_int, default=100)
+    p.add_argument("--warmup", type=non_negative_int, default=30, help="untimed calls after the first (default: 30)")
+    p.add_argument("--iters", type=positive_int, default=100, help="timed calls (default: 100)")
     p.add_argument("--no-check", action="store_true", help="skip the equivalence check of a non-reference variant")
     p.add_argument("--release-reference", action="store_true",
                    help="after the check, free the reference weights the engine holds fused copies of, as `vlaperf serve` "
@@ -657,8 +657,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="'cumulative' (the default), 'grid', or variants separated by ';', e.g. 'graph;best'")
     p.add_argument("--mode", choices=("model", "forward"), default=None,
                    help="world-action workloads: time one generate call (model, the default) or one forward")
-    p.add_argument("--warmup", type=positive_int, default=10)
-    p.add_argument("--iters", type=positive_int, default=50)
+    p.add_argument("--warmup", type=positive_int, default=10, help="untimed calls of each variant first (default: 10)")
+    p.add_argument("--iters", type=positive_int, default=50, help="interleaved rounds, one timed call of each variant a "
+                                                                  "round (default: 50)")
     from vlaperf.profile.ray_matrix import add_matrix_arguments
 
     add_matrix_arguments(p)  # --ray, --ray-address, --ray-cpus-per-task (docs/scale-out.md)

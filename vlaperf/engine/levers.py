@@ -91,6 +91,13 @@ def _capability_major(device: torch.device | str) -> int | None:
         return None
 
 
+def several_variants(spec) -> str:
+    """The error for a ';' list where one variant is taken."""
+    spec = spec if isinstance(spec, str) else ",".join(spec)
+    return (f"{spec!r} holds several variants (';'); this command runs one: give one, or compare them with "
+            f"`vlaperf matrix --variants '{spec}'`")
+
+
 @dataclass(frozen=True)
 class Levers:
     for_loop: bool = False
@@ -133,6 +140,8 @@ class Levers:
             if name in PRESETS and name not in LEVERS:
                 raise LeverError(f"{name!r} is a preset: give it alone (--levers {name}), or list the levers it holds "
                                  f"with the others (`vlaperf levers` shows them)")
+            if ";" in item:  # several variants where one is taken (bench, breakdown, syncs, doctor, serve)
+                raise LeverError(several_variants(spec))
             if name not in LEVERS:
                 raise LeverError(f"unknown lever {name!r}; expected one of: {', '.join(LEVERS)} (or, as the whole "
                                  f"list, a preset: {', '.join(PRESETS)}, 'none' / 'reference')")

@@ -48,7 +48,7 @@ from torch import Tensor
 from vlaperf.engine.compile import compile_fn
 from vlaperf.profile.markers import NULL_RECORDER, active_recorder, mark, marks_to
 from vlaperf.engine.graphs import GraphCache
-from vlaperf.engine.levers import COMPILE_MODES, LeverError
+from vlaperf.engine.levers import COMPILE_MODES, LeverError, several_variants
 from vlaperf.models.unipc import (
     ReferenceUniPC,
     UniPCSampler,
@@ -198,6 +198,8 @@ class WamLevers:
     def parse(cls, spec: str, device: torch.device) -> "WamLevers":
         """A comma list of lever names (compile=<mode>) and presets ('reference', 'exact', 'graph',
         'best'; best is exact on the CPU)."""
+        if ";" in spec:
+            raise LeverError(several_variants(spec))
         names: list[str] = []
         for item in (n.strip() for n in spec.split(",") if n.strip()):
             if item in WAM_PRESETS:  # a preset may start a list: "exact,compile=default"

@@ -344,9 +344,12 @@ def register(subparsers) -> None:
     """Add breakdown, scaling, syncs, doctor and report to `vlaperf`'s subparsers."""
     p = subparsers.add_parser("breakdown", help="per-stage median/p95 of one policy call")
     add_common(p)
-    p.add_argument("--mode", choices=("model", "policy"), default="model")
-    p.add_argument("--warmup", type=non_negative_int, default=10)
-    p.add_argument("--iters", type=positive_int, default=50)
+    p.add_argument("--mode", choices=("model", "policy"), default="model",
+                   help="model: the call on device tensors; policy: the served path, transform and copies included "
+                        "(default: model)")
+    p.add_argument("--warmup", type=non_negative_int, default=10, help="untimed calls first (default: 10)")
+    p.add_argument("--iters", type=positive_int, default=50,
+                   help="instrumented calls, each beside an untimed one (default: 50)")
     p.add_argument("--trace", type=output_file, default=None, help="also write a Chrome/Perfetto trace of one call here")
     p.set_defaults(func=cmd_breakdown)
 
@@ -359,16 +362,17 @@ def register(subparsers) -> None:
     p.set_defaults(steps=None)
     p.add_argument("--levers", default="reference",
                    help="a variant, or several separated by ';' to compare slopes, e.g. 'reference;for_loop'")
-    p.add_argument("--warmup", type=non_negative_int, default=3)
-    p.add_argument("--iters", type=positive_int, default=10, help="interleaved rounds")
+    p.add_argument("--warmup", type=non_negative_int, default=3, help="untimed calls of each point first (default: 3)")
+    p.add_argument("--iters", type=positive_int, default=10, help="interleaved rounds (default: 10)")
     p.add_argument("--plot", type=png_file, default=None, help="write the T(N) plot here (a .png file)")
     p.set_defaults(func=cmd_scaling)
 
     p = subparsers.add_parser("syncs", help="host-device syncs per policy call, by source line")
     add_common(p)
-    p.add_argument("--mode", choices=("model", "policy"), default="model")
-    p.add_argument("--calls", type=positive_int, default=2, help="watched calls (after the warm-up)")
-    p.add_argument("--warmup", type=non_negative_int, default=1)
+    p.add_argument("--mode", choices=("model", "policy"), default="model",
+                   help="model: the call on device tensors; policy: the served path (default: model)")
+    p.add_argument("--calls", type=positive_int, default=2, help="watched calls, after the warm-up (default: 2)")
+    p.add_argument("--warmup", type=non_negative_int, default=1, help="unwatched calls first (default: 1)")
     p.add_argument("--source", choices=("auto", "cuda", "mode"), default="auto",
                    help="cuda: torch.cuda sync debug mode; mode: host reads seen by a TorchFunctionMode")
     p.add_argument("--treat-as-device", choices=("auto", "yes", "no"), default="auto",

@@ -73,7 +73,7 @@ def register(subparsers) -> None:
                    help="'serve' (default: 'graph' on a GPU, 'exact' on the CPU: no compile, so every batch size "
                         "and prompt bucket warms up in seconds), 'best', 'reference' or a comma list (`vlaperf levers`)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
-    p.add_argument("--port", type=port_int, default=8000, help="port (0 = any free port)")
+    p.add_argument("--port", type=port_int, default=8000, help="port, 0 for any free one (default: 8000)")
     p.add_argument("--api-key", default=None,
                    help=f"require 'Authorization: Api-Key <key>' (default: ${API_KEY_ENV} if set, else no auth)")
     p.add_argument("--allow-unauthenticated", action="store_true",
@@ -113,7 +113,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_serve)
 
     p = subparsers.add_parser("loadgen", help="closed-loop load test of a running policy server (loopback)")
-    p.add_argument("--url", default="ws://127.0.0.1:8000")
+    p.add_argument("--url", default="ws://127.0.0.1:8000", help="the server, on loopback (default: ws://127.0.0.1:8000)")
     p.add_argument("--clients", type=_int_list, default=[1, 4, 8], help="concurrent clients per phase, e.g. 1,4,8")
     p.add_argument("--requests", type=_positive_int, default=20, help="timed requests per client")
     p.add_argument("--warmup", type=_non_negative_int, default=1, help="untimed requests per client first")
@@ -125,10 +125,11 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_loadgen)
 
     p = subparsers.add_parser("rollout", help="control-loop timing against a running server (synthetic observations)")
-    p.add_argument("--url", default="ws://127.0.0.1:8000")
-    p.add_argument("--episodes", type=_positive_int, default=3)
-    p.add_argument("--steps-per-episode", type=_positive_int, default=50)
-    p.add_argument("--control-hz", type=_positive_float, default=10.0)
+    p.add_argument("--url", default="ws://127.0.0.1:8000", help="the server, on loopback (default: ws://127.0.0.1:8000)")
+    p.add_argument("--episodes", type=_positive_int, default=3, help="episodes (default: 3)")
+    p.add_argument("--steps-per-episode", type=_positive_int, default=50, help="control steps an episode (default: 50)")
+    p.add_argument("--control-hz", type=_positive_float, default=10.0,
+                   help="the control loop's rate, steps a second (default: 10)")
     p.add_argument("--replan-every", type=_positive_int, default=None,
                    help="actions of each chunk executed before the next call (default: 5, or the served action horizon "
                         "if shorter)")
