@@ -450,6 +450,7 @@ def test_workloads_lists_every_workload_and_what_serves_it(tmp_path, capsys):
     assert main(["workloads", "--json", str(out)]) == 0
     printed = capsys.readouterr().out
     assert all(w in printed for w in list(WORKLOADS) + list(WAM_WORKLOADS))
+    assert f"wrote {out}" in printed  # as every other command that writes a file says
     doc = json.loads(out.read_text())
     by_id = {r["id"]: r for r in doc["pi0"]}
     assert by_id["droid-pi05"]["actions"] == "15 x 8 (32)" and by_id["droid-pi05"]["layout"] == "droid"

@@ -559,13 +559,20 @@ def test_a_file_the_summary_cannot_use_costs_only_its_own_row(tiny_results, tmp_
 
     files = [bench("ref", [], 100.0), bench("loop", ["for_loop"], 40.0, env={"timestamp": 12}),
              bench("bad", ["sdpa"], 50.0, equivalence={"rel_l2": "x", "passed": True})]
+    forward = json.loads(files[0].read_text())
+    forward["mode"] = "forward"  # one model forward: no action chunk to count
+    (tmp_path / "fwd.json").write_text(json.dumps(forward))
+    files.append(tmp_path / "fwd.json")
     trace = tmp_path / "trace.json"
     trace.write_text(json.dumps({"traceEvents": []}))
     skipped = []
     md = render([*files, trace], tmp_path / "r.md", on_skip=skipped.append).read_text()
     summary = md.split("## Summary")[1].split("## Files")[0]
     rows = [[c.strip() for c in line.strip("|").split("|")] for line in summary.splitlines() if line.startswith("| tiny")]
-    assert [(r[1], r[4]) for r in rows] == [("reference", "1.00x"), ("for_loop", "2.50x")]
+    assert [(r[0], r[1], r[4]) for r in rows] == [("tiny on cpu, model mode", "reference", "1.00x"),
+                                                  ("tiny on cpu, model mode", "for_loop", "2.50x"),
+                                                  ("tiny on cpu, forward mode", "reference", "1.00x")]
+    assert rows[0][6] == "10.000" and rows[2][6] == "-"  # action chunks/s
     assert "no summary" not in summary
     assert "left out of the summary: bad.json: could not render it: ValueError" in summary
     assert "bad.json" in md.split("## Files")[1]  # its own section still has it

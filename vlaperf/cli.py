@@ -556,6 +556,7 @@ def cmd_workloads(args) -> int:
 
         Path(args.json).write_text(json.dumps({"pi0": rows, "conventions": conventions, "world_action": wam_rows},
                                               indent=1) + "\n")
+        print(f"wrote {args.json}")
     console = wide_console()
     table = Table(title="vlaperf workloads (pi0 family)")
     for col in ("id", "preset", "batch", "images valid", "prompt tokens valid", "state", "actions (padded)", "steps",

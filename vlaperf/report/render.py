@@ -382,7 +382,8 @@ def _summary(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str]) 
             rows.append([key, short_variant((r.get("variant") or {}).get("label") or ""), w["median"], w.get("p95"),
                          f"{ref_ms / w['median']:.2f}x" if ref_ms else None,
                          f"{w['median'] / floor:.2f}x" if floor else None,
-                         1e3 * batch / w["median"] if batch else None, r.get("first_call_s"),
+                         # one forward (--mode forward) makes no action chunk
+                         1e3 * batch / w["median"] if batch and r.get("mode") != "forward" else None, r.get("first_call_s"),
                          f"{eq['rel_l2']:.1e}" + ("" if eq.get("passed", True) else " (failed)") if "rel_l2" in eq else None,
                          str((r.get("env") or {}).get("timestamp") or "")[:10] or None, names.get(path, Path(path).name)])
         if ref_ms and len(items) >= 3:

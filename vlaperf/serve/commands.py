@@ -373,7 +373,7 @@ def warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats, conventions="
                                 pi05: bool = False) -> None:
     """A trained checkpoint served without its tokenizer, statistics or conventions gives a robot meaningless
     actions. `layout` (the workload's) and `pi05`: the conventions that would fit are named."""
-    if checkpoint is None:
+    if checkpoint is None or not Path(checkpoint).exists():  # a missing one is an error later, not three warnings
         return
     if conventions is None:
         from vlaperf.conventions import conventions_for
