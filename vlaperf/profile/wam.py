@@ -41,8 +41,13 @@ def setup(args):
         base = get_wam_workload(args.workload)
         workload = base.with_overrides(batch=args.batch, steps=args.steps, video_steps=getattr(args, "video_steps", None),
                                        sparsity=getattr(args, "sparsity", None), cfg_scale=getattr(args, "cfg_scale", None))
-    except ValueError as e:
-        raise CliError(str(e)) from None
+    except ValueError as e:  # the sampling checks name the field: here it is the flag the user gave
+        text = str(e)
+        for field in ("video_steps", "cfg_scale", "steps", "sparsity", "batch"):
+            if text.startswith(field + " "):
+                text = f"--{field.replace('_', '-')}{text[len(field):]}"
+                break
+        raise CliError(text) from None
     dtype = getattr(torch, args.dtype) if args.dtype else None
     model = build_wam(workload.preset, device=device, dtype=dtype, seed=args.seed)
     return base, workload, model, device
