@@ -50,6 +50,8 @@ the same levers with the change. Changes:
   lt_fc2                 SigLIP's fc2 through cuBLASLt's heuristic's first algorithm at a 32 MiB workspace limit
                          (SiglipLayerW.fc2_lt, kernels/cublaslt.py) against torch's F.linear, which asks under
                          torch's own limit and gets a slower kernel on the H200 (cublaslt_probe.py)
+  mask_align             the attention kernels' uint8 mask in rows padded to 16 bytes (suffix_attention.aligned_mask:
+                         the prefix's split-key kernel and the step kernel) against rows of exactly Tk bytes
   kernel_pdl             the denoise loop's Triton kernels (launch.DENOISE_LOOP_KERNELS: the step kernel and
                          the heads between its launches) launched with PDL, each waiting for the kernel
                          before it as its first instruction (kernels/launch.py), against none of ours.
@@ -243,6 +245,14 @@ def pdl_kernel_count(model) -> dict:
     return {"inductor_cache": cache_dir(), "triton_sources": total, "with_gdc_wait": waiting}
 
 
+def without_mask_align(engine: Engine):
+    """Before session 30: the attention kernels' uint8 mask with rows of exactly Tk bytes (600 for libero-pi0's
+    step, 520 for a prefix with an 8-token prompt), which Triton could not prove 16-byte aligned."""
+    from vlaperf.engine.kernels import suffix_attention
+
+    return patched(suffix_attention, "aligned_mask", lambda m: m.to(torch.uint8) if m.dtype == torch.bool else m)
+
+
 CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "step_attention_kernel": (without_step_attention_kernel, lambda model: {}),
            "patch_matmul": (without_patch_matmul, lambda model: {}),
@@ -260,6 +270,7 @@ CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "wave_splits": (without_wave_splits, lambda model: {}),
            "inductor_pdl": (without_inductor_pdl, pdl_kernel_count),
            "kernel_pdl": (without_kernel_pdl, lambda model: _pdl_here()),
+           "mask_align": (without_mask_align, lambda model: {}),
            "lt_fc2": (without_lt_fc2, lt_fc2_choice)}
 # changes whose switch is off in the engine: turned on for this process (engine B), undone for engine A
 # (module, name, value; a str value names the module's constant to use)

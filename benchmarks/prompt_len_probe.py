@@ -2,7 +2,8 @@
 20 valid prompt tokens), its kept prompt padded to several lengths by other bucket sets, the calls
 interleaved in one process.
 
-`trim_prompt_padding` pads the kept prompt up to the next of `prefix.PROMPT_BUCKETS` (8, 16, 32, ...):
+`trim_prompt_padding` pads the kept prompt up to the next of `prefix.PROMPT_BUCKETS` (8, 16, 32, ... when it ran;
+16, 32, ... since):
 libero-pi0's 20 tokens run as 32, 544 prefix rows. Session 30's in-graph breakdowns had the prefill at
 3.71 ms with a 16-token prompt (policy mode's example) against 3.96 ms with 32 (model mode), in two
 processes: 16 us a row, twice the prefill's average per row. If the rows past 20 cost that much here, a
@@ -11,6 +12,7 @@ is its own graph (and, under compile, its own compiled shape); every one is chec
 reference first (the padding is masked: the actions change only by rounding).
 
     python3 benchmarks/prompt_len_probe.py --lengths 20,24,32,40,48 --json $OUT/prompt_len_probe.json
+    python3 benchmarks/prompt_len_probe.py --valid 8 --lengths 8,12,16,32   # a short prompt: bucket 8 or 16?
 """
 
 from __future__ import annotations
@@ -48,11 +50,16 @@ def main() -> None:
     p.add_argument("--levers", default="best")
     p.add_argument("--lengths", default="20,24,32,40,48", help="kept prompt lengths, each >= the valid tokens")
     p.add_argument("--rounds", type=int, default=40)
+    p.add_argument("--valid", type=int, default=None, help="valid prompt tokens (default: the workload's)")
     p.add_argument("--device", default="cuda")
     p.add_argument("--json")
     args = p.parse_args()
 
     w = get_workload(args.workload)
+    if args.valid is not None:
+        import dataclasses
+
+        w = dataclasses.replace(w, prompt_valid=(args.valid,) * len(w.prompt_valid))
     model = build_model(w.preset, device=args.device)
     engine = Engine(model, args.levers)
     obs, noise = random_observation(w, model.config, args.device), random_noise(w, model.config, args.device)

@@ -1344,3 +1344,18 @@ def test_step_kernel_bench_records_what_the_engine_launches():
     one eager call of the workload is recorded step by step (run here on `tiny` in the interpreter)."""
     bench_dir = os.path.join(os.path.dirname(os.path.dirname(os.path.abspath(__file__))), "benchmarks")
     run_in_interpreter(RECORD_SCRIPT.replace("BENCH_DIR", repr(bench_dir)), timeout=600)
+
+
+def test_attention_masks_are_passed_with_16_byte_aligned_rows():
+    """The kernels' uint8 mask rows are padded to a multiple of 16 bytes, so that Triton can prove their loads
+    aligned (520 keys: 0.72 against 0.33 ms a call for the prefix's attention on the H200); the values are the
+    mask's, and a mask already in that form is passed as it is."""
+    from vlaperf.engine.kernels.suffix_attention import aligned_mask
+
+    mask = torch.rand(2, 5, 520) > 0.3
+    out = aligned_mask(mask)
+    assert out.dtype == torch.uint8 and out.shape == mask.shape
+    assert out.stride() == (5 * 528, 528, 1) and torch.equal(out.bool(), mask)
+    assert aligned_mask(out) is out
+    ready = torch.zeros(2, 5, 528, dtype=torch.uint8)
+    assert aligned_mask(ready) is ready

@@ -141,6 +141,19 @@ def default_splits(Tk: int, block_n: int, blocks: int) -> int:
     return max(1, min(triton.cdiv(Tk, 4 * block_n), WAVE_PROGRAMS // blocks))
 
 
+def aligned_mask(mask: torch.Tensor) -> torch.Tensor:
+    """The mask as uint8 with its rows 16-byte aligned: a (B, Tq, Tk) view of a buffer whose rows hold Tk rounded
+    up to 16. Triton specializes an integer argument that is a multiple of 16 and only then proves the mask rows'
+    loads aligned and vectorizes them; with 520 keys (two images and an 8-token prompt) the prefix's attention took
+    0.72 ms a call against 0.33 ms with 528 (perf-notes, session 30)."""
+    B, Tq, Tk = mask.shape
+    if mask.dtype == torch.uint8 and mask.stride(2) == 1 and mask.stride(1) % 16 == 0 and mask.stride(0) % 16 == 0:
+        return mask
+    padded = torch.empty(B, Tq, -(-Tk // 16) * 16, dtype=torch.uint8, device=mask.device)[..., :Tk]
+    padded.copy_(mask)
+    return padded
+
+
 def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                      block_m: int = 32, block_n: int = 32, splits: int | None = None,
                      num_warps: int = 4, num_stages: int = 2, token_major: bool = False,
@@ -173,7 +186,7 @@ def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
         out = torch.empty(B, Tq, N, h, dtype=q.dtype, device=q.device).transpose(1, 2)
     else:
         out = torch.empty(B, N, Tq, h, dtype=q.dtype, device=q.device)
-    mask_u8 = mask.to(torch.uint8) if mask.dtype == torch.bool else mask
+    mask_u8 = aligned_mask(mask)
     launch(
         _partial_kernel, (B, row_blocks, splits), q, k, v, mask_u8, acc, m, l_, out, rows, Tq, Tk, keys_per_split, h**-0.5,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(2), v.stride(0), v.stride(2),
