@@ -92,6 +92,8 @@ def test_bench_release_reference_records_the_freed_bytes(tmp_path, capsys):
         (["--seed", "99999999999999999999999"], "argument --seed: expected an integer >= 0 and <= 9223372036854775807"),
         (["--json", "."], "argument --json: expected a file path, got the folder '.'"),  # refused before the run
         (["--workload", ""], "argument --workload: expected a workload id, got an empty string"),
+        (["--levers", ""], "argument --levers: expected 'reference', a preset or a comma list of levers, got an empty "
+                           "string"),  # it ran the reference without a word
         (["--steps", "1000000"], "argument --steps: expected an integer >= 1 and <= 1000, got 1000000"),
     ],
 )

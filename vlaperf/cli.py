@@ -189,6 +189,14 @@ def wide_console(min_width: int = 120):
     return console if console.is_terminal else Console(width=max(console.width, min_width))
 
 
+def levers_arg(text: str) -> str:
+    """--levers: anything but an empty string, which (an unset shell variable) would run the reference silently."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected 'reference', a preset or a comma list of levers, got an empty string "
+                                         "(an unset shell variable?)")
+    return text
+
+
 def add_common(p: argparse.ArgumentParser, levers_default: str = "reference", levers_help: str | None = None) -> None:
     p.add_argument("--workload", type=workload_arg, default=None,
                    help="workload id (default: libero-pi0 on a GPU, tiny on the CPU)")
@@ -200,7 +208,7 @@ def add_common(p: argparse.ArgumentParser, levers_default: str = "reference", le
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights and inputs")
     p.add_argument("--checkpoint", default=None, help="openpi or LeRobot model.safetensors, or an openpi JAX checkpoint "
                    "folder (orbax params/; needs tensorstore) (default: random weights)")
-    p.add_argument("--levers", default=levers_default,
+    p.add_argument("--levers", type=levers_arg, default=levers_default,
                    help=levers_help or "'reference', 'best', 'graph', 'exact' or a comma list (see `vlaperf levers`)")
     p.add_argument("--json", type=output_file, default=None, help="write the result file here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")

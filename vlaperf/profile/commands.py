@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from vlaperf.cli import (CliError, add_common, make_engine, non_negative_int, output_file, png_file, positive_int,
-                         refuse_repeated_variants, result_header, setup)
+from vlaperf.cli import (CliError, add_common, levers_arg, make_engine, non_negative_int, output_file, png_file,
+                         positive_int, refuse_repeated_variants, result_header, setup)
 
 REFERENCE = ("reference", "none", "")
 
@@ -360,7 +360,7 @@ def register(subparsers) -> None:
     p.add_argument("--steps", dest="steps_list", type=_step_list, default=[1, 2, 5, 10, 20],
                    help="comma-separated step counts (default 1,2,5,10,20)")
     p.set_defaults(steps=None)
-    p.add_argument("--levers", default="reference",
+    p.add_argument("--levers", type=levers_arg, default="reference",
                    help="a variant, or several separated by ';' to compare slopes, e.g. 'reference;for_loop'")
     p.add_argument("--warmup", type=non_negative_int, default=3, help="untimed calls of each point first (default: 3)")
     p.add_argument("--iters", type=positive_int, default=10, help="interleaved rounds (default: 10)")

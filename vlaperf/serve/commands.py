@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from vlaperf.cli import MAX_BATCH, add_action_horizon, add_compile_cache, add_conventions, batch_int, device_arg, number_arg
-from vlaperf.cli import output_file, port_int, seed_int, steps_int, wide_console, workload_arg
+from vlaperf.cli import levers_arg, output_file, port_int, seed_int, steps_int, wide_console, workload_arg
 from vlaperf.cli import non_negative_float as _non_negative_float
 from vlaperf.cli import non_negative_int as _non_negative_int
 from vlaperf.cli import positive_float as _positive_float
@@ -69,7 +69,7 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("serve", help="serve a policy over websockets (openpi-client compatible)")
     p.add_argument("--workload", type=workload_arg, default=None,
                    help="workload id (default: libero-pi0 on a GPU, tiny on the CPU)")
-    p.add_argument("--levers", default="serve",
+    p.add_argument("--levers", type=levers_arg, default="serve",
                    help="'serve' (default: 'graph' on a GPU, 'exact' on the CPU: no compile, so every batch size "
                         "and prompt bucket warms up in seconds), 'best', 'reference' or a comma list (`vlaperf levers`)")
     p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
