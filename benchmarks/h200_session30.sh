@@ -10,6 +10,7 @@
 #            as 20, 24, 32 (today's bucket), 40 and 48, interleaved in one process
 #   PART=e   the attention masks' rows padded to 16 bytes (suffix_attention.aligned_mask): change_ab against rows of
 #            exactly Tk bytes (libero-pi0: the step kernel's 600-key mask), then part d's probes again
+#   PART=f   the same A/B after the step's mask is aligned once a step where it is cast (f30b3c9), at batch 1 and 4
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session30.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -47,6 +48,12 @@ e)
 200 cd benchmarks && python3 change_ab.py --change mask_align --rounds 60 --json $R/change_ab_libero-pi0_mask_align.json
 150 cd benchmarks && python3 prompt_len_probe.py --valid 6 --lengths 8,16,32 --rounds 40 --json $R/prompt_len_probe_libero-pi0_valid6_aligned_s30.json
 150 cd benchmarks && python3 prompt_len_probe.py --lengths 20,24,32,40,48 --rounds 40 --json $R/prompt_len_probe_libero-pi0_aligned_s30.json
+EOT
+  ;;
+f)
+  lane A 0 20 <<EOT &
+150 cd benchmarks && python3 change_ab.py --change mask_align --rounds 60 --json $R/change_ab_libero-pi0_mask_align_f.json
+150 cd benchmarks && python3 change_ab.py --change mask_align --workload libero-pi0-b4 --rounds 40 --json $R/change_ab_libero-pi0-b4_mask_align_f.json
 EOT
   ;;
 esac
