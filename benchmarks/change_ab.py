@@ -50,8 +50,8 @@ the same levers with the change. Changes:
   lt_fc2                 SigLIP's fc2 through cuBLASLt's heuristic's first algorithm at a 32 MiB workspace limit
                          (SiglipLayerW.fc2_lt, kernels/cublaslt.py) against torch's F.linear, which asks under
                          torch's own limit and gets a slower kernel on the H200 (cublaslt_probe.py)
-  mask_align             the attention kernels' uint8 mask in rows padded to 16 bytes (suffix_attention.aligned_mask:
-                         the prefix's split-key kernel and the step kernel) against rows of exactly Tk bytes
+  mask_align             the prefix attention's uint8 mask in rows padded to 16 bytes (suffix_attention.aligned_mask)
+                         against rows of exactly Tk bytes (use --valid-like prompts: at 544 rows they are aligned)
   kernel_pdl             the denoise loop's Triton kernels (launch.DENOISE_LOOP_KERNELS: the step kernel and
                          the heads between its launches) launched with PDL, each waiting for the kernel
                          before it as its first instruction (kernels/launch.py), against none of ours.
@@ -246,8 +246,9 @@ def pdl_kernel_count(model) -> dict:
 
 
 def without_mask_align(engine: Engine):
-    """Before session 30: the attention kernels' uint8 mask with rows of exactly Tk bytes (600 for libero-pi0's
-    step, 520 for a prefix with an 8-token prompt), which Triton could not prove 16-byte aligned."""
+    """Before session 30: the prefix attention's uint8 mask with rows of exactly Tk bytes (520 for a prefix with an
+    8-token prompt), which Triton could not prove 16-byte aligned. (Part e's run, at 8d75965, also aligned the step
+    kernel's 600-key mask, copying it every step: 0.997x at libero-pi0's 544 prefix rows.)"""
     from vlaperf.engine.kernels import suffix_attention
 
     return patched(suffix_attention, "aligned_mask", lambda m: m.to(torch.uint8) if m.dtype == torch.bool else m)

@@ -10,7 +10,8 @@
 #            as 20, 24, 32 (today's bucket), 40 and 48, interleaved in one process
 #   PART=e   the attention masks' rows padded to 16 bytes (suffix_attention.aligned_mask): change_ab against rows of
 #            exactly Tk bytes (libero-pi0: the step kernel's 600-key mask), then part d's probes again
-#   PART=f   the same A/B after the step's mask is aligned once a step where it is cast (f30b3c9), at batch 1 and 4
+#   PART=f   (not run: no device time left) the same A/B after the step's mask was aligned once a step where it is
+#            cast (f30b3c9, since taken out again: the step's kernels get rows of exactly Tk bytes, as before)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session30.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B

@@ -522,6 +522,23 @@ def upload_probe_tables(results):
     return out
 
 
+def prompt_len_tables(results):
+    """benchmarks/prompt_len_probe.py: one engine, libero-pi0's observation with its kept prompt padded to several
+    lengths, interleaved in one process."""
+    from vlaperf.report.render import prompt_len_probe_header, prompt_len_probe_rows
+
+    out = []
+    for path, r in results:
+        if r["command"] != "prompt-len-probe":
+            continue
+        header = prompt_len_probe_header(r)
+        out += [f"`{path.relative_to(ROOT)}` ({r['workload']['id']}, {_short(r['variant']['label'])}, commit "
+                f"{(r['env'].get('git_commit') or '')[:7]}, {r['valid_prompt_tokens']} valid prompt tokens, "
+                f"{r['rounds']} rounds)", "", "| " + " | ".join(header) + " |", "|" + "---|" * len(header)]
+        out += ["| " + " | ".join(str(c) for c in row) + " |" for row in prompt_len_probe_rows(r)] + [""]
+    return out
+
+
 def _probe_tables(results, command: str, header: list[str], rows_fn, note: str = "", small_floats: bool = False):
     """One table per result file of `command` (the GEMM probes and benches): the file and its
     commit, then `rows_fn(result)` under `header`; with `small_floats`, values below 0.1 (errors)
@@ -722,6 +739,8 @@ def main() -> None:
         served_path_tables(results) + upload_probe_tables(results) + launch_probe_tables(results)
     lines += ["## Side by side with LeRobot (`vlaperf compare`)", ""] + compare_tables(results)
     lines += ["## One change inside the whole call, A/B in one process (`benchmarks/*_ab.py`)", ""] + ab_tables(results)
+    lines += ["## What the kept prompt's length costs the call (`benchmarks/prompt_len_probe.py`)", ""] + \
+        prompt_len_tables(results)
     lines += ["## A graphed call besides its replay (`benchmarks/call_overhead.py`)", ""] + call_overhead_tables(results)
     lines += ["## GEMM shapes alone (`benchmarks/gemm_probe.py`)", ""] + gemm_probe_tables(results)
     lines += ["## Prefix GEMMs as other cuBLAS calls (`benchmarks/splitk_probe.py`)", ""] + splitk_probe_tables(results)

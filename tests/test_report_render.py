@@ -148,6 +148,12 @@ def test_serving_peer_and_kernel_results_have_renderers(h200_markdown):
         assert heading in md, heading
     assert "![server throughput and latency against clients]" in md
     assert "![comparison with the peer]" in md and "| vlaperf variant | max abs | rel L2 |" in md
+    if "prompt-len-probe" in commands:  # session 30's probe: its own table, with each length's prefix rows
+        assert "| kept prompt | prefix rows | median ms | vs prompt_32 | rel L2 | passed |" in md
+        probe = next(r for _, r in results if r["command"] == "prompt-len-probe")
+        name = next(iter(probe["median_ms"]))
+        assert (f"| {name.removeprefix('prompt_')} | {probe['prefix_rows'][name]} | {probe['median_ms'][name]:.3f} | "
+                f"{probe['speedup_vs_base'][name]:.4f}x | {probe['equivalence'][name]['rel_l2']:.1e} |") in md
     # the step kernel's clock timeline (expert_step_bench.py --timeline files): a table and a figure
     assert "| phase | slot us | work median us |" in md and "![step kernel timeline per phase]" in md
     assert "cuBLAS (+ eager elementwise) us" in md

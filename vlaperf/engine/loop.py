@@ -183,13 +183,8 @@ def denoise_step(
     mods = table_row.get("modulation") if table_row else None  # (depth*6 + 2, D) for pi0.5
     Ts = x.shape[1]
     Tp = ctx.prefix_pad.shape[1]  # this step's keys sit at [Tp, Tp + Ts) of a static cache (padding after)
-    # the attention kernels read the mask as bytes in 16-byte aligned rows: cast once per step, not inside each
-    # layer's op (a mask the kernels get in that form they take as it is)
-    kernel_mask = mask
-    if (kernels or megakernel) and mask is not None:
-        from vlaperf.engine.kernels.suffix_attention import aligned_mask
-
-        kernel_mask = aligned_mask(mask)
+    # the attention kernel reads the mask as bytes: cast once per step, not inside each layer's op
+    kernel_mask = mask.to(torch.uint8) if (kernels or megakernel) and mask is not None and mask.dtype == torch.bool else mask
     batched = megakernel == "batched" and x.shape[0] > 1
     if megakernel and step_kernel_applies(ew, ctx, x, batched, table_row):
         from vlaperf.engine.kernels.ops import expert_step  # a custom op: compile sees through

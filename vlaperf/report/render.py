@@ -937,6 +937,27 @@ def _change_ab(doc: _Doc, path: str, r: dict) -> None:
         doc.p("probe: " + ", ".join(f"{k} {v}" for k, v in flat.items()), "note")
 
 
+def prompt_len_probe_header(r: dict) -> list[str]:
+    return ["kept prompt", "prefix rows", "median ms", f"vs {r['ratio_to']}", "rel L2", "passed"]
+
+
+def prompt_len_probe_rows(r: dict) -> list[list]:
+    """benchmarks/prompt_len_probe.py's file: a row per kept prompt length (the report and docs/performance.md)."""
+    eq = r.get("equivalence") or {}
+    return [[name.removeprefix("prompt_"), r["prefix_rows"].get(name), f"{ms:.3f}", f"{r['speedup_vs_base'][name]:.4f}x",
+             f"{eq[name]['rel_l2']:.1e}" if name in eq else "-", "yes" if (eq.get(name) or {}).get("passed") else "no"]
+            for name, ms in r["median_ms"].items()]
+
+
+def _prompt_len_probe(doc: _Doc, path: str, r: dict) -> None:
+    """benchmarks/prompt_len_probe.py: one engine, one observation, its kept prompt padded to several lengths,
+    interleaved: what the prefix's row count costs the call."""
+    doc.h(3, f"kept prompt lengths: {workload_label(r)}, {short_variant(r['variant']['label'])} on {_gpu(r)}")
+    doc.p(f"{r['valid_prompt_tokens']} valid prompt tokens; {r['rounds']} interleaved rounds; speed-up: "
+          f"{r['ratio_to']}'s median over the length's (per round)", "")
+    doc.table(prompt_len_probe_header(r), prompt_len_probe_rows(r))
+
+
 def _upload_probe(doc: _Doc, path: str, r: dict) -> None:
     """benchmarks/upload_probe.py: the policy path's host <-> device pieces, each timed alone."""
     doc.h(3, f"policy transfers: {workload_label(r)} on {_gpu(r)}")
@@ -1389,6 +1410,7 @@ SECTIONS = (("bench", "Latency (bench)"), ("matrix", "Optimization matrix"), ("c
             ("first-call", "The first call of a fresh process (first-call)"),
             ("served-path-probe", "Where a served call's time goes beyond the model call (served-path-probe)"),
             ("upload-probe", "The policy path's transfers, piece by piece (upload-probe)"),
+            ("prompt-len-probe", "What the kept prompt's length costs the call (prompt-len-probe)"),
             ("launch-probe", "The host latency a replayed call exposes (launch-probe)"))
 
 # one section (and shared figures) over all their files: renderer(doc, [(path, result), ...])
@@ -1401,7 +1423,7 @@ FILE_RENDERERS = {"matrix": _matrix, "check": _check, "breakdown": _breakdown, "
                   "cublaslt-probe": _cublaslt_probe, "fp8-gemm-probe": _fp8_gemm_probe, "splitk-probe": _splitk_probe,
                   "prefix-attention-probe": _prefix_attention_probe, "wam-attention-probe": _wam_attention_probe,
                   "geglu-bench": _geglu_bench, "memset-probe": _memset_probe, "served-path-probe": _served_path,
-                  "upload-probe": _upload_probe, "launch-probe": _launch_probe}
+                  "upload-probe": _upload_probe, "launch-probe": _launch_probe, "prompt-len-probe": _prompt_len_probe}
 
 
 def _rendered(doc: _Doc, renderer, *args) -> str | None:

@@ -364,8 +364,9 @@ def checkpoint_io(tokenizer_file, norm_stats_path, checkpoint, config, conventio
         raise CliError(f"--norm-stats: {e}") from None
     except (ImportError, ValueError) as e:
         raise CliError(f"--tokenizer: {e}") from None
-    warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats, conventions,
-                                workload.layout if workload is not None else None, config.pi05)
+    if checkpoint is None or Path(checkpoint).exists():  # a missing one is an error of its own, not three warnings
+        warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats, conventions,
+                                    workload.layout if workload is not None else None, config.pi05)
     return tokenizer, norm_stats
 
 
@@ -373,7 +374,7 @@ def warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats, conventions="
                                 pi05: bool = False) -> None:
     """A trained checkpoint served without its tokenizer, statistics or conventions gives a robot meaningless
     actions. `layout` (the workload's) and `pi05`: the conventions that would fit are named."""
-    if checkpoint is None or not Path(checkpoint).exists():  # a missing one is an error later, not three warnings
+    if checkpoint is None:
         return
     if conventions is None:
         from vlaperf.conventions import conventions_for

@@ -1576,9 +1576,7 @@ def expert_step(
                          "rows as vectors")
     device = x.device
     persistent = device.type == "cuda" if persistent is None else persistent
-    from vlaperf.engine.kernels import suffix_attention  # its module attribute: change_ab.py undoes both at once
-
-    mask_u8 = suffix_attention.aligned_mask(mask)  # rows 16-byte aligned: libero-pi0's 600 cached keys are not
+    mask_u8 = mask.to(torch.uint8) if mask.dtype == torch.bool else mask
     MT = NB * M
     BLOCK_M = row_block(MT)
     bk = k_depths(cfg, BLOCK_M)

@@ -145,7 +145,10 @@ def aligned_mask(mask: torch.Tensor) -> torch.Tensor:
     """The mask as uint8 with its rows 16-byte aligned: a (B, Tq, Tk) view of a buffer whose rows hold Tk rounded
     up to 16. Triton specializes an integer argument that is a multiple of 16 and only then proves the mask rows'
     loads aligned and vectorizes them; with 520 keys (two images and an 8-token prompt) the prefix's attention took
-    0.72 ms a call against 0.33 ms with 528 (perf-notes, session 30)."""
+    0.72 ms a call against 0.33 ms with 528 (perf-notes, session 30). The prefix's calls take it (measured); the
+    step's kernels still get rows of exactly Tk bytes: aligned inside the step kernel's op, the extra copy a step
+    cost more than the loads gained (0.997x), and aligned once a step where the step casts it, it is not yet
+    measured."""
     B, Tq, Tk = mask.shape
     if mask.dtype == torch.uint8 and mask.stride(2) == 1 and mask.stride(1) % 16 == 0 and mask.stride(0) % 16 == 0:
         return mask
@@ -186,7 +189,7 @@ def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
         out = torch.empty(B, Tq, N, h, dtype=q.dtype, device=q.device).transpose(1, 2)
     else:
         out = torch.empty(B, N, Tq, h, dtype=q.dtype, device=q.device)
-    mask_u8 = aligned_mask(mask)
+    mask_u8 = mask.to(torch.uint8) if mask.dtype == torch.bool else mask
     launch(
         _partial_kernel, (B, row_blocks, splits), q, k, v, mask_u8, acc, m, l_, out, rows, Tq, Tk, keys_per_split, h**-0.5,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(2), v.stride(0), v.stride(2),
@@ -213,4 +216,4 @@ def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     """The prefix's bidirectional attention over one shared K/V head, heads folded into rows:
     q (B, N, T, h); k, v (B, 1, T, h); mask (B, T, T) bool -> (B, N, T, h), its memory
     token-major (B, T, N, h): the output projection reads it without a transpose copy."""
-    return suffix_attention(q, k, v, mask, token_major=True, **{**PREFIX_TILES, **tiles})
+    return suffix_attention(q, k, v, aligned_mask(mask), token_major=True, **{**PREFIX_TILES, **tiles})
