@@ -241,7 +241,15 @@ def test_validate_result_names_wrong_types_as_schema_errors(tiny_results):
               "timers.wall_ms.median: expected a number, got string"),
              ({**good, "variant": "best"}, "variant: expected an object or null, got string"),
              ({**good, "mode": [1]}, "mode: expected a string or null, got array"),
-             ({**good, "workload": {"id": "tiny", "overrides": None}}, "workload.overrides: expected an object")]
+             ({**good, "workload": {"id": "tiny", "overrides": None}}, "workload.overrides: expected an object"),
+             # numbers no timing can be: they rendered as "nanx" and a 301-digit p95
+             ({**good, "timers": {"wall_ms": {**good["timers"]["wall_ms"], "median": float("nan")}}},
+              "timers.wall_ms.median: expected a finite number >= 0, got nan"),
+             ({**good, "timers": {"wall_ms": {**good["timers"]["wall_ms"], "p95": 1e300 * 1e300}}},
+              "timers.wall_ms.p95: expected a finite number >= 0, got inf"),
+             ({**good, "timers": {"wall_ms": {**good["timers"]["wall_ms"], "min": -5}}},
+              "timers.wall_ms.min: expected a finite number >= 0, got -5"),
+             ({**good, "first_call_s": "slow"}, "first_call_s: expected a finite number of seconds >= 0 or null, got 'slow'")]
     for result, message in cases:
         with pytest.raises(SchemaError, match=re.escape(message)):
             validate_result(result)

@@ -420,7 +420,8 @@ def print_bench(result: dict) -> None:
     console.print(t)
     med = result["timers"]["wall_ms"]["median"]
     floor = result.get("roofline")
-    line = f"first call {result['first_call_s']:.2f} s; {result['iters']} timed calls after {result['warmup']} warm-up"
+    n = result["iters"]
+    line = f"first call {result['first_call_s']:.2f} s; {n} timed call{'' if n == 1 else 's'} after {result['warmup']} warm-up"
     measured = (floor or {}).get("ceilings", {}).get("source") == "measured on this device"
     if floor and (result["env"].get("gpu") or measured):
         which = (f"this device's ceilings: {floor['matmul_flops'] / 1e12:.3g} TFLOP/s, {floor['bandwidth'] / 1e12:.3g} TB/s, "

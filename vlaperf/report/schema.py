@@ -11,6 +11,7 @@ A summary has count, mean, median, p90, p95, p99, min, max, std (milliseconds).
 from __future__ import annotations
 
 import json
+import math
 from pathlib import Path
 
 from vlaperf.timing import SUMMARY_KEYS
@@ -43,6 +44,9 @@ def validate_summary(summary, where: str) -> list[str]:
     # would fail there, far from the file that carries it
     errors += [f"{where}.{k}: expected a number, got {json_kind(summary[k])}" for k in SUMMARY_KEYS
                if k in summary and json_kind(summary[k]) != "number"]
+    # times and counts: a NaN, an infinity or a negative value is a damaged file (it rendered as "nanx")
+    errors += [f"{where}.{k}: expected a finite number >= 0, got {summary[k]!r}" for k in SUMMARY_KEYS
+               if k in summary and json_kind(summary[k]) == "number" and not 0 <= summary[k] < math.inf]
     return errors
 
 
@@ -74,6 +78,9 @@ def validate_result(result) -> dict:
         errors += [f"env: missing {k!r}" for k in ENV_KEYS if k not in env]
     else:
         errors.append(f"env: expected an object, got {json_kind(env)}")
+    first = result.get("first_call_s")
+    if first is not None and (json_kind(first) != "number" or not 0 <= first < math.inf):
+        errors.append(f"first_call_s: expected a finite number of seconds >= 0 or null, got {first!r}")
     timers = result.get("timers")
     if timers is not None:
         if isinstance(timers, dict):

@@ -189,6 +189,10 @@ def _need_serve_deps() -> None:
         raise CliError(f"the serve commands need websockets and msgpack ({e}); pip install 'vlaperf[serve]'") from None
 
 
+def _clients(n: int) -> str:
+    return f"{n} client" + ("" if n == 1 else "s")
+
+
 def _api_key(args) -> str | None:
     """--api-key, else $VLAPERF_API_KEY, else None (no auth). An empty one is an error: `--api-key "$KEY"` with KEY
     unset must not serve without a key while the script believes it set one."""
@@ -517,9 +521,9 @@ def print_loadgen(result: dict) -> None:
         console.print(f"per-client numbers of the {', '.join(wide)}-client phase(s) are in the JSON result (--json)")
     for ph in lg["phases"]:
         if ph["misrouted"]:
-            console.print(f"[red]{ph['misrouted']} replies routed to the wrong request[/red] ({ph['clients']} clients)")
+            console.print(f"[red]{ph['misrouted']} replies routed to the wrong request[/red] ({_clients(ph['clients'])})")
         for line in ph["error_samples"]:
-            console.print(f"[red]error[/red] ({ph['clients']} clients): {line}")
+            console.print(f"[red]error[/red] ({_clients(ph['clients'])}): {line}")
     console.print("all replies well-formed and routed correctly" if lg["passed"]
                   else "[red]FAILED: errors, lost or misrouted replies[/red]")
 
