@@ -155,8 +155,7 @@ class Engine:
             key = (plan.slots, plan.prompt_len, num_steps, tuple((tuple(x.shape), x.dtype) for x in inputs))
             timed = self.stage_hook is not None
             precompile = None
-            first_of_shape = key not in self.graphs.entries and (key, "timed") not in self.graphs.entries
-            if first_of_shape and self.levers.compile and (lv.triton_kernels or lv.megakernel):
+            if not self.graphs.has_shape(key) and self.levers.compile and (lv.triton_kernels or lv.megakernel):
                 precompile = self._precompile_kernels(inputs, plan, num_steps)
             return self.graphs.run(key, lambda: partial(self._sample, plan=plan, num_steps=num_steps), inputs,
                                    before_capture=precompile, timed=timed)

@@ -60,6 +60,10 @@ class GraphCache:
         self.last_stage_events = entry.stage_events
         return entry.output.clone()
 
+    def has_shape(self, key: Hashable) -> bool:
+        """Whether a graph of `key`, timed or not, was captured (its kernels are compiled then)."""
+        return key in self.entries or (key, "timed") in self.entries
+
     def record_stage(self, name: str) -> None:
         """Called by the captured code where stage `name` starts: during a timed capture, an
         event-record node there; otherwise (warm-up runs, untimed captures) nothing."""

@@ -1530,7 +1530,8 @@ def render(result_paths, out_path, title: str | None = None, on_skip: Callable[[
     summary = _Doc()
     # a file whose summary row fails (a field some old or damaged file has wrong) is left out of the summary, with
     # its reason, and keeps its own section; the other files' rows stay
-    left_out = {p: reason for p, r in results if (reason := _rendered(_Doc(), _summary, [(p, r)], names))}
+    left_out = {p: reason for p, r in results
+                if r["command"] == "bench" and (reason := _rendered(_Doc(), _summary, [(p, r)], names))}
     reason = _rendered(summary, _summary, [(p, r) for p, r in results if p not in left_out], names)
     if reason:  # each file's row renders alone, not together
         summary.p("no summary: " + reason, "warn")
