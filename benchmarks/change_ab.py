@@ -50,8 +50,11 @@ the same levers with the change. Changes:
   lt_fc2                 SigLIP's fc2 through cuBLASLt's heuristic's first algorithm at a 32 MiB workspace limit
                          (SiglipLayerW.fc2_lt, kernels/cublaslt.py) against torch's F.linear, which asks under
                          torch's own limit and gets a slower kernel on the H200 (cublaslt_probe.py)
-  mask_align             the prefix attention's uint8 mask in rows padded to 16 bytes (suffix_attention.aligned_mask)
-                         against rows of exactly Tk bytes (use --valid-like prompts: at 544 rows they are aligned)
+  mask_align             the attention kernels' uint8 masks in rows padded to 16 bytes (suffix_attention.aligned_mask):
+                         the prefix's (aligned already at libero-pi0's 544 rows: give --valid 8 for 520) and, since
+                         session 31, the step's (600 keys a row at libero-pi0), against rows of exactly Tk bytes
+  mask_once              the step's kernel mask made once a call (loop.SuffixContext.kernel_mask) against once a
+                         step, as before session 31 (ten cast kernels a call instead of one)
   kernel_pdl             the denoise loop's Triton kernels (launch.DENOISE_LOOP_KERNELS: the step kernel and
                          the heads between its launches) launched with PDL, each waiting for the kernel
                          before it as its first instruction (kernels/launch.py), against none of ours.
@@ -74,6 +77,7 @@ from __future__ import annotations
 
 import argparse
 import contextlib
+import dataclasses
 
 import torch
 import torch.nn.functional as F
@@ -246,12 +250,20 @@ def pdl_kernel_count(model) -> dict:
 
 
 def without_mask_align(engine: Engine):
-    """Before session 30: the prefix attention's uint8 mask with rows of exactly Tk bytes (520 for a prefix with an
-    8-token prompt), which Triton could not prove 16-byte aligned. (Part e's run, at 8d75965, also aligned the step
-    kernel's 600-key mask, copying it every step: 0.997x at libero-pi0's 544 prefix rows.)"""
+    """Before session 30: the attention kernels' uint8 masks with rows of exactly Tk bytes (520 for a prefix with an
+    8-token prompt, 600 for libero-pi0's step), which Triton could not prove 16-byte aligned. (Session 30's part e, at
+    8d75965, aligned the step kernel's mask inside its op, copying it every step: 0.997x at libero-pi0.)"""
     from vlaperf.engine.kernels import suffix_attention
 
     return patched(suffix_attention, "aligned_mask", lambda m: m.to(torch.uint8) if m.dtype == torch.bool else m)
+
+
+def without_mask_once(engine: Engine):
+    """Before session 31: the step's kernel mask cast from the bool mask at every step."""
+    from vlaperf.engine import loop
+    from vlaperf.engine.kernels.suffix_attention import aligned_mask
+
+    return patched(loop.SuffixContext, "kernel_mask", lambda ctx, mask: None if mask is None else aligned_mask(mask))
 
 
 CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
@@ -272,6 +284,7 @@ CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "inductor_pdl": (without_inductor_pdl, pdl_kernel_count),
            "kernel_pdl": (without_kernel_pdl, lambda model: _pdl_here()),
            "mask_align": (without_mask_align, lambda model: {}),
+           "mask_once": (without_mask_once, lambda model: {}),
            "lt_fc2": (without_lt_fc2, lt_fc2_choice)}
 # changes whose switch is off in the engine: turned on for this process (engine B), undone for engine A
 # (module, name, value; a str value names the module's constant to use)
@@ -294,10 +307,16 @@ def main() -> None:
     p.add_argument("--change", required=True, choices=sorted(CHANGES))
     p.add_argument("--levers", default="best", help="both engines' levers (default best)")
     p.add_argument("--rounds", type=int, default=60)
+    p.add_argument("--valid", type=int, default=None,
+                   help="valid prompt tokens of every sample (default: the workload's); e.g. 8 for a 520-row prefix")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     undo, probe = CHANGES[args.change]
-    w = get_workload(args.workload)
+    base = w = get_workload(args.workload)
+    if args.valid is not None:
+        if args.valid < 1:
+            raise SystemExit(f"--valid: expected a number of prompt tokens >= 1, got {args.valid}")
+        w = dataclasses.replace(w, prompt_valid=(args.valid,) * len(w.prompt_valid))
     if args.change in SWITCH_ON:
         import importlib
 
@@ -320,6 +339,7 @@ def main() -> None:
     samples = interleave({"without": lambda: without.sample_actions(obs, noise, w.steps),
                           "with": lambda: today.sample_actions(obs, noise, w.steps)}, args.rounds)
     result = ab_result("change-ab", w, model, today, samples, "without", "with")
+    result["workload"]["overrides"] = w.overrides_vs(base)
     result.update(change=args.change, probe=probe(model),
                   rel_l2_with_vs_without=((out_today - out_without).norm() / out_without.norm()).item(),
                   equivalence_with=check_equivalence(model, today, w))

@@ -2,8 +2,7 @@
 20 valid prompt tokens), its kept prompt padded to several lengths by other bucket sets, the calls
 interleaved in one process.
 
-`trim_prompt_padding` pads the kept prompt up to the next of `prefix.PROMPT_BUCKETS` (8, 16, 32, ... when it ran;
-16, 32, ... since):
+`trim_prompt_padding` pads the kept prompt up to the next of `prefix.PROMPT_BUCKETS` (8, 16, 32, ...):
 libero-pi0's 20 tokens run as 32, 544 prefix rows. Session 30's in-graph breakdowns had the prefill at
 3.71 ms with a 16-token prompt (policy mode's example) against 3.96 ms with 32 (model mode), in two
 processes: 16 us a row, twice the prefill's average per row. If the rows past 20 cost that much here, a
@@ -13,6 +12,10 @@ reference first (the padding is masked: the actions change only by rounding).
 
     python3 benchmarks/prompt_len_probe.py --lengths 20,24,32,40,48 --json $OUT/prompt_len_probe.json
     python3 benchmarks/prompt_len_probe.py --valid 8 --lengths 8,12,16,32   # a short prompt: bucket 8 or 16?
+    python3 benchmarks/prompt_len_probe.py --lengths 40,48 --kernels $OUT/kernels   # and each length's kernel table
+
+--kernels DIR: after the timing, one call of each length under torch.profiler, its kernel table (GPU time by
+kernel, as profile_kernels.py prints) written to DIR/kernels_prompt<length>.txt: what differs between two lengths.
 """
 
 from __future__ import annotations
@@ -52,10 +55,11 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=40)
     p.add_argument("--valid", type=int, default=None, help="valid prompt tokens (default: the workload's)")
     p.add_argument("--device", default="cuda")
+    p.add_argument("--kernels", default=None, help="also write each length's kernel table (one profiled call) here")
     p.add_argument("--json")
     args = p.parse_args()
 
-    w = get_workload(args.workload)
+    base_workload = w = get_workload(args.workload)
     if args.valid is not None:
         import dataclasses
 
@@ -85,7 +89,7 @@ def main() -> None:
     base = f"prompt_{32 if 32 in lengths else lengths[-1]}"
 
     medians = {k: statistics.median(v) for k, v in samples.items()}
-    result = {"schema": SCHEMA, "command": "prompt-len-probe", "workload": {"id": w.id, "overrides": {}},
+    result = {"schema": SCHEMA, "command": "prompt-len-probe", "workload": {"id": w.id, "overrides": w.overrides_vs(base_workload)},
               "variant": {"levers": engine.levers.names(), "label": engine.name, "dtype": str(model.dtype).split(".")[-1]},
               "env": environment_record(args.device), "rounds": args.rounds, "valid_prompt_tokens": valid,
               "prefix_rows": {k: len(engine.last_plan.slots) * model.config.vision.num_patches + int(k.split("_")[1])
@@ -99,6 +103,30 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump(result, f, indent=1)
+    if args.kernels:
+        write_kernel_tables(variants, args.kernels)
+
+
+def write_kernel_tables(variants: dict, folder: str) -> None:
+    """One profiled call per length (each already compiled and captured): its kernels by GPU time."""
+    import os
+
+    import torch
+    from torch.profiler import ProfilerActivity, profile
+
+    os.makedirs(folder, exist_ok=True)
+    cuda = torch.cuda.is_available()
+    sync = torch.cuda.synchronize if cuda else (lambda: None)
+    for name, fn in variants.items():
+        fn()
+        sync()
+        with profile(activities=[ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])) as prof:
+            fn()
+            sync()
+        path = os.path.join(folder, f"kernels_{name.replace('_', '')}.txt")
+        with open(path, "w") as f:
+            f.write(prof.key_averages().table(sort_by="cuda_time_total" if cuda else "cpu_time_total", row_limit=40) + "\n")
+        print("wrote", path)
 
 
 if __name__ == "__main__":

@@ -596,3 +596,25 @@ def test_unknown_lever_agrees_with_the_parser():
         for refuse in (unknown_lever, Levers.parse):
             with pytest.raises(LeverError, match="empty lever name in .*two commas in a row, or one at an end"):
                 refuse(spec)
+
+
+def test_the_steps_kernel_mask_is_made_once_a_call_in_aligned_rows():
+    """With the hoisted context (static_kv_cache) every step gets the same uint8 mask, made once a call, its rows
+    padded to 16 bytes (13 prefix keys + 5 suffix keys here) and equal to the bool mask; without hoisting it is
+    rebuilt with the mask at every step, as the reference rebuilds the mask."""
+    from vlaperf.engine.loop import SuffixContext
+
+    model = build_model("tiny", "cpu", torch.float32, seed=0)
+    cfg = model.config
+    state = torch.zeros(1, cfg.action_dim)
+    pad = torch.ones(1, 13, dtype=torch.bool)
+    pad[0, 10:] = False
+    hoisted = SuffixContext(model, state, pad, None, None, hoist=True)
+    mask, _, _ = hoisted.mask_rope()
+    first = hoisted.kernel_mask(mask)
+    assert first.dtype == torch.uint8 and first.stride(1) % 16 == 0 and torch.equal(first.bool(), mask)
+    assert hoisted.kernel_mask(hoisted.mask_rope()[0]) is first
+    assert hoisted.kernel_mask(None) is None
+    per_step = SuffixContext(model, state, pad, None, None, hoist=False)
+    a, b = per_step.kernel_mask(per_step.mask_rope()[0]), per_step.kernel_mask(per_step.mask_rope()[0])
+    assert a is not b and torch.equal(a, b) and torch.equal(a.bool(), mask)

@@ -24,6 +24,7 @@ class SuffixContext:
     def __init__(self, model: Pi0Model, state: Tensor, prefix_pad: Tensor, cache, kv_buffers, hoist: bool):
         self.model, self.state, self.prefix_pad = model, state, prefix_pad
         self.cache, self.kv_buffers, self.hoist = cache, kv_buffers, hoist
+        self._kernel_mask = None
         cfg = model.config
         self.suffix_len = cfg.action_horizon + (0 if cfg.pi05 else 1)
         if hoist:
@@ -42,6 +43,21 @@ class SuffixContext:
 
     def mask_rope(self):
         return (self._mask, self._cos, self._sin) if self.hoist else self._build()
+
+    def kernel_mask(self, mask: Tensor | None) -> Tensor | None:
+        """This step's `mask` as the attention kernels read it: uint8 in rows padded to 16 bytes
+        (suffix_attention.aligned_mask), so Triton can prove the rows' loads aligned (libero-pi0's step
+        mask has 600 keys a row). Hoisted, it is made once a call with the mask itself; otherwise once a
+        step, as the mask is."""
+        if mask is None:
+            return None
+        from vlaperf.engine.kernels.suffix_attention import aligned_mask
+
+        if not self.hoist:
+            return aligned_mask(mask)
+        if self._kernel_mask is None:
+            self._kernel_mask = aligned_mask(self._mask)
+        return self._kernel_mask
 
     def _embed_state(self) -> Tensor:
         m = self.model
@@ -183,8 +199,8 @@ def denoise_step(
     mods = table_row.get("modulation") if table_row else None  # (depth*6 + 2, D) for pi0.5
     Ts = x.shape[1]
     Tp = ctx.prefix_pad.shape[1]  # this step's keys sit at [Tp, Tp + Ts) of a static cache (padding after)
-    # the attention kernel reads the mask as bytes: cast once per step, not inside each layer's op
-    kernel_mask = mask.to(torch.uint8) if (kernels or megakernel) and mask is not None and mask.dtype == torch.bool else mask
+    # the attention kernels read the mask as aligned bytes: cast once a call (or a step), not inside each layer's op
+    kernel_mask = ctx.kernel_mask(mask) if kernels or megakernel else mask
     batched = megakernel == "batched" and x.shape[0] > 1
     if megakernel and step_kernel_applies(ew, ctx, x, batched, table_row):
         from vlaperf.engine.kernels.ops import expert_step  # a custom op: compile sees through

@@ -145,10 +145,9 @@ def aligned_mask(mask: torch.Tensor) -> torch.Tensor:
     """The mask as uint8 with its rows 16-byte aligned: a (B, Tq, Tk) view of a buffer whose rows hold Tk rounded
     up to 16. Triton specializes an integer argument that is a multiple of 16 and only then proves the mask rows'
     loads aligned and vectorizes them; with 520 keys (two images and an 8-token prompt) the prefix's attention took
-    0.72 ms a call against 0.33 ms with 528 (perf-notes, session 30). The prefix's calls take it (measured); the
-    step's kernels still get rows of exactly Tk bytes: aligned inside the step kernel's op, the extra copy a step
-    cost more than the loads gained (0.997x), and aligned once a step where the step casts it, it is not yet
-    measured."""
+    0.72 ms a call against 0.33 ms with 528 (perf-notes, session 30). The prefix's attention aligns its mask here;
+    the step's is aligned once a call (loop.SuffixContext.kernel_mask): aligned inside the step kernel's op, the
+    copy at every step cost more than the loads gained (0.997x, session 30)."""
     B, Tq, Tk = mask.shape
     if mask.dtype == torch.uint8 and mask.stride(2) == 1 and mask.stride(1) % 16 == 0 and mask.stride(0) % 16 == 0:
         return mask

@@ -1,0 +1,21 @@
+#!/bin/bash
+# Session 31's device calls on nvidia-h200 (one GPU; lanes.sh, lane A only).
+#   PART=a   version 113, the step's kernel mask made once a call in 16-byte rows: the GPU tests of the step kernel
+#            and the masks, then change_ab for mask_align (libero-pi0; 8 valid prompt tokens, 520 prefix rows;
+#            libero-pi0-b4) and mask_once, and the kernel tables of prompt 40 against 48
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session31.sh
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
+case "${PART:-a}" in
+a)
+  lane A 0 30 <<EOT &
+120 python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/test_kernels.py tests/test_engine.py -k "megakernel or step_kernel or mask" 2>&1 | tail -4
+90 cd benchmarks && python3 change_ab.py --change mask_align --rounds 60 --json $R/change_ab_libero-pi0_mask_align_s31.json
+90 cd benchmarks && python3 change_ab.py --change mask_once --rounds 60 --json $R/change_ab_libero-pi0_mask_once.json
+90 cd benchmarks && python3 change_ab.py --change mask_align --valid 8 --rounds 40 --json $R/change_ab_libero-pi0_mask_align_valid8.json
+90 cd benchmarks && python3 prompt_len_probe.py --lengths 40,48 --rounds 20 --kernels $R/kernels_s31 --json $R/prompt_len_probe_libero-pi0_s31.json
+90 cd benchmarks && python3 change_ab.py --change mask_align --workload libero-pi0-b4 --rounds 40 --json $R/change_ab_libero-pi0-b4_mask_align.json
+EOT
+  ;;
+esac
+finish
