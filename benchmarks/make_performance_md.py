@@ -448,7 +448,7 @@ def ab_tables(results):
         else:
             continue
         lo, hi = r["speedup_p10_p90"]
-        rows.append(f"| {change} | {r['workload']['id']} | {(r['env'].get('git_commit') or '')[:7]} | {_ms(r['median_ms'][old])} | {_ms(r['median_ms'][new])} | "
+        rows.append(f"| {change} | {workload_label(r)} | {(r['env'].get('git_commit') or '')[:7]} | {_ms(r['median_ms'][old])} | {_ms(r['median_ms'][new])} | "
                     f"{r['speedup_median']:.3f}x | {lo:.3f}..{hi:.3f} | {_rel(eq)} | `{path.relative_to(ROOT)}` |")
     return rows + [""] if len(rows) > 2 else []
 

@@ -71,6 +71,9 @@ def main() -> None:
     lengths = [int(x) for x in args.lengths.split(",")]
     if min(lengths) < valid:
         raise SystemExit(f"--lengths: each must be >= the {valid} valid prompt tokens, got {lengths}")
+    slots = obs.tokens.shape[1]  # the prompt's padded length: a bucket past it is cut to it (pi0: 48)
+    if max(lengths) > slots:
+        raise SystemExit(f"--lengths: each must be <= the workload's {slots} prompt tokens, got {lengths}")
     reference = model.sample_actions(obs, noise, w.steps)
 
     def call(length: int):

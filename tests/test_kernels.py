@@ -15,7 +15,15 @@ import textwrap
 import pytest
 import torch
 
-pytest.importorskip("triton")
+triton = pytest.importorskip("triton")
+
+# What the step kernel's CPU checks need of Triton. Seen on the H200 machine (torch 2.11, Triton 3.6; session 31):
+# 3.6's interpreter cannot take a loop over a program's runtime bounds (`range(layer_lo, layer_hi)`: "only
+# 0-dimensional arrays can be converted to Python scalars"), and 3.6 compiles the default tiling with 4 bytes of
+# spills where the register budget was set under 3.9. The GPU tests check the real launches there.
+TRITON_VERSION = tuple(int(p) for p in triton.__version__.split(".")[:2])
+needs_triton_39 = pytest.mark.skipif(TRITON_VERSION < (3, 9), reason=f"the step kernel's CPU checks need Triton >= 3.9 "
+                                     f"(its interpreter and register budget), found {triton.__version__}")
 
 
 def run_in_interpreter(script: str, timeout: int) -> None:
@@ -762,6 +770,7 @@ STEP_KERNEL_SCRIPT = textwrap.dedent(
 )
 
 
+@needs_triton_39
 def test_step_kernel_matches_torch_layers_in_the_interpreter():
     """The `megakernel` step kernel, run as one launch per (layer, phase): the interpreter runs
     programs one after another, so the grid barriers of the GPU launch cannot run there. On
@@ -842,6 +851,7 @@ MEGAKERNEL_LEVER_SCRIPT = TINY_SETUP + textwrap.dedent(
 )
 
 
+@needs_triton_39
 def test_megakernel_lever_matches_reference_and_compiles_without_graph_breaks():
     run_in_interpreter(MEGAKERNEL_LEVER_SCRIPT, timeout=900)
 
@@ -911,6 +921,7 @@ def test_timeline_needs_a_persistent_cuda_launch():
         expert_step(*args, persistent=False, timeline=torch.zeros(L, 7, 4, 3, dtype=torch.int64))
 
 
+@needs_triton_39
 def test_step_kernel_compiles_for_hopper_with_its_inline_ptx():
     """The whole step kernel compiled for sm_90a and assembled by ptxas (Triton's bundled one)
     on this CPU machine: the inline PTX the GPU launch relies on (the one-thread barrier poll
@@ -1339,6 +1350,7 @@ RECORD_SCRIPT = textwrap.dedent(
 )
 
 
+@needs_triton_39
 def test_step_kernel_bench_records_what_the_engine_launches():
     """expert_step_bench.py --from-engine times the kernel on the arguments the engine passes it:
     one eager call of the workload is recorded step by step (run here on `tiny` in the interpreter)."""

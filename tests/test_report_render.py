@@ -605,3 +605,14 @@ def test_every_lever_has_a_short_name_so_long_variants_stay_distinct():
     best = ",".join(WAM_PRESETS["best"])
     assert short_variant(best) == ("host+keepidx+sparse+ctxkv+vidkv+sdpa+fuse+graph+c:default+groupmod+flashact")
     assert short_variant("host_schedule,cached_keep_index") != short_variant("host_schedule,cached_keep_index,sparse_sampler")
+
+
+def test_workload_label_names_the_overrides_and_one_value_for_equal_samples():
+    """A file's workload with what the run changed: per-sample prompt lengths as one number where every sample
+    has it (benchmarks' --valid), else each sample's."""
+    from vlaperf.report.render import workload_label
+
+    assert workload_label({"workload": {"id": "libero-pi0", "overrides": {}}}) == "libero-pi0"
+    assert workload_label({"workload": {"id": "libero-pi0", "overrides": {"prompt_valid": [8]}}}) == "libero-pi0 (prompt_valid 8)"
+    assert (workload_label({"workload": {"id": "libero-pi0-b4", "overrides": {"prompt_valid": [8, 8, 12, 8], "steps": 5}}})
+            == "libero-pi0-b4 (prompt_valid 8/8/12/8, steps 5)")

@@ -149,7 +149,13 @@ def workload_label(r: dict) -> str:
     """The workload's id and what the run changed of it, e.g. "libero-pi05 (horizon 50)"."""
     w = r.get("workload") or {}
     o = w.get("overrides") or {}
-    return str(w.get("id")) + (" (" + ", ".join(f"{k} {v}" for k, v in sorted(o.items())) + ")" if o else "")
+
+    def value(v):  # per-sample values (prompt_valid) as one number where every sample has it
+        if isinstance(v, (list, tuple)):
+            return str(v[0]) if v and all(x == v[0] for x in v) else "/".join(map(str, v))
+        return str(v)
+
+    return str(w.get("id")) + (" (" + ", ".join(f"{k} {value(v)}" for k, v in sorted(o.items())) + ")" if o else "")
 
 
 def _cell(x: Any) -> str:
