@@ -158,3 +158,15 @@ def test_count_syncs_with_the_cuda_counter_interface():
     assert rep["total"] == 10 and rep["per_call"] == 5
     (site,) = rep["sites"]
     assert site["function"] == "_synchronizing_op" and site["per_call"] == 5
+
+
+def test_the_profiling_guides_example_names_the_reference_loops_line():
+    """docs/profiling.md shows `vlaperf syncs`' output for the reference: the source line it names must be the line
+    of the reference's `while` in vlaperf/models/pi0.py (it drifted once as the file grew)."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    lines = (root / "vlaperf/models/pi0.py").read_text().splitlines()
+    loop = [i + 1 for i, text in enumerate(lines) if text.strip().startswith("while time >= -dt / 2:")]
+    assert len(loop) == 1, loop
+    assert f"vlaperf/models/pi0.py:{loop[0]}  Tensor.__bool__" in (root / "docs/profiling.md").read_text()
