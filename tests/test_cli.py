@@ -113,8 +113,15 @@ def test_bad_arguments_exit_2_with_message(args, message, capsys):
         (["matrix", "--workload", "wam-tiny", "--device", "cpu", "--variants", ";"], "--variants ';': no variant"),
         (["check", "--device", "cpu", "--levers", "for_loop,"], "empty lever name in 'for_loop,'"),
         (["check", "--device", "cpu", "--levers", ";;"], "--levers ';;': no variant to check"),
+        # an empty entry among named variants was dropped without a word (a comma list's empty lever name is refused)
+        (["matrix", "--device", "cpu", "--variants", "reference;;for_loop"], "argument --variants: empty variant in "
+         "'reference;;for_loop' (two ';' in a row, or one at an end)"),
+        (["check", "--device", "cpu", "--levers", ";for_loop"], "argument --levers: empty variant in ';for_loop'"),
+        (["scaling", "--device", "cpu", "--levers", "reference; ;best"], "argument --levers: empty variant in"),
         (["scaling", "--device", "cpu", "--steps", "1,100000000"], "expected at least two different step counts in 1..1000"),
         (["scaling", "--device", "cpu", "--steps", "1,,2"], "expected comma-separated integers"),
+        # loadgen's list took '1,,2' as 1,2 and went on to connect
+        (["loadgen", "--url", "ws://127.0.0.1:9", "--clients", "1,,2"], "argument --clients: expected comma-separated integers"),
         (["scaling", "--device", "cpu", "--plot", "."], "argument --plot: expected a file path, got the folder '.'"),
         (["breakdown", "--device", "cpu", "--trace", "."], "argument --trace: expected a file path, got the folder"),
         (["report", ".", "-o", "."], "argument -o/--output: expected a file path, got the folder '.'"),

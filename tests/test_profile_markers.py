@@ -203,3 +203,19 @@ def test_record_function_ranges_appear_in_profiler():
                 torch.ones(4).sum()
     names = {e.name for e in prof.events()}
     assert {"stage_alpha", "stage_beta"} <= names
+
+
+def test_profiler_notices_are_dropped_and_other_stderr_kept(capfd):
+    """kineto's own start/stop notices on file descriptor 2 are left out of a traced command's output; whatever
+    else the block writes there (a warning of the traced call) comes through, in order."""
+    import os
+
+    from vlaperf.profile.trace import without_profiler_log_lines
+
+    with without_profiler_log_lines():
+        os.write(2, b"USDT:2026-12-03 13:51:02 10679:10679 SyncActivityProfilerHandler.cpp:52] profiler_start\n")
+        os.write(2, b"a warning of the call\n")
+        os.write(2, b"STAGE:2023-02-21 15:15:48 101902:101902 ActivityProfilerController.cpp:294] Completed Stage: Warm Up\n")
+        os.write(2, b"USDT is mentioned here but not as kineto's prefix\n")
+    err = capfd.readouterr().err
+    assert err == "a warning of the call\nUSDT is mentioned here but not as kineto's prefix\n"

@@ -616,3 +616,12 @@ def test_workload_label_names_the_overrides_and_one_value_for_equal_samples():
     assert workload_label({"workload": {"id": "libero-pi0", "overrides": {"prompt_valid": [8]}}}) == "libero-pi0 (prompt_valid 8)"
     assert (workload_label({"workload": {"id": "libero-pi0-b4", "overrides": {"prompt_valid": [8, 8, 12, 8], "steps": 5}}})
             == "libero-pi0-b4 (prompt_valid 8/8/12/8, steps 5)")
+
+
+def test_cells_keep_absurd_finite_values_short():
+    """A value far outside any timing's range (an edited file: 1e300 passes the finite check) is rendered in a few
+    characters, not as a 300-digit number; ordinary values keep their fixed decimals."""
+    from vlaperf.report.render import _cell
+
+    assert _cell(1e300) == "1e+300" and _cell(-2.5e7) == "-2.5e+07" and _cell(float("inf")) == "inf"
+    assert _cell(263.987) == "264.0" and _cell(12.8046) == "12.805" and _cell(0.00641) == "0.00641"

@@ -190,10 +190,22 @@ def wide_console(min_width: int = 120):
 
 
 def levers_arg(text: str) -> str:
-    """--levers: anything but an empty string, which (an unset shell variable) would run the reference silently."""
+    """--levers: anything but an empty string, which (an unset shell variable) would run the reference silently,
+    and no empty entry in a ';' list of variants (matrix, check, scaling), refused as an empty lever name in a
+    comma list is (levers.parse)."""
     if not text.strip():
         raise argparse.ArgumentTypeError("expected 'reference', a preset or a comma list of levers, got an empty string "
                                          "(an unset shell variable?)")
+    return variants_arg(text)
+
+
+def variants_arg(text: str) -> str:
+    """A ';' list of variants with an empty entry among named ones ('graph;;best', 'best;') is refused, as an
+    empty lever name in a comma list is; a list with no variant at all gets the command's own 'no variant' error."""
+    items = [item.strip() for item in text.split(";")]
+    if len(items) > 1 and any(items) and not all(items):
+        raise argparse.ArgumentTypeError(f"empty variant in {text!r} (two ';' in a row, or one at an end); expected "
+                                         "';'-separated variants such as 'graph;best'")
     return text
 
 
@@ -663,7 +675,7 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("matrix", help="optimization matrix: variants interleaved in one process")
     add_common(p, levers_default=None, levers_help="the same as --variants (the name bench and check use)")
-    p.add_argument("--variants", default=None,
+    p.add_argument("--variants", type=variants_arg, default=None,
                    help="'cumulative' (the default), 'grid', or variants separated by ';', e.g. 'graph;best'")
     p.add_argument("--mode", choices=("model", "forward"), default=None,
                    help="world-action workloads: time one generate call (model, the default) or one forward")

@@ -12,7 +12,12 @@ https://ui.perfetto.dev (works offline once loaded) or chrome://tracing.
 
 from __future__ import annotations
 
+import contextlib
 import json
+import os
+import re
+import sys
+import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
@@ -32,7 +37,8 @@ def trace(fn: Callable[[], Any], path: str | Path, *, device: torch.device | str
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
         torch.cuda.synchronize(device)
-    with profile(activities=activities, record_shapes=record_shapes, with_stack=with_stack) as prof:
+    with without_profiler_log_lines(), profile(activities=activities, record_shapes=record_shapes,
+                                                with_stack=with_stack) as prof:
         for i in range(calls):
             with record_function(f"policy_call_{i}"):
                 fn()
@@ -54,3 +60,31 @@ def trace(fn: Callable[[], Any], path: str | Path, *, device: torch.device | str
     except (OSError, ValueError):
         pass
     return {"path": str(path), "events": events, "stages": stages}
+
+
+# What kineto writes to stderr itself at the profiler's start and stop (torch 2.13: "USDT:<date> <time>
+# <pid>:<tid> SyncActivityProfilerHandler.cpp:52] profiler_start"; older versions "STAGE:... Completed Stage"):
+# notices for its own tracing hooks, in the middle of the command's output, that no environment variable turns off.
+_KINETO_LINE = re.compile(r"^(USDT|STAGE):\d{4}-\d\d-\d\d \S+ \d+:\d+ \w+\.cpp:\d+\] ")
+
+
+@contextlib.contextmanager
+def without_profiler_log_lines():
+    """Inside the block, what goes to file descriptor 2 is held in a temporary file; afterwards every line of it
+    but kineto's own notices goes back to descriptor 2 as it came (warnings of the traced call included)."""
+    fd = 2
+    with tempfile.TemporaryFile() as held:
+        sys.stderr.flush()
+        saved = os.dup(fd)
+        os.dup2(held.fileno(), fd)
+        try:
+            yield
+        finally:
+            sys.stderr.flush()
+            os.dup2(saved, fd)
+            os.close(saved)
+            held.seek(0)
+            kept = [line for line in held.read().splitlines(keepends=True)
+                    if not _KINETO_LINE.match(line.decode(errors="replace"))]
+            if kept:
+                os.write(fd, b"".join(kept))

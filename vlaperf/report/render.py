@@ -169,6 +169,8 @@ def _cell(x: Any) -> str:
         if x == 0:
             return "0"
         a = abs(x)
+        if a >= 1e6 or math.isinf(x):  # out of any timing's range (a file someone edited): short, not 300 digits
+            return f"{x:.4g}"
         if a >= 100:
             return f"{x:.1f}"
         if a >= 1:

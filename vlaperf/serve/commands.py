@@ -55,10 +55,10 @@ _image_side = number_arg(int, 4, maximum=4096)
 
 
 def _int_list(text: str) -> list[int]:
-    try:
-        values = [int(s) for s in text.split(",") if s.strip()]
+    try:  # an empty entry ('1,,4', '4,') is refused as scaling's --steps refuses it
+        values = [int(s) for s in text.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"expected comma-separated integers, got {text!r}") from None
+        raise argparse.ArgumentTypeError(f"expected comma-separated integers, e.g. 1,4,8; got {text!r}") from None
     if not values or any(v < 1 for v in values):
         raise argparse.ArgumentTypeError(f"expected comma-separated integers >= 1, got {text!r}")
     return values
