@@ -137,6 +137,9 @@ def cmd_breakdown(args) -> int:
         info = trace(one, args.trace, device=device, warmup=1, calls=1)
         print(f"wrote trace {info['path']} ({info['events']} events; stages: {', '.join(info['stages'])}); "
               "open it in https://ui.perfetto.dev or chrome://tracing")
+        if getattr(getattr(levers, "levers", None), "cuda_graph", False):  # a replay: no host code between stages
+            print("note: the call is one CUDA graph replay: the trace shows its kernels, and the stages inside it are "
+                  "not named there (the table above has their times)")
         result["breakdown"]["trace"] = info["path"]
     _write(result, args.json)
     return 0

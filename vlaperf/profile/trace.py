@@ -13,6 +13,7 @@ https://ui.perfetto.dev (works offline once loaded) or chrome://tracing.
 from __future__ import annotations
 
 import contextlib
+import inspect
 import json
 import os
 import re
@@ -37,8 +38,10 @@ def trace(fn: Callable[[], Any], path: str | Path, *, device: torch.device | str
     if device.type == "cuda":
         activities.append(ProfilerActivity.CUDA)
         torch.cuda.synchronize(device)
+    # acc_events: one cycle either way; without it torch 2.11 warns at the start that events are cleared each cycle
+    extra = {"acc_events": True} if "acc_events" in inspect.signature(profile.__init__).parameters else {}
     with without_profiler_log_lines(), profile(activities=activities, record_shapes=record_shapes,
-                                                with_stack=with_stack) as prof:
+                                                with_stack=with_stack, **extra) as prof:
         for i in range(calls):
             with record_function(f"policy_call_{i}"):
                 fn()
