@@ -155,6 +155,8 @@ BAD_INPUTS = {
     "wrong channels": (packb(_example(observation__wrist_image=np.zeros((224, 224, 4), np.uint8))), "InputError",
                        "observation/wrist_image: expected 3 colour channels"),
     "wrong image size": (packb(_example(observation__image=np.zeros((2, 2, 3), np.uint8))), "InputError", "out of range"),
+    "ragged image lists": (packb(_example(observation__image=[[1], [1, 2]])), "InputError",
+                           "observation/image: expected a 3-d image array (H, W, 3)"),
     "NaN state": (packb(_example(observation__state=np.array([np.nan] + [0.0] * 7, np.float32))), "InputError",
                   "state holds NaN or inf"),
     "state beyond float32": (packb(_example(observation__state=np.full(8, 1e39, np.float64))), "InputError",
@@ -771,3 +773,116 @@ def test_a_request_above_the_servers_message_limit_is_refused_before_the_run():
                                            r"limit \(its --max-message-mb\); .*the model's own: 224"):
         check_request_size(meta, big, 512)
     check_request_size({}, big, 512)  # an older server's metadata without the limit: nothing to check against
+
+
+class _Gated:
+    """A policy whose calls wait for `gate` (the GPU busy with someone else's batch); NaN actions for an
+    observation whose prompt is "overflow", as a model's arithmetic can overflow on finite input."""
+
+    def __init__(self, workload):
+        self.workload, self.gate, self.calls = workload, threading.Event(), []
+
+    def infer(self, examples):
+        from vlaperf.policy import finite_actions
+
+        self.calls.append(len(examples))
+        assert self.gate.wait(30)
+        actions = np.zeros((len(examples), self.workload.horizon, self.workload.robot_action_dim), np.float32)
+        for i, ex in enumerate(examples):
+            actions[i] = np.nan if ex.get("prompt") == "overflow" else i
+        return {"actions": finite_actions(actions, {"infer_ms": 1.0}), "policy_timing": {"infer_ms": 1.0}}
+
+
+def _wait_for(condition, timeout_s=10.0):
+    end = time.perf_counter() + timeout_s
+    while not condition():
+        assert time.perf_counter() < end, "timed out"
+        time.sleep(0.01)
+
+
+def test_a_closed_connections_queued_observations_are_dropped():
+    """A client that sends a list and goes away used to leave its observations queued and run for nobody (150 such
+    clients queued 8,100 observations and 3 GB); the queue now forgets them when the connection closes."""
+    policy = _Gated(TINY)
+    s = PolicyServer(policy, port=0, max_batch=1, max_wait_ms=0.0, warmup_batch_sizes=()).start()
+    try:
+        with raw_connection(s) as busy:
+            busy.send(packb(make_example(TINY, seed=0)))
+            _wait_for(lambda: policy.calls == [1])  # the inference thread is inside the first call
+            gone = raw_connection(s)
+            gone.send(packb([make_example(TINY, seed=i) for i in range(5)]))
+            _wait_for(lambda: len(s._pending) == 5)
+            gone.close()
+            _wait_for(lambda: s.stats["dropped_observations"] == 5)
+            assert not s._pending
+            policy.gate.set()
+            assert_result(unpackb(busy.recv(timeout=10)))
+        time.sleep(0.1)
+        assert policy.calls == [1]  # the five were never run
+    finally:
+        policy.gate.set()
+        s.stop()
+
+
+def test_a_request_past_the_queue_limit_is_told_to_retry():
+    """At most `max_queued` observations wait at once; a request that would queue more gets an Overloaded error
+    frame at once (its request_id echoed), and the queued ones are still answered."""
+    policy = _Gated(TINY)
+    s = PolicyServer(policy, port=0, max_batch=1, max_wait_ms=0.0, max_list_items=2, max_queued=2,
+                     warmup_batch_sizes=()).start()
+    try:
+        with raw_connection(s) as first, raw_connection(s) as second, raw_connection(s) as third:
+            first.send(packb(make_example(TINY, seed=0)))
+            _wait_for(lambda: policy.calls == [1])
+            second.send(packb([make_example(TINY, seed=1), make_example(TINY, seed=2)]))
+            _wait_for(lambda: len(s._pending) == 2)
+            body = parse_error_frame(roundtrip(third, packb(dict(make_example(TINY, seed=3), request_id="late"))))
+            assert body["error"] == "Overloaded" and body["request_id"] == "late"
+            assert "2 observations are queued and this request adds 1, over the server's limit of 2" in body["message"]
+            policy.gate.set()
+            assert_result(unpackb(first.recv(timeout=10)))
+            assert len(unpackb(second.recv(timeout=10))) == 2
+            assert_result(unpackb(roundtrip(third, packb(make_example(TINY, seed=3)))))  # room again
+    finally:
+        policy.gate.set()
+        s.stop()
+    with pytest.raises(ValueError, match="max_queued must be an integer >= max_list_items"):
+        PolicyServer(policy, port=0, max_list_items=64, max_queued=8)
+
+
+def test_non_finite_actions_refuse_only_their_observation():
+    """Finite input can still overflow the model; only the observation whose actions hold NaN or inf is refused (an
+    InputError: the others of its batch came out finite), the others get their actions, and nothing is re-run. A
+    batch whose every observation overflows gets InternalError frames (the model may be at fault)."""
+    policy = _Gated(TINY)
+    policy.gate.set()
+    s = PolicyServer(policy, port=0, max_batch=3, max_wait_ms=2000.0, warmup_batch_sizes=()).start()
+    try:
+        frames = [[packb(dict(make_example(TINY, seed=i), request_id=str(i)))] for i in range(2)]
+        frames.append([packb(dict(make_example(TINY, seed=2), prompt="overflow", request_id="bad"))])
+        replies = _concurrent(s, frames)
+        assert policy.calls == [3]  # one batch, no one-by-one re-run
+        for (frame,) in replies[:2]:
+            assert_result(unpackb(frame))
+        body = parse_error_frame(replies[2][0])
+        assert body["error"] == "InputError" and body["request_id"] == "bad"
+        assert "NonFiniteActions: the actions hold NaN or inf" in body["message"]
+        assert "the other 2 observations of its batch of 3 came out finite" in body["message"]
+        with raw_connection(s) as ws:
+            reply = roundtrip(ws, packb([dict(make_example(TINY, seed=0), prompt="overflow")] * 2))
+        body = parse_error_frame(reply)
+        assert body["error"] == "InternalError" and "NonFiniteActions" in body["message"] and body["index"] == 0
+    finally:
+        s.stop()
+
+
+def test_a_refused_array_error_names_its_key_and_echoes_the_request_id(server):
+    bad = {b"__ndarray__": True, b"data": b"\x00" * 4, b"dtype": "<f16", b"shape": [1]}
+    frame = msgpack.packb(dict(make_example(TINY, seed=0), **{"observation/image": bad, "request_id": "r9"}),
+                          use_bin_type=True, default=lambda a: {b"__ndarray__": True, b"data": a.tobytes(),
+                                                                b"dtype": a.dtype.str, b"shape": list(a.shape)})
+    with raw_connection(server) as ws:
+        body = parse_error_frame(roundtrip(ws, frame))
+        assert body["error"] == "ProtocolError" and body["request_id"] == "r9"
+        assert body["message"].startswith("observation/image: unsupported array dtype '<f16'")
+        assert_result(unpackb(roundtrip(ws, packb(make_example(TINY, seed=0)))))

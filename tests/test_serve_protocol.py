@@ -163,3 +163,32 @@ def test_error_frame_round_trip():
     assert body == {"error": "InputError", "message": "observation is missing key 'prompt'", "request_id": "r1", "index": 2}
     assert parse_error_frame("Traceback (most recent call last): ...") == {
         "error": "ServerError", "message": "Traceback (most recent call last): ..."}
+
+
+def test_a_refused_array_is_named_by_its_key_with_the_request_id():
+    """The msgpack hook sees an array's map, not where it sits: the error names the key it was found under (one
+    level of nesting too, as ALOHA's images/cam_high), and keeps the observation's request_id and list index."""
+    bad = {b"__ndarray__": True, b"data": b"\x00" * 4, b"dtype": "<f16", b"shape": [1]}
+    with pytest.raises(ProtocolError, match=r"^observation/image: unsupported array dtype '<f16'") as e:
+        unpackb(msgpack.packb({"observation/image": bad, "request_id": "r9"}, use_bin_type=True))
+    assert (e.value.request_id, e.value.index) == ("r9", None)
+    message = [{"prompt": "a"}, {"images": {"cam_high": {**bad, b"dtype": "<f4", b"data": b"\x00" * 3}}, "request_id": 7}]
+    with pytest.raises(ProtocolError, match=r"^\[1\] images/cam_high: array of shape \(1,\) and dtype <f4 needs 4") as e:
+        unpackb(msgpack.packb(message, use_bin_type=True))
+    assert (e.value.request_id, e.value.index) == (7, 1)
+    with pytest.raises(ProtocolError) as e:  # an id the server would refuse is not echoed
+        unpackb(msgpack.packb({"x": bad, "request_id": ["no"]}, use_bin_type=True))
+    assert e.value.request_id is None and str(e.value).startswith("x: ")
+
+
+def test_containers_past_their_limits_are_refused_at_the_header():
+    """A frame of 16 million empty lists (16 MB) used to be decoded, seconds of CPU, before the server counted the
+    list; each container's length is now checked by msgpack at its header."""
+    from vlaperf.serve.protocol import MAX_LIST_LEN, MAX_MAP_LEN
+
+    huge = b"\xdd" + (16_000_000).to_bytes(4, "big") + b"\x90" * 1000
+    with pytest.raises(ProtocolError, match="a msgpack list of 16000000 items exceeds the limit of 4096"):
+        unpackb(huge)
+    with pytest.raises(ProtocolError, match=f"a msgpack map of {MAX_MAP_LEN + 1} keys exceeds the limit"):
+        unpackb(msgpack.packb({str(i): 0 for i in range(MAX_MAP_LEN + 1)}))
+    assert len(unpackb(msgpack.packb([[]] * MAX_LIST_LEN))) == MAX_LIST_LEN  # at the limit: decoded

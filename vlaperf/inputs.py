@@ -293,8 +293,11 @@ def _image(value: Any, key: str, channels_first: bool) -> np.ndarray:
     """One camera image as (H, W, 3) uint8 (a view where it can be). Either layout is taken, (H, W, 3) or
     (3, H, W), whichever has the 3 colour channels, as openpi's image parsing does; `channels_first`
     (ALOHA's layout) only decides which one names the error. Float pixels must be in [0, 1]."""
-    arr = np.asarray(value)
     layout = "3, H, W" if channels_first else "H, W, 3"
+    try:
+        arr = np.asarray(value)
+    except ValueError as e:  # a ragged nested list
+        raise InputError(f"{key}: expected a 3-d image array ({layout}) ({e})") from None
     if arr.dtype == object:
         raise InputError(f"{key}: expected a uint8 or float image array, got an object array")
     if arr.ndim != 3:

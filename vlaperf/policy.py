@@ -18,14 +18,22 @@ from vlaperf.workloads import Workload
 
 
 class NonFiniteActions(RuntimeError):
-    """The policy computed NaN or inf actions: never handed to a robot."""
+    """The policy computed NaN or inf actions: never handed to a robot. `rows`: the batch rows at fault;
+    `actions` and `timing`: the whole batch's, so that a server can still answer the finite rows."""
+
+    def __init__(self, message: str, rows: list[int] | None = None, actions: np.ndarray | None = None,
+                 timing: dict | None = None):
+        super().__init__(message)
+        self.rows, self.actions, self.timing = rows, actions, timing
 
 
-def finite_actions(actions: np.ndarray) -> np.ndarray:
-    if not np.isfinite(actions).all():
+def finite_actions(actions: np.ndarray, timing: dict | None = None) -> np.ndarray:
+    """`actions` (B, ...) as they are, or NonFiniteActions naming the rows that hold NaN or inf."""
+    finite_rows = np.isfinite(actions.reshape(actions.shape[0], -1)).all(axis=1)
+    if not finite_rows.all():
         raise NonFiniteActions("the actions hold NaN or inf, so they are not returned: check the observation's values "
                                "(e.g. a state far outside the robot's range); if every observation does this, the "
-                               "model's weights are at fault")
+                               "model's weights are at fault", np.flatnonzero(~finite_rows).tolist(), actions, timing)
     return actions
 
 
@@ -127,9 +135,9 @@ class Policy:
             out = self.conventions.actions_to_robot(out, np.stack(host.model_states))
         if self.verify is not None:
             self.verify()  # a kernel fault first: it names the cause of what the next check would see
-        finite_actions(out)
         t2 = time.perf_counter()
         timing = {"transform_ms": (t1 - t0) * 1e3, "sample_and_copy_ms": (t2 - t1) * 1e3, "infer_ms": (t2 - t0) * 1e3}
+        finite_actions(out, timing)
         if isinstance(example, dict):
             out = out[0]
         return {"actions": out, "policy_timing": timing}
@@ -192,7 +200,10 @@ class WamTransform:
 
         if key not in example:
             raise InputError(f"{key}: missing; a world-action observation has {', '.join(WAM_KEYS)}")
-        a = np.asarray(example[key])
+        try:
+            a = np.asarray(example[key])
+        except ValueError as e:  # a ragged nested list
+            raise InputError(f"{key}: expected a numeric array of shape {shape} ({e})") from None
         if a.dtype.kind not in "fiu":
             raise InputError(f"{key}: expected numbers, got dtype {a.dtype}")
         if a.shape != shape:
@@ -216,6 +227,8 @@ class WamTransform:
         from vlaperf.inputs import MAX_PROMPT_CHARS
 
         prompt = example.get("prompt")
+        if "prompt" not in example:
+            raise InputError(f"prompt: missing; a world-action observation has {', '.join(WAM_KEYS)}")
         if not isinstance(prompt, str):
             raise InputError(f"prompt: expected a string (the task instruction), got {type(prompt).__name__}")
         if not prompt.strip():  # unlike the pi0 family's "", the text encoder's embedding of nothing is no condition
@@ -272,9 +285,10 @@ class WamPolicy:
         noise = self._noise(len(examples))
         t1 = time.perf_counter()
         actions, _ = self.sample(obs, noise, **w.sampling())
-        out = finite_actions(actions.cpu().numpy().astype(np.float32))
+        out = actions.cpu().numpy().astype(np.float32)
         t2 = time.perf_counter()
         timing = {"transform_ms": (t1 - t0) * 1e3, "sample_and_copy_ms": (t2 - t1) * 1e3, "infer_ms": (t2 - t0) * 1e3}
+        finite_actions(out, timing)
         return {"actions": out[0] if isinstance(example, dict) else out, "policy_timing": timing}
 
     def warmup_examples(self, batch: int) -> list[dict[str, Any]]:

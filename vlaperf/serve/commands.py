@@ -54,6 +54,18 @@ def _check_port_free(host: str, port: int) -> None:
 _image_side = number_arg(int, 4, maximum=4096)
 
 
+def _queue_size(text: str) -> int:
+    """--max-queue: at least one list request of PolicyServer's max_list_items (64) observations."""
+    try:
+        value = int(text)
+    except ValueError:
+        value = None
+    if value is None or value < 64:
+        raise argparse.ArgumentTypeError(f"expected an integer >= 64 (one list request holds up to 64 observations), "
+                                         f"got {text!r}")
+    return value
+
+
 def _int_list(text: str) -> list[int]:
     try:  # an empty entry ('1,,4', '4,') is refused as scaling's --steps refuses it
         values = [int(s) for s in text.split(",")]
@@ -83,6 +95,9 @@ def register(subparsers) -> None:
     p.add_argument("--max-wait-ms", type=_non_negative_float, default=5.0,
                    help="longest a request waits for others to batch with (0 = never wait)")
     p.add_argument("--max-message-mb", type=_positive_float, default=16.0, help="largest accepted message (MiB)")
+    p.add_argument("--max-queue", type=_queue_size, default=256,
+                   help="observations that may wait for the model at once, from all clients; a request past it gets "
+                        "an Overloaded error frame (default: 256, at least the 64 of one list request)")
     p.add_argument("--warmup-batches", default="1,max",
                    help="batch sizes to warm up before listening: comma list, 'max' = --max-batch, 'all' = 1..max")
     p.add_argument("--device", type=device_arg, default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
@@ -277,7 +292,7 @@ def cmd_serve(args) -> int:
     try:
         server = PolicyServer(policy, host=args.host, port=args.port, api_key=api_key, max_batch=args.max_batch,
                               max_wait_ms=args.max_wait_ms, max_message_bytes=int(args.max_message_mb * 2**20),
-                              warmup_batch_sizes=warmup, allow_unauthenticated_remote=args.allow_unauthenticated,
+                              max_queued=args.max_queue, warmup_batch_sizes=warmup, allow_unauthenticated_remote=args.allow_unauthenticated,
                               on_ready=lambda s: print_serve(s, console))
     except ValueError as e:
         raise CliError(str(e)) from None
@@ -442,7 +457,7 @@ def print_serve(server, console=None) -> None:
         *([("sampler", ", ".join(f"{k} {v}" for k, v in m["sampler"].items()))] if "sampler" in m else []),
         ("levers", ",".join(m.get("levers") or []) or "reference"),
         ("batching", f"up to {server.max_batch} per call, wait <= {server.max_wait_ms:g} ms"),
-        ("max message", f"{server.max_message_bytes / 2**20:g} MiB"),
+        ("max message", f"{server.max_message_bytes / 2**20:g} MiB; queue up to {server.max_queued} observations"),
         ("warm-up", f"batch sizes {list(server.warmup_batch_sizes)} in {m.get('warmup_s', 0):.2f} s"
          if m.get("backend") != "ray-serve" else f"in each of {m.get('replicas')} Ray Serve replicas: batch sizes "
          f"{m.get('replica_warmup_batch_sizes')} in {m.get('warmup_s', 0):.2f} s (slowest)"),

@@ -22,8 +22,13 @@ Decoding is strict, because the bytes come from the network:
   unpickled, imported or evaluated: a dtype string is matched against a whitelist before
   numpy sees it.
 - An array's byte count must equal prod(shape) * itemsize exactly; at most 32 dimensions.
-- msgpack extension types are refused; map keys must be str or bytes; nesting is bounded by
-  msgpack itself (StackError); the whole message is bounded by `max_bytes`.
+- msgpack extension types are refused (msgpack's own timestamp, type -1, decodes to a Timestamp value, which every
+  field refuses as of the wrong type); map keys must be str or bytes; nesting is bounded by msgpack itself
+  (StackError); the whole message is bounded by `max_bytes`, and each container before it is read: a list at most
+  MAX_LIST_LEN items, a map MAX_MAP_LEN keys, a string MAX_STR_BYTES bytes (a frame of 16 million empty lists is
+  refused at its first header, not decoded for seconds first).
+- A refused array is named by where it is: "observation/image: unsupported array dtype ..." (a key of the message's
+  map, or of a map inside it), with the observation's `request_id` kept for the error frame.
 - Decoded arrays are writable copies in native byte order (the message buffer is not kept).
 
 `ProtocolError` is the one exception a caller has to handle for untrusted input.
@@ -44,6 +49,19 @@ NDARRAY, NPGENERIC, DATA, DTYPE, SHAPE = b"__ndarray__", b"__npgeneric__", b"dat
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 2**20
 MAX_NDIM = 32
+# Per-container limits of a decoded message, checked by msgpack at each header. An observation has a few keys and
+# arrays as bytes; lists are short (a batch of at most 64 observations, a state, an image given as nested lists of
+# at most 4096 pixels a side).
+MAX_LIST_LEN, MAX_MAP_LEN, MAX_STR_BYTES = 4096, 1024, 2**20
+
+# The optional key of an observation that the server echoes in its reply or error frame.
+REQUEST_ID_KEY = "request_id"
+MAX_REQUEST_ID_CHARS = 256
+
+
+def valid_request_id(value: Any) -> bool:
+    """A request id is a string of at most MAX_REQUEST_ID_CHARS characters or an integer."""
+    return isinstance(value, str) and len(value) <= MAX_REQUEST_ID_CHARS or type(value) is int
 
 # byte order (optional) + kind + item size. b = bool, i = signed int, u = unsigned, f = float.
 _DTYPE_RE = re.compile(r"^[<>=|]?(b1|i1|i2|i4|i8|u1|u2|u4|u8|f2|f4|f8)$")
@@ -51,7 +69,12 @@ _ALLOWED_KINDS = "biuf"
 
 
 class ProtocolError(ValueError):
-    """A message that is not valid vlaperf/openpi msgpack, or holds a refused type."""
+    """A message that is not valid vlaperf/openpi msgpack, or holds a refused type. `request_id` / `index`: the
+    observation it was found in (its id, where it had a valid one; its place in a list), for the error frame."""
+
+    def __init__(self, message: str, request_id: Any = None, index: int | None = None):
+        super().__init__(message)
+        self.request_id, self.index = request_id, index
 
 
 # --------------------------------------------------------------------------- encode
@@ -154,21 +177,66 @@ def _refuse_ext(code: int, data: bytes) -> Any:
     raise ProtocolError(f"msgpack extension type {code} is not accepted")
 
 
+_LIMIT_RE = re.compile(r"^(\d+) exceeds max_(array|map|str|bin|ext)_len\((\d+)\)")
+_LIMIT_NAMES = {"array": ("list", "items"), "map": ("map", "keys"), "str": ("string", "bytes"),
+                "bin": ("binary", "bytes"), "ext": ("extension", "bytes")}
+
+
+class _RefusedArray:
+    """Stands in, during decoding, for an array or scalar map that was refused: the error is raised once the
+    message is decoded, naming the key it sat under (msgpack's hook sees a map, never where it is)."""
+
+    def __init__(self, reason: str):
+        self.reason = reason
+
+
+def _where_refused(payload: Any, first: _RefusedArray) -> ProtocolError:
+    """The ProtocolError for a message holding a refused array: "<key>: <reason>" for one at a key of the message
+    (or of one observation in a list, "[i] <key>"), or of a map one level further in ("images/cam_high")."""
+    observations = [(None, payload)] if isinstance(payload, dict) else list(enumerate(payload)) if isinstance(payload, list) else []
+    for index, obs in observations:
+        if not isinstance(obs, dict):
+            continue
+        rid = obs.get(REQUEST_ID_KEY)
+        rid = rid if valid_request_id(rid) else None
+        for key, value in obs.items():
+            inner = value.items() if isinstance(value, dict) else ()
+            for path, found in [(str(key), value), *((f"{key}/{k}", v) for k, v in inner)]:
+                if isinstance(found, _RefusedArray):
+                    where = f"[{index}] " if index is not None else ""
+                    return ProtocolError(f"{where}{path}: {found.reason}", rid, index)
+    return ProtocolError(first.reason)  # deeper than that: the reason alone
+
+
 def unpackb(data: bytes | bytearray | memoryview, max_bytes: int | None = DEFAULT_MAX_MESSAGE_BYTES) -> Any:
     """Decode one message. Raises ProtocolError (only) for anything malformed or refused."""
     if not isinstance(data, (bytes, bytearray, memoryview)):
         raise ProtocolError(f"expected a binary message, got {type(data).__name__}")
     if max_bytes is not None and len(data) > max_bytes:
         raise ProtocolError(f"message of {len(data)} bytes exceeds the limit of {max_bytes} bytes")
+    refused: list[_RefusedArray] = []
+
+    def object_hook(obj: dict) -> Any:
+        try:
+            return _object_hook(obj)
+        except ProtocolError as e:
+            refused.append(_RefusedArray(str(e)))
+            return refused[-1]
+
     try:
-        return msgpack.unpackb(
+        payload = msgpack.unpackb(
             data,
-            object_hook=_object_hook,
+            object_hook=object_hook,
             ext_hook=_refuse_ext,
             raw=False,
             strict_map_key=True,
             use_list=True,
             timestamp=0,
+            max_str_len=MAX_STR_BYTES,
+            max_bin_len=max_bytes if max_bytes is not None else len(data),
+            max_array_len=MAX_LIST_LEN,
+            max_map_len=MAX_MAP_LEN,
+            max_ext_len=len(data),
         )
     except ProtocolError:
         raise
@@ -179,9 +247,16 @@ def unpackb(data: bytes | bytearray | memoryview, max_bytes: int | None = DEFAUL
     except (ValueError, TypeError, KeyError, OverflowError, MemoryError, UnicodeDecodeError) as e:
         # msgpack.FormatError / OutOfData are ValueError subclasses.
         reason = str(e) or type(e).__name__
+        over = _LIMIT_RE.match(reason)
+        if over:  # one of the container limits above, said in the message's terms
+            kind, unit = _LIMIT_NAMES[over.group(2)]
+            raise ProtocolError(f"a msgpack {kind} of {over.group(1)} {unit} exceeds the limit of {over.group(3)}") from None
         raise ProtocolError(f"not a valid msgpack message: {reason}") from None
     except Exception as e:  # anything else msgpack may raise on garbage
         raise ProtocolError(f"not a valid msgpack message: {type(e).__name__}: {e}") from None
+    if refused:
+        raise _where_refused(payload, refused[0])
+    return payload
 
 
 # ----------------------------------------------------------------------- error frames

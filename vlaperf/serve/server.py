@@ -27,7 +27,10 @@ Threads and queues:
   no `concurrency`: one thread, as above.
 - Each observation is validated on its own before it is queued, so a bad one never reaches a
   batch. Should a batched call still fail (something the validation missed), the batch is
-  re-run one observation at a time so that only the culprit gets the error.
+  re-run one observation at a time so that only the culprit gets the error; NaN or inf actions
+  are refused row by row (the finite rows answered, nothing re-run).
+- The queue holds at most `max_queued` observations (a request past it: an Overloaded frame),
+  and a connection that closes takes its queued observations with it.
 
 Replies: a binary msgpack frame with the result dict (a list of them for a list request), or
 a text frame with a JSON error (`protocol.error_frame`); see docs/serving.md.
@@ -57,12 +60,11 @@ import numpy as np
 from vlaperf import __version__
 from vlaperf.inputs import InputError, make_example, warmup_prompts
 from vlaperf.policy import NonFiniteActions
-from vlaperf.serve.protocol import DEFAULT_MAX_MESSAGE_BYTES, ProtocolError, error_frame, packb, unpackb
+from vlaperf.serve.protocol import (DEFAULT_MAX_MESSAGE_BYTES, MAX_REQUEST_ID_CHARS, REQUEST_ID_KEY, ProtocolError,
+                                    error_frame, packb, unpackb, valid_request_id)
 
 log = logging.getLogger("vlaperf.serve")
-
-REQUEST_ID_KEY = "request_id"
-MAX_REQUEST_ID_CHARS = 256
+LOGGED_ERRORS_PER_CONNECTION = 5
 HEALTH_PATH = "/healthz"
 
 try:  # websockets >= 13: the new asyncio implementation
@@ -135,6 +137,7 @@ class PolicyServer:
         max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES,
         *,
         max_list_items: int = 64,
+        max_queued: int = 256,
         warmup_batch_sizes: tuple[int, ...] | list[int] | None = None,
         metadata: dict | None = None,
         allow_unauthenticated_remote: bool = False,
@@ -149,6 +152,11 @@ class PolicyServer:
         so the policy's GPU state is created by the thread that uses it.
 
         `on_ready(server)` is called (on the event loop) once the server listens.
+
+        `max_queued`: observations that may wait for the inference thread at once, from all connections; a
+        request that would queue more gets an "Overloaded" error frame at once (without a bound, many clients
+        sending large lists could queue work, and memory, without limit). A connection that closes takes its
+        queued observations with it.
 
         `warmup_batch_sizes`: the batch sizes warmed up (compiled, captured) before the server listens;
         None is 1 and max_batch, as `vlaperf serve` does; () warms up nothing.
@@ -177,6 +185,9 @@ class PolicyServer:
             raise ValueError(f"max_message_bytes must be an integer >= 1024, got {max_message_bytes!r}")
         if not isinstance(max_list_items, int) or max_list_items < 1:
             raise ValueError(f"max_list_items must be an integer >= 1, got {max_list_items!r}")
+        if isinstance(max_queued, bool) or not isinstance(max_queued, int) or max_queued < max_list_items:
+            raise ValueError(f"max_queued must be an integer >= max_list_items ({max_list_items}), so that one list "
+                             f"request fits, got {max_queued!r}")
         if api_key is not None and (not isinstance(api_key, str) or not api_key or api_key != api_key.strip()):
             raise ValueError("api_key must be a non-empty string without surrounding whitespace")
         if not is_loopback(host) and api_key is None and not allow_unauthenticated_remote:
@@ -186,7 +197,7 @@ class PolicyServer:
             )
         self.host, self.port, self.api_key = host, port, api_key
         self.max_batch, self.max_wait_ms = max_batch, float(max_wait_ms)
-        self.max_message_bytes, self.max_list_items = max_message_bytes, max_list_items
+        self.max_message_bytes, self.max_list_items, self.max_queued = max_message_bytes, max_list_items, max_queued
         self.warmup_batch_sizes = tuple(sorted(set(warmup_batch_sizes)))
         self.drain_timeout_s, self.inline_decode_bytes = drain_timeout_s, inline_decode_bytes
         self._extra_metadata = dict(metadata or {})
@@ -217,7 +228,8 @@ class PolicyServer:
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self._startup_error: BaseException | None = None
-        self.stats = {"requests": 0, "errors": 0, "batches": 0, "batched_observations": 0}
+        self.stats = {"requests": 0, "errors": 0, "batches": 0, "batched_observations": 0, "dropped_observations": 0}
+        self._conn_errors: Counter = Counter()  # connection -> request errors so far (the log keeps the first few)
 
     # ------------------------------------------------------------------ lifecycle
 
@@ -401,7 +413,7 @@ class PolicyServer:
                 t_recv = time.perf_counter()
                 self._inflight += 1
                 try:
-                    reply = await self._reply(message, conn, prev_total_ms)
+                    reply = await self._reply(message, conn, prev_total_ms, ws)
                     try:
                         await ws.send(reply)
                     except ConnectionClosed:
@@ -415,10 +427,46 @@ class PolicyServer:
             log.exception("connection %d failed", conn)
         finally:
             self._n_connections -= 1
-            with self._cv:
-                self._cv.notify()  # the batcher may stop waiting for this connection
+            self._drop_queued(conn)
+            errors = self._conn_errors.pop(conn, 0)
+            if errors > LOGGED_ERRORS_PER_CONNECTION:
+                log.info("connection %d closed after %d request errors (the first %d logged)", conn, errors,
+                         LOGGED_ERRORS_PER_CONNECTION)
 
-    async def _reply(self, message: Any, conn: int, prev_total_ms: float | None) -> bytes | str:
+    def _drop_queued(self, conn: int) -> None:
+        """The queued observations of connection `conn`, which closed: nobody would read their actions. Those in a
+        batch already running finish; the batcher stops waiting for this connection."""
+        with self._cv:
+            kept = [job for job in self._pending if job.conn != conn]
+            dropped = len(self._pending) - len(kept)
+            if dropped:
+                self._pending = deque(kept)
+                self.stats["dropped_observations"] += dropped
+            self._cv.notify()
+        if dropped:
+            log.info("connection %d closed with %d observations queued: dropped", conn, dropped)
+
+    async def _results(self, futures: list[asyncio.Future], conn: int, ws) -> list | None:
+        """The jobs' results, or None once the connection closes first (its queued jobs dropped)."""
+        # return_exceptions: the jobs' futures only ever get values, but the ones cancelled below must not leave a
+        # gathered CancelledError that nobody retrieves
+        results = asyncio.gather(*futures, return_exceptions=True)
+        closed = getattr(ws, "wait_closed", None)
+        if closed is None:
+            return await results
+        closing = asyncio.ensure_future(closed())
+        try:
+            await asyncio.wait({results, closing}, return_when=asyncio.FIRST_COMPLETED)
+        finally:
+            closing.cancel()
+        if results.done():
+            return results.result()
+        self._drop_queued(conn)
+        for future in futures:  # those of jobs already in a running batch: their results go nowhere
+            future.cancel()
+        return None
+
+    async def _reply(self, message: Any, conn: int, prev_total_ms: float | None, ws=None) -> bytes | str:
         """The frame to send back for one received frame. Never raises."""
         self.stats["requests"] += 1
         try:
@@ -432,8 +480,14 @@ class PolicyServer:
             else:
                 items, is_list = self._decode(message)
             t1 = time.perf_counter()
-            futures = self._submit([ex for ex, _ in items], conn)
-            results = await asyncio.gather(*futures)
+            try:
+                futures = self._submit([ex for ex, _ in items], conn)
+            except RequestError as e:
+                e.request_id = None if is_list else items[0][1]
+                raise
+            results = await self._results(futures, conn, ws)
+            if results is None:  # the client is gone: nothing to send
+                return error_frame("ConnectionClosed", "the connection closed before the reply")
             replies = []
             for i, ((_, request_id), result) in enumerate(zip(items, results)):
                 if isinstance(result, RequestError):
@@ -443,7 +497,9 @@ class PolicyServer:
             return packb(replies if is_list else replies[0])
         except RequestError as e:
             self.stats["errors"] += 1
-            log.info("request error on connection %d: %s: %s", conn, e.kind, e.message)
+            self._conn_errors[conn] += 1
+            if self._conn_errors[conn] <= LOGGED_ERRORS_PER_CONNECTION:  # a flood of bad frames is not a flood of logs
+                log.info("request error on connection %d: %s: %s", conn, e.kind, e.message)
             return e.frame()
         except Exception as e:  # never let one request take the connection or the server down
             self.stats["errors"] += 1
@@ -469,7 +525,7 @@ class PolicyServer:
         try:
             payload = unpackb(message, max_bytes=self.max_message_bytes)
         except ProtocolError as e:
-            raise RequestError("ProtocolError", str(e)) from None
+            raise RequestError("ProtocolError", str(e), e.request_id, e.index) from None
         if isinstance(payload, dict):
             return [self._validate(payload, None)], False
         if isinstance(payload, list):
@@ -489,8 +545,7 @@ class PolicyServer:
                                index=index)
         request_id = example.get(REQUEST_ID_KEY)
         if request_id is not None:
-            if not (isinstance(request_id, str) and len(request_id) <= MAX_REQUEST_ID_CHARS
-                    or type(request_id) is int):
+            if not valid_request_id(request_id):
                 raise RequestError("InputError", f"{where}{REQUEST_ID_KEY}: expected a string of at most "
                                    f"{MAX_REQUEST_ID_CHARS} characters or an integer", index=index)
             example = {k: v for k, v in example.items() if k != REQUEST_ID_KEY}
@@ -514,6 +569,9 @@ class PolicyServer:
         loop, now = self._loop, time.perf_counter()
         jobs = [_Job(ex, conn, loop.create_future(), loop, now) for ex in examples]
         with self._cv:
+            if len(self._pending) + len(jobs) > self.max_queued:
+                raise RequestError("Overloaded", f"{len(self._pending)} observations are queued and this request adds "
+                                   f"{len(jobs)}, over the server's limit of {self.max_queued}: retry later")
             self._pending.extend(jobs)  # one step: a list request stays together
             self._cv.notify()
         return [j.future for j in jobs]
@@ -630,6 +688,9 @@ class PolicyServer:
             actions = np.asarray(out["actions"])
             if actions.ndim < 1 or actions.shape[0] != len(batch):
                 raise RuntimeError(f"policy returned actions of shape {actions.shape} for a batch of {len(batch)}")
+        except NonFiniteActions as e:
+            self._deliver_rows(batch, e, t_start)
+            return
         except Exception as e:
             if len(batch) > 1 and not isinstance(e, BackendUnavailable):
                 log.info("batch of %d failed (%s: %s); retrying one by one", len(batch), type(e).__name__, e)
@@ -637,14 +698,32 @@ class PolicyServer:
                     self._run_batch([job])
                 return
             kind = "InputError" if isinstance(e, InputError) else "InternalError"
-            if isinstance(e, NonFiniteActions):  # withheld from the robot; the message says why: no traceback
-                log.warning("withheld non-finite actions: %s", e)
-            elif kind == "InternalError":
+            if kind == "InternalError":
                 log.exception("inference failed")
             self._deliver(batch[0], RequestError(kind, str(e) if kind == "InputError" else f"{type(e).__name__}: {e}"))
             return
+        self._deliver_actions(batch, actions, out.get("policy_timing") or {}, t_start)
+
+    def _deliver_rows(self, batch: list[_Job], e: NonFiniteActions, t_start: float) -> None:
+        """A batch whose actions hold NaN or inf in some rows (withheld from the robot; the message says why, no
+        traceback): the finite rows are answered as usual and only the others refused, without a re-run. When
+        other observations of the batch came out finite, the refused one's own values are the cause (an
+        InputError); when none did (or it ran alone), the model may be at fault too (an InternalError)."""
+        bad = set(e.rows) if e.rows is not None and e.actions is not None else set(range(len(batch)))
+        log.warning("withheld non-finite actions for %d of %d observations: %s", len(bad), len(batch), e)
+        if len(bad) < len(batch):
+            good = [i for i in range(len(batch)) if i not in bad]
+            self._deliver_actions([batch[i] for i in good], np.asarray(e.actions)[good], e.timing or {}, t_start)
+            for i in sorted(bad):
+                self._deliver(batch[i], RequestError("InputError", f"NonFiniteActions: {e} (the other {len(good)} "
+                                                     f"observations of its batch of {len(batch)} came out finite, so "
+                                                     "this observation's values are the cause)"))
+            return
+        for job in batch:
+            self._deliver(job, RequestError("InternalError", f"NonFiniteActions: {e}"))
+
+    def _deliver_actions(self, batch: list[_Job], actions: np.ndarray, policy_timing: dict, t_start: float) -> None:
         infer_ms = (time.perf_counter() - t_start) * 1e3
-        policy_timing = out.get("policy_timing") or {}
         self.stats["batches"] += 1
         self.stats["batched_observations"] += len(batch)
         for i, job in enumerate(batch):
@@ -724,7 +803,7 @@ class PolicyServer:
         else:
             meta["levers"], meta["levers_label"] = [], "unknown"
         meta.update(max_batch=self.max_batch, max_wait_ms=self.max_wait_ms, max_message_bytes=self.max_message_bytes,
-                    max_list_items=self.max_list_items, request_id_key=REQUEST_ID_KEY,
+                    max_list_items=self.max_list_items, max_queued=self.max_queued, request_id_key=REQUEST_ID_KEY,
                     auth="api-key" if self.api_key else "none", warmup_s=round(getattr(self, "warmup_s", 0.0), 3))
         meta.update(self._extra_metadata)
         return meta
