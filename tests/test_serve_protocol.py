@@ -192,3 +192,15 @@ def test_containers_past_their_limits_are_refused_at_the_header():
     with pytest.raises(ProtocolError, match=f"a msgpack map of {MAX_MAP_LEN + 1} keys exceeds the limit"):
         unpackb(msgpack.packb({str(i): 0 for i in range(MAX_MAP_LEN + 1)}))
     assert len(unpackb(msgpack.packb([[]] * MAX_LIST_LEN))) == MAX_LIST_LEN  # at the limit: decoded
+
+
+def test_a_scalar_past_its_dtype_and_an_unholdable_shape_are_refused():
+    """1e10 as float16 used to become inf with only a RuntimeWarning on the server's stderr; a shape with a zero
+    dimension and two of 2**39 passed the byte count and failed inside numpy with a message about msgpack."""
+    scalar = {b"__npgeneric__": True, b"data": 1e10, b"dtype": "<f2"}
+    with pytest.raises(ProtocolError, match=r"^x: numpy scalar 10000000000.0 does not fit dtype <f2"):
+        unpackb(msgpack.packb({"x": scalar}, use_bin_type=True))
+    empty = {b"__ndarray__": True, b"data": b"", b"dtype": "<f4", b"shape": [0, 2**39, 2**39]}
+    with pytest.raises(ProtocolError, match=r"^x: array shape \(0, 549755813888, 549755813888\) is not one numpy can hold"):
+        unpackb(msgpack.packb({"x": empty}, use_bin_type=True))
+    assert unpackb(msgpack.packb({"x": {**scalar, b"data": 1.5}}, use_bin_type=True))["x"] == np.float16(1.5)

@@ -141,7 +141,10 @@ def _decode_ndarray(obj: dict) -> np.ndarray:
     expected = math.prod(shape) * dtype.itemsize
     if len(data) != expected:
         raise ProtocolError(f"array of shape {tuple(shape)} and dtype {dtype.str} needs {expected} bytes, got {len(data)}")
-    arr = np.frombuffer(data, dtype=dtype).reshape(shape)
+    try:
+        arr = np.frombuffer(data, dtype=dtype).reshape(shape)
+    except ValueError as e:  # e.g. (0, 2**39, 2**39): no bytes, yet more elements than numpy can index
+        raise ProtocolError(f"array shape {tuple(shape)} is not one numpy can hold: {e}") from None
     if dtype.kind == "b":
         # a clean copy: bytes other than 0/1 are not valid numpy bools
         return np.array(arr.view(np.uint8) != 0, dtype=bool).reshape(arr.shape)
@@ -160,8 +163,9 @@ def _decode_generic(obj: dict) -> np.generic:
         raise ProtocolError(f"numpy scalar of dtype {dtype.str} needs a {_SCALAR_TYPES[dtype.kind][0].__name__}, "
                             f"got {type(value).__name__}")
     try:
-        return dtype.type(value)
-    except (OverflowError, ValueError) as e:
+        with np.errstate(over="raise", invalid="raise"):  # 1e10 as float16 would be inf, with only a warning
+            return dtype.type(value)
+    except (OverflowError, ValueError, FloatingPointError) as e:
         raise ProtocolError(f"numpy scalar {value!r} does not fit dtype {dtype.str}: {e}") from None
 
 
