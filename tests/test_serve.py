@@ -886,3 +886,19 @@ def test_a_refused_array_error_names_its_key_and_echoes_the_request_id(server):
         assert body["error"] == "ProtocolError" and body["request_id"] == "r9"
         assert body["message"].startswith("observation/image: unsupported array dtype '<f16'")
         assert_result(unpackb(roundtrip(ws, packb(make_example(TINY, seed=0)))))
+
+
+def test_non_finite_actions_keep_their_rows_through_pickling():
+    """A Ray Serve replica's NonFiniteActions reaches the front end pickled: its rows must survive, or the front end
+    cannot answer the finite rows."""
+    import pickle
+
+    from vlaperf.policy import NonFiniteActions, finite_actions
+
+    actions = np.zeros((3, 2), np.float32)
+    actions[1, 0] = np.inf
+    with pytest.raises(NonFiniteActions) as e:
+        finite_actions(actions, {"infer_ms": 2.0})
+    back = pickle.loads(pickle.dumps(e.value))
+    assert back.rows == [1] and back.timing == {"infer_ms": 2.0} and np.array_equal(back.actions, actions)
+    assert str(back) == str(e.value)

@@ -26,6 +26,9 @@ class NonFiniteActions(RuntimeError):
         super().__init__(message)
         self.rows, self.actions, self.timing = rows, actions, timing
 
+    def __reduce__(self):  # the rows survive pickling (a Ray Serve replica's error reaching the front end)
+        return type(self), (str(self), self.rows, self.actions, self.timing)
+
 
 def finite_actions(actions: np.ndarray, timing: dict | None = None) -> np.ndarray:
     """`actions` (B, ...) as they are, or NonFiniteActions naming the rows that hold NaN or inf."""

@@ -56,7 +56,7 @@ class SuffixContext:
         if not self.hoist:
             return aligned_mask(mask)
         if self._kernel_mask is None:
-            self._kernel_mask = aligned_mask(self._mask)
+            self._kernel_mask = aligned_mask(mask)
         return self._kernel_mask
 
     def _embed_state(self) -> Tensor:

@@ -76,9 +76,13 @@ def without_profiler_log_lines():
     """Inside the block, what goes to file descriptor 2 is held in a temporary file; afterwards every line of it
     but kineto's own notices goes back to descriptor 2 as it came (warnings of the traced call included)."""
     fd = 2
+    try:
+        saved = os.dup(fd)
+    except OSError:  # no descriptor 2 (a daemon with it closed): nothing to keep clean
+        yield
+        return
     with tempfile.TemporaryFile() as held:
         sys.stderr.flush()
-        saved = os.dup(fd)
         os.dup2(held.fileno(), fd)
         try:
             yield

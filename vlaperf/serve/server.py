@@ -688,10 +688,10 @@ class PolicyServer:
             actions = np.asarray(out["actions"])
             if actions.ndim < 1 or actions.shape[0] != len(batch):
                 raise RuntimeError(f"policy returned actions of shape {actions.shape} for a batch of {len(batch)}")
-        except NonFiniteActions as e:
-            self._deliver_rows(batch, e, t_start)
-            return
         except Exception as e:
+            if isinstance(e, NonFiniteActions) and (e.rows is not None and e.actions is not None or len(batch) == 1):
+                self._deliver_rows(batch, e, t_start)  # which rows is known: no re-run
+                return
             if len(batch) > 1 and not isinstance(e, BackendUnavailable):
                 log.info("batch of %d failed (%s: %s); retrying one by one", len(batch), type(e).__name__, e)
                 for job in batch:
@@ -709,7 +709,7 @@ class PolicyServer:
         traceback): the finite rows are answered as usual and only the others refused, without a re-run. When
         other observations of the batch came out finite, the refused one's own values are the cause (an
         InputError); when none did (or it ran alone), the model may be at fault too (an InternalError)."""
-        bad = set(e.rows) if e.rows is not None and e.actions is not None else set(range(len(batch)))
+        bad = set(e.rows) if e.rows is not None and e.actions is not None else set(range(len(batch)))  # alone
         log.warning("withheld non-finite actions for %d of %d observations: %s", len(bad), len(batch), e)
         if len(bad) < len(batch):
             good = [i for i in range(len(batch)) if i not in bad]
