@@ -902,3 +902,24 @@ def test_non_finite_actions_keep_their_rows_through_pickling():
     back = pickle.loads(pickle.dumps(e.value))
     assert back.rows == [1] and back.timing == {"infer_ms": 2.0} and np.array_equal(back.actions, actions)
     assert str(back) == str(e.value)
+
+
+def test_connections_past_the_limit_get_503_and_health_still_answers(model):
+    """`max_connections` open connections at most: one more is refused at its handshake with HTTP 503 and says why;
+    /healthz still answers, and a connection is accepted again once one closes."""
+    s = PolicyServer(_Recorder(TINY), port=0, max_connections=2, warmup_batch_sizes=()).start()
+    try:
+        first, second = raw_connection(s), raw_connection(s)
+        _wait_for(lambda: s._n_connections == 2)
+        with pytest.raises(InvalidStatus) as e:
+            raw_connection(s)
+        assert e.value.response.status_code == 503
+        assert b"too many connections: 2 open, the server's limit is 2" in e.value.response.body
+        assert _get(s.url.replace("ws://", "http://") + "/healthz")[0] == 200
+        first.close()
+        _wait_for(lambda: s._n_connections == 1)
+        with raw_connection(s) as third:
+            assert_result(unpackb(roundtrip(third, packb(make_example(TINY, seed=0)))))
+        second.close()
+    finally:
+        s.stop()

@@ -95,6 +95,8 @@ def register(subparsers) -> None:
     p.add_argument("--max-wait-ms", type=_non_negative_float, default=5.0,
                    help="longest a request waits for others to batch with (0 = never wait)")
     p.add_argument("--max-message-mb", type=_positive_float, default=16.0, help="largest accepted message (MiB)")
+    p.add_argument("--max-connections", type=_positive_int, default=256,
+                   help="open connections at once; one more gets HTTP 503 at its handshake (default: 256)")
     p.add_argument("--max-queue", type=_queue_size, default=256,
                    help="observations that may wait for the model at once, from all clients; a request past it gets "
                         "an Overloaded error frame (default: 256, at least the 64 of one list request)")
@@ -292,7 +294,8 @@ def cmd_serve(args) -> int:
     try:
         server = PolicyServer(policy, host=args.host, port=args.port, api_key=api_key, max_batch=args.max_batch,
                               max_wait_ms=args.max_wait_ms, max_message_bytes=int(args.max_message_mb * 2**20),
-                              max_queued=args.max_queue, warmup_batch_sizes=warmup, allow_unauthenticated_remote=args.allow_unauthenticated,
+                              max_queued=args.max_queue, max_connections=args.max_connections,
+                              warmup_batch_sizes=warmup, allow_unauthenticated_remote=args.allow_unauthenticated,
                               on_ready=lambda s: print_serve(s, console))
     except ValueError as e:
         raise CliError(str(e)) from None
@@ -457,7 +460,8 @@ def print_serve(server, console=None) -> None:
         *([("sampler", ", ".join(f"{k} {v}" for k, v in m["sampler"].items()))] if "sampler" in m else []),
         ("levers", ",".join(m.get("levers") or []) or "reference"),
         ("batching", f"up to {server.max_batch} per call, wait <= {server.max_wait_ms:g} ms"),
-        ("max message", f"{server.max_message_bytes / 2**20:g} MiB; queue up to {server.max_queued} observations"),
+        ("limits", f"messages up to {server.max_message_bytes / 2**20:g} MiB, {server.max_queued} observations queued, "
+                   f"{server.max_connections} connections"),
         ("warm-up", f"batch sizes {list(server.warmup_batch_sizes)} in {m.get('warmup_s', 0):.2f} s"
          if m.get("backend") != "ray-serve" else f"in each of {m.get('replicas')} Ray Serve replicas: batch sizes "
          f"{m.get('replica_warmup_batch_sizes')} in {m.get('warmup_s', 0):.2f} s (slowest)"),

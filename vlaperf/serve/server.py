@@ -65,6 +65,9 @@ from vlaperf.serve.protocol import (DEFAULT_MAX_MESSAGE_BYTES, MAX_REQUEST_ID_CH
 
 log = logging.getLogger("vlaperf.serve")
 LOGGED_ERRORS_PER_CONNECTION = 5
+# Received messages a connection buffers while its current request runs (websockets' max_queue; its default is 16,
+# 256 MiB a connection at a 16 MiB message limit). openpi's clients send one request and wait for the reply.
+WS_MAX_QUEUE = 4
 HEALTH_PATH = "/healthz"
 
 try:  # websockets >= 13: the new asyncio implementation
@@ -138,6 +141,7 @@ class PolicyServer:
         *,
         max_list_items: int = 64,
         max_queued: int = 256,
+        max_connections: int = 256,
         warmup_batch_sizes: tuple[int, ...] | list[int] | None = None,
         metadata: dict | None = None,
         allow_unauthenticated_remote: bool = False,
@@ -157,6 +161,11 @@ class PolicyServer:
         request that would queue more gets an "Overloaded" error frame at once (without a bound, many clients
         sending large lists could queue work, and memory, without limit). A connection that closes takes its
         queued observations with it.
+
+        `max_connections`: open websocket connections at once; one more is answered with HTTP 503 at its handshake.
+        Each connection buffers at most WS_MAX_QUEUE received messages (a client that sends ahead is slowed by TCP,
+        not refused), so what clients can make the server hold is bounded by max_connections x WS_MAX_QUEUE x
+        max_message_bytes.
 
         `warmup_batch_sizes`: the batch sizes warmed up (compiled, captured) before the server listens;
         None is 1 and max_batch, as `vlaperf serve` does; () warms up nothing.
@@ -185,6 +194,8 @@ class PolicyServer:
             raise ValueError(f"max_message_bytes must be an integer >= 1024, got {max_message_bytes!r}")
         if not isinstance(max_list_items, int) or max_list_items < 1:
             raise ValueError(f"max_list_items must be an integer >= 1, got {max_list_items!r}")
+        if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
+            raise ValueError(f"max_connections must be an integer >= 1, got {max_connections!r}")
         if isinstance(max_queued, bool) or not isinstance(max_queued, int) or max_queued < max_list_items:
             raise ValueError(f"max_queued must be an integer >= max_list_items ({max_list_items}), so that one list "
                              f"request fits, got {max_queued!r}")
@@ -198,6 +209,7 @@ class PolicyServer:
         self.host, self.port, self.api_key = host, port, api_key
         self.max_batch, self.max_wait_ms = max_batch, float(max_wait_ms)
         self.max_message_bytes, self.max_list_items, self.max_queued = max_message_bytes, max_list_items, max_queued
+        self.max_connections = max_connections
         self.warmup_batch_sizes = tuple(sorted(set(warmup_batch_sizes)))
         self.drain_timeout_s, self.inline_decode_bytes = drain_timeout_s, inline_decode_bytes
         self._extra_metadata = dict(metadata or {})
@@ -336,7 +348,8 @@ class PolicyServer:
             self._decode_pool.shutdown(wait=False, cancel_futures=True)
 
     async def _listen(self):
-        kwargs = dict(max_size=self.max_message_bytes, compression=None, ping_interval=20, ping_timeout=20, close_timeout=5)
+        kwargs = dict(max_size=self.max_message_bytes, max_queue=WS_MAX_QUEUE, compression=None, ping_interval=20,
+                      ping_timeout=20, close_timeout=5)
         if not self._legacy:
             return await _serve_new(self._handler, self.host, self.port, process_request=self._process_request, **kwargs)
         try:  # websockets 12 (legacy implementation; also importable from later versions)
@@ -379,6 +392,8 @@ class PolicyServer:
                 return 401, "missing or invalid API key (send the header 'Authorization: Api-Key <key>')\n"
         if self._draining:
             return 503, "shutting down\n"
+        if self._n_connections >= self.max_connections:
+            return 503, f"too many connections: {self._n_connections} open, the server's limit is {self.max_connections}\n"
         return None
 
     def _process_request(self, connection, request):
@@ -803,7 +818,7 @@ class PolicyServer:
         else:
             meta["levers"], meta["levers_label"] = [], "unknown"
         meta.update(max_batch=self.max_batch, max_wait_ms=self.max_wait_ms, max_message_bytes=self.max_message_bytes,
-                    max_list_items=self.max_list_items, max_queued=self.max_queued, request_id_key=REQUEST_ID_KEY,
+                    max_list_items=self.max_list_items, max_queued=self.max_queued, max_connections=self.max_connections, request_id_key=REQUEST_ID_KEY,
                     auth="api-key" if self.api_key else "none", warmup_s=round(getattr(self, "warmup_s", 0.0), 3))
         meta.update(self._extra_metadata)
         return meta
