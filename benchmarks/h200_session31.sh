@@ -6,6 +6,8 @@
 #   PART=b   closing checks: the step kernel's registers and spills under the machine's Triton (production and
 #            timeline builds), the GPU tests of the graph breakdown, UniPC and the world-action engine, a traced
 #            breakdown's stderr (kineto's notices left out), and libero-pi0 `best` at the session's last code
+#   PART=c   why pi0.5's setup stage is 0.26 ms against pi0's 0.12 (session 30's breakdowns): launch_probe.py's call
+#            and its pieces (input copies, replay, the graph's nodes) for libero-pi05 and libero-pi0, one instance
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session31.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -26,6 +28,12 @@ b)
 200 python3 -m pytest -q -p no:cacheprovider -p no:warnings tests/test_profile_breakdown.py tests/test_unipc.py tests/test_wam.py -k "cuda" -rs 2>&1 | tail -6
 60 $V breakdown --workload tiny --device cuda --levers best --warmup 2 --iters 5 --no-progress --trace $R/trace_tiny.json 2>$R/trace_stderr.txt | tail -2; echo "stderr lines: \$(wc -l < $R/trace_stderr.txt)"; head -5 $R/trace_stderr.txt; rm -f $R/trace_tiny.json
 150 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s31_model.json
+EOT
+  ;;
+c)
+  lane A 0 40 <<EOT &
+200 python3 benchmarks/launch_probe.py --workload libero-pi05 --levers best --call-only --rounds 100 --json $R/launch_probe_libero-pi05_best_s31.json
+150 python3 benchmarks/launch_probe.py --workload libero-pi0 --levers best --call-only --rounds 100 --json $R/launch_probe_libero-pi0_best_s31.json
 EOT
   ;;
 esac

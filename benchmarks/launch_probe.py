@@ -2,6 +2,7 @@
 the replay, the input copies and the graph's launch, on this machine.
 
     python benchmarks/launch_probe.py --workload libero-pi0 --levers best --json $OUT/launch_probe.json
+    python benchmarks/launch_probe.py --workload libero-pi05 --call-only   # the call and its pieces only
 
 Session 21's kernel sequences (under the profiler) had 210-345 us between the first input copy
 and the graph's first kernel; the profiler slows launches, so this probe times without it:
@@ -255,6 +256,8 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=200)
     p.add_argument("--without-inductor-pdl", action="store_true",
                    help="also build the engine without inductor's PDL and time its call and replay")
+    p.add_argument("--call-only", action="store_true",
+                   help="only the engine's call and its pieces: no synthetic graphs (the driver's part, measured once)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
     w = get_workload(args.workload)
@@ -294,8 +297,10 @@ def main() -> None:
             "call": exposure(lambda: plain.sample_actions(obs, noise, w.steps), args.rounds, cycles),
             "replay_alone": exposure(entry.graph.replay, args.rounds, cycles), "graph": graph_census(entry.graph)}
         compile_mod.INDUCTOR_PDL = True
-    synthetic, synthetic_census = synthetic_graphs(args.rounds // 2, cycles)
-    kinds, kinds_census = graph_kinds(args.rounds // 2, cycles)
+    synthetic, synthetic_census, kinds, kinds_census = {}, {}, {}, {}
+    if not args.call_only:
+        synthetic, synthetic_census = synthetic_graphs(args.rounds // 2, cycles)
+        kinds, kinds_census = graph_kinds(args.rounds // 2, cycles)
     result = {"schema": SCHEMA, "command": "launch-probe", "workload": {"id": w.id, "overrides": {}},
               "variant": {"levers": engine.levers.names(), "label": engine.name, "dtype": str(model.dtype).split(".")[-1]},
               "env": environment_record("cuda"), "rounds": args.rounds, "sleep_cycles_per_ms": cycles,
