@@ -204,3 +204,17 @@ def test_a_scalar_past_its_dtype_and_an_unholdable_shape_are_refused():
     with pytest.raises(ProtocolError, match=r"^x: array shape \(0, 549755813888, 549755813888\) is not one numpy can hold"):
         unpackb(msgpack.packb({"x": empty}, use_bin_type=True))
     assert unpackb(msgpack.packb({"x": {**scalar, b"data": 1.5}}, use_bin_type=True))["x"] == np.float16(1.5)
+
+
+def test_a_message_of_too_many_values_stops_decoding():
+    """Within every container's own limit, nested empty lists still made ~16 million objects of a 16 MiB frame
+    (seconds of decoding); decoding now stops past MAX_VALUES values, while two camera images sent as nested lists
+    of numbers still decode."""
+    from vlaperf.serve.protocol import MAX_VALUES
+
+    frame = msgpack.packb({str(i): [[]] * 4096 for i in range(MAX_VALUES // 4096 + 1)})
+    with pytest.raises(ProtocolError, match=f"the message holds more than {MAX_VALUES} values"):
+        unpackb(frame)
+    image = np.zeros((224, 224, 3), np.uint8).tolist()
+    decoded = unpackb(msgpack.packb({"observation/image": image, "observation/wrist_image": image}))
+    assert np.asarray(decoded["observation/image"]).shape == (224, 224, 3)
