@@ -212,3 +212,22 @@ def test_lerobot_files_with_stray_keys_and_the_wrong_layout_are_named(tmp_path):
         load_checkpoint(build_model("tiny"), tmp_path / "stray.safetensors")
     with pytest.raises(CheckpointError, match="load it with layout 'lerobot' or 'auto'"):
         load_checkpoint(build_model("tiny"), tmp_path / "a.safetensors", layout="openpi")
+
+
+def test_an_engine_refuses_to_run_after_torchs_own_load_state_dict():
+    """Weights swapped through torch's `model.load_state_dict` (not vlaperf's load_checkpoint) left an engine built
+    before it mixing its fused copies of the old weights with the layers' new ones (actions 3.06 off with `best`,
+    no error); the load now bumps the weights' version as load_checkpoint does."""
+    from vlaperf.engine import Engine
+    from vlaperf.inputs import random_noise, random_observation
+    from vlaperf.workloads import get_workload
+
+    w = get_workload("tiny")
+    model = build_model("tiny", "cpu", torch.float32, seed=0)
+    stale = Engine(model, "for_loop,fuse_projections")
+    model.load_state_dict(build_model("tiny", "cpu", torch.float32, seed=1).state_dict())
+    obs, noise = random_observation(w, model.config), random_noise(w, model.config)
+    with pytest.raises(RuntimeError, match="weights changed since this engine was built"):
+        stale.sample_actions(obs, noise, 2)
+    fresh = Engine(model, "for_loop,fuse_projections")
+    torch.testing.assert_close(fresh.sample_actions(obs, noise, 2), model.sample_actions(obs, noise, 2))

@@ -106,6 +106,10 @@ def test_bad_arguments_exit_2_with_message(args, message, capsys):
     "args,message",
     [
         (["serve", "--port", "70000"], "argument --port: expected an integer >= 0 and <= 65535, got 70000"),
+        # an unset shell variable ran (and served) random weights without a word
+        (["bench", "--device", "cpu", "--checkpoint", ""], "argument --checkpoint: expected a path, got an empty string"),
+        (["serve", "--checkpoint", ""], "argument --checkpoint: expected a path, got an empty string"),
+        (["serve", "--norm-stats", " "], "argument --norm-stats: expected a path, got an empty string"),
         (["serve", "--max-queue", "8"], "argument --max-queue: expected an integer >= 64 (one list request holds up "
          "to 64 observations), got '8'"),
         (["matrix", "--device", "cpu", "--variants", "for_loop;nope"], "--variants: unknown lever 'nope' in 'nope'"),

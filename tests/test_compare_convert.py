@@ -230,3 +230,18 @@ def test_cli_convert_errors_exit_2(tmp_path, capsys, args, message):
         src, args = Path(args[i + 1]), args[:i]
     assert _cli(["convert", *args, str(src), str(tmp_path / "out")]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_an_existing_output_is_replaced_only_with_force(tmp_path, capsys):
+    """convert wrote over an existing checkpoint without a word (a repeated command could replace another model's
+    file); it now refuses, exit code 2, and --force (overwrite=True) replaces it."""
+    cfg = get_config("tiny")
+    src = save_checkpoint(build_model(cfg, seed=0), tmp_path / "src")
+    other = save_checkpoint(build_model(cfg, seed=1), tmp_path / "other.safetensors")
+    before = read_tensors(other)
+    argv = ["convert", "--from", "openpi", "--to", "lerobot", "--preset", "tiny", str(src), str(other)]
+    assert main(argv) == 2
+    assert "other.safetensors exists: give another output path, or replace it with --force" in capsys.readouterr().err
+    assert all(torch.equal(before[k], v) for k, v in read_tensors(other).items())  # untouched
+    assert main(argv + ["--force"]) == 0
+    assert any(k.startswith("model.") for k in read_tensors(other))  # now the converted, LeRobot-layout file

@@ -199,6 +199,14 @@ def levers_arg(text: str) -> str:
     return variants_arg(text)
 
 
+def path_arg(text: str) -> str:
+    """A file or folder to read (--checkpoint, --tokenizer, --norm-stats): not an empty string, which an unset shell
+    variable gives and which was taken as "none given" (random weights served without a word)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("expected a path, got an empty string (an unset shell variable?)")
+    return text
+
+
 def variants_arg(text: str) -> str:
     """A ';' list of variants with an empty entry among named ones ('graph;;best', 'best;') is refused, as an
     empty lever name in a comma list is; a list with no variant at all gets the command's own 'no variant' error."""
@@ -218,7 +226,7 @@ def add_common(p: argparse.ArgumentParser, levers_default: str = "reference", le
     p.add_argument("--batch", type=batch_int, default=None, help=f"batch size, 1..{MAX_BATCH} (default: the workload's)")
     add_action_horizon(p)
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights and inputs")
-    p.add_argument("--checkpoint", default=None, help="openpi or LeRobot model.safetensors, or an openpi JAX checkpoint "
+    p.add_argument("--checkpoint", type=path_arg, default=None, help="openpi or LeRobot model.safetensors, or an openpi JAX checkpoint "
                    "folder (orbax params/; needs tensorstore) (default: random weights)")
     p.add_argument("--levers", type=levers_arg, default=levers_default,
                    help=levers_help or "'reference', 'best', 'graph', 'exact' or a comma list (see `vlaperf levers`)")

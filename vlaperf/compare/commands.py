@@ -57,6 +57,7 @@ def register(subparsers) -> None:
     p.add_argument("src", metavar="IN", help="model.safetensors, or a folder holding one (openpi-jax: the checkpoint "
                                              "folder holding params/)")
     p.add_argument("dst", metavar="OUT", help="a .safetensors path, or a folder (gets model.safetensors)")
+    p.add_argument("--force", action="store_true", help="replace OUT's file if it exists (never the input)")
     p.set_defaults(func=cmd_convert)
 
 
@@ -68,7 +69,8 @@ def cmd_convert(args) -> int:
     from vlaperf.compare.convert import convert_checkpoint
 
     try:
-        report = convert_checkpoint(args.src, args.dst, args.from_layout, args.to_layout, args.preset)
+        report = convert_checkpoint(args.src, args.dst, args.from_layout, args.to_layout, args.preset,
+                                    overwrite=args.force)
     except CheckpointError as e:
         raise CliError(str(e)) from None
     print(f"converted {report['src']} ({report['from']}, {report['tensors_in']} tensors) -> {report['dst']} "

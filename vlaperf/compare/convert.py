@@ -160,20 +160,22 @@ def convert_tensors(tensors: dict[str, torch.Tensor], from_layout: str, to_layou
 
 
 def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, from_layout: str, to_layout: str,
-                       preset: str | Pi0Config) -> dict:
+                       preset: str | Pi0Config, overwrite: bool = False) -> dict:
     """Convert `src` (a model.safetensors or a folder holding one) from `from_layout` to
     `to_layout` ("openpi" | "lerobot") and write it to `dst` (a .safetensors path, or a folder
     that gets model.safetensors). Strict about every key, see the module doc. Only the
     safetensors file is written (not LeRobot's config.json or openpi's assets).
+    An existing output file is replaced only with `overwrite` (the CLI's --force); the input never is.
     Returns a report: from, to, preset, tensors_in/out, dtypes, numel, renamed,
     embedding_from, lm_head_differed, src, dst.
     """
     if from_layout == "openpi-jax":
-        return _convert_jax(src, dst, to_layout, preset)
+        return _convert_jax(src, dst, to_layout, preset, overwrite)
     src_file = checkpoint_file(src)
     dst_file = output_file(dst)
     if dst_file.exists() and dst_file.resolve() == src_file.resolve():
         raise CheckpointError(f"refusing to overwrite the input {src_file}: give another output path")
+    _refuse_existing(dst_file, overwrite)
     tensors = read_tensors(src_file)
     out, report = convert_tensors(tensors, from_layout, to_layout, preset)
     meta = {"format": "pt", "layout": to_layout, "converted_from": from_layout, "preset": report["preset"]}
@@ -182,7 +184,13 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, from_layo
     return report
 
 
-def _convert_jax(src, dst, to_layout: str, preset: str | Pi0Config) -> dict:
+def _refuse_existing(dst_file, overwrite: bool) -> None:
+    if dst_file.exists() and not overwrite:  # a checkpoint is not something to lose to a repeated command
+        raise CheckpointError(f"{dst_file} exists: give another output path, or replace it with --force "
+                              "(overwrite=True)")
+
+
+def _convert_jax(src, dst, to_layout: str, preset: str | Pi0Config, overwrite: bool = False) -> dict:
     """An openpi JAX checkpoint -> `to_layout`'s file: renamed by vlaperf.openpi_jax, the expert's LM head (absent
     in JAX) written as zeros, then the same strict check and writer as the safetensors layouts. dtypes as stored."""
     from vlaperf import openpi_jax
@@ -191,6 +199,7 @@ def _convert_jax(src, dst, to_layout: str, preset: str | Pi0Config) -> dict:
         raise CheckpointError(f"unknown checkpoint layout {to_layout!r}; expected one of {LAYOUTS}")
     cfg = _config(preset)
     dst_file = output_file(dst)  # checked before the (long) read
+    _refuse_existing(dst_file, overwrite)
     arrays = openpi_jax.read_params(src)
     named = openpi_jax.to_openpi_names(arrays)
     filled = openpi_jax.fill_unused_heads(named, expected_shapes(cfg))

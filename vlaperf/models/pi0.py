@@ -480,6 +480,10 @@ def check_sample_inputs(cfg: Pi0Config, obs, noise: Tensor | None, num_steps: in
             raise ValueError(f"noise: expected a float tensor {expected} on {device}, got {got}")
 
 
+def _bump_weights_version(model: "Pi0Model", incompatible_keys) -> None:
+    model.weights_version += 1
+
+
 class Pi0Model(nn.Module):
     """pi0 / pi0.5 policy. Weights are random unless a checkpoint is loaded."""
 
@@ -492,6 +496,9 @@ class Pi0Model(nn.Module):
         # the old weights and refuses to run; `checkpoint` says where the weights came from (None: random)
         self.weights_version = 0
         self.checkpoint: dict | None = None
+        # torch's own `model.load_state_dict` replaces the weights too: the same bump (a load into a submodule, or
+        # an in-place edit of a parameter, is not seen: build the Engine again after one)
+        self.register_load_state_dict_post_hook(_bump_weights_version)
         D_e = cfg.expert.width
         self.paligemma_with_expert = PaliGemmaWithExpert(cfg)
         self.action_in_proj = nn.Linear(cfg.action_dim, D_e)

@@ -19,7 +19,7 @@ import sys
 from pathlib import Path
 
 from vlaperf.cli import MAX_BATCH, add_action_horizon, add_compile_cache, add_conventions, batch_int, device_arg, number_arg
-from vlaperf.cli import levers_arg, output_file, port_int, seed_int, steps_int, wide_console, workload_arg
+from vlaperf.cli import levers_arg, output_file, path_arg, port_int, seed_int, steps_int, wide_console, workload_arg
 from vlaperf.cli import non_negative_float as _non_negative_float
 from vlaperf.cli import non_negative_int as _non_negative_int
 from vlaperf.cli import positive_float as _positive_float
@@ -107,12 +107,12 @@ def register(subparsers) -> None:
     p.add_argument("--steps", type=steps_int, default=None, help="denoise steps, 1..1000 (default: the workload's)")
     add_action_horizon(p, conventions=True)
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights")
-    p.add_argument("--checkpoint", default=None, help="openpi or LeRobot model.safetensors, or an openpi JAX checkpoint "
+    p.add_argument("--checkpoint", type=path_arg, default=None, help="openpi or LeRobot model.safetensors, or an openpi JAX checkpoint "
                    "folder (orbax params/; needs tensorstore) (default: random weights)")
-    p.add_argument("--tokenizer", default=None,
+    p.add_argument("--tokenizer", type=path_arg, default=None,
                    help="PaliGemma's sentencepiece model (paligemma_tokenizer.model; needs sentencepiece) for a real "
                         "checkpoint (default: a deterministic stand-in whose ids mean nothing to a trained model)")
-    p.add_argument("--norm-stats", default=None,
+    p.add_argument("--norm-stats", type=path_arg, default=None,
                    help="the checkpoint's statistics: openpi's norm_stats.json or LeRobot's normalizer safetensors (or "
                         "a folder holding one): the state is normalized, the actions unnormalized, z-score for pi0 and "
                         "quantiles for pi0.5 (default: none, the model's own units)")
