@@ -818,7 +818,8 @@ class PolicyServer:
         else:
             meta["levers"], meta["levers_label"] = [], "unknown"
         meta.update(max_batch=self.max_batch, max_wait_ms=self.max_wait_ms, max_message_bytes=self.max_message_bytes,
-                    max_list_items=self.max_list_items, max_queued=self.max_queued, max_connections=self.max_connections, request_id_key=REQUEST_ID_KEY,
+                    max_list_items=self.max_list_items, max_queued=self.max_queued, max_connections=self.max_connections,
+                    request_id_key=REQUEST_ID_KEY,
                     auth="api-key" if self.api_key else "none", warmup_s=round(getattr(self, "warmup_s", 0.0), 3))
         meta.update(self._extra_metadata)
         return meta
