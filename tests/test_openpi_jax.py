@@ -232,3 +232,20 @@ def test_lora_merge_follows_openpis_modules():
     torch.testing.assert_close(torch.einsum("tnh,lnhd->ltd", x, params["a/attn_vec_einsum/w"]),
                                torch.einsum("tnh,lnhd->ltd", x, o) + 0.5 * lora, rtol=1e-5, atol=1e-5)
     torch.testing.assert_close(params["m/linear"], lin + la @ lb)  # unscaled
+
+
+def test_an_incomplete_copy_says_what_is_missing(tmp_path):
+    """A params folder whose manifest.ocdbt was not copied said "the checkpoint holds no arrays" (they are there, in
+    ocdbt.process_0/); one with none of orbax's marker files was "checkpoint not found: .../model.safetensors" with
+    no word of the JAX layout. Both now say what they look like."""
+    import shutil
+
+    copy = tmp_path / "pi0"
+    shutil.copytree(Path(__file__).parent / "data" / "openpi_jax" / "pi0", copy)
+    (copy / "params" / "manifest.ocdbt").unlink()
+    with pytest.raises(CheckpointError, match="manifest.ocdbt is missing .*the checkpoint is incomplete; copy it again"):
+        load_checkpoint(build_model("tiny"), copy, layout="openpi-jax")
+    for marker in ("_METADATA", "_CHECKPOINT_METADATA"):
+        (copy / "params" / marker).unlink()
+    with pytest.raises(CheckpointError, match="it looks like an openpi JAX checkpoint, but without orbax's"):
+        load_checkpoint(build_model("tiny"), copy)

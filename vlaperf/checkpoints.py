@@ -38,10 +38,18 @@ class CheckpointError(ValueError):
 
 def checkpoint_file(path: str | os.PathLike) -> Path:
     p = Path(path)
-    if p.is_dir():
+    folder = p if p.is_dir() else None
+    if folder is not None:
         p = p / "model.safetensors"
     if not p.is_file():
-        raise CheckpointError(f"checkpoint not found: {p} (expected a model.safetensors file or a folder holding one)")
+        hint = ""
+        if folder is not None and ((folder / "params").is_dir() or folder.name == "params"):
+            from vlaperf.openpi_jax import MARKERS
+
+            hint = (f"; it looks like an openpi JAX checkpoint, but without orbax's {' / '.join(MARKERS)} in its params "
+                    "folder: an incomplete copy?")
+        raise CheckpointError(f"checkpoint not found: {p} (expected a model.safetensors file or a folder holding one"
+                              f"{hint})")
     return p
 
 
