@@ -245,3 +245,21 @@ def test_an_existing_output_is_replaced_only_with_force(tmp_path, capsys):
     assert all(torch.equal(before[k], v) for k, v in read_tensors(other).items())  # untouched
     assert main(argv + ["--force"]) == 0
     assert any(k.startswith("model.") for k in read_tensors(other))  # now the converted, LeRobot-layout file
+
+
+def test_a_file_with_nan_or_inf_weights_is_not_converted(tmp_path, capsys):
+    """convert wrote a NaN weight into its output, a file vlaperf's own loader then refused; it now refuses at
+    once, names each tensor, exit code 2, and writes nothing."""
+    cfg = get_config("tiny")
+    tensors = read_tensors(save_checkpoint(build_model(cfg, seed=0), tmp_path / "src"))
+    tensors["action_in_proj.weight"][0, 0] = float("nan")
+    tensors["action_out_proj.bias"][1] = float("-inf")
+    save_file(tensors, str(tmp_path / "bad.safetensors"))
+    with pytest.raises(CheckpointError, match="non-finite weights:\n  action_in_proj.weight: NaN or inf\n"
+                                              "  action_out_proj.bias: NaN or inf"):
+        convert_checkpoint(tmp_path / "bad.safetensors", tmp_path / "out.safetensors", "openpi", "lerobot", cfg)
+    argv = ["convert", "--from", "openpi", "--to", "lerobot", "--preset", "tiny", str(tmp_path / "bad.safetensors"),
+            str(tmp_path / "out.safetensors")]
+    assert main(argv) == 2
+    assert "action_in_proj.weight: NaN or inf" in capsys.readouterr().err
+    assert not (tmp_path / "out.safetensors").exists()

@@ -167,6 +167,24 @@ def check_tensors(named: dict[str, torch.Tensor], expected: dict[str, torch.Size
         raise CheckpointError(f"checkpoint does not match model preset {cfg.name!r}{hint} ({counts}):\n  " + "\n  ".join(shown))
 
 
+def check_finite(named: dict[str, torch.Tensor], dtypes: dict[str, torch.dtype] | None = None) -> None:
+    """Raise CheckpointError naming every tensor with a NaN or inf, in its stored dtype or, where `dtypes`
+    names one, once cast to it (a float32 value past bfloat16's range becomes inf). One tensor's cast at a
+    time: no second copy of the model in memory."""
+    bad = []
+    for key in sorted(named):
+        tensor = named[key]
+        if not tensor.is_floating_point():
+            continue
+        dtype = (dtypes or {}).get(key, tensor.dtype)
+        if not torch.isfinite(tensor.to(dtype)).all():
+            where = "" if not torch.isfinite(tensor).all() else f" once cast to the model's {dtype}"
+            bad.append(f"{key}: NaN or inf{where}")
+    if bad:
+        shown = bad[:20] + ([f"... and {len(bad) - 20} more"] if len(bad) > 20 else [])
+        raise CheckpointError("checkpoint holds non-finite weights:\n  " + "\n  ".join(shown))
+
+
 def load_state(model: Pi0Model, named: dict[str, torch.Tensor]) -> None:
     """Check every tensor (names, shapes, dtypes; finite in the model's dtypes), then copy them in: a
     refused file leaves the model as it was. Bumps `model.weights_version`, which engines built before
@@ -176,14 +194,7 @@ def load_state(model: Pi0Model, named: dict[str, torch.Tensor]) -> None:
                               "build the model again to load a checkpoint into it")
     expected = model.state_dict()
     check_tensors(named, {k: v.shape for k, v in expected.items()}, model.config)
-    bad = []
-    for key, param in expected.items():  # one tensor's cast at a time: no second copy of the model in memory
-        if not torch.isfinite(named[key].to(param.dtype)).all():
-            where = "" if not torch.isfinite(named[key]).all() else f" once cast to the model's {param.dtype}"
-            bad.append(f"{key}: NaN or inf{where}")
-    if bad:
-        shown = bad[:20] + ([f"... and {len(bad) - 20} more"] if len(bad) > 20 else [])
-        raise CheckpointError("checkpoint holds non-finite weights:\n  " + "\n  ".join(shown))
+    check_finite(named, {k: v.dtype for k, v in expected.items()})
     with torch.no_grad():
         for key, param in expected.items():
             param.copy_(named[key])  # copies into the model's own dtype and device

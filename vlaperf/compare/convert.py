@@ -41,6 +41,7 @@ from vlaperf.checkpoints import (
     LEROBOT_PREFIX,
     LM_HEAD,
     CheckpointError,
+    check_finite,
     check_tensors,
     checkpoint_file,
     detect_layout,
@@ -74,9 +75,11 @@ def expected_shapes(preset: str | Pi0Config) -> dict[str, torch.Size]:
 
 def validate(named: dict[str, torch.Tensor], preset: str | Pi0Config) -> None:
     """Raise CheckpointError listing every missing, unexpected or wrongly shaped tensor
-    (openpi names on both sides)."""
+    (openpi names on both sides), then every tensor holding a NaN or inf: a file vlaperf's loader
+    would refuse is not written."""
     cfg = _config(preset)
     check_tensors(named, expected_shapes(cfg), cfg)
+    check_finite(named)
 
 
 def _check_layout(tensors: dict[str, torch.Tensor], layout: str) -> None:
