@@ -71,13 +71,30 @@ def test_batched_requests_match_unbatched(server):
     assert not np.allclose(alone[0], alone[1])
 
 
+def test_a_prompt_sent_as_bytes_or_a_string_array_is_the_same_instruction(server, model):
+    """The pi0 family's transform took a prompt as msgpack bin (bytes) or openpi's np.asarray(prompt); the
+    world-action transform refused both as 'expected a string'. Both now decode to the same instruction."""
+    example = make_wam_example(W, seed=4)
+    with Client(server.url) as c:
+        as_str = c.infer(example)["actions"]
+        as_bytes = c.infer({**example, "prompt": example["prompt"].encode()})["actions"]
+        other = c.infer({**example, "prompt": example["prompt"] + " slowly"})["actions"]
+    assert np.array_equal(as_bytes, as_str)
+    assert not np.allclose(other, as_str)  # the instruction does reach the model
+    # a string array cannot cross the wire (the protocol carries numeric arrays only), but a Python caller's can
+    local = FixedNoisePolicy(model, model.generate, W)
+    assert np.array_equal(local.infer({**example, "prompt": np.asarray(example["prompt"])})["actions"],
+                          local.infer(example)["actions"])
+
+
 @pytest.mark.parametrize("change,message", [
     (lambda ex: ex.pop("observation/state"), "observation/state: missing"),
     (lambda ex: ex.update({"observation/context_latent": np.zeros((1, 8, 15), np.float32)}),
      "observation/context_latent: expected shape (1, 8, 16), got (1, 8, 15)"),
     (lambda ex: ex.update({"observation/state": np.full(8, np.nan, np.float32)}), "observation/state: holds NaN or inf"),
     (lambda ex: ex.update({"prompt": ""}), "prompt: empty; the world-action model is conditioned on its instruction"),
-    (lambda ex: ex.update({"prompt": 7}), "prompt: expected a string"),
+    (lambda ex: ex.update({"prompt": 7}), "prompt: expected a string, got int"),
+    (lambda ex: ex.update({"prompt": b" "}), "prompt: empty; the world-action model"),
     (lambda ex: ex.pop("prompt"), "prompt: missing"),
     (lambda ex: ex.update({"observation/context_latent": [[1], [1, 2]]}),
      "observation/context_latent: expected a numeric array of shape (1, 8, 16)"),

@@ -349,6 +349,22 @@ FLOAT_PIXEL_SLACK = 1e-3
 MAX_PROMPT_CHARS = 4096
 
 
+def prompt_text(prompt: Any, why_limit: str = "") -> str:
+    """An observation's 'prompt' as text: a str, UTF-8 bytes (msgpack's bin, as some clients send strings) or
+    a 0-d numpy string array (openpi's own transforms send np.asarray(prompt)); anything else, or more than
+    MAX_PROMPT_CHARS characters, is an InputError naming the field."""
+    if isinstance(prompt, np.ndarray) and prompt.dtype.kind in "US" and prompt.ndim == 0:
+        prompt = prompt.item()
+    if isinstance(prompt, bytes):
+        prompt = prompt.decode("utf-8", "replace")
+    if not isinstance(prompt, str):
+        got = f"an array of shape {prompt.shape}" if isinstance(prompt, np.ndarray) else type(prompt).__name__
+        raise InputError(f"prompt: expected a string, got {got}")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise InputError(f"prompt: {len(prompt)} characters, expected at most {MAX_PROMPT_CHARS}{why_limit}")
+    return prompt
+
+
 class ObservationTransform:
     """openpi LIBERO / ALOHA / DROID dicts -> Observation on the device.
 
@@ -427,18 +443,7 @@ class ObservationTransform:
                 return self.conventions.default_prompt
             raise InputError("prompt: missing; an observation carries its task instruction as 'prompt' (a string; "
                              "'' for none)")
-        prompt = example["prompt"]
-        if isinstance(prompt, np.ndarray) and prompt.dtype.kind in "US" and prompt.ndim == 0:
-            prompt = prompt.item()  # openpi's own transforms send np.asarray(prompt)
-        if isinstance(prompt, bytes):
-            prompt = prompt.decode("utf-8", "replace")
-        if not isinstance(prompt, str):
-            got = f"an array of shape {prompt.shape}" if isinstance(prompt, np.ndarray) else type(prompt).__name__
-            raise InputError(f"prompt: expected a string, got {got}")
-        if len(prompt) > MAX_PROMPT_CHARS:
-            raise InputError(f"prompt: {len(prompt)} characters, expected at most {MAX_PROMPT_CHARS} (the model keeps "
-                             f"{self.workload.prompt_slots} tokens)")
-        return prompt
+        return prompt_text(example["prompt"], f" (the model keeps {self.workload.prompt_slots} tokens)")
 
     def validate(self, example: dict) -> None:
         """Check one raw observation (raises InputError naming the field) without building

@@ -227,17 +227,19 @@ class WamTransform:
         cfg = self.cfg
         self._array(example, "observation/context_latent", (cfg.context_frames, cfg.patches, cfg.patch_channels))
         self._array(example, "observation/state", (cfg.state_dim,))
-        from vlaperf.inputs import MAX_PROMPT_CHARS
+        self._prompt(example)
 
-        prompt = example.get("prompt")
+    def _prompt(self, example: dict) -> str:
+        """The task instruction, as the pi0 family's transform takes it (str, UTF-8 bytes, a 0-d string array),
+        but never empty: unlike pi0's "", the text encoder's embedding of nothing is no condition."""
+        from vlaperf.inputs import InputError, prompt_text
+
         if "prompt" not in example:
             raise InputError(f"prompt: missing; a world-action observation has {', '.join(WAM_KEYS)}")
-        if not isinstance(prompt, str):
-            raise InputError(f"prompt: expected a string (the task instruction), got {type(prompt).__name__}")
-        if not prompt.strip():  # unlike the pi0 family's "", the text encoder's embedding of nothing is no condition
+        prompt = prompt_text(example["prompt"])
+        if not prompt.strip():
             raise InputError("prompt: empty; the world-action model is conditioned on its instruction")
-        if len(prompt) > MAX_PROMPT_CHARS:
-            raise InputError(f"prompt: {len(prompt)} characters, expected at most {MAX_PROMPT_CHARS}")
+        return prompt
 
     def __call__(self, examples: list[dict]):
         from vlaperf.models.wam import WamObservation
@@ -248,7 +250,7 @@ class WamTransform:
         stack = lambda key, shape: torch.from_numpy(np.stack([self._array(e, key, shape) for e in examples]))  # noqa: E731
         context = stack("observation/context_latent", (cfg.context_frames, cfg.patches, cfg.patch_channels))
         state = stack("observation/state", (cfg.state_dim,))
-        text = torch.from_numpy(np.stack([self.text_encoder(e["prompt"]) for e in examples]))
+        text = torch.from_numpy(np.stack([self.text_encoder(self._prompt(e)) for e in examples]))
         to = lambda t: t.to(self.device, self.dtype, non_blocking=True)  # noqa: E731
         return WamObservation(context=to(context), text=to(text), state=to(state))
 
