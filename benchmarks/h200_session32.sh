@@ -1,0 +1,18 @@
+#!/bin/bash
+# Session 32's device calls on nvidia-h200 (one GPU; lanes.sh, lane A only).
+#   PART=a   the whole test suite with the GPU visible, as a user with a GPU runs the README's test command:
+#            websockets and openpi-client carried as wheels (.whl, not in the machine's image) so the server's
+#            tests run too; 8 pytest-xdist workers, a 400 s limit a test; the full log in $R/pytest_gpu_s32.log
+# Usage (device tool, carry [".whl"]): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session32.sh
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
+export PYTHONPATH=/tmp/site:$PWD
+case "${PART:-a}" in
+a)
+  lane A 0 70 <<EOT &
+560 python3 -m pytest -q -p no:cacheprovider -n 8 --timeout 400 -rfEs --durations 30 2>&1 | tee $R/pytest_gpu_s32.log
+EOT
+  ;;
+esac
+finish
