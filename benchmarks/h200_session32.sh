@@ -4,7 +4,8 @@
 #            websockets and openpi-client carried as wheels (.whl, not in the machine's image) so the server's
 #            tests run too; 8 pytest-xdist workers, a 400 s limit a test; the full log in $R/pytest_gpu_s32.log
 #            (the first run was cut at 560 s, at ~98%, before pytest's summary named its 9 failures)
-#   PART=b   the same with 14 workers and -v, so each test's outcome is in the log as it ends
+#   PART=b   the same with 14 workers and -v, so each test's outcome is in the log as it ends (cut at 95%: 7 failed)
+#   PART=c   part b's seven failures alone, with their tracebacks
 # Usage (device tool, carry [".whl"]): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session32.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -19,6 +20,11 @@ EOT
 b)
   lane A 0 70 <<EOT &
 470 python3 -m pytest -p no:cacheprovider -n 14 -v --timeout 300 -rfE --tb=short 2>&1 | tee $R/pytest_gpu_s32b.log | grep -E "FAILED|ERROR|passed|failed"
+EOT
+  ;;
+c)
+  lane A 0 400 <<EOT &
+200 python3 -m pytest -q -p no:cacheprovider -n 7 --timeout 150 -rfE --tb=short tests/test_kernels.py -k "pdl_only or small_m_matmul_matches or rope_qkv_kernel_matches or suffix_attention_matches_eager or lever_matches_reference_in_the or without_copies_of_the_whole" tests/test_report_render.py::test_html_from_h200_results 2>&1 | tee $R/pytest_gpu_s32c.log
 EOT
   ;;
 esac
