@@ -1,0 +1,47 @@
+"""The engine's GPU paths on a CUDA device, tiny in bfloat16: what the CPU cannot run for real (Triton's kernels
+compiled for the GPU, not interpreted; CUDA graphs; the step kernel). Skipped without CUDA. The speed of these paths
+is measured by the benchmarks on the H200, not here."""
+
+import pytest
+import torch
+
+from vlaperf.check import REL_L2_TOLERANCE, check_equivalence
+from vlaperf.engine import Engine
+from vlaperf.engine.levers import GRAPH_GPU
+from vlaperf.models.pi0 import build_model, get_config
+from vlaperf.workloads import get_workload
+
+pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
+
+GRAPH = ",".join(GRAPH_GPU)
+VARIANTS = {
+    "graph": "graph",  # the exact levers in one CUDA graph
+    "kernels": GRAPH + ",triton_kernels",  # the layer kernels, the split-key attention and RoPE + cache write
+    "step_kernel": GRAPH + ",triton_kernels,megakernel",  # the whole denoise step in one persistent kernel
+}
+
+
+@pytest.mark.parametrize("pi05", [False, True], ids=["pi0", "pi05"])
+@pytest.mark.parametrize("variant", list(VARIANTS))
+def test_gpu_variants_match_the_reference_in_bfloat16(variant, pi05):
+    model = build_model(get_config("tiny", pi05=pi05), "cuda", torch.bfloat16, seed=0)
+    result = check_equivalence(model, Engine(model, VARIANTS[variant]), get_workload("tiny"))
+    assert result["passed"] and result["tolerance"] == REL_L2_TOLERANCE[torch.bfloat16], result
+
+
+def test_a_graph_is_captured_once_per_prompt_bucket_and_replayed():
+    """Prompts of other lengths in the same bucket replay the captured graph; the actions are the reference's."""
+    import dataclasses
+
+    from vlaperf.inputs import random_noise, random_observation
+
+    model = build_model("tiny", "cuda", torch.bfloat16, seed=0)
+    engine = Engine(model, VARIANTS["step_kernel"])
+    w = get_workload("tiny")
+    for valid in (5, 6, 7, 8):  # one bucket of 8 kept tokens
+        wv = dataclasses.replace(w, prompt_valid=(valid,))
+        obs, noise = random_observation(wv, model.config, "cuda", seed=valid), random_noise(wv, model.config, "cuda")
+        out, ref = engine.sample_actions(obs, noise, w.steps), model.sample_actions(obs, noise, w.steps)
+        rel = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+        assert rel <= REL_L2_TOLERANCE[torch.bfloat16], (valid, rel)
+    assert engine.graphs.captures == 1
