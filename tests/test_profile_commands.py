@@ -30,6 +30,10 @@ def test_breakdown_command(tmp_path):
     assert r["command"] == "breakdown" and r["breakdown"]["stages"][0]["name"] == "image_0_embed"
     events = json.loads(tr.read_text())["traceEvents"]
     assert any(e.get("name") == "prefix_prefill" for e in events)
+    # one file for both: the result would have replaced the trace it announced; refused before anything runs
+    before = tr.read_bytes()
+    assert main(["breakdown", *COMMON, "--trace", str(tr), "--json", str(tmp_path / "." / "trace.json")]) == 2
+    assert tr.read_bytes() == before
 
 
 def test_breakdown_command_policy_mode_engine(tmp_path):

@@ -627,6 +627,23 @@ def test_breakdown_names_the_steps_that_run_every_token_and_those_that_run_the_a
         assert {"setup", "context_kv", "output"} <= set(stages) and 0 < bd["coverage"]
 
 
+def test_breakdown_trace_records_the_world_action_call_under_its_stage_names(tmp_path, capsys):
+    """`breakdown --trace` on a world-action workload ended in an UnboundLocalError after the table (the trace was
+    pi0's only) and wrote neither file; it now records the same generate, its stages named in the trace."""
+    import json
+
+    from vlaperf.cli import main
+    from vlaperf.report.schema import read_result
+
+    out, trace_path = tmp_path / "b.json", tmp_path / "trace.json"
+    assert main(["breakdown", "--workload", "wam-tiny", "--device", "cpu", "--levers", "exact", "--warmup", "1",
+                 "--iters", "2", "--no-progress", "--trace", str(trace_path), "--json", str(out)]) == 0
+    assert "stages: setup, context_kv, full_denoise_step_0" in capsys.readouterr().out
+    assert read_result(out)["breakdown"]["trace"] == str(trace_path)
+    names = {e.get("name") for e in json.loads(trace_path.read_text())["traceEvents"]}
+    assert {"setup", "context_kv", "action_denoise_step_3", "output"} <= names
+
+
 def test_an_engine_on_a_released_model_and_an_empty_batch_are_named_errors(tiny):
     from vlaperf.engine.wam import WamEngine
     from vlaperf.inputs import InputError

@@ -66,16 +66,18 @@ def _wam_breakdown_result(args, levers):
     """`vlaperf breakdown --workload wam-*`: the stages of one generate, as a result file."""
     from vlaperf.engine import LeverError
     from vlaperf.profile import wam
+    from vlaperf.profile.breakdown import breakdown_fn
     from vlaperf.timing import environment_record
 
     if args.mode != "model":
         raise CliError("--mode policy: the world-action breakdown times generate on device tensors (--mode model)")
     base, workload, model, device = wam.setup(args)
     try:
-        bd, notes, label = wam.wam_breakdown(model, workload, levers, warmup=args.warmup, iters=args.iters, seed=args.seed,
-                                             progress=not args.no_progress)
+        call, label, notes = wam.breakdown_call(model, workload, levers, seed=args.seed)
     except LeverError as e:
         raise CliError(str(e)) from None
+    bd = breakdown_fn(call, device=device, warmup=args.warmup, iters=args.iters, progress=not args.no_progress,
+                      label=label)
     names = [] if label == "reference" else label.split(",")
     result = wam.header("breakdown", base, workload, model, environment_record(device), names, label, "model")
     untimed = bd.pop("untimed")
@@ -83,7 +85,7 @@ def _wam_breakdown_result(args, levers):
     result.update({k: untimed[k] for k in ("first_call_s", "warmup_s", "warmup", "iters", "peak_memory_bytes")})
     result["breakdown"] = {"path": f"WamEngine {label}", "levers_timed": names, "steps": workload.steps,
                            "notes": notes, "matches_reference": None, **bd}
-    return result, workload, device
+    return result, workload, device, call
 
 
 def cmd_breakdown(args) -> int:
@@ -95,9 +97,12 @@ def cmd_breakdown(args) -> int:
 
     from vlaperf.workloads import is_wam_workload
 
+    if args.trace and args.json and Path(args.trace).resolve() == Path(args.json).resolve():
+        raise CliError(f"--trace and --json name the same file {args.json}: the result would overwrite the trace")
     levers = None if args.levers.strip() in REFERENCE else args.levers
+    wam_call = None  # the world-action call the breakdown timed, for --trace
     if is_wam_workload(args.workload):
-        result, workload, device = _wam_breakdown_result(args, levers)
+        result, workload, device, wam_call = _wam_breakdown_result(args, levers)
     else:
         base, workload, model, device = setup(args)
         if levers is not None:  # one engine for the breakdown and --trace: a compiled variant compiles once
@@ -127,17 +132,22 @@ def cmd_breakdown(args) -> int:
         from vlaperf.profile.markers import StageRecorder
         from vlaperf.profile.trace import trace
 
-        sc = prepare_breakdown(model, workload, levers, args.mode, seed=args.seed, check=False)
         rec = StageRecorder(device)
+        if wam_call is not None:  # its stages are marked through the module-level markers: `rec` active
+            def one():
+                with rec.activate(), rec.call():
+                    wam_call(rec)
+        else:
+            sc = prepare_breakdown(model, workload, levers, args.mode, seed=args.seed, check=False)
 
-        def one():
-            with rec.call():
-                sc.call(rec)
+            def one():
+                with rec.call():
+                    sc.call(rec)
 
         info = trace(one, args.trace, device=device, warmup=1, calls=1)
         print(f"wrote trace {info['path']} ({info['events']} events; stages: {', '.join(info['stages'])}); "
               "open it in https://ui.perfetto.dev or chrome://tracing")
-        if getattr(getattr(levers, "levers", None), "cuda_graph", False):  # a replay: no host code between stages
+        if "cuda_graph" in result["variant"]["levers"]:  # a replay: no host code between stages
             print("note: the call is one CUDA graph replay: the trace shows its kernels, and the stages inside it are "
                   "not named there (the table above has their times)")
         result["breakdown"]["trace"] = info["path"]

@@ -387,9 +387,19 @@ def wam_breakdown(model, workload, levers: str | None, warmup: int = 3, iters: i
     so the marks fall between compiled functions; under cuda_graph the engine replays a second
     capture with a timing-event node at each mark (engine/graphs.py). Returns the breakdown
     (vlaperf.profile.breakdown.breakdown_fn's), notes, and the label of what was timed."""
+    from vlaperf.profile.breakdown import breakdown_fn
+
+    call, label, notes = breakdown_call(model, workload, levers, seed=seed)
+    bd = breakdown_fn(call, device=model.device, warmup=warmup, iters=iters, progress=progress, label=label)
+    return bd, notes, label
+
+
+def breakdown_call(model, workload, levers: str | None, seed: int = 0):
+    """What a world-action breakdown times, and `breakdown --trace` records: `call(rec)` (one generate on fixed
+    inputs, its stages marked through the module-level markers while `rec` is active), the variant's label and
+    the notes on how it is timed. One engine behind both, so a compiled or graphed variant is built once."""
     from vlaperf.engine.wam import WamEngine, WamLevers
     from vlaperf.models.wam import random_wam_inputs
-    from vlaperf.profile.breakdown import breakdown_fn
 
     device = model.device
     requested = WamLevers.parse(levers or "reference", device)
@@ -404,5 +414,4 @@ def wam_breakdown(model, workload, levers: str | None, warmup: int = 3, iters: i
     def call(rec):
         return engine.generate(obs, noise, **kw)
 
-    bd = breakdown_fn(call, device=device, warmup=warmup, iters=iters, progress=progress, label=engine.name)
-    return bd, notes, engine.name
+    return call, engine.name, notes
