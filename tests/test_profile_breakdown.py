@@ -179,3 +179,19 @@ def test_cuda_graph_variant_is_timed_inside_its_graph(mode):
     assert any("inside the CUDA graph" in n for n in bd["notes"])
     assert abs(bd["coverage"] - 1.0) <= COVERAGE_TOLERANCE, bd["statement"]
     validate_result(result)
+
+
+def test_step_counts_are_checked_as_sample_actions_checks_them():
+    """breakdown(num_steps=-1) ran the staged reference's loop forever (it skipped sample_actions' checks), 0 became
+    the workload's default without a word, and 2.5 ran 3 steps; each is now the ValueError sample_actions gives."""
+    model = build_model("tiny", seed=0)
+    for steps in (-1, 0, 2.5, True):
+        with pytest.raises(ValueError, match=rf"num_steps: expected an integer in 1\.\.1000, got {steps!r}"):
+            breakdown(model, "tiny", iters=2, warmup=1, num_steps=steps)
+    w = get_workload("tiny")
+    obs, noise = random_observation(w, model.config, seed=1), random_noise(w, model.config, seed=1)
+    with pytest.raises(ValueError, match="num_steps: expected an integer"):
+        reference_sample_staged(model, obs, noise, 2.5)  # a finite loop (3 steps) if the check were gone
+    with pytest.raises(ValueError, match=r"noise: expected a float tensor \(1, 10, 8\)"):
+        reference_sample_staged(model, obs, noise[:, :3], 3)
+    assert torch.equal(reference_sample_staged(model, obs, noise, 3), model.sample_actions(obs, noise, 3))

@@ -69,7 +69,8 @@ from vlaperf.inputs import (
     random_noise,
     random_observation,
 )
-from vlaperf.models.pi0 import Pi0Model, joint_layer, make_attention_mask_2d, rope_cos_sin
+from vlaperf.models.pi0 import (MAX_NUM_STEPS, Pi0Model, check_sample_inputs, joint_layer, make_attention_mask_2d,
+                               rope_cos_sin)
 from vlaperf.profile.markers import END, NULL_RECORDER, UNMARKED, CallRecord, StageRecorder
 from vlaperf.timing import summarize, synchronize, time_calls
 from vlaperf.workloads import WORKLOADS, Workload, get_workload
@@ -88,8 +89,10 @@ def _noop(name: str, token=None) -> None:
 def reference_sample_staged(model: Pi0Model, obs: Observation, noise: torch.Tensor | None = None,
                             num_steps: int = 10, mark: Callable[[str], None] = _noop) -> torch.Tensor:
     """`model.sample_actions(obs, noise, num_steps)` with a `mark(stage)` call between its
-    stages (see the module docstring). Same operations, same order, same result."""
+    stages (see the module docstring). Same operations, same order, same result; the same checks of its
+    arguments first (a negative num_steps would make the loop below run forever)."""
     cfg = model.config
+    check_sample_inputs(cfg, obs, noise, num_steps, model.action_in_proj.weight.device)
     B = obs.state.shape[0]
     device = obs.state.device
     if noise is None:
@@ -371,7 +374,9 @@ def prepare_breakdown(model: Pi0Model, workload: Workload | str, levers=None, mo
         raise ValueError(f"mode must be 'model' or 'policy', got {mode!r}")
     device = model.action_in_proj.weight.device
     base, workload = _workload(workload)
-    steps = num_steps or workload.steps
+    steps = workload.steps if num_steps is None else num_steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_NUM_STEPS:
+        raise ValueError(f"num_steps: expected an integer in 1..{MAX_NUM_STEPS}, got {num_steps!r}")
 
     requested_engine = levers if isinstance(levers, Engine) else None
     requested = requested_engine.levers if requested_engine else Levers.parse(levers, device)
