@@ -59,6 +59,19 @@ def test_compare_against_fake_openpi_is_exact(pi05):
     assert out["actions"]["openpi"].shape == (1, 10, 8)
 
 
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(steps=-1), r"steps: expected an integer in 1\.\.1000, got -1"),  # openpi's `while` would never end
+    (dict(steps=0), r"steps: expected an integer in 1\.\.1000, got 0"),  # was the workload's 4, silently
+    (dict(levers="bogus"), "unknown lever 'bogus'"),
+])
+def test_bad_arguments_are_refused_before_openpis_model_runs(kwargs, message):
+    cfg = get_config("tiny")
+    theirs = FakePI0Pytorch(cfg)
+    with pytest.raises(ValueError, match=message):
+        compare_openpi(theirs, "tiny", config=cfg, **kwargs)
+    assert theirs.calls == []  # the peer's call (minutes where it compiles) never started
+
+
 def test_weights_are_copied_not_rebuilt():
     cfg = get_config("tiny")
     theirs = FakePI0Pytorch(cfg, seed=11)

@@ -46,26 +46,43 @@ def action_metrics(actions: Tensor, reference: Tensor, dtype: torch.dtype) -> di
     return out
 
 
-def compare_vlaperf(model, levers: str | None, obs: Observation, noise: Tensor, steps: int, theirs: Tensor,
-                    peer: str) -> tuple[dict, dict, object | None]:
-    """vlaperf's reference (and the engine variant `levers`, if any) against a peer's actions
-    on the same observation and noise. Returns (equivalence per variant, actions, engine)."""
+def comparison_steps(steps, default: int) -> int:
+    """The denoise steps a comparison runs: the workload's unless given, checked before any peer runs (openpi's
+    and LeRobot's loops are a `while` on the time, so a count below 1 would never end there)."""
+    from vlaperf.models.pi0 import MAX_NUM_STEPS
+
+    steps = default if steps is None else steps
+    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_NUM_STEPS:
+        raise ValueError(f"steps: expected an integer in 1..{MAX_NUM_STEPS}, got {steps!r}")
+    return steps
+
+
+def comparison_engine(model, levers: str | None):
+    """The engine variant compared beside vlaperf's reference (None for the reference alone), built before the
+    peer runs: a wrong lever list is refused at once, not after the peer's call (minutes where it compiles)."""
     from vlaperf.cli import CliError, make_engine
 
+    if not levers or levers in ("reference", "none"):
+        return None
+    try:
+        return make_engine(model, levers)
+    except CliError as e:
+        raise ValueError(str(e)) from None
+
+
+def compare_vlaperf(model, levers: str | None, engine, obs: Observation, noise: Tensor, steps: int, theirs: Tensor,
+                    peer: str) -> tuple[dict, dict]:
+    """vlaperf's reference (and `engine`, the variant `levers` from comparison_engine, if any) against a peer's
+    actions on the same observation and noise. Returns (equivalence per variant, actions)."""
     dtype = model.dtype
     ours = model.sample_actions(obs, noise, steps)
     equivalence = {"reference": action_metrics(ours, theirs.float(), dtype)}
     actions = {peer: theirs, "vlaperf_reference": ours}
-    engine = None
-    if levers and levers not in ("reference", "none"):
-        try:
-            engine = make_engine(model, levers)
-        except CliError as e:
-            raise ValueError(str(e)) from None
+    if engine is not None:
         fast = engine.sample_actions(obs, noise, steps)
         equivalence[levers] = action_metrics(fast, theirs.float(), dtype)
         actions["vlaperf_" + levers] = fast
-    return equivalence, actions, engine
+    return equivalence, actions
 
 
 def tolerance_for(dtype: torch.dtype) -> float:

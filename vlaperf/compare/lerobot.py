@@ -55,7 +55,7 @@ import torch
 from torch import Tensor
 
 from vlaperf.checkpoints import EMBED, LEROBOT_PREFIX, LM_HEAD, CheckpointError, load_state
-from vlaperf.compare import action_metrics, compare_vlaperf
+from vlaperf.compare import action_metrics, comparison_engine, comparison_steps, compare_vlaperf
 from vlaperf.inputs import Observation, random_noise, random_observation
 from vlaperf.models.pi0 import (
     GEMMA_2B,
@@ -347,7 +347,7 @@ def compare_lerobot(workload: str | Workload = "libero-pi0", device: torch.devic
     wl = get_workload(workload) if isinstance(workload, str) else workload
     device = torch.device(device)
     dtype = dtype or default_dtype(device)
-    steps = steps or wl.steps
+    steps = comparison_steps(steps, wl.steps)
     shrink = reduced if isinstance(reduced, Reduced) else (Reduced() if reduced else None)
     cfg = matching_config(wl, shrink)
     t0 = time.perf_counter()
@@ -355,11 +355,12 @@ def compare_lerobot(workload: str | Workload = "libero-pi0", device: torch.devic
     randomize_lerobot_(policy, seed)
     model = vlaperf_from_lerobot(policy, cfg, dtype)
     build_s = time.perf_counter() - t0
+    engine = comparison_engine(model, levers)  # before LeRobot's call: a wrong lever list at once
     obs = random_observation(wl, cfg, device, seed=seed)
     noise = random_noise(wl, cfg, device, seed=seed)
 
     theirs = run_lerobot(policy, obs, noise, steps)
-    equivalence, actions, engine = compare_vlaperf(model, levers, obs, noise, steps, theirs, "lerobot")
+    equivalence, actions = compare_vlaperf(model, levers, engine, obs, noise, steps, theirs, "lerobot")
     result = {
         "against": "lerobot",
         "lerobot_version": lerobot_version(),

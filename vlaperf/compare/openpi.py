@@ -39,7 +39,7 @@ import dataclasses
 import torch
 
 from vlaperf.checkpoints import EMBED, LM_HEAD, CheckpointError, load_state
-from vlaperf.compare import compare_vlaperf, to_openpi_observation
+from vlaperf.compare import comparison_engine, comparison_steps, compare_vlaperf, to_openpi_observation
 from vlaperf.inputs import random_noise, random_observation
 from vlaperf.models.pi0 import Pi0Config, Pi0Model, empty_model, get_config
 from vlaperf.workloads import Workload, get_workload
@@ -110,12 +110,13 @@ def compare_openpi(openpi_model, workload: str | Workload | None = None, *, conf
     model = vlaperf_from_openpi(openpi_model, cfg)
     device, dtype = model.action_in_proj.weight.device, model.dtype
     wl = _workload_for(workload, cfg)
-    steps = steps or wl.steps
+    steps = comparison_steps(steps, wl.steps)
+    engine = comparison_engine(model, levers)
     obs = random_observation(wl, cfg, device, seed=seed)
     noise = random_noise(wl, cfg, device, seed=seed)
 
     theirs = openpi_model.sample_actions(device, to_openpi_observation(obs), noise=noise.clone(), num_steps=steps)
-    equivalence, actions, engine = compare_vlaperf(model, levers, obs, noise, steps, theirs, "openpi")
+    equivalence, actions = compare_vlaperf(model, levers, engine, obs, noise, steps, theirs, "openpi")
     levers_info = {"spec": levers, "label": engine.name} if engine else None
     return {
         "against": "openpi",
