@@ -618,3 +618,19 @@ def test_the_steps_kernel_mask_is_made_once_a_call_in_aligned_rows():
     per_step = SuffixContext(model, state, pad, None, None, hoist=False)
     a, b = per_step.kernel_mask(per_step.mask_rope()[0]), per_step.kernel_mask(per_step.mask_rope()[0])
     assert a is not b and torch.equal(a, b) and torch.equal(a.bool(), mask)
+
+
+def test_a_left_padded_prompt_is_refused_where_trimming_would_drop_its_tokens(tiny_model, tiny_workload, tiny_inputs):
+    """trim_prompt_padding keeps the first tokens; a prompt padded on the left (its mask read from the device)
+    silently lost its own tokens, 0.84 off the reference's actions. It is now a ValueError naming the mask."""
+    obs, noise = tiny_inputs
+    left = dataclasses.replace(obs, tokens=obs.tokens.flip(1), token_mask=obs.token_mask.flip(1), host_prompt_len=None)
+    with pytest.raises(ValueError, match="obs.token_mask: sample 0 has padding before a valid token"):
+        Engine(tiny_model, "trim_prompt_padding").sample_actions(left, noise, tiny_workload.steps)
+    # without the trim every slot is kept, so the engine agrees with the reference on any mask
+    out = Engine(tiny_model, "for_loop,sdpa").sample_actions(left, noise, tiny_workload.steps)
+    assert rel_l2(out, tiny_model.sample_actions(left, noise, tiny_workload.steps)) < FP32_TOL
+    # right padding read from the device (no host metadata): trimmed, and the reference's actions
+    right = dataclasses.replace(obs, host_prompt_len=None)
+    out = Engine(tiny_model, "trim_prompt_padding").sample_actions(right, noise, tiny_workload.steps)
+    assert rel_l2(out, tiny_model.sample_actions(obs, noise, tiny_workload.steps)) < FP32_TOL

@@ -56,9 +56,21 @@ def plan_prefix(obs, skip_masked_images: bool, trim_prompt_padding: bool) -> Pre
     if trim_prompt_padding:
         n = obs.host_prompt_len
         if n is None:
-            n, read = int(obs.token_mask.sum(1).max()), True
+            n, read = _right_padded_prompt_len(obs.token_mask), True
         prompt_len = prompt_bucket(n, L)
     return PrefixPlan(slots, prompt_len, read)
+
+
+def _right_padded_prompt_len(token_mask: Tensor) -> int:
+    """The longest prompt of the batch, read from the device mask (one sync), which must pad on the right as
+    openpi's tokenizer does: trimming keeps the first tokens, so a left-padded prompt would lose its own."""
+    mask = token_mask.bool().cpu()
+    counts = mask.sum(1)
+    if not torch.equal(mask, torch.arange(mask.shape[1]) < counts[:, None]):
+        row = int((mask != (torch.arange(mask.shape[1]) < counts[:, None])).any(1).nonzero()[0])
+        raise ValueError(f"obs.token_mask: sample {row} has padding before a valid token; trim_prompt_padding keeps "
+                         "the first tokens, so the prompt must be padded on the right (as openpi's tokenizer pads)")
+    return int(counts.max())
 
 
 # ------------------------------------------------------------------ the repeated layers as blocks
