@@ -508,3 +508,37 @@ def test_presets_say_what_they_leave_out_on_the_cpu():
     assert "best" not in wam_grid(cpu) and "best" in wam_grid(gpu)
     assert left_out_on("cumulative", cpu).startswith("cumulative on cpu: the table ends at the exact levers")
     assert left_out_on("grid", gpu) is None and left_out_on("for_loop;sdpa", cpu) is None
+
+
+def test_a_non_finite_check_writes_strict_json_and_blames_the_reference(tmp_path, capsys):
+    """A checkpoint whose values overflow made the reference's own actions NaN: `check --json` wrote bare NaN (not
+    JSON: JSON.parse refuses the file) and the table blamed every variant. The file now holds null and says which
+    side was not finite, and the command says the reference is broken."""
+    from safetensors.torch import save_file
+
+    from vlaperf.checkpoints import read_tensors, save_checkpoint
+    from vlaperf.models.pi0 import build_model
+
+    tensors = read_tensors(save_checkpoint(build_model("tiny", seed=0), tmp_path / "ok"))
+    save_file({k: v * 1e12 if v.ndim == 2 else v for k, v in tensors.items()}, str(tmp_path / "huge.safetensors"))
+    out = tmp_path / "check.json"
+    assert main(["check", "--workload", "tiny", "--device", "cpu", "--checkpoint", str(tmp_path / "huge.safetensors"),
+                 "--levers", "exact", "--json", str(out)]) == 1
+    assert "the reference's own actions hold NaN or inf" in capsys.readouterr().err
+    (row,) = json.loads(out.read_text(), parse_constant=lambda c: pytest.fail(f"{c} in a result file"))["checks"]
+    assert row["rel_l2"] is None and row["max_abs"] is None and row["reference_finite"] is False and not row["passed"]
+
+
+def test_write_result_writes_non_finite_numbers_as_null(tmp_path):
+    from vlaperf.report.schema import strict_json, write_result
+
+    assert strict_json({"a": [1.0, float("nan"), {"b": float("-inf")}], "c": (2, "x")}) == \
+        {"a": [1.0, None, {"b": None}], "c": [2, "x"]}
+    bench = tmp_path / "b.json"
+    assert main(["bench", "--workload", "tiny", "--device", "cpu", "--iters", "2", "--warmup", "1", "--no-progress",
+                 "--json", str(bench)]) == 0
+    result = json.loads(bench.read_text())
+    result["extra"] = {"ratio": float("inf"), "values": [float("nan"), 0.5]}
+    write_result(result, tmp_path / "w.json")
+    back = json.loads((tmp_path / "w.json").read_text(), parse_constant=lambda c: pytest.fail(c))
+    assert back["extra"] == {"ratio": None, "values": [None, 0.5]}

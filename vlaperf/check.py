@@ -22,12 +22,17 @@ REL_L2_TOLERANCE = {torch.float32: 1e-4, torch.bfloat16: 3e-2, torch.float16: 3e
 
 
 def compare(actions: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype) -> dict:
+    """max_abs and rel_l2 of `actions` against `reference` (NaN where either holds a NaN or inf; result files
+    write them as null), the tolerance of `dtype`, and whether each side is finite: a non-finite reference
+    means broken weights or inputs, not a wrong variant."""
     a, r = actions.double(), reference.double()
-    finite = bool(torch.isfinite(a).all())
-    max_abs = float((a - r).abs().max()) if finite else float("nan")
-    rel_l2 = float((a - r).norm() / r.norm().clamp_min(1e-30)) if finite else float("nan")
+    finite, reference_finite = bool(torch.isfinite(a).all()), bool(torch.isfinite(r).all())
+    both = finite and reference_finite
+    max_abs = float((a - r).abs().max()) if both else float("nan")
+    rel_l2 = float((a - r).norm() / r.norm().clamp_min(1e-30)) if both else float("nan")
     tol = REL_L2_TOLERANCE[dtype]
-    return {"max_abs": max_abs, "rel_l2": rel_l2, "tolerance": tol, "passed": finite and rel_l2 <= tol}
+    return {"max_abs": max_abs, "rel_l2": rel_l2, "tolerance": tol, "passed": both and rel_l2 <= tol,
+            "finite": finite, "reference_finite": reference_finite}
 
 
 @torch.no_grad()

@@ -507,6 +507,9 @@ def cmd_check(args) -> int:
     for r in rows:
         table.add_row(r["variant"], f"{r['max_abs']:.3g}", f"{r['rel_l2']:.3g}", f"{r['tolerance']:.0e}", "yes" if r["passed"] else "NO")
     wide_console().print(table)
+    if not all(r["reference_finite"] for r in rows):
+        print("the reference's own actions hold NaN or inf: the weights or inputs are broken (a checkpoint whose "
+              "values overflow the model's dtype?), so no variant can be checked against them", file=sys.stderr)
     if args.levers == "all":
         left = [n for n in LEVERS if not _applicable(n, device)]
         why = ("compile and compile_layers take minutes alone; best checks them" if device.type == "cuda"

@@ -117,11 +117,24 @@ def unwritable(path: str | Path) -> str | None:
     return None
 
 
+def strict_json(x):
+    """`x` with every NaN and infinity as null: Python's json writes them as bare NaN / Infinity, which is not
+    JSON (JavaScript's JSON.parse and most other readers refuse the file; jq turns them into null silently).
+    Where a figure is non-finite the result says so in its own words (check's `finite`, `reference_finite`)."""
+    if isinstance(x, float):
+        return x if math.isfinite(x) else None
+    if isinstance(x, dict):
+        return {k: strict_json(v) for k, v in x.items()}
+    if isinstance(x, (list, tuple)):
+        return [strict_json(v) for v in x]
+    return x
+
+
 def write_result(result: dict, path: str | Path) -> Path:
     validate_result(result)
     p = Path(path)
     p.parent.mkdir(parents=True, exist_ok=True)
-    p.write_text(json.dumps(result, indent=2, default=str) + "\n")
+    p.write_text(json.dumps(strict_json(result), indent=2, default=str, allow_nan=False) + "\n")
     return p
 
 
