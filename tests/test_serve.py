@@ -442,6 +442,35 @@ def test_rollout(server, tmp_path, monkeypatch, capsys):
     assert all(h in out for h in ("waiting s", "overruns", "call p50 ms", "call max ms")), out
 
 
+def test_rollout_keeps_what_it_measured_when_the_server_goes_away(model, tmp_path, capsys, monkeypatch):
+    """A server gone mid-run made `vlaperf rollout` exit 2 (a set-up error) and write nothing. It now stops there,
+    reports and writes the episodes up to the failed call, names where it failed, and exits 1."""
+    from vlaperf.cli import main
+    from vlaperf.report.schema import read_result
+    from vlaperf.serve import rollout
+
+    own = PolicyServer(fixed_noise_policy(model), port=0, max_batch=1).start()
+    naps = []
+
+    def sleep_then_stop(seconds):  # the control loop's sleep (1 Hz: every step sleeps): stop after episode 0
+        naps.append(seconds)
+        if len(naps) == 4:
+            own.stop()
+
+    real = rollout.run_rollout
+    monkeypatch.setattr(rollout, "run_rollout", lambda *a, **kw: real(*a, **kw, sleep=sleep_then_stop))
+    out = tmp_path / "ro.json"
+    code = main(["rollout", "--url", own.url, "--episodes", "3", "--steps-per-episode", "4", "--control-hz", "1",
+                 "--replan-every", "2", "--json", str(out)])
+    assert code == 1
+    ro = read_result(out)["rollout"]
+    assert ro["connection_lost"].startswith("episode 1, step 0: the connection failed")
+    assert [(r["episode"], r["steps"], r["policy_calls"]) for r in ro["per_episode"]] == [(0, 4, 2), (1, 0, 0)]
+    assert "stopped: episode 1, step 0: the connection failed" in capsys.readouterr().out
+    assert main(["report", str(out), "-o", str(tmp_path / "r.md")]) == 0
+    assert "stopped: episode 1, step 0: the connection failed" in (tmp_path / "r.md").read_text()
+
+
 # ----------------------------------------------------------------------------- shutdown
 
 

@@ -812,8 +812,9 @@ def _rollout(doc: _Doc, path: str, r: dict) -> None:
     doc.p(f"total {_cell(ro.get('wall_s'))} s, {_pct(ro.get('policy_wait_share')) or '-'} of it waiting for the policy; "
           f"{ro.get('overrun_steps')} overrun steps; {ro.get('errors')} errors"
           + (f"; the server's model call p50 {_cell(infer['median'])} ms" if "median" in infer else "")
-          + ("; stopped at the time limit" if ro.get("timed_out") else ""), "warn" if ro.get("timed_out") or ro.get("errors")
-          else "")
+          + ("; stopped at the time limit" if ro.get("timed_out") else "")
+          + (f"; stopped: {ro['connection_lost']}" if ro.get("connection_lost") else ""),
+          "warn" if ro.get("timed_out") or ro.get("errors") or ro.get("connection_lost") else "")
     doc.p("Only the timing is real; the observations are " + str(ro.get("observations") or "SYNTHETIC (random inputs, "
           "no simulator or robot, the actions are applied to nothing)"), "note")
 

@@ -569,10 +569,11 @@ def cmd_rollout(args) -> int:
         write_result(result, args.json)
         print(f"wrote {args.json}")
     ro = result["rollout"]
-    return 0 if ro["errors"] == 0 and not ro["timed_out"] else 1
+    return 0 if ro["errors"] == 0 and not ro["timed_out"] and not ro["connection_lost"] else 1
 
 
 def print_rollout(result: dict) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     ro, server = result["rollout"], result["server"]
@@ -592,5 +593,7 @@ def print_rollout(result: dict) -> None:
     console.print(f"total {ro['wall_s']:.2f} s, {'-' if share is None else f'{share:.1%}'} of it waiting for the policy; "
                   f"{ro['overrun_steps']} overrun steps; {ro['errors']} errors"
                   + ("; [red]stopped at the time limit[/red]" if ro["timed_out"] else ""))
+    if ro.get("connection_lost"):
+        console.print(f"[red]stopped: {escape(ro['connection_lost'])}[/red] (the episodes above ran up to there)")
     what = "latents and state" if server.get("layout") == "wam" else "images and state"
     console.print(f"observations are SYNTHETIC (random {what}, no simulator): only the timing is real")

@@ -64,6 +64,7 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
             raise LoadgenError(f"the first call failed: {type(e).__name__}: {e}") from None
         deadline = time.perf_counter() + timeout_s
         rows, all_calls, all_infer, errors, timed_out = [], [], [], 0, False
+        connection_lost = None  # where the connection failed: the episodes up to there are kept and reported
         for ep in range(episodes):
             calls, infer = [], []
             overruns = 0
@@ -83,8 +84,8 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
                         errors += 1
                         reply = None
                     except Exception as e:  # the connection is gone: no later call can succeed
-                        raise LoadgenError(f"episode {ep}, step {step}: the connection failed: {type(e).__name__}: "
-                                           f"{e}") from None
+                        connection_lost = f"episode {ep}, step {step}: the connection failed: {type(e).__name__}: {e}"
+                        break
                     calls.append((time.perf_counter() - t0) * 1e3)
                     if reply is not None:
                         chunk, used = reply["actions"], 0
@@ -98,7 +99,7 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
                     sleep(period - elapsed)
             wall = time.perf_counter() - t_ep
             wait = sum(calls) / 1e3
-            steps_done = step + 1 if not timed_out else step
+            steps_done = step if timed_out or connection_lost else step + 1
             rows.append({
                 "episode": ep,
                 "steps": steps_done,
@@ -112,7 +113,7 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
             })
             all_calls += calls
             all_infer += [v for v in infer if v == v]
-            if timed_out:
+            if timed_out or connection_lost:
                 break
     total_wall = sum(r["wall_s"] for r in rows)
     total_wait = sum(r["policy_wait_s"] for r in rows)
@@ -129,6 +130,7 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
         "action_horizon": horizon,
         "image_size": image_size,
         "timed_out": timed_out,
+        "connection_lost": connection_lost,
         "errors": errors,
         "per_episode": rows,
         "wall_s": total_wall,
