@@ -649,6 +649,24 @@ def test_serve_refuses_a_taken_port_before_building_the_model(capsys, monkeypatc
     assert f"cannot listen on 127.0.0.1:{port}" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("args,message", [
+    (["--port", "0", "--host", "nonexistent.invalid", "--allow-unauthenticated"], "--host 'nonexistent.invalid': cannot "
+     "resolve it"),  # port 0 skipped the early check: the model was built and checked first
+    (["--max-wait-ms", "inf"], "argument --max-wait-ms: expected a finite number >= 0, got 'inf'"),
+    (["--max-message-mb", "2e13"], "argument --max-message-mb: expected a number > 0 and <= 4096"),  # was a traceback
+])
+def test_serve_refuses_bad_options_before_building_the_model(args, message, capsys, monkeypatch):
+    from vlaperf.cli import main as run_cli
+
+    monkeypatch.setattr("vlaperf.serve.commands._pi0_policy", lambda *a: pytest.fail("the model was built"))
+    try:
+        code = run_cli(["serve", "--device", "cpu", *args])
+    except SystemExit as e:  # argparse's own refusals
+        code = e.code
+    assert code == 2
+    assert message in capsys.readouterr().err
+
+
 CLI = textwrap.dedent("""
     import argparse, sys
     from vlaperf.serve.commands import register

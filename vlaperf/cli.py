@@ -14,6 +14,7 @@ Exit codes: 0 ok, 1 an equivalence check failed (doctor: an error-severity findi
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import re
 import sys
@@ -57,6 +58,8 @@ def number_arg(kind: type = int, minimum: float = 1, strict: bool = False, maxim
             raise argparse.ArgumentTypeError(f"expected {what} {bound}, got {text!r}") from None
         if not (value > minimum if strict else value >= minimum) or (maximum is not None and value > maximum):
             raise argparse.ArgumentTypeError(f"expected {what} {bound}, got {value}")
+        if kind is float and not math.isfinite(value):  # inf passes the bounds above; no option means it
+            raise argparse.ArgumentTypeError(f"expected a finite number {bound}, got {text!r}")
         return value
 
     return parse

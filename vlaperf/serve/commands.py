@@ -29,15 +29,14 @@ API_KEY_ENV = "VLAPERF_API_KEY"
 
 
 def _check_port_free(host: str, port: int) -> None:
-    """A port another process holds is refused now, not after the model's build, check and warm-up. (A
-    process could still take it in between; the server's own bind then reports it, later.)"""
+    """A port another process holds, or a host that does not resolve to this machine, is refused now, not after
+    the model's build, check and warm-up. (A process could still take the port in between; the server's own
+    bind then reports it, later.)"""
     import socket
 
     from vlaperf.cli import CliError
 
-    if port == 0:
-        return
-    try:
+    try:  # port 0 too: an address that does not resolve, or is not this machine's, is refused as early
         infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
     except OSError as e:
         raise CliError(f"--host {host!r}: cannot resolve it ({e.strerror or e})") from None
@@ -94,7 +93,8 @@ def register(subparsers) -> None:
                    help=f"most observations stacked into one policy call, 1..{MAX_BATCH}")
     p.add_argument("--max-wait-ms", type=_non_negative_float, default=5.0,
                    help="longest a request waits for others to batch with (0 = never wait)")
-    p.add_argument("--max-message-mb", type=_positive_float, default=16.0, help="largest accepted message (MiB)")
+    p.add_argument("--max-message-mb", type=number_arg(float, 0, strict=True, maximum=4096), default=16.0,
+                   help="largest accepted message (MiB, at most 4096)")
     p.add_argument("--max-connections", type=_positive_int, default=256,
                    help="open connections at once; one more gets HTTP 503 at its handshake (default: 256)")
     p.add_argument("--max-queue", type=_queue_size, default=256,

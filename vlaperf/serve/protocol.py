@@ -48,6 +48,7 @@ import numpy as np
 NDARRAY, NPGENERIC, DATA, DTYPE, SHAPE = b"__ndarray__", b"__npgeneric__", b"data", b"dtype", b"shape"
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 2**20
+MAX_MESSAGE_BYTES = 4 * 2**30  # the largest limit a server takes: beyond any observation (and msgpack's 32-bit lengths)
 MAX_NDIM = 32
 # Per-container limits of a decoded message, checked by msgpack at each header. An observation has a few keys and
 # arrays as bytes; lists are short (a batch of at most 64 observations, a state, an image given as nested lists of

@@ -60,7 +60,7 @@ import numpy as np
 from vlaperf import __version__
 from vlaperf.inputs import InputError, make_example, warmup_prompts
 from vlaperf.policy import NonFiniteActions
-from vlaperf.serve.protocol import (DEFAULT_MAX_MESSAGE_BYTES, MAX_REQUEST_ID_CHARS, REQUEST_ID_KEY, ProtocolError,
+from vlaperf.serve.protocol import (DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES, MAX_REQUEST_ID_CHARS, REQUEST_ID_KEY, ProtocolError,
                                     error_frame, packb, unpackb, valid_request_id)
 
 log = logging.getLogger("vlaperf.serve")
@@ -190,8 +190,9 @@ class PolicyServer:
         bad = [b for b in warmup_batch_sizes if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= max_batch]
         if bad:
             raise ValueError(f"warmup_batch_sizes must hold integers in [1, max_batch={max_batch}], got {bad[0]!r}")
-        if not isinstance(max_message_bytes, int) or max_message_bytes < 1024:
-            raise ValueError(f"max_message_bytes must be an integer >= 1024, got {max_message_bytes!r}")
+        if not isinstance(max_message_bytes, int) or not 1024 <= max_message_bytes <= MAX_MESSAGE_BYTES:
+            raise ValueError(f"max_message_bytes must be an integer in [1024, {MAX_MESSAGE_BYTES}] (4 GiB), got "
+                             f"{max_message_bytes!r}")
         if not isinstance(max_list_items, int) or max_list_items < 1:
             raise ValueError(f"max_list_items must be an integer >= 1, got {max_list_items!r}")
         if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
