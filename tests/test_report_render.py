@@ -625,3 +625,32 @@ def test_cells_keep_absurd_finite_values_short():
 
     assert _cell(1e300) == "1e+300" and _cell(-2.5e7) == "-2.5e+07" and _cell(float("inf")) == "inf"
     assert _cell(263.987) == "264.0" and _cell(12.8046) == "12.805" and _cell(0.00641) == "0.00641"
+
+
+def test_markdown_carries_no_raw_html_from_result_files(tiny_results, tmp_path):
+    """A variant label `<img src=x onerror=...>` went into the markdown report as a tag (three times), which viewers
+    that render inline HTML would run; the HTML report escaped it. Both now show it as text."""
+    result = json.loads((tiny_results / "bench.json").read_text())
+    label = "<img src=x onerror=alert(2)>"
+    result["variant"]["label"] = label
+    (tmp_path / "in").mkdir()
+    (tmp_path / "in" / "bench.json").write_text(json.dumps(result))
+    md = render([tmp_path / "in"], tmp_path / "r.md").read_text()
+    assert "<img" not in md and "&lt;img src=x onerror=alert(2)&gt;" in md
+    page = render([tmp_path / "in"], tmp_path / "r.html").read_text()
+    assert "<img src=x" not in page and "&lt;img src=x onerror=alert(2)&gt;" in page
+
+
+def test_an_unchecked_bench_is_marked_not_checked(tmp_path, capsys):
+    """`bench --no-check` files looked like checked ones in the report (rel L2 "-") and said their first call was
+    timed "before equivalence check", which never ran."""
+    from vlaperf.cli import main
+
+    out = tmp_path / "in" / "b.json"
+    assert main(["bench", "--workload", "tiny", "--device", "cpu", "--levers", "exact", "--no-check", "--warmup", "1",
+                 "--iters", "2", "--no-progress", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["equivalence"] is None and r["first_call_timing"] == "not checked (--no-check)"
+    md = render([out.parent], tmp_path / "r.md").read_text()
+    (row,) = [line for line in md.splitlines() if "b.json" in line and "not checked" in line]
+    assert "for_loop" in row or "loop" in row

@@ -398,7 +398,8 @@ def cmd_bench(args) -> int:
     result = result_header("bench", base, workload, model, env, engine.levers.names() if engine else [], label, args.mode)
     result.update({k: timing[k] for k in ("timers", "warmup_s", "warmup", "iters", "peak_memory_bytes")})
     result["first_call_s"] = first_call_s
-    result["first_call_timing"] = "before equivalence check" if engine is not None else "reference: no check"
+    result["first_call_timing"] = ("reference: no check" if engine is None else
+                                   "not checked (--no-check)" if args.no_check else "before equivalence check")
     result["samples"] = timing["samples"]
     result["equivalence"] = equivalence
     result["released_reference_bytes"] = released

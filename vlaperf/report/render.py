@@ -120,14 +120,14 @@ class _Doc:
 
     def markdown(self, title: str, out_path: Path) -> str:
         files_dir = out_path.with_name(out_path.stem + "_files")
-        lines = [f"# {title}", ""]
+        lines = [f"# {_md_text(title)}", ""]
         images = 0
         for b in self.blocks:
             kind = b[0]
             if kind == "h":
-                lines += ["#" * (b[1] + 1 if b[1] == 1 else b[1]) + " " + b[2], ""]
+                lines += ["#" * (b[1] + 1 if b[1] == 1 else b[1]) + " " + _md_text(b[2]), ""]
             elif kind == "p":
-                lines += [("_" + b[1] + "_") if b[2] == "note" else b[1], ""]
+                lines += [("_" + _md_text(b[1]) + "_") if b[2] == "note" else _md_text(b[1]), ""]
             elif kind == "pre":
                 lines += ["```", b[1], "```", ""]
             elif kind == "table":
@@ -141,7 +141,7 @@ class _Doc:
                 files_dir.mkdir(parents=True, exist_ok=True)
                 name = f"fig{images:02d}.png"
                 (files_dir / name).write_bytes(b[1])
-                lines += [f"![{b[2]}]({files_dir.name}/{name})", ""]
+                lines += [f"![{_md_text(b[2]).replace('[', '(').replace(']', ')')}]({files_dir.name}/{name})", ""]
         return "\n".join(lines)
 
 
@@ -156,6 +156,11 @@ def workload_label(r: dict) -> str:
         return str(v)
 
     return str(w.get("id")) + (" (" + ", ".join(f"{k} {value(v)}" for k, v in sorted(o.items())) + ")" if o else "")
+
+
+def _sci(x: Any) -> str:
+    """An error such as a rel L2 in one-digit scientific notation; "-" where the file has none (null: non-finite)."""
+    return f"{x:.1e}" if isinstance(x, (int, float)) and not isinstance(x, bool) else "-"
 
 
 def _cell(x: Any) -> str:
@@ -181,8 +186,15 @@ def _cell(x: Any) -> str:
     return str(x)
 
 
+def _md_text(text: str) -> str:
+    """Text from result files as markdown: no raw HTML. A label such as `<img onerror=...>` would run in viewers
+    that render inline HTML (mkdocs, IDE previews); as `&lt;img ...` it shows as typed (the HTML report escapes)."""
+    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+
+
 def _md(text: str) -> str:
-    return str(text).replace("|", "\\|").replace("\n", " ")
+    """A markdown table cell: as _md_text, on one line, its pipes escaped."""
+    return _md_text(text).replace("|", "\\|").replace("\n", " ")
 
 
 # ----------------------------------------------------------------- helpers
@@ -392,7 +404,9 @@ def _summary(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str]) 
                          f"{w['median'] / floor:.2f}x" if floor else None,
                          # one forward (--mode forward) makes no action chunk
                          1e3 * batch / w["median"] if batch and r.get("mode") != "forward" else None, r.get("first_call_s"),
-                         f"{eq['rel_l2']:.1e}" + ("" if eq.get("passed", True) else " (failed)") if "rel_l2" in eq else None,
+                         _sci(eq["rel_l2"]) + ("" if eq.get("passed", True) else " (failed)") if "rel_l2" in eq
+                         else "not checked" if (r.get("variant") or {}).get("levers") and r.get("equivalence") is None
+                         else None,
                          str((r.get("env") or {}).get("timestamp") or "")[:10] or None, names.get(path, Path(path).name)])
         if ref_ms and len(items) >= 3:
             charts.append((key, [(short_variant((r.get("variant") or {}).get("label") or ""),
@@ -854,7 +868,7 @@ def _ab_text(r: dict, ratio: str, rel_l2: float | None, new_side: str, eq: dict)
     apart = f"; outputs differ by rel L2 {rel_l2:.1e}" if rel_l2 is not None else ""
     return (f"{r['rounds']} interleaved rounds in one process; speedup = {ratio}, median of per-round ratios (p10..p90 "
             f"{r['speedup_p10_p90'][0]:.3f}..{r['speedup_p10_p90'][1]:.3f}){apart}; {new_side} against the reference: "
-            f"rel L2 {eq.get('rel_l2', float('nan')):.1e}, passed {eq.get('passed')}")
+            f"rel L2 {_sci(eq.get('rel_l2'))}, passed {eq.get('passed')}")
 
 
 def _ab_medians(doc: _Doc, r: dict, first: str = "side") -> None:
