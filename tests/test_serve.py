@@ -422,6 +422,22 @@ def test_loadgen_refuses_remote_targets():
         run_loadgen("ws://127.0.0.1:1", clients=[100000], requests=1)
 
 
+def test_loadgen_stopped_by_its_time_limit_says_so_and_counts_unsent_requests_apart(server, capsys):
+    """At --timeout-s a closed loop has at most one request in flight a client; the rest were never sent. They
+    were all counted as lost replies ("FAILED: errors, lost or misrouted replies", 879 lost with no error)."""
+    from vlaperf.serve.commands import print_loadgen
+    from vlaperf.serve.loadgen import run_loadgen
+
+    result = run_loadgen(server.url, clients=[2], requests=10000, timeout_s=0.5, warmup=1)
+    phase = result["loadgen"]["phases"][0]
+    assert phase["timed_out"] and not result["loadgen"]["passed"] and phase["errors"] == 0
+    assert phase["lost"] <= 2 and phase["unsent"] == phase["expected"] - phase["ok"] - phase["lost"] > 0
+    print_loadgen(result)
+    out = capsys.readouterr().out
+    assert "stopped at the time limit" in out and "FAILED: the time limit stopped it" in out
+    assert "lost or misrouted" not in out
+
+
 def test_rollout(server, tmp_path, monkeypatch, capsys):
     from vlaperf.report.schema import read_result, write_result
     from vlaperf.serve.rollout import run_rollout

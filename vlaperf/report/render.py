@@ -769,7 +769,9 @@ def _loadgen(doc: _Doc, items: list[tuple[str, dict]]) -> None:
         rows = []
         for ph in lg["phases"]:
             rt, inf = ph.get("round_trip_ms") or {}, ph.get("server_infer_ms") or {}
-            rows.append([ph["clients"], f"{ph['ok']} / {ph['expected']}", ph["lost"] + ph["misrouted"], ph["requests_per_s"],
+            rows.append([ph["clients"], f"{ph['ok']} / {ph['expected']}" + (f" (time limit: {ph.get('unsent', '?')} unsent)"
+                                                                             if ph.get("timed_out") else ""),
+                         ph["lost"] + ph["misrouted"], ph["requests_per_s"],
                          rt.get("median"), rt.get("p95"), rt.get("p99"), inf.get("median"), (ph.get("batch_size") or {}).get("mean")])
         doc.table(["clients", "ok / expected", "lost + misrouted", "req/s", "round trip p50 ms", "p95", "p99",
                    "server infer p50 ms", "mean batch"], rows)

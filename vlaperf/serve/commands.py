@@ -543,8 +543,16 @@ def print_loadgen(result: dict) -> None:
             console.print(f"[red]{ph['misrouted']} replies routed to the wrong request[/red] ({_clients(ph['clients'])})")
         for line in ph["error_samples"]:
             console.print(f"[red]error[/red] ({_clients(ph['clients'])}): {line}")
+    for ph in lg["phases"]:
+        if ph["timed_out"]:
+            console.print(f"[red]stopped at the time limit[/red] ({_clients(ph['clients'])}): {ph['ok']} of "
+                          f"{ph['expected']} requests answered, {ph['lost']} in flight unanswered, "
+                          f"{ph.get('unsent', 0)} never sent (--timeout-s)")
+    # a reply lost in a closed loop holds its client until the time limit: then it is one of those in flight
+    lost_or_wrong = any(ph["errors"] or ph["misrouted"] or (ph["lost"] and not ph["timed_out"]) for ph in lg["phases"])
     console.print("all replies well-formed and routed correctly" if lg["passed"]
-                  else "[red]FAILED: errors, lost or misrouted replies[/red]")
+                  else "[red]FAILED: errors, lost or misrouted replies[/red]" if lost_or_wrong
+                  else "[red]FAILED: the time limit stopped it[/red]")
 
 
 # --------------------------------------------------------------------------- rollout

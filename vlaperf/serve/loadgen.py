@@ -59,6 +59,7 @@ class _Client:
     def __init__(self, index: int):
         self.index = index
         self.ok = self.errors = self.misrouted = self.invalid = 0
+        self.sent = 0  # timed requests sent: a closed loop sends the next after the last reply
         self.round_trip_ms: list[float] = []
         self.infer_ms: list[float] = []
         self.queue_ms: list[float] = []
@@ -116,6 +117,7 @@ async def _run_client(c: _Client, url: str, api_key: str | None, examples: list[
             ex = dict(examples[r % len(examples)], **{REQUEST_ID_KEY: rid})
             t0 = time.perf_counter()
             await ws.send(packb(ex))
+            c.sent += 1
             frame = await ws.recv()
             try:
                 reply = decode_reply(frame)
@@ -209,7 +211,10 @@ async def _phase(url: str, api_key: str | None, workload, n_clients: int, reques
         "errors": errors,
         "misrouted": sum(c.misrouted for c in clients),
         "invalid": sum(c.invalid for c in clients),
-        "lost": expected - ok - errors,
+        # sent and never answered (at most one a client when the time limit stops it), apart from those the limit
+        # left unsent: only the first are lost replies
+        "lost": sum(max(0, c.sent - c.ok - c.errors) for c in clients),
+        "unsent": expected - sum(c.sent for c in clients),
         "timed_out": timed_out,
         "wall_s": wall,
         "requests_per_s": ok / wall if wall > 0 else None,
