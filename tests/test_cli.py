@@ -379,6 +379,15 @@ def test_compile_cache_dir_is_used_and_recorded(tmp_path, monkeypatch, capsys):
                  "--compile-cache", str(tmp_path / "file")]) == 2
     err = capsys.readouterr().err
     assert "--compile-cache: " in err and "is a file; expected a directory" in err, err
+    # an empty one (an unset shell variable) was taken as none given
+    with pytest.raises(SystemExit):
+        main(["bench", "--workload", "tiny", "--device", "cpu", "--compile-cache", ""])
+    assert "argument --compile-cache: expected a path, got an empty string" in capsys.readouterr().err
+    # the environment-only doctor ignored it and advised the flag just given; its finding now names the caches
+    other, out = tmp_path / "other", tmp_path / "doctor.json"
+    assert main(["doctor", "--no-measure", "--compile-cache", str(other), "--json", str(out)]) in (0, 1)
+    (finding,) = [f for f in read_result(out)["findings"] if f["id"] == "env.compile_cache"]
+    assert str(other / "triton") in finding["detail"] and str(other / "inductor") in finding["detail"]
 
 
 def test_inductor_writes_into_the_compile_cache_set_at_run_time(tmp_path):

@@ -247,7 +247,7 @@ def add_common(p: argparse.ArgumentParser, levers_default: str = "reference", le
 
 
 def add_compile_cache(p: argparse.ArgumentParser) -> None:
-    p.add_argument("--compile-cache", default=None, metavar="DIR",
+    p.add_argument("--compile-cache", default=None, metavar="DIR", type=path_arg,
                    help="keep torch.compile's and Triton's caches in DIR (created if missing), e.g. a volume that outlives "
                         "a container: a later process skips the compiles (H200, best: first call 9-14 s cold, 3.6-4 s warm)")
 
@@ -266,8 +266,8 @@ def wam_args(args) -> bool:
     return False
 
 
-def setup_device(args) -> torch.device:
-    """What every model command does first: the compile caches (--compile-cache) and the device."""
+def apply_compile_cache(args) -> None:
+    """--compile-cache DIR: torch.compile's and Triton's caches there, for this process."""
     if getattr(args, "compile_cache", None):
         from vlaperf.engine.compile import use_compile_cache
 
@@ -275,6 +275,11 @@ def setup_device(args) -> torch.device:
             use_compile_cache(args.compile_cache)
         except ValueError as e:
             raise CliError(str(e)) from None
+
+
+def setup_device(args) -> torch.device:
+    """What every model command does first: the compile caches (--compile-cache) and the device."""
+    apply_compile_cache(args)
     device = torch.device(args.device or default_device())
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CliError("--device cuda requested but CUDA is not available (use --device cpu)")

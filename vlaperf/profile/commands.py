@@ -21,8 +21,8 @@ from pathlib import Path
 
 import torch
 
-from vlaperf.cli import (CliError, add_common, levers_arg, make_engine, non_negative_int, output_file, png_file,
-                         positive_int, refuse_repeated_variants, result_header, setup)
+from vlaperf.cli import (CliError, add_common, apply_compile_cache, levers_arg, make_engine, non_negative_int, output_file,
+                         png_file, positive_int, refuse_repeated_variants, result_header, setup)
 
 REFERENCE = ("reference", "none", "")
 
@@ -285,6 +285,7 @@ def cmd_doctor(args) -> int:
         if policy_only:  # they shape a policy check, which this is not: never dropped without a word
             raise CliError(f"{', '.join(policy_only)}: settings of a policy check; give --workload (or --levers, or "
                            "--checkpoint) to check a policy, or leave them out to check the environment alone")
+        apply_compile_cache(args)  # the environment's compile-cache finding then reports the caches given
         device = torch.device(args.device) if args.device else None
         findings = doctor(device=device, measure=not args.no_measure)
         base = workload = model = None
