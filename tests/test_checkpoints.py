@@ -231,3 +231,21 @@ def test_an_engine_refuses_to_run_after_torchs_own_load_state_dict():
         stale.sample_actions(obs, noise, 2)
     fresh = Engine(model, "for_loop,fuse_projections")
     torch.testing.assert_close(fresh.sample_actions(obs, noise, 2), model.sample_actions(obs, noise, 2))
+
+
+def test_an_empty_path_is_refused_not_read_as_the_current_folder(tmp_path, monkeypatch):
+    """Path("") is ".": load_checkpoint(model, "") loaded whatever model.safetensors the current folder held, and
+    load_checkpoint_io read its norm_stats.json (the CLI refused the empty string; the Python API did not)."""
+    from vlaperf.policy import load_checkpoint_io
+
+    model = build_model("tiny", seed=0)
+    save_checkpoint(build_model("tiny", seed=1), tmp_path)
+    (tmp_path / "norm_stats.json").write_text("{}")
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError, match=r"checkpoint path: empty \(an unset variable\?\)"):
+        load_checkpoint(model, "")
+    with pytest.raises(ValueError, match=r"norm stats path: empty"):
+        load_checkpoint_io(None, "", model.config)
+    with pytest.raises(ValueError, match=r"tokenizer path: empty"):
+        load_checkpoint_io(" ", None, model.config)
+    assert load_checkpoint(model, ".")["layout"] == "openpi"  # the folder named as itself still loads

@@ -37,6 +37,9 @@ class CheckpointError(ValueError):
 
 
 def checkpoint_file(path: str | os.PathLike) -> Path:
+    if not str(os.fspath(path)).strip():  # Path("") is the current folder: its model.safetensors, whatever that is
+        raise CheckpointError("checkpoint path: empty (an unset variable?); expected a model.safetensors file or a "
+                              "folder holding one")
     p = Path(path)
     folder = p if p.is_dir() else None
     if folder is not None:

@@ -99,6 +99,9 @@ class NormStats:
         norm_stats.json, LeRobot's `policy_preprocessor.json` (which names the normalizer's file, modes and
         eps), or one `*_normalizer_processor.safetensors`. `quantile`: the model's normalization, True for
         pi0.5 as openpi and LeRobot configure it, False for pi0."""
+        if not str(path).strip():  # Path("") is the current folder, whose statistics would be read silently
+            raise ValueError("norm stats path: empty (an unset variable?); expected a norm_stats.json file, LeRobot's "
+                             "normalizer file, or a folder holding one")
         path = Path(path)
         if path.is_dir():
             if (path / "norm_stats.json").exists():

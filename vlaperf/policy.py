@@ -51,6 +51,8 @@ def load_checkpoint_io(tokenizer_file: str | None, norm_stats_path: str | None, 
     from vlaperf.normalize import NormStats
 
     tokenizer = norm_stats = None
+    if tokenizer_file is not None and not str(tokenizer_file).strip():
+        raise ValueError("tokenizer path: empty (an unset variable?); expected PaliGemma's paligemma_tokenizer.model")
     if tokenizer_file is not None:
         try:
             tokenizer = PaligemmaTokenizer(tokenizer_file, style=get_conventions(conventions).prompt_style)
