@@ -133,7 +133,11 @@ def test_bad_sample_inputs_are_named_errors_on_both_paths(tiny_model, tiny_input
         (dict(images=obs.images[..., :20, :20]), "obs.images: expected a float tensor"),
         (dict(images=obs.images.to(torch.uint8)), "obs.images: expected a float tensor"),
         (dict(image_mask=obs.image_mask.float()), "obs.image_mask: expected a bool tensor"),
-        (dict(tokens=obs.tokens.float()), "obs.tokens: expected an integer tensor"),
+        (dict(tokens=obs.tokens.float()), "obs.tokens: expected an int32 or int64 tensor"),
+        (dict(tokens=obs.tokens.to(torch.int16)), "obs.tokens: expected an int32 or int64 tensor"),  # was inside F.embedding
+        (dict(tokens=obs.tokens + cfg.backbone.vocab_size), rf"obs.tokens: ids in \[\d+, \d+\], expected "
+                                                             rf"0..{cfg.backbone.vocab_size - 1}"),
+        (dict(tokens=obs.tokens - 10**6), "obs.tokens: ids in"),
         (dict(token_mask=obs.token_mask[:, :3]), "obs.token_mask: expected a bool tensor"),
         (dict(host_image_valid=(True,) * (S + 1)), "obs.host_image_valid: expected one flag per image slot"),
     ]

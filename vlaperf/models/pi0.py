@@ -464,9 +464,14 @@ def check_sample_inputs(cfg: Pi0Config, obs, noise: Tensor | None, num_steps: in
         raise ValueError(f"obs.images: expected a float tensor (B={B}, slots, 3, {R}, {R}) in [-1, 1], got {_shape(images)}")
     if obs.image_mask.dtype != torch.bool or tuple(obs.image_mask.shape) != (B, images.shape[1]):
         raise ValueError(f"obs.image_mask: expected a bool tensor ({B}, {images.shape[1]}), got {_shape(obs.image_mask)}")
-    if tokens.dim() != 2 or tokens.shape[0] != B or tokens.is_floating_point() or tokens.is_complex() \
-            or tokens.dtype == torch.bool:
-        raise ValueError(f"obs.tokens: expected an integer tensor (B={B}, L), got {_shape(tokens)}")
+    if tokens.dim() != 2 or tokens.shape[0] != B or tokens.dtype not in (torch.int32, torch.int64):
+        # the embedding takes int32 and int64 ids only: int16 / uint8 failed inside it
+        raise ValueError(f"obs.tokens: expected an int32 or int64 tensor (B={B}, L), got {_shape(tokens)}")
+    if tokens.device.type == "cpu" and tokens.numel():  # read without a sync here; on a GPU an id out of range is a
+        low, high = int(tokens.min()), int(tokens.max())  # device-side assert that ends the process (inputs.py)
+        if low < 0 or high >= cfg.backbone.vocab_size:
+            raise ValueError(f"obs.tokens: ids in [{low}, {high}], expected 0..{cfg.backbone.vocab_size - 1} (the "
+                             "model's vocabulary)")
     if obs.token_mask.dtype != torch.bool or obs.token_mask.shape != tokens.shape:
         raise ValueError(f"obs.token_mask: expected a bool tensor {tuple(tokens.shape)}, got {_shape(obs.token_mask)}")
     valid = getattr(obs, "host_image_valid", None)
