@@ -13,6 +13,7 @@ import math
 from dataclasses import dataclass
 from typing import Callable
 
+import numpy as np
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -64,12 +65,13 @@ def plan_prefix(obs, skip_masked_images: bool, trim_prompt_padding: bool) -> Pre
 def _right_padded_prompt_len(token_mask: Tensor) -> int:
     """The longest prompt of the batch, read from the device mask (one sync), which must pad on the right as
     openpi's tokenizer does: trimming keeps the first tokens, so a left-padded prompt would lose its own."""
-    mask = token_mask.bool().cpu()
+    mask = token_mask.bool().cpu().numpy()  # the one read; the rest is host arithmetic
     counts = mask.sum(1)
-    if not torch.equal(mask, torch.arange(mask.shape[1]) < counts[:, None]):
-        row = int((mask != (torch.arange(mask.shape[1]) < counts[:, None])).any(1).nonzero()[0])
-        raise ValueError(f"obs.token_mask: sample {row} has padding before a valid token; trim_prompt_padding keeps "
-                         "the first tokens, so the prompt must be padded on the right (as openpi's tokenizer pads)")
+    wrong = (mask != (np.arange(mask.shape[1]) < counts[:, None])).any(1)
+    if wrong.any():
+        raise ValueError(f"obs.token_mask: sample {int(wrong.argmax())} has padding before a valid token; "
+                         "trim_prompt_padding keeps the first tokens, so the prompt must be padded on the right (as "
+                         "openpi's tokenizer pads)")
     return int(counts.max())
 
 
