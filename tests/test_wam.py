@@ -132,10 +132,27 @@ def test_sampling_arguments_are_checked(tiny, inputs):
             tiny.generate(obs, noise, steps)
     with pytest.raises(ValueError, match="shift must be a finite number > 0"):
         tiny.generate(obs, noise, 4, shift=float("inf"))
-    with pytest.raises(ValueError, match="obs.state: expected obs.context's dtype torch.float32, got torch.float64"):
+    with pytest.raises(ValueError, match="obs.state: expected the model's dtype torch.float32, got torch.float64"):
         tiny.generate(type(obs)(obs.context, obs.text, obs.state.double()), noise, 4)
     with pytest.raises(ValueError, match="noise.actions: expected a floating tensor, got torch.int64"):
         tiny.generate(obs, type(noise)(noise.video, noise.actions.long()), 4)
+    # each of these was an error from inside a layer or the sampler, or, for float16 noise, float16 results
+    as_double = type(obs)(obs.context.double(), obs.text.double(), obs.state.double())
+    engine = WamEngine(tiny, "exact")
+    for generate in (tiny.generate, engine.generate):
+        with pytest.raises(ValueError, match="obs.context: expected the model's dtype torch.float32, got torch.float64"):
+            generate(as_double, noise, 4)
+        with pytest.raises(ValueError, match=r"noise.video: expected float32 \(the sampler's state"):
+            generate(obs, type(noise)(noise.video.half(), noise.actions), 4)
+        with pytest.raises(ValueError, match="obs.state: on meta, the model is on cpu"):
+            generate(type(obs)(obs.context, obs.text, obs.state.to("meta")), noise, 4)
+        with pytest.raises(ValueError, match="video_steps must be an integer in 1..steps"):
+            generate(obs, noise, 4, video_steps=True)
+        for name in ("cfg_scale", "shift"):
+            with pytest.raises(ValueError, match=f"{name} must be a number, got '3'"):
+                generate(obs, noise, 4, **{name: "3"})
+        with pytest.raises(TypeError, match="obs: expected a WamObservation, got NoneType"):
+            generate(None, noise, 4)
     with pytest.raises(ValueError, match="unknown world-action model preset"):
         get_config("wam-huge")
 

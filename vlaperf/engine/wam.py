@@ -427,7 +427,7 @@ class WamEngine:
         """As WorldActionModel.generate: actions (B, H, A) and the video (B, video_frames, P, C)."""
         video_steps = steps if video_steps is None else video_steps
         check_sampling_args(steps, video_steps, sparsity, cfg_scale, shift)
-        check_inputs(self.cfg, obs, noise)
+        check_inputs(self.cfg, obs, noise, self.model.dtype, self.device)
         if self.levers.compile == "reduce-overhead":
             torch.compiler.cudagraph_mark_step_begin()  # a new call: the trees may reuse the last call's buffers
         if self._graphs is None:

@@ -135,9 +135,17 @@ class WamNoise:
     actions: Tensor  # (B, H, A) float32
 
 
-def check_inputs(cfg: WamConfig, obs: WamObservation, noise: WamNoise) -> None:
-    """Shapes of a call's inputs against the config: a ValueError naming the field, what was
-    expected and what came (a wrong shape would otherwise fail deep inside a block)."""
+def check_inputs(cfg: WamConfig, obs: WamObservation, noise: WamNoise, dtype: torch.dtype | None = None,
+                 device: torch.device | None = None) -> None:
+    """A call's inputs against the config (shapes) and the model (`dtype`, `device`): a ValueError naming the
+    field, what was expected and what came (otherwise a failure deep inside a block, or, for float16 noise, a
+    sampler run in float16 that returned float16)."""
+    for name, value in (("obs", obs), ("noise", noise)):
+        if not isinstance(value, (WamObservation, WamNoise)):
+            raise TypeError(f"{name}: expected a {'WamObservation' if name == 'obs' else 'WamNoise'}, got "
+                            f"{type(value).__name__}")
+    if not isinstance(obs.context, Tensor):
+        raise ValueError(f"obs.context: expected a tensor, got {type(obs.context).__name__}")
     b = obs.context.shape[0] if obs.context.ndim else None
     expected = {
         "obs.context": (obs.context, (b, cfg.context_frames, cfg.patches, cfg.patch_channels)),
@@ -154,9 +162,13 @@ def check_inputs(cfg: WamConfig, obs: WamObservation, noise: WamNoise) -> None:
             raise ValueError(f"{name}: expected shape {shape} (batch, ...; {cfg.name}), got {tuple(t.shape)}")
         if not t.is_floating_point():
             raise ValueError(f"{name}: expected a floating tensor, got {t.dtype}")
-        # the observation in one dtype (the model's); the noise is the sampler's state and may be float32 beside it
-        if name.startswith("obs.") and t.dtype != obs_dtype:
-            raise ValueError(f"{name}: expected obs.context's dtype {obs_dtype}, got {t.dtype}")
+        # the observation in one dtype (the model's); the noise is the sampler's state, float32
+        if name.startswith("obs.") and t.dtype != (dtype or obs_dtype):
+            raise ValueError(f"{name}: expected the model's dtype {dtype or obs_dtype}, got {t.dtype}")
+        if name.startswith("noise.") and t.dtype != torch.float32:
+            raise ValueError(f"{name}: expected float32 (the sampler's state, whatever the model's dtype), got {t.dtype}")
+        if device is not None and t.device != device:
+            raise ValueError(f"{name}: on {t.device}, the model is on {device}")
 
 
 def random_wam_inputs(cfg: WamConfig, batch: int, device, dtype: torch.dtype, seed: int = 0) -> tuple[WamObservation, WamNoise]:
@@ -451,7 +463,7 @@ class WorldActionModel(nn.Module):
         cfg = self.config
         video_steps = steps if video_steps is None else video_steps
         check_sampling_args(steps, video_steps, sparsity, cfg_scale, shift)
-        check_inputs(cfg, obs, noise)
+        check_inputs(cfg, obs, noise, self.dtype, self.device)
         b = obs.batch
         action_sampler = ReferenceUniPC(flow_sigmas(steps, shift))
         video_sampler = ReferenceUniPC(flow_sigmas(video_steps, shift))
@@ -501,10 +513,13 @@ MAX_STEPS, MAX_CFG_SCALE = 1000, 100.0
 def check_sampling_args(steps: int, video_steps: int, sparsity: str, cfg_scale: float, shift: float) -> None:
     if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_STEPS:
         raise ValueError(f"steps must be an integer in 1..{MAX_STEPS}, got {steps!r}")
-    if not isinstance(video_steps, int) or not 1 <= video_steps <= steps:
+    if isinstance(video_steps, bool) or not isinstance(video_steps, int) or not 1 <= video_steps <= steps:
         raise ValueError(f"video_steps must be an integer in 1..steps ({steps}), got {video_steps!r}")
     if sparsity not in SPARSITY:
         raise ValueError(f"sparsity must be one of {', '.join(SPARSITY)}, got {sparsity!r}")
+    for name, value in (("cfg_scale", cfg_scale), ("shift", shift)):
+        if isinstance(value, bool) or not isinstance(value, (int, float)):
+            raise ValueError(f"{name} must be a number, got {value!r}")
     if not 0 <= cfg_scale <= MAX_CFG_SCALE:
         raise ValueError(f"cfg_scale must be in [0, {MAX_CFG_SCALE:g}] (0: no guidance), got {cfg_scale!r}")
     if not 0 < shift < math.inf:
