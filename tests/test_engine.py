@@ -638,3 +638,21 @@ def test_a_left_padded_prompt_is_refused_where_trimming_would_drop_its_tokens(ti
     right = dataclasses.replace(obs, host_prompt_len=None)
     out = Engine(tiny_model, "trim_prompt_padding").sample_actions(right, noise, tiny_workload.steps)
     assert rel_l2(out, tiny_model.sample_actions(obs, noise, tiny_workload.steps)) < FP32_TOL
+
+
+def test_an_engine_refuses_a_released_model_and_a_model_cast_or_moved_after_it(tiny_workload, tiny_inputs):
+    """An engine on a model whose weights were released failed with a size mismatch; a model cast to bfloat16
+    after its engine was built failed with a dtype mismatch inside a matmul. Both are now named."""
+    obs, noise = tiny_inputs
+    model = build_model("tiny", seed=0)
+    first = Engine(model, "for_loop,fuse_projections")
+    first.release_reference_weights()
+    with pytest.raises(RuntimeError, match="this model's reference weights were released"):
+        Engine(model, "for_loop")
+    assert first.sample_actions(obs, noise, tiny_workload.steps).shape == noise.shape  # the releasing engine runs on
+    other = build_model("tiny", seed=0)
+    engine = Engine(other, "for_loop,fuse_projections")
+    other.to(torch.bfloat16)
+    with pytest.raises(RuntimeError, match="the model was cast or moved since this engine was built "
+                                           r"\(now torch.bfloat16 on cpu, the engine's copies torch.float32 on cpu\)"):
+        engine.sample_actions(obs, noise, tiny_workload.steps)

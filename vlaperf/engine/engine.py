@@ -46,8 +46,12 @@ class Engine:
     def __init__(self, model: Pi0Model, levers: str | Levers | None = "best", compile_backend: str = "inductor"):
         """`compile_backend` other than inductor (e.g. "eager") checks tracing and graph
         breaks without generating kernels (used by the CPU tests)."""
+        if model.reference_released:  # its layers' weights are gone: nothing to copy from
+            raise RuntimeError("this model's reference weights were released (Engine.release_reference_weights): keep "
+                               "using the engine that released them, or build the model again for a new engine")
         self.model = model
         self.device = model.action_in_proj.weight.device
+        self._built_for = (model.dtype, self.device)  # the engine's weight copies are of this dtype, on this device
         self.levers = Levers.parse(levers, self.device)
         self.levers.check(self.device)
         self.precompile_error: Exception | None = None  # what stopped the last kernel-compile thread, if anything
@@ -135,10 +139,15 @@ class Engine:
         """Actions (B, H, A) float32, the same function as `model.sample_actions`. Calls from several
         threads take turns: the static KV cache, the CUDA graphs' input buffers and the schedule
         tables are the engine's own, one set per shape, so two calls at once would write each other's."""
-        check_sample_inputs(self.model.config, obs, noise, num_steps, self.device)
         if self.model.weights_version != self._weights_version:
             raise RuntimeError("the model's weights changed since this engine was built (a checkpoint was loaded into "
                                "it), and the engine holds copies of the old ones: build the Engine again")
+        now = (self.model.dtype, self.model.action_in_proj.weight.device)
+        if now != self._built_for:
+            raise RuntimeError(f"the model was cast or moved since this engine was built (now {now[0]} on {now[1]}, "
+                               f"the engine's copies {self._built_for[0]} on {self._built_for[1]}): build the Engine "
+                               "again")
+        check_sample_inputs(self.model.config, obs, noise, num_steps, self.device)
         with self._call_lock:
             return self._sample_actions(obs, noise, num_steps)
 
