@@ -155,6 +155,10 @@ def test_bad_sample_inputs_are_named_errors_on_both_paths(tiny_model, tiny_input
             sample(obs, noise[:, :, :3], 2)
         with pytest.raises(TypeError, match="obs.state: expected a torch.Tensor"):
             sample(dataclasses.replace(obs, state=obs.state.numpy()), noise, 2)
+        empty = dataclasses.replace(obs, **{f: getattr(obs, f)[:0] for f in ("images", "image_mask", "tokens",
+                                                                             "token_mask", "state")})
+        with pytest.raises(ValueError, match="obs.state: a batch of 0 samples"):  # the engine's was max() of nothing
+            sample(empty, noise[:0], 2)
 
 
 def test_engine_calls_from_two_threads_get_their_own_actions(tiny_model, tiny_workload):
