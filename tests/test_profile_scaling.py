@@ -97,3 +97,22 @@ def test_describe_fit_flags_a_line_that_does_not_fit():
     assert "poor fit" not in describe_fit({"intercept": 6.0, "slope": 0.8, "r2": 0.999})
     assert "poor fit" in describe_fit({"intercept": -72.7, "slope": 32.6, "r2": 0.93})
     assert "poor fit" in describe_fit({"intercept": -0.1, "slope": 1.0, "r2": 0.999})
+
+
+def test_a_model_and_a_workload_of_different_families_are_named():
+    """scaling(pi0_model, "wam-tiny") failed on a missing config attribute; Policy / WamPolicy given the other
+    family's workload failed at their first call. Each is now refused up front, naming both sides."""
+    from vlaperf.models.pi0 import build_model
+    from vlaperf.models.wam import build_wam
+    from vlaperf.policy import Policy, WamPolicy
+    from vlaperf.workloads import get_wam_workload, get_workload
+
+    pi0, wam = build_model("tiny"), build_wam("wam-tiny")
+    with pytest.raises(ValueError, match="source 'reference' is a pi0-family model, the workload 'wam-tiny' is not"):
+        scaling(pi0, "wam-tiny")
+    with pytest.raises(ValueError, match="source 'reference' is a world-action model, the workload 'tiny' is not"):
+        scaling(wam, "tiny")
+    with pytest.raises(TypeError, match="expected a pi0-family Workload .* got WamWorkload: serve the world-action"):
+        Policy(pi0, pi0.sample_actions, get_wam_workload("wam-tiny"))
+    with pytest.raises(TypeError, match="expected a WamWorkload .* got Workload: serve the pi0 family with Policy"):
+        WamPolicy(wam, wam.generate, get_workload("tiny"))

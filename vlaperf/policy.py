@@ -105,6 +105,10 @@ class Policy:
     def __init__(self, model, sample: Callable, workload: Workload, tokenizer: Tokenizer | None = None,
                  num_steps: int | None = None, noise: torch.Tensor | None = None,
                  verify: Callable[[], None] | None = None, norm_stats=None, conventions=None):
+        if not isinstance(workload, Workload):  # a world-action workload failed later on a missing attribute
+            raise TypeError(f"workload: expected a pi0-family Workload (vlaperf.workloads.get_workload), got "
+                            f"{type(workload).__name__}" + (": serve the world-action model with WamPolicy"
+                                                            if type(workload).__name__ == "WamWorkload" else ""))
         check_fits(workload, model.config)
         self.model, self.sample, self.workload, self.verify = model, sample, workload, verify
         self.device = model.action_in_proj.weight.device
@@ -263,6 +267,12 @@ class WamPolicy:
     Fresh starting noise per call unless `noise` is given (benchmarks pass a fixed one)."""
 
     def __init__(self, model, generate: Callable, workload, text_encoder=None, noise=None):
+        from vlaperf.workloads import WamWorkload
+
+        if not isinstance(workload, WamWorkload):
+            raise TypeError(f"workload: expected a WamWorkload (vlaperf.workloads.get_wam_workload), got "
+                            f"{type(workload).__name__}" + (": serve the pi0 family with Policy"
+                                                            if isinstance(workload, Workload) else ""))
         self.model, self.sample, self.workload = model, generate, workload
         self.device = model.device
         self.num_steps = workload.steps

@@ -111,6 +111,13 @@ def scaling(sources, workload, steps: Sequence[int] = DEFAULT_STEPS, warmup: int
     fns, cfg, dev = {}, config, None if device is None else torch.device(device)
     resolved = {}
     for label, src in sources.items():
+        from vlaperf.models.wam import WorldActionModel
+
+        is_wam_source = isinstance(getattr(src, "model", src), WorldActionModel)
+        if callable(getattr(src, "sample_actions", None)) or is_wam_source:  # a model or an engine: its family
+            if is_wam_source != wam:
+                raise ValueError(f"scaling: source {label!r} is a {'world-action' if is_wam_source else 'pi0-family'} "
+                                 f"model, the workload {w.id!r} is not")
         fn, c, d = _as_sample_fn(src)
         resolved[label] = fn
         cfg = cfg or c
