@@ -119,6 +119,11 @@ def test_inapplicable_levers_fail_clearly(tiny_model):
         Levers.parse("static_kv_cache,megakernel").check("cuda")
     with pytest.raises(LeverError, match="megakernel needs a CUDA device"):
         Levers.parse("fuse_projections,static_kv_cache,megakernel").check("cpu")
+    for spec in ("megakernel", "triton_kernels"):  # on a CPU the device is the answer, not the levers beside them
+        with pytest.raises(LeverError, match=f"{spec} needs a CUDA device"):
+            Levers.parse(spec).check("cpu")
+    with pytest.raises(LeverError, match="'compile=': no compile mode after '='"):
+        Levers.parse("for_loop,compile=")
 
 
 def test_bad_sample_inputs_are_named_errors_on_both_paths(tiny_model, tiny_inputs):

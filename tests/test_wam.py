@@ -343,9 +343,12 @@ def test_lever_parsing_and_errors():
     with pytest.raises(LeverError, match="compile mode must be one of"):
         WamLevers.parse("compile=fast", CPU)
     with pytest.raises(LeverError, match="lever 'cuda_graph' needs host_schedule, cached_keep_index beside it"):
-        WamLevers.parse("cuda_graph", CPU)
-    with pytest.raises(LeverError, match="cuda_graph needs a CUDA device"):
-        WamLevers.parse("host_schedule,cached_keep_index,cuda_graph", CPU)
+        WamLevers.parse("cuda_graph", torch.device("cuda"))  # parsing only: no GPU needed
+    for spec in ("cuda_graph", "host_schedule,cached_keep_index,cuda_graph"):  # on a CPU, the device is the answer
+        with pytest.raises(LeverError, match="cuda_graph needs a CUDA device"):
+            WamLevers.parse(spec, CPU)
+    with pytest.raises(LeverError, match="'compile=': no compile mode after '='"):
+        WamLevers.parse("exact,compile=", CPU)
     with pytest.raises(LeverError, match="preset 'graph' needs a CUDA device"):
         WamLevers.parse("graph", CPU)
     with pytest.raises(LeverError, match="reduce-overhead uses CUDA graphs"):

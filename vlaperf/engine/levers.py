@@ -146,6 +146,9 @@ class Levers:
                 raise LeverError(f"unknown lever {name!r}; expected one of: {', '.join(LEVERS)} (or, as the whole "
                                  f"list, a preset: {', '.join(PRESETS)}, 'none' / 'reference')")
             if name == "compile":
+                if "=" in item and not value:  # 'compile=' (an unset shell variable after it?) is not 'compile'
+                    raise LeverError(f"{item!r}: no compile mode after '='; expected one of: {', '.join(COMPILE_MODES)} "
+                                     "(or 'compile' alone for default)")
                 mode = value or "default"
                 if mode not in COMPILE_MODES:
                     raise LeverError(f"compile mode {mode!r} is not one of: {', '.join(COMPILE_MODES)}")
@@ -191,16 +194,16 @@ class Levers:
                              "e.g. compile=default)")
         if self.compile in ("reduce-overhead", "max-autotune") and device.type != "cuda":
             raise LeverError(f"compile={self.compile} uses CUDA graphs and needs a CUDA device")
-        if self.triton_kernels:
+        if self.triton_kernels:  # the device first: on a CPU, adding the other levers would not help
+            _triton_device(device, "triton_kernels")
             if not self.fuse_projections:
                 raise LeverError("triton_kernels needs fuse_projections: its kernels take the RMSNorm scales folded into the weights")
-            _triton_device(device, "triton_kernels")
         if self.megakernel:
+            _triton_device(device, "megakernel")
             for needed in REQUIRES["megakernel"]:
                 if not getattr(self, needed):
                     raise LeverError(f"megakernel needs {needed}: its kernel takes folded RMSNorm scales and reads the "
                                      "prefix keys from the static cache")
-            _triton_device(device, "megakernel")
 
 
 def _triton_device(device: torch.device, lever: str) -> None:

@@ -215,6 +215,9 @@ class WamLevers:
                 raise LeverError(f"unknown world-action-model lever {name!r}; expected one of: {', '.join(WAM_LEVERS)} "
                                  f"or a preset ({', '.join(WAM_PRESETS)})")
             if name == "compile":
+                if "=" in item and not arg:
+                    raise LeverError(f"{item!r}: no compile mode after '='; expected one of: {', '.join(COMPILE_MODES)} "
+                                     "(or 'compile' alone for default)")
                 mode = arg or "default"
                 if mode not in COMPILE_MODES:
                     raise LeverError(f"compile mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")
@@ -228,13 +231,13 @@ class WamLevers:
         return levers
 
     def validate(self, device: torch.device) -> None:
+        if self.cuda_graph and device.type != "cuda":  # before what it needs beside it: none of that would help here
+            raise LeverError("cuda_graph needs a CUDA device; drop it on the CPU")
         for lever, needs in WAM_REQUIRES.items():
             if getattr(self, lever):
                 missing = [n for n in needs if not getattr(self, n)]
                 if missing:
                     raise LeverError(f"lever {lever!r} needs {', '.join(missing)} beside it")
-        if self.cuda_graph and device.type != "cuda":
-            raise LeverError("cuda_graph needs a CUDA device; drop it on the CPU")
         if self.cuda_graph and self.compile == "reduce-overhead":
             raise LeverError("compile=reduce-overhead brings its own CUDA graphs; drop cuda_graph beside it")
         if self.compile == "reduce-overhead" and device.type != "cuda":
