@@ -654,3 +654,28 @@ def test_an_unchecked_bench_is_marked_not_checked(tmp_path, capsys):
     md = render([out.parent], tmp_path / "r.md").read_text()
     (row,) = [line for line in md.splitlines() if "b.json" in line and "not checked" in line]
     assert "for_loop" in row or "loop" in row
+
+
+def test_a_fifo_among_the_inputs_is_skipped_not_waited_on(tiny_results, tmp_path):
+    """`vlaperf report` given a named pipe (or a folder holding one named *.json) hung, reading it forever."""
+    import os
+
+    if not hasattr(os, "mkfifo"):
+        pytest.skip("no named pipes here")
+    (tmp_path / "in").mkdir()
+    os.mkfifo(tmp_path / "in" / "pipe.json")
+    (tmp_path / "in" / "bench.json").write_text((tiny_results / "bench.json").read_text())
+    results, problems = load_results([tmp_path / "in", tmp_path / "in" / "pipe.json"])
+    assert [Path(p).name for p, _ in results] == ["bench.json"]
+    assert problems == [f"{tmp_path / 'in' / 'pipe.json'}: not a regular file"]
+
+
+def test_a_markdown_report_written_again_leaves_no_figures_of_the_last_one(tiny_results, tmp_path):
+    out = tmp_path / "r.md"
+    render([tiny_results], out)
+    before = sorted(p.name for p in (tmp_path / "r_files").glob("*.png"))
+    (tmp_path / "one").mkdir()
+    (tmp_path / "one" / "sc.json").write_text((tiny_results / "sc.json").read_text())
+    md = render([tmp_path / "one"], out).read_text()
+    after = sorted(p.name for p in (tmp_path / "r_files").glob("*.png"))
+    assert len(after) < len(before) and all(f"r_files/{name}" in md for name in after)

@@ -120,6 +120,8 @@ class _Doc:
 
     def markdown(self, title: str, out_path: Path) -> str:
         files_dir = out_path.with_name(out_path.stem + "_files")
+        for old in files_dir.glob("fig[0-9][0-9].png"):  # an earlier report's figures: those past this one's stayed
+            old.unlink()
         lines = [f"# {_md_text(title)}", ""]
         images = 0
         for b in self.blocks:
@@ -264,6 +266,9 @@ def load_results(paths) -> tuple[list[tuple[str, dict]], list[str]]:
         if key in seen:
             continue
         seen.add(key)
+        if f.exists() and not f.is_file():  # a FIFO or a device: reading it would wait for a writer, forever
+            problems.append(f"{f}: not a regular file")
+            continue
         try:
             data = json.loads(f.read_text())
             if isinstance(data, dict) and "schema" not in data:  # a trace, a config: not one of ours at all
