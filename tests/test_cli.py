@@ -134,12 +134,12 @@ def test_bad_arguments_exit_2_with_message(args, message, capsys):
         (["compare", "--device", "mps"], "argument --device: expected cpu, cuda or cuda:N, got 'mps'"),
         # a variant given twice was timed once and shown as two rows (matrix) or one (scaling)
         (["matrix", "--workload", "tiny", "--device", "cpu", "--variants", "sdpa;sdpa"],
-         "--variants: 'sdpa' and 'sdpa' are the same spec twice on cpu (sdpa): give each variant once"),
+         "--variants (--levers): 'sdpa' and 'sdpa' are the same spec twice on cpu (sdpa): give each variant once"),
         (["matrix", "--workload", "tiny", "--device", "cpu", "--variants", "exact;sdpa;" + ",".join(
             ["for_loop", "skip_masked_images", "trim_prompt_padding", "static_kv_cache", "sdpa", "fuse_projections"])],
-         "--variants: 'exact' and 'for_loop,skip_masked_images,"),
+         "--variants (--levers): 'exact' and 'for_loop,skip_masked_images,"),
         (["matrix", "--workload", "wam-tiny", "--device", "cpu", "--variants", "exact;best"],
-         "--variants: 'exact' and 'best' are the same variant on cpu"),
+         "--variants (--levers): 'exact' and 'best' are the same variant on cpu"),
         (["check", "--workload", "tiny", "--device", "cpu", "--levers", "sdpa;for_loop;sdpa"],
          "--levers: 'sdpa' and 'sdpa' are the same spec twice"),
         (["check", "--workload", "wam-tiny", "--device", "cpu", "--levers", "exact;best"],
@@ -148,6 +148,9 @@ def test_bad_arguments_exit_2_with_message(args, message, capsys):
          "--levers: 'reference' and 'none' are the same variant on cpu (reference)"),
         (["scaling", "--workload", "wam-tiny", "--device", "cpu", "--steps", "1,2", "--levers", "exact;exact"],
          "--levers: 'exact' and 'exact' are the same spec twice"),
+        # ';' alone named no variant and timed the reference without a word
+        (["scaling", "--workload", "tiny", "--device", "cpu", "--steps", "1,2", "--levers", ";"],
+         "--levers ';': no variant to time"),
         # options that did nothing without their switch, and were accepted without a word
         (["matrix", "--workload", "tiny", "--device", "cpu", "--ray-address", "auto"],
          "--ray-address: configure the matrix's Ray tasks and need --ray"),
@@ -551,3 +554,14 @@ def test_write_result_writes_non_finite_numbers_as_null(tmp_path):
     write_result(result, tmp_path / "w.json")
     back = json.loads((tmp_path / "w.json").read_text(), parse_constant=lambda c: pytest.fail(c))
     assert back["extra"] == {"ratio": None, "values": [None, 0.5]}
+
+
+def test_the_reference_given_among_matrix_variants_is_its_reference_row():
+    """'none;exact' was refused as "'reference' and 'none' are the same variant", naming a 'reference' the user
+    never typed: the matrix adds the reference itself. A reference given anywhere is now that first row."""
+    from vlaperf.profile import wam
+    from vlaperf.profile.matrix import parse_variants
+
+    cpu = torch.device("cpu")
+    assert parse_variants("none;exact", cpu) == parse_variants("exact;reference", cpu) == ["reference", "exact"]
+    assert wam.parse_variants("exact;none", cpu) == ["reference", "exact"]

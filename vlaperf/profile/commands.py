@@ -166,7 +166,10 @@ def cmd_scaling(args) -> int:
 
     from vlaperf.workloads import is_wam_workload
 
-    specs = [s.strip() for s in args.levers.split(";") if s.strip()] or ["reference"]
+    specs = [s.strip() for s in args.levers.split(";") if s.strip()]
+    if not specs and args.levers.strip():  # ';' alone: no variant named (an empty --levers is the reference)
+        raise CliError(f"--levers {args.levers!r}: no variant to time; expected ';'-separated variants")
+    specs = specs or ["reference"]
     sources = {}
     if is_wam_workload(args.workload):  # the world-action model: T(N) of generate, the video's share of N kept
         from vlaperf.engine.wam import WamLevers

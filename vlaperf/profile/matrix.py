@@ -80,12 +80,12 @@ def parse_variants(spec: str, device: torch.device) -> list[str]:
         return cumulative_variants(device)
     if spec == "grid":
         return grid_variants(device)
-    items = [s.strip() for s in spec.split(";") if s.strip()]
-    items = items if items and items[0] == "reference" else ["reference"] + items
+    # the reference always runs, first: given as 'reference' or 'none' anywhere it is that row, not a second one
+    items = ["reference"] + [s for s in (s.strip() for s in spec.split(";")) if s and s not in ("reference", "none")]
     from vlaperf.cli import refuse_repeated_variants
     from vlaperf.engine.levers import Levers
 
-    refuse_repeated_variants(items, lambda s: Levers.parse(s, device).names(), "--variants", device)
+    refuse_repeated_variants(items, lambda s: Levers.parse(s, device).names(), "--variants (--levers)", device)
     return items
 
 
