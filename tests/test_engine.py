@@ -160,6 +160,8 @@ def test_bad_sample_inputs_are_named_errors_on_both_paths(tiny_model, tiny_input
             sample(obs, noise[:, :, :3], 2)
         with pytest.raises(TypeError, match="obs.state: expected a torch.Tensor"):
             sample(dataclasses.replace(obs, state=obs.state.numpy()), noise, 2)
+        with pytest.raises(TypeError, match="obs: expected an inputs.Observation .*, got a dict: give openpi's"):
+            sample({"images": obs.images, "state": obs.state}, noise, 2)  # was "obs.images: ... got NoneType"
         empty = dataclasses.replace(obs, **{f: getattr(obs, f)[:0] for f in ("images", "image_mask", "tokens",
                                                                              "token_mask", "state")})
         with pytest.raises(ValueError, match="obs.state: a batch of 0 samples"):  # the engine's was max() of nothing

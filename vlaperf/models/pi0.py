@@ -446,6 +446,9 @@ def check_sample_inputs(cfg: Pi0Config, obs, noise: Tensor | None, num_steps: in
     not an error from inside a layer; a negative num_steps would make the reference's `while` never end."""
     if isinstance(num_steps, bool) or not isinstance(num_steps, int) or not 1 <= num_steps <= MAX_NUM_STEPS:
         raise ValueError(f"num_steps: expected an integer in 1..{MAX_NUM_STEPS}, got {num_steps!r}")
+    if isinstance(obs, dict):  # an openpi observation dict: it goes through the policy's transform first
+        raise TypeError("obs: expected an inputs.Observation (tensors on the device), got a dict: give openpi's "
+                        "observation dicts to Policy.infer, or turn them into one with inputs.ObservationTransform")
     fields = ("images", "image_mask", "tokens", "token_mask", "state")
     for name in fields:
         if not isinstance(getattr(obs, name, None), Tensor):
