@@ -288,6 +288,9 @@ def test_security_defaults(model):
     (dict(max_wait_ms=float("nan")), "max_wait_ms must be a finite number >= 0"),
     (dict(warmup_batch_sizes=(1, 100)), r"warmup_batch_sizes must hold integers in \[1, max_batch=8\], got 100"),
     (dict(warmup_batch_sizes=(0,)), r"warmup_batch_sizes must hold integers in \[1, max_batch=8\], got 0"),
+    (dict(max_batch=True), "max_batch must be an integer >= 1, got True"),  # was blamed on warmup_batch_sizes
+    (dict(drain_timeout_s=-5), "drain_timeout_s must be a finite number of seconds >= 0, got -5"),  # was accepted
+    (dict(max_message_bytes=2**40), r"max_message_bytes must be an integer in \[1024, 4294967296\]"),
 ])
 def test_server_constructor_refuses_bad_settings(model, kwargs, message):
     """Settings are checked when the server is built (they used to fail at start, or be clamped or dropped)."""

@@ -179,7 +179,7 @@ class PolicyServer:
             self._policy, self._factory = None, policy
         else:
             raise TypeError("policy must be a Policy (with .infer) or a zero-argument factory returning one")
-        if not isinstance(max_batch, int) or max_batch < 1:
+        if isinstance(max_batch, bool) or not isinstance(max_batch, int) or max_batch < 1:
             raise ValueError(f"max_batch must be an integer >= 1, got {max_batch!r}")
         if isinstance(port, bool) or not isinstance(port, int) or not 0 <= port <= 65535:
             raise ValueError(f"port must be an integer in [0, 65535] (0: any free port), got {port!r}")
@@ -193,8 +193,11 @@ class PolicyServer:
         if not isinstance(max_message_bytes, int) or not 1024 <= max_message_bytes <= MAX_MESSAGE_BYTES:
             raise ValueError(f"max_message_bytes must be an integer in [1024, {MAX_MESSAGE_BYTES}] (4 GiB), got "
                              f"{max_message_bytes!r}")
-        if not isinstance(max_list_items, int) or max_list_items < 1:
+        if isinstance(max_list_items, bool) or not isinstance(max_list_items, int) or max_list_items < 1:
             raise ValueError(f"max_list_items must be an integer >= 1, got {max_list_items!r}")
+        if isinstance(drain_timeout_s, bool) or not isinstance(drain_timeout_s, (int, float)) \
+                or not 0 <= drain_timeout_s < math.inf:
+            raise ValueError(f"drain_timeout_s must be a finite number of seconds >= 0, got {drain_timeout_s!r}")
         if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
             raise ValueError(f"max_connections must be an integer >= 1, got {max_connections!r}")
         if isinstance(max_queued, bool) or not isinstance(max_queued, int) or max_queued < max_list_items:
