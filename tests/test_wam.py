@@ -687,3 +687,11 @@ def test_configs_whose_middle_frames_are_observed_are_refused():
     with pytest.raises(ValueError, match=r"middle frames \(1, 2\) .* frames must be >= 6"):
         get_config("wam-tiny", frames=4, context_frames=2)
     get_config("wam-tiny", frames=6, context_frames=2)
+
+
+def test_build_wam_takes_device_and_dtype_names_as_build_model_does():
+    assert build_wam("wam-tiny", "cpu", "bfloat16").dtype == torch.bfloat16  # was "Invalid device string"
+    with pytest.raises(ValueError, match="device: expected 'cpu', 'cuda' or 'cuda:N'"):
+        build_wam("wam-tiny", "bfloat16")
+    with pytest.raises(ValueError, match="dtype: expected a floating torch dtype or its name"):
+        build_wam("wam-tiny", dtype=torch.int8)

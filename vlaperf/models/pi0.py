@@ -714,6 +714,22 @@ def default_dtype(device: torch.device | str) -> torch.dtype:
     return torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32
 
 
+def device_and_dtype(device, dtype) -> tuple[torch.device, torch.dtype]:
+    """A model builder's `device` (a torch.device or its name) and `dtype` (a floating torch dtype or its name,
+    e.g. "bfloat16"; None: bfloat16 on CUDA, float32 on the CPU), checked: a ValueError naming the argument."""
+    try:
+        device = torch.device(device)
+    except (RuntimeError, TypeError):
+        raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N' (or a torch.device), got {device!r}") from None
+    if isinstance(dtype, str):
+        if not isinstance(getattr(torch, dtype, None), torch.dtype) or not getattr(torch, dtype).is_floating_point:
+            raise ValueError(f"dtype: expected a floating torch dtype or its name, e.g. 'bfloat16', got {dtype!r}")
+        dtype = getattr(torch, dtype)
+    if dtype is not None and (not isinstance(dtype, torch.dtype) or not dtype.is_floating_point):
+        raise ValueError(f"dtype: expected a floating torch dtype or its name, e.g. 'bfloat16', got {dtype!r}")
+    return device, dtype or default_dtype(device)
+
+
 def build_model(
     preset: str | Pi0Config,
     device: torch.device | str = "cpu",
@@ -723,15 +739,7 @@ def build_model(
     """A model of `preset` with deterministic random weights on `device`, eval mode. `dtype` may be a
     torch dtype or its name ("bfloat16", "float32"); None: bfloat16 on CUDA, float32 on the CPU."""
     cfg = preset if isinstance(preset, Pi0Config) else get_config(preset)
-    try:
-        device = torch.device(device)
-    except (RuntimeError, TypeError):
-        raise ValueError(f"device: expected 'cpu', 'cuda' or 'cuda:N' (or a torch.device), got {device!r}") from None
-    if isinstance(dtype, str):
-        if not isinstance(getattr(torch, dtype, None), torch.dtype) or not getattr(torch, dtype).is_floating_point:
-            raise ValueError(f"dtype: expected a floating torch dtype or its name, e.g. 'bfloat16', got {dtype!r}")
-        dtype = getattr(torch, dtype)
-    dtype = dtype or default_dtype(device)
+    device, dtype = device_and_dtype(device, dtype)
     with torch.device(device):
         model = Pi0Model(cfg)
     init_random_(model, seed)

@@ -554,9 +554,12 @@ def init_random_(model: WorldActionModel, seed: int = 0) -> WorldActionModel:
 
 def build_wam(preset: str | WamConfig, device="cpu", dtype: torch.dtype | None = None, seed: int = 0) -> WorldActionModel:
     """A world-action model of `preset` with deterministic random weights, eval mode; bf16 on a
-    GPU, float32 on the CPU (norms, modulation tables and heads compute in float32 either way)."""
+    GPU, float32 on the CPU (norms, modulation tables and heads compute in float32 either way). `device` and
+    `dtype` may be names, as build_model takes them."""
+    from vlaperf.models.pi0 import device_and_dtype
+
     cfg = preset if isinstance(preset, WamConfig) else get_config(preset)
-    dtype = dtype or (torch.bfloat16 if torch.device(device).type == "cuda" else torch.float32)
+    device, dtype = device_and_dtype(device, dtype)
     with torch.device(device):
         model = WorldActionModel(cfg)
     init_random_(model, seed)
