@@ -302,3 +302,10 @@ def test_env_record_leaves_out_the_inductor_cache_dir_torch_set_itself(monkeypat
     monkeypatch.setattr(timing, "_ENV_AT_IMPORT", frozenset({"TORCHINDUCTOR_CACHE_DIR"}))
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", default_cache_dir())
     assert timing.behaviour_env_vars()["TORCHINDUCTOR_CACHE_DIR"] == default_cache_dir()
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
+def test_timing_on_cuda_without_cuda_is_a_named_error():
+    """time_calls(device="cuda") on a CPU-only torch failed with "Tried to instantiate dummy base class Event"."""
+    with pytest.raises(ValueError, match="device: cuda requested, but CUDA is not available here"):
+        time_calls(lambda: None, device="cuda", warmup=0, iters=1)

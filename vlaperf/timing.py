@@ -131,6 +131,8 @@ class Timer:
 
     def __init__(self, device: torch.device | str):
         self.device = torch.device(device)
+        if self.device.type == "cuda" and not torch.cuda.is_available():  # torch's own: "dummy base class Event"
+            raise ValueError(f"device: {self.device} requested, but CUDA is not available here (time on 'cpu')")
         self.use_events = self.device.type == "cuda"
         if self.use_events:
             # One reusable pair: we synchronize after every call, so the pair is free again
