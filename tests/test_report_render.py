@@ -616,6 +616,7 @@ def test_workload_label_names_the_overrides_and_one_value_for_equal_samples():
     assert workload_label({"workload": {"id": "libero-pi0", "overrides": {"prompt_valid": [8]}}}) == "libero-pi0 (prompt_valid 8)"
     assert (workload_label({"workload": {"id": "libero-pi0-b4", "overrides": {"prompt_valid": [8, 8, 12, 8], "steps": 5}}})
             == "libero-pi0-b4 (prompt_valid 8/8/12/8, steps 5)")
+    assert workload_label({"workload": {"id": None, "overrides": {}}}) == "-"  # doctor, environment only ("None")
 
 
 def test_cells_keep_absurd_finite_values_short():

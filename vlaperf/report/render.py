@@ -157,6 +157,8 @@ def workload_label(r: dict) -> str:
             return str(v[0]) if v and all(x == v[0] for x in v) else "/".join(map(str, v))
         return str(v)
 
+    if w.get("id") is None:  # doctor's environment-only run has no workload
+        return "-"
     return str(w.get("id")) + (" (" + ", ".join(f"{k} {value(v)}" for k, v in sorted(o.items())) + ")" if o else "")
 
 
