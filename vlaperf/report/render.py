@@ -192,8 +192,9 @@ def _cell(x: Any) -> str:
 
 def _md_text(text: str) -> str:
     """Text from result files as markdown: no raw HTML. A label such as `<img onerror=...>` would run in viewers
-    that render inline HTML (mkdocs, IDE previews); as `&lt;img ...` it shows as typed (the HTML report escapes)."""
-    return str(text).replace("&", "&amp;").replace("<", "&lt;").replace(">", "&gt;")
+    that render inline HTML (mkdocs, IDE previews); as `&lt;img ...` it shows as typed (the HTML report escapes).
+    Only `<` opens a tag, so `>` and `&` stay as they are, readable in the file itself ("1024 -> 32")."""
+    return str(text).replace("<", "&lt;")
 
 
 def _md(text: str) -> str:
