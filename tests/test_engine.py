@@ -344,7 +344,7 @@ def test_megakernel_batched_is_a_lever_value():
     with pytest.raises(LeverError, match="megakernel takes no value or 'batched'"):
         Levers.parse("megakernel=all")
     with pytest.raises(LeverError, match="megakernel needs fuse_projections"):
-        Levers.parse("static_kv_cache,megakernel=batched").check("cpu")
+        Levers.parse("static_kv_cache,megakernel=batched").check("cuda")  # on a CPU: "needs a CUDA device" first
 
 
 def test_cumulative_table_ends_at_what_best_resolves_to(monkeypatch):

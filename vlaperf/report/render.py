@@ -163,8 +163,13 @@ def workload_label(r: dict) -> str:
 
 
 def _sci(x: Any) -> str:
-    """An error such as a rel L2 in one-digit scientific notation; "-" where the file has none (null: non-finite)."""
-    return f"{x:.1e}" if isinstance(x, (int, float)) and not isinstance(x, bool) else "-"
+    """An error such as a rel L2 in one-digit scientific notation; "-" where the file has null (a non-finite
+    error). Anything else is a damaged file: the ValueError leaves its row out, with the reason."""
+    if x is None:
+        return "-"
+    if isinstance(x, bool) or not isinstance(x, (int, float)):
+        raise ValueError(f"rel_l2: expected a number or null, got {type(x).__name__} {x!r}")
+    return f"{x:.1e}"
 
 
 def _cell(x: Any) -> str:
