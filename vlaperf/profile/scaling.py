@@ -101,9 +101,10 @@ def scaling(sources, workload, steps: Sequence[int] = DEFAULT_STEPS, warmup: int
     steps = sorted(set(steps))
     if len(steps) < 2 or steps[0] < 1 or steps[-1] > MAX_STEP_COUNT:
         raise ValueError(f"scaling: need at least two different step counts in 1..{MAX_STEP_COUNT}, got {steps}")
+    from vlaperf.models.wam import WorldActionModel
+
     if not isinstance(sources, dict):
         from vlaperf.models.pi0 import Pi0Model
-        from vlaperf.models.wam import WorldActionModel
 
         reference = isinstance(sources, (Pi0Model, WorldActionModel))
         label = sources.name if hasattr(sources, "levers") else "reference" if reference else "policy"
@@ -111,8 +112,6 @@ def scaling(sources, workload, steps: Sequence[int] = DEFAULT_STEPS, warmup: int
     fns, cfg, dev = {}, config, None if device is None else torch.device(device)
     resolved = {}
     for label, src in sources.items():
-        from vlaperf.models.wam import WorldActionModel
-
         is_wam_source = isinstance(getattr(src, "model", src), WorldActionModel)
         if callable(getattr(src, "sample_actions", None)) or is_wam_source:  # a model or an engine: its family
             if is_wam_source != wam:
