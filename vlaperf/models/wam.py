@@ -140,10 +140,9 @@ def check_inputs(cfg: WamConfig, obs: WamObservation, noise: WamNoise, dtype: to
     """A call's inputs against the config (shapes) and the model (`dtype`, `device`): a ValueError naming the
     field, what was expected and what came (otherwise a failure deep inside a block, or, for float16 noise, a
     sampler run in float16 that returned float16)."""
-    for name, value in (("obs", obs), ("noise", noise)):
-        if not isinstance(value, (WamObservation, WamNoise)):
-            raise TypeError(f"{name}: expected a {'WamObservation' if name == 'obs' else 'WamNoise'}, got "
-                            f"{type(value).__name__}")
+    for name, value, kind in (("obs", obs, WamObservation), ("noise", noise, WamNoise)):
+        if not isinstance(value, kind):
+            raise TypeError(f"{name}: expected a {kind.__name__}, got {type(value).__name__}")
     if not isinstance(obs.context, Tensor):
         raise ValueError(f"obs.context: expected a tensor, got {type(obs.context).__name__}")
     b = obs.context.shape[0] if obs.context.ndim else None
