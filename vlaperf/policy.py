@@ -120,12 +120,10 @@ class Policy:
             raise ValueError(f"conventions {self.conventions.name!r} were trained with {trained} actions a chunk; the "
                              f"model has {model.config.action_horizon} (build it with action_horizon={trained}, "
                              f"`vlaperf serve --action-horizon {trained}`)")
-        self.num_steps = workload.steps if num_steps is None else num_steps
-        from vlaperf.models.pi0 import MAX_NUM_STEPS
+        from vlaperf.models.pi0 import check_num_steps
 
-        if isinstance(self.num_steps, bool) or not isinstance(self.num_steps, int) or not 1 <= self.num_steps <= MAX_NUM_STEPS:
-            raise ValueError(f"num_steps: expected an integer in 1..{MAX_NUM_STEPS} (or None: the workload's "
-                             f"{workload.steps}), got {num_steps!r}")
+        self.num_steps = check_num_steps(workload.steps if num_steps is None else num_steps,
+                                         note=f" (or None: the workload's {workload.steps})")
         self.noise = noise
 
     def infer(self, example: dict[str, Any] | list[dict[str, Any]]) -> dict[str, Any]:

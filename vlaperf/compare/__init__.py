@@ -49,12 +49,9 @@ def action_metrics(actions: Tensor, reference: Tensor, dtype: torch.dtype) -> di
 def comparison_steps(steps, default: int) -> int:
     """The denoise steps a comparison runs: the workload's unless given, checked before any peer runs (openpi's
     and LeRobot's loops are a `while` on the time, so a count below 1 would never end there)."""
-    from vlaperf.models.pi0 import MAX_NUM_STEPS
+    from vlaperf.models.pi0 import check_num_steps
 
-    steps = default if steps is None else steps
-    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_NUM_STEPS:
-        raise ValueError(f"steps: expected an integer in 1..{MAX_NUM_STEPS}, got {steps!r}")
-    return steps
+    return check_num_steps(default if steps is None else steps, "steps")
 
 
 def comparison_engine(model, levers: str | None):

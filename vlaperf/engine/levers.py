@@ -146,9 +146,7 @@ class Levers:
                 raise LeverError(f"unknown lever {name!r}; expected one of: {', '.join(LEVERS)} (or, as the whole "
                                  f"list, a preset: {', '.join(PRESETS)}, 'none' / 'reference')")
             if name == "compile":
-                if "=" in item and not value:  # 'compile=' (an unset shell variable after it?) is not 'compile'
-                    raise LeverError(f"{item!r}: no compile mode after '='; expected one of: {', '.join(COMPILE_MODES)} "
-                                     "(or 'compile' alone for default)")
+                refuse_empty_mode(item)
                 mode = value or "default"
                 if mode not in COMPILE_MODES:
                     raise LeverError(f"compile mode {mode!r} is not one of: {', '.join(COMPILE_MODES)}")
@@ -204,6 +202,13 @@ class Levers:
                 if not getattr(self, needed):
                     raise LeverError(f"megakernel needs {needed}: its kernel takes folded RMSNorm scales and reads the "
                                      "prefix keys from the static cache")
+
+
+def refuse_empty_mode(item: str) -> None:
+    """'compile=' (an unset shell variable after the '='?) is not 'compile': refused, not run as the default mode."""
+    if item.endswith("="):
+        raise LeverError(f"{item!r}: no compile mode after '='; expected one of: {', '.join(COMPILE_MODES)} (or "
+                         "'compile' alone for default)")
 
 
 def _triton_device(device: torch.device, lever: str) -> None:

@@ -48,7 +48,7 @@ from torch import Tensor
 from vlaperf.engine.compile import compile_fn
 from vlaperf.profile.markers import NULL_RECORDER, active_recorder, mark, marks_to
 from vlaperf.engine.graphs import GraphCache
-from vlaperf.engine.levers import COMPILE_MODES, LeverError, several_variants
+from vlaperf.engine.levers import COMPILE_MODES, LeverError, refuse_empty_mode, several_variants
 from vlaperf.models.unipc import (
     ReferenceUniPC,
     UniPCSampler,
@@ -215,9 +215,7 @@ class WamLevers:
                 raise LeverError(f"unknown world-action-model lever {name!r}; expected one of: {', '.join(WAM_LEVERS)} "
                                  f"or a preset ({', '.join(WAM_PRESETS)})")
             if name == "compile":
-                if "=" in item and not arg:
-                    raise LeverError(f"{item!r}: no compile mode after '='; expected one of: {', '.join(COMPILE_MODES)} "
-                                     "(or 'compile' alone for default)")
+                refuse_empty_mode(item)
                 mode = arg or "default"
                 if mode not in COMPILE_MODES:
                     raise LeverError(f"compile mode must be one of {', '.join(COMPILE_MODES)}, got {mode!r}")

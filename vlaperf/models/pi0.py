@@ -440,12 +440,19 @@ def _shape(t: Tensor) -> str:
 MAX_NUM_STEPS = 1000  # denoise steps; beyond it a call is a typo (a million steps runs for hours), as the CLI's bound
 
 
+def check_num_steps(value, name: str = "num_steps", note: str = "") -> int:
+    """A denoise step count: an int in 1..MAX_NUM_STEPS, else a ValueError naming `name` (`note` says what else it
+    may be). Below 1, the reference's `while` on the time (and openpi's, and LeRobot's) would never end."""
+    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_NUM_STEPS:
+        raise ValueError(f"{name}: expected an integer in 1..{MAX_NUM_STEPS}{note}, got {value!r}")
+    return value
+
+
 def check_sample_inputs(cfg: Pi0Config, obs, noise: Tensor | None, num_steps: int, device: torch.device) -> None:
     """`sample_actions`' arguments against the model, on the host (dtypes, shapes, devices: nothing is read
     from the device, so no sync). A wrong one is a ValueError or TypeError naming it and what was expected,
     not an error from inside a layer; a negative num_steps would make the reference's `while` never end."""
-    if isinstance(num_steps, bool) or not isinstance(num_steps, int) or not 1 <= num_steps <= MAX_NUM_STEPS:
-        raise ValueError(f"num_steps: expected an integer in 1..{MAX_NUM_STEPS}, got {num_steps!r}")
+    check_num_steps(num_steps)
     if isinstance(obs, dict):  # an openpi observation dict: it goes through the policy's transform first
         raise TypeError("obs: expected an inputs.Observation (tensors on the device), got a dict: give openpi's "
                         "observation dicts to Policy.infer, or turn them into one with inputs.ObservationTransform")

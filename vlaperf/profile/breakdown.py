@@ -69,7 +69,7 @@ from vlaperf.inputs import (
     random_noise,
     random_observation,
 )
-from vlaperf.models.pi0 import (MAX_NUM_STEPS, Pi0Model, check_sample_inputs, joint_layer, make_attention_mask_2d,
+from vlaperf.models.pi0 import (Pi0Model, check_num_steps, check_sample_inputs, joint_layer, make_attention_mask_2d,
                                rope_cos_sin)
 from vlaperf.profile.markers import END, NULL_RECORDER, UNMARKED, CallRecord, StageRecorder
 from vlaperf.timing import summarize, synchronize, time_calls
@@ -374,9 +374,7 @@ def prepare_breakdown(model: Pi0Model, workload: Workload | str, levers=None, mo
         raise ValueError(f"mode must be 'model' or 'policy', got {mode!r}")
     device = model.action_in_proj.weight.device
     base, workload = _workload(workload)
-    steps = workload.steps if num_steps is None else num_steps
-    if isinstance(steps, bool) or not isinstance(steps, int) or not 1 <= steps <= MAX_NUM_STEPS:
-        raise ValueError(f"num_steps: expected an integer in 1..{MAX_NUM_STEPS}, got {num_steps!r}")
+    steps = check_num_steps(workload.steps if num_steps is None else num_steps)
 
     requested_engine = levers if isinstance(levers, Engine) else None
     requested = requested_engine.levers if requested_engine else Levers.parse(levers, device)
