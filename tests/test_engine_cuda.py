@@ -45,3 +45,22 @@ def test_a_graph_is_captured_once_per_prompt_bucket_and_replayed():
         rel = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
         assert rel <= REL_L2_TOLERANCE[torch.bfloat16], (valid, rel)
     assert engine.graphs.captures == 1
+
+
+def test_on_the_gpu_a_moved_model_and_a_left_padded_prompt_are_refused():
+    """The two checks that read the model's device and the prompt mask, where the mask is read back from the GPU."""
+    import dataclasses
+
+    from vlaperf.inputs import random_noise, random_observation
+
+    w = get_workload("tiny")
+    model = build_model("tiny", "cuda", torch.bfloat16, seed=0)
+    obs, noise = random_observation(w, model.config, "cuda", seed=0), random_noise(w, model.config, "cuda")
+    left = dataclasses.replace(obs, tokens=obs.tokens.flip(1), token_mask=obs.token_mask.flip(1), host_prompt_len=None)
+    with pytest.raises(ValueError, match="obs.token_mask: sample 0 has padding before a valid token"):
+        Engine(model, GRAPH).sample_actions(left, noise, w.steps)
+    engine = Engine(model, "for_loop,fuse_projections")
+    model.to("cpu")
+    with pytest.raises(RuntimeError, match=r"the model was cast or moved since this engine was built \(now "
+                                           r"torch.bfloat16 on cpu, the engine's copies torch.bfloat16 on cuda:0\)"):
+        engine.sample_actions(obs.to("cpu"), noise.cpu(), w.steps)
