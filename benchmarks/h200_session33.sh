@@ -6,6 +6,9 @@
 #   PART=b   the rest of the suite with the GPU visible (14 workers, -v, a 300 s limit a test), with the report tests
 #            that failed under this load in session 32, so that pytest's summary names why
 #   PART=c   the report tests alone, with their durations
+#   PART=d   part b's two failures (the HTML report, inductor's run-time compile cache), whose tracebacks part b's cut
+#            summary lost: the cache test alone, then both among the heavy files under 14 workers, each failure's
+#            traceback printed as it happens (benchmarks/pytest_report_now.py)
 # Usage (device tool, carry [".whl"]): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session33.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -27,6 +30,12 @@ EOT
 c)
   lane A 0 40 <<EOT &
 200 python3 -m pytest -q -p no:cacheprovider -n 2 --timeout 180 -rfE --tb=short --durations 6 tests/test_report_render.py 2>&1 | tee $R/pytest_gpu_s33c.log
+EOT
+  ;;
+d)
+  lane A 0 400 <<EOT &
+100 python3 -m pytest -q -p no:cacheprovider --timeout 90 -rfE --tb=short --durations 3 tests/test_cli.py -k compile_cache_set_at_run_time 2>&1 | tail -12
+380 PYTHONPATH=benchmarks:\$PYTHONPATH python3 -m pytest -q -p no:cacheprovider -p pytest_report_now -n 14 --timeout 300 tests/test_report_render.py tests/test_cli.py tests/test_wam.py tests/test_engine.py tests/test_unipc.py tests/test_serve.py 2>&1 | tee $R/pytest_gpu_s33d.log | grep -v "^\\.*\\[" | tail -300
 EOT
   ;;
 esac

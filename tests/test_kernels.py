@@ -442,6 +442,7 @@ PRECOMPILE_SCRIPT = TINY_SETUP + textwrap.dedent(
 )
 
 
+@needs_triton_39
 def test_first_call_kernel_compile_thread_compiles_every_kernel_and_runs_none():
     """Engine._precompile_kernels (the first call of a compiled engine on the GPU): the uncompiled
     path in a thread with every launch recorded, then compiled (kernels/launch.py); with compile
@@ -520,6 +521,7 @@ def test_recorded_launches_compile_in_threads_the_named_kernel_first():
         compile_recorded([(small, (1,), (), {"fail": True})])
 
 
+@needs_triton_39
 def test_triton_kernels_compose_with_compile_without_graph_breaks():
     """The kernels are custom ops (kernels/ops.py), so the compiled step traces them whole."""
     run_in_interpreter(COMPILE_SCRIPT, timeout=900)

@@ -402,6 +402,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_doctor)
 
     p = subparsers.add_parser("report", help="render result files into an HTML or markdown report")
-    p.add_argument("paths", nargs="+", help="result JSON files or directories of them")
+    p.add_argument("paths", nargs="+",
+                   help="result JSON files, or folders: each folder's *.json (not its subfolders, where traces and logs live)")
     p.add_argument("-o", "--output", type=output_file, default="report.html", help="report.html (self-contained) or report.md")
     p.set_defaults(func=cmd_report)
