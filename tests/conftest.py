@@ -1,9 +1,22 @@
+import os
+
 import pytest
 import torch
 
 from vlaperf.inputs import random_noise, random_observation
 from vlaperf.models.pi0 import build_model, get_config
 from vlaperf.workloads import get_workload
+
+
+def pytest_configure(config):
+    """Under pytest-xdist, each worker gets its share of the cores for torch's threads (and its subprocesses, through
+    OMP_NUM_THREADS). Left at torch's default, 14 workers on a 16-core machine ran 14 x 16 threads: a 45 s report
+    render passed 300 s there and timed out (docs/perf-notes.md, session 33). The README's serial run is unchanged."""
+    workers = os.environ.get("PYTEST_XDIST_WORKER_COUNT")
+    if workers and os.environ.get("PYTEST_XDIST_WORKER"):
+        share = max(1, (os.cpu_count() or 1) // int(workers))
+        torch.set_num_threads(share)
+        os.environ.setdefault("OMP_NUM_THREADS", str(share))
 
 
 @pytest.fixture(scope="session")
