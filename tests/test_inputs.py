@@ -256,3 +256,41 @@ def test_library_entry_points_name_bad_arguments():
     ex["observation/state"] = np.asarray(ex["observation/state"]) + 1j
     with pytest.raises(InputError, match="observation/state: expected a 1-d numeric array, got dtype complex"):
         Policy(model, model.sample_actions, w).infer(ex)
+
+
+def test_aloha_camera_names_are_checked_as_openpi_checks_them():
+    """A misspelt camera was dropped and masked off, as if that camera were absent, with no word. Now, as in
+    openpi's AlohaInputs: cam_high is required, a wrist camera may be left out (zeros, masked off), cam_low is
+    taken and unused, and any other name is refused, named."""
+    import dataclasses
+
+    cfg = get_config("tiny", action_dim=16)
+    workload = dataclasses.replace(get_workload("tiny"), layout="aloha", state_dim=14, robot_action_dim=14,
+                                   action_dim=16)
+    transform = ObservationTransform(workload, cfg, WordHashTokenizer(cfg.backbone.vocab_size))
+    ex = make_example(workload, seed=0, image_size=16)
+    typo = dict(ex, images={**{k: v for k, v in ex["images"].items() if k != "cam_left_wrist"},
+                            "cam_left_wrst": ex["images"]["cam_left_wrist"]})
+    with pytest.raises(InputError, match=r"images: unknown camera 'cam_left_wrst'; expected names among \('cam_high'"):
+        transform.validate(typo)
+    no_high = dict(ex, images={k: v for k, v in ex["images"].items() if k != "cam_high"})
+    with pytest.raises(InputError, match=r"images: missing 'cam_high' \(required; .*got \['cam_left_wrist', 'cam_rig"):
+        transform.validate(no_high)
+    with pytest.raises(InputError, match="images: expected a dict of camera arrays, got list"):
+        transform.validate(dict(ex, images=list(ex["images"].values())))
+    with pytest.raises(InputError, match="observation is missing key 'images'"):
+        transform.validate({k: v for k, v in ex.items() if k != "images"})
+    one_wrist = dict(ex, images={"cam_high": ex["images"]["cam_high"], "cam_right_wrist": ex["images"]["cam_right_wrist"],
+                                 "cam_low": ex["images"]["cam_high"]})
+    hb = transform.host_arrays(one_wrist)
+    assert hb.image_valid == [[True, False, True]]
+    assert not hb.pixels[0][1].any() and hb.pixels[0][2].shape == (16, 16, 3)
+    assert (hb.pixels[0][2] == ex["images"]["cam_right_wrist"].transpose(1, 2, 0)).all()
+
+
+def test_printable_escapes_control_characters_and_clips():
+    from vlaperf.inputs import printable
+
+    assert printable("x\n2026 CRITICAL fake") == "x\\n2026 CRITICAL fake"
+    assert printable("héllo \u2192 ok") == "héllo \u2192 ok"  # printable non-ASCII stays as it is
+    assert printable("a" * 10, 5) == "aaaa\u2026"

@@ -179,6 +179,10 @@ def test_a_refused_array_is_named_by_its_key_with_the_request_id():
     with pytest.raises(ProtocolError) as e:  # an id the server would refuse is not echoed
         unpackb(msgpack.packb({"x": bad, "request_id": ["no"]}, use_bin_type=True))
     assert e.value.request_id is None and str(e.value).startswith("x: ")
+    forged = "x\n2026-12-03 00:00:00,000 vlaperf.serve CRITICAL fake"  # a key that would forge a server log line
+    with pytest.raises(ProtocolError) as e:
+        unpackb(msgpack.packb({forged: bad}, use_bin_type=True))
+    assert "\n" not in str(e.value) and str(e.value).startswith("x\\n2026-12-03")
 
 
 def test_containers_past_their_limits_are_refused_at_the_header():

@@ -271,13 +271,19 @@ def make_example(workload: Workload, seed: int = 0, image_size: int = 224) -> di
                 "observation/joint_position": state[:-1], "observation/gripper_position": state[-1:], "prompt": prompt}
     if workload.layout == "aloha":
         img = lambda: rng.integers(0, 256, (3, image_size, image_size), dtype=np.uint8)  # noqa: E731
-        cams = ("cam_high", "cam_left_wrist", "cam_right_wrist")
-        return {"images": {c: img() for c in cams}, "state": state, "prompt": prompt}
+        return {"images": {c: img() for c in ALOHA_CAMERAS}, "state": state, "prompt": prompt}
     raise ValueError(f"unknown observation layout {workload.layout!r}")
 
 
 class InputError(ValueError):
     """A malformed observation; the message names the field and what was expected."""
+
+
+def printable(text: str, limit: int = 500) -> str:
+    """`text` safe for one log line: control characters (a newline in a client's map key would forge a log line)
+    escaped, and at most `limit` characters, the cut marked."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 def _get(example: dict, key: str) -> Any:
@@ -342,6 +348,7 @@ def _state_part(example: dict, key: str, size: int, scalar_ok: bool = False) -> 
 # The camera keys of openpi's LIBERO and DROID clients: the base (exterior) view, then the wrist
 LIBERO_CAMERAS = ("observation/image", "observation/wrist_image")
 DROID_CAMERAS = ("observation/exterior_image_1_left", "observation/wrist_image_left")
+ALOHA_CAMERAS = ("cam_high", "cam_left_wrist", "cam_right_wrist")  # the model's three slots, in order
 # Float pixels this far outside [0, 1] (a resize's overshoot, rounding) are clipped; beyond it they are an error
 FLOAT_PIXEL_SLACK = 1e-3
 # A prompt longer than this many characters is refused before it is tokenized: the model keeps at most 48 tokens
@@ -403,22 +410,27 @@ class ObservationTransform:
             wrist = _image(_get(example, keys[1]), keys[1], False)
             # LIBERO and DROID have no right wrist camera: openpi feeds zeros with the mask off.
             return [base, wrist, np.zeros_like(base)], [True, True, False]
-        cams = ("cam_high", "cam_left_wrist", "cam_right_wrist")
-        images = example.get("images")
-        if not isinstance(images, dict):
+        if "images" not in example:
             raise InputError("observation is missing key 'images' (a dict of camera arrays)")
-        out, valid = [], []
-        for cam in cams:
-            if cam in images:
-                out.append(_image(images[cam], f"images/{cam}", True))
-                valid.append(True)
-            else:
-                out.append(None)
-                valid.append(False)
-        if not any(valid):
-            raise InputError(f"images: expected at least one of {cams}")
-        ref = next(a for a in out if a is not None)
-        return [a if a is not None else np.zeros_like(ref) for a in out], valid
+        images = example["images"]
+        if not isinstance(images, dict):
+            raise InputError(f"images: expected a dict of camera arrays, got {type(images).__name__}")
+        # as openpi's AlohaInputs: cam_high is required, the wrists may be absent (zeros, masked off), cam_low is
+        # taken and not used by the model, and any other name is refused (a misspelt camera would be dropped)
+        unknown = [k for k in images if k not in ALOHA_CAMERAS + ("cam_low",)]
+        if unknown:
+            raise InputError(f"images: unknown camera {printable(repr(unknown[0]), 80)}; expected names among "
+                             f"{ALOHA_CAMERAS + ('cam_low',)}")
+        if "cam_high" not in images:
+            raise InputError(f"images: missing 'cam_high' (required; the wrist cameras may be left out), got "
+                             f"{sorted(images)}")
+        base = _image(images["cam_high"], "images/cam_high", True)
+        out, valid = [base], [True]
+        for cam in ALOHA_CAMERAS[1:]:
+            present = cam in images
+            out.append(_image(images[cam], f"images/{cam}", True) if present else np.zeros_like(base))
+            valid.append(present)
+        return out, valid
 
     def _state(self, example: dict) -> np.ndarray:
         if self.workload.layout == "droid":

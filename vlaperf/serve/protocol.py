@@ -44,6 +44,8 @@ from typing import Any
 import msgpack
 import numpy as np
 
+from vlaperf.inputs import printable
+
 # Keys of openpi-client's numpy extension (msgpack bin strings, not str).
 NDARRAY, NPGENERIC, DATA, DTYPE, SHAPE = b"__ndarray__", b"__npgeneric__", b"data", b"dtype", b"shape"
 
@@ -210,7 +212,8 @@ def _where_refused(payload: Any, first: _RefusedArray) -> ProtocolError:
         rid = rid if valid_request_id(rid) else None
         for key, value in obs.items():
             inner = value.items() if isinstance(value, dict) else ()
-            for path, found in [(str(key), value), *((f"{key}/{k}", v) for k, v in inner)]:
+            # a client's key, with any control character escaped: the message goes into the server's log
+            for path, found in [(printable(key, 80), value), *((printable(f"{key}/{k}", 80), v) for k, v in inner)]:
                 if isinstance(found, _RefusedArray):
                     where = f"[{index}] " if index is not None else ""
                     return ProtocolError(f"{where}{path}: {found.reason}", rid, index)

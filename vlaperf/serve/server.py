@@ -58,7 +58,7 @@ from typing import Any, Callable
 import numpy as np
 
 from vlaperf import __version__
-from vlaperf.inputs import InputError, make_example, warmup_prompts
+from vlaperf.inputs import InputError, make_example, printable, warmup_prompts
 from vlaperf.policy import NonFiniteActions
 from vlaperf.serve.protocol import (DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES, MAX_REQUEST_ID_CHARS, REQUEST_ID_KEY, ProtocolError,
                                     error_frame, packb, unpackb, valid_request_id)
@@ -518,7 +518,7 @@ class PolicyServer:
             self.stats["errors"] += 1
             self._conn_errors[conn] += 1
             if self._conn_errors[conn] <= LOGGED_ERRORS_PER_CONNECTION:  # a flood of bad frames is not a flood of logs
-                log.info("request error on connection %d: %s: %s", conn, e.kind, e.message)
+                log.info("request error on connection %d: %s: %s", conn, e.kind, printable(e.message))
             return e.frame()
         except Exception as e:  # never let one request take the connection or the server down
             self.stats["errors"] += 1
@@ -712,7 +712,7 @@ class PolicyServer:
                 self._deliver_rows(batch, e, t_start)  # which rows is known: no re-run
                 return
             if len(batch) > 1 and not isinstance(e, BackendUnavailable):
-                log.info("batch of %d failed (%s: %s); retrying one by one", len(batch), type(e).__name__, e)
+                log.info("batch of %d failed (%s: %s); retrying one by one", len(batch), type(e).__name__, printable(e))
                 for job in batch:
                     self._run_batch([job])
                 return
@@ -729,7 +729,7 @@ class PolicyServer:
         other observations of the batch came out finite, the refused one's own values are the cause (an
         InputError); when none did (or it ran alone), the model may be at fault too (an InternalError)."""
         bad = set(e.rows) if e.rows is not None and e.actions is not None else set(range(len(batch)))  # alone
-        log.warning("withheld non-finite actions for %d of %d observations: %s", len(bad), len(batch), e)
+        log.warning("withheld non-finite actions for %d of %d observations: %s", len(bad), len(batch), printable(e))
         if len(bad) < len(batch):
             good = [i for i in range(len(batch)) if i not in bad]
             self._deliver_actions([batch[i] for i in good], np.asarray(e.actions)[good], e.timing or {}, t_start)
