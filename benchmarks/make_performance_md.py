@@ -701,7 +701,11 @@ def wam_tables(results):
 
 
 def main() -> None:
+    import argparse
+
     from vlaperf.workloads import WAM_WORKLOADS
+
+    argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter).parse_args()
 
     every = [(p, json.loads(p.read_text())) for p in sorted(RESULTS.rglob("*.json"))]
     wam = [(p, r) for p, r in every if r.get("workload", {}).get("id") in WAM_WORKLOADS]
