@@ -222,3 +222,13 @@ def test_a_message_of_too_many_values_stops_decoding():
     image = np.zeros((224, 224, 3), np.uint8).tolist()
     decoded = unpackb(msgpack.packb({"observation/image": image, "observation/wrist_image": image}))
     assert np.asarray(decoded["observation/image"]).shape == (224, 224, 3)
+
+
+def test_an_array_with_text_keys_and_a_number_as_map_key_are_named():
+    """An array map packed with text keys (msgpack < 1.0, or use_bin_type=False) was refused later as "an object
+    array"; an int map key got msgpack's own wording about strict_map_key."""
+    old_style = {"__ndarray__": True, "data": b"\x00", "dtype": "|u1", "shape": [1]}
+    with pytest.raises(ProtocolError, match=r"^observation/image: a numpy array sent with text keys .*use_bin_type"):
+        unpackb(msgpack.packb({"observation/image": old_style}, use_bin_type=True))
+    with pytest.raises(ProtocolError, match="^map keys must be strings, got int$"):
+        unpackb(msgpack.packb({"prompt": "a", 7: 1}, use_bin_type=True))

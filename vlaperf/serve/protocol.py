@@ -181,6 +181,9 @@ def _object_hook(obj: dict) -> Any:
         return _decode_ndarray(obj)
     if NPGENERIC in obj:
         return _decode_generic(obj)
+    if "__ndarray__" in obj or "__npgeneric__" in obj:  # otherwise it fails later as an "object array" of a map
+        raise ProtocolError("a numpy array sent with text keys ('__ndarray__'): openpi-client's msgpack_numpy packs "
+                            "them as binary (msgpack >= 1.0, use_bin_type=True); update the client's msgpack")
     return obj
 
 
@@ -276,6 +279,8 @@ def unpackb(data: bytes | bytearray | memoryview, max_bytes: int | None = DEFAUL
         if over:  # one of the container limits above, said in the message's terms
             kind, unit = _LIMIT_NAMES[over.group(2)]
             raise ProtocolError(f"a msgpack {kind} of {over.group(1)} {unit} exceeds the limit of {over.group(3)}") from None
+        if "is not allowed for map key" in reason:  # msgpack's strict_map_key wording
+            raise ProtocolError(f"map keys must be strings, got {reason.split(' is not', 1)[0]}") from None
         raise ProtocolError(f"not a valid msgpack message: {reason}") from None
     except Exception as e:  # anything else msgpack may raise on garbage
         raise ProtocolError(f"not a valid msgpack message: {type(e).__name__}: {e}") from None
