@@ -289,7 +289,7 @@ def test_aloha_camera_names_are_checked_as_openpi_checks_them():
 
 
 def test_printable_escapes_control_characters_and_clips():
-    from vlaperf.inputs import printable
+    from vlaperf.serve.protocol import printable
 
     assert printable("x\n2026 CRITICAL fake") == "x\\n2026 CRITICAL fake"
     assert printable("héllo \u2192 ok") == "héllo \u2192 ok"  # printable non-ASCII stays as it is

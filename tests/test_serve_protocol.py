@@ -232,3 +232,14 @@ def test_an_array_with_text_keys_and_a_number_as_map_key_are_named():
         unpackb(msgpack.packb({"observation/image": old_style}, use_bin_type=True))
     with pytest.raises(ProtocolError, match="^map keys must be strings, got int$"):
         unpackb(msgpack.packb({"prompt": "a", 7: 1}, use_bin_type=True))
+
+
+def test_the_client_and_the_protocol_import_without_torch():
+    """A robot's side needs only the client: importing it must not pull in torch (session 33 nearly made the
+    protocol import vlaperf.inputs, and with it torch, for one text helper)."""
+    import subprocess
+    import sys
+
+    code = "import sys, vlaperf.serve.client, vlaperf.serve.protocol; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]

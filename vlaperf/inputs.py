@@ -279,13 +279,6 @@ class InputError(ValueError):
     """A malformed observation; the message names the field and what was expected."""
 
 
-def printable(text: str, limit: int = 500) -> str:
-    """`text` safe for one log line: control characters (a newline in a client's map key would forge a log line)
-    escaped, and at most `limit` characters, the cut marked."""
-    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
-    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
-
-
 def _get(example: dict, key: str) -> Any:
     node: Any = example
     for part in key.split("/") if key.startswith("images/") else [key]:
@@ -419,7 +412,7 @@ class ObservationTransform:
         # taken and not used by the model, and any other name is refused (a misspelt camera would be dropped)
         unknown = [k for k in images if k not in ALOHA_CAMERAS + ("cam_low",)]
         if unknown:
-            raise InputError(f"images: unknown camera {printable(repr(unknown[0]), 80)}; expected names among "
+            raise InputError(f"images: unknown camera {repr(unknown[0])[:80]}; expected names among "
                              f"{ALOHA_CAMERAS + ('cam_low',)}")
         if "cam_high" not in images:
             raise InputError(f"images: missing 'cam_high' (required; the wrist cameras may be left out), got "

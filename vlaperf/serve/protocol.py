@@ -44,8 +44,6 @@ from typing import Any
 import msgpack
 import numpy as np
 
-from vlaperf.inputs import printable
-
 # Keys of openpi-client's numpy extension (msgpack bin strings, not str).
 NDARRAY, NPGENERIC, DATA, DTYPE, SHAPE = b"__ndarray__", b"__npgeneric__", b"data", b"dtype", b"shape"
 
@@ -114,6 +112,13 @@ def packb(obj: Any) -> bytes:
 
 
 # --------------------------------------------------------------------------- decode
+
+
+def printable(text: Any, limit: int = 500) -> str:
+    """`text` safe for one log line: control characters (a newline in a client's map key would forge a log line)
+    escaped, and at most `limit` characters, the cut marked."""
+    text = "".join(c if c.isprintable() else repr(c)[1:-1] for c in str(text))
+    return text if len(text) <= limit else text[: limit - 1] + "\u2026"
 
 
 def _parse_dtype(value: Any) -> np.dtype:

@@ -58,10 +58,10 @@ from typing import Any, Callable
 import numpy as np
 
 from vlaperf import __version__
-from vlaperf.inputs import InputError, make_example, printable, warmup_prompts
+from vlaperf.inputs import InputError, make_example, warmup_prompts
 from vlaperf.policy import NonFiniteActions
 from vlaperf.serve.protocol import (DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES, MAX_REQUEST_ID_CHARS, REQUEST_ID_KEY, ProtocolError,
-                                    error_frame, packb, unpackb, valid_request_id)
+                                    error_frame, packb, printable, unpackb, valid_request_id)
 
 log = logging.getLogger("vlaperf.serve")
 LOGGED_ERRORS_PER_CONNECTION = 5
