@@ -342,6 +342,7 @@ def _state_part(example: dict, key: str, size: int, scalar_ok: bool = False) -> 
 LIBERO_CAMERAS = ("observation/image", "observation/wrist_image")
 DROID_CAMERAS = ("observation/exterior_image_1_left", "observation/wrist_image_left")
 ALOHA_CAMERAS = ("cam_high", "cam_left_wrist", "cam_right_wrist")  # the model's three slots, in order
+ALOHA_ACCEPTED = ALOHA_CAMERAS + ("cam_low",)  # openpi's AlohaInputs takes cam_low too; pi0 does not use it
 # Float pixels this far outside [0, 1] (a resize's overshoot, rounding) are clipped; beyond it they are an error
 FLOAT_PIXEL_SLACK = 1e-3
 # A prompt longer than this many characters is refused before it is tokenized: the model keeps at most 48 tokens
@@ -410,10 +411,9 @@ class ObservationTransform:
             raise InputError(f"images: expected a dict of camera arrays, got {type(images).__name__}")
         # as openpi's AlohaInputs: cam_high is required, the wrists may be absent (zeros, masked off), cam_low is
         # taken and not used by the model, and any other name is refused (a misspelt camera would be dropped)
-        unknown = [k for k in images if k not in ALOHA_CAMERAS + ("cam_low",)]
+        unknown = [k for k in images if k not in ALOHA_ACCEPTED]
         if unknown:
-            raise InputError(f"images: unknown camera {repr(unknown[0])[:80]}; expected names among "
-                             f"{ALOHA_CAMERAS + ('cam_low',)}")
+            raise InputError(f"images: unknown camera {repr(unknown[0])[:80]}; expected names among {ALOHA_ACCEPTED}")
         if "cam_high" not in images:
             raise InputError(f"images: missing 'cam_high' (required; the wrist cameras may be left out), got "
                              f"{sorted(images)}")
