@@ -3,6 +3,7 @@
 # visible, in two calls by module, under tests/conftest.py's per-worker thread share (session 33's item 2).
 #   PART=a   the GPU-heavy modules: test_kernels + test_engine_cuda (4 workers), then test_wam + test_engine +
 #            test_unipc (12 workers)
+#   PART=c   part a's one failure again, after its mend: test_engine.py under 12 workers
 #   PART=b   every other module (14 workers), the report tests among them (they timed out under 14 workers at
 #            torch's default thread count in session 33)
 # Each failure's traceback is printed as it happens (benchmarks/pytest_report_now.py), and
@@ -23,6 +24,11 @@ EOT
 b)
   lane A 0 60 <<EOT &
 560 $P -q -n 14 --timeout 300 --durations 15 --ignore tests/test_kernels.py --ignore tests/test_engine_cuda.py --ignore tests/test_wam.py --ignore tests/test_engine.py --ignore tests/test_unipc.py 2>&1 | tee $R/pytest_gpu_s34b.log | grep -v "^\\.*\\["
+EOT
+  ;;
+c)
+  lane A 0 40 <<EOT &
+200 $P -q -n 12 --timeout 200 tests/test_engine.py tests/test_suite_setup.py 2>&1 | tee $R/pytest_gpu_s34c.log | grep -v "^\\.*\\["
 EOT
   ;;
 esac
