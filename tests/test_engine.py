@@ -74,6 +74,47 @@ def test_plan_without_host_metadata_reads_masks_once(tiny_model, tiny_inputs, ti
     assert rel_l2(out, tiny_model.sample_actions(obs, noise, tiny_workload.steps)) < FP32_TOL
 
 
+def test_plan_from_device_masks_keeps_the_longest_prompt_and_any_sample_s_image(tiny_model, tiny_workload):
+    """Without the host's counts the plan reads the masks: the batch keeps its longest prompt (not the shortest,
+    which would cut the others' instructions) and every image slot valid in any sample (not only in all)."""
+    w = dataclasses.replace(tiny_workload.with_overrides(batch=2), prompt_valid=(3, 12))
+    obs, noise = random_observation(w, tiny_model.config, seed=5), random_noise(w, tiny_model.config, seed=5)
+    mask = obs.image_mask.clone()
+    assert not mask[:, 2].any()
+    mask[0, 2] = True  # sample 0 has its third camera, sample 1 has not
+    obs = dataclasses.replace(obs, image_mask=mask)
+    bare = dataclasses.replace(obs, host_image_valid=None, host_prompt_len=None)
+    engine = Engine(tiny_model, ALL_PLAIN)
+    out = engine.sample_actions(bare, noise, w.steps)
+    assert engine.last_plan.read_device_masks
+    assert engine.last_plan.prompt_len == prompt_bucket(12, obs.tokens.shape[1]) and engine.last_plan.slots == (0, 1, 2)
+    assert rel_l2(out, tiny_model.sample_actions(obs, noise, w.steps)) < FP32_TOL
+
+
+def test_sdpa_and_static_kv_cache_change_the_path_they_name(tiny_model, tiny_inputs, monkeypatch):
+    """Two levers whose effect the actions cannot show: `sdpa` must leave eager attention unused, and
+    `static_kv_cache` builds the suffix mask once a call, not once a step; `fuse_projections` builds the fused
+    weights."""
+    import vlaperf.engine.attention as attention
+    import vlaperf.engine.loop as loop
+
+    obs, noise = tiny_inputs
+    eager, masks = [], []
+    real_eager, real_mask = attention.eager_attention, loop.suffix_mask
+    monkeypatch.setattr(attention, "eager_attention", lambda *a: eager.append(1) or real_eager(*a))
+    monkeypatch.setattr(loop, "suffix_mask", lambda *a: masks.append(1) or real_mask(*a))
+    Engine(tiny_model, "for_loop").sample_actions(obs, noise, 5)
+    assert eager and len(masks) == 5  # the lever-less loop: eager attention, a mask each step
+    eager.clear(), masks.clear()
+    Engine(tiny_model, "for_loop,sdpa").sample_actions(obs, noise, 5)
+    assert not eager
+    masks.clear()
+    Engine(tiny_model, "for_loop,static_kv_cache").sample_actions(obs, noise, 5)
+    assert len(masks) == 1
+    assert Engine(tiny_model, "fuse_projections").weights.backbone[0].qkv is not None
+    assert Engine(tiny_model, "for_loop").weights.backbone[0].qkv is None
+
+
 def test_prompt_buckets():
     assert [prompt_bucket(n, 48) for n in (1, 8, 9, 20, 33, 48)] == [8, 8, 16, 32, 48, 48]
     assert prompt_bucket(150, 200) == 200 and prompt_bucket(64, 200) == 64
@@ -143,6 +184,7 @@ def test_bad_sample_inputs_are_named_errors_on_both_paths(tiny_model, tiny_input
         (dict(tokens=obs.tokens + cfg.backbone.vocab_size), rf"obs.tokens: ids in \[\d+, \d+\], expected "
                                                              rf"0..{cfg.backbone.vocab_size - 1}"),
         (dict(tokens=obs.tokens - 10**6), "obs.tokens: ids in"),
+        (dict(tokens=obs.tokens.clamp(max=0) + cfg.backbone.vocab_size), "obs.tokens: ids in"),  # the boundary
         (dict(token_mask=obs.token_mask[:, :3]), "obs.token_mask: expected a bool tensor"),
         (dict(host_image_valid=(True,) * (S + 1)), "obs.host_image_valid: expected one flag per image slot"),
     ]
@@ -156,8 +198,9 @@ def test_bad_sample_inputs_are_named_errors_on_both_paths(tiny_model, tiny_input
         for change, message in bad_obs:
             with pytest.raises(ValueError, match=message):
                 sample(dataclasses.replace(obs, **change), noise, 2)
-        with pytest.raises(ValueError, match=r"noise: expected a float tensor \(%d, %d, %d\)" % (B, cfg.action_horizon, cfg.action_dim)):
-            sample(obs, noise[:, :, :3], 2)
+        for bad_noise in (noise[:, :, :3], noise.repeat(2, 1, 1)):
+            with pytest.raises(ValueError, match=r"noise: expected a float tensor \(%d, %d, %d\)" % (B, cfg.action_horizon, cfg.action_dim)):
+                sample(obs, bad_noise, 2)
         with pytest.raises(TypeError, match="obs.state: expected a torch.Tensor"):
             sample(dataclasses.replace(obs, state=obs.state.numpy()), noise, 2)
         with pytest.raises(TypeError, match="obs: expected an inputs.Observation .*, got a dict: give openpi's"):
@@ -319,8 +362,29 @@ def test_check_equivalence_passes_and_catches_a_broken_variant(tiny_model, tiny_
 
     bad = check_equivalence(tiny_model, Broken(), tiny_workload)
     assert not bad["passed"] and bad["rel_l2"] > FP32_TOL
+
+    class WrongOnOneSeed:  # the check reports the worst seed, so one wrong seed fails it
+        name, calls = "wrong-once", 0
+
+        def sample_actions(self, obs, noise, steps):
+            self.calls += 1
+            return engine.sample_actions(obs, noise, steps) * (1.001 if self.calls == 2 else 1.0)
+
+    once = check_equivalence(tiny_model, WrongOnOneSeed(), tiny_workload)
+    assert not once["passed"] and once["rel_l2"] == pytest.approx(1e-3, rel=1e-3)
     nan = compare(torch.full((1, 2), float("nan")), torch.ones(1, 2), torch.float32)
     assert not nan["passed"]
+
+
+def test_compare_is_relative_to_the_reference_and_the_tolerances_are_the_documented_ones():
+    from vlaperf.check import REL_L2_TOLERANCE
+
+    ref = torch.tensor([3.0, -4.0])
+    assert compare(2 * ref, ref, torch.float32)["rel_l2"] == pytest.approx(1.0)  # |a - r| / |r|, not / |a|
+    assert compare(torch.zeros(2), ref, torch.float32)["rel_l2"] == pytest.approx(1.0)
+    assert compare(ref + torch.tensor([0.0, 0.5]), ref, torch.float32)["max_abs"] == pytest.approx(0.5)
+    # docs/results.md and the README state these; a looser one would let wrong variants be timed
+    assert REL_L2_TOLERANCE[torch.float32] == 1e-4 and REL_L2_TOLERANCE[torch.bfloat16] == 3e-2
 
 
 def test_best_adds_the_triton_levers_only_on_the_gpus_they_were_tuned_for(monkeypatch):

@@ -119,3 +119,50 @@ def test_bf16_keeps_openpi_float32_parameters():
     assert model.backbone.layers[0].input_layernorm.weight.dtype == torch.float32
     assert model.vision.embeddings.patch_embedding.weight.dtype == torch.float32
     assert model.backbone.layers[0].mlp.up_proj.weight.dtype == torch.bfloat16
+
+
+# The shared building blocks against their formulas, written out here: the engine's equivalence tests cannot see
+# a fault in what the reference and the engine share, and the outside references (openpi's JAX model,
+# tests/test_openpi_jax.py) need tensorstore.
+
+def test_rope_rotates_each_first_half_coordinate_with_its_second_half_partner():
+    import math
+
+    from vlaperf.models.pi0 import apply_rope, rope_cos_sin
+
+    h, base, p = 4, 100.0, 3
+    cos, sin = rope_cos_sin(torch.tensor([[0, p]]), h, base, torch.float64)
+    x = torch.tensor([1.0, 2.0, 5.0, 7.0], dtype=torch.float64).expand(1, 1, 2, h)  # (B, heads, T, h)
+    out = apply_rope(x, cos, sin)[0, 0]
+    assert torch.equal(out[0], x[0, 0, 0])  # position 0 is no rotation
+    for i, freq in enumerate((1.0, base ** -0.5)):  # inverse frequencies base^(-2i/h)
+        a, b, angle = x[0, 0, 1, i].item(), x[0, 0, 1, i + h // 2].item(), p * freq
+        # the angles are float32, as openpi's are: 1e-6
+        assert out[1, i].item() == pytest.approx(a * math.cos(angle) - b * math.sin(angle), abs=1e-6)
+        assert out[1, i + h // 2].item() == pytest.approx(b * math.cos(angle) + a * math.sin(angle), abs=1e-6)
+
+
+def test_time_embedding_is_sin_then_cos_over_periods_from_4e_3_to_4():
+    import math
+
+    from vlaperf.models.pi0 import sinusoidal_time_embedding
+
+    t = torch.tensor([0.0, 0.3], dtype=torch.float64)
+    emb = sinusoidal_time_embedding(t, 6)  # 3 periods: 4e-3, 4e-3 * 1000 ** 0.5, 4
+    periods = [4e-3, 4e-3 * 1000 ** 0.5, 4.0]
+    want = [[math.sin(2 * math.pi * s / q) for q in periods] + [math.cos(2 * math.pi * s / q) for q in periods]
+            for s in (0.0, 0.3)]
+    assert emb.flatten().tolist() == pytest.approx(sum(want, []), abs=1e-12)
+
+
+def test_adaptive_rms_norm_splits_its_condition_into_scale_shift_gate():
+    from vlaperf.models.pi0 import AdaptiveRMSNorm
+
+    norm = AdaptiveRMSNorm(2, 1, eps=0.0)
+    with torch.no_grad():
+        norm.dense.weight.zero_()
+        norm.dense.bias.copy_(torch.tensor([0.5, 0.5, 1.0, 1.0, 2.0, 3.0]))  # scale 0.5, shift 1, gate (2, 3)
+    x = torch.tensor([[[3.0, -4.0]]])  # rms 3.5355: normed (0.8485, -1.1314)
+    out, gate = norm(x, torch.zeros(1, 1))
+    normed = x / x.pow(2).mean().sqrt()
+    assert torch.allclose(out, normed * 1.5 + 1.0) and gate.tolist() == [[[2.0, 3.0]]]

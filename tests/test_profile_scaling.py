@@ -58,6 +58,8 @@ def test_scaling_tiny_model_reports_fit_and_plot(tmp_path):
     for s in result["series"]:
         assert [p["steps"] for p in s["points"]] == [1, 2, 16, 32]
         assert all(p["wall_ms"]["count"] == 3 for p in s["points"])
+        # the flat fields the report and the table read are the summary's own
+        assert all(p["median_ms"] == p["wall_ms"]["median"] and p["p95_ms"] == p["wall_ms"]["p95"] for p in s["points"])
         fit = s["fit"]
         assert set(fit) == {"intercept", "slope", "r2"}
         assert fit["slope"] > 0  # each step costs time

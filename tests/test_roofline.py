@@ -37,3 +37,28 @@ def test_measured_ceilings_are_rates_of_their_own_work():
         measure_ceilings("cpu", matmul_size=-1)
     with pytest.raises(ValueError, match="got 256, 0, 10"):
         measure_ceilings("cpu", matmul_size=256, copy_bytes=0)
+
+
+def test_pi0_prefix_flops_are_the_ones_torch_counts():
+    """The floor's prefix FLOPs against torch's counter over the tiny reference's prefix (every image, the padded
+    prompt): its matmuls, attention included (per query head, not per K/V head), and the patch embedding."""
+    import torch
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vlaperf.inputs import random_observation
+    from vlaperf.models.pi0 import build_model
+
+    model, w = build_model(get_config("tiny"), "cpu", torch.float32, seed=0), get_workload("tiny")
+    obs = random_observation(w, model.config, seed=1)
+    with torch.no_grad(), FlopCounterMode(display=False) as counter:
+        model.prefill(*model.embed_prefix(obs))
+    r = roofline(model.config, w, images=obs.images.shape[1], prompt_len=obs.tokens.shape[1])
+    assert model.config.backbone.num_heads != model.config.backbone.num_kv_heads
+    assert r["prefix_tflop"] * 1e12 == pytest.approx(counter.get_total_flops(), rel=0.01)
+
+
+def test_each_prompt_token_adds_its_keys_and_values_to_every_step_s_bytes():
+    c, w = get_config("pi0"), get_workload("libero-pi0")
+    e = c.expert
+    added = roofline(c, w, 2, 21)["denoise_gb_per_step"] - roofline(c, w, 2, 20)["denoise_gb_per_step"]
+    assert added * 1e9 == pytest.approx(2 * e.depth * 2 * e.num_kv_heads * e.head_dim)  # bf16 K and V, every layer

@@ -158,6 +158,14 @@ def test_interleaved_speedup_and_ratio_keys():
     assert r["ratios"]["slow"]["wall_ms"]["significant"] is False
 
 
+def test_speedup_is_a_ratio_of_medians_not_means():
+    from vlaperf.timing import _ratio_stats
+
+    # one outlier round (a GC pause, a clock dip) moves a mean 2.8x; the median not at all
+    r = _ratio_stats([2.0, 2.0, 2.0, 2.0, 20.0], [1.0, 1.0, 1.0, 1.0, 1.0])
+    assert r["speedup"] == 2.0 and r["ratio_median"] == 2.0 and r["significant"] is True
+
+
 def test_interleaved_default_baseline_is_first_key():
     r = interleaved({"fast": _sleeper(0.002), "slow": _sleeper(0.006)}, device="cpu", warmup=1, iters=6, progress=False)
     assert r["baseline"] == "fast"

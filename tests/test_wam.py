@@ -695,3 +695,15 @@ def test_build_wam_takes_device_and_dtype_names_as_build_model_does():
         build_wam("wam-tiny", "bfloat16")
     with pytest.raises(ValueError, match="dtype: expected a floating torch dtype or its name"):
         build_wam("wam-tiny", dtype=torch.int8)
+
+
+def test_time_embedding_is_cos_then_sin_over_frequencies_10000_to_the_minus_i_over_half():
+    """Wan's sinusoidal time embedding, written out: the reference and the engine share it, so only a fixed
+    value can show a swapped half or a wrong frequency (it matters once real weights are loaded)."""
+    import math
+
+    from vlaperf.models.wam import sinusoidal_embedding
+
+    emb = sinusoidal_embedding(torch.tensor([0.0, 500.0]), 4)  # frequencies 1 and 10000 ** -0.5
+    want = [1.0, 1.0, 0.0, 0.0, math.cos(500.0), math.cos(5.0), math.sin(500.0), math.sin(5.0)]
+    assert emb.flatten().tolist() == pytest.approx(want, abs=1e-6)
