@@ -330,3 +330,15 @@ def test_droid_server_round_trip():
             assert reply["actions"].shape == (15, 8)
     finally:
         server.stop()
+
+
+# openpi's ALOHA joint flips are joints 1, 2, 8, 9 (pinned literally, not through the constant)
+def test_aloha_joint_signs_literal():
+    from vlaperf.conventions import CONVENTIONS
+    conv = CONVENTIONS["openpi:pi0_aloha_sim"]
+    state = np.arange(1, 15, dtype=np.float64) / 20
+    out = conv.state_to_model(state)
+    joints = [i for i in range(14) if i not in (6, 13)]
+    expect = state.copy()
+    expect[[1, 2, 8, 9]] *= -1
+    np.testing.assert_allclose(out[joints], expect[joints])

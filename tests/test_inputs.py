@@ -294,3 +294,57 @@ def test_printable_escapes_control_characters_and_clips():
     assert printable("x\n2026 CRITICAL fake") == "x\\n2026 CRITICAL fake"
     assert printable("héllo \u2192 ok") == "héllo \u2192 ok"  # printable non-ASCII stays as it is
     assert printable("a" * 10, 5) == "aaaa\u2026"
+
+
+# float pixels in [0, 1] convert as openpi does, 1.0 -> 255
+def test_float_pixels_scale_to_255():
+    from vlaperf.inputs import _image
+    img = np.stack([np.zeros((8, 8)), np.full((8, 8), 0.5), np.ones((8, 8))], -1).astype(np.float32)
+    out = _image(img, "observation/image", False)
+    assert out.dtype == np.uint8 and out[..., 0].max() == 0 and out[..., 1].max() == 127 and out[..., 2].min() == 255
+
+
+# a prompt of exactly MAX_PROMPT_CHARS characters is taken, one more refused
+def test_prompt_length_limit_is_inclusive():
+    from vlaperf.inputs import MAX_PROMPT_CHARS, InputError, prompt_text
+    assert prompt_text("a" * MAX_PROMPT_CHARS) == "a" * MAX_PROMPT_CHARS
+    with pytest.raises(InputError):
+        prompt_text("a" * (MAX_PROMPT_CHARS + 1))
+
+
+# the host-side prompt length (which the engine trims the prompt to) is the LONGEST prompt of the batch
+def test_host_prompt_len_is_the_longest_prompt():
+    from vlaperf.inputs import ObservationTransform, WordHashTokenizer, make_example
+    w = get_workload("libero-pi0")
+    tr = ObservationTransform(w, w.model_config(), WordHashTokenizer(1024))
+    a, b = make_example(w, seed=0), make_example(w, seed=1)
+    a["prompt"], b["prompt"] = "go", "go " * 20
+    db = tr.upload(tr.host_arrays([a, b]))
+    assert db.host_prompt_len == int(db.token_mask.sum(1).max()) == 22
+
+
+# a camera slot that any sample of the batch has is valid for the batch (the engine skips only slots none has)
+def test_host_image_valid_is_any_over_the_batch():
+    from vlaperf.inputs import ObservationTransform, WordHashTokenizer, make_example
+    w = get_workload("aloha-pi0")
+    tr = ObservationTransform(w, w.model_config(), WordHashTokenizer(1024))
+    a, b = make_example(w, seed=0), make_example(w, seed=1)
+    del b["images"]["cam_left_wrist"]
+    db = tr.upload(tr.host_arrays([a, b]))
+    assert db.host_image_valid == (True, True, True)
+    assert db.image_mask.tolist() == [[True, True, True], [True, False, True]]
+
+
+# a batch override repeats the per-sample prompt lengths cyclically
+def test_batch_override_cycles_prompt_lengths():
+    w = get_workload("libero-pi0-b4")
+    assert w.with_overrides(batch=6).prompt_valid == w.prompt_valid + w.prompt_valid[:2]
+    assert w.with_overrides(batch=2).prompt_valid == w.prompt_valid[:2]
+
+
+# a prompt_valid that is a real choice (not what the batch size derives) is recorded as an override
+def test_overrides_vs_keeps_a_chosen_prompt_valid():
+    import dataclasses
+    w = get_workload("libero-pi0-b4")
+    assert dataclasses.replace(w, prompt_valid=(5, 5, 5, 5)).overrides_vs(w) == {"prompt_valid": (5, 5, 5, 5)}
+    assert w.with_overrides(batch=8).overrides_vs(w) == {"batch": 8}

@@ -394,3 +394,77 @@ def test_lerobot_relative_actions_config_is_checked(tmp_path, capsys, monkeypatc
         _lerobot_folder(tmp_path, steps=steps, norm_map={"STATE": "MEAN_STD", "ACTION": "MEAN_STD"})
         with pytest.raises(NormStatsError, match=message):
             NormStats.load(tmp_path, quantile=False)
+
+
+class _StateTok:
+    vocab_size = 1024
+
+    def __init__(self):
+        self.states = []
+
+    def encode(self, text):
+        return [2, 300, 108]
+
+    def encode_with_state(self, task, state):
+        self.states.append(np.array(state))
+        return [2, 300, 108]
+
+
+# pi0.5's prompt carries the NORMALIZED state (as openpi discretises it), not the raw one
+def test_pi05_prompt_state_is_normalized():
+    from vlaperf.inputs import ObservationTransform, make_example
+    from vlaperf.normalize import ArrayStats, NormStats
+    w = get_workload("libero-pi05")
+    d = w.state_dim
+    ns = NormStats(ArrayStats(np.full(d, 0.5), np.full(d, 0.25), np.full(d, -2.0), np.full(d, 3.0)), None, quantile=True)
+    tok = _StateTok()
+    tr = ObservationTransform(w, w.model_config(), tok, norm_stats=ns)
+    ex = make_example(w, seed=0)
+    tr.host_arrays(ex)
+    np.testing.assert_allclose(tok.states[0][:d], ns.normalize_state64(ex["observation/state"]))
+
+
+# openpi's z-score has eps = 1e-6 added to std, both ways
+def test_openpi_zscore_eps():
+    from vlaperf.normalize import ArrayStats, NormStats
+    mean, std = np.array([0.5, -1.0, 2.0]), np.array([0.25, 1.0, 3.0])
+    ns = NormStats(ArrayStats(mean, std), ArrayStats(mean, std), quantile=False)
+    x = np.array([1.0, 2.0, -3.0])
+    np.testing.assert_allclose(ns.normalize_state64(x), (x - mean) / (std + 1e-6), rtol=1e-12)
+    a = np.array([[[1.0, 2.0, -3.0]]], np.float32)
+    np.testing.assert_allclose(ns.unnormalize_actions(a)[0, 0], (a[0, 0] * (std + 1e-6) + mean).astype(np.float32), rtol=0)
+
+
+# quantile span: openpi adds eps everywhere; LeRobot uses q99 - q01 as it is, eps only where it is 0
+@pytest.mark.parametrize("convention", ["openpi", "lerobot"])
+def test_quantile_span_eps(convention):
+    from vlaperf.normalize import ArrayStats, NormStats
+    q01, q99 = np.array([-1.0, 0.0, 2.0]), np.array([1.0, 4.0, 2.0])  # the last dim constant: span 0
+    st = ArrayStats(np.zeros(3), np.ones(3), q01, q99)
+    ns = NormStats(st, None, quantile=True, convention=convention)
+    x = np.array([0.5, 1.0, 2.0])
+    span = q99 - q01
+    span = np.where(span == 0, 1e-8, span) if convention == "lerobot" else span + 1e-6
+    np.testing.assert_allclose(ns.normalize_state64(x), (x - q01) / span * 2 - 1, rtol=1e-12)
+
+
+# state statistics longer than the robot's state are cut to it (openpi), not refused
+def test_longer_state_stats_are_accepted():
+    from vlaperf.normalize import ArrayStats, NormStats
+    ns = NormStats(ArrayStats(np.zeros(10), np.ones(10)), None, quantile=False)
+    ns.check_dims(8)  # must not raise
+    np.testing.assert_allclose(ns.normalize_state64(np.ones(8)), np.ones(8) / (1 + 1e-6))
+
+
+# a zero std (a constant dimension) is a valid statistic; only a negative one is refused
+def test_zero_std_is_accepted(tmp_path):
+    import json
+    from vlaperf.normalize import NormStats, NormStatsError
+    doc = {"norm_stats": {"state": {"mean": [0.0, 1.0], "std": [0.0, 1.0]}}}
+    (tmp_path / "norm_stats.json").write_text(json.dumps(doc))
+    ns = NormStats.load(tmp_path / "norm_stats.json", quantile=False)
+    assert ns.state.std.tolist() == [0.0, 1.0]
+    doc["norm_stats"]["state"]["std"] = [-1.0, 1.0]
+    (tmp_path / "norm_stats.json").write_text(json.dumps(doc))
+    with pytest.raises(NormStatsError, match="negative"):
+        NormStats.load(tmp_path / "norm_stats.json", quantile=False)

@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -195,3 +197,31 @@ def test_step_counts_are_checked_as_sample_actions_checks_them():
     with pytest.raises(ValueError, match=r"noise: expected a float tensor \(1, 10, 8\)"):
         reference_sample_staged(model, obs, noise[:, :3], 3)
     assert torch.equal(reference_sample_staged(model, obs, noise, 3), model.sample_actions(obs, noise, 3))
+
+
+def _rec(stages, span):
+    from vlaperf.profile.markers import CallRecord
+    return CallRecord(stages=[(n, 0, ms) for n, ms in stages], span_ms=span)
+
+
+# per_call is the most occurrences in any call; share is the stage's median over the span's median
+def test_stage_stats_per_call_and_share():
+    from vlaperf.profile.breakdown import stage_stats
+    calls = [_rec([("a", 1.0), ("a", 1.0), ("b", 2.0)], 4.0), _rec([("a", 1.0), ("b", 2.0)], 4.0),
+             _rec([("a", 9.0), ("b", 2.0)], 12.0)]
+    st = {s["name"]: s for s in stage_stats(calls)["stages"]}
+    assert st["a"]["per_call"] == 2 and st["b"]["per_call"] == 1
+    assert st["a"]["share"] == pytest.approx(2.0 / 4.0)  # median of totals (2, 1, 9) over median span (4)
+
+
+# iters not divisible by blocks still makes iters untimed calls; coverage = instrumented / untimed
+def test_breakdown_fn_counts_and_coverage():
+    from vlaperf.profile.breakdown import breakdown_fn
+
+    def call(rec):
+        rec.mark("work")
+        time.sleep(0.005)
+
+    res = breakdown_fn(call, iters=5, blocks=2, warmup=1, untimed=lambda: time.sleep(0.02))
+    assert res["untimed"]["iters"] == 5 and len(res["untimed"]["samples"]["wall_ms"]) == 5
+    assert res["coverage"] < 0.6  # ~5 ms instrumented over ~20 ms untimed

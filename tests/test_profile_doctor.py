@@ -12,6 +12,7 @@ from vlaperf.engine import Engine
 from vlaperf.models.pi0 import build_model
 from vlaperf.profile import doctor as doctor_mod
 from vlaperf.profile.doctor import SEVERITIES, doctor, environment_checks, exit_code
+from vlaperf.workloads import get_workload
 
 KEYS = {"id", "severity", "title", "detail", "cost", "cost_note", "fix"}
 
@@ -197,3 +198,63 @@ def test_megakernel_under_an_mps_thread_limit_is_an_error(monkeypatch, limit, ex
     if f:
         assert f["id"] == "model.megakernel_residency" and limit in f["title"] and "without megakernel" in f["fix"]
     assert doctor_mod.megakernel_residency(Levers()) is None  # the lever off: nothing to say
+
+
+def _fake_smi(bits, pid):
+    def fake(args):
+        q = args[0]
+        if q.startswith("--query-compute-apps"):
+            return f"GPU-aaaa-1, {pid}, python3, 30000"
+        if q.startswith("--query-gpu=uuid"):
+            return f"GPU-aaaa-1, 0, NVIDIA H200, 1980, 1980, 3201, 3201, 40, 650.1, 700.0, {bits:#018x}"
+        return None
+    return fake
+
+
+# every bad throttle reason warns (0x80: HW power brake)
+@pytest.mark.parametrize("bit", [0x8, 0x20, 0x40, 0x80])
+def test_each_bad_throttle_bit_warns(monkeypatch, bit):
+    import torch
+    from vlaperf.profile import doctor as d
+    monkeypatch.setattr(d, "nvidia_smi", _fake_smi(bit, 4242))
+    clocks = [f for f in d._gpu_checks(torch.device("cuda"), uuid="aaaa-1") if f["id"] == "env.gpu_clocks"]
+    assert clocks[0]["severity"] == "warning"
+
+
+# this process is not "another process on the GPU"
+def test_own_process_is_not_a_tenant(monkeypatch):
+    import os
+    import torch
+    from vlaperf.profile import doctor as d
+    monkeypatch.setattr(d, "nvidia_smi", _fake_smi(0, os.getpid()))
+    assert not [f for f in d._gpu_checks(torch.device("cuda"), uuid="aaaa-1") if f["id"] == "env.gpu_processes"]
+
+
+# the padded-prompt finding is a warning once the padding is >= 5% of the prefix
+def test_padded_prompt_severity_threshold():
+    from vlaperf.models.pi0 import build_model
+    from vlaperf.profile.doctor import model_checks
+    model = build_model("tiny")
+    w = get_workload("tiny")
+    share = (w.prompt_slots - max(w.prompt_valid)) / (w.prompt_slots + model.config.vision.num_patches * w.image_slots)
+    found = {f["id"]: f for f in model_checks(model, workload="tiny", measure=False)}
+    assert 0.05 <= share < 0.5, share
+    assert found["model.padded_prompt"]["severity"] == "warning"
+
+
+# only errors make doctor exit non-zero
+def test_exit_code_only_errors():
+    from vlaperf.profile.doctor import exit_code, finding
+    assert exit_code([finding("x", "warning", "t", "d"), finding("y", "info", "t", "d")]) == 0
+    assert exit_code([finding("x", "error", "t", "d")]) == 1
+
+
+# the masked-images cost counts every masked slot
+def test_masked_images_cost_counts_every_masked_slot(monkeypatch):
+    import dataclasses
+    from vlaperf.models.pi0 import build_model
+    from vlaperf.profile import doctor as d
+    monkeypatch.setattr(d, "_median_ms", lambda fn, device, iters=5: 1.0)
+    w = dataclasses.replace(get_workload("tiny"), image_valid=(True, False, False))
+    found = {f["id"]: f for f in d.model_checks(build_model("tiny"), workload=w, measure=True)}
+    assert found["model.masked_images_embedded"]["cost"] == pytest.approx(2.0)

@@ -3,6 +3,8 @@ clock) and the bring-your-own-policy marker protocol."""
 
 from __future__ import annotations
 
+import time
+
 import pytest
 import torch
 
@@ -219,3 +221,18 @@ def test_profiler_notices_are_dropped_and_other_stderr_kept(capfd):
         os.write(2, b"USDT is mentioned here but not as kineto's prefix\n")
     err = capfd.readouterr().err
     assert err == "a warning of the call\nUSDT is mentioned here but not as kineto's prefix\n"
+
+
+# a boundary stage marked inside a block stage ends with the block
+def test_inner_mark_ends_with_its_block():
+    from vlaperf.profile.markers import StageRecorder
+    rec = StageRecorder("cpu")
+    with rec.call():
+        with rec.stage("outer"):
+            rec.mark("inner")
+            time.sleep(0.005)
+        time.sleep(0.05)
+        rec.mark("after")
+        time.sleep(0.001)
+    ms = {n: v for n, _, v in rec.calls[0].stages}
+    assert ms["outer/inner"] <= ms["outer"] + 1e-6 and ms["outer/inner"] < 0.04 * 1e3

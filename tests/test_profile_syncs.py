@@ -170,3 +170,29 @@ def test_the_profiling_guides_example_names_the_reference_loops_line():
     loop = [i + 1 for i, text in enumerate(lines) if text.strip().startswith("while time >= -dt / 2:")]
     assert len(loop) == 1, loop
     assert f"vlaperf/models/pi0.py:{loop[0]}  Tensor.__bool__" in (root / "docs/profiling.md").read_text()
+
+
+# torch.where(cond) and repeat_interleave with tensor repeats read the device
+def test_where_and_repeat_interleave_are_host_reads():
+    import torch
+    from vlaperf.profile.syncs import HostReadMode
+    dev = torch.arange(6.0)
+    reps = torch.tensor([1, 2, 1, 1, 1, 1], device="cpu")
+    ops = []
+    for fn in (lambda: torch.where(dev > 2), lambda: torch.repeat_interleave(dev, reps),
+               lambda: torch.repeat_interleave(dev, reps, output_size=7)):  # the last: size given, no read
+        with HostReadMode("cpu", treat_as_device=True) as mode:
+            fn()
+        ops.append([e.op for e in mode.events])
+    assert ops == [["torch.where"], ["torch.repeat_interleave"], []]
+
+
+# copying device data into a host tensor (host.copy_(dev)) is a host read
+def test_copy_into_host_tensor_is_a_host_read():
+    import torch
+    from vlaperf.profile.syncs import HostReadMode
+    dev = torch.arange(6.0)
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        host = torch.empty(6)  # host-born
+        host.copy_(dev)
+    assert [e.op for e in mode.events] == ["Tensor.copy_"]

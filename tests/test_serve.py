@@ -989,3 +989,120 @@ def test_connections_past_the_limit_get_503_and_health_still_answers(model):
         second.close()
     finally:
         s.stop()
+
+
+class _Fake:
+    """A policy stub: returns `rows(n)` rows of zeros for a batch of n; counts calls."""
+
+    def __init__(self, rows=lambda n: n, exc=None, delay_s=0.0):
+        self.rows, self.exc, self.delay_s, self.calls = rows, exc, delay_s, []
+
+    def infer(self, examples):
+        self.calls.append(len(examples))
+        time.sleep(self.delay_s)
+        if self.exc is not None:
+            raise self.exc
+        return {"actions": np.zeros((self.rows(len(examples)), TINY.horizon, TINY.robot_action_dim), np.float32)}
+
+
+def _jobs(n):
+    from vlaperf.serve.server import _Job
+    return [_Job({"i": i}, i, None, None, time.perf_counter()) for i in range(n)]
+
+
+def _recording(server):
+    got = []
+    server._deliver = lambda job, value: got.append((job.conn, value))
+    return got
+
+
+# a batch never holds more than max_batch observations
+def test_batch_is_capped_at_max_batch():
+    from vlaperf.serve.server import PolicyServer
+    server = PolicyServer(_Fake(), port=0, max_batch=4, max_wait_ms=0.0, warmup_batch_sizes=())
+    server._n_connections = 10
+    server._pending.extend(_jobs(10))
+    assert len(server._next_batch()) == 4 and len(server._pending) == 6
+
+
+# once every open connection has a job in the batch, the batcher leaves without waiting for max_wait
+def test_batch_leaves_early_when_no_one_else_can_join():
+    from vlaperf.serve.server import PolicyServer
+    server = PolicyServer(_Fake(), port=0, max_batch=8, max_wait_ms=2000.0, warmup_batch_sizes=())
+    server._n_connections = 2
+    server._pending.extend(_jobs(2))
+    t0 = time.perf_counter()
+    assert len(server._next_batch()) == 2
+    assert time.perf_counter() - t0 < 0.5
+
+
+# BackendUnavailable fails the whole batch at once, without the one-by-one retry
+def test_backend_unavailable_is_not_retried_one_by_one():
+    from vlaperf.serve.server import BackendUnavailable, PolicyServer, RequestError
+    fake = _Fake(exc=BackendUnavailable("replica died"))
+    server = PolicyServer(fake, port=0, warmup_batch_sizes=())
+    got = _recording(server)
+    server._run_batch(_jobs(3))
+    assert fake.calls == [3]  # one call, no retries
+    assert len(got) == 3 and all(isinstance(v, RequestError) and v.kind == "InternalError" for _, v in got)
+
+
+# policy_timing carries infer_ms (openpi's clients read it)
+def test_policy_timing_has_infer_ms():
+    from vlaperf.serve.server import PolicyServer, _Done
+    server = PolicyServer(_Fake(), port=0, warmup_batch_sizes=())
+    done = _Done(np.zeros((10, 7), np.float32), {"infer_ms": 3.0, "queue_ms": 0.1, "batch_size": 1,
+                                                 "transform_ms": 1.0, "sample_and_copy_ms": 2.0})
+    out = server._response(done, None, 0.5, None)
+    assert out["policy_timing"] == {"infer_ms": 3.0, "transform_ms": 1.0, "sample_and_copy_ms": 2.0}
+
+
+# a policy that returns the wrong number of rows is an error, not silently mis-paired actions
+def test_wrong_row_count_is_an_internal_error():
+    from vlaperf.serve.server import PolicyServer, RequestError
+    server = PolicyServer(_Fake(rows=lambda n: n + 1), port=0, warmup_batch_sizes=())
+    got = _recording(server)
+    server._run_batch(_jobs(2))
+    assert len(got) == 2
+    assert all(isinstance(v, RequestError) and v.kind == "InternalError" and "shape" in v.message for _, v in got)
+
+
+def test_a_request_still_queued_at_shutdown_gets_its_shutting_down_frame():
+    """The server answered a queued observation's future and closed the connections in the same step, so the
+    client saw the close (1001), not the ShuttingDown frame the server meant for it."""
+    from websockets.sync.client import connect
+
+    from vlaperf.inputs import make_example
+    from vlaperf.serve.protocol import packb, parse_error_frame
+
+    stub = _Fake(delay_s=3.0)
+    server = PolicyServer(stub, port=0, max_batch=1, max_wait_ms=0.0, warmup_batch_sizes=(), drain_timeout_s=0.2).start()
+    replies = {}
+
+    def send(name):
+        with connect(server.url, max_size=None) as ws:
+            ws.recv()  # metadata
+            ws.send(packb(make_example(TINY)))
+            try:
+                replies[name] = ws.recv(timeout=20)
+            except Exception as e:  # the assertion below shows what came instead
+                replies[name] = e
+
+    running = threading.Thread(target=send, args=("running",))
+    running.start()
+    _wait_for(lambda: stub.calls)  # its observation is in the policy (3 s)
+    queued = threading.Thread(target=send, args=("queued",))
+    queued.start()
+    _wait_for(lambda: len(server._pending) == 1)  # the second waits behind it
+    server.stop()
+    running.join(20), queued.join(20)
+    assert isinstance(replies.get("queued"), str), replies.get("queued")
+    assert parse_error_frame(replies["queued"])["error"] == "ShuttingDown"
+
+
+# the `metadata=` given to the server reaches the metadata sent on connect
+def test_extra_metadata_is_sent():
+    from vlaperf.serve.server import PolicyServer
+    server = PolicyServer(_Fake(), port=0, warmup_batch_sizes=(), metadata={"robot": "arm-7", "max_batch": 99})
+    meta = server._build_metadata()
+    assert meta["robot"] == "arm-7" and meta["max_batch"] == 99  # the caller's keys win

@@ -707,3 +707,30 @@ def test_time_embedding_is_cos_then_sin_over_frequencies_10000_to_the_minus_i_ov
     emb = sinusoidal_embedding(torch.tensor([0.0, 500.0]), 4)  # frequencies 1 and 10000 ** -0.5
     want = [1.0, 1.0, 0.0, 0.0, math.cos(500.0), math.cos(5.0), math.sin(500.0), math.sin(5.0)]
     assert emb.flatten().tolist() == pytest.approx(want, abs=1e-6)
+
+
+# Wan conditions on t = 1000 * sigma (time_tables is shared by the engine and the reference, so the
+# equivalence tests cannot see a wrong scale)
+def test_wam_time_tables_use_1000_sigma():
+    import math
+    import torch
+    from vlaperf.models.wam import build_wam
+    m = build_wam("wam-tiny", device="cpu", dtype=torch.float32)
+    sig = torch.tensor([[0.0, 0.5, 0.25]])
+    t_emb, _ = m.time_tables(sig)
+    half = m.config.freq_dim // 2
+    freqs = torch.exp(-math.log(10_000.0) * torch.arange(half, dtype=torch.float64) / half)
+    ang = torch.tensor([0.0, 500.0, 250.0], dtype=torch.float64)[:, None] * freqs
+    want = m.time_embedding(torch.cat([ang.cos(), ang.sin()], -1).float())[None]
+    torch.testing.assert_close(t_emb, want.float())
+
+
+# every observed (context) frame is CLEAN, also with more than one context frame
+def test_token_groups_with_two_context_frames():
+    from vlaperf.models.wam import ACTION, CLEAN, VIDEO, get_config, token_groups
+    cfg = get_config("wam-tiny", frames=8, context_frames=2)
+    g = token_groups(cfg).tolist()
+    P = cfg.patches
+    assert g[: 2 * P] == [CLEAN] * (2 * P)
+    assert g[2 * P : cfg.frame_tokens] == [VIDEO] * (cfg.frame_tokens - 2 * P)
+    assert g[cfg.frame_tokens] == CLEAN and g[cfg.frame_tokens + 1 :] == [ACTION] * cfg.action_horizon

@@ -376,6 +376,13 @@ class PolicyServer:
                 self._pending.clear()
             for job in dropped:
                 self._deliver(job, RequestError("ShuttingDown", "the server stopped before this request ran"))
+            # Let their handlers send those frames before the connections close (a connection has one request in
+            # flight at a time, so each connection with a dropped job has one reply to send). Bounded: a request
+            # whose other observations are still running waits for them, not for this.
+            target = self._inflight - len({job.conn for job in dropped})
+            deadline = time.monotonic() + 1.0
+            while self._inflight > target and time.monotonic() < deadline:
+                await asyncio.sleep(0.005)
         self._ws.close()  # closes the open connections with 1001 (going away)
         try:
             await asyncio.wait_for(self._ws.wait_closed(), timeout=10)
@@ -719,7 +726,8 @@ class PolicyServer:
             kind = "InputError" if isinstance(e, InputError) else "InternalError"
             if kind == "InternalError":
                 log.exception("inference failed")
-            self._deliver(batch[0], RequestError(kind, str(e) if kind == "InputError" else f"{type(e).__name__}: {e}"))
+            for job in batch:  # one job, or a batch not retried (BackendUnavailable): every job gets the error
+                self._deliver(job, RequestError(kind, str(e) if kind == "InputError" else f"{type(e).__name__}: {e}"))
             return
         self._deliver_actions(batch, actions, out.get("policy_timing") or {}, t_start)
 
