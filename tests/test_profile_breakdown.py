@@ -220,8 +220,8 @@ def test_breakdown_fn_counts_and_coverage():
 
     def call(rec):
         rec.mark("work")
-        time.sleep(0.005)
+        time.sleep(0.002)
 
-    res = breakdown_fn(call, iters=5, blocks=2, warmup=1, untimed=lambda: time.sleep(0.02))
+    res = breakdown_fn(call, iters=5, blocks=2, warmup=1, untimed=lambda: time.sleep(0.05))
     assert res["untimed"]["iters"] == 5 and len(res["untimed"]["samples"]["wall_ms"]) == 5
-    assert res["coverage"] < 0.6  # ~5 ms instrumented over ~20 ms untimed
+    assert res["coverage"] < 0.5  # ~2 ms instrumented over ~50 ms untimed (sleeps only run long: margin for load)

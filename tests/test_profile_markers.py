@@ -231,8 +231,8 @@ def test_inner_mark_ends_with_its_block():
         with rec.stage("outer"):
             rec.mark("inner")
             time.sleep(0.005)
-        time.sleep(0.05)
+        time.sleep(0.2)  # an inner mark left open would run on to "after": >= 200 ms
         rec.mark("after")
         time.sleep(0.001)
     ms = {n: v for n, _, v in rec.calls[0].stages}
-    assert ms["outer/inner"] <= ms["outer"] + 1e-6 and ms["outer/inner"] < 0.04 * 1e3
+    assert ms["outer/inner"] <= ms["outer"] + 1e-6 and ms["outer/inner"] < 150
