@@ -251,8 +251,8 @@ def test_an_empty_path_is_refused_not_read_as_the_current_folder(tmp_path, monke
     assert load_checkpoint(model, ".")["layout"] == "openpi"  # the folder named as itself still loads
 
 
-# the layout is LeRobot's only when MOST keys carry "model." (one stray key does not flip an openpi file)
 def test_detect_layout_is_by_majority():
+    """The layout is LeRobot's only when MOST keys carry "model." (one stray key does not flip an openpi file)."""
     from vlaperf.checkpoints import detect_layout
     assert detect_layout(["a.weight", "b.weight", "model.stray"]) == "openpi"
     assert detect_layout(["model.a", "model.b", "stray"]) == "lerobot"

@@ -332,8 +332,8 @@ def test_droid_server_round_trip():
         server.stop()
 
 
-# openpi's ALOHA joint flips are joints 1, 2, 8, 9 (pinned literally, not through the constant)
 def test_aloha_joint_signs_literal():
+    """Openpi's ALOHA joint flips are joints 1, 2, 8, 9 (pinned literally, not through the constant)."""
     from vlaperf.conventions import CONVENTIONS
     conv = CONVENTIONS["openpi:pi0_aloha_sim"]
     state = np.arange(1, 15, dtype=np.float64) / 20

@@ -92,8 +92,8 @@ def test_plan_from_device_masks_keeps_the_longest_prompt_and_any_sample_s_image(
 
 
 def test_sdpa_and_static_kv_cache_change_the_path_they_name(tiny_model, tiny_inputs, monkeypatch):
-    """Two levers whose effect the actions cannot show: `sdpa` must leave eager attention unused, and
-    `static_kv_cache` builds the suffix mask once a call, not once a step; `fuse_projections` builds the fused
+    """Three levers whose effect the actions cannot show: `sdpa` must leave eager attention unused,
+    `static_kv_cache` builds the suffix mask once a call, not once a step, and `fuse_projections` builds the fused
     weights."""
     import vlaperf.engine.attention as attention
     import vlaperf.engine.loop as loop

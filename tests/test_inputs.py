@@ -296,24 +296,24 @@ def test_printable_escapes_control_characters_and_clips():
     assert printable("a" * 10, 5) == "aaaa\u2026"
 
 
-# float pixels in [0, 1] convert as openpi does, 1.0 -> 255
 def test_float_pixels_scale_to_255():
+    """Float pixels in [0, 1] convert as openpi does, 1.0 -> 255."""
     from vlaperf.inputs import _image
     img = np.stack([np.zeros((8, 8)), np.full((8, 8), 0.5), np.ones((8, 8))], -1).astype(np.float32)
     out = _image(img, "observation/image", False)
     assert out.dtype == np.uint8 and out[..., 0].max() == 0 and out[..., 1].max() == 127 and out[..., 2].min() == 255
 
 
-# a prompt of exactly MAX_PROMPT_CHARS characters is taken, one more refused
 def test_prompt_length_limit_is_inclusive():
+    """A prompt of exactly MAX_PROMPT_CHARS characters is taken, one more refused."""
     from vlaperf.inputs import MAX_PROMPT_CHARS, InputError, prompt_text
     assert prompt_text("a" * MAX_PROMPT_CHARS) == "a" * MAX_PROMPT_CHARS
     with pytest.raises(InputError):
         prompt_text("a" * (MAX_PROMPT_CHARS + 1))
 
 
-# the host-side prompt length (which the engine trims the prompt to) is the LONGEST prompt of the batch
 def test_host_prompt_len_is_the_longest_prompt():
+    """The host-side prompt length (which the engine trims the prompt to) is the LONGEST prompt of the batch."""
     from vlaperf.inputs import ObservationTransform, WordHashTokenizer, make_example
     w = get_workload("libero-pi0")
     tr = ObservationTransform(w, w.model_config(), WordHashTokenizer(1024))
@@ -323,8 +323,8 @@ def test_host_prompt_len_is_the_longest_prompt():
     assert db.host_prompt_len == int(db.token_mask.sum(1).max()) == 22
 
 
-# a camera slot that any sample of the batch has is valid for the batch (the engine skips only slots none has)
 def test_host_image_valid_is_any_over_the_batch():
+    """A camera slot that any sample of the batch has is valid for the batch (the engine skips only slots none has)."""
     from vlaperf.inputs import ObservationTransform, WordHashTokenizer, make_example
     w = get_workload("aloha-pi0")
     tr = ObservationTransform(w, w.model_config(), WordHashTokenizer(1024))
@@ -335,15 +335,15 @@ def test_host_image_valid_is_any_over_the_batch():
     assert db.image_mask.tolist() == [[True, True, True], [True, False, True]]
 
 
-# a batch override repeats the per-sample prompt lengths cyclically
 def test_batch_override_cycles_prompt_lengths():
+    """A batch override repeats the per-sample prompt lengths cyclically."""
     w = get_workload("libero-pi0-b4")
     assert w.with_overrides(batch=6).prompt_valid == w.prompt_valid + w.prompt_valid[:2]
     assert w.with_overrides(batch=2).prompt_valid == w.prompt_valid[:2]
 
 
-# a prompt_valid that is a real choice (not what the batch size derives) is recorded as an override
 def test_overrides_vs_keeps_a_chosen_prompt_valid():
+    """A prompt_valid that is a real choice (not what the batch size derives) is recorded as an override."""
     import dataclasses
     w = get_workload("libero-pi0-b4")
     assert dataclasses.replace(w, prompt_valid=(5, 5, 5, 5)).overrides_vs(w) == {"prompt_valid": (5, 5, 5, 5)}

@@ -412,8 +412,8 @@ class _StateTok:
         return [2, 300, 108]
 
 
-# pi0.5's prompt carries the NORMALIZED state (as openpi discretises it), not the raw one
 def test_pi05_prompt_state_is_normalized():
+    """Pi0.5's prompt carries the NORMALIZED state (as openpi discretises it), not the raw one."""
     from vlaperf.inputs import ObservationTransform, make_example
     from vlaperf.normalize import ArrayStats, NormStats
     w = get_workload("libero-pi05")
@@ -426,8 +426,8 @@ def test_pi05_prompt_state_is_normalized():
     np.testing.assert_allclose(tok.states[0][:d], ns.normalize_state64(ex["observation/state"]))
 
 
-# openpi's z-score has eps = 1e-6 added to std, both ways
 def test_openpi_zscore_eps():
+    """Openpi's z-score has eps = 1e-6 added to std, both ways."""
     from vlaperf.normalize import ArrayStats, NormStats
     mean, std = np.array([0.5, -1.0, 2.0]), np.array([0.25, 1.0, 3.0])
     ns = NormStats(ArrayStats(mean, std), ArrayStats(mean, std), quantile=False)
@@ -437,9 +437,9 @@ def test_openpi_zscore_eps():
     np.testing.assert_allclose(ns.unnormalize_actions(a)[0, 0], (a[0, 0] * (std + 1e-6) + mean).astype(np.float32), rtol=0)
 
 
-# quantile span: openpi adds eps everywhere; LeRobot uses q99 - q01 as it is, eps only where it is 0
 @pytest.mark.parametrize("convention", ["openpi", "lerobot"])
 def test_quantile_span_eps(convention):
+    """Quantile span: openpi adds eps everywhere; LeRobot uses q99 - q01 as it is, eps only where it is 0."""
     from vlaperf.normalize import ArrayStats, NormStats
     q01, q99 = np.array([-1.0, 0.0, 2.0]), np.array([1.0, 4.0, 2.0])  # the last dim constant: span 0
     st = ArrayStats(np.zeros(3), np.ones(3), q01, q99)
@@ -450,16 +450,16 @@ def test_quantile_span_eps(convention):
     np.testing.assert_allclose(ns.normalize_state64(x), (x - q01) / span * 2 - 1, rtol=1e-12)
 
 
-# state statistics longer than the robot's state are cut to it (openpi), not refused
 def test_longer_state_stats_are_accepted():
+    """State statistics longer than the robot's state are cut to it (openpi), not refused."""
     from vlaperf.normalize import ArrayStats, NormStats
     ns = NormStats(ArrayStats(np.zeros(10), np.ones(10)), None, quantile=False)
     ns.check_dims(8)  # must not raise
     np.testing.assert_allclose(ns.normalize_state64(np.ones(8)), np.ones(8) / (1 + 1e-6))
 
 
-# a zero std (a constant dimension) is a valid statistic; only a negative one is refused
 def test_zero_std_is_accepted(tmp_path):
+    """A zero std (a constant dimension) is a valid statistic; only a negative one is refused."""
     import json
     from vlaperf.normalize import NormStats, NormStatsError
     doc = {"norm_stats": {"state": {"mean": [0.0, 1.0], "std": [0.0, 1.0]}}}

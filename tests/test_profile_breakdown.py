@@ -204,8 +204,8 @@ def _rec(stages, span):
     return CallRecord(stages=[(n, 0, ms) for n, ms in stages], span_ms=span)
 
 
-# per_call is the most occurrences in any call; share is the stage's median over the span's median
 def test_stage_stats_per_call_and_share():
+    """Per_call is the most occurrences in any call; share is the stage's median over the span's median."""
     from vlaperf.profile.breakdown import stage_stats
     calls = [_rec([("a", 1.0), ("a", 1.0), ("b", 2.0)], 4.0), _rec([("a", 1.0), ("b", 2.0)], 4.0),
              _rec([("a", 9.0), ("b", 2.0)], 12.0)]
@@ -214,8 +214,8 @@ def test_stage_stats_per_call_and_share():
     assert st["a"]["share"] == pytest.approx(2.0 / 4.0)  # median of totals (2, 1, 9) over median span (4)
 
 
-# iters not divisible by blocks still makes iters untimed calls; coverage = instrumented / untimed
 def test_breakdown_fn_counts_and_coverage():
+    """Iters not divisible by blocks still makes iters untimed calls; coverage = instrumented / untimed."""
     from vlaperf.profile.breakdown import breakdown_fn
 
     def call(rec):

@@ -211,9 +211,9 @@ def _fake_smi(bits, pid):
     return fake
 
 
-# every bad throttle reason warns (0x80: HW power brake)
 @pytest.mark.parametrize("bit", [0x8, 0x20, 0x40, 0x80])
 def test_each_bad_throttle_bit_warns(monkeypatch, bit):
+    """Every bad throttle reason warns (0x80: HW power brake)."""
     import torch
     from vlaperf.profile import doctor as d
     monkeypatch.setattr(d, "nvidia_smi", _fake_smi(bit, 4242))
@@ -221,8 +221,8 @@ def test_each_bad_throttle_bit_warns(monkeypatch, bit):
     assert clocks[0]["severity"] == "warning"
 
 
-# this process is not "another process on the GPU"
 def test_own_process_is_not_a_tenant(monkeypatch):
+    """This process is not "another process on the GPU"."""
     import os
     import torch
     from vlaperf.profile import doctor as d
@@ -230,8 +230,8 @@ def test_own_process_is_not_a_tenant(monkeypatch):
     assert not [f for f in d._gpu_checks(torch.device("cuda"), uuid="aaaa-1") if f["id"] == "env.gpu_processes"]
 
 
-# the padded-prompt finding is a warning once the padding is >= 5% of the prefix
 def test_padded_prompt_severity_threshold():
+    """The padded-prompt finding is a warning once the padding is >= 5% of the prefix."""
     from vlaperf.models.pi0 import build_model
     from vlaperf.profile.doctor import model_checks
     model = build_model("tiny")
@@ -242,15 +242,15 @@ def test_padded_prompt_severity_threshold():
     assert found["model.padded_prompt"]["severity"] == "warning"
 
 
-# only errors make doctor exit non-zero
 def test_exit_code_only_errors():
+    """Only errors make doctor exit non-zero."""
     from vlaperf.profile.doctor import exit_code, finding
     assert exit_code([finding("x", "warning", "t", "d"), finding("y", "info", "t", "d")]) == 0
     assert exit_code([finding("x", "error", "t", "d")]) == 1
 
 
-# the masked-images cost counts every masked slot
 def test_masked_images_cost_counts_every_masked_slot(monkeypatch):
+    """The masked-images cost counts every masked slot."""
     import dataclasses
     from vlaperf.models.pi0 import build_model
     from vlaperf.profile import doctor as d

@@ -223,8 +223,8 @@ def test_profiler_notices_are_dropped_and_other_stderr_kept(capfd):
     assert err == "a warning of the call\nUSDT is mentioned here but not as kineto's prefix\n"
 
 
-# a boundary stage marked inside a block stage ends with the block
 def test_inner_mark_ends_with_its_block():
+    """A boundary stage marked inside a block stage ends with the block."""
     from vlaperf.profile.markers import StageRecorder
     rec = StageRecorder("cpu")
     with rec.call():

@@ -172,8 +172,8 @@ def test_the_profiling_guides_example_names_the_reference_loops_line():
     assert f"vlaperf/models/pi0.py:{loop[0]}  Tensor.__bool__" in (root / "docs/profiling.md").read_text()
 
 
-# torch.where(cond) and repeat_interleave with tensor repeats read the device
 def test_where_and_repeat_interleave_are_host_reads():
+    """Torch.where(cond) and repeat_interleave with tensor repeats read the device."""
     import torch
     from vlaperf.profile.syncs import HostReadMode
     dev = torch.arange(6.0)
@@ -187,8 +187,8 @@ def test_where_and_repeat_interleave_are_host_reads():
     assert ops == [["torch.where"], ["torch.repeat_interleave"], []]
 
 
-# copying device data into a host tensor (host.copy_(dev)) is a host read
 def test_copy_into_host_tensor_is_a_host_read():
+    """Copying device data into a host tensor (host.copy_(dev)) is a host read."""
     import torch
     from vlaperf.profile.syncs import HostReadMode
     dev = torch.arange(6.0)

@@ -752,17 +752,19 @@ def test_cli_serve_refuses_remote_without_key(monkeypatch):
 
 
 class _Recorder:
-    """A policy that records what it is asked, for the warm-up and batching-window tests."""
+    """A policy that records what it is asked (each batch's prompts) and returns zeros: `rows(n)` rows for a batch of
+    n, after `delay_s`; or raises `exc`."""
 
-    def __init__(self, workload, delay_s=0.0):
-        self.workload, self.delay_s, self.calls = workload, delay_s, []
+    def __init__(self, workload, delay_s=0.0, rows=lambda n: n, exc=None):
+        self.workload, self.delay_s, self.rows, self.exc, self.calls = workload, delay_s, rows, exc, []
 
     def infer(self, examples):
-        import time as _time
-
         self.calls.append([e.get("prompt") for e in examples])
-        _time.sleep(self.delay_s)
-        return {"actions": np.zeros((len(examples), self.workload.horizon, self.workload.robot_action_dim), np.float32)}
+        time.sleep(self.delay_s)
+        if self.exc is not None:
+            raise self.exc
+        w = self.workload
+        return {"actions": np.zeros((self.rows(len(examples)), w.horizon, w.robot_action_dim), np.float32)}
 
 
 def test_warmup_covers_every_batch_size_and_prompt_bucket():
@@ -991,20 +993,6 @@ def test_connections_past_the_limit_get_503_and_health_still_answers(model):
         s.stop()
 
 
-class _Fake:
-    """A policy stub: returns `rows(n)` rows of zeros for a batch of n; counts calls."""
-
-    def __init__(self, rows=lambda n: n, exc=None, delay_s=0.0):
-        self.rows, self.exc, self.delay_s, self.calls = rows, exc, delay_s, []
-
-    def infer(self, examples):
-        self.calls.append(len(examples))
-        time.sleep(self.delay_s)
-        if self.exc is not None:
-            raise self.exc
-        return {"actions": np.zeros((self.rows(len(examples)), TINY.horizon, TINY.robot_action_dim), np.float32)}
-
-
 def _jobs(n):
     from vlaperf.serve.server import _Job
     return [_Job({"i": i}, i, None, None, time.perf_counter()) for i in range(n)]
@@ -1016,19 +1004,19 @@ def _recording(server):
     return got
 
 
-# a batch never holds more than max_batch observations
 def test_batch_is_capped_at_max_batch():
+    """A batch never holds more than max_batch observations."""
     from vlaperf.serve.server import PolicyServer
-    server = PolicyServer(_Fake(), port=0, max_batch=4, max_wait_ms=0.0, warmup_batch_sizes=())
+    server = PolicyServer(_Recorder(TINY), port=0, max_batch=4, max_wait_ms=0.0, warmup_batch_sizes=())
     server._n_connections = 10
     server._pending.extend(_jobs(10))
     assert len(server._next_batch()) == 4 and len(server._pending) == 6
 
 
-# once every open connection has a job in the batch, the batcher leaves without waiting for max_wait
 def test_batch_leaves_early_when_no_one_else_can_join():
+    """Once every open connection has a job in the batch, the batcher leaves without waiting for max_wait."""
     from vlaperf.serve.server import PolicyServer
-    server = PolicyServer(_Fake(), port=0, max_batch=8, max_wait_ms=2000.0, warmup_batch_sizes=())
+    server = PolicyServer(_Recorder(TINY), port=0, max_batch=8, max_wait_ms=2000.0, warmup_batch_sizes=())
     server._n_connections = 2
     server._pending.extend(_jobs(2))
     t0 = time.perf_counter()
@@ -1036,31 +1024,31 @@ def test_batch_leaves_early_when_no_one_else_can_join():
     assert time.perf_counter() - t0 < 0.5
 
 
-# BackendUnavailable fails the whole batch at once, without the one-by-one retry
 def test_backend_unavailable_is_not_retried_one_by_one():
+    """BackendUnavailable fails the whole batch at once, without the one-by-one retry."""
     from vlaperf.serve.server import BackendUnavailable, PolicyServer, RequestError
-    fake = _Fake(exc=BackendUnavailable("replica died"))
+    fake = _Recorder(TINY, exc=BackendUnavailable("replica died"))
     server = PolicyServer(fake, port=0, warmup_batch_sizes=())
     got = _recording(server)
     server._run_batch(_jobs(3))
-    assert fake.calls == [3]  # one call, no retries
+    assert [len(call) for call in fake.calls] == [3]  # one call, no retries
     assert len(got) == 3 and all(isinstance(v, RequestError) and v.kind == "InternalError" for _, v in got)
 
 
-# policy_timing carries infer_ms (openpi's clients read it)
 def test_policy_timing_has_infer_ms():
+    """Policy_timing carries infer_ms (openpi's clients read it)."""
     from vlaperf.serve.server import PolicyServer, _Done
-    server = PolicyServer(_Fake(), port=0, warmup_batch_sizes=())
+    server = PolicyServer(_Recorder(TINY), port=0, warmup_batch_sizes=())
     done = _Done(np.zeros((10, 7), np.float32), {"infer_ms": 3.0, "queue_ms": 0.1, "batch_size": 1,
                                                  "transform_ms": 1.0, "sample_and_copy_ms": 2.0})
     out = server._response(done, None, 0.5, None)
     assert out["policy_timing"] == {"infer_ms": 3.0, "transform_ms": 1.0, "sample_and_copy_ms": 2.0}
 
 
-# a policy that returns the wrong number of rows is an error, not silently mis-paired actions
 def test_wrong_row_count_is_an_internal_error():
+    """A policy that returns the wrong number of rows is an error, not silently mis-paired actions."""
     from vlaperf.serve.server import PolicyServer, RequestError
-    server = PolicyServer(_Fake(rows=lambda n: n + 1), port=0, warmup_batch_sizes=())
+    server = PolicyServer(_Recorder(TINY, rows=lambda n: n + 1), port=0, warmup_batch_sizes=())
     got = _recording(server)
     server._run_batch(_jobs(2))
     assert len(got) == 2
@@ -1075,7 +1063,7 @@ def test_a_request_still_queued_at_shutdown_gets_its_shutting_down_frame():
     from vlaperf.inputs import make_example
     from vlaperf.serve.protocol import packb, parse_error_frame
 
-    stub = _Fake(delay_s=3.0)
+    stub = _Recorder(TINY, delay_s=3.0)
     server = PolicyServer(stub, port=0, max_batch=1, max_wait_ms=0.0, warmup_batch_sizes=(), drain_timeout_s=0.2).start()
     replies = {}
 
@@ -1100,9 +1088,9 @@ def test_a_request_still_queued_at_shutdown_gets_its_shutting_down_frame():
     assert parse_error_frame(replies["queued"])["error"] == "ShuttingDown"
 
 
-# the `metadata=` given to the server reaches the metadata sent on connect
 def test_extra_metadata_is_sent():
+    """The `metadata=` given to the server reaches the metadata sent on connect."""
     from vlaperf.serve.server import PolicyServer
-    server = PolicyServer(_Fake(), port=0, warmup_batch_sizes=(), metadata={"robot": "arm-7", "max_batch": 99})
+    server = PolicyServer(_Recorder(TINY), port=0, warmup_batch_sizes=(), metadata={"robot": "arm-7", "max_batch": 99})
     meta = server._build_metadata()
     assert meta["robot"] == "arm-7" and meta["max_batch"] == 99  # the caller's keys win

@@ -709,9 +709,9 @@ def test_time_embedding_is_cos_then_sin_over_frequencies_10000_to_the_minus_i_ov
     assert emb.flatten().tolist() == pytest.approx(want, abs=1e-6)
 
 
-# Wan conditions on t = 1000 * sigma (time_tables is shared by the engine and the reference, so the
-# equivalence tests cannot see a wrong scale)
 def test_wam_time_tables_use_1000_sigma():
+    """Wan conditions on t = 1000 * sigma (time_tables is shared by the engine and the reference, so the equivalence
+    tests cannot see a wrong scale)."""
     import math
     import torch
     from vlaperf.models.wam import build_wam
@@ -725,8 +725,8 @@ def test_wam_time_tables_use_1000_sigma():
     torch.testing.assert_close(t_emb, want.float())
 
 
-# every observed (context) frame is CLEAN, also with more than one context frame
 def test_token_groups_with_two_context_frames():
+    """Every observed (context) frame is CLEAN, also with more than one context frame."""
     from vlaperf.models.wam import ACTION, CLEAN, VIDEO, get_config, token_groups
     cfg = get_config("wam-tiny", frames=8, context_frames=2)
     g = token_groups(cfg).tolist()

@@ -726,8 +726,9 @@ class PolicyServer:
             kind = "InputError" if isinstance(e, InputError) else "InternalError"
             if kind == "InternalError":
                 log.exception("inference failed")
+            error = RequestError(kind, str(e) if kind == "InputError" else f"{type(e).__name__}: {e}")
             for job in batch:  # one job, or a batch not retried (BackendUnavailable): every job gets the error
-                self._deliver(job, RequestError(kind, str(e) if kind == "InputError" else f"{type(e).__name__}: {e}"))
+                self._deliver(job, error)
             return
         self._deliver_actions(batch, actions, out.get("policy_timing") or {}, t_start)
 
