@@ -329,9 +329,11 @@ def test_files_of_the_same_name_in_two_folders_are_told_apart(tiny_results, tmp_
 
 @pytest.fixture
 def figures(monkeypatch):
-    """Every matplotlib figure the report saves, after its layout ran (savefig)."""
+    """Every matplotlib figure the report saves, after its layout ran (savefig). The sections are
+    drawn in this process (worker processes would not see the stand-in)."""
     from vlaperf.report import render as mod
 
+    monkeypatch.setattr(mod, "PARALLEL_MIN_UNITS", 10**9)
     saved = []
     original = mod._Doc.fig
 
@@ -385,6 +387,59 @@ def test_bench_rows_and_panels_name_their_files_and_titles_do_not_overlap(tiny_r
         assert not any(_overlap(a, b) for b in titles[i + 1:]), "two panel titles overlap"
     sup = fig._suptitle.get_window_extent(renderer)
     assert not any(_overlap(sup, ax.get_window_extent(renderer)) or _overlap(sup, t) for ax, t in zip(axes, titles))
+    # two rows: no title runs into the row above's tick labels or x label, none of those leaves the figure
+    below = [ax.xaxis.get_tightbbox(renderer) for ax in axes]
+    assert not any(_overlap(t, b) for t in titles for b in below), "a title overlaps the x axis of the row above"
+    assert all(b.y0 >= 0 for b in below) and all(ax.yaxis.get_tightbbox(renderer).x0 >= 0 for ax in axes)
+
+
+def test_worker_processes_draw_the_same_report(tiny_results, tmp_path, monkeypatch):
+    """`vlaperf report --jobs 2`: the sections drawn in two spawned processes make the report that one
+    process makes, byte for byte (its text less the generated line, and every figure); a file a
+    worker could not render is listed as skipped as before; the sections' figures were not drawn here."""
+    from vlaperf.cli import main
+    from vlaperf.report import render as mod
+
+    bad = tmp_path / "stage_no_median.json"
+    bad.write_text(json.dumps(_damaged(tiny_results, *DAMAGED[bad.name][:2])))
+    files = [*sorted(tiny_results.glob("*.json")), bad]
+    monkeypatch.setattr(mod, "PARALLEL_MIN_UNITS", 1)  # the tiny set has 8 sections
+    drawn_here = []
+    original = mod._Doc.fig
+    monkeypatch.setattr(mod._Doc, "fig", lambda self, f, alt: (drawn_here.append(alt), original(self, f, alt)))
+    one = render(files, tmp_path / "one" / "r.md", jobs=1)
+    n_one = len(drawn_here)
+    assert main(["report", *map(str, files), "-o", str(tmp_path / "two" / "r.md"), "--jobs", "2"]) == 0
+    two = tmp_path / "two" / "r.md"
+    assert len(drawn_here) - n_one < n_one, "every figure was drawn in this process: no worker ran"
+    assert all(alt.startswith("summary") or "speed-up" in alt for alt in drawn_here[n_one:]), drawn_here[n_one:]
+
+    def text(p):
+        return [line for line in p.read_text().splitlines() if not line.startswith("_generated ")]
+
+    assert text(one) == text(two)
+    assert f"skipped {bad}: could not render it: KeyError: 'median_ms'" in text(two)
+    figs_one, figs_two = sorted((one.parent / "r_files").iterdir()), sorted((two.parent / "r_files").iterdir())
+    assert len(figs_one) >= 6 and [f.name for f in figs_one] == [f.name for f in figs_two]
+    assert all(a.read_bytes() == b.read_bytes() for a, b in zip(figs_one, figs_two))
+
+
+def test_rendering_imports_no_torch():
+    """The report's worker processes import the renderer: reading and drawing result files needs no torch."""
+    import subprocess
+    import sys
+
+    code = "import sys, vlaperf.report.render; print('torch' in sys.modules)"
+    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
+    assert out.strip() == "False"
+
+
+def test_report_jobs_must_be_a_positive_count(capsys):
+    from vlaperf.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["report", str(H200), "-o", "r.md", "--jobs", "0"])
+    assert e.value.code == 2 and "--jobs" in capsys.readouterr().err
 
 
 def test_histogram_median_is_the_summary_median(tiny_results, tmp_path, figures):

@@ -8,7 +8,8 @@ import time
 import pytest
 import torch
 
-from vlaperf.timing import SUMMARY_KEYS, Timer, environment_record, interleaved, summarize, synchronize, time_calls
+from vlaperf.report.schema import SUMMARY_KEYS
+from vlaperf.timing import Timer, environment_record, interleaved, summarize, synchronize, time_calls
 
 # ----------------------------------------------------------------------------- summarize
 

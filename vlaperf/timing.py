@@ -39,9 +39,6 @@ from typing import Any
 
 import torch
 
-# Keys of a summary, in the order they are reported.
-SUMMARY_KEYS = ("count", "mean", "median", "p90", "p95", "p99", "min", "max", "std")
-
 # Environment variables that change what torch.compile / the CUDA runtime do and so change
 # the numbers. TORCHINDUCTOR_* are collected by prefix (all that are set).
 ENV_VARS = (

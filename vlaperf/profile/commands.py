@@ -345,7 +345,7 @@ def cmd_report(args) -> int:
         print(f"skipped {msg if len(msg) <= 300 else msg[:299] + '…'}", file=sys.stderr)
 
     try:
-        out = render(args.paths, args.output, on_skip=skip)
+        out = render(args.paths, args.output, on_skip=skip, jobs=args.jobs)
     except ValueError as e:
         raise CliError(str(e)) from None
     except ImportError as e:
@@ -405,4 +405,7 @@ def register(subparsers) -> None:
     p.add_argument("paths", nargs="+",
                    help="result JSON files, or folders: each folder's *.json (not its subfolders, where traces and logs live)")
     p.add_argument("-o", "--output", type=output_file, default="report.html", help="report.html (self-contained) or report.md")
+    p.add_argument("--jobs", type=positive_int, default=None,
+                   help="processes that draw the figures (default: this machine's cores, at most 8; 1 draws them here). "
+                        "The report is the same whatever the number")
     p.set_defaults(func=cmd_report)

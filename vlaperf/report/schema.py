@@ -14,9 +14,10 @@ import json
 import math
 from pathlib import Path
 
-from vlaperf.timing import SUMMARY_KEYS
-
 SCHEMA = "vlaperf.result/1"
+# Keys of a timing summary, in the order they are reported (vlaperf.timing writes them). Kept here, torch-free,
+# so that reading and rendering result files (`vlaperf report`, its worker processes) never imports torch.
+SUMMARY_KEYS = ("count", "mean", "median", "p90", "p95", "p99", "min", "max", "std")
 REQUIRED = ("schema", "command", "workload", "env")
 ENV_KEYS = ("gpu", "driver", "cuda", "torch", "triton", "python", "vlaperf", "git_commit", "env_vars", "c_compiler")
 
