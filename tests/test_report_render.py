@@ -424,6 +424,23 @@ def test_worker_processes_draw_the_same_report(tiny_results, tmp_path, monkeypat
     assert all(a.read_bytes() == b.read_bytes() for a, b in zip(figs_one, figs_two))
 
 
+def test_a_report_is_drawn_in_this_process_when_no_worker_can_start(tiny_results, tmp_path, monkeypatch):
+    """Where processes cannot be started (a process limit), the figures are drawn here and the report is whole."""
+    import concurrent.futures
+
+    from vlaperf.report import render as mod
+
+    def no_workers(*args, **kwargs):
+        raise OSError("Resource temporarily unavailable")
+
+    monkeypatch.setattr(concurrent.futures, "ProcessPoolExecutor", no_workers)
+    monkeypatch.setattr(mod, "PARALLEL_MIN_UNITS", 1)
+    md = render(sorted(tiny_results.glob("*.json")), tmp_path / "r.md", jobs=2).read_text()
+    for heading in ("## Latency (bench)", "## Optimization matrix", "## Stage breakdown", "## T(N) scaling"):
+        assert heading in md, heading
+    assert "skipped" not in md and len(list((tmp_path / "r_files").iterdir())) >= 6
+
+
 def test_rendering_imports_no_torch():
     """The report's worker processes import the renderer: reading and drawing result files needs no torch."""
     import subprocess

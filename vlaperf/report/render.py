@@ -223,8 +223,7 @@ def _fixed_margins(fig, nrows: int, ncols: int, top: float, bottom: float, left:
                    row_gap: float, col_gap: float) -> None:
     """Place a grid of panels with margins and gaps given in inches. For figures whose text has a
     known size (the histograms' three 7-point title lines), this does what constrained layout does
-    at a fraction of its cost: constrained layout measured every tick label of every panel twice
-    per figure, ~60% of a large report's drawing time."""
+    without measuring every tick label of every panel (two images of 14 files: 3.3 -> 2.5 s)."""
     w, h = fig.get_size_inches()
     panel_h = (h - top - bottom - (nrows - 1) * row_gap) / nrows
     panel_w = (w - left - right - (ncols - 1) * col_gap) / ncols
@@ -1577,10 +1576,13 @@ def _render_units(units: list[tuple[str, list]], names: dict[str, str],
         return [_render_unit(*a) for a in args]
     import multiprocessing
     from concurrent.futures import ProcessPoolExecutor
+    from concurrent.futures.process import BrokenProcessPool
 
-    # spawned, not forked: the CLI's process has torch loaded, and a fork would copy its threads' state
-    with ProcessPoolExecutor(max_workers=min(jobs, len(units)), mp_context=multiprocessing.get_context("spawn")) as pool:
-        return list(pool.map(_render_unit, *zip(*args)))
+    try:  # spawned, not forked: the CLI's process has torch loaded, and a fork would copy its threads' state
+        with ProcessPoolExecutor(max_workers=min(jobs, len(units)), mp_context=multiprocessing.get_context("spawn")) as pool:
+            return list(pool.map(_render_unit, *zip(*args)))
+    except (OSError, BrokenProcessPool):  # no worker processes to be had (a process limit, a killed worker): draw here
+        return [_render_unit(*a) for a in args]
 
 
 def render(result_paths, out_path, title: str | None = None, on_skip: Callable[[str], None] | None = None,
