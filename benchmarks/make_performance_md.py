@@ -98,27 +98,28 @@ def headline(results, wam=()):
             held = newest.setdefault(key, {}).get(preset)
             if held is None or r["env"].get("timestamp", "") > held[1]["env"].get("timestamp", ""):
                 newest[key][preset] = (path, r)
-    lerobot = {}  # (GPU, workload) -> the newest full-size `vlaperf compare` file's LeRobot median and its day
+    lerobot = {}  # (GPU, workload) -> the newest full-size `vlaperf compare` file's LeRobot median and timestamp
     for path, r in results:
         summary = (r.get("timing") or {}).get("summary") or {} if r["command"] == "compare" else {}
         if "lerobot" in summary and not r["compare"].get("reduced") and r["env"].get("gpu"):
-            key, day = (r["env"]["gpu"], workload_label(r)), r["env"].get("timestamp", "")[:10]
-            if key not in lerobot or day > lerobot[key][1]:
-                lerobot[key] = (summary["lerobot"]["wall_ms_median"], day)
+            # Compared by the full timestamp: two files of one day must give the later one, not the later path.
+            key, stamp = (r["env"]["gpu"], workload_label(r)), r["env"].get("timestamp", "")
+            if key not in lerobot or stamp > lerobot[key][1]:
+                lerobot[key] = (summary["lerobot"]["wall_ms_median"], stamp)
     records = []
     for (gpu, wl, mode), got in sorted(newest.items()):
         if "best" not in got:
             continue
         path, r = got["best"]
         batch = result_batch(r)
-        peer_ms, peer_day = lerobot.get((gpu, wl), (None, "")) if mode == "model" else (None, "")
+        peer_ms, peer_stamp = lerobot.get((gpu, wl), (None, "")) if mode == "model" else (None, "")
         records.append({
             "gpu": gpu, "workload": wl, "mode": mode, "batch": batch, "path": path, "best": r,
             "median": {name: got[name][1]["timers"]["wall_ms"]["median"] if name in got else None
                        for name in ("reference", "graph", "best")},
             "day": {name: got[name][1]["env"].get("timestamp", "")[:10] for name in got},
             "floor_ms": (r.get("roofline") or {}).get("floor_ms"),
-            "lerobot_ms": peer_ms, "lerobot_day": peer_day})
+            "lerobot_ms": peer_ms, "lerobot_day": peer_stamp[:10]})
     return records
 
 

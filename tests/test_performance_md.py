@@ -100,13 +100,16 @@ def test_headline_takes_each_presets_newest_file_and_skips_served_ones():
                released_reference_bytes=1), bench("graph", list(GRAPH_GPU), 40.0, 1), bench("ref", [], 200.0, 2),
                bench("other", best[:-1], 11.0, 3), bench("shallow_graph", list(GRAPH_GPU), 9.0, 2, workload="libero-shallow6")]
 
-    def compare(median, day, reduced=False):  # a `vlaperf compare` file: LeRobot's median beside vlaperf's
+    def compare(median, day, reduced=False, hour=10):  # a `vlaperf compare` file: LeRobot's median beside vlaperf's
         return gen.ROOT / "c.json", {"command": "compare", "workload": {"id": "libero-pi0", "overrides": {}},
                                      "compare": {"reduced": reduced}, "env": {"gpu": "NVIDIA H200",
-                                     "timestamp": f"2026-11-{day:02d}T10:00:00+00:00"},
+                                     "timestamp": f"2026-11-{day:02d}T{hour:02d}:00:00+00:00"},
                                      "timing": {"summary": {"lerobot": {"wall_ms_median": median}}}}
 
-    results += [compare(250.0, 28), compare(260.0, 29), compare(99.0, 30, reduced=True)]
+    # Two full-size files of the 29th, the earlier one (09:00) listed first: the later one (15:00) is taken, not the
+    # first listed of that day.
+    results += [compare(250.0, 28), compare(255.0, 29, hour=9), compare(260.0, 29, hour=15),
+                compare(99.0, 30, reduced=True)]
     rows = gen.headline_rows(results)
     assert len(rows) == 3, rows  # header, separator, one row: libero-shallow6 has no best file
     cells = [c.strip() for c in rows[2].strip("|").split("|")]
