@@ -3,6 +3,9 @@
 #   PART=a   pi0.5's long prompt buckets (benchmarks/prompt_len_probe.py on libero-pi05, `best`): a 150-token
 #            prompt kept as 160, 176, 192 and 200 tokens (the bucket 256 is cut to the 200 slots, so 712 prefix
 #            rows, not a multiple of 16), and a 100-token prompt as 112 and 128; the kernel tables at 192 and 200
+#   PART=b   torch's cuBLAS pick for Gemma's four prefix GEMMs across the prefix's row counts (batch 1: 512-784,
+#            batch 4 and 8 around their buckets), then every algorithm cuBLASLt's heuristic offers at the rows of
+#            pi0's and pi0.5's buckets (cublaslt_probe.py): does an algorithm fix the cliff part a found at 704 rows?
 # Usage (device tool, no carry): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session36.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -11,6 +14,13 @@ a)
   lane A 0 40 <<EOT &
 240 cd benchmarks && python3 prompt_len_probe.py --workload libero-pi05 --valid 150 --lengths 160,176,192,200 --rounds 60 --json $R/prompt_len_probe_libero-pi05_valid150_s36.json --kernels $R/profiles/pi05_prompt_s36
 150 cd benchmarks && python3 prompt_len_probe.py --workload libero-pi05 --valid 100 --lengths 112,128 --rounds 60 --json $R/prompt_len_probe_libero-pi05_valid100_s36.json
+EOT
+  ;;
+b)
+  lane A 0 60 <<EOT &
+150 cd benchmarks && python3 cublaslt_probe.py --shapes gemma_qkv,gemma_o,gemma_gate_up,gemma_down --rows 512-784:8 --algos 0 --json $R/gemm_rows_sweep_b1_s36.json | cut -c1-60
+120 cd benchmarks && python3 cublaslt_probe.py --shapes gemma_qkv,gemma_o,gemma_gate_up,gemma_down --rows 2048-2304:32,4096-4608:64 --algos 0 --json $R/gemm_rows_sweep_b48_s36.json | cut -c1-60
+240 cd benchmarks && python3 cublaslt_probe.py --shapes gemma_down,gemma_qkv,gemma_o,gemma_gate_up --rows 544,552,576,640,688,704,712 --json $R/cublaslt_probe_rows_s36.json
 EOT
   ;;
 esac
