@@ -6,6 +6,9 @@
 #   PART=b   torch's cuBLAS pick for Gemma's four prefix GEMMs across the prefix's row counts (batch 1: 512-784,
 #            batch 4 and 8 around their buckets), then every algorithm cuBLASLt's heuristic offers at the rows of
 #            pi0's and pi0.5's buckets (cublaslt_probe.py): does an algorithm fix the cliff part a found at 704 rows?
+#   PART=c   the prefix attention's mask loads bounded by the rows' padded columns (version 114): the kernel alone at
+#            704, 712, 720 and 544 tokens against the old bound (prefix_attention_probe.py), then part a's pi0.5
+#            prompts again, and pi0's 8-token bucket (520 rows) against 16
 # Usage (device tool, no carry): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session36.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -21,6 +24,13 @@ b)
 150 cd benchmarks && python3 cublaslt_probe.py --shapes gemma_qkv,gemma_o,gemma_gate_up,gemma_down --rows 512-784:8 --algos 0 --json $R/gemm_rows_sweep_b1_s36.json | cut -c1-60
 120 cd benchmarks && python3 cublaslt_probe.py --shapes gemma_qkv,gemma_o,gemma_gate_up,gemma_down --rows 2048-2304:32,4096-4608:64 --algos 0 --json $R/gemm_rows_sweep_b48_s36.json | cut -c1-60
 240 cd benchmarks && python3 cublaslt_probe.py --shapes gemma_down,gemma_qkv,gemma_o,gemma_gate_up --rows 544,552,576,640,688,704,712 --json $R/cublaslt_probe_rows_s36.json
+EOT
+  ;;
+c)
+  lane A 0 40 <<EOT &
+120 cd benchmarks && for t in 704:650 712:650 720:650 544:532; do python3 prefix_attention_probe.py --tokens \${t%:*} --valid \${t#*:} --json $R/prefix_attention_probe_\${t%:*}_s36.json 2>&1 | grep ours; done
+200 cd benchmarks && python3 prompt_len_probe.py --workload libero-pi05 --valid 150 --lengths 176,192,200 --rounds 60 --json $R/prompt_len_probe_libero-pi05_valid150_v114_s36.json
+150 cd benchmarks && python3 prompt_len_probe.py --valid 6 --lengths 8,16 --rounds 60 --json $R/prompt_len_probe_libero-pi0_valid6_v114_s36.json
 EOT
   ;;
 esac

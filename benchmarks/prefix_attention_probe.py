@@ -4,7 +4,11 @@ bucket with 20 valid tokens: 544 tokens, the last 12 padding keys): whether one 
 fused kernels, given the valid key count instead of a mask, beats the engine's 24 us a layer
 (docs/perf-notes.md, version 27).
 
-  ours          vlaperf's prefix_attention (the `triton_kernels` path): the exact mask as bytes
+  ours          vlaperf's prefix_attention (the `triton_kernels` path): the exact mask as bytes (aligned in the call)
+  ours_aligned  the same, its mask aligned beforehand as the engine's is; its loads bounded by the rows' padded
+                columns (session 36)
+  ours_aligned_keys_bound  the same, the mask loads bounded by the keys (before session 36): at a token count
+                that is not a multiple of 16 (712) the bound keeps the loads from vectorizing
   flash_varlen  FlashAttention-2 (PyTorch's build) in its varlen form with seqused_k: the keys
                 past the valid count are not read; one K/V head (MQA) natively
   efficient     the memory-efficient (CUTLASS) kernel with seqlen_k, K/V expanded to 8 heads
@@ -31,7 +35,7 @@ import torch
 from kernel_timing import graph_time_ms  # benchmarks/ (the script's folder is on sys.path)
 
 from vlaperf.engine.attention import prefix_mask
-from vlaperf.engine.kernels.suffix_attention import prefix_attention
+from vlaperf.engine.kernels.suffix_attention import PREFIX_TILES, aligned_mask, prefix_attention, suffix_attention
 from vlaperf.models.pi0 import eager_attention
 from vlaperf.report.schema import SCHEMA
 from vlaperf.timing import environment_record
@@ -70,8 +74,12 @@ def main() -> None:
         keep = 1.0 / (1.0 - pads * torch.exp(-lse.float().reshape(1, 1, T * N, 1)))
         return (out * keep).to(out.dtype).view(1, T, N, h)
 
+    mask_al = aligned_mask(mask_u8)
     variants = {
         "ours": lambda: prefix_attention(q_hm, k_hm, v_hm, mask_u8).transpose(1, 2),
+        "ours_aligned": lambda: prefix_attention(q_hm, k_hm, v_hm, mask_al).transpose(1, 2),
+        "ours_aligned_keys_bound": lambda: suffix_attention(q_hm, k_hm, v_hm, mask_al, token_major=True, mask_cols=T,
+                                                            **PREFIX_TILES).transpose(1, 2),
         "flash_varlen": lambda: torch.ops.aten._flash_attention_forward(
             q[0], k[0], v[0], cum, cum, T, T, 0.0, False, False, scale=scale, seqused_k=used)[0][None],
         "efficient": lambda: torch.ops.aten._efficient_attention_forward(

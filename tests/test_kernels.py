@@ -129,6 +129,16 @@ ATTENTION_SCRIPT = textwrap.dedent(
     for splits in (1, 2, 3):  # one pass, or keys split with partials and the merge (benchmarks/prefix_tiles_ab.py)
         out = prefix_attention(q, k, v, mask, block_m=16, block_n=16, splits=splits, num_warps=4)
         assert ((out - ref).norm() / ref.norm()).item() < 1e-5, splits
+    # mask rows padded to 48 bytes with random bytes past the 37 keys: the kernel reads them (its mask loads are
+    # bounded by the 48 columns, so they vectorize) and must ignore them, as when bounded by the keys themselves
+    from vlaperf.engine.kernels.suffix_attention import readable_mask_cols, suffix_attention
+    buf = torch.randint(0, 2, (2, 37, 48), dtype=torch.uint8)
+    buf[..., :37] = mask
+    padded = buf[..., :37]
+    assert readable_mask_cols(padded) == 48
+    for cols in (None, 37, 40):
+        out = suffix_attention(q, k, v, padded, block_m=16, block_n=16, splits=2, token_major=True, mask_cols=cols)
+        assert ((out - ref).norm() / ref.norm()).item() < 1e-5, cols
     print("ok")
     """
 )
@@ -216,6 +226,28 @@ def test_merge_programs_split_the_head_dim_until_the_gpu_is_covered():
     q, k = torch.randn(1, 2, 3, 16), torch.randn(1, 1, 20, 16)
     with pytest.raises(ValueError, match="block_d=12, expected a power of two dividing the head dim 16"):
         suffix_attention(q, k, k, torch.ones(1, 3, 20, dtype=torch.bool), splits=2, block_d=12)
+
+
+def test_mask_loads_read_the_padded_columns_only_where_the_storage_holds_them():
+    """`readable_mask_cols`: the attention kernel bounds its mask loads by the columns each row's memory holds (a
+    multiple of 16 for aligned rows, so the loads vectorize: session 36, 712 prefix rows), never past the storage."""
+    from vlaperf.engine.kernels.suffix_attention import aligned_mask, readable_mask_cols, suffix_attention
+
+    mask = torch.ones(2, 5, 37, dtype=torch.bool)
+    assert readable_mask_cols(mask.to(torch.uint8)) == 37  # contiguous rows: exactly the keys
+    assert readable_mask_cols(aligned_mask(mask)) == 48  # aligned rows: 48 bytes each, the last row's too
+    wide = torch.zeros(2, 5, 64, dtype=torch.uint8)
+    assert readable_mask_cols(wide[..., :37]) == 64  # a view of wider rows
+    assert readable_mask_cols(wide[:, :, :47][:, :-1]) == 64  # fewer rows than the storage holds
+    assert readable_mask_cols(wide[:, :, 10:47]) == 37  # 10 bytes into each row: the last row's 64 would pass the end
+    assert readable_mask_cols(wide.view(-1)[10:].as_strided((2, 5, 37), (320, 64, 1))) == 37  # last row cut short
+    assert readable_mask_cols(wide.transpose(1, 2)[:, :5, :]) == 5  # keys not contiguous: no padding is assumed
+    q, k = torch.randn(1, 2, 3, 16), torch.randn(1, 1, 20, 16)
+    narrow = torch.ones(1, 3, 20, dtype=torch.bool)
+    for cols in (19, 21):  # below the keys, or past what contiguous rows hold
+        with pytest.raises(ValueError, match=f"mask_cols={cols}, expected from Tk=20 up to the columns the mask's "
+                                             f"rows hold \\(20\\)"):
+            suffix_attention(q, k, k, narrow, splits=2, mask_cols=cols)
 
 
 @needs_triton_39

@@ -33,7 +33,7 @@ from vlaperf.models.pi0 import ATTENTION_MASK_VALUE
 @triton.jit
 def _partial_kernel(
     q_ptr, k_ptr, v_ptr, mask_ptr, acc_ptr, m_ptr, l_ptr, out_ptr,
-    ROWS, TQ, TK, keys_per_split, scale,
+    ROWS, TQ, TK, MASK_COLS, keys_per_split, scale,
     sqb, sqh, sqt, skb, skt, svb, svt, smb, smq, sob, soh, sot,
     MASK_VALUE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
     USE_PDL: tl.constexpr = False,
@@ -57,7 +57,10 @@ def _partial_kernel(
         key_ok = (keys < TK) & (keys < k_start + keys_per_split)
         k = tl.load(k_ptr + b * skb + keys[:, None] * skt + d[None, :], mask=key_ok[:, None], other=0.0)
         scores = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
-        allowed = tl.load(mask_ptr + b * smb + tq[:, None] * smq + keys[None, :], mask=row_ok[:, None] & key_ok[None, :], other=0)
+        # The mask's load is bounded by the columns its rows hold, not by TK: aligned rows hold a multiple of 16, so
+        # the bound's constancy lets these loads be 16-byte vectors (keys past TK become -inf just below)
+        allowed = tl.load(mask_ptr + b * smb + tq[:, None] * smq + keys[None, :],
+                          mask=row_ok[:, None] & (keys < MASK_COLS)[None, :], other=0)
         scores = tl.where(allowed != 0, scores, MASK_VALUE)
         scores = tl.where(key_ok[None, :], scores, float("-inf"))  # keys past the end do not exist
         m_new = tl.maximum(m_i, tl.max(scores, axis=1))
@@ -156,15 +159,29 @@ def aligned_mask(mask: torch.Tensor) -> torch.Tensor:
     return padded
 
 
+def readable_mask_cols(mask: torch.Tensor) -> int:
+    """How many bytes of each row of a (B, Tq, Tk) uint8 mask may be read: its row stride where the rows are padded
+    (`aligned_mask`'s buffer, or a view of wider rows) and the storage holds the last row's padding too, else Tk.
+    The kernel reads past Tk only to keep its mask loads vectorized (the bound a multiple of 16); those keys are -inf."""
+    B, Tq, Tk = mask.shape
+    cols = mask.stride(1)
+    if mask.stride(2) != 1 or cols <= Tk:
+        return Tk
+    last_row_end = mask.storage_offset() + (B - 1) * mask.stride(0) + Tq * cols
+    return cols if last_row_end <= mask.untyped_storage().nbytes() else Tk
+
+
 def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor,
                      block_m: int = 32, block_n: int = 32, splits: int | None = None,
                      num_warps: int = 4, num_stages: int = 2, token_major: bool = False,
-                     block_d: int | None = None) -> torch.Tensor:
+                     block_d: int | None = None, mask_cols: int | None = None) -> torch.Tensor:
     """q (B, N, Tq, h); k, v (B, 1, Tk, h); mask (B, Tq, Tk) bool -> (B, N, Tq, h).
     splits=1: one pass per row block, normalised in place (no partials, no merge launch).
     token_major: the output's memory is (B, Tq, N, h) (a transposed view is returned), so the
     (B, Tq, N * h) the output projection reads is a view, not a copy.
-    block_d: head dims per merge program (None: `merge_block_d`; h: one program a row block)."""
+    block_d: head dims per merge program (None: `merge_block_d`; h: one program a row block).
+    mask_cols: the mask columns the kernel may read in each row (None: all the row's memory holds, `readable_mask_cols`;
+    Tk: exactly the keys, as before session 36)."""
     B, N, Tq, h = q.shape
     Tk = k.shape[2]
     if k.shape[1] != 1 or v.shape[1] != 1:
@@ -189,8 +206,14 @@ def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     else:
         out = torch.empty(B, N, Tq, h, dtype=q.dtype, device=q.device)
     mask_u8 = mask.to(torch.uint8) if mask.dtype == torch.bool else mask
+    if mask_cols is None:
+        mask_cols = readable_mask_cols(mask_u8)
+    elif not Tk <= mask_cols <= readable_mask_cols(mask_u8):
+        raise ValueError(f"suffix_attention: mask_cols={mask_cols}, expected from Tk={Tk} up to the columns the "
+                         f"mask's rows hold ({readable_mask_cols(mask_u8)})")
     launch(
-        _partial_kernel, (B, row_blocks, splits), q, k, v, mask_u8, acc, m, l_, out, rows, Tq, Tk, keys_per_split, h**-0.5,
+        _partial_kernel, (B, row_blocks, splits), q, k, v, mask_u8, acc, m, l_, out, rows, Tq, Tk, mask_cols,
+        keys_per_split, h**-0.5,
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(2), v.stride(0), v.stride(2),
         mask_u8.stride(0), mask_u8.stride(1), out.stride(0), out.stride(1), out.stride(2),
         MASK_VALUE=ATTENTION_MASK_VALUE, HEAD_DIM=h, BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits,
