@@ -9,6 +9,7 @@
 #   PART=c   the prefix attention's mask loads bounded by the rows' padded columns (version 114): the kernel alone at
 #            704, 712, 720 and 544 tokens against the old bound (prefix_attention_probe.py), then part a's pi0.5
 #            prompts again, and pi0's 8-token bucket (520 rows) against 16
+#   PART=d   the prefix attention's key splits 1-6 at the prefix shapes the buckets make (prefix_splits_probe.py)
 # Usage (device tool, no carry): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session36.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -31,6 +32,11 @@ c)
 120 cd benchmarks && for t in 704:650 712:650 720:650 544:532; do python3 prefix_attention_probe.py --tokens \${t%:*} --valid \${t#*:} --json $R/prefix_attention_probe_\${t%:*}_s36.json 2>&1 | grep ours; done
 200 cd benchmarks && python3 prompt_len_probe.py --workload libero-pi05 --valid 150 --lengths 176,192,200 --rounds 60 --json $R/prompt_len_probe_libero-pi05_valid150_v114_s36.json
 150 cd benchmarks && python3 prompt_len_probe.py --valid 6 --lengths 8,16 --rounds 60 --json $R/prompt_len_probe_libero-pi0_valid6_v114_s36.json
+EOT
+  ;;
+d)
+  lane A 0 40 <<EOT &
+240 cd benchmarks && python3 prefix_splits_probe.py --json $R/prefix_splits_probe_s36.json
 EOT
   ;;
 esac

@@ -144,6 +144,16 @@ def default_splits(Tk: int, block_n: int, blocks: int) -> int:
     return max(1, min(triton.cdiv(Tk, 4 * block_n), WAVE_PROGRAMS // blocks))
 
 
+def wave_splits(Tk: int, block_n: int, blocks: int, max_splits: int = 6) -> int:
+    """Key splits for the prefix's `blocks` (samples x row blocks), from a wave model: a program's time is its key
+    tiles, and programs run WAVE_PROGRAMS at a time, so a split costs cdiv(blocks * s, WAVE_PROGRAMS) waves of
+    cdiv(cdiv(Tk, s), block_n) tiles; the fewest splits of the least cost. A fixed 3 splits put 712 prefix rows (89
+    blocks, 267 programs) three programs into a second wave (session 36)."""
+    def cost(s: int) -> int:
+        return triton.cdiv(blocks * s, WAVE_PROGRAMS) * triton.cdiv(triton.cdiv(Tk, s), block_n)
+    return min(range(1, max_splits + 1), key=lambda s: (cost(s), s))
+
+
 def aligned_mask(mask: torch.Tensor) -> torch.Tensor:
     """The mask as uint8 with its rows 16-byte aligned: a (B, Tq, Tk) view of a buffer whose rows hold Tk rounded
     up to 16. Triton specializes an integer argument that is a multiple of 16 and only then proves the mask rows'
