@@ -39,6 +39,9 @@ the same levers with the change. Changes:
                          no transpose copy before the output projection
   wave_splits            the step attention's key splits capped at one wave of programs
                          (suffix_attention.default_splits) against the rounded-up count before
+  prefix_splits          the prefix attention's key splits picked for the shape (suffix_attention.prefix_splits: up
+                         to 3 in one wave, one pass where a split fills a wave; batches, 712+ prefix rows) against
+                         3 at every shape, as before session 36
   inductor_pdl           inductor's kernels with programmatic dependent launch (Hopper: a kernel is launched
                          while the one before drains, and waits in-kernel, `gdc_wait`, only before
                          its first read of what that one wrote; compile.INDUCTOR_PDL, the option
@@ -155,6 +158,13 @@ without_rope_cache_kernel = switched("vlaperf.engine.prefix", "FUSED_ROPE_CACHE_
 without_merge_dims = switched("vlaperf.engine.kernels.suffix_attention", "MERGE_PROGRAMS", 0)
 without_step_rope_cache_kernel = switched("vlaperf.engine.loop", "FUSED_STEP_ROPE_CACHE_WRITE", False)
 without_step_token_major = switched("vlaperf.engine.loop", "STEP_TOKEN_MAJOR", False)
+
+
+def without_prefix_splits(engine: Engine):
+    """Before session 36: the prefix attention's keys in 3 splits at every shape."""
+    from vlaperf.engine.kernels import suffix_attention
+
+    return patched(suffix_attention, "prefix_splits", lambda blocks: 3)
 
 
 def without_wave_splits(engine: Engine):
@@ -281,6 +291,7 @@ CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "step_rope_cache_kernel": (without_step_rope_cache_kernel, lambda model: {}),
            "step_token_major": (without_step_token_major, lambda model: {}),
            "wave_splits": (without_wave_splits, lambda model: {}),
+           "prefix_splits": (without_prefix_splits, lambda model: {}),
            "inductor_pdl": (without_inductor_pdl, pdl_kernel_count),
            "kernel_pdl": (without_kernel_pdl, lambda model: _pdl_here()),
            "mask_align": (without_mask_align, lambda model: {}),

@@ -10,6 +10,9 @@
 #            704, 712, 720 and 544 tokens against the old bound (prefix_attention_probe.py), then part a's pi0.5
 #            prompts again, and pi0's 8-token bucket (520 rows) against 16
 #   PART=d   the prefix attention's key splits 1-6 at the prefix shapes the buckets make (prefix_splits_probe.py)
+#   PART=e   the prefix attention's splits picked per shape (version 115) against 3 everywhere, the whole `best`
+#            call in one process (change_ab.py --change prefix_splits): batch 4 and 8, pi0.5's 200-token bucket,
+#            aloha-pi0's three images, and libero-pi0 (68 blocks: 3 splits either way) as the control
 # Usage (device tool, no carry): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session36.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -37,6 +40,15 @@ EOT
 d)
   lane A 0 40 <<EOT &
 240 cd benchmarks && python3 prefix_splits_probe.py --json $R/prefix_splits_probe_s36.json
+EOT
+  ;;
+e)
+  lane A 0 40 <<EOT &
+150 cd benchmarks && python3 change_ab.py --change prefix_splits --workload libero-pi0-b4 --rounds 40 --json $R/change_ab_libero-pi0-b4_prefix_splits.json
+150 cd benchmarks && python3 change_ab.py --change prefix_splits --workload libero-pi0-b8 --rounds 30 --json $R/change_ab_libero-pi0-b8_prefix_splits.json
+120 cd benchmarks && python3 change_ab.py --change prefix_splits --workload libero-pi05 --valid 150 --rounds 60 --json $R/change_ab_libero-pi05_valid150_prefix_splits.json
+100 cd benchmarks && python3 change_ab.py --change prefix_splits --workload aloha-pi0 --rounds 60 --json $R/change_ab_aloha-pi0_prefix_splits.json
+100 cd benchmarks && python3 change_ab.py --change prefix_splits --workload libero-pi0 --rounds 60 --json $R/change_ab_libero-pi0_prefix_splits.json
 EOT
   ;;
 esac

@@ -31,11 +31,13 @@ import argparse
 import json
 
 import torch
+import triton
 
 from kernel_timing import graph_time_ms  # benchmarks/ (the script's folder is on sys.path)
 
 from vlaperf.engine.attention import prefix_mask
-from vlaperf.engine.kernels.suffix_attention import PREFIX_TILES, aligned_mask, prefix_attention, suffix_attention
+from vlaperf.engine.kernels.suffix_attention import (PREFIX_TILES, aligned_mask, prefix_attention, prefix_splits,
+                                                     suffix_attention)
 from vlaperf.models.pi0 import eager_attention
 from vlaperf.report.schema import SCHEMA
 from vlaperf.timing import environment_record
@@ -75,11 +77,12 @@ def main() -> None:
         return (out * keep).to(out.dtype).view(1, T, N, h)
 
     mask_al = aligned_mask(mask_u8)
+    splits = prefix_splits(triton.cdiv(N * T, PREFIX_TILES["block_m"]))  # what prefix_attention picks at this shape
     variants = {
         "ours": lambda: prefix_attention(q_hm, k_hm, v_hm, mask_u8).transpose(1, 2),
         "ours_aligned": lambda: prefix_attention(q_hm, k_hm, v_hm, mask_al).transpose(1, 2),
         "ours_aligned_keys_bound": lambda: suffix_attention(q_hm, k_hm, v_hm, mask_al, token_major=True, mask_cols=T,
-                                                            **PREFIX_TILES).transpose(1, 2),
+                                                            **{**PREFIX_TILES, "splits": splits}).transpose(1, 2),
         "flash_varlen": lambda: torch.ops.aten._flash_attention_forward(
             q[0], k[0], v[0], cum, cum, T, T, 0.0, False, False, scale=scale, seqused_k=used)[0][None],
         "efficient": lambda: torch.ops.aten._efficient_attention_forward(

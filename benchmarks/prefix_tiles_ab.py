@@ -58,8 +58,9 @@ def main() -> None:
     args = p.parse_args()
     today = dict(SA.PREFIX_TILES)
     sweep = kernel_sweep()
+    resolved = {**today, "splits": today["splits"] or SA.prefix_splits(68)}  # libero-pi0's 68 blocks of the sweep
     ok = sorted((r for r in sweep if "us" in r and r["rel_l2"] < 1e-2), key=lambda r: r["us"])
-    base_row = next((r for r in sweep if all(r.get(k) == v for k, v in today.items())), None)
+    base_row = next((r for r in sweep if all(r.get(k) == v for k, v in resolved.items())), None)
     pick = {k: ok[0][k] for k in today}
     print(f"today's tiles {today}: {base_row and base_row.get('us')} us; fastest correct {pick}: {ok[0]['us']:.1f} us")
     w = get_workload(args.workload)

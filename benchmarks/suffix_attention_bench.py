@@ -24,11 +24,12 @@ import argparse
 import json
 
 import torch
+import triton
 
 from kernel_timing import graph_time_ms  # benchmarks/ (the script's folder is on sys.path)
 
 from vlaperf.engine.attention import attention, folded_mqa_attention, prefix_mask, suffix_mask
-from vlaperf.engine.kernels.suffix_attention import PREFIX_TILES, suffix_attention
+from vlaperf.engine.kernels.suffix_attention import PREFIX_TILES, prefix_splits, suffix_attention
 from vlaperf.models.pi0 import eager_attention
 from vlaperf.report.schema import SCHEMA
 from vlaperf.timing import environment_record
@@ -105,6 +106,8 @@ def main() -> None:
     ok = sorted((r for r in rows if "ms" in r and r["rel_l2"] < 1e-2), key=lambda r: r["ms"])
     # the kernel's own defaults (suffix_attention's signature) for the step's shape
     tiles = PREFIX_TILES if args.prefix else {"block_m": 32, "block_n": 32, "splits": None, "num_warps": 4, "num_stages": 2}
+    if args.prefix:  # the prefix's splits are picked for its shape (suffix_attention.prefix_splits)
+        tiles = {**tiles, "splits": prefix_splits(q.shape[0] * triton.cdiv(q.shape[1] * q.shape[2], tiles["block_m"]))}
     default = next(r for r in rows if r == {**r, **tiles} and "block_d" not in r)
     print(f"default config                      {default.get('ms', float('nan')) * 1e3:6.1f} us  rel {default.get('rel_l2', float('nan')):.1e}"
           f"  {default.get('error', '')}")

@@ -223,6 +223,16 @@ def test_merge_programs_split_the_head_dim_until_the_gpu_is_covered():
     assert default_splits(600, 32, 4 * 13) == 5  # batch 4: 260 programs
     assert default_splits(595, 32, 13) == 5  # batch 1: 5 splits of 4 tiles
     assert default_splits(600, 32, 400) == 1  # more blocks than a wave: no split
+    # the prefix's key splits (session 36's sweep, prefix_splits_probe.py): up to 3 while the programs fit one wave
+    from vlaperf.engine.kernels.suffix_attention import PREFIX_TILES, prefix_splits
+    assert PREFIX_TILES["splits"] is None  # picked per shape, not fixed
+    assert prefix_splits(68) == 3  # libero-pi0: 8 x 544 rows in 68 blocks of 64, 204 programs
+    assert prefix_splits(88) == 3  # 704 rows: 264 programs, exactly one wave
+    assert prefix_splits(89) == 2  # pi0.5's 200-token bucket, 712 rows: 3 splits would be 267 programs
+    assert prefix_splits(121) == 2  # three images and a 200-token prompt
+    assert prefix_splits(132) == 2 and prefix_splits(133) == 1  # one split fills a wave from 133 blocks on
+    assert prefix_splits(272) == 1 and prefix_splits(544) == 1  # batch 4 and 8: one pass, no partials or merge
+    assert prefix_splits(33) == 3  # one image: never more than PREFIX_MAX_SPLITS
     q, k = torch.randn(1, 2, 3, 16), torch.randn(1, 1, 20, 16)
     with pytest.raises(ValueError, match="block_d=12, expected a power of two dividing the head dim 16"):
         suffix_attention(q, k, k, torch.ones(1, 3, 20, dtype=torch.bool), splits=2, block_d=12)

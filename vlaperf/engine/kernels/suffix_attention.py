@@ -144,14 +144,18 @@ def default_splits(Tk: int, block_n: int, blocks: int) -> int:
     return max(1, min(triton.cdiv(Tk, 4 * block_n), WAVE_PROGRAMS // blocks))
 
 
-def wave_splits(Tk: int, block_n: int, blocks: int, max_splits: int = 6) -> int:
-    """Key splits for the prefix's `blocks` (samples x row blocks), from a wave model: a program's time is its key
-    tiles, and programs run WAVE_PROGRAMS at a time, so a split costs cdiv(blocks * s, WAVE_PROGRAMS) waves of
-    cdiv(cdiv(Tk, s), block_n) tiles; the fewest splits of the least cost. A fixed 3 splits put 712 prefix rows (89
-    blocks, 267 programs) three programs into a second wave (session 36)."""
-    def cost(s: int) -> int:
-        return triton.cdiv(blocks * s, WAVE_PROGRAMS) * triton.cdiv(triton.cdiv(Tk, s), block_n)
-    return min(range(1, max_splits + 1), key=lambda s: (cost(s), s))
+# The prefix's key splits: at most 3, and only as many as keep the programs in one wave (`prefix_splits`)
+PREFIX_MAX_SPLITS = 3
+
+
+def prefix_splits(blocks: int) -> int:
+    """Key splits for the prefix's `blocks` (samples x row blocks of 64 folded rows): the most, up to
+    PREFIX_MAX_SPLITS, whose programs fit in one wave, and one split (no partials, no merge) where even one split
+    fills a wave. Measured with 1-6 splits at the shapes the prompt buckets make (prefix_splits_probe.py, session
+    36): a fixed 3 put 712-968 rows (89-121 blocks) into a second, nearly empty wave, 1.24-1.31x slower than 2
+    splits, and batch 4 and 8 (272 and 544 blocks) 1.50x and 1.78x slower than one pass, whose float32 partials
+    cost more than their programs gain. This rule is within 4% of each shape's fastest count there."""
+    return max(1, min(PREFIX_MAX_SPLITS, WAVE_PROGRAMS // blocks))
 
 
 def aligned_mask(mask: torch.Tensor) -> torch.Tensor:
@@ -241,11 +245,16 @@ def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
 # of 32 tilings (benchmarks/prefix_tiles_ab.py, session 7): 24.0 us a layer against 28.6 for
 # session 4's one pass of 64 x 64 tiles (49.8 for SDPA); the whole libero-pi0 call 1.005x
 # faster, interleaved in one process (prefix_tiles_ab_libero-pi0.json).
-PREFIX_TILES = dict(block_m=64, block_n=32, splits=3, num_warps=4, num_stages=2)
+# splits=None: `prefix_splits` picks them for the shape (3 at libero-pi0's 68 blocks, as this sweep found).
+PREFIX_TILES = dict(block_m=64, block_n=32, splits=None, num_warps=4, num_stages=2)
 
 
 def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor, **tiles) -> torch.Tensor:
     """The prefix's bidirectional attention over one shared K/V head, heads folded into rows:
     q (B, N, T, h); k, v (B, 1, T, h); mask (B, T, T) bool -> (B, N, T, h), its memory
     token-major (B, T, N, h): the output projection reads it without a transpose copy."""
-    return suffix_attention(q, k, v, aligned_mask(mask), token_major=True, **{**PREFIX_TILES, **tiles})
+    tiles = {**PREFIX_TILES, **tiles}
+    if tiles["splits"] is None:
+        B, N, T, _ = q.shape
+        tiles["splits"] = prefix_splits(B * triton.cdiv(N * T, tiles["block_m"]))
+    return suffix_attention(q, k, v, aligned_mask(mask), token_major=True, **tiles)
