@@ -13,6 +13,8 @@
 #   PART=e   the prefix attention's splits picked per shape (version 115) against 3 everywhere, the whole `best`
 #            call in one process (change_ab.py --change prefix_splits): batch 4 and 8, pi0.5's 200-token bucket,
 #            aloha-pi0's three images, and libero-pi0 (68 blocks: 3 splits either way) as the control
+#   PART=f   the GPU tests of the kernels and the CUDA engine at versions 114-115, then `vlaperf bench` of `best` on
+#            the workloads version 115 moves (batch 4 and 8, aloha-pi0) and libero-pi0
 # Usage (device tool, no carry): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session36.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -49,6 +51,16 @@ e)
 120 cd benchmarks && python3 change_ab.py --change prefix_splits --workload libero-pi05 --valid 150 --rounds 60 --json $R/change_ab_libero-pi05_valid150_prefix_splits.json
 100 cd benchmarks && python3 change_ab.py --change prefix_splits --workload aloha-pi0 --rounds 60 --json $R/change_ab_aloha-pi0_prefix_splits.json
 100 cd benchmarks && python3 change_ab.py --change prefix_splits --workload libero-pi0 --rounds 60 --json $R/change_ab_libero-pi0_prefix_splits.json
+EOT
+  ;;
+f)
+  P="PYTHONPATH=benchmarks:\$PYTHONPATH python3 -m pytest -p no:cacheprovider -p pytest_report_now -rfEs --tb=short"
+  lane A 0 40 <<EOT &
+170 $P -q -n 4 --timeout 160 tests/test_engine_cuda.py tests/test_kernels.py tests/test_suite_setup.py 2>&1 | tee $R/pytest_gpu_s36f.log | grep -v "^\\.*\\["
+90 $V bench --workload libero-pi0-b4 --levers best $B --json $R/bench_libero-pi0-b4_best-s36_model.json
+100 $V bench --workload libero-pi0-b8 --levers best $B --json $R/bench_libero-pi0-b8_best-s36_model.json
+80 $V bench --workload aloha-pi0 --levers best $B --json $R/bench_aloha-pi0_best-s36_model.json
+80 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s36_model.json
 EOT
   ;;
 esac
