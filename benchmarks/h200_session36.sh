@@ -16,6 +16,7 @@
 #   PART=f   the GPU tests of the kernels and the CUDA engine at versions 114-115, then `vlaperf bench` of `best` on
 #            the workloads version 115 moves (batch 4 and 8, aloha-pi0) and libero-pi0
 #   PART=g   the rest of the test suite on the GPU machine (as session 35's parts a and b, less part f's modules)
+#   PART=h   part d's sweep again at version 115, so its file records prefix_splits' pick
 # Usage (device tool, no carry): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session36.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -69,6 +70,11 @@ g)
   lane A 0 40 <<EOT &
 150 $P -q -n 12 --timeout 140 tests/test_wam.py tests/test_engine.py tests/test_unipc.py tests/test_suite_setup.py 2>&1 | tee $R/pytest_gpu_s36g1.log | grep -v "^\\.*\\["
 400 $P -q -n 14 --timeout 250 --durations 10 --ignore tests/test_kernels.py --ignore tests/test_engine_cuda.py --ignore tests/test_wam.py --ignore tests/test_engine.py --ignore tests/test_unipc.py 2>&1 | tee $R/pytest_gpu_s36g2.log | grep -v "^\\.*\\["
+EOT
+  ;;
+h)
+  lane A 0 40 <<EOT &
+120 cd benchmarks && python3 prefix_splits_probe.py --json $R/prefix_splits_probe_v115_s36.json
 EOT
   ;;
 esac

@@ -154,6 +154,14 @@ def test_serving_peer_and_kernel_results_have_renderers(h200_markdown):
         name = next(iter(probe["median_ms"]))
         assert (f"| {name.removeprefix('prompt_')} | {probe['prefix_rows'][name]} | {probe['median_ms'][name]:.3f} | "
                 f"{probe['speedup_vs_base'][name]:.4f}x | {probe['equivalence'][name]['rel_l2']:.1e} |") in md
+    if "prefix-splits-probe" in commands:  # session 36: the prefix attention's key splits against its rows
+        probe = next(r for _, r in results if r["command"] == "prefix-splits-probe")
+        assert "| batch x rows (blocks) | 1 split us | 2 | 3 | 4 | 5 | 6 | fastest |" in md
+        row = probe["rows"][0]
+        us = {int(k): v for k, v in row["us"].items()}
+        fastest = min(us, key=us.get)
+        assert (f"| {row['batch']} x {row['rows']} ({row['blocks']}) | {' | '.join(str(us[s]) for s in range(1, 7))} | "
+                f"s{fastest} |") in md
     # the step kernel's clock timeline (expert_step_bench.py --timeline files): a table and a figure
     assert "| phase | slot us | work median us |" in md and "![step kernel timeline per phase]" in md
     assert "cuBLAS (+ eager elementwise) us" in md

@@ -1260,6 +1260,36 @@ def _prefix_attention_probe(doc: _Doc, path: str, r: dict) -> None:
     doc.table(["kernel", "us", "rel L2"], prefix_attention_probe_rows(r))
 
 
+def prefix_splits_probe_rows(r: dict) -> list[list]:
+    """benchmarks/prefix_splits_probe.py rows: batch x prefix rows (row blocks), us at each key split count, the
+    fastest count, the count the engine picks and the fixed 3 of before session 36, each as a multiple of the
+    fastest's time. Keys are strings in a JSON file, ints in memory."""
+    rows = []
+    for row in r["rows"]:
+        us = {int(s): u for s, u in row["us"].items()}
+        fastest = min(us, key=us.get)
+
+        def of_fastest(s):
+            return f"s{s} ({us[s] / us[fastest]:.3f}x)" if s in us else f"s{s} (-)"
+        rows.append([f"{row['batch']} x {row['rows']} ({row['blocks']})",
+                     *[us.get(s, "-") for s in range(1, 7)], f"s{fastest}", of_fastest(int(row["model_pick"])),
+                     of_fastest(int(row["today"]))])
+    return rows
+
+
+PREFIX_SPLITS_PROBE_HEADER = ["batch x rows (blocks)", "1 split us", "2", "3", "4", "5", "6", "fastest",
+                              "prefix_splits (x fastest)", "fixed 3 (x fastest)"]
+
+
+def _prefix_splits_probe(doc: _Doc, path: str, r: dict) -> None:
+    doc.h(3, f"{Path(path).name} on {_gpu(r)}")
+    doc.p("the prefix attention kernel alone (partials and merge), 8 query heads over one K/V head of 256, its keys in "
+          "1-6 splits at the row counts the prompt buckets make, CUDA-graph replays; the engine's pick "
+          "(suffix_attention.prefix_splits) and the fixed 3 splits of before session 36 against the fastest. Files "
+          "written before prefix_splits existed hold a wave model's pick in its column", "")
+    doc.table(PREFIX_SPLITS_PROBE_HEADER, prefix_splits_probe_rows(r))
+
+
 WAM_ATTENTION_BACKENDS = ("cudnn", "flash", "efficient")
 
 
@@ -1460,6 +1490,7 @@ SECTIONS = (("bench", "Latency (bench)"), ("matrix", "Optimization matrix"), ("c
             ("fp8-gemm-probe", "GEMM shapes alone: float8 against bf16 (fp8-gemm-probe)"),
             ("splitk-probe", "Prefix GEMMs as other cuBLAS calls (splitk-probe)"),
             ("prefix-attention-probe", "The prefix attention by PyTorch's fused kernels (prefix-attention-probe)"),
+            ("prefix-splits-probe", "The prefix attention's key splits against its row count (prefix-splits-probe)"),
             ("wam-attention-probe", "The world-action model's attention calls by SDPA backend (wam-attention-probe)"),
             ("geglu-bench", "Gemma gate_up with GELU x up in one GEMM (geglu-bench)"),
             ("memset-probe", "The prefix's memset nodes and attention formulations (memset-probe)"),
@@ -1477,7 +1508,8 @@ FILE_RENDERERS = {"matrix": _matrix, "check": _check, "breakdown": _breakdown, "
                   "heads-ab": _heads_ab, "step-config-ab": _step_config_ab, "prefix-tiles-ab": _prefix_tiles_ab,
                   "change-ab": _change_ab, "call-overhead": _call_overhead, "gemm-probe": _gemm_probe,
                   "cublaslt-probe": _cublaslt_probe, "fp8-gemm-probe": _fp8_gemm_probe, "splitk-probe": _splitk_probe,
-                  "prefix-attention-probe": _prefix_attention_probe, "wam-attention-probe": _wam_attention_probe,
+                  "prefix-attention-probe": _prefix_attention_probe, "prefix-splits-probe": _prefix_splits_probe,
+                  "wam-attention-probe": _wam_attention_probe,
                   "geglu-bench": _geglu_bench, "memset-probe": _memset_probe, "served-path-probe": _served_path,
                   "upload-probe": _upload_probe, "launch-probe": _launch_probe, "prompt-len-probe": _prompt_len_probe}
 
