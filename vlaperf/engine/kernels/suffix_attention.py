@@ -15,7 +15,8 @@ for 64-row tiles and ~35 us for the engine's folded matmuls in eager
 (benchmarks/results/h200/kernel_suffix_attention.json).
 
 `prefix_attention` runs the same kernel on the prefix (8 x 544 query rows at batch 1) with
-its own tiles (PREFIX_TILES: the keys in 3 splits, so 204 programs instead of one pass's 68).
+its own tiles (PREFIX_TILES) and key splits picked for the shape (`prefix_splits`: 3 at batch 1's
+68 row blocks, so 204 programs instead of one pass's 68; one pass at batch 4 and 8).
 On the H200 torch's SDPA picks cuDNN for this shape (head dim 256, a mask) at ~48 us a layer
 (benchmarks/results/h200/profiles/kernels_graph_replay_best_splitk.txt) for ~2.4 GFLOP.
 """
@@ -246,7 +247,7 @@ def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
 # of 32 tilings (benchmarks/prefix_tiles_ab.py, session 7): 24.0 us a layer against 28.6 for
 # session 4's one pass of 64 x 64 tiles (49.8 for SDPA); the whole libero-pi0 call 1.005x
 # faster, interleaved in one process (prefix_tiles_ab_libero-pi0.json).
-# splits=None: `prefix_splits` picks them for the shape (3 at libero-pi0's 68 blocks, as this sweep found).
+# splits=None since session 36: `prefix_splits` picks them for the shape (still 3 at libero-pi0's 68 blocks).
 PREFIX_TILES = dict(block_m=64, block_n=32, splits=None, num_warps=4, num_stages=2)
 
 
