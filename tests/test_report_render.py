@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from vlaperf.report.render import load_results, render
+from vlaperf.report.render import _cell, load_results, render
 
 H200 = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h200"
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -160,7 +160,7 @@ def test_serving_peer_and_kernel_results_have_renderers(h200_markdown):
         row = probe["rows"][0]
         us = {int(k): v for k, v in row["us"].items()}
         fastest = min(us, key=us.get)
-        assert (f"| {row['batch']} x {row['rows']} ({row['blocks']}) | {' | '.join(str(us[s]) for s in range(1, 7))} | "
+        assert (f"| {row['batch']} x {row['rows']} ({row['blocks']}) | {' | '.join(_cell(us[s]) for s in range(1, 7))} | "
                 f"s{fastest} |") in md
     # the step kernel's clock timeline (expert_step_bench.py --timeline files): a table and a figure
     assert "| phase | slot us | work median us |" in md and "![step kernel timeline per phase]" in md
