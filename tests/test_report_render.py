@@ -467,6 +467,22 @@ def test_report_jobs_must_be_a_positive_count(capsys):
     assert e.value.code == 2 and "--jobs" in capsys.readouterr().err
 
 
+def test_one_panel_histogram_keeps_its_whole_suptitle(tiny_results, tmp_path, figures):
+    """One file in a group: a 4-inch figure whose suptitle (the workload and GPU) is wrapped into lines that stay
+    inside it and above the panel's title (one line over it was cut at both edges)."""
+    r = json.loads((tiny_results / "bench.json").read_text())
+    r["env"]["gpu"] = "NVIDIA H200 with a long enough name"
+    (tmp_path / "b.json").write_text(json.dumps(r))
+    render([tmp_path / "b.json"], tmp_path / "r.md")
+    (fig,) = [f for a, f in figures if a.startswith("latency histograms")]
+    assert fig.get_size_inches()[0] == pytest.approx(4.0)
+    renderer = _renderer(fig)
+    sup = fig._suptitle.get_window_extent(renderer)
+    assert fig._suptitle.get_text().count("\n") >= 1, fig._suptitle.get_text()
+    assert 0 <= sup.x0 and sup.x1 <= fig.bbox.x1 and sup.y1 <= fig.bbox.y1, "the suptitle is cut at the figure's edge"
+    assert not _overlap(sup, fig.axes[0].title.get_window_extent(renderer))
+
+
 def test_histogram_median_is_the_summary_median(tiny_results, tmp_path, figures):
     """Four samples 1, 2, 3, 10: the summary's (interpolated) median is 2.5, the upper middle sample 3."""
     r = json.loads((tiny_results / "bench.json").read_text())

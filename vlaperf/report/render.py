@@ -37,6 +37,7 @@ import io
 import json
 import math
 import os
+import textwrap
 from pathlib import Path
 from typing import Any, Callable
 
@@ -499,10 +500,17 @@ def _bench_histograms(doc: _Doc, key: str, chunk: list[tuple[str, dict]], first:
     median the table gives (the summary's, interpolated; not the upper middle sample)."""
     ncols = min(len(chunk), HIST_COLS)
     nrows = math.ceil(len(chunk) / ncols)
-    fig, axes = _figure(3.7 * ncols + 0.3, 2.4 * nrows + 0.5, ncols, nrows)
+    width = 3.7 * ncols + 0.3
+    part = f" (panels {first + 1}-{first + len(chunk)} of {n})" if n > HIST_PANELS else ""
+    # the suptitle in as many lines as the figure's width needs (9-point text, ~12 characters an inch):
+    # over one 4-inch panel one line was cut at both edges
+    title = textwrap.wrap(f"latency histograms, {key}{part}; dashed: median", width=int(width * 12))
+    extra = 0.16 * (len(title) - 1)  # inches a line of the suptitle adds
+    fig, axes = _figure(width, 2.4 * nrows + 0.5 + extra, ncols, nrows)
     # in inches: the suptitle and a three-line 7-point title above each row, tick labels and the
     # x label below it (as constrained layout placed them, without measuring every label)
-    _fixed_margins(fig, nrows, ncols, top=0.88, bottom=0.42, left=0.42, right=0.12, row_gap=0.85, col_gap=0.38)
+    _fixed_margins(fig, nrows, ncols, top=0.88 + extra, bottom=0.42, left=0.42, right=0.12, row_gap=0.85,
+                   col_gap=0.38)
     for i, (path, r) in enumerate(chunk):
         ax = axes[i // ncols][i % ncols]
         xs = r["samples"]["wall_ms"]
@@ -516,8 +524,7 @@ def _bench_histograms(doc: _Doc, key: str, chunk: list[tuple[str, dict]], first:
         ax.tick_params(labelsize=7)
     for j in range(len(chunk), nrows * ncols):
         axes[j // ncols][j % ncols].set_visible(False)
-    part = f" (panels {first + 1}-{first + len(chunk)} of {n})" if n > HIST_PANELS else ""
-    fig.suptitle(f"latency histograms, {key}{part}; dashed: median", fontsize=9)
+    fig.suptitle("\n".join(title), fontsize=9)
     doc.fig(fig, f"latency histograms {key}{part}")
 
 
