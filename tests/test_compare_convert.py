@@ -9,7 +9,7 @@ from safetensors.torch import save_file
 
 from vlaperf.checkpoints import EMBED, LM_HEAD, CheckpointError, load_checkpoint, read_tensors, save_checkpoint
 from vlaperf.cli import main
-from vlaperf.compare.convert import convert_checkpoint, convert_tensors, expected_shapes
+from vlaperf.compare.convert import convert_checkpoint, convert_tensors, expected_shapes, from_model_names
 from vlaperf.models.pi0 import build_model, get_config
 
 TINY_PI05 = get_config("tiny", pi05=True)
@@ -263,3 +263,114 @@ def test_a_file_with_nan_or_inf_weights_is_not_converted(tmp_path, capsys):
     assert main(argv) == 2
     assert "action_in_proj.weight: NaN or inf" in capsys.readouterr().err
     assert not (tmp_path / "out.safetensors").exists()
+
+
+# ------------------------------------------------------------------- report details
+
+
+def _tensors(cfg="tiny", prefix=""):
+    """A model's tensors as a file of openpi's layout holds them (the tied embedding once, as the LM head), with `prefix`."""
+    return {prefix + k: v for k, v in build_model(cfg, seed=1).state_dict().items() if k != EMBED}
+
+
+def test_an_empty_checkpoint_is_refused():
+    with pytest.raises(CheckpointError, match="^the checkpoint holds no tensors$"):
+        convert_tensors({}, "openpi", "lerobot", "tiny")
+
+
+@pytest.mark.parametrize("strays,listed", [(5, "a0.w, a1.w, a2.w, a3.w, a4.w"), (7, "a0.w, a1.w, a2.w, a3.w, a4.w and 2 more")])
+def test_a_few_unprefixed_keys_of_a_lerobot_file_are_listed_without_the_openpi_hint(strays, listed):
+    tensors = _tensors(prefix="model.") | {f"a{i}.w": torch.zeros(1) for i in range(strays)}
+    with pytest.raises(CheckpointError) as e:
+        convert_tensors(tensors, "lerobot", "openpi", "tiny")
+    assert str(e.value) == f"LeRobot checkpoint keys lack the 'model.' prefix: {listed}"
+
+
+def test_an_openpi_file_with_one_prefixed_key_gets_no_openpi_hint():
+    # most keys unprefixed, but not all: not plainly an openpi file, so the hint to convert --from openpi is not given
+    tensors = _tensors() | {"model.extra": torch.zeros(1)}
+    with pytest.raises(CheckpointError) as e:
+        convert_tensors(tensors, "lerobot", "openpi", "tiny")
+    first = sorted(_tensors())[:5]
+    assert str(e.value) == (f"LeRobot checkpoint keys lack the 'model.' prefix: {', '.join(first)} and "
+                            f"{len(_tensors()) - 5} more")
+
+
+def test_report_names_where_the_embedding_came_from_and_counts():
+    model = build_model("tiny", seed=1)
+    params = sum(p.numel() for p in model.parameters())  # the tied embedding counted once
+    out, report = convert_tensors(_tensors(), "openpi", "lerobot", "tiny")
+    assert report["embedding_from"] == LM_HEAD and report["lm_head_differed"] is None
+    assert report["numel"] == params and report["tensors_in"] == report["tensors_out"] == len(out)
+    _, report = convert_tensors(out, "lerobot", "openpi", "tiny")
+    assert report["embedding_from"] == "model." + LM_HEAD and report["renamed"] == []
+
+    both = {"model." + k: v for k, v in model.state_dict().items()}  # LeRobot's file: embedding and head, equal here
+    _, report = convert_tensors(both, "lerobot", "openpi", "tiny")
+    assert report["embedding_from"] == "model." + EMBED and report["lm_head_differed"] is False
+    assert report["tensors_in"] == len(both) == report["tensors_out"] + 1 and report["numel"] == params
+    assert report["preset"] == "tiny" and report["from"] == "lerobot" and report["to"] == "openpi"
+
+
+def test_from_model_names_keeps_an_untied_embedding():
+    t, u = torch.ones(2, 3), torch.zeros(4)
+    assert set(from_model_names({EMBED: t, "a.weight": u}, "lerobot")) == {"model." + EMBED, "model.a.weight"}
+    assert set(from_model_names({EMBED: t, LM_HEAD: t, "a.weight": u}, "openpi")) == {LM_HEAD, "a.weight"}
+
+
+def test_converted_file_records_its_provenance(tmp_path):
+    src = save_checkpoint(build_model("tiny", seed=1), tmp_path / "openpi")
+    report = convert_checkpoint(src.parent, tmp_path / "lr", "openpi", "lerobot", "tiny")
+    assert report["src"] == str(src) and report["dst"] == str(tmp_path / "lr" / "model.safetensors")
+    with safe_open(report["dst"], "pt") as f:
+        assert f.metadata() == {"format": "pt", "layout": "lerobot", "converted_from": "openpi", "preset": "tiny"}
+
+
+def test_cli_convert_prints_renames_and_the_lm_head_note(tmp_path, capsys):
+    def legacy_and_trained(t):
+        for k in [k for k in t if k.startswith("model.action_time_mlp_")]:
+            t[k.replace("model.action_time_mlp_", "model.time_mlp_")] = t.pop(k)
+        t["model." + EMBED] = torch.randn_like(t["model." + LM_HEAD])
+    src = _lerobot_file(tmp_path, CONFIGS["pi0"], legacy_and_trained)
+    n = len(read_tensors(src))
+    assert _cli(["convert", "--from", "lerobot", "--to", "openpi", "--preset", "tiny", str(src), str(tmp_path / "op")]) == 0
+    out = capsys.readouterr().out
+    assert f"({'lerobot'}, {n} tensors) -> {tmp_path / 'op' / 'model.safetensors'} (openpi, {n - 1} tensors, float32, preset tiny)" in out
+    assert "  renamed model.time_mlp_in.weight -> action_time_mlp_in.weight\n" in out and out.count("  renamed ") == 4
+    assert f"the embedding (model.{EMBED}) was kept, as LeRobot's loader does" in out
+
+    bf16 = save_checkpoint(build_model("tiny", dtype=torch.bfloat16), tmp_path / "bf16")
+    assert _cli(["convert", "--from", "openpi", "--to", "lerobot", "--preset", "tiny", str(bf16), str(tmp_path / "x")]) == 0
+    out = capsys.readouterr().out
+    assert "tensors, bfloat16/float32, preset tiny)" in out and "renamed" not in out and "note:" not in out
+
+
+def test_jax_conversion_refuses_early_records_provenance_and_prints_the_filled_heads(tmp_path, capsys):
+    pytest.importorskip("tensorstore")  # reads openpi's JAX checkpoints (the dev extra installs it)
+    import json
+    from types import SimpleNamespace
+
+    from vlaperf import openpi_jax
+    from vlaperf.compare.commands import cmd_convert
+    from vlaperf.models.pi0 import GemmaConfig, Pi0Config, VisionConfig
+
+    data = Path(__file__).parent / "data" / "openpi_jax" / "pi05"  # tests/test_openpi_jax.py's fixture
+    c = json.loads((data / "config.json").read_text())
+    cfg = Pi0Config("openpi-jax-pi05", VisionConfig(**c["vision"]), GemmaConfig(**c["backbone"]), GemmaConfig(**c["expert"]),
+                    pi05=c["pi05"], action_dim=c["action_dim"], action_horizon=c["action_horizon"],
+                    max_token_len=c["max_token_len"])
+    with pytest.raises(CheckpointError, match="unknown checkpoint layout 'hf'"):  # before the (long) read of IN
+        convert_checkpoint(tmp_path, tmp_path / "x", "openpi-jax", "hf", cfg)
+    existing = tmp_path / "old.safetensors"
+    existing.write_bytes(b"another model")
+    with pytest.raises(CheckpointError, match="old.safetensors exists: give another output path"):
+        convert_checkpoint(data, existing, "openpi-jax", "lerobot", cfg)
+    assert existing.read_bytes() == b"another model"
+
+    args = SimpleNamespace(src=str(data), dst=str(tmp_path / "out"), from_layout="openpi-jax", to_layout="openpi", preset=cfg,
+                           force=False)
+    assert cmd_convert(args) == 0
+    out = capsys.readouterr().out
+    assert f"  {openpi_jax.EXPERT_LM_HEAD}: not in openpi's JAX model (inference never reads it): written as zeros" in out
+    with safe_open(str(tmp_path / "out" / "model.safetensors"), "pt") as f:
+        assert f.metadata() == {"format": "pt", "layout": "openpi", "converted_from": "openpi-jax", "preset": "openpi-jax-pi05"}

@@ -4,16 +4,19 @@ to one), `config` like openpi's Pi0Config, and `sample_actions(device, observati
 num_steps=)` reading exactly the observation attributes openpi's preprocessing reads. Its
 weights differ from anything vlaperf would build, so agreement proves the weights were copied."""
 
+import dataclasses
 from types import SimpleNamespace
 
 import pytest
 import torch
 
-from vlaperf.checkpoints import CheckpointError
-from vlaperf.compare import OpenpiObservation, action_metrics, from_openpi_observation, to_openpi_observation
-from vlaperf.compare.openpi import compare_openpi, openpi_config, vlaperf_from_openpi
+from vlaperf.checkpoints import EMBED, LM_HEAD, CheckpointError
+from vlaperf.compare import (OpenpiObservation, action_metrics, comparison_engine, from_openpi_observation,
+                             to_openpi_observation)
+from vlaperf.compare.openpi import _workload_for, compare_openpi, openpi_config, vlaperf_from_openpi
 from vlaperf.inputs import IMAGE_SLOTS, random_observation
 from vlaperf.models.pi0 import build_model, get_config
+from vlaperf.workloads import get_workload
 
 OPENPI_READS = ("images", "image_masks", "state", "tokenized_prompt", "tokenized_prompt_mask", "token_ar_mask", "token_loss_mask")
 
@@ -135,3 +138,94 @@ def test_action_metrics_per_dimension():
     nan = out.clone()
     nan[0, 0, 0] = float("nan")
     assert not action_metrics(nan, ref, torch.float32)["passed"]
+
+
+def test_action_metrics_take_absolute_differences_and_name_a_non_finite_dimension_worst():
+    ref = torch.ones(2, 3, 4)
+    out = ref.clone()
+    out[..., 1] -= 0.25  # below the reference
+    out[..., 2] += 0.5
+    m = action_metrics(out, ref, torch.float32)
+    assert m["per_dim"]["max_abs"] == [0.0, 0.25, 0.5, 0.0] and m["dtype"] == "float32"
+    out[1, 2, 3] = float("nan")
+    m = action_metrics(out, ref, torch.bfloat16)
+    assert m["worst_dim"] == 3 and m["dtype"] == "bfloat16"  # NaN is worse than the 0.5 of dimension 2
+
+
+def test_reference_only_lever_specs_build_no_engine():
+    model = build_model("tiny")
+    for spec in (None, "", "reference", "none"):
+        assert comparison_engine(model, spec) is None, spec
+    assert comparison_engine(model, "for_loop").name == "for_loop"
+
+
+def test_observation_layout_errors_name_what_is_wrong(tiny_workload):
+    obs = random_observation(tiny_workload, get_config("tiny"), seed=2)
+    two = dataclasses.replace(obs, images=obs.images[:, :2], image_mask=obs.image_mask[:, :2])
+    with pytest.raises(ValueError) as e:
+        to_openpi_observation(two)
+    assert str(e.value) == f"openpi expects 3 image slots {IMAGE_SLOTS}, the observation has 2"
+    op = to_openpi_observation(obs)
+    del op.images["left_wrist_0_rgb"]
+    with pytest.raises(ValueError, match=r"images dict missing keys \['left_wrist_0_rgb'\]: expected"):
+        from_openpi_observation(op)
+
+
+def test_openpi_config_defaults_and_variants():
+    # openpi's Pi0Config without the variant fields, pi05 or a horizon: the full pi0 variants, pi0, the preset's horizon
+    cfg = openpi_config(SimpleNamespace(config=SimpleNamespace(action_dim=14, action_horizon=None, max_token_len=64)))
+    assert cfg == get_config("pi0", action_dim=14, max_token_len=64)
+    c = SimpleNamespace(pi05=True, action_dim=32, action_horizon=10, max_token_len=200, paligemma_variant="gemma_300m",
+                        action_expert_variant="gemma_300m")
+    with pytest.raises(ValueError, match=r"uses variants \('gemma_300m', 'gemma_300m'\)"):
+        openpi_config(SimpleNamespace(config=c))
+
+
+def test_vlaperf_from_openpi_takes_the_embedding_and_the_given_dtype():
+    cfg = get_config("tiny")
+    state = dict(FakePI0Pytorch(cfg).state_dict())
+    state[LM_HEAD] = torch.zeros_like(state[LM_HEAD])  # an untied head: the embedding is what inference reads
+    ours = vlaperf_from_openpi(SimpleNamespace(state_dict=lambda: state), cfg, dtype=torch.bfloat16)
+    assert ours.dtype == torch.bfloat16 and torch.equal(ours.backbone.embed_tokens.weight, state[EMBED].bfloat16())
+    assert not any(p.requires_grad for p in ours.parameters())
+    meta = vlaperf_from_openpi(SimpleNamespace(state_dict=lambda: state), cfg, device="meta")
+    assert meta.action_in_proj.weight.is_meta and meta.dtype == torch.float32  # dtype still openpi's
+
+
+def test_workload_shapes_come_from_the_model():
+    wl = _workload_for(None, get_config("tiny", pi05=True))
+    assert (wl.id, wl.horizon, wl.action_dim) == ("libero-pi05", 10, 8)
+    wl = _workload_for("libero-pi0", get_config("tiny", action_horizon=7))
+    assert (wl.id, wl.horizon, wl.action_dim, wl.prompt_slots) == ("libero-pi0", 7, 8, 48)
+
+
+def test_compare_openpi_reports_the_run():
+    theirs = FakePI0Pytorch(get_config("tiny"))
+    out = compare_openpi(theirs, get_workload("tiny"), config="tiny", seed=5, steps=2)
+    assert [c["num_steps"] for c in theirs.calls] == [2]
+    assert {k: out[k] for k in ("against", "model", "workload", "dtype", "device", "steps", "seed")} == {
+        "against": "openpi", "model": "tiny", "workload": "tiny", "dtype": "float32", "device": "cpu", "steps": 2, "seed": 5}
+    assert out["levers"] == {"spec": "best", "label": comparison_engine(build_model("tiny"), "best").name}
+    assert set(out["actions"]) == {"openpi", "vlaperf_reference", "vlaperf_best"}
+
+
+class OffsetPI0Pytorch(FakePI0Pytorch):
+    """openpi's model, 0.5 off vlaperf's actions."""
+
+    def sample_actions(self, device, observation, noise=None, num_steps=10):
+        return super().sample_actions(device, observation, noise, num_steps) + 0.5
+
+
+def test_a_failing_variant_fails_the_comparison(monkeypatch):
+    from vlaperf.compare import openpi
+
+    cfg = get_config("tiny")
+    out = compare_openpi(OffsetPI0Pytorch(cfg), "tiny", config=cfg, levers=None)
+    assert not out["passed"] and torch.equal(out["actions"]["openpi"], out["actions"]["vlaperf_reference"] + 0.5)
+
+    engine = SimpleNamespace(name="off", sample_actions=lambda obs, noise, steps: torch.ones(1, 10, 8))
+    monkeypatch.setattr(openpi, "comparison_engine", lambda model, levers: engine)
+    out = compare_openpi(FakePI0Pytorch(cfg), "tiny", config=cfg, levers="off")
+    eq = out["equivalence"]
+    assert eq["reference"]["passed"] and not eq["off"]["passed"] and not out["passed"]
+    assert torch.equal(out["actions"]["vlaperf_off"], torch.ones(1, 10, 8))
