@@ -49,6 +49,30 @@ def test_zero_does_not_disable_compile(monkeypatch):
     assert "env.compile_disabled" not in by_id(doctor())
 
 
+@pytest.mark.parametrize("value", ["false", "no", "2"])
+def test_compile_disabled_only_where_torch_disables_it(monkeypatch, value):
+    """torch turns compile off only for TORCHDYNAMO_DISABLE / TORCH_COMPILE_DISABLE equal to "1". The doctor called
+    any other non-empty value but "0" an error and the compile lever refused to start, while torch compiled."""
+    from vlaperf.engine.compile import compile_blockers
+
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", value)
+    monkeypatch.setenv("TORCH_COMPILE_DISABLE", value)
+    compiled = []
+
+    def backend(gm, example_inputs):
+        compiled.append(gm)
+        return gm.forward
+
+    torch._dynamo.reset()
+    assert float(torch.compile(lambda x: x * 2 + 1, backend=backend)(torch.ones(2)).sum()) == 6.0
+    torch._dynamo.reset()
+    assert compiled, f"TORCHDYNAMO_DISABLE={value} turned compile off after all"
+    assert "env.compile_disabled" not in by_id(doctor())
+    assert not any("disables torch.compile" in r for r in compile_blockers())
+    monkeypatch.setenv("TORCH_COMPILE_DISABLE", "1")
+    assert compile_blockers()[0] == "TORCH_COMPILE_DISABLE=1 disables torch.compile (it would run eager, silently)"
+
+
 def test_missing_c_compiler_is_an_error(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory: no cc, gcc or clang
     f = by_id(doctor())["env.no_c_compiler"]
@@ -258,3 +282,159 @@ def test_masked_images_cost_counts_every_masked_slot(monkeypatch):
     w = dataclasses.replace(get_workload("tiny"), image_valid=(True, False, False))
     found = {f["id"]: f for f in d.model_checks(build_model("tiny"), workload=w, measure=True)}
     assert found["model.masked_images_embedded"]["cost"] == pytest.approx(2.0)
+
+
+def test_cc_counts_as_a_compiler_only_where_it_exists(monkeypatch, tmp_path):
+    """$CC names a compiler that PATH has: no finding; a $CC that is not there does not hide a missing compiler."""
+    cc = tmp_path / "my-cc"
+    cc.write_text("#!/bin/sh\n")
+    cc.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))  # no cc, gcc or clang
+    monkeypatch.setenv("CC", "my-cc")
+    assert "env.no_c_compiler" not in by_id(environment_checks("cpu"))
+    monkeypatch.setenv("CC", "no-such-cc")
+    assert by_id(environment_checks("cpu"))["env.no_c_compiler"]["severity"] == "error"
+
+
+def test_launch_blocking_zero_and_anomaly_detection(monkeypatch):
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "0")
+    found = by_id(environment_checks("cpu"))
+    assert "env.cuda_launch_blocking" not in found and "env.anomaly_detection" not in found
+    with torch.autograd.set_detect_anomaly(True):
+        f = by_id(environment_checks("cpu"))["env.anomaly_detection"]
+    assert f["severity"] == "warning" and f["fix"] == "torch.autograd.set_detect_anomaly(False)"
+
+
+@pytest.mark.parametrize("device,dtype,severity", [("cuda", torch.float32, "warning"), ("cuda", torch.bfloat16, "info"),
+                                                   ("cpu", torch.float32, "info")])
+def test_full_precision_float32_matmuls_warn_only_for_a_float32_model_on_a_gpu(monkeypatch, device, dtype, severity):
+    monkeypatch.setattr(doctor_mod, "nvidia_smi", lambda args: None)
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: "highest")
+    f = by_id(environment_checks(device, dtype))["env.matmul_precision"]
+    assert f["severity"] == severity
+    if severity == "info":
+        assert f["title"] == "float32 matmul precision: highest"
+        assert f["detail"].endswith(" (matters only for float32 matmuls)") == (device == "cuda")
+    else:
+        assert "--dtype bfloat16" in f["fix"]
+
+
+def test_compile_cache_sizes_and_what_counts_as_temporary(monkeypatch, tmp_path):
+    """A count that stopped early says "at least"; a cache under the temporary directory (wherever it is) is
+    volatile, one beside it whose name only starts like it is not."""
+    import tempfile
+
+    monkeypatch.setattr(doctor_mod, "_dir_bytes", lambda path: (3_000_000, True))
+    assert doctor_mod._size(str(tmp_path)) == "at least 3.0 MB"
+    monkeypatch.setattr(tempfile, "tempdir", "/vlaperf-test-scratch")  # a temporary directory outside /tmp
+    for var, sub in (("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
+        monkeypatch.setenv(var, f"/vlaperf-test-scratch/{sub}")
+    assert by_id(environment_checks("cpu"))["env.compile_cache"]["fix"] is not None
+    for var, sub in (("TRITON_CACHE_DIR", "triton"), ("TORCHINDUCTOR_CACHE_DIR", "inductor")):
+        monkeypatch.setenv(var, f"/tmpvlaperf-test-not-temporary/{sub}")
+    f = by_id(environment_checks("cpu"))["env.compile_cache"]
+    assert f["title"] == "compile caches" and f["fix"] is None
+
+
+def test_gpu_rows_match_our_uuid_in_any_case_and_name_each_tenant_s_memory(monkeypatch):
+    def fake(args):
+        q = args[0]
+        if q.startswith("--query-compute-apps"):
+            return "GPU-AAAA-1, 4242, python3, 30000\nGPU-AAAA-1, 4243, tool\nGPU-BBBB-2, 777, lane_b, 9000"
+        if q.startswith("--query-gpu=uuid"):
+            return ("GPU-AAAA-1, 0, NVIDIA H200, 1980, 1980, 3201, 3201, 40, 120.0, 700.0, 0x0000000000000000\n"
+                    "GPU-BBBB-2, 1, NVIDIA H200, 1980, 1980, 3201, 3201, 40, 120.0, 700.0, 0x0000000000000000")
+        if q.startswith("--query-gpu=driver_version"):
+            return "580.159.04\n580.159.04"  # one line a GPU
+        return None
+
+    monkeypatch.setattr(doctor_mod, "nvidia_smi", fake)
+    checks = doctor_mod._gpu_checks(torch.device("cuda"), uuid="aaaa-1")
+    assert [f["title"] for f in checks if f["id"] == "env.gpu_clocks"] == ["GPU 0 clocks"]  # GPU-BBBB-2 is not ours
+    found = by_id(checks)
+    assert found["env.gpu_processes"]["title"] == "2 other process(es) on the GPU"
+    assert found["env.gpu_processes"]["detail"].startswith("pid 4242 python3 (30000 MiB); pid 4243 tool. ")
+    assert found["env.gpu_clocks"]["title"] == "GPU 0 clocks"
+    assert "driver 580.159.04; " in doctor_mod._versions(torch.device("cpu"))["detail"]
+
+
+def test_one_host_sync_outside_a_loop_gets_the_remove_the_read_fix(monkeypatch):
+    """A single sync is a finding already; for_loop is the fix only for a sync in a `while` condition."""
+    from vlaperf.profile import syncs
+    from vlaperf.profile.doctor import model_checks
+
+    site = {"per_call": 1, "location": "policy.py:7", "op": "Tensor.item", "code": "n = int(t.item())"}
+    monkeypatch.setattr(syncs, "count_syncs", lambda fn, **kw: {"per_call": 1, "sites": [site], "note": None})
+    f = by_id(model_checks(build_model("tiny"), workload="tiny", measure=False))["model.host_syncs"]
+    assert f["severity"] == "warning" and f["title"] == "1 host syncs per call (reference sample_actions)"
+    assert f["detail"].startswith("1x policy.py:7 Tensor.item: n = int(t.item()). ")
+    assert f["fix"].startswith("remove the host reads at the listed lines")
+    assert f["cost"] is None and f["cost_note"] == "not measurable on the CPU (no device to wait for)"
+
+
+def test_world_action_model_checks(monkeypatch):
+    """The world-action checks on wam-tiny (4 steps, the video finished after 2): the sync fix names the levers for
+    .nonzero() reads and only for them, the context's keys/values cost (steps - 1) computations, and the finished
+    video is recomputed in steps - video_steps - 1 forwards (none when the video runs all the steps)."""
+    import dataclasses
+
+    from vlaperf.models.wam import build_wam
+    from vlaperf.profile import syncs
+    from vlaperf.workloads import get_wam_workload
+
+    model, w = build_wam("wam-tiny", seed=0), get_wam_workload("wam-tiny")
+    monkeypatch.setattr(doctor_mod, "_median_ms", lambda fn, device, iters=5: 1.0)
+    found = by_id(doctor(model, workload=w, measure=True))
+    assert found["wam.host_syncs"]["severity"] == "warning" and "cached_keep_index" in found["wam.host_syncs"]["fix"]
+    assert found["wam.context_kv_per_step"]["cost"] == pytest.approx(3.0)
+    assert found["wam.finished_video_recomputed"]["title"] == "the finished video recomputed in 1 forwards"
+    assert found["wam.finished_video_recomputed"]["severity"] == "warning"
+    assert "wam.sparsity_host_bound" not in found  # no sparsity
+    site = {"per_call": 2, "location": "wam.py:9", "op": "Tensor.item", "code": "x.item()"}
+    monkeypatch.setattr(syncs, "count_syncs", lambda fn, **kw: {"per_call": 2, "sites": [site], "note": None})
+    found = by_id(doctor(model, workload=dataclasses.replace(w, video_steps=4), measure=False))
+    assert found["wam.host_syncs"]["fix"] == "remove the host reads at the listed lines"
+    assert "wam.finished_video_recomputed" not in found
+
+
+def test_doctor_refuses_other_models_and_presets_without_a_workload():
+    import dataclasses
+
+    from vlaperf.profile.doctor import model_checks
+
+    with pytest.raises(TypeError, match="doctor: the model checks are the pi0 family's and the world-action model's, "
+                                        "got Linear"):
+        doctor(torch.nn.Linear(2, 2))
+    model = build_model("tiny")
+    model.config = dataclasses.replace(model.config, name="mine")
+    with pytest.raises(ValueError, match="doctor: pass a workload for model preset 'mine'"):
+        model_checks(model, measure=False)
+
+
+def test_padded_prompt_counts_the_longest_prompt_and_clamps_its_cost(monkeypatch):
+    """The padding is what the longest prompt of the batch leaves; a trimmed prefill timed slower than the full one
+    costs 0, not a negative time; eager attention is a note on the CPU."""
+    import dataclasses
+
+    from vlaperf.profile.doctor import model_checks
+
+    model = build_model("tiny")
+    w = dataclasses.replace(get_workload("tiny"), batch=2, prompt_valid=(2, 6))
+    times = iter([5.0, 2.0, 3.0] + [1.0] * 10)  # masked image, then the full and the trimmed prefill
+    monkeypatch.setattr(doctor_mod, "_median_ms", lambda fn, device, iters=5: next(times))
+    found = by_id(model_checks(model, workload=w, measure=True))
+    padded = found["model.padded_prompt"]
+    prefix = w.prompt_slots + model.config.vision.num_patches * w.image_slots
+    assert padded["title"] == f"{w.prompt_slots - 6} padded prompt tokens computed per sample ({w.prompt_slots} slots, 6 valid)"
+    assert f"the prefix holds {prefix} tokens of which {w.prompt_slots - 6} are prompt padding " \
+           f"({100 * (w.prompt_slots - 6) / prefix:.1f}%)" in padded["detail"]
+    assert padded["cost"] == 0.0 and "2.000 ms - over the trimmed prefix 3.000 ms" in padded["cost_note"]
+    assert found["model.eager_attention"]["severity"] == "info"
+
+
+def test_findings_are_sorted_errors_first(monkeypatch):
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
+    findings = doctor(build_model("tiny"), workload="tiny", measure=False)
+    severities = [f["severity"] for f in findings]
+    assert severities[0] == "error" and "warning" in severities and "info" in severities
+    assert severities == sorted(severities, key=SEVERITIES.index)

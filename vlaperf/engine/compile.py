@@ -21,12 +21,19 @@ class CompileUnavailable(RuntimeError):
     pass
 
 
+# The variables that turn torch.compile off. torch reads each as on only when it is exactly "1" (torch/_dynamo's
+# config and eval_frame): "true" or "yes" leave compile running, so only "1" is reported.
+COMPILE_DISABLE_VARS = ("TORCHDYNAMO_DISABLE", "TORCH_COMPILE_DISABLE")
+
+
+def compile_disabled_by() -> list[str]:
+    """The COMPILE_DISABLE_VARS that turn torch.compile off in this process, as torch reads them."""
+    return [var for var in COMPILE_DISABLE_VARS if os.environ.get(var) == "1"]
+
+
 def compile_blockers(backend: str = "inductor") -> list[str]:
     """Reasons torch.compile would be silently off or fail here (seed 000 lost weeks to the first)."""
-    reasons = []
-    for var in ("TORCHDYNAMO_DISABLE", "TORCH_COMPILE_DISABLE"):
-        if os.environ.get(var, "") not in ("", "0"):
-            reasons.append(f"{var}={os.environ[var]} disables torch.compile (it would run eager, silently)")
+    reasons = [f"{var}=1 disables torch.compile (it would run eager, silently)" for var in compile_disabled_by()]
     if backend == "inductor" and not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")):
         reasons.append("no C compiler (cc/gcc/clang) on PATH: inductor cannot build its kernels' launchers")
     return reasons

@@ -59,25 +59,27 @@ def nvidia_smi(args: list[str]) -> str | None:
     return out.stdout.strip()
 
 
-def _set(var: str) -> bool:
-    return os.environ.get(var, "") not in ("", "0")
+def _on(var: str) -> bool:
+    """A switch variable as torch and CUDA read it: on only when exactly "1" ("true" or "2" leave it off)."""
+    return os.environ.get(var) == "1"
 
 
 # ----------------------------------------------------------------- environment
 
 
 def environment_checks(device: torch.device | str | None = None, model_dtype: torch.dtype | None = None) -> list[dict]:
+    from vlaperf.engine.compile import compile_disabled_by
+
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     out = []
-    for var in ("TORCHDYNAMO_DISABLE", "TORCH_COMPILE_DISABLE"):
-        if _set(var):
-            out.append(finding(
-                "env.compile_disabled", "error", f"torch.compile is silently off: {var}={os.environ[var]}",
-                f"{var} makes torch.compile return the function unchanged, with no error: every 'compiled' "
-                "variant runs eager. seed 000's policy server ran 767 ms per call for weeks because of it "
-                "(355 ms with compile, 256 ms with reduce-overhead).",
-                fix=f"unset {var}. If it was set because the machine has no C compiler, install one "
-                    "(e.g. apt-get install gcc) or use the cuda_graph lever, which needs no compiler."))
+    for var in compile_disabled_by():  # as torch reads them: only "1" turns compile off
+        out.append(finding(
+            "env.compile_disabled", "error", f"torch.compile is silently off: {var}={os.environ[var]}",
+            f"{var} makes torch.compile return the function unchanged, with no error: every 'compiled' "
+            "variant runs eager. seed 000's policy server ran 767 ms per call for weeks because of it "
+            "(355 ms with compile, 256 ms with reduce-overhead).",
+            fix=f"unset {var}. If it was set because the machine has no C compiler, install one "
+                "(e.g. apt-get install gcc) or use the cuda_graph lever, which needs no compiler."))
     if not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")) and not (os.environ.get("CC") and shutil.which(os.environ["CC"])):
         out.append(finding(
             "env.no_c_compiler", "error", "no C compiler on PATH: torch.compile (inductor) will fail",
@@ -86,7 +88,7 @@ def environment_checks(device: torch.device | str | None = None, model_dtype: to
             "vlaperf's compile lever refuses to start here (vlaperf.engine.compile.compile_blockers).",
             fix="install a C compiler (apt-get install gcc / build-essential) or set CC; or use the cuda_graph "
                 "lever (CUDA graphs need no compiler). Do not 'fix' it with TORCHDYNAMO_DISABLE=1."))
-    if _set("CUDA_LAUNCH_BLOCKING"):
+    if _on("CUDA_LAUNCH_BLOCKING"):
         out.append(finding(
             "env.cuda_launch_blocking", "error", f"CUDA_LAUNCH_BLOCKING={os.environ['CUDA_LAUNCH_BLOCKING']}",
             "every kernel launch waits for the kernel to finish: the host never runs ahead of the GPU, "
@@ -127,7 +129,7 @@ def _pdl_check(device: torch.device) -> dict:
 
     title = "programmatic dependent launch (inductor's kernels in CUDA-graph calls)"
     forced = ("; TORCHINDUCTOR_ENABLE_PDL is set: every compiled call gets it, eager launches too, where a PDL "
-              "kernel loses inductor's static launcher" if _set("TORCHINDUCTOR_ENABLE_PDL") else "")
+              "kernel loses inductor's static launcher" if _on("TORCHINDUCTOR_ENABLE_PDL") else "")
     try:
         major, minor = torch.cuda.get_device_capability(device)
     except Exception as e:  # no CUDA runtime here (a CPU build of torch asked about cuda)
