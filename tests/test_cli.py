@@ -565,3 +565,147 @@ def test_the_reference_given_among_matrix_variants_is_its_reference_row():
     cpu = torch.device("cpu")
     assert parse_variants("none;exact", cpu) == parse_variants("exact;reference", cpu) == ["reference", "exact"]
     assert wam.parse_variants("exact;none", cpu) == ["reference", "exact"]
+
+
+def test_resolve_shape_applies_and_checks_the_conventions_horizon():
+    """--conventions set the chunk they were trained with (the workload's and the model's), refuse an
+    --action-horizon that contradicts it and a model family they do not fit; --action-horizon alone overrides
+    the workload's chunk."""
+    from argparse import Namespace
+
+    from vlaperf.cli import CliError, resolve_shape
+    from vlaperf.workloads import get_workload
+
+    base = get_workload("tiny")  # pi0, libero layout, 10 actions a chunk
+
+    def shape(**kw):
+        args = Namespace(**{"conventions": None, "action_horizon": None, "batch": None, "steps": None, **kw})
+        workload, config = resolve_shape(args, base)
+        return workload.horizon, config.action_horizon, workload.overrides_vs(base)
+
+    assert shape() == (10, 10, {})
+    assert shape(action_horizon=10) == (10, 10, {})
+    assert shape(action_horizon=7, batch=2) == (7, 7, {"horizon": 7, "batch": 2})
+    assert shape(conventions="openpi:pi0_libero") == (50, 50, {"horizon": 50})
+    assert shape(conventions="openpi:pi0_libero", action_horizon=50) == (50, 50, {"horizon": 50})
+    with pytest.raises(CliError, match="--action-horizon 7: --conventions openpi:pi0_libero were trained with 50 "
+                                       "actions a chunk"):
+        shape(conventions="openpi:pi0_libero", action_horizon=7)
+    with pytest.raises(CliError, match=r"--conventions: conventions 'openpi:pi05_libero' are for pi05 checkpoints; "
+                                       r"the model is pi0 \(workload tiny\)"):
+        shape(conventions="openpi:pi05_libero")
+
+
+def test_argument_types_take_their_bounds_and_refuse_what_is_past_them(tmp_path):
+    """Each bound is inclusive where the message says '>=' / '<=' and exclusive where it says '>'; inf is no
+    number an option means; blank strings are empty; a device index is digits."""
+    import argparse
+
+    from vlaperf import cli
+
+    accepted = [(cli.steps_int, "1000", 1000), (cli.port_int, "65535", 65535), (cli.port_int, "0", 0),
+                (cli.non_negative_int, "0", 0), (cli.non_negative_float, "0", 0.0), (cli.positive_float, "0.5", 0.5),
+                (cli.seed_int, str(2**63 - 1), 2**63 - 1), (cli.batch_int, "1024", 1024), (cli.horizon_int, "1", 1),
+                (cli.horizon_int, "256", 256), (cli.device_arg, "cuda:1", "cuda:1"), (cli.png_file, "T.PNG", "T.PNG")]
+    for parse, text, value in accepted:
+        assert parse(text) == value, (parse, text)
+    refused = [(cli.steps_int, "1001", "expected an integer >= 1 and <= 1000, got 1001"),
+               (cli.positive_float, "0", "expected a number > 0, got 0.0"),
+               (cli.non_negative_float, "inf", "expected a finite number >= 0, got 'inf'"),
+               (cli.positive_float, "-inf", "expected a number > 0, got -inf"),
+               (cli.horizon_int, "257", "expected an integer >= 1 and <= 256, got 257"),
+               (cli.horizon_int, "0", "expected an integer >= 1 and <= 256, got 0"),
+               (cli.batch_int, "1025", "expected an integer in 1..1024, got '1025'"),
+               (cli.device_arg, "cuda1", "expected cpu, cuda or cuda:N, got 'cuda1'"),
+               (cli.workload_arg, "  ", "expected a workload id, got an empty string"),
+               (cli.output_file, " ", "expected a file path, got an empty string"),
+               (cli.levers_arg, " ", "expected 'reference', a preset or a comma list of levers, got an empty string"),
+               (cli.levers_arg, "best;", "empty variant in 'best;'"),
+               (cli.png_file, str(tmp_path / "plot.svg"), "expected a .png file name")]
+    for parse, text, message in refused:
+        with pytest.raises(argparse.ArgumentTypeError) as e:
+            parse(text)
+        assert message in str(e.value), (text, str(e.value))
+
+
+def test_bench_none_is_the_reference_and_no_check_is_recorded(tmp_path, capsys):
+    """--levers none is the reference (no engine, nothing to check); --no-check skips a variant's check and the file
+    says so; one timed call is "call", not "calls"."""
+    common = ["bench", "--workload", "tiny", "--device", "cpu", "--warmup", "0", "--no-progress", "--json"]
+    assert main(common + [str(tmp_path / "n.json"), "--levers", "none", "--iters", "1"]) == 0
+    r = read_result(tmp_path / "n.json")
+    assert r["variant"]["label"] == "reference" and r["variant"]["levers"] == []
+    assert r["equivalence"] is None and r["first_call_timing"] == "reference: no check"
+    assert "1 timed call after 0 warm-up" in " ".join(capsys.readouterr().out.split())
+    assert main(common + [str(tmp_path / "x.json"), "--levers", "exact", "--no-check", "--iters", "2"]) == 0
+    r = read_result(tmp_path / "x.json")
+    assert r["equivalence"] is None and r["first_call_timing"] == "not checked (--no-check)"
+    assert "2 timed calls after 0 warm-up" in " ".join(capsys.readouterr().out.split())
+
+
+def test_bench_refuses_to_time_a_variant_that_fails_its_check(monkeypatch, tmp_path, capsys):
+    import vlaperf.check
+
+    monkeypatch.setattr(vlaperf.check, "check_equivalence", lambda model, engine, workload: {
+        "passed": False, "rel_l2": 0.5, "max_abs": 1.0, "tolerance": 1e-4, "seeds": 2})
+    out = tmp_path / "r.json"
+    assert main(["bench", "--workload", "tiny", "--device", "cpu", "--levers", "sdpa", "--warmup", "0", "--iters", "1",
+                 "--no-progress", "--json", str(out)]) == 1
+    assert "vlaperf: variant sdpa fails equivalence (rel_l2 0.5 > 0.0001); refusing to report its speed" in \
+        capsys.readouterr().err
+    assert not out.exists()
+
+
+def test_check_runs_the_seeds_asked_for(tmp_path):
+    assert main(["check", "--workload", "tiny", "--device", "cpu", "--levers", "exact", "--seeds", "3",
+                 "--json", str(tmp_path / "c.json")]) == 0
+    (row,) = read_result(tmp_path / "c.json")["checks"]
+    assert row["seeds"] == 3 and row["passed"]
+
+
+@pytest.mark.parametrize("args,message", [
+    (["--workload", "tiny", "--sparsity", "none", "--video-steps", "2", "--cfg-scale", "0"],
+     "vlaperf bench: error: --sparsity, --video-steps, --cfg-scale: only for the world-action workloads (wam-761, "
+     "wam-tiny)"),
+    (["--workload", "tiny", "--cfg-scale", "1.5"], "error: --cfg-scale: only for the world-action workloads"),
+    (["--workload", "tiny", "--mode", "forward"], "error: --mode forward: only for the world-action workloads"),
+    (["--workload", "wam-tiny", "--video-steps", "1001"],
+     "argument --video-steps: expected an integer >= 1 and <= 1000, got 1001"),
+    (["--workload", "wam-tiny", "--cfg-scale", "-1"], "argument --cfg-scale: expected a number >= 0, got -1.0"),
+])
+def test_world_action_settings_are_refused_where_they_do_nothing(args, message, capsys):
+    assert run_cli(["bench", "--device", "cpu", "--warmup", "0", "--iters", "1", "--no-progress", *args]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_a_gpu_index_past_the_machine_s_gpus_is_refused(monkeypatch, capsys):
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    assert main(["bench", "--workload", "tiny", "--device", "cuda:2", "--no-progress"]) == 2
+    assert "vlaperf bench: error: --device cuda:2: this machine has 2 GPU(s), cuda:0 to cuda:1" in capsys.readouterr().err
+
+
+def test_negative_values_are_joined_only_to_a_long_option_without_a_value():
+    from vlaperf.cli import join_negative_values
+
+    assert join_negative_values(["--cfg-scale", "-1.5"]) == ["--cfg-scale=-1.5"]
+    for argv in (["-o", "-1"], ["--seed=1", "-3"], ["--json", "-"], ["--levers", "-x"]):
+        assert join_negative_values(argv) == argv
+
+
+def test_main_lets_other_os_errors_through_and_keeps_the_first_line_of_an_oom(monkeypatch, capsys):
+    import vlaperf.cli as cli
+
+    def raising(exc):
+        def cmd(args):
+            raise exc
+        return cmd
+
+    monkeypatch.setattr(cli, "cmd_bench", raising(OSError(5, "Input/output error")))  # no file named: a bug
+    with pytest.raises(OSError, match="Input/output error"):
+        main(["bench", "--device", "cpu"])
+    monkeypatch.setattr(cli, "cmd_bench", raising(RuntimeError("can't allocate memory: " + "x" * 300 + "\nsecond line")))
+    assert main(["bench", "--device", "cpu"]) == 2
+    err = capsys.readouterr().err
+    first = "can't allocate memory: " + "x" * 177
+    assert f"out of memory ({first}); try a smaller --batch" in err and "second line" not in err

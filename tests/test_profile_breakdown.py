@@ -225,3 +225,150 @@ def test_breakdown_fn_counts_and_coverage():
     res = breakdown_fn(call, iters=5, blocks=2, warmup=1, untimed=lambda: time.sleep(0.05))
     assert res["untimed"]["iters"] == 5 and len(res["untimed"]["samples"]["wall_ms"]) == 5
     assert res["coverage"] < 0.5  # ~2 ms instrumented over ~50 ms untimed (sleeps only run long: margin for load)
+
+
+def test_stage_stats_groups_prefixed_steps_keeps_nested_apart_and_unmarked_last():
+    """Any <x>denoise_step_<i> is grouped into <x>denoise_step with per-occurrence mean and max; nested stages
+    (any depth > 0) are substages, never top-level rows; "(unmarked)" is the last row even when a stage first
+    appears after it; the sum of medians adds the rows' medians."""
+    from vlaperf.profile.markers import CallRecord
+
+    calls = [CallRecord(stages=[("video_denoise_step_0", 0, 1.0), ("video_denoise_step_1", 0, 3.0),
+                                ("video_denoise_step_1/attn", 1, 0.5), (UNMARKED, 0, 1.0)], span_ms=5.0),
+             CallRecord(stages=[("video_denoise_step_0", 0, 1.0), ("video_denoise_step_1", 0, 3.0),
+                                ("late", 0, 2.0), (UNMARKED, 0, 3.0)], span_ms=9.0),
+             CallRecord(stages=[("video_denoise_step_0", 0, 1.0), ("video_denoise_step_1", 0, 9.0),
+                                ("late", 0, 2.0), (UNMARKED, 0, 2.0)], span_ms=14.0)]
+    stats = stage_stats(calls)
+    rows = {s["name"]: s for s in stats["stages"]}
+    assert list(rows) == ["video_denoise_step", "late", UNMARKED]
+    step = rows["video_denoise_step"]
+    assert step["per_call"] == 2 and step["median_ms"] == 4.0 and step["mean_ms"] == pytest.approx(6.0)
+    assert step["occurrence"]["mean_ms"] == 2.0 and step["occurrence"]["max_ms"] == 3.0
+    assert step["occurrence"]["by_index_median_ms"] == [1.0, 3.0]
+    assert rows["late"]["per_call"] == 1 and rows["late"]["median_ms"] == 2.0  # totals (0, 2, 2)
+    assert stats["substages"] == [{"name": "video_denoise_step_1/attn", "median_ms": 0.5, "p95_ms": 0.5}]
+    assert stats["stage_sum_of_medians_ms"] == pytest.approx(4.0 + 2.0 + 2.0)
+    with pytest.raises(ValueError, match="no calls recorded"):
+        stage_stats([])
+
+
+def test_steps_indexed_in_some_calls_only_still_get_per_index_medians():
+    """A repeated stage whose indexed occurrences are missing from some calls keeps its per-index medians (over
+    the calls that have them)."""
+    from vlaperf.profile.markers import CallRecord
+
+    calls = [CallRecord(stages=[("denoise_step_0", 0, 1.0), ("denoise_step_1", 0, 2.0)], span_ms=3.0),
+             CallRecord(stages=[("denoise_step", 0, 1.0), ("denoise_step", 0, 1.0)], span_ms=2.0)]
+    step = stage_stats(calls)["stages"][0]
+    assert step["name"] == "denoise_step" and step["occurrence"]["by_index_median_ms"] == [1.0, 2.0]
+
+
+def test_merged_timings_keep_the_first_block_s_first_call_and_the_largest_peak():
+    from vlaperf.profile.breakdown import _merge_timings
+
+    def part(wall, first, peak):
+        return {"samples": {"wall_ms": wall, "cuda_event_ms": None}, "peak_memory_bytes": peak, "first_call_s": first,
+                "warmup_s": first / 2, "warmup": 1}
+
+    merged = _merge_timings([part([1.0, 3.0], 0.5, 100), part([2.0], 0.1, 300), part([4.0], 0.2, 200)])
+    assert merged["iters"] == 4 and merged["samples"]["wall_ms"] == [1.0, 3.0, 2.0, 4.0]
+    assert merged["first_call_s"] == 0.5 and merged["warmup_s"] == 0.25 and merged["peak_memory_bytes"] == 300
+    assert merged["timers"]["cuda_event_ms"] is None and merged["timers"]["wall_ms"]["median"] == 2.5
+
+
+def test_breakdown_fn_blocks_warmup_and_what_it_counts():
+    """More blocks than calls is one call a block; the untimed call is warmed up at least once even with warmup=0;
+    the instrumented warm-up calls are not in the statistics."""
+    untimed = []
+    out = breakdown_fn(lambda rec: rec.mark("work"), iters=2, blocks=10, warmup=0, untimed=lambda: untimed.append(1))
+    assert out["untimed"]["iters"] == 2 and out["iters"] == 2 and out["stages"][0]["name"] == "work"
+    assert len(untimed) == 1 + 2 and out["untimed"]["warmup"] == 1
+    out = breakdown_fn(lambda rec: rec.mark("work"), iters=3, warmup=4)
+    assert out["span_ms"]["count"] == 3 and out["warmup"] == 4
+
+
+def test_breakdown_statement_gives_coverage_in_percent():
+    """The statement's percentage is 100 x the instrumented median over the untimed median it names."""
+    import re
+
+    out = breakdown_fn(lambda rec: rec.mark("work"), iters=3, warmup=1, untimed=lambda: time.sleep(0.002))
+    m = re.match(r"stages sum to ([\d.]+)% of the untimed call: instrumented call median ([\d.]+) ms .* untimed "
+                 r"median ([\d.]+) ms", out["statement"])
+    assert m, out["statement"]
+    assert float(m.group(1)) == pytest.approx(100 * out["coverage"], abs=0.06)
+    assert float(m.group(3)) == pytest.approx(out["untimed_median_ms"], abs=0.0006)
+    assert out["coverage"] == pytest.approx(out["span_ms"]["median"] / out["untimed_median_ms"])
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="this machine has CUDA")
+def test_breakdown_fn_refuses_cuda_without_a_gpu():
+    with pytest.raises(ValueError, match="breakdown_fn: device cuda but this torch has no CUDA device"):
+        breakdown_fn(lambda rec: None, device="cuda", iters=1, warmup=0)
+
+
+def test_breakdown_records_overrides_and_refuses_an_unknown_mode(tiny):
+    model, w = tiny
+    result = breakdown(model, w.with_overrides(steps=2), warmup=0, iters=1)
+    assert result["workload"] == {"id": "tiny", "overrides": {"steps": 2}}
+    assert {s["name"]: s for s in result["breakdown"]["stages"]}["denoise_step"]["per_call"] == 2
+    with pytest.raises(ValueError, match="mode must be 'model' or 'policy', got 'train'"):
+        breakdown(model, w, mode="train", warmup=0, iters=1)
+
+
+def test_masked_slots_are_embedded_unless_the_engine_skips_them(tiny):
+    from vlaperf.profile.breakdown import prepare_breakdown
+
+    model, w = tiny
+    for levers, embedded in ((None, [True, True, True]), ("for_loop", [True, True, True]),
+                             ("for_loop,skip_masked_images", [True, True, False])):
+        images = prepare_breakdown(model, w, levers, check=False).images
+        assert [i["valid"] for i in images] == [True, True, False]
+        assert [i["embedded"] for i in images] == embedded, levers
+
+
+def test_same_compares_exactly_and_by_shape():
+    import numpy as np
+
+    from vlaperf.profile.breakdown import _same
+
+    a = torch.tensor([[1.0, 2.0]])
+    assert _same(a, a.clone()) == {"exact": True, "max_abs": 0.0}
+    assert _same(a, a + torch.tensor([[0.0, 0.5]])) == {"exact": False, "max_abs": 0.5}
+    assert _same(a, torch.zeros(1, 3)) == {"exact": False, "max_abs": float("inf")}
+    assert _same(np.ones(2, np.float32), np.ones(2, np.float32))["exact"]
+
+
+def test_breakdown_notes_and_device_check(tiny):
+    """The compile note is for compile without compile_layers only; a reproduced call gets no warning note; a device
+    other than the model's is refused; format_breakdown prints each repeated stage's count, mean and max."""
+    from vlaperf.profile.breakdown import format_breakdown, prepare_breakdown
+
+    model, w = tiny
+    one = "compile makes the prefix one function"
+    engine = Engine(model, "for_loop,compile", compile_backend="eager")
+    assert any(one in n for n in prepare_breakdown(model, w, engine, check=False).notes)
+    engine = Engine(model, "for_loop,compile,compile_layers", compile_backend="eager")
+    assert not any(one in n for n in prepare_breakdown(model, w, engine, check=False).notes)
+    sc = prepare_breakdown(model, w, None)
+    assert sc.matches_reference["exact"] and not any("NOT reproduce" in n for n in sc.notes)
+    with pytest.raises(ValueError, match="device meta differs from the model's device cpu"):
+        breakdown(model, w, device="meta", warmup=0, iters=1)
+    result = breakdown(model, w, warmup=0, iters=2)
+    step = {s["name"]: s for s in result["breakdown"]["stages"]}["denoise_step"]
+    text = format_breakdown(result)
+    assert f"x{w.steps}: mean {step['occurrence']['mean_ms']:.3f} max {step['occurrence']['max_ms']:.3f}" in text
+    assert text.splitlines()[0] == "breakdown tiny reference (model mode, perf_counter)"
+
+
+def test_staged_policy_draws_fresh_noise_for_a_request_of_another_batch(tiny):
+    """Noise made for the workload's batch is used only for a request of that batch (as Policy.infer does)."""
+    from vlaperf.inputs import make_example
+    from vlaperf.profile.breakdown import StagedPolicy
+
+    model, w = tiny
+    w2 = w.with_overrides(batch=2)
+    staged = lambda obs, noise, n, mark: reference_sample_staged(model, obs, noise, n, mark)  # noqa: E731
+    sp = StagedPolicy(model, staged, w2, 2, noise=random_noise(w2, model.config, seed=0))
+    assert sp([make_example(w2, seed=0), make_example(w2, seed=1)]).shape == (2, w.horizon, w.robot_action_dim)
+    assert sp(make_example(w2, seed=0)).shape == (w.horizon, w.robot_action_dim)  # one example: batch 1

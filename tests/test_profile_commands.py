@@ -126,3 +126,108 @@ def test_register_into_the_vlaperf_cli(monkeypatch, tmp_path):
     assert cli.main(["syncs", *COMMON, "--json", str(tmp_path / "sy.json")]) == 0
     assert cli.main(["breakdown", "--levers", "nope", *COMMON]) == 2  # CliError -> 2 via cli.main
     assert cli.main(["levers"]) == 0  # the existing commands still work
+
+
+def run(argv) -> int:
+    try:
+        return main(argv)
+    except SystemExit as e:  # argparse errors
+        return e.code
+
+
+@pytest.mark.parametrize("steps,message", [
+    ("0,1", "expected at least two different step counts in 1..1000, got '0,1'"),
+    ("2,2", "expected at least two different step counts in 1..1000, got '2,2'"),
+    ("1,1001", "expected at least two different step counts in 1..1000, got '1,1001'"),
+])
+def test_scaling_step_lists_are_checked(steps, message, capsys):
+    from vlaperf.profile.commands import _step_list
+
+    assert _step_list(" 1000, 1,2,1") == [1, 2, 1000]
+    assert run(["scaling", *COMMON, "--steps", steps]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_syncs_expected_and_treat_as_device(tmp_path):
+    """Model mode expects no sync, policy mode one (reading the actions); --treat-as-device no does not count the
+    CPU's host reads, yes does."""
+    out = tmp_path / "sy.json"
+    assert main(["syncs", *COMMON, "--treat-as-device", "yes", "--json", str(out)]) == 0
+    rep = read_result(out)["syncs"]
+    assert rep["expected_per_call"] == 0 and rep["treat_as_device"] is True and rep["per_call"] == 5
+    assert main(["syncs", *COMMON, "--treat-as-device", "no", "--mode", "policy", "--json", str(out)]) == 0
+    rep = read_result(out)["syncs"]
+    assert rep["expected_per_call"] == 1 and rep["treat_as_device"] is False and rep["per_call"] == 0
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["breakdown", "--workload", "wam-tiny", "--mode", "policy"], "vlaperf breakdown: error: --mode policy: the "
+     "world-action breakdown times generate on device tensors (--mode model)"),
+    (["syncs", "--workload", "wam-tiny", "--mode", "policy"], "vlaperf syncs: error: --mode policy: the world-action "
+     "model has no observation transform in vlaperf; use --mode model"),
+    (["doctor", "--batch", "2"], "--batch: settings of a policy check; give --workload"),
+    (["doctor", "--action-horizon", "5", "--cfg-scale", "1"], "--action-horizon, --cfg-scale: settings of a policy "
+     "check"),
+])
+def test_profiler_commands_refuse_settings_they_would_ignore(argv, message, capsys):
+    assert run([*argv, "--device", "cpu", "--no-progress"]) == 2
+    assert message in capsys.readouterr().err
+
+
+def test_breakdown_of_none_is_the_reference_and_the_trace_is_recorded(tmp_path, capsys):
+    out, tr = tmp_path / "bd.json", tmp_path / "trace.json"
+    assert main(["breakdown", *COMMON, "--levers", "none", "--warmup", "0", "--iters", "1", "--json", str(out),
+                 "--trace", str(tr)]) == 0
+    bd = read_result(out)["breakdown"]
+    assert bd["path"] == "reference" and bd["trace"] == str(tr)
+    printed = capsys.readouterr().out
+    assert f"wrote trace {tr}" in printed and "CUDA graph replay" not in printed
+
+
+def test_wam_breakdown_of_the_reference_names_no_levers(tmp_path):
+    out = tmp_path / "bd.json"
+    assert main(["breakdown", "--workload", "wam-tiny", "--device", "cpu", "--no-progress", "--warmup", "0", "--iters",
+                 "1", "--json", str(out)]) == 0
+    r = read_result(out)
+    assert r["variant"]["levers"] == [] and r["breakdown"]["levers_timed"] == []
+
+
+def test_doctor_scope_follows_workload_checkpoint_and_levers(tmp_path):
+    """--levers none is the environment alone; --checkpoint alone checks that policy on the default workload;
+    --no-measure leaves the model checks' costs unmeasured."""
+    from vlaperf.checkpoints import save_checkpoint
+    from vlaperf.models.pi0 import build_model
+
+    out = tmp_path / "d.json"
+    main(["doctor", "--device", "cpu", "--levers", "none", "--no-measure", "--json", str(out)])
+    assert read_result(out)["workload"]["id"] is None
+    checkpoint = save_checkpoint(build_model("tiny", seed=3), tmp_path / "ckpt")
+    main(["doctor", "--device", "cpu", "--checkpoint", str(checkpoint), "--no-measure", "--json", str(out)])
+    r = read_result(out)
+    assert r["workload"]["id"] == "tiny" and r["variant"]["checkpoint"]
+    masked = [f for f in r["findings"] if f["id"] == "model.masked_images_embedded"]
+    assert masked and masked[0]["cost"] is None
+
+
+def test_report_lists_skipped_files_and_needs_matplotlib(monkeypatch, tmp_path, capsys):
+    import vlaperf.report.render as render_mod
+
+    (tmp_path / "a.json").write_text("{}")
+    long = "a.json: " + "y" * 400
+
+    def render(paths, out, on_skip=None, jobs=None):
+        on_skip(long)
+        return out
+
+    monkeypatch.setattr(render_mod, "render", render)
+    assert main(["report", str(tmp_path / "a.json"), "-o", str(tmp_path / "r.html")]) == 0
+    captured = capsys.readouterr()
+    assert captured.err == f"skipped {long[:299]}…\n"
+    assert f"wrote {tmp_path / 'r.html'} (1 file(s) skipped, listed above and in the report)" in captured.out
+
+    def no_matplotlib(*args, **kwargs):
+        raise ImportError("No module named 'matplotlib'")
+
+    monkeypatch.setattr(render_mod, "render", no_matplotlib)
+    assert main(["report", str(tmp_path / "a.json"), "-o", str(tmp_path / "r.html")]) == 2
+    assert "report needs matplotlib (No module named 'matplotlib'); pip install matplotlib" in capsys.readouterr().err

@@ -236,3 +236,126 @@ def test_inner_mark_ends_with_its_block():
         time.sleep(0.001)
     ms = {n: v for n, _, v in rec.calls[0].stages}
     assert ms["outer/inner"] <= ms["outer"] + 1e-6 and ms["outer/inner"] < 150
+
+
+def test_default_clock_and_nvtx_follow_the_device(monkeypatch):
+    """A CUDA device gets CUDA events and NVTX ranges by default, anything else perf_counter and no ranges (nothing
+    here touches a GPU: the clock is replaced before any event is recorded)."""
+    assert StageRecorder("cpu").timer == "perf_counter"
+    assert StageRecorder("cuda").timer == "cuda_event" and isinstance(StageRecorder("cuda:0").clock,
+                                                                         markers.CudaEventClock)
+    pushed = []
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: pushed.append(name))
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: None)
+    for device in ("cpu", "cuda"):
+        rec = StageRecorder(device, clock=FakeClock())
+        with rec.call():
+            rec.mark(f"on_{device}")
+    assert pushed == ["on_cuda"]
+
+
+def test_calls_do_not_nest_and_end_needs_a_begin():
+    rec = StageRecorder("cpu", clock=FakeClock(), nvtx=False)
+    with pytest.raises(RuntimeError, match="end_call without begin_call"):
+        rec.end_call()
+    with rec.call():
+        with pytest.raises(RuntimeError, match="calls do not nest"):
+            rec.begin_call()
+    assert len(rec.calls) == 1
+
+
+def test_totals_and_stage_names_by_depth():
+    """totals(depth) and stage_names(depth) keep one level: nested stages are not added into their parents' level,
+    "(unmarked)" is listed once, last; a stage three deep is named by its whole path."""
+    rec = StageRecorder("cpu", clock=FakeClock(), nvtx=False)
+    for _ in range(2):
+        with rec.call():
+            rec.mark("prep")
+            with rec.stage("a"):
+                with rec.stage("b"):
+                    with rec.stage("c"):
+                        pass
+    call = rec.calls[0]
+    assert call.totals(0) == {"prep": 1.0, "a": 5.0, UNMARKED: 2.0}  # before prep, after a
+    assert call.totals(1) == {"a/b": 3.0} and call.totals(2) == {"a/b/c": 1.0}
+    assert rec.stage_names() == ["prep", "a", UNMARKED]
+    assert rec.stage_names(2) == ["a/b/c", UNMARKED]
+
+
+def test_staged_decorators_take_the_given_name_or_the_function_s():
+    rec = StageRecorder("cpu", clock=FakeClock(), nvtx=False)
+
+    @rec.staged("encode")
+    def enc():
+        return 1
+
+    @rec.staged()
+    def decode():
+        return 2
+
+    @markers.staged("module_named")
+    def f():
+        return 3
+
+    @markers.staged()
+    def g():
+        return 4
+
+    with rec.activate(), rec.call():
+        assert markers.active_recorder() is rec
+        assert (enc(), decode(), f(), g()) == (1, 2, 3, 4)
+    assert markers.active_recorder() is markers.NULL_RECORDER
+    assert [n for n, _, _ in rec.calls[0].stages] == ["encode", "decode", "module_named", "g", UNMARKED]
+
+
+def test_end_call_closes_every_range_left_open(monkeypatch):
+    """Boundary stages still open when the call ends (no "end" mark) end with the call, and each NVTX range pushed
+    for a stage is popped, at every depth."""
+    events = []
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: events.append(("push", name)))
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: events.append(("pop",)))
+    rec = StageRecorder("cpu", clock=FakeClock(), nvtx=True)
+    with rec.call():  # t=1
+        with rec.stage("outer"):  # t=2
+            rec.mark("inner")  # t=3, open until the block ends (t=4)
+        rec.mark("tail")  # t=5, open until the call ends (t=6)
+    assert events == [("push", "outer"), ("push", "inner"), ("pop",), ("pop",), ("push", "tail"), ("pop",)]
+    assert {n: ms for n, _, ms in rec.calls[0].stages} == {"outer": 2.0, "outer/inner": 1.0, "tail": 1.0,
+                                                           UNMARKED: 2.0}
+
+
+def test_ranges_close_innermost_first(monkeypatch):
+    """With NVTX and a running profiler, a stage opens an NVTX range and then a record_function range: they close in
+    the reverse order, so the ranges nest."""
+    events = []
+
+    class FakeRange:
+        def __init__(self, name):
+            self.name = name
+
+        def __enter__(self):
+            events.append(("enter", self.name))
+
+        def __exit__(self, *exc):
+            events.append(("exit", self.name))
+
+    monkeypatch.setattr(torch.cuda.nvtx, "range_push", lambda name: events.append(("push", name)))
+    monkeypatch.setattr(torch.cuda.nvtx, "range_pop", lambda: events.append(("pop",)))
+    monkeypatch.setattr(torch.autograd.profiler, "record_function", FakeRange)
+    monkeypatch.setattr(torch.autograd, "_profiler_enabled", lambda: True)
+    rec = StageRecorder("cpu", clock=FakeClock(), nvtx=True)
+    with rec.call():
+        with rec.stage("s"):
+            pass
+    assert events == [("push", "s"), ("enter", "s"), ("exit", "s"), ("pop",)]
+
+
+def test_unmarked_time_is_never_negative():
+    """A mark handed a token from before the call began (an event of an earlier replay) cannot make the
+    "(unmarked)" remainder negative."""
+    rec = StageRecorder("cpu", clock=FakeClock(), nvtx=False)
+    with rec.call():  # t=1
+        rec.mark("early", token=-10.0)
+        rec.mark("end")  # t=2
+    (call,) = rec.calls  # ends at t=3
+    assert call.totals()["early"] == 12.0 and call.unmarked_ms == 0.0
