@@ -17,7 +17,9 @@
 #            the workloads version 115 moves (batch 4 and 8, aloha-pi0) and libero-pi0
 #   PART=g   the rest of the test suite on the GPU machine (as session 35's parts a and b, less part f's modules)
 #   PART=h   part d's sweep again at version 115, so its file records prefix_splits' pick
-# Usage (device tool, no carry): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session36.sh
+#   PART=i   part g's other modules again at the session's last code, with websockets and openpi-client carried as
+#            wheels (carry [".whl"]: the serve tests need them)
+# Usage (device tool, no carry; part i: carry [".whl"]): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session36.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
 case "${PART:-a}" in
@@ -75,6 +77,14 @@ EOT
 h)
   lane A 0 40 <<EOT &
 120 cd benchmarks && python3 prefix_splits_probe.py --json $R/prefix_splits_probe_v115_s36.json
+EOT
+  ;;
+i)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
+  export PYTHONPATH=/tmp/site:$PWD
+  P="PYTHONPATH=benchmarks:\$PYTHONPATH python3 -m pytest -p no:cacheprovider -p pytest_report_now -rfEs --tb=short"
+  lane A 0 40 <<EOT &
+220 $P -q -n 14 --timeout 200 --durations 5 --ignore tests/test_kernels.py --ignore tests/test_engine_cuda.py --ignore tests/test_wam.py --ignore tests/test_engine.py --ignore tests/test_unipc.py 2>&1 | tee $R/pytest_gpu_s36i.log | grep -v "^\\.*\\["
 EOT
   ;;
 esac
