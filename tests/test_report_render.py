@@ -776,3 +776,204 @@ def test_a_markdown_report_written_again_leaves_no_figures_of_the_last_one(tiny_
     md = render([tmp_path / "one"], out).read_text()
     after = sorted(p.name for p in (tmp_path / "r_files").glob("*.png"))
     assert len(after) < len(before) and all(f"r_files/{name}" in md for name in after)
+
+
+# ----------------------------------------------------------------- table cells, names, reasons (mutation audit)
+
+
+def test_cells_format_each_kind_at_its_boundaries():
+    """Each branch of a table cell: null, booleans, NaN, zero, the decimals by magnitude (negative values by their
+    size), objects as JSON, anything else as written."""
+    assert _cell(None) == "-" and _cell(True) == "yes" and _cell(False) == "no" and _cell(float("nan")) == "nan"
+    assert _cell(0.0) == "0" and _cell(1e6) == "1e+06" and _cell(999999.0) == "999999.0"
+    assert _cell(100.0) == "100.0" and _cell(99.99) == "99.990" and _cell(-250.0) == "-250.0"
+    assert _cell(1.0) == "1.000" and _cell(-1.5) == "-1.500" and _cell(0.123456) == "0.123"
+    assert _cell({"a": 1}) == '{"a": 1}' and _cell([1, "x"]) == '[1, "x"]' and _cell(7) == "7" and _cell("s") == "s"
+
+
+def test_short_names_clips_labels_and_errors():
+    from vlaperf.report.render import _clip, _gpu, _label, _sci, short_variant, workload_label
+
+    assert short_variant("none") == short_variant("") == short_variant("reference") == "reference"
+    assert short_variant("for_loop") == "for_loop" and short_variant("for_loop+sdpa") == "loop+sdpa"
+    # one lever of up to 36 characters keeps its name; a longer one is shortened like a list of levers
+    assert short_variant("compile=" + "x" * 28) == "compile=" + "x" * 28
+    assert short_variant("compile=" + "x" * 29) == "c:" + "x" * 29
+    assert _clip("abcde", 5) == "abcde" and _clip("abcdef", 5) == "abcd\u2026" and _clip(12345, 3) == "12\u2026"
+    assert workload_label({"workload": {"id": "x", "overrides": {"steps": 5, "batch": 2}}}) == "x (batch 2, steps 5)"
+    assert _label({"variant": None, "mode": None}) == "reference [-]"
+    assert _label({"variant": {"label": "for_loop,sdpa"}, "mode": "policy"}) == "loop+sdpa [policy]"
+    assert _gpu({"env": {"gpu": None, "device": "cuda:1"}}) == "cuda:1" and _gpu({"env": None}) == "cpu"
+    assert _sci(None) == "-" and _sci(0.00123) == "1.2e-03" and _sci(2) == "2.0e+00"
+    for bad in (True, "1e-3"):
+        with pytest.raises(ValueError, match="rel_l2: expected a number or null"):
+            _sci(bad)
+
+
+def test_default_jobs_is_the_usable_cores_capped(monkeypatch):
+    import os
+
+    from vlaperf.report.render import MAX_JOBS, default_jobs
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(range(64)), raising=False)
+    assert default_jobs() == MAX_JOBS == 8
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 1, 2}, raising=False)
+    assert default_jobs() == 3
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: set(), raising=False)
+    assert default_jobs() == 1
+
+
+def test_skip_reasons_say_what_is_wrong_with_each_file(tiny_results, tmp_path):
+    """Files of a folder in name order; a file that is not JSON, one that does not exist, one nested past the parser's
+    depth and one that is a JSON object but no result are each a one-line problem that says so; a reason is one line
+    of at most 300 characters."""
+    from vlaperf.report.render import _reason
+
+    d = tmp_path / "in"
+    d.mkdir()
+    for name in ("b.json", "a.json", "c.json"):
+        (d / name).write_text((tiny_results / "sy.json").read_text())
+    results, problems = load_results([d])
+    assert [Path(p).name for p, _ in results] == ["a.json", "b.json", "c.json"] and problems == []
+    (tmp_path / "broken.json").write_text("{")
+    (tmp_path / "deep.json").write_text("[" * 100000)
+    results, problems = load_results([tmp_path / "broken.json", tmp_path / "missing.json", tmp_path / "deep.json"])
+    assert results == [] and len(problems) == 3
+    assert problems[0].startswith(f"{tmp_path / 'broken.json'}: not valid JSON: ")
+    assert problems[1].startswith(f"{tmp_path / 'missing.json'}: ") and "No such file" in problems[1]
+    assert problems[2].startswith(f"{tmp_path / 'deep.json'}: RecursionError: ")
+    assert _reason(ValueError("line one\n   line two")) == "ValueError: line one line two"
+    long = _reason(ValueError("x" * 400))
+    assert len(long) == 300 and long.endswith("x\u2026")
+    with pytest.raises(ValueError, match=r"no valid vlaperf result files: .*broken\.json: not valid JSON"):
+        render([tmp_path / "broken.json"], tmp_path / "r.md")
+
+
+def test_field_problem_names_the_field_and_what_it_holds():
+    from vlaperf.report.render import field_problem
+
+    cases = [({"command": "matrix", "variants": None}, "matrix: variants is null, expected an array of objects"),
+             ({"command": "matrix", "variants": {"a": 1}}, "matrix: variants is object, expected an array of objects"),
+             ({"command": "check", "checks": [{}, 3, "x"]}, "check: checks holds number 3, expected objects"),
+             ({"command": "check", "checks": [["a" * 100]]},
+              'check: checks holds array ["' + "a" * 37 + '\u2026, expected objects'),
+             ({"command": "rollout", "rollout": {}}, "rollout: rollout.per_episode is null, expected an array of objects"),
+             ({"command": "scaling", "scaling": {"series": 1}}, "scaling: scaling.series is number, expected an array"),
+             ({"command": "syncs", "syncs": {"sites": "x"}}, "syncs: syncs.sites is string, expected an array"),
+             ({"command": "doctor", "findings": None}, "doctor: findings is null, expected an array of objects"),
+             ({"command": "compare", "compare": {"equivalence": []}}, "compare: compare.equivalence is array, expected an object"),
+             ({"command": "bench", "samples": "x"}, "bench: samples is string, expected an object"),
+             ({"command": "bench", "samples": {"wall_ms": [1.0, "x"]}}, "bench: samples.wall_ms must be an array of numbers"),
+             ({"command": "bench", "samples": {"wall_ms": 5}}, "bench: samples.wall_ms must be an array of numbers")]
+    for r, message in cases:
+        assert (field_problem(r) or "").startswith(message), (r, field_problem(r))
+    assert field_problem({"command": "bench", "samples": {"wall_ms": [1.0, 2], "cuda_event_ms": None}}) is None
+    assert field_problem({"command": "bench"}) is None and field_problem({"command": "scaling", "scaling": {"series": []}}) is None
+
+
+def test_validate_result_names_each_missing_or_wrong_field(tiny_results):
+    from vlaperf.report.schema import SchemaError, validate_result
+
+    good = json.loads((tiny_results / "bench.json").read_text())
+    wall = good["timers"]["wall_ms"]
+    no_env = {k: v for k, v in good.items() if k != "env"}
+    cases = [(no_env, "missing key 'env'"),
+             ({**good, "schema": "vlaperf.result/2"}, "schema must be 'vlaperf.result/1', got 'vlaperf.result/2'"),
+             ({**good, "command": 5}, "command: expected a string, got number"),
+             ({**good, "workload": {"id": "tiny"}}, "workload: expected {'id': ..., 'overrides': {...}}"),
+             ({**good, "workload": {"overrides": {}}}, "workload: expected {'id': ..., 'overrides': {...}}"),
+             ({**good, "timers": {"wall_ms": {**wall, "median": True}}}, "timers.wall_ms.median: expected a number, got boolean"),
+             ({**good, "timers": {"wall_ms": {k: v for k, v in wall.items() if k != "p99"}}}, "timers.wall_ms: missing 'p99'"),
+             ({**good, "first_call_s": float("inf")}, "first_call_s: expected a finite number of seconds >= 0 or null, got inf"),
+             ({**good, "first_call_s": -1.0}, "first_call_s: expected a finite number of seconds >= 0 or null, got -1.0")]
+    for key in ("gpu", "driver", "cuda", "torch", "triton", "python", "vlaperf", "git_commit", "env_vars", "c_compiler"):
+        cases.append(({**good, "env": {k: v for k, v in good["env"].items() if k != key}}, f"env: missing {key!r}"))
+    for result, message in cases:
+        with pytest.raises(SchemaError, match=re.escape(message)):
+            validate_result(result)
+    # every problem at once, not the first
+    with pytest.raises(SchemaError, match=re.escape("command: expected a string, got number; mode: expected a string")):
+        validate_result({**good, "command": 5, "mode": [1]})
+    # zero is a time (a std of one sample, a cached first call), null a first call not timed
+    for ok in ({**good, "first_call_s": 0.0}, {**good, "first_call_s": None},
+               {**good, "timers": {"wall_ms": {**wall, "std": 0.0, "min": 0}}}):
+        assert validate_result(ok) is ok
+
+
+def test_summary_columns_and_the_newest_file_on_a_tie(tiny_results, tmp_path, figures):
+    """The summary's other columns (p95, x floor for GPU runs only, first call, the day measured); of two files of a
+    variant with one timestamp the later path; an equivalence without `passed` is not a failure; a bar chart only for
+    a group of three variants or more, its long names cut at their start. The bench table's x floor and peak GiB."""
+    base = json.loads((tiny_results / "bench.json").read_text())
+
+    def bench(name, label, median, gpu=True, equivalence=None):
+        c = json.loads(json.dumps(base))
+        c["variant"].update({"levers": [] if label == "reference" else [label], "label": label})
+        c["timers"]["wall_ms"].update(median=median, p95=median * 1.2)
+        c["timers"]["cuda_event_ms"] = dict(c["timers"]["wall_ms"]) if gpu else None
+        c["env"].update(timestamp="2026-12-03T10:00:00+00:00", gpu="NVIDIA H200" if gpu else None)
+        c.update(first_call_s=2.5, equivalence=equivalence, peak_memory_bytes=3 * 2**30,
+                 roofline={**(c.get("roofline") or {}), "floor_ms": 50.0})
+        (tmp_path / f"{name}.json").write_text(json.dumps(c))
+        return tmp_path / f"{name}.json"
+
+    eq = {"rel_l2": 2e-3, "max_abs": 1e-3, "tolerance": 1e-2, "dtype": "float32", "seeds": 2, "variant": "x"}
+    long = "y" * 60
+    files = [bench("ref", "reference", 200.0), bench("a_loop", "for_loop", 90.0, equivalence=eq),
+             bench("b_loop", "for_loop", 80.0, equivalence=eq), bench("long", long, 100.0, equivalence=eq),
+             bench("cpu_ref", "reference", 300.0, gpu=False), bench("cpu_loop", "for_loop", 150.0, gpu=False)]
+    md = render(files, tmp_path / "r.md").read_text()
+    summary = md.split("## Summary")[1].split("## Files")[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in summary.splitlines() if line.startswith("| tiny")]
+    gpu_key, cpu_key = "tiny on NVIDIA H200, model mode", "tiny on cpu, model mode"
+    assert [(r[0], r[1], r[2], r[3], r[4], r[5], r[7], r[8], r[9], r[10]) for r in rows] == [
+        (gpu_key, "reference", "200.0", "240.0", "1.00x", "4.00x", "2.500", "-", "2026-12-03", "ref.json"),
+        (gpu_key, long, "100.0", "120.0", "2.00x", "2.00x", "2.500", "2.0e-03", "2026-12-03", "long.json"),
+        (gpu_key, "for_loop", "80.000", "96.000", "2.50x", "1.60x", "2.500", "2.0e-03", "2026-12-03", "b_loop.json"),
+        (cpu_key, "reference", "300.0", "360.0", "1.00x", "-", "2.500", "-", "2026-12-03", "cpu_ref.json"),
+        (cpu_key, "for_loop", "150.0", "180.0", "2.00x", "-", "2.500", "not checked", "2026-12-03", "cpu_loop.json")]
+    charts = [(alt, f) for alt, f in figures if alt.startswith("speed-up")]
+    assert [alt for alt, _ in charts] == [f"speed-up over the reference, {gpu_key}"]
+    ticks = [t.get_text() for t in charts[0][1].axes[0].get_yticklabels()]
+    assert ticks == ["reference", "\u2026" + "y" * 47, "for_loop"]
+    bench_rows = [[c.strip() for c in line.strip("|").split("|")] for line in md.splitlines() if line.startswith("| ref |")]
+    assert sorted((r[2], r[12], r[13], r[14]) for r in bench_rows) == [("cuda_event_ms", "3.000", "50.000", "-"),
+                                                                      ("wall_ms", "3.000", "50.000", "4.000")]
+    env = md[md.index("## Environment"):]
+    assert "the same in all 6 file(s):" in env
+
+
+def test_bench_groups_keep_their_order_and_prefix_ab_files_are_change_ab(tiny_results, tmp_path):
+    """Bench groups (workload and device) in the order they first appear, whichever section piece draws them; session
+    8's "prefix-ab" file in the change-ab section, not in "Other results"."""
+    base = json.loads((tiny_results / "bench.json").read_text())
+    for name, gpu, overrides in (("a", None, {}), ("b", None, {"batch": 2}), ("c", "NVIDIA H200", {})):
+        c = json.loads(json.dumps(base))
+        c["env"]["gpu"], c["workload"]["overrides"] = gpu, overrides
+        (tmp_path / f"{name}.json").write_text(json.dumps(c))
+    ab = {k: base[k] for k in ("schema", "workload", "variant", "env", "mode")}
+    ab.update(command="prefix-ab", change="prefix_split", rounds=5, speedup_p10_p90=[1.01, 1.2], speedup_median=1.1,
+              rel_l2_with_vs_without=1e-4, median_ms={"without": 11.0, "with": 10.0},
+              equivalence_with={"rel_l2": 2e-3, "passed": True})
+    (tmp_path / "ab.json").write_text(json.dumps(ab))
+    check = {**json.loads(json.dumps(base)), "command": "check", "checks": []}  # timers, but not a bench file
+    check["variant"]["label"] = "for_loop"
+    (tmp_path / "chk.json").write_text(json.dumps(check))
+    md = render([tmp_path / f"{n}.json" for n in ("a", "b", "c", "ab", "chk")], tmp_path / "r.md").read_text()
+    summary = md.split("## Summary")[1].split("## Files")[0]
+    assert sorted(line.rstrip(" |").rsplit("| ", 1)[1] for line in summary.splitlines()
+                  if line.startswith("| tiny")) == ["a.json", "b.json", "c.json"]
+    heads = [line for line in md.splitlines() if line.startswith("### bench: ")]
+    assert heads == ["### bench: tiny on cpu", "### bench: tiny (batch 2) on cpu", "### bench: tiny on NVIDIA H200"]
+    assert "## Engine changes, A/B in the whole call (change-ab)" in md and "Other results" not in md
+    assert "### change A/B: prefix_split: tiny," in md
+    assert "5 interleaved rounds in one process; speedup = without over with" in md and "(p10..p90 1.010..1.200)" in md
+
+
+def test_files_of_one_name_are_named_below_the_folder_all_are_in(tmp_path):
+    """The path below the deepest folder all of them are in, however deep each one lies."""
+    from vlaperf.report.render import file_names
+
+    paths = [str(tmp_path / "x" / "bench.json"), str(tmp_path / "x" / "sub" / "bench.json"), str(tmp_path / "x" / "a.json")]
+    assert file_names(paths) == {paths[0]: "bench.json", paths[1]: "sub/bench.json", paths[2]: "a.json"}
+    assert file_names(paths[:1] + paths[2:]) == {paths[0]: "bench.json", paths[2]: "a.json"}
