@@ -222,11 +222,12 @@ def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     else:
         out = torch.empty(B, N, Tq, h, dtype=q.dtype, device=q.device)
     mask_u8 = mask.to(torch.uint8) if mask.dtype == torch.bool else mask
+    readable = readable_mask_cols(mask_u8)
     if mask_cols is None:
-        mask_cols = readable_mask_cols(mask_u8)
-    elif not Tk <= mask_cols <= readable_mask_cols(mask_u8):
+        mask_cols = readable
+    elif not Tk <= mask_cols <= readable:
         raise ValueError(f"suffix_attention: mask_cols={mask_cols}, expected from Tk={Tk} up to the columns the "
-                         f"mask's rows hold ({readable_mask_cols(mask_u8)})")
+                         f"mask's rows hold ({readable})")
     launch(
         _partial_kernel, (B, row_blocks, splits), q, k, v, mask_u8, acc, m, l_, out, rows, Tq, Tk, mask_cols,
         keys_per_split, h**-0.5,
