@@ -42,6 +42,9 @@ the same levers with the change. Changes:
   prefix_splits          the prefix attention's key splits picked for the shape (suffix_attention.prefix_splits: up
                          to 3 in one wave, one pass where a split fills a wave; batches, 712+ prefix rows) against
                          3 at every shape, as before session 36
+  step_splits            a candidate, not a change made: the step attention's key splits at a batch (the layers'
+                         path) fixed at --step-splits N on the with-side, against today's rule
+                         (suffix_attention.default_splits) on the without-side
   inductor_pdl           inductor's kernels with programmatic dependent launch (Hopper: a kernel is launched
                          while the one before drains, and waits in-kernel, `gdc_wait`, only before
                          its first read of what that one wrote; compile.INDUCTOR_PDL, the option
@@ -177,6 +180,16 @@ def without_wave_splits(engine: Engine):
                    lambda Tk, block_n, blocks: max(1, min(triton.cdiv(Tk, 4 * block_n), triton.cdiv(264, blocks))))
 
 
+def with_today_step_splits(engine: Engine):
+    """step_splits' without-side: today's rule (the with-side's fixed count is set for the process in main)."""
+    from vlaperf.engine.kernels import suffix_attention
+
+    return patched(suffix_attention, "default_splits", TODAY_DEFAULT_SPLITS)
+
+
+TODAY_DEFAULT_SPLITS = None  # suffix_attention.default_splits, kept in main before step_splits replaces it
+
+
 @contextlib.contextmanager
 def without_step_kernel(engine: Engine):
     engine.weights.expert_stack = None  # the layers keep their own views of the stacked weights
@@ -292,6 +305,7 @@ CHANGES = {"siglip_gelu_epilogue": (without_gelu_epilogue, gelu_epilogue_check),
            "step_token_major": (without_step_token_major, lambda model: {}),
            "wave_splits": (without_wave_splits, lambda model: {}),
            "prefix_splits": (without_prefix_splits, lambda model: {}),
+           "step_splits": (with_today_step_splits, lambda model: {}),
            "inductor_pdl": (without_inductor_pdl, pdl_kernel_count),
            "kernel_pdl": (without_kernel_pdl, lambda model: _pdl_here()),
            "mask_align": (without_mask_align, lambda model: {}),
@@ -320,8 +334,13 @@ def main() -> None:
     p.add_argument("--rounds", type=int, default=60)
     p.add_argument("--valid", type=int, default=None,
                    help="valid prompt tokens of every sample (default: the workload's); e.g. 8 for a 520-row prefix")
+    p.add_argument("--step-splits", type=int, default=None, help="step_splits: the with-side's fixed key splits")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    if (args.change == "step_splits") != (args.step_splits is not None):
+        raise SystemExit("--step-splits: give it with --change step_splits, and only then")
+    if args.step_splits is not None and args.step_splits < 1:
+        raise SystemExit(f"--step-splits: expected a number of key splits >= 1, got {args.step_splits}")
     undo, probe = CHANGES[args.change]
     base = w = get_workload(args.workload)
     if args.valid is not None:
@@ -334,6 +353,12 @@ def main() -> None:
         module, name, value = SWITCH_ON[args.change]
         owner = importlib.import_module(module)
         setattr(owner, name, getattr(owner, value) if isinstance(value, str) else value)  # a str: another of its names
+    if args.change == "step_splits":
+        global TODAY_DEFAULT_SPLITS
+        from vlaperf.engine.kernels import suffix_attention
+
+        TODAY_DEFAULT_SPLITS = suffix_attention.default_splits
+        suffix_attention.default_splits = lambda Tk, block_n, blocks: args.step_splits
     model = build_model(w.model_config(), "cuda")
     obs, noise = random_observation(w, model.config, "cuda"), random_noise(w, model.config, "cuda")
     if args.change in AT_CONSTRUCTION:
@@ -351,7 +376,7 @@ def main() -> None:
                           "with": lambda: today.sample_actions(obs, noise, w.steps)}, args.rounds)
     result = ab_result("change-ab", w, model, today, samples, "without", "with")
     result["workload"]["overrides"] = w.overrides_vs(base)
-    result.update(change=args.change, probe=probe(model),
+    result.update(change=args.change, probe={**probe(model), **({"step_splits": args.step_splits} if args.step_splits else {})},
                   rel_l2_with_vs_without=((out_today - out_without).norm() / out_without.norm()).item(),
                   equivalence_with=check_equivalence(model, today, w))
     print("probe:", result["probe"])

@@ -13,6 +13,9 @@ writes a vlaperf.result/1 JSON when --json is given.
 also times the merge with its head dim in parts a program (`block_d`), and the file's "fastest"
 holds the fastest correct tiling.
 
+--splits-only: only the key splits (1-8, and the default's pick) on the kernel's default tiles: a sweep of a
+minute or so. The step's mask is passed as the engine passes it (aligned rows, loop.SuffixContext.kernel_mask).
+
 --prefix: the prefix's shape instead (8 heads x 544 query rows over the 544 prefix keys, the
 bidirectional prefix mask, padded rows attending to themselves), the kernel in one pass per
 row block (splits=1, `prefix_attention`), against the engine's SDPA path (cuDNN on the H200).
@@ -29,7 +32,7 @@ import triton
 from kernel_timing import graph_time_ms  # benchmarks/ (the script's folder is on sys.path)
 
 from vlaperf.engine.attention import attention, folded_mqa_attention, prefix_mask, suffix_mask
-from vlaperf.engine.kernels.suffix_attention import PREFIX_TILES, prefix_splits, suffix_attention
+from vlaperf.engine.kernels.suffix_attention import PREFIX_TILES, aligned_mask, default_splits, prefix_splits, suffix_attention
 from vlaperf.models.pi0 import eager_attention
 from vlaperf.report.schema import SCHEMA
 from vlaperf.timing import environment_record
@@ -63,15 +66,27 @@ def make_case(prefix: bool, batch: int = B) -> tuple:
     return q, k, v, mask, eager_attention(q.float(), k.float(), v.float(), mask)
 
 
+def effective_splits(tk: int, batch: int, rows: int, cfg: dict) -> int:
+    """The key splits the kernel runs for `cfg`: its pick where splits is None, and any count rounded as
+    suffix_attention rounds it (whole key tiles a split: with 600 keys in 32-key tiles, 6 splits run as 5)."""
+    splits = cfg["splits"] or default_splits(tk, cfg["block_n"], batch * triton.cdiv(rows, cfg["block_m"]))
+    per_split = triton.cdiv(triton.cdiv(tk, splits), cfg["block_n"]) * cfg["block_n"]
+    return triton.cdiv(tk, per_split)
+
+
 def main() -> None:
     p = argparse.ArgumentParser()
     p.add_argument("--json", default=None)
     p.add_argument("--prefix", action="store_true", help="the prefix's shape (544 x 544, one pass) against SDPA")
     p.add_argument("--batch", type=int, default=B, help="samples (the step's shape only): libero-pi0-b4 / -b8")
+    p.add_argument("--splits-only", action="store_true", help="only the key splits, on the default tiles (the step's shape)")
     args = p.parse_args()
-    if args.prefix and args.batch != B:
-        raise SystemExit("--batch: the step's shape only")
+    if args.prefix and (args.batch != B or args.splits_only):
+        raise SystemExit("--batch, --splits-only: the step's shape only")
     q, k, v, mask, ref = make_case(args.prefix, args.batch)
+    # the kernel's mask as the engine's step passes it (uint8 rows padded to 16 bytes, made once a call); the
+    # baseline and the prefix take the bool mask (prefix_attention aligns its own)
+    kmask = mask if args.prefix else aligned_mask(mask)
     tq, tk = q.shape[2], k.shape[2]
 
     def rel(out):
@@ -85,12 +100,14 @@ def main() -> None:
     else:
         label, baseline_name = "suffix_attention", "folded matmuls (engine sdpa path)"
         baseline = lambda: folded_mqa_attention(q, k, v, mask)  # noqa: E731
-        split_choices = (None, 2, 4, 8) if args.batch == 1 else (None, 2, 3, 5, 8)
+        split_choices = (None, 2, 4, 8) if args.batch == 1 else (None, 1, 2, 3, 5, 8)
         row_choices = (32, 64) if args.batch == 1 else (16, 32, 64)
         configs = [dict(block_m=bm, block_n=bn, splits=sp, num_warps=nw, num_stages=st)
                    for bm in row_choices for bn in (32, 64) for sp in split_choices
                    for nw in (4, 8) for st in (1, 2)]
-        if args.batch > 1:  # the merge's head dim in parts, on the kernel's default tiles (block_d None: fitted)
+        if args.splits_only:
+            configs = [dict(block_m=32, block_n=32, splits=sp, num_warps=4, num_stages=2) for sp in (None, *range(1, 9))]
+        elif args.batch > 1:  # the merge's head dim in parts, on the kernel's default tiles (block_d None: fitted)
             configs += [dict(block_m=32, block_n=32, splits=None, num_warps=4, num_stages=2, block_d=bd)
                         for bd in (256, 128, 64, 32)]
     t_folded = graph_time_ms(baseline)
@@ -98,9 +115,10 @@ def main() -> None:
     rows = []
     for cfg in configs:
         try:
-            err = rel(suffix_attention(q, k, v, mask, **cfg))
-            t = graph_time_ms(lambda: suffix_attention(q, k, v, mask, **cfg))
-            rows.append({**cfg, "ms": t, "rel_l2": err})
+            err = rel(suffix_attention(q, k, v, kmask, **cfg))
+            t = graph_time_ms(lambda: suffix_attention(q, k, v, kmask, **cfg))
+            rows.append({**cfg, "effective_splits": effective_splits(tk, q.shape[0], q.shape[1] * tq, cfg), "ms": t,
+                         "rel_l2": err})
         except Exception as e:  # a configuration the compiler rejects (shared memory, registers)
             rows.append({**cfg, "error": f"{type(e).__name__}: {str(e)[:200]}"})
     ok = sorted((r for r in rows if "ms" in r and r["rel_l2"] < 1e-2), key=lambda r: r["ms"])
@@ -111,8 +129,9 @@ def main() -> None:
     default = next(r for r in rows if r == {**r, **tiles} and "block_d" not in r)
     print(f"default config                      {default.get('ms', float('nan')) * 1e3:6.1f} us  rel {default.get('rel_l2', float('nan')):.1e}"
           f"  {default.get('error', '')}")
-    for r in ok[:8] + [r for r in rows if "block_d" in r and "ms" in r]:
-        print(f"bm={r['block_m']:2d} bn={r['block_n']:2d} splits={str(r['splits']):4s} warps={r['num_warps']} stages={r['num_stages']}"
+    shown = rows if args.splits_only else ok[:8] + [r for r in rows if "block_d" in r and "ms" in r]
+    for r in (r for r in shown if "ms" in r):
+        print(f"bm={r['block_m']:2d} bn={r['block_n']:2d} splits={str(r['splits']):4s} ({r['effective_splits']}) warps={r['num_warps']} stages={r['num_stages']}"
               f" block_d={str(r.get('block_d')):4s}  {r['ms'] * 1e3:6.1f} us  rel {r['rel_l2']:.1e}")
     bad = [r for r in rows if "ms" in r and r["rel_l2"] >= 1e-2]
     print(f"{len(ok)} configs correct, {len(bad)} wrong (rel >= 1e-2), {sum('error' in r for r in rows)} rejected")
@@ -122,7 +141,8 @@ def main() -> None:
         out = {"schema": SCHEMA, "command": "kernel-bench", "workload": {"id": workload, "overrides": {"query_rows": N * tq, "keys": tk}},
                "variant": {"levers": [], "label": label, "dtype": "bfloat16"}, "mode": None,
                "env": environment_record("cuda"), "folded_ms": t_folded, "baseline": baseline_name, "configs": rows,
-               "batch": args.batch, "default": tiles, "fastest": fastest}
+               "batch": args.batch, "default": tiles, "fastest": fastest, "splits_only": args.splits_only,
+               "kernel_mask": "bool" if args.prefix else "aligned uint8"}
         with open(args.json, "w") as f:
             json.dump(out, f, indent=2)
 

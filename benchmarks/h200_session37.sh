@@ -1,0 +1,20 @@
+#!/bin/bash
+# Session 37's device calls on nvidia-h200 (one GPU, 16 cores; lanes.sh, lane A only).
+#   PART=a   the step attention's key splits at a batch (the layers' path: libero-pi0-b4 / -b8), 1-8 splits on the
+#            default tiles with the mask the engine passes (suffix_attention_bench.py --splits-only); where another
+#            count is >2% faster than today's pick (suffix_attention.default_splits), that count in the whole `best`
+#            call against today's rule, in one process (change_ab.py --change step_splits)
+# Usage (device tool, no carry): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session37.sh
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
+case "${PART:-a}" in
+a)
+  lane A 0 40 <<EOT &
+120 cd benchmarks && python3 suffix_attention_bench.py --batch 4 --splits-only --json $R/kernel_suffix_attention_b4_s37.json
+120 cd benchmarks && python3 suffix_attention_bench.py --batch 8 --splits-only --json $R/kernel_suffix_attention_b8_s37.json
+150 cd benchmarks && n=\$(python3 pick_splits.py $R/kernel_suffix_attention_b4_s37.json 0.98) && python3 change_ab.py --change step_splits --step-splits \$n --workload libero-pi0-b4 --rounds 40 --json $R/change_ab_libero-pi0-b4_step_splits_s37.json
+180 cd benchmarks && n=\$(python3 pick_splits.py $R/kernel_suffix_attention_b8_s37.json 0.98) && python3 change_ab.py --change step_splits --step-splits \$n --workload libero-pi0-b8 --rounds 30 --json $R/change_ab_libero-pi0-b8_step_splits_s37.json
+EOT
+  ;;
+esac
+finish
