@@ -162,6 +162,11 @@ def test_serving_peer_and_kernel_results_have_renderers(h200_markdown):
         fastest = min(us, key=us.get)
         assert (f"| {row['batch']} x {row['rows']} ({row['blocks']}) | {' | '.join(_cell(us[s]) for s in range(1, 7))} | "
                 f"s{fastest} |") in md
+    sweeps = [r for _, r in results if r["command"] == "kernel-bench" and r.get("splits_only")]
+    if sweeps:  # session 37: the step attention's key splits at a batch, one row per count asked
+        assert "| splits asked | splits run | us | vs the default's pick | rel L2 |" in md
+        pick = next(x for x in sweeps[0]["configs"] if x["splits"] is None)
+        assert f"| default pick | {pick['effective_splits']} | {_cell(pick['ms'] * 1e3)} | 1.00x |" in md
     # the step kernel's clock timeline (expert_step_bench.py --timeline files): a table and a figure
     assert "| phase | slot us | work median us |" in md and "![step kernel timeline per phase]" in md
     assert "cuBLAS (+ eager elementwise) us" in md
@@ -211,6 +216,24 @@ def test_new_probe_rows_keep_errors_as_findings():
     assert rows[0] == [544, "cuBLAS gate_up + inductor GELU x up", 117.0, 620.0, 3e-3, 1.0]
     assert rows[1] == [544, "tma 128 256 64 8 8 3", "OutOfResources: shared memory", "-", "-", "-"]
     assert rows[2] == [544, "ptr 128 128 32 8 8 5", 140.0, 520.0, 2e-3, 0.836]
+
+
+def test_split_sweep_rows_name_the_count_run_and_the_ratio_to_the_default_pick():
+    """suffix_attention_bench.py --splits-only: the kernel's own pick is named, each row says how many splits ran
+    (6 asked over 600 keys run as 5) and its time over the pick's; a rejected row keeps its error."""
+    from vlaperf.report.render import SPLIT_SWEEP_HEADER, split_sweep_rows
+
+    cfg = dict(block_m=32, block_n=32, num_warps=4, num_stages=2)
+    r = {"configs": [{**cfg, "splits": None, "effective_splits": 2, "ms": 0.030, "rel_l2": 2e-3},
+                     {**cfg, "splits": 1, "effective_splits": 1, "ms": 0.045, "rel_l2": 2.2e-3},
+                     {**cfg, "splits": 6, "effective_splits": 5, "ms": 0.0305, "rel_l2": 2e-3},
+                     {**cfg, "splits": 8, "error": "OutOfResources: shared memory"}]}
+    rows = split_sweep_rows(r)
+    assert len(SPLIT_SWEEP_HEADER) == len(rows[0])
+    assert rows[0][:2] == ["default pick", 2] and rows[0][2] == pytest.approx(30.0) and rows[0][3] == "1.00x"
+    assert rows[1][:2] == [1, 1] and rows[1][2] == pytest.approx(45.0) and rows[1][3] == "1.50x"
+    assert rows[2][:2] == [6, 5] and rows[2][3] == "1.02x" and rows[2][4] == 2e-3
+    assert rows[3] == [8, None, "OutOfResources: shared memory", None, None]
 
 
 def test_gpu_state_goes_in_the_file_table_not_the_environment(tiny_results, tmp_path):

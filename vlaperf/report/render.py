@@ -1335,6 +1335,25 @@ def between_steps_rows(r: dict, top: int = 5) -> list[list]:
     return [[" ".join(map(str, x["config"])), x["us"], x["rel_l2_xt"], x["rel_l2_tokens"]] for x in ok[:top]]
 
 
+SPLIT_SWEEP_HEADER = ["splits asked", "splits run", "us", "vs the default's pick", "rel L2"]
+
+
+def split_sweep_rows(r: dict) -> list[list]:
+    """A --splits-only sweep's rows: each count asked (None: the kernel's own pick, named so), the count the kernel
+    ran (whole key tiles a split round some counts down), its time and its time over the default pick's; a row the
+    compiler rejected keeps its error in the time's place."""
+    default = next((x for x in r["configs"] if x["splits"] is None and "ms" in x), None)
+    rows = []
+    for x in r["configs"]:
+        asked = "default pick" if x["splits"] is None else x["splits"]
+        if "ms" not in x:
+            rows.append([asked, None, x.get("error", "no time"), None, None])
+            continue
+        ratio = f"{x['ms'] / default['ms']:.2f}x" if default else None
+        rows.append([asked, x.get("effective_splits"), x["ms"] * 1e3, ratio, x["rel_l2"]])
+    return rows
+
+
 def _kernel_bench(doc: _Doc, path: str, r: dict) -> None:
     doc.h(3, f"kernel bench: {r['variant']['label']} on {_gpu(r)}")
     if r.get("kernel") == "between_steps":
@@ -1379,6 +1398,11 @@ def _kernel_bench(doc: _Doc, path: str, r: dict) -> None:
         doc.table(["task shape", "loads / weights from", "warps", "stages", "us", "weights TB/s", "KB/us a program", "rel L2"],
                   [[f"{c['shape']} ({c['BN']} x {c['BK']}, {c['KS']} slices)", c["mode"], c["warps"], c["stages"], c["us"],
                     c["weights_tb_per_s"], c["kb_per_us_per_program"], c["rel_l2"]] for c in stream_probe_best(r)])
+    elif r.get("splits_only"):  # suffix_attention_bench.py --splits-only: every key split count on the default tiles
+        doc.p(f"{workload_label(r)}: the key splits on the default tiles, the kernel's mask as the engine passes it "
+              f"({r.get('kernel_mask', 'bool')}); reference path ({r.get('baseline', 'folded matmuls')}): "
+              f"{r['folded_ms'] * 1e3:.1f} us", "")
+        doc.table(SPLIT_SWEEP_HEADER, split_sweep_rows(r))
     else:
         ok = sorted((x for x in r["configs"] if "ms" in x and x["rel_l2"] < 1e-2), key=lambda x: x["ms"])
         doc.p(f"reference path ({r.get('baseline', 'folded matmuls')}): {r['folded_ms'] * 1e3:.1f} us; {len(ok)} of {len(r['configs'])} tilings "
