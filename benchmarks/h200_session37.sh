@@ -4,6 +4,8 @@
 #            default tiles with the mask the engine passes (suffix_attention_bench.py --splits-only); where another
 #            count is >2% faster than today's pick (suffix_attention.default_splits), that count in the whole `best`
 #            call against today's rule, in one process (change_ab.py --change step_splits)
+#   PART=b   `vlaperf bench` of `best` on the presets whose newest file predates versions 114-115 (libero-pi05,
+#            libero-shallow6, droid-pi0, droid-pi05, aloha-pi05), so the README's table is of one code
 # Usage (device tool, no carry): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session37.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -14,6 +16,15 @@ a)
 120 cd benchmarks && python3 suffix_attention_bench.py --batch 8 --splits-only --json $R/kernel_suffix_attention_b8_s37.json
 150 cd benchmarks && n=\$(python3 pick_splits.py $R/kernel_suffix_attention_b4_s37.json 0.98) && python3 change_ab.py --change step_splits --step-splits \$n --workload libero-pi0-b4 --rounds 40 --json $R/change_ab_libero-pi0-b4_step_splits_s37.json
 180 cd benchmarks && n=\$(python3 pick_splits.py $R/kernel_suffix_attention_b8_s37.json 0.98) && python3 change_ab.py --change step_splits --step-splits \$n --workload libero-pi0-b8 --rounds 30 --json $R/change_ab_libero-pi0-b8_step_splits_s37.json
+EOT
+  ;;
+b)
+  lane A 0 40 <<EOT &
+110 $V bench --workload aloha-pi05 --levers best $B --json $R/bench_aloha-pi05_best-s37_model.json
+110 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s37_model.json
+100 $V bench --workload libero-shallow6 --levers best $B --json $R/bench_libero-shallow6_best-s37_model.json
+110 $V bench --workload droid-pi0 --levers best $B --json $R/bench_droid-pi0_best-s37_model.json
+110 $V bench --workload droid-pi05 --levers best $B --json $R/bench_droid-pi05_best-s37_model.json
 EOT
   ;;
 esac
