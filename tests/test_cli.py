@@ -180,7 +180,22 @@ def test_checkpoint_that_is_no_safetensors_file_is_a_clear_error(tmp_path, capsy
     bad = tmp_path / "model.safetensors"
     bad.write_text("not a checkpoint")
     assert run_cli(["bench", "--device", "cpu", "--checkpoint", str(bad), "--iters", "1", "--no-progress"]) == 2
-    assert f"{bad}: not a readable safetensors file" in capsys.readouterr().err
+    assert f"error: --checkpoint: {bad}: not a readable safetensors file" in capsys.readouterr().err
+
+
+def test_serve_refuses_an_unreadable_checkpoint_before_warning_or_building(tmp_path, capsys, monkeypatch):
+    """serve read the checkpoint only once its model was built, after warning that the checkpoint was served
+    without --norm-stats: the warning came first and then the error. The header is now read first."""
+    pytest.importorskip("websockets")
+    monkeypatch.setattr("vlaperf.cli.setup", lambda *a: pytest.fail("the model was built"))
+    bad = tmp_path / "model.safetensors"
+    bad.write_text("not a checkpoint")
+    assert run_cli(["serve", "--device", "cpu", "--port", "0", "--checkpoint", str(bad)]) == 2
+    err = capsys.readouterr().err
+    assert f"error: --checkpoint: {bad}: not a readable safetensors file" in err and "warning" not in err
+    assert run_cli(["serve", "--device", "cpu", "--port", "0", "--checkpoint", str(tmp_path / "none")]) == 2
+    err = capsys.readouterr().err
+    assert "error: --checkpoint: checkpoint not found" in err and "warning" not in err
 
 
 def test_syncs_source_cuda_needs_a_cuda_device(capsys):

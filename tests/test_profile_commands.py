@@ -96,9 +96,22 @@ def test_bad_arguments_exit_2(argv, tmp_path, capsys):
     assert code == 2
 
 
-def test_report_rejects_unknown_format(tmp_path):
+def test_report_rejects_unknown_format(tmp_path, capsys):
     main(["syncs", *COMMON, "--json", str(tmp_path / "sy.json")])
     assert main(["report", str(tmp_path / "sy.json"), "-o", str(tmp_path / "r.pdf")]) == 2
+    # the CLI names the command once (render's own message starts 'report: ' for callers from Python)
+    assert "vlaperf report: error: output must end in .html or .md (any case), got 'r.pdf'" in capsys.readouterr().err
+
+
+def test_report_of_a_folder_without_json_files_says_so(tmp_path, capsys):
+    empty = tmp_path / "empty"
+    empty.mkdir()
+    (empty / "notes.txt").write_text("not a result")
+    assert main(["report", str(empty), "-o", str(tmp_path / "r.md")]) == 2
+    assert f"vlaperf report: error: no *.json result files in {empty}" in capsys.readouterr().err
+    (empty / "bad.json").write_text("{")  # a file was tried: the message says why it failed instead
+    assert main(["report", str(empty), "-o", str(tmp_path / "r.md")]) == 2
+    assert "no valid vlaperf result files: " in capsys.readouterr().err
 
 
 def _with_profiler_commands(cli):

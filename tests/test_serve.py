@@ -274,6 +274,29 @@ def test_api_key_required(model):
         s.stop()
 
 
+def test_a_refused_key_says_what_to_do(model):
+    """HTTP 401 at the handshake: vlaperf's clients say whether no key was sent or the key was wrong, and where a
+    key comes from (websockets alone says only 'HTTP 401'); loadgen and rollout pass that on."""
+    from vlaperf.serve.client import AuthenticationError
+    from vlaperf.serve.loadgen import LoadgenError, run_loadgen
+    from vlaperf.serve.rollout import run_rollout
+
+    s = PolicyServer(fixed_noise_policy(model), port=0, api_key="s3cret-key").start()
+    try:
+        with pytest.raises(AuthenticationError, match=r"HTTP 401 \(no API key was sent: .*VLAPERF_API_KEY"):
+            Client(s.url, timeout_s=20)
+        with pytest.raises(AuthenticationError, match="refused the API key sent"):
+            Client(s.url, api_key="wrong", timeout_s=20)
+        with pytest.raises(LoadgenError, match="no API key was sent"):
+            run_loadgen(s.url, clients=[1], requests=1, warmup=0, timeout_s=20)
+        with pytest.raises(LoadgenError, match="refused the API key sent"):
+            run_rollout(s.url, episodes=1, steps_per_episode=1, api_key="wrong", timeout_s=20)
+        with Client(s.url, api_key="s3cret-key", timeout_s=20) as c:  # the right key still connects
+            assert c.metadata["auth"] == "api-key"
+    finally:
+        s.stop()
+
+
 def test_security_defaults(model):
     with pytest.raises(ValueError, match="without an API key"):
         PolicyServer(fixed_noise_policy(model), host="0.0.0.0", port=0)
@@ -649,6 +672,27 @@ def test_cli_register_parses():
     assert (a.episodes, a.steps_per_episode, a.control_hz, a.replan_every) == (2, 50, 20.0, 4)
     with pytest.raises(SystemExit):
         parser.parse_args(["loadgen", "--clients", "0"])
+
+
+@pytest.mark.parametrize("argv,message", [
+    (["--clients", "1,300"], "argument --clients: expected comma-separated client counts in 1..256, got '1,300'"),
+    (["--requests", "20000"], "argument --requests: expected an integer >= 1 and <= 10000, got 20000"),
+    (["--timeout-s", "4000"], "argument --timeout-s: expected a number > 0 and <= 3600"),
+])
+def test_loadgen_limits_are_refused_as_options(argv, message, capsys):
+    """Past run_loadgen's limits, the parser names the option (it said 'timeout_s must be in (0, 3600]'), and the
+    parser's bounds are run_loadgen's own."""
+    from vlaperf.serve import commands, loadgen
+
+    assert (commands.LOADGEN_MAX_CLIENTS, commands.LOADGEN_MAX_REQUESTS, commands.LOADGEN_MAX_TIMEOUT_S) == (
+        loadgen.MAX_CLIENTS, loadgen.MAX_REQUESTS, loadgen.MAX_TIMEOUT_S)
+    parser = argparse.ArgumentParser(prog="vlaperf")
+    commands.register(parser.add_subparsers(dest="command", required=True))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["loadgen", *argv])
+    assert message in capsys.readouterr().err
+    at_limit = parser.parse_args(["loadgen", "--clients", "256", "--requests", "10000", "--timeout-s", "3600"])
+    assert (at_limit.clients, at_limit.requests, at_limit.timeout_s) == ([256], 10_000, 3600.0)
     for argv in (["rollout", "--image-size", "3"], ["loadgen", "--image-size", "5000"], ["serve", "--max-batch", "5000"]):
         with pytest.raises(SystemExit):  # the server's image sides 4..4096; a batch typo refused before it allocates
             parser.parse_args(argv)

@@ -65,6 +65,22 @@ def read_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
         raise CheckpointError(f"{p}: not a readable safetensors file ({e})") from None
 
 
+def check_readable(path: str | os.PathLike) -> None:
+    """Raise CheckpointError now if `path` is neither an openpi JAX checkpoint folder nor a safetensors file whose
+    header reads: only the header is read, so a server can refuse a bad path before it builds a model or warns
+    about how the checkpoint will be served."""
+    from vlaperf import openpi_jax
+
+    if openpi_jax.params_folder(path) is not None:
+        return
+    p = checkpoint_file(path)
+    try:
+        with safe_open(str(p), framework="pt") as f:
+            f.keys()
+    except SafetensorError as e:
+        raise CheckpointError(f"{p}: not a readable safetensors file ({e})") from None
+
+
 def detect_layout(keys) -> str:
     """LeRobot's when most keys carry its `model.` prefix (a few stray keys, such as older files'
     normalization buffers, are then named as what they are, not as 180 missing tensors)."""

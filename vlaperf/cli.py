@@ -232,7 +232,8 @@ def add_common(p: argparse.ArgumentParser, levers_default: str = "reference", le
     p.add_argument("--checkpoint", type=path_arg, default=None, help="openpi or LeRobot model.safetensors, or an openpi JAX checkpoint "
                    "folder (orbax params/; needs tensorstore) (default: random weights)")
     p.add_argument("--levers", type=levers_arg, default=levers_default,
-                   help=levers_help or "'reference', 'best', 'graph', 'exact' or a comma list (see `vlaperf levers`)")
+                   help=levers_help or ("'reference', 'best', 'graph', 'exact' or a comma list (see `vlaperf levers`; "
+                                        f"default: {levers_default})"))
     p.add_argument("--json", type=output_file, default=None, help="write the result file here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     # world-action workloads only (wam-761, wam-tiny): settings that change the result
@@ -311,7 +312,7 @@ def setup(args):
         try:
             load_checkpoint(model, args.checkpoint)
         except CheckpointError as e:
-            raise CliError(str(e)) from None
+            raise CliError(f"--checkpoint: {e}") from None
     assert workload_id in WORKLOADS
     return base, workload, model, device
 

@@ -346,8 +346,8 @@ def cmd_report(args) -> int:
 
     try:
         out = render(args.paths, args.output, on_skip=skip, jobs=args.jobs)
-    except ValueError as e:
-        raise CliError(str(e)) from None
+    except ValueError as e:  # render's messages start "report: " for callers from Python; the CLI names it already
+        raise CliError(str(e).removeprefix("report: ")) from None
     except ImportError as e:
         raise CliError(f"report needs matplotlib ({e}); pip install matplotlib") from None
     print(f"wrote {out}" + (f" ({len(skipped)} file(s) skipped, listed above and in the report)" if skipped else ""))
@@ -378,7 +378,8 @@ def register(subparsers) -> None:
                    help="comma-separated step counts (default 1,2,5,10,20)")
     p.set_defaults(steps=None)
     p.add_argument("--levers", type=levers_arg, default="reference",
-                   help="a variant, or several separated by ';' to compare slopes, e.g. 'reference;for_loop'")
+                   help="a variant, or several separated by ';' to compare slopes, e.g. 'reference;for_loop' "
+                        "(default: reference)")
     p.add_argument("--warmup", type=non_negative_int, default=3, help="untimed calls of each point first (default: 3)")
     p.add_argument("--iters", type=positive_int, default=10, help="interleaved rounds (default: 10)")
     p.add_argument("--plot", type=png_file, default=None, help="write the T(N) plot here (a .png file)")

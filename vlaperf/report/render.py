@@ -1661,7 +1661,9 @@ def render(result_paths, out_path, title: str | None = None, on_skip: Callable[[
         result_paths = [result_paths]
     loaded, problems = load_results(result_paths)
     if not loaded:
-        raise ValueError("report: no valid vlaperf result files" + (": " + "; ".join(problems) if problems else ""))
+        if not problems:  # nothing was even tried: the folders hold no .json file
+            raise ValueError("report: no *.json result files in " + ", ".join(str(p) for p in result_paths))
+        raise ValueError("report: no valid vlaperf result files: " + "; ".join(problems))
     names = file_names([p for p, _ in loaded])
     skipped: dict[str, str] = {}  # path -> why it is not in the report (a renderer's field or error)
     index_rows: dict[str, list] = {}

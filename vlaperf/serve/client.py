@@ -28,8 +28,24 @@ class ServerError(RuntimeError):
         super().__init__(f"{self.kind}: {self.message}")
 
 
+class AuthenticationError(ConnectionError):
+    """The server refused the websocket handshake with HTTP 401: no API key was sent, or a wrong one."""
+
+
 def auth_headers(api_key: str | None) -> dict[str, str] | None:
     return {"Authorization": f"Api-Key {api_key}"} if api_key else None
+
+
+def auth_refusal(exc: BaseException, api_key: str | None) -> AuthenticationError | None:
+    """The handshake's HTTP 401 as an AuthenticationError that says what to do; None for any other failure.
+    websockets raises InvalidStatus (its response's status_code; InvalidStatusCode's status_code on 12), which
+    alone says only 'HTTP 401'."""
+    status = getattr(getattr(exc, "response", None), "status_code", None) or getattr(exc, "status_code", None)
+    if status != 401:
+        return None
+    hint = ("no API key was sent: pass api_key (--api-key) or set $VLAPERF_API_KEY" if not api_key
+            else "the server refused the API key sent: check it against the server's --api-key / $VLAPERF_API_KEY")
+    return AuthenticationError(f"server rejected the connection with HTTP 401 ({hint})")
 
 
 def normalize_url(url: str) -> str:
@@ -57,8 +73,14 @@ class Client:
 
         self.url, self.timeout_s = normalize_url(url), timeout_s
         self._max = max_message_bytes
-        self._ws = connect(self.url, additional_headers=auth_headers(api_key), compression=None,
-                           max_size=max_message_bytes, open_timeout=timeout_s, **connect_options(connect))
+        try:
+            self._ws = connect(self.url, additional_headers=auth_headers(api_key), compression=None,
+                               max_size=max_message_bytes, open_timeout=timeout_s, **connect_options(connect))
+        except Exception as e:
+            refusal = auth_refusal(e, api_key)
+            if refusal is None:
+                raise
+            raise refusal from None
         try:
             self.metadata: dict = decode_reply(self._ws.recv(timeout=timeout_s), self._max)
         except BaseException:
@@ -92,13 +114,20 @@ async def connect_async(url: str, api_key: str | None = None, timeout_s: float =
     url = normalize_url(url)
     headers = auth_headers(api_key)
     try:
-        from websockets.asyncio.client import connect
-    except ImportError:  # pragma: no cover - websockets 12
-        from websockets.client import connect
+        try:
+            from websockets.asyncio.client import connect
+        except ImportError:  # pragma: no cover - websockets 12
+            from websockets.client import connect
 
-        return await connect(url, extra_headers=headers, compression=None, max_size=max_message_bytes, open_timeout=timeout_s)
-    return await connect(url, additional_headers=headers, compression=None, max_size=max_message_bytes,
-                         open_timeout=timeout_s, **connect_options(connect))
+            return await connect(url, extra_headers=headers, compression=None, max_size=max_message_bytes,
+                                 open_timeout=timeout_s)
+        return await connect(url, additional_headers=headers, compression=None, max_size=max_message_bytes,
+                             open_timeout=timeout_s, **connect_options(connect))
+    except Exception as e:
+        refusal = auth_refusal(e, api_key)
+        if refusal is None:
+            raise
+        raise refusal from None
 
 
 def connect_options(connect) -> dict:

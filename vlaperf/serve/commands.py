@@ -51,6 +51,12 @@ def _check_port_free(host: str, port: int) -> None:
 
 # a camera image's side as the server takes it (vlaperf.inputs: 4..4096 pixels)
 _image_side = number_arg(int, 4, maximum=4096)
+# loadgen's bounds, checked as the options are parsed so that an error names the option, not run_loadgen's
+# parameter: vlaperf.serve.loadgen's MAX_CLIENTS, MAX_REQUESTS and MAX_TIMEOUT_S (not imported: that module imports
+# websockets, and `vlaperf --help` works without it; a test keeps the two sets equal)
+LOADGEN_MAX_CLIENTS, LOADGEN_MAX_REQUESTS, LOADGEN_MAX_TIMEOUT_S = 256, 10_000, 3600.0
+_requests_int = number_arg(int, 1, maximum=LOADGEN_MAX_REQUESTS)
+_phase_timeout_s = number_arg(float, 0, strict=True, maximum=LOADGEN_MAX_TIMEOUT_S)
 
 
 def _queue_size(text: str) -> int:
@@ -75,6 +81,13 @@ def _int_list(text: str) -> list[int]:
     return values
 
 
+def _client_list(text: str) -> list[int]:
+    values = _int_list(text)
+    if any(v > LOADGEN_MAX_CLIENTS for v in values):
+        raise argparse.ArgumentTypeError(f"expected comma-separated client counts in 1..{LOADGEN_MAX_CLIENTS}, got {text!r}")
+    return values
+
+
 def register(subparsers) -> None:
     """Add `serve`, `loadgen` and `rollout` to vlaperf's subparsers."""
     p = subparsers.add_parser("serve", help="serve a policy over websockets (openpi-client compatible)")
@@ -90,18 +103,19 @@ def register(subparsers) -> None:
     p.add_argument("--allow-unauthenticated", action="store_true",
                    help="allow a non-loopback --host without an API key (trusted networks only)")
     p.add_argument("--max-batch", type=batch_int, default=8,
-                   help=f"most observations stacked into one policy call, 1..{MAX_BATCH}")
+                   help=f"most observations stacked into one policy call, 1..{MAX_BATCH} (default: 8)")
     p.add_argument("--max-wait-ms", type=_non_negative_float, default=5.0,
-                   help="longest a request waits for others to batch with (0 = never wait)")
+                   help="longest a request waits for others to batch with (0 = never wait; default: 5)")
     p.add_argument("--max-message-mb", type=number_arg(float, 0, strict=True, maximum=4096), default=16.0,
-                   help="largest accepted message (MiB, at most 4096)")
+                   help="largest accepted message (MiB, at most 4096; default: 16)")
     p.add_argument("--max-connections", type=_positive_int, default=256,
                    help="open connections at once; one more gets HTTP 503 at its handshake (default: 256)")
     p.add_argument("--max-queue", type=_queue_size, default=256,
                    help="observations that may wait for the model at once, from all clients; a request past it gets "
                         "an Overloaded error frame (default: 256, at least the 64 of one list request)")
     p.add_argument("--warmup-batches", default="1,max",
-                   help="batch sizes to warm up before listening: comma list, 'max' = --max-batch, 'all' = 1..max")
+                   help="batch sizes to warm up before listening: comma list, 'max' = --max-batch, 'all' = 1..max "
+                        "(default: 1,max)")
     p.add_argument("--device", type=device_arg, default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--steps", type=steps_int, default=None, help="denoise steps, 1..1000 (default: the workload's)")
@@ -131,13 +145,15 @@ def register(subparsers) -> None:
 
     p = subparsers.add_parser("loadgen", help="closed-loop load test of a running policy server (loopback)")
     p.add_argument("--url", default="ws://127.0.0.1:8000", help="the server, on loopback (default: ws://127.0.0.1:8000)")
-    p.add_argument("--clients", type=_int_list, default=[1, 4, 8], help="concurrent clients per phase, e.g. 1,4,8")
-    p.add_argument("--requests", type=_positive_int, default=20, help="timed requests per client")
-    p.add_argument("--warmup", type=_non_negative_int, default=1, help="untimed requests per client first")
-    p.add_argument("--timeout-s", type=_positive_float, default=120.0, help="time limit per phase")
+    p.add_argument("--clients", type=_client_list, default=[1, 4, 8],
+                   help=f"concurrent clients per phase, 1..{LOADGEN_MAX_CLIENTS} each (default: 1,4,8)")
+    p.add_argument("--requests", type=_requests_int, default=20, help=f"timed requests per client, 1..{LOADGEN_MAX_REQUESTS} (default: 20)")
+    p.add_argument("--warmup", type=_non_negative_int, default=1, help="untimed requests per client first (default: 1)")
+    p.add_argument("--timeout-s", type=_phase_timeout_s, default=120.0,
+                   help=f"time limit per phase, seconds, at most {LOADGEN_MAX_TIMEOUT_S:g} (default: 120)")
     p.add_argument("--api-key", default=None, help=f"default: ${API_KEY_ENV} if set")
     p.add_argument("--workload", type=workload_arg, default=None, help="default: the one the server reports")
-    p.add_argument("--image-size", type=_image_side, default=224, help="side of the camera images sent, 4..4096")
+    p.add_argument("--image-size", type=_image_side, default=224, help="side of the camera images sent, 4..4096 (default: 224)")
     p.add_argument("--json", type=output_file, default=None, help="write the result file here")
     p.set_defaults(func=cmd_loadgen)
 
@@ -150,10 +166,10 @@ def register(subparsers) -> None:
     p.add_argument("--replan-every", type=_positive_int, default=None,
                    help="actions of each chunk executed before the next call (default: 5, or the served action horizon "
                         "if shorter)")
-    p.add_argument("--timeout-s", type=_positive_float, default=600.0, help="time limit of the whole run")
+    p.add_argument("--timeout-s", type=_positive_float, default=600.0, help="time limit of the whole run (default: 600)")
     p.add_argument("--api-key", default=None, help=f"default: ${API_KEY_ENV} if set")
     p.add_argument("--workload", type=workload_arg, default=None, help="default: the one the server reports")
-    p.add_argument("--image-size", type=_image_side, default=224, help="side of the camera images sent, 4..4096")
+    p.add_argument("--image-size", type=_image_side, default=224, help="side of the camera images sent, 4..4096 (default: 224)")
     p.add_argument("--json", type=output_file, default=None, help="write the result file here")
     p.set_defaults(func=cmd_rollout)
 
@@ -386,9 +402,15 @@ def checkpoint_io(tokenizer_file, norm_stats_path, checkpoint, config, conventio
         raise CliError(f"--norm-stats: {e}") from None
     except (ImportError, ValueError) as e:
         raise CliError(f"--tokenizer: {e}") from None
-    if checkpoint is None or Path(checkpoint).exists():  # a missing one is an error of its own, not three warnings
-        warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats, conventions,
-                                    workload.layout if workload is not None else None, config.pi05)
+    if checkpoint is not None:  # a missing or unreadable one is an error of its own, not three warnings before it
+        from vlaperf.checkpoints import CheckpointError, check_readable
+
+        try:
+            check_readable(checkpoint)
+        except CheckpointError as e:
+            raise CliError(f"--checkpoint: {e}") from None
+    warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats, conventions,
+                                workload.layout if workload is not None else None, config.pi05)
     return tokenizer, norm_stats
 
 
