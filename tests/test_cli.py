@@ -288,6 +288,92 @@ def test_an_interrupted_matrix_writes_what_it_has(tmp_path, monkeypatch, capsys)
     assert all(v["equivalence"]["passed"] for v in r["variants"][1:])
 
 
+def test_the_matrix_never_times_a_variant_that_fails_equivalence(tmp_path, monkeypatch, capsys):
+    """A variant whose actions differ from the reference's is listed with its equivalence and the reason, and is
+    never timed: no speed in the file or the table. The timed rows carry their own variant's timings and ratio, and
+    keep the first call measured before the equivalence check. An interrupt keeps that reason too."""
+    import vlaperf.check
+    from vlaperf.engine.levers import Levers
+    from vlaperf.profile import matrix
+    from vlaperf.timing import summarize
+
+    check = vlaperf.check.check_equivalence
+
+    def sdpa_fails(model, engine, workload):  # one seed of one step: the real check, made cheap
+        eq = check(model, engine, workload, seeds=(0,), num_steps=1)
+        return {**eq, "passed": eq["passed"] and "sdpa" not in engine.levers.names()}
+
+    seen = {}
+
+    def fake_interleaved(fns, *, device, warmup, iters, baseline, progress):  # known timings, no rounds run
+        seen.update(names=list(fns), warmup=warmup, iters=iters, baseline=baseline)
+        samples = {"reference": [4.0, 4.1, 4.2, 4.3], "for_loop": [1.5, 1.6, 1.7, 5.0]}
+        ratios = {"reference": (1.0, 1.0, 0.9, 1.1, False), "for_loop": (2.5, 2.4, 2.1, 2.9, False)}
+        keys = ("speedup", "ratio_median", "ratio_p10", "ratio_p90", "significant")
+        return {"variants": {n: {"timers": {"wall_ms": summarize(samples[n]), "cuda_event_ms": None},
+                                 "first_call_s": 1234.0, "warmup_s": 0.25, "peak_memory_bytes": None} for n in fns},
+                "ratios": {n: {"wall_ms": dict(zip(keys, ratios[n])), "cuda_event_ms": None} for n in fns}}
+
+    monkeypatch.setattr(vlaperf.check, "check_equivalence", sdpa_fails)
+    monkeypatch.setattr(matrix, "first_call_seconds", lambda *a: 0.5)
+    monkeypatch.setattr("vlaperf.timing.interleaved", fake_interleaved)
+    args = ["matrix", "--workload", "tiny", "--device", "cpu", "--variants", "for_loop;sdpa", "--warmup", "1", "--iters",
+            "2", "--no-progress", "--json", str(tmp_path / "m.json")]
+    assert main(args) == 0
+    assert seen == {"names": ["reference", "for_loop"], "warmup": 1, "iters": 2, "baseline": "reference"}
+    r = read_result(tmp_path / "m.json")
+    assert (r["baseline"], r["warmup"], r["iters"]) == ("reference", 1, 2)
+    assert r["first_call_timing"] == "before equivalence check"
+    ref, loop, sdpa = r["variants"]
+    assert [ref["variant"], loop["variant"], sdpa["variant"]] == ["reference", "for_loop", "sdpa"]
+    assert sdpa["skipped"] == "fails equivalence: speed not reported" and sdpa["equivalence"]["passed"] is False
+    assert not {"timers", "ratio", "warmup_s"} & set(sdpa) and sdpa["levers"] == Levers.parse("sdpa").names()
+    assert loop["levers"] == Levers.parse("for_loop").names() and loop["equivalence"]["passed"]
+    assert loop["ratio"]["wall_ms"]["speedup"] == 2.5 and loop["timers"]["wall_ms"]["median"] == pytest.approx(1.65)
+    assert loop["warmup_s"] == 0.25 and "peak_memory_bytes" in loop
+    assert loop["first_call_s"] == 0.5 and ref["first_call_s"] == 1234.0  # the reference has no check before it
+    out = capsys.readouterr().out
+    # median, p95 (not p90 or mean), speedup marked as noise (not significant), p10..p90, the variant's rel L2
+    for text in ("for_loop", "1.650", "4.505", "2.50x (noise)", "2.10..2.90", f"{loop['equivalence']['rel_l2']:.1e}",
+                 "1.00x", "[1] sdpa: fails equivalence: speed not reported"):
+        assert text in out, text
+    assert "1.00x (noise)" not in out  # the reference against itself is no finding
+
+    def ctrl_c(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("vlaperf.timing.interleaved", ctrl_c)
+    args[6] = "sdpa"
+    assert main(args[:-1] + [str(tmp_path / "c.json")]) == 130
+    rows = read_result(tmp_path / "c.json")["variants"]
+    assert rows[0]["skipped"] == "not timed: the matrix was interrupted"
+    assert rows[1]["skipped"] == "fails equivalence: speed not reported"  # its reason is kept, not overwritten
+
+
+def test_a_second_sigterm_ends_the_matrix_at_once(monkeypatch):
+    """The first SIGTERM is raised as Terminated; a second (the first could not stop the process) exits 143 now."""
+    import os
+    import signal
+
+    from vlaperf.profile.matrix import Terminated, sigterm_as_interrupt
+
+    def exit_now(code):
+        raise SystemExit(code)
+
+    monkeypatch.setattr(os, "_exit", exit_now)
+    with sigterm_as_interrupt() as state:
+        handler = signal.getsignal(signal.SIGTERM)
+        with pytest.raises(Terminated):
+            handler(signal.SIGTERM, None)
+        assert state.received
+        with pytest.raises(SystemExit) as exited:
+            try:
+                handler(signal.SIGTERM, None)
+            except Terminated:  # a KeyboardInterrupt: left alone, it would stop pytest itself
+                pytest.fail("a second SIGTERM raised again instead of exiting")
+        assert exited.value.code == 143
+
+
 def test_the_program_stopped_by_sigterm_leaves_without_waiting_for_its_threads(tmp_path):
     """`vlaperf matrix` as a program, told by SIGTERM to stop, writes its file and exits 143 at once, even with a
     thread still at work that a normal exit would wait for (an engine's kernel compile pool)."""
@@ -569,6 +655,20 @@ def test_write_result_writes_non_finite_numbers_as_null(tmp_path):
     write_result(result, tmp_path / "w.json")
     back = json.loads((tmp_path / "w.json").read_text(), parse_constant=lambda c: pytest.fail(c))
     assert back["extra"] == {"ratio": None, "values": [None, 0.5]}
+
+
+def test_the_grid_is_each_compile_mode_over_loop_only_and_all_exact_levers():
+    """grid: reference, then {eager, compile default} (on a CPU) over {for_loop, exact}, each a valid spec."""
+    from vlaperf.engine.levers import Levers
+    from vlaperf.profile.matrix import grid_variants, parse_variants
+
+    cpu = torch.device("cpu")
+    grid = parse_variants("grid", cpu)
+    assert grid == grid_variants(cpu) and len(grid) == 5 and grid[0] == "reference"
+    loop, loop_c, exact, exact_c = (Levers.parse(v, cpu) for v in grid[1:])
+    assert loop == Levers.parse("for_loop", cpu) and exact == Levers.parse("exact", cpu)
+    assert loop_c.names() == loop.names() + ["compile=default"]
+    assert exact_c.names() == exact.names() + ["compile=default"]
 
 
 def test_the_reference_given_among_matrix_variants_is_its_reference_row():

@@ -42,7 +42,7 @@ def test_fit_least_squares_on_noisy_points():
 def test_fit_rejects_degenerate_input():
     with pytest.raises(ValueError):
         fit_linear([5, 5, 5], [1.0, 2.0, 3.0])
-    with pytest.raises(ValueError):
+    with pytest.raises(ValueError, match="fit_linear: 2 x values but 1 times"):
         fit_linear([1, 2], [1.0])
     assert fit_linear([1, 2, 3], [2.0, 2.0, 2.0]) == {"intercept": 2.0, "slope": 0.0, "r2": 1.0}
 
@@ -70,6 +70,58 @@ def test_scaling_tiny_model_reports_fit_and_plot(tmp_path):
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
 
 
+def _fake_interleaved(seen):
+    """interleaved() with known timings: 'label N=n' takes a + b*n ms on the wall clock (plus a 0.1 ms median
+    offset and a 3 ms outlier, so mean, median and p95 all differ) and 0.5 ms less on the CUDA events."""
+    from vlaperf.timing import summarize
+
+    lines = {"reference": (6.0, 0.8), "for_loop": (4.0, 0.5)}
+
+    def fake(fns, *, device, warmup, iters, progress):
+        seen.update(names=list(fns), warmup=warmup, iters=iters)
+        variants = {}
+        for name, fn in fns.items():
+            fn()
+            label, n = name.rsplit(" N=", 1)
+            a, b = lines[label]
+            t = a + b * int(n)
+            variants[name] = {"timers": {"wall_ms": summarize([t, t + 0.1, t + 3.0]),
+                                         "cuda_event_ms": summarize([t - 0.5] * 3)},
+                              "first_call_s": int(n) / 100, "warmup_s": 0.0, "peak_memory_bytes": None}
+        return {"variants": variants}
+
+    return fake
+
+
+def test_scaling_fits_the_medians_of_each_series(monkeypatch):
+    """Each point is its own N's median and p95; each series' line fits its medians (wall clock) and, where
+    there are CUDA events, the event medians; `fit` is the first series'. Steps are sorted and given once, and each
+    call gets its own N."""
+    seen, called = {}, []
+    monkeypatch.setattr("vlaperf.profile.scaling.interleaved", _fake_interleaved(seen))
+    sources = {label: (lambda obs, noise, n, label=label: called.append((label, n)))
+               for label in ("for_loop", "reference")}
+    result = scaling(sources, "tiny", steps=(16, 1, 2, 16), warmup=0, iters=7)
+    assert result["steps"] == [1, 2, 16] and result["warmup"] == 1 and result["iters"] == 7
+    assert seen["warmup"] == 1 and seen["iters"] == 7 and len(seen["names"]) == 6
+    assert sorted(called) == [(label, n) for label in ("for_loop", "reference") for n in (1, 2, 16)]
+    for s, (a, b) in zip(result["series"], [(4.0, 0.5), (6.0, 0.8)]):
+        assert [p["median_ms"] for p in s["points"]] == pytest.approx([a + b * n + 0.1 for n in (1, 2, 16)])
+        assert [p["p95_ms"] for p in s["points"]] == pytest.approx([a + b * n + 0.1 + 2.9 * 0.9 for n in (1, 2, 16)])
+        assert [p["first_call_s"] for p in s["points"]] == [0.01, 0.02, 0.16]
+        assert s["fit"] == pytest.approx({"intercept": a + 0.1, "slope": b, "r2": 1.0})
+        assert s["fit_cuda_event"] == pytest.approx({"intercept": a - 0.5, "slope": b, "r2": 1.0})
+    assert result["fit"] == result["series"][0]["fit"] != result["series"][1]["fit"]
+
+
+def test_scaling_names_a_lone_source_by_what_it_is(monkeypatch):
+    """A bare model is the 'reference' series, an Engine its lever spec, a callable 'policy'."""
+    monkeypatch.setattr("vlaperf.profile.scaling.interleaved", _fake_interleaved({}))
+    model = build_model("tiny")
+    assert scaling(model, "tiny", steps=(1, 2))["series"][0]["label"] == "reference"
+    assert scaling(Engine(model, "for_loop"), "tiny", steps=(1, 2))["series"][0]["label"] == "for_loop"
+
+
 def test_scaling_accepts_a_plain_callable():
     model = build_model("tiny")
     result = scaling(lambda obs, noise, n: model.sample_actions(obs, noise, n), "tiny", steps=(1, 3), warmup=1,
@@ -93,6 +145,19 @@ def test_profiler_api_counts_are_checked():
     for steps in ((1.9, 2.9), "12", (1, 10**6)):
         with pytest.raises(ValueError, match="scaling: "):
             scaling(lambda obs, noise, n: None, "tiny", steps=steps, device="cpu")
+    # one step count (given once or twice) fits no line; 0 steps is no policy call; True is no step count
+    for steps in ((5,), (2, 2), (0, 2), (True, 2)):
+        with pytest.raises(ValueError, match=r"scaling: (need at least two different step counts in 1\.\.1000|steps "
+                                             r"must be integers), got"):
+            scaling(lambda obs, noise, n: None, "tiny", steps=steps, device="cpu")
+
+
+def test_scaling_takes_the_largest_step_count_sample_actions_takes(monkeypatch):
+    from vlaperf.profile.scaling import MAX_STEP_COUNT
+
+    monkeypatch.setattr("vlaperf.profile.scaling.interleaved", _fake_interleaved({}))
+    result = scaling({"reference": lambda obs, noise, n: None}, "tiny", steps=(1, MAX_STEP_COUNT), device="cpu")
+    assert result["steps"] == [1, MAX_STEP_COUNT]
 
 
 def test_describe_fit_flags_a_line_that_does_not_fit():
@@ -101,6 +166,18 @@ def test_describe_fit_flags_a_line_that_does_not_fit():
     assert "poor fit" not in describe_fit({"intercept": 6.0, "slope": 0.8, "r2": 0.999})
     assert "poor fit" in describe_fit({"intercept": -72.7, "slope": 32.6, "r2": 0.93})
     assert "poor fit" in describe_fit({"intercept": -0.1, "slope": 1.0, "r2": 0.999})
+    assert "poor fit" in describe_fit({"intercept": 6.0, "slope": 0.8, "r2": 0.94})  # r^2 below 0.95
+    assert describe_fit({"intercept": 13.9, "slope": 0.628, "r2": 0.99876}) == "T(N) = 13.900 + 0.628*N ms (r^2 0.9988)"
+
+
+def test_plot_draws_each_series_fitted_line():
+    """The drawn line is the fit's a + b*N over 0..max N (plus 5%), not just the points."""
+    points = [{"steps": n, "median_ms": 2.0 + 0.5 * n, "p95_ms": 2.5 + 0.5 * n} for n in (1, 10)]
+    result = {"series": [{"label": "reference", "fit": {"intercept": 2.0, "slope": 0.5, "r2": 1.0}, "points": points}]}
+    ax = plot_scaling(result).axes[0]
+    (line,) = [ln for ln in ax.get_lines() if ln.get_linestyle() == "-"]
+    assert list(line.get_xdata()) == pytest.approx([0.0, 10.5])
+    assert list(line.get_ydata()) == pytest.approx([2.0, 2.0 + 0.5 * 10.5])
 
 
 def test_a_model_and_a_workload_of_different_families_are_named():

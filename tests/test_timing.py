@@ -106,10 +106,25 @@ def test_time_calls_sleep_duration():
     assert 4.9 <= median <= 30.0
 
 
-@pytest.mark.parametrize(("kwargs", "name"), [({"warmup": -1}, "warmup"), ({"iters": 0}, "iters")])
+@pytest.mark.parametrize(("kwargs", "name"), [({"warmup": -1}, "warmup"), ({"iters": 0}, "iters"),
+                                               # True is an int to Python, not a count a user meant
+                                               ({"warmup": True}, "warmup"), ({"iters": True}, "iters"),
+                                               ({"iters": 2.0}, "iters")])
 def test_time_calls_validation(kwargs, name):
-    with pytest.raises(ValueError, match=name):
+    with pytest.raises(ValueError, match=f"time_calls: {name} must be an integer >= [01], got {kwargs[name]!r}"):
         time_calls(lambda: None, device="cpu", progress=False, **kwargs)
+
+
+def test_time_calls_counts_calls_and_reports_seconds():
+    """warmup=1 is the first call alone (then `iters` timed calls); iters=1 is allowed. first_call_s and
+    warmup_s are seconds (samples are ms), and warmup_s adds up every warm-up call after the first."""
+    calls = []
+    r = time_calls(lambda: calls.append(1), device="cpu", warmup=1, iters=1, progress=False)
+    assert len(calls) == 2 and r["timers"]["wall_ms"]["count"] == 1 and r["warmup_s"] == 0.0
+    r = time_calls(lambda: time.sleep(0.01), device="cpu", warmup=3, iters=1, progress=False)
+    assert 0.01 <= r["first_call_s"] < 1.0
+    assert 0.02 <= r["warmup_s"] < 2.0  # two warm-up calls of >= 10 ms each
+    assert r["samples"]["wall_ms"][0] >= 10.0
 
 
 def test_time_calls_progress_bar_paths(monkeypatch):
@@ -159,6 +174,67 @@ def test_interleaved_speedup_and_ratio_keys():
     assert r["ratios"]["slow"]["wall_ms"]["significant"] is False
 
 
+def test_interleaved_keeps_each_variants_own_warmup_and_a_baseline_that_is_not_first():
+    """first_call_s and warmup_s belong to their own variant (a compile shows up in that variant's row only), and
+    a baseline given by name is the one every ratio divides by, wherever it sits among the keys."""
+    state = {"slow": 0}
+
+    def slow():
+        state["slow"] += 1
+        time.sleep(0.03 if state["slow"] == 1 else 0.006)  # an expensive first call, as with torch.compile
+
+    r = interleaved({"fast": _sleeper(0.001), "slow": slow}, device="cpu", warmup=3, iters=4, baseline="slow",
+                    progress=False)
+    assert r["baseline"] == "slow" and r["warmup"] == 3 and r["iters"] == 4
+    v = r["variants"]
+    assert v["slow"]["first_call_s"] >= 0.03 and v["fast"]["first_call_s"] < 0.03
+    assert v["slow"]["warmup_s"] >= 0.012 > v["fast"]["warmup_s"]  # two warm-up calls of >= 6 ms, added up
+    assert r["ratios"]["slow"]["wall_ms"]["speedup"] == 1.0
+    assert r["ratios"]["fast"]["wall_ms"]["speedup"] > 1.5
+
+
+def test_ratio_stats_percentiles_of_per_round_ratios():
+    """ratio_p10 / ratio_median / ratio_p90 are percentiles (numpy's linear rule) of the per-round ratios, taken in
+    sorted order whatever order the rounds came in; speedup is the ratio of the two medians."""
+    np = pytest.importorskip("numpy")
+    from vlaperf.timing import _ratio_stats
+
+    per_round = [1.2, 0.9, 1.5, 1.1, 1.3, 1.0, 1.4, 0.8, 1.6, 1.7]  # even count: the median sits between two
+    variant = [1.0, 2.0, 1.0, 3.0, 1.0, 2.0, 1.0, 2.0, 4.0, 1.0]
+    baseline = [r * v for r, v in zip(per_round, variant)]
+    r = _ratio_stats(baseline, variant)
+    assert r["ratio_p10"] == pytest.approx(float(np.percentile(per_round, 10)))
+    assert r["ratio_median"] == pytest.approx(float(np.percentile(per_round, 50)))
+    assert r["ratio_p90"] == pytest.approx(float(np.percentile(per_round, 90)))
+    assert r["speedup"] == pytest.approx(float(np.median(baseline) / np.median(variant)))
+    assert r["significant"] is False  # p10 < 1 < p90: neither side won often enough
+
+
+def test_ratio_stats_significant_either_way():
+    """A variant that is always slower is as significant as one that is always faster."""
+    from vlaperf.timing import _ratio_stats
+
+    slower = _ratio_stats([1.0] * 5, [1.3, 1.2, 1.5, 1.25, 1.4])
+    assert slower["speedup"] < 1.0 and slower["ratio_p90"] < 1.0 and slower["significant"] is True
+    faster = _ratio_stats([1.3, 1.2, 1.5, 1.25, 1.4], [1.0] * 5)
+    assert faster["ratio_p10"] > 1.0 and faster["significant"] is True
+
+
+def test_ratio_stats_with_zero_readings_are_inf_not_nan():
+    """A 0.0 reading (below the timer's resolution, e.g. a CUDA event pair) is an infinite ratio; percentiles
+    over such ratios must stay inf (inf - inf would be nan) and an exact rank next to an inf must stay finite."""
+    from vlaperf.timing import _ratio_stats
+
+    r = _ratio_stats([1.0, 2.0, 1.0], [1.0, 1.0, 0.0])  # per-round ratios 1, 2, inf
+    assert r["ratio_median"] == 2.0 and r["ratio_p90"] == math.inf and r["speedup"] == 1.0
+    r = _ratio_stats([1.0, 1.0, 1.0], [0.0, 0.0, 1.0])  # 1, inf, inf
+    assert r["ratio_median"] == math.inf and r["ratio_p90"] == math.inf and r["significant"] is True
+    assert summarize([1.0, 2.0, math.inf])["median"] == 2.0
+    # two 0.0 readings are a tie, not an infinite speed-up: a variant compared with itself stays not significant
+    r = _ratio_stats([0.0, 0.0, 0.0], [0.0, 0.0, 0.0])
+    assert r["speedup"] == 1.0 and r["ratio_p10"] == r["ratio_p90"] == 1.0 and r["significant"] is False
+
+
 def test_speedup_is_a_ratio_of_medians_not_means():
     from vlaperf.timing import _ratio_stats
 
@@ -187,7 +263,7 @@ def test_interleaved_order_rotates():
 
 
 def test_interleaved_validation():
-    with pytest.raises(ValueError, match="baseline"):
+    with pytest.raises(ValueError, match=r"baseline 'z' is not one of \['a'\]"):  # names the choices
         interleaved({"a": lambda: None}, device="cpu", baseline="z", progress=False)
     with pytest.raises(ValueError, match="warmup"):
         interleaved({"a": lambda: None}, device="cpu", warmup=0, progress=False)
@@ -233,7 +309,11 @@ def test_gpu_state_parses_nvidia_smi_and_selects_the_gpu_by_uuid(monkeypatch, tm
         "uuid": "GPU-5a1d", "pstate": "P0", "sm_clock_mhz": 1980, "max_sm_clock_mhz": 1980, "mem_clock_mhz": 3201,
         "power_draw_w": 312.45, "power_limit_w": 700.0, "temperature_c": 41, "clock_event_reasons": "0x0000000000000000"}
     assert T.parse_gpu_state(line.replace("312.45", "[N/A]"))["power_draw_w"] is None
+    assert type(T.parse_gpu_state(line)["sm_clock_mhz"]) is int  # a clock is written 1980, not 1980.0
+    assert T.parse_gpu_state(line.replace("0x0000000000000000", "[N/A]"))["clock_event_reasons"] is None
     assert T.describe_gpu_state(T.parse_gpu_state(line)) == "SM 1980/1980 MHz, 312/700 W, 41 C"
+    assert T.describe_gpu_state(T.parse_gpu_state(line.replace("0x0000000000000000", "0x24"))) == \
+        "SM 1980/1980 MHz, 312/700 W, 41 C, held by software power cap + software thermal slowdown"
     assert T.clock_event_names("0x0000000000000005") == ["software power cap"]  # idle is not a hold
     assert T.clock_event_names("0x60") == ["software thermal slowdown", "hardware thermal slowdown"]
     assert T.clock_event_names("garbage") == [] and T.describe_gpu_state(None) == "-"

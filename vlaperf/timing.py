@@ -329,7 +329,9 @@ def _ratio_stats(baseline: list[float], variant: list[float]) -> dict[str, float
     """
 
     def ratio(b: float, v: float) -> float:
-        return b / v if v > 0 else math.inf  # a 0.0 reading is below timer resolution
+        if v > 0:
+            return b / v
+        return 1.0 if b == v else math.inf  # a 0.0 reading is below timer resolution: two of them are a tie
 
     per_round = sorted(ratio(b, v) for b, v in zip(baseline, variant))
     p10, p90 = _percentile(per_round, 10), _percentile(per_round, 90)
