@@ -6,7 +6,10 @@
 #            call against today's rule, in one process (change_ab.py --change step_splits)
 #   PART=b   `vlaperf bench` of `best` on the presets whose newest file predates versions 114-115 (libero-pi05,
 #            libero-shallow6, droid-pi0, droid-pi05, aloha-pi05), so the README's table is of one code
-# Usage (device tool, no carry): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session37.sh
+#   PART=c   the whole test suite on the GPU machine at the session's last code, in three steps (the kernels and the
+#            CUDA engine; the world-action model, engine and UniPC; the rest), with websockets and openpi-client
+#            carried as wheels (carry [".whl"]: the serve tests need them)
+# Usage (device tool, no carry; part c: carry [".whl"]): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session37.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
 case "${PART:-a}" in
@@ -25,6 +28,17 @@ b)
 100 $V bench --workload libero-shallow6 --levers best $B --json $R/bench_libero-shallow6_best-s37_model.json
 110 $V bench --workload droid-pi0 --levers best $B --json $R/bench_droid-pi0_best-s37_model.json
 110 $V bench --workload droid-pi05 --levers best $B --json $R/bench_droid-pi05_best-s37_model.json
+EOT
+  ;;
+c)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
+  export PYTHONPATH=/tmp/site:$PWD
+  P="PYTHONPATH=benchmarks:\$PYTHONPATH python3 -m pytest -p no:cacheprovider -p pytest_report_now -rfEs --tb=short"
+  I="--ignore tests/test_kernels.py --ignore tests/test_engine_cuda.py --ignore tests/test_wam.py --ignore tests/test_engine.py --ignore tests/test_unipc.py"
+  lane A 0 40 <<EOT &
+170 $P -q -n 4 --timeout 160 tests/test_engine_cuda.py tests/test_kernels.py tests/test_suite_setup.py 2>&1 | tee $R/pytest_gpu_s37c1.log | grep -v "^\\.*\\["
+150 $P -q -n 12 --timeout 140 tests/test_wam.py tests/test_engine.py tests/test_unipc.py tests/test_suite_setup.py 2>&1 | tee $R/pytest_gpu_s37c2.log | grep -v "^\\.*\\["
+240 $P -q -n 14 --timeout 220 --durations 5 $I 2>&1 | tee $R/pytest_gpu_s37c3.log | grep -v "^\\.*\\["
 EOT
   ;;
 esac

@@ -73,6 +73,16 @@ def test_flow_sigmas(steps, shift):
         assert s == pytest.approx(shift * t / (1.0 + (shift - 1.0) * t), abs=1e-15)
 
 
+@pytest.mark.parametrize("shift", [0.1, 0.2, 0.3])
+def test_flow_sigmas_ends_are_exact_where_the_formula_rounds(shift):
+    """For these shifts 1 + (shift - 1) is not shift in floats, so the formula gives 1 +- an ulp at t = 1: the
+    schedule still starts at exactly 1 (pure noise) and a plan takes it (a sigma above 1 is refused)."""
+    assert shift / (1.0 + (shift - 1.0)) != 1.0  # the rounding this is about
+    sig = flow_sigmas(5, shift)
+    assert sig[0] == 1.0 and sig[-1] == 0.0
+    assert len(unipc_plan(sig)) == 5
+
+
 def test_flow_sigmas_shift_one_is_uniform_and_shift_moves_steps_to_high_noise():
     assert flow_sigmas(4) == [1.0, 0.75, 0.5, 0.25, 0.0]
     assert flow_sigmas(4, 3.0)[2] == pytest.approx(0.75)  # 3 * 0.5 / (1 + 2 * 0.5)
@@ -265,6 +275,25 @@ def test_sampler_matches_reference_on_a_schedule_not_starting_at_one():
         assert rel_err(fast, ref) <= 1e-12
 
 
+def test_host_solver_pivots_on_the_largest_entry():
+    """The plans' small systems are solved on the host by Gaussian elimination with partial pivoting: a zero or
+    tiny leading entry is no singular system, and the answers agree with LAPACK's (torch.linalg.solve)."""
+    from vlaperf.models.unipc import _solve
+
+    systems = [
+        ([[0.0, 1.0], [-1.0, 1.0]], [1.0, 0.0]),  # a zero first pivot, the other row's entry negative
+        ([[1e-20, 1.0], [1.0, 1.0]], [1.0, 2.0]),  # a tiny first pivot: without a row swap x_0 is lost
+        ([[0.0, 2.0, 1.0], [1.0, 0.0, 0.0], [-3.0, 1.0, 4.0]], [1.0, 2.0, 3.0]),
+        ([[1.0, 1.0, 1.0], [-0.5, 1.0, 2.0], [0.25, 1.0, 4.0]], [0.3, -0.2, 0.7]),  # Vandermonde, as in a plan
+    ]
+    for a, b in systems:
+        want = torch.linalg.solve(torch.tensor(a, dtype=F64), torch.tensor(b, dtype=F64))
+        got = torch.tensor(_solve(a, b), dtype=F64)
+        torch.testing.assert_close(got, want, rtol=1e-12, atol=1e-12)
+    with pytest.raises(ValueError, match="singular UniPC system"):
+        _solve([[1.0, 2.0], [2.0, 4.0]], [1.0, 1.0])
+
+
 def test_plan_shape_and_orders():
     sig = flow_sigmas(6)
     plan = unipc_plan(sig, order=3)
@@ -446,6 +475,16 @@ def test_bad_plan():
         UniPCSampler(a[1:])
     with pytest.raises(TypeError, match="not a UniPCStep"):
         UniPCSampler([(1.0, 0.0)])
+    # step 1 has two outputs (m_1, m_0): a third weight (the predictor's or the corrector's) would read past them
+    from dataclasses import replace
+
+    plan = unipc_plan(flow_sigmas(6), order=3)
+    st = plan[1]
+    assert len(st.predictor[1]) == len(st.corrector[1]) == 2
+    for bad in (replace(st, predictor=(st.predictor[0], (*st.predictor[1], 0.1))),
+                replace(st, corrector=(st.corrector[0], (*st.corrector[1], 0.1)))):
+        with pytest.raises(ValueError, match=r"plan\[1\] uses more outputs than exist at step 1"):
+            UniPCSampler([plan[0], bad, *plan[2:]])
 
 
 @pytest.mark.parametrize("form", ["plan", "reference"])

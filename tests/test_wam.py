@@ -146,6 +146,11 @@ def test_sampling_arguments_are_checked(tiny, inputs):
             generate(obs, type(noise)(noise.video.half(), noise.actions), 4)
         with pytest.raises(ValueError, match="obs.state: on meta, the model is on cpu"):
             generate(type(obs)(obs.context, obs.text, obs.state.to("meta")), noise, 4)
+        # the noise is checked as the observation is: its dtype (both parts) and its device
+        with pytest.raises(ValueError, match=r"noise.actions: expected float32 \(the sampler's state"):
+            generate(obs, type(noise)(noise.video, noise.actions.half()), 4)
+        with pytest.raises(ValueError, match="noise.video: on meta, the model is on cpu"):
+            generate(obs, type(noise)(noise.video.to("meta"), noise.actions), 4)
         with pytest.raises(ValueError, match="video_steps must be an integer in 1..steps"):
             generate(obs, noise, 4, video_steps=True)
         for name in ("cfg_scale", "shift"):
@@ -157,11 +162,15 @@ def test_sampling_arguments_are_checked(tiny, inputs):
         get_config("wam-huge")
 
 
+@pytest.mark.parametrize("axis", ["last", "second"])
 @pytest.mark.parametrize("field", ["context", "text", "state", "video", "actions"])
-def test_wrong_input_shapes_name_the_field(tiny, inputs, field):
+def test_wrong_input_shapes_name_the_field(tiny, inputs, field, axis):
+    """One short along the last axis (channels, widths) or the second (frames, text tokens, horizon): a few
+    text tokens or video frames too few would otherwise run, or fail deep inside a block."""
     obs, noise = inputs
     where = obs if field in ("context", "text", "state") else noise
-    bad = type(where)(**{**where.__dict__, field: getattr(where, field)[..., :-1]})
+    value = getattr(where, field)
+    bad = type(where)(**{**where.__dict__, field: value[..., :-1] if axis == "last" else value[:, :-1]})
     args = (bad, noise) if where is obs else (obs, bad)
     prefix = "obs" if where is obs else "noise"
     for run in (tiny.generate, WamEngine(tiny, "exact").generate):
@@ -185,6 +194,48 @@ def test_each_lever_is_equivalent_to_the_reference(tiny, inputs, levers, video_s
     a, v = WamEngine(tiny, levers).generate(obs, noise, STEPS, video_steps, sparsity, cfg_scale)
     assert compare(a, ref_a, torch.float32)["passed"], rel(a, ref_a)
     assert compare(v, ref_v, torch.float32)["passed"], rel(v, ref_v)
+
+
+def test_one_engine_keeps_each_schedule_and_batch_apart(tiny, inputs):
+    """host_schedule keeps the time tables of each (steps, video_steps, shift, batch): one engine called with
+    another shift, another video schedule or another batch gets that call's tables, not the previous one's."""
+    obs, noise = inputs
+    engine = WamEngine(tiny, "exact")
+    one = (type(obs)(obs.context[:1], obs.text[:1], obs.state[:1]), type(noise)(noise.video[:1], noise.actions[:1]))
+    for (o, n), video_steps, shift in (((obs, noise), 2, 3.0), ((obs, noise), 2, 1.0), ((obs, noise), STEPS, 1.0),
+                                       (one, STEPS, 1.0)):
+        ref_a, ref_v = tiny.generate(o, n, STEPS, video_steps, shift=shift)
+        a, v = engine.generate(o, n, STEPS, video_steps, shift=shift)
+        assert compare(a, ref_a, torch.float32)["passed"], (video_steps, shift, rel(a, ref_a))
+        assert compare(v, ref_v, torch.float32)["passed"], (video_steps, shift, rel(v, ref_v))
+
+
+def test_the_engine_with_two_context_frames_is_the_reference():
+    """wam-tiny observes one frame; with two observed frames the sparse sampler's kept frames start after both of
+    them in the sequence, and drop_middle drops overall frames 3 and 4 of 8 (predicted frames 1 and 2)."""
+    model = build_wam(get_config("wam-tiny", frames=8, context_frames=2))
+    obs, noise = random_wam_inputs(model.config, 1, "cpu", torch.float32, seed=5)
+    for sparsity in ("drop_middle", "mae_middle"):
+        ref_a, ref_v = model.generate(obs, noise, 3, 2, sparsity)
+        a, v = WamEngine(model, "exact").generate(obs, noise, 3, 2, sparsity)
+        assert compare(a, ref_a, torch.float32)["passed"] and compare(v, ref_v, torch.float32)["passed"], sparsity
+        if sparsity == "drop_middle":
+            assert float(v[:, 1:3].abs().max()) == 0.0
+            assert float(v[:, [0, 3, 4, 5]].abs().amax(dim=(0, 2, 3)).min()) > 0
+
+
+def test_forward_once_is_the_models_forward(tiny, inputs):
+    """`bench --mode forward` times engine.forward_once: the action velocity of model.forward at sigma for both
+    the video and the actions, at each sparsity, with and without the levers."""
+    obs, noise = inputs
+    frames = torch.cat([obs.context.float(), noise.video], dim=1)
+    for sigma in (0.5, 0.2):
+        s = torch.full((2,), sigma)
+        for sparsity in SPARSITY:
+            _, want = tiny.forward(frames, obs.state, noise.actions, s, s, obs.text, sparsity)
+            for levers in ("reference", "exact"):
+                got = WamEngine(tiny, levers).forward_once(obs, noise, sparsity, sigma)
+                assert got.shape == want.shape and rel(got, want) < 1e-5, (sigma, sparsity, levers)
 
 
 def test_fused_block_is_the_models_block(tiny):
@@ -361,6 +412,14 @@ def test_lever_parsing_and_errors():
         WamLevers.parse("flash_actions", CPU)
     with pytest.raises(LeverError, match="lever 'group_modulation' needs cached_keep_index beside it"):
         WamLevers.parse("group_modulation", CPU)
+    with pytest.raises(LeverError, match="lever 'compile' needs cached_keep_index beside it"):
+        WamLevers.parse("compile", CPU)
+    with pytest.raises(LeverError, match=r"'exact;sdpa' holds several variants \(';'\)"):
+        WamLevers.parse("exact;sdpa", CPU)
+    cuda = torch.device("cuda")  # parsing only: no GPU needed
+    with pytest.raises(LeverError, match="compile=reduce-overhead brings its own CUDA graphs"):
+        WamLevers.parse("graph,compile=reduce-overhead", cuda)
+    assert WamLevers.parse("graph,compile=default", cuda).names()[-2:] == ["cuda_graph", "compile=default"]
     # labels keep the lever table's order (compile before the levers that come after it in best)
     assert WamLevers.parse("exact,group_modulation,compile", CPU).names()[-2:] == ["compile=default", "group_modulation"]
     assert set(WAM_LEVERS) >= set(WAM_EXACT) | {"cuda_graph", "compile"}
@@ -384,6 +443,14 @@ def test_workloads_and_overrides():
     assert w20.video_steps == 10 and w20.overrides_vs(w) == {"steps": 20, "video_steps": 10}
     with pytest.raises(ValueError, match="video_steps must be an integer in 1..steps"):
         w.with_overrides(video_steps=11)
+    # the sampling checks run on the overrides, not only when generate is called; their bounds are inclusive
+    assert w.with_overrides(cfg_scale=100.0).cfg_scale == 100.0
+    with pytest.raises(ValueError, match=r"cfg_scale must be in \[0, 100\]"):
+        w.with_overrides(cfg_scale=100.5)
+    with pytest.raises(ValueError, match="sparsity must be one of none, drop_middle, mae_middle, got 'drop_all'"):
+        w.with_overrides(sparsity="drop_all")
+    with pytest.raises(ValueError, match="shift must be a finite number > 0, got 0.0"):
+        w.with_overrides(shift=0.0)
     with pytest.raises(ValueError, match="world-action model workload"):
         get_workload("wam-761")
     with pytest.raises(ValueError, match="unknown world-action-model workload"):
@@ -434,6 +501,7 @@ def test_cli_bench_check_matrix_on_wam_tiny(tmp_path):
     assert r["workload"]["overrides"] == {"batch": 4}
     assert r["roofline"]["ceilings"]["source"] == "measured on this device"  # the floor of this CPU's own rates
     assert r["roofline"]["matmul_flops"] == r["roofline"]["ceilings"]["matmul_flops"]
+    assert r["roofline"]["what"] == "one full forward" and r["roofline"]["floor_ms"] == r["roofline"]["full_forward_ms"]
     assert main(["check", "--workload", "wam-tiny", "--device", "cpu", "--seeds", "1", "--json", str(tmp_path / "c.json")]) == 0
     checks = json.loads((tmp_path / "c.json").read_text())["checks"]
     assert {c["sparsity"] for c in checks} == set(SPARSITY) and all(c["passed"] for c in checks)
@@ -444,6 +512,7 @@ def test_cli_bench_check_matrix_on_wam_tiny(tmp_path):
     assert [(r["variant"], r["sparsity"]) for r in rows] == [(v, s) for s in SPARSITY for v in ("reference", "exact")]
     exact_drop = next(r for r in rows if r["variant"] == "exact" and r["sparsity"] == "drop_middle")
     assert exact_drop["vs_reference"]["speedup"] > 0 and exact_drop["sparsity_gain"] is not None
+    assert all(r["sparsity_gain"] is None for r in rows if r["sparsity"] == "none")  # the dense row is the baseline
 
 
 def test_an_interrupted_wam_matrix_writes_what_it_has(tmp_path, monkeypatch):
@@ -488,12 +557,90 @@ def test_an_interrupted_wam_matrix_writes_what_it_has(tmp_path, monkeypatch):
     (["check", "--workload", "wam-tiny", "--levers", ";;"], "--levers ';;': no variant to check"),
     (["bench", "--workload", "wam-tiny", "--mode", "forward", "--cfg-scale", "5"],
      "--cfg-scale: --mode forward times one forward, without the sampler"),
+    (["matrix", "--workload", "wam-tiny", "--mode", "forward", "--steps", "8", "--video-steps", "2"],
+     "--steps, --video-steps: --mode forward times one forward, without the sampler"),
 ])
 def test_cli_errors_name_the_field(argv, message, capsys):
     from vlaperf.cli import main
 
     assert main(argv + ["--device", "cpu", "--no-progress"]) == 2
     assert message in capsys.readouterr().err
+
+
+def test_check_specs_take_each_lever_with_what_it_needs_then_the_presets():
+    """`vlaperf check --levers all`: every lever that runs on the device, alone with the levers it needs (each spec
+    parses), then the presets; compile only when asked for (it needs a compiler and time)."""
+    from vlaperf.engine.wam import WAM_CUDA_ONLY
+    from vlaperf.profile.wam import check_specs
+
+    for device in (CPU, torch.device("cuda")):  # parsing only: no GPU needed
+        specs = check_specs(device)
+        presets = ["exact", "graph"] if device.type == "cuda" else ["exact"]
+        assert specs[-len(presets):] == presets
+        singles = specs[: -len(presets)]
+        parsed = [WamLevers.parse(spec, device).names() for spec in singles]
+        runs_here = [n for n in WAM_LEVERS if n != "compile" and (device.type == "cuda" or n not in WAM_CUDA_ONLY)]
+        assert [names[-1] for names in parsed] == runs_here  # each lever once, last in its spec, in the table's order
+
+
+def test_matrix_grid_and_cumulative_variants():
+    """grid: seed 000's eager / compile default (/ compile reduce-overhead) beside the exact levers, and the CUDA rows
+    on a GPU; cumulative: from the reference one lever at a time up to what best resolves to on the device."""
+    import itertools
+
+    from vlaperf.profile.wam import cumulative_variants, grid_variants
+
+    for device in (CPU, torch.device("cuda")):  # parsing only: no GPU needed
+        grid = grid_variants(device)
+        assert grid[0] == "reference" and {"exact", "exact,compile=default"} <= set(grid)
+        assert ({"exact,compile=reduce-overhead", "graph", "best"} <= set(grid)) == (device.type == "cuda")
+        cumulative = cumulative_variants(device)
+        assert cumulative[0] == "reference"
+        names = [WamLevers.parse(v, device).names() for v in cumulative[1:]]
+        assert len(names[0]) == 1 and names[-1] == WamLevers.parse("best", device).names()
+        assert all(len(b) == len(a) + 1 and set(a) < set(b) for a, b in itertools.pairwise(names))
+
+
+def test_check_and_bench_exit_1_on_a_failed_equivalence(monkeypatch, capsys):
+    """A variant that fails the check: `check` exits 1, and `bench` refuses to report its speed."""
+    from vlaperf import check
+    from vlaperf.cli import main
+
+    def failing(model, engine, workload, seeds=(0, 1)):
+        return {"passed": False, "rel_l2": 0.5, "video_rel_l2": 0.25, "tolerance": 1e-5, "dtype": "float32",
+                "variant": engine.name, "sparsity": workload.sparsity}
+
+    monkeypatch.setattr(check, "check_wam_equivalence", failing)
+    common = ["--workload", "wam-tiny", "--device", "cpu", "--levers", "exact"]
+    assert main(["check", *common, "--sparsity", "none", "--seeds", "1"]) == 1
+    assert main(["bench", *common, "--warmup", "1", "--iters", "1", "--no-progress"]) == 1
+    assert "fails equivalence (actions rel_l2 0.5, video 0.25 > 1e-05); refusing to report its speed" in capsys.readouterr().err
+
+
+def test_check_with_a_sparsity_checks_that_sparsity_only(tmp_path):
+    from vlaperf.cli import main
+
+    out = tmp_path / "c.json"
+    assert main(["check", "--workload", "wam-tiny", "--device", "cpu", "--levers", "host_schedule", "--seeds", "1",
+                 "--sparsity", "drop_middle", "--json", str(out)]) == 0
+    checks = json.loads(out.read_text())["checks"]
+    assert [(c["variant"], c["sparsity"]) for c in checks] == [("host_schedule", "drop_middle")]
+    assert json.loads(out.read_text())["workload"]["settings"] == {"steps": 4, "video_steps": 2, "sparsity": "drop_middle",
+                                                                  "cfg_scale": 0.0, "shift": 3.0, "batch": 1}
+
+
+def test_forward_mode_times_the_engines_forward(tiny, inputs, monkeypatch):
+    """`bench --mode forward --levers X` times X's forward_once (the reference's only without an engine)."""
+    from vlaperf.profile.wam import call_fn
+
+    obs, noise = inputs
+    w = get_wam_workload("wam-tiny")
+    engine = WamEngine(tiny, "exact")
+    calls = []
+    real = engine.forward_once
+    monkeypatch.setattr(engine, "forward_once", lambda *a, **k: calls.append(a) or real(*a, **k))
+    out = call_fn(tiny, engine, w, obs, noise, "forward")()
+    assert len(calls) == 1 and out.shape == (2, 4, 8)
 
 
 # --------------------------------------------------------------------------- GPU
@@ -516,6 +663,23 @@ def test_cuda_graph_is_equivalent_and_makes_no_host_sync(sparsity):
     finally:
         torch.cuda.set_sync_debug_mode("default")
     assert engine._graphs.captures == 1
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs CUDA")
+def test_one_graph_engine_captures_each_shift_apart():
+    """A graph is captured per (batch, steps, video_steps, sparsity, cfg_scale, shift): a call with another shift
+    replays its own graph, whose captured time tables are that shift's, and matches the reference; one with the
+    first shift again replays the first graph without a capture."""
+    model = build_wam("wam-tiny", device="cuda")
+    obs, noise = random_wam_inputs(model.config, 2, "cuda", model.dtype, seed=1)
+    engine = WamEngine(model, "graph")
+    for shift, captures in ((3.0, 1), (1.0, 2), (3.0, 2)):
+        ref_a, ref_v = model.generate(obs, noise, STEPS, 2, shift=shift)
+        a, v = engine.generate(obs, noise, STEPS, 2, shift=shift)
+        assert compare(a, ref_a, model.dtype)["passed"], (shift, rel(a, ref_a))
+        assert compare(v, ref_v, model.dtype)["passed"], (shift, rel(v, ref_v))
+        assert engine._graphs.captures == captures, shift
 
 
 @pytest.mark.gpu
@@ -684,6 +848,9 @@ def test_an_engine_on_a_released_model_and_an_empty_batch_are_named_errors(tiny)
 
 def test_configs_whose_middle_frames_are_observed_are_refused():
     """Frame sparsity drops or masks the two middle frames: they must be frames the model predicts."""
+    for context in (0, 6):  # an observed frame to start from, and a frame to predict
+        with pytest.raises(ValueError, match=f"context_frames must be in 1..frames-1, got {context} of 6"):
+            get_config("wam-tiny", context_frames=context)
     with pytest.raises(ValueError, match=r"middle frames \(1, 2\) .* frames must be >= 6"):
         get_config("wam-tiny", frames=4, context_frames=2)
     get_config("wam-tiny", frames=6, context_frames=2)
