@@ -27,14 +27,13 @@ pytest.importorskip("websockets")
 ray = pytest.importorskip("ray")
 serve = pytest.importorskip("ray.serve")
 
-from websockets.exceptions import InvalidStatus  # noqa: E402
 
 from vlaperf.inputs import make_example, random_noise  # noqa: E402
 from vlaperf.models.pi0 import build_model  # noqa: E402
 from vlaperf.policy import Policy  # noqa: E402
 from vlaperf.report.schema import read_result  # noqa: E402
 from vlaperf.serve import ray_backend  # noqa: E402
-from vlaperf.serve.client import Client, ServerError  # noqa: E402
+from vlaperf.serve.client import AuthenticationError, Client, ServerError  # noqa: E402
 from vlaperf.serve.ray_backend import RayPolicy, ReplicaOptions  # noqa: E402
 from vlaperf.serve.server import PolicyServer  # noqa: E402
 from vlaperf.workloads import get_workload  # noqa: E402
@@ -189,7 +188,7 @@ def test_loadgen_against_replicas(server):
 
 def test_errors_and_auth_unchanged_with_replicas(replicas, expected):
     with PolicyServer(replicas, port=0, api_key="sekret", warmup_batch_sizes=(), metadata=replicas.metadata()) as s:
-        with pytest.raises(InvalidStatus):
+        with pytest.raises(AuthenticationError, match="HTTP 401"):
             Client(s.url)
         with Client(s.url, api_key="sekret") as c:
             bad = make_example(TINY, seed=0)
