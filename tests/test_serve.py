@@ -678,21 +678,24 @@ def test_cli_register_parses():
     (["--clients", "1,300"], "argument --clients: expected comma-separated client counts in 1..256, got '1,300'"),
     (["--requests", "20000"], "argument --requests: expected an integer >= 1 and <= 10000, got 20000"),
     (["--timeout-s", "4000"], "argument --timeout-s: expected a number > 0 and <= 3600"),
+    (["--warmup", "101"], "argument --warmup: expected an integer >= 0 and <= 100, got 101"),
 ])
 def test_loadgen_limits_are_refused_as_options(argv, message, capsys):
     """Past run_loadgen's limits, the parser names the option (it said 'timeout_s must be in (0, 3600]'), and the
     parser's bounds are run_loadgen's own."""
     from vlaperf.serve import commands, loadgen
 
-    assert (commands.LOADGEN_MAX_CLIENTS, commands.LOADGEN_MAX_REQUESTS, commands.LOADGEN_MAX_TIMEOUT_S) == (
-        loadgen.MAX_CLIENTS, loadgen.MAX_REQUESTS, loadgen.MAX_TIMEOUT_S)
+    assert (commands.LOADGEN_MAX_CLIENTS, commands.LOADGEN_MAX_REQUESTS, commands.LOADGEN_MAX_TIMEOUT_S,
+            commands.LOADGEN_MAX_WARMUP) == (loadgen.MAX_CLIENTS, loadgen.MAX_REQUESTS, loadgen.MAX_TIMEOUT_S,
+                                             loadgen.MAX_WARMUP)
     parser = argparse.ArgumentParser(prog="vlaperf")
     commands.register(parser.add_subparsers(dest="command", required=True))
     with pytest.raises(SystemExit):
         parser.parse_args(["loadgen", *argv])
     assert message in capsys.readouterr().err
-    at_limit = parser.parse_args(["loadgen", "--clients", "256", "--requests", "10000", "--timeout-s", "3600"])
-    assert (at_limit.clients, at_limit.requests, at_limit.timeout_s) == ([256], 10_000, 3600.0)
+    at_limit = parser.parse_args(["loadgen", "--clients", "256", "--requests", "10000", "--timeout-s", "3600",
+                                  "--warmup", "100"])
+    assert (at_limit.clients, at_limit.requests, at_limit.timeout_s, at_limit.warmup) == ([256], 10_000, 3600.0, 100)
     for argv in (["rollout", "--image-size", "3"], ["loadgen", "--image-size", "5000"], ["serve", "--max-batch", "5000"]):
         with pytest.raises(SystemExit):  # the server's image sides 4..4096; a batch typo refused before it allocates
             parser.parse_args(argv)

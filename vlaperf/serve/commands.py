@@ -21,7 +21,6 @@ from pathlib import Path
 from vlaperf.cli import MAX_BATCH, add_action_horizon, add_compile_cache, add_conventions, batch_int, device_arg, number_arg
 from vlaperf.cli import levers_arg, output_file, path_arg, port_int, seed_int, steps_int, wide_console, workload_arg
 from vlaperf.cli import non_negative_float as _non_negative_float
-from vlaperf.cli import non_negative_int as _non_negative_int
 from vlaperf.cli import positive_float as _positive_float
 from vlaperf.cli import positive_int as _positive_int
 
@@ -52,10 +51,11 @@ def _check_port_free(host: str, port: int) -> None:
 # a camera image's side as the server takes it (vlaperf.inputs: 4..4096 pixels)
 _image_side = number_arg(int, 4, maximum=4096)
 # loadgen's bounds, checked as the options are parsed so that an error names the option, not run_loadgen's
-# parameter: vlaperf.serve.loadgen's MAX_CLIENTS, MAX_REQUESTS and MAX_TIMEOUT_S (not imported: that module imports
-# websockets, and `vlaperf --help` works without it; a test keeps the two sets equal)
-LOADGEN_MAX_CLIENTS, LOADGEN_MAX_REQUESTS, LOADGEN_MAX_TIMEOUT_S = 256, 10_000, 3600.0
+# parameter: vlaperf.serve.loadgen's MAX_CLIENTS, MAX_REQUESTS, MAX_TIMEOUT_S and MAX_WARMUP (not imported: that
+# module imports websockets, and `vlaperf --help` works without it; a test keeps the two sets equal)
+LOADGEN_MAX_CLIENTS, LOADGEN_MAX_REQUESTS, LOADGEN_MAX_TIMEOUT_S, LOADGEN_MAX_WARMUP = 256, 10_000, 3600.0, 100
 _requests_int = number_arg(int, 1, maximum=LOADGEN_MAX_REQUESTS)
+_warmup_int = number_arg(int, 0, maximum=LOADGEN_MAX_WARMUP)
 _phase_timeout_s = number_arg(float, 0, strict=True, maximum=LOADGEN_MAX_TIMEOUT_S)
 
 
@@ -148,7 +148,8 @@ def register(subparsers) -> None:
     p.add_argument("--clients", type=_client_list, default=[1, 4, 8],
                    help=f"concurrent clients per phase, 1..{LOADGEN_MAX_CLIENTS} each (default: 1,4,8)")
     p.add_argument("--requests", type=_requests_int, default=20, help=f"timed requests per client, 1..{LOADGEN_MAX_REQUESTS} (default: 20)")
-    p.add_argument("--warmup", type=_non_negative_int, default=1, help="untimed requests per client first (default: 1)")
+    p.add_argument("--warmup", type=_warmup_int, default=1,
+                   help=f"untimed requests per client first, 0..{LOADGEN_MAX_WARMUP} (default: 1)")
     p.add_argument("--timeout-s", type=_phase_timeout_s, default=120.0,
                    help=f"time limit per phase, seconds, at most {LOADGEN_MAX_TIMEOUT_S:g} (default: 120)")
     p.add_argument("--api-key", default=None, help=f"default: ${API_KEY_ENV} if set")

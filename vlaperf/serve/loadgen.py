@@ -30,7 +30,7 @@ from vlaperf.serve.protocol import ProtocolError, packb
 from vlaperf.serve.server import REQUEST_ID_KEY, is_loopback
 from vlaperf.timing import summarize
 
-MAX_CLIENTS, MAX_REQUESTS, MAX_TIMEOUT_S = 256, 10_000, 3600.0
+MAX_CLIENTS, MAX_REQUESTS, MAX_TIMEOUT_S, MAX_WARMUP = 256, 10_000, 3600.0, 100
 ERROR_SAMPLES = 5
 
 
@@ -307,8 +307,8 @@ def run_loadgen(url: str = "ws://127.0.0.1:8000", clients: tuple[int, ...] | lis
         raise LoadgenError(f"requests must be an integer in [1, {MAX_REQUESTS}], got {requests!r}")
     if not 0 < timeout_s <= MAX_TIMEOUT_S:
         raise LoadgenError(f"timeout_s must be in (0, {MAX_TIMEOUT_S:.0f}], got {timeout_s!r}")
-    if not isinstance(warmup, int) or not 0 <= warmup <= 100:
-        raise LoadgenError(f"warmup must be an integer in [0, 100], got {warmup!r}")
+    if not isinstance(warmup, int) or not 0 <= warmup <= MAX_WARMUP:
+        raise LoadgenError(f"warmup must be an integer in [0, {MAX_WARMUP}], got {warmup!r}")
 
     async def main() -> dict:
         try:
