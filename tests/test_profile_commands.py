@@ -75,6 +75,16 @@ def test_doctor_command(tmp_path, monkeypatch):
     assert main(["doctor", "--device", "cpu", "--no-measure"]) == 1
 
 
+def test_doctor_table_wraps_a_cited_file_instead_of_cutting_it(capsys):
+    """A finding's detail cites a result file by its path, one word wider than its column: it was cut to
+    'benchmarks/results/h200/matrix_wam-761_levers…', so the file could not be found. It now wraps."""
+    main(["doctor", "--workload", "wam-tiny", "--device", "cpu", "--sparsity", "drop_middle", "--no-measure"])
+    out = capsys.readouterr().out
+    assert "…" not in out
+    joined = "".join(line.strip("│ ") for line in out.splitlines())  # the cells' pieces, borders dropped
+    assert "benchmarks/results/h200/matrix_wam-761_levers_s18.json" in joined
+
+
 def test_report_command(tmp_path):
     main(["syncs", *COMMON, "--json", str(tmp_path / "sy.json")])
     assert main(["report", str(tmp_path), "-o", str(tmp_path / "r.html")]) == 0

@@ -306,8 +306,8 @@ def cmd_doctor(args) -> int:
             engine = _levers_or_error(model, args.levers)
         findings = doctor(model, engine=engine, workload=workload, measure=not args.no_measure)
     t = Table(title=f"vlaperf doctor  {workload.id if workload else 'environment only'}  ({device})", show_lines=True)
-    for col in ("severity", "finding", "cost ms", "fix"):
-        t.add_column(col)
+    for col in ("severity", "finding", "cost ms", "fix"):  # a long word (a cited file's path) wraps, never cut
+        t.add_column(col, overflow="fold")
     style = {"error": "bold red", "warning": "yellow", "info": "dim"}
     for f in findings:
         t.add_row(f"[{style[f['severity']]}]{f['severity']}[/]", f"{f['title']}\n[dim]{f['detail']}[/]",
