@@ -735,3 +735,185 @@ def test_an_engine_refuses_a_released_model_and_a_model_cast_or_moved_after_it(t
     with pytest.raises(RuntimeError, match="the model was cast or moved since this engine was built "
                                            r"\(now torch.bfloat16 on cpu, the engine's copies torch.float32 on cpu\)"):
         engine.sample_actions(obs, noise, tiny_workload.steps)
+
+
+@pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2), (torch.float16, 3e-2)])
+def test_compare_passes_at_its_dtype_s_tolerance_and_fails_just_past_it(dtype, tol):
+    """The boundary is inclusive (rel_l2 <= tolerance) and each dtype has the documented tolerance; float16 is
+    held to bfloat16's, not float32's."""
+    ref = torch.tensor([1.0, 0.0], dtype=torch.float64)  # |ref| = 1: rel_l2 is |the error|
+    at = compare(ref + torch.tensor([0.0, tol], dtype=torch.float64), ref, dtype)
+    assert at["rel_l2"] == tol and at["passed"] and at["tolerance"] == tol
+    past = compare(ref + torch.tensor([0.0, 1.2 * tol], dtype=torch.float64), ref, dtype)
+    assert past["rel_l2"] == pytest.approx(1.2 * tol) and not past["passed"]
+
+
+def test_compare_measures_in_float64_and_relative_to_a_small_reference():
+    ref = torch.tensor([1.0, 2.0], dtype=torch.float64)
+    # an error float32 could not hold next to 1.0 (its epsilon is 1.2e-7) is still measured
+    assert compare(ref + 1e-9, ref, torch.float32)["rel_l2"] == pytest.approx(1e-9 * 2**0.5 / 5**0.5, rel=1e-3)
+    small = torch.tensor([3e-3, -4e-3])  # |ref| = 5e-3: no floor at 1 under the norm
+    assert compare(2 * small, small, torch.float32)["rel_l2"] == pytest.approx(1.0)
+    # max_abs is the largest error in absolute value, whichever side of the reference it falls
+    below = compare(torch.tensor([3.0, -4.5]), torch.tensor([3.0, -4.0]), torch.float32)
+    assert below["max_abs"] == pytest.approx(0.5) and below["rel_l2"] == pytest.approx(0.1)
+    # an all-zero reference: matched exactly it passes, any error fails
+    zeros = torch.zeros(3)
+    assert compare(zeros, zeros, torch.float32)["rel_l2"] == 0.0 and compare(zeros, zeros, torch.float32)["passed"]
+    assert not compare(zeros + 1e-6, zeros, torch.float32)["passed"]
+
+
+@pytest.mark.parametrize("bad", [float("nan"), float("inf"), -float("inf")])
+def test_compare_never_passes_a_non_finite_side_and_says_which(bad):
+    import math
+
+    finite = torch.tensor([1.0, 2.0])
+    broken = torch.tensor([1.0, bad])
+    for actions, reference in ((broken, finite), (finite, broken)):
+        r = compare(actions, reference, torch.bfloat16)
+        assert not r["passed"] and math.isnan(r["max_abs"]) and math.isnan(r["rel_l2"])
+        assert r["finite"] == (actions is finite) and r["reference_finite"] == (reference is finite)
+        assert r["tolerance"] == 3e-2
+
+
+def test_check_equivalence_runs_the_steps_and_fresh_inputs_of_each_seed(tiny_model, tiny_workload):
+    calls = []
+
+    class Recording:
+        name = "recording"
+
+        def sample_actions(self, obs, noise, steps):
+            calls.append((obs, noise, steps))
+            return tiny_model.sample_actions(obs, noise, steps)
+
+    r = check_equivalence(tiny_model, Recording(), tiny_workload, seeds=(0, 1, 2), num_steps=2)
+    assert r["passed"] and r["seeds"] == 3 and r["variant"] == "recording"
+    assert [steps for *_, steps in calls] == [2, 2, 2] and tiny_workload.steps != 2
+    for (obs_a, noise_a, _), (obs_b, noise_b, _) in zip(calls, calls[1:]):  # a new draw for every seed
+        assert not torch.equal(obs_a.images, obs_b.images) and not torch.equal(noise_a, noise_b)
+
+
+def test_check_equivalence_reports_a_non_finite_seed_over_a_merely_wrong_one(tiny_model, tiny_workload):
+    class WrongThenNan:
+        name, calls = "wrong-then-nan", 0
+
+        def sample_actions(self, obs, noise, steps):
+            self.calls += 1
+            out = tiny_model.sample_actions(obs, noise, steps)
+            return out * 1.5 if self.calls == 1 else torch.full_like(out, float("nan"))
+
+    r = check_equivalence(tiny_model, WrongThenNan(), tiny_workload)
+    assert not r["passed"] and not r["finite"] and r["reference_finite"] and r["rel_l2"] != r["rel_l2"]
+
+
+def test_check_equivalence_refuses_a_variant_of_another_shape(tiny_model, tiny_workload):
+    class Short:
+        name = "short"
+
+        def sample_actions(self, obs, noise, steps):
+            return tiny_model.sample_actions(obs, noise, steps)[:, :-1]
+
+    with pytest.raises(AssertionError, match="variant short returned shape"):
+        check_equivalence(tiny_model, Short(), tiny_workload, seeds=(0,))
+
+
+def test_check_equivalence_holds_a_bf16_model_to_the_bf16_tolerance(tiny_workload):
+    model = build_model(get_config("tiny"), "cpu", torch.bfloat16, seed=0)
+
+    class OnePercentOff:
+        name = "one-percent"
+
+        def sample_actions(self, obs, noise, steps):
+            return (model.sample_actions(obs, noise, steps).double() * 1.01).to(torch.bfloat16)
+
+    r = check_equivalence(model, OnePercentOff(), tiny_workload, seeds=(0,))
+    assert r["dtype"] == "bfloat16" and r["tolerance"] == 3e-2
+    assert 1e-3 < r["rel_l2"] < 3e-2 and r["passed"]  # float32's 1e-4 would fail it
+
+
+def test_each_lever_with_what_requires_names_passes_and_without_any_of_it_is_refused_naming_both():
+    """`vlaperf check` checks a lever alone as REQUIRES[lever] + lever: that must be enough, and each item of it
+    needed (dropping it is a LeverError that names the lever and what it needs). Checked for a CUDA device, as the
+    levers are only applicable there."""
+    from vlaperf.engine.levers import REQUIRES
+
+    assert set(REQUIRES) == {"cuda_graph", "compile_layers", "triton_kernels", "megakernel"}
+    for lever, needs in REQUIRES.items():
+        assert needs, lever
+        Levers.parse(",".join(needs + (lever,))).check("cuda")
+        for needed in needs:
+            spec = ",".join([n for n in needs if n != needed] + [lever])
+            with pytest.raises(LeverError, match=f"^{lever} needs {needed}"):
+                Levers.parse(spec).check("cuda")
+
+
+def test_presets_hold_their_levers(monkeypatch):
+    import vlaperf.engine.levers as levers_mod
+
+    monkeypatch.setattr("vlaperf.engine.compile.compile_blockers", lambda *a: [])
+    monkeypatch.setattr(levers_mod, "_capability_major", lambda device: 8)
+    exact = Levers.parse("exact", "cuda")
+    assert set(exact.names()) == {"for_loop", "skip_masked_images", "trim_prompt_padding", "static_kv_cache", "sdpa",
+                                  "fuse_projections"}
+    assert Levers.parse("exact", "cuda") == Levers.parse("exact", "cpu") == Levers.parse("best", "cpu")
+    assert set(Levers.parse("graph", "cuda").names()) == set(exact.names()) | {"cuda_graph"}
+    assert set(Levers.parse("best", "cuda").names()) == set(exact.names()) | {"cuda_graph", "compile=default",
+                                                                              "compile_layers"}
+    # without a working compile (e.g. no C compiler), best on a GPU is graph
+    monkeypatch.setattr("vlaperf.engine.compile.compile_blockers", lambda *a: ["no C compiler"])
+    assert Levers.parse("best", "cuda") == Levers.parse("graph", "cuda")
+    # the Hopper-tuned kernels never join best on a CPU, whatever capability is reported
+    monkeypatch.setattr(levers_mod, "_capability_major", lambda device: 9)
+    assert Levers.parse("best", "cpu") == exact
+    assert Levers.parse("reference") == Levers.parse("none") == Levers.parse("") == Levers()
+    assert Levers().label() == "reference" and Levers.parse("for_loop,sdpa").label() == "for_loop+sdpa"
+
+
+def test_lever_refusals_name_the_lever_and_what_was_expected(monkeypatch):
+    from vlaperf.engine.levers import unknown_lever
+
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert unknown_lever("best,for_loop") == "best" and unknown_lever("none,sdpa") == "none"  # a preset in a list
+    with pytest.raises(LeverError, match="'best' is a preset: give it alone"):
+        Levers.parse("best,for_loop")
+    with pytest.raises(LeverError, match=r"holds several variants \(';'\)"):
+        Levers.parse("for_loop;sdpa")
+    with pytest.raises(LeverError, match="'compile=': no compile mode after '='"):
+        Levers.parse("compile=")
+    assert Levers.parse("compile").compile == "default"
+    with pytest.raises(LeverError, match="lever 'for_loop' takes no value, got 'for_loop=1'"):
+        Levers.parse("for_loop=1")
+    with pytest.raises(LeverError, match="expected a comma-separated string"):
+        Levers.parse(["for_loop", 3])
+    assert Levers.parse([" for_loop ", "sdpa"]) == Levers(for_loop=True, sdpa=True)
+    with pytest.raises(LeverError, match="cuda_graph and compile=max-autotune both capture CUDA graphs"):
+        Levers.parse("for_loop,cuda_graph,compile=max-autotune").check("cuda")
+    Levers.parse("for_loop,cuda_graph,compile=max-autotune-no-cudagraphs").check("cuda")
+    with pytest.raises(LeverError, match="compile=max-autotune uses CUDA graphs and needs a CUDA device"):
+        Levers.parse("compile=max-autotune").check("cpu")
+    with pytest.raises(LeverError, match="megakernel needs a CUDA device"):
+        Levers.parse("fuse_projections,static_kv_cache,megakernel").check("cpu")
+    monkeypatch.setenv("TRITON_INTERPRET", "1")  # Triton's CPU interpreter stands in for the device in tests
+    Levers.parse("fuse_projections,static_kv_cache,megakernel,triton_kernels").check("cpu")
+
+
+def test_a_lever_given_twice_with_two_values_is_refused():
+    """'compile=default,compile=max-autotune' kept the last mode silently; the same lever twice with one value is
+    still one lever."""
+    with pytest.raises(LeverError, match=r"compile given twice with different values: 'compile=default' and "
+                                         r"'compile=max-autotune'; give one"):
+        Levers.parse("for_loop,compile=default,cuda_graph,compile=max-autotune")
+    with pytest.raises(LeverError, match=r"megakernel given twice with different values: 'megakernel' and "
+                                         r"'megakernel=batched'"):
+        Levers.parse("for_loop,megakernel,megakernel=batched")
+    assert Levers.parse("for_loop,compile,compile=default").compile == "default"  # the same mode twice
+    assert Levers.parse("for_loop,sdpa,sdpa") == Levers.parse("for_loop,sdpa")
+
+
+def test_capability_major_is_the_major_of_the_device_s_capability(monkeypatch):
+    import vlaperf.engine.levers as levers_mod
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (8, 9))  # e.g. an RTX 4090
+    assert levers_mod._capability_major("cuda") == 8
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: 1 / 0)
+    assert levers_mod._capability_major("cuda") is None

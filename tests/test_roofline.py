@@ -62,3 +62,58 @@ def test_each_prompt_token_adds_its_keys_and_values_to_every_step_s_bytes():
     e = c.expert
     added = roofline(c, w, 2, 21)["denoise_gb_per_step"] - roofline(c, w, 2, 20)["denoise_gb_per_step"]
     assert added * 1e9 == pytest.approx(2 * e.depth * 2 * e.num_kv_heads * e.head_dim)  # bf16 K and V, every layer
+
+
+# The tiny preset counted by hand, in multiply-accumulates (2 FLOPs each): SigLIP width 32, depth 2, MLP 64, 16 patches
+# of 14 x 14 x 3 pixels; the Gemma backbone width 64, depth 2, MLP 128, 4 query heads and 1 K/V head of 16; the expert
+# the same heads at width 32, MLP 64; pi0's suffix is the state token and the 10 actions.
+TINY_SIGLIP_LAYER = 16 * 4 * 32 * 32 + 16 * 2 * 32 * 64 + 2 * 16 * 16 * 32  # q, k, v, o; fc1, fc2; QK^T and PV
+TINY_IMAGE = 2 * TINY_SIGLIP_LAYER + 16 * (14 * 14 * 3) * 32 + 16 * 32 * 64  # layers, patch embedding, projector
+TINY_BACKBONE_LAYER_PARAMS = 64 * 64 + 2 * 64 * 16 + 64 * 64 + 3 * 64 * 128  # q, k and v (1 head), o; gate, up, down
+TINY_EXPERT_LAYER_PARAMS = 32 * 64 + 2 * 32 * 16 + 64 * 32 + 3 * 32 * 64
+
+
+@pytest.mark.parametrize("matmul_flops, bandwidth", [(3e9, 1e8), (1e10, 1e8), (5e8, 1e8)],
+                         ids=["prefix-compute-denoise-memory", "both-memory", "both-compute"])
+def test_tiny_floor_against_a_hand_count(matmul_flops, bandwidth):
+    c, w = get_config("tiny"), get_workload("tiny")
+    r = roofline(c, w, images=2, prompt_len=16, matmul_flops=matmul_flops, bandwidth=bandwidth)
+    tokens, keys = 2 * 16 + 16, 2 * 16 + 16 + 11  # the expert's queries see the prefix and the suffix
+    backbone = 2 * tokens * (TINY_BACKBONE_LAYER_PARAMS + 2 * tokens * 4 * 16)  # 2 layers; attention per query head
+    prefix_flops = 2 * (2 * TINY_IMAGE + backbone)
+    step_flops = 2 * 2 * 11 * (TINY_EXPERT_LAYER_PARAMS + 2 * keys * 4 * 16)
+    # bf16 weights (the patch embedding left out: lower order), and every step the K/V cache of all its keys
+    prefix_bytes = 2 * (2 * (4 * 32 * 32 + 2 * 32 * 64) + 32 * 64 + 2 * TINY_BACKBONE_LAYER_PARAMS)
+    step_bytes = 2 * 2 * TINY_EXPERT_LAYER_PARAMS + 2 * 2 * 2 * keys * 1 * 16  # 2 layers of K and V, one head
+    assert (r["prefix_tokens"], r["suffix_tokens"], r["steps"]) == (48, 11, 4)
+    assert r["prefix_tflop"] * 1e12 == pytest.approx(prefix_flops)
+    assert r["denoise_tflop"] * 1e12 == pytest.approx(4 * step_flops)
+    assert r["prefix_weight_gb"] * 1e9 == pytest.approx(prefix_bytes)
+    assert r["denoise_gb_per_step"] * 1e9 == pytest.approx(step_bytes)
+    prefix_ms = 1e3 * max(prefix_flops / matmul_flops, prefix_bytes / bandwidth)
+    denoise_ms = 4e3 * max(step_flops / matmul_flops, step_bytes / bandwidth)
+    assert r["prefix_ms"] == pytest.approx(prefix_ms) and r["denoise_ms"] == pytest.approx(denoise_ms)
+    assert r["floor_ms"] == pytest.approx(prefix_ms + denoise_ms)
+    assert (r["matmul_flops"], r["bandwidth"]) == (matmul_flops, bandwidth)
+
+
+def test_tiny_floor_scales_with_batch_and_steps_and_pi05_has_no_state_token():
+    c, w = get_config("tiny"), get_workload("tiny")
+    one = roofline(c, w, images=2, prompt_len=16)
+    two = roofline(c, w.with_overrides(batch=2), images=2, prompt_len=16, steps=3)
+    assert two["steps"] == 3
+    assert two["prefix_tflop"] == pytest.approx(2 * one["prefix_tflop"])  # every sample's images and prompt
+    assert two["denoise_tflop"] == pytest.approx(2 * 3 / 4 * one["denoise_tflop"])
+    assert two["prefix_weight_gb"] == one["prefix_weight_gb"]  # weights are read once for the batch ...
+    keys = 2 * 16 + 16 + 11
+    kv = 2 * 2 * 2 * keys * 16  # ... a sample's K/V cache is not
+    assert (two["denoise_gb_per_step"] - one["denoise_gb_per_step"]) * 1e9 == pytest.approx(kv)
+    pi05 = roofline(get_config("tiny", pi05=True), w, images=2, prompt_len=16)
+    assert pi05["suffix_tokens"] == 10
+
+
+def test_measured_ceilings_refuse_zero_repetitions():
+    from vlaperf.roofline import measure_ceilings
+
+    with pytest.raises(ValueError, match="got 8, 64, 0"):
+        measure_ceilings("cpu", matmul_size=8, copy_bytes=64, reps=0)

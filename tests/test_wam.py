@@ -901,3 +901,71 @@ def test_token_groups_with_two_context_frames():
     assert g[: 2 * P] == [CLEAN] * (2 * P)
     assert g[2 * P : cfg.frame_tokens] == [VIDEO] * (cfg.frame_tokens - 2 * P)
     assert g[cfg.frame_tokens] == CLEAN and g[cfg.frame_tokens + 1 :] == [ACTION] * cfg.action_horizon
+
+
+def test_check_fails_a_variant_wrong_on_the_video_alone_and_reports_the_worst_seed(tiny):
+    """Actions and video must both pass; the worst seed is the one with the larger of its two errors; each seed
+    draws its own inputs."""
+    w = get_wam_workload("wam-tiny").with_overrides(steps=2)
+    seen = []
+
+    class OneSideOff:  # seed 0: actions 2% off; seed 1: video 5% off
+        name = "one-side-off"
+
+        def generate(self, obs, noise, **kw):
+            a, v = tiny.generate(obs, noise, **kw)
+            seen.append((obs, v))
+            return (a * 1.02, v) if len(seen) == 1 else (a, v * 1.05)
+
+    r = check_wam_equivalence(tiny, OneSideOff(), w, seeds=(0, 1))
+    assert not r["passed"] and r["seeds"] == 2 and r["variant"] == "one-side-off"
+    assert r["video_rel_l2"] == pytest.approx(0.05, rel=1e-3) and r["rel_l2"] < 1e-6  # seed 1's, not seed 0's 2%
+    assert r["video_max_abs"] == pytest.approx(0.05 * float(seen[1][1].double().abs().max()), rel=1e-3)
+    assert not torch.equal(seen[0][0].context, seen[1][0].context)
+
+    class VideoOffOnSeed1:  # seed 0 passes: the report is still seed 1's failure, on the video alone
+        name, calls = "video-off", 0
+
+        def generate(self, obs, noise, **kw):
+            self.calls += 1
+            a, v = tiny.generate(obs, noise, **kw)
+            return a, v * (1.05 if self.calls == 2 else 1.0)
+
+    video_only = check_wam_equivalence(tiny, VideoOffOnSeed1(), w.with_overrides(sparsity="drop_middle"), seeds=(0, 1))
+    assert not video_only["passed"] and video_only["rel_l2"] < 1e-6 and video_only["sparsity"] == "drop_middle"
+    assert video_only["video_rel_l2"] == pytest.approx(0.05, rel=1e-3)
+
+    class ShortVideo:
+        name = "short-video"
+
+        def generate(self, obs, noise, **kw):
+            a, v = tiny.generate(obs, noise, **kw)
+            return a, v[:, :-1]
+
+    with pytest.raises(AssertionError, match="variant short-video returned video of shape"):
+        check_wam_equivalence(tiny, ShortVideo(), w, seeds=(0,))
+
+
+@pytest.mark.parametrize("cfg_scale", [0.0, 2.0])
+def test_wam_tiny_floor_against_a_hand_count(cfg_scale):
+    """wam-tiny by hand, per layer (2 layers): width 64, MLP 128, 8 text tokens, 48 frame tokens + the state token
+    + 4 actions; the workload's 4 steps are 2 video steps + the one that fills the video cache (3 full forwards), then
+    1 with the action tokens alone. Guidance runs the conditional and the unconditional batch."""
+    from vlaperf.roofline import wam_roofline
+
+    cfg, b = get_config("wam-tiny"), 2 if cfg_scale else 1
+    w = get_wam_workload("wam-tiny").with_overrides(cfg_scale=cfg_scale)
+    linear = 4 * 64 * 64 + 2 * 64 * 64 + 2 * 64 * 128  # self q, k, v, o; cross q, o; MLP (MACs per token)
+    video, actions = 48 + 1, 4
+    full_pairs = video * video + actions * (video + actions) + (video + actions) * 8  # self, then cross to the text
+    full = 2 * (2 * b * (video + actions) * linear + 2 * 2 * b * 64 * full_pairs)  # 2 layers; QK^T and PV
+    act = 2 * (2 * b * actions * linear + 2 * 2 * b * 64 * (actions * (video + actions) + actions * 8))
+    ctx = 2 * 2 * b * 8 * 2 * 64 * 64  # the text's cross K and V, once
+    weights, ctx_weights = 2 * 2 * linear, 2 * 2 * 2 * 64 * 64  # bf16, 2 layers
+    r = wam_roofline(cfg, w, matmul_flops=1e9, bandwidth=1e8)
+    assert (r["tokens"], r["full_forwards"], r["action_forwards"]) == (53, 3, 1)
+    assert r["full_forward_tflop"] * 1e12 == pytest.approx(full)
+    assert r["flops"] == pytest.approx(ctx + 3 * full + act)
+    ms = [1e3 * max(f / 1e9, by / 1e8) for f, by in ((ctx, ctx_weights), (full, weights), (act, weights))]
+    assert [r["context_kv_ms"], r["full_forward_ms"], r["action_forward_ms"]] == pytest.approx(ms)
+    assert r["floor_ms"] == pytest.approx(ms[0] + 3 * ms[1] + ms[2])

@@ -60,6 +60,15 @@ class LeverError(ValueError):
     """A lever that does not exist, or cannot apply here; the message says why."""
 
 
+def refuse_second_value(kwargs: dict, name: str, value) -> None:
+    """A lever given twice with two values ('compile=default,compile=max-autotune'): refused, where the last one
+    would silently win."""
+    if name in kwargs and kwargs[name] != value:
+        show = lambda v: f"{name}={v}" if isinstance(v, str) else name  # noqa: E731
+        raise LeverError(f"{name} given twice with different values: {show(kwargs[name])!r} and {show(value)!r}; "
+                         "give one")
+
+
 def lever_items(spec: "str | list[str] | tuple[str, ...]") -> list[str]:
     """A lever list's items, stripped. An empty item among others ('for_loop,,sdpa', 'for_loop,') is an error:
     a name was lost there; an empty list is no levers."""
@@ -150,11 +159,16 @@ class Levers:
                 mode = value or "default"
                 if mode not in COMPILE_MODES:
                     raise LeverError(f"compile mode {mode!r} is not one of: {', '.join(COMPILE_MODES)}")
+                refuse_second_value(kwargs, "compile", mode)
                 kwargs["compile"] = mode
             elif name == "megakernel" and value:
                 if value != "batched":
                     raise LeverError(f"megakernel takes no value or 'batched' (several samples in one launch), got {item!r}")
+                refuse_second_value(kwargs, "megakernel", "batched")
                 kwargs["megakernel"] = "batched"
+            elif name == "megakernel":
+                refuse_second_value(kwargs, "megakernel", True)
+                kwargs["megakernel"] = True
             elif value:
                 raise LeverError(f"lever {name!r} takes no value, got {item!r}")
             else:
