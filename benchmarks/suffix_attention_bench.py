@@ -33,6 +33,7 @@ from kernel_timing import graph_time_ms  # benchmarks/ (the script's folder is o
 
 from vlaperf.engine.attention import attention, folded_mqa_attention, prefix_mask, suffix_mask
 from vlaperf.engine.kernels.suffix_attention import PREFIX_TILES, aligned_mask, default_splits, prefix_splits, suffix_attention
+from vlaperf.engine.kernels.suffix_attention import whole_tile_splits
 from vlaperf.models.pi0 import eager_attention
 from vlaperf.report.schema import SCHEMA
 from vlaperf.timing import environment_record
@@ -70,8 +71,7 @@ def effective_splits(tk: int, batch: int, rows: int, cfg: dict) -> int:
     """The key splits the kernel runs for `cfg`: its pick where splits is None, and any count rounded as
     suffix_attention rounds it (whole key tiles a split: with 600 keys in 32-key tiles, 6 splits run as 5)."""
     splits = cfg["splits"] or default_splits(tk, cfg["block_n"], batch * triton.cdiv(rows, cfg["block_m"]))
-    per_split = triton.cdiv(triton.cdiv(tk, splits), cfg["block_n"]) * cfg["block_n"]
-    return triton.cdiv(tk, per_split)
+    return whole_tile_splits(tk, cfg["block_n"], splits)[0]
 
 
 def main() -> None:

@@ -159,20 +159,17 @@ class Levers:
                 mode = value or "default"
                 if mode not in COMPILE_MODES:
                     raise LeverError(f"compile mode {mode!r} is not one of: {', '.join(COMPILE_MODES)}")
-                refuse_second_value(kwargs, "compile", mode)
-                kwargs["compile"] = mode
+                setting = mode
             elif name == "megakernel" and value:
                 if value != "batched":
                     raise LeverError(f"megakernel takes no value or 'batched' (several samples in one launch), got {item!r}")
-                refuse_second_value(kwargs, "megakernel", "batched")
-                kwargs["megakernel"] = "batched"
-            elif name == "megakernel":
-                refuse_second_value(kwargs, "megakernel", True)
-                kwargs["megakernel"] = True
+                setting = "batched"
             elif value:
                 raise LeverError(f"lever {name!r} takes no value, got {item!r}")
             else:
-                kwargs[name] = True
+                setting = True
+            refuse_second_value(kwargs, name, setting)
+            kwargs[name] = setting
         return cls(**kwargs)
 
     def names(self) -> list[str]:

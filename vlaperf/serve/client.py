@@ -10,6 +10,7 @@ connect helper used by the load generator.
 
 from __future__ import annotations
 
+import contextlib
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -48,6 +49,18 @@ def auth_refusal(exc: BaseException, api_key: str | None) -> AuthenticationError
     return AuthenticationError(f"server rejected the connection with HTTP 401 ({hint})")
 
 
+@contextlib.contextmanager
+def handshake(api_key: str | None):
+    """Around a websocket connect (sync or async): its HTTP 401 raised as `auth_refusal`'s AuthenticationError."""
+    try:
+        yield
+    except Exception as e:
+        refusal = auth_refusal(e, api_key)
+        if refusal is None:
+            raise
+        raise refusal from None
+
+
 def normalize_url(url: str) -> str:
     if "://" not in url:
         url = "ws://" + url
@@ -73,14 +86,9 @@ class Client:
 
         self.url, self.timeout_s = normalize_url(url), timeout_s
         self._max = max_message_bytes
-        try:
+        with handshake(api_key):
             self._ws = connect(self.url, additional_headers=auth_headers(api_key), compression=None,
                                max_size=max_message_bytes, open_timeout=timeout_s, **connect_options(connect))
-        except Exception as e:
-            refusal = auth_refusal(e, api_key)
-            if refusal is None:
-                raise
-            raise refusal from None
         try:
             self.metadata: dict = decode_reply(self._ws.recv(timeout=timeout_s), self._max)
         except BaseException:
@@ -114,20 +122,16 @@ async def connect_async(url: str, api_key: str | None = None, timeout_s: float =
     url = normalize_url(url)
     headers = auth_headers(api_key)
     try:
-        try:
-            from websockets.asyncio.client import connect
-        except ImportError:  # pragma: no cover - websockets 12
-            from websockets.client import connect
+        from websockets.asyncio.client import connect
+    except ImportError:  # pragma: no cover - websockets 12
+        from websockets.client import connect
 
+        with handshake(api_key):
             return await connect(url, extra_headers=headers, compression=None, max_size=max_message_bytes,
                                  open_timeout=timeout_s)
+    with handshake(api_key):
         return await connect(url, additional_headers=headers, compression=None, max_size=max_message_bytes,
                              open_timeout=timeout_s, **connect_options(connect))
-    except Exception as e:
-        refusal = auth_refusal(e, api_key)
-        if refusal is None:
-            raise
-        raise refusal from None
 
 
 def connect_options(connect) -> dict:

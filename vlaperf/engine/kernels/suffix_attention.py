@@ -145,6 +145,13 @@ def default_splits(Tk: int, block_n: int, blocks: int) -> int:
     return max(1, min(triton.cdiv(Tk, 4 * block_n), WAVE_PROGRAMS // blocks))
 
 
+def whole_tile_splits(Tk: int, block_n: int, splits: int) -> tuple[int, int]:
+    """(splits run, keys a split) for `splits` asked: each split a whole number of key tiles, so some counts run as
+    fewer (600 keys in 32-key tiles: 6 splits asked run as 5 of 128 keys)."""
+    keys_per_split = triton.cdiv(triton.cdiv(Tk, splits), block_n) * block_n
+    return triton.cdiv(Tk, keys_per_split), keys_per_split
+
+
 # The prefix's key splits: at most 3, and only as many as keep the programs in one wave (`prefix_splits`)
 PREFIX_MAX_SPLITS = 3
 
@@ -208,8 +215,7 @@ def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     row_blocks = triton.cdiv(rows, block_m)
     if splits is None:
         splits = default_splits(Tk, block_n, B * row_blocks)
-    keys_per_split = triton.cdiv(triton.cdiv(Tk, splits), block_n) * block_n
-    splits = triton.cdiv(Tk, keys_per_split)
+    splits, keys_per_split = whole_tile_splits(Tk, block_n, splits)
     single = splits == 1
     block_d = merge_block_d(B * row_blocks, h) if block_d is None else block_d
     if block_d < 1 or h % block_d or block_d & (block_d - 1):
