@@ -125,13 +125,7 @@ def default_device() -> str:
 # The largest --batch: a typo of a few zeros must not take every byte of the machine's memory first
 # (libero-pi0's activations grow ~70 MB a sample in bf16; the server caps a request's list at 64)
 MAX_BATCH = 1024
-
-
-def batch_int(text: str) -> int:
-    value = positive_int(text)  # its message for 0 and below; the cap named on its own
-    if value > MAX_BATCH:
-        raise argparse.ArgumentTypeError(f"expected an integer in 1..{MAX_BATCH}, got {text!r}")
-    return value
+batch_int = number_arg(int, 1, maximum=MAX_BATCH)
 
 
 # The longest action chunk a workload may be given (pi0-family checkpoints are trained with 10 to 50)
