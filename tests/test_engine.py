@@ -118,6 +118,7 @@ def test_sdpa_and_static_kv_cache_change_the_path_they_name(tiny_model, tiny_inp
 def test_prompt_buckets():
     assert [prompt_bucket(n, 48) for n in (1, 8, 9, 20, 33, 48)] == [8, 8, 16, 32, 48, 48]
     assert prompt_bucket(150, 200) == 200 and prompt_bucket(64, 200) == 64
+    assert prompt_bucket(300, 400) == 400  # past the largest bucket every slot is kept
 
 
 def test_stage_hook_marks_every_stage(tiny_model, tiny_inputs, tiny_workload):
@@ -628,6 +629,13 @@ def test_euler_update_folded_into_the_action_head(tiny_model, tiny_workload, tin
     monkeypatch.setattr(loop, "head_linear", head)
     folded = Engine(tiny_model, levers).sample_actions(obs, noise, tiny_workload.steps)
     assert residuals.count(True) == tiny_workload.steps  # every step's action head took x_t + dt b
+    residuals.clear()
+    Engine(tiny_model, "for_loop,static_kv_cache").sample_actions(obs, noise, tiny_workload.steps)
+    assert residuals == [False] * tiny_workload.steps  # without fuse_projections: the model's head, as it is
+    # before euler_tables is replaced below (after it, this assert could not fail)
+    bf16_head = copy.deepcopy(tiny_model)
+    bf16_head.action_out_proj.to(torch.bfloat16)
+    assert fusion.euler_tables(tiny_model, 3) and "euler_proj" not in fusion.time_tables(bf16_head, 3, "cpu")
     monkeypatch.setattr(fusion, "euler_tables", lambda model, num_steps: {})
     residuals.clear()
     written_out = Engine(tiny_model, levers).sample_actions(obs, noise, tiny_workload.steps)
@@ -635,10 +643,6 @@ def test_euler_update_folded_into_the_action_head(tiny_model, tiny_workload, tin
     assert rel_l2(folded, written_out) < 1e-6
     ref = tiny_model.sample_actions(obs, noise, tiny_workload.steps)
     assert rel_l2(folded, ref) < FP32_TOL
-
-    bf16_head = copy.deepcopy(tiny_model)
-    bf16_head.action_out_proj.to(torch.bfloat16)
-    assert "euler_proj" not in fusion.time_tables(bf16_head, 3, "cpu")
 
 
 def test_split_gate_up_switch_gives_the_fused_gate_ups_actions(tiny_model, tiny_inputs, tiny_workload, monkeypatch):
@@ -917,3 +921,226 @@ def test_capability_major_is_the_major_of_the_device_s_capability(monkeypatch):
     assert levers_mod._capability_major("cuda") == 8
     monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: 1 / 0)
     assert levers_mod._capability_major("cuda") is None
+
+
+# ---- audited by mutation (engine CPU paths): what the equivalence tests above cannot see
+
+
+@pytest.mark.parametrize("kv_heads", [1, 2, 4])
+def test_attention_paths_compute_the_per_head_formula_for_shared_and_grouped_kv_heads(kv_heads, monkeypatch):
+    """Eager, folded (one K/V head) and SDPA attention against softmax(q k^T / sqrt(h)) v written out per head, in
+    float64, with a mask. Query head n reads K/V head n // (N / K) (grouped-query attention, as repeat_interleave
+    groups them). The tiny model has one K/V head and few rows, so its calls never reach SDPA with a mask or with
+    grouped heads; FOLDED_MQA_MAX_ROWS = 0 sends the one-head case through SDPA too."""
+    from vlaperf.engine import attention as A
+    from vlaperf.models.pi0 import eager_attention
+
+    B, N, Tq, Tk, h = 2, 4, 3, 5, 8
+    gen = torch.Generator().manual_seed(0)
+    q, k, v = (torch.randn(B, n, T, h, generator=gen) for n, T in ((N, Tq), (kv_heads, Tk), (kv_heads, Tk)))
+    mask = torch.rand(B, Tq, Tk, generator=gen) > 0.4
+    mask[..., 0] = True  # every row sees a key
+    want = torch.empty(B, N, Tq, h, dtype=torch.float64)
+    for n in range(N):
+        kv = n // (N // kv_heads)
+        scores = q[:, n].double() @ k[:, kv].double().transpose(1, 2) / h**0.5
+        want[:, n] = scores.masked_fill(~mask, float("-inf")).softmax(-1) @ v[:, kv].double()
+    paths = {"eager": A.attention(q, k, v, mask, use_sdpa=False), "sdpa": A.attention(q, k, v, mask, use_sdpa=True),
+             "reference": eager_attention(q, k, v, mask)}
+    monkeypatch.setattr(A, "FOLDED_MQA_MAX_ROWS", 0)
+    paths["sdpa, no folding"] = A.attention(q, k, v, mask, use_sdpa=True)
+    for name, out in paths.items():
+        torch.testing.assert_close(out.double(), want, rtol=1e-5, atol=1e-5, msg=name)
+
+
+def test_prefix_mask_lets_valid_tokens_see_valid_tokens_and_a_padded_row_only_itself():
+    """Bidirectional among valid tokens; a padded query row attends to itself alone (a fully masked row is NaN in
+    fused kernels, and NaN keys/values would poison the next layer), and no valid row sees a padded key."""
+    from vlaperf.engine.attention import prefix_mask
+
+    pad = torch.tensor([[True, True, False, True, False]])
+    mask = prefix_mask(pad)[0]
+    for i in range(5):
+        for j in range(5):
+            assert mask[i, j].item() == ((pad[0, i] and pad[0, j]) or (i == j and not pad[0, i])), (i, j)
+
+
+def test_suffix_mask_state_token_sees_only_itself_within_the_suffix():
+    """Every suffix token sees the valid prefix keys; within the suffix pi0's state token (index 0) sees only itself
+    and the actions see everything, pi0.5's actions (no state token) each other."""
+    from vlaperf.engine.attention import suffix_mask
+
+    pad = torch.tensor([[True, False, True]])
+    pi0, pi05 = suffix_mask(pad, 4, pi05=False)[0], suffix_mask(pad, 3, pi05=True)[0]
+    assert pi0.shape == (4, 7) and pi05.shape == (3, 6)
+    assert pi0[:, :3].tolist() == [[True, False, True]] * 4 and pi05[:, :3].tolist() == [[True, False, True]] * 3
+    assert pi0[0, 3:].tolist() == [True, False, False, False] and pi0[1:, 3:].all()
+    assert pi05[:, 3:].all()
+
+
+def test_schedule_is_the_times_the_reference_visits_bit_for_bit(monkeypatch):
+    """The engine's time tables are built on `schedule(n)`: the times the reference's `while` visits, 1.0 plus the
+    float32 dt accumulated in float32. For 7 steps a float64 sum, or 1 - i/n, differs in the last bits; the
+    reference's loop ends at t = -dt/2 because the accumulated time is not exactly 0 (after 7 steps it is +3e-8,
+    so `while t > 0` would take an eighth step; after 4 it is 0, so `while t >= 0` would take a fifth)."""
+    from vlaperf.engine.fusion import schedule
+
+    model = build_model("tiny", "cpu", torch.float32, seed=0)
+    w = get_workload("tiny")
+    obs, noise = random_observation(w, model.config, seed=0), random_noise(w, model.config, seed=0)
+    seen, real = [], model.denoise_step
+    monkeypatch.setattr(model, "denoise_step", lambda state, pad, cache, x_t, t: seen.append(t[0].item()) or
+                        real(state, pad, cache, x_t, t))
+    for steps in (4, 7):
+        seen.clear()
+        model.sample_actions(obs, noise, steps)
+        assert len(seen) == steps and schedule(steps) == seen, steps
+
+
+def test_plan_counts_a_device_read_only_for_the_mask_it_had_to_read(tiny_inputs):
+    """read_device_masks says the plan synced: for the image mask when skip_masked_images has no host flags, for
+    the prompt mask when trim_prompt_padding has no host length, and never for a lever that is off."""
+    from vlaperf.engine.prefix import PrefixPlan, plan_prefix
+
+    obs, _ = tiny_inputs
+    no_images = dataclasses.replace(obs, host_image_valid=None)
+    no_prompt = dataclasses.replace(obs, host_prompt_len=None)
+    assert plan_prefix(no_images, True, True).read_device_masks
+    assert not plan_prefix(no_images, False, True).read_device_masks
+    assert plan_prefix(no_prompt, False, True).read_device_masks
+    assert not plan_prefix(no_prompt, True, False).read_device_masks
+    assert plan_prefix(obs, False, False) == plan_prefix(no_images, False, False)  # all slots, all tokens, no read
+    assert plan_prefix(obs, False, False) == PrefixPlan(tuple(range(obs.images.shape[1])), obs.tokens.shape[1], False)
+
+
+def test_a_left_padded_prompt_is_named_by_its_sample_in_a_batch(tiny_model, tiny_workload):
+    """The refusal names the sample whose prompt is padded on the left, here the second of two (the first is
+    padded on the right, as it should be)."""
+    w = dataclasses.replace(tiny_workload.with_overrides(batch=2), prompt_valid=(4, 6))
+    obs, noise = random_observation(w, tiny_model.config, seed=1), random_noise(w, tiny_model.config, seed=1)
+    tokens, token_mask = obs.tokens.clone(), obs.token_mask.clone()
+    tokens[1], token_mask[1] = tokens[1].flip(0), token_mask[1].flip(0)
+    left = dataclasses.replace(obs, tokens=tokens, token_mask=token_mask, host_prompt_len=None)
+    with pytest.raises(ValueError, match="obs.token_mask: sample 1 has padding before a valid token"):
+        Engine(tiny_model, "for_loop,trim_prompt_padding").sample_actions(left, noise, 2)
+
+
+def test_skipped_middle_slot_keeps_the_slots_on_either_side(tiny_model, tiny_workload):
+    """A masked camera between two valid ones: the plan keeps slots 0 and 2 (not a contiguous run) and the
+    actions are the reference's."""
+    w = dataclasses.replace(tiny_workload, image_valid=(True, False, True))
+    obs, noise = random_observation(w, tiny_model.config, seed=4), random_noise(w, tiny_model.config, seed=4)
+    engine = Engine(tiny_model, "for_loop,skip_masked_images,static_kv_cache")
+    out = engine.sample_actions(obs, noise, 2)
+    assert engine.last_plan.slots == (0, 2)
+    assert rel_l2(out, tiny_model.sample_actions(obs, noise, 2)) < FP32_TOL
+
+
+def test_engine_draws_its_own_noise_as_the_reference_does(tiny_model, tiny_inputs):
+    """Without noise both paths draw (B, H, A) standard normal noise from torch's generator: with the same seed
+    they give the same actions, and a new draw gives other actions."""
+    obs, _ = tiny_inputs
+    engine = Engine(tiny_model, "for_loop,static_kv_cache")
+    torch.manual_seed(11)
+    ref = tiny_model.sample_actions(obs, num_steps=2)
+    torch.manual_seed(11)
+    out = engine.sample_actions(obs, num_steps=2)
+    assert rel_l2(out, ref) < FP32_TOL
+    assert (engine.sample_actions(obs, num_steps=2) - out).abs().max() > 0.1
+
+
+def test_static_cache_buffers_and_schedule_tables_are_made_once_and_reused(tiny_model, tiny_inputs, monkeypatch):
+    """static_kv_cache: one set of engine-owned buffers per shape, the same tensors at every call (a CUDA graph
+    reads them by address), none without the lever; the schedule's tables too, built once per step count."""
+    import vlaperf.engine.engine as E
+
+    obs, noise = tiny_inputs
+    seen = []
+    real = E.SuffixContext
+    monkeypatch.setattr(E, "SuffixContext", lambda *a, **k: seen.append(a[4]) or real(*a, **k))
+    engine = Engine(tiny_model, "for_loop,static_kv_cache,fuse_projections")
+    engine.prepare(2)
+    times, tables = engine._schedule_tensors(2)
+    for _ in range(2):
+        engine.sample_actions(obs, noise, 2)
+    assert len(seen) == 2 and seen[0] is not None and seen[1] is seen[0] and len(engine._kv) == 1
+    again = engine._schedule_tensors(2)
+    assert again[0] is times and again[1] is tables
+    plain = Engine(tiny_model, "for_loop,fuse_projections")
+    plain.sample_actions(obs, noise, 2)
+    assert seen[-1] is None and not plain._kv
+
+
+def test_static_kv_cache_embeds_pi0_s_state_once_a_call():
+    """The state token does not change between steps: with static_kv_cache (and the tabulated suffix of
+    fuse_projections) the state projection runs once a call; without the lever once a step, as the reference's
+    embed_suffix runs it, and not twice."""
+    model = build_model("tiny", "cpu", torch.float32, seed=0)
+    obs, noise = random_observation(get_workload("tiny"), model.config, seed=3), random_noise(get_workload("tiny"),
+                                                                                              model.config, seed=3)
+    calls = []
+    model.state_proj.register_forward_hook(lambda *a: calls.append(1))
+    for levers, per_call in (("for_loop,static_kv_cache,fuse_projections", 1), ("for_loop,fuse_projections", 5),
+                             ("for_loop", 5)):
+        calls.clear()
+        Engine(model, levers).sample_actions(obs, noise, 5)
+        assert len(calls) == per_call, levers
+
+
+def test_stage_hook_marks_the_reference_loop_steps(tiny_model, tiny_inputs):
+    """Without for_loop the engine keeps the reference's `while`: it still marks each step, numbered."""
+    obs, noise = tiny_inputs
+    engine = Engine(tiny_model, "sdpa")
+    seen = []
+    engine.stage_hook = seen.append
+    engine.sample_actions(obs, noise, 3)
+    assert seen == ["embed_prefix", "prefill", "denoise_step_0", "denoise_step_1", "denoise_step_2", "end"]
+
+
+def test_stage_hook_of_a_compiled_prefix_marks_it_as_one_stage_without_recompiling():
+    """With compile the prefix is one compiled function: the hook sees "prefix" (its inner marks never run inside
+    the trace), and setting the hook after the first call does not recompile (the trace neither calls the hook nor
+    guards on it)."""
+    import torch._dynamo
+
+    model = build_model("tiny", "cpu", torch.float32, seed=0)
+    obs, noise = random_observation(get_workload("tiny"), model.config, seed=3), random_noise(get_workload("tiny"),
+                                                                                              model.config, seed=3)
+    torch._dynamo.reset()
+    engine = Engine(model, "for_loop,sdpa,compile", compile_backend="eager")
+    engine.sample_actions(obs, noise, 2)
+    seen = []
+    engine.stage_hook = seen.append
+    with torch._dynamo.config.patch(error_on_recompile=True):
+        engine.sample_actions(obs, noise, 2)
+    assert seen == ["prefix", "denoise_step_0", "denoise_step_1", "end"]
+
+
+def test_sample_inputs_of_another_batch_or_device_are_named_errors_on_both_paths(tiny_model, tiny_inputs):
+    """The batch is the state's: images, masks and tokens of another batch size, a state that is no (B, dim)
+    matrix, integer noise and tensors on another device (meta here, the CPU's stand-in for a GPU) are each refused
+    naming the field, before any layer runs."""
+    from vlaperf.models.pi0 import check_num_steps
+
+    obs, noise = tiny_inputs
+    two = lambda t: torch.cat([t, t])  # noqa: E731
+    bad_obs = [
+        (dict(images=two(obs.images)), r"obs.images: expected a float tensor \(B=1, slots, 3, 56, 56\)"),
+        (dict(image_mask=two(obs.image_mask)), r"obs.image_mask: expected a bool tensor \(1, 3\)"),
+        (dict(image_mask=obs.image_mask[:, :2]), r"obs.image_mask: expected a bool tensor \(1, 3\)"),
+        (dict(tokens=two(obs.tokens), token_mask=two(obs.token_mask)), r"obs.tokens: expected an int32 or int64 "
+                                                                        r"tensor \(B=1, L\)"),
+        (dict(tokens=obs.tokens[0], token_mask=obs.token_mask[0]), "obs.tokens: expected an int32 or int64"),
+        (dict(state=obs.state[0]), r"obs.state: expected a float tensor \(B, "),
+        (dict(state=obs.state.to("meta")), "obs.state: on meta, the model is on cpu"),
+        (dict(images=obs.images.to("meta")), "obs.images: on meta, the model is on cpu"),
+    ]
+    engine = Engine(tiny_model, "for_loop")
+    for sample in (tiny_model.sample_actions, engine.sample_actions):
+        for change, message in bad_obs:
+            with pytest.raises(ValueError, match=message):
+                sample(dataclasses.replace(obs, **change), noise, 2)
+        for bad_noise in (noise.long(), noise.to("meta")):
+            with pytest.raises(ValueError, match=r"noise: expected a float tensor \(1, 10, 8\) on cpu, got "):
+                sample(obs, bad_noise, 2)
+    assert check_num_steps(1000) == 1000 and check_num_steps(1) == 1  # both ends of 1..1000 are taken
