@@ -372,3 +372,45 @@ def test_staged_policy_draws_fresh_noise_for_a_request_of_another_batch(tiny):
     sp = StagedPolicy(model, staged, w2, 2, noise=random_noise(w2, model.config, seed=0))
     assert sp([make_example(w2, seed=0), make_example(w2, seed=1)]).shape == (2, w.horizon, w.robot_action_dim)
     assert sp(make_example(w2, seed=0)).shape == (w.horizon, w.robot_action_dim)  # one example: batch 1
+
+
+def test_occurrence_statistics_only_for_repeated_stages_and_their_mean_is_a_mean():
+    """A stage seen once per call has no per-occurrence entry; a repeated one's per-occurrence mean is the mean of
+    its occurrences in a call (steps of 1, 1 and 4 ms: 2 ms, where their median would say 1), then the median of
+    that over calls; its max the median of each call's largest."""
+    from vlaperf.profile.markers import CallRecord
+
+    calls = [CallRecord(stages=[("prep", 0, 1.0), ("denoise_step_0", 0, 1.0), ("denoise_step_1", 0, 1.0),
+                                ("denoise_step_2", 0, 4.0)], span_ms=7.0) for _ in range(3)]
+    rows = {s["name"]: s for s in stage_stats(calls)["stages"]}
+    assert "occurrence" not in rows["prep"] and rows["prep"]["per_call"] == 1
+    occ = rows["denoise_step"]["occurrence"]
+    assert occ["mean_ms"] == 2.0 and occ["max_ms"] == 4.0 and occ["by_index_median_ms"] == [1.0, 1.0, 4.0]
+    assert rows["denoise_step"]["median_ms"] == 6.0 and rows["denoise_step"]["share"] == pytest.approx(6.0 / 7.0)
+
+
+def test_per_index_medians_use_every_call_that_reached_the_index_and_substages_add_up_per_call():
+    """Step i's median is over every call with an i-th step, also the calls that have fewer steps than others; a
+    nested stage met twice in a call counts with its total, and its row gives the median over calls."""
+    from vlaperf.profile.markers import CallRecord
+
+    calls = [CallRecord(stages=[("denoise_step_0", 0, 1.0), ("denoise_step_0/attn", 1, 0.5),
+                                ("denoise_step_0/attn", 1, 0.25), ("denoise_step_1", 0, 2.0)], span_ms=3.0),
+             CallRecord(stages=[("denoise_step_0", 0, 5.0), ("denoise_step_0/attn", 1, 0.5)], span_ms=5.0),
+             CallRecord(stages=[("denoise_step_0", 0, 3.0), ("denoise_step_0/attn", 1, 3.0)], span_ms=3.0)]
+    stats = stage_stats(calls)
+    assert stats["stages"][0]["occurrence"]["by_index_median_ms"] == [3.0, 2.0]  # (1, 5, 3) and (2,)
+    (sub,) = stats["substages"]
+    assert sub["name"] == "denoise_step_0/attn" and sub["median_ms"] == 0.75  # totals 0.75, 0.5, 3.0: the median
+
+
+def test_a_staged_call_that_differs_from_the_untimed_one_says_so(monkeypatch):
+    """When the staged sequence does not reproduce the untimed call bit for bit, the breakdown's notes say so, with
+    the largest difference: its stages may not describe the computation users run."""
+    from vlaperf.profile import breakdown as bd
+
+    monkeypatch.setattr(bd, "_same", lambda a, b: {"exact": False, "max_abs": 0.5})
+    sc = bd.prepare_breakdown(build_model("tiny", seed=0), "tiny", num_steps=2)
+    assert sc.matches_reference == {"exact": False, "max_abs": 0.5}
+    assert any(n.startswith("the staged sequence does NOT reproduce the untimed call exactly (max abs diff 0.5)")
+               for n in sc.notes)

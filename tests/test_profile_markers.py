@@ -359,3 +359,56 @@ def test_unmarked_time_is_never_negative():
         rec.mark("end")  # t=2
     (call,) = rec.calls  # ends at t=3
     assert call.totals()["early"] == 12.0 and call.unmarked_ms == 0.0
+
+
+def test_no_record_function_range_without_a_running_profiler(monkeypatch):
+    """record_function ranges are opened only while a profiler runs: outside one they would only add host time to
+    every stage of the call being measured."""
+    opened = []
+
+    class FakeRange:
+        def __init__(self, name):
+            opened.append(name)
+
+        def __enter__(self):
+            return self
+
+        def __exit__(self, *exc):
+            return None
+
+    monkeypatch.setattr(torch.autograd.profiler, "record_function", FakeRange)
+    monkeypatch.setattr(torch.autograd, "_profiler_enabled", lambda: False)
+    rec = StageRecorder("cpu", clock=FakeClock(), nvtx=False)
+    with rec.call():
+        with rec.stage("s"):
+            rec.mark("m")
+    assert opened == []
+    monkeypatch.setattr(torch.autograd, "_profiler_enabled", lambda: True)
+    with rec.call():
+        with rec.stage("s"):
+            rec.mark("m")
+    assert opened == ["s", "m"]
+
+
+def test_trace_runs_its_warm_up_untraced_and_lists_the_stages_not_its_call_ranges(tmp_path):
+    """`trace` runs `warmup` calls, then `calls` traced calls each in a policy_call_<i> range; the stages it returns
+    are the recorder's ranges, not those call ranges."""
+    import json
+
+    from vlaperf.profile.trace import trace
+
+    rec = StageRecorder("cpu")
+    runs = []
+
+    def one():
+        runs.append(1)
+        with rec.call():
+            rec.mark("alpha")
+            torch.ones(4).sum()
+
+    info = trace(one, tmp_path / "t.json", device="cpu", warmup=2, calls=3)
+    assert len(runs) == 5 and info["stages"] == ["alpha"] and info["path"] == str(tmp_path / "t.json")
+    names = [e.get("name") for e in json.loads((tmp_path / "t.json").read_text())["traceEvents"]
+             if e.get("cat") == "user_annotation"]
+    assert sorted(n for n in names if n.startswith("policy_call_")) == [f"policy_call_{i}" for i in range(3)]
+    assert names.count("alpha") == 3  # the traced calls only

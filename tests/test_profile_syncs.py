@@ -196,3 +196,105 @@ def test_copy_into_host_tensor_is_a_host_read():
         host = torch.empty(6)  # host-born
         host.copy_(dev)
     assert [e.op for e in mode.events] == ["Tensor.copy_"]
+
+
+def test_what_host_born_tensors_carry_and_what_device_tensors_pass_on():
+    """With the CPU standing in for the device: indexing a host tensor with a host mask reads nothing, a device
+    mask (or device data) makes it a read; an op mixing host and device tensors gives device data; as_tensor of
+    a device tensor is still device data (only host data without a device argument is host-born)."""
+    dev = torch.arange(6.0)  # an input: device data
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        host = torch.arange(4.0)  # host-born
+        host[host > 1]  # host mask on host data: no read
+        assert mode.events == []
+        dev[dev > 2]  # a device mask: a read
+        (host + dev[:4]).sum().item()  # mixed: device data
+        torch.as_tensor(dev, dtype=torch.float64).sum().item()  # a new tensor made from device data
+        torch.as_tensor([1.0, 2.0]).sum().item()  # host data, no device argument: host-born
+    assert [e.op for e in mode.events] == ["Tensor.__getitem__", "Tensor.item", "Tensor.item"]
+
+
+def test_count_syncs_runs_its_warm_up_unwatched_and_drops_host_to_device_events():
+    """The warm-up calls run before the counter is on (a lazy first-call read is not counted); a counter's
+    host_to_device events are not syncs and stay out of the total."""
+    from vlaperf.profile.syncs import SyncEvent
+
+    dev = torch.arange(3.0)
+    calls = []
+
+    def fn():
+        calls.append(1)
+        if len(calls) == 1:
+            dev.sum().item()  # first call only: lazy initialisation
+
+    rep = count_syncs(fn, device="cpu", warmup=2, calls=3)
+    assert len(calls) == 5 and rep["total"] == 0 and rep["calls"] == 3
+
+    class Counter:
+        kind = "custom"
+
+        def __enter__(self):
+            self.events = []
+            return self
+
+        def __exit__(self, *exc):
+            self.events += [SyncEvent("upload", "host_to_device", None, None, None, None),
+                            SyncEvent("read", "host_read", None, None, None, None)]
+
+    rep = count_syncs(lambda: None, device="cpu", warmup=0, counter=Counter())
+    assert rep["total"] == 1 and [s["op"] for s in rep["sites"]] == ["read"] and rep["source"] == "custom"
+
+
+def test_cuda_counter_restores_the_mode_it_found():
+    state, set_mode, get_mode = _fake_sync_debug()
+    state["mode"] = "error"  # e.g. a test suite that runs with syncs as errors
+    with CudaSyncCounter(set_mode=set_mode, get_mode=get_mode):
+        assert state["mode"] == "warn"
+    assert state["history"] == ["warn", "error"] and state["mode"] == "error"
+
+
+def test_sites_are_grouped_by_line_most_frequent_first_with_counts_per_call():
+    from vlaperf.profile.syncs import group_events
+
+    dev = torch.arange(3.0)
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        for _ in range(2):
+            dev.sum().item()  # first seen, less often
+            for _ in range(3):
+                dev.tolist()
+    sites = group_events(mode.events, calls=2)
+    assert [(s["op"], s["count"], s["per_call"]) for s in sites] == [("Tensor.tolist", 6, 3.0), ("Tensor.item", 2, 1.0)]
+    assert sites[0]["code"] == "dev.tolist()" and sites[0]["function"] == \
+        "test_sites_are_grouped_by_line_most_frequent_first_with_counts_per_call"
+
+
+def test_to_the_cpu_standing_in_for_the_device_keeps_device_data():
+    """With the CPU standing in for the device, .to(cpu) places data on the device (only .cpu() reads it back):
+    device data converted by .to("cpu", float64) stayed on the device in name only and its reads were missed,
+    while .to(float64) of the same data counted; host data placed with .to(cpu) or .to(<a tensor>) is device data."""
+    dev = torch.arange(6.0)
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        dev.to("cpu", torch.float64).sum().item()
+        dev.to(device=torch.device("cpu"), dtype=torch.float64).sum().item()
+        dev.to(torch.float64).sum().item()
+        torch.ones(2).to("cpu", torch.float64).sum().item()
+        torch.ones(2).to(torch.zeros(1, dtype=torch.float64)).sum().item()
+        torch.ones(2).to(torch.float64).sum().item()  # host data, no device named: still host-born
+    assert [e.op for e in mode.events] == ["Tensor.item"] * 5
+
+
+def test_format_syncs_and_the_cpu_without_treat_as_device():
+    """The summary line says expected and hidden reads; at most `limit` sites are listed. Without
+    treat_as_device the CPU is host memory: even an input tensor's reads are not syncs."""
+    from vlaperf.profile.syncs import format_syncs
+
+    sites = [{"per_call": 1.0, "location": f"f.py:{i}", "op": "Tensor.item", "code": f"line {i}"} for i in range(20)]
+    report = {"per_call": 3.0, "source": "host_read", "device": "cpu", "calls": 2, "expected_per_call": 1,
+              "hidden_per_call": 2.0, "sites": sites, "note": None}
+    lines = format_syncs(report, limit=5).splitlines()
+    assert lines[0] == "3 host syncs per call (host_read, cpu, 2 calls); 1 expected (reading the actions), 2 hidden"
+    assert len(lines) == 6 and lines[-1].strip().endswith("f.py:4  Tensor.item  | line 4")
+    dev = torch.arange(3.0)  # an input, made outside the mode
+    with HostReadMode("cpu") as mode:
+        dev.sum().item()
+    assert mode.events == []

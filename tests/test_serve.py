@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import math
 import os
 import signal
 import subprocess
@@ -1141,3 +1142,548 @@ def test_extra_metadata_is_sent():
     server = PolicyServer(_Recorder(TINY), port=0, warmup_batch_sizes=(), metadata={"robot": "arm-7", "max_batch": 99})
     meta = server._build_metadata()
     assert meta["robot"] == "arm-7" and meta["max_batch"] == 99  # the caller's keys win
+
+
+# ----------------------------------------------------------------------------- audited by mutation
+
+
+def test_request_error_messages_are_bounded_and_loopback_names_are_known():
+    """Whatever a client sent, an error frame's message is at most 2000 characters and says it was cut; the host
+    names that count as loopback (no API key needed) are localhost and the loopback addresses, nothing else."""
+    from vlaperf.serve.server import RequestError, is_loopback
+
+    e = RequestError("InputError", "x" * 5000, request_id="r")
+    assert e.message == "x" * 2000 + "..." and json.loads(e.frame())["message"] == e.message
+    assert RequestError("InputError", "y" * 2000).message == "y" * 2000  # at the bound: whole
+    for host in ("localhost", "localhost.localdomain", "127.0.0.1", "127.8.9.10", "::1", "[::1]"):
+        assert is_loopback(host), host
+    for host in ("0.0.0.0", "::", "10.0.0.1", "example.com", "localhost.example.com", ""):
+        assert not is_loopback(host), host
+    PolicyServer(_Recorder(TINY), host="localhost", port=0)  # loopback by name: no key needed
+
+
+def test_checkpoint_metadata_names_the_file_not_its_path():
+    """The metadata goes to remote clients: it names the checkpoint file and its layout, never the server's
+    directories; random weights are None."""
+    from types import SimpleNamespace
+
+    from vlaperf.serve.server import checkpoint_metadata
+
+    model = SimpleNamespace(checkpoint={"path": "/home/alice/secret-project/pi0_libero/model.safetensors",
+                                        "layout": "openpi"})
+    assert checkpoint_metadata(model) == {"name": "model.safetensors", "layout": "openpi"}
+    assert checkpoint_metadata(SimpleNamespace(checkpoint=None)) is None and checkpoint_metadata(None) is None
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(max_message_bytes=1023), r"max_message_bytes must be an integer in \[1024, 4294967296\] \(4 GiB\), got 1023"),
+    (dict(max_list_items=0), "max_list_items must be an integer >= 1, got 0"),
+    (dict(max_connections=0), "max_connections must be an integer >= 1, got 0"),
+    (dict(max_batch=0), "max_batch must be an integer >= 1, got 0"),
+    (dict(api_key=" k"), "api_key must be a non-empty string without surrounding whitespace"),
+    (dict(api_key=""), "api_key must be a non-empty string"),
+])
+def test_server_settings_at_and_past_their_bounds(kwargs, message):
+    """Each bound refuses the first value past it with a message naming the setting and the value, and takes the
+    bound itself; warm-up sizes are run once each, smallest first."""
+    with pytest.raises(ValueError, match=message):
+        PolicyServer(_Recorder(TINY), port=0, **kwargs)
+    s = PolicyServer(_Recorder(TINY), port=0, max_message_bytes=1024, max_list_items=1, max_queued=1,
+                     max_connections=1, max_wait_ms=0, drain_timeout_s=0)
+    assert (s.max_message_bytes, s.max_list_items, s.max_connections, s.max_wait_ms) == (1024, 1, 1, 0.0)
+    assert PolicyServer(_Recorder(TINY), port=0, max_batch=1).warmup_batch_sizes == (1,)  # (1, max_batch): once
+    assert PolicyServer(_Recorder(TINY), port=0, warmup_batch_sizes=[4, 1, 4]).warmup_batch_sizes == (1, 4)
+
+
+def test_a_connection_waiting_on_a_batch_in_flight_cannot_join_and_idle_threads_split_the_rest():
+    """With several inference threads, a connection whose observation is in a running batch cannot send another:
+    the batcher does not wait for it. Idle threads split what is pending rounding up, so one job with two idle
+    threads still leaves (as a batch of 1), and 7 leave as 4 + 3."""
+    from vlaperf.serve.server import _Job
+
+    server = PolicyServer(_Recorder(TINY), port=0, max_batch=8, max_wait_ms=2000.0, warmup_batch_sizes=())
+    server._n_connections = 2
+    server._pending.append(_Job({}, 1, None, None, time.perf_counter()))
+    server._busy.update([2])  # connection 2 waits on its batch on another thread
+    assert not server._others_may_join()
+    t0 = time.perf_counter()
+    assert len(server._next_batch()) == 1 and time.perf_counter() - t0 < 0.5
+    server._busy.clear()
+    server._n_connections, server.max_wait_ms = 8, 0.0
+    server._idle_workers = 1  # another thread waits in _next_batch
+    server._pending.append(_Job({}, 1, None, None, time.perf_counter()))
+    assert len(server._next_batch()) == 1  # ceil(1 / 2): not an empty batch that leaves the job behind
+    server._busy.clear()
+    server._pending.extend(_Job({}, i, None, None, time.perf_counter()) for i in range(7))
+    assert len(server._next_batch()) == 4 and len(server._pending) == 3
+
+
+def test_finished_batches_leave_no_connection_counted_as_busy_and_stats_count(model):
+    """Once a batch is answered its connections are no longer busy: a connection left in `_busy` (even at count
+    0) would count as unable to join, and the batcher would stop waiting for it. `stats` counts requests (frames),
+    errors, batches and the observations they held."""
+    s = PolicyServer(_Recorder(TINY), port=0, max_batch=4, max_wait_ms=0.0, warmup_batch_sizes=()).start()
+    try:
+        with raw_connection(s) as ws:
+            assert len(unpackb(roundtrip(ws, packb([make_example(TINY, seed=i) for i in range(3)])))) == 3
+            _wait_for(lambda: not s._busy)
+            assert dict(s._busy) == {}
+            assert isinstance(roundtrip(ws, b"\xc1"), str)  # an error frame
+        _wait_for(lambda: s._n_connections == 0)
+        assert s.stats == {"requests": 2, "errors": 1, "batches": 1, "batched_observations": 3,
+                           "dropped_observations": 0}
+    finally:
+        s.stop()
+
+
+def test_delivered_actions_carry_their_row_and_the_batch_timing():
+    """Each job of a batch gets its own row as a contiguous float32 array (whatever dtype the policy returned) and
+    the batch's timing: queue_ms from its own enqueue time to the batch's start, the batch size, and the policy's
+    transform / sample_and_copy times (NaN where the policy gives none)."""
+    from vlaperf.serve.server import _Done
+
+    server = PolicyServer(_Recorder(TINY), port=0, warmup_batch_sizes=())
+    got = _recording(server)
+    t_start = time.perf_counter()
+    jobs = _jobs(2)
+    jobs[0].t_enqueue, jobs[1].t_enqueue = t_start - 0.050, t_start - 0.020
+    actions = np.arange(2 * H * D, dtype=np.float64).reshape(2, H, D)
+    server._deliver_actions(jobs, actions, {"transform_ms": 1.5}, t_start)
+    assert [conn for conn, _ in got] == [0, 1] and all(isinstance(v, _Done) for _, v in got)
+    for i, (_, done) in enumerate(got):
+        assert done.actions.dtype == np.float32 and done.actions.flags.c_contiguous
+        np.testing.assert_array_equal(done.actions, actions[i].astype(np.float32))
+        t = done.timing
+        assert t["queue_ms"] == pytest.approx((t_start - jobs[i].t_enqueue) * 1e3)
+        assert t["batch_size"] == 2 and t["transform_ms"] == 1.5 and math.isnan(t["sample_and_copy_ms"])
+        assert t["infer_ms"] >= 0
+    assert got[0][1].timing["infer_ms"] == got[1][1].timing["infer_ms"]  # one batch, one inference time
+    assert (server.stats["batches"], server.stats["batched_observations"]) == (1, 2)
+
+
+def test_the_handshake_check_in_order_health_key_draining_connections():
+    """/healthz (any query string) answers without a key, 503 once draining; every other path needs exactly one
+    matching `Authorization: Api-Key <key>` header (401 with WWW-Authenticate, on both websockets APIs), then is
+    refused while draining, then at `max_connections` open connections (the limit itself is full)."""
+    import asyncio
+    import http
+    from types import SimpleNamespace
+
+    from websockets.datastructures import Headers
+
+    s = PolicyServer(_Recorder(TINY), port=0, api_key="k", max_connections=2, warmup_batch_sizes=())
+    ok = ["Api-Key k"]
+    assert s._check_request("/healthz", []) == s._check_request("/healthz?probe=1", []) == (200, "ok\n")
+    for auth in ([], ["Api-Key k2"], ["Api-Key k", "Api-Key k"], ["Bearer k"]):
+        assert s._check_request("/", auth)[0] == 401, auth
+    assert s._check_request("/", ok) is None
+    s._n_connections = 1
+    assert s._check_request("/", ok) is None
+    s._n_connections = 2
+    assert s._check_request("/", ok) == (503, "too many connections: 2 open, the server's limit is 2\n")
+    s._n_connections, s._draining = 0, True
+    assert s._check_request("/healthz", []) == (503, "shutting down\n")
+    assert s._check_request("/", ok) == (503, "shutting down\n") and s._check_request("/", [])[0] == 401
+
+    class Connection:
+        def respond(self, status, text):
+            return SimpleNamespace(status=status, body=text, headers=Headers())
+
+    refused = s._process_request(Connection(), SimpleNamespace(path="/", headers=Headers()))
+    assert refused.status == 401 and refused.headers["WWW-Authenticate"] == "Api-Key"
+    assert s._process_request(Connection(), SimpleNamespace(path="/", headers=Headers(Authorization="Api-Key k"))) \
+        .headers.get("WWW-Authenticate") is None  # 503 (draining): no auth challenge
+    status, headers, body = asyncio.run(s._process_request_legacy("/", Headers()))
+    assert status == http.HTTPStatus.UNAUTHORIZED and ("WWW-Authenticate", "Api-Key") in headers
+    assert body.startswith(b"missing or invalid API key")
+
+
+def test_metadata_describes_the_served_policy_and_the_server_limits(model):
+    """What a client learns on connect: the workload's shapes, the steps, the model's image size, dtype and device,
+    the levers (the reference path says so), the server's limits and whether it wants a key."""
+    from vlaperf.engine import Engine
+
+    reference = PolicyServer(Policy(model, model.sample_actions, TINY, num_steps=3), port=0, api_key="k", max_batch=4,
+                             max_wait_ms=7, max_message_bytes=2**20, max_list_items=5, max_queued=9,
+                             max_connections=3, warmup_batch_sizes=())._build_metadata()
+    expect = {"workload": "tiny", "action_horizon": TINY.horizon, "robot_action_dim": TINY.robot_action_dim,
+              "action_dim": TINY.action_dim, "state_dim": TINY.state_dim, "layout": TINY.layout, "num_steps": 3,
+              "image_size": model.config.vision.image_size, "dtype": "float32", "device": "cpu", "checkpoint": None,
+              "levers": [], "levers_label": "reference", "max_batch": 4, "max_wait_ms": 7.0,
+              "max_message_bytes": 2**20, "max_list_items": 5, "max_queued": 9, "max_connections": 3,
+              "request_id_key": "request_id", "auth": "api-key"}
+    assert {k: reference.get(k) for k in expect} == expect
+    assert TINY.action_dim != TINY.robot_action_dim  # the two dims are told apart
+    engine = PolicyServer(Policy(model, Engine(model, "for_loop,sdpa").sample_actions, TINY), port=0,
+                          warmup_batch_sizes=())._build_metadata()
+    assert (engine["levers"], engine["levers_label"], engine["num_steps"], engine["auth"]) == \
+        (["for_loop", "sdpa"], "for_loop+sdpa", TINY.steps, "none")
+    assert PolicyServer(_Recorder(TINY), port=0, warmup_batch_sizes=())._build_metadata()["levers_label"] == "unknown"
+
+
+def _scripted_server(reply_for):
+    """A websocket server speaking the policy server's protocol from a script: metadata for the tiny workload, then
+    `reply_for(request_index, observation)` for each request (the index parsed from loadgen's request_id)."""
+    from websockets.sync.server import serve
+
+    meta = {"workload": "tiny", "action_horizon": H, "robot_action_dim": D, "max_message_bytes": 2**24}
+
+    def handler(ws):
+        ws.send(packb(meta))
+        for frame in ws:
+            obs = unpackb(frame)
+            rid = obs.get("request_id", "")
+            index = int(rid.rsplit("-r", 1)[1]) if "-r" in rid else -1
+            ws.send(reply_for(index, obs))
+
+    server = serve(handler, "127.0.0.1", 0, compression=None, max_size=None)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"ws://127.0.0.1:{server.socket.getsockname()[1]}"
+
+
+def _good(obs, timing):
+    return packb({"actions": np.zeros((H, D), np.float32), "server_timing": timing, "request_id": obs["request_id"]})
+
+
+def test_loadgen_sorts_each_bad_reply_into_its_kind():
+    """Every timed request is answered, so nothing is lost; what is wrong with a reply decides where it is counted:
+    a reply for another request is misrouted, NaN actions or a wrong shape are invalid, an error frame counts by its
+    kind. Statistics come from the good replies only, a missing infer_ms left out rather than NaN; at most
+    ERROR_SAMPLES messages are kept."""
+    from vlaperf.serve.loadgen import ERROR_SAMPLES, run_loadgen
+
+    timing = {"infer_ms": 2.0, "queue_ms": 1.0, "batch_size": 3}
+
+    def reply_for(i, obs):
+        kind = i % 5
+        if kind == 0:
+            return _good(obs, timing if i == 0 else {"queue_ms": 1.0, "batch_size": 3})  # the second: no infer_ms
+        if kind == 1:
+            return packb({"actions": np.zeros((H, D), np.float32), "server_timing": timing, "request_id": "someone"})
+        if kind == 2:
+            return packb({"actions": np.full((H, D), np.nan, np.float32), "server_timing": timing,
+                          "request_id": obs["request_id"]})
+        if kind == 3:
+            return packb({"actions": np.zeros((H, D + 1), np.float32), "server_timing": timing,
+                          "request_id": obs["request_id"]})
+        return json.dumps({"error": "InputError", "message": f"bad {i}", "request_id": obs["request_id"]})
+
+    server, url = _scripted_server(reply_for)
+    try:
+        result = run_loadgen(url, clients=[1], requests=10, warmup=0, timeout_s=30, image_size=32)
+    finally:
+        server.shutdown()
+    p = result["loadgen"]["phases"][0]
+    assert (p["ok"], p["errors"], p["misrouted"], p["invalid"], p["lost"], p["unsent"]) == (2, 8, 2, 4, 0, 0)
+    assert p["error_kinds"] == {"Misrouted": 2, "InvalidReply": 4, "InputError": 2}
+    assert len(p["error_samples"]) == ERROR_SAMPLES and p["error_samples"][0].startswith("client 0: Misrouted: ")
+    assert p["per_client"] == [{"client": 0, "ok": 2, "errors": 8, "misrouted": 2, "round_trip_ms": p["round_trip_ms"]}]
+    assert p["round_trip_ms"]["count"] == 2 and p["server_infer_ms"]["count"] == 1 and p["overhead_ms"]["count"] == 1
+    assert p["batch_size"]["median"] == 3 and p["queue_ms"]["median"] == 1.0
+    assert not result["loadgen"]["passed"]
+
+
+def test_loadgen_overhead_and_rates_follow_from_the_replies():
+    """overhead = round trip - server inference - queue, per request; actions/s = replies/s x the action horizon; the
+    phase's wall time runs from the first timed request to the last reply (it was counted from after the clients had
+    started sending: 0.27 ms for two 0.49 ms round trips, and requests/s overstated by about one round trip's
+    worth of each client's run)."""
+    from vlaperf.serve.loadgen import run_loadgen
+
+    server, url = _scripted_server(lambda i, obs: _good(obs, {"infer_ms": 2.0, "queue_ms": 1.0, "batch_size": 1}))
+    try:
+        result = run_loadgen(url, clients=[2], requests=1, warmup=0, timeout_s=30, image_size=32)
+    finally:
+        server.shutdown()
+    p = result["loadgen"]["phases"][0]
+    assert result["loadgen"]["passed"] and p["ok"] == 2
+    assert p["overhead_ms"]["min"] == pytest.approx(p["round_trip_ms"]["min"] - 3.0)
+    assert p["overhead_ms"]["max"] == pytest.approx(p["round_trip_ms"]["max"] - 3.0)
+    assert p["actions_per_s"] == pytest.approx(p["requests_per_s"] * H) and p["requests_per_s"] == p["ok"] / p["wall_s"]
+    # the phase lasts until the last reply: at least the slower client's round trip
+    assert p["wall_s"] * 1e3 >= p["round_trip_ms"]["max"]
+
+
+@pytest.mark.parametrize("kwargs,message", [
+    (dict(clients=[0]), r"clients must be integers in \[1, 256\], got \[0\]"),
+    (dict(clients=[257]), r"clients must be integers in \[1, 256\], got \[257\]"),
+    (dict(requests=0), r"requests must be an integer in \[1, 10000\], got 0"),
+    (dict(timeout_s=0), r"timeout_s must be in \(0, 3600\], got 0"),
+    (dict(warmup=101), r"warmup must be an integer in \[0, 100\], got 101"),
+])
+def test_loadgen_refuses_each_bound_before_connecting(kwargs, message):
+    from vlaperf.serve.loadgen import LoadgenError, run_loadgen
+
+    args = dict(clients=[1], requests=1)
+    with pytest.raises(LoadgenError, match=message):
+        run_loadgen("ws://127.0.0.1:9", **{**args, **kwargs})
+
+
+def test_check_reply_and_the_served_workload():
+    """check_reply names what is wrong with a reply, or None; the workload asked for must be the one served."""
+    from vlaperf.serve.loadgen import LoadgenError, _summary, check_reply, resolve_workload
+
+    good = {"actions": np.zeros((H, D), np.float32), "server_timing": {}, "request_id": "r"}
+    assert check_reply(good, "r", H, D) is None and check_reply(good, "r", None, None) is None
+    assert check_reply([good], "r", H, D) == "reply is a list, not a dict"
+    assert check_reply(good, "s", H, D).startswith("misrouted: sent request_id 's', got 'r'")
+    assert check_reply({**good, "actions": good["actions"].astype(np.float64)}, "r", H, D).startswith(
+        "actions: expected a float32 array")
+    assert check_reply(good, "r", H, D + 1) == f"actions: expected shape ({H}, {D + 1}), got ({H}, {D})"
+    assert check_reply({**good, "actions": np.full((H, D), np.inf, np.float32)}, "r", H, D) == "actions hold NaN or inf"
+    assert check_reply({k: v for k, v in good.items() if k != "server_timing"}, "r", H, D) == "server_timing missing"
+    assert _summary([1.0, float("nan"), None, float("inf"), 3.0])["count"] == 2 and _summary([float("nan")]) is None
+    assert resolve_workload({"workload": "tiny"}, None).id == "tiny"
+    with pytest.raises(LoadgenError, match="the server serves workload 'tiny', not 'libero-pi0'"):
+        resolve_workload({"workload": "tiny"}, "libero-pi0")
+    with pytest.raises(LoadgenError, match="does not say which workload it serves; pass --workload"):
+        resolve_workload({}, None)
+
+
+def test_a_request_exactly_at_the_servers_message_limit_is_sent():
+    from vlaperf.serve.loadgen import LoadgenError, check_request_size
+
+    example = make_example(TINY, seed=0, image_size=32)
+    size = len(packb(example))
+    check_request_size({"max_message_bytes": size}, example, 32)
+    with pytest.raises(LoadgenError, match="above the server's"):
+        check_request_size({"max_message_bytes": size - 1}, example, 32)
+
+
+class _ScriptedClient:
+    """Stands in for rollout's Client: metadata with a 4-action chunk; each call (the warm-up first) takes
+    `call_s`, then raises ServerError where `errors` says or returns zero actions (no infer_ms on the first timed
+    call)."""
+
+    def __init__(self, url, api_key=None, timeout_s=60.0, call_s=0.06, errors=(), horizon=4):
+        self.metadata = {"workload": "tiny", "action_horizon": horizon, "robot_action_dim": D}
+        self.call_s, self.errors, self.horizon, self.calls = call_s, set(errors), horizon, 0
+
+    def infer(self, obs):
+        k, self.calls = self.calls - 1, self.calls + 1  # k: index of the timed call (-1: the warm-up)
+        time.sleep(self.call_s)
+        if k in self.errors:
+            raise ServerError({"error": "InputError", "message": "refused"})
+        timing = {"infer_ms": 5.0} if k != 0 else {}
+        return {"actions": np.zeros((self.horizon, D), np.float32), "server_timing": timing}
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        return None
+
+
+def test_rollout_counts_calls_errors_overruns_and_steps_per_episode(monkeypatch):
+    """The control loop's accounting, with a scripted server: the chunk is replanned every min(5, horizon) = 4
+    steps by default; a refused call is counted (as an error and as a call) and the next step asks again; only the
+    steps that waited for the policy (60 ms, at 20 Hz) overrun; a reply without infer_ms is left out of the server
+    statistics, not NaN."""
+    from vlaperf.serve import rollout
+
+    monkeypatch.setattr(rollout, "Client", lambda *a, **kw: _ScriptedClient(*a, errors={2}, **kw))
+    result = rollout.run_rollout("ws://127.0.0.1:9", episodes=2, steps_per_episode=6, control_hz=20.0,
+                                 image_size=32, sleep=lambda s: None)
+    ro = result["rollout"]
+    assert (ro["replan_every"], ro["action_horizon"], ro["errors"]) == (4, 4, 1)
+    # episode 0 calls at steps 0 and 4; episode 1 at step 0 (refused), 1 and 5
+    assert [(r["steps"], r["policy_calls"], r["overrun_steps"]) for r in ro["per_episode"]] == [(6, 2, 2), (6, 3, 3)]
+    assert all(r["ideal_wall_s"] == pytest.approx(6 / 20.0) for r in ro["per_episode"])
+    assert ro["overrun_steps"] == 5 and ro["policy_call_ms"]["count"] == 5 and ro["server_infer_ms"]["count"] == 3
+    assert ro["wall_s"] == pytest.approx(sum(r["wall_s"] for r in ro["per_episode"]))
+    assert ro["policy_wait_share"] == pytest.approx(ro["policy_wait_s"] / ro["wall_s"])
+    assert 0 < ro["policy_wait_share"] < 1
+
+
+def test_rollout_bounds_and_a_replan_of_the_whole_chunk(monkeypatch):
+    """replan_every may be the whole action horizon, not more; control_hz up to 1000; at least one episode."""
+    from vlaperf.serve import rollout
+    from vlaperf.serve.loadgen import LoadgenError
+
+    monkeypatch.setattr(rollout, "Client", lambda *a, **kw: _ScriptedClient(*a, call_s=0.0, **kw))
+    ro = rollout.run_rollout("ws://127.0.0.1:9", episodes=1, steps_per_episode=9, control_hz=1000.0, replan_every=4,
+                             image_size=32, sleep=lambda s: None)["rollout"]
+    assert ro["per_episode"][0]["policy_calls"] == 3  # steps 0, 4, 8
+    with pytest.raises(LoadgenError, match=r"replan_every must be an integer in \[1, 4\] \(the action horizon\), got 5"):
+        rollout.run_rollout("ws://127.0.0.1:9", episodes=1, steps_per_episode=1, replan_every=5, image_size=32)
+    for kwargs, message in ((dict(control_hz=1000.5), r"control_hz must be in \(0, 1000\], got 1000.5"),
+                            (dict(episodes=0), r"episodes must be an integer in \[1, 1000\], got 0"),
+                            (dict(steps_per_episode=0), r"steps_per_episode must be an integer in \[1, 100000\], got 0")):
+        with pytest.raises(LoadgenError, match=message):
+            rollout.run_rollout("ws://127.0.0.1:9", **kwargs)
+
+
+def test_a_request_id_of_zero_is_echoed_and_never_reaches_the_policy(server):
+    """0 is an integer request_id like any other: echoed in the reply and in an error frame (it was a falsy value
+    away from being dropped); the id itself is taken off the observation before the policy sees it."""
+    with raw_connection(server) as ws:
+        reply = unpackb(roundtrip(ws, packb(dict(make_example(TINY, seed=0), request_id=0))))
+        assert reply["request_id"] == 0
+        body = parse_error_frame(roundtrip(ws, packb(_example(observation__image=None, request_id=0))))
+        assert body["error"] == "InputError" and body["request_id"] == 0
+    seen = []
+
+    class Keys(_Recorder):
+        def infer(self, examples):
+            seen.extend(sorted(e) for e in examples)
+            return super().infer(examples)
+
+    s = PolicyServer(Keys(TINY), port=0, warmup_batch_sizes=()).start()
+    try:
+        with raw_connection(s) as ws:
+            assert unpackb(roundtrip(ws, packb(dict(make_example(TINY, seed=0), request_id="r"))))["request_id"] == "r"
+    finally:
+        s.stop()
+    assert seen == [sorted(make_example(TINY, seed=0))]
+
+
+def test_an_error_inside_a_list_request_names_its_item_and_reply_timing_types():
+    """An observation of a list request that fails in the policy (found only there: no transform) gets an error
+    frame saying which item, "[1] ...", with its index and request_id; a reply's batch_size is an integer and its
+    decode_ms is there."""
+    from vlaperf.inputs import InputError
+
+    class Picky(_Recorder):
+        def infer(self, examples):
+            if any(e.get("prompt") == "bad" for e in examples):
+                raise InputError("prompt 'bad' refused")
+            return super().infer(examples)
+
+    s = PolicyServer(Picky(TINY), port=0, max_batch=4, max_wait_ms=0.0, warmup_batch_sizes=()).start()
+    try:
+        with raw_connection(s) as ws:
+            good = dict(make_example(TINY, seed=0), request_id="a")
+            bad = dict(make_example(TINY, seed=1), prompt="bad", request_id="b")
+            body = parse_error_frame(roundtrip(ws, packb([good, bad])))
+            assert body == {"error": "InputError", "message": "[1] prompt 'bad' refused", "request_id": "b", "index": 1}
+            timing = unpackb(roundtrip(ws, packb(good)))["server_timing"]
+            assert type(timing["batch_size"]) is int and timing["batch_size"] == 1 and timing["decode_ms"] >= 0
+    finally:
+        s.stop()
+
+
+def test_an_overloaded_list_request_echoes_no_single_id():
+    """Overloaded answers a whole request: a list's observations have ids of their own, so none is echoed (a single
+    observation's is: test_a_request_past_the_queue_limit_is_told_to_retry)."""
+    policy = _Gated(TINY)
+    s = PolicyServer(policy, port=0, max_batch=1, max_wait_ms=0.0, max_list_items=2, max_queued=2,
+                     warmup_batch_sizes=()).start()
+    try:
+        with raw_connection(s) as first, raw_connection(s) as second:
+            first.send(packb([make_example(TINY, seed=0)] * 2))
+            _wait_for(lambda: policy.calls == [1] and len(s._pending) == 1)
+            items = [dict(make_example(TINY, seed=i), request_id=f"x{i}") for i in range(2)]
+            body = parse_error_frame(roundtrip(second, packb(items)))
+            assert body["error"] == "Overloaded" and "request_id" not in body and "index" not in body
+            assert "1 observations are queued and this request adds 2" in body["message"]
+            policy.gate.set()
+            assert len(unpackb(first.recv(timeout=10))) == 2
+    finally:
+        policy.gate.set()
+        s.stop()
+
+
+def test_loadgen_stopped_during_warm_up_has_not_passed():
+    """A server too slow to answer even the warm-up: the time limit stops the phase before any timed request is
+    sent, so nothing is lost and no error is counted; the run has still not passed."""
+    from vlaperf.serve.loadgen import run_loadgen
+
+    def reply_for(i, obs):
+        if i < 0:  # the warm-up request
+            time.sleep(0.8)
+        return _good(obs, {"infer_ms": 1.0, "queue_ms": 0.0, "batch_size": 1})
+
+    server, url = _scripted_server(reply_for)
+    try:
+        result = run_loadgen(url, clients=[1], requests=2, warmup=1, timeout_s=0.3, image_size=32)
+    finally:
+        server.shutdown()
+    p = result["loadgen"]["phases"][0]
+    assert p["timed_out"] and (p["ok"], p["errors"], p["lost"], p["unsent"]) == (0, 0, 0, 2)
+    assert not result["loadgen"]["passed"]
+
+
+def test_client_urls_error_frames_and_refusals():
+    """A bare host:port is a ws:// URL, other schemes and host-less URLs are refused by name; an error frame becomes
+    a ServerError with its kind, message, request_id and index; a binary reply past the client's limit is refused;
+    an HTTP 401 says whether a key was sent."""
+    from types import SimpleNamespace
+
+    from vlaperf.serve.client import AuthenticationError, auth_refusal, decode_reply, normalize_url
+    from vlaperf.serve.protocol import ProtocolError, error_frame
+
+    assert normalize_url("127.0.0.1:8000") == "ws://127.0.0.1:8000"
+    assert normalize_url("wss://robot.lan:443/x") == "wss://robot.lan:443/x"
+    with pytest.raises(ValueError, match=r"expected a ws:// or wss:// URL, got 'http://127.0.0.1:8000'"):
+        normalize_url("http://127.0.0.1:8000")
+    with pytest.raises(ValueError, match=r"URL 'ws://:8000' has no host"):
+        normalize_url("ws://:8000")
+    with pytest.raises(ServerError) as e:
+        decode_reply(error_frame("InputError", "bad", request_id="r", index=2))
+    assert (e.value.kind, e.value.message, e.value.request_id, e.value.index) == ("InputError", "bad", "r", 2)
+    assert str(e.value) == "InputError: bad"
+    frame = packb({"actions": np.zeros(100, np.float32)})
+    assert decode_reply(frame)["actions"].shape == (100,)
+    with pytest.raises(ProtocolError, match="exceeds the limit of 64 bytes"):
+        decode_reply(frame, max_bytes=64)
+    refused = SimpleNamespace(response=SimpleNamespace(status_code=401))
+    assert "no API key was sent" in str(auth_refusal(refused, None))
+    assert "refused the API key sent" in str(auth_refusal(refused, "k"))
+    assert isinstance(auth_refusal(refused, "k"), AuthenticationError)
+    assert auth_refusal(SimpleNamespace(response=SimpleNamespace(status_code=503)), "k") is None
+
+
+def test_a_remote_backend_gets_one_inference_thread_per_unit_of_concurrency():
+    """A policy with `concurrency` N > 1 (a Ray Serve deployment of N replicas) is served by N inference threads; a
+    local policy (no attribute, or 1) by one."""
+    remote = _Recorder(TINY)
+    remote.concurrency = 3
+    s = PolicyServer(remote, port=0, warmup_batch_sizes=()).start()
+    try:
+        assert len(s._extra_workers) == 2 and all(t.is_alive() for t in s._extra_workers)
+    finally:
+        s.stop()
+    assert not any(t.is_alive() for t in s._extra_workers)
+    s = PolicyServer(_Recorder(TINY), port=0, warmup_batch_sizes=()).start()
+    try:
+        assert s._extra_workers == []
+    finally:
+        s.stop()
+
+
+def test_non_finite_actions_of_a_lone_observation_are_refused_without_a_traceback(caplog):
+    """NaN actions for an observation that ran alone (no rows named) are an InternalError frame saying so, logged as
+    a warning about the withheld actions, not as a failed inference with a traceback."""
+    import logging
+
+    from vlaperf.policy import NonFiniteActions
+    from vlaperf.serve.server import RequestError
+
+    server = PolicyServer(_Recorder(TINY, exc=NonFiniteActions("the actions hold NaN or inf")), port=0,
+                          warmup_batch_sizes=())
+    got = _recording(server)
+    with caplog.at_level(logging.INFO, logger="vlaperf.serve"):
+        server._run_batch(_jobs(1))
+    ((_, error),) = got
+    assert isinstance(error, RequestError) and error.kind == "InternalError"
+    assert error.message == "NonFiniteActions: the actions hold NaN or inf"
+    assert [r.levelname for r in caplog.records] == ["WARNING"] and "withheld" in caplog.records[0].getMessage()
+
+
+def test_rollout_stopped_by_a_lost_connection_counts_the_steps_it_ran(monkeypatch):
+    """An episode cut short by a lost connection reports the steps it ran, and its ideal time is theirs (4 steps at
+    20 Hz: 0.2 s), not the whole episode's."""
+    from vlaperf.serve import rollout
+
+    class Dropping(_ScriptedClient):
+        def infer(self, obs):
+            if self.calls == 2:  # the second timed call: episode 0, step 4
+                raise ConnectionError("gone")
+            return super().infer(obs)
+
+    monkeypatch.setattr(rollout, "Client", lambda *a, **kw: Dropping(*a, call_s=0.0, **kw))
+    ro = rollout.run_rollout("ws://127.0.0.1:9", episodes=2, steps_per_episode=8, control_hz=20.0, image_size=32,
+                             sleep=lambda s: None)["rollout"]
+    assert ro["connection_lost"] == "episode 0, step 4: the connection failed: ConnectionError: gone"
+    (row,) = ro["per_episode"]
+    assert (row["steps"], row["policy_calls"]) == (4, 1) and row["ideal_wall_s"] == pytest.approx(4 / 20.0)

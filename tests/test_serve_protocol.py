@@ -243,3 +243,79 @@ def test_the_client_and_the_protocol_import_without_torch():
     code = "import sys, vlaperf.serve.client, vlaperf.serve.protocol; print('torch' in sys.modules)"
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert out.returncode == 0 and out.stdout.strip() == "False", out.stderr[-2000:]
+
+
+def test_limits_are_inclusive_and_a_bool_is_not_an_integer_id():
+    """Each documented bound admits its own value and refuses the next one: a request_id of MAX_REQUEST_ID_CHARS
+    characters, an array of MAX_NDIM dimensions, a message of exactly `max_bytes` bytes. A bool is not an integer
+    request_id (msgpack's true would come back as an id the client never sent)."""
+    from vlaperf.serve.protocol import MAX_NDIM, MAX_REQUEST_ID_CHARS, valid_request_id
+
+    assert valid_request_id("r" * MAX_REQUEST_ID_CHARS) and not valid_request_id("r" * (MAX_REQUEST_ID_CHARS + 1))
+    assert valid_request_id(0) and valid_request_id(-7) and not valid_request_id(True) and not valid_request_id(1.0)
+    assert unpackb(_raw_ndarray("<f4", b"\x00" * 4, [1] * MAX_NDIM)).shape == (1,) * MAX_NDIM
+    frame = packb(np.zeros(4000, np.uint8))
+    assert unpackb(frame, max_bytes=len(frame)).shape == (4000,)
+    with pytest.raises(ProtocolError, match=f"message of {len(frame)} bytes exceeds the limit of {len(frame) - 1} bytes"):
+        unpackb(frame, max_bytes=len(frame) - 1)
+
+
+def test_the_value_count_stops_exactly_past_max_values():
+    """MAX_VALUES counts every list and map together with its items: {1023 keys: lists of 1023 ints} holds
+    1 + 1023 (the map) + 1023 * (1 + 1023) (the lists) = 1023 * 1025 + 1 = 2**20 values, the limit itself, and
+    decodes; one more int is one value past it."""
+    from vlaperf.serve.protocol import MAX_VALUES
+
+    assert 1023 * 1025 + 1 == MAX_VALUES
+    message = {str(i): [0] * 1023 for i in range(1023)}
+    assert len(unpackb(msgpack.packb(message))) == 1023
+    message["0"].append(0)
+    with pytest.raises(ProtocolError, match=f"more than {MAX_VALUES} values"):
+        unpackb(msgpack.packb(message))
+
+
+def test_decoded_bools_are_clean_bytes_and_float_scalars_take_integers():
+    """A bool array sent with bytes other than 0/1 decodes to clean 0/1 bytes (re-encoded, e.g. for a remote
+    replica, it carries valid numpy bools); a float scalar whose data is a msgpack integer (a client in another
+    language writes 3 for 3.0) is that float."""
+    out = unpackb(_raw_ndarray("|b1", b"\x00\x01\x07", [3]))
+    assert out.tobytes() == b"\x00\x01\x01"
+    scalar = unpackb(msgpack.packb({b"__npgeneric__": True, b"data": 3, b"dtype": "<f4"}, use_bin_type=True))
+    assert scalar.dtype == np.float32 and scalar == 3.0
+
+
+def test_a_dtype_with_a_trailing_newline_is_refused_by_the_whitelist():
+    """`$` matches before a final newline: "<f4\\n" passed the whitelist, reached numpy, and came back as "not a
+    valid msgpack message: data type ... not understood" with no key named. It is refused as a dtype, by key."""
+    for dtype in ("<f4\n", "|b1\n"):
+        with pytest.raises(ProtocolError, match=r"^observation/state: unsupported array dtype"):
+            unpackb(msgpack.packb({"observation/state": {b"__ndarray__": True, b"data": b"\x00" * 4, b"dtype": dtype,
+                                                         b"shape": [1]}}, use_bin_type=True))
+
+
+def test_error_frames_keep_a_zero_id_and_index_and_parse_what_a_server_sends():
+    """An integer request_id of 0 and the list index 0 are values, not absent (a client numbering its requests from
+    0 got its first error without its id); a JSON error without a message gets an empty one, and JSON that is not an
+    error object is a ServerError holding the text."""
+    assert parse_error_frame(error_frame("InputError", "m", request_id=0, index=0)) == {
+        "error": "InputError", "message": "m", "request_id": 0, "index": 0}
+    assert parse_error_frame('{"error": "Overloaded"}') == {"error": "Overloaded", "message": ""}
+    for text in ('{"message": "no kind"}', '{"error": 5, "message": "x"}', "[1, 2]"):
+        assert parse_error_frame(text) == {"error": "ServerError", "message": text}
+
+
+def test_printable_cuts_at_its_limit_and_marks_the_cut():
+    from vlaperf.serve.protocol import printable
+
+    assert printable("a" * 10, 10) == "a" * 10  # at the limit: whole
+    assert printable("a" * 11, 10) == "a" * 9 + "\u2026"  # past it: `limit` characters, the last one the mark
+    assert printable("a\nb\x1bc") == "a\\nb\\x1bc"
+
+
+def test_trailing_bytes_and_truncation_are_told_apart():
+    """Two different faults of a frame, each said as such (both were only 'msgpack' to the tests)."""
+    frame = packb({"a": 1})
+    with pytest.raises(ProtocolError, match="^not a msgpack message: trailing bytes after the first object$"):
+        unpackb(frame + b"junk")
+    with pytest.raises(ProtocolError, match="^not a valid msgpack message: "):
+        unpackb(frame[:-1])

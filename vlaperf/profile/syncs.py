@@ -239,10 +239,7 @@ class HostReadMode(TorchFunctionMode):
             target = _target_device(args[1:], kwargs) if name == "to" else torch.device("cuda")
             if target is not None:
                 for t in fresh:
-                    if target.type == "cpu" and ins and self.on_device(ins[0]):
-                        self._tag_host(t)
-                    else:
-                        self._untag(t)  # explicitly placed on the device
+                    self._untag(t)  # explicitly placed on the device (.to(cpu) too: the CPU stands in for it)
                 return
         if name in _FACTORIES:
             host = kwargs.get("device") is None

@@ -69,7 +69,7 @@ def valid_request_id(value: Any) -> bool:
     return isinstance(value, str) and len(value) <= MAX_REQUEST_ID_CHARS or type(value) is int
 
 # byte order (optional) + kind + item size. b = bool, i = signed int, u = unsigned, f = float.
-_DTYPE_RE = re.compile(r"^[<>=|]?(b1|i1|i2|i4|i8|u1|u2|u4|u8|f2|f4|f8)$")
+_DTYPE_RE = re.compile(r"^[<>=|]?(b1|i1|i2|i4|i8|u1|u2|u4|u8|f2|f4|f8)\Z")  # \Z: `$` would admit a final "\n"
 _ALLOWED_KINDS = "biuf"
 
 
