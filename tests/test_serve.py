@@ -1455,9 +1455,10 @@ class _ScriptedClient:
     `call_s`, then raises ServerError where `errors` says or returns zero actions (no infer_ms on the first timed
     call)."""
 
-    def __init__(self, url, api_key=None, timeout_s=60.0, call_s=0.06, errors=(), horizon=4):
+    def __init__(self, url, api_key=None, timeout_s=60.0, call_s=0.06, errors=(), horizon=4, rows=None):
         self.metadata = {"workload": "tiny", "action_horizon": horizon, "robot_action_dim": D}
-        self.call_s, self.errors, self.horizon, self.calls = call_s, set(errors), horizon, 0
+        self.call_s, self.errors, self.calls = call_s, set(errors), 0
+        self.rows = horizon if rows is None else rows  # the actions a reply holds
 
     def infer(self, obs):
         k, self.calls = self.calls - 1, self.calls + 1  # k: index of the timed call (-1: the warm-up)
@@ -1465,7 +1466,7 @@ class _ScriptedClient:
         if k in self.errors:
             raise ServerError({"error": "InputError", "message": "refused"})
         timing = {"infer_ms": 5.0} if k != 0 else {}
-        return {"actions": np.zeros((self.horizon, D), np.float32), "server_timing": timing}
+        return {"actions": np.zeros((self.rows, D), np.float32), "server_timing": timing}
 
     def __enter__(self):
         return self
@@ -1511,6 +1512,18 @@ def test_rollout_bounds_and_a_replan_of_the_whole_chunk(monkeypatch):
                             (dict(steps_per_episode=0), r"steps_per_episode must be an integer in \[1, 100000\], got 0")):
         with pytest.raises(LoadgenError, match=message):
             rollout.run_rollout("ws://127.0.0.1:9", **kwargs)
+
+
+def test_rollout_replans_when_a_short_chunk_runs_out(monkeypatch):
+    """A server whose replies hold fewer actions than the horizon rollout planned with (its metadata says 4, its
+    chunks hold 2): rollout asks again when the chunk runs out, every 2 steps, instead of waiting on an empty chunk
+    and never calling the policy again (it made 1 call in 7 steps)."""
+    from vlaperf.serve import rollout
+
+    monkeypatch.setattr(rollout, "Client", lambda *a, **kw: _ScriptedClient(*a, call_s=0.0, rows=2, **kw))
+    ro = rollout.run_rollout("ws://127.0.0.1:9", episodes=1, steps_per_episode=7, control_hz=1000.0, replan_every=4,
+                             image_size=32, sleep=lambda s: None)["rollout"]
+    assert ro["per_episode"][0]["policy_calls"] == 4  # steps 0, 2, 4, 6
 
 
 def test_a_request_id_of_zero_is_echoed_and_never_reaches_the_policy(server):

@@ -75,7 +75,9 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
                 if t_step > deadline:
                     timed_out = True
                     break
-                if chunk is None or used >= replan_every:
+                # a new chunk every replan_every steps, or sooner where a reply held fewer rows than the declared
+                # horizon (a server without action_horizon in its metadata): the loop never waits on an empty chunk
+                if chunk is None or used >= min(replan_every, len(chunk)):
                     obs = dict(frames[(ep * steps_per_episode + step) % len(frames)], request_id=f"e{ep}-s{step}")
                     t0 = time.perf_counter()
                     try:
