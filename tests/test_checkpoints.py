@@ -256,3 +256,79 @@ def test_detect_layout_is_by_majority():
     from vlaperf.checkpoints import detect_layout
     assert detect_layout(["a.weight", "b.weight", "model.stray"]) == "openpi"
     assert detect_layout(["model.a", "model.b", "stray"]) == "lerobot"
+
+
+def test_detect_layout_needs_more_than_half():
+    """Exactly half the keys with "model." is not most of them: openpi's layout."""
+    from vlaperf.checkpoints import detect_layout
+    assert detect_layout(["model.a", "b.weight"]) == "openpi"
+    assert detect_layout(["model.a", "model.b", "c.weight"]) == "lerobot"
+    assert detect_layout([]) == "openpi"
+
+
+def test_lerobot_pi05_round_trip_keeps_its_time_mlp_names(tmp_path):
+    """pi0.5's time MLP is time_mlp_*; only a pi0 file's legacy time_mlp_* is renamed to action_time_mlp_*, so a
+    LeRobot pi0.5 file loads as saved."""
+    cfg = get_config("tiny", pi05=True)
+    src, dst = build_model(cfg, seed=1), build_model(cfg, seed=2)
+    path = save_checkpoint(src, tmp_path / "pi05.safetensors", layout="lerobot")
+    assert any(k.startswith("model.time_mlp_") for k in read_tensors(path))
+    assert load_checkpoint(dst, path)["layout"] == "lerobot"
+    _assert_same(src, dst)
+
+
+def test_a_file_of_the_other_family_is_named_as_such(tmp_path):
+    """A pi0.5 file loaded into a pi0 preset (and the other way round) says which family the file looks like."""
+    pi05 = save_checkpoint(build_model(get_config("tiny", pi05=True)), tmp_path / "pi05.safetensors")
+    with pytest.raises(CheckpointError, match=r"preset 'tiny' \(the file looks like pi0.5, the preset is pi0\)"):
+        load_checkpoint(build_model("tiny"), pi05)
+    pi0 = save_checkpoint(build_model("tiny"), tmp_path / "pi0.safetensors")
+    with pytest.raises(CheckpointError, match=r"\(the file looks like pi0, the preset is pi0.5\)"):
+        load_checkpoint(build_model(get_config("tiny", pi05=True)), pi0)
+
+
+def test_check_readable_reads_the_header(tmp_path):
+    """check_readable (a server's check before it builds a model) refuses a file that is no safetensors file, and
+    takes a real one."""
+    from vlaperf.checkpoints import check_readable
+
+    (tmp_path / "model.safetensors").write_bytes(b"\x10\x00\x00\x00\x00\x00\x00\x00not json at all!")
+    with pytest.raises(CheckpointError, match="model.safetensors: not a readable safetensors file"):
+        check_readable(tmp_path)
+    check_readable(save_checkpoint(build_model("tiny"), tmp_path / "ok"))
+
+
+def test_every_wrongly_shaped_tensor_is_named_and_counted(tmp_path):
+    """Each wrongly shaped tensor is listed, the first of them in sorted order too: a bias of shape [1] would
+    otherwise broadcast into the model's [32] on copy, with no word."""
+    def edit(t):
+        t["action_in_proj.bias"] = torch.zeros(1)
+        t["action_out_proj.bias"] = torch.zeros(3)
+
+    path = _saved(tmp_path, build_model("tiny"), edit)
+    with pytest.raises(CheckpointError, match=r"\(2 wrong shape\):\n  wrong shape for action_in_proj.bias: checkpoint "
+                                              r"has \[1\], model expects \[32\]\n  wrong shape for action_out_proj.bias"):
+        load_checkpoint(build_model("tiny"), path)
+
+
+def test_long_problem_lists_are_cut_at_20_and_counted(tmp_path):
+    """A file far from the model lists 20 problems and says how many more; so do non-finite weights."""
+    from vlaperf.checkpoints import check_finite
+
+    model = build_model("tiny")
+    n = len(model.state_dict())
+    path = _saved(tmp_path, model, lambda t: [t.pop(k) for k in list(t)[1:]])
+    with pytest.raises(CheckpointError) as err:
+        load_checkpoint(build_model("tiny"), path)
+    lines = str(err.value).splitlines()
+    assert len(lines) == 22 and lines[-1] == f"  ... and {n - 1 - 20} more"
+    bad = {f"w{i:02d}": torch.full((2,), float("nan")) for i in range(23)}
+    with pytest.raises(CheckpointError, match=r"w19: NaN or inf\n  \.\.\. and 3 more$"):
+        check_finite(bad)
+
+
+def test_a_params_folder_without_orbax_markers_is_named(tmp_path):
+    """A folder holding params/ but no model.safetensors looks like an incomplete openpi JAX checkpoint: said so."""
+    (tmp_path / "params").mkdir()
+    with pytest.raises(CheckpointError, match="it looks like an openpi JAX checkpoint, but without orbax's"):
+        load_checkpoint(build_model("tiny"), tmp_path)

@@ -83,9 +83,11 @@ def test_aloha_adapt_to_pi_maps_the_state_in_and_the_actions_out():
                                (ALOHA_JOINT_SIGNS * actions)[..., joints], rtol=1e-6, atol=1e-6)
 
 
-def test_aloha_policy_with_conventions_end_to_end():
+@pytest.mark.parametrize("name", ["openpi:pi0_aloha", "openpi:pi0_aloha_sim"])
+def test_aloha_policy_with_conventions_end_to_end(name):
     """A tiny ALOHA-layout policy: the transform sees the state in pi's space (normalized from there) and
-    the actions come out in ALOHA's."""
+    the actions come out in ALOHA's, with delta actions (pi0_aloha) and without them (pi0_aloha_sim, whose
+    actions still change: ALOHA's space)."""
     cfg = get_config("tiny", action_dim=16, action_horizon=50)
     workload = dataclasses.replace(TINY50, id="tiny-aloha", layout="aloha", state_dim=14, robot_action_dim=14,
                                    action_dim=16)
@@ -94,7 +96,7 @@ def test_aloha_policy_with_conventions_end_to_end():
     ex = make_example(workload, seed=1)
     ex["state"][[6, 13]] = [0.3, 0.7]
     plain = Policy(model, model.sample_actions, workload, noise=noise)
-    adapted = Policy(model, model.sample_actions, workload, noise=noise, conventions="openpi:pi0_aloha")
+    adapted = Policy(model, model.sample_actions, workload, noise=noise, conventions=name)
     conv = adapted.conventions
     pi_state = conv.state_to_model(ex["state"])
     # the model sees pi's state: the same as a plain policy given that state

@@ -1,5 +1,7 @@
 """Observations: random ones per workload, and openpi LIBERO / ALOHA dicts (policy mode)."""
 
+import time
+
 import numpy as np
 import pytest
 import torch
@@ -348,3 +350,169 @@ def test_overrides_vs_keeps_a_chosen_prompt_valid():
     w = get_workload("libero-pi0-b4")
     assert dataclasses.replace(w, prompt_valid=(5, 5, 5, 5)).overrides_vs(w) == {"prompt_valid": (5, 5, 5, 5)}
     assert w.with_overrides(batch=8).overrides_vs(w) == {"batch": 8}
+
+
+def test_tokenizer_ids_up_to_the_last_of_the_vocabulary_are_taken():
+    """The vocabulary is [0, vocab_size): its last id is taken, vocab_size itself is refused (it would index one
+    past the embedding)."""
+    from vlaperf.inputs import tokenize_prompt
+
+    class Ids:
+        def __init__(self, ids):
+            self.ids = ids
+
+        def encode(self, text):
+            return self.ids
+
+    tokens, mask = tokenize_prompt(Ids([0, 1023]), "go", 4, vocab_size=1024)
+    assert tokens.tolist() == [0, 1023, 0, 0] and mask.tolist() == [True, True, False, False]
+    with pytest.raises(ValueError, match=r"gave the id 1024, expected integers in \[0, 1024\)"):
+        tokenize_prompt(Ids([2, 1024]), "go", 4, vocab_size=1024)
+
+
+def test_pi05_prompt_through_a_plain_encode_is_openpis_text():
+    """A tokenizer without encode_with_state gets pi0.5's prompt text through encode: the task stripped, the
+    state in 256 bins over [-1, 1] (bin = floor((x + 1) * 128)), then the action cue."""
+    from vlaperf.inputs import tokenize_prompt
+
+    class Recording:
+        def __init__(self):
+            self.texts = []
+
+        def encode(self, text):
+            self.texts.append(text)
+            return [2, 300]
+
+    tok = Recording()
+    state = np.array([-1.0, 0.0, 0.5, 0.999])
+    tokenize_prompt(tok, "  pick up the bowl \n", 8, state=state)
+    bins = np.floor((state + 1) * 128).astype(int)  # [0, 128, 192, 255]
+    assert tok.texts == [f"Task: pick up the bowl, State: {' '.join(map(str, bins))};\nAction: "]
+
+
+def test_a_workload_of_another_horizon_does_not_fit():
+    """check_fits compares the action chunk too: a workload whose horizon is not the model's is refused by name
+    (the noise would otherwise have the wrong shape deep inside the call)."""
+    from vlaperf.inputs import random_noise
+
+    w = get_workload("tiny")
+    with pytest.raises(ValueError, match=r"workload 'tiny' \(preset 'tiny': horizon 10, action dim 8\) does not fit "
+                                         r"model 'tiny' \(horizon 5, action dim 8\)"):
+        random_noise(w, get_config("tiny", action_horizon=5))
+    model = build_model(get_config("tiny", action_horizon=5))
+    with pytest.raises(ValueError, match="does not fit model 'tiny' \\(horizon 5"):
+        Policy(model, model.sample_actions, w)
+
+
+def test_float_images_with_nan_and_states_beyond_float32_are_named(libero):
+    """validate (a server's check of each request before it joins a batch) names the field: a NaN float image (it
+    would pass the [0, 1] range check, NaN comparing false, and become arbitrary pixels) and a float64 state beyond
+    float32's range (it would become inf in the model's float32 state)."""
+    w, tr = libero
+    ex = make_example(w)
+    image = np.full((16, 16, 3), 0.5, np.float32)
+    image[3, 4, 1] = np.nan
+    with pytest.raises(InputError, match="observation/wrist_image: image holds NaN or inf"):
+        tr.validate(dict(ex, **{"observation/wrist_image": image}))
+    state = np.zeros(8)
+    state[2] = 1e39
+    with pytest.raises(InputError, match=r"observation/state: state holds values beyond float32's range"):
+        tr.validate(dict(ex, **{"observation/state": state}))
+
+
+def test_a_state_that_overflows_its_normalization_is_an_input_error():
+    """A finite state can leave float32's range once normalized (a constant dimension: std 0, divided by eps
+    1e-6): refused as an InputError naming the state, not sent to the model as inf."""
+    from vlaperf.normalize import ArrayStats, NormStats
+
+    w = get_workload("tiny")
+    ns = NormStats(ArrayStats(np.zeros(8), np.zeros(8)), None, quantile=False)
+    tr = ObservationTransform(w, get_config("tiny"), norm_stats=ns)
+    ex = make_example(w)
+    tr.host_arrays(ex)  # a state in range normalizes
+    state = np.zeros(8, np.float32)
+    state[5] = 1e36  # / 1e-6 = 1e42 > float32's 3.4e38
+    with pytest.raises(InputError, match="state: not finite after its normalization"):
+        tr.host_arrays(dict(ex, **{"observation/state": state}))
+
+
+def test_policy_refuses_non_finite_actions_naming_the_rows_with_its_timing():
+    """Policy.infer never returns NaN or inf actions: NonFiniteActions names the batch rows at fault (inf counts as
+    much as NaN) and carries the whole batch's actions and the call's timing, so a server can answer the others.
+    The timing's parts add up to infer_ms, in milliseconds."""
+    from vlaperf.policy import NonFiniteActions
+
+    w = get_workload("tiny")
+    model = build_model("tiny")
+
+    def sample(obs, noise, steps):
+        time.sleep(0.02)
+        actions = torch.zeros(obs.batch, w.horizon, model.config.action_dim)
+        actions[1, 3, 2] = float("inf")  # a robot dim
+        actions[0, 0, 7] = float("nan")  # past the robot's 7 dims: never returned, so no fault
+        return actions
+
+    policy = Policy(model, sample, w)
+    with pytest.raises(NonFiniteActions, match="the actions hold NaN or inf") as err:
+        policy.infer([make_example(w, seed=i) for i in range(3)])
+    assert err.value.rows == [1] and err.value.actions.shape == (3, 10, 7)
+    timing = err.value.timing
+    assert timing["sample_and_copy_ms"] >= 20
+    assert timing["infer_ms"] == pytest.approx(timing["transform_ms"] + timing["sample_and_copy_ms"])
+    assert 0 < timing["transform_ms"] < timing["infer_ms"]
+    # verify (the engine's kernel-fault check) runs before this check, its error naming the cause, and its time
+    # counts as the sample's
+    waits = []
+    checked = Policy(model, sample, w, verify=lambda: waits.append(time.sleep(0.02)))
+    with pytest.raises(NonFiniteActions) as err:
+        checked.infer([make_example(w, seed=i) for i in range(2)])
+    assert len(waits) == 1 and err.value.timing["sample_and_copy_ms"] >= 40
+
+    def fault():
+        raise RuntimeError("kernel fault")
+
+    with pytest.raises(RuntimeError, match="kernel fault"):
+        Policy(model, sample, w, verify=fault).infer([make_example(w, seed=i) for i in range(2)])
+
+
+def test_policy_noise_serves_only_its_batch_size():
+    """A fixed noise is passed for calls of its batch size; calls of another size get None (fresh noise)."""
+    w = get_workload("tiny")
+    model = build_model("tiny")
+    noise = torch.randn(2, w.horizon, model.config.action_dim)
+    seen = []
+
+    def sample(obs, noise_given, steps):
+        seen.append(noise_given)
+        return torch.zeros(obs.batch, w.horizon, model.config.action_dim)
+
+    policy = Policy(model, sample, w, noise=noise)
+    policy.infer([make_example(w, seed=0), make_example(w, seed=1)])
+    policy.infer(make_example(w))
+    assert seen[0] is noise and seen[1] is None
+
+
+def test_image_sides_are_taken_from_4_to_4096_pixels():
+    """Each side of a camera image is in [4, 4096], both ends taken; outside, the error names the camera."""
+    from vlaperf.inputs import _image
+
+    for shape in [(4, 4, 3), (4096, 4, 3), (4, 4096, 3)]:
+        assert _image(np.zeros(shape, np.uint8), "observation/image", False).shape == shape
+    for shape, size in [((4, 3, 3), r"\(4, 3\)"), ((2, 8, 3), r"\(2, 8\)"), ((8, 4097, 3), r"\(8, 4097\)"),
+                        ((4097, 8, 3), r"\(4097, 8\)")]:
+        with pytest.raises(InputError, match=rf"observation/image: image size {size} out of range \[4, 4096\]"):
+            _image(np.zeros(shape, np.uint8), "observation/image", False)
+
+
+def test_word_hash_tokenizer_needs_room_past_the_reserved_ids():
+    """Ids below 256 are reserved (BOS 2, newline 108): a vocabulary smaller than 256 is refused by name."""
+    assert WordHashTokenizer(256).vocab_size == 256
+    with pytest.raises(ValueError, match="vocab_size must be >= 256, got 255"):
+        WordHashTokenizer(255)
+
+
+def test_paligemma_prompt_cleaning_is_openpis():
+    """openpi cleans the task: stripped, '_' and newlines as spaces."""
+    from vlaperf.inputs import PaligemmaTokenizer
+
+    assert PaligemmaTokenizer.clean("  pick_up\nthe bowl \n") == "pick up the bowl"

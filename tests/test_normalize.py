@@ -470,3 +470,116 @@ def test_zero_std_is_accepted(tmp_path):
     (tmp_path / "norm_stats.json").write_text(json.dumps(doc))
     with pytest.raises(NormStatsError, match="negative"):
         NormStats.load(tmp_path / "norm_stats.json", quantile=False)
+
+
+@pytest.mark.parametrize("convention", ["openpi", "lerobot"])
+def test_unnormalize_eps_follows_each_convention(convention):
+    """Unnormalizing: openpi adds eps 1e-6 to std and to the quantile span; LeRobot multiplies by std as it is and
+    by the span as it is (eps only where the span is 0). A constant dimension (std 0, span 0) shows the eps."""
+    from vlaperf.normalize import ArrayStats, NormStats
+
+    mean, std = np.array([0.5, -1.0, 2.0]), np.array([0.25, 0.0, 3.0])
+    q01, q99 = np.array([-1.0, 2.0, 0.0]), np.array([1.0, 2.0, 4.0])
+    a = np.array([[[0.5, 1.0, -0.25]]], np.float32)
+    eps = 1e-6 if convention == "openpi" else 0.0
+    zscore = NormStats(None, ArrayStats(mean, std), quantile=False, convention=convention)
+    np.testing.assert_array_equal(zscore.unnormalize_actions(a), (a * (std + eps) + mean).astype(np.float32))
+    span = q99 - q01
+    span = span + 1e-6 if convention == "openpi" else np.where(span == 0, 1e-8, span)
+    quantile = NormStats(None, ArrayStats(mean, std, q01, q99), quantile=True, convention=convention)
+    np.testing.assert_array_equal(quantile.unnormalize_actions(a), ((a + 1.0) / 2.0 * span + q01).astype(np.float32))
+
+
+def test_empty_statistics_are_refused(tmp_path):
+    """An empty list is no statistic: refused naming it (with 0 dimensions the actions would pass through
+    unnormalized, with no word)."""
+    doc = {"norm_stats": {"actions": {"mean": [], "std": []}}}
+    with pytest.raises(NormStatsError, match=r"norm_stats.actions.mean: expected a non-empty list of finite numbers, "
+                                             r"got shape \(0,\)"):
+        NormStats.load(_write(tmp_path, doc), quantile=False)
+
+
+def test_a_folder_of_two_normalizer_files_is_not_read_as_either(tmp_path):
+    """A folder with two "*_normalizer_processor" files (two pipelines) is ambiguous: it is not read as the first
+    of them; the error names the norm_stats.json it looked for instead."""
+    _lerobot_folder(tmp_path)
+    other = tmp_path / "policy_preprocessor_step_2_normalizer_processor.safetensors"
+    (tmp_path / "policy_preprocessor_step_1_normalizer_processor.safetensors").write_bytes(other.read_bytes())
+    with pytest.raises(NormStatsError, match="norm_stats.json: cannot read the normalization statistics"):
+        NormStats.load(tmp_path, quantile=False)
+
+
+def test_relative_actions_are_refused_with_any_openpi_conventions():
+    """A LeRobot pipeline's relative actions with openpi's conventions, even ones with absolute actions and no
+    ALOHA space (openpi:pi05_libero), are refused; so is a state shorter than the actions it is added to."""
+    from vlaperf.conventions import get_conventions
+    from vlaperf.normalize import ArrayStats, RelativeActions
+    from vlaperf.policy import served_conventions
+
+    ns = NormStats(ArrayStats(np.zeros(8), np.ones(8)), None, quantile=True, source="stats.safetensors",
+                   relative_actions=RelativeActions())
+    w = get_workload("libero-pi05")
+    with pytest.raises(ValueError, match="stats.safetensors: the pipeline makes the actions relative to the state, "
+                                         "and conventions 'openpi:pi05_libero' are openpi's"):
+        served_conventions(get_conventions("openpi:pi05_libero"), ns, w)
+    assert served_conventions(get_conventions("lerobot:pi05"), ns, w).delta_action_mask == (True,) * 7
+    short = dataclasses.replace(w, state_dim=5)
+    with pytest.raises(ValueError, match="stats.safetensors: relative actions need a state of at least the 7 action "
+                                         "dims; the workload's state has 5"):
+        served_conventions(get_conventions("lerobot:pi05"), ns, short)
+
+
+def test_a_mode_the_pipeline_names_needs_its_statistics(tmp_path):
+    """policy_preprocessor.json names ACTION: MEAN_STD but the normalizer file holds no action.* statistics:
+    refused naming the key (the actions would otherwise leave unnormalized)."""
+    from safetensors.numpy import save_file
+
+    _lerobot_folder(tmp_path, norm_map={"STATE": "MEAN_STD", "ACTION": "MEAN_STD"})
+    stats = tmp_path / "policy_preprocessor_step_2_normalizer_processor.safetensors"
+    save_file({"observation.state.mean": np.zeros(8, np.float32), "observation.state.std": np.ones(8, np.float32)},
+              str(stats))
+    with pytest.raises(NormStatsError, match=r"no 'action.\*' statistics, which its MEAN_STD needs"):
+        NormStats.load(tmp_path, quantile=False)
+
+
+def test_lerobot_quantile_span_takes_the_pipelines_eps():
+    """A constant dimension's zero span is replaced by the pipeline's eps (policy_preprocessor.json), not 1e-8."""
+    from vlaperf.normalize import ArrayStats
+
+    st = ArrayStats(np.zeros(2), np.ones(2), np.array([0.0, 1.0]), np.array([2.0, 1.0]))
+    ns = NormStats(st, None, quantile=True, convention="lerobot", lerobot_eps=1e-3)
+    np.testing.assert_allclose(ns.normalize_state64(np.array([1.0, 1.002])), [0.0, 0.002 / 1e-3 * 2 - 1], rtol=1e-12)
+
+
+def test_lerobot_pipeline_eps_and_steps_are_checked(tmp_path):
+    """eps must be a number in [0, 1) (a JSON false is no 0); two normalizer steps are ambiguous; the
+    statistics' file is looked up beside the pipeline by its name (LeRobot saves it so)."""
+    for eps in (False, 1, -0.1):
+        _lerobot_folder(tmp_path, norm_map={"STATE": "MEAN_STD"}, eps=eps)
+        with pytest.raises(NormStatsError, match=rf"policy_preprocessor.json: eps: expected a number in \[0, 1\), "
+                                                 rf"got {eps!r}"):
+            NormStats.load(tmp_path, quantile=False)
+    _lerobot_folder(tmp_path, norm_map={"STATE": "MEAN_STD"})
+    doc = json.loads((tmp_path / "policy_preprocessor.json").read_text())
+    step = doc["steps"][-1]
+    step["state_file"] = "elsewhere/" + step["state_file"]
+    (tmp_path / "policy_preprocessor.json").write_text(json.dumps(doc))
+    assert NormStats.load(tmp_path, quantile=False).source.startswith(str(tmp_path / step["state_file"].split("/")[1]))
+    doc["steps"].append(step)
+    (tmp_path / "policy_preprocessor.json").write_text(json.dumps(doc))
+    with pytest.raises(NormStatsError, match="expected one 'normalizer_processor' step with a 'state_file', found 2"):
+        NormStats.load(tmp_path, quantile=False)
+
+
+def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused(tmp_path):
+    """load_checkpoint_io refuses a tokenizer with more ids than the model's embedding (an id past it would fail
+    later, on CUDA as a device-side assert); one of exactly the model's size is taken."""
+    from types import SimpleNamespace
+
+    from vlaperf.policy import load_checkpoint_io
+
+    model_file = _sentencepiece_model(tmp_path)  # 120 ids
+    config = lambda vocab: SimpleNamespace(backbone=SimpleNamespace(vocab_size=vocab), pi05=False)  # noqa: E731
+    assert load_checkpoint_io(model_file, None, config(120))[0].vocab_size == 120
+    with pytest.raises(ValueError, match=r"tok.model'?: 120 ids, more than the model's vocabulary \(119\)"):
+        load_checkpoint_io(model_file, None, config(119))
