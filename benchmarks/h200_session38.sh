@@ -17,15 +17,7 @@ b)
 EOT
   ;;
 c|d)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || exit
-  export PYTHONPATH=/tmp/site:$PWD
-  P="PYTHONPATH=benchmarks:\$PYTHONPATH python3 -m pytest -p no:cacheprovider -p pytest_report_now -rfEs --tb=short"
-  I="--ignore tests/test_kernels.py --ignore tests/test_engine_cuda.py --ignore tests/test_wam.py --ignore tests/test_engine.py --ignore tests/test_unipc.py"
-  lane A 0 40 <<EOT &
-170 $P -q -n 4 --timeout 160 tests/test_engine_cuda.py tests/test_kernels.py tests/test_suite_setup.py 2>&1 | tee $R/pytest_gpu_s38${PART}1.log | grep -v "^\\.*\\["
-150 $P -q -n 12 --timeout 140 tests/test_wam.py tests/test_engine.py tests/test_unipc.py tests/test_suite_setup.py 2>&1 | tee $R/pytest_gpu_s38${PART}2.log | grep -v "^\\.*\\["
-240 $P -q -n 14 --timeout 220 --durations 5 $I 2>&1 | tee $R/pytest_gpu_s38${PART}3.log | grep -v "^\\.*\\["
-EOT
+  gpu_suite s38${PART} &
   ;;
 esac
 finish

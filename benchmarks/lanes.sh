@@ -28,6 +28,21 @@ lane() {
     tar czf "$OUT/lane_$name.tgz" -C /tmp results
   done > "$R/lane_$name.log" 2>&1
 }
+# The whole test suite on one GPU in three steps (the kernels and the CUDA engine; the world-action model, the
+# engine and UniPC; the rest), logs $R/pytest_gpu_TAG{1,2,3}.log: `gpu_suite TAG &`. The serve tests need
+# websockets and openpi-client, which the machine lacks: carry their wheels in .whl (the device tool's carry [".whl"]).
+gpu_suite() {
+  local tag=$1
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return
+  export PYTHONPATH=/tmp/site:$PWD
+  local P="PYTHONPATH=benchmarks:\$PYTHONPATH python3 -m pytest -p no:cacheprovider -p pytest_report_now -rfEs --tb=short"
+  local I="--ignore tests/test_kernels.py --ignore tests/test_engine_cuda.py --ignore tests/test_wam.py --ignore tests/test_engine.py --ignore tests/test_unipc.py"
+  lane A 0 40 <<EOT
+170 $P -q -n 4 --timeout 160 tests/test_engine_cuda.py tests/test_kernels.py tests/test_suite_setup.py 2>&1 | tee $R/pytest_gpu_${tag}1.log | grep -v "^\\.*\\["
+150 $P -q -n 12 --timeout 140 tests/test_wam.py tests/test_engine.py tests/test_unipc.py tests/test_suite_setup.py 2>&1 | tee $R/pytest_gpu_${tag}2.log | grep -v "^\\.*\\["
+240 $P -q -n 14 --timeout 220 --durations 5 $I 2>&1 | tee $R/pytest_gpu_${tag}3.log | grep -v "^\\.*\\["
+EOT
+}
 finish() {
   wait
   tar czf "$OUT/results.tgz" -C /tmp results

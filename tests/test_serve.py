@@ -1321,10 +1321,13 @@ def test_metadata_describes_the_served_policy_and_the_server_limits(model):
     assert PolicyServer(_Recorder(TINY), port=0, warmup_batch_sizes=())._build_metadata()["levers_label"] == "unknown"
 
 
-def _scripted_server(reply_for):
-    """A websocket server speaking the policy server's protocol from a script: metadata for the tiny workload, then
-    `reply_for(request_index, observation)` for each request (the index parsed from loadgen's request_id)."""
+def _loadgen_on_script(reply_for, **loadgen_kwargs):
+    """run_loadgen's result against a websocket server speaking the policy server's protocol from a script:
+    metadata for the tiny workload, then `reply_for(request_index, observation)` for each request (the index parsed
+    from loadgen's request_id; -1 for a warm-up)."""
     from websockets.sync.server import serve
+
+    from vlaperf.serve.loadgen import run_loadgen
 
     meta = {"workload": "tiny", "action_horizon": H, "robot_action_dim": D, "max_message_bytes": 2**24}
 
@@ -1338,7 +1341,10 @@ def _scripted_server(reply_for):
 
     server = serve(handler, "127.0.0.1", 0, compression=None, max_size=None)
     threading.Thread(target=server.serve_forever, daemon=True).start()
-    return server, f"ws://127.0.0.1:{server.socket.getsockname()[1]}"
+    try:
+        return run_loadgen(f"ws://127.0.0.1:{server.socket.getsockname()[1]}", image_size=32, **loadgen_kwargs)
+    finally:
+        server.shutdown()
 
 
 def _good(obs, timing):
@@ -1350,7 +1356,7 @@ def test_loadgen_sorts_each_bad_reply_into_its_kind():
     a reply for another request is misrouted, NaN actions or a wrong shape are invalid, an error frame counts by its
     kind. Statistics come from the good replies only, a missing infer_ms left out rather than NaN; at most
     ERROR_SAMPLES messages are kept."""
-    from vlaperf.serve.loadgen import ERROR_SAMPLES, run_loadgen
+    from vlaperf.serve.loadgen import ERROR_SAMPLES
 
     timing = {"infer_ms": 2.0, "queue_ms": 1.0, "batch_size": 3}
 
@@ -1368,11 +1374,7 @@ def test_loadgen_sorts_each_bad_reply_into_its_kind():
                           "request_id": obs["request_id"]})
         return json.dumps({"error": "InputError", "message": f"bad {i}", "request_id": obs["request_id"]})
 
-    server, url = _scripted_server(reply_for)
-    try:
-        result = run_loadgen(url, clients=[1], requests=10, warmup=0, timeout_s=30, image_size=32)
-    finally:
-        server.shutdown()
+    result = _loadgen_on_script(reply_for, clients=[1], requests=10, warmup=0, timeout_s=30)
     p = result["loadgen"]["phases"][0]
     assert (p["ok"], p["errors"], p["misrouted"], p["invalid"], p["lost"], p["unsent"]) == (2, 8, 2, 4, 0, 0)
     assert p["error_kinds"] == {"Misrouted": 2, "InvalidReply": 4, "InputError": 2}
@@ -1388,13 +1390,8 @@ def test_loadgen_overhead_and_rates_follow_from_the_replies():
     phase's wall time runs from the first timed request to the last reply (it was counted from after the clients had
     started sending: 0.27 ms for two 0.49 ms round trips, and requests/s overstated by about one round trip's
     worth of each client's run)."""
-    from vlaperf.serve.loadgen import run_loadgen
-
-    server, url = _scripted_server(lambda i, obs: _good(obs, {"infer_ms": 2.0, "queue_ms": 1.0, "batch_size": 1}))
-    try:
-        result = run_loadgen(url, clients=[2], requests=1, warmup=0, timeout_s=30, image_size=32)
-    finally:
-        server.shutdown()
+    result = _loadgen_on_script(lambda i, obs: _good(obs, {"infer_ms": 2.0, "queue_ms": 1.0, "batch_size": 1}),
+                                clients=[2], requests=1, warmup=0, timeout_s=30)
     p = result["loadgen"]["phases"][0]
     assert result["loadgen"]["passed"] and p["ok"] == 2
     assert p["overhead_ms"]["min"] == pytest.approx(p["round_trip_ms"]["min"] - 3.0)
@@ -1599,18 +1596,13 @@ def test_an_overloaded_list_request_echoes_no_single_id():
 def test_loadgen_stopped_during_warm_up_has_not_passed():
     """A server too slow to answer even the warm-up: the time limit stops the phase before any timed request is
     sent, so nothing is lost and no error is counted; the run has still not passed."""
-    from vlaperf.serve.loadgen import run_loadgen
 
     def reply_for(i, obs):
         if i < 0:  # the warm-up request
             time.sleep(0.8)
         return _good(obs, {"infer_ms": 1.0, "queue_ms": 0.0, "batch_size": 1})
 
-    server, url = _scripted_server(reply_for)
-    try:
-        result = run_loadgen(url, clients=[1], requests=2, warmup=1, timeout_s=0.3, image_size=32)
-    finally:
-        server.shutdown()
+    result = _loadgen_on_script(reply_for, clients=[1], requests=2, warmup=1, timeout_s=0.3)
     p = result["loadgen"]["phases"][0]
     assert p["timed_out"] and (p["ok"], p["errors"], p["lost"], p["unsent"]) == (0, 0, 0, 2)
     assert not result["loadgen"]["passed"]
