@@ -516,3 +516,69 @@ def test_paligemma_prompt_cleaning_is_openpis():
     from vlaperf.inputs import PaligemmaTokenizer
 
     assert PaligemmaTokenizer.clean("  pick_up\nthe bowl \n") == "pick up the bowl"
+
+
+def test_overrides_are_checked_and_a_new_batch_repeats_the_prompt_lengths():
+    """batch / steps must be integers >= 1 (the message names the field and the value); None keeps the workload's;
+    another batch size repeats the per-sample prompt lengths cyclically, which overrides_vs does not record as a
+    choice, while prompt lengths set by hand are recorded."""
+    import dataclasses
+
+    from vlaperf.workloads import get_workload as gw
+
+    b4 = gw("libero-pi0-b4")  # prompt lengths (12, 17, 23, 28)
+    for name, value in (("batch", 2.5), ("batch", "4"), ("steps", 0)):
+        with pytest.raises(ValueError, match=f"{name} must be an integer >= 1, got {value!r}"):
+            b4.with_overrides(**{name: value})
+    assert b4.with_overrides(batch=None, steps=None) is b4
+    b6 = b4.with_overrides(batch=6)
+    assert b6.prompt_valid == (12, 17, 23, 28, 12, 17) and b6.overrides_vs(b4) == {"batch": 6}
+    assert b4.with_overrides(batch=2).prompt_valid == (12, 17)
+    own = dataclasses.replace(b6, prompt_valid=(28,) * 6)
+    assert own.overrides_vs(b4) == {"batch": 6, "prompt_valid": (28,) * 6}
+
+
+def test_a_workloads_model_config_has_its_action_chunk():
+    """droid-pi0 / droid-pi05 run their preset with openpi's chunk for DROID (10, 15 actions), not the preset's."""
+    from vlaperf.models.pi0 import get_config
+    from vlaperf.workloads import get_workload as gw
+
+    assert gw("droid-pi0").model_config().action_horizon == 10 != get_config("pi0").action_horizon
+    assert gw("droid-pi05").model_config().action_horizon == 15 != get_config("pi05").action_horizon
+    assert gw("libero-pi0").model_config() == get_config("pi0")
+
+
+def test_unknown_workload_lists_both_families():
+    from vlaperf.workloads import WAM_WORKLOADS, WORKLOADS
+    from vlaperf.workloads import get_workload as gw
+
+    with pytest.raises(ValueError) as e:
+        gw("nope")
+    assert str(e.value).endswith("expected one of: " + ", ".join(list(WORKLOADS) + list(WAM_WORKLOADS)))
+
+
+def test_standard_workloads_are_the_design_files_rows():
+    """The rows of shared/design/workloads.md (every figure names one of them, so they must not drift):
+    (preset, batch, image slots valid, prompt slots, valid tokens, state dim, horizon, action dim, steps); and the
+    extra layouts' relations stated beside the table: pi0.5 ALOHA is aloha-pi0's cameras, state and chunk with pi0.5's
+    200 prompt slots."""
+    from vlaperf.workloads import WAM_WORKLOADS, WORKLOADS
+
+    def row(w):
+        return (w.preset, w.batch, w.image_valid, w.prompt_slots, w.prompt_valid[0], w.state_dim, w.horizon,
+                w.action_dim, w.steps)
+
+    libero = (True, True, False)
+    assert row(WORKLOADS["libero-pi0"]) == ("pi0", 1, libero, 48, 20, 8, 50, 32, 10)
+    assert row(WORKLOADS["libero-pi05"]) == ("pi05", 1, libero, 200, 64, 8, 10, 32, 10)
+    assert row(WORKLOADS["libero-shallow6"]) == ("shallow6", 1, libero, 48, 20, 8, 50, 32, 10)
+    assert row(WORKLOADS["aloha-pi0"]) == ("pi0", 1, (True,) * 3, 48, 6, 14, 50, 32, 10)
+    assert row(WORKLOADS["tiny"]) == ("tiny", 1, libero, 16, 6, 8, 10, 8, 4)
+    for b in (4, 8):
+        w = WORKLOADS[f"libero-pi0-b{b}"]
+        assert w.batch == len(w.prompt_valid) == b and (min(w.prompt_valid), max(w.prompt_valid)) == (12, 28)
+    a0, a5 = WORKLOADS["aloha-pi0"], WORKLOADS["aloha-pi05"]
+    assert (a5.image_valid, a5.state_dim, a5.robot_action_dim, a5.horizon) == (a0.image_valid, a0.state_dim,
+                                                                              a0.robot_action_dim, a0.horizon)
+    assert a5.prompt_slots == WORKLOADS["libero-pi05"].prompt_slots == 200
+    assert [(w.steps, w.video_steps) for w in WAM_WORKLOADS.values()] == [(10, 5), (4, 2)]

@@ -249,3 +249,55 @@ def test_an_incomplete_copy_says_what_is_missing(tmp_path):
         (copy / "params" / marker).unlink()
     with pytest.raises(CheckpointError, match="it looks like an openpi JAX checkpoint, but without orbax's"):
         load_checkpoint(build_model("tiny"), copy)
+
+
+def test_renaming_refuses_what_it_cannot_place_and_leaves_the_callers_dict():
+    """Each refusal names what is wrong: a stacked array with another layer count than q_einsum's, a SigLIP saved
+    one block at a time (not scanned), arrays left over (the first 8 listed, then a count; the LoRA hint when one of
+    them is an adapter); and the caller's tree is not emptied by the renaming."""
+    params = openpi_jax.read_params(DATA / "pi0")
+    n = len(params)
+    openpi_jax.to_openpi_names(params)
+    assert len(params) == n  # to_openpi_names pops from its own copy
+    kv = "PaliGemma/llm/layers/attn/kv_einsum_1/w"
+    with pytest.raises(CheckpointError, match=r"JAX array kv_einsum_1: 1 layers, q_einsum_1 has 2"):
+        openpi_jax.to_openpi_names({**params, kv: params[kv][:1]})
+    block = "PaliGemma/img/Transformer/encoderblock/"
+    unscanned = {k.replace(block, "PaliGemma/img/Transformer/encoderblock_0/"): v for k, v in params.items()}
+    with pytest.raises(CheckpointError, match="SigLIP is not stacked over layers"):
+        openpi_jax.to_openpi_names(unscanned)
+    extra = {f"extra/a{i}": torch.zeros(i + 1) for i in range(10)}
+    with pytest.raises(CheckpointError) as e:
+        openpi_jax.to_openpi_names({**params, **extra})
+    listed = ", ".join(f"extra/a{i} [{i + 1}]" for i in range(8))
+    assert str(e.value).endswith(f"does not have: {listed} and 2 more")
+    with pytest.raises(CheckpointError) as e:
+        openpi_jax.to_openpi_names({**params, **{f"extra/a{i}": torch.zeros(1) for i in range(8)}})
+    assert str(e.value).endswith("extra/a7 [1]")  # exactly 8: all listed, no count
+    with pytest.raises(CheckpointError, match=r"does not have \(LoRA adapters of an unknown form\): extra/a0 \[1\], "
+                                              r"x/q_einsum/lora_c \[1\]"):
+        openpi_jax.to_openpi_names({**params, "extra/a0": torch.zeros(1), "x/q_einsum/lora_c": torch.zeros(1)})
+
+
+def test_a_params_folder_without_arrays_is_refused(tmp_path):
+    (tmp_path / "params").mkdir()
+    (tmp_path / "params" / "_CHECKPOINT_METADATA").write_text("{}")
+    with pytest.raises(CheckpointError, match="the checkpoint holds no arrays"):
+        openpi_jax.read_params(tmp_path)
+
+
+def test_lora_merge_keeps_the_weights_dtype_and_the_expert_head_takes_the_embeddings():
+    """A bfloat16 checkpoint stays bfloat16 once merged (the sum is taken in float32); the expert's LM head is filled
+    as zeros in the embedding's dtype, and only where the checkpoint has none."""
+    g = torch.Generator().manual_seed(1)
+    w, a, b = (torch.randn(*s, generator=g) for s in ((6, 4), (6, 2), (2, 4)))
+    params = {"m/linear": w.to(torch.bfloat16), "m/linear_lora_a": a, "m/linear_lora_b": b}
+    openpi_jax.merge_lora(params)
+    assert params["m/linear"].dtype == torch.bfloat16
+    assert torch.equal(params["m/linear"], (w.to(torch.bfloat16).float() + a @ b).to(torch.bfloat16))
+    head = openpi_jax.EXPERT_LM_HEAD
+    named = {EMBED: torch.ones(5, 3, dtype=torch.bfloat16)}
+    assert openpi_jax.fill_unused_heads(named, {head: torch.Size([5, 2])}) == [head]
+    assert named[head].dtype == torch.bfloat16 and named[head].shape == (5, 2) and not named[head].any()
+    own = {EMBED: named[EMBED], head: torch.ones(5, 2)}
+    assert openpi_jax.fill_unused_heads(own, {head: torch.Size([5, 2])}) == [] and own[head].eq(1).all()

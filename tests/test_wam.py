@@ -969,3 +969,122 @@ def test_wam_tiny_floor_against_a_hand_count(cfg_scale):
     ms = [1e3 * max(f / 1e9, by / 1e8) for f, by in ((ctx, ctx_weights), (full, weights), (act, weights))]
     assert [r["context_kv_ms"], r["full_forward_ms"], r["action_forward_ms"]] == pytest.approx(ms)
     assert r["floor_ms"] == pytest.approx(ms[0] + 3 * ms[1] + ms[2])
+
+
+def test_wam_matrix_ratios_compare_each_row_with_its_sparsitys_reference_and_its_dense_self(tmp_path, monkeypatch, capsys):
+    """vs_reference divides by the reference at the row's own sparsity, sparsity_gain by the same variant at sparsity
+    none (None on the dense row); a variant that fails its check is listed but not timed; a prepared row keeps its
+    own first call. The timing is replaced by fixed samples, so each ratio is checked against timing._ratio_stats."""
+    from vlaperf import check, timing
+    from vlaperf.cli import main
+    from vlaperf.report.schema import read_result
+
+    real_check, samples = check.check_wam_equivalence, {}
+
+    def fails_host_schedule_at_drop_middle(model, engine, workload, seeds=(0, 1)):
+        if engine.name == "host_schedule" and workload.sparsity == "mae_middle":
+            raise RuntimeError("a compiler error\nits trace")  # one broken variant must not lose the matrix
+        r = real_check(model, engine, workload, seeds=range(1))
+        return {**r, "passed": False} if engine.name == "host_schedule" and workload.sparsity == "drop_middle" else r
+
+    def fixed(fns, *, device, warmup, iters, baseline, progress):
+        out = {}
+        for j, key in enumerate(fns):  # distinct per row and per round, so that a wrong pairing shows
+            samples[key] = [10.0 + 3 * j + (r * (j + 1)) % 5 for r in range(iters)]
+            out[key] = {"timers": {"cuda_event_ms": None, "wall_ms": timing.summarize(samples[key])},
+                        "samples": {"wall_ms": samples[key], "cuda_event_ms": None}, "first_call_s": 1000.0 + j,
+                        "warmup_s": 0.0, "peak_memory_bytes": None}
+        return {"variants": out}
+
+    monkeypatch.setattr(check, "check_wam_equivalence", fails_host_schedule_at_drop_middle)
+    monkeypatch.setattr(timing, "interleaved", fixed)
+    m = tmp_path / "m.json"
+    assert main(["matrix", "--workload", "wam-tiny", "--device", "cpu", "--warmup", "1", "--iters", "6", "--no-progress",
+                 "--variants", "none;exact;host_schedule", "--json", str(m)]) == 0
+    r = read_result(m)
+    rows = {row["key"]: row for row in r["variants"]}
+    assert list(rows) == [f"{v} | {s}" for s in SPARSITY for v in ("reference", "exact", "host_schedule")]
+    failed = rows["host_schedule | drop_middle"]
+    assert failed["skipped"] == "fails equivalence: speed not reported" and "timers" not in failed
+    assert "host_schedule | drop_middle" not in samples
+    assert rows["host_schedule | mae_middle"]["skipped"] == "failed: RuntimeError: a compiler error"
+    assert r["sparsities"] == list(SPARSITY)
+    for key, row in rows.items():
+        if key not in samples:
+            continue
+        variant, sparsity = row["variant"], row["sparsity"]
+        assert row["vs_reference"] == timing._ratio_stats(samples[f"reference | {sparsity}"], samples[key])
+        dense = samples.get(f"{variant} | none")
+        assert row["sparsity_gain"] == (timing._ratio_stats(dense, samples[key]) if sparsity != "none" else None)
+        # the reference's first call is the timing's; an engine's was taken before its check, and is kept
+        assert (row["first_call_s"] >= 1000.0) == (variant == "reference")
+    assert rows["exact | mae_middle"]["sparsity_gain"] is not None
+    # a reference row against itself: every per-round ratio is 1, so the table marks it as noise
+    assert "1.00x (1.00..1.00) noise" in " ".join(capsys.readouterr().out.split())
+    # --mode forward: each row's floor is the roofline's one full forward at its sparsity, not a generate call's
+    from vlaperf.roofline import wam_roofline
+
+    assert main(["matrix", "--workload", "wam-tiny", "--device", "cpu", "--warmup", "1", "--iters", "2", "--no-progress",
+                 "--mode", "forward", "--variants", "exact", "--sparsity", "drop_middle", "--json", str(m)]) == 0
+    w = get_wam_workload("wam-tiny").with_overrides(sparsity="drop_middle")
+    floor = wam_roofline(get_config("wam-tiny"), w)
+    assert floor["full_forward_ms"] != floor["floor_ms"]
+    assert [row["roofline_floor_ms"] for row in read_result(m)["variants"]] == [floor["full_forward_ms"]] * 2
+
+
+def test_check_exits_1_when_any_variant_fails_and_variants_take_none_as_the_reference(monkeypatch):
+    """One failing variant among passing ones fails `check`; `matrix --variants` runs the reference once, first,
+    whether it is named 'reference', 'none' or not at all."""
+    from vlaperf import check
+    from vlaperf.cli import main
+    from vlaperf.profile.wam import parse_variants
+
+    real_check = check.check_wam_equivalence
+
+    def fails_exact(model, engine, workload, seeds=(0, 1)):
+        r = real_check(model, engine, workload, seeds=seeds)
+        return {**r, "passed": False} if engine.name != "host_schedule" else r  # exact's name is its lever list
+
+    monkeypatch.setattr(check, "check_wam_equivalence", fails_exact)
+    assert main(["check", "--workload", "wam-tiny", "--device", "cpu", "--levers", "host_schedule;exact", "--sparsity",
+                 "none", "--seeds", "1"]) == 1
+    for spec in ("exact", "none;exact", "exact;reference", "none; exact ;;"):
+        assert parse_variants(spec, CPU) == ["reference", "exact"]
+
+
+def test_wam_commands_refuse_a_checkpoint_and_a_release_without_an_engine(tmp_path, capsys):
+    """The world-action model has no checkpoint layout: a --checkpoint would be silently ignored (random weights)."""
+    from vlaperf.cli import main
+
+    for command in (["bench", "--iters", "1"], ["check"], ["matrix", "--iters", "1"]):
+        assert main(command + ["--workload", "wam-tiny", "--device", "cpu", "--no-progress", "--checkpoint",
+                               str(tmp_path)]) == 2
+        assert "--checkpoint: the world-action model has no public checkpoint layout yet" in capsys.readouterr().err
+    assert main(["bench", "--workload", "wam-tiny", "--device", "cpu", "--iters", "1", "--no-progress",
+                 "--release-reference"]) == 2  # the reference runs on the weights an engine would release
+    assert "--release-reference needs an engine variant" in capsys.readouterr().err
+
+
+def test_forward_mode_runs_the_workloads_sparsity(tiny, inputs):
+    """`bench --mode forward --sparsity drop_middle` without an engine times the reference forward at drop_middle,
+    not the dense one."""
+    from vlaperf.profile.wam import call_fn
+
+    obs, noise = inputs
+    w = get_wam_workload("wam-tiny").with_overrides(sparsity="drop_middle")
+    reference = WamEngine(tiny, "reference")
+    with torch.no_grad():
+        out = call_fn(tiny, None, w, obs, noise, "forward")()
+        assert torch.equal(out, reference.forward_once(obs, noise, "drop_middle"))
+        assert not torch.equal(out, reference.forward_once(obs, noise, "none"))
+
+
+def test_wam_steps_override_keeps_the_early_stops_share():
+    """--steps alone scales video_steps by the same factor, rounded, at least 1; given both, both are taken; the
+    workload's sampling() is what generate gets (shift included)."""
+    w = get_wam_workload("wam-761")  # 10 steps, the video finished in 5
+    assert w.with_overrides(steps=3).video_steps == 2  # 1.5 rounds to 2
+    assert w.with_overrides(steps=1).video_steps == 1  # 0.5 would round to 0: at least one call
+    assert w.with_overrides(steps=8, video_steps=3).video_steps == 3
+    assert w.with_overrides(cfg_scale=2.0).sampling() == {"steps": 10, "video_steps": 5, "sparsity": "none",
+                                                           "cfg_scale": 2.0, "shift": 3.0}
