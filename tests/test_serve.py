@@ -1692,3 +1692,91 @@ def test_rollout_stopped_by_a_lost_connection_counts_the_steps_it_ran(monkeypatc
     assert ro["connection_lost"] == "episode 0, step 4: the connection failed: ConnectionError: gone"
     (row,) = ro["per_episode"]
     assert (row["steps"], row["policy_calls"]) == (4, 1) and row["ideal_wall_s"] == pytest.approx(4 / 20.0)
+
+
+# ----------------------------------------------------------------------------- the subcommands, audited by mutation
+
+
+def test_cli_defaults_are_the_ones_their_help_names():
+    """Every numeric default a serve / loadgen / rollout option's help names ("default: 16") is the parsed one."""
+    import re
+
+    parser = _cli_parser()
+    sub = next(a for a in parser._actions if isinstance(a, argparse._SubParsersAction))
+    checked = 0
+    for command in ("serve", "loadgen", "rollout"):
+        for action in sub.choices[command]._actions:
+            m = re.search(r"default: (\d[\w.,]*)", action.help or "")
+            if m is None or action.default is None:
+                continue
+            value = action.default
+            text = (",".join(map(str, value)) if isinstance(value, list) else f"{value:g}" if isinstance(value, float)
+                    else str(value))
+            assert text == m.group(1).rstrip(",."), (command, action.dest, action.help)
+            checked += 1
+    assert checked >= 17  # serve's 7 limits, loadgen's 5, rollout's 5
+
+
+def test_cli_options_at_their_bounds_are_accepted():
+    parser = _cli_parser()
+    a = parser.parse_args(["serve", "--max-queue", "64"])  # one list request's 64 observations
+    assert a.max_queue == 64
+    assert parser.parse_args(["loadgen", "--image-size", "4"]).image_size == 4
+    assert parser.parse_args(["rollout", "--image-size", "4096"]).image_size == 4096
+
+
+def test_warmup_batch_sizes_at_max_batch_once_each_in_order():
+    from vlaperf.serve.commands import _warmup_sizes
+
+    assert _warmup_sizes("8", 8) == [8] and _warmup_sizes("max, 1, max", 1) == [1]
+    assert _warmup_sizes("max,2", 4) == [2, 4] and _warmup_sizes("all", 1) == [1]
+
+
+def test_replica_options_are_filled_in_only_with_replicas():
+    from vlaperf.cli import CliError
+    from vlaperf.serve.commands import REPLICA_DEFAULTS, _replica_options
+
+    args = argparse.Namespace(replicas=2, ray_address=None, replica_timeout_s=5.0, replica_cpus=None, ray_app_name=None)
+    _replica_options(args)
+    assert (args.ray_address, args.replica_timeout_s, args.replica_cpus, args.ray_app_name) == \
+        (None, 5.0, REPLICA_DEFAULTS["replica_cpus"], REPLICA_DEFAULTS["ray_app_name"])
+    with pytest.raises(CliError, match="--replica-cpus: configure Ray Serve replicas and need --replicas N"):
+        _replica_options(argparse.Namespace(replicas=None, ray_address=None, replica_timeout_s=None, replica_cpus=2.0,
+                                            ray_app_name=None))
+
+
+def test_api_key_from_the_option_else_the_environment(monkeypatch):
+    from vlaperf.serve.commands import _api_key
+
+    monkeypatch.setenv("VLAPERF_API_KEY", "from-env")
+    assert _api_key(argparse.Namespace(api_key=None)) == "from-env"
+    assert _api_key(argparse.Namespace(api_key="given")) == "given"
+    monkeypatch.delenv("VLAPERF_API_KEY")
+    assert _api_key(argparse.Namespace(api_key=None)) is None
+
+
+def test_serve_refuses_a_pi0_variant_that_fails_its_check(monkeypatch, capsys):
+    """A variant whose equivalence check fails is not served: exit 1, the numbers on stderr, no listener."""
+    import vlaperf.check
+    import vlaperf.serve.server as srv
+    from vlaperf.cli import main as run_cli
+
+    monkeypatch.setattr(vlaperf.check, "check_equivalence", lambda *a: {"passed": False, "rel_l2": 0.5, "tolerance": 0.01})
+    monkeypatch.setattr(srv.PolicyServer, "serve_forever", lambda self: pytest.fail("served"))
+    assert run_cli(["serve", "--workload", "tiny", "--device", "cpu", "--port", "0"]) == 1
+    assert "fails equivalence (rel_l2 0.5 > 0.01); refusing to serve it" in capsys.readouterr().err
+
+
+def test_print_serve_describes_the_pi0_server(server):
+    import io
+
+    from rich.console import Console
+
+    from vlaperf.serve.commands import print_serve
+
+    buf = io.StringIO()
+    print_serve(server, Console(file=buf, width=300))
+    out = " ".join(buf.getvalue().split())  # the table's padding aside
+    for row in (f"action chunk │ {H} x {D} float32", "tokenizer WordHashTokenizer; normalization none (model units)",
+                "up to 8 per call, wait <= 100 ms", "levers │ reference"):
+        assert row in out, out
