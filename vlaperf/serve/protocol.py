@@ -69,7 +69,7 @@ def valid_request_id(value: Any) -> bool:
     return isinstance(value, str) and len(value) <= MAX_REQUEST_ID_CHARS or type(value) is int
 
 # byte order (optional) + kind + item size. b = bool, i = signed int, u = unsigned, f = float.
-_DTYPE_RE = re.compile(r"^[<>=|]?(b1|i1|i2|i4|i8|u1|u2|u4|u8|f2|f4|f8)\Z")  # \Z: `$` would admit a final "\n"
+_DTYPE_RE = re.compile(r"[<>=|]?(b1|i1|i2|i4|i8|u1|u2|u4|u8|f2|f4|f8)")  # fullmatch: `$` would admit a final "\n"
 _ALLOWED_KINDS = "biuf"
 
 
@@ -86,7 +86,7 @@ class ProtocolError(ValueError):
 
 
 def _check_dtype_for_encode(dtype: np.dtype) -> None:
-    if dtype.kind not in _ALLOWED_KINDS or not _DTYPE_RE.match(dtype.str):
+    if dtype.kind not in _ALLOWED_KINDS or not _DTYPE_RE.fullmatch(dtype.str):
         raise ProtocolError(f"cannot send numpy dtype {dtype.str!r} ({dtype}): only bool, integer and float arrays are allowed")
 
 
@@ -129,7 +129,7 @@ def _parse_dtype(value: Any) -> np.dtype:
             raise ProtocolError("array dtype is not an ASCII string") from None
     if not isinstance(value, str):
         raise ProtocolError(f"array dtype must be a string, got {type(value).__name__}")
-    if len(value) > 8 or not _DTYPE_RE.match(value):
+    if len(value) > 8 or not _DTYPE_RE.fullmatch(value):
         raise ProtocolError(
             f"unsupported array dtype {value[:32]!r}: only bool, signed/unsigned integers and floats are accepted "
             "(send text as a plain msgpack string)"
