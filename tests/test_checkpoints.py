@@ -204,6 +204,31 @@ def test_bad_output_paths_are_named_and_leave_nothing_behind(tmp_path):
     assert stat.S_IMODE(path.stat().st_mode) == 0o644 and not list(path.parent.glob("*.partial"))
 
 
+def test_a_write_that_fails_midway_leaves_nothing_behind_and_keeps_the_old_file(tmp_path, monkeypatch):
+    """A disk that fills during the write: the half-written `.partial` file and the folders the write created are
+    removed, an existing file at the destination is untouched, and the error names the path and the cause."""
+    import errno
+    import os
+
+    import vlaperf.checkpoints as ckpt
+
+    def half_write(tensors, filename, metadata=None):
+        with open(filename, "wb") as f:
+            f.write(b"half a header")
+        raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC))
+
+    model = build_model("tiny")
+    old = save_checkpoint(model, tmp_path / "keep" / "m.safetensors")
+    before = old.read_bytes()
+    monkeypatch.setattr(ckpt, "save_file", half_write)
+    with pytest.raises(CheckpointError, match=r"cannot write .*m\.safetensors: No space left on device"):
+        save_checkpoint(model, old)
+    assert old.read_bytes() == before and sorted(p.name for p in old.parent.iterdir()) == ["m.safetensors"]
+    with pytest.raises(CheckpointError, match="No space left on device"):
+        save_checkpoint(model, tmp_path / "a" / "b" / "m.safetensors")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep"]  # a/ and a/b/ were made by the write: gone
+
+
 def test_lerobot_files_with_stray_keys_and_the_wrong_layout_are_named(tmp_path):
     tensors = read_tensors(save_checkpoint(build_model("tiny"), tmp_path / "a.safetensors", layout="lerobot"))
     tensors["normalize_inputs.buffer_observation_state.mean"] = torch.zeros(8)  # older LeRobot files carried these
