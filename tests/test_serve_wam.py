@@ -302,6 +302,21 @@ def test_wam_policy_refuses_non_finite_actions(model):
     assert info.value.rows == [1]
 
 
+def test_wam_policy_noise_sequence_replays_after_a_restart(model):
+    """The world-action server's fresh noise comes from its own generator seeded at startup: a restarted server
+    (a new WamPolicy) answers the same observations with the same actions, call for call, whatever else drew
+    from torch's global generator meanwhile (a rollout evaluation can be replayed)."""
+    ex = make_wam_example(W, seed=2)
+    first = WamPolicy(model, model.generate, W)
+    a = [first.infer(ex)["actions"] for _ in range(2)]
+    torch.manual_seed(1234)
+    torch.randn(1000)  # other users of the global generator
+    second = WamPolicy(model, model.generate, W)
+    b = [second.infer(ex)["actions"] for _ in range(2)]
+    assert np.array_equal(a[0], b[0]) and np.array_equal(a[1], b[1])
+    assert not np.allclose(a[0], a[1])  # fresh noise per call, not one fixed draw
+
+
 def test_wam_policy_noise_batches_and_refusals(model):
     """Fixed noise serves calls of its batch size, others get fresh noise (two calls differ); a dict gets (H, A),
     a list (B, H, A); an empty list, a non-dict item, a boolean array and a pi0 workload are refused by name."""
