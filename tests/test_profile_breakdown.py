@@ -179,6 +179,10 @@ def test_cuda_graph_variant_is_timed_inside_its_graph(mode):
     timed = [e for key, e in engine.graphs.entries.items() if key[-1] == "timed"]
     assert len(timed) == 1 and [n for n, _ in timed[0].stage_events][-1] == "end"
     assert any("inside the CUDA graph" in n for n in bd["notes"])
+    # On a GPU both sides are read by CUDA events: the coverage compares the untimed call's event median, not its
+    # wall clock, with the instrumented span.
+    assert bd["timer"] == "cuda_event" and "(CUDA events, vlaperf.timing.time_calls" in bd["statement"]
+    assert bd["untimed_median_ms"] == bd["untimed"]["timers"]["cuda_event_ms"]["median"]
     assert abs(bd["coverage"] - 1.0) <= COVERAGE_TOLERANCE, bd["statement"]
     validate_result(result)
 

@@ -1,0 +1,25 @@
+#!/bin/bash
+# Session 39's device calls on nvidia-h200 (one GPU, 16 cores; lanes.sh, lane A only).
+#   PART=a   the whole test suite on the GPU machine at the session's last code, after this session's audits (the
+#            Ray backend and Ray matrix; the doctor, trace and result schemas) landed: gpu_suite, carry [".whl"]
+#   PART=b   the breakdown's CUDA-event branch, which no CPU run reaches (session 38's audit left it as a survivor):
+#            the GPU test of a graph variant's in-graph breakdown, first as the code is, then with the untimed side
+#            read by the wall clock instead of CUDA events. Prediction: passes as it is; fails under the mutation
+#            (its new asserts name the timer and the untimed event median); the tree is restored after.
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session39.sh
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
+case "${PART:-a}" in
+a)
+  gpu_suite s39${PART} &
+  ;;
+b)
+  T="python3 -m pytest -p no:cacheprovider -q --tb=line tests/test_profile_breakdown.py -k cuda_graph_variant"
+  M='s/if timer == "cuda_event" and timing/if False and timing/'
+  lane A 0 40 <<EOT &
+120 $T 2>&1 | tail -3 | sed "s/^/as is: /"
+120 cp vlaperf/profile/breakdown.py /tmp/bd.py && sed -i '$M' vlaperf/profile/breakdown.py && grep -c "if False and timing" vlaperf/profile/breakdown.py; $T 2>&1 | tail -4 | sed "s/^/mutated: /"; cp /tmp/bd.py vlaperf/profile/breakdown.py
+EOT
+  ;;
+esac
+finish
