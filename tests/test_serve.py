@@ -1745,6 +1745,21 @@ def test_replica_options_are_filled_in_only_with_replicas():
                                             ray_app_name=None))
 
 
+def test_replica_defaults_are_the_ones_scale_out_md_states():
+    """docs/scale-out.md's option list gives the replicas' defaults (a 60 s reply time-out, 1 CPU, the app name
+    vlaperf); the values `_replica_options` fills in must be those, so a changed default shows up here."""
+    from pathlib import Path
+
+    from vlaperf.serve.commands import REPLICA_DEFAULTS
+
+    text = " ".join((Path(__file__).resolve().parents[1] / "docs" / "scale-out.md").read_text().split())
+    stated = (f"`--replica-timeout-s` ({REPLICA_DEFAULTS['replica_timeout_s']:g}), "
+              f"`--replica-cpus` ({REPLICA_DEFAULTS['replica_cpus']:g}), "
+              f"`--ray-app-name` (`{REPLICA_DEFAULTS['ray_app_name']}`;")
+    assert stated in text
+    assert REPLICA_DEFAULTS["ray_address"] is None  # $RAY_ADDRESS or a private local Ray, as the docs say
+
+
 def test_api_key_from_the_option_else_the_environment(monkeypatch):
     from vlaperf.serve.commands import _api_key
 
