@@ -378,6 +378,10 @@ def test_wam_policy_metadata_and_warmup_examples(model):
     assert meta["workload_overrides"] == w.overrides_vs(W) != {} and meta["text_encoder"] == "Encoder"
     warm = policy.warmup_examples(3)
     assert len(warm) == 3 and not np.array_equal(warm[0]["observation/state"], warm[1]["observation/state"])
+    from vlaperf.models.wam import get_config
+
+    narrow = build_wam(get_config("wam-tiny", state_dim=5), seed=0)  # wam-tiny's state and action dims are both 8
+    assert WamPolicy(narrow, narrow.generate, W).workload_metadata()["state_dim"] == 5 != narrow.config.action_dim
 
 
 def test_hash_text_encoder_normalizes_prompts_and_keeps_at_most_its_cache_size():
