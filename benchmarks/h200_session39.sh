@@ -23,7 +23,7 @@ b)
   lane A 0 40 <<EOT &
 120 $T 2>&1 | tail -3 | sed "s/^/as is: /"
 120 cp vlaperf/profile/breakdown.py /tmp/bd.py && sed -i '$M' vlaperf/profile/breakdown.py && grep -c "if False and timing" vlaperf/profile/breakdown.py; $T 2>&1 | tail -4 | sed "s/^/mutated: /"; cp /tmp/bd.py vlaperf/profile/breakdown.py
-10 echo "mutated lines left: $(grep -c "if False and timing" vlaperf/profile/breakdown.py)"
+10 echo "mutated lines left: \$(grep -c "if False and timing" vlaperf/profile/breakdown.py)"
 120 $V bench --workload libero-pi05 --action-horizon 50 --levers best $B --json $R/bench_libero-pi05-h50_best-s39_model.json
 100 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s39_model.json
 EOT
