@@ -10,6 +10,12 @@
 #            at its own horizon 10, fresh processes on one instance. Prediction: nothing since session 25 changed the
 #            work of either call, so h50 lands within the ~3% that instances differ by (14.0-14.8 ms), and h50 / h10
 #            stays at session 25's 1.178 within 2%.
+#   PART=c   part b's miss taken apart: libero-pi05 `best` at horizon 50 took 14.92 ms against session 25's 14.32
+#            (+4.1%) while horizon 10 took 12.02 against 12.16: the step kernel's config at 50 rows is the same in both
+#            files, so either the instance or the code since 55bf55a. session 25's code (s25tree/: `git archive 55bf55a
+#            vlaperf`, untracked, carried with the tree) and today's, fresh processes alternating three times each,
+#            --no-check (part b checked today's). Prediction: if it is the instance, the two sides within 1%; if the
+#            code, session 25's ~4% faster. The records go to profiles/ (not figures: make_performance_md skips it).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session39.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -26,6 +32,18 @@ b)
 10 echo "mutated lines left: \$(grep -c "if False and timing" vlaperf/profile/breakdown.py)"
 120 $V bench --workload libero-pi05 --action-horizon 50 --levers best $B --json $R/bench_libero-pi05-h50_best-s39_model.json
 100 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s39_model.json
+EOT
+  ;;
+c)
+  H="--workload libero-pi05 --action-horizon 50 --levers best $B --no-check --json $R/profiles"
+  mkdir -p $R/profiles
+  lane A 0 16 <<EOT &
+100 $V bench $H/h50_s39c_new1.json
+100 cd s25tree && PYTHONPATH=$PWD/s25tree python3 -c 'import vlaperf; print(vlaperf.__file__)' && VLAPERF_GIT_COMMIT=55bf55a PYTHONPATH=$PWD/s25tree python3 -m vlaperf.cli bench $H/h50_s39c_s25code1.json
+100 $V bench $H/h50_s39c_new2.json
+100 cd s25tree && VLAPERF_GIT_COMMIT=55bf55a PYTHONPATH=$PWD/s25tree python3 -m vlaperf.cli bench $H/h50_s39c_s25code2.json
+100 $V bench $H/h50_s39c_new3.json
+100 cd s25tree && VLAPERF_GIT_COMMIT=55bf55a PYTHONPATH=$PWD/s25tree python3 -m vlaperf.cli bench $H/h50_s39c_s25code3.json
 EOT
   ;;
 esac

@@ -709,7 +709,9 @@ def wam_tables(results):
 def main() -> None:
     from vlaperf.workloads import WAM_WORKLOADS
 
-    every = [(p, json.loads(p.read_text())) for p in sorted(RESULTS.rglob("*.json"))]
+    # profiles/ holds logs and the raw records of probes (e.g. another commit's code timed beside today's): not figures
+    every = [(p, json.loads(p.read_text())) for p in sorted(RESULTS.rglob("*.json"))
+             if "profiles" not in p.relative_to(RESULTS).parts]
     wam = [(p, r) for p, r in every if r.get("workload", {}).get("id") in WAM_WORKLOADS]
     results = [(p, r) for p, r in every if r.get("workload", {}).get("id") not in WAM_WORKLOADS]
     lines = ["# Performance", "",
