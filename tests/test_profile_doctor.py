@@ -438,3 +438,21 @@ def test_findings_are_sorted_errors_first(monkeypatch):
     severities = [f["severity"] for f in findings]
     assert severities[0] == "error" and "warning" in severities and "info" in severities
     assert severities == sorted(severities, key=SEVERITIES.index)
+
+
+def test_cache_folders_are_where_torch_puts_them_for_an_empty_or_relative_variable(monkeypatch, tmp_path):
+    """TORCHINDUCTOR_CACHE_DIR="" (a script's `=$UNSET`) is not unset to torch: it caches in the current folder,
+    as it does for a relative name, which it makes absolute; Triton does the same with TRITON_CACHE_DIR. The doctor
+    reported inductor's default folder (its size, and the temporary-directory advice for /tmp/torchinductor_<user>,
+    where nothing was written) and '' for Triton; a relative name as given."""
+    import os
+
+    from torch._inductor.runtime.cache_dir_utils import cache_dir
+
+    monkeypatch.chdir(tmp_path)
+    for value in ("", "relative/inductor"):
+        monkeypatch.setenv("TRITON_CACHE_DIR", value)
+        monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", value)
+        dirs = doctor_mod.compile_cache_dirs()
+        # Triton joins the name to the current folder when it writes; torch's own answer for inductor
+        assert dirs == {"triton": os.path.join(os.getcwd(), value) if value else os.getcwd(), "inductor": cache_dir()}

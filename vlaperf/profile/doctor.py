@@ -184,7 +184,8 @@ def compile_cache_dirs() -> dict[str, str]:
     """Where Triton and inductor keep compiled kernels in this process (env or their defaults)."""
     from vlaperf.engine.compile import CACHE_ENV
 
-    dirs = {name: os.environ[var] for name, var in CACHE_ENV.items() if os.environ.get(var)}
+    # a variable set, even to "", is what torch and Triton use: "" is the current folder, a relative name made absolute
+    dirs = {name: os.path.abspath(os.environ[var]) for name, var in CACHE_ENV.items() if var in os.environ}
     if "triton" not in dirs:
         try:
             from triton import knobs
