@@ -440,6 +440,84 @@ def test_findings_are_sorted_errors_first(monkeypatch):
     assert severities == sorted(severities, key=SEVERITIES.index)
 
 
+# ----------------------------------------------------------------- audited by mutation: each finding's trigger,
+# boundary, severity and the words that name the setting
+
+
+def test_compile_disabled_names_each_variable_with_its_value_and_the_fix(monkeypatch):
+    """Both variables set: one finding each, its title the exact assignment found, its fix unsetting that variable."""
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
+    monkeypatch.setenv("TORCH_COMPILE_DISABLE", "1")
+    found = [f for f in environment_checks("cpu") if f["id"] == "env.compile_disabled"]
+    assert [f["title"] for f in found] == ["torch.compile is silently off: TORCHDYNAMO_DISABLE=1",
+                                          "torch.compile is silently off: TORCH_COMPILE_DISABLE=1"]
+    assert [f["fix"].split(".")[0] for f in found] == ["unset TORCHDYNAMO_DISABLE", "unset TORCH_COMPILE_DISABLE"]
+
+
+@pytest.mark.parametrize("name", ["cc", "gcc", "clang"])
+def test_any_of_cc_gcc_clang_on_path_is_a_compiler(monkeypatch, tmp_path, name):
+    """A machine with only clang (or only gcc) has a compiler: no error for it."""
+    cc = tmp_path / name
+    cc.write_text("#!/bin/sh\n")
+    cc.chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    assert "env.no_c_compiler" not in by_id(environment_checks("cpu"))
+
+
+def test_cuda_launch_blocking_names_the_value_and_the_fix(monkeypatch):
+    monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
+    f = by_id(environment_checks("cpu"))["env.cuda_launch_blocking"]
+    assert f["title"] == "CUDA_LAUNCH_BLOCKING=1" and f["fix"] == "unset CUDA_LAUNCH_BLOCKING"
+
+
+@pytest.mark.parametrize("dtype,precision", [(None, "highest"), (torch.float32, "high"), (torch.float32, "medium")])
+def test_matmul_precision_is_a_note_without_a_float32_model_or_with_tf32(monkeypatch, dtype, precision):
+    """The warning needs all three: a GPU, a float32 model and 'highest'. The environment-only doctor (no model,
+    so no dtype) and a float32 model already on TF32 ('high', 'medium') get the info note with the precision named."""
+    monkeypatch.setattr(doctor_mod, "nvidia_smi", lambda args: None)
+    monkeypatch.setattr(torch, "get_float32_matmul_precision", lambda: precision)
+    f = by_id(environment_checks("cuda", dtype))["env.matmul_precision"]
+    assert f["severity"] == "info" and f["title"] == f"float32 matmul precision: {precision}"
+    assert f["detail"].startswith(f"torch.get_float32_matmul_precision() = {precision!r}, "
+                                  f"backends.cuda.matmul.allow_tf32 = {bool(torch.backends.cuda.matmul.allow_tf32)}")
+
+
+def test_matmul_precision_detail_reports_allow_tf32_as_set():
+    saved = torch.backends.cuda.matmul.allow_tf32, torch.get_float32_matmul_precision()
+    try:  # not monkeypatch: allow_tf32 is a property of torch's module object, which setattr's undo cannot restore
+        for allowed in (False, True):
+            torch.backends.cuda.matmul.allow_tf32 = allowed
+            detail = by_id(environment_checks("cpu"))["env.matmul_precision"]["detail"]
+            assert f"backends.cuda.matmul.allow_tf32 = {allowed}" in detail
+    finally:
+        torch.backends.cuda.matmul.allow_tf32 = saved[0]
+        torch.set_float32_matmul_precision(saved[1])
+
+
+def test_environment_variables_are_listed_sorted_by_name(monkeypatch, tmp_path):
+    """The list is sorted by name, not in the order timing.ENV_VARS happens to name them (TRITON_CACHE_DIR there
+    comes before the CUBLAS prefix)."""
+    monkeypatch.setenv("TRITON_CACHE_DIR", str(tmp_path))
+    monkeypatch.setenv("CUBLASLT_WORKSPACE_SIZE", "32768")
+    detail = by_id(environment_checks("cpu"))["env.variables"]["detail"]
+    names = [item.split("=")[0] for item in detail.split(", ")]
+    assert names == sorted(names) and {"TRITON_CACHE_DIR", "CUBLASLT_WORKSPACE_SIZE"} <= set(names)
+
+
+def test_cache_size_does_not_follow_symlinks(tmp_path):
+    """A link inside a cache (to itself, or to a folder elsewhere) is not walked: no loop, no double count."""
+    cache = tmp_path / "cache"
+    (cache / "k").mkdir(parents=True)
+    (cache / "k" / "a.cubin").write_bytes(b"x" * 1000)
+    elsewhere = tmp_path / "elsewhere"
+    elsewhere.mkdir()
+    (elsewhere / "big").write_bytes(b"x" * 5000)
+    (cache / "loop").symlink_to(cache)
+    (cache / "other").symlink_to(elsewhere)
+    (cache / "file_link").symlink_to(elsewhere / "big")
+    assert doctor_mod._dir_bytes(str(cache)) == (1000, False)
+
+
 def test_cache_folders_are_where_torch_puts_them_for_an_empty_or_relative_variable(monkeypatch, tmp_path):
     """TORCHINDUCTOR_CACHE_DIR="" (a script's `=$UNSET`) is not unset to torch: it caches in the current folder,
     as it does for a relative name, which it makes absolute; Triton does the same with TRITON_CACHE_DIR. The doctor
@@ -456,3 +534,213 @@ def test_cache_folders_are_where_torch_puts_them_for_an_empty_or_relative_variab
         dirs = doctor_mod.compile_cache_dirs()
         # Triton joins the name to the current folder when it writes; torch's own answer for inductor
         assert dirs == {"triton": os.path.join(os.getcwd(), value) if value else os.getcwd(), "inductor": cache_dir()}
+
+
+def test_one_cache_in_a_temporary_directory_is_enough_for_the_advice(monkeypatch, tmp_path):
+    """/tmp counts as temporary even where tempfile's directory is elsewhere; one volatile cache of the two is
+    enough for the --compile-cache advice."""
+    import tempfile
+
+    monkeypatch.setattr(tempfile, "tempdir", "/vlaperf-test-scratch")
+    monkeypatch.setenv("TRITON_CACHE_DIR", "/tmp/vlaperf-test-cache/triton")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(Path.home() / ".cache" / "vlaperf-test" / "inductor"))
+    f = by_id(environment_checks("cpu"))["env.compile_cache"]
+    assert f["title"] == "compile caches (in a temporary directory)" and "--compile-cache DIR" in f["fix"]
+
+
+def _smi(gpu_rows, apps="", fails=()):
+    """A fake nvidia-smi: the --query-gpu answer (None for any query naming a field in `fails`), the apps list."""
+    def fake(args):
+        q = args[0]
+        if any(field in q for field in fails):
+            return None
+        if q.startswith("--query-compute-apps"):
+            return apps
+        if q.startswith("--query-gpu=uuid"):
+            return gpu_rows
+        return None
+    return fake
+
+
+ROW = "GPU-aaaa-1, 0, NVIDIA H200, 1755, 1980, 3201, 3201, 83, 650.1, 700.0, {}"
+
+
+def test_gpu_checks_are_for_cuda_runs_only(monkeypatch):
+    """A CPU run reports neither the GPU's tenants nor its clocks, however busy nvidia-smi says it is."""
+    monkeypatch.setattr(doctor_mod, "nvidia_smi", _smi(ROW.format("0x40"), "GPU-aaaa-1, 4242, python3, 30000"))
+    found = by_id(environment_checks("cpu"))
+    assert not {"env.gpu_processes", "env.gpu_clocks"} & set(found)
+
+
+@pytest.mark.parametrize("fails", ["clocks_throttle_reasons", "clocks_event_reasons"])
+def test_clocks_are_read_with_either_name_of_the_reasons_field(monkeypatch, fails):
+    """nvidia-smi renamed clocks_throttle_reasons to clocks_event_reasons; whichever one this version knows answers."""
+    monkeypatch.setattr(doctor_mod, "nvidia_smi", _smi(ROW.format("0x40"), fails=(fails,)))
+    clocks = [f for f in doctor_mod._gpu_checks(torch.device("cuda"), uuid="aaaa-1") if f["id"] == "env.gpu_clocks"]
+    assert [f["title"] for f in clocks] == ["GPU 0 is throttled: hardware thermal slowdown"]
+
+
+def test_clock_finding_detail_and_every_bad_reason_named(monkeypatch):
+    """The detail carries each field in its place; several bad reasons at once are all named, in bit order."""
+    monkeypatch.setattr(doctor_mod, "nvidia_smi", _smi(ROW.format("0x0000000000000048")))
+    (f,) = [f for f in doctor_mod._gpu_checks(torch.device("cuda"), uuid="aaaa-1") if f["id"] == "env.gpu_clocks"]
+    assert f["severity"] == "warning"
+    assert f["title"] == "GPU 0 is throttled: hardware slowdown, hardware thermal slowdown"
+    assert f["detail"].startswith("GPU 0 NVIDIA H200: SM 1755/1980 MHz, memory 3201/3201 MHz, 83 C, 650.1/700.0 W, "
+                                  "throttle reasons 0x0000000000000048")
+
+
+@pytest.mark.parametrize("reasons", ["0x0000000000000001", "0x0000000000000004", "0x0000000000000005", "[N/A]"])
+def test_idle_power_cap_or_unreadable_reasons_are_not_throttling(monkeypatch, reasons):
+    """Idle (0x1) and the software power cap (0x4, a GPU at its power limit under load) are not heat or hardware
+    slowdowns; a field nvidia-smi cannot fill is no evidence of one either."""
+    monkeypatch.setattr(doctor_mod, "nvidia_smi", _smi(ROW.format(reasons)))
+    (f,) = [f for f in doctor_mod._gpu_checks(torch.device("cuda"), uuid="aaaa-1") if f["id"] == "env.gpu_clocks"]
+    assert f["severity"] == "info" and f["title"] == "GPU 0 clocks" and f["fix"] is None
+
+
+def test_gpu_processes_unknown_or_unreadable_rows(monkeypatch):
+    """No nvidia-smi answer for the apps: an info that tenants cannot be ruled out (never a warning or silence);
+    a row whose pid nvidia-smi cannot show ("[N/A]") is skipped, not a crash."""
+    monkeypatch.setattr(doctor_mod, "nvidia_smi", _smi(ROW.format("0x0"), apps=None))
+    f = by_id(doctor_mod._gpu_checks(torch.device("cuda"), uuid="aaaa-1"))["env.gpu_processes"]
+    assert f["severity"] == "info" and f["title"] == "could not list GPU processes"
+    apps = "GPU-aaaa-1, [N/A], python3, 30000\nGPU-aaaa-1, 4242, tool, 10"
+    monkeypatch.setattr(doctor_mod, "nvidia_smi", _smi(ROW.format("0x0"), apps=apps))
+    f = by_id(doctor_mod._gpu_checks(torch.device("cuda"), uuid="aaaa-1"))["env.gpu_processes"]
+    assert f["title"] == "1 other process(es) on the GPU" and f["detail"].startswith("pid 4242 tool (10 MiB). ")
+
+
+def test_versions_name_the_torch_threads():
+    assert f"{torch.get_num_threads()} CPU threads" in by_id(environment_checks("cpu"))["env.versions"]["detail"]
+
+
+def _sites(n, code="x = int(t.item())"):
+    return [{"per_call": 1, "location": f"policy.py:{i}", "op": "Tensor.item", "code": code} for i in range(n)]
+
+
+def test_host_sync_cost_is_the_measured_round_trip_times_the_syncs(monkeypatch):
+    """On a device: cost = syncs per call x one measured round trip, the note saying so; --no-measure does not
+    measure (the round trip is not even timed). The detail lists the first five sites."""
+    from vlaperf.profile import syncs
+    from vlaperf.profile.doctor import model_checks
+
+    timed = []
+    monkeypatch.setattr(syncs, "measure_sync_cost_ms", lambda device: timed.append(device) or 0.25)
+    monkeypatch.setattr(syncs, "count_syncs", lambda fn, **kw: {"per_call": 6, "sites": _sites(6), "note": None})
+    model = build_model("tiny")
+    f = by_id(model_checks(model, workload="tiny", measure=True))["model.host_syncs"]
+    assert f["cost"] == pytest.approx(1.5) and f["cost_note"].startswith("estimate: 6 syncs x 0.2500 ms measured round trip")
+    assert f["detail"].count("Tensor.item") == 5 and "policy.py:4 " in f["detail"] and "policy.py:5 " not in f["detail"]
+    timed.clear()
+    f = by_id(model_checks(model, workload="tiny", measure=False))["model.host_syncs"]
+    assert not timed and f["cost"] is None
+
+
+def test_a_sync_in_a_while_loop_gets_for_loop_only_where_the_path_lacks_it(monkeypatch):
+    from vlaperf.profile import syncs
+    from vlaperf.profile.doctor import model_checks
+
+    monkeypatch.setattr(syncs, "count_syncs", lambda fn, **kw: {
+        "per_call": 1, "sites": _sites(1, "while time >= -dt / 2:"), "note": None})
+    model = build_model("tiny")
+    assert by_id(model_checks(model, workload="tiny", measure=False))["model.host_syncs"]["fix"].startswith("lever for_loop")
+    f = by_id(model_checks(model, Engine(model, "for_loop"), workload="tiny", measure=False))["model.host_syncs"]
+    assert f["fix"].startswith("remove the host reads at the listed lines")
+
+
+def test_masked_images_finding_names_every_slot_and_warns():
+    import dataclasses
+
+    from vlaperf.profile.doctor import model_checks
+
+    w = dataclasses.replace(get_workload("tiny"), image_valid=(True, False, False))
+    f = by_id(model_checks(build_model("tiny"), workload=w, measure=False))["model.masked_images_embedded"]
+    assert f["severity"] == "warning" and f["title"] == "2 masked image slot(s) embedded anyway (slot 1, 2)"
+    assert f["cost"] is None and f["cost_note"] is None
+
+
+@pytest.mark.parametrize("prompt_slots,valid,expected", [
+    (32, 28, "warning"),  # 4 of 32 + 3 x 16 = 80 prefix tokens: exactly 5%
+    (32, 29, "info"),  # 3 / 80 = 3.75%
+    (16, 16, None),  # no padding: no finding
+])
+def test_padded_prompt_severity_boundary(prompt_slots, valid, expected):
+    """The padded-prompt finding warns from 5% of the prefix on (>=), is a note below, and is absent without padding;
+    --no-measure leaves it unmeasured."""
+    import dataclasses
+
+    from vlaperf.profile.doctor import model_checks
+
+    model = build_model("tiny")
+    w = dataclasses.replace(get_workload("tiny"), prompt_slots=prompt_slots, prompt_valid=(valid,))
+    assert prompt_slots + model.config.vision.num_patches * len(w.image_valid) == (80 if prompt_slots == 32 else 64)
+    f = by_id(model_checks(model, workload=w, measure=False)).get("model.padded_prompt")
+    assert (f and f["severity"]) == expected
+    if f:
+        assert f["cost"] is None and f["cost_note"] is None
+
+
+def test_no_launch_overhead_finding_on_the_cpu():
+    """Launch overhead (and the float32-on-GPU warning) are GPU findings."""
+    found = by_id(doctor(build_model("tiny", dtype=torch.float32), workload="tiny", measure=False))
+    assert not {"model.launch_overhead", "model.fp32_on_gpu"} & set(found)
+
+
+def test_world_action_checks_severities_sparsity_and_what_the_exact_levers_remove(monkeypatch):
+    """wam-tiny on the CPU: frame sparsity without a CUDA graph warns; a video finished one step before the end
+    wastes 0 forwards (a note); eager attention and unfused projections are notes on the CPU, and no launch
+    overhead is claimed there. The exact levers remove every finding they name as their fix."""
+    import dataclasses
+
+    from vlaperf.engine.wam import WamEngine
+    from vlaperf.models.wam import build_wam
+    from vlaperf.workloads import get_wam_workload
+
+    model, w = build_wam("wam-tiny", seed=0), get_wam_workload("wam-tiny")
+    found = by_id(doctor(model, workload=dataclasses.replace(w, sparsity="drop_middle", video_steps=3), measure=False))
+    sparse = found["wam.sparsity_host_bound"]
+    assert sparse["severity"] == "warning" and "(drop_middle)" in sparse["title"] and sparse["fix"].startswith("lever cuda_graph")
+    video = found["wam.finished_video_recomputed"]
+    assert video["severity"] == "info" and video["title"] == "the finished video recomputed in 0 forwards"
+    assert found["wam.eager_attention"]["severity"] == found["wam.unfused_projections"]["severity"] == "info"
+    assert found["wam.scheduler_on_device"]["fix"] == "lever host_schedule"
+    assert "wam.launch_overhead" not in found and "wam.fp32_on_gpu" not in found
+    # a CUDA graph (an engine with the lever: only on a GPU, so its levers stand in here) takes the warning away
+    from types import SimpleNamespace
+
+    from vlaperf.engine.wam import WamLevers
+
+    graph = SimpleNamespace(name="graph", model=model, generate=model.generate,
+                            levers=WamLevers(cuda_graph=True, host_schedule=True, cached_keep_index=True))
+    found = by_id(doctor_mod.wam_model_checks(model, graph, dataclasses.replace(w, sparsity="drop_middle"), measure=False))
+    assert "wam.sparsity_host_bound" not in found and "wam.scheduler_on_device" not in found
+    exact = by_id(doctor(engine=WamEngine(model, "exact"), workload=w, measure=False))
+    assert not {"wam.context_kv_per_step", "wam.finished_video_recomputed", "wam.scheduler_on_device",
+                "wam.eager_attention", "wam.unfused_projections"} & set(exact), sorted(exact)
+
+
+def test_pdl_finding_without_a_readable_capability_and_the_forced_note_in_every_case(monkeypatch):
+    """Where the compute capability cannot be read the finding says "unknown" and why; TORCHINDUCTOR_ENABLE_PDL
+    set is noted whatever the rest says."""
+    from vlaperf.engine import compile as compile_mod
+
+    cuda = torch.device("cuda")
+
+    def no_capability(device=None):
+        raise RuntimeError("no CUDA runtime in this build")
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", no_capability)
+    f = doctor_mod._pdl_check(cuda)
+    assert f["title"].endswith(": unknown") and f["severity"] == "info"
+    assert f["detail"] == "could not read the GPU's compute capability: no CUDA runtime in this build"
+    monkeypatch.setenv("TORCHINDUCTOR_ENABLE_PDL", "1")
+    cases = [(no_capability, True, True), (lambda device=None: (8, 0), True, True),
+             (lambda device=None: (9, 0), False, True), (lambda device=None: (9, 0), True, False),
+             (lambda device=None: (9, 0), True, True)]
+    for capability, has_pdl, switch in cases:
+        monkeypatch.setattr(torch.cuda, "get_device_capability", capability)
+        monkeypatch.setattr(compile_mod, "inductor_has_pdl", lambda has_pdl=has_pdl: has_pdl)
+        monkeypatch.setattr(compile_mod, "INDUCTOR_PDL", switch)
+        f = doctor_mod._pdl_check(cuda)
+        assert "; TORCHINDUCTOR_ENABLE_PDL is set: every compiled call gets it" in f["detail"], f["title"]

@@ -412,3 +412,44 @@ def test_trace_runs_its_warm_up_untraced_and_lists_the_stages_not_its_call_range
              if e.get("cat") == "user_annotation"]
     assert sorted(n for n in names if n.startswith("policy_call_")) == [f"policy_call_{i}" for i in range(3)]
     assert names.count("alpha") == 3  # the traced calls only
+
+
+def test_trace_makes_its_folder_counts_its_events_and_passes_the_profiler_options(tmp_path):
+    """The trace goes into folders made on the way; "events" is the file's event count; record_shapes and
+    with_stack reach the profiler (input shapes on the ops, Python frames as events), off by default."""
+    import json
+
+    from vlaperf.profile.trace import trace
+
+    def events(path):
+        return json.loads(path.read_text())["traceEvents"]
+
+    def one():
+        torch.ones(4).sum()
+
+    path = tmp_path / "new" / "deeper" / "t.json"
+    info = trace(one, path, device="cpu")
+    plain = events(path)
+    assert info["events"] == len(plain) > 0 and info["stages"] == []
+    assert not any("Input Dims" in e.get("args", {}) for e in plain)
+    assert not any(e.get("cat") == "python_function" for e in plain)
+    trace(one, path, device="cpu", record_shapes=True)
+    assert any("Input Dims" in e.get("args", {}) for e in events(path))
+    trace(one, path, device="cpu", with_stack=True)
+    assert any(e.get("cat") == "python_function" for e in events(path))
+
+
+def test_profiler_notices_filter_keeps_look_alikes_and_restores_stderr_after_an_error(capfd):
+    """Only lines in kineto's own format are dropped ("STAGE:" with anything else after it is kept); an exception
+    in the block propagates, and descriptor 2 is restored with what was held written back."""
+    import os
+
+    from vlaperf.profile.trace import without_profiler_log_lines
+
+    with pytest.raises(RuntimeError, match="the traced call failed"):
+        with without_profiler_log_lines():
+            os.write(2, b"STAGE: a line of the call that starts like a notice\n")
+            os.write(2, b"USDT:2026-12-03 13:51:02 10679:10679 SyncActivityProfilerHandler.cpp:52] profiler_stop\n")
+            raise RuntimeError("the traced call failed")
+    os.write(2, b"after the block\n")
+    assert capfd.readouterr().err == "STAGE: a line of the call that starts like a notice\nafter the block\n"

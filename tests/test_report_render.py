@@ -1000,3 +1000,57 @@ def test_files_of_one_name_are_named_below_the_folder_all_are_in(tmp_path):
     paths = [str(tmp_path / "x" / "bench.json"), str(tmp_path / "x" / "sub" / "bench.json"), str(tmp_path / "x" / "a.json")]
     assert file_names(paths) == {paths[0]: "bench.json", paths[1]: "sub/bench.json", paths[2]: "a.json"}
     assert file_names(paths[:1] + paths[2:]) == {paths[0]: "bench.json", paths[2]: "a.json"}
+
+
+def test_validate_result_requires_each_top_level_key_and_summary_field(tiny_results):
+    """Every required key and every summary field, each missing alone, is named; a missing schema also says what
+    it must be; timers without wall_ms is an error (only cuda_event_ms may be null); a problem is named once."""
+    from vlaperf.report.schema import REQUIRED, SUMMARY_KEYS, SchemaError, validate_result
+
+    good = json.loads((tiny_results / "bench.json").read_text())
+    wall = good["timers"]["wall_ms"]
+    assert REQUIRED == ("schema", "command", "workload", "env")
+    for key in REQUIRED:
+        with pytest.raises(SchemaError, match=re.escape(f"missing key {key!r}")):
+            validate_result({k: v for k, v in good.items() if k != key})
+    with pytest.raises(SchemaError, match=re.escape("schema must be 'vlaperf.result/1', got None")):
+        validate_result({k: v for k, v in good.items() if k != "schema"})
+    for key in ("count", "mean", "median", "p90", "p95", "p99", "min", "max", "std"):
+        with pytest.raises(SchemaError, match=re.escape(f"timers.wall_ms: missing {key!r}")):
+            validate_result({**good, "timers": {"wall_ms": {k: v for k, v in wall.items() if k != key}}})
+    assert set(SUMMARY_KEYS) == set(wall)
+    with pytest.raises(SchemaError, match=re.escape("timers.wall_ms: expected a summary object, got null")):
+        validate_result({**good, "timers": {"cuda_event_ms": None}})
+    with pytest.raises(SchemaError) as e:
+        validate_result({**good, "timers": {"wall_ms": {**wall, "median": "fast"}, "cuda_event_ms": None}})
+    assert str(e.value) == "invalid vlaperf result: timers.wall_ms.median: expected a number, got string"
+
+
+def test_validate_result_checks_the_workload_shape_and_first_call_kind(tiny_results):
+    from vlaperf.report.schema import SchemaError, validate_result
+
+    good = json.loads((tiny_results / "bench.json").read_text())
+    cases = [({**good, "workload": ["id", "overrides"]}, "workload: expected {'id': ..., 'overrides': {...}}"),
+             ({**good, "workload": {"id": "tiny", "overrides": ["steps=3"]}},
+              "workload.overrides: expected an object, got array"),
+             ({**good, "first_call_s": True}, "first_call_s: expected a finite number of seconds >= 0 or null, got True")]
+    for result, message in cases:
+        with pytest.raises(SchemaError, match=re.escape(message)):
+            validate_result(result)
+
+
+def test_write_and_read_result_refuse_invalid_results_and_unwritable_names_a_folder(tiny_results, tmp_path):
+    """write_result checks before it writes (nothing is left behind); read_result checks what it reads;
+    unwritable names a folder given as the file."""
+    from vlaperf.report.schema import SchemaError, read_result, unwritable, write_result
+
+    good = json.loads((tiny_results / "bench.json").read_text())
+    out = tmp_path / "new" / "r.json"
+    with pytest.raises(SchemaError, match="command: expected a string, got number"):
+        write_result({**good, "command": 5}, out)
+    assert not out.exists()
+    (tmp_path / "bad.json").write_text(json.dumps({**good, "env": None}))
+    with pytest.raises(SchemaError, match="env: expected an object, got null"):
+        read_result(tmp_path / "bad.json")
+    assert unwritable(tmp_path) == f"{str(tmp_path)!r} is a folder"
+    assert unwritable(tmp_path / "x" / "y.json") is None
