@@ -46,7 +46,7 @@ def add_matrix_arguments(p: argparse.ArgumentParser) -> None:
 
 def device_record(device: Any = None) -> dict:
     """Where this process runs: Ray node, host, the GPU Ray gave it (name and UUID). Every record has
-    the same keys; a CPU task's GPU fields are None."""
+    the same keys; a CPU task's GPU fields are None, and the Ray fields outside Ray (a direct call)."""
     rec: dict[str, Any] = {"hostname": socket.gethostname(), "pid": os.getpid(),
                            "cuda_visible_devices": os.environ.get("CUDA_VISIBLE_DEVICES"),
                            "node_id": None, "node_ip": None, "ray_gpu_ids": [], "device": None,
@@ -54,10 +54,11 @@ def device_record(device: Any = None) -> dict:
     try:
         import ray
 
-        ctx = ray.get_runtime_context()
-        rec["node_id"] = ctx.get_node_id()
-        rec["node_ip"] = ray.util.get_node_ip_address()
-        rec["ray_gpu_ids"] = [str(g) for g in ray.get_gpu_ids()]
+        if ray.is_initialized():  # else asking would start a private local Ray just to name its node
+            ctx = ray.get_runtime_context()
+            rec["node_id"] = ctx.get_node_id()
+            rec["node_ip"] = ray.util.get_node_ip_address()
+            rec["ray_gpu_ids"] = [str(g) for g in ray.get_gpu_ids()]
     except Exception:
         pass
     try:
