@@ -1,7 +1,7 @@
 #!/bin/bash
 # Session 39's device calls on nvidia-h200 (one GPU, 16 cores; lanes.sh, lane A only).
 #   PART=a   the whole test suite on the GPU machine at the session's last code, after this session's audits (the
-#            Ray backend and Ray matrix; the doctor, trace and result schemas) landed: gpu_suite, carry [".whl"]
+#            Ray backend and Ray matrix; the doctor, trace and result schemas) landed: gpu_suite, carry [".whl"]; then part b's mutated step
 #   PART=b   the breakdown's CUDA-event branch, which no CPU run reaches (session 38's audit left it as a survivor):
 #            the GPU test of a graph variant's in-graph breakdown, first as the code is, then with the untimed side
 #            read by the wall clock instead of CUDA events. Prediction: passes as it is; fails under the mutation
@@ -19,13 +19,19 @@
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session39.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
+# the breakdown test of part b (which ran it with --tb=line), and the mutation that its CUDA-event asserts must catch
+T="python3 -m pytest -p no:cacheprovider -q --tb=short tests/test_profile_breakdown.py -k cuda_graph_variant"
+M='s/if timer == "cuda_event" and timing/if False and timing/'
 case "${PART:-a}" in
 a)
-  gpu_suite s39${PART} &
+  # then part b's mutation step again (the suite runs the test as it is)
+  { gpu_suite s39${PART}; lane M 0 20 <<EOT
+120 cp vlaperf/profile/breakdown.py /tmp/bd.py && sed -i '$M' vlaperf/profile/breakdown.py && grep -c "if False and timing" vlaperf/profile/breakdown.py; $T 2>&1 | grep -E "^E  |passed|failed" | head -12 | sed "s/^/mutated: /"; cp /tmp/bd.py vlaperf/profile/breakdown.py
+10 echo "mutated lines left: \$(grep -c "if False and timing" vlaperf/profile/breakdown.py)"
+EOT
+  } &
   ;;
 b)
-  T="python3 -m pytest -p no:cacheprovider -q --tb=line tests/test_profile_breakdown.py -k cuda_graph_variant"
-  M='s/if timer == "cuda_event" and timing/if False and timing/'
   lane A 0 40 <<EOT &
 120 $T 2>&1 | tail -3 | sed "s/^/as is: /"
 120 cp vlaperf/profile/breakdown.py /tmp/bd.py && sed -i '$M' vlaperf/profile/breakdown.py && grep -c "if False and timing" vlaperf/profile/breakdown.py; $T 2>&1 | tail -4 | sed "s/^/mutated: /"; cp /tmp/bd.py vlaperf/profile/breakdown.py
