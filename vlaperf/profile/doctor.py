@@ -208,6 +208,17 @@ def _compile_cache_check() -> dict:
     parts = [f"{name} {path} ({_size(path)})" for name, path in dirs.items()]
     detail = ("compiled kernels are cached at: " + "; ".join(parts) + ". A process that finds them skips the compiles "
               "(H200, libero-pi0 best: first call 9-14 s with empty caches, 3.6-4 s warm).")
+    from vlaperf.engine.compile import CACHE_ENV
+
+    # `VAR=$UNSET` in a script sets the variable to "": not unset, and torch versions differ on it (measured: 2.11's
+    # inductor calls makedirs("") and stops at the first compile; 2.13 makes it the current folder first)
+    empty = [var for var in CACHE_ENV.values() if os.environ.get(var) == ""]
+    if empty:
+        names = " and ".join(empty)
+        return finding("env.compile_cache", "warning", f"{names} set but empty",
+                       detail + f" An empty {names} is not the default: Triton and torch 2.13 cache in the current "
+                       "folder, and torch 2.11's inductor fails at its first compile (FileNotFoundError: '').",
+                       fix=f"unset {names}, or name a folder (--compile-cache DIR)")
     temp_roots = {os.path.abspath(tempfile.gettempdir()), "/tmp"}
     volatile = [p for p in dirs.values() if any(os.path.abspath(p).startswith(r + os.sep) for r in temp_roots)]
     return finding("env.compile_cache", "info", "compile caches" + (" (in a temporary directory)" if volatile else ""), detail,
