@@ -16,6 +16,9 @@
 #            vlaperf`, untracked, carried with the tree) and today's, fresh processes alternating three times each,
 #            --no-check (part b checked today's). Prediction: if it is the instance, the two sides within 1%; if the
 #            code, session 25's ~4% faster. The records go to profiles/ (not figures: make_performance_md skips it).
+#   PART=d   part a's one failure fixed (the doctor's empty-cache-variable test called torch's cache_dir(), which raises
+#            FileNotFoundError for "" in the machine's torch 2.11): the doctor's test file again, and the doctor
+#            command itself with TORCHINDUCTOR_CACHE_DIR="". Prediction: the file passes; the doctor shows the warning.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session39.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -50,6 +53,12 @@ c)
 100 cd s25tree && VLAPERF_GIT_COMMIT=55bf55a PYTHONPATH=$PWD/s25tree python3 -m vlaperf.cli bench $H/h50_s39c_s25code2.json
 100 $V bench $H/h50_s39c_new3.json
 100 cd s25tree && VLAPERF_GIT_COMMIT=55bf55a PYTHONPATH=$PWD/s25tree python3 -m vlaperf.cli bench $H/h50_s39c_s25code3.json
+EOT
+  ;;
+d)
+  lane A 0 30 <<EOT &
+150 python3 -m pytest -p no:cacheprovider -q -rfEs --tb=short tests/test_profile_doctor.py 2>&1 | tee $R/pytest_gpu_s39d.log | tail -8
+100 TORCHINDUCTOR_CACHE_DIR= $V doctor --workload tiny --no-measure 2>&1 | grep -i -A3 "set but empty"
 EOT
   ;;
 esac
