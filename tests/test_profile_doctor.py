@@ -3,6 +3,7 @@ fake nvidia-smi, and the model checks on the tiny policy."""
 
 from __future__ import annotations
 
+import re
 from pathlib import Path
 
 import pytest
@@ -141,6 +142,43 @@ def test_pdl_finding_says_why_it_is_off(monkeypatch):
     assert "static launcher" in doctor_mod._pdl_check(cuda)["detail"]
     # a CPU run has no such finding
     assert "env.pdl" not in by_id(environment_checks("cpu"))
+
+
+def test_pdl_finding_when_inductor_cannot_be_imported(monkeypatch):
+    """Importing inductor makes its cache folder; torch 2.11 raises FileNotFoundError there for
+    TORCHINDUCTOR_CACHE_DIR="" (seen on the GPU machine). The doctor crashed with "error: : No such file or
+    directory" before showing any finding; the PDL finding is now "unknown" and names the error."""
+    from vlaperf.engine import compile as compile_mod
+
+    def no_inductor():
+        raise FileNotFoundError(2, "No such file or directory", "")
+
+    monkeypatch.setattr(torch.cuda, "get_device_capability", lambda device=None: (9, 0))
+    monkeypatch.setattr(compile_mod, "inductor_has_pdl", no_inductor)
+    f = doctor_mod._pdl_check(torch.device("cuda"))
+    assert f["severity"] == "info" and f["title"].endswith(": unknown")
+    assert f["detail"] == "inductor could not be imported: [Errno 2] No such file or directory: ''"
+
+
+def test_compile_refuses_an_inductor_cache_it_cannot_use(monkeypatch, tmp_path):
+    """An empty TORCHINDUCTOR_CACHE_DIR (torch 2.11 fails at inductor's import, 2.13 takes the current folder) and a
+    name under a file are refused before anything compiles, naming the variable; a new folder is made and used."""
+    from vlaperf.engine.compile import CompileUnavailable, compile_blockers
+
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
+    monkeypatch.delenv("TORCH_COMPILE_DISABLE", raising=False)
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", "")
+    empty = "TORCHINDUCTOR_CACHE_DIR is set but empty: unset it, or name a folder (--compile-cache DIR)"
+    assert empty in compile_blockers() and empty not in compile_blockers("eager")
+    with pytest.raises(CompileUnavailable, match=re.escape(empty)):
+        Engine(build_model("tiny", seed=0), "for_loop,compile")
+    (tmp_path / "afile").write_text("x")
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "afile" / "sub"))
+    assert any(r.startswith(f"TORCHINDUCTOR_CACHE_DIR={tmp_path / 'afile' / 'sub'}: inductor cannot make its cache "
+                            "folder there (") for r in compile_blockers())
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "new" / "cache"))
+    assert not any("TORCHINDUCTOR_CACHE_DIR" in r for r in compile_blockers())
+    assert (tmp_path / "new" / "cache").is_dir()
 
 
 def test_gpu_probes_with_fake_nvidia_smi(monkeypatch):

@@ -625,7 +625,7 @@ def behaviour_env_vars() -> dict[str, str]:
 
             if found["TORCHINDUCTOR_CACHE_DIR"] == default_cache_dir():
                 del found["TORCHINDUCTOR_CACHE_DIR"]
-        except ImportError:
+        except (ImportError, OSError):  # importing inductor makes its cache folder, which can fail
             pass
     return found
 

@@ -36,6 +36,17 @@ def compile_blockers(backend: str = "inductor") -> list[str]:
     reasons = [f"{var}=1 disables torch.compile (it would run eager, silently)" for var in compile_disabled_by()]
     if backend == "inductor" and not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")):
         reasons.append("no C compiler (cc/gcc/clang) on PATH: inductor cannot build its kernels' launchers")
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if backend == "inductor" and cache == "":
+        # a script's `=$UNSET`: torch 2.11's inductor calls makedirs("") when it is first imported and fails there
+        # (FileNotFoundError: ''), 2.13 caches in the current folder; neither is what the empty value meant
+        reasons.append("TORCHINDUCTOR_CACHE_DIR is set but empty: unset it, or name a folder (--compile-cache DIR)")
+    elif backend == "inductor" and cache is not None:
+        try:  # what inductor does with it at import, before anything compiles
+            os.makedirs(os.path.abspath(cache), exist_ok=True)
+        except OSError as e:
+            reasons.append(f"TORCHINDUCTOR_CACHE_DIR={cache}: inductor cannot make its cache folder there "
+                           f"({e.strerror or e})")
     return reasons
 
 

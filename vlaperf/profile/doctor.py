@@ -138,7 +138,11 @@ def _pdl_check(device: torch.device) -> dict:
         return finding("env.pdl", "info", title + ": not on this GPU",
                        f"compute capability {major}.{minor}; PDL needs 9.0 or newer (Hopper), so the H200 figures' "
                        "0.2-0.8% from it do not carry over" + forced)
-    if not inductor_has_pdl():
+    try:
+        has_pdl = inductor_has_pdl()
+    except OSError as e:  # inductor makes its cache folder at import: torch 2.11 fails there on TORCHINDUCTOR_CACHE_DIR=""
+        return finding("env.pdl", "info", title + ": unknown", f"inductor could not be imported: {e}" + forced)
+    if not has_pdl:
         return finding("env.pdl", "info", title + ": not in this torch",
                        f"torch {torch.__version__}'s inductor has no triton.enable_pdl option: compiled calls replayed "
                        "from the CUDA graph run without it (H200 libero-pi0: 1.002-1.008x with it)" + forced,
