@@ -19,6 +19,11 @@
 #   PART=d   part a's one failure fixed (the doctor's empty-cache-variable test called torch's cache_dir(), which raises
 #            FileNotFoundError for "" in the machine's torch 2.11): the doctor's test file again, and the doctor
 #            command itself with TORCHINDUCTOR_CACHE_DIR="". Prediction: the file passes; the doctor shows the warning.
+#   PART=e   what part d's doctor call showed: with TORCHINDUCTOR_CACHE_DIR="" the doctor itself stopped with "error: :
+#            No such file or directory" (torch 2.11's inductor makes its cache folder at import; the PDL check imports
+#            it), and torch.compile failed the same way. After the fix: the doctor with the empty variable (prediction:
+#            exit 0 or its warning code, the cache warning and PDL "unknown" shown), bench tiny with compile (refused,
+#            naming the variable), then the whole suite at the session's last code.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session39.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -60,6 +65,15 @@ d)
 150 python3 -m pytest -p no:cacheprovider -q -rfEs --tb=short tests/test_profile_doctor.py 2>&1 | tee $R/pytest_gpu_s39d.log | tail -8
 100 TORCHINDUCTOR_CACHE_DIR= $V doctor --workload tiny --no-measure 2>&1 | grep -i -A3 "set but empty"
 EOT
+  ;;
+e)
+  {
+    TORCHINDUCTOR_CACHE_DIR= $V doctor --workload tiny --no-measure --json $R/doctor_empty_cache_s39e.json > $R/doctor_empty_cache_s39e.txt 2>&1
+    echo "doctor rc=$?" >> $R/doctor_empty_cache_s39e.txt
+    TORCHINDUCTOR_CACHE_DIR= $V bench --workload tiny --levers for_loop,compile --iters 2 --warmup 1 >> $R/doctor_empty_cache_s39e.txt 2>&1
+    echo "bench rc=$?" >> $R/doctor_empty_cache_s39e.txt
+    gpu_suite s39${PART}
+  } &
   ;;
 esac
 finish
