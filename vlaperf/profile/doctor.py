@@ -188,7 +188,8 @@ def compile_cache_dirs() -> dict[str, str]:
     """Where Triton and inductor keep compiled kernels in this process (env or their defaults)."""
     from vlaperf.engine.compile import CACHE_ENV
 
-    # a variable set, even to "", is what torch and Triton use: "" is the current folder, a relative name made absolute
+    # a variable set, even to "", is what torch and Triton use: a relative name made absolute, "" the current folder
+    # (torch 2.13; 2.11's inductor fails on "", which _compile_cache_check warns about)
     dirs = {name: os.path.abspath(os.environ[var]) for name, var in CACHE_ENV.items() if var in os.environ}
     if "triton" not in dirs:
         try:
@@ -208,20 +209,19 @@ def _compile_cache_check() -> dict:
     """Where the compile caches are and how full: a warm cache makes a compiled variant's first
     call seconds instead of tens of seconds, and one in a temporary directory may not outlive a
     container."""
+    from vlaperf.engine.compile import CACHE_ENV
+
     dirs = compile_cache_dirs()
     parts = [f"{name} {path} ({_size(path)})" for name, path in dirs.items()]
     detail = ("compiled kernels are cached at: " + "; ".join(parts) + ". A process that finds them skips the compiles "
               "(H200, libero-pi0 best: first call 9-14 s with empty caches, 3.6-4 s warm).")
-    from vlaperf.engine.compile import CACHE_ENV
-
-    # `VAR=$UNSET` in a script sets the variable to "": not unset, and torch versions differ on it (measured: 2.11's
-    # inductor calls makedirs("") and stops at the first compile; 2.13 makes it the current folder first)
+    # `VAR=$UNSET` in a script sets the variable to "", which is not unset (compile_blockers refuses it for inductor)
     empty = [var for var in CACHE_ENV.values() if os.environ.get(var) == ""]
     if empty:
         names = " and ".join(empty)
         return finding("env.compile_cache", "warning", f"{names} set but empty",
                        detail + f" An empty {names} is not the default: Triton and torch 2.13 cache in the current "
-                       "folder, and torch 2.11's inductor fails at its first compile (FileNotFoundError: '').",
+                       "folder, and torch 2.11's inductor fails when it is first imported (FileNotFoundError: '').",
                        fix=f"unset {names}, or name a folder (--compile-cache DIR)")
     temp_roots = {os.path.abspath(tempfile.gettempdir()), "/tmp"}
     volatile = [p for p in dirs.values() if any(os.path.abspath(p).startswith(r + os.sep) for r in temp_roots)]
