@@ -1144,3 +1144,60 @@ def test_sample_inputs_of_another_batch_or_device_are_named_errors_on_both_paths
             with pytest.raises(ValueError, match=r"noise: expected a float tensor \(1, 10, 8\) on cpu, got "):
                 sample(obs, bad_noise, 2)
     assert check_num_steps(1000) == 1000 and check_num_steps(1) == 1  # both ends of 1..1000 are taken
+
+
+# ---- fusion.py and prefix.py audited by mutation: the bf16 paths and the step kernel's weight stack (CPU)
+
+
+@pytest.mark.parametrize("heads", ["openpi", "bf16"])
+def test_fused_weights_of_a_bf16_model_stay_bf16_and_its_engine_matches_the_reference(tiny_model, tiny_workload, heads):
+    """Every other equivalence test is float32, where a fold that forgets to round back to the model's dtype, or a
+    time table left in float32, is the same number. In bf16: the folded q/k/v and gate/up are (W * (1 + w)) computed
+    in float32 and rounded once to bf16, and the engine's actions are the reference's within bf16's tolerance, with
+    openpi's dtypes (heads and patch conv float32) and with the whole model cast to bf16 (heads bf16 too)."""
+    from vlaperf.engine.fusion import build_weights
+    from vlaperf.models.pi0 import AdaptiveRMSNorm
+
+    model = build_model(tiny_model.config, "cpu", torch.bfloat16, seed=0)
+    if heads == "bf16":
+        model = model.to(torch.bfloat16)
+    assert (model.head_dtype == torch.bfloat16) == (heads == "bf16")
+    ew = build_weights(model, fuse=True)
+    for layer, lw in zip(model.backbone.layers + model.expert.layers, ew.backbone + ew.expert):
+        a, m = layer.self_attn, layer.mlp
+        assert lw.qkv.dtype == lw.gate_up.dtype == torch.bfloat16
+        qkv = torch.cat([a.q_proj.weight, a.k_proj.weight, a.v_proj.weight])
+        gate_up = torch.cat([m.gate_proj.weight, m.up_proj.weight])
+        if isinstance(layer.input_layernorm, AdaptiveRMSNorm):  # pi0.5's expert: adaptive norms, nothing folded
+            assert torch.equal(lw.qkv, qkv) and torch.equal(lw.gate_up, gate_up)
+        else:
+            scale = lambda norm: 1 + norm.weight.float()  # noqa: E731
+            assert torch.equal(lw.qkv, (qkv.float() * scale(layer.input_layernorm)).to(torch.bfloat16))
+            assert torch.equal(lw.gate_up, (gate_up.float() * scale(layer.post_attention_layernorm)).to(torch.bfloat16))
+    obs, noise = (f(tiny_workload, model.config, seed=3) for f in (random_observation, random_noise))
+    ref = model.sample_actions(obs, noise, tiny_workload.steps)
+    for levers in (ALL_PLAIN, "for_loop,static_kv_cache,fuse_projections"):
+        r = compare(Engine(model, levers).sample_actions(obs, noise, tiny_workload.steps), ref, torch.bfloat16)
+        assert r["passed"], (levers, r)
+
+
+def test_expert_stack_holds_each_layer_s_fused_weights_once_and_only_where_the_step_kernel_applies(tiny_model):
+    """stack_expert (the megakernel's weights, built on any device): (L, ...) stacks of the fused expert weights
+    whose rows every layer's weights are views of, flagged adaptive for pi0.5; None for unfused weights and for more
+    than one K/V head, which the step kernel does not handle."""
+    from vlaperf.engine.fusion import build_weights, stack_expert
+
+    assert stack_expert(build_weights(tiny_model, fuse=False)) is None
+    ew = build_weights(tiny_model, fuse=True)
+    want = {n: [getattr(lw, n).clone() for lw in ew.expert] for n in ("qkv", "o", "gate_up", "down")}
+    stack = stack_expert(ew)
+    assert stack.adaptive == tiny_model.config.pi05
+    for n, layers in want.items():
+        assert getattr(stack, n).shape == (len(layers), *layers[0].shape), n
+        for i, lw in enumerate(ew.expert):
+            held = getattr(lw, n)
+            assert torch.equal(held, layers[i]) and held.data_ptr() == getattr(stack, n)[i].data_ptr(), (n, i)
+    cfg = tiny_model.config
+    gqa = dataclasses.replace(cfg, backbone=dataclasses.replace(cfg.backbone, num_kv_heads=2),
+                              expert=dataclasses.replace(cfg.expert, num_kv_heads=2))
+    assert stack_expert(build_weights(build_model(gqa, "cpu", torch.float32, seed=0), fuse=True)) is None

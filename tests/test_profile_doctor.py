@@ -3,6 +3,8 @@ fake nvidia-smi, and the model checks on the tiny policy."""
 
 from __future__ import annotations
 
+import errno
+import os
 import re
 from pathlib import Path
 
@@ -792,3 +794,93 @@ def test_pdl_finding_without_a_readable_capability_and_the_forced_note_in_every_
         monkeypatch.setattr(compile_mod, "INDUCTOR_PDL", switch)
         f = doctor_mod._pdl_check(cuda)
         assert "; TORCHINDUCTOR_ENABLE_PDL is set: every compiled call gets it" in f["detail"], f["title"]
+
+
+# ---- compile.py audited by mutation: compile_blockers, use_compile_cache and compile_fn's choices, called directly
+
+
+@pytest.mark.parametrize("name", ["cc", "gcc", "clang"])
+def test_compile_blockers_count_any_of_cc_gcc_clang_and_ask_for_one_for_inductor_only(monkeypatch, tmp_path, name):
+    """The compile lever's own check (not the doctor's): with PATH empty inductor is blocked, naming the compilers;
+    another backend builds no launchers and is not; cc, gcc or clang alone is enough."""
+    from vlaperf.engine.compile import compile_blockers
+
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory
+    no_cc = "no C compiler (cc/gcc/clang) on PATH: inductor cannot build its kernels' launchers"
+    assert compile_blockers() == [no_cc] and compile_blockers("eager") == []
+    cc = tmp_path / name
+    cc.write_text("#!/bin/sh\n")
+    cc.chmod(0o755)
+    assert compile_blockers() == []
+
+
+def test_compile_blockers_leave_an_unset_cache_and_another_backend_alone(monkeypatch, tmp_path):
+    """TORCHINDUCTOR_CACHE_DIR unset is inductor's default, not an empty value; and a cache folder that cannot be
+    made blocks inductor only (the eager backend never reads it). The reason names the variable, the path and the
+    OS's words for the failure."""
+    from vlaperf.engine.compile import compile_blockers
+
+    if not any(__import__("shutil").which(cc) for cc in ("cc", "gcc", "clang")):
+        pytest.skip("this machine has no C compiler")
+    monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    assert compile_blockers() == []
+    (tmp_path / "afile").write_text("x")
+    bad = tmp_path / "afile" / "sub"
+    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(bad))
+    assert compile_blockers("eager") == []
+    assert compile_blockers() == [f"TORCHINDUCTOR_CACHE_DIR={bad}: inductor cannot make its cache folder there "
+                                  f"({os.strerror(errno.ENOTDIR)})"]
+
+
+def test_use_compile_cache_expands_the_home_folder_and_names_a_folder_it_cannot_make(monkeypatch, tmp_path):
+    """`--compile-cache ~/cache` is the user's home, not a folder named '~' in the current one; a path under a file
+    is a ValueError naming the option, the path and why, and sets no variable."""
+    from vlaperf.engine.compile import use_compile_cache
+
+    for var in ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR"):  # restored after the test
+        monkeypatch.setenv(var, "unset-by-test")
+    monkeypatch.setenv("HOME", str(tmp_path / "home"))
+    monkeypatch.chdir(tmp_path)
+    env = use_compile_cache("~/cache")
+    root = tmp_path / "home" / "cache"
+    assert env == {"TRITON_CACHE_DIR": str(root / "triton"), "TORCHINDUCTOR_CACHE_DIR": str(root / "inductor")}
+    assert all(os.environ[k] == v for k, v in env.items()) and not (tmp_path / "~").exists()
+    (tmp_path / "afile").write_text("x")
+    with pytest.raises(ValueError) as e:
+        use_compile_cache(str(tmp_path / "afile" / "sub"))
+    assert str(e.value) == f"--compile-cache: cannot create {tmp_path / 'afile' / 'sub'}: {os.strerror(errno.ENOTDIR)}"
+    assert os.environ["TRITON_CACHE_DIR"] == str(root / "triton")
+
+
+def test_compile_fn_names_every_blocker_and_compiles_static_full_graphs(monkeypatch):
+    """compile_fn refuses with all the reasons, joined (the user fixes them in one go); otherwise every backend gets
+    fullgraph=True (a graph break is an error) and dynamic=False (the prompt buckets are static shapes), and the
+    recompile limit is raised to 256 shapes, never lowered."""
+    from vlaperf.engine import compile as C
+
+    monkeypatch.setenv("TORCHDYNAMO_DISABLE", "1")
+    monkeypatch.setenv("TORCH_COMPILE_DISABLE", "1")
+    with pytest.raises(C.CompileUnavailable) as e:
+        C.compile_fn(len, "default", backend="eager")
+    assert str(e.value) == ("compile lever cannot apply: TORCHDYNAMO_DISABLE=1 disables torch.compile (it would run "
+                            "eager, silently); TORCH_COMPILE_DISABLE=1 disables torch.compile (it would run eager, "
+                            "silently)")
+    monkeypatch.delenv("TORCHDYNAMO_DISABLE")
+    monkeypatch.delenv("TORCH_COMPILE_DISABLE")
+    seen = []
+    monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
+    monkeypatch.setattr(torch._dynamo.config, "cache_size_limit", 8)
+    C.compile_fn(len, "default", backend="eager")
+    assert seen[-1] == {"backend": "eager", "fullgraph": True, "dynamic": False}
+    assert torch._dynamo.config.cache_size_limit == 256
+    monkeypatch.setattr(torch._dynamo.config, "cache_size_limit", 1000)
+    C.compile_fn(len, "default", backend="eager")
+    assert torch._dynamo.config.cache_size_limit == 1000
+    monkeypatch.setattr(C, "compile_blockers", lambda backend="inductor": [])  # this machine's compiler aside
+    C.compile_fn(len, "max-autotune", pdl=False)
+    assert seen[-1] == {"mode": "max-autotune", "fullgraph": True, "dynamic": False}
+    monkeypatch.setattr(C, "inductor_has_pdl", lambda: True)
+    C.compile_fn(len, "max-autotune", pdl=True)
+    assert seen[-1] == {"options": {**torch._inductor.list_mode_options("max-autotune"), "triton.enable_pdl": True},
+                        "fullgraph": True, "dynamic": False}
