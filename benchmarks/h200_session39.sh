@@ -24,6 +24,8 @@
 #            it), and torch.compile failed the same way. After the fix: the doctor with the empty variable (prediction:
 #            exit 0 or its warning code, the cache warning and PDL "unknown" shown), bench tiny with compile (refused,
 #            naming the variable), then the whole suite at the session's last code.
+#   PART=f   the two test files the last audit changed (fusion, compile and prefix: test_engine.py and
+#            test_profile_doctor.py) on the GPU machine. Prediction: all pass.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session39.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -74,6 +76,11 @@ e)
     echo "bench rc=$?" >> $R/doctor_empty_cache_s39e.txt
     gpu_suite s39${PART}
   } &
+  ;;
+f)
+  lane A 0 30 <<EOT &
+200 python3 -m pytest -p no:cacheprovider -q -n 12 -rfEs --tb=short tests/test_engine.py tests/test_profile_doctor.py > $R/pytest_gpu_s39f.log 2>&1; tail -n 1 $R/pytest_gpu_s39f.log | sed "s/warnings/w./"
+EOT
   ;;
 esac
 finish
