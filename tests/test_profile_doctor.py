@@ -6,6 +6,7 @@ from __future__ import annotations
 import errno
 import os
 import re
+import shutil
 from pathlib import Path
 
 import pytest
@@ -96,7 +97,7 @@ def test_gemm_workspace_variables_are_listed(monkeypatch):
 
 
 def test_clean_environment_has_no_errors(monkeypatch):
-    if not any(__import__("shutil").which(cc) for cc in ("cc", "gcc", "clang")):
+    if not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")):
         pytest.skip("this machine has no C compiler")
     assert exit_code(doctor()) == 0
 
@@ -174,10 +175,7 @@ def test_compile_refuses_an_inductor_cache_it_cannot_use(monkeypatch, tmp_path):
     assert empty in compile_blockers() and empty not in compile_blockers("eager")
     with pytest.raises(CompileUnavailable, match=re.escape(empty)):
         Engine(build_model("tiny", seed=0), "for_loop,compile")
-    (tmp_path / "afile").write_text("x")
-    monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "afile" / "sub"))
-    assert any(r.startswith(f"TORCHINDUCTOR_CACHE_DIR={tmp_path / 'afile' / 'sub'}: inductor cannot make its cache "
-                            "folder there (") for r in compile_blockers())
+    # a name under a file: test_compile_blockers_leave_an_unset_cache_and_another_backend_alone
     monkeypatch.setenv("TORCHINDUCTOR_CACHE_DIR", str(tmp_path / "new" / "cache"))
     assert not any("TORCHINDUCTOR_CACHE_DIR" in r for r in compile_blockers())
     assert (tmp_path / "new" / "cache").is_dir()
@@ -821,7 +819,7 @@ def test_compile_blockers_leave_an_unset_cache_and_another_backend_alone(monkeyp
     OS's words for the failure."""
     from vlaperf.engine.compile import compile_blockers
 
-    if not any(__import__("shutil").which(cc) for cc in ("cc", "gcc", "clang")):
+    if not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")):
         pytest.skip("this machine has no C compiler")
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     assert compile_blockers() == []
