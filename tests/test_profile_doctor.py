@@ -868,13 +868,19 @@ def test_compile_fn_names_every_blocker_and_compiles_static_full_graphs(monkeypa
     monkeypatch.delenv("TORCH_COMPILE_DISABLE")
     seen = []
     monkeypatch.setattr(torch, "compile", lambda fn, **kw: seen.append(kw) or fn)
-    monkeypatch.setattr(torch._dynamo.config, "cache_size_limit", 8)
-    C.compile_fn(len, "default", backend="eager")
-    assert seen[-1] == {"backend": "eager", "fullgraph": True, "dynamic": False}
-    assert torch._dynamo.config.cache_size_limit == 256
-    monkeypatch.setattr(torch._dynamo.config, "cache_size_limit", 1000)
-    C.compile_fn(len, "default", backend="eager")
-    assert torch._dynamo.config.cache_size_limit == 1000
+    # set and restored by hand: monkeypatch's undo deletes an aliased dynamo config entry (cache_size_limit is an
+    # alias of recompile_limit), which broke every later compile in the process
+    config, saved = torch._dynamo.config, torch._dynamo.config.cache_size_limit
+    try:
+        config.cache_size_limit = 8
+        C.compile_fn(len, "default", backend="eager")
+        assert seen[-1] == {"backend": "eager", "fullgraph": True, "dynamic": False}
+        assert config.cache_size_limit == 256
+        config.cache_size_limit = 1000
+        C.compile_fn(len, "default", backend="eager")
+        assert config.cache_size_limit == 1000
+    finally:
+        config.cache_size_limit = saved
     monkeypatch.setattr(C, "compile_blockers", lambda backend="inductor": [])  # this machine's compiler aside
     C.compile_fn(len, "max-autotune", pdl=False)
     assert seen[-1] == {"mode": "max-autotune", "fullgraph": True, "dynamic": False}
