@@ -32,20 +32,24 @@ source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
 # the breakdown test of part b (which ran it with --tb=line), and the mutation that its CUDA-event asserts must catch
 T="python3 -m pytest -p no:cacheprovider -q --tb=short tests/test_profile_breakdown.py -k cuda_graph_variant"
 M='s/if timer == "cuda_event" and timing/if False and timing/'
+# one lane step each (parts a and b; part b ran them with `tail -4` in place of the grep): the test under the
+# mutation, the file restored after; then a check, when that step runs, that no mutated line is left
+MUTATED="cp vlaperf/profile/breakdown.py /tmp/bd.py && sed -i '$M' vlaperf/profile/breakdown.py && grep -c 'if False and timing' vlaperf/profile/breakdown.py; $T 2>&1 | grep -E '^E  |passed|failed' | head -12 | sed 's/^/mutated: /'; cp /tmp/bd.py vlaperf/profile/breakdown.py"
+LEFT='echo "mutated lines left: $(grep -c "if False and timing" vlaperf/profile/breakdown.py)"'
 case "${PART:-a}" in
 a)
   # then part b's mutation step again (the suite runs the test as it is)
   { gpu_suite s39${PART}; lane M 0 20 <<EOT
-120 cp vlaperf/profile/breakdown.py /tmp/bd.py && sed -i '$M' vlaperf/profile/breakdown.py && grep -c "if False and timing" vlaperf/profile/breakdown.py; $T 2>&1 | grep -E "^E  |passed|failed" | head -12 | sed "s/^/mutated: /"; cp /tmp/bd.py vlaperf/profile/breakdown.py
-10 echo "mutated lines left: \$(grep -c "if False and timing" vlaperf/profile/breakdown.py)"
+120 $MUTATED
+10 $LEFT
 EOT
   } &
   ;;
 b)
   lane A 0 40 <<EOT &
 120 $T 2>&1 | tail -3 | sed "s/^/as is: /"
-120 cp vlaperf/profile/breakdown.py /tmp/bd.py && sed -i '$M' vlaperf/profile/breakdown.py && grep -c "if False and timing" vlaperf/profile/breakdown.py; $T 2>&1 | tail -4 | sed "s/^/mutated: /"; cp /tmp/bd.py vlaperf/profile/breakdown.py
-10 echo "mutated lines left: \$(grep -c "if False and timing" vlaperf/profile/breakdown.py)"
+120 $MUTATED
+10 $LEFT
 120 $V bench --workload libero-pi05 --action-horizon 50 --levers best $B --json $R/bench_libero-pi05-h50_best-s39_model.json
 100 $V bench --workload libero-pi05 --levers best $B --json $R/bench_libero-pi05_best-s39_model.json
 EOT
