@@ -1,0 +1,23 @@
+#!/bin/bash
+# Session 40's device calls on nvidia-h200 (one GPU, 16 cores; lanes.sh, lane A only).
+#   PART=a   a mutation audit of the code only a GPU runs (benchmarks/gpu_mutants.py: 24 mutants of the CUDA-graph
+#            cache, the engine's graph key and timed replays, the CUDA-event timer, time_calls' peak memory,
+#            interleaved's event ratios and the environment record's GPU fields), against the GPU tests as they were
+#            (test_engine_cuda.py, test_profile_breakdown.py, test_timing.py) and with the new
+#            tests/test_cuda_measurement.py. Predictions: the unmutated tree passes every test. Killed before: ~5
+#            (the inputs not copied, the timed graph sharing the untimed key, never timed, no events, maybe the
+#            tables made inside the capture); after: all but the ones that change no behaviour a test can see (no
+#            warm-up before capture, no join of the warm-up stream, has_shape ignoring the timed key, and the UUID's
+#            prefix if torch never prints one): ~19-20 of 24.
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session40.sh
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
+case "${PART:-a}" in
+a)
+  mkdir -p $R/profiles
+  lane A 0 40 <<EOT &
+560 python3 benchmarks/gpu_mutants.py --jobs 8 --timeout 300 --json $R/profiles/gpu_mutants_s40.json > $R/profiles/gpu_mutants_s40.log 2>&1; tail -30 $R/profiles/gpu_mutants_s40.log
+EOT
+  ;;
+esac
+finish
