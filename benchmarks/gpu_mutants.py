@@ -110,8 +110,10 @@ def run_tests(root: str, timeout: int, env: dict, tests: list[str]) -> dict:
         out, rc = (e.stdout or b"").decode(errors="replace") if isinstance(e.stdout, bytes) else (e.stdout or ""), None
     failed = sorted(set(re.findall(r"^(?:FAILED|ERROR) (\S+?)::(\S+)", out, re.M)))
     summary = [line for line in out.splitlines() if re.search(r"\d+ (passed|failed|error)", line)]
-    return {"rc": rc, "failed": [f"{f}::{t.split(' ')[0]}" for f, t in failed], "summary": summary[-1:] or [out[-400:]],
-            "seconds": round(time.perf_counter() - start, 1)}
+    # --tb=line: one "path:line: message" per failure, what a reader needs to tell a kill from a flake
+    messages = [line[:300] for line in out.splitlines() if re.match(r"^\S+\.py:\d+: ", line)]
+    return {"rc": rc, "failed": [f"{f}::{t.split(' ')[0]}" for f, t in failed], "messages": messages,
+            "summary": summary[-1:] or [out[-400:]], "seconds": round(time.perf_counter() - start, 1)}
 
 
 def copy_tree(dest: str) -> None:
@@ -152,7 +154,7 @@ def main() -> None:
         shutil.rmtree(base)
         copy_tree(base)
     baseline = run_tests(base, args.timeout, env, TESTS)
-    print("unmutated:", baseline["summary"], baseline["failed"], f"{baseline['seconds']} s", flush=True)
+    print("unmutated:", baseline["summary"], baseline["messages"], f"{baseline['seconds']} s", flush=True)
     results = []
     with cf.ThreadPoolExecutor(args.jobs) as pool:
         for r in pool.map(lambda m: one(m, work, args.timeout, env), mutants):

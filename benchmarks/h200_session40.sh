@@ -9,6 +9,13 @@
 #            tables made inside the capture); after: all but the ones that change no behaviour a test can see (no
 #            warm-up before capture, no join of the warm-up stream, has_shape ignoring the timed key, and the UUID's
 #            prefix if torch never prints one): ~19-20 of 24.
+#   PART=b   part a's runner found every mutant "killed" because the unmutated tree failed one new test by itself:
+#            its event bound of 4 ms for 2e6 spin cycles (1 ms at 1.98 GHz; a GPU at its idle clock takes longer),
+#            and one more new test failed under some unrelated mutants (the 8 side-by-side runs share the GPU by time
+#            slices). Bounds now one-sided with room for time slices; the runner keeps each failure's message.
+#            The new file alone with its 7 tests side by side (-n 7), then the mutants again. Predictions: the file
+#            passes both ways; killed before 9 (as part a), after ~20 of 24 (no warm-up, no stream join, has_shape
+#            and the UUID prefix may survive; part a cannot tell, its kills of them were the flaky test's).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session40.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -17,6 +24,13 @@ a)
   mkdir -p $R/profiles
   lane A 0 40 <<EOT &
 560 python3 benchmarks/gpu_mutants.py --jobs 8 --timeout 300 --json $R/profiles/gpu_mutants_s40.json > $R/profiles/gpu_mutants_s40.log 2>&1; tail -30 $R/profiles/gpu_mutants_s40.log
+EOT
+  ;;
+b)
+  mkdir -p $R/profiles
+  lane A 0 40 <<EOT &
+100 python3 -m pytest -p no:cacheprovider -q -n 7 -rfE --tb=line tests/test_cuda_measurement.py > $R/profiles/pytest_gpu_s40b.log 2>&1; tail -n 6 $R/profiles/pytest_gpu_s40b.log
+460 python3 benchmarks/gpu_mutants.py --jobs 8 --timeout 300 --json $R/profiles/gpu_mutants_s40b.json > $R/profiles/gpu_mutants_s40b.log 2>&1; tail -30 $R/profiles/gpu_mutants_s40b.log
 EOT
   ;;
 esac

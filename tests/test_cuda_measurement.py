@@ -3,8 +3,10 @@ synced wall clock around queued (asynchronous) work, the timed calls' peak memor
 ratios, the environment record's GPU, and what a graph replay hands back and leaves alone. Skipped without CUDA.
 
 The queued work is `torch.cuda._sleep(cycles)`, a kernel that spins for that many GPU clock cycles: it returns to the
-host at once, so a timer that did not wait for the GPU would read microseconds for it. 2e6 cycles are 0.9-2 ms at
-the clocks a datacenter GPU runs at (1-2.1 GHz), so the bounds below hold on any of them."""
+host at once, so a timer that did not wait for the GPU would read microseconds for it. Its time depends on the
+clock: 2e6 cycles are 1 ms at the H200's 1.98 GHz and 5.8 ms at its 345 MHz idle clock, where a first call may find
+it. So the bounds below are one-sided (at least what the cycles take at 4 GHz), and they leave room for the other
+processes of a GPU test run (pytest-xdist) that share the GPU by time slices."""
 
 import dataclasses
 import re
@@ -24,7 +26,7 @@ from vlaperf.workloads import get_workload
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 
 CYCLES = 2_000_000
-SPIN_MS = (0.5, 4.0)  # what CYCLES takes at any clock between 0.5 and 4 GHz: wide, it only has to exclude ~0
+SPIN_MS = 0.5  # CYCLES at 4 GHz, faster than any GPU clock: a lower bound only
 
 
 def spin(cycles: int = CYCLES) -> None:
@@ -53,17 +55,17 @@ def test_the_cuda_timer_waits_for_queued_work_and_its_events_time_it():
     spin()  # lazy init out of the way
     for _ in range(3):
         wall, event = timer(spin)
-        assert event is not None and SPIN_MS[0] <= event <= SPIN_MS[1], event
+        assert event is not None and event >= SPIN_MS, event
         assert wall >= event - 0.02, (wall, event)  # 20 us: the two clocks' resolution
     # untimed warm-up calls are synced too
-    assert timer.wall_s(spin) * 1e3 >= SPIN_MS[0]
+    assert timer.wall_s(spin) * 1e3 >= SPIN_MS
     # work queued before the call is not the call's: the timer waits for it before it starts
-    spin(8 * CYCLES)
+    spin(40 * CYCLES)  # >= 20 ms
     wall, event = timer(lambda: None)
-    assert wall < 2.0 and event < 2.0, (wall, event)
+    assert wall < 10.0 and event < 10.0, (wall, event)
     # the docstring's distinction: events on the current stream only, the wall clock waits for every stream
-    wall, event = timer(spin_on_a_side_stream)
-    assert wall >= SPIN_MS[0] and event < 0.2 * wall, (wall, event)
+    wall, event = timer(lambda: spin_on_a_side_stream(20 * CYCLES))  # >= 10 ms
+    assert wall >= 20 * SPIN_MS and event < 0.5 * wall, (wall, event)
 
 
 def test_time_calls_on_cuda_reads_events_per_timed_call_and_the_timed_calls_peak_memory():
@@ -85,26 +87,26 @@ def test_time_calls_on_cuda_reads_events_per_timed_call_and_the_timed_calls_peak
     r = time_calls(fn, device="cuda", warmup=3, iters=5, progress=False)
     assert len(calls) == 8
     events = r["samples"]["cuda_event_ms"]
-    assert len(events) == 5 and all(SPIN_MS[0] <= e <= SPIN_MS[1] for e in events), events
+    assert len(events) == 5 and all(e >= SPIN_MS for e in events), events
     assert r["timers"]["cuda_event_ms"]["median"] == sorted(events)[2]
     assert all(w >= e - 0.02 for w, e in zip(r["samples"]["wall_ms"], events))
-    assert r["first_call_s"] * 1e3 >= SPIN_MS[0] and r["warmup_s"] * 1e3 >= 2 * SPIN_MS[0]
+    assert r["first_call_s"] * 1e3 >= SPIN_MS and r["warmup_s"] * 1e3 >= 2 * SPIN_MS
     assert (1 << 20) <= r["peak_memory_bytes"] - held < (32 << 20), r["peak_memory_bytes"] - held
 
 
 def test_interleaved_on_cuda_compares_by_events_and_wall_clock_apart():
-    """Twice the spin is ~half the speed by both clocks, in every round. Twice the spin on a side stream is ~half
+    """Twice the spin is ~half the speed by both clocks. Twice the spin on a side stream is ~half
     the speed by wall clock and many times faster by the events, which do not see it: each ratio is its own clock's.
     Each variant's peak memory is read."""
     r = interleaved({"one": spin, "two": lambda: spin(2 * CYCLES),
                      "side": lambda: spin_on_a_side_stream(2 * CYCLES)}, device="cuda", warmup=1, iters=6,
                     progress=False)
     ev = r["ratios"]["two"]["cuda_event_ms"]
-    assert 0.4 <= ev["speedup"] <= 0.6 and ev["significant"], ev
-    assert 0.4 <= r["ratios"]["two"]["wall_ms"]["speedup"] <= 0.6, r["ratios"]["two"]["wall_ms"]
+    assert 0.3 <= ev["speedup"] <= 0.7, ev
+    assert 0.3 <= r["ratios"]["two"]["wall_ms"]["speedup"] <= 0.7, r["ratios"]["two"]["wall_ms"]
     assert r["ratios"]["one"]["cuda_event_ms"]["speedup"] == 1.0
-    assert 0.4 <= r["ratios"]["side"]["wall_ms"]["speedup"] <= 0.6, r["ratios"]["side"]["wall_ms"]
-    assert r["ratios"]["side"]["cuda_event_ms"]["speedup"] > 5, r["ratios"]["side"]["cuda_event_ms"]
+    assert 0.3 <= r["ratios"]["side"]["wall_ms"]["speedup"] <= 0.7, r["ratios"]["side"]["wall_ms"]
+    assert r["ratios"]["side"]["cuda_event_ms"]["speedup"] > 3, r["ratios"]["side"]["cuda_event_ms"]
     for name in ("one", "two", "side"):
         v = r["variants"][name]
         assert len(v["samples"]["cuda_event_ms"]) == 6 and isinstance(v["peak_memory_bytes"], int)
