@@ -10,7 +10,7 @@
 #            warm-up before capture, no join of the warm-up stream, has_shape ignoring the timed key, and the UUID's
 #            prefix if torch never prints one): ~19-20 of 24.
 #   PART=b   part a's runner found every mutant "killed" because the unmutated tree failed one new test by itself:
-#            its event bound of 4 ms for 2e6 spin cycles (1 ms at 1.98 GHz; a GPU at its idle clock takes longer),
+#            its message was not kept; likeliest, the 4 ms upper bound on 2e6 spin cycles (1 ms at 1.98 GHz, longer at a low clock),
 #            and one more new test failed under some unrelated mutants (the 8 side-by-side runs share the GPU by time
 #            slices). Bounds now one-sided with room for time slices; the runner keeps each failure's message.
 #            The new file alone with its 7 tests side by side (-n 7), then the mutants again. Predictions: the file
