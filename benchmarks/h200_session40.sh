@@ -16,6 +16,14 @@
 #            The new file alone with its 7 tests side by side (-n 7), then the mutants again. Predictions: the file
 #            passes both ways; killed before 9 (as part a), after ~20 of 24 (no warm-up, no stream join, has_shape
 #            and the UUID prefix may survive; part a cannot tell, its kills of them were the flaky test's).
+#   PART=c   part b: the unmutated tree passed alone (75 passed), but two new checks failed whenever the GPU was shared
+#            (the -n 7 run of the file, and as false kills of unrelated mutants): events recorded around a kernel on
+#            another stream took 24.5 of the call's 45 ms, and twice the spin measured 0.8-1.0x as fast. Those checks
+#            are now what sharing cannot move: wall > event per call, the wall clock waiting for a side stream, the
+#            ratios computed from their own clock's samples. Predictions: the file passes twice at -n 7; the
+#            unmutated tree passes; killed 8 -> 18 of 24, the other six equivalent here (no stream join, has_shape,
+#            the UUID prefix; the untimed graph's sink, as no stage is marked without a hook; no warm-up and no
+#            prepare, as the warm-up makes the tables before the capture).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session40.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -31,6 +39,13 @@ b)
   lane A 0 40 <<EOT &
 100 python3 -m pytest -p no:cacheprovider -q -n 7 -rfE --tb=line tests/test_cuda_measurement.py > $R/profiles/pytest_gpu_s40b.log 2>&1; tail -n 6 $R/profiles/pytest_gpu_s40b.log
 460 python3 benchmarks/gpu_mutants.py --jobs 8 --timeout 300 --json $R/profiles/gpu_mutants_s40b.json > $R/profiles/gpu_mutants_s40b.log 2>&1; tail -30 $R/profiles/gpu_mutants_s40b.log
+EOT
+  ;;
+c)
+  mkdir -p $R/profiles
+  lane A 0 40 <<EOT &
+100 for i in 1 2; do python3 -m pytest -p no:cacheprovider -q -n 7 -rfE --tb=line tests/test_cuda_measurement.py > $R/profiles/pytest_gpu_s40c\$i.log 2>&1; tail -n 3 $R/profiles/pytest_gpu_s40c\$i.log; done
+460 python3 benchmarks/gpu_mutants.py --jobs 8 --timeout 300 --json $R/profiles/gpu_mutants_s40c.json > $R/profiles/gpu_mutants_s40c.log 2>&1; tail -30 $R/profiles/gpu_mutants_s40c.log
 EOT
   ;;
 esac

@@ -6,7 +6,9 @@ The queued work is `torch.cuda._sleep(cycles)`, a kernel that spins for that man
 host at once, so a timer that did not wait for the GPU would read microseconds for it. Its time depends on the
 clock: 2e6 cycles are 1 ms at the H200's 1.98 GHz and 5.8 ms at its 345 MHz idle clock, where a first call may find
 it. So the bounds below are one-sided (at least what the cycles take at 4 GHz), and they leave room for the other
-processes of a GPU test run (pytest-xdist) that share the GPU by time slices."""
+processes of a GPU test run (pytest-xdist) that share the GPU by time slices. What such sharing moves, the tests do
+not assert: with the new tests of this file side by side on the H200 (session 40), an event pair recorded around a
+kernel on another stream took 24.5 of the call's 45 ms, and a spin of twice the cycles measured 0.8-1.0x as fast."""
 
 import dataclasses
 import re
@@ -37,8 +39,8 @@ SIDE = None
 
 
 def spin_on_a_side_stream(cycles: int = CYCLES) -> None:
-    """Work the events cannot see (they are recorded on the current stream) and the wall clock must (its sync
-    waits for the whole device)."""
+    """Work on a stream other than the events' (they are recorded on the current one), which the wall clock
+    must wait for (its sync waits for the whole device)."""
     global SIDE
     if SIDE is None:
         SIDE = torch.cuda.Stream()
@@ -48,24 +50,25 @@ def spin_on_a_side_stream(cycles: int = CYCLES) -> None:
 
 
 def test_the_cuda_timer_waits_for_queued_work_and_its_events_time_it():
-    """Each call: wall clock and CUDA events both see the spin; the wall clock spans the events (it starts before
-    the first is recorded and stops after the device is synced past the second)."""
+    """Each call: wall clock and CUDA events both see the spin; the wall clock spans the events and more (it starts
+    before the first is recorded and stops after the device is synced past the second), so it is never the event
+    time itself."""
     timer = Timer("cuda")
     assert timer.use_events
     spin()  # lazy init out of the way
     for _ in range(3):
         wall, event = timer(spin)
         assert event is not None and event >= SPIN_MS, event
-        assert wall >= event - 0.02, (wall, event)  # 20 us: the two clocks' resolution
+        assert wall > event, (wall, event)
     # untimed warm-up calls are synced too
     assert timer.wall_s(spin) * 1e3 >= SPIN_MS
     # work queued before the call is not the call's: the timer waits for it before it starts
     spin(40 * CYCLES)  # >= 20 ms
     wall, event = timer(lambda: None)
     assert wall < 10.0 and event < 10.0, (wall, event)
-    # the docstring's distinction: events on the current stream only, the wall clock waits for every stream
-    wall, event = timer(lambda: spin_on_a_side_stream(20 * CYCLES))  # >= 10 ms
-    assert wall >= 20 * SPIN_MS and event < 0.5 * wall, (wall, event)
+    # the wall clock waits for every stream, not the current one only
+    wall, _ = timer(lambda: spin_on_a_side_stream(20 * CYCLES))  # >= 10 ms
+    assert wall >= 20 * SPIN_MS, wall
 
 
 def test_time_calls_on_cuda_reads_events_per_timed_call_and_the_timed_calls_peak_memory():
@@ -89,27 +92,28 @@ def test_time_calls_on_cuda_reads_events_per_timed_call_and_the_timed_calls_peak
     events = r["samples"]["cuda_event_ms"]
     assert len(events) == 5 and all(e >= SPIN_MS for e in events), events
     assert r["timers"]["cuda_event_ms"]["median"] == sorted(events)[2]
-    assert all(w >= e - 0.02 for w, e in zip(r["samples"]["wall_ms"], events))
+    assert all(w > e for w, e in zip(r["samples"]["wall_ms"], events))
     assert r["first_call_s"] * 1e3 >= SPIN_MS and r["warmup_s"] * 1e3 >= 2 * SPIN_MS
     assert (1 << 20) <= r["peak_memory_bytes"] - held < (32 << 20), r["peak_memory_bytes"] - held
 
 
 def test_interleaved_on_cuda_compares_by_events_and_wall_clock_apart():
-    """Twice the spin is ~half the speed by both clocks. Twice the spin on a side stream is ~half
-    the speed by wall clock and many times faster by the events, which do not see it: each ratio is its own clock's.
-    Each variant's peak memory is read."""
-    r = interleaved({"one": spin, "two": lambda: spin(2 * CYCLES),
-                     "side": lambda: spin_on_a_side_stream(2 * CYCLES)}, device="cuda", warmup=1, iters=6,
-                    progress=False)
-    ev = r["ratios"]["two"]["cuda_event_ms"]
-    assert 0.3 <= ev["speedup"] <= 0.7, ev
-    assert 0.3 <= r["ratios"]["two"]["wall_ms"]["speedup"] <= 0.7, r["ratios"]["two"]["wall_ms"]
-    assert r["ratios"]["one"]["cuda_event_ms"]["speedup"] == 1.0
-    assert 0.3 <= r["ratios"]["side"]["wall_ms"]["speedup"] <= 0.7, r["ratios"]["side"]["wall_ms"]
-    assert r["ratios"]["side"]["cuda_event_ms"]["speedup"] > 3, r["ratios"]["side"]["cuda_event_ms"]
-    for name in ("one", "two", "side"):
+    """Each variant's rounds are read by both clocks, and each ratio is its own clock's: the event ratio from the
+    event samples (the medians' quotient, and the per-round quotients of the same round), the wall ratio from the
+    wall samples. Each variant's peak memory is read."""
+    r = interleaved({"one": spin, "two": lambda: spin(2 * CYCLES)}, device="cuda", warmup=1, iters=6, progress=False)
+    for name, least in (("one", SPIN_MS), ("two", 2 * SPIN_MS)):
         v = r["variants"][name]
         assert len(v["samples"]["cuda_event_ms"]) == 6 and isinstance(v["peak_memory_bytes"], int)
+        assert all(e >= least for e in v["samples"]["cuda_event_ms"]), v["samples"]["cuda_event_ms"]
+        assert all(w > e for w, e in zip(v["samples"]["wall_ms"], v["samples"]["cuda_event_ms"]))
+    one, two = r["variants"]["one"], r["variants"]["two"]
+    for clock in ("cuda_event_ms", "wall_ms"):
+        ratio = r["ratios"]["two"][clock]
+        assert ratio["speedup"] == one["timers"][clock]["median"] / two["timers"][clock]["median"], (clock, ratio)
+        per_round = sorted(a / b for a, b in zip(one["samples"][clock], two["samples"][clock]))
+        assert ratio["ratio_median"] == pytest.approx((per_round[2] + per_round[3]) / 2, rel=1e-12), (clock, per_round)
+    assert r["ratios"]["one"]["cuda_event_ms"]["speedup"] == 1.0
 
 
 def test_the_environment_record_names_this_gpu():
