@@ -11,6 +11,7 @@ import json
 from pathlib import Path
 
 from vlaperf.report.render import FRONT_END_SPLIT, result_batch, step_config_diff, step_config_value, workload_label
+from vlaperf.report.schema import json_kind
 
 ROOT = Path(__file__).resolve().parents[1]
 RESULTS = ROOT / "benchmarks" / "results"
@@ -197,8 +198,9 @@ def readme_rows(results, wam=()):
 def write_readme_block(readme: Path, rows: list[str]) -> bool:
     """Replace what lies between README_BEGIN and README_END in `readme` by `rows`; True when it changed."""
     text = readme.read_text()
-    if README_BEGIN not in text or README_END not in text:
-        raise SystemExit(f"{readme}: the markers {README_BEGIN!r} and {README_END!r} are missing")
+    # the end marker must follow the begin marker (swapped markers were an IndexError, not this message)
+    if README_BEGIN not in text or README_END not in text.split(README_BEGIN, 1)[1]:
+        raise SystemExit(f"{readme}: the markers {README_BEGIN!r} and {README_END!r} are missing or out of order")
     head, rest = text.split(README_BEGIN, 1)
     tail = rest.split(README_END, 1)[1]
     fresh = head + README_BEGIN + "\n" + "\n".join(rows) + "\n" + README_END + tail
@@ -706,11 +708,23 @@ def wam_tables(results):
     return out
 
 
+def _load(path: Path) -> dict:
+    """One result file's JSON object; a damaged file stops the script with its path (a bare JSONDecodeError
+    did not say which of the hundreds of files it was)."""
+    try:
+        r = json.loads(path.read_text())
+    except json.JSONDecodeError as e:
+        raise SystemExit(f"{path}: not valid JSON ({e})") from None
+    if not isinstance(r, dict):
+        raise SystemExit(f"{path}: expected a result object, got {json_kind(r)}")
+    return r
+
+
 def main() -> None:
     from vlaperf.workloads import WAM_WORKLOADS
 
     # profiles/ holds logs and the raw records of probes (e.g. another commit's code timed beside today's): not figures
-    every = [(p, json.loads(p.read_text())) for p in sorted(RESULTS.rglob("*.json"))
+    every = [(p, _load(p)) for p in sorted(RESULTS.rglob("*.json"))
              if "profiles" not in p.relative_to(RESULTS).parts]
     wam = [(p, r) for p, r in every if r.get("workload", {}).get("id") in WAM_WORKLOADS]
     results = [(p, r) for p, r in every if r.get("workload", {}).get("id") not in WAM_WORKLOADS]

@@ -4,6 +4,11 @@ typed: regenerating them from benchmarks/results/ must give the committed text b
 from __future__ import annotations
 
 import importlib.util
+import json
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -200,3 +205,251 @@ def test_readme_names_the_ceilings_a_bench_measured_on_its_gpu():
     lines = [r for r in rows if r.startswith("Ceilings measured")]
     assert lines == ["Ceilings measured on the NVIDIA H200 by `vlaperf bench --ceilings measure`: 790 TFLOP/s bf16 "
                      "matmul, 4.22 TB/s copy (2026-12-02, `b2.json`)."]
+
+
+# ---- audited by mutation: what each column, row choice and refusal of the generator must keep ----
+
+H200 = "NVIDIA H200"
+
+
+def _best_levers():
+    from vlaperf.engine.levers import BEST_GPU, TUNED_FOR
+
+    return list(BEST_GPU) + list(TUNED_FOR)  # today's best on a Hopper GPU
+
+
+def _bench(gen, name, levers, median, day=1, gpu=H200, **extra):
+    """A `vlaperf bench` result (vlaperf/report/schema.py) of libero-pi0 with the fields the generator reads."""
+    r = {"command": "bench", "workload": {"id": "libero-pi0", "overrides": {}}, "mode": "model",
+         "variant": {"levers": list(levers), "label": ",".join(levers) or "reference"}, "first_call_s": 2.0,
+         "first_call_timing": "before equivalence check", "peak_memory_bytes": 2**30,
+         "timers": {"wall_ms": {"median": median, "p95": median}, "cuda_event_ms": None}, "roofline": {"floor_ms": 5.0},
+         "env": {"gpu": gpu, "git_commit": "abc1234def", "timestamp": f"2026-12-{day:02d}T10:00:00+00:00"}, **extra}
+    return gen.ROOT / "benchmarks" / "results" / f"{name}.json", r
+
+
+def _compare(gen, name, median, stamp, overrides=None):
+    """A full-size `vlaperf compare` file: LeRobot's median on the H200."""
+    return gen.ROOT / "benchmarks" / "results" / f"{name}.json", {
+        "command": "compare", "workload": {"id": "libero-pi0", "overrides": overrides or {}}, "compare": {"reduced": False},
+        "env": {"gpu": H200, "timestamp": stamp}, "timing": {"summary": {"lerobot": {"wall_ms_median": median}}}}
+
+
+def _cells(row):
+    return [c.strip() for c in row.strip("|").split("|")]
+
+
+def test_headline_cells_say_what_a_best_file_lacks_and_files_without_a_gpu_have_no_row():
+    """best without an equivalence check shows rel L2 `-`; a file from before first-call timing moved ahead of the
+    check shows its first call as n/a; LeRobot's figure from best's own day carries no date. A CPU file has no
+    place among the GPU figures (no row, and no x floor in Single runs: the floor is at a GPU's ceilings)."""
+    gen = _generator()
+    path, best = _bench(gen, "best", _best_levers(), 10.0, day=2)
+    del best["first_call_timing"], best["peak_memory_bytes"]
+    cpu = _bench(gen, "cpu_best", _best_levers(), 500.0, day=3, gpu=None)
+    results = [(path, best), cpu, _compare(gen, "c", 250.0, "2026-12-02T08:00:00+00:00")]
+    rows = gen.headline_rows(results)
+    assert len(rows) == 3, rows  # header, separator, the H200's row
+    cells = _cells(rows[2])
+    assert cells[0] == H200 and cells[5] == "**10.00**" and cells[7] == "2.00x"  # 10 ms over the 5 ms floor
+    assert cells[9:12] == ["n/a (ran in check)", "-", "-"]  # first call, peak GiB, rel L2
+    assert cells[12:15] == ["2026-12-02", "250.00", "25.00x"]  # the compare of best's day: no date beside it
+    single = {_cells(row)[-1]: _cells(row) for row in gen.bench_rows(results)[2:]}
+    assert single["`benchmarks/results/best.json`"][9] == "2.0x"
+    assert single["`benchmarks/results/cpu_best.json`"][9] == "-"
+
+
+def test_lerobot_figure_is_the_one_of_the_same_workload_and_overrides():
+    """A compare run with overrides (horizon 50) is another workload: the plain row keeps the plain file's figure
+    even where the overridden one is newer."""
+    gen = _generator()
+    results = [_bench(gen, "best", _best_levers(), 10.0), _compare(gen, "c", 250.0, "2026-11-01T10:00:00+00:00"),
+               _compare(gen, "c_h50", 400.0, "2026-11-03T10:00:00+00:00", overrides={"horizon": 50})]
+    [rec] = gen.headline(results)
+    assert (rec["workload"], rec["lerobot_ms"], rec["lerobot_day"]) == ("libero-pi0", 250.0, "2026-11-01")
+
+
+def test_readme_rows_name_each_gpu_and_every_tolerance():
+    """The README's sentence names the GPUs (`GPU` with none) and the tolerances of best's checks (`-` with none);
+    with more than one GPU each row says its GPU, in GPU order."""
+    gen = _generator()
+    empty = gen.readme_rows([])
+    assert empty[0].startswith("`vlaperf bench`, model mode, on the GPU: ") and "(tolerance -)" in empty[0]
+    assert len(empty) == 4  # sentence, blank, header, separator
+    assert "(tolerance -)" in gen.readme_rows([_bench(gen, "b", _best_levers(), 10.0)])[0]
+    h200 = _bench(gen, "h200", _best_levers(), 10.0, equivalence={"rel_l2": 6e-3, "tolerance": 0.03, "passed": True})
+    h100 = _bench(gen, "h100", _best_levers(), 20.0, gpu="NVIDIA H100",
+                  equivalence={"rel_l2": 1e-3, "tolerance": 0.01, "passed": True})
+    rows = gen.readme_rows([h200, h100])
+    assert "on the NVIDIA H100 and NVIDIA H200: " in rows[0] and "(tolerance 0.01, 0.03)" in rows[0]
+    assert [_cells(row)[0] for row in rows[4:]] == ["libero-pi0 (NVIDIA H100)", "libero-pi0 (NVIDIA H200)"]
+
+
+def test_readme_ceilings_lines_take_each_gpus_newest_measuring_bench_only():
+    """Per GPU (in GPU order) the newest `vlaperf bench` file whose ceilings were measured, whatever the order the
+    files are listed in; a matrix or a file without a GPU is not a bench of that device's ceilings."""
+    gen = _generator()
+
+    def measured(tflops, tbps):
+        return {"roofline": {"floor_ms": 5.0, "ceilings": {"matmul_flops": tflops * 1e12, "bandwidth": tbps * 1e12,
+                                                           "source": "measured on this device"}}}
+
+    matrix = (gen.ROOT / "benchmarks" / "results" / "m.json",
+              {"command": "matrix", "env": {"gpu": H200, "timestamp": "2026-12-09T10:00:00+00:00"}, **measured(999, 9.0)})
+    rows = gen.readme_rows([_bench(gen, "new", [], 100.0, day=3, **measured(790, 4.22)),
+                            _bench(gen, "old", [], 100.0, day=2, **measured(787, 4.20)),
+                            _bench(gen, "h100", [], 100.0, day=1, gpu="NVIDIA H100", **measured(700, 3.0)),
+                            _bench(gen, "cpu", [], 100.0, day=8, gpu=None, **measured(1, 0.1)), matrix])
+    assert [r for r in rows if r.startswith("Ceilings")] == [
+        "Ceilings measured on the NVIDIA H100 by `vlaperf bench --ceilings measure`: 700 TFLOP/s bf16 matmul, "
+        "3.00 TB/s copy (2026-12-01, `benchmarks/results/h100.json`).",
+        "Ceilings measured on the NVIDIA H200 by `vlaperf bench --ceilings measure`: 790 TFLOP/s bf16 matmul, "
+        "4.22 TB/s copy (2026-12-03, `benchmarks/results/new.json`)."]
+
+
+def test_readme_block_refuses_a_lone_or_misplaced_marker_and_keeps_what_follows(tmp_path):
+    """Either marker alone, or the end marker before the begin marker, is refused naming the file (the swapped
+    markers were an IndexError); the block ends at the first end marker after the begin marker; an unchanged block
+    is not rewritten (the file's time stays)."""
+    gen = _generator()
+    readme = tmp_path / "README.md"
+    for text in (f"{gen.README_BEGIN}\nold\n", f"old\n{gen.README_END}\n", f"{gen.README_END}\nold\n{gen.README_BEGIN}\n"):
+        readme.write_text(text)
+        with pytest.raises(SystemExit) as e:
+            gen.write_readme_block(readme, ["| a |"])
+        assert str(e.value).startswith(f"{readme}: the markers ") and readme.read_text() == text
+    readme.write_text(f"{gen.README_BEGIN}\nold\n{gen.README_END}\nmiddle\n{gen.README_END}\n")
+    assert gen.write_readme_block(readme, ["| a |"]) is True
+    assert readme.read_text() == f"{gen.README_BEGIN}\n| a |\n{gen.README_END}\nmiddle\n{gen.README_END}\n"
+    os.utime(readme, ns=(0, 0))
+    assert gen.write_readme_block(readme, ["| a |"]) is False and readme.stat().st_mtime_ns == 0
+
+
+def test_gpu_state_cell():
+    """SM clock / max clock and the reasons holding it, idle left out; `-` without a clock reading."""
+    gen = _generator()
+    assert gen._gpu_state(None) == "-" and gen._gpu_state({"sm_clock_mhz": None, "max_sm_clock_mhz": 1980}) == "-"
+    assert gen._gpu_state({"sm_clock_mhz": 1500}) == "1500/? MHz"
+    # 0x5 = idle (0x1) + software power cap (0x4)
+    assert gen._gpu_state({"sm_clock_mhz": 1500, "max_sm_clock_mhz": 1980, "clock_event_reasons": "0x5"}) == \
+        "1500/1980 MHz (software power cap)"
+
+
+def test_short_labels_and_empty_cells():
+    gen = _generator()
+    assert gen._short("") == "reference" and gen._short("for_loop+cuda_graph,compile=default") == "loop+graph+compile:default"
+    assert gen._ms(0.0) == "0.00" and gen._ms(None) == "-"  # a zero is a figure, not a missing one
+
+
+def test_an_old_interrupted_matrix_shows_the_references_first_call_only():
+    """A file without `first_call_timing` ran each variant's first call inside its check: only the reference's
+    (which has no check of its own) is a first call."""
+    gen = _generator()
+    r = {"command": "matrix", "variant": {"label": "grid"}, "workload": {"id": "libero-pi0"}, "iters": 3, "warmup": 2,
+         "interrupted": True, "env": {"gpu": H200, "torch": "2.11", "cuda": "13.0", "driver": "580"},
+         "variants": [{"variant": "reference", "first_call_s": 3.0, "skipped": "not timed"},
+                      {"variant": "for_loop", "first_call_s": 60.0, "skipped": "not timed"}]}
+    text = "\n".join(gen.matrix_tables([(gen.ROOT / "m.json", r)]))
+    assert "| reference | not timed | | | | - | 3.00 |" in text and "| loop | not timed | | | | - | n/a (ran in check) |" in text
+
+
+def test_sections_without_files_have_no_table_and_failures_say_no():
+    """A section with no file of its command has no header row either; a failed check or compare says NO; a loadgen
+    phase's lost requests count the misrouted ones; an equivalence heading of a CPU run says cpu."""
+    gen = _generator()
+    bench = [_bench(gen, "b", [], 100.0)]
+    for tables in (gen.sync_tables, gen.compare_tables, gen.ab_tables, gen.first_call_tables, gen.matrix_tables,
+                   gen.check_tables, gen.loadgen_tables, gen.kernel_tables):
+        assert tables(bench) == [], tables.__name__
+    env = {"gpu": None, "torch": "2.11", "cuda": None, "driver": None}
+    check = {"command": "check", "workload": {"id": "libero-pi0", "overrides": {}}, "variant": {"dtype": "float32"},
+             "env": env, "checks": [{"variant": "for_loop", "max_abs": 0.0012, "rel_l2": 3e-4, "tolerance": 1e-2,
+                                     "passed": False}]}
+    text = "\n".join(gen.check_tables([(gen.ROOT / "k.json", check)]))
+    assert "### equivalence on libero-pi0 (float32, cpu, torch 2.11, CUDA None, driver None)" in text
+    assert "| loop | 0.0012 | 0.0003 | 1e-02 | NO |" in text
+    compare = {"command": "compare", "workload": {"id": "libero-pi0"}, "env": env, "compare": {
+        "reduced": False, "lerobot_version": "0.4", "dtype": "bfloat16", "passed": False,
+        "equivalence": {"reference": {"rel_l2": 0.2}}}}
+    assert "| libero-pi0 | 0.4 | bfloat16 | 2.00e-01 | NO | - | - | - | - |" in "\n".join(
+        gen.compare_tables([(gen.ROOT / "c.json", compare)]))
+    ms = {"median": 10.0, "p95": 12.0, "p99": 13.0}
+    phase = {"clients": 2, "ok": 7, "expected": 10, "lost": 2, "misrouted": 1, "requests_per_s": 5.0,
+             "round_trip_ms": ms, "server_infer_ms": ms, "overhead_ms": ms, "batch_size": {"mean": 1.5}}
+    loadgen = {"command": "loadgen", "workload": {"id": "libero-pi0"}, "env": env, "server": {"max_batch": 4},
+               "loadgen": {"observations": "random", "phases": [phase]}}
+    assert "| 2 | 7 / 10 | 3 | 5.0 |" in "\n".join(gen.loadgen_tables([(gen.ROOT / "l.json", loadgen)]))
+
+
+def test_step_kernel_rows_are_labelled_against_the_runs_first_row_even_when_it_is_left_out():
+    """The first row is the run's defaults even when it is wrong (and so not shown); rel L2 of exactly 2e-2 is wrong;
+    a fitted field shows what it resolved to; one modulation table is singular."""
+    gen = _generator()
+    row = lambda us, rel, **cfg: {"config": {"splits": 5, "num_warps": 8, **cfg}, "us": us, "rel_l2_vs_fp32": rel}  # noqa: E731
+    r = {"workload": {"id": "libero-pi05", "overrides": {"modulation_tables": 1}},
+         "configs": [row(900.0, 0.5), row(700.0, 2e-2, num_warps=4), row(650.0, 1.9e-2, num_warps=4),
+                     {**row(600.0, 1e-2, splits=0), "fitted": {"splits": 10, "num_warps": 8}}]}
+    assert [(label, x["us"]) for label, x in gen.step_kernel_rows(r)] == [("num_warps=4", 650.0),
+                                                                          ("splits=fitted (10)", 600.0)]
+    assert gen.step_kernel_shape(r) == "18 layers, 51 rows, libero-pi05, 1 modulation table cycled"
+
+
+def test_prefix_tiles_ab_without_a_difference_says_unchanged_and_probe_tables_keep_plain_floats():
+    gen = _generator()
+    ab = {"command": "prefix-tiles-ab", "today_tiles": {"BM": 64}, "pick_tiles": {"BM": 64}, "workload": {"id": "libero-pi0"},
+          "env": {"git_commit": "abc1234def"}, "median_ms": {"today": 10.0, "pick": 9.0}, "speedup_median": 1.111,
+          "speedup_p10_p90": [1.1, 1.2], "equivalence_pick": {"rel_l2": 0.0}}
+    assert "| prefix attention tiles: unchanged | libero-pi0 | abc1234 | 10.00 | 9.00 | 1.111x | 1.100..1.200 | 0.0e+00 |" \
+        in "\n".join(gen.ab_tables([(gen.ROOT / "a.json", ab)]))
+    probe = [(gen.ROOT / "p.json", {"command": "gemm-probe", "env": {"git_commit": "abc1234"}})]
+    rows_fn = lambda r: [["q", 0.05, 3]]  # noqa: E731
+    assert gen._probe_tables(probe, "gemm-probe", ["a", "b", "c"], rows_fn)[-2] == "| q | 0.05 | 3 |"
+    assert gen._probe_tables(probe, "gemm-probe", ["a", "b", "c"], rows_fn, small_floats=True)[-2] == "| q | 5.0e-02 | 3 |"
+
+
+def _write(path: Path, r) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(r if isinstance(r, str) else json.dumps(r))
+
+
+def test_main_reads_every_result_file_but_profiles_and_names_a_damaged_one(tmp_path):
+    """Files at any depth under benchmarks/results/ are figures except those under profiles/; world-action workloads
+    (wam-761, wam-tiny) go to their own section; a file that is not JSON, or not an object, stops the script with
+    its path before anything is written."""
+    gen = _generator()
+    gen.ROOT, gen.RESULTS = tmp_path, tmp_path / "benchmarks" / "results"
+    gen.OUT, gen.README = tmp_path / "docs" / "performance.md", tmp_path / "README.md"
+    gen.OUT.parent.mkdir()
+    gen.README.write_text(f"# x\n{gen.README_BEGIN}\n{gen.README_END}\n")
+    _write(gen.RESULTS / "h200" / "best.json", _bench(gen, "best", _best_levers(), 10.0)[1])
+    _write(gen.RESULTS / "h200" / "deeper" / "graph.json", _bench(gen, "graph", ["for_loop"], 40.0)[1])
+    _write(gen.RESULTS / "h200" / "profiles" / "probe.json", _bench(gen, "probe", _best_levers(), 1.0, day=9)[1])
+    wam = _bench(gen, "wam", [], 600.0)[1]
+    wam["workload"] = {"id": "wam-tiny", "overrides": {}, "settings": {"batch": 1}}
+    _write(gen.RESULTS / "h200" / "wam_tiny.json", wam)
+    gen.main()
+    text = gen.OUT.read_text()
+    pi0, world = text.split("## World-action model")
+    assert "`benchmarks/results/h200/deeper/graph.json`" in pi0 and "**10.00**" in pi0
+    # the profiles/ file is newer and faster: had it been read, it would be best's figure
+    assert "profiles" not in text and "| **10.00** |" in gen.README.read_text()
+    assert "wam_tiny" not in pi0 and "`benchmarks/results/h200/wam_tiny.json`" in world
+    for damaged, why in (("{", "not valid JSON"), ("[1]", "expected a result object, got array")):
+        _write(gen.RESULTS / "h200" / "damaged.json", damaged)
+        gen.OUT.unlink(missing_ok=True)
+        with pytest.raises(SystemExit) as e:
+            gen.main()
+        assert str(e.value).startswith(f"{gen.RESULTS / 'h200' / 'damaged.json'}: {why}") and not gen.OUT.exists()
+
+
+def test_the_script_refuses_any_argument_before_it_writes(tmp_path):
+    """No options: anything on the command line exits 2 (argparse) before the docs are rewritten. A copy of the
+    script under tmp_path writes there, should it write at all."""
+    script = tmp_path / "benchmarks" / "make_performance_md.py"
+    script.parent.mkdir()
+    shutil.copy(ROOT / "benchmarks" / "make_performance_md.py", script)
+    (tmp_path / "docs").mkdir()
+    env = {**os.environ, "PYTHONPATH": os.pathsep.join(filter(None, [str(ROOT), os.environ.get("PYTHONPATH")]))}
+    p = subprocess.run([sys.executable, str(script), "--results", "x"], capture_output=True, text=True, env=env, timeout=60)
+    assert p.returncode == 2 and "unrecognized arguments: --results x" in p.stderr, p.stderr
+    assert not (tmp_path / "docs" / "performance.md").exists()
