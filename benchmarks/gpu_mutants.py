@@ -8,6 +8,10 @@ replacement there, runs the GPU tests with that folder first on PYTHONPATH, and 
 Mutants run side by side (`--jobs`) on the one GPU; the unmutated tree runs first (it must pass, and it fills the
 Triton cache the mutants then share).
 
+Side by side, the mutants share the GPU by time slices, which moves what a timing check measures: a check that needs
+the GPU to itself (the in-graph breakdown's coverage in test_profile_breakdown.py) can fail under any mutant. Read each
+kill's `messages` before counting it (session 40: two such false kills in 24).
+
     python benchmarks/gpu_mutants.py --json $R/gpu_mutants.json --jobs 6
 """
 
