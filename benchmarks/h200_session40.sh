@@ -24,6 +24,9 @@
 #            unmutated tree passes; killed 8 -> 18 of 24, the other six equivalent here (no stream join, has_shape,
 #            the UUID prefix; the untimed graph's sink, as no stage is marked without a hook; no warm-up and no
 #            prepare, as the warm-up makes the tables before the capture).
+#   PART=d   the whole suite on the GPU machine at the session's last code (the new GPU tests among the others of
+#            the suite's third step, 14 processes side by side; this session's audits' tests): gpu_suite, carry
+#            [".whl"]. Prediction: all pass (session 39's 1256 plus this session's new tests).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session40.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -47,6 +50,9 @@ c)
 100 for i in 1 2; do python3 -m pytest -p no:cacheprovider -q -n 7 -rfE --tb=line tests/test_cuda_measurement.py > $R/profiles/pytest_gpu_s40c\$i.log 2>&1; tail -n 3 $R/profiles/pytest_gpu_s40c\$i.log; done
 460 python3 benchmarks/gpu_mutants.py --jobs 8 --timeout 300 --json $R/profiles/gpu_mutants_s40c.json > $R/profiles/gpu_mutants_s40c.log 2>&1; tail -30 $R/profiles/gpu_mutants_s40c.log
 EOT
+  ;;
+d)
+  gpu_suite s40${PART} &
   ;;
 esac
 finish
