@@ -1266,6 +1266,7 @@ FAKE_KERNELS = textwrap.dedent(
         def warmup(self, *args, grid, **kwargs):
             if self.fail:
                 raise ValueError("no registers left")
+            print("compiling", self.__name__)  # a stray print: the worker must keep it out of its replies
             seen = [[str(a.dtype), a.data_ptr() % 16 == 0] if hasattr(a, "dtype") else a for a in args]
             with open(os.environ["FAKE_KERNEL_LOG"], "a") as f:
                 f.write(json.dumps([self.__name__, list(grid), seen, kwargs]) + "\\n")
@@ -1423,3 +1424,597 @@ def test_attention_masks_are_passed_with_16_byte_aligned_rows():
     assert aligned_mask(out) is out
     ready = torch.zeros(2, 5, 528, dtype=torch.uint8)
     assert aligned_mask(ready) is ready
+
+
+# ---------------------------------------------------------------- the kernels' host logic, without a kernel
+# The launchers' choices (tiles, splits, buffers, constants) and their argument checks, run on the CPU with each
+# module's `launch` replaced by a recorder: no kernel is compiled or run, so these take milliseconds where the
+# interpreter checks above take minutes (and are skipped under the GPU machine's Triton 3.6).
+
+
+def _record_launches(monkeypatch, module, add_to_x=False):
+    """Replace `module.launch` with a recorder of (kernel name, grid, args, kwargs); with `add_to_x`, each step-kernel
+    launch adds 1 to its first argument (x, the buffer the kernel updates), so a test sees which buffer it got."""
+    launches = []
+
+    def record(kernel, grid, *args, **kwargs):
+        launches.append((kernel.__name__, grid, args, kwargs))
+        if add_to_x and kernel.__name__ == "_expert_step_kernel":
+            args[0].add_(1)
+
+    monkeypatch.setattr(module, "launch", record)
+    return launches
+
+
+def _step_inputs(L=2, D=32, NH=2, HD=16, F=64, M=5, Tk=24, B=None):
+    """Arguments of expert_step for a small expert (zeros: nothing is computed), one sample or B of them."""
+    lead = () if B is None else (B,)
+    return dict(x=torch.zeros(*lead, M, D), wqkv=torch.zeros(L, NH * HD + 2 * HD, D), wo=torch.zeros(L, D, NH * HD),
+                wgu=torch.zeros(L, 2 * F, D), wd=torch.zeros(L, D, F), k_cache=torch.zeros(L, *lead, Tk, HD),
+                v_cache=torch.zeros(L, *lead, Tk, HD), cos=torch.zeros(*lead, M, HD), sin=torch.zeros(*lead, M, HD),
+                mask=torch.ones(*lead, M, Tk, dtype=torch.bool), eps=1e-6)
+
+
+def test_step_kernel_launches_what_its_config_resolves_to(monkeypatch):
+    """expert_step's launch on the CPU: one launch per (layer, phase) (the interpreter cannot run grid barriers), the
+    phases asked for only, one launch of every layer and phase with persistent=True; the constants are fit_config's
+    resolution of the config for this shape (key splits, merge dims, row block, K depths, sub-rows), the CUDA-only
+    options (prefetches, the PTX barrier) off; the split counters laid out as split_counter_targets reads them;
+    last_launch records the same; x is updated in place with in_place, else a copy is."""
+    from dataclasses import asdict, replace
+
+    from vlaperf.engine.kernels import expert_step as S
+
+    launches = _record_launches(monkeypatch, S, add_to_x=True)
+    L, D, NH, HD, F, M, Tk = 2, 32, 2, 16, 64, 5, 24
+    a = _step_inputs(L, D, NH, HD, F, M, Tk)
+    x0 = a["x"].clone()
+    out = S.expert_step(**a)
+    step = [r for r in launches if r[0] == "_expert_step_kernel"]
+    assert [r[2][-4:] for r in step] == [(layer, layer + 1, ph, ph + 1) for layer in range(L) for ph in range(6)]
+    assert all(r[1] == (S.num_sms(torch.device("cpu")),) and r[3]["USE_BARRIER"] is False for r in step)
+    assert torch.equal(a["x"], x0) and torch.equal(out, x0 + len(step))  # a copy was updated, not the caller's x
+    cfg = S.fit_config(S.StepKernelConfig(), M, 1, NH, HD, Tk, 4)
+    assert S.last_launch("cpu") == {"config": asdict(cfg), "rows": M, "samples": 1, "keys": Tk, "programs": 4}
+    launches.clear()
+    out = S.expert_step(**a, in_place=True, phases=(2, 4), programs=3)
+    assert out.data_ptr() == a["x"].data_ptr() and torch.equal(a["x"], x0 + 2 * L)  # in place: the caller's x
+    assert [(r[1], r[2][-4:]) for r in launches if r[0] == "_expert_step_kernel"] == [
+        ((3,), (layer, layer + 1, ph, ph + 1)) for layer in range(L) for ph in (2, 3)]
+    launches.clear()
+    S.expert_step(**_step_inputs(L, D, NH, HD, F, M, Tk), persistent=True)
+    assert [(r[2][-4:], r[3]["USE_BARRIER"]) for r in launches if r[0] == "_expert_step_kernel"] == [((0, L, 0, 6), True)]
+
+    # three samples of 7 rows (a 32-row block) over 200 keys, non-default tiles, CUDA-only options asked for
+    B, M, Tk = 3, 7, 200
+    asked = replace(S.StepKernelConfig(), merge_bd=64, prefetch=2, idle_prefetch=2, prefetch_own=3, sub_m=32,
+                    mod_prefetch=True, dataflow=True, ks_o=1, bn_down=16, bn_qkv=4)
+    a = _step_inputs(L, D, NH, HD, F, M, Tk, B=B)
+    a["cos"] = torch.zeros(B, HD, M).transpose(1, 2)  # a non-contiguous table: the kernel indexes it densely
+    launches.clear()
+    out = S.expert_step(**a, config=asked)
+    assert out.shape == (B, M, D)
+    assert {n: S.last_launch("cpu")[n] for n in ("rows", "samples", "keys")} == {"rows": M, "samples": B, "keys": Tk}
+    (_, grid, args, k), = [r for r in launches if r[0] == "_expert_step_kernel"][:1]
+    cfg = S.fit_config(asked, M, B, NH, HD, Tk, 4)
+    splits, keys_per_split = S.key_splits(cfg, Tk)
+    assert args[24:28] == (M, Tk, Tk - M, keys_per_split)  # rows a sample, keys, prefix keys, keys a split
+    assert (k["SPLITS"], k["MD"], k["BLOCK_M"], k["NB"]) == (splits, HD, S.row_block(B * M), B)  # MD: at most HD
+    assert {n: k[n.upper()] for n in ("bk_qkv", "bk_o", "bk_gu", "bk_down")} == S.k_depths(cfg, S.row_block(B * M))
+    assert k["SUB_M"] == S.sub_rows(cfg, k["BLOCK_M"]) and k["QKV_PAIRS"] == cfg.qkv_pairs == 0
+    assert {n: k[n] for n in ("PF_O", "PF_GU", "PF_DOWN", "PF_QKV_NEXT")} == S.prefetch_phases(0)  # PTX: CUDA only
+    assert (k["IDLE_PREFETCH"], k["PREFETCH_OWN"], k["MOD_PREFETCH"], k["BARRIER_ASM"]) == (0, 0, False, False)
+    assert args[18].is_contiguous() and args[20].dtype == torch.uint8  # cos made dense; the mask as bytes
+    # the partials: every split's (HD) output and its running max and sum (2) for every sample's folded rows
+    assert args[5].numel() >= splits * B * NH * M * HD and args[6].numel() >= 2 * splits * B * NH * M
+    # the split counters of a layer, in the order split_counter_targets lists them: attention row blocks, o_proj,
+    # gate_up, down tiles, qkv slots; with dataflow each slot counts its qkv tasks (the per-slot tiling)
+    targets = S.split_counter_targets(asked, M, NH, D, F, Tk, B, HD, programs=4)
+    assert len(targets) == k["CTR_LAYER"] and args[9].numel() == L * k["CTR_LAYER"] and args[8].numel() == L * 7
+    assert targets[:k["CTR_O"]] == [splits] * (B * -(-NH * M // cfg.att_bm))
+    assert set(targets[k["CTR_O"]:k["CTR_GU"]]) == {0} and len(targets[k["CTR_O"]:k["CTR_GU"]]) == -(-D // cfg.bn_o)
+    assert set(targets[k["CTR_GU"]:k["CTR_DOWN"]]) == {0}  # ks_gu = 1: nothing counts
+    assert targets[k["CTR_DOWN"]:k["CTR_SLOT"]] == [cfg.ks_down] * -(-D // cfg.bn_down)
+    assert targets[k["CTR_SLOT"]:] == [S.qkv_task_count(cfg, NH, HD) // (NH + 2)] * (NH + 2)
+    # the folded merge counts the key splits of each row block too
+    folded = replace(S.StepKernelConfig(), fold_merge=True, ks_gu=2)
+    assert S.split_counter_targets(folded, M, NH, D, F, Tk, B, HD, programs=4)[:k["CTR_O"]] == [splits] * k["CTR_O"]
+
+
+def test_step_kernel_statistics_prologue_runs_where_the_writers_supply_them(monkeypatch):
+    """The first layer's norm statistics come from a small kernel before the step kernel wherever the writers supply
+    them to later layers: pi0 with ssq_from_writers (fitted on for one sample of at most 16 rows), and pi0.5's
+    modulated input (with its x (1 + scale))."""
+    from dataclasses import replace
+
+    from vlaperf.engine.kernels import expert_step as S
+
+    launches = _record_launches(monkeypatch, S)
+    L, D, NH, HD, F, M, Tk = 1, 32, 2, 16, 64, 5, 24
+
+    def kernels(**kw):
+        launches.clear()
+        S.expert_step(**_step_inputs(L, D, NH, HD, F, M, Tk, B=kw.pop("B", None)), **kw)
+        return [(r[0], r[3].get("XM")) for r in launches if r[0] == "_mod_prologue_kernel"] + \
+            [("SSQ_IN", launches[-1][3]["SSQ_IN"])]
+
+    assert kernels() == [("_mod_prologue_kernel", False), ("SSQ_IN", True)]  # fitted: 5 rows, one sample
+    assert kernels(config=replace(S.StepKernelConfig(), ssq_from_writers=0)) == [("SSQ_IN", False)]
+    assert kernels(B=2) == [("SSQ_IN", False)]  # batched: fitted off
+    mod = torch.zeros(L, 4 * D + (NH + 2) * HD + 2 * F)
+    assert kernels(config=replace(S.StepKernelConfig(), ssq_from_writers=0), mod=mod) == [
+        ("_mod_prologue_kernel", True), ("SSQ_IN", True)]
+
+
+def test_step_kernel_refuses_bad_arguments_before_launching(monkeypatch):
+    """Every argument check of expert_step raises a ValueError that names the field, before anything is launched."""
+    import re
+    from dataclasses import replace
+
+    from vlaperf.engine.kernels import expert_step as S
+
+    launches = _record_launches(monkeypatch, S)
+    d = S.StepKernelConfig()
+    L, D, NH, HD, F, M, Tk = 1, 64, 2, 16, 96, 5, 16
+
+    def refused(message, config=d, inputs=None, **kw):
+        a = inputs or _step_inputs(L, D, NH, HD, F, M, Tk)
+        with pytest.raises(ValueError, match=re.escape(message)):
+            S.expert_step(**a, config=config, **kw)
+        assert not launches, message
+
+    def accepted(config, inputs=None, **kw):
+        S.expert_step(**(inputs or _step_inputs(L, D, NH, HD, F, M, Tk)), config=config, **kw)
+        assert launches, config
+        launches.clear()
+
+    # rows: at most MAX_ROWS of all samples together
+    big = _step_inputs(L, D, NH, HD, F, 64, Tk + 64, B=5)
+    refused(f"the step kernel takes at most {S.MAX_ROWS} suffix rows (batch x rows), got 5 x 64", inputs=big)
+    accepted(d, inputs=_step_inputs(L, D, NH, HD, F, 64, Tk + 64, B=S.MAX_ROWS // 64))
+    a = _step_inputs(L, D, NH, HD, F, M, Tk)
+    a["wo"] = a["wo"].transpose(1, 2).contiguous()  # (L, NH*HD, D): the unfused layout
+    refused(f"expert_step: wo has shape {(L, NH * HD, D)}, expected {(L, D, NH * HD)}", inputs=a)
+    a = _step_inputs(L, D, NH, HD, F, M, Tk)
+    a["wd"] = torch.zeros(L, F, D).transpose(1, 2)
+    refused("expert_step: wd must be contiguous", inputs=a)
+    width = 4 * D + (NH + 2) * HD + 2 * F
+    refused(f"expert_step: mod has shape {(L, width - F)}, expected {(L, width)}", mod=torch.zeros(L, width - F))
+    refused("expert_step: mod must be a contiguous float32 table, got torch.float64",
+            mod=torch.zeros(L, width, dtype=torch.float64))
+    refused("expert_step: mod must be a contiguous float32 table", mod=torch.zeros(L, 2 * width)[:, ::2])
+    a = _step_inputs(L, D, NH, HD, F, M, Tk)
+    a["x"] = torch.zeros(D, M).T
+    refused("expert_step: in_place needs a contiguous x", inputs=a, in_place=True)
+    refused("expert_step: timeline needs a persistent launch on CUDA", persistent=True,
+            timeline=torch.zeros(L, 7, 4, 3, dtype=torch.int64))
+    # the cache: equal strides, token rows 16-byte aligned (base, layer and token strides)
+    a = _step_inputs(L, D, NH, HD, F, M, Tk)
+    a["v_cache"] = torch.zeros(L, Tk, 2 * HD)[..., :HD]
+    refused("expert_step: k_cache and v_cache need the same strides", inputs=a)
+    a = _step_inputs(L, D, NH, HD, F, M, Tk)
+    # layer stride 16 x 17 elements: only the token stride is off
+    a["k_cache"] = a["v_cache"] = torch.zeros(L, Tk, HD + 1)[..., :HD]
+    refused("every token row of k_cache / v_cache must start 16-byte aligned", inputs=a)
+    a = _step_inputs(L, D, NH, HD, F, M, Tk)
+    a["k_cache"] = a["v_cache"] = torch.zeros(4 + L * Tk * HD)[4:].view(L, Tk, HD)  # a base 16 bytes off 32
+    refused("every token row of k_cache / v_cache must start 16-byte aligned", inputs=a)
+    # the config's fields
+    refused("StepKernelConfig: dataflow and fold_merge exclude each other", replace(d, dataflow=True, fold_merge=True))
+    refused(f"StepKernelConfig.att_dsplit=0: expected a divisor of the head dim {HD}", replace(d, att_dsplit=0))
+    refused("StepKernelConfig: att_dsplit > 1 excludes dataflow and fold_merge",
+            replace(d, att_dsplit=2, dataflow=True))
+    refused("StepKernelConfig.att_dsplit=2: expected a divisor of the head dim 24 leaving a power of two",
+            replace(d, att_dsplit=2), inputs=_step_inputs(L, D, NH, 24, F, M, Tk))  # 12 dims a part
+    for own in (-1, 16):
+        refused(f"StepKernelConfig.prefetch_own={own}: expected a bit mask", replace(d, prefetch_own=own))
+    refused("StepKernelConfig.ssq_from_writers=2: expected -1 (fitted), 0 or 1", replace(d, ssq_from_writers=2))
+    refused("StepKernelConfig.poll_depth=0, poll_gap=128: expected a depth of 1 to 4", replace(d, poll_depth=0))
+    refused("StepKernelConfig.poll_depth=1, poll_gap=-1: expected a depth of 1 to 4", replace(d, poll_gap=-1))
+    refused("StepKernelConfig.poll_depth > 1 is thread 0's poll in PTX: it needs barrier_asm and poll_one",
+            replace(d, poll_depth=2, barrier_asm=False))
+    refused("StepKernelConfig: qkv_pairs excludes dataflow and prefetch_own's bit 8",
+            replace(d, qkv_pairs=5, prefetch_own=8))
+    accepted(replace(d, qkv_pairs=d.bn_qkv))  # a whole block of lanes
+    refused(f"StepKernelConfig.ks_gu=3: expected a positive divisor of that matmul's depth {D}", replace(d, ks_gu=3))
+    refused(f"StepKernelConfig.ks_gu={F}: expected a positive divisor of that matmul's depth {D}", replace(d, ks_gu=F))
+    refused(f"StepKernelConfig.ks_o=0: expected a positive divisor of that matmul's depth {NH * HD}",
+            replace(d, ks_o=0))
+
+
+def test_step_kernel_helpers_follow_their_definitions(monkeypatch):
+    """The host-side helpers of the step kernel against what their docstrings define."""
+    from dataclasses import asdict, replace
+
+    from vlaperf.engine.kernels import expert_step as S
+
+    d = S.StepKernelConfig()
+    # one barrier-timeout flag a device, made once (the engine makes it outside any CUDA-graph pool), under one key
+    # whether the device is named with its index or not (the engine's "cuda:1", a reader's "cuda")
+    assert S.error_flag(torch.device("cpu")) is S.error_flag(torch.device("cpu"))
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 1)
+    assert S._device_key("cuda") == S._device_key(torch.device("cuda", 1)) == "cuda:1" and S._device_key("cpu") == "cpu"
+    # sub_rows: 0 where off, where the rows do not split the block into several (or into the 16 rows a product needs
+    # at least), or without one_dot
+    sub = replace(d, sub_m=16)
+    assert [S.sub_rows(sub, b) for b in (64, 32, 16)] == [16, 16, 0]
+    assert S.sub_rows(d, 64) == 0 and S.sub_rows(replace(sub, one_dot=False), 64) == 0
+    assert S.sub_rows(replace(d, sub_m=24), 64) == 0 and S.sub_rows(replace(d, sub_m=8), 64) == 0
+    # fit_config: explicit 0 keeps the per-slot qkv tiles; a task may take a whole block of bn_qkv pairs (pi0's 1280
+    # pairs over 80 programs: 16); the att_dsplit parts count as tasks for the key splits (5 row blocks x 2 parts x 13
+    # splits = 130 of 132); the merge's dims doubled only while its tasks take more than one round (26 row blocks x 4
+    # parts of 64 dims = 104 tasks on 104 programs: one round)
+    assert S.fit_config(replace(d, qkv_pairs=0), 51, 1, 8, 256, 595, 132).qkv_pairs == 0
+    assert S.fit_config(d, 51, 1, 8, 256, 595, 80).qkv_pairs == 16
+    assert S.fit_config(replace(d, att_dsplit=2), 10, 1, 8, 256, 2000, 132).splits == 13
+    assert S.fit_config(d, 51, 1, 8, 256, 595, 104).merge_bd == 64
+    # key_splits: whole att_bn tiles a split, none empty: 600 keys in 32-key tiles asked in 6 run as 5 of 128
+    for Tk, bn, asked in ((600, 32, 6), (595, 64, 5), (100, 64, 10), (64, 64, 3)):
+        n, per = S.key_splits(replace(d, att_bn=bn, splits=asked), Tk)
+        assert per % bn == 0 and (n - 1) * per < Tk <= n * per and n <= asked, (Tk, bn, asked, n, per)
+    assert S.key_splits(replace(d, att_bn=32, splits=6), 600) == (5, 128)
+    # qkv_task_count: bn_qkv pairs of one slot (query heads, k, v) a task, or qkv_pairs pairs of all slots
+    assert S.qkv_task_count(replace(d, qkv_pairs=0), 2, 64) == 4 * 2  # 4 slots x 32 pairs in 16-pair blocks
+    assert S.qkv_task_count(replace(d, qkv_pairs=5), 2, 16) == 7  # 32 pairs in runs of 5, the last short
+    # ssq_constexprs: the writers' statistics for pi0.5 always and pi0 with ssq_from_writers (resolved: -1 is off);
+    # loaded ahead as one block only where both writers' tile counts are powers of two, never with early_mod_loads
+    on = replace(d, ssq_from_writers=1)
+    assert S.ssq_constexprs(on, False, 64) == {"SSQ_IN": True, "SSQ_OUT": True, "STATS_AHEAD": True}
+    assert S.ssq_constexprs(replace(d, ssq_from_writers=0), True, 64) == {"SSQ_IN": True, "SSQ_OUT": False,
+                                                                          "STATS_AHEAD": True}
+    assert not S.ssq_constexprs(on, True, 64)["SSQ_OUT"]  # pi0.5's writers store them anyway
+    assert not any(S.ssq_constexprs(d, False, 64).values())
+    assert not S.ssq_constexprs(replace(on, early_mod_loads=True), False, 64)["STATS_AHEAD"]
+    assert not S.ssq_constexprs(replace(on, bn_o=64, bn_down=32), False, 96)["STATS_AHEAD"]  # 2 and 3 tiles
+    assert not S.ssq_constexprs(replace(on, bn_o=32, bn_down=64), False, 96)["STATS_AHEAD"]  # 3 and 2 tiles
+    # prefetch_phases: each plan's weights at the index of the phase that prefetches them, -1 for the others
+    names = {"o": "PF_O", "gate_up": "PF_GU", "down": "PF_DOWN", "qkv+1": "PF_QKV_NEXT"}
+    for plan, phases in S.PREFETCH_PLANS.items():
+        want = dict.fromkeys(names.values(), -1)
+        want.update({names[w]: S.PHASES.index(ph) for ph, ws in phases.items() for w in ws})
+        assert S.prefetch_phases(plan) == want, plan
+    # row_block: the smallest power of two from 16 that holds the rows; k_depths: the config's depths up to 64
+    # rows, shallower in proportion beyond, never below the 16 a product needs
+    assert [S.row_block(r) for r in (1, 16, 17, 51, 64, 65, 256)] == [16, 16, 32, 64, 64, 128, 256]
+    cfg = replace(d, bk_qkv=16)
+    depths = ("bk_qkv", "bk_o", "bk_gu", "bk_down")
+    assert S.k_depths(cfg, 16) == S.k_depths(cfg, 64) == {k: getattr(cfg, k) for k in depths}
+    assert S.k_depths(cfg, 256) == {"bk_qkv": 16, **{k: getattr(cfg, k) // 4 for k in depths[1:]}}  # a quarter
+    assert S.config_dict(sub) == asdict(sub) and S.config_dict() == asdict(d)
+
+
+def test_step_kernel_modulation_table_is_pi05s_norms_per_layer():
+    """modulation_table against its definition: per layer 1 + scale1, shift1 @ Wqkv^T, gate1, 1 + scale2,
+    shift2 @ Wgu^T, gate2, the gates rounded to the weights' dtype (bf16 here) as the reference multiplies by them."""
+    from vlaperf.engine.kernels.expert_step import modulation_table
+
+    torch.manual_seed(0)
+    steps, L, D, QKV, F2 = 2, 3, 8, 12, 10
+    mods = torch.randn(steps, 6 * L + 2, D)
+    wqkv, wgu = torch.randn(L, QKV, D).bfloat16(), torch.randn(L, F2, D).bfloat16()
+    table = modulation_table(mods, wqkv, wgu)
+    assert table.shape == (steps, L, 4 * D + QKV + F2) and table.dtype == torch.float32
+    for layer in range(L):
+        s1, b1, g1, s2, b2, g2 = mods[:, 6 * layer: 6 * layer + 6].unbind(1)
+        want = torch.cat([1 + s1, b1 @ wqkv[layer].float().T, g1.bfloat16().float(), 1 + s2, b2 @ wgu[layer].float().T,
+                          g2.bfloat16().float()], dim=-1)
+        torch.testing.assert_close(table[:, layer], want, rtol=1e-5, atol=1e-5)
+    gates = table[:, :, D + QKV: 2 * D + QKV]
+    assert not torch.equal(gates, mods[:, 2:6 * L:6])  # the rounding shows: the unrounded gates differ
+
+
+def _asymmetric_timeline():
+    """One layer, all 7 phases: program p (of 3) starts at the slot's start + 0.1 p us and works 1, 2 and 6 us (mean
+    3, median 2); it passes the barrier 0.5 + 0.1 p us after the last arrival; the next phase starts 0.2 us after the
+    last program passed."""
+    ts = torch.zeros(1, 7, 3, 3, dtype=torch.int64)
+    t = 1_000_000
+    for ph in range(7):
+        for p, work in enumerate((1000, 2000, 6000)):
+            ts[0, ph, p, 0] = t + 100 * p
+            ts[0, ph, p, 1] = t + 100 * p + work
+        last = int(ts[0, ph, :, 1].max())
+        ts[0, ph, :, 2] = last + 500 + 100 * torch.arange(3)
+        t = last + 900
+    return ts
+
+
+def test_timeline_summary_takes_medians_the_first_release_and_no_release_for_the_last_phase():
+    """timeline_summary on uneven programs: work is the median program's (not the mean), release the time from the
+    last arrival to the first program past the barrier; the last phase run has no barrier reading (NaN) and the
+    launch ends at its last arrival; (6, 7) summarises the empty phase; a timeline never written summarises as zeros."""
+    import math
+
+    from vlaperf.engine.kernels.expert_step import timeline_summary
+
+    ts = _asymmetric_timeline()
+    s = timeline_summary(ts, (0, 6))
+    qkv, down = s["phases"]["qkv"], s["phases"]["down"]
+    assert (qkv["work_min"], qkv["work_median"], qkv["work_max"]) == pytest.approx((1.0, 2.0, 6.0))
+    assert qkv["release"] == pytest.approx(0.5) and qkv["start_skew"] == pytest.approx(0.2)
+    assert qkv["slot"] == pytest.approx(0.2 + 6.0 + 0.9) and qkv["slot_total_us"] == pytest.approx(7.1)  # one layer
+    assert math.isnan(down["release"]) and down["slot"] == pytest.approx(6.2)  # ends at the last arrival
+    assert s["total_us"] == pytest.approx(5 * 7.1 + 6.2)
+    assert timeline_summary(ts, (6, 7))["phases"].keys() == {"empty"}
+    assert math.isnan(timeline_summary(torch.zeros(1, 7, 3, 3, dtype=torch.int64), (0, 6))["work_share"])
+
+
+def test_step_kernel_l2_model_counts_each_buffer_it_names():
+    """l2_traffic's terms against the buffers they stand for: the attention's partials (every split's output and its
+    running max and sum per folded row, written then read back by the merge), the phases' outputs (q, k and v; the
+    merge's o; h; the residual phases read and write x), gate_up's split-K partials (gate and up per slice, plus a
+    sum of squares per tile), the residual's activation re-reads (one per column tile), and the attention's reads
+    (each task: its rows' q, its split's keys, its part of the values)."""
+    from dataclasses import replace
+
+    from vlaperf.engine.kernels.expert_step import StepKernelConfig, fit_config, key_splits, l2_traffic
+
+    M, NH, HD, D, F, Tk, S = 51, 8, 256, 1024, 4096, 595, 3
+    cfg = StepKernelConfig()
+    t = l2_traffic(cfg, M, NH, HD, D, F, Tk, samples=S)
+    splits = key_splits(fit_config(cfg, M, S, NH, HD, Tk, 132), Tk)[0]
+    rows = S * M
+    assert t["attention"]["partials"] == t["merge"]["partials"] == splits * rows * NH * (HD + 2) * 4
+    assert t["qkv"]["outputs"] == rows * (NH + 2) * HD * 2 and t["merge"]["outputs"] == rows * NH * HD * 2
+    assert t["gate_up"]["outputs"] == rows * F * 2
+    assert t["o_proj"]["outputs"] == t["down"]["outputs"] == 2 * rows * D * 2
+    split_gu = l2_traffic(replace(cfg, ks_gu=2), M, NH, HD, D, F, Tk)["gate_up"]["partials"]
+    assert split_gu == 2 * 2 * M * (2 * F + F // cfg.bn_gu) * 4
+    narrow = l2_traffic(replace(cfg, bn_down=cfg.bn_down // 2), M, NH, HD, D, F, Tk)
+    assert narrow["down"]["activations"] == 2 * l2_traffic(cfg, M, NH, HD, D, F, Tk)["down"]["activations"]
+    for parts in (1, 2):
+        c = fit_config(replace(cfg, att_dsplit=parts, att_bm=32), M, 1, NH, HD, Tk, 132)
+        n = key_splits(c, Tk)[0]
+        tasks = -(-NH * M // 32) * n * parts
+        keys = -(-Tk // n)
+        want = tasks * (32 * HD + keys * HD + keys * HD // parts) * 2
+        assert l2_traffic(c, M, NH, HD, D, F, Tk)["attention"]["activations"] == want, parts
+
+
+def test_small_m_matmul_launch_tiles_and_checks(monkeypatch):
+    """small_m_matmul's launch on the CPU: a row block of 16, 32 or 64 rows (the smallest that holds M), a program
+    per block of columns and K split, the reduce kernel only for a split K, a partials buffer that holds both GEGLU
+    products of every split, float32 as IEEE products unless asked otherwise; refusals name what is wrong."""
+    import vlaperf.engine.kernels.small_m_matmul as K
+
+    launches = _record_launches(monkeypatch, K)
+
+    def run(M, N, Kd, dtype=torch.float32, **kw):
+        launches.clear()
+        K.small_m_matmul(torch.zeros(M, Kd, dtype=dtype), torch.zeros(N, Kd, dtype=dtype), **kw)
+        return launches
+
+    for M, block in ((1, 16), (16, 16), (17, 32), (32, 32), (33, 64), (64, 64)):
+        (name, grid, args, k), = run(M, 100, 64, block_n=32, block_k=64, split_k=1)
+        assert (name, grid, k["BLOCK_M"], k["SPLIT_K"]) == ("_small_m_kernel", (4, 1), block, 1), M
+        assert k["PRECISION"] == "ieee" and args[11] == 0.0  # eps (no norm)
+    with pytest.raises(ValueError, match="small_m_matmul is for at most 64 rows, got 65"):
+        run(65, 100, 64)
+    first, second = run(10, 100, 64, rms_eps=1e-5, split_k=2, block_n=32, block_k=32, w_up=torch.zeros(100, 64))
+    assert (first[0], first[1], second[0], second[1]) == ("_small_m_kernel", (4, 2), "_reduce_kernel", (4,))
+    assert first[2][11] == pytest.approx(1e-5) and first[3]["RMS_NORM"] and first[3]["GEGLU"]
+    assert first[2][6].numel() >= 2 * 2 * 16 * 100  # the partials: split x (gate, up) x rows x N, float32
+    # the measured tiling by default (pick_config), for the GPU's programs
+    (_, grid, _, k), = run(51, 1024, 2048, num_sms=32)
+    auto = K.pick_config(1024, 2048, False, num_sms=32)
+    assert grid == (1024 // auto["block_n"], auto["split_k"]) and k["BLOCK_K"] == auto["block_k"]
+    assert auto != K.pick_config(1024, 2048, False)  # 32 column blocks fill a GPU of 32 programs, not the H200's 132
+    r = torch.zeros(10, 100)
+    (_, _, args, k), = run(10, 100, 64, split_k=1, residual=r)
+    assert args[4] is r and k["RESIDUAL"]
+    (_, _, _, k), = run(10, 100, 64, split_k=1, precision="tf32x3")
+    assert k["PRECISION"] == "tf32x3"
+    (_, _, _, k), = run(10, 100, 64, dtype=torch.bfloat16, split_k=1)
+    assert k["PRECISION"] is None  # bf16 on tensor cores: no option
+    with pytest.raises(ValueError, match="precision='ieee' needs float32 operands"):
+        run(10, 100, 64, dtype=torch.bfloat16, precision="ieee")
+    with pytest.raises(ValueError, match=r"shape mismatch: x \(10, 64\), w \(100, 64\), w_up \(50, 64\)"):
+        run(10, 100, 64, w_up=torch.zeros(50, 64))
+    with pytest.raises(ValueError, match="expected the same dtype"):
+        run(10, 100, 64, w_up=torch.zeros(100, 64, dtype=torch.float64))
+    # a split keeps at least 4 K blocks: K = 512 in 64-deep blocks splits in 2 (4 blocks each), not in 4
+    assert K.pick_config(1024, 512, False)["split_k"] == 2 and K.pick_config(1024, 511, False)["split_k"] == 1
+
+
+def test_suffix_attention_launch_splits_merge_and_layout(monkeypatch):
+    """suffix_attention's and prefix_attention's launches on the CPU: key splits and merge dims for all samples' row
+    blocks, no merge for one split, the token-major output's memory, mask_cols from Tk up to the rows' padding; the
+    prefix's tiles (the caller's win), its splits for all samples, its mask aligned; refusals name what is wrong."""
+    import vlaperf.engine.kernels.suffix_attention as A
+
+    launches = _record_launches(monkeypatch, A)
+    B, N, Tq, h, Tk = 8, 8, 51, 256, 595  # batch 8: 104 row blocks of 32, two key splits
+    q, k = torch.zeros(B, N, Tq, h), torch.zeros(B, 1, Tk, h)
+    mask = torch.ones(B, Tq, Tk, dtype=torch.bool)
+    out = A.suffix_attention(q, k, k, mask, token_major=True)
+    (p, pgrid, pargs, _), (m, mgrid, _, mk) = launches
+    blocks = -(-N * Tq // 32)
+    splits = A.whole_tile_splits(Tk, 32, A.default_splits(Tk, 32, B * blocks))[0]
+    assert (p, pgrid, m) == ("_partial_kernel", (B, blocks, splits), "_merge_kernel") and splits > 1
+    assert mgrid == (B, blocks, h // A.merge_block_d(B * blocks, h)) and mk["BLOCK_D"] == h // mgrid[2]
+    assert out.shape == (B, N, Tq, h) and out.transpose(1, 2).is_contiguous()  # memory (B, Tq, N, h)
+    assert pargs[11] == Tk  # contiguous rows: the mask read up to Tk
+    launches.clear()
+    assert A.suffix_attention(q, k, k, mask, splits=1).is_contiguous()
+    assert [r[0] for r in launches] == ["_partial_kernel"]  # one pass normalises in place: no merge
+    launches.clear()
+    A.suffix_attention(q, k, k, A.aligned_mask(mask), mask_cols=Tk)  # exactly the keys
+    assert launches[0][2][11] == Tk
+    assert A.whole_tile_splits(600, 32, 6) == (5, 128)  # the docstring's example
+    with pytest.raises(ValueError, match="suffix_attention needs one shared K/V head, got 1 key and 2 value heads"):
+        A.suffix_attention(q, k, torch.zeros(B, 2, Tk, h), mask)
+    with pytest.raises(ValueError, match="suffix_attention needs the head dim contiguous"):
+        A.suffix_attention(q, k, torch.zeros(B, 1, h, Tk).transpose(2, 3), mask)
+    with pytest.raises(ValueError, match="block_d=3, expected a power of two dividing the head dim 24"):
+        A.suffix_attention(torch.zeros(1, 2, 3, 24), torch.zeros(1, 1, 20, 24), torch.zeros(1, 1, 20, 24),
+                           torch.ones(1, 3, 20, dtype=torch.bool), splits=2, block_d=3)
+    # the prefix: 2 samples of 8 x 544 rows, 68 blocks of 64 each: splits for 136 blocks (one pass), not 68's three
+    launches.clear()
+    T = 544
+    A.prefix_attention(torch.zeros(2, 8, T, 16), torch.zeros(2, 1, T, 16), torch.zeros(2, 1, T, 16),
+                       torch.ones(2, T, T, dtype=torch.bool))
+    assert [r[0] for r in launches] == ["_partial_kernel"]
+    assert launches[0][1] == (2, 68, A.prefix_splits(136)) == (2, 68, 1)
+    launches.clear()
+    A.prefix_attention(torch.zeros(1, 2, 20, 16), torch.zeros(1, 1, 20, 16), torch.zeros(1, 1, 20, 16),
+                       torch.ones(1, 20, 20, dtype=torch.bool), block_m=32, splits=1)
+    (_, grid, args, kw), = launches
+    assert grid == (1, 2, 1) and kw["BLOCK_M"] == 32  # the caller's tiles
+    assert args[3].dtype == torch.uint8 and args[3].stride(1) == 32  # rows padded to 32 bytes
+
+
+def test_merge_dims_and_mask_padding_at_their_boundaries():
+    """merge_block_d halves while fewer than MERGE_PROGRAMS programs run and a half keeps MIN_MERGE_DIMS dims;
+    aligned_mask pads rows to the next multiple of 16 (none for a multiple) and copies any mask whose rows or
+    samples do not start 16-byte aligned or whose keys are not contiguous; readable_mask_cols assumes no padding
+    for such keys."""
+    from vlaperf.engine.kernels.suffix_attention import MERGE_PROGRAMS, aligned_mask, merge_block_d, readable_mask_cols
+
+    assert merge_block_d(66, 256) == 64 and 66 * 4 == MERGE_PROGRAMS  # 264 programs: not fewer, no more halving
+    assert merge_block_d(1, 64) == 32  # the half keeps 32 dims
+    mask = torch.rand(2, 5, 32) > 0.5
+    assert aligned_mask(mask).stride() == (5 * 32, 32, 1)  # 32 keys: no padding
+    odd_samples = torch.zeros(2, 5 * 32 + 8, dtype=torch.uint8)[:, :160].view(2, 5, 32)  # sample stride 168
+    assert aligned_mask(odd_samples) is not odd_samples and aligned_mask(odd_samples).stride(0) % 16 == 0
+    strided = torch.zeros(1, 2, 32, dtype=torch.uint8)[..., ::2]  # (1, 2, 16), key stride 2
+    assert aligned_mask(strided).stride(2) == 1 and torch.equal(aligned_mask(strided), strided)
+    wide = torch.zeros(2, 5, 64, dtype=torch.uint8)
+    assert readable_mask_cols(wide[..., ::2]) == 32  # keys 2 bytes apart: no padding past them
+
+
+def test_custom_op_fakes_match_what_the_launchers_return(monkeypatch):
+    """The custom ops' fake implementations (what torch.compile plans the graph with) give each output the shape and
+    memory layout the launcher's own output has: token-major for step_attention and prefix_attention, no query rows
+    for rope_qkv without write_q, (M, N) for small_m_matmul; and the ops hand their launchers unit-stride rows (a
+    transposed residual included: the kernel indexes its columns densely)."""
+    from torch._subclasses.fake_tensor import FakeTensorMode
+
+    import vlaperf.engine.kernels.rope_qkv as R
+    import vlaperf.engine.kernels.small_m_matmul as K
+    import vlaperf.engine.kernels.suffix_attention as A
+    from vlaperf.engine.kernels import ops  # the custom ops, as torch.ops.vlaperf has them
+
+    launched = {m.__name__: _record_launches(monkeypatch, m) for m in (A, K, R)}
+    q, k = torch.zeros(2, 4, 5, 16), torch.zeros(2, 1, 5, 16)
+    mask = torch.ones(2, 5, 5, dtype=torch.bool)
+    qkv, cos = torch.zeros(2, 5, (4 + 2) * 16), torch.zeros(2, 5, 16)
+    kc, vc = torch.zeros(1, 2, 1, 8, 16), torch.zeros(1, 2, 1, 8, 16)
+    x, w = torch.zeros(3, 24), torch.zeros(40, 24)
+    calls = [(ops.suffix_attention, (q, k, k, mask)), (ops.step_attention, (q, k, k, mask)),
+             (ops.prefix_attention, (q, k, k, mask)), (ops.small_m_matmul, (x, w)),
+             (ops.rope_qkv, (qkv, cos, cos, kc, vc, 0, 0, 4, 1, False)),
+             (ops.rope_qkv, (qkv, cos, cos, kc, vc, 0, 0, 4, 1, True))]
+    for op, args in calls:
+        real = op(*args)
+        with FakeTensorMode(allow_non_fake_inputs=True) as mode:
+            fake = op(*(mode.from_tensor(a) if isinstance(a, torch.Tensor) else a for a in args))
+        for r, f in zip(*((t,) if isinstance(t, torch.Tensor) else t for t in (real, fake))):
+            assert (f.shape, f.stride()) == (r.shape, r.stride()), op
+    assert ops.rope_qkv(*calls[4][1])[0].shape == (2, 0, 5, 16)
+    assert ops.step_attention(q, k, k, mask).transpose(1, 2).is_contiguous()  # memory (B, Tq, N, h)
+    # unit-stride rows for the launchers: q with its head dim strided, a transposed residual
+    ops.suffix_attention(torch.zeros(2, 4, 16, 5).transpose(2, 3), k, k, mask)
+    assert launched[A.__name__][-1][2][0].stride(-1) == 1
+    residual = torch.randn(40, 3).T
+    ops.small_m_matmul(x, w, residual=residual)
+    res = launched[K.__name__][-1][2][4]
+    assert res.stride(-1) == 1 and torch.equal(res, residual)
+
+
+def test_custom_op_expert_step_updates_x_in_place_and_names_megakernel_when_it_does_not_fit(monkeypatch):
+    """torch.ops.vlaperf.expert_step declares x mutated and returns nothing: the kernel must update the caller's x
+    itself (a copy's update would be lost). A kernel too big for the GPU names the `megakernel` lever, the one to
+    turn off."""
+    from vlaperf.engine.kernels import expert_step as S
+    from vlaperf.engine.kernels.ops import expert_step
+    from vlaperf.engine.levers import LeverError
+
+    launches = _record_launches(monkeypatch, S, add_to_x=True)
+    a = _step_inputs(L=2)
+    x = a.pop("x")
+    expert_step(x, *a.values())
+    steps = sum(r[0] == "_expert_step_kernel" for r in launches)
+    assert steps == 2 * 6 and torch.equal(x, torch.full_like(x, steps))
+
+    class OutOfResources(Exception):  # the name Triton's exception has
+        pass
+
+    def too_big(*args, **kwargs):
+        raise OutOfResources("out of resource: shared memory")
+
+    monkeypatch.setattr(S, "expert_step", too_big)
+    with pytest.raises(LeverError, match="megakernel: the expert_step kernel does not fit"):
+        expert_step(x, *a.values())
+
+
+def test_launch_gives_pdl_from_compute_capability_9_and_only_with_a_triton_that_has_it(monkeypatch):
+    """`_device_has_pdl` is compute capability 9 or newer (Hopper); a Triton without `gdc_wait` (before 3.3) gets
+    no PDL even for a listed kernel on such a GPU."""
+    from vlaperf.engine.kernels import launch as L
+
+    for major, want in ((8, False), (9, True), (10, True)):
+        monkeypatch.setattr(torch.cuda, "get_device_capability", lambda index, m=major: (m, 0))
+        assert L._device_has_pdl.__wrapped__(0) is want, major
+    kernel = type("Kernel", (), {"__name__": "_small_m_kernel", "arg_names": ["x_ptr", "USE_PDL"]})()
+    monkeypatch.setattr(L, "PDL_KERNELS", frozenset({"_small_m_kernel"}))
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
+    monkeypatch.setattr(L, "_device_has_pdl", lambda index: True)
+    monkeypatch.delenv("TRITON_INTERPRET", raising=False)
+    assert L.pdl_here(kernel)
+    monkeypatch.delattr(L.tl.extra.cuda, "gdc_wait")
+    assert not L.pdl_here(kernel)
+
+
+def test_compile_worker_rebuilds_every_width_of_tensor_and_reads_whole_messages():
+    """rebuild_args keeps 8-byte dtypes unaligned where they were (one element off is 8 bytes, never 16) and passes a
+    tuple that is no tensor description through; _receive returns what _send wrote and reports a pipe closed before
+    a whole length header as EOFError (the worker's signal to exit)."""
+    import io
+
+    from vlaperf.engine.kernels.compile_worker import _receive, _send, describe_args, rebuild_args
+
+    described = [("tensor", "int64", False), ("tensor", "float64", False), ("tensor", "int64", True), (1, 2, 3)]
+    assert describe_args(rebuild_args(described, "cpu")) == described
+    buf = io.BytesIO()
+    _send(buf, ("ok", 1.5))
+    buf.seek(0)
+    assert _receive(buf) == ("ok", 1.5)
+    for cut in (b"", b"\x01\x00\x00"):
+        with pytest.raises(EOFError, match="compile worker closed its pipe"):
+            _receive(io.BytesIO(cut))
+
+
+def test_cublaslt_choice_is_the_first_algorithm_without_workspace_once_per_shape_and_device(monkeypatch):
+    """_choose (no GPU needed with a stand-in LtLinear): the heuristic's first algorithm that needs no workspace,
+    asked once per (shape, device) and then cached; a cuBLASLt error means no choice (F.linear serves), cached too.
+    _loaded_path reads the library's path off the process's memory map."""
+    import contextlib
+    import io
+
+    from vlaperf.engine.kernels import cublaslt as C
+
+    made = []
+
+    class FakeLt:
+        def __init__(self, M, K, N):
+            made.append((M, K, N))
+            if K == 13:
+                raise C.CublasLtError("cuBLASLt MatrixLayoutCreate returned status 7")
+
+        def heuristics(self, bias):
+            return [type("Heuristic", (), {"workspace_size": ws, "rank": i})() for i, ws in enumerate((4096, 0, 0))]
+
+    monkeypatch.setattr(C, "LtLinear", FakeLt)
+    monkeypatch.setattr(C, "_chosen", {})
+    monkeypatch.setattr(torch.cuda, "device", lambda device: contextlib.nullcontext())
+    gpu0, gpu1 = torch.device("cuda", 0), torch.device("cuda", 1)
+    _, h = C._choose(8, 16, 32, gpu0, None)
+    assert h.rank == 1 and C._choose(8, 16, 32, gpu0, None)[1] is h and made == [(8, 16, 32)]
+    C._choose(8, 16, 32, gpu1, None)
+    assert made == [(8, 16, 32)] * 2  # another GPU asks its own heuristic
+    assert C._choose(8, 13, 32, gpu0, None) is None and C._choose(8, 13, 32, gpu0, None) is None
+    assert made.count((8, 13, 32)) == 1
+    maps = "7f00-7f10 r-xp 00000000 08:01 42 /opt/cuda/lib64/libcublasLt.so.12\n"
+    monkeypatch.setattr(C, "open", lambda path: io.StringIO(maps), raising=False)
+    assert C._loaded_path() == "/opt/cuda/lib64/libcublasLt.so.12"

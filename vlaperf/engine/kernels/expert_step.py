@@ -284,8 +284,8 @@ def fit_config(cfg: StepKernelConfig, rows: int, samples: int, NH: int, HD: int,
         pairs = pairs if pairs <= cfg.bn_qkv and not cfg.dataflow and not cfg.prefetch_own & 8 else 0
     row_blocks = samples * triton.cdiv(NH * rows, cfg.att_bm)
     splits = cfg.splits
-    if splits <= 0:
-        splits = min(max(MIN_SPLITS, programs // (row_blocks * cfg.att_dsplit)), triton.cdiv(Tk, cfg.att_bn))
+    if splits <= 0:  # (att_dsplit < 1 is expert_step's to refuse by name, not a division by zero here)
+        splits = min(max(MIN_SPLITS, programs // (row_blocks * max(1, cfg.att_dsplit))), triton.cdiv(Tk, cfg.att_bn))
     merge_bd = cfg.merge_bd
     if merge_bd <= 0:
         merge_bd = min(32, HD)

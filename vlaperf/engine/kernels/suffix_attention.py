@@ -208,7 +208,7 @@ def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
     B, N, Tq, h = q.shape
     Tk = k.shape[2]
     if k.shape[1] != 1 or v.shape[1] != 1:
-        raise ValueError(f"suffix_attention needs one shared K/V head, got {k.shape[1]}")
+        raise ValueError(f"suffix_attention needs one shared K/V head, got {k.shape[1]} key and {v.shape[1]} value heads")
     if q.stride(-1) != 1 or k.stride(-1) != 1 or v.stride(-1) != 1:
         raise ValueError("suffix_attention needs the head dim contiguous")
     rows = N * Tq
