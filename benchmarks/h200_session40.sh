@@ -27,6 +27,7 @@
 #   PART=d   the whole suite on the GPU machine at the session's last code (the new GPU tests among the others of
 #            the suite's third step, 14 processes side by side; this session's audits' tests): gpu_suite, carry
 #            [".whl"]. Prediction: all pass (session 39's 1256 plus this session's new tests).
+#            Not run in session 40: the device pool was paused before it (prepared for the next session).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session40.sh
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
