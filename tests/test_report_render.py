@@ -597,6 +597,7 @@ def test_environment_lists_shared_keys_once_and_who_differs(tiny_results, tmp_pa
     assert "| torch_threads | 2 | 3 | 1-3 |" in env and "| torch_threads | 4 | 1 | 4 |" in env
     assert "| env_vars.CUDA_VISIBLE_DEVICES | 0 | 2 | 2-3 |" in env
     assert "| env_vars.CUDA_VISIBLE_DEVICES | (absent) | 2 | 1, 4 |" in env
+    assert "| env_vars |" not in env  # the empty objects are those (absent) rows, not a row of their own
 
 
 def test_breakdown_syncs_and_output_details(tiny_results, tmp_path, figures):
@@ -1054,3 +1055,516 @@ def test_write_and_read_result_refuse_invalid_results_and_unwritable_names_a_fol
         read_result(tmp_path / "bad.json")
     assert unwritable(tmp_path) == f"{str(tmp_path)!r} is a folder"
     assert unwritable(tmp_path / "x" / "y.json") is None
+
+
+# ----------------------------------------------------------------- second mutation round: HTML, plots, rare kinds
+
+
+def _head(tiny_results, command: str, **fields) -> dict:
+    """A result of `command` with bench.json's schema, workload, variant, mode and environment, plus `fields`."""
+    r = json.loads((tiny_results / "bench.json").read_text())
+    return {**{k: r[k] for k in ("schema", "workload", "variant", "mode", "env")}, "command": command, **fields}
+
+
+def _write(path: Path, r: dict) -> Path:
+    path.write_text(json.dumps(r))
+    return path
+
+
+def _md_rows(md: str, first: str) -> list[list[str]]:
+    """The cells of the markdown table rows that start with the cell `first`."""
+    return [[c.strip() for c in line.strip().strip("|").split(" | ")] for line in md.splitlines()
+            if line.startswith(f"| {first} |")]
+
+
+class _Tags:
+    """An HTML report parsed: start and end tags with their attributes and the text of each element."""
+
+    def __init__(self, text: str):
+        from html.parser import HTMLParser
+
+        self.starts, self.ends, self.texts = [], [], []  # texts: (tag, attrs, text of the innermost element)
+        stack = []
+        tags = self
+
+        class Parser(HTMLParser):
+            def handle_starttag(self, tag, attrs):
+                tags.starts.append((tag, dict(attrs)))
+                if tag not in ("meta", "img"):
+                    stack.append([tag, dict(attrs), ""])
+
+            def handle_endtag(self, tag):
+                tags.ends.append(tag)
+                if stack and stack[-1][0] == tag:
+                    tags.texts.append(tuple(stack.pop()))
+
+            def handle_data(self, data):
+                if stack:
+                    stack[-1][2] += data
+
+        Parser().feed(text)
+
+    def text(self, tag: str) -> list[str]:
+        return [t for g, _, t in self.texts if g == tag]
+
+
+def test_html_shows_strings_from_result_files_as_typed_and_opens_only_its_own_tags(tiny_results, tmp_path):
+    """A workload id, a variant label, a file name, an environment value, a probe's names and the title come from
+    users: in the HTML report each shows as typed, as text or inside a quoted attribute, and the only elements are
+    the report's own (a label `<img onerror=...>` would otherwise run). The skipped file's line is a warning."""
+    hostile = "o'w<b>1</b>&"
+    r = _head(tiny_results, "bench", **{k: v for k, v in json.loads((tiny_results / "bench.json").read_text()).items()
+                                        if k in ("timers", "samples", "first_call_s")})
+    r["workload"]["id"] = hostile
+    r["variant"]["label"] = "<i>v</i>"
+    r["env"]["env_vars"] = {"X": "<u>v</u>"}
+    bench = _write(tmp_path / "bench.json", r)
+    probe = _write(tmp_path / "probe.json", _head(
+        tiny_results, "prompt-len-probe", rounds=3, valid_prompt_tokens=6, ratio_to="prompt_<i>32</i>",
+        median_ms={"prompt_16": 1.0, "prompt_<i>32</i>": 2.0}, prefix_rows={"prompt_16": 64, "prompt_<i>32</i>": 80},
+        speedup_vs_base={"prompt_16": 2.0, "prompt_<i>32</i>": 1.0}, equivalence={}))
+    bad = tmp_path / "bad<s>.json"
+    bad.write_text("[1]")
+    title = "<script>alert('t')</script>"
+    text = render([bench, probe, bad], tmp_path / "r.html", title=title).read_text()
+    assert text.startswith("<!DOCTYPE html>") and text.rstrip().endswith("</body></html>")
+    tags = _Tags(text)
+    own = {"html", "head", "meta", "title", "style", "body", "h1", "h2", "h3", "p", "table", "thead", "tbody", "tr", "th",
+           "td", "img"}
+    assert {t for t, _ in tags.starts} <= own, {t for t, _ in tags.starts} - own
+    for tag in own - {"meta", "img"}:  # every element closed
+        assert [t for t, _ in tags.starts].count(tag) == tags.ends.count(tag), tag
+    assert tags.text("title") == [title] and tags.text("h1") == [title]
+    key = f"{hostile} on cpu"
+    assert f"bench: {key}" in tags.text("h3")
+    assert hostile in tags.text("td") and "<i>v</i>" in tags.text("td") and "<u>v</u>" in tags.text("td")
+    assert "vs prompt_<i>32</i>" in tags.text("th") and "<i>32</i>" in tags.text("td")
+    images = [a for t, a in tags.starts if t == "img"]
+    assert {a["alt"] for a in images} >= {f"latency histograms {key}", f"latency CDF {key}"}
+    assert all(set(a) == {"alt", "src"} and base64.b64decode(a["src"].split(",", 1)[1]).startswith(PNG)
+               and a["src"].startswith("data:image/png;base64,") for a in images)
+    warnings = [t for g, a, t in tags.texts if g == "p" and a.get("class") == "warn"]
+    assert len(warnings) == 1 and warnings[0].startswith(f"skipped {bad}: ") and warnings[0].endswith("expected a JSON object, got array")
+    notes = [t for g, a, t in tags.texts if g == "p" and a.get("class") == "note"]
+    assert notes[0].startswith("generated ") and notes[0].endswith("from 2 result file(s); 1 skipped (listed below)")
+
+
+def test_markdown_numbers_its_figures_and_keeps_notes_apart_from_warnings(tiny_results, tmp_path):
+    """Figures are fig01.png, fig02.png, ... in "<name>_files/", linked in order with their alt text (brackets made
+    round so that the link stays a link); notes are in italics, warnings and table rows are not."""
+    r = json.loads((tiny_results / "bench.json").read_text())
+    r["workload"]["id"] = "w[1]"
+    bench = _write(tmp_path / "bench.json", r)
+    bad = tmp_path / "bad.json"
+    bad.write_text("[1]")
+    md = render([bench, tiny_results / "bd.json", bad], tmp_path / "r.md").read_text()
+    links = re.findall(r"^!\[([^\]]*)\]\(([^)]+)\)$", md, re.M)
+    assert [link for _, link in links] == [f"r_files/fig{i:02d}.png" for i in range(1, len(links) + 1)]
+    assert sorted(p.name for p in (tmp_path / "r_files").iterdir()) == [f"fig{i:02d}.png" for i in range(1, len(links) + 1)]
+    assert [alt for alt, _ in links] == ["latency histograms w(1) on cpu", "latency CDF w(1) on cpu", "stage breakdown"]
+    assert re.search(r"^_generated \S+ from 2 result file\(s\); 1 skipped \(listed below\)_$", md, re.M)
+    assert re.search(rf"^skipped {re.escape(str(bad))}: .*expected a JSON object, got array$", md, re.M)
+    header = next(line for line in md.splitlines() if line.startswith("| # | file |"))
+    assert md.split(header + "\n", 1)[1].splitlines()[0] == "|" + "|".join(["---"] * 9) + "|"
+
+
+def _loadgen(tiny_results, backend: dict, passed: bool, phases) -> dict:
+    def phase(clients, rps, p50, timed_out=False):
+        return {"clients": clients, "expected": 10, "ok": 9, "lost": 1, "misrouted": 2, "timed_out": timed_out,
+                "unsent": 3 if timed_out else 0, "requests_per_s": rps,
+                "round_trip_ms": {"median": p50, "p95": 2 * p50, "p99": 3 * p50}, "server_infer_ms": {"median": p50 / 2},
+                "batch_size": {"mean": 1.5, "max": 4.0}}
+
+    return _head(tiny_results, "loadgen", mode="serve",
+                 server={**backend, "levers_label": "for_loop", "max_batch": 4, "max_wait_ms": 5.0},
+                 loadgen={"observations": "synthetic", "passed": passed, "phases": [phase(*p) for p in phases]})
+
+
+def _compare(tiny_results, reduced: bool) -> dict:
+    def eq(passed):
+        return {"max_abs": 0.01, "rel_l2": 0.002, "worst_dim": 3, "tolerance": 0.03, "passed": passed}
+
+    return _head(tiny_results, "compare", compare={
+        "against": "lerobot", "lerobot_version": "0.6.1", "dtype": "float32", "reduced": reduced,
+        "as_shipped": ["lerobot as shipped: its own note"], "equivalence": {"reference": eq(True), "best": eq(False)}},
+        timing={"summary": {"lerobot": {"wall_ms_median": 30.0, "speedup_vs_lerobot_wall": 1.0},
+                            "vlaperf reference": {"wall_ms_median": 20.0, "speedup_vs_lerobot_wall": 1.5},
+                            "vlaperf best": {"wall_ms_median": 10.0, "speedup_vs_lerobot_wall": 3.0}}})
+
+
+def test_sections_come_in_report_order_and_skips_reach_the_caller(tiny_results, tmp_path):
+    """Summary, file table, a section per command in SECTIONS' order whatever the order of the files, a section for
+    a command without a renderer, the environment last; the title; on_skip hears every skipped file."""
+    from vlaperf.report.render import SECTIONS
+
+    files = [_write(tmp_path / "lg.json", _loadgen(tiny_results, {}, True, [(1, 50.0, 20.0)])),
+             _write(tmp_path / "cmp.json", _compare(tiny_results, True)),
+             _write(tmp_path / "odd.json", _head(tiny_results, "foo", extra=1)),
+             *[tiny_results / n for n in ("doc.json", "sy.json", "sc.json", "bd.json", "matrix.json", "bench.json")]]
+    bad = tmp_path / "bad.json"
+    bad.write_text("{")
+    heard = []
+    md = render([*files, bad], tmp_path / "r.md", title="my title", on_skip=heard.append, jobs=1).read_text()
+    assert md.startswith("# my title\n")
+    heads = re.findall(r"^## (.*)$", md, re.M)
+    names = dict(SECTIONS)
+    assert heads == ["Summary", "Files", names["bench"], names["matrix"], names["breakdown"], names["scaling"],
+                     names["syncs"], names["doctor"], names["loadgen"], names["compare"], "Other results (foo)", "Environment"]
+    assert f"_{tmp_path / 'odd.json'}: command 'foo' has no renderer; keys: command, env, extra, mode, schema, variant, workload_" in md
+    assert len(heard) == 1 and heard[0].startswith(f"{bad}: not valid JSON: ") and f"\nskipped {heard[0]}\n" in md
+    # the file table: number, name, command, workload, variant, mode, device, GPU state, timestamp
+    r = json.loads((tiny_results / "bench.json").read_text())
+    row = next(row for row in _md_rows(md, "9") if row[1] == "bench.json")
+    assert row == ["9", "bench.json", "bench", "tiny", "reference", "model", "cpu", "-", r["env"]["timestamp"]]
+
+
+def test_loadgen_tables_and_figure_per_server_run(tiny_results, tmp_path, figures):
+    """Each server run: a heading naming its backend (two replicas on one GPU are on 1 GPU), passed or FAILED, a row
+    per client count (lost + misrouted, the unsent at a time limit); one figure: requests/s and the round trip's
+    median against the clients, a line per run, on a log-2 axis with the counts as ticks."""
+    ray = _loadgen(tiny_results, {"backend": "ray-serve", "replicas": 2,
+                                  "replica_devices": [{"gpu_uuid": "GPU-a"}, {"gpu_uuid": "GPU-a"}]}, False,
+                   [(1, 50.0, 20.0), (4, 120.0, 33.0, True)])
+    one = _loadgen(tiny_results, {}, True, [(1, 40.0, 25.0), (2, 70.0, 28.0)])
+    md = render([_write(tmp_path / "lg_ray.json", ray), _write(tmp_path / "lg_one.json", one)], tmp_path / "r.md").read_text()
+    assert "### loadgen: tiny, Ray Serve, 2 replica(s) on 1 GPU(s) (lg_ray), levers for_loop on cpu" in md
+    assert "### loadgen: tiny, in-process engine (lg_one), levers for_loop on cpu" in md
+    assert "(lg_ray), levers for_loop on cpu\n\n_max batch 4, max wait 5.0 ms; synthetic; FAILED_" in md
+    assert "(lg_one), levers for_loop on cpu\n\n_max batch 4, max wait 5.0 ms; synthetic; passed_" in md
+    assert ["4", "9 / 10 (time limit: 3 unsent)", "3", "120.0", "33.000", "66.000", "99.000", "16.500", "1.500"] in _md_rows(md, "4")
+    assert ["1", "9 / 10", "3", "50.000", "20.000", "40.000", "60.000", "10.000", "1.500"] in _md_rows(md, "1")
+    (fig,) = [f for a, f in figures if a == "server throughput and latency against clients"]
+    rps, rt = fig.axes[:2]
+    assert [(list(line.get_xdata()), list(line.get_ydata())) for line in rps.lines] == [([1, 4], [50.0, 120.0]),
+                                                                                     ([1, 2], [40.0, 70.0])]
+    assert [list(line.get_ydata()) for line in rt.lines] == [[20.0, 33.0], [25.0, 28.0]]
+    for ax, ylabel in ((rps, "requests / s"), (rt, "round trip p50 ms")):
+        assert ax.get_xscale() == "log" and ax.xaxis.get_transform().base == 2 and list(ax.get_xticks()) == [1, 2, 4]
+        assert ax.get_ylabel() == ylabel and ax.get_xlabel() == "closed-loop clients"
+    assert [t.get_text() for t in fig.legends[0].get_texts()] == [
+        "Ray Serve, 2 replica(s) on 1 GPU(s) (lg_ray)", "in-process engine (lg_one)"]
+
+
+def test_compare_tables_and_bars_name_each_side(tiny_results, tmp_path, figures):
+    """A compare file: its heading says reduced or full size, each equivalence passed yes/NO, the peer's notes; bars
+    in the summary's order from the top, vlaperf's blue and the peer's grey."""
+    from matplotlib.colors import to_rgba
+
+    files = [_write(tmp_path / "cmp_r.json", _compare(tiny_results, True)),
+             _write(tmp_path / "cmp_f.json", _compare(tiny_results, False))]
+    md = render(files, tmp_path / "r.md").read_text()
+    assert re.findall(r"^### compare: .*$", md, re.M) == ["### compare: tiny vs lerobot 0.6.1 (float32, reduced, cpu)",
+                                                         "### compare: tiny vs lerobot 0.6.1 (float32, full size, cpu)"]
+    assert "_lerobot as shipped: its own note_" in md
+    assert _md_rows(md, "reference")[0] == ["reference", _cell(0.01), _cell(0.002), "3", _cell(0.03), "yes"]
+    assert _md_rows(md, "best")[0][-1] == "NO"
+    assert _md_rows(md, "vlaperf best")[0] == ["vlaperf best", "10.000", "-", "3.000", "-"]
+    fig = [f for a, f in figures if a == "comparison with the peer"][0]
+    ax = fig.axes[0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["vlaperf best", "vlaperf reference", "lerobot"]
+    assert [p.get_width() for p in ax.patches] == [10.0, 20.0, 30.0]
+    assert [p.get_facecolor() for p in ax.patches] == [to_rgba("#1f77b4"), to_rgba("#1f77b4"), to_rgba("#7f7f7f")]
+
+
+def test_bench_table_rows_are_the_files_summaries(tiny_results, tmp_path):
+    """A bench row: file, variant [mode], timer, then the timer's summary in the header's order and the file's first
+    call; a file without raw samples keeps its row and draws no figure; groups by workload and device."""
+    r = json.loads((tiny_results / "bench.json").read_text())
+    r["first_call_s"], r["warmup_s"] = 1.25, 7.5
+    a = _write(tmp_path / "a.json", r)
+    r2 = json.loads(json.dumps(r))
+    r2["samples"]["wall_ms"] = None
+    r2["env"]["gpu"] = "NVIDIA H200"
+    b = _write(tmp_path / "b.json", r2)
+    md = render([a, b], tmp_path / "r.md").read_text()
+    s = r["timers"]["wall_ms"]
+    (row,) = _md_rows(md, "a")
+    assert row[:12] == ["a", "reference [model]", "wall_ms"] + [_cell(float(s[k])) for k in (
+        "median", "p90", "p95", "p99", "min", "max", "mean")] + [str(s["count"]), "1.250"]
+    assert _md_rows(md, "b")[0][:3] == ["b", "reference [model]", "wall_ms"] and "skipped" not in md
+    assert re.findall(r"^### bench: .*$", md, re.M) == ["### bench: tiny on cpu", "### bench: tiny on NVIDIA H200"]
+    assert re.findall(r"^!\[(latency [^\]]*)\]", md, re.M) == ["latency histograms tiny on cpu", "latency CDF tiny on cpu"]
+
+
+def test_histograms_bins_panels_and_images(tiny_results, tmp_path, figures, monkeypatch):
+    """min(40, max(8, samples // 3)) bins a panel; one panel a file, as many columns as files up to HIST_COLS, the
+    panels titled with file, variant [mode] and median; past HIST_PANELS files a further image that says which
+    panels it holds and keeps counting the colours."""
+    from matplotlib.colors import to_rgba
+
+    from vlaperf.report import render as mod
+
+    monkeypatch.setattr(mod, "HIST_PANELS", 2)
+    base = json.loads((tiny_results / "bench.json").read_text())
+    files = []
+    for name, n in (("n5", 5), ("n60", 60), ("n150", 150)):
+        c = json.loads(json.dumps(base))
+        c["samples"]["wall_ms"] = [1.0 + k / n for k in range(n)]
+        files.append(_write(tmp_path / f"{name}.json", c))
+    render(files[:2], tmp_path / "two.md")
+    (fig,) = [f for a, f in figures if a.startswith("latency histograms")]
+    assert [a for a, _ in figures if a.startswith("latency histograms")] == ["latency histograms tiny on cpu"]
+    assert fig.get_size_inches()[0] == pytest.approx(3.7 * 2 + 0.3) and len(fig.axes) == 2
+    assert [len(ax.patches) for ax in fig.axes] == [8, 20]
+    assert fig.axes[0].get_title().split("\n")[1] == "reference [model]"
+    assert all(ax.get_xlabel() == "wall ms per call" for ax in fig.axes)
+    figures.clear()
+    render(files, tmp_path / "three.md")
+    hists = [(a, f) for a, f in figures if a.startswith("latency histograms")]
+    assert [a for a, _ in hists] == ["latency histograms tiny on cpu (panels 1-2 of 3)",
+                                     "latency histograms tiny on cpu (panels 3-3 of 3)"]
+    third = hists[1][1].axes[0]
+    assert len(third.patches) == 40 and third.patches[0].get_facecolor() == to_rgba(mod._COLORS[2], 0.85)
+
+
+def test_bench_cdf_lines_are_each_files_sorted_samples(tiny_results, tmp_path, figures):
+    """The CDF: per file its sorted wall-clock samples at (k+1)/n, solid, and its CUDA-event samples dotted, fastest
+    file first; only the wall-clock lines in the legend ("file, median"); a log axis labelled in plain ms once the
+    samples span more than 4x, a linear one below that."""
+    base = json.loads((tiny_results / "bench.json").read_text())
+    fast, slow = json.loads(json.dumps(base)), json.loads(json.dumps(base))
+    fast["samples"] = {"wall_ms": [3.0, 1.0, 2.0, 4.0], "cuda_event_ms": [2.5, 1.25, 1.5, 3.5]}
+    fast["timers"]["wall_ms"]["median"] = 2.5
+    fast["timers"]["cuda_event_ms"] = dict(fast["timers"]["wall_ms"])
+    slow["samples"] = {"wall_ms": [30.0, 10.0, 20.0], "cuda_event_ms": None}
+    slow["timers"]["wall_ms"]["median"] = 20.0
+    files = [_write(tmp_path / "slow.json", slow), _write(tmp_path / "fast.json", fast)]
+    render(files, tmp_path / "r.md")
+    (fig,) = [f for a, f in figures if a == "latency CDF tiny on cpu"]
+    ax = fig.axes[0]
+    lines = [(list(ln.get_xdata()), list(ln.get_ydata()), ln.get_linestyle()) for ln in ax.lines]
+    assert lines == [([1.0, 2.0, 3.0, 4.0], [0.25, 0.5, 0.75, 1.0], "-"), ([1.25, 1.5, 2.5, 3.5], [0.25, 0.5, 0.75, 1.0], ":"),
+                     ([10.0, 20.0, 30.0], [1 / 3, 2 / 3, 1.0], "-")]
+    legend = ax.get_legend()
+    assert [t.get_text() for t in legend.get_texts()] == ["fast, 2.500 ms", "slow, 20.000 ms"]
+    assert legend.get_title().get_text() == "file, median"
+    assert ax.get_xlabel() == "ms per call" and ax.get_ylabel() == "fraction of calls"
+    assert ax.get_xscale() == "log"  # 1 .. 30 ms
+    major, minor = ax.xaxis.get_major_formatter(), ax.xaxis.get_minor_formatter()
+    assert major(10.0, 0) == "10" and [minor(v, 0) for v in (20.0, 30.0, 50.0, 0.2)] == ["20", "", "50", "0.2"]
+    figures.clear()
+    render(files[:1], tmp_path / "one.md")  # 10 .. 30 ms: 3x
+    (fig,) = [f for a, f in figures if a.startswith("latency CDF")]
+    assert fig.axes[0].get_xscale() == "linear"
+
+
+def test_many_files_cdf_colours_by_median_rank(tiny_results, tmp_path, figures, monkeypatch):
+    """Past CDF_LEGEND files the line colour is the file's median rank (fastest darkest), whatever their order."""
+    from matplotlib import colormaps
+    from matplotlib.colors import to_rgba
+
+    from vlaperf.report import render as mod
+
+    monkeypatch.setattr(mod, "CDF_LEGEND", 2)
+    files = _bench_copies(tiny_results, tmp_path, 3)  # bench_run00 fastest
+    render(files[::-1], tmp_path / "r.md")
+    (fig,) = [f for a, f in figures if a.startswith("latency CDF")]
+    ax = fig.axes[0]
+    assert ax.get_legend().get_title().get_text() == "2 of 3 files, fast to slow"
+    assert [to_rgba(ln.get_color()) for ln in ax.lines] == [colormaps["viridis"](0.9 * k / 2) for k in range(3)]
+    figures.clear()
+    render(files[:2], tmp_path / "two.md")  # CDF_LEGEND files: a colour of its own each
+    (fig,) = [f for a, f in figures if a.startswith("latency CDF")]
+    assert [ln.get_color() for ln in fig.axes[0].lines] == mod._COLORS[:2]
+
+
+def _matrix(tiny_results) -> dict:
+    """tiny's matrix file with a row of each kind: a lever whose gain is noise, a compile lever, an old row without
+    levers, one that was skipped."""
+    m = json.loads((tiny_results / "matrix.json").read_text())
+    ref, loop, best = m["variants"]
+    del ref["levers"]  # an older file: levers from the variant's name
+    loop["ratio"]["wall_ms"].update(speedup=1.25, ratio_p10=0.95, ratio_p90=1.5, significant=False)
+    loop["peak_memory_bytes"] = 3 * 2**30
+    best["levers"] = best["levers"] + ["compile=default"]
+    best["ratio"]["wall_ms"].update(speedup=2.0, ratio_p10=1.75, ratio_p90=2.25, significant=True)
+    best["timers"]["cuda_event_ms"] = {**best["timers"]["wall_ms"], "median": 3.25}
+    m["variants"].append({"variant": "cuda_graph", "skipped": "needs a GPU"})
+    return m
+
+
+def test_matrix_table_heatmap_and_cdf(tiny_results, tmp_path, figures):
+    """The matrix's rows (speedup, '(noise)' where p10..p90 includes 1, the spread low..high, the event median, the
+    levers or '-', a skipped row as wide as the others), its heatmap (a column per lever in the levers' order, compile
+    levers as 'compile', the speed-up where a variant uses the lever and in the last column) and its CDF from the
+    summary percentiles, which it says."""
+    import numpy as np
+
+    m = _matrix(tiny_results)
+    md = render([_write(tmp_path / "m.json", m)], tmp_path / "r.md").read_text()
+    rows = {r[0]: r for r in _md_rows(md, "reference") + _md_rows(md, "for_loop") + _md_rows(md, "cuda_graph")}
+    best = _md_rows(md, "best")[0]
+    assert rows["reference"][4:6] == ["1.00x", "1.00..1.00"] and rows["reference"][-1] == "-"
+    assert rows["for_loop"][4:6] == ["1.25x (noise)", "0.95..1.50"] and rows["for_loop"][8] == "3.000"
+    assert "_process peak GiB: the allocator's peak over a variant's first call and warm-up" in md
+    assert best[3:6] == ["3.250", "2.00x", "1.75..2.25"]
+    assert rows["cuda_graph"] == ["cuda_graph", "needs a GPU"] + ["-"] * 8
+    (heat,) = [f for a, f in figures if a == "matrix speedup heatmap"]
+    ax = heat.axes[0]
+    levers = ["for_loop", "skip_masked_images", "trim_prompt_padding", "static_kv_cache", "sdpa", "fuse_projections", "compile"]
+    assert [t.get_text() for t in ax.get_xticklabels()] == ["loop", "skipimg", "trim", "kv", "sdpa", "fuse", "compile",
+                                                            "speedup"]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["reference", "for_loop", "best"]
+    nan = float("nan")
+    grid = np.ma.filled(ax.images[0].get_array(), nan)
+    np.testing.assert_equal(grid, [[nan] * len(levers) + [1.0], [1.25] + [nan] * 6 + [1.25], [2.0] * 8])
+    assert sorted(t.get_text() for t in ax.texts) == ["1.00x", "1.25x", "1.25x"] + ["2.00x"] * 8
+    (cdf,) = [f for a, f in figures if a == "matrix latency CDF"]
+    ax = cdf.axes[0]
+    assert "drawn from the summary percentiles" in ax.get_title()
+    assert "_The latency CDFs below are drawn from each variant's summary percentiles" in md
+    for line, v in zip(ax.lines, m["variants"]):
+        s = v["timers"]["wall_ms"]
+        assert list(line.get_xdata()) == [s[k] for k in ("min", "median", "p90", "p95", "p99", "max")]
+        assert list(line.get_ydata()) == [0.0, 0.5, 0.9, 0.95, 0.99, 1.0]
+    assert [t.get_text() for t in ax.get_legend().get_texts()] == ["reference", "for_loop", "best"]
+
+
+def test_matrix_cdf_of_raw_samples_and_world_action_rows(tiny_results, tmp_path, figures):
+    """Rows with raw samples: a step CDF at (k+1)/n, no percentile note, a log axis past 4x. World-action matrices:
+    a row per variant and sparsity, the ratio under `vs_reference`."""
+    m = json.loads((tiny_results / "matrix.json").read_text())
+    for i, v in enumerate(m["variants"]):
+        v["samples"] = {"wall_ms": [1.0 + 2 * i, 2.0 + 2 * i]}
+        v["sparsity"] = "dense" if i == 0 else "sparse"
+        v["vs_reference"] = v.pop("ratio")["wall_ms"]
+    md = render([_write(tmp_path / "m.json", m)], tmp_path / "r.md").read_text()
+    assert "summary percentiles" not in md
+    assert _md_rows(md, "for_loop \\| sparse")[0][4].startswith(f"{m['variants'][1]['vs_reference']['speedup']:.2f}x")
+    (cdf,) = [f for a, f in figures if a == "matrix latency CDF"]
+    ax = cdf.axes[0]
+    assert [list(ln.get_ydata()) for ln in ax.lines] == [[0.5, 1.0]] * 3 and list(ax.lines[2].get_xdata()) == [5.0, 6.0]
+    assert ax.get_xscale() == "log" and "summary percentiles" not in ax.get_title()
+
+
+def test_check_breakdown_scaling_syncs_and_doctor_sections(tiny_results, tmp_path, figures):
+    """The rarer per-file sections say what their files hold: a check row per variant (and sparsity) with the video
+    error and yes/NO; a breakdown's notes, a staged sequence that differs from the untimed call as a warning, masked
+    slots, per-occurrence times, and its bars (stage order from the top, median with a p95 whisker, grey for the
+    unmarked rest, red only for a masked image slot); the T(N) fit and points; the syncs expected and hidden; the
+    doctor's cost column and an environment-only run."""
+    from matplotlib.colors import to_rgba
+
+    from vlaperf.report.render import _md
+
+    check = _head(tiny_results, "check", checks=[
+        {"variant": "for_loop", "dtype": "float32", "max_abs": 1e-3, "rel_l2": 2e-3, "video_rel_l2": None,
+         "tolerance": 1e-2, "seeds": 2, "passed": True},
+        {"variant": "best", "sparsity": "sparse", "dtype": "float32", "max_abs": 0.5, "rel_l2": 0.25, "video_rel_l2": 0.125,
+         "tolerance": 1e-2, "seeds": 2, "passed": False}])
+    bd = json.loads((tiny_results / "bd.json").read_text())
+    bd["breakdown"]["matches_reference"] = {"exact": False, "max_abs": 0.5}
+    bd["breakdown"]["stages"][0].pop("info")  # an image slot the file says nothing about: not called masked
+    sy = json.loads((tiny_results / "sy.json").read_text())
+    sy["syncs"].update(expected_per_call=1, hidden_per_call=0)
+    doc = json.loads((tiny_results / "doc.json").read_text())
+    doc["findings"][0]["cost"] = 1.5
+    env_only = json.loads(json.dumps(doc))
+    env_only["workload"]["id"] = None
+    files = [_write(tmp_path / n, r) for n, r in (("chk.json", check), ("bd.json", bd), ("sy.json", sy),
+                                                   ("doc.json", doc), ("env.json", env_only))]
+    md = render([*files, tiny_results / "sc.json"], tmp_path / "r.md").read_text()
+    assert _md_rows(md, "for_loop")[0] == ["for_loop", "float32", _cell(1e-3), _cell(2e-3), "-", _cell(1e-2), "2", "yes"]
+    assert _md_rows(md, "best \\| sparse")[0] == ["best \\| sparse", "float32", _cell(0.5), _cell(0.25), _cell(0.125),
+                                                 _cell(1e-2), "2", "NO"]
+    b = bd["breakdown"]
+    assert f"_note: {b['notes'][0]}_" in md and "\nthe staged sequence differs from the untimed call (max abs 0.5)\n" in md
+    stages = {e["name"]: e for e in b["stages"]}
+    assert _md_rows(md, "image_2_embed")[0][-1] == "16 tokens, mask MASKED" and _md_rows(md, "image_1_embed")[0][-1] == "16 tokens, mask valid"
+    step = stages["denoise_step"]
+    assert _md_rows(md, "denoise_step")[0][5:8] == [str(step["per_call"]), _cell(step["occurrence"]["mean_ms"]),
+                                                    _cell(step["occurrence"]["max_ms"])]
+    (fig,) = [f for a, f in figures if a == "stage breakdown"]
+    ax = fig.axes[0]
+    names = [e["name"] for e in b["stages"]][::-1]
+    assert [t.get_text() for t in ax.get_yticklabels()] == names
+    assert [p.get_width() for p in ax.patches] == [stages[n]["median_ms"] for n in names]
+    red, grey, blue = to_rgba("#d62728"), to_rgba("#bbbbbb"), to_rgba("#1f77b4")
+    assert [p.get_facecolor() for p in ax.patches] == [
+        grey if n == "(unmarked)" else red if n == "image_2_embed" else blue for n in names]
+    (whiskers,) = [c for c in ax.collections if len(c.get_segments()) == len(names)]
+    assert [x for seg in whiskers.get_segments() for x in (seg[0][0], seg[1][0])] == pytest.approx(
+        [x for n in names for x in (stages[n]["median_ms"], max(stages[n]["p95_ms"], stages[n]["median_ms"]))])
+    assert ax.get_xlabel() == f"ms per call (median, whisker p95; {b['timer']})"
+    sc = json.loads((tiny_results / "sc.json").read_text())["scaling"]
+    for s in sc["series"]:
+        f = s["fit"]
+        assert [row for row in _md_rows(md, s["label"]) if len(row) == 4 + len(s["points"])][0] == [s["label"]] + [_cell(float(x)) for x in (f["intercept"], f["slope"], f["r2"])] + [
+            _cell(float(p["median_ms"])) for p in s["points"]]
+    (fig,) = [f for a, f in figures if a == "T(N) fit"]
+    assert fig.axes[0].get_title() == "T(N) = a + b*N, tiny"
+    assert "\n5 host syncs per call (host_read, 2 calls); 1 expected (reading the actions), 0 hidden\n" in md
+    assert f"_{sy['syncs']['note']}_" in md
+    site = sy["syncs"]["sites"][0]
+    assert f"| 5.000 | {site['location']} | {site['op']} |" in md
+    assert "### doctor: tiny on cpu" in md and "### doctor: environment on cpu" in md
+    f0 = doc["findings"][0]
+    assert _md_rows(md, f0["severity"])[0][:5] == [f0["severity"], f0["id"], _md(f0["title"]), "1.500", _md(f0["fix"])]
+
+
+def test_rollout_stops_and_errors_are_warnings(tiny_results, tmp_path):
+    """A rollout that hit its time limit, had errors or lost its server says so in a warning; the heading names the
+    server's device; an episode without an ideal time leaves the total's ideal empty."""
+    r = _rollout_result(tiny_results)
+    r["server"]["device"] = "cuda:1"
+    r["rollout"].update(timed_out=True, errors=2, connection_lost="server closed the connection")
+    del r["rollout"]["per_episode"][1]["ideal_wall_s"]
+    text = render([_write(tmp_path / "ro.json", r)], tmp_path / "r.html").read_text()
+    tags = _Tags(text)
+    assert "rollout: tiny, levers loop+sdpa on cuda:1" in tags.text("h3")
+    (warning,) = [t for g, a, t in tags.texts if g == "p" and a.get("class") == "warn"]
+    assert warning == ("total 4.108 s, 4.9% of it waiting for the policy; 1 overrun steps; 2 errors; the server's model "
+                       "call p50 10.000 ms; stopped at the time limit; stopped: server closed the connection")
+    cells = tags.text("td")
+    i = cells.index("all")
+    assert cells[i:i + 6] == ["all", "40", "8", "4.108", "-", "0.2"]
+    r["rollout"].update(timed_out=False, errors=0, connection_lost=None)
+    text = render([_write(tmp_path / "ro.json", r)], tmp_path / "r.html").read_text()
+    assert not [t for g, a, t in _Tags(text).texts if g == "p" and a.get("class") == "warn"]
+
+
+def test_environment_keeps_first_seen_key_order_and_leaves_out_the_moment(tiny_results, tmp_path):
+    """The environment tables list keys in the order the files have them (the timestamp and GPU state are in the
+    file table, not here)."""
+    r = json.loads((tiny_results / "bench.json").read_text())
+    files = []
+    for i in range(2):
+        r["env"]["timestamp"] = f"2026-12-0{i + 1}T10:00:00+00:00"
+        files.append(_write(tmp_path / f"b{i}.json", r))
+    md = render(files, tmp_path / "r.md").read_text()
+    env = md[md.index("## Environment"):]
+    keys = [line.split(" | ")[0][2:] for line in env.splitlines() if line.startswith("| ") and not line.startswith("| key")]
+    assert r["env"]["env_vars"] == {}  # else its keys would be rows of their own
+    expected = [k for k in r["env"] if k not in ("timestamp", "gpu_state")]
+    assert keys == expected
+    assert "timestamp" not in env and "different between files" not in env
+
+
+def test_summary_bar_chart_shows_each_variants_speed_up(tiny_results, tmp_path, figures):
+    """The summary's bars: the reference's median over each variant's, slowest on top, each bar labelled with its
+    speed-up and median; a forward-mode file makes no action chunk; modes are groups of their own."""
+    from vlaperf.report.render import result_batch
+
+    base = json.loads((tiny_results / "bench.json").read_text())
+
+    def bench(name, levers, median, mode="model"):
+        c = json.loads(json.dumps(base))
+        c["variant"].update({"levers": levers, "label": ",".join(levers) or "reference"})
+        c["timers"]["wall_ms"]["median"] = median
+        c["mode"] = mode
+        return _write(tmp_path / f"{name}.json", c)
+
+    files = [bench("ref", [], 100.0), bench("loop", ["for_loop"], 40.0), bench("sdpa", ["for_loop", "sdpa"], 20.0),
+             bench("fwd", [], 10.0, mode="forward")]
+    md = render(files, tmp_path / "r.md").read_text()
+    summary = md.split("## Summary")[1].split("## Files")[0]
+    assert _md_rows(summary, "tiny on cpu, forward mode")[0][4:7] == ["1.00x", "-", "-"]
+    assert _md_rows(summary, "tiny on cpu, model mode")[0][6] == _cell(1e3 * result_batch(base) / 100.0)
+    (fig,) = [f for a, f in figures if a == "speed-up over the reference, tiny on cpu, model mode"]
+    ax = fig.axes[0]
+    assert [p.get_width() for p in ax.patches] == [1.0, 2.5, 5.0]
+    assert [t.get_text() for t in ax.get_yticklabels()] == ["reference", "for_loop", "loop+sdpa"]
+    assert ax.yaxis_inverted() and ax.get_xlim() == pytest.approx((0, 5.0 * 1.3))
+    assert [t.get_text() for t in ax.texts] == [" 1.0x (100.0 ms)", " 2.5x (40.000 ms)", " 5.0x (20.000 ms)"]
+    assert ax.get_xlabel() == "speed-up over the reference (median over median)"
+    assert ax.get_title() == "tiny on cpu, model mode: newest bench file of each variant"
