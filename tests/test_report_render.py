@@ -1568,3 +1568,28 @@ def test_summary_bar_chart_shows_each_variants_speed_up(tiny_results, tmp_path, 
     assert [t.get_text() for t in ax.texts] == [" 1.0x (100.0 ms)", " 2.5x (40.000 ms)", " 5.0x (20.000 ms)"]
     assert ax.get_xlabel() == "speed-up over the reference (median over median)"
     assert ax.get_title() == "tiny on cpu, model mode: newest bench file of each variant"
+
+
+def test_markdown_figure_links_work_whatever_the_reports_name(tiny_results, tmp_path):
+    """`-o "my report (1).md"`: the figures' folder has a space and parentheses in its name; its links are URL-encoded
+    so that a CommonMark viewer shows the images (a raw space ended the link: the page showed the markdown text)."""
+    from urllib.parse import unquote
+
+    markdown_it = pytest.importorskip("markdown_it")
+    out = render([tiny_results / "bench.json"], tmp_path / "my report (1).md")
+    tokens = markdown_it.MarkdownIt("commonmark").parse(out.read_text())
+    images = [c for t in tokens for c in (t.children or []) if c.type == "image"]
+    figures = sorted((tmp_path / "my report (1)_files").iterdir())
+    assert len(images) == len(figures) == 2
+    assert [out.parent / unquote(i.attrs["src"]) for i in images] == figures
+
+
+def test_a_markdown_report_written_again_removes_its_earlier_three_digit_figures(tiny_results, tmp_path):
+    """docs/report/h200.md has 180 figures, fig01.png to fig180.png: written again with fewer, the clean-up (two digits
+    only) left fig100.png and up of the last run beside the new report. Files the report does not write stay."""
+    files = tmp_path / "r_files"
+    files.mkdir()
+    for name in ("fig99.png", "fig100.png", "fig180.png", "fig1.png", "figure.png", "fig01_notes.png"):  # as left there
+        (files / name).write_bytes(PNG)
+    render([tiny_results / "sc.json"], tmp_path / "r.md")  # one figure
+    assert sorted(p.name for p in files.iterdir()) == ["fig01.png", "fig01_notes.png", "fig1.png", "figure.png"]

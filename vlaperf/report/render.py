@@ -40,6 +40,7 @@ import os
 import textwrap
 from pathlib import Path
 from typing import Any, Callable
+from urllib.parse import quote
 
 from vlaperf.report.schema import SCHEMA, SchemaError, json_kind, unwritable, validate_result
 
@@ -122,8 +123,10 @@ class _Doc:
 
     def markdown(self, title: str, out_path: Path) -> str:
         files_dir = out_path.with_name(out_path.stem + "_files")
-        for old in files_dir.glob("fig[0-9][0-9].png"):  # an earlier report's figures: those past this one's stayed
-            old.unlink()
+        # an earlier report's figures (fig01.png .. fig180.png): those past this one's stayed
+        for old in files_dir.glob("fig[0-9][0-9]*.png"):
+            if old.stem[3:].isdigit():
+                old.unlink()
         lines = [f"# {_md_text(title)}", ""]
         images = 0
         for b in self.blocks:
@@ -145,7 +148,8 @@ class _Doc:
                 files_dir.mkdir(parents=True, exist_ok=True)
                 name = f"fig{images:02d}.png"
                 (files_dir / name).write_bytes(b[1])
-                lines += [f"![{_md_text(b[2]).replace('[', '(').replace(']', ')')}]({files_dir.name}/{name})", ""]
+                # URL-encoded: a space in the report's name ("my report.md") would end the link
+                lines += [f"![{_md_text(b[2]).replace('[', '(').replace(']', ')')}]({quote(files_dir.name)}/{name})", ""]
         return "\n".join(lines)
 
 
