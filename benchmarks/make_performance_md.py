@@ -84,6 +84,14 @@ def _preset_of(levers: list[str], wam: bool = False) -> str | None:
     return next((name for name, items in presets.items() if set(levers) == items), None)
 
 
+def _newer(file, than) -> bool:
+    """Whether result `file` (path, result) is newer than `than` by the timestamps their environments record; on a
+    tie (one second's resolution) the later path, as the report's summary takes it (render.bench_summary), so the
+    choice does not depend on the order the files are listed in."""
+    (path, r), (held_path, held) = file, than
+    return (r["env"].get("timestamp", ""), str(path)) >= (held["env"].get("timestamp", ""), str(held_path))
+
+
 def headline(results, wam=()):
     """The newest `vlaperf bench` file (by the timestamp its environment records) of each GPU, workload and mode for
     the presets `reference`, `graph` and today's `best` (the world-action model's presets for its workloads): one
@@ -97,7 +105,7 @@ def headline(results, wam=()):
                 continue
             key = (r["env"]["gpu"], workload_label(r), r["mode"])
             held = newest.setdefault(key, {}).get(preset)
-            if held is None or r["env"].get("timestamp", "") > held[1]["env"].get("timestamp", ""):
+            if held is None or _newer((path, r), held):
                 newest[key][preset] = (path, r)
     lerobot = {}  # (GPU, workload) -> the newest full-size `vlaperf compare` file's LeRobot median and timestamp
     for path, r in results:
@@ -185,7 +193,7 @@ def readme_rows(results, wam=()):
     for path, r in results:
         c = (r.get("roofline") or {}).get("ceilings") or {}
         if r["command"] == "bench" and str(c.get("source", "")).startswith("measured") and r["env"].get("gpu"):
-            if r["env"]["gpu"] not in measured or r["env"].get("timestamp", "") > measured[r["env"]["gpu"]][1]["env"].get("timestamp", ""):
+            if r["env"]["gpu"] not in measured or _newer((path, r), measured[r["env"]["gpu"]]):
                 measured[r["env"]["gpu"]] = (path, r)
     for gpu, (path, r) in sorted(measured.items()):
         c = r["roofline"]["ceilings"]

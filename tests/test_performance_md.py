@@ -453,3 +453,23 @@ def test_the_script_refuses_any_argument_before_it_writes(tmp_path):
     p = subprocess.run([sys.executable, str(script), "--results", "x"], capture_output=True, text=True, env=env, timeout=60)
     assert p.returncode == 2 and "unrecognized arguments: --results x" in p.stderr, p.stderr
     assert not (tmp_path / "docs" / "performance.md").exists()
+
+
+def test_files_of_one_timestamp_give_the_later_path_in_any_order():
+    """Two bench files of one preset that record the same second (parallel lanes): the headline and the ceilings
+    line take the later path, as the report's summary does, whichever order the files come in."""
+    gen = _generator()
+    stamp = "2026-12-01T10:00:00+00:00"
+    ceilings = {"matmul_flops": 7.8e14, "bandwidth": 4.2e12, "source": "measured on this device"}
+
+    def tied(name, median):
+        path, r = _bench(gen, name, _best_levers(), median, roofline={"floor_ms": 5.0, "ceilings": ceilings})
+        r["env"]["timestamp"] = stamp
+        return path, r
+
+    a, b = tied("bench_a", 14.0), tied("bench_b", 13.0)
+    for order in ([a, b], [b, a]):
+        (record,) = gen.headline(order)
+        assert record["path"].name == "bench_b.json" and record["median"]["best"] == 13.0, order
+        line = [row for row in gen.readme_rows(order) if row.startswith("Ceilings measured")]
+        assert len(line) == 1 and "bench_b.json" in line[0], line
