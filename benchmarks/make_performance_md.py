@@ -89,7 +89,7 @@ def _newer(file, than) -> bool:
     tie (one second's resolution) the later path, as the report's summary takes it (render.bench_summary), so the
     choice does not depend on the order the files are listed in."""
     (path, r), (held_path, held) = file, than
-    return (r["env"].get("timestamp", ""), str(path)) >= (held["env"].get("timestamp", ""), str(held_path))
+    return (str(r["env"].get("timestamp") or ""), str(path)) >= (str(held["env"].get("timestamp") or ""), str(held_path))
 
 
 def headline(results, wam=()):

@@ -569,6 +569,10 @@ def test_triton_kernels_compose_with_compile_without_graph_breaks():
     run_in_interpreter(COMPILE_SCRIPT, timeout=900)
 
 
+class OutOfResources(Exception):  # a stand-in with the name Triton's exception has (the levers match it by name)
+    pass
+
+
 def test_kernel_that_does_not_fit_the_gpu_is_a_clear_lever_error(monkeypatch):
     """Triton's OutOfResources (tiles too big for a GPU's shared memory) names the lever and the fix."""
     import torch
@@ -576,9 +580,6 @@ def test_kernel_that_does_not_fit_the_gpu_is_a_clear_lever_error(monkeypatch):
     import vlaperf.engine.kernels.small_m_matmul as K
     from vlaperf.engine.kernels.ops import small_m_matmul
     from vlaperf.engine.levers import LeverError
-
-    class OutOfResources(Exception):  # the name Triton's exception has
-        pass
 
     def too_big(*a, **kw):
         raise OutOfResources("out of resource: shared memory, Required: 245760, Hardware limit: 101376")
@@ -1935,9 +1936,6 @@ def test_custom_op_expert_step_updates_x_in_place_and_names_megakernel_when_it_d
     expert_step(x, *a.values())
     steps = sum(r[0] == "_expert_step_kernel" for r in launches)
     assert steps == 2 * 6 and torch.equal(x, torch.full_like(x, steps))
-
-    class OutOfResources(Exception):  # the name Triton's exception has
-        pass
 
     def too_big(*args, **kwargs):
         raise OutOfResources("out of resource: shared memory")
