@@ -277,15 +277,19 @@ WRITERS_SSQ_MAX_BLOCK = 16  # fit_config's largest row block with ssq_from_write
 def fit_config(cfg: StepKernelConfig, rows: int, samples: int, NH: int, HD: int, Tk: int, programs: int) -> StepKernelConfig:
     """`cfg` with its fitted fields (qkv_pairs -1, splits 0, merge_bd 0, ssq_from_writers -1) resolved for a
     launch of `programs` programs over `samples` x `rows` suffix rows, NH query heads of dim HD and Tk keys.
-    Every user of these fields (the launch, its counter targets, the L2 model, the benches) resolves them here."""
+    Every user of these fields (the launch, its counter targets, the L2 model, the benches) resolves them here, so a
+    head-dim split they cannot use (the key splits divide by it) is refused here too."""
+    if cfg.att_dsplit < 1 or HD % cfg.att_dsplit or (HD // cfg.att_dsplit) & (HD // cfg.att_dsplit - 1):
+        raise ValueError(f"StepKernelConfig.att_dsplit={cfg.att_dsplit}: expected a divisor of the head dim {HD} "
+                         "leaving a power of two")
     pairs = cfg.qkv_pairs
     if pairs < 0:
         pairs = triton.cdiv((NH + 2) * (HD // 2), programs)
         pairs = pairs if pairs <= cfg.bn_qkv and not cfg.dataflow and not cfg.prefetch_own & 8 else 0
     row_blocks = samples * triton.cdiv(NH * rows, cfg.att_bm)
     splits = cfg.splits
-    if splits <= 0:  # (att_dsplit < 1 is expert_step's to refuse by name, not a division by zero here)
-        splits = min(max(MIN_SPLITS, programs // (row_blocks * max(1, cfg.att_dsplit))), triton.cdiv(Tk, cfg.att_bn))
+    if splits <= 0:
+        splits = min(max(MIN_SPLITS, programs // (row_blocks * cfg.att_dsplit)), triton.cdiv(Tk, cfg.att_bn))
     merge_bd = cfg.merge_bd
     if merge_bd <= 0:
         merge_bd = min(32, HD)
@@ -1535,9 +1539,6 @@ def expert_step(
     if cfg.dataflow and cfg.fold_merge:
         raise ValueError("StepKernelConfig: dataflow and fold_merge exclude each other (the folded merge needs the "
                          "barrier after attention that dataflow removes)")
-    if cfg.att_dsplit < 1 or HD % cfg.att_dsplit or (HD // cfg.att_dsplit) & (HD // cfg.att_dsplit - 1):
-        raise ValueError(f"StepKernelConfig.att_dsplit={cfg.att_dsplit}: expected a divisor of the head dim {HD} "
-                         "leaving a power of two")
     if cfg.att_dsplit > 1 and (cfg.dataflow or cfg.fold_merge):
         raise ValueError("StepKernelConfig: att_dsplit > 1 excludes dataflow and fold_merge (they count the "
                          "attention tasks per row block)")
