@@ -63,8 +63,10 @@ def _ptxas() -> str:
     return os.path.join(folder, names[0])
 
 
-def compile_kernel(fn, constexprs: dict, num_warps: int, num_stages: int, ptxas: bool = True) -> dict:
-    """PTX instruction counts, shared memory, and (with `ptxas`) registers and spills."""
+def compile_kernel(fn, constexprs: dict, num_warps: int, num_stages: int, ptxas: bool = True,
+                   fp_fusion: bool = True) -> dict:
+    """PTX instruction counts, shared memory, and (with `ptxas`) registers and spills; fused multiply-add
+    as `launch` asks for it (`fp_fusion`)."""
     names = list(inspect.signature(fn.fn).parameters)
     signature = {}
     for n in names:
@@ -78,7 +80,8 @@ def compile_kernel(fn, constexprs: dict, num_warps: int, num_stages: int, ptxas:
     hints = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n.endswith("_ptr") or n in ALIGNED_INTS}
     source = triton.compiler.ASTSource(fn=fn, signature=signature,
                                        constexprs={n: constexprs[n] for n in names if n in constexprs}, attrs=hints)
-    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=dict(num_warps=num_warps, num_stages=num_stages))
+    options = dict(num_warps=num_warps, num_stages=num_stages, enable_fp_fusion=fp_fusion)
+    compiled = triton.compile(source, target=GPUTarget("cuda", 90, 32), options=options)
     ptx = compiled.asm["ptx"]
     _LAST_PTX[0] = ptx
     counts = {"shared_bytes": compiled.metadata.shared,

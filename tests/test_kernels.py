@@ -7,6 +7,7 @@ benchmarks/h200_next.sh (`vlaperf matrix` checks equivalence before it times).
 """
 
 import os
+import re
 import subprocess
 import sys
 import tempfile
@@ -515,8 +516,9 @@ def test_launch_compiles_only_inside_compile_only_and_only_in_its_thread():
         other.start()
         other.join()
     launch(k, (9,), 10)
-    assert k.calls == [("run", (2,), (1,), {"X": 3}), ("warmup", (4,), (5,), {"X": 6}), ("run", (7,), (8,), {}),
-                       ("run", (9,), (10,), {})]
+    fma = {"enable_fp_fusion": True}
+    assert k.calls == [("run", (2,), (1,), {"X": 3, **fma}), ("warmup", (4,), (5,), {"X": 6, **fma}),
+                       ("run", (7,), (8,), fma), ("run", (9,), (10,), fma)]
 
 
 def test_recorded_launches_compile_in_threads_the_named_kernel_first():
@@ -1067,8 +1069,9 @@ def test_launch_gives_pdl_only_to_kernels_that_wait_and_only_where_the_gpu_has_i
     for kernel in (waits, plain):
         L.launch(kernel, (4,), "x", 7, BLOCK=16)
     assert not L.pdl_here(waits)
-    assert waits.calls == [((4,), ("x", 7), {"BLOCK": 16, "USE_PDL": False})]
-    assert plain.calls == [((4,), ("x", 7), {"BLOCK": 16})]
+    fma = {"enable_fp_fusion": True}  # every launch asks for fused multiply-add (the next test)
+    assert waits.calls == [((4,), ("x", 7), {"BLOCK": 16, "USE_PDL": False, **fma})]
+    assert plain.calls == [((4,), ("x", 7), {"BLOCK": 16, **fma})]
     # a Hopper GPU: the listed kernels get PDL, the others not
     monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
     monkeypatch.setattr(torch.cuda, "current_device", lambda: 0)
@@ -1076,11 +1079,11 @@ def test_launch_gives_pdl_only_to_kernels_that_wait_and_only_where_the_gpu_has_i
     monkeypatch.delenv("TRITON_INTERPRET", raising=False)
     L.launch(waits, (4,), "x", 7)
     L.launch(plain, (4,), "x", 7)
-    assert waits.calls[-1][2] == {"USE_PDL": True, "launch_pdl": True}
-    assert plain.calls[-1][2] == {}
+    assert waits.calls[-1][2] == {"USE_PDL": True, "launch_pdl": True, **fma}
+    assert plain.calls[-1][2] == fma
     prefix_kernel = FakeKernel("_partial_kernel", ["q_ptr", "USE_PDL"])
     L.launch(prefix_kernel, (4,), "q")
-    assert prefix_kernel.calls[-1][2] == {"USE_PDL": False}  # not a denoise-loop kernel
+    assert prefix_kernel.calls[-1][2] == {"USE_PDL": False, **fma}  # not a denoise-loop kernel
     monkeypatch.setattr(L, "_device_has_pdl", lambda index: False)  # an Ampere GPU
     assert not L.pdl_here(waits)
     monkeypatch.setattr(L, "_device_has_pdl", lambda index: True)
@@ -1094,6 +1097,47 @@ def test_launch_gives_pdl_only_to_kernels_that_wait_and_only_where_the_gpu_has_i
     for kernel in kernels:
         assert kernel.arg_names[-1] == "USE_PDL", kernel
     assert L.DENOISE_LOOP_KERNELS <= {k.__name__ for k in kernels}
+
+
+def test_launch_asks_for_fused_multiply_add_which_triton_compiles_into_the_kernel():
+    """Triton 3.9 warns that its default for kernels that do not ask turns fused multiply-add off in 3.10: `launch`
+    asks for it by name, in real launches, compile-only passes and recorded ones (which the compile workers
+    replay), so a new Triton compiles the kernels every figure was measured with. A caller's own choice stands.
+    The option is one Triton's CUDA backend takes (a misspelt one is a KeyError at the first launch on a GPU),
+    and it is what puts fma into the merge kernel's PTX."""
+    from triton.backends.nvidia.compiler import CUDAOptions
+
+    from vlaperf.engine.kernels import launch as L
+    from vlaperf.engine.kernels import suffix_attention as A
+
+    class FakeKernel:
+        def __init__(self):
+            self.__name__, self.arg_names, self.calls, self.warmups = "_merge_kernel", ["x_ptr"], [], []
+
+        def __getitem__(self, grid):
+            return lambda *args, **kwargs: self.calls.append(kwargs)
+
+        def warmup(self, *args, grid, **kwargs):
+            self.warmups.append(kwargs)
+
+    kernel = FakeKernel()
+    L.launch(kernel, (1,), "x")
+    L.launch(kernel, (1,), "x", enable_fp_fusion=False)
+    assert kernel.calls == [{"enable_fp_fusion": True}, {"enable_fp_fusion": False}]
+    with L.compile_only():
+        L.launch(kernel, (1,), "x")
+    recorded = []
+    with L.compile_only(record=recorded):
+        L.launch(kernel, (1,), "x")
+    assert kernel.warmups == [{"enable_fp_fusion": True}] and recorded[0][3] == {"enable_fp_fusion": True}
+    assert "enable_fp_fusion" in CUDAOptions.__dataclass_fields__
+    resources = _resources()
+    consts = dict(HEAD_DIM=256, BLOCK_M=32, BLOCK_D=64, SPLITS=5, USE_PDL=False)
+    fmas = []
+    for fusion in (True, False):
+        resources.compile_kernel(A._merge_kernel, consts, 4, 2, ptxas=False, fp_fusion=fusion)
+        fmas.append(len(re.findall(r"\bfma\.rn\.f32", resources.last_ptx())))
+    assert fmas[0] > 0 and fmas[1] == 0, fmas
 
 
 def test_kernels_launched_with_pdl_wait_before_anything_else_when_compiled_for_hopper():

@@ -7,6 +7,7 @@ import errno
 import os
 import re
 import shutil
+import sys
 from pathlib import Path
 
 import pytest
@@ -23,7 +24,7 @@ KEYS = {"id", "severity", "title", "detail", "cost", "cost_note", "fix"}
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for var in ("TORCHDYNAMO_DISABLE", "TORCH_COMPILE_DISABLE", "CUDA_LAUNCH_BLOCKING", "CC"):
+    for var in ("TORCHDYNAMO_DISABLE", "TORCH_COMPILE_DISABLE", "CUDA_LAUNCH_BLOCKING", "CC", "TRITON_FORCE_DISABLE_FP_FUSION"):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -87,6 +88,30 @@ def test_missing_c_compiler_is_an_error(monkeypatch, tmp_path):
 def test_cuda_launch_blocking(monkeypatch):
     monkeypatch.setenv("CUDA_LAUNCH_BLOCKING", "1")
     assert by_id(doctor())["env.cuda_launch_blocking"]["severity"] == "error"
+
+
+@pytest.mark.parametrize("triton_importable", [True, False])
+@pytest.mark.parametrize("value, off", [("1", True), ("yes", True), ("TRUE", True), ("On", True), ("0", False),
+                                        ("2", False), (" 1", False), ("", False)])
+def test_fp_fusion_forced_off_is_a_warning_where_triton_reads_the_switch_as_on(monkeypatch, value, off,
+                                                                                triton_importable):
+    """TRITON_FORCE_DISABLE_FP_FUSION takes fused multiply-add out of every Triton kernel, whatever the kernel asks
+    for (vlaperf's launches ask for it): a warning with the value and the fix where Triton reads the switch as on,
+    through its own knob or, without one, by its rule; no finding where it does not. Result files list the
+    variable either way."""
+    monkeypatch.setenv("TRITON_FORCE_DISABLE_FP_FUSION", value)
+    if triton_importable:
+        knobs = pytest.importorskip("triton.knobs")
+        assert bool(knobs.language.force_disable_fp_fusion) == off  # the rule below is Triton's own
+    else:
+        monkeypatch.setitem(sys.modules, "triton", None)  # a machine without Triton: the fallback rule
+    found = by_id(environment_checks("cpu"))
+    assert ("env.fp_fusion_disabled" in found) == off
+    if off:
+        f = found["env.fp_fusion_disabled"]
+        assert f["severity"] == "warning" and f"TRITON_FORCE_DISABLE_FP_FUSION={value}" in f["title"]
+        assert "inductor's and vlaperf's" in f["detail"] and f["fix"].startswith("unset TRITON_FORCE_DISABLE_FP_FUSION")
+    assert f"TRITON_FORCE_DISABLE_FP_FUSION={value}" in found["env.variables"]["detail"]
 
 
 def test_gemm_workspace_variables_are_listed(monkeypatch):

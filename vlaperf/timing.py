@@ -50,6 +50,10 @@ ENV_VARS = (
     "CUDA_VISIBLE_DEVICES",
     "OMP_NUM_THREADS",
     "TRITON_CACHE_DIR",  # a warm cache makes the first call seconds instead of tens of seconds
+    # fused multiply-add in Triton's kernels: the default for kernels that do not ask (its default turns it off in
+    # Triton 3.10), and the switch that turns it off in every kernel, inductor's and vlaperf's included
+    "TRITON_DEFAULT_FP_FUSION",
+    "TRITON_FORCE_DISABLE_FP_FUSION",
 )
 # cuBLAS's and cuBLASLt's workspace sizes (CUBLAS_WORKSPACE_CONFIG, CUBLASLT_WORKSPACE_SIZE) change which GEMM
 # kernels their heuristics pick: SigLIP's fc2 on the H200 ran 15.5 us at torch's default and 13.4 us with a 32 MiB

@@ -67,6 +67,17 @@ def _on(var: str) -> bool:
 # ----------------------------------------------------------------- environment
 
 
+def _fp_fusion_forced_off() -> bool:
+    """TRITON_FORCE_DISABLE_FP_FUSION as Triton reads it: its knob where it has one (Triton 3.4+), else on for
+    "1", "true", "on" or "yes" in any case, unstripped, as its C++ reader."""
+    try:
+        from triton import knobs
+
+        return bool(knobs.language.force_disable_fp_fusion)
+    except (ImportError, AttributeError):
+        return os.environ.get("TRITON_FORCE_DISABLE_FP_FUSION", "").lower() in ("1", "true", "on", "yes")
+
+
 def environment_checks(device: torch.device | str | None = None, model_dtype: torch.dtype | None = None) -> list[dict]:
     from vlaperf.engine.compile import compile_disabled_by
 
@@ -94,6 +105,14 @@ def environment_checks(device: torch.device | str | None = None, model_dtype: to
             "every kernel launch waits for the kernel to finish: the host never runs ahead of the GPU, "
             "so each launch adds its full latency. A debugging switch, never for timing.",
             fix="unset CUDA_LAUNCH_BLOCKING"))
+    if _fp_fusion_forced_off():
+        out.append(finding(
+            "env.fp_fusion_disabled", "warning",
+            f"Triton's fused multiply-add is off: TRITON_FORCE_DISABLE_FP_FUSION={os.environ['TRITON_FORCE_DISABLE_FP_FUSION']}",
+            "every Triton kernel compiles each multiply-add as two instructions that round twice, inductor's and "
+            "vlaperf's hand-written ones included, whatever they ask for: slower kernels, and actions that differ "
+            "from the ones checked and measured with it. A switch for matching another backend bit for bit.",
+            fix="unset TRITON_FORCE_DISABLE_FP_FUSION (and clear the compile caches' kernels built without it)"))
     if torch.is_anomaly_enabled():
         out.append(finding("env.anomaly_detection", "warning", "autograd anomaly detection is on",
                            "torch.autograd.set_detect_anomaly(True) adds checks to every op.",

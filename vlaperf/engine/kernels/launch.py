@@ -95,8 +95,13 @@ def compiling_only() -> bool:
 
 
 def launch(kernel, grid: tuple, *args, **kwargs) -> None:
-    """kernel[grid](*args, **kwargs), or only its compile inside `compile_only()`. A kernel
-    that takes USE_PDL gets it, and the launch PDL, where `pdl_here(kernel)`."""
+    """kernel[grid](*args, **kwargs), or only its compile inside `compile_only()`, with fused
+    multiply-add asked for. A kernel that takes USE_PDL gets it, and the launch PDL, where
+    `pdl_here(kernel)`."""
+    # Fused multiply-add, as every figure of these kernels was tuned, checked and measured with. Triton 3.9 warns that
+    # its default turns it off in 3.10 (TRITON_DEFAULT_FP_FUSION); asked for by name, a new Triton compiles the same
+    # kernels. TRITON_FORCE_DISABLE_FP_FUSION still wins over it (the doctor warns).
+    kwargs.setdefault("enable_fp_fusion", True)
     if "USE_PDL" in getattr(kernel, "arg_names", ()):
         use = pdl_here(kernel)
         kwargs["USE_PDL"] = use
