@@ -118,6 +118,9 @@ def test_bad_arguments_exit_2_with_message(args, message, capsys):
         (["matrix", "--device", "cpu", "--levers", " ; "], "--variants ' ; ': no variant"),
         (["matrix", "--workload", "wam-tiny", "--device", "cpu", "--variants", ";"], "--variants ';': no variant"),
         (["check", "--device", "cpu", "--levers", "for_loop,"], "empty lever name in 'for_loop,'"),
+        # commas alone ran the reference as if no lever had been asked for
+        (["bench", "--device", "cpu", "--levers", ","], "empty lever name in ','"),
+        (["bench", "--workload", "wam-tiny", "--device", "cpu", "--levers", "exact,"], "empty lever name in 'exact,'"),
         (["check", "--device", "cpu", "--levers", ";;"], "--levers ';;': no variant to check"),
         # an empty entry among named variants was dropped without a word (a comma list's empty lever name is refused)
         (["matrix", "--device", "cpu", "--variants", "reference;;for_loop"], "argument --variants: empty variant in "

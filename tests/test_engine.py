@@ -679,7 +679,8 @@ def test_unknown_lever_agrees_with_the_parser():
     assert unknown_lever("for_loop,best") == "best"
     with pytest.raises(LeverError, match="'best' is a preset: give it alone"):
         Levers.parse("best,bogus")
-    for spec in ("for_loop,,sdpa", "for_loop,", ",sdpa", ["for_loop", " "]):  # a name lost: both refuse it alike
+    # a name lost ("$A,$B" with neither set gives ","): both refuse it alike
+    for spec in ("for_loop,,sdpa", "for_loop,", ",sdpa", ["for_loop", " "], ",", " , ", ["", ""]):
         for refuse in (unknown_lever, Levers.parse):
             with pytest.raises(LeverError, match="empty lever name in .*two commas in a row, or one at an end"):
                 refuse(spec)

@@ -388,7 +388,11 @@ def test_compile_traces_each_block_once_without_graph_breaks_or_recompiles(input
 def test_lever_parsing_and_errors():
     assert WamLevers.parse("best", CPU).names() == list(WAM_EXACT)  # CPU: no graph, no compile
     assert WamLevers.parse("exact,compile=max-autotune", CPU).compile == "max-autotune"
-    assert WamLevers.parse("reference", CPU).names() == []
+    assert WamLevers.parse("reference", CPU).names() == [] and WamLevers.parse("", CPU).names() == []
+    # a name lost in the list ('$A,exact' with A unset) is refused as for the pi0 family, not dropped
+    for spec in ("exact,", ",exact", "host_schedule,,sdpa", ",", " , "):
+        with pytest.raises(LeverError, match="empty lever name in .*two commas in a row, or one at an end"):
+            WamLevers.parse(spec, CPU)
     with pytest.raises(LeverError, match="unknown world-action-model lever 'for_loop'"):
         WamLevers.parse("for_loop", CPU)
     with pytest.raises(LeverError, match="compile mode must be one of"):

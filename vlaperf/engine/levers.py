@@ -70,13 +70,13 @@ def refuse_second_value(kwargs: dict, name: str, value) -> None:
 
 
 def lever_items(spec: "str | list[str] | tuple[str, ...]") -> list[str]:
-    """A lever list's items, stripped. An empty item among others ('for_loop,,sdpa', 'for_loop,') is an error:
-    a name was lost there; an empty list is no levers."""
+    """A lever list's items, stripped. An empty item among others ('for_loop,,sdpa', 'for_loop,'), or a list of
+    commas alone (',': '$A,$B' with neither set), is an error: a name was lost there; an empty list is no levers."""
     if not isinstance(spec, (str, list, tuple)) or not all(isinstance(s, str) for s in spec):
         raise LeverError(f"levers: expected a comma-separated string, a list of names or a Levers, got {spec!r}")
     raw = [s.strip() for s in (spec.split(",") if isinstance(spec, str) else spec)]
     items = [s for s in raw if s]
-    if items and len(items) != len(raw):
+    if len(items) != len(raw) and (items or len(raw) > 1):
         raise LeverError(f"empty lever name in {spec!r} (two commas in a row, or one at an end); "
                          f"expected comma-separated names such as 'for_loop,sdpa'")
     return items

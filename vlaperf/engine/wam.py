@@ -48,7 +48,7 @@ from torch import Tensor
 from vlaperf.engine.compile import compile_fn
 from vlaperf.profile.markers import NULL_RECORDER, active_recorder, mark, marks_to
 from vlaperf.engine.graphs import GraphCache
-from vlaperf.engine.levers import COMPILE_MODES, LeverError, refuse_empty_mode, several_variants
+from vlaperf.engine.levers import COMPILE_MODES, LeverError, lever_items, refuse_empty_mode, several_variants
 from vlaperf.models.unipc import (
     ReferenceUniPC,
     UniPCSampler,
@@ -201,7 +201,7 @@ class WamLevers:
         if ";" in spec:
             raise LeverError(several_variants(spec))
         names: list[str] = []
-        for item in (n.strip() for n in spec.split(",") if n.strip()):
+        for item in lever_items(spec):  # an empty name among others refused, as for the pi0 family
             if item in WAM_PRESETS:  # a preset may start a list: "exact,compile=default"
                 if item == "graph" and device.type != "cuda":
                     raise LeverError("preset 'graph' needs a CUDA device (CUDA graphs); use 'exact' on the CPU")
