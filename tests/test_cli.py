@@ -827,3 +827,50 @@ def test_main_lets_other_os_errors_through_and_keeps_the_first_line_of_an_oom(mo
     err = capsys.readouterr().err
     first = "can't allocate memory: " + "x" * 177
     assert f"out of memory ({first}); try a smaller --batch" in err and "second line" not in err
+
+
+class _Built(Exception):
+    """Raised by a stand-in model builder: the notice must come before the build."""
+
+
+@pytest.mark.parametrize("args, builder, notice", [
+    (["bench", "--workload", "libero-pi0"], "vlaperf.models.pi0.build_model",
+     "libero-pi0 on the CPU: 3.5e9 parameters, 14.0 GB of float32 weights"),
+    (["check", "--workload", "libero-pi0", "--dtype", "bfloat16"], "vlaperf.models.pi0.build_model",
+     "libero-pi0 on the CPU: 3.5e9 parameters, 7.0 GB of bfloat16 weights"),
+    (["bench", "--workload", "wam-761"], "vlaperf.models.wam.build_wam", "wam-761 on the CPU: 1.4e9 parameters, 5.7 GB"),
+])
+def test_a_full_size_model_on_the_cpu_is_announced_before_its_long_build(monkeypatch, capsys, args, builder, notice):
+    """libero-pi0 on a CPU took 86 s to build and 30 s a call with nothing printed: the wait is said first, with
+    the weights' size against the memory available (counted on the meta device, nothing allocated)."""
+    import vlaperf.cli as cli
+
+    def build(*a, **kw):
+        raise _Built
+
+    monkeypatch.setattr(builder, build)
+    monkeypatch.setattr(cli, "available_memory_bytes", lambda: 24e9)
+    with pytest.raises(_Built):
+        main(args + ["--device", "cpu"])
+    err = capsys.readouterr().err
+    assert notice in err and "weights of the 24 GB available" in err and "The tiny workloads are the CPU's" in err
+    monkeypatch.setattr(cli, "available_memory_bytes", lambda: 2e9)
+    with pytest.raises(_Built):
+        main(args + ["--device", "cpu"])
+    assert "weights (2 GB available: the build may be killed for memory)" in capsys.readouterr().err
+    monkeypatch.setattr(cli, "available_memory_bytes", lambda: None)  # no /proc/meminfo: the size alone
+    with pytest.raises(_Built):
+        main(args + ["--device", "cpu"])
+    assert "weights. Building them" in capsys.readouterr().err
+
+
+def test_small_models_and_gpus_get_no_size_notice(monkeypatch, capsys):
+    import vlaperf.cli as cli
+    from vlaperf.models.pi0 import Pi0Model, get_config
+
+    assert main(["bench", "--workload", "tiny", "--device", "cpu", "--iters", "1", "--warmup", "0"]) == 0
+    assert "on the CPU:" not in capsys.readouterr().err
+    cli.note_size_on_cpu(Pi0Model, get_config("pi0"), torch.device("cuda"), None, "libero-pi0")  # no GPU needed
+    assert capsys.readouterr().err == ""
+    meminfo = cli.available_memory_bytes()
+    assert meminfo is None or meminfo > 0

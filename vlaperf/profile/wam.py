@@ -27,8 +27,8 @@ SPARSITY_ALL = ("none", "drop_middle", "mae_middle")
 
 
 def setup(args):
-    from vlaperf.cli import CliError, setup_device
-    from vlaperf.models.wam import build_wam
+    from vlaperf.cli import CliError, note_size_on_cpu, setup_device
+    from vlaperf.models.wam import WorldActionModel, build_wam, get_config
     from vlaperf.workloads import get_wam_workload
 
     if getattr(args, "checkpoint", None):
@@ -49,6 +49,7 @@ def setup(args):
                 break
         raise CliError(text) from None
     dtype = getattr(torch, args.dtype) if args.dtype else None
+    note_size_on_cpu(WorldActionModel, get_config(workload.preset), device, dtype, workload.id)
     model = build_wam(workload.preset, device=device, dtype=dtype, seed=args.seed)
     return base, workload, model, device
 
