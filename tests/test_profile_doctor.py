@@ -24,7 +24,8 @@ KEYS = {"id", "severity", "title", "detail", "cost", "cost_note", "fix"}
 
 @pytest.fixture(autouse=True)
 def clean_env(monkeypatch):
-    for var in ("TORCHDYNAMO_DISABLE", "TORCH_COMPILE_DISABLE", "CUDA_LAUNCH_BLOCKING", "CC", "TRITON_FORCE_DISABLE_FP_FUSION"):
+    for var in ("TORCHDYNAMO_DISABLE", "TORCH_COMPILE_DISABLE", "CUDA_LAUNCH_BLOCKING", "CC", "TRITON_FORCE_DISABLE_FP_FUSION",
+                "TRITON_INTERPRET", "PYTORCH_NO_CUDA_MEMORY_CACHING"):
         monkeypatch.delenv(var, raising=False)
 
 
@@ -112,6 +113,37 @@ def test_fp_fusion_forced_off_is_a_warning_where_triton_reads_the_switch_as_on(m
         assert f["severity"] == "warning" and f"TRITON_FORCE_DISABLE_FP_FUSION={value}" in f["title"]
         assert "inductor's and vlaperf's" in f["detail"] and f["fix"].startswith("unset TRITON_FORCE_DISABLE_FP_FUSION")
     assert f"TRITON_FORCE_DISABLE_FP_FUSION={value}" in found["env.variables"]["detail"]
+
+
+@pytest.mark.parametrize("triton_importable", [True, False])
+def test_debug_switches_left_on_a_gpu_machine_are_errors(monkeypatch, triton_importable):
+    """TRITON_INTERPRET (as Triton reads it) runs every Triton kernel in Triton's interpreter on the host, and
+    PYTORCH_NO_CUDA_MEMORY_CACHING=1 (torch reads only "1") a synchronizing cudaFree per tensor: errors on a GPU,
+    each with its fix; nothing on the CPU, where the interpreter is how the kernels' tests run; listed either way."""
+    if not triton_importable:
+        monkeypatch.setitem(sys.modules, "triton", None)  # no Triton: its rule, from the variable
+    assert doctor_mod._cuda_debug_switches() == []
+    for value, on in (("1", True), ("Yes", True), ("true", True), ("0", False), ("2", False)):
+        monkeypatch.setenv("TRITON_INTERPRET", value)
+        found = by_id(doctor_mod._cuda_debug_switches())
+        assert ("env.triton_interpreter" in found) == on, value
+        if on:
+            f = found["env.triton_interpreter"]
+            assert f["severity"] == "error" and f"TRITON_INTERPRET={value}" in f["title"] and f["fix"] == "unset TRITON_INTERPRET"
+    monkeypatch.delenv("TRITON_INTERPRET")
+    for value, on in (("1", True), ("0", False), ("true", False)):
+        monkeypatch.setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", value)
+        found = by_id(doctor_mod._cuda_debug_switches())
+        assert ("env.uncached_allocator" in found) == on, value
+        if on:
+            assert found["env.uncached_allocator"]["severity"] == "error" and "cudaFree" in found["env.uncached_allocator"]["detail"]
+    monkeypatch.setenv("TRITON_INTERPRET", "1")
+    monkeypatch.setenv("PYTORCH_NO_CUDA_MEMORY_CACHING", "1")
+    monkeypatch.setattr(doctor_mod, "nvidia_smi", lambda args: None)  # no GPU needed: the checks read no device
+    for device, errors in (("cuda", True), ("cpu", False)):
+        found = by_id(environment_checks(device))
+        assert ("env.triton_interpreter" in found) == errors and ("env.uncached_allocator" in found) == errors, device
+        assert {"TRITON_INTERPRET=1", "PYTORCH_NO_CUDA_MEMORY_CACHING=1"} <= set(found["env.variables"]["detail"].split(", "))
 
 
 def test_gemm_workspace_variables_are_listed(monkeypatch):

@@ -54,6 +54,9 @@ ENV_VARS = (
     # Triton 3.10), and the switch that turns it off in every kernel, inductor's and vlaperf's included
     "TRITON_DEFAULT_FP_FUSION",
     "TRITON_FORCE_DISABLE_FP_FUSION",
+    "TRITON_INTERPRET",  # Triton's kernels run in its Python interpreter, on the host
+    "PYTORCH_NO_CUDA_MEMORY_CACHING",  # a cudaMalloc / cudaFree per tensor instead of torch's cache
+    "NVIDIA_TF32_OVERRIDE",  # 0 keeps cuBLAS off TF32 whatever torch asks (best's SigLIP patch matmul uses it)
 )
 # cuBLAS's and cuBLASLt's workspace sizes (CUBLAS_WORKSPACE_CONFIG, CUBLASLT_WORKSPACE_SIZE) change which GEMM
 # kernels their heuristics pick: SigLIP's fc2 on the H200 ran 15.5 us at torch's default and 13.4 us with a 32 MiB

@@ -67,6 +67,36 @@ def _on(var: str) -> bool:
 # ----------------------------------------------------------------- environment
 
 
+def _cuda_debug_switches() -> list[dict]:
+    """Debugging switches that, left set on a GPU machine, slow every call without an error: Triton's interpreter
+    (read as Triton reads it) and the caching allocator turned off (torch reads only "1")."""
+    out = []
+    if _triton_interpreter_on():
+        out.append(finding(
+            "env.triton_interpreter", "error", f"Triton's interpreter is on: TRITON_INTERPRET={os.environ['TRITON_INTERPRET']}",
+            "every Triton kernel a process defines with it set, vlaperf's hand-written ones included (the triton_kernels and "
+            "megakernel levers, in best on Hopper), runs in Triton's Python interpreter: each launch copies its tensors "
+            "to the host, runs the kernel's program there, and copies them back. A switch for debugging kernels on a CPU.",
+            fix="unset TRITON_INTERPRET"))
+    if _on("PYTORCH_NO_CUDA_MEMORY_CACHING"):
+        out.append(finding(
+            "env.uncached_allocator", "error", "PYTORCH_NO_CUDA_MEMORY_CACHING=1: torch's caching allocator is off",
+            "every CUDA tensor is allocated with cudaMalloc and freed with cudaFree, which synchronizes the device: "
+            "the host waits for the GPU at each freed temporary inside a call. A switch for compute-sanitizer runs.",
+            fix="unset PYTORCH_NO_CUDA_MEMORY_CACHING"))
+    return out
+
+
+def _triton_interpreter_on() -> bool:
+    """TRITON_INTERPRET as Triton reads it (its knob, else its rule: "1", "true", "on" or "yes" in any case)."""
+    try:
+        from triton import knobs
+
+        return bool(knobs.runtime.interpret)
+    except (ImportError, AttributeError):
+        return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
+
+
 def _fp_fusion_forced_off() -> bool:
     """TRITON_FORCE_DISABLE_FP_FUSION as Triton reads it: its knob where it has one (Triton 3.4+), else on for
     "1", "true", "on" or "yes" in any case, unstripped, as its C++ reader."""
@@ -112,7 +142,9 @@ def environment_checks(device: torch.device | str | None = None, model_dtype: to
             "every Triton kernel compiles each multiply-add as two instructions that round twice, inductor's and "
             "vlaperf's hand-written ones included, whatever they ask for: slower kernels, and actions that differ "
             "from the ones checked and measured with it. A switch for matching another backend bit for bit.",
-            fix="unset TRITON_FORCE_DISABLE_FP_FUSION (and clear the compile caches' kernels built without it)"))
+            fix="unset TRITON_FORCE_DISABLE_FP_FUSION"))
+    if device.type == "cuda":
+        out += _cuda_debug_switches()
     if torch.is_anomaly_enabled():
         out.append(finding("env.anomaly_detection", "warning", "autograd anomaly detection is on",
                            "torch.autograd.set_detect_anomaly(True) adds checks to every op.",
