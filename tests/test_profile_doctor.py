@@ -91,39 +91,66 @@ def test_cuda_launch_blocking(monkeypatch):
     assert by_id(doctor())["env.cuda_launch_blocking"]["severity"] == "error"
 
 
-@pytest.mark.parametrize("triton_importable", [True, False])
+class _TritonWithout:
+    """Stands in for the `triton` module of an older release: knobs without the fp-fusion switch (3.6), or no
+    knobs at all (before 3.4)."""
+
+    def __init__(self, knobs):
+        self.knobs = knobs
+
+
+def _installed_triton(monkeypatch, which: str) -> None:
+    import types
+
+    if which == "none":
+        monkeypatch.setitem(sys.modules, "triton", None)  # import fails: no Triton, no Triton kernels
+    elif which == "3.6":  # knobs, but language has no force_disable_fp_fusion (the variable does nothing there)
+        knobs = pytest.importorskip("triton.knobs")
+        monkeypatch.setitem(sys.modules, "triton", _TritonWithout(types.SimpleNamespace(
+            language=types.SimpleNamespace(default_fp_fusion=True), runtime=knobs.runtime)))
+    elif which == "3.2":  # no knobs: its jit compares TRITON_INTERPRET with "1"
+        monkeypatch.setitem(sys.modules, "triton", _TritonWithout(None))
+    else:
+        pytest.importorskip("triton.knobs")
+
+
+@pytest.mark.parametrize("triton", ["installed", "3.6", "none"])
 @pytest.mark.parametrize("value, off", [("1", True), ("yes", True), ("TRUE", True), ("On", True), ("0", False),
                                         ("2", False), (" 1", False), ("", False)])
-def test_fp_fusion_forced_off_is_a_warning_where_triton_reads_the_switch_as_on(monkeypatch, value, off,
-                                                                                triton_importable):
+def test_fp_fusion_forced_off_is_a_warning_where_triton_reads_the_switch_as_on(monkeypatch, value, off, triton):
     """TRITON_FORCE_DISABLE_FP_FUSION takes fused multiply-add out of every Triton kernel, whatever the kernel asks
-    for (vlaperf's launches ask for it): a warning with the value and the fix where Triton reads the switch as on,
-    through its own knob or, without one, by its rule; no finding where it does not. Result files list the
-    variable either way."""
+    for (vlaperf's launches ask for it): a warning with the value and the fix where the installed Triton reads the
+    switch as on (its own knob: Triton 3.9 has it); nothing where Triton has no such switch (3.6) or is absent.
+    Result files list the variable either way."""
     monkeypatch.setenv("TRITON_FORCE_DISABLE_FP_FUSION", value)
-    if triton_importable:
-        knobs = pytest.importorskip("triton.knobs")
-        assert bool(knobs.language.force_disable_fp_fusion) == off  # the rule below is Triton's own
-    else:
-        monkeypatch.setitem(sys.modules, "triton", None)  # a machine without Triton: the fallback rule
+    _installed_triton(monkeypatch, triton)
+    if triton == "installed":
+        import triton.knobs as knobs
+
+        if not hasattr(knobs.language, "force_disable_fp_fusion"):
+            pytest.skip("this Triton has no TRITON_FORCE_DISABLE_FP_FUSION")
+        assert bool(knobs.language.force_disable_fp_fusion) == off  # Triton's own reading is the doctor's
+    warns = off and triton == "installed"
     found = by_id(environment_checks("cpu"))
-    assert ("env.fp_fusion_disabled" in found) == off
-    if off:
+    assert ("env.fp_fusion_disabled" in found) == warns
+    if warns:
         f = found["env.fp_fusion_disabled"]
         assert f["severity"] == "warning" and f"TRITON_FORCE_DISABLE_FP_FUSION={value}" in f["title"]
-        assert "inductor's and vlaperf's" in f["detail"] and f["fix"].startswith("unset TRITON_FORCE_DISABLE_FP_FUSION")
+        assert "inductor's and vlaperf's" in f["detail"] and f["fix"] == "unset TRITON_FORCE_DISABLE_FP_FUSION"
     assert f"TRITON_FORCE_DISABLE_FP_FUSION={value}" in found["env.variables"]["detail"]
 
 
-@pytest.mark.parametrize("triton_importable", [True, False])
-def test_debug_switches_left_on_a_gpu_machine_are_errors(monkeypatch, triton_importable):
-    """TRITON_INTERPRET (as Triton reads it) runs every Triton kernel in Triton's interpreter on the host, and
-    PYTORCH_NO_CUDA_MEMORY_CACHING=1 (torch reads only "1") a synchronizing cudaFree per tensor: errors on a GPU,
-    each with its fix; nothing on the CPU, where the interpreter is how the kernels' tests run; listed either way."""
-    if not triton_importable:
-        monkeypatch.setitem(sys.modules, "triton", None)  # no Triton: its rule, from the variable
+@pytest.mark.parametrize("triton", ["installed", "3.2", "none"])
+def test_debug_switches_left_on_a_gpu_machine_are_errors(monkeypatch, triton):
+    """TRITON_INTERPRET (as the installed Triton reads it: its knob, or exactly "1" before Triton had knobs) runs
+    every Triton kernel in Triton's interpreter on the host, and PYTORCH_NO_CUDA_MEMORY_CACHING=1 (torch reads only
+    "1") a synchronizing cudaFree per tensor: errors on a GPU, each with its fix; nothing on the CPU, where the
+    interpreter is how the kernels' tests run, or without Triton; listed either way."""
+    _installed_triton(monkeypatch, triton)
     assert doctor_mod._cuda_debug_switches() == []
-    for value, on in (("1", True), ("Yes", True), ("true", True), ("0", False), ("2", False)):
+    for value, knob, old in (("1", True, True), ("Yes", True, False), ("true", True, False), ("0", False, False),
+                             ("2", False, False)):
+        on = {"installed": knob, "3.2": old, "none": False}[triton]
         monkeypatch.setenv("TRITON_INTERPRET", value)
         found = by_id(doctor_mod._cuda_debug_switches())
         assert ("env.triton_interpreter" in found) == on, value
@@ -142,7 +169,8 @@ def test_debug_switches_left_on_a_gpu_machine_are_errors(monkeypatch, triton_imp
     monkeypatch.setattr(doctor_mod, "nvidia_smi", lambda args: None)  # no GPU needed: the checks read no device
     for device, errors in (("cuda", True), ("cpu", False)):
         found = by_id(environment_checks(device))
-        assert ("env.triton_interpreter" in found) == errors and ("env.uncached_allocator" in found) == errors, device
+        assert ("env.triton_interpreter" in found) == (errors and triton != "none"), device
+        assert ("env.uncached_allocator" in found) == errors, device
         assert {"TRITON_INTERPRET=1", "PYTORCH_NO_CUDA_MEMORY_CACHING=1"} <= set(found["env.variables"]["detail"].split(", "))
 
 

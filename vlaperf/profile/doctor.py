@@ -87,25 +87,31 @@ def _cuda_debug_switches() -> list[dict]:
     return out
 
 
-def _triton_interpreter_on() -> bool:
-    """TRITON_INTERPRET as Triton reads it (its knob, else its rule: "1", "true", "on" or "yes" in any case)."""
+def _triton_knobs():
+    """Triton's knobs module (Triton 3.4+), None before it, or False where Triton is not installed."""
     try:
-        from triton import knobs
+        import triton
+    except ImportError:
+        return False
+    return getattr(triton, "knobs", None)
 
-        return bool(knobs.runtime.interpret)
-    except (ImportError, AttributeError):
-        return os.environ.get("TRITON_INTERPRET", "").lower() in ("1", "true", "on", "yes")
+
+def _triton_interpreter_on() -> bool:
+    """TRITON_INTERPRET as the installed Triton reads it: its knob ("1", "true", "on" or "yes" in any case), or,
+    before Triton had knobs, exactly "1" (3.2's jit). No Triton, no interpreter."""
+    knobs = _triton_knobs()
+    if knobs is False:
+        return False
+    if knobs is None or not hasattr(knobs, "runtime"):
+        return os.environ.get("TRITON_INTERPRET", "0") == "1"
+    return bool(knobs.runtime.interpret)
 
 
 def _fp_fusion_forced_off() -> bool:
-    """TRITON_FORCE_DISABLE_FP_FUSION as Triton reads it: its knob where it has one (Triton 3.4+), else on for
-    "1", "true", "on" or "yes" in any case, unstripped, as its C++ reader."""
-    try:
-        from triton import knobs
-
-        return bool(knobs.language.force_disable_fp_fusion)
-    except (ImportError, AttributeError):
-        return os.environ.get("TRITON_FORCE_DISABLE_FP_FUSION", "").lower() in ("1", "true", "on", "yes")
+    """TRITON_FORCE_DISABLE_FP_FUSION as the installed Triton reads it: its knob, which Triton 3.9 has and 3.6 does
+    not (there the variable does nothing, and an explicit enable_fp_fusion wins over TRITON_DEFAULT_FP_FUSION)."""
+    knobs = _triton_knobs()
+    return bool(knobs and getattr(getattr(knobs, "language", None), "force_disable_fp_fusion", False))
 
 
 def environment_checks(device: torch.device | str | None = None, model_dtype: torch.dtype | None = None) -> list[dict]:
