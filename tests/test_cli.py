@@ -861,7 +861,7 @@ def test_a_full_size_model_on_the_cpu_is_announced_before_its_long_build(monkeyp
     monkeypatch.setattr(cli, "available_memory_bytes", lambda: None)  # no /proc/meminfo: the size alone
     with pytest.raises(_Built):
         main(args + ["--device", "cpu"])
-    assert "weights. Building them" in capsys.readouterr().err
+    assert "weights. A model this size is slow on a CPU" in capsys.readouterr().err
 
 
 def test_small_models_and_gpus_get_no_size_notice(monkeypatch, capsys):

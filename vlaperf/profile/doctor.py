@@ -146,8 +146,9 @@ def environment_checks(device: torch.device | str | None = None, model_dtype: to
             "env.fp_fusion_disabled", "warning",
             f"Triton's fused multiply-add is off: TRITON_FORCE_DISABLE_FP_FUSION={os.environ['TRITON_FORCE_DISABLE_FP_FUSION']}",
             "every Triton kernel compiles each multiply-add as two instructions that round twice, inductor's and "
-            "vlaperf's hand-written ones included, whatever they ask for: slower kernels, and actions that differ "
-            "from the ones checked and measured with it. A switch for matching another backend bit for bit.",
+            "vlaperf's hand-written ones included, whatever they ask for (compiled for sm_90, the attention merge "
+            "kernel's 17 fma became 18 multiplies and their adds): more instructions, not measured here, and actions "
+            "that differ from the ones checked and measured with it. A switch for matching another backend bit for bit.",
             fix="unset TRITON_FORCE_DISABLE_FP_FUSION"))
     if device.type == "cuda":
         out += _cuda_debug_switches()
