@@ -778,6 +778,46 @@ def test_serve_replicas_serves_the_front_end_and_exits_130_on_ctrl_c(no_ray_cli,
     assert no_ray_cli["deployed"][0][0].args[0]["device"] == "cpu" and no_ray_cli["shutdown"] == [("vlaperf", False)]
 
 
+def _cache_env(monkeypatch) -> dict:
+    """The compile-cache variables, cleared for the test (restored after it); returns a reader of them."""
+    from vlaperf.engine.compile import CACHE_ENV
+
+    for var in CACHE_ENV.values():
+        monkeypatch.delenv(var, raising=False)
+    return lambda: {sub: os.environ.get(var) for sub, var in CACHE_ENV.items()}
+
+
+def test_serve_replicas_applies_compile_cache_in_each_replica(no_ray_cli, monkeypatch, tmp_path):
+    """`serve --replicas N --compile-cache DIR`: each replica keeps its compile caches in DIR, as `serve` does without
+    Ray (the option used to stop at the front end, which compiles nothing)."""
+    cache = tmp_path / "cache"
+    no_ray_cli["deploy_error"] = RuntimeError("stop after the deploy")
+    assert no_ray_cli["run"]("1", "--workload", "tiny", "--compile-cache", str(cache)) == 1
+    ((build, _, _, _),) = no_ray_cli["deployed"]
+    assert build.args[0]["compile_cache"] == str(cache)
+    cache_env = _cache_env(monkeypatch)
+    build()  # what each replica runs
+    assert cache_env() == {"triton": str(cache / "triton"), "inductor": str(cache / "inductor")}
+
+
+def test_matrix_ray_applies_compile_cache_in_each_task(fake_run_matrix_ray, monkeypatch, tmp_path):
+    """`matrix --ray --compile-cache DIR`: the folder reaches every task, which keeps its compile caches there."""
+    from vlaperf.profile.ray_matrix import run_variant
+
+    cache = tmp_path / "cache"
+    assert fake_run_matrix_ray["run"]("--workload", "tiny", "--compile-cache", str(cache)) == 0
+    assert fake_run_matrix_ray["calls"][-1][1]["compile_cache"] == str(cache)
+    cache_env = _cache_env(monkeypatch)
+    run_variant({"workload": "tiny", "variant": "exact", "device": "cpu", "steps": 1, "warmup": 1, "iters": 1,
+                 "compile_cache": str(cache)})
+    assert cache_env() == {"triton": str(cache / "triton"), "inductor": str(cache / "inductor")}
+
+
+def test_ray_matrix_sends_compile_cache_with_each_task(fake_matrix_ray, tmp_path):
+    fake_matrix_ray["matrix"](["tiny"], "for_loop;exact", device="cpu", compile_cache=str(tmp_path))
+    assert [t["compile_cache"] for t in fake_matrix_ray["tasks"]] == [str(tmp_path)] * 2
+
+
 def test_run_variant_times_the_variant_beside_its_own_reference(monkeypatch):
     """One task, run here without Ray: the task's shape reaches the model, the variant and the reference are timed
     `iters` times each, and the row's speedup is the reference's median over the variant's."""

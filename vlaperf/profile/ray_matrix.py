@@ -94,7 +94,8 @@ def run_variant(task: dict) -> dict:
     spec = task["variant"]
     args = argparse.Namespace(workload=task["workload"], device=task.get("device"), dtype=task.get("dtype"),
                               steps=task.get("steps"), batch=task.get("batch"), seed=int(task.get("seed", 0)),
-                              checkpoint=task.get("checkpoint"), action_horizon=task.get("action_horizon"))
+                              checkpoint=task.get("checkpoint"), action_horizon=task.get("action_horizon"),
+                              compile_cache=task.get("compile_cache"))
     _, workload, model, device = setup(args)
     row: dict[str, Any] = {"variant": spec, "levers": [], "workload": workload.id,
                            "dtype": str(model.dtype).replace("torch.", ""),
@@ -127,11 +128,13 @@ def run_variant(task: dict) -> dict:
 
 def ray_matrix(workload_ids: list[str], variants: str, *, device: str | None = None, dtype: str | None = None,
                steps: int | None = None, batch: int | None = None, seed: int = 0, checkpoint: str | None = None,
-               action_horizon: int | None = None, warmup: int = 10, iters: int = 50, cpus_per_task: float = 1.0, log=print) -> list[dict]:
+               action_horizon: int | None = None, warmup: int = 10, iters: int = 50, cpus_per_task: float = 1.0,
+               compile_cache: str | None = None, log=print) -> list[dict]:
     """One merged matrix result (vlaperf.result/1) per workload. Needs ray.init() first.
 
     `device`: "cuda" (each task takes one whole GPU) or "cpu"; default cuda when the cluster
-    has GPUs. `variants` as `vlaperf matrix --variants`."""
+    has GPUs. `variants` as `vlaperf matrix --variants`. `compile_cache`: --compile-cache, applied in each task
+    (the folder must be writable where the tasks run)."""
     import ray
     import torch
 
@@ -158,7 +161,7 @@ def ray_matrix(workload_ids: list[str], variants: str, *, device: str | None = N
         for spec in timed:
             task = {"workload": wid, "variant": spec, "device": "cuda" if on_gpu else device, "dtype": dtype,
                     "steps": steps, "batch": batch, "action_horizon": action_horizon, "seed": seed, "checkpoint": checkpoint, "warmup": warmup,
-                    "iters": iters}
+                    "iters": iters, "compile_cache": compile_cache}
             plan.append((wid, spec, remote.remote(task)))
     log(f"vlaperf matrix --ray: {len(plan)} task(s) ({len(workload_ids)} workload(s)) on "
         f"{'one GPU each' if on_gpu else f'{cpus_per_task:g} CPU(s) each'}; cluster: "
@@ -281,7 +284,7 @@ def run_matrix_ray(args) -> int:
                                  batch=args.batch, seed=args.seed, checkpoint=args.checkpoint,
                                  action_horizon=getattr(args, "action_horizon", None), warmup=args.warmup,
                                  iters=args.iters, cpus_per_task=getattr(args, "ray_cpus_per_task", None) or 1.0,
-                                 log=lambda m: print(m, file=sys.stderr))
+                                 compile_cache=getattr(args, "compile_cache", None), log=lambda m: print(m, file=sys.stderr))
         except RuntimeError as e:
             raise CliError(str(e)) from None
     finally:

@@ -129,15 +129,16 @@ def ray_init(address: str | None = None, *, num_cpus: int | None = None, num_gpu
 def build_policy_from_spec(spec: dict):
     """A vlaperf Policy built as `vlaperf serve` builds it (cli.setup, make_engine, the
     equivalence check), from a plain dict of the serve options: workload, levers, device,
-    dtype, steps, action_horizon, seed, checkpoint, tokenizer, norm_stats, conventions, no_check, keep_reference
-    (the files' paths must be readable where the replica runs). Runs inside a replica."""
+    dtype, steps, action_horizon, seed, checkpoint, tokenizer, norm_stats, conventions, no_check, keep_reference,
+    compile_cache (the files' paths must be readable, the cache's writable, where the replica runs). Runs inside a
+    replica."""
     from vlaperf.cli import make_engine, setup
     from vlaperf.policy import Policy, load_checkpoint_io
 
     args = argparse.Namespace(workload=spec.get("workload"), device=spec.get("device"), dtype=spec.get("dtype"),
                               steps=spec.get("steps"), batch=None, seed=int(spec.get("seed", 0)),
                               checkpoint=spec.get("checkpoint"), action_horizon=spec.get("action_horizon"),
-                              conventions=spec.get("conventions"))
+                              conventions=spec.get("conventions"), compile_cache=spec.get("compile_cache"))
     _, workload, model, _ = setup(args)
     levers = spec.get("levers") or "serve"
     if levers == "serve":
@@ -477,7 +478,8 @@ def serve_replicas(args, api_key: str | None, warmup: list[int], console=None, c
                 "dtype": args.dtype, "steps": args.steps, "seed": args.seed, "checkpoint": args.checkpoint,
                 "no_check": args.no_check, "keep_reference": getattr(args, "keep_reference", False),
                 "tokenizer": getattr(args, "tokenizer", None), "norm_stats": getattr(args, "norm_stats", None),
-                "action_horizon": getattr(args, "action_horizon", None), "conventions": getattr(args, "conventions", None)}
+                "action_horizon": getattr(args, "action_horizon", None), "conventions": getattr(args, "conventions", None),
+                "compile_cache": getattr(args, "compile_cache", None)}
         options = ReplicaOptions(replicas=args.replicas, device=device, num_cpus=args.replica_cpus, app_name=app_name,
                                  request_timeout_s=args.replica_timeout_s)
         print(f"vlaperf serve: starting {args.replicas} replica(s) of {workload.id} on {device} "
