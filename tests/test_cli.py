@@ -874,3 +874,16 @@ def test_small_models_and_gpus_get_no_size_notice(monkeypatch, capsys):
     assert capsys.readouterr().err == ""
     meminfo = cli.available_memory_bytes()
     assert meminfo is None or meminfo > 0
+
+
+@pytest.mark.parametrize("workload", ["tiny", "wam-tiny"])
+def test_the_reference_run_says_where_to_go_next_and_an_engine_run_does_not(capsys, workload):
+    """`vlaperf bench` with no arguments times the reference: a first-time user is told which commands time the
+    engine and each lever; a run of the engine is not told again."""
+    base = ["bench", "--workload", workload, "--device", "cpu", "--iters", "1", "--warmup", "0"]
+    assert main(base) == 0
+    out = " ".join(capsys.readouterr().out.split())  # rich may wrap the line
+    assert "the reference path (openpi's semantics); next: `--levers best`" in out
+    assert "`vlaperf matrix --variants cumulative` what each lever buys" in out
+    assert main(base + ["--levers", "exact"]) == 0
+    assert "next: `--levers best`" not in capsys.readouterr().out

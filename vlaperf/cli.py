@@ -507,6 +507,9 @@ def print_bench(result: dict) -> None:
         console.print(f"equivalence vs the reference ({eq.get('seeds', '?')} seeds): actions rel L2 {eq['rel_l2']:.1e}"
                       f"{video}, max abs {eq['max_abs']:.2e}, tolerance {eq['tolerance']:.0e}: "
                       + ("passed" if eq["passed"] else "FAILED"))
+    if result["variant"]["label"] == "reference":  # what `vlaperf bench` with no arguments runs: say where to go next
+        console.print("the reference path (openpi's semantics); next: `--levers best` times the engine with every "
+                      "lever, `vlaperf matrix --variants cumulative` what each lever buys", style="dim")
 
 
 # --------------------------------------------------------------------------- check
