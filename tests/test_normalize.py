@@ -135,6 +135,29 @@ def test_paligemma_tokenizer_uses_openpis_prompt_conventions(tmp_path):
         PaligemmaTokenizer(bad)
 
 
+def test_a_tokenizer_of_the_other_prompt_style_is_refused_by_the_conventions(tmp_path):
+    """pi0's prompt is openpi's (the task cleaned) or LeRobot's (as given): a Policy given conventions and a
+    tokenizer built for the other training said nothing and fed the model prompts it was not trained on."""
+    from vlaperf.policy import load_checkpoint_io
+
+    openpi_style = PaligemmaTokenizer(_sentencepiece_model(tmp_path))
+    lerobot_style = PaligemmaTokenizer(openpi_style.source, style="lerobot")
+    tiny50 = TINY.with_overrides(horizon=50)
+    model = build_model(get_config("tiny", action_horizon=50))
+    with pytest.raises(ValueError, match=r"tokenizer: builds pi0's prompt in openpi's style; conventions "
+                                         r"'lerobot:pi0' were trained with lerobot's .*style='lerobot'"):
+        Policy(model, model.sample_actions, tiny50, tokenizer=openpi_style, conventions="lerobot:pi0")
+    with pytest.raises(ValueError, match="in lerobot's style; conventions 'openpi:pi0_libero'"):
+        Policy(model, model.sample_actions, tiny50, tokenizer=lerobot_style, conventions="openpi:pi0_libero")
+    Policy(model, model.sample_actions, tiny50, tokenizer=lerobot_style, conventions="lerobot:pi0")
+    Policy(model, model.sample_actions, tiny50, tokenizer=lerobot_style)  # no conventions: the caller's choice
+    tokenizer, _ = load_checkpoint_io(openpi_style.source, None, model.config, "lerobot:pi0")
+    assert tokenizer.style == "lerobot"
+    Policy(model, model.sample_actions, tiny50, tokenizer=tokenizer, conventions="lerobot:pi0")
+    pi05 = build_model(get_config("tiny", pi05=True, action_horizon=50))  # pi0.5's prompt has one form
+    Policy(pi05, pi05.sample_actions, tiny50, tokenizer=lerobot_style, conventions="lerobot:pi05")
+
+
 def test_serve_checks_tokenizer_and_norm_stats_before_serving(tmp_path, capsys):
     from vlaperf.cli import main as run_cli
 

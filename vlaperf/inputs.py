@@ -389,6 +389,13 @@ class ObservationTransform:
         if why is not None:
             raise ValueError(why)
         self.tokenizer = tokenizer or WordHashTokenizer(config.backbone.vocab_size)
+        style, want = getattr(tokenizer, "style", None), self.conventions.prompt_style
+        if style is not None and style != want and not config.pi05 and self.conventions.name != "none":
+            # pi0's prompt differs between openpi's and LeRobot's training: a tokenizer built for the other one
+            # gave the model prompts it was not trained on, silently
+            raise ValueError(f"tokenizer: builds pi0's prompt in {style}'s style; conventions "
+                             f"{self.conventions.name!r} were trained with {want}'s (PaligemmaTokenizer(path, "
+                             f"style={want!r}), or load_checkpoint_io(..., conventions={self.conventions.name!r}))")
         self.norm_stats = norm_stats
         if norm_stats is not None:
             norm_stats.check_dims(workload.state_dim)
