@@ -19,6 +19,31 @@ def pytest_configure(config):
         os.environ.setdefault("OMP_NUM_THREADS", str(share))
 
 
+COMPILE_CACHE_VARS = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
+
+
+@pytest.fixture(autouse=True)
+def compile_caches_stay_put():
+    """A test that points the compile caches somewhere (--compile-cache, use_compile_cache) must put them back: a
+    folder left in os.environ sent every later compile of the process into a test's deleted tmp folder, and the next
+    result file recorded it (a Ray replica test did this and a report test far away failed). Torch setting
+    TORCHINDUCTOR_CACHE_DIR to its own default when inductor first looks is not a test's doing."""
+    before = {var: os.environ.get(var) for var in COMPILE_CACHE_VARS}
+    yield
+    changed = {var: (before[var], os.environ.get(var)) for var in COMPILE_CACHE_VARS if os.environ.get(var) != before[var]}
+    if before["TORCHINDUCTOR_CACHE_DIR"] is None and "TORCHINDUCTOR_CACHE_DIR" in changed:
+        from torch._inductor.runtime.cache_dir_utils import default_cache_dir
+
+        if changed["TORCHINDUCTOR_CACHE_DIR"][1] == default_cache_dir():
+            del changed["TORCHINDUCTOR_CACHE_DIR"]
+    for var, (value, _) in changed.items():  # put back, so one leak fails one test, not every later one
+        if value is None:
+            os.environ.pop(var, None)
+        else:
+            os.environ[var] = value
+    assert not changed, f"the test left compile-cache variables changed (before, after): {changed}"
+
+
 @pytest.fixture(scope="session")
 def tiny_workload():
     return get_workload("tiny")

@@ -779,11 +779,14 @@ def test_serve_replicas_serves_the_front_end_and_exits_130_on_ctrl_c(no_ray_cli,
 
 
 def _cache_env(monkeypatch) -> dict:
-    """The compile-cache variables, cleared for the test (restored after it); returns a reader of them."""
+    """The compile-cache variables, cleared for the test and restored after it; returns a reader of them. Set first so
+    that monkeypatch records them even where they were unset: a delenv of an unset variable records nothing, and the
+    folder the test's replica set then stayed in os.environ for every later test of the process."""
     from vlaperf.engine.compile import CACHE_ENV
 
     for var in CACHE_ENV.values():
-        monkeypatch.delenv(var, raising=False)
+        monkeypatch.setenv(var, "unset-by-test")
+        monkeypatch.delenv(var)
     return lambda: {sub: os.environ.get(var) for sub, var in CACHE_ENV.items()}
 
 
