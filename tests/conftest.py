@@ -26,16 +26,21 @@ COMPILE_CACHE_VARS = ("TRITON_CACHE_DIR", "TORCHINDUCTOR_CACHE_DIR")
 def compile_caches_stay_put():
     """A test that points the compile caches somewhere (--compile-cache, use_compile_cache) must put them back: a
     folder left in os.environ sent every later compile of the process into a test's deleted tmp folder, and the next
-    result file recorded it (a Ray replica test did this and a report test far away failed). Torch setting
-    TORCHINDUCTOR_CACHE_DIR to its own default when inductor first looks is not a test's doing."""
+    result file recorded it (a Ray replica test did this and a report test far away failed). What inductor sets
+    itself where they were unset is not a test's doing: TORCHINDUCTOR_CACHE_DIR as its default when it first looks,
+    and TRITON_CACHE_DIR as <that folder>/triton/<device> when it first loads a Triton kernel (on a GPU)."""
     before = {var: os.environ.get(var) for var in COMPILE_CACHE_VARS}
     yield
     changed = {var: (before[var], os.environ.get(var)) for var in COMPILE_CACHE_VARS if os.environ.get(var) != before[var]}
-    if before["TORCHINDUCTOR_CACHE_DIR"] is None and "TORCHINDUCTOR_CACHE_DIR" in changed:
+    if changed:
         from torch._inductor.runtime.cache_dir_utils import default_cache_dir
 
-        if changed["TORCHINDUCTOR_CACHE_DIR"][1] == default_cache_dir():
-            del changed["TORCHINDUCTOR_CACHE_DIR"]
+        inductor = os.environ.get("TORCHINDUCTOR_CACHE_DIR") or default_cache_dir()
+        torch_made = {"TORCHINDUCTOR_CACHE_DIR": lambda v: v == default_cache_dir(),
+                      "TRITON_CACHE_DIR": lambda v: os.path.dirname(v) == os.path.join(inductor, "triton")
+                      and os.path.basename(v).isdigit()}
+        changed = {var: (old, new) for var, (old, new) in changed.items()
+                   if not (old is None and new is not None and torch_made[var](new))}
     for var, (value, _) in changed.items():  # put back, so one leak fails one test, not every later one
         if value is None:
             os.environ.pop(var, None)
