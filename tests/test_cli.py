@@ -887,3 +887,17 @@ def test_the_reference_run_says_where_to_go_next_and_an_engine_run_does_not(caps
     assert "`vlaperf matrix --variants cumulative` what each lever buys" in out
     assert main(base + ["--levers", "exact"]) == 0
     assert "next: `--levers best`" not in capsys.readouterr().out
+
+
+def test_every_option_with_a_default_names_it_in_its_help():
+    """`vlaperf <command> --help` says each option's default where it has one (a value, not None or a flag's False):
+    compare's --warmup / --iters had no help at all, check's --seeds and every --seed gave none."""
+    import argparse
+
+    from vlaperf.cli import build_parser
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    missing = [f"{name} {action.option_strings[-1]}" for name, p in sub.choices.items() for action in p._actions
+               if action.option_strings and action.default not in (None, False, argparse.SUPPRESS)
+               and "default" not in (action.help or "")]
+    assert not missing, missing

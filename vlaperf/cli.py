@@ -216,13 +216,15 @@ def variants_arg(text: str) -> str:
 
 def add_common(p: argparse.ArgumentParser, levers_default: str = "reference", levers_help: str | None = None) -> None:
     p.add_argument("--workload", type=workload_arg, default=None,
-                   help="workload id (default: libero-pi0 on a GPU, tiny on the CPU)")
+                   help="workload id, as `vlaperf workloads` lists them (default: libero-pi0 on a GPU, tiny on the CPU)")
     p.add_argument("--device", type=device_arg, default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--steps", type=steps_int, default=None, help="denoise steps, 1..1000 (default: the workload's)")
     p.add_argument("--batch", type=batch_int, default=None, help=f"batch size, 1..{MAX_BATCH} (default: the workload's)")
     add_action_horizon(p)
-    p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights and inputs")
+    p.add_argument("--seed", type=seed_int, default=0,
+                   help="seed of the random weights and inputs (default: 0)" if p.prog.split()[-1] != "check" else
+                   "seed of the random weights; the checked inputs are fixed, --seeds of them (default: 0)")
     p.add_argument("--checkpoint", type=path_arg, default=None, help="openpi or LeRobot model.safetensors, or an openpi JAX checkpoint "
                    "folder (orbax params/; needs tensorstore) (default: random weights)")
     p.add_argument("--levers", type=levers_arg, default=levers_default,
@@ -235,9 +237,11 @@ def add_common(p: argparse.ArgumentParser, levers_default: str = "reference", le
                    help="world-action workloads: frame sparsity (default: " + (
                        "all three" if p.prog.split()[-1] in ("check", "matrix") else "the workload's") + ")")
     p.add_argument("--video-steps", type=steps_int, default=None,
-                   help="world-action workloads: the video's denoise steps (< --steps: the video's early stop)")
+                   help="world-action workloads: the video's denoise steps, 1..--steps (< --steps: the video's early "
+                        "stop; default: the workload's, scaled with --steps)")
     p.add_argument("--cfg-scale", type=non_negative_float, default=None,
-                   help="world-action workloads: classifier-free guidance scale (0: off; > 0 doubles the batch)")
+                   help="world-action workloads: classifier-free guidance scale (0: off; > 0 doubles the batch; "
+                        "default: the workload's)")
     add_compile_cache(p)
 
 
@@ -711,7 +715,7 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(p)
     p.add_argument("--mode", choices=("model", "policy", "forward"), default="model",
                    help="model: the call on device tensors; policy: the served path (pi0 family); forward: one model "
-                        "forward (world-action workloads)")
+                        "forward (world-action workloads) (default: model)")
     p.add_argument("--warmup", type=non_negative_int, default=30, help="untimed calls after the first (default: 30)")
     p.add_argument("--iters", type=positive_int, default=100, help="timed calls (default: 100)")
     p.add_argument("--no-check", action="store_true", help="skip the equivalence check of a non-reference variant")
@@ -729,7 +733,9 @@ def build_parser() -> argparse.ArgumentParser:
                levers_help="'all' (default: each lever that applies on this device alone, with what it needs, then "
                            "'best', which covers compile and compile_layers), or ';'-separated variants, each a preset "
                            "or a comma list, e.g. 'for_loop,sdpa;best'")
-    p.add_argument("--seeds", type=positive_int, default=2, help="fresh random inputs per variant")
+    p.add_argument("--seeds", type=positive_int, default=2,
+                   help="random inputs each variant is checked on, the same for every variant and --seed; the worst "
+                        "one is shown (default: 2)")
     p.set_defaults(func=cmd_check)
 
     p = sub.add_parser("matrix", help="optimization matrix: variants interleaved in one process")

@@ -30,20 +30,23 @@ def register(subparsers) -> None:
     p.add_argument("--workload", default=None, choices=COMPARE_WORKLOADS,
                    help="default: libero-pi0 on a GPU, tiny on the CPU; tiny and libero-shallow6 build a reduced LeRobot model")
     p.add_argument("--against", choices=("lerobot",), default="lerobot",
-                   help="the peer (openpi: use vlaperf.compare.openpi from Python with your openpi model)")
+                   help="the peer, the only one so far (openpi: use vlaperf.compare.openpi from Python with your "
+                        "openpi model) (default: lerobot)")
     p.add_argument("--device", type=device_arg, default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--steps", type=steps_int, default=None, help="denoise steps, 1..1000 (default: the workload's)")
-    p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights and inputs")
-    p.add_argument("--levers", default="best", help="vlaperf variant timed besides the reference ('best', a comma list, or 'reference')")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights and inputs (default: 0)")
+    p.add_argument("--levers", default="best", help="vlaperf variant timed besides the reference ('best', a comma list, or 'reference'; "
+                   "default: best)")
     p.add_argument("--reduced", action="store_true",
                    help="build LeRobot (and vlaperf) at a reduced size (see vlaperf.compare.lerobot.Reduced); CPU-friendly")
     p.add_argument("--lerobot-compile", default="max-autotune", choices=(*COMPILE_MODES, "none"),
                    help="also time LeRobot compiled as its compile_model=True does, with this compile_mode (default: "
                         "LeRobot's own default, max-autotune); 'none' to skip")
     p.add_argument("--no-timing", action="store_true", help="equivalence only")
-    p.add_argument("--warmup", type=positive_int, default=10)
-    p.add_argument("--iters", type=positive_int, default=50)
+    p.add_argument("--warmup", type=positive_int, default=10, help="untimed calls of each timed path first (default: 10)")
+    p.add_argument("--iters", type=positive_int, default=50,
+                   help="interleaved rounds, one timed call of each path a round (default: 50)")
     p.add_argument("--json", type=output_file, default=None, help="write the result file here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     p.set_defaults(func=cmd_compare)

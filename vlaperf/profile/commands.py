@@ -375,7 +375,8 @@ def register(subparsers) -> None:
                               conflict_handler="resolve")
     add_common(p)
     p.add_argument("--steps", dest="steps_list", type=_step_list, default=[1, 2, 5, 10, 20],
-                   help="comma-separated step counts (default 1,2,5,10,20)")
+                   help="comma-separated step counts, at least two different "
+                        "ones in 1..1000 (default: 1,2,5,10,20)")
     p.set_defaults(steps=None)
     p.add_argument("--levers", type=levers_arg, default="reference",
                    help="a variant, or several separated by ';' to compare slopes, e.g. 'reference;for_loop' "
@@ -392,9 +393,11 @@ def register(subparsers) -> None:
     p.add_argument("--calls", type=positive_int, default=2, help="watched calls, after the warm-up (default: 2)")
     p.add_argument("--warmup", type=non_negative_int, default=1, help="unwatched calls first (default: 1)")
     p.add_argument("--source", choices=("auto", "cuda", "mode"), default="auto",
-                   help="cuda: torch.cuda sync debug mode; mode: host reads seen by a TorchFunctionMode")
+                   help="cuda: torch.cuda sync debug mode (a GPU only); mode: host reads seen by a "
+                        "TorchFunctionMode; auto (the default): cuda on a GPU, mode elsewhere")
     p.add_argument("--treat-as-device", choices=("auto", "yes", "no"), default="auto",
-                   help="count host reads of CPU tensors as syncs (auto: on the CPU)")
+                   help="mode: count host reads of CPU tensors as syncs (auto, the default: yes on the "
+                        "CPU, no on a GPU)")
     p.set_defaults(func=cmd_syncs)
 
     p = subparsers.add_parser("doctor", help="environment and policy checks, with measured costs and fixes")
@@ -405,7 +408,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("report", help="render result files into an HTML or markdown report")
     p.add_argument("paths", nargs="+",
                    help="result JSON files, or folders: each folder's *.json (not its subfolders, where traces and logs live)")
-    p.add_argument("-o", "--output", type=output_file, default="report.html", help="report.html (self-contained) or report.md")
+    p.add_argument("-o", "--output", type=output_file, default="report.html", help="report.html (self-contained) or report.md "
+                   "(default: report.html)")
     p.add_argument("--jobs", type=positive_int, default=None,
                    help="processes that draw the figures (default: this machine's cores, at most 8; 1 draws them here). "
                         "The report is the same whatever the number")

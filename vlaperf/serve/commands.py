@@ -92,7 +92,7 @@ def register(subparsers) -> None:
     """Add `serve`, `loadgen` and `rollout` to vlaperf's subparsers."""
     p = subparsers.add_parser("serve", help="serve a policy over websockets (openpi-client compatible)")
     p.add_argument("--workload", type=workload_arg, default=None,
-                   help="workload id (default: libero-pi0 on a GPU, tiny on the CPU)")
+                   help="workload id, as `vlaperf workloads` lists them (default: libero-pi0 on a GPU, tiny on the CPU)")
     p.add_argument("--levers", type=levers_arg, default="serve",
                    help="'serve' (default: 'graph' on a GPU, 'exact' on the CPU: no compile, so every batch size "
                         "and prompt bucket warms up in seconds), 'best', 'reference' or a comma list (`vlaperf levers`)")
@@ -120,7 +120,7 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--steps", type=steps_int, default=None, help="denoise steps, 1..1000 (default: the workload's)")
     add_action_horizon(p, conventions=True)
-    p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights (default: 0)")
     p.add_argument("--checkpoint", type=path_arg, default=None, help="openpi or LeRobot model.safetensors, or an openpi JAX checkpoint "
                    "folder (orbax params/; needs tensorstore) (default: random weights)")
     p.add_argument("--tokenizer", type=path_arg, default=None,
@@ -133,9 +133,11 @@ def register(subparsers) -> None:
     add_conventions(p)
     p.add_argument("--no-check", action="store_true", help="skip the equivalence check of the engine before serving")
     p.add_argument("--sparsity", choices=("none", "drop_middle", "mae_middle"), default=None,
-                   help="world-action workloads: frame sparsity of the served model")
-    p.add_argument("--video-steps", type=_positive_int, default=None, help="world-action workloads: the video's steps")
-    p.add_argument("--cfg-scale", type=_non_negative_float, default=None, help="world-action workloads: guidance scale")
+                   help="world-action workloads: frame sparsity of the served model (default: the workload's)")
+    p.add_argument("--video-steps", type=_positive_int, default=None, help="world-action workloads: the video's denoise steps, 1..--steps "
+                   "(default: the workload's, scaled with --steps)")
+    p.add_argument("--cfg-scale", type=_non_negative_float, default=None, help="world-action workloads: classifier-free "
+                   "guidance scale (0: off; > 0 doubles the batch; default: the workload's)")
     p.add_argument("--keep-reference", action="store_true",
                    help="keep the reference model's weights that the engine holds fused copies of (by default they are "
                         "freed after the check: 3.2 GB for pi0 in bf16, 3.4 GB with megakernel)")
