@@ -707,7 +707,12 @@ def cmd_matrix(args) -> int:
 
 
 def build_parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(prog="vlaperf", description="Fast, honestly measured inference for pi0-family policies.")
+    parser = argparse.ArgumentParser(
+        prog="vlaperf", description="Fast, honestly measured inference for pi0-family policies.",
+        epilog="`vlaperf <command> --help` lists a command's options. Exit codes: 0 ok; 1 a check failed (bench, "
+               "check, serve, compare: a variant not equivalent to its reference; doctor: a finding of severity error; "
+               "loadgen, rollout: errors, lost replies or the time limit); 2 bad arguments or setup; 130 interrupted; "
+               "143 matrix stopped by SIGTERM after writing what it had.")
     parser.add_argument("--version", action="version", version=f"vlaperf {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
