@@ -702,6 +702,31 @@ def test_loadgen_limits_are_refused_as_options(argv, message, capsys):
             parser.parse_args(argv)
 
 
+@pytest.mark.parametrize("argv,message", [
+    (["--episodes", "5000"], "argument --episodes: expected an integer >= 1 and <= 1000, got 5000"),
+    (["--steps-per-episode", "200000"], "argument --steps-per-episode: expected an integer >= 1 and <= 100000"),
+    (["--control-hz", "5000"], "argument --control-hz: expected a number > 0 and <= 1000.0, got 5000.0"),
+    (["--timeout-s", "100000"], "argument --timeout-s: expected a number > 0 and <= 86400.0"),
+])
+def test_rollout_limits_are_refused_as_options(argv, message, capsys):
+    """Past run_rollout's limits, the parser names the option, as loadgen's does (it said 'control_hz must be in
+    (0, 1000]' after the parse), and the parser's bounds are run_rollout's own."""
+    from vlaperf.serve import commands, rollout
+
+    assert (commands.ROLLOUT_MAX_EPISODES, commands.ROLLOUT_MAX_STEPS, commands.ROLLOUT_MAX_CONTROL_HZ,
+            commands.ROLLOUT_MAX_TIMEOUT_S) == (rollout.MAX_EPISODES, rollout.MAX_STEPS, rollout.MAX_CONTROL_HZ,
+                                                rollout.MAX_TIMEOUT_S)
+    parser = argparse.ArgumentParser(prog="vlaperf")
+    commands.register(parser.add_subparsers(dest="command", required=True))
+    with pytest.raises(SystemExit):
+        parser.parse_args(["rollout", *argv])
+    assert message in capsys.readouterr().err
+    at_limit = parser.parse_args(["rollout", "--episodes", "1000", "--steps-per-episode", "100000", "--control-hz",
+                                  "1000", "--timeout-s", "86400"])
+    assert (at_limit.episodes, at_limit.steps_per_episode, at_limit.control_hz, at_limit.timeout_s) == (
+        1000, 100_000, 1000.0, 86400.0)
+
+
 def test_serve_refuses_a_taken_port_before_building_the_model(capsys, monkeypatch):
     import socket
 

@@ -57,6 +57,12 @@ LOADGEN_MAX_CLIENTS, LOADGEN_MAX_REQUESTS, LOADGEN_MAX_TIMEOUT_S, LOADGEN_MAX_WA
 _requests_int = number_arg(int, 1, maximum=LOADGEN_MAX_REQUESTS)
 _warmup_int = number_arg(int, 0, maximum=LOADGEN_MAX_WARMUP)
 _phase_timeout_s = number_arg(float, 0, strict=True, maximum=LOADGEN_MAX_TIMEOUT_S)
+# rollout's, as loadgen's: vlaperf.serve.rollout's MAX_EPISODES, MAX_STEPS, MAX_CONTROL_HZ and MAX_TIMEOUT_S
+ROLLOUT_MAX_EPISODES, ROLLOUT_MAX_STEPS, ROLLOUT_MAX_CONTROL_HZ, ROLLOUT_MAX_TIMEOUT_S = 1000, 100_000, 1000.0, 86400.0
+_episodes_int = number_arg(int, 1, maximum=ROLLOUT_MAX_EPISODES)
+_episode_steps_int = number_arg(int, 1, maximum=ROLLOUT_MAX_STEPS)
+_control_hz = number_arg(float, 0, strict=True, maximum=ROLLOUT_MAX_CONTROL_HZ)
+_rollout_timeout_s = number_arg(float, 0, strict=True, maximum=ROLLOUT_MAX_TIMEOUT_S)
 
 
 def _queue_size(text: str) -> int:
@@ -96,7 +102,8 @@ def register(subparsers) -> None:
     p.add_argument("--levers", type=levers_arg, default="serve",
                    help="'serve' (default: 'graph' on a GPU, 'exact' on the CPU: no compile, so every batch size "
                         "and prompt bucket warms up in seconds), 'best', 'reference' or a comma list (`vlaperf levers`)")
-    p.add_argument("--host", default="127.0.0.1", help="address to bind (default loopback only)")
+    p.add_argument("--host", default="127.0.0.1", help="address to bind (default: 127.0.0.1, loopback only; another "
+                   "address needs --api-key or --allow-unauthenticated)")
     p.add_argument("--port", type=port_int, default=8000, help="port, 0 for any free one (default: 8000)")
     p.add_argument("--api-key", default=None,
                    help=f"require 'Authorization: Api-Key <key>' (default: ${API_KEY_ENV} if set, else no auth)")
@@ -146,7 +153,8 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_serve)
 
     p = subparsers.add_parser("loadgen", help="closed-loop load test of a running policy server (loopback)")
-    p.add_argument("--url", default="ws://127.0.0.1:8000", help="the server, on loopback (default: ws://127.0.0.1:8000)")
+    p.add_argument("--url", default="ws://127.0.0.1:8000", help="the server's websocket URL, on loopback only "
+                   "(127.0.0.0/8, ::1, localhost; default: ws://127.0.0.1:8000)")
     p.add_argument("--clients", type=_client_list, default=[1, 4, 8],
                    help=f"concurrent clients per phase, 1..{LOADGEN_MAX_CLIENTS} each (default: 1,4,8)")
     p.add_argument("--requests", type=_requests_int, default=20, help=f"timed requests per client, 1..{LOADGEN_MAX_REQUESTS} (default: 20)")
@@ -154,24 +162,32 @@ def register(subparsers) -> None:
                    help=f"untimed requests per client first, 0..{LOADGEN_MAX_WARMUP} (default: 1)")
     p.add_argument("--timeout-s", type=_phase_timeout_s, default=120.0,
                    help=f"time limit per phase, seconds, at most {LOADGEN_MAX_TIMEOUT_S:g} (default: 120)")
-    p.add_argument("--api-key", default=None, help=f"default: ${API_KEY_ENV} if set")
-    p.add_argument("--workload", type=workload_arg, default=None, help="default: the one the server reports")
+    p.add_argument("--api-key", default=None,
+                   help=f"the server's key, sent as 'Authorization: Api-Key <key>' (default: ${API_KEY_ENV} if set)")
+    p.add_argument("--workload", type=workload_arg, default=None, help="the workload whose observations are sent, which "
+                   "must be the served one (default: the one the server reports)")
     p.add_argument("--image-size", type=_image_side, default=224, help="side of the camera images sent, 4..4096 (default: 224)")
     p.add_argument("--json", type=output_file, default=None, help="write the result file here")
     p.set_defaults(func=cmd_loadgen)
 
     p = subparsers.add_parser("rollout", help="control-loop timing against a running server (synthetic observations)")
-    p.add_argument("--url", default="ws://127.0.0.1:8000", help="the server, on loopback (default: ws://127.0.0.1:8000)")
-    p.add_argument("--episodes", type=_positive_int, default=3, help="episodes (default: 3)")
-    p.add_argument("--steps-per-episode", type=_positive_int, default=50, help="control steps an episode (default: 50)")
-    p.add_argument("--control-hz", type=_positive_float, default=10.0,
-                   help="the control loop's rate, steps a second (default: 10)")
+    p.add_argument("--url", default="ws://127.0.0.1:8000", help="the server's websocket URL, on loopback only "
+                   "(127.0.0.0/8, ::1, localhost; default: ws://127.0.0.1:8000)")
+    p.add_argument("--episodes", type=_episodes_int, default=3,
+                   help=f"episodes, 1..{ROLLOUT_MAX_EPISODES} (default: 3)")
+    p.add_argument("--steps-per-episode", type=_episode_steps_int, default=50,
+                   help=f"control steps an episode, 1..{ROLLOUT_MAX_STEPS} (default: 50)")
+    p.add_argument("--control-hz", type=_control_hz, default=10.0,
+                   help=f"the control loop's rate, steps a second, at most {ROLLOUT_MAX_CONTROL_HZ:g} (default: 10)")
     p.add_argument("--replan-every", type=_positive_int, default=None,
-                   help="actions of each chunk executed before the next call (default: 5, or the served action horizon "
-                        "if shorter)")
-    p.add_argument("--timeout-s", type=_positive_float, default=600.0, help="time limit of the whole run (default: 600)")
-    p.add_argument("--api-key", default=None, help=f"default: ${API_KEY_ENV} if set")
-    p.add_argument("--workload", type=workload_arg, default=None, help="default: the one the server reports")
+                   help="actions of each chunk executed before the next call, at most the served action horizon "
+                        "(default: 5, or that horizon if shorter)")
+    p.add_argument("--timeout-s", type=_rollout_timeout_s, default=600.0,
+                   help=f"time limit of the whole run, seconds, at most {ROLLOUT_MAX_TIMEOUT_S:g} (default: 600)")
+    p.add_argument("--api-key", default=None,
+                   help=f"the server's key, sent as 'Authorization: Api-Key <key>' (default: ${API_KEY_ENV} if set)")
+    p.add_argument("--workload", type=workload_arg, default=None, help="the workload whose observations are sent, which "
+                   "must be the served one (default: the one the server reports)")
     p.add_argument("--image-size", type=_image_side, default=224, help="side of the camera images sent, 4..4096 (default: 224)")
     p.add_argument("--json", type=output_file, default=None, help="write the result file here")
     p.set_defaults(func=cmd_rollout)

@@ -23,7 +23,7 @@ from vlaperf.serve.loadgen import (LoadgenError, check_loopback_url, check_reque
                                    result_header)
 from vlaperf.timing import summarize
 
-MAX_EPISODES, MAX_STEPS = 1000, 100_000
+MAX_EPISODES, MAX_STEPS, MAX_CONTROL_HZ, MAX_TIMEOUT_S = 1000, 100_000, 1000.0, 24 * 3600.0
 DEFAULT_REPLAN_EVERY = 5  # or the action horizon, where the served model's chunk is shorter (wam-tiny: 4)
 
 
@@ -37,10 +37,10 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
         raise LoadgenError(f"episodes must be an integer in [1, {MAX_EPISODES}], got {episodes!r}")
     if not isinstance(steps_per_episode, int) or not 1 <= steps_per_episode <= MAX_STEPS:
         raise LoadgenError(f"steps_per_episode must be an integer in [1, {MAX_STEPS}], got {steps_per_episode!r}")
-    if not 0 < control_hz <= 1000:
-        raise LoadgenError(f"control_hz must be in (0, 1000], got {control_hz!r}")
-    if not 0 < timeout_s <= 24 * 3600:
-        raise LoadgenError(f"timeout_s must be in (0, 86400], got {timeout_s!r}")
+    if not 0 < control_hz <= MAX_CONTROL_HZ:
+        raise LoadgenError(f"control_hz must be in (0, {MAX_CONTROL_HZ:g}], got {control_hz!r}")
+    if not 0 < timeout_s <= MAX_TIMEOUT_S:
+        raise LoadgenError(f"timeout_s must be in (0, {MAX_TIMEOUT_S:g}], got {timeout_s!r}")
     try:
         client = Client(url, api_key=api_key, timeout_s=min(timeout_s, 60.0))
     except Exception as e:
