@@ -240,7 +240,7 @@ def add_common(p: argparse.ArgumentParser, levers_default: str = "reference", le
                    help="world-action workloads: the video's denoise steps, 1..--steps (< --steps: the video's early "
                         "stop; default: the workload's, scaled with --steps)")
     p.add_argument("--cfg-scale", type=non_negative_float, default=None,
-                   help="world-action workloads: classifier-free guidance scale (0: off; > 0 doubles the batch; "
+                   help="world-action workloads: classifier-free guidance scale, 0..100 (0: off; > 0 doubles the batch; "
                         "default: the workload's)")
     add_compile_cache(p)
 

@@ -144,7 +144,7 @@ def register(subparsers) -> None:
     p.add_argument("--video-steps", type=_positive_int, default=None, help="world-action workloads: the video's denoise steps, 1..--steps "
                    "(default: the workload's, scaled with --steps)")
     p.add_argument("--cfg-scale", type=_non_negative_float, default=None, help="world-action workloads: classifier-free "
-                   "guidance scale (0: off; > 0 doubles the batch; default: the workload's)")
+                   "guidance scale, 0..100 (0: off; > 0 doubles the batch; default: the workload's)")
     p.add_argument("--keep-reference", action="store_true",
                    help="keep the reference model's weights that the engine holds fused copies of (by default they are "
                         "freed after the check: 3.2 GB for pi0 in bf16, 3.4 GB with megakernel)")
