@@ -660,10 +660,7 @@ def test_warmup_batch_sizes():
 
 
 def test_cli_register_parses():
-    from vlaperf.serve.commands import register
-
-    parser = argparse.ArgumentParser(prog="vlaperf")
-    register(parser.add_subparsers(dest="command", required=True))
+    parser = _cli_parser()
     a = parser.parse_args(["serve", "--workload", "tiny", "--port", "0", "--max-batch", "4", "--max-wait-ms", "0"])
     assert (a.levers, a.host, a.port, a.max_batch, a.max_wait_ms, a.api_key) == ("serve", "127.0.0.1", 0, 4, 0.0, None)
     assert hasattr(a, "func") and a.device is None and a.dtype is None and a.checkpoint is None and a.seed == 0
@@ -689,8 +686,7 @@ def test_loadgen_limits_are_refused_as_options(argv, message, capsys):
     assert (commands.LOADGEN_MAX_CLIENTS, commands.LOADGEN_MAX_REQUESTS, commands.LOADGEN_MAX_TIMEOUT_S,
             commands.LOADGEN_MAX_WARMUP) == (loadgen.MAX_CLIENTS, loadgen.MAX_REQUESTS, loadgen.MAX_TIMEOUT_S,
                                              loadgen.MAX_WARMUP)
-    parser = argparse.ArgumentParser(prog="vlaperf")
-    commands.register(parser.add_subparsers(dest="command", required=True))
+    parser = _cli_parser()
     with pytest.raises(SystemExit):
         parser.parse_args(["loadgen", *argv])
     assert message in capsys.readouterr().err
@@ -716,8 +712,7 @@ def test_rollout_limits_are_refused_as_options(argv, message, capsys):
     assert (commands.ROLLOUT_MAX_EPISODES, commands.ROLLOUT_MAX_STEPS, commands.ROLLOUT_MAX_CONTROL_HZ,
             commands.ROLLOUT_MAX_TIMEOUT_S) == (rollout.MAX_EPISODES, rollout.MAX_STEPS, rollout.MAX_CONTROL_HZ,
                                                 rollout.MAX_TIMEOUT_S)
-    parser = argparse.ArgumentParser(prog="vlaperf")
-    commands.register(parser.add_subparsers(dest="command", required=True))
+    parser = _cli_parser()
     with pytest.raises(SystemExit):
         parser.parse_args(["rollout", *argv])
     assert message in capsys.readouterr().err

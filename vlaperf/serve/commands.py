@@ -94,6 +94,18 @@ def _client_list(text: str) -> list[int]:
     return values
 
 
+def _add_client_options(p) -> None:
+    """What loadgen and rollout share as clients of a running server: where it is, its key, what to send, the file."""
+    p.add_argument("--url", default="ws://127.0.0.1:8000", help="the server's websocket URL, on loopback only "
+                   "(127.0.0.0/8, ::1, localhost; default: ws://127.0.0.1:8000)")
+    p.add_argument("--api-key", default=None,
+                   help=f"the server's key, sent as 'Authorization: Api-Key <key>' (default: ${API_KEY_ENV} if set)")
+    p.add_argument("--workload", type=workload_arg, default=None, help="the workload whose observations are sent, which "
+                   "must be the served one (default: the one the server reports)")
+    p.add_argument("--image-size", type=_image_side, default=224, help="side of the camera images sent, 4..4096 (default: 224)")
+    p.add_argument("--json", type=output_file, default=None, help="write the result file here")
+
+
 def register(subparsers) -> None:
     """Add `serve`, `loadgen` and `rollout` to vlaperf's subparsers."""
     p = subparsers.add_parser("serve", help="serve a policy over websockets (openpi-client compatible)")
@@ -153,8 +165,7 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_serve)
 
     p = subparsers.add_parser("loadgen", help="closed-loop load test of a running policy server (loopback)")
-    p.add_argument("--url", default="ws://127.0.0.1:8000", help="the server's websocket URL, on loopback only "
-                   "(127.0.0.0/8, ::1, localhost; default: ws://127.0.0.1:8000)")
+    _add_client_options(p)
     p.add_argument("--clients", type=_client_list, default=[1, 4, 8],
                    help=f"concurrent clients per phase, 1..{LOADGEN_MAX_CLIENTS} each (default: 1,4,8)")
     p.add_argument("--requests", type=_requests_int, default=20, help=f"timed requests per client, 1..{LOADGEN_MAX_REQUESTS} (default: 20)")
@@ -162,17 +173,10 @@ def register(subparsers) -> None:
                    help=f"untimed requests per client first, 0..{LOADGEN_MAX_WARMUP} (default: 1)")
     p.add_argument("--timeout-s", type=_phase_timeout_s, default=120.0,
                    help=f"time limit per phase, seconds, at most {LOADGEN_MAX_TIMEOUT_S:g} (default: 120)")
-    p.add_argument("--api-key", default=None,
-                   help=f"the server's key, sent as 'Authorization: Api-Key <key>' (default: ${API_KEY_ENV} if set)")
-    p.add_argument("--workload", type=workload_arg, default=None, help="the workload whose observations are sent, which "
-                   "must be the served one (default: the one the server reports)")
-    p.add_argument("--image-size", type=_image_side, default=224, help="side of the camera images sent, 4..4096 (default: 224)")
-    p.add_argument("--json", type=output_file, default=None, help="write the result file here")
     p.set_defaults(func=cmd_loadgen)
 
     p = subparsers.add_parser("rollout", help="control-loop timing against a running server (synthetic observations)")
-    p.add_argument("--url", default="ws://127.0.0.1:8000", help="the server's websocket URL, on loopback only "
-                   "(127.0.0.0/8, ::1, localhost; default: ws://127.0.0.1:8000)")
+    _add_client_options(p)
     p.add_argument("--episodes", type=_episodes_int, default=3,
                    help=f"episodes, 1..{ROLLOUT_MAX_EPISODES} (default: 3)")
     p.add_argument("--steps-per-episode", type=_episode_steps_int, default=50,
@@ -184,12 +188,6 @@ def register(subparsers) -> None:
                         "(default: 5, or that horizon if shorter)")
     p.add_argument("--timeout-s", type=_rollout_timeout_s, default=600.0,
                    help=f"time limit of the whole run, seconds, at most {ROLLOUT_MAX_TIMEOUT_S:g} (default: 600)")
-    p.add_argument("--api-key", default=None,
-                   help=f"the server's key, sent as 'Authorization: Api-Key <key>' (default: ${API_KEY_ENV} if set)")
-    p.add_argument("--workload", type=workload_arg, default=None, help="the workload whose observations are sent, which "
-                   "must be the served one (default: the one the server reports)")
-    p.add_argument("--image-size", type=_image_side, default=224, help="side of the camera images sent, 4..4096 (default: 224)")
-    p.add_argument("--json", type=output_file, default=None, help="write the result file here")
     p.set_defaults(func=cmd_rollout)
 
 
