@@ -102,6 +102,9 @@ class _TritonWithout:
 def _installed_triton(monkeypatch, which: str) -> None:
     import types
 
+    if torch.cuda.is_available():
+        # torch's lazy CUDA init asks importlib for `triton`'s spec, which a stand-in has not: initialised here first
+        torch.cuda.init()
     if which == "none":
         monkeypatch.setitem(sys.modules, "triton", None)  # import fails: no Triton, no Triton kernels
     elif which == "3.6":  # knobs, but language has no force_disable_fp_fusion (the variable does nothing there)
