@@ -234,6 +234,48 @@ def test_check_and_matrix_on_tiny(tmp_path):
     assert all("timers" in r for r in rows) and rows[-1]["ratio"]["wall_ms"]["speedup"] > 0
 
 
+def test_matrix_in_policy_mode_times_each_variants_served_path(tmp_path, monkeypatch, capsys):
+    """--mode policy: every row, the reference's too, is Policy.infer of one openpi request around that variant's
+    sample (bench --mode policy's call), as many calls of each; the file and the table say the mode. --mode model
+    (the default) never goes through a Policy."""
+    from vlaperf.policy import Policy
+
+    owners = []
+    infer = Policy.infer
+    monkeypatch.setattr(Policy, "infer", lambda self, example: owners.append(type(self.sample.__self__).__name__)
+                        or infer(self, example))
+    argv = ["matrix", "--workload", "tiny", "--device", "cpu", "--variants", "exact", "--warmup", "1", "--iters", "3",
+            "--no-progress", "--json", str(tmp_path / "m.json")]
+    assert main(argv + ["--mode", "policy"]) == 0
+    r = read_result(tmp_path / "m.json")
+    assert r["mode"] == "policy" and [v["variant"] for v in r["variants"]] == ["reference", "exact"]
+    assert all(v["timers"]["wall_ms"]["count"] == 3 for v in r["variants"]) and r["variants"][1]["equivalence"]["passed"]
+    assert set(owners) == {"Pi0Model", "Engine"} and owners.count("Pi0Model") == owners.count("Engine") >= 1 + 3
+    assert "(policy mode, cpu;" in capsys.readouterr().out
+    owners.clear()
+    assert main(argv) == 0
+    assert owners == [] and read_result(tmp_path / "m.json")["mode"] == "model"
+
+
+def test_a_matrix_row_times_the_call_its_mode_names():
+    """timed_call: the model call returns the device actions; the policy call the served reply, whose actions are
+    the same call's on the host; any other mode is refused by name."""
+    from vlaperf.inputs import random_noise, random_observation
+    from vlaperf.models.pi0 import build_model
+    from vlaperf.profile.matrix import timed_call
+    from vlaperf.workloads import get_workload
+
+    w = get_workload("tiny").with_overrides(batch=2)
+    model = build_model("tiny", seed=0)
+    obs, noise = random_observation(w, model.config, seed=1), random_noise(w, model.config, seed=1)
+    actions = timed_call(model, None, w, obs, noise, 2, "model", seed=1)()
+    assert isinstance(actions, torch.Tensor) and actions.shape == noise.shape
+    reply = timed_call(model, None, w, obs, noise, w.steps, "policy", seed=1)()
+    assert reply["actions"].shape == (2, w.horizon, w.robot_action_dim) and "policy_timing" in reply
+    with pytest.raises(ValueError, match="mode: expected 'model' or 'policy', got 'forward'"):
+        timed_call(model, None, w, obs, noise, 2, "forward", seed=1)
+
+
 def test_an_interrupted_matrix_writes_what_it_has(tmp_path, monkeypatch, capsys):
     """A matrix stopped by SIGTERM (a time limit) or Ctrl-C keeps the rows it prepared (first call, equivalence) in
     its file, marked interrupted and untimed, and exits 143 / 130; SIGTERM's previous handler comes back. A SIGTERM

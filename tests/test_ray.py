@@ -846,6 +846,22 @@ def test_run_variant_times_the_variant_beside_its_own_reference(monkeypatch):
     assert "needs a CUDA device" in skipped["skipped"] and "timers" not in skipped and "reference" not in skipped
 
 
+def test_run_variant_in_policy_mode_times_both_served_paths(monkeypatch):
+    """A task with mode 'policy' times the variant's and its reference's Policy.infer, as `vlaperf matrix --mode
+    policy` does in one process."""
+    from vlaperf.policy import Policy
+    from vlaperf.profile.ray_matrix import run_variant
+
+    owners = []
+    infer = Policy.infer
+    monkeypatch.setattr(Policy, "infer", lambda self, example: owners.append(type(self.sample.__self__).__name__)
+                        or infer(self, example))
+    row = run_variant({"workload": "tiny", "variant": "exact", "device": "cpu", "steps": 1, "warmup": 1, "iters": 2,
+                       "mode": "policy"})
+    assert row["timers"]["wall_ms"]["count"] == 2 and row["reference"]["timers"]["wall_ms"]["count"] == 2
+    assert owners.count("Pi0Model") == owners.count("Engine") >= 1 + 2
+
+
 def _task_row(task, device=None, variant=None):
     """A timed matrix row as run_variant returns it, with made-up numbers."""
     timers = {"wall_ms": {"median": 2.0, "p95": 2.5, "count": task["iters"]}, "cuda_event_ms": None}
@@ -895,6 +911,14 @@ def fake_matrix_ray(monkeypatch):
     monkeypatch.setattr(rm, "run_variant", None)  # never run here: the stand-in runs state["run"]
     state["matrix"] = lambda wids, variants, **kw: rm.ray_matrix(wids, variants, **dict(dict(log=lambda m: None), **kw))
     return state
+
+
+def test_ray_matrix_sends_its_mode_with_each_task_and_refuses_another(fake_matrix_ray):
+    results = fake_matrix_ray["matrix"](["tiny"], "for_loop;exact", device="cpu", mode="policy")
+    assert [t["mode"] for t in fake_matrix_ray["tasks"]] == ["policy", "policy"] and results[0]["mode"] == "policy"
+    with pytest.raises(ValueError, match="mode: expected 'model' or 'policy', got 'forward'"):
+        fake_matrix_ray["matrix"](["tiny"], "exact", device="cpu", mode="forward")
+    assert len(fake_matrix_ray["tasks"]) == 2  # refused before any task
 
 
 def test_ray_matrix_one_task_per_variant_and_workload_merged(fake_matrix_ray):
@@ -1012,6 +1036,9 @@ def test_matrix_ray_workloads_and_their_files(fake_run_matrix_ray, tmp_path):
     assert fake_run_matrix_ray["run"]("--json", str(tmp_path / "one.json")) == 0
     assert fake_run_matrix_ray["calls"][-1][0] == ["libero-pi0"] and fake_run_matrix_ray["written"][-1] == "one.json"
     assert len(fake_run_matrix_ray["ray"].calls) == 2  # each run shut down the Ray it started
+    assert fake_run_matrix_ray["calls"][-1][1]["mode"] == "model"
+    assert fake_run_matrix_ray["run"]("--workload", "tiny", "--mode", "policy") == 0
+    assert fake_run_matrix_ray["calls"][-1][1]["mode"] == "policy"
 
 
 def test_matrix_ray_errors_are_cli_errors_and_ray_is_stopped(fake_run_matrix_ray):

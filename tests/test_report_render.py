@@ -1392,6 +1392,7 @@ def test_matrix_table_heatmap_and_cdf(tiny_results, tmp_path, figures):
 
     m = _matrix(tiny_results)
     md = render([_write(tmp_path / "m.json", m)], tmp_path / "r.md").read_text()
+    assert re.search(r"^### matrix: tiny on cpu, model mode \(", md, re.M)  # the mode its calls were timed in
     rows = {r[0]: r for r in _md_rows(md, "reference") + _md_rows(md, "for_loop") + _md_rows(md, "cuda_graph")}
     best = _md_rows(md, "best")[0]
     assert rows["reference"][4:6] == ["1.00x", "1.00..1.00"] and rows["reference"][-1] == "-"
@@ -1418,6 +1419,8 @@ def test_matrix_table_heatmap_and_cdf(tiny_results, tmp_path, figures):
         assert list(line.get_xdata()) == [s[k] for k in ("min", "median", "p90", "p95", "p99", "max")]
         assert list(line.get_ydata()) == [0.0, 0.5, 0.9, 0.95, 0.99, 1.0]
     assert [t.get_text() for t in ax.get_legend().get_texts()] == ["reference", "for_loop", "best"]
+    policy = render([_write(tmp_path / "p.json", dict(m, mode="policy"))], tmp_path / "p.md").read_text()
+    assert re.search(r"^### matrix: tiny on cpu, policy mode \(", policy, re.M)
 
 
 def test_matrix_cdf_of_raw_samples_and_world_action_rows(tiny_results, tmp_path, figures):

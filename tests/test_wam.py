@@ -553,6 +553,7 @@ def test_an_interrupted_wam_matrix_writes_what_it_has(tmp_path, monkeypatch):
     (["bench", "--workload", "tiny", "--sparsity", "drop_middle"], "--sparsity: only for the world-action workloads"),
     (["bench", "--workload", "tiny", "--mode", "forward"], "--mode forward: only for the world-action workloads"),
     (["bench", "--workload", "wam-tiny", "--mode", "policy"], "--mode policy: the world-action model has no"),
+    (["matrix", "--workload", "wam-tiny", "--mode", "policy"], "--mode policy: the world-action model has no"),
     (["bench", "--workload", "wam-tiny", "--video-steps", "9"], "error: --video-steps must be an integer in 1..steps (4)"),
     (["matrix", "--workload", "wam-tiny", "--cfg-scale", "1000"], "error: --cfg-scale must be in [0, 100]"),
     (["bench", "--workload", "wam-tiny", "--levers", "for_loop"], "unknown world-action-model lever 'for_loop'"),

@@ -386,8 +386,8 @@ def result_header(command: str, base, workload, model, env: dict, levers: list[s
 def cmd_bench(args) -> int:
     from vlaperf.check import check_equivalence
     from vlaperf.engine import LeverError
-    from vlaperf.inputs import make_example, random_noise, random_observation
-    from vlaperf.policy import Policy
+    from vlaperf.inputs import random_noise, random_observation
+    from vlaperf.policy import served_call
     from vlaperf.report.schema import write_result
     from vlaperf.roofline import H200_CEILINGS, measure_ceilings, roofline
     from vlaperf.timing import environment_record, time_calls
@@ -406,12 +406,8 @@ def cmd_bench(args) -> int:
         obs = random_observation(workload, model.config, device, seed=args.seed)
         fn = lambda: sample(obs, noise, steps)  # noqa: E731
     else:
-        # the served path: a server checks the step kernel's barriers after every call
-        policy = Policy(model, sample, workload, num_steps=steps, noise=noise,
-                        verify=engine.raise_on_kernel_fault if engine is not None else None)
-        examples = [make_example(workload, seed=args.seed + i) for i in range(workload.batch)]
-        request = examples[0] if workload.batch == 1 else examples
-        fn = lambda: policy.infer(request)  # noqa: E731
+        fn = served_call(model, sample, workload, noise, seed=args.seed,
+                         verify=engine.raise_on_kernel_fault if engine is not None else None)
     # The first call carries compile / graph capture: time it before anything else runs it.
     try:
         first_call_s = _timed_once(fn, device)
@@ -747,8 +743,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_common(p, levers_default=None, levers_help="the same as --variants (the name bench and check use)")
     p.add_argument("--variants", type=variants_arg, default=None,
                    help="'cumulative' (the default), 'grid', or variants separated by ';', e.g. 'graph;best'")
-    p.add_argument("--mode", choices=("model", "forward"), default=None,
-                   help="world-action workloads: time one generate call (model, the default) or one forward")
+    p.add_argument("--mode", choices=("model", "policy", "forward"), default=None,
+                   help="model: each variant's call on device tensors (the default); policy: the served path around it, "
+                        "as bench --mode policy times it (pi0 family); forward: one model forward (world-action "
+                        "workloads)")
     p.add_argument("--warmup", type=positive_int, default=10, help="untimed calls of each variant first (default: 10)")
     p.add_argument("--iters", type=positive_int, default=50, help="interleaved rounds, one timed call of each variant a "
                                                                   "round (default: 50)")

@@ -155,6 +155,25 @@ class Policy:
 WAM_KEYS = ("observation/context_latent", "observation/state", "prompt")
 
 
+def example_request(workload: Workload, seed: int = 0) -> dict[str, Any] | list[dict[str, Any]]:
+    """What an openpi client sends for one call of `workload`: one raw example (batch 1) or a list of `batch` of
+    them, seeds `seed`, `seed + 1`, ... (`make_example`'s 224 px images). Every policy-mode figure times it."""
+    from vlaperf.inputs import make_example
+
+    examples = [make_example(workload, seed=seed + i) for i in range(workload.batch)]
+    return examples[0] if workload.batch == 1 else examples
+
+
+def served_call(model, sample: Callable, workload: Workload, noise: torch.Tensor, seed: int = 0,
+                verify: Callable[[], None] | None = None) -> Callable[[], dict[str, Any]]:
+    """One served call to time (policy mode): a Policy around `sample` with the fixed `noise` answering
+    `example_request(workload, seed)`: the transform, the copies to the device, the model call and the actions back
+    on the host. `verify` as Policy's: a server checks the step kernel's barriers after every call."""
+    policy = Policy(model, sample, workload, num_steps=workload.steps, noise=noise, verify=verify)
+    request = example_request(workload, seed)
+    return lambda: policy.infer(request)
+
+
 def make_wam_example(workload, seed: int = 0) -> dict[str, Any]:
     """One raw world-action observation as a client sends it (unbatched numpy): the observed
     frame's latent patches (context_frames, P, C) float32 (a video VAE encodes them from the

@@ -65,7 +65,6 @@ import torch
 from vlaperf.inputs import (
     Observation,
     ObservationTransform,
-    make_example,
     random_noise,
     random_observation,
 )
@@ -368,7 +367,7 @@ def prepare_breakdown(model: Pi0Model, workload: Workload | str, levers=None, mo
     --trace`). With `check`, runs both once and records whether they agree exactly."""
     from vlaperf.engine import Engine
     from vlaperf.engine.levers import Levers
-    from vlaperf.policy import Policy
+    from vlaperf.policy import Policy, example_request
 
     if mode not in ("model", "policy"):
         raise ValueError(f"mode must be 'model' or 'policy', got {mode!r}")
@@ -411,8 +410,7 @@ def prepare_breakdown(model: Pi0Model, workload: Workload | str, levers=None, mo
         reference = untimed
     else:
         # The same requests as `vlaperf bench --mode policy` (224 px camera images).
-        examples = [make_example(workload, seed=seed + i) for i in range(workload.batch)]
-        request = examples[0] if workload.batch == 1 else examples
+        request = example_request(workload, seed)
         sp = StagedPolicy(model, staged, workload, steps, noise)
         policy = Policy(model, untimed_sample, workload, num_steps=steps, noise=noise)
         call = lambda rec: sp(request, rec.mark)  # noqa: E731

@@ -214,10 +214,9 @@ def cmd_scaling(args) -> int:
 
 
 def cmd_syncs(args) -> int:
-    from vlaperf.inputs import make_example, random_noise, random_observation
-    from vlaperf.policy import Policy
+    from vlaperf.inputs import random_noise, random_observation
+    from vlaperf.policy import served_call
     from vlaperf.timing import environment_record
-
     from vlaperf.workloads import is_wam_workload
 
     if is_wam_workload(args.workload):  # the world-action model: one generate call (seed 000's `.nonzero()` question)
@@ -243,10 +242,7 @@ def cmd_syncs(args) -> int:
         fn = lambda: sample(obs, noise, steps)  # noqa: E731
         expected = 0
     else:
-        policy = Policy(model, sample, workload, num_steps=steps, noise=noise)
-        examples = [make_example(workload, seed=args.seed + i) for i in range(workload.batch)]
-        request = examples[0] if workload.batch == 1 else examples
-        fn = lambda: policy.infer(request)  # noqa: E731
+        fn = served_call(model, sample, workload, noise, seed=args.seed)
         expected = 1
     label = engine.name if engine else "reference"
     header = lambda: result_header("syncs", base, workload, model, environment_record(device),  # noqa: E731

@@ -4,6 +4,9 @@ Variants that fail the equivalence check are listed with their error and never t
 `cumulative` adds one lever at a time in LEVERS order up to `best` (seed 004's table); `grid` is seed
 000's {eager, compile default, compile reduce-overhead, cuda_graph} x {loop only, all
 exact levers}.
+`--mode policy` times each variant's served path (the openpi request transformed, copied to the device,
+sampled, the actions back on the host) instead of the call on device tensors: how much of a lever's
+speed-up a client sees.
 """
 
 from __future__ import annotations
@@ -89,16 +92,18 @@ def parse_variants(spec: str, device: torch.device) -> list[str]:
     return items
 
 
-def prepare_variant(model, spec: str, workload, obs, noise, steps: int) -> tuple[dict, object | None]:
+def prepare_variant(model, spec: str, workload, obs, noise, steps: int, mode: str = "model",
+                    seed: int = 0) -> tuple[dict, object | None]:
     """A matrix row for `spec` and the call to time, or None when it cannot be timed (the
-    lever does not apply, or it fails equivalence: its speed is never reported)."""
+    lever does not apply, or it fails equivalence: its speed is never reported). `mode`: what
+    the call is, as `vlaperf bench --mode` says (see `timed_call`)."""
     from vlaperf.check import check_equivalence
     from vlaperf.cli import CliError, make_engine
 
     row: dict = {"variant": spec, "levers": []}
     if spec == "reference":
         row["equivalence"] = None
-        return row, lambda: model.sample_actions(obs, noise, steps)
+        return row, timed_call(model, None, workload, obs, noise, steps, mode, seed)
     try:
         engine = make_engine(model, spec)
     except CliError as e:
@@ -106,13 +111,29 @@ def prepare_variant(model, spec: str, workload, obs, noise, steps: int) -> tuple
         return row, None
     row["levers"] = engine.levers.names()
     # The first call is where compile and graph capture happen: time it before the
-    # equivalence check (which would otherwise absorb it).
+    # equivalence check (which would otherwise absorb it). It is the model call in either mode.
     row["first_call_s"] = first_call_seconds(engine, obs, noise, steps)
     row["equivalence"] = check_equivalence(model, engine, workload)
     if not row["equivalence"]["passed"]:
         row["skipped"] = "fails equivalence: speed not reported"
         return row, None
-    return row, lambda: engine.sample_actions(obs, noise, steps)
+    return row, timed_call(model, engine, workload, obs, noise, steps, mode, seed)
+
+
+def timed_call(model, engine, workload, obs, noise, steps: int, mode: str, seed: int):
+    """What a row times: `mode` "model", the call on device tensors (`obs`, `noise`); "policy", the served path
+    (`vlaperf.policy.served_call`: the openpi request of `seed` transformed, copied, sampled with `noise` and the
+    actions back on the host), the step kernel's barriers checked after each call as a server does. `engine`
+    None: the reference."""
+    sample = engine.sample_actions if engine is not None else model.sample_actions
+    if mode == "model":
+        return lambda: sample(obs, noise, steps)
+    if mode != "policy":
+        raise ValueError(f"mode: expected 'model' or 'policy', got {mode!r}")
+    from vlaperf.policy import served_call
+
+    return served_call(model, sample, workload, noise, seed=seed,
+                       verify=engine.raise_on_kernel_fault if engine is not None else None)
 
 
 def run_matrix(args, base, workload, model, device) -> int:
@@ -125,6 +146,7 @@ def run_matrix(args, base, workload, model, device) -> int:
     from vlaperf.timing import environment_record, interleaved
 
     variants = parse_variants(args.variants, device)
+    mode = args.mode or "model"
     if note := left_out_on(args.variants, device):
         print(note)
     obs = random_observation(workload, model.config, device, seed=args.seed)
@@ -134,7 +156,7 @@ def run_matrix(args, base, workload, model, device) -> int:
     try:
         with sigterm_as_interrupt() as terminated:
             for spec in variants:
-                row, fn = prepare_variant(model, spec, workload, obs, noise, steps)
+                row, fn = prepare_variant(model, spec, workload, obs, noise, steps, mode, args.seed)
                 if fn is not None:
                     fns[spec] = fn
                 rows.append(row)
@@ -148,9 +170,9 @@ def run_matrix(args, base, workload, model, device) -> int:
             row.setdefault("skipped", "not timed: the matrix was interrupted")
         rows += [{"variant": spec, "levers": [], "skipped": "not prepared: the matrix was interrupted"}
                  for spec in variants[len(rows):]]
-        _print(rows, workload, device, wide_console(170), Table)
+        _print(rows, workload, device, wide_console(170), Table, mode)
         if args.json:
-            result = result_header("matrix", base, workload, model, environment_record(device), [], args.variants, "model")
+            result = result_header("matrix", base, workload, model, environment_record(device), [], args.variants, mode)
             result.update({"variants": rows, "warmup": args.warmup, "iters": args.iters, "baseline": "reference",
                            "first_call_timing": "before equivalence check", "interrupted": True})
             write_result(result, args.json)
@@ -163,9 +185,9 @@ def run_matrix(args, base, workload, model, device) -> int:
         row.update({k: v[k] for k in ("timers", "warmup_s", "peak_memory_bytes")})
         row.setdefault("first_call_s", v["first_call_s"])
         row["ratio"] = timing["ratios"][row["variant"]]
-    _print(rows, workload, device, wide_console(170), Table)
+    _print(rows, workload, device, wide_console(170), Table, mode)
     if args.json:
-        result = result_header("matrix", base, workload, model, environment_record(device), [], args.variants, "model")
+        result = result_header("matrix", base, workload, model, environment_record(device), [], args.variants, mode)
         result.update({"variants": rows, "warmup": args.warmup, "iters": args.iters, "baseline": "reference",
                        "first_call_timing": "before equivalence check"})
         write_result(result, args.json)
@@ -210,8 +232,9 @@ def sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _print(rows, workload, device, console, Table) -> None:
-    t = Table(title=f"vlaperf matrix  {workload.id}  ({device}; interleaved; speedup = reference median / variant median)")
+def _print(rows, workload, device, console, Table, mode: str = "model") -> None:
+    t = Table(title=f"vlaperf matrix  {workload.id}  ({mode} mode, {device}; interleaved; speedup = reference median / "
+                    "variant median)")
     for col in ("variant", "median ms", "p95 ms", "event ms", "speedup", "p10..p90", "rel L2", "first call s", "process peak GiB"):
         t.add_column(col, overflow="fold")  # a long variant name wraps, never cut
     notes = []

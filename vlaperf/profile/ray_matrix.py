@@ -85,7 +85,7 @@ def run_variant(task: dict) -> dict:
     import torch
 
     from vlaperf.cli import setup
-    from vlaperf.profile.matrix import prepare_variant
+    from vlaperf.profile.matrix import prepare_variant, timed_call
     from vlaperf.inputs import random_noise, random_observation
     from vlaperf.timing import environment_record, interleaved
 
@@ -103,9 +103,9 @@ def run_variant(task: dict) -> dict:
     seed = int(task.get("seed", 0))
     obs = random_observation(workload, model.config, device, seed=seed)
     noise = random_noise(workload, model.config, device, seed=seed)
-    steps = workload.steps
-    fns = {"reference": lambda: model.sample_actions(obs, noise, steps)}
-    prepared, fn = prepare_variant(model, spec, workload, obs, noise, steps)
+    steps, mode = workload.steps, task.get("mode", "model")
+    fns = {"reference": timed_call(model, None, workload, obs, noise, steps, mode, seed)}
+    prepared, fn = prepare_variant(model, spec, workload, obs, noise, steps, mode, seed)
     row.update(prepared)
     if fn is None:
         return row
@@ -129,11 +129,12 @@ def run_variant(task: dict) -> dict:
 def ray_matrix(workload_ids: list[str], variants: str, *, device: str | None = None, dtype: str | None = None,
                steps: int | None = None, batch: int | None = None, seed: int = 0, checkpoint: str | None = None,
                action_horizon: int | None = None, warmup: int = 10, iters: int = 50, cpus_per_task: float = 1.0,
-               compile_cache: str | None = None, log=print) -> list[dict]:
+               compile_cache: str | None = None, mode: str = "model", log=print) -> list[dict]:
     """One merged matrix result (vlaperf.result/1) per workload. Needs ray.init() first.
 
     `device`: "cuda" (each task takes one whole GPU) or "cpu"; default cuda when the cluster
-    has GPUs. `variants` as `vlaperf matrix --variants`. `compile_cache`: --compile-cache, applied in each task
+    has GPUs. `variants` as `vlaperf matrix --variants`; `mode` as its --mode ("model" or "policy").
+    `compile_cache`: --compile-cache, applied in each task
     (the folder must be writable where the tasks run)."""
     import ray
     import torch
@@ -143,6 +144,8 @@ def ray_matrix(workload_ids: list[str], variants: str, *, device: str | None = N
     from vlaperf.workloads import get_workload
 
     check_variants(variants)  # a typo fails here, before the cluster is asked for anything
+    if mode not in ("model", "policy"):
+        raise ValueError(f"mode: expected 'model' or 'policy', got {mode!r}")
     gpus = int(ray.cluster_resources().get("GPU", 0))
     device = device or ("cuda" if gpus >= 1 else "cpu")
     on_gpu = device.startswith("cuda")
@@ -161,7 +164,7 @@ def ray_matrix(workload_ids: list[str], variants: str, *, device: str | None = N
         for spec in timed:
             task = {"workload": wid, "variant": spec, "device": "cuda" if on_gpu else device, "dtype": dtype,
                     "steps": steps, "batch": batch, "action_horizon": action_horizon, "seed": seed, "checkpoint": checkpoint, "warmup": warmup,
-                    "iters": iters, "compile_cache": compile_cache}
+                    "iters": iters, "compile_cache": compile_cache, "mode": mode}
             plan.append((wid, spec, remote.remote(task)))
     log(f"vlaperf matrix --ray: {len(plan)} task(s) ({len(workload_ids)} workload(s)) on "
         f"{'one GPU each' if on_gpu else f'{cpus_per_task:g} CPU(s) each'}; cluster: "
@@ -210,7 +213,7 @@ def ray_matrix(workload_ids: list[str], variants: str, *, device: str | None = N
             "command": "matrix",
             "workload": {"id": workload.id, "overrides": workload.overrides_vs(base)},
             "variant": {"levers": [], "label": variants, "dtype": first.get("dtype")},
-            "mode": "model",
+            "mode": mode,
             "env": env,
             "variants": out_rows,
             "warmup": warmup,
@@ -284,7 +287,8 @@ def run_matrix_ray(args) -> int:
                                  batch=args.batch, seed=args.seed, checkpoint=args.checkpoint,
                                  action_horizon=getattr(args, "action_horizon", None), warmup=args.warmup,
                                  iters=args.iters, cpus_per_task=getattr(args, "ray_cpus_per_task", None) or 1.0,
-                                 compile_cache=getattr(args, "compile_cache", None), log=lambda m: print(m, file=sys.stderr))
+                                 compile_cache=getattr(args, "compile_cache", None), mode=args.mode or "model",
+                                 log=lambda m: print(m, file=sys.stderr))
         except RuntimeError as e:
             raise CliError(str(e)) from None
     finally:
@@ -305,7 +309,8 @@ def print_ray_matrix(result: dict) -> None:
     from vlaperf.cli import wide_console
     from rich.table import Table
 
-    t = Table(title=f"vlaperf matrix --ray  {result['workload']['id']}  ({result['ray']['tasks']} tasks on "
+    t = Table(title=f"vlaperf matrix --ray  {result['workload']['id']}  ({result.get('mode', 'model')} mode, "
+                    f"{result['ray']['tasks']} tasks on "
                     f"{len(result['ray']['devices'])} device(s); speedup = the reference's median / the variant's, the reference timed in "
                     "the same task, on the same device)")
     for col in ("variant", "median ms", "p95 ms", "event ms", "speedup", "p10..p90", "rel L2", "first call s",

@@ -75,6 +75,15 @@ def header(command: str, base, workload, model, env: dict, levers: list[str], la
     return result
 
 
+def refuse_policy_mode(mode: str | None) -> None:
+    """bench and matrix: the served path of a world-action model is not one vlaperf can time yet."""
+    from vlaperf.cli import CliError
+
+    if mode == "policy":
+        raise CliError("--mode policy: the world-action model has no observation transform (VAE, text encoder) in vlaperf; "
+                       "use --mode model (generate on device tensors) or --mode forward")
+
+
 def refuse_sampler_options_in_forward(args, mode: str) -> None:
     """--mode forward times one unguided forward: the sampler's settings would be recorded but not run."""
     from vlaperf.cli import CliError
@@ -108,9 +117,7 @@ def cmd_bench(args) -> int:
     from vlaperf.roofline import H200_CEILINGS, measure_ceilings, wam_roofline
     from vlaperf.timing import environment_record, time_calls
 
-    if args.mode == "policy":
-        raise CliError("--mode policy: the world-action model has no observation transform (VAE, text encoder) in vlaperf; "
-                       "use --mode model (generate on device tensors) or --mode forward")
+    refuse_policy_mode(args.mode)
     refuse_sampler_options_in_forward(args, args.mode)
     base, workload, model, device = setup(args)
     engine = None if args.levers in ("reference", "none", "") else make_engine(model, args.levers)
@@ -258,6 +265,7 @@ def cmd_matrix(args) -> int:
     if getattr(args, "ray", False):
         raise CliError("--ray: the world-action workloads run in one process (no Ray matrix yet)")
     mode = getattr(args, "mode", None) or "model"
+    refuse_policy_mode(mode)
     if mode not in ("model", "forward"):
         raise CliError(f"--mode {mode}: the world-action matrix times 'model' (generate) or 'forward' (one forward)")
     refuse_sampler_options_in_forward(args, mode)
