@@ -27,5 +27,15 @@ a)
 240 $P -q -n 14 --timeout 220 --durations 5 $I 2>&1 | tee $R/pytest_gpu_s42a4.log | grep -v "^\\.*\\["
 EOT
   ;;
+b)
+  # matrix --mode policy (session 42) on the GPU: graph and best against the reference, each the served path.
+  # Prediction: best's served call is its model call (12.76 ms this session) plus the 0.59 ms around it that
+  # breakdown_libero-pi0_best-s30_policy.json measured (transform 0.12, upload 0.31, image preprocess 0.10, copy
+  # back 0.06): ~13.35 ms; graph ~29.7 ms (29.1 in matrix_libero-pi0_cumulative_s28.json, + 0.6); the reference
+  # eager and host-bound (200-400 ms in past matrices). Ratios: the model-mode ones times ~0.96 for best.
+  lane A 0 40 <<EOT &
+300 $V matrix --workload libero-pi0 --mode policy --variants 'graph;best' --iters 20 --warmup 5 --no-progress --json $R/matrix_libero-pi0_policy-s42.json
+EOT
+  ;;
 esac
 finish
