@@ -50,6 +50,16 @@ def test_scaling_command(tmp_path):
     r = read_result(out)
     assert [s["label"] for s in r["scaling"]["series"]] == ["reference", "for_loop"]
     assert "r2" in r["scaling"]["fit"] and png.stat().st_size > 0
+    assert r["mode"] == "model"
+
+
+def test_scaling_command_in_policy_mode(tmp_path, capsys):
+    out = tmp_path / "sc.json"
+    assert main(["scaling", *COMMON, "--steps", "1,3", "--levers", "for_loop", "--mode", "policy", "--warmup", "1",
+                 "--iters", "2", "--json", str(out)]) == 0
+    r = read_result(out)
+    assert r["mode"] == r["scaling"]["mode"] == "policy" and [p["steps"] for p in r["scaling"]["series"][0]["points"]] == [1, 3]
+    assert "(policy mode, cpu;" in capsys.readouterr().out
 
 
 def test_syncs_command(tmp_path):
@@ -188,6 +198,8 @@ def test_syncs_expected_and_treat_as_device(tmp_path):
      "world-action breakdown times generate on device tensors (--mode model)"),
     (["syncs", "--workload", "wam-tiny", "--mode", "policy"], "vlaperf syncs: error: --mode policy: the world-action "
      "model has no observation transform in vlaperf; use --mode model"),
+    (["scaling", "--workload", "wam-tiny", "--mode", "policy"], "vlaperf scaling: error: --mode policy: the "
+     "world-action model has no observation transform"),
     (["doctor", "--batch", "2"], "--batch: settings of a policy check; give --workload"),
     (["doctor", "--action-horizon", "5", "--cfg-scale", "1"], "--action-horizon, --cfg-scale: settings of a policy "
      "check"),

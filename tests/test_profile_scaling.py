@@ -122,6 +122,34 @@ def test_scaling_names_a_lone_source_by_what_it_is(monkeypatch):
     assert scaling(Engine(model, "for_loop"), "tiny", steps=(1, 2))["series"][0]["label"] == "for_loop"
 
 
+def test_policy_mode_times_the_served_call_of_each_step_count(monkeypatch):
+    """mode 'policy': each point is Policy.infer of N steps around the source's sample (the model's, an Engine's),
+    the same request every call; the actions are the model call's on the host. A bare callable has no model to
+    serve, a world-action workload no served path, and another mode is none: each refused by name."""
+    from vlaperf.policy import Policy
+
+    seen = []
+    infer = Policy.infer
+    monkeypatch.setattr(Policy, "infer", lambda self, example: seen.append(
+        (type(self.sample.__self__).__name__, self.num_steps)) or infer(self, example))
+    model = build_model("tiny")
+    result = scaling({"reference": model, "for_loop": Engine(model, "for_loop")}, "tiny", steps=(1, 3), warmup=1,
+                     iters=2, mode="policy")
+    assert result["mode"] == "policy" and [s["label"] for s in result["series"]] == ["reference", "for_loop"]
+    assert set(seen) == {("Pi0Model", 1), ("Pi0Model", 3), ("Engine", 1), ("Engine", 3)}
+    assert len({seen.count(k) for k in set(seen)}) == 1  # as many calls of each point
+    assert scaling(model, "tiny", steps=(1, 2), warmup=1, iters=1)["mode"] == "model"
+    with pytest.raises(ValueError, match="scaling: mode 'policy' needs a Pi0Model or an Engine, got function"):
+        scaling(lambda obs, noise, n: None, "tiny", steps=(1, 2), device="cpu", mode="policy")
+    with pytest.raises(ValueError, match="scaling: mode must be 'model' or 'policy', got 'forward'"):
+        scaling(model, "tiny", steps=(1, 2), mode="forward")
+    from vlaperf.models.wam import build_wam
+    from vlaperf.workloads import get_wam_workload
+
+    with pytest.raises(ValueError, match="scaling: mode 'policy' is for the pi0 family"):
+        scaling(build_wam(get_wam_workload("wam-tiny").preset), "wam-tiny", steps=(1, 2), mode="policy")
+
+
 def test_scaling_accepts_a_plain_callable():
     model = build_model("tiny")
     result = scaling(lambda obs, noise, n: model.sample_actions(obs, noise, n), "tiny", steps=(1, 3), warmup=1,

@@ -1467,6 +1467,7 @@ def test_check_breakdown_scaling_syncs_and_doctor_sections(tiny_results, tmp_pat
     files = [_write(tmp_path / n, r) for n, r in (("chk.json", check), ("bd.json", bd), ("sy.json", sy),
                                                    ("doc.json", doc), ("env.json", env_only))]
     md = render([*files, tiny_results / "sc.json"], tmp_path / "r.md").read_text()
+    assert "\n### scaling: tiny on cpu, model mode\n" in md  # the mode its points were timed in
     assert _md_rows(md, "for_loop")[0] == ["for_loop", "float32", _cell(1e-3), _cell(2e-3), "-", _cell(1e-2), "2", "yes"]
     assert _md_rows(md, "best \\| sparse")[0] == ["best \\| sparse", "float32", _cell(0.5), _cell(0.25), _cell(0.125),
                                                  _cell(1e-2), "2", "NO"]

@@ -175,6 +175,7 @@ def cmd_scaling(args) -> int:
         from vlaperf.engine.wam import WamLevers
         from vlaperf.profile import wam
 
+        wam.refuse_policy_mode(args.mode)
         base, workload, model, device = wam.setup(args)
         refuse_repeated_variants(specs, lambda s: WamLevers.parse(s, device).names(), "--levers", device)
         for spec in specs:
@@ -189,8 +190,8 @@ def cmd_scaling(args) -> int:
             engine = _levers_or_error(model, spec)
             sources["reference" if engine is None else engine.name] = engine or model
     sc = scaling(sources, workload, steps=args.steps_list, warmup=args.warmup, iters=args.iters, seed=args.seed,
-                 progress=not args.no_progress)
-    t = Table(title=f"vlaperf scaling  {workload.id}  ({device}; interleaved; median wall ms per call)")
+                 progress=not args.no_progress, mode=args.mode)
+    t = Table(title=f"vlaperf scaling  {workload.id}  ({args.mode} mode, {device}; interleaved; median wall ms per call)")
     t.add_column("variant", overflow="fold")  # wrapped, never cut to a prefix the rows share
     for n in sc["steps"]:
         t.add_column(f"T({n})", justify="right")
@@ -201,7 +202,7 @@ def cmd_scaling(args) -> int:
         t.add_row(short_variant(s["label"]), *(f"{p['median_ms']:.3f}" for p in s["points"]), describe_fit(s["fit"]))
     _console().print(t)
     header = wam.header if is_wam_workload(args.workload) else result_header
-    result = header("scaling", base, workload, model, environment_record(device), [], args.levers, "model")
+    result = header("scaling", base, workload, model, environment_record(device), [], args.levers, args.mode)
     result["scaling"] = sc
     if args.plot:
         plot_scaling(sc, args.plot, title=f"T(N), {workload.id} on {result['env'].get('gpu') or device}")
@@ -377,6 +378,9 @@ def register(subparsers) -> None:
     p.add_argument("--levers", type=levers_arg, default="reference",
                    help="a variant, or several separated by ';' to compare slopes, e.g. 'reference;for_loop' "
                         "(default: reference)")
+    p.add_argument("--mode", choices=("model", "policy"), default="model",
+                   help="model: the call on device tensors; policy: the served path of N steps, transform and copies "
+                        "included (pi0 family) (default: model)")
     p.add_argument("--warmup", type=non_negative_int, default=3, help="untimed calls of each point first (default: 3)")
     p.add_argument("--iters", type=positive_int, default=10, help="interleaved rounds (default: 10)")
     p.add_argument("--plot", type=png_file, default=None, help="write the T(N) plot here (a .png file)")

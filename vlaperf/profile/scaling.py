@@ -76,12 +76,15 @@ def _as_sample_fn(source) -> tuple[Callable, Any, torch.device | None]:
 
 
 def scaling(sources, workload, steps: Sequence[int] = DEFAULT_STEPS, warmup: int = 3, iters: int = 10,
-            device: torch.device | str | None = None, *, seed: int = 0, config=None, progress: bool = False) -> dict[str, Any]:
+            device: torch.device | str | None = None, *, seed: int = 0, config=None, progress: bool = False,
+            mode: str = "model") -> dict[str, Any]:
     """Time T(N) for each N in `steps` and fit a + b*N per variant.
 
     sources: a Pi0Model, an Engine, a callable (obs, noise, num_steps), or a dict
     {label: one of those} to compare variants on one plot. For a bare callable pass
-    `config` (defaults to the workload's preset) and `device`.
+    `config` (defaults to the workload's preset) and `device`. `mode` "policy" (pi0 family, a
+    model or an Engine): each point is the served call of N steps (`vlaperf.policy.served_call`),
+    whose transform and copies add to the intercept, not to the slope.
     Returns {"steps", "warmup", "iters", "timer", "series": [{"label", "points", "fit",
     "fit_cuda_event"}], "fit": the first series' fit}. Times in ms; points hold the
     median/p95 of each N and the full summaries.
@@ -96,6 +99,8 @@ def scaling(sources, workload, steps: Sequence[int] = DEFAULT_STEPS, warmup: int
     else:
         w = workload
     wam = isinstance(w, WamWorkload)
+    if mode not in ("model", "policy"):
+        raise ValueError(f"scaling: mode must be 'model' or 'policy', got {mode!r}")
     if isinstance(steps, (str, bytes)) or not all(isinstance(n, int) and not isinstance(n, bool) for n in steps):
         raise ValueError(f"scaling: steps must be integers, got {steps!r}")
     steps = sorted(set(steps))
@@ -122,6 +127,9 @@ def scaling(sources, workload, steps: Sequence[int] = DEFAULT_STEPS, warmup: int
         cfg = cfg or c
         dev = dev or d
     dev = dev or torch.device("cpu")
+    if mode == "policy" and wam:
+        raise ValueError("scaling: mode 'policy' is for the pi0 family; the world-action model has no served path in "
+                         "vlaperf to time")
     if wam:  # generate(obs, noise, N, ...): the video's early stop keeps its share of the N calls
         from vlaperf.models.wam import get_config as wam_config
         from vlaperf.models.wam import random_wam_inputs
@@ -144,6 +152,19 @@ def scaling(sources, workload, steps: Sequence[int] = DEFAULT_STEPS, warmup: int
         obs = random_observation(w, cfg, dev, seed=seed)
         noise = random_noise(w, cfg, dev, seed=seed)
         for label, fn in resolved.items():
+            if mode == "policy":  # a Policy of N steps around the same sample, the same request each call
+                from vlaperf.models.pi0 import Pi0Model
+                from vlaperf.policy import served_call
+
+                src = sources[label]
+                model = getattr(src, "model", src)  # an Engine's model
+                if not isinstance(model, Pi0Model):
+                    raise ValueError(f"scaling: mode 'policy' needs a Pi0Model or an Engine, got {type(src).__name__} "
+                                     f"for {label!r}")
+                verify = getattr(src, "raise_on_kernel_fault", None)  # as a server checks the step kernel
+                for n in steps:
+                    fns[(label, n)] = served_call(model, fn, w.with_overrides(steps=n), noise, seed=seed, verify=verify)
+                continue
             for n in steps:
                 fns[(label, n)] = (lambda f, k: lambda: f(obs, noise, k))(fn, n)
     keys = list(fns)
@@ -165,7 +186,7 @@ def scaling(sources, workload, steps: Sequence[int] = DEFAULT_STEPS, warmup: int
             fit_ev = fit_linear([p["steps"] for p in points], [p["event_median_ms"] for p in points])
         series.append({"label": label, "points": points, "fit": fit, "fit_cuda_event": fit_ev})
     return {
-        "steps": steps, "warmup": max(warmup, 1), "iters": iters, "interleaved": True,
+        "steps": steps, "warmup": max(warmup, 1), "iters": iters, "interleaved": True, "mode": mode,
         "timer": "wall clock, synced (median per N)", "series": series, "fit": series[0]["fit"],
     }
 

@@ -760,7 +760,7 @@ def _scaling(doc: _Doc, path: str, r: dict) -> None:
     from vlaperf.profile.scaling import plot_scaling
 
     sc = r["scaling"]
-    doc.h(3, f"scaling: {workload_label(r)} on {_gpu(r)}")
+    doc.h(3, f"scaling: {workload_label(r)} on {_gpu(r)}, {r.get('mode') or '-'} mode")
     rows = []
     for s in sc["series"]:
         f = s["fit"]
