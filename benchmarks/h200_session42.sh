@@ -33,8 +33,12 @@ b)
   # breakdown_libero-pi0_best-s30_policy.json measured (transform 0.12, upload 0.31, image preprocess 0.10, copy
   # back 0.06): ~13.35 ms; graph ~29.7 ms (29.1 in matrix_libero-pi0_cumulative_s28.json, + 0.6); the reference
   # eager and host-bound (200-400 ms in past matrices). Ratios: the model-mode ones times ~0.96 for best.
+  # scaling --mode policy of best: the slope is the model call's, 0.72 ms/step (scaling_..._best-s25: 0.719); the
+  # intercept 5.81 ms (model mode, s25) + 0.59 ms around the call - 0.25 ms of the shorter example prompt's prefill
+  # (breakdown s30): ~6.15 ms (6.1-6.4).
   lane A 0 40 <<EOT &
 300 $V matrix --workload libero-pi0 --mode policy --variants 'graph;best' --iters 20 --warmup 5 --no-progress --json $R/matrix_libero-pi0_policy-s42.json
+200 $V scaling --workload libero-pi0 --mode policy --levers best --steps 1,2,5,10 --iters 10 --no-progress --json $R/scaling_libero-pi0_best_policy-s42.json
 EOT
   ;;
 esac
