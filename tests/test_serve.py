@@ -465,6 +465,39 @@ def test_loadgen_stopped_by_its_time_limit_says_so_and_counts_unsent_requests_ap
     assert "lost or misrouted" not in out
 
 
+def test_seed_chooses_the_observations_loadgen_and_rollout_send(server, monkeypatch, capsys, tmp_path):
+    """--seed: loadgen's client i sends the observations of seeds seed + 1000 i + k (k < 4, cycled), rollout's
+    episode frames seed + k; the result records it. (Without it every run sent seeds 0, 1, ... and the option
+    the library had was out of reach of the command line.)"""
+    import vlaperf.serve.loadgen
+    import vlaperf.serve.rollout
+
+    seen: list[int] = []
+    example_for = vlaperf.serve.loadgen.example_for
+
+    def recording(workload, seed, image_size):
+        seen.append(seed)
+        return example_for(workload, seed=seed, image_size=image_size)
+
+    monkeypatch.setattr(vlaperf.serve.loadgen, "example_for", recording)
+    monkeypatch.setattr(vlaperf.serve.rollout, "example_for", recording)
+    parser = _cli_parser()
+    from vlaperf.report.schema import read_result
+
+    def run(*argv):
+        seen.clear()
+        args = parser.parse_args([*argv, "--url", server.url, "--json", str(tmp_path / "r.json")])
+        assert args.func(args) == 0
+        return read_result(tmp_path / "r.json")[argv[0]]["seed"]
+
+    assert run("loadgen", "--clients", "2", "--requests", "2", "--warmup", "0", "--seed", "7") == 7
+    assert set(seen) == {7, 8, 9, 10, 1007, 1008, 1009, 1010}
+    assert run("rollout", "--episodes", "1", "--steps-per-episode", "2", "--control-hz", "100", "--seed", "7") == 7
+    assert set(seen) == set(range(7, 15))
+    assert run("loadgen", "--clients", "1", "--requests", "1", "--warmup", "0") == 0 and set(seen) == {0, 1, 2, 3}
+    capsys.readouterr()
+
+
 def test_rollout(server, tmp_path, monkeypatch, capsys):
     from vlaperf.report.schema import read_result, write_result
     from vlaperf.serve.rollout import run_rollout

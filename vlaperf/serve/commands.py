@@ -103,6 +103,8 @@ def _add_client_options(p) -> None:
     p.add_argument("--workload", type=workload_arg, default=None, help="the workload whose observations are sent, which "
                    "must be the served one (default: the one the server reports)")
     p.add_argument("--image-size", type=_image_side, default=224, help="side of the camera images sent, 4..4096 (default: 224)")
+    p.add_argument("--seed", type=seed_int, default=0, help="seed of the synthetic observations sent, recorded in the "
+                   "result (default: 0)")
     p.add_argument("--json", type=output_file, default=None, help="write the result file here")
 
 
@@ -531,7 +533,8 @@ def cmd_loadgen(args) -> int:
 
     try:
         result = run_loadgen(args.url, clients=args.clients, requests=args.requests, timeout_s=args.timeout_s,
-                             api_key=_api_key(args), workload=args.workload, warmup=args.warmup, image_size=args.image_size)
+                             api_key=_api_key(args), workload=args.workload, warmup=args.warmup, image_size=args.image_size,
+                             seed=args.seed)
     except LoadgenError as e:
         raise CliError(str(e)) from None
     print_loadgen(result)
@@ -608,7 +611,8 @@ def cmd_rollout(args) -> int:
     try:
         result = run_rollout(args.url, episodes=args.episodes, steps_per_episode=args.steps_per_episode,
                              control_hz=args.control_hz, replan_every=args.replan_every, api_key=_api_key(args),
-                             workload=args.workload, timeout_s=args.timeout_s, image_size=args.image_size)
+                             workload=args.workload, timeout_s=args.timeout_s, image_size=args.image_size,
+                             seed=args.seed)
     except LoadgenError as e:
         raise CliError(str(e)) from None
     print_rollout(result)

@@ -341,6 +341,7 @@ def run_loadgen(url: str = "ws://127.0.0.1:8000", clients: tuple[int, ...] | lis
         "warmup_per_client": warmup,
         "timeout_s": timeout_s,
         "image_size": image_size,
+        "seed": seed,
         "observations": "synthetic: vlaperf.inputs.make_example (random pixels and state; the world-action model: "
                         "vlaperf.policy.make_wam_example, random latents and state), made before timing",
         "phases": phases,

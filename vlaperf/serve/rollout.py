@@ -131,6 +131,7 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
         "replan_every": replan_every,
         "action_horizon": horizon,
         "image_size": image_size,
+        "seed": seed,
         "timed_out": timed_out,
         "connection_lost": connection_lost,
         "errors": errors,
