@@ -10,6 +10,7 @@ full size.
 
 import dataclasses
 import json
+import os
 import sys
 from types import ModuleType, SimpleNamespace
 
@@ -438,6 +439,29 @@ def test_cli_compare_asks_lerobot_for_the_workloads_kind_and_size(monkeypatch, c
     assert "vlaperf compare: error: LeRobot cannot build this reduced size: stop here" in err
     assert (seen["pi05"], seen["reduced"], seen["levers"], seen["seed"], seen["dtype"]) == (pi05, reduced, "for_loop", 5, torch.float32)
     assert ("at full size on the CPU" in err) == note
+
+
+def test_cli_compare_keeps_its_compiles_in_the_compile_cache(monkeypatch, tmp_path, capsys):
+    """--compile-cache DIR, as bench's: applied before anything is built, so LeRobot's max-autotune compile and
+    best's land in DIR; a path that is a file is refused naming the option."""
+    from vlaperf.engine.compile import CACHE_ENV
+
+    for var in CACHE_ENV.values():  # restored after the test
+        monkeypatch.setenv(var, "unset-by-test")
+    seen = {}
+
+    def compare(workload, **kw):
+        seen.update({sub: os.environ.get(var) for sub, var in CACHE_ENV.items()})
+        raise ValueError("stop here")
+
+    monkeypatch.setattr(lr, "import_lerobot", lambda pi05: None)
+    monkeypatch.setattr(lr, "compare_lerobot", compare)
+    cache = tmp_path / "cache"
+    assert _cli(["compare", "--device", "cpu", "--compile-cache", str(cache)]) == 2
+    assert seen == {"triton": str(cache / "triton"), "inductor": str(cache / "inductor")}
+    (tmp_path / "file").write_text("x")
+    assert _cli(["compare", "--device", "cpu", "--compile-cache", str(tmp_path / "file")]) == 2
+    assert "is a file; expected a directory" in capsys.readouterr().err
 
 
 def _metrics(rel, passed, worst=1):

@@ -15,7 +15,7 @@ import sys
 
 import torch
 
-from vlaperf.cli import CliError, device_arg, output_file, positive_int, seed_int, setup_device, steps_int, wide_console
+from vlaperf.cli import CliError, add_compile_cache, device_arg, output_file, positive_int, seed_int, setup_device, steps_int, wide_console
 
 COMPARE_WORKLOADS = ("libero-pi0", "libero-pi05", "aloha-pi0", "libero-pi0-b4", "libero-pi0-b8", "libero-shallow6", "tiny")
 
@@ -49,6 +49,7 @@ def register(subparsers) -> None:
                    help="interleaved rounds, one timed call of each path a round (default: 50)")
     p.add_argument("--json", type=output_file, default=None, help="write the result file here")
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
+    add_compile_cache(p)  # LeRobot's max-autotune compile and best's compile both land there
     p.set_defaults(func=cmd_compare)
 
     p = subparsers.add_parser("convert", help="convert a model.safetensors between openpi's and LeRobot's layouts, or "
