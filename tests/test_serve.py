@@ -1555,7 +1555,7 @@ def test_rollout_bounds_and_a_replan_of_the_whole_chunk(monkeypatch):
     ro = rollout.run_rollout("ws://127.0.0.1:9", episodes=1, steps_per_episode=9, control_hz=1000.0, replan_every=4,
                              image_size=32, sleep=lambda s: None)["rollout"]
     assert ro["per_episode"][0]["policy_calls"] == 3  # steps 0, 4, 8
-    with pytest.raises(LoadgenError, match=r"replan_every must be an integer in \[1, 4\] \(the action horizon\), got 5"):
+    with pytest.raises(LoadgenError, match=r"replan_every \(--replan-every\) must be an integer in \[1, 4\] \(the served action horizon\), got 5"):
         rollout.run_rollout("ws://127.0.0.1:9", episodes=1, steps_per_episode=1, replan_every=5, image_size=32)
     for kwargs, message in ((dict(control_hz=1000.5), r"control_hz must be in \(0, 1000\], got 1000.5"),
                             (dict(episodes=0), r"episodes must be an integer in \[1, 1000\], got 0"),

@@ -52,7 +52,8 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
         if replan_every is None:
             replan_every = min(DEFAULT_REPLAN_EVERY, horizon)
         if not isinstance(replan_every, int) or not 1 <= replan_every <= horizon:
-            raise LoadgenError(f"replan_every must be an integer in [1, {horizon}] (the action horizon), got {replan_every!r}")
+            raise LoadgenError(f"replan_every (--replan-every) must be an integer in [1, {horizon}] (the served action "
+                               f"horizon), got {replan_every!r}")
         period = 1.0 / control_hz
         frames = [example_for(wl, seed=seed + k, image_size=image_size) for k in range(8)]
         check_request_size(meta, frames[0], image_size)
