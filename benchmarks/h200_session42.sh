@@ -41,5 +41,19 @@ b)
 200 $V scaling --workload libero-pi0 --mode policy --levers best --steps 1,2,5,10 --iters 10 --no-progress --json $R/scaling_libero-pi0_best_policy-s42.json
 EOT
   ;;
+c)
+  # Part b's misses: best's served call was ~0.8 ms above its model call (predicted 0.59, session 30's breakdown), and
+  # graph's 32.7 ms against the 29.1 ms model-mode row of session 28. Where the served path's time goes, per stage,
+  # for both (breakdown --mode policy), and graph's model and policy calls side by side in fresh processes.
+  # Predictions: best: transform ~0.12, upload ~0.31, preprocess ~0.10, copy back ~0.06 ms, model stages ~12.7 ms;
+  # graph: the same around-the-call stages, its model stages ~29 ms (if so, part b's graph row was this GPU/process).
+  mkdir -p $R/profiles
+  lane A 0 40 <<EOT &
+120 $V breakdown --workload libero-pi0 --levers best --mode policy --iters 50 --no-progress --json $R/breakdown_libero-pi0_best_policy-s42.json
+120 $V breakdown --workload libero-pi0 --levers graph --mode policy --iters 30 --no-progress --json $R/breakdown_libero-pi0_graph_policy-s42.json
+90 $V bench --workload libero-pi0 --levers graph --mode model $B --json $R/bench_libero-pi0_graph-s42_model.json
+90 $V bench --workload libero-pi0 --levers graph --mode policy $B --json $R/bench_libero-pi0_graph-s42_policy.json
+EOT
+  ;;
 esac
 finish
