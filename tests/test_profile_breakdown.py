@@ -153,6 +153,9 @@ def test_breakdown_fn_for_any_callable():
     assert len(calls) == 1 + 4 + (1 + 4)  # warm-up, instrumented, untimed (its warm-up + timed)
 
 
+# quiet_gpu: the policy mode's host stages are timed too, and beside 13 other test processes on the GPU machine the
+# instrumented and untimed medians came 268% and 50% apart (sessions 41, 42); alone it passed 5 times of 5.
+@pytest.mark.quiet_gpu
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="CUDA graphs need a GPU")
 @pytest.mark.parametrize("mode", ["model", "policy"])
 def test_cuda_graph_variant_is_timed_inside_its_graph(mode):
