@@ -235,7 +235,7 @@ def matrix_tables(results):
             continue
         stopped = (" **Interrupted** (stopped by its time limit's SIGTERM or Ctrl-C): no row was timed; the rows it had "
                    "prepared keep their first call and equivalence.") if r.get("interrupted") else ""
-        out += [f"### matrix `{r['variant']['label']}` on {r['workload']['id']} ({_env(r)})", "",
+        out += [f"### matrix `{r['variant']['label']}` on {r['workload']['id']}, {r.get('mode') or 'model'} mode ({_env(r)})", "",
                 f"`{path.relative_to(ROOT)}`; interleaved, {r['iters']} rounds after {r['warmup']} warm-up calls per variant; "
                 "speedup = ratio of median wall times vs the reference; p10..p90 = spread of per-round ratios." + stopped, "",
                 "| variant | median ms | p95 ms | speedup | p10..p90 | rel L2 vs reference | first call s |",
@@ -292,7 +292,7 @@ def scaling_tables(results):
         if r["command"] != "scaling":
             continue
         sc = r["scaling"]
-        out += [f"### T(N) on {r['workload']['id']} ({_env(r)})", "", f"`{path.relative_to(ROOT)}`; {sc['timer']}", "",
+        out += [f"### T(N) on {r['workload']['id']}, {r.get('mode') or 'model'} mode ({_env(r)})", "", f"`{path.relative_to(ROOT)}`; {sc['timer']}", "",
                 "| variant | " + " | ".join(f"T({n}) ms" for n in sc["steps"]) + " | fit |",
                 "|---|" + "---|" * len(sc["steps"]) + "---|"]
         for series in sc["series"]:

@@ -183,6 +183,9 @@ def test_an_interrupted_matrix_keeps_its_prepared_rows_first_call_and_check():
                       {"variant": "for_loop,cuda_graph", "skipped": "not prepared: the matrix was interrupted"}]}
     text = "\n".join(gen.matrix_tables([(gen.ROOT / "m.json", r)]))
     assert "**Interrupted**" in text
+    assert "### matrix `grid` on libero-pi0, model mode (" in text  # a file without a mode reads as model mode
+    policy = "\n".join(gen.matrix_tables([(gen.ROOT / "m.json", dict(r, mode="policy"))]))
+    assert "### matrix `grid` on libero-pi0, policy mode (" in policy
     assert "| loop+compile:default | not timed: the matrix was interrupted | | | | 5.6e-03 | 66.40 |" in text
     assert "| loop+graph | not prepared: the matrix was interrupted | | | | - |  |" in text
 
