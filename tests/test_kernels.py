@@ -1859,6 +1859,9 @@ def test_small_m_matmul_launch_tiles_and_checks(monkeypatch):
         run(10, 100, 64, w_up=torch.zeros(100, 64, dtype=torch.float64))
     # a split keeps at least 4 K blocks: K = 512 in 64-deep blocks splits in 2 (4 blocks each), not in 4
     assert K.pick_config(1024, 512, False)["split_k"] == 2 and K.pick_config(1024, 511, False)["split_k"] == 1
+    # wide (32 columns a program, no split) from half the SMs' worth of 32-column blocks: 66 blocks of 132 SMs, not 65
+    assert K.pick_config(2081, 4096, False) == {"block_n": 32, "block_k": 64, "split_k": 1}
+    assert K.pick_config(2080, 4096, False) == {"block_n": 16, "block_k": 64, "split_k": 4}
 
 
 def test_suffix_attention_launch_splits_merge_and_layout(monkeypatch):
