@@ -55,5 +55,15 @@ c)
 90 $V bench --workload libero-pi0 --levers graph --mode policy $B --json $R/bench_libero-pi0_graph-s42_policy.json
 EOT
   ;;
+d)
+  # (1) Session 28's cumulative matrix timed graph at 29.1 ms, its bench at 32.15 ms; this session's bench 32.52 ms.
+  # Graph interleaved with the eager reference alone, in one process: prediction 32.5 ms within 2% (no mechanism is
+  # known that would make it 29 ms; if it is, the interleaving is the cause and the matrix row is the odd one).
+  # (2) gpu_suite's new fourth step (quiet_gpu tests, alone): prediction: both parametrizations pass.
+  lane A 0 40 <<EOT &
+200 $V matrix --workload libero-pi0 --variants graph --iters 20 --warmup 5 --no-progress --json $R/matrix_libero-pi0_graph-s42.json
+90 $P -q --timeout 80 -m quiet_gpu $I 2>&1 | tee $R/pytest_gpu_s42d4.log | tail -3
+EOT
+  ;;
 esac
 finish
