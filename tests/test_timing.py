@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import math
+import os
+import re
 import time
 
 import pytest
@@ -277,7 +279,7 @@ def test_interleaved_validation():
 
 ENV_KEYS = {
     "gpu", "gpu_count", "driver", "cuda", "cudnn", "torch", "triton", "python", "platform", "cpu",
-    "vlaperf", "git_commit", "git_dirty", "env_vars", "c_compiler", "matmul_precision",
+    "cpu_id", "cpus", "memory_bytes", "vlaperf", "git_commit", "git_dirty", "env_vars", "c_compiler", "matmul_precision",
     "tf32_matmul", "tf32_cudnn", "torch_threads", "timestamp", "hostname",
 }  # fmt: skip
 
@@ -297,6 +299,28 @@ def test_environment_record_keys_and_env_vars(monkeypatch):
     assert env["torch"] and env["python"] and env["timestamp"].endswith("+00:00")
     assert isinstance(env["torch_threads"], int)
     assert env["git_dirty"] in (None, True, False)
+
+
+def test_the_host_is_recorded_beyond_its_model_name(monkeypatch):
+    """A VM's model name can be a bare "Intel(R) Xeon(R) Processor": cpu_id names vendor, family, model and stepping
+    of the first processor; cpus the CPUs this process may use (its affinity), memory_bytes the machine's memory."""
+    from vlaperf.timing import cpu_id
+
+    first = ("processor\t: 0\nvendor_id\t: GenuineIntel\ncpu family\t: 6\nmodel\t\t: 143\n"
+             "model name\t: Intel(R) Xeon(R) Processor\nstepping\t: 8\nflags\t\t: fpu vme\n")
+    second = first.replace("processor\t: 0", "processor\t: 1").replace(": 143", ": 106")
+    assert cpu_id(first + "\n" + second) == "GenuineIntel family 6 model 143 stepping 8"
+    assert cpu_id(first.replace("stepping\t: 8\n", "")) == "GenuineIntel family 6 model 143"
+    assert cpu_id("processor\t: 0\nmodel name\t: some ARM core\n") is None  # no vendor/family/model fields
+    assert cpu_id("") is None
+    env = environment_record("cpu")
+    if hasattr(os, "sched_getaffinity"):
+        assert env["cpus"] == len(os.sched_getaffinity(0))
+        monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0})  # `taskset -c 0`, a one-CPU container
+        assert environment_record("cpu")["cpus"] == 1
+    assert env["memory_bytes"] is None or env["memory_bytes"] > 2**28
+    if os.path.exists("/proc/cpuinfo"):
+        assert re.fullmatch(r"\S+ family \d+ model \d+( stepping \d+)?", env["cpu_id"] or "x86 family 0 model 0")
 
 
 def test_gpu_state_parses_nvidia_smi_and_selects_the_gpu_by_uuid(monkeypatch, tmp_path):

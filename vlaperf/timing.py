@@ -577,6 +577,38 @@ def _cpu_name() -> str | None:
     return platform.processor() or platform.machine() or None
 
 
+def cpu_id(cpuinfo: str) -> str | None:
+    """The first processor's vendor, family, model and stepping in /proc/cpuinfo's text, e.g. "GenuineIntel family 6
+    model 143 stepping 8": what tells two hosts apart where a VM reports its model name as a bare "Intel(R) Xeon(R)
+    Processor" (session 42 measured the served path's host stages twice as slow on one such host as on another)."""
+    fields: dict[str, str] = {}
+    for line in cpuinfo.splitlines():
+        if not line.strip():
+            break  # the end of the first processor's block
+        key, _, value = line.partition(":")
+        fields[key.strip()] = value.strip()
+    if not all(k in fields for k in ("vendor_id", "cpu family", "model")):
+        return None
+    return (f"{fields['vendor_id']} family {fields['cpu family']} model {fields['model']}"
+            + (f" stepping {fields['stepping']}" if "stepping" in fields else ""))
+
+
+def _cpu_id() -> str | None:
+    cpuinfo = Path("/proc/cpuinfo")
+    return cpu_id(cpuinfo.read_text(errors="replace")) if cpuinfo.exists() else None
+
+
+def _usable_cpus() -> int | None:
+    """The CPUs this process may run on (its affinity: a container's or `taskset`'s limit), else the machine's."""
+    if hasattr(os, "sched_getaffinity"):
+        return len(os.sched_getaffinity(0))
+    return os.cpu_count()
+
+
+def _memory_bytes() -> int | None:
+    return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
+
+
 def _vlaperf_version() -> str:
     try:
         import vlaperf
@@ -654,7 +686,9 @@ def environment_record(device: torch.device | str) -> dict[str, Any]:
     gpu is the name of `device` when it is a CUDA device, else None; gpu_count counts all
     visible CUDA devices; gpu_state is that GPU's clocks, power and temperature as nvidia-smi
     reports them when the record is taken (GPU_STATE_FIELDS), else None. tf32_matmul /
-    tf32_cudnn are torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32.
+    tf32_cudnn are torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32. cpu is the
+    processor's model name, cpu_id its vendor, family, model and stepping (`cpu_id`), cpus the CPUs this process
+    may use, memory_bytes the machine's physical memory: the host work of a served call depends on them.
     timestamp is UTC ISO 8601.
     """
     dev = _probe(lambda: torch.device(device))
@@ -673,6 +707,9 @@ def environment_record(device: torch.device | str) -> dict[str, Any]:
         "python": _probe(lambda: f"{platform.python_implementation()} {platform.python_version()}"),
         "platform": _probe(platform.platform),
         "cpu": _probe(_cpu_name),
+        "cpu_id": _probe(_cpu_id),
+        "cpus": _probe(_usable_cpus),
+        "memory_bytes": _probe(_memory_bytes),
         "vlaperf": _probe(_vlaperf_version, "unknown"),
         "git_commit": commit,
         "git_dirty": dirty,
