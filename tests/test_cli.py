@@ -240,10 +240,17 @@ def test_matrix_in_policy_mode_times_each_variants_served_path(tmp_path, monkeyp
     (the default) never goes through a Policy."""
     from vlaperf.policy import Policy
 
-    owners = []
+    owners, verifies = [], set()
     infer = Policy.infer
-    monkeypatch.setattr(Policy, "infer", lambda self, example: owners.append(type(self.sample.__self__).__name__)
-                        or infer(self, example))
+
+    def recording(self, example):
+        owner = self.sample.__self__
+        owners.append(type(owner).__name__)
+        # the engine's calls check its step kernel after each call, as a server's do; the reference has none to check
+        verifies.add((type(owner).__name__, None if self.verify is None else self.verify == owner.raise_on_kernel_fault))
+        return infer(self, example)
+
+    monkeypatch.setattr(Policy, "infer", recording)
     argv = ["matrix", "--workload", "tiny", "--device", "cpu", "--variants", "exact", "--warmup", "1", "--iters", "3",
             "--no-progress", "--json", str(tmp_path / "m.json")]
     assert main(argv + ["--mode", "policy"]) == 0
@@ -251,6 +258,7 @@ def test_matrix_in_policy_mode_times_each_variants_served_path(tmp_path, monkeyp
     assert r["mode"] == "policy" and [v["variant"] for v in r["variants"]] == ["reference", "exact"]
     assert all(v["timers"]["wall_ms"]["count"] == 3 for v in r["variants"]) and r["variants"][1]["equivalence"]["passed"]
     assert set(owners) == {"Pi0Model", "Engine"} and owners.count("Pi0Model") == owners.count("Engine") >= 1 + 3
+    assert verifies == {("Pi0Model", None), ("Engine", True)}
     assert "(policy mode, cpu;" in capsys.readouterr().out
     owners.clear()
     assert main(argv) == 0
@@ -272,6 +280,17 @@ def test_a_matrix_row_times_the_call_its_mode_names():
     assert isinstance(actions, torch.Tensor) and actions.shape == noise.shape
     reply = timed_call(model, None, w, obs, noise, w.steps, "policy", seed=1)()
     assert reply["actions"].shape == (2, w.horizon, w.robot_action_dim) and "policy_timing" in reply
+    # the request of `seed`: examples seed, seed + 1 (one per sample), answered with the fixed noise
+    from vlaperf.inputs import make_example
+    from vlaperf.policy import Policy, example_request
+
+    request = example_request(w, seed=1)
+    assert [ex["prompt"] for ex in request] == [make_example(w, seed=1)["prompt"], make_example(w, seed=2)["prompt"]]
+    assert all((a == b).all() for ex, ref in zip(request, (make_example(w, seed=1), make_example(w, seed=2)))
+               for a, b in zip(ex.values(), ref.values()) if not isinstance(a, str))
+    expected = Policy(model, model.sample_actions, w, noise=noise).infer(request)["actions"]
+    torch.testing.assert_close(torch.from_numpy(reply["actions"]), torch.from_numpy(expected), rtol=0, atol=0)
+    assert example_request(get_workload("tiny"), seed=4).keys() == make_example(w, seed=4).keys()  # batch 1: one dict
     with pytest.raises(ValueError, match="mode: expected 'model' or 'policy', got 'forward'"):
         timed_call(model, None, w, obs, noise, 2, "forward", seed=1)
 

@@ -131,12 +131,13 @@ def test_policy_mode_times_the_served_call_of_each_step_count(monkeypatch):
     seen = []
     infer = Policy.infer
     monkeypatch.setattr(Policy, "infer", lambda self, example: seen.append(
-        (type(self.sample.__self__).__name__, self.num_steps)) or infer(self, example))
+        (type(self.sample.__self__).__name__, self.num_steps, self.verify is not None)) or infer(self, example))
     model = build_model("tiny")
     result = scaling({"reference": model, "for_loop": Engine(model, "for_loop")}, "tiny", steps=(1, 3), warmup=1,
                      iters=2, mode="policy")
     assert result["mode"] == "policy" and [s["label"] for s in result["series"]] == ["reference", "for_loop"]
-    assert set(seen) == {("Pi0Model", 1), ("Pi0Model", 3), ("Engine", 1), ("Engine", 3)}
+    # an Engine's calls check its step kernel after each call, as a server's do
+    assert set(seen) == {("Pi0Model", 1, False), ("Pi0Model", 3, False), ("Engine", 1, True), ("Engine", 3, True)}
     assert len({seen.count(k) for k in set(seen)}) == 1  # as many calls of each point
     assert scaling(model, "tiny", steps=(1, 2), warmup=1, iters=1)["mode"] == "model"
     with pytest.raises(ValueError, match="scaling: mode 'policy' needs a Pi0Model or an Engine, got function"):
