@@ -65,5 +65,14 @@ d)
 90 $P -q --timeout 80 -m quiet_gpu $I 2>&1 | tee $R/pytest_gpu_s42d4.log | tail -3
 EOT
   ;;
+e)
+  # Part c's host stages took twice session 30's time. The transfers alone on this session's machine, against
+  # session 23's file (upload_probe_libero-pi0_s23a.json: whole upload synced 0.227 ms, 0.687 ms after 13 ms of GPU
+  # work; filling the staging buffer 0.020 ms). Prediction if the host is uniformly ~2x slower: ~0.45 and ~1.4 ms,
+  # fill ~0.04 ms; if the GPU-side copy is what differs, the fill stays ~0.02 ms.
+  lane A 0 40 <<EOT &
+120 python3 benchmarks/upload_probe.py --rounds 100 --json $R/upload_probe_libero-pi0_s42e.json
+EOT
+  ;;
 esac
 finish
