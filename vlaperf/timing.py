@@ -580,7 +580,8 @@ def _cpu_name() -> str | None:
 def cpu_id(cpuinfo: str) -> str | None:
     """The first processor's vendor, family, model and stepping in /proc/cpuinfo's text, e.g. "GenuineIntel family 6
     model 143 stepping 8": what tells two hosts apart where a VM reports its model name as a bare "Intel(R) Xeon(R)
-    Processor" (session 42 measured the served path's host stages twice as slow on one such host as on another)."""
+    Processor" (session 42's served-path host stages took twice session 30's time, on hosts whose model names read
+    alike)."""
     fields: dict[str, str] = {}
     for line in cpuinfo.splitlines():
         if not line.strip():
@@ -688,7 +689,7 @@ def environment_record(device: torch.device | str) -> dict[str, Any]:
     reports them when the record is taken (GPU_STATE_FIELDS), else None. tf32_matmul /
     tf32_cudnn are torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32. cpu is the
     processor's model name, cpu_id its vendor, family, model and stepping (`cpu_id`), cpus the CPUs this process
-    may use, memory_bytes the machine's physical memory: the host work of a served call depends on them.
+    may use, memory_bytes the machine's physical memory: which host a figure came from.
     timestamp is UTC ISO 8601.
     """
     dev = _probe(lambda: torch.device(device))
