@@ -1,0 +1,39 @@
+#!/bin/bash
+# Session 43's device calls on nvidia-h200 (one GPU, 16 cores; lanes.sh, lane A only).
+# Session 42's breakdown of `best`'s served call (policy mode) had every host stage at about twice session 30's time
+# (transform, upload, image preprocess, setup, copy back: 1.49 ms against 0.75), the GPU stages within 1.3%; the upload
+# probe refuted a uniformly slower host; on the CPU (tiny) only `setup` doubled between 9577a0c (session 30's commit)
+# and now (0.04 -> 0.08 ms: per-call checks added since).
+#   PART=a   (1) best, model mode, on this machine: prediction 12.7-13.2 ms (the same code across H200s since s23).
+#            (2) breakdown --levers best --mode policy at 9577a0c (carried as .old9577a0c, `git archive`, run from
+#            inside it so that its own vlaperf is imported) and at this commit, interleaved old/new/old/new on this one
+#            machine. Prediction: the machine, not the code: transform, upload, preprocess and copy back within 10%
+#            between old and new; `setup` higher at new by 0.03-0.15 ms (the checks the CPU split found).
+#            (3) session 28's cumulative matrix again (its graph row read 29.1 ms against 32.15-32.64 ms in every
+#            other file). Prediction: graph 32-33 ms, the 29.1 does not come back; best ~12.8 ms.
+#   PART=b   gpu_suite s43: the whole suite on the GPU, the first run with the fourth step (quiet_gpu, alone) in
+#            full. Prediction: all pass.
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session43.sh, carry [".whl", ".old9577a0c"]
+# (.old9577a0c: `mkdir .old9577a0c && git archive 9577a0c vlaperf pyproject.toml | tar -x -C .old9577a0c`)
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, gpu_suite
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD
+OLD="cd .old9577a0c && PYTHONPATH=/tmp/site VLAPERF_GIT_COMMIT=9577a0c3f8a9997d686deeb971033f739ad96e00 $V"
+BD="breakdown --workload libero-pi0 --levers best --mode policy --iters 50 --no-progress"
+case "${PART:-a}" in
+a)
+  lane A 0 40 <<EOT &
+90 $V bench --workload libero-pi0 --levers best $B --json $R/bench_libero-pi0_best-s43_model.json
+120 $OLD $BD --json $R/breakdown_libero-pi0_best_policy-s43-old1.json
+120 $V $BD --json $R/breakdown_libero-pi0_best_policy-s43-new1.json
+120 $OLD $BD --json $R/breakdown_libero-pi0_best_policy-s43-old2.json
+120 $V $BD --json $R/breakdown_libero-pi0_best_policy-s43-new2.json
+330 $V matrix --workload libero-pi0 --variants cumulative --iters 30 --warmup 5 --no-progress --json $R/matrix_libero-pi0_cumulative_s43.json
+EOT
+  ;;
+b)
+  gpu_suite s43 &
+  ;;
+esac
+finish
