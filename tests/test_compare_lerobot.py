@@ -350,6 +350,59 @@ def test_compare_lerobot_fails_where_lerobot_differs(stand_in, monkeypatch):
     assert run.result["levers"] == {"spec": "off", "label": "off_by_one"} and run.engine is engine
 
 
+def test_compare_lerobot_on_a_checkpoint_loads_the_file_into_both_sides(stand_in, tmp_path):
+    """compare_lerobot(checkpoint=...): both models hold the file's weights (not seed's random init), each in its own
+    dtypes: LeRobot's float32 parameters keep the file's float32 values where vlaperf's bfloat16 ones round them."""
+    from vlaperf.checkpoints import save_checkpoint
+
+    source = build_model("tiny", seed=9)
+    path = save_checkpoint(source, tmp_path / "ckpt", layout="lerobot")
+    run = lr.compare_lerobot("tiny", device="cpu", steps=1, reduced=True, seed=4, levers=None, checkpoint=tmp_path / "ckpt")
+    assert run.result["passed"] and run.result["equivalence"]["reference"]["max_abs"] == 0.0
+    assert run.result["weights"] == {"source": "checkpoint", "path": str(path), "layout": "lerobot",
+                                     "tensors": len(source.state_dict()) - 1, "file_dtypes": ["torch.float32"]}
+    assert run.model.checkpoint == {"path": str(path), "layout": "lerobot"}
+    file_state = source.state_dict()
+    theirs = stand_in[0].policy.model.state_dict()
+    assert all(torch.equal(v, file_state[k]) for k, v in run.model.state_dict().items())
+    assert all(torch.equal(v, file_state[EMBED if k == LM_HEAD else k]) for k, v in theirs.items())
+    assert not torch.equal(file_state[EMBED], build_model("tiny", seed=4).state_dict()[EMBED])  # seed 4 seeded inputs only
+
+    run = lr.compare_lerobot("tiny", device="cpu", dtype=torch.bfloat16, steps=1, reduced=True, levers=None,
+                             checkpoint=path)
+    q = "paligemma_with_expert.paligemma.model.language_model.layers.0.self_attn.q_proj.weight"
+    assert run.model.state_dict()[q].dtype == torch.bfloat16
+    assert torch.equal(stand_in[1].policy.model.state_dict()[q], file_state[q])  # float32, not through bfloat16
+    assert not torch.equal(run.model.state_dict()[q].float(), file_state[q])
+    assert lr.compare_lerobot("tiny", device="cpu", steps=1, reduced=True, seed=4, levers=None).result["weights"] == \
+        {"source": "random", "seed": 4}
+
+
+def test_compare_lerobot_refuses_a_checkpoint_of_another_model(stand_in, tmp_path):
+    from vlaperf.checkpoints import CheckpointError, save_checkpoint
+
+    save_checkpoint(build_model(get_config("tiny", pi05=True)), tmp_path / "pi05.safetensors")
+    with pytest.raises(CheckpointError, match=r"the file looks like pi0.5, the preset is pi0"):
+        lr.compare_lerobot("tiny", device="cpu", steps=1, reduced=True, levers=None, checkpoint=tmp_path / "pi05.safetensors")
+
+
+def test_load_into_lerobot_is_strict_both_ways():
+    from vlaperf.checkpoints import CheckpointError
+
+    policy = _StandInPolicy(get_config("tiny"))
+    named = dict(build_model("tiny", seed=2).state_dict())
+    with pytest.raises(CheckpointError, match=r"LeRobot's \['model.action_out_proj.bias'\] have no tensor in it"):
+        lr.load_into_lerobot_(policy, {k: v for k, v in named.items() if k != "action_out_proj.bias"})
+    with pytest.raises(CheckpointError, match=r"its \['extra.weight'\] no place in LeRobot's model"):
+        lr.load_into_lerobot_(policy, {**named, "extra.weight": torch.ones(1)})
+    with pytest.raises(CheckpointError, match=r"model.action_out_proj.bias: the checkpoint's action_out_proj.bias has shape \(3,\)"):
+        lr.load_into_lerobot_(policy, {**named, "action_out_proj.bias": torch.ones(3)})
+    named[EMBED] = named[EMBED] + 1.0  # the embedding wins over the file's LM head, as in LeRobot's loader
+    lr.load_into_lerobot_(policy, named)
+    pg = policy.model.paligemma_with_expert.paligemma
+    assert torch.equal(pg.lm_head.weight, named[EMBED]) and torch.equal(pg.model.language_model.embed_tokens.weight, named[EMBED])
+
+
 def test_time_lerobot_against_the_stand_in(stand_in, monkeypatch):
     run = lr.compare_lerobot("tiny", device="cpu", steps=1, reduced=True, levers="for_loop")
     before = torch.get_float32_matmul_precision()
@@ -409,6 +462,41 @@ def test_cli_compare_against_the_stand_in_writes_result(stand_in, tmp_path, caps
 
     assert _cli(argv + ["--no-timing"]) == 0
     assert json.loads(out.read_text())["timing"] is None
+
+
+def test_cli_compare_on_a_checkpoint_records_it(stand_in, tmp_path, capsys):
+    from vlaperf.checkpoints import save_checkpoint
+
+    path = save_checkpoint(build_model("tiny", seed=9), tmp_path / "model.safetensors")
+    out = tmp_path / "c.json"
+    assert _cli(["compare", "--device", "cpu", "--steps", "1", "--no-timing", "--checkpoint", str(tmp_path),
+                 "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    assert r["variant"]["checkpoint"] == {"path": str(path), "layout": "openpi"}
+    assert r["compare"]["weights"]["source"] == "checkpoint" and r["compare"]["passed"]
+
+    save_checkpoint(build_model(get_config("tiny", pi05=True)), tmp_path / "pi05.safetensors")
+    assert _cli(["compare", "--device", "cpu", "--steps", "1", "--no-timing", "--checkpoint",
+                 str(tmp_path / "pi05.safetensors")]) == 2
+    err = capsys.readouterr().err
+    assert "vlaperf compare: error: --checkpoint: checkpoint does not match model preset 'tiny' (the file looks like pi0.5" in err
+    assert "(tiny is compared at a reduced size, which no released checkpoint has" in err
+
+
+@pytest.mark.parametrize("make,message", [
+    (lambda d: d / "absent.safetensors", "--checkpoint: "),
+    (lambda d: (d / "bad.safetensors").write_bytes(b"not safetensors") and d / "bad.safetensors",
+     "not a readable safetensors file"),
+    (lambda d: "", "--checkpoint: expected a path, got an empty string"),
+])
+def test_cli_compare_names_a_bad_checkpoint_before_lerobot(monkeypatch, tmp_path, capsys, make, message):
+    def not_reached(pi05):
+        raise AssertionError("LeRobot imported before the checkpoint was checked")
+
+    monkeypatch.setattr(lr, "import_lerobot", not_reached)
+    assert _cli(["compare", "--device", "cpu", "--checkpoint", str(make(tmp_path))]) == 2
+    err = capsys.readouterr().err
+    assert message in err and "Traceback" not in err
 
 
 def test_cli_compare_not_equivalent_exits_1_without_timing(stand_in, capsys):

@@ -132,6 +132,19 @@ def load_checkpoint(model: Pi0Model, path: str | os.PathLike, layout: str = "aut
     Raises CheckpointError listing every missing, unexpected or wrongly shaped tensor.
     Returns a small report: layout, tensor count, dtypes found in the file (and, for JAX, the tensors filled).
     """
+    named, report = read_model_tensors(path, {k: v.shape for k, v in model.state_dict().items()},
+                                       model.config.pi05, layout)
+    load_state(model, named)
+    model.checkpoint = {"path": report["path"], "layout": report["layout"]}  # result files record where the weights came from
+    return report
+
+
+def read_model_tensors(path: str | os.PathLike, shapes: dict[str, torch.Size], pi05: bool,
+                       layout: str = "auto") -> tuple[dict[str, torch.Tensor], dict]:
+    """A checkpoint's tensors under openpi's names (the model's own), as the file stores them (its dtypes), and
+    load_checkpoint's report. `shapes`: the model's state-dict shapes (an openpi JAX checkpoint lacks the unused
+    expert LM head, which is filled with zeros of that shape). Each runtime then casts the same tensors to its own
+    dtypes (load_state; vlaperf.compare.lerobot.load_into_lerobot_)."""
     from vlaperf import openpi_jax
 
     if layout not in LAYOUTS:
@@ -140,22 +153,18 @@ def load_checkpoint(model: Pi0Model, path: str | os.PathLike, layout: str = "aut
     if layout == "openpi-jax" or (layout == "auto" and jax_folder is not None):
         tensors = openpi_jax.read_params(path)  # (raises where the folder is not one)
         named = openpi_jax.to_openpi_names(tensors)
-        filled = openpi_jax.fill_unused_heads(named, {k: v.shape for k, v in model.state_dict().items()})
-        load_state(model, named)
+        filled = openpi_jax.fill_unused_heads(named, shapes)
         root = jax_folder.parent if jax_folder.name == "params" else jax_folder  # named by its checkpoint: pi05_libero
         report = {"path": str(root), "layout": "openpi-jax", "tensors": len(tensors),
                   "file_dtypes": sorted({str(t.dtype) for t in tensors.values()}), "filled": filled,
                   "lora_merged": sum(k.endswith("lora_a") for k in tensors)}
-        model.checkpoint = {"path": report["path"], "layout": "openpi-jax"}
-        return report
+        return named, report
     tensors = read_tensors(path)
     layout_found = detect_layout(tensors) if layout == "auto" else layout
-    named = to_openpi_names(tensors, layout_found, model.config.pi05)
-    load_state(model, named)
+    named = to_openpi_names(tensors, layout_found, pi05)
     report = {"path": str(checkpoint_file(path)), "layout": layout_found, "tensors": len(tensors),
               "file_dtypes": sorted({str(t.dtype) for t in tensors.values()})}
-    model.checkpoint = {"path": report["path"], "layout": layout_found}  # result files record where the weights came from
-    return report
+    return named, report
 
 
 def check_tensors(named: dict[str, torch.Tensor], expected: dict[str, torch.Size], cfg) -> None:

@@ -15,7 +15,8 @@ import sys
 
 import torch
 
-from vlaperf.cli import CliError, add_compile_cache, device_arg, output_file, positive_int, seed_int, setup_device, steps_int, wide_console
+from vlaperf.cli import (CliError, add_compile_cache, device_arg, output_file, path_arg, positive_int, seed_int, setup_device,
+                         steps_int, wide_console)
 
 COMPARE_WORKLOADS = ("libero-pi0", "libero-pi05", "aloha-pi0", "libero-pi0-b4", "libero-pi0-b8", "libero-shallow6", "tiny")
 
@@ -36,6 +37,9 @@ def register(subparsers) -> None:
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--steps", type=steps_int, default=None, help="denoise steps, 1..1000 (default: the workload's)")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights and inputs (default: 0)")
+    p.add_argument("--checkpoint", type=path_arg, default=None,
+                   help="compare on these weights, loaded into both models: openpi or LeRobot model.safetensors, or an "
+                        "openpi JAX checkpoint folder, of the workload's model at full size (default: random weights)")
     p.add_argument("--levers", default="best", help="vlaperf variant timed besides the reference ('best', a comma list, or 'reference'; "
                    "default: best)")
     p.add_argument("--reduced", action="store_true",
@@ -93,6 +97,7 @@ def cmd_convert(args) -> int:
 
 
 def cmd_compare(args) -> int:
+    from vlaperf.checkpoints import CheckpointError, check_readable
     from vlaperf.compare.lerobot import LeRobotUnavailable, compare_lerobot, import_lerobot, time_lerobot
     from vlaperf.models.pi0 import default_dtype
     from vlaperf.workloads import get_workload
@@ -106,12 +111,22 @@ def cmd_compare(args) -> int:
     if device.type == "cpu" and not reduced:
         print(f"vlaperf compare: note: {workload.id} at full size on the CPU holds two 3.5B-parameter models (~32 GB in "
               "float32) and takes minutes per call; --reduced builds a small one", file=sys.stderr)
+    if args.checkpoint:  # a wrong path is named before LeRobot is imported and two models are built
+        try:
+            check_readable(args.checkpoint)
+        except CheckpointError as e:
+            raise CliError(f"--checkpoint: {e}") from None
     try:
         import_lerobot(pi05=workload.preset == "pi05")
     except LeRobotUnavailable as e:
         raise CliError(str(e)) from None
     try:
-        run = compare_lerobot(workload, device=device, dtype=dtype, seed=args.seed, reduced=reduced, levers=args.levers)
+        run = compare_lerobot(workload, device=device, dtype=dtype, seed=args.seed, reduced=reduced, levers=args.levers,
+                              checkpoint=args.checkpoint)
+    except CheckpointError as e:
+        hint = (f"\n({workload.id} is compared at a reduced size, which no released checkpoint has: a full-size "
+                "workload without --reduced takes one)") if reduced else ""
+        raise CliError(f"--checkpoint: {e}{hint}") from None
     except ValueError as e:  # bad levers, a size LeRobot cannot build
         raise CliError(str(e)) from None
     compared = {k: v for k, v in run.result.items() if k != "actions"}

@@ -23,6 +23,8 @@ pi05/modeling_pi05.py, pi_gemma.py, common/):
     (LeRobot's transformers-5 model keeps them as two tensors), and LeRobot's own
     `state_dict()` is then loaded into vlaperf's model with the strict
     `vlaperf.checkpoints.load_state`: every name and shape must match one to one.
+    With a checkpoint instead (`compare_lerobot(checkpoint=...)`, `vlaperf compare --checkpoint`),
+    the file is read once and both models load its tensors strictly, each in its own dtypes.
 
 Compared as shipped: under dtype="bfloat16" LeRobot keeps the whole SigLIP tower, the
 projector and every RMSNorm weight in float32 and computes image features in float32,
@@ -45,6 +47,7 @@ from __future__ import annotations
 
 import contextlib
 import importlib.metadata
+import os
 import time
 from dataclasses import dataclass, replace
 from types import SimpleNamespace
@@ -54,7 +57,7 @@ from unittest import mock
 import torch
 from torch import Tensor
 
-from vlaperf.checkpoints import EMBED, LEROBOT_PREFIX, LM_HEAD, CheckpointError, load_state
+from vlaperf.checkpoints import EMBED, LEROBOT_PREFIX, LM_HEAD, CheckpointError, load_state, read_model_tensors
 from vlaperf.compare import action_metrics, comparison_engine, comparison_steps, compare_vlaperf
 from vlaperf.inputs import Observation, random_noise, random_observation
 from vlaperf.models.pi0 import (
@@ -287,6 +290,32 @@ def vlaperf_from_lerobot(policy, cfg: Pi0Config, dtype: torch.dtype) -> Pi0Model
     return model.eval().requires_grad_(False)
 
 
+@torch.no_grad()
+def load_into_lerobot_(policy, named: dict[str, Tensor]) -> None:
+    """A checkpoint's tensors under openpi's names (`vlaperf.checkpoints.read_model_tensors`) into LeRobot's
+    policy, strictly: every tensor of LeRobot's state dict gets the one of its name less `model.`, cast to
+    LeRobot's own dtype for it (float32 SigLIP, projector and norms under bfloat16, as its loader leaves them);
+    its untied LM head gets the embedding, which wins in LeRobot's loader too. A name on either side without
+    its match is a CheckpointError naming it."""
+    theirs = policy.state_dict()
+    state, missing = {}, []
+    for key in theirs:
+        name = key[len(LEROBOT_PREFIX):] if key.startswith(LEROBOT_PREFIX) else None
+        source = EMBED if name == LM_HEAD else name
+        if source not in named:
+            missing.append(key)
+            continue
+        if named[source].shape != theirs[key].shape:
+            raise CheckpointError(f"{key}: the checkpoint's {source} has shape {tuple(named[source].shape)}, LeRobot's "
+                                  f"tensor {tuple(theirs[key].shape)}")
+        state[key] = named[source]
+    unused = sorted(set(named) - {k[len(LEROBOT_PREFIX):] for k in state} - {EMBED, LM_HEAD})  # one tensor
+    if missing or unused:
+        raise CheckpointError(f"the checkpoint does not match LeRobot's model one to one: LeRobot's {missing[:5]} have "
+                              f"no tensor in it, its {unused[:5]} no place in LeRobot's model")
+    policy.load_state_dict(state, strict=True)  # copy_ into LeRobot's own parameters: their dtypes stay
+
+
 # --------------------------------------------------------------------------- runs
 
 
@@ -336,10 +365,14 @@ class LeRobotRun:
 
 def compare_lerobot(workload: str | Workload = "libero-pi0", device: torch.device | str = "cpu", dtype: torch.dtype | None = None,
                     seed: int = 0, steps: int | None = None, reduced: bool | Reduced = False,
-                    levers: str | None = "best") -> LeRobotRun:
+                    levers: str | None = "best", checkpoint: str | os.PathLike | None = None) -> LeRobotRun:
     """Build LeRobot's policy and vlaperf's model with the same weights, run both on the same
     random observation and noise, and measure how far vlaperf's reference (and its `levers`
     engine, unless None) is from LeRobot. See the module doc for what is compared.
+
+    The weights are vlaperf's random init of `seed` unless `checkpoint` names a checkpoint (any layout
+    `vlaperf.checkpoints.load_checkpoint` reads) of the workload's model: the file is read once and each side
+    loads its tensors strictly, cast to its own dtypes; `seed` then seeds the observation and noise only.
 
     result["equivalence"] = {"reference": metrics, levers: metrics} with metrics from
     vlaperf.compare.action_metrics (LeRobot's actions are the reference side); the engine's
@@ -352,8 +385,18 @@ def compare_lerobot(workload: str | Workload = "libero-pi0", device: torch.devic
     cfg = matching_config(wl, shrink)
     t0 = time.perf_counter()
     policy = build_lerobot(cfg, device, dtype, steps, reduced=shrink is not None)
-    randomize_lerobot_(policy, seed)
-    model = vlaperf_from_lerobot(policy, cfg, dtype)
+    loaded = None
+    if checkpoint is None:
+        randomize_lerobot_(policy, seed)
+        model = vlaperf_from_lerobot(policy, cfg, dtype)
+    else:
+        model = empty_model(cfg, device, dtype)
+        named, loaded = read_model_tensors(checkpoint, {k: v.shape for k, v in model.state_dict().items()}, cfg.pi05)
+        load_state(model, named)  # the strict check first: a file of another model is named as such
+        model.checkpoint = {"path": loaded["path"], "layout": loaded["layout"]}
+        model = model.eval().requires_grad_(False)
+        load_into_lerobot_(policy, named)
+        del named
     build_s = time.perf_counter() - t0
     engine = comparison_engine(model, levers)  # before LeRobot's call: a wrong lever list at once
     obs = random_observation(wl, cfg, device, seed=seed)
@@ -371,6 +414,8 @@ def compare_lerobot(workload: str | Workload = "libero-pi0", device: torch.devic
         "device": str(device),
         "steps": steps,
         "seed": seed,
+        "weights": ({"source": "random", "seed": seed} if loaded is None else
+                    {"source": "checkpoint", **{k: loaded[k] for k in ("path", "layout", "tensors", "file_dtypes")}}),
         "build_s": build_s,
         "levers": {"spec": levers, "label": engine.name} if engine else None,
         "equivalence": equivalence,
@@ -440,5 +485,5 @@ def time_lerobot(run: LeRobotRun, warmup: int = 10, iters: int = 50, lerobot_com
 
 
 __all__ = ["LEROBOT_MISSING", "LeRobotUnavailable", "Reduced", "LeRobotRun", "import_lerobot", "lerobot_available",
-           "matching_config", "build_lerobot", "randomize_lerobot_", "vlaperf_from_lerobot", "compare_lerobot",
+           "matching_config", "build_lerobot", "randomize_lerobot_", "vlaperf_from_lerobot", "load_into_lerobot_", "compare_lerobot",
            "time_lerobot", "run_lerobot"]
