@@ -13,6 +13,10 @@
 #            other file). Prediction: graph 32-33 ms, the 29.1 does not come back; best ~12.8 ms.
 #   PART=b   gpu_suite s43: the whole suite on the GPU, the first run with the fourth step (quiet_gpu, alone) in
 #            full. Prediction: all pass.
+#   PART=c   (carry .whl_lerobot: LeRobot 0.6.1 and the wheels docs/compare.md lists, installed without deps into
+#            their own folder) tests/test_compare_lerobot.py with the real LeRobot, the new `compare --checkpoint`
+#            among them (a LeRobot-saved file in both models, float32 and bfloat16). Prediction: all pass (session 2:
+#            18 passed, 2 skipped; now 52 tests, of which those that need LeRobot absent or no CUDA skip).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session43.sh, carry [".whl", ".old9577a0c"]
 # (.old9577a0c: `mkdir .old9577a0c && git archive 9577a0c vlaperf pyproject.toml | tar -x -C .old9577a0c`)
 set -u
@@ -34,6 +38,12 @@ EOT
   ;;
 b)
   gpu_suite s43 &
+  ;;
+c)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/lrsite .whl_lerobot/*.whl
+  lane A 0 40 <<EOT &
+420 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 -m pytest -p no:cacheprovider -q -rs --tb=short --durations 8 tests/test_compare_lerobot.py 2>&1 | tee $R/pytest_gpu_s43c_lerobot.log | tail -30
+EOT
   ;;
 esac
 finish

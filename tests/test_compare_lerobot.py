@@ -660,6 +660,28 @@ def test_lerobot_saved_file_converts_to_its_runtime_weights(tmp_path):
 
 @needs_lerobot
 @pytest.mark.slow
+@pytest.mark.parametrize("dtype", [torch.float32, torch.bfloat16])
+def test_compare_on_a_lerobot_saved_checkpoint(tmp_path, dtype):
+    """compare_lerobot(checkpoint=...) with LeRobot's own model and a file LeRobot wrote (transformers' init: its LM
+    head differs from the embedding): LeRobot's parameters hold the file's values in LeRobot's own dtypes (float32
+    SigLIP under bfloat16), its LM head the embedding, and vlaperf agrees within the dtype's tolerance."""
+    from safetensors.torch import load_file, save_model
+
+    cfg = lr.matching_config(get_workload("tiny"), lr.Reduced())
+    save_model(lr.build_lerobot(cfg, "cpu", torch.float32, reduced=True), str(tmp_path / "model.safetensors"))
+    run = lr.compare_lerobot("tiny", device="cpu", dtype=dtype, reduced=True, levers=None, checkpoint=tmp_path)
+    assert run.result["passed"], run.result["equivalence"]
+    assert run.result["weights"]["source"] == "checkpoint" and run.result["weights"]["layout"] == "lerobot"
+    saved = load_file(str(tmp_path / "model.safetensors"))
+    for key, value in run.policy.state_dict().items():
+        want = saved["model." + EMBED] if key == "model." + LM_HEAD else saved[key]
+        assert torch.equal(value, want.to(value.dtype)), key
+    fc1 = "model.paligemma_with_expert.paligemma.model.vision_tower.vision_model.encoder.layers.0.mlp.fc1.weight"
+    assert run.policy.state_dict()[fc1].dtype == torch.float32  # LeRobot's layout as shipped, also under bfloat16
+
+
+@needs_lerobot
+@pytest.mark.slow
 def test_cli_compare_tiny_writes_result(tmp_path, capsys):
     out = tmp_path / "c.json"
     argv = ["compare", "--workload", "tiny", "--device", "cpu", "--warmup", "1", "--iters", "2",
