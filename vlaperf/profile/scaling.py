@@ -151,11 +151,11 @@ def scaling(sources, workload, steps: Sequence[int] = DEFAULT_STEPS, warmup: int
             cfg = w.model_config()
         obs = random_observation(w, cfg, dev, seed=seed)
         noise = random_noise(w, cfg, dev, seed=seed)
+        from vlaperf.models.pi0 import Pi0Model
+        from vlaperf.policy import served_call
+
         for label, fn in resolved.items():
             if mode == "policy":  # a Policy of N steps around the same sample, the same request each call
-                from vlaperf.models.pi0 import Pi0Model
-                from vlaperf.policy import served_call
-
                 src = sources[label]
                 model = getattr(src, "model", src)  # an Engine's model
                 if not isinstance(model, Pi0Model):
