@@ -740,6 +740,19 @@ def test_an_engine_refuses_a_released_model_and_a_model_cast_or_moved_after_it(t
     with pytest.raises(RuntimeError, match="the model was cast or moved since this engine was built "
                                            r"\(now torch.bfloat16 on cpu, the engine's copies torch.float32 on cpu\)"):
         engine.sample_actions(obs, noise, tiny_workload.steps)
+    # a cast that replaces the Parameter objects (torch's opt-in conversion) is seen too
+    third = build_model("tiny", seed=0)
+    engine = Engine(third, "for_loop")
+    overwrite = torch.__future__.get_overwrite_module_params_on_conversion()
+    torch.__future__.set_overwrite_module_params_on_conversion(True)
+    try:
+        q = third.backbone.layers[0].self_attn.q_proj.weight
+        third.half()
+        assert third.backbone.layers[0].self_attn.q_proj.weight is not q
+    finally:
+        torch.__future__.set_overwrite_module_params_on_conversion(overwrite)
+    with pytest.raises(RuntimeError, match=r"\(now torch.float16 on cpu, the engine's copies torch.float32 on cpu\)"):
+        engine.sample_actions(obs, noise, tiny_workload.steps)
 
 
 @pytest.mark.parametrize("dtype, tol", [(torch.float32, 1e-4), (torch.bfloat16, 3e-2), (torch.float16, 3e-2)])

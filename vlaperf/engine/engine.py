@@ -52,6 +52,10 @@ class Engine:
         self.model = model
         self.device = model.action_in_proj.weight.device
         self._built_for = (model.dtype, self.device)  # the engine's weight copies are of this dtype, on this device
+        # the two modules whose weights say the model's dtype and device (Pi0Model.dtype, .device), held so that
+        # each call reads them in two attribute lookups, not the model's eight-module walk: a cast or move
+        # changes their weights in place, and a load with assign=True replaces the weights, not the modules
+        self._dtype_probe, self._device_probe = model.backbone.layers[0].self_attn.q_proj, model.action_in_proj
         self.levers = Levers.parse(levers, self.device)
         self.levers.check(self.device)
         self.precompile_error: Exception | None = None  # what stopped the last kernel-compile thread, if anything
@@ -142,7 +146,7 @@ class Engine:
         if self.model.weights_version != self._weights_version:
             raise RuntimeError("the model's weights changed since this engine was built (a checkpoint was loaded into "
                                "it), and the engine holds copies of the old ones: build the Engine again")
-        now = (self.model.dtype, self.model.action_in_proj.weight.device)
+        now = (self._dtype_probe.weight.dtype, self._device_probe.weight.device)
         if now != self._built_for:
             raise RuntimeError(f"the model was cast or moved since this engine was built (now {now[0]} on {now[1]}, "
                                f"the engine's copies {self._built_for[0]} on {self._built_for[1]}): build the Engine "
