@@ -296,6 +296,8 @@ def stand_in(monkeypatch):
     monkeypatch.setattr(lr, "import_lerobot", lambda pi05: SimpleNamespace())
     monkeypatch.setattr(lr, "matching_config", lambda wl, reduced=None: get_config("tiny", pi05=wl.preset == "pi05"))
     monkeypatch.setattr(lr, "build_lerobot", build)
+    # the stand-in has no version, also where the real LeRobot is installed (the GPU machine: its 0.6.1 was read)
+    monkeypatch.setattr(lr, "lerobot_version", lambda: None)
     return builds
 
 
