@@ -357,3 +357,22 @@ def test_a_params_folder_without_orbax_markers_is_named(tmp_path):
     (tmp_path / "params").mkdir()
     with pytest.raises(CheckpointError, match="it looks like an openpi JAX checkpoint, but without orbax's"):
         load_checkpoint(build_model("tiny"), tmp_path)
+
+
+def test_read_model_tensors_keeps_the_files_dtypes_and_loads_nothing(tmp_path):
+    """read_model_tensors (compare's one read for two runtimes): openpi names, the file's own dtypes (bfloat16 here,
+    its float32 heads float32), both embedding names on one tensor, and the report load_checkpoint returns."""
+    from vlaperf.checkpoints import read_model_tensors
+
+    source = build_model("tiny", seed=5, dtype=torch.bfloat16)  # openpi's placement: heads and norms in float32
+    path = save_checkpoint(source, tmp_path / "m", layout="lerobot")
+    target = build_model("tiny", seed=6)  # float32: reading must not cast to it nor load into it
+    before = {k: v.clone() for k, v in target.state_dict().items()}
+    named, report = read_model_tensors(tmp_path / "m", {k: v.shape for k, v in target.state_dict().items()}, False)
+    assert set(named) == set(source.state_dict()) and named[LM_HEAD] is named[EMBED]
+    assert all(named[k].dtype == v.dtype and torch.equal(named[k], v) for k, v in source.state_dict().items())
+    assert report == {"path": str(path), "layout": "lerobot", "tensors": len(named) - 1, "file_dtypes": ["torch.bfloat16", "torch.float32"]}
+    assert all(torch.equal(v, before[k]) for k, v in target.state_dict().items())
+    assert load_checkpoint(target, path) == report  # the same report, through the one read
+    with pytest.raises(CheckpointError, match="unknown checkpoint layout 'safetensors'"):
+        read_model_tensors(path, {}, False, layout="safetensors")
