@@ -485,5 +485,5 @@ def time_lerobot(run: LeRobotRun, warmup: int = 10, iters: int = 50, lerobot_com
 
 
 __all__ = ["LEROBOT_MISSING", "LeRobotUnavailable", "Reduced", "LeRobotRun", "import_lerobot", "lerobot_available",
-           "matching_config", "build_lerobot", "randomize_lerobot_", "vlaperf_from_lerobot", "load_into_lerobot_", "compare_lerobot",
-           "time_lerobot", "run_lerobot"]
+           "matching_config", "build_lerobot", "randomize_lerobot_", "vlaperf_from_lerobot", "load_into_lerobot_",
+           "compare_lerobot", "time_lerobot", "run_lerobot"]

@@ -52,9 +52,9 @@ class Engine:
         self.model = model
         self.device = model.action_in_proj.weight.device
         self._built_for = (model.dtype, self.device)  # the engine's weight copies are of this dtype, on this device
-        # the two modules whose weights say the model's dtype and device (Pi0Model.dtype, .device), held so that
-        # each call reads them in two attribute lookups, not the model's eight-module walk: a cast or move
-        # changes their weights in place, and a load with assign=True replaces the weights, not the modules
+        # the two modules whose weights say the model's dtype (what Pi0Model.dtype reads) and device, held so that
+        # each call reads them in two attribute lookups, not the model's eight-module walk: a cast or move changes
+        # their weights in place (or swaps in new Parameters on the same modules), and so does a load with assign
         self._dtype_probe, self._device_probe = model.backbone.layers[0].self_attn.q_proj, model.action_in_proj
         self.levers = Levers.parse(levers, self.device)
         self.levers.check(self.device)
