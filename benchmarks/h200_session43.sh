@@ -17,6 +17,8 @@
 #            their own folder) tests/test_compare_lerobot.py with the real LeRobot, the new `compare --checkpoint`
 #            among them (a LeRobot-saved file in both models, float32 and bfloat16). Prediction: all pass (session 2:
 #            18 passed, 2 skipped; now 52 tests, of which those that need LeRobot absent or no CUDA skip).
+# What ran: part a at c1da1bb. The machine's start left 506 s of the budget after it, so part b was not run and
+# part c ran inline with `-m "not gpu"` under a 280 s limit (47 of 49 tests finished; perf-notes, session 43).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session43.sh, carry [".whl", ".old9577a0c"]
 # (.old9577a0c: `mkdir .old9577a0c && git archive 9577a0c vlaperf pyproject.toml | tar -x -C .old9577a0c`)
 set -u
