@@ -134,9 +134,15 @@ def load_checkpoint(model: Pi0Model, path: str | os.PathLike, layout: str = "aut
     """
     named, report = read_model_tensors(path, {k: v.shape for k, v in model.state_dict().items()},
                                        model.config.pi05, layout)
-    load_state(model, named)
-    model.checkpoint = {"path": report["path"], "layout": report["layout"]}  # result files record where the weights came from
+    load_read_tensors(model, named, report)
     return report
+
+
+def load_read_tensors(model: Pi0Model, named: dict[str, torch.Tensor], report: dict) -> None:
+    """`read_model_tensors`' output into `model` strictly (load_state), and where it came from on the model, which
+    result files record."""
+    load_state(model, named)
+    model.checkpoint = {"path": report["path"], "layout": report["layout"]}
 
 
 def read_model_tensors(path: str | os.PathLike, shapes: dict[str, torch.Size], pi05: bool,

@@ -57,7 +57,8 @@ from unittest import mock
 import torch
 from torch import Tensor
 
-from vlaperf.checkpoints import EMBED, LEROBOT_PREFIX, LM_HEAD, CheckpointError, load_state, read_model_tensors
+from vlaperf.checkpoints import (EMBED, LEROBOT_PREFIX, LM_HEAD, CheckpointError, load_read_tensors, load_state,
+                                 read_model_tensors)
 from vlaperf.compare import action_metrics, comparison_engine, comparison_steps, compare_vlaperf
 from vlaperf.inputs import Observation, random_noise, random_observation
 from vlaperf.models.pi0 import (
@@ -392,8 +393,7 @@ def compare_lerobot(workload: str | Workload = "libero-pi0", device: torch.devic
     else:
         model = empty_model(cfg, device, dtype)
         named, loaded = read_model_tensors(checkpoint, {k: v.shape for k, v in model.state_dict().items()}, cfg.pi05)
-        load_state(model, named)  # the strict check first: a file of another model is named as such
-        model.checkpoint = {"path": loaded["path"], "layout": loaded["layout"]}
+        load_read_tensors(model, named, loaded)  # the strict check first: a file of another model is named as such
         model = model.eval().requires_grad_(False)
         load_into_lerobot_(policy, named)
         del named
