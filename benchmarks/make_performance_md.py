@@ -60,7 +60,10 @@ def bench_rows(results):
         peak = r.get("peak_memory_bytes")
         batch = result_batch(r)
         served = " (reference weights released, as served)" if r.get("released_reference_bytes") else ""
-        rows.append(f"| {wl} | {r['mode']} | {_short(r['variant']['label'])}{served} | {_ms(w['median'])} | {_ms(w['p95'])} | "
+        spread = r.get("processes")  # bench --processes N: the middle process, and the range of all N medians
+        median = _ms(w["median"]) + (f" ({spread['count']} processes: {spread['wall_median_ms']['min']:.2f}-"
+                                     f"{spread['wall_median_ms']['max']:.2f})" if spread else "")
+        rows.append(f"| {wl} | {r['mode']} | {_short(r['variant']['label'])}{served} | {median} | {_ms(w['p95'])} | "
                     f"{_ms(e['median'] if e else None)} | {1e3 * batch / w['median']:.1f} | {_first(r, r['first_call_s'], not r['variant']['levers'])} | "
                     f"{f'{peak / 2**30:.2f}' if peak else '-'} | {f'{ratio:.1f}x' if ratio else '-'} | "
                     f"{(r['env'].get('git_commit') or '-')[:7]} | {_gpu_state(r['env'].get('gpu_state'))} | `{path.relative_to(ROOT)}` |")

@@ -66,6 +66,7 @@ def number_arg(kind: type = int, minimum: float = 1, strict: bool = False, maxim
 
 
 positive_int = number_arg(int, 1)
+MAX_PROCESSES = 64  # bench --processes: enough for a spread, few enough that a typo is not a day of runs
 non_negative_int = number_arg(int, 0)
 positive_float = number_arg(float, 0, strict=True)
 non_negative_float = number_arg(float, 0)
@@ -392,6 +393,10 @@ def cmd_bench(args) -> int:
     from vlaperf.roofline import H200_CEILINGS, measure_ceilings, roofline
     from vlaperf.timing import environment_record, time_calls
 
+    if args.processes > 1:  # the same command in fresh processes, one after another: the figure with its spread
+        from vlaperf.profile.processes import bench_in_processes
+
+        return bench_in_processes(args.argv, args.processes, args.json)
     if wam_args(args):
         from vlaperf.profile import wam
 
@@ -727,6 +732,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the roofline floor's matmul rate and bandwidth: the lent H200's (780 TFLOP/s, 4.23 TB/s; the "
                         "default, what every committed figure uses), or measured on this device after the timed calls "
                         "(a large matmul in the model's dtype and a large copy, ~1 s on a GPU)")
+    p.add_argument("--processes", type=number_arg(int, 1, maximum=MAX_PROCESSES), default=1,
+                   help=f"run the whole bench in N fresh processes, one after another, 1..{MAX_PROCESSES}: a table of "
+                        "their medians and the spread; --json gets the middle process's result with every process's "
+                        "timers (the first process compiles with cold caches, later ones find them warm) (default: 1)")
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("check", help="equivalence of engine variants against the reference")
@@ -795,7 +804,9 @@ STOPPED_BY_SIGTERM = 128 + 15
 
 def main(argv: list[str] | None = None) -> int:
     parser = build_parser()
-    args = parser.parse_args(join_negative_values(sys.argv[1:] if argv is None else list(argv)))
+    typed = join_negative_values(sys.argv[1:] if argv is None else list(argv))
+    args = parser.parse_args(typed)
+    args.argv = typed  # as typed: `bench --processes N` runs the same command again in fresh processes
     try:
         code = args.func(args)
         if code == STOPPED_BY_SIGTERM and argv is None:

@@ -360,6 +360,11 @@ def field_problem(r: dict) -> str | None:
             if bad:
                 return f"{cmd}: {key} holds {json_kind(bad[0])} {_clip(json.dumps(bad[0]), 40)}, expected objects"
     if cmd == "bench":  # the histograms and CDFs sort and plot the raw samples
+        from vlaperf.profile.processes import process_problem
+
+        problem = process_problem(r.get("processes"))
+        if problem:
+            return f"bench: {problem}"
         samples = r.get("samples")
         if samples is not None and not isinstance(samples, dict):
             return f"bench: samples is {json_kind(samples)}, expected an object"
@@ -489,6 +494,7 @@ def _bench(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str] | N
                              floor, s["median"] / floor if floor and timer == "wall_ms" else None])
         doc.table(["file", "variant [mode]", "timer", "median ms", "p90", "p95", "p99", "min", "max", "mean", "n",
                    "first call s", "peak GiB", "roofline floor ms", "x floor"], rows)
+        _bench_processes(doc, items, stems)
         with_samples = [(p, r) for p, r in items if (r.get("samples") or {}).get("wall_ms")]
         if not with_samples:
             continue
@@ -496,6 +502,19 @@ def _bench(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str] | N
         for first in range(0, n, HIST_PANELS):
             _bench_histograms(doc, key, with_samples[first:first + HIST_PANELS], first, n, stems)
         _bench_cdf(doc, key, with_samples, stems)
+
+
+def _bench_processes(doc: _Doc, items: list[tuple[str, dict]], stems: dict[str, str]) -> None:
+    """Files of `bench --processes N`: each process's wall-clock median and first call, and the spread; the table
+    above shows the middle process."""
+    rows = [[stems[path], _label(r), r["processes"]["count"],
+             ", ".join(f"{run['timers']['wall_ms']['median']:.3g}" for run in r["processes"]["runs"]),
+             ", ".join(_cell(run.get("first_call_s")) for run in r["processes"]["runs"]),
+             f"{r['processes']['spread_pct']:.1f}%"] for path, r in items if r.get("processes")]
+    if rows:
+        doc.p("Files of `bench --processes N`: the same command in N fresh processes, one after another. The rows above "
+              "are the middle process's; spread: (max - min) / median of the processes' medians.", "note")
+        doc.table(["file", "variant [mode]", "processes", "wall median ms, each", "first call s, each", "spread"], rows)
 
 
 def _bench_histograms(doc: _Doc, key: str, chunk: list[tuple[str, dict]], first: int, n: int,

@@ -1,0 +1,126 @@
+"""`vlaperf bench --processes N`: the same bench in N fresh processes, the middle one reported with the spread."""
+
+from __future__ import annotations
+
+import copy
+import json
+import subprocess
+
+import pytest
+
+from vlaperf.profile.processes import combine, headline_index, process_problem
+
+
+def _result(median: float, first: float = 1.0, rel_l2: float | None = 1e-3) -> dict:
+    summary = {k: median for k in ("mean", "median", "p90", "p95", "p99", "min", "max")} | {"count": 3, "std": 0.0}
+    return {"schema": "vlaperf.result/1", "command": "bench", "workload": {"id": "tiny", "overrides": {}},
+            "variant": {"levers": ["for_loop"], "label": "for_loop", "dtype": "float32"}, "mode": "model",
+            "timers": {"wall_ms": summary, "cuda_event_ms": None}, "samples": {"wall_ms": [median] * 3},
+            "first_call_s": first, "warmup_s": 0.1, "peak_memory_bytes": None,
+            "equivalence": None if rel_l2 is None else {"rel_l2": rel_l2, "passed": True},
+            "env": {"git_commit": f"c{median}", "timestamp": f"t{median}"}}
+
+
+def test_the_middle_process_is_reported_and_the_spread_is_of_every_median():
+    results = [_result(5.0, first=9.0), _result(3.0), _result(4.0, rel_l2=2e-3)]
+    combined = combine(results)
+    p = combined["processes"]
+    assert p["headline"] == 2 and combined["timers"] == results[2]["timers"]
+    assert combined["samples"] == results[2]["samples"] and combined["env"] == results[2]["env"]
+    assert p["count"] == 3 and p["wall_median_ms"] == {"min": 3.0, "median": 4.0, "max": 5.0}
+    assert p["spread_pct"] == pytest.approx(50.0)
+    assert [r["first_call_s"] for r in p["runs"]] == [9.0, 1.0, 1.0]
+    assert [r["rel_l2"] for r in p["runs"]] == [1e-3, 1e-3, 2e-3]
+    assert [r["git_commit"] for r in p["runs"]] == ["c5.0", "c3.0", "c4.0"]
+    assert "samples" not in p["runs"][0]  # the raw samples stay with the reported process
+    assert "processes" not in results[2]  # the inputs are not changed
+    assert process_problem(p) is None
+
+
+def test_an_even_count_reports_a_measured_process_not_an_average():
+    assert headline_index([1.0, 4.0, 2.0, 3.0]) == 2  # the lower middle one: 2.0
+    p = combine([_result(m) for m in (1.0, 4.0, 2.0, 3.0)])["processes"]
+    assert p["headline"] == 2 and p["wall_median_ms"]["median"] == 2.5
+    assert headline_index([7.0]) == 0
+    with pytest.raises(ValueError):
+        combine([])
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda p: p.update(count=5), "processes.count: expected the number of runs (2), got 5"),
+    (lambda p: p.update(runs=[]), "processes.runs: expected a non-empty array of objects"),
+    (lambda p: p["runs"][1]["timers"].pop("wall_ms"), "processes.runs[1].timers.wall_ms: expected a summary object"),
+    (lambda p: p["runs"][0]["timers"]["wall_ms"].update(median="4"), "processes.runs[0].timers.wall_ms.median: expected a number"),
+    (lambda p: p["wall_median_ms"].pop("max"), "processes.wall_median_ms: expected an object of numbers"),
+    (lambda p: p.update(spread_pct=None), "processes.spread_pct: expected a number, got null"),
+])
+def test_a_damaged_processes_record_is_named(change, message):
+    p = copy.deepcopy(combine([_result(3.0), _result(4.0)])["processes"])
+    change(p)
+    assert process_problem(p).startswith(message)
+    assert process_problem([1]) == "processes: expected an object, got array"
+    assert process_problem(None) is None
+
+
+def test_bench_processes_runs_the_command_in_fresh_processes_and_writes_the_middle_one(tmp_path, capsys):
+    from vlaperf.cli import main
+    from vlaperf.report.render import field_problem
+    from vlaperf.report.schema import read_result
+
+    out = tmp_path / "bench.json"
+    code = main(["bench", "--workload", "tiny", "--device", "cpu", "--levers", "for_loop", "--warmup", "0",
+                 "--iters", "3", "--no-progress", "--processes", "2", "--json", str(out)])
+    assert code == 0
+    r = read_result(out)
+    p = r["processes"]
+    assert p["count"] == 2 and len(p["runs"]) == 2 and field_problem(r) is None
+    assert r["timers"] == p["runs"][p["headline"]]["timers"]  # the file's figure is one process's, whole
+    assert all(run["rel_l2"] is not None and run["first_call_s"] > 0 for run in p["runs"])  # each checked and timed
+    assert r["iters"] == 3 and len(r["samples"]["wall_ms"]) == 3 and "processes" in r
+    medians = [run["timers"]["wall_ms"]["median"] for run in p["runs"]]
+    assert p["wall_median_ms"]["min"] == min(medians) and p["wall_median_ms"]["max"] == max(medians)
+    printed = capsys.readouterr().out
+    assert "process 1 of 2" in printed and "median of 2 processes" in printed and "(reported)" in printed
+
+    report = tmp_path / "report.md"
+    assert main(["report", str(out), "-o", str(report)]) == 0
+    text = report.read_text()
+    assert "wall median ms, each" in text and f"{p['spread_pct']:.1f}%" in text
+
+    damaged = json.loads(out.read_text())
+    damaged["processes"]["runs"] = "x"
+    assert field_problem(damaged) == "bench: processes.runs: expected a non-empty array of objects"
+    bad = tmp_path / "bad.json"
+    bad.write_text(json.dumps(damaged))
+    assert main(["report", str(bad), str(out), "-o", str(tmp_path / "r2.md")]) == 0  # listed, the rest renders
+    assert "processes.runs" in (tmp_path / "r2.md").read_text()
+
+
+def test_a_failing_process_stops_the_run_with_its_exit_code(tmp_path, monkeypatch, capsys):
+    from vlaperf.cli import main
+
+    calls = []
+
+    def fail(cmd, *a, **k):
+        calls.append(cmd)
+        return 1  # as a child whose variant failed its equivalence check exits
+
+    monkeypatch.setattr(subprocess, "call", fail)
+    out = tmp_path / "bench.json"
+    code = main(["bench", "--workload", "tiny", "--levers", "for_loop", "--proc", "3", "--json", str(out)])
+    assert code == 1 and len(calls) == 1 and not out.exists()
+    assert "process 1 of 3 exited with code 1; stopping" in capsys.readouterr().err
+    cmd = calls[0]
+    # the command as typed, then the options that win: one process of its own, its own file
+    assert cmd[cmd.index("bench"):][:7] == ["bench", "--workload", "tiny", "--levers", "for_loop", "--proc", "3"]
+    assert cmd[-4:-1] == ["--processes", "1", "--json"] and cmd[-1] != str(out)
+
+
+@pytest.mark.parametrize("value", ["0", "65", "two"])
+def test_processes_must_be_a_count_in_range(value, capsys):
+    from vlaperf.cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["bench", "--workload", "tiny", "--processes", value])
+    assert e.value.code == 2
+    assert "--processes: expected an integer >= 1 and <= 64" in capsys.readouterr().err

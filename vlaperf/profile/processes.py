@@ -1,0 +1,135 @@
+"""One `bench` figure from several fresh processes: `vlaperf bench --processes N`.
+
+A median is a property of the process as well as of the code. On the lent H200 the served path's host stages
+(transform, upload, copy back) of the same code differed by +-25% between two fresh processes on one machine, more
+than two commits differed (docs/perf-notes.md, session 43). One process's median cannot show that; N processes run one
+after another (never at once: they would share the GPU) give the spread, and the figure the file reports is the
+process in the middle of them, not the best one.
+
+Each process is the same `vlaperf bench` command with `--processes 1` and its own `--json` in a temporary folder (the
+options given later on a command line win in argparse), so it builds, checks and times exactly as a single run does,
+first call included: the first process compiles with cold caches, the later ones find the compile caches warm.
+"""
+
+from __future__ import annotations
+
+import statistics
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
+
+# The per-process fields the combined file keeps (the raw samples stay with the headline process only).
+RUN_FIELDS = ("first_call_s", "warmup_s", "peak_memory_bytes")
+
+
+def headline_index(medians: list[float]) -> int:
+    """The process the combined file reports: the one whose wall-clock median is the median of all of them (the
+    lower middle one for an even count, so the figure is one a process measured, not an average of two)."""
+    target = statistics.median_low(medians)
+    return medians.index(target)
+
+
+def combine(results: list[dict]) -> dict:
+    """The headline process's result with a `processes` record of every process: its timers and first call, and the
+    spread of the wall-clock medians (min, median, max and (max - min) / median in percent)."""
+    if not results:
+        raise ValueError("combine needs at least one result")
+    medians = [r["timers"]["wall_ms"]["median"] for r in results]
+    pick = headline_index(medians)
+    middle = statistics.median(medians)
+    combined = dict(results[pick])
+    combined["processes"] = {
+        "count": len(results),
+        "headline": pick,
+        "headline_rule": "the process whose wall-clock median is the median of the processes' (the lower middle one "
+                         "for an even count)",
+        "wall_median_ms": {"min": min(medians), "median": middle, "max": max(medians)},
+        "spread_pct": 100.0 * (max(medians) - min(medians)) / middle if middle > 0 else 0.0,
+        "runs": [{"timers": r["timers"], **{k: r.get(k) for k in RUN_FIELDS},
+                  "rel_l2": (r.get("equivalence") or {}).get("rel_l2"),
+                  "git_commit": (r.get("env") or {}).get("git_commit"),
+                  "timestamp": (r.get("env") or {}).get("timestamp")} for r in results],
+    }
+    return combined
+
+
+def process_problem(processes) -> str | None:
+    """Why a file's `processes` record cannot be read (None: it can, or the file has none): the report and
+    performance.md do arithmetic on its medians."""
+    from vlaperf.report.schema import json_kind, validate_summary
+
+    if processes is None:
+        return None
+    if not isinstance(processes, dict):
+        return f"processes: expected an object, got {json_kind(processes)}"
+    runs = processes.get("runs")
+    if not isinstance(runs, list) or not runs or not all(isinstance(x, dict) for x in runs):
+        return "processes.runs: expected a non-empty array of objects"
+    if processes.get("count") != len(runs):
+        return f"processes.count: expected the number of runs ({len(runs)}), got {processes.get('count')!r}"
+    for i, run in enumerate(runs):
+        errors = validate_summary((run.get("timers") or {}).get("wall_ms"), f"processes.runs[{i}].timers.wall_ms")
+        if errors:
+            return errors[0]
+    spread = processes.get("wall_median_ms")
+    numbers = [spread.get(k) for k in ("min", "median", "max")] if isinstance(spread, dict) else [None]
+    if any(json_kind(x) != "number" for x in numbers):
+        return "processes.wall_median_ms: expected an object of numbers min, median and max"
+    if json_kind(processes.get("spread_pct")) != "number":
+        return f"processes.spread_pct: expected a number, got {json_kind(processes.get('spread_pct'))}"
+    return None
+
+
+def describe(processes: dict) -> str:
+    """One line for a table cell or a console: 'median of 3 processes, 12.80-13.10 ms (2.3%)'."""
+    s = processes["wall_median_ms"]
+    return (f"median of {processes['count']} processes, {s['min']:.2f}-{s['max']:.2f} ms "
+            f"({processes['spread_pct']:.1f}% spread)")
+
+
+def bench_in_processes(argv: list[str], count: int, json_path: str | None) -> int:
+    """Run the `vlaperf bench` command `argv` (as typed, without the program name) in `count` fresh processes, one
+    after another; print the processes' table and write the combined result to `json_path`. Returns the exit code:
+    a process that fails (an equivalence failure: 1, bad setup: 2) stops the run with its code."""
+    from vlaperf.report.schema import read_result, write_result
+
+    results = []
+    with tempfile.TemporaryDirectory(prefix="vlaperf-processes-") as folder:
+        for i in range(count):
+            path = Path(folder) / f"process{i}.json"
+            print(f"vlaperf bench: process {i + 1} of {count}", flush=True)
+            # Later options win: --processes 1 keeps the child from starting processes of its own.
+            code = subprocess.call([sys.executable, "-m", "vlaperf.cli", *argv, "--processes", "1", "--json", str(path)])
+            if code != 0:
+                print(f"vlaperf bench: process {i + 1} of {count} exited with code {code}; stopping", file=sys.stderr)
+                return code
+            results.append(read_result(path))
+    combined = combine(results)
+    print_processes(combined)
+    if json_path:
+        write_result(combined, json_path)
+        print(f"wrote {json_path}")
+    return 0
+
+
+def print_processes(result: dict) -> None:
+    from rich.table import Table
+
+    from vlaperf.cli import wide_console
+
+    processes = result["processes"]
+    t = Table(title=f"vlaperf bench  {result['workload']['id']}  {result['variant']['label']}  ({result['mode']} mode): "
+              f"{processes['count']} processes")
+    for name in ("process", "wall median ms", "wall p95 ms", "event median ms", "first call s", "rel L2"):
+        t.add_column(name, justify="right")
+    for i, run in enumerate(processes["runs"]):
+        wall, events = run["timers"]["wall_ms"], run["timers"].get("cuda_event_ms")
+        mark = " (reported)" if i == processes["headline"] else ""
+        t.add_row(f"{i + 1}{mark}", f"{wall['median']:.3f}", f"{wall['p95']:.3f}",
+                  f"{events['median']:.3f}" if events else "-", f"{run['first_call_s']:.2f}",
+                  f"{run['rel_l2']:.1e}" if run.get("rel_l2") is not None else "-")
+    console = wide_console()
+    console.print(t)
+    console.print(describe(processes) + "; the file reports the middle process, its samples and environment")
+
