@@ -526,6 +526,28 @@ def launch_probe_tables(results):
     return out
 
 
+def graph_context_tables(results):
+    """benchmarks/graph_context_probe.py: graph engines timed before and after the cumulative matrix's other rows."""
+    from vlaperf.report.render import graph_context_rows
+
+    out = []
+    for path, r in results:
+        if r["command"] != "graph-context-probe":
+            continue
+        out += [f"`{path.relative_to(ROOT)}` ({r['workload']['id']}, {_short(r['graph_spec'])}, commit "
+                f"{(r['env'].get('git_commit') or '')[:7]}, {r['iters']} calls after {r['warmup']} warm-up at each point; "
+                "g1 captured first, g2 after the eager rows, g3 after the compiled rows)", "",
+                "| point | engine | wall median ms | event median ms | first call s | switches changed |", "|---|---|---|---|---|---|"]
+        out += ["| " + " | ".join(_ms(c) if isinstance(c, float) else str(c if c is not None else "-") for c in row) + " |"
+                for row in graph_context_rows(r)] + [""]
+        for pair, rows in (r.get("kernel_diff") or {}).items():
+            if rows:
+                out += [f"Kernels, {pair} (per call, largest differences first):", "",
+                        "| kernel | us before | us after |", "|---|---|---|"]
+                out += [f"| `{k['name'][:90]}` | {k['us_a']:.1f} | {k['us_b']:.1f} |" for k in rows] + [""]
+    return out
+
+
 def upload_probe_tables(results):
     """benchmarks/upload_probe.py: the policy path's host <-> device pieces, each timed alone."""
     out = []
@@ -775,6 +797,9 @@ def main() -> None:
     lines += ["## What the kept prompt's length costs the call (`benchmarks/prompt_len_probe.py`)", ""] + \
         prompt_len_tables(results)
     lines += ["## A graphed call besides its replay (`benchmarks/call_overhead.py`)", ""] + call_overhead_tables(results)
+    context = graph_context_tables(results)  # from session 44's script on: no heading before a file exists
+    lines += ["## The graph row in the cumulative matrix's context (`benchmarks/graph_context_probe.py`)", ""] + \
+        context if context else []
     lines += ["## GEMM shapes alone (`benchmarks/gemm_probe.py`)", ""] + gemm_probe_tables(results)
     lines += ["## Prefix GEMMs as other cuBLAS calls (`benchmarks/splitk_probe.py`)", ""] + splitk_probe_tables(results)
     lines += ["## Prefix GEMMs through every algorithm of cuBLASLt's heuristic (`benchmarks/cublaslt_probe.py`)", ""] + \

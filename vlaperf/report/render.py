@@ -1115,6 +1115,36 @@ def launch_probe_row(v: dict) -> list:
             v["wall_synced_ms"]]
 
 
+def _graph_context_probe(doc: _Doc, path: str, r: dict) -> None:
+    """benchmarks/graph_context_probe.py: graph engines timed before and after the matrix's eager and compiled rows."""
+    doc.h(3, f"graph in the matrix's context: {workload_label(r)}, {r['variant']['label']} on {_gpu(r)}")
+    doc.p(f"{r['iters']} calls after {r['warmup']} warm-up at each point; g1 captured before anything else ran, g2 after "
+          f"the {len(r['eager_rows'])} eager rows, g3 after the {len(r['compiled_rows'])} compiled rows. switches: "
+          "the process-wide settings that differ from the first point's", "")
+    doc.table(["point", "engine", "wall median ms", "event median ms", "first call s", "switches changed"],
+              graph_context_rows(r))
+    for pair, rows in (r.get("kernel_diff") or {}).items():
+        if rows:
+            doc.p(f"kernels, {pair}: per call, the largest differences first", "")
+            doc.table(["kernel", "us before", "us after", "count before", "count after"],
+                      [[_clip(k["name"], 90), k["us_a"], k["us_b"], k["count_a"], k["count_b"]] for k in rows])
+
+
+def graph_context_rows(r: dict) -> list[list]:
+    """A graph-context-probe file's points in order: [point, engine, wall median, event median, first call s,
+    the switches that differ from the first point's]."""
+    phases = r["phases"]
+    first = phases[0].get("switches") or {}
+    rows = []
+    for ph in phases:
+        changed = ", ".join(f"{k}={v}" for k, v in (ph.get("switches") or {}).items() if first.get(k) != v) or "-"
+        timers = ph.get("timers") or {}
+        wall, events = timers.get("wall_ms") or {}, timers.get("cuda_event_ms") or {}
+        engine = ph.get("engine") or ("prepared: " + "; ".join(short_variant(s) for s in ph.get("prepared", [])))
+        rows.append([ph["phase"], engine, wall.get("median"), events.get("median"), ph.get("first_call_s"), changed])
+    return rows
+
+
 def _call_overhead(doc: _Doc, path: str, r: dict) -> None:
     """benchmarks/call_overhead.py: a graphed call against its replay alone and its pieces."""
     m = r["median_ms"]
@@ -1553,7 +1583,8 @@ SECTIONS = (("bench", "Latency (bench)"), ("matrix", "Optimization matrix"), ("c
             ("served-path-probe", "Where a served call's time goes beyond the model call (served-path-probe)"),
             ("upload-probe", "The policy path's transfers, piece by piece (upload-probe)"),
             ("prompt-len-probe", "What the kept prompt's length costs the call (prompt-len-probe)"),
-            ("launch-probe", "The host latency a replayed call exposes (launch-probe)"))
+            ("launch-probe", "The host latency a replayed call exposes (launch-probe)"),
+            ("graph-context-probe", "The graph row in the matrix's context (graph-context-probe)"))
 
 # one section (and shared figures) over all their files: renderer(doc, [(path, result), ...])
 GROUP_RENDERERS = {"bench": _bench, "loadgen": _loadgen, "first-call": _first_call}
@@ -1566,7 +1597,8 @@ FILE_RENDERERS = {"matrix": _matrix, "check": _check, "breakdown": _breakdown, "
                   "prefix-attention-probe": _prefix_attention_probe, "prefix-splits-probe": _prefix_splits_probe,
                   "wam-attention-probe": _wam_attention_probe,
                   "geglu-bench": _geglu_bench, "memset-probe": _memset_probe, "served-path-probe": _served_path,
-                  "upload-probe": _upload_probe, "launch-probe": _launch_probe, "prompt-len-probe": _prompt_len_probe}
+                  "upload-probe": _upload_probe, "launch-probe": _launch_probe, "prompt-len-probe": _prompt_len_probe,
+                  "graph-context-probe": _graph_context_probe}
 
 
 def _rendered(doc: _Doc, renderer, *args) -> str | None:
