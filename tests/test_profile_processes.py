@@ -4,7 +4,11 @@ from __future__ import annotations
 
 import copy
 import json
+import signal
 import subprocess
+import sys
+import time
+from pathlib import Path
 
 import pytest
 
@@ -98,14 +102,15 @@ def test_bench_processes_runs_the_command_in_fresh_processes_and_writes_the_midd
 
 def test_a_failing_process_stops_the_run_with_its_exit_code(tmp_path, monkeypatch, capsys):
     from vlaperf.cli import main
+    from vlaperf.profile import processes
 
     calls = []
 
-    def fail(cmd, *a, **k):
+    def fail(cmd):
         calls.append(cmd)
         return 1  # as a child whose variant failed its equivalence check exits
 
-    monkeypatch.setattr(subprocess, "call", fail)
+    monkeypatch.setattr(processes, "run_child", fail)
     out = tmp_path / "bench.json"
     code = main(["bench", "--workload", "tiny", "--levers", "for_loop", "--proc", "3", "--json", str(out)])
     assert code == 1 and len(calls) == 1 and not out.exists()
@@ -124,3 +129,29 @@ def test_processes_must_be_a_count_in_range(value, capsys):
         main(["bench", "--workload", "tiny", "--processes", value])
     assert e.value.code == 2
     assert "--processes: expected an integer >= 1 and <= 64" in capsys.readouterr().err
+
+
+def test_a_sigterm_to_the_parent_alone_stops_the_running_process_too(tmp_path):
+    """A scheduler that stops the job by the parent's pid must not leave a bench running (on the GPU) behind it."""
+    cmd = [sys.executable, "-m", "vlaperf.cli", "bench", "--workload", "tiny", "--device", "cpu", "--levers", "for_loop",
+           "--no-check", "--warmup", "0", "--iters", "1000000", "--no-progress", "--processes", "2",
+           "--json", str(tmp_path / "b.json")]
+    parent = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert parent.stdout.readline().startswith("vlaperf bench: process 1 of 2")
+        children = Path(f"/proc/{parent.pid}/task/{parent.pid}/children")
+        if not children.exists():
+            pytest.skip("this kernel does not list a process's children in /proc")
+        deadline = time.monotonic() + 60
+        while not children.read_text().split() and time.monotonic() < deadline:
+            time.sleep(0.05)
+        (child,) = (int(x) for x in children.read_text().split())
+        time.sleep(3)  # into its timed calls
+        parent.send_signal(signal.SIGTERM)
+        out, err = parent.communicate(timeout=60)
+    finally:
+        parent.kill()
+    assert parent.returncode == 143, err[-2000:]
+    assert "stopped by SIGTERM in process 1 of 2; nothing written" in err
+    assert not Path(f"/proc/{child}").exists() or "zombie" in Path(f"/proc/{child}/status").read_text()
+    assert not (tmp_path / "b.json").exists()

@@ -13,6 +13,7 @@ first call included: the first process compiles with cold caches, the later ones
 
 from __future__ import annotations
 
+import signal
 import statistics
 import subprocess
 import sys
@@ -92,6 +93,7 @@ def bench_in_processes(argv: list[str], count: int, json_path: str | None) -> in
     """Run the `vlaperf bench` command `argv` (as typed, without the program name) in `count` fresh processes, one
     after another; print the processes' table and write the combined result to `json_path`. Returns the exit code:
     a process that fails (an equivalence failure: 1, bad setup: 2) stops the run with its code."""
+    from vlaperf.cli import STOPPED_BY_SIGTERM
     from vlaperf.report.schema import read_result, write_result
 
     results = []
@@ -100,7 +102,11 @@ def bench_in_processes(argv: list[str], count: int, json_path: str | None) -> in
             path = Path(folder) / f"process{i}.json"
             print(f"vlaperf bench: process {i + 1} of {count}", flush=True)
             # Later options win: --processes 1 keeps the child from starting processes of its own.
-            code = subprocess.call([sys.executable, "-m", "vlaperf.cli", *argv, "--processes", "1", "--json", str(path)])
+            code = run_child([sys.executable, "-m", "vlaperf.cli", *argv, "--processes", "1", "--json", str(path)])
+            if code in (-signal.SIGTERM, STOPPED_BY_SIGTERM):
+                print(f"vlaperf bench: stopped by SIGTERM in process {i + 1} of {count}; nothing written",
+                      file=sys.stderr)
+                return STOPPED_BY_SIGTERM
             if code != 0:
                 print(f"vlaperf bench: process {i + 1} of {count} exited with code {code}; stopping", file=sys.stderr)
                 return code
@@ -111,6 +117,22 @@ def bench_in_processes(argv: list[str], count: int, json_path: str | None) -> in
         write_result(combined, json_path)
         print(f"wrote {json_path}")
     return 0
+
+
+def run_child(cmd: list[str]) -> int:
+    """Run `cmd` to its end and return its exit code (negative: the signal that ended it). A SIGTERM sent to this
+    process alone (a scheduler stopping the job by its pid) is passed on, and an interrupt kills the child: a bench
+    must not go on running on the GPU after the command that started it has stopped."""
+    child = subprocess.Popen(cmd)
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))
+    try:
+        return child.wait()
+    except BaseException:
+        child.kill()
+        child.wait()
+        raise
+    finally:
+        signal.signal(signal.SIGTERM, previous)
 
 
 def print_processes(result: dict) -> None:
