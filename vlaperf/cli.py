@@ -713,7 +713,8 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="`vlaperf <command> --help` lists a command's options. Exit codes: 0 ok; 1 a check failed (bench, "
                "check, serve, compare: a variant not equivalent to its reference; doctor: a finding of severity error; "
                "loadgen, rollout: errors, lost replies or the time limit); 2 bad arguments or setup; 130 interrupted; "
-               "143 matrix stopped by SIGTERM after writing what it had.")
+               "143 stopped by SIGTERM (matrix: after writing the rows it had; bench --processes: the running process "
+               "stopped too).")
     parser.add_argument("--version", action="version", version=f"vlaperf {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 
