@@ -1,4 +1,4 @@
-"""CLI subcommands of the profiler: breakdown, scaling, syncs, doctor, report.
+"""CLI subcommands of the profiler: breakdown, scaling, syncs, doctor, report, diff.
 
 `register(subparsers)` adds them to `vlaperf`'s parser (vlaperf.cli.build_parser);
 `main(argv)` runs them on their own (`python -m vlaperf.profile.commands breakdown ...`).
@@ -8,6 +8,7 @@
     vlaperf syncs     --workload libero-pi0 [--levers ...] [--mode policy]
     vlaperf doctor    [--workload libero-pi0 [--levers ...]]
     vlaperf report    results/*.json -o report.html|report.md
+    vlaperf diff      before.json after.json [--max-slowdown PCT]
 
 Exit codes: 0 ok; 2 bad arguments or setup (argparse, or CliError from vlaperf.cli);
 doctor: 1 when any finding has severity "error" (so CI can gate on the environment).
@@ -21,8 +22,8 @@ from pathlib import Path
 
 import torch
 
-from vlaperf.cli import (CliError, add_common, apply_compile_cache, levers_arg, make_engine, non_negative_int, output_file,
-                         png_file, positive_int, refuse_repeated_variants, result_header, setup)
+from vlaperf.cli import (CliError, add_common, apply_compile_cache, levers_arg, make_engine, non_negative_int, number_arg,
+                         output_file, path_arg, png_file, positive_int, refuse_repeated_variants, result_header, setup)
 
 REFERENCE = ("reference", "none", "")
 
@@ -351,11 +352,71 @@ def cmd_report(args) -> int:
     return 0
 
 
+# --------------------------------------------------------------------------- diff
+
+
+def cmd_diff(args) -> int:
+    import json
+
+    from rich.table import Table
+
+    from vlaperf.profile.diff import diff, mismatches, verdict
+    from vlaperf.report.render import field_problem
+    from vlaperf.report.schema import SchemaError, read_result
+
+    results = []
+    for name, path in (("BEFORE", args.before), ("AFTER", args.after)):
+        try:
+            r = read_result(path)
+        except json.JSONDecodeError as e:
+            raise CliError(f"{name} {path}: not JSON ({e})") from None
+        except SchemaError as e:
+            raise CliError(f"{name} {path}: {e}") from None
+        if r["command"] != "bench":
+            raise CliError(f"{name} {path}: a {r['command']!r} file; diff compares two 'bench' files")
+        problem = field_problem(r)
+        if problem:
+            raise CliError(f"{name} {path}: {problem}")
+        results.append(r)
+    before, after = results
+    problems = mismatches(before, after)
+    if problems and not args.allow_mismatch:
+        hint = "" if args.allow_mismatch else " (--allow-mismatch compares them anyway)"
+        raise CliError("the files are not comparable: " + "; ".join(problems) + hint)
+    d = diff(before, after)
+    console = _console()
+    for name, path, r in (("before", args.before, before), ("after", args.after, after)):
+        env = r.get("env") or {}
+        console.print(f"{name}: {path}: {(r.get('variant') or {}).get('label')}, commit "
+                      f"{(env.get('git_commit') or '-')[:12]}, {str(env.get('timestamp') or '-')[:19]}")
+    for p in problems:
+        console.print(f"[yellow]warning: {p}[/]")
+    t = Table(title=f"vlaperf diff  {before['workload']['id']}  ({before.get('mode')} mode, {before['env'].get('gpu') or 'cpu'})")
+    for col in ("timer", "before ms", "after ms", "change", "speed-up", "95% interval (calls only)"):
+        t.add_column(col, justify="right")
+    for timer, row in d["timers"].items():
+        interval = row.get("speedup_interval_95")
+        t.add_row(timer, f"{row['before_ms']:.3f}", f"{row['after_ms']:.3f}", f"{row['change_pct']:+.1f}%",
+                  f"{row['speedup']:.3f}x", f"{interval[0]:.3f}-{interval[1]:.3f}x" if interval else "-")
+    console.print(t)
+    if d["processes"]:
+        p = d["processes"]
+        console.print("process medians, ms: before " + ", ".join(f"{x:.3f}" for x in p["before_ms"])
+                      + "; after " + ", ".join(f"{x:.3f}" for x in p["after_ms"]))
+    console.print(verdict(d))
+    wall = d["timers"].get("wall_ms")
+    if args.max_slowdown is not None and wall is not None and wall["change_pct"] > args.max_slowdown:
+        print(f"vlaperf diff: the wall median is {wall['change_pct']:.1f}% slower, above --max-slowdown "
+              f"{args.max_slowdown:g}%", file=sys.stderr)
+        return 1
+    return 0
+
+
 # --------------------------------------------------------------------------- wiring
 
 
 def register(subparsers) -> None:
-    """Add breakdown, scaling, syncs, doctor and report to `vlaperf`'s subparsers."""
+    """Add breakdown, scaling, syncs, doctor, report and diff to `vlaperf`'s subparsers."""
     p = subparsers.add_parser("breakdown", help="per-stage median/p95 of one policy call")
     add_common(p)
     p.add_argument("--mode", choices=("model", "policy"), default="model",
@@ -414,3 +475,15 @@ def register(subparsers) -> None:
                    help="processes that draw the figures (default: this machine's cores, at most 8; 1 draws them here). "
                         "The report is the same whatever the number")
     p.set_defaults(func=cmd_report)
+
+    p = subparsers.add_parser("diff", help="two bench files of one workload, before and after a change: the change "
+                                           "and whether it is beyond the process spread")
+    p.add_argument("before", type=path_arg, help="the bench result file before the change")
+    p.add_argument("after", type=path_arg, help="the bench result file after it")
+    p.add_argument("--max-slowdown", type=number_arg(float, 0), default=None, metavar="PCT",
+                   help="exit 1 when the after file's wall-clock median is more than PCT percent above the before "
+                        "file's (a regression gate: set PCT above the process spread, which `bench --processes N` "
+                        "measures)")
+    p.add_argument("--allow-mismatch", action="store_true",
+                   help="compare files of different workloads, modes, dtypes or GPUs (with a warning)")
+    p.set_defaults(func=cmd_diff)

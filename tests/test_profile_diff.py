@@ -1,0 +1,136 @@
+"""`vlaperf diff BEFORE.json AFTER.json`: two bench files' change, its sampling interval, and whether it is beyond
+the process spread (files of `bench --processes N`)."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from vlaperf.profile.diff import bootstrap_ratio, diff, mann_whitney_p, mismatches, verdict
+from vlaperf.profile.processes import combine
+from vlaperf.report.schema import ENV_KEYS
+
+
+def _result(median: float, workload: str = "tiny", gpu: str | None = None, spread: float = 0.0) -> dict:
+    samples = [median - spread, median, median + spread]
+    summary = {"count": 3, "mean": median, "median": median, "p90": median + spread, "p95": median + spread,
+               "p99": median + spread, "min": median - spread, "max": median + spread, "std": spread}
+    return {"schema": "vlaperf.result/1", "command": "bench", "workload": {"id": workload, "overrides": {}},
+            "variant": {"levers": [], "label": "reference", "dtype": "float32"}, "mode": "model",
+            "timers": {"wall_ms": summary, "cuda_event_ms": None}, "samples": {"wall_ms": samples, "cuda_event_ms": None},
+            "first_call_s": 0.1, "warmup_s": 0.1, "warmup": 1, "iters": 3, "peak_memory_bytes": None,
+            "equivalence": None, "env": {k: None for k in ENV_KEYS} | {"gpu": gpu, "git_commit": "abc"}}
+
+
+def _processes(*medians: float, **kw) -> dict:
+    return combine([_result(m, **kw) for m in medians])
+
+
+def test_exact_mann_whitney_p_of_small_samples():
+    assert mann_whitney_p([1, 2, 3], [4, 5, 6]) == pytest.approx(2 / 20)  # the best 3 against 3 can do
+    assert mann_whitney_p([1, 2, 3, 4], [5, 6, 7, 8]) == pytest.approx(2 / 70)
+    assert mann_whitney_p([5, 6, 7, 8], [1, 2, 3, 4]) == pytest.approx(2 / 70)  # two-sided
+    assert mann_whitney_p([1, 3, 5], [2, 4, 6]) == pytest.approx(0.7)
+    assert mann_whitney_p([1.0, 1.0], [1.0, 1.0]) == 1.0  # ties: midranks, every split the same
+    big = mann_whitney_p(list(range(15)), list(range(100, 115)))  # C(30, 15) splits: the normal approximation
+    assert 0 < big < 1e-4 and big == pytest.approx(mann_whitney_p(list(range(100, 115)), list(range(15))))
+    assert mann_whitney_p(list(range(0, 30, 2)), list(range(1, 31, 2))) > 0.5
+
+
+def test_bootstrap_interval_is_deterministic_and_holds_the_ratio():
+    assert bootstrap_ratio([2.0] * 10, [1.0] * 10) == (2.0, 2.0)
+    a, b = [10.0, 11.0, 12.0, 10.5, 11.5], [5.0, 5.5, 6.0, 5.2, 5.8]
+    lo, hi = bootstrap_ratio(a, b)
+    assert (lo, hi) == bootstrap_ratio(a, b) and lo <= 11.0 / 5.5 <= hi and 1.5 < lo
+
+
+def test_one_process_a_side_says_the_spread_is_unknown():
+    d = diff(_result(10.0, spread=0.5), _result(8.0, spread=0.5))
+    wall = d["timers"]["wall_ms"]
+    assert wall["before_ms"] == 10.0 and wall["after_ms"] == 8.0 and wall["speedup"] == pytest.approx(1.25)
+    assert wall["change_pct"] == pytest.approx(-20.0) and "cuda_event_ms" not in d["timers"]
+    lo, hi = wall["speedup_interval_95"]
+    assert lo <= 1.25 <= hi
+    assert d["processes"] is None and "process-to-process spread is unknown" in verdict(d)
+    assert "-20.0% (1.250x)" in verdict(d)
+
+
+@pytest.mark.parametrize("before, after, ordering, beyond", [
+    ((10, 11, 12, 10.5), (8, 8.5, 9, 8.2), "every after process faster than every before process", True),
+    ((8, 8.5, 9, 8.2), (10, 11, 12, 10.5), "every after process slower than every before process", True),
+    ((10, 11, 12), (8, 8.5, 9), "every after process faster than every before process", False),  # p = 0.1
+    ((10, 11, 12, 9), (8, 10.5, 9.5, 8.5), "the two sides' processes overlap", False),
+])
+def test_process_medians_decide_whether_a_change_is_beyond_the_spread(before, after, ordering, beyond):
+    d = diff(_processes(*before), _processes(*after))
+    p = d["processes"]
+    assert p["before_ms"] == list(before) and p["after_ms"] == list(after)
+    assert p["ordering"] == ordering and p["beyond_spread"] is beyond
+    text = verdict(d)
+    assert ("beyond the process spread" in text) is beyond
+    if ordering.startswith("every") and not beyond:
+        assert "by chance too" in text and "p = 0.1" in text
+
+
+def test_only_the_workload_mode_dtype_and_gpu_must_match():
+    a = _result(10.0)
+    assert mismatches(a, _result(9.0)) == []
+    assert mismatches(a, _result(9.0, workload="libero-pi0")) == ["workload differs: tiny before, libero-pi0 after"]
+    b = _result(9.0, gpu="NVIDIA H200")
+    b["workload"]["overrides"] = {"batch": 4}
+    b["mode"] = "policy"
+    assert mismatches(a, b) == ["workload differs: tiny before, tiny (batch=4) after",
+                                "mode differs: model before, policy after", "GPU differs: none (cpu) before, NVIDIA H200 after"]
+
+
+def _write(tmp_path, name: str, r: dict) -> str:
+    path = tmp_path / name
+    path.write_text(json.dumps(r))
+    return str(path)
+
+
+def test_diff_command_prints_the_change_and_gates_a_slowdown(tmp_path, capsys):
+    from vlaperf.cli import main
+
+    before = _write(tmp_path, "before.json", _processes(10, 11, 12, 10.5))
+    after = _write(tmp_path, "after.json", _processes(12.5, 13, 13.5, 12.8))
+    assert main(["diff", before, after]) == 0
+    out = capsys.readouterr().out
+    assert "vlaperf diff  tiny" in out and "every after process slower" in out and "process medians, ms" in out
+    assert main(["diff", before, after, "--max-slowdown", "25"]) == 0  # 10.5 -> 12.8 ms, +21.9%: under the gate
+    assert main(["diff", before, after, "--max-slowdown", "5"]) == 1
+    assert "above --max-slowdown 5%" in capsys.readouterr().err
+    assert main(["diff", after, before, "--max-slowdown", "0"]) == 0  # faster passes any gate
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r: r.update(command="matrix"), "BEFORE {before}: a 'matrix' file; diff compares two 'bench' files"),
+    (lambda r: r.update(workload={"id": "libero-pi0", "overrides": {}}),
+     "the files are not comparable: workload differs: libero-pi0 before, tiny after (--allow-mismatch"),
+    (lambda r: r["processes"].update(runs="x"), "BEFORE {before}: bench: processes.runs: expected a non-empty array"),
+    (lambda r: r.pop("env"), "BEFORE {before}: invalid vlaperf result: missing key 'env'"),
+])
+def test_diff_command_refuses_files_it_cannot_compare(tmp_path, capsys, change, message):
+    from vlaperf.cli import main
+
+    r = _processes(10, 11)
+    change(r)
+    before = _write(tmp_path, "before.json", r)
+    after = _write(tmp_path, "after.json", _processes(10, 11))
+    assert main(["diff", before, after]) == 2
+    assert message.format(before=before) in capsys.readouterr().err
+
+
+def test_diff_command_compares_mismatched_files_when_told_and_names_missing_ones(tmp_path, capsys):
+    from vlaperf.cli import main
+
+    before = _write(tmp_path, "before.json", _result(10.0, workload="libero-pi0"))
+    after = _write(tmp_path, "after.json", _result(9.0))
+    assert main(["diff", before, after, "--allow-mismatch"]) == 0
+    assert "warning: workload differs" in capsys.readouterr().out
+    assert main(["diff", str(tmp_path / "missing.json"), after]) == 2
+    assert "missing.json: No such file or directory" in capsys.readouterr().err
+    (tmp_path / "broken.json").write_text("{")
+    assert main(["diff", str(tmp_path / "broken.json"), after]) == 2
+    assert "BEFORE" in capsys.readouterr().err

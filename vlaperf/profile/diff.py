@@ -1,0 +1,160 @@
+"""Two `bench` files of one workload, before and after a change: `vlaperf diff BEFORE.json AFTER.json`.
+
+Two files are two processes, so their medians differ by the process as well as by the code: on the lent H200 two
+fresh processes of the same code differed by up to 25% in the served path's host stages (docs/perf-notes.md, session
+43). What a diff can say depends on what the files hold:
+
+- each file's own samples give the sampling noise of its median: a bootstrap interval of the ratio of medians
+  (resampling each file's calls; it knows nothing of the process-to-process spread);
+- files of `bench --processes N` give the spread itself: the per-process medians of the two sides, whether every
+  process of one side was faster than every process of the other, and the exact Mann-Whitney p of that ordering.
+
+A change is "beyond the process spread" only with the second. With one process a side the diff says the spread is
+unknown. Two variants compared in one process, interleaved, remain the stronger test (`vlaperf matrix`).
+
+Torch-free: it reads result files only.
+"""
+
+from __future__ import annotations
+
+import itertools
+import math
+import random
+import statistics
+
+# the fields two files must share for their medians to be comparable: (where, how the message names it)
+SAME = (("workload", "workload"), ("mode", "mode"), ("variant.dtype", "dtype"), ("env.gpu", "GPU"))
+BOOTSTRAP_RESAMPLES = 2000
+# a change is beyond the process spread when the two sides' processes are separated and the exact p of that is this
+# or less: 3 against 3 processes can never reach it (p = 0.1 at best), 4 against 4 can (0.029)
+SIGNIFICANCE = 0.05
+# exact Mann-Whitney p by enumerating the orderings up to this many (C(20, 10) = 184756), a normal approximation above
+EXACT_LIMIT = 200_000
+
+
+def _get(r: dict, where: str):
+    value = r
+    for part in where.split("."):
+        value = value.get(part) if isinstance(value, dict) else None
+    return value
+
+
+def mismatches(before: dict, after: dict) -> list[str]:
+    """What differs between two bench files that makes their medians incomparable, in words (empty: comparable)."""
+    out = []
+    for where, name in SAME:
+        a, b = _get(before, where), _get(after, where)
+        if a != b:
+            out.append(f"{name} differs: {_show(a)} before, {_show(b)} after")
+    return out
+
+
+def _show(x) -> str:
+    if isinstance(x, dict) and "id" in x:  # a workload
+        overrides = ", ".join(f"{k}={v}" for k, v in sorted((x.get("overrides") or {}).items()))
+        return f"{x['id']}" + (f" ({overrides})" if overrides else "")
+    return "none (cpu)" if x is None else str(x)
+
+
+def bootstrap_ratio(before: list[float], after: list[float], resamples: int = BOOTSTRAP_RESAMPLES,
+                    seed: int = 0) -> tuple[float, float]:
+    """The 95% interval of median(before) / median(after) from resampling each side's calls (a fixed seed: the same
+    files give the same interval)."""
+    rng = random.Random(seed)
+    ratios = []
+    for _ in range(resamples):
+        a = statistics.median(rng.choices(before, k=len(before)))
+        b = statistics.median(rng.choices(after, k=len(after)))
+        ratios.append(a / b if b > 0 else math.inf)
+    ratios.sort()
+    return ratios[int(0.025 * (resamples - 1))], ratios[int(math.ceil(0.975 * (resamples - 1)))]
+
+
+def _midranks(values: list[float]) -> list[float]:
+    order = sorted(range(len(values)), key=values.__getitem__)
+    ranks = [0.0] * len(values)
+    i = 0
+    while i < len(order):
+        j = i
+        while j + 1 < len(order) and values[order[j + 1]] == values[order[i]]:
+            j += 1
+        for k in range(i, j + 1):
+            ranks[order[k]] = (i + j) / 2 + 1
+        i = j + 1
+    return ranks
+
+
+def mann_whitney_p(before: list[float], after: list[float]) -> float:
+    """Two-sided p of the Mann-Whitney test that the two sides' values come from one distribution: exact (every
+    split of the pooled midranks) up to EXACT_LIMIT splits, else the normal approximation."""
+    n, m = len(before), len(after)
+    ranks = _midranks(before + after)
+    observed = sum(ranks[:n])
+    mean = n * (n + m + 1) / 2
+    if math.comb(n + m, n) <= EXACT_LIMIT:
+        distance = abs(observed - mean) - 1e-9
+        splits = extreme = 0
+        for chosen in itertools.combinations(ranks, n):
+            splits += 1
+            extreme += abs(sum(chosen) - mean) >= distance
+        return extreme / splits
+    sd = math.sqrt(n * m * (n + m + 1) / 12)
+    z = (abs(observed - mean) - 0.5) / sd
+    return min(1.0, math.erfc(max(z, 0.0) / math.sqrt(2)))
+
+
+def process_medians(r: dict) -> list[float] | None:
+    """The per-process wall-clock medians of a `bench --processes N` file (None: one process)."""
+    runs = (r.get("processes") or {}).get("runs")
+    if not runs or len(runs) < 2:
+        return None
+    return [run["timers"]["wall_ms"]["median"] for run in runs]
+
+
+def diff(before: dict, after: dict) -> dict:
+    """Each timer both files hold (medians, after's change in percent, speed-up = before / after, the bootstrap
+    interval of that ratio where both files hold their samples), and the process comparison where both files are of
+    `bench --processes N`."""
+    timers = {}
+    for name, a in (before.get("timers") or {}).items():
+        b = (after.get("timers") or {}).get(name)
+        if not a or not b:
+            continue
+        row = {"before_ms": a["median"], "after_ms": b["median"], "speedup": a["median"] / b["median"],
+               "change_pct": 100.0 * (b["median"] / a["median"] - 1.0)}
+        sa, sb = (before.get("samples") or {}).get(name), (after.get("samples") or {}).get(name)
+        if sa and sb and len(sa) >= 2 and len(sb) >= 2:
+            row["speedup_interval_95"] = bootstrap_ratio(sa, sb)
+        timers[name] = row
+    out: dict = {"timers": timers, "processes": None}
+    pa, pb = process_medians(before), process_medians(after)
+    if pa and pb:
+        if max(pb) < min(pa):
+            order = "every after process faster than every before process"
+        elif max(pa) < min(pb):
+            order = "every after process slower than every before process"
+        else:
+            order = "the two sides' processes overlap"
+        separated, p = max(pb) < min(pa) or max(pa) < min(pb), mann_whitney_p(pa, pb)
+        out["processes"] = {"before_ms": pa, "after_ms": pb, "ordering": order, "separated": separated,
+                            "mann_whitney_p": p, "beyond_spread": separated and p <= SIGNIFICANCE}
+    return out
+
+
+def verdict(d: dict) -> str:
+    """One sentence on what the diff can and cannot say about the wall-clock change."""
+    wall = d["timers"].get("wall_ms")
+    if wall is None:
+        return "no wall-clock timer in both files"
+    change = f"{wall['change_pct']:+.1f}% ({wall['speedup']:.3f}x)"
+    p = d["processes"]
+    if p is None:
+        return (f"wall median {change}; one process on a side, so the process-to-process spread is unknown: run both "
+                "with `bench --processes 4` (or compare the variants in one process with `vlaperf matrix`)")
+    weight = f"{len(p['before_ms'])} against {len(p['after_ms'])} processes, Mann-Whitney p = {p['mann_whitney_p']:.3g}"
+    if p["beyond_spread"]:
+        return f"wall median {change}, beyond the process spread: {p['ordering']} ({weight})"
+    if p["separated"]:
+        return (f"wall median {change}: {p['ordering']}, but so few processes order themselves so by chance too "
+                f"({weight}; 4 against 4 processes can reach p = 0.029)")
+    return f"wall median {change}, within the process spread: {p['ordering']} ({weight})"
