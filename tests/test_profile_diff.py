@@ -134,3 +134,17 @@ def test_diff_command_compares_mismatched_files_when_told_and_names_missing_ones
     (tmp_path / "broken.json").write_text("{")
     assert main(["diff", str(tmp_path / "broken.json"), after]) == 2
     assert "BEFORE" in capsys.readouterr().err
+
+
+def test_files_from_two_machines_say_so_before_any_spread():
+    a, b = _processes(10, 11, 12, 10.5), _processes(8, 8.5, 9, 8.2)
+    a["env"]["hostname"], b["env"]["hostname"] = "node1", "node1"
+    assert diff(a, b)["other_machine"] is None and "beyond the process spread" in verdict(diff(a, b))
+    b["env"]["hostname"] = "node2"
+    d = diff(a, b)
+    assert d["other_machine"] == "the files ran on different hosts (node1 before, node2 after)"
+    assert "bench both sides on one machine" in verdict(d) and "beyond" not in verdict(d)
+    a["env"]["gpu_state"], b["env"]["gpu_state"] = {"uuid": "GPU-1"}, {"uuid": "GPU-1"}  # the GPU decides first
+    assert diff(a, b)["other_machine"] is None
+    b["env"]["gpu_state"] = {"uuid": "GPU-2"}
+    assert diff(a, b)["other_machine"] == "the files ran on different GPUs (GPU-1 before, GPU-2 after)"

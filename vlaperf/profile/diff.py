@@ -111,6 +111,18 @@ def process_medians(r: dict) -> list[float] | None:
     return [run["timers"]["wall_ms"]["median"] for run in runs]
 
 
+def other_machine(before: dict, after: dict) -> str | None:
+    """Why the two files ran on different machines, in words (None: the same one, or the files cannot tell): the
+    GPU's uuid where both files record it, else the host's name (a container's, where it runs in one). Then the machine-to-machine spread adds to the
+    process spread, and `bench --processes` on each side measures only the latter."""
+    for what, read in (("GPU", lambda r: ((r.get("env") or {}).get("gpu_state") or {}).get("uuid")),
+                       ("host", lambda r: (r.get("env") or {}).get("hostname"))):
+        a, b = read(before), read(after)
+        if a and b:
+            return f"the files ran on different {what}s ({a} before, {b} after)" if a != b else None
+    return None
+
+
 def diff(before: dict, after: dict) -> dict:
     """Each timer both files hold (medians, after's change in percent, speed-up = before / after, the bootstrap
     interval of that ratio where both files hold their samples), and the process comparison where both files are of
@@ -126,7 +138,7 @@ def diff(before: dict, after: dict) -> dict:
         if sa and sb and len(sa) >= 2 and len(sb) >= 2:
             row["speedup_interval_95"] = bootstrap_ratio(sa, sb)
         timers[name] = row
-    out: dict = {"timers": timers, "processes": None}
+    out: dict = {"timers": timers, "processes": None, "other_machine": other_machine(before, after)}
     pa, pb = process_medians(before), process_medians(after)
     if pa and pb:
         if max(pb) < min(pa):
@@ -147,6 +159,9 @@ def verdict(d: dict) -> str:
     if wall is None:
         return "no wall-clock timer in both files"
     change = f"{wall['change_pct']:+.1f}% ({wall['speedup']:.3f}x)"
+    if d.get("other_machine"):
+        return (f"wall median {change}; {d['other_machine']}: the machines' difference is in it, which neither "
+                "file's processes measure (bench both sides on one machine)")
     p = d["processes"]
     if p is None:
         return (f"wall median {change}; one process on a side, so the process-to-process spread is unknown: run both "
