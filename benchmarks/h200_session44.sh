@@ -9,9 +9,12 @@
 #            C and ~29 in E: the compiled rows' build changed something, and the switches say whether it was a
 #            process-wide setting. My guess, weakly held: the second (a capture after the eager rows), since
 #            cuBLAS's heuristics and cuDNN's SDPA plans are the only state the eager rows leave.
-#            (2) bench --mode policy --levers best --processes 3 (item 3): the served figure with its process
+#            (2) bench --mode policy --levers best --processes 4 (item 3): the served figure with its process
 #            spread. Prediction: medians within 13.4-14.3 ms, spread 2-8%, the first process's first call the
 #            cold one (9-20 s), the others 3.5-5 s.
+#   PART=d   breakdown --mode policy --levers best --processes 4: session 43's host stages with their spread in one
+#            run. Prediction: the host stage sum 1.1-1.8 ms with a spread of 20-50% per host stage, the GPU stages'
+#            spread under 1%.
 #   PART=b   gpu_suite s44: the whole suite on the GPU (session 43's part b, never run). Prediction: all pass.
 #   PART=c   (carry .whl_lerobot) tests/test_compare_lerobot.py in full with the real LeRobot 0.6.1, 420 s.
 #            Prediction: all pass, the bfloat16 checkpoint case and the full-size gpu tests among them.
@@ -24,7 +27,12 @@ case "${PART:-a}" in
 a)
   lane A 0 40 <<EOT &
 300 python3 benchmarks/graph_context_probe.py --workload libero-pi0 --json $R/graph_context_probe_libero-pi0-s44.json
-200 $V bench --workload libero-pi0 --mode policy --levers best --processes 3 $B --json $R/bench_libero-pi0_best-s44-3proc_policy.json
+280 $V bench --workload libero-pi0 --mode policy --levers best --processes 4 $B --json $R/bench_libero-pi0_best-s44-4proc_policy.json
+EOT
+  ;;
+d)
+  lane A 0 60 <<EOT &
+400 $V breakdown --workload libero-pi0 --levers best --mode policy --iters 50 --no-progress --processes 4 --json $R/breakdown_libero-pi0_best_policy-s44-4proc.json
 EOT
   ;;
 b)

@@ -155,3 +155,46 @@ def test_a_sigterm_to_the_parent_alone_stops_the_running_process_too(tmp_path):
     assert "stopped by SIGTERM in process 1 of 2; nothing written" in err
     assert not Path(f"/proc/{child}").exists() or "zombie" in Path(f"/proc/{child}/status").read_text()
     assert not (tmp_path / "b.json").exists()
+
+
+def test_stage_rows_follow_the_first_process_and_name_a_missing_stage():
+    from vlaperf.profile.processes import stage_rows
+
+    p = {"runs": [{"stages_ms": {"setup": 1.0, "prefill": 4.0}}, {"stages_ms": {"setup": 3.0, "prefill": 4.0}},
+                  {"stages_ms": {"setup": 2.0, "extra": 1.0}}]}
+    assert stage_rows(p) == [("setup", [1.0, 3.0, 2.0], 100.0), ("prefill", [4.0, 4.0, None], 0.0),
+                             ("extra", [None, None, 1.0], 0.0)]
+
+
+def test_breakdown_processes_keep_each_stage_and_the_report_shows_their_spread(tmp_path, capsys):
+    from vlaperf.cli import main
+    from vlaperf.report.render import field_problem
+    from vlaperf.report.schema import read_result
+
+    out = tmp_path / "bd.json"
+    code = main(["breakdown", "--workload", "tiny", "--device", "cpu", "--levers", "for_loop", "--mode", "policy",
+                 "--warmup", "0", "--iters", "3", "--no-progress", "--processes", "2", "--json", str(out)])
+    assert code == 0
+    r = read_result(out)
+    p = r["processes"]
+    assert r["command"] == "breakdown" and p["count"] == 2 and field_problem(r) is None
+    names = [e["name"] for e in r["breakdown"]["stages"]]
+    assert "input_transform" in names and all(list(run["stages_ms"]) == names for run in p["runs"])
+    headline = p["runs"][p["headline"]]["stages_ms"]
+    assert headline == {e["name"]: e["median_ms"] for e in r["breakdown"]["stages"]}  # the file is that process's
+    printed = capsys.readouterr().out
+    assert "process 2 ms" in printed and "input_transform" in printed and "rel L2" not in printed
+
+    report = tmp_path / "report.md"
+    assert main(["report", str(out), "-o", str(report)]) == 0
+    assert "each stage's median in every process" in report.read_text()
+    r["processes"]["runs"][1]["stages_ms"] = {"setup": "slow"}
+    assert field_problem(r) == ("breakdown: processes.runs[1].stages_ms: expected an object of numbers (a stage's "
+                                "median ms)")
+
+
+def test_breakdown_processes_refuse_a_trace(tmp_path, capsys):
+    from vlaperf.cli import main
+
+    assert main(["breakdown", "--workload", "tiny", "--processes", "2", "--trace", str(tmp_path / "t.json")]) == 2
+    assert "--trace with --processes" in capsys.readouterr().err

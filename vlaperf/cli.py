@@ -246,6 +246,15 @@ def add_common(p: argparse.ArgumentParser, levers_default: str = "reference", le
     add_compile_cache(p)
 
 
+def add_processes(p: argparse.ArgumentParser, command: str = "bench") -> None:
+    """--processes N (bench, breakdown): the same command in N fresh processes (vlaperf.profile.processes)."""
+    p.add_argument("--processes", type=number_arg(int, 1, maximum=MAX_PROCESSES), default=1,
+                   help=f"run the whole {command} in N fresh processes, one after another, 1..{MAX_PROCESSES}: a table "
+                        "of their medians and the spread; --json gets the middle process's result with every "
+                        "process's timers (the first process compiles with cold caches, later ones find them warm) "
+                        "(default: 1)")
+
+
 def add_compile_cache(p: argparse.ArgumentParser) -> None:
     p.add_argument("--compile-cache", default=None, metavar="DIR", type=path_arg,
                    help="keep torch.compile's and Triton's caches in DIR (created if missing), e.g. a volume that outlives "
@@ -394,9 +403,9 @@ def cmd_bench(args) -> int:
     from vlaperf.timing import environment_record, time_calls
 
     if args.processes > 1:  # the same command in fresh processes, one after another: the figure with its spread
-        from vlaperf.profile.processes import bench_in_processes
+        from vlaperf.profile.processes import in_processes
 
-        return bench_in_processes(args.argv, args.processes, args.json)
+        return in_processes(args.argv, args.processes, args.json)
     if wam_args(args):
         from vlaperf.profile import wam
 
@@ -733,10 +742,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the roofline floor's matmul rate and bandwidth: the lent H200's (780 TFLOP/s, 4.23 TB/s; the "
                         "default, what every committed figure uses), or measured on this device after the timed calls "
                         "(a large matmul in the model's dtype and a large copy, ~1 s on a GPU)")
-    p.add_argument("--processes", type=number_arg(int, 1, maximum=MAX_PROCESSES), default=1,
-                   help=f"run the whole bench in N fresh processes, one after another, 1..{MAX_PROCESSES}: a table of "
-                        "their medians and the spread; --json gets the middle process's result with every process's "
-                        "timers (the first process compiles with cold caches, later ones find them warm) (default: 1)")
+    add_processes(p)
     p.set_defaults(func=cmd_bench)
 
     p = sub.add_parser("check", help="equivalence of engine variants against the reference")

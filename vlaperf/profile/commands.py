@@ -22,8 +22,9 @@ from pathlib import Path
 
 import torch
 
-from vlaperf.cli import (CliError, add_common, apply_compile_cache, levers_arg, make_engine, non_negative_int, number_arg,
-                         output_file, path_arg, png_file, positive_int, refuse_repeated_variants, result_header, setup)
+from vlaperf.cli import (CliError, add_common, add_processes, apply_compile_cache, levers_arg, make_engine,
+                         non_negative_int, number_arg, output_file, path_arg, png_file, positive_int,
+                         refuse_repeated_variants, result_header, setup)
 
 REFERENCE = ("reference", "none", "")
 
@@ -100,6 +101,12 @@ def cmd_breakdown(args) -> int:
 
     if args.trace and args.json and Path(args.trace).resolve() == Path(args.json).resolve():
         raise CliError(f"--trace and --json name the same file {args.json}: the result would overwrite the trace")
+    if args.processes > 1:  # the same breakdown in fresh processes, one after another: each stage's spread
+        if args.trace:
+            raise CliError("--trace with --processes: each process would overwrite the one trace; trace one process")
+        from vlaperf.profile.processes import in_processes
+
+        return in_processes(args.argv, args.processes, args.json)
     levers = None if args.levers.strip() in REFERENCE else args.levers
     wam_call = None  # the world-action call the breakdown timed, for --trace
     if is_wam_workload(args.workload):
@@ -426,6 +433,7 @@ def register(subparsers) -> None:
     p.add_argument("--iters", type=positive_int, default=50,
                    help="instrumented calls, each beside an untimed one (default: 50)")
     p.add_argument("--trace", type=output_file, default=None, help="also write a Chrome/Perfetto trace of one call here")
+    add_processes(p, "breakdown")
     p.set_defaults(func=cmd_breakdown)
 
     # add_common's --steps (one step count) is replaced by a list of step counts here.

@@ -1,4 +1,4 @@
-"""One `bench` figure from several fresh processes: `vlaperf bench --processes N`.
+"""One figure from several fresh processes: `vlaperf bench --processes N` (and `vlaperf breakdown --processes N`).
 
 A median is a property of the process as well as of the code. On the lent H200 the served path's host stages
 (transform, upload, copy back) of the same code differed by +-25% between two fresh processes on one machine, more
@@ -6,9 +6,10 @@ than two commits differed (docs/perf-notes.md, session 43). One process's median
 after another (never at once: they would share the GPU) give the spread, and the figure the file reports is the
 process in the middle of them, not the best one.
 
-Each process is the same `vlaperf bench` command with `--processes 1` and its own `--json` in a temporary folder (the
+Each process is the same `vlaperf bench` (or `breakdown`) command with `--processes 1` and its own `--json` in a temporary folder (the
 options given later on a command line win in argparse), so it builds, checks and times exactly as a single run does,
-first call included: the first process compiles with cold caches, the later ones find the compile caches warm.
+first call included: the first process compiles with cold caches, the later ones find the compile caches warm. A
+breakdown's processes also keep each stage's median, so the spread is per stage (the host stages are where it was).
 """
 
 from __future__ import annotations
@@ -47,12 +48,35 @@ def combine(results: list[dict]) -> dict:
                          "for an even count)",
         "wall_median_ms": {"min": min(medians), "median": middle, "max": max(medians)},
         "spread_pct": 100.0 * (max(medians) - min(medians)) / middle if middle > 0 else 0.0,
-        "runs": [{"timers": r["timers"], **{k: r.get(k) for k in RUN_FIELDS},
-                  "rel_l2": (r.get("equivalence") or {}).get("rel_l2"),
-                  "git_commit": (r.get("env") or {}).get("git_commit"),
-                  "timestamp": (r.get("env") or {}).get("timestamp")} for r in results],
+        "runs": [_run(r) for r in results],
     }
     return combined
+
+
+def _run(r: dict) -> dict:
+    """What the combined file keeps of one process: its timers and first call, its check, and a breakdown's stage
+    medians (`stages_ms`, in the breakdown's order)."""
+    run = {"timers": r["timers"], **{k: r.get(k) for k in RUN_FIELDS},
+           "rel_l2": (r.get("equivalence") or {}).get("rel_l2"),
+           "git_commit": (r.get("env") or {}).get("git_commit"), "timestamp": (r.get("env") or {}).get("timestamp")}
+    stages = (r.get("breakdown") or {}).get("stages")
+    if stages is not None:
+        run["stages_ms"] = {e["name"]: e["median_ms"] for e in stages}
+    return run
+
+
+def stage_rows(processes: dict) -> list[tuple[str, list[float | None], float | None]]:
+    """A breakdown's stages across its processes: (stage, each process's median or None where it lacked the stage,
+    (max - min) / median of them in percent or None), in the first process's order, then stages only later ones had."""
+    runs = [run.get("stages_ms") or {} for run in processes["runs"]]
+    names = list(dict.fromkeys(name for stages in runs for name in stages))
+    rows = []
+    for name in names:
+        medians = [stages.get(name) for stages in runs]
+        present = [m for m in medians if m is not None]
+        middle = statistics.median(present)
+        rows.append((name, medians, 100.0 * (max(present) - min(present)) / middle if middle > 0 else None))
+    return rows
 
 
 def process_problem(processes) -> str | None:
@@ -73,6 +97,10 @@ def process_problem(processes) -> str | None:
         errors = validate_summary((run.get("timers") or {}).get("wall_ms"), f"processes.runs[{i}].timers.wall_ms")
         if errors:
             return errors[0]
+        stages = run.get("stages_ms")
+        if stages is not None and (not isinstance(stages, dict)
+                                   or any(json_kind(v) != "number" for v in stages.values())):
+            return f"processes.runs[{i}].stages_ms: expected an object of numbers (a stage's median ms)"
     spread = processes.get("wall_median_ms")
     numbers = [spread.get(k) for k in ("min", "median", "max")] if isinstance(spread, dict) else [None]
     if any(json_kind(x) != "number" for x in numbers):
@@ -89,26 +117,28 @@ def describe(processes: dict) -> str:
             f"({processes['spread_pct']:.1f}% spread)")
 
 
-def bench_in_processes(argv: list[str], count: int, json_path: str | None) -> int:
-    """Run the `vlaperf bench` command `argv` (as typed, without the program name) in `count` fresh processes, one
-    after another; print the processes' table and write the combined result to `json_path`. Returns the exit code:
-    a process that fails (an equivalence failure: 1, bad setup: 2) stops the run with its code."""
+def in_processes(argv: list[str], count: int, json_path: str | None) -> int:
+    """Run the `vlaperf bench` or `breakdown` command `argv` (as typed, without the program name) in `count` fresh
+    processes, one after another; print the processes' table and write the combined result to `json_path`. Returns
+    the exit code: a process that fails (an equivalence failure: 1, bad setup: 2) stops the run with its code."""
     from vlaperf.cli import STOPPED_BY_SIGTERM
     from vlaperf.report.schema import read_result, write_result
 
+    command = argv[0]
     results = []
     with tempfile.TemporaryDirectory(prefix="vlaperf-processes-") as folder:
         for i in range(count):
             path = Path(folder) / f"process{i}.json"
-            print(f"vlaperf bench: process {i + 1} of {count}", flush=True)
+            print(f"vlaperf {command}: process {i + 1} of {count}", flush=True)
             # Later options win: --processes 1 keeps the child from starting processes of its own.
             code = run_child([sys.executable, "-m", "vlaperf.cli", *argv, "--processes", "1", "--json", str(path)])
             if code in (-signal.SIGTERM, STOPPED_BY_SIGTERM):
-                print(f"vlaperf bench: stopped by SIGTERM in process {i + 1} of {count}; nothing written",
+                print(f"vlaperf {command}: stopped by SIGTERM in process {i + 1} of {count}; nothing written",
                       file=sys.stderr)
                 return STOPPED_BY_SIGTERM
             if code != 0:
-                print(f"vlaperf bench: process {i + 1} of {count} exited with code {code}; stopping", file=sys.stderr)
+                print(f"vlaperf {command}: process {i + 1} of {count} exited with code {code}; stopping",
+                      file=sys.stderr)
                 return code
             results.append(read_result(path))
     combined = combine(results)
@@ -141,17 +171,27 @@ def print_processes(result: dict) -> None:
     from vlaperf.cli import wide_console
 
     processes = result["processes"]
-    t = Table(title=f"vlaperf bench  {result['workload']['id']}  {result['variant']['label']}  ({result['mode']} mode): "
-              f"{processes['count']} processes")
-    for name in ("process", "wall median ms", "wall p95 ms", "event median ms", "first call s", "rel L2"):
+    console = wide_console()
+    if any("stages_ms" in run for run in processes["runs"]):
+        stages = Table(title=f"vlaperf breakdown  {result['workload']['id']}  {result['variant']['label']}  "
+                             f"({result['mode']} mode): stage medians in {processes['count']} processes")
+        for name in ("stage", *(f"process {i + 1} ms" for i in range(processes["count"])), "spread"):
+            stages.add_column(name, justify="left" if name == "stage" else "right")
+        for name, medians, spread in stage_rows(processes):
+            stages.add_row(name, *(f"{m:.3f}" if m is not None else "-" for m in medians),
+                           f"{spread:.1f}%" if spread is not None else "-")
+        console.print(stages)
+    t = Table(title=f"vlaperf {result['command']}  {result['workload']['id']}  {result['variant']['label']}  "
+                    f"({result['mode']} mode): {processes['count']} processes")
+    checked = any(run.get("rel_l2") is not None for run in processes["runs"])  # bench's check; breakdown has none
+    for name in ("process", "wall median ms", "wall p95 ms", "event median ms", "first call s") + ("rel L2",) * checked:
         t.add_column(name, justify="right")
     for i, run in enumerate(processes["runs"]):
         wall, events = run["timers"]["wall_ms"], run["timers"].get("cuda_event_ms")
         mark = " (reported)" if i == processes["headline"] else ""
         t.add_row(f"{i + 1}{mark}", f"{wall['median']:.3f}", f"{wall['p95']:.3f}",
                   f"{events['median']:.3f}" if events else "-", f"{run['first_call_s']:.2f}",
-                  f"{run['rel_l2']:.1e}" if run.get("rel_l2") is not None else "-")
-    console = wide_console()
+                  *([f"{run['rel_l2']:.1e}" if run.get("rel_l2") is not None else "-"] if checked else []))
     console.print(t)
     console.print(describe(processes) + "; the file reports the middle process, its samples and environment")
 

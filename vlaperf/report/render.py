@@ -359,12 +359,13 @@ def field_problem(r: dict) -> str | None:
             bad = [x for x in value if not isinstance(x, dict)]
             if bad:
                 return f"{cmd}: {key} holds {json_kind(bad[0])} {_clip(json.dumps(bad[0]), 40)}, expected objects"
-    if cmd == "bench":  # the histograms and CDFs sort and plot the raw samples
+    if cmd in ("bench", "breakdown"):  # --processes N: the report reads every process's medians
         from vlaperf.profile.processes import process_problem
 
         problem = process_problem(r.get("processes"))
         if problem:
-            return f"bench: {problem}"
+            return f"{cmd}: {problem}"
+    if cmd == "bench":  # the histograms and CDFs sort and plot the raw samples
         samples = r.get("samples")
         if samples is not None and not isinstance(samples, dict):
             return f"bench: samples is {json_kind(samples)}, expected an object"
@@ -754,6 +755,15 @@ def _breakdown(doc: _Doc, path: str, r: dict) -> None:
                      occ.get("mean_ms"), occ.get("max_ms"), "; ".join(extra) or None])
     doc.table(["stage", "median ms", "p95 ms", "mean ms", "share of call", "per call", "mean per occurrence",
                "max per occurrence", "info"], rows)
+    if r.get("processes"):  # breakdown --processes N: the table above is the middle process's
+        from vlaperf.profile.processes import describe, stage_rows
+
+        p = r["processes"]
+        doc.p(f"{describe(p)}: the table above is the middle process's (process {p['headline'] + 1}); each stage's "
+              "median in every process, and (max - min) / median of them:", "note")
+        doc.table(["stage", *(f"process {i + 1} ms" for i in range(p["count"])), "spread"],
+                  [[name, *medians, _pct(spread / 100) if spread is not None else None]
+                   for name, medians, spread in stage_rows(p)])
     stages = [e for e in bd["stages"]]
     fig, axes = _figure(7.0, 0.8 + 0.3 * len(stages))
     ax = axes[0][0]
