@@ -286,6 +286,16 @@ def breakdown_tables(results):
             text = f"{info['tokens']} tokens, {'valid' if info.get('valid') else 'MASKED'}" if "tokens" in info else ""
             out.append(f"| {st['name']} | {_ms(st['median_ms'])} | {_ms(st['p95_ms'])} | {st['share'] * 100:.1f}% | {st['per_call']} | {text} |")
         out.append("")
+        if r.get("processes"):  # breakdown --processes N: the table above is the middle process's
+            from vlaperf.profile.processes import stage_rows
+
+            p = r["processes"]
+            out += [f"The same breakdown in {p['count']} fresh processes (the table above is process {p['headline'] + 1}); "
+                    "each stage's median in every process and (max - min) / median:", "",
+                    "| stage | " + " | ".join(f"process {i + 1} ms" for i in range(p["count"])) + " | spread |",
+                    "|---|" + "---|" * (p["count"] + 1)]
+            out += [f"| {name} | " + " | ".join(_ms(m) for m in medians) + f" | {f'{spread:.1f}%' if spread is not None else '-'} |"
+                    for name, medians, spread in stage_rows(p)] + [""]
     return out
 
 

@@ -198,3 +198,23 @@ def test_breakdown_processes_refuse_a_trace(tmp_path, capsys):
 
     assert main(["breakdown", "--workload", "tiny", "--processes", "2", "--trace", str(tmp_path / "t.json")]) == 2
     assert "--trace with --processes" in capsys.readouterr().err
+
+
+def test_performance_md_lists_a_breakdowns_stages_in_every_process():
+    import importlib.util
+
+    root = Path(__file__).resolve().parents[1]
+    spec = importlib.util.spec_from_file_location("make_performance_md", root / "benchmarks" / "make_performance_md.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    results = []
+    for median, setup in ((5.0, 0.2), (4.0, 0.1)):
+        r = _result(median)
+        r.update(command="breakdown", breakdown={"timer": "perf_counter", "iters": 3, "stages": [
+            {"name": "setup", "median_ms": setup, "p95_ms": setup, "share": 0.1, "per_call": 1}]})
+        r["env"].update(gpu=None, torch="2.13", cuda=None, driver=None)
+        results.append(r)
+    combined = combine(results)
+    lines = gen.breakdown_tables([(root / "benchmarks" / "results" / "bd.json", combined)])
+    assert "| stage | process 1 ms | process 2 ms | spread |" in lines
+    assert "| setup | 0.20 | 0.10 | 66.7% |" in lines  # (0.2 - 0.1) / 0.15

@@ -6,9 +6,9 @@ than two commits differed (docs/perf-notes.md, session 43). One process's median
 after another (never at once: they would share the GPU) give the spread, and the figure the file reports is the
 process in the middle of them, not the best one.
 
-Each process is the same `vlaperf bench` (or `breakdown`) command with `--processes 1` and its own `--json` in a temporary folder (the
-options given later on a command line win in argparse), so it builds, checks and times exactly as a single run does,
-first call included: the first process compiles with cold caches, the later ones find the compile caches warm. A
+Each process is the same `vlaperf bench` (or `breakdown`) command with `--processes 1` and its own `--json` in a
+temporary folder (the options given later on a command line win in argparse), so it builds, checks and times exactly
+as a single run does, first call included: the first process compiles with cold caches, the later ones find the compile caches warm. A
 breakdown's processes also keep each stage's median, so the spread is per stage (the host stages are where it was).
 """
 
