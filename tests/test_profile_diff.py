@@ -105,7 +105,7 @@ def test_diff_command_prints_the_change_and_gates_a_slowdown(tmp_path, capsys):
 
 
 @pytest.mark.parametrize("change, message", [
-    (lambda r: r.update(command="matrix"), "BEFORE {before}: a 'matrix' file; diff compares two 'bench' files"),
+    (lambda r: r.update(command="matrix"), "BEFORE {before}: a 'matrix' file; diff compares two 'bench' or two 'breakdown' files"),
     (lambda r: r.update(workload={"id": "libero-pi0", "overrides": {}}),
      "the files are not comparable: workload differs: libero-pi0 before, tiny after (--allow-mismatch"),
     (lambda r: r["processes"].update(runs="x"), "BEFORE {before}: bench: processes.runs: expected a non-empty array"),
@@ -148,3 +148,44 @@ def test_files_from_two_machines_say_so_before_any_spread():
     assert diff(a, b)["other_machine"] is None
     b["env"]["gpu_state"] = {"uuid": "GPU-2"}
     assert diff(a, b)["other_machine"] == "the files ran on different GPUs (GPU-1 before, GPU-2 after)"
+
+
+def _breakdown(stages_per_process: list[dict]) -> dict:
+    """A breakdown file of len(stages_per_process) processes: each a {stage: median} dict; wall = their sum."""
+    results = []
+    for stages in stages_per_process:
+        r = _result(sum(stages.values()))
+        r["command"] = "breakdown"
+        r["breakdown"] = {"stages": [{"name": k, "median_ms": v} for k, v in stages.items()]}
+        results.append(r)
+    return combine(results) if len(results) > 1 else results[0]
+
+
+def test_two_breakdowns_are_compared_stage_by_stage():
+    before = _breakdown([{"transform": 1.0, "upload": 2.0, "step": 10.0}, {"transform": 1.2, "upload": 2.1, "step": 10.1},
+                         {"transform": 0.9, "upload": 2.2, "step": 10.2}, {"transform": 1.1, "upload": 2.3, "step": 10.3}])
+    after = _breakdown([{"transform": 1.05, "upload": 1.0, "kernel": 9.0}, {"transform": 1.0, "upload": 1.1, "kernel": 9.1},
+                        {"transform": 1.15, "upload": 1.2, "kernel": 9.2}, {"transform": 0.95, "upload": 1.3, "kernel": 9.3}])
+    d = diff(before, after)
+    rows = {row["stage"]: row for row in d["stages"]}
+    assert list(rows) == ["transform", "upload", "step", "kernel"]  # before's order, then after's new stages
+    assert rows["upload"]["processes"]["beyond_spread"] and rows["upload"]["processes"]["direction"] == "faster"
+    assert rows["transform"]["processes"]["direction"] is None and not rows["transform"]["processes"]["beyond_spread"]
+    assert rows["step"]["after_ms"] is None and rows["step"]["change_pct"] is None and rows["step"]["processes"] is None
+    assert rows["kernel"]["before_ms"] is None
+    headline_upload = before["breakdown"]["stages"][1]["median_ms"]
+    assert rows["upload"]["before_ms"] == headline_upload  # the file's own (middle process's) stage median
+    assert diff(_result(1.0), _result(2.0))["stages"] is None  # bench files have no stages
+
+
+def test_diff_command_prints_the_stages_and_refuses_mixed_commands(tmp_path, capsys):
+    from vlaperf.cli import main
+
+    before = _write(tmp_path, "b.json", _breakdown([{"transform": 1.0, "step": 10.0}, {"transform": 1.1, "step": 10.2}]))
+    after = _write(tmp_path, "a.json", _breakdown([{"transform": 1.0, "step": 8.0}, {"transform": 1.2, "step": 8.1}]))
+    assert main(["diff", before, after]) == 0
+    out = capsys.readouterr().out
+    assert "stages (each stage's median" in out and "all faster" in out and "overlap" in out
+    bench = _write(tmp_path, "bench.json", _processes(10, 11))
+    assert main(["diff", bench, after]) == 2
+    assert "BEFORE is a 'bench' file and AFTER a 'breakdown' file" in capsys.readouterr().err

@@ -379,13 +379,16 @@ def cmd_diff(args) -> int:
             raise CliError(f"{name} {path}: not JSON ({e})") from None
         except SchemaError as e:
             raise CliError(f"{name} {path}: {e}") from None
-        if r["command"] != "bench":
-            raise CliError(f"{name} {path}: a {r['command']!r} file; diff compares two 'bench' files")
+        if r["command"] not in ("bench", "breakdown"):
+            raise CliError(f"{name} {path}: a {r['command']!r} file; diff compares two 'bench' or two 'breakdown' files")
         problem = field_problem(r)
         if problem:
             raise CliError(f"{name} {path}: {problem}")
         results.append(r)
     before, after = results
+    if before["command"] != after["command"]:
+        raise CliError(f"BEFORE is a {before['command']!r} file and AFTER a {after['command']!r} file; diff compares "
+                       "two files of one command")
     problems = mismatches(before, after)
     if problems and not args.allow_mismatch:
         hint = "" if args.allow_mismatch else " (--allow-mismatch compares them anyway)"
@@ -406,6 +409,8 @@ def cmd_diff(args) -> int:
         t.add_row(timer, f"{row['before_ms']:.3f}", f"{row['after_ms']:.3f}", f"{row['change_pct']:+.1f}%",
                   f"{row['speedup']:.3f}x", f"{interval[0]:.3f}-{interval[1]:.3f}x" if interval else "-")
     console.print(t)
+    if d["stages"]:
+        console.print(stage_table(d["stages"]))
     if d["processes"]:
         p = d["processes"]
         console.print("process medians, ms: before " + ", ".join(f"{x:.3f}" for x in p["before_ms"])
@@ -417,6 +422,26 @@ def cmd_diff(args) -> int:
               f"{args.max_slowdown:g}%", file=sys.stderr)
         return 1
     return 0
+
+
+def stage_table(stages: list[dict]):
+    """Two breakdowns' stages side by side; with --processes files, each stage's ordering and p."""
+    from rich.table import Table
+
+    with_processes = any(row["processes"] for row in stages)
+    t = Table(title="stages (each stage's median; processes: how the after processes' medians stand to the before ones')")
+    for col in ("stage", "before ms", "after ms", "change") + (("processes", "p"),)[0] * with_processes:
+        t.add_column(col, justify="left" if col in ("stage", "processes") else "right")
+    for row in stages:
+        p = row["processes"]
+        cells = [row["stage"], *(f"{row[k]:.3f}" if row[k] is not None else "-" for k in ("before_ms", "after_ms")),
+                 f"{row['change_pct']:+.1f}%" if row["change_pct"] is not None else "-"]
+        if with_processes:
+            cells += [("-" if p is None else "overlap" if p["direction"] is None
+                       else f"all {p['direction']}" + (", beyond the spread" if p["beyond_spread"] else "")),
+                      f"{p['mann_whitney_p']:.3g}" if p else "-"]
+        t.add_row(*cells)
+    return t
 
 
 # --------------------------------------------------------------------------- wiring
@@ -484,10 +509,10 @@ def register(subparsers) -> None:
                         "The report is the same whatever the number")
     p.set_defaults(func=cmd_report)
 
-    p = subparsers.add_parser("diff", help="two bench files of one workload, before and after a change: the change "
-                                           "and whether it is beyond the process spread")
-    p.add_argument("before", type=path_arg, help="the bench result file before the change")
-    p.add_argument("after", type=path_arg, help="the bench result file after it")
+    p = subparsers.add_parser("diff", help="two bench (or breakdown) files of one workload, before and after a change: "
+                                           "the change and whether it is beyond the process spread")
+    p.add_argument("before", type=path_arg, help="the bench or breakdown result file before the change")
+    p.add_argument("after", type=path_arg, help="the result file of the same command after it")
     p.add_argument("--max-slowdown", type=number_arg(float, 0), default=None, metavar="PCT",
                    help="exit 1 when the after file's wall-clock median is more than PCT percent above the before "
                         "file's (a regression gate: set PCT above the process spread, which `bench --processes N` "

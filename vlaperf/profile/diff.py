@@ -1,4 +1,4 @@
-"""Two `bench` files of one workload, before and after a change: `vlaperf diff BEFORE.json AFTER.json`.
+"""Two `bench` (or two `breakdown`) files of one workload, before and after a change: `vlaperf diff BEFORE AFTER`.
 
 Two files are two processes, so their medians differ by the process as well as by the code: on the lent H200 two
 fresh processes of the same code differed by up to 25% in the served path's host stages (docs/perf-notes.md, session
@@ -10,7 +10,8 @@ fresh processes of the same code differed by up to 25% in the served path's host
   process of one side was faster than every process of the other, and the exact Mann-Whitney p of that ordering.
 
 A change is "beyond the process spread" only with the second. With one process a side the diff says the spread is
-unknown. Two variants compared in one process, interleaved, remain the stronger test (`vlaperf matrix`).
+unknown. Two breakdown files are also compared stage by stage (each stage's median; with `--processes` files each
+stage's per-process medians too), which says where a change in the whole call came from. Two variants compared in one process, interleaved, remain the stronger test (`vlaperf matrix`).
 
 Torch-free: it reads result files only.
 """
@@ -40,7 +41,7 @@ def _get(r: dict, where: str):
 
 
 def mismatches(before: dict, after: dict) -> list[str]:
-    """What differs between two bench files that makes their medians incomparable, in words (empty: comparable)."""
+    """What differs between two result files that makes their medians incomparable, in words (empty: comparable)."""
     out = []
     for where, name in SAME:
         a, b = _get(before, where), _get(after, where)
@@ -104,7 +105,7 @@ def mann_whitney_p(before: list[float], after: list[float]) -> float:
 
 
 def process_medians(r: dict) -> list[float] | None:
-    """The per-process wall-clock medians of a `bench --processes N` file (None: one process)."""
+    """The per-process wall-clock medians of a `--processes N` file (None: one process)."""
     runs = (r.get("processes") or {}).get("runs")
     if not runs or len(runs) < 2:
         return None
@@ -113,8 +114,8 @@ def process_medians(r: dict) -> list[float] | None:
 
 def other_machine(before: dict, after: dict) -> str | None:
     """Why the two files ran on different machines, in words (None: the same one, or the files cannot tell): the
-    GPU's uuid where both files record it, else the host's name (a container's, where it runs in one). Then the machine-to-machine spread adds to the
-    process spread, and `bench --processes` on each side measures only the latter."""
+    GPU's uuid where both files record it, else the host's name (a container's, where it runs in one). Then the
+    machine-to-machine spread adds to the process spread, and `--processes` on each side measures only the latter."""
     for what, read in (("GPU", lambda r: ((r.get("env") or {}).get("gpu_state") or {}).get("uuid")),
                        ("host", lambda r: (r.get("env") or {}).get("hostname"))):
         a, b = read(before), read(after)
@@ -123,10 +124,42 @@ def other_machine(before: dict, after: dict) -> str | None:
     return None
 
 
+def compare_processes(before: list[float], after: list[float]) -> dict:
+    """Two sides' per-process medians: their ordering in words, whether they are separated, the exact p of that and
+    whether the change is beyond the process spread."""
+    direction = "faster" if max(after) < min(before) else "slower" if max(before) < min(after) else None
+    order = (f"every after process {direction} than every before process" if direction
+             else "the two sides' processes overlap")
+    p = mann_whitney_p(before, after)
+    return {"before_ms": before, "after_ms": after, "ordering": order, "direction": direction,
+            "separated": direction is not None, "mann_whitney_p": p,
+            "beyond_spread": direction is not None and p <= SIGNIFICANCE}
+
+
+def stage_diff(before: dict, after: dict) -> list[dict]:
+    """Two breakdown files' stages, before's order then stages only after has: each one's medians (None where a file
+    lacks the stage), after's change in percent, and with `--processes` files the per-process comparison."""
+    sa = {e["name"]: e["median_ms"] for e in (before.get("breakdown") or {}).get("stages") or []}
+    sb = {e["name"]: e["median_ms"] for e in (after.get("breakdown") or {}).get("stages") or []}
+    runs_a = [run.get("stages_ms") or {} for run in (before.get("processes") or {}).get("runs") or []]
+    runs_b = [run.get("stages_ms") or {} for run in (after.get("processes") or {}).get("runs") or []]
+    rows = []
+    for name in dict.fromkeys([*sa, *sb]):
+        a, b = sa.get(name), sb.get(name)
+        row = {"stage": name, "before_ms": a, "after_ms": b,
+               "change_pct": 100.0 * (b / a - 1.0) if a and b is not None else None, "processes": None}
+        pa = [run[name] for run in runs_a if name in run]
+        pb = [run[name] for run in runs_b if name in run]
+        if len(pa) >= 2 and len(pb) >= 2:
+            row["processes"] = compare_processes(pa, pb)
+        rows.append(row)
+    return rows
+
+
 def diff(before: dict, after: dict) -> dict:
     """Each timer both files hold (medians, after's change in percent, speed-up = before / after, the bootstrap
-    interval of that ratio where both files hold their samples), and the process comparison where both files are of
-    `bench --processes N`."""
+    interval of that ratio where both files hold their samples), the process comparison where both files are of
+    `--processes N`, and for two breakdowns each stage's (`stages`; None for bench files)."""
     timers = {}
     for name, a in (before.get("timers") or {}).items():
         b = (after.get("timers") or {}).get(name)
@@ -138,18 +171,11 @@ def diff(before: dict, after: dict) -> dict:
         if sa and sb and len(sa) >= 2 and len(sb) >= 2:
             row["speedup_interval_95"] = bootstrap_ratio(sa, sb)
         timers[name] = row
-    out: dict = {"timers": timers, "processes": None, "other_machine": other_machine(before, after)}
+    out: dict = {"timers": timers, "processes": None, "other_machine": other_machine(before, after),
+                 "stages": stage_diff(before, after) if before.get("command") == "breakdown" else None}
     pa, pb = process_medians(before), process_medians(after)
     if pa and pb:
-        if max(pb) < min(pa):
-            order = "every after process faster than every before process"
-        elif max(pa) < min(pb):
-            order = "every after process slower than every before process"
-        else:
-            order = "the two sides' processes overlap"
-        separated, p = max(pb) < min(pa) or max(pa) < min(pb), mann_whitney_p(pa, pb)
-        out["processes"] = {"before_ms": pa, "after_ms": pb, "ordering": order, "separated": separated,
-                            "mann_whitney_p": p, "beyond_spread": separated and p <= SIGNIFICANCE}
+        out["processes"] = compare_processes(pa, pb)
     return out
 
 
