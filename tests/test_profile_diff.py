@@ -185,7 +185,13 @@ def test_diff_command_prints_the_stages_and_refuses_mixed_commands(tmp_path, cap
     after = _write(tmp_path, "a.json", _breakdown([{"transform": 1.0, "step": 8.0}, {"transform": 1.2, "step": 8.1}]))
     assert main(["diff", before, after]) == 0
     out = capsys.readouterr().out
-    assert "stages (each stage's median" in out and "all faster" in out and "overlap" in out
+    assert "stages: each stage's median" in out and "all faster" in out and "overlap" in out
     bench = _write(tmp_path, "bench.json", _processes(10, 11))
     assert main(["diff", bench, after]) == 2
     assert "BEFORE is a 'bench' file and AFTER a 'breakdown' file" in capsys.readouterr().err
+
+
+def test_one_process_breakdowns_point_at_breakdown_processes():
+    d = diff(_breakdown([{"setup": 1.0}]), _breakdown([{"setup": 2.0}]))
+    assert "run both with `breakdown --processes 4`" in verdict(d)
+    assert d["stages"][0]["change_pct"] == pytest.approx(100.0) and d["stages"][0]["processes"] is None

@@ -429,7 +429,8 @@ def stage_table(stages: list[dict]):
     from rich.table import Table
 
     with_processes = any(row["processes"] for row in stages)
-    t = Table(title="stages (each stage's median; processes: how the after processes' medians stand to the before ones')")
+    t = Table(title="stages: each stage's median" + ("; processes: how the after processes' medians stand to the "
+                                                      "before ones'" if with_processes else ""))
     for col in ("stage", "before ms", "after ms", "change") + (("processes", "p"),)[0] * with_processes:
         t.add_column(col, justify="left" if col in ("stage", "processes") else "right")
     for row in stages:

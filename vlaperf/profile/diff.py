@@ -171,7 +171,8 @@ def diff(before: dict, after: dict) -> dict:
         if sa and sb and len(sa) >= 2 and len(sb) >= 2:
             row["speedup_interval_95"] = bootstrap_ratio(sa, sb)
         timers[name] = row
-    out: dict = {"timers": timers, "processes": None, "other_machine": other_machine(before, after),
+    out: dict = {"command": before.get("command"), "timers": timers, "processes": None,
+                 "other_machine": other_machine(before, after),
                  "stages": stage_diff(before, after) if before.get("command") == "breakdown" else None}
     pa, pb = process_medians(before), process_medians(after)
     if pa and pb:
@@ -191,7 +192,8 @@ def verdict(d: dict) -> str:
     p = d["processes"]
     if p is None:
         return (f"wall median {change}; one process on a side, so the process-to-process spread is unknown: run both "
-                "with `bench --processes 4` (or compare the variants in one process with `vlaperf matrix`)")
+                f"with `{d.get('command') or 'bench'} --processes 4` (or compare the variants in one process with "
+                "`vlaperf matrix`)")
     weight = f"{len(p['before_ms'])} against {len(p['after_ms'])} processes, Mann-Whitney p = {p['mann_whitney_p']:.3g}"
     if p["beyond_spread"]:
         return f"wall median {change}, beyond the process spread: {p['ordering']} ({weight})"
