@@ -27,19 +27,46 @@ def _processes(*medians: float, **kw) -> dict:
     return combine([_result(m, **kw) for m in medians])
 
 
+def _p_by_pairs(before, after):
+    """The same test from its definition: U counts the pairs in which after is larger (a tie a half), over every
+    split of the pooled values."""
+    import itertools
+
+    def u(a, b):
+        return sum((y > x) + 0.5 * (y == x) for x in a for y in b)
+
+    pooled, n = before + after, len(before)
+    centre = n * len(after) / 2
+    observed = abs(u(before, after) - centre)
+    splits = [([pooled[i] for i in c], [pooled[i] for i in range(len(pooled)) if i not in c])
+              for c in itertools.combinations(range(len(pooled)), n)]
+    return sum(abs(u(a, b) - centre) >= observed - 1e-9 for a, b in splits) / len(splits)
+
+
+@pytest.mark.parametrize("before, after", [([1, 2, 2], [2, 3, 4]), ([1, 1, 2, 3], [1, 2, 2, 5]),
+                                           ([3.0, 3.0, 3.0], [3.0, 4.0]), ([5, 6, 6, 7], [1, 6, 2])])
+def test_mann_whitney_with_ties_agrees_with_its_definition(before, after):
+    assert mann_whitney_p(before, after) == pytest.approx(_p_by_pairs(before, after))
+
+
 def test_exact_mann_whitney_p_of_small_samples():
     assert mann_whitney_p([1, 2, 3], [4, 5, 6]) == pytest.approx(2 / 20)  # the best 3 against 3 can do
     assert mann_whitney_p([1, 2, 3, 4], [5, 6, 7, 8]) == pytest.approx(2 / 70)
     assert mann_whitney_p([5, 6, 7, 8], [1, 2, 3, 4]) == pytest.approx(2 / 70)  # two-sided
     assert mann_whitney_p([1, 3, 5], [2, 4, 6]) == pytest.approx(0.7)
     assert mann_whitney_p([1.0, 1.0], [1.0, 1.0]) == 1.0  # ties: midranks, every split the same
-    big = mann_whitney_p(list(range(15)), list(range(100, 115)))  # C(30, 15) splits: the normal approximation
-    assert 0 < big < 1e-4 and big == pytest.approx(mann_whitney_p(list(range(100, 115)), list(range(15))))
+    # C(30, 15) splits: the normal approximation with continuity correction, z = (112.5 - 0.5) / sqrt(581.25) = 4.646
+    # (the exact p would be 2 / C(30, 15) = 1.3e-8)
+    big = mann_whitney_p(list(range(15)), list(range(100, 115)))
+    assert big == pytest.approx(3.392e-6, rel=1e-3)
+    assert big == pytest.approx(mann_whitney_p(list(range(100, 115)), list(range(15))))
     assert mann_whitney_p(list(range(0, 30, 2)), list(range(1, 31, 2))) > 0.5
 
 
 def test_bootstrap_interval_is_deterministic_and_holds_the_ratio():
     assert bootstrap_ratio([2.0] * 10, [1.0] * 10) == (2.0, 2.0)
+    # the median of 1..21 resampled: its 2.5th and 97.5th percentiles, not the extremes of the 2000 resamples (5, 18)
+    assert bootstrap_ratio([float(x) for x in range(1, 22)], [1.0] * 21) == (7.0, 15.0)
     a, b = [10.0, 11.0, 12.0, 10.5, 11.5], [5.0, 5.5, 6.0, 5.2, 5.8]
     lo, hi = bootstrap_ratio(a, b)
     assert (lo, hi) == bootstrap_ratio(a, b) and lo <= 11.0 / 5.5 <= hi and 1.5 < lo
@@ -100,6 +127,8 @@ def test_diff_command_prints_the_change_and_gates_a_slowdown(tmp_path, capsys):
     assert "vlaperf diff  tiny" in out and "every after process slower" in out and "process medians, ms" in out
     assert main(["diff", before, after, "--max-slowdown", "25"]) == 0  # 10.5 -> 12.8 ms, +21.9%: under the gate
     assert main(["diff", before, after, "--max-slowdown", "5"]) == 1
+    assert main(["diff", before, after, "--max-slowdown", "21.8"]) == 1
+    assert main(["diff", before, after, "--max-slowdown", "22"]) == 0
     assert "above --max-slowdown 5%" in capsys.readouterr().err
     assert main(["diff", after, before, "--max-slowdown", "0"]) == 0  # faster passes any gate
 
@@ -176,6 +205,14 @@ def test_two_breakdowns_are_compared_stage_by_stage():
     headline_upload = before["breakdown"]["stages"][1]["median_ms"]
     assert rows["upload"]["before_ms"] == headline_upload  # the file's own (middle process's) stage median
     assert diff(_result(1.0), _result(2.0))["stages"] is None  # bench files have no stages
+
+
+def test_a_stage_needs_two_processes_a_side_to_be_compared_by_process():
+    before = _breakdown([{"setup": 1.0, "rare": 0.5}, {"setup": 1.1}])
+    after = _breakdown([{"setup": 2.0, "rare": 0.4}, {"setup": 2.1, "rare": 0.6}])
+    rows = {row["stage"]: row for row in diff(before, after)["stages"]}
+    assert rows["setup"]["processes"]["direction"] == "slower"
+    assert rows["rare"]["processes"] is None  # one before process had it
 
 
 def test_diff_command_prints_the_stages_and_refuses_mixed_commands(tmp_path, capsys):

@@ -218,3 +218,32 @@ def test_performance_md_lists_a_breakdowns_stages_in_every_process():
     lines = gen.breakdown_tables([(root / "benchmarks" / "results" / "bd.json", combined)])
     assert "| stage | process 1 ms | process 2 ms | spread |" in lines
     assert "| setup | 0.20 | 0.10 | 66.7% |" in lines  # (0.2 - 0.1) / 0.15
+
+
+def test_an_interrupt_kills_the_running_process(monkeypatch):
+    """Ctrl-C sent to the parent alone (not its process group) must not leave the child running."""
+    from vlaperf.profile import processes
+
+    started = []
+    popen = subprocess.Popen
+
+    def record(*a, **k):
+        started.append(popen(*a, **k))
+        return started[-1]
+
+    def interrupt(signum, frame):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(subprocess, "Popen", record)
+    sigterm = signal.getsignal(signal.SIGTERM)
+    previous = signal.signal(signal.SIGALRM, interrupt)
+    try:
+        signal.setitimer(signal.ITIMER_REAL, 0.5)
+        with pytest.raises(KeyboardInterrupt):
+            processes.run_child([sys.executable, "-c", "import time; time.sleep(60)"])
+    finally:
+        signal.setitimer(signal.ITIMER_REAL, 0)
+        signal.signal(signal.SIGALRM, previous)
+    (child,) = started
+    assert child.returncode == -signal.SIGKILL  # killed and reaped, not left sleeping
+    assert signal.getsignal(signal.SIGTERM) == sigterm  # the forwarding handler is gone again
