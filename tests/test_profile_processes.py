@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import copy
 import json
+import os
 import signal
 import subprocess
 import sys
@@ -131,12 +132,21 @@ def test_processes_must_be_a_count_in_range(value, capsys):
     assert "--processes: expected an integer >= 1 and <= 64" in capsys.readouterr().err
 
 
+def _running(pid: int) -> bool:
+    status = Path(f"/proc/{pid}/status")
+    try:
+        return "zombie" not in status.read_text()
+    except OSError:  # gone
+        return False
+
+
 def test_a_sigterm_to_the_parent_alone_stops_the_running_process_too(tmp_path):
     """A scheduler that stops the job by the parent's pid must not leave a bench running (on the GPU) behind it."""
     cmd = [sys.executable, "-m", "vlaperf.cli", "bench", "--workload", "tiny", "--device", "cpu", "--levers", "for_loop",
-           "--no-check", "--warmup", "0", "--iters", "1000000", "--no-progress", "--processes", "2",
+           "--no-check", "--warmup", "0", "--iters", "30000", "--no-progress", "--processes", "2",
            "--json", str(tmp_path / "b.json")]
     parent = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    child = None
     try:
         assert parent.stdout.readline().startswith("vlaperf bench: process 1 of 2")
         children = Path(f"/proc/{parent.pid}/task/{parent.pid}/children")
@@ -149,11 +159,17 @@ def test_a_sigterm_to_the_parent_alone_stops_the_running_process_too(tmp_path):
         time.sleep(3)  # into its timed calls
         parent.send_signal(signal.SIGTERM)
         out, err = parent.communicate(timeout=60)
+        deadline = time.monotonic() + 10
+        while _running(child) and time.monotonic() < deadline:
+            time.sleep(0.05)
+        left_running = _running(child)
     finally:
         parent.kill()
+        if child is not None and _running(child):  # a failure must not leave the bench running for minutes
+            os.kill(child, signal.SIGKILL)
     assert parent.returncode == 143, err[-2000:]
     assert "stopped by SIGTERM in process 1 of 2; nothing written" in err
-    assert not Path(f"/proc/{child}").exists() or "zombie" in Path(f"/proc/{child}/status").read_text()
+    assert not left_running
     assert not (tmp_path / "b.json").exists()
 
 
