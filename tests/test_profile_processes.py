@@ -91,6 +91,8 @@ def test_bench_processes_runs_the_command_in_fresh_processes_and_writes_the_midd
     assert main(["report", str(out), "-o", str(report)]) == 0
     text = report.read_text()
     assert "wall median ms, each" in text and f"{p['spread_pct']:.1f}%" in text
+    summary = text.split("## Summary")[1].split("\n## ")[0]
+    assert "| processes |" in summary and "| 2: " in summary  # the summary row names its processes
 
     damaged = json.loads(out.read_text())
     damaged["processes"]["runs"] = "x"

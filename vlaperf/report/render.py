@@ -426,11 +426,6 @@ def _summary(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str]) 
     groups = bench_summary(results)
     if not groups:
         return
-    doc.h(2, "Summary")
-    doc.p("The newest `vlaperf bench` file of each variant, per workload, device and mode, slowest first. vs reference: "
-          "the reference's median over this one (two files, so two processes: a matrix compares in one). x floor: the "
-          "median over the roofline floor of the file (GPU runs). rel L2: the actions against the reference in the "
-          "equivalence check that ran before the timing.", "note")
     rows, charts = [], []
     for key, items in groups:
         ref = next((r for _, r in items if not (r.get("variant") or {}).get("levers")), None)
@@ -447,12 +442,24 @@ def _summary(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str]) 
                          _sci(eq["rel_l2"]) + ("" if eq.get("passed", True) else " (failed)") if "rel_l2" in eq
                          else "not checked" if (r.get("variant") or {}).get("levers") and r.get("equivalence") is None
                          else None,
-                         str((r.get("env") or {}).get("timestamp") or "")[:10] or None, names.get(path, Path(path).name)])
+                         str((r.get("env") or {}).get("timestamp") or "")[:10] or None, names.get(path, Path(path).name),
+                         _process_cell(r)])
         if ref_ms and len(items) >= 3:
             charts.append((key, [(short_variant((r.get("variant") or {}).get("label") or ""),
                                   r["timers"]["wall_ms"]["median"], ref_ms) for _, r in items]))
-    doc.table(["workload, device, mode", "variant", "median ms", "p95 ms", "vs reference", "x floor", "action chunks/s",
-               "first call s", "rel L2", "measured", "file"], rows)
+    header = ["workload, device, mode", "variant", "median ms", "p95 ms", "vs reference", "x floor", "action chunks/s",
+              "first call s", "rel L2", "measured", "file", "processes"]
+    with_processes = any(row[-1] for row in rows)  # else no column of dashes
+    if not with_processes:
+        header, rows = header[:-1], [row[:-1] for row in rows]
+    doc.h(2, "Summary")
+    doc.p("The newest `vlaperf bench` file of each variant, per workload, device and mode, slowest first. vs reference: "
+          "the reference's median over this one (two files, so two processes: a matrix compares in one). x floor: the "
+          "median over the roofline floor of the file (GPU runs). rel L2: the actions against the reference in the "
+          "equivalence check that ran before the timing." + (
+              " processes (files of `bench --processes N`): the count, the range of the processes' medians and its "
+              "spread; the row is the middle process's." if with_processes else ""), "note")
+    doc.table(header, rows)
     for key, bars in charts:
         fig, axes = _figure(8.0, 0.9 + 0.32 * len(bars))
         ax = axes[0][0]
@@ -469,6 +476,15 @@ def _summary(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str]) 
         ax.set_title(f"{key}: newest bench file of each variant", fontsize=9)
         fig.tight_layout()
         doc.fig(fig, f"speed-up over the reference, {key}")
+
+
+def _process_cell(r: dict) -> str | None:
+    """A `bench --processes N` file's spread for the summary: 'N: min-max ms (spread%)'; None for one process."""
+    p = r.get("processes")
+    if not p:
+        return None
+    s = p["wall_median_ms"]
+    return f"{p['count']}: {s['min']:.3g}-{s['max']:.3g} ms ({p['spread_pct']:.1f}%)"
 
 
 def _bench(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str] | None = None) -> None:
