@@ -127,8 +127,9 @@ def main() -> None:
         engine = engines[name]
         t = time_calls(lambda: engine.sample_actions(obs, noise, steps), device=device, warmup=args.warmup,
                        iters=args.iters, progress=False, label=name)
+        allocated = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
         phases.append({"phase": point, "engine": name, "timers": t["timers"], "switches": switches(),
-                       "memory_allocated_bytes": torch.cuda.memory_allocated(device) if device.type == "cuda" else None})
+                       "memory_allocated_bytes": allocated})
         e = t["timers"]["cuda_event_ms"]
         print(f"{point:<28} {name}: wall {t['timers']['wall_ms']['median']:.3f} ms"
               + (f", events {e['median']:.3f} ms" if e else ""), flush=True)

@@ -294,8 +294,9 @@ def breakdown_tables(results):
                     "each stage's median in every process and (max - min) / median:", "",
                     "| stage | " + " | ".join(f"process {i + 1} ms" for i in range(p["count"])) + " | spread |",
                     "|---|" + "---|" * (p["count"] + 1)]
-            out += [f"| {name} | " + " | ".join(_ms(m) for m in medians) + f" | {f'{spread:.1f}%' if spread is not None else '-'} |"
-                    for name, medians, spread in stage_rows(p)] + [""]
+            out += [f"| {name} | " + " | ".join(_ms(m) for m in medians)
+                    + f" | {f'{spread:.1f}%' if spread is not None else '-'} |" for name, medians, spread in stage_rows(p)]
+            out.append("")
     return out
 
 
@@ -548,8 +549,8 @@ def graph_context_tables(results):
                 f"{(r['env'].get('git_commit') or '')[:7]}, {r['iters']} calls after {r['warmup']} warm-up at each point; "
                 "g1 captured first, g2 after the eager rows, g3 after the compiled rows)", "",
                 "| point | engine | wall median ms | event median ms | first call s | switches changed |", "|---|---|---|---|---|---|"]
-        out += ["| " + " | ".join(_ms(c) if isinstance(c, float) else str(c if c is not None else "-") for c in row) + " |"
-                for row in graph_context_rows(r)] + [""]
+        out += ["| " + " | ".join(_ms(c) if isinstance(c, float) else str(c if c is not None else "-") for c in row)
+                + " |" for row in graph_context_rows(r)] + [""]
         for pair, rows in (r.get("kernel_diff") or {}).items():
             if rows:
                 out += [f"Kernels, {pair} (per call, largest differences first):", "",

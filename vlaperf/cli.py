@@ -66,7 +66,7 @@ def number_arg(kind: type = int, minimum: float = 1, strict: bool = False, maxim
 
 
 positive_int = number_arg(int, 1)
-MAX_PROCESSES = 64  # bench --processes: enough for a spread, few enough that a typo is not a day of runs
+MAX_PROCESSES = 64  # bench / breakdown --processes: enough for a spread, few enough that a typo is not a day of runs
 non_negative_int = number_arg(int, 0)
 positive_float = number_arg(float, 0, strict=True)
 non_negative_float = number_arg(float, 0)
@@ -721,9 +721,9 @@ def build_parser() -> argparse.ArgumentParser:
         prog="vlaperf", description="Fast, honestly measured inference for pi0-family policies.",
         epilog="`vlaperf <command> --help` lists a command's options. Exit codes: 0 ok; 1 a check failed (bench, "
                "check, serve, compare: a variant not equivalent to its reference; doctor: a finding of severity error; "
-               "loadgen, rollout: errors, lost replies or the time limit; diff: a slowdown above --max-slowdown); 2 bad arguments or setup; 130 interrupted; "
-               "143 stopped by SIGTERM (matrix: after writing the rows it had; bench --processes: the running process "
-               "stopped too).")
+               "loadgen, rollout: errors, lost replies or the time limit; diff: a slowdown above --max-slowdown); 2 bad "
+               "arguments or setup; 130 interrupted; 143 stopped by SIGTERM (matrix: after writing the rows it had; "
+               "bench and breakdown --processes: the running process stopped too).")
     parser.add_argument("--version", action="version", version=f"vlaperf {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 

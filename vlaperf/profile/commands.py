@@ -391,8 +391,7 @@ def cmd_diff(args) -> int:
                        "two files of one command")
     problems = mismatches(before, after)
     if problems and not args.allow_mismatch:
-        hint = "" if args.allow_mismatch else " (--allow-mismatch compares them anyway)"
-        raise CliError("the files are not comparable: " + "; ".join(problems) + hint)
+        raise CliError("the files are not comparable: " + "; ".join(problems) + " (--allow-mismatch compares them anyway)")
     d = diff(before, after)
     console = _console()
     for name, path, r in (("before", args.before, before), ("after", args.after, after)):
@@ -401,7 +400,8 @@ def cmd_diff(args) -> int:
                       f"{(env.get('git_commit') or '-')[:12]}, {str(env.get('timestamp') or '-')[:19]}")
     for p in problems:
         console.print(f"[yellow]warning: {p}[/]")
-    t = Table(title=f"vlaperf diff  {before['workload']['id']}  ({before.get('mode')} mode, {before['env'].get('gpu') or 'cpu'})")
+    t = Table(title=f"vlaperf diff  {before['workload']['id']}  ({before.get('mode')} mode, "
+                    f"{before['env'].get('gpu') or 'cpu'})")
     for col in ("timer", "before ms", "after ms", "change", "speed-up", "95% interval (calls only)"):
         t.add_column(col, justify="right")
     for timer, row in d["timers"].items():
@@ -431,7 +431,7 @@ def stage_table(stages: list[dict]):
     with_processes = any(row["processes"] for row in stages)
     t = Table(title="stages: each stage's median" + ("; processes: how the after processes' medians stand to the "
                                                       "before ones'" if with_processes else ""))
-    for col in ("stage", "before ms", "after ms", "change") + (("processes", "p"),)[0] * with_processes:
+    for col in ("stage", "before ms", "after ms", "change") + (("processes", "p") if with_processes else ()):
         t.add_column(col, justify="left" if col in ("stage", "processes") else "right")
     for row in stages:
         p = row["processes"]
