@@ -134,11 +134,14 @@ def main() -> None:
         print(f"{point:<28} {name}: wall {t['timers']['wall_ms']['median']:.3f} ms"
               + (f", events {e['median']:.3f} ms" if e else ""), flush=True)
 
+    kept = []  # the prepared rows' calls (and so their engines) stay alive to the end, as in the matrix
+
     def prepare(specs: list[str], point: str) -> None:
         for spec in specs:  # as the matrix prepares its rows: first call, then the equivalence check
-            row, _ = prepare_variant(model, spec, w, obs, noise, steps)
+            row, call = prepare_variant(model, spec, w, obs, noise, steps)
             if row.get("skipped"):
                 raise SystemExit(f"{spec}: {row['skipped']}")
+            kept.append(call)
         phases.append({"phase": point, "prepared": specs, "switches": switches()})
 
     capture("g1")
