@@ -10,6 +10,7 @@ import argparse
 import json
 import math
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -255,6 +256,54 @@ def test_healthz(server):
     assert _get(f"http://127.0.0.1:{server.port}/healthz") == (200, "ok\n")
 
 
+def _metrics(server) -> dict[str, float]:
+    """GET /metrics as {sample name with its labels: value}; every line a comment or a sample of the text format."""
+    status, text = _get(f"http://127.0.0.1:{server.port}/metrics")
+    assert status == 200
+    samples = {}
+    for line in text.splitlines():
+        if line.startswith("#"):
+            assert line.split()[1] in ("HELP", "TYPE"), line
+            continue
+        name, value = line.rsplit(" ", 1)
+        assert re.fullmatch(r'vlaperf_[a-z_]+(\{le="([0-9.e+-]+|\+Inf)"\})?', name), line
+        samples[name] = float(value)
+    return samples
+
+
+def test_metrics_count_requests_errors_and_latencies(server, expected):
+    before = _metrics(server)
+    with raw_connection(server) as ws:
+        for seed in (0, 1, 2):
+            assert_result(unpackb(roundtrip(ws, packb(make_example(TINY, seed=seed)))), seed, expected)
+        assert isinstance(roundtrip(ws, b"\x00"), str)  # an error frame
+        during = _metrics(server)
+    after = _metrics(server)
+    delta = {k: after[k] - before.get(k, 0.0) for k in after}
+    assert delta["vlaperf_requests_total"] == 4 and delta["vlaperf_request_errors_total"] == 1
+    assert delta["vlaperf_batched_observations_total"] == 3 and 1 <= delta["vlaperf_batches_total"] <= 3
+    assert delta["vlaperf_request_seconds_count"] == 4 and delta["vlaperf_queue_seconds_count"] == 3
+    assert delta["vlaperf_infer_seconds_count"] == delta["vlaperf_batches_total"]
+    assert delta["vlaperf_request_seconds_sum"] > 0
+    assert during["vlaperf_connections"] >= 1 and after["vlaperf_inflight_requests"] == 0
+    for hist in ("request_seconds", "queue_seconds", "infer_seconds", "batch_size"):  # cumulative buckets
+        counts = [v for k, v in after.items() if k.startswith(f"vlaperf_{hist}_bucket")]
+        assert counts == sorted(counts) and counts[-1] == after[f"vlaperf_{hist}_count"]
+
+
+def test_histogram_buckets_are_cumulative_and_inclusive():
+    from vlaperf.serve.metrics import Histogram
+
+    h = Histogram((0.01, 0.02))
+    for v in (0.005, 0.01, 0.015, 0.5, float("nan")):  # a bound holds its own value (le); NaN is not counted
+        h.observe(v)
+    assert h.snapshot() == ([2, 3, 4], pytest.approx(0.53), 4)
+    lines = h.lines("x_seconds", "help")
+    assert lines[:2] == ["# HELP x_seconds help", "# TYPE x_seconds histogram"]
+    assert lines[2:] == ['x_seconds_bucket{le="0.01"} 2', 'x_seconds_bucket{le="0.02"} 3', 'x_seconds_bucket{le="+Inf"} 4',
+                         "x_seconds_sum 0.53", "x_seconds_count 4"]
+
+
 def test_api_key_required(model):
     wcp = pytest.importorskip("openpi_client.websocket_client_policy")
     s = PolicyServer(fixed_noise_policy(model), port=0, api_key="s3cret-key").start()
@@ -271,6 +320,9 @@ def test_api_key_required(model):
         client._ws.close()
         assert _get(f"http://127.0.0.1:{s.port}/healthz")[0] == 200  # health needs no key
         assert _get(f"http://127.0.0.1:{s.port}/")[0] == 401
+        assert _get(f"http://127.0.0.1:{s.port}/metrics")[0] == 401  # a fleet's load is behind the key
+        status, text = _get(f"http://127.0.0.1:{s.port}/metrics", {"Authorization": "Api-Key s3cret-key"})
+        assert status == 200 and "vlaperf_requests_total 1" in text.splitlines()
     finally:
         s.stop()
 

@@ -491,6 +491,8 @@ def print_serve(server, console=None) -> None:
     rows = [
         ("url", server.url),
         ("health", f"http://{server.url.split('://', 1)[1]}/healthz"),
+        ("metrics", f"http://{server.url.split('://', 1)[1]}/metrics (Prometheus text"
+                    + (", Api-Key header)" if server.api_key else ")")),
         ("auth", "Api-Key header required" if server.api_key else "none (loopback only unless --allow-unauthenticated)"),
         ("action chunk", f"{m.get('action_horizon')} x {m.get('robot_action_dim')} float32"),
         ("denoise steps", str(m.get("num_steps"))),

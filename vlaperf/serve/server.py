@@ -60,6 +60,8 @@ import numpy as np
 from vlaperf import __version__
 from vlaperf.inputs import InputError, make_example, warmup_prompts
 from vlaperf.policy import NonFiniteActions
+from vlaperf.serve.metrics import METRICS_PATH, ServerMetrics
+from vlaperf.serve.metrics import render as render_metrics
 from vlaperf.serve.protocol import (DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES, MAX_REQUEST_ID_CHARS, REQUEST_ID_KEY, ProtocolError,
                                     error_frame, packb, printable, unpackb, valid_request_id)
 
@@ -245,6 +247,7 @@ class PolicyServer:
         self._started = threading.Event()
         self._startup_error: BaseException | None = None
         self.stats = {"requests": 0, "errors": 0, "batches": 0, "batched_observations": 0, "dropped_observations": 0}
+        self.metrics = ServerMetrics()  # the latency histograms of GET /metrics
         self._conn_errors: Counter = Counter()  # connection -> request errors so far (the log keeps the first few)
 
     # ------------------------------------------------------------------ lifecycle
@@ -395,17 +398,26 @@ class PolicyServer:
 
     def _check_request(self, path: str, authorization: list[str]) -> tuple[int, str] | None:
         """(status, body) to answer with plain HTTP, or None to open the websocket."""
-        if path.split("?", 1)[0] == HEALTH_PATH:
+        path = path.split("?", 1)[0]
+        if path == HEALTH_PATH:
             return (503, "shutting down\n") if self._draining else (200, "ok\n")
         if self.api_key is not None:
             expected = f"Api-Key {self.api_key}".encode()
             if len(authorization) != 1 or not hmac.compare_digest(authorization[0].encode("utf-8", "replace"), expected):
                 return 401, "missing or invalid API key (send the header 'Authorization: Api-Key <key>')\n"
+        if path == METRICS_PATH:  # behind the key where there is one: the load of a fleet is not for anyone to read
+            return 200, self._metrics_text()
         if self._draining:
             return 503, "shutting down\n"
         if self._n_connections >= self.max_connections:
             return 503, f"too many connections: {self._n_connections} open, the server's limit is {self.max_connections}\n"
         return None
+
+    def _metrics_text(self) -> str:
+        with self._cv:
+            queued = len(self._pending)
+        gauges = {"connections": self._n_connections, "inflight_requests": self._inflight, "queued_observations": queued}
+        return render_metrics(self.stats, gauges, self.metrics)
 
     def _process_request(self, connection, request):
         answer = self._check_request(request.path, request.headers.get_all("Authorization"))
@@ -447,6 +459,7 @@ class PolicyServer:
                 finally:
                     self._inflight -= 1
                 prev_total_ms = (time.perf_counter() - t_recv) * 1e3
+                self.metrics.request_seconds.observe(prev_total_ms / 1e3)
         except ConnectionClosed:
             pass
         except Exception:
@@ -754,6 +767,10 @@ class PolicyServer:
         infer_ms = (time.perf_counter() - t_start) * 1e3
         self.stats["batches"] += 1
         self.stats["batched_observations"] += len(batch)
+        self.metrics.infer_seconds.observe(infer_ms / 1e3)
+        self.metrics.batch_size.observe(len(batch))
+        for job in batch:
+            self.metrics.queue_seconds.observe(t_start - job.t_enqueue)
         for i, job in enumerate(batch):
             timing = {
                 "infer_ms": infer_ms,
