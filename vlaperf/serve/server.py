@@ -33,7 +33,8 @@ Threads and queues:
   and a connection that closes takes its queued observations with it.
 
 Replies: a binary msgpack frame with the result dict (a list of them for a list request), or
-a text frame with a JSON error (`protocol.error_frame`); see docs/serving.md.
+a text frame with a JSON error (`protocol.error_frame`); see docs/serving.md. Plain HTTP: `GET /healthz`, and
+`GET /metrics` (vlaperf.serve.metrics: counters and latency histograms, behind the API key where there is one).
 """
 
 from __future__ import annotations
