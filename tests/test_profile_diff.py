@@ -107,8 +107,14 @@ def test_only_the_workload_mode_dtype_and_gpu_must_match():
     b = _result(9.0, gpu="NVIDIA H200")
     b["workload"]["overrides"] = {"batch": 4}
     b["mode"] = "policy"
-    assert mismatches(a, b) == ["workload differs: tiny before, tiny (batch=4) after",
+    assert mismatches(a, b) == ["workload overrides differ: none before, batch=4 after",
                                 "mode differs: model before, policy after", "GPU differs: none (cpu) before, NVIDIA H200 after"]
+    # a world-action file's effective settings count where both files record them (older files have none)
+    c, d = _result(9.0), _result(9.0)
+    c["workload"]["settings"] = {"steps": 10, "video_steps": 5}
+    assert mismatches(c, d) == []
+    d["workload"]["settings"] = {"steps": 10, "video_steps": 10}
+    assert mismatches(c, d) == ["workload settings differ: steps=10, video_steps=5 before, steps=10, video_steps=10 after"]
 
 
 def _write(tmp_path, name: str, r: dict) -> str:

@@ -23,8 +23,10 @@ import math
 import random
 import statistics
 
-# the fields two files must share for their medians to be comparable: (where, how the message names it)
-SAME = (("workload", "workload"), ("mode", "mode"), ("variant.dtype", "dtype"), ("env.gpu", "GPU"))
+# the fields two files must share for their medians to be comparable: (where, how the message names it); a world-action
+# file's effective `workload.settings` too, where both files record them (older files do not)
+SAME = (("workload.id", "workload"), ("workload.overrides", "workload overrides"), ("mode", "mode"),
+        ("variant.dtype", "dtype"), ("env.gpu", "GPU"))
 BOOTSTRAP_RESAMPLES = 2000
 # a change is beyond the process spread when the two sides' processes are separated and the exact p of that is this
 # or less: 3 against 3 processes can never reach it (p = 0.1 at best), 4 against 4 can (0.029)
@@ -42,18 +44,20 @@ def _get(r: dict, where: str):
 
 def mismatches(before: dict, after: dict) -> list[str]:
     """What differs between two result files that makes their medians incomparable, in words (empty: comparable)."""
+    fields = SAME
+    if _get(before, "workload.settings") is not None and _get(after, "workload.settings") is not None:
+        fields += (("workload.settings", "workload settings"),)
     out = []
-    for where, name in SAME:
+    for where, name in fields:
         a, b = _get(before, where), _get(after, where)
         if a != b:
-            out.append(f"{name} differs: {_show(a)} before, {_show(b)} after")
+            out.append(f"{name} differ{'' if name.endswith('s') else 's'}: {_show(a)} before, {_show(b)} after")
     return out
 
 
 def _show(x) -> str:
-    if isinstance(x, dict) and "id" in x:  # a workload
-        overrides = ", ".join(f"{k}={v}" for k, v in sorted((x.get("overrides") or {}).items()))
-        return f"{x['id']}" + (f" ({overrides})" if overrides else "")
+    if isinstance(x, dict):  # overrides, settings
+        return ", ".join(f"{k}={v}" for k, v in sorted(x.items())) or "none"
     return "none (cpu)" if x is None else str(x)
 
 
