@@ -50,6 +50,9 @@ def mismatches(before: dict, after: dict) -> list[str]:
     out = []
     for where, name in fields:
         a, b = _get(before, where), _get(after, where)
+        if isinstance(a, dict) and isinstance(b, dict):  # name only the keys that differ
+            keys = {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
+            a, b = {k: a.get(k) for k in keys if k in a}, {k: b.get(k) for k in keys if k in b}
         if a != b:
             out.append(f"{name} differ{'' if name.endswith('s') else 's'}: {_show(a)} before, {_show(b)} after")
     return out
