@@ -53,6 +53,8 @@ def test_an_even_count_reports_a_measured_process_not_an_average():
 
 @pytest.mark.parametrize("change, message", [
     (lambda p: p.update(count=5), "processes.count: expected the number of runs (2), got 5"),
+    (lambda p: p.update(headline=2), "processes.headline: expected the index of a run (0..1), got 2"),
+    (lambda p: p.update(headline=True), "processes.headline: expected the index of a run (0..1), got True"),
     (lambda p: p.update(runs=[]), "processes.runs: expected a non-empty array of objects"),
     (lambda p: p["runs"][1]["timers"].pop("wall_ms"), "processes.runs[1].timers.wall_ms: expected a summary object"),
     (lambda p: p["runs"][0]["timers"]["wall_ms"].update(median="4"), "processes.runs[0].timers.wall_ms.median: expected a number"),
@@ -85,7 +87,7 @@ def test_bench_processes_runs_the_command_in_fresh_processes_and_writes_the_midd
     medians = [run["timers"]["wall_ms"]["median"] for run in p["runs"]]
     assert p["wall_median_ms"]["min"] == min(medians) and p["wall_median_ms"]["max"] == max(medians)
     printed = capsys.readouterr().out
-    assert "process 1 of 2" in printed and "median of 2 processes" in printed and "(reported)" in printed
+    assert "process 1 of 2" in printed and "2 processes, medians" in printed and "(reported)" in printed
 
     report = tmp_path / "report.md"
     assert main(["report", str(out), "-o", str(report)]) == 0

@@ -93,6 +93,9 @@ def process_problem(processes) -> str | None:
         return "processes.runs: expected a non-empty array of objects"
     if processes.get("count") != len(runs):
         return f"processes.count: expected the number of runs ({len(runs)}), got {processes.get('count')!r}"
+    headline = processes.get("headline")
+    if isinstance(headline, bool) or not isinstance(headline, int) or not 0 <= headline < len(runs):
+        return f"processes.headline: expected the index of a run (0..{len(runs) - 1}), got {headline!r}"
     for i, run in enumerate(runs):
         errors = validate_summary((run.get("timers") or {}).get("wall_ms"), f"processes.runs[{i}].timers.wall_ms")
         if errors:
@@ -111,9 +114,9 @@ def process_problem(processes) -> str | None:
 
 
 def describe(processes: dict) -> str:
-    """One line for a table cell or a console: 'median of 3 processes, 12.80-13.10 ms (2.3%)'."""
+    """One line for a table cell or a console: '3 processes, medians 12.80-13.10 ms (2.3% spread)'."""
     s = processes["wall_median_ms"]
-    return (f"median of {processes['count']} processes, {s['min']:.2f}-{s['max']:.2f} ms "
+    return (f"{processes['count']} processes, medians {s['min']:.2f}-{s['max']:.2f} ms "
             f"({processes['spread_pct']:.1f}% spread)")
 
 
