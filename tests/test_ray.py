@@ -167,13 +167,23 @@ def test_front_end_metadata_health_and_replicas(server, replicas):
     assert len(infos) == 2 and {i["warmup_batch_sizes"][-1] for i in infos} == {4}
 
 
+def _metric(server, name: str) -> float:
+    text = urllib.request.urlopen(f"http://127.0.0.1:{server.port}/metrics", timeout=10).read().decode()
+    return float(next(line.split()[1] for line in text.splitlines() if line.startswith(name + " ")))
+
+
 def test_two_replicas_serve_8_concurrent_clients(server, replicas, expected):
     before = sum(replicas.replica_calls.values())
+    observations = _metric(server, "vlaperf_batched_observations_total")
+    infer_count = _metric(server, "vlaperf_infer_seconds_count")
     ok, errors = _clients_in_parallel(server.url, 8, 6, expected, "load")
     assert not errors, errors[:3]
     assert len(ok) == len(set(ok)) == 48  # nothing lost, every reply matched to its own request and seed
     assert len([r for r in replicas.replica_calls if r]) == 2, replicas.replica_calls  # both replicas served
     assert sum(replicas.replica_calls.values()) > before
+    # the front end's /metrics count every replica's calls
+    assert _metric(server, "vlaperf_batched_observations_total") - observations == 48
+    assert _metric(server, "vlaperf_infer_seconds_count") - infer_count == sum(replicas.replica_calls.values()) - before
 
 
 def test_loadgen_against_replicas(server):
