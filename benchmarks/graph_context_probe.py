@@ -34,6 +34,7 @@ import os
 import torch
 
 from vlaperf.cli import make_engine
+from vlaperf.engine.engine import first_call_seconds
 from vlaperf.inputs import random_noise, random_observation
 from vlaperf.models.pi0 import build_model
 from vlaperf.profile.matrix import cumulative_variants, prepare_variant
@@ -119,8 +120,7 @@ def main() -> None:
 
     def capture(name: str) -> None:
         engine = make_engine(model, graph_spec)
-        first = time_calls(lambda: engine.sample_actions(obs, noise, steps), device=device, warmup=1, iters=1,
-                           progress=False)["first_call_s"]
+        first = first_call_seconds(engine, obs, noise, steps)  # the capture, timed as the matrix times it
         engines[name] = engine
         phases.append({"phase": f"capture {name}", "engine": name, "first_call_s": first, "switches": switches()})
 

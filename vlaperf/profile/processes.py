@@ -32,6 +32,12 @@ def headline_index(medians: list[float]) -> int:
     return medians.index(target)
 
 
+def spread_pct(values: list[float]) -> float | None:
+    """(max - min) / median of `values`, in percent (None where the median is 0): the one spread of this module."""
+    middle = statistics.median(values)
+    return 100.0 * (max(values) - min(values)) / middle if middle > 0 else None
+
+
 def combine(results: list[dict]) -> dict:
     """The headline process's result with a `processes` record of every process: its timers and first call, and the
     spread of the wall-clock medians (min, median, max and (max - min) / median in percent)."""
@@ -47,7 +53,7 @@ def combine(results: list[dict]) -> dict:
         "headline_rule": "the process whose wall-clock median is the median of the processes' (the lower middle one "
                          "for an even count)",
         "wall_median_ms": {"min": min(medians), "median": middle, "max": max(medians)},
-        "spread_pct": 100.0 * (max(medians) - min(medians)) / middle if middle > 0 else 0.0,
+        "spread_pct": spread_pct(medians) or 0.0,
         "runs": [_run(r) for r in results],
     }
     return combined
@@ -73,9 +79,7 @@ def stage_rows(processes: dict) -> list[tuple[str, list[float | None], float | N
     rows = []
     for name in names:
         medians = [stages.get(name) for stages in runs]
-        present = [m for m in medians if m is not None]
-        middle = statistics.median(present)
-        rows.append((name, medians, 100.0 * (max(present) - min(present)) / middle if middle > 0 else None))
+        rows.append((name, medians, spread_pct([m for m in medians if m is not None])))
     return rows
 
 
