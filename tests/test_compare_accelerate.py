@@ -1,0 +1,280 @@
+"""vlaperf's engine inside LeRobot's policy object (vlaperf.compare.accelerate).
+
+On the CPU without LeRobot, a stand-in with LeRobot's shape (a policy with a `config` and a core `model` whose
+modules carry transformers-style configs and whose `sample_actions` takes LeRobot's positional inputs) checks the
+plumbing: the accelerated call equals the stand-in's own, each new input shape is checked once, a failing check
+answers with an error, not actions. Where LeRobot 0.6 imports (Python >= 3.12), the `slow` tests do the same with
+LeRobot's own reduced pi0 and pi0.5 through its `predict_action_chunk` and `select_action`.
+"""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from vlaperf.compare import accelerate as acc
+from vlaperf.compare import lerobot as lr
+from vlaperf.inputs import Observation, random_observation
+from vlaperf.models.pi0 import Pi0Model, get_config, init_random_
+from vlaperf.workloads import get_workload
+
+needs_lerobot = pytest.mark.skipif(not lr.lerobot_available(), reason=lr.LEROBOT_MISSING)
+STEPS = 3  # the stand-in policy's num_inference_steps
+
+
+def _hf_gemma(g):
+    return SimpleNamespace(hidden_size=g.width, num_hidden_layers=g.depth, intermediate_size=g.mlp_dim,
+                           num_attention_heads=g.num_heads, num_key_value_heads=g.num_kv_heads, head_dim=g.head_dim,
+                           vocab_size=g.vocab_size, rms_norm_eps=g.eps, rope_parameters={"rope_theta": g.rope_base})
+
+
+class _Core(Pi0Model):
+    """LeRobot's core model at the tiny size: openpi's module names, transformers-style configs on PaliGemma and
+    the expert, LeRobot's `sample_noise`, and a `sample_actions` with LeRobot's positional inputs that runs vlaperf's
+    reference (plus `offset`). `calls` counts its calls, `noise_draws` its noise draws."""
+
+    def __init__(self, cfg, offset=0.0):
+        super().__init__(cfg)
+        self.offset, self.calls, self.noise_draws = offset, 0, 0
+        v = cfg.vision
+        self.paligemma_with_expert.paligemma.config = SimpleNamespace(
+            text_config=_hf_gemma(cfg.backbone),
+            vision_config=SimpleNamespace(hidden_size=v.width, num_hidden_layers=v.depth, intermediate_size=v.mlp_dim,
+                                          num_attention_heads=v.num_heads, patch_size=v.patch_size,
+                                          image_size=v.image_size, layer_norm_eps=v.eps))
+        self.paligemma_with_expert.gemma_expert.config = _hf_gemma(cfg.expert)
+
+    def sample_noise(self, shape, device):
+        self.noise_draws += 1
+        return torch.normal(0.0, 1.0, size=shape, dtype=torch.float32, device=device)
+
+    @torch.no_grad()
+    def sample_actions(self, images, img_masks, lang_tokens, lang_masks, *state, noise=None, num_steps=None):
+        assert len(state) == (0 if self.config.pi05 else 1)  # pi0.5's state is in its prompt
+        self.calls += 1
+        B = lang_tokens.shape[0]
+        obs = Observation(torch.stack(images, 1), torch.stack(img_masks, 1), lang_tokens, lang_masks,
+                          state[0] if state else torch.zeros(B, self.config.action_dim))
+        if noise is None:
+            noise = self.sample_noise((B, self.config.action_horizon, self.config.action_dim), obs.state.device)
+        return Pi0Model.sample_actions(self, obs, noise, STEPS if num_steps is None else num_steps) + self.offset
+
+
+class _Policy(torch.nn.Module):
+    """LeRobot's PI0Policy / PI05Policy at the tiny size: `config` holds the fields the accelerator reads;
+    `predict_action_chunk` calls the core the way LeRobot's does after its pre-processing."""
+
+    def __init__(self, pi05=False, offset=0.0, rtc=None, **config):
+        super().__init__()
+        cfg = get_config("tiny", pi05=pi05)
+        self.model = _Core(cfg, offset)
+        init_random_(self.model, 0)
+        self.model.eval()
+        R = cfg.vision.image_size
+        self.config = SimpleNamespace(max_state_dim=cfg.action_dim, max_action_dim=cfg.action_dim,
+                                      chunk_size=cfg.action_horizon, tokenizer_max_length=cfg.max_token_len,
+                                      image_resolution=(R, R), num_inference_steps=STEPS, dtype="float32", rtc_config=rtc)
+        vars(self.config).update(config)
+
+    def predict_action_chunk(self, inputs, **kwargs):
+        images, masks, tokens, token_mask, state = inputs
+        args = (images, masks, tokens, token_mask) + (() if self.model.config.pi05 else (state,))
+        return self.model.sample_actions(*args, **kwargs)
+
+
+def _inputs(valid=None, seed=0):
+    """LeRobot's core inputs for tiny: lists of (B, 3, H, W) images and (B,) masks, tokens, mask, state."""
+    wl = get_workload("tiny")
+    obs = random_observation(wl, get_config("tiny"), seed=seed)
+    mask = obs.image_mask.clone()
+    if valid is not None:
+        mask[:] = torch.tensor(valid)
+    S = obs.images.shape[1]
+    return ([obs.images[:, s] for s in range(S)], [mask[:, s] for s in range(S)], obs.tokens, obs.token_mask, obs.state)
+
+
+@pytest.mark.parametrize("pi05", [False, True], ids=["pi0", "pi05"])
+def test_accelerated_policy_gives_its_own_actions_and_checks_each_shape_once(pi05):
+    policy = _Policy(pi05=pi05)
+    torch.manual_seed(7)
+    theirs = policy.predict_action_chunk(_inputs())
+    fast = acc.accelerate_lerobot(policy, levers="exact")
+    assert fast.levers == "for_loop+skip_masked_images+trim_prompt_padding+static_kv_cache+sdpa+fuse_projections"
+    torch.manual_seed(7)  # no noise given: LeRobot's own sample_noise draws it, so the seed gives the same draw
+    ours = policy.predict_action_chunk(_inputs())
+    assert policy.model.noise_draws == 2  # one draw a call, the accelerator's, handed to the check's LeRobot call
+    assert ours.dtype == torch.float32 and ours.shape == theirs.shape
+    assert ((ours - theirs).norm() / theirs.norm()).item() < 1e-5
+    wl = get_workload("tiny")
+    [check] = fast.checks
+    assert check["passed"] and check["rel_l2"] < 1e-5 and check["tolerance"] == 1e-4
+    assert (check["batch"], check["image_slots"], check["images_valid"]) == (wl.batch, 3, list(wl.image_valid))
+    assert (check["prompt_len"], check["prompt_slots"], check["num_steps"]) == (max(wl.prompt_valid), 16, 3)
+    calls = policy.model.calls
+    torch.manual_seed(7)
+    again = policy.predict_action_chunk(_inputs())
+    assert policy.model.calls == calls and len(fast.checks) == 1  # a checked shape runs the engine alone
+    assert torch.equal(again, ours)
+    policy.predict_action_chunk(_inputs(valid=[True, False, False]))  # another camera empty: a new shape, checked
+    policy.predict_action_chunk(_inputs(), num_steps=2)  # another step count: checked too
+    assert policy.model.calls == calls + 2
+    assert [c["images_valid"] for c in fast.checks[1:]] == [[True, False, False], list(wl.image_valid)]
+    assert [c["num_steps"] for c in fast.checks] == [3, 3, 2]
+
+
+def test_explicit_noise_is_used_and_no_noise_is_drawn():
+    policy = _Policy()
+    fast = acc.accelerate_lerobot(policy, levers="exact", check=False)
+    cfg = policy.model.config
+    noise = torch.randn(1, cfg.action_horizon, cfg.action_dim)
+    ours = policy.predict_action_chunk(_inputs(), noise=noise)
+    assert policy.model.noise_draws == 0 and policy.model.calls == 0 and fast.checks == []
+    obs_inputs = _inputs()
+    fast.restore()
+    theirs = policy.predict_action_chunk(obs_inputs, noise=noise)
+    assert ((ours - theirs).norm() / theirs.norm()).item() < 1e-5
+
+
+def test_a_shape_that_fails_its_check_answers_with_an_error_every_time():
+    policy = _Policy(offset=1.0)  # the stand-in's actions are off by 1: vlaperf's are not equivalent to them
+    fast = acc.accelerate_lerobot(policy, levers="exact")
+    for attempt in (1, 2):  # not remembered as passed: checked (and refused) again
+        with pytest.raises(acc.NotEquivalent, match=r"not equivalent to LeRobot's sample_actions for this input "
+                                                      r"shape: rel L2 .* > tolerance 0.0001"):
+            policy.predict_action_chunk(_inputs())
+        assert len(fast.checks) == attempt and not fast.checks[-1]["passed"]
+    unchecked = _Policy(offset=1.0)
+    acc.accelerate_lerobot(unchecked, levers="exact", check=False)
+    unchecked.predict_action_chunk(_inputs())  # check=False: the user's choice, no LeRobot call
+    assert unchecked.model.calls == 0
+
+
+def test_restore_gives_the_call_back_to_lerobot_and_accelerating_twice_is_refused():
+    policy = _Policy()
+    fast = acc.accelerate_lerobot(policy, levers="exact")
+    with pytest.raises(ValueError, match="already accelerated; call restore"):
+        acc.accelerate_lerobot(policy, levers="exact")
+    fast.restore()
+    assert "sample_actions" not in vars(policy.model)
+    policy.predict_action_chunk(_inputs())
+    assert policy.model.calls == 1 and fast.checks == []
+    fast.restore()  # a second restore leaves LeRobot's method alone
+    again = acc.accelerate_lerobot(policy, levers="exact")
+    other = _Policy()
+    other_fast = acc.accelerate_lerobot(other, levers="exact")
+    fast.restore()  # an old accelerator's restore does not undo the policy's new one
+    assert vars(policy.model)["sample_actions"] == again.sample_actions
+    other_fast.restore()
+
+
+def test_real_time_chunking_is_refused():
+    with pytest.raises(ValueError, match=r"policy.config.rtc_config: real-time chunking is enabled"):
+        acc.accelerate_lerobot(_Policy(rtc=SimpleNamespace(enabled=True)), levers="exact")
+    policy = _Policy(rtc=SimpleNamespace(enabled=False))
+    acc.accelerate_lerobot(policy, levers="exact")
+    policy.predict_action_chunk(_inputs(), inference_delay=None, prev_chunk_left_over=None)  # LeRobot's defaults
+    with pytest.raises(ValueError, match=r"^execution_horizon, inference_delay: real-time chunking \(RTC\) is not"):
+        policy.predict_action_chunk(_inputs(), inference_delay=2, execution_horizon=5)
+    with pytest.raises(TypeError, match=r"unexpected arguments \['temperature'\]"):
+        policy.predict_action_chunk(_inputs(), temperature=0.5)
+
+
+def test_bad_inputs_are_named():
+    policy = _Policy()
+    acc.accelerate_lerobot(policy, levers="exact")
+    images, masks, tokens, token_mask, state = _inputs()
+    left = torch.zeros_like(token_mask)
+    left[:, -3:] = True
+    with pytest.raises(ValueError, match="lang_masks: a prompt has padding before a valid token"):
+        policy.predict_action_chunk((images, masks, tokens, left, state))
+    with pytest.raises(ValueError, match="images / img_masks: 3 images and 2 masks"):
+        policy.predict_action_chunk((images, masks[:2], tokens, token_mask, state))
+    with pytest.raises(ValueError, match=r"obs.state: expected a float tensor \(B, 8\)"):
+        policy.predict_action_chunk((images, masks, tokens, token_mask, state[:, :5]))
+    with pytest.raises(TypeError, match="pi0's `state`"):
+        policy.model.sample_actions(images, masks, tokens, token_mask)
+
+
+@pytest.mark.parametrize("field,value,message", [
+    ("max_state_dim", 32, r"policy.config.max_state_dim: 32, expected the max_action_dim \(8\)"),
+    ("dtype", "float16", r"policy.config.dtype: 'float16', expected 'bfloat16' or 'float32'"),
+    ("image_resolution", (224, 224), r"policy.config.image_resolution: \(224, 224\), expected the SigLIP tower's "
+                                     r"square 56 x 56"),
+])
+def test_a_policy_config_vlaperf_cannot_build_is_named(field, value, message):
+    with pytest.raises(ValueError, match=message):
+        acc.accelerate_lerobot(_Policy(**{field: value}), levers="exact")
+
+
+def test_not_a_lerobot_policy_is_a_type_error():
+    with pytest.raises(TypeError, match=r"policy: expected LeRobot's PI0Policy or PI05Policy .* got Linear"):
+        acc.accelerate_lerobot(torch.nn.Linear(2, 2))
+
+
+def test_model_config_read_from_the_modules_configs():
+    policy = _Policy(pi05=True)
+    got = acc.lerobot_model_config(policy)
+    want = get_config("tiny", pi05=True)
+    assert (got.name, got.pi05) == ("lerobot-pi05", True)
+    assert (got.vision, got.backbone, got.expert) == (want.vision, want.backbone, want.expert)
+    assert (got.action_dim, got.action_horizon, got.max_token_len) == (8, 10, 16)
+    text = policy.model.paligemma_with_expert.paligemma.config.text_config
+    del text.rope_parameters
+    text.rope_theta = 500.0  # transformers 4 keeps the base here
+    assert acc.lerobot_model_config(policy).backbone.rope_base == 500.0
+
+
+# ------------------------------------------------------------ with LeRobot (CPU)
+
+
+def _lerobot_policy(pi05: bool):
+    """LeRobot's own reduced pi0 / pi0.5 (float32, CPU) with input features: two of three cameras in the batch."""
+    from lerobot.configs.types import FeatureType, PolicyFeature
+    from lerobot.utils.constants import ACTION, OBS_STATE
+
+    cfg = lr.matching_config(get_workload("libero-pi05" if pi05 else "libero-pi0"), lr.Reduced())
+    policy = lr.build_lerobot(cfg, "cpu", torch.float32, steps=3, reduced=True)
+    lr.randomize_lerobot_(policy, 0)
+    camera = PolicyFeature(FeatureType.VISUAL, (3, 224, 224))
+    policy.config.input_features = {f"observation.images.{name}": camera for name in
+                                    ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")}
+    policy.config.input_features[OBS_STATE] = PolicyFeature(FeatureType.STATE, (8,))
+    policy.config.output_features = {ACTION: PolicyFeature(FeatureType.ACTION, (7,))}
+    policy.config.n_action_steps = 5
+    return policy
+
+
+def _lerobot_batch(seed=0):
+    from lerobot.utils.constants import OBS_LANGUAGE_ATTENTION_MASK, OBS_LANGUAGE_TOKENS, OBS_STATE
+
+    g = torch.Generator().manual_seed(seed)
+    mask = torch.zeros(1, 48, dtype=torch.bool)
+    mask[:, :12] = True
+    return {"observation.images.base_0_rgb": torch.rand(1, 3, 256, 256, generator=g),  # LeRobot resizes it
+            "observation.images.left_wrist_0_rgb": torch.rand(1, 3, 224, 224, generator=g),
+            OBS_STATE: torch.rand(1, 8, generator=g),
+            OBS_LANGUAGE_TOKENS: torch.randint(1, 1000, (1, 48), generator=g) * mask,
+            OBS_LANGUAGE_ATTENTION_MASK: mask}
+
+
+@needs_lerobot
+@pytest.mark.slow
+@pytest.mark.parametrize("pi05", [False, True], ids=["pi0", "pi05"])
+def test_lerobot_policy_accelerated_through_its_own_predict_and_select(pi05):
+    policy = _lerobot_policy(pi05)
+    batch = _lerobot_batch()
+    torch.manual_seed(1)
+    theirs = policy.predict_action_chunk(batch)
+    fast = acc.accelerate_lerobot(policy)  # "best" on the CPU: the exact levers
+    torch.manual_seed(1)
+    ours = policy.predict_action_chunk(batch)
+    assert ours.shape == theirs.shape == (1, policy.config.chunk_size, 7)
+    assert ((ours - theirs).norm() / theirs.norm()).item() < 1e-4
+    [check] = fast.checks
+    assert check["passed"] and check["images_valid"] == [True, True, False] and check["prompt_len"] == 12
+    policy.reset()
+    first = policy.select_action(batch)  # LeRobot's queue: one chunk, n_action_steps of it
+    assert first.shape == (1, 7) and len(policy._action_queue) == 4 and len(fast.checks) == 1
+    fast.restore()
+    torch.manual_seed(1)
+    assert torch.equal(policy.predict_action_chunk(batch), theirs)  # LeRobot's own call, bit for bit
