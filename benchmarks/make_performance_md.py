@@ -362,8 +362,10 @@ def compare_tables(results):
         if not out:
             out += ["Same random weights, observation and noise in both implementations; latency interleaved in one",
                     "process (`vlaperf compare`). LeRobot runs as shipped (eager attention, SigLIP in float32).", "",
-                    "| workload | LeRobot | dtype | rel L2 reference / best vs LeRobot | passed | LeRobot ms | vlaperf reference ms | vlaperf best ms | best speedup | file |",
-                    "|---|---|---|---|---|---|---|---|---|---|"]
+                    "LeRobot policy: LeRobot's own `predict_action_chunk` as shipped -> with vlaperf installed in it by",
+                    "`accelerate_lerobot` (`--accelerate`; its image pre-processing included), where the file has them.", "",
+                    "| workload | LeRobot | dtype | rel L2 reference / best vs LeRobot | passed | LeRobot ms | vlaperf reference ms | vlaperf best ms | best speedup | LeRobot policy ms | file |",
+                    "|---|---|---|---|---|---|---|---|---|---|---|"]
         eq, sm = c["equivalence"], t.get("summary") or {}
 
         def med(name):
@@ -371,9 +373,11 @@ def compare_tables(results):
 
         speed = f"{sm['vlaperf_best']['speedup_vs_lerobot_wall']:.2f}x" if "vlaperf_best" in sm else "-"
         rels = " / ".join(f"{eq[k]['rel_l2']:.2e}" for k in ("reference", "best") if k in eq)
+        policy = (f"{med('lerobot_predict')} -> {med('vlaperf_in_lerobot_predict')}"
+                  if "vlaperf_in_lerobot_predict" in sm else "-")
         out.append(f"| {r['workload']['id']}{' (reduced)' if c['reduced'] else ''} | {c['lerobot_version']} | {c['dtype']} | {rels} | "
                    f"{'yes' if c['passed'] else 'NO'} | {med('lerobot')} | {med('vlaperf_reference')} | {med('vlaperf_best')} | {speed} | "
-                   f"`{path.relative_to(ROOT)}` |")
+                   f"{policy} | `{path.relative_to(ROOT)}` |")
     return out + [""] if out else []
 
 

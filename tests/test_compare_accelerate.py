@@ -14,7 +14,7 @@ import torch
 
 from vlaperf.compare import accelerate as acc
 from vlaperf.compare import lerobot as lr
-from vlaperf.inputs import Observation, random_observation
+from vlaperf.inputs import IMAGE_SLOTS, Observation, random_observation
 from vlaperf.models.pi0 import Pi0Model, get_config, init_random_
 from vlaperf.workloads import get_workload
 
@@ -62,7 +62,9 @@ class _Core(Pi0Model):
 
 class _Policy(torch.nn.Module):
     """LeRobot's PI0Policy / PI05Policy at the tiny size: `config` holds the fields the accelerator reads;
-    `predict_action_chunk` calls the core the way LeRobot's does after its pre-processing."""
+    `predict_action_chunk` takes the batch LeRobot's processors hand it and calls the core as LeRobot's does: the
+    present cameras mapped from [0, 1] to [-1, 1] and marked valid, the absent ones padded after them as masked
+    images of -1."""
 
     def __init__(self, pi05=False, offset=0.0, rtc=None, **config):
         super().__init__()
@@ -76,21 +78,27 @@ class _Policy(torch.nn.Module):
                                       image_resolution=(R, R), num_inference_steps=STEPS, dtype="float32", rtc_config=rtc)
         vars(self.config).update(config)
 
-    def predict_action_chunk(self, inputs, **kwargs):
-        images, masks, tokens, token_mask, state = inputs
-        args = (images, masks, tokens, token_mask) + (() if self.model.config.pi05 else (state,))
+    def predict_action_chunk(self, batch, **kwargs):
+        cameras = [f"observation.images.{slot}" for slot in IMAGE_SLOTS]
+        images = [batch[k] * 2 - 1 for k in cameras if k in batch]
+        B = images[0].shape[0]
+        masks = [torch.ones(B, dtype=torch.bool) for _ in images]
+        for _ in range(len(cameras) - len(images)):
+            images.append(-torch.ones_like(images[0]))
+            masks.append(torch.zeros(B, dtype=torch.bool))
+        args = (images, masks, batch["observation.language.tokens"], batch["observation.language.attention_mask"])
+        if not self.model.config.pi05:
+            args += (batch["observation.state"],)
         return self.model.sample_actions(*args, **kwargs)
 
 
 def _inputs(valid=None, seed=0):
-    """LeRobot's core inputs for tiny: lists of (B, 3, H, W) images and (B,) masks, tokens, mask, state."""
-    wl = get_workload("tiny")
-    obs = random_observation(wl, get_config("tiny"), seed=seed)
-    mask = obs.image_mask.clone()
+    """The batch LeRobot's predict_action_chunk takes for tiny's random observation (`valid`: which cameras)."""
+    obs = random_observation(get_workload("tiny"), get_config("tiny"), seed=seed)
     if valid is not None:
-        mask[:] = torch.tensor(valid)
-    S = obs.images.shape[1]
-    return ([obs.images[:, s] for s in range(S)], [mask[:, s] for s in range(S)], obs.tokens, obs.token_mask, obs.state)
+        obs.image_mask[:] = torch.tensor(valid)
+        obs.host_image_valid = tuple(valid)
+    return lr.predict_batch(obs)
 
 
 @pytest.mark.parametrize("pi05", [False, True], ids=["pi0", "pi05"])
@@ -182,17 +190,22 @@ def test_real_time_chunking_is_refused():
 def test_bad_inputs_are_named():
     policy = _Policy()
     acc.accelerate_lerobot(policy, levers="exact")
-    images, masks, tokens, token_mask, state = _inputs()
-    left = torch.zeros_like(token_mask)
+    batch = _inputs()
+    left = torch.zeros_like(batch["observation.language.attention_mask"])
     left[:, -3:] = True
     with pytest.raises(ValueError, match="lang_masks: a prompt has padding before a valid token"):
-        policy.predict_action_chunk((images, masks, tokens, left, state))
-    with pytest.raises(ValueError, match="images / img_masks: 3 images and 2 masks"):
-        policy.predict_action_chunk((images, masks[:2], tokens, token_mask, state))
+        policy.predict_action_chunk({**batch, "observation.language.attention_mask": left})
     with pytest.raises(ValueError, match=r"obs.state: expected a float tensor \(B, 8\)"):
-        policy.predict_action_chunk((images, masks, tokens, token_mask, state[:, :5]))
+        policy.predict_action_chunk({**batch, "observation.state": batch["observation.state"][:, :5]})
+    images = [batch["observation.images.base_0_rgb"]] * 3
+    masks = [torch.ones(1, dtype=torch.bool)] * 2
+    tokens, token_mask = batch["observation.language.tokens"], batch["observation.language.attention_mask"]
+    with pytest.raises(ValueError, match="images / img_masks: 3 images and 2 masks"):
+        policy.model.sample_actions(images, masks, tokens, token_mask, batch["observation.state"])
     with pytest.raises(TypeError, match="pi0's `state`"):
-        policy.model.sample_actions(images, masks, tokens, token_mask)
+        policy.model.sample_actions(images, masks + masks[:1], tokens, token_mask)
+    with pytest.raises(TypeError, match="8 positional arguments, expected at most 7"):
+        policy.model.sample_actions(images, masks + masks[:1], tokens, token_mask, batch["observation.state"], None, 3, 0)
 
 
 @pytest.mark.parametrize("field,value,message", [
@@ -278,3 +291,107 @@ def test_lerobot_policy_accelerated_through_its_own_predict_and_select(pi05):
     fast.restore()
     torch.manual_seed(1)
     assert torch.equal(policy.predict_action_chunk(batch), theirs)  # LeRobot's own call, bit for bit
+
+
+# ------------------------------------------------------------ `vlaperf compare --accelerate`
+
+
+@pytest.fixture
+def compare_stand_in(monkeypatch):
+    """compare_lerobot with the stand-in policy in LeRobot's place (its features need no setting)."""
+    monkeypatch.setattr(lr, "import_lerobot", lambda pi05: SimpleNamespace())
+    monkeypatch.setattr(lr, "lerobot_version", lambda: None)
+    monkeypatch.setattr(lr, "matching_config", lambda wl, reduced=None: get_config("tiny"))
+    monkeypatch.setattr(lr, "build_lerobot", lambda cfg, device, dtype, steps=10, reduced=False: _Policy())
+    monkeypatch.setattr(lr, "set_predict_features", lambda policy, obs: None)
+
+
+def test_time_lerobot_times_lerobots_predict_as_shipped_and_accelerated(compare_stand_in):
+    run = lr.compare_lerobot("tiny", device="cpu", steps=STEPS, reduced=True, levers="exact")
+    before = run.policy.model.calls
+    timing = lr.time_lerobot(run, warmup=1, iters=2, lerobot_compile=None, progress=False, accelerated=True)
+    assert list(timing["summary"]) == ["lerobot", "vlaperf_reference", "vlaperf_exact", "lerobot_predict",
+                                       "vlaperf_in_lerobot_predict"]
+    a = timing["accelerated"]
+    assert a["levers"] == run.engine.name
+    assert a["vs_lerobot_predict"]["passed"] and a["vs_lerobot_predict"]["rel_l2"] < 1e-5
+    assert a["vs_lerobot_core"]["rel_l2"] < 1e-6  # the batch round trip ([0, 1] frames, padded camera) loses nothing
+    [check] = a["checks"]
+    assert check["passed"] and check["images_valid"] == list(get_workload("tiny").image_valid)
+    assert set(a["first_call_s"]) == {"lerobot_predict", "vlaperf_in_lerobot_predict"}
+    # LeRobot's core ran 3 times for `lerobot` and 3 for `lerobot_predict` (a first call, then 2 rounds), once for
+    # the shipped predict's output and once for the accelerator's check: never in an accelerated call
+    assert run.policy.model.calls - before == 8
+    assert "sample_actions" not in vars(run.policy.model)  # LeRobot's own call again after the timing
+
+
+def test_time_lerobot_accelerated_needs_an_engine(compare_stand_in):
+    run = lr.compare_lerobot("tiny", device="cpu", steps=1, reduced=True, levers=None)
+    with pytest.raises(ValueError, match="no vlaperf engine to accelerate"):
+        lr.time_lerobot(run, warmup=1, iters=1, lerobot_compile=None, progress=False, accelerated=True)
+
+
+def test_predict_batch_refuses_cameras_lerobot_cannot_place():
+    obs = random_observation(get_workload("tiny"), get_config("tiny"))
+    batch = lr.predict_batch(obs)
+    valid = get_workload("tiny").image_valid
+    assert [k for k in batch if k.startswith("observation.images.")] == \
+        [f"observation.images.{IMAGE_SLOTS[s]}" for s in range(sum(valid))]
+    assert torch.equal(batch["observation.images.base_0_rgb"] * 2 - 1, obs.images[:, 0])
+    obs.image_mask[:] = torch.tensor([True, False, True])
+    with pytest.raises(ValueError, match=r"obs.image_mask: .* has an empty slot before a present one"):
+        lr.predict_batch(obs)
+
+
+def _cli(argv) -> int:
+    from vlaperf.cli import main
+
+    try:
+        return main(argv)
+    except SystemExit as e:
+        return e.code
+
+
+@pytest.mark.parametrize("extra", [["--no-timing"], ["--levers", "reference"]])
+def test_cli_accelerate_needs_timing_and_an_engine(extra, capsys):
+    assert _cli(["compare", "--device", "cpu", "--accelerate", *extra]) == 2
+    assert "--accelerate times LeRobot's policy with vlaperf's engine installed" in capsys.readouterr().err
+
+
+def test_cli_accelerate_exits_1_when_the_accelerators_check_refuses(compare_stand_in, monkeypatch, capsys):
+    def refuse(run, **kw):
+        raise acc.NotEquivalent("vlaperf's exact is not equivalent to LeRobot's sample_actions for this input shape")
+
+    monkeypatch.setattr(lr, "time_lerobot", refuse)
+    argv = ["compare", "--workload", "tiny", "--device", "cpu", "--accelerate", "--levers", "exact", "--no-progress"]
+    assert _cli(argv) == 1
+    assert "vlaperf compare: --accelerate: vlaperf's exact is not equivalent" in capsys.readouterr().err
+
+
+def test_cli_accelerate_prints_and_writes_the_accelerated_rows(compare_stand_in, tmp_path, capsys):
+    out = tmp_path / "c.json"
+    argv = ["compare", "--workload", "tiny", "--device", "cpu", "--accelerate", "--levers", "exact", "--warmup", "1",
+            "--iters", "2", "--lerobot-compile", "none", "--no-progress", "--json", str(out)]
+    assert _cli(argv) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "│ vlaperf_in_lerobot_predict │" in text and "LeRobot's predict_action_chunk with vlaperf (" in text, text
+    import json
+
+    r = json.loads(out.read_text())
+    assert r["timing"]["accelerated"]["vs_lerobot_predict"]["passed"]
+    assert set(r["timing"]["summary"]) >= {"lerobot_predict", "vlaperf_in_lerobot_predict"}
+
+
+@needs_lerobot
+@pytest.mark.slow
+def test_cli_compare_accelerate_with_lerobot(tmp_path):
+    import json
+
+    out = tmp_path / "c.json"
+    argv = ["compare", "--workload", "tiny", "--device", "cpu", "--accelerate", "--warmup", "1", "--iters", "2",
+            "--lerobot-compile", "none", "--no-progress", "--json", str(out)]
+    assert _cli(argv) == 0
+    acc_ = json.loads(out.read_text())["timing"]["accelerated"]
+    assert acc_["vs_lerobot_predict"]["passed"] and acc_["vs_lerobot_predict"]["rel_l2"] < 1e-4
+    assert acc_["vs_lerobot_core"]["rel_l2"] < 1e-5  # LeRobot's pre-processing of predict_batch's frames gives the core's inputs
+    assert [c["passed"] for c in acc_["checks"]] == [True]

@@ -1266,6 +1266,19 @@ def test_compare_tables_and_bars_name_each_side(tiny_results, tmp_path, figures)
     assert [p.get_facecolor() for p in ax.patches] == [to_rgba("#1f77b4"), to_rgba("#1f77b4"), to_rgba("#7f7f7f")]
 
 
+def test_compare_with_lerobots_policy_accelerated_says_what_each_row_is(tiny_results, tmp_path):
+    r = _compare(tiny_results, True)
+    r["timing"]["summary"]["vlaperf_in_lerobot_predict"] = {"wall_ms_median": 11.0, "speedup_vs_lerobot_wall": 2.7}
+    check = {"rel_l2": 2e-6, "passed": True}
+    r["timing"]["accelerated"] = {"levers": "for_loop+sdpa", "checks": [check], "first_call_s": {
+        "lerobot_predict": 0.5, "vlaperf_in_lerobot_predict": 1.25}, "vs_lerobot_predict": {"rel_l2": 3e-6, "passed": True}}
+    md = render([_write(tmp_path / "cmp.json", r)], tmp_path / "r.md").read_text()
+    assert _md_rows(md, "vlaperf_in_lerobot_predict")[0] == ["vlaperf_in_lerobot_predict", "11.000", "-", "2.700", "-"]
+    assert ("vlaperf_in_lerobot_predict: the same call with vlaperf (for_loop+sdpa) installed in the policy by "
+            "accelerate_lerobot, rel L2 3.00e-06 from LeRobot's own (passed); its check against LeRobot on the first "
+            "call: rel L2 2.00e-06 (passed); first call 1.25 s, the check included.") in md
+
+
 def test_bench_table_rows_are_the_files_summaries(tiny_results, tmp_path):
     """A bench row: file, variant [mode], timer, then the timer's summary in the header's order and the file's first
     call; a file without raw samples keeps its row and draws no figure; groups by workload and device."""

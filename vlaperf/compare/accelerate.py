@@ -122,8 +122,16 @@ class LeRobotAccelerator:
     def levers(self) -> str:
         return self.engine.name
 
+    def install(self) -> None:
+        """Sample with vlaperf again after `restore()` (accelerate_lerobot installs it the first time)."""
+        core = self.policy.model
+        current = core.__dict__.get("sample_actions")
+        if current is not None and current != self.sample_actions:
+            raise ValueError("policy: already accelerated by another accelerator; call restore() on that one first")
+        core.sample_actions = self.sample_actions  # an instance attribute: it shadows the class's method
+
     def restore(self) -> None:
-        """LeRobot's own `sample_actions` again (the engine and its model are dropped with this object)."""
+        """LeRobot's own `sample_actions` again; `install()` puts vlaperf's back."""
         core = self.policy.model
         if core.__dict__.get("sample_actions") == self.sample_actions:
             del core.sample_actions
@@ -202,10 +210,14 @@ def _observation(images: list[Tensor], img_masks: list[Tensor], tokens: Tensor, 
                        host_image_valid=tuple(bool(v) for v in flags[:S]), host_prompt_len=int(flags[S:-1].sum()))
 
 
-def accelerate_lerobot(policy, levers: str = "best", check: bool = True) -> LeRobotAccelerator:
+def accelerate_lerobot(policy, levers: str = "best", check: bool = True, engine=None) -> LeRobotAccelerator:
     """Make LeRobot's `policy` (a built PI0Policy / PI05Policy, in eval mode, on its device) sample its actions
     with vlaperf's engine of `levers` ("best": the fastest variant for the device). Returns the accelerator:
-    its `checks`, `engine`, `model`, and `restore()`. See the module doc."""
+    its `checks`, `engine`, `model`, `restore()` and `install()`. See the module doc.
+
+    `engine`: an Engine already built over a vlaperf model that holds this policy's weights (as `vlaperf
+    compare` has one), used instead of building a second copy; `levers` is then ignored. The checks against
+    LeRobot still run, so an engine of other weights is caught on its first call."""
     from vlaperf.engine import Engine
 
     core = getattr(policy, "model", None)
@@ -218,11 +230,11 @@ def accelerate_lerobot(policy, levers: str = "best", check: bool = True) -> LeRo
     if rtc is not None and getattr(rtc, "enabled", False):
         raise ValueError("policy.config.rtc_config: real-time chunking is enabled, and vlaperf's engine does not "
                          "implement its guidance")
-    cfg = lerobot_model_config(policy)
-    model = vlaperf_from_lerobot(policy, cfg, policy_dtype(policy))
-    engine = Engine(model, levers)
-    fast = LeRobotAccelerator(policy, model, engine, check, _original=core.sample_actions)
-    core.sample_actions = fast.sample_actions  # an instance attribute: it shadows the class's method
+    if engine is None:
+        cfg = lerobot_model_config(policy)
+        engine = Engine(vlaperf_from_lerobot(policy, cfg, policy_dtype(policy)), levers)
+    fast = LeRobotAccelerator(policy, engine.model, engine, check, _original=core.sample_actions)
+    fast.install()
     return fast
 
 

@@ -48,6 +48,9 @@ def register(subparsers) -> None:
                    help="also time LeRobot compiled as its compile_model=True does, with this compile_mode (default: "
                         "LeRobot's own default, max-autotune); 'none' to skip")
     p.add_argument("--no-timing", action="store_true", help="equivalence only")
+    p.add_argument("--accelerate", action="store_true",
+                   help="also time LeRobot's own predict_action_chunk (its image pre-processing included), as shipped "
+                        "and with vlaperf's --levers engine installed in the policy by accelerate_lerobot")
     p.add_argument("--warmup", type=positive_int, default=10, help="untimed calls of each timed path first (default: 10)")
     p.add_argument("--iters", type=positive_int, default=50,
                    help="interleaved rounds, one timed call of each path a round (default: 50)")
@@ -98,10 +101,14 @@ def cmd_convert(args) -> int:
 
 def cmd_compare(args) -> int:
     from vlaperf.checkpoints import CheckpointError, check_readable
+    from vlaperf.compare.accelerate import NotEquivalent
     from vlaperf.compare.lerobot import LeRobotUnavailable, compare_lerobot, import_lerobot, time_lerobot
     from vlaperf.models.pi0 import default_dtype
     from vlaperf.workloads import get_workload
 
+    if args.accelerate and (args.no_timing or args.levers in ("reference", "none", "")):
+        raise CliError("--accelerate times LeRobot's policy with vlaperf's engine installed: it needs the timing (not "
+                       "--no-timing) and an engine (--levers other than reference)")
     device = setup_device(args)
     workload_id = args.workload or ("libero-pi0" if device.type == "cuda" else "tiny")
     base = get_workload(workload_id)
@@ -133,11 +140,24 @@ def cmd_compare(args) -> int:
     timing = None
     if run.result["passed"] and not args.no_timing:
         mode = None if args.lerobot_compile == "none" else args.lerobot_compile
-        timing = time_lerobot(run, warmup=args.warmup, iters=args.iters, lerobot_compile=mode, progress=not args.no_progress)
+        try:
+            timing = time_lerobot(run, warmup=args.warmup, iters=args.iters, lerobot_compile=mode,
+                                  progress=not args.no_progress, accelerated=args.accelerate)
+        except NotEquivalent as e:  # the accelerator's own check refused to answer
+            print(f"vlaperf compare: --accelerate: {e}", file=sys.stderr)
+            return 1
+        except ValueError as e:  # a workload whose empty cameras LeRobot's predict_action_chunk cannot place
+            raise CliError(f"--accelerate: {e}") from None
     print_compare(compared, timing, workload.id)
     if args.json:
         _write_json(args.json, base, workload, run, compared, timing, device)
         print(f"wrote {args.json}")
+    accelerated = (timing or {}).get("accelerated")
+    if accelerated and not accelerated["vs_lerobot_predict"]["passed"]:
+        m = accelerated["vs_lerobot_predict"]
+        print(f"vlaperf compare: --accelerate: LeRobot's predict_action_chunk with vlaperf installed is not equivalent "
+              f"to LeRobot's own: rel_l2 {m['rel_l2']:.3g} > {m['tolerance']:.3g}", file=sys.stderr)
+        return 1
     if not run.result["passed"]:
         worst = max(compared["equivalence"].items(), key=lambda kv: kv[1]["rel_l2"] if kv[1]["rel_l2"] == kv[1]["rel_l2"] else float("inf"))
         print(f"vlaperf compare: vlaperf ({worst[0]}) is not equivalent to LeRobot: rel_l2 {worst[1]['rel_l2']:.3g} > "
@@ -185,6 +205,14 @@ def print_compare(compared: dict, timing: dict | None, workload_id: str) -> None
                   f"{s['speedup_vs_lerobot_wall']:.2f}x" + ("" if s["significant"] or name == "lerobot" else " (n.s.)"),
                   f"{sp_ev:.2f}x" if sp_ev is not None else "-", f"{s['first_call_s']:.2f}")
     console.print(t)
+    acc = timing.get("accelerated")
+    if acc:
+        m, core = acc["vs_lerobot_predict"], acc["vs_lerobot_core"]
+        checks = "; ".join(f"rel L2 {c['rel_l2']:.3g} ({'passed' if c['passed'] else 'FAILED'})" for c in acc["checks"])
+        console.print(f"LeRobot's predict_action_chunk with vlaperf ({acc['levers']}) installed: rel L2 {m['rel_l2']:.3g} "
+                      f"from LeRobot's own (tolerance {m['tolerance']:.0e}); its check against LeRobot: {checks}; first "
+                      f"call {acc['first_call_s']['vlaperf_in_lerobot_predict']:.2f} s, check included. LeRobot's "
+                      f"predict against its core on the same observation: rel L2 {core['rel_l2']:.3g}")
     lc = timing["lerobot_compile"]
     if lc.get("compile_error"):
         console.print(f"LeRobot compiled ({lc['mode']}) left out: {lc['compile_error']}")

@@ -60,7 +60,7 @@ from torch import Tensor
 from vlaperf.checkpoints import (EMBED, LEROBOT_PREFIX, LM_HEAD, CheckpointError, load_read_tensors, load_state,
                                  read_model_tensors)
 from vlaperf.compare import action_metrics, comparison_engine, comparison_steps, compare_vlaperf
-from vlaperf.inputs import Observation, random_noise, random_observation
+from vlaperf.inputs import IMAGE_SLOTS, Observation, random_noise, random_observation
 from vlaperf.models.pi0 import (
     GEMMA_2B,
     GEMMA_300M,
@@ -337,6 +337,39 @@ def run_lerobot(policy, obs: Observation, noise: Tensor, num_steps: int, sample=
     return fn(*lerobot_inputs(obs, _is_pi05(policy)), noise=noise.clone(), num_steps=num_steps)
 
 
+def predict_batch(obs: Observation) -> dict[str, Tensor]:
+    """`obs` as the batch LeRobot's `predict_action_chunk` takes after its processors: each camera slot that holds
+    an image as a [0, 1] frame under `observation.images.<slot>`, the padded state, the prompt's tokens and mask.
+
+    A slot masked in every sample is left out, as a robot without that camera sends none, and LeRobot pads it
+    back as a masked image. LeRobot puts those after the present cameras and marks every present camera valid in
+    every sample, so the empty slots must be the last ones and each slot's mask the same across the batch."""
+    mask = obs.image_mask.cpu()
+    valid = mask.any(0).tolist()
+    present = sum(valid)
+    if valid != [True] * present + [False] * (len(valid) - present) or not (mask == mask[:1]).all():
+        raise ValueError(f"obs.image_mask: LeRobot's predict_action_chunk pads absent cameras after the present ones and "
+                         f"marks each present camera valid in every sample; this mask ({mask.int().tolist()}) has an "
+                         "empty slot before a present one, or differs between samples")
+    batch = {f"observation.images.{IMAGE_SLOTS[s]}": (obs.images[:, s].float() + 1) / 2 for s in range(present)}
+    batch.update({"observation.state": obs.state.float(), "observation.language.tokens": obs.tokens,
+                  "observation.language.attention_mask": obs.token_mask})
+    return batch
+
+
+def set_predict_features(policy, obs: Observation) -> None:
+    """The input and output features `predict_action_chunk` reads, for the batch `predict_batch(obs)` builds (a
+    policy built from a bare config, as `build_lerobot` builds it, has none): the three camera slots, the padded
+    state, and every padded action dimension as the output."""
+    from lerobot.configs.types import FeatureType, PolicyFeature
+
+    R = obs.images.shape[-1]
+    features = {f"observation.images.{slot}": PolicyFeature(FeatureType.VISUAL, (3, R, R)) for slot in IMAGE_SLOTS[:obs.images.shape[1]]}
+    features["observation.state"] = PolicyFeature(FeatureType.STATE, (obs.state.shape[1],))
+    policy.config.input_features = features
+    policy.config.output_features = {"action": PolicyFeature(FeatureType.ACTION, (policy.config.max_action_dim,))}
+
+
 def _is_pi05(policy) -> bool:
     return not hasattr(policy.model, "state_proj")
 
@@ -436,11 +469,16 @@ def compare_lerobot(workload: str | Workload = "libero-pi0", device: torch.devic
 
 
 def time_lerobot(run: LeRobotRun, warmup: int = 10, iters: int = 50, lerobot_compile: str | None = "max-autotune",
-                 progress: bool = True) -> dict:
+                 progress: bool = True, accelerated: bool = False) -> dict:
     """Latency of LeRobot as shipped (eager; and compiled the way its `compile_model=True`
     does, with `lerobot_compile` as its compile_mode, None to skip) against vlaperf's
     reference and its engine, interleaved in one process (vlaperf.timing.interleaved), same
     inputs. Ratios are speedups over LeRobot eager (>1 = faster than LeRobot).
+
+    `accelerated`: also LeRobot's own `predict_action_chunk` (its image pre-processing included) on the same
+    observation, as shipped ("lerobot_predict") and with `accelerate_lerobot` installed around the run's engine
+    ("vlaperf_in_lerobot_predict"); the accelerator's checks and the two outputs' distance are in
+    result["accelerated"].
 
     A LeRobot compile that fails is reported (compile_error) and that variant left out.
     LeRobot's compile_model also sets torch.set_float32_matmul_precision("high"); it is set
@@ -467,6 +505,8 @@ def time_lerobot(run: LeRobotRun, warmup: int = 10, iters: int = 50, lerobot_com
         fns["vlaperf_reference"] = lambda: run.model.sample_actions(run.obs, run.noise, run.steps)
         if run.engine is not None:
             fns["vlaperf_" + run.levers] = lambda: run.engine.sample_actions(run.obs, run.noise, run.steps)
+        if accelerated:
+            accelerated_info = _predict_variants(run, fns)
         timing = interleaved(fns, device=run.device, warmup=warmup, iters=iters, baseline="lerobot", progress=progress)
     finally:
         torch.set_float32_matmul_precision(previous_precision)
@@ -481,9 +521,47 @@ def time_lerobot(run: LeRobotRun, warmup: int = 10, iters: int = 50, lerobot_com
             "significant": r["wall_ms"]["significant"],
             "first_call_s": v["first_call_s"],
         }
-    return {"summary": summary, "lerobot_compile": compiled_info, "interleaved": timing}
+    out = {"summary": summary, "lerobot_compile": compiled_info, "interleaved": timing}
+    if accelerated:
+        out["accelerated"] = accelerated_info
+    return out
+
+
+def _predict_variants(run: LeRobotRun, fns: dict) -> dict:
+    """Add LeRobot's `predict_action_chunk` as shipped and accelerated to `fns`; their first calls and distance."""
+    from vlaperf.compare.accelerate import accelerate_lerobot
+
+    if run.engine is None:
+        raise ValueError("accelerated: the comparison has no vlaperf engine to accelerate LeRobot's policy with "
+                         "(levers 'reference'); give it levers")
+    set_predict_features(run.policy, run.obs)
+    batch = predict_batch(run.obs)
+    fast = accelerate_lerobot(run.policy, engine=run.engine)
+    fast.restore()  # vlaperf's call is installed only inside its own timed calls: the others call LeRobot's
+
+    def shipped():
+        return run.policy.predict_action_chunk(batch, noise=run.noise.clone(), num_steps=run.steps)
+
+    def accelerated():
+        fast.install()
+        try:
+            return run.policy.predict_action_chunk(batch, noise=run.noise.clone(), num_steps=run.steps)
+        finally:
+            fast.restore()
+
+    firsts, outs = {}, {}
+    for name, fn in (("lerobot_predict", shipped), ("vlaperf_in_lerobot_predict", accelerated)):
+        t0 = time.perf_counter()
+        outs[name] = fn()
+        if run.device.type == "cuda":
+            torch.cuda.synchronize(run.device)
+        firsts[name] = time.perf_counter() - t0
+        fns[name] = fn
+    return {"levers": fast.levers, "checks": fast.checks, "first_call_s": firsts,
+            "vs_lerobot_predict": action_metrics(outs["vlaperf_in_lerobot_predict"], outs["lerobot_predict"], run.dtype),
+            "vs_lerobot_core": action_metrics(outs["lerobot_predict"], run.result["actions"]["lerobot"], run.dtype)}
 
 
 __all__ = ["LEROBOT_MISSING", "LeRobotUnavailable", "Reduced", "LeRobotRun", "import_lerobot", "lerobot_available",
            "matching_config", "build_lerobot", "randomize_lerobot_", "vlaperf_from_lerobot", "load_into_lerobot_",
-           "compare_lerobot", "time_lerobot", "run_lerobot"]
+           "compare_lerobot", "time_lerobot", "run_lerobot", "predict_batch", "set_predict_features"]

@@ -938,6 +938,15 @@ def _compare(doc: _Doc, path: str, r: dict) -> None:
     doc.table(["implementation", "wall median ms", "event median ms", "speedup vs peer", "first call s"],
               [[name, s["wall_ms_median"], s.get("cuda_event_ms_median"), s.get("speedup_vs_lerobot_wall"), s.get("first_call_s")]
                for name, s in summary.items()])
+    acc = t.get("accelerated")
+    if acc:
+        m, checks = acc["vs_lerobot_predict"], acc["checks"]
+        doc.p(f"lerobot_predict: LeRobot's own predict_action_chunk (its image pre-processing included); "
+              f"vlaperf_in_lerobot_predict: the same call with vlaperf ({acc['levers']}) installed in the policy by "
+              f"accelerate_lerobot, rel L2 {m['rel_l2']:.2e} from LeRobot's own ({'passed' if m['passed'] else 'FAILED'}); "
+              f"its check against LeRobot on the first call: "
+              + ", ".join(f"rel L2 {c['rel_l2']:.2e} ({'passed' if c['passed'] else 'FAILED'})" for c in checks)
+              + f"; first call {acc['first_call_s']['vlaperf_in_lerobot_predict']:.2f} s, the check included.", "note")
     fig, axes = _figure(6.0, 0.9 + 0.45 * len(summary))
     ax = axes[0][0]
     names = list(summary)[::-1]
