@@ -229,3 +229,51 @@ def test_a_failing_variant_fails_the_comparison(monkeypatch):
     eq = out["equivalence"]
     assert eq["reference"]["passed"] and not eq["off"]["passed"] and not out["passed"]
     assert torch.equal(out["actions"]["vlaperf_off"], torch.ones(1, 10, 8))
+
+
+# ------------------------------------------------ with openpi's own PyTorch model (where it imports)
+
+
+def _openpi_pytorch():
+    """openpi's PI0Pytorch and its gemma module where openpi imports (its src/ on the path, transformers 4.53.2 with
+    openpi's transformers_replace files copied in), else None."""
+    try:
+        import openpi.models.gemma as gemma
+        from openpi.models_pytorch.pi0_pytorch import PI0Pytorch
+    except Exception:  # noqa: BLE001 - not importable here, whatever the reason
+        return None
+    return PI0Pytorch, gemma
+
+
+needs_openpi = pytest.mark.skipif(_openpi_pytorch() is None, reason="openpi's PyTorch model is not importable here "
+                                  "(openpi's src/ on PYTHONPATH, transformers 4.53.2 with its transformers_replace files)")
+
+
+@needs_openpi
+@pytest.mark.slow
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+@pytest.mark.parametrize("pi05", [False, True], ids=["pi0", "pi05"])
+def test_openpis_own_pytorch_model_at_a_reduced_size(pi05, dtype, monkeypatch):
+    """openpi's PI0Pytorch, built by openpi with transformers' random init, against vlaperf on its weights: openpi's
+    Gemma sizes shrunk (its get_config patched; the projector's 2048 output and SigLIP So400m are hard-coded, so the
+    backbone keeps width 2048 and the tower its full size), everything else openpi's own."""
+    from vlaperf.compare.lerobot import Reduced, matching_config
+    from vlaperf.models.pi0 import VisionConfig
+
+    PI0Pytorch, gemma = _openpi_pytorch()
+    wl = get_workload("libero-pi05" if pi05 else "libero-pi0")
+    cfg = dataclasses.replace(matching_config(wl, Reduced()), name="openpi-reduced", vision=VisionConfig())
+
+    def size(g):
+        return SimpleNamespace(width=g.width, depth=g.depth, mlp_dim=g.mlp_dim, num_heads=g.num_heads,
+                               num_kv_heads=g.num_kv_heads, head_dim=g.head_dim)
+
+    monkeypatch.setattr(gemma, "get_config", {"gemma_2b": size(cfg.backbone), "gemma_300m": size(cfg.expert)}.get)
+    torch.manual_seed(0)
+    theirs = PI0Pytorch(SimpleNamespace(pi05=pi05, paligemma_variant="gemma_2b", action_expert_variant="gemma_300m",
+                                        dtype=dtype, action_dim=cfg.action_dim, action_horizon=cfg.action_horizon,
+                                        max_token_len=cfg.max_token_len, pytorch_compile_mode=None)).eval()
+    out = compare_openpi(theirs, wl, config=cfg, steps=3, levers="best")
+    assert out["passed"], out["equivalence"]
+    if dtype == "float32":
+        assert max(m["rel_l2"] for m in out["equivalence"].values()) < 1e-5

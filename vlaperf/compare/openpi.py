@@ -28,8 +28,8 @@ What happens:
 openpi's constructor wraps sample_actions in torch.compile (pytorch_compile_mode, default
 "max-autotune") unless that is None, so the first call may take minutes.
 
-Verified here only against a stand-in object (tests/test_compare_openpi.py); a run against
-a real openpi install has not been made: see docs/compare.md.
+Tested against a stand-in object, and against openpi's own PI0Pytorch at a reduced size on
+the CPU where openpi imports (tests/test_compare_openpi.py; docs/compare.md has the run).
 """
 
 from __future__ import annotations

@@ -1,0 +1,53 @@
+#!/bin/bash
+# Session 45's device plan on nvidia-h200 (one GPU; lanes.sh, lane A only). Session 45 was lent no machine either:
+# parts a-d are session 44's plan unchanged (its predictions in benchmarks/h200_session44.sh); part e is new.
+#   PART=a   graph_context_probe (graph's 29.0 ms) and bench --mode policy --levers best --processes 4.
+#   PART=d   breakdown --mode policy --levers best --processes 4.
+#   PART=b   gpu_suite s45: the whole suite on the GPU.
+#   PART=c   (carry .whl_lerobot) tests/test_compare_lerobot.py and tests/test_compare_accelerate.py in full with the
+#            real LeRobot 0.6.1, 540 s. Prediction: all pass, accelerate_lerobot's slow tests among them.
+#   PART=e   (carry .whl_lerobot) vlaperf compare --accelerate for libero-pi0 and libero-pi05 (bfloat16, full size,
+#            random weights, LeRobot's compile left out: 338 s here): LeRobot's own predict_action_chunk as shipped
+#            and with accelerate_lerobot installed, interleaved with the core-level rows. Predictions: lerobot_predict
+#            within 1-3% of lerobot (its pre-processing of 224 x 224 frames is a few elementwise kernels against a
+#            ~260 ms call); vlaperf_in_lerobot_predict 0.2-1.5 ms above vlaperf_best (the masks' one read, the stack
+#            of the camera list, LeRobot's [0, 1] -> [-1, 1] mapping launched from Python), so ~17-19x over
+#            lerobot_predict for pi0 at today's best (12.9-14 ms) and ~20-24x for pi0.5; its check rel L2 within
+#            10% of the core-level `best` row's (the same engine on the same inputs: 9.7e-3 pi0, 4.1e-3 pi0.5 in the
+#            last files); vs_lerobot_core 0 or ~1e-7 (the frames' round trip).
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session45.sh, carry [".whl"] (c, e:
+# [".whl", ".whl_lerobot"])
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, gpu_suite
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+export PYTHONPATH=/tmp/site:$PWD
+case "${PART:-a}" in
+a)
+  lane A 0 40 <<EOT &
+300 python3 benchmarks/graph_context_probe.py --workload libero-pi0 --json $R/graph_context_probe_libero-pi0-s45.json
+280 $V bench --workload libero-pi0 --mode policy --levers best --processes 4 $B --json $R/bench_libero-pi0_best-s45-4proc_policy.json
+EOT
+  ;;
+d)
+  lane A 0 60 <<EOT &
+400 $V breakdown --workload libero-pi0 --levers best --mode policy --iters 50 --no-progress --processes 4 --json $R/breakdown_libero-pi0_best_policy-s45-4proc.json
+EOT
+  ;;
+b)
+  gpu_suite s45 &
+  ;;
+c)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/lrsite .whl_lerobot/*.whl
+  lane A 0 40 <<EOT &
+540 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 -m pytest -p no:cacheprovider -q -rs --tb=short --durations 8 tests/test_compare_lerobot.py tests/test_compare_accelerate.py 2>&1 | tee $R/pytest_gpu_s45c_lerobot.log | tail -30
+EOT
+  ;;
+e)
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/lrsite .whl_lerobot/*.whl
+  lane A 0 40 <<EOT &
+280 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH $V compare --workload libero-pi0 --accelerate --lerobot-compile none --iters 30 --no-progress --json $R/compare_libero-pi0_lerobot_accelerated.json
+280 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH $V compare --workload libero-pi05 --accelerate --lerobot-compile none --iters 30 --no-progress --json $R/compare_libero-pi05_lerobot_accelerated.json
+EOT
+  ;;
+esac
+finish
