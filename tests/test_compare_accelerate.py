@@ -172,6 +172,8 @@ def test_restore_gives_the_call_back_to_lerobot_and_accelerating_twice_is_refuse
     other_fast = acc.accelerate_lerobot(other, levers="exact")
     fast.restore()  # an old accelerator's restore does not undo the policy's new one
     assert vars(policy.model)["sample_actions"] == again.sample_actions
+    with pytest.raises(ValueError, match="already accelerated; call restore"):
+        fast.install()  # nor does its install replace it
     other_fast.restore()
 
 
@@ -395,3 +397,170 @@ def test_cli_compare_accelerate_with_lerobot(tmp_path):
     assert acc_["vs_lerobot_predict"]["passed"] and acc_["vs_lerobot_predict"]["rel_l2"] < 1e-4
     assert acc_["vs_lerobot_core"]["rel_l2"] < 1e-5  # LeRobot's pre-processing of predict_batch's frames gives the core's inputs
     assert [c["passed"] for c in acc_["checks"]] == [True]
+
+
+def test_a_compiled_sampling_call_is_put_back_and_the_checks_run_eagerly():
+    """LeRobot's compile_model sets `model.sample_actions` to a compiled function on the instance: the accelerator
+    restores that one, and checks against the class's eager method, never waiting on a compile."""
+    policy = _Policy()
+    compiled_calls = []
+
+    def compiled(*args, **kwargs):
+        compiled_calls.append(1)
+        return type(policy.model).sample_actions(policy.model, *args, **kwargs)
+
+    policy.model.sample_actions = compiled
+    fast = acc.accelerate_lerobot(policy, levers="exact")
+    policy.predict_action_chunk(_inputs())
+    assert compiled_calls == [] and policy.model.calls == 1 and fast.checks[0]["passed"]
+    fast.restore()
+    assert vars(policy.model)["sample_actions"] is compiled
+    policy.predict_action_chunk(_inputs())
+    assert compiled_calls == [1]
+    fast.install()
+    fast.install()  # installing twice is one install: restore still finds the compiled call under it
+    fast.restore()
+    assert vars(policy.model)["sample_actions"] is compiled
+
+
+# ------------------------------------------------------------ openpi
+
+
+class _OpenpiModel(_Core):
+    """openpi's PI0Pytorch at the tiny size: its config fields (vlaperf's Pi0Config has them all), its
+    `_preprocess_observation` and `sample_actions(device, observation, noise=, num_steps=)`."""
+
+    def _preprocess_observation(self, observation, *, train=True):
+        assert not train
+        return (list(observation.images.values()), list(observation.image_masks.values()), observation.tokenized_prompt,
+                observation.tokenized_prompt_mask, observation.state)
+
+    def sample_actions(self, device, observation, noise=None, num_steps=10):
+        images, masks, tokens, token_mask, state = self._preprocess_observation(observation, train=False)
+        return _Core.sample_actions(self, images, masks, tokens, token_mask, *(() if self.config.pi05 else (state,)),
+                                    noise=noise, num_steps=num_steps)
+
+
+class _OpenpiPolicy:
+    """openpi's Policy around a PyTorch model: `_sample_actions` bound at construction, as openpi binds it."""
+
+    def __init__(self, model, pytorch=True):
+        self._model, self._is_pytorch_model = model, pytorch
+        self._sample_actions = model.sample_actions
+
+    def infer(self, observation, noise=None):
+        return self._sample_actions("cpu", observation, **({} if noise is None else {"noise": noise}))
+
+
+def _openpi(pi05=False, offset=0.0):
+    model = _OpenpiModel(get_config("tiny", pi05=pi05), offset)
+    init_random_(model, 0)
+    return model.eval()
+
+
+def _openpi_observation(valid=None):
+    from vlaperf.compare import to_openpi_observation
+
+    obs = random_observation(get_workload("tiny"), get_config("tiny"))
+    if valid is not None:
+        obs.image_mask[:] = torch.tensor(valid)
+    return to_openpi_observation(obs)
+
+
+@pytest.mark.parametrize("pi05", [False, True], ids=["pi0", "pi05"])
+def test_openpi_policy_accelerated_through_its_bound_sampling_call(pi05):
+    model = _openpi(pi05)
+    policy = _OpenpiPolicy(model)
+    noise = torch.randn(1, model.config.action_horizon, model.config.action_dim)
+    theirs = policy.infer(_openpi_observation(), noise=noise)
+    fast = acc.accelerate_openpi(policy, levers="exact")
+    assert (fast.target, fast.attribute, fast.peer) == (policy, "_sample_actions", "openpi")
+    ours = policy.infer(_openpi_observation(), noise=noise)
+    assert ((ours - theirs).norm() / theirs.norm()).item() < 1e-5
+    assert [c["passed"] for c in fast.checks] == [True] and model.calls == 2  # theirs, then the check's call
+    torch.manual_seed(3)
+    drawn = policy.infer(_openpi_observation())  # no noise: openpi's own sample_noise, once, in the accelerator
+    assert model.noise_draws == 1 and model.calls == 2
+    torch.manual_seed(3)
+    fast.restore()
+    assert policy._sample_actions.__func__ is _OpenpiModel.sample_actions  # the bound call openpi's Policy held
+    assert ((policy.infer(_openpi_observation()) - drawn).norm() / drawn.norm()).item() < 1e-5
+    fast.install()
+    with pytest.raises(ValueError, match="policy_or_model: already accelerated"):
+        acc.accelerate_openpi(policy, levers="exact")
+
+
+def test_openpi_model_accelerated_alone_and_a_failing_check_refuses():
+    model = _openpi(offset=1.0)
+    fast = acc.accelerate_openpi(model, levers="exact")
+    assert (fast.target, fast.attribute) == (model, "sample_actions")
+    with pytest.raises(acc.NotEquivalent, match="not equivalent to openpi's sample_actions for this input shape"):
+        model.sample_actions("cpu", _openpi_observation())
+    fast.restore()
+    assert "sample_actions" not in vars(model)
+
+
+def test_openpi_jax_policy_and_other_objects_are_refused():
+    with pytest.raises(TypeError, match="an openpi Policy around a JAX model"):
+        acc.accelerate_openpi(_OpenpiPolicy(_openpi(), pytorch=False), levers="exact")
+    with pytest.raises(TypeError, match="expected openpi's Policy or its PI0Pytorch, got Linear"):
+        acc.accelerate_openpi(torch.nn.Linear(2, 2))
+
+
+def _openpi_importable() -> bool:
+    import importlib
+
+    try:
+        for name in ("openpi.models.gemma", "openpi.models_pytorch.pi0_pytorch", "openpi.policies.policy"):
+            importlib.import_module(name)
+    except Exception:  # noqa: BLE001 - not importable here, whatever the reason
+        return False
+    return True
+
+
+@pytest.mark.skipif(not _openpi_importable(), reason="openpi's PyTorch model is not importable here (openpi's src/ on "
+                    "PYTHONPATH, transformers 4.53.2 with its transformers_replace files)")
+@pytest.mark.slow
+def test_openpis_own_policy_accelerated(monkeypatch):
+    """openpi's own Policy (no transforms) around its own PI0Pytorch at a reduced size (as in test_compare_openpi):
+    `infer` on a raw observation dict, before and after accelerate_openpi, and after restore."""
+    import dataclasses
+
+    import numpy as np
+    import openpi.models.gemma as gemma
+    from openpi.models_pytorch.pi0_pytorch import PI0Pytorch
+    from openpi.policies.policy import Policy
+
+    from vlaperf.models.pi0 import VisionConfig
+
+    cfg = dataclasses.replace(lr.matching_config(get_workload("libero-pi0"), lr.Reduced()), vision=VisionConfig())
+    sizes = {name: SimpleNamespace(width=g.width, depth=g.depth, mlp_dim=g.mlp_dim, num_heads=g.num_heads,
+                                   num_kv_heads=g.num_kv_heads, head_dim=g.head_dim)
+             for name, g in (("gemma_2b", cfg.backbone), ("gemma_300m", cfg.expert))}
+    monkeypatch.setattr(gemma, "get_config", sizes.get)
+    torch.manual_seed(0)
+    model = PI0Pytorch(SimpleNamespace(pi05=False, paligemma_variant="gemma_2b", action_expert_variant="gemma_300m",
+                                       dtype="float32", action_dim=32, action_horizon=50, max_token_len=48,
+                                       pytorch_compile_mode=None))
+    policy = Policy(model, is_pytorch=True, pytorch_device="cpu")
+    rng = np.random.default_rng(0)
+    tokens = np.zeros(48, np.int64)
+    tokens[:12] = rng.integers(1, 1000, 12)
+    cameras = ("base_0_rgb", "left_wrist_0_rgb", "right_wrist_0_rgb")
+
+    def observation():  # openpi's Policy.infer input after its transforms: one sample, no batch axis
+        return {"image": {k: rng.integers(0, 256, (224, 224, 3), dtype=np.uint8) for k in cameras},
+                "image_mask": {k: np.bool_(k != "right_wrist_0_rgb") for k in cameras},
+                "state": rng.standard_normal(32).astype(np.float32), "tokenized_prompt": tokens,
+                "tokenized_prompt_mask": tokens > 0}
+
+    obs, noise = observation(), rng.standard_normal((50, 32)).astype(np.float32)
+    theirs = policy.infer(obs, noise=noise)["actions"]
+    fast = acc.accelerate_openpi(policy)
+    ours = policy.infer(obs, noise=noise)["actions"]
+    assert ours.shape == theirs.shape == (50, 32)
+    assert np.linalg.norm(ours - theirs) / np.linalg.norm(theirs) < 1e-4
+    [check] = fast.checks
+    assert check["passed"] and check["images_valid"] == [True, True, False] and check["prompt_len"] == 12
+    fast.restore()
+    assert np.array_equal(policy.infer(obs, noise=noise)["actions"], theirs)

@@ -5,7 +5,7 @@ file layouts. docs/compare.md is the user guide.
     vlaperf.compare.convert   convert_checkpoint(src, dst, from_layout, to_layout, preset)
     vlaperf.compare.lerobot   build LeRobot's PI0Policy / PI05Policy, copy weights, compare, time
     vlaperf.compare.openpi    compare against a user's openpi `PI0Pytorch` object
-    vlaperf.compare.accelerate  accelerate_lerobot(policy): vlaperf's engine inside LeRobot's own policy object
+    vlaperf.compare.accelerate  accelerate_lerobot / accelerate_openpi: vlaperf's engine inside their policy objects
     vlaperf.compare.commands  `vlaperf compare` and `vlaperf convert`
 
 This module holds what they share: the equivalence metrics (overall and per action

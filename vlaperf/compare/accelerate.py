@@ -1,4 +1,4 @@
-"""vlaperf's engine inside LeRobot's own pi0 / pi0.5 policy object.
+"""vlaperf's engine inside a LeRobot or openpi pi0 / pi0.5 policy object.
 
     from lerobot.policies.pi0.modeling_pi0 import PI0Policy
     from vlaperf.compare.accelerate import accelerate_lerobot
@@ -9,32 +9,38 @@
     fast.checks                                         # each input shape's first call, checked against LeRobot
     fast.restore()                                      # LeRobot's own sample_actions again
 
-What is replaced: only the core model's `sample_actions` (`policy.model.sample_actions`), the one call
-LeRobot's `predict_action_chunk` (and with it `select_action`) makes after its pre-processing. LeRobot's
-tokenizer and normalisation processors, its image resizing and [-1, 1] mapping, its empty-camera padding and
-its action queue run unchanged, so an evaluation script (lerobot-eval, a robot loop) needs no other change.
+    policy = openpi.policies.policy_config.create_trained_policy(train_config, pytorch_checkpoint_dir)
+    fast = accelerate_openpi(policy)                   # openpi's Policy.infer, now sampling with vlaperf
 
-The engine's model is built from LeRobot's own state dict with vlaperf's strict loader, in the layout
-openpi uses for the policy's dtype (under bfloat16: SigLIP and projector in bfloat16, where LeRobot keeps them
-in float32). The sizes are read from LeRobot's module configs, so a model of any size LeRobot built loads.
+What is replaced: only the sampling call. For LeRobot, the core model's `sample_actions` (`policy.model`), the
+one call `predict_action_chunk` (and with it `select_action`) makes after its pre-processing: its tokenizer and
+normalisation processors, image resizing and [-1, 1] mapping, empty-camera padding and action queue run
+unchanged. For openpi, the Policy's `_sample_actions` (the model's `sample_actions`, bound when the Policy was
+built) or, given the model alone, its `sample_actions`: openpi's transforms, its `Observation` and its own
+preprocessing (`_preprocess_observation`) run unchanged. An evaluation script needs no other change.
+
+The engine's model is built from the peer's own state dict with vlaperf's strict loader, in the layout openpi
+uses for the dtype (under bfloat16 LeRobot keeps SigLIP and the projector in float32, vlaperf in bfloat16). The
+sizes are read from the peer's module configs, so a model of any size the peer built loads.
 
 Checked, not assumed: unless `check=False`, the first call of every new input shape (batch, camera slots and
-which of them hold an image, the prompt bucket, the step count) also runs LeRobot's own `sample_actions` on
-the same inputs and noise, and raises `NotEquivalent` instead of answering if vlaperf's actions are further
-from LeRobot's than vlaperf's tolerance for the dtype (`vlaperf.check.REL_L2_TOLERANCE`). Each check is
-kept in `checks`. A new shape is also where the engine captures a new CUDA graph, so the check's LeRobot
-call lands where the first call is slow anyway.
+which of them hold an image, the prompt bucket, the step count) also runs the peer's own eager `sample_actions`
+on the same inputs and noise, and raises `NotEquivalent` instead of answering if vlaperf's actions are further
+from the peer's than vlaperf's tolerance for the dtype (`vlaperf.check.REL_L2_TOLERANCE`). Each check is kept
+in `checks`. A new shape is also where the engine captures a new CUDA graph, so the check's call lands where the
+first call is slow anyway.
 
-Noise: where LeRobot's caller gives none, it is drawn with LeRobot's own `sample_noise`, so a seeded run
-draws what it drew before. Each call reads the masks to the host once (one small device-to-host copy):
-LeRobot's inputs carry no host-side record of which cameras are empty or how long the prompt is, and the
-engine's plan (which slots to embed, how many prompt tokens to keep) is made on the host.
+Noise: where the caller gives none, it is drawn with the peer's own `sample_noise`, so a seeded run draws what
+it drew before. Each call reads the masks to the host once (one small device-to-host copy): the peer's inputs
+carry no host-side record of which cameras are empty or how long the prompt is, and the engine's plan (which
+slots to embed, how many prompt tokens to keep) is made on the host.
 
-Not supported: real-time chunking (LeRobot's RTC guidance, `rtc_config.enabled`) is refused when the policy
-is accelerated, and RTC arguments given to a call are refused there; `restore()` hands the call back to LeRobot.
+Not supported: LeRobot's real-time chunking (RTC guidance, `rtc_config.enabled`) is refused when the policy is
+accelerated, and RTC arguments given to a call are refused there; `restore()` hands the call back to the peer,
+as it was (a `torch.compile`d call included).
 
-Memory: LeRobot's weights stay where they are (its `forward`, training, and the checks use them); the
-engine's model is a second copy in vlaperf's layout.
+Memory: the peer's weights stay where they are (its training path and the checks use them); the engine's model
+is a second copy in vlaperf's layout.
 """
 
 from __future__ import annotations
@@ -55,7 +61,7 @@ RTC_ARGUMENTS = ("inference_delay", "prev_chunk_left_over", "execution_horizon")
 
 
 class NotEquivalent(RuntimeError):
-    """vlaperf's actions for an input shape were further from LeRobot's than the tolerance allows."""
+    """vlaperf's actions for an input shape were further from the peer's than the tolerance allows."""
 
 
 def _rope_base(hf_config) -> float:
@@ -73,27 +79,41 @@ def _gemma(hf_config) -> GemmaConfig:
                        vocab_size=c.vocab_size, eps=float(c.rms_norm_eps), rope_base=_rope_base(c))
 
 
-def lerobot_model_config(policy) -> Pi0Config:
-    """The vlaperf model config of a built LeRobot PI0Policy / PI05Policy, read from its modules' own configs
-    (PaliGemma's text and vision configs, the expert's) and its policy config (chunk size, padded action dim,
-    prompt length)."""
-    c = policy.config
-    pwe = policy.model.paligemma_with_expert
+def _model_config(core, name: str, pi05: bool, action_dim: int, horizon: int, max_token_len: int) -> Pi0Config:
+    """vlaperf's config for an openpi-layout core model (LeRobot's is a port of openpi's), its sizes read from its
+    modules' own transformers configs: PaliGemma's text and vision configs and the expert's."""
+    pwe = core.paligemma_with_expert
     text, vision = pwe.paligemma.config.text_config, pwe.paligemma.config.vision_config
+    tower = VisionConfig(width=vision.hidden_size, depth=vision.num_hidden_layers, mlp_dim=vision.intermediate_size,
+                         num_heads=vision.num_attention_heads, patch_size=vision.patch_size,
+                         image_size=vision.image_size, eps=float(vision.layer_norm_eps))
+    return Pi0Config(name, tower, _gemma(text), _gemma(pwe.gemma_expert.config), pi05=pi05, action_dim=action_dim,
+                     action_horizon=horizon, max_token_len=max_token_len)
+
+
+def lerobot_model_config(policy) -> Pi0Config:
+    """The vlaperf model config of a built LeRobot PI0Policy / PI05Policy: sizes from its modules' configs, the
+    chunk size, padded action dim and prompt length from its policy config."""
+    c = policy.config
     pi05 = _is_pi05(policy)
     if not pi05 and c.max_state_dim != c.max_action_dim:
         raise ValueError(f"policy.config.max_state_dim: {c.max_state_dim}, expected the max_action_dim "
                          f"({c.max_action_dim}): vlaperf's pi0 pads the state to the action dim, as openpi does")
-    image = tuple(c.image_resolution)
-    if image != (vision.image_size, vision.image_size):
-        raise ValueError(f"policy.config.image_resolution: {image}, expected the SigLIP tower's square "
-                         f"{vision.image_size} x {vision.image_size}")
-    tower = VisionConfig(width=vision.hidden_size, depth=vision.num_hidden_layers, mlp_dim=vision.intermediate_size,
-                         num_heads=vision.num_attention_heads, patch_size=vision.patch_size,
-                         image_size=vision.image_size, eps=float(vision.layer_norm_eps))
-    name = "lerobot-" + ("pi05" if pi05 else "pi0")
-    return Pi0Config(name, tower, _gemma(text), _gemma(pwe.gemma_expert.config), pi05=pi05,
-                     action_dim=c.max_action_dim, action_horizon=c.chunk_size, max_token_len=c.tokenizer_max_length)
+    size = policy.model.paligemma_with_expert.paligemma.config.vision_config.image_size
+    if tuple(c.image_resolution) != (size, size):
+        raise ValueError(f"policy.config.image_resolution: {tuple(c.image_resolution)}, expected the SigLIP tower's "
+                         f"square {size} x {size}")
+    return _model_config(policy.model, "lerobot-" + ("pi05" if pi05 else "pi0"), pi05, c.max_action_dim, c.chunk_size,
+                         c.tokenizer_max_length)
+
+
+def openpi_model_config(model) -> Pi0Config:
+    """The vlaperf model config of openpi's PI0Pytorch: sizes from its modules' configs, the rest from its
+    `config` (openpi's Pi0Config: pi05, action_dim, action_horizon, max_token_len)."""
+    c = model.config
+    pi05 = bool(getattr(c, "pi05", False))
+    return _model_config(model, "openpi-" + ("pi05" if pi05 else "pi0"), pi05, c.action_dim, c.action_horizon,
+                         c.max_token_len)
 
 
 def policy_dtype(policy) -> torch.dtype:
@@ -104,16 +124,23 @@ def policy_dtype(policy) -> torch.dtype:
     return torch.bfloat16 if name == "bfloat16" else torch.float32
 
 
-@dataclass
-class LeRobotAccelerator:
-    """What `accelerate_lerobot` installed on a policy: the engine, its model, and the checks so far."""
+@dataclass(eq=False)
+class Accelerator:
+    """vlaperf's engine installed as a peer's sampling call: `target.<attribute>` (an instance attribute, which
+    shadows the class's method) is this object's `sample_actions` while installed. What `restore()` puts back is
+    what was there: an instance attribute of the peer's own (a `torch.compile`d sample_actions) or the class's
+    method. The checks compare against `reference`, the peer's eager method, never a compiled one (a check must not
+    wait minutes for a compile, and eager is what a compiled call approximates)."""
 
-    policy: Any
-    model: Any  # vlaperf's Pi0Model holding LeRobot's weights
+    target: Any  # the object whose attribute is replaced
+    attribute: str
+    model: Any  # vlaperf's Pi0Model holding the peer's weights
     engine: Any  # vlaperf's Engine over it
     check: bool
-    checks: list[dict] = field(default_factory=list)  # one per input shape checked against LeRobot
-    _original: Any = None  # LeRobot's own bound sample_actions
+    reference: Any = None  # the peer's eager sampling call, for the checks
+    checks: list[dict] = field(default_factory=list)  # one per input shape checked against the peer
+    peer: str = "LeRobot"
+    _previous: Any = None  # the instance attribute the peer had there, if any
     _passed: set = field(default_factory=set)
     _lock: Any = field(default_factory=threading.Lock)
     _zero_state: dict = field(default_factory=dict)
@@ -123,18 +150,62 @@ class LeRobotAccelerator:
         return self.engine.name
 
     def install(self) -> None:
-        """Sample with vlaperf again after `restore()` (accelerate_lerobot installs it the first time)."""
-        core = self.policy.model
-        current = core.__dict__.get("sample_actions")
-        if current is not None and current != self.sample_actions:
-            raise ValueError("policy: already accelerated by another accelerator; call restore() on that one first")
-        core.sample_actions = self.sample_actions  # an instance attribute: it shadows the class's method
+        """Sample with vlaperf (again, after `restore()`)."""
+        current = self.target.__dict__.get(self.attribute)
+        if current == self.sample_actions:
+            return
+        if isinstance(getattr(current, "__self__", None), Accelerator):
+            raise ValueError("already accelerated; call restore() on that accelerator first")
+        self._previous = current
+        setattr(self.target, self.attribute, self.sample_actions)
 
     def restore(self) -> None:
-        """LeRobot's own `sample_actions` again; `install()` puts vlaperf's back."""
-        core = self.policy.model
-        if core.__dict__.get("sample_actions") == self.sample_actions:
-            del core.sample_actions
+        """The peer's own call again, as it was before `install()`; `install()` puts vlaperf's back."""
+        if self.target.__dict__.get(self.attribute) != self.sample_actions:
+            return
+        if self._previous is None:
+            delattr(self.target, self.attribute)
+        else:
+            setattr(self.target, self.attribute, self._previous)
+
+    def sample_actions(self, *args, **kwargs):
+        raise NotImplementedError
+
+    def _run(self, images, img_masks, tokens, token_mask, state, noise, num_steps: int, reference_call):
+        """The engine's actions for the peer's core inputs; on a shape's first call, checked against
+        `reference_call(noise)` (the peer's own actions for the same inputs and that noise)."""
+        cfg = self.model.config
+        B, device = tokens.shape[0], tokens.device
+        if state is None:  # pi0.5 reads its state from the prompt; the engine's input still has the slot
+            state = self._zero_state.get((B, device))
+            if state is None:
+                state = self._zero_state[(B, device)] = torch.zeros(B, cfg.action_dim, device=device)
+        obs = _observation(images, img_masks, tokens, token_mask, state.float())
+        key = (tuple(obs.images.shape), obs.host_image_valid, obs.host_prompt_len, tokens.shape[1], int(num_steps))
+        with self._lock:
+            if not self.check or key in self._passed:
+                return self.engine.sample_actions(obs, noise, num_steps)
+            theirs = reference_call(noise.clone())
+            ours = self.engine.sample_actions(obs, noise, num_steps)
+            metrics = action_metrics(ours, theirs.float(), self.model.dtype)
+            record = {"batch": B, "image_slots": obs.images.shape[1], "images_valid": list(obs.host_image_valid),
+                      "prompt_len": obs.host_prompt_len, "prompt_slots": tokens.shape[1], "num_steps": int(num_steps),
+                      **{k: metrics[k] for k in ("max_abs", "rel_l2", "tolerance", "passed")}}
+            self.checks.append(record)
+            if not metrics["passed"]:
+                raise NotEquivalent(f"vlaperf's {self.levers} is not equivalent to {self.peer}'s sample_actions for "
+                                    f"this input shape: rel L2 {metrics['rel_l2']:.3g} > tolerance "
+                                    f"{metrics['tolerance']:.3g} (max abs {metrics['max_abs']:.3g}); no actions "
+                                    "returned. Try fewer levers, or restore() the accelerator")
+            self._passed.add(key)
+            return ours
+
+
+@dataclass(eq=False)
+class LeRobotAccelerator(Accelerator):
+    """`accelerate_lerobot`'s: installed as the core model's `sample_actions` (`policy.model`)."""
+
+    policy: Any = None
 
     # LeRobot calls pi0's core as (images, img_masks, lang_tokens, lang_masks, state, noise=, num_steps=, **rtc)
     # and pi0.5's as (images, img_masks, tokens, masks, noise=, num_steps=, **rtc).
@@ -159,35 +230,31 @@ class LeRobotAccelerator:
         num_steps = given.get("num_steps", num_steps)
         if num_steps is None:
             num_steps = self.policy.config.num_inference_steps
-        tokens = lang_tokens
-        B, device = tokens.shape[0], tokens.device
+        B, device = lang_tokens.shape[0], lang_tokens.device
         if noise is None:  # LeRobot's own draw, so a seeded run draws what it drew before
             noise = self.policy.model.sample_noise((B, cfg.action_horizon, cfg.action_dim), device)
         state = given.get("state")
-        if state is None:  # pi0.5 reads its state from the prompt; the engine's input still has the slot
-            state = self._zero_state.get((B, device))
-            if state is None:
-                state = self._zero_state[(B, device)] = torch.zeros(B, cfg.action_dim, device=device)
-        obs = _observation(images, img_masks, tokens, lang_masks, state.float())
-        key = (tuple(obs.images.shape), obs.host_image_valid, obs.host_prompt_len, tokens.shape[1], int(num_steps))
-        with self._lock:
-            if not self.check or key in self._passed:
-                return self.engine.sample_actions(obs, noise, num_steps)
-            original = (images, img_masks, lang_tokens, lang_masks) + ((state,) if not cfg.pi05 else ())
-            theirs = self._original(*original, noise=noise.clone(), num_steps=num_steps)
-            ours = self.engine.sample_actions(obs, noise, num_steps)
-            metrics = action_metrics(ours, theirs.float(), self.model.dtype)
-            record = {"batch": B, "image_slots": obs.images.shape[1], "images_valid": list(obs.host_image_valid),
-                      "prompt_len": obs.host_prompt_len, "prompt_slots": tokens.shape[1], "num_steps": int(num_steps),
-                      **{k: metrics[k] for k in ("max_abs", "rel_l2", "tolerance", "passed")}}
-            self.checks.append(record)
-            if not metrics["passed"]:
-                raise NotEquivalent(f"vlaperf's {self.levers} is not equivalent to LeRobot's sample_actions for "
-                                    f"this input shape: rel L2 {metrics['rel_l2']:.3g} > tolerance "
-                                    f"{metrics['tolerance']:.3g} (max abs {metrics['max_abs']:.3g}); no actions "
-                                    "returned. Try fewer levers, or restore() the accelerator")
-            self._passed.add(key)
-            return ours
+        inputs = (images, img_masks, lang_tokens, lang_masks) + ((state,) if not cfg.pi05 else ())
+        return self._run(images, img_masks, lang_tokens, lang_masks, state, noise, num_steps,
+                         lambda n: self.reference(*inputs, noise=n, num_steps=num_steps))
+
+
+@dataclass(eq=False)
+class OpenpiAccelerator(Accelerator):
+    """`accelerate_openpi`'s: installed as openpi's Policy's `_sample_actions` or as PI0Pytorch's `sample_actions`."""
+
+    openpi_model: Any = None
+
+    @torch.no_grad()
+    def sample_actions(self, device, observation, noise=None, num_steps=10):
+        m, cfg = self.openpi_model, self.model.config
+        # openpi's own preprocessing (resize with padding where needed, masks defaulting to valid), as its call does
+        images, img_masks, tokens, token_mask, state = m._preprocess_observation(observation, train=False)
+        B = tokens.shape[0]
+        if noise is None:  # openpi's own draw
+            noise = m.sample_noise((B, cfg.action_horizon, cfg.action_dim), tokens.device)
+        return self._run(images, img_masks, tokens, token_mask, state, noise, num_steps,
+                         lambda n: self.reference(device, observation, noise=n, num_steps=num_steps))
 
 
 def _observation(images: list[Tensor], img_masks: list[Tensor], tokens: Tensor, token_mask: Tensor,
@@ -221,11 +288,10 @@ def accelerate_lerobot(policy, levers: str = "best", check: bool = True, engine=
     from vlaperf.engine import Engine
 
     core = getattr(policy, "model", None)
-    if core is None or not callable(getattr(core, "sample_actions", None)):
+    if core is None or not callable(getattr(type(core), "sample_actions", None)):
         raise TypeError(f"policy: expected LeRobot's PI0Policy or PI05Policy (a `model` with `sample_actions`), got "
                         f"{type(policy).__name__}")
-    if "sample_actions" in core.__dict__:
-        raise ValueError("policy: already accelerated; call restore() on its accelerator first")
+    _refuse_twice(core, "sample_actions", "policy")
     rtc = getattr(policy.config, "rtc_config", None)
     if rtc is not None and getattr(rtc, "enabled", False):
         raise ValueError("policy.config.rtc_config: real-time chunking is enabled, and vlaperf's engine does not "
@@ -233,9 +299,41 @@ def accelerate_lerobot(policy, levers: str = "best", check: bool = True, engine=
     if engine is None:
         cfg = lerobot_model_config(policy)
         engine = Engine(vlaperf_from_lerobot(policy, cfg, policy_dtype(policy)), levers)
-    fast = LeRobotAccelerator(policy, engine.model, engine, check, _original=core.sample_actions)
+    fast = LeRobotAccelerator(core, "sample_actions", engine.model, engine, check,
+                              reference=type(core).sample_actions.__get__(core), policy=policy)
     fast.install()
     return fast
 
 
-__all__ = ["NotEquivalent", "LeRobotAccelerator", "accelerate_lerobot", "lerobot_model_config", "policy_dtype"]
+def accelerate_openpi(policy_or_model, levers: str = "best", check: bool = True) -> OpenpiAccelerator:
+    """Make openpi's PyTorch pi0 / pi0.5 sample with vlaperf's engine of `levers`: given openpi's `Policy` (as
+    `create_trained_policy` returns it, for a PyTorch checkpoint), its `_sample_actions`; given a `PI0Pytorch`,
+    its `sample_actions`. openpi's input transforms, its `Observation`, its preprocessing (resize with padding,
+    masks) and its output transforms run unchanged. Each new input shape is checked once against openpi's own
+    eager `sample_actions`, as `accelerate_lerobot` does. Returns the accelerator (`checks`, `restore()`)."""
+    from vlaperf.compare.openpi import vlaperf_from_openpi
+    from vlaperf.engine import Engine
+
+    model = getattr(policy_or_model, "_model", policy_or_model)
+    is_policy = model is not policy_or_model
+    if is_policy and not getattr(policy_or_model, "_is_pytorch_model", False):
+        raise TypeError("policy: an openpi Policy around a JAX model; vlaperf accelerates openpi's PyTorch model "
+                        "(a PyTorch checkpoint, is_pytorch=True)")
+    if not callable(getattr(type(model), "sample_actions", None)) or not hasattr(model, "_preprocess_observation"):
+        raise TypeError(f"policy_or_model: expected openpi's Policy or its PI0Pytorch, got {type(policy_or_model).__name__}")
+    target, attribute = (policy_or_model, "_sample_actions") if is_policy else (model, "sample_actions")
+    _refuse_twice(target, attribute, "policy_or_model")
+    engine = Engine(vlaperf_from_openpi(model, openpi_model_config(model)), levers)
+    fast = OpenpiAccelerator(target, attribute, engine.model, engine, check,
+                             reference=type(model).sample_actions.__get__(model), peer="openpi", openpi_model=model)
+    fast.install()
+    return fast
+
+
+def _refuse_twice(target, attribute: str, name: str) -> None:
+    if isinstance(getattr(target.__dict__.get(attribute), "__self__", None), Accelerator):
+        raise ValueError(f"{name}: already accelerated; call restore() on its accelerator first")
+
+
+__all__ = ["NotEquivalent", "Accelerator", "LeRobotAccelerator", "OpenpiAccelerator", "accelerate_lerobot",
+           "accelerate_openpi", "lerobot_model_config", "openpi_model_config", "policy_dtype"]
