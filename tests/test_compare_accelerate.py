@@ -177,6 +177,24 @@ def test_restore_gives_the_call_back_to_lerobot_and_accelerating_twice_is_refuse
     other_fast.restore()
 
 
+def test_a_step_kernel_fault_reaches_the_caller_instead_of_actions(monkeypatch):
+    """`megakernel`'s barrier timeout (GPU only) is read after every engine call, checked shapes and later ones."""
+    policy = _Policy()
+    fast = acc.accelerate_lerobot(policy, levers="exact")
+    faults = []
+
+    def fault():
+        faults.append(1)
+        if len(faults) > 1:
+            raise RuntimeError("megakernel: a grid barrier of the step kernel timed out")
+
+    monkeypatch.setattr(fast.engine, "raise_on_kernel_fault", fault)
+    policy.predict_action_chunk(_inputs())  # the checked first call reads the flag too
+    with pytest.raises(RuntimeError, match="grid barrier"):
+        policy.predict_action_chunk(_inputs())
+    assert len(faults) == 2
+
+
 def test_real_time_chunking_is_refused():
     with pytest.raises(ValueError, match=r"policy.config.rtc_config: real-time chunking is enabled"):
         acc.accelerate_lerobot(_Policy(rtc=SimpleNamespace(enabled=True)), levers="exact")

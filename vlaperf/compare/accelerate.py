@@ -184,9 +184,9 @@ class Accelerator:
         key = (tuple(obs.images.shape), obs.host_image_valid, obs.host_prompt_len, tokens.shape[1], int(num_steps))
         with self._lock:
             if not self.check or key in self._passed:
-                return self.engine.sample_actions(obs, noise, num_steps)
+                return self._engine_actions(obs, noise, num_steps)
             theirs = reference_call(noise.clone())
-            ours = self.engine.sample_actions(obs, noise, num_steps)
+            ours = self._engine_actions(obs, noise, num_steps)
             metrics = action_metrics(ours, theirs.float(), self.model.dtype)
             record = {"batch": B, "image_slots": obs.images.shape[1], "images_valid": list(obs.host_image_valid),
                       "prompt_len": obs.host_prompt_len, "prompt_slots": tokens.shape[1], "num_steps": int(num_steps),
@@ -199,6 +199,13 @@ class Accelerator:
                                     "returned. Try fewer levers, or restore() the accelerator")
             self._passed.add(key)
             return ours
+
+    def _engine_actions(self, obs: Observation, noise: Tensor, num_steps: int) -> Tensor:
+        actions = self.engine.sample_actions(obs, noise, num_steps)
+        # With `megakernel`, a grid barrier that gave up means wrong actions: its flag is read here (a sync, which the
+        # caller's copy of the actions to the host makes anyway), so no wrong chunk reaches a robot
+        self.engine.raise_on_kernel_fault()
+        return actions
 
 
 @dataclass(eq=False)
