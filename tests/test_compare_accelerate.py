@@ -260,13 +260,13 @@ def test_model_config_read_from_the_modules_configs():
 # ------------------------------------------------------------ with LeRobot (CPU)
 
 
-def _lerobot_policy(pi05: bool):
-    """LeRobot's own reduced pi0 / pi0.5 (float32, CPU) with input features: two of three cameras in the batch."""
+def _lerobot_policy(pi05: bool, dtype=torch.float32):
+    """LeRobot's own reduced pi0 / pi0.5 (CPU) with input features: two of three cameras in the batch."""
     from lerobot.configs.types import FeatureType, PolicyFeature
     from lerobot.utils.constants import ACTION, OBS_STATE
 
     cfg = lr.matching_config(get_workload("libero-pi05" if pi05 else "libero-pi0"), lr.Reduced())
-    policy = lr.build_lerobot(cfg, "cpu", torch.float32, steps=3, reduced=True)
+    policy = lr.build_lerobot(cfg, "cpu", dtype, steps=3, reduced=True)
     lr.randomize_lerobot_(policy, 0)
     camera = PolicyFeature(FeatureType.VISUAL, (3, 224, 224))
     policy.config.input_features = {f"observation.images.{name}": camera for name in
@@ -311,6 +311,18 @@ def test_lerobot_policy_accelerated_through_its_own_predict_and_select(pi05):
     fast.restore()
     torch.manual_seed(1)
     assert torch.equal(policy.predict_action_chunk(batch), theirs)  # LeRobot's own call, bit for bit
+
+
+@needs_lerobot
+@pytest.mark.slow
+def test_lerobot_policy_in_bfloat16_accelerated_within_the_bfloat16_tolerance():
+    """LeRobot as shipped under bfloat16 keeps SigLIP in float32; vlaperf's engine runs openpi's layout."""
+    policy = _lerobot_policy(pi05=False, dtype=torch.bfloat16)
+    fast = acc.accelerate_lerobot(policy)
+    assert fast.model.dtype == torch.bfloat16
+    actions = policy.predict_action_chunk(_lerobot_batch())
+    [check] = fast.checks
+    assert actions.dtype == torch.float32 and check["passed"] and check["tolerance"] == 3e-2
 
 
 # ------------------------------------------------------------ `vlaperf compare --accelerate`
