@@ -66,6 +66,8 @@ class _Policy(torch.nn.Module):
     present cameras mapped from [0, 1] to [-1, 1] and marked valid, the absent ones padded after them as masked
     images of -1."""
 
+    name = "pi0"  # LeRobot's policy classes name their type (PI05Policy: "pi05")
+
     def __init__(self, pi05=False, offset=0.0, rtc=None, **config):
         super().__init__()
         cfg = get_config("tiny", pi05=pi05)
@@ -594,3 +596,97 @@ def test_openpis_own_policy_accelerated(monkeypatch):
     assert check["passed"] and check["images_valid"] == [True, True, False] and check["prompt_len"] == 12
     fast.restore()
     assert np.array_equal(policy.infer(obs, noise=noise)["actions"], theirs)
+
+
+# ------------------------------------------------------------ `vlaperf lerobot-eval`
+
+
+@pytest.fixture
+def eval_script(monkeypatch):
+    """LeRobot's eval script replaced by a stand-in module: its `main` reads sys.argv, builds the policy with the
+    module's `make_policy` (a stand-in pi0, or what `script.kind` names) and runs two chunks, as an episode would."""
+    import sys
+    from types import ModuleType
+
+    script = ModuleType("lerobot.scripts.lerobot_eval")
+    script.kind, script.seen = "pi0", {}
+
+    def make_policy(cfg=None, env_cfg=None, rename_map=None):
+        if script.kind == "act":
+            return torch.nn.Linear(1, 1)
+        return _Policy(use_amp=script.kind == "amp")
+
+    def main():
+        script.seen["argv"] = list(sys.argv)
+        policy = script.make_policy(cfg="cfg", env_cfg="env")
+        script.seen["policy"] = policy
+        script.seen["chunks"] = [policy.predict_action_chunk(_inputs()) for _ in range(2)]
+
+    script.make_policy = script.own_make_policy = make_policy
+    script.main = main
+    monkeypatch.setattr(lr, "import_lerobot", lambda pi05: None)  # LeRobot's policies "import" here
+    for name in ("lerobot", "lerobot.scripts"):
+        monkeypatch.setitem(sys.modules, name, ModuleType(name))
+    monkeypatch.setitem(sys.modules, "lerobot.scripts.lerobot_eval", script)
+    return script
+
+
+def test_lerobot_eval_runs_lerobots_script_with_the_policy_accelerated(eval_script, capsys):
+    import sys
+
+    argv = list(sys.argv)
+    assert _cli(["lerobot-eval", "--levers", "exact", "--", "--policy.path=lerobot/pi0_libero", "--env.type=libero"]) == 0
+    assert eval_script.seen["argv"] == ["lerobot-eval", "--policy.path=lerobot/pi0_libero", "--env.type=libero"]
+    policy = eval_script.seen["policy"]
+    assert policy.model.calls == 1  # the first chunk's check; the second chunk ran on vlaperf's engine alone
+    assert isinstance(vars(policy.model)["sample_actions"].__self__, acc.LeRobotAccelerator)
+    assert eval_script.make_policy is eval_script.own_make_policy and sys.argv == argv  # both put back after the run
+    out = " ".join(capsys.readouterr().out.split())
+    assert "vlaperf lerobot-eval: _Policy sampled with vlaperf (for_loop+" in out
+    assert "its checks against LeRobot: batch 1, cameras [True, True, False], prompt 6: rel L2" in out and "(passed)" in out
+
+
+@pytest.mark.parametrize("kind,message", [
+    ("act", "--policy: vlaperf accelerates LeRobot's pi0 and pi0.5 policies, not Linear"),
+    ("amp", "--policy.use_amp: LeRobot would run the policy under torch.autocast"),
+])
+def test_lerobot_eval_refuses_a_policy_it_does_not_accelerate(eval_script, kind, message, capsys):
+    eval_script.kind = kind
+    assert _cli(["lerobot-eval", "--levers", "exact", "--", "--policy.path=x"]) == 2
+    assert f"vlaperf lerobot-eval: error: {message}" in capsys.readouterr().err
+
+
+def test_lerobot_eval_names_what_its_script_lacks(eval_script, monkeypatch, capsys):
+    import sys
+
+    monkeypatch.setitem(sys.modules, "lerobot.scripts.lerobot_eval", None)  # LeRobot imports; its eval script not
+    assert _cli(["lerobot-eval", "--", "--policy.path=x"]) == 2
+    assert ("vlaperf lerobot-eval: error: LeRobot's eval script (lerobot.scripts.lerobot_eval) is not importable "
+            "here: ModuleNotFoundError") in capsys.readouterr().err
+
+
+def test_lerobot_eval_without_lerobots_arguments_or_lerobot(monkeypatch, capsys):
+    assert _cli(["lerobot-eval"]) == 2
+    assert "give lerobot-eval's own arguments after `--`" in capsys.readouterr().err
+    import sys
+
+    monkeypatch.setitem(sys.modules, "lerobot", None)  # `import lerobot...` fails, also where LeRobot is installed
+    for name in [m for m in sys.modules if m.startswith("lerobot.")]:
+        monkeypatch.delitem(sys.modules, name)
+    assert _cli(["lerobot-eval", "--", "--policy.path=x"]) == 2
+    assert "LeRobot 0.6 is not importable here" in capsys.readouterr().err
+
+
+@needs_lerobot
+def test_lerobots_eval_script_builds_its_policy_with_the_make_policy_vlaperf_wraps():
+    """The contract run_lerobot_eval relies on, read from the installed LeRobot: its eval script's `main`, and an
+    `eval_main` that builds the policy through the module's own `make_policy` name."""
+    import importlib
+    import inspect
+
+    try:
+        script = importlib.import_module("lerobot.scripts.lerobot_eval")
+    except ImportError as e:  # LeRobot's dataset extra (datasets, ...): the policies alone do not need it
+        pytest.skip(f"LeRobot's eval script does not import here: {e}")
+    assert callable(script.main) and callable(script.make_policy)
+    assert "policy = make_policy(" in inspect.getsource(script.eval_main)

@@ -720,7 +720,7 @@ def build_parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="vlaperf", description="Fast, honestly measured inference for pi0-family policies.",
         epilog="`vlaperf <command> --help` lists a command's options. Exit codes: 0 ok; 1 a check failed (bench, "
-               "check, serve, compare: a variant not equivalent to its reference; doctor: a finding of severity error; "
+               "check, serve, compare, lerobot-eval: a variant not equivalent to its reference; doctor: a finding of severity error; "
                "loadgen, rollout: errors, lost replies or the time limit; diff: a slowdown above --max-slowdown); 2 bad "
                "arguments or setup; 130 interrupted; 143 stopped by SIGTERM (matrix: after writing the rows it had; "
                "bench and breakdown --processes: the running process stopped too).")

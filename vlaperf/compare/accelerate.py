@@ -45,6 +45,7 @@ is a second copy in vlaperf's layout.
 
 from __future__ import annotations
 
+import sys
 import threading
 from dataclasses import dataclass, field
 from typing import Any
@@ -337,10 +338,49 @@ def accelerate_openpi(policy_or_model, levers: str = "best", check: bool = True)
     return fast
 
 
+def run_lerobot_eval(lerobot_args: list[str], levers: str = "best", check: bool = True) -> list[LeRobotAccelerator]:
+    """LeRobot's own `lerobot-eval` run with `lerobot_args`, its pi0 / pi0.5 policy accelerated: the `make_policy`
+    the eval script calls is wrapped for the run, so the policy it builds gets `accelerate_lerobot` before the first
+    episode. The rest is LeRobot's own: environments, processors, episodes, videos, its eval_info.json. Returns the
+    accelerators made (their `checks`)."""
+    import importlib
+
+    from vlaperf.compare.lerobot import LeRobotUnavailable, import_lerobot
+
+    import_lerobot(pi05=False)  # LeRobot itself first, with the message that says how to install it
+    try:
+        script = importlib.import_module("lerobot.scripts.lerobot_eval")
+    except Exception as e:  # noqa: BLE001 - e.g. its dataset extra, which the policies alone do not need
+        raise LeRobotUnavailable(f"LeRobot's eval script (lerobot.scripts.lerobot_eval) is not importable here: "
+                                 f"{type(e).__name__}: {e}") from e
+    made: list[LeRobotAccelerator] = []
+    build = script.make_policy
+
+    def make_policy(*args, **kwargs):
+        policy = build(*args, **kwargs)
+        kind = getattr(policy, "name", None)  # LeRobot's policy classes name their type: "pi0", "pi05", "act", ...
+        if kind not in ("pi0", "pi05"):
+            raise ValueError(f"--policy: vlaperf accelerates LeRobot's pi0 and pi0.5 policies, not "
+                             f"{kind or type(policy).__name__}")
+        if getattr(policy.config, "use_amp", False):
+            raise ValueError("--policy.use_amp: LeRobot would run the policy under torch.autocast, which vlaperf's "
+                             "engine (in the policy's own dtype) does not take; run without it")
+        made.append(accelerate_lerobot(policy, levers, check))
+        return policy
+
+    argv = sys.argv
+    script.make_policy, sys.argv = make_policy, ["lerobot-eval", *lerobot_args]
+    try:
+        script.main()
+    finally:
+        script.make_policy, sys.argv = build, argv
+    return made
+
+
 def _refuse_twice(target, attribute: str, name: str) -> None:
     if isinstance(getattr(target.__dict__.get(attribute), "__self__", None), Accelerator):
         raise ValueError(f"{name}: already accelerated; call restore() on its accelerator first")
 
 
 __all__ = ["NotEquivalent", "Accelerator", "LeRobotAccelerator", "OpenpiAccelerator", "accelerate_lerobot",
-           "accelerate_openpi", "lerobot_model_config", "openpi_model_config", "policy_dtype"]
+           "accelerate_openpi", "run_lerobot_eval", "lerobot_model_config", "openpi_model_config", "policy_dtype"]

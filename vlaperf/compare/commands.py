@@ -1,8 +1,9 @@
-"""CLI subcommands `compare` and `convert`; `register(subparsers)` adds them.
+"""CLI subcommands `compare`, `convert` and `lerobot-eval`; `register(subparsers)` adds them.
 
     vlaperf compare --workload libero-pi0 --against lerobot [--device cuda] [--dtype bfloat16]
-                    [--warmup 10] [--iters 50] [--json out.json]
+                    [--warmup 10] [--iters 50] [--accelerate] [--json out.json]
     vlaperf convert --from lerobot --to openpi --preset pi0 IN OUT
+    vlaperf lerobot-eval [--levers best] -- <lerobot-eval's own arguments>
 
 Exit codes as the other commands: 0 ok; 1 vlaperf's actions are not equivalent to the
 peer's (timing is then not reported); 2 bad arguments or setup, LeRobot missing included.
@@ -11,6 +12,7 @@ Nothing here imports LeRobot until `compare` runs.
 
 from __future__ import annotations
 
+import argparse
 import sys
 
 import torch
@@ -58,6 +60,17 @@ def register(subparsers) -> None:
     p.add_argument("--no-progress", action="store_true", help="no progress bar")
     add_compile_cache(p)  # LeRobot's max-autotune compile and best's compile both land there
     p.set_defaults(func=cmd_compare)
+
+    p = subparsers.add_parser("lerobot-eval", help="LeRobot's own lerobot-eval, its pi0 / pi0.5 policy sampling with "
+                              "vlaperf's engine (accelerate_lerobot)")
+    p.add_argument("--levers", default="best", help="vlaperf's engine variant ('best', 'graph', 'exact' or a comma "
+                   "list; default: best)")
+    p.add_argument("--no-check", action="store_true",
+                   help="do not check each new input shape's first call against LeRobot's own sample_actions")
+    p.add_argument("lerobot_args", nargs=argparse.REMAINDER,
+                   help="after `--`: lerobot-eval's own arguments, e.g. -- --policy.path=lerobot/pi0_libero "
+                        "--env.type=libero --env.task=libero_10 --eval.n_episodes=10 --eval.batch_size=1")
+    p.set_defaults(func=cmd_lerobot_eval)
 
     p = subparsers.add_parser("convert", help="convert a model.safetensors between openpi's and LeRobot's layouts, or "
                                              "an openpi JAX checkpoint to either (strict)")
@@ -166,6 +179,33 @@ def cmd_compare(args) -> int:
     return 0
 
 
+def cmd_lerobot_eval(args) -> int:
+    from vlaperf.compare.accelerate import NotEquivalent, run_lerobot_eval
+    from vlaperf.compare.lerobot import LeRobotUnavailable
+    from vlaperf.engine.compile import CompileUnavailable
+    from vlaperf.engine.levers import LeverError
+
+    extra = args.lerobot_args[1:] if args.lerobot_args[:1] == ["--"] else args.lerobot_args
+    if not extra:
+        raise CliError("give lerobot-eval's own arguments after `--`, e.g. vlaperf lerobot-eval -- "
+                       "--policy.path=lerobot/pi0_libero --env.type=libero --env.task=libero_10")
+    try:
+        made = run_lerobot_eval(extra, args.levers, check=not args.no_check)
+    except (LeRobotUnavailable, LeverError, CompileUnavailable) as e:
+        raise CliError(str(e)) from None
+    except NotEquivalent as e:
+        print(f"vlaperf lerobot-eval: {e}", file=sys.stderr)
+        return 1
+    except ValueError as e:  # a policy vlaperf does not accelerate, or one it cannot build
+        raise CliError(str(e)) from None
+    for fast in made:
+        checks = "; ".join(f"batch {c['batch']}, cameras {c['images_valid']}, prompt {c['prompt_len']}: rel L2 "
+                           f"{c['rel_l2']:.3g} ({'passed' if c['passed'] else 'FAILED'})" for c in fast.checks)
+        print(f"vlaperf lerobot-eval: {type(fast.policy).__name__} sampled with vlaperf ({fast.levers}); its checks "
+              f"against LeRobot: {checks or 'none (--no-check, or no call)'}")
+    return 0
+
+
 def _write_json(path, base, workload, run, compared, timing, device) -> None:
     from vlaperf.cli import result_header
     from vlaperf.report.schema import write_result
@@ -218,4 +258,4 @@ def print_compare(compared: dict, timing: dict | None, workload_id: str) -> None
         console.print(f"LeRobot compiled ({lc['mode']}) left out: {lc['compile_error']}")
 
 
-__all__ = ["register", "cmd_compare", "cmd_convert"]
+__all__ = ["register", "cmd_compare", "cmd_convert", "cmd_lerobot_eval"]
