@@ -690,3 +690,50 @@ def test_lerobots_eval_script_builds_its_policy_with_the_make_policy_vlaperf_wra
         pytest.skip(f"LeRobot's eval script does not import here: {e}")
     assert callable(script.main) and callable(script.make_policy)
     assert "policy = make_policy(" in inspect.getsource(script.eval_main)
+
+
+@needs_lerobot
+@pytest.mark.slow
+def test_lerobot_eval_end_to_end_in_lerobots_pusht_simulator(tmp_path, monkeypatch):
+    """LeRobot's real eval script and PushT simulator (gym-pusht), a reduced pi0 with random weights, run once through
+    `run_lerobot_eval` and once as LeRobot's own: the same episode, reward for reward. Two stand-ins, for what this
+    machine cannot fetch: the reduced size (LeRobot's config names only the full one) and a small word-level tokenizer
+    in place of PaliGemma's (on the Hub)."""
+    import importlib
+    import json
+    import sys
+
+    pytest.importorskip("gym_pusht")
+    try:
+        script = importlib.import_module("lerobot.scripts.lerobot_eval")
+    except ImportError as e:
+        pytest.skip(f"LeRobot's eval script does not import here: {e}")
+    import lerobot.processor.tokenizer_processor as tokenizer_processor
+    from lerobot.policies.pi0 import modeling_pi0
+    from tokenizers import Tokenizer, models, pre_tokenizers
+    from transformers import PreTrainedTokenizerFast
+
+    words = Tokenizer(models.WordLevel({w: i for i, w in enumerate(["[PAD]", "[UNK]", "push", "the", "block"])},
+                                       unk_token="[UNK]"))
+    words.pre_tokenizer = pre_tokenizers.Whitespace()
+    tokenizer = PreTrainedTokenizerFast(tokenizer_object=words, pad_token="[PAD]", unk_token="[UNK]")
+    monkeypatch.setattr(tokenizer_processor.AutoTokenizer, "from_pretrained", lambda *a, **k: tokenizer)
+    cfg = lr.matching_config(get_workload("libero-pi0"), lr.Reduced())
+    full_size = script.make_policy
+
+    def reduced(*args, **kwargs):
+        with lr._sizes(modeling_pi0, cfg, reduced=True):
+            return full_size(*args, **kwargs)
+
+    monkeypatch.setattr(script, "make_policy", reduced)
+    args = ["--policy.type=pi0", "--policy.device=cpu", "--policy.num_inference_steps=3", "--policy.n_action_steps=25",
+            "--env.type=pusht", "--env.episode_length=50", "--eval.n_episodes=1", "--eval.batch_size=1", "--seed=0"]
+    [fast] = acc.run_lerobot_eval([*args, f"--output_dir={tmp_path / 'vlaperf'}"])
+    assert [c["passed"] for c in fast.checks] == [True] and fast.checks[0]["images_valid"] == [True]
+    assert script.make_policy is reduced  # put back after the run
+    monkeypatch.setattr(sys, "argv", ["lerobot-eval", *args, f"--output_dir={tmp_path / 'lerobot'}"])
+    script.main()
+    ours, theirs = (json.loads((tmp_path / side / "eval_info.json").read_text())["overall"]
+                    for side in ("vlaperf", "lerobot"))
+    assert ours["n_episodes"] == theirs["n_episodes"] == 1
+    assert ours["avg_sum_reward"] == pytest.approx(theirs["avg_sum_reward"], rel=1e-6)
