@@ -110,6 +110,8 @@ def test_accelerated_policy_gives_its_own_actions_and_checks_each_shape_once(pi0
     theirs = policy.predict_action_chunk(_inputs())
     fast = acc.accelerate_lerobot(policy, levers="exact")
     assert fast.levers == "for_loop+skip_masked_images+trim_prompt_padding+static_kv_cache+sdpa+fuse_projections"
+    # the fused projections are held once: vlaperf's reference copies of them are freed
+    assert fast.model.reference_released and fast.released_bytes > 0
     torch.manual_seed(7)  # no noise given: LeRobot's own sample_noise draws it, so the seed gives the same draw
     ours = policy.predict_action_chunk(_inputs())
     assert policy.model.noise_draws == 2  # one draw a call, the accelerator's, handed to the check's LeRobot call
@@ -507,6 +509,7 @@ def test_openpi_policy_accelerated_through_its_bound_sampling_call(pi05):
     theirs = policy.infer(_openpi_observation(), noise=noise)
     fast = acc.accelerate_openpi(policy, levers="exact")
     assert (fast.target, fast.attribute, fast.peer) == (policy, "_sample_actions", "openpi")
+    assert fast.model.reference_released and fast.released_bytes > 0
     ours = policy.infer(_openpi_observation(), noise=noise)
     assert ((ours - theirs).norm() / theirs.norm()).item() < 1e-5
     assert [c["passed"] for c in fast.checks] == [True] and model.calls == 2  # theirs, then the check's call

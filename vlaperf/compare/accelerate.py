@@ -40,7 +40,8 @@ accelerated, and RTC arguments given to a call are refused there; `restore()` ha
 as it was (a `torch.compile`d call included).
 
 Memory: the peer's weights stay where they are (its training path and the checks use them); the engine's model
-is a second copy in vlaperf's layout.
+is a second copy in vlaperf's layout, held once: where the engine fuses projections, the model's own copies of
+those weights are freed (`released_bytes`), since the accelerator never runs vlaperf's reference path.
 """
 
 from __future__ import annotations
@@ -141,6 +142,7 @@ class Accelerator:
     reference: Any = None  # the peer's eager sampling call, for the checks
     checks: list[dict] = field(default_factory=list)  # one per input shape checked against the peer
     peer: str = "LeRobot"
+    released_bytes: int = 0  # vlaperf's reference copies freed where the engine holds fused ones
     _previous: Any = None  # the instance attribute the peer had there, if any
     _passed: set = field(default_factory=set)
     _lock: Any = field(default_factory=threading.Lock)
@@ -304,10 +306,12 @@ def accelerate_lerobot(policy, levers: str = "best", check: bool = True, engine=
     if rtc is not None and getattr(rtc, "enabled", False):
         raise ValueError("policy.config.rtc_config: real-time chunking is enabled, and vlaperf's engine does not "
                          "implement its guidance")
+    released = 0
     if engine is None:
         cfg = lerobot_model_config(policy)
         engine = Engine(vlaperf_from_lerobot(policy, cfg, policy_dtype(policy)), levers)
-    fast = LeRobotAccelerator(core, "sample_actions", engine.model, engine, check,
+        released = engine.release_reference_weights()  # the checks compare against LeRobot, never vlaperf's reference
+    fast = LeRobotAccelerator(core, "sample_actions", engine.model, engine, check, released_bytes=released,
                               reference=type(core).sample_actions.__get__(core), policy=policy)
     fast.install()
     return fast
@@ -332,7 +336,8 @@ def accelerate_openpi(policy_or_model, levers: str = "best", check: bool = True)
     target, attribute = (policy_or_model, "_sample_actions") if is_policy else (model, "sample_actions")
     _refuse_twice(target, attribute, "policy_or_model")
     engine = Engine(vlaperf_from_openpi(model, openpi_model_config(model)), levers)
-    fast = OpenpiAccelerator(target, attribute, engine.model, engine, check,
+    released = engine.release_reference_weights()  # the checks compare against openpi, never vlaperf's reference
+    fast = OpenpiAccelerator(target, attribute, engine.model, engine, check, released_bytes=released,
                              reference=type(model).sample_actions.__get__(model), peer="openpi", openpi_model=model)
     fast.install()
     return fast
