@@ -4,8 +4,10 @@
 #   PART=a   graph_context_probe (graph's 29.0 ms) and bench --mode policy --levers best --processes 4.
 #   PART=d   breakdown --mode policy --levers best --processes 4.
 #   PART=b   gpu_suite s45: the whole suite on the GPU.
-#   PART=c   (carry .whl_lerobot) tests/test_compare_lerobot.py and tests/test_compare_accelerate.py in full with the
-#            real LeRobot 0.6.1, 540 s. Prediction: all pass, accelerate_lerobot's slow tests among them.
+#   PART=c   (carry .whl_lerobot) tests/test_compare_lerobot.py (480 s) and tests/test_compare_accelerate.py (400 s) in
+#            full with the real LeRobot 0.6.1. Prediction: all pass, accelerate_lerobot's slow tests and its full-size
+#            `best` GPU test among them (its first call 20-40 s: compile, capture and LeRobot's eager check); the
+#            lerobot-eval and openpi tests skip (no dataset extra, gym-pusht or openpi there).
 #   PART=e   (carry .whl_lerobot) vlaperf compare --accelerate for libero-pi0 and libero-pi05 (bfloat16, full size,
 #            random weights, LeRobot's compile left out: 338 s here): LeRobot's own predict_action_chunk as shipped
 #            and with accelerate_lerobot installed, interleaved with the core-level rows. Predictions: lerobot_predict
@@ -39,7 +41,8 @@ b)
 c)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/lrsite .whl_lerobot/*.whl
   lane A 0 40 <<EOT &
-540 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 -m pytest -p no:cacheprovider -q -rs --tb=short --durations 8 tests/test_compare_lerobot.py tests/test_compare_accelerate.py 2>&1 | tee $R/pytest_gpu_s45c_lerobot.log | tail -30
+480 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 -m pytest -p no:cacheprovider -q -rs --tb=short --durations 8 tests/test_compare_lerobot.py 2>&1 | tee $R/pytest_gpu_s45c_lerobot.log | tail -30
+400 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 -m pytest -p no:cacheprovider -q -rs --tb=short --durations 8 tests/test_compare_accelerate.py 2>&1 | tee $R/pytest_gpu_s45c_accelerate.log | tail -30
 EOT
   ;;
 e)

@@ -329,6 +329,35 @@ def test_lerobot_policy_in_bfloat16_accelerated_within_the_bfloat16_tolerance():
     assert actions.dtype == torch.float32 and check["passed"] and check["tolerance"] == 3e-2
 
 
+@needs_lerobot
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_full_size_lerobot_policy_accelerated_with_best_on_the_gpu():
+    """libero-pi0 at full size in bfloat16 as LeRobot builds it, accelerated with `best` (one CUDA graph, compile, the
+    hand-written kernels): the first call compiles, captures and passes its check; the next replays the graph."""
+    wl = get_workload("libero-pi0")
+    cfg = lr.matching_config(wl)
+    policy = lr.build_lerobot(cfg, "cuda", torch.bfloat16)
+    lr.randomize_lerobot_(policy, 0)
+    obs = random_observation(wl, cfg, "cuda")
+    lr.set_predict_features(policy, obs)
+    batch = lr.predict_batch(obs)
+    torch.manual_seed(1)
+    theirs = policy.predict_action_chunk(batch)
+    fast = acc.accelerate_lerobot(policy)
+    assert "cuda_graph" in fast.levers and fast.released_bytes > 0
+    torch.manual_seed(1)
+    ours = policy.predict_action_chunk(batch)
+    [check] = fast.checks
+    assert check["passed"] and check["images_valid"] == list(wl.image_valid), check
+    assert ((ours - theirs).norm() / theirs.norm()).item() < 3e-2
+    torch.manual_seed(1)
+    again = policy.predict_action_chunk(batch)  # the graph, replayed: no second check
+    assert ((again - ours).norm() / ours.norm()).item() < 1e-3 and len(fast.checks) == 1
+    policy.reset()
+    assert policy.select_action(batch).shape == (1, cfg.action_dim)
+
+
 # ------------------------------------------------------------ `vlaperf compare --accelerate`
 
 
