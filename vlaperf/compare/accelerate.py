@@ -332,7 +332,8 @@ def accelerate_openpi(policy_or_model, levers: str = "best", check: bool = True)
         raise TypeError("policy: an openpi Policy around a JAX model; vlaperf accelerates openpi's PyTorch model "
                         "(a PyTorch checkpoint, is_pytorch=True)")
     if not callable(getattr(type(model), "sample_actions", None)) or not hasattr(model, "_preprocess_observation"):
-        raise TypeError(f"policy_or_model: expected openpi's Policy or its PI0Pytorch, got {type(policy_or_model).__name__}")
+        raise TypeError(f"policy_or_model: expected openpi's Policy or its PI0Pytorch, got "
+                        f"{type(policy_or_model).__name__}")
     target, attribute = (policy_or_model, "_sample_actions") if is_policy else (model, "sample_actions")
     _refuse_twice(target, attribute, "policy_or_model")
     engine = Engine(vlaperf_from_openpi(model, openpi_model_config(model)), levers)

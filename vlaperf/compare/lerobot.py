@@ -348,9 +348,9 @@ def predict_batch(obs: Observation) -> dict[str, Tensor]:
     valid = mask.any(0).tolist()
     present = sum(valid)
     if valid != [True] * present + [False] * (len(valid) - present) or not (mask == mask[:1]).all():
-        raise ValueError(f"obs.image_mask: LeRobot's predict_action_chunk pads absent cameras after the present ones and "
-                         f"marks each present camera valid in every sample; this mask ({mask.int().tolist()}) has an "
-                         "empty slot before a present one, or differs between samples")
+        raise ValueError(f"obs.image_mask: LeRobot's predict_action_chunk pads absent cameras after the present "
+                         f"ones and marks each present camera valid in every sample; this mask "
+                         f"({mask.int().tolist()}) has an empty slot before a present one, or differs between samples")
     batch = {f"observation.images.{IMAGE_SLOTS[s]}": (obs.images[:, s].float() + 1) / 2 for s in range(present)}
     batch.update({"observation.state": obs.state.float(), "observation.language.tokens": obs.tokens,
                   "observation.language.attention_mask": obs.token_mask})
@@ -364,7 +364,8 @@ def set_predict_features(policy, obs: Observation) -> None:
     from lerobot.configs.types import FeatureType, PolicyFeature
 
     R = obs.images.shape[-1]
-    features = {f"observation.images.{slot}": PolicyFeature(FeatureType.VISUAL, (3, R, R)) for slot in IMAGE_SLOTS[:obs.images.shape[1]]}
+    slots = IMAGE_SLOTS[:obs.images.shape[1]]
+    features = {f"observation.images.{slot}": PolicyFeature(FeatureType.VISUAL, (3, R, R)) for slot in slots}
     features["observation.state"] = PolicyFeature(FeatureType.STATE, (obs.state.shape[1],))
     policy.config.input_features = features
     policy.config.output_features = {"action": PolicyFeature(FeatureType.ACTION, (policy.config.max_action_dim,))}
