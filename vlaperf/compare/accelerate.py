@@ -269,8 +269,9 @@ class OpenpiAccelerator(Accelerator):
 
 def _observation(images: list[Tensor], img_masks: list[Tensor], tokens: Tensor, token_mask: Tensor,
                  state: Tensor) -> Observation:
-    """LeRobot's core inputs (a list of (B, 3, H, W) images in [-1, 1], a list of (B,) masks) as vlaperf's
-    Observation, with the host-side record of its masks read in one device-to-host copy."""
+    """A peer's core inputs (LeRobot's, or openpi's after its preprocessing: a list of (B, 3, H, W) images in
+    [-1, 1], a list of (B,) masks, the prompt and its mask, the state) as vlaperf's Observation, with the host-side
+    record of its masks read in one device-to-host copy."""
     if len(images) != len(img_masks) or not images:
         raise ValueError(f"images / img_masks: {len(images)} images and {len(img_masks)} masks, expected one mask "
                          "per image and at least one image")
@@ -281,8 +282,9 @@ def _observation(images: list[Tensor], img_masks: list[Tensor], tokens: Tensor, 
     left_padded = (token_mask[:, 1:] & ~token_mask[:, :-1]).any().reshape(1)
     flags = torch.cat([image_mask.any(0), token_mask.any(0), left_padded]).cpu()  # the one read of the call
     if bool(flags[-1]):
-        raise ValueError("lang_masks: a prompt has padding before a valid token; vlaperf's engine keeps the first "
-                         "tokens, so prompts must be padded on the right (as LeRobot's tokenizer pads them)")
+        raise ValueError("lang_masks (openpi: tokenized_prompt_mask): a prompt has padding before a valid token; "
+                         "vlaperf's engine keeps the first tokens, so prompts must be padded on the right (as LeRobot's "
+                         "and openpi's tokenizers pad them)")
     return Observation(torch.stack(images, dim=1), image_mask, tokens, token_mask, state,
                        host_image_valid=tuple(bool(v) for v in flags[:S]), host_prompt_len=int(flags[S:-1].sum()))
 
