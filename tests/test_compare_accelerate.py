@@ -217,7 +217,7 @@ def test_bad_inputs_are_named():
     batch = _inputs()
     left = torch.zeros_like(batch["observation.language.attention_mask"])
     left[:, -3:] = True
-    with pytest.raises(ValueError, match="lang_masks: a prompt has padding before a valid token"):
+    with pytest.raises(ValueError, match=r"lang_masks \(openpi: tokenized_prompt_mask\): a prompt has padding before a valid token"):
         policy.predict_action_chunk({**batch, "observation.language.attention_mask": left})
     with pytest.raises(ValueError, match=r"obs.state: expected a float tensor \(B, 8\)"):
         policy.predict_action_chunk({**batch, "observation.state": batch["observation.state"][:, :5]})
