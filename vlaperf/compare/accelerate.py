@@ -12,6 +12,8 @@
     policy = openpi.policies.policy_config.create_trained_policy(train_config, pytorch_checkpoint_dir)
     fast = accelerate_openpi(policy)                   # openpi's Policy.infer, now sampling with vlaperf
 
+    run_lerobot_eval(["--policy.path=lerobot/pi0_libero", "--env.type=libero"])  # `vlaperf lerobot-eval`
+
 What is replaced: only the sampling call. For LeRobot, the core model's `sample_actions` (`policy.model`), the
 one call `predict_action_chunk` (and with it `select_action`) makes after its pre-processing: its tokenizer and
 normalisation processors, image resizing and [-1, 1] mapping, empty-camera padding and action queue run
