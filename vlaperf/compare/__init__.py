@@ -6,7 +6,7 @@ file layouts. docs/compare.md is the user guide.
     vlaperf.compare.lerobot   build LeRobot's PI0Policy / PI05Policy, copy weights, compare, time
     vlaperf.compare.openpi    compare against a user's openpi `PI0Pytorch` object
     vlaperf.compare.accelerate  accelerate_lerobot / accelerate_openpi: vlaperf's engine inside their policy objects
-    vlaperf.compare.commands  `vlaperf compare` and `vlaperf convert`
+    vlaperf.compare.commands  `vlaperf compare`, `vlaperf convert` and `vlaperf lerobot-eval`
 
 This module holds what they share: the equivalence metrics (overall and per action
 dimension) and the observation in openpi's attribute layout. Nothing here imports LeRobot
