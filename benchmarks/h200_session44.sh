@@ -19,29 +19,31 @@
 #   PART=c   (carry .whl_lerobot) tests/test_compare_lerobot.py in full with the real LeRobot 0.6.1, 420 s.
 #            Prediction: all pass, the bfloat16 checkpoint case and the full-size gpu tests among them.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session44.sh, carry [".whl"]
+# TAG (default s44) names the result files, so a later session's plan can run these parts as its own.
 set -u
+T=${TAG:-s44}
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, gpu_suite
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
 case "${PART:-a}" in
 a)
   lane A 0 40 <<EOT &
-300 python3 benchmarks/graph_context_probe.py --workload libero-pi0 --json $R/graph_context_probe_libero-pi0-s44.json
-280 $V bench --workload libero-pi0 --mode policy --levers best --processes 4 $B --json $R/bench_libero-pi0_best-s44-4proc_policy.json
+300 python3 benchmarks/graph_context_probe.py --workload libero-pi0 --json $R/graph_context_probe_libero-pi0-$T.json
+280 $V bench --workload libero-pi0 --mode policy --levers best --processes 4 $B --json $R/bench_libero-pi0_best-$T-4proc_policy.json
 EOT
   ;;
 d)
   lane A 0 60 <<EOT &
-400 $V breakdown --workload libero-pi0 --levers best --mode policy --iters 50 --no-progress --processes 4 --json $R/breakdown_libero-pi0_best_policy-s44-4proc.json
+400 $V breakdown --workload libero-pi0 --levers best --mode policy --iters 50 --no-progress --processes 4 --json $R/breakdown_libero-pi0_best_policy-$T-4proc.json
 EOT
   ;;
 b)
-  gpu_suite s44 &
+  gpu_suite $T &
   ;;
 c)
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/lrsite .whl_lerobot/*.whl
   lane A 0 40 <<EOT &
-480 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 -m pytest -p no:cacheprovider -q -rs --tb=short --durations 8 tests/test_compare_lerobot.py 2>&1 | tee $R/pytest_gpu_s44c_lerobot.log | tail -30
+480 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 -m pytest -p no:cacheprovider -q -rs --tb=short --durations 8 tests/test_compare_lerobot.py 2>&1 | tee $R/pytest_gpu_${T}c_lerobot.log | tail -30
 EOT
   ;;
 esac

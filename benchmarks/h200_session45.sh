@@ -1,9 +1,8 @@
 #!/bin/bash
 # Session 45's device plan on nvidia-h200 (one GPU; lanes.sh, lane A only). Session 45 was lent no machine either:
 # parts a-d are session 44's plan unchanged (its predictions in benchmarks/h200_session44.sh); part e is new.
-#   PART=a   graph_context_probe (graph's 29.0 ms) and bench --mode policy --levers best --processes 4.
-#   PART=d   breakdown --mode policy --levers best --processes 4.
-#   PART=b   gpu_suite s45: the whole suite on the GPU.
+#   PART=a, b, d: run by h200_session44.sh with TAG=s45 (its files named s45): graph_context_probe and bench
+#            --processes 4 (a), the whole suite on the GPU (b), breakdown --processes 4 (d).
 #   PART=c   (carry .whl_lerobot) tests/test_compare_lerobot.py (480 s) and tests/test_compare_accelerate.py (400 s) in
 #            full with the real LeRobot 0.6.1. Prediction: all pass, accelerate_lerobot's slow tests and its full-size
 #            `best` GPU test among them (its first call 20-40 s: compile, capture and LeRobot's eager check); the
@@ -20,33 +19,21 @@
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session45.sh, carry [".whl"] (c, e:
 # [".whl", ".whl_lerobot"])
 set -u
-source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, gpu_suite
+case "${PART:-a}" in
+a | b | d) TAG=s45 exec bash benchmarks/h200_session44.sh ;;  # session 44's parts, its result files named s45
+esac
+source benchmarks/lanes.sh  # $R, lane, finish, $V
 python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
 export PYTHONPATH=/tmp/site:$PWD
-case "${PART:-a}" in
-a)
-  lane A 0 40 <<EOT &
-300 python3 benchmarks/graph_context_probe.py --workload libero-pi0 --json $R/graph_context_probe_libero-pi0-s45.json
-280 $V bench --workload libero-pi0 --mode policy --levers best --processes 4 $B --json $R/bench_libero-pi0_best-s45-4proc_policy.json
-EOT
-  ;;
-d)
-  lane A 0 60 <<EOT &
-400 $V breakdown --workload libero-pi0 --levers best --mode policy --iters 50 --no-progress --processes 4 --json $R/breakdown_libero-pi0_best_policy-s45-4proc.json
-EOT
-  ;;
-b)
-  gpu_suite s45 &
-  ;;
+python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/lrsite .whl_lerobot/*.whl
+case "$PART" in
 c)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/lrsite .whl_lerobot/*.whl
   lane A 0 40 <<EOT &
 480 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 -m pytest -p no:cacheprovider -q -rs --tb=short --durations 8 tests/test_compare_lerobot.py 2>&1 | tee $R/pytest_gpu_s45c_lerobot.log | tail -30
 400 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 -m pytest -p no:cacheprovider -q -rs --tb=short --durations 8 tests/test_compare_accelerate.py 2>&1 | tee $R/pytest_gpu_s45c_accelerate.log | tail -30
 EOT
   ;;
 e)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/lrsite .whl_lerobot/*.whl
   lane A 0 40 <<EOT &
 280 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH $V compare --workload libero-pi0 --accelerate --lerobot-compile none --iters 30 --no-progress --json $R/compare_libero-pi0_lerobot_accelerated.json
 280 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH $V compare --workload libero-pi05 --accelerate --lerobot-compile none --iters 30 --no-progress --json $R/compare_libero-pi05_lerobot_accelerated.json

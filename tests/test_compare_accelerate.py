@@ -688,6 +688,11 @@ def test_lerobot_eval_refuses_a_policy_it_does_not_accelerate(eval_script, kind,
     assert f"vlaperf lerobot-eval: error: {message}" in capsys.readouterr().err
 
 
+def test_lerobot_eval_refuses_a_wrong_lever_list_before_lerobot_runs(eval_script, capsys):
+    assert _cli(["lerobot-eval", "--levers", "for_loop,nope", "--", "--policy.path=x"]) == 2
+    assert "unknown lever 'nope'" in capsys.readouterr().err and "argv" not in eval_script.seen
+
+
 def test_lerobot_eval_names_what_its_script_lacks(eval_script, monkeypatch, capsys):
     import sys
 

@@ -357,6 +357,9 @@ def run_lerobot_eval(lerobot_args: list[str], levers: str = "best", check: bool 
 
     from vlaperf.compare.lerobot import LeRobotUnavailable, import_lerobot
 
+    from vlaperf.engine.levers import Levers
+
+    Levers.parse(levers)  # a wrong lever list now, not after LeRobot has built its environments and policy
     import_lerobot(pi05=False)  # LeRobot itself first, with the message that says how to install it
     try:
         script = importlib.import_module("lerobot.scripts.lerobot_eval")

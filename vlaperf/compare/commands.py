@@ -183,7 +183,6 @@ def cmd_lerobot_eval(args) -> int:
     from vlaperf.compare.accelerate import NotEquivalent, run_lerobot_eval
     from vlaperf.compare.lerobot import LeRobotUnavailable
     from vlaperf.engine.compile import CompileUnavailable
-    from vlaperf.engine.levers import LeverError
 
     extra = args.lerobot_args[1:] if args.lerobot_args[:1] == ["--"] else args.lerobot_args
     if not extra:
@@ -191,13 +190,11 @@ def cmd_lerobot_eval(args) -> int:
                        "--policy.path=lerobot/pi0_libero --env.type=libero --env.task=libero_10")
     try:
         made = run_lerobot_eval(extra, args.levers, check=not args.no_check)
-    except (LeRobotUnavailable, LeverError, CompileUnavailable) as e:
-        raise CliError(str(e)) from None
     except NotEquivalent as e:
         print(f"vlaperf lerobot-eval: {e}", file=sys.stderr)
         return 1
-    except ValueError as e:  # a policy vlaperf does not accelerate, or one it cannot build
-        raise CliError(str(e)) from None
+    except (LeRobotUnavailable, CompileUnavailable, ValueError) as e:  # ValueError: bad levers (LeverError), a policy
+        raise CliError(str(e)) from None  # vlaperf does not accelerate, or one it cannot build
     for fast in made:
         checks = "; ".join(f"batch {c['batch']}, cameras {c['images_valid']}, prompt {c['prompt_len']}: rel L2 "
                            f"{c['rel_l2']:.3g} ({'passed' if c['passed'] else 'FAILED'})" for c in fast.checks)
