@@ -250,7 +250,7 @@ def test_not_a_lerobot_policy_is_a_type_error():
 
 def test_model_config_read_from_the_modules_configs():
     policy = _Policy(pi05=True)
-    got = acc.lerobot_model_config(policy)
+    got = lr.lerobot_model_config(policy)
     want = get_config("tiny", pi05=True)
     assert (got.name, got.pi05) == ("lerobot-pi05", True)
     assert (got.vision, got.backbone, got.expert) == (want.vision, want.backbone, want.expert)
@@ -258,7 +258,7 @@ def test_model_config_read_from_the_modules_configs():
     text = policy.model.paligemma_with_expert.paligemma.config.text_config
     del text.rope_parameters
     text.rope_theta = 500.0  # transformers 4 keeps the base here
-    assert acc.lerobot_model_config(policy).backbone.rope_base == 500.0
+    assert lr.lerobot_model_config(policy).backbone.rope_base == 500.0
 
 
 # ------------------------------------------------------------ with LeRobot (CPU)
@@ -528,6 +528,31 @@ def _openpi_observation(valid=None):
     if valid is not None:
         obs.image_mask[:] = torch.tensor(valid)
     return to_openpi_observation(obs)
+
+
+@pytest.mark.parametrize("pi05", [False, True], ids=["pi0", "pi05"])
+def test_openpi_config_reads_the_sizes_from_the_models_modules(pi05):
+    """A PI0Pytorch openpi built at a size no preset has (its Gemma variants patched, as a reduced test does) gets
+    the config of its weights, not the preset its variant names would pick: compare_openpi then needs no config=."""
+    from vlaperf.compare.openpi import compare_openpi, openpi_config
+
+    model = _openpi(pi05)
+    c = model.config
+    # openpi's config names the full variants whatever sizes its modules were built at
+    theirs = SimpleNamespace(paligemma_with_expert=model.paligemma_with_expert, config=SimpleNamespace(
+        pi05=pi05, action_dim=c.action_dim, action_horizon=c.action_horizon, max_token_len=c.max_token_len,
+        paligemma_variant="gemma_2b", action_expert_variant="gemma_300m"))
+    got, want = openpi_config(theirs), get_config("tiny", pi05=pi05)
+    assert got.name == "openpi-" + ("pi05" if pi05 else "pi0") and got.pi05 == pi05
+    assert (got.vision, got.backbone, got.expert) == (want.vision, want.backbone, want.expert)
+    assert (got.action_dim, got.action_horizon, got.max_token_len) == (want.action_dim, want.action_horizon,
+                                                                         want.max_token_len)
+    out = compare_openpi(model, "tiny", steps=2, levers="exact")
+    assert out["passed"] and out["model"] == got.name
+    assert max(m["rel_l2"] for m in out["equivalence"].values()) < 1e-5
+    theirs.config.action_horizon = None
+    with pytest.raises(ValueError, match=r"config has no action_horizon; pass config="):
+        openpi_config(theirs)
 
 
 @pytest.mark.parametrize("pi05", [False, True], ids=["pi0", "pi05"])

@@ -9,8 +9,9 @@ file layouts. docs/compare.md is the user guide.
     vlaperf.compare.commands  `vlaperf compare`, `vlaperf convert` and `vlaperf lerobot-eval`
 
 This module holds what they share: the equivalence metrics (overall and per action
-dimension) and the observation in openpi's attribute layout. Nothing here imports LeRobot
-or openpi.
+dimension), the observation in openpi's attribute layout, and the model config read from an
+openpi-layout model's own module configs (LeRobot's pi0 is a port of openpi's). Nothing here
+imports LeRobot or openpi.
 """
 
 from __future__ import annotations
@@ -83,6 +84,39 @@ def compare_vlaperf(model, levers: str | None, engine, obs: Observation, noise: 
     return equivalence, actions
 
 
+def _rope_base(hf_config) -> float:
+    """transformers 5 keeps the RoPE base in `rope_parameters`, earlier releases in `rope_theta`."""
+    params = getattr(hf_config, "rope_parameters", None)
+    if isinstance(params, dict) and "rope_theta" in params:
+        return float(params["rope_theta"])
+    return float(getattr(hf_config, "rope_theta", 10_000.0))
+
+
+def _gemma_config(hf_config):
+    from vlaperf.models.pi0 import GemmaConfig
+
+    c = hf_config
+    return GemmaConfig(width=c.hidden_size, depth=c.num_hidden_layers, mlp_dim=c.intermediate_size,
+                       num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim,
+                       vocab_size=c.vocab_size, eps=float(c.rms_norm_eps), rope_base=_rope_base(c))
+
+
+def config_from_modules(core, name: str, pi05: bool, action_dim: int, horizon: int, max_token_len: int):
+    """vlaperf's Pi0Config for an openpi-layout model `core` (openpi's PI0Pytorch, LeRobot's port of it), its sizes
+    read from its modules' own transformers configs (PaliGemma's text and vision configs, the expert's), so a model
+    of any size its owner built, a reduced one included, gets the config that matches its weights; the action and
+    prompt sizes, which those configs do not hold, are given."""
+    from vlaperf.models.pi0 import Pi0Config, VisionConfig
+
+    pwe = core.paligemma_with_expert
+    text, vision = pwe.paligemma.config.text_config, pwe.paligemma.config.vision_config
+    tower = VisionConfig(width=vision.hidden_size, depth=vision.num_hidden_layers, mlp_dim=vision.intermediate_size,
+                         num_heads=vision.num_attention_heads, patch_size=vision.patch_size,
+                         image_size=vision.image_size, eps=float(vision.layer_norm_eps))
+    return Pi0Config(name, tower, _gemma_config(text), _gemma_config(pwe.gemma_expert.config), pi05=pi05,
+                     action_dim=action_dim, action_horizon=horizon, max_token_len=max_token_len)
+
+
 def tolerance_for(dtype: torch.dtype) -> float:
     return REL_L2_TOLERANCE[dtype]
 
@@ -138,4 +172,4 @@ def from_openpi_observation(observation) -> Observation:
     )
 
 
-__all__ = ["action_metrics", "tolerance_for", "OpenpiObservation", "to_openpi_observation", "from_openpi_observation"]
+__all__ = ["action_metrics", "tolerance_for", "config_from_modules", "OpenpiObservation", "to_openpi_observation", "from_openpi_observation"]

@@ -57,75 +57,14 @@ import torch
 from torch import Tensor
 
 from vlaperf.compare import action_metrics
-from vlaperf.compare.lerobot import _is_pi05, vlaperf_from_lerobot
+from vlaperf.compare.lerobot import lerobot_model_config, policy_dtype, vlaperf_from_lerobot
 from vlaperf.inputs import Observation
-from vlaperf.models.pi0 import GemmaConfig, Pi0Config, VisionConfig
 
 RTC_ARGUMENTS = ("inference_delay", "prev_chunk_left_over", "execution_horizon")
 
 
 class NotEquivalent(RuntimeError):
     """vlaperf's actions for an input shape were further from the peer's than the tolerance allows."""
-
-
-def _rope_base(hf_config) -> float:
-    """transformers 5 keeps the RoPE base in `rope_parameters`, earlier releases in `rope_theta`."""
-    params = getattr(hf_config, "rope_parameters", None)
-    if isinstance(params, dict) and "rope_theta" in params:
-        return float(params["rope_theta"])
-    return float(getattr(hf_config, "rope_theta", 10_000.0))
-
-
-def _gemma(hf_config) -> GemmaConfig:
-    c = hf_config
-    return GemmaConfig(width=c.hidden_size, depth=c.num_hidden_layers, mlp_dim=c.intermediate_size,
-                       num_heads=c.num_attention_heads, num_kv_heads=c.num_key_value_heads, head_dim=c.head_dim,
-                       vocab_size=c.vocab_size, eps=float(c.rms_norm_eps), rope_base=_rope_base(c))
-
-
-def _model_config(core, name: str, pi05: bool, action_dim: int, horizon: int, max_token_len: int) -> Pi0Config:
-    """vlaperf's config for an openpi-layout core model (LeRobot's is a port of openpi's), its sizes read from its
-    modules' own transformers configs: PaliGemma's text and vision configs and the expert's."""
-    pwe = core.paligemma_with_expert
-    text, vision = pwe.paligemma.config.text_config, pwe.paligemma.config.vision_config
-    tower = VisionConfig(width=vision.hidden_size, depth=vision.num_hidden_layers, mlp_dim=vision.intermediate_size,
-                         num_heads=vision.num_attention_heads, patch_size=vision.patch_size,
-                         image_size=vision.image_size, eps=float(vision.layer_norm_eps))
-    return Pi0Config(name, tower, _gemma(text), _gemma(pwe.gemma_expert.config), pi05=pi05, action_dim=action_dim,
-                     action_horizon=horizon, max_token_len=max_token_len)
-
-
-def lerobot_model_config(policy) -> Pi0Config:
-    """The vlaperf model config of a built LeRobot PI0Policy / PI05Policy: sizes from its modules' configs, the
-    chunk size, padded action dim and prompt length from its policy config."""
-    c = policy.config
-    pi05 = _is_pi05(policy)
-    if not pi05 and c.max_state_dim != c.max_action_dim:
-        raise ValueError(f"policy.config.max_state_dim: {c.max_state_dim}, expected the max_action_dim "
-                         f"({c.max_action_dim}): vlaperf's pi0 pads the state to the action dim, as openpi does")
-    size = policy.model.paligemma_with_expert.paligemma.config.vision_config.image_size
-    if tuple(c.image_resolution) != (size, size):
-        raise ValueError(f"policy.config.image_resolution: {tuple(c.image_resolution)}, expected the SigLIP tower's "
-                         f"square {size} x {size}")
-    return _model_config(policy.model, "lerobot-" + ("pi05" if pi05 else "pi0"), pi05, c.max_action_dim, c.chunk_size,
-                         c.tokenizer_max_length)
-
-
-def openpi_model_config(model) -> Pi0Config:
-    """The vlaperf model config of openpi's PI0Pytorch: sizes from its modules' configs, the rest from its
-    `config` (openpi's Pi0Config: pi05, action_dim, action_horizon, max_token_len)."""
-    c = model.config
-    pi05 = bool(getattr(c, "pi05", False))
-    return _model_config(model, "openpi-" + ("pi05" if pi05 else "pi0"), pi05, c.action_dim, c.action_horizon,
-                         c.max_token_len)
-
-
-def policy_dtype(policy) -> torch.dtype:
-    """The dtype LeRobot's config built the policy in ("bfloat16" or "float32")."""
-    name = getattr(policy.config, "dtype", "float32")
-    if name not in ("bfloat16", "float32"):
-        raise ValueError(f"policy.config.dtype: {name!r}, expected 'bfloat16' or 'float32'")
-    return torch.bfloat16 if name == "bfloat16" else torch.float32
 
 
 @dataclass(eq=False)
@@ -327,7 +266,7 @@ def accelerate_openpi(policy_or_model, levers: str = "best", check: bool = True)
     its `sample_actions`. openpi's input transforms, its `Observation`, its preprocessing (resize with padding,
     masks) and its output transforms run unchanged. Each new input shape is checked once against openpi's own
     eager `sample_actions`, as `accelerate_lerobot` does. Returns the accelerator (`checks`, `restore()`)."""
-    from vlaperf.compare.openpi import vlaperf_from_openpi
+    from vlaperf.compare.openpi import openpi_config, vlaperf_from_openpi
     from vlaperf.engine import Engine
 
     model = getattr(policy_or_model, "_model", policy_or_model)
@@ -340,7 +279,7 @@ def accelerate_openpi(policy_or_model, levers: str = "best", check: bool = True)
                         f"{type(policy_or_model).__name__}")
     target, attribute = (policy_or_model, "_sample_actions") if is_policy else (model, "sample_actions")
     _refuse_twice(target, attribute, "policy_or_model")
-    engine = Engine(vlaperf_from_openpi(model, openpi_model_config(model)), levers)
+    engine = Engine(vlaperf_from_openpi(model, openpi_config(model)), levers)
     released = engine.release_reference_weights()  # the checks compare against openpi, never vlaperf's reference
     fast = OpenpiAccelerator(target, attribute, engine.model, engine, check, released_bytes=released,
                              reference=type(model).sample_actions.__get__(model), peer="openpi", openpi_model=model)
@@ -396,4 +335,4 @@ def _refuse_twice(target, attribute: str, name: str) -> None:
 
 
 __all__ = ["NotEquivalent", "Accelerator", "LeRobotAccelerator", "OpenpiAccelerator", "accelerate_lerobot",
-           "accelerate_openpi", "run_lerobot_eval", "lerobot_model_config", "openpi_model_config", "policy_dtype"]
+           "accelerate_openpi", "run_lerobot_eval"]

@@ -59,7 +59,7 @@ from torch import Tensor
 
 from vlaperf.checkpoints import (EMBED, LEROBOT_PREFIX, LM_HEAD, CheckpointError, load_read_tensors, load_state,
                                  read_model_tensors)
-from vlaperf.compare import action_metrics, comparison_engine, comparison_steps, compare_vlaperf
+from vlaperf.compare import action_metrics, comparison_engine, comparison_steps, compare_vlaperf, config_from_modules
 from vlaperf.inputs import IMAGE_SLOTS, Observation, random_noise, random_observation
 from vlaperf.models.pi0 import (
     GEMMA_2B,
@@ -176,6 +176,14 @@ def _lerobot_dtype(dtype: torch.dtype) -> str:
     if dtype == torch.float32:
         return "float32"
     raise ValueError(f"LeRobot's pi0 runs in bfloat16 or float32, not {dtype}")
+
+
+def policy_dtype(policy) -> torch.dtype:
+    """The dtype LeRobot's config built the policy in ("bfloat16" or "float32")."""
+    name = getattr(policy.config, "dtype", "float32")
+    if name not in ("bfloat16", "float32"):
+        raise ValueError(f"policy.config.dtype: {name!r}, expected 'bfloat16' or 'float32'")
+    return torch.bfloat16 if name == "bfloat16" else torch.float32
 
 
 def lerobot_config(lr: SimpleNamespace, cfg: Pi0Config, device: torch.device, dtype: torch.dtype, steps: int):
@@ -375,6 +383,22 @@ def _is_pi05(policy) -> bool:
     return not hasattr(policy.model, "state_proj")
 
 
+def lerobot_model_config(policy) -> Pi0Config:
+    """The vlaperf model config of a built LeRobot PI0Policy / PI05Policy: sizes from its modules' configs, the
+    chunk size, padded action dim and prompt length from its policy config."""
+    c = policy.config
+    pi05 = _is_pi05(policy)
+    if not pi05 and c.max_state_dim != c.max_action_dim:
+        raise ValueError(f"policy.config.max_state_dim: {c.max_state_dim}, expected the max_action_dim "
+                         f"({c.max_action_dim}): vlaperf's pi0 pads the state to the action dim, as openpi does")
+    size = policy.model.paligemma_with_expert.paligemma.config.vision_config.image_size
+    if tuple(c.image_resolution) != (size, size):
+        raise ValueError(f"policy.config.image_resolution: {tuple(c.image_resolution)}, expected the SigLIP tower's "
+                         f"square {size} x {size}")
+    return config_from_modules(policy.model, "lerobot-" + ("pi05" if pi05 else "pi0"), pi05, c.max_action_dim,
+                               c.chunk_size, c.tokenizer_max_length)
+
+
 @dataclass
 class LeRobotRun:
     """Everything a comparison built, kept for timing: LeRobot's policy, vlaperf's model, the
@@ -565,4 +589,5 @@ def _predict_variants(run: LeRobotRun, fns: dict) -> dict:
 
 __all__ = ["LEROBOT_MISSING", "LeRobotUnavailable", "Reduced", "LeRobotRun", "import_lerobot", "lerobot_available",
            "matching_config", "build_lerobot", "randomize_lerobot_", "vlaperf_from_lerobot", "load_into_lerobot_",
-           "compare_lerobot", "time_lerobot", "run_lerobot", "predict_batch", "set_predict_features"]
+           "compare_lerobot", "time_lerobot", "run_lerobot", "predict_batch", "set_predict_features", "lerobot_model_config",
+           "policy_dtype"]

@@ -12,9 +12,10 @@ it: you construct (and load) openpi's model as you normally do, and hand the obj
 What happens:
   1. theirs.state_dict() is loaded into a new vlaperf model with the strict
      vlaperf.checkpoints.load_state (names equal openpi's one to one; any missing,
-     unexpected or wrongly shaped tensor is an error naming it). The model config comes
-     from `theirs.config` (pi05, action_dim, action_horizon, max_token_len) unless you pass
-     `config=`; dtype and device from its backbone weights. vlaperf's dtype layout for a
+     unexpected or wrongly shaped tensor is an error naming it). Unless you pass `config=`,
+     the model config is `openpi_config(theirs)`: sizes from its modules' transformers
+     configs, pi05, action_dim, action_horizon and max_token_len from `theirs.config`;
+     dtype and device from its backbone weights. vlaperf's dtype layout for a
      dtype is openpi's (`to_bfloat16_for_selected_params`), so the copy is exact.
   2. One random observation of the workload's shapes (vlaperf.inputs) is given to both:
      to openpi as an object with the attributes its `preprocess_observation_pytorch` reads
@@ -39,7 +40,8 @@ import dataclasses
 import torch
 
 from vlaperf.checkpoints import EMBED, LM_HEAD, CheckpointError, load_state
-from vlaperf.compare import comparison_engine, comparison_steps, compare_vlaperf, to_openpi_observation
+from vlaperf.compare import (comparison_engine, comparison_steps, compare_vlaperf, config_from_modules,
+                             to_openpi_observation)
 from vlaperf.inputs import random_noise, random_observation
 from vlaperf.models.pi0 import Pi0Config, Pi0Model, empty_model, get_config
 from vlaperf.workloads import Workload, get_workload
@@ -49,17 +51,25 @@ FULL_VARIANTS = ("gemma_2b", "gemma_300m")
 
 
 def openpi_config(openpi_model) -> Pi0Config:
-    """vlaperf's config for an openpi PI0Pytorch, read from its `config` (openpi's
-    Pi0Config: pi05, action_dim, action_horizon, max_token_len, paligemma_variant,
-    action_expert_variant)."""
+    """vlaperf's config for an openpi PI0Pytorch. Its sizes come from its modules' own transformers configs (so a
+    model openpi built at another size, a reduced or patched Gemma variant included, gets the config its weights
+    have); pi05, action_dim, action_horizon and max_token_len from its `config` (openpi's Pi0Config). An object
+    without openpi's module tree (one that offers only `state_dict()` and `config`) is mapped by its variant names,
+    which must be the full ones."""
     c = getattr(openpi_model, "config", None)
     if c is None:
         raise ValueError("the openpi model has no `config`; pass config= (a vlaperf Pi0Config or preset name)")
+    pi05 = bool(getattr(c, "pi05", False))
+    if hasattr(openpi_model, "paligemma_with_expert"):
+        missing = [k for k in ("action_dim", "action_horizon", "max_token_len") if getattr(c, k, None) is None]
+        if missing:
+            raise ValueError(f"the openpi model's config has no {', '.join(missing)}; pass config=")
+        return config_from_modules(openpi_model, "openpi-" + ("pi05" if pi05 else "pi0"), pi05, c.action_dim,
+                                   c.action_horizon, c.max_token_len)
     variants = (getattr(c, "paligemma_variant", "gemma_2b"), getattr(c, "action_expert_variant", "gemma_300m"))
     if variants != FULL_VARIANTS:
         raise ValueError(f"openpi model uses variants {variants}; vlaperf's pi0/pi05 presets are {FULL_VARIANTS} "
                          "(pass config= with matching sizes)")
-    pi05 = bool(getattr(c, "pi05", False))
     overrides = {k: getattr(c, k) for k in ("action_dim", "action_horizon", "max_token_len") if getattr(c, k, None) is not None}
     return get_config("pi05" if pi05 else "pi0", **overrides)
 
