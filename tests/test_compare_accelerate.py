@@ -15,7 +15,7 @@ import torch
 from vlaperf.compare import accelerate as acc
 from vlaperf.compare import lerobot as lr
 from vlaperf.inputs import IMAGE_SLOTS, Observation, random_observation
-from vlaperf.models.pi0 import Pi0Model, get_config, init_random_
+from vlaperf.models.pi0 import Guidance, Pi0Model, get_config, init_random_, rtc_step_weights
 from vlaperf.workloads import get_workload
 
 needs_lerobot = pytest.mark.skipif(not lr.lerobot_available(), reason=lr.LEROBOT_MISSING)
@@ -36,6 +36,7 @@ class _Core(Pi0Model):
     def __init__(self, cfg, offset=0.0):
         super().__init__(cfg)
         self.offset, self.calls, self.noise_draws = offset, 0, 0
+        self.rtc_config = self.rtc_processor = None  # LeRobot's RTC, set by the policy
         v = cfg.vision
         self.paligemma_with_expert.paligemma.config = SimpleNamespace(
             text_config=_hf_gemma(cfg.backbone),
@@ -49,15 +50,36 @@ class _Core(Pi0Model):
         return torch.normal(0.0, 1.0, size=shape, dtype=torch.float32, device=device)
 
     @torch.no_grad()
-    def sample_actions(self, images, img_masks, lang_tokens, lang_masks, *state, noise=None, num_steps=None):
+    def sample_actions(self, images, img_masks, lang_tokens, lang_masks, *state, noise=None, num_steps=None,
+                       inference_delay=None, prev_chunk_left_over=None, execution_horizon=None):
         assert len(state) == (0 if self.config.pi05 else 1)  # pi0.5's state is in its prompt
         self.calls += 1
         B = lang_tokens.shape[0]
+        H, A = self.config.action_horizon, self.config.action_dim
         obs = Observation(torch.stack(images, 1), torch.stack(img_masks, 1), lang_tokens, lang_masks,
-                          state[0] if state else torch.zeros(B, self.config.action_dim))
+                          state[0] if state else torch.zeros(B, A))
         if noise is None:
-            noise = self.sample_noise((B, self.config.action_horizon, self.config.action_dim), obs.state.device)
-        return Pi0Model.sample_actions(self, obs, noise, STEPS if num_steps is None else num_steps) + self.offset
+            noise = self.sample_noise((B, H, A), obs.state.device)
+        steps = STEPS if num_steps is None else num_steps
+        guidance = None
+        if self.rtc_config is not None and self.rtc_config.enabled and prev_chunk_left_over is not None:
+            # LeRobot's RTC: the leftover zero-padded to the chunk, its prefix weights, the paper's step weights
+            T, used = prev_chunk_left_over.shape[1], prev_chunk_left_over.shape[2]
+            target = torch.zeros(B, H, A)
+            target[:, :T, :used] = prev_chunk_left_over
+            horizon = min(execution_horizon or self.rtc_config.execution_horizon, T)
+            guidance = Guidance(target, self.rtc_processor.get_prefix_weights(inference_delay, horizon, H),
+                                rtc_step_weights(steps, self.rtc_config.max_guidance_weight))
+        return Pi0Model.sample_actions(self, obs, noise, steps, guidance) + self.offset
+
+
+def _prefix_weights(start, end, total):
+    """LeRobot's linear RTC schedule, as the stand-in's rtc_processor: 1 up to the delay, down to 0 by the horizon."""
+    w = torch.zeros(total)
+    w[:start] = 1.0
+    for i in range(start, end):
+        w[i] = (end - i) / (end - start + 1)
+    return w
 
 
 class _Policy(torch.nn.Module):
@@ -72,6 +94,7 @@ class _Policy(torch.nn.Module):
         super().__init__()
         cfg = get_config("tiny", pi05=pi05)
         self.model = _Core(cfg, offset)
+        self.model.rtc_config, self.model.rtc_processor = rtc, SimpleNamespace(get_prefix_weights=_prefix_weights)
         init_random_(self.model, 0)
         self.model.eval()
         R = cfg.vision.image_size
@@ -199,14 +222,60 @@ def test_a_step_kernel_fault_reaches_the_caller_instead_of_actions(monkeypatch):
     assert len(faults) == 2
 
 
-def test_real_time_chunking_is_refused():
-    with pytest.raises(ValueError, match=r"policy.config.rtc_config: real-time chunking is enabled"):
-        acc.accelerate_lerobot(_Policy(rtc=SimpleNamespace(enabled=True)), levers="exact")
-    policy = _Policy(rtc=SimpleNamespace(enabled=False))
+def _rtc(enabled=True, debug=False):
+    return SimpleNamespace(enabled=enabled, execution_horizon=6, max_guidance_weight=5.0, debug=debug)
+
+
+def _leftover(B=1, T=7, A=5, seed=3):
+    """The previous chunk's unexecuted actions: shorter than the chunk, in fewer dimensions than the padded ones."""
+    return torch.randn(B, T, A, generator=torch.Generator().manual_seed(seed))
+
+
+@pytest.mark.parametrize("pi05", [False, True], ids=["pi0", "pi05"])
+def test_real_time_chunking_is_guided_as_lerobots_own_call(pi05):
+    policy = _Policy(pi05=pi05, rtc=_rtc())
+    noise = torch.randn(1, 10, 8, generator=torch.Generator().manual_seed(0))
+    rtc = dict(inference_delay=2, prev_chunk_left_over=_leftover(), execution_horizon=5)
+    theirs = policy.predict_action_chunk(_inputs(), noise=noise, **rtc)
+    plain = policy.predict_action_chunk(_inputs(), noise=noise)
+    assert ((theirs - plain).norm() / plain.norm()).item() > 0.05  # the guidance moves the chunk
+    fast = acc.accelerate_lerobot(policy, levers="exact")
+    ours = policy.predict_action_chunk(_inputs(), noise=noise, **rtc)
+    assert ((ours - theirs).norm() / theirs.norm()).item() < 1e-5
+    assert [c["guided"] for c in fast.checks] == [True] and fast.checks[0]["passed"]
+    # another delay and leftover: the same shapes, no new check, LeRobot's own answer for those values
+    rtc2 = dict(inference_delay=1, prev_chunk_left_over=_leftover(T=4, seed=4), execution_horizon=None)
+    ours2 = policy.predict_action_chunk(_inputs(), noise=noise, **rtc2)
+    assert len(fast.checks) == 1
+    fast.restore()
+    theirs2 = policy.predict_action_chunk(_inputs(), noise=noise, **rtc2)
+    fast.install()
+    assert ((ours2 - theirs2).norm() / theirs2.norm()).item() < 1e-5
+    # the first chunk of an episode has no leftover: unguided, as LeRobot, and a shape of its own to check
+    first = policy.predict_action_chunk(_inputs(), noise=noise, inference_delay=2, prev_chunk_left_over=None)
+    assert ((first - plain).norm() / plain.norm()).item() < 1e-5
+    assert [c["guided"] for c in fast.checks] == [True, False]
+
+
+def test_rtc_arguments_without_rtc_in_the_config_are_ignored_as_lerobot_ignores_them():
+    policy = _Policy(rtc=_rtc(enabled=False))
+    noise = torch.randn(1, 10, 8)
+    plain = policy.predict_action_chunk(_inputs(), noise=noise)
     acc.accelerate_lerobot(policy, levers="exact")
-    policy.predict_action_chunk(_inputs(), inference_delay=None, prev_chunk_left_over=None)  # LeRobot's defaults
-    with pytest.raises(ValueError, match=r"^execution_horizon, inference_delay: real-time chunking \(RTC\) is not"):
-        policy.predict_action_chunk(_inputs(), inference_delay=2, execution_horizon=5)
+    ours = policy.predict_action_chunk(_inputs(), noise=noise, inference_delay=2, prev_chunk_left_over=_leftover())
+    assert ((ours - plain).norm() / plain.norm()).item() < 1e-5
+
+
+def test_rtc_debug_tracking_and_bad_rtc_arguments_are_refused():
+    with pytest.raises(ValueError, match=r"policy.config.rtc_config.debug: RTC's debug tracking"):
+        acc.accelerate_lerobot(_Policy(rtc=_rtc(debug=True)), levers="exact")
+    policy = _Policy(rtc=_rtc())
+    acc.accelerate_lerobot(policy, levers="exact")
+    with pytest.raises(ValueError, match=r"prev_chunk_left_over: expected \(B=1 or 1, T <= 10, A <= 8\) or \(T, A\), "
+                                         r"got \(1, 11, 5\)"):
+        policy.predict_action_chunk(_inputs(), inference_delay=2, prev_chunk_left_over=_leftover(T=11))
+    with pytest.raises(ValueError, match=r"inference_delay: expected an integer >= 0 with prev_chunk_left_over, got None"):
+        policy.predict_action_chunk(_inputs(), prev_chunk_left_over=_leftover())
     with pytest.raises(TypeError, match=r"unexpected arguments \['temperature'\]"):
         policy.predict_action_chunk(_inputs(), temperature=0.5)
 
@@ -315,6 +384,34 @@ def test_lerobot_policy_accelerated_through_its_own_predict_and_select(pi05):
     fast.restore()
     torch.manual_seed(1)
     assert torch.equal(policy.predict_action_chunk(batch), theirs)  # LeRobot's own call, bit for bit
+
+
+@needs_lerobot
+@pytest.mark.slow
+@pytest.mark.parametrize("pi05", [False, True], ids=["pi0", "pi05"])
+def test_lerobot_real_time_chunking_accelerated(pi05):
+    """LeRobot's own RTC (its RTCConfig and RTCProcessor, the linear schedule) through predict_action_chunk with
+    the previous chunk's leftover, as LeRobot's RTC loop passes it: vlaperf's guided engine against LeRobot's own
+    guided call, where the guidance moves the chunk far beyond the tolerance."""
+    from lerobot.policies.rtc.configuration_rtc import RTCConfig
+
+    policy = _lerobot_policy(pi05)
+    policy.config.rtc_config = RTCConfig(enabled=True, execution_horizon=6, max_guidance_weight=5.0)
+    policy.init_rtc_processor()
+    batch = _lerobot_batch()
+    rtc = dict(inference_delay=2, prev_chunk_left_over=_leftover(T=policy.config.chunk_size - 3, A=7),
+               execution_horizon=6)
+    torch.manual_seed(1)
+    theirs = policy.predict_action_chunk(batch, **rtc)
+    torch.manual_seed(1)
+    plain = policy.predict_action_chunk(batch)
+    assert ((theirs - plain).norm() / plain.norm()).item() > 0.1
+    fast = acc.accelerate_lerobot(policy)
+    torch.manual_seed(1)
+    ours = policy.predict_action_chunk(batch, **rtc)
+    assert ((ours - theirs).norm() / theirs.norm()).item() < 1e-4
+    [check] = fast.checks
+    assert check["guided"] and check["passed"]
 
 
 @needs_lerobot

@@ -37,9 +37,13 @@ it drew before. Each call reads the masks to the host once (one small device-to-
 carry no host-side record of which cameras are empty or how long the prompt is, and the engine's plan (which
 slots to embed, how many prompt tokens to keep) is made on the host.
 
-Not supported: LeRobot's real-time chunking (RTC guidance, `rtc_config.enabled`) is refused when the policy is
-accelerated, and RTC arguments given to a call are refused there; `restore()` hands the call back to the peer,
-as it was (a `torch.compile`d call included).
+Real-time chunking: with LeRobot's `rtc_config.enabled`, a call given the previous chunk's leftover
+(`prev_chunk_left_over`, `inference_delay`, `execution_horizon`, as `predict_action_chunk` passes them) is guided
+toward it inside the engine's loop (vlaperf.models.pi0.Guidance), with LeRobot's own prefix weights
+(`rtc_processor.get_prefix_weights`) and the paper's guidance weight per step clamped at `max_guidance_weight`; a
+guided call is checked against LeRobot's own RTC call once per input shape, as any other. Not supported: RTC's
+debug tracking (`rtc_config.debug`), which records each step's internals; it is refused when the policy is
+accelerated. `restore()` hands the call back to the peer, as it was (a `torch.compile`d call included).
 
 Memory: the peer's weights stay where they are (its training path and the checks use them); the engine's model
 is a second copy in vlaperf's layout, held once: where the engine fuses projections, the model's own copies of
@@ -59,6 +63,7 @@ from torch import Tensor
 from vlaperf.compare import action_metrics
 from vlaperf.compare.lerobot import lerobot_model_config, policy_dtype, vlaperf_from_lerobot
 from vlaperf.inputs import Observation
+from vlaperf.models.pi0 import Guidance, rtc_step_weights
 
 RTC_ARGUMENTS = ("inference_delay", "prev_chunk_left_over", "execution_horizon")
 
@@ -115,7 +120,8 @@ class Accelerator:
     def sample_actions(self, *args, **kwargs):
         raise NotImplementedError
 
-    def _run(self, images, img_masks, tokens, token_mask, state, noise, num_steps: int, reference_call):
+    def _run(self, images, img_masks, tokens, token_mask, state, noise, num_steps: int, reference_call,
+             guidance: Guidance | None = None):
         """The engine's actions for the peer's core inputs; on a shape's first call, checked against
         `reference_call(noise)` (the peer's own actions for the same inputs and that noise)."""
         cfg = self.model.config
@@ -125,15 +131,17 @@ class Accelerator:
             if state is None:
                 state = self._zero_state[(B, device)] = torch.zeros(B, cfg.action_dim, device=device)
         obs = _observation(images, img_masks, tokens, token_mask, state.float())
-        key = (tuple(obs.images.shape), obs.host_image_valid, obs.host_prompt_len, tokens.shape[1], int(num_steps))
+        key = (tuple(obs.images.shape), obs.host_image_valid, obs.host_prompt_len, tokens.shape[1], int(num_steps),
+               guidance is not None)
         with self._lock:
             if not self.check or key in self._passed:
-                return self._engine_actions(obs, noise, num_steps)
+                return self._engine_actions(obs, noise, num_steps, guidance)
             theirs = reference_call(noise.clone())
-            ours = self._engine_actions(obs, noise, num_steps)
+            ours = self._engine_actions(obs, noise, num_steps, guidance)
             metrics = action_metrics(ours, theirs.float(), self.model.dtype)
             record = {"batch": B, "image_slots": obs.images.shape[1], "images_valid": list(obs.host_image_valid),
                       "prompt_len": obs.host_prompt_len, "prompt_slots": tokens.shape[1], "num_steps": int(num_steps),
+                      "guided": guidance is not None,
                       **{k: metrics[k] for k in ("max_abs", "rel_l2", "tolerance", "passed")}}
             self.checks.append(record)
             if not metrics["passed"]:
@@ -144,8 +152,8 @@ class Accelerator:
             self._passed.add(key)
             return ours
 
-    def _engine_actions(self, obs: Observation, noise: Tensor, num_steps: int) -> Tensor:
-        actions = self.engine.sample_actions(obs, noise, num_steps)
+    def _engine_actions(self, obs: Observation, noise: Tensor, num_steps: int, guidance: Guidance | None) -> Tensor:
+        actions = self.engine.sample_actions(obs, noise, num_steps, guidance)
         # With `megakernel`, a grid barrier that gave up means wrong actions: its flag is read here (a sync, which the
         # caller's copy of the actions to the host makes anyway), so no wrong chunk reaches a robot
         self.engine.raise_on_kernel_fault()
@@ -157,16 +165,14 @@ class LeRobotAccelerator(Accelerator):
     """`accelerate_lerobot`'s: installed as the core model's `sample_actions` (`policy.model`)."""
 
     policy: Any = None
+    _prefix_weights: dict = field(default_factory=dict)  # (inference_delay, execution_horizon, device) -> (H,)
+    _step_weights: dict = field(default_factory=dict)  # (num_steps, device) -> (num_steps,)
 
     # LeRobot calls pi0's core as (images, img_masks, lang_tokens, lang_masks, state, noise=, num_steps=, **rtc)
     # and pi0.5's as (images, img_masks, tokens, masks, noise=, num_steps=, **rtc).
     @torch.no_grad()
     def sample_actions(self, images, img_masks, lang_tokens, lang_masks, *args, noise=None, num_steps=None, **kwargs):
         cfg = self.model.config
-        rtc = sorted(k for k in kwargs if k in RTC_ARGUMENTS and kwargs[k] is not None)
-        if rtc:
-            raise ValueError(f"{', '.join(rtc)}: real-time chunking (RTC) is not implemented in vlaperf's engine; "
-                             "call restore() on the accelerator to sample with LeRobot's own loop")
         unknown = sorted(k for k in kwargs if k not in RTC_ARGUMENTS)
         if unknown:
             raise TypeError(f"sample_actions: unexpected arguments {unknown}")
@@ -186,8 +192,39 @@ class LeRobotAccelerator(Accelerator):
             noise = self.policy.model.sample_noise((B, cfg.action_horizon, cfg.action_dim), device)
         state = given.get("state")
         inputs = (images, img_masks, lang_tokens, lang_masks) + ((state,) if not cfg.pi05 else ())
+        guidance = self._guidance(B, num_steps, device, **kwargs)
         return self._run(images, img_masks, lang_tokens, lang_masks, state, noise, num_steps,
-                         lambda n: self.reference(*inputs, noise=n, num_steps=num_steps))
+                         lambda n: self.reference(*inputs, noise=n, num_steps=num_steps, **kwargs), guidance)
+
+    def _guidance(self, B: int, num_steps: int, device: torch.device, inference_delay=None, prev_chunk_left_over=None,
+                  execution_horizon=None) -> Guidance | None:
+        """LeRobot's real-time chunking for this call as a Guidance, or None where LeRobot would not guide: RTC
+        off in the policy's config, or no previous chunk given (the first chunk of an episode)."""
+        core = self.policy.model
+        rtc_config = getattr(self.policy.config, "rtc_config", None)
+        if prev_chunk_left_over is None or rtc_config is None or not rtc_config.enabled:
+            return None
+        cfg = self.model.config
+        H, A = cfg.action_horizon, cfg.action_dim
+        prev = prev_chunk_left_over if prev_chunk_left_over.dim() == 3 else prev_chunk_left_over[None]
+        if prev.dim() != 3 or prev.shape[0] not in (1, B) or prev.shape[1] > H or prev.shape[2] > A:
+            raise ValueError(f"prev_chunk_left_over: expected (B={B} or 1, T <= {H}, A <= {A}) or (T, A), got "
+                             f"{tuple(prev_chunk_left_over.shape)}")
+        if isinstance(inference_delay, bool) or not isinstance(inference_delay, int) or inference_delay < 0:
+            raise ValueError(f"inference_delay: expected an integer >= 0 with prev_chunk_left_over, got "
+                             f"{inference_delay!r}")
+        horizon = rtc_config.execution_horizon if execution_horizon is None else int(execution_horizon)
+        horizon = min(horizon, prev.shape[1])  # as LeRobot: nothing to hold beyond the leftover
+        target = torch.zeros(B, H, A, dtype=torch.float32, device=device)
+        target[:, : prev.shape[1], : prev.shape[2]] = prev.to(device, torch.float32)
+        key = (inference_delay, horizon, device)
+        if key not in self._prefix_weights:  # LeRobot's own schedule (linear, exponential, ones, zeros)
+            weights = core.rtc_processor.get_prefix_weights(inference_delay, horizon, H)
+            self._prefix_weights[key] = weights.to(device, torch.float32)
+        if (num_steps, device) not in self._step_weights:
+            self._step_weights[(num_steps, device)] = rtc_step_weights(num_steps, rtc_config.max_guidance_weight,
+                                                                       device)
+        return Guidance(target, self._prefix_weights[key], self._step_weights[(num_steps, device)])
 
 
 @dataclass(eq=False)
@@ -246,9 +283,9 @@ def accelerate_lerobot(policy, levers: str = "best", check: bool = True, engine=
                         f"{type(policy).__name__}")
     _refuse_twice(core, "sample_actions", "policy")
     rtc = getattr(policy.config, "rtc_config", None)
-    if rtc is not None and getattr(rtc, "enabled", False):
-        raise ValueError("policy.config.rtc_config: real-time chunking is enabled, and vlaperf's engine does not "
-                         "implement its guidance")
+    if rtc is not None and getattr(rtc, "debug", False):
+        raise ValueError("policy.config.rtc_config.debug: RTC's debug tracking records each denoise step's internals, "
+                         "which vlaperf's engine (one CUDA graph a call) does not expose; set debug=False")
     released = 0
     if engine is None:
         cfg = lerobot_model_config(policy)

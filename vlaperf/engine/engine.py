@@ -26,7 +26,7 @@ from vlaperf.engine.levers import Levers
 from vlaperf.engine.loop import SuffixContext, denoise_step
 from vlaperf.engine.prefix import PLAIN_BLOCKS, PrefixBlocks, PrefixPlan, embed_prefix, plan_prefix, prefill
 from vlaperf.inputs import Observation
-from vlaperf.models.pi0 import Pi0Model, check_sample_inputs
+from vlaperf.models.pi0 import Guidance, Pi0Model, check_sample_inputs
 
 
 # Worker processes that compile the engine's Triton kernels during the first call of a compiled
@@ -139,8 +139,10 @@ class Engine:
     # ------------------------------------------------------------------ public
 
     @torch.no_grad()
-    def sample_actions(self, obs: Observation, noise: Tensor | None = None, num_steps: int = 10) -> Tensor:
-        """Actions (B, H, A) float32, the same function as `model.sample_actions`. Calls from several
+    def sample_actions(self, obs: Observation, noise: Tensor | None = None, num_steps: int = 10,
+                       guidance: Guidance | None = None) -> Tensor:
+        """Actions (B, H, A) float32, the same function as `model.sample_actions` (`guidance` included:
+        real-time chunking's pull toward the previous chunk, models.pi0.Guidance). Calls from several
         threads take turns: the static KV cache, the CUDA graphs' input buffers and the schedule
         tables are the engine's own, one set per shape, so two calls at once would write each other's."""
         if self.model.weights_version != self._weights_version:
@@ -152,10 +154,14 @@ class Engine:
                                f"the engine's copies {self._built_for[0]} on {self._built_for[1]}): build the Engine "
                                "again")
         check_sample_inputs(self.model.config, obs, noise, num_steps, self.device)
+        if guidance is not None:
+            cfg = self.model.config
+            guidance.check(obs.batch, cfg.action_horizon, cfg.action_dim, num_steps, self.device)
         with self._call_lock:
-            return self._sample_actions(obs, noise, num_steps)
+            return self._sample_actions(obs, noise, num_steps, guidance)
 
-    def _sample_actions(self, obs: Observation, noise: Tensor | None, num_steps: int) -> Tensor:
+    def _sample_actions(self, obs: Observation, noise: Tensor | None, num_steps: int,
+                        guidance: Guidance | None = None) -> Tensor:
         cfg = self.model.config
         if noise is None:
             noise = torch.randn(obs.batch, cfg.action_horizon, cfg.action_dim, device=self.device)
@@ -163,6 +169,8 @@ class Engine:
         plan = plan_prefix(obs, lv.skip_masked_images, lv.trim_prompt_padding)
         self.last_plan = plan
         inputs = [obs.images, obs.image_mask, obs.tokens, obs.token_mask, obs.state, noise]
+        if guidance is not None:  # graph inputs like the rest: new values replay the graph of these shapes
+            inputs += guidance.tensors()
         if self.graphs is not None:
             self.prepare(num_steps)  # schedule tables are copied to the device before any capture
             key = (plan.slots, plan.prompt_len, num_steps, tuple((tuple(x.shape), x.dtype) for x in inputs))
@@ -216,7 +224,7 @@ class Engine:
 
         from vlaperf.engine.kernels.launch import compile_only, compile_recorded
 
-        B = inputs[-1].shape[0]
+        B = inputs[4].shape[0]  # the state's batch
         Tp = len(plan.slots) * self.model.config.vision.num_patches + plan.prompt_len
         self._kv_buffers(B, Tp)  # allocated here, not raced for by the two threads
         stream = torch.cuda.Stream(self.device) if self.device.type == "cuda" else None
@@ -302,10 +310,10 @@ class Engine:
         else:
             self.stage_hook(stage)
 
-    def _sample(self, images, image_mask, tokens, token_mask, state, noise, *, plan: PrefixPlan, num_steps: int,
-                compiled: bool = True) -> Tensor:
+    def _sample(self, images, image_mask, tokens, token_mask, state, noise, *guidance: Tensor, plan: PrefixPlan,
+                num_steps: int, compiled: bool = True) -> Tensor:
         """The call on the engine's path; compiled=False: none of it through torch.compile (the
-        kernel-compile thread of the first call)."""
+        kernel-compile thread of the first call). `guidance`: Guidance.tensors(), or none."""
         prefix_fn = self._prefix if compiled else partial(self._prefix_eager, blocks=PLAIN_BLOCKS)
         step_fn = self._step if compiled else self._step_eager
         if self.levers.compile in ("reduce-overhead", "max-autotune"):
@@ -328,7 +336,10 @@ class Engine:
             for i in range(num_steps):
                 self._mark(f"denoise_step_{i}")
                 row = _table_row(tables, i)
-                if row is not None and "euler_proj" in row:  # the action head returns the next x_t
+                if guidance:  # the guidance needs the velocity itself: no Euler-folded head
+                    v_t = step_fn(ctx, x_t, times[i].expand(B), row, sdpa)
+                    x_t = x_t + dt * Guidance.apply(v_t, x_t, times[i], i, *guidance)
+                elif row is not None and "euler_proj" in row:  # the action head returns the next x_t
                     x_t = step_fn(ctx, x_t, times[i].expand(B), row, sdpa, euler=True)
                 else:
                     x_t = x_t + dt * step_fn(ctx, x_t, times[i].expand(B), row, sdpa)
@@ -341,6 +352,8 @@ class Engine:
         while time_t >= -dt_t / 2:
             self._mark(f"denoise_step_{i}")
             v_t = step_fn(ctx, x_t, time_t.expand(B), _table_row(tables, i), sdpa)
+            if guidance:
+                v_t = Guidance.apply(v_t, x_t, time_t, i, *guidance)
             x_t = x_t + dt_t * v_t
             time_t = time_t + dt_t
             i += 1

@@ -498,6 +498,57 @@ def check_sample_inputs(cfg: Pi0Config, obs, noise: Tensor | None, num_steps: in
             raise ValueError(f"noise: expected a float tensor {expected} on {device}, got {got}")
 
 
+@dataclass
+class Guidance:
+    """Real-time chunking's prefix guidance (Black, Galliker, Levine 2025), in the form LeRobot 0.6 runs it: each
+    denoise step's velocity v at time t is pulled toward `target`, the part of the previous chunk the robot will
+    still execute, through x1 = x_t - t v (the step's estimate of the finished chunk):
+
+        v <- v - step_weights[i] * weights[h] * (target - x1)      (step i, chunk position h)
+
+    target (B, H, A) float32: the previous chunk's actions not yet executed, zero-padded to the chunk's H x A.
+    weights (H,) float32: how strongly each chunk position is held to it (1 for the positions executed while this
+    chunk is computed, fading to 0 by the execution horizon). step_weights (num_steps,) float32: the guidance weight
+    of each step, largest at the noise. The paper's guidance multiplies the error by the Jacobian of x1 through the
+    model (a vector-Jacobian product); LeRobot evaluates v before x_t requires grad, so its product is the identity
+    and the correction is the weighted error itself, as here. All tensors: no host read, so it runs inside a CUDA
+    graph, and a call with new values replays the graph captured for the shapes."""
+
+    target: Tensor
+    weights: Tensor
+    step_weights: Tensor
+
+    def check(self, batch: int, horizon: int, action_dim: int, num_steps: int, device: torch.device) -> None:
+        """Shapes, dtypes and device on the host; a wrong one is a ValueError naming the field."""
+        for name, shape in (("target", (batch, horizon, action_dim)), ("weights", (horizon,)),
+                            ("step_weights", (num_steps,))):
+            t = getattr(self, name)
+            if not isinstance(t, Tensor) or t.dtype != torch.float32 or tuple(t.shape) != shape or t.device != device:
+                got = _shape(t) if isinstance(t, Tensor) else type(t).__name__
+                raise ValueError(f"guidance.{name}: expected a float32 tensor {shape} on {device}, got {got}")
+
+    def tensors(self) -> list[Tensor]:
+        return [self.target, self.weights, self.step_weights]
+
+    @staticmethod
+    def apply(v: Tensor, x_t: Tensor, t: Tensor | float, step: int, target: Tensor, weights: Tensor,
+              step_weights: Tensor) -> Tensor:
+        """The guided velocity of step `step` (v, x_t: (B, H, A) float32; t the step's time)."""
+        x1 = x_t - t * v
+        return v - step_weights[step] * (weights[:, None] * (target - x1))
+
+
+def rtc_step_weights(num_steps: int, max_weight: float, device: torch.device | str = "cpu") -> Tensor:
+    """RTC's guidance weight at each of `num_steps` Euler steps from t = 1 (noise) toward 0, float32: with the
+    paper's time tau = 1 - t, min(c / r^2, max_weight) where c = (1 - tau) / tau and r^2 = (1 - tau)^2 / ((1 -
+    tau)^2 + tau^2); at the noise (tau = 0, c infinite) it is max_weight."""
+    t = torch.tensor([1.0 + i * (-1.0 / num_steps) for i in range(num_steps)], dtype=torch.float32)
+    tau = 1.0 - t
+    c = ((1.0 - tau) / tau).nan_to_num(posinf=max_weight)
+    inv_r2 = ((1.0 - tau) ** 2 + tau**2) / (1.0 - tau) ** 2
+    return (c * inv_r2).nan_to_num(posinf=max_weight).clamp(max=max_weight).to(device)
+
+
 def _bump_weights_version(model: "Pi0Model", incompatible_keys) -> None:
     model.weights_version += 1
 
@@ -648,13 +699,15 @@ class Pi0Model(nn.Module):
         return self.action_out_proj(x[:, -H:].to(self.action_out_proj.weight.dtype)).float()
 
     @torch.no_grad()
-    def sample_actions(self, obs, noise: Tensor | None = None, num_steps: int = 10) -> Tensor:
+    def sample_actions(self, obs, noise: Tensor | None = None, num_steps: int = 10,
+                       guidance: Guidance | None = None) -> Tensor:
         """Reference sampler: Euler steps of the flow from t=1 (noise) to t=0 (actions).
 
         Mirrors openpi's PyTorch loop exactly, including its `while` on a device tensor,
         which reads the tensor on the host once per step (num_steps + 1 syncs per call).
         That is the behaviour the `for_loop` lever removes; keep it here so the sync
         detector and the equivalence checks compare against what users run today.
+        `guidance`: real-time chunking's pull toward the previous chunk (`Guidance`).
         Returns actions (B, H, A) float32.
         """
         if self.reference_released:
@@ -664,6 +717,8 @@ class Pi0Model(nn.Module):
         device = self.action_in_proj.weight.device
         check_sample_inputs(self.config, obs, noise, num_steps, device)
         B = obs.state.shape[0]
+        if guidance is not None:
+            guidance.check(B, self.config.action_horizon, self.config.action_dim, num_steps, device)
         if noise is None:
             noise = torch.randn(B, self.config.action_horizon, self.config.action_dim, device=device)
         prefix, pad, att = self.embed_prefix(obs)
@@ -671,10 +726,14 @@ class Pi0Model(nn.Module):
         dt = torch.tensor(-1.0 / num_steps, dtype=torch.float32, device=device)
         x_t = noise.float()
         time = torch.tensor(1.0, dtype=torch.float32, device=device)
+        step = 0
         while time >= -dt / 2:  # host sync: bool() of a device tensor
             v_t = self.denoise_step(obs.state, pad, cache, x_t, time.expand(B))
+            if guidance is not None:
+                v_t = Guidance.apply(v_t, x_t, time, step, *guidance.tensors())
             x_t = x_t + dt * v_t
             time = time + dt
+            step += 1
         return x_t
 
 

@@ -1,0 +1,110 @@
+"""Real-time chunking's guidance (vlaperf.models.pi0.Guidance): the reference sampler's guided loop, the engine's
+guided loop against it for each kind of loop, and the guidance weights against the RTC paper's formula by hand.
+LeRobot's own RTC call is the reference in tests/test_compare_accelerate.py."""
+
+import re
+
+import pytest
+import torch
+
+from vlaperf.engine import Engine
+from vlaperf.inputs import random_noise, random_observation
+from vlaperf.models.pi0 import Guidance, build_model, get_config, rtc_step_weights
+from vlaperf.workloads import get_workload
+
+STEPS = 4
+
+
+def _setup(pi05=False, device="cpu"):
+    cfg, wl = get_config("tiny", pi05=pi05), get_workload("tiny")
+    model = build_model(cfg, device, torch.float32, seed=3)
+    obs, noise = random_observation(wl, cfg, device, seed=1), random_noise(wl, cfg, device, seed=1)
+    B, H, A = noise.shape
+    g = torch.Generator().manual_seed(5)
+    target = torch.zeros(B, H, A)
+    target[:, : H - 2] = torch.randn(B, H - 2, A, generator=g)  # a leftover shorter than the chunk, zero-padded
+    weights = torch.cat([torch.ones(2), torch.linspace(1, 0, 5)[1:-1], torch.zeros(H - 5)])
+    guidance = Guidance(target.to(device), weights.to(device), rtc_step_weights(STEPS, 5.0, device))
+    return model, obs, noise, guidance
+
+
+def test_rtc_step_weights_follow_the_papers_formula():
+    # tau = 1 - t; min((1 - tau) / tau * ((1 - tau)^2 + tau^2) / (1 - tau)^2, max): at t = 1 the max
+    w = rtc_step_weights(10, 10.0)
+    assert w.dtype == torch.float32 and w.shape == (10,)
+    assert w[0].item() == 10.0  # tau = 0: the noise, held hardest
+    assert w[1].item() == pytest.approx(9 * 0.82 / 0.81, rel=1e-5)  # tau = 0.1
+    assert w[5].item() == pytest.approx(2.0, rel=1e-5)  # tau = 0.5: c = 1, 1 / r^2 = 2
+    assert rtc_step_weights(10, 3.0).max().item() == 3.0  # clamped at the max
+
+
+def test_guidance_apply_pulls_the_velocity_by_the_weighted_error():
+    v, x_t = torch.full((1, 3, 2), 2.0), torch.full((1, 3, 2), 1.0)
+    target = torch.full((1, 3, 2), 4.0)
+    weights, step_weights = torch.tensor([1.0, 0.5, 0.0]), torch.tensor([0.0, 3.0])
+    # x1 = x_t - t v = 1 - 0.25 * 2 = 0.5; error = 4 - 0.5 = 3.5; v - 3 * w * 3.5
+    out = Guidance.apply(v, x_t, 0.25, 1, target, weights, step_weights)
+    assert torch.allclose(out[0, :, 0], torch.tensor([2.0 - 10.5, 2.0 - 5.25, 2.0]))
+    assert torch.equal(Guidance.apply(v, x_t, 0.25, 0, target, weights, step_weights), v)  # weight 0: unguided
+
+
+@pytest.mark.parametrize("pi05", [False, True], ids=["pi0", "pi05"])
+def test_reference_guidance_holds_the_chunk_start_to_the_leftover(pi05):
+    model, obs, noise, guidance = _setup(pi05)
+    plain = model.sample_actions(obs, noise, STEPS)
+    guided = model.sample_actions(obs, noise, STEPS, guidance)
+    held = slice(0, 2)  # weight 1: the positions the robot executes while this chunk is computed
+    assert (guided - guidance.target)[:, held].norm() < 0.5 * (plain - guidance.target)[:, held].norm()
+    free = slice(5, None)  # weight 0 there, but the model attends across the chunk: changed, not pulled
+    assert not torch.equal(guided[:, free], plain[:, free])
+    none = Guidance(guidance.target, torch.zeros_like(guidance.weights), guidance.step_weights)
+    assert torch.equal(model.sample_actions(obs, noise, STEPS, none), plain)
+
+
+@pytest.mark.parametrize("levers", ["for_loop", "exact", "static_kv_cache,fuse_projections", "sdpa"])
+@pytest.mark.parametrize("pi05", [False, True], ids=["pi0", "pi05"])
+def test_engine_guidance_equals_the_reference(levers, pi05):
+    """Each kind of loop: the for_loop (with the Euler-folded head unfolded), the reference's `while` (without
+    for_loop), the static cache and fused projections."""
+    model, obs, noise, guidance = _setup(pi05)
+    ref = model.sample_actions(obs, noise, STEPS, guidance)
+    engine = Engine(model, levers)
+    out = engine.sample_actions(obs, noise, STEPS, guidance)
+    assert ((out - ref).norm() / ref.norm()).item() < 1e-5
+    # new values for the same shapes: the same call, no state kept from the first
+    other = Guidance(-guidance.target, guidance.weights, rtc_step_weights(STEPS, 2.0))
+    ref2 = model.sample_actions(obs, noise, STEPS, other)
+    assert ((engine.sample_actions(obs, noise, STEPS, other) - ref2).norm() / ref2.norm()).item() < 1e-5
+    plain = model.sample_actions(obs, noise, STEPS)
+    assert ((engine.sample_actions(obs, noise, STEPS) - plain).norm() / plain.norm()).item() < 1e-5
+
+
+@pytest.mark.parametrize("field, value, shape", [
+    ("target", torch.zeros(1, 3, 2), "(1, 10, 8)"),
+    ("weights", torch.zeros(10, dtype=torch.float64), "(10,)"),
+    ("step_weights", torch.zeros(STEPS + 1), f"({STEPS},)"),
+])
+def test_a_wrong_guidance_tensor_is_named(field, value, shape):
+    model, obs, noise, guidance = _setup()
+    setattr(guidance, field, value)
+    message = re.escape(f"guidance.{field}: expected a float32 tensor {shape} on cpu")
+    for sampler in (model, Engine(model, "exact")):
+        with pytest.raises(ValueError, match=message):
+            sampler.sample_actions(obs, noise, STEPS, guidance)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("levers", ["graph", "best"])
+def test_guidance_in_a_cuda_graph_takes_each_calls_values(levers):
+    """The guidance tensors are graph inputs: one capture for the guided shapes, each call's values replayed."""
+    model, obs, noise, guidance = _setup(device="cuda")
+    engine = Engine(model, levers)
+    other = Guidance(-guidance.target, guidance.weights.flip(0), rtc_step_weights(STEPS, 2.0, "cuda"))
+    for g in (guidance, other, guidance):
+        ref = model.sample_actions(obs, noise, STEPS, g)
+        out = engine.sample_actions(obs, noise, STEPS, g)
+        assert ((out - ref).norm() / ref.norm()).item() < 1e-4, levers
+    assert engine.graphs.captures == 1
+    engine.sample_actions(obs, noise, STEPS)  # unguided: its own graph
+    assert engine.graphs.captures == 2
