@@ -455,6 +455,39 @@ def test_full_size_lerobot_policy_accelerated_with_best_on_the_gpu():
     assert policy.select_action(batch).shape == (1, cfg.action_dim)
 
 
+@needs_lerobot
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+def test_full_size_lerobot_real_time_chunking_with_best_on_the_gpu():
+    """libero-pi0 at full size in bfloat16 with LeRobot's RTC on: the guided call through `best`'s CUDA graph,
+    checked once; a second leftover and delay replay that graph and still give LeRobot's own guided actions."""
+    from lerobot.policies.rtc.configuration_rtc import RTCConfig
+
+    wl = get_workload("libero-pi0")
+    cfg = lr.matching_config(wl)
+    policy = lr.build_lerobot(cfg, "cuda", torch.bfloat16)
+    lr.randomize_lerobot_(policy, 0)
+    policy.config.rtc_config = RTCConfig(enabled=True, execution_horizon=20, max_guidance_weight=10.0)
+    policy.init_rtc_processor()
+    obs = random_observation(wl, cfg, "cuda")
+    lr.set_predict_features(policy, obs)
+    batch = lr.predict_batch(obs)
+    calls = [dict(inference_delay=4, prev_chunk_left_over=_leftover(T=40, A=7).cuda(), execution_horizon=20),
+             dict(inference_delay=7, prev_chunk_left_over=_leftover(T=30, A=7, seed=8).cuda(), execution_horizon=25)]
+    theirs = []
+    for rtc in calls:
+        torch.manual_seed(1)
+        theirs.append(policy.predict_action_chunk(batch, **rtc))
+    fast = acc.accelerate_lerobot(policy)
+    for rtc, want in zip(calls, theirs):
+        torch.manual_seed(1)
+        ours = policy.predict_action_chunk(batch, **rtc)
+        assert ((ours - want).norm() / want.norm()).item() < 3e-2
+    [check] = fast.checks
+    assert check["guided"] and check["passed"], check
+    assert fast.engine.graphs.captures == 1
+
+
 # ------------------------------------------------------------ `vlaperf compare --accelerate`
 
 
