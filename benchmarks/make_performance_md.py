@@ -363,9 +363,10 @@ def compare_tables(results):
             out += ["Same random weights, observation and noise in both implementations; latency interleaved in one",
                     "process (`vlaperf compare`). LeRobot runs as shipped (eager attention, SigLIP in float32).", "",
                     "LeRobot policy: LeRobot's own `predict_action_chunk` as shipped -> with vlaperf installed in it by",
-                    "`accelerate_lerobot` (`--accelerate`; its image pre-processing included), where the file has them.", "",
-                    "| workload | LeRobot | dtype | rel L2 reference / best vs LeRobot | passed | LeRobot ms | vlaperf reference ms | vlaperf best ms | best speedup | LeRobot policy ms | file |",
-                    "|---|---|---|---|---|---|---|---|---|---|---|"]
+                    "`accelerate_lerobot` (`--accelerate`; its image pre-processing included), where the file has them;",
+                    "with RTC: the same with LeRobot's real-time chunking on and a previous chunk's leftover given (`--rtc`).", "",
+                    "| workload | LeRobot | dtype | rel L2 reference / best vs LeRobot | passed | LeRobot ms | vlaperf reference ms | vlaperf best ms | best speedup | LeRobot policy ms | with RTC ms | file |",
+                    "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         eq, sm = c["equivalence"], t.get("summary") or {}
 
         def med(name):
@@ -373,11 +374,13 @@ def compare_tables(results):
 
         speed = f"{sm['vlaperf_best']['speedup_vs_lerobot_wall']:.2f}x" if "vlaperf_best" in sm else "-"
         rels = " / ".join(f"{eq[k]['rel_l2']:.2e}" for k in ("reference", "best") if k in eq)
-        policy = (f"{med('lerobot_predict')} -> {med('vlaperf_in_lerobot_predict')}"
-                  if "vlaperf_in_lerobot_predict" in sm else "-")
+        def shipped_to_accelerated(suffix=""):
+            name = "vlaperf_in_lerobot_predict" + suffix
+            return f"{med('lerobot_predict' + suffix)} -> {med(name)}" if name in sm else "-"
+
         out.append(f"| {r['workload']['id']}{' (reduced)' if c['reduced'] else ''} | {c['lerobot_version']} | {c['dtype']} | {rels} | "
                    f"{'yes' if c['passed'] else 'NO'} | {med('lerobot')} | {med('vlaperf_reference')} | {med('vlaperf_best')} | {speed} | "
-                   f"{policy} | `{path.relative_to(ROOT)}` |")
+                   f"{shipped_to_accelerated()} | {shipped_to_accelerated('_rtc')} | `{path.relative_to(ROOT)}` |")
     return out + [""] if out else []
 
 

@@ -103,6 +103,9 @@ class _Policy(torch.nn.Module):
                                       image_resolution=(R, R), num_inference_steps=STEPS, dtype="float32", rtc_config=rtc)
         vars(self.config).update(config)
 
+    def init_rtc_processor(self):  # LeRobot's: the processor reads the policy's rtc_config
+        self.model.rtc_config = self.config.rtc_config
+
     def predict_action_chunk(self, batch, **kwargs):
         cameras = [f"observation.images.{slot}" for slot in IMAGE_SLOTS]
         images = [batch[k] * 2 - 1 for k in cameras if k in batch]
@@ -499,6 +502,8 @@ def compare_stand_in(monkeypatch):
     monkeypatch.setattr(lr, "matching_config", lambda wl, reduced=None: get_config("tiny"))
     monkeypatch.setattr(lr, "build_lerobot", lambda cfg, device, dtype, steps=10, reduced=False: _Policy())
     monkeypatch.setattr(lr, "set_predict_features", lambda policy, obs: None)
+    monkeypatch.setattr(lr, "_rtc_config_class", lambda: lambda enabled: SimpleNamespace(
+        enabled=enabled, execution_horizon=6, max_guidance_weight=5.0, prefix_attention_schedule="linear", debug=False))
 
 
 def test_time_lerobot_times_lerobots_predict_as_shipped_and_accelerated(compare_stand_in):
@@ -518,6 +523,19 @@ def test_time_lerobot_times_lerobots_predict_as_shipped_and_accelerated(compare_
     # the shipped predict's output and once for the accelerator's check: never in an accelerated call
     assert run.policy.model.calls - before == 8
     assert "sample_actions" not in vars(run.policy.model)  # LeRobot's own call again after the timing
+
+
+def test_time_lerobot_times_lerobots_rtc_as_shipped_and_accelerated(compare_stand_in):
+    run = lr.compare_lerobot("tiny", device="cpu", steps=STEPS, reduced=True, levers="exact")
+    timing = lr.time_lerobot(run, warmup=1, iters=2, lerobot_compile=None, progress=False, accelerated=True, rtc=True)
+    assert list(timing["summary"])[-2:] == ["lerobot_predict_rtc", "vlaperf_in_lerobot_predict_rtc"]
+    r = timing["accelerated"]["rtc"]
+    assert r["vs_lerobot_predict_rtc"]["passed"] and r["vs_lerobot_predict_rtc"]["rel_l2"] < 1e-5
+    assert r["guidance_moves"] > 0.05  # the guided rows are guided
+    assert (r["inference_delay"], r["leftover_len"], r["execution_horizon"]) == (3, 5, 6)
+    assert [c["guided"] for c in timing["accelerated"]["checks"]] == [False, True]
+    assert not run.policy.config.rtc_config.enabled  # RTC on inside its own rows only
+    assert "sample_actions" not in vars(run.policy.model)
 
 
 def test_time_lerobot_accelerated_needs_an_engine(compare_stand_in):
@@ -553,6 +571,12 @@ def test_cli_accelerate_needs_timing_and_an_engine(extra, capsys):
     assert "--accelerate times LeRobot's policy with vlaperf's engine installed" in capsys.readouterr().err
 
 
+def test_cli_rtc_needs_accelerate(capsys):
+    assert _cli(["compare", "--device", "cpu", "--rtc"]) == 2
+    assert "--rtc times LeRobot's real-time chunking in its predict_action_chunk: it needs --accelerate" in \
+        capsys.readouterr().err
+
+
 def test_cli_accelerate_exits_1_when_the_accelerators_check_refuses(compare_stand_in, monkeypatch, capsys):
     def refuse(run, **kw):
         raise acc.NotEquivalent("vlaperf's exact is not equivalent to LeRobot's sample_actions for this input shape")
@@ -575,6 +599,11 @@ def test_cli_accelerate_prints_and_writes_the_accelerated_rows(compare_stand_in,
     r = json.loads(out.read_text())
     assert r["timing"]["accelerated"]["vs_lerobot_predict"]["passed"]
     assert set(r["timing"]["summary"]) >= {"lerobot_predict", "vlaperf_in_lerobot_predict"}
+    assert "rtc" not in r["timing"]["accelerated"]
+    assert _cli(argv + ["--rtc"]) == 0
+    text = " ".join(capsys.readouterr().out.split())
+    assert "│ vlaperf_in_lerobot_predict_rtc │" in text and "With LeRobot's RTC (linear schedule" in text, text
+    assert json.loads(out.read_text())["timing"]["accelerated"]["rtc"]["vs_lerobot_predict_rtc"]["passed"]
 
 
 @needs_lerobot
@@ -583,13 +612,16 @@ def test_cli_compare_accelerate_with_lerobot(tmp_path):
     import json
 
     out = tmp_path / "c.json"
-    argv = ["compare", "--workload", "tiny", "--device", "cpu", "--accelerate", "--warmup", "1", "--iters", "2",
-            "--lerobot-compile", "none", "--no-progress", "--json", str(out)]
+    argv = ["compare", "--workload", "tiny", "--device", "cpu", "--accelerate", "--rtc", "--warmup", "1", "--iters",
+            "2", "--lerobot-compile", "none", "--no-progress", "--json", str(out)]
     assert _cli(argv) == 0
     acc_ = json.loads(out.read_text())["timing"]["accelerated"]
     assert acc_["vs_lerobot_predict"]["passed"] and acc_["vs_lerobot_predict"]["rel_l2"] < 1e-4
     assert acc_["vs_lerobot_core"]["rel_l2"] < 1e-5  # LeRobot's pre-processing of predict_batch's frames gives the core's inputs
-    assert [c["passed"] for c in acc_["checks"]] == [True]
+    assert [(c["passed"], c["guided"]) for c in acc_["checks"]] == [(True, False), (True, True)]
+    rtc = acc_["rtc"]  # LeRobot's own RTCConfig defaults, its RTCProcessor
+    assert rtc["vs_lerobot_predict_rtc"]["passed"] and rtc["vs_lerobot_predict_rtc"]["rel_l2"] < 1e-4
+    assert rtc["guidance_moves"] > 0.05 and rtc["max_guidance_weight"] == 10.0 and rtc["schedule"] == "LINEAR"
 
 
 def test_a_compiled_sampling_call_is_put_back_and_the_checks_run_eagerly():

@@ -374,13 +374,17 @@ def test_sections_without_files_have_no_table_and_failures_say_no():
     compare = {"command": "compare", "workload": {"id": "libero-pi0"}, "env": env, "compare": {
         "reduced": False, "lerobot_version": "0.4", "dtype": "bfloat16", "passed": False,
         "equivalence": {"reference": {"rel_l2": 0.2}}}}
-    assert "| libero-pi0 | 0.4 | bfloat16 | 2.00e-01 | NO | - | - | - | - |" in "\n".join(
+    assert "| libero-pi0 | 0.4 | bfloat16 | 2.00e-01 | NO | - | - | - | - | - | - |" in "\n".join(
         gen.compare_tables([(gen.ROOT / "c.json", compare)]))
     compare["compare"]["passed"] = True
     compare["timing"] = {"summary": {name: {"wall_ms_median": ms, "speedup_vs_lerobot_wall": 1.0} for name, ms in (
         ("lerobot", 250.0), ("vlaperf_best", 12.5), ("lerobot_predict", 251.0), ("vlaperf_in_lerobot_predict", 13.25))}}
-    assert "| 250.00 | - | 12.50 | 1.00x | 251.00 -> 13.25 | `c.json` |" in "\n".join(
+    assert "| 250.00 | - | 12.50 | 1.00x | 251.00 -> 13.25 | - | `c.json` |" in "\n".join(
         gen.compare_tables([(gen.ROOT / "c.json", compare)]))  # LeRobot's policy as shipped -> accelerated
+    compare["timing"]["summary"].update({name: {"wall_ms_median": ms} for name, ms in (
+        ("lerobot_predict_rtc", 260.0), ("vlaperf_in_lerobot_predict_rtc", 13.5))})
+    assert "| 251.00 -> 13.25 | 260.00 -> 13.50 | `c.json` |" in "\n".join(
+        gen.compare_tables([(gen.ROOT / "c.json", compare)]))  # and with LeRobot's RTC on
     ms = {"median": 10.0, "p95": 12.0, "p99": 13.0}
     phase = {"clients": 2, "ok": 7, "expected": 10, "lost": 2, "misrouted": 1, "requests_per_s": 5.0,
              "round_trip_ms": ms, "server_infer_ms": ms, "overhead_ms": ms, "batch_size": {"mean": 1.5}}

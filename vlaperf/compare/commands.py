@@ -1,7 +1,7 @@
 """CLI subcommands `compare`, `convert` and `lerobot-eval`; `register(subparsers)` adds them.
 
     vlaperf compare --workload libero-pi0 --against lerobot [--device cuda] [--dtype bfloat16]
-                    [--warmup 10] [--iters 50] [--accelerate] [--json out.json]
+                    [--warmup 10] [--iters 50] [--accelerate [--rtc]] [--json out.json]
     vlaperf convert --from lerobot --to openpi --preset pi0 IN OUT
     vlaperf lerobot-eval [--levers best] -- <lerobot-eval's own arguments>
 
@@ -53,6 +53,9 @@ def register(subparsers) -> None:
     p.add_argument("--accelerate", action="store_true",
                    help="also time LeRobot's own predict_action_chunk (its image pre-processing included), as shipped "
                         "and with vlaperf's --levers engine installed in the policy by accelerate_lerobot")
+    p.add_argument("--rtc", action="store_true",
+                   help="with --accelerate: the same two again with LeRobot's real-time chunking on and a previous "
+                        "chunk's leftover given (LeRobot's RTCConfig defaults)")
     p.add_argument("--warmup", type=positive_int, default=10, help="untimed calls of each timed path first (default: 10)")
     p.add_argument("--iters", type=positive_int, default=50,
                    help="interleaved rounds, one timed call of each path a round (default: 50)")
@@ -119,6 +122,8 @@ def cmd_compare(args) -> int:
     from vlaperf.models.pi0 import default_dtype
     from vlaperf.workloads import get_workload
 
+    if args.rtc and not args.accelerate:
+        raise CliError("--rtc times LeRobot's real-time chunking in its predict_action_chunk: it needs --accelerate")
     if args.accelerate and (args.no_timing or args.levers in ("reference", "none", "")):
         raise CliError("--accelerate times LeRobot's policy with vlaperf's engine installed: it needs the timing (not "
                        "--no-timing) and an engine (--levers other than reference)")
@@ -155,7 +160,7 @@ def cmd_compare(args) -> int:
         mode = None if args.lerobot_compile == "none" else args.lerobot_compile
         try:
             timing = time_lerobot(run, warmup=args.warmup, iters=args.iters, lerobot_compile=mode,
-                                  progress=not args.no_progress, accelerated=args.accelerate)
+                                  progress=not args.no_progress, accelerated=args.accelerate, rtc=args.rtc)
         except NotEquivalent as e:  # the accelerator's own check refused to answer
             print(f"vlaperf compare: --accelerate: {e}", file=sys.stderr)
             return 1
@@ -166,11 +171,12 @@ def cmd_compare(args) -> int:
         _write_json(args.json, base, workload, run, compared, timing, device)
         print(f"wrote {args.json}")
     accelerated = (timing or {}).get("accelerated")
-    if accelerated and not accelerated["vs_lerobot_predict"]["passed"]:
-        m = accelerated["vs_lerobot_predict"]
-        print(f"vlaperf compare: --accelerate: LeRobot's predict_action_chunk with vlaperf installed is not equivalent "
-              f"to LeRobot's own: rel_l2 {m['rel_l2']:.3g} > {m['tolerance']:.3g}", file=sys.stderr)
-        return 1
+    for flag, m in (("--accelerate", (accelerated or {}).get("vs_lerobot_predict")),
+                    ("--rtc", ((accelerated or {}).get("rtc") or {}).get("vs_lerobot_predict_rtc"))):
+        if m and not m["passed"]:
+            print(f"vlaperf compare: {flag}: LeRobot's predict_action_chunk with vlaperf installed is not equivalent "
+                  f"to LeRobot's own: rel_l2 {m['rel_l2']:.3g} > {m['tolerance']:.3g}", file=sys.stderr)
+            return 1
     if not run.result["passed"]:
         worst = max(compared["equivalence"].items(), key=lambda kv: kv[1]["rel_l2"] if kv[1]["rel_l2"] == kv[1]["rel_l2"] else float("inf"))
         print(f"vlaperf compare: vlaperf ({worst[0]}) is not equivalent to LeRobot: rel_l2 {worst[1]['rel_l2']:.3g} > "
@@ -250,6 +256,13 @@ def print_compare(compared: dict, timing: dict | None, workload_id: str) -> None
                       f"from LeRobot's own (tolerance {m['tolerance']:.0e}); its check against LeRobot: {checks}; first "
                       f"call {acc['first_call_s']['vlaperf_in_lerobot_predict']:.2f} s, check included. LeRobot's "
                       f"predict against its core on the same observation: rel L2 {core['rel_l2']:.3g}")
+        rtc = acc.get("rtc")
+        if rtc:
+            m = rtc["vs_lerobot_predict_rtc"]
+            console.print(f"With LeRobot's RTC ({rtc['schedule']} schedule, max guidance {rtc['max_guidance_weight']:g}, "
+                          f"execution horizon {rtc['execution_horizon']}; a {rtc['leftover_len']}-action leftover, delay "
+                          f"{rtc['inference_delay']}): rel L2 {m['rel_l2']:.3g} from LeRobot's own guided call (tolerance "
+                          f"{m['tolerance']:.0e}); the guidance moved LeRobot's chunk by rel L2 {rtc['guidance_moves']:.3g}")
     lc = timing["lerobot_compile"]
     if lc.get("compile_error"):
         console.print(f"LeRobot compiled ({lc['mode']}) left out: {lc['compile_error']}")

@@ -494,7 +494,7 @@ def compare_lerobot(workload: str | Workload = "libero-pi0", device: torch.devic
 
 
 def time_lerobot(run: LeRobotRun, warmup: int = 10, iters: int = 50, lerobot_compile: str | None = "max-autotune",
-                 progress: bool = True, accelerated: bool = False) -> dict:
+                 progress: bool = True, accelerated: bool = False, rtc: bool = False) -> dict:
     """Latency of LeRobot as shipped (eager; and compiled the way its `compile_model=True`
     does, with `lerobot_compile` as its compile_mode, None to skip) against vlaperf's
     reference and its engine, interleaved in one process (vlaperf.timing.interleaved), same
@@ -503,7 +503,9 @@ def time_lerobot(run: LeRobotRun, warmup: int = 10, iters: int = 50, lerobot_com
     `accelerated`: also LeRobot's own `predict_action_chunk` (its image pre-processing included) on the same
     observation, as shipped ("lerobot_predict") and with `accelerate_lerobot` installed around the run's engine
     ("vlaperf_in_lerobot_predict"); the accelerator's checks and the two outputs' distance are in
-    result["accelerated"].
+    result["accelerated"]. `rtc` (with `accelerated`): the same two again with LeRobot's real-time chunking on and
+    a previous chunk's leftover given ("lerobot_predict_rtc", "vlaperf_in_lerobot_predict_rtc"; RTC_TIMING has the
+    leftover, the delay and LeRobot's RTC settings), their distance in result["accelerated"]["rtc"].
 
     A LeRobot compile that fails is reported (compile_error) and that variant left out.
     LeRobot's compile_model also sets torch.set_float32_matmul_precision("high"); it is set
@@ -531,7 +533,7 @@ def time_lerobot(run: LeRobotRun, warmup: int = 10, iters: int = 50, lerobot_com
         if run.engine is not None:
             fns["vlaperf_" + run.levers] = lambda: run.engine.sample_actions(run.obs, run.noise, run.steps)
         if accelerated:
-            accelerated_info = _predict_variants(run, fns)
+            accelerated_info = _predict_variants(run, fns, rtc)
         timing = interleaved(fns, device=run.device, warmup=warmup, iters=iters, baseline="lerobot", progress=progress)
     finally:
         torch.set_float32_matmul_precision(previous_precision)
@@ -552,8 +554,21 @@ def time_lerobot(run: LeRobotRun, warmup: int = 10, iters: int = 50, lerobot_com
     return out
 
 
-def _predict_variants(run: LeRobotRun, fns: dict) -> dict:
-    """Add LeRobot's `predict_action_chunk` as shipped and accelerated to `fns`; their first calls and distance."""
+# What `time_lerobot(rtc=True)` gives LeRobot's RTC: LeRobot's RTCConfig defaults (linear schedule, max guidance
+# weight 10, execution horizon 10) and a leftover as its RTC loop would hand over mid-episode: the second half of
+# the previous chunk not yet executed, 3 of its actions executed while the new chunk is computed.
+RTC_TIMING = {"inference_delay": 3, "leftover_from": 0.5}
+
+
+def _rtc_config_class():
+    from lerobot.policies.rtc.configuration_rtc import RTCConfig
+
+    return RTCConfig
+
+
+def _predict_variants(run: LeRobotRun, fns: dict, rtc: bool = False) -> dict:
+    """Add LeRobot's `predict_action_chunk` as shipped and accelerated to `fns` (and with RTC guidance: `rtc`);
+    their first calls and distances."""
     from vlaperf.compare.accelerate import accelerate_lerobot
 
     if run.engine is None:
@@ -575,16 +590,56 @@ def _predict_variants(run: LeRobotRun, fns: dict) -> dict:
             fast.restore()
 
     firsts, outs = {}, {}
-    for name, fn in (("lerobot_predict", shipped), ("vlaperf_in_lerobot_predict", accelerated)):
+
+    def first(name, fn):
         t0 = time.perf_counter()
         outs[name] = fn()
         if run.device.type == "cuda":
             torch.cuda.synchronize(run.device)
         firsts[name] = time.perf_counter() - t0
         fns[name] = fn
-    return {"levers": fast.levers, "checks": fast.checks, "first_call_s": firsts,
+
+    first("lerobot_predict", shipped)
+    first("vlaperf_in_lerobot_predict", accelerated)
+    info = {"levers": fast.levers, "checks": fast.checks, "first_call_s": firsts,
             "vs_lerobot_predict": action_metrics(outs["vlaperf_in_lerobot_predict"], outs["lerobot_predict"], run.dtype),
             "vs_lerobot_core": action_metrics(outs["lerobot_predict"], run.result["actions"]["lerobot"], run.dtype)}
+    if not rtc:
+        return info
+    # RTC on only inside its own rows (LeRobot reads config.rtc_config.enabled at each call), so the other rows
+    # time LeRobot's loop as shipped, without RTC's per-step wrapper
+    policy = run.policy
+    policy.config.rtc_config = _rtc_config_class()(enabled=False)
+    policy.init_rtc_processor()
+    settings = policy.config.rtc_config
+    H = policy.config.chunk_size
+    start = int(H * RTC_TIMING["leftover_from"])
+    kwargs = {"inference_delay": RTC_TIMING["inference_delay"], "prev_chunk_left_over": outs["lerobot_predict"][:, start:],
+              "execution_horizon": None}  # None: LeRobot's config's
+
+    def guided(install: bool):
+        def call():
+            settings.enabled = True
+            if install:
+                fast.install()
+            try:
+                return policy.predict_action_chunk(batch, noise=run.noise.clone(), num_steps=run.steps, **kwargs)
+            finally:
+                settings.enabled = False
+                fast.restore()
+        return call
+
+    first("lerobot_predict_rtc", guided(False))
+    first("vlaperf_in_lerobot_predict_rtc", guided(True))
+    info["rtc"] = {"inference_delay": kwargs["inference_delay"], "leftover_len": H - start,
+                   "execution_horizon": settings.execution_horizon, "max_guidance_weight": settings.max_guidance_weight,
+                   "schedule": str(getattr(settings.prefix_attention_schedule, "value",
+                                           settings.prefix_attention_schedule)),
+                   "vs_lerobot_predict_rtc": action_metrics(outs["vlaperf_in_lerobot_predict_rtc"],
+                                                            outs["lerobot_predict_rtc"], run.dtype),
+                   "guidance_moves": action_metrics(outs["lerobot_predict_rtc"], outs["lerobot_predict"],
+                                                    run.dtype)["rel_l2"]}
+    return info
 
 
 __all__ = ["LEROBOT_MISSING", "LeRobotUnavailable", "Reduced", "LeRobotRun", "import_lerobot", "lerobot_available",
