@@ -602,7 +602,7 @@ def test_cli_accelerate_prints_and_writes_the_accelerated_rows(compare_stand_in,
     assert "rtc" not in r["timing"]["accelerated"]
     assert _cli(argv + ["--rtc"]) == 0
     text = " ".join(capsys.readouterr().out.split())
-    assert "│ vlaperf_in_lerobot_predict_rtc │" in text and "With LeRobot's RTC (linear schedule" in text, text
+    assert "│ vlaperf_in_lerobot_predict_rtc │" in text and "With LeRobot's real-time chunking on (linear schedule" in text, text
     assert json.loads(out.read_text())["timing"]["accelerated"]["rtc"]["vs_lerobot_predict_rtc"]["passed"]
 
 

@@ -256,13 +256,10 @@ def print_compare(compared: dict, timing: dict | None, workload_id: str) -> None
                       f"from LeRobot's own (tolerance {m['tolerance']:.0e}); its check against LeRobot: {checks}; first "
                       f"call {acc['first_call_s']['vlaperf_in_lerobot_predict']:.2f} s, check included. LeRobot's "
                       f"predict against its core on the same observation: rel L2 {core['rel_l2']:.3g}")
-        rtc = acc.get("rtc")
-        if rtc:
-            m = rtc["vs_lerobot_predict_rtc"]
-            console.print(f"With LeRobot's RTC ({rtc['schedule']} schedule, max guidance {rtc['max_guidance_weight']:g}, "
-                          f"execution horizon {rtc['execution_horizon']}; a {rtc['leftover_len']}-action leftover, delay "
-                          f"{rtc['inference_delay']}): rel L2 {m['rel_l2']:.3g} from LeRobot's own guided call (tolerance "
-                          f"{m['tolerance']:.0e}); the guidance moved LeRobot's chunk by rel L2 {rtc['guidance_moves']:.3g}")
+        if acc.get("rtc"):
+            from vlaperf.compare.lerobot import describe_rtc
+
+            console.print(f"With {describe_rtc(acc['rtc'])}")
     lc = timing["lerobot_compile"]
     if lc.get("compile_error"):
         console.print(f"LeRobot compiled ({lc['mode']}) left out: {lc['compile_error']}")

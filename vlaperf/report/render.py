@@ -947,15 +947,11 @@ def _compare(doc: _Doc, path: str, r: dict) -> None:
               f"its check against LeRobot on the first call: "
               + ", ".join(f"rel L2 {c['rel_l2']:.2e} ({'passed' if c['passed'] else 'FAILED'})" for c in checks)
               + f"; first call {acc['first_call_s']['vlaperf_in_lerobot_predict']:.2f} s, the check included.", "note")
-        rtc = acc.get("rtc")
-        if rtc:
-            m = rtc["vs_lerobot_predict_rtc"]
-            doc.p(f"lerobot_predict_rtc / vlaperf_in_lerobot_predict_rtc: the same two calls with LeRobot's real-time "
-                  f"chunking on ({rtc['schedule']} schedule, max guidance weight {rtc['max_guidance_weight']:g}, execution "
-                  f"horizon {rtc['execution_horizon']}) and a {rtc['leftover_len']}-action leftover of the previous chunk "
-                  f"given with delay {rtc['inference_delay']}: rel L2 {m['rel_l2']:.2e} from LeRobot's own guided call "
-                  f"({'passed' if m['passed'] else 'FAILED'}); the guidance moved LeRobot's chunk by rel L2 "
-                  f"{rtc['guidance_moves']:.2e}.", "note")
+        if acc.get("rtc"):
+            from vlaperf.compare.lerobot import describe_rtc
+
+            doc.p(f"lerobot_predict_rtc / vlaperf_in_lerobot_predict_rtc: the same two calls with "
+                  f"{describe_rtc(acc['rtc'])}.", "note")
     fig, axes = _figure(6.0, 0.9 + 0.45 * len(summary))
     ax = axes[0][0]
     names = list(summary)[::-1]
