@@ -64,6 +64,8 @@ class _Core(Pi0Model):
         guidance = None
         if self.rtc_config is not None and self.rtc_config.enabled and prev_chunk_left_over is not None:
             # LeRobot's RTC: the leftover zero-padded to the chunk, its prefix weights, the paper's step weights
+            if prev_chunk_left_over.dim() == 2:  # LeRobot adds the batch axis
+                prev_chunk_left_over = prev_chunk_left_over[None]
             T, used = prev_chunk_left_over.shape[1], prev_chunk_left_over.shape[2]
             target = torch.zeros(B, H, A)
             target[:, :T, :used] = prev_chunk_left_over
@@ -226,7 +228,8 @@ def test_a_step_kernel_fault_reaches_the_caller_instead_of_actions(monkeypatch):
 
 
 def _rtc(enabled=True, debug=False):
-    return SimpleNamespace(enabled=enabled, execution_horizon=6, max_guidance_weight=5.0, debug=debug)
+    return SimpleNamespace(enabled=enabled, execution_horizon=6, max_guidance_weight=5.0, debug=debug,
+                           prefix_attention_schedule="linear")
 
 
 def _leftover(B=1, T=7, A=5, seed=3):
@@ -254,6 +257,14 @@ def test_real_time_chunking_is_guided_as_lerobots_own_call(pi05):
     theirs2 = policy.predict_action_chunk(_inputs(), noise=noise, **rtc2)
     fast.install()
     assert ((ours2 - theirs2).norm() / theirs2.norm()).item() < 1e-5
+    # a leftover without its batch axis, and the config's guidance weight changed between calls: LeRobot's answer
+    policy.config.rtc_config.max_guidance_weight = 2.0
+    rtc3 = dict(inference_delay=1, prev_chunk_left_over=_leftover(T=4, seed=4)[0], execution_horizon=None)
+    ours3 = policy.predict_action_chunk(_inputs(), noise=noise, **rtc3)
+    fast.restore()
+    theirs3 = policy.predict_action_chunk(_inputs(), noise=noise, **rtc3)
+    fast.install()
+    assert ((ours3 - theirs3).norm() / theirs3.norm()).item() < 1e-5 and not torch.equal(theirs3, theirs2)
     # the first chunk of an episode has no leftover: unguided, as LeRobot, and a shape of its own to check
     first = policy.predict_action_chunk(_inputs(), noise=noise, inference_delay=2, prev_chunk_left_over=None)
     assert ((first - plain).norm() / plain.norm()).item() < 1e-5
@@ -274,9 +285,11 @@ def test_rtc_debug_tracking_and_bad_rtc_arguments_are_refused():
         acc.accelerate_lerobot(_Policy(rtc=_rtc(debug=True)), levers="exact")
     policy = _Policy(rtc=_rtc())
     acc.accelerate_lerobot(policy, levers="exact")
-    with pytest.raises(ValueError, match=r"prev_chunk_left_over: expected \(B=1 or 1, T <= 10, A <= 8\) or \(T, A\), "
-                                         r"got \(1, 11, 5\)"):
+    with pytest.raises(ValueError, match=r"prev_chunk_left_over: expected a tensor \(B=1 or 1, T <= 10, A <= 8\) or "
+                                         r"\(T, A\), got \(1, 11, 5\)"):
         policy.predict_action_chunk(_inputs(), inference_delay=2, prev_chunk_left_over=_leftover(T=11))
+    with pytest.raises(ValueError, match=r"prev_chunk_left_over: expected a tensor .* got list"):
+        policy.predict_action_chunk(_inputs(), inference_delay=2, prev_chunk_left_over=[[0.0] * 5])
     with pytest.raises(ValueError, match=r"inference_delay: expected an integer >= 0 with prev_chunk_left_over, got None"):
         policy.predict_action_chunk(_inputs(), prev_chunk_left_over=_leftover())
     with pytest.raises(TypeError, match=r"unexpected arguments \['temperature'\]"):

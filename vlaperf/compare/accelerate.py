@@ -165,8 +165,8 @@ class LeRobotAccelerator(Accelerator):
     """`accelerate_lerobot`'s: installed as the core model's `sample_actions` (`policy.model`)."""
 
     policy: Any = None
-    _prefix_weights: dict = field(default_factory=dict)  # (inference_delay, execution_horizon, device) -> (H,)
-    _step_weights: dict = field(default_factory=dict)  # (num_steps, device) -> (num_steps,)
+    _prefix_weights: dict = field(default_factory=dict)  # (delay, execution horizon, schedule, device) -> (H,)
+    _step_weights: dict = field(default_factory=dict)  # (num_steps, max guidance weight, device) -> (num_steps,)
 
     # LeRobot calls pi0's core as (images, img_masks, lang_tokens, lang_masks, state, noise=, num_steps=, **rtc)
     # and pi0.5's as (images, img_masks, tokens, masks, noise=, num_steps=, **rtc).
@@ -206,10 +206,14 @@ class LeRobotAccelerator(Accelerator):
             return None
         cfg = self.model.config
         H, A = cfg.action_horizon, cfg.action_dim
-        prev = prev_chunk_left_over if prev_chunk_left_over.dim() == 3 else prev_chunk_left_over[None]
-        if prev.dim() != 3 or prev.shape[0] not in (1, B) or prev.shape[1] > H or prev.shape[2] > A:
-            raise ValueError(f"prev_chunk_left_over: expected (B={B} or 1, T <= {H}, A <= {A}) or (T, A), got "
-                             f"{tuple(prev_chunk_left_over.shape)}")
+        prev = prev_chunk_left_over
+        if isinstance(prev, Tensor) and prev.dim() == 2:
+            prev = prev[None]
+        if not isinstance(prev, Tensor) or prev.dim() != 3 or prev.shape[0] not in (1, B) or prev.shape[1] > H \
+                or prev.shape[2] > A:
+            got = tuple(prev.shape) if isinstance(prev, Tensor) else type(prev).__name__
+            raise ValueError(f"prev_chunk_left_over: expected a tensor (B={B} or 1, T <= {H}, A <= {A}) or (T, A), "
+                             f"got {got}")
         if isinstance(inference_delay, bool) or not isinstance(inference_delay, int) or inference_delay < 0:
             raise ValueError(f"inference_delay: expected an integer >= 0 with prev_chunk_left_over, got "
                              f"{inference_delay!r}")
@@ -217,14 +221,14 @@ class LeRobotAccelerator(Accelerator):
         horizon = min(horizon, prev.shape[1])  # as LeRobot: nothing to hold beyond the leftover
         target = torch.zeros(B, H, A, dtype=torch.float32, device=device)
         target[:, : prev.shape[1], : prev.shape[2]] = prev.to(device, torch.float32)
-        key = (inference_delay, horizon, device)
+        key = (inference_delay, horizon, str(rtc_config.prefix_attention_schedule), device)
         if key not in self._prefix_weights:  # LeRobot's own schedule (linear, exponential, ones, zeros)
             weights = core.rtc_processor.get_prefix_weights(inference_delay, horizon, H)
             self._prefix_weights[key] = weights.to(device, torch.float32)
-        if (num_steps, device) not in self._step_weights:
-            self._step_weights[(num_steps, device)] = rtc_step_weights(num_steps, rtc_config.max_guidance_weight,
-                                                                       device)
-        return Guidance(target, self._prefix_weights[key], self._step_weights[(num_steps, device)])
+        steps_key = (num_steps, float(rtc_config.max_guidance_weight), device)
+        if steps_key not in self._step_weights:
+            self._step_weights[steps_key] = rtc_step_weights(num_steps, rtc_config.max_guidance_weight, device)
+        return Guidance(target, self._prefix_weights[key], self._step_weights[steps_key])
 
 
 @dataclass(eq=False)
