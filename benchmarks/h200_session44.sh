@@ -23,7 +23,7 @@
 set -u
 T=${TAG:-s44}
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, gpu_suite
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+install_wheels .whl /tmp/site
 export PYTHONPATH=/tmp/site:$PWD
 case "${PART:-a}" in
 a)
@@ -41,7 +41,7 @@ b)
   gpu_suite $T &
   ;;
 c)
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/lrsite .whl_lerobot/*.whl
+  install_wheels .whl_lerobot /tmp/lrsite
   lane A 0 40 <<EOT &
 480 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 -m pytest -p no:cacheprovider -q -rs --tb=short --durations 8 tests/test_compare_lerobot.py 2>&1 | tee $R/pytest_gpu_${T}c_lerobot.log | tail -30
 EOT

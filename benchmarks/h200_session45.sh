@@ -23,9 +23,9 @@ case "${PART:-a}" in
 a | b | d) TAG=s45 exec bash benchmarks/h200_session44.sh ;;  # session 44's parts, its result files named s45
 esac
 source benchmarks/lanes.sh  # $R, lane, finish, $V
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+install_wheels .whl /tmp/site
 export PYTHONPATH=/tmp/site:$PWD
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/lrsite .whl_lerobot/*.whl
+install_wheels .whl_lerobot /tmp/lrsite
 case "$PART" in
 c)
   lane A 0 40 <<EOT &

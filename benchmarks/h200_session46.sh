@@ -23,9 +23,9 @@ case "${PART:-e}" in
 a | b | c | d) exec bash benchmarks/h200_session45.sh ;;
 esac
 source benchmarks/lanes.sh  # $R, lane, finish, $V
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl
+install_wheels .whl /tmp/site
 export PYTHONPATH=/tmp/site:$PWD
-python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/lrsite .whl_lerobot/*.whl
+install_wheels .whl_lerobot /tmp/lrsite
 case "$PART" in
 e)
   lane A 0 40 <<EOT &

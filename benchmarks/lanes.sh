@@ -34,7 +34,7 @@ lane() {
 # websockets and openpi-client, which the machine lacks: carry their wheels in .whl (the device tool's carry [".whl"]).
 gpu_suite() {
   local tag=$1
-  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target /tmp/site .whl/*.whl || return
+  install_wheels .whl /tmp/site || return
   export PYTHONPATH=/tmp/site:$PWD
   local P="PYTHONPATH=benchmarks:\$PYTHONPATH python3 -m pytest -p no:cacheprovider -p pytest_report_now -rfEs --tb=short"
   local I="--ignore tests/test_kernels.py --ignore tests/test_engine_cuda.py --ignore tests/test_wam.py --ignore tests/test_engine.py --ignore tests/test_unipc.py"
@@ -44,6 +44,10 @@ gpu_suite() {
 240 $P -q -n 14 --timeout 220 --durations 5 -m "not quiet_gpu" $I 2>&1 | tee $R/pytest_gpu_${tag}3.log | grep -v "^\\.*\\["
 90 $P -q --timeout 80 -m quiet_gpu $I 2>&1 | tee $R/pytest_gpu_${tag}4.log | tail -5
 EOT
+}
+# The carried wheels (the device tool's carry) installed without the network into TARGET: `install_wheels .whl /tmp/site`
+install_wheels() {
+  python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$2" "$1"/*.whl
 }
 finish() {
   wait
