@@ -15,7 +15,7 @@ import torch
 from vlaperf.compare import accelerate as acc
 from vlaperf.compare import lerobot as lr
 from vlaperf.inputs import IMAGE_SLOTS, Observation, random_observation
-from vlaperf.models.pi0 import Guidance, Pi0Model, get_config, init_random_, rtc_step_weights
+from vlaperf.models.pi0 import RTC_SCHEDULES, Guidance, Pi0Model, get_config, init_random_, rtc_prefix_weights, rtc_step_weights
 from vlaperf.workloads import get_workload
 
 needs_lerobot = pytest.mark.skipif(not lr.lerobot_available(), reason=lr.LEROBOT_MISSING)
@@ -428,6 +428,23 @@ def test_lerobot_real_time_chunking_accelerated(pi05):
     assert ((ours - theirs).norm() / theirs.norm()).item() < 1e-4
     [check] = fast.checks
     assert check["guided"] and check["passed"]
+
+
+@needs_lerobot
+def test_rtc_prefix_weights_are_lerobots():
+    """vlaperf's own prefix weights (its server's real-time chunking) against LeRobot's RTCProcessor, every schedule,
+    delays and execution horizons around and past the chunk."""
+    from lerobot.configs.types import RTCAttentionSchedule
+    from lerobot.policies.rtc.configuration_rtc import RTCConfig
+    from lerobot.policies.rtc.modeling_rtc import RTCProcessor
+
+    for schedule in RTC_SCHEDULES:
+        processor = RTCProcessor(RTCConfig(prefix_attention_schedule=RTCAttentionSchedule[schedule.upper()]))
+        for delay in range(0, 13, 3):
+            for horizon in (1, 4, 10, 12, 20):
+                theirs = processor.get_prefix_weights(delay, horizon, 10).float()
+                ours = rtc_prefix_weights(delay, horizon, 10, schedule)
+                assert torch.allclose(ours, theirs, atol=1e-6), (schedule, delay, horizon)
 
 
 @needs_lerobot

@@ -9,7 +9,7 @@ import torch
 
 from vlaperf.engine import Engine
 from vlaperf.inputs import random_noise, random_observation
-from vlaperf.models.pi0 import Guidance, build_model, get_config, rtc_step_weights
+from vlaperf.models.pi0 import Guidance, RtcConfig, build_model, get_config, rtc_prefix_weights, rtc_step_weights
 from vlaperf.workloads import get_workload
 
 STEPS = 4
@@ -79,9 +79,56 @@ def test_engine_guidance_equals_the_reference(levers, pi05):
     assert ((engine.sample_actions(obs, noise, STEPS) - plain).norm() / plain.norm()).item() < 1e-5
 
 
+def test_per_sample_weights_guide_each_row_as_its_own_call():
+    """Weights (B, H): each sample with its own delay, a row of zeros unguided, in one call equal to each row
+    run alone (the reference and the engine)."""
+    cfg, wl = get_config("tiny"), get_workload("tiny").with_overrides(batch=3)
+    model = build_model(cfg, "cpu", torch.float32, seed=3)
+    obs, noise = random_observation(wl, cfg, "cpu", seed=1), random_noise(wl, cfg, "cpu", seed=1)
+    B, H, A = noise.shape
+    target = torch.randn(B, H, A, generator=torch.Generator().manual_seed(5))
+    rows = [rtc_prefix_weights(2, 6, H), rtc_prefix_weights(0, 4, H, "exp"), torch.zeros(H)]
+    guidance = Guidance(target, torch.stack(rows), rtc_step_weights(STEPS, 5.0))
+    batched = model.sample_actions(obs, noise, STEPS, guidance)
+    engine_out = Engine(model, "for_loop,static_kv_cache").sample_actions(obs, noise, STEPS, guidance)
+    assert ((engine_out - batched).norm() / batched.norm()).item() < 1e-5
+    plain = model.sample_actions(obs, noise, STEPS)
+    for i, w in enumerate(rows):
+        alone = model.sample_actions(obs, noise, STEPS, Guidance(target, w, guidance.step_weights))
+        assert torch.allclose(batched[i], alone[i], atol=1e-5), i
+    assert torch.allclose(batched[2], plain[2], atol=1e-6)  # zero weights: unguided
+    assert not torch.allclose(batched[0], plain[0], atol=1e-3)
+
+
+def test_rtc_prefix_weights_by_hand():
+    # delay 2, execution horizon 6, chunk 8: two frozen, three strictly between 1 and 0 evenly, zero from 6 on
+    assert rtc_prefix_weights(2, 6, 8).tolist() == pytest.approx([1, 1, 0.8, 0.6, 0.4, 0.2, 0, 0])
+    lin = torch.tensor([0.8, 0.6, 0.4, 0.2])
+    exp = (lin * torch.expm1(lin) / (torch.e - 1)).tolist()
+    assert rtc_prefix_weights(2, 6, 8, "exp").tolist() == pytest.approx([1, 1, *exp, 0, 0])
+    assert rtc_prefix_weights(2, 6, 8, "ones").tolist() == [1, 1, 1, 1, 1, 1, 0, 0]
+    assert rtc_prefix_weights(2, 6, 8, "zeros").tolist() == [1, 1, 0, 0, 0, 0, 0, 0]
+    assert rtc_prefix_weights(9, 6, 8).tolist() == [1] * 6 + [0, 0]  # the delay counts up to the horizon
+    assert rtc_prefix_weights(0, 20, 4).tolist() == pytest.approx([0.8, 0.6, 0.4, 0.2])  # horizon past the chunk
+    with pytest.raises(ValueError, match="delay: expected an integer >= 0, got -1"):
+        rtc_prefix_weights(-1, 6, 8)
+    with pytest.raises(ValueError, match="schedule: expected one of linear, exp, ones, zeros, got 'cosine'"):
+        rtc_prefix_weights(1, 6, 8, "cosine")
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    ({"execution_horizon": 0}, "rtc execution_horizon: expected an integer >= 1, got 0"),
+    ({"max_guidance_weight": float("inf")}, "rtc max_guidance_weight: expected a finite number > 0, got inf"),
+    ({"schedule": "LINEAR"}, "rtc schedule: expected one of linear, exp, ones, zeros, got 'LINEAR'"),
+])
+def test_rtc_config_names_a_bad_setting(kwargs, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        RtcConfig(**kwargs)
+
+
 @pytest.mark.parametrize("field, value, shape", [
     ("target", torch.zeros(1, 3, 2), "(1, 10, 8)"),
-    ("weights", torch.zeros(10, dtype=torch.float64), "(10,)"),
+    ("weights", torch.zeros(10, dtype=torch.float64), "(10,) or (1, 10)"),
     ("step_weights", torch.zeros(STEPS + 1), f"({STEPS},)"),
 ])
 def test_a_wrong_guidance_tensor_is_named(field, value, shape):

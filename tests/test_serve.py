@@ -1881,10 +1881,23 @@ def test_serve_refuses_a_pi0_variant_that_fails_its_check(monkeypatch, capsys):
     import vlaperf.serve.server as srv
     from vlaperf.cli import main as run_cli
 
-    monkeypatch.setattr(vlaperf.check, "check_equivalence", lambda *a: {"passed": False, "rel_l2": 0.5, "tolerance": 0.01})
+    from vlaperf.models.pi0 import RtcConfig
+
+    asked = []
+
+    def failing_check(*args, **kwargs):
+        asked.append(kwargs)
+        return {"passed": False, "rel_l2": 0.5, "tolerance": 0.01}
+
+    monkeypatch.setattr(vlaperf.check, "check_equivalence", failing_check)
     monkeypatch.setattr(srv.PolicyServer, "serve_forever", lambda self: pytest.fail("served"))
     assert run_cli(["serve", "--workload", "tiny", "--device", "cpu", "--port", "0"]) == 1
     assert "fails equivalence (rel_l2 0.5 > 0.01); refusing to serve it" in capsys.readouterr().err
+    assert asked[-1]["rtc"] is None
+    # with --rtc the check covers the guided call, with the served settings
+    assert run_cli(["serve", "--workload", "tiny", "--device", "cpu", "--port", "0", "--rtc", "--rtc-schedule", "exp"]) == 1
+    assert "fails equivalence (guided calls included) (rel_l2 0.5" in capsys.readouterr().err
+    assert asked[-1]["rtc"] == RtcConfig(schedule="exp")
 
 
 def test_print_serve_describes_the_pi0_server(server):

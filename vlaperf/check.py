@@ -36,8 +36,11 @@ def compare(actions: torch.Tensor, reference: torch.Tensor, dtype: torch.dtype) 
 
 
 @torch.no_grad()
-def check_equivalence(model, engine, workload: Workload, seeds=(0, 1), num_steps: int | None = None) -> dict:
-    """Worst case over `seeds` of the variant's error against `model.sample_actions`."""
+def check_equivalence(model, engine, workload: Workload, seeds=(0, 1), num_steps: int | None = None,
+                      rtc=None) -> dict:
+    """Worst case over `seeds` of the variant's error against `model.sample_actions`. With `rtc` (an RtcConfig:
+    the variant serves real-time chunking) each seed's guided call too, as a server runs it (`rtc_guidance`), and
+    the result says "guided": true."""
     steps = num_steps or workload.steps
     device = model.action_in_proj.weight.device
     results = []
@@ -49,10 +52,31 @@ def check_equivalence(model, engine, workload: Workload, seeds=(0, 1), num_steps
         if out.shape != ref.shape:
             raise AssertionError(f"variant {engine.name} returned shape {tuple(out.shape)}, reference {tuple(ref.shape)}")
         results.append(compare(out, ref, model.dtype))
+        if rtc is not None:
+            guidance = rtc_guidance(ref, rtc, steps)
+            guided_ref = model.sample_actions(obs, noise, steps, guidance)
+            results.append(compare(engine.sample_actions(obs, noise, steps, guidance), guided_ref, model.dtype))
     # The worst seed: a failing one first (NaN included), else the largest error.
     worst = dict(max(results, key=lambda r: (not r["passed"], r["rel_l2"] if r["rel_l2"] == r["rel_l2"] else float("inf"))))
     worst.update({"dtype": str(model.dtype).replace("torch.", ""), "seeds": len(seeds), "variant": engine.name})
+    if rtc is not None:
+        worst["guided"] = True
     return worst
+
+
+def rtc_guidance(previous: torch.Tensor, rtc, num_steps: int):
+    """The guidance of a call that follows `previous` (B, H, A) as a robot does: 3 of its actions executed when
+    the observation was taken (at most half the chunk) and 2 more during the call, so the leftover is previous[:, 3:]
+    with per-row weights, the (B, H) form a server batches."""
+    from vlaperf.models.pi0 import Guidance, rtc_prefix_weights, rtc_step_weights
+
+    B, H, A = previous.shape
+    executed = min(3, H // 2)
+    target = torch.zeros(B, H, A, dtype=torch.float32, device=previous.device)
+    target[:, : H - executed] = previous[:, executed:].float()
+    weights = rtc_prefix_weights(2, min(rtc.execution_horizon, H - executed), H, rtc.schedule)
+    return Guidance(target, weights.to(previous.device).expand(B, H).contiguous(),
+                    rtc_step_weights(num_steps, rtc.max_guidance_weight, previous.device))
 
 
 @torch.no_grad()

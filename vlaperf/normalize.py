@@ -216,14 +216,39 @@ class NormStats:
         """(..., A) model actions -> the robot's units, float32; dimensions past the statistics unchanged."""
         if self.actions is None:
             return actions
-        s, d = self.actions, min(self.actions.dim, actions.shape[-1])
-        out = actions.astype(np.float64)
-        head = out[..., :d]
+        return self.unnormalize_actions64(actions).astype(np.float32)
+
+    def unnormalize_actions64(self, actions: np.ndarray) -> np.ndarray:
+        """As unnormalize_actions, in float64."""
+        out = np.array(actions, dtype=np.float64)
+        if self.actions is None:
+            return out
+        s, d = self.actions, min(self.actions.dim, out.shape[-1])
         if self.mode("actions") == "QUANTILES":
-            out[..., :d] = (head + 1.0) / 2.0 * self._span(s, d) + s.q01[:d]
+            out[..., :d] = (out[..., :d] + 1.0) / 2.0 * self._span(s, d) + s.q01[:d]
         else:
-            out[..., :d] = head * (s.std[:d] + (0.0 if self.convention == "lerobot" else EPS)) + s.mean[:d]
-        return out.astype(np.float32)
+            out[..., :d] = out[..., :d] * self._action_scale(s, d) + s.mean[:d]
+        return out
+
+    def normalize_actions64(self, actions: np.ndarray) -> np.ndarray:
+        """The inverse of unnormalize_actions64: (..., A) actions in the robot's units -> the model's, float64
+        (real-time chunking re-expresses a previous chunk's delta actions relative to a new state with it)."""
+        out = np.array(actions, dtype=np.float64)
+        if self.actions is None:
+            return out
+        s, d = self.actions, min(self.actions.dim, out.shape[-1])
+        if self.mode("actions") == "QUANTILES":
+            out[..., :d] = (out[..., :d] - s.q01[:d]) / self._span(s, d) * 2.0 - 1.0
+        else:
+            # a zero std (a constant action dim in LeRobot's statistics) maps every value to the mean: any
+            # normalized value is as good as another there, so 0
+            scale = self._action_scale(s, d)
+            out[..., :d] = np.divide(out[..., :d] - s.mean[:d], scale, out=np.zeros_like(out[..., :d]),
+                                     where=scale != 0)
+        return out
+
+    def _action_scale(self, s: ArrayStats, d: int) -> np.ndarray:
+        return s.std[:d] + (0.0 if self.convention == "lerobot" else EPS)
 
     def describe(self) -> str:
         names = {"QUANTILES": "quantile (q01/q99 to [-1, 1])", "MEAN_STD": "z-score (mean/std)"}

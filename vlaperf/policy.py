@@ -19,15 +19,39 @@ from vlaperf.workloads import Workload
 
 class NonFiniteActions(RuntimeError):
     """The policy computed NaN or inf actions: never handed to a robot. `rows`: the batch rows at fault;
-    `actions` and `timing`: the whole batch's, so that a server can still answer the finite rows."""
+    `actions` and `timing`: the whole batch's, so that a server can still answer the finite rows; `chunks`: the
+    batch's `ModelChunk`s and which rows were guided, where the call kept them (real-time chunking), else None."""
 
     def __init__(self, message: str, rows: list[int] | None = None, actions: np.ndarray | None = None,
-                 timing: dict | None = None):
+                 timing: dict | None = None, chunks: list | None = None, guided: list | None = None):
         super().__init__(message)
-        self.rows, self.actions, self.timing = rows, actions, timing
+        self.rows, self.actions, self.timing, self.chunks, self.guided = rows, actions, timing, chunks, guided
 
     def __reduce__(self):  # the rows survive pickling (a Ray Serve replica's error reaching the front end)
-        return type(self), (str(self), self.rows, self.actions, self.timing)
+        return type(self), (str(self), self.rows, self.actions, self.timing, self.chunks, self.guided)
+
+
+@dataclasses.dataclass(frozen=True)
+class ModelChunk:
+    """A chunk as the model produced it, kept for real-time chunking's next call: `actions` (H, A) float32 in the
+    model's units (normalized, padded to the model's action dim), and `state` (D,) float64, the state it was
+    computed from in the model's space before normalization (what delta actions are relative to)."""
+
+    actions: np.ndarray
+    state: np.ndarray
+
+
+@dataclasses.dataclass(frozen=True)
+class RtcRequest:
+    """One observation's real-time chunking (`Policy.infer(..., rtc=)`): `previous`, the chunk this robot is
+    executing (the `ModelChunk` its last call returned); `executed`, how many of its actions had been executed when
+    this observation was taken; `delay`, how many more the robot executes while this chunk is computed (they are
+    frozen: held to the previous chunk with weight 1). The rest of the previous chunk, up to the execution
+    horizon, guides the new one with fading weight."""
+
+    previous: ModelChunk
+    executed: int
+    delay: int
 
 
 def finite_actions(actions: np.ndarray, timing: dict | None = None) -> np.ndarray:
@@ -100,11 +124,12 @@ class Policy:
     benchmarks) both stay in the model's units. `conventions` (`vlaperf.conventions`, a name or a
     Conventions; None: "none"): what the checkpoint's training did around the model besides, e.g. openpi
     pi0_libero's delta actions, whose state is added back after unnormalizing.
+    `rtc` (`vlaperf.models.pi0.RtcConfig`): real-time chunking's settings, for calls that pass `rtc=`.
     """
 
     def __init__(self, model, sample: Callable, workload: Workload, tokenizer: Tokenizer | None = None,
                  num_steps: int | None = None, noise: torch.Tensor | None = None,
-                 verify: Callable[[], None] | None = None, norm_stats=None, conventions=None):
+                 verify: Callable[[], None] | None = None, norm_stats=None, conventions=None, rtc=None):
         if not isinstance(workload, Workload):  # a world-action workload failed later on a missing attribute
             raise TypeError(f"workload: expected a pi0-family Workload (vlaperf.workloads.get_workload), got "
                             f"{type(workload).__name__}" + (": serve the world-action model with WamPolicy"
@@ -125,17 +150,36 @@ class Policy:
         self.num_steps = check_num_steps(workload.steps if num_steps is None else num_steps,
                                          note=f" (or None: the workload's {workload.steps})")
         self.noise = noise
+        from vlaperf.models.pi0 import RtcConfig
 
-    def infer(self, example: dict[str, Any] | list[dict[str, Any]]) -> dict[str, Any]:
+        if rtc is not None and not isinstance(rtc, RtcConfig):
+            raise TypeError(f"rtc: expected a vlaperf.models.pi0.RtcConfig or None, got {type(rtc).__name__}")
+        self.rtc = rtc
+        self._step_weights: dict = {}  # num_steps -> rtc_step_weights on the device
+
+    def infer(self, example: dict[str, Any] | list[dict[str, Any]],
+              rtc: list[RtcRequest | None] | None = None) -> dict[str, Any]:
+        """`rtc` (real-time chunking; the policy built with an RtcConfig): one `RtcRequest` or None (no previous
+        chunk: unguided) per observation. With it the result also holds "chunks", the `ModelChunk` of each
+        observation, which its next call passes back as `RtcRequest.previous`, and "guided", which rows were."""
         t0 = time.perf_counter()
         host = self.transform.host_arrays(example)
         obs = self.transform.preprocess(self.transform.upload(host))
         noise = self.noise if self.noise is not None and self.noise.shape[0] == obs.batch else None
+        guidance = guided = None
+        if rtc is not None:
+            guidance, guided = self._guidance(rtc, host.model_states)
         t1 = time.perf_counter()
-        actions = self.sample(obs, noise, self.num_steps)
+        if guidance is not None:
+            actions = self.sample(obs, noise, self.num_steps, guidance=guidance)
+        else:
+            actions = self.sample(obs, noise, self.num_steps)
         # the whole (contiguous) chunk to the host, then the robot's dims: slicing on the device first
         # costs a copy kernel (H200: 0.039 against 0.021 ms, benchmarks/results/h200/upload_probe_libero-pi0.json)
-        out = actions.cpu().numpy()[..., : self.workload.robot_action_dim].astype(np.float32)
+        chunk = actions.cpu().numpy()
+        chunks = None if rtc is None else [ModelChunk(chunk[i].astype(np.float32), np.asarray(s, np.float64))
+                                           for i, s in enumerate(host.model_states)]
+        out = chunk[..., : self.workload.robot_action_dim].astype(np.float32)
         if self.norm_stats is not None:
             out = self.norm_stats.unnormalize_actions(out)
         if self.conventions.changes_actions():  # openpi's order: unnormalize, absolute actions, ALOHA's space
@@ -144,10 +188,79 @@ class Policy:
             self.verify()  # a kernel fault first: it names the cause of what the next check would see
         t2 = time.perf_counter()
         timing = {"transform_ms": (t1 - t0) * 1e3, "sample_and_copy_ms": (t2 - t1) * 1e3, "infer_ms": (t2 - t0) * 1e3}
-        finite_actions(out, timing)
-        if isinstance(example, dict):
-            out = out[0]
-        return {"actions": out, "policy_timing": timing}
+        try:
+            finite_actions(out, timing)
+        except NonFiniteActions as e:
+            e.chunks, e.guided = chunks, guided
+            raise
+        result: dict[str, Any] = {"actions": out[0] if isinstance(example, dict) else out, "policy_timing": timing}
+        if rtc is not None:
+            result["chunks"], result["guided"] = chunks, guided
+        return result
+
+    def _guidance(self, rtc: list, model_states: list):
+        """(Guidance or None, [bool] per row) for `infer`'s `rtc`: each row's previous chunk from its `executed`
+        position on, re-expressed relative to this observation's state where the actions are deltas (as LeRobot
+        re-anchors a relative-action leftover), zero-padded; its prefix weights from its delay; rows without a
+        previous chunk (or with nothing of it left) get zero weights, so they run unguided in the same call."""
+        from vlaperf.models.pi0 import Guidance, rtc_prefix_weights, rtc_step_weights
+
+        cfg, B = self.model.config, len(model_states)
+        H, A = cfg.action_horizon, cfg.action_dim
+        if self.rtc is None:
+            raise ValueError("rtc: this policy has no real-time chunking settings (build it with "
+                             "rtc=vlaperf.models.pi0.RtcConfig(), `vlaperf serve --rtc`)")
+        if not isinstance(rtc, (list, tuple)) or len(rtc) != B:
+            raise ValueError(f"rtc: expected a list of {B} RtcRequest-or-None (one per observation), got "
+                             f"{len(rtc) if isinstance(rtc, (list, tuple)) else type(rtc).__name__}")
+        target = np.zeros((B, H, A), np.float32)
+        weights = np.zeros((B, H), np.float32)
+        guided = [False] * B
+        for i, request in enumerate(rtc):
+            if request is None:
+                continue
+            where = f"rtc[{i}]" if B > 1 else "rtc"
+            if not isinstance(request, RtcRequest):
+                raise ValueError(f"{where}: expected an RtcRequest or None, got {type(request).__name__}")
+            for name in ("executed", "delay"):
+                value = getattr(request, name)
+                if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) or not 0 <= value <= H:
+                    raise ValueError(f"{where}.{name}: expected an integer in [0, {H}] (the chunk's horizon), got "
+                                     f"{value!r}")
+            previous = request.previous
+            if not isinstance(previous, ModelChunk) or np.shape(previous.actions) != (H, A):
+                got = np.shape(previous.actions) if isinstance(previous, ModelChunk) else type(previous).__name__
+                raise ValueError(f"{where}.previous: expected the ModelChunk of a call of this policy, actions "
+                                 f"({H}, {A}), got {got}")
+            left = H - int(request.executed)
+            if left == 0:
+                continue
+            target[i, :left] = self._reanchored(previous, model_states[i])[int(request.executed):]
+            weights[i] = rtc_prefix_weights(int(request.delay), min(self.rtc.execution_horizon, left), H,
+                                            self.rtc.schedule).numpy()
+            guided[i] = True
+        if not any(guided):
+            return None, guided
+        if self.num_steps not in self._step_weights:
+            self._step_weights[self.num_steps] = rtc_step_weights(self.num_steps, self.rtc.max_guidance_weight,
+                                                                  self.device)
+        to = lambda a: torch.from_numpy(a).to(self.device, non_blocking=True)  # noqa: E731
+        return Guidance(to(target), to(weights), self._step_weights[self.num_steps]), guided
+
+    def _reanchored(self, previous: ModelChunk, state: np.ndarray) -> np.ndarray:
+        """The previous chunk in the model's units, its delta dims made relative to `state` instead of the
+        state it was computed from (unchanged where the actions are absolute)."""
+        mask = self.conventions.delta_action_mask
+        if not mask:
+            return previous.actions
+        actions = previous.actions.astype(np.float64)
+        if self.norm_stats is not None:
+            actions = self.norm_stats.unnormalize_actions64(actions)
+        k = len(mask)
+        actions[:, :k] += np.where(mask, previous.state[:k] - np.asarray(state)[:k], 0.0)
+        if self.norm_stats is not None:
+            actions = self.norm_stats.normalize_actions64(actions)
+        return actions.astype(np.float32)
 
 
 # ------------------------------------------------------------------ the world-action model

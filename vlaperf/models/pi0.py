@@ -507,8 +507,10 @@ class Guidance:
         v <- v - step_weights[i] * weights[h] * (target - x1)      (step i, chunk position h)
 
     target (B, H, A) float32: the previous chunk's actions not yet executed, zero-padded to the chunk's H x A.
-    weights (H,) float32: how strongly each chunk position is held to it (1 for the positions executed while this
-    chunk is computed, fading to 0 by the execution horizon). step_weights (num_steps,) float32: the guidance weight
+    weights (H,) or (B, H) float32: how strongly each chunk position is held to it (1 for the positions executed
+    while this chunk is computed, fading to 0 by the execution horizon: `rtc_prefix_weights`); (B, H) gives each
+    sample its own delay, and a row of zeros leaves that sample unguided (a server's batch of robots with and
+    without a previous chunk). step_weights (num_steps,) float32: the guidance weight
     of each step, largest at the noise. The paper's guidance multiplies the error by the Jacobian of x1 through the
     model (a vector-Jacobian product); LeRobot evaluates v before x_t requires grad, so its product is the identity
     and the correction is the weighted error itself, as here. All tensors: no host read, so it runs inside a CUDA
@@ -520,12 +522,14 @@ class Guidance:
 
     def check(self, batch: int, horizon: int, action_dim: int, num_steps: int, device: torch.device) -> None:
         """Shapes, dtypes and device on the host; a wrong one is a ValueError naming the field."""
-        for name, shape in (("target", (batch, horizon, action_dim)), ("weights", (horizon,)),
-                            ("step_weights", (num_steps,))):
+        for name, shapes in (("target", [(batch, horizon, action_dim)]), ("weights", [(horizon,), (batch, horizon)]),
+                             ("step_weights", [(num_steps,)])):
             t = getattr(self, name)
-            if not isinstance(t, Tensor) or t.dtype != torch.float32 or tuple(t.shape) != shape or t.device != device:
+            if not isinstance(t, Tensor) or t.dtype != torch.float32 or tuple(t.shape) not in shapes \
+                    or t.device != device:
                 got = _shape(t) if isinstance(t, Tensor) else type(t).__name__
-                raise ValueError(f"guidance.{name}: expected a float32 tensor {shape} on {device}, got {got}")
+                expected = " or ".join(str(shape) for shape in shapes)
+                raise ValueError(f"guidance.{name}: expected a float32 tensor {expected} on {device}, got {got}")
 
     def tensors(self) -> list[Tensor]:
         return [self.target, self.weights, self.step_weights]
@@ -535,7 +539,7 @@ class Guidance:
               step_weights: Tensor) -> Tensor:
         """The guided velocity of step `step` (v, x_t: (B, H, A) float32; t the step's time)."""
         x1 = x_t - t * v
-        return v - step_weights[step] * (weights[:, None] * (target - x1))
+        return v - step_weights[step] * (weights[..., None] * (target - x1))
 
 
 def rtc_step_weights(num_steps: int, max_weight: float, device: torch.device | str = "cpu") -> Tensor:
@@ -547,6 +551,58 @@ def rtc_step_weights(num_steps: int, max_weight: float, device: torch.device | s
     c = ((1.0 - tau) / tau).nan_to_num(posinf=max_weight)
     inv_r2 = ((1.0 - tau) ** 2 + tau**2) / (1.0 - tau) ** 2
     return (c * inv_r2).nan_to_num(posinf=max_weight).clamp(max=max_weight).to(device)
+
+
+RTC_SCHEDULES = ("linear", "exp", "ones", "zeros")
+
+
+def rtc_prefix_weights(delay: int, execution_horizon: int, horizon: int, schedule: str = "linear") -> Tensor:
+    """How strongly each of a chunk's `horizon` positions is held to the previous chunk, (horizon,) float32:
+    1 at the first `delay` positions (the robot executes them while this chunk is computed, so they are frozen),
+    0 from `execution_horizon` on (the new chunk is free there), and between the two falling from 1 toward 0:
+    evenly ("linear"), or the paper's exponential soft mask ("exp": w * (e^w - 1) / (e - 1) of the linear w).
+    "ones": 1 up to the execution horizon; "zeros": 1 in the delay only. The delay counts at most up to the
+    execution horizon. These are the schedules LeRobot's RTCAttentionSchedule names, with its conventions."""
+    for name, value in (("delay", delay), ("execution_horizon", execution_horizon), ("horizon", horizon)):
+        if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+            raise ValueError(f"{name}: expected an integer >= 0, got {value!r}")
+    if schedule not in RTC_SCHEDULES:
+        raise ValueError(f"schedule: expected one of {', '.join(RTC_SCHEDULES)}, got {schedule!r}")
+    frozen = min(delay, execution_horizon)
+    weights = torch.zeros(horizon, dtype=torch.float32)
+    if schedule == "ones":
+        weights[:execution_horizon] = 1.0
+        return weights
+    if schedule in ("linear", "exp"):
+        n = min(execution_horizon, horizon) - frozen  # the positions between the frozen ones and the horizon
+        if n > 0:
+            ramp = 1.0 - torch.arange(1, n + 1, dtype=torch.float32) / (n + 1)  # strictly between 1 and 0
+            if schedule == "exp":
+                ramp = ramp * torch.expm1(ramp) / (math.e - 1.0)
+            weights[frozen: frozen + n] = ramp
+    weights[:frozen] = 1.0
+    return weights
+
+
+@dataclass(frozen=True)
+class RtcConfig:
+    """Real-time chunking's settings for a policy (LeRobot's RTCConfig defaults): positions past
+    `execution_horizon` are not held to the previous chunk; `max_guidance_weight` clamps the per-step weight
+    (`rtc_step_weights`); `schedule` shapes the hold between the delay and the horizon (`rtc_prefix_weights`)."""
+
+    execution_horizon: int = 10
+    max_guidance_weight: float = 10.0
+    schedule: str = "linear"
+
+    def __post_init__(self):
+        if isinstance(self.execution_horizon, bool) or not isinstance(self.execution_horizon, int) \
+                or self.execution_horizon < 1:
+            raise ValueError(f"rtc execution_horizon: expected an integer >= 1, got {self.execution_horizon!r}")
+        w = self.max_guidance_weight
+        if isinstance(w, bool) or not isinstance(w, (int, float)) or not 0 < w < math.inf:
+            raise ValueError(f"rtc max_guidance_weight: expected a finite number > 0, got {w!r}")
+        if self.schedule not in RTC_SCHEDULES:
+            raise ValueError(f"rtc schedule: expected one of {', '.join(RTC_SCHEDULES)}, got {self.schedule!r}")
 
 
 def _bump_weights_version(model: "Pi0Model", incompatible_keys) -> None:

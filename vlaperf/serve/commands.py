@@ -23,6 +23,7 @@ from vlaperf.cli import levers_arg, output_file, path_arg, port_int, seed_int, s
 from vlaperf.cli import non_negative_float as _non_negative_float
 from vlaperf.cli import positive_float as _positive_float
 from vlaperf.cli import positive_int as _positive_int
+from vlaperf.models.pi0 import RTC_SCHEDULES
 
 API_KEY_ENV = "VLAPERF_API_KEY"
 
@@ -162,6 +163,16 @@ def register(subparsers) -> None:
     p.add_argument("--keep-reference", action="store_true",
                    help="keep the reference model's weights that the engine holds fused copies of (by default they are "
                         "freed after the check: 3.2 GB for pi0 in bf16, 3.4 GB with megakernel)")
+    g = p.add_argument_group("real-time chunking (pi0 family; docs/serving.md)")
+    g.add_argument("--rtc", action="store_true",
+                   help="guide each chunk toward what is left of the connection's previous one, for observations that "
+                        "send 'rtc/executed' and 'rtc/delay' (LeRobot's RTC, in the engine's graph)")
+    g.add_argument("--rtc-execution-horizon", type=_positive_int, default=None,
+                   help="with --rtc: chunk positions past it are not held to the previous chunk (default: 10)")
+    g.add_argument("--rtc-max-guidance-weight", type=number_arg(float, 0, strict=True, maximum=1e6), default=None,
+                   help="with --rtc: the largest per-step guidance weight (default: 10)")
+    g.add_argument("--rtc-schedule", choices=RTC_SCHEDULES, default=None,
+                   help="with --rtc: how the hold fades from the delay to the execution horizon (default: linear)")
     _add_replica_arguments(p)
     add_compile_cache(p)
     p.set_defaults(func=cmd_serve)
@@ -303,6 +314,11 @@ def cmd_serve(args) -> int:
     console = wide_console()
     from vlaperf.workloads import is_wam_workload
 
+    args.rtc_config = _rtc_config(args)
+    if args.rtc_config is not None and (getattr(args, "replicas", None) or is_wam_workload(args.workload or "")):
+        raise CliError("--rtc: real-time chunking is served by the pi0 family in this process; "
+                       + ("drop --replicas" if getattr(args, "replicas", None) else
+                          f"{args.workload} (the world-action model) has no previous-chunk guidance"))
     if getattr(args, "replicas", None):  # the model runs in Ray Serve replicas, not in this process
         if is_wam_workload(args.workload or ""):
             raise CliError(f"--replicas: Ray Serve replicas serve the pi0 family; {args.workload} (the world-action "
@@ -344,6 +360,20 @@ def cmd_serve(args) -> int:
 
 
 
+def _rtc_config(args):
+    """--rtc's settings as an RtcConfig (None without --rtc); CliError for an --rtc-* option without --rtc."""
+    from vlaperf.cli import CliError
+    from vlaperf.models.pi0 import RtcConfig
+
+    given = {name: getattr(args, f"rtc_{name}", None) for name in ("execution_horizon", "max_guidance_weight", "schedule")}
+    given = {k: v for k, v in given.items() if v is not None}
+    if not getattr(args, "rtc", False):
+        if given:
+            raise CliError(f"--rtc-{next(iter(given)).replace('_', '-')}: a setting of real-time chunking; add --rtc")
+        return None
+    return RtcConfig(**given)
+
+
 def _release_reference(engine, args, console) -> None:
     """After the check: free the model's weights the engine holds fused copies of (pi0 family and
     world-action engines alike), unless --keep-reference."""
@@ -370,16 +400,17 @@ def _pi0_policy(args, console):
     if engine is not None and not args.no_check:
         from vlaperf.check import check_equivalence
 
-        eq = check_equivalence(model, engine, workload)
+        rtc = getattr(args, "rtc_config", None)
+        eq = check_equivalence(model, engine, workload, rtc=rtc)  # with --rtc, the guided call checked too
         if not eq["passed"]:
-            print(f"vlaperf serve: variant {engine.name} fails equivalence (rel_l2 {eq['rel_l2']:.3g} > "
-                  f"{eq['tolerance']:.3g}); refusing to serve it", file=sys.stderr)
+            print(f"vlaperf serve: variant {engine.name} fails equivalence{' (guided calls included)' if rtc else ''} "
+                  f"(rel_l2 {eq['rel_l2']:.3g} > {eq['tolerance']:.3g}); refusing to serve it", file=sys.stderr)
             return None
     _release_reference(engine, args, console)
     sample = engine.sample_actions if engine is not None else model.sample_actions
     policy = Policy(model, sample, workload, tokenizer=tokenizer, num_steps=workload.steps,
                     verify=engine.raise_on_kernel_fault if engine is not None else None, norm_stats=norm_stats,
-                    conventions=args.conventions)
+                    conventions=args.conventions, rtc=getattr(args, "rtc_config", None))
     return policy
 
 
@@ -499,6 +530,10 @@ def print_serve(server, console=None) -> None:
         ("inputs", f"tokenizer {m.get('tokenizer', '-')}; normalization {m.get('normalization') or 'none (model units)'}"
          if "sampler" not in m else f"latents, state, prompt (text encoder {m.get('text_encoder', '-')})"),
         *([("conventions", str(m["conventions"]))] if "conventions" in m else []),
+        *([("real-time chunking", f"observations with {' and '.join(m['rtc']['keys'])}: execution horizon "
+                                  f"{m['rtc']['execution_horizon']}, max guidance weight "
+                                  f"{m['rtc']['max_guidance_weight']:g}, {m['rtc']['schedule']} schedule")]
+          if m.get("rtc") else []),
         *([("checkpoint", f"{m['checkpoint']['name']} ({m['checkpoint']['layout']})")] if m.get("checkpoint") else []),
         *([("sampler", ", ".join(f"{k} {v}" for k, v in m["sampler"].items()))] if "sampler" in m else []),
         ("levers", ",".join(m.get("levers") or []) or "reference"),

@@ -62,6 +62,10 @@ MAX_VALUES = 2**20
 # The optional key of an observation that the server echoes in its reply or error frame.
 REQUEST_ID_KEY = "request_id"
 MAX_REQUEST_ID_CHARS = 256
+# Real-time chunking's optional keys of an observation (a server started with --rtc; docs/serving.md): how many
+# actions of the last chunk this connection got had been executed when the observation was taken, and how many
+# more the robot executes while the next one is computed. openpi's own server ignores keys it does not know.
+RTC_EXECUTED_KEY, RTC_DELAY_KEY = "rtc/executed", "rtc/delay"
 
 
 def valid_request_id(value: Any) -> bool:

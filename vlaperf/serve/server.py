@@ -31,6 +31,11 @@ Threads and queues:
   are refused row by row (the finite rows answered, nothing re-run).
 - The queue holds at most `max_queued` observations (a request past it: an Overloaded frame),
   and a connection that closes takes its queued observations with it.
+- Real-time chunking (a Policy built with an RtcConfig, `vlaperf serve --rtc`): the server keeps the last chunk
+  each connection got, per position in its request (the model's own chunk, before unnormalizing), and an
+  observation that carries "rtc/executed" and "rtc/delay" is guided toward what is left of it. The state lives on
+  the event loop (read when a request is queued, written when its reply is sent), and a connection that closes
+  takes it with it. Guided and unguided observations share a batch (zero weights for the unguided rows).
 
 Replies: a binary msgpack frame with the result dict (a list of them for a list request), or
 a text frame with a JSON error (`protocol.error_frame`); see docs/serving.md. Plain HTTP: `GET /healthz`, and
@@ -60,11 +65,12 @@ import numpy as np
 
 from vlaperf import __version__
 from vlaperf.inputs import InputError, make_example, warmup_prompts
-from vlaperf.policy import NonFiniteActions
+from vlaperf.policy import ModelChunk, NonFiniteActions, RtcRequest
 from vlaperf.serve.metrics import METRICS_PATH, ServerMetrics
 from vlaperf.serve.metrics import render as render_metrics
-from vlaperf.serve.protocol import (DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES, MAX_REQUEST_ID_CHARS, REQUEST_ID_KEY, ProtocolError,
-                                    error_frame, packb, printable, unpackb, valid_request_id)
+from vlaperf.serve.protocol import (DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES, MAX_REQUEST_ID_CHARS, REQUEST_ID_KEY,
+                                    RTC_DELAY_KEY, RTC_EXECUTED_KEY, ProtocolError, error_frame, packb, printable,
+                                    unpackb, valid_request_id)
 
 log = logging.getLogger("vlaperf.serve")
 LOGGED_ERRORS_PER_CONNECTION = 5
@@ -105,12 +111,23 @@ class _Job:
     future: asyncio.Future
     loop: asyncio.AbstractEventLoop
     t_enqueue: float
+    rtc: RtcRequest | None = None  # real-time chunking: this observation's previous chunk, executed and delay
 
 
 @dataclass
 class _Done:
     actions: np.ndarray
     timing: dict
+    chunk: ModelChunk | None = None  # real-time chunking: kept for the connection's next request
+    guided: bool = False
+
+
+@dataclass(frozen=True)
+class _RtcAsk:
+    """An observation's "rtc/executed" and "rtc/delay", checked."""
+
+    executed: int
+    delay: int
 
 
 def is_loopback(host: str) -> bool:
@@ -247,6 +264,9 @@ class PolicyServer:
         self._thread: threading.Thread | None = None
         self._started = threading.Event()
         self._startup_error: BaseException | None = None
+        # real-time chunking: connection -> {position in its request: the last chunk it got}; event loop only
+        self._chunks: dict[int, dict[int, ModelChunk]] = {}
+        self._rtc_on, self._rtc_horizon = False, 0  # set once the policy is built
         self.stats = {"requests": 0, "errors": 0, "batches": 0, "batched_observations": 0, "dropped_observations": 0}
         self.metrics = ServerMetrics()  # the latency histograms of GET /metrics
         self._conn_errors: Counter = Counter()  # connection -> request errors so far (the log keeps the first few)
@@ -467,6 +487,7 @@ class PolicyServer:
             log.exception("connection %d failed", conn)
         finally:
             self._n_connections -= 1
+            self._chunks.pop(conn, None)
             self._drop_queued(conn)
             errors = self._conn_errors.pop(conn, 0)
             if errors > LOGGED_ERRORS_PER_CONNECTION:
@@ -520,8 +541,13 @@ class PolicyServer:
             else:
                 items, is_list = self._decode(message)
             t1 = time.perf_counter()
+            rtc = None
+            if self._rtc_on:  # every request: the chunks it gets are the next request's previous ones
+                kept = self._chunks.get(conn, {})
+                rtc = [None if ask is None or i not in kept else RtcRequest(kept[i], ask.executed, ask.delay)
+                       for i, (_, _, ask) in enumerate(items)]
             try:
-                futures = self._submit([ex for ex, _ in items], conn)
+                futures = self._submit([ex for ex, _, _ in items], conn, rtc)
             except RequestError as e:
                 e.request_id = None if is_list else items[0][1]
                 raise
@@ -529,11 +555,19 @@ class PolicyServer:
             if results is None:  # the client is gone: nothing to send
                 return error_frame("ConnectionClosed", "the connection closed before the reply")
             replies = []
-            for i, ((_, request_id), result) in enumerate(zip(items, results)):
+            for i, ((_, request_id, ask), result) in enumerate(zip(items, results)):
                 if isinstance(result, RequestError):
                     raise RequestError(result.kind, (f"[{i}] " if is_list else "") + result.message, request_id,
                                        i if is_list else None)
-                replies.append(self._response(result, request_id, (t1 - t0) * 1e3, prev_total_ms))
+                reply = self._response(result, request_id, (t1 - t0) * 1e3, prev_total_ms)
+                if ask is not None:
+                    reply["rtc"] = self._rtc_reply(ask, result, had_previous=rtc[i] is not None)
+                replies.append(reply)
+            if self._rtc_on:  # the whole request answered: its chunks are what the robot executes next
+                kept = self._chunks.setdefault(conn, {})
+                for i, result in enumerate(results):
+                    if result.chunk is not None:
+                        kept[i] = result.chunk
             return packb(replies if is_list else replies[0])
         except RequestError as e:
             self.stats["errors"] += 1
@@ -545,6 +579,15 @@ class PolicyServer:
             self.stats["errors"] += 1
             log.exception("internal error on connection %d", conn)
             return error_frame("InternalError", f"{type(e).__name__}: {e}")
+
+    def _rtc_reply(self, ask: _RtcAsk, done: _Done, had_previous: bool) -> dict:
+        """What the reply says of a request's real-time chunking: whether it was guided, and if not, why."""
+        out: dict[str, Any] = {"guided": bool(done.guided), "executed": ask.executed, "delay": ask.delay}
+        if not done.guided:
+            out["reason"] = ("no previous chunk on this connection (its first request, or the chunk's request failed)"
+                             if not had_previous else
+                             f"nothing of the previous chunk is left (executed = the horizon, {self._rtc_horizon})")
+        return out
 
     def _response(self, done: _Done, request_id: Any, decode_ms: float, prev_total_ms: float | None) -> dict:
         server_timing = {k: (int(v) if k == "batch_size" else float(v)) for k, v in done.timing.items()}
@@ -560,8 +603,8 @@ class PolicyServer:
 
     # ------------------------------------------------------------------ decode + validate
 
-    def _decode(self, message: bytes) -> tuple[list[tuple[dict, Any]], bool]:
-        """[(example without request_id, request_id)], is_list. Raises RequestError."""
+    def _decode(self, message: bytes) -> tuple[list[tuple[dict, Any, _RtcAsk | None]], bool]:
+        """[(example without request_id and rtc keys, request_id, rtc ask or None)], is_list. Raises RequestError."""
         try:
             payload = unpackb(message, max_bytes=self.max_message_bytes)
         except ProtocolError as e:
@@ -578,7 +621,7 @@ class PolicyServer:
         raise RequestError("InputError", f"message must be an observation dict (a msgpack map) or a list of them, "
                                          f"got {_type_name(payload)}")
 
-    def _validate(self, example: Any, index: int | None) -> tuple[dict, Any]:
+    def _validate(self, example: Any, index: int | None) -> tuple[dict, Any, _RtcAsk | None]:
         where = f"[{index}] " if index is not None else ""
         if not isinstance(example, dict):
             raise RequestError("InputError", f"{where}observation must be a dict (a msgpack map), got {_type_name(example)}",
@@ -589,6 +632,10 @@ class PolicyServer:
                 raise RequestError("InputError", f"{where}{REQUEST_ID_KEY}: expected a string of at most "
                                    f"{MAX_REQUEST_ID_CHARS} characters or an integer", index=index)
             example = {k: v for k, v in example.items() if k != REQUEST_ID_KEY}
+        ask = None
+        if RTC_EXECUTED_KEY in example or RTC_DELAY_KEY in example:
+            ask = self._rtc_ask(example, where, request_id, index)
+            example = {k: v for k, v in example.items() if k not in (RTC_EXECUTED_KEY, RTC_DELAY_KEY)}
         # The transform's own checks (same messages as Policy.infer would raise), run per
         # observation before any batching. A policy without a transform is checked only by
         # the per-observation retry in the worker.
@@ -601,13 +648,36 @@ class PolicyServer:
         except Exception as e:
             raise RequestError("InputError", f"{where}malformed observation ({type(e).__name__}: {e})",
                                request_id, index) from None
-        return example, request_id
+        return example, request_id, ask
+
+    def _rtc_ask(self, example: dict, where: str, request_id: Any, index: int | None) -> _RtcAsk:
+        def refuse(message: str):
+            return RequestError("InputError", f"{where}{message}", request_id, index)
+
+        if not self._rtc_on:
+            key = RTC_EXECUTED_KEY if RTC_EXECUTED_KEY in example else RTC_DELAY_KEY
+            raise refuse(f"{key}: this server does not run real-time chunking (start it with `vlaperf serve --rtc`, "
+                         "or a Policy built with rtc=RtcConfig())")
+        values = []
+        for key in (RTC_EXECUTED_KEY, RTC_DELAY_KEY):
+            if key not in example:
+                raise refuse(f"{key}: missing; real-time chunking takes both {RTC_EXECUTED_KEY} and {RTC_DELAY_KEY}")
+            value = example[key]
+            if isinstance(value, np.ndarray) and value.shape == () and value.dtype.kind in "iu":
+                value = value.item()  # a numpy scalar integer
+            if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
+                    or not 0 <= value <= self._rtc_horizon:
+                raise refuse(f"{key}: expected an integer in [0, {self._rtc_horizon}] (the chunk's horizon), got "
+                             f"{printable(value)}")
+            values.append(int(value))
+        return _RtcAsk(*values)
 
     # ------------------------------------------------------------------ inference thread
 
-    def _submit(self, examples: list[dict], conn: int) -> list[asyncio.Future]:
+    def _submit(self, examples: list[dict], conn: int, rtc: list[RtcRequest | None] | None = None) -> list[asyncio.Future]:
         loop, now = self._loop, time.perf_counter()
-        jobs = [_Job(ex, conn, loop.create_future(), loop, now) for ex in examples]
+        rtc = rtc or [None] * len(examples)
+        jobs = [_Job(ex, conn, loop.create_future(), loop, now, r) for ex, r in zip(examples, rtc)]
         with self._cv:
             if len(self._pending) + len(jobs) > self.max_queued:
                 raise RequestError("Overloaded", f"{len(self._pending)} observations are queued and this request adds "
@@ -626,6 +696,9 @@ class PolicyServer:
                 if not hasattr(self._policy, "infer"):
                     raise TypeError(f"the policy factory returned {type(self._policy).__name__}, which has no infer()")
             self.policy = self._policy
+            self._rtc_on = getattr(self._policy, "rtc", None) is not None
+            if self._rtc_on:
+                self._rtc_horizon = int(self._policy.model.config.action_horizon)
             self._warmup()
         except BaseException as e:
             ready.set_exception(e)
@@ -671,13 +744,18 @@ class PolicyServer:
                 self._policy.infer(self._policy.warmup_examples(b))
         elif workload is not None:
             # Every batch size x every prompt bucket: with CUDA graphs each pair is its own
-            # capture, and a capture inside a client's request costs it about a second.
+            # capture, and a capture inside a client's request costs it about a second. With
+            # real-time chunking, the guided call of each pair too (its own graph).
             for prompt in warmup_prompts(workload.prompt_slots):
                 for b in self.warmup_batch_sizes:
                     examples = [make_example(workload, seed=i) for i in range(b)]
                     for ex in examples:
                         ex["prompt"] = prompt
-                    self._policy.infer(examples)
+                    if not self._rtc_on:
+                        self._policy.infer(examples)
+                        continue
+                    chunks = self._policy.infer(examples, rtc=[None] * b)["chunks"]
+                    self._policy.infer(examples, rtc=[RtcRequest(c, 1, 1) for c in chunks])
         self.warmup_s = time.perf_counter() - t0
 
     def _others_may_join(self) -> bool:
@@ -724,7 +802,10 @@ class PolicyServer:
     def _run_batch(self, batch: list[_Job]) -> None:
         t_start = time.perf_counter()
         try:
-            out = self._policy.infer([job.example for job in batch])
+            if self._rtc_on:
+                out = self._policy.infer([job.example for job in batch], rtc=[job.rtc for job in batch])
+            else:
+                out = self._policy.infer([job.example for job in batch])
             actions = np.asarray(out["actions"])
             if actions.ndim < 1 or actions.shape[0] != len(batch):
                 raise RuntimeError(f"policy returned actions of shape {actions.shape} for a batch of {len(batch)}")
@@ -744,7 +825,8 @@ class PolicyServer:
             for job in batch:  # one job, or a batch not retried (BackendUnavailable): every job gets the error
                 self._deliver(job, error)
             return
-        self._deliver_actions(batch, actions, out.get("policy_timing") or {}, t_start)
+        self._deliver_actions(batch, actions, out.get("policy_timing") or {}, t_start, out.get("chunks"),
+                              out.get("guided"))
 
     def _deliver_rows(self, batch: list[_Job], e: NonFiniteActions, t_start: float) -> None:
         """A batch whose actions hold NaN or inf in some rows (withheld from the robot; the message says why, no
@@ -755,7 +837,10 @@ class PolicyServer:
         log.warning("withheld non-finite actions for %d of %d observations: %s", len(bad), len(batch), printable(e))
         if len(bad) < len(batch):
             good = [i for i in range(len(batch)) if i not in bad]
-            self._deliver_actions([batch[i] for i in good], np.asarray(e.actions)[good], e.timing or {}, t_start)
+            chunks = [e.chunks[i] for i in good] if e.chunks is not None else None
+            guided = [e.guided[i] for i in good] if e.guided is not None else None
+            self._deliver_actions([batch[i] for i in good], np.asarray(e.actions)[good], e.timing or {}, t_start,
+                                  chunks, guided)
             for i in sorted(bad):
                 self._deliver(batch[i], RequestError("InputError", f"NonFiniteActions: {e} (the other {len(good)} "
                                                      f"observations of its batch of {len(batch)} came out finite, so "
@@ -764,7 +849,8 @@ class PolicyServer:
         for job in batch:
             self._deliver(job, RequestError("InternalError", f"NonFiniteActions: {e}"))
 
-    def _deliver_actions(self, batch: list[_Job], actions: np.ndarray, policy_timing: dict, t_start: float) -> None:
+    def _deliver_actions(self, batch: list[_Job], actions: np.ndarray, policy_timing: dict, t_start: float,
+                         chunks: list | None = None, guided: list | None = None) -> None:
         infer_ms = (time.perf_counter() - t_start) * 1e3
         self.stats["batches"] += 1
         self.stats["batched_observations"] += len(batch)
@@ -780,7 +866,9 @@ class PolicyServer:
                 "transform_ms": policy_timing.get("transform_ms", float("nan")),
                 "sample_and_copy_ms": policy_timing.get("sample_and_copy_ms", float("nan")),
             }
-            self._deliver(job, _Done(np.ascontiguousarray(actions[i], dtype=np.float32), timing))
+            self._deliver(job, _Done(np.ascontiguousarray(actions[i], dtype=np.float32), timing,
+                                     chunks[i] if chunks is not None else None,
+                                     bool(guided[i]) if guided is not None else False))
 
     @staticmethod
     def _deliver(job: _Job, value: Any) -> None:
@@ -831,6 +919,10 @@ class PolicyServer:
             meta["normalization"] = policy.norm_stats.describe() if policy.norm_stats is not None else None
         if getattr(policy, "conventions", None) is not None:
             meta["conventions"] = policy.conventions.name
+        if self._rtc_on:
+            rtc = policy.rtc
+            meta["rtc"] = {"keys": [RTC_EXECUTED_KEY, RTC_DELAY_KEY], "execution_horizon": rtc.execution_horizon,
+                           "max_guidance_weight": float(rtc.max_guidance_weight), "schedule": rtc.schedule}
         model = getattr(policy, "model", None)
         meta["checkpoint"] = checkpoint_metadata(model)
         config = getattr(model, "config", None)
