@@ -60,6 +60,43 @@ def test_bench_best_policy_mode_with_overrides(tmp_path):
     assert r["equivalence"]["passed"] and "for_loop" in r["variant"]["levers"]
 
 
+@pytest.mark.parametrize("mode", ["model", "policy"])
+def test_bench_rtc_times_the_guided_call(mode, tmp_path, monkeypatch, capsys):
+    """--rtc: every call timed is the guided one (per-row weights, as a server batches), its check covers the guided
+    call, and the file says so; reports give it a workload label of its own."""
+    from vlaperf.engine import Engine
+    from vlaperf.report.render import workload_label
+
+    guided = []
+    original = Engine.sample_actions
+
+    def spy(self, obs, noise=None, num_steps=10, guidance=None):
+        guided.append(None if guidance is None else tuple(guidance.weights.shape))
+        return original(self, obs, noise, num_steps, guidance)
+
+    monkeypatch.setattr(Engine, "sample_actions", spy)
+    out = tmp_path / "r.json"
+    assert main(["bench", "--workload", "tiny", "--device", "cpu", "--levers", "for_loop,static_kv_cache", "--mode",
+                 mode, "--batch", "2", "--rtc", "--warmup", "1", "--iters", "3", "--json", str(out), "--no-progress"]) == 0
+    r = read_result(out)
+    cost = r["rtc"].pop("vs_unguided")
+    assert r["rtc"] == {"execution_horizon": 10, "max_guidance_weight": 10.0, "schedule": "linear", "executed": 3,
+                        "delay": 2}
+    assert r["equivalence"]["guided"] and r["equivalence"]["passed"]
+    assert workload_label(r) == "tiny (batch 2, RTC guided)"
+    # first call, 2 seeds x (plain + guided) in the check, warm-up and timed calls; then the cost: one warm-up call
+    # of each and 3 interleaved rounds
+    assert guided.count((2, 10)) == 1 + 2 + 1 + 3 + 1 + 3 and guided.count(None) == 2 + 1 + 3
+    w = cost["wall_ms"]
+    assert cost["iters"] == 3 and cost["cuda_event_ms"] is None  # the CPU: no events
+    assert w["guided_median"] > 0 and w["unguided_median"] > 0 and w["per_round_p10"] <= w["per_round_p90"]
+    assert w["guided_over_unguided"] == pytest.approx(w["guided_median"] / w["unguided_median"])
+    printed = " ".join(capsys.readouterr().out.split())
+    assert "guided calls included" in printed and "real-time chunking's cost, interleaved with the unguided call" in printed
+    assert main(["bench", "--workload", "wam-tiny", "--rtc"]) == 2
+    assert "--rtc: real-time chunking is the pi0 family's" in capsys.readouterr().err
+
+
 def test_bench_release_reference_records_the_freed_bytes(tmp_path, capsys):
     out = tmp_path / "r.json"
     args = ["bench", "--workload", "tiny", "--device", "cpu", "--levers", "best", "--warmup", "1", "--iters", "2",
@@ -825,7 +862,7 @@ def test_bench_none_is_the_reference_and_no_check_is_recorded(tmp_path, capsys):
 def test_bench_refuses_to_time_a_variant_that_fails_its_check(monkeypatch, tmp_path, capsys):
     import vlaperf.check
 
-    monkeypatch.setattr(vlaperf.check, "check_equivalence", lambda model, engine, workload: {
+    monkeypatch.setattr(vlaperf.check, "check_equivalence", lambda model, engine, workload, rtc=None: {
         "passed": False, "rel_l2": 0.5, "max_abs": 1.0, "tolerance": 1e-4, "seeds": 2})
     out = tmp_path / "r.json"
     assert main(["bench", "--workload", "tiny", "--device", "cpu", "--levers", "sdpa", "--warmup", "0", "--iters", "1",

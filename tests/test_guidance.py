@@ -155,3 +155,27 @@ def test_guidance_in_a_cuda_graph_takes_each_calls_values(levers):
     assert engine.graphs.captures == 1
     engine.sample_actions(obs, noise, STEPS)  # unguided: its own graph
     assert engine.graphs.captures == 2
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("levers", ["graph", "best"])
+def test_per_sample_weights_in_a_cuda_graph(levers):
+    """A server's batch (weights (B, H), a row of zeros for an observation without a previous chunk): one capture
+    for the shapes, each call's rows replayed, the unguided row as the unguided call's."""
+    cfg, wl = get_config("tiny"), get_workload("tiny").with_overrides(batch=2)
+    model = build_model(cfg, "cuda", torch.float32, seed=3)
+    obs, noise = random_observation(wl, cfg, "cuda", seed=1), random_noise(wl, cfg, "cuda", seed=1)
+    B, H, A = noise.shape
+    target = torch.randn(B, H, A, generator=torch.Generator().manual_seed(5)).cuda()
+    steps = rtc_step_weights(STEPS, 5.0, "cuda")
+    engine = Engine(model, levers)
+    plain = model.sample_actions(obs, noise, STEPS)
+    for rows in ([rtc_prefix_weights(2, 6, H), torch.zeros(H)], [torch.zeros(H), rtc_prefix_weights(0, 8, H, "exp")]):
+        guidance = Guidance(target, torch.stack(rows).cuda(), steps)
+        ref = model.sample_actions(obs, noise, STEPS, guidance)
+        out = engine.sample_actions(obs, noise, STEPS, guidance)
+        assert ((out - ref).norm() / ref.norm()).item() < 1e-4, levers
+        unguided = 1 if rows[1].sum() == 0 else 0
+        assert ((out[unguided] - plain[unguided]).norm() / plain[unguided].norm()).item() < 1e-4
+    assert engine.graphs.captures == 1

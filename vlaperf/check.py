@@ -64,17 +64,22 @@ def check_equivalence(model, engine, workload: Workload, seeds=(0, 1), num_steps
     return worst
 
 
+# The call that real-time chunking's checks and `bench --rtc` run: the previous chunk's first RTC_EXECUTED actions
+# executed when the observation was taken, RTC_DELAY more while the chunk is computed.
+RTC_EXECUTED, RTC_DELAY = 3, 2
+
+
 def rtc_guidance(previous: torch.Tensor, rtc, num_steps: int):
-    """The guidance of a call that follows `previous` (B, H, A) as a robot does: 3 of its actions executed when
-    the observation was taken (at most half the chunk) and 2 more during the call, so the leftover is previous[:, 3:]
-    with per-row weights, the (B, H) form a server batches."""
+    """The guidance of a call that follows `previous` (B, H, A) as a robot does: RTC_EXECUTED of its actions
+    executed when the observation was taken (at most half the chunk) and RTC_DELAY more during the call, so the
+    leftover is previous[:, 3:] with per-row weights, the (B, H) form a server batches."""
     from vlaperf.models.pi0 import Guidance, rtc_prefix_weights, rtc_step_weights
 
     B, H, A = previous.shape
-    executed = min(3, H // 2)
+    executed = min(RTC_EXECUTED, H // 2)
     target = torch.zeros(B, H, A, dtype=torch.float32, device=previous.device)
     target[:, : H - executed] = previous[:, executed:].float()
-    weights = rtc_prefix_weights(2, min(rtc.execution_horizon, H - executed), H, rtc.schedule)
+    weights = rtc_prefix_weights(RTC_DELAY, min(rtc.execution_horizon, H - executed), H, rtc.schedule)
     return Guidance(target, weights.to(previous.device).expand(B, H).contiguous(),
                     rtc_step_weights(num_steps, rtc.max_guidance_weight, previous.device))
 

@@ -394,19 +394,23 @@ def result_header(command: str, base, workload, model, env: dict, levers: list[s
 
 
 def cmd_bench(args) -> int:
-    from vlaperf.check import check_equivalence
+    from vlaperf.check import RTC_DELAY, RTC_EXECUTED, check_equivalence, rtc_guidance
     from vlaperf.engine import LeverError
     from vlaperf.inputs import random_noise, random_observation
+    from vlaperf.models.pi0 import RtcConfig
     from vlaperf.policy import served_call
     from vlaperf.report.schema import write_result
     from vlaperf.roofline import H200_CEILINGS, measure_ceilings, roofline
-    from vlaperf.timing import environment_record, time_calls
+    from vlaperf.timing import environment_record, interleaved, time_calls
 
     if args.processes > 1:  # the same command in fresh processes, one after another: the figure with its spread
         from vlaperf.profile.processes import in_processes
 
         return in_processes(args.argv, args.processes, args.json)
     if wam_args(args):
+        if getattr(args, "rtc", False):
+            raise CliError(f"--rtc: real-time chunking is the pi0 family's; {args.workload} (the world-action model) "
+                           "has no previous-chunk guidance")
         from vlaperf.profile import wam
 
         return wam.cmd_bench(args)
@@ -416,12 +420,20 @@ def cmd_bench(args) -> int:
     label = engine.name if engine else "reference"
     steps = workload.steps
     noise = random_noise(workload, model.config, device, seed=args.seed)
+    rtc = RtcConfig() if getattr(args, "rtc", False) else None
+    # a previous chunk for the guided call: its values do not change the call's cost, only its result
+    previous = random_noise(workload, model.config, device, seed=args.seed + 1) if rtc else None
     if args.mode == "model":
         obs = random_observation(workload, model.config, device, seed=args.seed)
-        fn = lambda: sample(obs, noise, steps)  # noqa: E731
+        if rtc is None:
+            fn = lambda: sample(obs, noise, steps)  # noqa: E731
+        else:
+            guidance = rtc_guidance(previous, rtc, steps)
+            fn = lambda: sample(obs, noise, steps, guidance=guidance)  # noqa: E731
     else:
         fn = served_call(model, sample, workload, noise, seed=args.seed,
-                         verify=engine.raise_on_kernel_fault if engine is not None else None)
+                         verify=engine.raise_on_kernel_fault if engine is not None else None, rtc=rtc,
+                         previous=previous)
     # The first call carries compile / graph capture: time it before anything else runs it.
     try:
         first_call_s = _timed_once(fn, device)
@@ -429,10 +441,11 @@ def cmd_bench(args) -> int:
         raise CliError(str(e)) from None
     equivalence = None
     if engine is not None and not args.no_check:
-        equivalence = check_equivalence(model, engine, workload)
+        equivalence = check_equivalence(model, engine, workload, rtc=rtc)  # with --rtc, the guided call too
         if not equivalence["passed"]:
-            print(f"vlaperf: variant {label} fails equivalence (rel_l2 {equivalence['rel_l2']:.3g} > "
-                  f"{equivalence['tolerance']:.3g}); refusing to report its speed", file=sys.stderr)
+            print(f"vlaperf: variant {label} fails equivalence{' (guided calls included)' if rtc else ''} (rel_l2 "
+                  f"{equivalence['rel_l2']:.3g} > {equivalence['tolerance']:.3g}); refusing to report its speed",
+                  file=sys.stderr)
             return 1
     released = None
     if args.release_reference:
@@ -440,6 +453,16 @@ def cmd_bench(args) -> int:
             raise CliError("--release-reference needs an engine variant (the reference path runs on those weights)")
         released = engine.release_reference_weights()
     timing = time_calls(fn, device=device, warmup=args.warmup, iters=args.iters, progress=not args.no_progress, label=label)
+    vs_unguided = None
+    if rtc is not None:  # what the guidance costs: the guided call against the plain one, interleaved in this process
+        if args.mode == "model":
+            plain = lambda: sample(obs, noise, steps)  # noqa: E731
+        else:
+            plain = served_call(model, sample, workload, noise, seed=args.seed,
+                                verify=engine.raise_on_kernel_fault if engine is not None else None)
+        vs_unguided = rtc_cost(interleaved({"unguided": plain, "guided": fn}, device=device,
+                                           warmup=max(1, min(args.warmup, 10)), iters=args.iters,
+                                           baseline="unguided", progress=not args.no_progress))
     plan = getattr(engine, "last_plan", None)
     images = len(plan.slots) if plan else workload.image_slots
     prompt = plan.prompt_len if plan else workload.prompt_slots
@@ -458,6 +481,10 @@ def cmd_bench(args) -> int:
     result["samples"] = timing["samples"]
     result["equivalence"] = equivalence
     result["released_reference_bytes"] = released
+    if rtc is not None:  # the guided call of real-time chunking was timed (check.rtc_guidance's previous chunk)
+        result["rtc"] = {"execution_horizon": rtc.execution_horizon, "max_guidance_weight": rtc.max_guidance_weight,
+                         "schedule": rtc.schedule, "executed": min(RTC_EXECUTED, workload.horizon // 2),
+                         "delay": RTC_DELAY, "vs_unguided": vs_unguided}
     if device.type == "cuda":
         result["memory_allocated_bytes"] = torch.cuda.memory_allocated(device)  # after the timed calls: what stays
     result["roofline"] = floor  # of the H200's ceilings unless measured here: readers compare GPU runs to it only
@@ -484,11 +511,33 @@ def _timed_once(fn, device) -> float:
     return time.perf_counter() - start
 
 
+def rtc_cost(timing: dict) -> dict:
+    """`bench --rtc`'s guided call against the unguided one, from `timing.interleaved` (baseline "unguided"): each
+    one's wall-clock (and CUDA event) median, and the guided over the unguided median with the p10..p90 of the
+    per-round ratios (both calls of a round: drift cancels)."""
+    out = {}
+    for timer in ("wall_ms", "cuda_event_ms"):
+        ratio = timing["ratios"]["guided"][timer]
+        if ratio is None:
+            out[timer] = None
+            continue
+        inv = lambda x: 1.0 / x if x else math.inf  # noqa: E731  (speedup = unguided / guided)
+        out[timer] = {"unguided_median": timing["variants"]["unguided"]["timers"][timer]["median"],
+                      "guided_median": timing["variants"]["guided"]["timers"][timer]["median"],
+                      "guided_over_unguided": inv(ratio["speedup"]),
+                      "per_round_p10": inv(ratio["ratio_p90"]), "per_round_p90": inv(ratio["ratio_p10"])}
+    out["iters"] = timing["iters"]
+    return out
+
+
 def print_bench(result: dict) -> None:
     from rich.table import Table
 
+    rtc = result.get("rtc")
+    guided = (f", real-time chunking: {rtc['executed']} executed, delay {rtc['delay']}, {rtc['schedule']} schedule"
+              if rtc else "")
     t = Table(title=f"vlaperf bench  {result['workload']['id']}  {result['variant']['label']}  ({result['mode']} mode, "
-              f"{result['variant']['dtype']}, {result['env'].get('gpu') or 'cpu'})")
+              f"{result['variant']['dtype']}, {result['env'].get('gpu') or 'cpu'}{guided})")
     t.add_column("timer")
     for k in ("median", "mean", "p90", "p95", "p99", "min", "max"):
         t.add_column(k + " ms", justify="right")
@@ -515,10 +564,18 @@ def print_bench(result: dict) -> None:
 
         line += f"; GPU after the timed calls: {describe_gpu_state(result['env']['gpu_state'])}"
     console.print(line)
+    cost = (rtc or {}).get("vs_unguided")
+    if cost and cost.get("wall_ms"):
+        w = cost["wall_ms"]
+        console.print(f"real-time chunking's cost, interleaved with the unguided call ({cost['iters']} rounds): guided "
+                      f"{w['guided_median']:.3f} ms, unguided {w['unguided_median']:.3f} ms, "
+                      f"{w['guided_over_unguided']:.3f}x (per round p10-p90 {w['per_round_p10']:.3f}-"
+                      f"{w['per_round_p90']:.3f})")
     eq = result.get("equivalence")
     if eq:  # checked before the timing (a variant that fails is never timed): said here, not only in the file
         video = f", video rel L2 {eq['video_rel_l2']:.1e}" if "video_rel_l2" in eq else ""
-        console.print(f"equivalence vs the reference ({eq.get('seeds', '?')} seeds): actions rel L2 {eq['rel_l2']:.1e}"
+        guided = ", guided calls included" if eq.get("guided") else ""
+        console.print(f"equivalence vs the reference ({eq.get('seeds', '?')} seeds{guided}): actions rel L2 {eq['rel_l2']:.1e}"
                       f"{video}, max abs {eq['max_abs']:.2e}, tolerance {eq['tolerance']:.0e}: "
                       + ("passed" if eq["passed"] else "FAILED"))
     if result["variant"]["label"] == "reference":  # what `vlaperf bench` with no arguments runs: say where to go next
@@ -742,6 +799,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="the roofline floor's matmul rate and bandwidth: the lent H200's (780 TFLOP/s, 4.23 TB/s; the "
                         "default, what every committed figure uses), or measured on this device after the timed calls "
                         "(a large matmul in the model's dtype and a large copy, ~1 s on a GPU)")
+    p.add_argument("--rtc", action="store_true",
+                   help="time the guided call of real-time chunking (pi0 family; LeRobot's RTCConfig defaults, a "
+                        "previous chunk with 3 actions executed and a delay of 2; docs/serving.md)")
     add_processes(p)
     p.set_defaults(func=cmd_bench)
 

@@ -278,13 +278,26 @@ def example_request(workload: Workload, seed: int = 0) -> dict[str, Any] | list[
 
 
 def served_call(model, sample: Callable, workload: Workload, noise: torch.Tensor, seed: int = 0,
-                verify: Callable[[], None] | None = None) -> Callable[[], dict[str, Any]]:
+                verify: Callable[[], None] | None = None, rtc=None,
+                previous: torch.Tensor | None = None) -> Callable[[], dict[str, Any]]:
     """One served call to time (policy mode): a Policy around `sample` with the fixed `noise` answering
     `example_request(workload, seed)`: the transform, the copies to the device, the model call and the actions back
-    on the host. `verify` as Policy's: a server checks the step kernel's barriers after every call."""
-    policy = Policy(model, sample, workload, num_steps=workload.steps, noise=noise, verify=verify)
+    on the host. `verify` as Policy's: a server checks the step kernel's barriers after every call. `rtc` (an
+    RtcConfig) with `previous` (B, H, A): each observation's guided call of real-time chunking, following its row
+    of `previous` as check.rtc_guidance does (the host-side guidance and its copies to the device timed too)."""
+    policy = Policy(model, sample, workload, num_steps=workload.steps, noise=noise, verify=verify, rtc=rtc)
     request = example_request(workload, seed)
-    return lambda: policy.infer(request)
+    if rtc is None:
+        return lambda: policy.infer(request)
+    from vlaperf.check import RTC_DELAY, RTC_EXECUTED
+
+    if previous is None:
+        raise ValueError("previous: the chunk an RTC call follows, (B, H, A); got None")
+    H = model.config.action_horizon
+    state = np.zeros(workload.state_dim)  # what delta actions are relative to: none here (conventions "none")
+    asks = [RtcRequest(ModelChunk(row.float().cpu().numpy(), state), min(RTC_EXECUTED, H // 2), RTC_DELAY)
+            for row in previous]
+    return lambda: policy.infer(request, rtc=asks)
 
 
 def make_wam_example(workload, seed: int = 0) -> dict[str, Any]:

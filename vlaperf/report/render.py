@@ -154,7 +154,8 @@ class _Doc:
 
 
 def workload_label(r: dict) -> str:
-    """The workload's id and what the run changed of it, e.g. "libero-pi05 (horizon 50)"."""
+    """The workload's id and what the run changed of it, e.g. "libero-pi05 (horizon 50)", and "RTC guided" for a
+    timed guided call of real-time chunking."""
     w = r.get("workload") or {}
     o = w.get("overrides") or {}
 
@@ -165,7 +166,10 @@ def workload_label(r: dict) -> str:
 
     if w.get("id") is None:  # doctor's environment-only run has no workload
         return "-"
-    return str(w.get("id")) + (" (" + ", ".join(f"{k} {value(v)}" for k, v in sorted(o.items())) + ")" if o else "")
+    parts = [f"{k} {value(v)}" for k, v in sorted(o.items())]
+    if r.get("rtc"):  # `bench --rtc`: the guided call of real-time chunking, a workload of its own in every table
+        parts.append("RTC guided")
+    return str(w.get("id")) + (" (" + ", ".join(parts) + ")" if parts else "")
 
 
 def _sci(x: Any) -> str:

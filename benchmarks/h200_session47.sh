@@ -1,0 +1,36 @@
+#!/bin/bash
+# Session 47's device plan on nvidia-h200 (one GPU; lanes.sh, lane A only).
+#   PART=r   real-time chunking served (new this session): `vlaperf bench --rtc` for libero-pi0 (bfloat16, batch 1,
+#            LeRobot's RTCConfig defaults, a previous chunk with 3 actions executed and a delay of 2): `graph` and
+#            `best` in model mode, `best` in policy mode; each file also holds the guided call against the unguided
+#            one, interleaved in the same process (rtc.vs_unguided). Then the guidance's GPU tests
+#            (tests/test_guidance.py: the CUDA-graph tests, per-sample weights among them).
+#            Predictions: every check passes with guided calls included (bf16 rel L2 under 3e-2, ~1e-2 as the
+#            unguided best's). The guidance adds, per step, the unfolded Euler head (the folded one is one fused
+#            matmul + update; unfolded, the velocity is written, then five elementwise kernels, ~3 us each) and,
+#            per call, nothing on the host in model mode: ~10 x 6 x 3 us = 0.15-0.4 ms, so guided over unguided
+#            1.01-1.03 for best (12.9 ms) and 1.005-1.015 for graph (~29 ms). In policy mode the guidance is built
+#            on the host (a (1, 50, 32) numpy target, the (1, 50) weights, two copies to the device): +0.05-0.15 ms
+#            more, 1.01-1.04. Tests: all pass, one capture per guided shape.
+#   PART=e, g: session 46's (benchmarks/h200_session46.sh): compare --accelerate --rtc (e), the guidance's and the
+#            accelerator's GPU tests (g). PART=a, b, c, d: session 45's.
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=r bash benchmarks/h200_session47.sh, carry [".whl"] (e, g, c:
+# [".whl", ".whl_lerobot"])
+set -u
+case "${PART:-r}" in
+a | b | c | d | e | g) exec bash benchmarks/h200_session46.sh ;;
+esac
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
+install_wheels .whl /tmp/site
+export PYTHONPATH=/tmp/site:$PWD
+case "$PART" in
+r)
+  lane A 0 40 <<EOT &
+120 $V bench --workload libero-pi0 --levers graph --rtc $B --json $R/bench_libero-pi0_graph-rtc-s47_model.json
+170 $V bench --workload libero-pi0 --levers best --rtc $B --json $R/bench_libero-pi0_best-rtc-s47_model.json
+170 $V bench --workload libero-pi0 --levers best --mode policy --rtc $B --json $R/bench_libero-pi0_best-rtc-s47_policy.json
+110 python3 -m pytest -p no:cacheprovider -q -rs --tb=short --durations 6 -m gpu tests/test_guidance.py 2>&1 | tee $R/pytest_gpu_s47r_guidance.log | tail -20
+EOT
+  ;;
+esac
+finish
