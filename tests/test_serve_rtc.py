@@ -310,3 +310,43 @@ def test_cli_rtc_options():
                                                  "process; drop --replicas")):
         with pytest.raises(CliError, match=message):
             cmd_serve(parser.parse_args(["serve", "--rtc", "--port", "0", "--device", "cpu", *extra]))
+
+
+# ----------------------------------------------------------------------------- rollout, executing while computing
+
+
+def test_async_rollout_with_rtc_joins_chunks_smoothly(rtc_server, tmp_path, capsys):
+    """rollout --rtc: the robot executes while the next chunk is computed, every switch guided; the action executed
+    after a switch stays near the one the old chunk had there, much nearer than without the guidance (--async)."""
+    from vlaperf.report.schema import read_result, write_result
+    from vlaperf.serve.commands import print_rollout
+    from vlaperf.serve.rollout import run_rollout
+
+    kw = dict(episodes=2, steps_per_episode=24, control_hz=50.0, replan_every=3)
+    guided = run_rollout(rtc_server.url, rtc=True, **kw)
+    plain = run_rollout(rtc_server.url, execution="async", **kw)
+    g, p = guided["rollout"], plain["rollout"]
+    assert (g["execution"], g["rtc"], p["execution"], p["rtc"]) == ("async", True, "async", False)
+    assert g["errors"] == 0 and not g["timed_out"] and g["switches"] >= 4
+    assert g["guided_switches"] == g["switches"] and p["guided_switches"] == 0
+    # each episode: one synchronous first call, then one call per switch (and at most one in flight at its end)
+    assert all(r["switches"] <= r["policy_calls"] - 1 <= r["switches"] + 1 for r in g["per_episode"])
+    assert g["switch_jump"]["median"] < 0.5 * p["switch_jump"]["median"], (g["switch_jump"], p["switch_jump"])
+    read_result(write_result(guided, tmp_path / "rollout.json"))
+    print_rollout(guided)
+    out = " ".join(capsys.readouterr().out.split())
+    assert f"async: {g['switches']} chunk switches ({g['switches']} guided)" in out and "async, RTC)" in out
+
+
+def test_rollout_rtc_needs_a_server_with_rtc(model):
+    from vlaperf.serve.loadgen import LoadgenError
+    from vlaperf.serve.rollout import run_rollout
+
+    with PolicyServer(rtc_policy(model, rtc=None), port=0) as server:
+        with pytest.raises(LoadgenError, match="does not serve real-time chunking .*--async executes while"):
+            run_rollout(server.url, episodes=1, steps_per_episode=2, rtc=True)
+        with pytest.raises(LoadgenError, match="execution must be 'sync' or 'async', got 'later'"):
+            run_rollout(server.url, execution="later")
+        ro = run_rollout(server.url, episodes=1, steps_per_episode=12, control_hz=50.0, replan_every=3,
+                         execution="async")["rollout"]
+        assert ro["switches"] >= 1 and ro["guided_switches"] == 0 and ro["errors"] == 0

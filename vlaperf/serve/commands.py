@@ -201,6 +201,12 @@ def register(subparsers) -> None:
                         "(default: 5, or that horizon if shorter)")
     p.add_argument("--timeout-s", type=_rollout_timeout_s, default=600.0,
                    help=f"time limit of the whole run, seconds, at most {ROLLOUT_MAX_TIMEOUT_S:g} (default: 600)")
+    p.add_argument("--async", dest="async_execution", action="store_true",
+                   help="execute the chunk while the next one is computed, waiting only where it runs out (default: "
+                        "wait for each chunk, as openpi's synchronous runtime)")
+    p.add_argument("--rtc", action="store_true",
+                   help="--async, asking a `vlaperf serve --rtc` server for real-time chunking: each request says how "
+                        "much of the running chunk was executed and the delay expected, and the chunks join smoothly")
     p.set_defaults(func=cmd_rollout)
 
 
@@ -649,7 +655,8 @@ def cmd_rollout(args) -> int:
         result = run_rollout(args.url, episodes=args.episodes, steps_per_episode=args.steps_per_episode,
                              control_hz=args.control_hz, replan_every=args.replan_every, api_key=_api_key(args),
                              workload=args.workload, timeout_s=args.timeout_s, image_size=args.image_size,
-                             seed=args.seed)
+                             seed=args.seed, execution="async" if args.async_execution or args.rtc else "sync",
+                             rtc=args.rtc)
     except LoadgenError as e:
         raise CliError(str(e)) from None
     print_rollout(result)
@@ -666,8 +673,9 @@ def print_rollout(result: dict) -> None:
 
     ro, server = result["rollout"], result["server"]
     console = wide_console()
+    how = {"sync": "", "async": ", async"}.get(ro.get("execution", "sync"), "") + (", RTC" if ro.get("rtc") else "")
     t = Table(title=f"vlaperf rollout  {result['workload']['id']}  ({ro['control_hz']:g} Hz, chunk of "
-                    f"{ro['action_horizon']}, replan every {ro['replan_every']})")
+                    f"{ro['action_horizon']}, replan every {ro['replan_every']}{how})")
     for col in ("episode", "steps", "calls", "wall s", "ideal s", "waiting s", "waiting", "overruns",
                 "call p50 ms", "call max ms"):
         t.add_column(col, justify="right")
@@ -681,6 +689,12 @@ def print_rollout(result: dict) -> None:
     console.print(f"total {ro['wall_s']:.2f} s, {'-' if share is None else f'{share:.1%}'} of it waiting for the policy; "
                   f"{ro['overrun_steps']} overrun steps; {ro['errors']} errors"
                   + ("; [red]stopped at the time limit[/red]" if ro["timed_out"] else ""))
+    if ro.get("execution") == "async":
+        jump = ro.get("switch_jump")
+        console.print(f"async: {ro['switches']} chunk switches ({ro['guided_switches']} guided), {ro['stall_steps']} "
+                      f"steps stalled on a chunk that ran out, {ro['late_switches']} replies later than the delay sent; "
+                      "switch jump (the next action, new chunk against old) "
+                      + (f"median {jump['median']:.3g}, max {jump['max']:.3g}" if jump else "-"))
     if ro.get("connection_lost"):
         console.print(f"[red]stopped: {escape(ro['connection_lost'])}[/red] (the episodes above ran up to there)")
     what = "latents and state" if server.get("layout") == "wam" else "images and state"

@@ -12,11 +12,26 @@ does); the chunk is then executed open loop, one action per step, for `replan_ev
 (openpi's ActionChunkBroker does the same with its action horizon). After each step the loop
 sleeps out the rest of the control period; a step that took longer than the period (because
 it waited for the policy) overruns, and the episode takes longer than steps / control_hz.
+
+`execution="async"` (`--async`) runs the robot as real-time chunking does: after `replan_every`
+actions the observation is sent from a background thread and the loop goes on executing the
+chunk it has; when the reply arrives, the new chunk takes over at the position that matches the
+steps executed since the observation (its first ones stand for time already gone). The loop waits
+only where the old chunk runs out first (a stall). `rtc=True` (`--rtc`, async as well) also sends
+"rtc/executed" and "rtc/delay" (the last round trip in control steps, rounded up) so that a server
+started with `--rtc` guides each chunk toward what is left of the one running; every switch
+records how far the action executed next moves from the one the old chunk had there (the
+"switch jump", in the robot's units), which the guidance makes small. Each episode's first call
+is synchronous and unguided.
 """
 
 from __future__ import annotations
 
+import math
 import time
+from concurrent.futures import ThreadPoolExecutor
+
+import numpy as np
 
 from vlaperf.serve.client import Client, ServerError
 from vlaperf.serve.loadgen import (LoadgenError, check_loopback_url, check_request_size, example_for, resolve_workload,
@@ -30,8 +45,13 @@ DEFAULT_REPLAN_EVERY = 5  # or the action horizon, where the served model's chun
 def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_episode: int = 50,
                 control_hz: float = 10.0, replan_every: int | None = None, api_key: str | None = None,
                 workload: str | None = None, timeout_s: float = 600.0, image_size: int = 224, seed: int = 0,
-                sleep=time.sleep) -> dict:
-    """Returns a vlaperf result dict with the numbers under "rollout"."""
+                sleep=time.sleep, execution: str = "sync", rtc: bool = False) -> dict:
+    """Returns a vlaperf result dict with the numbers under "rollout". `execution`: "sync" (wait for each chunk)
+    or "async" (execute while the next is computed); `rtc` asks for real-time chunking (async execution)."""
+    if execution not in ("sync", "async"):
+        raise LoadgenError(f"execution must be 'sync' or 'async', got {execution!r}")
+    if rtc:
+        execution = "async"
     url = check_loopback_url(url)
     if not isinstance(episodes, int) or not 1 <= episodes <= MAX_EPISODES:
         raise LoadgenError(f"episodes must be an integer in [1, {MAX_EPISODES}], got {episodes!r}")
@@ -54,9 +74,13 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
         if not isinstance(replan_every, int) or not 1 <= replan_every <= horizon:
             raise LoadgenError(f"replan_every (--replan-every) must be an integer in [1, {horizon}] (the served action "
                                f"horizon), got {replan_every!r}")
+        if rtc and not meta.get("rtc"):
+            raise LoadgenError(f"rtc (--rtc): the server at {url} does not serve real-time chunking (start it with "
+                               "`vlaperf serve --rtc`); --async executes while the next chunk is computed without it")
         period = 1.0 / control_hz
         frames = [example_for(wl, seed=seed + k, image_size=image_size) for k in range(8)]
         check_request_size(meta, frames[0], image_size)
+        t_warm = time.perf_counter()
         try:  # connection warm-up, not timed; a server that refuses the observation says why here, once
             client.infer(dict(frames[0]))
         except ServerError as e:
@@ -66,7 +90,22 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
         deadline = time.perf_counter() + timeout_s
         rows, all_calls, all_infer, errors, timed_out = [], [], [], 0, False
         connection_lost = None  # where the connection failed: the episodes up to there are kept and reported
-        for ep in range(episodes):
+        if execution == "async":
+            loop = _AsyncLoop(client, frames, steps_per_episode, period, replan_every, rtc, deadline, sleep,
+                              round_trip_s=time.perf_counter() - t_warm)
+            try:
+                for ep in range(episodes):
+                    row, calls, infer, ep_errors = loop.episode(ep)
+                    rows.append(row)
+                    all_calls += calls
+                    all_infer += [v for v in infer if v == v]
+                    errors += ep_errors
+                    timed_out, connection_lost = loop.timed_out, loop.connection_lost
+                    if timed_out or connection_lost:
+                        break
+            finally:
+                loop.close()
+        for ep in range(episodes if execution == "sync" else 0):
             calls, infer = [], []
             overruns = 0
             chunk, used = None, 0
@@ -130,6 +169,8 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
         "steps_per_episode": steps_per_episode,
         "control_hz": control_hz,
         "replan_every": replan_every,
+        "execution": execution,
+        "rtc": rtc,
         "action_horizon": horizon,
         "image_size": image_size,
         "seed": seed,
@@ -144,4 +185,122 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
         "policy_call_ms": summarize(all_calls) if all_calls else None,
         "server_infer_ms": summarize(all_infer) if all_infer else None,
     }
+    if execution == "async":
+        jumps = [j for r in rows for j in r["switch_jumps"]]
+        result["rollout"].update({
+            "stall_steps": sum(r["stall_steps"] for r in rows),
+            "switches": sum(r["switches"] for r in rows),
+            "guided_switches": sum(r["guided_switches"] for r in rows),
+            "late_switches": sum(r["late_switches"] for r in rows),
+            "switch_jump": summarize(jumps) if jumps else None,
+        })
     return result
+
+
+class _AsyncLoop:
+    """The asynchronous control loop of `run_rollout(execution="async")`, one connection, at most one call in flight
+    (from a background thread; the loop thread never uses the client while one is)."""
+
+    def __init__(self, client, frames, steps: int, period: float, replan_every: int, rtc: bool, deadline: float,
+                 sleep, round_trip_s: float):
+        self.client, self.frames, self.steps, self.period = client, frames, steps, period
+        self.replan_every, self.rtc, self.deadline, self.sleep = replan_every, rtc, deadline, sleep
+        self.round_trip_s = round_trip_s  # the last call's, for the delay the next one declares
+        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlaperf-rollout")
+        self.timed_out, self.connection_lost = False, None
+
+    def close(self) -> None:
+        self.pool.shutdown(wait=True)
+
+    def _call(self, obs: dict):
+        t0 = time.perf_counter()
+        try:
+            return self.client.infer(obs), None, time.perf_counter() - t0
+        except ServerError as e:
+            return None, e, time.perf_counter() - t0
+        except Exception as e:  # the connection is gone
+            return None, e, time.perf_counter() - t0
+
+    def episode(self, ep: int):
+        calls, infer, errors = [], [], 0
+        stalls = overruns = switches = guided = late = 0
+        jumps: list[float] = []
+        wait = 0.0
+        pending = None  # (future, step sent, position sent, delay declared)
+        t_ep = time.perf_counter()
+        chunk, pos = None, 0
+        step = 0
+        for step in range(self.steps):
+            t_step = time.perf_counter()
+            if t_step > self.deadline:
+                self.timed_out = True
+                break
+            obs = self.frames[(ep * self.steps + step) % len(self.frames)]
+            if chunk is None:  # the episode's first chunk, or every call so far refused: ask and wait
+                t0 = time.perf_counter()
+                reply, error, rt = self._call(dict(obs, request_id=f"e{ep}-s{step}"))
+                wait += time.perf_counter() - t0
+                calls.append(rt * 1e3)
+                if error is not None and not isinstance(error, ServerError):
+                    self.connection_lost = f"episode {ep}, step {step}: the connection failed: {type(error).__name__}: {error}"
+                    break
+                if reply is None:
+                    errors += 1
+                else:
+                    self.round_trip_s = rt
+                    chunk, pos = np.asarray(reply["actions"]), 0
+                    infer.append(float(reply.get("server_timing", {}).get("infer_ms", float("nan"))))
+            if pending is not None and (pending[0].done() or pos >= len(chunk)):
+                if not pending[0].done():  # the old chunk ran out first: the robot stands still until the reply
+                    stalls += 1
+                    t0 = time.perf_counter()
+                    pending[0].result()
+                    wait += time.perf_counter() - t0
+                future, sent_step, sent_pos, delay = pending
+                pending = None
+                reply, error, rt = future.result()
+                calls.append(rt * 1e3)
+                if error is not None and not isinstance(error, ServerError):
+                    self.connection_lost = f"episode {ep}, step {sent_step}: the connection failed: {type(error).__name__}: {error}"
+                    break
+                if reply is None:
+                    errors += 1  # the robot goes on with the chunk it has
+                else:
+                    self.round_trip_s = rt
+                    infer.append(float(reply.get("server_timing", {}).get("infer_ms", float("nan"))))
+                    new = np.asarray(reply["actions"])
+                    gone = step - sent_step  # actions executed since the observation: the new chunk's first ones
+                    late += gone > delay
+                    guided += bool((reply.get("rtc") or {}).get("guided"))
+                    if gone < len(new) and sent_pos + gone < len(chunk):  # what would have run next, old and new
+                        jumps.append(float(np.linalg.norm(new[gone] - chunk[sent_pos + gone])))
+                    switches += 1
+                    chunk, pos = new, min(gone, len(new))
+            if chunk is not None and pending is None and pos >= min(self.replan_every, len(chunk)):
+                delay = min(math.ceil(self.round_trip_s / self.period), len(chunk) - pos)
+                request = dict(obs, request_id=f"e{ep}-s{step}")
+                if self.rtc:
+                    request.update({"rtc/executed": int(pos), "rtc/delay": int(delay)})
+                pending = (self.pool.submit(self._call, request), step, pos, delay)
+            if chunk is not None and pos < len(chunk):
+                pos += 1  # chunk[pos] is "executed": there is no robot to send it to
+            elapsed = time.perf_counter() - t_step
+            if elapsed > self.period:
+                overruns += 1
+            else:
+                self.sleep(self.period - elapsed)
+        else:
+            step = self.steps
+        if pending is not None:  # the episode ended with a call in flight: its reply belongs to no chunk
+            pending[0].result()
+        wall = time.perf_counter() - t_ep
+        steps_done = step
+        row = {
+            "episode": ep, "steps": steps_done, "policy_calls": len(calls), "wall_s": wall,
+            "ideal_wall_s": steps_done * self.period, "policy_wait_s": wait,
+            "policy_wait_share": wait / wall if wall > 0 else None, "overrun_steps": overruns,
+            "policy_call_ms": summarize(calls) if calls else None,
+            "stall_steps": stalls, "switches": switches, "guided_switches": guided, "late_switches": late,
+            "switch_jumps": jumps,
+        }
+        return row, calls, infer, errors
