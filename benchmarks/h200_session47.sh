@@ -12,6 +12,17 @@
 #            1.01-1.03 for best (12.9 ms) and 1.005-1.015 for graph (~29 ms). In policy mode the guidance is built
 #            on the host (a (1, 50, 32) numpy target, the (1, 50) weights, two copies to the device): +0.05-0.15 ms
 #            more, 1.01-1.04. Tests: all pass, one capture per guided shape.
+#   PART=p   (carry .whl_lerobot) two probes of part r's and part e's misses on the H100:
+#            benchmarks/guidance_error_probe.py: `best`'s guided calls on tiny float32 were 4.6e-4 and 6.9e-4 from the
+#            reference's (the GPU tests' 1e-4 failed; `graph` passed). Prediction: if the guided error follows the
+#            guidance weight (0 -> the unguided error, growing to 10), it is the unguided error amplified (the tests'
+#            tolerance is at fault); if it is already there at weight 0, the unfolded head of `best` is less precise
+#            than the folded one. On the CPU (exact, for_loop + static cache) the guided error did not grow with the
+#            weight (4e-7 / 0).
+#            benchmarks/lerobot_predict_overhead_probe.py: LeRobot's accelerated predict (17.18 ms) against the engine
+#            alone (13.60 ms). Prediction: LeRobot's wrapper is most of the 3.6 ms: policy.eval() over ~1,000+ modules
+#            1-2.5 ms, its image preprocessing (three frames: a permute, a scale, a permute each) 0.1-0.3 ms; the
+#            accelerator's conversion (core_accelerated - engine_direct) 0.3-1 ms.
 #   PART=e, g: session 46's (benchmarks/h200_session46.sh): compare --accelerate --rtc (e), the guidance's and the
 #            accelerator's GPU tests (g). PART=a, b, c, d: session 45's.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=r bash benchmarks/h200_session47.sh, carry [".whl"] (e, g, c:
@@ -20,6 +31,7 @@ set -u
 case "${PART:-r}" in
 a | b | c | d | e | g) exec bash benchmarks/h200_session46.sh ;;
 esac
+# probes' output (text, JSON) goes to the results folder with the rest
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
 install_wheels .whl /tmp/site
 export PYTHONPATH=/tmp/site:$PWD
@@ -30,6 +42,13 @@ r)
 170 $V bench --workload libero-pi0 --levers best --rtc $B --json $R/bench_libero-pi0_best-rtc-s47_model.json
 170 $V bench --workload libero-pi0 --levers best --mode policy --rtc $B --json $R/bench_libero-pi0_best-rtc-s47_policy.json
 110 python3 -m pytest -p no:cacheprovider -q -rs --tb=short --durations 6 -m gpu tests/test_guidance.py 2>&1 | tee $R/pytest_gpu_s47r_guidance.log | tail -20
+EOT
+  ;;
+p)
+  install_wheels .whl_lerobot /tmp/lrsite
+  lane A 0 40 <<EOT &
+150 python3 benchmarks/guidance_error_probe.py --json $R/guidance_error_probe_s47.json 2>&1 | grep -v "^DEBUG"
+300 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 benchmarks/lerobot_predict_overhead_probe.py --json $R/lerobot_predict_overhead_probe_s47.json --profile $R/lerobot_predict_overhead_profile_s47.txt
 EOT
   ;;
 esac

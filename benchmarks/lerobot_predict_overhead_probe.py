@@ -1,0 +1,86 @@
+"""Where LeRobot's accelerated `predict_action_chunk` spends the time outside vlaperf's CUDA graph.
+
+Why: on an H100 (session 47, `vlaperf compare --accelerate`, libero-pi0, bf16) LeRobot's predict with vlaperf's
+engine installed took 17.18 ms against 13.60 ms for the same engine called directly: 3.6 ms, where 0.2-1.5 ms was
+predicted. The graph is the same (no new capture on that row's first call), so the rest is host work before the
+replay, while the GPU idles: LeRobot's own predict wrapper (`self.eval()` over the whole module tree, its image
+preprocessing, the state's padding) and the accelerator's conversion of its inputs (one device-to-host read of the
+masks). Timed here interleaved in one process, each piece alone, and one accelerated call under torch.profiler.
+
+    python benchmarks/lerobot_predict_overhead_probe.py --json out.json --profile out.txt
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+
+import torch
+
+from vlaperf.compare import lerobot as lr
+from vlaperf.compare.accelerate import accelerate_lerobot
+from vlaperf.inputs import random_noise, random_observation
+from vlaperf.timing import environment_record, interleaved
+from vlaperf.workloads import get_workload
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--workload", default="libero-pi0")
+    ap.add_argument("--iters", type=int, default=50)
+    ap.add_argument("--json", default=None)
+    ap.add_argument("--profile", default=None)
+    ap.add_argument("--device", default="cuda")
+    ap.add_argument("--reduced", action="store_true", help="LeRobot's reduced sizes in float32 (a CPU check of the script)")
+    args = ap.parse_args()
+    device, dtype = torch.device(args.device), torch.float32 if args.reduced else torch.bfloat16
+    wl = get_workload(args.workload)
+    cfg = lr.matching_config(wl, lr.Reduced() if args.reduced else None)
+    policy = lr.build_lerobot(cfg, device, dtype, reduced=args.reduced)
+    lr.randomize_lerobot_(policy, 0)
+    obs, noise = random_observation(wl, cfg, device), random_noise(wl, cfg, device)
+    lr.set_predict_features(policy, obs)
+    batch = lr.predict_batch(obs)
+    fast = accelerate_lerobot(policy, levers="best" if device.type == "cuda" else "exact")
+    steps = wl.steps
+    core_inputs = lr.lerobot_inputs(obs, cfg.pi05)
+
+    fns = {
+        "predict_accelerated": lambda: policy.predict_action_chunk(batch, noise=noise.clone(), num_steps=steps),
+        "core_accelerated": lambda: policy.model.sample_actions(*core_inputs, noise=noise.clone(), num_steps=steps),
+        "engine_direct": lambda: fast.engine.sample_actions(obs, noise, steps),
+        "policy_eval": lambda: policy.eval(),
+        "predict_preprocess": lambda: (policy._preprocess_images(batch), policy.prepare_state(batch)),
+    }
+    timing = interleaved(fns, device=device, warmup=5, iters=args.iters, baseline="engine_direct", progress=False)
+    rows = {}
+    for name, v in timing["variants"].items():
+        w, e = v["timers"]["wall_ms"], v["timers"]["cuda_event_ms"]
+        rows[name] = {"wall_ms_median": w["median"], "event_ms_median": e["median"] if e else None,
+                      "first_call_s": v["first_call_s"]}
+        print(f"{name:22s} wall {w['median']:8.3f} ms  event {e['median'] if e else float('nan'):8.3f} ms  "
+              f"first call {v['first_call_s']:.2f} s")
+    print("modules in the policy:", sum(1 for _ in policy.modules()))
+    if args.profile:
+        from torch.profiler import ProfilerActivity, profile
+
+        for _ in range(3):
+            fns["predict_accelerated"]()
+        activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+        with profile(activities=activities) as prof:
+            for _ in range(5):
+                fns["predict_accelerated"]()
+            if device.type == "cuda":
+                torch.cuda.synchronize()
+        with open(args.profile, "w") as f:
+            f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": "lerobot_predict_overhead_probe", "workload": {"id": wl.id}, "rows": rows,
+                       "checks": fast.checks, "modules": sum(1 for _ in policy.modules()),
+                       "ratios": {k: v["wall_ms"] for k, v in timing["ratios"].items()},
+                       "env": environment_record(device)}, f, indent=1)
+
+
+if __name__ == "__main__":
+    main()
