@@ -23,6 +23,13 @@
 #            alone (13.60 ms). Prediction: LeRobot's wrapper is most of the 3.6 ms: policy.eval() over ~1,000+ modules
 #            1-2.5 ms, its image preprocessing (three frames: a permute, a scale, a permute each) 0.1-0.3 ms; the
 #            accelerator's conversion (core_accelerated - engine_direct) 0.3-1 ms.
+#   PART=q   (carry .whl_lerobot) after part p's two findings: the GPU tests of the guidance (their tolerance now the
+#            variant's own unguided distance, x1.5) and of the accelerator (the full-size LeRobot tests); the overhead
+#            probe again; compare --accelerate --rtc for libero-pi0. Predictions: all tests pass. LeRobot's eval()
+#            is now a no-op while nothing is in training mode: predict_accelerated 18.17 -> 14.2-14.6 ms (the 3.84
+#            ms walk gone; the 0.45 ms preprocessing and 0.6 ms conversion stay), policy_eval 3.84 ms -> under 0.01
+#            ms; in compare, vlaperf_in_lerobot_predict 17.18 -> 13.9-14.4 ms (vs vlaperf_best's 13.6) and its RTC
+#            row 17.78 -> 14.5-15.0 ms; LeRobot's own rows unchanged (the accelerator is restored around them).
 #   PART=e, g: session 46's (benchmarks/h200_session46.sh): compare --accelerate --rtc (e), the guidance's and the
 #            accelerator's GPU tests (g). PART=a, b, c, d: session 45's.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=r bash benchmarks/h200_session47.sh, carry [".whl"] (e, g, c:
@@ -49,6 +56,14 @@ p)
   lane A 0 40 <<EOT &
 150 python3 benchmarks/guidance_error_probe.py --json $R/guidance_error_probe_s47.json 2>&1 | grep -v "^DEBUG"
 300 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 benchmarks/lerobot_predict_overhead_probe.py --json $R/lerobot_predict_overhead_probe_s47.json --profile $R/lerobot_predict_overhead_profile_s47.txt
+EOT
+  ;;
+q)
+  install_wheels .whl_lerobot /tmp/lrsite
+  lane A 0 40 <<EOT &
+150 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 -m pytest -p no:cacheprovider -q -rs --tb=short --durations 6 -m gpu tests/test_guidance.py tests/test_compare_accelerate.py 2>&1 | grep -v "^DEBUG" | tee $R/pytest_gpu_s47q_guidance_accelerate.log | tail -20
+150 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 benchmarks/lerobot_predict_overhead_probe.py --json $R/lerobot_predict_overhead_probe_s47q.json
+200 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH $V compare --workload libero-pi0 --accelerate --rtc --lerobot-compile none --iters 30 --no-progress --json $R/compare_libero-pi0_lerobot_accelerated-s47q.json
 EOT
   ;;
 esac

@@ -144,17 +144,31 @@ def test_a_wrong_guidance_tensor_is_named(field, value, shape):
 @pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
 @pytest.mark.parametrize("levers", ["graph", "best"])
 def test_guidance_in_a_cuda_graph_takes_each_calls_values(levers):
-    """The guidance tensors are graph inputs: one capture for the guided shapes, each call's values replayed."""
+    """The guidance tensors are graph inputs: one capture for the guided shapes, each call's values replayed; the
+    guided calls no further from the reference than the variant's unguided call is."""
     model, obs, noise, guidance = _setup(device="cuda")
     engine = Engine(model, levers)
     other = Guidance(-guidance.target, guidance.weights.flip(0), rtc_step_weights(STEPS, 2.0, "cuda"))
     for g in (guidance, other, guidance):
         ref = model.sample_actions(obs, noise, STEPS, g)
         out = engine.sample_actions(obs, noise, STEPS, g)
-        assert ((out - ref).norm() / ref.norm()).item() < 1e-4, levers
-    assert engine.graphs.captures == 1
-    engine.sample_actions(obs, noise, STEPS)  # unguided: its own graph
+        assert _rel(out, ref) <= _guided_tolerance(engine, model, obs, noise), levers
+    assert engine.graphs.captures == 2  # the guided shapes' graph and the unguided call's of the tolerance
+    engine.sample_actions(obs, noise, STEPS)  # unguided: its graph, replayed
     assert engine.graphs.captures == 2
+
+
+def _rel(a, b) -> float:
+    return ((a - b).norm() / b.norm()).item()
+
+
+def _guided_tolerance(engine, model, obs, noise) -> float:
+    """What a guided call may differ from the reference's: the variant's own unguided distance to the reference,
+    with slack, or 1e-4 (float32) where that is smaller. The guidance is float32 elementwise work after the step's
+    head: it adds no error of its own. On an H100 (benchmarks/guidance_error_probe.py, session 47) `best`'s unguided
+    calls on tiny float32 were 0.9-1.1e-3 from the reference (its step kernel rounds activations to bf16), the guided
+    ones 0.6-1.1e-3 at every guidance weight from 0 to 10; `graph`'s 4-9e-7 both."""
+    return max(1e-4, 1.5 * _rel(engine.sample_actions(obs, noise, STEPS), model.sample_actions(obs, noise, STEPS)))
 
 
 @pytest.mark.gpu
@@ -171,11 +185,12 @@ def test_per_sample_weights_in_a_cuda_graph(levers):
     steps = rtc_step_weights(STEPS, 5.0, "cuda")
     engine = Engine(model, levers)
     plain = model.sample_actions(obs, noise, STEPS)
+    tolerance = _guided_tolerance(engine, model, obs, noise)
     for rows in ([rtc_prefix_weights(2, 6, H), torch.zeros(H)], [torch.zeros(H), rtc_prefix_weights(0, 8, H, "exp")]):
         guidance = Guidance(target, torch.stack(rows).cuda(), steps)
         ref = model.sample_actions(obs, noise, STEPS, guidance)
         out = engine.sample_actions(obs, noise, STEPS, guidance)
-        assert ((out - ref).norm() / ref.norm()).item() < 1e-4, levers
+        assert _rel(out, ref) <= tolerance, levers
         unguided = 1 if rows[1].sum() == 0 else 0
-        assert ((out[unguided] - plain[unguided]).norm() / plain[unguided].norm()).item() < 1e-4
-    assert engine.graphs.captures == 1
+        assert _rel(out[unguided], plain[unguided]) <= tolerance
+    assert engine.graphs.captures == 2  # the guided shapes' graph, and the unguided call's of the tolerance

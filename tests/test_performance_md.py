@@ -84,7 +84,7 @@ def test_step_kernel_fitted_fields_show_what_they_resolved_to():
 def test_headline_takes_each_presets_newest_file_and_skips_served_ones():
     """Where each workload stands: per GPU, workload and mode the newest file (by its environment's timestamp) of
     reference, graph and today's best; a best file of a served process (reference weights released) is not taken,
-    and a workload without a best file gets no row."""
+    nor the newer one of a guided call (`bench --rtc`), and a workload without a best file gets no row."""
     spec = importlib.util.spec_from_file_location("make_performance_md", ROOT / "benchmarks" / "make_performance_md.py")
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
@@ -102,7 +102,8 @@ def test_headline_takes_each_presets_newest_file_and_skips_served_ones():
 
     results = [bench("old_best", best, 14.0, 1), bench("new_best", best, 13.0, 2,
                equivalence={"rel_l2": 6e-3, "tolerance": 0.03, "passed": True}), bench("served", best, 12.0, 3,
-               released_reference_bytes=1), bench("graph", list(GRAPH_GPU), 40.0, 1), bench("ref", [], 200.0, 2),
+               released_reference_bytes=1), bench("guided", best, 12.5, 4, rtc={"executed": 3, "delay": 2}),
+               bench("graph", list(GRAPH_GPU), 40.0, 1), bench("ref", [], 200.0, 2),
                bench("other", best[:-1], 11.0, 3), bench("shallow_graph", list(GRAPH_GPU), 9.0, 2, workload="libero-shallow6")]
 
     def compare(median, day, reduced=False, hour=10):  # a `vlaperf compare` file: LeRobot's median beside vlaperf's
