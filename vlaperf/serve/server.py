@@ -584,7 +584,7 @@ class PolicyServer:
         """What the reply says of a request's real-time chunking: whether it was guided, and if not, why."""
         out: dict[str, Any] = {"guided": bool(done.guided), "executed": ask.executed, "delay": ask.delay}
         if not done.guided:
-            out["reason"] = ("no previous chunk on this connection (its first request, or the chunk's request failed)"
+            out["reason"] = ("no previous chunk on this connection at this position (nothing answered there yet)"
                              if not had_previous else
                              f"nothing of the previous chunk is left (executed = the horizon, {self._rtc_horizon})")
         return out
