@@ -70,6 +70,22 @@ def bench_rows(results):
     return rows
 
 
+def rtc_cost_rows(results):
+    """`bench --rtc` files: the guided call against the unguided one, interleaved in the same process."""
+    rows = ["| GPU | workload | mode | variant | unguided ms | guided ms | guided / unguided | per round p10..p90 | rounds | "
+            "rel L2 (guided calls checked) | commit | file |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for path, r in results:
+        cost = (r.get("rtc") or {}).get("vs_unguided") if r["command"] == "bench" else None
+        if not cost or not cost.get("wall_ms"):
+            continue
+        w, eq = cost["wall_ms"], r.get("equivalence") or {}
+        rows.append(f"| {r['env'].get('gpu') or 'cpu'} | {r['workload']['id']} | {r['mode']} | {_short(r['variant']['label'])} | "
+                    f"{_ms(w['unguided_median'])} | {_ms(w['guided_median'])} | **{w['guided_over_unguided']:.3f}x** | "
+                    f"{w['per_round_p10']:.3f}..{w['per_round_p90']:.3f} | {cost['iters']} | {_rel(eq)} | "
+                    f"{(r['env'].get('git_commit') or '-')[:7]} | `{path.relative_to(ROOT)}` |")
+    return rows if len(rows) > 2 else []
+
+
 def _times(a, b):
     return f"{a / b:.2f}x" if a and b else "-"
 
@@ -798,6 +814,11 @@ def main() -> None:
              "Every file of every run follows under Single runs.", ""]
     lines += headline_rows(results, wam) + ["", "## Single runs (`vlaperf bench`)", ""]
     lines += bench_rows(results) + [""]
+    rtc = rtc_cost_rows(results)
+    lines += ["## What real-time chunking's guidance costs (`vlaperf bench --rtc`)", "",
+              "The guided call (a previous chunk with 3 actions executed and a delay of 2, LeRobot's RTCConfig defaults) "
+              "against the unguided one of the same variant, interleaved in one process after the file's main timing "
+              "(`rtc.vs_unguided`); the single runs above give the guided call's own timing.", ""] + rtc + [""] if rtc else []
     lines += ["## Matrices (`vlaperf matrix`)", ""] + matrix_tables(results)
     lines += ["## Equivalence (`vlaperf check`)", ""] + check_tables(results)
     lines += ["## World-action model (`wam-761`: seed 000's model class; models/wam.py, engine/wam.py)", "",

@@ -486,3 +486,23 @@ def test_files_of_one_timestamp_give_the_later_path_in_any_order():
         assert record["path"].name == "bench_b.json" and record["median"]["best"] == 13.0, order
         line = [row for row in gen.readme_rows(order) if row.startswith("Ceilings measured")]
         assert len(line) == 1 and "bench_b.json" in line[0], line
+
+
+def test_rtc_cost_rows_show_the_guided_call_against_the_unguided_one():
+    spec = importlib.util.spec_from_file_location("make_performance_md", ROOT / "benchmarks" / "make_performance_md.py")
+    gen = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(gen)
+    cost = {"wall_ms": {"unguided_median": 13.5, "guided_median": 13.7, "guided_over_unguided": 1.0148,
+                        "per_round_p10": 1.007, "per_round_p90": 1.018}, "cuda_event_ms": None, "iters": 50}
+    r = {"command": "bench", "workload": {"id": "libero-pi0"}, "mode": "model", "variant": {"label": "for_loop"},
+         "env": {"gpu": "NVIDIA H100 80GB HBM3", "git_commit": "abcdef123"}, "equivalence": {"rel_l2": 6.4e-3},
+         "rtc": {"executed": 3, "delay": 2, "vs_unguided": cost}}
+    plain = dict(r, rtc=None)
+    rows = gen.rtc_cost_rows([(gen.ROOT / "benchmarks" / "results" / "g.json", r),
+                              (gen.ROOT / "benchmarks" / "results" / "p.json", plain)])
+    assert len(rows) == 3  # header, separator, the guided file alone
+    cells = [c.strip() for c in rows[2].strip("|").split("|")]
+    assert cells[:9] == ["NVIDIA H100 80GB HBM3", "libero-pi0", "model", "loop", "13.50", "13.70", "**1.015x**",
+                         "1.007..1.018", "50"]
+    assert cells[9:] == ["6.4e-03", "abcdef1", "`benchmarks/results/g.json`"]
+    assert gen.rtc_cost_rows([(gen.ROOT / "p.json", plain)]) == []  # no guided file: no table
