@@ -22,16 +22,13 @@ only where the old chunk runs out first (a stall). `rtc=True` (`--rtc`, async as
 started with `--rtc` guides each chunk toward what is left of the one running; every switch
 records how far the action executed next moves from the one the old chunk had there (the
 "switch jump", in the robot's units), which the guidance makes small. Each episode's first call
-is synchronous and unguided.
+is synchronous and unguided. The async loop is vlaperf.serve.broker.ChunkBroker's, which a robot's
+own control loop can use.
 """
 
 from __future__ import annotations
 
-import math
 import time
-from concurrent.futures import ThreadPoolExecutor
-
-import numpy as np
 
 from vlaperf.serve.client import Client, ServerError
 from vlaperf.serve.loadgen import (LoadgenError, check_loopback_url, check_request_size, example_for, resolve_workload,
@@ -91,20 +88,9 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
         rows, all_calls, all_infer, errors, timed_out = [], [], [], 0, False
         connection_lost = None  # where the connection failed: the episodes up to there are kept and reported
         if execution == "async":
-            loop = _AsyncLoop(client, frames, steps_per_episode, period, replan_every, rtc, deadline, sleep,
-                              round_trip_s=time.perf_counter() - t_warm)
-            try:
-                for ep in range(episodes):
-                    row, calls, infer, ep_errors = loop.episode(ep)
-                    rows.append(row)
-                    all_calls += calls
-                    all_infer += [v for v in infer if v == v]
-                    errors += ep_errors
-                    timed_out, connection_lost = loop.timed_out, loop.connection_lost
-                    if timed_out or connection_lost:
-                        break
-            finally:
-                loop.close()
+            rows, all_calls, all_infer, errors, timed_out, connection_lost = _async_episodes(
+                client, frames, episodes, steps_per_episode, period, replan_every, rtc, deadline, sleep,
+                round_trip_s=time.perf_counter() - t_warm)
         for ep in range(episodes if execution == "sync" else 0):
             calls, infer = [], []
             overruns = 0
@@ -197,110 +183,49 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
     return result
 
 
-class _AsyncLoop:
-    """The asynchronous control loop of `run_rollout(execution="async")`, one connection, at most one call in flight
-    (from a background thread; the loop thread never uses the client while one is)."""
+def _async_episodes(client, frames, episodes: int, steps: int, period: float, replan_every: int, rtc: bool,
+                    deadline: float, sleep, round_trip_s: float):
+    """The episodes of `run_rollout(execution="async")`, each through a `ChunkBroker` (vlaperf.serve.broker): (rows,
+    calls, server inference times, errors, timed_out, connection_lost)."""
+    from vlaperf.serve.broker import ChunkBroker
 
-    def __init__(self, client, frames, steps: int, period: float, replan_every: int, rtc: bool, deadline: float,
-                 sleep, round_trip_s: float):
-        self.client, self.frames, self.steps, self.period = client, frames, steps, period
-        self.replan_every, self.rtc, self.deadline, self.sleep = replan_every, rtc, deadline, sleep
-        self.round_trip_s = round_trip_s  # the last call's, for the delay the next one declares
-        self.pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlaperf-rollout")
-        self.timed_out, self.connection_lost = False, None
-
-    def close(self) -> None:
-        self.pool.shutdown(wait=True)
-
-    def _call(self, obs: dict):
-        t0 = time.perf_counter()
-        try:
-            return self.client.infer(obs), None, time.perf_counter() - t0
-        except ServerError as e:
-            return None, e, time.perf_counter() - t0
-        except Exception as e:  # the connection is gone
-            return None, e, time.perf_counter() - t0
-
-    def episode(self, ep: int):
-        calls, infer, errors = [], [], 0
-        stalls = overruns = switches = guided = late = 0
-        jumps: list[float] = []
-        wait = 0.0
-        pending = None  # (future, step sent, position sent, delay declared)
-        t_ep = time.perf_counter()
-        chunk, pos = None, 0
-        step = 0
-        for step in range(self.steps):
-            t_step = time.perf_counter()
-            if t_step > self.deadline:
-                self.timed_out = True
+    rows, all_calls, all_infer, errors, timed_out, connection_lost = [], [], [], 0, False, None
+    with ChunkBroker(client, 1.0 / period, replan_every, rtc=rtc, round_trip_s=round_trip_s) as broker:
+        for ep in range(episodes):
+            broker.reset()
+            overruns, steps_done = 0, 0
+            t_ep = time.perf_counter()
+            for step in range(steps):
+                t_step = time.perf_counter()
+                if t_step > deadline:
+                    timed_out = True
+                    break
+                obs = dict(frames[(ep * steps + step) % len(frames)], request_id=f"e{ep}-s{step}")
+                try:
+                    broker.act(obs)  # the action is "executed": there is no robot to send it to
+                except ServerError:
+                    pass  # counted in the broker's stats; the step passes without an action
+                except Exception as e:  # the connection is gone: no later call can succeed
+                    connection_lost = f"episode {ep}, step {step}: the connection failed: {type(e).__name__}: {e}"
+                    break
+                steps_done += 1
+                elapsed = time.perf_counter() - t_step
+                if elapsed > period:
+                    overruns += 1
+                else:
+                    sleep(period - elapsed)
+            wall, st = time.perf_counter() - t_ep, broker.stats
+            rows.append({
+                "episode": ep, "steps": steps_done, "policy_calls": len(st.call_ms), "wall_s": wall,
+                "ideal_wall_s": steps_done * period, "policy_wait_s": st.wait_s,
+                "policy_wait_share": st.wait_s / wall if wall > 0 else None, "overrun_steps": overruns,
+                "policy_call_ms": summarize(st.call_ms) if st.call_ms else None,
+                "stall_steps": st.stalls, "switches": st.switches, "guided_switches": st.guided_switches,
+                "late_switches": st.late_switches, "switch_jumps": list(st.jumps),
+            })
+            all_calls += st.call_ms
+            all_infer += [v for v in st.infer_ms if v == v]
+            errors += st.errors
+            if timed_out or connection_lost:
                 break
-            obs = self.frames[(ep * self.steps + step) % len(self.frames)]
-            if chunk is None:  # the episode's first chunk, or every call so far refused: ask and wait
-                t0 = time.perf_counter()
-                reply, error, rt = self._call(dict(obs, request_id=f"e{ep}-s{step}"))
-                wait += time.perf_counter() - t0
-                calls.append(rt * 1e3)
-                if error is not None and not isinstance(error, ServerError):
-                    self.connection_lost = f"episode {ep}, step {step}: the connection failed: {type(error).__name__}: {error}"
-                    break
-                if reply is None:
-                    errors += 1
-                else:
-                    self.round_trip_s = rt
-                    chunk, pos = np.asarray(reply["actions"]), 0
-                    infer.append(float(reply.get("server_timing", {}).get("infer_ms", float("nan"))))
-            if pending is not None and (pending[0].done() or pos >= len(chunk)):
-                if not pending[0].done():  # the old chunk ran out first: the robot stands still until the reply
-                    stalls += 1
-                    t0 = time.perf_counter()
-                    pending[0].result()
-                    wait += time.perf_counter() - t0
-                future, sent_step, sent_pos, delay = pending
-                pending = None
-                reply, error, rt = future.result()
-                calls.append(rt * 1e3)
-                if error is not None and not isinstance(error, ServerError):
-                    self.connection_lost = f"episode {ep}, step {sent_step}: the connection failed: {type(error).__name__}: {error}"
-                    break
-                if reply is None:
-                    errors += 1  # the robot goes on with the chunk it has
-                else:
-                    self.round_trip_s = rt
-                    infer.append(float(reply.get("server_timing", {}).get("infer_ms", float("nan"))))
-                    new = np.asarray(reply["actions"])
-                    gone = step - sent_step  # actions executed since the observation: the new chunk's first ones
-                    late += gone > delay
-                    guided += bool((reply.get("rtc") or {}).get("guided"))
-                    if gone < len(new) and sent_pos + gone < len(chunk):  # what would have run next, old and new
-                        jumps.append(float(np.linalg.norm(new[gone] - chunk[sent_pos + gone])))
-                    switches += 1
-                    chunk, pos = new, min(gone, len(new))
-            if chunk is not None and pending is None and pos >= min(self.replan_every, len(chunk)):
-                delay = min(math.ceil(self.round_trip_s / self.period), len(chunk) - pos)
-                request = dict(obs, request_id=f"e{ep}-s{step}")
-                if self.rtc:
-                    request.update({"rtc/executed": int(pos), "rtc/delay": int(delay)})
-                pending = (self.pool.submit(self._call, request), step, pos, delay)
-            if chunk is not None and pos < len(chunk):
-                pos += 1  # chunk[pos] is "executed": there is no robot to send it to
-            elapsed = time.perf_counter() - t_step
-            if elapsed > self.period:
-                overruns += 1
-            else:
-                self.sleep(self.period - elapsed)
-        else:
-            step = self.steps
-        if pending is not None:  # the episode ended with a call in flight: its reply belongs to no chunk
-            pending[0].result()
-        wall = time.perf_counter() - t_ep
-        steps_done = step
-        row = {
-            "episode": ep, "steps": steps_done, "policy_calls": len(calls), "wall_s": wall,
-            "ideal_wall_s": steps_done * self.period, "policy_wait_s": wait,
-            "policy_wait_share": wait / wall if wall > 0 else None, "overrun_steps": overruns,
-            "policy_call_ms": summarize(calls) if calls else None,
-            "stall_steps": stalls, "switches": switches, "guided_switches": guided, "late_switches": late,
-            "switch_jumps": jumps,
-        }
-        return row, calls, infer, errors
+    return rows, all_calls, all_infer, errors, timed_out, connection_lost

@@ -1,0 +1,118 @@
+"""ChunkBroker (vlaperf.serve.broker) against a scripted client: which action each control step gets, what each
+request carries, switches, stalls and refused calls. No server: the client's replies are released by the test."""
+
+from __future__ import annotations
+
+import threading
+import time
+
+import numpy as np
+import pytest
+
+from vlaperf.serve.broker import ChunkBroker
+from vlaperf.serve.client import ServerError
+
+H = 8
+
+
+class ScriptedClient:
+    """Call k answers the chunk 100 k + (0..H-1) (one action dim); calls after the first wait for `release`."""
+
+    def __init__(self, fail=()):
+        self.requests, self.fail = [], set(fail)
+        self.release = threading.Event()
+
+    def infer(self, obs):
+        k = len(self.requests)
+        self.requests.append(obs)
+        if k > 0:
+            assert self.release.wait(10)
+            self.release.clear()
+        if k in self.fail:
+            raise ServerError({"error": "InputError", "message": f"call {k} refused"})
+        reply = {"actions": (100.0 * k + np.arange(H, dtype=np.float32))[:, None], "server_timing": {"infer_ms": 1.0}}
+        if "rtc/executed" in obs:
+            reply["rtc"] = {"guided": True}
+        return reply
+
+
+def until(condition, timeout_s=10.0):
+    """Wait for the broker's thread: a call it sent reaches the client on that thread."""
+    deadline = time.monotonic() + timeout_s
+    while not condition():
+        assert time.monotonic() < deadline, "timed out"
+        time.sleep(0.001)
+
+
+def answer(broker, client):
+    """Let the call in flight return, and wait until it has."""
+    client.release.set()
+    broker._pending[0].result(timeout=10)
+
+
+def test_the_next_chunk_takes_over_at_the_step_it_was_asked_for_from():
+    client = ScriptedClient()
+    broker = ChunkBroker(client, control_hz=10.0, replan_every=3, rtc=True)
+    got = [float(broker.act({"step": s})[0]) for s in range(3)]
+    assert got == [0, 1, 2] and len(client.requests) == 1  # the first chunk, asked for and waited on
+    assert float(broker.act({"step": 3})[0]) == 3  # 3 handed out: the next chunk asked for, this step's obs sent
+    # the delay: the last round trip (the first call's, well under the 0.1 s period) in steps, rounded up
+    until(lambda: len(client.requests) == 2)
+    assert client.requests[1] == {"step": 3, "rtc/executed": 3, "rtc/delay": 1}
+    assert float(broker.act({"step": 4})[0]) == 4  # still running while the call is in flight
+    answer(broker, client)
+    # sent at step 3, arrives for step 5: the new chunk's actions 0 and 1 stand for steps 3 and 4, gone
+    assert float(broker.act({"step": 5})[0]) == 102
+    st = broker.stats
+    # two steps gone against a declared delay of 1: late
+    assert (st.switches, st.guided_switches, st.late_switches, st.stalls, st.errors) == (1, 1, 1, 0, 0)
+    assert st.jumps == [pytest.approx(abs(102 - 5))]  # new chunk's step-5 action against the old one's
+    assert len(st.call_ms) == 2 and st.infer_ms == [1.0, 1.0]
+
+
+def test_a_chunk_that_runs_out_stalls_until_the_reply():
+    client = ScriptedClient()
+    broker = ChunkBroker(client, control_hz=100.0, replan_every=6, round_trip_s=0.0)
+    for s in range(H):
+        broker.act({"step": s})  # the call is asked for at step 6 and not answered
+    until(lambda: len(client.requests) == 2)
+    assert "rtc/executed" not in client.requests[1]  # rtc=False: a plain request
+    threading.Timer(0.05, client.release.set).start()
+    assert float(broker.act({"step": H})[0]) == 100 + 2  # waited; sent at step 6, two steps gone
+    st = broker.stats
+    assert st.stalls == 1 and st.wait_s >= 0.04 and st.late_switches == 1  # declared delay 1, 2 steps gone
+
+
+def test_a_refused_call_keeps_the_running_chunk_and_a_refused_first_call_raises():
+    client = ScriptedClient(fail={1})
+    broker = ChunkBroker(client, control_hz=10.0, replan_every=2, round_trip_s=0.0)
+    broker.act({}), broker.act({}), broker.act({})
+    answer(broker, client)
+    assert float(broker.act({})[0]) == 3 and broker.stats.errors == 1  # call 1 refused: the first chunk goes on
+    assert broker._pending is not None  # and the next one is asked for at once
+    client.release.set()
+    broker.reset()  # waits for call 2, discards it
+    client.fail = {3}
+    client.release.set()
+    with pytest.raises(ServerError, match="call 3 refused"):
+        broker.act({})  # nothing to run yet: the caller hears of it
+    assert broker.stats.errors == 1
+    client.release.set()
+    assert float(broker.act({})[0]) == 400  # the next step asks again: an episode's first chunk
+
+
+def test_reset_starts_an_unguided_episode_and_bad_settings_are_named():
+    client = ScriptedClient()
+    with ChunkBroker(client, control_hz=10.0, replan_every=1, rtc=True) as broker:
+        broker.act({}), broker.act({})
+        client.release.set()
+        broker.reset()
+        assert broker.stats.switches == 0 and broker.stats.call_ms == []
+        client.release.set()
+        broker.act({"after": 1})  # on this thread: the episode's first call is waited for
+        assert client.requests[-1] == {"after": 1}  # and carries no rtc keys
+        client.release.set()
+    with pytest.raises(ValueError, match="control_hz: expected a finite number > 0, got 0"):
+        ChunkBroker(client, control_hz=0, replan_every=1)
+    with pytest.raises(ValueError, match="replan_every: expected an integer >= 1, got 0"):
+        ChunkBroker(client, control_hz=10.0, replan_every=0)

@@ -1,0 +1,157 @@
+"""`ChunkBroker`: one action per control step from a policy server, the next chunk asked for in the background
+while the current one runs (real-time chunking's execution). openpi-client's ActionChunkBroker waits for each
+chunk instead; with this one a robot waits only where its chunk runs out before the next arrives.
+
+    from vlaperf.serve.client import Client
+    from vlaperf.serve.broker import ChunkBroker
+
+    with Client("ws://127.0.0.1:8000") as client:
+        broker = ChunkBroker(client, control_hz=50, replan_every=5, rtc=True)   # rtc: a `vlaperf serve --rtc` server
+        for step in range(steps):
+            robot.apply(broker.act(observation()))   # (robot_action_dim,) float32, the action for this step
+        broker.reset()                                # a new episode: its first chunk unguided
+        broker.close()
+
+How a switch works: after `replan_every` actions of the current chunk, `act` sends the observation it was given
+from a background thread and keeps handing out the chunk's next actions. When the reply arrives, the new chunk
+takes over at the position that matches the steps handed out since that observation (its first ones stand for
+time already gone). With `rtc=True` each request also carries "rtc/executed" (the position in the running chunk
+when the observation was taken) and "rtc/delay" (the last round trip in control steps, rounded up), so the server
+holds the new chunk's start to what the robot does meanwhile. `stats` counts what happened: calls, the time `act`
+waited, stalls, switches (guided, late), and each switch's jump (how far the action handed out next moved from
+the one the old chunk had there, L2 in the robot's units).
+
+A request the server refuses (ServerError) leaves the running chunk in use and is counted in `stats.errors`; where
+no chunk is running yet (an episode's first call), `act` raises it. A failed connection raises.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+from concurrent.futures import Future, ThreadPoolExecutor
+from dataclasses import dataclass, field
+
+import numpy as np
+
+from vlaperf.serve.client import ServerError
+from vlaperf.serve.protocol import RTC_DELAY_KEY, RTC_EXECUTED_KEY
+
+
+@dataclass
+class BrokerStats:
+    """What a broker did since its last `reset()`."""
+
+    call_ms: list[float] = field(default_factory=list)  # each answered or refused call's round trip
+    infer_ms: list[float] = field(default_factory=list)  # the server's own inference time of each answered call
+    wait_s: float = 0.0  # time `act` spent blocked on the server (first calls and stalls)
+    stalls: int = 0  # steps whose chunk ran out before the next arrived
+    switches: int = 0  # new chunks that took over from a running one
+    guided_switches: int = 0  # of them, chunks the server guided (its reply's rtc.guided)
+    late_switches: int = 0  # of them, replies later than the delay their request declared
+    jumps: list[float] = field(default_factory=list)  # per switch (where both chunks had the step): the jump
+    errors: int = 0  # requests the server refused
+
+
+class ChunkBroker:
+    def __init__(self, client, control_hz: float, replan_every: int, rtc: bool = False,
+                 round_trip_s: float | None = None):
+        """`client`: a connected vlaperf.serve.client.Client (only this broker's thread uses it while a call is
+        in flight). `control_hz`: the rate `act` is called at, for the delay a request declares. `replan_every`:
+        actions of a chunk handed out before the next is asked for. `round_trip_s`: a first estimate of a call's
+        round trip (default: the episode's first call's)."""
+        if not 0 < control_hz < math.inf:
+            raise ValueError(f"control_hz: expected a finite number > 0, got {control_hz!r}")
+        if isinstance(replan_every, bool) or not isinstance(replan_every, int) or replan_every < 1:
+            raise ValueError(f"replan_every: expected an integer >= 1, got {replan_every!r}")
+        self.client, self.period, self.replan_every, self.rtc = client, 1.0 / control_hz, replan_every, rtc
+        self.round_trip_s = round_trip_s
+        self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlaperf-broker")
+        self.stats = BrokerStats()
+        self._chunk: np.ndarray | None = None
+        self._pos = 0  # the next action of the running chunk to hand out
+        self._step = 0  # `act` calls since reset
+        self._pending: tuple[Future, int, int, int] | None = None  # (call, step sent, position sent, delay declared)
+
+    def _call(self, request: dict):
+        t0 = time.perf_counter()
+        try:
+            return self.client.infer(request), None, time.perf_counter() - t0
+        except Exception as e:  # ServerError, or the connection gone: the caller tells them apart
+            return None, e, time.perf_counter() - t0
+
+    def _answered(self, reply: dict, round_trip_s: float) -> np.ndarray:
+        self.round_trip_s = round_trip_s
+        self.stats.infer_ms.append(float(reply.get("server_timing", {}).get("infer_ms", float("nan"))))
+        return np.asarray(reply["actions"])
+
+    def act(self, obs: dict) -> np.ndarray:
+        """The action for this control step; `obs` is the observation taken now (sent only when a chunk is asked
+        for). Blocks only for an episode's first chunk or where the running chunk ran out."""
+        step, self._step = self._step, self._step + 1
+        if self._chunk is None:  # nothing to execute: ask and wait
+            t0 = time.perf_counter()
+            reply, error, rt = self._call(dict(obs))
+            self.stats.wait_s += time.perf_counter() - t0
+            self.stats.call_ms.append(rt * 1e3)
+            if error is not None:
+                if isinstance(error, ServerError):
+                    self.stats.errors += 1
+                raise error
+            self._chunk, self._pos = self._answered(reply, rt), 0
+        if self._pending is not None and (self._pending[0].done() or self._pos >= len(self._chunk)):
+            self._switch(step)
+        if self._pending is None and self._pos >= min(self.replan_every, len(self._chunk)):
+            delay = min(math.ceil((self.round_trip_s or 0.0) / self.period), len(self._chunk) - self._pos)
+            request = dict(obs)
+            if self.rtc:
+                request.update({RTC_EXECUTED_KEY: int(self._pos), RTC_DELAY_KEY: int(delay)})
+            self._pending = (self._pool.submit(self._call, request), step, self._pos, delay)
+        if self._pos >= len(self._chunk):  # a chunk shorter than replan_every, and nothing asked for: hold
+            return self._chunk[-1]
+        action = self._chunk[self._pos]
+        self._pos += 1
+        return action
+
+    def _switch(self, step: int) -> None:
+        future, sent_step, sent_pos, delay = self._pending
+        if not future.done():  # the running chunk ran out first: the robot stands still until the reply
+            self.stats.stalls += 1
+            t0 = time.perf_counter()
+            future.result()
+            self.stats.wait_s += time.perf_counter() - t0
+        self._pending = None
+        reply, error, rt = future.result()
+        self.stats.call_ms.append(rt * 1e3)
+        if error is not None:
+            if not isinstance(error, ServerError):
+                raise error
+            self.stats.errors += 1  # the robot goes on with the chunk it has
+            return
+        new = self._answered(reply, rt)
+        gone = step - sent_step  # actions handed out since the observation: the new chunk's first ones
+        self.stats.late_switches += gone > delay
+        self.stats.guided_switches += bool((reply.get("rtc") or {}).get("guided"))
+        if gone < len(new) and sent_pos + gone < len(self._chunk):  # what would run next, old and new
+            self.stats.jumps.append(float(np.linalg.norm(new[gone] - self._chunk[sent_pos + gone])))
+        self.stats.switches += 1
+        self._chunk, self._pos = new, min(gone, len(new))
+
+    def reset(self) -> None:
+        """A new episode: the running chunk dropped (the next `act` asks and waits, unguided), a call still in
+        flight waited for and its reply discarded, the stats zeroed."""
+        if self._pending is not None:
+            self._pending[0].result()
+            self._pending = None
+        self._chunk, self._pos, self._step = None, 0, 0
+        self.stats = BrokerStats()
+
+    def close(self) -> None:
+        self.reset()
+        self._pool.shutdown(wait=True)
+
+    def __enter__(self) -> "ChunkBroker":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
