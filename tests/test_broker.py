@@ -116,3 +116,20 @@ def test_reset_starts_an_unguided_episode_and_bad_settings_are_named():
         ChunkBroker(client, control_hz=0, replan_every=1)
     with pytest.raises(ValueError, match="replan_every: expected an integer >= 1, got 0"):
         ChunkBroker(client, control_hz=10.0, replan_every=0)
+
+
+def test_a_synchronous_broker_waits_for_each_chunk_and_records_its_switches():
+    client = ScriptedClient()
+    client.release.set()
+    broker = ChunkBroker(client, control_hz=10.0, replan_every=3, asynchronous=False)
+    got = []
+    for s in range(7):
+        if s in (3, 6):
+            client.release.set()  # the call of this step is answered before `act` returns
+        got.append(float(broker.act({"step": s})[0]))
+    assert got == [0, 1, 2, 100, 101, 102, 200]  # each new chunk from its start, at steps 3 and 6
+    assert [r["step"] for r in client.requests] == [0, 3, 6]
+    st = broker.stats
+    assert st.switches == 2 and st.jumps == [pytest.approx(97), pytest.approx(97)] and st.stalls == 0
+    with pytest.raises(ValueError, match="rtc: real-time chunking guides a chunk computed while the robot moves"):
+        ChunkBroker(client, control_hz=10.0, replan_every=3, rtc=True, asynchronous=False)

@@ -22,7 +22,8 @@ waited, stalls, switches (guided, late), and each switch's jump (how far the act
 the one the old chunk had there, L2 in the robot's units).
 
 A request the server refuses (ServerError) leaves the running chunk in use and is counted in `stats.errors`; where
-no chunk is running yet (an episode's first call), `act` raises it. A failed connection raises.
+no chunk is running yet (an episode's first call), `act` raises it. A failed connection raises. With
+`asynchronous=False` the broker waits for each chunk instead, as openpi-client's ActionChunkBroker does.
 """
 
 from __future__ import annotations
@@ -55,16 +56,22 @@ class BrokerStats:
 
 class ChunkBroker:
     def __init__(self, client, control_hz: float, replan_every: int, rtc: bool = False,
-                 round_trip_s: float | None = None):
+                 round_trip_s: float | None = None, asynchronous: bool = True):
         """`client`: a connected vlaperf.serve.client.Client (only this broker's thread uses it while a call is
         in flight). `control_hz`: the rate `act` is called at, for the delay a request declares. `replan_every`:
         actions of a chunk handed out before the next is asked for. `round_trip_s`: a first estimate of a call's
-        round trip (default: the episode's first call's)."""
+        round trip (default: the episode's first call's). `asynchronous=False`: wait for each chunk where the
+        next is asked for, as openpi-client's ActionChunkBroker does (`vlaperf rollout` without --async); its
+        switches are counted and their jumps recorded the same way."""
         if not 0 < control_hz < math.inf:
             raise ValueError(f"control_hz: expected a finite number > 0, got {control_hz!r}")
         if isinstance(replan_every, bool) or not isinstance(replan_every, int) or replan_every < 1:
             raise ValueError(f"replan_every: expected an integer >= 1, got {replan_every!r}")
+        if rtc and not asynchronous:
+            raise ValueError("rtc: real-time chunking guides a chunk computed while the robot moves; it needs "
+                             "asynchronous=True")
         self.client, self.period, self.replan_every, self.rtc = client, 1.0 / control_hz, replan_every, rtc
+        self.asynchronous = asynchronous
         self.round_trip_s = round_trip_s
         self._pool = ThreadPoolExecutor(max_workers=1, thread_name_prefix="vlaperf-broker")
         self.stats = BrokerStats()
@@ -89,19 +96,11 @@ class ChunkBroker:
         """The action for this control step; `obs` is the observation taken now (sent only when a chunk is asked
         for). Blocks only for an episode's first chunk or where the running chunk ran out."""
         step, self._step = self._step, self._step + 1
-        if self._chunk is None:  # nothing to execute: ask and wait
-            t0 = time.perf_counter()
-            reply, error, rt = self._call(dict(obs))
-            self.stats.wait_s += time.perf_counter() - t0
-            self.stats.call_ms.append(rt * 1e3)
-            if error is not None:
-                if isinstance(error, ServerError):
-                    self.stats.errors += 1
-                raise error
-            self._chunk, self._pos = self._answered(reply, rt), 0
+        if self._chunk is None or (not self.asynchronous and self._pos >= min(self.replan_every, len(self._chunk))):
+            self._ask_and_wait(obs)  # nothing to execute (or a synchronous broker's turn): ask and wait
         if self._pending is not None and (self._pending[0].done() or self._pos >= len(self._chunk)):
             self._switch(step)
-        if self._pending is None and self._pos >= min(self.replan_every, len(self._chunk)):
+        if self.asynchronous and self._pending is None and self._pos >= min(self.replan_every, len(self._chunk)):
             delay = min(math.ceil((self.round_trip_s or 0.0) / self.period), len(self._chunk) - self._pos)
             request = dict(obs)
             if self.rtc:
@@ -113,6 +112,25 @@ class ChunkBroker:
         self._pos += 1
         return action
 
+    def _ask_and_wait(self, obs: dict) -> None:
+        t0 = time.perf_counter()
+        reply, error, rt = self._call(dict(obs))
+        self.stats.wait_s += time.perf_counter() - t0
+        if error is not None and not isinstance(error, ServerError):
+            raise error  # the connection failed: no round trip to count
+        self.stats.call_ms.append(rt * 1e3)
+        if error is not None:
+            self.stats.errors += 1
+            if self._chunk is None:
+                raise error
+            return  # a synchronous broker's refused call: the running chunk goes on
+        new = self._answered(reply, rt)
+        if self._chunk is not None:  # a synchronous switch: the new chunk takes over at once
+            self.stats.switches += 1
+            if self._pos < len(self._chunk):
+                self.stats.jumps.append(float(np.linalg.norm(new[0] - self._chunk[self._pos])))
+        self._chunk, self._pos = new, 0
+
     def _switch(self, step: int) -> None:
         future, sent_step, sent_pos, delay = self._pending
         if not future.done():  # the running chunk ran out first: the robot stands still until the reply
@@ -122,10 +140,10 @@ class ChunkBroker:
             self.stats.wait_s += time.perf_counter() - t0
         self._pending = None
         reply, error, rt = future.result()
+        if error is not None and not isinstance(error, ServerError):
+            raise error  # the connection failed: no round trip to count
         self.stats.call_ms.append(rt * 1e3)
         if error is not None:
-            if not isinstance(error, ServerError):
-                raise error
             self.stats.errors += 1  # the robot goes on with the chunk it has
             return
         new = self._answered(reply, rt)

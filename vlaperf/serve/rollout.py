@@ -85,64 +85,9 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
         except Exception as e:  # the connection closed (e.g. a message over the server's size limit)
             raise LoadgenError(f"the first call failed: {type(e).__name__}: {e}") from None
         deadline = time.perf_counter() + timeout_s
-        rows, all_calls, all_infer, errors, timed_out = [], [], [], 0, False
-        connection_lost = None  # where the connection failed: the episodes up to there are kept and reported
-        if execution == "async":
-            rows, all_calls, all_infer, errors, timed_out, connection_lost = _async_episodes(
-                client, frames, episodes, steps_per_episode, period, replan_every, rtc, deadline, sleep,
-                round_trip_s=time.perf_counter() - t_warm)
-        for ep in range(episodes if execution == "sync" else 0):
-            calls, infer = [], []
-            overruns = 0
-            chunk, used = None, 0
-            t_ep = time.perf_counter()
-            for step in range(steps_per_episode):
-                t_step = time.perf_counter()
-                if t_step > deadline:
-                    timed_out = True
-                    break
-                # a new chunk every replan_every steps, or sooner where a reply held fewer rows than the declared
-                # horizon (a server without action_horizon in its metadata): the loop never waits on an empty chunk
-                if chunk is None or used >= min(replan_every, len(chunk)):
-                    obs = dict(frames[(ep * steps_per_episode + step) % len(frames)], request_id=f"e{ep}-s{step}")
-                    t0 = time.perf_counter()
-                    try:
-                        reply = client.infer(obs)
-                    except ServerError:
-                        errors += 1
-                        reply = None
-                    except Exception as e:  # the connection is gone: no later call can succeed
-                        connection_lost = f"episode {ep}, step {step}: the connection failed: {type(e).__name__}: {e}"
-                        break
-                    calls.append((time.perf_counter() - t0) * 1e3)
-                    if reply is not None:
-                        chunk, used = reply["actions"], 0
-                        infer.append(float(reply.get("server_timing", {}).get("infer_ms", float("nan"))))
-                if chunk is not None and used < len(chunk):
-                    used += 1  # chunk[used] is "executed": there is no robot to send it to
-                elapsed = time.perf_counter() - t_step
-                if elapsed > period:
-                    overruns += 1
-                else:
-                    sleep(period - elapsed)
-            wall = time.perf_counter() - t_ep
-            wait = sum(calls) / 1e3
-            steps_done = step if timed_out or connection_lost else step + 1
-            rows.append({
-                "episode": ep,
-                "steps": steps_done,
-                "policy_calls": len(calls),
-                "wall_s": wall,
-                "ideal_wall_s": steps_done * period,
-                "policy_wait_s": wait,
-                "policy_wait_share": wait / wall if wall > 0 else None,
-                "overrun_steps": overruns,
-                "policy_call_ms": summarize(calls) if calls else None,
-            })
-            all_calls += calls
-            all_infer += [v for v in infer if v == v]
-            if timed_out or connection_lost:
-                break
+        rows, all_calls, all_infer, errors, timed_out, connection_lost = _episodes(
+            client, frames, episodes, steps_per_episode, period, replan_every, execution, rtc, deadline, sleep,
+            round_trip_s=time.perf_counter() - t_warm)
     total_wall = sum(r["wall_s"] for r in rows)
     total_wait = sum(r["policy_wait_s"] for r in rows)
     result = result_header("rollout", meta, wl)
@@ -183,14 +128,17 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
     return result
 
 
-def _async_episodes(client, frames, episodes: int, steps: int, period: float, replan_every: int, rtc: bool,
-                    deadline: float, sleep, round_trip_s: float):
-    """The episodes of `run_rollout(execution="async")`, each through a `ChunkBroker` (vlaperf.serve.broker): (rows,
-    calls, server inference times, errors, timed_out, connection_lost)."""
+def _episodes(client, frames, episodes: int, steps: int, period: float, replan_every: int, execution: str, rtc: bool,
+              deadline: float, sleep, round_trip_s: float):
+    """The episodes, each through a `ChunkBroker` (vlaperf.serve.broker; synchronous or not): (rows, calls, server
+    inference times, errors, timed_out, connection_lost: where the connection failed; the episodes up to there are
+    kept and reported)."""
     from vlaperf.serve.broker import ChunkBroker
 
+    asynchronous = execution == "async"
     rows, all_calls, all_infer, errors, timed_out, connection_lost = [], [], [], 0, False, None
-    with ChunkBroker(client, 1.0 / period, replan_every, rtc=rtc, round_trip_s=round_trip_s) as broker:
+    with ChunkBroker(client, 1.0 / period, replan_every, rtc=rtc, round_trip_s=round_trip_s,
+                     asynchronous=asynchronous) as broker:
         for ep in range(episodes):
             broker.reset()
             overruns, steps_done = 0, 0
@@ -215,14 +163,16 @@ def _async_episodes(client, frames, episodes: int, steps: int, period: float, re
                 else:
                     sleep(period - elapsed)
             wall, st = time.perf_counter() - t_ep, broker.stats
-            rows.append({
+            row = {
                 "episode": ep, "steps": steps_done, "policy_calls": len(st.call_ms), "wall_s": wall,
                 "ideal_wall_s": steps_done * period, "policy_wait_s": st.wait_s,
                 "policy_wait_share": st.wait_s / wall if wall > 0 else None, "overrun_steps": overruns,
                 "policy_call_ms": summarize(st.call_ms) if st.call_ms else None,
-                "stall_steps": st.stalls, "switches": st.switches, "guided_switches": st.guided_switches,
-                "late_switches": st.late_switches, "switch_jumps": list(st.jumps),
-            })
+            }
+            if asynchronous:
+                row.update({"stall_steps": st.stalls, "switches": st.switches, "guided_switches": st.guided_switches,
+                            "late_switches": st.late_switches, "switch_jumps": list(st.jumps)})
+            rows.append(row)
             all_calls += st.call_ms
             all_infer += [v for v in st.infer_ms if v == v]
             errors += st.errors
