@@ -72,7 +72,7 @@ RTC_EXECUTED, RTC_DELAY = 3, 2
 def rtc_guidance(previous: torch.Tensor, rtc, num_steps: int):
     """The guidance of a call that follows `previous` (B, H, A) as a robot does: RTC_EXECUTED of its actions
     executed when the observation was taken (at most half the chunk) and RTC_DELAY more during the call, so the
-    leftover is previous[:, 3:] with per-row weights, the (B, H) form a server batches."""
+    leftover is previous[:, executed:] with per-row weights, the (B, H) form a server batches."""
     from vlaperf.models.pi0 import Guidance, rtc_prefix_weights, rtc_step_weights
 
     B, H, A = previous.shape
