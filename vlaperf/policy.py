@@ -164,11 +164,13 @@ class Policy:
         observation, which its next call passes back as `RtcRequest.previous`, and "guided", which rows were."""
         t0 = time.perf_counter()
         host = self.transform.host_arrays(example)
-        obs = self.transform.preprocess(self.transform.upload(host))
-        noise = self.noise if self.noise is not None and self.noise.shape[0] == obs.batch else None
         guidance = guided = None
         if rtc is not None:
+            # before the observation's upload and preprocessing: a copy from pageable memory waits for the stream,
+            # which is idle here, and would otherwise wait for those kernels instead of overlapping them
             guidance, guided = self._guidance(rtc, host.model_states)
+        obs = self.transform.preprocess(self.transform.upload(host))
+        noise = self.noise if self.noise is not None and self.noise.shape[0] == obs.batch else None
         t1 = time.perf_counter()
         if guidance is not None:
             actions = self.sample(obs, noise, self.num_steps, guidance=guidance)
