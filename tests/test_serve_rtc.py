@@ -205,6 +205,7 @@ def _rtc(seed, executed, delay):
 
 def test_served_rtc_guides_each_connection_by_its_own_last_chunk(model, rtc_server):
     local = rtc_policy(model)
+    guided0, unguided0 = rtc_server.stats["rtc_guided"], rtc_server.stats["rtc_unguided"]  # other tests share it
     ws, meta = _connect(rtc_server)
     other, _ = _connect(rtc_server)
     with ws, other:
@@ -229,6 +230,14 @@ def test_served_rtc_guides_each_connection_by_its_own_last_chunk(model, rtc_serv
         np.testing.assert_allclose(third["actions"], want["actions"], atol=1e-5, rtol=0)
         done = _ask(ws, _rtc(4, H, 0))  # the whole chunk executed: nothing left to hold to
         assert done["rtc"]["guided"] is False and "nothing of the previous chunk is left" in done["rtc"]["reason"]
+    # GET /metrics counts them: guided 2 (second, third), unguided 3 (first, the other connection's, done)
+    import urllib.request
+
+    with urllib.request.urlopen(f"http://127.0.0.1:{rtc_server.port}/metrics", timeout=10) as response:
+        text = response.read().decode()
+    samples = dict(line.rsplit(" ", 1) for line in text.splitlines() if line.startswith("vlaperf_rtc"))
+    assert int(samples["vlaperf_rtc_guided_observations_total"]) - guided0 == 2
+    assert int(samples["vlaperf_rtc_unguided_observations_total"]) - unguided0 == 3
 
 
 def test_the_openpi_client_sends_the_rtc_keys(model, rtc_server):

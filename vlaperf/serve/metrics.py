@@ -6,6 +6,9 @@ histograms every few seconds. What the server exports:
     vlaperf_requests_total, vlaperf_request_errors_total        frames received, and those answered with an error
     vlaperf_batches_total, vlaperf_batched_observations_total   inference calls and the observations they carried
     vlaperf_dropped_observations_total                          queued observations of connections that closed
+    vlaperf_rtc_guided_observations_total, vlaperf_rtc_unguided_observations_total
+                                                                observations sent with real-time chunking's keys
+                                                                (`serve --rtc`), guided or not (nothing to continue)
     vlaperf_connections, vlaperf_inflight_requests, vlaperf_queued_observations   gauges, now
     vlaperf_request_seconds      a request's server-side time, frame received to reply sent (histogram)
     vlaperf_queue_seconds        an observation's wait for the inference thread (histogram)
@@ -86,6 +89,10 @@ def render(stats: dict, gauges: dict, metrics: ServerMetrics) -> str:
     counter("vlaperf_batches_total", "batched policy calls", "batches")
     counter("vlaperf_batched_observations_total", "observations answered by the policy calls", "batched_observations")
     counter("vlaperf_dropped_observations_total", "queued observations of connections that closed", "dropped_observations")
+    counter("vlaperf_rtc_guided_observations_total", "observations with real-time chunking's keys, guided toward "
+            "their connection's previous chunk", "rtc_guided")
+    counter("vlaperf_rtc_unguided_observations_total", "observations with real-time chunking's keys and nothing to "
+            "continue (no previous chunk, or all of it executed)", "rtc_unguided")
     for name, help_text in (("connections", "open websocket connections"),
                             ("inflight_requests", "requests received and not yet answered"),
                             ("queued_observations", "observations waiting for the inference thread")):

@@ -267,7 +267,8 @@ class PolicyServer:
         # real-time chunking: connection -> {position in its request: the last chunk it got}; event loop only
         self._chunks: dict[int, dict[int, ModelChunk]] = {}
         self._rtc_on, self._rtc_horizon = False, 0  # set once the policy is built
-        self.stats = {"requests": 0, "errors": 0, "batches": 0, "batched_observations": 0, "dropped_observations": 0}
+        self.stats = {"requests": 0, "errors": 0, "batches": 0, "batched_observations": 0, "dropped_observations": 0,
+                      "rtc_guided": 0, "rtc_unguided": 0}
         self.metrics = ServerMetrics()  # the latency histograms of GET /metrics
         self._conn_errors: Counter = Counter()  # connection -> request errors so far (the log keeps the first few)
 
@@ -562,6 +563,7 @@ class PolicyServer:
                 reply = self._response(result, request_id, (t1 - t0) * 1e3, prev_total_ms)
                 if ask is not None:
                     reply["rtc"] = self._rtc_reply(ask, result, had_previous=rtc[i] is not None)
+                    self.stats["rtc_guided" if result.guided else "rtc_unguided"] += 1
                 replies.append(reply)
             if self._rtc_on:  # the whole request answered: its chunks are what the robot executes next
                 kept = self._chunks.setdefault(conn, {})
