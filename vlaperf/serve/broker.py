@@ -106,7 +106,7 @@ class ChunkBroker:
             if self.rtc:
                 request.update({RTC_EXECUTED_KEY: int(self._pos), RTC_DELAY_KEY: int(delay)})
             self._pending = (self._pool.submit(self._call, request), step, self._pos, delay)
-        if self._pos >= len(self._chunk):  # a chunk shorter than replan_every, and nothing asked for: hold
+        if self._pos >= len(self._chunk):  # ran out and its next chunk was refused (asked for again): hold the last
             return self._chunk[-1]
         action = self._chunk[self._pos]
         self._pos += 1
