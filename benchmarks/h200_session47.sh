@@ -32,7 +32,7 @@
 #            row 17.78 -> 14.5-15.0 ms; LeRobot's own rows unchanged (the accelerator is restored around them).
 #   PART=e, g: session 46's (benchmarks/h200_session46.sh): compare --accelerate --rtc (e), the guidance's and the
 #            accelerator's GPU tests (g). PART=a, b, c, d: session 45's.
-# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=r bash benchmarks/h200_session47.sh, carry [".whl"] (e, g, c:
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=r bash benchmarks/h200_session47.sh, carry [".whl"] (e, g, c, p, q:
 # [".whl", ".whl_lerobot"])
 set -u
 case "${PART:-r}" in
