@@ -69,6 +69,11 @@ def check_equivalence(model, engine, workload: Workload, seeds=(0, 1), num_steps
 RTC_EXECUTED, RTC_DELAY = 3, 2
 
 
+def rtc_executed(horizon: int) -> int:
+    """The executed actions of that call for a chunk of `horizon`: RTC_EXECUTED, at most half the chunk."""
+    return min(RTC_EXECUTED, horizon // 2)
+
+
 def rtc_guidance(previous: torch.Tensor, rtc, num_steps: int):
     """The guidance of a call that follows `previous` (B, H, A) as a robot does: RTC_EXECUTED of its actions
     executed when the observation was taken (at most half the chunk) and RTC_DELAY more during the call, so the
@@ -76,7 +81,7 @@ def rtc_guidance(previous: torch.Tensor, rtc, num_steps: int):
     from vlaperf.models.pi0 import Guidance, rtc_prefix_weights, rtc_step_weights
 
     B, H, A = previous.shape
-    executed = min(RTC_EXECUTED, H // 2)
+    executed = rtc_executed(H)
     target = torch.zeros(B, H, A, dtype=torch.float32, device=previous.device)
     target[:, : H - executed] = previous[:, executed:].float()
     weights = rtc_prefix_weights(RTC_DELAY, min(rtc.execution_horizon, H - executed), H, rtc.schedule)

@@ -394,7 +394,7 @@ def result_header(command: str, base, workload, model, env: dict, levers: list[s
 
 
 def cmd_bench(args) -> int:
-    from vlaperf.check import RTC_DELAY, RTC_EXECUTED, check_equivalence, rtc_guidance
+    from vlaperf.check import RTC_DELAY, check_equivalence, rtc_executed, rtc_guidance
     from vlaperf.engine import LeverError
     from vlaperf.inputs import random_noise, random_observation
     from vlaperf.models.pi0 import RtcConfig
@@ -483,7 +483,7 @@ def cmd_bench(args) -> int:
     result["released_reference_bytes"] = released
     if rtc is not None:  # the guided call of real-time chunking was timed (check.rtc_guidance's previous chunk)
         result["rtc"] = {"execution_horizon": rtc.execution_horizon, "max_guidance_weight": rtc.max_guidance_weight,
-                         "schedule": rtc.schedule, "executed": min(RTC_EXECUTED, workload.horizon // 2),
+                         "schedule": rtc.schedule, "executed": rtc_executed(workload.horizon),
                          "delay": RTC_DELAY, "vs_unguided": vs_unguided}
     if device.type == "cuda":
         result["memory_allocated_bytes"] = torch.cuda.memory_allocated(device)  # after the timed calls: what stays
