@@ -582,3 +582,27 @@ def test_standard_workloads_are_the_design_files_rows():
                                                                               a0.robot_action_dim, a0.horizon)
     assert a5.prompt_slots == WORKLOADS["libero-pi05"].prompt_slots == 200
     assert [(w.steps, w.video_steps) for w in WAM_WORKLOADS.values()] == [(10, 5), (4, 2)]
+
+
+def test_upload_extras_travel_in_the_same_transfer():
+    """Extra float32 arrays (real-time chunking's guidance) come back as device views of the one staged copy, equal
+    to what was sent and placed after the observation's arrays; the observation's own views are unchanged."""
+    from vlaperf.inputs import ObservationTransform, WordHashTokenizer, make_example
+    w = get_workload("libero-pi0")
+    tr = ObservationTransform(w, w.model_config(), WordHashTokenizer(1024))
+    hb = tr.host_arrays(make_example(w, seed=3))
+    plain = tr.upload(hb)
+    target = np.random.default_rng(0).standard_normal((1, 50, 32)).astype(np.float32)
+    weights = np.linspace(1, 0, 50, dtype=np.float32)[None]
+    db = tr.upload(hb, extras=(target, weights))
+    assert plain.extras == () and len(db.extras) == 2
+    assert np.array_equal(db.extras[0].numpy(), target) and np.array_equal(db.extras[1].numpy(), weights)
+    assert db.extras[0].dtype == torch.float32 and db.extras[1].shape == (1, 50)
+    for name in ("image_mask", "tokens", "token_mask", "state"):
+        assert torch.equal(getattr(db, name), getattr(plain, name)), name
+    assert torch.equal(db.pixels, plain.pixels)
+    # the extras are views of the copy, not of the reused staging buffer: the next upload leaves them as they were
+    tr.upload(hb, extras=(np.zeros_like(target), np.zeros_like(weights)))
+    assert np.array_equal(db.extras[0].numpy(), target)
+    with pytest.raises(TypeError, match="float64"):
+        tr.upload(hb, extras=(target.astype(np.float64),))

@@ -504,11 +504,13 @@ class ObservationTransform:
             hb.model_states.append(model_state)
         return hb
 
-    def upload(self, hb: "HostBatch") -> "DeviceBatch":
+    def upload(self, hb: "HostBatch", extras: tuple[np.ndarray, ...] = ()) -> "DeviceBatch":
         """Host-to-device in one transfer: every array (images still uint8 at their camera size,
         tokens, masks, state) is packed into one staging buffer, pinned on CUDA, and copied at
         once; the device tensors are views into the copy. On the H200 the seven separate
-        pageable copies this replaces took 0.32 ms of a libero-pi0 call (session 7)."""
+        pageable copies this replaces took 0.32 ms of a libero-pi0 call (session 7). `extras`
+        (float32 arrays: real-time chunking's guidance) travel in the same transfer; their device
+        views are the batch's `extras`, in order."""
         B, S = len(hb.pixels), len(hb.pixels[0])
         shapes = {a.shape for slots in hb.pixels for a in slots}
         one_shape = len(shapes) == 1
@@ -528,7 +530,10 @@ class ObservationTransform:
                    [(a.shape, np.dtype(np.uint8), lambda dst, a=a: dst.__setitem__(..., a))
                     for slots in hb.pixels for a in slots])
         for value in (np.array(hb.image_valid, dtype=np.bool_), np.stack(hb.tokens), np.stack(hb.token_masks),
-                      np.stack(hb.states)):
+                      np.stack(hb.states), *extras):
+            if value.dtype.type not in _TORCH_DTYPES:
+                raise TypeError(f"upload: cannot stage a {value.dtype} array (expected one of "
+                                f"{', '.join(np.dtype(t).name for t in _TORCH_DTYPES)})")
             regions.append((value.shape, value.dtype, lambda dst, v=value: dst.__setitem__(..., v)))
         sizes = [int(np.prod(shape)) * dtype.itemsize for shape, dtype, _ in regions]
         offsets, total = [], 0
@@ -552,9 +557,9 @@ class ObservationTransform:
         else:
             it = iter(views[: B * S])
             pixels, rest = [[next(it) for _ in range(S)] for _ in range(B)], views[B * S :]
-        image_mask, tokens, token_mask, state = rest
+        image_mask, tokens, token_mask, state, *extra_views = rest
         return DeviceBatch(pixels=pixels, channels_first=chw, image_mask=image_mask, tokens=tokens, token_mask=token_mask,
-                           state=state, host_image_valid=tuple(bool(any(v[s] for v in hb.image_valid)) for s in range(S)),
+                           state=state, extras=tuple(extra_views), host_image_valid=tuple(bool(any(v[s] for v in hb.image_valid)) for s in range(S)),
                            host_prompt_len=int(max(m.sum() for m in hb.token_masks)))
 
     def _staging(self, nbytes: int) -> Tensor:
@@ -608,6 +613,7 @@ class DeviceBatch:
     host_image_valid: tuple[bool, ...]
     host_prompt_len: int
     channels_first: bool = False  # the (B, S, ...) block is (B, S, 3, H, W): the images came channels first
+    extras: tuple = ()  # device views of upload's `extras`, in order
 
 
 def resize_with_pad(image_hwc: Tensor, size: int) -> Tensor:
