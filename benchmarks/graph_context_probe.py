@@ -9,17 +9,20 @@ one process and times graph engines at each point (CUDA events and wall clock, `
     B  the matrix's eager rows prepared (first call and equivalence check)
     C  g1 again, then g2 captured now (as the matrix captures graph)       -> g1, g2, g1, g2
     D  the matrix's compiled rows prepared (--compiled; a GPU only)
-    E  g1 and g2 again, then g3 captured now                               -> g1, g2, g3
+    E  g1 and g2 again, then g3 captured now                               -> g1, g2, g3, best
+    F  the first compiled row built once more; g3, g1 and best again       -> g3, g1, best
 
 At each point it records the process-wide switches a kernel choice could read (the preferred BLAS library, cuDNN and
 SDPA backend switches, TF32 and reduced-precision flags, the matmul precision, CUBLAS_WORKSPACE_CONFIG) and the
-memory allocated; and, on a GPU, after every timing, the kernels of three calls of each graph engine under the
+memory allocated; and, on a GPU, after the last timing, the kernels of three calls of each graph engine under the
 profiler (per call: name, count, device microseconds), with the kernels that differ between g1 and each later capture.
 The matrix's prepared rows stay alive to the end, as the matrix keeps them.
 
 Reading it: g1 slow in A and fast in C means the same captured kernels ran faster (the GPU's state, not a choice);
 g1 slow in C and g2 fast means the capture chose differently after the eager calls (the kernel diff names it); both
-slow in C and fast in E points at the compiled rows' build (the switches say whether one changed).
+slow in C and fast in E points at the compiled rows' build (the switches say whether one changed). Session 48 saw
+the last: g1 and g2 at 29.2 ms in E with the same kernels as at 32.3 ms in C, and g3, captured in E, at 32.6 ms.
+F asks whether a build makes every graph captured before it faster (g3 fast in F), and whether `best` gains too.
 
     python benchmarks/graph_context_probe.py --workload libero-pi0 --json $OUT/graph_context_probe.json
     python benchmarks/graph_context_probe.py --workload tiny --device cpu   # the same phases without capture (tests)
@@ -124,10 +127,10 @@ def main() -> None:
         engines[name] = engine
         phases.append({"phase": f"capture {name}", "engine": name, "first_call_s": first, "switches": switches()})
 
-    def timed(name: str, point: str) -> None:
-        engine = engines[name]
-        t = time_calls(lambda: engine.sample_actions(obs, noise, steps), device=device, warmup=args.warmup,
-                       iters=args.iters, progress=False, label=name)
+    def timed(name: str, point: str, call=None) -> None:
+        engine = engines.get(name)
+        call = call or (lambda: engine.sample_actions(obs, noise, steps))
+        t = time_calls(call, device=device, warmup=args.warmup, iters=args.iters, progress=False, label=name)
         allocated = torch.cuda.memory_allocated(device) if device.type == "cuda" else None
         phases.append({"phase": point, "engine": name, "timers": t["timers"], "switches": switches(),
                        "memory_allocated_bytes": allocated})
@@ -158,6 +161,14 @@ def main() -> None:
             timed(name, "E: after the compiled rows")
         capture("g3")
         timed("g3", "E: after the compiled rows")
+        # F (session 48's E: g1 and g2 at 29 ms, g3 captured after the build at 32.6): does a graph captured
+        # before a compiled build replay faster after it -- g3 now, and `best` itself, the last row built in D?
+        best = kept[-1]
+        timed("best", "E: after the compiled rows", best)
+        prepare(compiled[:1], "F: the first compiled row built again")
+        for name in ("g3", "g1"):
+            timed(name, "F: after one more compiled build")
+        timed("best", "F: after one more compiled build", best)
     # The kernels last: a graph's kernels are fixed at its capture, and the profiler (CUPTI) once started could
     # change the timings of every point after it.
     for name, engine in engines.items():

@@ -8,6 +8,13 @@ preprocessing, the state's padding) and the accelerator's conversion of its inpu
 masks). Timed here interleaved in one process, each piece alone, and one accelerated call under torch.profiler.
 
     python benchmarks/lerobot_predict_overhead_probe.py --json out.json --profile out.txt
+
+`--rtc` (session 48): LeRobot's real-time chunking on, as `vlaperf compare --accelerate --rtc` times it (its
+RTCConfig defaults, the second half of a previous chunk as the leftover, delay 3), and each accelerated row again
+guided: vlaperf's guided call inside LeRobot's pi0.5 predict cost 1.27-1.30 ms over its unguided one on an H100
+while the engine's guided replay costs pi0.5 0.18 ms, and on the CPU both models' guided predicts run the same
+extra operators. The guided rows, the engine's guided replay alone and the accelerator's guidance build alone say
+which part of the call holds the difference.
 """
 
 from __future__ import annotations
@@ -32,6 +39,7 @@ def main() -> None:
     ap.add_argument("--profile", default=None)
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--reduced", action="store_true", help="LeRobot's reduced sizes in float32 (a CPU check of the script)")
+    ap.add_argument("--rtc", action="store_true", help="also the guided calls (LeRobot's RTC on)")
     args = ap.parse_args()
     device, dtype = torch.device(args.device), torch.float32 if args.reduced else torch.bfloat16
     wl = get_workload(args.workload)
@@ -50,8 +58,28 @@ def main() -> None:
         "core_accelerated": lambda: policy.model.sample_actions(*core_inputs, noise=noise.clone(), num_steps=steps),
         "engine_direct": lambda: fast.engine.sample_actions(obs, noise, steps),
         "policy_eval": lambda: policy.eval(),
-        "predict_preprocess": lambda: (policy._preprocess_images(batch), policy.prepare_state(batch)),
+        # pi0.5's policy has no prepare_state: its state travels in the prompt's tokens
+        "predict_preprocess": lambda: (policy._preprocess_images(batch),
+                                       policy.prepare_state(batch) if not cfg.pi05 else None),
     }
+    if args.rtc:
+        from vlaperf.compare.lerobot import RTC_TIMING, _rtc_config_class
+
+        policy.config.rtc_config = _rtc_config_class()(enabled=True)
+        policy.init_rtc_processor()
+        H = policy.config.chunk_size
+        previous = policy.predict_action_chunk(batch, noise=noise.clone(), num_steps=steps)
+        rtc = {"inference_delay": RTC_TIMING["inference_delay"],
+               "prev_chunk_left_over": previous[:, int(H * RTC_TIMING["leftover_from"]):], "execution_horizon": None}
+        guidance = fast._guidance(obs.batch, steps, device, **rtc)
+        fns.update({
+            "predict_accelerated_rtc": lambda: policy.predict_action_chunk(batch, noise=noise.clone(), num_steps=steps,
+                                                                           **rtc),
+            "core_accelerated_rtc": lambda: policy.model.sample_actions(*core_inputs, noise=noise.clone(),
+                                                                        num_steps=steps, **rtc),
+            "engine_direct_rtc": lambda: fast.engine.sample_actions(obs, noise, steps, guidance),
+            "accelerator_guidance": lambda: fast._guidance(obs.batch, steps, device, **rtc),
+        })
     timing = interleaved(fns, device=device, warmup=5, iters=args.iters, baseline="engine_direct", progress=False)
     rows = {}
     for name, v in timing["variants"].items():
@@ -76,7 +104,7 @@ def main() -> None:
             f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": "lerobot_predict_overhead_probe", "workload": {"id": wl.id}, "rows": rows,
+            json.dump({"command": "lerobot_predict_overhead_probe", "workload": {"id": wl.id}, "rtc": args.rtc, "rows": rows,
                        "checks": fast.checks, "modules": sum(1 for _ in policy.modules()),
                        "ratios": {k: v["wall_ms"] for k, v in timing["ratios"].items()},
                        "env": environment_record(device)}, f, indent=1)

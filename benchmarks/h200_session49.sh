@@ -1,0 +1,41 @@
+#!/bin/bash
+# The next device plan, written in session 48 after its runs (nvidia-h200; one GPU; lanes.sh, lane A only).
+#   PART=l   (carry .whl_lerobot) vlaperf's guided call inside LeRobot's predict. Session 47 (H100): +1.27 / +1.30 ms
+#            over the unguided accelerated predict for pi0.5, +0.31 / +0.60 ms for pi0, while session 48 measured the
+#            engine's guided replay at +0.18 ms for both (bench --rtc) and, on the CPU, the same extra operators in
+#            both models' guided predicts. benchmarks/lerobot_predict_overhead_probe.py --rtc, interleaved, for
+#            libero-pi0 and libero-pi05; then compare --accelerate --rtc for both (their first H200 files).
+#            Predictions: engine_direct_rtc - engine_direct 0.15-0.25 ms (the unfolded head); accelerator_guidance
+#            0.03-0.1 ms (a zero target, the leftover copied in, all on the device); core_accelerated_rtc -
+#            core_accelerated 0.2-0.35 ms and predict_accelerated_rtc - predict_accelerated the same, for pi0 and
+#            pi0.5 alike. If pi0.5's predict difference is again ~1.3 ms while its core difference is ~0.3, the
+#            extra is in LeRobot's predict around the core (not in vlaperf); if the core difference holds it, it is
+#            the accelerator's path and the rows name the piece. In compare: LeRobot's own RTC +20-35% over its
+#            predict; vlaperf_in_lerobot_predict 13.5-14.3 ms (pi0), its RTC row within 0.4 ms of it.
+#   PART=g   benchmarks/graph_context_probe.py with its phase F. Predictions: A-E as in session 48 (g1 32.3-32.6 ms
+#            in A and C, g1 and g2 ~29.2 in E, g3 ~32.6 in E). In F, after one more compiled build: g3 ~29.2 (a
+#            build speeds every graph captured before it) -- my guess, weakly held -- and g1 stays ~29.2. `best`
+#            (the last row built in D) 12.7-13.0 ms in E, and in F within 1% of E: its ~700 kernels a call bound
+#            what the gaps could give it at ~0.25 ms, so a drop of >= 0.15 ms there would be a lever worth a look.
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=l bash benchmarks/h200_session49.sh, carry [".whl", ".whl_lerobot"]
+# (g: [".whl"])
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
+install_wheels .whl /tmp/site
+export PYTHONPATH=/tmp/site:$PWD
+case "${PART:-l}" in
+l)
+  install_wheels .whl_lerobot /tmp/lrsite
+  lane A 0 40 <<EOT &
+150 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 benchmarks/lerobot_predict_overhead_probe.py --rtc --workload libero-pi0 --json $R/lerobot_predict_overhead_probe_rtc_libero-pi0-s49.json
+150 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 benchmarks/lerobot_predict_overhead_probe.py --rtc --workload libero-pi05 --json $R/lerobot_predict_overhead_probe_rtc_libero-pi05-s49.json
+280 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH $V compare --workload libero-pi0 --accelerate --rtc --lerobot-compile none --iters 30 --no-progress --json $R/compare_libero-pi0_lerobot_accelerated-s49.json
+EOT
+  ;;
+g)
+  lane A 0 40 <<EOT &
+420 python3 benchmarks/graph_context_probe.py --workload libero-pi0 --json $R/graph_context_probe_libero-pi0-s49.json
+EOT
+  ;;
+esac
+finish
