@@ -104,7 +104,8 @@ def main() -> None:
             f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": "lerobot_predict_overhead_probe", "workload": {"id": wl.id}, "rtc": args.rtc, "rows": rows,
+            json.dump({"command": "lerobot_predict_overhead_probe", "workload": {"id": wl.id}, "rtc": args.rtc,
+                       "rows": rows,
                        "checks": fast.checks, "modules": sum(1 for _ in policy.modules()),
                        "ratios": {k: v["wall_ms"] for k, v in timing["ratios"].items()},
                        "env": environment_record(device)}, f, indent=1)

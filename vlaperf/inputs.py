@@ -559,7 +559,8 @@ class ObservationTransform:
             pixels, rest = [[next(it) for _ in range(S)] for _ in range(B)], views[B * S :]
         image_mask, tokens, token_mask, state, *extra_views = rest
         return DeviceBatch(pixels=pixels, channels_first=chw, image_mask=image_mask, tokens=tokens, token_mask=token_mask,
-                           state=state, extras=tuple(extra_views), host_image_valid=tuple(bool(any(v[s] for v in hb.image_valid)) for s in range(S)),
+                           state=state, extras=tuple(extra_views),
+                           host_image_valid=tuple(bool(any(v[s] for v in hb.image_valid)) for s in range(S)),
                            host_prompt_len=int(max(m.sum() for m in hb.token_masks)))
 
     def _staging(self, nbytes: int) -> Tensor:

@@ -169,9 +169,9 @@ class Policy:
         arrays: tuple = ()
         if rtc is not None:
             arrays, guided = self._guidance(rtc, host.model_states)
-        # the guidance's target and weights ride in the observation's one pinned transfer: as copies of their
-        # own from pageable memory they cost the served guided call ~0.15 ms more than the graph's guided
-        # replay (H200, session 48)
+        # the guidance's target and weights ride in the observation's one pinned transfer. As two copies of their
+        # own from pageable memory, the served guided call cost 0.15 ms more over its unguided call than the
+        # graph's guided replay did (H200); with them in the transfer, 0.10 ms (H100; docs/perf-notes.md, session 48)
         uploaded = self.transform.upload(host, extras=arrays)
         if arrays:
             from vlaperf.models.pi0 import Guidance
