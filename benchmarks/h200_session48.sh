@@ -19,6 +19,8 @@
 #            model mode 1.013-1.018x as before. libero-pi05 (horizon 10) in model mode 1.01-1.025x (+0.15-0.3 ms on
 #            ~12 ms, the same unfolded head and five elementwise kernels a step): if so, the +1.27 ms its guided
 #            call cost inside LeRobot's predict (session 47, part e) lies outside the engine. Suite: all pass.
+#            Outcome (an H100, bdb51fb; the H200 did not start again): policy 1.019x, model 1.013x, libero-pi05
+#            1.013x (+0.18 ms); the suite passed (run as four calls with the other gpu_suite steps). All held.
 #   PART=a, b, d: session 44's parts (benchmarks/h200_session44.sh, predictions there), files named s48.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=r bash benchmarks/h200_session48.sh (or s), carry [".whl"]
 set -u
