@@ -17,6 +17,17 @@
 #            build speeds every graph captured before it) -- my guess, weakly held -- and g1 stays ~29.2. `best`
 #            (the last row built in D) 12.7-13.0 ms in E, and in F within 1% of E: its ~700 kernels a call bound
 #            what the gaps could give it at ~0.25 ms, so a drop of >= 0.15 ms there would be a lever worth a look.
+# Parts l and g ran on an H100 (the H200 did not come); outcomes in perf-notes "Session 49". Part l put the guided
+# call's extra inside LeRobot's predict at +0.07 (pi0) / +0.09 ms (pi0.5) in the probe, while `compare` read +0.41 ms
+# for pi0 (session 47: +0.60 / +1.27). The probe interleaves only accelerated rows; compare puts each accelerated row
+# right after LeRobot's eager one.
+#   PART=n   (carry .whl_lerobot) the probe with --neighbours (LeRobot's own predict, unguided and guided, each
+#            followed by a copy of the accelerated predict) for libero-pi0 and libero-pi05, then compare --accelerate
+#            --rtc for libero-pi05. Predictions: after_lerobot_predict within +-0.15 ms of predict_accelerated (the
+#            pi0 compare's unguided row, 14.27 ms, was not slower than the probe's, 14.54); after_lerobot_predict_rtc
+#            0.3-1.2 ms over predict_accelerated_rtc for pi0.5 and 0.2-0.5 for pi0 (the neighbour, LeRobot's guided
+#            call under autograd, is what compare's guided row has and the probe's lacks) -- weakly held; compare
+#            pi0.5: vlaperf_in_lerobot_predict_rtc 0.4-1.3 ms over vlaperf_in_lerobot_predict, as in session 47.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=l bash benchmarks/h200_session49.sh, carry [".whl", ".whl_lerobot"]
 # (g: [".whl"])
 set -u
@@ -30,6 +41,14 @@ l)
 150 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 benchmarks/lerobot_predict_overhead_probe.py --rtc --workload libero-pi0 --json $R/lerobot_predict_overhead_probe_rtc_libero-pi0-s49.json
 150 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 benchmarks/lerobot_predict_overhead_probe.py --rtc --workload libero-pi05 --json $R/lerobot_predict_overhead_probe_rtc_libero-pi05-s49.json
 280 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH $V compare --workload libero-pi0 --accelerate --rtc --lerobot-compile none --iters 30 --no-progress --json $R/compare_libero-pi0_lerobot_accelerated-s49.json
+EOT
+  ;;
+n)
+  install_wheels .whl_lerobot /tmp/lrsite
+  lane A 0 40 <<EOT &
+150 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 benchmarks/lerobot_predict_overhead_probe.py --rtc --neighbours --iters 40 --workload libero-pi05 --json $R/lerobot_predict_overhead_probe_neighbours_libero-pi05-s49.json
+150 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 benchmarks/lerobot_predict_overhead_probe.py --rtc --neighbours --iters 40 --workload libero-pi0 --json $R/lerobot_predict_overhead_probe_neighbours_libero-pi0-s49.json
+280 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH $V compare --workload libero-pi05 --accelerate --rtc --lerobot-compile none --iters 30 --no-progress --json $R/compare_libero-pi05_lerobot_accelerated-s49.json
 EOT
   ;;
 g)

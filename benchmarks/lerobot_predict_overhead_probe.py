@@ -15,6 +15,12 @@ guided: vlaperf's guided call inside LeRobot's pi0.5 predict cost 1.27-1.30 ms o
 while the engine's guided replay costs pi0.5 0.18 ms, and on the CPU both models' guided predicts run the same
 extra operators. The guided rows, the engine's guided replay alone and the accelerator's guidance build alone say
 which part of the call holds the difference.
+
+`--neighbours` (session 49): LeRobot's own predict (unguided, and guided with `--rtc`) as rows, each followed in the
+rotating order by a second copy of the accelerated predict (`after_lerobot_predict`, `after_lerobot_predict_rtc`).
+`vlaperf compare --accelerate --rtc` interleaves its accelerated rows right after LeRobot's eager ones (a 240-300 ms
+call, the guided one under autograd); the copies say what that neighbour costs the next accelerated call, against
+the same call after another accelerated row.
 """
 
 from __future__ import annotations
@@ -40,6 +46,8 @@ def main() -> None:
     ap.add_argument("--device", default="cuda")
     ap.add_argument("--reduced", action="store_true", help="LeRobot's reduced sizes in float32 (a CPU check of the script)")
     ap.add_argument("--rtc", action="store_true", help="also the guided calls (LeRobot's RTC on)")
+    ap.add_argument("--neighbours", action="store_true",
+                    help="also LeRobot's own predict, each followed by a copy of the accelerated predict")
     args = ap.parse_args()
     device, dtype = torch.device(args.device), torch.float32 if args.reduced else torch.bfloat16
     wl = get_workload(args.workload)
@@ -80,6 +88,22 @@ def main() -> None:
             "engine_direct_rtc": lambda: fast.engine.sample_actions(obs, noise, steps, guidance),
             "accelerator_guidance": lambda: fast._guidance(obs.batch, steps, device, **rtc),
         })
+    if args.neighbours:
+        def shipped(**kw):
+            def call():
+                fast.restore()
+                try:
+                    return policy.predict_action_chunk(batch, noise=noise.clone(), num_steps=steps, **kw)
+                finally:
+                    fast.install()
+            return call
+
+        # the rotating order calls each row after the one before it in this order: each copy follows LeRobot's call
+        fns["lerobot_predict"] = shipped()
+        fns["after_lerobot_predict"] = fns["predict_accelerated"]
+        if args.rtc:
+            fns["lerobot_predict_rtc"] = shipped(**rtc)
+            fns["after_lerobot_predict_rtc"] = fns["predict_accelerated_rtc"]
     timing = interleaved(fns, device=device, warmup=5, iters=args.iters, baseline="engine_direct", progress=False)
     rows = {}
     for name, v in timing["variants"].items():
@@ -105,6 +129,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": "lerobot_predict_overhead_probe", "workload": {"id": wl.id}, "rtc": args.rtc,
+                       "neighbours": args.neighbours,
                        "rows": rows,
                        "checks": fast.checks, "modules": sum(1 for _ in policy.modules()),
                        "ratios": {k: v["wall_ms"] for k, v in timing["ratios"].items()},
