@@ -28,6 +28,17 @@
 #            0.3-1.2 ms over predict_accelerated_rtc for pi0.5 and 0.2-0.5 for pi0 (the neighbour, LeRobot's guided
 #            call under autograd, is what compare's guided row has and the probe's lacks) -- weakly held; compare
 #            pi0.5: vlaperf_in_lerobot_predict_rtc 0.4-1.3 ms over vlaperf_in_lerobot_predict, as in session 47.
+# Part n (H100): LeRobot's guided predict as the neighbour costs the next accelerated guided predict +1.15 ms (pi0.5)
+# and +0.45 ms (pi0); LeRobot's unguided predict costs the next unguided one nothing (-0.15 / +0.03 ms); compare's
+# pi0.5 rows read +1.31 ms. The guided extra in compare is its neighbour's, not vlaperf's call's.
+#   PART=v   (carry .whl_lerobot) libero-pi05, the probe with --neighbour-variants and --profile-after: after
+#            LeRobot's guided predict, (engine) the engine's guided replay alone, (unguided) the unguided accelerated
+#            predict, (gc) the guided one after a gc.collect(), (sleep) after 50 ms idle; and the profiled guided call
+#            after each neighbour. Predictions (weakly held; the mechanism is unknown): the neighbour's autograd
+#            leaves state that any next call pays for, so engine and unguided +0.5-1.2 ms over their rows; gc no
+#            help (no collections start in the after rows on the CPU); 50 ms idle takes it away (an asynchronous
+#            leftover); profiled: the GPU's kernel time within 2% after either neighbour, the wall time higher
+#            after LeRobot's (host side).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=l bash benchmarks/h200_session49.sh, carry [".whl", ".whl_lerobot"]
 # (g: [".whl"])
 set -u
@@ -49,6 +60,12 @@ n)
 150 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 benchmarks/lerobot_predict_overhead_probe.py --rtc --neighbours --iters 40 --workload libero-pi05 --json $R/lerobot_predict_overhead_probe_neighbours_libero-pi05-s49.json
 150 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 benchmarks/lerobot_predict_overhead_probe.py --rtc --neighbours --iters 40 --workload libero-pi0 --json $R/lerobot_predict_overhead_probe_neighbours_libero-pi0-s49.json
 280 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH $V compare --workload libero-pi05 --accelerate --rtc --lerobot-compile none --iters 30 --no-progress --json $R/compare_libero-pi05_lerobot_accelerated-s49.json
+EOT
+  ;;
+v)
+  install_wheels .whl_lerobot /tmp/lrsite
+  lane A 0 60 <<EOT &
+330 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 benchmarks/lerobot_predict_overhead_probe.py --rtc --neighbours --neighbour-variants --profile-after $R/after_profile_libero-pi05-s49.txt --iters 40 --workload libero-pi05 --json $R/lerobot_predict_overhead_probe_variants_libero-pi05-s49.json
 EOT
   ;;
 g)

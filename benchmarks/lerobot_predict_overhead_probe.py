@@ -26,7 +26,9 @@ the same call after another accelerated row.
 from __future__ import annotations
 
 import argparse
+import gc
 import json
+import time
 
 import torch
 
@@ -48,7 +50,15 @@ def main() -> None:
     ap.add_argument("--rtc", action="store_true", help="also the guided calls (LeRobot's RTC on)")
     ap.add_argument("--neighbours", action="store_true",
                     help="also LeRobot's own predict, each followed by a copy of the accelerated predict")
+    ap.add_argument("--neighbour-variants", action="store_true",
+                    help="with --rtc --neighbours: after LeRobot's guided predict, the engine's guided replay alone, "
+                         "the unguided accelerated predict, and the guided one after a gc.collect() or 50 ms idle")
+    ap.add_argument("--profile-after", default=None,
+                    help="with --rtc --neighbours: torch.profiler tables of the accelerated guided predict after "
+                         "another one and after LeRobot's guided predict, written to this file")
     args = ap.parse_args()
+    if (args.neighbour_variants or args.profile_after) and not (args.rtc and args.neighbours):
+        ap.error("--neighbour-variants and --profile-after need --rtc and --neighbours")
     device, dtype = torch.device(args.device), torch.float32 if args.reduced else torch.bfloat16
     wl = get_workload(args.workload)
     cfg = lr.matching_config(wl, lr.Reduced() if args.reduced else None)
@@ -104,14 +114,56 @@ def main() -> None:
         if args.rtc:
             fns["lerobot_predict_rtc"] = shipped(**rtc)
             fns["after_lerobot_predict_rtc"] = fns["predict_accelerated_rtc"]
+    if args.neighbour_variants:
+        def then(fn, settle):
+            def call():
+                out = fn()
+                settle()
+                return out
+            return call
+
+        def sleep():
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            time.sleep(0.05)
+
+        # which call pays after LeRobot's guided one (the engine alone? an unguided call?), and whether a garbage
+        # collection or 50 ms of idle in between takes the cost away
+        guided_lerobot = shipped(**rtc)
+        for suffix, before, after in (("engine", guided_lerobot, fns["engine_direct_rtc"]),
+                                      ("unguided", guided_lerobot, fns["predict_accelerated"]),
+                                      ("gc", then(guided_lerobot, gc.collect), fns["predict_accelerated_rtc"]),
+                                      ("sleep", then(guided_lerobot, sleep), fns["predict_accelerated_rtc"])):
+            fns[f"lerobot_predict_rtc_{suffix}"] = before
+            fns[f"after_lerobot_predict_rtc_{suffix}"] = after
+    # Python's garbage collections that start inside each row's calls, by generation: an allocation-heavy neighbour
+    # (LeRobot's guided call builds an autograd graph each step) can leave the next call to pay for a collection
+    collections = {name: [0, 0, 0] for name in fns}
+    current = [None]
+
+    def count(phase, info):
+        if phase == "start" and current[0] is not None:
+            collections[current[0]][info["generation"]] += 1
+
+    def counted(name, fn):
+        def call():
+            current[0] = name
+            try:
+                return fn()
+            finally:
+                current[0] = None
+        return call
+
+    fns = {name: counted(name, fn) for name, fn in fns.items()}
+    gc.callbacks.append(count)
     timing = interleaved(fns, device=device, warmup=5, iters=args.iters, baseline="engine_direct", progress=False)
     rows = {}
     for name, v in timing["variants"].items():
         w, e = v["timers"]["wall_ms"], v["timers"]["cuda_event_ms"]
         rows[name] = {"wall_ms_median": w["median"], "event_ms_median": e["median"] if e else None,
-                      "first_call_s": v["first_call_s"]}
+                      "first_call_s": v["first_call_s"], "gc_collections_by_generation": collections[name]}
         print(f"{name:22s} wall {w['median']:8.3f} ms  event {e['median'] if e else float('nan'):8.3f} ms  "
-              f"first call {v['first_call_s']:.2f} s")
+              f"first call {v['first_call_s']:.2f} s  gc {collections[name]}")
     print("modules in the policy:", sum(1 for _ in policy.modules()))
     if args.profile:
         from torch.profiler import ProfilerActivity, profile
@@ -126,14 +178,46 @@ def main() -> None:
                 torch.cuda.synchronize()
         with open(args.profile, "w") as f:
             f.write(prof.key_averages().table(sort_by="self_cpu_time_total", row_limit=40))
+    after_profile = profile_after(fns, device, args.profile_after) if args.profile_after else None
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": "lerobot_predict_overhead_probe", "workload": {"id": wl.id}, "rtc": args.rtc,
-                       "neighbours": args.neighbours,
+                       "neighbours": args.neighbours, "after_profile": after_profile,
                        "rows": rows,
                        "checks": fast.checks, "modules": sum(1 for _ in policy.modules()),
                        "ratios": {k: v["wall_ms"] for k, v in timing["ratios"].items()},
                        "env": environment_record(device)}, f, indent=1)
+
+
+def profile_after(fns: dict, device: torch.device, path: str) -> dict:
+    """One accelerated guided predict under torch.profiler, five times after another one and five times after
+    LeRobot's guided predict: its wall time, the GPU's kernel time within it, and the operator tables (to `path`)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if device.type == "cuda" else [])
+    call = fns["predict_accelerated_rtc"]
+    out, tables = {}, []
+    for label, before in (("after_accelerated", call), ("after_lerobot_rtc", fns["lerobot_predict_rtc"])):
+        walls, kernels = [], []
+        for i in range(5):
+            before()
+            if device.type == "cuda":
+                torch.cuda.synchronize(device)
+            with profile(activities=activities) as prof:
+                t0 = time.perf_counter()
+                call()
+                if device.type == "cuda":
+                    torch.cuda.synchronize(device)
+                walls.append((time.perf_counter() - t0) * 1e3)
+            events = prof.key_averages()
+            kernels.append(sum(getattr(e, "self_device_time_total", 0.0) for e in events) / 1e3)
+            if i == 4:
+                tables.append(f"== {label}\n" + events.table(sort_by="self_cpu_time_total", row_limit=25))
+        out[label] = {"wall_ms": walls, "device_ms": kernels}
+        print(f"profiled {label:18s} wall {sorted(walls)[2]:8.3f} ms  device {sorted(kernels)[2]:8.3f} ms (medians of 5)")
+    with open(path, "w") as f:
+        f.write("\n\n".join(tables))
+    return out
 
 
 if __name__ == "__main__":
