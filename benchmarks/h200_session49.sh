@@ -39,6 +39,15 @@
 #            help (no collections start in the after rows on the CPU); 50 ms idle takes it away (an asynchronous
 #            leftover); profiled: the GPU's kernel time within 2% after either neighbour, the wall time higher
 #            after LeRobot's (host side).
+# Part v (H100, pi0.5): after LeRobot's guided predict, the engine's guided replay alone pays +0.12 ms, the unguided
+# accelerated predict +0.39, the guided one +0.99; after a gc.collect() +2.1 ms and after 50 ms idle +2.2 ms (both
+# predicted to help: missed). The profiled call: the same kernel time after either neighbour. So the cost is host work
+# in LeRobot's predict around the replay, and it grows with the time the host spent elsewhere (asleep or walking
+# the heap): caches gone cold, not vlaperf's graph. A robot waits between calls, so `bench --idle-ms` now times it.
+#   PART=i   bench libero-pi0 best --idle-ms 50 and 5, model and policy mode (the call after that idle, interleaved
+#            with back to back). Predictions: model mode 1.00-1.02x at 50 ms (the replay's host part is ~0.1-0.2
+#            ms); policy mode 1.04-1.10x at 50 ms (host stages ~1.5 ms warm, in part cold after the idle); at 5 ms
+#            about half of each (weakly held: how fast the caches go cold is unknown).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=l bash benchmarks/h200_session49.sh, carry [".whl", ".whl_lerobot"]
 # (g: [".whl"])
 set -u
@@ -66,6 +75,14 @@ v)
   install_wheels .whl_lerobot /tmp/lrsite
   lane A 0 60 <<EOT &
 330 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 benchmarks/lerobot_predict_overhead_probe.py --rtc --neighbours --neighbour-variants --profile-after $R/after_profile_libero-pi05-s49.txt --iters 40 --workload libero-pi05 --json $R/lerobot_predict_overhead_probe_variants_libero-pi05-s49.json
+EOT
+  ;;
+i)
+  lane A 0 20 <<EOT &
+200 $V bench --workload libero-pi0 --levers best --mode model --idle-ms 50 $B --json $R/bench_libero-pi0_best-s49-idle50_model.json
+120 $V bench --workload libero-pi0 --levers best --mode policy --idle-ms 50 $B --json $R/bench_libero-pi0_best-s49-idle50_policy.json
+100 $V bench --workload libero-pi0 --levers best --mode policy --idle-ms 5 $B --json $R/bench_libero-pi0_best-s49-idle5_policy.json
+100 $V bench --workload libero-pi0 --levers best --mode model --idle-ms 5 $B --json $R/bench_libero-pi0_best-s49-idle5_model.json
 EOT
   ;;
 g)

@@ -86,6 +86,26 @@ def rtc_cost_rows(results):
     return rows if len(rows) > 2 else []
 
 
+def idle_cost_rows(results):
+    """`bench --idle-ms` files: the call after an idle against the same call back to back, interleaved in one process."""
+    rows = ["| GPU | workload | mode | variant | idle ms | back to back ms | after idle ms | after idle / back to back | "
+            "per round p10..p90 | event: after idle / back to back | rounds | commit | file |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
+    for path, r in results:
+        idle = r.get("idle") if r["command"] == "bench" else None
+        if not idle or not idle.get("wall_ms"):
+            continue
+        w, e = idle["wall_ms"], idle.get("cuda_event_ms")
+        event = f"{e['after_idle_over_back_to_back']:.3f}x" if e else "-"
+        rows.append(f"| {r['env'].get('gpu') or 'cpu'} | {workload_label(r)} | {r['mode']} | "
+                    f"{_short(r['variant']['label'])} | {idle['idle_ms']:g} | {_ms(w['back_to_back_median'])} | "
+                    f"{_ms(w['after_idle_median'])} | **{w['after_idle_over_back_to_back']:.3f}x** | "
+                    f"{w['per_round_p10']:.3f}..{w['per_round_p90']:.3f} | "
+                    f"{event} | {idle['iters']} | "
+                    f"{(r['env'].get('git_commit') or '-')[:7]} | `{path.relative_to(ROOT)}` |")
+    return rows if len(rows) > 2 else []
+
+
 def _times(a, b):
     return f"{a / b:.2f}x" if a and b else "-"
 
@@ -819,6 +839,12 @@ def main() -> None:
               "The guided call (a previous chunk with 3 actions executed and a delay of 2, LeRobot's RTCConfig defaults) "
               "against the unguided one of the same variant, interleaved in one process after the file's main timing "
               "(`rtc.vs_unguided`); the single runs above give the guided call's own timing.", ""] + rtc + [""] if rtc else []
+    idle = idle_cost_rows(results)
+    lines += ["## What an idle between calls costs (`vlaperf bench --idle-ms`)", "",
+              "A robot calls its policy once per control period and waits in between. The file's call again after that "
+              "idle (the host asleep, the device synchronized) against the same call back to back, interleaved in one "
+              "process after the file's main timing (`idle`); the single runs above are back to back.", ""] + idle + [""] \
+        if idle else []
     lines += ["## Matrices (`vlaperf matrix`)", ""] + matrix_tables(results)
     lines += ["## Equivalence (`vlaperf check`)", ""] + check_tables(results)
     lines += ["## World-action model (`wam-761`: seed 000's model class; models/wam.py, engine/wam.py)", "",

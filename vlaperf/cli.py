@@ -70,6 +70,7 @@ MAX_PROCESSES = 64  # bench / breakdown --processes: enough for a spread, few en
 non_negative_int = number_arg(int, 0)
 positive_float = number_arg(float, 0, strict=True)
 non_negative_float = number_arg(float, 0)
+idle_ms_arg = number_arg(float, 0, strict=True, maximum=10_000)  # bench --idle-ms: a control period's wait, not a nap
 seed_int = number_arg(int, 0, maximum=2**63 - 1)  # torch's generators take a signed 64-bit seed
 port_int = number_arg(int, 0, maximum=65535)
 steps_int = number_arg(int, 1, maximum=1000)  # models.pi0.MAX_NUM_STEPS (and the world-action model's MAX_STEPS)
@@ -463,6 +464,7 @@ def cmd_bench(args) -> int:
         vs_unguided = rtc_cost(interleaved({"unguided": plain, "guided": fn}, device=device,
                                            warmup=max(1, min(args.warmup, 10)), iters=args.iters,
                                            baseline="unguided", progress=not args.no_progress))
+    idle = idle_cost(fn, device, args)
     plan = getattr(engine, "last_plan", None)
     images = len(plan.slots) if plan else workload.image_slots
     prompt = plan.prompt_len if plan else workload.prompt_slots
@@ -485,6 +487,8 @@ def cmd_bench(args) -> int:
         result["rtc"] = {"execution_horizon": rtc.execution_horizon, "max_guidance_weight": rtc.max_guidance_weight,
                          "schedule": rtc.schedule, "executed": rtc_executed(workload.horizon),
                          "delay": RTC_DELAY, "vs_unguided": vs_unguided}
+    if idle is not None:
+        result["idle"] = idle
     if device.type == "cuda":
         result["memory_allocated_bytes"] = torch.cuda.memory_allocated(device)  # after the timed calls: what stays
     result["roofline"] = floor  # of the H200's ceilings unless measured here: readers compare GPU runs to it only
@@ -511,23 +515,41 @@ def _timed_once(fn, device) -> float:
     return time.perf_counter() - start
 
 
-def rtc_cost(timing: dict) -> dict:
-    """`bench --rtc`'s guided call against the unguided one, from `timing.interleaved` (baseline "unguided"): each
-    one's wall-clock (and CUDA event) median, and the guided over the unguided median with the p10..p90 of the
-    per-round ratios (both calls of a round: drift cancels)."""
+def pair_cost(timing: dict, base: str, other: str) -> dict:
+    """Two calls from `timing.interleaved` (baseline `base`): each one's wall-clock (and CUDA event) median as
+    "<name>_median", "<other>_over_<base>" (the ratio of the medians) and the p10..p90 of the per-round ratios (both
+    calls of a round: drift cancels)."""
     out = {}
     for timer in ("wall_ms", "cuda_event_ms"):
-        ratio = timing["ratios"]["guided"][timer]
+        ratio = timing["ratios"][other][timer]
         if ratio is None:
             out[timer] = None
             continue
-        inv = lambda x: 1.0 / x if x else math.inf  # noqa: E731  (speedup = unguided / guided)
-        out[timer] = {"unguided_median": timing["variants"]["unguided"]["timers"][timer]["median"],
-                      "guided_median": timing["variants"]["guided"]["timers"][timer]["median"],
-                      "guided_over_unguided": inv(ratio["speedup"]),
+        inv = lambda x: 1.0 / x if x else math.inf  # noqa: E731  (speedup = base / other)
+        out[timer] = {f"{base}_median": timing["variants"][base]["timers"][timer]["median"],
+                      f"{other}_median": timing["variants"][other]["timers"][timer]["median"],
+                      f"{other}_over_{base}": inv(ratio["speedup"]),
                       "per_round_p10": inv(ratio["ratio_p90"]), "per_round_p90": inv(ratio["ratio_p10"])}
     out["iters"] = timing["iters"]
     return out
+
+
+def idle_cost(fn, device, args) -> dict | None:
+    """`bench --idle-ms`: the call after that idle (the host asleep, the device synchronized), as a control loop makes
+    it, interleaved with the same call back to back (baseline); None without the option."""
+    from vlaperf.timing import interleaved
+
+    if getattr(args, "idle_ms", None) is None:
+        return None
+    timing = interleaved({"back_to_back": fn, "after_idle": fn}, device=device, warmup=max(1, min(args.warmup, 10)),
+                         iters=args.iters, baseline="back_to_back", progress=not args.no_progress,
+                         idle_ms={"after_idle": args.idle_ms})
+    return {"idle_ms": args.idle_ms, **pair_cost(timing, "back_to_back", "after_idle")}
+
+
+def rtc_cost(timing: dict) -> dict:
+    """`bench --rtc`'s guided call against the unguided one (baseline "unguided")."""
+    return pair_cost(timing, "unguided", "guided")
 
 
 def print_bench(result: dict) -> None:
@@ -570,6 +592,13 @@ def print_bench(result: dict) -> None:
         console.print(f"real-time chunking's cost, interleaved with the unguided call ({cost['iters']} rounds): guided "
                       f"{w['guided_median']:.3f} ms, unguided {w['unguided_median']:.3f} ms, "
                       f"{w['guided_over_unguided']:.3f}x (per round p10-p90 {w['per_round_p10']:.3f}-"
+                      f"{w['per_round_p90']:.3f})")
+    idle = result.get("idle")
+    if idle and idle.get("wall_ms"):
+        w = idle["wall_ms"]
+        console.print(f"after {idle['idle_ms']:g} ms idle, interleaved with back-to-back calls ({idle['iters']} rounds): "
+                      f"{w['after_idle_median']:.3f} ms against {w['back_to_back_median']:.3f} ms, "
+                      f"{w['after_idle_over_back_to_back']:.3f}x (per round p10-p90 {w['per_round_p10']:.3f}-"
                       f"{w['per_round_p90']:.3f})")
     eq = result.get("equivalence")
     if eq:  # checked before the timing (a variant that fails is never timed): said here, not only in the file
@@ -802,6 +831,10 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--rtc", action="store_true",
                    help="time the guided call of real-time chunking (pi0 family; LeRobot's RTCConfig defaults, a "
                         "previous chunk with 3 actions executed and a delay of 2; docs/serving.md)")
+    p.add_argument("--idle-ms", type=idle_ms_arg, default=None, metavar="MS",
+                   help="also time the same call after MS milliseconds of idle (host asleep, device synchronized), "
+                        "interleaved with back-to-back calls: what a control loop's wait between calls costs the next "
+                        "one (caches and clocks gone cold); e.g. 50 for a 20 Hz loop's spare time")
     add_processes(p)
     p.set_defaults(func=cmd_bench)
 

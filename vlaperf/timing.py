@@ -359,6 +359,7 @@ def interleaved(
     iters: int = 50,
     baseline: str | None = None,
     progress: bool = True,
+    idle_ms: dict[str, float] | None = None,
 ) -> dict[str, Any]:
     """Compare variants by calling them in interleaved rounds with a rotating order.
 
@@ -375,6 +376,12 @@ def interleaved(
     + warm-up, which is what a user of that variant sees. It is the allocator-wide peak,
     so it includes tensors held by other variants at the time (e.g. their weights).
 
+    idle_ms: {name: ms} sleeps that long before each of that variant's timed calls, outside
+    its timers (the device is already idle: the previous call was synchronized). A robot
+    calls its policy once per control period and waits in between; a variant that repeats
+    another with an idle before it says what that wait costs the next call (caches and
+    clocks gone cold), against the same call back to back.
+
     Returns {
       "variants": {name: {"timers", "samples", "first_call_s", "warmup_s", "peak_memory_bytes"}},
       "ratios": {name: {"wall_ms": R, "cuda_event_ms": R | None}}  (baseline included, = 1.0),
@@ -390,6 +397,12 @@ def interleaved(
     if baseline not in fns:
         raise ValueError(f"interleaved: baseline {baseline!r} is not one of {names}")
     _check_counts("interleaved", warmup, iters, min_warmup=1)
+    idle_ms = dict(idle_ms or {})
+    for name, ms in idle_ms.items():
+        if name not in fns:
+            raise ValueError(f"interleaved: idle_ms names {name!r}, which is not one of {names}")
+        if isinstance(ms, bool) or not isinstance(ms, (int, float)) or not 0 <= ms < math.inf:
+            raise ValueError(f"interleaved: idle_ms[{name!r}]: expected milliseconds >= 0, got {ms!r}")
     device = torch.device(device)
     timer = Timer(device)
     n = len(names)
@@ -416,6 +429,8 @@ def interleaved(
         for r in range(iters):
             order = names[r % n :] + names[: r % n]
             for name in order:
+                if idle_ms.get(name):
+                    time.sleep(idle_ms[name] / 1e3)
                 w, e = timer(fns[name])
                 wall_ms[name].append(w)
                 if e is not None:

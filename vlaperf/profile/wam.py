@@ -111,7 +111,7 @@ def call_fn(model, engine, workload, obs, noise, mode: str):
 
 def cmd_bench(args) -> int:
     from vlaperf.check import check_wam_equivalence
-    from vlaperf.cli import CliError, _timed_once, print_bench
+    from vlaperf.cli import CliError, _timed_once, idle_cost, print_bench
     from vlaperf.models.wam import random_wam_inputs
     from vlaperf.report.schema import write_result
     from vlaperf.roofline import H200_CEILINGS, measure_ceilings, wam_roofline
@@ -139,6 +139,7 @@ def cmd_bench(args) -> int:
             raise CliError("--release-reference needs an engine variant (the reference path runs on those weights)")
         released = engine.release_reference_weights()
     timing = time_calls(fn, device=device, warmup=args.warmup, iters=args.iters, progress=not args.no_progress, label=label)
+    idle = idle_cost(fn, device, args)
     result = header("bench", base, workload, model, environment_record(device), engine.levers.names() if engine else [],
                     label, args.mode)
     result.update({k: timing[k] for k in ("timers", "warmup_s", "warmup", "iters", "peak_memory_bytes", "samples")})
@@ -146,6 +147,8 @@ def cmd_bench(args) -> int:
     result["first_call_timing"] = "before equivalence check" if engine is not None else "reference: no check"
     result["equivalence"] = equivalence
     result["released_reference_bytes"] = released
+    if idle is not None:
+        result["idle"] = idle
     ceilings = H200_CEILINGS
     if getattr(args, "ceilings", "h200") == "measure":  # after the timed calls, as for the pi0 family
         ceilings = measure_ceilings(device, model.dtype)
