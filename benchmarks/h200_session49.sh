@@ -48,6 +48,10 @@
 #            with back to back). Predictions: model mode 1.00-1.02x at 50 ms (the replay's host part is ~0.1-0.2
 #            ms); policy mode 1.04-1.10x at 50 ms (host stages ~1.5 ms warm, in part cold after the idle); at 5 ms
 #            about half of each (weakly held: how fast the caches go cold is unknown).
+# Part i (H100): model mode 1.010x at 50 ms (held), 1.001x at 5 ms; policy mode 1.034x at 50 ms (+0.49 ms; 1.04-1.10
+# predicted: a miss, low), 1.009x at 5 ms.
+#   PART=j   the same at 200 ms (a 5 Hz loop's wait). Predictions: policy 1.034-1.06x (colder than at 50 ms, if deeper
+#            idle states come with the longer sleep), model 1.01-1.02x.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=l bash benchmarks/h200_session49.sh, carry [".whl", ".whl_lerobot"]
 # (g: [".whl"])
 set -u
@@ -83,6 +87,12 @@ i)
 120 $V bench --workload libero-pi0 --levers best --mode policy --idle-ms 50 $B --json $R/bench_libero-pi0_best-s49-idle50_policy.json
 100 $V bench --workload libero-pi0 --levers best --mode policy --idle-ms 5 $B --json $R/bench_libero-pi0_best-s49-idle5_policy.json
 100 $V bench --workload libero-pi0 --levers best --mode model --idle-ms 5 $B --json $R/bench_libero-pi0_best-s49-idle5_model.json
+EOT
+  ;;
+j)
+  lane A 0 20 <<EOT &
+150 $V bench --workload libero-pi0 --levers best --mode policy --idle-ms 200 $B --json $R/bench_libero-pi0_best-s49-idle200_policy.json
+100 $V bench --workload libero-pi0 --levers best --mode model --idle-ms 200 $B --json $R/bench_libero-pi0_best-s49-idle200_model.json
 EOT
   ;;
 g)
