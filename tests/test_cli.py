@@ -97,6 +97,33 @@ def test_bench_rtc_times_the_guided_call(mode, tmp_path, monkeypatch, capsys):
     assert "--rtc: real-time chunking is the pi0 family's" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("workload", ["tiny", "wam-tiny"])
+def test_bench_idle_ms_times_the_call_after_an_idle_against_back_to_back(workload, tmp_path, monkeypatch, capsys):
+    """--idle-ms: after the main timing (back to back), the same call again after that idle, interleaved with back-to-
+    back calls; the sleeps come before the idle calls only and stay outside their timers; the file and the printout
+    carry both medians and their ratio."""
+    import vlaperf.timing as timing
+
+    slept, sleep = [], timing.time.sleep
+    monkeypatch.setattr(timing.time, "sleep", lambda s: (slept.append(s), sleep(s)))
+    out = tmp_path / "r.json"
+    assert main(["bench", "--workload", workload, "--device", "cpu", "--levers", "reference", "--warmup", "1",
+                 "--iters", "4", "--idle-ms", "30", "--json", str(out), "--no-progress"]) == 0
+    r = read_result(out)
+    idle = r["idle"]
+    assert slept.count(0.03) == 4  # one idle before each of the 4 timed idle calls, none in the warm-up or main timing
+    assert idle["idle_ms"] == 30 and idle["iters"] == 4 and idle["cuda_event_ms"] is None
+    w = idle["wall_ms"]
+    assert set(w) == {"back_to_back_median", "after_idle_median", "after_idle_over_back_to_back", "per_round_p10",
+                      "per_round_p90"}
+    assert w["after_idle_over_back_to_back"] == pytest.approx(w["after_idle_median"] / w["back_to_back_median"])
+    assert w["per_round_p10"] <= w["per_round_p90"]
+    assert w["after_idle_median"] < 30 + r["timers"]["wall_ms"]["max"]  # the idle itself is not timed
+    assert r["timers"]["wall_ms"]["count"] == 4  # the main timing keeps its own calls
+    printed = " ".join(capsys.readouterr().out.split())
+    assert f"after 30 ms idle, interleaved with back-to-back calls (4 rounds): {w['after_idle_median']:.3f} ms" in printed
+
+
 def test_bench_release_reference_records_the_freed_bytes(tmp_path, capsys):
     out = tmp_path / "r.json"
     args = ["bench", "--workload", "tiny", "--device", "cpu", "--levers", "best", "--warmup", "1", "--iters", "2",
@@ -132,6 +159,8 @@ def test_bench_release_reference_records_the_freed_bytes(tmp_path, capsys):
         (["--levers", ""], "argument --levers: expected 'reference', a preset or a comma list of levers, got an empty "
                            "string"),  # it ran the reference without a word
         (["--steps", "1000000"], "argument --steps: expected an integer >= 1 and <= 1000, got 1000000"),
+        (["--idle-ms", "0"], "argument --idle-ms: expected a number > 0 and <= 10000, got 0.0"),
+        (["--idle-ms", "nan"], "argument --idle-ms: expected a number > 0 and <= 10000, got nan"),
     ],
 )
 def test_bad_arguments_exit_2_with_message(args, message, capsys):

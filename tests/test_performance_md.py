@@ -506,3 +506,20 @@ def test_rtc_cost_rows_show_the_guided_call_against_the_unguided_one():
                          "1.007..1.018", "50"]
     assert cells[9:] == ["6.4e-03", "abcdef1", "`benchmarks/results/g.json`"]
     assert gen.rtc_cost_rows([(gen.ROOT / "p.json", plain)]) == []  # no guided file: no table
+
+
+def test_idle_cost_rows_show_the_call_after_an_idle_against_back_to_back():
+    gen = _generator()
+    pair = lambda a, b: {"back_to_back_median": a, "after_idle_median": b, "after_idle_over_back_to_back": b / a,  # noqa: E731
+                         "per_round_p10": 1.018, "per_round_p90": 1.05}
+    r = {"command": "bench", "workload": {"id": "libero-pi0"}, "mode": "policy", "variant": {"label": "for_loop"},
+         "env": {"gpu": "NVIDIA H100 80GB HBM3", "git_commit": "abcdef123"},
+         "idle": {"idle_ms": 50.0, "wall_ms": pair(14.27, 14.76), "cuda_event_ms": pair(14.2, 14.66), "iters": 50}}
+    plain = dict(r, idle=None)
+    rows = gen.idle_cost_rows([(gen.ROOT / "benchmarks" / "results" / "i.json", r),
+                               (gen.ROOT / "benchmarks" / "results" / "p.json", plain)])
+    assert len(rows) == 3  # header, separator, the idle file alone
+    cells = [c.strip() for c in rows[2].strip("|").split("|")]
+    assert cells == ["NVIDIA H100 80GB HBM3", "libero-pi0", "policy", "loop", "50", "14.27", "14.76", "**1.034x**",
+                     "1.018..1.050", "1.032x", "50", "abcdef1", "`benchmarks/results/i.json`"]
+    assert gen.idle_cost_rows([(gen.ROOT / "p.json", plain)]) == []  # no idle file: no table

@@ -48,7 +48,8 @@ def tiny_results(tmp_path_factory):
         profile_main(["doctor", *common, "--no-measure", "--json", str(d / "doc.json")])
         from vlaperf import cli
 
-        assert cli.main(["bench", *common, "--warmup", "1", "--iters", "5", "--json", str(d / "bench.json")]) == 0
+        assert cli.main(["bench", *common, "--warmup", "1", "--iters", "5", "--idle-ms", "5",
+                         "--json", str(d / "bench.json")]) == 0
         assert cli.main(["matrix", *common, "--variants", "for_loop;best", "--warmup", "1", "--iters", "3",
                          "--json", str(d / "matrix.json")]) == 0
     finally:
@@ -110,6 +111,9 @@ def test_reports_from_fresh_tiny_results(tiny_results, tmp_path):
     md_out = render([tiny_results], tmp_path / "tiny.md")
     md = md_out.read_text()
     assert "### breakdown: tiny reference (model mode, cpu)" in md
+    idle = json.loads((tiny_results / "bench.json").read_text())["idle"]
+    row = next(line for line in md.splitlines() if line.startswith("| bench | reference [model] | 5 |"))
+    assert f"{idle['wall_ms']['after_idle_over_back_to_back']:.3f}x" in row and "Files of `bench --idle-ms`" in md
     assert len(list((tmp_path / "tiny_files").glob("*.png"))) >= 6
 
 

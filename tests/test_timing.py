@@ -176,6 +176,36 @@ def test_interleaved_speedup_and_ratio_keys():
     assert r["ratios"]["slow"]["wall_ms"]["significant"] is False
 
 
+def test_interleaved_idle_sleeps_before_that_variants_timed_calls_only(monkeypatch):
+    """idle_ms: a sleep right before each of that variant's timed calls (the rounds, not the warm-up), outside its
+    timer; the other variants run back to back."""
+    import vlaperf.timing as T
+
+    events, sleep = [], T.time.sleep
+    monkeypatch.setattr(T.time, "sleep", lambda s: (events.append(("sleep", s)), sleep(s)))
+    fns = {"a": lambda: events.append("a"), "b": lambda: events.append("b")}
+    r = interleaved(fns, device="cpu", warmup=2, iters=5, progress=False, idle_ms={"b": 20})
+    rounds = events[4:]  # 2 warm-up calls of each first
+    assert events[:4] == ["a", "a", "b", "b"]
+    assert rounds.count(("sleep", 0.02)) == 5 and len(rounds) == 15
+    for i, e in enumerate(rounds):
+        if e == "b":
+            assert rounds[i - 1] == ("sleep", 0.02)
+        if e == "a":
+            assert i == 0 or rounds[i - 1] != ("sleep", 0.02)
+    assert r["variants"]["b"]["timers"]["wall_ms"]["max"] < 10  # 20 ms asleep, never in the timer
+
+
+@pytest.mark.parametrize("idle,message", [({"c": 1.0}, "idle_ms names 'c', which is not one of ['a', 'b']"),
+                                          ({"a": -1.0}, "idle_ms['a']: expected milliseconds >= 0, got -1.0"),
+                                          ({"a": math.inf}, "expected milliseconds >= 0, got inf"),
+                                          ({"a": True}, "expected milliseconds >= 0, got True")])
+def test_interleaved_refuses_a_bad_idle(idle, message):
+    with pytest.raises(ValueError, match=re.escape(message)):
+        interleaved({"a": lambda: None, "b": lambda: None}, device="cpu", warmup=1, iters=1, progress=False,
+                    idle_ms=idle)
+
+
 def test_interleaved_keeps_each_variants_own_warmup_and_a_baseline_that_is_not_first():
     """first_call_s and warmup_s belong to their own variant (a compile shows up in that variant's row only), and
     a baseline given by name is the one every ratio divides by, wherever it sits among the keys."""

@@ -516,6 +516,7 @@ def _bench(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str] | N
         doc.table(["file", "variant [mode]", "timer", "median ms", "p90", "p95", "p99", "min", "max", "mean", "n",
                    "first call s", "peak GiB", "roofline floor ms", "x floor"], rows)
         _bench_processes(doc, items, stems)
+        _bench_idle(doc, items, stems)
         with_samples = [(p, r) for p, r in items if (r.get("samples") or {}).get("wall_ms")]
         if not with_samples:
             continue
@@ -536,6 +537,23 @@ def _bench_processes(doc: _Doc, items: list[tuple[str, dict]], stems: dict[str, 
         doc.p("Files of `bench --processes N`: the same command in N fresh processes, one after another. The rows above "
               "are the middle process's; spread: (max - min) / median of the processes' medians.", "note")
         doc.table(["file", "variant [mode]", "processes", "wall median ms, each", "first call s, each", "spread"], rows)
+
+
+def _bench_idle(doc: _Doc, items: list[tuple[str, dict]], stems: dict[str, str]) -> None:
+    """Files of `bench --idle-ms`: the call after an idle against the same call back to back, interleaved."""
+    rows = []
+    for path, r in items:
+        w = (r.get("idle") or {}).get("wall_ms")
+        if w:
+            rows.append([stems[path], _label(r), f"{r['idle']['idle_ms']:g}", w["back_to_back_median"], w["after_idle_median"],
+                         f"{w['after_idle_over_back_to_back']:.3f}x",
+                         f"{w['per_round_p10']:.3f}..{w['per_round_p90']:.3f}", r["idle"]["iters"]])
+    if rows:
+        doc.p("Files of `bench --idle-ms`: the same call after that idle (the host asleep, the device synchronized), as "
+              "a control loop makes it, interleaved with back-to-back calls after the main timing; the rows above are "
+              "back to back.", "note")
+        doc.table(["file", "variant [mode]", "idle ms", "back to back ms", "after idle ms", "after idle / back to back",
+                   "per round p10..p90", "rounds"], rows)
 
 
 def _bench_histograms(doc: _Doc, key: str, chunk: list[tuple[str, dict]], first: int, n: int,
