@@ -52,6 +52,11 @@
 # predicted: a miss, low), 1.009x at 5 ms.
 #   PART=j   the same at 200 ms (a 5 Hz loop's wait). Predictions: policy 1.034-1.06x (colder than at 50 ms, if deeper
 #            idle states come with the longer sleep), model 1.01-1.02x.
+# Part j (H100): policy 1.030x at 200 ms (a miss, low: no colder than at 50 ms), model 1.011x (held).
+#   PART=b   breakdown --mode policy --levers best, back to back and with --idle-ms 50 (built after part j), one process
+#            each. Predictions: the host stages' sum 1.3-1.8 ms back to back and 0.3-0.6 ms more after the idle (bench's
+#            +0.43-0.49), most of it in image_preprocess and host_to_device, which touch the most memory (weakly
+#            held); the GPU stages (embed_prefix, prefill, the steps) within 1% of each other.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=l bash benchmarks/h200_session49.sh, carry [".whl", ".whl_lerobot"]
 # (g: [".whl"])
 set -u
@@ -93,6 +98,12 @@ j)
   lane A 0 20 <<EOT &
 150 $V bench --workload libero-pi0 --levers best --mode policy --idle-ms 200 $B --json $R/bench_libero-pi0_best-s49-idle200_policy.json
 100 $V bench --workload libero-pi0 --levers best --mode model --idle-ms 200 $B --json $R/bench_libero-pi0_best-s49-idle200_model.json
+EOT
+  ;;
+b)
+  lane A 0 40 <<EOT &
+100 $V breakdown --workload libero-pi0 --levers best --mode policy --no-progress --json $R/breakdown_libero-pi0_best-s49-b2b_policy.json
+80 $V breakdown --workload libero-pi0 --levers best --mode policy --idle-ms 50 --no-progress --json $R/breakdown_libero-pi0_best-s49-idle50_policy.json
 EOT
   ;;
 g)

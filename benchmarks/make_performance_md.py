@@ -315,7 +315,9 @@ def breakdown_tables(results):
         b = r["breakdown"]
         whole = r["timers"]["cuda_event_ms"] or r["timers"]["wall_ms"]
         out += [f"### breakdown of {r['workload']['id']}, {_short(r['variant']['label'])} ({r['mode']} mode, {_env(r)})", "",
-                f"`{path.relative_to(ROOT)}`; timer {b['timer']}, {b['iters']} calls; whole call median {_ms(whole['median'])} ms."
+                f"`{path.relative_to(ROOT)}`; timer {b['timer']}, {b['iters']} calls"
+                + (f", each after {b['idle_ms']:g} ms idle (`--idle-ms`)" if b.get("idle_ms") else "")
+                + f"; whole call median {_ms(whole['median'])} ms."
                 + "".join(f" Note: {n}" for n in b.get("notes", [])), "",
                 "| stage | median ms | p95 ms | share | per call | info |", "|---|---|---|---|---|---|"]
         for st in b["stages"]:

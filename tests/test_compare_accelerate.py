@@ -578,6 +578,7 @@ def test_time_lerobot_times_lerobots_predict_as_shipped_and_accelerated(compare_
     timing = lr.time_lerobot(run, warmup=1, iters=2, lerobot_compile=None, progress=False, accelerated=True)
     assert list(timing["summary"]) == ["lerobot", "vlaperf_reference", "vlaperf_exact", "lerobot_predict",
                                        "vlaperf_in_lerobot_predict"]
+    assert timing["settled"] == ["vlaperf_exact", "vlaperf_in_lerobot_predict"]  # the rows that are not eager
     a = timing["accelerated"]
     assert a["levers"] == run.engine.name
     assert a["vs_lerobot_predict"]["passed"] and a["vs_lerobot_predict"]["rel_l2"] < 1e-5
@@ -595,6 +596,7 @@ def test_time_lerobot_times_lerobots_rtc_as_shipped_and_accelerated(compare_stan
     run = lr.compare_lerobot("tiny", device="cpu", steps=STEPS, reduced=True, levers="exact")
     timing = lr.time_lerobot(run, warmup=1, iters=2, lerobot_compile=None, progress=False, accelerated=True, rtc=True)
     assert list(timing["summary"])[-2:] == ["lerobot_predict_rtc", "vlaperf_in_lerobot_predict_rtc"]
+    assert timing["settled"] == ["vlaperf_exact", "vlaperf_in_lerobot_predict", "vlaperf_in_lerobot_predict_rtc"]
     r = timing["accelerated"]["rtc"]
     assert r["vs_lerobot_predict_rtc"]["passed"] and r["vs_lerobot_predict_rtc"]["rel_l2"] < 1e-5
     assert r["guidance_moves"] > 0.05  # the guided rows are guided
@@ -660,6 +662,8 @@ def test_cli_accelerate_prints_and_writes_the_accelerated_rows(compare_stand_in,
     assert _cli(argv) == 0
     text = " ".join(capsys.readouterr().out.split())
     assert "│ vlaperf_in_lerobot_predict │" in text and "LeRobot's predict_action_chunk with vlaperf (" in text, text
+    assert ("settled (each timed call right after an untimed call of its own, not after an eager row): vlaperf_exact, "
+            "vlaperf_in_lerobot_predict") in text
     import json
 
     r = json.loads(out.read_text())
@@ -670,6 +674,11 @@ def test_cli_accelerate_prints_and_writes_the_accelerated_rows(compare_stand_in,
     text = " ".join(capsys.readouterr().out.split())
     assert "│ vlaperf_in_lerobot_predict_rtc │" in text and "With LeRobot's real-time chunking on (linear schedule" in text, text
     assert json.loads(out.read_text())["timing"]["accelerated"]["rtc"]["vs_lerobot_predict_rtc"]["passed"]
+    from vlaperf.report.render import render
+
+    md = render([tmp_path], tmp_path / "report.md").read_text()  # the report says which rows were settled
+    assert ("Each timed call of vlaperf_exact, vlaperf_in_lerobot_predict, vlaperf_in_lerobot_predict_rtc came right "
+            "after an untimed call of its own") in md
 
 
 @needs_lerobot

@@ -153,6 +153,29 @@ def test_breakdown_fn_for_any_callable():
     assert len(calls) == 1 + 4 + (1 + 4)  # warm-up, instrumented, untimed (its warm-up + timed)
 
 
+def test_breakdown_fn_idle_sleeps_before_every_measured_call_only(monkeypatch):
+    """idle_ms: each instrumented and each timed untimed call follows the idle (the warm-ups do not), outside the
+    stages' and the untimed call's clocks; the result records it."""
+    import vlaperf.timing as timing
+
+    events, sleep = [], time.sleep
+    monkeypatch.setattr(timing.time, "sleep", lambda s: (events.append(s), sleep(s)))
+
+    def policy(rec):
+        rec.mark("one")
+        events.append("call")
+        rec.mark("end")
+
+    out = breakdown_fn(policy, warmup=2, iters=3, idle_ms=15)
+    assert out["idle_ms"] == 15
+    # 2 warm-up calls, then per block: an instrumented call after the idle and the untimed one (time_calls: its two
+    # warm-up calls in the first block only, then the timed call after the idle)
+    assert events == ["call"] * 2 + [0.015, "call", "call", "call", 0.015, "call"] + [0.015, "call", 0.015, "call"] * 2
+    assert out["untimed"]["timers"]["wall_ms"]["max"] < 15  # the idle is never in a timer
+    assert max(s["p95_ms"] for s in out["stages"]) < 15
+    assert breakdown_fn(policy, warmup=1, iters=1)["idle_ms"] == 0.0  # back to back by default
+
+
 # quiet_gpu: the policy mode's host stages are timed too, and beside 13 other test processes on the GPU machine the
 # instrumented and untimed medians came 268% and 50% apart (sessions 41, 42); alone it passed 5 times of 5.
 @pytest.mark.quiet_gpu

@@ -41,6 +41,19 @@ def test_breakdown_command_policy_mode_engine(tmp_path):
     assert main(["breakdown", *COMMON, "--levers", "best", "--mode", "policy", "--warmup", "1", "--iters", "3",
                  "--json", str(out)]) == 0
     assert read_result(out)["breakdown"]["path"] == "engine"
+    assert read_result(out)["breakdown"]["idle_ms"] == 0.0
+
+
+def test_breakdown_command_idle_ms(tmp_path, capsys):
+    out = tmp_path / "bd.json"
+    assert main(["breakdown", *COMMON, "--mode", "policy", "--warmup", "1", "--iters", "2", "--idle-ms", "5",
+                 "--json", str(out)]) == 0
+    assert read_result(out)["breakdown"]["idle_ms"] == 5.0
+    assert "each call after 5 ms idle" in " ".join(capsys.readouterr().out.split())
+    with pytest.raises(SystemExit) as exited:  # argparse's exit
+        main(["breakdown", *COMMON, "--idle-ms", "-1"])
+    assert exited.value.code == 2
+    assert "argument --idle-ms: expected a number > 0 and <= 10000, got -1.0" in capsys.readouterr().err
 
 
 def test_scaling_command(tmp_path):

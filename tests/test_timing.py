@@ -196,6 +196,30 @@ def test_interleaved_idle_sleeps_before_that_variants_timed_calls_only(monkeypat
     assert r["variants"]["b"]["timers"]["wall_ms"]["max"] < 10  # 20 ms asleep, never in the timer
 
 
+def test_interleaved_settle_puts_an_untimed_call_of_its_own_before_each_timed_call():
+    """settle: each timed call of a settled variant follows an untimed call of the same variant (not the round's
+    previous row); only the timed ones are in its samples."""
+    calls = []
+
+    def fn(name, ms):
+        def call():
+            calls.append(name)
+            time.sleep(ms / 1e3)
+        return call
+
+    r = interleaved({"slow": fn("slow", 4), "fast": fn("fast", 1)}, device="cpu", warmup=1, iters=4, progress=False,
+                    settle=["fast"])
+    expected = []  # the rotating order, the settled variant's untimed call right before its timed one
+    for order in (["slow", "fast"], ["fast", "slow"]) * 2:
+        for name in order:
+            expected += [name, name] if name == "fast" else [name]
+    assert calls[2:] == expected  # after one warm-up call of each
+    assert r["variants"]["fast"]["timers"]["wall_ms"]["count"] == 4
+    with pytest.raises(ValueError, match=re.escape("interleaved: settle names ['nope'], not among ['slow', 'fast']")):
+        interleaved({"slow": fn("slow", 0), "fast": fn("fast", 0)}, device="cpu", warmup=1, iters=1, progress=False,
+                    settle=["nope"])
+
+
 @pytest.mark.parametrize("idle,message", [({"c": 1.0}, "idle_ms names 'c', which is not one of ['a', 'b']"),
                                           ({"a": -1.0}, "idle_ms['a']: expected milliseconds >= 0, got -1.0"),
                                           ({"a": math.inf}, "expected milliseconds >= 0, got inf"),

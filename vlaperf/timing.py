@@ -259,6 +259,7 @@ def time_calls(
     progress: bool = True,
     label: str = "",
     collect_garbage: bool = True,
+    idle_ms: float = 0.0,
 ) -> dict[str, Any]:
     """Time `iters` calls of `fn` after `warmup` warm-up calls.
 
@@ -270,6 +271,8 @@ def time_calls(
       here (e.g. cudagraph trees recording on the 2nd/3rd call, recompiles) is a finding.
     - peak_memory_bytes: torch.cuda.max_memory_allocated over the timed calls only (peak
       stats are reset after warm-up); None on CPU.
+    - idle_ms: sleep that long before each timed call, outside its timer (interleaved's
+      idle_ms: a control loop's wait between calls).
 
     Returns {"timers": {"cuda_event_ms": summary | None, "wall_ms": summary},
              "samples": {"cuda_event_ms": [...] | None, "wall_ms": [...]},
@@ -302,6 +305,8 @@ def time_calls(
 
         bar.phase("timed")
         for _ in range(iters):
+            if idle_ms:
+                time.sleep(idle_ms / 1e3)
             w, e = timer(fn)
             wall_ms.append(w)
             if e is not None:
@@ -360,6 +365,7 @@ def interleaved(
     baseline: str | None = None,
     progress: bool = True,
     idle_ms: dict[str, float] | None = None,
+    settle: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Compare variants by calling them in interleaved rounds with a rotating order.
 
@@ -382,6 +388,12 @@ def interleaved(
     another with an idle before it says what that wait costs the next call (caches and
     clocks gone cold), against the same call back to back.
 
+    settle: names whose timed calls are each preceded by one untimed call of the same
+    variant, so that the call timed follows its own kind, as in a loop of that policy. The
+    round's order puts a fast variant right after a slow one: a call after LeRobot's eager
+    guided predict (autograd on the host for 0.5 s) took 1.0-1.3 ms longer than the same call
+    after another of its own (perf-notes, session 49), a cost of the neighbour, not of it.
+
     Returns {
       "variants": {name: {"timers", "samples", "first_call_s", "warmup_s", "peak_memory_bytes"}},
       "ratios": {name: {"wall_ms": R, "cuda_event_ms": R | None}}  (baseline included, = 1.0),
@@ -398,6 +410,9 @@ def interleaved(
         raise ValueError(f"interleaved: baseline {baseline!r} is not one of {names}")
     _check_counts("interleaved", warmup, iters, min_warmup=1)
     idle_ms = dict(idle_ms or {})
+    settle = set(settle)
+    if not settle <= set(fns):
+        raise ValueError(f"interleaved: settle names {sorted(settle - set(fns))}, not among {names}")
     for name, ms in idle_ms.items():
         if name not in fns:
             raise ValueError(f"interleaved: idle_ms names {name!r}, which is not one of {names}")
@@ -429,6 +444,9 @@ def interleaved(
         for r in range(iters):
             order = names[r % n :] + names[: r % n]
             for name in order:
+                if name in settle:
+                    fns[name]()
+                    synchronize(device)
                 if idle_ms.get(name):
                     time.sleep(idle_ms[name] / 1e3)
                 w, e = timer(fns[name])

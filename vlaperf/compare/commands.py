@@ -248,6 +248,9 @@ def print_compare(compared: dict, timing: dict | None, workload_id: str) -> None
                   f"{s['speedup_vs_lerobot_wall']:.2f}x" + ("" if s["significant"] or name == "lerobot" else " (n.s.)"),
                   f"{sp_ev:.2f}x" if sp_ev is not None else "-", f"{s['first_call_s']:.2f}")
     console.print(t)
+    if timing.get("settled"):  # files before session 49 timed every row as it came in the round
+        console.print(f"settled (each timed call right after an untimed call of its own, not after an eager row): "
+                      f"{', '.join(timing['settled'])}")
     acc = timing.get("accelerated")
     if acc:
         m, core = acc["vs_lerobot_predict"], acc["vs_lerobot_core"]

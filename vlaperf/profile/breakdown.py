@@ -56,6 +56,7 @@ from __future__ import annotations
 import gc
 import math
 import re
+import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -268,13 +269,16 @@ def _merge_timings(parts: list[dict[str, Any]]) -> dict[str, Any]:
 
 def breakdown_fn(call: Callable[[Any], Any], *, device: torch.device | str = "cpu", warmup: int = 3, iters: int = 20,
                  untimed: Callable[[], Any] | None = None, recorder: StageRecorder | None = None,
-                 progress: bool = False, label: str = "", blocks: int | None = None) -> dict[str, Any]:
+                 progress: bool = False, label: str = "", blocks: int | None = None,
+                 idle_ms: float = 0.0) -> dict[str, Any]:
     """Break down any policy call. `call(rec)` runs one call and marks its stages on `rec`
     (rec.mark / rec.stage, or the module-level markers: `rec` is active while it runs).
     `untimed()` is the same call without marks (default: `call(NULL_RECORDER)` with no
     recorder active), timed separately with time_calls for the coverage statement; the
     instrumented and untimed calls alternate in `blocks` blocks of iters / blocks calls (default:
-    one call each, in turn)."""
+    one call each, in turn). `idle_ms`: each measured call (instrumented or untimed, not the
+    warm-up) follows that long an idle, the host asleep and the device synchronized, as a
+    control loop calls its policy: which stages go cold between calls."""
     from vlaperf.timing import _check_counts
 
     _check_counts("breakdown_fn", warmup, iters)
@@ -283,8 +287,10 @@ def breakdown_fn(call: Callable[[Any], Any], *, device: torch.device | str = "cp
         raise ValueError(f"breakdown_fn: device {device} but this torch has no CUDA device (use device='cpu')")
     rec = recorder or StageRecorder(device)
 
-    def one():
+    def one(idle: float = 0.0):
         synchronize(device)
+        if idle:
+            time.sleep(idle / 1e3)
         with rec.activate(), rec.call():
             call(rec)
 
@@ -302,9 +308,10 @@ def breakdown_fn(call: Callable[[Any], Any], *, device: torch.device | str = "cp
     gc.collect()  # once, here: time_calls' own collection before each one-call block made short calls ~0.2 ms slower
     for b, n in enumerate(sizes):
         for _ in range(n):
-            one()
+            one(idle_ms)
         parts.append(time_calls(untimed, device=device, warmup=max(warmup, 1) if b == 0 else 0, iters=n,
-                                progress=progress and b == 0, label=f"untimed {label}".strip(), collect_garbage=False))
+                                progress=progress and b == 0, label=f"untimed {label}".strip(), collect_garbage=False,
+                                idle_ms=idle_ms))
     stats = stage_stats(rec.calls)
     timing = _merge_timings(parts)
     timer = rec.timer
@@ -321,7 +328,7 @@ def breakdown_fn(call: Callable[[Any], Any], *, device: torch.device | str = "cp
         if coverage is not None else "untimed call took 0 ms: coverage undefined"
     )
     return {
-        "timer": timer, "warmup": warmup, "iters": iters, **stats,
+        "timer": timer, "warmup": warmup, "iters": iters, "idle_ms": idle_ms, **stats,
         "untimed_median_ms": untimed_med, "untimed": timing, "coverage": coverage, "statement": statement,
     }
 
@@ -430,7 +437,7 @@ def prepare_breakdown(model: Pi0Model, workload: Workload | str, levers=None, mo
 @torch.no_grad()
 def breakdown(model: Pi0Model, workload: Workload | str, levers=None, mode: str = "model", warmup: int = 5,
               iters: int = 20, device: torch.device | str | None = None, *, seed: int = 0,
-              num_steps: int | None = None, progress: bool = False) -> dict[str, Any]:
+              num_steps: int | None = None, progress: bool = False, idle_ms: float = 0.0) -> dict[str, Any]:
     """Median / p95 per stage of one pi0 policy call. Returns a vlaperf result
     (command "breakdown", schema vlaperf.result/1) with a "breakdown" section, and the
     untimed call's "timers"/"samples".
@@ -449,7 +456,7 @@ def breakdown(model: Pi0Model, workload: Workload | str, levers=None, mode: str 
     requested, notes = sc.requested, sc.notes
 
     bd = breakdown_fn(sc.call, device=device, warmup=warmup, iters=iters, untimed=sc.untimed, progress=progress,
-                      label=requested.label())
+                      label=requested.label(), idle_ms=idle_ms)
     for entry in bd["stages"]:
         m = re.match(r"^image_(\d+)_embed$", entry["name"])
         if m:

@@ -23,7 +23,7 @@ from pathlib import Path
 import torch
 
 from vlaperf.cli import (CliError, add_common, add_processes, apply_compile_cache, levers_arg, make_engine,
-                         non_negative_int, number_arg, output_file, path_arg, png_file, positive_int,
+                         idle_ms_arg, non_negative_int, number_arg, output_file, path_arg, png_file, positive_int,
                          refuse_repeated_variants, result_header, setup)
 
 REFERENCE = ("reference", "none", "")
@@ -79,7 +79,7 @@ def _wam_breakdown_result(args, levers):
     except LeverError as e:
         raise CliError(str(e)) from None
     bd = breakdown_fn(call, device=device, warmup=args.warmup, iters=args.iters, progress=not args.no_progress,
-                      label=label)
+                      label=label, idle_ms=args.idle_ms or 0.0)
     names = [] if label == "reference" else label.split(",")
     result = wam.header("breakdown", base, workload, model, environment_record(device), names, label, "model")
     untimed = bd.pop("untimed")
@@ -117,12 +117,13 @@ def cmd_breakdown(args) -> int:
             levers = make_engine(model, levers)
         try:
             result = breakdown(model, workload, levers=levers, mode=args.mode, warmup=args.warmup, iters=args.iters,
-                               seed=args.seed, progress=not args.no_progress)
+                               seed=args.seed, progress=not args.no_progress, idle_ms=args.idle_ms or 0.0)
         except (LeverError, CompileUnavailable, ValueError) as e:
             raise CliError(str(e)) from None
     bd = result["breakdown"]
+    idle = f", each call after {bd['idle_ms']:g} ms idle" if bd.get("idle_ms") else ""
     t = Table(title=f"vlaperf breakdown  {workload.id}  {result['variant']['label']}  ({args.mode} mode, "
-                    f"{result['variant']['dtype']}, {result['env'].get('gpu') or device}, {bd['timer']})")
+                    f"{result['variant']['dtype']}, {result['env'].get('gpu') or device}, {bd['timer']}{idle})")
     for col in ("stage", "median ms", "p95 ms", "share", "per call", "mean/occ", "max/occ", "info"):
         t.add_column(col, justify="left" if col in ("stage", "info") else "right")
     for e in bd["stages"]:
@@ -459,6 +460,9 @@ def register(subparsers) -> None:
     p.add_argument("--iters", type=positive_int, default=50,
                    help="instrumented calls, each beside an untimed one (default: 50)")
     p.add_argument("--trace", type=output_file, default=None, help="also write a Chrome/Perfetto trace of one call here")
+    p.add_argument("--idle-ms", type=idle_ms_arg, default=None, metavar="MS",
+                   help="each measured call after MS milliseconds of idle (host asleep, device synchronized), as a "
+                        "control loop calls its policy: which stages go cold between calls (default: back to back)")
     add_processes(p, "breakdown")
     p.set_defaults(func=cmd_breakdown)
 

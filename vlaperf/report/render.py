@@ -774,8 +774,9 @@ def _check(doc: _Doc, path: str, r: dict) -> None:
 
 def _breakdown(doc: _Doc, path: str, r: dict) -> None:
     bd = r["breakdown"]
+    idle = f", each call after {bd['idle_ms']:g} ms idle" if bd.get("idle_ms") else ""  # breakdown --idle-ms
     doc.h(3, f"breakdown: {workload_label(r)} {(r.get('variant') or {}).get('label', '')} "
-             f"({r.get('mode')} mode, {_gpu(r)})")
+             f"({r.get('mode')} mode, {_gpu(r)}{idle})")
     doc.p(bd.get("statement", ""), "")
     for n in bd.get("notes", []):
         doc.p("note: " + n, "note")
@@ -960,6 +961,9 @@ def _compare(doc: _Doc, path: str, r: dict) -> None:
     doc.table(["implementation", "wall median ms", "event median ms", "speedup vs peer", "first call s"],
               [[name, s["wall_ms_median"], s.get("cuda_event_ms_median"), s.get("speedup_vs_lerobot_wall"), s.get("first_call_s")]
                for name, s in summary.items()])
+    if t.get("settled"):  # files from session 49 on
+        doc.p("Each timed call of " + ", ".join(t["settled"]) + " came right after an untimed call of its own, not "
+              "after the eager row before it in the round (whose host work slows the next call).", "note")
     acc = t.get("accelerated")
     if acc:
         m, checks = acc["vs_lerobot_predict"], acc["checks"]
