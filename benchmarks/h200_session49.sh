@@ -57,6 +57,8 @@
 #            each. Predictions: the host stages' sum 1.3-1.8 ms back to back and 0.3-0.6 ms more after the idle (bench's
 #            +0.43-0.49), most of it in image_preprocess and host_to_device, which touch the most memory (weakly
 #            held); the GPU stages (embed_prefix, prefill, the steps) within 1% of each other.
+# Part b (H100): host stages 1.28 ms back to back, 2.12 ms after 50 ms idle (+0.84; every host stage 1.4-2x slower,
+# not the memory-heavy ones alone); GPU stages within 0.7%. The device budget ended here.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=l bash benchmarks/h200_session49.sh, carry [".whl", ".whl_lerobot"]
 # (g: [".whl"])
 set -u

@@ -35,7 +35,7 @@ def test_performance_md_and_the_readme_figures_are_what_the_results_generate(tmp
     assert "## Single runs (`vlaperf bench`)" in fresh and "benchmarks/results/h200/" in fresh
     readme = gen.README.read_text()
     assert readme == (ROOT / "README.md").read_text(), "README's figures are stale: run python benchmarks/make_performance_md.py"
-    assert "| libero-pi0 |" in readme.split(gen.README_BEGIN)[1].split(gen.README_END)[0]
+    assert "| libero-pi0 " in readme.split(gen.README_BEGIN)[1].split(gen.README_END)[0]  # "(GPU)" with several
 
 
 def test_step_kernel_sweeps_list_their_rows_by_what_differs_from_the_first():
@@ -287,6 +287,12 @@ def test_readme_rows_name_each_gpu_and_every_tolerance():
     rows = gen.readme_rows([h200, h100])
     assert "on the NVIDIA H100 and NVIDIA H200: " in rows[0] and "(tolerance 0.01, 0.03)" in rows[0]
     assert [_cells(row)[0] for row in rows[4:]] == ["libero-pi0 (NVIDIA H100)", "libero-pi0 (NVIDIA H200)"]
+    # the GPU with the most workloads first, whatever its name
+    pi05 = _bench(gen, "h200b", _best_levers(), 11.0, equivalence={"rel_l2": 6e-3, "tolerance": 0.03, "passed": True})
+    pi05[1]["workload"] = {"id": "libero-pi05", "overrides": {}}
+    rows = gen.readme_rows([h200, h100, pi05])
+    assert [_cells(row)[0] for row in rows[4:]] == ["libero-pi0 (NVIDIA H200)", "libero-pi05 (NVIDIA H200)",
+                                                    "libero-pi0 (NVIDIA H100)"]
 
 
 def test_readme_ceilings_lines_take_each_gpus_newest_measuring_bench_only():
