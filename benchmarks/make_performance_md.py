@@ -98,7 +98,8 @@ def idle_cost_rows(results):
         w, e = idle["wall_ms"], idle.get("cuda_event_ms")
         event = f"{e['after_idle_over_back_to_back']:.3f}x" if e else "-"
         rows.append(f"| {r['env'].get('gpu') or 'cpu'} | {workload_label(r)} | {r['mode']} | "
-                    f"{_short(r['variant']['label'])} | {idle['idle_ms']:g} | {_ms(w['back_to_back_median'])} | "
+                    f"{_short(r['variant']['label'])} | {idle['idle_ms']:g}{' spinning' if idle.get('spin') else ''} | "
+                    f"{_ms(w['back_to_back_median'])} | "
                     f"{_ms(w['after_idle_median'])} | **{w['after_idle_over_back_to_back']:.3f}x** | "
                     f"{w['per_round_p10']:.3f}..{w['per_round_p90']:.3f} | "
                     f"{event} | {idle['iters']} | "
@@ -319,7 +320,8 @@ def breakdown_tables(results):
         whole = r["timers"]["cuda_event_ms"] or r["timers"]["wall_ms"]
         out += [f"### breakdown of {r['workload']['id']}, {_short(r['variant']['label'])} ({r['mode']} mode, {_env(r)})", "",
                 f"`{path.relative_to(ROOT)}`; timer {b['timer']}, {b['iters']} calls"
-                + (f", each after {b['idle_ms']:g} ms idle (`--idle-ms`)" if b.get("idle_ms") else "")
+                + (f", each after {b['idle_ms']:g} ms {'spinning' if b.get('idle_spin') else 'idle'} (`--idle-ms`)"
+                   if b.get("idle_ms") else "")
                 + f"; whole call median {_ms(whole['median'])} ms."
                 + "".join(f" Note: {n}" for n in b.get("notes", [])), "",
                 "| stage | median ms | p95 ms | share | per call | info |", "|---|---|---|---|---|---|"]
@@ -847,7 +849,8 @@ def main() -> None:
     idle = idle_cost_rows(results)
     lines += ["## What an idle between calls costs (`vlaperf bench --idle-ms`)", "",
               "A robot calls its policy once per control period and waits in between. The file's call again after that "
-              "idle (the host asleep, the device synchronized) against the same call back to back, interleaved in one "
+              "idle (the host asleep, or spinning on the clock where it says so; the device synchronized) against the same "
+              "call back to back, interleaved in one "
               "process after the file's main timing (`idle`); the single runs above are back to back.", ""] + idle + [""] \
         if idle else []
     lines += ["## Matrices (`vlaperf matrix`)", ""] + matrix_tables(results)

@@ -112,7 +112,7 @@ def test_bench_idle_ms_times_the_call_after_an_idle_against_back_to_back(workloa
     r = read_result(out)
     idle = r["idle"]
     assert slept.count(0.03) == 4  # one idle before each of the 4 timed idle calls, none in the warm-up or main timing
-    assert idle["idle_ms"] == 30 and idle["iters"] == 4 and idle["cuda_event_ms"] is None
+    assert idle["idle_ms"] == 30 and idle["iters"] == 4 and idle["cuda_event_ms"] is None and idle["spin"] is False
     w = idle["wall_ms"]
     assert set(w) == {"back_to_back_median", "after_idle_median", "after_idle_over_back_to_back", "per_round_p10",
                       "per_round_p90"}
@@ -122,6 +122,14 @@ def test_bench_idle_ms_times_the_call_after_an_idle_against_back_to_back(workloa
     assert r["timers"]["wall_ms"]["count"] == 4  # the main timing keeps its own calls
     printed = " ".join(capsys.readouterr().out.split())
     assert f"after 30 ms idle, interleaved with back-to-back calls (4 rounds): {w['after_idle_median']:.3f} ms" in printed
+    # --idle-spin: the same idle spent busy on the clock, never asleep; without --idle-ms it is refused
+    slept.clear()
+    assert main(["bench", "--workload", workload, "--device", "cpu", "--levers", "reference", "--warmup", "1",
+                 "--iters", "2", "--idle-ms", "10", "--idle-spin", "--json", str(out), "--no-progress"]) == 0
+    assert read_result(out)["idle"]["spin"] is True and 0.01 not in slept
+    assert "after 10 ms spinning, interleaved with back-to-back calls (2 rounds)" in " ".join(capsys.readouterr().out.split())
+    assert main(["bench", "--workload", workload, "--device", "cpu", "--idle-spin"]) == 2
+    assert "--idle-spin: spins through the idle that --idle-ms gives; add --idle-ms MS" in capsys.readouterr().err
 
 
 def test_bench_release_reference_records_the_freed_bytes(tmp_path, capsys):

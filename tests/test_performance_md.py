@@ -529,3 +529,5 @@ def test_idle_cost_rows_show_the_call_after_an_idle_against_back_to_back():
     assert cells == ["NVIDIA H100 80GB HBM3", "libero-pi0", "policy", "loop", "50", "14.27", "14.76", "**1.034x**",
                      "1.018..1.050", "1.032x", "50", "abcdef1", "`benchmarks/results/i.json`"]
     assert gen.idle_cost_rows([(gen.ROOT / "p.json", plain)]) == []  # no idle file: no table
+    spun = dict(r, idle={**r["idle"], "spin": True})
+    assert _cells(gen.idle_cost_rows([(gen.ROOT / "s.json", spun)])[2])[4] == "50 spinning"

@@ -48,8 +48,14 @@ def test_breakdown_command_idle_ms(tmp_path, capsys):
     out = tmp_path / "bd.json"
     assert main(["breakdown", *COMMON, "--mode", "policy", "--warmup", "1", "--iters", "2", "--idle-ms", "5",
                  "--json", str(out)]) == 0
-    assert read_result(out)["breakdown"]["idle_ms"] == 5.0
+    assert read_result(out)["breakdown"]["idle_ms"] == 5.0 and read_result(out)["breakdown"]["idle_spin"] is False
     assert "each call after 5 ms idle" in " ".join(capsys.readouterr().out.split())
+    assert main(["breakdown", *COMMON, "--warmup", "1", "--iters", "2", "--idle-ms", "5", "--idle-spin",
+                 "--json", str(out)]) == 0
+    assert read_result(out)["breakdown"]["idle_spin"] is True
+    assert "each call after 5 ms spinning" in " ".join(capsys.readouterr().out.split())
+    assert main(["breakdown", *COMMON, "--idle-spin"]) == 2
+    assert "--idle-spin: spins through the idle that --idle-ms gives" in capsys.readouterr().err
     with pytest.raises(SystemExit) as exited:  # argparse's exit
         main(["breakdown", *COMMON, "--idle-ms", "-1"])
     assert exited.value.code == 2

@@ -220,6 +220,19 @@ def test_interleaved_settle_puts_an_untimed_call_of_its_own_before_each_timed_ca
                     settle=["nope"])
 
 
+def test_wait_idle_sleeps_or_spins_for_the_time_given(monkeypatch):
+    import vlaperf.timing as T
+
+    slept, sleep = [], T.time.sleep
+    monkeypatch.setattr(T.time, "sleep", lambda s: (slept.append(s), sleep(s)))
+    t0 = time.perf_counter()
+    T.wait_idle(20, spin=True)
+    assert time.perf_counter() - t0 >= 0.02 and slept == []  # busy on the clock: never asleep
+    T.wait_idle(5)
+    T.wait_idle(0)  # no idle: nothing at all
+    assert slept == [0.005]
+
+
 @pytest.mark.parametrize("idle,message", [({"c": 1.0}, "idle_ms names 'c', which is not one of ['a', 'b']"),
                                           ({"a": -1.0}, "idle_ms['a']: expected milliseconds >= 0, got -1.0"),
                                           ({"a": math.inf}, "expected milliseconds >= 0, got inf"),

@@ -404,6 +404,7 @@ def cmd_bench(args) -> int:
     from vlaperf.roofline import H200_CEILINGS, measure_ceilings, roofline
     from vlaperf.timing import environment_record, interleaved, time_calls
 
+    refuse_spin_without_idle(args)
     if args.processes > 1:  # the same command in fresh processes, one after another: the figure with its spread
         from vlaperf.profile.processes import in_processes
 
@@ -534,6 +535,12 @@ def pair_cost(timing: dict, base: str, other: str) -> dict:
     return out
 
 
+def add_idle_spin(p) -> None:
+    p.add_argument("--idle-spin", action="store_true",
+                   help="with --idle-ms: spin on the clock through the idle instead of sleeping, so the core stays "
+                        "awake; against a sleeping idle it says whether the cost is the core's sleep or its caches'")
+
+
 def idle_cost(fn, device, args) -> dict | None:
     """`bench --idle-ms`: the call after that idle (the host asleep, the device synchronized), as a control loop makes
     it, interleaved with the same call back to back (baseline); None without the option."""
@@ -543,8 +550,18 @@ def idle_cost(fn, device, args) -> dict | None:
         return None
     timing = interleaved({"back_to_back": fn, "after_idle": fn}, device=device, warmup=max(1, min(args.warmup, 10)),
                          iters=args.iters, baseline="back_to_back", progress=not args.no_progress,
-                         idle_ms={"after_idle": args.idle_ms})
-    return {"idle_ms": args.idle_ms, **pair_cost(timing, "back_to_back", "after_idle")}
+                         idle_ms={"after_idle": args.idle_ms}, idle_spin=args.idle_spin)
+    return {"idle_ms": args.idle_ms, "spin": args.idle_spin, **pair_cost(timing, "back_to_back", "after_idle")}
+
+
+def idle_words(ms: float, spin: bool) -> str:
+    """How a file's idle reads: "50 ms idle", or "50 ms spinning" (`--idle-spin`: busy on the clock, not asleep)."""
+    return f"{ms:g} ms {'spinning' if spin else 'idle'}"
+
+
+def refuse_spin_without_idle(args) -> None:
+    if getattr(args, "idle_spin", False) and getattr(args, "idle_ms", None) is None:
+        raise CliError("--idle-spin: spins through the idle that --idle-ms gives; add --idle-ms MS")
 
 
 def rtc_cost(timing: dict) -> dict:
@@ -596,7 +613,8 @@ def print_bench(result: dict) -> None:
     idle = result.get("idle")
     if idle and idle.get("wall_ms"):
         w = idle["wall_ms"]
-        console.print(f"after {idle['idle_ms']:g} ms idle, interleaved with back-to-back calls ({idle['iters']} rounds): "
+        console.print(f"after {idle_words(idle['idle_ms'], idle.get('spin', False))}, interleaved with back-to-back "
+                      f"calls ({idle['iters']} rounds): "
                       f"{w['after_idle_median']:.3f} ms against {w['back_to_back_median']:.3f} ms, "
                       f"{w['after_idle_over_back_to_back']:.3f}x (per round p10-p90 {w['per_round_p10']:.3f}-"
                       f"{w['per_round_p90']:.3f})")
@@ -835,6 +853,7 @@ def build_parser() -> argparse.ArgumentParser:
                    help="also time the same call after MS milliseconds of idle (host asleep, device synchronized), "
                         "interleaved with back-to-back calls: what a control loop's wait between calls costs the next "
                         "one (caches and clocks gone cold); e.g. 50 for a 20 Hz loop's spare time")
+    add_idle_spin(p)
     add_processes(p)
     p.set_defaults(func=cmd_bench)
 

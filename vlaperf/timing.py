@@ -250,6 +250,21 @@ def _check_counts(fn_name: str, warmup: int, iters: int, min_warmup: int = 0, it
         raise ValueError(f"{fn_name}: {iters_name} must be an integer >= 1, got {iters!r}")
 
 
+def wait_idle(ms: float, spin: bool = False) -> None:
+    """The idle before a call (`idle_ms` below): asleep, as a control loop waits for its next tick, or with `spin`
+    on the clock, busy, so the core stays awake at its clock. The two apart say whether a cost after the idle comes
+    from the core's sleep (its clock, its idle state) or from the caches that anything else in the meantime
+    evicts."""
+    if not ms:
+        return
+    if not spin:
+        time.sleep(ms / 1e3)
+        return
+    end = time.perf_counter() + ms / 1e3
+    while time.perf_counter() < end:
+        pass
+
+
 def time_calls(
     fn: Callable[[], object],
     *,
@@ -260,6 +275,7 @@ def time_calls(
     label: str = "",
     collect_garbage: bool = True,
     idle_ms: float = 0.0,
+    idle_spin: bool = False,
 ) -> dict[str, Any]:
     """Time `iters` calls of `fn` after `warmup` warm-up calls.
 
@@ -272,7 +288,8 @@ def time_calls(
     - peak_memory_bytes: torch.cuda.max_memory_allocated over the timed calls only (peak
       stats are reset after warm-up); None on CPU.
     - idle_ms: sleep that long before each timed call, outside its timer (interleaved's
-      idle_ms: a control loop's wait between calls).
+      idle_ms: a control loop's wait between calls); with idle_spin, spin on the clock instead
+      (wait_idle).
 
     Returns {"timers": {"cuda_event_ms": summary | None, "wall_ms": summary},
              "samples": {"cuda_event_ms": [...] | None, "wall_ms": [...]},
@@ -305,8 +322,7 @@ def time_calls(
 
         bar.phase("timed")
         for _ in range(iters):
-            if idle_ms:
-                time.sleep(idle_ms / 1e3)
+            wait_idle(idle_ms, idle_spin)
             w, e = timer(fn)
             wall_ms.append(w)
             if e is not None:
@@ -365,6 +381,7 @@ def interleaved(
     baseline: str | None = None,
     progress: bool = True,
     idle_ms: dict[str, float] | None = None,
+    idle_spin: bool = False,
     settle: Sequence[str] = (),
 ) -> dict[str, Any]:
     """Compare variants by calling them in interleaved rounds with a rotating order.
@@ -386,7 +403,8 @@ def interleaved(
     its timers (the device is already idle: the previous call was synchronized). A robot
     calls its policy once per control period and waits in between; a variant that repeats
     another with an idle before it says what that wait costs the next call (caches and
-    clocks gone cold), against the same call back to back.
+    clocks gone cold), against the same call back to back. idle_spin: spin on the clock
+    instead of sleeping (wait_idle).
 
     settle: names whose timed calls are each preceded by one untimed call of the same
     variant, so that the call timed follows its own kind, as in a loop of that policy. The
@@ -447,8 +465,7 @@ def interleaved(
                 if name in settle:
                     fns[name]()
                     synchronize(device)
-                if idle_ms.get(name):
-                    time.sleep(idle_ms[name] / 1e3)
+                wait_idle(idle_ms.get(name, 0.0), idle_spin)
                 w, e = timer(fns[name])
                 wall_ms[name].append(w)
                 if e is not None:

@@ -56,7 +56,6 @@ from __future__ import annotations
 import gc
 import math
 import re
-import time
 from dataclasses import dataclass
 from typing import Any, Callable
 
@@ -72,7 +71,7 @@ from vlaperf.inputs import (
 from vlaperf.models.pi0 import (Pi0Model, check_num_steps, check_sample_inputs, joint_layer, make_attention_mask_2d,
                                rope_cos_sin)
 from vlaperf.profile.markers import END, NULL_RECORDER, UNMARKED, CallRecord, StageRecorder
-from vlaperf.timing import summarize, synchronize, time_calls
+from vlaperf.timing import summarize, synchronize, time_calls, wait_idle
 from vlaperf.workloads import WORKLOADS, Workload, get_workload
 
 _STEP = re.compile(r"^(.*denoise_step)_(\d+)$")
@@ -270,7 +269,7 @@ def _merge_timings(parts: list[dict[str, Any]]) -> dict[str, Any]:
 def breakdown_fn(call: Callable[[Any], Any], *, device: torch.device | str = "cpu", warmup: int = 3, iters: int = 20,
                  untimed: Callable[[], Any] | None = None, recorder: StageRecorder | None = None,
                  progress: bool = False, label: str = "", blocks: int | None = None,
-                 idle_ms: float = 0.0) -> dict[str, Any]:
+                 idle_ms: float = 0.0, idle_spin: bool = False) -> dict[str, Any]:
     """Break down any policy call. `call(rec)` runs one call and marks its stages on `rec`
     (rec.mark / rec.stage, or the module-level markers: `rec` is active while it runs).
     `untimed()` is the same call without marks (default: `call(NULL_RECORDER)` with no
@@ -278,7 +277,8 @@ def breakdown_fn(call: Callable[[Any], Any], *, device: torch.device | str = "cp
     instrumented and untimed calls alternate in `blocks` blocks of iters / blocks calls (default:
     one call each, in turn). `idle_ms`: each measured call (instrumented or untimed, not the
     warm-up) follows that long an idle, the host asleep and the device synchronized, as a
-    control loop calls its policy: which stages go cold between calls."""
+    control loop calls its policy: which stages go cold between calls; `idle_spin`: spinning on
+    the clock instead (timing.wait_idle)."""
     from vlaperf.timing import _check_counts
 
     _check_counts("breakdown_fn", warmup, iters)
@@ -289,8 +289,7 @@ def breakdown_fn(call: Callable[[Any], Any], *, device: torch.device | str = "cp
 
     def one(idle: float = 0.0):
         synchronize(device)
-        if idle:
-            time.sleep(idle / 1e3)
+        wait_idle(idle, idle_spin)
         with rec.activate(), rec.call():
             call(rec)
 
@@ -311,7 +310,7 @@ def breakdown_fn(call: Callable[[Any], Any], *, device: torch.device | str = "cp
             one(idle_ms)
         parts.append(time_calls(untimed, device=device, warmup=max(warmup, 1) if b == 0 else 0, iters=n,
                                 progress=progress and b == 0, label=f"untimed {label}".strip(), collect_garbage=False,
-                                idle_ms=idle_ms))
+                                idle_ms=idle_ms, idle_spin=idle_spin))
     stats = stage_stats(rec.calls)
     timing = _merge_timings(parts)
     timer = rec.timer
@@ -328,7 +327,7 @@ def breakdown_fn(call: Callable[[Any], Any], *, device: torch.device | str = "cp
         if coverage is not None else "untimed call took 0 ms: coverage undefined"
     )
     return {
-        "timer": timer, "warmup": warmup, "iters": iters, "idle_ms": idle_ms, **stats,
+        "timer": timer, "warmup": warmup, "iters": iters, "idle_ms": idle_ms, "idle_spin": idle_spin, **stats,
         "untimed_median_ms": untimed_med, "untimed": timing, "coverage": coverage, "statement": statement,
     }
 
@@ -437,7 +436,8 @@ def prepare_breakdown(model: Pi0Model, workload: Workload | str, levers=None, mo
 @torch.no_grad()
 def breakdown(model: Pi0Model, workload: Workload | str, levers=None, mode: str = "model", warmup: int = 5,
               iters: int = 20, device: torch.device | str | None = None, *, seed: int = 0,
-              num_steps: int | None = None, progress: bool = False, idle_ms: float = 0.0) -> dict[str, Any]:
+              num_steps: int | None = None, progress: bool = False, idle_ms: float = 0.0,
+              idle_spin: bool = False) -> dict[str, Any]:
     """Median / p95 per stage of one pi0 policy call. Returns a vlaperf result
     (command "breakdown", schema vlaperf.result/1) with a "breakdown" section, and the
     untimed call's "timers"/"samples".
@@ -456,7 +456,7 @@ def breakdown(model: Pi0Model, workload: Workload | str, levers=None, mode: str 
     requested, notes = sc.requested, sc.notes
 
     bd = breakdown_fn(sc.call, device=device, warmup=warmup, iters=iters, untimed=sc.untimed, progress=progress,
-                      label=requested.label(), idle_ms=idle_ms)
+                      label=requested.label(), idle_ms=idle_ms, idle_spin=idle_spin)
     for entry in bd["stages"]:
         m = re.match(r"^image_(\d+)_embed$", entry["name"])
         if m:

@@ -22,9 +22,10 @@ from pathlib import Path
 
 import torch
 
-from vlaperf.cli import (CliError, add_common, add_processes, apply_compile_cache, levers_arg, make_engine,
-                         idle_ms_arg, non_negative_int, number_arg, output_file, path_arg, png_file, positive_int,
-                         refuse_repeated_variants, result_header, setup)
+from vlaperf.cli import (CliError, add_common, add_idle_spin, add_processes, apply_compile_cache, idle_ms_arg,
+                         idle_words, levers_arg, make_engine, non_negative_int, number_arg, output_file, path_arg,
+                         png_file, positive_int, refuse_repeated_variants, refuse_spin_without_idle, result_header,
+                         setup)
 
 REFERENCE = ("reference", "none", "")
 
@@ -79,7 +80,7 @@ def _wam_breakdown_result(args, levers):
     except LeverError as e:
         raise CliError(str(e)) from None
     bd = breakdown_fn(call, device=device, warmup=args.warmup, iters=args.iters, progress=not args.no_progress,
-                      label=label, idle_ms=args.idle_ms or 0.0)
+                      label=label, idle_ms=args.idle_ms or 0.0, idle_spin=args.idle_spin)
     names = [] if label == "reference" else label.split(",")
     result = wam.header("breakdown", base, workload, model, environment_record(device), names, label, "model")
     untimed = bd.pop("untimed")
@@ -99,6 +100,7 @@ def cmd_breakdown(args) -> int:
 
     from vlaperf.workloads import is_wam_workload
 
+    refuse_spin_without_idle(args)
     if args.trace and args.json and Path(args.trace).resolve() == Path(args.json).resolve():
         raise CliError(f"--trace and --json name the same file {args.json}: the result would overwrite the trace")
     if args.processes > 1:  # the same breakdown in fresh processes, one after another: each stage's spread
@@ -117,11 +119,12 @@ def cmd_breakdown(args) -> int:
             levers = make_engine(model, levers)
         try:
             result = breakdown(model, workload, levers=levers, mode=args.mode, warmup=args.warmup, iters=args.iters,
-                               seed=args.seed, progress=not args.no_progress, idle_ms=args.idle_ms or 0.0)
+                               seed=args.seed, progress=not args.no_progress, idle_ms=args.idle_ms or 0.0,
+                               idle_spin=args.idle_spin)
         except (LeverError, CompileUnavailable, ValueError) as e:
             raise CliError(str(e)) from None
     bd = result["breakdown"]
-    idle = f", each call after {bd['idle_ms']:g} ms idle" if bd.get("idle_ms") else ""
+    idle = f", each call after {idle_words(bd['idle_ms'], bd.get('idle_spin', False))}" if bd.get("idle_ms") else ""
     t = Table(title=f"vlaperf breakdown  {workload.id}  {result['variant']['label']}  ({args.mode} mode, "
                     f"{result['variant']['dtype']}, {result['env'].get('gpu') or device}, {bd['timer']}{idle})")
     for col in ("stage", "median ms", "p95 ms", "share", "per call", "mean/occ", "max/occ", "info"):
@@ -463,6 +466,7 @@ def register(subparsers) -> None:
     p.add_argument("--idle-ms", type=idle_ms_arg, default=None, metavar="MS",
                    help="each measured call after MS milliseconds of idle (host asleep, device synchronized), as a "
                         "control loop calls its policy: which stages go cold between calls (default: back to back)")
+    add_idle_spin(p)
     add_processes(p, "breakdown")
     p.set_defaults(func=cmd_breakdown)
 

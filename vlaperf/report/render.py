@@ -545,12 +545,13 @@ def _bench_idle(doc: _Doc, items: list[tuple[str, dict]], stems: dict[str, str])
     for path, r in items:
         w = (r.get("idle") or {}).get("wall_ms")
         if w:
-            rows.append([stems[path], _label(r), f"{r['idle']['idle_ms']:g}", w["back_to_back_median"], w["after_idle_median"],
-                         f"{w['after_idle_over_back_to_back']:.3f}x",
+            spin = " spinning" if r["idle"].get("spin") else ""
+            rows.append([stems[path], _label(r), f"{r['idle']['idle_ms']:g}{spin}", w["back_to_back_median"],
+                         w["after_idle_median"], f"{w['after_idle_over_back_to_back']:.3f}x",
                          f"{w['per_round_p10']:.3f}..{w['per_round_p90']:.3f}", r["idle"]["iters"]])
     if rows:
-        doc.p("Files of `bench --idle-ms`: the same call after that idle (the host asleep, the device synchronized), as "
-              "a control loop makes it, interleaved with back-to-back calls after the main timing; the rows above are "
+        doc.p("Files of `bench --idle-ms`: the same call after that idle (the host asleep, or spinning on the clock "
+              "where it says so; the device synchronized), as a control loop makes it, interleaved with back-to-back calls after the main timing; the rows above are "
               "back to back.", "note")
         doc.table(["file", "variant [mode]", "idle ms", "back to back ms", "after idle ms", "after idle / back to back",
                    "per round p10..p90", "rounds"], rows)
@@ -774,7 +775,8 @@ def _check(doc: _Doc, path: str, r: dict) -> None:
 
 def _breakdown(doc: _Doc, path: str, r: dict) -> None:
     bd = r["breakdown"]
-    idle = f", each call after {bd['idle_ms']:g} ms idle" if bd.get("idle_ms") else ""  # breakdown --idle-ms
+    idle = (f", each call after {bd['idle_ms']:g} ms {'spinning' if bd.get('idle_spin') else 'idle'}"
+            if bd.get("idle_ms") else "")  # breakdown --idle-ms
     doc.h(3, f"breakdown: {workload_label(r)} {(r.get('variant') or {}).get('label', '')} "
              f"({r.get('mode')} mode, {_gpu(r)}{idle})")
     doc.p(bd.get("statement", ""), "")

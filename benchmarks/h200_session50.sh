@@ -1,0 +1,46 @@
+#!/bin/bash
+# The next device plan, written in session 49 after its runs (one GPU; lanes.sh, lane A only). Session 49 ran on an
+# H100 throughout; say which card each figure came from, and rerun a baseline on the card at hand.
+#   PART=c   (carry .whl_lerobot) compare --accelerate --rtc for libero-pi0 and libero-pi05, now that compare settles its
+#            fast rows (each timed call right after an untimed call of its own). Session 49's unsettled rows read the
+#            guided row +0.41 ms (pi0) and +1.31 ms (pi0.5) over the unguided one, while the probe, whose accelerated
+#            rows follow accelerated ones, read +0.07 / +0.09 ms for the predict. Predictions:
+#            vlaperf_in_lerobot_predict_rtc 0.05-0.3 ms over vlaperf_in_lerobot_predict for both; vlaperf_best and
+#            vlaperf_in_lerobot_predict within 0.3 ms of session 49's on the same kind of card (13.53 / 14.27 ms, pi0).
+#   PART=s   what the served call's idle cost is: bench --idle-ms 50 asleep and --idle-spin, model and policy mode, and
+#            breakdown --mode policy --idle-ms 50 --idle-spin. Session 49 (H100): asleep, policy 1.034x, model 1.010x;
+#            the breakdown's host stages 1.28 -> 2.12 ms, every one 1.4-2x slower. Predictions: spinning policy
+#            1.000-1.012x and model 1.000-1.005x (a core that sleeps comes back slow: its clock or idle state, not
+#            caches, since every host stage slowed alike); asleep as in session 49 (policy 1.025-1.045x); the spun
+#            breakdown's host stages within 0.2 ms of back to back (1.28 ms on the H100).
+#   PART=h   (an H200 only) the headline again: bench --levers best --processes 4, model mode. Prediction: 12.7-13.0 ms,
+#            as sessions 43-48.
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=c bash benchmarks/h200_session50.sh, carry [".whl", ".whl_lerobot"]
+# (s, h: [".whl"])
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
+install_wheels .whl /tmp/site
+export PYTHONPATH=/tmp/site:$PWD
+case "${PART:-c}" in
+c)
+  install_wheels .whl_lerobot /tmp/lrsite
+  lane A 0 40 <<EOT &
+280 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH $V compare --workload libero-pi0 --accelerate --rtc --lerobot-compile none --iters 30 --no-progress --json $R/compare_libero-pi0_lerobot_accelerated-s50.json
+280 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH $V compare --workload libero-pi05 --accelerate --rtc --lerobot-compile none --iters 30 --no-progress --json $R/compare_libero-pi05_lerobot_accelerated-s50.json
+EOT
+  ;;
+s)
+  lane A 0 20 <<EOT &
+200 $V bench --workload libero-pi0 --levers best --mode policy --idle-ms 50 --idle-spin $B --json $R/bench_libero-pi0_best-s50-spin50_policy.json
+100 $V bench --workload libero-pi0 --levers best --mode policy --idle-ms 50 $B --json $R/bench_libero-pi0_best-s50-idle50_policy.json
+100 $V bench --workload libero-pi0 --levers best --mode model --idle-ms 50 --idle-spin $B --json $R/bench_libero-pi0_best-s50-spin50_model.json
+80 $V breakdown --workload libero-pi0 --levers best --mode policy --idle-ms 50 --idle-spin --no-progress --json $R/breakdown_libero-pi0_best-s50-spin50_policy.json
+EOT
+  ;;
+h)
+  lane A 0 30 <<EOT &
+400 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s50-4proc_model.json
+EOT
+  ;;
+esac
+finish
