@@ -976,3 +976,24 @@ def test_compile_fn_names_every_blocker_and_compiles_static_full_graphs(monkeypa
     C.compile_fn(len, "max-autotune", pdl=True)
     assert seen[-1] == {"options": {**torch._inductor.list_mode_options("max-autotune"), "triton.enable_pdl": True},
                         "fullgraph": True, "dynamic": False}
+
+
+@pytest.mark.parametrize("power,title,fix", [
+    (None, "CPU frequency governor and idle states: not readable here", False),
+    ({"frequency_governors": ["powersave"], "idle_governor": "menu", "idle_states": ["POLL", "C1", "C6"]},
+     "CPU frequency governor powersave: cores may slow down between calls", True),
+    ({"frequency_governors": ["performance"], "idle_governor": None, "idle_states": None},
+     "CPU frequency governor performance", False),
+    ({"frequency_governors": None, "idle_governor": "haltpoll", "idle_states": ["POLL"]},
+     "CPU frequency governor not exposed", True),
+])
+def test_cpu_power_is_reported_with_how_to_measure_its_cost(monkeypatch, power, title, fix):
+    """The governors and idle states as info, never an error: what a control loop's wait costs is measured with
+    bench --idle-ms, and the fix (a performance governor, fewer deep idle states) comes only where one applies."""
+    monkeypatch.setattr(doctor_mod, "cpu_power", lambda: power)
+    f = by_id(environment_checks("cpu"))["env.cpu_power"]
+    assert f["severity"] == "info" and f["title"] == title
+    assert "--idle-ms" in f["detail"] and "--idle-spin" in f["detail"]
+    assert (f["fix"] is not None) == fix
+    if power and power["idle_states"]:
+        assert "idle states enabled: " + ", ".join(power["idle_states"]) in f["detail"]

@@ -366,6 +366,30 @@ def test_environment_record_keys_and_env_vars(monkeypatch):
     assert env["torch"] and env["python"] and env["timestamp"].endswith("+00:00")
     assert isinstance(env["torch_threads"], int)
     assert env["git_dirty"] in (None, True, False)
+    assert env["cpu_power"] is None or set(env["cpu_power"]) == {"frequency_governors", "idle_governor", "idle_states"}
+
+
+def test_cpu_power_reads_governors_and_enabled_idle_states(tmp_path, monkeypatch):
+    """cpu_power: the frequency governors of the CPUs this process may use, the idle governor, and the first such
+    CPU's idle states that are not disabled, in state order; None where sysfs says nothing."""
+    from vlaperf.timing import cpu_power
+
+    monkeypatch.setattr(os, "sched_getaffinity", lambda pid: {0, 2}, raising=False)
+    for cpu, governor in ((0, "performance"), (1, "ignored"), (2, "powersave")):
+        (tmp_path / f"cpu{cpu}" / "cpufreq").mkdir(parents=True)
+        (tmp_path / f"cpu{cpu}" / "cpufreq" / "scaling_governor").write_text(governor + "\n")
+    for i, (name, disabled) in enumerate([("POLL", "0"), ("C1", "0"), ("C6", "1"), ("C10", "0")] + [("C12", "0")] * 8):
+        state = tmp_path / "cpu0" / "cpuidle" / f"state{i}"
+        state.mkdir(parents=True)
+        (state / "name").write_text(name if i < 4 else f"S{i}")
+        (state / "disable").write_text(disabled)
+    (tmp_path / "cpuidle").mkdir()
+    (tmp_path / "cpuidle" / "current_governor_ro").write_text("menu\n")
+    power = cpu_power(tmp_path)
+    assert power["frequency_governors"] == ["performance", "powersave"]  # cpu1 is not this process's
+    assert power["idle_governor"] == "menu"
+    assert power["idle_states"] == ["POLL", "C1", "C10"] + [f"S{i}" for i in range(4, 12)]  # state10 after state9
+    assert cpu_power(tmp_path / "nothing") is None
 
 
 def test_the_host_is_recorded_beyond_its_model_name(monkeypatch):

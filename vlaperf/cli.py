@@ -852,7 +852,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--idle-ms", type=idle_ms_arg, default=None, metavar="MS",
                    help="also time the same call after MS milliseconds of idle (host asleep, device synchronized), "
                         "interleaved with back-to-back calls: what a control loop's wait between calls costs the next "
-                        "one (caches and clocks gone cold); e.g. 50 for a 20 Hz loop's spare time")
+                        "one (caches and clocks gone cold); e.g. 85 for a 10 Hz loop around a 15 ms call")
     add_idle_spin(p)
     add_processes(p)
     p.set_defaults(func=cmd_bench)

@@ -656,6 +656,37 @@ def _usable_cpus() -> int | None:
     return os.cpu_count()
 
 
+CPU_SYSFS = Path("/sys/devices/system/cpu")
+
+
+def cpu_power(root: Path = CPU_SYSFS) -> dict[str, Any] | None:
+    """How the CPUs may slow down between calls, from Linux's sysfs: the frequency governors of the CPUs this process
+    may use (`cpufreq`; e.g. "performance", or "powersave" / "schedutil", which lower the clock of an idle core), the
+    idle governor and the idle states of the first such CPU that are enabled, shallowest first (a deeper state takes
+    longer to leave). A robot's policy waits between its calls, and the call after the wait pays for both (`bench
+    --idle-ms`). None where sysfs says nothing (not Linux, or a container without it); a missing part is null."""
+    cpus = sorted(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else list(range(os.cpu_count() or 1))
+
+    def read(path: Path) -> str | None:
+        try:
+            return path.read_text().strip()
+        except OSError:
+            return None
+
+    governors = sorted({g for c in cpus if (g := read(root / f"cpu{c}" / "cpufreq" / "scaling_governor"))})
+    states = []
+    idle_dir = root / f"cpu{cpus[0]}" / "cpuidle" if cpus else None
+    if idle_dir is not None and idle_dir.is_dir():
+        for state in sorted(idle_dir.glob("state*"), key=lambda p: int(p.name[5:]) if p.name[5:].isdigit() else 0):
+            name = read(state / "name")
+            if name and read(state / "disable") != "1":
+                states.append(name)
+    idle_governor = read(root / "cpuidle" / "current_governor") or read(root / "cpuidle" / "current_governor_ro")
+    if not governors and not states and idle_governor is None:
+        return None
+    return {"frequency_governors": governors or None, "idle_governor": idle_governor, "idle_states": states or None}
+
+
 def _memory_bytes() -> int | None:
     return os.sysconf("SC_PAGE_SIZE") * os.sysconf("SC_PHYS_PAGES")
 
@@ -739,7 +770,8 @@ def environment_record(device: torch.device | str) -> dict[str, Any]:
     reports them when the record is taken (GPU_STATE_FIELDS), else None. tf32_matmul /
     tf32_cudnn are torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32. cpu is the
     processor's model name, cpu_id its vendor, family, model and stepping (`cpu_id`), cpus the CPUs this process
-    may use, memory_bytes the machine's physical memory: which host a figure came from.
+    may use, cpu_power their frequency governors and idle states (`cpu_power`), memory_bytes the machine's physical
+    memory: which host a figure came from.
     timestamp is UTC ISO 8601.
     """
     dev = _probe(lambda: torch.device(device))
@@ -760,6 +792,7 @@ def environment_record(device: torch.device | str) -> dict[str, Any]:
         "cpu": _probe(_cpu_name),
         "cpu_id": _probe(_cpu_id),
         "cpus": _probe(_usable_cpus),
+        "cpu_power": _probe(cpu_power),
         "memory_bytes": _probe(_memory_bytes),
         "vlaperf": _probe(_vlaperf_version, "unknown"),
         "git_commit": commit,

@@ -32,7 +32,7 @@ from typing import Any
 
 import torch
 
-from vlaperf.timing import CLOCK_EVENT_REASONS, behaviour_env_vars, device_uuid
+from vlaperf.timing import CLOCK_EVENT_REASONS, behaviour_env_vars, cpu_power, device_uuid
 
 SEVERITIES = ("error", "warning", "info")
 
@@ -168,6 +168,7 @@ def environment_checks(device: torch.device | str | None = None, model_dtype: to
         out.append(finding("env.matmul_precision", "info", f"float32 matmul precision: {precision}",
                            detail + (" (matters only for float32 matmuls)" if device.type == "cuda" else "")))
     out.append(_compile_cache_check())
+    out.append(_cpu_power_check())
     if device.type == "cuda":
         out.append(_pdl_check(device))
     out += _gpu_checks(device)
@@ -177,6 +178,34 @@ def environment_checks(device: torch.device | str | None = None, model_dtype: to
         out.append(finding("env.variables", "info", "environment variables that change torch's behaviour",
                            ", ".join(f"{k}={v}" for k, v in sorted(relevant.items()))))
     return out
+
+
+def _cpu_power_check() -> dict:
+    """The CPUs' frequency governors and idle states: a policy called once per control period waits in between, and
+    its host work after the wait can run slower (a core that lowered its clock, left a deep idle state, lost its
+    caches); `bench --idle-ms` measures it, `--idle-spin` tells the sleep's part from the caches'."""
+    power = cpu_power()
+    measure = ("Measure what the wait costs here: `vlaperf bench --mode policy --levers best --idle-ms 85` (a 10 Hz "
+               "loop around a 15 ms call) against back to back, and with --idle-spin (the same wait, the core kept "
+               "busy). On an H100 machine the served libero-pi0 call took 1.03x as long after 50-200 ms asleep, every "
+               "host stage 1.4-2x slower (docs/perf-notes.md, session 49).")
+    if power is None:
+        return finding("env.cpu_power", "info", "CPU frequency governor and idle states: not readable here",
+                       "/sys/devices/system/cpu says nothing in this environment (not Linux, or a container "
+                       "without it). " + measure)
+    governors = power["frequency_governors"]
+    parts = [f"frequency governor{'s' if governors and len(governors) > 1 else ''}: "
+             + (", ".join(governors) if governors else "not exposed (no cpufreq: a VM, or the firmware's own)"),
+             f"idle governor: {power['idle_governor'] or 'not exposed'}",
+             "idle states enabled: " + (", ".join(power["idle_states"]) if power["idle_states"] else "not exposed")]
+    slow = [g for g in governors or [] if g != "performance"]
+    return finding("env.cpu_power", "info",
+                   "CPU frequency governor " + (", ".join(governors) if governors else "not exposed")
+                   + (": cores may slow down between calls" if slow else ""),
+                   "; ".join(parts) + ". " + measure,
+                   fix=("where the idle costs, on a machine you control: `cpupower frequency-set -g performance` and "
+                        "fewer deep idle states (`cpupower idle-set -D 10`), or keep the serving core busy between "
+                        "calls; measure again with --idle-ms" if slow or power["idle_states"] else None))
 
 
 def _pdl_check(device: torch.device) -> dict:
