@@ -48,8 +48,7 @@ def tiny_results(tmp_path_factory):
         profile_main(["doctor", *common, "--no-measure", "--json", str(d / "doc.json")])
         from vlaperf import cli
 
-        assert cli.main(["bench", *common, "--warmup", "1", "--iters", "5", "--idle-ms", "5",
-                         "--json", str(d / "bench.json")]) == 0
+        assert cli.main(["bench", *common, "--warmup", "1", "--iters", "5", "--json", str(d / "bench.json")]) == 0
         assert cli.main(["matrix", *common, "--variants", "for_loop;best", "--warmup", "1", "--iters", "3",
                          "--json", str(d / "matrix.json")]) == 0
     finally:
@@ -111,10 +110,22 @@ def test_reports_from_fresh_tiny_results(tiny_results, tmp_path):
     md_out = render([tiny_results], tmp_path / "tiny.md")
     md = md_out.read_text()
     assert "### breakdown: tiny reference (model mode, cpu)" in md
-    idle = json.loads((tiny_results / "bench.json").read_text())["idle"]
-    row = next(line for line in md.splitlines() if line.startswith("| bench | reference [model] | 5 |"))
-    assert f"{idle['wall_ms']['after_idle_over_back_to_back']:.3f}x" in row and "Files of `bench --idle-ms`" in md
     assert len(list((tmp_path / "tiny_files").glob("*.png"))) >= 6
+
+
+def test_bench_idle_files_get_a_table_of_their_own(tmp_path):
+    """`bench --idle-ms` files: their idle against back to back in a table after the bench rows, spun idles named."""
+    from vlaperf import cli
+
+    for name, extra in (("idle", []), ("spun", ["--idle-spin"])):
+        assert cli.main(["bench", "--workload", "tiny", "--device", "cpu", "--no-progress", "--warmup", "1", "--iters",
+                         "3", "--idle-ms", "5", *extra, "--json", str(tmp_path / f"{name}.json")]) == 0
+    md = render([tmp_path], tmp_path / "r.md").read_text()
+    assert "Files of `bench --idle-ms`" in md
+    for name, idle in (("idle", "5"), ("spun", "5 spinning")):
+        w = json.loads((tmp_path / f"{name}.json").read_text())["idle"]["wall_ms"]
+        row = next(line for line in md.splitlines() if line.startswith(f"| {name} | reference [model] | {idle} |"))
+        assert f"{w['after_idle_over_back_to_back']:.3f}x" in row
 
 
 def test_invalid_files_are_listed_not_fatal(tiny_results, tmp_path):
@@ -1566,7 +1577,9 @@ def test_environment_keeps_first_seen_key_order_and_leaves_out_the_moment(tiny_r
     md = render(files, tmp_path / "r.md").read_text()
     env = md[md.index("## Environment"):]
     keys = [line.split(" | ")[0][2:] for line in env.splitlines() if line.startswith("| ") and not line.startswith("| key")]
-    expected = [k for k in r["env"] if k not in ("timestamp", "gpu_state")]
+    # an object's keys are rows of their own (cpu_power on a Linux machine)
+    expected = [k2 for k, v in r["env"].items() if k not in ("timestamp", "gpu_state")
+                for k2 in ([f"{k}.{sub}" for sub in v] if isinstance(v, dict) and v else [k])]
     assert keys == expected
     assert "timestamp" not in env and "different between files" not in env
 
