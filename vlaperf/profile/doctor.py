@@ -15,7 +15,9 @@ Environment checks need no model: torch.compile disabled by TORCHDYNAMO_DISABLE 
 TORCH_COMPILE_DISABLE (seed 000 lost 2-3x to this for weeks), no C compiler on PATH
 (inductor fails at the first compiled call: better to know before waiting for it),
 CUDA_LAUNCH_BLOCKING, anomaly detection, the float32 matmul precision / TF32, other
-processes on the GPU and the GPU clocks (nvidia-smi, best effort), torch/CUDA versions.
+processes on the GPU and the GPU clocks (nvidia-smi, best effort), the CPUs' frequency
+governors and idle states (sysfs: a control loop's call after its wait pays for them),
+torch/CUDA versions.
 Model checks run the actual policy: host syncs per call (vlaperf.profile.syncs), masked
 image slots that are still embedded, padded prompt tokens computed, eager attention where
 SDPA exists, float32 weights on a GPU, per-kernel launch overhead without a CUDA graph.
