@@ -272,6 +272,13 @@ def _gpu_state(st):
     return f"{st['sm_clock_mhz']}/{st.get('max_sm_clock_mhz') or '?'} MHz" + (f" ({', '.join(held)})" if held else "")
 
 
+def _idle_note(r) -> str:
+    """A matrix file's idle before each timed call (`matrix --idle-ms`), or "" for back to back."""
+    if not r.get("idle_ms"):
+        return ""
+    return f", each timed call after {r['idle_ms']:g} ms {'spinning' if r.get('idle_spin') else 'idle'} (`--idle-ms`)"
+
+
 def matrix_tables(results):
     out = []
     for path, r in results:
@@ -280,8 +287,8 @@ def matrix_tables(results):
         stopped = (" **Interrupted** (stopped by its time limit's SIGTERM or Ctrl-C): no row was timed; the rows it had "
                    "prepared keep their first call and equivalence.") if r.get("interrupted") else ""
         out += [f"### matrix `{r['variant']['label']}` on {r['workload']['id']}, {r.get('mode') or 'model'} mode ({_env(r)})", "",
-                f"`{path.relative_to(ROOT)}`; interleaved, {r['iters']} rounds after {r['warmup']} warm-up calls per variant; "
-                "speedup = ratio of median wall times vs the reference; p10..p90 = spread of per-round ratios." + stopped, "",
+                f"`{path.relative_to(ROOT)}`; interleaved, {r['iters']} rounds after {r['warmup']} warm-up calls per variant"
+                + _idle_note(r) + "; speedup = ratio of median wall times vs the reference; p10..p90 = spread of per-round ratios." + stopped, "",
                 "| variant | median ms | p95 ms | speedup | p10..p90 | rel L2 vs reference | first call s |",
                 "|---|---|---|---|---|---|---|"]
         for v in r["variants"]:
@@ -787,7 +794,7 @@ def wam_tables(results):
         what = "one forward" if r["mode"] == "forward" else "one generate call"
         out += [f"### matrix `{r['variant']['label']}` on {r['workload']['id']}, batch {st.get('batch')}, {what} ({_env(r)})", "",
                 f"`{path.relative_to(ROOT)}`; every row interleaved in one process, {r['iters']} rounds after {r['warmup']} "
-                "warm-up calls; ratios of medians with the p10..p90 of the per-round ratios; vs reference = the reference "
+                "warm-up calls" + _idle_note(r) + "; ratios of medians with the p10..p90 of the per-round ratios; vs reference = the reference "
                 "at the same sparsity over the row; sparsity gain = the same variant at sparsity none over the row.", "",
                 "| variant | sparsity | median ms | p95 ms | vs reference | sparsity gain | actions rel L2 | first call s | floor ms |",
                 "|---|---|---|---|---|---|---|---|---|"]

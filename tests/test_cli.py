@@ -308,6 +308,33 @@ def test_check_and_matrix_on_tiny(tmp_path):
     assert all("timers" in r for r in rows) and rows[-1]["ratio"]["wall_ms"]["speedup"] > 0
 
 
+@pytest.mark.parametrize("workload", ["tiny", "wam-tiny"])
+def test_matrix_idle_ms_times_every_call_after_the_idle(workload, tmp_path, monkeypatch, capsys):
+    """--idle-ms: every timed call of every row follows the idle (none in the warm-up), the file records it and the
+    title says so; with --ray it is refused (its tasks time back to back), --idle-spin alone too."""
+    import vlaperf.timing as timing
+
+    slept, sleep = [], timing.time.sleep
+    monkeypatch.setattr(timing.time, "sleep", lambda s: (slept.append(s), sleep(s)))
+    variants = "reference;for_loop" if workload == "tiny" else "reference;exact"
+    out = tmp_path / "m.json"
+    assert main(["matrix", "--workload", workload, "--device", "cpu", "--variants", variants, "--warmup", "1",
+                 "--iters", "3", "--idle-ms", "7", "--no-progress", "--json", str(out)]) == 0
+    r = read_result(out)
+    timed = [v for v in r["variants"] if "timers" in v]
+    assert slept.count(0.007) == 3 * len(timed) and len(timed) >= 2
+    assert r["idle_ms"] == 7.0 and r["idle_spin"] is False
+    assert "each call after 7 ms idle" in " ".join(capsys.readouterr().out.split())
+    from vlaperf.report.render import render
+
+    md = render([out], tmp_path / "r.md").read_text()  # the report's matrix note says it too
+    assert "warm-up calls per variant, each timed call after 7 ms idle (`--idle-ms`)" in md
+    assert main(["matrix", "--workload", "tiny", "--device", "cpu", "--ray", "--idle-ms", "7"]) == 2
+    assert "--idle-ms with --ray: the Ray tasks time their variants back to back" in capsys.readouterr().err
+    assert main(["matrix", "--workload", "tiny", "--device", "cpu", "--idle-spin"]) == 2
+    assert "--idle-spin: spins through the idle that --idle-ms gives" in capsys.readouterr().err
+
+
 def test_matrix_in_policy_mode_times_each_variants_served_path(tmp_path, monkeypatch, capsys):
     """--mode policy: every row, the reference's too, is Policy.infer of one openpi request around that variant's
     sample (bench --mode policy's call), as many calls of each; the file and the table say the mode. --mode model

@@ -531,3 +531,12 @@ def test_idle_cost_rows_show_the_call_after_an_idle_against_back_to_back():
     assert gen.idle_cost_rows([(gen.ROOT / "p.json", plain)]) == []  # no idle file: no table
     spun = dict(r, idle={**r["idle"], "spin": True})
     assert _cells(gen.idle_cost_rows([(gen.ROOT / "s.json", spun)])[2])[4] == "50 spinning"
+
+
+def test_matrix_headings_say_when_every_call_came_after_an_idle():
+    gen = _generator()
+    r = {"command": "matrix", "workload": {"id": "libero-pi0"}, "mode": "model", "variant": {"label": "graph;best"},
+         "env": {"gpu": "NVIDIA H200"}, "iters": 50, "warmup": 10, "variants": []}
+    assert gen._idle_note(r) == "" and gen._idle_note(dict(r, idle_ms=0.0)) == ""  # back to back
+    text = "\n".join(gen.matrix_tables([(gen.ROOT / "m.json", dict(r, idle_ms=50.0, idle_spin=True))]))
+    assert "warm-up calls per variant, each timed call after 50 ms spinning (`--idle-ms`); speedup = " in text

@@ -803,6 +803,10 @@ def cmd_matrix(args) -> int:
                 if value is not None]
     if ray_only and not getattr(args, "ray", False):  # it would run here, in this process, without a word
         raise CliError(f"{', '.join(ray_only)}: configure the matrix's Ray tasks and need --ray")
+    refuse_spin_without_idle(args)
+    if getattr(args, "ray", False) and args.idle_ms is not None:
+        raise CliError("--idle-ms with --ray: the Ray tasks time their variants back to back; run the matrix here, "
+                       "without --ray, to time every call after the idle")
     if wam_args(args):
         from vlaperf.profile import wam
 
@@ -878,6 +882,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--warmup", type=positive_int, default=10, help="untimed calls of each variant first (default: 10)")
     p.add_argument("--iters", type=positive_int, default=50, help="interleaved rounds, one timed call of each variant a "
                                                                   "round (default: 50)")
+    p.add_argument("--idle-ms", type=idle_ms_arg, default=None, metavar="MS",
+                   help="time every call after MS milliseconds of idle (host asleep, device synchronized), as a control "
+                        "loop calls its policy, instead of back to back: which levers keep their gain under a robot's "
+                        "cadence")
+    add_idle_spin(p)
     from vlaperf.profile.ray_matrix import add_matrix_arguments
 
     add_matrix_arguments(p)  # --ray, --ray-address, --ray-cpus-per-task (docs/scale-out.md)

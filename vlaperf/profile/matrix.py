@@ -162,7 +162,8 @@ def run_matrix(args, base, workload, model, device) -> int:
                 rows.append(row)
                 terminated.raise_if_swallowed()
             timing = interleaved(fns, device=device, warmup=args.warmup, iters=args.iters, baseline="reference",
-                                 progress=not args.no_progress)
+                                 progress=not args.no_progress, idle_ms={name: args.idle_ms or 0.0 for name in fns},
+                                 idle_spin=args.idle_spin)
     except KeyboardInterrupt as e:
         # Ctrl-C, or a time limit's SIGTERM: a long matrix (compiles, captures) keeps what it learnt so far. The
         # rows prepared have their first call and their equivalence; none has a speed (the rounds never finished).
@@ -170,7 +171,7 @@ def run_matrix(args, base, workload, model, device) -> int:
             row.setdefault("skipped", "not timed: the matrix was interrupted")
         rows += [{"variant": spec, "levers": [], "skipped": "not prepared: the matrix was interrupted"}
                  for spec in variants[len(rows):]]
-        _print(rows, workload, device, wide_console(170), Table, mode)
+        _print(rows, workload, device, wide_console(170), Table, mode, idle_of(args))
         if args.json:
             result = result_header("matrix", base, workload, model, environment_record(device), [], args.variants, mode)
             result.update({"variants": rows, "warmup": args.warmup, "iters": args.iters, "baseline": "reference",
@@ -185,11 +186,12 @@ def run_matrix(args, base, workload, model, device) -> int:
         row.update({k: v[k] for k in ("timers", "warmup_s", "peak_memory_bytes")})
         row.setdefault("first_call_s", v["first_call_s"])
         row["ratio"] = timing["ratios"][row["variant"]]
-    _print(rows, workload, device, wide_console(170), Table, mode)
+    _print(rows, workload, device, wide_console(170), Table, mode, idle_of(args))
     if args.json:
         result = result_header("matrix", base, workload, model, environment_record(device), [], args.variants, mode)
         result.update({"variants": rows, "warmup": args.warmup, "iters": args.iters, "baseline": "reference",
-                       "first_call_timing": "before equivalence check"})
+                       "first_call_timing": "before equivalence check", "idle_ms": args.idle_ms or 0.0,
+                       "idle_spin": args.idle_spin})
         write_result(result, args.json)
         print(f"wrote {args.json}")
     return 0
@@ -232,9 +234,16 @@ def sigterm_as_interrupt():
         signal.signal(signal.SIGTERM, previous)
 
 
-def _print(rows, workload, device, console, Table, mode: str = "model") -> None:
-    t = Table(title=f"vlaperf matrix  {workload.id}  ({mode} mode, {device}; interleaved; speedup = reference median / "
-                    "variant median)")
+def idle_of(args) -> str:
+    """`matrix --idle-ms`'s words for the table's title ("" back to back)."""
+    from vlaperf.cli import idle_words
+
+    return f", each call after {idle_words(args.idle_ms, args.idle_spin)}" if getattr(args, "idle_ms", None) else ""
+
+
+def _print(rows, workload, device, console, Table, mode: str = "model", idle: str = "") -> None:
+    t = Table(title=f"vlaperf matrix  {workload.id}  ({mode} mode, {device}; interleaved{idle}; speedup = reference "
+                    "median / variant median)")
     for col in ("variant", "median ms", "p95 ms", "event ms", "speedup", "p10..p90", "rel L2", "first call s", "process peak GiB"):
         t.add_column(col, overflow="fold")  # a long variant name wraps, never cut
     notes = []

@@ -256,7 +256,7 @@ def cmd_matrix(args) -> int:
     from vlaperf.cli import STOPPED_BY_SIGTERM, wide_console
     from rich.table import Table
 
-    from vlaperf.profile.matrix import Terminated, sigterm_as_interrupt
+    from vlaperf.profile.matrix import Terminated, idle_of, sigterm_as_interrupt
 
     from vlaperf.check import check_wam_equivalence
     from vlaperf.cli import CliError, _timed_once
@@ -317,7 +317,8 @@ def cmd_matrix(args) -> int:
                     rows.append(row)
             terminated.raise_if_swallowed()
             timing = interleaved(fns, device=device, warmup=args.warmup, iters=args.iters, baseline=next(iter(fns)),
-                                 progress=not args.no_progress)
+                                 progress=not args.no_progress, idle_ms={key: args.idle_ms or 0.0 for key in fns},
+                                 idle_spin=args.idle_spin)
     except KeyboardInterrupt as e:
         # as `vlaperf matrix` for the pi0 family: the rows prepared keep their first call and equivalence, none is timed
         keys = {row["key"] for row in rows}
@@ -326,7 +327,7 @@ def cmd_matrix(args) -> int:
         rows += [{"variant": spec, "sparsity": sp, "key": f"{spec} | {sp}", "levers": [],
                   "skipped": "not prepared: the matrix was interrupted"}
                  for sp in sparsities for spec in variants if f"{spec} | {sp}" not in keys]
-        _print(rows, workload, device, wide_console(180), Table, mode)
+        _print(rows, workload, device, wide_console(180), Table, mode, idle_of(args))
         if args.json:
             result = header("matrix", base, workload, model, environment_record(device), [], args.variants, mode)
             result.update({"variants": rows, "warmup": args.warmup, "iters": args.iters, "sparsities": sparsities,
@@ -347,11 +348,12 @@ def cmd_matrix(args) -> int:
             row["roofline_floor_ms"] = wam_roofline(model.config, workload.with_overrides(sparsity=row["sparsity"]))["full_forward_ms"]
         dense = samples.get(f"{row['variant']} | none")
         row["sparsity_gain"] = _ratio_stats(dense, samples[row["key"]]) if dense and row["sparsity"] != "none" else None
-    _print(rows, workload, device, wide_console(180), Table, mode)
+    _print(rows, workload, device, wide_console(180), Table, mode, idle_of(args))
     if args.json:
         result = header("matrix", base, workload, model, environment_record(device), [], args.variants, mode)
         result.update({"variants": rows, "warmup": args.warmup, "iters": args.iters, "sparsities": sparsities,
-                       "first_call_timing": "before equivalence check",
+                       "first_call_timing": "before equivalence check", "idle_ms": args.idle_ms or 0.0,
+                       "idle_spin": args.idle_spin,
                        "ratios": "vs_reference: the reference at the same sparsity over this row, per round (p10..p90); "
                                  "sparsity_gain: the same variant at sparsity none over this row"})
         write_result(result, args.json)
@@ -365,10 +367,10 @@ def _fmt_ratio(r) -> str:
     return f"{r['speedup']:.2f}x ({r['ratio_p10']:.2f}..{r['ratio_p90']:.2f})" + ("" if r["significant"] else " noise")
 
 
-def _print(rows, workload, device, console, Table, mode: str) -> None:
+def _print(rows, workload, device, console, Table, mode: str, idle: str = "") -> None:
     what = "one forward" if mode == "forward" else "one generate call"
-    t = Table(title=f"vlaperf matrix  {workload.id}  batch {workload.batch}, {what}  ({device}; interleaved in one process; "
-                    "ratios per round, p10..p90)")
+    t = Table(title=f"vlaperf matrix  {workload.id}  batch {workload.batch}, {what}  ({device}; interleaved in one process"
+                    f"{idle}; ratios per round, p10..p90)")
     for col in ("variant", "sparsity", "median ms", "p95 ms", "vs reference", "sparsity gain", "actions rel L2",
                 "first call s", "process peak GiB", "floor ms"):
         t.add_column(col, overflow="fold")  # a long variant name wraps, never cut to a prefix the rows share

@@ -669,7 +669,9 @@ def _wall_ratio(row: dict) -> dict:
 def _matrix(doc: _Doc, path: str, r: dict) -> None:
     doc.h(3, f"matrix: {workload_label(r)} on {_gpu(r)}, {r.get('mode') or '-'} mode "
              f"({(r.get('variant') or {}).get('label', '')[:60]})")
-    doc.p(f"{path}: {r.get('iters')} interleaved rounds after {r.get('warmup')} warm-up calls per variant; "
+    idle = (f", each timed call after {r['idle_ms']:g} ms {'spinning' if r.get('idle_spin') else 'idle'} "
+            "(`--idle-ms`)" if r.get("idle_ms") else "")
+    doc.p(f"{path}: {r.get('iters')} interleaved rounds after {r.get('warmup')} warm-up calls per variant{idle}; "
           f"speedup = median of the baseline ({r.get('baseline', 'reference')}) / median of the variant; "
           "'noise' = the p10..p90 of per-round ratios includes 1.", "note")
     rows, timed = [], []
