@@ -13,6 +13,10 @@
 #            1.000-1.012x and model 1.000-1.005x (a core that sleeps comes back slow: its clock or idle state, not
 #            caches, since every host stage slowed alike); asleep as in session 49 (policy 1.025-1.045x); the spun
 #            breakdown's host stages within 0.2 ms of back to back (1.28 ms on the H100).
+#   PART=m   matrix --mode policy --variants "graph;best", back to back and --idle-ms 50 (built in session 49), one
+#            process each: which levers keep their gain under a robot's cadence. Predictions: graph and best each
+#            +0.3-0.6 ms after the idle (the served path's host stages, as bench read +0.43-0.49), so their speedups
+#            over the reference (~200 ms, host-bound) move by under 1%; best over graph within 1% of back to back.
 #   PART=h   (an H200 only) the headline again: bench --levers best --processes 4, model mode. Prediction: 12.7-13.0 ms,
 #            as sessions 43-48.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=c bash benchmarks/h200_session50.sh, carry [".whl", ".whl_lerobot"]
@@ -35,6 +39,12 @@ s)
 100 $V bench --workload libero-pi0 --levers best --mode policy --idle-ms 50 $B --json $R/bench_libero-pi0_best-s50-idle50_policy.json
 100 $V bench --workload libero-pi0 --levers best --mode model --idle-ms 50 --idle-spin $B --json $R/bench_libero-pi0_best-s50-spin50_model.json
 80 $V breakdown --workload libero-pi0 --levers best --mode policy --idle-ms 50 --idle-spin --no-progress --json $R/breakdown_libero-pi0_best-s50-spin50_policy.json
+EOT
+  ;;
+m)
+  lane A 0 30 <<EOT &
+240 $V matrix --workload libero-pi0 --mode policy --variants "graph;best" --warmup 5 --iters 30 --no-progress --json $R/matrix_libero-pi0_policy_graph-best-s50.json
+200 $V matrix --workload libero-pi0 --mode policy --variants "graph;best" --warmup 5 --iters 30 --idle-ms 50 --no-progress --json $R/matrix_libero-pi0_policy_graph-best-s50-idle50.json
 EOT
   ;;
 h)
