@@ -17,10 +17,17 @@
 #            process each: which levers keep their gain under a robot's cadence. Predictions: graph and best each
 #            +0.3-0.6 ms after the idle (the served path's host stages, as bench read +0.43-0.49), so their speedups
 #            over the reference (~200 ms, host-bound) move by under 1%; best over graph within 1% of back to back.
+#   PART=p   (carry .whl_lerobot) where the accelerated predict's host time goes, warm: the overhead probe with --profile
+#            (torch.profiler's operator table of five accelerated predicts) for libero-pi0 and libero-pi05. Session 49's
+#            rows (H100): the predict 0.76 ms over the core, the core 0.43-0.53 ms over the engine called directly,
+#            which is the accelerator's conversion (_observation: the image stack, the mask flags read in one copy) and
+#            the fault flag's read. After 50 ms idle, the whole host path took +2.2 ms. Predictions: the table's top
+#            CPU operators are aten::copy_ / aten::stack / aten::cat and the one device-to-host read (_local_scalar_dense
+#            or to/copy with a sync); LeRobot's _preprocess_images 0.3-0.5 ms of it; no single operator over 0.2 ms.
 #   PART=h   (an H200 only) the headline again: bench --levers best --processes 4, model mode. Prediction: 12.7-13.0 ms,
 #            as sessions 43-48.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=c bash benchmarks/h200_session50.sh, carry [".whl", ".whl_lerobot"]
-# (s, h: [".whl"])
+# (c and p need .whl_lerobot; s, m and h: [".whl"])
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
 install_wheels .whl /tmp/site
@@ -45,6 +52,13 @@ m)
   lane A 0 30 <<EOT &
 240 $V matrix --workload libero-pi0 --mode policy --variants "graph;best" --warmup 5 --iters 30 --no-progress --json $R/matrix_libero-pi0_policy_graph-best-s50.json
 200 $V matrix --workload libero-pi0 --mode policy --variants "graph;best" --warmup 5 --iters 30 --idle-ms 50 --no-progress --json $R/matrix_libero-pi0_policy_graph-best-s50-idle50.json
+EOT
+  ;;
+p)
+  install_wheels .whl_lerobot /tmp/lrsite
+  lane A 0 60 <<EOT &
+150 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 benchmarks/lerobot_predict_overhead_probe.py --workload libero-pi0 --profile $R/lerobot_predict_overhead_profile_libero-pi0-s50.txt --json $R/lerobot_predict_overhead_probe_libero-pi0-s50.json
+150 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 benchmarks/lerobot_predict_overhead_probe.py --workload libero-pi05 --profile $R/lerobot_predict_overhead_profile_libero-pi05-s50.txt --json $R/lerobot_predict_overhead_probe_libero-pi05-s50.json
 EOT
   ;;
 h)
