@@ -470,8 +470,8 @@ def test_the_matrix_never_times_a_variant_that_fails_equivalence(tmp_path, monke
 
     seen = {}
 
-    def fake_interleaved(fns, *, device, warmup, iters, baseline, progress):  # known timings, no rounds run
-        seen.update(names=list(fns), warmup=warmup, iters=iters, baseline=baseline)
+    def fake_interleaved(fns, *, device, warmup, iters, baseline, progress, idle_ms, idle_spin):  # no rounds run
+        seen.update(names=list(fns), warmup=warmup, iters=iters, baseline=baseline, idle_ms=idle_ms)
         samples = {"reference": [4.0, 4.1, 4.2, 4.3], "for_loop": [1.5, 1.6, 1.7, 5.0]}
         ratios = {"reference": (1.0, 1.0, 0.9, 1.1, False), "for_loop": (2.5, 2.4, 2.1, 2.9, False)}
         keys = ("speedup", "ratio_median", "ratio_p10", "ratio_p90", "significant")
@@ -485,7 +485,8 @@ def test_the_matrix_never_times_a_variant_that_fails_equivalence(tmp_path, monke
     args = ["matrix", "--workload", "tiny", "--device", "cpu", "--variants", "for_loop;sdpa", "--warmup", "1", "--iters",
             "2", "--no-progress", "--json", str(tmp_path / "m.json")]
     assert main(args) == 0
-    assert seen == {"names": ["reference", "for_loop"], "warmup": 1, "iters": 2, "baseline": "reference"}
+    assert seen == {"names": ["reference", "for_loop"], "warmup": 1, "iters": 2, "baseline": "reference",
+                    "idle_ms": {"reference": 0.0, "for_loop": 0.0}}  # back to back
     r = read_result(tmp_path / "m.json")
     assert (r["baseline"], r["warmup"], r["iters"]) == ("reference", 1, 2)
     assert r["first_call_timing"] == "before equivalence check"

@@ -992,7 +992,7 @@ def test_wam_matrix_ratios_compare_each_row_with_its_sparsitys_reference_and_its
         r = real_check(model, engine, workload, seeds=range(1))
         return {**r, "passed": False} if engine.name == "host_schedule" and workload.sparsity == "drop_middle" else r
 
-    def fixed(fns, *, device, warmup, iters, baseline, progress):
+    def fixed(fns, *, device, warmup, iters, baseline, progress, idle_ms=None, idle_spin=False):
         out = {}
         for j, key in enumerate(fns):  # distinct per row and per round, so that a wrong pairing shows
             samples[key] = [10.0 + 3 * j + (r * (j + 1)) % 5 for r in range(iters)]

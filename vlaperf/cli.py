@@ -550,8 +550,9 @@ def idle_cost(fn, device, args) -> dict | None:
         return None
     timing = interleaved({"back_to_back": fn, "after_idle": fn}, device=device, warmup=max(1, min(args.warmup, 10)),
                          iters=args.iters, baseline="back_to_back", progress=not args.no_progress,
-                         idle_ms={"after_idle": args.idle_ms}, idle_spin=args.idle_spin)
-    return {"idle_ms": args.idle_ms, "spin": args.idle_spin, **pair_cost(timing, "back_to_back", "after_idle")}
+                         idle_ms={"after_idle": args.idle_ms}, idle_spin=getattr(args, "idle_spin", False))
+    return {"idle_ms": args.idle_ms, "spin": getattr(args, "idle_spin", False),
+            **pair_cost(timing, "back_to_back", "after_idle")}
 
 
 def idle_words(ms: float, spin: bool) -> str:

@@ -162,8 +162,8 @@ def run_matrix(args, base, workload, model, device) -> int:
                 rows.append(row)
                 terminated.raise_if_swallowed()
             timing = interleaved(fns, device=device, warmup=args.warmup, iters=args.iters, baseline="reference",
-                                 progress=not args.no_progress, idle_ms={name: args.idle_ms or 0.0 for name in fns},
-                                 idle_spin=args.idle_spin)
+                                 progress=not args.no_progress, idle_ms={name: getattr(args, "idle_ms", None) or 0.0 for name in fns},
+                                 idle_spin=getattr(args, "idle_spin", False))
     except KeyboardInterrupt as e:
         # Ctrl-C, or a time limit's SIGTERM: a long matrix (compiles, captures) keeps what it learnt so far. The
         # rows prepared have their first call and their equivalence; none has a speed (the rounds never finished).
@@ -190,8 +190,8 @@ def run_matrix(args, base, workload, model, device) -> int:
     if args.json:
         result = result_header("matrix", base, workload, model, environment_record(device), [], args.variants, mode)
         result.update({"variants": rows, "warmup": args.warmup, "iters": args.iters, "baseline": "reference",
-                       "first_call_timing": "before equivalence check", "idle_ms": args.idle_ms or 0.0,
-                       "idle_spin": args.idle_spin})
+                       "first_call_timing": "before equivalence check", "idle_ms": getattr(args, "idle_ms", None) or 0.0,
+                       "idle_spin": getattr(args, "idle_spin", False)})
         write_result(result, args.json)
         print(f"wrote {args.json}")
     return 0
@@ -238,7 +238,8 @@ def idle_of(args) -> str:
     """`matrix --idle-ms`'s words for the table's title ("" back to back)."""
     from vlaperf.cli import idle_words
 
-    return f", each call after {idle_words(args.idle_ms, args.idle_spin)}" if getattr(args, "idle_ms", None) else ""
+    ms = getattr(args, "idle_ms", None)
+    return f", each call after {idle_words(ms, getattr(args, 'idle_spin', False))}" if ms else ""
 
 
 def _print(rows, workload, device, console, Table, mode: str = "model", idle: str = "") -> None:

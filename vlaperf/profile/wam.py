@@ -317,8 +317,8 @@ def cmd_matrix(args) -> int:
                     rows.append(row)
             terminated.raise_if_swallowed()
             timing = interleaved(fns, device=device, warmup=args.warmup, iters=args.iters, baseline=next(iter(fns)),
-                                 progress=not args.no_progress, idle_ms={key: args.idle_ms or 0.0 for key in fns},
-                                 idle_spin=args.idle_spin)
+                                 progress=not args.no_progress, idle_ms={key: getattr(args, "idle_ms", None) or 0.0 for key in fns},
+                                 idle_spin=getattr(args, "idle_spin", False))
     except KeyboardInterrupt as e:
         # as `vlaperf matrix` for the pi0 family: the rows prepared keep their first call and equivalence, none is timed
         keys = {row["key"] for row in rows}
@@ -352,8 +352,8 @@ def cmd_matrix(args) -> int:
     if args.json:
         result = header("matrix", base, workload, model, environment_record(device), [], args.variants, mode)
         result.update({"variants": rows, "warmup": args.warmup, "iters": args.iters, "sparsities": sparsities,
-                       "first_call_timing": "before equivalence check", "idle_ms": args.idle_ms or 0.0,
-                       "idle_spin": args.idle_spin,
+                       "first_call_timing": "before equivalence check", "idle_ms": getattr(args, "idle_ms", None) or 0.0,
+                       "idle_spin": getattr(args, "idle_spin", False),
                        "ratios": "vs_reference: the reference at the same sparsity over this row, per round (p10..p90); "
                                  "sparsity_gain: the same variant at sparsity none over this row"})
         write_result(result, args.json)
