@@ -415,7 +415,11 @@ def compare_tables(results):
                     "process (`vlaperf compare`). LeRobot runs as shipped (eager attention, SigLIP in float32).", "",
                     "LeRobot policy: LeRobot's own `predict_action_chunk` as shipped -> with vlaperf installed in it by",
                     "`accelerate_lerobot` (`--accelerate`; its image pre-processing included), where the file has them;",
-                    "with RTC: the same with LeRobot's real-time chunking on and a previous chunk's leftover given (`--rtc`).", "",
+                    "with RTC: the same with LeRobot's real-time chunking on and a previous chunk's leftover given (`--rtc`).",
+                    "A * marks a file whose accelerated rows were timed as they came in the round (no `timing.settled`: the",
+                    "files up to session 49's): its guided accelerated row came right after LeRobot's guided predict and carries",
+                    "what that call leaves the next one (docs/perf-notes.md, session 49). Files with `timing.settled` time each",
+                    "of those rows right after one of its own.", "",
                     "| workload | LeRobot | dtype | rel L2 reference / best vs LeRobot | passed | LeRobot ms | vlaperf reference ms | vlaperf best ms | best speedup | LeRobot policy ms | with RTC ms | file |",
                     "|---|---|---|---|---|---|---|---|---|---|---|---|"]
         eq, sm = c["equivalence"], t.get("summary") or {}
@@ -427,7 +431,8 @@ def compare_tables(results):
         rels = " / ".join(f"{eq[k]['rel_l2']:.2e}" for k in ("reference", "best") if k in eq)
         def shipped_to_accelerated(suffix=""):
             name = "vlaperf_in_lerobot_predict" + suffix
-            return f"{med('lerobot_predict' + suffix)} -> {med(name)}" if name in sm else "-"
+            unsettled = "*" if suffix and "settled" not in t else ""  # timing.settled: files from session 49 on
+            return f"{med('lerobot_predict' + suffix)} -> {med(name)}{unsettled}" if name in sm else "-"
 
         out.append(f"| {r['workload']['id']}{' (reduced)' if c['reduced'] else ''} | {c['lerobot_version']} | {c['dtype']} | {rels} | "
                    f"{'yes' if c['passed'] else 'NO'} | {med('lerobot')} | {med('vlaperf_reference')} | {med('vlaperf_best')} | {speed} | "
