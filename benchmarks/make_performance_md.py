@@ -10,7 +10,8 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from vlaperf.report.render import FRONT_END_SPLIT, result_batch, step_config_diff, step_config_value, workload_label
+from vlaperf.report.render import (FRONT_END_SPLIT, idle_words, result_batch, step_config_diff, step_config_value,
+                                   workload_label)
 from vlaperf.report.schema import json_kind
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -276,7 +277,7 @@ def _idle_note(r) -> str:
     """A matrix file's idle before each timed call (`matrix --idle-ms`), or "" for back to back."""
     if not r.get("idle_ms"):
         return ""
-    return f", each timed call after {r['idle_ms']:g} ms {'spinning' if r.get('idle_spin') else 'idle'} (`--idle-ms`)"
+    return f", each timed call after {idle_words(r['idle_ms'], r.get('idle_spin', False))} (`--idle-ms`)"
 
 
 def matrix_tables(results):
@@ -327,7 +328,7 @@ def breakdown_tables(results):
         whole = r["timers"]["cuda_event_ms"] or r["timers"]["wall_ms"]
         out += [f"### breakdown of {r['workload']['id']}, {_short(r['variant']['label'])} ({r['mode']} mode, {_env(r)})", "",
                 f"`{path.relative_to(ROOT)}`; timer {b['timer']}, {b['iters']} calls"
-                + (f", each after {b['idle_ms']:g} ms {'spinning' if b.get('idle_spin') else 'idle'} (`--idle-ms`)"
+                + (f", each after {idle_words(b['idle_ms'], b.get('idle_spin', False))} (`--idle-ms`)"
                    if b.get("idle_ms") else "")
                 + f"; whole call median {_ms(whole['median'])} ms."
                 + "".join(f" Note: {n}" for n in b.get("notes", [])), "",

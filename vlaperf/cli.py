@@ -555,11 +555,6 @@ def idle_cost(fn, device, args) -> dict | None:
             **pair_cost(timing, "back_to_back", "after_idle")}
 
 
-def idle_words(ms: float, spin: bool) -> str:
-    """How a file's idle reads: "50 ms idle", or "50 ms spinning" (`--idle-spin`: busy on the clock, not asleep)."""
-    return f"{ms:g} ms {'spinning' if spin else 'idle'}"
-
-
 def refuse_spin_without_idle(args) -> None:
     if getattr(args, "idle_spin", False) and getattr(args, "idle_ms", None) is None:
         raise CliError("--idle-spin: spins through the idle that --idle-ms gives; add --idle-ms MS")
@@ -613,6 +608,8 @@ def print_bench(result: dict) -> None:
                       f"{w['per_round_p90']:.3f})")
     idle = result.get("idle")
     if idle and idle.get("wall_ms"):
+        from vlaperf.report.render import idle_words
+
         w = idle["wall_ms"]
         console.print(f"after {idle_words(idle['idle_ms'], idle.get('spin', False))}, interleaved with back-to-back "
                       f"calls ({idle['iters']} rounds): "

@@ -23,9 +23,9 @@ from pathlib import Path
 import torch
 
 from vlaperf.cli import (CliError, add_common, add_idle_spin, add_processes, apply_compile_cache, idle_ms_arg,
-                         idle_words, levers_arg, make_engine, non_negative_int, number_arg, output_file, path_arg,
-                         png_file, positive_int, refuse_repeated_variants, refuse_spin_without_idle, result_header,
-                         setup)
+                         levers_arg, make_engine, non_negative_int, number_arg, output_file, path_arg, png_file,
+                         positive_int, refuse_repeated_variants, refuse_spin_without_idle, result_header, setup)
+from vlaperf.report.render import idle_words
 
 REFERENCE = ("reference", "none", "")
 

@@ -236,7 +236,7 @@ def sigterm_as_interrupt():
 
 def idle_of(args) -> str:
     """`matrix --idle-ms`'s words for the table's title ("" back to back)."""
-    from vlaperf.cli import idle_words
+    from vlaperf.report.render import idle_words
 
     ms = getattr(args, "idle_ms", None)
     return f", each call after {idle_words(ms, getattr(args, 'idle_spin', False))}" if ms else ""

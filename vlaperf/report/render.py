@@ -153,6 +153,12 @@ class _Doc:
         return "\n".join(lines)
 
 
+def idle_words(ms: float, spin: bool = False) -> str:
+    """How a file's idle (`--idle-ms`) reads: "50 ms idle", or "50 ms spinning" (`--idle-spin`: busy on the clock, not
+    asleep)."""
+    return f"{ms:g} ms {'spinning' if spin else 'idle'}"
+
+
 def workload_label(r: dict) -> str:
     """The workload's id and what the run changed of it, e.g. "libero-pi05 (horizon 50)", and "RTC guided" for a
     timed guided call of real-time chunking."""
@@ -545,7 +551,7 @@ def _bench_idle(doc: _Doc, items: list[tuple[str, dict]], stems: dict[str, str])
     for path, r in items:
         w = (r.get("idle") or {}).get("wall_ms")
         if w:
-            spin = " spinning" if r["idle"].get("spin") else ""
+            spin = " spinning" if r["idle"].get("spin") else ""  # the column is "idle ms"
             rows.append([stems[path], _label(r), f"{r['idle']['idle_ms']:g}{spin}", w["back_to_back_median"],
                          w["after_idle_median"], f"{w['after_idle_over_back_to_back']:.3f}x",
                          f"{w['per_round_p10']:.3f}..{w['per_round_p90']:.3f}", r["idle"]["iters"]])
@@ -669,8 +675,8 @@ def _wall_ratio(row: dict) -> dict:
 def _matrix(doc: _Doc, path: str, r: dict) -> None:
     doc.h(3, f"matrix: {workload_label(r)} on {_gpu(r)}, {r.get('mode') or '-'} mode "
              f"({(r.get('variant') or {}).get('label', '')[:60]})")
-    idle = (f", each timed call after {r['idle_ms']:g} ms {'spinning' if r.get('idle_spin') else 'idle'} "
-            "(`--idle-ms`)" if r.get("idle_ms") else "")
+    idle = (f", each timed call after {idle_words(r['idle_ms'], r.get('idle_spin', False))} (`--idle-ms`)"
+            if r.get("idle_ms") else "")
     doc.p(f"{path}: {r.get('iters')} interleaved rounds after {r.get('warmup')} warm-up calls per variant{idle}; "
           f"speedup = median of the baseline ({r.get('baseline', 'reference')}) / median of the variant; "
           "'noise' = the p10..p90 of per-round ratios includes 1.", "note")
@@ -777,8 +783,7 @@ def _check(doc: _Doc, path: str, r: dict) -> None:
 
 def _breakdown(doc: _Doc, path: str, r: dict) -> None:
     bd = r["breakdown"]
-    idle = (f", each call after {bd['idle_ms']:g} ms {'spinning' if bd.get('idle_spin') else 'idle'}"
-            if bd.get("idle_ms") else "")  # breakdown --idle-ms
+    idle = f", each call after {idle_words(bd['idle_ms'], bd.get('idle_spin', False))}" if bd.get("idle_ms") else ""
     doc.h(3, f"breakdown: {workload_label(r)} {(r.get('variant') or {}).get('label', '')} "
              f"({r.get('mode')} mode, {_gpu(r)}{idle})")
     doc.p(bd.get("statement", ""), "")
