@@ -24,6 +24,12 @@
 #            the fault flag's read. After 50 ms idle, the whole host path took +2.2 ms. Predictions: the table's top
 #            CPU operators are aten::copy_ / aten::stack / aten::cat and the one device-to-host read (_local_scalar_dense
 #            or to/copy with a sync); LeRobot's _preprocess_images 0.3-0.5 ms of it; no single operator over 0.2 ms.
+#   PART=e   (written in session 50) the idle's cost end to end, the websocket included: one `vlaperf serve --levers best`
+#            server; `loadgen --clients 1` (a closed loop, back to back), then `rollout --control-hz 10` (a call every
+#            0.5 s, the server idle ~0.49 s between), then loadgen again to bracket it. Predictions: rollout's
+#            server_infer_ms median 0.3-0.9 ms over loadgen's (bench --idle-ms 50 read +0.45 ms in policy mode,
+#            breakdown +0.84 ms); its policy_call_ms (the client's round trip) 0.5-1.5 ms over loadgen's round_trip_ms
+#            (the front end's threads wake from sleep too); the two loadgen runs within 0.2 ms of each other.
 #   PART=h   (an H200 only) the headline again: bench --levers best --processes 4, model mode. Prediction: 12.7-13.0 ms,
 #            as sessions 43-48.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=c bash benchmarks/h200_session50.sh, carry [".whl", ".whl_lerobot"]
@@ -59,6 +65,11 @@ p)
   lane A 0 60 <<EOT &
 150 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 benchmarks/lerobot_predict_overhead_probe.py --workload libero-pi0 --profile $R/lerobot_predict_overhead_profile_libero-pi0-s50.txt --json $R/lerobot_predict_overhead_probe_libero-pi0-s50.json
 150 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 benchmarks/lerobot_predict_overhead_probe.py --workload libero-pi05 --profile $R/lerobot_predict_overhead_profile_libero-pi05-s50.txt --json $R/lerobot_predict_overhead_probe_libero-pi05-s50.json
+EOT
+  ;;
+e)
+  lane A 0 40 <<EOT &
+300 bash -c 'setsid $V serve --workload libero-pi0 --levers best --max-batch 1 --port 8765 --warmup-batches 1 > $R/serve_libero-pi0_best-s50.log 2>&1 & SP=\$!; for i in \$(seq 200); do python3 -c "import urllib.request as u; u.urlopen(\"http://127.0.0.1:8765/healthz\", timeout=2)" 2>/dev/null && break; sleep 1; done; timeout 60 $V loadgen --url ws://127.0.0.1:8765 --clients 1 --requests 200 --warmup 10 --json $R/loadgen_libero-pi0_best-s50a.json; timeout 80 $V rollout --url ws://127.0.0.1:8765 --episodes 2 --steps-per-episode 150 --control-hz 10 --json $R/rollout_libero-pi0_best-s50-10hz.json; timeout 60 $V loadgen --url ws://127.0.0.1:8765 --clients 1 --requests 200 --warmup 10 --json $R/loadgen_libero-pi0_best-s50b.json; kill -TERM \$SP; tail -5 $R/serve_libero-pi0_best-s50.log'
 EOT
   ;;
 h)
