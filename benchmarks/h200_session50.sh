@@ -13,6 +13,15 @@
 #            1.000-1.012x and model 1.000-1.005x (a core that sleeps comes back slow: its clock or idle state, not
 #            caches, since every host stage slowed alike); asleep as in session 49 (policy 1.025-1.045x); the spun
 #            breakdown's host stages within 0.2 ms of back to back (1.28 ms on the H100).
+#            (Session 50, no device: on its 2-core KVM CPU machine `benchmarks/idle_decay_probe.py` read tiny's call
+#            as slow after 50 ms spinning as after 50 ms asleep, 1.24-1.26x, and 1.03x when the call itself ran every
+#            5 ms through the idle; so the spin prediction above may well miss. Part d draws the GPU host's curve.)
+#   PART=d   (written in session 50) the idle's cost against its length: `idle_decay_probe.py`, libero-pi0 best,
+#            policy and model mode and a control of small CPU operators, each after 0.2, 2, 10, 50 and 200 ms asleep,
+#            spinning, and spinning while the call reruns every 5 ms (rewarming). Predictions (from the CPU machine's
+#            curve and session 49's bench): spinning within 0.01x of asleep at every idle of 10 ms and more; the
+#            cost growing with the idle to 50 ms (policy 1.02-1.04x there, model 1.005-1.015x); rewarming
+#            1.000-1.010x for both; the control 1.02-1.08x at 50 ms.
 #   PART=m   matrix --mode policy --variants "graph;best", back to back and --idle-ms 50 (built in session 49), one
 #            process each: which levers keep their gain under a robot's cadence. Predictions: graph and best each
 #            +0.3-0.6 ms after the idle (the served path's host stages, as bench read +0.43-0.49), so their speedups
@@ -65,6 +74,11 @@ p)
   lane A 0 60 <<EOT &
 150 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 benchmarks/lerobot_predict_overhead_probe.py --workload libero-pi0 --profile $R/lerobot_predict_overhead_profile_libero-pi0-s50.txt --json $R/lerobot_predict_overhead_probe_libero-pi0-s50.json
 150 PYTHONPATH=/tmp/lrsite:\$PYTHONPATH python3 benchmarks/lerobot_predict_overhead_probe.py --workload libero-pi05 --profile $R/lerobot_predict_overhead_profile_libero-pi05-s50.txt --json $R/lerobot_predict_overhead_probe_libero-pi05-s50.json
+EOT
+  ;;
+d)
+  lane A 0 60 <<EOT &
+300 $V --version >/dev/null; python3 benchmarks/idle_decay_probe.py --workload libero-pi0 --levers best --json $R/idle_decay_probe_libero-pi0-s50.json
 EOT
   ;;
 e)
