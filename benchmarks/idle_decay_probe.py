@@ -14,7 +14,9 @@ and the per-round ratio's median and p10..p90 recorded. A third way, `rewarming`
 the target again every `--rewarm-every-ms` (untimed, synchronized; none starts later than that long before the idle
 ends): what a server that keeps its own call warm between requests could win back at best, and, against `spinning`,
 whether the cost is the state the call itself leaves behind (its code, its allocator, the driver's paths) rather than
-the core or its data. Targets:
+the core or its data. For the policy target a fourth way, `rewarming_host`, reruns only the call's host stages
+(the transform, the upload, the device preprocess; no model call, no copy back): what a server could keep warm
+without holding the GPU for a whole call. Targets:
 - `policy`: the served call (`vlaperf.policy.served_call`: transform, copies, model call, actions back), as bench
   --mode policy times it;
 - `model`: the engine's `sample_actions` on device tensors, as bench --mode model;
@@ -38,12 +40,13 @@ from vlaperf.cli import pair_cost
 from vlaperf.engine import Engine
 from vlaperf.inputs import random_noise, random_observation
 from vlaperf.models.pi0 import build_model
-from vlaperf.policy import served_call
+from vlaperf.policy import Policy, example_request
 from vlaperf.report.schema import SCHEMA, write_result
 from vlaperf.timing import Timer, environment_record, interleaved, synchronize
 from vlaperf.workloads import get_workload
 
 WAYS = ("asleep", "spinning", "rewarming")
+HOST_WAY = "rewarming_host"  # the policy target's fourth way
 
 
 def small_torch_ops(width: int = 64, ops: int = 300):
@@ -73,10 +76,13 @@ def gaps_arg(text: str) -> list[float]:
     return gaps
 
 
-def rewarmed_pair(fn, device: torch.device, gap_ms: float, every_ms: float, rounds: int, warmup: int) -> dict:
-    """`pair_cost`'s fields for the call after `gap_ms` of spinning during which `fn` runs again (untimed, synchronized)
-    every `every_ms`, the last one started no later than `every_ms` before the gap ends, against the call back to back.
-    Rounds alternate which of the two is timed first, as `interleaved` rotates its order."""
+def rewarmed_pair(fn, device: torch.device, gap_ms: float, every_ms: float, rounds: int, warmup: int,
+                  warm=None) -> dict:
+    """`pair_cost`'s fields for the call after `gap_ms` of spinning during which `warm` (default: `fn` itself) runs
+    (untimed, synchronized) every `every_ms`, the last one started no later than `every_ms` before the gap ends,
+    against the call back to back. Rounds alternate which of the two is timed first, as `interleaved` rotates its
+    order."""
+    warm = fn if warm is None else warm
     timer = Timer(device)
     for _ in range(warmup):
         timer.wall_s(fn)
@@ -88,7 +94,7 @@ def rewarmed_pair(fn, device: torch.device, gap_ms: float, every_ms: float, roun
                 next_call = time.perf_counter()
                 while (now := time.perf_counter()) < end:
                     if now >= next_call and end - now > every_ms / 1e3:
-                        fn()
+                        warm()
                         synchronize(device)
                         next_call = now + every_ms / 1e3
             wall, _ = timer(fn)
@@ -101,15 +107,18 @@ def rewarmed_pair(fn, device: torch.device, gap_ms: float, every_ms: float, roun
             "cuda_event_ms": None, "iters": rounds}
 
 
-def decay(fn, device: torch.device, gaps: list[float], rounds: int, warmup: int, rewarm_every_ms: float) -> list[dict]:
+def decay(fn, device: torch.device, gaps: list[float], rounds: int, warmup: int, rewarm_every_ms: float,
+          host_part=None) -> list[dict]:
     """One row per (way, gap): the call after that idle against itself back to back (`pair_cost`'s fields), plus the
-    difference of the two wall-clock medians in ms."""
+    difference of the two wall-clock medians in ms. `host_part`: the call's host stages alone, which add the
+    rewarming_host way."""
     rows = []
-    for way in WAYS:
+    for way in WAYS + ((HOST_WAY,) if host_part is not None else ()):
         for gap in gaps:
             t0 = time.perf_counter()
-            if way == "rewarming":
-                cost = rewarmed_pair(fn, device, gap, rewarm_every_ms, rounds, warmup)
+            if way in ("rewarming", HOST_WAY):
+                cost = rewarmed_pair(fn, device, gap, rewarm_every_ms, rounds, warmup,
+                                     warm=host_part if way == HOST_WAY else None)
             else:
                 timing = interleaved({"back_to_back": fn, "after_idle": fn}, device=device, warmup=warmup,
                                      iters=rounds, baseline="back_to_back", progress=False, idle_ms={"after_idle": gap},
@@ -119,7 +128,7 @@ def decay(fn, device: torch.device, gaps: list[float], rounds: int, warmup: int,
             rows.append({"way": way, "idle_ms": gap, **cost,
                          "extra_ms": w["after_idle_median"] - w["back_to_back_median"],
                          "seconds": time.perf_counter() - t0})
-            print(f"  {way:8s} {gap:7.1f} ms: {w['after_idle_over_back_to_back']:.3f}x "
+            print(f"  {way:14s} {gap:7.1f} ms: {w['after_idle_over_back_to_back']:.3f}x "
                   f"({w['after_idle_median']:.3f} vs {w['back_to_back_median']:.3f} ms; per round p10-p90 "
                   f"{w['per_round_p10']:.3f}-{w['per_round_p90']:.3f})", flush=True)
     return rows
@@ -155,9 +164,14 @@ def main() -> None:
     engine = Engine(model, args.levers)
     noise = random_noise(w, model.config, device)
     obs = random_observation(w, model.config, device)
-    calls = {"policy": served_call(model, engine.sample_actions, w, noise, verify=engine.raise_on_kernel_fault),
+    # the served call as vlaperf.policy.served_call builds it, kept apart so that its host stages can run alone
+    policy = Policy(model, engine.sample_actions, w, num_steps=w.steps, noise=noise, verify=engine.raise_on_kernel_fault)
+    request = example_request(w)
+    transform = policy.transform
+    calls = {"policy": lambda: policy.infer(request),
              "model": lambda: engine.sample_actions(obs, noise, w.steps),
              "small_torch_ops": small_torch_ops()}
+    host_parts = {"policy": lambda: transform.preprocess(transform.upload(transform.host_arrays(request)))}
     result = {"schema": SCHEMA, "command": "idle-decay-probe", "workload": {"id": w.id, "overrides": {}},
               "variant": {"levers": engine.levers.names(), "label": engine.name,
                           "dtype": str(model.dtype).split(".")[-1]},
@@ -169,7 +183,7 @@ def main() -> None:
         # the control runs on the host whatever the device: its timer syncs nothing
         target_device = torch.device("cpu") if name == "small_torch_ops" else device
         result["targets"][name] = decay(calls[name], target_device, args.gaps, args.rounds, args.warmup,
-                                        args.rewarm_every_ms)
+                                        args.rewarm_every_ms, host_part=host_parts.get(name))
     if args.json:
         write_result(result, args.json)
         print(f"wrote {args.json}")

@@ -67,6 +67,17 @@ def test_a_call_whose_state_decays_costs_more_after_a_long_idle_asleep_or_spinni
         assert w["per_round_p10"] <= w["per_round_p90"] and r["iters"] == 5
 
 
+def test_the_host_way_reruns_the_host_part_alone_through_the_idle():
+    probe = _probe()
+    call, host_starts = DecayingCall(), []
+    rows = probe.decay(call, torch.device("cpu"), [20.0], rounds=3, warmup=1, rewarm_every_ms=2.0,
+                       host_part=lambda: host_starts.append(time.perf_counter()))
+    assert [r["way"] for r in rows] == ["asleep", "spinning", "rewarming", "rewarming_host"]
+    assert len(host_starts) >= 3 * 5  # three rounds, five or more host reruns in each 20 ms idle
+    # the call itself did not rerun through the host way's idles: after them it pays the whole 20 ms decay
+    assert rows[3]["wall_ms"]["after_idle_over_back_to_back"] > 2 * rows[2]["wall_ms"]["after_idle_over_back_to_back"]
+
+
 def test_spinning_keeps_the_core_busy_through_the_idle_and_asleep_does_not():
     probe = _probe()
     call = DecayingCall()
@@ -101,9 +112,10 @@ def test_the_probe_runs_on_the_cpu_and_writes_a_valid_file(tmp_path):
     r = read_result(out)
     assert r["command"] == "idle-decay-probe" and r["gaps_ms"] == [1.0] and r["rewarm_every_ms"] == 5.0
     assert set(r["targets"]) == {"policy", "small_torch_ops"}
+    ways = {name: [(row["way"], row["idle_ms"]) for row in rows] for name, rows in r["targets"].items()}
+    assert ways["small_torch_ops"] == [("asleep", 1.0), ("spinning", 1.0), ("rewarming", 1.0)]
+    assert ways["policy"] == ways["small_torch_ops"] + [("rewarming_host", 1.0)]  # only the policy has host stages
     for rows in r["targets"].values():
-        assert [(row["way"], row["idle_ms"]) for row in rows] == [("asleep", 1.0), ("spinning", 1.0),
-                                                                   ("rewarming", 1.0)]
         assert all(row["wall_ms"]["back_to_back_median"] > 0 and row["cuda_event_ms"] is None for row in rows)
 
     bad = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--workload", "tiny", "--targets", "gpu"],
