@@ -18,10 +18,13 @@
 #            5 ms through the idle; so the spin prediction above may well miss. Part d draws the GPU host's curve.)
 #   PART=d   (written in session 50) the idle's cost against its length: `idle_decay_probe.py`, libero-pi0 best,
 #            policy and model mode and a control of small CPU operators, each after 0.2, 2, 10, 50 and 200 ms asleep,
-#            spinning, and spinning while the call reruns every 5 ms (rewarming). Predictions (from the CPU machine's
-#            curve and session 49's bench): spinning within 0.01x of asleep at every idle of 10 ms and more; the
-#            cost growing with the idle to 50 ms (policy 1.02-1.04x there, model 1.005-1.015x); rewarming
-#            1.000-1.010x for both; the control 1.02-1.08x at 50 ms.
+#            spinning, and spinning while the call reruns every 5 ms (rewarming); the policy also while only its host
+#            stages rerun (rewarming_host: transform, upload, preprocess; no replay). Predictions (from the CPU
+#            machine's curve and session 49's bench): spinning within 0.01x of asleep at every idle of 10 ms and
+#            more; the cost growing with the idle to 50 ms (policy 1.02-1.04x there, model 1.005-1.015x); rewarming
+#            1.000-1.010x for both; rewarming_host taking back 50-80% of the policy's extra at 50 ms (1.005-1.020x;
+#            those stages hold ~0.9 of its ~1.3 ms of host work, where on the CPU machine they held ~1.2 of ~5 ms
+#            and took back 27% at 50 ms); the control 1.02-1.08x at 50 ms.
 #   PART=m   matrix --mode policy --variants "graph;best", back to back and --idle-ms 50 (built in session 49), one
 #            process each: which levers keep their gain under a robot's cadence. Predictions: graph and best each
 #            +0.3-0.6 ms after the idle (the served path's host stages, as bench read +0.43-0.49), so their speedups
