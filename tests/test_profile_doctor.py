@@ -993,7 +993,9 @@ def test_cpu_power_is_reported_with_how_to_measure_its_cost(monkeypatch, power, 
     monkeypatch.setattr(doctor_mod, "cpu_power", lambda: power)
     f = by_id(environment_checks("cpu"))["env.cpu_power"]
     assert f["severity"] == "info" and f["title"] == title
-    assert "--idle-ms" in f["detail"] and "--idle-spin" in f["detail"]
+    assert "--idle-ms" in f["detail"] and "--idle-spin" in f["detail"] and "idle_decay_probe.py" in f["detail"]
     assert (f["fix"] is not None) == fix
+    if fix:  # the clock's fix is offered only for a cost that spinning takes away
+        assert "--idle-spin takes the cost away" in f["fix"] and "cpupower" in f["fix"]
     if power and power["idle_states"]:
         assert "idle states enabled: " + ", ".join(power["idle_states"]) in f["detail"]

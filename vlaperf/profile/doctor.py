@@ -184,13 +184,16 @@ def environment_checks(device: torch.device | str | None = None, model_dtype: to
 
 def _cpu_power_check() -> dict:
     """The CPUs' frequency governors and idle states: a policy called once per control period waits in between, and
-    its host work after the wait can run slower (a core that lowered its clock, left a deep idle state, lost its
-    caches); `bench --idle-ms` measures it, `--idle-spin` tells the sleep's part from the caches'."""
+    its host work after the wait can run slower (a core that lowered its clock or left a deep idle state, or the
+    call's own state gone cold in the caches meanwhile); `bench --idle-ms` measures it, `--idle-spin` tells the
+    sleep's part from the rest."""
     power = cpu_power()
     measure = ("Measure what the wait costs here: `vlaperf bench --mode policy --levers best --idle-ms 85` (a 10 Hz "
                "loop around a 15 ms call) against back to back, and with --idle-spin (the same wait, the core kept "
                "busy). On an H100 machine the served libero-pi0 call took 1.03x as long after 50-200 ms asleep, every "
-               "host stage 1.4-2x slower (docs/perf-notes.md, session 49).")
+               "host stage 1.4-2x slower (docs/perf-notes.md, session 49). On a 2-core KVM machine a spinning core "
+               "paid as much as a sleeping one, and only rerunning the call through the wait took the cost back "
+               "(session 50); benchmarks/idle_decay_probe.py draws that curve against the wait's length.")
     if power is None:
         return finding("env.cpu_power", "info", "CPU frequency governor and idle states: not readable here",
                        "/sys/devices/system/cpu says nothing in this environment (not Linux, or a container "
@@ -205,9 +208,10 @@ def _cpu_power_check() -> dict:
                    "CPU frequency governor " + (", ".join(governors) if governors else "not exposed")
                    + (": cores may slow down between calls" if slow else ""),
                    "; ".join(parts) + ". " + measure,
-                   fix=("where the idle costs, on a machine you control: `cpupower frequency-set -g performance` and "
-                        "fewer deep idle states (`cpupower idle-set -D 10`), or keep the serving core busy between "
-                        "calls; measure again with --idle-ms" if slow or power["idle_states"] else None))
+                   fix=("where the idle costs and --idle-spin takes the cost away, on a machine you control: "
+                        "`cpupower frequency-set -g performance` and fewer deep idle states (`cpupower idle-set -D "
+                        "10`); measure again with --idle-ms. Where spinning does not help, the clock and the idle "
+                        "states are not the cause" if slow or power["idle_states"] else None))
 
 
 def _pdl_check(device: torch.device) -> dict:
