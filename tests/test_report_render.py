@@ -592,6 +592,17 @@ def test_rollout_results_get_a_section(tiny_results, tmp_path):
     assert "| all | 40 | 8 | 4.108 | 4.000 | 0.2 | 4.9% | 1 |" in md
     assert "4.9% of it waiting for the policy; 1 overrun steps; 0 errors" in md
     assert "the observations are SYNTHETIC" in md
+    assert "closed-loop calls" not in md  # a file from before --back-to-back
+
+    r = _rollout_result(tiny_results)
+    r["rollout"]["server_infer_ms"] = {"median": 10.5}
+    r["rollout"]["back_to_back"] = {"calls_per_episode": 10, "errors": 0, "policy_call_ms": {"median": 10.0},
+                                    "server_infer_ms": {"median": 10.0}}
+    r["rollout"]["at_cadence_over_back_to_back"] = {"policy_call_ms": 1.39, "server_infer_ms": 1.05}
+    (tmp_path / "rollout.json").write_text(json.dumps(r))
+    md = render([tmp_path / "rollout.json"], tmp_path / "r.md").read_text()
+    assert ("At 10 Hz a call's round trip took 13.90 ms (median) against 10.00 ms in 10 closed-loop calls after each "
+            "episode: 1.390x; the server's own time 10.50 against 10.00 ms, 1.050x") in md
 
 
 def test_environment_lists_shared_keys_once_and_who_differs(tiny_results, tmp_path):

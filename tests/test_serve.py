@@ -554,9 +554,10 @@ def test_rollout(server, tmp_path, monkeypatch, capsys):
     from vlaperf.report.schema import read_result, write_result
     from vlaperf.serve.rollout import run_rollout
 
-    result = run_rollout(server.url, episodes=2, steps_per_episode=7, control_hz=50.0, replan_every=3)
+    result = run_rollout(server.url, episodes=2, steps_per_episode=7, control_hz=50.0, replan_every=3, back_to_back=2)
     ro = result["rollout"]
     assert ro["errors"] == 0 and not ro["timed_out"]
+    assert ro["back_to_back"]["policy_call_ms"]["count"] == 4 and ro["back_to_back"]["server_infer_ms"]["count"] == 4
     assert [r["policy_calls"] for r in ro["per_episode"]] == [3, 3]  # steps 0, 3, 6
     assert all(0 < r["policy_wait_share"] < 1 and r["wall_s"] >= r["policy_wait_s"] for r in ro["per_episode"])
     assert "SYNTHETIC" in ro["observations"]
@@ -568,6 +569,7 @@ def test_rollout(server, tmp_path, monkeypatch, capsys):
     print_rollout(result)
     out = capsys.readouterr().out
     assert all(h in out for h in ("waiting s", "overruns", "call p50 ms", "call max ms")), out
+    assert "2 closed-loop calls after each episode" in out
 
 
 def test_rollout_keeps_what_it_measured_when_the_server_goes_away(model, tmp_path, capsys, monkeypatch):
@@ -589,7 +591,7 @@ def test_rollout_keeps_what_it_measured_when_the_server_goes_away(model, tmp_pat
     monkeypatch.setattr(rollout, "run_rollout", lambda *a, **kw: real(*a, **kw, sleep=sleep_then_stop))
     out = tmp_path / "ro.json"
     code = main(["rollout", "--url", own.url, "--episodes", "3", "--steps-per-episode", "4", "--control-hz", "1",
-                 "--replan-every", "2", "--json", str(out)])
+                 "--replan-every", "2", "--back-to-back", "0", "--json", str(out)])
     assert code == 1
     ro = read_result(out)["rollout"]
     assert ro["connection_lost"].startswith("episode 1, step 0: the connection failed")
@@ -788,6 +790,7 @@ def test_loadgen_limits_are_refused_as_options(argv, message, capsys):
     (["--steps-per-episode", "200000"], "argument --steps-per-episode: expected an integer >= 1 and <= 100000"),
     (["--control-hz", "5000"], "argument --control-hz: expected a number > 0 and <= 1000.0, got 5000.0"),
     (["--timeout-s", "100000"], "argument --timeout-s: expected a number > 0 and <= 86400.0"),
+    (["--back-to-back", "-1"], "argument --back-to-back: expected an integer >= 0 and <= 10000, got -1"),
 ])
 def test_rollout_limits_are_refused_as_options(argv, message, capsys):
     """Past run_rollout's limits, the parser names the option, as loadgen's does (it said 'control_hz must be in
@@ -795,8 +798,8 @@ def test_rollout_limits_are_refused_as_options(argv, message, capsys):
     from vlaperf.serve import commands, rollout
 
     assert (commands.ROLLOUT_MAX_EPISODES, commands.ROLLOUT_MAX_STEPS, commands.ROLLOUT_MAX_CONTROL_HZ,
-            commands.ROLLOUT_MAX_TIMEOUT_S) == (rollout.MAX_EPISODES, rollout.MAX_STEPS, rollout.MAX_CONTROL_HZ,
-                                                rollout.MAX_TIMEOUT_S)
+            commands.ROLLOUT_MAX_TIMEOUT_S, commands.ROLLOUT_MAX_BACK_TO_BACK) == (
+        rollout.MAX_EPISODES, rollout.MAX_STEPS, rollout.MAX_CONTROL_HZ, rollout.MAX_TIMEOUT_S, rollout.MAX_BACK_TO_BACK)
     parser = _cli_parser()
     with pytest.raises(SystemExit):
         parser.parse_args(["rollout", *argv])
@@ -884,9 +887,14 @@ def test_cli_serve_then_loadgen_and_rollout(tmp_path, capsys):
         args = parser.parse_args(["rollout", "--url", url, "--episodes", "1", "--steps-per-episode", "4",
                                   "--control-hz", "100", "--replan-every", "2", "--json", str(tmp_path / "ro.json")])
         assert args.func(args) == 0
-        assert read_result(tmp_path / "ro.json")["rollout"]["per_episode"][0]["policy_calls"] == 2
+        ro = read_result(tmp_path / "ro.json")["rollout"]
+        assert ro["per_episode"][0]["policy_calls"] == 2
+        # the CLI's default baseline: ten closed-loop calls after the episode, every one answered by the server
+        assert ro["back_to_back"]["policy_call_ms"]["count"] == 10 and ro["back_to_back"]["server_infer_ms"]["count"] == 10
+        assert ro["at_cadence_over_back_to_back"]["policy_call_ms"] > 0
         out = capsys.readouterr().out
         assert "vlaperf loadgen" in out and "vlaperf rollout" in out and "SYNTHETIC" in out
+        assert "at 100 Hz a call's round trip took" in out and "10 closed-loop calls after each episode" in out
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
     finally:
@@ -1596,6 +1604,69 @@ def test_rollout_counts_calls_errors_overruns_and_steps_per_episode(monkeypatch)
     assert ro["wall_s"] == pytest.approx(sum(r["wall_s"] for r in ro["per_episode"]))
     assert ro["policy_wait_share"] == pytest.approx(ro["policy_wait_s"] / ro["wall_s"])
     assert 0 < ro["policy_wait_share"] < 1
+
+
+def test_rollout_times_closed_loop_calls_after_each_episode_as_the_loops_baseline(monkeypatch):
+    """back_to_back=3: after each episode one untimed call and three timed ones, outside the episode's wall and its
+    counts; the ratio is the loop's median over theirs (a server slower after an idle reads above 1); a refused
+    closed-loop call is counted in both error counts; back_to_back=0 leaves both fields null."""
+    from vlaperf.serve import rollout
+
+    class IdleCosts(_ScriptedClient):  # 6 ms after 20 ms or more without a call, else 2 ms; one refusal
+        last = 0.0
+
+        def infer(self, obs):
+            gap, self.last = time.perf_counter() - self.last, time.perf_counter()
+            self.call_s = 0.006 if gap > 0.02 else 0.002
+            self.sent = getattr(self, "sent", []) + [obs.get("request_id", "warm-up")]
+            if obs.get("request_id") == "e1-b2":
+                self.calls += 1
+                raise ServerError({"error": "InputError", "message": "refused"})
+            reply = super().infer(obs)
+            reply["server_timing"] = {"infer_ms": self.call_s * 1e3}
+            return reply
+
+    clients = []
+    monkeypatch.setattr(rollout, "Client", lambda *a, **kw: clients.append(IdleCosts(*a, **kw)) or clients[-1])
+    ro = rollout.run_rollout("ws://127.0.0.1:9", episodes=2, steps_per_episode=8, control_hz=40.0, replan_every=4,
+                             image_size=32, back_to_back=3)["rollout"]
+    sent = clients[0].sent
+    assert [r for r in sent if "-b" in r] == ["e0-b0", "e0-b1", "e0-b2", "e0-b3", "e1-b0", "e1-b1", "e1-b2", "e1-b3"]
+    assert sent.index("e0-b0") == sent.index("e0-s4") + 1 and sent.index("e1-s0") == sent.index("e0-b3") + 1
+    assert [r["policy_calls"] for r in ro["per_episode"]] == [2, 2] and ro["policy_call_ms"]["count"] == 4
+    b2b = ro["back_to_back"]
+    assert (b2b["calls_per_episode"], b2b["errors"], b2b["policy_call_ms"]["count"]) == (3, 1, 6)
+    assert b2b["server_infer_ms"]["count"] == 5 and b2b["server_infer_ms"]["median"] == pytest.approx(2.0)
+    assert ro["errors"] == 1 and "guided" not in b2b
+    ratio = ro["at_cadence_over_back_to_back"]
+    assert ratio["server_infer_ms"] == pytest.approx(ro["server_infer_ms"]["median"] / 2.0)
+    assert ratio["server_infer_ms"] == pytest.approx(3.0)  # every loop call followed 0.1 s of idle
+    assert ratio["policy_call_ms"] == pytest.approx(ro["policy_call_ms"]["median"] / b2b["policy_call_ms"]["median"])
+    assert ratio["policy_call_ms"] > 1.5
+    plain = rollout.run_rollout("ws://127.0.0.1:9", episodes=1, steps_per_episode=2, control_hz=40.0, image_size=32,
+                                sleep=lambda s: None)["rollout"]
+    assert plain["back_to_back"] is None and plain["at_cadence_over_back_to_back"] is None
+    from vlaperf.serve.loadgen import LoadgenError
+
+    for bad in (-1, 10_001, True, 2.0):
+        with pytest.raises(LoadgenError, match=r"back_to_back must be an integer in \[0, 10000\], got"):
+            rollout.run_rollout("ws://127.0.0.1:9", back_to_back=bad)
+
+
+def test_rollout_stopped_in_a_closed_loop_burst_keeps_its_episodes_and_says_where(monkeypatch):
+    from vlaperf.serve import rollout
+
+    class Dropping(_ScriptedClient):
+        def infer(self, obs):
+            if obs.get("request_id") == "e0-b2":
+                raise ConnectionError("gone")
+            return super().infer(obs)
+
+    monkeypatch.setattr(rollout, "Client", lambda *a, **kw: Dropping(*a, call_s=0.0, **kw))
+    ro = rollout.run_rollout("ws://127.0.0.1:9", episodes=2, steps_per_episode=4, control_hz=20.0, image_size=32,
+                             sleep=lambda s: None, back_to_back=5)["rollout"]
+    assert ro["connection_lost"] == "episode 0, back-to-back call 2: the connection failed: ConnectionError: gone"
+    assert [r["steps"] for r in ro["per_episode"]] == [4] and ro["back_to_back"]["policy_call_ms"]["count"] == 1
 
 
 def test_rollout_bounds_and_a_replan_of_the_whole_chunk(monkeypatch):

@@ -332,12 +332,14 @@ def test_async_rollout_with_rtc_joins_chunks_smoothly(rtc_server, tmp_path, caps
     from vlaperf.serve.rollout import run_rollout
 
     kw = dict(episodes=2, steps_per_episode=24, control_hz=50.0, replan_every=3)
-    guided = run_rollout(rtc_server.url, rtc=True, **kw)
+    guided = run_rollout(rtc_server.url, rtc=True, back_to_back=3, **kw)
     plain = run_rollout(rtc_server.url, execution="async", **kw)
     g, p = guided["rollout"], plain["rollout"]
     assert (g["execution"], g["rtc"], p["execution"], p["rtc"]) == ("async", True, "async", False)
     assert g["errors"] == 0 and not g["timed_out"] and g["switches"] >= 4
     assert g["guided_switches"] == g["switches"] and p["guided_switches"] == 0
+    # the closed-loop baseline's calls are guided as the loop's are: the server holds the connection's last chunk
+    assert g["back_to_back"]["guided"] == 6 and g["back_to_back"]["errors"] == 0
     # each episode: one synchronous first call, then one call per switch (and at most one in flight at its end)
     assert all(r["switches"] <= r["policy_calls"] - 1 <= r["switches"] + 1 for r in g["per_episode"])
     assert g["switch_jump"]["median"] < 0.5 * p["switch_jump"]["median"], (g["switch_jump"], p["switch_jump"])

@@ -159,6 +159,21 @@ def idle_words(ms: float, spin: bool = False) -> str:
     return f"{ms:g} ms {'spinning' if spin else 'idle'}"
 
 
+def cadence_words(ro: dict) -> str | None:
+    """How a rollout file's loop calls read against its closed-loop ones after the episodes (`rollout --back-to-back`,
+    files from session 50 on), for the CLI and the reports alike; None without them."""
+    b2b, ratio = ro.get("back_to_back"), ro.get("at_cadence_over_back_to_back")
+    if not b2b or not ratio or ratio.get("policy_call_ms") is None:
+        return None
+    loop, base = ro["policy_call_ms"]["median"], b2b["policy_call_ms"]["median"]
+    text = (f"at {ro['control_hz']:g} Hz a call's round trip took {loop:.2f} ms (median) against {base:.2f} ms in "
+            f"{b2b['calls_per_episode']} closed-loop calls after each episode: {ratio['policy_call_ms']:.3f}x")
+    if ratio.get("server_infer_ms") is not None:
+        text += (f"; the server's own time {ro['server_infer_ms']['median']:.2f} against "
+                 f"{b2b['server_infer_ms']['median']:.2f} ms, {ratio['server_infer_ms']:.3f}x")
+    return text + " (the idle between a control loop's calls; docs/profiling.md)"
+
+
 def workload_label(r: dict) -> str:
     """The workload's id and what the run changed of it, e.g. "libero-pi05 (horizon 50)", and "RTC guided" for a
     timed guided call of real-time chunking."""
@@ -951,6 +966,9 @@ def _rollout(doc: _Doc, path: str, r: dict) -> None:
           + ("; stopped at the time limit" if ro.get("timed_out") else "")
           + (f"; stopped: {ro['connection_lost']}" if ro.get("connection_lost") else ""),
           "warn" if ro.get("timed_out") or ro.get("errors") or ro.get("connection_lost") else "")
+    cadence = cadence_words(ro)
+    if cadence:
+        doc.p(cadence[0].upper() + cadence[1:])
     doc.p("Only the timing is real; the observations are " + str(ro.get("observations") or "SYNTHETIC (random inputs, "
           "no simulator or robot, the actions are applied to nothing)"), "note")
 

@@ -64,6 +64,8 @@ _episodes_int = number_arg(int, 1, maximum=ROLLOUT_MAX_EPISODES)
 _episode_steps_int = number_arg(int, 1, maximum=ROLLOUT_MAX_STEPS)
 _control_hz = number_arg(float, 0, strict=True, maximum=ROLLOUT_MAX_CONTROL_HZ)
 _rollout_timeout_s = number_arg(float, 0, strict=True, maximum=ROLLOUT_MAX_TIMEOUT_S)
+ROLLOUT_MAX_BACK_TO_BACK = 10_000  # vlaperf.serve.rollout's MAX_BACK_TO_BACK
+_back_to_back_int = number_arg(int, 0, maximum=ROLLOUT_MAX_BACK_TO_BACK)
 
 
 def _queue_size(text: str) -> int:
@@ -207,6 +209,10 @@ def register(subparsers) -> None:
     p.add_argument("--rtc", action="store_true",
                    help="--async, asking a `vlaperf serve --rtc` server for real-time chunking: each request says how "
                         "much of the running chunk was executed and the delay expected, and the chunks join smoothly")
+    p.add_argument("--back-to-back", type=_back_to_back_int, default=10, metavar="N",
+                   help="after each episode, N calls in a closed loop (after one untimed call), the baseline that "
+                        "says what the control loop's idle between calls costs each call; 0 for none, at most "
+                        f"{ROLLOUT_MAX_BACK_TO_BACK} (default: 10)")
     p.set_defaults(func=cmd_rollout)
 
 
@@ -656,7 +662,7 @@ def cmd_rollout(args) -> int:
                              control_hz=args.control_hz, replan_every=args.replan_every, api_key=_api_key(args),
                              workload=args.workload, timeout_s=args.timeout_s, image_size=args.image_size,
                              seed=args.seed, execution="async" if args.async_execution or args.rtc else "sync",
-                             rtc=args.rtc)
+                             rtc=args.rtc, back_to_back=args.back_to_back)
     except LoadgenError as e:
         raise CliError(str(e)) from None
     print_rollout(result)
@@ -695,6 +701,11 @@ def print_rollout(result: dict) -> None:
                       f"steps stalled on a chunk that ran out, {ro['late_switches']} replies later than the delay sent; "
                       "switch jump (the next action, new chunk against old) "
                       + (f"median {jump['median']:.3g}, max {jump['max']:.3g}" if jump else "-"))
+    from vlaperf.report.render import cadence_words
+
+    line = cadence_words(ro)
+    if line:
+        console.print(line)
     if ro.get("connection_lost"):
         console.print(f"[red]stopped: {escape(ro['connection_lost'])}[/red] (the episodes above ran up to there)")
     what = "latents and state" if server.get("layout") == "wam" else "images and state"

@@ -24,27 +24,38 @@ records how far the action executed next moves from the one the old chunk had th
 "switch jump", in the robot's units), which the guidance makes small. Each episode's first call
 is synchronous and unguided. The async loop is vlaperf.serve.broker.ChunkBroker's, which a robot's
 own control loop can use.
+
+`back_to_back=N` (`--back-to-back`, the CLI's default 10) sends, after each episode, one untimed call and
+then N more in a closed loop (each sent when the previous reply is in) on the same connection, with the
+same observations (with `rtc`, as guided requests). A control loop's calls each follow an idle, and the
+host's state goes cold in it (docs/profiling.md, "The call after an idle"); against these calls,
+`at_cadence_over_back_to_back` says what that costs end to end, the websocket included, where
+`vlaperf bench --idle-ms` says it for the policy alone.
 """
 
 from __future__ import annotations
 
 import time
+from dataclasses import dataclass, field
 
 from vlaperf.serve.client import Client, ServerError
+from vlaperf.serve.protocol import RTC_DELAY_KEY, RTC_EXECUTED_KEY
 from vlaperf.serve.loadgen import (LoadgenError, check_loopback_url, check_request_size, example_for, resolve_workload,
                                    result_header)
 from vlaperf.timing import summarize
 
 MAX_EPISODES, MAX_STEPS, MAX_CONTROL_HZ, MAX_TIMEOUT_S = 1000, 100_000, 1000.0, 24 * 3600.0
+MAX_BACK_TO_BACK = 10_000
 DEFAULT_REPLAN_EVERY = 5  # or the action horizon, where the served model's chunk is shorter (wam-tiny: 4)
 
 
 def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_episode: int = 50,
                 control_hz: float = 10.0, replan_every: int | None = None, api_key: str | None = None,
                 workload: str | None = None, timeout_s: float = 600.0, image_size: int = 224, seed: int = 0,
-                sleep=time.sleep, execution: str = "sync", rtc: bool = False) -> dict:
+                sleep=time.sleep, execution: str = "sync", rtc: bool = False, back_to_back: int = 0) -> dict:
     """Returns a vlaperf result dict with the numbers under "rollout". `execution`: "sync" (wait for each chunk)
-    or "async" (execute while the next is computed); `rtc` asks for real-time chunking (async execution)."""
+    or "async" (execute while the next is computed); `rtc` asks for real-time chunking (async execution);
+    `back_to_back`: closed-loop calls after each episode, the loop's calls' baseline (0: none)."""
     if execution not in ("sync", "async"):
         raise LoadgenError(f"execution must be 'sync' or 'async', got {execution!r}")
     if rtc:
@@ -58,6 +69,8 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
         raise LoadgenError(f"control_hz must be in (0, {MAX_CONTROL_HZ:g}], got {control_hz!r}")
     if not 0 < timeout_s <= MAX_TIMEOUT_S:
         raise LoadgenError(f"timeout_s must be in (0, {MAX_TIMEOUT_S:g}], got {timeout_s!r}")
+    if isinstance(back_to_back, bool) or not isinstance(back_to_back, int) or not 0 <= back_to_back <= MAX_BACK_TO_BACK:
+        raise LoadgenError(f"back_to_back must be an integer in [0, {MAX_BACK_TO_BACK}], got {back_to_back!r}")
     try:
         client = Client(url, api_key=api_key, timeout_s=min(timeout_s, 60.0))
     except Exception as e:
@@ -85,9 +98,9 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
         except Exception as e:  # the connection closed (e.g. a message over the server's size limit)
             raise LoadgenError(f"the first call failed: {type(e).__name__}: {e}") from None
         deadline = time.perf_counter() + timeout_s
-        rows, all_calls, all_infer, errors, timed_out, connection_lost = _episodes(
+        rows, all_calls, all_infer, errors, timed_out, connection_lost, b2b = _episodes(
             client, frames, episodes, steps_per_episode, period, replan_every, execution, rtc, deadline, sleep,
-            round_trip_s=time.perf_counter() - t_warm)
+            round_trip_s=time.perf_counter() - t_warm, back_to_back=back_to_back)
     total_wall = sum(r["wall_s"] for r in rows)
     total_wait = sum(r["policy_wait_s"] for r in rows)
     result = result_header("rollout", meta, wl)
@@ -115,7 +128,17 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
         "overrun_steps": sum(r["overrun_steps"] for r in rows),
         "policy_call_ms": summarize(all_calls) if all_calls else None,
         "server_infer_ms": summarize(all_infer) if all_infer else None,
+        "back_to_back": None,
+        "at_cadence_over_back_to_back": None,
     }
+    if back_to_back:
+        base = {"policy_call_ms": summarize(b2b.call_ms) if b2b.call_ms else None,
+                "server_infer_ms": summarize(b2b.infer_ms) if b2b.infer_ms else None}
+        result["rollout"]["back_to_back"] = {"calls_per_episode": back_to_back, "errors": b2b.errors,
+                                             **({"guided": b2b.guided} if rtc else {}), **base}
+        result["rollout"]["at_cadence_over_back_to_back"] = {
+            k: (result["rollout"][k]["median"] / base[k]["median"]
+                if result["rollout"][k] and base[k] and base[k]["median"] > 0 else None) for k in base}
     if execution == "async":
         jumps = [j for r in rows for j in r["switch_jumps"]]
         result["rollout"].update({
@@ -128,14 +151,59 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
     return result
 
 
+@dataclass
+class BackToBack:
+    """The closed-loop calls after the episodes (`back_to_back`)."""
+
+    call_ms: list[float] = field(default_factory=list)  # each timed call's round trip, answered or refused
+    infer_ms: list[float] = field(default_factory=list)  # the server's own inference time of each answered one
+    errors: int = 0  # refused (the untimed first call of a burst included)
+    guided: int = 0  # answered with rtc.guided (real-time chunking)
+
+
+def _back_to_back(client, frames, calls: int, rtc: bool, replan_every: int, deadline: float, into: BackToBack,
+                  episode: int) -> tuple[int, bool, str | None]:
+    """One untimed call (the one after the episode's idle), then `calls` timed ones, each sent when the previous
+    reply is in; with `rtc` each as the loop's guided requests are (the server holds this connection's last chunk).
+    Returns (errors, timed_out, connection_lost)."""
+    errors = 0
+    for k in range(calls + 1):
+        if time.perf_counter() > deadline:
+            return errors, True, None
+        obs = dict(frames[k % len(frames)], request_id=f"e{episode}-b{k}")
+        if rtc:
+            obs.update({RTC_EXECUTED_KEY: replan_every, RTC_DELAY_KEY: 1})
+        t0 = time.perf_counter()
+        try:
+            reply = client.infer(obs)
+        except ServerError:
+            reply = None
+        except Exception as e:  # the connection is gone
+            return errors, False, f"episode {episode}, back-to-back call {k}: the connection failed: {type(e).__name__}: {e}"
+        rt_ms = (time.perf_counter() - t0) * 1e3
+        if reply is None:
+            errors += 1
+            into.errors += 1
+        if k == 0:
+            continue
+        into.call_ms.append(rt_ms)
+        if reply is not None:
+            infer = float(reply.get("server_timing", {}).get("infer_ms", float("nan")))
+            if infer == infer:
+                into.infer_ms.append(infer)
+            into.guided += bool((reply.get("rtc") or {}).get("guided"))
+    return errors, False, None
+
+
 def _episodes(client, frames, episodes: int, steps: int, period: float, replan_every: int, execution: str, rtc: bool,
-              deadline: float, sleep, round_trip_s: float):
-    """The episodes, each through a `ChunkBroker` (vlaperf.serve.broker; synchronous or not): (rows, calls, server
-    inference times, errors, timed_out, connection_lost: where the connection failed; the episodes up to there are
-    kept and reported)."""
+              deadline: float, sleep, round_trip_s: float, back_to_back: int = 0):
+    """The episodes, each through a `ChunkBroker` (vlaperf.serve.broker; synchronous or not), each followed by
+    `back_to_back` closed-loop calls: (rows, calls, server inference times, errors, timed_out, connection_lost:
+    where the connection failed; the episodes up to there are kept and reported, BackToBack)."""
     from vlaperf.serve.broker import ChunkBroker
 
     asynchronous = execution == "async"
+    b2b = BackToBack()
     rows, all_calls, all_infer, errors, timed_out, connection_lost = [], [], [], 0, False, None
     with ChunkBroker(client, 1.0 / period, replan_every, rtc=rtc, round_trip_s=round_trip_s,
                      asynchronous=asynchronous) as broker:
@@ -178,4 +246,15 @@ def _episodes(client, frames, episodes: int, steps: int, period: float, replan_e
             errors += st.errors
             if timed_out or connection_lost:
                 break
-    return rows, all_calls, all_infer, errors, timed_out, connection_lost
+            if back_to_back:
+                broker.reset()  # a call still in flight (async) is waited for first: the connection is free
+                refused, timed_out, connection_lost = _back_to_back(client, frames, back_to_back, rtc, replan_every,
+                                                                    deadline, b2b, ep)
+                errors += refused
+                if timed_out or connection_lost:
+                    break
+                if ep < episodes - 1:
+                    # the next episode's first call after a chunk's worth of idle, as if its episode had run on: not
+                    # straight after the burst, which would make it a closed-loop call too
+                    sleep(replan_every * period)
+    return rows, all_calls, all_infer, errors, timed_out, connection_lost, b2b
