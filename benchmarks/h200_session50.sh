@@ -42,6 +42,9 @@
 #            server_infer_ms median 0.3-0.9 ms over loadgen's (bench --idle-ms 50 read +0.45 ms in policy mode,
 #            breakdown +0.84 ms); its policy_call_ms (the client's round trip) 0.5-1.5 ms over loadgen's round_trip_ms
 #            (the front end's threads wake from sleep too); the two loadgen runs within 0.2 ms of each other.
+#            The rollout also runs its own closed-loop baseline now (--back-to-back 10 after each episode, session
+#            50): at_cadence_over_back_to_back 1.02-1.10x for the round trip and 1.02-1.06x for the server's time
+#            (16 cores: none of the 2-vCPU machine's contention, which read 0.74-0.80x there).
 #   PART=h   (an H200 only) the headline again: bench --levers best --processes 4, model mode. Prediction: 12.7-13.0 ms,
 #            as sessions 43-48.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=c bash benchmarks/h200_session50.sh, carry [".whl", ".whl_lerobot"]
