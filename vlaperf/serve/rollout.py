@@ -39,9 +39,9 @@ import time
 from dataclasses import dataclass, field
 
 from vlaperf.serve.client import Client, ServerError
-from vlaperf.serve.protocol import RTC_DELAY_KEY, RTC_EXECUTED_KEY
 from vlaperf.serve.loadgen import (LoadgenError, check_loopback_url, check_request_size, example_for, resolve_workload,
                                    result_header)
+from vlaperf.serve.protocol import RTC_DELAY_KEY, RTC_EXECUTED_KEY
 from vlaperf.timing import summarize
 
 MAX_EPISODES, MAX_STEPS, MAX_CONTROL_HZ, MAX_TIMEOUT_S = 1000, 100_000, 1000.0, 24 * 3600.0
