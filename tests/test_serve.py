@@ -24,6 +24,7 @@ from pathlib import Path
 import msgpack
 import numpy as np
 import pytest
+import torch
 
 pytest.importorskip("websockets")
 from websockets.exceptions import ConnectionClosed, InvalidStatus  # noqa: E402
@@ -1426,6 +1427,7 @@ def test_metadata_describes_the_served_policy_and_the_server_limits(model):
               "max_message_bytes": 2**20, "max_list_items": 5, "max_queued": 9, "max_connections": 3,
               "request_id_key": "request_id", "auth": "api-key"}
     assert {k: reference.get(k) for k in expect} == expect
+    assert reference["torch_threads"] == torch.get_num_threads() >= 1
     assert TINY.action_dim != TINY.robot_action_dim  # the two dims are told apart
     engine = PolicyServer(Policy(model, Engine(model, "for_loop,sdpa").sample_actions, TINY), port=0,
                           warmup_batch_sizes=())._build_metadata()

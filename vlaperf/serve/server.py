@@ -934,6 +934,11 @@ class PolicyServer:
             meta["dtype"] = str(model.dtype).replace("torch.", "")
         if getattr(policy, "device", None) is not None:
             meta["device"] = str(policy.device)
+        import torch
+
+        # the CPU threads torch runs the policy's host operators in (and the whole model on a CPU): a client's file
+        # records its own environment, not the server's, and a closed loop's timing depends on it (docs/serving.md)
+        meta["torch_threads"] = torch.get_num_threads()
         owner = getattr(getattr(policy, "sample", None), "__self__", None)
         levers = getattr(owner, "levers", None)
         if levers is not None and hasattr(levers, "names"):
