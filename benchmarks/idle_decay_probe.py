@@ -86,7 +86,7 @@ def rewarmed_pair(fn, device: torch.device, gap_ms: float, every_ms: float, roun
     timer = Timer(device)
     for _ in range(warmup):
         timer.wall_s(fn)
-    b2b, after = [], []
+    samples = {"wall_ms": {"b2b": [], "after": []}, "cuda_event_ms": {"b2b": [], "after": []}}
     for r in range(rounds):
         for which in (("b2b", "after") if r % 2 == 0 else ("after", "b2b")):
             if which == "after":
@@ -97,14 +97,20 @@ def rewarmed_pair(fn, device: torch.device, gap_ms: float, every_ms: float, roun
                         warm()
                         synchronize(device)
                         next_call = now + every_ms / 1e3
-            wall, _ = timer(fn)
-            (b2b if which == "b2b" else after).append(wall)
-    ratios = sorted(a / b for a, b in zip(after, b2b))
-    q = statistics.quantiles(ratios, n=10)
-    mb, ma = statistics.median(b2b), statistics.median(after)
-    return {"wall_ms": {"back_to_back_median": mb, "after_idle_median": ma, "after_idle_over_back_to_back": ma / mb,
-                        "per_round_p10": q[0], "per_round_p90": q[-1]},
-            "cuda_event_ms": None, "iters": rounds}
+            wall, event = timer(fn)
+            samples["wall_ms"][which].append(wall)
+            if event is not None:
+                samples["cuda_event_ms"][which].append(event)
+
+    def cost(b2b: list[float], after: list[float]) -> dict | None:
+        if not b2b:
+            return None  # no CUDA events on the CPU
+        q = statistics.quantiles(sorted(a / b for a, b in zip(after, b2b)), n=10)
+        mb, ma = statistics.median(b2b), statistics.median(after)
+        return {"back_to_back_median": mb, "after_idle_median": ma, "after_idle_over_back_to_back": ma / mb,
+                "per_round_p10": q[0], "per_round_p90": q[-1]}
+
+    return {timer_name: cost(s["b2b"], s["after"]) for timer_name, s in samples.items()} | {"iters": rounds}
 
 
 def decay(fn, device: torch.device, gaps: list[float], rounds: int, warmup: int, rewarm_every_ms: float,
