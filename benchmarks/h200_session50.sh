@@ -84,7 +84,7 @@ EOT
   ;;
 d)
   lane A 0 60 <<EOT &
-300 python3 benchmarks/idle_decay_probe.py --workload libero-pi0 --levers best --json $R/idle_decay_probe_libero-pi0-s50.json
+400 python3 benchmarks/idle_decay_probe.py --workload libero-pi0 --levers best --json $R/idle_decay_probe_libero-pi0-s50.json
 EOT
   ;;
 e)
