@@ -48,7 +48,7 @@
 #   PART=h   (an H200 only) the headline again: bench --levers best --processes 4, model mode. Prediction: 12.7-13.0 ms,
 #            as sessions 43-48.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=c bash benchmarks/h200_session50.sh, carry [".whl", ".whl_lerobot"]
-# (c and p need .whl_lerobot; s, m and h: [".whl"])
+# (c and p need .whl_lerobot; d, e, s, m and h: [".whl"])
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
 install_wheels .whl /tmp/site
