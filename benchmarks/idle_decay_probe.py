@@ -31,7 +31,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 
 import torch
@@ -42,7 +41,7 @@ from vlaperf.inputs import random_noise, random_observation
 from vlaperf.models.pi0 import build_model
 from vlaperf.policy import Policy, example_request
 from vlaperf.report.schema import SCHEMA, write_result
-from vlaperf.timing import Timer, environment_record, interleaved, synchronize
+from vlaperf.timing import environment_record, interleaved
 from vlaperf.workloads import get_workload
 
 WAYS = ("asleep", "spinning", "rewarming")
@@ -79,38 +78,12 @@ def gaps_arg(text: str) -> list[float]:
 def rewarmed_pair(fn, device: torch.device, gap_ms: float, every_ms: float, rounds: int, warmup: int,
                   warm=None) -> dict:
     """`pair_cost`'s fields for the call after `gap_ms` of spinning during which `warm` (default: `fn` itself) runs
-    (untimed, synchronized) every `every_ms`, the last one started no later than `every_ms` before the gap ends,
-    against the call back to back. Rounds alternate which of the two is timed first, as `interleaved` rotates its
-    order."""
-    warm = fn if warm is None else warm
-    timer = Timer(device)
-    for _ in range(warmup):
-        timer.wall_s(fn)
-    samples = {"wall_ms": {"b2b": [], "after": []}, "cuda_event_ms": {"b2b": [], "after": []}}
-    for r in range(rounds):
-        for which in (("b2b", "after") if r % 2 == 0 else ("after", "b2b")):
-            if which == "after":
-                end = time.perf_counter() + gap_ms / 1e3
-                next_call = time.perf_counter()
-                while (now := time.perf_counter()) < end:
-                    if now >= next_call and end - now > every_ms / 1e3:
-                        warm()
-                        synchronize(device)
-                        next_call = now + every_ms / 1e3
-            wall, event = timer(fn)
-            samples["wall_ms"][which].append(wall)
-            if event is not None:
-                samples["cuda_event_ms"][which].append(event)
-
-    def cost(b2b: list[float], after: list[float]) -> dict | None:
-        if not b2b:
-            return None  # no CUDA events on the CPU
-        q = statistics.quantiles(sorted(a / b for a, b in zip(after, b2b)), n=10)
-        mb, ma = statistics.median(b2b), statistics.median(after)
-        return {"back_to_back_median": mb, "after_idle_median": ma, "after_idle_over_back_to_back": ma / mb,
-                "per_round_p10": q[0], "per_round_p90": q[-1]}
-
-    return {timer_name: cost(s["b2b"], s["after"]) for timer_name, s in samples.items()} | {"iters": rounds}
+    (untimed, synchronized) every `every_ms`, none started within that period of the idle's end (wait_idle's
+    rewarm), against the call back to back, interleaved."""
+    timing = interleaved({"back_to_back": fn, "after_idle": fn}, device=device, warmup=warmup, iters=rounds,
+                         baseline="back_to_back", progress=False, idle_ms={"after_idle": gap_ms}, idle_spin=True,
+                         idle_rewarm={"after_idle": fn if warm is None else warm}, rewarm_every_ms=every_ms)
+    return pair_cost(timing, "back_to_back", "after_idle")
 
 
 def decay(fn, device: torch.device, gaps: list[float], rounds: int, warmup: int, rewarm_every_ms: float,

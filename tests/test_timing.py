@@ -233,6 +233,22 @@ def test_wait_idle_sleeps_or_spins_for_the_time_given(monkeypatch):
     assert slept == [0.005]
 
 
+def test_wait_idle_rewarms_through_a_spun_idle_and_stops_a_period_before_its_end(monkeypatch):
+    import vlaperf.timing as T
+
+    slept, sleep = [], T.time.sleep
+    monkeypatch.setattr(T.time, "sleep", lambda s: (slept.append(s), sleep(s)))
+    starts = []
+    t0 = time.perf_counter()
+    T.wait_idle(30, rewarm=lambda: starts.append(time.perf_counter() - t0), rewarm_every_ms=5)
+    end = time.perf_counter() - t0
+    assert slept == [] and end >= 0.03  # a rewarmed idle spins, asleep never
+    assert 4 <= len(starts) <= 6 and starts[0] < 0.002  # every 5 ms from the start
+    assert all(b - a > 0.0049 for a, b in zip(starts, starts[1:])) and starts[-1] < 0.0251  # none in the last 5 ms
+    with pytest.raises(ValueError, match=re.escape("interleaved: idle_rewarm names ['a'], which have no idle_ms")):
+        interleaved({"a": lambda: None}, device="cpu", warmup=1, iters=1, progress=False, idle_rewarm={"a": print})
+
+
 @pytest.mark.parametrize("idle,message", [({"c": 1.0}, "idle_ms names 'c', which is not one of ['a', 'b']"),
                                           ({"a": -1.0}, "idle_ms['a']: expected milliseconds >= 0, got -1.0"),
                                           ({"a": math.inf}, "expected milliseconds >= 0, got inf"),

@@ -250,19 +250,26 @@ def _check_counts(fn_name: str, warmup: int, iters: int, min_warmup: int = 0, it
         raise ValueError(f"{fn_name}: {iters_name} must be an integer >= 1, got {iters!r}")
 
 
-def wait_idle(ms: float, spin: bool = False) -> None:
+def wait_idle(ms: float, spin: bool = False, rewarm: Callable[[], object] | None = None, rewarm_every_ms: float = 5.0,
+              device: torch.device | str = "cpu") -> None:
     """The idle before a call (`idle_ms` below): asleep, as a control loop waits for its next tick, or with `spin`
     on the clock, busy, so the core stays awake at its clock. The two apart say whether a cost after the idle comes
-    from the core's sleep (its clock, its idle state) or from the caches that anything else in the meantime
-    evicts."""
+    from the core's sleep (its clock, its idle state) or from state that decays whatever the core does. `rewarm`
+    (spinning): called, untimed and synchronized on `device`, every `rewarm_every_ms` through the idle, none started
+    within that period of its end: what keeping the call's own state warm wins back
+    (benchmarks/idle_decay_probe.py)."""
     if not ms:
         return
-    if not spin:
+    if not spin and rewarm is None:
         time.sleep(ms / 1e3)
         return
     end = time.perf_counter() + ms / 1e3
-    while time.perf_counter() < end:
-        pass
+    next_call = time.perf_counter()
+    while (now := time.perf_counter()) < end:
+        if rewarm is not None and now >= next_call and end - now > rewarm_every_ms / 1e3:
+            rewarm()
+            synchronize(device)
+            next_call = now + rewarm_every_ms / 1e3
 
 
 def time_calls(
@@ -383,6 +390,8 @@ def interleaved(
     idle_ms: dict[str, float] | None = None,
     idle_spin: bool = False,
     settle: Sequence[str] = (),
+    idle_rewarm: dict[str, Callable[[], object]] | None = None,
+    rewarm_every_ms: float = 5.0,
 ) -> dict[str, Any]:
     """Compare variants by calling them in interleaved rounds with a rotating order.
 
@@ -404,7 +413,8 @@ def interleaved(
     calls its policy once per control period and waits in between; a variant that repeats
     another with an idle before it says what that wait costs the next call (caches and
     clocks gone cold), against the same call back to back. idle_spin: spin on the clock
-    instead of sleeping (wait_idle).
+    instead of sleeping (wait_idle). idle_rewarm: {name: fn}, that variant's idle spun with
+    fn called every rewarm_every_ms through it (wait_idle's rewarm).
 
     settle: names whose timed calls are each preceded by one untimed call of the same
     variant, so that the call timed follows its own kind, as in a loop of that policy. The
@@ -428,6 +438,10 @@ def interleaved(
         raise ValueError(f"interleaved: baseline {baseline!r} is not one of {names}")
     _check_counts("interleaved", warmup, iters, min_warmup=1)
     idle_ms = dict(idle_ms or {})
+    idle_rewarm = dict(idle_rewarm or {})
+    if not set(idle_rewarm) <= set(idle_ms):
+        raise ValueError(f"interleaved: idle_rewarm names {sorted(set(idle_rewarm) - set(idle_ms))}, which have no "
+                         "idle_ms to rewarm through")
     settle = set(settle)
     if not settle <= set(fns):
         raise ValueError(f"interleaved: settle names {sorted(settle - set(fns))}, not among {names}")
@@ -465,7 +479,8 @@ def interleaved(
                 if name in settle:
                     fns[name]()
                     synchronize(device)
-                wait_idle(idle_ms.get(name, 0.0), idle_spin)
+                wait_idle(idle_ms.get(name, 0.0), idle_spin, rewarm=idle_rewarm.get(name),
+                          rewarm_every_ms=rewarm_every_ms, device=device)
                 w, e = timer(fns[name])
                 wall_ms[name].append(w)
                 if e is not None:
