@@ -162,14 +162,13 @@ class BackToBack:
 
 
 def _back_to_back(client, frames, calls: int, rtc: bool, replan_every: int, deadline: float, into: BackToBack,
-                  episode: int) -> tuple[int, bool, str | None]:
+                  episode: int) -> tuple[bool, str | None]:
     """One untimed call (the one after the episode's idle), then `calls` timed ones, each sent when the previous
     reply is in; with `rtc` each as the loop's guided requests are (the server holds this connection's last chunk).
-    Returns (errors, timed_out, connection_lost)."""
-    errors = 0
+    Returns (timed_out, connection_lost)."""
     for k in range(calls + 1):
         if time.perf_counter() > deadline:
-            return errors, True, None
+            return True, None
         obs = dict(frames[k % len(frames)], request_id=f"e{episode}-b{k}")
         if rtc:
             obs.update({RTC_EXECUTED_KEY: replan_every, RTC_DELAY_KEY: 1})
@@ -179,10 +178,9 @@ def _back_to_back(client, frames, calls: int, rtc: bool, replan_every: int, dead
         except ServerError:
             reply = None
         except Exception as e:  # the connection is gone
-            return errors, False, f"episode {episode}, back-to-back call {k}: the connection failed: {type(e).__name__}: {e}"
+            return False, f"episode {episode}, back-to-back call {k}: the connection failed: {type(e).__name__}: {e}"
         rt_ms = (time.perf_counter() - t0) * 1e3
         if reply is None:
-            errors += 1
             into.errors += 1
         if k == 0:
             continue
@@ -192,7 +190,7 @@ def _back_to_back(client, frames, calls: int, rtc: bool, replan_every: int, dead
             if infer == infer:
                 into.infer_ms.append(infer)
             into.guided += bool((reply.get("rtc") or {}).get("guided"))
-    return errors, False, None
+    return False, None
 
 
 def _episodes(client, frames, episodes: int, steps: int, period: float, replan_every: int, execution: str, rtc: bool,
@@ -248,13 +246,13 @@ def _episodes(client, frames, episodes: int, steps: int, period: float, replan_e
                 break
             if back_to_back:
                 broker.reset()  # a call still in flight (async) is waited for first: the connection is free
-                refused, timed_out, connection_lost = _back_to_back(client, frames, back_to_back, rtc, replan_every,
-                                                                    deadline, b2b, ep)
-                errors += refused
+                timed_out, connection_lost = _back_to_back(client, frames, back_to_back, rtc, replan_every, deadline,
+                                                           b2b, ep)
                 if timed_out or connection_lost:
                     break
                 if ep < episodes - 1:
                     # the next episode's first call after a chunk's worth of idle, as if its episode had run on: not
                     # straight after the burst, which would make it a closed-loop call too
                     sleep(replan_every * period)
-    return rows, all_calls, all_infer, errors, timed_out, connection_lost, b2b
+    # a refused closed-loop call counts among the errors (the exit code) as a refused loop call does
+    return rows, all_calls, all_infer, errors + b2b.errors, timed_out, connection_lost, b2b
