@@ -368,6 +368,10 @@ def test_security_defaults(model):
     (dict(max_batch=True), "max_batch must be an integer >= 1, got True"),  # was blamed on warmup_batch_sizes
     (dict(drain_timeout_s=-5), "drain_timeout_s must be a finite number of seconds >= 0, got -5"),  # was accepted
     (dict(max_message_bytes=2**40), r"max_message_bytes must be an integer in \[1024, 4294967296\]"),
+    (dict(keep_warm_ms=0), r"keep_warm_ms must be None \(off\) or a finite number of milliseconds > 0, got 0"),
+    (dict(keep_warm_ms=True), "keep_warm_ms must be None .* got True"),
+    (dict(keep_warm_ms=float("inf")), "keep_warm_ms must be None .* got inf"),
+    (dict(keep_warm_ms="5"), "keep_warm_ms must be None .* got '5'"),
 ])
 def test_server_constructor_refuses_bad_settings(model, kwargs, message):
     """Settings are checked when the server is built (they used to fail at start, or be clamped or dropped)."""
@@ -830,6 +834,11 @@ def test_serve_refuses_a_taken_port_before_building_the_model(capsys, monkeypatc
      "resolve it"),  # port 0 skipped the early check: the model was built and checked first
     (["--max-wait-ms", "inf"], "argument --max-wait-ms: expected a finite number >= 0, got 'inf'"),
     (["--max-message-mb", "2e13"], "argument --max-message-mb: expected a number > 0 and <= 4096"),  # was a traceback
+    (["--keep-warm-ms", "0"], "argument --keep-warm-ms: expected a number > 0 and <= 1000, got 0.0"),
+    (["--keep-warm-ms", "5", "--workload", "wam-761"], "--keep-warm-ms: the pi0 family served in this process reruns "
+     "its host stages while idle; wam-761 (the world-action model) has no keep-warm"),
+    (["--keep-warm-ms", "5", "--replicas", "2"], "--keep-warm-ms: the pi0 family served in this process reruns its "
+     "host stages while idle; drop --replicas (the model runs in the replicas)"),
 ])
 def test_serve_refuses_bad_options_before_building_the_model(args, message, capsys, monkeypatch):
     from vlaperf.cli import main as run_cli
@@ -1345,7 +1354,8 @@ def test_finished_batches_leave_no_connection_counted_as_busy_and_stats_count(mo
             assert isinstance(roundtrip(ws, b"\xc1"), str)  # an error frame
         _wait_for(lambda: s._n_connections == 0)
         assert s.stats == {"requests": 2, "errors": 1, "batches": 1, "batched_observations": 3,
-                           "dropped_observations": 0, "rtc_guided": 0, "rtc_unguided": 0}
+                           "dropped_observations": 0, "rtc_guided": 0, "rtc_unguided": 0, "keep_warm_runs": 0,
+                           "keep_warm_delayed": 0}
     finally:
         s.stop()
 
@@ -1986,3 +1996,114 @@ def test_print_serve_describes_the_pi0_server(server):
     for row in (f"action chunk │ {H} x {D} float32", "tokenizer WordHashTokenizer; normalization none (model units)",
                 "up to 8 per call, wait <= 100 ms", "levers │ reference"):
         assert row in out, out
+
+
+# ----------------------------------------------------------------------------- keep-warm
+
+
+def test_keep_warm_reruns_the_host_stages_not_the_model_and_changes_no_answer(model):
+    """--keep-warm-ms: while idle the inference thread reruns the last request's host stages (the policy's
+    keep_warm), never the model, and the next answer is the one it would have been."""
+    noise = random_noise(TINY, model.config, seed=3)[:1]
+    sampled = []
+
+    def sample(obs, _noise, num_steps):
+        sampled.append(obs.batch)
+        return model.sample_actions(obs, noise.expand(obs.batch, -1, -1).contiguous(), num_steps)
+
+    policy = Policy(model, sample, TINY)
+    reruns = []
+    keep_warm = policy.keep_warm
+    policy.keep_warm = lambda examples: (reruns.append(examples), keep_warm(examples))
+    s = PolicyServer(policy, port=0, max_batch=1, warmup_batch_sizes=(), keep_warm_ms=2.0).start()
+    try:
+        assert s.metadata["keep_warm_ms"] == 2.0
+        with raw_connection(s) as ws:
+            time.sleep(0.05)
+            assert s.stats["keep_warm_runs"] == 0  # nothing served yet: nothing to rerun
+            first = unpackb(roundtrip(ws, packb(make_example(TINY, seed=4))))["actions"]
+            _wait_for(lambda: s.stats["keep_warm_runs"] >= 3)
+            assert sampled == [1]  # the runs called no model
+            assert all(len(r) == 1 and r[0]["prompt"] == make_example(TINY, seed=4)["prompt"] for r in reruns)
+            second = unpackb(roundtrip(ws, packb(make_example(TINY, seed=4))))["actions"]
+            np.testing.assert_array_equal(first, second)
+        metrics = _metrics(s)
+        assert metrics["vlaperf_keep_warm_runs_total"] >= 3 and metrics["vlaperf_keep_warm_seconds_count"] >= 3
+        assert "vlaperf_keep_warm_delayed_observations_total" in metrics
+    finally:
+        s.stop()
+
+
+def test_keep_warm_stops_after_keep_warm_for_s(model, monkeypatch):
+    """The runs stop KEEP_WARM_FOR_S after the last batch (a client gone, a long reset), and start again with the
+    next request."""
+    monkeypatch.setattr("vlaperf.serve.server.KEEP_WARM_FOR_S", 0.1)
+    s = PolicyServer(fixed_noise_policy(model), port=0, max_batch=1, warmup_batch_sizes=(), keep_warm_ms=1.0).start()
+    try:
+        with raw_connection(s) as ws:
+            assert_result(unpackb(roundtrip(ws, packb(make_example(TINY, seed=0)))))
+            time.sleep(0.4)
+            stopped = s.stats["keep_warm_runs"]
+            assert stopped >= 1
+            time.sleep(0.3)
+            assert s.stats["keep_warm_runs"] == stopped
+            assert_result(unpackb(roundtrip(ws, packb(make_example(TINY, seed=1)))))
+            _wait_for(lambda: s.stats["keep_warm_runs"] > stopped)
+    finally:
+        s.stop()
+
+
+class _SlowWarm(_Recorder):
+    """A _Recorder with a keep_warm that takes `warm_s` (or raises `warm_exc`); `warming` is set during a run."""
+
+    def __init__(self, workload, warm_s=0.0, warm_exc=None):
+        super().__init__(workload)
+        self.warm_s, self.warm_exc, self.warming, self.runs = warm_s, warm_exc, threading.Event(), 0
+
+    def keep_warm(self, examples):
+        self.runs += 1
+        if self.warm_exc is not None:
+            raise self.warm_exc
+        self.warming.set()
+        time.sleep(self.warm_s)
+        self.warming.clear()
+
+
+def test_a_request_that_arrives_during_a_keep_warm_run_waits_for_it_and_is_counted():
+    policy = _SlowWarm(TINY, warm_s=0.3)
+    s = PolicyServer(policy, port=0, max_batch=1, max_wait_ms=0.0, warmup_batch_sizes=(), keep_warm_ms=1.0).start()
+    try:
+        with raw_connection(s) as ws:
+            assert_result(unpackb(roundtrip(ws, packb(make_example(TINY, seed=0)))))
+            assert policy.warming.wait(5)
+            t0 = time.perf_counter()
+            reply = unpackb(roundtrip(ws, packb(make_example(TINY, seed=1))))
+            assert_result(reply)
+            assert time.perf_counter() - t0 > 0.1  # it waited for the run in progress
+            assert s.stats["keep_warm_delayed"] >= 1
+            assert len(policy.calls) == 2
+    finally:
+        s.stop()
+
+
+def test_a_failing_keep_warm_turns_itself_off_and_the_server_keeps_serving(caplog):
+    policy = _SlowWarm(TINY, warm_exc=RuntimeError("staging buffer gone"))
+    s = PolicyServer(policy, port=0, max_batch=1, max_wait_ms=0.0, warmup_batch_sizes=(), keep_warm_ms=1.0).start()
+    try:
+        with raw_connection(s) as ws:
+            assert_result(unpackb(roundtrip(ws, packb(make_example(TINY, seed=0)))))
+            _wait_for(lambda: s.keep_warm_ms is None)
+            time.sleep(0.05)
+            assert policy.runs == 1
+            assert_result(unpackb(roundtrip(ws, packb(make_example(TINY, seed=1)))))
+        assert "keep-warm run failed; keep-warm is off from now on" in caplog.text
+        assert "staging buffer gone" in caplog.text
+    finally:
+        s.stop()
+
+
+def test_keep_warm_needs_a_policy_that_can():
+    """A policy without keep_warm (the world-action model's, a remote backend's) fails the server's start, naming
+    the setting, instead of serving without what was asked for."""
+    with pytest.raises(TypeError, match=r"keep_warm_ms: _Recorder has no keep_warm\(examples\)"):
+        PolicyServer(_Recorder(TINY), port=0, warmup_batch_sizes=(), keep_warm_ms=5.0).start()

@@ -208,6 +208,16 @@ class Policy:
             result["chunks"], result["guided"] = chunks, guided
         return result
 
+    def keep_warm(self, example: dict[str, Any] | list[dict[str, Any]]) -> None:
+        """Rerun `infer`'s host stages on `example` (a request already served) and wait for them: the transform, the
+        one pinned upload and the device preprocess, not the model. A server calls it while no request waits
+        (`vlaperf serve --keep-warm-ms`): after an idle the next call's host stages come back slower, and only
+        running them again kept them warm (benchmarks/idle_decay_probe.py's rewarming_host; docs/serving.md). It
+        holds the GPU for a few small kernels and one copy, not for a whole call."""
+        self.transform.preprocess(self.transform.upload(self.transform.host_arrays(example)))
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
     def _guidance(self, rtc: list, model_states: list):
         """((target, weights) as host arrays, or () where no row is guided; [bool] per row) for `infer`'s `rtc`:
         each row's previous chunk from its `executed` position on, re-expressed relative to this observation's

@@ -137,6 +137,10 @@ def register(subparsers) -> None:
     p.add_argument("--max-queue", type=_queue_size, default=256,
                    help="observations that may wait for the model at once, from all clients; a request past it gets "
                         "an Overloaded error frame (default: 256, at least the 64 of one list request)")
+    p.add_argument("--keep-warm-ms", type=number_arg(float, 0, strict=True, maximum=1000), default=None,
+                   help="while no request waits, rerun the last request's host stages (transform, upload, preprocess; "
+                        "no model call) every this many ms, for up to 10 s after it: a robot's next call after an "
+                        "idle then finds them warm (docs/serving.md; default: off)")
     p.add_argument("--warmup-batches", default="1,max",
                    help="batch sizes to warm up before listening: comma list, 'max' = --max-batch, 'all' = 1..max "
                         "(default: 1,max)")
@@ -331,6 +335,10 @@ def cmd_serve(args) -> int:
         raise CliError("--rtc: real-time chunking is served by the pi0 family in this process; "
                        + ("drop --replicas" if getattr(args, "replicas", None) else
                           f"{args.workload} (the world-action model) has no previous-chunk guidance"))
+    if args.keep_warm_ms is not None and (getattr(args, "replicas", None) or is_wam_workload(args.workload or "")):
+        raise CliError("--keep-warm-ms: the pi0 family served in this process reruns its host stages while idle; "
+                       + ("drop --replicas (the model runs in the replicas)" if getattr(args, "replicas", None) else
+                          f"{args.workload} (the world-action model) has no keep-warm"))
     if getattr(args, "replicas", None):  # the model runs in Ray Serve replicas, not in this process
         if is_wam_workload(args.workload or ""):
             raise CliError(f"--replicas: Ray Serve replicas serve the pi0 family; {args.workload} (the world-action "
@@ -359,7 +367,7 @@ def cmd_serve(args) -> int:
                               max_wait_ms=args.max_wait_ms, max_message_bytes=int(args.max_message_mb * 2**20),
                               max_queued=args.max_queue, max_connections=args.max_connections,
                               warmup_batch_sizes=warmup, allow_unauthenticated_remote=args.allow_unauthenticated,
-                              on_ready=lambda s: print_serve(s, console))
+                              keep_warm_ms=args.keep_warm_ms, on_ready=lambda s: print_serve(s, console))
     except ValueError as e:
         raise CliError(str(e)) from None
     try:
@@ -527,6 +535,8 @@ def print_serve(server, console=None) -> None:
     from rich.console import Console
     from rich.table import Table
 
+    from vlaperf.serve.server import KEEP_WARM_FOR_S
+
     m = server.metadata
     t = Table(title=f"vlaperf serve  {m.get('workload')}  {m.get('levers_label')}  ({m.get('dtype')}, {m.get('device')})")
     t.add_column("setting")
@@ -550,6 +560,8 @@ def print_serve(server, console=None) -> None:
         *([("sampler", ", ".join(f"{k} {v}" for k, v in m["sampler"].items()))] if "sampler" in m else []),
         ("levers", ",".join(m.get("levers") or []) or "reference"),
         ("batching", f"up to {server.max_batch} per call, wait <= {server.max_wait_ms:g} ms"),
+        *([("keep-warm", f"the last request's host stages rerun every {server.keep_warm_ms:g} ms while idle, for up "
+                         f"to {KEEP_WARM_FOR_S:g} s")] if server.keep_warm_ms is not None else []),
         ("limits", f"messages up to {server.max_message_bytes / 2**20:g} MiB, {server.max_queued} observations queued, "
                    f"{server.max_connections} connections"),
         ("warm-up", f"batch sizes {list(server.warmup_batch_sizes)} in {m.get('warmup_s', 0):.2f} s"

@@ -28,6 +28,8 @@ import threading
 METRICS_PATH = "/metrics"
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
                    0.25, 0.5, 1.0, 2.5, 5.0, 10.0)
+# a keep-warm run is host work and a few small kernels: well under SECONDS_BUCKETS' first bucket on a GPU host
+KEEP_WARM_BUCKETS = (0.0001, 0.00025, 0.0005, 0.001, 0.002, 0.005, 0.01, 0.05)
 BATCH_BUCKETS = (1, 2, 4, 8, 16, 32, 64, 128, 256)
 
 
@@ -75,6 +77,7 @@ class ServerMetrics:
         self.queue_seconds = Histogram(SECONDS_BUCKETS)
         self.infer_seconds = Histogram(SECONDS_BUCKETS)
         self.batch_size = Histogram(BATCH_BUCKETS)
+        self.keep_warm_seconds = Histogram(KEEP_WARM_BUCKETS)
 
 
 def render(stats: dict, gauges: dict, metrics: ServerMetrics) -> str:
@@ -93,6 +96,10 @@ def render(stats: dict, gauges: dict, metrics: ServerMetrics) -> str:
             "their connection's previous chunk", "rtc_guided")
     counter("vlaperf_rtc_unguided_observations_total", "observations with real-time chunking's keys and nothing to "
             "continue (no previous chunk, or all of it executed)", "rtc_unguided")
+    counter("vlaperf_keep_warm_runs_total", "keep-warm runs of the last request's host stages while idle "
+            "(--keep-warm-ms)", "keep_warm_runs")
+    counter("vlaperf_keep_warm_delayed_observations_total", "observations that arrived during a keep-warm run and "
+            "waited for it", "keep_warm_delayed")
     for name, help_text in (("connections", "open websocket connections"),
                             ("inflight_requests", "requests received and not yet answered"),
                             ("queued_observations", "observations waiting for the inference thread")):
@@ -103,4 +110,5 @@ def render(stats: dict, gauges: dict, metrics: ServerMetrics) -> str:
     out += metrics.queue_seconds.lines("vlaperf_queue_seconds", "an observation's wait for the inference thread")
     out += metrics.infer_seconds.lines("vlaperf_infer_seconds", "one batched policy call")
     out += metrics.batch_size.lines("vlaperf_batch_size", "observations per policy call")
+    out += metrics.keep_warm_seconds.lines("vlaperf_keep_warm_seconds", "one keep-warm run (--keep-warm-ms)")
     return "\n".join(out) + "\n"

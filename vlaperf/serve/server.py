@@ -77,6 +77,10 @@ LOGGED_ERRORS_PER_CONNECTION = 5
 # Received messages a connection buffers while its current request runs (websockets' max_queue; its default is 16,
 # 256 MiB a connection at a 16 MiB message limit). openpi's clients send one request and wait for the reply.
 WS_MAX_QUEUE = 4
+# keep_warm_ms's runs go on this long after the last batch: through a robot's pause between calls or a short reset
+# between episodes, not for a client that has gone (each run takes a CPU core and the GPU for ~1 ms)
+KEEP_WARM_FOR_S = 10.0
+_KEEP_WARM = object()  # _take_batch's answer when no request waits and a keep-warm run is due
 HEALTH_PATH = "/healthz"
 
 try:  # websockets >= 13: the new asyncio implementation
@@ -168,6 +172,7 @@ class PolicyServer:
         drain_timeout_s: float = 30.0,
         inline_decode_bytes: int = 2**20,
         on_ready: Callable[["PolicyServer"], None] | None = None,
+        keep_warm_ms: float | None = None,
         _legacy_websockets: bool = False,
     ):
         """`policy`: a vlaperf `Policy` (anything with `infer(list_of_dicts)` returning
@@ -189,6 +194,13 @@ class PolicyServer:
 
         `warmup_batch_sizes`: the batch sizes warmed up (compiled, captured) before the server listens;
         None is 1 and max_batch, as `vlaperf serve` does; () warms up nothing.
+
+        `keep_warm_ms`: while no request waits, the inference thread reruns the last request's host stages (the
+        policy's `keep_warm`: transform, upload, device preprocess; no model call) every keep_warm_ms, for up to
+        KEEP_WARM_FOR_S after the last request. A robot's closed loop leaves the server idle between calls (0.5 s at
+        10 Hz with a chunk replanned every 5 steps), and after an idle the next call's host stages come back slower;
+        only running them again kept them warm (docs/serving.md, "Keeping the host path warm"). A request that
+        arrives during a run waits for it (counted in stats["keep_warm_delayed"]). None (default): off.
 
         Security defaults: binds to loopback; binding any other address without an
         `api_key` raises ValueError unless `allow_unauthenticated_remote=True`.
@@ -223,6 +235,10 @@ class PolicyServer:
         if isinstance(max_queued, bool) or not isinstance(max_queued, int) or max_queued < max_list_items:
             raise ValueError(f"max_queued must be an integer >= max_list_items ({max_list_items}), so that one list "
                              f"request fits, got {max_queued!r}")
+        if keep_warm_ms is not None and (isinstance(keep_warm_ms, bool) or not isinstance(keep_warm_ms, (int, float))
+                                         or not 0 < keep_warm_ms < math.inf):
+            raise ValueError(f"keep_warm_ms must be None (off) or a finite number of milliseconds > 0, got "
+                             f"{keep_warm_ms!r}")
         if api_key is not None and (not isinstance(api_key, str) or not api_key or api_key != api_key.strip()):
             raise ValueError("api_key must be a non-empty string without surrounding whitespace")
         if not is_loopback(host) and api_key is None and not allow_unauthenticated_remote:
@@ -238,6 +254,11 @@ class PolicyServer:
         self.drain_timeout_s, self.inline_decode_bytes = drain_timeout_s, inline_decode_bytes
         self._extra_metadata = dict(metadata or {})
         self._on_ready = on_ready
+        self.keep_warm_ms = None if keep_warm_ms is None else float(keep_warm_ms)
+        # keep-warm state, inference thread only: what to rerun (the last batch's examples), when a batch last
+        # ended and when the last run did
+        self._warm_examples: list | None = None
+        self._last_served = self._last_warmed = 0.0
         self._legacy = _legacy_websockets or _serve_new is None
         self.metadata: dict = {}
         self.policy: Any = self._policy
@@ -268,7 +289,7 @@ class PolicyServer:
         self._chunks: dict[int, dict[int, ModelChunk]] = {}
         self._rtc_on, self._rtc_horizon = False, 0  # set once the policy is built
         self.stats = {"requests": 0, "errors": 0, "batches": 0, "batched_observations": 0, "dropped_observations": 0,
-                      "rtc_guided": 0, "rtc_unguided": 0}
+                      "rtc_guided": 0, "rtc_unguided": 0, "keep_warm_runs": 0, "keep_warm_delayed": 0}
         self.metrics = ServerMetrics()  # the latency histograms of GET /metrics
         self._conn_errors: Counter = Counter()  # connection -> request errors so far (the log keeps the first few)
 
@@ -698,6 +719,10 @@ class PolicyServer:
                 if not hasattr(self._policy, "infer"):
                     raise TypeError(f"the policy factory returned {type(self._policy).__name__}, which has no infer()")
             self.policy = self._policy
+            if self.keep_warm_ms is not None and not callable(getattr(self._policy, "keep_warm", None)):
+                raise TypeError(f"keep_warm_ms: {type(self._policy).__name__} has no keep_warm(examples) to rerun its "
+                                "host stages with (a vlaperf Policy of the pi0 family has; the world-action model's "
+                                "and Ray Serve replicas' do not)")
             self._rtc_on = getattr(self._policy, "rtc", None) is not None
             if self._rtc_on:
                 self._rtc_horizon = int(self._policy.model.config.action_horizon)
@@ -713,6 +738,9 @@ class PolicyServer:
             batch = self._next_batch()
             if batch is None:
                 return
+            if batch is _KEEP_WARM:
+                self._keep_warm()
+                continue
             if not batch:  # another inference thread took the jobs (remote backends run several)
                 continue
             try:
@@ -781,7 +809,10 @@ class PolicyServer:
         while not self._pending:
             if self._stopping_worker:
                 return None
-            self._cv.wait()
+            wait = self._keep_warm_wait()
+            if wait == 0.0:
+                return _KEEP_WARM
+            self._cv.wait(wait)
         # Wait up to max_wait after the later of "oldest request arrived" and "the GPU
         # became free": requests that queued during the previous batch would otherwise
         # leave at once, and a closed loop of N clients settles into alternating
@@ -801,6 +832,30 @@ class PolicyServer:
             self._cv.notify()  # another idle thread takes the rest now
         return batch
 
+    def _keep_warm_wait(self) -> float | None:
+        """Seconds until the next keep-warm run is due (0.0: now); None when there is none to wait for: keep_warm_ms
+        off, nothing served yet, or KEEP_WARM_FOR_S gone since the last batch (a robot between episodes, or gone)."""
+        if self.keep_warm_ms is None or self._warm_examples is None:
+            return None
+        now = time.perf_counter()
+        if now - self._last_served > KEEP_WARM_FOR_S:
+            return None
+        return max(0.0, self._last_warmed + self.keep_warm_ms / 1e3 - now)
+
+    def _keep_warm(self) -> None:
+        """One keep-warm run, outside the lock; a request that arrived during it is counted as delayed."""
+        t0 = time.perf_counter()
+        try:
+            self._policy.keep_warm(self._warm_examples)
+        except Exception:  # never the server's end: the next request is served as it would have been without it
+            log.exception("keep-warm run failed; keep-warm is off from now on")
+            self.keep_warm_ms = None
+        t1 = self._last_warmed = time.perf_counter()
+        self.stats["keep_warm_runs"] += 1
+        self.metrics.keep_warm_seconds.observe(t1 - t0)
+        with self._cv:
+            self.stats["keep_warm_delayed"] += sum(job.t_enqueue > t0 for job in self._pending)
+
     def _run_batch(self, batch: list[_Job]) -> None:
         t_start = time.perf_counter()
         try:
@@ -811,6 +866,9 @@ class PolicyServer:
             actions = np.asarray(out["actions"])
             if actions.ndim < 1 or actions.shape[0] != len(batch):
                 raise RuntimeError(f"policy returned actions of shape {actions.shape} for a batch of {len(batch)}")
+            if self.keep_warm_ms is not None:  # what a keep-warm run reruns: requests that were served as they are
+                self._warm_examples = [job.example for job in batch]
+                self._last_served = self._last_warmed = time.perf_counter()
         except Exception as e:
             if isinstance(e, NonFiniteActions) and (e.rows is not None and e.actions is not None or len(batch) == 1):
                 self._deliver_rows(batch, e, t_start)  # which rows is known: no re-run
@@ -950,7 +1008,8 @@ class PolicyServer:
         meta.update(max_batch=self.max_batch, max_wait_ms=self.max_wait_ms, max_message_bytes=self.max_message_bytes,
                     max_list_items=self.max_list_items, max_queued=self.max_queued, max_connections=self.max_connections,
                     request_id_key=REQUEST_ID_KEY,
-                    auth="api-key" if self.api_key else "none", warmup_s=round(getattr(self, "warmup_s", 0.0), 3))
+                    auth="api-key" if self.api_key else "none", warmup_s=round(getattr(self, "warmup_s", 0.0), 3),
+                    keep_warm_ms=self.keep_warm_ms)
         meta.update(self._extra_metadata)
         return meta
 

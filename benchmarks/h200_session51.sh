@@ -1,0 +1,35 @@
+#!/bin/bash
+# The device plan written in session 51 (one GPU; lanes.sh, lane A only), after session 51's parts d-p of
+# benchmarks/h200_session50.sh on an H100. Say which card each figure came from.
+#   PART=k   does `serve --keep-warm-ms` take back the idle's cost of a robot's cadence? Three `serve --levers best`
+#            servers on one GPU (keep-warm off, 5 ms, 20 ms), each warmed up before any timing; `rollout --control-hz
+#            10` (a call every 0.5 s) against each in turn, twice round (off, 5, 20, off, 5, 20), with 12 s between
+#            rollouts so a keep-warm server has stopped (10 s after its last request) before another's rollout runs;
+#            every rollout also times its own closed loop (--back-to-back 10), the ratio its file keeps. Then each
+#            server's /metrics (keep-warm runs, the requests they delayed). Session 51's part e (H100, no keep-warm):
+#            at cadence over back to back 1.083x for the round trip, 1.049x for the server's time; the idle probe:
+#            the served call 1.016x after 200 ms asleep, 1.003x with only its host stages rerun every 5 ms.
+#            Predictions: off as part e (server 1.03-1.06x, round trip 1.06-1.10x); 5 ms: server 1.00-1.02x, round
+#            trip 1.03-1.06x (the client's and the event loop's own wake-ups stay), 5-15% of calls delayed by a run;
+#            20 ms between the two (server 1.01-1.03x), under 5% delayed.
+#   PART=h   (an H200 only) the headline again: bench --levers best --processes 4, model mode. Prediction: 12.7-13.0 ms,
+#            as sessions 43-48.
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=k bash benchmarks/h200_session51.sh, carry [".whl"]
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
+install_wheels .whl /tmp/site
+export PYTHONPATH=/tmp/site:$PWD
+case "${PART:-k}" in
+k)
+  # servers: keep-warm off on 8765, 5 ms on 8766, 20 ms on 8767
+  lane A 0 60 <<EOT &
+560 bash benchmarks/keep_warm_rollouts.sh $R s51
+EOT
+  ;;
+h)
+  lane A 0 30 <<EOT &
+400 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s51-4proc_model.json
+EOT
+  ;;
+esac
+finish
