@@ -575,6 +575,7 @@ def test_rollout(server, tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert all(h in out for h in ("waiting s", "overruns", "call p50 ms", "call max ms")), out
     assert "2 closed-loop calls after each episode" in out
+    assert "keep-warm" not in out  # the module's server runs without it
 
 
 def test_rollout_keeps_what_it_measured_when_the_server_goes_away(model, tmp_path, capsys, monkeypatch):
@@ -2001,7 +2002,7 @@ def test_print_serve_describes_the_pi0_server(server):
 # ----------------------------------------------------------------------------- keep-warm
 
 
-def test_keep_warm_reruns_the_host_stages_not_the_model_and_changes_no_answer(model):
+def test_keep_warm_reruns_the_host_stages_not_the_model_and_changes_no_answer(model, capsys, tmp_path):
     """--keep-warm-ms: while idle the inference thread reruns the last request's host stages (the policy's
     keep_warm), never the model, and the next answer is the one it would have been."""
     noise = random_noise(TINY, model.config, seed=3)[:1]
@@ -2030,6 +2031,18 @@ def test_keep_warm_reruns_the_host_stages_not_the_model_and_changes_no_answer(mo
         metrics = _metrics(s)
         assert metrics["vlaperf_keep_warm_runs_total"] >= 3 and metrics["vlaperf_keep_warm_seconds_count"] >= 3
         assert "vlaperf_keep_warm_delayed_observations_total" in metrics
+        # a rollout's file keeps the server's setting, and its console line and the report say it
+        from vlaperf.report.render import render
+        from vlaperf.report.schema import write_result
+        from vlaperf.serve.commands import print_rollout
+        from vlaperf.serve.rollout import run_rollout
+
+        result = run_rollout(s.url, episodes=1, steps_per_episode=2, control_hz=50.0, replan_every=1, back_to_back=0)
+        assert result["server"]["keep_warm_ms"] == 2.0
+        print_rollout(result)
+        assert "keep-warm every 2 ms" in capsys.readouterr().out
+        write_result(result, tmp_path / "rollout.json")
+        assert "keep-warm every 2 ms" in render([tmp_path / "rollout.json"], tmp_path / "r.md", jobs=1).read_text()
     finally:
         s.stop()
 

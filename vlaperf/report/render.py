@@ -944,7 +944,8 @@ def _rollout(doc: _Doc, path: str, r: dict) -> None:
     doc.p(f"{Path(path).name}: {ro.get('episodes')} episode(s) of {ro.get('steps_per_episode')} steps at "
           f"{ro.get('control_hz')} Hz, chunks of {ro.get('action_horizon')} actions, a policy call every "
           f"{ro.get('replan_every')} steps; server {srv.get('dtype')} on {srv.get('device')}, max batch "
-          f"{srv.get('max_batch')}", "note")
+          f"{srv.get('max_batch')}" + (f", keep-warm every {srv['keep_warm_ms']:g} ms" if srv.get("keep_warm_ms")
+                                       else ""), "note")
     rows = []
     for e in ro["per_episode"]:
         call = e.get("policy_call_ms") or {}

@@ -703,7 +703,8 @@ def print_rollout(result: dict) -> None:
                   str(r["overrun_steps"]), _ms(r["policy_call_ms"], "median"), _ms(r["policy_call_ms"], "max"))
     console.print(t)
     share = ro["policy_wait_share"]
-    console.print(f"server: {server.get('levers_label')}, {server.get('dtype')} on {server.get('device')}")
+    console.print(f"server: {server.get('levers_label')}, {server.get('dtype')} on {server.get('device')}"
+                  + (f", keep-warm every {server['keep_warm_ms']:g} ms" if server.get("keep_warm_ms") else ""))
     console.print(f"total {ro['wall_s']:.2f} s, {'-' if share is None else f'{share:.1%}'} of it waiting for the policy; "
                   f"{ro['overrun_steps']} overrun steps; {ro['errors']} errors"
                   + ("; [red]stopped at the time limit[/red]" if ro["timed_out"] else ""))
