@@ -23,7 +23,7 @@ case "${PART:-k}" in
 k)
   # servers: keep-warm off on 8765, 5 ms on 8766, 20 ms on 8767
   lane A 0 60 <<EOT &
-560 bash benchmarks/keep_warm_rollouts.sh $R s51
+450 bash benchmarks/keep_warm_rollouts.sh $R s51
 EOT
   ;;
 h)

@@ -1,6 +1,7 @@
 #!/bin/bash
 # `vlaperf serve --keep-warm-ms` against a robot's cadence: three servers of one workload on one GPU (keep-warm off,
-# 5 ms, 20 ms), then `vlaperf rollout --control-hz 10 --back-to-back 10` against each in turn, twice round, 12 s
+# 5 ms, 20 ms), then `vlaperf rollout --control-hz 10 --back-to-back 10` (2 episodes of 75 steps: 30 calls at
+# cadence, 20 back to back) against each in turn, twice round, 12 s
 # apart (a keep-warm server stops 10 s after its last request, so none runs beside another's rollout), then each
 # server's /metrics. Usage: bash benchmarks/keep_warm_rollouts.sh RESULTS_DIR TAG [WORKLOAD] [LEVERS]
 set -u
@@ -22,9 +23,11 @@ done
 for round in a b; do
   for port in 8765 8766 8767; do
     sleep 12
-    timeout 90 $V rollout --url ws://127.0.0.1:$port --episodes 2 --steps-per-episode 100 --control-hz 10 \
+    timeout 90 $V rollout --url ws://127.0.0.1:$port --episodes 2 --steps-per-episode 75 --control-hz 10 \
       --back-to-back 10 --json $R/rollout_${W}_${L}-${TAG}-10hz-keepwarm-${KEEP[$port]}${round}.json 2>&1 \
       | grep -E "at 10 Hz|server's own time|errors"
+    # what is done so far comes back even if the device call's time limit cuts the rest
+    [ -n "${OUT:-}" ] && tar czf "$OUT/partial.tgz" -C "$(dirname "$R")" "$(basename "$R")"
   done
 done
 for port in 8765 8766 8767; do
