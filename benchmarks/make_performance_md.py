@@ -405,6 +405,39 @@ def loadgen_tables(results):
     return out
 
 
+def rollout_cadence_rows(results):
+    """`vlaperf rollout` files with their own closed-loop calls (`--back-to-back`, session 50 on): a call at the control
+    loop's cadence against the same call back to back, round trip and server time, and the server's keep-warm
+    (`serve --keep-warm-ms`; "off" also for servers from before it existed)."""
+    rows = []
+    for path, r in results:
+        if r["command"] != "rollout":
+            continue
+        ro, srv = r["rollout"], r.get("server") or {}
+        b2b, ratio = ro.get("back_to_back"), ro.get("at_cadence_over_back_to_back") or {}
+        if not b2b or ratio.get("policy_call_ms") is None:
+            continue
+        keep = srv.get("keep_warm_ms")
+        server_ratio = ratio.get("server_infer_ms")
+        rows.append(f"| {r['env'].get('gpu') or 'cpu'} | {r['workload']['id']} | {_short(srv.get('levers_label', '?'))} | "
+                    f"{'off' if keep is None else f'{keep:g} ms'} | {ro['control_hz']:g} / {ro['replan_every']} | "
+                    f"{ro['policy_call_ms']['count']} / {b2b['policy_call_ms']['count']} | "
+                    f"{_ms(ro['policy_call_ms']['median'])} | {_ms(b2b['policy_call_ms']['median'])} | "
+                    f"**{ratio['policy_call_ms']:.3f}x** | {_ms((ro.get('server_infer_ms') or {}).get('median'))} | "
+                    f"{_ms((b2b.get('server_infer_ms') or {}).get('median'))} | "
+                    f"{'-' if server_ratio is None else f'{server_ratio:.3f}x'} | "
+                    f"{(r['env'].get('git_commit') or '-')[:7]} | `{path.relative_to(ROOT)}` |")
+    if not rows:
+        return []
+    return ["### A control loop's calls against the same calls back to back (`vlaperf rollout --back-to-back`)", "",
+            "Each file's loop calls at the control rate (the server idle in between) against the closed-loop calls the "
+            "rollout sends after each episode on the same connection; medians. keep-warm: the server's "
+            "`--keep-warm-ms` (docs/serving.md). The client's machine is the server's (loopback).", "",
+            "| GPU | workload | levers | keep-warm | Hz / replan every | calls at cadence / back to back | round trip "
+            "ms | back to back | ratio | server ms | back to back | ratio | commit | file |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"] + rows + [""]
+
+
 def compare_tables(results):
     out = []
     for path, r in results:
@@ -876,7 +909,8 @@ def main() -> None:
     lines += ["## Stage breakdowns (`vlaperf breakdown`)", ""] + breakdown_tables(results)
     lines += ["## Step scaling (`vlaperf scaling`)", ""] + scaling_tables(results)
     lines += ["## Host syncs per call (`vlaperf syncs`)", ""] + sync_tables(results)
-    lines += ["## Serving (`vlaperf serve` + `vlaperf loadgen`)", ""] + loadgen_tables(results)
+    lines += ["## Serving (`vlaperf serve` + `vlaperf loadgen`)", ""] + loadgen_tables(results) + \
+        rollout_cadence_rows(results)
     lines += ["## Where a served call's time goes beyond the model call (`benchmarks/served_path_probe.py`)", ""] + \
         served_path_tables(results) + upload_probe_tables(results) + launch_probe_tables(results)
     lines += ["## Side by side with LeRobot (`vlaperf compare`)", ""] + compare_tables(results)

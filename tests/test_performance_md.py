@@ -543,3 +543,25 @@ def test_matrix_headings_say_when_every_call_came_after_an_idle():
     assert gen._idle_note(r) == "" and gen._idle_note(dict(r, idle_ms=0.0)) == ""  # back to back
     text = "\n".join(gen.matrix_tables([(gen.ROOT / "m.json", dict(r, idle_ms=50.0, idle_spin=True))]))
     assert "warm-up calls per variant, each timed call after 50 ms spinning (`--idle-ms`); speedup = " in text
+
+
+def test_rollout_cadence_rows_show_the_loop_against_its_own_closed_loop_and_the_servers_keep_warm():
+    gen = _generator()
+    summary = lambda median, count: {"median": median, "count": count}  # noqa: E731
+    ro = {"control_hz": 10.0, "replan_every": 5, "policy_call_ms": summary(15.14, 30), "server_infer_ms": summary(13.78, 30),
+          "back_to_back": {"calls_per_episode": 10, "policy_call_ms": summary(14.42, 20),
+                           "server_infer_ms": summary(13.65, 20)},
+          "at_cadence_over_back_to_back": {"policy_call_ms": 15.14 / 14.42, "server_infer_ms": 13.78 / 13.65}}
+    r = {"command": "rollout", "workload": {"id": "libero-pi0"}, "rollout": ro,
+         "env": {"gpu": "NVIDIA H100 80GB HBM3", "git_commit": "6f40a25f1a"},
+         "server": {"levers_label": "for_loop+cuda_graph", "keep_warm_ms": 5.0}}
+    older = dict(r, server={"levers_label": "for_loop"})  # a server from before keep-warm: it had none
+    no_baseline = dict(r, rollout={k: v for k, v in ro.items() if k != "back_to_back"})  # before session 50
+    rows = gen.rollout_cadence_rows([(gen.ROOT / "k.json", r), (gen.ROOT / "o.json", older),
+                                     (gen.ROOT / "n.json", no_baseline)])
+    table = [row for row in rows if row.startswith("| NVIDIA")]
+    assert len(table) == 2  # the file without its own closed-loop calls has no row
+    assert _cells(table[0]) == ["NVIDIA H100 80GB HBM3", "libero-pi0", "loop+graph", "5 ms", "10 / 5", "30 / 20", "15.14",
+                                "14.42", "**1.050x**", "13.78", "13.65", "1.010x", "6f40a25", "`k.json`"]
+    assert _cells(table[1])[3] == "off"
+    assert gen.rollout_cadence_rows([(gen.ROOT / "n.json", no_baseline)]) == []  # nothing to show: no heading
