@@ -361,3 +361,29 @@ def test_rollout_rtc_needs_a_server_with_rtc(model):
         ro = run_rollout(server.url, episodes=1, steps_per_episode=12, control_hz=50.0, replan_every=3,
                          execution="async")["rollout"]
         assert ro["switches"] >= 1 and ro["guided_switches"] == 0 and ro["errors"] == 0
+
+
+def test_keep_warm_between_guided_requests_changes_no_answer(model):
+    """`serve --rtc --keep-warm-ms`: the runs between a connection's requests rerun the last observation's host stages
+    (its RTC keys included) and touch neither the model nor the connection's last chunk: the guided answer is the
+    one a local policy gives."""
+    import time
+
+    local = rtc_policy(model)
+    s = PolicyServer(rtc_policy(model), port=0, max_batch=1, warmup_batch_sizes=(), keep_warm_ms=1.0).start()
+    try:
+        ws, _ = _connect(s)
+        with ws:
+            first = _ask(ws, _rtc(0, 0, 2))
+            deadline = time.perf_counter() + 10
+            while s.stats["keep_warm_runs"] < 5:  # runs between the two requests
+                assert time.perf_counter() < deadline, "no keep-warm run"
+                time.sleep(0.01)
+            second = _ask(ws, _rtc(1, 3, 2))
+        assert second["rtc"] == {"guided": True, "executed": 3, "delay": 2}
+        want_first = local.infer(make_example(TINY, seed=0), rtc=[None])
+        np.testing.assert_array_equal(first["actions"], want_first["actions"])
+        want = local.infer(make_example(TINY, seed=1), rtc=[RtcRequest(want_first["chunks"][0], 3, 2)])
+        np.testing.assert_allclose(second["actions"], want["actions"], atol=1e-6, rtol=0)
+    finally:
+        s.stop()
