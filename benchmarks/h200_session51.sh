@@ -2,8 +2,9 @@
 # The device plan written in session 51 (one GPU; lanes.sh, lane A only), after session 51's parts d-p of
 # benchmarks/h200_session50.sh on an H100. Say which card each figure came from.
 #   PART=k   (ran in session 51 on an H100, at 6f40a25; docs/perf-notes.md has the outcome) does `serve
-#            --keep-warm-ms` take back the idle's cost of a robot's cadence? Three `serve --levers best` servers on one GPU (keep-warm off, 5 ms, 20 ms), each warmed up before any timing; `rollout --control-hz
-#            10` (a call every 0.5 s) against each in turn, twice round (off, 5, 20, off, 5, 20), with 12 s between
+#            --keep-warm-ms` take back the idle's cost of a robot's cadence? Three `serve --levers best` servers on
+#            one GPU (keep-warm off, 5 ms, 20 ms), each warmed up before any timing; `rollout --control-hz 10` (a call
+#            every 0.5 s) against each in turn, twice round (off, 5, 20, off, 5, 20), with 12 s between
 #            rollouts so a keep-warm server has stopped (10 s after its last request) before another's rollout runs;
 #            every rollout also times its own closed loop (--back-to-back 10), the ratio its file keeps. Then each
 #            server's /metrics (keep-warm runs, the requests they delayed). Session 51's part e (H100, no keep-warm):
