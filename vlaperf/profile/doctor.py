@@ -193,7 +193,9 @@ def _cpu_power_check() -> dict:
                "busy). On an H100 machine the served libero-pi0 call took 1.03x as long after 50-200 ms asleep, every "
                "host stage 1.4-2x slower (docs/perf-notes.md, session 49). On a 2-core KVM machine a spinning core "
                "paid as much as a sleeping one, and only rerunning the call through the wait took the cost back "
-               "(session 50); benchmarks/idle_decay_probe.py draws that curve against the wait's length.")
+               "(session 50); benchmarks/idle_decay_probe.py draws that curve against the wait's length. On the H100 "
+               "machine of session 51 the cost was the call's host stages, and rerunning them alone kept it away: "
+               "`vlaperf serve --keep-warm-ms 5` does that while a server waits (docs/serving.md).")
     if power is None:
         return finding("env.cpu_power", "info", "CPU frequency governor and idle states: not readable here",
                        "/sys/devices/system/cpu says nothing in this environment (not Linux, or a container "
