@@ -419,6 +419,8 @@ def rollout_cadence_rows(results):
             continue
         keep = srv.get("keep_warm_ms")
         server_ratio = ratio.get("server_infer_ms")
+        extra = ro.get("at_cadence_extra_ms") or {}  # files from session 51 on
+        split = [extra.get(k) for k in ("server_infer_ms", "server_queue_ms", "front_end_ms")]
         rows.append(f"| {r['env'].get('gpu') or 'cpu'} | {r['workload']['id']} | {_short(srv.get('levers_label', '?'))} | "
                     f"{'off' if keep is None else f'{keep:g} ms'} | {ro['control_hz']:g} / {ro['replan_every']} | "
                     f"{ro['policy_call_ms']['count']} / {b2b['policy_call_ms']['count']} | "
@@ -426,16 +428,20 @@ def rollout_cadence_rows(results):
                     f"**{ratio['policy_call_ms']:.3f}x** | {_ms((ro.get('server_infer_ms') or {}).get('median'))} | "
                     f"{_ms((b2b.get('server_infer_ms') or {}).get('median'))} | "
                     f"{'-' if server_ratio is None else f'{server_ratio:.3f}x'} | "
+                    f"{'-' if None in split else ' / '.join(f'{v:+.2f}' for v in split)} | "
                     f"{(r['env'].get('git_commit') or '-')[:7]} | `{path.relative_to(ROOT)}` |")
     if not rows:
         return []
     return ["### A control loop's calls against the same calls back to back (`vlaperf rollout --back-to-back`)", "",
             "Each file's loop calls at the control rate (the server idle in between) against the closed-loop calls the "
             "rollout sends after each episode on the same connection; medians. keep-warm: the server's "
-            "`--keep-warm-ms` (docs/serving.md). The client's machine is the server's (loopback).", "",
+            "`--keep-warm-ms` (docs/serving.md). The client's machine is the server's (loopback). extra ms: the "
+            "medians' differences, loop less closed loop, of the server's policy call / the wait for its inference "
+            "thread / the rest of the round trip (files from session 51 on).", "",
             "| GPU | workload | levers | keep-warm | Hz / replan every | calls at cadence / back to back | round trip "
-            "ms | back to back | ratio | server ms | back to back | ratio | commit | file |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"] + rows + [""]
+            "ms | back to back | ratio | server ms | back to back | ratio | extra ms: infer / queue / rest | commit | "
+            "file |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"] + rows + [""]
 
 
 def compare_tables(results):

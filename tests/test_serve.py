@@ -563,6 +563,14 @@ def test_rollout(server, tmp_path, monkeypatch, capsys):
     ro = result["rollout"]
     assert ro["errors"] == 0 and not ro["timed_out"]
     assert ro["back_to_back"]["policy_call_ms"]["count"] == 4 and ro["back_to_back"]["server_infer_ms"]["count"] == 4
+    # each answered call split: the server's policy call, its wait for the inference thread, the rest of the round trip
+    for where in (ro, ro["back_to_back"]):
+        assert where["server_queue_ms"]["count"] == where["front_end_ms"]["count"] == where["server_infer_ms"]["count"]
+        assert where["server_queue_ms"]["min"] >= 0 and where["front_end_ms"]["min"] > 0
+        assert where["front_end_ms"]["median"] < where["policy_call_ms"]["median"]
+    extra = ro["at_cadence_extra_ms"]
+    assert set(extra) == {"policy_call_ms", "server_infer_ms", "server_queue_ms", "front_end_ms"}
+    assert extra["front_end_ms"] == pytest.approx(ro["front_end_ms"]["median"] - ro["back_to_back"]["front_end_ms"]["median"])
     assert [r["policy_calls"] for r in ro["per_episode"]] == [3, 3]  # steps 0, 3, 6
     assert all(0 < r["policy_wait_share"] < 1 and r["wall_s"] >= r["policy_wait_s"] for r in ro["per_episode"])
     assert "SYNTHETIC" in ro["observations"]
@@ -575,6 +583,7 @@ def test_rollout(server, tmp_path, monkeypatch, capsys):
     out = capsys.readouterr().out
     assert all(h in out for h in ("waiting s", "overruns", "call p50 ms", "call max ms")), out
     assert "2 closed-loop calls after each episode" in out
+    assert "the wait for its inference thread" in out and "the rest (client, network, event loop)" in out
     assert "keep-warm" not in out  # the module's server runs without it
 
 

@@ -171,7 +171,13 @@ def cadence_words(ro: dict) -> str | None:
     if ratio.get("server_infer_ms") is not None:
         text += (f"; the server's own time {ro['server_infer_ms']['median']:.2f} against "
                  f"{b2b['server_infer_ms']['median']:.2f} ms, {ratio['server_infer_ms']:.3f}x")
-    return text + " (the idle between a control loop's calls; docs/profiling.md)"
+    text += " (the idle between a control loop's calls; docs/profiling.md)"
+    extra = ro.get("at_cadence_extra_ms") or {}  # files from session 51 on
+    if all(extra.get(k) is not None for k in ("policy_call_ms", "server_infer_ms", "server_queue_ms", "front_end_ms")):
+        text += (f"; the medians' differences: round trip {extra['policy_call_ms']:+.2f} ms, the server's policy call "
+                 f"{extra['server_infer_ms']:+.2f}, the wait for its inference thread {extra['server_queue_ms']:+.2f}, "
+                 f"the rest (client, network, event loop) {extra['front_end_ms']:+.2f}")
+    return text
 
 
 def workload_label(r: dict) -> str:

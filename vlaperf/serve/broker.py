@@ -39,12 +39,24 @@ from vlaperf.serve.client import ServerError
 from vlaperf.serve.protocol import RTC_DELAY_KEY, RTC_EXECUTED_KEY
 
 
+def call_split(reply: dict, round_trip_ms: float) -> tuple[float, float, float]:
+    """(infer, queue, front end) ms of one answered call from its reply's server_timing: the server's policy call, its
+    wait for the inference thread, and the rest of the round trip; NaN where the server did not say."""
+    timing = reply.get("server_timing") or {}
+    infer, queue = float(timing.get("infer_ms", float("nan"))), float(timing.get("queue_ms", float("nan")))
+    return infer, queue, round_trip_ms - infer - queue
+
+
 @dataclass
 class BrokerStats:
     """What a broker did since its last `reset()`."""
 
     call_ms: list[float] = field(default_factory=list)  # each answered or refused call's round trip
     infer_ms: list[float] = field(default_factory=list)  # the server's own inference time of each answered call
+    # of each answered call: its wait for the server's inference thread (the thread's wake-up when idle), and the
+    # rest of its round trip (round trip - infer - queue: the client, the network, the server's event loop)
+    queue_ms: list[float] = field(default_factory=list)
+    front_end_ms: list[float] = field(default_factory=list)
     wait_s: float = 0.0  # time `act` spent blocked on the server (first calls and stalls)
     stalls: int = 0  # steps whose chunk ran out before the next arrived
     switches: int = 0  # new chunks that took over from a running one
@@ -89,7 +101,10 @@ class ChunkBroker:
 
     def _answered(self, reply: dict, round_trip_s: float) -> np.ndarray:
         self.round_trip_s = round_trip_s
-        self.stats.infer_ms.append(float(reply.get("server_timing", {}).get("infer_ms", float("nan"))))
+        infer, queue, front = call_split(reply, round_trip_s * 1e3)
+        self.stats.infer_ms.append(infer)
+        self.stats.queue_ms.append(queue)
+        self.stats.front_end_ms.append(front)
         return np.asarray(reply["actions"])
 
     def act(self, obs: dict) -> np.ndarray:

@@ -38,6 +38,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
+from vlaperf.serve.broker import call_split
 from vlaperf.serve.client import Client, ServerError
 from vlaperf.serve.loadgen import (LoadgenError, check_loopback_url, check_request_size, example_for, resolve_workload,
                                    result_header)
@@ -98,7 +99,7 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
         except Exception as e:  # the connection closed (e.g. a message over the server's size limit)
             raise LoadgenError(f"the first call failed: {type(e).__name__}: {e}") from None
         deadline = time.perf_counter() + timeout_s
-        rows, all_calls, all_infer, errors, timed_out, connection_lost, b2b = _episodes(
+        rows, all_calls, all_infer, errors, timed_out, connection_lost, b2b, split = _episodes(
             client, frames, episodes, steps_per_episode, period, replan_every, execution, rtc, deadline, sleep,
             round_trip_s=time.perf_counter() - t_warm, back_to_back=back_to_back)
     total_wall = sum(r["wall_s"] for r in rows)
@@ -128,17 +129,28 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
         "overrun_steps": sum(r["overrun_steps"] for r in rows),
         "policy_call_ms": summarize(all_calls) if all_calls else None,
         "server_infer_ms": summarize(all_infer) if all_infer else None,
+        # each answered call's wait for the server's inference thread, and the rest of its round trip (round trip -
+        # infer - queue: the client, the network, the server's event loop); files from session 51 on
+        "server_queue_ms": summarize(split["queue_ms"]) if split["queue_ms"] else None,
+        "front_end_ms": summarize(split["front_end_ms"]) if split["front_end_ms"] else None,
         "back_to_back": None,
         "at_cadence_over_back_to_back": None,
+        "at_cadence_extra_ms": None,
     }
     if back_to_back:
         base = {"policy_call_ms": summarize(b2b.call_ms) if b2b.call_ms else None,
                 "server_infer_ms": summarize(b2b.infer_ms) if b2b.infer_ms else None}
-        result["rollout"]["back_to_back"] = {"calls_per_episode": back_to_back, "errors": b2b.errors,
-                                             **({"guided": b2b.guided} if rtc else {}), **base}
-        result["rollout"]["at_cadence_over_back_to_back"] = {
-            k: (result["rollout"][k]["median"] / base[k]["median"]
-                if result["rollout"][k] and base[k] and base[k]["median"] > 0 else None) for k in base}
+        parts = {"server_queue_ms": summarize(b2b.queue_ms) if b2b.queue_ms else None,
+                 "front_end_ms": summarize(b2b.front_end_ms) if b2b.front_end_ms else None}
+        ro = result["rollout"]
+        ro["back_to_back"] = {"calls_per_episode": back_to_back, "errors": b2b.errors,
+                              **({"guided": b2b.guided} if rtc else {}), **base, **parts}
+        ro["at_cadence_over_back_to_back"] = {
+            k: (ro[k]["median"] / base[k]["median"] if ro[k] and base[k] and base[k]["median"] > 0 else None)
+            for k in base}
+        # where the loop's extra time goes: the medians' differences, piece by piece (medians do not add up exactly)
+        ro["at_cadence_extra_ms"] = {k: (ro[k]["median"] - v["median"] if ro[k] and v else None)
+                                     for k, v in {**base, **parts}.items()}
     if execution == "async":
         jumps = [j for r in rows for j in r["switch_jumps"]]
         result["rollout"].update({
@@ -157,6 +169,8 @@ class BackToBack:
 
     call_ms: list[float] = field(default_factory=list)  # each timed call's round trip, answered or refused
     infer_ms: list[float] = field(default_factory=list)  # the server's own inference time of each answered one
+    queue_ms: list[float] = field(default_factory=list)  # each answered one's wait for the inference thread
+    front_end_ms: list[float] = field(default_factory=list)  # each answered one's round trip - infer - queue
     errors: int = 0  # refused (the untimed first call of a burst included)
     guided: int = 0  # answered with rtc.guided (real-time chunking)
 
@@ -186,9 +200,9 @@ def _back_to_back(client, frames, calls: int, rtc: bool, replan_every: int, dead
             continue
         into.call_ms.append(rt_ms)
         if reply is not None:
-            infer = float(reply.get("server_timing", {}).get("infer_ms", float("nan")))
-            if infer == infer:
-                into.infer_ms.append(infer)
+            for values, v in zip((into.infer_ms, into.queue_ms, into.front_end_ms), call_split(reply, rt_ms)):
+                if v == v:
+                    values.append(v)
             into.guided += bool((reply.get("rtc") or {}).get("guided"))
     return False, None
 
@@ -197,12 +211,14 @@ def _episodes(client, frames, episodes: int, steps: int, period: float, replan_e
               deadline: float, sleep, round_trip_s: float, back_to_back: int = 0):
     """The episodes, each through a `ChunkBroker` (vlaperf.serve.broker; synchronous or not), each followed by
     `back_to_back` closed-loop calls: (rows, calls, server inference times, errors, timed_out, connection_lost:
-    where the connection failed; the episodes up to there are kept and reported, BackToBack)."""
+    where the connection failed; the episodes up to there are kept and reported, BackToBack, the loop's calls'
+    {"queue_ms", "front_end_ms"})."""
     from vlaperf.serve.broker import ChunkBroker
 
     asynchronous = execution == "async"
     b2b = BackToBack()
     rows, all_calls, all_infer, errors, timed_out, connection_lost = [], [], [], 0, False, None
+    split: dict[str, list[float]] = {"queue_ms": [], "front_end_ms": []}
     with ChunkBroker(client, 1.0 / period, replan_every, rtc=rtc, round_trip_s=round_trip_s,
                      asynchronous=asynchronous) as broker:
         for ep in range(episodes):
@@ -241,6 +257,8 @@ def _episodes(client, frames, episodes: int, steps: int, period: float, replan_e
             rows.append(row)
             all_calls += st.call_ms
             all_infer += [v for v in st.infer_ms if v == v]
+            for k in split:
+                split[k] += [v for v in getattr(st, k) if v == v]
             errors += st.errors
             if timed_out or connection_lost:
                 break
@@ -255,4 +273,4 @@ def _episodes(client, frames, episodes: int, steps: int, period: float, replan_e
                     # straight after the burst, which would make it a closed-loop call too
                     sleep(replan_every * period)
     # a refused closed-loop call counts among the errors (the exit code) as a refused loop call does
-    return rows, all_calls, all_infer, errors + b2b.errors, timed_out, connection_lost, b2b
+    return rows, all_calls, all_infer, errors + b2b.errors, timed_out, connection_lost, b2b, split
