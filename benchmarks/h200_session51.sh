@@ -13,6 +13,10 @@
 #            Predictions: off as part e (server 1.03-1.06x, round trip 1.06-1.10x); 5 ms: server 1.00-1.02x, round
 #            trip 1.03-1.06x (the client's and the event loop's own wake-ups stay), 5-15% of calls delayed by a run;
 #            20 ms between the two (server 1.01-1.03x), under 5% delayed.
+#            Run again after session 51 (rollout now splits each call: at_cadence_extra_ms), predictions for the
+#            loop's extra over its closed loop, in ms: off: the policy call +0.5-0.8, the wait for the inference thread
+#            +0.02-0.1, the rest (client, network, event loop) +0.5-0.8; 5 ms: the policy call +0.0-0.2, the wait
+#            +0.0-0.05 (the thread wakes every 5 ms anyway), the rest as off.
 #   PART=h   (an H200 only) the headline again: bench --levers best --processes 4, model mode. Prediction: 12.7-13.0 ms,
 #            as sessions 43-48.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=k bash benchmarks/h200_session51.sh, carry [".whl"]
