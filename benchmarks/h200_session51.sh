@@ -31,6 +31,13 @@ k)
 450 bash benchmarks/keep_warm_rollouts.sh $R s51
 EOT
   ;;
+k2)
+  # part k's two settings that matter, twice round, for the call's three-way split (written late in session 51,
+  # for the device time it had left): predictions as part k's "run again"
+  lane A 0 60 <<EOT &
+200 SETTINGS="off 5" bash benchmarks/keep_warm_rollouts.sh $R s51k2
+EOT
+  ;;
 h)
   lane A 0 30 <<EOT &
 400 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s51-4proc_model.json

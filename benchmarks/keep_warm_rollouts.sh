@@ -4,33 +4,37 @@
 # cadence, 20 back to back) against each in turn, twice round, 12 s
 # apart (a keep-warm server stops 10 s after its last request, so none runs beside another's rollout), then each
 # server's /metrics. Usage: bash benchmarks/keep_warm_rollouts.sh RESULTS_DIR TAG [WORKLOAD] [LEVERS]
+# ($SETTINGS, default "off 5 20": the servers' keep-warm, one server each; $ROUNDS, default "a b": the rounds)
 set -u
 R=$1 TAG=$2 W=${3:-libero-pi0} L=${4:-best}
 V="python3 -m vlaperf.cli"
-declare -A KEEP=([8765]=off [8766]=5 [8767]=20)
+declare -A KEEP=()
+PORTS=()
+port=8765
+for k in ${SETTINGS:-off 5 20}; do KEEP[$port]=$k; PORTS+=($port); port=$((port + 1)); done
 PIDS=()
-for port in 8765 8766 8767; do
+for port in "${PORTS[@]}"; do
   opt=""; [ "${KEEP[$port]}" != off ] && opt="--keep-warm-ms ${KEEP[$port]}"
   setsid $V serve --workload $W --levers $L --max-batch 1 --warmup-batches 1 --port $port $opt \
     > $R/serve_${W}_${L}-${TAG}-keepwarm-${KEEP[$port]}.log 2>&1 &
   PIDS+=($!)
 done
 healthy() { python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:$1/healthz', timeout=2)" 2>/dev/null; }
-for port in 8765 8766 8767; do
+for port in "${PORTS[@]}"; do
   for i in $(seq 300); do healthy $port && break; sleep 1; done
   healthy $port || { echo "server on $port never became healthy"; tail -20 $R/serve_${W}_${L}-${TAG}-keepwarm-${KEEP[$port]}.log; }
 done
-for round in a b; do
-  for port in 8765 8766 8767; do
+for round in ${ROUNDS:-a b}; do
+  for port in "${PORTS[@]}"; do
     sleep 12
     timeout 90 $V rollout --url ws://127.0.0.1:$port --episodes 2 --steps-per-episode 75 --control-hz 10 \
       --back-to-back 10 --json $R/rollout_${W}_${L}-${TAG}-10hz-keepwarm-${KEEP[$port]}${round}.json 2>&1 \
-      | grep -E "at 10 Hz|server's own time|errors"
+      | grep -E "at 10 Hz|server's own time|medians|rest \(client|errors"
     # what is done so far comes back even if the device call's time limit cuts the rest
     [ -n "${OUT:-}" ] && tar czf "$OUT/partial.tgz" -C "$(dirname "$R")" "$(basename "$R")"
   done
 done
-for port in 8765 8766 8767; do
+for port in "${PORTS[@]}"; do
   python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$port/metrics', timeout=5).read().decode())" \
     > $R/metrics_${W}_${L}-${TAG}-keepwarm-${KEEP[$port]}.txt
   echo "keep-warm ${KEEP[$port]}: $(grep -E '^vlaperf_(keep_warm_runs_total|keep_warm_delayed_observations_total|requests_total|keep_warm_seconds_(sum|count)) ' $R/metrics_${W}_${L}-${TAG}-keepwarm-${KEEP[$port]}.txt | tr '\n' ' ')"
