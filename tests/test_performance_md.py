@@ -553,7 +553,7 @@ def test_rollout_cadence_rows_show_the_loop_against_its_own_closed_loop_and_the_
                            "server_infer_ms": summary(13.65, 20)},
           "at_cadence_over_back_to_back": {"policy_call_ms": 15.14 / 14.42, "server_infer_ms": 13.78 / 13.65},
           "at_cadence_extra_ms": {"policy_call_ms": 0.72, "server_infer_ms": 0.13, "server_queue_ms": 0.05,
-                                  "front_end_ms": 0.5}}
+                                  "front_end_ms": 0.5, "server_handoff_ms": 0.1, "client_side_ms": 0.35}}
     r = {"command": "rollout", "workload": {"id": "libero-pi0"}, "rollout": ro,
          "env": {"gpu": "NVIDIA H100 80GB HBM3", "git_commit": "6f40a25f1a"},
          "server": {"levers_label": "for_loop+cuda_graph", "keep_warm_ms": 5.0}}
@@ -564,10 +564,11 @@ def test_rollout_cadence_rows_show_the_loop_against_its_own_closed_loop_and_the_
     table = [row for row in rows if row.startswith("| NVIDIA")]
     assert len(table) == 2  # the file without its own closed-loop calls has no row
     assert _cells(table[0]) == ["NVIDIA H100 80GB HBM3", "libero-pi0", "loop+graph", "5 ms", "10 / 5", "30 / 20", "15.14",
-                                "14.42", "**1.050x**", "13.78", "13.65", "1.010x", "+0.13 / +0.05 / +0.50", "6f40a25",
+                                "14.42", "**1.050x**", "13.78", "13.65", "1.010x", "+0.13 / +0.05 / +0.50", "+0.10 / +0.35",
+                                "6f40a25",
                                 "`k.json`"]
     assert _cells(table[1])[3] == "off"
     older = [row for row in gen.rollout_cadence_rows([(gen.ROOT / "s50.json", dict(r, rollout={
         k: v for k, v in ro.items() if k != "at_cadence_extra_ms"}))]) if row.startswith("| NVIDIA")]
-    assert _cells(older[0])[12] == "-"  # a file from before the split
+    assert _cells(older[0])[12] == _cells(older[0])[13] == "-"  # a file from before the split
     assert gen.rollout_cadence_rows([(gen.ROOT / "n.json", no_baseline)]) == []  # nothing to show: no heading

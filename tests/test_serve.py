@@ -569,7 +569,11 @@ def test_rollout(server, tmp_path, monkeypatch, capsys):
         assert where["server_queue_ms"]["min"] >= 0 and where["front_end_ms"]["min"] > 0
         assert where["front_end_ms"]["median"] < where["policy_call_ms"]["median"]
     extra = ro["at_cadence_extra_ms"]
-    assert set(extra) == {"policy_call_ms", "server_infer_ms", "server_queue_ms", "front_end_ms"}
+    assert set(extra) == {"policy_call_ms", "server_infer_ms", "server_queue_ms", "front_end_ms", "server_handoff_ms",
+                          "client_side_ms"}
+    for where in (ro, ro["back_to_back"]):  # the rest of the round trip's two pieces are each smaller than it
+        assert 0 <= where["server_handoff_ms"]["median"] < where["front_end_ms"]["median"]
+        assert 0 < where["client_side_ms"]["median"] < where["front_end_ms"]["median"]
     assert extra["front_end_ms"] == pytest.approx(ro["front_end_ms"]["median"] - ro["back_to_back"]["front_end_ms"]["median"])
     assert [r["policy_calls"] for r in ro["per_episode"]] == [3, 3]  # steps 0, 3, 6
     assert all(0 < r["policy_wait_share"] < 1 and r["wall_s"] >= r["policy_wait_s"] for r in ro["per_episode"])
@@ -582,8 +586,10 @@ def test_rollout(server, tmp_path, monkeypatch, capsys):
     print_rollout(result)
     out = capsys.readouterr().out
     assert all(h in out for h in ("waiting s", "overruns", "call p50 ms", "call max ms")), out
-    assert "2 closed-loop calls after each episode" in out
-    assert "the wait for its inference thread" in out and "the rest (client, network, event loop)" in out
+    flat = " ".join(out.split())  # the console wraps the line at 80 columns wherever its numbers put the break
+    assert "2 closed-loop calls after each episode" in flat
+    assert "the wait for its inference thread" in flat and "the rest (client, network, event loop)" in flat
+    assert "of which the event loop's wake-up for the result" in flat and "what is outside the server" in flat
     assert "keep-warm" not in out  # the module's server runs without it
 
 
@@ -1764,8 +1770,13 @@ def test_an_error_inside_a_list_request_names_its_item_and_reply_timing_types():
             bad = dict(make_example(TINY, seed=1), prompt="bad", request_id="b")
             body = parse_error_frame(roundtrip(ws, packb([good, bad])))
             assert body == {"error": "InputError", "message": "[1] prompt 'bad' refused", "request_id": "b", "index": 1}
+            t0 = time.perf_counter()
             timing = unpackb(roundtrip(ws, packb(good)))["server_timing"]
+            round_trip_ms = (time.perf_counter() - t0) * 1e3
             assert type(timing["batch_size"]) is int and timing["batch_size"] == 1 and timing["decode_ms"] >= 0
+            # the event loop's wake-up for the result, and the request's time in the server up to its reply built
+            assert timing["handoff_ms"] >= 0
+            assert timing["infer_ms"] + timing["queue_ms"] + timing["handoff_ms"] <= timing["server_ms"] < round_trip_ms
     finally:
         s.stop()
 

@@ -177,6 +177,9 @@ def cadence_words(ro: dict) -> str | None:
         text += (f"; the medians' differences: round trip {extra['policy_call_ms']:+.2f} ms, the server's policy call "
                  f"{extra['server_infer_ms']:+.2f}, the wait for its inference thread {extra['server_queue_ms']:+.2f}, "
                  f"the rest (client, network, event loop) {extra['front_end_ms']:+.2f}")
+        if extra.get("server_handoff_ms") is not None and extra.get("client_side_ms") is not None:
+            text += (f", of which the event loop's wake-up for the result {extra['server_handoff_ms']:+.2f} and what "
+                     f"is outside the server {extra['client_side_ms']:+.2f}")
     return text
 
 

@@ -39,12 +39,23 @@ from vlaperf.serve.client import ServerError
 from vlaperf.serve.protocol import RTC_DELAY_KEY, RTC_EXECUTED_KEY
 
 
-def call_split(reply: dict, round_trip_ms: float) -> tuple[float, float, float]:
-    """(infer, queue, front end) ms of one answered call from its reply's server_timing: the server's policy call, its
-    wait for the inference thread, and the rest of the round trip; NaN where the server did not say."""
+# How `call_split` places one answered call's round trip (ms), besides the server's policy call (`infer_ms`):
+SPLIT_KEYS = (
+    "server_queue_ms",  # its wait for the server's inference thread (the thread's wake-up when it was idle)
+    "front_end_ms",  # the rest of the round trip: round trip - infer - queue
+    "server_handoff_ms",  # of that rest, the event loop's wake-up for the result (servers from session 51 on)
+    "client_side_ms",  # of that rest, what is outside the server: round trip - its frame-received-to-reply-built time
+)
+
+
+def call_split(reply: dict, round_trip_ms: float) -> tuple[float, dict[str, float]]:
+    """(the server's policy call, {SPLIT_KEYS: ms}) of one answered call from its reply's server_timing; NaN where the
+    server did not say (an older server has no handoff_ms / server_ms)."""
     timing = reply.get("server_timing") or {}
-    infer, queue = float(timing.get("infer_ms", float("nan"))), float(timing.get("queue_ms", float("nan")))
-    return infer, queue, round_trip_ms - infer - queue
+    get = lambda key: float(timing.get(key, float("nan")))  # noqa: E731
+    infer, queue = get("infer_ms"), get("queue_ms")
+    return infer, {"server_queue_ms": queue, "front_end_ms": round_trip_ms - infer - queue,
+                   "server_handoff_ms": get("handoff_ms"), "client_side_ms": round_trip_ms - get("server_ms")}
 
 
 @dataclass
@@ -53,10 +64,7 @@ class BrokerStats:
 
     call_ms: list[float] = field(default_factory=list)  # each answered or refused call's round trip
     infer_ms: list[float] = field(default_factory=list)  # the server's own inference time of each answered call
-    # of each answered call: its wait for the server's inference thread (the thread's wake-up when idle), and the
-    # rest of its round trip (round trip - infer - queue: the client, the network, the server's event loop)
-    queue_ms: list[float] = field(default_factory=list)
-    front_end_ms: list[float] = field(default_factory=list)
+    split: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in SPLIT_KEYS})  # call_split's
     wait_s: float = 0.0  # time `act` spent blocked on the server (first calls and stalls)
     stalls: int = 0  # steps whose chunk ran out before the next arrived
     switches: int = 0  # new chunks that took over from a running one
@@ -101,10 +109,10 @@ class ChunkBroker:
 
     def _answered(self, reply: dict, round_trip_s: float) -> np.ndarray:
         self.round_trip_s = round_trip_s
-        infer, queue, front = call_split(reply, round_trip_s * 1e3)
+        infer, split = call_split(reply, round_trip_s * 1e3)
         self.stats.infer_ms.append(infer)
-        self.stats.queue_ms.append(queue)
-        self.stats.front_end_ms.append(front)
+        for k, v in split.items():
+            self.stats.split[k].append(v)
         return np.asarray(reply["actions"])
 
     def act(self, obs: dict) -> np.ndarray:

@@ -38,7 +38,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from vlaperf.serve.broker import call_split
+from vlaperf.serve.broker import SPLIT_KEYS, call_split
 from vlaperf.serve.client import Client, ServerError
 from vlaperf.serve.loadgen import (LoadgenError, check_loopback_url, check_request_size, example_for, resolve_workload,
                                    result_header)
@@ -129,10 +129,10 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
         "overrun_steps": sum(r["overrun_steps"] for r in rows),
         "policy_call_ms": summarize(all_calls) if all_calls else None,
         "server_infer_ms": summarize(all_infer) if all_infer else None,
-        # each answered call's wait for the server's inference thread, and the rest of its round trip (round trip -
-        # infer - queue: the client, the network, the server's event loop); files from session 51 on
-        "server_queue_ms": summarize(split["queue_ms"]) if split["queue_ms"] else None,
-        "front_end_ms": summarize(split["front_end_ms"]) if split["front_end_ms"] else None,
+        # the answered calls' round trips placed piece by piece (vlaperf.serve.broker.SPLIT_KEYS; files from session
+        # 51 on): the wait for the server's inference thread, the rest of the round trip, and of that the event
+        # loop's wake-up for the result and what is outside the server
+        **{k: summarize(split[k]) if split[k] else None for k in SPLIT_KEYS},
         "back_to_back": None,
         "at_cadence_over_back_to_back": None,
         "at_cadence_extra_ms": None,
@@ -140,8 +140,7 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
     if back_to_back:
         base = {"policy_call_ms": summarize(b2b.call_ms) if b2b.call_ms else None,
                 "server_infer_ms": summarize(b2b.infer_ms) if b2b.infer_ms else None}
-        parts = {"server_queue_ms": summarize(b2b.queue_ms) if b2b.queue_ms else None,
-                 "front_end_ms": summarize(b2b.front_end_ms) if b2b.front_end_ms else None}
+        parts = {k: summarize(b2b.split[k]) if b2b.split[k] else None for k in SPLIT_KEYS}
         ro = result["rollout"]
         ro["back_to_back"] = {"calls_per_episode": back_to_back, "errors": b2b.errors,
                               **({"guided": b2b.guided} if rtc else {}), **base, **parts}
@@ -169,8 +168,7 @@ class BackToBack:
 
     call_ms: list[float] = field(default_factory=list)  # each timed call's round trip, answered or refused
     infer_ms: list[float] = field(default_factory=list)  # the server's own inference time of each answered one
-    queue_ms: list[float] = field(default_factory=list)  # each answered one's wait for the inference thread
-    front_end_ms: list[float] = field(default_factory=list)  # each answered one's round trip - infer - queue
+    split: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in SPLIT_KEYS})  # each answered one's
     errors: int = 0  # refused (the untimed first call of a burst included)
     guided: int = 0  # answered with rtc.guided (real-time chunking)
 
@@ -200,9 +198,12 @@ def _back_to_back(client, frames, calls: int, rtc: bool, replan_every: int, dead
             continue
         into.call_ms.append(rt_ms)
         if reply is not None:
-            for values, v in zip((into.infer_ms, into.queue_ms, into.front_end_ms), call_split(reply, rt_ms)):
+            infer, split = call_split(reply, rt_ms)
+            if infer == infer:
+                into.infer_ms.append(infer)
+            for k, v in split.items():
                 if v == v:
-                    values.append(v)
+                    into.split[k].append(v)
             into.guided += bool((reply.get("rtc") or {}).get("guided"))
     return False, None
 
@@ -212,13 +213,13 @@ def _episodes(client, frames, episodes: int, steps: int, period: float, replan_e
     """The episodes, each through a `ChunkBroker` (vlaperf.serve.broker; synchronous or not), each followed by
     `back_to_back` closed-loop calls: (rows, calls, server inference times, errors, timed_out, connection_lost:
     where the connection failed; the episodes up to there are kept and reported, BackToBack, the loop's calls'
-    {"queue_ms", "front_end_ms"})."""
+    {SPLIT_KEYS: ms})."""
     from vlaperf.serve.broker import ChunkBroker
 
     asynchronous = execution == "async"
     b2b = BackToBack()
     rows, all_calls, all_infer, errors, timed_out, connection_lost = [], [], [], 0, False, None
-    split: dict[str, list[float]] = {"queue_ms": [], "front_end_ms": []}
+    split: dict[str, list[float]] = {k: [] for k in SPLIT_KEYS}
     with ChunkBroker(client, 1.0 / period, replan_every, rtc=rtc, round_trip_s=round_trip_s,
                      asynchronous=asynchronous) as broker:
         for ep in range(episodes):
@@ -258,7 +259,7 @@ def _episodes(client, frames, episodes: int, steps: int, period: float, replan_e
             all_calls += st.call_ms
             all_infer += [v for v in st.infer_ms if v == v]
             for k in split:
-                split[k] += [v for v in getattr(st, k) if v == v]
+                split[k] += [v for v in st.split[k] if v == v]
             errors += st.errors
             if timed_out or connection_lost:
                 break

@@ -125,6 +125,7 @@ class _Done:
     timing: dict
     chunk: ModelChunk | None = None  # real-time chunking: kept for the connection's next request
     guided: bool = False
+    t_done: float | None = None  # perf_counter when the inference thread handed it to the event loop
 
 
 @dataclass(frozen=True)
@@ -575,6 +576,7 @@ class PolicyServer:
                 e.request_id = None if is_list else items[0][1]
                 raise
             results = await self._results(futures, conn, ws)
+            t_back = time.perf_counter()  # the event loop has the results
             if results is None:  # the client is gone: nothing to send
                 return error_frame("ConnectionClosed", "the connection closed before the reply")
             replies = []
@@ -582,7 +584,7 @@ class PolicyServer:
                 if isinstance(result, RequestError):
                     raise RequestError(result.kind, (f"[{i}] " if is_list else "") + result.message, request_id,
                                        i if is_list else None)
-                reply = self._response(result, request_id, (t1 - t0) * 1e3, prev_total_ms)
+                reply = self._response(result, request_id, (t1 - t0) * 1e3, prev_total_ms, t0, t_back)
                 if ask is not None:
                     reply["rtc"] = self._rtc_reply(ask, result, had_previous=rtc[i] is not None)
                     self.stats["rtc_guided" if result.guided else "rtc_unguided"] += 1
@@ -613,9 +615,17 @@ class PolicyServer:
                              f"nothing of the previous chunk is left (executed = the horizon, {self._rtc_horizon})")
         return out
 
-    def _response(self, done: _Done, request_id: Any, decode_ms: float, prev_total_ms: float | None) -> dict:
+    def _response(self, done: _Done, request_id: Any, decode_ms: float, prev_total_ms: float | None,
+                  t_received: float | None = None, t_back: float | None = None) -> dict:
         server_timing = {k: (int(v) if k == "batch_size" else float(v)) for k, v in done.timing.items()}
         server_timing["decode_ms"] = decode_ms
+        # where a call's time outside the policy goes on the server (files from session 51 on): the event loop's
+        # wake-up for the result (the inference thread's hand-off), and this request's time here so far (from its
+        # frame received to this reply built; the packing and the send are not in it)
+        if done.t_done is not None and t_back is not None:
+            server_timing["handoff_ms"] = (t_back - done.t_done) * 1e3
+        if t_received is not None:
+            server_timing["server_ms"] = (time.perf_counter() - t_received) * 1e3
         if prev_total_ms is not None:
             server_timing["prev_total_ms"] = prev_total_ms
         out = {"actions": done.actions, "server_timing": server_timing,
@@ -912,7 +922,8 @@ class PolicyServer:
 
     def _deliver_actions(self, batch: list[_Job], actions: np.ndarray, policy_timing: dict, t_start: float,
                          chunks: list | None = None, guided: list | None = None) -> None:
-        infer_ms = (time.perf_counter() - t_start) * 1e3
+        t_done = time.perf_counter()
+        infer_ms = (t_done - t_start) * 1e3
         self.stats["batches"] += 1
         self.stats["batched_observations"] += len(batch)
         self.metrics.infer_seconds.observe(infer_ms / 1e3)
@@ -929,7 +940,7 @@ class PolicyServer:
             }
             self._deliver(job, _Done(np.ascontiguousarray(actions[i], dtype=np.float32), timing,
                                      chunks[i] if chunks is not None else None,
-                                     bool(guided[i]) if guided is not None else False))
+                                     bool(guided[i]) if guided is not None else False, t_done))
 
     @staticmethod
     def _deliver(job: _Job, value: Any) -> None:
