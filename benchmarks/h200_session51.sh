@@ -33,7 +33,9 @@ EOT
   ;;
 k2)
   # part k's two settings that matter, twice round, for the call's three-way split (written late in session 51,
-  # for the device time it had left): predictions as part k's "run again"
+  # for the device time it had left): predictions as part k's "run again". Ran at 70e7b59 (H100); since 5779208 the
+  # rest of the round trip is split once more (handoff_ms, server_ms): predictions in docs/perf-notes.md, "Next,
+  # after session 51"
   lane A 0 60 <<EOT &
 200 SETTINGS="off 5" bash benchmarks/keep_warm_rollouts.sh $R s51k2
 EOT
