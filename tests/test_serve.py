@@ -851,10 +851,8 @@ def test_serve_refuses_a_taken_port_before_building_the_model(capsys, monkeypatc
     (["--max-wait-ms", "inf"], "argument --max-wait-ms: expected a finite number >= 0, got 'inf'"),
     (["--max-message-mb", "2e13"], "argument --max-message-mb: expected a number > 0 and <= 4096"),  # was a traceback
     (["--keep-warm-ms", "0"], "argument --keep-warm-ms: expected a number > 0 and <= 1000, got 0.0"),
-    (["--keep-warm-ms", "5", "--workload", "wam-761"], "--keep-warm-ms: the pi0 family served in this process reruns "
-     "its host stages while idle; wam-761 (the world-action model) has no keep-warm"),
-    (["--keep-warm-ms", "5", "--replicas", "2"], "--keep-warm-ms: the pi0 family served in this process reruns its "
-     "host stages while idle; drop --replicas (the model runs in the replicas)"),
+    (["--keep-warm-ms", "5", "--replicas", "2"], "--keep-warm-ms: a policy served in this process reruns its host "
+     "stages while idle; drop --replicas (the model runs in the replicas)"),
 ])
 def test_serve_refuses_bad_options_before_building_the_model(args, message, capsys, monkeypatch):
     from vlaperf.cli import main as run_cli
@@ -2136,7 +2134,7 @@ def test_a_failing_keep_warm_turns_itself_off_and_the_server_keeps_serving(caplo
 
 
 def test_keep_warm_needs_a_policy_that_can():
-    """A policy without keep_warm (the world-action model's, a remote backend's) fails the server's start, naming
-    the setting, instead of serving without what was asked for."""
+    """A policy without keep_warm (a remote backend's) fails the server's start, naming the setting, instead of serving
+    without what was asked for."""
     with pytest.raises(TypeError, match=r"keep_warm_ms: _Recorder has no keep_warm\(examples\)"):
         PolicyServer(_Recorder(TINY), port=0, warmup_batch_sizes=(), keep_warm_ms=5.0).start()

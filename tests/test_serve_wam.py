@@ -390,3 +390,31 @@ def test_hash_text_encoder_normalizes_prompts_and_keeps_at_most_its_cache_size()
     assert np.array_equal(a, enc("put the bowl ")) and not np.array_equal(a, enc("put the cup"))
     enc("third")
     assert len(enc.cache) == 2 and "put the bowl" not in enc.cache  # the oldest went first
+
+
+def test_keep_warm_reruns_the_world_action_host_stages_and_changes_no_answer(model):
+    """`serve --keep-warm-ms` with the world-action model: the runs between requests rerun its transform (checks,
+    text encoder, copies), never `generate`, and the next answer is the one it would have been."""
+    import time
+
+    calls = []
+    engine = WamEngine(model, "exact")
+
+    def generate(*args, **kwargs):
+        calls.append(1)
+        return engine.generate(*args, **kwargs)
+
+    s = PolicyServer(FixedNoisePolicy(model, generate, W), port=0, max_batch=1, warmup_batch_sizes=(),
+                     keep_warm_ms=1.0).start()
+    try:
+        with Client(s.url) as c:
+            example = make_wam_example(W, seed=2)
+            first = c.infer(example)["actions"]
+            deadline = time.perf_counter() + 10
+            while s.stats["keep_warm_runs"] < 5:
+                assert time.perf_counter() < deadline, "no keep-warm run"
+                time.sleep(0.01)
+            assert len(calls) == 1  # the runs called no model
+            np.testing.assert_array_equal(c.infer(example)["actions"], first)
+    finally:
+        s.stop()

@@ -473,6 +473,13 @@ class WamPolicy:
         finite_actions(out, timing)
         return {"actions": out[0] if isinstance(example, dict) else out, "policy_timing": timing}
 
+    def keep_warm(self, example: dict[str, Any] | list[dict[str, Any]]) -> None:
+        """As `Policy.keep_warm`: rerun the host stages of `infer` on a request already served (the checks, the text
+        encoder, the copies to the device), not the model, and wait for them (`vlaperf serve --keep-warm-ms`)."""
+        self.transform([example] if isinstance(example, dict) else list(example))
+        if self.device.type == "cuda":
+            torch.cuda.current_stream(self.device).synchronize()
+
     def warmup_examples(self, batch: int) -> list[dict[str, Any]]:
         """What the server runs before it listens, per warm-up batch size (one graph capture each)."""
         return [make_wam_example(self.workload, seed=i) for i in range(batch)]

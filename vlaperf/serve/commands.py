@@ -335,10 +335,9 @@ def cmd_serve(args) -> int:
         raise CliError("--rtc: real-time chunking is served by the pi0 family in this process; "
                        + ("drop --replicas" if getattr(args, "replicas", None) else
                           f"{args.workload} (the world-action model) has no previous-chunk guidance"))
-    if args.keep_warm_ms is not None and (getattr(args, "replicas", None) or is_wam_workload(args.workload or "")):
-        raise CliError("--keep-warm-ms: the pi0 family served in this process reruns its host stages while idle; "
-                       + ("drop --replicas (the model runs in the replicas)" if getattr(args, "replicas", None) else
-                          f"{args.workload} (the world-action model) has no keep-warm"))
+    if args.keep_warm_ms is not None and getattr(args, "replicas", None):
+        raise CliError("--keep-warm-ms: a policy served in this process reruns its host stages while idle; drop "
+                       "--replicas (the model runs in the replicas)")
     if getattr(args, "replicas", None):  # the model runs in Ray Serve replicas, not in this process
         if is_wam_workload(args.workload or ""):
             raise CliError(f"--replicas: Ray Serve replicas serve the pi0 family; {args.workload} (the world-action "

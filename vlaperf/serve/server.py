@@ -732,8 +732,8 @@ class PolicyServer:
             self.policy = self._policy
             if self.keep_warm_ms is not None and not callable(getattr(self._policy, "keep_warm", None)):
                 raise TypeError(f"keep_warm_ms: {type(self._policy).__name__} has no keep_warm(examples) to rerun its "
-                                "host stages with (a vlaperf Policy of the pi0 family has; the world-action model's "
-                                "and Ray Serve replicas' do not)")
+                                "host stages with (vlaperf's Policy and WamPolicy have; a Ray Serve replicas' front "
+                                "end does not)")
             self._rtc_on = getattr(self._policy, "rtc", None) is not None
             if self._rtc_on:
                 self._rtc_horizon = int(self._policy.model.config.action_horizon)
