@@ -624,6 +624,11 @@ def print_loadgen(result: dict) -> None:
                   f"max batch {server.get('max_batch')}, max wait {server.get('max_wait_ms')} ms; "
                   "overhead = round trip - queue - infer (network, (de)serialization, event loop); "
                   "batch = mean server batch size")
+    for ph in lg["phases"]:  # the overhead's pieces the server measures (servers from session 51 on)
+        if ph.get("handoff_ms") and ph.get("client_side_ms"):
+            console.print(f"{_clients(ph['clients'])}: of the overhead, the event loop's wake-up for the result "
+                          f"{_ms(ph['handoff_ms'], 'median')} ms and outside the server (client, network, sending) "
+                          f"{_ms(ph['client_side_ms'], 'median')} ms (p50)")
     pc = Table(title="per client round trip (ms)")
     for col in ("clients", "client", "ok", "errors", "p50", "p90", "p99", "max"):
         pc.add_column(col, justify="right")

@@ -64,6 +64,10 @@ class _Client:
         self.infer_ms: list[float] = []
         self.queue_ms: list[float] = []
         self.overhead_ms: list[float] = []
+        # of the overhead (servers from session 51 on): the event loop's wake-up for the result, and what is outside
+        # the server (round trip - its received-to-reply-built time: the client, the network, packing and sending)
+        self.handoff_ms: list[float] = []
+        self.client_side_ms: list[float] = []
         self.batch_size: list[float] = []
         self.error_kinds: Counter = Counter()
         self.error_samples: list[str] = []
@@ -150,6 +154,9 @@ async def _run_client(c: _Client, url: str, api_key: str | None, examples: list[
             c.infer_ms.append(infer)
             c.queue_ms.append(queue)
             c.overhead_ms.append(rtt - infer - queue)
+            if "handoff_ms" in st and "server_ms" in st:
+                c.handoff_ms.append(float(st["handoff_ms"]))
+                c.client_side_ms.append(rtt - float(st["server_ms"]))
             c.batch_size.append(float(st.get("batch_size", 1)))
     except asyncio.CancelledError:
         raise
@@ -230,6 +237,8 @@ async def _phase(url: str, api_key: str | None, workload, n_clients: int, reques
         "server_infer_ms": _summary([v for c in clients for v in c.infer_ms]),
         "queue_ms": _summary([v for c in clients for v in c.queue_ms]),
         "overhead_ms": _summary([v for c in clients for v in c.overhead_ms]),
+        "handoff_ms": _summary([v for c in clients for v in c.handoff_ms]),
+        "client_side_ms": _summary([v for c in clients for v in c.client_side_ms]),
         "batch_size": _summary([v for c in clients for v in c.batch_size]),
         "error_kinds": dict(kinds),
         "error_samples": [s for c in clients for s in c.error_samples][:ERROR_SAMPLES],
