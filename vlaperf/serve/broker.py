@@ -64,7 +64,8 @@ class BrokerStats:
 
     call_ms: list[float] = field(default_factory=list)  # each answered or refused call's round trip
     infer_ms: list[float] = field(default_factory=list)  # the server's own inference time of each answered call
-    split: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in SPLIT_KEYS})  # call_split's
+    # each answered call's round trip placed by call_split, one list per SPLIT_KEYS key
+    split: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in SPLIT_KEYS})
     wait_s: float = 0.0  # time `act` spent blocked on the server (first calls and stalls)
     stalls: int = 0  # steps whose chunk ran out before the next arrived
     switches: int = 0  # new chunks that took over from a running one

@@ -168,7 +168,8 @@ class BackToBack:
 
     call_ms: list[float] = field(default_factory=list)  # each timed call's round trip, answered or refused
     infer_ms: list[float] = field(default_factory=list)  # the server's own inference time of each answered one
-    split: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in SPLIT_KEYS})  # each answered one's
+    # each answered one's round trip placed by call_split, one list per SPLIT_KEYS key
+    split: dict[str, list[float]] = field(default_factory=lambda: {k: [] for k in SPLIT_KEYS})
     errors: int = 0  # refused (the untimed first call of a burst included)
     guided: int = 0  # answered with rtc.guided (real-time chunking)
 
