@@ -25,6 +25,7 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from vlaperf.inputs import make_example
+from vlaperf.serve.broker import call_split
 from vlaperf.serve.client import ServerError, connect_async, decode_reply, normalize_url
 from vlaperf.serve.protocol import ProtocolError, packb
 from vlaperf.serve.server import REQUEST_ID_KEY, is_loopback
@@ -154,9 +155,10 @@ async def _run_client(c: _Client, url: str, api_key: str | None, examples: list[
             c.infer_ms.append(infer)
             c.queue_ms.append(queue)
             c.overhead_ms.append(rtt - infer - queue)
-            if "handoff_ms" in st and "server_ms" in st:
-                c.handoff_ms.append(float(st["handoff_ms"]))
-                c.client_side_ms.append(rtt - float(st["server_ms"]))
+            _, split = call_split(reply, rtt)  # the pieces a rollout records too, NaN from an older server
+            if not (math.isnan(split["server_handoff_ms"]) or math.isnan(split["client_side_ms"])):
+                c.handoff_ms.append(split["server_handoff_ms"])
+                c.client_side_ms.append(split["client_side_ms"])
             c.batch_size.append(float(st.get("batch_size", 1)))
     except asyncio.CancelledError:
         raise
