@@ -17,8 +17,7 @@
 #            loop's extra over its closed loop, in ms: off: the policy call +0.5-0.8, the wait for the inference thread
 #            +0.02-0.1, the rest (client, network, event loop) +0.5-0.8; 5 ms: the policy call +0.0-0.2, the wait
 #            +0.0-0.05 (the thread wakes every 5 ms anyway), the rest as off.
-#   PART=h   (an H200 only) the headline again: bench --levers best --processes 4, model mode. Prediction: 12.7-13.0 ms,
-#            as sessions 43-48.
+#   (The H200 headline is benchmarks/h200_session50.sh part h, unchanged.)
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=k bash benchmarks/h200_session51.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -38,11 +37,6 @@ k2)
   # after session 51"
   lane A 0 60 <<EOT &
 200 SETTINGS="off 5" bash benchmarks/keep_warm_rollouts.sh $R s51k2
-EOT
-  ;;
-h)
-  lane A 0 30 <<EOT &
-400 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s51-4proc_model.json
 EOT
   ;;
 esac
