@@ -1,12 +1,15 @@
 #!/bin/bash
 # `vlaperf serve --keep-warm-ms` against a robot's cadence: three servers of one workload on one GPU (keep-warm off,
 # 5 ms, 20 ms), then `vlaperf rollout --control-hz 10 --back-to-back 10` (2 episodes of 75 steps: 30 calls at
-# cadence, 20 back to back) against each in turn, twice round, 12 s
-# apart (a keep-warm server stops 10 s after its last request, so none runs beside another's rollout), then each
+# cadence, 20 back to back) against each in turn, twice round, 12 s apart (a keep-warm server stops 10 s after its last request, so none runs beside another's rollout), then each
 # server's /metrics. Usage: bash benchmarks/keep_warm_rollouts.sh RESULTS_DIR TAG [WORKLOAD] [LEVERS]
-# ($SETTINGS, default "off 5 20": the servers' keep-warm, one server each; $ROUNDS, default "a b": the rounds)
+# ($SETTINGS, default "off 5 20": the servers' keep-warm, one server each; $ROUNDS, default "a b": the rounds;
+# $HZ, default 10: the control rates, each round runs them all (an episode is 7.5 s at any rate, so 75 steps at
+# 10 Hz, 375 at 50); $SERVE_OPTS and $ROLLOUT_OPTS, default none: more options for every server and every rollout,
+# e.g. --rtc for both)
 set -u
 R=$1 TAG=$2 W=${3:-libero-pi0} L=${4:-best}
+HZ=${HZ:-10}
 V="python3 -m vlaperf.cli"
 declare -A KEEP=()
 PORTS=()
@@ -15,7 +18,7 @@ for k in ${SETTINGS:-off 5 20}; do KEEP[$port]=$k; PORTS+=($port); port=$((port 
 PIDS=()
 for port in "${PORTS[@]}"; do
   opt=""; [ "${KEEP[$port]}" != off ] && opt="--keep-warm-ms ${KEEP[$port]}"
-  setsid $V serve --workload $W --levers $L --max-batch 1 --warmup-batches 1 --port $port $opt \
+  setsid $V serve --workload $W --levers $L --max-batch 1 --warmup-batches 1 --port $port $opt ${SERVE_OPTS:-} \
     > $R/serve_${W}_${L}-${TAG}-keepwarm-${KEEP[$port]}.log 2>&1 &
   PIDS+=($!)
 done
@@ -25,13 +28,15 @@ for port in "${PORTS[@]}"; do
   healthy $port || { echo "server on $port never became healthy"; tail -20 $R/serve_${W}_${L}-${TAG}-keepwarm-${KEEP[$port]}.log; }
 done
 for round in ${ROUNDS:-a b}; do
+  for hz in $HZ; do
   for port in "${PORTS[@]}"; do
     sleep 12
-    timeout 90 $V rollout --url ws://127.0.0.1:$port --episodes 2 --steps-per-episode 75 --control-hz 10 \
-      --back-to-back 10 --json $R/rollout_${W}_${L}-${TAG}-10hz-keepwarm-${KEEP[$port]}${round}.json 2>&1 \
-      | grep -E "at 10 Hz|server's own time|medians|rest \(client|errors"
+    timeout 90 $V rollout --url ws://127.0.0.1:$port --episodes 2 --steps-per-episode $((hz * 15 / 2)) --control-hz $hz \
+      --back-to-back 10 ${ROLLOUT_OPTS:-} --json $R/rollout_${W}_${L}-${TAG}-${hz}hz-keepwarm-${KEEP[$port]}${round}.json \
+      2>&1 | grep -E "at [0-9.]+ Hz|server's own time|medians|rest \(client|errors"
     # what is done so far comes back even if the device call's time limit cuts the rest
     [ -n "${OUT:-}" ] && tar czf "$OUT/partial.tgz" -C "$(dirname "$R")" "$(basename "$R")"
+  done
   done
 done
 for port in "${PORTS[@]}"; do

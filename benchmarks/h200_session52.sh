@@ -1,0 +1,37 @@
+#!/bin/bash
+# The device plan of session 52 (one GPU; lanes.sh, lane A only). Say which card each figure came from.
+#   PART=h   the headline, libero-pi0 `best` in model mode in four fresh processes (session 50's part h, tag s52).
+#            Session 48 (H200, d16c947): medians 12.77-12.93 ms, the file 12.86 ms. Prediction: 12.7-13.0 ms, spread
+#            under 2% (nothing on the model's path changed since; the serving work does not reach model mode).
+#   PART=kf  `serve --keep-warm-ms` at two cadences: servers keep-warm off and 5 ms, rollouts at 10 Hz and at 50 Hz
+#            (a call every 0.5 s and every 0.1 s; replan every 5), twice round, with the call split in three past the
+#            server (its policy call, the event loop's wake-up for the result, outside the server). Predictions, the
+#            loop's extra over its closed loop: 10 Hz off: server 1.02-1.05x, handoff +0.05-0.2 ms, outside the
+#            server +0.2-0.4 ms; 10 Hz 5 ms: server 1.00-1.02x, handoff and outside as off; 50 Hz off: server
+#            1.01-1.03x (the probe: 1.014x after 50 ms asleep), the rest as 10 Hz; 50 Hz 5 ms: server 1.00-1.01x.
+#   PART=r   the same at 10 Hz with `--rtc` (servers and rollouts): a guided call's host path has the guidance's
+#            arrays too, which the keep-warm run does not rebuild. Predictions: off: server 1.02-1.05x; 5 ms:
+#            1.00-1.02x, at most 0.1 ms above the unguided 5 ms server's extra.
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=h bash benchmarks/h200_session52.sh, carry [".whl"]
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
+install_wheels .whl /tmp/site
+export PYTHONPATH=/tmp/site:$PWD
+case "${PART:-h}" in
+h)
+  lane A 0 30 <<EOT &
+400 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s52-4proc_model.json
+EOT
+  ;;
+kf)
+  lane A 0 60 <<EOT &
+560 SETTINGS="off 5" HZ="10 50" bash benchmarks/keep_warm_rollouts.sh $R s52
+EOT
+  ;;
+r)
+  lane A 0 60 <<EOT &
+400 SETTINGS="off 5" SERVE_OPTS=--rtc ROLLOUT_OPTS=--rtc bash benchmarks/keep_warm_rollouts.sh $R s52rtc
+EOT
+  ;;
+esac
+finish
