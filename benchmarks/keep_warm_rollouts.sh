@@ -31,9 +31,10 @@ for round in ${ROUNDS:-a b}; do
   for hz in $HZ; do
   for port in "${PORTS[@]}"; do
     sleep 12
-    timeout 90 $V rollout --url ws://127.0.0.1:$port --episodes 2 --steps-per-episode $((hz * 15 / 2)) --control-hz $hz \
+    # COLUMNS: the console's summary on one line, for the grep
+    COLUMNS=1000 timeout 90 $V rollout --url ws://127.0.0.1:$port --episodes 2 --steps-per-episode $((hz * 15 / 2)) --control-hz $hz \
       --back-to-back 10 ${ROLLOUT_OPTS:-} --json $R/rollout_${W}_${L}-${TAG}-${hz}hz-keepwarm-${KEEP[$port]}${round}.json \
-      2>&1 | grep -E "at [0-9.]+ Hz|server's own time|medians|rest \(client|errors"
+      2>&1 | grep -E "at [0-9.]+ Hz|errors"
     # what is done so far comes back even if the device call's time limit cuts the rest
     [ -n "${OUT:-}" ] && tar czf "$OUT/partial.tgz" -C "$(dirname "$R")" "$(basename "$R")"
   done
