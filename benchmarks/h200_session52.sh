@@ -12,6 +12,12 @@
 #   PART=r   the same at 10 Hz with `--rtc` (servers and rollouts): a guided call's host path has the guidance's
 #            arrays too, which the keep-warm run does not rebuild. Predictions: off: server 1.02-1.05x; 5 ms:
 #            1.00-1.02x, at most 0.1 ms above the unguided 5 ms server's extra.
+#   PART=p   whose warmth the served call misses after an idle (benchmarks/idle_decay_probe.py, policy target,
+#            gaps 50 and 200 ms): asleep; the host stages rerun every 5 ms (session 51, H100: 1.000x / 1.003x);
+#            the transform alone; the upload and device preprocess alone. Predictions: asleep 1.01-1.02x; host
+#            1.000-1.004x; split between the two halves (neither alone as good as both): transform 1.004-1.012x,
+#            upload 1.002-1.010x. If one half matches the host way, keep-warm can rerun that half only (shorter runs,
+#            fewer delayed requests).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=h bash benchmarks/h200_session52.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -31,6 +37,11 @@ EOT
 r)
   lane A 0 60 <<EOT &
 400 SETTINGS="off 5" SERVE_OPTS=--rtc ROLLOUT_OPTS=--rtc bash benchmarks/keep_warm_rollouts.sh $R s52rtc
+EOT
+  ;;
+p)
+  lane A 0 40 <<EOT &
+300 python3 benchmarks/idle_decay_probe.py --workload libero-pi0 --levers best --targets policy --gaps 50,200 --ways asleep,rewarming_host,rewarming_transform,rewarming_upload --json $R/idle_decay_probe_libero-pi0_best-s52.json
 EOT
   ;;
 esac

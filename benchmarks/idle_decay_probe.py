@@ -16,7 +16,9 @@ ends): what a server that keeps its own call warm between requests could win bac
 whether the cost is the state the call itself leaves behind (its code, its allocator, the driver's paths) rather than
 the core or its data. For the policy target a fourth way, `rewarming_host`, reruns only the call's host stages
 (the transform, the upload, the device preprocess; no model call, no copy back): what a server could keep warm
-without holding the GPU for a whole call. Targets:
+without holding the GPU for a whole call. Two more split that run in two, to see whose warmth matters:
+`rewarming_transform` reruns only the transform (host arrays from the request; no CUDA call), `rewarming_upload`
+only the upload and the device preprocess (of arrays the transform made once). `--ways` picks the ways. Targets:
 - `policy`: the served call (`vlaperf.policy.served_call`: transform, copies, model call, actions back), as bench
   --mode policy times it;
 - `model`: the engine's `sample_actions` on device tensors, as bench --mode model;
@@ -45,7 +47,7 @@ from vlaperf.timing import environment_record, interleaved
 from vlaperf.workloads import get_workload
 
 WAYS = ("asleep", "spinning", "rewarming")
-HOST_WAY = "rewarming_host"  # the policy target's fourth way
+HOST_WAYS = ("rewarming_host", "rewarming_transform", "rewarming_upload")  # the policy target's, its host stages
 
 
 def small_torch_ops(width: int = 64, ops: int = 300):
@@ -87,17 +89,19 @@ def rewarmed_pair(fn, device: torch.device, gap_ms: float, every_ms: float, roun
 
 
 def decay(fn, device: torch.device, gaps: list[float], rounds: int, warmup: int, rewarm_every_ms: float,
-          host_part=None) -> list[dict]:
+          ways: list[str] | None = None, host_parts: dict | None = None) -> list[dict]:
     """One row per (way, gap): the call after that idle against itself back to back (`pair_cost`'s fields), plus the
-    difference of the two wall-clock medians in ms. `host_part`: the call's host stages alone, which add the
-    rewarming_host way."""
+    difference of the two wall-clock medians in ms. `host_parts`: for each of HOST_WAYS, what it reruns (the call's
+    host stages or a part of them); without it those ways are skipped. `ways`: default all."""
     rows = []
-    for way in WAYS + ((HOST_WAY,) if host_part is not None else ()):
+    for way in ways or WAYS + HOST_WAYS:
+        if way in HOST_WAYS and host_parts is None:
+            continue
         for gap in gaps:
             t0 = time.perf_counter()
-            if way in ("rewarming", HOST_WAY):
+            if way == "rewarming" or way in HOST_WAYS:
                 cost = rewarmed_pair(fn, device, gap, rewarm_every_ms, rounds, warmup,
-                                     warm=host_part if way == HOST_WAY else None)
+                                     warm=host_parts[way] if way in HOST_WAYS else None)
             else:
                 timing = interleaved({"back_to_back": fn, "after_idle": fn}, device=device, warmup=warmup,
                                      iters=rounds, baseline="back_to_back", progress=False, idle_ms={"after_idle": gap},
@@ -107,7 +111,7 @@ def decay(fn, device: torch.device, gaps: list[float], rounds: int, warmup: int,
             rows.append({"way": way, "idle_ms": gap, **cost,
                          "extra_ms": w["after_idle_median"] - w["back_to_back_median"],
                          "seconds": time.perf_counter() - t0})
-            print(f"  {way:14s} {gap:7.1f} ms: {w['after_idle_over_back_to_back']:.3f}x "
+            print(f"  {way:19s} {gap:7.1f} ms: {w['after_idle_over_back_to_back']:.3f}x "
                   f"({w['after_idle_median']:.3f} vs {w['back_to_back_median']:.3f} ms; per round p10-p90 "
                   f"{w['per_round_p10']:.3f}-{w['per_round_p90']:.3f})", flush=True)
     return rows
@@ -124,6 +128,9 @@ def main() -> None:
                    help="idle lengths in ms, comma-separated (default: 0.2,2,10,50,200)")
     p.add_argument("--rounds", type=int, default=40, help="interleaved rounds per point (default: 40)")
     p.add_argument("--warmup", type=int, default=5, help="untimed calls of each copy per point (default: 5)")
+    p.add_argument("--ways", default=",".join(WAYS + HOST_WAYS),
+                   help="how the idle is spent, comma-separated, of: " + ", ".join(WAYS + HOST_WAYS) + " (default: all; "
+                        "the last three for the policy target only)")
     p.add_argument("--rewarm-every-ms", type=float, default=5.0,
                    help="the rewarming way's period: one untimed call this often through the idle (default: 5)")
     p.add_argument("--json", default=None)
@@ -132,6 +139,10 @@ def main() -> None:
     unknown = sorted(set(targets) - {"policy", "model", "small_torch_ops"})
     if unknown or not targets:
         p.error(f"--targets: expected some of policy, model, small_torch_ops; got {args.targets!r}")
+    ways = [t.strip() for t in args.ways.split(",") if t.strip()]
+    unknown = sorted(set(ways) - set(WAYS + HOST_WAYS))
+    if unknown or not ways:
+        p.error(f"--ways: expected some of {', '.join(WAYS + HOST_WAYS)}; got {args.ways!r}")
     if args.rounds < 3 or args.warmup < 1:
         p.error("--rounds: at least 3, --warmup: at least 1 (the first call of each copy carries its capture)")
     if not args.rewarm_every_ms > 0:
@@ -150,19 +161,23 @@ def main() -> None:
     calls = {"policy": lambda: policy.infer(request),
              "model": lambda: engine.sample_actions(obs, noise, w.steps),
              "small_torch_ops": small_torch_ops()}
-    host_parts = {"policy": lambda: transform.preprocess(transform.upload(transform.host_arrays(request)))}
+    arrays = transform.host_arrays(request)  # the upload way's input, made once
+    host_parts = {"policy": {
+        "rewarming_host": lambda: transform.preprocess(transform.upload(transform.host_arrays(request))),
+        "rewarming_transform": lambda: transform.host_arrays(request),
+        "rewarming_upload": lambda: transform.preprocess(transform.upload(arrays))}}
     result = {"schema": SCHEMA, "command": "idle-decay-probe", "workload": {"id": w.id, "overrides": {}},
               "variant": {"levers": engine.levers.names(), "label": engine.name,
                           "dtype": str(model.dtype).split(".")[-1]},
               "env": environment_record(device), "gaps_ms": args.gaps, "rounds": args.rounds, "warmup": args.warmup,
-              "rewarm_every_ms": args.rewarm_every_ms,
+              "rewarm_every_ms": args.rewarm_every_ms, "ways": ways,
               "targets": {}}
     for name in targets:
         print(f"{name}:", flush=True)
         # the control runs on the host whatever the device: its timer syncs nothing
         target_device = torch.device("cpu") if name == "small_torch_ops" else device
         result["targets"][name] = decay(calls[name], target_device, args.gaps, args.rounds, args.warmup,
-                                        args.rewarm_every_ms, host_part=host_parts.get(name))
+                                        args.rewarm_every_ms, ways, host_parts=host_parts.get(name))
     if args.json:
         write_result(result, args.json)
         print(f"wrote {args.json}")

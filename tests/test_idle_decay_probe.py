@@ -67,15 +67,24 @@ def test_a_call_whose_state_decays_costs_more_after_a_long_idle_asleep_or_spinni
         assert w["per_round_p10"] <= w["per_round_p90"] and r["iters"] == 5
 
 
-def test_the_host_way_reruns_the_host_part_alone_through_the_idle():
+def test_the_host_ways_rerun_their_own_part_alone_through_the_idle():
     probe = _probe()
-    call, host_starts = DecayingCall(), []
-    rows = probe.decay(call, torch.device("cpu"), [20.0], rounds=3, warmup=1, rewarm_every_ms=2.0,
-                       host_part=lambda: host_starts.append(time.perf_counter()))
-    assert [r["way"] for r in rows] == ["asleep", "spinning", "rewarming", "rewarming_host"]
-    assert len(host_starts) >= 3 * 5  # three rounds, five or more host reruns in each 20 ms idle
-    # the call itself did not rerun through the host way's idles: after them it pays the whole 20 ms decay
-    assert rows[3]["wall_ms"]["after_idle_over_back_to_back"] > 2 * rows[2]["wall_ms"]["after_idle_over_back_to_back"]
+    call, starts = DecayingCall(), {way: [] for way in probe.HOST_WAYS}
+    parts = {way: (lambda way=way: starts[way].append(time.perf_counter())) for way in probe.HOST_WAYS}
+    rows = probe.decay(call, torch.device("cpu"), [20.0], rounds=3, warmup=1, rewarm_every_ms=2.0, host_parts=parts)
+    assert [r["way"] for r in rows] == ["asleep", "spinning", "rewarming", "rewarming_host", "rewarming_transform",
+                                        "rewarming_upload"]
+    for way in probe.HOST_WAYS:
+        assert len(starts[way]) >= 3 * 5, way  # three rounds, five or more reruns in each 20 ms idle
+    # the call itself did not rerun through the host ways' idles: after them it pays the whole 20 ms decay
+    for r in rows[3:]:
+        assert r["wall_ms"]["after_idle_over_back_to_back"] > 2 * rows[2]["wall_ms"]["after_idle_over_back_to_back"]
+    # --ways picks: only those run, in the order given; a host way without host parts is skipped
+    rows = probe.decay(call, torch.device("cpu"), [1.0], rounds=3, warmup=1, rewarm_every_ms=2.0,
+                       ways=["rewarming_upload", "asleep"], host_parts=parts)
+    assert [r["way"] for r in rows] == ["rewarming_upload", "asleep"]
+    assert [r["way"] for r in probe.decay(call, torch.device("cpu"), [1.0], rounds=3, warmup=1, rewarm_every_ms=2.0,
+                                          ways=["rewarming_host", "spinning"])] == ["spinning"]
 
 
 def test_spinning_keeps_the_core_busy_through_the_idle_and_asleep_does_not():
@@ -114,10 +123,16 @@ def test_the_probe_runs_on_the_cpu_and_writes_a_valid_file(tmp_path):
     assert set(r["targets"]) == {"policy", "small_torch_ops"}
     ways = {name: [(row["way"], row["idle_ms"]) for row in rows] for name, rows in r["targets"].items()}
     assert ways["small_torch_ops"] == [("asleep", 1.0), ("spinning", 1.0), ("rewarming", 1.0)]
-    assert ways["policy"] == ways["small_torch_ops"] + [("rewarming_host", 1.0)]  # only the policy has host stages
+    # only the policy has host stages
+    assert ways["policy"] == ways["small_torch_ops"] + [(w, 1.0) for w in ("rewarming_host", "rewarming_transform",
+                                                                           "rewarming_upload")]
+    assert r["ways"] == ["asleep", "spinning", "rewarming", "rewarming_host", "rewarming_transform", "rewarming_upload"]
     for rows in r["targets"].values():
         assert all(row["wall_ms"]["back_to_back_median"] > 0 and row["cuda_event_ms"] is None for row in rows)
 
     bad = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--workload", "tiny", "--targets", "gpu"],
                          capture_output=True, text=True, timeout=120)
     assert bad.returncode == 2 and "--targets: expected some of policy, model, small_torch_ops" in bad.stderr
+    bad = subprocess.run([sys.executable, str(SCRIPT), "--device", "cpu", "--workload", "tiny", "--ways", "asleep,nap"],
+                         capture_output=True, text=True, timeout=120)
+    assert bad.returncode == 2 and "--ways: expected some of asleep, spinning, rewarming" in bad.stderr
