@@ -423,7 +423,8 @@ def rollout_cadence_rows(results):
         split = [extra.get(k) for k in ("server_infer_ms", "server_queue_ms", "front_end_ms")]
         rest = [extra.get(k) for k in ("server_handoff_ms", "client_side_ms")]  # servers from session 51's end on
         rows.append(f"| {r['env'].get('gpu') or 'cpu'} | {r['workload']['id']} | {_short(srv.get('levers_label', '?'))} | "
-                    f"{'off' if keep is None else f'{keep:g} ms'} | {ro['control_hz']:g} / {ro['replan_every']} | "
+                    f"{'off' if keep is None else f'{keep:g} ms'} | {ro['control_hz']:g} / {ro['replan_every']}"
+                    f"{', RTC' if ro.get('rtc') else ''} | "
                     f"{ro['policy_call_ms']['count']} / {b2b['policy_call_ms']['count']} | "
                     f"{_ms(ro['policy_call_ms']['median'])} | {_ms(b2b['policy_call_ms']['median'])} | "
                     f"**{ratio['policy_call_ms']:.3f}x** | {_ms((ro.get('server_infer_ms') or {}).get('median'))} | "
@@ -437,7 +438,8 @@ def rollout_cadence_rows(results):
     return ["### A control loop's calls against the same calls back to back (`vlaperf rollout --back-to-back`)", "",
             "Each file's loop calls at the control rate (the server idle in between) against the closed-loop calls the "
             "rollout sends after each episode on the same connection; medians. keep-warm: the server's "
-            "`--keep-warm-ms` (docs/serving.md). The client's machine is the server's (loopback). extra ms: the "
+            "`--keep-warm-ms` (docs/serving.md). RTC: the loop asks for real-time chunking (`rollout --rtc`; its closed-loop "
+            "calls are guided too). The client's machine is the server's (loopback). extra ms: the "
             "medians' differences, loop less closed loop, of the server's policy call / the wait for its inference "
             "thread / the rest of the round trip (files from session 51 on); of the rest: the event loop's wake-up for "
             "the result / what is outside the server (the client, the network, the reply's packing and send).", "",

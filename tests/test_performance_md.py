@@ -568,6 +568,9 @@ def test_rollout_cadence_rows_show_the_loop_against_its_own_closed_loop_and_the_
                                 "6f40a25",
                                 "`k.json`"]
     assert _cells(table[1])[3] == "off"
+    guided = [row for row in gen.rollout_cadence_rows([(gen.ROOT / "r.json", dict(r, rollout=dict(ro, rtc=True)))])
+              if row.startswith("| NVIDIA")]
+    assert _cells(guided[0])[4] == "10 / 5, RTC"  # a loop that asked for real-time chunking says so
     older = [row for row in gen.rollout_cadence_rows([(gen.ROOT / "s50.json", dict(r, rollout={
         k: v for k, v in ro.items() if k != "at_cadence_extra_ms"}))]) if row.startswith("| NVIDIA")]
     assert _cells(older[0])[12] == _cells(older[0])[13] == "-"  # a file from before the split
