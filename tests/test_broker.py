@@ -133,3 +133,50 @@ def test_a_synchronous_broker_waits_for_each_chunk_and_records_its_switches():
     assert st.switches == 2 and st.jumps == [pytest.approx(97), pytest.approx(97)] and st.stalls == 0
     with pytest.raises(ValueError, match="rtc: real-time chunking guides a chunk computed while the robot moves"):
         ChunkBroker(client, control_hz=10.0, replan_every=3, rtc=True, asynchronous=False)
+
+
+def test_call_split_places_the_round_trip_and_the_ways_there_and_back_on_one_clock():
+    from vlaperf.serve.broker import SPLIT_KEYS, call_split
+
+    timing = {"infer_ms": 10.0, "queue_ms": 0.5, "handoff_ms": 0.25, "server_ms": 11.0, "received_at_s": 100.0012}
+    infer, split = call_split({"server_timing": timing}, 13.0, sent_at_s=100.0)
+    assert infer == 10.0 and set(split) == set(SPLIT_KEYS)
+    assert split["front_end_ms"] == pytest.approx(2.5) and split["server_handoff_ms"] == 0.25
+    assert split["client_side_ms"] == pytest.approx(2.0)  # the round trip less the server's received-to-built time
+    assert split["uplink_ms"] == pytest.approx(1.2) and split["downlink_ms"] == pytest.approx(0.8)
+    # no send time, an older server (no received_at_s), or clocks that are not one (a server elsewhere): no ways
+    for reply, sent in (({"server_timing": timing}, None),
+                        ({"server_timing": {k: v for k, v in timing.items() if k != "received_at_s"}}, 100.0),
+                        ({"server_timing": timing}, 100.5),  # received before it was sent
+                        ({"server_timing": timing}, 99.0)):  # an uplink longer than all that is outside the server
+        _, split = call_split(reply, 13.0, sent_at_s=sent)
+        assert np.isnan(split["uplink_ms"]) and np.isnan(split["downlink_ms"])
+        assert split["client_side_ms"] == pytest.approx(2.0 if "server_ms" in reply["server_timing"] else np.nan,
+                                                        nan_ok=True)
+    # a server from before session 51's end: only the first two pieces
+    _, split = call_split({"server_timing": {"infer_ms": 10.0, "queue_ms": 0.5}}, 13.0, sent_at_s=100.0)
+    assert split["front_end_ms"] == pytest.approx(2.5)
+    assert all(np.isnan(split[k]) for k in ("server_handoff_ms", "client_side_ms", "uplink_ms", "downlink_ms"))
+
+
+def test_the_broker_records_each_answered_calls_ways_there_and_back():
+    class StampingClient(ScriptedClient):
+        """Replies as a server on this host would: received 0.2 ms after the send, 1 ms in the server."""
+
+        def infer(self, obs):
+            t_received = time.perf_counter() + 0.0002
+            reply = super().infer(obs)
+            reply["server_timing"].update(server_ms=1.0, handoff_ms=0.1, queue_ms=0.0, received_at_s=t_received)
+            time.sleep(0.002)
+            return reply
+
+    client = StampingClient()
+    client.release.set()
+    broker = ChunkBroker(client, control_hz=10.0, replan_every=3, asynchronous=False)
+    for s in range(4):
+        client.release.set()
+        broker.act({"step": s})
+    st = broker.stats
+    assert len(st.split["uplink_ms"]) == len(st.call_ms) == 2
+    for up, down, outside in zip(st.split["uplink_ms"], st.split["downlink_ms"], st.split["client_side_ms"]):
+        assert 0.2 <= up < 1.0 and down > 0 and up + down == pytest.approx(outside)

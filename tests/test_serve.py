@@ -486,11 +486,15 @@ def test_load_8_clients_x_20_requests(server, tmp_path):
     assert result["loadgen"]["passed"], phase["error_samples"]
     assert phase["ok"] == phase["expected"] == 160
     assert phase["errors"] == phase["misrouted"] == phase["lost"] == 0 and not phase["timed_out"]
-    for key in ("round_trip_ms", "server_infer_ms", "overhead_ms", "queue_ms", "handoff_ms", "client_side_ms"):
+    for key in ("round_trip_ms", "server_infer_ms", "overhead_ms", "queue_ms", "handoff_ms", "client_side_ms",
+                "uplink_ms", "downlink_ms"):
         assert {"median", "p90", "p99"} <= set(phase[key])
     assert phase["round_trip_ms"]["count"] == phase["handoff_ms"]["count"] == 160 and phase["requests_per_s"] > 0
     # the overhead's two measured pieces: the event loop's hand-off and what is outside the server, each inside it
     assert 0 <= phase["handoff_ms"]["median"] and 0 < phase["client_side_ms"]["median"] < phase["round_trip_ms"]["median"]
+    # and of what is outside the server, the way there and the way back (client and server share this host's clock)
+    assert phase["uplink_ms"]["count"] == 160 and phase["uplink_ms"]["min"] >= 0 and phase["downlink_ms"]["min"] >= 0
+    assert phase["uplink_ms"]["median"] < phase["client_side_ms"]["median"]
     assert len(phase["per_client"]) == 8 and all(c["ok"] == 20 for c in phase["per_client"])
     assert phase["batch_size"]["max"] > 1
     assert result["command"] == "loadgen" and result["workload"]["id"] == "tiny"
@@ -572,10 +576,14 @@ def test_rollout(server, tmp_path, monkeypatch, capsys):
         assert where["front_end_ms"]["median"] < where["policy_call_ms"]["median"]
     extra = ro["at_cadence_extra_ms"]
     assert set(extra) == {"policy_call_ms", "server_infer_ms", "server_queue_ms", "front_end_ms", "server_handoff_ms",
-                          "client_side_ms"}
+                          "client_side_ms", "uplink_ms", "downlink_ms"}
     for where in (ro, ro["back_to_back"]):  # the rest of the round trip's two pieces are each smaller than it
         assert 0 <= where["server_handoff_ms"]["median"] < where["front_end_ms"]["median"]
         assert 0 < where["client_side_ms"]["median"] < where["front_end_ms"]["median"]
+        # and what is outside the server, placed on this host's one clock: the way there and the way back
+        assert where["uplink_ms"]["count"] == where["client_side_ms"]["count"]
+        assert where["uplink_ms"]["min"] >= 0 and where["downlink_ms"]["min"] >= 0
+        assert where["uplink_ms"]["median"] < where["client_side_ms"]["median"]
     assert extra["front_end_ms"] == pytest.approx(ro["front_end_ms"]["median"] - ro["back_to_back"]["front_end_ms"]["median"])
     assert [r["policy_calls"] for r in ro["per_episode"]] == [3, 3]  # steps 0, 3, 6
     assert all(0 < r["policy_wait_share"] < 1 and r["wall_s"] >= r["policy_wait_s"] for r in ro["per_episode"])
@@ -1773,7 +1781,10 @@ def test_an_error_inside_a_list_request_names_its_item_and_reply_timing_types():
             assert body == {"error": "InputError", "message": "[1] prompt 'bad' refused", "request_id": "b", "index": 1}
             t0 = time.perf_counter()
             timing = unpackb(roundtrip(ws, packb(good)))["server_timing"]
-            round_trip_ms = (time.perf_counter() - t0) * 1e3
+            t1 = time.perf_counter()
+            round_trip_ms = (t1 - t0) * 1e3
+            # the frame received, on this host's clock: after the send began, before the reply came back
+            assert t0 < timing["received_at_s"] < t1 - timing["server_ms"] / 1e3
             assert type(timing["batch_size"]) is int and timing["batch_size"] == 1 and timing["decode_ms"] >= 0
             # the event loop's wake-up for the result, and the request's time in the server up to its reply built
             assert timing["handoff_ms"] >= 0

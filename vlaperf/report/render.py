@@ -180,6 +180,9 @@ def cadence_words(ro: dict) -> str | None:
         if extra.get("server_handoff_ms") is not None and extra.get("client_side_ms") is not None:
             text += (f", of which the event loop's wake-up for the result {extra['server_handoff_ms']:+.2f} and what "
                      f"is outside the server {extra['client_side_ms']:+.2f}")
+            if extra.get("uplink_ms") is not None and extra.get("downlink_ms") is not None:  # session 52 on
+                text += (f" (the request's way to the server {extra['uplink_ms']:+.2f}, the reply's way back "
+                         f"{extra['downlink_ms']:+.2f})")
     return text
 
 

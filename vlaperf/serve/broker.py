@@ -45,17 +45,31 @@ SPLIT_KEYS = (
     "front_end_ms",  # the rest of the round trip: round trip - infer - queue
     "server_handoff_ms",  # of that rest, the event loop's wake-up for the result (servers from session 51 on)
     "client_side_ms",  # of that rest, what is outside the server: round trip - its frame-received-to-reply-built time
+    # of what is outside the server, where the client and the server share a clock (one host: rollout and loadgen
+    # take loopback URLs only): from the client's send to the server's frame received (the request's packing and
+    # send, the loopback, the server's event loop waking to read it), and the rest (the reply's packing and send,
+    # the loopback, the client waking to read it and unpacking it); servers from session 52 on
+    "uplink_ms",
+    "downlink_ms",
 )
 
 
-def call_split(reply: dict, round_trip_ms: float) -> tuple[float, dict[str, float]]:
+def call_split(reply: dict, round_trip_ms: float, sent_at_s: float | None = None) -> tuple[float, dict[str, float]]:
     """(the server's policy call, {SPLIT_KEYS: ms}) of one answered call from its reply's server_timing; NaN where the
-    server did not say (an older server has no handoff_ms / server_ms)."""
+    server did not say (an older server has no handoff_ms / server_ms / received_at_s). `sent_at_s`: the client's
+    time.perf_counter() as it began the call; with the reply's `received_at_s` (the server's, at the frame received)
+    it places the uplink and the downlink, which are NaN without it, or where the two clocks are not one (the
+    uplink would be negative or longer than what is outside the server)."""
     timing = reply.get("server_timing") or {}
     get = lambda key: float(timing.get(key, float("nan")))  # noqa: E731
     infer, queue = get("infer_ms"), get("queue_ms")
+    outside = round_trip_ms - get("server_ms")
+    uplink = math.nan if sent_at_s is None else (get("received_at_s") - sent_at_s) * 1e3
+    if not 0.0 <= uplink <= outside:  # NaN stays NaN
+        uplink = math.nan
     return infer, {"server_queue_ms": queue, "front_end_ms": round_trip_ms - infer - queue,
-                   "server_handoff_ms": get("handoff_ms"), "client_side_ms": round_trip_ms - get("server_ms")}
+                   "server_handoff_ms": get("handoff_ms"), "client_side_ms": outside,
+                   "uplink_ms": uplink, "downlink_ms": outside - uplink}
 
 
 @dataclass
@@ -104,13 +118,13 @@ class ChunkBroker:
     def _call(self, request: dict):
         t0 = time.perf_counter()
         try:
-            return self.client.infer(request), None, time.perf_counter() - t0
+            return self.client.infer(request), None, time.perf_counter() - t0, t0
         except Exception as e:  # ServerError, or the connection gone: the caller tells them apart
-            return None, e, time.perf_counter() - t0
+            return None, e, time.perf_counter() - t0, t0
 
-    def _answered(self, reply: dict, round_trip_s: float) -> np.ndarray:
+    def _answered(self, reply: dict, round_trip_s: float, sent_at_s: float | None = None) -> np.ndarray:
         self.round_trip_s = round_trip_s
-        infer, split = call_split(reply, round_trip_s * 1e3)
+        infer, split = call_split(reply, round_trip_s * 1e3, sent_at_s)
         self.stats.infer_ms.append(infer)
         for k, v in split.items():
             self.stats.split[k].append(v)
@@ -138,7 +152,7 @@ class ChunkBroker:
 
     def _ask_and_wait(self, obs: dict) -> None:
         t0 = time.perf_counter()
-        reply, error, rt = self._call(dict(obs))
+        reply, error, rt, sent_at = self._call(dict(obs))
         self.stats.wait_s += time.perf_counter() - t0
         if error is not None and not isinstance(error, ServerError):
             raise error  # the connection failed: no round trip to count
@@ -148,7 +162,7 @@ class ChunkBroker:
             if self._chunk is None:
                 raise error
             return  # a synchronous broker's refused call: the running chunk goes on
-        new = self._answered(reply, rt)
+        new = self._answered(reply, rt, sent_at)
         if self._chunk is not None:  # a synchronous switch: the new chunk takes over at once
             self.stats.switches += 1
             if self._pos < len(self._chunk):
@@ -163,14 +177,14 @@ class ChunkBroker:
             future.result()
             self.stats.wait_s += time.perf_counter() - t0
         self._pending = None
-        reply, error, rt = future.result()
+        reply, error, rt, sent_at = future.result()
         if error is not None and not isinstance(error, ServerError):
             raise error  # the connection failed: no round trip to count
         self.stats.call_ms.append(rt * 1e3)
         if error is not None:
             self.stats.errors += 1  # the robot goes on with the chunk it has
             return
-        new = self._answered(reply, rt)
+        new = self._answered(reply, rt, sent_at)
         gone = step - sent_step  # actions handed out since the observation: the new chunk's first ones
         self.stats.late_switches += gone > delay
         self.stats.guided_switches += bool((reply.get("rtc") or {}).get("guided"))

@@ -626,9 +626,11 @@ def print_loadgen(result: dict) -> None:
                   "batch = mean server batch size")
     for ph in lg["phases"]:  # the overhead's pieces the server measures (servers from session 51 on)
         if ph.get("handoff_ms") and ph.get("client_side_ms"):
+            ways = (f" (to the server {_ms(ph['uplink_ms'], 'median')}, back {_ms(ph['downlink_ms'], 'median')})"
+                    if ph.get("uplink_ms") and ph.get("downlink_ms") else "")
             console.print(f"{_clients(ph['clients'])}: of the overhead, the event loop's wake-up for the result "
                           f"{_ms(ph['handoff_ms'], 'median')} ms and outside the server (client, network, sending) "
-                          f"{_ms(ph['client_side_ms'], 'median')} ms (p50)")
+                          f"{_ms(ph['client_side_ms'], 'median')} ms{ways} (p50)")
     pc = Table(title="per client round trip (ms)")
     for col in ("clients", "client", "ok", "errors", "p50", "p90", "p99", "max"):
         pc.add_column(col, justify="right")

@@ -69,6 +69,10 @@ class _Client:
         # the server (round trip - its received-to-reply-built time: the client, the network, packing and sending)
         self.handoff_ms: list[float] = []
         self.client_side_ms: list[float] = []
+        # of what is outside the server (servers from session 52 on; one host, one clock): the request's way to the
+        # server (packing, send, the server's event loop reading it) and the reply's way back
+        self.uplink_ms: list[float] = []
+        self.downlink_ms: list[float] = []
         self.batch_size: list[float] = []
         self.error_kinds: Counter = Counter()
         self.error_samples: list[str] = []
@@ -155,10 +159,13 @@ async def _run_client(c: _Client, url: str, api_key: str | None, examples: list[
             c.infer_ms.append(infer)
             c.queue_ms.append(queue)
             c.overhead_ms.append(rtt - infer - queue)
-            _, split = call_split(reply, rtt)  # the pieces a rollout records too, NaN from an older server
+            _, split = call_split(reply, rtt, t0)  # the pieces a rollout records too, NaN from an older server
             if not (math.isnan(split["server_handoff_ms"]) or math.isnan(split["client_side_ms"])):
                 c.handoff_ms.append(split["server_handoff_ms"])
                 c.client_side_ms.append(split["client_side_ms"])
+            if not math.isnan(split["uplink_ms"]):
+                c.uplink_ms.append(split["uplink_ms"])
+                c.downlink_ms.append(split["downlink_ms"])
             c.batch_size.append(float(st.get("batch_size", 1)))
     except asyncio.CancelledError:
         raise
@@ -241,6 +248,8 @@ async def _phase(url: str, api_key: str | None, workload, n_clients: int, reques
         "overhead_ms": _summary([v for c in clients for v in c.overhead_ms]),
         "handoff_ms": _summary([v for c in clients for v in c.handoff_ms]),
         "client_side_ms": _summary([v for c in clients for v in c.client_side_ms]),
+        "uplink_ms": _summary([v for c in clients for v in c.uplink_ms]),
+        "downlink_ms": _summary([v for c in clients for v in c.downlink_ms]),
         "batch_size": _summary([v for c in clients for v in c.batch_size]),
         "error_kinds": dict(kinds),
         "error_samples": [s for c in clients for s in c.error_samples][:ERROR_SAMPLES],

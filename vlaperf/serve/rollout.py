@@ -199,7 +199,7 @@ def _back_to_back(client, frames, calls: int, rtc: bool, replan_every: int, dead
             continue
         into.call_ms.append(rt_ms)
         if reply is not None:
-            infer, split = call_split(reply, rt_ms)
+            infer, split = call_split(reply, rt_ms, t0)
             if infer == infer:
                 into.infer_ms.append(infer)
             for k, v in split.items():

@@ -626,6 +626,9 @@ class PolicyServer:
             server_timing["handoff_ms"] = (t_back - done.t_done) * 1e3
         if t_received is not None:
             server_timing["server_ms"] = (time.perf_counter() - t_received) * 1e3
+            # the frame received on this server's clock (time.perf_counter, seconds): a client on this host (one
+            # clock) places its uplink with it (vlaperf.serve.broker.call_split; from session 52 on)
+            server_timing["received_at_s"] = t_received
         if prev_total_ms is not None:
             server_timing["prev_total_ms"] = prev_total_ms
         out = {"actions": done.actions, "server_timing": server_timing,
