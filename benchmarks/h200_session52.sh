@@ -9,6 +9,9 @@
 #            loop's extra over its closed loop: 10 Hz off: server 1.02-1.05x, handoff +0.05-0.2 ms, outside the
 #            server +0.2-0.4 ms; 10 Hz 5 ms: server 1.00-1.02x, handoff and outside as off; 50 Hz off: server
 #            1.01-1.03x (the probe: 1.014x after 50 ms asleep), the rest as 10 Hz; 50 Hz 5 ms: server 1.00-1.01x.
+#            From 0e4ffaf the outside is split on the host's one clock: the way to the server (the request's packing
+#            and send; the server's event loop, idle since the last reply, waking to read it) +0.15-0.35 ms; the way
+#            back (the client blocked in its receive for only the call's ~14 ms) +0.0-0.1 ms.
 #   PART=r   the same at 10 Hz with `--rtc` (servers and rollouts): a guided call's host path has the guidance's
 #            arrays too, which the keep-warm run does not rebuild. Predictions: off: server 1.02-1.05x; 5 ms:
 #            1.00-1.02x, at most 0.1 ms above the unguided 5 ms server's extra.

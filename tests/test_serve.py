@@ -600,6 +600,7 @@ def test_rollout(server, tmp_path, monkeypatch, capsys):
     assert "2 closed-loop calls after each episode" in flat
     assert "the wait for its inference thread" in flat and "the rest (client, network, event loop)" in flat
     assert "of which the event loop's wake-up for the result" in flat and "what is outside the server" in flat
+    assert "(the request's way to the server" in flat and "the reply's way back" in flat
     assert "keep-warm" not in out  # the module's server runs without it
 
 
@@ -929,6 +930,7 @@ def test_cli_serve_then_loadgen_and_rollout(tmp_path, capsys):
         out = capsys.readouterr().out
         assert "vlaperf loadgen" in out and "vlaperf rollout" in out and "SYNTHETIC" in out
         assert "3 clients: of the overhead, the event loop's wake-up for the result" in " ".join(out.split())
+        assert re.search(r"\(to the server [0-9.]+, back [0-9.]+\) \(p50\)", " ".join(out.split()))
         assert "at 100 Hz a call's round trip took" in out and "10 closed-loop calls after each episode" in out
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0
