@@ -423,6 +423,7 @@ def rollout_cadence_rows(results):
         split = [extra.get(k) for k in ("server_infer_ms", "server_queue_ms", "front_end_ms")]
         rest = [extra.get(k) for k in ("server_handoff_ms", "client_side_ms")]  # servers from session 51's end on
         ways = [extra.get(k) for k in ("uplink_ms", "downlink_ms")]  # servers from session 52 on
+        own = [extra.get(k) for k in ("client_pack_ms", "client_unpack_ms")]  # rollouts from session 52 on
         rows.append(f"| {r['env'].get('gpu') or 'cpu'} | {r['workload']['id']} | {_short(srv.get('levers_label', '?'))} | "
                     f"{'off' if keep is None else f'{keep:g} ms'} | {ro['control_hz']:g} / {ro['replan_every']}"
                     f"{', RTC' if ro.get('rtc') else ''} | "
@@ -433,7 +434,9 @@ def rollout_cadence_rows(results):
                     f"{'-' if server_ratio is None else f'{server_ratio:.3f}x'} | "
                     f"{'-' if None in split else ' / '.join(f'{v:+.2f}' for v in split)} | "
                     f"{'-' if None in rest else ' / '.join(f'{v:+.2f}' for v in rest)}"
-                    f"{'' if None in ways else ' (' + ' / '.join(f'{v:+.2f}' for v in ways) + ')'} | "
+                    f"{'' if None in ways else ' (' + ' / '.join(f'{v:+.2f}' for v in ways)}"
+                    f"{'' if None in ways or None in own else '; ' + ' / '.join(f'{v:+.2f}' for v in own)}"
+                    f"{'' if None in ways else ')'} | "
                     f"{(r['env'].get('git_commit') or '-')[:7]} | `{path.relative_to(ROOT)}` |")
     if not rows:
         return []
@@ -445,7 +448,8 @@ def rollout_cadence_rows(results):
             "medians' differences, loop less closed loop, of the server's policy call / the wait for its inference "
             "thread / the rest of the round trip (files from session 51 on); of the rest: the event loop's wake-up for "
             "the result / what is outside the server (the client, the network, the reply's packing and send), and of "
-            "that, in brackets, the request's way to the server / the reply's way back (files from session 52 on).", "",
+            "that, in brackets, the request's way to the server / the reply's way back, and of those the client's packing / "
+            "unpacking (files from session 52 on).", "",
             "| GPU | workload | levers | keep-warm | Hz / replan every | calls at cadence / back to back | round trip "
             "ms | back to back | ratio | server ms | back to back | ratio | extra ms: infer / queue / rest | of the "
             "rest: handoff / outside | commit | file |",

@@ -139,8 +139,9 @@ def test_call_split_places_the_round_trip_and_the_ways_there_and_back_on_one_clo
     from vlaperf.serve.broker import SPLIT_KEYS, call_split
 
     timing = {"infer_ms": 10.0, "queue_ms": 0.5, "handoff_ms": 0.25, "server_ms": 11.0, "received_at_s": 100.0012}
-    infer, split = call_split({"server_timing": timing}, 13.0, sent_at_s=100.0)
+    infer, split = call_split({"server_timing": timing}, 13.0, sent_at_s=100.0, pack_ms=0.3, unpack_ms=0.1)
     assert infer == 10.0 and set(split) == set(SPLIT_KEYS)
+    assert split["client_pack_ms"] == 0.3 and split["client_unpack_ms"] == 0.1  # the client's own, as given
     assert split["front_end_ms"] == pytest.approx(2.5) and split["server_handoff_ms"] == 0.25
     assert split["client_side_ms"] == pytest.approx(2.0)  # the round trip less the server's received-to-built time
     assert split["uplink_ms"] == pytest.approx(1.2) and split["downlink_ms"] == pytest.approx(0.8)
@@ -151,6 +152,7 @@ def test_call_split_places_the_round_trip_and_the_ways_there_and_back_on_one_clo
                         ({"server_timing": timing}, 99.0)):  # an uplink longer than all that is outside the server
         _, split = call_split(reply, 13.0, sent_at_s=sent)
         assert np.isnan(split["uplink_ms"]) and np.isnan(split["downlink_ms"])
+        assert np.isnan(split["client_pack_ms"]) and np.isnan(split["client_unpack_ms"])  # none given
         assert split["client_side_ms"] == pytest.approx(2.0 if "server_ms" in reply["server_timing"] else np.nan,
                                                         nan_ok=True)
     # a server from before session 51's end: only the first two pieces
@@ -161,13 +163,15 @@ def test_call_split_places_the_round_trip_and_the_ways_there_and_back_on_one_clo
 
 def test_the_broker_records_each_answered_calls_ways_there_and_back():
     class StampingClient(ScriptedClient):
-        """Replies as a server on this host would: received 0.2 ms after the send, 1 ms in the server."""
+        """Replies as a server on this host would: received 0.2 ms after the send, 1 ms in the server; says its own
+        packing and unpacking as vlaperf's Client does."""
 
         def infer(self, obs):
             t_received = time.perf_counter() + 0.0002
             reply = super().infer(obs)
             reply["server_timing"].update(server_ms=1.0, handoff_ms=0.1, queue_ms=0.0, received_at_s=t_received)
             time.sleep(0.002)
+            self.last_pack_ms, self.last_unpack_ms = 0.05 * len(self.requests), 0.01
             return reply
 
     client = StampingClient()
@@ -180,3 +184,8 @@ def test_the_broker_records_each_answered_calls_ways_there_and_back():
     assert len(st.split["uplink_ms"]) == len(st.call_ms) == 2
     for up, down, outside in zip(st.split["uplink_ms"], st.split["downlink_ms"], st.split["client_side_ms"]):
         assert 0.2 <= up < 1.0 and down > 0 and up + down == pytest.approx(outside)
+    assert st.split["client_pack_ms"] == [0.05, 0.1] and st.split["client_unpack_ms"] == [0.01, 0.01]  # each call's
+    # a client that does not say its own pieces (openpi's, the scripted one): NaN, which the rollout leaves out
+    plain = ChunkBroker(ScriptedClient(), control_hz=10.0, replan_every=3, asynchronous=False)
+    plain.act({"step": 0})
+    assert np.isnan(plain.stats.split["client_pack_ms"][0]) and np.isnan(plain.stats.split["uplink_ms"][0])

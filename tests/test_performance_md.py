@@ -554,6 +554,7 @@ def test_rollout_cadence_rows_show_the_loop_against_its_own_closed_loop_and_the_
           "at_cadence_over_back_to_back": {"policy_call_ms": 15.14 / 14.42, "server_infer_ms": 13.78 / 13.65},
           "at_cadence_extra_ms": {"policy_call_ms": 0.72, "server_infer_ms": 0.13, "server_queue_ms": 0.05,
                                   "front_end_ms": 0.5, "server_handoff_ms": 0.1, "client_side_ms": 0.35}}
+    ways = dict(ro["at_cadence_extra_ms"], uplink_ms=0.3, downlink_ms=0.05, client_pack_ms=0.02, client_unpack_ms=0.0)
     r = {"command": "rollout", "workload": {"id": "libero-pi0"}, "rollout": ro,
          "env": {"gpu": "NVIDIA H100 80GB HBM3", "git_commit": "6f40a25f1a"},
          "server": {"levers_label": "for_loop+cuda_graph", "keep_warm_ms": 5.0}}
@@ -571,6 +572,9 @@ def test_rollout_cadence_rows_show_the_loop_against_its_own_closed_loop_and_the_
     guided = [row for row in gen.rollout_cadence_rows([(gen.ROOT / "r.json", dict(r, rollout=dict(ro, rtc=True)))])
               if row.startswith("| NVIDIA")]
     assert _cells(guided[0])[4] == "10 / 5, RTC"  # a loop that asked for real-time chunking says so
+    split = [row for row in gen.rollout_cadence_rows([(gen.ROOT / "w.json", dict(r, rollout=dict(
+        ro, at_cadence_extra_ms=ways)))]) if row.startswith("| NVIDIA")]
+    assert _cells(split[0])[13] == "+0.10 / +0.35 (+0.30 / +0.05; +0.02 / +0.00)"  # session 52's: there and back
     older = [row for row in gen.rollout_cadence_rows([(gen.ROOT / "s50.json", dict(r, rollout={
         k: v for k, v in ro.items() if k != "at_cadence_extra_ms"}))]) if row.startswith("| NVIDIA")]
     assert _cells(older[0])[12] == _cells(older[0])[13] == "-"  # a file from before the split

@@ -487,7 +487,7 @@ def test_load_8_clients_x_20_requests(server, tmp_path):
     assert phase["ok"] == phase["expected"] == 160
     assert phase["errors"] == phase["misrouted"] == phase["lost"] == 0 and not phase["timed_out"]
     for key in ("round_trip_ms", "server_infer_ms", "overhead_ms", "queue_ms", "handoff_ms", "client_side_ms",
-                "uplink_ms", "downlink_ms"):
+                "uplink_ms", "downlink_ms", "pack_ms", "unpack_ms"):
         assert {"median", "p90", "p99"} <= set(phase[key])
     assert phase["round_trip_ms"]["count"] == phase["handoff_ms"]["count"] == 160 and phase["requests_per_s"] > 0
     # the overhead's two measured pieces: the event loop's hand-off and what is outside the server, each inside it
@@ -495,6 +495,8 @@ def test_load_8_clients_x_20_requests(server, tmp_path):
     # and of what is outside the server, the way there and the way back (client and server share this host's clock)
     assert phase["uplink_ms"]["count"] == 160 and phase["uplink_ms"]["min"] >= 0 and phase["downlink_ms"]["min"] >= 0
     assert phase["uplink_ms"]["median"] < phase["client_side_ms"]["median"]
+    assert phase["pack_ms"]["count"] == 160 and 0 < phase["pack_ms"]["median"] < phase["uplink_ms"]["median"]
+    assert 0 < phase["unpack_ms"]["median"] < phase["round_trip_ms"]["median"]
     assert len(phase["per_client"]) == 8 and all(c["ok"] == 20 for c in phase["per_client"])
     assert phase["batch_size"]["max"] > 1
     assert result["command"] == "loadgen" and result["workload"]["id"] == "tiny"
@@ -576,7 +578,7 @@ def test_rollout(server, tmp_path, monkeypatch, capsys):
         assert where["front_end_ms"]["median"] < where["policy_call_ms"]["median"]
     extra = ro["at_cadence_extra_ms"]
     assert set(extra) == {"policy_call_ms", "server_infer_ms", "server_queue_ms", "front_end_ms", "server_handoff_ms",
-                          "client_side_ms", "uplink_ms", "downlink_ms"}
+                          "client_side_ms", "uplink_ms", "downlink_ms", "client_pack_ms", "client_unpack_ms"}
     for where in (ro, ro["back_to_back"]):  # the rest of the round trip's two pieces are each smaller than it
         assert 0 <= where["server_handoff_ms"]["median"] < where["front_end_ms"]["median"]
         assert 0 < where["client_side_ms"]["median"] < where["front_end_ms"]["median"]
@@ -584,6 +586,10 @@ def test_rollout(server, tmp_path, monkeypatch, capsys):
         assert where["uplink_ms"]["count"] == where["client_side_ms"]["count"]
         assert where["uplink_ms"]["min"] >= 0 and where["downlink_ms"]["min"] >= 0
         assert where["uplink_ms"]["median"] < where["client_side_ms"]["median"]
+        # the client's own packing, inside the way there, and unpacking, inside the way back (vlaperf's Client says)
+        assert where["client_pack_ms"]["count"] == where["policy_call_ms"]["count"]
+        assert 0 < where["client_pack_ms"]["median"] < where["uplink_ms"]["median"]
+        assert 0 < where["client_unpack_ms"]["median"] < where["client_side_ms"]["median"]
     assert extra["front_end_ms"] == pytest.approx(ro["front_end_ms"]["median"] - ro["back_to_back"]["front_end_ms"]["median"])
     assert [r["policy_calls"] for r in ro["per_episode"]] == [3, 3]  # steps 0, 3, 6
     assert all(0 < r["policy_wait_share"] < 1 and r["wall_s"] >= r["policy_wait_s"] for r in ro["per_episode"])
@@ -600,7 +606,8 @@ def test_rollout(server, tmp_path, monkeypatch, capsys):
     assert "2 closed-loop calls after each episode" in flat
     assert "the wait for its inference thread" in flat and "the rest (client, network, event loop)" in flat
     assert "of which the event loop's wake-up for the result" in flat and "what is outside the server" in flat
-    assert "(the request's way to the server" in flat and "the reply's way back" in flat
+    assert "(the request's way to the server" in flat and ", its packing" in flat and "the reply's way back" in flat
+    assert ", its unpacking" in flat
     assert "keep-warm" not in out  # the module's server runs without it
 
 
@@ -930,7 +937,8 @@ def test_cli_serve_then_loadgen_and_rollout(tmp_path, capsys):
         out = capsys.readouterr().out
         assert "vlaperf loadgen" in out and "vlaperf rollout" in out and "SYNTHETIC" in out
         assert "3 clients: of the overhead, the event loop's wake-up for the result" in " ".join(out.split())
-        assert re.search(r"\(to the server [0-9.]+, back [0-9.]+\) \(p50\)", " ".join(out.split()))
+        assert re.search(r"\(to the server [0-9.]+, packing [0-9.]+; back [0-9.]+, unpacking [0-9.]+\) \(p50\)",
+                         " ".join(out.split()))
         assert "at 100 Hz a call's round trip took" in out and "10 closed-loop calls after each episode" in out
         proc.send_signal(signal.SIGTERM)
         assert proc.wait(timeout=30) == 0

@@ -181,8 +181,11 @@ def cadence_words(ro: dict) -> str | None:
             text += (f", of which the event loop's wake-up for the result {extra['server_handoff_ms']:+.2f} and what "
                      f"is outside the server {extra['client_side_ms']:+.2f}")
             if extra.get("uplink_ms") is not None and extra.get("downlink_ms") is not None:  # session 52 on
-                text += (f" (the request's way to the server {extra['uplink_ms']:+.2f}, the reply's way back "
-                         f"{extra['downlink_ms']:+.2f})")
+                own = extra.get("client_pack_ms") is not None and extra.get("client_unpack_ms") is not None
+                text += (f" (the request's way to the server {extra['uplink_ms']:+.2f}"
+                         + (f", its packing {extra['client_pack_ms']:+.2f}" if own else "")
+                         + f"; the reply's way back {extra['downlink_ms']:+.2f}"
+                         + (f", its unpacking {extra['client_unpack_ms']:+.2f}" if own else "") + ")")
     return text
 
 

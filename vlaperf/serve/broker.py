@@ -51,15 +51,20 @@ SPLIT_KEYS = (
     # the loopback, the client waking to read it and unpacking it); servers from session 52 on
     "uplink_ms",
     "downlink_ms",
+    # the client's own pieces of those two ways (any server): the request's packing, the reply's unpacking
+    "client_pack_ms",
+    "client_unpack_ms",
 )
 
 
-def call_split(reply: dict, round_trip_ms: float, sent_at_s: float | None = None) -> tuple[float, dict[str, float]]:
+def call_split(reply: dict, round_trip_ms: float, sent_at_s: float | None = None, pack_ms: float | None = None,
+               unpack_ms: float | None = None) -> tuple[float, dict[str, float]]:
     """(the server's policy call, {SPLIT_KEYS: ms}) of one answered call from its reply's server_timing; NaN where the
     server did not say (an older server has no handoff_ms / server_ms / received_at_s). `sent_at_s`: the client's
     time.perf_counter() as it began the call; with the reply's `received_at_s` (the server's, at the frame received)
     it places the uplink and the downlink, which are NaN without it, or where the two clocks are not one (the
-    uplink would be negative or longer than what is outside the server)."""
+    uplink would be negative or longer than what is outside the server). `pack_ms`, `unpack_ms`: the client's own
+    (Client.last_pack_ms / last_unpack_ms), NaN without."""
     timing = reply.get("server_timing") or {}
     get = lambda key: float(timing.get(key, float("nan")))  # noqa: E731
     infer, queue = get("infer_ms"), get("queue_ms")
@@ -69,7 +74,16 @@ def call_split(reply: dict, round_trip_ms: float, sent_at_s: float | None = None
         uplink = math.nan
     return infer, {"server_queue_ms": queue, "front_end_ms": round_trip_ms - infer - queue,
                    "server_handoff_ms": get("handoff_ms"), "client_side_ms": outside,
-                   "uplink_ms": uplink, "downlink_ms": outside - uplink}
+                   "uplink_ms": uplink, "downlink_ms": outside - uplink,
+                   "client_pack_ms": math.nan if pack_ms is None else float(pack_ms),
+                   "client_unpack_ms": math.nan if unpack_ms is None else float(unpack_ms)}
+
+
+def client_stamps(client, sent_at_s: float) -> dict:
+    """call_split's client-side arguments for the call `client` has just made (begun at `sent_at_s`, on the caller's
+    time.perf_counter()); a client without vlaperf's Client's `last_pack_ms` gives NaN pieces."""
+    return {"sent_at_s": sent_at_s, "pack_ms": getattr(client, "last_pack_ms", None),
+            "unpack_ms": getattr(client, "last_unpack_ms", None)}
 
 
 @dataclass
@@ -116,15 +130,17 @@ class ChunkBroker:
         self._pending: tuple[Future, int, int, int] | None = None  # (call, step sent, position sent, delay declared)
 
     def _call(self, request: dict):
+        """(reply or None, the error or None, round trip s, call_split's client stamps)"""
         t0 = time.perf_counter()
         try:
-            return self.client.infer(request), None, time.perf_counter() - t0, t0
+            reply = self.client.infer(request)
+            return reply, None, time.perf_counter() - t0, client_stamps(self.client, t0)
         except Exception as e:  # ServerError, or the connection gone: the caller tells them apart
-            return None, e, time.perf_counter() - t0, t0
+            return None, e, time.perf_counter() - t0, None
 
-    def _answered(self, reply: dict, round_trip_s: float, sent_at_s: float | None = None) -> np.ndarray:
+    def _answered(self, reply: dict, round_trip_s: float, stamps: dict | None = None) -> np.ndarray:
         self.round_trip_s = round_trip_s
-        infer, split = call_split(reply, round_trip_s * 1e3, sent_at_s)
+        infer, split = call_split(reply, round_trip_s * 1e3, **(stamps or {}))
         self.stats.infer_ms.append(infer)
         for k, v in split.items():
             self.stats.split[k].append(v)
@@ -152,7 +168,7 @@ class ChunkBroker:
 
     def _ask_and_wait(self, obs: dict) -> None:
         t0 = time.perf_counter()
-        reply, error, rt, sent_at = self._call(dict(obs))
+        reply, error, rt, stamps = self._call(dict(obs))
         self.stats.wait_s += time.perf_counter() - t0
         if error is not None and not isinstance(error, ServerError):
             raise error  # the connection failed: no round trip to count
@@ -162,7 +178,7 @@ class ChunkBroker:
             if self._chunk is None:
                 raise error
             return  # a synchronous broker's refused call: the running chunk goes on
-        new = self._answered(reply, rt, sent_at)
+        new = self._answered(reply, rt, stamps)
         if self._chunk is not None:  # a synchronous switch: the new chunk takes over at once
             self.stats.switches += 1
             if self._pos < len(self._chunk):
@@ -177,14 +193,14 @@ class ChunkBroker:
             future.result()
             self.stats.wait_s += time.perf_counter() - t0
         self._pending = None
-        reply, error, rt, sent_at = future.result()
+        reply, error, rt, stamps = future.result()
         if error is not None and not isinstance(error, ServerError):
             raise error  # the connection failed: no round trip to count
         self.stats.call_ms.append(rt * 1e3)
         if error is not None:
             self.stats.errors += 1  # the robot goes on with the chunk it has
             return
-        new = self._answered(reply, rt, sent_at)
+        new = self._answered(reply, rt, stamps)
         gone = step - sent_step  # actions handed out since the observation: the new chunk's first ones
         self.stats.late_switches += gone > delay
         self.stats.guided_switches += bool((reply.get("rtc") or {}).get("guided"))

@@ -11,6 +11,7 @@ connect helper used by the load generator.
 from __future__ import annotations
 
 import contextlib
+import time
 from typing import Any
 from urllib.parse import urlsplit
 
@@ -86,6 +87,8 @@ class Client:
 
         self.url, self.timeout_s = normalize_url(url), timeout_s
         self._max = max_message_bytes
+        self.last_pack_ms: float | None = None  # the last `infer`'s packing and unpacking, ms
+        self.last_unpack_ms: float | None = None
         with handshake(api_key):
             self._ws = connect(self.url, additional_headers=auth_headers(api_key), compression=None,
                                max_size=max_message_bytes, open_timeout=timeout_s, **connect_options(connect))
@@ -101,7 +104,16 @@ class Client:
         return self._ws.recv(timeout=self.timeout_s)
 
     def infer(self, obs: dict) -> dict:
-        return decode_reply(self.send_raw(packb(obs)), self._max)
+        t0 = time.perf_counter()
+        frame = packb(obs)
+        t1 = time.perf_counter()
+        answer = self.send_raw(frame)
+        t2 = time.perf_counter()
+        try:
+            return decode_reply(answer, self._max)
+        finally:
+            # the client's own part of this call's round trip, ms (vlaperf.serve.broker.call_split places it)
+            self.last_pack_ms, self.last_unpack_ms = (t1 - t0) * 1e3, (time.perf_counter() - t2) * 1e3
 
     def infer_batch(self, observations: list[dict]) -> list[dict]:
         return decode_reply(self.send_raw(packb(list(observations))), self._max)

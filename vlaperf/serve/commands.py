@@ -626,7 +626,11 @@ def print_loadgen(result: dict) -> None:
                   "batch = mean server batch size")
     for ph in lg["phases"]:  # the overhead's pieces the server measures (servers from session 51 on)
         if ph.get("handoff_ms") and ph.get("client_side_ms"):
-            ways = (f" (to the server {_ms(ph['uplink_ms'], 'median')}, back {_ms(ph['downlink_ms'], 'median')})"
+            own = ph.get("pack_ms") and ph.get("unpack_ms")
+            ways = (f" (to the server {_ms(ph['uplink_ms'], 'median')}"
+                    + (f", packing {_ms(ph['pack_ms'], 'median')}" if own else "")
+                    + f"; back {_ms(ph['downlink_ms'], 'median')}"
+                    + (f", unpacking {_ms(ph['unpack_ms'], 'median')}" if own else "") + ")"
                     if ph.get("uplink_ms") and ph.get("downlink_ms") else "")
             console.print(f"{_clients(ph['clients'])}: of the overhead, the event loop's wake-up for the result "
                           f"{_ms(ph['handoff_ms'], 'median')} ms and outside the server (client, network, sending) "

@@ -73,6 +73,8 @@ class _Client:
         # server (packing, send, the server's event loop reading it) and the reply's way back
         self.uplink_ms: list[float] = []
         self.downlink_ms: list[float] = []
+        self.pack_ms: list[float] = []  # of those, the request's packing and the reply's unpacking here
+        self.unpack_ms: list[float] = []
         self.batch_size: list[float] = []
         self.error_kinds: Counter = Counter()
         self.error_samples: list[str] = []
@@ -128,9 +130,12 @@ async def _run_client(c: _Client, url: str, api_key: str | None, examples: list[
             t0 = time.perf_counter()
             if c.t_first is None:
                 c.t_first = t0
-            await ws.send(packb(ex))
+            frame = packb(ex)
+            pack_ms = (time.perf_counter() - t0) * 1e3
+            await ws.send(frame)
             c.sent += 1
             frame = await ws.recv()
+            t_got = time.perf_counter()
             try:
                 reply = decode_reply(frame)
             except ServerError as e:
@@ -159,13 +164,16 @@ async def _run_client(c: _Client, url: str, api_key: str | None, examples: list[
             c.infer_ms.append(infer)
             c.queue_ms.append(queue)
             c.overhead_ms.append(rtt - infer - queue)
-            _, split = call_split(reply, rtt, t0)  # the pieces a rollout records too, NaN from an older server
+            # the pieces a rollout records too, NaN from an older server
+            _, split = call_split(reply, rtt, t0, pack_ms, (t1 - t_got) * 1e3)
             if not (math.isnan(split["server_handoff_ms"]) or math.isnan(split["client_side_ms"])):
                 c.handoff_ms.append(split["server_handoff_ms"])
                 c.client_side_ms.append(split["client_side_ms"])
             if not math.isnan(split["uplink_ms"]):
                 c.uplink_ms.append(split["uplink_ms"])
                 c.downlink_ms.append(split["downlink_ms"])
+            c.pack_ms.append(split["client_pack_ms"])
+            c.unpack_ms.append(split["client_unpack_ms"])
             c.batch_size.append(float(st.get("batch_size", 1)))
     except asyncio.CancelledError:
         raise
@@ -250,6 +258,8 @@ async def _phase(url: str, api_key: str | None, workload, n_clients: int, reques
         "client_side_ms": _summary([v for c in clients for v in c.client_side_ms]),
         "uplink_ms": _summary([v for c in clients for v in c.uplink_ms]),
         "downlink_ms": _summary([v for c in clients for v in c.downlink_ms]),
+        "pack_ms": _summary([v for c in clients for v in c.pack_ms]),
+        "unpack_ms": _summary([v for c in clients for v in c.unpack_ms]),
         "batch_size": _summary([v for c in clients for v in c.batch_size]),
         "error_kinds": dict(kinds),
         "error_samples": [s for c in clients for s in c.error_samples][:ERROR_SAMPLES],

@@ -38,7 +38,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 
-from vlaperf.serve.broker import SPLIT_KEYS, call_split
+from vlaperf.serve.broker import SPLIT_KEYS, call_split, client_stamps
 from vlaperf.serve.client import Client, ServerError
 from vlaperf.serve.loadgen import (LoadgenError, check_loopback_url, check_request_size, example_for, resolve_workload,
                                    result_header)
@@ -199,7 +199,7 @@ def _back_to_back(client, frames, calls: int, rtc: bool, replan_every: int, dead
             continue
         into.call_ms.append(rt_ms)
         if reply is not None:
-            infer, split = call_split(reply, rt_ms, t0)
+            infer, split = call_split(reply, rt_ms, **client_stamps(client, t0))
             if infer == infer:
                 into.infer_ms.append(infer)
             for k, v in split.items():
