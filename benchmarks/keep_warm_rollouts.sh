@@ -6,7 +6,8 @@
 # ($SETTINGS, default "off 5 20": the servers' keep-warm, one server each; $ROUNDS, default "a b": the rounds;
 # $HZ, default 10: the control rates, each round runs them all (an episode is 7.5 s at any rate, so 75 steps at
 # 10 Hz, 375 at 50); $SERVE_OPTS and $ROLLOUT_OPTS, default none: more options for every server and every rollout,
-# e.g. --rtc for both)
+# e.g. --rtc for both; $CLIENTS, default "off": the rollouts' own keep-warm, `rollout --client-keep-warm-ms`, each
+# setting against each server, its files named -client<setting> unless the default)
 set -u
 R=$1 TAG=$2 W=${3:-libero-pi0} L=${4:-best}
 HZ=${HZ:-10}
@@ -30,13 +31,18 @@ done
 for round in ${ROUNDS:-a b}; do
   for hz in $HZ; do
   for port in "${PORTS[@]}"; do
+  for c in ${CLIENTS:-off}; do
+    copt=""; [ "$c" != off ] && copt="--client-keep-warm-ms $c"
+    csuf=""; [ "${CLIENTS:-off}" != off ] && csuf="-client$c"
     sleep 12
     # COLUMNS: the console's summary on one line, for the grep
     COLUMNS=1000 timeout 90 $V rollout --url ws://127.0.0.1:$port --episodes 2 --steps-per-episode $((hz * 15 / 2)) --control-hz $hz \
-      --back-to-back 10 ${ROLLOUT_OPTS:-} --json $R/rollout_${W}_${L}-${TAG}-${hz}hz-keepwarm-${KEEP[$port]}${round}.json \
+      --back-to-back 10 $copt ${ROLLOUT_OPTS:-} \
+      --json $R/rollout_${W}_${L}-${TAG}-${hz}hz-keepwarm-${KEEP[$port]}${csuf}${round}.json \
       2>&1 | grep -E "at [0-9.]+ Hz|errors"
     # what is done so far comes back even if the device call's time limit cuts the rest
     [ -n "${OUT:-}" ] && tar czf "$OUT/partial.tgz" -C "$(dirname "$R")" "$(basename "$R")"
+  done
   done
   done
 done

@@ -418,6 +418,7 @@ def rollout_cadence_rows(results):
         if not b2b or ratio.get("policy_call_ms") is None:
             continue
         keep = srv.get("keep_warm_ms")
+        client = ro.get("client_keep_warm_ms")  # the rollout's own pings (`--client-keep-warm-ms`, session 52 on)
         server_ratio = ratio.get("server_infer_ms")
         extra = ro.get("at_cadence_extra_ms") or {}  # files from session 51 on
         split = [extra.get(k) for k in ("server_infer_ms", "server_queue_ms", "front_end_ms")]
@@ -425,7 +426,9 @@ def rollout_cadence_rows(results):
         ways = [extra.get(k) for k in ("uplink_ms", "downlink_ms")]  # servers from session 52 on
         own = [extra.get(k) for k in ("client_pack_ms", "client_unpack_ms")]  # rollouts from session 52 on
         rows.append(f"| {r['env'].get('gpu') or 'cpu'} | {r['workload']['id']} | {_short(srv.get('levers_label', '?'))} | "
-                    f"{'off' if keep is None else f'{keep:g} ms'} | {ro['control_hz']:g} / {ro['replan_every']}"
+                    f"{'off' if keep is None else f'{keep:g} ms'}"
+                    f"{'' if not client else f'; client {client:g} ms'}"
+                    f" | {ro['control_hz']:g} / {ro['replan_every']}"
                     f"{', RTC' if ro.get('rtc') else ''} | "
                     f"{ro['policy_call_ms']['count']} / {b2b['policy_call_ms']['count']} | "
                     f"{_ms(ro['policy_call_ms']['median'])} | {_ms(b2b['policy_call_ms']['median'])} | "
@@ -443,7 +446,8 @@ def rollout_cadence_rows(results):
     return ["### A control loop's calls against the same calls back to back (`vlaperf rollout --back-to-back`)", "",
             "Each file's loop calls at the control rate (the server idle in between) against the closed-loop calls the "
             "rollout sends after each episode on the same connection; medians. keep-warm: the server's "
-            "`--keep-warm-ms` (docs/serving.md). RTC: the loop asks for real-time chunking (`rollout --rtc`; its closed-loop "
+            "`--keep-warm-ms` (docs/serving.md), and the client's where it pinged between calls (`rollout "
+            "--client-keep-warm-ms`). RTC: the loop asks for real-time chunking (`rollout --rtc`; its closed-loop "
             "calls are guided too). The client's machine is the server's (loopback). extra ms: the "
             "medians' differences, loop less closed loop, of the server's policy call / the wait for its inference "
             "thread / the rest of the round trip (files from session 51 on); of the rest: the event loop's wake-up for "

@@ -572,6 +572,9 @@ def test_rollout_cadence_rows_show_the_loop_against_its_own_closed_loop_and_the_
     guided = [row for row in gen.rollout_cadence_rows([(gen.ROOT / "r.json", dict(r, rollout=dict(ro, rtc=True)))])
               if row.startswith("| NVIDIA")]
     assert _cells(guided[0])[4] == "10 / 5, RTC"  # a loop that asked for real-time chunking says so
+    pinged = [row for row in gen.rollout_cadence_rows([(gen.ROOT / "c.json", dict(r, rollout=dict(
+        ro, client_keep_warm_ms=5.0)))]) if row.startswith("| NVIDIA")]
+    assert _cells(pinged[0])[3] == "5 ms; client 5 ms"  # the rollout's own keep-warm beside the server's
     split = [row for row in gen.rollout_cadence_rows([(gen.ROOT / "w.json", dict(r, rollout=dict(
         ro, at_cadence_extra_ms=ways)))]) if row.startswith("| NVIDIA")]
     assert _cells(split[0])[13] == "+0.10 / +0.35 (+0.30 / +0.05; +0.02 / +0.00)"  # session 52's: there and back

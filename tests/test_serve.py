@@ -830,6 +830,7 @@ def test_loadgen_limits_are_refused_as_options(argv, message, capsys):
     (["--control-hz", "5000"], "argument --control-hz: expected a number > 0 and <= 1000.0, got 5000.0"),
     (["--timeout-s", "100000"], "argument --timeout-s: expected a number > 0 and <= 86400.0"),
     (["--back-to-back", "-1"], "argument --back-to-back: expected an integer >= 0 and <= 10000, got -1"),
+    (["--client-keep-warm-ms", "0"], "argument --client-keep-warm-ms: expected a number > 0 and <= 1000.0, got 0.0"),
 ])
 def test_rollout_limits_are_refused_as_options(argv, message, capsys):
     """Past run_rollout's limits, the parser names the option, as loadgen's does (it said 'control_hz must be in
@@ -837,8 +838,9 @@ def test_rollout_limits_are_refused_as_options(argv, message, capsys):
     from vlaperf.serve import commands, rollout
 
     assert (commands.ROLLOUT_MAX_EPISODES, commands.ROLLOUT_MAX_STEPS, commands.ROLLOUT_MAX_CONTROL_HZ,
-            commands.ROLLOUT_MAX_TIMEOUT_S, commands.ROLLOUT_MAX_BACK_TO_BACK) == (
-        rollout.MAX_EPISODES, rollout.MAX_STEPS, rollout.MAX_CONTROL_HZ, rollout.MAX_TIMEOUT_S, rollout.MAX_BACK_TO_BACK)
+            commands.ROLLOUT_MAX_TIMEOUT_S, commands.ROLLOUT_MAX_BACK_TO_BACK, commands.ROLLOUT_MAX_CLIENT_KEEP_WARM_MS) == (
+        rollout.MAX_EPISODES, rollout.MAX_STEPS, rollout.MAX_CONTROL_HZ, rollout.MAX_TIMEOUT_S, rollout.MAX_BACK_TO_BACK,
+        rollout.MAX_CLIENT_KEEP_WARM_MS)
     parser = _cli_parser()
     with pytest.raises(SystemExit):
         parser.parse_args(["rollout", *argv])
@@ -1612,8 +1614,10 @@ class _ScriptedClient:
     `call_s`, then raises ServerError where `errors` says or returns zero actions (no infer_ms on the first timed
     call)."""
 
-    def __init__(self, url, api_key=None, timeout_s=60.0, call_s=0.06, errors=(), horizon=4, rows=None):
+    def __init__(self, url, api_key=None, timeout_s=60.0, call_s=0.06, errors=(), horizon=4, rows=None,
+                 keep_warm_ms=None):
         self.metadata = {"workload": "tiny", "action_horizon": horizon, "robot_action_dim": D}
+        self.keep_warm_pings = 0
         self.call_s, self.errors, self.calls = call_s, set(errors), 0
         self.rows = horizon if rows is None else rows  # the actions a reply holds
 
@@ -2162,3 +2166,65 @@ def test_keep_warm_needs_a_policy_that_can():
     without what was asked for."""
     with pytest.raises(TypeError, match=r"keep_warm_ms: _Recorder has no keep_warm\(examples\)"):
         PolicyServer(_Recorder(TINY), port=0, warmup_batch_sizes=(), keep_warm_ms=5.0).start()
+
+
+def test_a_keep_warm_client_pings_between_calls_only_and_stops_after_its_window(server, monkeypatch):
+    """Client(keep_warm_ms=): pings through the idle between calls (none during a call), answers as a plain client's,
+    stops KEEP_WARM_FOR_S after the last call and with the connection."""
+    from vlaperf.serve import client as client_module
+    from vlaperf.serve.client import Client
+
+    monkeypatch.setattr(client_module, "KEEP_WARM_FOR_S", 0.3)
+    obs = make_example(TINY, seed=3)
+    with Client(server.url) as plain:
+        expected = plain.infer(dict(obs))["actions"]
+        time.sleep(0.05)
+        assert plain.keep_warm_pings == 0  # off by default
+    c = Client(server.url, keep_warm_ms=2)
+    in_call, seen = [False], []
+    ping, recv = c._ws.ping, c._ws.recv
+
+    def watched_ping(*a, **k):
+        seen.append(in_call[0])
+        return ping(*a, **k)
+
+    def watched_recv(*a, **k):
+        in_call[0] = True
+        try:
+            return recv(*a, **k)
+        finally:
+            in_call[0] = False
+
+    c._ws.ping, c._ws.recv = watched_ping, watched_recv
+    try:
+        for _ in range(5):
+            np.testing.assert_array_equal(c.infer(dict(obs))["actions"], expected)  # the pings change no answer
+            time.sleep(0.03)
+        assert c.keep_warm_pings >= 10 and len(seen) == c.keep_warm_pings
+        assert not any(seen)  # no ping while a call waited for its reply
+        time.sleep(0.5)  # past the window after the last call: the pings stop
+        stopped = c.keep_warm_pings
+        time.sleep(0.1)
+        assert c.keep_warm_pings == stopped
+        np.testing.assert_array_equal(c.infer(dict(obs))["actions"], expected)
+        time.sleep(0.05)
+        assert c.keep_warm_pings > stopped  # a call opens the window again
+    finally:
+        c.close()
+    assert not c._warmer.is_alive()  # closing ends the thread
+    for bad in (0, -1.0, float("inf"), True, "5"):
+        with pytest.raises(ValueError, match="keep_warm_ms: expected a number of milliseconds > 0, or None"):
+            Client(server.url, keep_warm_ms=bad)
+
+
+def test_rollout_with_a_keep_warm_client_records_its_pings(server):
+    from vlaperf.serve.loadgen import LoadgenError
+    from vlaperf.serve.rollout import run_rollout
+
+    ro = run_rollout(server.url, episodes=1, steps_per_episode=6, control_hz=50.0, replan_every=3, back_to_back=2,
+                     client_keep_warm_ms=2.0)["rollout"]
+    assert ro["errors"] == 0 and ro["client_keep_warm_ms"] == 2.0 and ro["client_keep_warm_pings"] > 0
+    plain = run_rollout(server.url, episodes=1, steps_per_episode=3, control_hz=50.0, back_to_back=0)["rollout"]
+    assert plain["client_keep_warm_ms"] is None and plain["client_keep_warm_pings"] == 0
+    with pytest.raises(LoadgenError, match=r"client_keep_warm_ms must be a number of ms in \(0, 1000\], or None"):
+        run_rollout(server.url, client_keep_warm_ms=5000.0)

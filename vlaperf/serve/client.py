@@ -6,11 +6,17 @@ connect helper used by the load generator.
         print(c.metadata["workload"])
         actions = c.infer(obs)["actions"]          # (H, robot_action_dim) float32
         results = c.infer_batch([obs1, obs2])      # list of result dicts
+
+`Client(url, keep_warm_ms=5)` keeps the connection's path warm between a control loop's calls: a websocket ping
+every 5 ms while no call is in flight, for up to KEEP_WARM_FOR_S after the last call (docs/serving.md, "Keeping the
+host path warm").
 """
 
 from __future__ import annotations
 
 import contextlib
+import math
+import threading
 import time
 from typing import Any
 from urllib.parse import urlsplit
@@ -80,15 +86,33 @@ def decode_reply(frame: bytes | str, max_bytes: int | None = None) -> Any:
     return unpackb(frame, max_bytes=max_bytes)
 
 
+# A keep-warm client pings for this long after its last call, then waits for the next (the server's keep-warm stops
+# after as long: vlaperf.serve.server.KEEP_WARM_FOR_S).
+KEEP_WARM_FOR_S = 10.0
+
+
 class Client:
     def __init__(self, url: str = "ws://127.0.0.1:8000", api_key: str | None = None, timeout_s: float = 60.0,
-                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES):
+                 max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, keep_warm_ms: float | None = None):
+        """`keep_warm_ms`: while no call is in flight, a websocket ping this often (ms, > 0), for up to
+        KEEP_WARM_FOR_S after the last call: the request's way to the server (this host's send path, the loopback,
+        the server's event loop) stays warm through a control loop's idle. None (default): no pings but the
+        websockets library's own keepalive."""
         from websockets.sync.client import connect
 
+        if keep_warm_ms is not None and (isinstance(keep_warm_ms, bool) or not isinstance(keep_warm_ms, (int, float))
+                                         or not 0 < keep_warm_ms < math.inf):
+            raise ValueError(f"keep_warm_ms: expected a number of milliseconds > 0, or None, got {keep_warm_ms!r}")
         self.url, self.timeout_s = normalize_url(url), timeout_s
         self._max = max_message_bytes
         self.last_pack_ms: float | None = None  # the last `infer`'s packing and unpacking, ms
         self.last_unpack_ms: float | None = None
+        self.keep_warm_ms = keep_warm_ms
+        self.keep_warm_pings = 0  # pings sent to keep the path warm
+        self._calling = threading.Lock()  # held through a call: no ping goes out during one
+        self._last_call = time.monotonic()
+        self._closing = threading.Event()
+        self._warmer: threading.Thread | None = None
         with handshake(api_key):
             self._ws = connect(self.url, additional_headers=auth_headers(api_key), compression=None,
                                max_size=max_message_bytes, open_timeout=timeout_s, **connect_options(connect))
@@ -97,11 +121,33 @@ class Client:
         except BaseException:
             self._ws.close()
             raise
+        if keep_warm_ms is not None:
+            self._warmer = threading.Thread(target=self._keep_warm, args=(keep_warm_ms / 1e3,), daemon=True,
+                                            name="vlaperf-client-keep-warm")
+            self._warmer.start()
+
+    def _keep_warm(self, period_s: float) -> None:
+        """The keep-warm thread: a ping every `period_s` while no call is in flight and the last one ended less than
+        KEEP_WARM_FOR_S ago. Ends with the connection (a failing ping: the next call says what went wrong)."""
+        while not self._closing.wait(period_s):
+            if time.monotonic() - self._last_call > KEEP_WARM_FOR_S or not self._calling.acquire(blocking=False):
+                continue
+            try:
+                self._ws.ping()  # the pong is the library's to read; nothing waits for it
+            except Exception:
+                return
+            finally:
+                self._calling.release()
+            self.keep_warm_pings += 1
 
     def send_raw(self, frame: bytes | str) -> bytes | str:
         """Send any frame, return the raw reply frame (tests and debugging)."""
-        self._ws.send(frame)
-        return self._ws.recv(timeout=self.timeout_s)
+        with self._calling:
+            try:
+                self._ws.send(frame)
+                return self._ws.recv(timeout=self.timeout_s)
+            finally:
+                self._last_call = time.monotonic()
 
     def infer(self, obs: dict) -> dict:
         t0 = time.perf_counter()
@@ -119,6 +165,9 @@ class Client:
         return decode_reply(self.send_raw(packb(list(observations))), self._max)
 
     def close(self) -> None:
+        self._closing.set()
+        if self._warmer is not None:
+            self._warmer.join(timeout=5.0)
         self._ws.close()
 
     def __enter__(self) -> "Client":

@@ -66,6 +66,8 @@ _control_hz = number_arg(float, 0, strict=True, maximum=ROLLOUT_MAX_CONTROL_HZ)
 _rollout_timeout_s = number_arg(float, 0, strict=True, maximum=ROLLOUT_MAX_TIMEOUT_S)
 ROLLOUT_MAX_BACK_TO_BACK = 10_000  # vlaperf.serve.rollout's MAX_BACK_TO_BACK
 _back_to_back_int = number_arg(int, 0, maximum=ROLLOUT_MAX_BACK_TO_BACK)
+ROLLOUT_MAX_CLIENT_KEEP_WARM_MS = 1000.0  # vlaperf.serve.rollout's MAX_CLIENT_KEEP_WARM_MS
+_client_keep_warm_ms = number_arg(float, 0, strict=True, maximum=ROLLOUT_MAX_CLIENT_KEEP_WARM_MS)
 
 
 def _queue_size(text: str) -> int:
@@ -217,6 +219,10 @@ def register(subparsers) -> None:
                    help="after each episode, N calls in a closed loop (after one untimed call), the baseline that "
                         "says what the control loop's idle between calls costs each call; 0 for none, at most "
                         f"{ROLLOUT_MAX_BACK_TO_BACK} (default: 10)")
+    p.add_argument("--client-keep-warm-ms", type=_client_keep_warm_ms, default=None, metavar="MS",
+                   help="the client pings the server every MS ms while no call is in flight, keeping the request's "
+                        "way to the server warm through the loop's idle (vlaperf's Client(keep_warm_ms=); "
+                        f"at most {ROLLOUT_MAX_CLIENT_KEEP_WARM_MS:g}; default: off)")
     p.set_defaults(func=cmd_rollout)
 
 
@@ -684,7 +690,8 @@ def cmd_rollout(args) -> int:
                              control_hz=args.control_hz, replan_every=args.replan_every, api_key=_api_key(args),
                              workload=args.workload, timeout_s=args.timeout_s, image_size=args.image_size,
                              seed=args.seed, execution="async" if args.async_execution or args.rtc else "sync",
-                             rtc=args.rtc, back_to_back=args.back_to_back)
+                             rtc=args.rtc, back_to_back=args.back_to_back,
+                             client_keep_warm_ms=args.client_keep_warm_ms)
     except LoadgenError as e:
         raise CliError(str(e)) from None
     print_rollout(result)
@@ -714,7 +721,9 @@ def print_rollout(result: dict) -> None:
     console.print(t)
     share = ro["policy_wait_share"]
     console.print(f"server: {server.get('levers_label')}, {server.get('dtype')} on {server.get('device')}"
-                  + (f", keep-warm every {server['keep_warm_ms']:g} ms" if server.get("keep_warm_ms") else ""))
+                  + (f", keep-warm every {server['keep_warm_ms']:g} ms" if server.get("keep_warm_ms") else "")
+                  + (f"; the client pinged every {ro['client_keep_warm_ms']:g} ms between calls "
+                     f"({ro['client_keep_warm_pings']} pings)" if ro.get("client_keep_warm_ms") else ""))
     console.print(f"total {ro['wall_s']:.2f} s, {'-' if share is None else f'{share:.1%}'} of it waiting for the policy; "
                   f"{ro['overrun_steps']} overrun steps; {ro['errors']} errors"
                   + ("; [red]stopped at the time limit[/red]" if ro["timed_out"] else ""))

@@ -47,16 +47,19 @@ from vlaperf.timing import summarize
 
 MAX_EPISODES, MAX_STEPS, MAX_CONTROL_HZ, MAX_TIMEOUT_S = 1000, 100_000, 1000.0, 24 * 3600.0
 MAX_BACK_TO_BACK = 10_000
+MAX_CLIENT_KEEP_WARM_MS = 1000.0  # a ping a second at least: slower keeps nothing warm
 DEFAULT_REPLAN_EVERY = 5  # or the action horizon, where the served model's chunk is shorter (wam-tiny: 4)
 
 
 def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_episode: int = 50,
                 control_hz: float = 10.0, replan_every: int | None = None, api_key: str | None = None,
                 workload: str | None = None, timeout_s: float = 600.0, image_size: int = 224, seed: int = 0,
-                sleep=time.sleep, execution: str = "sync", rtc: bool = False, back_to_back: int = 0) -> dict:
+                sleep=time.sleep, execution: str = "sync", rtc: bool = False, back_to_back: int = 0,
+                client_keep_warm_ms: float | None = None) -> dict:
     """Returns a vlaperf result dict with the numbers under "rollout". `execution`: "sync" (wait for each chunk)
     or "async" (execute while the next is computed); `rtc` asks for real-time chunking (async execution);
-    `back_to_back`: closed-loop calls after each episode, the loop's calls' baseline (0: none)."""
+    `back_to_back`: closed-loop calls after each episode, the loop's calls' baseline (0: none);
+    `client_keep_warm_ms`: the client pings the server this often between calls (Client's keep_warm_ms)."""
     if execution not in ("sync", "async"):
         raise LoadgenError(f"execution must be 'sync' or 'async', got {execution!r}")
     if rtc:
@@ -72,8 +75,13 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
         raise LoadgenError(f"timeout_s must be in (0, {MAX_TIMEOUT_S:g}], got {timeout_s!r}")
     if isinstance(back_to_back, bool) or not isinstance(back_to_back, int) or not 0 <= back_to_back <= MAX_BACK_TO_BACK:
         raise LoadgenError(f"back_to_back must be an integer in [0, {MAX_BACK_TO_BACK}], got {back_to_back!r}")
+    if client_keep_warm_ms is not None and (isinstance(client_keep_warm_ms, bool) or
+                                            not isinstance(client_keep_warm_ms, (int, float)) or
+                                            not 0 < client_keep_warm_ms <= MAX_CLIENT_KEEP_WARM_MS):
+        raise LoadgenError(f"client_keep_warm_ms must be a number of ms in (0, {MAX_CLIENT_KEEP_WARM_MS:g}], or None; "
+                           f"got {client_keep_warm_ms!r}")
     try:
-        client = Client(url, api_key=api_key, timeout_s=min(timeout_s, 60.0))
+        client = Client(url, api_key=api_key, timeout_s=min(timeout_s, 60.0), keep_warm_ms=client_keep_warm_ms)
     except Exception as e:
         raise LoadgenError(f"cannot connect to {url}: {type(e).__name__}: {e}") from None
     with client:
@@ -102,6 +110,7 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
         rows, all_calls, all_infer, errors, timed_out, connection_lost, b2b, split = _episodes(
             client, frames, episodes, steps_per_episode, period, replan_every, execution, rtc, deadline, sleep,
             round_trip_s=time.perf_counter() - t_warm, back_to_back=back_to_back)
+        pings = client.keep_warm_pings
     total_wall = sum(r["wall_s"] for r in rows)
     total_wait = sum(r["policy_wait_s"] for r in rows)
     result = result_header("rollout", meta, wl)
@@ -116,6 +125,9 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
         "replan_every": replan_every,
         "execution": execution,
         "rtc": rtc,
+        # the client's own keep-warm (files from session 52 on): its period and the pings it sent
+        "client_keep_warm_ms": client_keep_warm_ms,
+        "client_keep_warm_pings": pings,
         "action_horizon": horizon,
         "image_size": image_size,
         "seed": seed,
