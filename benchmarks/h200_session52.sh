@@ -37,6 +37,15 @@ kf)
 560 SETTINGS="off 5" HZ="10 50" bash benchmarks/keep_warm_rollouts.sh $R s52
 EOT
   ;;
+kc)
+  # the server's keep-warm (off, 5 ms) against the client's (`rollout --client-keep-warm-ms`: off, 5 ms) at 10 Hz,
+  # twice round, with the split. Predictions: the client's pings take back half of the way to the server's extra
+  # (the CPU machine: +0.26-0.32 ms asleep); the round trip's ratio 0.005-0.02x lower with them; the server's policy
+  # call as kf's
+  lane A 0 60 <<EOT &
+560 SETTINGS="off 5" CLIENTS="off 5" bash benchmarks/keep_warm_rollouts.sh $R s52kc
+EOT
+  ;;
 r)
   lane A 0 60 <<EOT &
 400 SETTINGS="off 5" SERVE_OPTS=--rtc ROLLOUT_OPTS=--rtc bash benchmarks/keep_warm_rollouts.sh $R s52rtc
