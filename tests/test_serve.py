@@ -2217,13 +2217,22 @@ def test_a_keep_warm_client_pings_between_calls_only_and_stops_after_its_window(
             Client(server.url, keep_warm_ms=bad)
 
 
-def test_rollout_with_a_keep_warm_client_records_its_pings(server):
+def test_rollout_with_a_keep_warm_client_records_its_pings(server, tmp_path, capsys):
+    from vlaperf.report.render import render
+    from vlaperf.report.schema import write_result
+    from vlaperf.serve.commands import print_rollout
     from vlaperf.serve.loadgen import LoadgenError
     from vlaperf.serve.rollout import run_rollout
 
-    ro = run_rollout(server.url, episodes=1, steps_per_episode=6, control_hz=50.0, replan_every=3, back_to_back=2,
-                     client_keep_warm_ms=2.0)["rollout"]
+    result = run_rollout(server.url, episodes=1, steps_per_episode=6, control_hz=50.0, replan_every=3, back_to_back=2,
+                         client_keep_warm_ms=2.0)
+    ro = result["rollout"]
     assert ro["errors"] == 0 and ro["client_keep_warm_ms"] == 2.0 and ro["client_keep_warm_pings"] > 0
+    said = f"the client pinged every 2 ms between calls ({ro['client_keep_warm_pings']} pings)"
+    print_rollout(result)
+    assert said in " ".join(capsys.readouterr().out.split())  # the console line and the report say it
+    write_result(result, tmp_path / "rollout.json")
+    assert said in render([tmp_path / "rollout.json"], tmp_path / "r.md", jobs=1).read_text()
     plain = run_rollout(server.url, episodes=1, steps_per_episode=3, control_hz=50.0, back_to_back=0)["rollout"]
     assert plain["client_keep_warm_ms"] is None and plain["client_keep_warm_pings"] == 0
     with pytest.raises(LoadgenError, match=r"client_keep_warm_ms must be a number of ms in \(0, 1000\], or None"):

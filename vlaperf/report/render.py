@@ -960,7 +960,9 @@ def _rollout(doc: _Doc, path: str, r: dict) -> None:
           f"{ro.get('control_hz')} Hz, chunks of {ro.get('action_horizon')} actions, a policy call every "
           f"{ro.get('replan_every')} steps; server {srv.get('dtype')} on {srv.get('device')}, max batch "
           f"{srv.get('max_batch')}" + (f", keep-warm every {srv['keep_warm_ms']:g} ms" if srv.get("keep_warm_ms")
-                                       else ""), "note")
+                                       else "")
+          + (f"; the client pinged every {ro['client_keep_warm_ms']:g} ms between calls "
+             f"({ro.get('client_keep_warm_pings')} pings)" if ro.get("client_keep_warm_ms") else ""), "note")
     rows = []
     for e in ro["per_episode"]:
         call = e.get("policy_call_ms") or {}
