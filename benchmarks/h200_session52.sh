@@ -38,6 +38,7 @@ kf)
 EOT
   ;;
 kc)
+  # (ran in session 52 on an H100, at fa42d34, ROUNDS=a then ROUNDS=b as two calls; docs/perf-notes.md has the outcome)
   # the server's keep-warm (off, 5 ms) against the client's (`rollout --client-keep-warm-ms`: off, 5 ms) at 10 Hz,
   # twice round, with the split. Predictions: the client's pings take back half of the way to the server's extra
   # (the CPU machine: +0.26-0.32 ms asleep); the round trip's ratio 0.005-0.02x lower with them; the server's policy
