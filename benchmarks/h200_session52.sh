@@ -21,6 +21,11 @@
 #            1.000-1.004x; split between the two halves (neither alone as good as both): transform 1.004-1.012x,
 #            upload 1.002-1.010x. If one half matches the host way, keep-warm can rerun that half only (shorter runs,
 #            fewer delayed requests).
+#   Written after part kc ran (H100: both keep-warms took the 10 Hz round trip from 1.066-1.085x to 1.002-1.015x):
+#   PART=k50 kc at 50 Hz (a call every 0.1 s). Predictions: off/off round trip 1.03-1.07x, the server 1.01-1.04x;
+#            the server's keep-warm alone 1.01-1.04x; both 1.00-1.02x.
+#   PART=kr  kc with `--rtc` (servers and rollouts, 10 Hz). Predictions: off/off round trip 1.05-1.09x; both
+#            1.00-1.03x (the keep-warm run does not rebuild the guidance's arrays, so a little may stay).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=h bash benchmarks/h200_session52.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
@@ -50,6 +55,16 @@ EOT
 r)
   lane A 0 60 <<EOT &
 400 SETTINGS="off 5" SERVE_OPTS=--rtc ROLLOUT_OPTS=--rtc bash benchmarks/keep_warm_rollouts.sh $R s52rtc
+EOT
+  ;;
+k50)
+  lane A 0 60 <<EOT &
+560 SETTINGS="off 5" CLIENTS="off 5" HZ=50 bash benchmarks/keep_warm_rollouts.sh $R s52k50
+EOT
+  ;;
+kr)
+  lane A 0 60 <<EOT &
+560 SETTINGS="off 5" CLIENTS="off 5" SERVE_OPTS=--rtc ROLLOUT_OPTS=--rtc bash benchmarks/keep_warm_rollouts.sh $R s52kr
 EOT
   ;;
 p)
