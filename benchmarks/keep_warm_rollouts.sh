@@ -1,8 +1,8 @@
 #!/bin/bash
 # `vlaperf serve --keep-warm-ms` against a robot's cadence: three servers of one workload on one GPU (keep-warm off,
 # 5 ms, 20 ms), then `vlaperf rollout --control-hz 10 --back-to-back 10` (2 episodes of 75 steps: 30 calls at
-# cadence, 20 back to back) against each in turn, twice round, 12 s apart (a keep-warm server stops 10 s after its last request, so none runs beside another's rollout), then each
-# server's /metrics. Usage: bash benchmarks/keep_warm_rollouts.sh RESULTS_DIR TAG [WORKLOAD] [LEVERS]
+# cadence, 20 back to back) against each in turn, twice round, 12 s apart (a keep-warm server stops 10 s after its
+# last request, so none runs beside another's rollout), then each server's /metrics. Usage: bash benchmarks/keep_warm_rollouts.sh RESULTS_DIR TAG [WORKLOAD] [LEVERS]
 # ($SETTINGS, default "off 5 20": the servers' keep-warm, one server each; $ROUNDS, default "a b": the rounds;
 # $HZ, default 10: the control rates, each round runs them all (an episode is 7.5 s at any rate, so 75 steps at
 # 10 Hz, 375 at 50); $SERVE_OPTS and $ROLLOUT_OPTS, default none: more options for every server and every rollout,
