@@ -2211,7 +2211,7 @@ def test_a_keep_warm_client_pings_between_calls_only_and_stops_after_its_window(
         assert c.keep_warm_pings > stopped  # a call opens the window again
     finally:
         c.close()
-    assert not c._warmer.is_alive()  # closing ends the thread
+    assert not c._warmer.alive  # closing ends the thread
     for bad in (0, -1.0, float("inf"), True, "5"):
         with pytest.raises(ValueError, match="keep_warm_ms: expected a number of milliseconds > 0, or None"):
             Client(server.url, keep_warm_ms=bad)
@@ -2237,3 +2237,48 @@ def test_rollout_with_a_keep_warm_client_records_its_pings(server, tmp_path, cap
     assert plain["client_keep_warm_ms"] is None and plain["client_keep_warm_pings"] == 0
     with pytest.raises(LoadgenError, match=r"client_keep_warm_ms must be a number of ms in \(0, 1000\], or None"):
         run_rollout(server.url, client_keep_warm_ms=5000.0)
+
+
+def test_an_openpi_client_policy_kept_warm_pings_between_its_calls(server, expected):
+    """KeepWarmPolicy wraps openpi-client's own WebsocketClientPolicy: the same answers, pings through the idle,
+    none during a call, the policy's methods passed through, the pings stopped on close; anything else is refused."""
+    from vlaperf.serve.client import KeepWarmPolicy
+
+    wcp = pytest.importorskip("openpi_client.websocket_client_policy")
+    inner = wcp.WebsocketClientPolicy("127.0.0.1", server.port)
+    try:
+        policy = KeepWarmPolicy(inner, every_ms=2)
+        in_call, seen = [False], []
+        ping, recv = inner._ws.ping, inner._ws.recv
+
+        def watched_ping(*a, **k):
+            seen.append(in_call[0])
+            return ping(*a, **k)
+
+        def watched_recv(*a, **k):
+            in_call[0] = True
+            try:
+                return recv(*a, **k)
+            finally:
+                in_call[0] = False
+
+        inner._ws.ping, inner._ws.recv = watched_ping, watched_recv
+        with policy:
+            assert policy.get_server_metadata()["workload"] == "tiny"
+            for seed in (0, 1, 2):
+                np.testing.assert_allclose(policy.infer(make_example(TINY, seed=seed))["actions"], expected[seed],
+                                           rtol=1e-5, atol=1e-5)
+                time.sleep(0.03)
+            policy.reset()
+            assert policy.pings >= 10 and len(seen) == policy.pings and not any(seen)
+        assert not policy.warmer.alive
+        stopped = policy.pings
+        time.sleep(0.05)
+        assert policy.pings == stopped  # closing the wrapper stops the pings
+        assert policy.infer(make_example(TINY, seed=0))["actions"].shape == (H, D)  # the policy's connection stays
+    finally:
+        inner._ws.close()
+    with pytest.raises(TypeError, match="policy: expected an openpi-client WebsocketClientPolicy"):
+        KeepWarmPolicy(object())
+    with pytest.raises(ValueError, match="keep_warm_ms: expected a number of milliseconds > 0"):
+        KeepWarmPolicy(inner, every_ms=0)

@@ -9,7 +9,7 @@ connect helper used by the load generator.
 
 `Client(url, keep_warm_ms=5)` keeps the connection's path warm between a control loop's calls: a websocket ping
 every 5 ms while no call is in flight, for up to KEEP_WARM_FOR_S after the last call (docs/serving.md, "Keeping the
-host path warm").
+host path warm"). `KeepWarmPolicy(policy)` does the same for openpi-client's WebsocketClientPolicy.
 """
 
 from __future__ import annotations
@@ -91,6 +91,55 @@ def decode_reply(frame: bytes | str, max_bytes: int | None = None) -> Any:
 KEEP_WARM_FOR_S = 10.0
 
 
+class ConnectionWarmer:
+    """Pings a blocking websockets connection every `every_ms` ms from a thread of its own while no call is in flight,
+    for up to KEEP_WARM_FOR_S after the last call: the request's way to the server (this host's send path, the
+    loopback, the server's event loop) stays warm through a control loop's idle. Calls go through `call()`, which
+    keeps pings out of them. The server's websockets library answers each ping; no request is involved."""
+
+    def __init__(self, ws, every_ms: float):
+        if isinstance(every_ms, bool) or not isinstance(every_ms, (int, float)) or not 0 < every_ms < math.inf:
+            raise ValueError(f"keep_warm_ms: expected a number of milliseconds > 0, or None, got {every_ms!r}")
+        self.ws, self.every_ms = ws, every_ms
+        self.pings = 0  # pings sent
+        self._calling = threading.Lock()  # held through a call: no ping goes out during one
+        self._last_call = time.monotonic()
+        self._closing = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True, name="vlaperf-client-keep-warm")
+        self._thread.start()
+
+    @contextlib.contextmanager
+    def call(self):
+        """Around one call on the connection: no ping goes out until it ends, and its end opens the window again."""
+        with self._calling:
+            try:
+                yield
+            finally:
+                self._last_call = time.monotonic()
+
+    def _run(self) -> None:
+        """A ping every period while no call is in flight and the last one ended less than KEEP_WARM_FOR_S ago. Ends
+        with `stop()` or at a failing ping (the connection is gone: the next call says what went wrong)."""
+        while not self._closing.wait(self.every_ms / 1e3):
+            if time.monotonic() - self._last_call > KEEP_WARM_FOR_S or not self._calling.acquire(blocking=False):
+                continue
+            try:
+                self.ws.ping()  # the pong is the library's to read; nothing waits for it
+            except Exception:
+                return
+            finally:
+                self._calling.release()
+            self.pings += 1
+
+    def stop(self) -> None:
+        self._closing.set()
+        self._thread.join(timeout=5.0)
+
+    @property
+    def alive(self) -> bool:
+        return self._thread.is_alive()
+
+
 class Client:
     def __init__(self, url: str = "ws://127.0.0.1:8000", api_key: str | None = None, timeout_s: float = 60.0,
                  max_message_bytes: int = DEFAULT_MAX_MESSAGE_BYTES, keep_warm_ms: float | None = None):
@@ -101,18 +150,14 @@ class Client:
         from websockets.sync.client import connect
 
         if keep_warm_ms is not None and (isinstance(keep_warm_ms, bool) or not isinstance(keep_warm_ms, (int, float))
-                                         or not 0 < keep_warm_ms < math.inf):
+                                         or not 0 < keep_warm_ms < math.inf):  # before connecting
             raise ValueError(f"keep_warm_ms: expected a number of milliseconds > 0, or None, got {keep_warm_ms!r}")
         self.url, self.timeout_s = normalize_url(url), timeout_s
         self._max = max_message_bytes
         self.last_pack_ms: float | None = None  # the last `infer`'s packing and unpacking, ms
         self.last_unpack_ms: float | None = None
         self.keep_warm_ms = keep_warm_ms
-        self.keep_warm_pings = 0  # pings sent to keep the path warm
-        self._calling = threading.Lock()  # held through a call: no ping goes out during one
-        self._last_call = time.monotonic()
-        self._closing = threading.Event()
-        self._warmer: threading.Thread | None = None
+        self._warmer: ConnectionWarmer | None = None
         with handshake(api_key):
             self._ws = connect(self.url, additional_headers=auth_headers(api_key), compression=None,
                                max_size=max_message_bytes, open_timeout=timeout_s, **connect_options(connect))
@@ -122,32 +167,18 @@ class Client:
             self._ws.close()
             raise
         if keep_warm_ms is not None:
-            self._warmer = threading.Thread(target=self._keep_warm, args=(keep_warm_ms / 1e3,), daemon=True,
-                                            name="vlaperf-client-keep-warm")
-            self._warmer.start()
+            self._warmer = ConnectionWarmer(self._ws, keep_warm_ms)
 
-    def _keep_warm(self, period_s: float) -> None:
-        """The keep-warm thread: a ping every `period_s` while no call is in flight and the last one ended less than
-        KEEP_WARM_FOR_S ago. Ends with the connection (a failing ping: the next call says what went wrong)."""
-        while not self._closing.wait(period_s):
-            if time.monotonic() - self._last_call > KEEP_WARM_FOR_S or not self._calling.acquire(blocking=False):
-                continue
-            try:
-                self._ws.ping()  # the pong is the library's to read; nothing waits for it
-            except Exception:
-                return
-            finally:
-                self._calling.release()
-            self.keep_warm_pings += 1
+    @property
+    def keep_warm_pings(self) -> int:
+        """Pings sent to keep the path warm (0 without keep_warm_ms)."""
+        return 0 if self._warmer is None else self._warmer.pings
 
     def send_raw(self, frame: bytes | str) -> bytes | str:
         """Send any frame, return the raw reply frame (tests and debugging)."""
-        with self._calling:
-            try:
-                self._ws.send(frame)
-                return self._ws.recv(timeout=self.timeout_s)
-            finally:
-                self._last_call = time.monotonic()
+        with self._warmer.call() if self._warmer is not None else contextlib.nullcontext():
+            self._ws.send(frame)
+            return self._ws.recv(timeout=self.timeout_s)
 
     def infer(self, obs: dict) -> dict:
         t0 = time.perf_counter()
@@ -165,9 +196,8 @@ class Client:
         return decode_reply(self.send_raw(packb(list(observations))), self._max)
 
     def close(self) -> None:
-        self._closing.set()
         if self._warmer is not None:
-            self._warmer.join(timeout=5.0)
+            self._warmer.stop()
         self._ws.close()
 
     def __enter__(self) -> "Client":
@@ -210,3 +240,46 @@ def connect_options(connect) -> dict:
     if "legacy" in params:
         options["legacy"] = True
     return options
+
+
+class KeepWarmPolicy:
+    """openpi-client's WebsocketClientPolicy with its connection kept warm between calls, as `Client(keep_warm_ms=)`
+    keeps vlaperf's: a ping every `every_ms` ms while no call is in flight (ConnectionWarmer). It wraps the policy
+    and reaches its connection (`_ws`, openpi-client 0.1's attribute). The policy's own methods are passed through,
+    so openpi's ActionChunkBroker and runtime take it as they take the policy.
+
+        from openpi_client.websocket_client_policy import WebsocketClientPolicy
+        policy = KeepWarmPolicy(WebsocketClientPolicy("127.0.0.1", 8000), every_ms=5)
+    """
+
+    def __init__(self, policy, every_ms: float = 5.0):
+        ws = getattr(policy, "_ws", None)
+        if not callable(getattr(ws, "ping", None)) or not callable(getattr(policy, "infer", None)):
+            raise TypeError(f"policy: expected an openpi-client WebsocketClientPolicy (a blocking websocket connection "
+                            f"at `_ws` and an `infer`), got {type(policy).__name__}")
+        self.policy = policy
+        self.warmer = ConnectionWarmer(ws, every_ms)
+
+    def infer(self, obs: dict) -> dict:
+        with self.warmer.call():
+            return self.policy.infer(obs)
+
+    def get_server_metadata(self) -> dict:
+        return self.policy.get_server_metadata()
+
+    def reset(self) -> None:
+        self.policy.reset()
+
+    @property
+    def pings(self) -> int:
+        return self.warmer.pings
+
+    def close(self) -> None:
+        """Stops the pings; the policy's connection stays the policy's to close."""
+        self.warmer.stop()
+
+    def __enter__(self) -> "KeepWarmPolicy":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
