@@ -183,7 +183,7 @@ def test_the_broker_records_each_answered_calls_ways_there_and_back():
     st = broker.stats
     assert len(st.split["uplink_ms"]) == len(st.call_ms) == 2
     for up, down, outside in zip(st.split["uplink_ms"], st.split["downlink_ms"], st.split["client_side_ms"]):
-        assert 0.2 <= up < 1.0 and down > 0 and up + down == pytest.approx(outside)
+        assert 0.2 <= up and down > 0 and up + down == pytest.approx(outside)  # a NaN (no split) fails here
     assert st.split["client_pack_ms"] == [0.05, 0.1] and st.split["client_unpack_ms"] == [0.01, 0.01]  # each call's
     # a client that does not say its own pieces (openpi's, the scripted one): NaN, which the rollout leaves out
     plain = ChunkBroker(ScriptedClient(), control_hz=10.0, replan_every=3, asynchronous=False)
