@@ -2200,7 +2200,8 @@ def test_a_keep_warm_client_pings_between_calls_only_and_stops_after_its_window(
         for _ in range(5):
             np.testing.assert_array_equal(c.infer(dict(obs))["actions"], expected)  # the pings change no answer
             time.sleep(0.03)
-        assert c.keep_warm_pings >= 10 and len(seen) == c.keep_warm_pings
+        # every ping went through the connection (one may be on its way while this reads)
+        assert c.keep_warm_pings >= 10 and abs(len(seen) - c.keep_warm_pings) <= 1
         assert not any(seen)  # no ping while a call waited for its reply
         time.sleep(0.5)  # past the window after the last call: the pings stop
         stopped = c.keep_warm_pings
@@ -2269,7 +2270,7 @@ def test_an_openpi_client_policy_kept_warm_pings_between_its_calls(server, expec
                                            rtol=1e-5, atol=1e-5)
                 time.sleep(0.05)
             policy.reset()
-            assert policy.pings >= 10 and len(seen) == policy.pings and not any(seen)
+            assert policy.pings >= 10 and abs(len(seen) - policy.pings) <= 1 and not any(seen)
         assert not policy.warmer.alive
         stopped = policy.pings
         time.sleep(0.05)
