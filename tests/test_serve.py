@@ -2168,6 +2168,27 @@ def test_keep_warm_needs_a_policy_that_can():
         PolicyServer(_Recorder(TINY), port=0, warmup_batch_sizes=(), keep_warm_ms=5.0).start()
 
 
+def _watch_pings(ws) -> list[bool]:
+    """Wraps a blocking websocket connection's ping and recv: the list returned gets, for each ping sent, whether a
+    call was then waiting for its reply."""
+    in_call, seen = [False], []
+    ping, recv = ws.ping, ws.recv
+
+    def watched_ping(*a, **k):
+        seen.append(in_call[0])
+        return ping(*a, **k)
+
+    def watched_recv(*a, **k):
+        in_call[0] = True
+        try:
+            return recv(*a, **k)
+        finally:
+            in_call[0] = False
+
+    ws.ping, ws.recv = watched_ping, watched_recv
+    return seen
+
+
 def test_a_keep_warm_client_pings_between_calls_only_and_stops_after_its_window(server, monkeypatch):
     """Client(keep_warm_ms=): pings through the idle between calls (none during a call), answers as a plain client's,
     stops KEEP_WARM_FOR_S after the last call and with the connection."""
@@ -2181,21 +2202,7 @@ def test_a_keep_warm_client_pings_between_calls_only_and_stops_after_its_window(
         time.sleep(0.05)
         assert plain.keep_warm_pings == 0  # off by default
     c = Client(server.url, keep_warm_ms=2)
-    in_call, seen = [False], []
-    ping, recv = c._ws.ping, c._ws.recv
-
-    def watched_ping(*a, **k):
-        seen.append(in_call[0])
-        return ping(*a, **k)
-
-    def watched_recv(*a, **k):
-        in_call[0] = True
-        try:
-            return recv(*a, **k)
-        finally:
-            in_call[0] = False
-
-    c._ws.ping, c._ws.recv = watched_ping, watched_recv
+    seen = _watch_pings(c._ws)
     try:
         for _ in range(5):
             np.testing.assert_array_equal(c.infer(dict(obs))["actions"], expected)  # the pings change no answer
@@ -2248,21 +2255,7 @@ def test_an_openpi_client_policy_kept_warm_pings_between_its_calls(server, expec
     inner = wcp.WebsocketClientPolicy("127.0.0.1", server.port)
     try:
         policy = KeepWarmPolicy(inner, every_ms=2)
-        in_call, seen = [False], []
-        ping, recv = inner._ws.ping, inner._ws.recv
-
-        def watched_ping(*a, **k):
-            seen.append(in_call[0])
-            return ping(*a, **k)
-
-        def watched_recv(*a, **k):
-            in_call[0] = True
-            try:
-                return recv(*a, **k)
-            finally:
-                in_call[0] = False
-
-        inner._ws.ping, inner._ws.recv = watched_ping, watched_recv
+        seen = _watch_pings(inner._ws)
         with policy:
             assert policy.get_server_metadata()["workload"] == "tiny"
             for seed in (0, 1, 2):
