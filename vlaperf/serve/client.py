@@ -91,6 +91,12 @@ def decode_reply(frame: bytes | str, max_bytes: int | None = None) -> Any:
 KEEP_WARM_FOR_S = 10.0
 
 
+def check_keep_warm_ms(every_ms) -> None:
+    """A keep-warm period must be a finite number of milliseconds > 0."""
+    if isinstance(every_ms, bool) or not isinstance(every_ms, (int, float)) or not 0 < every_ms < math.inf:
+        raise ValueError(f"keep_warm_ms: expected a number of milliseconds > 0, or None, got {every_ms!r}")
+
+
 class ConnectionWarmer:
     """Pings a blocking websockets connection every `every_ms` ms from a thread of its own while no call is in flight,
     for up to KEEP_WARM_FOR_S after the last call: the request's way to the server (this host's send path, the
@@ -98,8 +104,7 @@ class ConnectionWarmer:
     keeps pings out of them. The server's websockets library answers each ping; no request is involved."""
 
     def __init__(self, ws, every_ms: float):
-        if isinstance(every_ms, bool) or not isinstance(every_ms, (int, float)) or not 0 < every_ms < math.inf:
-            raise ValueError(f"keep_warm_ms: expected a number of milliseconds > 0, or None, got {every_ms!r}")
+        check_keep_warm_ms(every_ms)
         self.ws, self.every_ms = ws, every_ms
         self.pings = 0  # pings sent
         self._calling = threading.Lock()  # held through a call: no ping goes out during one
@@ -149,9 +154,8 @@ class Client:
         websockets library's own keepalive."""
         from websockets.sync.client import connect
 
-        if keep_warm_ms is not None and (isinstance(keep_warm_ms, bool) or not isinstance(keep_warm_ms, (int, float))
-                                         or not 0 < keep_warm_ms < math.inf):  # before connecting
-            raise ValueError(f"keep_warm_ms: expected a number of milliseconds > 0, or None, got {keep_warm_ms!r}")
+        if keep_warm_ms is not None:
+            check_keep_warm_ms(keep_warm_ms)  # before connecting
         self.url, self.timeout_s = normalize_url(url), timeout_s
         self._max = max_message_bytes
         self.last_pack_ms: float | None = None  # the last `infer`'s packing and unpacking, ms
