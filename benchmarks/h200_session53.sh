@@ -1,0 +1,76 @@
+#!/bin/bash
+# The device plan of session 53 (session 52's parts, not run there; tags s53) (one GPU; lanes.sh, lane A only). Say which card each figure came from.
+#   PART=h   the headline, libero-pi0 `best` in model mode in four fresh processes (session 50's part h, tag s52).
+#            Session 48 (H200, d16c947): medians 12.77-12.93 ms, the file 12.86 ms. Prediction: 12.7-13.0 ms, spread
+#            under 2% (nothing on the model's path changed since; the serving work does not reach model mode).
+#   PART=kf  `serve --keep-warm-ms` at two cadences: servers keep-warm off and 5 ms, rollouts at 10 Hz and at 50 Hz
+#            (a call every 0.5 s and every 0.1 s; replan every 5), twice round, with the call split in three past the
+#            server (its policy call, the event loop's wake-up for the result, outside the server). Predictions, the
+#            loop's extra over its closed loop: 10 Hz off: server 1.02-1.05x, handoff +0.05-0.2 ms, outside the
+#            server +0.2-0.4 ms; 10 Hz 5 ms: server 1.00-1.02x, handoff and outside as off; 50 Hz off: server
+#            1.01-1.03x (the probe: 1.014x after 50 ms asleep), the rest as 10 Hz; 50 Hz 5 ms: server 1.00-1.01x.
+#            From 0e4ffaf the outside is split on the host's one clock: the way to the server (the request's packing
+#            and send; the server's event loop, idle since the last reply, waking to read it) +0.15-0.35 ms; the way
+#            back (the client blocked in its receive for only the call's ~14 ms) +0.0-0.1 ms.
+#   PART=r   the same at 10 Hz with `--rtc` (servers and rollouts): a guided call's host path has the guidance's
+#            arrays too, which the keep-warm run does not rebuild. Predictions: off: server 1.02-1.05x; 5 ms:
+#            1.00-1.02x, at most 0.1 ms above the unguided 5 ms server's extra.
+#   PART=p   whose warmth the served call misses after an idle (benchmarks/idle_decay_probe.py, policy target,
+#            gaps 50 and 200 ms): asleep; the host stages rerun every 5 ms (session 51, H100: 1.000x / 1.003x);
+#            the transform alone; the upload and device preprocess alone. Predictions: asleep 1.01-1.02x; host
+#            1.000-1.004x; split between the two halves (neither alone as good as both): transform 1.004-1.012x,
+#            upload 1.002-1.010x. If one half matches the host way, keep-warm can rerun that half only (shorter runs,
+#            fewer delayed requests).
+#   Written after part kc ran (H100: both keep-warms took the 10 Hz round trip from 1.066-1.085x to 1.002-1.015x):
+#   PART=k50 kc at 50 Hz (a call every 0.1 s). Predictions: off/off round trip 1.03-1.07x, the server 1.01-1.04x;
+#            the server's keep-warm alone 1.01-1.04x; both 1.00-1.02x.
+#   PART=kr  kc with `--rtc` (servers and rollouts, 10 Hz). Predictions: off/off round trip 1.05-1.09x; both
+#            1.00-1.03x (the keep-warm run does not rebuild the guidance's arrays, so a little may stay).
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=h bash benchmarks/h200_session53.sh, carry [".whl"]
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
+install_wheels .whl /tmp/site
+export PYTHONPATH=/tmp/site:$PWD
+case "${PART:-h}" in
+h)
+  lane A 0 30 <<EOT &
+400 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s53-4proc_model.json
+EOT
+  ;;
+kf)
+  lane A 0 60 <<EOT &
+560 SETTINGS="off 5" HZ="10 50" bash benchmarks/keep_warm_rollouts.sh $R s53
+EOT
+  ;;
+kc)
+  # (ran in session 52 on an H100, at fa42d34, ROUNDS=a then ROUNDS=b as two calls; docs/perf-notes.md has the outcome)
+  # the server's keep-warm (off, 5 ms) against the client's (`rollout --client-keep-warm-ms`: off, 5 ms) at 10 Hz,
+  # twice round, with the split. Predictions: the client's pings take back half of the way to the server's extra
+  # (the CPU machine: +0.26-0.32 ms asleep); the round trip's ratio 0.005-0.02x lower with them; the server's policy
+  # call as kf's
+  lane A 0 60 <<EOT &
+560 SETTINGS="off 5" CLIENTS="off 5" bash benchmarks/keep_warm_rollouts.sh $R s53kc
+EOT
+  ;;
+r)
+  lane A 0 60 <<EOT &
+400 SETTINGS="off 5" SERVE_OPTS=--rtc ROLLOUT_OPTS=--rtc bash benchmarks/keep_warm_rollouts.sh $R s53rtc
+EOT
+  ;;
+k50)
+  lane A 0 60 <<EOT &
+560 SETTINGS="off 5" CLIENTS="off 5" HZ=50 bash benchmarks/keep_warm_rollouts.sh $R s53k50
+EOT
+  ;;
+kr)
+  lane A 0 60 <<EOT &
+560 SETTINGS="off 5" CLIENTS="off 5" SERVE_OPTS=--rtc ROLLOUT_OPTS=--rtc bash benchmarks/keep_warm_rollouts.sh $R s53kr
+EOT
+  ;;
+p)
+  lane A 0 40 <<EOT &
+300 python3 benchmarks/idle_decay_probe.py --workload libero-pi0 --levers best --targets policy --gaps 50,200 --ways asleep,rewarming_host,rewarming_transform,rewarming_upload --json $R/idle_decay_probe_libero-pi0_best-s53.json
+EOT
+  ;;
+esac
+finish
