@@ -27,19 +27,21 @@
 #   PART=kr  kc with `--rtc` (servers and rollouts, 10 Hz). Predictions: off/off round trip 1.05-1.09x; both
 #            1.00-1.03x (the keep-warm run does not rebuild the guidance's arrays, so a little may stay).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=h bash benchmarks/h200_session52.sh, carry [".whl"]
+#   TAG names the files (default s52; session 53 ran the parts session 52 could not with TAG=s53).
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
 install_wheels .whl /tmp/site
 export PYTHONPATH=/tmp/site:$PWD
+TAG=${TAG:-s52}
 case "${PART:-h}" in
 h)
   lane A 0 30 <<EOT &
-400 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s52-4proc_model.json
+400 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-${TAG}-4proc_model.json
 EOT
   ;;
 kf)
   lane A 0 60 <<EOT &
-560 SETTINGS="off 5" HZ="10 50" bash benchmarks/keep_warm_rollouts.sh $R s52
+560 SETTINGS="off 5" HZ="10 50" bash benchmarks/keep_warm_rollouts.sh $R ${TAG}
 EOT
   ;;
 kc)
@@ -49,27 +51,27 @@ kc)
   # (the CPU machine: +0.26-0.32 ms asleep); the round trip's ratio 0.005-0.02x lower with them; the server's policy
   # call as kf's
   lane A 0 60 <<EOT &
-560 SETTINGS="off 5" CLIENTS="off 5" bash benchmarks/keep_warm_rollouts.sh $R s52kc
+560 SETTINGS="off 5" CLIENTS="off 5" bash benchmarks/keep_warm_rollouts.sh $R ${TAG}kc
 EOT
   ;;
 r)
   lane A 0 60 <<EOT &
-400 SETTINGS="off 5" SERVE_OPTS=--rtc ROLLOUT_OPTS=--rtc bash benchmarks/keep_warm_rollouts.sh $R s52rtc
+400 SETTINGS="off 5" SERVE_OPTS=--rtc ROLLOUT_OPTS=--rtc bash benchmarks/keep_warm_rollouts.sh $R ${TAG}rtc
 EOT
   ;;
 k50)
   lane A 0 60 <<EOT &
-560 SETTINGS="off 5" CLIENTS="off 5" HZ=50 bash benchmarks/keep_warm_rollouts.sh $R s52k50
+560 SETTINGS="off 5" CLIENTS="off 5" HZ=50 bash benchmarks/keep_warm_rollouts.sh $R ${TAG}k50
 EOT
   ;;
 kr)
   lane A 0 60 <<EOT &
-560 SETTINGS="off 5" CLIENTS="off 5" SERVE_OPTS=--rtc ROLLOUT_OPTS=--rtc bash benchmarks/keep_warm_rollouts.sh $R s52kr
+560 SETTINGS="off 5" CLIENTS="off 5" SERVE_OPTS=--rtc ROLLOUT_OPTS=--rtc bash benchmarks/keep_warm_rollouts.sh $R ${TAG}kr
 EOT
   ;;
 p)
   lane A 0 40 <<EOT &
-300 python3 benchmarks/idle_decay_probe.py --workload libero-pi0 --levers best --targets policy --gaps 50,200 --ways asleep,rewarming_host,rewarming_transform,rewarming_upload --json $R/idle_decay_probe_libero-pi0_best-s52.json
+300 python3 benchmarks/idle_decay_probe.py --workload libero-pi0 --levers best --targets policy --gaps 50,200 --ways asleep,rewarming_host,rewarming_transform,rewarming_upload --json $R/idle_decay_probe_libero-pi0_best-${TAG}.json
 EOT
   ;;
 esac
