@@ -3,7 +3,8 @@
 # 5 ms, 20 ms), then `vlaperf rollout --control-hz 10 --back-to-back 10` (2 episodes of 75 steps: 30 calls at
 # cadence, 20 back to back) against each in turn, twice round, 12 s apart (a keep-warm server stops 10 s after its
 # last request, so none runs beside another's rollout), then each server's /metrics. Usage: bash benchmarks/keep_warm_rollouts.sh RESULTS_DIR TAG [WORKLOAD] [LEVERS]
-# ($SETTINGS, default "off 5 20": the servers' keep-warm, one server each; $ROUNDS, default "a b": the rounds;
+# ($SETTINGS, default "off 5 20": the servers' keep-warm, one server each, "5-noquiet" for `--keep-warm-ms 5
+# --no-keep-warm-quiet`; $ROUNDS, default "a b": the rounds;
 # $HZ, default 10: the control rates, each round runs them all (an episode is 7.5 s at any rate, so 75 steps at
 # 10 Hz, 375 at 50); $SERVE_OPTS and $ROLLOUT_OPTS, default none: more options for every server and every rollout,
 # e.g. --rtc for both; $CLIENTS, default "off": the rollouts' own keep-warm, `rollout --client-keep-warm-ms`, each
@@ -18,7 +19,9 @@ port=8765
 for k in ${SETTINGS:-off 5 20}; do KEEP[$port]=$k; PORTS+=($port); port=$((port + 1)); done
 PIDS=()
 for port in "${PORTS[@]}"; do
-  opt=""; [ "${KEEP[$port]}" != off ] && opt="--keep-warm-ms ${KEEP[$port]}"
+  # a setting "5-noquiet": keep-warm every 5 ms, running on the period where the next request is due too
+  opt=""; [ "${KEEP[$port]}" != off ] && opt="--keep-warm-ms ${KEEP[$port]%-noquiet}"
+  [[ "${KEEP[$port]}" == *-noquiet ]] && opt="$opt --no-keep-warm-quiet"
   setsid $V serve --workload $W --levers $L --max-batch 1 --warmup-batches 1 --port $port $opt ${SERVE_OPTS:-} \
     > $R/serve_${W}_${L}-${TAG}-keepwarm-${KEEP[$port]}.log 2>&1 &
   PIDS+=($!)
@@ -49,6 +52,6 @@ done
 for port in "${PORTS[@]}"; do
   python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$port/metrics', timeout=5).read().decode())" \
     > $R/metrics_${W}_${L}-${TAG}-keepwarm-${KEEP[$port]}.txt
-  echo "keep-warm ${KEEP[$port]}: $(grep -E '^vlaperf_(keep_warm_runs_total|keep_warm_delayed_observations_total|requests_total|keep_warm_seconds_(sum|count)) ' $R/metrics_${W}_${L}-${TAG}-keepwarm-${KEEP[$port]}.txt | tr '\n' ' ')"
+  echo "keep-warm ${KEEP[$port]}: $(grep -E '^vlaperf_(keep_warm_runs_total|keep_warm_delayed_observations_total|keep_warm_quiet_total|requests_total|keep_warm_seconds_(sum|count)) ' $R/metrics_${W}_${L}-${TAG}-keepwarm-${KEEP[$port]}.txt | tr '\n' ' ')"
 done
 kill -TERM "${PIDS[@]}"; wait

@@ -427,6 +427,7 @@ def rollout_cadence_rows(results):
         own = [extra.get(k) for k in ("client_pack_ms", "client_unpack_ms")]  # rollouts from session 52 on
         rows.append(f"| {r['env'].get('gpu') or 'cpu'} | {r['workload']['id']} | {_short(srv.get('levers_label', '?'))} | "
                     f"{'off' if keep is None else f'{keep:g} ms'}"
+                    f"{', quiet' if keep is not None and srv.get('keep_warm_quiet') else ''}"
                     f"{'' if not client else f'; client {client:g} ms'}"
                     f" | {ro['control_hz']:g} / {ro['replan_every']}"
                     f"{', RTC' if ro.get('rtc') else ''} | "
@@ -446,7 +447,8 @@ def rollout_cadence_rows(results):
     return ["### A control loop's calls against the same calls back to back (`vlaperf rollout --back-to-back`)", "",
             "Each file's loop calls at the control rate (the server idle in between) against the closed-loop calls the "
             "rollout sends after each episode on the same connection; medians. keep-warm: the server's "
-            "`--keep-warm-ms` (docs/serving.md), and the client's where it pinged between calls (`rollout "
+            "`--keep-warm-ms` (docs/serving.md; quiet: its runs stood aside where a steady client's next request "
+            "was due, session 53 on), and the client's where it pinged between calls (`rollout "
             "--client-keep-warm-ms`). RTC: the loop asks for real-time chunking (`rollout --rtc`; its closed-loop "
             "calls are guided too). The client's machine is the server's (loopback). extra ms: the "
             "medians' differences, loop less closed loop, of the server's policy call / the wait for its inference "

@@ -575,6 +575,9 @@ def test_rollout_cadence_rows_show_the_loop_against_its_own_closed_loop_and_the_
     pinged = [row for row in gen.rollout_cadence_rows([(gen.ROOT / "c.json", dict(r, rollout=dict(
         ro, client_keep_warm_ms=5.0)))]) if row.startswith("| NVIDIA")]
     assert _cells(pinged[0])[3] == "5 ms; client 5 ms"  # the rollout's own keep-warm beside the server's
+    quiet = [row for row in gen.rollout_cadence_rows([(gen.ROOT / "q.json", dict(r, server=dict(
+        r["server"], keep_warm_quiet=True)))]) if row.startswith("| NVIDIA")]
+    assert _cells(quiet[0])[3] == "5 ms, quiet"  # a server whose runs stood aside for a due request (session 53 on)
     split = [row for row in gen.rollout_cadence_rows([(gen.ROOT / "w.json", dict(r, rollout=dict(
         ro, at_cadence_extra_ms=ways)))]) if row.startswith("| NVIDIA")]
     assert _cells(split[0])[13] == "+0.10 / +0.35 (+0.30 / +0.05; +0.02 / +0.00)"  # session 52's: there and back

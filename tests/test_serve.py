@@ -873,6 +873,7 @@ def test_serve_refuses_a_taken_port_before_building_the_model(capsys, monkeypatc
     (["--keep-warm-ms", "0"], "argument --keep-warm-ms: expected a number > 0 and <= 1000, got 0.0"),
     (["--keep-warm-ms", "5", "--replicas", "2"], "--keep-warm-ms: a policy served in this process reruns its host "
      "stages while idle; drop --replicas (the model runs in the replicas)"),
+    (["--no-keep-warm-quiet"], "--no-keep-warm-quiet: says how --keep-warm-ms runs; give --keep-warm-ms MS too"),
 ])
 def test_serve_refuses_bad_options_before_building_the_model(args, message, capsys, monkeypatch):
     from vlaperf.cli import main as run_cli
@@ -2064,7 +2065,7 @@ def test_keep_warm_reruns_the_host_stages_not_the_model_and_changes_no_answer(mo
     policy.keep_warm = lambda examples: (reruns.append(examples), keep_warm(examples))
     s = PolicyServer(policy, port=0, max_batch=1, warmup_batch_sizes=(), keep_warm_ms=2.0).start()
     try:
-        assert s.metadata["keep_warm_ms"] == 2.0
+        assert s.metadata["keep_warm_ms"] == 2.0 and s.metadata["keep_warm_quiet"] is True  # quiet: the default
         with raw_connection(s) as ws:
             time.sleep(0.05)
             assert s.stats["keep_warm_runs"] == 0  # nothing served yet: nothing to rerun
@@ -2076,7 +2077,7 @@ def test_keep_warm_reruns_the_host_stages_not_the_model_and_changes_no_answer(mo
             np.testing.assert_array_equal(first, second)
         metrics = _metrics(s)
         assert metrics["vlaperf_keep_warm_runs_total"] >= 3 and metrics["vlaperf_keep_warm_seconds_count"] >= 3
-        assert "vlaperf_keep_warm_delayed_observations_total" in metrics
+        assert "vlaperf_keep_warm_delayed_observations_total" in metrics and "vlaperf_keep_warm_quiet_total" in metrics
         # a rollout's file keeps the server's setting, and its console line and the report say it
         from vlaperf.report.render import render
         from vlaperf.report.schema import write_result
@@ -2086,9 +2087,10 @@ def test_keep_warm_reruns_the_host_stages_not_the_model_and_changes_no_answer(mo
         result = run_rollout(s.url, episodes=1, steps_per_episode=2, control_hz=50.0, replan_every=1, back_to_back=0)
         assert result["server"]["keep_warm_ms"] == 2.0
         print_rollout(result)
-        assert "keep-warm every 2 ms" in capsys.readouterr().out
+        assert "keep-warm every 2 ms, quiet where a request was due" in capsys.readouterr().out
         write_result(result, tmp_path / "rollout.json")
-        assert "keep-warm every 2 ms" in render([tmp_path / "rollout.json"], tmp_path / "r.md", jobs=1).read_text()
+        assert "keep-warm every 2 ms, quiet where a request was due" in render(
+            [tmp_path / "rollout.json"], tmp_path / "r.md", jobs=1).read_text()
     finally:
         s.stop()
 
@@ -2143,6 +2145,45 @@ def test_a_request_that_arrives_during_a_keep_warm_run_waits_for_it_and_is_count
             assert len(policy.calls) == 2
     finally:
         s.stop()
+
+
+@pytest.mark.parametrize("quiet", [True, False])
+def test_keep_warm_stands_aside_where_a_steady_clients_next_request_is_due(quiet, monkeypatch):
+    """A client at a steady cadence against runs that fill the idle (8 ms each, 0.1 ms apart): once the server has
+    seen its cadence, the runs stand aside where the next request is due and no request waits for one. Without
+    quiet, nearly every request arrives during a run and waits for it (the control: the test can fail)."""
+    import vlaperf.serve.cadence as cadence
+
+    monkeypatch.setattr(cadence, "QUIET_MAX_S", 0.1)  # room for a slow CI machine's jitter beside the 8 ms runs
+    policy = _SlowWarm(TINY, warm_s=0.008)
+    s = PolicyServer(policy, port=0, max_batch=1, max_wait_ms=0.0, warmup_batch_sizes=(), keep_warm_ms=0.1,
+                     keep_warm_quiet=quiet).start()
+    gap_s, learn, timed = 0.2, cadence.CADENCE_ARRIVALS, 8
+    try:
+        assert s.metadata["keep_warm_quiet"] is quiet
+        with raw_connection(s) as ws:
+            t0 = time.perf_counter()
+            for i in range(learn + timed):
+                if i == learn:
+                    delayed_before = s.stats["keep_warm_delayed"]
+                time.sleep(max(0.0, t0 + i * gap_s - time.perf_counter()))
+                assert_result(unpackb(roundtrip(ws, packb(make_example(TINY, seed=i)))))
+        delayed = s.stats["keep_warm_delayed"] - delayed_before
+        assert s.stats["keep_warm_runs"] > timed * 5  # the runs did fill the idle
+        if quiet:
+            # a loaded machine's stray wake-up may still meet one or two
+            assert delayed <= 2, f"{delayed} of {timed} requests at a steady cadence waited for a keep-warm run"
+            assert s.stats["keep_warm_quiet"] >= timed - 2
+            assert _metrics(s)["vlaperf_keep_warm_quiet_total"] == s.stats["keep_warm_quiet"]
+        else:
+            assert delayed >= timed - 3 and s.stats["keep_warm_quiet"] == 0
+    finally:
+        s.stop()
+
+
+def test_keep_warm_quiet_must_be_a_bool():
+    with pytest.raises(ValueError, match="keep_warm_quiet must be True or False, got 'no'"):
+        PolicyServer(_Recorder(TINY), port=0, keep_warm_ms=5.0, keep_warm_quiet="no")
 
 
 def test_a_failing_keep_warm_turns_itself_off_and_the_server_keeps_serving(caplog):

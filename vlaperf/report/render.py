@@ -961,6 +961,7 @@ def _rollout(doc: _Doc, path: str, r: dict) -> None:
           f"{ro.get('replan_every')} steps; server {srv.get('dtype')} on {srv.get('device')}, max batch "
           f"{srv.get('max_batch')}" + (f", keep-warm every {srv['keep_warm_ms']:g} ms" if srv.get("keep_warm_ms")
                                        else "")
+          + (", quiet where a request was due" if srv.get("keep_warm_ms") and srv.get("keep_warm_quiet") else "")
           + (f"; the client pinged every {ro['client_keep_warm_ms']:g} ms between calls "
              f"({ro.get('client_keep_warm_pings')} pings)" if ro.get("client_keep_warm_ms") else ""), "note")
     rows = []

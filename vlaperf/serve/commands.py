@@ -143,6 +143,9 @@ def register(subparsers) -> None:
                    help="while no request waits, rerun the last request's host stages (transform, upload, preprocess; "
                         "no model call) every this many ms, for up to 10 s after it: a robot's next call after an "
                         "idle then finds them warm (docs/serving.md; default: off)")
+    p.add_argument("--no-keep-warm-quiet", action="store_true",
+                   help="with --keep-warm-ms: run on the period even where a steady client's next request is due "
+                        "(by default the runs stand aside there, so that the request does not wait for one)")
     p.add_argument("--warmup-batches", default="1,max",
                    help="batch sizes to warm up before listening: comma list, 'max' = --max-batch, 'all' = 1..max "
                         "(default: 1,max)")
@@ -341,6 +344,8 @@ def cmd_serve(args) -> int:
         raise CliError("--rtc: real-time chunking is served by the pi0 family in this process; "
                        + ("drop --replicas" if getattr(args, "replicas", None) else
                           f"{args.workload} (the world-action model) has no previous-chunk guidance"))
+    if args.no_keep_warm_quiet and args.keep_warm_ms is None:
+        raise CliError("--no-keep-warm-quiet: says how --keep-warm-ms runs; give --keep-warm-ms MS too")
     if args.keep_warm_ms is not None and getattr(args, "replicas", None):
         raise CliError("--keep-warm-ms: a policy served in this process reruns its host stages while idle; drop "
                        "--replicas (the model runs in the replicas)")
@@ -372,7 +377,8 @@ def cmd_serve(args) -> int:
                               max_wait_ms=args.max_wait_ms, max_message_bytes=int(args.max_message_mb * 2**20),
                               max_queued=args.max_queue, max_connections=args.max_connections,
                               warmup_batch_sizes=warmup, allow_unauthenticated_remote=args.allow_unauthenticated,
-                              keep_warm_ms=args.keep_warm_ms, on_ready=lambda s: print_serve(s, console))
+                              keep_warm_ms=args.keep_warm_ms, keep_warm_quiet=not args.no_keep_warm_quiet,
+                              on_ready=lambda s: print_serve(s, console))
     except ValueError as e:
         raise CliError(str(e)) from None
     try:
@@ -566,7 +572,9 @@ def print_serve(server, console=None) -> None:
         ("levers", ",".join(m.get("levers") or []) or "reference"),
         ("batching", f"up to {server.max_batch} per call, wait <= {server.max_wait_ms:g} ms"),
         *([("keep-warm", f"the last request's host stages rerun every {server.keep_warm_ms:g} ms while idle, for up "
-                         f"to {KEEP_WARM_FOR_S:g} s")] if server.keep_warm_ms is not None else []),
+                         f"to {KEEP_WARM_FOR_S:g} s"
+                         + ("; not where a steady client's next request is due" if server.keep_warm_quiet else ""))]
+          if server.keep_warm_ms is not None else []),
         ("limits", f"messages up to {server.max_message_bytes / 2**20:g} MiB, {server.max_queued} observations queued, "
                    f"{server.max_connections} connections"),
         ("warm-up", f"batch sizes {list(server.warmup_batch_sizes)} in {m.get('warmup_s', 0):.2f} s"
@@ -722,6 +730,8 @@ def print_rollout(result: dict) -> None:
     share = ro["policy_wait_share"]
     console.print(f"server: {server.get('levers_label')}, {server.get('dtype')} on {server.get('device')}"
                   + (f", keep-warm every {server['keep_warm_ms']:g} ms" if server.get("keep_warm_ms") else "")
+                  + (", quiet where a request was due" if server.get("keep_warm_ms") and server.get("keep_warm_quiet")
+                     else "")
                   + (f"; the client pinged every {ro['client_keep_warm_ms']:g} ms between calls "
                      f"({ro['client_keep_warm_pings']} pings)" if ro.get("client_keep_warm_ms") else ""))
     console.print(f"total {ro['wall_s']:.2f} s, {'-' if share is None else f'{share:.1%}'} of it waiting for the policy; "

@@ -100,6 +100,8 @@ def render(stats: dict, gauges: dict, metrics: ServerMetrics) -> str:
             "(--keep-warm-ms)", "keep_warm_runs")
     counter("vlaperf_keep_warm_delayed_observations_total", "observations that arrived during a keep-warm run and "
             "waited for it", "keep_warm_delayed")
+    counter("vlaperf_keep_warm_quiet_total", "times keep-warm held its runs back because a steady client's next "
+            "request was due", "keep_warm_quiet")
     for name, help_text in (("connections", "open websocket connections"),
                             ("inflight_requests", "requests received and not yet answered"),
                             ("queued_observations", "observations waiting for the inference thread")):

@@ -66,6 +66,7 @@ import numpy as np
 from vlaperf import __version__
 from vlaperf.inputs import InputError, make_example, warmup_prompts
 from vlaperf.policy import ModelChunk, NonFiniteActions, RtcRequest
+from vlaperf.serve.cadence import CadenceForecast
 from vlaperf.serve.metrics import METRICS_PATH, ServerMetrics
 from vlaperf.serve.metrics import render as render_metrics
 from vlaperf.serve.protocol import (DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES, MAX_REQUEST_ID_CHARS, REQUEST_ID_KEY,
@@ -175,6 +176,7 @@ class PolicyServer:
         inline_decode_bytes: int = 2**20,
         on_ready: Callable[["PolicyServer"], None] | None = None,
         keep_warm_ms: float | None = None,
+        keep_warm_quiet: bool = True,
         _legacy_websockets: bool = False,
     ):
         """`policy`: a vlaperf `Policy` (anything with `infer(list_of_dicts)` returning
@@ -203,6 +205,10 @@ class PolicyServer:
         10 Hz with a chunk replanned every 5 steps), and after an idle the next call's host stages come back slower;
         only running them again kept them warm (docs/serving.md, "Keeping the host path warm"). A request that
         arrives during a run waits for it (counted in stats["keep_warm_delayed"]). None (default): off.
+
+        `keep_warm_quiet`: when the requests come at a steady cadence (one robot's loop), hold the keep-warm runs in
+        the span where one would still be running as the next request arrives (vlaperf.serve.cadence; each span
+        that held a run back is counted in stats["keep_warm_quiet"]). False: run on the period regardless.
 
         Security defaults: binds to loopback; binding any other address without an
         `api_key` raises ValueError unless `allow_unauthenticated_remote=True`.
@@ -241,6 +247,8 @@ class PolicyServer:
                                          or not 0 < keep_warm_ms < math.inf):
             raise ValueError(f"keep_warm_ms must be None (off) or a finite number of milliseconds > 0, got "
                              f"{keep_warm_ms!r}")
+        if not isinstance(keep_warm_quiet, bool):
+            raise ValueError(f"keep_warm_quiet must be True or False, got {keep_warm_quiet!r}")
         if api_key is not None and (not isinstance(api_key, str) or not api_key or api_key != api_key.strip()):
             raise ValueError("api_key must be a non-empty string without surrounding whitespace")
         if not is_loopback(host) and api_key is None and not allow_unauthenticated_remote:
@@ -257,10 +265,14 @@ class PolicyServer:
         self._extra_metadata = dict(metadata or {})
         self._on_ready = on_ready
         self.keep_warm_ms = None if keep_warm_ms is None else float(keep_warm_ms)
+        self.keep_warm_quiet = keep_warm_quiet
         # keep-warm state, inference thread only: what to rerun (the last batch's examples), when a batch last
-        # ended and when the last run did
+        # ended and when the last run did; the requests' cadence, the last runs' lengths and the last quiet span
         self._warm_examples: list | None = None
         self._last_served = self._last_warmed = 0.0
+        self._cadence = CadenceForecast()
+        self._warm_runs_s: deque[float] = deque(maxlen=16)
+        self._quiet_until = -math.inf
         self._legacy = _legacy_websockets or _serve_new is None
         self.metadata: dict = {}
         self.policy: Any = self._policy
@@ -291,7 +303,7 @@ class PolicyServer:
         self._chunks: dict[int, dict[int, ModelChunk]] = {}
         self._rtc_on, self._rtc_horizon = False, 0  # set once the policy is built
         self.stats = {"requests": 0, "errors": 0, "batches": 0, "batched_observations": 0, "dropped_observations": 0,
-                      "rtc_guided": 0, "rtc_unguided": 0, "keep_warm_runs": 0, "keep_warm_delayed": 0}
+                      "rtc_guided": 0, "rtc_unguided": 0, "keep_warm_runs": 0, "keep_warm_delayed": 0, "keep_warm_quiet": 0}
         self.metrics = ServerMetrics()  # the latency histograms of GET /metrics
         self._conn_errors: Counter = Counter()  # connection -> request errors so far (the log keeps the first few)
 
@@ -841,6 +853,9 @@ class PolicyServer:
         share = -(-len(self._pending) // max(1, self._idle_workers))
         n = min(self.max_batch, share)
         batch = [self._pending.popleft() for _ in range(n)]
+        if self.keep_warm_ms is not None:
+            for job in batch:
+                self._cadence.observe(job.t_enqueue)
         self._busy.update(job.conn for job in batch)
         if self._pending:
             self._cv.notify()  # another idle thread takes the rest now
@@ -854,7 +869,15 @@ class PolicyServer:
         now = time.perf_counter()
         if now - self._last_served > KEEP_WARM_FOR_S:
             return None
-        return max(0.0, self._last_warmed + self.keep_warm_ms / 1e3 - now)
+        due = self._last_warmed + self.keep_warm_ms / 1e3
+        if self.keep_warm_quiet and self._warm_runs_s:
+            window = self._cadence.quiet_window(max(self._warm_runs_s))
+            if window is not None and window[0] < due < window[1]:  # the run would meet the next request: after it
+                if window[1] > self._quiet_until:
+                    self.stats["keep_warm_quiet"] += 1
+                    self._quiet_until = window[1]
+                due = window[1]
+        return max(0.0, due - now)
 
     def _keep_warm(self) -> None:
         """One keep-warm run, outside the lock; a request that arrived during it is counted as delayed."""
@@ -865,6 +888,7 @@ class PolicyServer:
             log.exception("keep-warm run failed; keep-warm is off from now on")
             self.keep_warm_ms = None
         t1 = self._last_warmed = time.perf_counter()
+        self._warm_runs_s.append(t1 - t0)
         self.stats["keep_warm_runs"] += 1
         self.metrics.keep_warm_seconds.observe(t1 - t0)
         with self._cv:
@@ -1024,7 +1048,7 @@ class PolicyServer:
                     max_list_items=self.max_list_items, max_queued=self.max_queued, max_connections=self.max_connections,
                     request_id_key=REQUEST_ID_KEY,
                     auth="api-key" if self.api_key else "none", warmup_s=round(getattr(self, "warmup_s", 0.0), 3),
-                    keep_warm_ms=self.keep_warm_ms)
+                    keep_warm_ms=self.keep_warm_ms, keep_warm_quiet=self.keep_warm_quiet)
         meta.update(self._extra_metadata)
         return meta
 
