@@ -26,6 +26,15 @@
 #            the server's keep-warm alone 1.01-1.04x; both 1.00-1.02x.
 #   PART=kr  kc with `--rtc` (servers and rollouts, 10 Hz). Predictions: off/off round trip 1.05-1.09x; both
 #            1.00-1.03x (the keep-warm run does not rebuild the guidance's arrays, so a little may stay).
+#   Written in session 53, after keep-warm learned to stand aside where a steady client's next request is due
+#   (`serve --keep-warm-ms` is quiet there by default from 6f6816e; part kc's 5 ms servers delayed 10-14 requests
+#   each, and their queue's p95 at cadence was 0.32-0.60 ms against 0.20-0.23 without keep-warm):
+#   PART=kq  servers off, 5 ms run on the period (`5-noquiet`, as before) and 5 ms quiet, each against a rollout
+#            with the client's pings every 5 ms, at 10 Hz and at 50 Hz. Predictions: requests delayed by a run
+#            5-15% of the calls at cadence for 5-noquiet, at most 2 a server for quiet (the first calls of each
+#            episode come before the forecast); the queue's p95 at cadence for quiet within 0.05 ms of the off
+#            server's; the round trip's median within +-0.05 ms of 5-noquiet's (the last run before a call is 1-7 ms
+#            before it instead of 0-5, which the host keeps: session 51's probe rewarming every 5 ms gave 1.000x).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=h bash benchmarks/h200_session52.sh, carry [".whl"]
 #   TAG names the files (default s52; session 53 ran the parts session 52 could not with TAG=s53).
 set -u
@@ -67,6 +76,11 @@ EOT
 kr)
   lane A 0 60 <<EOT &
 560 SETTINGS="off 5" CLIENTS="off 5" SERVE_OPTS=--rtc ROLLOUT_OPTS=--rtc bash benchmarks/keep_warm_rollouts.sh $R ${TAG}kr
+EOT
+  ;;
+kq)
+  lane A 0 60 <<EOT &
+560 SETTINGS="off 5-noquiet 5" CLIENTS=5 HZ="10 50" bash benchmarks/keep_warm_rollouts.sh $R ${TAG}kq
 EOT
   ;;
 p)
