@@ -1393,7 +1393,7 @@ def test_finished_batches_leave_no_connection_counted_as_busy_and_stats_count(mo
         _wait_for(lambda: s._n_connections == 0)
         assert s.stats == {"requests": 2, "errors": 1, "batches": 1, "batched_observations": 3,
                            "dropped_observations": 0, "rtc_guided": 0, "rtc_unguided": 0, "keep_warm_runs": 0,
-                           "keep_warm_delayed": 0}
+                           "keep_warm_delayed": 0, "keep_warm_quiet": 0}
     finally:
         s.stop()
 
