@@ -433,7 +433,9 @@ def rollout_cadence_rows(results):
                     f"{', RTC' if ro.get('rtc') else ''} | "
                     f"{ro['policy_call_ms']['count']} / {b2b['policy_call_ms']['count']} | "
                     f"{_ms(ro['policy_call_ms']['median'])} | {_ms(b2b['policy_call_ms']['median'])} | "
-                    f"**{ratio['policy_call_ms']:.3f}x** | {_ms((ro.get('server_infer_ms') or {}).get('median'))} | "
+                    f"**{ratio['policy_call_ms']:.3f}x** | "
+                    f"{_ms(ro['policy_call_ms'].get('p95'))} / {_ms(b2b['policy_call_ms'].get('p95'))} | "
+                    f"{_ms((ro.get('server_infer_ms') or {}).get('median'))} | "
                     f"{_ms((b2b.get('server_infer_ms') or {}).get('median'))} | "
                     f"{'-' if server_ratio is None else f'{server_ratio:.3f}x'} | "
                     f"{'-' if None in split else ' / '.join(f'{v:+.2f}' for v in split)} | "
@@ -446,7 +448,8 @@ def rollout_cadence_rows(results):
         return []
     return ["### A control loop's calls against the same calls back to back (`vlaperf rollout --back-to-back`)", "",
             "Each file's loop calls at the control rate (the server idle in between) against the closed-loop calls the "
-            "rollout sends after each episode on the same connection; medians. keep-warm: the server's "
+            "rollout sends after each episode on the same connection; medians, and the round trip's p95 (a request "
+            "that waits for a keep-warm run shows there). keep-warm: the server's "
             "`--keep-warm-ms` (docs/serving.md; quiet: its runs stood aside where a steady client's next request "
             "was due, session 53 on), and the client's where it pinged between calls (`rollout "
             "--client-keep-warm-ms`). RTC: the loop asks for real-time chunking (`rollout --rtc`; its closed-loop "
@@ -457,9 +460,9 @@ def rollout_cadence_rows(results):
             "that, in brackets, the request's way to the server / the reply's way back, and of those the client's packing / "
             "unpacking (files from session 52 on).", "",
             "| GPU | workload | levers | keep-warm | Hz / replan every | calls at cadence / back to back | round trip "
-            "ms | back to back | ratio | server ms | back to back | ratio | extra ms: infer / queue / rest | of the "
-            "rest: handoff / outside | commit | file |",
-            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"] + rows + [""]
+            "ms | back to back | ratio | round trip p95 ms: at cadence / back to back | server ms | back to back | "
+            "ratio | extra ms: infer / queue / rest | of the rest: handoff / outside | commit | file |",
+            "|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|---|"] + rows + [""]
 
 
 def compare_tables(results):

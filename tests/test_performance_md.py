@@ -548,8 +548,9 @@ def test_matrix_headings_say_when_every_call_came_after_an_idle():
 def test_rollout_cadence_rows_show_the_loop_against_its_own_closed_loop_and_the_servers_keep_warm():
     gen = _generator()
     summary = lambda median, count: {"median": median, "count": count}  # noqa: E731
-    ro = {"control_hz": 10.0, "replan_every": 5, "policy_call_ms": summary(15.14, 30), "server_infer_ms": summary(13.78, 30),
-          "back_to_back": {"calls_per_episode": 10, "policy_call_ms": summary(14.42, 20),
+    ro = {"control_hz": 10.0, "replan_every": 5, "policy_call_ms": dict(summary(15.14, 30), p95=16.9),
+          "server_infer_ms": summary(13.78, 30),
+          "back_to_back": {"calls_per_episode": 10, "policy_call_ms": dict(summary(14.42, 20), p95=14.8),
                            "server_infer_ms": summary(13.65, 20)},
           "at_cadence_over_back_to_back": {"policy_call_ms": 15.14 / 14.42, "server_infer_ms": 13.78 / 13.65},
           "at_cadence_extra_ms": {"policy_call_ms": 0.72, "server_infer_ms": 0.13, "server_queue_ms": 0.05,
@@ -565,7 +566,7 @@ def test_rollout_cadence_rows_show_the_loop_against_its_own_closed_loop_and_the_
     table = [row for row in rows if row.startswith("| NVIDIA")]
     assert len(table) == 2  # the file without its own closed-loop calls has no row
     assert _cells(table[0]) == ["NVIDIA H100 80GB HBM3", "libero-pi0", "loop+graph", "5 ms", "10 / 5", "30 / 20", "15.14",
-                                "14.42", "**1.050x**", "13.78", "13.65", "1.010x", "+0.13 / +0.05 / +0.50", "+0.10 / +0.35",
+                                "14.42", "**1.050x**", "16.90 / 14.80", "13.78", "13.65", "1.010x", "+0.13 / +0.05 / +0.50", "+0.10 / +0.35",
                                 "6f40a25",
                                 "`k.json`"]
     assert _cells(table[1])[3] == "off"
@@ -580,8 +581,8 @@ def test_rollout_cadence_rows_show_the_loop_against_its_own_closed_loop_and_the_
     assert _cells(quiet[0])[3] == "5 ms, quiet"  # a server whose runs stood aside for a due request (session 53 on)
     split = [row for row in gen.rollout_cadence_rows([(gen.ROOT / "w.json", dict(r, rollout=dict(
         ro, at_cadence_extra_ms=ways)))]) if row.startswith("| NVIDIA")]
-    assert _cells(split[0])[13] == "+0.10 / +0.35 (+0.30 / +0.05; +0.02 / +0.00)"  # session 52's: there and back
+    assert _cells(split[0])[14] == "+0.10 / +0.35 (+0.30 / +0.05; +0.02 / +0.00)"  # session 52's: there and back
     older = [row for row in gen.rollout_cadence_rows([(gen.ROOT / "s50.json", dict(r, rollout={
         k: v for k, v in ro.items() if k != "at_cadence_extra_ms"}))]) if row.startswith("| NVIDIA")]
-    assert _cells(older[0])[12] == _cells(older[0])[13] == "-"  # a file from before the split
+    assert _cells(older[0])[13] == _cells(older[0])[14] == "-"  # a file from before the split
     assert gen.rollout_cadence_rows([(gen.ROOT / "n.json", no_baseline)]) == []  # nothing to show: no heading

@@ -2181,9 +2181,14 @@ def test_keep_warm_stands_aside_where_a_steady_clients_next_request_is_due(quiet
         s.stop()
 
 
-def test_keep_warm_quiet_must_be_a_bool():
+def test_keep_warm_quiet_is_checked_and_said_only_with_keep_warm():
     with pytest.raises(ValueError, match="keep_warm_quiet must be True or False, got 'no'"):
         PolicyServer(_Recorder(TINY), port=0, keep_warm_ms=5.0, keep_warm_quiet="no")
+    s = PolicyServer(_Recorder(TINY), port=0, warmup_batch_sizes=()).start()
+    try:
+        assert s.metadata["keep_warm_ms"] is None and s.metadata["keep_warm_quiet"] is None  # no keep-warm to be quiet
+    finally:
+        s.stop()
 
 
 def test_a_failing_keep_warm_turns_itself_off_and_the_server_keeps_serving(caplog):

@@ -1048,7 +1048,8 @@ class PolicyServer:
                     max_list_items=self.max_list_items, max_queued=self.max_queued, max_connections=self.max_connections,
                     request_id_key=REQUEST_ID_KEY,
                     auth="api-key" if self.api_key else "none", warmup_s=round(getattr(self, "warmup_s", 0.0), 3),
-                    keep_warm_ms=self.keep_warm_ms, keep_warm_quiet=self.keep_warm_quiet)
+                    keep_warm_ms=self.keep_warm_ms,
+                    keep_warm_quiet=self.keep_warm_quiet if self.keep_warm_ms is not None else None)
         meta.update(self._extra_metadata)
         return meta
 
