@@ -418,6 +418,7 @@ def rollout_cadence_rows(results):
         if not b2b or ratio.get("policy_call_ms") is None:
             continue
         keep = srv.get("keep_warm_ms")
+        waited = ro.get("keep_warm_waited_calls")  # calls at cadence that waited for a run (session 53 on)
         client = ro.get("client_keep_warm_ms")  # the rollout's own pings (`--client-keep-warm-ms`, session 52 on)
         server_ratio = ratio.get("server_infer_ms")
         extra = ro.get("at_cadence_extra_ms") or {}  # files from session 51 on
@@ -428,6 +429,7 @@ def rollout_cadence_rows(results):
         rows.append(f"| {r['env'].get('gpu') or 'cpu'} | {r['workload']['id']} | {_short(srv.get('levers_label', '?'))} | "
                     f"{'off' if keep is None else f'{keep:g} ms'}"
                     f"{', quiet' if keep is not None and srv.get('keep_warm_quiet') else ''}"
+                    f"{'' if waited is None else f' ({waited} waited)'}"
                     f"{'' if not client else f'; client {client:g} ms'}"
                     f" | {ro['control_hz']:g} / {ro['replan_every']}"
                     f"{', RTC' if ro.get('rtc') else ''} | "
@@ -451,7 +453,8 @@ def rollout_cadence_rows(results):
             "rollout sends after each episode on the same connection; medians, and the round trip's p95 (a request "
             "that waits for a keep-warm run shows there). keep-warm: the server's "
             "`--keep-warm-ms` (docs/serving.md; quiet: its runs stood aside where a steady client's next request "
-            "was due, session 53 on), and the client's where it pinged between calls (`rollout "
+            "was due, session 53 on; N waited: the calls at cadence that arrived during a run and waited for it, "
+            "files from later in session 53 on), and the client's where it pinged between calls (`rollout "
             "--client-keep-warm-ms`). RTC: the loop asks for real-time chunking (`rollout --rtc`; its closed-loop "
             "calls are guided too). The client's machine is the server's (loopback). extra ms: the "
             "medians' differences, loop less closed loop, of the server's policy call / the wait for its inference "

@@ -145,6 +145,9 @@ def test_call_split_places_the_round_trip_and_the_ways_there_and_back_on_one_clo
     assert split["front_end_ms"] == pytest.approx(2.5) and split["server_handoff_ms"] == 0.25
     assert split["client_side_ms"] == pytest.approx(2.0)  # the round trip less the server's received-to-built time
     assert split["uplink_ms"] == pytest.approx(1.2) and split["downlink_ms"] == pytest.approx(0.8)
+    assert np.isnan(split["keep_warm_wait_ms"])  # a server without keep-warm says nothing of it
+    _, split = call_split({"server_timing": dict(timing, keep_warm_wait_ms=0.4)}, 13.0)
+    assert split["keep_warm_wait_ms"] == 0.4  # of the queue's 0.5 ms, 0.4 behind a keep-warm run
     # no send time, an older server (no received_at_s), or clocks that are not one (a server elsewhere): no ways
     for reply, sent in (({"server_timing": timing}, None),
                         ({"server_timing": {k: v for k, v in timing.items() if k != "received_at_s"}}, 100.0),

@@ -579,6 +579,9 @@ def test_rollout_cadence_rows_show_the_loop_against_its_own_closed_loop_and_the_
     quiet = [row for row in gen.rollout_cadence_rows([(gen.ROOT / "q.json", dict(r, server=dict(
         r["server"], keep_warm_quiet=True)))]) if row.startswith("| NVIDIA")]
     assert _cells(quiet[0])[3] == "5 ms, quiet"  # a server whose runs stood aside for a due request (session 53 on)
+    waits = [row for row in gen.rollout_cadence_rows([(gen.ROOT / "w.json", dict(r, rollout=dict(
+        ro, keep_warm_waited_calls=2)))]) if row.startswith("| NVIDIA")]
+    assert _cells(waits[0])[3] == "5 ms (2 waited)"  # the calls at cadence that met a keep-warm run
     split = [row for row in gen.rollout_cadence_rows([(gen.ROOT / "w.json", dict(r, rollout=dict(
         ro, at_cadence_extra_ms=ways)))]) if row.startswith("| NVIDIA")]
     assert _cells(split[0])[14] == "+0.10 / +0.35 (+0.30 / +0.05; +0.02 / +0.00)"  # session 52's: there and back

@@ -1648,3 +1648,16 @@ def test_a_markdown_report_written_again_removes_its_earlier_three_digit_figures
         (files / name).write_bytes(PNG)
     render([tiny_results / "sc.json"], tmp_path / "r.md")  # one figure
     assert sorted(p.name for p in files.iterdir()) == ["fig01.png", "fig01_notes.png", "fig1.png", "figure.png"]
+
+
+def test_keep_warm_wait_words_count_the_calls_that_met_a_run_and_say_nothing_without_keep_warm():
+    from vlaperf.report.render import keep_warm_wait_words
+
+    wait = {"count": 30, "median": 0.0, "max": 0.91}
+    assert keep_warm_wait_words({"keep_warm_waited_calls": 2, "keep_warm_wait_ms": wait}) == (
+        "2 of 30 calls at cadence arrived during one of the server's keep-warm runs and waited for it (at most 0.91 ms)")
+    assert keep_warm_wait_words({"keep_warm_waited_calls": 0, "keep_warm_wait_ms": dict(wait, max=0.0)}) == (
+        "0 of 30 calls at cadence arrived during one of the server's keep-warm runs and waited for it")
+    # a server without keep-warm, or a file from before session 53: nothing to say
+    assert keep_warm_wait_words({"keep_warm_waited_calls": None, "keep_warm_wait_ms": None}) is None
+    assert keep_warm_wait_words({}) is None

@@ -578,7 +578,11 @@ def test_rollout(server, tmp_path, monkeypatch, capsys):
         assert where["front_end_ms"]["median"] < where["policy_call_ms"]["median"]
     extra = ro["at_cadence_extra_ms"]
     assert set(extra) == {"policy_call_ms", "server_infer_ms", "server_queue_ms", "front_end_ms", "server_handoff_ms",
-                          "client_side_ms", "uplink_ms", "downlink_ms", "client_pack_ms", "client_unpack_ms"}
+                          "client_side_ms", "uplink_ms", "downlink_ms", "client_pack_ms", "client_unpack_ms",
+                          "keep_warm_wait_ms"}
+    # a server without keep-warm: no request waited for a run, and the file says it cannot tell, not 0
+    assert extra["keep_warm_wait_ms"] is None and ro["keep_warm_wait_ms"] is None
+    assert ro["keep_warm_waited_calls"] is None and ro["back_to_back"]["keep_warm_waited_calls"] is None
     for where in (ro, ro["back_to_back"]):  # the rest of the round trip's two pieces are each smaller than it
         assert 0 <= where["server_handoff_ms"]["median"] < where["front_end_ms"]["median"]
         assert 0 < where["client_side_ms"]["median"] < where["front_end_ms"]["median"]
@@ -2073,8 +2077,10 @@ def test_keep_warm_reruns_the_host_stages_not_the_model_and_changes_no_answer(mo
             _wait_for(lambda: s.stats["keep_warm_runs"] >= 3)
             assert sampled == [1]  # the runs called no model
             assert all(len(r) == 1 and r[0]["prompt"] == make_example(TINY, seed=4)["prompt"] for r in reruns)
-            second = unpackb(roundtrip(ws, packb(make_example(TINY, seed=4))))["actions"]
-            np.testing.assert_array_equal(first, second)
+            reply = unpackb(roundtrip(ws, packb(make_example(TINY, seed=4))))
+            np.testing.assert_array_equal(first, reply["actions"])
+            # a keep-warm server says what each request waited for a run: none at all here, or part of its queue
+            assert 0.0 <= reply["server_timing"]["keep_warm_wait_ms"] <= reply["server_timing"]["queue_ms"]
         metrics = _metrics(s)
         assert metrics["vlaperf_keep_warm_runs_total"] >= 3 and metrics["vlaperf_keep_warm_seconds_count"] >= 3
         assert "vlaperf_keep_warm_delayed_observations_total" in metrics and "vlaperf_keep_warm_quiet_total" in metrics
@@ -2086,8 +2092,12 @@ def test_keep_warm_reruns_the_host_stages_not_the_model_and_changes_no_answer(mo
 
         result = run_rollout(s.url, episodes=1, steps_per_episode=2, control_hz=50.0, replan_every=1, back_to_back=0)
         assert result["server"]["keep_warm_ms"] == 2.0
+        waited = result["rollout"]["keep_warm_waited_calls"]  # the calls that met a run, of the two at cadence
+        assert waited in (0, 1, 2) and result["rollout"]["keep_warm_wait_ms"]["count"] == 2
         print_rollout(result)
-        assert "keep-warm every 2 ms, quiet where a request was due" in capsys.readouterr().out
+        out = capsys.readouterr().out
+        assert "keep-warm every 2 ms, quiet where a request was due" in out
+        assert f"{waited} of 2 calls at cadence arrived during one of the server's keep-warm runs" in out
         write_result(result, tmp_path / "rollout.json")
         assert "keep-warm every 2 ms, quiet where a request was due" in render(
             [tmp_path / "rollout.json"], tmp_path / "r.md", jobs=1).read_text()
@@ -2142,6 +2152,8 @@ def test_a_request_that_arrives_during_a_keep_warm_run_waits_for_it_and_is_count
             assert_result(reply)
             assert time.perf_counter() - t0 > 0.1  # it waited for the run in progress
             assert s.stats["keep_warm_delayed"] >= 1
+            timing = reply["server_timing"]  # and its reply says how long, within its wait in the queue
+            assert 100 < timing["keep_warm_wait_ms"] <= timing["queue_ms"]
             assert len(policy.calls) == 2
     finally:
         s.stop()

@@ -189,6 +189,16 @@ def cadence_words(ro: dict) -> str | None:
     return text
 
 
+def keep_warm_wait_words(ro: dict) -> str | None:
+    """How many of a rollout's calls at cadence waited for one of the server's keep-warm runs (servers with
+    --keep-warm-ms from session 53 on), for the CLI and the reports alike; None where the server did not say."""
+    waited, wait = ro.get("keep_warm_waited_calls"), ro.get("keep_warm_wait_ms")
+    if waited is None or not wait:
+        return None
+    return (f"{waited} of {wait['count']} calls at cadence arrived during one of the server's keep-warm runs and "
+            f"waited for it" + (f" (at most {wait['max']:.2f} ms)" if waited else ""))
+
+
 def workload_label(r: dict) -> str:
     """The workload's id and what the run changed of it, e.g. "libero-pi05 (horizon 50)", and "RTC guided" for a
     timed guided call of real-time chunking."""
@@ -985,9 +995,9 @@ def _rollout(doc: _Doc, path: str, r: dict) -> None:
           + ("; stopped at the time limit" if ro.get("timed_out") else "")
           + (f"; stopped: {ro['connection_lost']}" if ro.get("connection_lost") else ""),
           "warn" if ro.get("timed_out") or ro.get("errors") or ro.get("connection_lost") else "")
-    cadence = cadence_words(ro)
-    if cadence:
-        doc.p(cadence[0].upper() + cadence[1:])
+    for words in (cadence_words(ro), keep_warm_wait_words(ro)):
+        if words:
+            doc.p(words[0].upper() + words[1:])
     doc.p("Only the timing is real; the observations are " + str(ro.get("observations") or "SYNTHETIC (random inputs, "
           "no simulator or robot, the actions are applied to nothing)"), "note")
 

@@ -54,6 +54,9 @@ SPLIT_KEYS = (
     # the client's own pieces of those two ways (any server): the request's packing, the reply's unpacking
     "client_pack_ms",
     "client_unpack_ms",
+    # of the wait for the inference thread, what the request spent behind a keep-warm run (servers with
+    # --keep-warm-ms from session 53 on; 0.0 for a request that found no run going)
+    "keep_warm_wait_ms",
 )
 
 
@@ -76,7 +79,8 @@ def call_split(reply: dict, round_trip_ms: float, sent_at_s: float | None = None
                    "server_handoff_ms": get("handoff_ms"), "client_side_ms": outside,
                    "uplink_ms": uplink, "downlink_ms": outside - uplink,
                    "client_pack_ms": math.nan if pack_ms is None else float(pack_ms),
-                   "client_unpack_ms": math.nan if unpack_ms is None else float(unpack_ms)}
+                   "client_unpack_ms": math.nan if unpack_ms is None else float(unpack_ms),
+                   "keep_warm_wait_ms": get("keep_warm_wait_ms")}
 
 
 def client_stamps(client, sent_at_s: float) -> dict:

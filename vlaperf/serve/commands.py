@@ -743,11 +743,11 @@ def print_rollout(result: dict) -> None:
                       f"steps stalled on a chunk that ran out, {ro['late_switches']} replies later than the delay sent; "
                       "switch jump (the next action, new chunk against old) "
                       + (f"median {jump['median']:.3g}, max {jump['max']:.3g}" if jump else "-"))
-    from vlaperf.report.render import cadence_words
+    from vlaperf.report.render import cadence_words, keep_warm_wait_words
 
-    line = cadence_words(ro)
-    if line:
-        console.print(line)
+    for line in (cadence_words(ro), keep_warm_wait_words(ro)):
+        if line:
+            console.print(line)
     if ro.get("connection_lost"):
         console.print(f"[red]stopped: {escape(ro['connection_lost'])}[/red] (the episodes above ran up to there)")
     what = "latents and state" if server.get("layout") == "wam" else "images and state"

@@ -145,6 +145,9 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
         # 51 on): the wait for the server's inference thread, the rest of the round trip, and of that the event
         # loop's wake-up for the result and what is outside the server
         **{k: summarize(split[k]) if split[k] else None for k in SPLIT_KEYS},
+        # the calls that arrived during one of the server's keep-warm runs and waited for it (None: the server has
+        # no keep-warm, or is older than session 53)
+        "keep_warm_waited_calls": _waited(split["keep_warm_wait_ms"]),
         "back_to_back": None,
         "at_cadence_over_back_to_back": None,
         "at_cadence_extra_ms": None,
@@ -155,7 +158,8 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
         parts = {k: summarize(b2b.split[k]) if b2b.split[k] else None for k in SPLIT_KEYS}
         ro = result["rollout"]
         ro["back_to_back"] = {"calls_per_episode": back_to_back, "errors": b2b.errors,
-                              **({"guided": b2b.guided} if rtc else {}), **base, **parts}
+                              **({"guided": b2b.guided} if rtc else {}), **base, **parts,
+                              "keep_warm_waited_calls": _waited(b2b.split["keep_warm_wait_ms"])}
         ro["at_cadence_over_back_to_back"] = {
             k: (ro[k]["median"] / base[k]["median"] if ro[k] and base[k] and base[k]["median"] > 0 else None)
             for k in base}
@@ -172,6 +176,10 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
             "switch_jump": summarize(jumps) if jumps else None,
         })
     return result
+
+
+def _waited(waits_ms: list[float]) -> int | None:
+    return sum(w > 0 for w in waits_ms) if waits_ms else None
 
 
 @dataclass

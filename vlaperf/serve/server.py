@@ -118,6 +118,7 @@ class _Job:
     loop: asyncio.AbstractEventLoop
     t_enqueue: float
     rtc: RtcRequest | None = None  # real-time chunking: this observation's previous chunk, executed and delay
+    keep_warm_wait_s: float = 0.0  # of its wait in the queue, what it spent behind a keep-warm run (--keep-warm-ms)
 
 
 @dataclass
@@ -892,7 +893,10 @@ class PolicyServer:
         self.stats["keep_warm_runs"] += 1
         self.metrics.keep_warm_seconds.observe(t1 - t0)
         with self._cv:
-            self.stats["keep_warm_delayed"] += sum(job.t_enqueue > t0 for job in self._pending)
+            for job in self._pending:
+                if job.t_enqueue > t0:  # arrived during the run: it waited for the rest of it
+                    job.keep_warm_wait_s = t1 - job.t_enqueue
+                    self.stats["keep_warm_delayed"] += 1
 
     def _run_batch(self, batch: list[_Job]) -> None:
         t_start = time.perf_counter()
@@ -965,6 +969,8 @@ class PolicyServer:
                 "transform_ms": policy_timing.get("transform_ms", float("nan")),
                 "sample_and_copy_ms": policy_timing.get("sample_and_copy_ms", float("nan")),
             }
+            if self.keep_warm_ms is not None or job.keep_warm_wait_s:  # a server with keep-warm says it, 0 or not
+                timing["keep_warm_wait_ms"] = job.keep_warm_wait_s * 1e3
             self._deliver(job, _Done(np.ascontiguousarray(actions[i], dtype=np.float32), timing,
                                      chunks[i] if chunks is not None else None,
                                      bool(guided[i]) if guided is not None else False, t_done))
