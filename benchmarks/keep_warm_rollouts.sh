@@ -42,7 +42,7 @@ for round in ${ROUNDS:-a b}; do
     COLUMNS=1000 timeout 90 $V rollout --url ws://127.0.0.1:$port --episodes 2 --steps-per-episode $((hz * 15 / 2)) --control-hz $hz \
       --back-to-back 10 $copt ${ROLLOUT_OPTS:-} \
       --json $R/rollout_${W}_${L}-${TAG}-${hz}hz-keepwarm-${KEEP[$port]}${csuf}${round}.json \
-      2>&1 | grep -E "at [0-9.]+ Hz|errors"
+      2>&1 | grep -E "at [0-9.]+ Hz|errors|keep-warm runs and waited"
     # what is done so far comes back even if the device call's time limit cuts the rest
     [ -n "${OUT:-}" ] && tar czf "$OUT/partial.tgz" -C "$(dirname "$R")" "$(basename "$R")"
   done
