@@ -189,6 +189,19 @@ def cadence_words(ro: dict) -> str | None:
     return text
 
 
+def keep_warm_setting_words(ro: dict, srv: dict) -> str:
+    """A rollout's keep-warm at both ends, to follow the server's description: the server's runs (--keep-warm-ms,
+    quiet or not) and the client's pings (--client-keep-warm-ms); "" where neither ran. For the CLI and reports."""
+    text = ""
+    if srv.get("keep_warm_ms"):
+        text += f", keep-warm every {srv['keep_warm_ms']:g} ms"
+        text += ", quiet where a request was due" if srv.get("keep_warm_quiet") else ""
+    if ro.get("client_keep_warm_ms"):
+        text += (f"; the client pinged every {ro['client_keep_warm_ms']:g} ms between calls "
+                 f"({ro.get('client_keep_warm_pings')} pings)")
+    return text
+
+
 def keep_warm_wait_words(ro: dict) -> str | None:
     """How many of a rollout's calls at cadence waited for one of the server's keep-warm runs (servers with
     --keep-warm-ms from session 53 on), for the CLI and the reports alike; None where the server did not say."""
@@ -969,11 +982,7 @@ def _rollout(doc: _Doc, path: str, r: dict) -> None:
     doc.p(f"{Path(path).name}: {ro.get('episodes')} episode(s) of {ro.get('steps_per_episode')} steps at "
           f"{ro.get('control_hz')} Hz, chunks of {ro.get('action_horizon')} actions, a policy call every "
           f"{ro.get('replan_every')} steps; server {srv.get('dtype')} on {srv.get('device')}, max batch "
-          f"{srv.get('max_batch')}" + (f", keep-warm every {srv['keep_warm_ms']:g} ms" if srv.get("keep_warm_ms")
-                                       else "")
-          + (", quiet where a request was due" if srv.get("keep_warm_ms") and srv.get("keep_warm_quiet") else "")
-          + (f"; the client pinged every {ro['client_keep_warm_ms']:g} ms between calls "
-             f"({ro.get('client_keep_warm_pings')} pings)" if ro.get("client_keep_warm_ms") else ""), "note")
+          f"{srv.get('max_batch')}" + keep_warm_setting_words(ro, srv), "note")
     rows = []
     for e in ro["per_episode"]:
         call = e.get("policy_call_ms") or {}

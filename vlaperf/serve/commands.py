@@ -728,12 +728,10 @@ def print_rollout(result: dict) -> None:
                   str(r["overrun_steps"]), _ms(r["policy_call_ms"], "median"), _ms(r["policy_call_ms"], "max"))
     console.print(t)
     share = ro["policy_wait_share"]
+    from vlaperf.report.render import cadence_words, keep_warm_setting_words, keep_warm_wait_words
+
     console.print(f"server: {server.get('levers_label')}, {server.get('dtype')} on {server.get('device')}"
-                  + (f", keep-warm every {server['keep_warm_ms']:g} ms" if server.get("keep_warm_ms") else "")
-                  + (", quiet where a request was due" if server.get("keep_warm_ms") and server.get("keep_warm_quiet")
-                     else "")
-                  + (f"; the client pinged every {ro['client_keep_warm_ms']:g} ms between calls "
-                     f"({ro['client_keep_warm_pings']} pings)" if ro.get("client_keep_warm_ms") else ""))
+                  + keep_warm_setting_words(ro, server))
     console.print(f"total {ro['wall_s']:.2f} s, {'-' if share is None else f'{share:.1%}'} of it waiting for the policy; "
                   f"{ro['overrun_steps']} overrun steps; {ro['errors']} errors"
                   + ("; [red]stopped at the time limit[/red]" if ro["timed_out"] else ""))
@@ -743,8 +741,6 @@ def print_rollout(result: dict) -> None:
                       f"steps stalled on a chunk that ran out, {ro['late_switches']} replies later than the delay sent; "
                       "switch jump (the next action, new chunk against old) "
                       + (f"median {jump['median']:.3g}, max {jump['max']:.3g}" if jump else "-"))
-    from vlaperf.report.render import cadence_words, keep_warm_wait_words
-
     for line in (cadence_words(ro), keep_warm_wait_words(ro)):
         if line:
             console.print(line)
