@@ -35,6 +35,11 @@
 #            episode come before the forecast); the queue's p95 at cadence for quiet within 0.05 ms of the off
 #            server's; the round trip's median within +-0.05 ms of 5-noquiet's (the last run before a call is 1-7 ms
 #            before it instead of 0-5, which the host keeps: session 51's probe rewarming every 5 ms gave 1.000x).
+#   Written in session 54, after two more rounds of kq on an H100 (quiet: 3 and 5 of 180 calls at cadence waited,
+#   on the period 10 and 15):
+#   PART=kqr kq with `--rtc` (servers and rollouts, 10 Hz; one round ran in session 53 as tag s53kqr: 5 waited on
+#            the period, 2 quiet). Predictions: quiet at most 2 waited of 30, on the period 2-8; the queue's p95 at
+#            cadence for quiet within 0.1 ms of the off server's.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=h bash benchmarks/h200_session52.sh, carry [".whl"]
 #   TAG names the files (default s52; session 53 ran the parts session 52 could not with TAG=s53).
 set -u
@@ -81,6 +86,11 @@ EOT
 kq)
   lane A 0 60 <<EOT &
 560 SETTINGS="off 5-noquiet 5" CLIENTS=5 HZ="10 50" bash benchmarks/keep_warm_rollouts.sh $R ${TAG}kq
+EOT
+  ;;
+kqr)
+  lane A 0 60 <<EOT &
+420 SETTINGS="off 5-noquiet 5" CLIENTS=5 SERVE_OPTS=--rtc ROLLOUT_OPTS=--rtc bash benchmarks/keep_warm_rollouts.sh $R ${TAG}kqr
 EOT
   ;;
 p)

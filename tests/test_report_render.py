@@ -1658,6 +1658,12 @@ def test_keep_warm_wait_words_count_the_calls_that_met_a_run_and_say_nothing_wit
         "2 of 30 calls at cadence arrived during one of the server's keep-warm runs and waited for it (at most 0.91 ms)")
     assert keep_warm_wait_words({"keep_warm_waited_calls": 0, "keep_warm_wait_ms": dict(wait, max=0.0)}) == (
         "0 of 30 calls at cadence arrived during one of the server's keep-warm runs and waited for it")
+    # which calls, by episode (files from session 54 on): an episode without any is left out
+    episodes = [{"episode": 0, "keep_warm_waited_at": [0, 3]}, {"episode": 1, "keep_warm_waited_at": []},
+                {"episode": 2, "keep_warm_waited_at": [1]}]
+    assert keep_warm_wait_words({"keep_warm_waited_calls": 3, "keep_warm_wait_ms": wait, "per_episode": episodes}) == (
+        "3 of 30 calls at cadence arrived during one of the server's keep-warm runs and waited for it (at most 0.91 ms)"
+        "; which, by episode (its calls counted from 0): 0: 0, 3; 2: 1")
     # a server without keep-warm, or a file from before session 53: nothing to say
     assert keep_warm_wait_words({"keep_warm_waited_calls": None, "keep_warm_wait_ms": None}) is None
     assert keep_warm_wait_words({}) is None

@@ -583,6 +583,7 @@ def test_rollout(server, tmp_path, monkeypatch, capsys):
     # a server without keep-warm: no request waited for a run, and the file says it cannot tell, not 0
     assert extra["keep_warm_wait_ms"] is None and ro["keep_warm_wait_ms"] is None
     assert ro["keep_warm_waited_calls"] is None and ro["back_to_back"]["keep_warm_waited_calls"] is None
+    assert [r["keep_warm_waited_at"] for r in ro["per_episode"]] == [None, None]
     for where in (ro, ro["back_to_back"]):  # the rest of the round trip's two pieces are each smaller than it
         assert 0 <= where["server_handoff_ms"]["median"] < where["front_end_ms"]["median"]
         assert 0 < where["client_side_ms"]["median"] < where["front_end_ms"]["median"]
@@ -1660,6 +1661,33 @@ def test_rollout_counts_calls_errors_overruns_and_steps_per_episode(monkeypatch)
     assert ro["wall_s"] == pytest.approx(sum(r["wall_s"] for r in ro["per_episode"]))
     assert ro["policy_wait_share"] == pytest.approx(ro["policy_wait_s"] / ro["wall_s"])
     assert 0 < ro["policy_wait_share"] < 1
+
+
+def test_rollout_says_which_calls_of_each_episode_waited_for_a_keep_warm_run(monkeypatch, capsys):
+    """A keep-warm server's replies say what each request waited for a run; the rollout counts the calls at cadence
+    that waited and says where in each episode they fell (answered calls counted from 0), which is what tells an
+    episode's first calls, before the server's forecast, from a steady loop's."""
+    from vlaperf.serve import rollout
+    from vlaperf.serve.commands import print_rollout
+
+    class KeepWarmServer(_ScriptedClient):  # e0-s4 and e1-s0 arrive during a run; the closed-loop calls never
+        def infer(self, obs):
+            reply = super().infer(obs)
+            reply["server_timing"] = {"infer_ms": 5.0, "queue_ms": 0.5,
+                                      "keep_warm_wait_ms": 0.4 if obs.get("request_id") in ("e0-s4", "e1-s0") else 0.0}
+            return reply
+
+    monkeypatch.setattr(rollout, "Client", lambda *a, **kw: KeepWarmServer(*a, call_s=0.001, **kw))
+    result = rollout.run_rollout("ws://127.0.0.1:9", episodes=2, steps_per_episode=8, control_hz=40.0, replan_every=4,
+                                 image_size=32, back_to_back=2, sleep=lambda s: None)
+    ro = result["rollout"]
+    assert [r["keep_warm_waited_at"] for r in ro["per_episode"]] == [[1], [0]]
+    assert ro["keep_warm_waited_calls"] == 2 and ro["keep_warm_wait_ms"]["count"] == 4
+    assert ro["back_to_back"]["keep_warm_waited_calls"] == 0
+    print_rollout(result)
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("2 of 4 calls at cadence arrived during one of the server's keep-warm runs and waited for it (at most "
+            "0.40 ms); which, by episode (its calls counted from 0): 0: 1; 1: 0") in out
 
 
 def test_rollout_times_closed_loop_calls_after_each_episode_as_the_loops_baseline(monkeypatch):

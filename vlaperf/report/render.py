@@ -208,8 +208,11 @@ def keep_warm_wait_words(ro: dict) -> str | None:
     waited, wait = ro.get("keep_warm_waited_calls"), ro.get("keep_warm_wait_ms")
     if waited is None or not wait:
         return None
+    at = [(e.get("episode"), e.get("keep_warm_waited_at")) for e in ro.get("per_episode") or []]
+    at = [f"{ep}: {', '.join(map(str, calls))}" for ep, calls in at if calls]
     return (f"{waited} of {wait['count']} calls at cadence arrived during one of the server's keep-warm runs and "
-            f"waited for it" + (f" (at most {wait['max']:.2f} ms)" if waited else ""))
+            f"waited for it" + (f" (at most {wait['max']:.2f} ms)" if waited else "")
+            + (f"; which, by episode (its calls counted from 0): {'; '.join(at)}" if at else ""))
 
 
 def workload_label(r: dict) -> str:

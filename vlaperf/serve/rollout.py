@@ -182,6 +182,16 @@ def _waited(waits_ms: list[float]) -> int | None:
     return sum(w > 0 for w in waits_ms) if waits_ms else None
 
 
+def _waited_at(waits_ms: list[float]) -> list[int] | None:
+    """Which of an episode's answered calls (counted from 0, its first) waited for a keep-warm run: where in the
+    episode they fall tells a server's forecast (none for an episode's first calls, whose arrivals follow the
+    closed-loop burst or the reset) from a keep-warm period that meets a steady loop. None: the server said nothing
+    (no keep-warm, or older than session 53)."""
+    if not any(w == w for w in waits_ms):
+        return None
+    return [i for i, w in enumerate(waits_ms) if w == w and w > 0]
+
+
 @dataclass
 class BackToBack:
     """The closed-loop calls after the episodes (`back_to_back`)."""
@@ -272,6 +282,7 @@ def _episodes(client, frames, episodes: int, steps: int, period: float, replan_e
                 "ideal_wall_s": steps_done * period, "policy_wait_s": st.wait_s,
                 "policy_wait_share": st.wait_s / wall if wall > 0 else None, "overrun_steps": overruns,
                 "policy_call_ms": summarize(st.call_ms) if st.call_ms else None,
+                "keep_warm_waited_at": _waited_at(st.split["keep_warm_wait_ms"]),
             }
             if asynchronous:
                 row.update({"stall_steps": st.stalls, "switches": st.switches, "guided_switches": st.guided_switches,
