@@ -28,7 +28,7 @@ def test_jitter_widens_the_window_on_both_sides():
 
 
 def test_too_few_or_irregular_arrivals_give_no_window():
-    assert _fed([0.5 * i for i in range(CADENCE_ARRIVALS - 1)]).quiet_window(0.001) is None  # one short
+    assert _fed([0.0, 0.5]).quiet_window(0.001) is None  # one gap: nothing to compare it with
     assert CadenceForecast(4).quiet_window(0.001) is None  # nothing seen
     # several clients: gaps of 0.05, 0.4, 0.1 s; no cadence to stand aside for
     assert _fed([0.0, 0.05, 0.45, 0.55], arrivals=4).quiet_window(0.001) is None
@@ -43,6 +43,28 @@ def test_the_window_follows_the_newest_arrivals():
         f.observe(t)
     start, end = f.quiet_window(0.0)
     assert start < 2.55 < end
+
+
+def test_two_gaps_that_agree_give_a_window_before_the_deque_is_full():
+    start, end = _fed([0.0, 0.5, 1.0]).quiet_window(0.0)
+    assert start < 1.5 < end and end - start == pytest.approx(2 * QUIET_MARGIN_S)
+
+
+def test_a_change_of_pace_is_forecast_from_the_new_gaps_alone():
+    """An episode's start: a closed-loop burst (a call every 16 ms), half a second's reset, then the loop's calls
+    every 0.5 s. The gaps of the burst and the reset make no window with the loop's, so the newest two give it: the
+    episode's third call on is forecast, where waiting for three loop gaps left its fourth unforecast too."""
+    burst = [0.0, 0.016, 0.032]
+    f = _fed(burst + [0.548])  # the episode's first call: the reset's gap against the burst's, no window
+    assert f.quiet_window(0.001) is None
+    f.observe(1.048)  # its second: the newest gaps 0.516 and 0.5 s, 16 ms apart: with a 5 ms run, wider than 20 ms
+    assert f.quiet_window(0.005) is None
+    f.observe(1.548)  # its third: the gaps 0.5 and 0.5 agree, the reset's 0.516 before them does not
+    start, end = f.quiet_window(0.001)
+    assert start == pytest.approx(2.048 - QUIET_MARGIN_S - 0.001) and end == pytest.approx(2.048 + QUIET_MARGIN_S)
+    # all three gaps are used where they agree: the jitter of the oldest widens the window
+    start, end = _fed([0.0, 0.503, 1.003, 1.503]).quiet_window(0.0)
+    assert end - 2.003 == pytest.approx(0.003 + QUIET_MARGIN_S)
 
 
 def test_the_jobs_of_one_list_request_count_as_one_arrival():

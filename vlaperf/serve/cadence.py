@@ -14,8 +14,8 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
-# arrivals a forecast is made from: three gaps that agree (at 2 calls a second, 1.5 s of a loop). A wrong
-# forecast costs one window of held runs, so it need not wait for many
+# arrivals a forecast is made from: up to three gaps (at 2 calls a second, 1.5 s of a loop), of which the newest two
+# at least must agree. A wrong forecast costs one window of held runs, so it need not wait for many
 CADENCE_ARRIVALS = 4
 # added to each side of the window: the inference thread's wake-up from its condition wait, and the clocks of
 # two threads, are late by a few hundred microseconds at worst on a busy host
@@ -47,16 +47,28 @@ class CadenceForecast:
 
         The next arrival is the last one plus the median gap, give or take the largest gap's distance from that
         median (the jitter). The window opens a run's length before the earliest arrival and closes at the latest,
-        each widened by QUIET_MARGIN_S."""
-        if len(self._arrivals) < self._arrivals.maxlen:
+        each widened by QUIET_MARGIN_S. The gaps are the newest ones that give a window, all of them where they
+        agree, else the newest two: where a loop changes pace (an episode's first calls, after a closed-loop burst
+        or a reset), its older gaps are another cadence's, and waiting for them to pass left each episode's first
+        four calls without a window (session 54's CPU rollouts: most of the requests that still waited)."""
+        if len(self._arrivals) < 3:
             return None
         times = list(self._arrivals)
         gaps = [b - a for a, b in zip(times, times[1:])]
-        gap = statistics.median(gaps)
-        jitter = max(abs(g - gap) for g in gaps)
-        due = times[-1] + gap
-        start = due - jitter - QUIET_MARGIN_S - max(0.0, run_s)
-        end = due + jitter + QUIET_MARGIN_S
-        if end - start > min(QUIET_MAX_FRACTION * gap, QUIET_MAX_S):
-            return None
-        return start, end
+        for newest in range(len(gaps), 1, -1):
+            window = _window(times[-1], gaps[-newest:], run_s)
+            if window is not None:
+                return window
+        return None
+
+
+def _window(last: float, gaps: list[float], run_s: float) -> tuple[float, float] | None:
+    """CadenceForecast.quiet_window from these gaps after the arrival at `last`; None where it is too wide."""
+    gap = statistics.median(gaps)
+    jitter = max(abs(g - gap) for g in gaps)
+    due = last + gap
+    start = due - jitter - QUIET_MARGIN_S - max(0.0, run_s)
+    end = due + jitter + QUIET_MARGIN_S
+    if end - start > min(QUIET_MAX_FRACTION * gap, QUIET_MAX_S):
+        return None
+    return start, end
