@@ -46,7 +46,9 @@ def test_the_window_follows_the_newest_arrivals():
 
 
 def test_two_gaps_that_agree_give_a_window_before_the_deque_is_full():
-    start, end = _fed([0.0, 0.5, 1.0]).quiet_window(0.0)
+    f = _fed([0.0, 0.5, 1.0])
+    assert f.last_arrival == 1.0 and CadenceForecast().last_arrival == float("-inf")
+    start, end = f.quiet_window(0.0)
     assert start < 1.5 < end and end - start == pytest.approx(2 * QUIET_MARGIN_S)
 
 

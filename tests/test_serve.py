@@ -2187,29 +2187,45 @@ def test_a_request_that_arrives_during_a_keep_warm_run_waits_for_it_and_is_count
         s.stop()
 
 
-@pytest.mark.parametrize("quiet", [True, False])
-def test_keep_warm_stands_aside_where_a_steady_clients_next_request_is_due(quiet, monkeypatch):
+@pytest.mark.parametrize("quiet,clients", [(True, 1), (False, 1), (True, 2), (True, "reconnect")])
+def test_keep_warm_stands_aside_where_a_steady_clients_next_request_is_due(quiet, clients, monkeypatch):
     """A client at a steady cadence against runs that fill the idle (8 ms each, 0.1 ms apart): once the server has
     seen its cadence, the runs stand aside where the next request is due and no request waits for one. Without
-    quiet, nearly every request arrives during a run and waits for it (the control: the test can fail)."""
+    quiet, nearly every request arrives during a run and waits for it (the control: the test can fail). Two clients,
+    each steady, the second 0.3 of a gap behind the first: together their arrivals keep no cadence (gaps of 0.06 and
+    0.14 s in turn), and each connection's own forecast is what stands the runs aside for both. A client that
+    connects anew for each request is forecast from all the requests together, and the forecasts of its closed
+    connections are forgotten once they have been silent for KEEP_WARM_FOR_S."""
     import vlaperf.serve.cadence as cadence
+    import vlaperf.serve.server as server_module
 
     monkeypatch.setattr(cadence, "QUIET_MAX_S", 0.1)  # room for a slow CI machine's jitter beside the 8 ms runs
+    monkeypatch.setattr(server_module, "KEEP_WARM_FOR_S", 1.0)  # the requests come every 0.2 s: keep-warm stays on
+    reconnect, clients = clients == "reconnect", 1 if clients == "reconnect" else clients
     policy = _SlowWarm(TINY, warm_s=0.008)
     s = PolicyServer(policy, port=0, max_batch=1, max_wait_ms=0.0, warmup_batch_sizes=(), keep_warm_ms=0.1,
                      keep_warm_quiet=quiet).start()
     gap_s, learn, timed = 0.2, cadence.CADENCE_ARRIVALS, 8
     try:
         assert s.metadata["keep_warm_quiet"] is quiet
-        with raw_connection(s) as ws:
-            t0 = time.perf_counter()
-            for i in range(learn + timed):
-                if i == learn:
-                    delayed_before = s.stats["keep_warm_delayed"]
-                time.sleep(max(0.0, t0 + i * gap_s - time.perf_counter()))
-                assert_result(unpackb(roundtrip(ws, packb(make_example(TINY, seed=i)))))
-        delayed = s.stats["keep_warm_delayed"] - delayed_before
-        assert s.stats["keep_warm_runs"] > timed * 5  # the runs did fill the idle
+        conns = [raw_connection(s) for _ in range(clients)]
+        # (when, which connection), in time order: each connection every gap_s, the second 0.3 gap_s behind
+        schedule = sorted((i * gap_s + 0.3 * gap_s * c, c) for i in range(learn + timed) for c in range(clients))
+        t0 = time.perf_counter()
+        for k, (at, c) in enumerate(schedule):
+            if k == learn * clients:
+                delayed_before = s.stats["keep_warm_delayed"]
+            if reconnect:
+                conns[c].close()
+                conns[c] = raw_connection(s)
+            time.sleep(max(0.0, t0 + at - time.perf_counter()))
+            assert_result(unpackb(roundtrip(conns[c], packb(make_example(TINY, seed=k)))))
+        for ws in conns:
+            ws.close()
+        if reconnect:  # 12 connections each sent one request; those silent for over a second are forgotten
+            assert len(s._cadence) <= 1 + 1.0 / gap_s + 1
+        delayed, timed = s.stats["keep_warm_delayed"] - delayed_before, timed * clients
+        assert s.stats["keep_warm_runs"] > timed * 2  # the runs did fill the idle
         if quiet:
             # a loaded machine's stray wake-up may still meet one or two
             assert delayed <= 2, f"{delayed} of {timed} requests at a steady cadence waited for a keep-warm run"

@@ -5,8 +5,9 @@ A robot's control loop calls the policy at a steady rate (a chunk replanned ever
 during a run waits for it: on an H100, 10-14 of a 10 Hz rollout's ~60 calls at cadence did, and the queue's p95 went
 from ~0.2 to 0.3-0.6 ms (session 52's part kc). The arrivals of such a loop are regular enough to forecast: from the
 last few gaps, the next arrival and how far it may stray. `CadenceForecast.quiet_window` is the span in which a run
-would meet that arrival; the server holds its runs there. Arrivals that are not regular (several clients, a loop that
-pauses) give no window, and keep-warm runs as before.
+would meet that arrival; the server holds its runs there, forecasting each connection's arrivals on its own (and all
+of them together, for a client that reconnects for each call). Arrivals that are not regular (a loop that pauses)
+give no window, and keep-warm runs as before.
 """
 
 from __future__ import annotations
@@ -34,6 +35,11 @@ class CadenceForecast:
         if isinstance(arrivals, bool) or not isinstance(arrivals, int) or arrivals < 3:
             raise ValueError(f"arrivals must be an integer >= 3 (two gaps to compare), got {arrivals!r}")
         self._arrivals: deque[float] = deque(maxlen=arrivals)
+
+    @property
+    def last_arrival(self) -> float:
+        """The newest arrival seen (-inf before any)."""
+        return self._arrivals[-1] if self._arrivals else -float("inf")
 
     def observe(self, t: float) -> None:
         """One request's arrival. A time not after the last one (the jobs of one list request) adds nothing."""

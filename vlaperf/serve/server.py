@@ -209,7 +209,9 @@ class PolicyServer:
 
         `keep_warm_quiet`: when the requests come at a steady cadence (one robot's loop), hold the keep-warm runs in
         the span where one would still be running as the next request arrives (vlaperf.serve.cadence; each span
-        that held a run back is counted in stats["keep_warm_quiet"]). False: run on the period regardless.
+        that held a run back is counted in stats["keep_warm_quiet"]). Each connection's cadence is forecast on its
+        own (several robots, one connection each), and so is all the server's requests' together (a client that
+        reconnects for each call). False: run on the period regardless.
 
         Security defaults: binds to loopback; binding any other address without an
         `api_key` raises ValueError unless `allow_unauthenticated_remote=True`.
@@ -268,10 +270,11 @@ class PolicyServer:
         self.keep_warm_ms = None if keep_warm_ms is None else float(keep_warm_ms)
         self.keep_warm_quiet = keep_warm_quiet
         # keep-warm state, inference thread only: what to rerun (the last batch's examples), when a batch last
-        # ended and when the last run did; the requests' cadence, the last runs' lengths and the last quiet span
+        # ended and when the last run did; the requests' cadence (each connection's, and under None all requests'
+        # together), the last runs' lengths and the last quiet span
         self._warm_examples: list | None = None
         self._last_served = self._last_warmed = 0.0
-        self._cadence = CadenceForecast()
+        self._cadence: dict[int | None, CadenceForecast] = {None: CadenceForecast()}
         self._warm_runs_s: deque[float] = deque(maxlen=16)
         self._quiet_until = -math.inf
         self._legacy = _legacy_websockets or _serve_new is None
@@ -856,7 +859,8 @@ class PolicyServer:
         batch = [self._pending.popleft() for _ in range(n)]
         if self.keep_warm_ms is not None:
             for job in batch:
-                self._cadence.observe(job.t_enqueue)
+                self._cadence[None].observe(job.t_enqueue)
+                self._cadence.setdefault(job.conn, CadenceForecast()).observe(job.t_enqueue)
         self._busy.update(job.conn for job in batch)
         if self._pending:
             self._cv.notify()  # another idle thread takes the rest now
@@ -872,13 +876,24 @@ class PolicyServer:
             return None
         due = self._last_warmed + self.keep_warm_ms / 1e3
         if self.keep_warm_quiet and self._warm_runs_s:
-            window = self._cadence.quiet_window(max(self._warm_runs_s))
-            if window is not None and window[0] < due < window[1]:  # the run would meet the next request: after it
-                if window[1] > self._quiet_until:
-                    self.stats["keep_warm_quiet"] += 1
-                    self._quiet_until = window[1]
-                due = window[1]
+            due = self._after_quiet_windows(due, now)
         return max(0.0, due - now)
+
+    def _after_quiet_windows(self, due: float, now: float) -> float:
+        """`due`, or where it falls in a quiet window (a run then would meet a steady connection's next request),
+        that window's end, and so on through any window overlapping it. A connection silent for KEEP_WARM_FOR_S (gone,
+        or a robot between episodes) is forgotten; its next request starts a new forecast."""
+        for conn in [c for c, f in self._cadence.items() if c is not None and now - f.last_arrival > KEEP_WARM_FOR_S]:
+            del self._cadence[conn]
+        run_s = max(self._warm_runs_s)
+        windows = sorted(w for f in self._cadence.values() if (w := f.quiet_window(run_s)) is not None)
+        for start, end in windows:  # by start: moving `due` to one's end can only put it in a later one
+            if start < due < end:  # the run would meet the next request: after it
+                if end > self._quiet_until:
+                    self.stats["keep_warm_quiet"] += 1
+                    self._quiet_until = end
+                due = end
+        return due
 
     def _keep_warm(self) -> None:
         """One keep-warm run, outside the lock; a request that arrived during it is counted as delayed."""
