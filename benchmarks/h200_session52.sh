@@ -40,6 +40,11 @@
 #   PART=kqr kq with `--rtc` (servers and rollouts, 10 Hz; one round ran in session 53 as tag s53kqr: 5 waited on
 #            the period, 2 quiet). Predictions: quiet at most 2 waited of 30, on the period 2-8; the queue's p95 at
 #            cadence for quiet within 0.1 ms of the off server's.
+#   PART=km  two robots on one server, each on its own connection (`ROBOTS=2`, started 0.13 s apart, 10 Hz, the
+#            client's pings every 5 ms), servers 5 ms on the period and quiet, one round. From 6ffc202 each connection's
+#            cadence is forecast on its own. The CPU machine (tiny): waited 22 of 60 calls at cadence on the period, 1
+#            quiet; 24 quiet with one forecast for all requests (b2bcd41). Predictions: on the period 8-25 of 60; quiet
+#            at most 3 of 60.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=h bash benchmarks/h200_session52.sh, carry [".whl"]
 #   TAG names the files (default s52; session 53 ran the parts session 52 could not with TAG=s53).
 set -u
@@ -91,6 +96,11 @@ EOT
 kqr)
   lane A 0 60 <<EOT &
 420 SETTINGS="off 5-noquiet 5" CLIENTS=5 SERVE_OPTS=--rtc ROLLOUT_OPTS=--rtc bash benchmarks/keep_warm_rollouts.sh $R ${TAG}kqr
+EOT
+  ;;
+km)
+  lane A 0 60 <<EOT &
+300 SETTINGS="5-noquiet 5" CLIENTS=5 ROBOTS=2 ROUNDS=a bash benchmarks/keep_warm_rollouts.sh $R ${TAG}km
 EOT
   ;;
 p)

@@ -8,7 +8,9 @@
 # $HZ, default 10: the control rates, each round runs them all (an episode is 7.5 s at any rate, so 75 steps at
 # 10 Hz, 375 at 50); $SERVE_OPTS and $ROLLOUT_OPTS, default none: more options for every server and every rollout,
 # e.g. --rtc for both; $CLIENTS, default "off": the rollouts' own keep-warm, `rollout --client-keep-warm-ms`, each
-# setting against each server, its files named -client<setting> unless the default)
+# setting against each server, its files named -client<setting> unless the default; $ROBOTS, default 1: that many
+# rollouts at once against each server, as several robots each on its own connection, started 0.13 s apart, their
+# files named -robot<k> where there are several)
 set -u
 R=$1 TAG=$2 W=${3:-libero-pi0} L=${4:-best}
 HZ=${HZ:-10}
@@ -38,11 +40,18 @@ for round in ${ROUNDS:-a b}; do
     copt=""; [ "$c" != off ] && copt="--client-keep-warm-ms $c"
     csuf=""; [ "${CLIENTS:-off}" != off ] && csuf="-client$c"
     sleep 12
-    # COLUMNS: the console's summary on one line, for the grep
-    COLUMNS=1000 timeout 90 $V rollout --url ws://127.0.0.1:$port --episodes 2 --steps-per-episode $((hz * 15 / 2)) --control-hz $hz \
-      --back-to-back 10 $copt ${ROLLOUT_OPTS:-} \
-      --json $R/rollout_${W}_${L}-${TAG}-${hz}hz-keepwarm-${KEEP[$port]}${csuf}${round}.json \
-      2>&1 | grep -E "at [0-9.]+ Hz|errors|keep-warm runs and waited"
+    RPIDS=()
+    for k in $(seq ${ROBOTS:-1}); do
+      rsuf=""; [ "${ROBOTS:-1}" != 1 ] && rsuf="-robot$k"
+      # COLUMNS: the console's summary on one line, for the grep
+      (sleep "$(awk "BEGIN { print 0.13 * ($k - 1) }")"
+       COLUMNS=1000 timeout 90 $V rollout --url ws://127.0.0.1:$port --episodes 2 --steps-per-episode $((hz * 15 / 2)) \
+         --control-hz $hz --back-to-back 10 $copt ${ROLLOUT_OPTS:-} \
+         --json $R/rollout_${W}_${L}-${TAG}-${hz}hz-keepwarm-${KEEP[$port]}${csuf}${round}${rsuf}.json \
+         2>&1 | grep -E "at [0-9.]+ Hz|errors|keep-warm runs and waited" | sed "s/^/${rsuf#-}${rsuf:+: }/") &
+      RPIDS+=($!)
+    done
+    wait "${RPIDS[@]}"  # the rollouts only: the servers run on
     # what is done so far comes back even if the device call's time limit cuts the rest
     [ -n "${OUT:-}" ] && tar czf "$OUT/partial.tgz" -C "$(dirname "$R")" "$(basename "$R")"
   done
