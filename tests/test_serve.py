@@ -2237,6 +2237,29 @@ def test_keep_warm_stands_aside_where_a_steady_clients_next_request_is_due(quiet
         s.stop()
 
 
+@pytest.mark.parametrize("quiet", [True, False])
+def test_keep_warm_forecasts_at_most_so_many_connections_and_none_without_quiet(quiet, monkeypatch):
+    """Clients that connect anew for each call leave a forecast each; past CADENCE_MAX_CONNECTIONS the one heard
+    from longest ago goes (the forecast of all requests together stays). Without quiet nothing is forecast."""
+    import vlaperf.serve.server as server_module
+
+    monkeypatch.setattr(server_module, "CADENCE_MAX_CONNECTIONS", 2)
+    s = PolicyServer(_SlowWarm(TINY), port=0, max_batch=1, warmup_batch_sizes=(), keep_warm_ms=5.0,
+                     keep_warm_quiet=quiet).start()
+    try:
+        for k in range(5):  # connections 1 to 5, one request each
+            with raw_connection(s) as ws:
+                assert_result(unpackb(roundtrip(ws, packb(make_example(TINY, seed=k)))))
+        forecasts = dict(s._cadence)
+        if quiet:
+            assert sorted(forecasts, key=str) == [4, 5, None]  # the two heard from last, and all requests together
+            assert forecasts[None].last_arrival == forecasts[5].last_arrival > forecasts[4].last_arrival
+        else:
+            assert list(forecasts) == [None] and forecasts[None].last_arrival == float("-inf")
+    finally:
+        s.stop()
+
+
 def test_keep_warm_quiet_is_checked_and_said_only_with_keep_warm():
     with pytest.raises(ValueError, match="keep_warm_quiet must be True or False, got 'no'"):
         PolicyServer(_Recorder(TINY), port=0, keep_warm_ms=5.0, keep_warm_quiet="no")

@@ -82,6 +82,9 @@ WS_MAX_QUEUE = 4
 # between episodes, not for a client that has gone (each run holds a CPU core and the GPU's stream: 0.42 ms on
 # average for libero-pi0 on an H100 host, session 51)
 KEEP_WARM_FOR_S = 10.0
+# keep_warm_quiet forecasts at most this many connections' cadences (the most recently heard from): a client that
+# connects anew for each call would otherwise leave one forecast per call behind until KEEP_WARM_FOR_S has passed
+CADENCE_MAX_CONNECTIONS = 64
 _KEEP_WARM = object()  # _take_batch's answer when no request waits and a keep-warm run is due
 HEALTH_PATH = "/healthz"
 
@@ -857,9 +860,12 @@ class PolicyServer:
         share = -(-len(self._pending) // max(1, self._idle_workers))
         n = min(self.max_batch, share)
         batch = [self._pending.popleft() for _ in range(n)]
-        if self.keep_warm_ms is not None:
+        if self.keep_warm_ms is not None and self.keep_warm_quiet:
             for job in batch:
                 self._cadence[None].observe(job.t_enqueue)
+                if job.conn not in self._cadence and len(self._cadence) > CADENCE_MAX_CONNECTIONS:
+                    del self._cadence[min((c for c in self._cadence if c is not None),
+                                          key=lambda c: self._cadence[c].last_arrival)]
                 self._cadence.setdefault(job.conn, CadenceForecast()).observe(job.t_enqueue)
         self._busy.update(job.conn for job in batch)
         if self._pending:
