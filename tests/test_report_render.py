@@ -1664,6 +1664,9 @@ def test_keep_warm_wait_words_count_the_calls_that_met_a_run_and_say_nothing_wit
     assert keep_warm_wait_words({"keep_warm_waited_calls": 3, "keep_warm_wait_ms": wait, "per_episode": episodes}) == (
         "3 of 30 calls at cadence arrived during one of the server's keep-warm runs and waited for it (at most 0.91 ms)"
         "; which, by episode (its calls counted from 0): 0: 0, 3; 2: 1")
+    many = [{"episode": 0, "keep_warm_waited_at": list(range(0, 40, 3))}]  # 14 calls: the first 8 are named
+    assert keep_warm_wait_words({"keep_warm_waited_calls": 14, "keep_warm_wait_ms": wait, "per_episode": many}).endswith(
+        "0: 0, 3, 6, 9, 12, 15, 18, 21 and 6 more")
     # a server without keep-warm, or a file from before session 53: nothing to say
     assert keep_warm_wait_words({"keep_warm_waited_calls": None, "keep_warm_wait_ms": None}) is None
     assert keep_warm_wait_words({}) is None

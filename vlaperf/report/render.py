@@ -202,6 +202,11 @@ def keep_warm_setting_words(ro: dict, srv: dict) -> str:
     return text
 
 
+# the calls that waited for a keep-warm run named per episode, at most: where they fall is in the first few (an
+# episode's start) or spread through it, which this many show; the file keeps them all
+WAITED_AT_SHOWN = 8
+
+
 def keep_warm_wait_words(ro: dict) -> str | None:
     """How many of a rollout's calls at cadence waited for one of the server's keep-warm runs (servers with
     --keep-warm-ms from session 53 on), for the CLI and the reports alike; None where the server did not say."""
@@ -209,7 +214,9 @@ def keep_warm_wait_words(ro: dict) -> str | None:
     if waited is None or not wait:
         return None
     at = [(e.get("episode"), e.get("keep_warm_waited_at")) for e in ro.get("per_episode") or []]
-    at = [f"{ep}: {', '.join(map(str, calls))}" for ep, calls in at if calls]
+    at = [f"{ep}: {', '.join(map(str, calls[:WAITED_AT_SHOWN]))}"
+          + (f" and {len(calls) - WAITED_AT_SHOWN} more" if len(calls) > WAITED_AT_SHOWN else "")
+          for ep, calls in at if calls]
     return (f"{waited} of {wait['count']} calls at cadence arrived during one of the server's keep-warm runs and "
             f"waited for it" + (f" (at most {wait['max']:.2f} ms)" if waited else "")
             + (f"; which, by episode (its calls counted from 0): {'; '.join(at)}" if at else ""))
