@@ -61,6 +61,6 @@ done
 for port in "${PORTS[@]}"; do
   python3 -c "import urllib.request as u; print(u.urlopen('http://127.0.0.1:$port/metrics', timeout=5).read().decode())" \
     > $R/metrics_${W}_${L}-${TAG}-keepwarm-${KEEP[$port]}.txt
-  echo "keep-warm ${KEEP[$port]}: $(grep -E '^vlaperf_(keep_warm_runs_total|keep_warm_delayed_observations_total|keep_warm_quiet_total|requests_total|keep_warm_seconds_(sum|count)) ' $R/metrics_${W}_${L}-${TAG}-keepwarm-${KEEP[$port]}.txt | tr '\n' ' ')"
+  echo "keep-warm ${KEEP[$port]}: $(grep -E '^vlaperf_(keep_warm_runs_total|keep_warm_delayed_observations_total|keep_warm_quiet_total|requests_total|keep_warm_seconds_(sum|count)|keep_warm_delayed_why_total\{why="[a-z_]+"\}) ' $R/metrics_${W}_${L}-${TAG}-keepwarm-${KEEP[$port]}.txt | tr '\n' ' ')"
 done
 kill -TERM "${PIDS[@]}"; wait

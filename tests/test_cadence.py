@@ -79,3 +79,13 @@ def test_the_jobs_of_one_list_request_count_as_one_arrival():
 def test_the_number_of_arrivals_is_checked(bad):
     with pytest.raises(ValueError, match=r"arrivals must be an integer >= 3 \(two gaps to compare\), got"):
         CadenceForecast(bad)
+
+
+def test_a_miss_says_why_a_request_met_a_run_the_window_did_not_hold_back():
+    assert CadenceForecast().miss(1.0, 0.001) == "no_forecast"  # nothing seen
+    assert _fed([0.0, 0.05, 0.45]).miss(0.9, 0.001) == "no_forecast"  # too irregular for a window
+    f = _fed([0.0, 0.5, 1.0, 1.5])  # due at 2.0 s, expected within QUIET_MARGIN_S of it
+    assert f.miss(2.0, 0.001) == "long_run"  # where expected: the run outlasted the 1 ms it was held back for
+    assert f.miss(2.0 + QUIET_MARGIN_S, 0.001) == "long_run"
+    assert f.miss(2.0 - 2 * QUIET_MARGIN_S, 0.001) == "off_forecast"  # early: inside the window, before the span
+    assert f.miss(2.0 + 2 * QUIET_MARGIN_S, 0.001) == "off_forecast"  # late: after the window closed

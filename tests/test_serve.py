@@ -267,7 +267,7 @@ def _metrics(server) -> dict[str, float]:
             assert line.split()[1] in ("HELP", "TYPE"), line
             continue
         name, value = line.rsplit(" ", 1)
-        assert re.fullmatch(r'vlaperf_[a-z_]+(\{le="([0-9.e+-]+|\+Inf)"\})?', name), line
+        assert re.fullmatch(r'vlaperf_[a-z_]+(\{(le="([0-9.e+-]+|\+Inf)"|why="[a-z_]+")\})?', name), line
         samples[name] = float(value)
     return samples
 
@@ -1398,7 +1398,8 @@ def test_finished_batches_leave_no_connection_counted_as_busy_and_stats_count(mo
         _wait_for(lambda: s._n_connections == 0)
         assert s.stats == {"requests": 2, "errors": 1, "batches": 1, "batched_observations": 3,
                            "dropped_observations": 0, "rtc_guided": 0, "rtc_unguided": 0, "keep_warm_runs": 0,
-                           "keep_warm_delayed": 0, "keep_warm_quiet": 0}
+                           "keep_warm_delayed": 0, "keep_warm_quiet": 0, "keep_warm_delayed_no_forecast": 0,
+                           "keep_warm_delayed_off_forecast": 0, "keep_warm_delayed_long_run": 0}
     finally:
         s.stop()
 
@@ -2183,6 +2184,12 @@ def test_a_request_that_arrives_during_a_keep_warm_run_waits_for_it_and_is_count
             timing = reply["server_timing"]  # and its reply says how long, within its wait in the queue
             assert 100 < timing["keep_warm_wait_ms"] <= timing["queue_ms"]
             assert len(policy.calls) == 2
+        # quiet (the default) says why it did not stand aside: one request before gives no forecast
+        metrics = _metrics(s)
+        assert s.stats["keep_warm_delayed_no_forecast"] == s.stats["keep_warm_delayed"]
+        assert s.stats["keep_warm_delayed_off_forecast"] == s.stats["keep_warm_delayed_long_run"] == 0
+        assert [metrics[f'vlaperf_keep_warm_delayed_why_total{{why="{why}"}}'] for why in
+                ("no_forecast", "off_forecast", "long_run")] == [s.stats["keep_warm_delayed"], 0, 0]
     finally:
         s.stop()
 
@@ -2226,13 +2233,18 @@ def test_keep_warm_stands_aside_where_a_steady_clients_next_request_is_due(quiet
             assert len(s._cadence) <= 1 + 1.0 / gap_s + 1
         delayed, timed = s.stats["keep_warm_delayed"] - delayed_before, timed * clients
         assert s.stats["keep_warm_runs"] > timed * 2  # the runs did fill the idle
+        why = [s.stats[f"keep_warm_delayed_{w}"] for w in ("no_forecast", "off_forecast", "long_run")]
         if quiet:
-            # a loaded machine's stray wake-up may still meet one or two
-            assert delayed <= 2, f"{delayed} of {timed} requests at a steady cadence waited for a keep-warm run"
-            assert s.stats["keep_warm_quiet"] >= timed - 2
+            # a loaded machine's stray wake-up may still meet one or two a client (one forecast for both clients
+            # let 15 of 16 wait)
+            assert delayed <= 2 * clients, (f"{delayed} of {timed} requests at a steady cadence waited for a keep-warm run "
+                                  f"(no forecast, off forecast, long run, warm-ups included: {why})")
+            assert sum(why) == s.stats["keep_warm_delayed"]  # each one that waited, warm-up calls included, has a why
+            assert s.stats["keep_warm_quiet"] >= timed - 2 * clients
             assert _metrics(s)["vlaperf_keep_warm_quiet_total"] == s.stats["keep_warm_quiet"]
         else:
             assert delayed >= timed - 3 and s.stats["keep_warm_quiet"] == 0
+            assert why == [0, 0, 0]  # nothing was forecast, so nothing to say why
     finally:
         s.stop()
 

@@ -25,6 +25,8 @@ QUIET_MARGIN_S = 0.0005
 # further is not steady, and holding the runs longer would let the host go cold before the call
 QUIET_MAX_FRACTION = 0.25
 QUIET_MAX_S = 0.02
+# why a request of a quiet server still met a keep-warm run (CadenceForecast.miss; the server's stats and /metrics)
+MISSES = ("no_forecast", "off_forecast", "long_run")
 
 
 class CadenceForecast:
@@ -66,6 +68,16 @@ class CadenceForecast:
             if window is not None:
                 return window
         return None
+
+    def miss(self, arrival: float, run_s: float) -> str:
+        """Why a request that arrived at `arrival` met a keep-warm run, the window being the one for runs of `run_s`
+        (call it before the arrival is observed): "no_forecast" (no window: too few arrivals, or too irregular),
+        "off_forecast" (it arrived outside the span the window expected it in), or "long_run" (it arrived where
+        expected: the run, started before the window, lasted longer than the run_s it was held back for)."""
+        window = self.quiet_window(run_s)
+        if window is None:
+            return "no_forecast"
+        return "long_run" if window[0] + max(0.0, run_s) <= arrival <= window[1] else "off_forecast"
 
 
 def _window(last: float, gaps: list[float], run_s: float) -> tuple[float, float] | None:

@@ -9,6 +9,11 @@ histograms every few seconds. What the server exports:
     vlaperf_rtc_guided_observations_total, vlaperf_rtc_unguided_observations_total
                                                                 observations sent with real-time chunking's keys
                                                                 (`serve --rtc`), guided or not (nothing to continue)
+    vlaperf_keep_warm_runs_total, vlaperf_keep_warm_delayed_observations_total, vlaperf_keep_warm_quiet_total
+                                                                `serve --keep-warm-ms`: its runs, the observations
+                                                                that waited for one, the windows that held runs back
+    vlaperf_keep_warm_delayed_why_total{why}                    of those that waited with quiet on, why: no_forecast,
+                                                                off_forecast, long_run (vlaperf.serve.cadence)
     vlaperf_connections, vlaperf_inflight_requests, vlaperf_queued_observations   gauges, now
     vlaperf_request_seconds      a request's server-side time, frame received to reply sent (histogram)
     vlaperf_queue_seconds        an observation's wait for the inference thread (histogram)
@@ -24,6 +29,8 @@ from __future__ import annotations
 import bisect
 import math
 import threading
+
+from vlaperf.serve.cadence import MISSES
 
 METRICS_PATH = "/metrics"
 SECONDS_BUCKETS = (0.001, 0.0025, 0.005, 0.0075, 0.01, 0.0125, 0.015, 0.02, 0.025, 0.03, 0.04, 0.05, 0.075, 0.1,
@@ -102,6 +109,11 @@ def render(stats: dict, gauges: dict, metrics: ServerMetrics) -> str:
             "waited for it", "keep_warm_delayed")
     counter("vlaperf_keep_warm_quiet_total", "times keep-warm held its runs back because a steady client's next "
             "request was due", "keep_warm_quiet")
+    name = "vlaperf_keep_warm_delayed_why_total"
+    out.extend([f"# HELP {name} of the observations that waited for a keep-warm run with quiet on, why the run was "
+                "not held back: no forecast (too few or irregular arrivals), off forecast (arrived outside the "
+                "expected span), long run (the run outlasted the length it was held back for)", f"# TYPE {name} counter"])
+    out.extend(f'{name}{{why="{why}"}} {int(stats.get(f"keep_warm_delayed_{why}", 0))}' for why in MISSES)
     for name, help_text in (("connections", "open websocket connections"),
                             ("inflight_requests", "requests received and not yet answered"),
                             ("queued_observations", "observations waiting for the inference thread")):

@@ -66,7 +66,7 @@ import numpy as np
 from vlaperf import __version__
 from vlaperf.inputs import InputError, make_example, warmup_prompts
 from vlaperf.policy import ModelChunk, NonFiniteActions, RtcRequest
-from vlaperf.serve.cadence import CadenceForecast
+from vlaperf.serve.cadence import MISSES, CadenceForecast
 from vlaperf.serve.metrics import METRICS_PATH, ServerMetrics
 from vlaperf.serve.metrics import render as render_metrics
 from vlaperf.serve.protocol import (DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES, MAX_REQUEST_ID_CHARS, REQUEST_ID_KEY,
@@ -310,7 +310,8 @@ class PolicyServer:
         self._chunks: dict[int, dict[int, ModelChunk]] = {}
         self._rtc_on, self._rtc_horizon = False, 0  # set once the policy is built
         self.stats = {"requests": 0, "errors": 0, "batches": 0, "batched_observations": 0, "dropped_observations": 0,
-                      "rtc_guided": 0, "rtc_unguided": 0, "keep_warm_runs": 0, "keep_warm_delayed": 0, "keep_warm_quiet": 0}
+                      "rtc_guided": 0, "rtc_unguided": 0, "keep_warm_runs": 0, "keep_warm_delayed": 0, "keep_warm_quiet": 0,
+                      **{f"keep_warm_delayed_{why}": 0 for why in MISSES}}
         self.metrics = ServerMetrics()  # the latency histograms of GET /metrics
         self._conn_errors: Counter = Counter()  # connection -> request errors so far (the log keeps the first few)
 
@@ -910,6 +911,7 @@ class PolicyServer:
             log.exception("keep-warm run failed; keep-warm is off from now on")
             self.keep_warm_ms = None
         t1 = self._last_warmed = time.perf_counter()
+        held_for_s = max(self._warm_runs_s, default=0.0)  # the run length the quiet windows were made for
         self._warm_runs_s.append(t1 - t0)
         self.stats["keep_warm_runs"] += 1
         self.metrics.keep_warm_seconds.observe(t1 - t0)
@@ -918,6 +920,17 @@ class PolicyServer:
                 if job.t_enqueue > t0:  # arrived during the run: it waited for the rest of it
                     job.keep_warm_wait_s = t1 - job.t_enqueue
                     self.stats["keep_warm_delayed"] += 1
+                    if self.keep_warm_quiet:
+                        self.stats[f"keep_warm_delayed_{self._missed(job, held_for_s)}"] += 1
+
+    def _missed(self, job: _Job, run_s: float) -> str:
+        """Why quiet did not hold back the run `job` met (CadenceForecast.miss): judged by its connection's
+        forecast, or where that has no window, all requests' together."""
+        for key in (job.conn, None):
+            forecast = self._cadence.get(key)
+            if forecast is not None and forecast.quiet_window(run_s) is not None:
+                return forecast.miss(job.t_enqueue, run_s)
+        return "no_forecast"
 
     def _run_batch(self, batch: list[_Job]) -> None:
         t_start = time.perf_counter()
