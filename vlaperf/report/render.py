@@ -202,8 +202,8 @@ def keep_warm_setting_words(ro: dict, srv: dict) -> str:
     return text
 
 
-# the calls that waited for a keep-warm run named per episode, at most: where they fall is in the first few (an
-# episode's start) or spread through it, which this many show; the file keeps them all
+# at most this many of an episode's calls that waited for a keep-warm run are named: enough to tell waits at the
+# episode's start from waits spread through it; the file keeps them all
 WAITED_AT_SHOWN = 8
 
 
@@ -213,10 +213,12 @@ def keep_warm_wait_words(ro: dict) -> str | None:
     waited, wait = ro.get("keep_warm_waited_calls"), ro.get("keep_warm_wait_ms")
     if waited is None or not wait:
         return None
-    at = [(e.get("episode"), e.get("keep_warm_waited_at")) for e in ro.get("per_episode") or []]
-    at = [f"{ep}: {', '.join(map(str, calls[:WAITED_AT_SHOWN]))}"
-          + (f" and {len(calls) - WAITED_AT_SHOWN} more" if len(calls) > WAITED_AT_SHOWN else "")
-          for ep, calls in at if calls]
+    at = []
+    for e in ro.get("per_episode") or []:
+        calls = e.get("keep_warm_waited_at")
+        if calls:
+            more = f" and {len(calls) - WAITED_AT_SHOWN} more" if len(calls) > WAITED_AT_SHOWN else ""
+            at.append(f"{e.get('episode')}: {', '.join(map(str, calls[:WAITED_AT_SHOWN]))}{more}")
     return (f"{waited} of {wait['count']} calls at cadence arrived during one of the server's keep-warm runs and "
             f"waited for it" + (f" (at most {wait['max']:.2f} ms)" if waited else "")
             + (f"; which, by episode (its calls counted from 0): {'; '.join(at)}" if at else ""))

@@ -928,8 +928,9 @@ class PolicyServer:
         forecast, or where that has no window, all requests' together."""
         for key in (job.conn, None):
             forecast = self._cadence.get(key)
-            if forecast is not None and forecast.quiet_window(run_s) is not None:
-                return forecast.miss(job.t_enqueue, run_s)
+            why = "no_forecast" if forecast is None else forecast.miss(job.t_enqueue, run_s)
+            if why != "no_forecast":
+                return why
         return "no_forecast"
 
     def _run_batch(self, batch: list[_Job]) -> None:
