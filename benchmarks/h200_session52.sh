@@ -45,6 +45,11 @@
 #            cadence is forecast on its own. The CPU machine (tiny): waited 22 of 60 calls at cadence on the period, 1
 #            quiet; 24 quiet with one forecast for all requests (b2bcd41). Predictions: on the period 8-25 of 60; quiet
 #            at most 3 of 60.
+#   Written in session 55, after one round of km on an H100 (3d2df30: on the period 4 of 60, quiet 5, both robots'
+#   quiet waits at call 8 of episode 1): km takes KM_ROUNDS (default a; "a b" runs two rounds in one call) and
+#   prints the why counters from a9961da. Predictions: on the period 4-25 of 60 a round; quiet at most 3 of 60 a
+#   round; the quiet waits that remain are mostly off_forecast (an arrival outside its span, e.g. after a reset),
+#   none no_forecast past an episode's third call.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=h bash benchmarks/h200_session52.sh, carry [".whl"]
 #   TAG names the files (default s52; session 53 ran the parts session 52 could not with TAG=s53).
 set -u
@@ -100,7 +105,7 @@ EOT
   ;;
 km)
   lane A 0 60 <<EOT &
-300 SETTINGS="5-noquiet 5" CLIENTS=5 ROBOTS=2 ROUNDS=a bash benchmarks/keep_warm_rollouts.sh $R ${TAG}km
+560 SETTINGS="5-noquiet 5" CLIENTS=5 ROBOTS=2 ROUNDS="${KM_ROUNDS:-a}" bash benchmarks/keep_warm_rollouts.sh $R ${TAG}km
 EOT
   ;;
 p)
