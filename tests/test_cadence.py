@@ -2,7 +2,7 @@
 
 import pytest
 
-from vlaperf.serve.cadence import CADENCE_ARRIVALS, QUIET_MARGIN_S, CadenceForecast
+from vlaperf.serve.cadence import CADENCE_ARRIVALS, PACES_KEPT, QUIET_MARGIN_S, CadenceForecast
 
 
 def _fed(times, arrivals=CADENCE_ARRIVALS):
@@ -14,7 +14,7 @@ def _fed(times, arrivals=CADENCE_ARRIVALS):
 
 def test_a_steady_cadence_gives_a_window_around_the_next_arrival():
     f = _fed([10.0 + 0.5 * i for i in range(CADENCE_ARRIVALS)])  # a call every 0.5 s, exactly
-    start, end = f.quiet_window(run_s=0.0006)
+    [(start, end)] = f.quiet_windows(run_s=0.0006)
     due = 10.0 + 0.5 * CADENCE_ARRIVALS
     assert start == pytest.approx(due - QUIET_MARGIN_S - 0.0006)  # a run that starts later would still be running
     assert end == pytest.approx(due + QUIET_MARGIN_S)
@@ -22,56 +22,100 @@ def test_a_steady_cadence_gives_a_window_around_the_next_arrival():
 
 def test_jitter_widens_the_window_on_both_sides():
     times = [0.0, 0.5, 1.002, 1.5]  # gaps 0.5, 0.502, 0.498: median 0.5, the farthest 2 ms from it
-    start, end = _fed(times, arrivals=4).quiet_window(run_s=0.001)
+    [(start, end)] = _fed(times, arrivals=4).quiet_windows(run_s=0.001)
     assert start == pytest.approx(2.0 - 0.002 - QUIET_MARGIN_S - 0.001)
     assert end == pytest.approx(2.0 + 0.002 + QUIET_MARGIN_S)
 
 
-def test_too_few_or_irregular_arrivals_give_no_window():
-    assert _fed([0.0, 0.5]).quiet_window(0.001) is None  # one gap: nothing to compare it with
-    assert CadenceForecast(4).quiet_window(0.001) is None  # nothing seen
-    # several clients: gaps of 0.05, 0.4, 0.1 s; no cadence to stand aside for
-    assert _fed([0.0, 0.05, 0.45, 0.55], arrivals=4).quiet_window(0.001) is None
+def test_too_few_arrivals_or_too_long_a_run_give_no_window():
+    assert CadenceForecast(4).quiet_windows(0.001) == []  # nothing seen
+    assert _fed([0.0]).quiet_windows(0.001) == []  # one arrival: no gap
     # steady, but a run as long as a quarter of the gap: holding the runs would leave the host cold too long
-    assert _fed([0.0, 0.04, 0.08, 0.12], arrivals=4).quiet_window(0.009) is None
-    assert _fed([0.0, 0.04, 0.08, 0.12], arrivals=4).quiet_window(0.005) is not None
+    assert _fed([0.0, 0.04, 0.08, 0.12], arrivals=4).quiet_windows(0.009) == []
+    assert len(_fed([0.0, 0.04, 0.08, 0.12], arrivals=4).quiet_windows(0.005)) == 1
+
+
+def test_a_stream_that_kept_no_pace_has_its_newest_gap_forecast_to_repeat():
+    """A robot's connection: its first request (a warm-up), then its loop's calls every 0.5 s. Two arrivals make one
+    gap, and it is taken to repeat; at the third, the gaps (the warm-up's, the loop's) disagree, and the newest is
+    the loop's. Several clients' arrivals together (gaps of 0.05, 0.4, 0.1 s) keep no pace: only the newest gap's
+    narrow window, wrong at worst by the few ms it holds the runs."""
+    [(start, end)] = _fed([0.0, 0.5]).quiet_windows(0.001)
+    assert start == pytest.approx(1.0 - QUIET_MARGIN_S - 0.001) and end == pytest.approx(1.0 + QUIET_MARGIN_S)
+    f = _fed([0.0, 0.03, 0.53])  # the warm-up, then the loop
+    assert f.paces == []
+    [(start, end)] = f.quiet_windows(0.001)
+    assert start < 1.03 < end and end - start == pytest.approx(0.001 + 2 * QUIET_MARGIN_S)
+    [(start, end)] = _fed([0.0, 0.05, 0.45, 0.55], arrivals=4).quiet_windows(0.001)
+    assert start < 0.65 < end and end - start == pytest.approx(0.001 + 2 * QUIET_MARGIN_S)
 
 
 def test_the_window_follows_the_newest_arrivals():
     f = _fed([0.0, 0.05, 0.45, 0.55], arrivals=4)  # irregular at first
     for t in (1.05, 1.55, 2.05):  # then a call every 0.5 s
         f.observe(t)
-    start, end = f.quiet_window(0.0)
+    [(start, end)] = f.quiet_windows(0.0)
     assert start < 2.55 < end
 
 
 def test_two_gaps_that_agree_give_a_window_before_the_deque_is_full():
     f = _fed([0.0, 0.5, 1.0])
     assert f.last_arrival == 1.0 and CadenceForecast().last_arrival == float("-inf")
-    start, end = f.quiet_window(0.0)
+    [(start, end)] = f.quiet_windows(0.0)
     assert start < 1.5 < end and end - start == pytest.approx(2 * QUIET_MARGIN_S)
 
 
 def test_a_change_of_pace_is_forecast_from_the_new_gaps_alone():
-    """An episode's start: a closed-loop burst (a call every 16 ms), half a second's reset, then the loop's calls
-    every 0.5 s. The gaps of the burst and the reset make no window with the loop's, so the newest two give it: the
-    episode's third call on is forecast, where waiting for three loop gaps left its fourth unforecast too."""
+    """An episode's start on a stream that kept only a closed-loop burst's pace (a call every 16 ms): half a
+    second's reset, then the loop's calls every 0.5 s. The gaps of the burst and the reset make no window with the
+    loop's, so the newest two give it: the episode's third call on is forecast, where waiting for three loop gaps
+    left its fourth unforecast too."""
     burst = [0.0, 0.016, 0.032]
-    f = _fed(burst + [0.548])  # the episode's first call: the reset's gap against the burst's, no window
-    assert f.quiet_window(0.001) is None
+    f = _fed(burst + [0.548])  # the episode's first call: the reset's gap against the burst's: the burst's pace only
+    assert f.paces == [pytest.approx(0.016)]
+    assert [s < 0.564 < e for s, e in f.quiet_windows(0.001)] == [True]
     f.observe(1.048)  # its second: the newest gaps 0.516 and 0.5 s, 16 ms apart: with a 5 ms run, wider than 20 ms
-    assert f.quiet_window(0.005) is None
+    assert f.paces == [pytest.approx(0.508), pytest.approx(0.016)]  # kept (for no run), and so remembered
+    assert f.quiet_windows(0.005) == []  # too wide for a 5 ms run, as is the burst's 16 ms
     f.observe(1.548)  # its third: the gaps 0.5 and 0.5 agree, the reset's 0.516 before them does not
-    start, end = f.quiet_window(0.001)
+    [(start, end)] = f.quiet_windows(0.001)
     assert start == pytest.approx(2.048 - QUIET_MARGIN_S - 0.001) and end == pytest.approx(2.048 + QUIET_MARGIN_S)
+    assert f.paces == [pytest.approx(0.5), pytest.approx(0.016)]
     # all three gaps are used where they agree: the jitter of the oldest widens the window
-    start, end = _fed([0.0, 0.503, 1.003, 1.503]).quiet_window(0.0)
+    [(start, end)] = _fed([0.0, 0.503, 1.003, 1.503]).quiet_windows(0.0)
     assert end - 2.003 == pytest.approx(0.003 + QUIET_MARGIN_S)
+
+
+def test_a_loop_that_resumes_after_a_burst_and_a_reset_is_forecast_at_its_old_pace():
+    """Session 55 (H100, two robots): with quiet, the requests that still met a run were an episode's first calls.
+    Episode 1 of a rollout: the loop every 0.5 s, a closed-loop burst every 16 ms, half a second's reset, then the
+    loop again. At its first call the newest gaps (the burst's, the reset's 0.516 s) keep no pace, and both paces
+    the stream kept give a window: the second call, 0.5 s on, is in the loop's."""
+    loop = [0.5 * i for i in range(6)]  # ... 2.5
+    burst = [3.0 + 0.016 * i for i in range(5)]  # 3.0 ... 3.064
+    f = _fed(loop + burst + [3.58])  # the episode's first call
+    assert f.paces == [pytest.approx(0.016), pytest.approx(0.5)]
+    windows = f.quiet_windows(0.001)
+    assert [s < 3.58 + 0.016 < e for s, e in windows] == [True, False]
+    assert [s < 4.08 < e for s, e in windows] == [False, True]  # the second call, at the loop's pace
+    assert f.miss(4.08, 0.001) == "long_run" and f.miss(4.09, 0.001) == "off_forecast"
+    f.observe(4.08)  # newest gaps 0.516 and 0.5: with a 1 ms run, a window of their own (16 ms wide)
+    [(start, end)] = f.quiet_windows(0.001)
+    assert start < 4.58 < end and end - start == pytest.approx(0.016 + 0.001 + 2 * QUIET_MARGIN_S)
+    # one pace remembered per gap: the loop's refreshed in place; past PACES_KEPT the oldest goes
+    f = _fed(loop)
+    assert f.paces == [pytest.approx(0.5)]
+    t = loop[-1]
+    for gap in (0.1, 0.2, 0.3, 0.4):
+        for _ in range(3):
+            t += gap
+            f.observe(t)
+    assert len(f.paces) == PACES_KEPT == 3 and f.paces == [pytest.approx(g) for g in (0.4, 0.3, 0.2)]
 
 
 def test_the_jobs_of_one_list_request_count_as_one_arrival():
     f = _fed([0.0, 0.5, 0.5, 0.5, 1.0, 1.5], arrivals=4)  # three observations enqueued at once at 0.5 s
-    start, end = f.quiet_window(0.0)
+    [(start, end)] = f.quiet_windows(0.0)
     assert start < 2.0 < end  # the gaps are 0.5 s, not 0
 
 
@@ -83,7 +127,8 @@ def test_the_number_of_arrivals_is_checked(bad):
 
 def test_a_miss_says_why_a_request_met_a_run_the_window_did_not_hold_back():
     assert CadenceForecast().miss(1.0, 0.001) == "no_forecast"  # nothing seen
-    assert _fed([0.0, 0.05, 0.45]).miss(0.9, 0.001) == "no_forecast"  # too irregular for a window
+    assert _fed([0.0]).miss(0.9, 0.001) == "no_forecast"  # one arrival: no gap to forecast from
+    assert _fed([0.0, 0.04, 0.08]).miss(0.12, 0.012) == "no_forecast"  # the run too long for a window
     f = _fed([0.0, 0.5, 1.0, 1.5])  # due at 2.0 s, expected within QUIET_MARGIN_S of it
     assert f.miss(2.0, 0.001) == "long_run"  # where expected: the run outlasted the 1 ms it was held back for
     assert f.miss(2.0 + QUIET_MARGIN_S, 0.001) == "long_run"

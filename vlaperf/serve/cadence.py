@@ -4,10 +4,11 @@ A robot's control loop calls the policy at a steady rate (a chunk replanned ever
 0.5 s). `serve --keep-warm-ms` reruns the host stages through the idle between calls, and a request that arrives
 during a run waits for it: on an H100, 10-14 of a 10 Hz rollout's ~60 calls at cadence did, and the queue's p95 went
 from ~0.2 to 0.3-0.6 ms (session 52's part kc). The arrivals of such a loop are regular enough to forecast: from the
-last few gaps, the next arrival and how far it may stray. `CadenceForecast.quiet_window` is the span in which a run
-would meet that arrival; the server holds its runs there, forecasting each connection's arrivals on its own (and all
-of them together, for a client that reconnects for each call). Arrivals that are not regular (a loop that pauses)
-give no window, and keep-warm runs as before.
+last few gaps, the next arrival and how far it may stray. `CadenceForecast.quiet_windows` are the spans in which a
+run would meet that arrival; the server holds its runs there, forecasting each connection's arrivals on its own (and
+all of them together, for a client that reconnects for each call). Where the newest gaps keep no cadence (a loop that
+paused for a reset or ran a closed-loop burst), the paces the stream kept before are forecast from its last arrival:
+a loop resumes at its own pace.
 """
 
 from __future__ import annotations
@@ -27,6 +28,9 @@ QUIET_MAX_FRACTION = 0.25
 QUIET_MAX_S = 0.02
 # why a request of a quiet server still met a keep-warm run (CadenceForecast.miss; the server's stats and /metrics)
 MISSES = ("no_forecast", "off_forecast", "long_run")
+# the paces a stream kept (each from at least two gaps that agreed) that are remembered, the newest first: a loop's,
+# and a closed-loop burst's or a second rate's beside it
+PACES_KEPT = 3
 
 
 class CadenceForecast:
@@ -37,51 +41,73 @@ class CadenceForecast:
         if isinstance(arrivals, bool) or not isinstance(arrivals, int) or arrivals < 3:
             raise ValueError(f"arrivals must be an integer >= 3 (two gaps to compare), got {arrivals!r}")
         self._arrivals: deque[float] = deque(maxlen=arrivals)
+        self._paces: deque[list[float]] = deque(maxlen=PACES_KEPT)  # the gaps of each pace kept, the newest first
 
     @property
     def last_arrival(self) -> float:
         """The newest arrival seen (-inf before any)."""
         return self._arrivals[-1] if self._arrivals else -float("inf")
 
+    @property
+    def paces(self) -> list[float]:
+        """The median gap of each pace remembered, the newest first."""
+        return [statistics.median(p) for p in self._paces]
+
     def observe(self, t: float) -> None:
         """One request's arrival. A time not after the last one (the jobs of one list request) adds nothing."""
         if self._arrivals and t <= self._arrivals[-1]:
             return
         self._arrivals.append(t)
+        gaps = self._gaps()
+        steady = next((gaps[-n:] for n in range(len(gaps), 1, -1) if _window(t, gaps[-n:], 0.0) is not None), None)
+        if steady is not None:  # a pace kept: it replaces the one remembered at about its gap
+            self._paces = deque([p for p in self._paces if not _same_pace(p, steady)], maxlen=PACES_KEPT)
+            self._paces.appendleft(steady)
 
-    def quiet_window(self, run_s: float) -> tuple[float, float] | None:
-        """(start, end): a keep-warm run of `run_s` seconds that starts in it may still be running when the next
-        request arrives; None when the arrivals are too few or too irregular to say.
+    def quiet_windows(self, run_s: float) -> list[tuple[float, float]]:
+        """The spans (start, end) in which a keep-warm run of `run_s` seconds that starts there may still be running
+        when the next request arrives; none before two arrivals.
 
         The next arrival is the last one plus the median gap, give or take the largest gap's distance from that
-        median (the jitter). The window opens a run's length before the earliest arrival and closes at the latest,
+        median (the jitter). A window opens a run's length before the earliest arrival and closes at the latest,
         each widened by QUIET_MARGIN_S. The gaps are the newest ones that give a window, all of them where they
         agree, else the newest two: where a loop changes pace (an episode's first calls, after a closed-loop burst
-        or a reset), its older gaps are another cadence's, and waiting for them to pass left each episode's first
-        four calls without a window (session 54's CPU rollouts: most of the requests that still waited)."""
-        if len(self._arrivals) < 3:
-            return None
-        times = list(self._arrivals)
-        gaps = [b - a for a, b in zip(times, times[1:])]
+        or a reset), its older gaps are another cadence's (session 54's CPU rollouts: waiting for them to pass left
+        each episode's first four calls without a window). Where the newest two do not agree either, each pace the
+        stream kept before (PACES_KEPT) gives a window from the last arrival: after a burst and a reset, the loop's
+        second call comes at the loop's old pace (session 55: on an H100, most requests that still waited came
+        there). A stream that has kept no pace yet has its newest gap forecast to repeat: a robot's first calls
+        after its first request. A wrong window only holds the runs for its width (a few ms)."""
+        gaps = self._gaps()
+        if not gaps:
+            return []
+        last = self._arrivals[-1]
         for newest in range(len(gaps), 1, -1):
-            window = _window(times[-1], gaps[-newest:], run_s)
+            window = _window(last, gaps[-newest:], run_s)
             if window is not None:
-                return window
-        return None
+                return [window]
+        paces = list(self._paces) or [gaps[-1:]]
+        return [w for p in paces if (w := _window(last, p, run_s)) is not None]
 
     def miss(self, arrival: float, run_s: float) -> str:
-        """Why a request that arrived at `arrival` met a keep-warm run, the window being the one for runs of `run_s`
-        (call it before the arrival is observed): "no_forecast" (no window: too few arrivals, or too irregular),
-        "off_forecast" (it arrived outside the span the window expected it in), or "long_run" (it arrived where
-        expected: the run, started before the window, lasted longer than the run_s it was held back for)."""
-        window = self.quiet_window(run_s)
-        if window is None:
+        """Why a request that arrived at `arrival` met a keep-warm run, the windows being those for runs of `run_s`
+        (call it before the arrival is observed): "no_forecast" (no window: under two arrivals, or each window
+        too wide beside the run's length), "off_forecast" (it arrived outside every span a window expected it in), or
+        "long_run" (it arrived where expected: the run, started before the window, lasted longer than the run_s it
+        was held back for)."""
+        windows = self.quiet_windows(run_s)
+        if not windows:
             return "no_forecast"
-        return "long_run" if window[0] + max(0.0, run_s) <= arrival <= window[1] else "off_forecast"
+        expected = any(start + max(0.0, run_s) <= arrival <= end for start, end in windows)
+        return "long_run" if expected else "off_forecast"
+
+    def _gaps(self) -> list[float]:
+        times = list(self._arrivals)
+        return [b - a for a, b in zip(times, times[1:])]
 
 
 def _window(last: float, gaps: list[float], run_s: float) -> tuple[float, float] | None:
-    """CadenceForecast.quiet_window from these gaps after the arrival at `last`; None where it is too wide."""
+    """A quiet window from these gaps after the arrival at `last`; None where it is too wide."""
     gap = statistics.median(gaps)
     jitter = max(abs(g - gap) for g in gaps)
     due = last + gap
@@ -90,3 +116,10 @@ def _window(last: float, gaps: list[float], run_s: float) -> tuple[float, float]
     if end - start > min(QUIET_MAX_FRACTION * gap, QUIET_MAX_S):
         return None
     return start, end
+
+
+def _same_pace(a: list[float], b: list[float]) -> bool:
+    """Whether two paces' gaps are one pace: their medians within the larger jitter and the margin of each other."""
+    ga, gb = statistics.median(a), statistics.median(b)
+    jitter = max(abs(g - m) for gaps, m in ((a, ga), (b, gb)) for g in gaps)
+    return abs(ga - gb) <= jitter + QUIET_MARGIN_S

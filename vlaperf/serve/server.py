@@ -893,7 +893,7 @@ class PolicyServer:
         for conn in [c for c, f in self._cadence.items() if c is not None and now - f.last_arrival > KEEP_WARM_FOR_S]:
             del self._cadence[conn]
         run_s = max(self._warm_runs_s)
-        windows = sorted(w for f in self._cadence.values() if (w := f.quiet_window(run_s)) is not None)
+        windows = sorted(w for f in self._cadence.values() for w in f.quiet_windows(run_s))
         for start, end in windows:  # by start: moving `due` to one's end can only put it in a later one
             if start < due < end:  # the run would meet the next request: after it
                 if end > self._quiet_until:
