@@ -50,6 +50,11 @@
 #   prints the why counters from a9961da. Predictions: on the period 4-25 of 60 a round; quiet at most 3 of 60 a
 #   round; the quiet waits that remain are mostly off_forecast (an arrival outside its span, e.g. after a reset),
 #   none no_forecast past an episode's third call.
+#   Written in session 55 after the forecast learned to fall back on the paces a connection kept (and, with none
+#   kept, on its newest gap): parts km and kq again. On the replayed arrival pattern (two episodes, a 0.2 ms jitter)
+#   the calls at cadence outside every window went from 289 to 205 of 1500: episode 0's call 2 and episode 1's
+#   call 1 now forecast. Predictions: km quiet at most 2 of 60 a round, at episode 0's calls 0-1 and episode 1's
+#   call 0 only, none no_forecast; on the period as before (4-25 of 60); kq quiet at most 2 of 180 a round.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=h bash benchmarks/h200_session52.sh, carry [".whl"]
 #   TAG names the files (default s52; session 53 ran the parts session 52 could not with TAG=s53).
 set -u
