@@ -134,3 +134,45 @@ def test_a_miss_says_why_a_request_met_a_run_the_window_did_not_hold_back():
     assert f.miss(2.0 + QUIET_MARGIN_S, 0.001) == "long_run"
     assert f.miss(2.0 - 2 * QUIET_MARGIN_S, 0.001) == "off_forecast"  # early: inside the window, before the span
     assert f.miss(2.0 + 2 * QUIET_MARGIN_S, 0.001) == "off_forecast"  # late: after the window closed
+
+
+def _replay_script():
+    import importlib.util
+    from pathlib import Path
+
+    path = Path(__file__).resolve().parents[1] / "benchmarks" / "cadence_replay.py"
+    spec = importlib.util.spec_from_file_location("cadence_replay", path)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_replayed_rollout_leaves_only_the_calls_no_forecast_can_place():
+    """benchmarks/cadence_replay.py, without jitter: each episode's first call (after the warm-up or the burst and the
+    idle) and the first episode's second (one gap, the warm-up's) are all the kept paces leave unexpected. Session
+    54's rule, the newest gaps only, leaves episode 0's third call and episode 1's second too."""
+    replay = _replay_script()
+    kept, newest = (replay.replay(rule, seeds=3, run_s=0.001, jitter_s=0.0) for rule in replay.RULES)
+    assert kept["calls_at_cadence"] == newest["calls_at_cadence"] == 3 * 2 * 15
+    assert kept["unexpected_by_call"] == {"e0c0": 3, "e0c1": 3, "e1c0": 3}
+    assert newest["unexpected_by_call"] == {"e0c0": 3, "e0c1": 3, "e0c2": 3, "e1c0": 3, "e1c1": 3}
+    with pytest.raises(ValueError, match="rule: expected one of kept_paces, newest_gaps, got 'other'"):
+        replay.windows(CadenceForecast(), "other", 0.001)
+
+
+def test_the_replay_script_runs_and_refuses_a_negative_jitter(tmp_path):
+    import json
+    import subprocess
+    import sys
+    from pathlib import Path
+
+    script = Path(__file__).resolve().parents[1] / "benchmarks" / "cadence_replay.py"
+    out = tmp_path / "replay.json"
+    run = subprocess.run([sys.executable, str(script), "--seeds", "2", "--json", str(out)], capture_output=True,
+                         text=True)
+    assert run.returncode == 0, run.stderr
+    rules = json.loads(out.read_text())["rules"]
+    assert [r["rule"] for r in rules] == ["kept_paces", "newest_gaps"]
+    assert rules[0]["unexpected"] < rules[1]["unexpected"] and "kept_paces   unexpected" in run.stdout
+    bad = subprocess.run([sys.executable, str(script), "--jitter-ms", "-1"], capture_output=True, text=True)
+    assert bad.returncode == 2 and "--jitter-ms: expected a length >= 0 ms, got -1.0" in bad.stderr

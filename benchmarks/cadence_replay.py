@@ -1,0 +1,115 @@
+"""Which of a rollout's calls at cadence a quiet keep-warm server's forecast expects, replayed without a server.
+
+Why: with `serve --keep-warm-ms` quiet, a request still meets a keep-warm run where the forecast had no window for it,
+and on the GPU those requests are a few of 60 a round, too few to compare two forecast rules by (session 55). The
+forecast itself is deterministic, so its part can be counted exactly: this replays the arrivals of one connection of
+`vlaperf rollout --back-to-back 10` (benchmarks/keep_warm_rollouts.sh) through `vlaperf.serve.cadence.CadenceForecast`
+and, before each arrival (as the server asks), checks it against the windows for a run of `--run-ms`: inside a
+window's expected span (from a run's length after its start to its end) or not. A call the windows do not expect is
+one a run may meet; whether a run is going then is the GPU's part, not replayed here.
+
+The arrivals: a warm-up call, then per episode its calls every `replan / hz` seconds (75 steps at 10 Hz, a call every
+5: 15 calls every 0.5 s), each moved by a Gaussian jitter (`--jitter-ms`, the client's sleep and the host), then the
+rest of the episode, the closed-loop burst (an untimed call and `--back-to-back` more, `--call-ms` apart), and a chunk's
+idle before the next episode. Two rules: `kept_paces` (vlaperf's: the newest gaps that agree, else the paces the
+connection kept, else its newest gap; session 55) and `newest_gaps` (session 54's: the newest gaps that agree, nothing
+else). Prints, per rule, the calls at cadence the windows did not expect, in all and by their place in an episode.
+
+    python benchmarks/cadence_replay.py --jitter-ms 0.2 --run-ms 1 --json out.json
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import random
+from collections import Counter
+
+from vlaperf.serve import cadence
+
+RULES = ("kept_paces", "newest_gaps")
+
+
+def arrivals(rng: random.Random, episodes: int = 2, calls: int = 15, gap_s: float = 0.5, call_s: float = 0.016,
+             back_to_back: int = 10, jitter_s: float = 0.0002) -> list[tuple[float, str | None]]:
+    """(time, "e<episode>c<call>" for a call at cadence, else None) of one rollout connection, in time order."""
+    out: list[tuple[float, str | None]] = [(0.0, None)]  # the warm-up call
+    t = call_s + 0.003  # its reply, then the first episode's first step
+    for ep in range(episodes):
+        for c in range(calls):
+            out.append((t + rng.gauss(0.0, jitter_s), f"e{ep}c{c}"))
+            t += gap_s
+        for _ in range(back_to_back + 1):  # after the episode's last steps: the burst, each call on the last reply
+            out.append((t, None))
+            t += call_s
+        t += gap_s  # a chunk's idle: the next episode's first call as if the loop had run on
+    return out
+
+
+def windows(forecast: cadence.CadenceForecast, rule: str, run_s: float) -> list[tuple[float, float]]:
+    """The quiet windows `forecast` gives under `rule` for runs of `run_s`."""
+    if rule == "kept_paces":
+        return forecast.quiet_windows(run_s)
+    if rule == "newest_gaps":  # session 54's: the newest gaps that give a window, and no other
+        gaps, last = forecast._gaps(), forecast.last_arrival
+        for newest in range(len(gaps), 1, -1):
+            window = cadence._window(last, gaps[-newest:], run_s)
+            if window is not None:
+                return [window]
+        return []
+    raise ValueError(f"rule: expected one of {', '.join(RULES)}, got {rule!r}")
+
+
+def replay(rule: str, seeds: int = 50, run_s: float = 0.001, **pattern) -> dict:
+    """For `seeds` rollouts of the pattern (`arrivals`' keywords): the calls at cadence the windows did not expect,
+    in all and by call ({"e1c1": n, ...}), and the windows' summed length per call at cadence (what they hold)."""
+    unexpected: Counter[str] = Counter()
+    at_cadence, held_s = 0, 0.0
+    for seed in range(seeds):
+        forecast = cadence.CadenceForecast()
+        for t, call in arrivals(random.Random(seed), **pattern):
+            spans = windows(forecast, rule, run_s)
+            if call is not None:
+                at_cadence += 1
+                held_s += sum(end - start for start, end in spans)
+                if not any(start + run_s <= t <= end for start, end in spans):
+                    unexpected[call] += 1
+            forecast.observe(t)
+    return {"rule": rule, "calls_at_cadence": at_cadence, "unexpected": sum(unexpected.values()),
+            "unexpected_by_call": dict(sorted(unexpected.items(), key=lambda kv: (-kv[1], kv[0]))),
+            "held_ms_per_call": held_s / at_cadence * 1e3 if at_cadence else None}
+
+
+def main() -> None:
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--jitter-ms", type=float, default=0.2, help="a call at cadence's jitter (Gaussian SD), ms")
+    p.add_argument("--run-ms", type=float, default=1.0, help="the keep-warm run's length the windows allow for, ms")
+    p.add_argument("--hz", type=float, default=10.0, help="the control rate")
+    p.add_argument("--replan", type=int, default=5, help="a call every this many steps")
+    p.add_argument("--episodes", type=int, default=2)
+    p.add_argument("--seeds", type=int, default=50, help="rollouts replayed, each its own jitter")
+    p.add_argument("--json", help="write the counts here")
+    args = p.parse_args()
+    for name in ("jitter_ms", "run_ms"):
+        if not getattr(args, name) >= 0:
+            p.error(f"--{name.replace('_', '-')}: expected a length >= 0 ms, got {getattr(args, name)}")
+    if not args.hz > 0 or args.replan < 1 or args.episodes < 1 or args.seeds < 1:
+        p.error("--hz > 0, --replan, --episodes and --seeds at least 1")
+    gap_s = args.replan / args.hz
+    pattern = {"episodes": args.episodes, "calls": int(7.5 * args.hz) // args.replan, "gap_s": gap_s,
+               "jitter_s": args.jitter_ms / 1e3}
+    rows = [replay(rule, args.seeds, args.run_ms / 1e3, **pattern) for rule in RULES]
+    for r in rows:
+        worst = ", ".join(f"{k} {v}" for k, v in list(r["unexpected_by_call"].items())[:8])
+        print(f"{r['rule']:12s} unexpected {r['unexpected']} of {r['calls_at_cadence']} calls at cadence; "
+              f"windows {r['held_ms_per_call']:.2f} ms a call; most at: {worst}")
+    if args.json:
+        with open(args.json, "w") as f:
+            json.dump({"command": "cadence-replay", "jitter_ms": args.jitter_ms, "run_ms": args.run_ms,
+                       "hz": args.hz, "replan": args.replan, "episodes": args.episodes, "seeds": args.seeds,
+                       "rules": rows}, f, indent=1)
+        print(f"wrote {args.json}")
+
+
+if __name__ == "__main__":
+    main()
