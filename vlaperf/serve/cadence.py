@@ -75,9 +75,10 @@ class CadenceForecast:
         or a reset), its older gaps are another cadence's (session 54's CPU rollouts: waiting for them to pass left
         each episode's first four calls without a window). Where the newest two do not agree either, each pace the
         stream kept before (PACES_KEPT) gives a window from the last arrival: after a burst and a reset, the loop's
-        second call comes at the loop's old pace (session 55: on an H100, most requests that still waited came
-        there). A stream that has kept no pace yet has its newest gap forecast to repeat: a robot's first calls
-        after its first request. A wrong window only holds the runs for its width (a few ms)."""
+        second call comes at the loop's old pace (session 55, an H100: the four requests that still waited in two
+        rounds had no window, at an episode's calls 1 and 2). A stream that has kept no pace yet has its newest gap
+        forecast to repeat: a robot's first calls after its first request. A wrong window only holds the runs for
+        its width (a few ms)."""
         gaps = self._gaps()
         if not gaps:
             return []
