@@ -26,6 +26,7 @@ import random
 from collections import Counter
 
 from vlaperf.serve import cadence
+from vlaperf.timing import environment_record
 
 RULES = ("kept_paces", "newest_gaps")
 
@@ -105,7 +106,7 @@ def main() -> None:
               f"windows {r['held_ms_per_call']:.2f} ms a call; most at: {worst}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": "cadence-replay", "jitter_ms": args.jitter_ms, "run_ms": args.run_ms,
+            json.dump({"command": "cadence-replay", "env": environment_record("cpu"), "jitter_ms": args.jitter_ms, "run_ms": args.run_ms,
                        "hz": args.hz, "replan": args.replan, "episodes": args.episodes, "seeds": args.seeds,
                        "rules": rows}, f, indent=1)
         print(f"wrote {args.json}")

@@ -2,7 +2,7 @@
 
 import pytest
 
-from vlaperf.serve.cadence import CADENCE_ARRIVALS, PACES_KEPT, QUIET_MARGIN_S, CadenceForecast
+from vlaperf.serve.cadence import CADENCE_ARRIVALS, ONE_GAP_JITTER_S, PACES_KEPT, QUIET_MARGIN_S, CadenceForecast
 
 
 def _fed(times, arrivals=CADENCE_ARRIVALS):
@@ -39,15 +39,20 @@ def test_a_stream_that_kept_no_pace_has_its_newest_gap_forecast_to_repeat():
     """A robot's connection: its first request (a warm-up), then its loop's calls every 0.5 s. Two arrivals make one
     gap, and it is taken to repeat; at the third, the gaps (the warm-up's, the loop's) disagree, and the newest is
     the loop's. Several clients' arrivals together (gaps of 0.05, 0.4, 0.1 s) keep no pace: only the newest gap's
-    narrow window, wrong at worst by the few ms it holds the runs."""
+    narrow window, wrong at worst by the few ms it holds the runs. One gap says nothing of the loop's jitter, so
+    its window allows ONE_GAP_JITTER_S each side."""
+    side = QUIET_MARGIN_S + ONE_GAP_JITTER_S
     [(start, end)] = _fed([0.0, 0.5]).quiet_windows(0.001)
-    assert start == pytest.approx(1.0 - QUIET_MARGIN_S - 0.001) and end == pytest.approx(1.0 + QUIET_MARGIN_S)
+    assert start == pytest.approx(1.0 - side - 0.001) and end == pytest.approx(1.0 + side)
     f = _fed([0.0, 0.03, 0.53])  # the warm-up, then the loop
     assert f.paces == []
     [(start, end)] = f.quiet_windows(0.001)
-    assert start < 1.03 < end and end - start == pytest.approx(0.001 + 2 * QUIET_MARGIN_S)
+    assert start < 1.03 < end and end - start == pytest.approx(0.001 + 2 * side)
     [(start, end)] = _fed([0.0, 0.05, 0.45, 0.55], arrivals=4).quiet_windows(0.001)
-    assert start < 0.65 < end and end - start == pytest.approx(0.001 + 2 * QUIET_MARGIN_S)
+    assert start < 0.65 < end and end - start == pytest.approx(0.001 + 2 * side)
+    # a pace's own jitter, where it has one, is what its window allows: two agreeing gaps, no more than the margin
+    [(start, end)] = _fed([0.0, 0.5, 1.0]).quiet_windows(0.0)
+    assert end - start == pytest.approx(2 * QUIET_MARGIN_S)
 
 
 def test_the_window_follows_the_newest_arrivals():
