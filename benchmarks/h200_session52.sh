@@ -55,6 +55,9 @@
 #   the calls at cadence outside every window went from 289 to 205 of 1500: episode 0's call 2 and episode 1's
 #   call 1 now forecast. Predictions: km quiet at most 2 of 60 a round, at episode 0's calls 0-1 and episode 1's
 #   call 0 only, none no_forecast; on the period as before (4-25 of 60); kq quiet at most 2 of 180 a round.
+#   Written in session 55 after the one-gap window learned to allow 0.5 ms of jitter each side (7850d19; the replay:
+#   episode 0's call 2 unexpected in 6 of 200 seeds, from 62): part km again. Predictions: quiet at most 2 of 60 a
+#   round, none at episode 0's call 2, none no_forecast; on the period 4-25 of 60.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=h bash benchmarks/h200_session52.sh, carry [".whl"]
 #   TAG names the files (default s52; session 53 ran the parts session 52 could not with TAG=s53).
 set -u
