@@ -92,7 +92,7 @@ class CadenceForecast:
             if window is not None:
                 return [window]
         if not self._paces:
-            window = _window(last, gaps[-1:], run_s, jitter=ONE_GAP_JITTER_S)
+            window = _window(last, gaps[-1:], run_s, min_jitter=ONE_GAP_JITTER_S)
             return [] if window is None else [window]
         return [w for p in self._paces if (w := _window(last, p, run_s)) is not None]
 
@@ -113,11 +113,11 @@ class CadenceForecast:
         return [b - a for a, b in zip(times, times[1:])]
 
 
-def _window(last: float, gaps: list[float], run_s: float, jitter: float = 0.0) -> tuple[float, float] | None:
-    """A quiet window from these gaps after the arrival at `last`, allowing at least `jitter` each side; None where
-    it is too wide."""
+def _window(last: float, gaps: list[float], run_s: float, min_jitter: float = 0.0) -> tuple[float, float] | None:
+    """A quiet window from these gaps after the arrival at `last`, allowing at least `min_jitter` each side; None
+    where it is too wide."""
     gap = statistics.median(gaps)
-    jitter = max(jitter, max(abs(g - gap) for g in gaps))
+    jitter = max(min_jitter, max(abs(g - gap) for g in gaps))
     due = last + gap
     start = due - jitter - QUIET_MARGIN_S - max(0.0, run_s)
     end = due + jitter + QUIET_MARGIN_S
