@@ -52,12 +52,8 @@ def windows(forecast: cadence.CadenceForecast, rule: str, run_s: float) -> list[
     if rule == "kept_paces":
         return forecast.quiet_windows(run_s)
     if rule == "newest_gaps":  # session 54's: the newest gaps that give a window, and no other
-        gaps, last = forecast._gaps(), forecast.last_arrival
-        for newest in range(len(gaps), 1, -1):
-            window = cadence._window(last, gaps[-newest:], run_s)
-            if window is not None:
-                return [window]
-        return []
+        newest = cadence._newest_window(forecast.last_arrival, forecast._gaps(), run_s)
+        return [] if newest is None else [newest[1]]
     raise ValueError(f"rule: expected one of {', '.join(RULES)}, got {rule!r}")
 
 

@@ -1,5 +1,11 @@
 """CadenceForecast: where a steady client's next request is due (vlaperf.serve.cadence)."""
 
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
 import pytest
 
 from vlaperf.serve.cadence import CADENCE_ARRIVALS, ONE_GAP_JITTER_S, PACES_KEPT, QUIET_MARGIN_S, CadenceForecast
@@ -141,12 +147,11 @@ def test_a_miss_says_why_a_request_met_a_run_the_window_did_not_hold_back():
     assert f.miss(2.0 + 2 * QUIET_MARGIN_S, 0.001) == "off_forecast"  # late: after the window closed
 
 
-def _replay_script():
-    import importlib.util
-    from pathlib import Path
+REPLAY = Path(__file__).resolve().parents[1] / "benchmarks" / "cadence_replay.py"
 
-    path = Path(__file__).resolve().parents[1] / "benchmarks" / "cadence_replay.py"
-    spec = importlib.util.spec_from_file_location("cadence_replay", path)
+
+def _replay_script():
+    spec = importlib.util.spec_from_file_location("cadence_replay", REPLAY)
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     return module
@@ -166,18 +171,12 @@ def test_the_replayed_rollout_leaves_only_the_calls_no_forecast_can_place():
 
 
 def test_the_replay_script_runs_and_refuses_a_negative_jitter(tmp_path):
-    import json
-    import subprocess
-    import sys
-    from pathlib import Path
-
-    script = Path(__file__).resolve().parents[1] / "benchmarks" / "cadence_replay.py"
     out = tmp_path / "replay.json"
-    run = subprocess.run([sys.executable, str(script), "--seeds", "2", "--json", str(out)], capture_output=True,
+    run = subprocess.run([sys.executable, str(REPLAY), "--seeds", "2", "--json", str(out)], capture_output=True,
                          text=True)
     assert run.returncode == 0, run.stderr
     rules = json.loads(out.read_text())["rules"]
     assert [r["rule"] for r in rules] == ["kept_paces", "newest_gaps"]
     assert rules[0]["unexpected"] < rules[1]["unexpected"] and "kept_paces   unexpected" in run.stdout
-    bad = subprocess.run([sys.executable, str(script), "--jitter-ms", "-1"], capture_output=True, text=True)
+    bad = subprocess.run([sys.executable, str(REPLAY), "--jitter-ms", "-1"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--jitter-ms: expected a length >= 0 ms, got -1.0" in bad.stderr

@@ -62,9 +62,9 @@ class CadenceForecast:
         if self._arrivals and t <= self._arrivals[-1]:
             return
         self._arrivals.append(t)
-        gaps = self._gaps()
-        steady = next((gaps[-n:] for n in range(len(gaps), 1, -1) if _window(t, gaps[-n:], 0.0) is not None), None)
-        if steady is not None:  # a pace kept: it replaces the one remembered at about its gap
+        newest = _newest_window(t, self._gaps(), 0.0)
+        if newest is not None:  # a pace kept: it replaces the one remembered at about its gap
+            steady = newest[0]
             self._paces = deque([p for p in self._paces if not _same_pace(p, steady)], maxlen=PACES_KEPT)
             self._paces.appendleft(steady)
 
@@ -87,10 +87,9 @@ class CadenceForecast:
         if not gaps:
             return []
         last = self._arrivals[-1]
-        for newest in range(len(gaps), 1, -1):
-            window = _window(last, gaps[-newest:], run_s)
-            if window is not None:
-                return [window]
+        newest = _newest_window(last, gaps, run_s)
+        if newest is not None:
+            return [newest[1]]
         if not self._paces:
             window = _window(last, gaps[-1:], run_s, min_jitter=ONE_GAP_JITTER_S)
             return [] if window is None else [window]
@@ -111,6 +110,15 @@ class CadenceForecast:
     def _gaps(self) -> list[float]:
         times = list(self._arrivals)
         return [b - a for a, b in zip(times, times[1:])]
+
+
+def _newest_window(last: float, gaps: list[float], run_s: float) -> tuple[list[float], tuple[float, float]] | None:
+    """(the gaps, their window): the newest two or more gaps that give a window, as many as do; None where none."""
+    for n in range(len(gaps), 1, -1):
+        window = _window(last, gaps[-n:], run_s)
+        if window is not None:
+            return gaps[-n:], window
+    return None
 
 
 def _window(last: float, gaps: list[float], run_s: float, min_jitter: float = 0.0) -> tuple[float, float] | None:
