@@ -58,6 +58,9 @@
 #   Written in session 55 after the one-gap window learned to allow 0.5 ms of jitter each side (7850d19; the replay:
 #   episode 0's call 2 unexpected in 6 of 200 seeds, from 62): part km again. Predictions: quiet at most 2 of 60 a
 #   round, none at episode 0's call 2, none no_forecast; on the period 4-25 of 60.
+#   Written in session 56, for part kq at 7be9951 (kept paces and the one-gap jitter; kq last ran at b32f413, before
+#   the jitter): predictions: quiet at most 2 of 180 calls at cadence a round, none at an episode 0's call 2, none
+#   no_forecast; on the period 5-15% of the calls at cadence, as before. On an H200, part h first (12.7-13.0 ms).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=h bash benchmarks/h200_session52.sh, carry [".whl"]
 #   TAG names the files (default s52; session 53 ran the parts session 52 could not with TAG=s53).
 set -u
