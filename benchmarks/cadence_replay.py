@@ -28,20 +28,27 @@ from collections import Counter
 from vlaperf.serve import cadence
 from vlaperf.timing import environment_record
 
-RULES = ("kept_paces", "newest_gaps")
+RULES = ("late_replies", "kept_paces", "newest_gaps")
 
 
 def arrivals(rng: random.Random, episodes: int = 2, calls: int = 15, gap_s: float = 0.5, call_s: float = 0.016,
-             back_to_back: int = 10, jitter_s: float = 0.0002) -> list[tuple[float, str | None]]:
-    """(time, "e<episode>c<call>" for a call at cadence, else None) of one rollout connection, in time order."""
-    out: list[tuple[float, str | None]] = [(0.0, None)]  # the warm-up call
+             back_to_back: int = 10, jitter_s: float = 0.0002, period_s: float | None = None,
+             tail_s: float = 0.0) -> list[tuple[float, str | None, float]]:
+    """(time, "e<episode>c<call>" for a call at cadence else None, its reply's time) of one rollout connection, in
+    time order. A call at cadence takes `call_s` plus an exponential tail of mean `tail_s`; where that overruns the
+    control period (`period_s`, default the gap: no overrun), the loop's later steps, and so its arrivals, are that
+    much late (the rollout sleeps out each step's period from its start)."""
+    period_s = gap_s if period_s is None else period_s
+    out: list[tuple[float, str | None, float]] = [(0.0, None, call_s)]  # the warm-up call
     t = call_s + 0.003  # its reply, then the first episode's first step
     for ep in range(episodes):
         for c in range(calls):
-            out.append((t + rng.gauss(0.0, jitter_s), f"e{ep}c{c}"))
-            t += gap_s
+            arrival = t + rng.gauss(0.0, jitter_s)
+            took = call_s + (rng.expovariate(1.0 / tail_s) if tail_s > 0 else 0.0)
+            out.append((arrival, f"e{ep}c{c}", arrival + took))
+            t += gap_s + max(0.0, took - period_s)
         for _ in range(back_to_back + 1):  # after the episode's last steps: the burst, each call on the last reply
-            out.append((t, None))
+            out.append((t, None, t + call_s))
             t += call_s
         t += gap_s  # a chunk's idle: the next episode's first call as if the loop had run on
     return out
@@ -49,7 +56,7 @@ def arrivals(rng: random.Random, episodes: int = 2, calls: int = 15, gap_s: floa
 
 def windows(forecast: cadence.CadenceForecast, rule: str, run_s: float) -> list[tuple[float, float]]:
     """The quiet windows `forecast` gives under `rule` for runs of `run_s`."""
-    if rule == "kept_paces":
+    if rule in ("late_replies", "kept_paces"):  # they differ in what the forecast is told (replay)
         return forecast.quiet_windows(run_s)
     if rule == "newest_gaps":  # session 54's: the newest gaps that give a window, and no other
         newest = cadence._newest_window(forecast.last_arrival, forecast._gaps(), run_s)
@@ -64,7 +71,7 @@ def replay(rule: str, seeds: int = 50, run_s: float = 0.001, **pattern) -> dict:
     at_cadence, held_s = 0, 0.0
     for seed in range(seeds):
         forecast = cadence.CadenceForecast()
-        for t, call in arrivals(random.Random(seed), **pattern):
+        for t, call, t_reply in arrivals(random.Random(seed), **pattern):
             spans = windows(forecast, rule, run_s)
             if call is not None:
                 at_cadence += 1
@@ -72,6 +79,8 @@ def replay(rule: str, seeds: int = 50, run_s: float = 0.001, **pattern) -> dict:
                 if not any(start + run_s <= t <= end for start, end in spans):
                     unexpected[call] += 1
             forecast.observe(t)
+            if rule == "late_replies":  # vlaperf's server tells its forecasts when each reply went out
+                forecast.replied(t, t_reply)
     return {"rule": rule, "calls_at_cadence": at_cadence, "unexpected": sum(unexpected.values()),
             "unexpected_by_call": dict(sorted(unexpected.items(), key=lambda kv: (-kv[1], kv[0]))),
             "held_ms_per_call": held_s / at_cadence * 1e3 if at_cadence else None}
@@ -83,18 +92,23 @@ def main() -> None:
     p.add_argument("--run-ms", type=float, default=1.0, help="the keep-warm run's length the windows allow for, ms")
     p.add_argument("--hz", type=float, default=10.0, help="the control rate")
     p.add_argument("--replan", type=int, default=5, help="a call every this many steps")
+    p.add_argument("--call-ms", type=float, default=16.0, help="a call's shortest length, ms")
+    p.add_argument("--tail-ms", type=float, default=0.0,
+                   help="the mean of a call's exponential tail beyond --call-ms, ms (0: every call takes --call-ms); "
+                        "a call longer than the control period makes the loop's later calls late")
     p.add_argument("--episodes", type=int, default=2)
     p.add_argument("--seeds", type=int, default=50, help="rollouts replayed, each its own jitter")
     p.add_argument("--json", help="write the counts here")
     args = p.parse_args()
-    for name in ("jitter_ms", "run_ms"):
+    for name in ("jitter_ms", "run_ms", "call_ms", "tail_ms"):
         if not getattr(args, name) >= 0:
             p.error(f"--{name.replace('_', '-')}: expected a length >= 0 ms, got {getattr(args, name)}")
     if not args.hz > 0 or args.replan < 1 or args.episodes < 1 or args.seeds < 1:
         p.error("--hz > 0, --replan, --episodes and --seeds at least 1")
     gap_s = args.replan / args.hz
     pattern = {"episodes": args.episodes, "calls": int(7.5 * args.hz) // args.replan, "gap_s": gap_s,
-               "jitter_s": args.jitter_ms / 1e3}
+               "jitter_s": args.jitter_ms / 1e3, "call_s": args.call_ms / 1e3, "tail_s": args.tail_ms / 1e3,
+               "period_s": 1.0 / args.hz}
     rows = [replay(rule, args.seeds, args.run_ms / 1e3, **pattern) for rule in RULES]
     for r in rows:
         worst = ", ".join(f"{k} {v}" for k, v in list(r["unexpected_by_call"].items())[:8])
@@ -103,7 +117,7 @@ def main() -> None:
     if args.json:
         with open(args.json, "w") as f:
             json.dump({"command": "cadence-replay", "env": environment_record("cpu"), "jitter_ms": args.jitter_ms, "run_ms": args.run_ms,
-                       "hz": args.hz, "replan": args.replan, "episodes": args.episodes, "seeds": args.seeds,
+                       "call_ms": args.call_ms, "tail_ms": args.tail_ms, "hz": args.hz, "replan": args.replan, "episodes": args.episodes, "seeds": args.seeds,
                        "rules": rows}, f, indent=1)
         print(f"wrote {args.json}")
 

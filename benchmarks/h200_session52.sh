@@ -61,6 +61,19 @@
 #   Written in session 56, for part kq at 7be9951 (kept paces and the one-gap jitter; kq last ran at b32f413, before
 #   the jitter): predictions: quiet at most 2 of 180 calls at cadence a round, none at an episode 0's call 2, none
 #   no_forecast; on the period 5-15% of the calls at cadence, as before. On an H200, part h first (12.7-13.0 ms).
+#   Written in session 56 after part kq at 7b9a5d4 (quiet at 50 Hz: 4 of 150 waited in round a, 3 of them
+#   off_forecast, in the one rollout with overrun steps: 3; round b none, no overruns). A loop that sleeps out each
+#   step's period starts late after a call that overran it, and every later request comes that much late. From
+#   the next commit the server tells each forecast when its replies go out, and after a call longer than the usual
+#   the window stays open as much longer (CadenceForecast.replied).
+#   PART=ko  the tree at 7b9a5d4 (OLD, a copy of its vlaperf/, carried as out/old_tree; OLD_COMMIT its SHA) against
+#            this one, interleaved, rounds KO_ROUNDS (default "a b"): a quiet 5 ms server alone, a rollout at KO_HZ
+#            (default 60 on an H100: steps of 16.7 ms against calls of ~16.4, so a third or more overrun; 70 on an
+#            H200, whose calls are ~2 ms shorter). benchmarks/cadence_replay.py at 60 Hz (calls 15.8 ms plus an
+#            exponential tail of 0.9 ms, 0.2 ms jitter): unexpected 1268 -> 352 of 9000 calls at cadence (150 of them
+#            each episode's first calls, which no forecast places). Predictions, calls at cadence that waited for a
+#            run, of 180 a round: the old tree 6-20, mostly off_forecast; this one at most 4, none off_forecast after
+#            an overrun; the windows' held time a call +0.3-0.6 ms (the replay: +0.49).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=h bash benchmarks/h200_session52.sh, carry [".whl"]
 #   TAG names the files (default s52; session 53 ran the parts session 52 could not with TAG=s53).
 set -u
@@ -118,6 +131,14 @@ km)
   lane A 0 60 <<EOT &
 560 SETTINGS="5-noquiet 5" CLIENTS=5 ROBOTS=2 ROUNDS="${KM_ROUNDS:-a}" bash benchmarks/keep_warm_rollouts.sh $R ${TAG}km
 EOT
+  ;;
+ko)
+  : "${OLD:?set OLD to the old tree}" "${OLD_COMMIT:?set OLD_COMMIT to its commit}"
+  hz=${KO_HZ:-60}
+  for round in ${KO_ROUNDS:-a b}; do  # run from the old tree's folder: python3 -m imports the vlaperf of the folder it runs in
+    echo "280 cd $OLD && VLAPERF_GIT_COMMIT=$OLD_COMMIT PYTHONPATH=/tmp/site SETTINGS=5 CLIENTS=5 HZ=$hz ROUNDS=$round bash $PWD/benchmarks/keep_warm_rollouts.sh $R ${TAG}ko-old-$round"
+    echo "280 SETTINGS=5 CLIENTS=5 HZ=$hz ROUNDS=$round bash benchmarks/keep_warm_rollouts.sh $R ${TAG}ko-$round"
+  done | lane A 0 60 &
   ;;
 p)
   lane A 0 40 <<EOT &

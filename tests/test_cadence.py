@@ -8,7 +8,8 @@ from pathlib import Path
 
 import pytest
 
-from vlaperf.serve.cadence import CADENCE_ARRIVALS, ONE_GAP_JITTER_S, PACES_KEPT, QUIET_MARGIN_S, CadenceForecast
+from vlaperf.serve.cadence import (CADENCE_ARRIVALS, CALLS_KEPT, ONE_GAP_JITTER_S, PACES_KEPT, QUIET_MARGIN_S,
+                                   QUIET_MAX_FRACTION, QUIET_MAX_S, CadenceForecast)
 
 
 def _fed(times, arrivals=CADENCE_ARRIVALS):
@@ -147,7 +148,56 @@ def test_a_miss_says_why_a_request_met_a_run_the_window_did_not_hold_back():
     assert f.miss(2.0 + 2 * QUIET_MARGIN_S, 0.001) == "off_forecast"  # late: after the window closed
 
 
+def _looped(calls_s, gap_s=0.1, period_s=0.02):
+    """A loop that sleeps out its period after each step (a call every gap_s), fed with the replies: each call takes
+    calls_s[k]; one that overruns period_s makes every later arrival that much late. The forecast, and the next
+    arrival's time."""
+    f, t = CadenceForecast(), 0.0
+    for took in calls_s:
+        f.observe(t)
+        f.replied(t, t + took)
+        t += gap_s + max(0.0, took - period_s)
+    return f, t
+
+
+def test_a_call_that_ran_long_keeps_the_window_open_that_much_longer():
+    """At 50 Hz (a call every 0.1 s, steps of 20 ms), calls of 16 ms: the window is the cadence's. A call of 21 ms
+    overran its step by 1 ms, and the loop's next request comes 1 ms late, past the cadence's window: the window
+    stays open 5 ms longer (21 ms against the usual 16), and the late request is expected."""
+    usual, start_usual = _looped([0.016] * 5)
+    [(start, end)] = usual.quiet_windows(0.001)
+    assert start < usual.last_arrival + 0.1 < end and end == pytest.approx(usual.last_arrival + 0.1 + QUIET_MARGIN_S)
+    f, due = _looped([0.016] * 4 + [0.021])
+    [(start_long, end_long)] = f.quiet_windows(0.001)
+    assert start_long == pytest.approx(start) and end_long == pytest.approx(end + 0.005)
+    assert due == pytest.approx(f.last_arrival + 0.101) and start_long + 0.001 < due < end_long
+    assert f.miss(due, 0.001) == "long_run"  # expected there
+    f.observe(due)  # the late request arrived: its own reply decides again
+    assert f.quiet_windows(0.001)[0][1] < due + 0.1 + 0.002
+    # a call no longer than the usual, or the reply to an older request than the newest, keeps the windows as they are
+    g, _ = _looped([0.016] * 4 + [0.015])
+    assert g.quiet_windows(0.001) == usual.quiet_windows(0.001)
+    g.replied(g.last_arrival - 0.1, g.last_arrival + 0.03)
+    assert g.quiet_windows(0.001) == usual.quiet_windows(0.001)
+
+
+def test_a_long_call_widens_the_window_at_most_to_the_widest_one_allowed():
+    """A call 50 ms over the usual (a slow first call of a shape, a stall): the window stays open only as far as the
+    widest window from the gaps (QUIET_MAX_S here, under a quarter of the gap), and a reply before its request is
+    ignored."""
+    f, _ = _looped([0.016] * 4 + [0.066])
+    [(start, end)] = f.quiet_windows(0.001)
+    assert end - start == pytest.approx(min(QUIET_MAX_S, QUIET_MAX_FRACTION * 0.1))
+    g = CadenceForecast()
+    g.observe(1.0)
+    g.replied(1.0, 0.9)  # a reply "before" its request: another clock's time, nothing learnt
+    assert len(g._calls) == 0 and len(_looped([0.016] * (CALLS_KEPT + 3))[0]._calls) == CALLS_KEPT
+
+
 REPLAY = Path(__file__).resolve().parents[1] / "benchmarks" / "cadence_replay.py"
+
+
+RULES = ("late_replies", "kept_paces")
 
 
 def _replay_script():
@@ -162,12 +212,28 @@ def test_the_replayed_rollout_leaves_only_the_calls_no_forecast_can_place():
     idle) and the first episode's second (one gap, the warm-up's) are all the kept paces leave unexpected. Session
     54's rule, the newest gaps only, leaves episode 0's third call and episode 1's second too."""
     replay = _replay_script()
-    kept, newest = (replay.replay(rule, seeds=3, run_s=0.001, jitter_s=0.0) for rule in replay.RULES)
-    assert kept["calls_at_cadence"] == newest["calls_at_cadence"] == 3 * 2 * 15
-    assert kept["unexpected_by_call"] == {"e0c0": 3, "e0c1": 3, "e1c0": 3}
+    late, kept, newest = (replay.replay(rule, seeds=3, run_s=0.001, jitter_s=0.0) for rule in replay.RULES)
+    assert late["calls_at_cadence"] == kept["calls_at_cadence"] == newest["calls_at_cadence"] == 3 * 2 * 15
+    assert late["unexpected_by_call"] == kept["unexpected_by_call"] == {"e0c0": 3, "e0c1": 3, "e1c0": 3}
     assert newest["unexpected_by_call"] == {"e0c0": 3, "e0c1": 3, "e0c2": 3, "e1c0": 3, "e1c1": 3}
-    with pytest.raises(ValueError, match="rule: expected one of kept_paces, newest_gaps, got 'other'"):
+    with pytest.raises(ValueError, match="rule: expected one of late_replies, kept_paces, newest_gaps, got 'other'"):
         replay.windows(CadenceForecast(), "other", 0.001)
+
+
+def test_the_replayed_loop_with_overruns_expects_the_late_calls_only_with_the_replies():
+    """At 60 Hz (steps of 16.7 ms) with calls of 15.8 ms and a tail (mean 0.9 ms), over a third of the calls overrun
+    their step; told the replies, the forecast expects the late calls after them, and without them it misses
+    over a tenth of all calls (80 of 540). (What the replies leave: a call on time after several late ones comes before a window made
+    from late gaps; one of 540 here.) Without a tail no call overruns, and the replies change nothing."""
+    replay = _replay_script()
+    pattern = {"gap_s": 5 / 60, "period_s": 1 / 60, "calls": 90, "call_s": 0.0158, "jitter_s": 0.0}
+    late, kept = (replay.replay(rule, seeds=3, run_s=0.001, tail_s=0.0009, **pattern) for rule in RULES)
+    unplaceable = {"e0c0": 3, "e0c1": 3, "e1c0": 3}
+    assert all(late["unexpected_by_call"].get(call) == n for call, n in unplaceable.items())
+    assert late["unexpected"] <= sum(unplaceable.values()) + 3
+    assert kept["unexpected"] > 3 * 2 * 90 * 0.1
+    steady = [replay.replay(rule, seeds=3, run_s=0.001, tail_s=0.0, **pattern) for rule in RULES[:2]]
+    assert steady[0]["unexpected_by_call"] == steady[1]["unexpected_by_call"] == unplaceable
 
 
 def test_the_replay_script_runs_and_refuses_a_negative_jitter(tmp_path):
@@ -176,7 +242,7 @@ def test_the_replay_script_runs_and_refuses_a_negative_jitter(tmp_path):
                          text=True)
     assert run.returncode == 0, run.stderr
     rules = json.loads(out.read_text())["rules"]
-    assert [r["rule"] for r in rules] == ["kept_paces", "newest_gaps"]
-    assert rules[0]["unexpected"] < rules[1]["unexpected"] and "kept_paces   unexpected" in run.stdout
+    assert [r["rule"] for r in rules] == ["late_replies", "kept_paces", "newest_gaps"]
+    assert rules[1]["unexpected"] < rules[2]["unexpected"] and "kept_paces   unexpected" in run.stdout
     bad = subprocess.run([sys.executable, str(REPLAY), "--jitter-ms", "-1"], capture_output=True, text=True)
     assert bad.returncode == 2 and "--jitter-ms: expected a length >= 0 ms, got -1.0" in bad.stderr

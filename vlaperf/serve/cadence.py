@@ -8,7 +8,8 @@ last few gaps, the next arrival and how far it may stray. `CadenceForecast.quiet
 run would meet that arrival; the server holds its runs there, forecasting each connection's arrivals on its own (and
 all of them together, for a client that reconnects for each call). Where the newest gaps keep no cadence (a loop that
 paused for a reset or ran a closed-loop burst), the paces the stream kept before are forecast from its last arrival:
-a loop resumes at its own pace.
+a loop resumes at its own pace. The server tells the forecast when each reply goes out (`replied`): a call that took
+longer than the usual may have overrun the loop's step, and the next request may come that much late.
 """
 
 from __future__ import annotations
@@ -35,6 +36,10 @@ ONE_GAP_JITTER_S = 0.0005
 # the paces a stream kept (each from at least two gaps that agreed) that are remembered, the newest first: a loop's,
 # and a closed-loop burst's or a second rate's beside it
 PACES_KEPT = 3
+# the calls (arrival to reply) remembered, whose median is a stream's usual call: one longer than that may have
+# overrun the loop's period, and a loop that sleeps out the period after each step then sends every later request
+# that much late (session 56, an H100 at 50 Hz: 3 of the 4 requests that waited came after such calls)
+CALLS_KEPT = 8
 
 
 class CadenceForecast:
@@ -46,6 +51,8 @@ class CadenceForecast:
             raise ValueError(f"arrivals must be an integer >= 3 (two gaps to compare), got {arrivals!r}")
         self._arrivals: deque[float] = deque(maxlen=arrivals)
         self._paces: deque[list[float]] = deque(maxlen=PACES_KEPT)  # the gaps of each pace kept, the newest first
+        self._calls: deque[float] = deque(maxlen=CALLS_KEPT)  # arrival to reply, seconds
+        self._late_s = 0.0  # how much longer than the usual call the newest arrival's call took
 
     @property
     def last_arrival(self) -> float:
@@ -62,11 +69,25 @@ class CadenceForecast:
         if self._arrivals and t <= self._arrivals[-1]:
             return
         self._arrivals.append(t)
+        self._late_s = 0.0  # the next reply says
         newest = _newest_window(t, self._gaps(), 0.0)
         if newest is not None:  # a pace kept: it replaces the one remembered at about its gap
             steady = newest[0]
             self._paces = deque([p for p in self._paces if not _same_pace(p, steady)], maxlen=PACES_KEPT)
             self._paces.appendleft(steady)
+
+    def replied(self, arrival: float, t: float) -> None:
+        """The reply to the request that arrived at `arrival` went out at `t` (on the arrivals' clock). Where that is
+        the newest arrival and its call took longer than the stream's usual one (the median of the CALLS_KEPT calls
+        before it), each window stays open that much longer: a loop that sleeps out its control period after each
+        step (vlaperf's rollout, openpi's runtime) starts the step after a call that overran the period late, by up
+        to how much longer that call took, and its next request comes that much late."""
+        took = t - arrival
+        if not took >= 0:
+            return
+        if self._arrivals and arrival == self._arrivals[-1]:
+            self._late_s = max(0.0, took - statistics.median(self._calls)) if self._calls else 0.0
+        self._calls.append(took)
 
     def quiet_windows(self, run_s: float) -> list[tuple[float, float]]:
         """The spans (start, end) in which a keep-warm run of `run_s` seconds that starts there may still be running
@@ -81,19 +102,20 @@ class CadenceForecast:
         stream kept before (PACES_KEPT) gives a window from the last arrival: after a burst and a reset, the loop's
         second call comes at the loop's old pace (session 55, an H100: the four requests that still waited in two
         rounds had no window, at an episode's calls 1 and 2). A stream that has kept no pace yet has its newest gap
-        forecast to repeat: a robot's first calls after its first request. A wrong window only holds the runs for
-        its width (a few ms)."""
+        forecast to repeat: a robot's first calls after its first request. After a call that took longer than the
+        usual (`replied`), each window's end is later by as much (at most to the width a window may take). A wrong
+        window only holds the runs for its width (a few ms)."""
         gaps = self._gaps()
         if not gaps:
             return []
-        last = self._arrivals[-1]
-        newest = _newest_window(last, gaps, run_s)
+        last, late = self._arrivals[-1], self._late_s
+        newest = _newest_window(last, gaps, run_s, late)
         if newest is not None:
             return [newest[1]]
         if not self._paces:
-            window = _window(last, gaps[-1:], run_s, min_jitter=ONE_GAP_JITTER_S)
+            window = _window(last, gaps[-1:], run_s, min_jitter=ONE_GAP_JITTER_S, late_s=late)
             return [] if window is None else [window]
-        return [w for p in self._paces if (w := _window(last, p, run_s)) is not None]
+        return [w for p in self._paces if (w := _window(last, p, run_s, late_s=late)) is not None]
 
     def miss(self, arrival: float, run_s: float) -> str:
         """Why a request that arrived at `arrival` met a keep-warm run, the windows being those for runs of `run_s`
@@ -112,26 +134,29 @@ class CadenceForecast:
         return [b - a for a, b in zip(times, times[1:])]
 
 
-def _newest_window(last: float, gaps: list[float], run_s: float) -> tuple[list[float], tuple[float, float]] | None:
+def _newest_window(last: float, gaps: list[float], run_s: float,
+                   late_s: float = 0.0) -> tuple[list[float], tuple[float, float]] | None:
     """(the gaps, their window): the newest two or more gaps that give a window, as many as do; None where none."""
     for n in range(len(gaps), 1, -1):
-        window = _window(last, gaps[-n:], run_s)
+        window = _window(last, gaps[-n:], run_s, late_s=late_s)
         if window is not None:
             return gaps[-n:], window
     return None
 
 
-def _window(last: float, gaps: list[float], run_s: float, min_jitter: float = 0.0) -> tuple[float, float] | None:
-    """A quiet window from these gaps after the arrival at `last`, allowing at least `min_jitter` each side; None
-    where it is too wide."""
+def _window(last: float, gaps: list[float], run_s: float, min_jitter: float = 0.0,
+            late_s: float = 0.0) -> tuple[float, float] | None:
+    """A quiet window from these gaps after the arrival at `last`, allowing at least `min_jitter` each side and
+    `late_s` more after (as far as the widest window allowed); None where the window without `late_s` is too wide."""
     gap = statistics.median(gaps)
     jitter = max(min_jitter, max(abs(g - gap) for g in gaps))
     due = last + gap
     start = due - jitter - QUIET_MARGIN_S - max(0.0, run_s)
     end = due + jitter + QUIET_MARGIN_S
-    if end - start > min(QUIET_MAX_FRACTION * gap, QUIET_MAX_S):
+    widest = min(QUIET_MAX_FRACTION * gap, QUIET_MAX_S)
+    if end - start > widest:
         return None
-    return start, end
+    return start, min(end + late_s, start + widest)
 
 
 def _same_pace(a: list[float], b: list[float]) -> bool:

@@ -784,7 +784,13 @@ class PolicyServer:
                 for job in batch:
                     self._deliver(job, RequestError("InternalError", f"{type(e).__name__}: {e}"))
             finally:
+                t_replied = time.perf_counter()
                 with self._cv:
+                    if self.keep_warm_ms is not None and self.keep_warm_quiet:  # a call that ran long: the next is late
+                        for job in batch:
+                            for key in (None, job.conn):
+                                if key in self._cadence:
+                                    self._cadence[key].replied(job.t_enqueue, t_replied)
                     self._busy.subtract(job.conn for job in batch)
                     for conn in [c for c, n in self._busy.items() if n <= 0]:
                         del self._busy[conn]
