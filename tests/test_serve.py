@@ -1657,6 +1657,8 @@ def test_rollout_counts_calls_errors_overruns_and_steps_per_episode(monkeypatch)
     assert (ro["replan_every"], ro["action_horizon"], ro["errors"]) == (4, 4, 1)
     # episode 0 calls at steps 0 and 4; episode 1 at step 0 (refused), 1 and 5
     assert [(r["steps"], r["policy_calls"], r["overrun_steps"]) for r in ro["per_episode"]] == [(6, 2, 2), (6, 3, 3)]
+    # which answered calls made their step overrun: the refused one is no answered call
+    assert [r["overran_at"] for r in ro["per_episode"]] == [[0, 1], [0, 1]]
     assert all(r["ideal_wall_s"] == pytest.approx(6 / 20.0) for r in ro["per_episode"])
     assert ro["overrun_steps"] == 5 and ro["policy_call_ms"]["count"] == 5 and ro["server_infer_ms"]["count"] == 3
     assert ro["wall_s"] == pytest.approx(sum(r["wall_s"] for r in ro["per_episode"]))
@@ -1667,12 +1669,15 @@ def test_rollout_counts_calls_errors_overruns_and_steps_per_episode(monkeypatch)
 def test_rollout_says_which_calls_of_each_episode_waited_for_a_keep_warm_run(monkeypatch, capsys):
     """A keep-warm server's replies say what each request waited for a run; the rollout counts the calls at cadence
     that waited and says where in each episode they fell (answered calls counted from 0), which is what tells an
-    episode's first calls, before the server's forecast, from a steady loop's."""
+    episode's first calls, before the server's forecast, from a steady loop's. Episode 0's first call overruns its
+    step (40 ms at 40 Hz), so the wait after it is said to follow an overrun: the loop came late."""
     from vlaperf.serve import rollout
     from vlaperf.serve.commands import print_rollout
 
     class KeepWarmServer(_ScriptedClient):  # e0-s4 and e1-s0 arrive during a run; the closed-loop calls never
         def infer(self, obs):
+            if obs.get("request_id") == "e0-s0":
+                time.sleep(0.04)
             reply = super().infer(obs)
             reply["server_timing"] = {"infer_ms": 5.0, "queue_ms": 0.5,
                                       "keep_warm_wait_ms": 0.4 if obs.get("request_id") in ("e0-s4", "e1-s0") else 0.0}
@@ -1683,12 +1688,14 @@ def test_rollout_says_which_calls_of_each_episode_waited_for_a_keep_warm_run(mon
                                  image_size=32, back_to_back=2, sleep=lambda s: None)
     ro = result["rollout"]
     assert [r["keep_warm_waited_at"] for r in ro["per_episode"]] == [[1], [0]]
+    assert [r["overran_at"] for r in ro["per_episode"]] == [[0], []]
     assert ro["keep_warm_waited_calls"] == 2 and ro["keep_warm_wait_ms"]["count"] == 4
     assert ro["back_to_back"]["keep_warm_waited_calls"] == 0
     print_rollout(result)
     out = " ".join(capsys.readouterr().out.split())
     assert ("2 of 4 calls at cadence arrived during one of the server's keep-warm runs and waited for it (at most "
-            "0.40 ms); which, by episode (its calls counted from 0): 0: 1; 1: 0") in out
+            "0.40 ms); which, by episode (its calls counted from 0): 0: 1; 1: 0; 1 of them the call after one that "
+            "overran its step (the loop came late)") in out
 
 
 def test_rollout_times_closed_loop_calls_after_each_episode_as_the_loops_baseline(monkeypatch):

@@ -213,15 +213,19 @@ def keep_warm_wait_words(ro: dict) -> str | None:
     waited, wait = ro.get("keep_warm_waited_calls"), ro.get("keep_warm_wait_ms")
     if waited is None or not wait:
         return None
-    at = []
+    at, after_overrun = [], 0
     for e in ro.get("per_episode") or []:
         calls = e.get("keep_warm_waited_at")
         if calls:
             more = f" and {len(calls) - WAITED_AT_SHOWN} more" if len(calls) > WAITED_AT_SHOWN else ""
             at.append(f"{e.get('episode')}: {', '.join(map(str, calls[:WAITED_AT_SHOWN]))}{more}")
+            overran = set(e.get("overran_at") or ())  # files from session 56 on
+            after_overrun += sum(c - 1 in overran for c in calls)
     return (f"{waited} of {wait['count']} calls at cadence arrived during one of the server's keep-warm runs and "
             f"waited for it" + (f" (at most {wait['max']:.2f} ms)" if waited else "")
-            + (f"; which, by episode (its calls counted from 0): {'; '.join(at)}" if at else ""))
+            + (f"; which, by episode (its calls counted from 0): {'; '.join(at)}" if at else "")
+            + (f"; {after_overrun} of them the call after one that overran its step (the loop came late)"
+               if after_overrun else ""))
 
 
 def workload_label(r: dict) -> str:

@@ -255,7 +255,7 @@ def _episodes(client, frames, episodes: int, steps: int, period: float, replan_e
                      asynchronous=asynchronous) as broker:
         for ep in range(episodes):
             broker.reset()
-            overruns, steps_done = 0, 0
+            overruns, steps_done, overran_at = 0, 0, []
             t_ep = time.perf_counter()
             for step in range(steps):
                 t_step = time.perf_counter()
@@ -263,6 +263,7 @@ def _episodes(client, frames, episodes: int, steps: int, period: float, replan_e
                     timed_out = True
                     break
                 obs = dict(frames[(ep * steps + step) % len(frames)], request_id=f"e{ep}-s{step}")
+                answered = len(broker.stats.call_ms) - broker.stats.errors
                 try:
                     broker.act(obs)  # the action is "executed": there is no robot to send it to
                 except ServerError:
@@ -274,6 +275,8 @@ def _episodes(client, frames, episodes: int, steps: int, period: float, replan_e
                 elapsed = time.perf_counter() - t_step
                 if elapsed > period:
                     overruns += 1
+                    if len(broker.stats.call_ms) - broker.stats.errors > answered:  # the step's call made it overrun
+                        overran_at.append(answered)
                 else:
                     sleep(period - elapsed)
             wall, st = time.perf_counter() - t_ep, broker.stats
@@ -283,6 +286,9 @@ def _episodes(client, frames, episodes: int, steps: int, period: float, replan_e
                 "policy_wait_share": st.wait_s / wall if wall > 0 else None, "overrun_steps": overruns,
                 "policy_call_ms": summarize(st.call_ms) if st.call_ms else None,
                 "keep_warm_waited_at": _waited_at(st.split["keep_warm_wait_ms"]),
+                # which answered calls (counted from 0, as keep_warm_waited_at) made their step overrun its period
+                # (synchronous only): the loop's later requests come late by as much
+                "overran_at": None if asynchronous else overran_at,
             }
             if asynchronous:
                 row.update({"stall_steps": st.stalls, "switches": st.switches, "guided_switches": st.guided_switches,
