@@ -74,6 +74,10 @@
 #            each episode's first calls, which no forecast places). Predictions, calls at cadence that waited for a
 #            run, of 180 a round: the old tree 6-20, mostly off_forecast; this one at most 4, none off_forecast after
 #            an overrun; the windows' held time a call +0.3-0.6 ms (the replay: +0.49).
+#   Written in session 56 after part ko (60 Hz: no overruns on that host; 66 Hz: 23-167 overruns a rollout, and
+#   neither tree let a request wait): part kq at 7a2137f or later, whose rollouts record the calls that overran
+#   (overran_at). Predictions: quiet at most 2 of 180 a round, none of them the call after an overrun; on the period
+#   5-15% of the calls at cadence.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=h bash benchmarks/h200_session52.sh, carry [".whl"]
 #   TAG names the files (default s52; session 53 ran the parts session 52 could not with TAG=s53).
 set -u
