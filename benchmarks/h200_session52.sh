@@ -78,6 +78,12 @@
 #   neither tree let a request wait): part kq at 7a2137f or later, whose rollouts record the calls that overran
 #   (overran_at). Predictions: quiet at most 2 of 180 a round, none of them the call after an overrun; on the period
 #   5-15% of the calls at cadence.
+#   Written in session 56 after part kq round c at 4714316 (quiet at 50 Hz: 4 of 150 waited, all off_forecast, none
+#   after an overrun; rounds a-c: 4, 0, 4): the forecast keeps seven gaps, not three (CADENCE_ARRIVALS 8), so that
+#   their spread tells the loop's jitter (the replay at 50 Hz, 0.2 ms jitter: 161 -> 39 of 7500 unexpected).
+#   PART=kq50 a quiet 5 ms server alone, rollouts at 50 Hz with the client's pings, rounds KQ50_ROUNDS (default
+#            "d e"). Predictions: at most 1 of 150 calls at cadence waited a round; the queue's p95 at cadence as
+#            before (0.2-0.3 ms).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=h bash benchmarks/h200_session52.sh, carry [".whl"]
 #   TAG names the files (default s52; session 53 ran the parts session 52 could not with TAG=s53).
 set -u
@@ -134,6 +140,11 @@ EOT
 km)
   lane A 0 60 <<EOT &
 560 SETTINGS="5-noquiet 5" CLIENTS=5 ROBOTS=2 ROUNDS="${KM_ROUNDS:-a}" bash benchmarks/keep_warm_rollouts.sh $R ${TAG}km
+EOT
+  ;;
+kq50)
+  lane A 0 60 <<EOT &
+400 SETTINGS=5 CLIENTS=5 HZ=50 ROUNDS="${KQ50_ROUNDS:-d e}" bash benchmarks/keep_warm_rollouts.sh $R ${TAG}kq50
 EOT
   ;;
 ko)

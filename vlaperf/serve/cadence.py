@@ -17,9 +17,12 @@ from __future__ import annotations
 import statistics
 from collections import deque
 
-# arrivals a forecast is made from: up to three gaps (at 2 calls a second, 1.5 s of a loop), of which the newest two
-# at least must agree. A wrong forecast costs one window of held runs, so it need not wait for many
-CADENCE_ARRIVALS = 4
+# arrivals a forecast is made from: up to seven gaps (at 2 calls a second, 3.5 s of a loop), of which the newest two
+# at least must agree; the more of them agree, the better their spread tells the loop's jitter. Three gaps (session
+# 53-56's four arrivals) let 4, 0 and 4 of 150 calls at 50 Hz wait for a run on an H100, all off their forecast
+# (session 56); benchmarks/cadence_replay.py at 50 Hz with a 0.2 ms jitter leaves 161 of 7500 calls unexpected
+# with three gaps and 39 with seven, for 0.2 ms more held a call
+CADENCE_ARRIVALS = 8
 # added to each side of the window: the inference thread's wake-up from its condition wait, and the clocks of
 # two threads, are late by a few hundred microseconds at worst on a busy host
 QUIET_MARGIN_S = 0.0005
