@@ -11,11 +11,15 @@ one a run may meet; whether a run is going then is the GPU's part, not replayed 
 The arrivals: a warm-up call, then per episode its calls every `replan / hz` seconds (75 steps at 10 Hz, a call every
 5: 15 calls every 0.5 s), each moved by a Gaussian jitter (`--jitter-ms`, the client's sleep and the host), then the
 rest of the episode, the closed-loop burst (an untimed call and `--back-to-back` more, `--call-ms` apart), and a chunk's
-idle before the next episode. Two rules: `kept_paces` (vlaperf's: the newest gaps that agree, else the paces the
-connection kept, else its newest gap; session 55) and `newest_gaps` (session 54's: the newest gaps that agree, nothing
-else). Prints, per rule, the calls at cadence the windows did not expect, in all and by their place in an episode.
+idle before the next episode. A call at cadence takes `--call-ms` plus an exponential tail (`--tail-ms`, default none);
+one longer than the control step makes the loop's later calls that much late, as the rollout's loop does. Three
+rules: `late_replies` (vlaperf's: the forecast is told when each reply went out, session 56), `kept_paces` (the same
+forecast told only the arrivals: the newest gaps that agree, else the paces the connection kept, else its newest gap;
+session 55) and `newest_gaps` (session 54's: the newest gaps that agree, nothing else). Prints, per rule, the calls at
+cadence the windows did not expect, in all and by their place in an episode.
 
     python benchmarks/cadence_replay.py --jitter-ms 0.2 --run-ms 1 --json out.json
+    python benchmarks/cadence_replay.py --hz 60 --call-ms 15.8 --tail-ms 0.9   # a third of the calls overrun
 """
 
 from __future__ import annotations
@@ -56,7 +60,7 @@ def arrivals(rng: random.Random, episodes: int = 2, calls: int = 15, gap_s: floa
 
 def windows(forecast: cadence.CadenceForecast, rule: str, run_s: float) -> list[tuple[float, float]]:
     """The quiet windows `forecast` gives under `rule` for runs of `run_s`."""
-    if rule in ("late_replies", "kept_paces"):  # they differ in what the forecast is told (replay)
+    if rule in ("late_replies", "kept_paces"):  # the same windows; `replay` tells only the first the replies
         return forecast.quiet_windows(run_s)
     if rule == "newest_gaps":  # session 54's: the newest gaps that give a window, and no other
         newest = cadence._newest_window(forecast.last_arrival, forecast._gaps(), run_s)
@@ -116,9 +120,10 @@ def main() -> None:
               f"windows {r['held_ms_per_call']:.2f} ms a call; most at: {worst}")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"command": "cadence-replay", "env": environment_record("cpu"), "jitter_ms": args.jitter_ms, "run_ms": args.run_ms,
-                       "call_ms": args.call_ms, "tail_ms": args.tail_ms, "hz": args.hz, "replan": args.replan, "episodes": args.episodes, "seeds": args.seeds,
-                       "rules": rows}, f, indent=1)
+            json.dump({"command": "cadence-replay", "env": environment_record("cpu"), "jitter_ms": args.jitter_ms,
+                       "run_ms": args.run_ms, "call_ms": args.call_ms, "tail_ms": args.tail_ms, "hz": args.hz,
+                       "replan": args.replan, "episodes": args.episodes, "seeds": args.seeds, "rules": rows},
+                      f, indent=1)
         print(f"wrote {args.json}")
 
 

@@ -41,7 +41,8 @@ ONE_GAP_JITTER_S = 0.0005
 PACES_KEPT = 3
 # the calls (arrival to reply) remembered, whose median is a stream's usual call: one longer than that may have
 # overrun the loop's period, and a loop that sleeps out the period after each step then sends every later request
-# that much late (session 56, an H100 at 50 Hz: 3 of the 4 requests that waited came after such calls)
+# that much late (benchmarks/cadence_replay.py at 60 Hz, a third of the calls overrunning: 1268 -> 352 of 9000 calls
+# unexpected; on an H100 no request has yet been seen to wait after an overrun, session 56)
 CALLS_KEPT = 8
 
 
