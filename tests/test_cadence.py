@@ -235,8 +235,9 @@ def test_the_replayed_rollout_leaves_only_the_calls_no_forecast_can_place():
 def test_the_replayed_loop_with_overruns_expects_the_late_calls_only_with_the_replies():
     """At 60 Hz (steps of 16.7 ms) with calls of 15.8 ms and a tail (mean 0.9 ms), over a third of the calls overrun
     their step; told the replies, the forecast expects the late calls after them, and without them it misses
-    almost a tenth of all calls (50 of 540). (What the replies leave: a call on time after several late ones comes before a window made
-    from late gaps; one of 540 here.) Without a tail no call overruns, and the replies change nothing."""
+    almost a tenth of all calls (50 of 540). (What the replies leave: a call on time after several late ones comes
+    before a window made from late gaps; one of 540 here.) Without a tail no call overruns, and the replies change
+    nothing."""
     replay = _replay_script()
     pattern = {"gap_s": 5 / 60, "period_s": 1 / 60, "calls": 90, "call_s": 0.0158, "jitter_s": 0.0}
     late, kept = (replay.replay(rule, seeds=3, run_s=0.001, tail_s=0.0009, **pattern) for rule in RULES)
