@@ -263,7 +263,7 @@ def _episodes(client, frames, episodes: int, steps: int, period: float, replan_e
                     timed_out = True
                     break
                 obs = dict(frames[(ep * steps + step) % len(frames)], request_id=f"e{ep}-s{step}")
-                answered = len(broker.stats.call_ms) - broker.stats.errors
+                answered = len(broker.stats.infer_ms)  # one entry per answered call, as keep_warm_waited_at counts
                 try:
                     broker.act(obs)  # the action is "executed": there is no robot to send it to
                 except ServerError:
@@ -275,7 +275,7 @@ def _episodes(client, frames, episodes: int, steps: int, period: float, replan_e
                 elapsed = time.perf_counter() - t_step
                 if elapsed > period:
                     overruns += 1
-                    if len(broker.stats.call_ms) - broker.stats.errors > answered:  # the step's call made it overrun
+                    if len(broker.stats.infer_ms) > answered:  # the step's call made it overrun
                         overran_at.append(answered)
                 else:
                     sleep(period - elapsed)
