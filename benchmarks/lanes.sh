@@ -29,8 +29,8 @@ lane() {
   done > "$R/lane_$name.log" 2>&1
 }
 # The whole test suite on one GPU in four steps (the kernels and the CUDA engine; the world-action model, the
-# engine and UniPC; the rest; then the rest's quiet_gpu tests, alone on the GPU, whose timing assertions do not hold
-# beside 13 other test processes), logs $R/pytest_gpu_TAG{1,2,3,4}.log: `gpu_suite TAG &`. The serve tests need
+# engine and UniPC; the rest; then the rest's quiet_gpu and quiet_host tests, alone on the machine, whose timing
+# assertions do not hold beside 13 other test processes), logs $R/pytest_gpu_TAG{1,2,3,4}.log: `gpu_suite TAG &`. The serve tests need
 # websockets and openpi-client, which the machine lacks: carry their wheels in .whl (the device tool's carry [".whl"]).
 gpu_suite() {
   local tag=$1
@@ -41,8 +41,8 @@ gpu_suite() {
   lane A 0 40 <<EOT
 170 $P -q -n 4 --timeout 160 tests/test_engine_cuda.py tests/test_kernels.py tests/test_suite_setup.py 2>&1 | tee $R/pytest_gpu_${tag}1.log | grep -v "^\\.*\\["
 150 $P -q -n 12 --timeout 140 tests/test_wam.py tests/test_engine.py tests/test_unipc.py tests/test_suite_setup.py 2>&1 | tee $R/pytest_gpu_${tag}2.log | grep -v "^\\.*\\["
-240 $P -q -n 14 --timeout 220 --durations 5 -m "not quiet_gpu" $I 2>&1 | tee $R/pytest_gpu_${tag}3.log | grep -v "^\\.*\\["
-90 $P -q --timeout 80 -m quiet_gpu $I 2>&1 | tee $R/pytest_gpu_${tag}4.log | tail -5
+240 $P -q -n 14 --timeout 220 --durations 5 -m "not quiet_gpu and not quiet_host" $I 2>&1 | tee $R/pytest_gpu_${tag}3.log | grep -v "^\\.*\\["
+90 $P -q --timeout 80 -m "quiet_gpu or quiet_host" $I 2>&1 | tee $R/pytest_gpu_${tag}4.log | tail -5
 EOT
 }
 # The carried wheels (the device tool's carry) installed without the network into TARGET: `install_wheels .whl /tmp/site`
