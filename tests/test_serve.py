@@ -1238,6 +1238,53 @@ def test_batch_leaves_early_when_no_one_else_can_join():
     assert time.perf_counter() - t0 < 0.5
 
 
+def test_a_batch_takes_the_connections_in_turn():
+    """Each connection's first queued job, in arrival order, then each one's second, and so on; a connection's own
+    jobs leave in the order they came. One connection alone: arrival order."""
+    from vlaperf.serve.server import _Job
+
+    server = PolicyServer(_Recorder(TINY), port=0, max_batch=2, max_wait_ms=0.0, warmup_batch_sizes=())
+    server._n_connections = 3
+    queued = [(0, "a0"), (0, "a1"), (0, "a2"), (0, "a3"), (1, "b0"), (2, "c0"), (1, "b1")]
+    server._pending.extend(_Job({"i": name}, conn, None, None, time.perf_counter()) for conn, name in queued)
+    batches = []
+    while server._pending:
+        batches.append([job.example["i"] for job in server._next_batch()])
+    assert batches == [["a0", "b0"], ["a1", "c0"], ["a2", "b1"], ["a3"]]  # within a batch: queue order
+    server._pending.extend(_Job({"i": i}, 0, None, None, time.perf_counter()) for i in range(5))
+    assert [job.example["i"] for job in server._next_batch()] == [0, 1]
+
+
+def test_a_robot_behind_another_connections_long_list_waits_for_one_call_not_the_list():
+    """A client queues a list of 6 while the GPU is busy with its first; another robot's one observation, queued
+    behind them, runs next (max_batch 1), not after the rest of the list."""
+
+    class GatedRecorder(_Recorder):
+        def __init__(self, workload):
+            super().__init__(workload)
+            self.gate = threading.Event()
+
+        def infer(self, examples):
+            assert self.gate.wait(30)
+            return super().infer(examples)
+
+    policy = GatedRecorder(TINY)
+    s = PolicyServer(policy, port=0, max_batch=1, max_wait_ms=0.0, warmup_batch_sizes=()).start()
+    try:
+        with raw_connection(s) as lister, raw_connection(s) as robot:
+            listed = [dict(make_example(TINY, seed=i), prompt=f"list {i}") for i in range(6)]
+            lister.send(packb(listed))
+            _wait_for(lambda: len(s._pending) == 5)  # the first is in the (gated) call
+            robot.send(packb(dict(make_example(TINY, seed=9), prompt="robot")))
+            _wait_for(lambda: len(s._pending) == 6)
+            policy.gate.set()
+            assert_result(unpackb(robot.recv(timeout=30)))
+            assert len(unpackb(lister.recv(timeout=30))) == 6
+        assert [call[0] for call in policy.calls] == ["list 0", "robot"] + [f"list {i}" for i in range(1, 6)]
+    finally:
+        s.stop()
+
+
 def test_backend_unavailable_is_not_retried_one_by_one():
     """BackendUnavailable fails the whole batch at once, without the one-by-one retry."""
     from vlaperf.serve.server import BackendUnavailable, PolicyServer, RequestError
@@ -1938,7 +1985,7 @@ def test_non_finite_actions_of_a_lone_observation_are_refused_without_a_tracebac
     import logging
 
     from vlaperf.policy import NonFiniteActions
-    from vlaperf.serve.server import RequestError
+    from vlaperf.serve.server import LOGGED_ERRORS_PER_CONNECTION, RequestError
 
     server = PolicyServer(_Recorder(TINY, exc=NonFiniteActions("the actions hold NaN or inf")), port=0,
                           warmup_batch_sizes=())
@@ -1949,6 +1996,12 @@ def test_non_finite_actions_of_a_lone_observation_are_refused_without_a_tracebac
     assert isinstance(error, RequestError) and error.kind == "InternalError"
     assert error.message == "NonFiniteActions: the actions hold NaN or inf"
     assert [r.levelname for r in caplog.records] == ["WARNING"] and "withheld" in caplog.records[0].getMessage()
+    # a connection past its first few errors is not logged again for each one (its closing line counts them)
+    caplog.clear()
+    server._conn_errors[0] = LOGGED_ERRORS_PER_CONNECTION
+    with caplog.at_level(logging.INFO, logger="vlaperf.serve"):
+        server._run_batch(_jobs(1))
+    assert len(got) == 2 and not caplog.records
 
 
 def test_rollout_stopped_by_a_lost_connection_counts_the_steps_it_ran(monkeypatch):
