@@ -1238,6 +1238,22 @@ def test_batch_leaves_early_when_no_one_else_can_join():
     assert time.perf_counter() - t0 < 0.5
 
 
+def test_a_prompt_sent_as_a_0d_numpy_array_reaches_the_policy_as_text():
+    """openpi's msgpack_numpy packs np.asarray(prompt) as a 0-d "<U" array; the server answers it as it would the
+    plain string (it used to refuse it as an unsupported array dtype)."""
+    msgpack_numpy = pytest.importorskip("openpi_client.msgpack_numpy")
+    policy = _Recorder(TINY)
+    s = PolicyServer(policy, port=0, max_batch=1, warmup_batch_sizes=()).start()
+    try:
+        with raw_connection(s) as ws:
+            reply = msgpack_numpy.unpackb(roundtrip(ws, msgpack_numpy.packb(
+                dict(make_example(TINY, seed=0), prompt=np.asarray("put the bowl on the plate")))))
+            assert reply["actions"].shape == (TINY.horizon, TINY.robot_action_dim)
+        assert policy.calls == [["put the bowl on the plate"]]
+    finally:
+        s.stop()
+
+
 def test_a_batch_takes_the_connections_in_turn():
     """Each connection's first queued job, in arrival order, then each one's second, and so on; a connection's own
     jobs leave in the order they came. One connection alone: arrival order."""

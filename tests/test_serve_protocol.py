@@ -83,6 +83,26 @@ def test_refuses_non_numeric_dtypes(dtype):
         unpackb(generic)
 
 
+def test_text_as_a_0d_array_or_a_scalar_decodes_to_text():
+    """openpi's transforms hold a prompt as np.asarray(prompt), and its msgpack_numpy sends that as a 0-d "<U" array:
+    it decodes to the str (bytes for "S"), in either byte order. Text of any other shape, of the wrong byte count or
+    past U+10FFFF is refused naming the dtype."""
+    msgpack_numpy = pytest.importorskip("openpi_client.msgpack_numpy")
+    out = unpackb(msgpack_numpy.packb({"prompt": np.asarray("pick up the bowl"), "raw": np.asarray(b"ab")}))
+    assert out == {"prompt": "pick up the bowl", "raw": b"ab"} and type(out["prompt"]) is str
+    assert unpackb(_raw_ndarray(">U2", "hi".encode("utf-32-be"), [])) == "hi"
+    assert unpackb(_raw_ndarray("<U4", "hi".encode("utf-32-le") + b"\x00" * 8, [])) == "hi"  # NUL padding dropped
+    assert unpackb(msgpack.packb({b"__npgeneric__": True, b"data": "yo", b"dtype": "<U2"}, use_bin_type=True)) == "yo"
+    for raw, match in [(_raw_ndarray("<U2", b"\x00" * 16, [2]), "accepted only 0-d"),
+                       (_raw_ndarray("<U2", b"\x00" * 7, []), "needs 8 bytes, got 7 bytes"),
+                       (_raw_ndarray("<U1", b"\xff\xff\xff\xff", []), "past U\\+10FFFF"),
+                       (_raw_ndarray("<U9999999", b"", []), "bytes wide"),
+                       (msgpack.packb({b"__npgeneric__": True, b"data": b"yo", b"dtype": "<U2"}, use_bin_type=True),
+                        "needs a str, got bytes")]:
+        with pytest.raises(ProtocolError, match=match):
+            unpackb(raw)
+
+
 def test_refuses_pickle_payloads():
     evil = pickle.dumps(object())  # a pickle stream, whatever dtype claims to read it
     for dtype in ("|O", "|O8", "|V" + str(len(evil))):

@@ -17,10 +17,12 @@ code with openpi.
 Decoding is strict, because the bytes come from the network:
 
 - Only plain numeric dtypes are accepted: bool, signed and unsigned integers (1, 2, 4, 8
-  bytes) and floats (2, 4, 8 bytes), in any byte order. Object, void (structured), string,
-  complex, datetime and every other dtype is refused with ProtocolError. Nothing is ever
-  unpickled, imported or evaluated: a dtype string is matched against a whitelist before
-  numpy sees it.
+  bytes) and floats (2, 4, 8 bytes), in any byte order; and text (numpy's fixed-width "U" and
+  "S") as a 0-d array or a scalar only, decoded to a str or bytes: openpi's transforms hold
+  a prompt as np.asarray(prompt), and openpi's msgpack_numpy sends it so. Object, void
+  (structured), complex, datetime and every other dtype is refused with ProtocolError.
+  Nothing is ever unpickled, imported or evaluated: a dtype string is matched against a
+  whitelist before numpy sees it.
 - An array's byte count must equal prod(shape) * itemsize exactly; at most 32 dimensions.
 - msgpack extension types are refused (msgpack's own timestamp, type -1, decodes to a Timestamp value, which every
   field refuses as of the wrong type); map keys must be str or bytes; nesting is bounded by msgpack itself
@@ -75,6 +77,8 @@ def valid_request_id(value: Any) -> bool:
 # byte order (optional) + kind + item size. b = bool, i = signed int, u = unsigned, f = float.
 _DTYPE_RE = re.compile(r"[<>=|]?(b1|i1|i2|i4|i8|u1|u2|u4|u8|f2|f4|f8)")  # fullmatch: `$` would admit a final "\n"
 _ALLOWED_KINDS = "biuf"
+# fixed-width text: byte order + U (UCS-4 code points) or S (bytes) + its width in characters
+_TEXT_DTYPE_RE = re.compile(r"[<>=|]?[US][1-9][0-9]{0,6}")
 
 
 class ProtocolError(ValueError):
@@ -135,8 +139,8 @@ def _parse_dtype(value: Any) -> np.dtype:
         raise ProtocolError(f"array dtype must be a string, got {type(value).__name__}")
     if len(value) > 8 or not _DTYPE_RE.fullmatch(value):
         raise ProtocolError(
-            f"unsupported array dtype {value[:32]!r}: only bool, signed/unsigned integers and floats are accepted "
-            "(send text as a plain msgpack string)"
+            f"unsupported array dtype {value[:32]!r}: only bool, signed/unsigned integers and floats are accepted, "
+            "and text as a 0-d array (send text as a plain msgpack string)"
         )
     dtype = np.dtype(value)  # safe: value matched the whitelist above
     if dtype.kind not in _ALLOWED_KINDS:  # pragma: no cover - the regex already ensures this
@@ -144,7 +148,46 @@ def _parse_dtype(value: Any) -> np.dtype:
     return dtype
 
 
-def _decode_ndarray(obj: dict) -> np.ndarray:
+def _text_dtype(value: Any) -> np.dtype | None:
+    """The dtype when `value` names fixed-width text of at most MAX_STR_BYTES bytes, else None."""
+    if isinstance(value, bytes):
+        value = value.decode("ascii", "replace")
+    if not isinstance(value, str) or len(value) > 10 or not _TEXT_DTYPE_RE.fullmatch(value):
+        return None
+    dtype = np.dtype(value)  # safe: value matched the whitelist above
+    if dtype.itemsize > MAX_STR_BYTES:
+        raise ProtocolError(f"text array dtype {value!r} is {dtype.itemsize} bytes wide, above {MAX_STR_BYTES}")
+    return dtype
+
+
+def _decode_text(obj: dict, dtype: np.dtype, generic: bool) -> str | bytes:
+    """A 0-d text array or a text scalar (a prompt as openpi's transforms hold it) as a str or bytes."""
+    if generic:
+        value = obj.get(DATA)
+        if not isinstance(value, str if dtype.kind == "U" else bytes):
+            raise ProtocolError(f"numpy scalar of dtype {dtype.str} needs a {'str' if dtype.kind == 'U' else 'bytes'}, "
+                                f"got {type(value).__name__}")
+        return value
+    shape = obj.get(SHAPE)
+    if not isinstance(shape, (list, tuple)) or len(shape) != 0:
+        raise ProtocolError(f"a text array (dtype {dtype.str}) is accepted only 0-d, as np.asarray(prompt) is; got "
+                            f"shape {shape if not isinstance(shape, (list, tuple)) else list(shape)[:8]!r}: send "
+                            "text as a plain msgpack string")
+    data = obj.get(DATA)
+    if not isinstance(data, bytes) or len(data) != dtype.itemsize:
+        got = f"{len(data)} bytes" if isinstance(data, bytes) else type(data).__name__
+        raise ProtocolError(f"a 0-d text array of dtype {dtype.str} needs {dtype.itemsize} bytes, got {got}")
+    if dtype.kind == "U":  # UCS-4: numpy's .item() fails with a SystemError on a code point past U+10FFFF
+        codes = np.frombuffer(data, dtype=np.dtype(dtype.str[0] + "u4"))
+        if codes.size and int(codes.max()) > 0x10FFFF:
+            raise ProtocolError(f"a 0-d text array of dtype {dtype.str} holds a value past U+10FFFF, not text")
+    return np.frombuffer(data, dtype=dtype).item()  # trailing NULs dropped, as numpy does
+
+
+def _decode_ndarray(obj: dict) -> np.ndarray | str | bytes:
+    text = _text_dtype(obj.get(DTYPE))
+    if text is not None:
+        return _decode_text(obj, text, generic=False)
     dtype = _parse_dtype(obj.get(DTYPE))
     shape = obj.get(SHAPE)
     if not isinstance(shape, (list, tuple)) or len(shape) > MAX_NDIM:
@@ -172,7 +215,10 @@ def _decode_ndarray(obj: dict) -> np.ndarray:
 _SCALAR_TYPES = {"b": (bool,), "i": (int,), "u": (int,), "f": (float, int)}
 
 
-def _decode_generic(obj: dict) -> np.generic:
+def _decode_generic(obj: dict) -> np.generic | str | bytes:
+    text = _text_dtype(obj.get(DTYPE))
+    if text is not None:
+        return _decode_text(obj, text, generic=True)
     dtype = _parse_dtype(obj.get(DTYPE))
     value = obj.get(DATA)
     if type(value) not in _SCALAR_TYPES[dtype.kind]:
