@@ -691,6 +691,38 @@ SLOW_SERVER = textwrap.dedent("""
 """)
 
 
+FROZEN_SERVER = textwrap.dedent("""
+    import gc, numpy as np
+    from vlaperf.serve.server import PolicyServer
+
+    class Zeros:
+        def infer(self, examples):
+            return {"actions": np.zeros((len(examples), 10, 7), np.float32)}
+
+    print("BEFORE", gc.get_freeze_count(), flush=True)
+    s = PolicyServer(Zeros(), port=0, warmup_batch_sizes=(),
+                     on_ready=lambda s: (print("READY", gc.get_freeze_count(), flush=True), s.stop(timeout=0)))
+    s.serve_forever()
+""")
+
+
+def test_serve_forever_freezes_the_heap_after_warm_up_and_start_does_not():
+    """A server that is the process (serve_forever, as `vlaperf serve`) moves what is alive after its warm-up out of
+    the garbage collector's sight, so a request that makes a million objects does not set off walks of the whole
+    heap; one start()ed inside another process (a test, a notebook) leaves that process's collector alone."""
+    import gc
+
+    env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
+    out = subprocess.run([sys.executable, "-c", FROZEN_SERVER], capture_output=True, text=True, env=env, timeout=120)
+    counts = {line.split()[0]: int(line.split()[1]) for line in out.stdout.splitlines()
+              if line.split()[:1] in (["BEFORE"], ["READY"])}
+    assert counts.get("BEFORE") == 0 and counts.get("READY", 0) > 10_000, out.stdout + out.stderr
+    before = gc.get_freeze_count()
+    s = PolicyServer(_Recorder(TINY), port=0, warmup_batch_sizes=()).start()
+    s.stop()
+    assert gc.get_freeze_count() == before
+
+
 def test_sigterm_finishes_in_flight_then_exits():
     env = dict(os.environ, PYTHONPATH=str(ROOT) + os.pathsep + os.environ.get("PYTHONPATH", ""))
     proc = subprocess.Popen([sys.executable, "-c", SLOW_SERVER], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
