@@ -1218,9 +1218,12 @@ def test_non_finite_actions_keep_their_rows_through_pickling():
     assert str(back) == str(e.value)
 
 
-def test_connections_past_the_limit_get_503_and_health_still_answers(model):
-    """`max_connections` open connections at most: one more is refused at its handshake with HTTP 503 and says why;
-    /healthz still answers, and a connection is accepted again once one closes."""
+def test_connections_past_the_limit_get_503_and_health_still_answers(model, caplog):
+    """`max_connections` open connections at most: one more is refused at its handshake with HTTP 503 and says why,
+    counted in /metrics and said in the log (once a while, not per refusal); /healthz still answers, and a
+    connection is accepted again once one closes."""
+    import logging
+
     s = PolicyServer(_Recorder(TINY), port=0, max_connections=2, warmup_batch_sizes=()).start()
     try:
         first, second = raw_connection(s), raw_connection(s)
@@ -1229,6 +1232,12 @@ def test_connections_past_the_limit_get_503_and_health_still_answers(model):
             raw_connection(s)
         assert e.value.response.status_code == 503
         assert b"too many connections: 2 open, the server's limit is 2" in e.value.response.body
+        with caplog.at_level(logging.INFO, logger="vlaperf.serve"):
+            with pytest.raises(InvalidStatus):  # a second refusal: counted, but no second log line within 10 s
+                raw_connection(s)
+        assert s.stats["refused_connections"] == 2 and _metrics(s)["vlaperf_refused_connections_total"] == 2
+        assert [r.getMessage() for r in caplog.records if "refused" in r.getMessage()] == [
+            "refused 1 connection(s) at the limit of 2 open (--max-connections) since the last such line"]
         assert _get(s.url.replace("ws://", "http://") + "/healthz")[0] == 200
         first.close()
         _wait_for(lambda: s._n_connections == 1)

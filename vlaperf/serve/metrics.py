@@ -6,6 +6,7 @@ histograms every few seconds. What the server exports:
     vlaperf_requests_total, vlaperf_request_errors_total        frames received, and those answered with an error
     vlaperf_batches_total, vlaperf_batched_observations_total   inference calls and the observations they carried
     vlaperf_dropped_observations_total                          queued observations of connections that closed
+    vlaperf_refused_connections_total                           connections refused at max_connections (HTTP 503)
     vlaperf_rtc_guided_observations_total, vlaperf_rtc_unguided_observations_total
                                                                 observations sent with real-time chunking's keys
                                                                 (`serve --rtc`), guided or not (nothing to continue)
@@ -99,6 +100,8 @@ def render(stats: dict, gauges: dict, metrics: ServerMetrics) -> str:
     counter("vlaperf_batches_total", "batched policy calls", "batches")
     counter("vlaperf_batched_observations_total", "observations answered by the policy calls", "batched_observations")
     counter("vlaperf_dropped_observations_total", "queued observations of connections that closed", "dropped_observations")
+    counter("vlaperf_refused_connections_total", "connections refused at the server's limit (HTTP 503)",
+            "refused_connections")
     counter("vlaperf_rtc_guided_observations_total", "observations with real-time chunking's keys, guided toward "
             "their connection's previous chunk", "rtc_guided")
     counter("vlaperf_rtc_unguided_observations_total", "observations with real-time chunking's keys and nothing to "

@@ -79,6 +79,7 @@ from vlaperf.serve.protocol import (DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES
 
 log = logging.getLogger("vlaperf.serve")
 LOGGED_ERRORS_PER_CONNECTION = 5
+REFUSALS_LOG_S = 10.0  # connections refused at max_connections: one log line at most this often
 # Received messages a connection buffers while its current request runs (websockets' max_queue; its default is 16,
 # 256 MiB a connection at a 16 MiB message limit). openpi's clients send one request and wait for the reply.
 WS_MAX_QUEUE = 4
@@ -319,7 +320,8 @@ class PolicyServer:
         self._rtc_on, self._rtc_horizon = False, 0  # set once the policy is built
         self.stats = {"requests": 0, "errors": 0, "batches": 0, "batched_observations": 0, "dropped_observations": 0,
                       "rtc_guided": 0, "rtc_unguided": 0, "keep_warm_runs": 0, "keep_warm_delayed": 0, "keep_warm_quiet": 0,
-                      **{f"keep_warm_delayed_{why}": 0 for why in MISSES}}
+                      "refused_connections": 0, **{f"keep_warm_delayed_{why}": 0 for why in MISSES}}
+        self._refusals_logged_at, self._refusals_logged = -math.inf, 0  # the refusals' log line: at most one a while
         self.metrics = ServerMetrics()  # the latency histograms of GET /metrics
         self._conn_errors: Counter = Counter()  # connection -> request errors so far (the log keeps the first few)
 
@@ -484,8 +486,19 @@ class PolicyServer:
         if self._draining:
             return 503, "shutting down\n"
         if self._n_connections >= self.max_connections:
+            self._refused_connection()
             return 503, f"too many connections: {self._n_connections} open, the server's limit is {self.max_connections}\n"
         return None
+
+    def _refused_connection(self) -> None:
+        """Count a connection refused at the limit, and say so in the log at most once every REFUSALS_LOG_S (with the
+        count since the last line): an operator sees robots turned away, not a flood of lines."""
+        self.stats["refused_connections"] += 1
+        now = time.monotonic()
+        if now - self._refusals_logged_at >= REFUSALS_LOG_S:
+            log.warning("refused %d connection(s) at the limit of %d open (--max-connections) since the last such "
+                        "line", self.stats["refused_connections"] - self._refusals_logged, self.max_connections)
+            self._refusals_logged_at, self._refusals_logged = now, self.stats["refused_connections"]
 
     def _metrics_text(self) -> str:
         with self._cv:
