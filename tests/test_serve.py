@@ -148,7 +148,9 @@ BAD_INPUTS = {
     "missing key": (packb(_example(observation__image=None)), "InputError", "missing key 'observation/image'"),
     "missing state": (packb(_example(observation__state=None)), "InputError", "missing key 'observation/state'"),
     "wrong image dtype": (packb(_example(observation__image=np.zeros((224, 224, 3), np.int32))), "InputError",
-                          "expected uint8 or float pixels, got dtype int32"),
+                          "expected uint8 or float pixels, got dtype int32 (cast to uint8 for 0..255 pixels)"),
+    "image sent as a string": (packb(_example(observation__image="frame.png")), "InputError",
+                               "observation/image: expected a 3-d image (H, W, 3), got str"),
     "wrong state dtype": (packb(_example(observation__state=np.ones(8, bool))), "InputError", "1-d numeric array"),
     "wrong state shape": (packb(_example(observation__state=np.ones((2, 4), np.float32))), "InputError",
                           "observation/state: expected a 1-d numeric array"),
@@ -169,7 +171,8 @@ BAD_INPUTS = {
                                        "NonFiniteActions: the actions hold NaN or inf"),
     "NaN image": (packb(_example(observation__image=np.full((8, 8, 3), np.nan, np.float32))), "InputError", "NaN"),
     "prompt not a string": (packb(_example(prompt=5)), "InputError", "prompt: expected a string"),
-    "non-msgpack bytes": (b"\xc1\xc1 definitely not msgpack", "ProtocolError", "not a valid msgpack message"),
+    "non-msgpack bytes": (b"\xc1\xc1 definitely not msgpack", "ProtocolError",
+                          "not a valid msgpack message: the bytes are not msgpack, or are cut short"),
     "truncated msgpack": (packb(make_example(TINY, seed=0))[:1000], "ProtocolError", "msgpack"),
     "msgpack int": (packb(42), "InputError", "message must be an observation dict"),
     "msgpack string": (packb("observation"), "InputError", "got str"),
@@ -1503,7 +1506,8 @@ def test_finished_batches_leave_no_connection_counted_as_busy_and_stats_count(mo
         assert s.stats == {"requests": 2, "errors": 1, "batches": 1, "batched_observations": 3,
                            "dropped_observations": 0, "rtc_guided": 0, "rtc_unguided": 0, "keep_warm_runs": 0,
                            "keep_warm_delayed": 0, "keep_warm_quiet": 0, "keep_warm_delayed_no_forecast": 0,
-                           "keep_warm_delayed_off_forecast": 0, "keep_warm_delayed_long_run": 0}
+                           "keep_warm_delayed_off_forecast": 0, "keep_warm_delayed_long_run": 0,
+                           "refused_connections": 0}
     finally:
         s.stop()
 

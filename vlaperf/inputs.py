@@ -300,7 +300,9 @@ def _image(value: Any, key: str, channels_first: bool) -> np.ndarray:
     if arr.dtype == object:
         raise InputError(f"{key}: expected a uint8 or float image array, got an object array")
     if arr.ndim != 3:
-        raise InputError(f"{key}: expected a 3-d image ({layout}), got shape {arr.shape}")
+        got = (type(value).__name__ if arr.ndim == 0 and not isinstance(value, np.ndarray)
+               else f"shape {arr.shape}")  # a str, bytes or number: its type says more than shape ()
+        raise InputError(f"{key}: expected a 3-d image ({layout}), got {got}")
     if arr.shape[0] == 3 and arr.shape[-1] != 3:
         arr = arr.transpose(1, 2, 0)
     if arr.shape[-1] != 3:
@@ -317,7 +319,8 @@ def _image(value: Any, key: str, channels_first: bool) -> np.ndarray:
             raise InputError(f"{key}: float pixels must be in [0, 1], got {lo:.4g}..{hi:.4g} (send uint8 for 0..255)")
         # openpi accepts float images in [0, 1]; convert like its transform does.
         return (np.clip(arr, 0.0, 1.0) * 255).astype(np.uint8)
-    raise InputError(f"{key}: expected uint8 or float pixels, got dtype {arr.dtype}")
+    hint = " (cast to uint8 for 0..255 pixels)" if np.issubdtype(arr.dtype, np.integer) or arr.dtype == bool else ""
+    raise InputError(f"{key}: expected uint8 or float pixels, got dtype {arr.dtype}{hint}")
 
 
 def _state_part(example: dict, key: str, size: int, scalar_ok: bool = False) -> np.ndarray:

@@ -336,6 +336,9 @@ def unpackb(data: bytes | bytearray | memoryview, max_bytes: int | None = DEFAUL
             raise ProtocolError(f"a msgpack {kind} of {over.group(1)} {unit} exceeds the limit of {over.group(3)}") from None
         if "is not allowed for map key" in reason:  # msgpack's strict_map_key wording
             raise ProtocolError(f"map keys must be strings, got {reason.split(' is not', 1)[0]}") from None
+        if reason in ("FormatError", "OutOfData") or reason.startswith("Unpack failed"):  # msgpack names no more
+            reason = "the bytes are not msgpack, or are cut short (send the observation packed with msgpack, as " \
+                     "openpi-client's msgpack_numpy.packb does)"
         raise ProtocolError(f"not a valid msgpack message: {reason}") from None
     except Exception as e:  # anything else msgpack may raise on garbage
         raise ProtocolError(f"not a valid msgpack message: {type(e).__name__}: {e}") from None
