@@ -145,6 +145,11 @@ def test_diff_command_prints_the_change_and_gates_a_slowdown(tmp_path, capsys):
      "the files are not comparable: workload differs: libero-pi0 before, tiny after (--allow-mismatch"),
     (lambda r: r["processes"].update(runs="x"), "BEFORE {before}: bench: processes.runs: expected a non-empty array"),
     (lambda r: r.pop("env"), "BEFORE {before}: invalid vlaperf result: missing key 'env'"),
+    # a zero median used to end in a ZeroDivisionError, exit 1, read by a CI gate as a slowdown
+    (lambda r: r["timers"]["wall_ms"].update(median=0), "BEFORE {before}: timers.wall_ms.median is 0, expected a "
+                                                        "positive number of ms"),
+    (lambda r: r.update(rtc={"execution_horizon": 5}), "real-time chunking (bench --rtc) differs: execution_horizon=5 "
+                                                       "before, none (cpu) after"),
 ])
 def test_diff_command_refuses_files_it_cannot_compare(tmp_path, capsys, change, message):
     from vlaperf.cli import main
@@ -169,6 +174,21 @@ def test_diff_command_compares_mismatched_files_when_told_and_names_missing_ones
     (tmp_path / "broken.json").write_text("{")
     assert main(["diff", str(tmp_path / "broken.json"), after]) == 2
     assert "BEFORE" in capsys.readouterr().err
+    (tmp_path / "binary.json").write_bytes(b"\xb8\x00\xff" * 10)  # used to be a UnicodeDecodeError, exit 1
+    assert main(["diff", str(tmp_path / "binary.json"), after]) == 2
+    assert "not a UTF-8 text file (byte 0: invalid start byte)" in capsys.readouterr().err
+
+
+def test_diff_max_slowdown_with_no_wall_timer_in_common_is_an_error_not_a_pass(tmp_path, capsys):
+    from vlaperf.cli import main
+
+    r = _result(9.0)
+    del r["timers"]  # valid (timers are optional in the schema), as the audit of session 57 found such a file
+    before, after = _write(tmp_path, "before.json", _result(10.0)), _write(tmp_path, "after.json", r)
+    assert main(["diff", before, after]) == 0  # shown, with the verdict saying there is no wall timer
+    assert "no wall-clock timer in both files" in capsys.readouterr().out
+    assert main(["diff", before, after, "--max-slowdown", "5"]) == 2
+    assert "--max-slowdown: the files hold no wall_ms timer in common" in capsys.readouterr().err
 
 
 def test_files_from_two_machines_say_so_before_any_spread():

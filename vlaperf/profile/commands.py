@@ -371,7 +371,7 @@ def cmd_diff(args) -> int:
 
     from rich.table import Table
 
-    from vlaperf.profile.diff import diff, mismatches, verdict
+    from vlaperf.profile.diff import diff, mismatches, timer_problem, verdict
     from vlaperf.report.render import field_problem
     from vlaperf.report.schema import SchemaError, read_result
 
@@ -385,7 +385,7 @@ def cmd_diff(args) -> int:
             raise CliError(f"{name} {path}: {e}") from None
         if r["command"] not in ("bench", "breakdown"):
             raise CliError(f"{name} {path}: a {r['command']!r} file; diff compares two 'bench' or two 'breakdown' files")
-        problem = field_problem(r)
+        problem = field_problem(r) or timer_problem(r)
         if problem:
             raise CliError(f"{name} {path}: {problem}")
         results.append(r)
@@ -397,6 +397,9 @@ def cmd_diff(args) -> int:
     if problems and not args.allow_mismatch:
         raise CliError("the files are not comparable: " + "; ".join(problems) + " (--allow-mismatch compares them anyway)")
     d = diff(before, after)
+    if args.max_slowdown is not None and "wall_ms" not in d["timers"]:  # a gate with nothing to gate on must not pass
+        raise CliError("--max-slowdown: the files hold no wall_ms timer in common, so there is no wall-clock change "
+                       "to check (bench and breakdown files write timers.wall_ms)")
     console = _console()
     for name, path, r in (("before", args.before, before), ("after", args.after, after)):
         env = r.get("env") or {}

@@ -45,6 +45,8 @@ def _get(r: dict, where: str):
 def mismatches(before: dict, after: dict) -> list[str]:
     """What differs between two result files that makes their medians incomparable, in words (empty: comparable)."""
     fields = SAME
+    if bool(before.get("rtc")) != bool(after.get("rtc")):  # `bench --rtc` times the guided call, another workload
+        fields += (("rtc", "real-time chunking (bench --rtc)"),)
     if _get(before, "workload.settings") is not None and _get(after, "workload.settings") is not None:
         fields += (("workload.settings", "workload settings"),)
     out = []
@@ -59,9 +61,18 @@ def mismatches(before: dict, after: dict) -> list[str]:
 
 
 def _show(x) -> str:
-    if isinstance(x, dict):  # overrides, settings
+    if isinstance(x, dict):  # overrides, settings, rtc
         return ", ".join(f"{k}={v}" for k, v in sorted(x.items())) or "none"
     return "none (cpu)" if x is None else str(x)
+
+
+def timer_problem(r: dict) -> str | None:
+    """A timer whose median cannot be compared (zero, negative or not a number), in words; None if all can."""
+    for name, t in (r.get("timers") or {}).items():
+        median = t.get("median") if isinstance(t, dict) else None
+        if t and not (isinstance(median, (int, float)) and not isinstance(median, bool) and median > 0):
+            return f"timers.{name}.median is {median!r}, expected a positive number of ms"
+    return None
 
 
 def bootstrap_ratio(before: list[float], after: list[float], resamples: int = BOOTSTRAP_RESAMPLES,

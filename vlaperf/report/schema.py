@@ -140,4 +140,10 @@ def write_result(result: dict, path: str | Path) -> Path:
 
 
 def read_result(path: str | Path) -> dict:
-    return validate_result(json.loads(Path(path).read_text()))
+    """The validated result in `path`; SchemaError for a file that is not UTF-8 text or not a valid result,
+    json.JSONDecodeError for text that is not JSON."""
+    try:
+        text = Path(path).read_text(encoding="utf-8")
+    except UnicodeDecodeError as e:
+        raise SchemaError(f"not a UTF-8 text file (byte {e.start}: {e.reason}), so not a vlaperf result file") from None
+    return validate_result(json.loads(text))
