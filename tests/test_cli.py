@@ -187,6 +187,14 @@ def test_bad_arguments_exit_2_with_message(args, message, capsys):
         (["serve", "--max-queue", "8"], "argument --max-queue: expected an integer >= 64 (one list request holds up "
          "to 64 observations), got '8'"),
         (["matrix", "--device", "cpu", "--variants", "for_loop;nope"], "--variants: unknown lever 'nope' in 'nope'"),
+        # the reference alone was timed, the rows said "skipped", and the matrix passed
+        (["matrix", "--device", "cpu", "--workload", "tiny", "--variants", "graph;for_loop,cuda_graph"],
+         "--variants: no variant asked for can run on cpu: 'graph': cuda_graph needs a CUDA device"),
+        (["bench", "--device", "cpu", "--workload", "Tiny"], "unknown workload 'Tiny' (did you mean 'tiny'?)"),
+        (["bench", "--device", "cpu", "--workload", "tiny,wam-tiny"], "is a list: only `vlaperf matrix --ray` runs"),
+        (["bench", "--device", "cpu", "--levers", "bestt"], "unknown lever 'bestt' (did you mean 'best'?)"),
+        (["check", "--device", "cpu", "--levers", "for_loop;sdpaa"], "--levers: variant 'sdpaa': unknown lever 'sdpaa' "
+                                                                     "(did you mean 'sdpa'?)"),
         (["matrix", "--device", "cpu", "--variants", "for_loop,,sdpa"], "--variants: empty lever name in 'for_loop,,sdpa'"),
         (["matrix", "--device", "cpu", "--variants", ""], "--variants '': no variant; expected 'cumulative', 'grid'"),
         (["matrix", "--device", "cpu", "--levers", " ; "], "--variants ' ; ': no variant"),
@@ -1046,7 +1054,8 @@ def test_the_reference_run_says_where_to_go_next_and_an_engine_run_does_not(caps
     base = ["bench", "--workload", workload, "--device", "cpu", "--iters", "1", "--warmup", "0"]
     assert main(base) == 0
     out = " ".join(capsys.readouterr().out.split())  # rich may wrap the line
-    assert "the reference path (openpi's semantics); next: `--levers best`" in out
+    semantics = " (openpi's semantics)" if workload == "tiny" else ""  # the world-action model is not openpi's
+    assert f"the reference path{semantics}; next: `--levers best`" in out
     assert "`vlaperf matrix --variants cumulative` what each lever buys" in out
     assert main(base + ["--levers", "exact"]) == 0
     assert "next: `--levers best`" not in capsys.readouterr().out

@@ -492,7 +492,7 @@ def test_one_host_sync_outside_a_loop_gets_the_remove_the_read_fix(monkeypatch):
     site = {"per_call": 1, "location": "policy.py:7", "op": "Tensor.item", "code": "n = int(t.item())"}
     monkeypatch.setattr(syncs, "count_syncs", lambda fn, **kw: {"per_call": 1, "sites": [site], "note": None})
     f = by_id(model_checks(build_model("tiny"), workload="tiny", measure=False))["model.host_syncs"]
-    assert f["severity"] == "warning" and f["title"] == "1 host syncs per call (reference sample_actions)"
+    assert f["severity"] == "warning" and f["title"] == "1 host sync per call (reference sample_actions)"
     assert f["detail"].startswith("1x policy.py:7 Tensor.item: n = int(t.item()). ")
     assert f["fix"].startswith("remove the host reads at the listed lines")
     assert f["cost"] is None and f["cost_note"] == "not measurable on the CPU (no device to wait for)"

@@ -624,7 +624,8 @@ def print_bench(result: dict) -> None:
                       f"{video}, max abs {eq['max_abs']:.2e}, tolerance {eq['tolerance']:.0e}: "
                       + ("passed" if eq["passed"] else "FAILED"))
     if result["variant"]["label"] == "reference":  # what `vlaperf bench` with no arguments runs: say where to go next
-        console.print("the reference path (openpi's semantics); next: `--levers best` times the engine with every "
+        semantics = "" if result["workload"]["id"].startswith("wam") else " (openpi's semantics)"
+        console.print(f"the reference path{semantics}; next: `--levers best` times the engine with every "
                       "lever, `vlaperf matrix --variants cumulative` what each lever buys", style="dim")
 
 
@@ -657,7 +658,11 @@ def cmd_check(args) -> int:
 
     for spec in specs:
         try:
-            Levers.parse(spec, device).check(device)
+            levers = Levers.parse(spec, device)
+        except LeverError as e:  # a typo, not this machine's fault
+            raise CliError(f"--levers: variant {spec!r}: {e}") from None
+        try:
+            levers.check(device)
         except LeverError as e:
             raise CliError(f"--levers: variant {spec!r} cannot run here: {e}") from None
     refuse_repeated_variants(specs, lambda spec: Levers.parse(spec, device).names(), "--levers", device)
@@ -677,7 +682,8 @@ def cmd_check(args) -> int:
     if args.levers == "all":
         left = [n for n in LEVERS if not _applicable(n, device)]
         why = ("compile and compile_layers take minutes alone; best checks them" if device.type == "cuda"
-               else "the CUDA levers need a GPU; best checks compile and compile_layers on one")
+               else "cuda_graph, triton_kernels and megakernel need a GPU; compile and compile_layers take minutes "
+                    "alone: check them by name, e.g. --levers for_loop,compile")
         print(f"not checked alone: {', '.join(left)} ({why})")
     if args.json:
         result = result_header("check", base, workload, model, environment_record(device), [], "check", None)

@@ -9,6 +9,7 @@ checkpoint is given.
 from __future__ import annotations
 
 import dataclasses
+import difflib
 from dataclasses import dataclass
 
 
@@ -169,4 +170,10 @@ def get_workload(workload_id: str) -> Workload:
     if workload_id in WAM_WORKLOADS:
         raise ValueError(f"workload {workload_id!r} is a world-action model workload: `vlaperf bench`, `check`, `matrix`, `breakdown`, `scaling`, `syncs`, `doctor` and `serve` "
                          "run it; this command takes a pi0-family workload")
-    raise ValueError(f"unknown workload {workload_id!r}; expected one of: {', '.join(list(WORKLOADS) + list(WAM_WORKLOADS))}")
+    known = list(WORKLOADS) + list(WAM_WORKLOADS)
+    if "," in workload_id and all(w.strip() in known for w in workload_id.split(",")):
+        raise ValueError(f"workload {workload_id!r} is a list: only `vlaperf matrix --ray` runs several workloads; "
+                         "give one id here")
+    near = difflib.get_close_matches(workload_id.lower(), known, n=1, cutoff=0.75)
+    hint = f" (did you mean {near[0]!r}?)" if near else ""
+    raise ValueError(f"unknown workload {workload_id!r}{hint}; expected one of: {', '.join(known)}")

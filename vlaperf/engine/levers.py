@@ -7,6 +7,7 @@ of the reference model's inference path and is checked for equivalence against i
 
 from __future__ import annotations
 
+import difflib
 import os
 from dataclasses import dataclass, fields
 
@@ -152,8 +153,11 @@ class Levers:
             if ";" in item:  # several variants where one is taken (bench, breakdown, syncs, doctor, serve)
                 raise LeverError(several_variants(spec))
             if name not in LEVERS:
-                raise LeverError(f"unknown lever {name!r}; expected one of: {', '.join(LEVERS)} (or, as the whole "
-                                 f"list, a preset: {', '.join(PRESETS)}, 'none' / 'reference')")
+                near = difflib.get_close_matches(name.lower(), [*LEVERS, *PRESETS], n=1, cutoff=0.75)
+                hint = f" (did you mean {near[0]!r}?)" if near else ""
+                raise LeverError(f"unknown lever {name!r}{hint}; expected one of: {', '.join(LEVERS)} (or, as the "
+                                 f"whole list, a preset: {', '.join(p for p in PRESETS if p != 'reference')}, or "
+                                 "'reference' / 'none')")
             if name == "compile":
                 refuse_empty_mode(item)
                 mode = value or "default"

@@ -418,7 +418,7 @@ def model_checks(model, engine=None, workload=None, measure: bool = True, seed: 
     """Checks of one pi0 policy path (the reference `model.sample_actions`, or `engine`)."""
     from vlaperf.engine.levers import Levers
     from vlaperf.inputs import Observation, random_noise, random_observation
-    from vlaperf.profile.syncs import count_syncs, measure_sync_cost_ms
+    from vlaperf.profile.syncs import count_syncs, measure_sync_cost_ms, per_call_phrase
     from vlaperf.workloads import WORKLOADS, get_workload
 
     device = model.action_in_proj.weight.device
@@ -450,7 +450,7 @@ def model_checks(model, engine=None, workload=None, measure: bool = True, seed: 
         sites = "; ".join(f"{s['per_call']:g}x {s['location']} {s['op']}: {s['code']}" for s in rep["sites"][:5])
         in_loop = any("while" in (s["code"] or "") for s in rep["sites"])
         out.append(finding(
-            "model.host_syncs", "warning", f"{rep['per_call']:g} host syncs per call ({path})",
+            "model.host_syncs", "warning", f"{per_call_phrase(rep['per_call'])} ({path})",
             f"{sites}. " + (rep["note"] or ""),
             cost=cost,
             cost_note=(f"estimate: {rep['per_call']:g} syncs x {per_sync:.4f} ms measured round trip of a tiny kernel "
@@ -534,7 +534,7 @@ def wam_model_checks(model, engine=None, workload=None, measure: bool = True, se
     seed 000's runner overheads, each with the lever that removes it."""
     from vlaperf.engine.wam import WamLevers
     from vlaperf.models.wam import kept_frame_tokens, random_wam_inputs
-    from vlaperf.profile.syncs import count_syncs, measure_sync_cost_ms
+    from vlaperf.profile.syncs import count_syncs, measure_sync_cost_ms, per_call_phrase
     from vlaperf.workloads import WAM_WORKLOADS, get_wam_workload
 
     device = model.device
@@ -556,7 +556,7 @@ def wam_model_checks(model, engine=None, workload=None, measure: bool = True, se
         sites = "; ".join(f"{s['per_call']:g}x {s['location']} {s['op']}: {s['code']}" for s in rep["sites"][:5])
         nonzero = any(s["op"].endswith("nonzero") for s in rep["sites"])
         out.append(finding(
-            "wam.host_syncs", "warning", f"{rep['per_call']:g} host syncs per call ({path})", f"{sites}. " + (rep["note"] or ""),
+            "wam.host_syncs", "warning", f"{per_call_phrase(rep['per_call'])} ({path})", f"{sites}. " + (rep["note"] or ""),
             cost=cost, cost_note=(f"estimate: {rep['per_call']:g} syncs x {per_sync:.4f} ms measured round trip"
                                   if cost is not None else "not measurable on the CPU (no device to wait for)"),
             fix="levers cached_keep_index (the keep index built once, not with .nonzero() per forward) and host_schedule "

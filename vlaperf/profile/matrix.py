@@ -89,6 +89,19 @@ def parse_variants(spec: str, device: torch.device) -> list[str]:
     from vlaperf.engine.levers import Levers
 
     refuse_repeated_variants(items, lambda s: Levers.parse(s, device).names(), "--variants (--levers)", device)
+    # a variant that cannot run here is a skipped row beside the others; if none of those asked for can, the matrix
+    # would time the reference alone and pass: an error instead, before the rows are prepared
+    from vlaperf.cli import CliError
+    from vlaperf.engine.levers import LeverError
+
+    reasons = []
+    for s in items[1:]:
+        try:
+            Levers.parse(s, device).check(device)
+        except LeverError as e:
+            reasons.append(f"{s!r}: {e}")
+    if len(items) > 1 and len(reasons) == len(items) - 1:
+        raise CliError(f"--variants: no variant asked for can run on {device.type}: {'; '.join(reasons)}")
     return items
 
 

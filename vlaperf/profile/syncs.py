@@ -60,6 +60,11 @@ class SyncEvent:
     code: str | None
 
 
+def per_call_phrase(n: float) -> str:
+    """'1 host sync per call', '3 host syncs per call', '0.5 host syncs per call'."""
+    return f"{n:g} host sync{'' if n == 1 else 's'} per call"
+
+
 def user_frame(skip_files: set[str] | None = None):
     """The innermost Python frame that is not torch, this module or the warnings module."""
     skip = _SKIP_FILES | (skip_files or set())
@@ -396,7 +401,7 @@ def measure_sync_cost_ms(device: torch.device | str, iters: int = 50) -> float |
 
 
 def format_syncs(report: dict[str, Any], limit: int = 12) -> str:
-    lines = [f"{report['per_call']:g} host syncs per call ({report['source']}, {report['device']}, "
+    lines = [f"{per_call_phrase(report['per_call'])} ({report['source']}, {report['device']}, "
              f"{report['calls']} call{'s' if report['calls'] != 1 else ''})"]
     if report.get("expected_per_call"):
         lines[0] += f"; {report['expected_per_call']} expected (reading the actions), {report['hidden_per_call']:g} hidden"

@@ -81,7 +81,8 @@ def refuse_policy_mode(mode: str | None) -> None:
 
     if mode == "policy":
         raise CliError("--mode policy: the world-action model has no observation transform (VAE, text encoder) in vlaperf; "
-                       "use --mode model (generate on device tensors) or --mode forward")
+                       "use --mode model (generate on device tensors; `vlaperf bench` also has --mode forward, one "
+                       "forward alone)")
 
 
 def refuse_sampler_options_in_forward(args, mode: str) -> None:

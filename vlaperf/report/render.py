@@ -922,7 +922,8 @@ def _syncs(doc: _Doc, path: str, r: dict) -> None:
     doc.h(3, f"syncs: {workload_label(r)} {(r.get('variant') or {}).get('label', '')} "
              f"({r.get('mode') or '-'} mode, {_gpu(r)})")
     expected, hidden = rep.get("expected_per_call"), rep.get("hidden_per_call")  # an older file may lack hidden_per_call
-    doc.p(f"{rep['per_call']:g} host syncs per call ({rep['source']}, {rep['calls']} calls)"
+    n = rep["per_call"]
+    doc.p(f"{n:g} host sync{'' if n == 1 else 's'} per call ({rep['source']}, {rep['calls']} calls)"
           + (f"; {expected} expected (reading the actions)" if expected else "")
           + (f", {hidden:g} hidden" if expected and hidden is not None else ""))
     if rep.get("note"):
