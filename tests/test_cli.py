@@ -214,6 +214,9 @@ def test_bad_arguments_exit_2_with_message(args, message, capsys):
         # loadgen's list took '1,,2' as 1,2 and went on to connect
         (["loadgen", "--url", "ws://127.0.0.1:9", "--clients", "1,,2"], "argument --clients: expected comma-separated integers"),
         (["scaling", "--device", "cpu", "--plot", "."], "argument --plot: expected a file path, got the folder '.'"),
+        # the plot was written, then the result over it
+        (["scaling", "--device", "cpu", "--plot", "same.png", "--json", "./same.png"],
+         "--plot and --json name the same file ./same.png: the result would overwrite the plot"),
         (["breakdown", "--device", "cpu", "--trace", "."], "argument --trace: expected a file path, got the folder"),
         (["report", ".", "-o", "."], "argument -o/--output: expected a file path, got the folder '.'"),
         (["compare", "--device", "mps"], "argument --device: expected cpu, cuda or cuda:N, got 'mps'"),

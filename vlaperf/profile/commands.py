@@ -178,6 +178,8 @@ def cmd_scaling(args) -> int:
 
     from vlaperf.workloads import is_wam_workload
 
+    if args.plot and args.json and Path(args.plot).resolve() == Path(args.json).resolve():
+        raise CliError(f"--plot and --json name the same file {args.json}: the result would overwrite the plot")
     specs = [s.strip() for s in args.levers.split(";") if s.strip()]
     if not specs and args.levers.strip():  # ';' alone: no variant named (an empty --levers is the reference)
         raise CliError(f"--levers {args.levers!r}: no variant to time; expected ';'-separated variants")
