@@ -745,7 +745,11 @@ def test_main_turns_interrupts_file_errors_and_out_of_memory_into_one_line(monke
 def test_doctor_with_levers_and_no_workload_checks_them_on_the_default(tmp_path):
     out = tmp_path / "d.json"
     main(["doctor", "--device", "cpu", "--levers", "exact", "--no-measure", "--json", str(out)])
-    assert read_result(out)["workload"]["id"] == "tiny"  # not dropped: the default workload's doctor ran
+    r = read_result(out)
+    assert r["workload"]["id"] == "tiny"  # not dropped: the default workload's doctor ran
+    # the levers resolved, as bench records them (an empty list before), and the preset's name as the label
+    from vlaperf.engine.levers import EXACT
+    assert r["variant"]["levers"] == list(EXACT) and r["variant"]["label"] == "exact"
 
 
 def test_workloads_lists_every_workload_and_what_serves_it(tmp_path, capsys):

@@ -328,7 +328,8 @@ def cmd_doctor(args) -> int:
     if args.json:
         env = environment_record(device)
         if model is not None:
-            result = result_header("doctor", base, workload, model, env, [], args.levers, None)
+            levers = engine.levers.names() if engine is not None else []  # resolved, as bench and syncs record them
+            result = result_header("doctor", base, workload, model, env, levers, args.levers, None)
         else:
             from vlaperf.report.schema import SCHEMA
 
