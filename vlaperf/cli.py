@@ -354,13 +354,22 @@ def setup(args):
         raise CliError(str(e)) from None
     workload, config = resolve_shape(args, base)
     dtype = getattr(torch, args.dtype) if args.dtype else None
+    checkpoint = None
+    if args.checkpoint:  # read and matched by name and shape first: a wrong file is an error before the build
+        from vlaperf.checkpoints import CheckpointError, check_tensors, load_read_tensors, read_model_tensors
+
+        with torch.device("meta"):  # the model's names and shapes, nothing allocated
+            shapes = {k: v.shape for k, v in Pi0Model(config).state_dict().items()}
+        try:
+            checkpoint = read_model_tensors(args.checkpoint, shapes, config.pi05)
+            check_tensors(checkpoint[0], shapes, config)
+        except CheckpointError as e:  # (libero-pi0 on a 2-core CPU was built for 84 s before this said so)
+            raise CliError(f"--checkpoint: {e}") from None
     note_size_on_cpu(Pi0Model, config, device, dtype, workload.id)
     model = build_model(config, device=device, dtype=dtype, seed=args.seed)
-    if args.checkpoint:
-        from vlaperf.checkpoints import CheckpointError, load_checkpoint
-
+    if checkpoint is not None:
         try:
-            load_checkpoint(model, args.checkpoint)
+            load_read_tensors(model, *checkpoint)  # the values' checks (finite in the model's dtypes), then the copy
         except CheckpointError as e:
             raise CliError(f"--checkpoint: {e}") from None
     assert workload_id in WORKLOADS
