@@ -174,9 +174,20 @@ def test_diff_command_compares_mismatched_files_when_told_and_names_missing_ones
     (tmp_path / "broken.json").write_text("{")
     assert main(["diff", str(tmp_path / "broken.json"), after]) == 2
     assert "BEFORE" in capsys.readouterr().err
+    (tmp_path / "empty.json").write_text("{}")  # said in one line, not sixteen "missing key" clauses
+    assert main(["diff", str(tmp_path / "empty.json"), after]) == 2
+    assert 'empty.json: not a vlaperf result file (no "schema" key;' in capsys.readouterr().err
     (tmp_path / "binary.json").write_bytes(b"\xb8\x00\xff" * 10)  # used to be a UnicodeDecodeError, exit 1
     assert main(["diff", str(tmp_path / "binary.json"), after]) == 2
     assert "not a UTF-8 text file (byte 0: invalid start byte)" in capsys.readouterr().err
+
+
+def test_a_processes_file_against_a_single_process_one_says_which_side_needs_more():
+    d = diff(_processes(10, 11, 12, 10.5), _result(9.0))
+    assert d["process_counts"] == [4, 1] and d["processes"] is None
+    assert "4 processes before, 1 after, so the spread cannot be compared: run the after side with `bench " \
+           "--processes 4` too" in verdict(d)
+    assert "one process on a side" in verdict(diff(_result(10.0), _result(9.0)))
 
 
 def test_diff_max_slowdown_with_no_wall_timer_in_common_is_an_error_not_a_pass(tmp_path, capsys):

@@ -193,6 +193,7 @@ def diff(before: dict, after: dict) -> dict:
                  "other_machine": other_machine(before, after),
                  "stages": stage_diff(before, after) if before.get("command") == "breakdown" else None}
     pa, pb = process_medians(before), process_medians(after)
+    out["process_counts"] = [len(pa) if pa else 1, len(pb) if pb else 1]
     if pa and pb:
         out["processes"] = compare_processes(pa, pb)
     return out
@@ -209,9 +210,15 @@ def verdict(d: dict) -> str:
                 "file's processes measure (bench both sides on one machine)")
     p = d["processes"]
     if p is None:
-        return (f"wall median {change}; one process on a side, so the process-to-process spread is unknown: run both "
-                f"with `{d.get('command') or 'bench'} --processes 4` (or compare the variants in one process with "
-                "`vlaperf matrix`)")
+        n_before, n_after = d.get("process_counts") or (1, 1)
+        if n_before == n_after == 1:
+            return (f"wall median {change}; one process on a side, so the process-to-process spread is unknown: run "
+                    f"both with `{d.get('command') or 'bench'} --processes 4` (or compare the variants in one process "
+                    "with `vlaperf matrix`)")
+        single = "before" if n_before == 1 else "after"
+        return (f"wall median {change}; {n_before} process{'es' if n_before > 1 else ''} before, {n_after} after, so "
+                f"the spread cannot be compared: run the {single} side with `{d.get('command') or 'bench'} "
+                f"--processes {max(n_before, n_after)}` too")
     weight = f"{len(p['before_ms'])} against {len(p['after_ms'])} processes, Mann-Whitney p = {p['mann_whitney_p']:.3g}"
     if p["beyond_spread"]:
         return f"wall median {change}, beyond the process spread: {p['ordering']} ({weight})"

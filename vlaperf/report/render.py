@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import quote
 
-from vlaperf.report.schema import SCHEMA, SchemaError, json_kind, unwritable, validate_result
+from vlaperf.report.schema import SchemaError, json_kind, not_a_result, unwritable, validate_result
 
 _ABBR = {"for_loop": "loop", "skip_masked_images": "skipimg", "trim_prompt_padding": "trim", "static_kv_cache": "kv",
          "sdpa": "sdpa", "fuse_projections": "fuse", "cuda_graph": "graph", "compile_layers": "layers",
@@ -375,10 +375,9 @@ def load_results(paths) -> tuple[list[tuple[str, dict]], list[str]]:
             problems.append(f"{f}: not a regular file")
             continue
         try:
-            data = json.loads(f.read_text())
-            if isinstance(data, dict) and "schema" not in data:  # a trace, a config: not one of ours at all
-                problems.append(f"{f}: not a vlaperf result file (no \"schema\" key; a result file has "
-                                f"\"schema\": \"{SCHEMA}\")")
+            data = json.loads(f.read_text(encoding="utf-8"))
+            if not_a_result(data):  # a trace, a config: not one of ours at all
+                problems.append(f"{f}: {not_a_result(data)}")
                 continue
             out.append((str(f), validate_result(data)))
         except (OSError, ValueError, SchemaError, RecursionError) as e:  # RecursionError: JSON nested too deep

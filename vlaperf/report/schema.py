@@ -146,4 +146,16 @@ def read_result(path: str | Path) -> dict:
         text = Path(path).read_text(encoding="utf-8")
     except UnicodeDecodeError as e:
         raise SchemaError(f"not a UTF-8 text file (byte {e.start}: {e.reason}), so not a vlaperf result file") from None
-    return validate_result(json.loads(text))
+    data = json.loads(text)
+    foreign = not_a_result(data)
+    if foreign:
+        raise SchemaError(foreign)
+    return validate_result(data)
+
+
+def not_a_result(data) -> str | None:
+    """Why `data` (parsed JSON) is no vlaperf result at all, rather than a damaged one: an object without the
+    "schema" key (a trace, a config, `vlaperf workloads --json`), said in one line instead of one per missing key."""
+    if isinstance(data, dict) and "schema" not in data:
+        return f'not a vlaperf result file (no "schema" key; a result file has "schema": "{SCHEMA}")'
+    return None
