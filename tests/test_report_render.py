@@ -701,6 +701,23 @@ def test_no_summary_without_bench_files(tiny_results, tmp_path):
     assert "## Summary" not in md and "## Files" not in md and "## matrix" in md.lower()
 
 
+def test_a_ray_matrix_says_so_and_shows_each_rows_own_reference(tiny_results, tmp_path):
+    """A `matrix --ray` file's speed-ups are each against the reference timed in that row's own task: the section
+    says it is Ray's, its caption says what the speed-up divides, and each row shows that reference's median (the
+    caption used to say "median of the baseline", next to a reference row of another task)."""
+    m = json.loads((tiny_results / "matrix.json").read_text())
+    for v in m["variants"]:
+        if "timers" in v and v["variant"] != "reference":
+            v["reference"] = {"timers": {"wall_ms": {**v["timers"]["wall_ms"], "median": 12.345}}}
+    m["ray"] = {"tasks": 2, "devices": [], "ratios": "each row against its own task's reference"}
+    (tmp_path / "mr.json").write_text(json.dumps(m))
+    md = render([tmp_path / "mr.json"], tmp_path / "r.md").read_text()
+    assert "### matrix (Ray): tiny" in md and "timed interleaved in the row's own Ray task" in md
+    assert "| reference ms |" in md and "| 12.345 |" in md
+    plain = render([tiny_results / "matrix.json"], tmp_path / "p.md").read_text()
+    assert "(Ray)" not in plain and "reference ms" not in plain and "median of the baseline (reference)" in plain
+
+
 def test_a_file_the_summary_cannot_use_costs_only_its_own_row(tiny_results, tmp_path):
     """One bench file with a field the summary cannot format is left out of the summary with its reason; the
     other files keep their rows (one such file used to replace the whole summary with an error). A timestamp

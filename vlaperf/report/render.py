@@ -741,32 +741,38 @@ def _wall_ratio(row: dict) -> dict:
 
 
 def _matrix(doc: _Doc, path: str, r: dict) -> None:
-    doc.h(3, f"matrix: {workload_label(r)} on {_gpu(r)}, {r.get('mode') or '-'} mode "
+    on_ray = isinstance(r.get("ray"), dict)  # `matrix --ray`: each row its own task, against its own reference
+    doc.h(3, f"matrix{' (Ray)' if on_ray else ''}: {workload_label(r)} on {_gpu(r)}, {r.get('mode') or '-'} mode "
              f"({(r.get('variant') or {}).get('label', '')[:60]})")
     idle = (f", each timed call after {idle_words(r['idle_ms'], r.get('idle_spin', False))} (`--idle-ms`)"
             if r.get("idle_ms") else "")
+    against = (f"speedup = median of the {r.get('baseline', 'reference')} timed interleaved in the row's own Ray task, "
+               "on its GPU (the \"reference ms\" column) / median of the variant; rows of different tasks are not "
+               "divided by one another" if on_ray else
+               f"speedup = median of the baseline ({r.get('baseline', 'reference')}) / median of the variant")
     doc.p(f"{path}: {r.get('iters')} interleaved rounds after {r.get('warmup')} warm-up calls per variant{idle}; "
-          f"speedup = median of the baseline ({r.get('baseline', 'reference')}) / median of the variant; "
-          "'noise' = the p10..p90 of per-round ratios includes 1.", "note")
+          f"{against}; 'noise' = the p10..p90 of per-round ratios includes 1.", "note")
     rows, timed = [], []
     for v in r.get("variants", []):
         # world-action matrices have a row per variant and sparsity mode, each against the reference at its sparsity
         name = short_variant(v.get("variant", "")) + (f" | {v['sparsity']}" if v.get("sparsity") else "")
         if "timers" not in v:
-            rows.append([name, v.get("skipped", "not timed")] + [None] * 8)
+            rows.append([name, v.get("skipped", "not timed")] + [None] * (9 if on_ray else 8))
             continue
         w, e = v["timers"]["wall_ms"], v["timers"].get("cuda_event_ms")
         q = _wall_ratio(v)
         eq = v.get("equivalence") or {}
         sig = q.get("significant")
         speed = f"{q['speedup']:.2f}x" + ("" if sig or v.get("variant") == r.get("baseline", "reference") else " (noise)") if q else None
-        rows.append([name, w["median"], w["p95"], e["median"] if e else None, speed,
-                     f"{q['ratio_p10']:.2f}..{q['ratio_p90']:.2f}" if q else None, eq.get("rel_l2"),
+        own_reference = (((v.get("reference") or {}).get("timers") or {}).get("wall_ms") or {}).get("median")
+        rows.append([name, w["median"], w["p95"], e["median"] if e else None]
+                    + ([own_reference] if on_ray else []) +
+                    [speed, f"{q['ratio_p10']:.2f}..{q['ratio_p90']:.2f}" if q else None, eq.get("rel_l2"),
                      v.get("first_call_s"), v["peak_memory_bytes"] / 2**30 if v.get("peak_memory_bytes") else None,
                      ", ".join(v.get("levers") or []) or "-"])
         timed.append(v)
-    doc.table(["variant", "median ms", "p95 ms", "event median ms", "speedup", "ratio p10..p90", "rel L2",
-               "first call s", "process peak GiB", "levers"], rows)
+    doc.table(["variant", "median ms", "p95 ms", "event median ms"] + (["reference ms"] if on_ray else [])
+              + ["speedup", "ratio p10..p90", "rel L2", "first call s", "process peak GiB", "levers"], rows)
     if any(v.get("peak_memory_bytes") for v in timed):
         doc.p("process peak GiB: the allocator's peak over a variant's first call and warm-up, every variant's engine "
               "held in the one process (a bench file gives one variant's own)", "note")
