@@ -255,6 +255,7 @@ def test_breakdown_fn_counts_and_coverage():
     res = breakdown_fn(call, iters=5, blocks=2, warmup=1, untimed=lambda: time.sleep(0.05))
     assert res["untimed"]["iters"] == 5 and len(res["untimed"]["samples"]["wall_ms"]) == 5
     assert res["coverage"] < 0.5  # ~2 ms instrumented over ~50 ms untimed (sleeps only run long: margin for load)
+    assert "; far from 100%: the staged call is not the untimed one" in res["statement"]  # said, not left to the reader
 
 
 def test_stage_stats_groups_prefixed_steps_keeps_nested_apart_and_unmarked_last():
