@@ -1507,7 +1507,7 @@ def test_finished_batches_leave_no_connection_counted_as_busy_and_stats_count(mo
                            "dropped_observations": 0, "rtc_guided": 0, "rtc_unguided": 0, "keep_warm_runs": 0,
                            "keep_warm_delayed": 0, "keep_warm_quiet": 0, "keep_warm_delayed_no_forecast": 0,
                            "keep_warm_delayed_off_forecast": 0, "keep_warm_delayed_long_run": 0,
-                           "refused_connections": 0}
+                           "keep_warm_paused": 0, "refused_connections": 0}
     finally:
         s.stop()
 
@@ -2410,6 +2410,24 @@ def test_keep_warm_stands_aside_for_a_loop_made_late_by_a_long_call(told, monkey
         else:
             assert delayed >= late - 1, (f"only {delayed} of {timed} requests waited without the replies (held: "
                                          f"{s.stats['keep_warm_quiet']}, runs: {s.stats['keep_warm_runs']})")
+    finally:
+        s.stop()
+
+
+def test_a_keep_warm_run_over_its_limit_stops_the_runs_until_the_next_request():
+    """A run longer than KEEP_WARM_MAX_RUN_S (a request with huge images: its host stages are no cheap path to keep
+    warm) is the last of its examples: the runs stop until another request is served, and each stop is counted."""
+    from vlaperf.serve.server import KEEP_WARM_MAX_RUN_S
+
+    policy = _SlowWarm(TINY, warm_s=KEEP_WARM_MAX_RUN_S * 1.5)
+    s = PolicyServer(policy, port=0, max_batch=1, warmup_batch_sizes=(), keep_warm_ms=1.0).start()
+    try:
+        with raw_connection(s) as ws:
+            for served in (1, 2):
+                assert_result(unpackb(roundtrip(ws, packb(make_example(TINY, seed=served)))))
+                time.sleep(0.3)  # ~10 runs' time at 1 ms apart, had they gone on
+                assert policy.runs == served and s.stats["keep_warm_paused"] == served
+        assert _metrics(s)["vlaperf_keep_warm_paused_total"] == 2
     finally:
         s.stop()
 

@@ -13,6 +13,9 @@ histograms every few seconds. What the server exports:
     vlaperf_keep_warm_runs_total, vlaperf_keep_warm_delayed_observations_total, vlaperf_keep_warm_quiet_total
                                                                 `serve --keep-warm-ms`: its runs, the observations
                                                                 that waited for one, the windows that held runs back
+    vlaperf_keep_warm_paused_total                              runs over 20 ms (not the cheap host path keep-warm
+                                                                is for), after each of which runs stop until the
+                                                                next request
     vlaperf_keep_warm_delayed_why_total{why}                    of those that waited with quiet on, why: no_forecast,
                                                                 off_forecast, long_run (vlaperf.serve.cadence)
     vlaperf_connections, vlaperf_inflight_requests, vlaperf_queued_observations   gauges, now
@@ -110,6 +113,8 @@ def render(stats: dict, gauges: dict, metrics: ServerMetrics) -> str:
             "(--keep-warm-ms)", "keep_warm_runs")
     counter("vlaperf_keep_warm_delayed_observations_total", "observations that arrived during a keep-warm run and "
             "waited for it", "keep_warm_delayed")
+    counter("vlaperf_keep_warm_paused_total", "keep-warm runs that took over 20 ms, after which runs stopped until "
+            "the next request", "keep_warm_paused")
     counter("vlaperf_keep_warm_quiet_total", "times keep-warm held its runs back because a steady client's next "
             "request was due", "keep_warm_quiet")
     name = "vlaperf_keep_warm_delayed_why_total"

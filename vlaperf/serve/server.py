@@ -87,6 +87,10 @@ WS_MAX_QUEUE = 4
 # between episodes, not for a client that has gone (each run holds a CPU core and the GPU's stream: 0.42 ms on
 # average for libero-pi0 on an H100 host, session 51)
 KEEP_WARM_FOR_S = 10.0
+# a keep-warm run longer than this is not the host path it is for (libero-pi0's: 0.42-0.65 ms on the GPU hosts): a
+# request with two 1671 x 1671 images made 52 ms runs that held a CPU core through the idle and the next robot's
+# request behind them (the serving audit of session 57). After one, runs stop until the next request is served.
+KEEP_WARM_MAX_RUN_S = 0.02
 # keep_warm_quiet forecasts at most this many connections' cadences (the most recently heard from): a client that
 # connects anew for each call would otherwise leave one forecast per call behind until KEEP_WARM_FOR_S has passed
 CADENCE_MAX_CONNECTIONS = 64
@@ -320,7 +324,8 @@ class PolicyServer:
         self._rtc_on, self._rtc_horizon = False, 0  # set once the policy is built
         self.stats = {"requests": 0, "errors": 0, "batches": 0, "batched_observations": 0, "dropped_observations": 0,
                       "rtc_guided": 0, "rtc_unguided": 0, "keep_warm_runs": 0, "keep_warm_delayed": 0, "keep_warm_quiet": 0,
-                      "refused_connections": 0, **{f"keep_warm_delayed_{why}": 0 for why in MISSES}}
+                      "keep_warm_paused": 0, "refused_connections": 0,
+                      **{f"keep_warm_delayed_{why}": 0 for why in MISSES}}
         self._refusals_logged_at, self._refusals_logged = -math.inf, 0  # the refusals' log line: at most one a while
         self.metrics = ServerMetrics()  # the latency histograms of GET /metrics
         self._conn_errors: Counter = Counter()  # connection -> request errors so far (the log keeps the first few)
@@ -977,6 +982,12 @@ class PolicyServer:
         self._warm_runs_s.append(t1 - t0)
         self.stats["keep_warm_runs"] += 1
         self.metrics.keep_warm_seconds.observe(t1 - t0)
+        if t1 - t0 > KEEP_WARM_MAX_RUN_S:  # not the cheap host path keep-warm is for: no more runs of these examples
+            self._warm_examples = None  # (the next request served sets them again, and its run is timed in turn)
+            self.stats["keep_warm_paused"] += 1
+            if self.stats["keep_warm_paused"] == 1:
+                log.info("keep-warm: a run took %.1f ms, over %.0f ms: no more runs until the next request (each "
+                         "such pause is counted in /metrics)", (t1 - t0) * 1e3, KEEP_WARM_MAX_RUN_S * 1e3)
         with self._cv:
             for job in self._pending:
                 if job.t_enqueue > t0:  # arrived during the run: it waited for the rest of it
