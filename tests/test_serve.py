@@ -1221,6 +1221,34 @@ def test_non_finite_actions_keep_their_rows_through_pickling():
     assert str(back) == str(e.value)
 
 
+def test_an_idle_connection_is_closed_after_idle_timeout_s_and_frees_its_place():
+    """With idle_timeout_s, a connection that sends nothing for that long is closed with 1001 and a reason, which
+    frees its place under max_connections; one that keeps sending is not. Off by default (None)."""
+    from websockets.exceptions import ConnectionClosed
+
+    assert PolicyServer(_Recorder(TINY), port=0).idle_timeout_s is None
+    with pytest.raises(ValueError, match="idle_timeout_s must be a number > 0 or None, got 0"):
+        PolicyServer(_Recorder(TINY), port=0, idle_timeout_s=0)
+    s = PolicyServer(_Recorder(TINY), port=0, max_connections=1, idle_timeout_s=0.3, warmup_batch_sizes=()).start()
+    try:
+        assert s.metadata["idle_timeout_s"] == 0.3
+        with raw_connection(s) as busy:  # a request every 0.1 s: never idle for 0.3 s
+            for k in range(6):
+                time.sleep(0.1)
+                assert_result(unpackb(roundtrip(busy, packb(make_example(TINY, seed=k)))))
+            quiet_since = time.perf_counter()
+            with pytest.raises(ConnectionClosed) as e:
+                busy.recv(timeout=5)
+            assert 0.25 < time.perf_counter() - quiet_since < 2.0
+            assert e.value.rcvd.code == 1001 and "idle for 0.3 s" in e.value.rcvd.reason
+        _wait_for(lambda: s._n_connections == 0)
+        with raw_connection(s) as next_client:  # the place it held is free
+            assert_result(unpackb(roundtrip(next_client, packb(make_example(TINY, seed=9)))))
+        assert s.stats["idle_closed"] == 1 and _metrics(s)["vlaperf_idle_closed_connections_total"] == 1
+    finally:
+        s.stop()
+
+
 def test_connections_past_the_limit_get_503_and_health_still_answers(model, caplog):
     """`max_connections` open connections at most: one more is refused at its handshake with HTTP 503 and says why,
     counted in /metrics and said in the log (once a while, not per refusal); /healthz still answers, and a
@@ -1507,7 +1535,7 @@ def test_finished_batches_leave_no_connection_counted_as_busy_and_stats_count(mo
                            "dropped_observations": 0, "rtc_guided": 0, "rtc_unguided": 0, "keep_warm_runs": 0,
                            "keep_warm_delayed": 0, "keep_warm_quiet": 0, "keep_warm_delayed_no_forecast": 0,
                            "keep_warm_delayed_off_forecast": 0, "keep_warm_delayed_long_run": 0,
-                           "keep_warm_paused": 0, "refused_connections": 0}
+                           "keep_warm_paused": 0, "refused_connections": 0, "idle_closed": 0}
     finally:
         s.stop()
 

@@ -136,6 +136,10 @@ def register(subparsers) -> None:
                    help="largest accepted message (MiB, at most 4096; default: 16)")
     p.add_argument("--max-connections", type=_positive_int, default=256,
                    help="open connections at once; one more gets HTTP 503 at its handshake (default: 256)")
+    p.add_argument("--idle-timeout-s", type=_positive_float, default=None,
+                   help="close a connection that sends no request for this long, so clients that connect and go quiet "
+                        "cannot hold every --max-connections place (default: never; openpi's client does not "
+                        "reconnect, so set it above a robot's longest pause)")
     p.add_argument("--max-queue", type=_queue_size, default=256,
                    help="observations that may wait for the model at once, from all clients; a request past it gets "
                         "an Overloaded error frame (default: 256, at least the 64 of one list request)")
@@ -376,7 +380,7 @@ def cmd_serve(args) -> int:
         server = PolicyServer(policy, host=args.host, port=args.port, api_key=api_key, max_batch=args.max_batch,
                               max_wait_ms=args.max_wait_ms, max_message_bytes=int(args.max_message_mb * 2**20),
                               max_queued=args.max_queue, max_connections=args.max_connections,
-                              warmup_batch_sizes=warmup, allow_unauthenticated_remote=args.allow_unauthenticated,
+                              idle_timeout_s=args.idle_timeout_s, warmup_batch_sizes=warmup, allow_unauthenticated_remote=args.allow_unauthenticated,
                               keep_warm_ms=args.keep_warm_ms, keep_warm_quiet=not args.no_keep_warm_quiet,
                               on_ready=lambda s: print_serve(s, console))
     except ValueError as e:
@@ -576,7 +580,8 @@ def print_serve(server, console=None) -> None:
                          + ("; not where a steady client's next request is due" if server.keep_warm_quiet else ""))]
           if server.keep_warm_ms is not None else []),
         ("limits", f"messages up to {server.max_message_bytes / 2**20:g} MiB, {server.max_queued} observations queued, "
-                   f"{server.max_connections} connections"),
+                   f"{server.max_connections} connections"
+                   + (f", closed after {server.idle_timeout_s:g} s without a request" if server.idle_timeout_s else "")),
         ("warm-up", f"batch sizes {list(server.warmup_batch_sizes)} in {m.get('warmup_s', 0):.2f} s"
          if m.get("backend") != "ray-serve" else f"in each of {m.get('replicas')} Ray Serve replicas: batch sizes "
          f"{m.get('replica_warmup_batch_sizes')} in {m.get('warmup_s', 0):.2f} s (slowest)"),

@@ -7,6 +7,7 @@ histograms every few seconds. What the server exports:
     vlaperf_batches_total, vlaperf_batched_observations_total   inference calls and the observations they carried
     vlaperf_dropped_observations_total                          queued observations of connections that closed
     vlaperf_refused_connections_total                           connections refused at max_connections (HTTP 503)
+    vlaperf_idle_closed_connections_total                       connections closed after idle_timeout_s quiet
     vlaperf_rtc_guided_observations_total, vlaperf_rtc_unguided_observations_total
                                                                 observations sent with real-time chunking's keys
                                                                 (`serve --rtc`), guided or not (nothing to continue)
@@ -105,6 +106,8 @@ def render(stats: dict, gauges: dict, metrics: ServerMetrics) -> str:
     counter("vlaperf_dropped_observations_total", "queued observations of connections that closed", "dropped_observations")
     counter("vlaperf_refused_connections_total", "connections refused at the server's limit (HTTP 503)",
             "refused_connections")
+    counter("vlaperf_idle_closed_connections_total", "connections closed after --idle-timeout-s without a request",
+            "idle_closed")
     counter("vlaperf_rtc_guided_observations_total", "observations with real-time chunking's keys, guided toward "
             "their connection's previous chunk", "rtc_guided")
     counter("vlaperf_rtc_unguided_observations_total", "observations with real-time chunking's keys and nothing to "

@@ -182,6 +182,7 @@ class PolicyServer:
         max_list_items: int = 64,
         max_queued: int = 256,
         max_connections: int = 256,
+        idle_timeout_s: float | None = None,
         warmup_batch_sizes: tuple[int, ...] | list[int] | None = None,
         metadata: dict | None = None,
         allow_unauthenticated_remote: bool = False,
@@ -208,6 +209,11 @@ class PolicyServer:
         Each connection buffers at most WS_MAX_QUEUE received messages (a client that sends ahead is slowed by TCP,
         not refused), so what clients can make the server hold is bounded by max_connections x WS_MAX_QUEUE x
         max_message_bytes.
+
+        `idle_timeout_s`: a connection that sends no request for this long is closed (code 1001, "idle for N s"),
+        so that clients which connect and go quiet cannot hold all max_connections places (their websocket library
+        answers the server's pings, so the pings never close them). None (default): never; a robot between
+        episodes keeps its connection, and openpi's client does not reconnect.
 
         `warmup_batch_sizes`: the batch sizes warmed up (compiled, captured) before the server listens;
         None is 1 and max_batch, as `vlaperf serve` does; () warms up nothing.
@@ -255,6 +261,9 @@ class PolicyServer:
             raise ValueError(f"drain_timeout_s must be a finite number of seconds >= 0, got {drain_timeout_s!r}")
         if isinstance(max_connections, bool) or not isinstance(max_connections, int) or max_connections < 1:
             raise ValueError(f"max_connections must be an integer >= 1, got {max_connections!r}")
+        if idle_timeout_s is not None and (isinstance(idle_timeout_s, bool) or not isinstance(idle_timeout_s, (int, float))
+                                           or not math.isfinite(idle_timeout_s) or idle_timeout_s <= 0):
+            raise ValueError(f"idle_timeout_s must be a number > 0 or None, got {idle_timeout_s!r}")
         if isinstance(max_queued, bool) or not isinstance(max_queued, int) or max_queued < max_list_items:
             raise ValueError(f"max_queued must be an integer >= max_list_items ({max_list_items}), so that one list "
                              f"request fits, got {max_queued!r}")
@@ -275,6 +284,7 @@ class PolicyServer:
         self.max_batch, self.max_wait_ms = max_batch, float(max_wait_ms)
         self.max_message_bytes, self.max_list_items, self.max_queued = max_message_bytes, max_list_items, max_queued
         self.max_connections = max_connections
+        self.idle_timeout_s = idle_timeout_s
         self.warmup_batch_sizes = tuple(sorted(set(warmup_batch_sizes)))
         self.drain_timeout_s, self.inline_decode_bytes = drain_timeout_s, inline_decode_bytes
         self._extra_metadata = dict(metadata or {})
@@ -324,7 +334,7 @@ class PolicyServer:
         self._rtc_on, self._rtc_horizon = False, 0  # set once the policy is built
         self.stats = {"requests": 0, "errors": 0, "batches": 0, "batched_observations": 0, "dropped_observations": 0,
                       "rtc_guided": 0, "rtc_unguided": 0, "keep_warm_runs": 0, "keep_warm_delayed": 0, "keep_warm_quiet": 0,
-                      "keep_warm_paused": 0, "refused_connections": 0,
+                      "keep_warm_paused": 0, "refused_connections": 0, "idle_closed": 0,
                       **{f"keep_warm_delayed_{why}": 0 for why in MISSES}}
         self._refusals_logged_at, self._refusals_logged = -math.inf, 0  # the refusals' log line: at most one a while
         self.metrics = ServerMetrics()  # the latency histograms of GET /metrics
@@ -537,8 +547,13 @@ class PolicyServer:
             prev_total_ms = None
             while True:
                 try:
-                    message = await ws.recv()
+                    message = await asyncio.wait_for(ws.recv(), self.idle_timeout_s)
                 except ConnectionClosed:
+                    break
+                except asyncio.TimeoutError:  # quiet for idle_timeout_s: its place goes to another client
+                    self.stats["idle_closed"] += 1
+                    log.info("connection %d closed: no request for %g s (--idle-timeout-s)", conn, self.idle_timeout_s)
+                    await ws.close(1001, f"idle for {self.idle_timeout_s:g} s (the server's --idle-timeout-s)")
                     break
                 t_recv = time.perf_counter()
                 self._inflight += 1
@@ -1164,6 +1179,7 @@ class PolicyServer:
             meta["levers"], meta["levers_label"] = [], "unknown"
         meta.update(max_batch=self.max_batch, max_wait_ms=self.max_wait_ms, max_message_bytes=self.max_message_bytes,
                     max_list_items=self.max_list_items, max_queued=self.max_queued, max_connections=self.max_connections,
+                    idle_timeout_s=self.idle_timeout_s,
                     request_id_key=REQUEST_ID_KEY,
                     auth="api-key" if self.api_key else "none", warmup_s=round(getattr(self, "warmup_s", 0.0), 3),
                     keep_warm_ms=self.keep_warm_ms,
