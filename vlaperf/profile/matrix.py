@@ -89,20 +89,25 @@ def parse_variants(spec: str, device: torch.device) -> list[str]:
     from vlaperf.engine.levers import Levers
 
     refuse_repeated_variants(items, lambda s: Levers.parse(s, device).names(), "--variants (--levers)", device)
-    # a variant that cannot run here is a skipped row beside the others; if none of those asked for can, the matrix
-    # would time the reference alone and pass: an error instead, before the rows are prepared
-    from vlaperf.cli import CliError
-    from vlaperf.engine.levers import LeverError
+    return items
 
+
+def refuse_if_none_can_run(variants: list[str], device: torch.device) -> None:
+    """A variant that cannot run here is a skipped row beside the others; if none of those asked for can, the
+    matrix would time the reference alone and pass: a CliError instead, before any row is prepared. (The Ray
+    matrix leaves it to each task, whose device is the replica's.)"""
+    from vlaperf.cli import CliError
+    from vlaperf.engine.levers import LeverError, Levers
+
+    asked = [s for s in variants if s != "reference"]
     reasons = []
-    for s in items[1:]:
+    for s in asked:
         try:
             Levers.parse(s, device).check(device)
         except LeverError as e:
             reasons.append(f"{s!r}: {e}")
-    if len(items) > 1 and len(reasons) == len(items) - 1:
+    if asked and len(reasons) == len(asked):
         raise CliError(f"--variants: no variant asked for can run on {device.type}: {'; '.join(reasons)}")
-    return items
 
 
 def prepare_variant(model, spec: str, workload, obs, noise, steps: int, mode: str = "model",
@@ -159,6 +164,7 @@ def run_matrix(args, base, workload, model, device) -> int:
     from vlaperf.timing import environment_record, interleaved
 
     variants = parse_variants(args.variants, device)
+    refuse_if_none_can_run(variants, device)
     mode = args.mode or "model"
     if note := left_out_on(args.variants, device):
         print(note)
