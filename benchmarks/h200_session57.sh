@@ -19,6 +19,10 @@
 #   assert when the server's threads wake, so they are marked quiet_host and run alone in step 4 from now on.
 #   PART=c   step 4 (quiet_gpu and quiet_host), three times over. Prediction: all pass each time (on the CPU
 #            machine, alone, these tests passed in every CI run since they were written).
+#   Written after the audits' changes (the batcher's turns, the frozen heap, idle timeouts, keep-warm's 20 ms limit,
+#   the CLI's fixes; each tested on the CPU machine): part a again at the session's last code, steps 3 and 4 on
+#   either card and the headline on an H200. Predictions: all pass, none failing in step 3 now that the quiet_host
+#   tests run in step 4; the headline as above (12.7-13.0 ms; the model's path is untouched).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session57.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B
