@@ -547,7 +547,10 @@ class PolicyServer:
             prev_total_ms = None
             while True:
                 try:
-                    message = await asyncio.wait_for(ws.recv(), self.idle_timeout_s)
+                    if self.idle_timeout_s is None:  # (the default: the hot path as it was)
+                        message = await ws.recv()
+                    else:  # recv is cancellation-safe: a timeout loses no message
+                        message = await asyncio.wait_for(ws.recv(), self.idle_timeout_s)
                 except ConnectionClosed:
                     break
                 except asyncio.TimeoutError:  # quiet for idle_timeout_s: its place goes to another client
