@@ -216,9 +216,11 @@ def variants_arg(text: str) -> str:
     return text
 
 
-def add_common(p: argparse.ArgumentParser, levers_default: str = "reference", levers_help: str | None = None) -> None:
+def add_common(p: argparse.ArgumentParser, levers_default: str = "reference", levers_help: str | None = None,
+               workload_help: str | None = None) -> None:
     p.add_argument("--workload", type=workload_arg, default=None,
-                   help="workload id, as `vlaperf workloads` lists them (default: libero-pi0 on a GPU, tiny on the CPU)")
+                   help=workload_help or "workload id, as `vlaperf workloads` lists them (default: libero-pi0 on a GPU, "
+                                         "tiny on the CPU)")
     p.add_argument("--device", type=device_arg, default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16 on cuda, float32 on cpu")
     p.add_argument("--steps", type=steps_int, default=None, help="denoise steps, 1..1000 (default: the workload's)")

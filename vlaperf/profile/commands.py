@@ -510,11 +510,9 @@ def register(subparsers) -> None:
     p.set_defaults(func=cmd_syncs)
 
     p = subparsers.add_parser("doctor", help="environment and policy checks, with measured costs and fixes")
-    add_common(p)
-    for action in p._actions:  # doctor without --workload checks the environment only (docs/profiling.md)
-        if action.dest == "workload":
-            action.help = ("workload id, as `vlaperf workloads` lists them; with it, doctor also builds and checks "
-                           "that policy (default: none, the environment's checks only)")
+    # doctor without --workload checks the environment only (docs/profiling.md)
+    add_common(p, workload_help="workload id, as `vlaperf workloads` lists them; with it, doctor also builds and "
+                                "checks that policy (default: none, the environment's checks only)")
     p.add_argument("--no-measure", action="store_true", help="skip the cost measurements")
     p.set_defaults(func=cmd_doctor)
 
