@@ -1327,8 +1327,9 @@ def test_a_prompt_sent_as_a_0d_numpy_array_reaches_the_policy_as_text():
 
 
 def test_a_batch_takes_the_connections_in_turn():
-    """Each connection's first queued job, in arrival order, then each one's second, and so on; a connection's own
-    jobs leave in the order they came. One connection alone: arrival order."""
+    """Each connection's first queued job, then each one's second, and so on (within a turn, the connection served
+    longest ago first, then the earlier arrival); a connection's own jobs leave in the order they came. One
+    connection alone: arrival order."""
     from vlaperf.serve.server import _Job
 
     server = PolicyServer(_Recorder(TINY), port=0, max_batch=2, max_wait_ms=0.0, warmup_batch_sizes=())
