@@ -18,9 +18,10 @@ Threads and queues:
   connection already has a job in the batch, since no one else can add one), stack up to `max_batch` of them into one `Policy.infer(list)` call, and hand
   each result back to the event loop (`call_soon_threadsafe`). The observations of an
   explicit list request are queued in one step. A batch takes the connections in turn:
-  each one's first queued observation (in arrival order), then each one's second, and so
-  on, so a client that queues a long list shares the GPU with the others instead of
-  holding it until the whole list has run (one connection alone: arrival order).
+  each one's first queued observation (the connection served longest ago first), then each
+  one's second, and so on, so a client that queues a long list shares the GPU with the
+  others instead of holding it until the whole list has run (one connection alone: arrival
+  order).
 - Remote backends (the one hook for them): a policy object with an integer `concurrency`
   N > 1 (vlaperf.serve.ray_backend.RayPolicy: its `infer` only waits on a Ray Serve replica)
   gets N inference threads sharing the one queue, so up to N batches are in flight at once;
