@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import quote
 
-from vlaperf.report.schema import SchemaError, json_kind, not_a_result, unwritable, validate_result
+from vlaperf.report.schema import SchemaError, json_kind, read_result, unwritable
 
 _ABBR = {"for_loop": "loop", "skip_masked_images": "skipimg", "trim_prompt_padding": "trim", "static_kv_cache": "kv",
          "sdpa": "sdpa", "fuse_projections": "fuse", "cuda_graph": "graph", "compile_layers": "layers",
@@ -374,12 +374,8 @@ def load_results(paths) -> tuple[list[tuple[str, dict]], list[str]]:
         if f.exists() and not f.is_file():  # a FIFO or a device: reading it would wait for a writer, forever
             problems.append(f"{f}: not a regular file")
             continue
-        try:
-            data = json.loads(f.read_text(encoding="utf-8"))
-            if not_a_result(data):  # a trace, a config: not one of ours at all
-                problems.append(f"{f}: {not_a_result(data)}")
-                continue
-            out.append((str(f), validate_result(data)))
+        try:  # (a trace or a config, not one of ours at all, is said in one line: schema.not_a_result)
+            out.append((str(f), read_result(f)))
         except (OSError, ValueError, SchemaError, RecursionError) as e:  # RecursionError: JSON nested too deep
             problems.append(f"{f}: {_reason(e)}")
     return out, problems

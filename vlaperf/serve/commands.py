@@ -380,7 +380,8 @@ def cmd_serve(args) -> int:
         server = PolicyServer(policy, host=args.host, port=args.port, api_key=api_key, max_batch=args.max_batch,
                               max_wait_ms=args.max_wait_ms, max_message_bytes=int(args.max_message_mb * 2**20),
                               max_queued=args.max_queue, max_connections=args.max_connections,
-                              idle_timeout_s=args.idle_timeout_s, warmup_batch_sizes=warmup, allow_unauthenticated_remote=args.allow_unauthenticated,
+                              idle_timeout_s=args.idle_timeout_s, warmup_batch_sizes=warmup,
+                              allow_unauthenticated_remote=args.allow_unauthenticated,
                               keep_warm_ms=args.keep_warm_ms, keep_warm_quiet=not args.no_keep_warm_quiet,
                               on_ready=lambda s: print_serve(s, console))
     except ValueError as e:

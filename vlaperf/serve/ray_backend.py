@@ -502,7 +502,8 @@ def serve_replicas(args, api_key: str | None, warmup: list[int], console=None, c
             server = PolicyServer(policy, host=args.host, port=args.port, api_key=api_key, max_batch=args.max_batch,
                                   max_wait_ms=args.max_wait_ms, max_message_bytes=int(args.max_message_mb * 2**20),
                                   max_queued=args.max_queue, max_connections=args.max_connections,
-                                  idle_timeout_s=args.idle_timeout_s, warmup_batch_sizes=(), metadata=policy.metadata(infos),
+                                  idle_timeout_s=args.idle_timeout_s, warmup_batch_sizes=(),
+                                  metadata=policy.metadata(infos),
                                   allow_unauthenticated_remote=args.allow_unauthenticated, on_ready=on_ready)
         except ValueError as e:
             raise CliError(str(e)) from None
