@@ -322,9 +322,13 @@ DAMAGED = {  # file name -> (source file, how it is damaged, what the skipped li
                          "checks holds string \"a\", expected objects"),
     "loadgen_null.json": ("bench.json", lambda r: r.update(command="loadgen", loadgen=None),
                           "loadgen is null, expected an object"),
-    # past the field checks: the renderer's own error, caught per file
+    # past the field checks: the renderer's own error, caught per file; a key it indexes and the file lacks is
+    # named by its whole path, not Python's bare KeyError of its last part
     "stage_no_median.json": ("bd.json", lambda r: r["breakdown"].update(stages=[{"name": "x"}]),
-                             "could not render it: KeyError: 'median_ms'"),
+                             "could not render it: missing field 'breakdown.stages[0].median_ms'"),
+    "bench_no_timers.json": ("bench.json", lambda r: r.pop("timers"), "could not render it: missing field 'timers'"),
+    "syncs_no_calls.json": ("sy.json", lambda r: r["syncs"].pop("calls"),
+                            "could not render it: missing field 'syncs.calls'"),
     # past the field checks in a section drawn over several files: only this one is dropped
     "bench_roofline_str.json": ("bench.json", lambda r: r.update(roofline="x", env={**r["env"], "gpu": "NVIDIA H200"}),
                                 "could not render it: AttributeError"),
@@ -464,7 +468,7 @@ def test_worker_processes_draw_the_same_report(tiny_results, tmp_path, monkeypat
         return [line for line in p.read_text().splitlines() if not line.startswith("_generated ")]
 
     assert text(one) == text(two)
-    assert f"skipped {bad}: could not render it: KeyError: 'median_ms'" in text(two)
+    assert f"skipped {bad}: could not render it: missing field 'breakdown.stages[0].median_ms'" in text(two)
     figs_one, figs_two = sorted((one.parent / "r_files").iterdir()), sorted((two.parent / "r_files").iterdir())
     assert len(figs_one) >= 6 and [f.name for f in figs_one] == [f.name for f in figs_two]
     assert all(a.read_bytes() == b.read_bytes() for a, b in zip(figs_one, figs_two))
@@ -1687,3 +1691,20 @@ def test_keep_warm_wait_words_count_the_calls_that_met_a_run_and_say_nothing_wit
     # a server without keep-warm, or a file from before session 53: nothing to say
     assert keep_warm_wait_words({"keep_warm_waited_calls": None, "keep_warm_wait_ms": None}) is None
     assert keep_warm_wait_words({}) is None
+
+
+def test_located_results_read_as_the_file_and_name_a_missing_key_by_its_path(tiny_results):
+    """What report hands its renderers: the same data (==, json, isinstance, .get), but indexing a key the file
+    lacks raises MissingField, still a KeyError, whose message is the key's whole path from the top."""
+    from vlaperf.report.schema import MissingField, located
+
+    r = json.loads((tiny_results / "bd.json").read_text())
+    view = located(r)
+    assert view == r and json.dumps(view, sort_keys=True) == json.dumps(r, sort_keys=True)
+    assert isinstance(view["breakdown"], dict) and view.get("no such key") is None and "breakdown" in view
+    with pytest.raises(KeyError) as e:
+        view["breakdown"]["stages"][1]["no_such_field"]
+    assert isinstance(e.value, MissingField) and e.value.path == "breakdown.stages[1].no_such_field"
+    assert str(e.value) == "missing field 'breakdown.stages[1].no_such_field'"
+    with pytest.raises(MissingField, match="missing field 'nope'"):
+        view["nope"]

@@ -42,7 +42,7 @@ from pathlib import Path
 from typing import Any, Callable
 from urllib.parse import quote
 
-from vlaperf.report.schema import SchemaError, json_kind, read_result, unwritable
+from vlaperf.report.schema import MissingField, SchemaError, json_kind, located, read_result, unwritable
 
 _ABBR = {"for_loop": "loop", "skip_masked_images": "skipimg", "trim_prompt_padding": "trim", "static_kv_cache": "kv",
          "sdpa": "sdpa", "fuse_projections": "fuse", "cuda_graph": "graph", "compile_layers": "layers",
@@ -386,7 +386,7 @@ def _reason(e: BaseException) -> str:
     text = " ".join(str(e).split())
     if isinstance(e, json.JSONDecodeError):
         text = "not valid JSON: " + text
-    elif not isinstance(e, (SchemaError, OSError)):
+    elif not isinstance(e, (SchemaError, OSError, MissingField)):
         text = f"{type(e).__name__}: {text}"
     return _clip(text, 300)
 
@@ -1815,6 +1815,7 @@ def _render_unit(cmd: str, items: list[tuple[str, dict]], names: dict[str, str])
     """One piece of _section_units: its blocks (figures already PNG bytes) and the files it had to
     skip, with why. A module-level function of plain data, so a worker process can run it."""
     doc, skipped = _Doc(), {}
+    items = [(p, located(r)) for p, r in items]  # a missing key's error names its whole path
     if cmd == "bench":
         _render_group(doc, functools.partial(_bench, names=names), items, skipped)
     elif cmd in GROUP_RENDERERS:

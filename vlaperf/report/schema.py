@@ -159,3 +159,39 @@ def not_a_result(data) -> str | None:
     if isinstance(data, dict) and "schema" not in data:
         return f'not a vlaperf result file (no "schema" key; a result file has "schema": "{SCHEMA}")'
     return None
+
+
+class MissingField(KeyError):
+    """A key a reader indexed that the result lacks, named by its dotted path from the result's top
+    ("rollout.policy_call_ms.median"), where a plain KeyError names only its last part ('median')."""
+
+    def __init__(self, path: str):
+        super().__init__(path)
+        self.path = path
+
+    def __str__(self) -> str:
+        return f"missing field {self.path!r}"
+
+
+class FieldDict(dict):
+    """A result's object that knows where it sits, so that indexing a key it lacks raises MissingField
+    with the whole path (dict calls __missing__ only for `d[key]`; `.get` and `in` are unchanged)."""
+
+    def __init__(self, items, path: str):
+        super().__init__(items)
+        self.path = path
+
+    def __missing__(self, key):
+        raise MissingField(f"{self.path}.{key}" if self.path else str(key))
+
+
+def located(x, path: str = ""):
+    """`x` (parsed JSON) with every object a FieldDict that knows its path; lists and the rest as they are
+    (lists copied). Equal to `x` in every way a reader sees (a dict subclass: isinstance, json, ==) but
+    for the message a missing key gives: what `vlaperf report` hands its renderers, so that a damaged or
+    hand-edited file is skipped naming the field, not with Python's bare KeyError."""
+    if isinstance(x, dict):
+        return FieldDict({k: located(v, f"{path}.{k}" if path else str(k)) for k, v in x.items()}, path)
+    if isinstance(x, list):
+        return [located(v, f"{path}[{i}]") for i, v in enumerate(x)]
+    return x
