@@ -62,6 +62,20 @@ def test_breakdown_command_idle_ms(tmp_path, capsys):
     assert "argument --idle-ms: expected a number > 0 and <= 10000, got -1.0" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("command", ["scaling", "matrix", "compare"])
+def test_interleaved_commands_refuse_a_warmup_of_0_and_say_why(command, capsys):
+    """matrix, compare and scaling time their variants in rounds: a first call (compile, capture) inside a round
+    would spoil that round's ratio, so --warmup 0 is refused at parsing (scaling took it as 1 without a word)
+    and the help says the count includes the first call, timed on its own."""
+    with pytest.raises(SystemExit) as exited:
+        main([command, "--workload", "tiny", "--device", "cpu", "--warmup", "0"])
+    assert exited.value.code == 2
+    assert "argument --warmup: expected an integer >= 1, got 0" in capsys.readouterr().err
+    with pytest.raises(SystemExit):
+        main([command, "--help"])
+    assert "so that no round holds a first call" in " ".join(capsys.readouterr().out.split())
+
+
 def test_scaling_command(tmp_path):
     out, png = tmp_path / "sc.json", tmp_path / "tn.png"
     assert main(["scaling", *COMMON, "--steps", "1,2,4", "--levers", "reference;for_loop", "--warmup", "1",

@@ -24,7 +24,8 @@ import torch
 
 from vlaperf.cli import (CliError, add_common, add_idle_spin, add_processes, apply_compile_cache, idle_ms_arg,
                          levers_arg, make_engine, non_negative_int, number_arg, output_file, path_arg, png_file,
-                         positive_int, refuse_repeated_variants, refuse_spin_without_idle, result_header, setup)
+                         positive_int, refuse_repeated_variants, refuse_spin_without_idle, result_header,
+                         rounds_warmup_help, setup)
 from vlaperf.report.render import idle_words
 
 REFERENCE = ("reference", "none", "")
@@ -465,7 +466,7 @@ def register(subparsers) -> None:
     p.add_argument("--mode", choices=("model", "policy"), default="model",
                    help="model: the call on device tensors; policy: the served path, transform and copies included "
                         "(default: model)")
-    p.add_argument("--warmup", type=non_negative_int, default=10, help="untimed calls first (default: 10)")
+    p.add_argument("--warmup", type=non_negative_int, default=10, help="untimed calls first, the first of them timed on its own (default: 10)")
     p.add_argument("--iters", type=positive_int, default=50,
                    help="instrumented calls, each beside an untimed one (default: 50)")
     p.add_argument("--trace", type=output_file, default=None, help="also write a Chrome/Perfetto trace of one call here")
@@ -490,7 +491,7 @@ def register(subparsers) -> None:
     p.add_argument("--mode", choices=("model", "policy"), default="model",
                    help="model: the call on device tensors; policy: the served path of N steps, transform and copies "
                         "included (pi0 family) (default: model)")
-    p.add_argument("--warmup", type=non_negative_int, default=3, help="untimed calls of each point first (default: 3)")
+    p.add_argument("--warmup", type=positive_int, default=3, help=rounds_warmup_help("point", 3))
     p.add_argument("--iters", type=positive_int, default=10, help="interleaved rounds (default: 10)")
     p.add_argument("--plot", type=png_file, default=None, help="write the T(N) plot here (a .png file)")
     p.set_defaults(func=cmd_scaling)
