@@ -166,8 +166,9 @@ BAD_INPUTS = {
                   "state holds NaN or inf"),
     "state beyond float32": (packb(_example(observation__state=np.full(8, 1e39, np.float64))), "InputError",
                              "beyond float32's range"),
-    # finite as sent, but the model's arithmetic overflows: the NaN/inf actions are withheld from the robot
-    "state that overflows the model": (packb(_example(observation__state=np.full(8, 3e38, np.float32))), "InternalError",
+    # finite as sent, but the model's arithmetic overflows: the NaN/inf actions are withheld from the robot, and as
+    # the model gave finite actions at its warm-up, the observation's values are the cause
+    "state that overflows the model": (packb(_example(observation__state=np.full(8, 3e38, np.float32))), "InputError",
                                        "NonFiniteActions: the actions hold NaN or inf"),
     "NaN image": (packb(_example(observation__image=np.full((8, 8, 3), np.nan, np.float32))), "InputError", "NaN"),
     "prompt not a string": (packb(_example(prompt=5)), "InputError", "prompt: expected a string"),
@@ -1169,16 +1170,22 @@ def test_a_request_past_the_queue_limit_is_told_to_retry():
 
 def test_non_finite_actions_refuse_only_their_observation():
     """Finite input can still overflow the model; only the observation whose actions hold NaN or inf is refused (an
-    InputError: the others of its batch came out finite), the others get their actions, and nothing is re-run. A
-    batch whose every observation overflows gets InternalError frames (the model may be at fault)."""
+    InputError: the others of its batch came out finite), the others get their actions, and nothing is re-run. The
+    error's kind does not depend on the batch it shared: once the policy has given finite actions, a batch whose
+    every observation overflows gets InputError frames too. Before that (no warm-up, nothing served yet) it gets
+    InternalError frames: the model may be at fault."""
     policy = _Gated(TINY)
     policy.gate.set()
     s = PolicyServer(policy, port=0, max_batch=3, max_wait_ms=2000.0, warmup_batch_sizes=()).start()
     try:
+        with raw_connection(s) as ws:  # nothing has come out finite yet
+            body = parse_error_frame(roundtrip(ws, packb([dict(make_example(TINY, seed=0), prompt="overflow")] * 2)))
+        assert body["error"] == "InternalError" and body["index"] == 0
+        assert "no observation has come out finite yet, with no warm-up run: the model may be at fault" in body["message"]
         frames = [[packb(dict(make_example(TINY, seed=i), request_id=str(i)))] for i in range(2)]
         frames.append([packb(dict(make_example(TINY, seed=2), prompt="overflow", request_id="bad"))])
         replies = _concurrent(s, frames)
-        assert policy.calls == [3]  # one batch, no one-by-one re-run
+        assert policy.calls == [2, 3]  # one batch, no one-by-one re-run
         for (frame,) in replies[:2]:
             assert_result(unpackb(frame))
         body = parse_error_frame(replies[2][0])
@@ -1188,7 +1195,8 @@ def test_non_finite_actions_refuse_only_their_observation():
         with raw_connection(s) as ws:
             reply = roundtrip(ws, packb([dict(make_example(TINY, seed=0), prompt="overflow")] * 2))
         body = parse_error_frame(reply)
-        assert body["error"] == "InternalError" and "NonFiniteActions" in body["message"] and body["index"] == 0
+        assert body["error"] == "InputError" and "NonFiniteActions" in body["message"] and body["index"] == 0
+        assert "the policy gave finite actions for other observations before" in body["message"]
     finally:
         s.stop()
 
@@ -2083,8 +2091,9 @@ def test_non_finite_actions_of_a_lone_observation_are_refused_without_a_tracebac
     with caplog.at_level(logging.INFO, logger="vlaperf.serve"):
         server._run_batch(_jobs(1))
     ((_, error),) = got
-    assert isinstance(error, RequestError) and error.kind == "InternalError"
-    assert error.message == "NonFiniteActions: the actions hold NaN or inf"
+    assert isinstance(error, RequestError) and error.kind == "InternalError"  # no warm-up, nothing served yet
+    assert error.message == ("NonFiniteActions: the actions hold NaN or inf (no observation has come out finite yet, "
+                             "with no warm-up run: the model may be at fault)")
     assert [r.levelname for r in caplog.records] == ["WARNING"] and "withheld" in caplog.records[0].getMessage()
     # a connection past its first few errors is not logged again for each one (its closing line counts them)
     caplog.clear()

@@ -297,6 +297,9 @@ class PolicyServer:
         # together), the last runs' lengths and the last quiet span
         self._warm_examples: list | None = None
         self._last_served = self._last_warmed = 0.0
+        # whether the policy has given finite actions yet (the warm-up's or a request's): what tells an observation
+        # whose actions come out NaN or inf (its own values: InputError) from a model that may be at fault
+        self._finite_seen = False
         self._cadence: dict[int | None, CadenceForecast] = {None: CadenceForecast()}
         self._warm_runs_s: deque[float] = deque(maxlen=16)
         self._quiet_until = -math.inf
@@ -882,6 +885,9 @@ class PolicyServer:
                     chunks = self._policy.infer(examples, rtc=[None] * b)["chunks"]
                     self._policy.infer(examples, rtc=[RtcRequest(c, 1, 1) for c in chunks])
         self.warmup_s = time.perf_counter() - t0
+        # infer raises NonFiniteActions rather than return NaN or inf, so any warm-up call that ran came out finite
+        self._finite_seen = bool(self.warmup_batch_sizes) and (hasattr(self._policy, "warmup_examples")
+                                                                or workload is not None)
 
     def _others_may_join(self) -> bool:
         conns = {job.conn for job in itertools.islice(self._pending, self.max_batch)}
@@ -1059,9 +1065,11 @@ class PolicyServer:
 
     def _deliver_rows(self, batch: list[_Job], e: NonFiniteActions, t_start: float) -> None:
         """A batch whose actions hold NaN or inf in some rows (withheld from the robot; the message says why, no
-        traceback): the finite rows are answered as usual and only the others refused, without a re-run. When
-        other observations of the batch came out finite, the refused one's own values are the cause (an
-        InputError); when none did (or it ran alone), the model may be at fault too (an InternalError)."""
+        traceback): the finite rows are answered as usual and only the others refused, without a re-run. Once the
+        policy has given finite actions for other observations (this batch's others, the warm-up's or an earlier
+        request's), the refused one's own values are the cause: an InputError, whichever observations it shared
+        its batch with. Before that (no warm-up, and nothing served yet) the model may be at fault: an
+        InternalError."""
         bad = set(e.rows) if e.rows is not None and e.actions is not None else set(range(len(batch)))  # alone
         # logged while a connection it refuses is within its first few errors (the connection's closing line counts
         # the rest): 366 such requests of one connection wrote 372 lines in 5 s before (the serving audit)
@@ -1079,13 +1087,21 @@ class PolicyServer:
                                                      f"observations of its batch of {len(batch)} came out finite, so "
                                                      "this observation's values are the cause)"))
             return
+        if self._finite_seen:
+            why = ("the policy gave finite actions for other observations before, so this observation's values "
+                   "are the cause")
+            for job in batch:
+                self._deliver(job, RequestError("InputError", f"NonFiniteActions: {e} ({why})"))
+            return
+        why = "no observation has come out finite yet, with no warm-up run: the model may be at fault"
         for job in batch:
-            self._deliver(job, RequestError("InternalError", f"NonFiniteActions: {e}"))
+            self._deliver(job, RequestError("InternalError", f"NonFiniteActions: {e} ({why})"))
 
     def _deliver_actions(self, batch: list[_Job], actions: np.ndarray, policy_timing: dict, t_start: float,
                          chunks: list | None = None, guided: list | None = None) -> None:
         t_done = time.perf_counter()
         infer_ms = (t_done - t_start) * 1e3
+        self._finite_seen = True
         self.stats["batches"] += 1
         self.stats["batched_observations"] += len(batch)
         self.metrics.infer_seconds.observe(infer_ms / 1e3)
