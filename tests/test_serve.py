@@ -1320,7 +1320,8 @@ def test_batch_leaves_early_when_no_one_else_can_join():
 
 def test_a_prompt_sent_as_a_0d_numpy_array_reaches_the_policy_as_text():
     """openpi's msgpack_numpy packs np.asarray(prompt) as a 0-d "<U" array; the server answers it as it would the
-    plain string (it used to refuse it as an unsupported array dtype)."""
+    plain string (it used to refuse it as an unsupported array dtype). vlaperf's own Client sends the same dict
+    too (it used to refuse to encode it)."""
     msgpack_numpy = pytest.importorskip("openpi_client.msgpack_numpy")
     policy = _Recorder(TINY)
     s = PolicyServer(policy, port=0, max_batch=1, warmup_batch_sizes=()).start()
@@ -1329,7 +1330,10 @@ def test_a_prompt_sent_as_a_0d_numpy_array_reaches_the_policy_as_text():
             reply = msgpack_numpy.unpackb(roundtrip(ws, msgpack_numpy.packb(
                 dict(make_example(TINY, seed=0), prompt=np.asarray("put the bowl on the plate")))))
             assert reply["actions"].shape == (TINY.horizon, TINY.robot_action_dim)
-        assert policy.calls == [["put the bowl on the plate"]]
+        with Client(s.url, timeout_s=20) as c:
+            out = c.infer(dict(make_example(TINY, seed=0), prompt=np.asarray("open the drawer")))
+            assert out["actions"].shape == (TINY.horizon, TINY.robot_action_dim)
+        assert policy.calls == [["put the bowl on the plate"], ["open the drawer"]]
     finally:
         s.stop()
 

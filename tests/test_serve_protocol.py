@@ -170,6 +170,16 @@ def test_bool_bytes_are_normalised():
     assert out.dtype == bool and out.tolist() == [False, True, True]
 
 
+def test_encode_sends_a_0d_text_array_as_its_text():
+    """A prompt held as np.asarray(prompt), as openpi's transforms hold it, is sent by vlaperf's client as the str it
+    holds (bytes for "S"), which every server reads; openpi-client could send it and vlaperf's refused it. Text of
+    any other shape is still refused."""
+    out = unpackb(packb({"prompt": np.asarray("pick up the bowl"), "raw": np.asarray(b"ab")}))
+    assert out == {"prompt": "pick up the bowl", "raw": b"ab"} and type(out["prompt"]) is str
+    with pytest.raises(ProtocolError, match="cannot send numpy dtype '<U1'"):
+        packb({"prompt": np.asarray(["a", "b"])})
+
+
 def test_encode_refuses_unsupported_types():
     for bad in (np.array([object()]), np.array(["a"]), np.zeros(2, np.complex64), np.zeros(1, "V4"), object()):
         with pytest.raises(ProtocolError):

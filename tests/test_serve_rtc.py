@@ -18,9 +18,9 @@ from vlaperf.check import check_equivalence
 from vlaperf.conventions import get_conventions
 from vlaperf.engine import Engine
 from vlaperf.inputs import make_example, random_noise
-from vlaperf.models.pi0 import Guidance, RtcConfig, build_model, rtc_prefix_weights, rtc_step_weights
+from vlaperf.models.pi0 import Guidance, build_model, rtc_prefix_weights, rtc_step_weights
 from vlaperf.normalize import ArrayStats, NormStats
-from vlaperf.policy import ModelChunk, Policy, RtcRequest
+from vlaperf.policy import ModelChunk, Policy, RtcConfig, RtcRequest  # the three as docs/serving.md imports them
 from vlaperf.workloads import get_workload
 
 # openpi-client opens its connection without a context manager; websockets >= 17 warns.

@@ -14,6 +14,7 @@ import numpy as np
 import torch
 
 from vlaperf.inputs import ObservationTransform, Tokenizer, check_fits
+from vlaperf.models.pi0 import RtcConfig  # also importable from here, beside RtcRequest and ModelChunk
 from vlaperf.workloads import Workload
 
 
@@ -150,8 +151,6 @@ class Policy:
         self.num_steps = check_num_steps(workload.steps if num_steps is None else num_steps,
                                          note=f" (or None: the workload's {workload.steps})")
         self.noise = noise
-        from vlaperf.models.pi0 import RtcConfig
-
         if rtc is not None and not isinstance(rtc, RtcConfig):
             raise TypeError(f"rtc: expected a vlaperf.models.pi0.RtcConfig or None, got {type(rtc).__name__}")
         self.rtc = rtc

@@ -101,6 +101,8 @@ def _check_dtype_for_encode(dtype: np.dtype) -> None:
 def _default(obj: Any) -> Any:
     """msgpack `default` hook: numpy arrays and scalars -> openpi's extension maps."""
     if isinstance(obj, np.ndarray):
+        if obj.ndim == 0 and obj.dtype.kind in "US":  # openpi's np.asarray(prompt): sent as the text it holds
+            return obj.item()
         _check_dtype_for_encode(obj.dtype)
         return {NDARRAY: True, DATA: obj.tobytes(order="C"), DTYPE: obj.dtype.str, SHAPE: list(obj.shape)}
     if isinstance(obj, np.generic):
