@@ -66,15 +66,6 @@ def number_arg(kind: type = int, minimum: float = 1, strict: bool = False, maxim
 
 
 positive_int = number_arg(int, 1)
-
-
-def rounds_warmup_help(each: str, default: int) -> str:
-    """--warmup's help where calls are timed in interleaved rounds (matrix, compare, scaling): the count includes
-    the first call, as bench's does, but cannot be 0 there, since a first call in a round would spoil its ratio."""
-    return (f"untimed calls of each {each} before the rounds, the first of them (compile, capture) timed on its own; "
-            f"at least 1, so that no round holds a first call (default: {default})")
-
-
 MAX_PROCESSES = 64  # bench / breakdown --processes: enough for a spread, few enough that a typo is not a day of runs
 non_negative_int = number_arg(int, 0)
 positive_float = number_arg(float, 0, strict=True)
@@ -83,6 +74,13 @@ idle_ms_arg = number_arg(float, 0, strict=True, maximum=10_000)  # bench --idle-
 seed_int = number_arg(int, 0, maximum=2**63 - 1)  # torch's generators take a signed 64-bit seed
 port_int = number_arg(int, 0, maximum=65535)
 steps_int = number_arg(int, 1, maximum=1000)  # models.pi0.MAX_NUM_STEPS (and the world-action model's MAX_STEPS)
+
+
+def rounds_warmup_help(each: str, default: int) -> str:
+    """--warmup's help where calls are timed in interleaved rounds (matrix, compare, scaling): the count includes
+    the first call, as bench's does, but cannot be 0 there, since a first call in a round would spoil its ratio."""
+    return (f"untimed calls of each {each} before the rounds, the first of them (compile, capture) timed on its own; "
+            f"at least 1, so that no round holds a first call (default: {default})")
 
 
 def device_arg(text: str) -> str:
@@ -864,8 +862,9 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--mode", choices=("model", "policy", "forward"), default="model",
                    help="model: the call on device tensors; policy: the served path (pi0 family); forward: one model "
                         "forward (world-action workloads) (default: model)")
-    p.add_argument("--warmup", type=non_negative_int, default=30, help="untimed calls before the timed ones, the first of them (compile, capture) timed on its own as "
-                        "first_call_s; 0: the first call is the first timed one (default: 30)")
+    p.add_argument("--warmup", type=non_negative_int, default=30,
+                   help="untimed calls before the timed ones, the first of them (compile, capture) timed on its own "
+                        "as first_call_s; 0: the first call is the first timed one (default: 30)")
     p.add_argument("--iters", type=positive_int, default=100, help="timed calls (default: 100)")
     p.add_argument("--no-check", action="store_true", help="skip the equivalence check of a non-reference variant")
     p.add_argument("--release-reference", action="store_true",
