@@ -22,12 +22,18 @@
 #              8 clients: batch mean >= 7.5; H200: round trip 52-60 ms, 135-155 chunks/s (bench libero-pi0-b8, s36:
 #                         50.20 ms); H100: 56-72 ms, 110-145 chunks/s.
 #              No errors, no lost or misrouted replies in any phase; the server's log ends with a clean SIGTERM.
+#   Written after five calls found no machine (each failed start cost 90-180 s of the budget, 959 s left):
+#   PART=e   the three in one call, most needed first: the headline (H200 only), part d's loadgen, then the suite's
+#            steps 3 and 4 (steps 1 and 2, the kernels and the engine, are untouched since they passed in session 57).
+#            Predictions as above.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session58.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, gpu_suite
 install_wheels .whl /tmp/site
 export PYTHONPATH=/tmp/site:$PWD
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+P="PYTHONPATH=benchmarks:\$PYTHONPATH python3 -m pytest -p no:cacheprovider -p pytest_report_now -rfEs --tb=short"
+I="--ignore tests/test_kernels.py --ignore tests/test_engine_cuda.py --ignore tests/test_wam.py --ignore tests/test_engine.py --ignore tests/test_unipc.py"
 case "${PART:-a}" in
 a)
   if echo "$GPU_NAME" | grep -q H200; then
@@ -41,6 +47,16 @@ d)
   lane A 0 60 <<EOT &
 300 bash -c 'setsid $V serve --workload libero-pi0 --levers best --max-batch 8 --port 8765 --warmup-batches 1,4,8 > $R/serve_libero-pi0_best-s58d.log 2>&1 & SP=\$!; for i in \$(seq 240); do python3 -c "import urllib.request as u; u.urlopen(\"http://127.0.0.1:8765/healthz\", timeout=2)" 2>/dev/null && break; sleep 1; done; timeout 150 $V loadgen --url ws://127.0.0.1:8765 --clients 1,4,8 --requests 40 --warmup 3 --json $R/loadgen_libero-pi0_best-s58d-maxbatch8.json; kill -TERM \$SP; wait \$SP; tail -8 $R/serve_libero-pi0_best-s58d.log'
 EOT
+  ;;
+e)
+  {
+    if echo "$GPU_NAME" | grep -q H200; then
+      echo "200 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s58-4proc_model.json"
+    fi
+    echo "240 bash -c 'setsid $V serve --workload libero-pi0 --levers best --max-batch 8 --port 8765 --warmup-batches 1,4,8 > $R/serve_libero-pi0_best-s58d.log 2>&1 & SP=\$!; for i in \$(seq 200); do python3 -c \"import urllib.request as u; u.urlopen(\\\"http://127.0.0.1:8765/healthz\\\", timeout=2)\" 2>/dev/null && break; sleep 1; done; timeout 120 $V loadgen --url ws://127.0.0.1:8765 --clients 1,4,8 --requests 40 --warmup 3 --json $R/loadgen_libero-pi0_best-s58d-maxbatch8.json; kill -TERM \$SP; wait \$SP; tail -8 $R/serve_libero-pi0_best-s58d.log'"
+    echo "200 $P -q -n 14 --timeout 180 --durations 5 -m \"not quiet_gpu and not quiet_host\" $I 2>&1 | tee $R/pytest_gpu_s58e3.log | grep -v \"^\\\\.*\\\\[\""
+    echo "80 $P -q --timeout 70 -m \"quiet_gpu or quiet_host\" $I 2>&1 | tee $R/pytest_gpu_s58e4.log | tail -5"
+  } | lane A 0 60 &
   ;;
 esac
 finish
