@@ -1181,11 +1181,12 @@ def test_non_finite_actions_refuse_only_their_observation():
         with raw_connection(s) as ws:  # nothing has come out finite yet
             body = parse_error_frame(roundtrip(ws, packb([dict(make_example(TINY, seed=0), prompt="overflow")] * 2)))
         assert body["error"] == "InternalError" and body["index"] == 0
-        assert "no observation has come out finite yet, with no warm-up run: the model may be at fault" in body["message"]
+        assert ("no observation has come out finite yet, with no warm-up run: the model may be at fault"
+                in body["message"])
         frames = [[packb(dict(make_example(TINY, seed=i), request_id=str(i)))] for i in range(2)]
         frames.append([packb(dict(make_example(TINY, seed=2), prompt="overflow", request_id="bad"))])
         replies = _concurrent(s, frames)
-        assert policy.calls == [2, 3]  # one batch, no one-by-one re-run
+        assert policy.calls == [2, 3]  # the list of two, then the three in one batch: no one-by-one re-run
         for (frame,) in replies[:2]:
             assert_result(unpackb(frame))
         body = parse_error_frame(replies[2][0])

@@ -17,8 +17,8 @@ import sys
 
 import torch
 
-from vlaperf.cli import (CliError, add_compile_cache, device_arg, output_file, path_arg, positive_int, rounds_warmup_help,
-                         seed_int, setup_device, steps_int, wide_console)
+from vlaperf.cli import (CliError, add_compile_cache, device_arg, output_file, path_arg, positive_int,
+                         rounds_warmup_help, seed_int, setup_device, steps_int, wide_console)
 
 COMPARE_WORKLOADS = ("libero-pi0", "libero-pi05", "aloha-pi0", "libero-pi0-b4", "libero-pi0-b8", "libero-shallow6", "tiny")
 
