@@ -866,10 +866,16 @@ class PolicyServer:
 
     def _warmup(self) -> None:
         workload = getattr(self._policy, "workload", None)
+
+        def infer(*args, **kwargs):  # infer raises NonFiniteActions rather than return NaN or inf: this came out finite
+            out = self._policy.infer(*args, **kwargs)
+            self._finite_seen = True
+            return out
+
         t0 = time.perf_counter()
         if hasattr(self._policy, "warmup_examples"):  # a policy that knows its own warm-up (the world-action model)
             for b in self.warmup_batch_sizes:
-                self._policy.infer(self._policy.warmup_examples(b))
+                infer(self._policy.warmup_examples(b))
         elif workload is not None:
             # Every batch size x every prompt bucket: with CUDA graphs each pair is its own
             # capture, and a capture inside a client's request costs it about a second. With
@@ -880,14 +886,11 @@ class PolicyServer:
                     for ex in examples:
                         ex["prompt"] = prompt
                     if not self._rtc_on:
-                        self._policy.infer(examples)
+                        infer(examples)
                         continue
-                    chunks = self._policy.infer(examples, rtc=[None] * b)["chunks"]
-                    self._policy.infer(examples, rtc=[RtcRequest(c, 1, 1) for c in chunks])
+                    chunks = infer(examples, rtc=[None] * b)["chunks"]
+                    infer(examples, rtc=[RtcRequest(c, 1, 1) for c in chunks])
         self.warmup_s = time.perf_counter() - t0
-        # infer raises NonFiniteActions rather than return NaN or inf, so any warm-up call that ran came out finite
-        self._finite_seen = bool(self.warmup_batch_sizes) and (hasattr(self._policy, "warmup_examples")
-                                                                or workload is not None)
 
     def _others_may_join(self) -> bool:
         conns = {job.conn for job in itertools.islice(self._pending, self.max_batch)}
