@@ -26,7 +26,7 @@
 #   PART=e   the three in one call, most needed first: the headline (H200 only), part d's loadgen, then the suite's
 #            steps 3 and 4 (steps 1 and 2, the kernels and the engine, are untouched since they passed in session 57).
 #            Predictions as above.
-# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session58.sh, carry [".whl"]
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=e bash benchmarks/h200_session59.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, gpu_suite
 install_wheels .whl /tmp/site
