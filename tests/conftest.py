@@ -3,6 +3,9 @@ import os
 import pytest
 import torch
 
+# Imported before any test runs: it binds vlaperf.cli.setup by name when first imported, and a test that stands in for
+# setup (monkeypatch) must not be the one that imports it, or every later command in that process gets the stand-in.
+import vlaperf.profile.commands  # noqa: F401
 from vlaperf.inputs import random_noise, random_observation
 from vlaperf.models.pi0 import build_model, get_config
 from vlaperf.workloads import get_workload

@@ -326,7 +326,6 @@ def test_serve_refuses_short_state_statistics_before_building(tmp_path, capsys, 
     built (it was a traceback after the build and the check)."""
     from vlaperf.cli import main as run_cli
 
-    import vlaperf.profile.commands  # noqa: F401  it binds cli.setup when first imported: not to the stand-in below
     monkeypatch.setattr("vlaperf.cli.setup", lambda args: pytest.fail("the model was built"))
     short = _write(tmp_path, _stats({"state": 5, "actions": 7}))
     assert run_cli(["serve", "--device", "cpu", "--port", "0", "--norm-stats", str(short)]) == 2
@@ -399,7 +398,6 @@ def test_lerobot_relative_actions_config_is_checked(tmp_path, capsys, monkeypatc
     _lerobot_folder(tmp_path, steps=[{"registry_name": "relative_actions_processor",
                                       "config": {"enabled": True, "exclude_joints": ["gripper"]}}],
                     norm_map={"STATE": "MEAN_STD", "ACTION": "MEAN_STD"})
-    import vlaperf.profile.commands  # noqa: F401  it binds cli.setup when first imported: not to the stand-in below
     monkeypatch.setattr("vlaperf.cli.setup", lambda args: pytest.fail("the model was built"))
     assert run_cli(["serve", "--device", "cpu", "--port", "0", "--norm-stats", str(tmp_path),
                     "--conventions", "openpi:pi0_libero"]) == 2

@@ -720,7 +720,8 @@ def test_serve_forever_freezes_the_heap_after_warm_up_and_start_does_not():
     out = subprocess.run([sys.executable, "-c", FROZEN_SERVER], capture_output=True, text=True, env=env, timeout=120)
     counts = {line.split()[0]: int(line.split()[1]) for line in out.stdout.splitlines()
               if line.split()[:1] in (["BEFORE"], ["READY"])}
-    assert counts.get("BEFORE") == 0 and counts.get("READY", 0) > 10_000, out.stdout + out.stderr
+    # BEFORE need not be 0: the GPU machine's Python froze 375 objects before this script ran (session 59)
+    assert "BEFORE" in counts and counts.get("READY", 0) > counts["BEFORE"] + 10_000, out.stdout + out.stderr
     before = gc.get_freeze_count()
     s = PolicyServer(_Recorder(TINY), port=0, warmup_batch_sizes=()).start()
     s.stop()
