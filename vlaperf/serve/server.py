@@ -310,6 +310,7 @@ class PolicyServer:
         self._cv = threading.Condition()
         self._pending: deque[_Job] = deque()
         self._owns_process = False  # serve_forever: the server is the process (its heap frozen after the warm-up)
+        self._heap_frozen = False  # and unfrozen when serve_forever returns
         # which batch last took a job of each open connection (the batches counted from 1): _take_in_turn's turns
         self._last_taken: dict[int, int] = {}
         self._batches_taken = 0
@@ -359,7 +360,14 @@ class PolicyServer:
         returns; a second signal skips the wait for in-flight requests.
         """
         self._owns_process = True
-        asyncio.run(self._main(install_signals=threading.current_thread() is threading.main_thread()))
+        try:
+            asyncio.run(self._main(install_signals=threading.current_thread() is threading.main_thread()))
+        finally:
+            # Back into the collector's sight for the interpreter's exit, which collects only what it can see: left
+            # frozen, objects of extensions that count their own instances at exit (Triton's nanobind bindings) were
+            # never freed, and stopping `vlaperf serve` printed dozens of "leaked function" lines (session 59).
+            if self._heap_frozen:
+                gc.unfreeze()
 
     def start(self, timeout: float | None = 600.0) -> "PolicyServer":
         """Serve from a background thread; returns once listening (`self.port` is then the
@@ -819,6 +827,7 @@ class PolicyServer:
                 # serve_forever: a server start()ed inside someone's process leaves that process's collector alone.
                 gc.collect()
                 gc.freeze()
+                self._heap_frozen = True
         except BaseException as e:
             ready.set_exception(e)
             return
