@@ -26,8 +26,10 @@
 #   PART=e   the three in one call, most needed first: the headline (H200 only), part d's loadgen, then the suite's
 #            steps 3 and 4 (steps 1 and 2, the kernels and the engine, are untouched since they passed in session 57).
 #            Predictions as above.
-# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session58.sh, carry [".whl"]
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session58.sh, carry [".whl"]; TAG=sNN names
+# the files of a later session's run (default s58)
 set -u
+T=${TAG:-s58}
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, gpu_suite
 install_wheels .whl /tmp/site
 export PYTHONPATH=/tmp/site:$PWD
@@ -38,24 +40,24 @@ case "${PART:-a}" in
 a)
   if echo "$GPU_NAME" | grep -q H200; then
     lane H 0 40 <<EOT
-200 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s58-4proc_model.json
+200 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-${T}-4proc_model.json
 EOT
   fi
-  gpu_suite s58a &
+  gpu_suite ${T}a &
   ;;
 d)
   lane A 0 60 <<EOT &
-300 bash -c 'setsid $V serve --workload libero-pi0 --levers best --max-batch 8 --port 8765 --warmup-batches 1,4,8 > $R/serve_libero-pi0_best-s58d.log 2>&1 & SP=\$!; for i in \$(seq 240); do python3 -c "import urllib.request as u; u.urlopen(\"http://127.0.0.1:8765/healthz\", timeout=2)" 2>/dev/null && break; sleep 1; done; timeout 150 $V loadgen --url ws://127.0.0.1:8765 --clients 1,4,8 --requests 40 --warmup 3 --json $R/loadgen_libero-pi0_best-s58d-maxbatch8.json; kill -TERM \$SP; wait \$SP; tail -8 $R/serve_libero-pi0_best-s58d.log'
+300 bash -c 'setsid $V serve --workload libero-pi0 --levers best --max-batch 8 --port 8765 --warmup-batches 1,4,8 > $R/serve_libero-pi0_best-${T}d.log 2>&1 & SP=\$!; for i in \$(seq 240); do python3 -c "import urllib.request as u; u.urlopen(\"http://127.0.0.1:8765/healthz\", timeout=2)" 2>/dev/null && break; sleep 1; done; timeout 150 $V loadgen --url ws://127.0.0.1:8765 --clients 1,4,8 --requests 40 --warmup 3 --json $R/loadgen_libero-pi0_best-${T}d-maxbatch8.json; kill -TERM \$SP; wait \$SP; tail -8 $R/serve_libero-pi0_best-${T}d.log'
 EOT
   ;;
 e)
   {
     if echo "$GPU_NAME" | grep -q H200; then
-      echo "200 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s58-4proc_model.json"
+      echo "200 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-${T}-4proc_model.json"
     fi
-    echo "240 bash -c 'setsid $V serve --workload libero-pi0 --levers best --max-batch 8 --port 8765 --warmup-batches 1,4,8 > $R/serve_libero-pi0_best-s58d.log 2>&1 & SP=\$!; for i in \$(seq 200); do python3 -c \"import urllib.request as u; u.urlopen(\\\"http://127.0.0.1:8765/healthz\\\", timeout=2)\" 2>/dev/null && break; sleep 1; done; timeout 120 $V loadgen --url ws://127.0.0.1:8765 --clients 1,4,8 --requests 40 --warmup 3 --json $R/loadgen_libero-pi0_best-s58d-maxbatch8.json; kill -TERM \$SP; wait \$SP; tail -8 $R/serve_libero-pi0_best-s58d.log'"
-    echo "200 $P -q -n 14 --timeout 180 --durations 5 -m \"not quiet_gpu and not quiet_host\" $I 2>&1 | tee $R/pytest_gpu_s58e3.log | grep -v \"^\\\\.*\\\\[\""
-    echo "80 $P -q --timeout 70 -m \"quiet_gpu or quiet_host\" $I 2>&1 | tee $R/pytest_gpu_s58e4.log | tail -5"
+    echo "240 bash -c 'setsid $V serve --workload libero-pi0 --levers best --max-batch 8 --port 8765 --warmup-batches 1,4,8 > $R/serve_libero-pi0_best-${T}d.log 2>&1 & SP=\$!; for i in \$(seq 200); do python3 -c \"import urllib.request as u; u.urlopen(\\\"http://127.0.0.1:8765/healthz\\\", timeout=2)\" 2>/dev/null && break; sleep 1; done; timeout 120 $V loadgen --url ws://127.0.0.1:8765 --clients 1,4,8 --requests 40 --warmup 3 --json $R/loadgen_libero-pi0_best-${T}d-maxbatch8.json; kill -TERM \$SP; wait \$SP; tail -8 $R/serve_libero-pi0_best-${T}d.log'"
+    echo "200 $P -q -n 14 --timeout 180 --durations 5 -m \"not quiet_gpu and not quiet_host\" $I 2>&1 | tee $R/pytest_gpu_${T}e3.log | grep -v \"^\\\\.*\\\\[\""
+    echo "80 $P -q --timeout 70 -m \"quiet_gpu or quiet_host\" $I 2>&1 | tee $R/pytest_gpu_${T}e4.log | tail -5"
   } | lane A 0 60 &
   ;;
 esac
