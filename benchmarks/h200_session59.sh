@@ -24,12 +24,10 @@ set -u
 case "${PART:-f}" in
   a|d|e) TAG=s59 exec bash benchmarks/h200_session58.sh ;;
 esac
-source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, gpu_suite
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P, $I, gpu_suite
 install_wheels .whl /tmp/site
 export PYTHONPATH=/tmp/site:$PWD
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-P="PYTHONPATH=benchmarks:\$PYTHONPATH python3 -m pytest -p no:cacheprovider -p pytest_report_now -rfEs --tb=short"
-I="--ignore tests/test_kernels.py --ignore tests/test_engine_cuda.py --ignore tests/test_wam.py --ignore tests/test_engine.py --ignore tests/test_unipc.py"
 case "${PART:-f}" in
 f|g)
   serve_loadgen() {  # serve_loadgen TAG MAX_BATCH: one server at batch 1 only, one client, 200 requests, then SIGTERM

@@ -17,6 +17,10 @@ V="python3 -m vlaperf.cli"
 X=for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa,fuse_projections,cuda_graph
 G=$X,compile=default,triton_kernels
 B="--no-progress --iters 50 --warmup 10"
+# pytest as the GPU suite runs it ($P, each failure printed when it happens), and $I, the modules of its first two
+# steps, which the broad steps leave out
+P="PYTHONPATH=benchmarks:\$PYTHONPATH python3 -m pytest -p no:cacheprovider -p pytest_report_now -rfEs --tb=short"
+I="--ignore tests/test_kernels.py --ignore tests/test_engine_cuda.py --ignore tests/test_wam.py --ignore tests/test_engine.py --ignore tests/test_unipc.py"
 lane() {
   local name=$1 gpu=$2 keep=${3:-40}
   while read -r t cmd; do
@@ -36,8 +40,6 @@ gpu_suite() {
   local tag=$1
   install_wheels .whl /tmp/site || return
   export PYTHONPATH=/tmp/site:$PWD
-  local P="PYTHONPATH=benchmarks:\$PYTHONPATH python3 -m pytest -p no:cacheprovider -p pytest_report_now -rfEs --tb=short"
-  local I="--ignore tests/test_kernels.py --ignore tests/test_engine_cuda.py --ignore tests/test_wam.py --ignore tests/test_engine.py --ignore tests/test_unipc.py"
   lane A 0 40 <<EOT
 170 $P -q -n 4 --timeout 160 tests/test_engine_cuda.py tests/test_kernels.py tests/test_suite_setup.py 2>&1 | tee $R/pytest_gpu_${tag}1.log | grep -v "^\\.*\\["
 150 $P -q -n 12 --timeout 140 tests/test_wam.py tests/test_engine.py tests/test_unipc.py tests/test_suite_setup.py 2>&1 | tee $R/pytest_gpu_${tag}2.log | grep -v "^\\.*\\["
