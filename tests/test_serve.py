@@ -763,6 +763,28 @@ def test_sigterm_finishes_in_flight_then_exits():
             proc.wait()
 
 
+def test_the_server_says_what_it_served_when_it_stops(model, caplog):
+    """The last log line counts the requests, their errors, the observations answered and the policy calls they
+    took: a single observation, a list of three (one call) and a short state make 3 requests, 1 error, 4
+    observations in 2 calls."""
+    import logging
+
+    server = PolicyServer(fixed_noise_policy(model), port=0, max_batch=8, max_wait_ms=0, warmup_batch_sizes=(1,)).start()
+    with Client(server.url, timeout_s=20) as client:
+        client.infer(make_example(TINY, seed=0))
+        assert len(client.infer_batch([make_example(TINY, seed=i) for i in range(3)])) == 3
+        bad = make_example(TINY, seed=0)
+        bad["observation/state"] = bad["observation/state"][:3]
+        with pytest.raises(ServerError, match="expected 8 values, got 3"):
+            client.infer(bad)
+    with caplog.at_level(logging.INFO, logger="vlaperf.serve"):
+        server.stop()
+    assert caplog.records[-1].getMessage() == ("server stopped: 3 requests (1 error), 4 observations answered in 2 "
+                                               "policy calls (mean batch 2.00)")
+    assert PolicyServer(_Recorder(TINY), port=0).served_summary() == (
+        "0 requests (0 errors), 0 observations answered in 0 policy calls")
+
+
 def test_stop_from_another_thread_is_idempotent(model):
     s = PolicyServer(fixed_noise_policy(model), port=0).start()
     url = s.url

@@ -495,7 +495,20 @@ class PolicyServer:
         except asyncio.TimeoutError:
             log.warning("some connections did not close in time")
         await asyncio.get_running_loop().run_in_executor(None, self._stop_worker)
-        log.info("server stopped")
+        log.info("server stopped: %s", self.served_summary())
+
+    def served_summary(self) -> str:
+        """What this server did, in words (its last log line): requests and their errors, then the observations and
+        the policy calls they took (warm-up calls not counted)."""
+        st = self.stats
+        words = (f"{st['requests']} request{'' if st['requests'] == 1 else 's'} ({st['errors']} "
+                 f"error{'' if st['errors'] == 1 else 's'}), {st['batched_observations']} observations answered in "
+                 f"{st['batches']} policy call{'' if st['batches'] == 1 else 's'}")
+        if st["batches"]:
+            words += f" (mean batch {st['batched_observations'] / st['batches']:.2f})"
+        if st["keep_warm_runs"]:
+            words += f", {st['keep_warm_runs']} keep-warm runs"
+        return words
 
     # ------------------------------------------------------------------ HTTP hooks
 
