@@ -769,7 +769,8 @@ def test_the_server_says_what_it_served_when_it_stops(model, caplog):
     observations in 2 calls."""
     import logging
 
-    server = PolicyServer(fixed_noise_policy(model), port=0, max_batch=8, max_wait_ms=0, warmup_batch_sizes=(1,)).start()
+    server = PolicyServer(fixed_noise_policy(model), port=0, max_batch=8, max_wait_ms=0,
+                          warmup_batch_sizes=(1,)).start()
     with Client(server.url, timeout_s=20) as client:
         client.infer(make_example(TINY, seed=0))
         assert len(client.infer_batch([make_example(TINY, seed=i) for i in range(3)])) == 3
