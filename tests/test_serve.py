@@ -782,8 +782,11 @@ def test_the_server_says_what_it_served_when_it_stops(model, caplog):
         server.stop()
     assert caplog.records[-1].getMessage() == ("server stopped: 3 requests (1 error), 4 observations answered in 2 "
                                                "policy calls (mean batch 2.00)")
-    assert PolicyServer(_Recorder(TINY), port=0).served_summary() == (
-        "0 requests (0 errors), 0 observations answered in 0 policy calls")
+    idle = PolicyServer(_Recorder(TINY), port=0)
+    assert idle.served_summary() == "0 requests (0 errors), 0 observations answered in 0 policy calls"
+    idle.stats.update(requests=1, errors=1, batched_observations=1, batches=1, keep_warm_runs=1)
+    assert idle.served_summary() == ("1 request (1 error), 1 observation answered in 1 policy call (mean batch 1.00), "
+                                     "1 keep-warm run")
 
 
 def test_stop_from_another_thread_is_idempotent(model):

@@ -501,13 +501,16 @@ class PolicyServer:
         """What this server did, in words (its last log line): requests and their errors, then the observations and
         the policy calls they took (warm-up calls not counted)."""
         st = self.stats
-        words = (f"{st['requests']} request{'' if st['requests'] == 1 else 's'} ({st['errors']} "
-                 f"error{'' if st['errors'] == 1 else 's'}), {st['batched_observations']} observations answered in "
-                 f"{st['batches']} policy call{'' if st['batches'] == 1 else 's'}")
+
+        def count(n: int, noun: str) -> str:
+            return f"{n} {noun}{'' if n == 1 else 's'}"
+
+        words = (f"{count(st['requests'], 'request')} ({count(st['errors'], 'error')}), "
+                 f"{count(st['batched_observations'], 'observation')} answered in {count(st['batches'], 'policy call')}")
         if st["batches"]:
             words += f" (mean batch {st['batched_observations'] / st['batches']:.2f})"
         if st["keep_warm_runs"]:
-            words += f", {st['keep_warm_runs']} keep-warm runs"
+            words += f", {count(st['keep_warm_runs'], 'keep-warm run')}"
         return words
 
     # ------------------------------------------------------------------ HTTP hooks
