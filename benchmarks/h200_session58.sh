@@ -30,12 +30,10 @@
 # the files of a later session's run (default s58)
 set -u
 T=${TAG:-s58}
-source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, gpu_suite
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P, $I, gpu_suite
 install_wheels .whl /tmp/site
 export PYTHONPATH=/tmp/site:$PWD
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-P="PYTHONPATH=benchmarks:\$PYTHONPATH python3 -m pytest -p no:cacheprovider -p pytest_report_now -rfEs --tb=short"
-I="--ignore tests/test_kernels.py --ignore tests/test_engine_cuda.py --ignore tests/test_wam.py --ignore tests/test_engine.py --ignore tests/test_unipc.py"
 case "${PART:-a}" in
 a)
   if echo "$GPU_NAME" | grep -q H200; then
