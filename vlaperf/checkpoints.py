@@ -141,8 +141,13 @@ def load_checkpoint(model: Pi0Model, path: str | os.PathLike, layout: str = "aut
 def load_read_tensors(model: Pi0Model, named: dict[str, torch.Tensor], report: dict) -> None:
     """`read_model_tensors`' output into `model` strictly (load_state), and where it came from on the model, which
     result files record."""
+    from vlaperf.hub import origin
+
     load_state(model, named)
     model.checkpoint = {"path": report["path"], "layout": report["layout"]}
+    hub = origin(report["path"])
+    if hub is not None:  # fetched from the Hugging Face Hub (or read from its cache): the repo and its commit
+        model.checkpoint["hub"] = hub
 
 
 def read_model_tensors(path: str | os.PathLike, shapes: dict[str, torch.Size], pi05: bool,

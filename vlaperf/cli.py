@@ -237,7 +237,8 @@ def add_common(p: argparse.ArgumentParser, levers_default: str = "reference", le
                    help="seed of the random weights and inputs (default: 0)" if p.prog.split()[-1] != "check" else
                    "seed of the random weights; the checked inputs are fixed, --seeds of them (default: 0)")
     p.add_argument("--checkpoint", type=path_arg, default=None, help="openpi or LeRobot model.safetensors, or an openpi JAX checkpoint "
-                   "folder (orbax params/; needs tensorstore) (default: random weights)")
+                   "folder (orbax params/; needs tensorstore), or a Hugging Face Hub repo: lerobot/pi0_libero, "
+                   "hf://owner/name@revision (vlaperf[hub]) (default: random weights)")
     p.add_argument("--levers", type=levers_arg, default=levers_default,
                    help=levers_help or ("'reference', 'best', 'graph', 'exact' or a comma list (see `vlaperf levers`; "
                                         f"default: {levers_default})"))
@@ -960,6 +961,7 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(typed)
     args.argv = typed  # as typed: `bench --processes N` runs the same command again in fresh processes
     try:
+        resolve_hub_paths(args)
         code = args.func(args)
         if code == STOPPED_BY_SIGTERM and argv is None:
             # The program itself (not a caller in Python) was told to stop and has written its file: leave now. A
@@ -987,6 +989,19 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vlaperf {args.command}: error: out of memory ({first[:200]}); try a smaller --batch, "
               "--max-batch or workload", file=sys.stderr)
         return 2
+
+
+def resolve_hub_paths(args) -> None:
+    """--checkpoint, --norm-stats, --tokenizer and convert's IN given as a Hugging Face Hub repo (`lerobot/pi0_libero`,
+    `hf://owner/name@revision/path`): fetched into the Hub's cache and replaced by the local path (vlaperf.hub)."""
+    if not any(isinstance(getattr(args, a, None), str) for a in ("checkpoint", "norm_stats", "tokenizer", "src")):
+        return
+    from vlaperf.hub import HubError, resolve_args
+
+    try:
+        resolve_args(args)
+    except HubError as e:
+        raise CliError(str(e)) from None
 
 
 def is_out_of_memory(e: BaseException) -> bool:

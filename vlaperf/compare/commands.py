@@ -40,8 +40,9 @@ def register(subparsers) -> None:
     p.add_argument("--steps", type=steps_int, default=None, help="denoise steps, 1..1000 (default: the workload's)")
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights and inputs (default: 0)")
     p.add_argument("--checkpoint", type=path_arg, default=None,
-                   help="compare on these weights, loaded into both models: openpi or LeRobot model.safetensors, or an "
-                        "openpi JAX checkpoint folder, of the workload's model at full size (default: random weights)")
+                   help="compare on these weights, loaded into both models: openpi or LeRobot model.safetensors, an "
+                        "openpi JAX checkpoint folder or a Hugging Face Hub repo (lerobot/pi0_libero), of the "
+                        "workload's model at full size (default: random weights)")
     p.add_argument("--levers", default="best", help="vlaperf variant timed besides the reference ('best', a comma list, or 'reference'; "
                    "default: best)")
     p.add_argument("--reduced", action="store_true",
@@ -81,7 +82,8 @@ def register(subparsers) -> None:
                    help="layout of IN (openpi-jax: openpi's orbax checkpoint folder, or its params/; needs tensorstore)")
     p.add_argument("--to", dest="to_layout", required=True, choices=LAYOUTS, help="layout to write")
     p.add_argument("--preset", required=True, choices=tuple(PRESETS), help="model preset the file must match exactly")
-    p.add_argument("src", metavar="IN", help="model.safetensors, or a folder holding one (openpi-jax: the checkpoint "
+    p.add_argument("src", metavar="IN", help="model.safetensors, a folder holding one, or a Hub repo holding one "
+                                             "(lerobot/pi0_libero, hf://owner/name@revision) (openpi-jax: the checkpoint "
                                              "folder holding params/)")
     p.add_argument("dst", metavar="OUT", help="a .safetensors path, or a folder (gets model.safetensors)")
     p.add_argument("--force", action="store_true", help="replace OUT's file if it exists (never the input)")

@@ -159,13 +159,15 @@ def register(subparsers) -> None:
     add_action_horizon(p, conventions=True)
     p.add_argument("--seed", type=seed_int, default=0, help="seed of the random weights (default: 0)")
     p.add_argument("--checkpoint", type=path_arg, default=None, help="openpi or LeRobot model.safetensors, or an openpi JAX checkpoint "
-                   "folder (orbax params/; needs tensorstore) (default: random weights)")
+                   "folder (orbax params/; needs tensorstore), or a Hugging Face Hub repo: lerobot/pi0_libero, "
+                   "hf://owner/name@revision (vlaperf[hub]) (default: random weights)")
     p.add_argument("--tokenizer", type=path_arg, default=None,
                    help="PaliGemma's sentencepiece model (paligemma_tokenizer.model; needs sentencepiece) for a real "
-                        "checkpoint (default: a deterministic stand-in whose ids mean nothing to a trained model)")
+                        "checkpoint, or a Hub repo holding tokenizer.model (hf://owner/name/path for another file) "
+                        "(default: a deterministic stand-in whose ids mean nothing to a trained model)")
     p.add_argument("--norm-stats", type=path_arg, default=None,
                    help="the checkpoint's statistics: openpi's norm_stats.json or LeRobot's normalizer safetensors (or "
-                        "a folder holding one): the state is normalized, the actions unnormalized, z-score for pi0 and "
+                        "a folder holding one, or a LeRobot checkpoint's Hub repo): the state is normalized, the actions unnormalized, z-score for pi0 and "
                         "quantiles for pi0.5 (default: none, the model's own units)")
     add_conventions(p)
     p.add_argument("--no-check", action="store_true", help="skip the equivalence check of the engine before serving")
@@ -519,8 +521,12 @@ def warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats, conventions="
         print("vlaperf serve: warning: serving a checkpoint without --tokenizer: its prompts go through a stand-in "
               "tokenizer whose ids mean nothing to the model (pass PaliGemma's paligemma_tokenizer.model)", file=sys.stderr)
     if norm_stats is None:
+        from vlaperf.hub import origin
+
         found = sorted(Path(checkpoint).glob("assets/**/norm_stats.json")) if Path(checkpoint).is_dir() else []
+        hub = origin(checkpoint)
         where = (f"this checkpoint folder has {', '.join(str(p) for p in found)}" if found
+                 else f"a LeRobot repo keeps them beside its weights: --norm-stats {hub['repo']}" if hub
                  else "pass openpi's assets/<robot>/norm_stats.json")
         print("vlaperf serve: warning: serving a checkpoint without --norm-stats: the state is not normalized and the "
               f"actions stay in the model's normalized units ({where})", file=sys.stderr)

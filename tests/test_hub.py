@@ -1,0 +1,149 @@
+"""Hub references for --checkpoint, --norm-stats, --tokenizer and convert's IN (vlaperf.hub).
+
+No network here: the end-to-end tests lay out a repo in the Hub's cache format (models--owner--name/refs/main and
+snapshots/<commit>/) and run vlaperf in a subprocess with HF_HUB_OFFLINE=1, so huggingface_hub reads that cache.
+"""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from vlaperf.hub import HubError, HubRef, origin, parse, resolve
+
+COMMIT = "0123456789abcdef0123456789abcdef01234567"
+
+
+def test_parse_reads_repo_ids_and_leaves_paths_alone():
+    assert parse("lerobot/pi0_libero") == HubRef("lerobot/pi0_libero", None, None, explicit=False)
+    assert parse("hf://lerobot/pi0_libero") == HubRef("lerobot/pi0_libero", None, None, explicit=True)
+    assert parse("hf://o/n@v1.0/assets/libero/norm_stats.json") == \
+        HubRef("o/n", "v1.0", "assets/libero/norm_stats.json", explicit=True)
+    assert parse(f"hf://o/n@{COMMIT}") == HubRef("o/n", COMMIT, None, explicit=True)
+    # local paths, found or not: the option's own error names them
+    for path in ("model.safetensors", "./o/n", "/abs/o", "a/b/c", "../o", "o/..", "ckpt/", "-o/n"):
+        assert parse(path) is None, path
+    for bad in ("hf://", "hf://lerobot", "hf://lerobot/", "hf://o/n@", "hf://o/n/../x", "hf://o/n o"):
+        with pytest.raises(HubError, match="expected hf://owner/name, hf://owner/name@revision"):
+            parse(bad)
+
+
+def test_a_local_path_wins_over_a_repo_of_that_name(tmp_path, monkeypatch):
+    (tmp_path / "lerobot" / "pi0_libero").mkdir(parents=True)
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # nothing may be fetched
+    assert resolve("lerobot/pi0_libero", "--checkpoint") == "lerobot/pi0_libero"
+    assert resolve("missing/model.safetensors.d/x", "--checkpoint") == "missing/model.safetensors.d/x"
+    assert resolve(None, "--checkpoint") is None
+
+
+def test_without_huggingface_hub_the_error_says_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.chdir(tmp_path)
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    with pytest.raises(HubError) as e:
+        resolve("lerobot/pi0_libero", "--checkpoint")
+    assert str(e.value) == ("--checkpoint lerobot/pi0_libero: no such file or folder here, and reading a Hugging Face "
+                            "Hub repo needs huggingface_hub (pip install 'vlaperf[hub]')")
+    with pytest.raises(HubError, match=r"^--norm-stats hf://o/n: reading a Hugging Face Hub repo needs"):
+        resolve("hf://o/n", "--norm-stats")
+    with pytest.raises(HubError, match=r"^--tokenizer 'hf://o': expected hf://owner/name"):
+        resolve("hf://o", "--tokenizer")
+
+
+def test_origin_reads_the_repo_and_commit_of_a_cached_file(tmp_path):
+    cached = tmp_path / "hub" / "models--lerobot--pi0_libero" / "snapshots" / COMMIT / "model.safetensors"
+    assert origin(cached) == {"repo": "lerobot/pi0_libero", "revision": COMMIT}
+    assert origin(cached.parent) == {"repo": "lerobot/pi0_libero", "revision": COMMIT}
+    assert origin(tmp_path / "model.safetensors") is None
+    assert origin(tmp_path / "models--x--y" / "snapshots" / "main" / "model.safetensors") is None  # not a commit
+
+
+def test_serving_a_hub_checkpoint_without_statistics_names_the_repo(tmp_path, capsys):
+    from vlaperf.serve.commands import warn_unconverted_checkpoint
+
+    folder = tmp_path / "models--lerobot--pi0_libero" / "snapshots" / COMMIT
+    folder.mkdir(parents=True)
+    warn_unconverted_checkpoint(str(folder / "model.safetensors"), object(), None, "openpi:pi0_libero")
+    assert "a LeRobot repo keeps them beside its weights: --norm-stats lerobot/pi0_libero" in capsys.readouterr().err
+
+
+# ---------------------------------------------------------------------------- through huggingface_hub, offline
+
+
+def _cached_repo(cache: Path, repo: str, files: dict[str, bytes]) -> Path:
+    """`repo` at COMMIT in the Hub's cache layout, its main branch pointing there; the snapshot folder."""
+    root = cache / ("models--" + repo.replace("/", "--"))
+    (root / "refs").mkdir(parents=True, exist_ok=True)
+    (root / "refs" / "main").write_text(COMMIT)
+    snapshot = root / "snapshots" / COMMIT
+    for name, data in files.items():
+        (snapshot / name).parent.mkdir(parents=True, exist_ok=True)
+        (snapshot / name).write_bytes(data)
+    return snapshot
+
+
+def _offline_env(cache: Path) -> dict:
+    env = {k: v for k, v in os.environ.items() if not k.startswith("HF_")}
+    return {**env, "HF_HUB_CACHE": str(cache), "HF_HUB_OFFLINE": "1"}
+
+
+@pytest.fixture
+def lerobot_repo(tmp_path):
+    """A tiny LeRobot checkpoint repo in a Hub cache: weights, the preprocessor's statistics, a tokenizer file."""
+    pytest.importorskip("huggingface_hub")
+    from vlaperf.checkpoints import save_checkpoint
+    from vlaperf.models.pi0 import build_model
+
+    cache = tmp_path / "cache"
+    weights = tmp_path / "w"
+    save_checkpoint(build_model("tiny", seed=3), weights, layout="lerobot")
+    snapshot = _cached_repo(cache, "acme/pi0_tiny", {
+        "model.safetensors": (weights / "model.safetensors").read_bytes(),
+        "tokenizer.model": b"not parsed here",
+        "assets/libero/norm_stats.json": json.dumps({"norm_stats": {"state": {"mean": [0.0] * 8, "std": [1.0] * 8}}})
+        .encode()})
+    return cache, snapshot
+
+
+def test_each_option_resolves_to_the_cached_file(lerobot_repo):
+    cache, snapshot = lerobot_repo
+    script = ("import json, vlaperf.hub as h; print(json.dumps([h.resolve(t, o) for t, o in ["
+              "('acme/pi0_tiny', '--checkpoint'), ('hf://acme/pi0_tiny@" + COMMIT + "', '--checkpoint'), "
+              "('acme/pi0_tiny', '--tokenizer'), ('hf://acme/pi0_tiny/assets/libero', '--norm-stats'), "
+              "('hf://acme/pi0_tiny/assets/libero/norm_stats.json', '--norm-stats')]]))")
+    run = subprocess.run([sys.executable, "-c", script], env=_offline_env(cache), capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == [str(snapshot), str(snapshot), str(snapshot / "tokenizer.model"),
+                                      str(snapshot / "assets" / "libero"),
+                                      str(snapshot / "assets" / "libero" / "norm_stats.json")]
+    assert f"vlaperf: --checkpoint acme/pi0_tiny: {snapshot} (commit {COMMIT[:12]})" in run.stderr
+
+
+def test_bench_and_convert_read_a_hub_checkpoint(lerobot_repo, tmp_path):
+    """The CLI end to end: the weights come from the cached repo, and the result file records its repo and
+    commit; a repo the cache lacks is exit 2 with the option, the reference and the reason."""
+    cache, snapshot = lerobot_repo
+    env = _offline_env(cache)
+    cli = [sys.executable, "-m", "vlaperf.cli"]
+    out = tmp_path / "bench.json"
+    run = subprocess.run([*cli, "bench", "--checkpoint", "acme/pi0_tiny", "--iters", "2", "--warmup", "0",
+                          "--no-progress", "--json", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(out.read_text())["variant"]["checkpoint"] == {
+        "path": str(snapshot / "model.safetensors"), "layout": "lerobot",
+        "hub": {"repo": "acme/pi0_tiny", "revision": COMMIT}}
+    run = subprocess.run([*cli, "convert", "--from", "lerobot", "--to", "openpi", "--preset", "tiny",
+                          "hf://acme/pi0_tiny", str(tmp_path / "openpi")], env=env, capture_output=True, text=True,
+                         timeout=300)
+    assert run.returncode == 0, run.stderr
+    assert f"converted {snapshot / 'model.safetensors'} (lerobot" in run.stdout
+    assert (tmp_path / "openpi" / "model.safetensors").is_file()
+    run = subprocess.run([*cli, "bench", "--checkpoint", "acme/other", "--iters", "1"], env=env, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 2
+    assert (f"vlaperf bench: error: --checkpoint acme/other: HF_HUB_OFFLINE is set and the Hub's cache ({cache}) "
+            "does not hold it") in run.stderr

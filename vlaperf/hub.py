@@ -1,0 +1,164 @@
+"""Checkpoints on the Hugging Face Hub, named as LeRobot's `--policy.path` names them.
+
+`--checkpoint`, `--norm-stats`, `--tokenizer` and `convert`'s IN take a local file or folder, or a model repo on the
+Hub:
+
+    lerobot/pi0_libero                          owner/name, where no local path of that name exists
+    hf://lerobot/pi0_libero@<revision>          a branch, tag or commit (default: main)
+    hf://owner/name/assets/libero/norm_stats.json   one file or folder inside the repo
+
+A local path always wins. Only the files the option reads are fetched (`WANTED`), through huggingface_hub into its
+cache, so HF_HOME / HF_HUB_CACHE, HF_TOKEN (gated or private repos) and HF_HUB_OFFLINE=1 (the cache only) apply as
+they do for LeRobot. The option then reads the cached file; result files record the repo and the commit it came from
+(`origin`).
+"""
+
+from __future__ import annotations
+
+import re
+import sys
+from dataclasses import dataclass
+from pathlib import Path, PurePosixPath
+
+PREFIX = "hf://"
+_NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"  # an owner's or a repo's name, as the Hub spells them
+BARE_REPO = re.compile(rf"{_NAME}/{_NAME}")
+_COMMIT = re.compile(r"[0-9a-f]{40}")
+
+# What each option reads from a repo (or from a folder inside it), and so all that is fetched. A checkpoint repo of
+# LeRobot's or of openpi's PyTorch layout holds a model.safetensors; LeRobot keeps its statistics in the
+# preprocessor's files, openpi in norm_stats.json; PaliGemma's tokenizer repos name the sentencepiece model
+# tokenizer.model.
+WANTED = {
+    "--checkpoint": ("model.safetensors",),
+    "--norm-stats": ("norm_stats.json", "policy_preprocessor*.json", "policy_preprocessor*.safetensors"),
+    "--tokenizer": ("tokenizer.model",),
+    "IN": ("model.safetensors",),
+}
+
+
+class HubError(ValueError):
+    """A Hub reference that cannot be read: the message names the option, the reference and what to do."""
+
+
+@dataclass(frozen=True)
+class HubRef:
+    repo: str  # owner/name
+    revision: str | None  # None: the repo's main branch
+    path: str | None  # a file or folder inside the repo; None: the repo's root
+    explicit: bool  # written with hf://; a bare owner/name is read from the Hub only where no local path exists
+
+
+def parse(text: str) -> HubRef | None:
+    """`text` as a Hub reference, or None where it is not one (then it is a local path, found or not).
+    HubError for an hf:// reference that is malformed."""
+    if text.startswith(PREFIX):
+        parts = text[len(PREFIX):].split("/")
+        name, at, revision = parts[1].partition("@") if len(parts) >= 2 else ("", "", "")
+        inner = [p for p in parts[2:] if p]
+        if not (re.fullmatch(_NAME, parts[0]) and re.fullmatch(_NAME, name)) or (at and not revision) \
+                or any(p in (".", "..") for p in inner):
+            raise HubError(f"{text!r}: expected hf://owner/name, hf://owner/name@revision or hf://owner/name/path "
+                           "inside the repo")
+        return HubRef(f"{parts[0]}/{name}", revision or None, "/".join(inner) or None, explicit=True)
+    if BARE_REPO.fullmatch(text) and ".." not in text:
+        return HubRef(text, None, None, explicit=False)
+    return None
+
+
+def resolve(text: str | None, option: str) -> str | None:
+    """The local path `option` should read for `text`: `text` itself where it is a local path (found or not, so
+    that the option's own error names it), else the Hub file or folder fetched into the cache. HubError says why a
+    reference could not be fetched."""
+    if text is None or Path(text).exists():
+        return text
+    try:
+        ref = parse(text)
+    except HubError as e:
+        raise HubError(f"{option} {e}") from None
+    if ref is None:
+        return text
+    try:
+        import huggingface_hub  # noqa: F401  (optional: vlaperf[hub])
+    except ImportError:
+        where = "" if ref.explicit else "no such file or folder here, and "
+        raise HubError(f"{option} {text}: {where}reading a Hugging Face Hub repo needs huggingface_hub "
+                       "(pip install 'vlaperf[hub]')") from None
+    return str(fetch(ref, option, text))
+
+
+def fetch(ref: HubRef, option: str, text: str) -> Path:
+    """Fetch what `option` reads of `ref` into the Hub's cache; the local file or folder."""
+    from huggingface_hub import hf_hub_download, snapshot_download
+
+    wanted = WANTED[option]
+    print(f"vlaperf: {option} {text}: {', '.join(wanted) if ref.path is None else ref.path} from the Hugging Face "
+          f"Hub repo {ref.repo}{'@' + ref.revision if ref.revision else ''} (files in its cache are reused)",
+          file=sys.stderr, flush=True)
+    is_file = ref.path is not None and PurePosixPath(ref.path).suffix != ""
+    try:
+        if is_file:
+            local = Path(hf_hub_download(ref.repo, ref.path, revision=ref.revision))
+        elif option == "--tokenizer" and ref.path is None:  # one file, which the repo must have
+            local = Path(hf_hub_download(ref.repo, wanted[0], revision=ref.revision))
+        else:
+            patterns = [p if ref.path is None else f"{ref.path}/{p}" for p in wanted]
+            folder = Path(snapshot_download(ref.repo, revision=ref.revision, allow_patterns=patterns))
+            local = folder / ref.path if ref.path else folder
+            found = [p.name for p in local.glob("*") if p.is_file()] if local.is_dir() else []
+            if not found:
+                raise HubError(f"{option} {text}: the repo {ref.repo} ({origin(folder)['revision'][:12]}) has none of "
+                               f"{', '.join(wanted)}{' in ' + ref.path if ref.path else ''}")
+    except HubError:
+        raise
+    except Exception as e:  # huggingface_hub's errors: not found, gated, offline and not cached, HTTP
+        raise HubError(f"{option} {text}: {explain(e, ref)}") from None
+    where = origin(local)
+    print(f"vlaperf: {option} {text}: {local}" + (f" (commit {where['revision'][:12]})" if where else ""),
+          file=sys.stderr, flush=True)
+    return local
+
+
+def explain(e: Exception, ref: HubRef) -> str:
+    """One line for a failed fetch, with what the user can do about it."""
+    from huggingface_hub import constants
+    from huggingface_hub import utils as errors  # (where huggingface_hub 0.24 to 2.x all export these)
+
+    first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    if isinstance(e, errors.GatedRepoError):
+        return (f"the repo {ref.repo} is gated: accept its terms on huggingface.co, then log in (`hf auth login` or "
+                "HF_TOKEN)")
+    if isinstance(e, errors.RepositoryNotFoundError):
+        return (f"no model repo {ref.repo} on the Hugging Face Hub (or it is private: log in with `hf auth login` or "
+                "HF_TOKEN); a local path of that name does not exist either")
+    if isinstance(e, errors.RevisionNotFoundError):
+        return f"the repo {ref.repo} has no revision {ref.revision!r}"
+    if isinstance(e, errors.LocalEntryNotFoundError):  # not cached, and offline or the Hub unreachable
+        offline = constants.is_offline_mode() if hasattr(constants, "is_offline_mode") else constants.HF_HUB_OFFLINE
+        if offline:
+            return f"HF_HUB_OFFLINE is set and the Hub's cache ({constants.HF_HUB_CACHE}) does not hold it"
+        return f"the Hub could not be reached ({first}) and its cache ({constants.HF_HUB_CACHE}) does not hold it"
+    if isinstance(e, errors.EntryNotFoundError):
+        return f"the repo {ref.repo} has no file {ref.path or WANTED['--tokenizer'][0]!r}"
+    return f"{type(e).__name__}: {first}"
+
+
+def origin(path: str | Path) -> dict | None:
+    """{"repo", "revision"} where `path` lies in the Hub's cache (.../models--owner--name/snapshots/<commit>/...),
+    else None: what a result file records of a checkpoint fetched from the Hub."""
+    parts = Path(path).parts
+    for i in range(len(parts) - 2):
+        if parts[i].startswith("models--") and parts[i + 1] == "snapshots" and _COMMIT.fullmatch(parts[i + 2]):
+            owner_name = parts[i][len("models--"):].split("--", 1)
+            if len(owner_name) == 2:
+                return {"repo": "/".join(owner_name), "revision": parts[i + 2]}
+    return None
+
+
+def resolve_args(args) -> None:
+    """The path options of a parsed command line, Hub references replaced by the fetched local paths (in place)."""
+    for attr, option in (("checkpoint", "--checkpoint"), ("norm_stats", "--norm-stats"), ("tokenizer", "--tokenizer"),
+                         ("src", "IN")):
+        value = getattr(args, attr, None)
+        if isinstance(value, str):
+            setattr(args, attr, resolve(value, option))
