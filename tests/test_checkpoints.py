@@ -376,3 +376,39 @@ def test_read_model_tensors_keeps_the_files_dtypes_and_loads_nothing(tmp_path):
     assert load_checkpoint(target, path) == report  # the same report, through the one read
     with pytest.raises(CheckpointError, match="unknown checkpoint layout 'safetensors'"):
         read_model_tensors(path, {}, False, layout="safetensors")
+
+
+def test_lerobots_config_sets_the_chunk_and_refuses_the_other_family(tmp_path, capsys):
+    """The chunk a checkpoint was trained with is not in its weights; LeRobot's config.json beside them says it.
+    The run takes it (a note where the workload's differs), an --action-horizon against it is exit 2, a pi0.5
+    policy's folder on a pi0 workload is refused before the build, and another program's config.json is ignored."""
+    import json
+
+    from vlaperf.checkpoints import lerobot_config
+    from vlaperf.cli import main
+
+    folder = tmp_path / "ckpt"
+    save_checkpoint(build_model("tiny", seed=1), folder, layout="lerobot")
+    (folder / "config.json").write_text(json.dumps({"type": "pi0", "chunk_size": 5, "n_action_steps": 5}))
+    assert lerobot_config(folder / "model.safetensors") == {"type": "pi0", "chunk_size": 5,
+                                                            "path": str(folder / "config.json")}
+    out = tmp_path / "b.json"
+    bench = ["bench", "--workload", "tiny", "--checkpoint", str(folder), "--iters", "1", "--warmup", "0",
+             "--no-progress"]
+    assert main([*bench, "--json", str(out)]) == 0
+    assert json.loads(out.read_text())["workload"]["overrides"] == {"horizon": 5}
+    assert f"vlaperf: 5 actions a chunk, as the checkpoint was trained ({folder / 'config.json'}); workload tiny " \
+           "has 10" in capsys.readouterr().err
+    assert main([*bench, "--action-horizon", "5"]) == 0  # agreeing with it is fine
+    assert main([*bench, "--action-horizon", "8"]) == 2
+    assert ("--action-horizon 8: the checkpoint was trained with 5 actions a chunk (chunk_size in "
+            f"{folder / 'config.json'})") in capsys.readouterr().err
+    (folder / "config.json").write_text(json.dumps({"type": "pi05", "chunk_size": 10}))
+    assert main(bench) == 2
+    assert "--checkpoint: a LeRobot pi0.5 policy" in capsys.readouterr().err
+    (folder / "config.json").write_text(json.dumps({"type": "pi0", "chunk_size": "50"}))
+    assert main(bench) == 2
+    assert "LeRobot's pi0 config with chunk_size '50'; expected a positive integer" in capsys.readouterr().err
+    (folder / "config.json").write_text(json.dumps({"model_type": "paligemma", "chunk_size": 3}))  # not LeRobot's
+    assert lerobot_config(folder) is None
+    assert main(bench) == 0

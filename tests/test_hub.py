@@ -102,6 +102,7 @@ def lerobot_repo(tmp_path):
     save_checkpoint(build_model("tiny", seed=3), weights, layout="lerobot")
     snapshot = _cached_repo(cache, "acme/pi0_tiny", {
         "model.safetensors": (weights / "model.safetensors").read_bytes(),
+        "config.json": json.dumps({"type": "pi0", "chunk_size": 5}).encode(),  # LeRobot's: the chunk it was trained with
         "tokenizer.model": b"not parsed here",
         "assets/libero/norm_stats.json": json.dumps({"norm_stats": {"state": {"mean": [0.0] * 8, "std": [1.0] * 8}}})
         .encode()})
@@ -124,8 +125,8 @@ def test_each_option_resolves_to_the_cached_file(lerobot_repo):
 
 
 def test_bench_and_convert_read_a_hub_checkpoint(lerobot_repo, tmp_path):
-    """The CLI end to end: the weights come from the cached repo, and the result file records its repo and
-    commit; a repo the cache lacks is exit 2 with the option, the reference and the reason."""
+    """The CLI end to end: the weights and LeRobot's config come from the cached repo, and the result file records
+    its repo and commit; a repo the cache lacks is exit 2 with the option, the reference and the reason."""
     cache, snapshot = lerobot_repo
     env = _offline_env(cache)
     cli = [sys.executable, "-m", "vlaperf.cli"]
@@ -133,9 +134,11 @@ def test_bench_and_convert_read_a_hub_checkpoint(lerobot_repo, tmp_path):
     run = subprocess.run([*cli, "bench", "--checkpoint", "acme/pi0_tiny", "--iters", "2", "--warmup", "0",
                           "--no-progress", "--json", str(out)], env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
-    assert json.loads(out.read_text())["variant"]["checkpoint"] == {
+    result = json.loads(out.read_text())
+    assert result["variant"]["checkpoint"] == {
         "path": str(snapshot / "model.safetensors"), "layout": "lerobot",
         "hub": {"repo": "acme/pi0_tiny", "revision": COMMIT}}
+    assert result["workload"]["overrides"] == {"horizon": 5}  # the repo's config.json came with the weights
     run = subprocess.run([*cli, "convert", "--from", "lerobot", "--to", "openpi", "--preset", "tiny",
                           "hf://acme/pi0_tiny", str(tmp_path / "openpi")], env=env, capture_output=True, text=True,
                          timeout=300)

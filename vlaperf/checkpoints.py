@@ -17,6 +17,7 @@ detected from the folder).
 from __future__ import annotations
 
 import contextlib
+import json
 import os
 from pathlib import Path
 
@@ -54,6 +55,26 @@ def checkpoint_file(path: str | os.PathLike) -> Path:
         raise CheckpointError(f"checkpoint not found: {p} (expected a model.safetensors file or a folder holding one"
                               f"{hint})")
     return p
+
+
+def lerobot_config(path: str | os.PathLike) -> dict | None:
+    """LeRobot's `config.json` beside a checkpoint's model.safetensors, where it is a pi0 or pi0.5 policy's: {"type":
+    "pi0" | "pi05", "chunk_size": actions a chunk, "path"}. None where there is none (openpi's files, a bare file,
+    another program's config.json). The chunk a checkpoint was trained with is not in its weights; LeRobot's
+    config says it. CheckpointError where the file is LeRobot's and its chunk_size is not a positive integer."""
+    p = Path(path)
+    doc_path = (p if p.is_dir() else p.parent) / "config.json"
+    try:
+        doc = json.loads(doc_path.read_text())
+    except (OSError, ValueError):  # none, or not JSON: not LeRobot's
+        return None
+    if not isinstance(doc, dict) or doc.get("type") not in ("pi0", "pi05"):
+        return None
+    chunk = doc.get("chunk_size")
+    if isinstance(chunk, bool) or not isinstance(chunk, int) or chunk < 1:
+        raise CheckpointError(f"{doc_path}: LeRobot's {doc['type']} config with chunk_size {chunk!r}; expected a "
+                              "positive integer")
+    return {"type": doc["type"], "chunk_size": chunk, "path": str(doc_path)}
 
 
 def read_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:

@@ -167,15 +167,25 @@ def resolve_shape(args, base):
 
     conventions = get_conventions(getattr(args, "conventions", None))
     horizon = getattr(args, "action_horizon", None)
+    horizon_from = f"--action-horizon {horizon}"
     if conventions.action_horizon is not None:
         if horizon is not None and horizon != conventions.action_horizon:
             raise CliError(f"--action-horizon {horizon}: --conventions {conventions.name} were trained with "
                            f"{conventions.action_horizon} actions a chunk")
-        horizon = conventions.action_horizon
+        horizon, horizon_from = conventions.action_horizon, f"--conventions {conventions.name}"
     config = base.model_config()
     why = conventions.fits(config.pi05, base.layout)
     if why is not None:
         raise CliError(f"--conventions: {why} (workload {base.id})")
+    trained = checkpoint_config(args, base, config.pi05)
+    if trained is not None:  # LeRobot's config.json says the chunk the checkpoint was trained with
+        if horizon is not None and horizon != trained["chunk_size"]:
+            raise CliError(f"{horizon_from}: the checkpoint was trained with {trained['chunk_size']} actions a chunk "
+                           f"(chunk_size in {trained['path']})")
+        if trained["chunk_size"] != base.horizon and horizon is None:
+            print(f"vlaperf: {trained['chunk_size']} actions a chunk, as the checkpoint was trained ({trained['path']}); "
+                  f"workload {base.id} has {base.horizon}", file=sys.stderr)
+        horizon = trained["chunk_size"]
     if horizon is not None and horizon != base.horizon:
         config = get_config(base.preset, action_horizon=horizon)
     try:
@@ -184,6 +194,25 @@ def resolve_shape(args, base):
     except ValueError as e:
         raise CliError(str(e)) from None
     return workload, config
+
+
+def checkpoint_config(args, base, pi05: bool) -> dict | None:
+    """LeRobot's config.json beside --checkpoint (`checkpoints.lerobot_config`), checked against the workload's
+    model family; None where there is none. CliError names --checkpoint."""
+    path = getattr(args, "checkpoint", None)
+    if not path:
+        return None
+    from vlaperf.checkpoints import CheckpointError, lerobot_config
+
+    try:
+        found = lerobot_config(path)
+    except CheckpointError as e:
+        raise CliError(f"--checkpoint: {e}") from None
+    if found is not None and (found["type"] == "pi05") != pi05:
+        family = "pi0.5" if found["type"] == "pi05" else "pi0"
+        raise CliError(f"--checkpoint: a LeRobot {family} policy ({found['path']}); workload {base.id} is "
+                       f"{'pi0.5' if pi05 else 'pi0'}: pick a {family} workload (vlaperf workloads)")
+    return found
 
 
 def wide_console(min_width: int = 120):

@@ -30,10 +30,10 @@ _COMMIT = re.compile(r"[0-9a-f]{40}")
 # preprocessor's files, openpi in norm_stats.json; PaliGemma's tokenizer repos name the sentencepiece model
 # tokenizer.model.
 WANTED = {
-    "--checkpoint": ("model.safetensors",),
+    "--checkpoint": ("model.safetensors", "config.json"),  # LeRobot's config: the chunk it was trained with
     "--norm-stats": ("norm_stats.json", "policy_preprocessor*.json", "policy_preprocessor*.safetensors"),
     "--tokenizer": ("tokenizer.model",),
-    "IN": ("model.safetensors",),
+    "IN": ("model.safetensors",),  # convert
 }
 
 
@@ -105,10 +105,12 @@ def fetch(ref: HubRef, option: str, text: str) -> Path:
             patterns = [p if ref.path is None else f"{ref.path}/{p}" for p in wanted]
             folder = Path(snapshot_download(ref.repo, revision=ref.revision, allow_patterns=patterns))
             local = folder / ref.path if ref.path else folder
-            found = [p.name for p in local.glob("*") if p.is_file()] if local.is_dir() else []
-            if not found:
-                raise HubError(f"{option} {text}: the repo {ref.repo} ({origin(folder)['revision'][:12]}) has none of "
-                               f"{', '.join(wanted)}{' in ' + ref.path if ref.path else ''}")
+            need = wanted[:1] if option in ("--checkpoint", "IN") else wanted  # the weights; else any of them
+            if not any(local.glob(pattern) for pattern in need):
+                commit = (origin(folder) or {}).get("revision", "")[:12]
+                raise HubError(f"{option} {text}: the repo {ref.repo}{' (' + commit + ')' if commit else ''} has "
+                               f"{'no' if len(need) == 1 else 'none of'} {', '.join(need)}"
+                               f"{' in ' + ref.path if ref.path else ''}")
     except HubError:
         raise
     except Exception as e:  # huggingface_hub's errors: not found, gated, offline and not cached, HTTP
