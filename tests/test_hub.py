@@ -150,3 +150,24 @@ def test_bench_and_convert_read_a_hub_checkpoint(lerobot_repo, tmp_path):
     assert run.returncode == 2
     assert (f"vlaperf bench: error: --checkpoint acme/other: HF_HUB_OFFLINE is set and the Hub's cache ({cache}) "
             "does not hold it") in run.stderr
+
+
+def test_each_hub_failure_says_what_to_do():
+    """huggingface_hub's errors, one line each (built without a response: no network here)."""
+    errors = pytest.importorskip("huggingface_hub.utils")
+    from vlaperf.hub import explain
+
+    def error(cls):
+        e = cls.__new__(cls)
+        Exception.__init__(e, "from the Hub")
+        return e
+
+    bare, pinned = HubRef("o/n", None, None, explicit=False), HubRef("o/n", "v9", None, explicit=True)
+    assert explain(error(errors.GatedRepoError), bare) == (
+        "the repo o/n is gated: accept its terms on huggingface.co, then log in (`hf auth login` or HF_TOKEN)")
+    assert explain(error(errors.RepositoryNotFoundError), bare).endswith(
+        "HF_TOKEN); a local path of that name does not exist either")
+    assert explain(error(errors.RepositoryNotFoundError), pinned) == (
+        "no model repo o/n on the Hugging Face Hub (or it is private: log in with `hf auth login` or HF_TOKEN)")
+    assert explain(error(errors.RevisionNotFoundError), pinned) == "the repo o/n has no revision 'v9'"
+    assert explain(RuntimeError("first line\nsecond"), bare) == "RuntimeError: first line"

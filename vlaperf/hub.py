@@ -132,7 +132,7 @@ def explain(e: Exception, ref: HubRef) -> str:
                 "HF_TOKEN)")
     if isinstance(e, errors.RepositoryNotFoundError):
         return (f"no model repo {ref.repo} on the Hugging Face Hub (or it is private: log in with `hf auth login` or "
-                "HF_TOKEN); a local path of that name does not exist either")
+                "HF_TOKEN)" + ("" if ref.explicit else "; a local path of that name does not exist either"))
     if isinstance(e, errors.RevisionNotFoundError):
         return f"the repo {ref.repo} has no revision {ref.revision!r}"
     if isinstance(e, errors.LocalEntryNotFoundError):  # not cached, and offline or the Hub unreachable
