@@ -2,8 +2,8 @@
 reply comes after a wait in a worker thread, as a policy call's does.
 
 Two processes on one host, asyncio on both ends (as `vlaperf serve` and `vlaperf loadgen`): the client sends an
-observation-sized message (msgpack, `--kb` KB) and waits for a small reply; the server hands the request to a worker
-thread that sleeps `--work-ms` (the policy call's stand-in) and sets the reply's future through the event loop's
+observation-sized message (msgpack, `--kb` KB) and waits for a small reply; the server hands the request to one
+long-lived worker thread that sleeps `--work-ms` (the policy call's stand-in) and sets the reply's future through the event loop's
 `call_soon_threadsafe`, as `vlaperf.serve` does. With `--work-ms 0` the calls come back to back (session 59's bare
 echo); with a wait like a policy call's, both ends sit idle that long before they wake. Printed and written (--json):
 the round trip's median and p90, and the median of each round trip less the server's measured wait (the time
@@ -18,6 +18,7 @@ import argparse
 import asyncio
 import json
 import multiprocessing as mp
+import queue
 import statistics
 import threading
 import time
@@ -27,20 +28,25 @@ import websockets
 
 
 def serve(port: int, ready) -> None:
+    jobs: queue.Queue = queue.Queue()
+
+    def worker():  # one long-lived thread, as the server's policy thread
+        while True:
+            loop, future, wait_s = jobs.get()
+            t0 = time.perf_counter()
+            time.sleep(wait_s)  # (overshoots by tens of us: the reply says how long it was)
+            slept_ms = (time.perf_counter() - t0) * 1000.0
+            loop.call_soon_threadsafe(future.set_result, {"actions": b"\0" * 1400, "slept_ms": slept_ms})
+
+    threading.Thread(target=worker, daemon=True).start()
+
     async def main():
         async def handler(ws):
             loop = asyncio.get_running_loop()
             async for message in ws:
                 request = msgpack.unpackb(message)
                 future = loop.create_future()
-
-                def work(wait_s=request["work_ms"] / 1000.0):
-                    t0 = time.perf_counter()
-                    time.sleep(wait_s)  # (overshoots by tens of us: the reply says how long it was)
-                    slept_ms = (time.perf_counter() - t0) * 1000.0
-                    loop.call_soon_threadsafe(future.set_result, {"actions": b"\0" * 1400, "slept_ms": slept_ms})
-
-                threading.Thread(target=work, daemon=True).start()
+                jobs.put((loop, future, request["work_ms"] / 1000.0))
                 await ws.send(msgpack.packb(await future))
 
         async with websockets.serve(handler, "127.0.0.1", port, max_size=None, compression=None):
