@@ -102,7 +102,7 @@ def lerobot_repo(tmp_path):
     save_checkpoint(build_model("tiny", seed=3), weights, layout="lerobot")
     snapshot = _cached_repo(cache, "acme/pi0_tiny", {
         "model.safetensors": (weights / "model.safetensors").read_bytes(),
-        "config.json": json.dumps({"type": "pi0", "chunk_size": 5}).encode(),  # LeRobot's: the chunk it was trained with
+        "config.json": json.dumps({"type": "pi0", "chunk_size": 5}).encode(),  # LeRobot's: the chunk trained with
         "tokenizer.model": b"not parsed here",
         "assets/libero/norm_stats.json": json.dumps({"norm_stats": {"state": {"mean": [0.0] * 8, "std": [1.0] * 8}}})
         .encode()})
@@ -131,8 +131,9 @@ def test_bench_and_convert_read_a_hub_checkpoint(lerobot_repo, tmp_path):
     env = _offline_env(cache)
     cli = [sys.executable, "-m", "vlaperf.cli"]
     out = tmp_path / "bench.json"
-    run = subprocess.run([*cli, "bench", "--checkpoint", "acme/pi0_tiny", "--iters", "2", "--warmup", "0",
-                          "--no-progress", "--json", str(out)], env=env, capture_output=True, text=True, timeout=300)
+    bench = [*cli, "bench", "--workload", "tiny", "--checkpoint", "acme/pi0_tiny", "--iters", "2", "--warmup", "0",
+             "--no-progress", "--json", str(out)]
+    run = subprocess.run(bench, env=env, capture_output=True, text=True, timeout=300)
     assert run.returncode == 0, run.stderr
     result = json.loads(out.read_text())
     assert result["variant"]["checkpoint"] == {
@@ -145,8 +146,8 @@ def test_bench_and_convert_read_a_hub_checkpoint(lerobot_repo, tmp_path):
     assert run.returncode == 0, run.stderr
     assert f"converted {snapshot / 'model.safetensors'} (lerobot" in run.stdout
     assert (tmp_path / "openpi" / "model.safetensors").is_file()
-    run = subprocess.run([*cli, "bench", "--checkpoint", "acme/other", "--iters", "1"], env=env, capture_output=True,
-                         text=True, timeout=300)
+    run = subprocess.run([*cli, "bench", "--workload", "tiny", "--checkpoint", "acme/other", "--iters", "1"], env=env,
+                         capture_output=True, text=True, timeout=300)
     assert run.returncode == 2
     assert (f"vlaperf bench: error: --checkpoint acme/other: HF_HUB_OFFLINE is set and the Hub's cache ({cache}) "
             "does not hold it") in run.stderr

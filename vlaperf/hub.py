@@ -89,36 +89,61 @@ def resolve(text: str | None, option: str) -> str | None:
 
 def fetch(ref: HubRef, option: str, text: str) -> Path:
     """Fetch what `option` reads of `ref` into the Hub's cache; the local file or folder."""
-    from huggingface_hub import hf_hub_download, snapshot_download
-
     wanted = WANTED[option]
     print(f"vlaperf: {option} {text}: {', '.join(wanted) if ref.path is None else ref.path} from the Hugging Face "
           f"Hub repo {ref.repo}{'@' + ref.revision if ref.revision else ''} (files in its cache are reused)",
           file=sys.stderr, flush=True)
-    is_file = ref.path is not None and PurePosixPath(ref.path).suffix != ""
     try:
-        if is_file:
-            local = Path(hf_hub_download(ref.repo, ref.path, revision=ref.revision))
-        elif option == "--tokenizer" and ref.path is None:  # one file, which the repo must have
-            local = Path(hf_hub_download(ref.repo, wanted[0], revision=ref.revision))
-        else:
-            patterns = [p if ref.path is None else f"{ref.path}/{p}" for p in wanted]
-            folder = Path(snapshot_download(ref.repo, revision=ref.revision, allow_patterns=patterns))
-            local = folder / ref.path if ref.path else folder
-            need = wanted[:1] if option in ("--checkpoint", "IN") else wanted  # the weights; else any of them
-            if not any(local.glob(pattern) for pattern in need):
-                commit = (origin(folder) or {}).get("revision", "")[:12]
-                raise HubError(f"{option} {text}: the repo {ref.repo}{' (' + commit + ')' if commit else ''} has "
-                               f"{'no' if len(need) == 1 else 'none of'} {', '.join(need)}"
-                               f"{' in ' + ref.path if ref.path else ''}")
+        local = _download(ref, option, text)
     except HubError:
         raise
     except Exception as e:  # huggingface_hub's errors: not found, gated, offline and not cached, HTTP
-        raise HubError(f"{option} {text}: {explain(e, ref)}") from None
+        local = _from_cache(ref, option, text) if _unreachable(e) else None
+        if local is None:
+            raise HubError(f"{option} {text}: {explain(e, ref)}") from None
     where = origin(local)
     print(f"vlaperf: {option} {text}: {local}" + (f" (commit {where['revision'][:12]})" if where else ""),
           file=sys.stderr, flush=True)
     return local
+
+
+def _download(ref: HubRef, option: str, text: str, local_files_only: bool = False) -> Path:
+    from huggingface_hub import hf_hub_download, snapshot_download
+
+    wanted = WANTED[option]
+    if ref.path is not None and PurePosixPath(ref.path).suffix != "":  # one file
+        return Path(hf_hub_download(ref.repo, ref.path, revision=ref.revision, local_files_only=local_files_only))
+    if option == "--tokenizer" and ref.path is None:  # one file, which the repo must have
+        return Path(hf_hub_download(ref.repo, wanted[0], revision=ref.revision, local_files_only=local_files_only))
+    patterns = [p if ref.path is None else f"{ref.path}/{p}" for p in wanted]
+    folder = Path(snapshot_download(ref.repo, revision=ref.revision, allow_patterns=patterns,
+                                    local_files_only=local_files_only))
+    local = folder / ref.path if ref.path else folder
+    need = wanted[:1] if option in ("--checkpoint", "IN") else wanted  # the weights; else any of them
+    if not any(local.glob(pattern) for pattern in need):
+        commit = (origin(folder) or {}).get("revision", "")[:12]
+        raise HubError(f"{option} {text}: the repo {ref.repo}{' (' + commit + ')' if commit else ''} has "
+                       f"{'no' if len(need) == 1 else 'none of'} {', '.join(need)}"
+                       f"{' in ' + ref.path if ref.path else ''}")
+    return local
+
+
+def _from_cache(ref: HubRef, option: str, text: str) -> Path | None:
+    """What the cache holds, asked for without the Hub (some huggingface_hub versions ask the Hub for a pinned
+    commit's file list even where the cache has the commit); None where it holds nothing."""
+    try:
+        return _download(ref, option, text, local_files_only=True)
+    except HubError:
+        raise
+    except Exception:
+        return None
+
+
+def _unreachable(e: Exception) -> bool:
+    """The Hub not asked (HF_HUB_OFFLINE) or not reached, rather than an answer from it."""
+    from huggingface_hub import utils as errors
+
+    return isinstance(e, (errors.OfflineModeIsEnabled, errors.LocalEntryNotFoundError, ConnectionError, TimeoutError))
 
 
 def explain(e: Exception, ref: HubRef) -> str:
@@ -135,7 +160,7 @@ def explain(e: Exception, ref: HubRef) -> str:
                 "HF_TOKEN)" + ("" if ref.explicit else "; a local path of that name does not exist either"))
     if isinstance(e, errors.RevisionNotFoundError):
         return f"the repo {ref.repo} has no revision {ref.revision!r}"
-    if isinstance(e, errors.LocalEntryNotFoundError):  # not cached, and offline or the Hub unreachable
+    if isinstance(e, (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled)):  # not cached; offline or unreached
         offline = constants.is_offline_mode() if hasattr(constants, "is_offline_mode") else constants.HF_HUB_OFFLINE
         if offline:
             return f"HF_HUB_OFFLINE is set and the Hub's cache ({constants.HF_HUB_CACHE}) does not hold it"
