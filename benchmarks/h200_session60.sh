@@ -17,6 +17,14 @@
 #            4) on an H200 only, the headline: libero-pi0 `best` in four processes (prediction 12.7-13.0 ms, as
 #               session 48's 12.86). Last, so that a call cut by its limit loses this one first.
 #   PART=g   1) to 3) only (a budget of ~450 s).
+#   Session 60, after part f ran on an H200 (20:17-20:23, at a169692; all five steps; test_hub's two failures fixed
+#   in d839a6e: huggingface_hub 1.33 there asks the Hub for a pinned commit's file list offline, and a test lacked
+#   --workload tiny):
+#   PART=h   1) tests/test_hub.py and tests/test_checkpoints.py on the GPU machine. Prediction: all pass (the Hub
+#               tests now read the cache with local_files_only where the Hub is offline; reproduced and passing on
+#               the CPU machine under huggingface_hub 1.33.0).
+#            2) on an H200 only, libero-pi0 `best` in policy mode (the served call in-process), four processes.
+#               Prediction: 14.0-14.4 ms, as session 48's 14.05-14.34 at the same kernels and host stages.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=f bash benchmarks/h200_session60.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P
@@ -48,6 +56,14 @@ f|g)
       echo "200 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s60-4proc_model.json"
     fi
   } | lane A 0 60 &
+  ;;
+h)
+  {
+    echo "120 $P -q -n 8 --timeout 110 tests/test_hub.py tests/test_checkpoints.py 2>&1 | tee $R/pytest_gpu_s60h1.log | tail -5"
+    if echo "$GPU_NAME" | grep -q H200; then
+      echo "240 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s60-4proc_policy.json"
+    fi
+  } | lane A 0 40 &
   ;;
 *) echo "unknown PART=${PART}"; exit 2 ;;
 esac
