@@ -1509,7 +1509,7 @@ def test_request_error_messages_are_bounded_and_loopback_names_are_known():
 
 def test_checkpoint_metadata_names_the_file_not_its_path():
     """The metadata goes to remote clients: it names the checkpoint file and its layout, never the server's
-    directories; random weights are None."""
+    directories, and a Hub checkpoint's repo and commit; random weights are None."""
     from types import SimpleNamespace
 
     from vlaperf.serve.server import checkpoint_metadata
@@ -1518,6 +1518,10 @@ def test_checkpoint_metadata_names_the_file_not_its_path():
                                         "layout": "openpi"})
     assert checkpoint_metadata(model) == {"name": "model.safetensors", "layout": "openpi"}
     assert checkpoint_metadata(SimpleNamespace(checkpoint=None)) is None and checkpoint_metadata(None) is None
+    hub = {"repo": "lerobot/pi0_libero", "revision": "0123456789abcdef0123456789abcdef01234567"}
+    model.checkpoint = {"path": "/home/alice/.cache/huggingface/hub/models--lerobot--pi0_libero/snapshots/"
+                                f"{hub['revision']}/model.safetensors", "layout": "lerobot", "hub": hub}
+    assert checkpoint_metadata(model) == {"name": "model.safetensors", "layout": "lerobot", "hub": hub}
 
 
 @pytest.mark.parametrize("kwargs,message", [
@@ -2271,6 +2275,18 @@ def test_print_serve_describes_the_pi0_server(server):
     for row in (f"action chunk │ {H} x {D} float32", "tokenizer WordHashTokenizer; normalization none (model units)",
                 "up to 8 per call, wait <= 100 ms", "levers │ reference"):
         assert row in out, out
+    assert "checkpoint" not in out  # random weights
+    hub = {"repo": "lerobot/pi0_libero", "revision": "0123456789abcdef0123456789abcdef01234567"}
+    before = dict(server.metadata)
+    server.metadata["checkpoint"] = {"name": "model.safetensors", "layout": "lerobot", "hub": hub}
+    try:
+        buf = io.StringIO()
+        print_serve(server, Console(file=buf, width=300))
+    finally:
+        server.metadata.clear()
+        server.metadata.update(before)
+    out = " ".join(buf.getvalue().split())
+    assert "checkpoint │ model.safetensors (lerobot) from lerobot/pi0_libero@0123456789ab" in out
 
 
 # ----------------------------------------------------------------------------- keep-warm

@@ -578,7 +578,9 @@ def print_serve(server, console=None) -> None:
                                   f"{m['rtc']['execution_horizon']}, max guidance weight "
                                   f"{m['rtc']['max_guidance_weight']:g}, {m['rtc']['schedule']} schedule")]
           if m.get("rtc") else []),
-        *([("checkpoint", f"{m['checkpoint']['name']} ({m['checkpoint']['layout']})")] if m.get("checkpoint") else []),
+        *([("checkpoint", f"{m['checkpoint']['name']} ({m['checkpoint']['layout']})"
+                          + (f" from {m['checkpoint']['hub']['repo']}@{m['checkpoint']['hub']['revision'][:12]}"
+                             if m["checkpoint"].get("hub") else ""))] if m.get("checkpoint") else []),
         *([("sampler", ", ".join(f"{k} {v}" for k, v in m["sampler"].items()))] if "sampler" in m else []),
         ("levers", ",".join(m.get("levers") or []) or "reference"),
         ("batching", f"up to {server.max_batch} per call, wait <= {server.max_wait_ms:g} ms"),

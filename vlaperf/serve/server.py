@@ -160,14 +160,18 @@ def is_loopback(host: str) -> bool:
         return False
 
 
-
 def checkpoint_metadata(model) -> dict | None:
     """Where the served weights came from, for clients and their result files: the file's name and layout
-    (not its path: the metadata goes to remote clients too); None for random weights."""
+    (not its path: the metadata goes to remote clients too) and, for weights from the Hugging Face Hub, the repo
+    and commit (`vlaperf.hub.origin`); None for random weights."""
     ckpt = getattr(model, "checkpoint", None)
     if not isinstance(ckpt, dict):
         return None
-    return {"name": Path(str(ckpt.get("path", ""))).name, "layout": ckpt.get("layout")}
+    out = {"name": Path(str(ckpt.get("path", ""))).name, "layout": ckpt.get("layout")}
+    if isinstance(ckpt.get("hub"), dict):
+        out["hub"] = {"repo": ckpt["hub"].get("repo"), "revision": ckpt["hub"].get("revision")}
+    return out
+
 
 class PolicyServer:
     def __init__(
