@@ -182,9 +182,10 @@ def resolve_shape(args, base):
         if horizon is not None and horizon != trained["chunk_size"]:
             raise CliError(f"{horizon_from}: the checkpoint was trained with {trained['chunk_size']} actions a chunk "
                            f"(chunk_size in {trained['path']})")
-        if trained["chunk_size"] != base.horizon and horizon is None:
+        if trained["chunk_size"] != base.horizon and horizon is None and not getattr(args, "chunk_noted", False):
             print(f"vlaperf: {trained['chunk_size']} actions a chunk, as the checkpoint was trained ({trained['path']}); "
                   f"workload {base.id} has {base.horizon}", file=sys.stderr)
+            args.chunk_noted = True  # once: `serve` resolves the shape twice (its checks first, then the build)
         horizon = trained["chunk_size"]
     if horizon is not None and horizon != base.horizon:
         config = get_config(base.preset, action_horizon=horizon)

@@ -167,8 +167,9 @@ def register(subparsers) -> None:
                         "(default: a deterministic stand-in whose ids mean nothing to a trained model)")
     p.add_argument("--norm-stats", type=path_arg, default=None,
                    help="the checkpoint's statistics: openpi's norm_stats.json or LeRobot's normalizer safetensors (or "
-                        "a folder holding one, or a LeRobot checkpoint's Hub repo): the state is normalized, the actions unnormalized, z-score for pi0 and "
-                        "quantiles for pi0.5 (default: none, the model's own units)")
+                        "a folder holding one, or a LeRobot checkpoint's Hub repo): the state is normalized, the "
+                        "actions unnormalized, z-score for pi0 and quantiles for pi0.5 (default: none, the model's own "
+                        "units)")
     add_conventions(p)
     p.add_argument("--no-check", action="store_true", help="skip the equivalence check of the engine before serving")
     p.add_argument("--sparsity", choices=("none", "drop_middle", "mae_middle"), default=None,
