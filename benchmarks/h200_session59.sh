@@ -24,32 +24,20 @@ set -u
 case "${PART:-f}" in
   a|d|e) TAG=s59 exec bash benchmarks/h200_session58.sh ;;
 esac
-source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P, $I, gpu_suite
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P, $I, gpu_suite, serve_loadgen
 install_wheels .whl /tmp/site
 export PYTHONPATH=/tmp/site:$PWD
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 case "${PART:-f}" in
 f|g)
-  serve_loadgen() {  # serve_loadgen TAG MAX_BATCH: one server at batch 1 only, one client, 200 requests, then SIGTERM
-    setsid python3 -m vlaperf.cli serve --workload libero-pi0 --levers best --max-batch "$2" --port 8765 \
-      --warmup-batches 1 --compile-cache /tmp/cc > "$R/serve_libero-pi0_best-s59f-$1.log" 2>&1 & local sp=$!
-    for i in $(seq 200); do
-      python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8765/healthz', timeout=2)" 2>/dev/null && break
-      sleep 1
-    done
-    timeout 60 python3 -m vlaperf.cli loadgen --url ws://127.0.0.1:8765 --clients 1 --requests 200 --warmup 10 \
-      --json "$R/loadgen_libero-pi0_best-s59f-$1.json" | tail -4
-    kill -TERM $sp; wait $sp; tail -2 "$R/serve_libero-pi0_best-s59f-$1.log"
-  }
-  export -f serve_loadgen; export R
   {
     if [ "${PART:-f}" = f ] && echo "$GPU_NAME" | grep -q H200; then
       echo "200 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s59-4proc_model.json"
     fi
-    echo "120 serve_loadgen maxbatch1a 1"
-    echo "60 serve_loadgen maxbatch8a 8"
-    echo "60 serve_loadgen maxbatch1b 1"
-    echo "60 serve_loadgen maxbatch8b 8"
+    echo "120 serve_loadgen s59f-maxbatch1a 1"
+    echo "60 serve_loadgen s59f-maxbatch8a 8"
+    echo "60 serve_loadgen s59f-maxbatch1b 1"
+    echo "60 serve_loadgen s59f-maxbatch8b 8"
     echo "150 $P -q -n 14 --timeout 140 -m \"not quiet_gpu and not quiet_host\" tests/test_cli.py tests/test_serve.py tests/test_normalize.py 2>&1 | tee $R/pytest_gpu_s59f3.log | tail -5"
   } | lane A 0 60 &
   ;;

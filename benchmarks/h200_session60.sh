@@ -27,30 +27,18 @@
 #               Prediction: 14.0-14.4 ms, as session 48's 14.05-14.34 at the same kernels and host stages.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=f bash benchmarks/h200_session60.sh, carry [".whl"]
 set -u
-source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P, serve_loadgen
 install_wheels .whl /tmp/site
 export PYTHONPATH=/tmp/site:$PWD
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-serve_loadgen() {  # serve_loadgen TAG MAX_BATCH: one server at batch 1 only, one client, 200 requests, then SIGTERM
-  setsid python3 -m vlaperf.cli serve --workload libero-pi0 --levers best --max-batch "$2" --port 8765 \
-    --warmup-batches 1 --compile-cache /tmp/cc > "$R/serve_libero-pi0_best-s60-$1.log" 2>&1 & local sp=$!
-  for i in $(seq 200); do
-    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8765/healthz', timeout=2)" 2>/dev/null && break
-    sleep 1
-  done
-  timeout 60 python3 -m vlaperf.cli loadgen --url ws://127.0.0.1:8765 --clients 1 --requests 200 --warmup 10 \
-    --json "$R/loadgen_libero-pi0_best-s60-$1.json" | tail -4
-  kill -TERM $sp; wait $sp; tail -2 "$R/serve_libero-pi0_best-s60-$1.log"
-}
-export -f serve_loadgen; export R
 case "${PART:-f}" in
 f|g)
   {
     echo "90 python3 benchmarks/ws_echo_probe.py --work-ms 0,15 --rounds 3 --calls 300 --json $R/ws_echo_probe_s60.json"
-    echo "120 serve_loadgen maxbatch1a 1"
-    echo "60 serve_loadgen maxbatch8a 8"
-    echo "60 serve_loadgen maxbatch1b 1"
-    echo "60 serve_loadgen maxbatch8b 8"
+    echo "120 serve_loadgen s60-maxbatch1a 1"
+    echo "60 serve_loadgen s60-maxbatch8a 8"
+    echo "60 serve_loadgen s60-maxbatch1b 1"
+    echo "60 serve_loadgen s60-maxbatch8b 8"
     echo "150 $P -q -n 14 --timeout 140 -m \"not quiet_gpu and not quiet_host\" tests/test_cli.py tests/test_serve.py tests/test_normalize.py tests/test_checkpoints.py tests/test_hub.py 2>&1 | tee $R/pytest_gpu_s60f3.log | tail -5"
     if [ "${PART:-f}" = f ] && echo "$GPU_NAME" | grep -q H200; then
       echo "200 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s60-4proc_model.json"

@@ -47,6 +47,21 @@ gpu_suite() {
 90 $P -q --timeout 80 -m "quiet_gpu or quiet_host" $I 2>&1 | tee $R/pytest_gpu_${tag}4.log | tail -5
 EOT
 }
+# One robot against a fresh `vlaperf serve` of libero-pi0 `best` (warmed up at batch 1 only, the compile cache /tmp/cc):
+# `serve_loadgen NAME MAX_BATCH` runs loadgen --clients 1 --requests 200 --warmup 10, then stops the server with
+# SIGTERM; $R/serve_libero-pi0_best-NAME.log, $R/loadgen_libero-pi0_best-NAME.json. Exported for the lanes' bash -c.
+serve_loadgen() {
+  setsid python3 -m vlaperf.cli serve --workload libero-pi0 --levers best --max-batch "$2" --port 8765 \
+    --warmup-batches 1 --compile-cache /tmp/cc > "$R/serve_libero-pi0_best-$1.log" 2>&1 & local sp=$!
+  for i in $(seq 200); do
+    python3 -c "import urllib.request as u; u.urlopen('http://127.0.0.1:8765/healthz', timeout=2)" 2>/dev/null && break
+    sleep 1
+  done
+  timeout 60 python3 -m vlaperf.cli loadgen --url ws://127.0.0.1:8765 --clients 1 --requests 200 --warmup 10 \
+    --json "$R/loadgen_libero-pi0_best-$1.json" | tail -4
+  kill -TERM $sp; wait $sp; tail -2 "$R/serve_libero-pi0_best-$1.log"
+}
+export -f serve_loadgen; export R
 # The carried wheels (the device tool's carry) installed without the network into TARGET: `install_wheels .whl /tmp/site`
 install_wheels() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$2" "$1"/*.whl
