@@ -122,6 +122,17 @@ def test_each_option_resolves_to_the_cached_file(lerobot_repo):
                                       str(snapshot / "assets" / "libero"),
                                       str(snapshot / "assets" / "libero" / "norm_stats.json")]
     assert f"vlaperf: --checkpoint acme/pi0_tiny: {snapshot} (commit {COMMIT[:12]})" in run.stderr
+    # what the option reads is missing: said, not a folder handed on without it (the statistics are under assets/
+    # here, and a repo of a config alone has no weights)
+    _cached_repo(cache, "acme/config_only", {"config.json": b"{}"})
+    for ref, option, said in (
+            ("acme/pi0_tiny", "--norm-stats", f"the repo acme/pi0_tiny ({COMMIT[:12]}) has none of norm_stats.json, "
+                                              "policy_preprocessor*.json, policy_preprocessor*.safetensors"),
+            ("acme/config_only", "--checkpoint",
+             f"the repo acme/config_only ({COMMIT[:12]}) has no model.safetensors")):
+        run = subprocess.run([sys.executable, "-c", f"import vlaperf.hub as h; h.resolve({ref!r}, {option!r})"],
+                             env=_offline_env(cache), capture_output=True, text=True, timeout=120)
+        assert run.returncode == 1 and f"HubError: {option} {ref}: {said}" in run.stderr, run.stderr
 
 
 def test_bench_and_convert_read_a_hub_checkpoint(lerobot_repo, tmp_path):

@@ -120,7 +120,7 @@ def _download(ref: HubRef, option: str, text: str, local_files_only: bool = Fals
                                     local_files_only=local_files_only))
     local = folder / ref.path if ref.path else folder
     need = wanted[:1] if option in ("--checkpoint", "IN") else wanted  # the weights; else any of them
-    if not any(local.glob(pattern) for pattern in need):
+    if not any(next(local.glob(pattern), None) for pattern in need):
         commit = (origin(folder) or {}).get("revision", "")[:12]
         raise HubError(f"{option} {text}: the repo {ref.repo}{' (' + commit + ')' if commit else ''} has "
                        f"{'no' if len(need) == 1 else 'none of'} {', '.join(need)}"
