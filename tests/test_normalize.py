@@ -199,6 +199,18 @@ def test_serving_a_checkpoint_without_its_conventions_warns(capsys, tmp_path):
     stats.write_text("{}")
     warn_unconverted_checkpoint(str(tmp_path / "pi05_libero"), object(), None, "none")
     assert f"this checkpoint folder has {stats}" in capsys.readouterr().err
+    lerobot = tmp_path / "pi0_lerobot"  # LeRobot's folder: its config and its preprocessor's statistics
+    lerobot.mkdir()
+    (lerobot / "config.json").write_text(json.dumps({"type": "pi0", "chunk_size": 50}))
+    (lerobot / "policy_preprocessor.json").write_text("{}")
+    warn_unconverted_checkpoint(str(lerobot / "model.safetensors"), object(), None, None, "libero", False)
+    err = capsys.readouterr().err
+    assert "conventions: this is a LeRobot checkpoint: lerobot:pi0 (docs/serving.md" in err
+    assert f"(this LeRobot checkpoint folder has them: --norm-stats {lerobot})" in err
+    (lerobot / "config.json").write_text(json.dumps({"type": "pi0", "chunk_size": 5}))  # no LeRobot conventions' chunk
+    warn_unconverted_checkpoint(str(lerobot / "model.safetensors"), object(), None, None, "libero", False)
+    assert "conventions: this workload's model and layout take openpi:pi0_libero, lerobot:pi0" in \
+        capsys.readouterr().err
     assert run_cli(["serve", "--workload", "wam-tiny", "--device", "cpu", "--norm-stats", "x.json"]) == 2
     assert "--tokenizer / --norm-stats / --conventions / --action-horizon: the pi0 family's; wam-tiny" in \
         capsys.readouterr().err

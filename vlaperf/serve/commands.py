@@ -509,12 +509,25 @@ def warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats, conventions="
     actions. `layout` (the workload's) and `pi05`: the conventions that would fit are named."""
     if checkpoint is None:
         return
+    from vlaperf.checkpoints import CheckpointError, lerobot_config
+    from vlaperf.hub import origin
+
+    folder = Path(checkpoint) if Path(checkpoint).is_dir() else Path(checkpoint).parent
+    try:
+        trained = lerobot_config(checkpoint)  # LeRobot's config.json beside the weights
+    except CheckpointError:
+        trained = None
     if conventions is None:
-        from vlaperf.conventions import conventions_for
+        from vlaperf.conventions import CONVENTIONS, conventions_for
 
         fitting = conventions_for(pi05, layout) if layout is not None else []
-        hint = (f"this workload's model and layout take {', '.join(fitting)}" if fitting
-                else "e.g. --conventions openpi:pi0_libero")
+        lerobots = [c for c in fitting if c.startswith("lerobot") and trained is not None
+                    and CONVENTIONS[c].action_horizon in (None, trained["chunk_size"])]
+        if lerobots:
+            hint = f"this is a LeRobot checkpoint: {', '.join(lerobots)}"
+        else:
+            hint = (f"this workload's model and layout take {', '.join(fitting)}" if fitting
+                    else "e.g. --conventions openpi:pi0_libero")
         print("vlaperf serve: warning: serving a checkpoint without --conventions: the actions are the model's "
               "own; a checkpoint trained on delta actions (openpi pi0_libero, ALOHA) or with another chunk needs its "
               f"conventions: {hint} (docs/serving.md, vlaperf workloads)", file=sys.stderr)
@@ -522,12 +535,12 @@ def warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats, conventions="
         print("vlaperf serve: warning: serving a checkpoint without --tokenizer: its prompts go through a stand-in "
               "tokenizer whose ids mean nothing to the model (pass PaliGemma's paligemma_tokenizer.model)", file=sys.stderr)
     if norm_stats is None:
-        from vlaperf.hub import origin
-
         found = sorted(Path(checkpoint).glob("assets/**/norm_stats.json")) if Path(checkpoint).is_dir() else []
         hub = origin(checkpoint)
         where = (f"this checkpoint folder has {', '.join(str(p) for p in found)}" if found
                  else f"a LeRobot repo keeps them beside its weights: --norm-stats {hub['repo']}" if hub
+                 else f"this LeRobot checkpoint folder has them: --norm-stats {folder}"
+                 if (folder / "policy_preprocessor.json").is_file()
                  else "pass openpi's assets/<robot>/norm_stats.json")
         print("vlaperf serve: warning: serving a checkpoint without --norm-stats: the state is not normalized and the "
               f"actions stay in the model's normalized units ({where})", file=sys.stderr)
