@@ -12,7 +12,7 @@ r_k = (lambda_k - lambda_s) / h and D_k = m_k - m_s:
 
     x_t = (sigma_t / sigma_s) x_s + alpha_t (1 - e^-h) m_s - alpha_t B(h) sum_k rho_k D_k / r_k
 
-where rho solves sum_k rho_k r_k^n = n! * hh phi_(n+1)(hh) / B(h), n = 0.., hh = -h (phi_k the
+where rho solves sum_k rho_k r_k^(n-1) = n! * hh phi_(n+1)(hh) / B(h), n = 1.., hh = -h (phi_k the
 exponential-integrator phi functions). The predictor of order p uses the p - 1 previous outputs;
 the corrector (run once the model has been evaluated at x_t) uses the same ones plus the new
 output m_t at r = 1, and recomputes x_t from x_s. Where the system is 1 x 1 (predictor order 2,
