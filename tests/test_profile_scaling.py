@@ -47,6 +47,14 @@ def test_fit_rejects_degenerate_input():
     assert fit_linear([1, 2, 3], [2.0, 2.0, 2.0]) == {"intercept": 2.0, "slope": 0.0, "r2": 1.0}
 
 
+@pytest.mark.parametrize("t", [0.1, 0.7, 4.89])
+def test_fit_of_equal_times_is_a_perfect_flat_line(t):
+    # the mean of three 0.1s is 0.10000000000000002 in floats: every point then sat 1 ulp off the mean, so SS_tot was
+    # not 0 and a flat T(N) came out with r^2 0 ("poor fit") and an intercept that was not any measured time
+    for ns in ([1, 2, 3], [1, 2, 5, 10, 20, 32]):
+        assert fit_linear(ns, [t] * len(ns)) == {"intercept": t, "slope": 0.0, "r2": 1.0}
+
+
 def test_scaling_tiny_model_reports_fit_and_plot(tmp_path):
     model = build_model("tiny")
     # up to 32 steps: 1..8 left ~4 ms between the ends, which a busy 2-core machine's noise once turned into a

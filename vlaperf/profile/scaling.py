@@ -39,6 +39,10 @@ def fit_linear(ns: Sequence[float], times: Sequence[float]) -> dict[str, float]:
     if n < 2 or len(set(float(x) for x in ns)) < 2:
         raise ValueError("fit_linear: need at least two distinct x values")
     xs, ys = [float(x) for x in ns], [float(y) for y in times]
+    if min(ys) == max(ys):
+        # A flat line, said exactly: the float mean of equal values can sit an ulp off them (three 0.1s average to
+        # 0.10000000000000002), and SS_res / SS_tot of those ulps made a flat T(N) a "poor fit" with r^2 0.
+        return {"intercept": ys[0], "slope": 0.0, "r2": 1.0}
     mx, my = math.fsum(xs) / n, math.fsum(ys) / n
     sxx = math.fsum((x - mx) ** 2 for x in xs)
     sxy = math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys))
