@@ -976,6 +976,45 @@ def test_wam_tiny_floor_against_a_hand_count(cfg_scale):
     assert r["floor_ms"] == pytest.approx(ms[0] + 3 * ms[1] + ms[2])
 
 
+def test_wam_tiny_drop_middle_floor_attends_to_the_kept_video_alone():
+    """drop_middle keeps 32 of wam-tiny's 48 frame tokens, and the video cache (video_kv_cache) holds those 32 + the
+    state token: the forward of the action tokens alone attends to 33 + 4 keys, not 49 + 4. The floor counted the
+    dropped frames' keys there, so its action forward had more FLOPs than the engine computes (a floor above the
+    work, where the batch makes that forward compute-bound)."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from vlaperf.roofline import wam_roofline
+
+    cfg = get_config("wam-tiny")
+    w = get_wam_workload("wam-tiny").with_overrides(sparsity="drop_middle")
+    linear = 4 * 64 * 64 + 2 * 64 * 64 + 2 * 64 * 128
+    video, actions = 32 + 1, 4
+    full_pairs = video * video + actions * (video + actions) + (video + actions) * 8
+    full = 2 * (2 * (video + actions) * linear + 2 * 2 * 64 * full_pairs)
+    act = 2 * (2 * actions * linear + 2 * 2 * 64 * (actions * (video + actions) + actions * 8))
+    ctx = 2 * 2 * 8 * 2 * 64 * 64
+    r = wam_roofline(cfg, w, matmul_flops=1e9, bandwidth=1e12)  # compute-bound: the FLOPs set every phase
+    assert (r["tokens"], r["full_forwards"], r["action_forwards"]) == (37, 3, 1)
+    assert r["full_forward_tflop"] * 1e12 == pytest.approx(full)
+    assert r["flops"] == pytest.approx(ctx + 3 * full + act)
+    assert r["action_forward_ms"] == pytest.approx(1e3 * act / 1e9)
+    # the engine agrees: one more action forward costs what torch counts, by the kept keys (its heads on top)
+    model = build_wam("wam-tiny", seed=0)
+    obs, noise = random_wam_inputs(cfg, 1, "cpu", torch.float32, seed=3)
+    engine = WamEngine(model, "cached_keep_index,context_kv_cache,video_kv_cache")
+    counted = {}
+    for sparsity in ("none", "drop_middle"):
+        flops = []
+        for steps in (4, 5):  # 2 video steps + the forward that fills the cache, then 1 or 2 action forwards
+            with FlopCounterMode(display=False) as counter:
+                engine.generate(obs, noise, steps=steps, video_steps=2, sparsity=sparsity)
+            flops.append(counter.get_total_flops())
+        counted[sparsity] = flops[1] - flops[0]
+    dense = wam_roofline(cfg, get_wam_workload("wam-tiny"), matmul_flops=1e9, bandwidth=1e12)
+    assert dense["action_forward_ms"] - r["action_forward_ms"] == pytest.approx(
+        1e3 * (counted["none"] - counted["drop_middle"]) / 1e9)
+
+
 def test_wam_matrix_ratios_compare_each_row_with_its_sparsitys_reference_and_its_dense_self(tmp_path, monkeypatch, capsys):
     """vs_reference divides by the reference at the row's own sparsity, sparsity_gain by the same variant at sparsity
     none (None on the dense row); a variant that fails its check is listed but not timed; a prepared row keeps its

@@ -114,19 +114,21 @@ def roofline(cfg: Pi0Config, workload: Workload, images: int, prompt_len: int, s
 # --------------------------------------------------------------- world-action model
 
 
-def _wam_forward(cfg, batch: int, tokens: int, video_side: int, context_kv: bool) -> tuple[float, float]:
+def _wam_forward(cfg, batch: int, tokens: int, video_side: int, context_kv: bool,
+                 cached_video: int = 0) -> tuple[float, float]:
     """FLOPs and weight bytes (bf16) of one forward over `tokens` tokens per sample, of which
     the first `video_side` attend among themselves only and the rest attend to all
-    (`tokens` = the action tokens alone with the finished video's keys cached: then the keys
-    are video_side + tokens). context_kv: the cross-attention keys/values are computed here."""
+    (video_side 0: `tokens` = the action tokens alone against the finished video's cached keys,
+    `cached_video` of them, the kept frames + the state token: then the keys are
+    cached_video + tokens). context_kv: the cross-attention keys/values are computed here."""
     d, m, L = cfg.width, cfg.mlp_dim, cfg.text_tokens
     linear = 6 * d * d + 2 * d * m  # self q, k, v, o; cross q, o; the MLP
     flops = 2 * batch * tokens * linear
     if video_side:  # a full forward: video side over itself, actions over everything
         actions = tokens - video_side
         pairs = video_side * video_side + actions * tokens
-    else:  # actions alone against the cached video side
-        pairs = tokens * (cfg.frame_tokens + 1 + tokens)
+    else:  # actions alone against the cached video side: the kept frames only (drop_middle caches no dropped frame)
+        pairs = tokens * (cached_video + tokens)
     flops += 4 * batch * d * (pairs + tokens * L)  # QK^T and PV, self and cross
     params = linear
     if context_kv:
@@ -147,7 +149,7 @@ def wam_roofline(cfg, workload, matmul_flops: float = H200_MATMUL_FLOPS, bandwid
     tokens = frames + 1 + cfg.action_horizon
     full = workload.steps if workload.video_steps >= workload.steps else workload.video_steps + 1
     f_full, by_full = _wam_forward(cfg, b, tokens, frames + 1, context_kv=False)
-    f_act, by_act = _wam_forward(cfg, b, cfg.action_horizon, 0, context_kv=False)
+    f_act, by_act = _wam_forward(cfg, b, cfg.action_horizon, 0, context_kv=False, cached_video=frames + 1)
     f_ctx, by_ctx = 2 * b * cfg.text_tokens * 2 * cfg.width**2 * cfg.depth, 2.0 * 2 * cfg.width**2 * cfg.depth
     ms = lambda f, by: 1e3 * max(f / matmul_flops, by / bandwidth)  # noqa: E731
     phases = {
