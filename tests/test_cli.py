@@ -84,9 +84,9 @@ def test_bench_rtc_times_the_guided_call(mode, tmp_path, monkeypatch, capsys):
                         "delay": 2}
     assert r["equivalence"]["guided"] and r["equivalence"]["passed"]
     assert workload_label(r) == "tiny (batch 2, RTC guided)"
-    # first call, 2 seeds x (plain + guided) in the check, warm-up and timed calls; then the cost: one warm-up call
-    # of each and 3 interleaved rounds
-    assert guided.count((2, 10)) == 1 + 2 + 1 + 3 + 1 + 3 and guided.count(None) == 2 + 1 + 3
+    # first call (--warmup 1's one), 2 seeds x (plain + guided) in the check and the timed calls; then the cost: one
+    # warm-up call of each and 3 interleaved rounds
+    assert guided.count((2, 10)) == 1 + 2 + 3 + 1 + 3 and guided.count(None) == 2 + 1 + 3
     w = cost["wall_ms"]
     assert cost["iters"] == 3 and cost["cuda_event_ms"] is None  # the CPU: no events
     assert w["guided_median"] > 0 and w["unguided_median"] > 0 and w["per_round_p10"] <= w["per_round_p90"]
@@ -945,11 +945,11 @@ def test_bench_none_is_the_reference_and_no_check_is_recorded(tmp_path, capsys):
     r = read_result(tmp_path / "n.json")
     assert r["variant"]["label"] == "reference" and r["variant"]["levers"] == []
     assert r["equivalence"] is None and r["first_call_timing"] == "reference: no check"
-    assert "1 timed call after 0 warm-up" in " ".join(capsys.readouterr().out.split())
+    assert "1 timed call after 1 warm-up" in " ".join(capsys.readouterr().out.split())  # --warmup 0: the first call
     assert main(common + [str(tmp_path / "x.json"), "--levers", "exact", "--no-check", "--iters", "2"]) == 0
     r = read_result(tmp_path / "x.json")
     assert r["equivalence"] is None and r["first_call_timing"] == "not checked (--no-check)"
-    assert "2 timed calls after 0 warm-up" in " ".join(capsys.readouterr().out.split())
+    assert "2 timed calls after 1 warm-up" in " ".join(capsys.readouterr().out.split())
 
 
 def test_bench_refuses_to_time_a_variant_that_fails_its_check(monkeypatch, tmp_path, capsys):
@@ -1093,3 +1093,20 @@ def test_every_option_with_a_default_names_it_in_its_help():
                if action.option_strings and action.default not in (None, False, argparse.SUPPRESS)
                and "default" not in (action.help or "")]
     assert not missing, missing
+
+
+@pytest.mark.parametrize(("warmup", "recorded"), [(0, 1), (3, 3)])
+def test_bench_warmup_counts_its_first_call(tmp_path, monkeypatch, warmup, recorded):
+    """--warmup W: W untimed calls before the timed ones, the first (timed on its own as first_call_s) included, as
+    the help and results.md say. bench made the first call and then W more, and the second call's time was lost."""
+    from vlaperf.models.pi0 import Pi0Model
+
+    calls = []
+    sample = Pi0Model.sample_actions
+    monkeypatch.setattr(Pi0Model, "sample_actions", lambda self, *a, **k: (calls.append(1), sample(self, *a, **k))[1])
+    out = tmp_path / "b.json"
+    assert main(["bench", "--workload", "tiny", "--device", "cpu", "--warmup", str(warmup), "--iters", "2",
+                 "--no-progress", "--json", str(out)]) == 0
+    r = read_result(out)
+    assert len(calls) == recorded + 2 and r["warmup"] == recorded and r["timers"]["wall_ms"]["count"] == 2
+    assert (r["warmup_s"] > 0.0) == (recorded > 1)

@@ -529,3 +529,15 @@ def test_timing_on_cuda_without_cuda_is_a_named_error():
     """time_calls(device="cuda") on a CPU-only torch failed with "Tried to instantiate dummy base class Event"."""
     with pytest.raises(ValueError, match="device: cuda requested, but CUDA is not available here"):
         time_calls(lambda: None, device="cuda", warmup=0, iters=1)
+
+
+@pytest.mark.parametrize(("warmup", "more"), [(0, 0), (1, 0), (3, 2)])
+def test_time_calls_counts_a_first_call_made_by_the_caller(warmup, more):
+    """bench makes and times the first call itself, before its equivalence check: that call is the first of `warmup`,
+    so time_calls makes warmup - 1 more (bench made `warmup` more, one untimed call beyond what the file said, whose
+    time landed in neither first_call_s nor warmup_s)."""
+    calls = []
+    r = time_calls(lambda: calls.append(1), device="cpu", warmup=warmup, iters=4, progress=False, first_call_s=2.5)
+    assert len(calls) == more + 4
+    assert r["first_call_s"] == 2.5 and r["warmup"] == max(warmup, 1) and len(r["samples"]["wall_ms"]) == 4
+    assert (r["warmup_s"] > 0.0) == (more > 0)

@@ -503,7 +503,9 @@ def cmd_bench(args) -> int:
         if engine is None:
             raise CliError("--release-reference needs an engine variant (the reference path runs on those weights)")
         released = engine.release_reference_weights()
-    timing = time_calls(fn, device=device, warmup=args.warmup, iters=args.iters, progress=not args.no_progress, label=label)
+    # the first call above is the first of --warmup's calls
+    timing = time_calls(fn, device=device, warmup=args.warmup, iters=args.iters, progress=not args.no_progress,
+                        label=label, first_call_s=first_call_s)
     vs_unguided = None
     if rtc is not None:  # what the guidance costs: the guided call against the plain one, interleaved in this process
         if args.mode == "model":
@@ -895,7 +897,7 @@ def build_parser() -> argparse.ArgumentParser:
                         "forward (world-action workloads) (default: model)")
     p.add_argument("--warmup", type=non_negative_int, default=30,
                    help="untimed calls before the timed ones, the first of them (compile, capture) timed on its own "
-                        "as first_call_s; 0: the first call is the first timed one (default: 30)")
+                        "as first_call_s, before the equivalence check; 0 is 1: that call is always made (default: 30)")
     p.add_argument("--iters", type=positive_int, default=100, help="timed calls (default: 100)")
     p.add_argument("--no-check", action="store_true", help="skip the equivalence check of a non-reference variant")
     p.add_argument("--release-reference", action="store_true",

@@ -283,6 +283,7 @@ def time_calls(
     collect_garbage: bool = True,
     idle_ms: float = 0.0,
     idle_spin: bool = False,
+    first_call_s: float | None = None,
 ) -> dict[str, Any]:
     """Time `iters` calls of `fn` after `warmup` warm-up calls.
 
@@ -292,6 +293,9 @@ def time_calls(
     - warmup_s: wall seconds of the warm-up calls *after* the first one (warmup - 1 calls);
       first_call_s + warmup_s is the whole warm-up. Kept apart because cost that shows up
       here (e.g. cudagraph trees recording on the 2nd/3rd call, recompiles) is a finding.
+    - first_call_s given: the caller made and timed the first call itself (bench: before its
+      equivalence check). It is the first of the `warmup` calls, so warmup - 1 follow here, all
+      of them in warmup_s; with warmup 0 it is still the one untimed call, and warmup says 1.
     - peak_memory_bytes: torch.cuda.max_memory_allocated over the timed calls only (peak
       stats are reset after warm-up); None on CPU.
     - idle_ms: sleep that long before each timed call, outside its timer (interleaved's
@@ -307,13 +311,17 @@ def time_calls(
     timer = Timer(device)
     wall_ms: list[float] = []
     event_ms: list[float] = []
-    first_call_s: float | None = None
     warmup_s = 0.0
+    if first_call_s is not None:
+        # Made already: counting it here again put one more untimed call before the timed ones than `warmup`
+        # says, and that call's time (the process's second, where cudagraph trees record) in neither field.
+        warmup = max(warmup, 1)
 
     with _Progress(warmup + iters, label, progress) as bar:
         if warmup >= 1:
             bar.phase("first call")
-            first_call_s = timer.wall_s(fn)
+            if first_call_s is None:
+                first_call_s = timer.wall_s(fn)
             bar.advance()
             bar.phase("warm-up")
             for _ in range(warmup - 1):

@@ -139,7 +139,9 @@ def cmd_bench(args) -> int:
         if engine is None:
             raise CliError("--release-reference needs an engine variant (the reference path runs on those weights)")
         released = engine.release_reference_weights()
-    timing = time_calls(fn, device=device, warmup=args.warmup, iters=args.iters, progress=not args.no_progress, label=label)
+    # the first call above is the first of --warmup's calls
+    timing = time_calls(fn, device=device, warmup=args.warmup, iters=args.iters, progress=not args.no_progress,
+                        label=label, first_call_s=first_call_s)
     idle = idle_cost(fn, device, args)
     result = header("bench", base, workload, model, environment_record(device), engine.levers.names() if engine else [],
                     label, args.mode)
