@@ -97,6 +97,27 @@ def test_bench_rtc_times_the_guided_call(mode, tmp_path, monkeypatch, capsys):
     assert "--rtc: real-time chunking is the pi0 family's" in capsys.readouterr().err
 
 
+def test_pair_cost_spread_is_the_percentiles_of_the_other_over_base_ratios():
+    """bench's --idle-ms and --rtc costs: p10..p90 of the per-round ratios other / base, as numpy's (linear)
+    percentiles give them. They were 1 / p90 and 1 / p10 of base / other, which differ wherever a percentile falls
+    between two rounds (on these 7 rounds: p10 0.6039 against 0.6072)."""
+    import numpy as np
+    from vlaperf.cli import pair_cost
+    from vlaperf.timing import summarize
+
+    base = [10.0, 11.0, 9.5, 10.2, 10.8, 9.9, 10.1]
+    other = [6.0, 7.5, 5.9, 8.8, 6.1, 6.4, 9.9]
+    timing = {"iters": 7, "ratios": {"other": {"wall_ms": {}, "cuda_event_ms": None}},
+              "variants": {n: {"timers": {"wall_ms": summarize(x)}, "samples": {"wall_ms": x, "cuda_event_ms": None}}
+                           for n, x in (("base", base), ("other", other))}}
+    w = pair_cost(timing, "base", "other")["wall_ms"]
+    per_round = np.array(other) / np.array(base)
+    assert w["per_round_p10"] == pytest.approx(np.percentile(per_round, 10), rel=1e-12)
+    assert w["per_round_p90"] == pytest.approx(np.percentile(per_round, 90), rel=1e-12)
+    assert w["other_over_base"] == pytest.approx(np.median(other) / np.median(base), rel=1e-12)
+    assert pair_cost(timing, "base", "other")["cuda_event_ms"] is None
+
+
 @pytest.mark.parametrize("workload", ["tiny", "wam-tiny"])
 def test_bench_idle_ms_times_the_call_after_an_idle_against_back_to_back(workload, tmp_path, monkeypatch, capsys):
     """--idle-ms: after the main timing (back to back), the same call again after that idle, interleaved with back-to-

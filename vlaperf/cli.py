@@ -569,19 +569,22 @@ def _timed_once(fn, device) -> float:
 
 def pair_cost(timing: dict, base: str, other: str) -> dict:
     """Two calls from `timing.interleaved` (baseline `base`): each one's wall-clock (and CUDA event) median as
-    "<name>_median", "<other>_over_<base>" (the ratio of the medians) and the p10..p90 of the per-round ratios (both
-    calls of a round: drift cancels)."""
+    "<name>_median", "<other>_over_<base>" (the ratio of the medians) and the p10..p90 of the per-round ratios
+    other / base (both calls of a round: drift cancels)."""
+    from vlaperf.timing import _ratio_stats
+
     out = {}
     for timer in ("wall_ms", "cuda_event_ms"):
-        ratio = timing["ratios"][other][timer]
-        if ratio is None:
+        if timing["ratios"][other][timer] is None:
             out[timer] = None
             continue
-        inv = lambda x: 1.0 / x if x else math.inf  # noqa: E731  (speedup = base / other)
+        # The per-round ratios taken this way round, not as 1 / p90 and 1 / p10 of base / other: a percentile
+        # interpolated between two rounds is not the reciprocal of the other way's.
+        cost = _ratio_stats(timing["variants"][other]["samples"][timer], timing["variants"][base]["samples"][timer])
         out[timer] = {f"{base}_median": timing["variants"][base]["timers"][timer]["median"],
                       f"{other}_median": timing["variants"][other]["timers"][timer]["median"],
-                      f"{other}_over_{base}": inv(ratio["speedup"]),
-                      "per_round_p10": inv(ratio["ratio_p90"]), "per_round_p90": inv(ratio["ratio_p10"])}
+                      f"{other}_over_{base}": cost["speedup"],
+                      "per_round_p10": cost["ratio_p10"], "per_round_p90": cost["ratio_p90"]}
     out["iters"] = timing["iters"]
     return out
 
