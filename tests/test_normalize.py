@@ -356,6 +356,26 @@ def test_a_statistic_the_mode_does_not_read_may_be_nan(tmp_path):
         NormStats.load(path, quantile=True)
 
 
+def test_lerobot_file_errors_name_lerobots_own_keys(tmp_path):
+    """A LeRobot normalizer file keeps its statistics as "observation.state.q01", "action.std", ...: its errors name
+    those keys, not openpi's JSON fields ("norm_stats.state.q01" is in no such file)."""
+    from safetensors.numpy import save_file
+
+    path = tmp_path / "policy_preprocessor_step_2_normalizer_processor.safetensors"
+    flat = {"observation.state.mean": np.zeros(8, np.float32), "observation.state.std": np.ones(8, np.float32),
+            "action.mean": np.zeros(7, np.float32), "action.std": np.ones(7, np.float32)}
+    save_file(flat, str(path))
+    with pytest.raises(NormStatsError, match=r"observation\.state\.q01: missing \(quantile"):
+        NormStats.load(path, quantile=True)  # MEAN_STD statistics (no quantiles) given to a pi0.5
+    save_file({**flat, "action.std": -np.ones(7, np.float32)}, str(path))
+    with pytest.raises(NormStatsError, match=r"action\.std: negative values"):
+        NormStats.load(path, quantile=False)
+    save_file({**flat, "observation.state.mean": np.zeros(5, np.float32),
+               "observation.state.std": np.ones(5, np.float32)}, str(path))
+    with pytest.raises(NormStatsError, match=r"'observation\.state' has 5 dimensions, the workload's state 8"):
+        NormStats.load(path, quantile=False).check_dims(8)
+
+
 ARM = ["shoulder_pan.pos", "shoulder_lift.pos", "elbow_flex.pos", "wrist_flex.pos", "wrist_roll.pos", "extra.pos",
        "Gripper.pos"]
 

@@ -180,7 +180,7 @@ class NormStats:
         stats = {}
         for key in KEYS:
             mode = modes.get(key) or ("QUANTILES" if quantile else "MEAN_STD")
-            stats[key] = (_array_stats(path, key, table[key], mode == "QUANTILES")
+            stats[key] = (_array_stats(path, key, table[key], mode == "QUANTILES", LEROBOT_KEYS[key])
                           if key in table and mode != "IDENTITY" else None)
             if key not in table and mode != "IDENTITY" and modes.get(key):
                 raise NormStatsError(f"{path}: no '{LEROBOT_KEYS[key]}.*' statistics, which its {mode} needs")
@@ -189,7 +189,8 @@ class NormStats:
     def check_dims(self, state_dim: int) -> None:
         """The state's statistics must cover the robot's state (openpi cuts longer ones to it)."""
         if self.state is not None and self.state.dim < state_dim:
-            raise NormStatsError(f"{self.source}: 'state' has {self.state.dim} dimensions, the workload's state "
+            name = LEROBOT_KEYS["state"] if self.convention == "lerobot" else "state"  # the file's own name for it
+            raise NormStatsError(f"{self.source}: '{name}' has {self.state.dim} dimensions, the workload's state "
                                  f"{state_dim}")
 
     def normalize_state(self, state: np.ndarray) -> np.ndarray:
@@ -302,14 +303,17 @@ def _read_json(path: Path, what: str):
         raise NormStatsError(f"{path}: not JSON ({e})") from None
 
 
-def _array_stats(path: Path, key: str, entry, quantile: bool) -> ArrayStats:
+def _array_stats(path: Path, key: str, entry, quantile: bool, field: str | None = None) -> ArrayStats:
+    """`field`: the statistics' name in the file, for the messages ("norm_stats.<key>" in openpi's JSON; LeRobot's
+    safetensors keys are "<feature>.<stat>", e.g. "observation.state.q01", which is what its messages name)."""
+    field = field or f"norm_stats.{key}"
     if not isinstance(entry, dict):
-        raise NormStatsError(f"{path}: norm_stats.{key}: expected an object with mean, std (and q01, q99)")
+        raise NormStatsError(f"{path}: {field}: expected an object with mean, std (and q01, q99)")
     needed = ("mean", "std", "q01", "q99") if quantile else ("mean", "std")
     for name in needed:
         if name not in entry:
             why = " (quantile normalization, pi0.5's)" if name in ("q01", "q99") else ""
-            raise NormStatsError(f"{path}: norm_stats.{key}.{name}: missing{why}")
+            raise NormStatsError(f"{path}: {field}.{name}: missing{why}")
     arrays = {}
     for name in ("mean", "std", "q01", "q99"):
         if name not in entry:
@@ -319,17 +323,17 @@ def _array_stats(path: Path, key: str, entry, quantile: bool) -> ArrayStats:
         except (TypeError, ValueError):
             if name not in needed:
                 continue  # a statistic the mode never reads does not make the file unusable
-            raise NormStatsError(f"{path}: norm_stats.{key}.{name}: expected a list of numbers") from None
+            raise NormStatsError(f"{path}: {field}.{name}: expected a list of numbers") from None
         if a.ndim != 1 or a.shape[0] == 0 or not np.isfinite(a).all():
             if name not in needed:
                 continue
             bad = "non-finite values" if a.ndim == 1 and a.shape[0] else f"shape {a.shape}"
-            raise NormStatsError(f"{path}: norm_stats.{key}.{name}: expected a non-empty list of finite numbers, "
+            raise NormStatsError(f"{path}: {field}.{name}: expected a non-empty list of finite numbers, "
                                  f"got {bad}")
         arrays[name] = a
     dims = {name: a.shape[0] for name, a in arrays.items()}
     if len(set(dims.values())) != 1:
-        raise NormStatsError(f"{path}: norm_stats.{key}: its lists differ in length ({dims})")
+        raise NormStatsError(f"{path}: {field}: its lists differ in length ({dims})")
     if (arrays["std"] < 0).any():
-        raise NormStatsError(f"{path}: norm_stats.{key}.std: negative values")
+        raise NormStatsError(f"{path}: {field}.std: negative values")
     return ArrayStats(arrays["mean"], arrays["std"], arrays.get("q01"), arrays.get("q99"))
