@@ -312,6 +312,17 @@ def test_a_file_of_the_other_family_is_named_as_such(tmp_path):
         load_checkpoint(build_model(get_config("tiny", pi05=True)), pi0)
 
 
+def test_a_lerobot_file_of_the_other_family_is_named_as_such(tmp_path):
+    """In LeRobot's layout a pi0.5 file's time_mlp_* is read as pi0's legacy name (action_time_mlp_*) on a pi0 preset,
+    so the time MLP's name cannot say the family; the error still says the file looks like pi0.5."""
+    pi05 = save_checkpoint(build_model(get_config("tiny", pi05=True)), tmp_path / "pi05.safetensors", layout="lerobot")
+    with pytest.raises(CheckpointError, match=r"preset 'tiny' \(the file looks like pi0.5, the preset is pi0\)"):
+        load_checkpoint(build_model("tiny"), pi05)
+    pi0 = save_checkpoint(build_model("tiny"), tmp_path / "pi0.safetensors", layout="lerobot")
+    with pytest.raises(CheckpointError, match=r"\(the file looks like pi0, the preset is pi0.5\)"):
+        load_checkpoint(build_model(get_config("tiny", pi05=True)), pi0)
+
+
 def test_check_readable_reads_the_header(tmp_path):
     """check_readable (a server's check before it builds a model) refuses a file that is no safetensors file, and
     takes a real one."""

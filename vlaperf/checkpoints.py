@@ -216,7 +216,14 @@ def check_tensors(named: dict[str, torch.Tensor], expected: dict[str, torch.Size
         problems.append(f"unexpected tensor {key} with shape {list(named[key].shape)} (not a parameter of preset {cfg.name!r})")
     if problems:
         shown = problems[:20] + ([f"... and {len(problems) - 20} more"] if len(problems) > 20 else [])
-        looks_other = "state_proj.weight" in named if cfg.pi05 else "time_mlp_in.weight" in named
+        # The expert's final norm tells the family apart: pi0.5's is adaptive (a dense layer), pi0's a weight. The time
+        # MLP's name does not: a LeRobot pi0.5 file's time_mlp_* was renamed to pi0's action_time_mlp_* above.
+        adaptive = "paligemma_with_expert.gemma_expert.model.norm.dense.weight" in named
+        plain = "paligemma_with_expert.gemma_expert.model.norm.weight" in named
+        if cfg.pi05:
+            looks_other = "state_proj.weight" in named or plain
+        else:
+            looks_other = "time_mlp_in.weight" in named or adaptive
         kind, other = ("pi0.5", "pi0") if cfg.pi05 else ("pi0", "pi0.5")
         hint = f" (the file looks like {other}, the preset is {kind})" if looks_other else ""
         if 2 * sum(k.startswith(LEROBOT_PREFIX) for k in named) > len(named):
