@@ -344,3 +344,32 @@ def test_aloha_joint_signs_literal():
     expect = state.copy()
     expect[[1, 2, 8, 9]] *= -1
     np.testing.assert_allclose(out[joints], expect[joints])
+
+
+@pytest.mark.parametrize("name", ["lerobot:pi0", "lerobot:pi05", "openpi:pi05_libero"])
+def test_images_are_resized_as_the_checkpoints_library_does(name):
+    """An image not at the model's size: openpi resizes it with PIL's antialiased bilinear filter and rounds to
+    uint8; LeRobot's policies (resize_with_pad_torch in _preprocess_images) resize the [0, 1] float image with
+    torch's bilinear filter, no antialiasing, no rounding, pad with 0, then map to [-1, 1]."""
+    import torch.nn.functional as F
+
+    from vlaperf.inputs import resize_with_pad
+
+    conv = CONVENTIONS[name]
+    cfg = get_config("tiny", pi05=conv.family == "pi05")
+    R = cfg.vision.image_size
+    transform = ObservationTransform(TINY, cfg, conventions=name)
+    ex = make_example(TINY, seed=3, image_size=2 * R + 8)  # a camera larger than the model's input
+    ex["observation/wrist_image"] = ex["observation/wrist_image"][:R, :R]  # one slot already at size
+    images = transform.preprocess(transform.upload(transform.host_arrays(ex))).images[0]
+    base = torch.from_numpy(ex["observation/image"])
+    if conv.image_resize == "lerobot":  # a square camera: resized to R x R, no padding
+        x = base.permute(2, 0, 1)[None].float() / 255.0
+        want = F.interpolate(x, size=(R, R), mode="bilinear", align_corners=False).clamp(0, 1)[0] * 2.0 - 1.0
+    else:
+        want = resize_with_pad(base, R).float() / 127.5 - 1.0
+    torch.testing.assert_close(images[0], want, atol=1e-5, rtol=0)
+    if conv.image_resize == "lerobot":  # the filters differ: openpi's antialiased one is not what LeRobot saw
+        assert (images[0] - (resize_with_pad(base, R).float() / 127.5 - 1.0)).abs().mean() > 0.01
+    wrist = torch.from_numpy(ex["observation/wrist_image"]).permute(2, 0, 1).float() / 127.5 - 1.0
+    torch.testing.assert_close(images[1], wrist, atol=1e-6, rtol=0)

@@ -44,6 +44,10 @@ class Conventions:
     prompt_style: str = "openpi"
     action_horizon: int | None = None  # the chunk the checkpoint was trained with (None: the preset's)
     default_prompt: str | None = None  # the prompt of an observation without one (None: the prompt is required)
+    # How an image not at the model's size is resized (with black padding): "openpi": PIL's antialiased bilinear,
+    # rounded to uint8 (openpi's resize_with_pad); "lerobot": torch's bilinear without antialiasing on the float
+    # pixels, not rounded (LeRobot's resize_with_pad_torch in its policies' _preprocess_images)
+    image_resize: str = "openpi"
 
     def fits(self, pi05: bool, layout: str) -> str | None:
         """Why these conventions do not fit a model / workload (None: they do)."""
@@ -146,11 +150,11 @@ CONVENTIONS: dict[str, Conventions] = {c.name: c for c in (
     Conventions("openpi:pi05_droid", "openpi pi05_droid: DROID's joint velocities and gripper, absolute, the state "
                 "in the prompt, 15 actions a chunk", family="pi05", layout="droid", action_horizon=15),
     Conventions("lerobot:pi0", "LeRobot pi0: absolute actions, the prompt as given (BOS + text + newline), 50 "
-                "actions a chunk", family="pi0", prompt_style="lerobot", action_horizon=50),
+                "actions a chunk", family="pi0", prompt_style="lerobot", action_horizon=50, image_resize="lerobot"),
     Conventions("lerobot:pi05", "LeRobot 0.5+ pi0.5: absolute actions, the state in the prompt, 50 actions a chunk",
-                family="pi05", action_horizon=50),
+                family="pi05", action_horizon=50, image_resize="lerobot"),
     Conventions("lerobot0.4:pi05", "LeRobot 0.4 pi0.5: as lerobot:pi05, the prompt's state padded to 32 dims",
-                family="pi05", action_horizon=50, state_prompt_pad_to=32),
+                family="pi05", action_horizon=50, state_prompt_pad_to=32, image_resize="lerobot"),
 )}
 
 

@@ -588,7 +588,9 @@ class ObservationTransform:
             images = chw
         else:
             rows = db.pixels if isinstance(db.pixels, list) else [[x.permute(1, 2, 0) for x in sample] for sample in chw]
-            images = torch.stack([torch.stack([resize_with_pad(a, R) for a in slots]) for slots in rows])
+            # LeRobot's policies resize without antialiasing and keep the float pixels (vlaperf.conventions)
+            lerobot = self.conventions.image_resize == "lerobot"
+            images = torch.stack([torch.stack([resize_with_pad(a, R, lerobot) for a in slots]) for slots in rows])
         return Observation(images.float() / 127.5 - 1.0, db.image_mask, db.tokens, db.token_mask, db.state,
                            host_image_valid=db.host_image_valid, host_prompt_len=db.host_prompt_len)
 
@@ -620,18 +622,21 @@ class DeviceBatch:
     extras: tuple = ()  # device views of upload's `extras`, in order
 
 
-def resize_with_pad(image_hwc: Tensor, size: int) -> Tensor:
+def resize_with_pad(image_hwc: Tensor, size: int, lerobot: bool = False) -> Tensor:
     """uint8 (H, W, 3) -> uint8 (3, size, size): keep aspect ratio, bilinear, pad with black, as openpi's
     resize_with_pad (PIL's bilinear filter) does: the sides rounded down, the filter antialiased when it
-    shrinks (without it a 480 x 640 camera image differs from openpi's by ~33 of 255 levels on average)."""
+    shrinks (without it a 480 x 640 camera image differs from openpi's by ~33 of 255 levels on average).
+    `lerobot`: as LeRobot's resize_with_pad_torch does to its [0, 1] float images instead: bilinear without
+    antialiasing, clamped, not rounded; float32 (3, size, size) in 0..255."""
     img = image_hwc.permute(2, 0, 1)
     H, W = img.shape[1:]
     if (H, W) == (size, size):
-        return img
+        return img.float() if lerobot else img  # float, as the resized slots beside it
     ratio = max(W / size, H / size)
     h, w = max(1, int(H / ratio)), max(1, int(W / ratio))
-    resized = F.interpolate(img[None].float(), size=(h, w), mode="bilinear", align_corners=False, antialias=True)[0]
+    resized = F.interpolate(img[None].float(), size=(h, w), mode="bilinear", align_corners=False,
+                            antialias=not lerobot)[0]
     out = torch.zeros(3, size, size, dtype=torch.float32, device=img.device)
     top, left = (size - h) // 2, (size - w) // 2
     out[:, top : top + h, left : left + w] = resized
-    return out.round().clamp(0, 255).to(torch.uint8)
+    return out.clamp(0, 255) if lerobot else out.round().clamp(0, 255).to(torch.uint8)
