@@ -373,3 +373,23 @@ def test_images_are_resized_as_the_checkpoints_library_does(name):
         assert (images[0] - (resize_with_pad(base, R).float() / 127.5 - 1.0)).abs().mean() > 0.01
     wrist = torch.from_numpy(ex["observation/wrist_image"]).permute(2, 0, 1).float() / 127.5 - 1.0
     torch.testing.assert_close(images[1], wrist, atol=1e-6, rtol=0)
+
+
+@pytest.mark.parametrize(("name", "pad"), [("lerobot0.4:pi05", -3.0), ("lerobot:pi05", -1.0),
+                                           ("openpi:pi05_libero", -1.0)])
+def test_a_wide_camera_is_padded_as_the_checkpoints_library_pads(name, pad):
+    """A camera wider than tall is padded above and below. openpi and LeRobot 0.5+ pad black (-1 in SigLIP's [-1, 1]);
+    LeRobot 0.4's resize_with_pad_torch padded its [0, 1] float image with -1 (it assumed [-1, 1] input), which its
+    policy then mapped to -3: a pi0.5 trained there saw -3 bands."""
+    conv = CONVENTIONS[name]
+    cfg = get_config("tiny", pi05=True)
+    R = cfg.vision.image_size
+    transform = ObservationTransform(TINY, cfg, conventions=name)
+    ex = make_example(TINY, seed=4, image_size=2 * R)
+    ex["observation/image"] = ex["observation/image"][: R, :]  # R x 2R: resized to R/2 x R, R/4 rows of pad each side
+    image = transform.preprocess(transform.upload(transform.host_arrays(ex))).images[0, 0]
+    band = R // 4
+    assert conv.image_resize in ("openpi", "lerobot", "lerobot0.4")
+    torch.testing.assert_close(image[:, :band], torch.full_like(image[:, :band], pad), atol=1e-6, rtol=0)
+    torch.testing.assert_close(image[:, R - band:], torch.full_like(image[:, R - band:], pad), atol=1e-6, rtol=0)
+    assert image[:, band : R - band].min() >= -1.0 - 1e-6  # the picture itself stays in [-1, 1]

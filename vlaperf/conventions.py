@@ -44,9 +44,11 @@ class Conventions:
     prompt_style: str = "openpi"
     action_horizon: int | None = None  # the chunk the checkpoint was trained with (None: the preset's)
     default_prompt: str | None = None  # the prompt of an observation without one (None: the prompt is required)
-    # How an image not at the model's size is resized (with black padding): "openpi": PIL's antialiased bilinear,
-    # rounded to uint8 (openpi's resize_with_pad); "lerobot": torch's bilinear without antialiasing on the float
-    # pixels, not rounded (LeRobot's resize_with_pad_torch in its policies' _preprocess_images)
+    # How an image not at the model's size is resized: "openpi": PIL's antialiased bilinear, rounded to uint8,
+    # black padding (openpi's resize_with_pad); "lerobot": torch's bilinear without antialiasing on the float
+    # pixels, not rounded, black padding (LeRobot 0.5+'s resize_with_pad_torch in its policies'
+    # _preprocess_images); "lerobot0.4": as "lerobot", but padded with -1 on the [0, 1] pixels, -3 once mapped to
+    # SigLIP's [-1, 1] (LeRobot 0.4's copy of that function assumed [-1, 1] input)
     image_resize: str = "openpi"
 
     def fits(self, pi05: bool, layout: str) -> str | None:
@@ -154,7 +156,8 @@ CONVENTIONS: dict[str, Conventions] = {c.name: c for c in (
     Conventions("lerobot:pi05", "LeRobot 0.5+ pi0.5: absolute actions, the state in the prompt, 50 actions a chunk",
                 family="pi05", action_horizon=50, image_resize="lerobot"),
     Conventions("lerobot0.4:pi05", "LeRobot 0.4 pi0.5: as lerobot:pi05, the prompt's state padded to 32 dims",
-                family="pi05", action_horizon=50, state_prompt_pad_to=32, image_resize="lerobot"),
+                family="pi05", action_horizon=50, state_prompt_pad_to=32,
+                image_resize="lerobot0.4"),
 )}
 
 

@@ -589,8 +589,8 @@ class ObservationTransform:
         else:
             rows = db.pixels if isinstance(db.pixels, list) else [[x.permute(1, 2, 0) for x in sample] for sample in chw]
             # LeRobot's policies resize without antialiasing and keep the float pixels (vlaperf.conventions)
-            lerobot = self.conventions.image_resize == "lerobot"
-            images = torch.stack([torch.stack([resize_with_pad(a, R, lerobot) for a in slots]) for slots in rows])
+            style = self.conventions.image_resize
+            images = torch.stack([torch.stack([resize_with_pad(a, R, style) for a in slots]) for slots in rows])
         return Observation(images.float() / 127.5 - 1.0, db.image_mask, db.tokens, db.token_mask, db.state,
                            host_image_valid=db.host_image_valid, host_prompt_len=db.host_prompt_len)
 
@@ -622,12 +622,18 @@ class DeviceBatch:
     extras: tuple = ()  # device views of upload's `extras`, in order
 
 
-def resize_with_pad(image_hwc: Tensor, size: int, lerobot: bool = False) -> Tensor:
-    """uint8 (H, W, 3) -> uint8 (3, size, size): keep aspect ratio, bilinear, pad with black, as openpi's
-    resize_with_pad (PIL's bilinear filter) does: the sides rounded down, the filter antialiased when it
-    shrinks (without it a 480 x 640 camera image differs from openpi's by ~33 of 255 levels on average).
-    `lerobot`: as LeRobot's resize_with_pad_torch does to its [0, 1] float images instead: bilinear without
-    antialiasing, clamped, not rounded; float32 (3, size, size) in 0..255."""
+def resize_with_pad(image_hwc: Tensor, size: int, style: str = "openpi") -> Tensor:
+    """uint8 (H, W, 3) -> (3, size, size): keep aspect ratio, bilinear, pad, as the checkpoint's library does
+    (`Conventions.image_resize`).
+    "openpi": as openpi's resize_with_pad (PIL's bilinear filter): the sides rounded down, the filter antialiased
+    when it shrinks (without it a 480 x 640 camera image differs from openpi's by ~33 of 255 levels on average),
+    black padding; uint8.
+    "lerobot": as LeRobot's resize_with_pad_torch does to its [0, 1] float images instead: bilinear without
+    antialiasing, clamped, not rounded, black padding; float32 in 0..255.
+    "lerobot0.4": as "lerobot", padded with -255 (LeRobot 0.4 padded its [0, 1] images with -1)."""
+    if style not in ("openpi", "lerobot", "lerobot0.4"):
+        raise ValueError(f"image_resize: expected 'openpi', 'lerobot' or 'lerobot0.4', got {style!r}")
+    lerobot = style != "openpi"
     img = image_hwc.permute(2, 0, 1)
     H, W = img.shape[1:]
     if (H, W) == (size, size):
@@ -635,8 +641,9 @@ def resize_with_pad(image_hwc: Tensor, size: int, lerobot: bool = False) -> Tens
     ratio = max(W / size, H / size)
     h, w = max(1, int(H / ratio)), max(1, int(W / ratio))
     resized = F.interpolate(img[None].float(), size=(h, w), mode="bilinear", align_corners=False,
-                            antialias=not lerobot)[0]
-    out = torch.zeros(3, size, size, dtype=torch.float32, device=img.device)
+                            antialias=not lerobot)[0].clamp(0, 255)
+    pad = -255.0 if style == "lerobot0.4" else 0.0
+    out = torch.full((3, size, size), pad, dtype=torch.float32, device=img.device)
     top, left = (size - h) // 2, (size - w) // 2
     out[:, top : top + h, left : left + w] = resized
-    return out.clamp(0, 255) if lerobot else out.round().clamp(0, 255).to(torch.uint8)
+    return out if lerobot else out.round().to(torch.uint8)
