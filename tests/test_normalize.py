@@ -622,6 +622,12 @@ def test_lerobot_pipeline_eps_and_steps_are_checked(tmp_path):
     (tmp_path / "policy_preprocessor.json").write_text(json.dumps(doc))
     with pytest.raises(NormStatsError, match="expected one 'normalizer_processor' step with a 'state_file', found 2"):
         NormStats.load(tmp_path, quantile=False)
+    del step["state_file"]  # one normalizer step that names no statistics, as a base model's pipeline may
+    doc["steps"] = doc["steps"][:-1]
+    doc["steps"][-1] = step
+    (tmp_path / "policy_preprocessor.json").write_text(json.dumps(doc))
+    with pytest.raises(NormStatsError, match="step has no 'state_file': this folder holds no statistics"):
+        NormStats.load(tmp_path, quantile=False)
 
 
 def test_a_tokenizer_larger_than_the_models_vocabulary_is_refused(tmp_path):

@@ -136,9 +136,14 @@ class NormStats:
             raise NormStatsError(f"{doc_path}: expected LeRobot's pipeline layout, an object with a 'steps' list")
         relative = _relative_actions(doc_path, steps)
         norm = [st for st in steps if st.get("registry_name") == "normalizer_processor"]
-        if len(norm) != 1 or not isinstance(norm[0].get("state_file"), str):
+        if len(norm) != 1:
             raise NormStatsError(f"{doc_path}: expected one 'normalizer_processor' step with a 'state_file', found "
                                  f"{len(norm)}")
+        if not isinstance(norm[0].get("state_file"), str):
+            # a normalizer with no statistics (as a base model's pipeline may have): nothing to normalize with
+            raise NormStatsError(f"{doc_path}: its 'normalizer_processor' step has no 'state_file': this folder "
+                                 "holds no statistics (a base model's?); give --norm-stats the statistics of the data "
+                                 "the policy was fine-tuned on")
         config = norm[0].get("config", {})
         norm_map = config.get("norm_map", {}) if isinstance(config, dict) else None
         if not isinstance(norm_map, dict):

@@ -89,8 +89,9 @@ def _check_layout(tensors: dict[str, torch.Tensor], layout: str) -> None:
         raise CheckpointError("the checkpoint holds no tensors")
     found = detect_layout(tensors)
     if layout == "openpi" and found == "lerobot":
-        raise CheckpointError(f"every key starts with {LEROBOT_PREFIX!r}: this looks like a LeRobot checkpoint, not openpi's "
-                              "(convert with --from lerobot)")
+        n = sum(k.startswith(LEROBOT_PREFIX) for k in tensors)
+        raise CheckpointError(f"{n} of its {len(tensors)} keys start with {LEROBOT_PREFIX!r}: this looks like a LeRobot "
+                              "checkpoint, not openpi's (convert with --from lerobot)")
     if layout == "lerobot":
         stray = sorted(k for k in tensors if not k.startswith(LEROBOT_PREFIX))
         if stray:
