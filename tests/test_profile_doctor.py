@@ -185,8 +185,10 @@ def test_gemm_workspace_variables_are_listed(monkeypatch):
 
 
 def test_clean_environment_has_no_errors(monkeypatch):
-    if not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")):
-        pytest.skip("this machine has no C compiler")
+    from vlaperf.engine.compile import missing_compiler
+
+    if missing_compiler():
+        pytest.skip("this machine has no compiler inductor can use: " + missing_compiler())
     assert exit_code(doctor()) == 0
 
 
@@ -410,16 +412,24 @@ def test_masked_images_cost_counts_every_masked_slot(monkeypatch):
     assert found["model.masked_images_embedded"]["cost"] == pytest.approx(2.0)
 
 
+def _programs(tmp_path, *names) -> None:
+    """Empty executables called `names` in tmp_path (PATH is set to it alone by the caller)."""
+    for name in names:
+        exe = tmp_path / name
+        exe.write_text("#!/bin/sh\n")
+        exe.chmod(0o755)
+
+
 def test_cc_counts_as_a_compiler_only_where_it_exists(monkeypatch, tmp_path):
-    """$CC names a compiler that PATH has: no finding; a $CC that is not there does not hide a missing compiler."""
-    cc = tmp_path / "my-cc"
-    cc.write_text("#!/bin/sh\n")
-    cc.chmod(0o755)
-    monkeypatch.setenv("PATH", str(tmp_path))  # no cc, gcc or clang
+    """On a GPU Triton builds with $CC where it is set: one PATH has is enough, and one it lacks fails the build even
+    with gcc there (Triton never falls back from a $CC that names nothing), so that is an error too."""
+    _programs(tmp_path, "my-cc", "gcc")
+    monkeypatch.setenv("PATH", str(tmp_path))
     monkeypatch.setenv("CC", "my-cc")
-    assert "env.no_c_compiler" not in by_id(environment_checks("cpu"))
+    assert "env.no_c_compiler" not in by_id(environment_checks("cuda"))
     monkeypatch.setenv("CC", "no-such-cc")
-    assert by_id(environment_checks("cpu"))["env.no_c_compiler"]["severity"] == "error"
+    f = by_id(environment_checks("cuda"))["env.no_c_compiler"]
+    assert f["severity"] == "error" and "CC='no-such-cc' names no program on PATH" in f["detail"]
 
 
 def test_launch_blocking_zero_and_anomaly_detection(monkeypatch):
@@ -580,14 +590,24 @@ def test_compile_disabled_names_each_variable_with_its_value_and_the_fix(monkeyp
     assert [f["fix"].split(".")[0] for f in found] == ["unset TORCHDYNAMO_DISABLE", "unset TORCH_COMPILE_DISABLE"]
 
 
-@pytest.mark.parametrize("name", ["cc", "gcc", "clang"])
-def test_any_of_cc_gcc_clang_on_path_is_a_compiler(monkeypatch, tmp_path, name):
-    """A machine with only clang (or only gcc) has a compiler: no error for it."""
-    cc = tmp_path / name
-    cc.write_text("#!/bin/sh\n")
-    cc.chmod(0o755)
+@pytest.mark.parametrize("names, device, found", [
+    (["gcc"], "cuda", True), (["clang"], "cuda", True), (["g++"], "cpu", True),
+    (["cc"], "cuda", False),  # Triton looks for $CC, gcc and clang: a bare cc is never tried
+    (["cc", "gcc", "clang"], "cpu", False),  # inductor's CPU kernels are C++: $CXX or g++
+])
+def test_the_compiler_counts_where_inductor_looks_for_it(monkeypatch, tmp_path, names, device, found):
+    """The doctor counted any of cc, gcc or clang as a compiler. On the CPU inductor compiles C++ with $CXX or g++ and
+    failed with InvalidCxxCompiler on a machine with gcc alone (python:slim plus `apt-get install gcc`, the fix the
+    doctor itself gave), while the doctor said nothing; on a GPU Triton never tries a bare cc."""
+    _programs(tmp_path, *names)
     monkeypatch.setenv("PATH", str(tmp_path))
-    assert "env.no_c_compiler" not in by_id(environment_checks("cpu"))
+    for var in ("CC", "CXX"):
+        monkeypatch.delenv(var, raising=False)
+    assert ("env.no_c_compiler" not in by_id(environment_checks(device))) == found
+    monkeypatch.setenv("CXX", "no-such-c++")
+    if device == "cpu":
+        f = by_id(environment_checks("cpu"))["env.no_c_compiler"]
+        assert "C++ compiler" in f["title"] and "CXX='no-such-c++' names no program" in f["detail"]
 
 
 def test_cuda_launch_blocking_names_the_value_and_the_fix(monkeypatch):
@@ -885,30 +905,34 @@ def test_pdl_finding_without_a_readable_capability_and_the_forced_note_in_every_
 # ---- compile.py audited by mutation: compile_blockers, use_compile_cache and compile_fn's choices, called directly
 
 
-@pytest.mark.parametrize("name", ["cc", "gcc", "clang"])
-def test_compile_blockers_count_any_of_cc_gcc_clang_and_ask_for_one_for_inductor_only(monkeypatch, tmp_path, name):
-    """The compile lever's own check (not the doctor's): with PATH empty inductor is blocked, naming the compilers;
-    another backend builds no launchers and is not; cc, gcc or clang alone is enough."""
+@pytest.mark.parametrize("name, device", [("gcc", "cuda"), ("clang", "cuda"), ("g++", "cpu")])
+def test_compile_blockers_ask_for_the_devices_compiler_for_inductor_only(monkeypatch, tmp_path, name, device):
+    """The compile lever's own check (not the doctor's): with PATH empty inductor is blocked, naming the compiler it
+    looks for on that device; another backend builds nothing and is not; gcc or clang (a GPU), g++ (the CPU) is
+    enough, and gcc is not enough on the CPU."""
     from vlaperf.engine.compile import compile_blockers
 
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
+    for var in ("CC", "CXX"):
+        monkeypatch.delenv(var, raising=False)
     monkeypatch.setenv("PATH", str(tmp_path))  # an empty directory
-    no_cc = "no C compiler (cc/gcc/clang) on PATH: inductor cannot build its kernels' launchers"
-    assert compile_blockers() == [no_cc] and compile_blockers("eager") == []
-    cc = tmp_path / name
-    cc.write_text("#!/bin/sh\n")
-    cc.chmod(0o755)
-    assert compile_blockers() == []
+    none = {"cuda": "no C compiler (gcc/clang) on PATH: Triton cannot build its kernels' launchers",
+            "cpu": "no C++ compiler (g++) on PATH: inductor cannot build its CPU kernels"}[device]
+    assert compile_blockers("inductor", device) == [none] and compile_blockers("eager", device) == []
+    _programs(tmp_path, "gcc" if device == "cpu" else "cc")
+    assert compile_blockers("inductor", device) == [none]
+    _programs(tmp_path, name)
+    assert compile_blockers("inductor", device) == []
 
 
 def test_compile_blockers_leave_an_unset_cache_and_another_backend_alone(monkeypatch, tmp_path):
     """TORCHINDUCTOR_CACHE_DIR unset is inductor's default, not an empty value; and a cache folder that cannot be
     made blocks inductor only (the eager backend never reads it). The reason names the variable, the path and the
     OS's words for the failure."""
-    from vlaperf.engine.compile import compile_blockers
+    from vlaperf.engine.compile import compile_blockers, missing_compiler
 
-    if not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")):
-        pytest.skip("this machine has no C compiler")
+    if missing_compiler():
+        pytest.skip("this machine has no compiler inductor can use")
     monkeypatch.delenv("TORCHINDUCTOR_CACHE_DIR", raising=False)
     assert compile_blockers() == []
     (tmp_path / "afile").write_text("x")
@@ -969,7 +993,8 @@ def test_compile_fn_names_every_blocker_and_compiles_static_full_graphs(monkeypa
         assert config.cache_size_limit == 1000
     finally:
         config.cache_size_limit = saved
-    monkeypatch.setattr(C, "compile_blockers", lambda backend="inductor": [])  # this machine's compiler aside
+    # this machine's compiler aside
+    monkeypatch.setattr(C, "compile_blockers", lambda backend="inductor", device_type=None: [])
     C.compile_fn(len, "max-autotune", pdl=False)
     assert seen[-1] == {"mode": "max-autotune", "fullgraph": True, "dynamic": False}
     monkeypatch.setattr(C, "inductor_has_pdl", lambda: True)

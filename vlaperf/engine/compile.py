@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import os
 import shutil
+import sys
 import threading
 
 import torch
@@ -31,11 +32,40 @@ def compile_disabled_by() -> list[str]:
     return [var for var in COMPILE_DISABLE_VARS if os.environ.get(var) == "1"]
 
 
-def compile_blockers(backend: str = "inductor") -> list[str]:
-    """Reasons torch.compile would be silently off or fail here (seed 000 lost weeks to the first)."""
+def missing_compiler(device_type: str | None = None) -> str | None:
+    """Why inductor cannot build its code on `device_type` here, or None: the compiler is looked for as the code that
+    runs it looks for it, not as any compiler on PATH. On a GPU, Triton builds its kernels' launchers with $CC where
+    it is set (used as given, even where it names nothing), else gcc, else clang: a bare `cc` is never tried
+    (triton/runtime/build.py, 3.2 to 3.9). On the CPU, inductor compiles its kernels as C++ with $CXX where it is set,
+    else g++ (clang++ on macOS; torch._inductor.config.cpp.cxx), and gcc alone cannot do that. device_type None: the
+    default device, cuda where there is one."""
+    if device_type is None:
+        device_type = "cuda" if torch.cuda.is_available() else "cpu"
+    if device_type == "cuda":
+        cc = os.environ.get("CC")
+        if cc is not None:
+            return None if shutil.which(cc) else (f"CC={cc!r} names no program on PATH, and Triton builds its kernels' "
+                                                   "launchers with $CC where it is set")
+        if shutil.which("gcc") or shutil.which("clang"):
+            return None
+        return "no C compiler (gcc/clang) on PATH: Triton cannot build its kernels' launchers"
+    default = "clang++" if sys.platform == "darwin" else "g++"
+    cxx = os.environ.get("CXX")
+    if cxx is not None:
+        return None if shutil.which(cxx) else (f"CXX={cxx!r} names no program on PATH, and inductor compiles its CPU "
+                                               "kernels with $CXX where it is set")
+    if shutil.which(default):
+        return None
+    return f"no C++ compiler ({default}) on PATH: inductor cannot build its CPU kernels"
+
+
+def compile_blockers(backend: str = "inductor", device_type: str | None = None) -> list[str]:
+    """Reasons torch.compile would be silently off or fail here (seed 000 lost weeks to the first). device_type:
+    where the compiled code runs (missing_compiler; None: the default device)."""
     reasons = [f"{var}=1 disables torch.compile (it would run eager, silently)" for var in compile_disabled_by()]
-    if backend == "inductor" and not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")):
-        reasons.append("no C compiler (cc/gcc/clang) on PATH: inductor cannot build its kernels' launchers")
+    missing = missing_compiler(device_type) if backend == "inductor" else None
+    if missing:
+        reasons.append(missing)
     cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
     if backend == "inductor" and cache == "":
         # a script's `=$UNSET`: torch 2.11's inductor calls makedirs("") when it is first imported and fails there
@@ -97,8 +127,8 @@ def inductor_has_pdl() -> bool:
     return "triton.enable_pdl" in inductor_config.get_config_copy()
 
 
-def compile_fn(fn, mode: str, backend: str = "inductor", pdl: bool = False):
-    blockers = compile_blockers(backend)
+def compile_fn(fn, mode: str, backend: str = "inductor", pdl: bool = False, device_type: str | None = None):
+    blockers = compile_blockers(backend, device_type)
     if blockers:
         raise CompileUnavailable("compile lever cannot apply: " + "; ".join(blockers))
     # Each batch size x image count x prompt bucket is a distinct static shape of the same code

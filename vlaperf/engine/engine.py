@@ -64,7 +64,8 @@ class Engine:
         if self.levers.compile and compile_backend == "inductor":
             from vlaperf.engine.compile import compile_blockers, start_inductor_warmup
 
-            if not compile_blockers():  # beside the weights' preparation below; joined before torch.compile
+            # beside the weights' preparation below; joined before torch.compile
+            if not compile_blockers("inductor", self.device.type):
                 self._inductor_warmup = start_inductor_warmup()
                 kernels = self.levers.triton_kernels or self.levers.megakernel
                 if COMPILE_WORKERS and self.device.type == "cuda" and self.levers.cuda_graph and kernels:
@@ -101,11 +102,11 @@ class Engine:
             mode = self.levers.compile
             pdl = wants_pdl(self.device, in_graph=self.levers.cuda_graph)
             if self.levers.compile_layers:  # each layer block compiled once, reused by every layer
-                self._blocks = PrefixBlocks(*(compile_fn(f, mode, compile_backend, pdl) for f in
+                self._blocks = PrefixBlocks(*(compile_fn(f, mode, compile_backend, pdl, self.device.type) for f in
                                               (PLAIN_BLOCKS.siglip, PLAIN_BLOCKS.gemma, PLAIN_BLOCKS.gemma_last_kv)))
             else:
-                self._prefix = compile_fn(self._prefix_eager, mode, compile_backend, pdl)
-            self._step = compile_fn(self._step, mode, compile_backend, pdl)
+                self._prefix = compile_fn(self._prefix_eager, mode, compile_backend, pdl, self.device.type)
+            self._step = compile_fn(self._step, mode, compile_backend, pdl, self.device.type)
 
     @property
     def name(self) -> str:

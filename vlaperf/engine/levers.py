@@ -137,7 +137,8 @@ class Levers:
         if items == ["best"]:
             from vlaperf.engine.compile import compile_blockers
 
-            items = list(BEST_GPU if on_gpu and not compile_blockers() else GRAPH_GPU if on_gpu else BEST_CPU)
+            compiles = on_gpu and not compile_blockers("inductor", "cuda")
+            items = list(BEST_GPU if compiles else GRAPH_GPU if on_gpu else BEST_CPU)
             if on_gpu:
                 items += [name for name, majors in TUNED_FOR.items() if _capability_major(device) in majors]
         elif items == ["graph"]:

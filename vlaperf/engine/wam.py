@@ -271,9 +271,11 @@ class WamEngine:
         # compile is regional: the block function compiled once and reused by all blocks (a first
         # call in seconds, not a 30-block graph per shape); the glue around the blocks runs eager.
         # compile_fn raises CompileUnavailable where inductor cannot run (seed 000's trap).
-        self.block = compile_fn(block_step, self.levers.compile, compile_backend) if self.levers.compile else block_step
-        self.context_kv_fn = (compile_fn(context_kv_step, self.levers.compile, compile_backend) if self.levers.compile
-                              else context_kv_step)
+        where = self.device.type  # which compiler inductor needs: Triton's C one on a GPU, a C++ one on the CPU
+        self.block = (compile_fn(block_step, self.levers.compile, compile_backend, device_type=where)
+                      if self.levers.compile else block_step)
+        self.context_kv_fn = (compile_fn(context_kv_step, self.levers.compile, compile_backend, device_type=where)
+                              if self.levers.compile else context_kv_step)
         if self.levers.compile == "reduce-overhead":
             # inductor's CUDA-graph trees reuse a graph's output buffers at its next replay, and the
             # engine keeps block outputs across calls of the same compiled block (the next block's

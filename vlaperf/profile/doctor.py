@@ -12,7 +12,7 @@ Each finding is {id, severity, title, detail, cost, cost_note, fix}:
   fix       a vlaperf lever / switch, or what to change
 
 Environment checks need no model: torch.compile disabled by TORCHDYNAMO_DISABLE /
-TORCH_COMPILE_DISABLE (seed 000 lost 2-3x to this for weeks), no C compiler on PATH
+TORCH_COMPILE_DISABLE (seed 000 lost 2-3x to this for weeks), no compiler inductor can use on PATH
 (inductor fails at the first compiled call: better to know before waiting for it),
 CUDA_LAUNCH_BLOCKING, anomaly detection, the float32 matmul precision / TF32, other
 processes on the GPU and the GPU clocks (nvidia-smi, best effort), the CPUs' frequency
@@ -117,7 +117,7 @@ def _fp_fusion_forced_off() -> bool:
 
 
 def environment_checks(device: torch.device | str | None = None, model_dtype: torch.dtype | None = None) -> list[dict]:
-    from vlaperf.engine.compile import compile_disabled_by
+    from vlaperf.engine.compile import compile_disabled_by, missing_compiler
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     out = []
@@ -129,14 +129,21 @@ def environment_checks(device: torch.device | str | None = None, model_dtype: to
             "(355 ms with compile, 256 ms with reduce-overhead).",
             fix=f"unset {var}. If it was set because the machine has no C compiler, install one "
                 "(e.g. apt-get install gcc) or use the cuda_graph lever, which needs no compiler."))
-    if not any(shutil.which(cc) for cc in ("cc", "gcc", "clang")) and not (os.environ.get("CC") and shutil.which(os.environ["CC"])):
+    # the compiler this device's inductor runs, looked for as it looks for it: Triton's C compiler ($CC, else gcc or
+    # clang: a bare cc is not tried, and a $CC that names nothing is used anyway) on a GPU, a C++ one ($CXX, else g++)
+    # on the CPU, which a machine with gcc alone lacks
+    missing = missing_compiler(device.type)
+    if missing:
+        kind = "C" if device.type == "cuda" else "C++"
         out.append(finding(
-            "env.no_c_compiler", "error", "no C compiler on PATH: torch.compile (inductor) will fail",
-            "inductor builds a C launcher for its kernels (and the kernels themselves on the CPU); without "
-            "cc/gcc/clang the first compiled call fails after tracing, i.e. after you have waited for it. "
-            "vlaperf's compile lever refuses to start here (vlaperf.engine.compile.compile_blockers).",
-            fix="install a C compiler (apt-get install gcc / build-essential) or set CC; or use the cuda_graph "
-                "lever (CUDA graphs need no compiler). Do not 'fix' it with TORCHDYNAMO_DISABLE=1."))
+            "env.no_c_compiler", "error", f"no usable {kind} compiler: torch.compile (inductor) will fail",
+            f"{missing}. Inductor builds a C launcher for its kernels with Triton on a GPU, and compiles the kernels "
+            "themselves as C++ on the CPU; without the compiler it looks for, the first compiled call fails after "
+            "tracing, i.e. after you have waited for it. vlaperf's compile lever refuses to start here "
+            "(vlaperf.engine.compile.compile_blockers).",
+            fix="install a compiler (apt-get install build-essential: gcc and g++) or set "
+                + ("CC" if device.type == "cuda" else "CXX") + " to one on PATH; or use the cuda_graph lever (CUDA "
+                "graphs need no compiler). Do not 'fix' it with TORCHDYNAMO_DISABLE=1."))
     if _on("CUDA_LAUNCH_BLOCKING"):
         out.append(finding(
             "env.cuda_launch_blocking", "error", f"CUDA_LAUNCH_BLOCKING={os.environ['CUDA_LAUNCH_BLOCKING']}",
