@@ -187,6 +187,31 @@ def test_where_and_repeat_interleave_are_host_reads():
     assert ops == [["torch.where"], ["torch.repeat_interleave"], []]
 
 
+def test_a_boolean_mask_write_of_a_host_value_is_masked_fill_and_reads_nothing():
+    """`x[mask] = 0.0` (one mask, one host value) is run by torch as masked_fill_, with no nonzero and no sync on a
+    GPU (index_put_'s canDispatchToMaskedFill): the mode counted it as a host read, so an attention mask written
+    with `scores[~mask] = float("-inf")` showed up as a sync per call. A read through the mask, a device value,
+    several values, two masks or an accumulating index_put_ still run nonzero, and are still counted."""
+    dev = torch.arange(6.0)
+    mask = dev > 2
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        x = dev.clone()
+        x[mask] = 0.0
+        x[~mask] = float("-inf")
+        x[mask] = torch.tensor(1.0)  # host-born: a host value
+        x.index_put_((mask,), torch.tensor(2.0))
+        x[:, None][mask] = 3
+    assert [e.op for e in mode.events] == []
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        x = dev.clone()
+        x[mask] = dev.max()  # a value on the device
+        x[mask] = torch.ones(3)  # several values
+        x.index_put_((mask,), torch.tensor(2.0), accumulate=True)
+        x[mask]  # a read
+    assert [e.op for e in mode.events] == ["Tensor.__setitem__", "Tensor.__setitem__", "Tensor.index_put_",
+                                           "Tensor.__getitem__"]
+
+
 def test_copy_into_host_tensor_is_a_host_read():
     """Copying device data into a host tensor (host.copy_(dev)) is a host read."""
     import torch

@@ -213,6 +213,8 @@ class HostReadMode(TorchFunctionMode):
         if name in _INDEX_OPS:
             idx = _tensors(args[1:2], [])
             if any(t.dtype == torch.bool for t in idx) and dev_in:
+                if self._masked_fill(name, args, kwargs, idx):
+                    return None
                 return "host_read"  # boolean-mask indexing runs nonzero on the mask
             return None
         if name in _COPY_OPS and ins and self.on_device(ins[0]) and name != "copy_":
@@ -229,6 +231,20 @@ class HostReadMode(TorchFunctionMode):
             if self.on_device(src) and dst.device.type == "cpu" and not self.on_device(dst):
                 return "host_read"
         return None
+
+    def _masked_fill(self, name, args, kwargs, idx) -> bool:
+        """Whether torch runs this boolean-mask write as masked_fill_, which reads nothing: one mask and a single
+        host value (a Python number, or a one-element tensor on the host), not accumulated (index_put_'s
+        canDispatchToMaskedFill; `scores[~mask] = float("-inf")` is such a write). Any other write, and every
+        boolean-mask read, runs nonzero on the mask."""
+        if name not in ("__setitem__", "index_put", "index_put_") or len(idx) != 1:
+            return False
+        value = args[2] if len(args) > 2 else kwargs.get("values")
+        if name != "__setitem__" and (args[3] if len(args) > 3 else kwargs.get("accumulate", False)):
+            return False
+        if isinstance(value, torch.Tensor):
+            return value.numel() == 1 and value.device.type == "cpu" and not self.on_device(value)
+        return isinstance(value, (bool, int, float, complex))
 
     def _propagate(self, name, args, kwargs, ins, out) -> None:
         """CPU-as-device bookkeeping: which outputs are host-born."""
