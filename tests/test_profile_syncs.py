@@ -212,6 +212,17 @@ def test_a_boolean_mask_write_of_a_host_value_is_masked_fill_and_reads_nothing()
                                            "Tensor.__getitem__"]
 
 
+def test_in_on_a_device_tensor_is_a_host_read():
+    """`v in t` reads the device (torch's __contains__ calls .item() inside, where the mode cannot see it): it was
+    missed, and a policy's `if token in tokens:` looked sync-free."""
+    dev = torch.arange(6.0)
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        found = 2.0 in dev
+        missing = 7.0 in torch.arange(6.0)  # host-born: no read
+    assert found and not missing
+    assert [(e.op, e.file) for e in mode.events] == [("Tensor.__contains__", __file__)]
+
+
 def test_copy_into_host_tensor_is_a_host_read():
     """Copying device data into a host tensor (host.copy_(dev)) is a host read."""
     import torch

@@ -96,8 +96,10 @@ def _name(func) -> str:
 # Methods that hand tensor data to Python.
 # (.numpy() / __array__ are absent: on a GPU tensor they raise, so working code reads
 # through .cpu() first, and that is where the sync is counted.)
+# __contains__ (`x in t`) reads through .item() inside torch's Python method, which the mode cannot see: the mode is
+# off while its own handler runs, so the read is counted at the `in`.
 _READ_METHODS = {"__bool__", "__int__", "__float__", "__index__", "__complex__", "item", "tolist",
-                 "__repr__", "__str__", "__format__"}
+                 "__repr__", "__str__", "__format__", "__contains__"}
 # Ops whose output size depends on the data (the host must read it to allocate the output).
 _DATA_DEPENDENT = {"nonzero", "argwhere", "masked_select", "unique", "unique_consecutive", "_unique", "_unique2",
                    "equal", "allclose", "is_nonzero", "bincount"}
