@@ -55,6 +55,56 @@ def test_zero_does_not_disable_compile(monkeypatch):
     assert "env.compile_disabled" not in by_id(doctor())
 
 
+def test_backend_override_and_suppressed_errors_as_this_torch_read_them(monkeypatch):
+    """TORCH_COMPILE_OVERRIDE_BACKENDS runs the graphs it names with another backend (eager, say) and
+    TORCHDYNAMO_SUPPRESS_ERRORS lets a failed compile run eager: neither turns compile off, so neither was seen.
+    torch reads both at its import, so the doctor reads torch's config, as a process started with them has it
+    (set here through the config's own patch, which puts it back)."""
+    import torch._dynamo.config as dynamo_config
+
+    from vlaperf.engine.compile import compile_blockers
+
+    has_override = hasattr(dynamo_config, "debug_backend_override")
+    with dynamo_config.patch(suppress_errors=False, **({"debug_backend_override": ""} if has_override else {})):
+        found = by_id(doctor())
+        assert "env.compile_backend_override" not in found and "env.compile_errors_suppressed" not in found
+        assert not any("OVERRIDE" in r for r in compile_blockers())
+    monkeypatch.setenv("TORCHDYNAMO_SUPPRESS_ERRORS", "0")  # any non-empty value is on for torch
+    with dynamo_config.patch(suppress_errors=True):
+        f = by_id(doctor())["env.compile_errors_suppressed"]
+        assert f["severity"] == "warning" and "TORCHDYNAMO_SUPPRESS_ERRORS=0" in f["title"] and "unset" in f["fix"]
+    if not has_override:
+        pytest.skip("this torch has no TORCH_COMPILE_OVERRIDE_BACKENDS")
+    with dynamo_config.patch(debug_backend_override="0-999:eager"):
+        findings = doctor()
+        f = by_id(findings)["env.compile_backend_override"]
+        assert f["severity"] == "error" and "0-999:eager" in f["title"] and exit_code(findings) == 1
+        assert compile_blockers()[0].startswith("TORCH_COMPILE_OVERRIDE_BACKENDS='0-999:eager' runs the graphs")
+        assert compile_blockers("eager")  # whatever the backend asked for, it is not the one that runs
+
+
+def test_the_override_switches_set_before_torch_starts_are_found(tmp_path):
+    """The same two switches in the environment of a fresh `vlaperf doctor`: both found, exit 1, and the result's
+    environment record lists them."""
+    import json
+    import subprocess
+
+    env = dict(os.environ, TORCHDYNAMO_SUPPRESS_ERRORS="0", TORCH_COMPILE_OVERRIDE_BACKENDS="0-999:eager")
+    out = tmp_path / "d.json"
+    run = subprocess.run([sys.executable, "-m", "vlaperf.cli", "doctor", "--json", str(out)], env=env,
+                         capture_output=True, text=True, timeout=120)
+    r = json.loads(out.read_text())
+    ids = {f["id"] for f in r["findings"]}
+    assert "env.compile_errors_suppressed" in ids
+    variables = r["env"]["env_vars"]
+    assert variables["TORCHDYNAMO_SUPPRESS_ERRORS"] == "0"
+    assert variables["TORCH_COMPILE_OVERRIDE_BACKENDS"] == "0-999:eager"
+    import torch._dynamo.config as dynamo_config
+
+    if hasattr(dynamo_config, "debug_backend_override"):
+        assert "env.compile_backend_override" in ids and run.returncode == 1, run.stdout[-2000:]
+
+
 @pytest.mark.parametrize("value", ["false", "no", "2"])
 def test_compile_disabled_only_where_torch_disables_it(monkeypatch, value):
     """torch turns compile off only for TORCHDYNAMO_DISABLE / TORCH_COMPILE_DISABLE equal to "1". The doctor called

@@ -44,6 +44,11 @@ import torch
 ENV_VARS = (
     "TORCHDYNAMO_DISABLE",
     "TORCH_COMPILE_DISABLE",
+    # torch's switches that change what a compiled call runs (read at its import): another backend for the graphs
+    # named, inductor settings for them, and a compile error falling back to eager
+    "TORCH_COMPILE_OVERRIDE_BACKENDS",
+    "TORCH_COMPILE_OVERRIDE_INDUCTOR_CONFIGS",
+    "TORCHDYNAMO_SUPPRESS_ERRORS",
     "CUDA_LAUNCH_BLOCKING",
     "TORCH_LOGS",
     "PYTORCH_CUDA_ALLOC_CONF",

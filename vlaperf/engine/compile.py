@@ -32,6 +32,23 @@ def compile_disabled_by() -> list[str]:
     return [var for var in COMPILE_DISABLE_VARS if os.environ.get(var) == "1"]
 
 
+def compile_switched() -> dict[str, str]:
+    """torch's import-time switches that change what a compiled call runs without turning compile off, as this
+    process's torch read them (its dynamo config, not today's environment): {"backend_override": the
+    TORCH_COMPILE_OVERRIDE_BACKENDS rules (the graphs they name run another backend, eager for one), "suppress_errors":
+    the TORCHDYNAMO_SUPPRESS_ERRORS value (torch takes any non-empty value as on, "0" included: a frame that fails to
+    compile then runs eager with a log line)}; each only where set. Older torch lacks the first."""
+    import torch._dynamo.config as dynamo_config
+
+    out = {}
+    override = getattr(dynamo_config, "debug_backend_override", "")
+    if override:
+        out["backend_override"] = override
+    if getattr(dynamo_config, "suppress_errors", False):
+        out["suppress_errors"] = os.environ.get("TORCHDYNAMO_SUPPRESS_ERRORS", "(set in torch._dynamo.config)")
+    return out
+
+
 def missing_compiler(device_type: str | None = None) -> str | None:
     """Why inductor cannot build its code on `device_type` here, or None: the compiler is looked for as the code that
     runs it looks for it, not as any compiler on PATH. On a GPU, Triton builds its kernels' launchers with $CC where
@@ -63,6 +80,10 @@ def compile_blockers(backend: str = "inductor", device_type: str | None = None) 
     """Reasons torch.compile would be silently off or fail here (seed 000 lost weeks to the first). device_type:
     where the compiled code runs (missing_compiler; None: the default device)."""
     reasons = [f"{var}=1 disables torch.compile (it would run eager, silently)" for var in compile_disabled_by()]
+    override = compile_switched().get("backend_override")
+    if override:
+        reasons.append(f"TORCH_COMPILE_OVERRIDE_BACKENDS={override!r} runs the graphs it names with another backend "
+                       "than the one asked for (silently)")
     missing = missing_compiler(device_type) if backend == "inductor" else None
     if missing:
         reasons.append(missing)

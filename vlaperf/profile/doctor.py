@@ -117,7 +117,7 @@ def _fp_fusion_forced_off() -> bool:
 
 
 def environment_checks(device: torch.device | str | None = None, model_dtype: torch.dtype | None = None) -> list[dict]:
-    from vlaperf.engine.compile import compile_disabled_by, missing_compiler
+    from vlaperf.engine.compile import compile_disabled_by, compile_switched, missing_compiler
 
     device = torch.device(device or ("cuda" if torch.cuda.is_available() else "cpu"))
     out = []
@@ -129,6 +129,21 @@ def environment_checks(device: torch.device | str | None = None, model_dtype: to
             "(355 ms with compile, 256 ms with reduce-overhead).",
             fix=f"unset {var}. If it was set because the machine has no C compiler, install one "
                 "(e.g. apt-get install gcc) or use the cuda_graph lever, which needs no compiler."))
+    switched = compile_switched()  # read by torch at its import; neither turns compile off, both change what runs
+    if "backend_override" in switched:
+        out.append(finding(
+            "env.compile_backend_override", "error",
+            f"torch.compile runs another backend: TORCH_COMPILE_OVERRIDE_BACKENDS={switched['backend_override']}",
+            "torch's bisecting switch: the graphs its rules name (e.g. '0-999:eager') run with that backend instead of "
+            "the one torch.compile was given, with no error, so a 'compiled' variant may be running eager.",
+            fix="unset TORCH_COMPILE_OVERRIDE_BACKENDS (it is a debugging switch)"))
+    if "suppress_errors" in switched:
+        out.append(finding(
+            "env.compile_errors_suppressed", "warning",
+            f"compile errors fall back to eager: TORCHDYNAMO_SUPPRESS_ERRORS={switched['suppress_errors']}",
+            "torch takes any non-empty value as on, '0' included: a frame that fails to compile then runs eager with "
+            "only a log line, so a broken compile looks like a slow one.",
+            fix="unset TORCHDYNAMO_SUPPRESS_ERRORS"))
     # the compiler this device's inductor runs, looked for as it looks for it: Triton's C compiler ($CC, else gcc or
     # clang: a bare cc is not tried, and a $CC that names nothing is used anyway) on a GPU, a C++ one ($CXX, else g++)
     # on the CPU, which a machine with gcc alone lacks
