@@ -541,3 +541,23 @@ def test_time_calls_counts_a_first_call_made_by_the_caller(warmup, more):
     assert len(calls) == more + 4
     assert r["first_call_s"] == 2.5 and r["warmup"] == max(warmup, 1) and len(r["samples"]["wall_ms"]) == 4
     assert (r["warmup_s"] > 0.0) == (more > 0)
+
+
+def test_the_recorded_compiler_is_the_one_inductor_runs_on_the_device(monkeypatch, tmp_path):
+    """env.c_compiler: the compiler inductor would run where the record was taken (Triton's C compiler on a GPU, a
+    C++ compiler on the CPU), not the first of cc/gcc/clang on PATH: a machine with gcc alone recorded gcc while
+    inductor on its CPU could not build anything."""
+    from vlaperf.timing import _c_compiler
+
+    for name in ("gcc", "g++", "cc"):
+        (tmp_path / name).write_text("#!/bin/sh\n")
+        (tmp_path / name).chmod(0o755)
+    monkeypatch.setenv("PATH", str(tmp_path))
+    monkeypatch.delenv("CC", raising=False)
+    monkeypatch.delenv("CXX", raising=False)
+    assert _c_compiler("cuda") == str(tmp_path / "gcc") and _c_compiler("cpu") == str(tmp_path / "g++")
+    (tmp_path / "g++").unlink()
+    assert _c_compiler("cpu") is None
+    monkeypatch.setenv("CXX", "cc")
+    monkeypatch.setenv("CC", "no-such-cc")  # Triton uses $CC as given, with no fallback
+    assert _c_compiler("cpu") == str(tmp_path / "cc") and _c_compiler("cuda") is None

@@ -779,14 +779,13 @@ def behaviour_env_vars() -> dict[str, str]:
     return found
 
 
-def _c_compiler() -> str | None:
-    # torch.compile's inductor needs a C compiler for its CPU-side wrappers; which one is a
-    # common cause of "works here, fails there".
-    for cc in ("cc", "gcc", "clang"):
-        path = shutil.which(cc)
-        if path:
-            return path
-    return None
+def _c_compiler(device_type: str) -> str | None:
+    # The compiler torch.compile's inductor runs on this device (Triton's C compiler for its launchers on a GPU,
+    # a C++ compiler for the kernels on the CPU), found as it finds it; which one is a common cause of "works here,
+    # fails there".
+    from vlaperf.engine.compile import inductor_compiler
+
+    return inductor_compiler(device_type)
 
 
 def environment_record(device: torch.device | str) -> dict[str, Any]:
@@ -826,7 +825,7 @@ def environment_record(device: torch.device | str) -> dict[str, Any]:
         "git_commit": commit,
         "git_dirty": dirty,
         "env_vars": _probe(behaviour_env_vars, {}),
-        "c_compiler": _probe(_c_compiler),
+        "c_compiler": _probe(lambda: _c_compiler(torch.device(device).type)),
         "matmul_precision": _probe(torch.get_float32_matmul_precision),
         "tf32_matmul": _probe(lambda: bool(torch.backends.cuda.matmul.allow_tf32)),
         "tf32_cudnn": _probe(lambda: bool(torch.backends.cudnn.allow_tf32)),

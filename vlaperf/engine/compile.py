@@ -49,6 +49,19 @@ def compile_switched() -> dict[str, str]:
     return out
 
 
+def _compiler_names(device_type: str) -> list[str]:
+    """The names inductor's compile tries on `device_type`, in order (missing_compiler says why these)."""
+    if device_type == "cuda":
+        return [os.environ["CC"]] if "CC" in os.environ else ["gcc", "clang"]
+    cxx = os.environ.get("CXX")
+    return [cxx] if cxx is not None else ["clang++" if sys.platform == "darwin" else "g++"]
+
+
+def inductor_compiler(device_type: str) -> str | None:
+    """The path of the compiler inductor runs on `device_type` here, found as it finds it; None where there is none."""
+    return next((path for path in map(shutil.which, filter(None, _compiler_names(device_type))) if path), None)
+
+
 def missing_compiler(device_type: str | None = None) -> str | None:
     """Why inductor cannot build its code on `device_type` here, or None: the compiler is looked for as the code that
     runs it looks for it, not as any compiler on PATH. On a GPU, Triton builds its kernels' launchers with $CC where
@@ -58,22 +71,15 @@ def missing_compiler(device_type: str | None = None) -> str | None:
     default device, cuda where there is one."""
     if device_type is None:
         device_type = "cuda" if torch.cuda.is_available() else "cpu"
-    if device_type == "cuda":
-        cc = os.environ.get("CC")
-        if cc is not None:
-            return None if shutil.which(cc) else (f"CC={cc!r} names no program on PATH, and Triton builds its kernels' "
-                                                   "launchers with $CC where it is set")
-        if shutil.which("gcc") or shutil.which("clang"):
-            return None
-        return "no C compiler (gcc/clang) on PATH: Triton cannot build its kernels' launchers"
-    default = "clang++" if sys.platform == "darwin" else "g++"
-    cxx = os.environ.get("CXX")
-    if cxx is not None:
-        return None if shutil.which(cxx) else (f"CXX={cxx!r} names no program on PATH, and inductor compiles its CPU "
-                                               "kernels with $CXX where it is set")
-    if shutil.which(default):
+    if inductor_compiler(device_type):
         return None
-    return f"no C++ compiler ({default}) on PATH: inductor cannot build its CPU kernels"
+    var = "CC" if device_type == "cuda" else "CXX"
+    if var in os.environ:
+        where = "Triton builds its kernels' launchers" if var == "CC" else "inductor compiles its CPU kernels"
+        return f"{var}={os.environ[var]!r} names no program on PATH, and {where} with ${var} where it is set"
+    if device_type == "cuda":
+        return "no C compiler (gcc/clang) on PATH: Triton cannot build its kernels' launchers"
+    return f"no C++ compiler ({_compiler_names('cpu')[0]}) on PATH: inductor cannot build its CPU kernels"
 
 
 def compile_blockers(backend: str = "inductor", device_type: str | None = None) -> list[str]:
