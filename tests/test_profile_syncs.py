@@ -334,3 +334,19 @@ def test_format_syncs_and_the_cpu_without_treat_as_device():
     with HostReadMode("cpu") as mode:
         dev.sum().item()
     assert mode.events == []
+
+
+def test_sites_in_vlaperf_are_named_by_their_package_path_wherever_the_command_runs(tmp_path, monkeypatch):
+    """A sync site in vlaperf's own code reads vlaperf/<module>.py:<line> as the docs print it, from any working
+    directory (from the parent of the checkout it read <checkout>/vlaperf/...); other files stay relative to it."""
+    import os
+
+    import vlaperf
+    from vlaperf.profile.syncs import _short
+
+    pi0 = os.path.join(os.path.dirname(vlaperf.__file__), "models", "pi0.py")
+    for cwd in (os.path.dirname(os.path.dirname(os.path.dirname(vlaperf.__file__))), str(tmp_path)):
+        monkeypatch.chdir(cwd)
+        assert _short(pi0, 7) == "vlaperf/models/pi0.py:7"
+    (tmp_path / "my_policy.py").write_text("")
+    assert _short(str(tmp_path / "my_policy.py"), 3) == "my_policy.py:3"

@@ -335,7 +335,9 @@ def _short(file: str | None, line: int | None) -> str:
     if file is None:
         return "<unknown>"
     path = os.path.abspath(file)
-    for root in (os.getcwd(), os.path.dirname(os.path.dirname(_THIS_FILE)) + "/.."):
+    # vlaperf's own files (and the packages installed beside it) by their package path wherever the command runs,
+    # as the docs name them (vlaperf/models/pi0.py:786); other files relative to the working directory
+    for root in (os.path.dirname(os.path.dirname(_THIS_FILE)) + "/..", os.getcwd()):
         root = os.path.abspath(root) + os.sep
         if path.startswith(root):
             path = path[len(root):]
