@@ -573,7 +573,7 @@ def test_world_action_model_checks(monkeypatch):
     found = by_id(doctor(model, workload=w, measure=True))
     assert found["wam.host_syncs"]["severity"] == "warning" and "cached_keep_index" in found["wam.host_syncs"]["fix"]
     assert found["wam.context_kv_per_step"]["cost"] == pytest.approx(3.0)
-    assert found["wam.finished_video_recomputed"]["title"] == "the finished video recomputed in 1 forwards"
+    assert found["wam.finished_video_recomputed"]["title"] == "the finished video recomputed in 1 forward"
     assert found["wam.finished_video_recomputed"]["severity"] == "warning"
     assert "wam.sparsity_host_bound" not in found  # no sparsity
     site = {"per_call": 2, "location": "wam.py:9", "op": "Tensor.item", "code": "x.item()"}

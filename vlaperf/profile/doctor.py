@@ -618,7 +618,7 @@ def wam_model_checks(model, engine=None, workload=None, measure: bool = True, se
         wasted = workload.steps - workload.video_steps - 1
         out.append(finding(
             "wam.finished_video_recomputed", "warning" if wasted > 0 else "info",
-            f"the finished video recomputed in {max(wasted, 0)} forwards",
+            f"the finished video recomputed in {max(wasted, 0)} forward{'' if wasted == 1 else 's'}",
             f"the video is finished after {workload.video_steps} of {workload.steps} steps; its tokens never attend to "
             f"the actions, so their keys and values are constants from then on, yet {path} runs all "
             f"{model.config.seq_len - model.config.frame_tokens + kept_frame_tokens(model.config, workload.sparsity)} "
