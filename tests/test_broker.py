@@ -192,3 +192,21 @@ def test_the_broker_records_each_answered_calls_ways_there_and_back():
     plain = ChunkBroker(ScriptedClient(), control_hz=10.0, replan_every=3, asynchronous=False)
     plain.act({"step": 0})
     assert np.isnan(plain.stats.split["client_pack_ms"][0]) and np.isnan(plain.stats.split["uplink_ms"][0])
+
+
+def test_a_chunk_asked_for_as_it_runs_out_stalls_for_it_at_that_step():
+    """replan_every = the chunk's length (or a reply shorter than replan_every): the next chunk is asked for at the
+    step the running one has no action left for. That step waits for the reply, a stall, and executes the new
+    chunk's first action. It handed out the old chunk's last action again instead, counted no stall, and the
+    switch one step later skipped the new chunk's first action and read as late (declared delay 0, a step gone)."""
+    client = ScriptedClient()
+    broker = ChunkBroker(client, control_hz=100.0, replan_every=H, round_trip_s=0.0)
+    got = [float(broker.act({"step": s})[0]) for s in range(H)]
+    assert got == list(range(H)) and len(client.requests) == 1
+    threading.Timer(0.05, client.release.set).start()
+    assert float(broker.act({"step": H})[0]) == 100  # asked for now, waited for: the new chunk from its start
+    assert client.requests[1] == {"step": H}
+    st = broker.stats
+    assert (st.stalls, st.switches, st.late_switches) == (1, 1, 0) and st.wait_s >= 0.04
+    assert st.jumps == []  # the old chunk had no action for this step: no jump to measure
+    assert float(broker.act({"step": H + 1})[0]) == 101 and len(client.requests) == 2

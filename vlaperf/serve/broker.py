@@ -164,6 +164,11 @@ class ChunkBroker:
             if self.rtc:
                 request.update({RTC_EXECUTED_KEY: int(self._pos), RTC_DELAY_KEY: int(delay)})
             self._pending = (self._pool.submit(self._call, request), step, self._pos, delay)
+            if self._pos >= len(self._chunk):
+                # asked for as the chunk ran out (replan_every = its length, or a shorter reply): this step has no
+                # action but the new chunk's first, so it waits for it, a stall (it repeated the old chunk's last
+                # action, no stall counted, and the switch a step later skipped the new chunk's first action)
+                self._switch(step)
         if self._pos >= len(self._chunk):  # ran out and its next chunk was refused (asked for again): hold the last
             return self._chunk[-1]
         action = self._chunk[self._pos]
