@@ -773,7 +773,7 @@ def test_doctor_names_seed_000s_overheads_and_their_levers(tmp_path, monkeypatch
     assert "cached_keep_index" in found["wam.host_syncs"]["fix"] and "nonzero" in found["wam.host_syncs"]["detail"]
     assert found["wam.context_kv_per_step"]["fix"] == "lever context_kv_cache"
     assert found["wam.unfused_projections"]["fix"] == "lever fuse_projections"
-    assert "in 1 forwards" in found["wam.finished_video_recomputed"]["title"]  # 4 steps, the video in 2
+    assert "in 1 forward" in found["wam.finished_video_recomputed"]["title"]  # 4 steps, the video in 2
     assert "wam.sparsity_host_bound" in found
     assert main(["doctor", "--workload", "wam-tiny", "--device", "cpu", "--levers", "exact", "--no-measure",
                  "--json", str(out)]) == 0
