@@ -62,7 +62,7 @@ def test_backend_override_and_suppressed_errors_as_this_torch_read_them(monkeypa
     (set here through the config's own patch, which puts it back)."""
     import torch._dynamo.config as dynamo_config
 
-    from vlaperf.engine.compile import compile_blockers
+    from vlaperf.engine.compile import compile_blockers, compile_switched
 
     has_override = hasattr(dynamo_config, "debug_backend_override")
     with dynamo_config.patch(suppress_errors=False, **({"debug_backend_override": ""} if has_override else {})):
@@ -81,6 +81,13 @@ def test_backend_override_and_suppressed_errors_as_this_torch_read_them(monkeypa
         assert f["severity"] == "error" and "0-999:eager" in f["title"] and exit_code(findings) == 1
         assert compile_blockers()[0].startswith("TORCH_COMPILE_OVERRIDE_BACKENDS='0-999:eager' runs the graphs")
         assert compile_blockers("eager")  # whatever the backend asked for, it is not the one that runs
+    # a process that has not loaded torch's compiler stack yet: read from the environment as its config will read it
+    monkeypatch.delitem(sys.modules, "torch._dynamo.config")
+    monkeypatch.setenv("TORCH_COMPILE_OVERRIDE_BACKENDS", "0-9:eager")
+    assert compile_switched() == {"backend_override": "0-9:eager", "suppress_errors": "0"}
+    monkeypatch.setenv("TORCHDYNAMO_SUPPRESS_ERRORS", "")
+    monkeypatch.delenv("TORCH_COMPILE_OVERRIDE_BACKENDS")
+    assert compile_switched() == {}
 
 
 def test_the_override_switches_set_before_torch_starts_are_found(tmp_path):

@@ -33,20 +33,35 @@ def compile_disabled_by() -> list[str]:
 
 
 def compile_switched() -> dict[str, str]:
-    """torch's import-time switches that change what a compiled call runs without turning compile off, as this
-    process's torch read them (its dynamo config, not today's environment): {"backend_override": the
-    TORCH_COMPILE_OVERRIDE_BACKENDS rules (the graphs they name run another backend, eager for one), "suppress_errors":
-    the TORCHDYNAMO_SUPPRESS_ERRORS value (torch takes any non-empty value as on, "0" included: a frame that fails to
-    compile then runs eager with a log line)}; each only where set. Older torch lacks the first."""
-    import torch._dynamo.config as dynamo_config
-
+    """torch's import-time switches that change what a compiled call runs without turning compile off:
+    {"backend_override": the TORCH_COMPILE_OVERRIDE_BACKENDS rules (the graphs they name run another backend, eager for
+    one), "suppress_errors": the TORCHDYNAMO_SUPPRESS_ERRORS value (torch takes any non-empty value as on, "0"
+    included: a frame that fails to compile then runs eager with a log line)}; each only where on. Read from torch's
+    dynamo config where this process has loaded it (what it runs with); before that, from the environment as that
+    config will read it, without importing torch._dynamo here (a doctor need not load the compiler stack, and a test's
+    stand-in Triton makes that import fail). Older torch has no backend override (its config does not name it)."""
+    config = sys.modules.get("torch._dynamo.config")
+    if config is not None:
+        override, suppress = getattr(config, "debug_backend_override", ""), getattr(config, "suppress_errors", False)
+    else:
+        override = os.environ.get("TORCH_COMPILE_OVERRIDE_BACKENDS", "") if _dynamo_config_reads(
+            "TORCH_COMPILE_OVERRIDE_BACKENDS") else ""
+        suppress = bool(os.environ.get("TORCHDYNAMO_SUPPRESS_ERRORS"))
     out = {}
-    override = getattr(dynamo_config, "debug_backend_override", "")
     if override:
         out["backend_override"] = override
-    if getattr(dynamo_config, "suppress_errors", False):
+    if suppress:
         out["suppress_errors"] = os.environ.get("TORCHDYNAMO_SUPPRESS_ERRORS", "(set in torch._dynamo.config)")
     return out
+
+
+def _dynamo_config_reads(var: str) -> bool:
+    """Whether this torch's dynamo config reads the environment variable `var` (its source names it)."""
+    try:  # the file by its place in torch's package: find_spec would import torch._dynamo to find it
+        with open(os.path.join(os.path.dirname(torch.__file__), "_dynamo", "config.py"), encoding="utf-8") as f:
+            return var in f.read()
+    except Exception:  # no source to read: say what the environment says
+        return True
 
 
 def _compiler_names(device_type: str) -> list[str]:
