@@ -588,7 +588,7 @@ class ObservationTransform:
             images = chw
         else:
             rows = db.pixels if isinstance(db.pixels, list) else [[x.permute(1, 2, 0) for x in sample] for sample in chw]
-            # LeRobot's policies resize without antialiasing and keep the float pixels (vlaperf.conventions)
+            # resized as the checkpoint's library does (Conventions.image_resize: openpi's filter, or LeRobot's)
             style = self.conventions.image_resize
             images = torch.stack([torch.stack([resize_with_pad(a, R, style) for a in slots]) for slots in rows])
         return Observation(images.float() / 127.5 - 1.0, db.image_mask, db.tokens, db.token_mask, db.state,
