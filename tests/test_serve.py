@@ -1808,7 +1808,7 @@ class _ScriptedClient:
     def __init__(self, url, api_key=None, timeout_s=60.0, call_s=0.06, errors=(), horizon=4, rows=None,
                  keep_warm_ms=None):
         self.metadata = {"workload": "tiny", "action_horizon": horizon, "robot_action_dim": D}
-        self.keep_warm_pings = 0
+        self.keep_warm_pings, self.timeout_s = 0, timeout_s
         self.call_s, self.errors, self.calls = call_s, set(errors), 0
         self.rows = horizon if rows is None else rows  # the actions a reply holds
 
@@ -2159,6 +2159,31 @@ def test_rollout_stopped_by_a_lost_connection_counts_the_steps_it_ran(monkeypatc
     assert ro["connection_lost"] == "episode 0, step 4: the connection failed: ConnectionError: gone"
     (row,) = ro["per_episode"]
     assert (row["steps"], row["policy_calls"]) == (4, 1) and row["ideal_wall_s"] == pytest.approx(4 / 20.0)
+
+
+@pytest.mark.parametrize("late_call", [0, 2])
+def test_rollout_names_a_reply_overdue_past_each_calls_limit(monkeypatch, late_call):
+    """Each call has the run's --timeout-s (at most 60 s) as its limit. A reply that does not come within it was a bare
+    "the first call failed: TimeoutError" (exit 2), or mid-run "the connection failed: TimeoutError"; both now say
+    which limit ran out."""
+    from vlaperf.serve import rollout
+    from vlaperf.serve.loadgen import LoadgenError
+
+    class Overdue(_ScriptedClient):
+        def infer(self, obs):
+            if self.calls == late_call:  # 0: the untimed first call; 2: episode 0, step 4
+                raise TimeoutError("timed out while receiving data")
+            return super().infer(obs)
+
+    monkeypatch.setattr(rollout, "Client", lambda *a, **kw: Overdue(*a, call_s=0.0, **kw))
+    run = lambda: rollout.run_rollout("ws://127.0.0.1:9", episodes=1, steps_per_episode=8,  # noqa: E731
+                                      control_hz=20.0, image_size=32, timeout_s=90.0, sleep=lambda s: None)
+    if late_call == 0:
+        with pytest.raises(LoadgenError, match=r"^the first call had no reply within 60 s \(timeout_s, --timeout-s"):
+            run()
+    else:
+        assert run()["rollout"]["connection_lost"] == ("episode 0, step 4: no reply within 60 s (each call's limit: "
+                                                        "--timeout-s, at most 60 s)")
 
 
 # ----------------------------------------------------------------------------- the subcommands, audited by mutation

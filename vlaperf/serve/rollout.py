@@ -104,6 +104,9 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
             client.infer(dict(frames[0]))
         except ServerError as e:
             raise LoadgenError(f"the server refused the first observation: {e}") from None
+        except TimeoutError:  # each call has the run's limit (at most 60 s): say so, not a bare TimeoutError
+            raise LoadgenError(f"the first call had no reply within {client.timeout_s:g} s (timeout_s, --timeout-s, "
+                               "which is also each call's limit up to 60 s)") from None
         except Exception as e:  # the connection closed (e.g. a message over the server's size limit)
             raise LoadgenError(f"the first call failed: {type(e).__name__}: {e}") from None
         deadline = time.perf_counter() + timeout_s
@@ -204,6 +207,14 @@ class BackToBack:
     guided: int = 0  # answered with rtc.guided (real-time chunking)
 
 
+def _failure(e: Exception, client) -> str:
+    """Why a call ended the run: a reply overdue past each call's limit is named as such (its late reply would
+    answer the next request), any other error as the connection failing."""
+    if isinstance(e, TimeoutError):
+        return f"no reply within {client.timeout_s:g} s (each call's limit: --timeout-s, at most 60 s)"
+    return f"the connection failed: {type(e).__name__}: {e}"
+
+
 def _back_to_back(client, frames, calls: int, rtc: bool, replan_every: int, deadline: float, into: BackToBack,
                   episode: int) -> tuple[bool, str | None]:
     """One untimed call (the one after the episode's idle), then `calls` timed ones, each sent when the previous
@@ -220,8 +231,8 @@ def _back_to_back(client, frames, calls: int, rtc: bool, replan_every: int, dead
             reply = client.infer(obs)
         except ServerError:
             reply = None
-        except Exception as e:  # the connection is gone
-            return False, f"episode {episode}, back-to-back call {k}: the connection failed: {type(e).__name__}: {e}"
+        except Exception as e:  # the connection is gone (or its reply overdue)
+            return False, f"episode {episode}, back-to-back call {k}: " + _failure(e, client)
         rt_ms = (time.perf_counter() - t0) * 1e3
         if reply is None:
             into.errors += 1
@@ -268,8 +279,8 @@ def _episodes(client, frames, episodes: int, steps: int, period: float, replan_e
                     broker.act(obs)  # the action is "executed": there is no robot to send it to
                 except ServerError:
                     pass  # counted in the broker's stats; the step passes without an action
-                except Exception as e:  # the connection is gone: no later call can succeed
-                    connection_lost = f"episode {ep}, step {step}: the connection failed: {type(e).__name__}: {e}"
+                except Exception as e:  # the connection is gone (or its reply overdue): no later call can succeed
+                    connection_lost = f"episode {ep}, step {step}: " + _failure(e, client)
                     break
                 steps_done += 1
                 elapsed = time.perf_counter() - t_step
