@@ -6,7 +6,6 @@ from __future__ import annotations
 import errno
 import os
 import re
-import shutil
 import sys
 from pathlib import Path
 
