@@ -1,0 +1,32 @@
+#!/bin/bash
+# Session 62's device plan (one GPU; lanes.sh, lane A only). Say which card each figure came from.
+#   PART=a   1) the test modules changed in session 61 after its last GPU run (15480dc: compile_switched reads
+#               torch's dynamo config only where the process already loaded it), on the GPU.
+#               Prediction: all pass, including test_fp_fusion_forced_off_...[3.6], which failed three times on
+#               session 61's H100 before that fix.
+#            2) libero-pi0 `best` in policy mode, four fresh processes.
+#               Prediction on an H200: 14.0-14.4 ms (session 48: 14.05-14.34 at the same kernels).
+#               Prediction on an H100: 13.9-14.3 ms (session 61: 14.06, medians 14.01-14.13).
+#            3) model mode in four fresh processes on the same card.
+#               Prediction: 12.7-13.0 ms on an H200 (session 60: 12.72), 13.2-13.5 on an H100 (session 61: 13.33).
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session62.sh, carry [".whl"]
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P
+install_wheels .whl /tmp/site
+export PYTHONPATH=/tmp/site:$PWD
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "card: $GPU_NAME"
+T="tests/test_profile_syncs.py tests/test_profile_doctor.py tests/test_broker.py tests/test_conventions.py"
+T="$T tests/test_timing.py tests/test_profile_scaling.py tests/test_normalize.py tests/test_checkpoints.py"
+T="$T tests/test_unipc.py"
+case "${PART:-a}" in
+a)
+  {
+    echo "150 $P -q -n 8 --timeout 140 $T 2>&1 | tee $R/pytest_gpu_s62.log | tail -15"
+    echo "200 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s62-4proc_policy.json"
+    echo "180 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s62-4proc_model.json"
+  } | lane A 0 40 &
+  ;;
+*) echo "unknown PART=${PART}"; exit 2 ;;
+esac
+finish
