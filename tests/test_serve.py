@@ -520,7 +520,8 @@ def test_loadgen_refuses_remote_targets():
 
 def test_loadgen_stopped_by_its_time_limit_says_so_and_counts_unsent_requests_apart(server, capsys):
     """At --timeout-s a closed loop has at most one request in flight a client; the rest were never sent. They
-    were all counted as lost replies ("FAILED: errors, lost or misrouted replies", 879 lost with no error)."""
+    were all counted as lost replies ("FAILED: errors, lost or misrouted replies", 879 lost with no error). The
+    table's count column was headed "ok/sent" and showed ok/expected."""
     from vlaperf.serve.commands import print_loadgen
     from vlaperf.serve.loadgen import run_loadgen
 
@@ -532,6 +533,8 @@ def test_loadgen_stopped_by_its_time_limit_says_so_and_counts_unsent_requests_ap
     out = capsys.readouterr().out
     assert "stopped at the time limit" in out and "FAILED: the time limit stopped it" in out
     assert "lost or misrouted" not in out
+    # the count column is ok/expected (it was headed "ok/sent"); the line below the table names the unsent ones
+    assert "ok/expected" in out and f"{phase['ok']}/{phase['expected']}" in out
 
 
 def test_seed_chooses_the_observations_loadgen_and_rollout_send(server, monkeypatch, capsys, tmp_path):

@@ -652,9 +652,9 @@ def print_loadgen(result: dict) -> None:
     lg, server = result["loadgen"], result["server"]
     console = wide_console()
     t = Table(title=f"vlaperf loadgen  {result['workload']['id']}  (times in ms)")
-    for col in ("clients", "ok/sent", "errors", "req/s", "chunks/s", "rtt p50", "rtt p90", "rtt p99", "infer p50",
+    for col in ("clients", "ok/expected", "errors", "req/s", "chunks/s", "rtt p50", "rtt p90", "rtt p99", "infer p50",
                 "queue p50", "overhead p50", "batch"):
-        t.add_column(col, justify="right")
+        t.add_column(col, justify="right", min_width=len(col) if col == "ok/expected" else None)
     for ph in lg["phases"]:
         t.add_row(str(ph["clients"]), f"{ph['ok']}/{ph['expected']}" + (" timeout" if ph["timed_out"] else ""),
                   str(ph["errors"]), _rate(ph["requests_per_s"]), _rate(ph["action_chunks_per_s"]),
