@@ -275,6 +275,8 @@ def test_served_rtc_in_a_list_request_keeps_a_chunk_per_position(model, rtc_serv
     ({"rtc/executed": 0, "rtc/delay": -1}, f"rtc/delay: expected an integer in [0, {H}]"),
     ({"rtc/executed": True, "rtc/delay": 0}, "rtc/executed: expected an integer"),
     ({"rtc/executed": 1.5, "rtc/delay": 0}, "rtc/executed: expected an integer"),
+    ({"rtc/executed": "3", "rtc/delay": 0}, f"rtc/executed: expected an integer in [0, {H}] (the chunk's horizon), "
+                                            "got '3'"),
 ])
 def test_bad_rtc_keys_get_an_error_frame_and_the_chunk_is_kept(model, rtc_server, changes, message):
     ws, _ = _connect(rtc_server)

@@ -802,8 +802,10 @@ class PolicyServer:
                 value = value.item()  # a numpy scalar integer
             if isinstance(value, (bool, np.bool_)) or not isinstance(value, (int, np.integer)) \
                     or not 0 <= value <= self._rtc_horizon:
+                # a string quoted: "got 3" for the text "3" read as a valid integer refused
+                shown = repr(value) if isinstance(value, str) else value
                 raise refuse(f"{key}: expected an integer in [0, {self._rtc_horizon}] (the chunk's horizon), got "
-                             f"{printable(value)}")
+                             f"{printable(shown)}")
             values.append(int(value))
         return _RtcAsk(*values)
 
