@@ -478,6 +478,33 @@ def test_bad_request_found_inside_a_batch_is_isolated(model, expected):
         s.stop()
 
 
+def test_a_state_that_overflows_its_normalization_is_refused_before_it_joins_a_batch(model):
+    """A state in float32's range that leaves it once normalized (a constant dimension of the statistics: std 0,
+    divided by 1e-6) is refused when its request is checked, as every other bad field is: it never reaches a batch,
+    whose call would fail and be rerun one observation at a time (each neighbour then alone: batch_size 1)."""
+    from vlaperf.normalize import ArrayStats, NormStats
+
+    stats = NormStats(ArrayStats(np.zeros(8), np.zeros(8)), None, quantile=False)
+    s = PolicyServer(Policy(model, model.sample_actions, TINY, norm_stats=stats), port=0, max_batch=8,
+                     max_wait_ms=200.0).start()
+    try:
+        state = np.zeros(8, np.float32)
+        state[5] = 1e36  # / 1e-6 = 1e42, past float32's 3.4e38
+        frames = [[packb(make_example(TINY, seed=seed))] for seed in (0, 1, 2)]
+        frames.append([packb(_example(observation__state=state, request_id="bad"))])
+        replies = _concurrent(s, frames)
+        for (frame,) in replies[:3]:
+            reply = unpackb(frame)
+            assert_result(reply)
+            assert reply["server_timing"]["batch_size"] == 3, reply["server_timing"]  # the three shared one call
+        body = parse_error_frame(replies[3][0])
+        assert body["error"] == "InputError" and body["request_id"] == "bad", body
+        assert body["message"].startswith("observation/state: not finite after its normalization"), body
+        assert s.stats["batches"] == 1, s.stats
+    finally:
+        s.stop()
+
+
 # ----------------------------------------------------------------------------- load + rollout
 
 

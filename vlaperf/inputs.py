@@ -435,20 +435,38 @@ class ObservationTransform:
             valid.append(present)
         return out, valid
 
+    def _state_key(self) -> str:
+        if self.workload.layout == "droid":
+            return "observation/joint_position and gripper_position"
+        return "observation/state" if self.workload.layout == "libero" else "state"
+
     def _state(self, example: dict) -> np.ndarray:
         if self.workload.layout == "droid":
             # openpi's DroidInputs: the joints, then the gripper (a scalar or a 1-value array)
             joints = _state_part(example, "observation/joint_position", self.workload.state_dim - 1)
             gripper = _state_part(example, "observation/gripper_position", 1, scalar_ok=True)
-            key, state = "observation/joint_position and gripper_position", np.concatenate([joints, gripper])
+            state = np.concatenate([joints, gripper])
         else:
-            key = "observation/state" if self.workload.layout == "libero" else "state"
-            state = _state_part(example, key, self.workload.state_dim)
+            state = _state_part(example, self._state_key(), self.workload.state_dim)
         with np.errstate(over="ignore"):
             state32 = state.astype(np.float32)
         if not np.isfinite(state32).all():
-            raise InputError(f"{key}: state holds values beyond float32's range (|x| > 3.4e38)")
+            raise InputError(f"{self._state_key()}: state holds values beyond float32's range (|x| > 3.4e38)")
         return state32
+
+    def _model_state(self, example: dict) -> tuple[np.ndarray, np.ndarray]:
+        """(the state in the model's space before normalization, float64; the state as the model takes it, after
+        normalization). A state whose normalization leaves float32's range is an InputError here, which `validate`
+        runs too: a server refuses it before it joins a batch, whose call would otherwise fail and be rerun one
+        observation at a time."""
+        model_state = self.conventions.state_to_model(self._state(example))
+        state = model_state if self.norm_stats is None else self.norm_stats.normalize_state64(model_state)
+        with np.errstate(over="ignore"):
+            finite = np.isfinite(state.astype(np.float32)).all()
+        if not finite:
+            raise InputError(f"{self._state_key()}: not finite after its normalization (a value far outside the "
+                             "checkpoint's statistics)")
+        return model_state, state
 
     def _prompt(self, example: dict) -> str:
         """The task instruction: required, as openpi's transforms require it (send "" for none), unless the
@@ -466,7 +484,7 @@ class ObservationTransform:
         if not isinstance(example, dict):
             raise InputError(f"observation must be a dict, got {type(example).__name__}")
         self._slots(example)
-        self._state(example)
+        self._model_state(example)
         self._prompt(example)
 
     def __call__(self, examples: dict | list[dict]) -> Observation:
@@ -483,8 +501,7 @@ class ObservationTransform:
         hb = HostBatch([], [], [], [], [], [])
         for ex in batch:
             slots, valid = self._slots(ex)
-            model_state = conv.state_to_model(self._state(ex))  # float64, before normalization
-            state = model_state if self.norm_stats is None else self.norm_stats.normalize_state64(model_state)
+            model_state, state = self._model_state(ex)
             prompt = self._prompt(ex)
             prompt_state = None
             if cfg.pi05 and conv.state_in_prompt:
@@ -494,11 +511,7 @@ class ObservationTransform:
             ids, mask = tokenize_prompt(self.tokenizer, prompt, self.workload.prompt_slots, cfg.backbone.vocab_size,
                                         prompt_state)
             padded = np.zeros(cfg.action_dim, dtype=np.float32)
-            with np.errstate(over="ignore"):
-                padded[: state.shape[0]] = state
-            if not np.isfinite(padded).all():
-                raise InputError("state: not finite after its normalization (a value far outside the checkpoint's "
-                                 "statistics)")
+            padded[: state.shape[0]] = state  # finite in float32: _model_state checked it
             hb.pixels.append(slots)
             hb.image_valid.append(valid)
             hb.tokens.append(ids)
