@@ -163,3 +163,13 @@ def wam_roofline(cfg, workload, matmul_flops: float = H200_MATMUL_FLOPS, bandwid
         "full_forward_tflop": f_full / 1e12, "flops": f_ctx + full * f_full + (workload.steps - full) * f_act,
         **phases, "floor_ms": floor, "matmul_flops": matmul_flops, "bandwidth": bandwidth,
     }
+
+
+def wam_forward_roofline(cfg, workload, matmul_flops: float = H200_MATMUL_FLOPS,
+                         bandwidth: float = H200_BANDWIDTH) -> dict:
+    """Floor of one unguided full forward as `WamEngine.forward_once` (`--mode forward`) runs it: the text context's
+    cross-attention keys/values as well as the forward over every kept token, since that call computes both (as the
+    reference's `forward` does). The same count as a one-step `generate`, which is one such forward."""
+    one = workload.with_overrides(steps=1, video_steps=1, cfg_scale=0.0)
+    floor = wam_roofline(cfg, one, matmul_flops, bandwidth)
+    return {**floor, "what": "one full forward, with the text context's keys/values"}

@@ -115,7 +115,7 @@ def cmd_bench(args) -> int:
     from vlaperf.cli import CliError, _timed_once, idle_cost, print_bench
     from vlaperf.models.wam import random_wam_inputs
     from vlaperf.report.schema import write_result
-    from vlaperf.roofline import H200_CEILINGS, measure_ceilings, wam_roofline
+    from vlaperf.roofline import H200_CEILINGS, measure_ceilings, wam_forward_roofline, wam_roofline
     from vlaperf.timing import environment_record, time_calls
 
     refuse_policy_mode(args.mode)
@@ -155,9 +155,8 @@ def cmd_bench(args) -> int:
     ceilings = H200_CEILINGS
     if getattr(args, "ceilings", "h200") == "measure":  # after the timed calls, as for the pi0 family
         ceilings = measure_ceilings(device, model.dtype)
-    floor = wam_roofline(model.config, workload, matmul_flops=ceilings["matmul_flops"], bandwidth=ceilings["bandwidth"])
-    if args.mode == "forward":
-        floor = {**floor, "floor_ms": floor["full_forward_ms"], "what": "one full forward"}
+    roofline = wam_forward_roofline if args.mode == "forward" else wam_roofline
+    floor = roofline(model.config, workload, matmul_flops=ceilings["matmul_flops"], bandwidth=ceilings["bandwidth"])
     floor["ceilings"] = ceilings
     result["roofline"] = floor  # of the H200's ceilings unless measured here: readers compare GPU runs to it only
     print_bench(result)
@@ -265,7 +264,7 @@ def cmd_matrix(args) -> int:
     from vlaperf.cli import CliError, _timed_once
     from vlaperf.models.wam import random_wam_inputs
     from vlaperf.report.schema import write_result
-    from vlaperf.roofline import wam_roofline
+    from vlaperf.roofline import wam_forward_roofline, wam_roofline
     from vlaperf.timing import _ratio_stats, environment_record, interleaved
 
     if getattr(args, "ray", False):
@@ -276,6 +275,7 @@ def cmd_matrix(args) -> int:
         raise CliError(f"--mode {mode}: the world-action matrix times 'model' (generate) or 'forward' (one forward)")
     refuse_sampler_options_in_forward(args, mode)
     base, workload, model, device = setup(args)
+    roofline = wam_forward_roofline if mode == "forward" else wam_roofline
     variants = parse_variants(args.variants, device)
     from vlaperf.profile.matrix import left_out_on
 
@@ -292,7 +292,7 @@ def cmd_matrix(args) -> int:
                     terminated.raise_if_swallowed()
                     key = f"{spec} | {sp}"
                     row = {"variant": spec, "sparsity": sp, "key": key, "levers": [],
-                           "roofline_floor_ms": wam_roofline(model.config, w)["floor_ms"]}
+                           "roofline_floor_ms": roofline(model.config, w)["floor_ms"]}
                     if spec == "reference":
                         row["equivalence"] = None
                         fns[key] = call_fn(model, None, w, obs, noise, mode)
@@ -347,8 +347,6 @@ def cmd_matrix(args) -> int:
         row.setdefault("first_call_s", v["first_call_s"])
         ref = samples.get(f"reference | {row['sparsity']}")
         row["vs_reference"] = _ratio_stats(ref, samples[row["key"]]) if ref else None
-        if mode == "forward":
-            row["roofline_floor_ms"] = wam_roofline(model.config, workload.with_overrides(sparsity=row["sparsity"]))["full_forward_ms"]
         dense = samples.get(f"{row['variant']} | none")
         row["sparsity_gain"] = _ratio_stats(dense, samples[row["key"]]) if dense and row["sparsity"] != "none" else None
     _print(rows, workload, device, wide_console(180), Table, mode, idle_of(args))
