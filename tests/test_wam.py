@@ -887,6 +887,24 @@ def test_configs_whose_middle_frames_are_observed_are_refused():
     get_config("wam-tiny", frames=6, context_frames=2)
 
 
+@pytest.mark.parametrize("override,message", [
+    ({"num_heads": 0}, "num_heads must be an integer >= 1, got 0"),  # was a bare ZeroDivisionError
+    ({"mlp_dim": 0}, "mlp_dim must be an integer >= 1, got 0"),  # was an IndexError in init_random_
+    ({"state_dim": 0}, "state_dim must be an integer >= 1, got 0"),  # was a ZeroDivisionError in init_random_
+    ({"patches": 0}, "patches must be an integer >= 1, got 0"),  # was accepted: frames of no tokens
+    ({"text_tokens": 0}, "text_tokens must be an integer >= 1, got 0"),  # was accepted: no instruction to attend to
+    ({"depth": -1}, "depth must be an integer >= 1, got -1"),
+    ({"frames": 6.0}, "frames must be an integer >= 1, got 6.0"),  # was a TypeError in torch.randn
+    ({"context_frames": 1.5}, "context_frames must be an integer >= 1, got 1.5"),
+    ({"width": True}, "width must be an integer >= 1, got True"),
+    ({"freq_dim": 31}, r"freq_dim must be even \(a cos and a sin half\), got 31"),  # was a matmul shape error
+    ({"frames": 1}, r"frames must be >= 4 \(two middle frames"),  # was context_frames' range, "1..frames-1"
+])
+def test_config_sizes_are_checked_by_name(override, message):
+    with pytest.raises(ValueError, match=message):
+        get_config("wam-tiny", **override)
+
+
 def test_build_wam_takes_device_and_dtype_names_as_build_model_does():
     assert build_wam("wam-tiny", "cpu", "bfloat16").dtype == torch.bfloat16  # was "Invalid device string"
     with pytest.raises(ValueError, match="device: expected 'cpu', 'cuda' or 'cuda:N'"):

@@ -37,7 +37,7 @@ A action dim, T tokens in the sequence, L text tokens, D width, N heads, h head 
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, fields, replace
 
 import torch
 import torch.nn.functional as F
@@ -74,12 +74,21 @@ class WamConfig:
     eps: float = 1e-6
 
     def __post_init__(self):
+        # a size that is 0, negative or a float would fail far from here: num_heads 0 in the modulo below, mlp_dim 0
+        # in init_random_, frames 4.0 in torch.randn, state_dim 0 as a ZeroDivisionError
+        for f in fields(self):
+            value = getattr(self, f.name)
+            if f.type == "int" and (isinstance(value, bool) or not isinstance(value, int)
+                                    or (value < 1 and f.name != "context_frames")):  # context_frames: its range below
+                raise ValueError(f"{f.name} must be an integer >= 1, got {value!r}")
+        if self.freq_dim % 2:  # cos and sin halves: an odd width would embed freq_dim - 1 features into the time MLP
+            raise ValueError(f"freq_dim must be even (a cos and a sin half), got {self.freq_dim}")
         if self.width % self.num_heads:
             raise ValueError(f"width {self.width} must be a multiple of num_heads {self.num_heads}")
+        if self.frames < 4:  # before context_frames' range, which names frames - 1: frames 1 is the field at fault
+            raise ValueError(f"frames must be >= 4 (two middle frames besides the first and last), got {self.frames}")
         if not 0 < self.context_frames < self.frames:
             raise ValueError(f"context_frames must be in 1..frames-1, got {self.context_frames} of {self.frames}")
-        if self.frames < 4:
-            raise ValueError(f"frames must be >= 4 (two middle frames besides the first and last), got {self.frames}")
         if self.frames // 2 - 1 < self.context_frames:  # middle_frames: sparsity may only touch predicted frames
             raise ValueError(f"the two middle frames ({self.frames // 2 - 1}, {self.frames // 2}) that frame sparsity drops "
                              f"or masks must be predicted frames, after the {self.context_frames} observed one(s): "
