@@ -1215,3 +1215,24 @@ def test_expert_stack_holds_each_layer_s_fused_weights_once_and_only_where_the_s
     gqa = dataclasses.replace(cfg, backbone=dataclasses.replace(cfg.backbone, num_kv_heads=2),
                               expert=dataclasses.replace(cfg.expert, num_kv_heads=2))
     assert stack_expert(build_weights(build_model(gqa, "cpu", torch.float32, seed=0), fuse=True)) is None
+
+
+def test_a_non_finite_call_leaves_no_trace_in_the_static_cache_of_a_shorter_prefix(tiny_model):
+    """Two prompt buckets whose prefixes round up to the same static-cache length (12 prompt slots: buckets 8
+    and 12, 40 + 11 and 44 + 11 keys -> 56) get buffers of their own: shared, the longer call's suffix keys stayed
+    in the shorter one's alignment padding, masked, but a NaN there (one NaN in that call's noise) made every later
+    call of the shorter prompt NaN (a zero probability times NaN)."""
+    cfg = dataclasses.replace(tiny_model.config, max_token_len=12)
+    w = dataclasses.replace(get_workload("tiny"), prompt_slots=12)
+    long_obs = random_observation(dataclasses.replace(w, prompt_valid=(11,)), cfg, seed=1)
+    short_obs = random_observation(dataclasses.replace(w, prompt_valid=(3,)), cfg, seed=2)
+    noise = random_noise(w, cfg, seed=1)
+    engine = Engine(tiny_model, "for_loop,skip_masked_images,trim_prompt_padding,static_kv_cache,sdpa")
+    poisoned = noise.clone()
+    poisoned[0, 0, 0] = float("nan")
+    assert not torch.isfinite(engine.sample_actions(long_obs, poisoned, 2)).all()  # NaN in, NaN out: that call only
+    assert engine.last_plan.prompt_len == 12
+    out = engine.sample_actions(short_obs, noise, 2)
+    assert engine.last_plan.prompt_len == 8
+    assert rel_l2(out, tiny_model.sample_actions(short_obs, noise, 2)) < FP32_TOL
+    assert len(engine._kv) == 2 and len({shape[3] for shape, _ in engine._kv}) == 1  # one cache length, two sets

@@ -376,7 +376,7 @@ STEP_CACHE_WRITE_SCRIPT = TINY_SETUP + textwrap.dedent(
         engine = Engine(model, levers)  # inductor, on the CPU
         out, code = run_and_get_code(lambda: engine.sample_actions(obs8, noise8, w8.steps))
         assert ((out - ref8).norm() / ref8.norm()).item() < 1e-4
-        (shape,) = [s for s in engine._kv if s[1] == 8]
+        (shape,) = [s for s, _ in engine._kv if s[1] == 8]
         whole_cache_buffers[fused] = "\\n".join(code).count(f"empty_strided_cpu({shape}")
     # the two copies into slices of the cache: inductor allocates buffers of the whole cache
     # (the layers of all depths) to scatter into; the kernel's declared mutation: none

@@ -78,7 +78,7 @@ class Engine:
             error_flag(self.device)  # now, not first inside a CUDA-graph pool
         self._tables: dict[int, dict[str, Tensor]] = {}
         self._times: dict[int, Tensor] = {}
-        self._kv: dict[tuple, tuple[Tensor, Tensor]] = {}
+        self._kv: dict[tuple, tuple[Tensor, Tensor]] = {}  # (shape, Tp) -> (keys, values)
         self.graphs = GraphCache() if self.levers.cuda_graph else None
         self.last_plan: PrefixPlan | None = None
         self._call_lock = threading.RLock()  # one call at a time (sample_actions)
@@ -274,23 +274,28 @@ class Engine:
         return self._times[num_steps], self._tables.get(num_steps)
 
     def _kv_buffers(self, B: int, Tp: int) -> tuple[Tensor, Tensor] | None:
-        """Engine-owned KV buffers (depth, B, K, T, h), allocated once per shape and reused by
-        every call, as a static cache should be (and as CUDA graphs need). T is Tp + Ts rounded
-        up to a multiple of KV_ALIGN; the keys past Tp + Ts stay zero and the suffix mask
-        masks them (loop.SuffixContext)."""
+        """Engine-owned KV buffers (depth, B, K, T, h), allocated once per shape and prefix
+        length and reused by every call, as a static cache should be (and as CUDA graphs need).
+        T is Tp + Ts rounded up to a multiple of KV_ALIGN; the keys past Tp + Ts stay zero and
+        the suffix mask masks them (loop.SuffixContext). Keyed by Tp too, not by shape alone:
+        two prefix lengths that round to one T (a prompt bucket capped at a slot count that is
+        no multiple of 8) shared a buffer, and the longer one's suffix keys stayed in the
+        shorter one's padding; masked, but a NaN there (from one call's NaN input) made every
+        later call of the shorter prefix NaN (a zero probability times NaN)."""
         if not self.levers.static_kv_cache:
             return None
         cfg = self.model.config
         Ts = cfg.action_horizon + (0 if cfg.pi05 else 1)
         T = -(-(Tp + Ts) // KV_ALIGN) * KV_ALIGN
         shape = (cfg.backbone.depth, B, cfg.backbone.num_kv_heads, T, cfg.backbone.head_dim)
-        if shape not in self._kv:
+        key = (shape, Tp)
+        if key not in self._kv:
             k = torch.zeros(shape, dtype=self.model.dtype, device=self.device)
-            self._kv[shape] = (k, torch.zeros_like(k))
+            self._kv[key] = (k, torch.zeros_like(k))
             if self.levers.compile:
-                for t in self._kv[shape]:
+                for t in self._kv[key]:
                     torch._dynamo.mark_static_address(t)
-        return self._kv[shape]
+        return self._kv[key]
 
     def _prefix_eager(self, obs: Observation, plan: PrefixPlan, kv_buffers, blocks: PrefixBlocks | None = None):
         blocks = blocks or self._blocks
