@@ -1236,3 +1236,15 @@ def test_a_non_finite_call_leaves_no_trace_in_the_static_cache_of_a_shorter_pref
     assert engine.last_plan.prompt_len == 8
     assert rel_l2(out, tiny_model.sample_actions(short_obs, noise, 2)) < FP32_TOL
     assert len(engine._kv) == 2 and len({shape[3] for shape, _ in engine._kv}) == 1  # one cache length, two sets
+
+
+def test_a_state_of_another_batch_than_every_other_field_is_named_as_the_odd_one(tiny_model, tiny_inputs):
+    """The batch is the state's, so a state of batch 1 beside images, masks and tokens of batch 2 was reported as
+    "obs.images: expected ... (B=1, ...)": the one field that was right blamed, the wrong one unnamed."""
+    obs, noise = tiny_inputs
+    two = dataclasses.replace(obs, **{f: torch.cat([getattr(obs, f)] * 2) for f in ("images", "image_mask", "tokens",
+                                                                                     "token_mask")})
+    engine = Engine(tiny_model, "for_loop")
+    for sample in (tiny_model.sample_actions, engine.sample_actions):
+        with pytest.raises(ValueError, match=r"obs.state: a batch of 1, the other fields' is 2 \(images, masks"):
+            sample(two, noise, 2)

@@ -472,6 +472,10 @@ def check_sample_inputs(cfg: Pi0Config, obs, noise: Tensor | None, num_steps: in
     B, R = state.shape[0], cfg.vision.image_size
     if B == 0:  # the engine's plan has no prompt to size; the reference would return an empty chunk
         raise ValueError("obs.state: a batch of 0 samples; expected at least 1")
+    others = {getattr(obs, name).shape[0] for name in fields[:4] if getattr(obs, name).dim()}
+    if len(others) == 1 and B not in others:  # the state alone is off: name it, not the images checked against it
+        raise ValueError(f"obs.state: a batch of {B}, the other fields' is {others.pop()} (images, masks, tokens); "
+                         "every field holds the same samples")
     if images.dim() != 5 or images.shape[0] != B or tuple(images.shape[2:]) != (3, R, R) or not images.is_floating_point():
         raise ValueError(f"obs.images: expected a float tensor (B={B}, slots, 3, {R}, {R}) in [-1, 1], got {_shape(images)}")
     if obs.image_mask.dtype != torch.bool or tuple(obs.image_mask.shape) != (B, images.shape[1]):
