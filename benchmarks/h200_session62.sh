@@ -4,6 +4,11 @@
 #               torch's dynamo config only where the process already loaded it), on the GPU.
 #               Prediction: all pass, including test_fp_fusion_forced_off_...[3.6], which failed three times on
 #               session 61's H100 before that fix.
+#               Added after the session's CPU fixes: their modules too (test_serve, test_serve_rtc, test_inputs,
+#               test_engine, test_model), and the CUDA engine and the kernels (test_engine_cuda, test_kernels), whose
+#               graphs and step kernels read the static KV cache that 9b468cf keys by prefix length as well as shape.
+#               Prediction: all pass; the headline below unchanged (the standard presets' prefix lengths never shared
+#               a cache length, so they get the same buffers as before).
 #            2) libero-pi0 `best` in policy mode, four fresh processes.
 #               Prediction on an H200: 14.0-14.4 ms (session 48: 14.05-14.34 at the same kernels).
 #               Prediction on an H100: 13.9-14.3 ms (session 61: 14.06, medians 14.01-14.13).
@@ -18,11 +23,13 @@ GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "card: $GPU_NAME"
 T="tests/test_profile_syncs.py tests/test_profile_doctor.py tests/test_broker.py tests/test_conventions.py"
 T="$T tests/test_timing.py tests/test_profile_scaling.py tests/test_normalize.py tests/test_checkpoints.py"
-T="$T tests/test_unipc.py"
+T="$T tests/test_unipc.py tests/test_serve.py tests/test_serve_rtc.py tests/test_inputs.py tests/test_engine.py"
+T="$T tests/test_model.py"
 case "${PART:-a}" in
 a)
   {
     echo "150 $P -q -n 8 --timeout 140 $T 2>&1 | tee $R/pytest_gpu_s62.log | tail -15"
+    echo "170 $P -q -n 4 --timeout 160 tests/test_engine_cuda.py tests/test_kernels.py 2>&1 | tee $R/pytest_gpu_s62k.log | tail -15"
     echo "200 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s62-4proc_policy.json"
     echo "180 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s62-4proc_model.json"
   } | lane A 0 40 &
