@@ -265,6 +265,29 @@ def test_diff_command_prints_the_stages_and_refuses_mixed_commands(tmp_path, cap
     assert "BEFORE is a 'bench' file and AFTER a 'breakdown' file" in capsys.readouterr().err
 
 
+def test_breakdowns_must_share_the_idle_before_each_call(tmp_path, capsys):
+    # `breakdown --idle-ms` times every call after the idle, its timers too: the h100 s49 pair of one commit, back to
+    # back against 50 ms idle, was a +5.1% "slowdown" that failed `--max-slowdown 5`
+    from vlaperf.cli import main
+
+    old, b2b = _breakdown([{"setup": 1.0}]), _breakdown([{"setup": 1.0}])  # `old`: from before --idle-ms, no idle_ms
+    b2b["breakdown"].update(idle_ms=0.0, idle_spin=False)
+    idle, spin = _breakdown([{"setup": 1.1}]), _breakdown([{"setup": 1.1}])
+    idle["breakdown"].update(idle_ms=50.0, idle_spin=False)
+    spin["breakdown"].update(idle_ms=50.0, idle_spin=True)
+    assert mismatches(old, b2b) == []
+    assert mismatches(b2b, idle) == ["idle before each call differs: back to back before, 50 ms idle after"]
+    assert mismatches(idle, spin) == ["idle before each call differs: 50 ms idle before, 50 ms spinning after"]
+    bench = _result(10.0)
+    bench["idle"] = {"idle_ms": 50.0}  # bench's timers are back to back whatever its --idle-ms
+    assert mismatches(_result(10.0), bench) == []
+    before, after = _write(tmp_path, "b2b.json", b2b), _write(tmp_path, "idle.json", idle)
+    assert main(["diff", before, after, "--max-slowdown", "5"]) == 2
+    assert "not comparable: idle before each call differs: back to back before, 50 ms idle after" in \
+        capsys.readouterr().err
+    assert main(["diff", before, after, "--allow-mismatch"]) == 0
+
+
 def test_one_process_breakdowns_point_at_breakdown_processes():
     d = diff(_breakdown([{"setup": 1.0}]), _breakdown([{"setup": 2.0}]))
     assert "run both with `breakdown --processes 4`" in verdict(d)

@@ -537,5 +537,6 @@ def register(subparsers) -> None:
                         "file's (a regression gate: set PCT above the process spread, which `bench --processes N` "
                         "measures)")
     p.add_argument("--allow-mismatch", action="store_true",
-                   help="compare files of different workloads, modes, dtypes or GPUs (with a warning)")
+                   help="compare files of different workloads, modes, dtypes, GPUs or (breakdown) idles before each "
+                        "call (with a warning)")
     p.set_defaults(func=cmd_diff)

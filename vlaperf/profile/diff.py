@@ -57,7 +57,23 @@ def mismatches(before: dict, after: dict) -> list[str]:
             a, b = {k: a.get(k) for k in keys if k in a}, {k: b.get(k) for k in keys if k in b}
         if a != b:
             out.append(f"{name} differ{'' if name.endswith('s') else 's'}: {_show(a)} before, {_show(b)} after")
+    # `breakdown --idle-ms` times every call, the file's timers included, after the idle: the idle's cost is no change
+    # (h100's s49 breakdowns of one commit, back to back and 50 ms idle, differed by +5.1%: a failed --max-slowdown 5)
+    a, b = idle_cadence(before), idle_cadence(after)
+    if a != b:
+        out.append(f"idle before each call differs: {a} before, {b} after")
     return out
+
+
+def idle_cadence(r: dict) -> str:
+    """How a breakdown file's calls were spaced, in words: "back to back", "50 ms idle" or "50 ms spinning"
+    (`--idle-ms`, `--idle-spin`). Files from before `--idle-ms` record no idle_ms: back to back. A bench file's timers
+    are back to back whatever its `--idle-ms` (the idle copy is timed after them, under `idle`)."""
+    bd = r.get("breakdown") if r.get("command") == "breakdown" else None
+    ms = (bd or {}).get("idle_ms") or 0
+    if not ms:
+        return "back to back"
+    return f"{ms:g} ms {'spinning' if bd.get('idle_spin') else 'idle'}" if isinstance(ms, (int, float)) else repr(ms)
 
 
 def _show(x) -> str:
