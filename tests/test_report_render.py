@@ -700,6 +700,25 @@ def test_summary_takes_each_variants_newest_file_and_its_speed_up_over_the_refer
     assert [alt for alt, _ in figures if alt.startswith("speed-up")] == ["speed-up over the reference, tiny on cpu, model mode"]
 
 
+def test_a_reference_of_another_dtype_is_no_reference(tiny_results, tmp_path):
+    """Files of two dtypes are two computations: a bf16 file is not timed "vs reference" against a float32 reference
+    (a fresh tiny pair read 1.24x, neither table naming a dtype). A dtype that is not the device's default is named
+    in its group, in the summary and the bench section alike."""
+    base = json.loads((tiny_results / "bench.json").read_text())
+    assert base["variant"]["dtype"] == "float32" and not base["env"]["gpu"]  # the CPU's default
+    fast = json.loads(json.dumps(base))
+    fast["variant"].update({"levers": ["for_loop"], "label": "for_loop", "dtype": "bfloat16"})
+    fast["timers"]["wall_ms"]["median"] = base["timers"]["wall_ms"]["median"] / 2
+    (tmp_path / "ref.json").write_text(json.dumps(base))
+    (tmp_path / "bf16.json").write_text(json.dumps(fast))
+    md = render([tmp_path / "ref.json", tmp_path / "bf16.json"], tmp_path / "r.md").read_text()
+    summary = md.split("## Summary")[1].split("## Files")[0]
+    rows = [[c.strip() for c in line.strip("|").split("|")] for line in summary.splitlines() if line.startswith("| tiny")]
+    assert [(r[0], r[1], r[4]) for r in rows] == [("tiny on cpu, model mode", "reference", "1.00x"),
+                                                  ("tiny on cpu in bfloat16, model mode", "for_loop", "-")]
+    assert "### bench: tiny on cpu\n" in md and "### bench: tiny on cpu in bfloat16\n" in md
+
+
 def test_no_summary_without_bench_files(tiny_results, tmp_path):
     md = render([tiny_results / "matrix.json"], tmp_path / "r.md").read_text()
     assert "## Summary" not in md and "## Files" not in md and "## matrix" in md.lower()
@@ -983,6 +1002,7 @@ def test_summary_columns_and_the_newest_file_on_a_tie(tiny_results, tmp_path, fi
         c["timers"]["wall_ms"].update(median=median, p95=median * 1.2)
         c["timers"]["cuda_event_ms"] = dict(c["timers"]["wall_ms"]) if gpu else None
         c["env"].update(timestamp="2026-12-03T10:00:00+00:00", gpu="NVIDIA H200" if gpu else None)
+        c["variant"]["dtype"] = "bfloat16" if gpu else "float32"  # each device's default: no dtype in the group's name
         c.update(first_call_s=2.5, equivalence=equivalence, peak_memory_bytes=3 * 2**30,
                  roofline={**(c.get("roofline") or {}), "floor_ms": 50.0})
         (tmp_path / f"{name}.json").write_text(json.dumps(c))
@@ -1021,6 +1041,7 @@ def test_bench_groups_keep_their_order_and_prefix_ab_files_are_change_ab(tiny_re
     for name, gpu, overrides in (("a", None, {}), ("b", None, {"batch": 2}), ("c", "NVIDIA H200", {})):
         c = json.loads(json.dumps(base))
         c["env"]["gpu"], c["workload"]["overrides"] = gpu, overrides
+        c["variant"]["dtype"] = "bfloat16" if gpu else "float32"  # the device's default
         (tmp_path / f"{name}.json").write_text(json.dumps(c))
     ab = {k: base[k] for k in ("schema", "workload", "variant", "env", "mode")}
     ab.update(command="prefix-ab", change="prefix_split", rounds=5, speedup_p10_p90=[1.01, 1.2], speedup_median=1.1,
@@ -1343,7 +1364,7 @@ def test_bench_table_rows_are_the_files_summaries(tiny_results, tmp_path):
     a = _write(tmp_path / "a.json", r)
     r2 = json.loads(json.dumps(r))
     r2["samples"]["wall_ms"] = None
-    r2["env"]["gpu"] = "NVIDIA H200"
+    r2["env"]["gpu"], r2["variant"]["dtype"] = "NVIDIA H200", "bfloat16"
     b = _write(tmp_path / "b.json", r2)
     md = render([a, b], tmp_path / "r.md").read_text()
     s = r["timers"]["wall_ms"]

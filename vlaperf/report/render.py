@@ -346,6 +346,15 @@ def _gpu(r: dict) -> str:
     return env.get("gpu") or env.get("device") or "cpu"
 
 
+def _on_device(r: dict) -> str:
+    """Where a file ran as its group's name says it: "on cpu", "on NVIDIA H200", with " in float32" where the dtype is
+    not the device's default (bfloat16 on a GPU, float32 on the CPU, the CLI's --dtype defaults). Files of two dtypes
+    are two computations: a bf16 tiny file read "1.24x vs reference" against a float32 reference, neither dtype named."""
+    dtype = (r.get("variant") or {}).get("dtype")
+    default = "bfloat16" if (r.get("env") or {}).get("gpu") else "float32"
+    return f"on {_gpu(r)}" + (f" in {dtype}" if dtype and dtype != default else "")
+
+
 def _gpu_state(r: dict) -> str:
     """The GPU's clocks, power and temperature when the record was taken (newer files only)."""
     from vlaperf.timing import describe_gpu_state
@@ -477,13 +486,13 @@ def result_batch(r: dict) -> int | None:
 
 
 def bench_summary(results: list[tuple[str, dict]]) -> list[tuple[str, list[tuple[str, dict]]]]:
-    """Per device, workload and mode, the newest `bench` file of each variant (by the timestamp its environment
+    """Per device (and dtype, _on_device), workload and mode, the newest `bench` file of each variant (by the timestamp its environment
     records; the later path when two have none), slowest first: [(group name, [(path, result), ...])]."""
     groups: dict[str, dict[str, tuple[str, dict]]] = {}
     for path, r in results:
         if r.get("command") != "bench" or not ((r.get("timers") or {}).get("wall_ms")):
             continue
-        key = f"{workload_label(r)} on {_gpu(r)}, {r.get('mode') or '-'} mode"
+        key = f"{workload_label(r)} {_on_device(r)}, {r.get('mode') or '-'} mode"
         label = (r.get("variant") or {}).get("label") or "reference"
         held = groups.setdefault(key, {}).get(label)
         stamp = (str((r.get("env") or {}).get("timestamp") or ""), path)
@@ -527,7 +536,8 @@ def _summary(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str]) 
     if not with_processes:
         header, rows = header[:-1], [row[:-1] for row in rows]
     doc.h(2, "Summary")
-    doc.p("The newest `vlaperf bench` file of each variant, per workload, device and mode, slowest first. vs reference: "
+    doc.p("The newest `vlaperf bench` file of each variant, per workload, device (and dtype where not the device's "
+          "default) and mode, slowest first. vs reference: "
           "the reference's median over this one (two files, so two processes: a matrix compares in one). x floor: the "
           "median over the roofline floor of the file (GPU runs). rel L2: the actions against the reference in the "
           "equivalence check that ran before the timing." + (
@@ -569,7 +579,7 @@ def _bench(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str] | N
     stems = {p: names.get(p, Path(p).name).removesuffix(".json") for p, _ in results}
     groups: dict[str, list[tuple[str, dict]]] = {}
     for path, r in results:
-        groups.setdefault(f"{workload_label(r)} on {_gpu(r)}", []).append((path, r))
+        groups.setdefault(f"{workload_label(r)} {_on_device(r)}", []).append((path, r))
     for key, items in groups.items():
         doc.h(3, f"bench: {key}")
         rows = []
