@@ -883,9 +883,11 @@ def _load(path: Path) -> dict:
     """One result file's JSON object; a damaged file stops the script with its path (a bare JSONDecodeError
     did not say which of the hundreds of files it was)."""
     try:
-        r = json.loads(path.read_text())
+        r = json.loads(path.read_text(encoding="utf-8"))
     except json.JSONDecodeError as e:
         raise SystemExit(f"{path}: not valid JSON ({e})") from None
+    except UnicodeDecodeError as e:  # a binary file (a gzip, say) was a traceback that named no file
+        raise SystemExit(f"{path}: not valid JSON (not UTF-8 text: byte {e.start}: {e.reason})") from None
     if not isinstance(r, dict):
         raise SystemExit(f"{path}: expected a result object, got {json_kind(r)}")
     return r

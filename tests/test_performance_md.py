@@ -436,8 +436,8 @@ def _write(path: Path, r) -> None:
 
 def test_main_reads_every_result_file_but_profiles_and_names_a_damaged_one(tmp_path):
     """Files at any depth under benchmarks/results/ are figures except those under profiles/; world-action workloads
-    (wam-761, wam-tiny) go to their own section; a file that is not JSON, or not an object, stops the script with
-    its path before anything is written."""
+    (wam-761, wam-tiny) go to their own section; a file that is not JSON (binary included), or not an object, stops
+    the script with its path before anything is written."""
     gen = _generator()
     gen.ROOT, gen.RESULTS = tmp_path, tmp_path / "benchmarks" / "results"
     gen.OUT, gen.README = tmp_path / "docs" / "performance.md", tmp_path / "README.md"
@@ -456,8 +456,12 @@ def test_main_reads_every_result_file_but_profiles_and_names_a_damaged_one(tmp_p
     # the profiles/ file is newer and faster: had it been read, it would be best's figure
     assert "profiles" not in text and "| **10.00** |" in gen.README.read_text()
     assert "wam_tiny" not in pi0 and "`benchmarks/results/h200/wam_tiny.json`" in world
-    for damaged, why in (("{", "not valid JSON"), ("[1]", "expected a result object, got array")):
-        _write(gen.RESULTS / "h200" / "damaged.json", damaged)
+    for damaged, why in (("{", "not valid JSON"), ("[1]", "expected a result object, got array"),
+                         (b"\x1f\x8b\x08\x00", "not valid JSON (not UTF-8 text: byte 1: invalid start byte)")):
+        if isinstance(damaged, bytes):
+            (gen.RESULTS / "h200" / "damaged.json").write_bytes(damaged)
+        else:
+            _write(gen.RESULTS / "h200" / "damaged.json", damaged)
         gen.OUT.unlink(missing_ok=True)
         with pytest.raises(SystemExit) as e:
             gen.main()
