@@ -122,6 +122,8 @@ def test_bench_idle_files_get_a_table_of_their_own(tmp_path):
                          "3", "--idle-ms", "5", *extra, "--json", str(tmp_path / f"{name}.json")]) == 0
     md = render([tmp_path], tmp_path / "r.md").read_text()
     assert "Files of `bench --idle-ms`" in md
+    # the two times are medians (back_to_back_median, after_idle_median), and the header says so
+    assert "| idle ms | back to back median ms | after idle median ms | after idle / back to back |" in md
     for name, idle in (("idle", "5"), ("spun", "5 spinning")):
         w = json.loads((tmp_path / f"{name}.json").read_text())["idle"]["wall_ms"]
         row = next(line for line in md.splitlines() if line.startswith(f"| {name} | reference [model] | {idle} |"))
@@ -1585,6 +1587,8 @@ def test_check_breakdown_scaling_syncs_and_doctor_sections(tiny_results, tmp_pat
         f = s["fit"]
         assert [row for row in _md_rows(md, s["label"]) if len(row) == 4 + len(s["points"])][0] == [s["label"]] + [_cell(float(x)) for x in (f["intercept"], f["slope"], f["r2"])] + [
             _cell(float(p["median_ms"])) for p in s["points"]]
+    assert "| variant | intercept a ms | slope b ms/step | r2 | " + " | ".join(
+        f"T({p['steps']}) median ms" for p in sc["series"][0]["points"]) + " |" in md  # medians, said so
     (fig,) = [f for a, f in figures if a == "T(N) fit"]
     assert fig.axes[0].get_title() == "T(N) = a + b*N, tiny"
     assert "\n5 host syncs per call (host_read, 2 calls); 1 expected (reading the actions), 0 hidden\n" in md

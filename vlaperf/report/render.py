@@ -633,7 +633,9 @@ def _bench_idle(doc: _Doc, items: list[tuple[str, dict]], stems: dict[str, str])
         doc.p("Files of `bench --idle-ms`: the same call after that idle (the host asleep, or spinning on the clock "
               "where it says so; the device synchronized), as a control loop makes it, interleaved with back-to-back calls after the main timing; the rows above are "
               "back to back.", "note")
-        doc.table(["file", "variant [mode]", "idle ms", "back to back ms", "after idle ms", "after idle / back to back",
+        # medians (idle.wall_ms's *_median), said so beside the bench table's median and mean columns
+        doc.table(["file", "variant [mode]", "idle ms", "back to back median ms", "after idle median ms",
+                   "after idle / back to back",
                    "per round p10..p90", "rounds"], rows)
 
 
@@ -923,7 +925,9 @@ def _scaling(doc: _Doc, path: str, r: dict) -> None:
         f = s["fit"]
         rows.append([s["label"], f["intercept"], f["slope"], f["r2"]] +
                     [p["median_ms"] for p in s["points"]])
-    doc.table(["variant", "intercept a ms", "slope b ms/step", "r2"] + [f"T({p['steps']}) ms" for p in sc["series"][0]["points"]], rows)
+    # each T(N) is that point's median (the fit is on the medians): said, as every other table here says its statistic
+    doc.table(["variant", "intercept a ms", "slope b ms/step", "r2"]
+              + [f"T({p['steps']}) median ms" for p in sc["series"][0]["points"]], rows)
     doc.fig(plot_scaling(sc, None, title=f"T(N) = a + b*N, {workload_label(r)}"), "T(N) fit")
 
 
