@@ -138,12 +138,15 @@ def headline(results, wam=()):
     the presets `reference`, `graph` and today's `best` (the world-action model's presets for its workloads): one
     record each where a `best` file exists, sorted by GPU, workload and mode. Files of a served process (reference
     weights released) are left out: their peak memory is not the engine's alone; so are `bench --rtc` files (a
-    guided call, not the workload's plain one: in the single runs' table)."""
+    guided call, not the workload's plain one: in the single runs' table) and files of another dtype than bfloat16
+    (the page's dtype: a newer `--dtype float32` best would have stood in the row for bf16's, against a bf16
+    reference)."""
     newest: dict = {}
     for is_wam, group in ((False, results), (True, wam)):
         for path, r in group:
             preset = _preset_of(r["variant"]["levers"], is_wam) if r["command"] == "bench" else None
-            if preset is None or not r["env"].get("gpu") or r.get("released_reference_bytes") or r.get("rtc"):
+            if (preset is None or not r["env"].get("gpu") or r.get("released_reference_bytes") or r.get("rtc")
+                    or r["variant"].get("dtype", "bfloat16") != "bfloat16"):
                 continue
             key = (r["env"]["gpu"], workload_label(r), r["mode"])
             held = newest.setdefault(key, {}).get(preset)

@@ -84,7 +84,8 @@ def test_step_kernel_fitted_fields_show_what_they_resolved_to():
 def test_headline_takes_each_presets_newest_file_and_skips_served_ones():
     """Where each workload stands: per GPU, workload and mode the newest file (by its environment's timestamp) of
     reference, graph and today's best; a best file of a served process (reference weights released) is not taken,
-    nor the newer one of a guided call (`bench --rtc`), and a workload without a best file gets no row."""
+    nor the newer one of a guided call (`bench --rtc`) or of another dtype, and a workload without a best file gets no
+    row."""
     spec = importlib.util.spec_from_file_location("make_performance_md", ROOT / "benchmarks" / "make_performance_md.py")
     gen = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(gen)
@@ -105,6 +106,10 @@ def test_headline_takes_each_presets_newest_file_and_skips_served_ones():
                released_reference_bytes=1), bench("guided", best, 12.5, 4, rtc={"executed": 3, "delay": 2}),
                bench("graph", list(GRAPH_GPU), 40.0, 1), bench("ref", [], 200.0, 2),
                bench("other", best[:-1], 11.0, 3), bench("shallow_graph", list(GRAPH_GPU), 9.0, 2, workload="libero-shallow6")]
+    # the newest best of all, but in float32 (`bench --dtype float32` on the GPU): not bf16's best
+    fp32 = bench("fp32_best", best, 30.0, 5)
+    fp32[1]["variant"]["dtype"] = "float32"
+    results.append(fp32)
 
     def compare(median, day, reduced=False, hour=10):  # a `vlaperf compare` file: LeRobot's median beside vlaperf's
         return gen.ROOT / "c.json", {"command": "compare", "workload": {"id": "libero-pi0", "overrides": {}},
