@@ -73,7 +73,7 @@ def bench_rows(results):
 
 def rtc_cost_rows(results):
     """`bench --rtc` files: the guided call against the unguided one, interleaved in the same process."""
-    rows = ["| GPU | workload | mode | variant | unguided ms | guided ms | guided / unguided | per round p10..p90 | rounds | "
+    rows = ["| GPU | workload | mode | variant | unguided median ms | guided median ms | guided / unguided | per round p10..p90 | rounds | "
             "rel L2 (guided calls checked) | commit | file |", "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for path, r in results:
         cost = (r.get("rtc") or {}).get("vs_unguided") if r["command"] == "bench" else None
@@ -89,7 +89,7 @@ def rtc_cost_rows(results):
 
 def idle_cost_rows(results):
     """`bench --idle-ms` files: the call after an idle against the same call back to back, interleaved in one process."""
-    rows = ["| GPU | workload | mode | variant | idle ms | back to back ms | after idle ms | after idle / back to back | "
+    rows = ["| GPU | workload | mode | variant | idle ms | back to back median ms | after idle median ms | after idle / back to back | "
             "per round p10..p90 | event: after idle / back to back | rounds | commit | file |",
             "|---|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for path, r in results:
@@ -361,7 +361,7 @@ def scaling_tables(results):
         if r["command"] != "scaling":
             continue
         sc = r["scaling"]
-        out += [f"### T(N) on {r['workload']['id']}, {r.get('mode') or 'model'} mode ({_env(r)})", "", f"`{path.relative_to(ROOT)}`; {sc['timer']}", "",
+        out += [f"### T(N) on {r['workload']['id']}, {r.get('mode') or 'model'} mode ({_env(r)})", "", f"`{path.relative_to(ROOT)}`; {sc['timer']}; each T(N) is its point's median", "",
                 "| variant | " + " | ".join(f"T({n}) ms" for n in sc["steps"]) + " | fit |",
                 "|---|" + "---|" * len(sc["steps"]) + "---|"]
         for series in sc["series"]:

@@ -519,6 +519,7 @@ def test_rtc_cost_rows_show_the_guided_call_against_the_unguided_one():
     rows = gen.rtc_cost_rows([(gen.ROOT / "benchmarks" / "results" / "g.json", r),
                               (gen.ROOT / "benchmarks" / "results" / "p.json", plain)])
     assert len(rows) == 3  # header, separator, the guided file alone
+    assert _cells(rows[0])[4:6] == ["unguided median ms", "guided median ms"]  # the statistic named, as elsewhere
     cells = [c.strip() for c in rows[2].strip("|").split("|")]
     assert cells[:9] == ["NVIDIA H100 80GB HBM3", "libero-pi0", "model", "loop", "13.50", "13.70", "**1.015x**",
                          "1.007..1.018", "50"]
@@ -537,6 +538,7 @@ def test_idle_cost_rows_show_the_call_after_an_idle_against_back_to_back():
     rows = gen.idle_cost_rows([(gen.ROOT / "benchmarks" / "results" / "i.json", r),
                                (gen.ROOT / "benchmarks" / "results" / "p.json", plain)])
     assert len(rows) == 3  # header, separator, the idle file alone
+    assert _cells(rows[0])[5:7] == ["back to back median ms", "after idle median ms"]  # the statistic named
     cells = [c.strip() for c in rows[2].strip("|").split("|")]
     assert cells == ["NVIDIA H100 80GB HBM3", "libero-pi0", "policy", "loop", "50", "14.27", "14.76", "**1.034x**",
                      "1.018..1.050", "1.032x", "50", "abcdef1", "`benchmarks/results/i.json`"]
@@ -598,3 +600,17 @@ def test_rollout_cadence_rows_show_the_loop_against_its_own_closed_loop_and_the_
         k: v for k, v in ro.items() if k != "at_cadence_extra_ms"}))]) if row.startswith("| NVIDIA")]
     assert _cells(older[0])[13] == _cells(older[0])[14] == "-"  # a file from before the split
     assert gen.rollout_cadence_rows([(gen.ROOT / "n.json", no_baseline)]) == []  # nothing to show: no heading
+
+
+def test_scaling_tables_say_each_point_is_a_median_and_show_the_fit():
+    gen = _generator()
+    fit = {"intercept": 3.5, "slope": 0.925, "r2": 0.99991}
+    r = {"command": "scaling", "workload": {"id": "libero-pi0"}, "mode": "model",
+         "env": {"gpu": "NVIDIA H200", "git_commit": "abcdef123"},
+         "scaling": {"timer": "wall clock", "steps": [1, 10],
+                     "series": [{"label": "for_loop", "fit": fit,
+                                 "points": [{"steps": 1, "median_ms": 4.5}, {"steps": 10, "median_ms": 12.75}]}]}}
+    out = gen.scaling_tables([(gen.ROOT / "benchmarks" / "results" / "s.json", r)])
+    assert out[2] == "`benchmarks/results/s.json`; wall clock; each T(N) is its point's median"
+    assert _cells(out[4]) == ["variant", "T(1) ms", "T(10) ms", "fit"]
+    assert _cells(out[6]) == ["loop", "4.50", "12.75", "3.50 + 0.925*N ms (r^2 0.9999)"]
