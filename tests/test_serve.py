@@ -970,7 +970,12 @@ def test_serve_refuses_a_taken_port_before_building_the_model(capsys, monkeypatc
     (["--port", "0", "--host", "nonexistent.invalid", "--allow-unauthenticated"], "--host 'nonexistent.invalid': cannot "
      "resolve it"),  # port 0 skipped the early check: the model was built and checked first
     (["--max-wait-ms", "inf"], "argument --max-wait-ms: expected a finite number >= 0, got 'inf'"),
-    (["--max-message-mb", "2e13"], "argument --max-message-mb: expected a number > 0 and <= 4096"),  # was a traceback
+    (["--max-message-mb", "2e13"], "argument --max-message-mb: expected a number of MiB >= 0.0009765625 (1 KiB) and "
+     "<= 4096 (4 GiB), got '2e13'"),  # was a traceback
+    # below the server's 1 KiB: was "max_message_bytes must be an integer in [1024, ...], got 104", after the build
+    (["--max-message-mb", "0.0001"], "argument --max-message-mb: expected a number of MiB >= 0.0009765625 (1 KiB) "
+     "and <= 4096 (4 GiB), got '0.0001'"),
+    (["--max-message-mb", "nan"], "argument --max-message-mb: expected a number of MiB >= 0.0009765625"),
     (["--keep-warm-ms", "0"], "argument --keep-warm-ms: expected a number > 0 and <= 1000, got 0.0"),
     (["--keep-warm-ms", "5", "--replicas", "2"], "--keep-warm-ms: a policy served in this process reruns its host "
      "stages while idle; drop --replicas (the model runs in the replicas)"),
@@ -978,6 +983,13 @@ def test_serve_refuses_a_taken_port_before_building_the_model(capsys, monkeypatc
 ])
 def test_serve_refuses_bad_options_before_building_the_model(args, message, capsys, monkeypatch):
     from vlaperf.cli import main as run_cli
+    from vlaperf.serve import commands, protocol
+
+    # the parser's bounds are the server's own (commands does not import protocol: it imports msgpack)
+    assert (commands.SERVE_MIN_MESSAGE_MB * 2**20, commands.SERVE_MAX_MESSAGE_MB * 2**20) == (
+        protocol.MIN_MESSAGE_BYTES, protocol.MAX_MESSAGE_BYTES)
+    lowest = _cli_parser().parse_args(["serve", "--max-message-mb", str(commands.SERVE_MIN_MESSAGE_MB)])
+    assert int(lowest.max_message_mb * 2**20) == protocol.MIN_MESSAGE_BYTES  # the bytes cmd_serve passes on
 
     monkeypatch.setattr("vlaperf.serve.commands._pi0_policy", lambda *a: pytest.fail("the model was built"))
     try:

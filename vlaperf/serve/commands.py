@@ -14,6 +14,7 @@ Nothing here imports websockets until a command runs, so `vlaperf --help` works 
 from __future__ import annotations
 
 import argparse
+import math
 import os
 import sys
 from pathlib import Path
@@ -68,6 +69,22 @@ ROLLOUT_MAX_BACK_TO_BACK = 10_000  # vlaperf.serve.rollout's MAX_BACK_TO_BACK
 _back_to_back_int = number_arg(int, 0, maximum=ROLLOUT_MAX_BACK_TO_BACK)
 ROLLOUT_MAX_CLIENT_KEEP_WARM_MS = 1000.0  # vlaperf.serve.rollout's MAX_CLIENT_KEEP_WARM_MS
 _client_keep_warm_ms = number_arg(float, 0, strict=True, maximum=ROLLOUT_MAX_CLIENT_KEEP_WARM_MS)
+# serve's message limit in MiB, as the parser checks it: vlaperf.serve.protocol's MIN_MESSAGE_BYTES and
+# MAX_MESSAGE_BYTES (not imported: protocol imports msgpack; a test keeps them equal). Below 1 KiB the server refused
+# the value only after the model's build, naming its max_message_bytes ("got 104" for --max-message-mb 0.0001).
+SERVE_MIN_MESSAGE_MB, SERVE_MAX_MESSAGE_MB = 1 / 1024, 4096
+
+
+def _message_mb(text: str) -> float:
+    """--max-message-mb: 1 KiB to 4 GiB, in MiB (cmd_serve passes int(value * 2**20) bytes on)."""
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not SERVE_MIN_MESSAGE_MB <= value <= SERVE_MAX_MESSAGE_MB:  # nan and inf fail it too
+        raise argparse.ArgumentTypeError(f"expected a number of MiB >= {SERVE_MIN_MESSAGE_MB} (1 KiB) and <= "
+                                         f"{SERVE_MAX_MESSAGE_MB} (4 GiB), got {text!r}")
+    return value
 
 
 def _queue_size(text: str) -> int:
@@ -132,8 +149,8 @@ def register(subparsers) -> None:
                    help=f"most observations stacked into one policy call, 1..{MAX_BATCH} (default: 8)")
     p.add_argument("--max-wait-ms", type=_non_negative_float, default=5.0,
                    help="longest a request waits for others to batch with (0 = never wait; default: 5)")
-    p.add_argument("--max-message-mb", type=number_arg(float, 0, strict=True, maximum=4096), default=16.0,
-                   help="largest accepted message (MiB, at most 4096; default: 16)")
+    p.add_argument("--max-message-mb", type=_message_mb, default=16.0,
+                   help="largest accepted message (MiB, 1/1024 to 4096; default: 16)")
     p.add_argument("--max-connections", type=_positive_int, default=256,
                    help="open connections at once; one more gets HTTP 503 at its handshake (default: 256)")
     p.add_argument("--idle-timeout-s", type=_positive_float, default=None,

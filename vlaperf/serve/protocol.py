@@ -50,6 +50,7 @@ import numpy as np
 NDARRAY, NPGENERIC, DATA, DTYPE, SHAPE = b"__ndarray__", b"__npgeneric__", b"data", b"dtype", b"shape"
 
 DEFAULT_MAX_MESSAGE_BYTES = 16 * 2**20
+MIN_MESSAGE_BYTES = 1024  # the smallest limit a server takes: below it not even an error frame fits
 MAX_MESSAGE_BYTES = 4 * 2**30  # the largest limit a server takes: beyond any observation (and msgpack's 32-bit lengths)
 MAX_NDIM = 32
 # Per-container limits of a decoded message, checked by msgpack at each header. An observation has a few keys and

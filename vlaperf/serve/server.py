@@ -74,9 +74,9 @@ from vlaperf.policy import ModelChunk, NonFiniteActions, RtcRequest
 from vlaperf.serve.cadence import MISSES, CadenceForecast
 from vlaperf.serve.metrics import METRICS_PATH, ServerMetrics
 from vlaperf.serve.metrics import render as render_metrics
-from vlaperf.serve.protocol import (DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES, MAX_REQUEST_ID_CHARS, REQUEST_ID_KEY,
-                                    RTC_DELAY_KEY, RTC_EXECUTED_KEY, ProtocolError, error_frame, packb, printable,
-                                    unpackb, valid_request_id)
+from vlaperf.serve.protocol import (DEFAULT_MAX_MESSAGE_BYTES, MAX_MESSAGE_BYTES, MAX_REQUEST_ID_CHARS,
+                                    MIN_MESSAGE_BYTES, REQUEST_ID_KEY, RTC_DELAY_KEY, RTC_EXECUTED_KEY, ProtocolError,
+                                    error_frame, packb, printable, unpackb, valid_request_id)
 
 log = logging.getLogger("vlaperf.serve")
 LOGGED_ERRORS_PER_CONNECTION = 5
@@ -256,9 +256,9 @@ class PolicyServer:
         bad = [b for b in warmup_batch_sizes if isinstance(b, bool) or not isinstance(b, int) or not 1 <= b <= max_batch]
         if bad:
             raise ValueError(f"warmup_batch_sizes must hold integers in [1, max_batch={max_batch}], got {bad[0]!r}")
-        if not isinstance(max_message_bytes, int) or not 1024 <= max_message_bytes <= MAX_MESSAGE_BYTES:
-            raise ValueError(f"max_message_bytes must be an integer in [1024, {MAX_MESSAGE_BYTES}] (4 GiB), got "
-                             f"{max_message_bytes!r}")
+        if not isinstance(max_message_bytes, int) or not MIN_MESSAGE_BYTES <= max_message_bytes <= MAX_MESSAGE_BYTES:
+            raise ValueError(f"max_message_bytes must be an integer in [{MIN_MESSAGE_BYTES}, {MAX_MESSAGE_BYTES}] "
+                             f"(4 GiB), got {max_message_bytes!r}")
         if isinstance(max_list_items, bool) or not isinstance(max_list_items, int) or max_list_items < 1:
             raise ValueError(f"max_list_items must be an integer >= 1, got {max_list_items!r}")
         if isinstance(drain_timeout_s, bool) or not isinstance(drain_timeout_s, (int, float)) \
