@@ -188,6 +188,9 @@ def test_bad_sample_inputs_are_named_errors_on_both_paths(tiny_model, tiny_input
         (dict(tokens=obs.tokens.clamp(max=0) + cfg.backbone.vocab_size), "obs.tokens: ids in"),  # the boundary
         (dict(token_mask=obs.token_mask[:, :3]), "obs.token_mask: expected a bool tensor"),
         (dict(host_image_valid=(True,) * (S + 1)), "obs.host_image_valid: expected one flag per image slot"),
+        # trusted, but not of any type or range: -1 trimmed the prompt silently, "8" failed inside prompt_bucket
+        *[(dict(host_prompt_len=n), rf"obs.host_prompt_len: expected an integer in 0..{obs.tokens.shape[1]} \(")
+          for n in (-1, obs.tokens.shape[1] + 1, "8", 2.0, True)],
     ]
     if not cfg.pi05:  # pi0.5's state goes into the prompt; pi0 projects the padded state
         bad_obs.append((dict(state=obs.state[:, :3]), f"obs.state: expected a float tensor \\(B, {cfg.action_dim}\\)"))

@@ -18,6 +18,7 @@ Axis letters used in shape comments:
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass, field, replace
 
 import torch
@@ -494,6 +495,13 @@ def check_sample_inputs(cfg: Pi0Config, obs, noise: Tensor | None, num_steps: in
     valid = getattr(obs, "host_image_valid", None)
     if valid is not None and len(valid) != images.shape[1]:
         raise ValueError(f"obs.host_image_valid: expected one flag per image slot ({images.shape[1]}), got {len(valid)}")
+    # trusted, not checked against token_mask (that read would be the sync it saves), but its type and range are host
+    # facts: a negative length trimmed the prompt silently (rel L2 0.16 on tiny), a string failed inside prompt_bucket
+    prompt_len, slots = getattr(obs, "host_prompt_len", None), tokens.shape[1]
+    if prompt_len is not None and (isinstance(prompt_len, bool) or not isinstance(prompt_len, numbers.Integral)
+                                   or not 0 <= prompt_len <= slots):  # Integral: numpy's integers too
+        raise ValueError(f"obs.host_prompt_len: expected an integer in 0..{slots} (the longest valid prompt of the "
+                         f"batch) or None, got {prompt_len!r}")
     if noise is not None:
         expected = (B, cfg.action_horizon, cfg.action_dim)
         if not isinstance(noise, Tensor) or not noise.is_floating_point() or tuple(noise.shape) != expected \
