@@ -445,3 +445,31 @@ def test_a_staged_call_that_differs_from_the_untimed_one_says_so(monkeypatch):
     assert sc.matches_reference == {"exact": False, "max_abs": 0.5}
     assert any(n.startswith("the staged sequence does NOT reproduce the untimed call exactly (max abs diff 0.5)")
                for n in sc.notes)
+
+
+def test_staged_policy_copies_back_as_policy_infer_does(tiny, monkeypatch):
+    """device_to_host times the served call's copy: the whole contiguous chunk to the host (slicing the robot's dims
+    on the device first costs a copy kernel Policy.infer does not run), and the finite check of the actions."""
+    import numpy as np
+
+    from vlaperf.inputs import make_example
+    from vlaperf.policy import NonFiniteActions
+    from vlaperf.profile.breakdown import StagedPolicy
+
+    model, w = tiny
+    copied = []
+    cpu = torch.Tensor.cpu
+
+    def record(t, *a, **k):
+        copied.append((tuple(t.shape), t.is_contiguous()))
+        return cpu(t, *a, **k)
+
+    actions = torch.randn(1, w.horizon, model.config.action_dim)
+    sp = StagedPolicy(model, lambda obs, noise, n, mark: actions, w, 2)
+    monkeypatch.setattr(torch.Tensor, "cpu", record)
+    out = sp(make_example(w, seed=0))
+    assert copied == [((1, w.horizon, model.config.action_dim), True)]
+    assert np.array_equal(out, actions[0, :, : w.robot_action_dim].numpy())
+    actions[0, 3, 0] = float("nan")
+    with pytest.raises(NonFiniteActions):
+        sp(make_example(w, seed=0))

@@ -43,7 +43,8 @@ event nodes cost.
 Policy mode adds the stages of `vlaperf.policy.Policy.infer`: input_transform (validate,
 tokenize, pad the state on the host), host_to_device (raw uint8 images, masks, tokens and
 state), image_preprocess (resize with pad and normalise, on the device as vlaperf's
-transform does), the model stages, device_to_host (unpad, .cpu().numpy()).
+transform does), the model stages, device_to_host (.cpu().numpy() of the whole chunk, unpad,
+the finite check).
 
 Honesty check: the stage times of a call add up to the call's instrumented span ("(unmarked)"
 holds what no stage covers), and that span is compared with the median of the same call run
@@ -70,6 +71,7 @@ from vlaperf.inputs import (
 )
 from vlaperf.models.pi0 import (Pi0Model, check_num_steps, check_sample_inputs, joint_layer, make_attention_mask_2d,
                                rope_cos_sin)
+from vlaperf.policy import finite_actions
 from vlaperf.profile.markers import END, NULL_RECORDER, UNMARKED, CallRecord, StageRecorder
 from vlaperf.timing import summarize, synchronize, time_calls, wait_idle
 from vlaperf.workloads import WORKLOADS, Workload, get_workload
@@ -184,7 +186,9 @@ class StagedPolicy:
         noise = self.noise if self.noise is not None and self.noise.shape[0] == obs.batch else None
         actions = self.sample(obs, noise, self.num_steps, mark)
         mark("device_to_host")
-        out = actions[..., : self.workload.robot_action_dim].cpu().numpy().astype(np.float32)
+        # as Policy.infer: the whole (contiguous) chunk to the host, then the robot's dims, then its finite check.
+        # Slicing on the device first timed a copy kernel the served call does not run.
+        out = finite_actions(actions.cpu().numpy()[..., : self.workload.robot_action_dim].astype(np.float32))
         if isinstance(example, dict):
             out = out[0]
         mark(END)
