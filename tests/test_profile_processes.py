@@ -267,3 +267,16 @@ def test_an_interrupt_kills_the_running_process(monkeypatch):
     (child,) = started
     assert child.returncode == -signal.SIGKILL  # killed and reaped, not left sleeping
     assert signal.getsignal(signal.SIGTERM) == sigterm  # the forwarding handler is gone again
+
+
+def test_a_process_ended_by_a_signal_stops_the_run_with_128_plus_its_number(tmp_path, monkeypatch, capsys):
+    """A process the kernel's out-of-memory killer ends (SIGKILL): the run stops with 137, as a shell reports it, and
+    names the signal; returning Popen's -9 as the code left the program with status 247 and no signal named."""
+    from vlaperf.cli import main
+    from vlaperf.profile import processes
+
+    monkeypatch.setattr(processes, "run_child", lambda cmd: -signal.SIGKILL)
+    out = tmp_path / "bench.json"
+    code = main(["bench", "--workload", "tiny", "--levers", "for_loop", "--processes", "3", "--json", str(out)])
+    assert code == 137 and not out.exists()
+    assert "process 1 of 3 was ended by signal SIGKILL (9); stopping" in capsys.readouterr().err

@@ -889,7 +889,8 @@ def build_parser() -> argparse.ArgumentParser:
                "check, serve, compare, lerobot-eval: a variant not equivalent to its reference; doctor: a finding of severity error; "
                "loadgen, rollout: errors, lost replies or the time limit; diff: a slowdown above --max-slowdown); 2 bad "
                "arguments or setup; 130 interrupted; 143 stopped by SIGTERM (matrix: after writing the rows it had; "
-               "bench and breakdown --processes: the running process stopped too).")
+               "bench and breakdown --processes: the running process stopped too; 128 + N where one of their "
+               "processes was ended by signal N).")
     parser.add_argument("--version", action="version", version=f"vlaperf {__version__}")
     sub = parser.add_subparsers(dest="command", required=True)
 

@@ -127,7 +127,8 @@ def describe(processes: dict) -> str:
 def in_processes(argv: list[str], count: int, json_path: str | None) -> int:
     """Run the `vlaperf bench` or `breakdown` command `argv` (as typed, without the program name) in `count` fresh
     processes, one after another; print the processes' table and write the combined result to `json_path`. Returns
-    the exit code: a process that fails (an equivalence failure: 1, bad setup: 2) stops the run with its code."""
+    the exit code: a process that fails (an equivalence failure: 1, bad setup: 2) stops the run with its code, one
+    ended by a signal with 128 + its number, as a shell gives it."""
     from vlaperf.cli import STOPPED_BY_SIGTERM
     from vlaperf.report.schema import read_result, write_result
 
@@ -143,6 +144,12 @@ def in_processes(argv: list[str], count: int, json_path: str | None) -> int:
                 print(f"vlaperf {command}: stopped by SIGTERM in process {i + 1} of {count}; nothing written",
                       file=sys.stderr)
                 return STOPPED_BY_SIGTERM
+            if code < 0:
+                # Ended by another signal (SIGKILL: the kernel's out-of-memory killer): returned as it was, -9 left
+                # the program with status 247, and "exited with code -9" named no signal.
+                print(f"vlaperf {command}: process {i + 1} of {count} was ended by signal {signal_name(-code)}; "
+                      "stopping", file=sys.stderr)
+                return 128 - code
             if code != 0:
                 print(f"vlaperf {command}: process {i + 1} of {count} exited with code {code}; stopping",
                       file=sys.stderr)
@@ -154,6 +161,14 @@ def in_processes(argv: list[str], count: int, json_path: str | None) -> int:
         write_result(combined, json_path)
         print(f"wrote {json_path}")
     return 0
+
+
+def signal_name(signum: int) -> str:
+    """'SIGKILL (9)', or the number alone for one this platform has no name for."""
+    try:
+        return f"{signal.Signals(signum).name} ({signum})"
+    except ValueError:
+        return str(signum)
 
 
 def run_child(cmd: list[str]) -> int:
