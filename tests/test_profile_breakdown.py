@@ -168,9 +168,9 @@ def test_breakdown_fn_idle_sleeps_before_every_measured_call_only(monkeypatch):
 
     out = breakdown_fn(policy, warmup=2, iters=3, idle_ms=15)
     assert out["idle_ms"] == 15
-    # 2 warm-up calls, then per block: an instrumented call after the idle and the untimed one (time_calls: its two
-    # warm-up calls in the first block only, then the timed call after the idle)
-    assert events == ["call"] * 2 + [0.015, "call", "call", "call", 0.015, "call"] + [0.015, "call", 0.015, "call"] * 2
+    # the untimed first call and 2 instrumented warm-up calls, then per block: an instrumented call after the idle and
+    # the untimed one (time_calls: its second warm-up call in the first block only, then the timed call after the idle)
+    assert events == ["call"] * 3 + [0.015, "call", "call", 0.015, "call"] + [0.015, "call", 0.015, "call"] * 2
     assert out["untimed"]["timers"]["wall_ms"]["max"] < 15  # the idle is never in a timer
     assert max(s["p95_ms"] for s in out["stages"]) < 15
     assert breakdown_fn(policy, warmup=1, iters=1)["idle_ms"] == 0.0  # back to back by default
@@ -473,3 +473,45 @@ def test_staged_policy_copies_back_as_policy_infer_does(tiny, monkeypatch):
     actions[0, 3, 0] = float("nan")
     with pytest.raises(NonFiniteActions):
         sp(make_example(w, seed=0))
+
+
+def test_the_first_call_of_the_process_is_first_call_s_and_never_a_stage_sample():
+    """What a policy does once (compile, capture, lazy set-up) lands in its first call, whichever path makes it: that
+    call is the untimed one, timed alone as first_call_s (as bench's), and the instrumented call is warmed up at least
+    once, so even with warmup=0 no first call is among the stage samples."""
+    state = {"cold": True}
+
+    def work():
+        if state["cold"]:
+            time.sleep(0.2)
+            state["cold"] = False
+
+    def call(rec):
+        rec.mark("work")
+        work()
+
+    out = breakdown_fn(call, iters=3, warmup=0, untimed=work)
+    assert out["untimed"]["first_call_s"] >= 0.2
+    assert out["span_ms"]["max"] < 100 and out["stages"][0]["max_ms"] < 100
+
+    state["cold"] = True
+    out = breakdown_fn(call, iters=3, warmup=2, untimed=work)
+    assert out["untimed"]["first_call_s"] >= 0.2 and out["span_ms"]["max"] < 100
+
+
+def test_a_pi0_breakdown_s_first_call_s_is_its_check_s_first_untimed_call(tiny, monkeypatch):
+    """The equivalence check of prepare_breakdown makes the process's first call of the untimed path: first_call_s is
+    that call (the cold start `--processes` shows per process), not a later, warm one."""
+    model, w = tiny
+    sample, cold = model.sample_actions, [True]
+
+    def slow_first(*a, **k):
+        if cold:
+            time.sleep(0.2)
+            cold.clear()
+        return sample(*a, **k)
+
+    monkeypatch.setattr(model, "sample_actions", slow_first)
+    result = breakdown(model, w, warmup=1, iters=2)
+    assert result["first_call_s"] >= 0.2
+    assert result["breakdown"]["matches_reference"]["exact"]
