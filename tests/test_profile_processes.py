@@ -280,3 +280,25 @@ def test_a_process_ended_by_a_signal_stops_the_run_with_128_plus_its_number(tmp_
     code = main(["bench", "--workload", "tiny", "--levers", "for_loop", "--processes", "3", "--json", str(out)])
     assert code == 137 and not out.exists()
     assert "process 1 of 3 was ended by signal SIGKILL (9); stopping" in capsys.readouterr().err
+
+
+def test_each_breakdown_process_keeps_its_own_coverage_and_exactness(capsys):
+    """The per-stage spread holds every process's stages, so every process's checks of them come along: a process
+    whose instrumented call ran far from its untimed one (or whose staged call differed) is named in the file and
+    the table, not only when it is the reported one."""
+    from vlaperf.profile.processes import print_processes
+
+    results = []
+    for median, coverage, exact in ((4.0, 1.01, True), (5.0, 3.72, False), (3.0, 0.99, True)):
+        r = _result(median, rel_l2=None)
+        r.update(command="breakdown", breakdown={"coverage": coverage, "matches_reference": {"exact": exact},
+                                                 "stages": [{"name": "setup", "median_ms": median / 10}]})
+        results.append(r)
+    p = combine(results)["processes"]
+    assert p["headline"] == 0
+    assert [r["coverage"] for r in p["runs"]] == [1.01, 3.72, 0.99]
+    assert [r["matches_reference"] for r in p["runs"]] == [True, False, True]
+    assert process_problem(p) is None
+    assert "coverage" not in combine([_result(3.0)])["processes"]["runs"][0]  # a bench has no stages to check
+    print_processes(combine(results))
+    assert "372.0%, NOT exact" in capsys.readouterr().out

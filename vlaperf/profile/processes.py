@@ -61,13 +61,18 @@ def combine(results: list[dict]) -> dict:
 
 def _run(r: dict) -> dict:
     """What the combined file keeps of one process: its timers and first call, its check, and a breakdown's stage
-    medians (`stages_ms`, in the breakdown's order)."""
+    medians (`stages_ms`, in the breakdown's order) with that process's own checks of them: `coverage` (its
+    instrumented call's median over its untimed one's) and `matches_reference` (whether its staged call reproduced
+    the untimed one exactly). Kept for the headline alone, a process whose stages were not its call's (a coverage of
+    372% on a loaded machine) stood in the per-stage spread with nothing to say so."""
     run = {"timers": r["timers"], **{k: r.get(k) for k in RUN_FIELDS},
            "rel_l2": (r.get("equivalence") or {}).get("rel_l2"),
            "git_commit": (r.get("env") or {}).get("git_commit"), "timestamp": (r.get("env") or {}).get("timestamp")}
-    stages = (r.get("breakdown") or {}).get("stages")
-    if stages is not None:
-        run["stages_ms"] = {e["name"]: e["median_ms"] for e in stages}
+    bd = r.get("breakdown") or {}
+    if bd.get("stages") is not None:
+        run["stages_ms"] = {e["name"]: e["median_ms"] for e in bd["stages"]}
+        run["coverage"] = bd.get("coverage")
+        run["matches_reference"] = (bd.get("matches_reference") or {}).get("exact")
     return run
 
 
@@ -187,6 +192,12 @@ def run_child(cmd: list[str]) -> int:
         signal.signal(signal.SIGTERM, previous)
 
 
+def _coverage_cell(run: dict) -> str:
+    """'98.7%', and ', NOT exact' where the process's staged call did not reproduce its untimed one."""
+    cell = f"{100 * run['coverage']:.1f}%" if run.get("coverage") is not None else "-"
+    return cell + (", NOT exact" if run.get("matches_reference") is False else "")
+
+
 def print_processes(result: dict) -> None:
     from rich.table import Table
 
@@ -206,14 +217,17 @@ def print_processes(result: dict) -> None:
     t = Table(title=f"vlaperf {result['command']}  {result['workload']['id']}  {result['variant']['label']}  "
                     f"({result['mode']} mode): {processes['count']} processes")
     checked = any(run.get("rel_l2") is not None for run in processes["runs"])  # bench's check; breakdown has none
-    for name in ("process", "wall median ms", "wall p95 ms", "event median ms", "first call s") + ("rel L2",) * checked:
+    covered = any("coverage" in run for run in processes["runs"])  # a breakdown's: its stages against its call
+    for name in (("process", "wall median ms", "wall p95 ms", "event median ms", "first call s") + ("rel L2",) * checked
+                 + ("stages / untimed",) * covered):
         t.add_column(name, justify="right")
     for i, run in enumerate(processes["runs"]):
         wall, events = run["timers"]["wall_ms"], run["timers"].get("cuda_event_ms")
         mark = " (reported)" if i == processes["headline"] else ""
         t.add_row(f"{i + 1}{mark}", f"{wall['median']:.3f}", f"{wall['p95']:.3f}",
                   f"{events['median']:.3f}" if events else "-", f"{run['first_call_s']:.2f}",
-                  *([f"{run['rel_l2']:.1e}" if run.get("rel_l2") is not None else "-"] if checked else []))
+                  *([f"{run['rel_l2']:.1e}" if run.get("rel_l2") is not None else "-"] if checked else []),
+                  *([_coverage_cell(run)] if covered else []))
     console.print(t)
     console.print(describe(processes) + "; the file reports the middle process, its samples and environment")
 
