@@ -302,3 +302,14 @@ def test_each_breakdown_process_keeps_its_own_coverage_and_exactness(capsys):
     assert "coverage" not in combine([_result(3.0)])["processes"]["runs"][0]  # a bench has no stages to check
     print_processes(combine(results))
     assert "372.0%, NOT exact" in capsys.readouterr().out
+
+
+def test_each_process_keeps_its_gpu_state():
+    """The GPU's clocks, power and temperature after each process's timed calls: what moves between processes, so
+    each is kept, not only the reported process's (whose env the file holds whole)."""
+    results = [_result(m) for m in (3.0, 4.0)]
+    for r, clock in zip(results, (1980, 1410)):
+        r["env"]["gpu_state"] = {"sm_clock_mhz": clock, "temperature_c": 40}
+    p = combine(results)["processes"]
+    assert [r["gpu_state"]["sm_clock_mhz"] for r in p["runs"]] == [1980, 1410]
+    assert combine([_result(3.0)])["processes"]["runs"][0]["gpu_state"] is None  # the CPU has none

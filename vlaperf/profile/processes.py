@@ -60,14 +60,16 @@ def combine(results: list[dict]) -> dict:
 
 
 def _run(r: dict) -> dict:
-    """What the combined file keeps of one process: its timers and first call, its check, and a breakdown's stage
-    medians (`stages_ms`, in the breakdown's order) with that process's own checks of them: `coverage` (its
-    instrumented call's median over its untimed one's) and `matches_reference` (whether its staged call reproduced
-    the untimed one exactly). Kept for the headline alone, a process whose stages were not its call's (a coverage of
-    372% on a loaded machine) stood in the per-stage spread with nothing to say so."""
+    """What the combined file keeps of one process: its timers and first call, its check, its commit, time and GPU
+    state, and a breakdown's stage medians (`stages_ms`, in the breakdown's order) with that process's own checks
+    of them: `coverage` (its instrumented call's median over its untimed one's) and `matches_reference` (whether its
+    staged call reproduced the untimed one exactly). Kept for the headline alone, a process whose stages were not
+    its call's (a coverage of 372% on a loaded machine) stood in the per-stage spread with nothing to say so."""
     run = {"timers": r["timers"], **{k: r.get(k) for k in RUN_FIELDS},
            "rel_l2": (r.get("equivalence") or {}).get("rel_l2"),
-           "git_commit": (r.get("env") or {}).get("git_commit"), "timestamp": (r.get("env") or {}).get("timestamp")}
+           # gpu_state: its GPU's clocks, power and temperature after its timed calls, the state that moves between
+           # processes (only the headline's whole env is kept)
+           **{k: (r.get("env") or {}).get(k) for k in ("git_commit", "timestamp", "gpu_state")}}
     bd = r.get("breakdown") or {}
     if bd.get("stages") is not None:
         run["stages_ms"] = {e["name"]: e["median_ms"] for e in bd["stages"]}
