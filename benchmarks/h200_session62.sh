@@ -14,6 +14,12 @@
 #               Prediction on an H100: 13.9-14.3 ms (session 61: 14.06, medians 14.01-14.13).
 #            3) model mode in four fresh processes on the same card.
 #               Prediction: 12.7-13.0 ms on an H200 (session 60: 12.72), 13.2-13.5 on an H100 (session 61: 13.33).
+#            4) added after the breakdown fixes (5447b39: the process's first call is the untimed one, timed alone; the
+#               check now runs the untimed path, graph capture included, before the staged one; 8676408: the copy back
+#               as the served call does it): a policy-mode breakdown of `best`.
+#               Prediction: the staged call matches the untimed one exactly; coverage 0.95-1.05; first_call_s now a
+#               cold call, 2-3 s as bench's (before: a warm call's ~0.02 s); host stages 0.5-0.7 ms on an H100
+#               (session 61: 0.59), 1.4-1.8 ms on an H200 (session 48).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session62.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P
@@ -32,6 +38,7 @@ a)
     echo "170 $P -q -n 4 --timeout 160 tests/test_engine_cuda.py tests/test_kernels.py 2>&1 | tee $R/pytest_gpu_s62k.log | tail -15"
     echo "200 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s62-4proc_policy.json"
     echo "180 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s62-4proc_model.json"
+    echo "120 $V breakdown --workload libero-pi0 --levers best --mode policy --no-progress --json $R/breakdown_libero-pi0_best-s62_policy.json"
   } | lane A 0 40 &
   ;;
 *) echo "unknown PART=${PART}"; exit 2 ;;
