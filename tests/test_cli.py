@@ -208,6 +208,13 @@ def test_bad_arguments_exit_2_with_message(args, message, capsys):
         (["serve", "--max-queue", "8"], "argument --max-queue: expected an integer >= 64 (one list request holds up "
          "to 64 observations), got '8'"),
         (["matrix", "--device", "cpu", "--variants", "for_loop;nope"], "--variants: unknown lever 'nope' in 'nope'"),
+        # a value no lever takes, or two compile modes, was a skipped row beside the others and the matrix passed
+        (["matrix", "--device", "cpu", "--workload", "tiny", "--variants", "for_loop;compile=foo"],
+         "--variants: variant 'compile=foo': compile mode 'foo' is not one of: default"),
+        (["matrix", "--device", "cpu", "--workload", "tiny", "--variants", "for_loop;sdpa=1"],
+         "--variants: variant 'sdpa=1': lever 'sdpa' takes no value, got 'sdpa=1'"),
+        (["matrix", "--device", "cpu", "--workload", "tiny", "--variants", "for_loop;compile=default,compile=max-autotune"],
+         "--variants: variant 'compile=default,compile=max-autotune': compile given twice with different values"),
         # the reference alone was timed, the rows said "skipped", and the matrix passed
         (["matrix", "--device", "cpu", "--workload", "tiny", "--variants", "graph;for_loop,cuda_graph"],
          "--variants: no variant asked for can run on cpu: 'graph': cuda_graph needs a CUDA device"),

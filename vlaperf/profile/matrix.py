@@ -60,10 +60,11 @@ def left_out_on(spec: str, device: torch.device, wam: bool = False) -> str | Non
 
 
 def check_variants(spec: str) -> None:
-    """--variants' lever names, before anything is built: a name that is no lever is a typo and an error (a
-    lever that cannot apply on the device is a row the matrix reports as skipped)."""
+    """--variants' lever names and values, before anything is built: a name that is no lever, a value a lever does
+    not take ('compile=foo', 'sdpa=1', 'compile=') or one lever given two values is a typo and an error (a lever
+    that cannot apply on the device is a row the matrix reports as skipped)."""
     from vlaperf.cli import CliError
-    from vlaperf.engine.levers import LEVERS, LeverError, unknown_lever
+    from vlaperf.engine.levers import LEVERS, LeverError, Levers, unknown_lever
 
     if spec in ("cumulative", "grid"):
         return
@@ -75,6 +76,10 @@ def check_variants(spec: str) -> None:
         if name is not None:
             raise CliError(f"--variants: unknown lever {name!r} in {item!r}; expected 'cumulative', 'grid' or "
                            f"';'-separated lists of: {', '.join(LEVERS)} (or 'best', 'graph', 'exact', 'reference')")
+        try:  # the parse is the same on any device (the device only resolves what 'best' holds)
+            Levers.parse(item, "cpu")
+        except LeverError as e:
+            raise CliError(f"--variants: variant {item!r}: {e}") from None
 
 
 def parse_variants(spec: str, device: torch.device) -> list[str]:
