@@ -211,6 +211,12 @@ def test_bad_arguments_exit_2_with_message(args, message, capsys):
         # a value no lever takes, or two compile modes, was a skipped row beside the others and the matrix passed
         (["matrix", "--device", "cpu", "--workload", "tiny", "--variants", "for_loop;compile=foo"],
          "--variants: variant 'compile=foo': compile mode 'foo' is not one of: default"),
+        # a preset in a list, or a whole matrix among variants, was called an unknown lever, by an error that listed
+        # it as expected
+        (["matrix", "--device", "cpu", "--variants", "for_loop;best,sdpa"],
+         "--variants: variant 'best,sdpa': 'best' is a preset: give it alone"),
+        (["matrix", "--device", "cpu", "--variants", "cumulative;for_loop"],
+         "--variants: 'cumulative' is a whole matrix: give it alone, not among ';'-separated variants"),
         (["matrix", "--device", "cpu", "--workload", "tiny", "--variants", "for_loop;sdpa=1"],
          "--variants: variant 'sdpa=1': lever 'sdpa' takes no value, got 'sdpa=1'"),
         (["matrix", "--device", "cpu", "--workload", "tiny", "--variants", "for_loop;compile=default,compile=max-autotune"],

@@ -64,16 +64,18 @@ def check_variants(spec: str) -> None:
     not take ('compile=foo', 'sdpa=1', 'compile=') or one lever given two values is a typo and an error (a lever
     that cannot apply on the device is a row the matrix reports as skipped)."""
     from vlaperf.cli import CliError
-    from vlaperf.engine.levers import LEVERS, LeverError, Levers, unknown_lever
+    from vlaperf.engine.levers import LEVERS, PRESETS, LeverError, Levers, unknown_lever
 
     if spec in ("cumulative", "grid"):
         return
     for item in (s.strip() for s in spec.split(";")):
+        if item in ("cumulative", "grid"):  # called an unknown lever, beside an error that lists it as expected
+            raise CliError(f"--variants: {item!r} is a whole matrix: give it alone, not among ';'-separated variants")
         try:
             name = unknown_lever(item)
         except LeverError as e:
             raise CliError(f"--variants: {e}") from None
-        if name is not None:
+        if name is not None and name not in PRESETS:  # a preset in a list: the parser below says so
             raise CliError(f"--variants: unknown lever {name!r} in {item!r}; expected 'cumulative', 'grid' or "
                            f"';'-separated lists of: {', '.join(LEVERS)} (or 'best', 'graph', 'exact', 'reference')")
         try:  # the parse is the same on any device (the device only resolves what 'best' holds)
