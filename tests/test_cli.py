@@ -899,6 +899,34 @@ def test_the_grid_is_each_compile_mode_over_loop_only_and_all_exact_levers():
     assert exact_c.names() == exact.names() + ["compile=default"]
 
 
+def test_the_matrix_tables_tell_every_gpu_grid_and_cumulative_row_apart(monkeypatch):
+    """A long variant is shortened in the printed table; cut to 4 letters a lever, the GPU grid's exact levers with
+    compile=default and with compile=reduce-overhead were both printed '...+fuse+comp'."""
+    from rich.console import Console
+    from rich.table import Table
+
+    from vlaperf.profile.matrix import _print, cumulative_variants, grid_variants
+    from vlaperf.profile.ray_matrix import print_ray_matrix
+    from vlaperf.workloads import get_workload
+
+    cuda = torch.device("cuda")
+    for variants in (grid_variants(cuda), cumulative_variants(cuda)):
+        rows = [{"variant": v, "levers": [], "skipped": "x"} for v in variants]
+        console = Console(width=400, record=True)
+        _print(rows, get_workload("tiny"), cuda, console, Table)
+        names = [line.split("\u2502")[1].strip() for line in console.export_text().splitlines()
+                 if line.startswith("\u2502")]
+        assert len(names) == len(variants) == len(set(names)), names
+        assert "loop+skipimg+trim+kv+sdpa+fuse+c:reduce-overhead" in names or variants != grid_variants(cuda)
+    result = {"workload": {"id": "tiny"}, "ray": {"tasks": 2, "devices": ["a"]},
+              "variants": [{"variant": v, "skipped": "x"} for v in grid_variants(cuda)]}
+    console = Console(width=400, record=True)
+    monkeypatch.setattr("vlaperf.cli.wide_console", lambda *a: console)
+    print_ray_matrix(result)
+    names = [line.split("\u2502")[1].strip() for line in console.export_text().splitlines() if line.startswith("\u2502")]
+    assert len(names) == len(set(names)) == len(grid_variants(cuda)), names
+
+
 def test_the_reference_given_among_matrix_variants_is_its_reference_row():
     """'none;exact' was refused as "'reference' and 'none' are the same variant", naming a 'reference' the user
     never typed: the matrix adds the reference itself. A reference given anywhere is now that first row."""

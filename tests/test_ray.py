@@ -1076,5 +1076,5 @@ def test_print_ray_matrix_rows(capsys):
     print_ray_matrix({"workload": {"id": "tiny"}, "variants": rows, "ray": {"tasks": 2, "devices": [{}]}})
     lines = [" ".join(line.split()) for line in capsys.readouterr().out.splitlines()]
     assert any(line.startswith("│ reference │") and "1.00x │" in line for line in lines), lines
-    assert any(line.startswith("│ fuse+stat+cuda+comp+for_ │") and "1.50x (noise)" in line for line in lines), lines
+    assert any(line.startswith("│ fuse+static_prefix+graph+compile+loop │") and "1.50x (noise)" in line for line in lines), lines
     assert any(line.startswith("│ for_loop │ task failed: boom │") for line in lines), lines

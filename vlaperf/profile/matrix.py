@@ -273,9 +273,13 @@ def _print(rows, workload, device, console, Table, mode: str = "model", idle: st
                     "median / variant median)")
     for col in ("variant", "median ms", "p95 ms", "event ms", "speedup", "p10..p90", "rel L2", "first call s", "process peak GiB"):
         t.add_column(col, overflow="fold")  # a long variant name wraps, never cut
+    from vlaperf.report.render import short_variant
+
     notes = []
     for r in rows:
-        name = r["variant"] if len(r["variant"]) < 60 else "+".join(x[:4] for x in r["variant"].split(","))
+        # each lever's own short name, the compile mode kept: cutting every name to 4 letters printed the grid's
+        # exact+compile=default and exact+compile=reduce-overhead rows alike ('...+fuse+comp')
+        name = r["variant"] if len(r["variant"]) < 60 else short_variant(r["variant"])
         if "timers" not in r:  # the reason below the table: in a timing column it widened every row
             notes.append(f"[{len(notes) + 1}] {name}: {r.get('skipped', '')}")
             t.add_row(name, f"skipped [{len(notes)}]", *[""] * 7)

@@ -309,6 +309,8 @@ def print_ray_matrix(result: dict) -> None:
     from vlaperf.cli import wide_console
     from rich.table import Table
 
+    from vlaperf.report.render import short_variant
+
     t = Table(title=f"vlaperf matrix --ray  {result['workload']['id']}  ({result.get('mode', 'model')} mode, "
                     f"{result['ray']['tasks']} tasks on "
                     f"{len(result['ray']['devices'])} device(s); speedup = the reference's median / the variant's, the reference timed in "
@@ -317,7 +319,7 @@ def print_ray_matrix(result: dict) -> None:
                 "ref median ms", "gpu / device", "host"):
         t.add_column(col)
     for r in result["variants"]:
-        name = r["variant"] if len(r["variant"]) < 50 else "+".join(x[:4] for x in r["variant"].split(","))
+        name = r["variant"] if len(r["variant"]) < 50 else short_variant(r["variant"])  # the compile mode kept
         d = r.get("device") or {}
         where = (d.get("gpu_name") or d.get("device") or "-") + (f" {d['gpu_uuid'][-8:]}" if d.get("gpu_uuid") else "")
         if "timers" not in r:
