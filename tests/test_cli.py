@@ -555,7 +555,8 @@ def test_the_matrix_never_times_a_variant_that_fails_equivalence(tmp_path, monke
     assert loop["levers"] == Levers.parse("for_loop").names() and loop["equivalence"]["passed"]
     assert loop["ratio"]["wall_ms"]["speedup"] == 2.5 and loop["timers"]["wall_ms"]["median"] == pytest.approx(1.65)
     assert loop["warmup_s"] == 0.25 and "peak_memory_bytes" in loop
-    assert loop["first_call_s"] == 0.5 and ref["first_call_s"] == 1234.0  # the reference has no check before it
+    # the reference's first call is its own, made before the variants' checks call it (not the rounds' warm call)
+    assert loop["first_call_s"] == 0.5 and 0 < ref["first_call_s"] < 1234.0
     out = capsys.readouterr().out
     # median, p95 (not p90 or mean), speedup marked as noise (not significant), p10..p90, the variant's rel L2
     for text in ("for_loop", "1.650", "4.505", "2.50x (noise)", "2.10..2.90", f"{loop['equivalence']['rel_l2']:.1e}",
@@ -572,6 +573,25 @@ def test_the_matrix_never_times_a_variant_that_fails_equivalence(tmp_path, monke
     rows = read_result(tmp_path / "c.json")["variants"]
     assert rows[0]["skipped"] == "not timed: the matrix was interrupted"
     assert rows[1]["skipped"] == "fails equivalence: speed not reported"  # its reason is kept, not overwritten
+
+
+def test_the_matrix_reference_first_call_is_the_reference_model_s_first_call(tmp_path, monkeypatch):
+    """The reference row's first_call_s was the rounds' warm-up call, made after every variant's equivalence check
+    had called the reference model twice: no first call at all, while the first variant's first call paid for the
+    process's first use of the device. It is now timed first, and it is the model's first call."""
+    from vlaperf.models.pi0 import Pi0Model
+    from vlaperf.profile import matrix
+
+    log = []
+    sample, first_call = Pi0Model.sample_actions, matrix.first_call_seconds
+    monkeypatch.setattr(Pi0Model, "sample_actions", lambda self, *a, **kw: log.append("reference model") or
+                        sample(self, *a, **kw))
+    monkeypatch.setattr(matrix, "first_call_seconds", lambda *a: log.append("variant first call") or first_call(*a))
+    assert main(["matrix", "--workload", "tiny", "--device", "cpu", "--variants", "for_loop", "--warmup", "1",
+                 "--iters", "1", "--no-progress", "--json", str(tmp_path / "m.json")]) == 0
+    assert log[:2] == ["reference model", "variant first call"]
+    ref = read_result(tmp_path / "m.json")["variants"][0]
+    assert ref["variant"] == "reference" and ref["first_call_s"] > 0
 
 
 def test_a_second_sigterm_ends_the_matrix_at_once(monkeypatch):
