@@ -563,6 +563,9 @@ def test_the_matrix_never_times_a_variant_that_fails_equivalence(tmp_path, monke
                  "1.00x", "[1] sdpa: fails equivalence: speed not reported"):
         assert text in out, text
     assert "1.00x (noise)" not in out  # the reference against itself is no finding
+    # the failing row's own error and first call are in its row (they were blank: only the JSON had them)
+    (sdpa_line,) = [line for line in out.splitlines() if "skipped [1]" in line]
+    assert f"{sdpa['equivalence']['rel_l2']:.1e}" in sdpa_line and "0.50" in sdpa_line
 
     def ctrl_c(*a, **kw):
         raise KeyboardInterrupt

@@ -288,7 +288,11 @@ def _print(rows, workload, device, console, Table, mode: str = "model", idle: st
         name = r["variant"] if len(r["variant"]) < 60 else short_variant(r["variant"])
         if "timers" not in r:  # the reason below the table: in a timing column it widened every row
             notes.append(f"[{len(notes) + 1}] {name}: {r.get('skipped', '')}")
-            t.add_row(name, f"skipped [{len(notes)}]", *[""] * 7)
+            # a row that failed its check (or was prepared before an interrupt) keeps its error and first call:
+            # the error is why it has no speed
+            eq = r.get("equivalence")
+            t.add_row(name, f"skipped [{len(notes)}]", *[""] * 4, f"{eq['rel_l2']:.1e}" if eq else "",
+                      f"{r['first_call_s']:.2f}" if "first_call_s" in r else "", "")
             continue
         w, e, q = r["timers"]["wall_ms"], r["timers"]["cuda_event_ms"], r["ratio"]["wall_ms"]
         eq = r["equivalence"]
