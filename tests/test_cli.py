@@ -534,12 +534,16 @@ def test_the_matrix_never_times_a_variant_that_fails_equivalence(tmp_path, monke
         ratios = {"reference": (1.0, 1.0, 0.9, 1.1, False), "for_loop": (2.5, 2.4, 2.1, 2.9, False)}
         keys = ("speedup", "ratio_median", "ratio_p10", "ratio_p90", "significant")
         return {"variants": {n: {"timers": {"wall_ms": summarize(samples[n]), "cuda_event_ms": None},
-                                 "first_call_s": 1234.0, "warmup_s": 0.25, "peak_memory_bytes": None} for n in fns},
+                                 "first_call_s": 1234.0, "warmup_s": 0.25, "peak_memory_bytes": 250} for n in fns},
                 "ratios": {n: {"wall_ms": dict(zip(keys, ratios[n])), "cuda_event_ms": None} for n in fns}}
 
     monkeypatch.setattr(vlaperf.check, "check_equivalence", sdpa_fails)
     monkeypatch.setattr(matrix, "first_call_seconds", lambda *a: 0.5)
     monkeypatch.setattr("vlaperf.timing.interleaved", fake_interleaved)
+    # the allocator's peak over each row's first call: reference, for_loop, sdpa (then the interrupted run's two)
+    first_call_peaks = iter([100, 400, 300, 100, 300])
+    monkeypatch.setattr("vlaperf.timing._reset_peak_memory", lambda device: None)
+    monkeypatch.setattr("vlaperf.timing._peak_memory", lambda device: next(first_call_peaks))
     args = ["matrix", "--workload", "tiny", "--device", "cpu", "--variants", "for_loop;sdpa", "--warmup", "1", "--iters",
             "2", "--no-progress", "--json", str(tmp_path / "m.json")]
     assert main(args) == 0
@@ -554,7 +558,10 @@ def test_the_matrix_never_times_a_variant_that_fails_equivalence(tmp_path, monke
     assert not {"timers", "ratio", "warmup_s"} & set(sdpa) and sdpa["levers"] == Levers.parse("sdpa").names()
     assert loop["levers"] == Levers.parse("for_loop").names() and loop["equivalence"]["passed"]
     assert loop["ratio"]["wall_ms"]["speedup"] == 2.5 and loop["timers"]["wall_ms"]["median"] == pytest.approx(1.65)
-    assert loop["warmup_s"] == 0.25 and "peak_memory_bytes" in loop
+    assert loop["warmup_s"] == 0.25
+    # a row's peak covers its first call (compile, capture), which the rounds' warm-up (250 here) comes after
+    assert r["peak_memory_over"] == "first call and warm-up"
+    assert [ref["peak_memory_bytes"], loop["peak_memory_bytes"], sdpa["peak_memory_bytes"]] == [250, 400, 300]
     # the reference's first call is its own, made before the variants' checks call it (not the rounds' warm call)
     assert loop["first_call_s"] == 0.5 and 0 < ref["first_call_s"] < 1234.0
     out = capsys.readouterr().out
@@ -576,6 +583,7 @@ def test_the_matrix_never_times_a_variant_that_fails_equivalence(tmp_path, monke
     rows = read_result(tmp_path / "c.json")["variants"]
     assert rows[0]["skipped"] == "not timed: the matrix was interrupted"
     assert rows[1]["skipped"] == "fails equivalence: speed not reported"  # its reason is kept, not overwritten
+    assert [row["peak_memory_bytes"] for row in rows] == [100, 300]  # and the peak of the first call each made
 
 
 def test_the_matrix_reference_first_call_is_the_reference_model_s_first_call(tmp_path, monkeypatch):

@@ -1475,6 +1475,17 @@ def _matrix(tiny_results) -> dict:
     return m
 
 
+def test_matrix_peak_note_says_what_the_files_peak_covers(tiny_results, tmp_path):
+    """From session 62 a matrix row's peak covers its first call (compile, capture) and warm-up (`peak_memory_over`);
+    before, the peak was reset after the first call, and the note claimed the first call for those files too."""
+    m = _matrix(tiny_results)
+    md = render([_write(tmp_path / "m.json", m)], tmp_path / "r.md").read_text()
+    assert "_process peak GiB: the allocator's peak over a variant's first call (compile, capture) and warm-up" in md
+    old = {k: v for k, v in m.items() if k != "peak_memory_over"}
+    old_md = render([_write(tmp_path / "old.json", old)], tmp_path / "old.md").read_text()
+    assert "_process peak GiB: the allocator's peak over a variant's warm-up calls, after its first call" in old_md
+
+
 def test_matrix_table_heatmap_and_cdf(tiny_results, tmp_path, figures):
     """The matrix's rows (speedup, '(noise)' where p10..p90 includes 1, the spread low..high, the event median, the
     levers or '-', a skipped row as wide as the others), its heatmap (a column per lever in the levers' order, compile
@@ -1489,7 +1500,7 @@ def test_matrix_table_heatmap_and_cdf(tiny_results, tmp_path, figures):
     best = _md_rows(md, "best")[0]
     assert rows["reference"][4:6] == ["1.00x", "1.00..1.00"] and rows["reference"][-1] == "-"
     assert rows["for_loop"][4:6] == ["1.25x (noise)", "0.95..1.50"] and rows["for_loop"][8] == "3.000"
-    assert "_process peak GiB: the allocator's peak over a variant's first call and warm-up" in md
+    assert "_process peak GiB: the allocator's peak over a variant's first call (compile, capture) and warm-up" in md
     assert best[3:6] == ["3.250", "2.00x", "1.75..2.25"]
     assert rows["cuda_graph"] == ["cuda_graph", "needs a GPU"] + ["-"] * 8
     (heat,) = [f for a, f in figures if a == "matrix speedup heatmap"]

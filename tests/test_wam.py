@@ -1081,17 +1081,25 @@ def test_wam_matrix_ratios_compare_each_row_with_its_sparsitys_reference_and_its
             samples[key] = [10.0 + 3 * j + (r * (j + 1)) % 5 for r in range(iters)]
             out[key] = {"timers": {"cuda_event_ms": None, "wall_ms": timing.summarize(samples[key])},
                         "samples": {"wall_ms": samples[key], "cuda_event_ms": None}, "first_call_s": 1000.0 + j,
-                        "warmup_s": 0.0, "peak_memory_bytes": None}
+                        "warmup_s": 0.0, "peak_memory_bytes": 250}
         return {"variants": out}
 
+    first_call_peaks = iter(range(100, 10_000, 100))  # the allocator's peak over each row's first call, in turn
     monkeypatch.setattr(check, "check_wam_equivalence", fails_host_schedule_at_drop_middle)
     monkeypatch.setattr(timing, "interleaved", fixed)
+    monkeypatch.setattr(timing, "_reset_peak_memory", lambda device: None)
+    monkeypatch.setattr(timing, "_peak_memory", lambda device: next(first_call_peaks))
     m = tmp_path / "m.json"
     assert main(["matrix", "--workload", "wam-tiny", "--device", "cpu", "--warmup", "1", "--iters", "6", "--no-progress",
                  "--variants", "none;exact;host_schedule", "--json", str(m)]) == 0
     r = read_result(m)
     rows = {row["key"]: row for row in r["variants"]}
     assert list(rows) == [f"{v} | {s}" for s in SPARSITY for v in ("reference", "exact", "host_schedule")]
+    # each row's peak covers its first call (compile, capture), made before the rounds' warm-up: the larger of the two
+    assert r["peak_memory_over"] == "first call and warm-up"
+    for i, row in enumerate(rows.values()):
+        own = 100 * (i + 1)
+        assert row["peak_memory_bytes"] == (max(own, 250) if "timers" in row else own), row["key"]
     failed = rows["host_schedule | drop_middle"]
     assert failed["skipped"] == "fails equivalence: speed not reported" and "timers" not in failed
     assert "host_schedule | drop_middle" not in samples
@@ -1104,8 +1112,9 @@ def test_wam_matrix_ratios_compare_each_row_with_its_sparsitys_reference_and_its
         assert row["vs_reference"] == timing._ratio_stats(samples[f"reference | {sparsity}"], samples[key])
         dense = samples.get(f"{variant} | none")
         assert row["sparsity_gain"] == (timing._ratio_stats(dense, samples[key]) if sparsity != "none" else None)
-        # the reference's first call is the timing's; an engine's was taken before its check, and is kept
-        assert (row["first_call_s"] >= 1000.0) == (variant == "reference")
+        # every row's first call is its own, taken when it was prepared: an engine's before its check, the reference's
+        # before the variants' checks run the reference model (the timing's, after them, found it warm)
+        assert row["first_call_s"] < 1000.0
     assert rows["exact | mae_middle"]["sparsity_gain"] is not None
     # a reference row against itself: every per-round ratio is 1, so the table marks it as noise
     assert "1.00x (1.00..1.00) noise" in " ".join(capsys.readouterr().out.split())

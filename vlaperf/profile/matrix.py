@@ -15,6 +15,7 @@ import contextlib
 import os
 import signal
 import threading
+from typing import Callable
 
 import torch
 
@@ -117,6 +118,27 @@ def refuse_if_none_can_run(variants: list[str], device: torch.device) -> None:
         raise CliError(f"--variants: no variant asked for can run on {device.type}: {'; '.join(reasons)}")
 
 
+# What a matrix file's peak_memory_bytes covers (its `peak_memory_over`; files before it: the warm-up calls only)
+PEAK_MEMORY_OVER = "first call and warm-up"
+
+
+def first_call(row: dict, device: torch.device, timed: Callable[[], float]) -> None:
+    """A row's first call, `timed()` (its seconds), as `first_call_s`, and the allocator's peak over it as
+    `peak_memory_bytes`: compile's and capture's buffers are the first call's, and the rounds' warm-up (interleaved's
+    peak, over its own calls) comes after it. `merge_peak` then takes the larger of the two."""
+    from vlaperf.timing import _peak_memory, _reset_peak_memory
+
+    _reset_peak_memory(device)
+    row["first_call_s"] = timed()
+    row["peak_memory_bytes"] = _peak_memory(device)
+
+
+def merge_peak(row: dict, timed: dict) -> None:
+    """The row's peak over its first call (`first_call`) and its warm-up (`timed`, interleaved's record of it)."""
+    peaks = [p for p in (row.get("peak_memory_bytes"), timed["peak_memory_bytes"]) if p is not None]
+    row["peak_memory_bytes"] = max(peaks) if peaks else None
+
+
 def prepare_variant(model, spec: str, workload, obs, noise, steps: int, mode: str = "model",
                     seed: int = 0) -> tuple[dict, object | None]:
     """A matrix row for `spec` and the call to time, or None when it cannot be timed (the
@@ -125,15 +147,16 @@ def prepare_variant(model, spec: str, workload, obs, noise, steps: int, mode: st
     from vlaperf.check import check_equivalence
     from vlaperf.cli import CliError, make_engine
 
+    from vlaperf.timing import Timer
+
     row: dict = {"variant": spec, "levers": []}
     if spec == "reference":
-        from vlaperf.timing import Timer
-
         row["equivalence"] = None
         # Its first call is made here, first in the process: the other rows' equivalence checks call the reference
         # model, so the rounds' warm-up found it warm (and the first variant's first call paid the process's first
         # use of the device's libraries).
-        row["first_call_s"] = Timer(noise.device).wall_s(lambda: model.sample_actions(obs, noise, steps))
+        timer = Timer(noise.device)
+        first_call(row, noise.device, lambda: timer.wall_s(lambda: model.sample_actions(obs, noise, steps)))
         return row, timed_call(model, None, workload, obs, noise, steps, mode, seed)
     try:
         engine = make_engine(model, spec)
@@ -143,7 +166,7 @@ def prepare_variant(model, spec: str, workload, obs, noise, steps: int, mode: st
     row["levers"] = engine.levers.names()
     # The first call is where compile and graph capture happen: time it before the
     # equivalence check (which would otherwise absorb it). It is the model call in either mode.
-    row["first_call_s"] = first_call_seconds(engine, obs, noise, steps)
+    first_call(row, noise.device, lambda: first_call_seconds(engine, obs, noise, steps))
     row["equivalence"] = check_equivalence(model, engine, workload)
     if not row["equivalence"]["passed"]:
         row["skipped"] = "fails equivalence: speed not reported"
@@ -207,7 +230,8 @@ def run_matrix(args, base, workload, model, device) -> int:
         if args.json:
             result = result_header("matrix", base, workload, model, environment_record(device), [], args.variants, mode)
             result.update({"variants": rows, "warmup": args.warmup, "iters": args.iters, "baseline": "reference",
-                           "first_call_timing": "before equivalence check", "interrupted": True})
+                           "first_call_timing": "before equivalence check", "peak_memory_over": PEAK_MEMORY_OVER,
+                           "interrupted": True})
             write_result(result, args.json)
             print(f"interrupted: wrote the {len(rows)} rows so far (none timed) to {args.json}")
         return STOPPED_BY_SIGTERM if isinstance(e, Terminated) else 130
@@ -215,14 +239,15 @@ def run_matrix(args, base, workload, model, device) -> int:
         v = timing["variants"].get(row["variant"])
         if v is None:
             continue
-        row.update({k: v[k] for k in ("timers", "warmup_s", "peak_memory_bytes")})
+        row.update({k: v[k] for k in ("timers", "warmup_s")})
+        merge_peak(row, v)
         row.setdefault("first_call_s", v["first_call_s"])
         row["ratio"] = timing["ratios"][row["variant"]]
     _print(rows, workload, device, wide_console(170), Table, mode, idle_of(args))
     if args.json:
         result = result_header("matrix", base, workload, model, environment_record(device), [], args.variants, mode)
         result.update({"variants": rows, "warmup": args.warmup, "iters": args.iters, "baseline": "reference",
-                       "first_call_timing": "before equivalence check", "idle_ms": getattr(args, "idle_ms", None) or 0.0,
+                       "first_call_timing": "before equivalence check", "peak_memory_over": PEAK_MEMORY_OVER, "idle_ms": getattr(args, "idle_ms", None) or 0.0,
                        "idle_spin": getattr(args, "idle_spin", False)})
         write_result(result, args.json)
         print(f"wrote {args.json}")
@@ -305,7 +330,8 @@ def _print(rows, workload, device, console, Table, mode: str = "model", idle: st
         console.print(note)
     if any(r.get("peak_memory_bytes") for r in rows):
         # every variant's engine lives in this one process: the peak counts them all (vlaperf bench: one alone)
-        console.print("process peak GiB: the allocator's peak over a variant's first call and warm-up, with every "
+        console.print("process peak GiB: the allocator's peak over a variant's first call (compile, capture) and "
+                      "warm-up, with every "
                       "variant's engine held in this process; `vlaperf bench` gives one variant's own")
 
 

@@ -258,7 +258,8 @@ def cmd_matrix(args) -> int:
     from vlaperf.cli import STOPPED_BY_SIGTERM, wide_console
     from rich.table import Table
 
-    from vlaperf.profile.matrix import Terminated, idle_of, sigterm_as_interrupt
+    from vlaperf.profile.matrix import (PEAK_MEMORY_OVER, Terminated, first_call, idle_of, merge_peak,
+                                        sigterm_as_interrupt)
 
     from vlaperf.check import check_wam_equivalence
     from vlaperf.cli import CliError, _timed_once
@@ -296,6 +297,8 @@ def cmd_matrix(args) -> int:
                     if spec == "reference":
                         row["equivalence"] = None
                         fns[key] = call_fn(model, None, w, obs, noise, mode)
+                        # its own first call, before the variants' checks run the reference model (as pi0's matrix)
+                        first_call(row, device, lambda: _timed_once(fns[key], device))
                         rows.append(row)
                         continue
                     try:
@@ -307,7 +310,7 @@ def cmd_matrix(args) -> int:
                     row["levers"] = engine.levers.names()
                     fn = call_fn(model, engine, w, obs, noise, mode)
                     try:
-                        row["first_call_s"] = _timed_once(fn, device)  # compile and capture land here, before the check
+                        first_call(row, device, lambda: _timed_once(fn, device))  # compile, capture: before the check
                         row["equivalence"] = check_wam_equivalence(model, engine, w)
                     except Exception as e:  # one variant that breaks (a compiler error) must not lose the matrix
                         row["skipped"] = f"failed: {type(e).__name__}: {str(e).splitlines()[0][:200]}"
@@ -334,7 +337,8 @@ def cmd_matrix(args) -> int:
         if args.json:
             result = header("matrix", base, workload, model, environment_record(device), [], args.variants, mode)
             result.update({"variants": rows, "warmup": args.warmup, "iters": args.iters, "sparsities": sparsities,
-                           "first_call_timing": "before equivalence check", "interrupted": True})
+                           "first_call_timing": "before equivalence check", "peak_memory_over": PEAK_MEMORY_OVER,
+                           "interrupted": True})
             write_result(result, args.json)
             print(f"interrupted: wrote the {len(rows)} rows so far (none timed) to {args.json}")
         return STOPPED_BY_SIGTERM if isinstance(e, Terminated) else 130
@@ -343,8 +347,8 @@ def cmd_matrix(args) -> int:
         v = timing["variants"].get(row["key"])
         if v is None:
             continue
-        row.update({k: v[k] for k in ("timers", "warmup_s", "peak_memory_bytes")})
-        row.setdefault("first_call_s", v["first_call_s"])
+        row.update({k: v[k] for k in ("timers", "warmup_s")})
+        merge_peak(row, v)
         ref = samples.get(f"reference | {row['sparsity']}")
         row["vs_reference"] = _ratio_stats(ref, samples[row["key"]]) if ref else None
         dense = samples.get(f"{row['variant']} | none")
@@ -353,7 +357,7 @@ def cmd_matrix(args) -> int:
     if args.json:
         result = header("matrix", base, workload, model, environment_record(device), [], args.variants, mode)
         result.update({"variants": rows, "warmup": args.warmup, "iters": args.iters, "sparsities": sparsities,
-                       "first_call_timing": "before equivalence check", "idle_ms": getattr(args, "idle_ms", None) or 0.0,
+                       "first_call_timing": "before equivalence check", "peak_memory_over": PEAK_MEMORY_OVER, "idle_ms": getattr(args, "idle_ms", None) or 0.0,
                        "idle_spin": getattr(args, "idle_spin", False),
                        "ratios": "vs_reference: the reference at the same sparsity over this row, per round (p10..p90); "
                                  "sparsity_gain: the same variant at sparsity none over this row"})

@@ -782,7 +782,11 @@ def _matrix(doc: _Doc, path: str, r: dict) -> None:
     doc.table(["variant", "median ms", "p95 ms", "event median ms"] + (["reference ms"] if on_ray else [])
               + ["speedup", "ratio p10..p90", "rel L2", "first call s", "process peak GiB", "levers"], rows)
     if any(v.get("peak_memory_bytes") for v in timed):
-        doc.p("process peak GiB: the allocator's peak over a variant's first call and warm-up, every variant's engine "
+        # files before peak_memory_over reset the peak after the row's first call: compile's and capture's buffers
+        # are not in them
+        over = ("first call (compile, capture) and warm-up" if r.get("peak_memory_over") == "first call and warm-up"
+                else "warm-up calls, after its first call (compile, capture)")
+        doc.p(f"process peak GiB: the allocator's peak over a variant's {over}, every variant's engine "
               "held in the one process (a bench file gives one variant's own)", "note")
     if not timed:
         return
