@@ -20,6 +20,8 @@
 #               Prediction: the staged call matches the untimed one exactly; coverage 0.95-1.05; first_call_s now a
 #               cold call, 2-3 s as bench's (before: a warm call's ~0.02 s); host stages 0.5-0.7 ms on an H100
 #               (session 61: 0.59), 1.4-1.8 ms on an H200 (session 48).
+# Run order (after 800 s of the budget went to failed starts): the tests, 4), 3), then 2), so that a call cut short
+# by its time limit loses the figures that were measured last session first.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session62.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P
@@ -36,9 +38,9 @@ a)
   {
     echo "150 $P -q -n 8 --timeout 140 $T 2>&1 | tee $R/pytest_gpu_s62.log | tail -15"
     echo "170 $P -q -n 4 --timeout 160 tests/test_engine_cuda.py tests/test_kernels.py 2>&1 | tee $R/pytest_gpu_s62k.log | tail -15"
-    echo "200 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s62-4proc_policy.json"
-    echo "180 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s62-4proc_model.json"
     echo "120 $V breakdown --workload libero-pi0 --levers best --mode policy --no-progress --json $R/breakdown_libero-pi0_best-s62_policy.json"
+    echo "180 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s62-4proc_model.json"
+    echo "200 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s62-4proc_policy.json"
   } | lane A 0 40 &
   ;;
 *) echo "unknown PART=${PART}"; exit 2 ;;
