@@ -5,7 +5,7 @@
 #               Prediction: all pass, including test_fp_fusion_forced_off_...[3.6], which failed three times on
 #               session 61's H100 before that fix.
 #               Added after the session's CPU fixes: their modules too (test_serve, test_serve_rtc, test_inputs,
-#               test_engine, test_model), and the CUDA engine and the kernels (test_engine_cuda, test_kernels), whose
+#               test_engine, test_model, test_profile_breakdown/_processes/_markers), and the CUDA engine and the kernels (test_engine_cuda, test_kernels), whose
 #               graphs and step kernels read the static KV cache that 9b468cf keys by prefix length as well as shape.
 #               Prediction: all pass; the headline below unchanged (the standard presets' prefix lengths never shared
 #               a cache length, so they get the same buffers as before).
@@ -32,7 +32,7 @@ echo "card: $GPU_NAME"
 T="tests/test_profile_syncs.py tests/test_profile_doctor.py tests/test_broker.py tests/test_conventions.py"
 T="$T tests/test_timing.py tests/test_profile_scaling.py tests/test_normalize.py tests/test_checkpoints.py"
 T="$T tests/test_unipc.py tests/test_serve.py tests/test_serve_rtc.py tests/test_inputs.py tests/test_engine.py"
-T="$T tests/test_model.py"
+T="$T tests/test_model.py tests/test_profile_breakdown.py tests/test_profile_processes.py tests/test_profile_markers.py"
 case "${PART:-a}" in
 a)
   {
