@@ -5,7 +5,8 @@
 #               Prediction: all pass, including test_fp_fusion_forced_off_...[3.6], which failed three times on
 #               session 61's H100 before that fix.
 #               Added after the session's CPU fixes: their modules too (test_serve, test_serve_rtc, test_inputs,
-#               test_engine, test_model, test_profile_breakdown/_processes/_markers), and the CUDA engine and the kernels (test_engine_cuda, test_kernels), whose
+#               test_engine, test_model, test_profile_breakdown/_processes/_markers), and the CUDA engine and the
+#               kernels (test_engine_cuda, test_kernels), whose
 #               graphs and step kernels read the static KV cache that 9b468cf keys by prefix length as well as shape.
 #               Prediction: all pass; the headline below unchanged (the standard presets' prefix lengths never shared
 #               a cache length, so they get the same buffers as before).
