@@ -940,7 +940,12 @@ def build_parser() -> argparse.ArgumentParser:
                    help="model: each variant's call on device tensors (the default); policy: the served path around it, "
                         "as bench --mode policy times it (pi0 family); forward: one model forward (world-action "
                         "workloads)")
-    p.add_argument("--warmup", type=positive_int, default=10, help=rounds_warmup_help("variant", 10))
+    # not rounds_warmup_help: a matrix row's first call (compile, capture) is made and timed when the row is prepared,
+    # before its equivalence check, so these calls all come after it
+    p.add_argument("--warmup", type=positive_int, default=10,
+                   help="untimed calls of each variant before the rounds, after its first call (compile, capture), "
+                        "which is timed on its own when its row is prepared, before its equivalence check; at least "
+                        "1 (default: 10)")
     p.add_argument("--iters", type=positive_int, default=50, help="interleaved rounds, one timed call of each variant a "
                                                                   "round (default: 50)")
     p.add_argument("--idle-ms", type=idle_ms_arg, default=None, metavar="MS",
