@@ -841,9 +841,16 @@ def test_run_variant_times_the_variant_beside_its_own_reference(monkeypatch):
     setup, seen = vlaperf.cli.setup, []
     monkeypatch.setattr(vlaperf.cli, "setup", lambda args: seen.append(vars(args).copy()) or setup(args))
     monkeypatch.setattr(vlaperf.profile.matrix, "first_call_seconds", lambda *a: 12.5)  # the engine's, before its check
+    # the allocator's peak, as read in turn: the reference's first call, the variant's, then each one's warm-up (the
+    # reference's first call is the task's first: the variant's check would otherwise have warmed the model)
+    peaks = iter([100, 400, 250, 250])
+    monkeypatch.setattr("vlaperf.timing._reset_peak_memory", lambda device: None)
+    monkeypatch.setattr("vlaperf.timing._peak_memory", lambda device: next(peaks))
     task = {"workload": "tiny", "variant": "exact", "device": "cpu", "steps": 1, "batch": 2, "action_horizon": 6,
             "seed": 3, "warmup": 1, "iters": 2}
     row = run_variant(task)
+    assert (row["peak_memory_bytes"], row["reference"]["peak_memory_bytes"]) == (400, 250)  # over first call + warm-up
+    monkeypatch.setattr("vlaperf.timing._peak_memory", lambda device: None)  # as on the CPU, for the rest
     assert {k: seen[0][k] for k in ("workload", "device", "steps", "batch", "action_horizon", "seed")} == \
         {"workload": "tiny", "device": "cpu", "steps": 1, "batch": 2, "action_horizon": 6, "seed": 3}
     wall, ref = row["timers"]["wall_ms"], row["reference"]["timers"]["wall_ms"]

@@ -85,7 +85,7 @@ def run_variant(task: dict) -> dict:
     import torch
 
     from vlaperf.cli import setup
-    from vlaperf.profile.matrix import prepare_variant, timed_call
+    from vlaperf.profile.matrix import merge_peak, prepare_variant
     from vlaperf.inputs import random_noise, random_observation
     from vlaperf.timing import environment_record, interleaved
 
@@ -104,7 +104,10 @@ def run_variant(task: dict) -> dict:
     obs = random_observation(workload, model.config, device, seed=seed)
     noise = random_noise(workload, model.config, device, seed=seed)
     steps, mode = workload.steps, task.get("mode", "model")
-    fns = {"reference": timed_call(model, None, workload, obs, noise, steps, mode, seed)}
+    # the reference's row first: its first call is the task's first (the variant's check then runs the reference
+    # model, and the rounds' warm-up would find it warm), with the peak over it, as in the local matrix
+    reference, ref_fn = prepare_variant(model, "reference", workload, obs, noise, steps, mode, seed)
+    fns = {"reference": ref_fn}
     prepared, fn = prepare_variant(model, spec, workload, obs, noise, steps, mode, seed)
     row.update(prepared)
     if fn is None:
@@ -113,12 +116,13 @@ def run_variant(task: dict) -> dict:
     timing = interleaved(fns, device=device, warmup=int(task["warmup"]), iters=int(task["iters"]),
                          baseline="reference", progress=False)
     v = timing["variants"][spec]
-    row.update({k: v[k] for k in ("timers", "warmup_s", "peak_memory_bytes")})
-    row.setdefault("first_call_s", v["first_call_s"])
+    row.update({k: v[k] for k in ("timers", "warmup_s")})
+    merge_peak(row, v)
     row["ratio"] = timing["ratios"][spec]
     ref = timing["variants"]["reference"]
-    row["reference"] = {"timers": ref["timers"], "first_call_s": ref["first_call_s"], "warmup_s": ref["warmup_s"],
-                        "peak_memory_bytes": ref["peak_memory_bytes"], "ratio": timing["ratios"]["reference"]}
+    merge_peak(reference, ref)
+    row["reference"] = {"timers": ref["timers"], "first_call_s": reference["first_call_s"], "warmup_s": ref["warmup_s"],
+                        "peak_memory_bytes": reference["peak_memory_bytes"], "ratio": timing["ratios"]["reference"]}
     row["task_s"] = time.perf_counter() - t_start
     return row
 
@@ -139,7 +143,7 @@ def ray_matrix(workload_ids: list[str], variants: str, *, device: str | None = N
     import ray
     import torch
 
-    from vlaperf.profile.matrix import check_variants, parse_variants
+    from vlaperf.profile.matrix import PEAK_MEMORY_OVER, check_variants, parse_variants
     from vlaperf.report.schema import SCHEMA
     from vlaperf.workloads import get_workload
 
@@ -219,7 +223,7 @@ def ray_matrix(workload_ids: list[str], variants: str, *, device: str | None = N
             "warmup": warmup,
             "iters": iters,
             "baseline": "reference",
-            "first_call_timing": "before equivalence check",
+            "first_call_timing": "before equivalence check", "peak_memory_over": PEAK_MEMORY_OVER,
             "ray": {
                 "version": ray.__version__,
                 "nodes": len(ray.nodes()),
