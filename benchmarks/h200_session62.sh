@@ -44,6 +44,14 @@ a)
     echo "200 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s62-4proc_policy.json"
   } | lane A 0 40 &
   ;;
+b)
+  # PART=b: what the budget left after the failed starts (374 s) can hold: the CUDA engine's and the kernels' tests
+  # (the static cache's new key), then the policy breakdown (the check's call order). Predictions as in a) 1) and 4).
+  {
+    echo "170 $P -q -n 4 --timeout 160 tests/test_engine_cuda.py tests/test_kernels.py 2>&1 | tee $R/pytest_gpu_s62k.log | tail -15"
+    echo "100 $V breakdown --workload libero-pi0 --levers best --mode policy --no-progress --json $R/breakdown_libero-pi0_best-s62_policy.json"
+  } | lane A 0 40 &
+  ;;
 *) echo "unknown PART=${PART}"; exit 2 ;;
 esac
 finish
