@@ -247,7 +247,8 @@ def run_matrix(args, base, workload, model, device) -> int:
     if args.json:
         result = result_header("matrix", base, workload, model, environment_record(device), [], args.variants, mode)
         result.update({"variants": rows, "warmup": args.warmup, "iters": args.iters, "baseline": "reference",
-                       "first_call_timing": "before equivalence check", "peak_memory_over": PEAK_MEMORY_OVER, "idle_ms": getattr(args, "idle_ms", None) or 0.0,
+                       "first_call_timing": "before equivalence check", "peak_memory_over": PEAK_MEMORY_OVER,
+                       "idle_ms": getattr(args, "idle_ms", None) or 0.0,
                        "idle_spin": getattr(args, "idle_spin", False)})
         write_result(result, args.json)
         print(f"wrote {args.json}")

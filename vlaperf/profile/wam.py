@@ -357,7 +357,8 @@ def cmd_matrix(args) -> int:
     if args.json:
         result = header("matrix", base, workload, model, environment_record(device), [], args.variants, mode)
         result.update({"variants": rows, "warmup": args.warmup, "iters": args.iters, "sparsities": sparsities,
-                       "first_call_timing": "before equivalence check", "peak_memory_over": PEAK_MEMORY_OVER, "idle_ms": getattr(args, "idle_ms", None) or 0.0,
+                       "first_call_timing": "before equivalence check", "peak_memory_over": PEAK_MEMORY_OVER,
+                       "idle_ms": getattr(args, "idle_ms", None) or 0.0,
                        "idle_spin": getattr(args, "idle_spin", False),
                        "ratios": "vs_reference: the reference at the same sparsity over this row, per round (p10..p90); "
                                  "sparsity_gain: the same variant at sparsity none over this row"})

@@ -349,7 +349,8 @@ def _gpu(r: dict) -> str:
 def _on_device(r: dict) -> str:
     """Where a file ran as its group's name says it: "on cpu", "on NVIDIA H200", with " in float32" where the dtype is
     not the device's default (bfloat16 on a GPU, float32 on the CPU, the CLI's --dtype defaults). Files of two dtypes
-    are two computations: a bf16 tiny file read "1.24x vs reference" against a float32 reference, neither dtype named."""
+    are two computations: a bf16 tiny file read "1.24x vs reference" against a float32 reference, neither dtype
+    named."""
     dtype = (r.get("variant") or {}).get("dtype")
     default = "bfloat16" if (r.get("env") or {}).get("gpu") else "float32"
     return f"on {_gpu(r)}" + (f" in {dtype}" if dtype and dtype != default else "")
@@ -486,8 +487,9 @@ def result_batch(r: dict) -> int | None:
 
 
 def bench_summary(results: list[tuple[str, dict]]) -> list[tuple[str, list[tuple[str, dict]]]]:
-    """Per device (and dtype, _on_device), workload and mode, the newest `bench` file of each variant (by the timestamp its environment
-    records; the later path when two have none), slowest first: [(group name, [(path, result), ...])]."""
+    """Per device (and dtype, _on_device), workload and mode, the newest `bench` file of each variant (by the
+    timestamp its environment records; the later path when two have none), slowest first:
+    [(group name, [(path, result), ...])]."""
     groups: dict[str, dict[str, tuple[str, dict]]] = {}
     for path, r in results:
         if r.get("command") != "bench" or not ((r.get("timers") or {}).get("wall_ms")):
