@@ -79,9 +79,12 @@ def test_the_host_ways_rerun_their_own_part_alone_through_the_idle():
         # three rounds, two or more reruns in each 20 ms idle: every 2 ms gives ~10 on an idle host, and 11 in all
         # came on a 2-core machine with other work on it (session 57), so the bound asks only that they rerun
         assert len(starts[way]) >= 3 * 2, way
-    # the call itself did not rerun through the host ways' idles: after them it pays the whole 20 ms decay
+    # the call itself did not rerun through the host ways' idles: after them it pays the whole 20 ms decay, a sleep of
+    # 2 ms or more (a late wake-up only lengthens the idle), where a rerun every 2 ms would leave 0.2-0.4 ms. Judged in
+    # ms, not as a ratio to the call back to back: that ~0.1 ms sleep moves 2x with the host, and against rewarming's
+    # ratio the bound failed in a full CPU run of session 63 (one stolen stretch left rewarming's 3 rounds at 27x)
     for r in rows[3:]:
-        assert r["wall_ms"]["after_idle_over_back_to_back"] > 2 * rows[2]["wall_ms"]["after_idle_over_back_to_back"]
+        assert r["wall_ms"]["after_idle_median"] > 1.5, (r["way"], r["wall_ms"])
     # --ways picks: only those run, in the order given; a host way without host parts is skipped
     rows = probe.decay(call, torch.device("cpu"), [1.0], rounds=3, warmup=1, rewarm_every_ms=2.0,
                        ways=["rewarming_upload", "asleep"], host_parts=parts)

@@ -2532,12 +2532,19 @@ def test_keep_warm_stands_aside_where_a_steady_clients_next_request_is_due(quiet
 @pytest.mark.quiet_host  # as the test above
 @pytest.mark.parametrize("told", [True, False])
 def test_keep_warm_stands_aside_for_a_loop_made_late_by_a_long_call(told, monkeypatch):
-    """A control loop that sleeps out each step's period (25 ms steps, a call every 4: 0.1 s) against runs that fill
-    the idle (8 ms each): every eighth call takes 36 ms, overruns its step by 11 ms, and the loop's next request comes
-    that much late. The server tells each forecast when its replies went out, and the window after a long call stays
-    open as much longer; the control, a forecast not told (CadenceForecast.replied a no-op), lets most of the late
-    requests meet a run. (Long calls closer together would teach the gaps' own jitter the late arrivals: the
-    forecast keeps CADENCE_ARRIVALS - 1 = 7 gaps.)"""
+    """A control loop that sleeps out each step's period (50 ms steps, a call every 4: 0.2 s) against runs that fill
+    the idle (8 ms each): every eighth call takes 61 ms, overruns its step by 11 ms and more (the round trip's own
+    time), and the loop's next request comes that much late. The server tells each forecast when its replies went
+    out, and the window after a long call stays open as much longer; the control, a forecast not told
+    (CadenceForecast.replied a no-op), lets the late requests meet a run. Each reply says whether its request waited
+    (server_timing's keep_warm_wait_ms), so the late requests are judged apart from the others, whose arrivals stray
+    with the host's wake-ups alone.
+
+    Why these numbers: a window may take a quarter of the gap. At 0.1 s gaps (25 ms windows, before session 63) a
+    late request 15 ms behind its due time lay past the widest window, and the told case failed in 6 of 10 runs alone
+    on a 2-core CPU machine whose sleeps strayed by up to 6 ms; at 0.2 s it leaves 25 ms and more to spare. (Long calls
+    closer together would teach the gaps' own jitter the late arrivals: the forecast keeps CADENCE_ARRIVALS - 1 = 7
+    gaps.)"""
     import vlaperf.serve.cadence as cadence
     import vlaperf.serve.server as server_module
 
@@ -2547,25 +2554,36 @@ def test_keep_warm_stands_aside_for_a_loop_made_late_by_a_long_call(told, monkey
         monkeypatch.setattr(cadence.CadenceForecast, "replied", lambda self, arrival, t: None)
     policy = _SlowWarm(TINY, warm_s=0.008)
     s = PolicyServer(policy, port=0, max_batch=1, max_wait_ms=0.0, warmup_batch_sizes=(), keep_warm_ms=0.1).start()
-    period_s, replan, learn, timed = 0.025, 4, cadence.CADENCE_ARRIVALS, 24
+    period_s, replan, learn, timed = 0.05, 4, cadence.CADENCE_ARRIVALS, 24
+    waited = []  # for each timed request: whether it waited for a keep-warm run
     try:
         with raw_connection(s) as ws:
             for k in range(learn + timed):
                 if k == learn:
                     delayed_before = s.stats["keep_warm_delayed"]
-                policy.delay_s = 0.036 if k >= learn and (k - learn) % 8 == 2 else 0.0
+                policy.delay_s = 0.061 if k >= learn and (k - learn) % 8 == 2 else 0.0
                 t_step = time.perf_counter()
-                assert_result(unpackb(roundtrip(ws, packb(make_example(TINY, seed=k)))))
+                reply = unpackb(roundtrip(ws, packb(make_example(TINY, seed=k))))
+                assert_result(reply)
+                if k >= learn:
+                    waited.append(reply["server_timing"]["keep_warm_wait_ms"] > 0)
                 time.sleep(max(0.0, period_s - (time.perf_counter() - t_step)))  # none left after a long call
                 time.sleep((replan - 1) * period_s)  # the chunk's other steps
-        delayed = s.stats["keep_warm_delayed"] - delayed_before
-        late = timed // 8  # the requests after a long call
+        late = [i for i in range(timed) if i % 8 == 3]  # the requests after a long call
+        late_waited = sum(waited[i] for i in late)
+        others_waited = sum(waited) - late_waited
+        assert sum(waited) == s.stats["keep_warm_delayed"] - delayed_before  # the replies say what the stats count
         if told:
-            assert delayed <= 1, (f"{delayed} of {timed} requests waited for a keep-warm run, {late} of them late "
-                                  f"after a long call (why: {[s.stats[f'keep_warm_delayed_{w}'] for w in cadence.MISSES]})")
+            assert late_waited == 0, (f"{late_waited} of the {len(late)} requests late after a long call waited for a "
+                                      f"keep-warm run (waited: {[i for i, w in enumerate(waited) if w]})")
         else:
-            assert delayed >= late - 1, (f"only {delayed} of {timed} requests waited without the replies (held: "
-                                         f"{s.stats['keep_warm_quiet']}, runs: {s.stats['keep_warm_runs']})")
+            assert late_waited >= len(late) - 1, (f"only {late_waited} of the {len(late)} late requests waited without "
+                                                  f"the replies (held: {s.stats['keep_warm_quiet']}, runs: "
+                                                  f"{s.stats['keep_warm_runs']})")
+        # the others came at the loop's cadence: a stray wake-up on a loaded host may put one or two off their forecast
+        assert others_waited <= 2, (f"{others_waited} of the {timed - len(late)} requests at cadence waited (waited: "
+                                    f"{[i for i, w in enumerate(waited) if w]}; why, warm-ups included: "
+                                    f"{[s.stats[f'keep_warm_delayed_{w}'] for w in cadence.MISSES]})")
     finally:
         s.stop()
 
