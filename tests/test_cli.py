@@ -579,8 +579,12 @@ def test_the_matrix_never_times_a_variant_that_fails_equivalence(tmp_path, monke
 
     monkeypatch.setattr("vlaperf.timing.interleaved", ctrl_c)
     args[6] = "sdpa"
-    assert main(args[:-1] + [str(tmp_path / "c.json")]) == 130
-    rows = read_result(tmp_path / "c.json")["variants"]
+    assert main(args[:-1] + [str(tmp_path / "c.json"), "--idle-ms", "3"]) == 130
+    interrupted = read_result(tmp_path / "c.json")
+    # the idle each call was to come after is recorded as in a finished file (it was missing, so the file read as
+    # back to back); nothing of sdpa's list needs a GPU, so nothing is said left out
+    assert (interrupted["idle_ms"], interrupted["idle_spin"]) == (3.0, False) and "left_out" not in interrupted
+    rows = interrupted["variants"]
     assert rows[0]["skipped"] == "not timed: the matrix was interrupted"
     assert rows[1]["skipped"] == "fails equivalence: speed not reported"  # its reason is kept, not overwritten
     assert [row["peak_memory_bytes"] for row in rows] == [100, 300]  # and the peak of the first call each made
@@ -880,6 +884,32 @@ def test_presets_say_what_they_leave_out_on_the_cpu():
     assert "best" not in wam_grid(cpu) and "best" in wam_grid(gpu)
     assert left_out_on("cumulative", cpu).startswith("cumulative on cpu: the table ends at the exact levers")
     assert left_out_on("grid", gpu) is None and left_out_on("for_loop;sdpa", cpu) is None
+
+
+@pytest.mark.parametrize("workload", ["tiny", "wam-tiny"])
+def test_a_matrix_file_says_what_its_preset_left_out_and_the_report_shows_it(workload, tmp_path, monkeypatch, capsys):
+    """`--variants grid` on a CPU printed which rows it left out, but its file did not say, so a report of it read
+    as the whole grid. The file now has `left_out` (here: interrupted before the first row, to keep it cheap; a
+    finished file gets the same field) and the report's matrix section says it."""
+    from vlaperf.profile import matrix, wam
+    from vlaperf.profile.matrix import left_out_on
+    from vlaperf.report.render import render
+    from vlaperf.report.schema import read_result
+
+    def ctrl_c(*a, **kw):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(matrix, "prepare_variant", ctrl_c)  # the pi0 family's first row
+    monkeypatch.setattr(wam, "call_fn", ctrl_c)  # the world-action model's
+    m = tmp_path / "m.json"
+    assert main(["matrix", "--workload", workload, "--device", "cpu", "--variants", "grid", "--no-progress",
+                 "--json", str(m)]) == 130
+    note = left_out_on("grid", torch.device("cpu"), wam=workload == "wam-tiny")
+    assert note in capsys.readouterr().out
+    r = read_result(m)
+    assert r["left_out"] == note and r["interrupted"] is True
+    out = render([m], tmp_path / "r.md", jobs=1)
+    assert f"{note}." in out.read_text()
 
 
 def test_a_non_finite_check_writes_strict_json_and_blames_the_reference(tmp_path, capsys):

@@ -65,6 +65,23 @@ def test_masked_slot_and_padding_are_not_computed(tiny_model, tiny_inputs, tiny_
     assert not engine.last_plan.read_device_masks
 
 
+@pytest.mark.parametrize("levers", ["skip_masked_images", ALL_PLAIN])
+def test_a_prefix_with_nothing_kept_keeps_one_masked_image_and_matches_the_reference(tiny_workload, levers):
+    """Every image masked and a model without prompt slots (max_token_len 0): skipping the masked images left an
+    empty prefix, which failed in a reshape where the reference runs (its prefix is all padding). One masked image
+    stays, whose keys are padding as in the reference."""
+    config = dataclasses.replace(get_config("tiny"), max_token_len=0)
+    w = dataclasses.replace(tiny_workload, prompt_slots=0, prompt_valid=(0,) * tiny_workload.batch,
+                            image_valid=(False,) * tiny_workload.image_slots)
+    torch.manual_seed(0)
+    model = build_model(config).eval()
+    obs, noise = random_observation(w, config, seed=3), random_noise(w, config, seed=3)
+    ref = model.sample_actions(obs, noise, w.steps)
+    engine = Engine(model, levers)
+    assert rel_l2(engine.sample_actions(obs, noise, w.steps), ref) < FP32_TOL
+    assert (engine.last_plan.slots, engine.last_plan.prompt_len) == ((0,), 0)
+
+
 def test_plan_without_host_metadata_reads_masks_once(tiny_model, tiny_inputs, tiny_workload):
     obs, noise = tiny_inputs
     bare = dataclasses.replace(obs, host_image_valid=None, host_prompt_len=None)

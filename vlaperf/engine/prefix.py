@@ -59,6 +59,10 @@ def plan_prefix(obs, skip_masked_images: bool, trim_prompt_padding: bool) -> Pre
         if n is None:
             n, read = _right_padded_prompt_len(obs.token_mask), True
         prompt_len = prompt_bucket(n, L)
+    if not slots and prompt_len == 0 and S:
+        # every image masked and no prompt slots (a model built with max_token_len 0): an empty prefix has no shape
+        # the layers can reshape to, so one masked image stays; its keys are padding, as in the reference
+        slots = (0,)
     return PrefixPlan(slots, prompt_len, read)
 
 

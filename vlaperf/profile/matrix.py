@@ -60,6 +60,15 @@ def left_out_on(spec: str, device: torch.device, wam: bool = False) -> str | Non
             "of best need a CUDA device")
 
 
+def run_fields(args, left_out: str | None) -> dict:
+    """A matrix file's run-wide fields, the same whether it ran to the end or was interrupted: each call's idle
+    (`--idle-ms`, 0 back to back) and what the preset left out on this device (`left_out_on`; absent where nothing)."""
+    fields = {"idle_ms": getattr(args, "idle_ms", None) or 0.0, "idle_spin": getattr(args, "idle_spin", False)}
+    if left_out:
+        fields["left_out"] = left_out
+    return fields
+
+
 def check_variants(spec: str) -> None:
     """--variants' lever names and values, before anything is built: a name that is no lever, a value a lever does
     not take ('compile=foo', 'sdpa=1', 'compile=') or one lever given two values is a typo and an error (a lever
@@ -202,8 +211,8 @@ def run_matrix(args, base, workload, model, device) -> int:
     variants = parse_variants(args.variants, device)
     refuse_if_none_can_run(variants, device)
     mode = args.mode or "model"
-    if note := left_out_on(args.variants, device):
-        print(note)
+    if left_out := left_out_on(args.variants, device):
+        print(left_out)
     obs = random_observation(workload, model.config, device, seed=args.seed)
     noise = random_noise(workload, model.config, device, seed=args.seed)
     steps = workload.steps
@@ -231,7 +240,7 @@ def run_matrix(args, base, workload, model, device) -> int:
             result = result_header("matrix", base, workload, model, environment_record(device), [], args.variants, mode)
             result.update({"variants": rows, "warmup": args.warmup, "iters": args.iters, "baseline": "reference",
                            "first_call_timing": "before equivalence check", "peak_memory_over": PEAK_MEMORY_OVER,
-                           "interrupted": True})
+                           **run_fields(args, left_out), "interrupted": True})
             write_result(result, args.json)
             print(f"interrupted: wrote the {len(rows)} rows so far (none timed) to {args.json}")
         return STOPPED_BY_SIGTERM if isinstance(e, Terminated) else 130
@@ -248,8 +257,7 @@ def run_matrix(args, base, workload, model, device) -> int:
         result = result_header("matrix", base, workload, model, environment_record(device), [], args.variants, mode)
         result.update({"variants": rows, "warmup": args.warmup, "iters": args.iters, "baseline": "reference",
                        "first_call_timing": "before equivalence check", "peak_memory_over": PEAK_MEMORY_OVER,
-                       "idle_ms": getattr(args, "idle_ms", None) or 0.0,
-                       "idle_spin": getattr(args, "idle_spin", False)})
+                       **run_fields(args, left_out)})
         write_result(result, args.json)
         print(f"wrote {args.json}")
     return 0

@@ -278,10 +278,10 @@ def cmd_matrix(args) -> int:
     base, workload, model, device = setup(args)
     roofline = wam_forward_roofline if mode == "forward" else wam_roofline
     variants = parse_variants(args.variants, device)
-    from vlaperf.profile.matrix import left_out_on
+    from vlaperf.profile.matrix import left_out_on, run_fields
 
-    if note := left_out_on(args.variants, device, wam=True):
-        print(note)
+    if left_out := left_out_on(args.variants, device, wam=True):
+        print(left_out)
     sparsities = [workload.sparsity] if getattr(args, "sparsity", None) else list(SPARSITY_ALL)
     obs, noise = random_wam_inputs(model.config, workload.batch, device, model.dtype, seed=args.seed)
     rows, fns = [], {}
@@ -338,7 +338,7 @@ def cmd_matrix(args) -> int:
             result = header("matrix", base, workload, model, environment_record(device), [], args.variants, mode)
             result.update({"variants": rows, "warmup": args.warmup, "iters": args.iters, "sparsities": sparsities,
                            "first_call_timing": "before equivalence check", "peak_memory_over": PEAK_MEMORY_OVER,
-                           "interrupted": True})
+                           **run_fields(args, left_out), "interrupted": True})
             write_result(result, args.json)
             print(f"interrupted: wrote the {len(rows)} rows so far (none timed) to {args.json}")
         return STOPPED_BY_SIGTERM if isinstance(e, Terminated) else 130
@@ -358,8 +358,7 @@ def cmd_matrix(args) -> int:
         result = header("matrix", base, workload, model, environment_record(device), [], args.variants, mode)
         result.update({"variants": rows, "warmup": args.warmup, "iters": args.iters, "sparsities": sparsities,
                        "first_call_timing": "before equivalence check", "peak_memory_over": PEAK_MEMORY_OVER,
-                       "idle_ms": getattr(args, "idle_ms", None) or 0.0,
-                       "idle_spin": getattr(args, "idle_spin", False),
+                       **run_fields(args, left_out),
                        "ratios": "vs_reference: the reference at the same sparsity over this row, per round (p10..p90); "
                                  "sparsity_gain: the same variant at sparsity none over this row"})
         write_result(result, args.json)

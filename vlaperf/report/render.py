@@ -762,6 +762,8 @@ def _matrix(doc: _Doc, path: str, r: dict) -> None:
                f"speedup = median of the baseline ({r.get('baseline', 'reference')}) / median of the variant")
     doc.p(f"{path}: {r.get('iters')} interleaved rounds after {r.get('warmup')} warm-up calls per variant{idle}; "
           f"{against}; 'noise' = the p10..p90 of per-round ratios includes 1.", "note")
+    if r.get("left_out"):  # a preset's rows that need a CUDA device, on a file made without one
+        doc.p(f"{r['left_out']}.", "note")
     rows, timed = [], []
     for v in r.get("variants", []):
         # world-action matrices have a row per variant and sparsity mode, each against the reference at its sparsity
