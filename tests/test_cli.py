@@ -912,6 +912,23 @@ def test_a_matrix_file_says_what_its_preset_left_out_and_the_report_shows_it(wor
     assert f"{note}." in out.read_text()
 
 
+def test_check_all_says_where_compile_was_checked_and_that_best_skipped_it_without_a_compiler(monkeypatch):
+    """On a GPU, `check --levers all` said "best checks them" of compile and compile_layers even where best falls back
+    to the graph preset (no C compiler for Triton): nothing had checked compile. It now says why nothing did."""
+    import vlaperf.engine.levers as levers_mod
+    from vlaperf.cli import not_checked_alone
+
+    monkeypatch.setattr(levers_mod, "_capability_major", lambda device: 9)
+    gpu = torch.device("cuda")
+    monkeypatch.setattr("vlaperf.engine.compile.compile_blockers", lambda *a: [])
+    assert not_checked_alone(gpu).endswith("(compile and compile_layers take minutes alone; best checks them)")
+    monkeypatch.setattr("vlaperf.engine.compile.compile_blockers", lambda *a: ["no C compiler (gcc/clang) on PATH"])
+    line = not_checked_alone(gpu)
+    assert "best checks them" not in line and "no C compiler (gcc/clang) on PATH): nothing checked compile" in line
+    assert line.startswith("not checked alone: compile, compile_layers")
+    assert "need a GPU" in not_checked_alone(torch.device("cpu"))
+
+
 def test_a_non_finite_check_writes_strict_json_and_blames_the_reference(tmp_path, capsys):
     """A checkpoint whose values overflow made the reference's own actions NaN: `check --json` wrote bare NaN (not
     JSON: JSON.parse refuses the file) and the table blamed every variant. The file now holds null and says which

@@ -734,17 +734,31 @@ def cmd_check(args) -> int:
         print("the reference's own actions hold NaN or inf: the weights or inputs are broken (a checkpoint whose "
               "values overflow the model's dtype?), so no variant can be checked against them", file=sys.stderr)
     if args.levers == "all":
-        left = [n for n in LEVERS if not _applicable(n, device)]
-        why = ("compile and compile_layers take minutes alone; best checks them" if device.type == "cuda"
-               else "cuda_graph, triton_kernels and megakernel need a GPU; compile and compile_layers take minutes "
-                    "alone: check them by name, e.g. --levers for_loop,compile")
-        print(f"not checked alone: {', '.join(left)} ({why})")
+        print(not_checked_alone(device))
     if args.json:
         result = result_header("check", base, workload, model, environment_record(device), [], "check", None)
         result["checks"] = rows
         write_result(result, args.json)
         print(f"wrote {args.json}")
     return 0 if all(r["passed"] for r in rows) else 1
+
+
+def not_checked_alone(device: torch.device) -> str:
+    """`check --levers all`'s line on the levers it did not check alone, and where they were checked. On a GPU where
+    compile cannot run (no C compiler), best falls back to the graph preset and checks no compile either."""
+    from vlaperf.engine import LEVERS, Levers
+    from vlaperf.engine.compile import compile_blockers
+
+    left = [n for n in LEVERS if not _applicable(n, device)]
+    if device.type != "cuda":
+        why = ("cuda_graph, triton_kernels and megakernel need a GPU; compile and compile_layers take minutes alone: "
+               "check them by name, e.g. --levers for_loop,compile")
+    elif Levers.parse("best", device).compile:
+        why = "compile and compile_layers take minutes alone; best checks them"
+    else:
+        why = (f"compile and compile_layers take minutes alone, and best leaves them out here "
+               f"({'; '.join(compile_blockers('inductor', 'cuda'))}): nothing checked compile")
+    return f"not checked alone: {', '.join(left)} ({why})"
 
 
 def _applicable(lever: str, device: torch.device) -> bool:
