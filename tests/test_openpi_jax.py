@@ -98,6 +98,24 @@ def test_params_folder_or_its_parent(kind):
     assert not state[openpi_jax.EXPERT_LM_HEAD].any()  # not in JAX: zeros
 
 
+def test_a_training_step_folder_reads_its_params(tmp_path):
+    """openpi's training checkpoints (orbax's CheckpointManager) keep the step's _CHECKPOINT_METADATA in the step
+    folder, beside params/ and train_state/: that folder was taken for the params folder itself and refused as
+    holding no arrays."""
+    import shutil
+
+    step = tmp_path / "29999"
+    shutil.copytree(DATA / "pi0" / "params", step / "params")
+    (step / "train_state").mkdir()
+    (step / "_CHECKPOINT_METADATA").write_text("{}")
+    assert openpi_jax.params_folder(step) == step / "params"
+    a, b = (build_model(fixture_config("pi0"), "cpu", torch.float32) for _ in range(2))
+    assert load_checkpoint(a, step)["path"] == str(step)
+    load_checkpoint(b, DATA / "pi0")
+    for (ka, ta), (kb, tb) in zip(a.state_dict().items(), b.state_dict().items(), strict=True):
+        assert ka == kb and torch.equal(ta, tb), ka
+
+
 def test_read_params_names_without_root_and_value_keys():
     trained, released = openpi_jax.read_params(DATA / "pi0"), openpi_jax.read_params(DATA / "pi05")
     for params in (trained, released):

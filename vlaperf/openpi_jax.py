@@ -60,7 +60,9 @@ def is_params_folder(path: str | os.PathLike) -> bool:
 def params_folder(path: str | os.PathLike) -> Path | None:
     """The orbax params folder at `path` (the folder itself or a checkpoint folder holding `params/`), or None."""
     p = Path(path)
-    for candidate in (p, p / "params"):
+    # params/ first: a training checkpoint's step folder (orbax's CheckpointManager) holds _CHECKPOINT_METADATA
+    # itself, beside params/ and train_state/, and would be taken for the params folder
+    for candidate in (p / "params", p):
         if is_params_folder(candidate):
             return candidate
     return None
