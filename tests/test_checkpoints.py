@@ -100,6 +100,28 @@ def test_missing_file():
         load_checkpoint(build_model("tiny"), "/nonexistent/model.safetensors")
 
 
+def test_a_file_that_cannot_be_opened_is_a_named_error_not_a_traceback(tmp_path, monkeypatch, capsys):
+    """safetensors reports any failure to open a file (a permission denied, a root-squashed NFS mount, a device
+    file) as an OSError without its filename, which the CLI re-raised as a bug: a traceback "No such file or
+    directory" for a file that is there. Now a CheckpointError naming the file (with the OS's own reason where
+    Python's open says it), exit code 2."""
+    import vlaperf.checkpoints as checkpoints
+    from vlaperf.cli import main
+
+    path = save_checkpoint(build_model("tiny"), tmp_path / "a")
+
+    def refuse(name, **kwargs):  # what safetensors 0.8 raises where its open(2) fails, whatever the errno
+        raise FileNotFoundError(f"No such file or directory: {name!r}")
+
+    monkeypatch.setattr(checkpoints, "safe_open", refuse)
+    for call in (lambda: load_checkpoint(build_model("tiny"), path), lambda: checkpoints.check_readable(path)):
+        with pytest.raises(CheckpointError, match=f"{path}: cannot read it"):
+            call()
+    assert main(["convert", "--from", "openpi", "--to", "lerobot", "--preset", "tiny", str(path),
+                 str(tmp_path / "out")]) == 2
+    assert f"{path}: cannot read it (No such file or directory" in capsys.readouterr().err
+
+
 def test_both_embedding_names_the_embedding_wins(tmp_path):
     """LeRobot saves an untied LM head and embedding; its loader ends with the file's embedding."""
     src = build_model("tiny", seed=1)

@@ -82,8 +82,22 @@ def read_tensors(path: str | os.PathLike) -> dict[str, torch.Tensor]:
     try:
         with safe_open(str(p), framework="pt") as f:
             return {k: f.get_tensor(k) for k in f.keys()}
-    except SafetensorError as e:
-        raise CheckpointError(f"{p}: not a readable safetensors file ({e})") from None
+    except (OSError, SafetensorError) as e:
+        raise _unreadable(p, e) from None
+
+
+def _unreadable(p: Path, e: Exception) -> CheckpointError:
+    """safe_open's failure, naming the file. safetensors raises an OSError without a filename (which the CLI takes
+    for a bug: a traceback) where it cannot open the file, as "No such file or directory" whatever the reason (a
+    permission denied included): the OS's own reason is taken from Python's open where it gives one."""
+    if isinstance(e, SafetensorError):
+        return CheckpointError(f"{p}: not a readable safetensors file ({e})")
+    try:
+        with open(p, "rb"):
+            pass
+    except OSError as os_error:
+        e = os_error.strerror or os_error
+    return CheckpointError(f"{p}: cannot read it ({e})")
 
 
 def check_readable(path: str | os.PathLike) -> None:
@@ -98,8 +112,8 @@ def check_readable(path: str | os.PathLike) -> None:
     try:
         with safe_open(str(p), framework="pt") as f:
             f.keys()
-    except SafetensorError as e:
-        raise CheckpointError(f"{p}: not a readable safetensors file ({e})") from None
+    except (OSError, SafetensorError) as e:
+        raise _unreadable(p, e) from None
 
 
 def detect_layout(keys) -> str:
