@@ -269,6 +269,19 @@ def test_an_incomplete_copy_says_what_is_missing(tmp_path):
         load_checkpoint(build_model("tiny"), copy)
 
 
+def test_a_complete_jax_checkpoint_read_as_safetensors_names_the_jax_layout(tmp_path, capsys):
+    """`convert --from openpi` (or lerobot) on a complete JAX checkpoint said its params folder lacked orbax's
+    marker files ("an incomplete copy?"), which it has: the layout is what is wrong, and that is now said."""
+    for src in (DATA / "pi0", DATA / "pi0" / "params"):
+        assert main(["convert", "--from", "openpi", "--to", "lerobot", "--preset", "tiny", str(src),
+                     str(tmp_path / "out")]) == 2
+        err = capsys.readouterr().err
+        assert "it is an openpi JAX checkpoint: convert it with --from openpi-jax" in err, err
+        assert "incomplete" not in err
+    with pytest.raises(CheckpointError, match="it is an openpi JAX checkpoint: .*layout 'openpi-jax' or 'auto'"):
+        load_checkpoint(build_model(fixture_config("pi0")), DATA / "pi0", layout="lerobot")
+
+
 def test_renaming_refuses_what_it_cannot_place_and_leaves_the_callers_dict():
     """Each refusal names what is wrong: a stacked array with another layer count than q_einsum's, a SigLIP saved
     one block at a time (not scanned), arrays left over (the first 8 listed, then a count; the LoRA hint when one of

@@ -48,10 +48,14 @@ def checkpoint_file(path: str | os.PathLike) -> Path:
     if not p.is_file():
         hint = ""
         if folder is not None and ((folder / "params").is_dir() or folder.name == "params"):
-            from vlaperf.openpi_jax import MARKERS
+            from vlaperf.openpi_jax import MARKERS, params_folder
 
-            hint = (f"; it looks like an openpi JAX checkpoint, but without orbax's {' / '.join(MARKERS)} in its params "
-                    "folder: an incomplete copy?")
+            if params_folder(folder) is not None:  # a complete one, read as a safetensors layout: the layout is wrong
+                hint = ("; it is an openpi JAX checkpoint: convert it with --from openpi-jax (load it with layout "
+                        "'openpi-jax' or 'auto')")
+            else:
+                hint = (f"; it looks like an openpi JAX checkpoint, but without orbax's {' / '.join(MARKERS)} in its "
+                        "params folder: an incomplete copy?")
         raise CheckpointError(f"checkpoint not found: {p} (expected a model.safetensors file or a folder holding one"
                               f"{hint})")
     return p
