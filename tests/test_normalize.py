@@ -70,6 +70,9 @@ def test_normalize_and_unnormalize_follow_openpis_formulas(tmp_path, quantile):
     ({"norm_stats": {"state": {"mean": [float("nan")], "std": [1.0], "q01": [0], "q99": [1]}}}, "finite numbers"),
     ({"norm_stats": {"state": {"mean": ["a"], "std": [1.0], "q01": [0], "q99": [1]}}}, "expected a list of numbers"),
     ({"norm_stats": {"state": {"mean": [0], "std": [-1.0], "q01": [0], "q99": [1]}}}, "std: negative values"),
+    # q01 and q99 swapped on a dimension: quantile normalization would mirror it, silently
+    ({"norm_stats": {"state": {"mean": [0, 0], "std": [1, 1], "q01": [0, 1], "q99": [1, 0]}}},
+     r"norm_stats.state.q99: below q01 in dimension\(s\) \[1\]"),
 ])
 def test_bad_statistics_files_are_named_errors(tmp_path, content, message):
     path = tmp_path / "missing.json" if content is None else _write(tmp_path, content)

@@ -341,4 +341,8 @@ def _array_stats(path: Path, key: str, entry, quantile: bool, field: str | None 
         raise NormStatsError(f"{path}: {field}: its lists differ in length ({dims})")
     if (arrays["std"] < 0).any():
         raise NormStatsError(f"{path}: {field}.std: negative values")
+    if "q01" in needed and (arrays["q99"] < arrays["q01"]).any():  # swapped: the quantile map would mirror the dims
+        dims = np.flatnonzero(arrays["q99"] < arrays["q01"]).tolist()
+        raise NormStatsError(f"{path}: {field}.q99: below q01 in dimension(s) {dims[:8]}"
+                             f"{f' and {len(dims) - 8} more' if len(dims) > 8 else ''}")
     return ArrayStats(arrays["mean"], arrays["std"], arrays.get("q01"), arrays.get("q99"))
