@@ -282,6 +282,16 @@ def test_lerobot_folder_takes_the_normalizer_not_the_unnormalizer(tmp_path):
     np.testing.assert_allclose(ns.state.mean, np.asarray(doc["state"]["mean"], np.float32))
 
 
+def test_lerobot_pipeline_json_given_as_a_file_is_read_as_its_folder(tmp_path):
+    """--norm-stats .../policy_preprocessor.json (the file that names the statistics, as a Hub path
+    hf://owner/name/policy_preprocessor.json names it too) was read as openpi's norm_stats.json and refused as
+    "expected openpi's layout"; it is the pipeline, read as its folder is."""
+    _lerobot_folder(tmp_path, norm_map={"STATE": "MEAN_STD", "ACTION": "IDENTITY"}, eps=1e-3)
+    folder, file = NormStats.load(tmp_path, quantile=True), NormStats.load(tmp_path / "policy_preprocessor.json", True)
+    assert file == dataclasses.replace(folder, state=file.state) and file.actions is None and file.lerobot_eps == 1e-3
+    np.testing.assert_array_equal(file.state.mean, folder.state.mean)
+
+
 def test_lerobot_pipeline_json_gives_the_modes_and_eps(tmp_path):
     """policy_preprocessor.json's normalizer step: its norm_map replaces the model's default mode per feature
     type, its eps is used; modes vlaperf lacks are refused, naming the file."""

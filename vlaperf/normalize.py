@@ -97,8 +97,8 @@ class NormStats:
     def load(cls, path: str | Path, quantile: bool) -> "NormStats":
         """openpi's norm_stats.json, or LeRobot's normalizer safetensors file: a file, or a folder holding
         norm_stats.json, LeRobot's `policy_preprocessor.json` (which names the normalizer's file, modes and
-        eps), or one `*_normalizer_processor.safetensors`. `quantile`: the model's normalization, True for
-        pi0.5 as openpi and LeRobot configure it, False for pi0."""
+        eps; also given as the file), or one `*_normalizer_processor.safetensors`. `quantile`: the model's
+        normalization, True for pi0.5 as openpi and LeRobot configure it, False for pi0."""
         if not str(path).strip():  # Path("") is the current folder, whose statistics would be read silently
             raise ValueError("norm stats path: empty (an unset variable?); expected a norm_stats.json file, LeRobot's "
                              "normalizer file, or a folder holding one")
@@ -117,6 +117,9 @@ class NormStats:
         if path.suffix == ".safetensors":
             return cls._load_lerobot(path, quantile)
         doc = _read_json(path, "the normalization statistics")
+        if isinstance(doc, dict) and "steps" in doc and "norm_stats" not in doc:
+            # LeRobot's policy_preprocessor.json given as the file (it names the statistics' file): read as its folder
+            return cls._load_lerobot_pipeline(path, quantile)
         table = doc.get("norm_stats") if isinstance(doc, dict) else None
         if not isinstance(table, dict):
             raise NormStatsError(f"{path}: expected openpi's layout, an object with 'norm_stats': "
