@@ -350,3 +350,15 @@ def test_sites_in_vlaperf_are_named_by_their_package_path_wherever_the_command_r
         assert _short(pi0, 7) == "vlaperf/models/pi0.py:7"
     (tmp_path / "my_policy.py").write_text("")
     assert _short(str(tmp_path / "my_policy.py"), 3) == "my_policy.py:3"
+
+
+def test_the_cpu_without_treat_as_device_says_nothing_was_watched():
+    """On the CPU without treat_as_device the mode watches no tensor, so the 0 it reports is no measurement: the
+    note says so, and does not send the reader to source='cuda' (a CPU run cannot use it)."""
+    dev = torch.arange(3.0)
+    rep = count_syncs(lambda: dev.sum().item(), device="cpu", calls=1, warmup=0, source="mode", treat_as_device=False)
+    assert rep["per_call"] == 0
+    assert rep["note"].startswith("nothing was watched") and "source='cuda'" not in rep["note"]
+    assert "nothing was watched" in format_syncs(rep)
+    counted = count_syncs(lambda: dev.sum().item(), device="cpu", calls=1, warmup=0, treat_as_device=True)
+    assert counted["per_call"] == 1 and counted["note"].startswith("counted on the CPU as if it were the device")

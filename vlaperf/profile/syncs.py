@@ -387,7 +387,12 @@ def count_syncs(fn: Callable[[], Any], *, device: torch.device | str = "cuda", c
     events = [e for e in counter.events if e.kind != "host_to_device"]
     sites = group_events(events, calls)
     note = None
-    if source == "mode" and treat_as_device and device.type == "cpu":
+    if isinstance(counter, HostReadMode) and counter.watch is None:
+        # the CPU without treat_as_device: the mode watched nothing, so its 0 is no measurement, and the C++ note
+        # below would send the reader to source='cuda', which a CPU run cannot use
+        note = ("nothing was watched: without treat_as_device the CPU is host memory, so no read can count and 0 "
+                "says nothing (treat_as_device=True, `--treat-as-device yes`, the CPU's default, counts them)")
+    elif source == "mode" and treat_as_device and device.type == "cpu":
         note = ("counted on the CPU as if it were the device: each host read listed here would be a "
                 "host-device sync on a GPU (tensors created on the host without a device argument excluded)")
     elif source == "mode":
