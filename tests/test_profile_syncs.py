@@ -362,3 +362,18 @@ def test_the_cpu_without_treat_as_device_says_nothing_was_watched():
     assert "nothing was watched" in format_syncs(rep)
     counted = count_syncs(lambda: dev.sum().item(), device="cpu", calls=1, warmup=0, treat_as_device=True)
     assert counted["per_call"] == 1 and counted["note"].startswith("counted on the CPU as if it were the device")
+
+
+def test_a_slice_bounded_by_a_device_tensor_is_a_host_read():
+    """x[:n] with n on the device reads n on the host (its __index__, inside torch, where the mode is off): a read,
+    in a tuple index and a write too; a Python bound or a host-born tensor bound reads nothing."""
+    x = torch.arange(10.0)
+    n = torch.tensor(3, device="cpu")  # placed on the device (the CPU standing in for it)
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        x[:n]
+        x[None, 1:n]
+        x.clone()[:n] = 0.0
+        x[:3]
+        x[: torch.tensor(3)]  # host-born: no device data read
+    assert [e.op for e in mode.events] == ["Tensor.__getitem__", "Tensor.__getitem__", "Tensor.__setitem__"]
+    assert all(e.file == __file__ for e in mode.events)

@@ -122,6 +122,17 @@ def _tensors(obj, out: list) -> list:
     return out
 
 
+def _slice_bounds(index) -> list:
+    """The tensors among the start, stop and step of the slices in an index (a slice, or a tuple or list of them)."""
+    out = []
+    for x in index if isinstance(index, (list, tuple)) else (index,):
+        if isinstance(x, slice):
+            out += [b for b in (x.start, x.stop, x.step) if isinstance(b, torch.Tensor)]
+        elif isinstance(x, (list, tuple)):
+            out += _slice_bounds(x)
+    return out
+
+
 def _target_device(args, kwargs) -> torch.device | None:
     """Destination device of Tensor.to(...) / .cuda(...) arguments, if one is named."""
     cand = kwargs.get("device")
@@ -213,6 +224,10 @@ class HostReadMode(TorchFunctionMode):
         if name == "repeat_interleave" and len(ins) >= 2 and kwargs.get("output_size") is None:
             return "host_read" if dev_in else None  # tensor repeats: output size read on the host
         if name in _INDEX_OPS:
+            # a slice bounded by a device tensor (x[:n]): the op reads the bound on the host through its __index__,
+            # inside torch, where this mode is off and does not see it
+            if name in ("__getitem__", "__setitem__") and any(self.on_device(t) for t in _slice_bounds(args[1:2])):
+                return "host_read"
             idx = _tensors(args[1:2], [])
             if any(t.dtype == torch.bool for t in idx) and dev_in:
                 if self._masked_fill(name, args, kwargs, idx):
