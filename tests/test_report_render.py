@@ -1744,3 +1744,19 @@ def test_located_results_read_as_the_file_and_name_a_missing_key_by_its_path(tin
     assert str(e.value) == "missing field 'breakdown.stages[1].no_such_field'"
     with pytest.raises(MissingField, match="missing field 'nope'"):
         view["nope"]
+
+
+def test_scaling_section_flags_a_poor_fit_as_the_cli_table_does(tmp_path):
+    """A fit `vlaperf scaling` calls poor in its table (r2 below 0.95, or a negative intercept) is said so in the
+    report too, by variant: its a and b are no figures to quote; a good fit has no such line."""
+    from vlaperf.profile.scaling import describe_fit
+
+    r = json.loads((H200 / "scaling_libero-pi0_best_s5.json").read_text())
+    good = render([_write(tmp_path / "good.json", r)], tmp_path / "good.md").read_text()
+    assert "poor fit" not in good and all("poor fit" not in describe_fit(s["fit"]) for s in r["scaling"]["series"])
+    r["scaling"]["series"][0]["fit"].update(intercept=-151.1, r2=0.9945)
+    assert "poor fit" in describe_fit(r["scaling"]["series"][0]["fit"])
+    md = render([_write(tmp_path / "poor.json", r)], tmp_path / "poor.md").read_text()
+    label = r["scaling"]["series"][0]["label"]
+    assert f"poor fit (r2 below 0.95 or a negative intercept: not a line, its a and b mean little; more --iters or " \
+           f"a quieter machine): {label}\n" in md

@@ -195,9 +195,14 @@ def scaling(sources, workload, steps: Sequence[int] = DEFAULT_STEPS, warmup: int
     }
 
 
+def poor_fit(fit: dict[str, float]) -> bool:
+    """Noise or a non-linear T(N): the line's a and b mean little (the CLI's table and the report both say so)."""
+    return fit["r2"] < 0.95 or fit["intercept"] < 0
+
+
 def describe_fit(fit: dict[str, float]) -> str:
     text = f"T(N) = {fit['intercept']:.3f} + {fit['slope']:.3f}*N ms (r^2 {fit['r2']:.4f})"
-    if fit["r2"] < 0.95 or fit["intercept"] < 0:  # noise or a non-linear T(N): the line's a and b mean little
+    if poor_fit(fit):
         text += " (poor fit: not a line; more --iters or a quieter machine)"
     return text
 

@@ -924,7 +924,7 @@ def _breakdown(doc: _Doc, path: str, r: dict) -> None:
 
 
 def _scaling(doc: _Doc, path: str, r: dict) -> None:
-    from vlaperf.profile.scaling import plot_scaling
+    from vlaperf.profile.scaling import plot_scaling, poor_fit
 
     sc = r["scaling"]
     doc.h(3, f"scaling: {workload_label(r)} on {_gpu(r)}, {r.get('mode') or '-'} mode")
@@ -936,6 +936,11 @@ def _scaling(doc: _Doc, path: str, r: dict) -> None:
     # each T(N) is that point's median (the fit is on the medians): said, as every other table here says its statistic
     doc.table(["variant", "intercept a ms", "slope b ms/step", "r2"]
               + [f"T({p['steps']}) median ms" for p in sc["series"][0]["points"]], rows)
+    # as `vlaperf scaling` flags them in its table: a negative intercept or a low r2 is no a and b to quote
+    poor = [s["label"] for s in sc["series"] if poor_fit(s["fit"])]
+    if poor:
+        doc.p(f"poor fit (r2 below 0.95 or a negative intercept: not a line, its a and b mean little; more --iters "
+              f"or a quieter machine): {', '.join(poor)}", "warn")
     doc.fig(plot_scaling(sc, None, title=f"T(N) = a + b*N, {workload_label(r)}"), "T(N) fit")
 
 
