@@ -2140,6 +2140,34 @@ def test_client_urls_error_frames_and_refusals():
     assert auth_refusal(SimpleNamespace(response=SimpleNamespace(status_code=503)), "k") is None
 
 
+def test_a_call_past_its_time_limit_leaves_the_client_refusing_calls_not_reading_the_late_reply():
+    """A reply that comes after the call's timeout_s is still on the connection: the next call read it as its own,
+    the actions of the older observation. Past a timed-out call the client refuses every call, saying why."""
+    from websockets.sync.server import serve
+
+    def handler(ws):
+        ws.send(packb({"workload": "tiny"}))
+        for frame in ws:
+            obs = unpackb(frame)
+            time.sleep(0.5 if obs["i"] == 0 else 0.0)
+            ws.send(packb({"answer_to": obs["i"]}))
+
+    server = serve(handler, "127.0.0.1", 0, compression=None)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with Client(f"ws://127.0.0.1:{server.socket.getsockname()[1]}", timeout_s=0.1) as c:
+            with pytest.raises(TimeoutError):
+                c.infer({"i": 0})
+            time.sleep(0.6)  # the late reply is in
+            with pytest.raises(ConnectionError, match=r"an earlier call had no reply within 0\.1 s \(timeout_s\); its "
+                                                      "late reply would answer this call"):
+                c.infer({"i": 1})
+            with pytest.raises(ConnectionError, match="open a new Client"):
+                c.infer_batch([{"i": 2}])
+    finally:
+        server.shutdown()
+
+
 def test_a_remote_backend_gets_one_inference_thread_per_unit_of_concurrency():
     """A policy with `concurrency` N > 1 (a Ray Serve deployment of N replicas) is served by N inference threads; a
     local policy (no attribute, or 1) by one."""

@@ -162,6 +162,9 @@ class Client:
         self.last_unpack_ms: float | None = None
         self.keep_warm_ms = keep_warm_ms
         self._warmer: ConnectionWarmer | None = None
+        # why the connection is out of step (a call ended before its reply came), or None: the late reply would be
+        # read as the next call's, the actions of an older observation, so no call may follow on this connection
+        self._out_of_step: str | None = None
         with handshake(api_key):
             self._ws = connect(self.url, additional_headers=auth_headers(api_key), compression=None,
                                max_size=max_message_bytes, open_timeout=timeout_s, **connect_options(connect))
@@ -179,10 +182,22 @@ class Client:
         return 0 if self._warmer is None else self._warmer.pings
 
     def send_raw(self, frame: bytes | str) -> bytes | str:
-        """Send any frame, return the raw reply frame (tests and debugging)."""
+        """Send any frame, return the raw reply frame (tests and debugging). After a call that ended without its
+        reply (TimeoutError past timeout_s, or interrupted), every later call raises ConnectionError: open a new
+        Client."""
+        if self._out_of_step is not None:
+            raise ConnectionError(f"{self._out_of_step}; its late reply would answer this call, so the connection "
+                                  f"takes no more calls: open a new Client")
         with self._warmer.call() if self._warmer is not None else contextlib.nullcontext():
             self._ws.send(frame)
-            return self._ws.recv(timeout=self.timeout_s)
+            try:
+                return self._ws.recv(timeout=self.timeout_s)
+            except TimeoutError:
+                self._out_of_step = f"an earlier call had no reply within {self.timeout_s:g} s (timeout_s)"
+                raise
+            except KeyboardInterrupt:
+                self._out_of_step = "an earlier call was interrupted before its reply came"
+                raise
 
     def infer(self, obs: dict) -> dict:
         t0 = time.perf_counter()
