@@ -1811,6 +1811,24 @@ def test_loadgen_refuses_each_bound_before_connecting(kwargs, message):
         run_loadgen("ws://127.0.0.1:9", **{**args, **kwargs})
 
 
+def test_loadgen_says_a_server_that_sends_no_metadata_sent_none():
+    """A server that takes the connection and sends nothing was reported as 'cannot connect to ...: TimeoutError: '."""
+    from websockets.sync.server import serve
+
+    from vlaperf.serve.loadgen import LoadgenError, run_loadgen
+
+    done = threading.Event()
+    server = serve(lambda ws: done.wait(10), "127.0.0.1", 0, compression=None)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        with pytest.raises(LoadgenError, match=r"TimeoutError: connected, but the server sent no metadata within "
+                                               r"0\.5 s"):
+            run_loadgen(f"ws://127.0.0.1:{server.socket.getsockname()[1]}", clients=[1], requests=1, timeout_s=0.5)
+    finally:
+        done.set()
+        server.shutdown()
+
+
 def test_check_reply_and_the_served_workload():
     """check_reply names what is wrong with a reply, or None; the workload asked for must be the one served."""
     from vlaperf.serve.loadgen import LoadgenError, _summary, check_reply, resolve_workload

@@ -282,7 +282,12 @@ def check_request_size(metadata: dict, example, image_size: int) -> None:
 async def fetch_metadata(url: str, api_key: str | None = None, timeout_s: float = 30.0) -> dict:
     ws = await connect_async(url, api_key, timeout_s=timeout_s)
     try:
-        return decode_reply(await asyncio.wait_for(ws.recv(), timeout_s))
+        frame = await asyncio.wait_for(ws.recv(), timeout_s)
+    except asyncio.TimeoutError:  # bare, it said only "cannot connect to ...: TimeoutError: "
+        raise TimeoutError(f"connected, but the server sent no metadata within {timeout_s:g} s (a policy server "
+                           "sends it first)") from None
+    else:
+        return decode_reply(frame)
     finally:
         await ws.close()
 
