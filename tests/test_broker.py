@@ -118,6 +118,25 @@ def test_reset_starts_an_unguided_episode_and_bad_settings_are_named():
         ChunkBroker(client, control_hz=10.0, replan_every=0)
 
 
+def test_ctrl_c_leaves_the_broker_without_waiting_for_the_call_in_flight():
+    """A KeyboardInterrupt out of the broker's `with` does not wait for a call still in flight (against a server
+    that hangs it waited until the client gave up: 44 s after Ctrl-C in `vlaperf rollout --async`)."""
+    client = ScriptedClient()
+    timer = threading.Timer(5.0, client.release.set)  # the hung server's reply, long after the Ctrl-C
+    timer.start()
+    t0 = time.monotonic()
+    try:
+        with pytest.raises(KeyboardInterrupt):
+            with ChunkBroker(client, control_hz=10.0, replan_every=1) as broker:
+                broker.act({}), broker.act({})  # the second step's call is in flight, unanswered
+                until(lambda: len(client.requests) == 2)
+                raise KeyboardInterrupt
+        assert time.monotonic() - t0 < 2.5
+    finally:
+        timer.cancel()
+        client.release.set()
+
+
 def test_a_synchronous_broker_waits_for_each_chunk_and_records_its_switches():
     client = ScriptedClient()
     client.release.set()

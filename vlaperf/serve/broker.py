@@ -234,5 +234,12 @@ class ChunkBroker:
     def __enter__(self) -> "ChunkBroker":
         return self
 
-    def __exit__(self, *exc) -> None:
+    def __exit__(self, exc_type, *exc) -> None:
+        if exc_type is not None and not issubclass(exc_type, Exception):
+            # Ctrl-C (or exit): a call in flight is not waited for. Against a server that hangs, that wait lasted
+            # until the client's timeout or its keepalive gave up (`vlaperf rollout --async`: 44 s after Ctrl-C);
+            # the call's thread ends as the client's connection is closed.
+            self._pending = None
+            self._pool.shutdown(wait=False, cancel_futures=True)
+            return
         self.close()
