@@ -1780,6 +1780,18 @@ def test_loadgen_sorts_each_bad_reply_into_its_kind():
     assert not result["loadgen"]["passed"]
 
 
+def test_loadgen_prints_the_servers_error_messages_as_they_are(capsys):
+    """An error message is the server's text, not rich markup: '[batch, 3]' in it was dropped from the line, and
+    '[/x]' raised MarkupError, a traceback before the --json file was written."""
+    from vlaperf.serve.commands import print_loadgen
+
+    message = "expected state of shape [batch, 8] ([/x] too)"
+    result = _loadgen_on_script(lambda i, obs: json.dumps({"error": "InputError", "message": message}),
+                                clients=[1], requests=1, warmup=0, timeout_s=30)
+    print_loadgen(result)
+    assert f"client 0: InputError: {message}" in " ".join(capsys.readouterr().out.split())
+
+
 def test_loadgen_overhead_and_rates_follow_from_the_replies():
     """overhead = round trip - server inference - queue, per request; actions/s = replies/s x the action horizon; the
     phase's wall time runs from the first timed request to the last reply (it was counted from after the clients had

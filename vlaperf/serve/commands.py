@@ -664,6 +664,7 @@ def cmd_loadgen(args) -> int:
 
 
 def print_loadgen(result: dict) -> None:
+    from rich.markup import escape
     from rich.table import Table
 
     lg, server = result["loadgen"], result["server"]
@@ -713,8 +714,8 @@ def print_loadgen(result: dict) -> None:
     for ph in lg["phases"]:
         if ph["misrouted"]:
             console.print(f"[red]{ph['misrouted']} replies routed to the wrong request[/red] ({_clients(ph['clients'])})")
-        for line in ph["error_samples"]:
-            console.print(f"[red]error[/red] ({_clients(ph['clients'])}): {line}")
+        for line in ph["error_samples"]:  # the server's words, escaped: '[/x]' in them raised MarkupError
+            console.print(f"[red]error[/red] ({_clients(ph['clients'])}): {escape(line)}")
     for ph in lg["phases"]:
         if ph["timed_out"]:
             console.print(f"[red]stopped at the time limit[/red] ({_clients(ph['clients'])}): {ph['ok']} of "
