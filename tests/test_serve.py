@@ -1872,6 +1872,58 @@ def test_a_request_exactly_at_the_servers_message_limit_is_sent():
         check_request_size({"max_message_bytes": size - 1}, example, 32)
 
 
+def test_the_request_size_check_measures_the_request_as_sent(monkeypatch):
+    """A request carries its request_id (and with rtc the two rtc keys) beyond the observation: measured without
+    them, a request within ~30 bytes of the server's limit passed the check and the run then lost its connection
+    (1009) at the first request. loadgen against a server that enforces the limit its metadata names (websockets'
+    max_size), and rollout with rtc against a client that refuses what the server would."""
+    from websockets.sync.server import serve
+
+    from vlaperf.serve import rollout
+    from vlaperf.serve.loadgen import LoadgenError, run_loadgen
+
+    bare = len(packb(make_example(TINY, seed=0, image_size=32)))  # each of loadgen's observations is this size
+
+    def loadgen_at(limit):
+        meta = {"workload": "tiny", "action_horizon": H, "robot_action_dim": D, "max_message_bytes": limit}
+
+        def handler(ws):
+            ws.send(packb(meta))
+            for frame in ws:
+                ws.send(_good(unpackb(frame), {"infer_ms": 1.0, "queue_ms": 0.0, "batch_size": 1}))
+
+        server = serve(handler, "127.0.0.1", 0, compression=None, max_size=limit)
+        threading.Thread(target=server.serve_forever, daemon=True).start()
+        try:
+            return run_loadgen(f"ws://127.0.0.1:{server.socket.getsockname()[1]}", clients=[1], requests=2, warmup=0,
+                               image_size=32, timeout_s=30)
+        finally:
+            server.shutdown()
+
+    with pytest.raises(LoadgenError, match="above the server's"):
+        loadgen_at(bare)  # the observation alone fits; with its request_id it does not
+    assert loadgen_at(bare + 64)["loadgen"]["passed"]  # room for the longest request_id: the run goes ahead
+
+    class Limited(_ScriptedClient):
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            # room for the longest request_id a rollout sends ("e999-s99999": 23 bytes packed), not the rtc keys
+            self.metadata.update(rtc=True, max_message_bytes=bare + 23)
+
+        def infer(self, obs):
+            if len(packb(obs)) > self.metadata["max_message_bytes"]:
+                raise ConnectionClosed(None, None)  # the server closed it (1009)
+            return super().infer(obs)
+
+    monkeypatch.setattr(rollout, "Client", lambda *a, **kw: Limited(*a, call_s=0.0, **kw))
+    with pytest.raises(LoadgenError, match="above the server's"):
+        rollout.run_rollout("ws://127.0.0.1:9", episodes=1, steps_per_episode=8, control_hz=40.0, image_size=32,
+                            rtc=True, sleep=lambda s: None)
+    ro = rollout.run_rollout("ws://127.0.0.1:9", episodes=1, steps_per_episode=8, control_hz=40.0, image_size=32,
+                             sleep=lambda s: None)["rollout"]
+    assert ro["errors"] == 0 and ro["connection_lost"] is None  # without rtc the requests fit: the run goes ahead
+
+
 class _ScriptedClient:
     """Stands in for rollout's Client: metadata with a 4-action chunk; each call (the warm-up first) takes
     `call_s`, then raises ServerError where `errors` says or returns zero actions (no infer_ms on the first timed

@@ -270,7 +270,9 @@ async def _phase(url: str, api_key: str | None, workload, n_clients: int, reques
 
 def check_request_size(metadata: dict, example, image_size: int) -> None:
     """LoadgenError if one request is larger than the server's message limit (from its metadata): sent, it would
-    be refused with the connection closed (1009) in the middle of the run."""
+    be refused with the connection closed (1009) in the middle of the run. `example` is the request as sent, with
+    its request_id at its longest and any other key the request adds (measured without them, a request within
+    ~30 bytes of the limit passed here and closed the connection mid-run)."""
     limit = metadata.get("max_message_bytes")
     size = len(packb(example))
     if isinstance(limit, int) and size > limit:
@@ -359,7 +361,11 @@ def run_loadgen(url: str = "ws://127.0.0.1:8000", clients: tuple[int, ...] | lis
         except Exception as e:
             raise LoadgenError(f"cannot connect to {url}: {type(e).__name__}: {e}") from None
         wl = resolve_workload(metadata, workload)
-        check_request_size(metadata, example_for(wl, seed=seed, image_size=image_size), image_size)
+        # as sent: with a request_id as long as any a run can send (nonce-c<client>-r<request>, 8 hex digits of
+        # nonce; a warm-up's -w<k> is shorter), a few bytes more than this run's at most
+        longest_id = f"{'0' * 8}-c{MAX_CLIENTS - 1}-r{MAX_REQUESTS - 1}"
+        check_request_size(metadata, dict(example_for(wl, seed=seed, image_size=image_size),
+                                          **{REQUEST_ID_KEY: longest_id}), image_size)
         phases = []
         for n in clients:
             box: dict = {"metadata": metadata}

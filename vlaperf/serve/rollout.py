@@ -98,7 +98,11 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
                                "`vlaperf serve --rtc`); --async executes while the next chunk is computed without it")
         period = 1.0 / control_hz
         frames = [example_for(wl, seed=seed + k, image_size=image_size) for k in range(8)]
-        check_request_size(meta, frames[0], image_size)
+        # as sent: with a request_id as long as any a run can send (e<episode>-s<step>, or -b<call> back to back) and,
+        # with rtc, the two rtc keys at their largest (the position and delay, at most the horizon)
+        sent = dict(frames[0], request_id=f"e{MAX_EPISODES - 1}-s{MAX_STEPS - 1}",
+                    **({RTC_EXECUTED_KEY: horizon, RTC_DELAY_KEY: horizon} if rtc else {}))
+        check_request_size(meta, sent, image_size)
         t_warm = time.perf_counter()
         try:  # connection warm-up, not timed; a server that refuses the observation says why here, once
             client.infer(dict(frames[0]))
