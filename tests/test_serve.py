@@ -1780,6 +1780,23 @@ def test_loadgen_sorts_each_bad_reply_into_its_kind():
     assert not result["loadgen"]["passed"]
 
 
+def test_loadgen_says_its_batch_is_the_requests_mean_not_the_servers_per_call(capsys):
+    """Each request records the batch it was served in, so a call of 4 counts 4 times: one call of 1 and one of 4
+    (five requests) read 3.4, where the server's observations per call are 2.5. The legend said "mean server batch
+    size" (5 clients read 4.95 against the server's 4.84); it says what the number is."""
+    from vlaperf.serve.commands import print_loadgen
+
+    sizes = [1, 4, 4, 4, 4]
+    result = _loadgen_on_script(lambda i, obs: _good(obs, {"infer_ms": 1.0, "queue_ms": 0.0, "batch_size": sizes[i]}),
+                                clients=[1], requests=5, warmup=0, timeout_s=30)
+    assert result["loadgen"]["phases"][0]["batch_size"]["mean"] == pytest.approx(3.4)
+    print_loadgen(result)
+    out = " ".join(capsys.readouterr().out.split())
+    assert "mean server batch size" not in out
+    assert ("batch = the batch each request was served in, mean over requests (a call of 4 counts 4 times: not the "
+            "server's observations per call)") in out
+
+
 def test_loadgen_prints_the_servers_error_messages_as_they_are(capsys):
     """An error message is the server's text, not rich markup: '[batch, 3]' in it was dropped from the line, and
     '[/x]' raised MarkupError, a traceback before the --json file was written."""

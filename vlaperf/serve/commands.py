@@ -683,7 +683,8 @@ def print_loadgen(result: dict) -> None:
     console.print(f"server: {server.get('levers_label')}, {server.get('dtype')} on {server.get('device')}, "
                   f"max batch {server.get('max_batch')}, max wait {server.get('max_wait_ms')} ms; "
                   "overhead = round trip - queue - infer (network, (de)serialization, event loop); "
-                  "batch = mean server batch size")
+                  "batch = the batch each request was served in, mean over requests (a call of 4 counts 4 times: "
+                  "not the server's observations per call)")
     for ph in lg["phases"]:  # the overhead's pieces the server measures (servers from session 51 on)
         if ph.get("handoff_ms") and ph.get("client_side_ms"):
             own = ph.get("pack_ms") and ph.get("unpack_ms")

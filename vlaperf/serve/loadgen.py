@@ -75,6 +75,8 @@ class _Client:
         self.downlink_ms: list[float] = []
         self.pack_ms: list[float] = []  # of those, the request's packing and the reply's unpacking here
         self.unpack_ms: list[float] = []
+        # the batch each request was served in: summarized over requests, a call of 4 counts 4 times (not the
+        # server's observations per call)
         self.batch_size: list[float] = []
         self.error_kinds: Counter = Counter()
         self.error_samples: list[str] = []
