@@ -545,6 +545,26 @@ def test_loadgen_refuses_remote_targets():
         run_loadgen("ws://127.0.0.1:1", clients=[100000], requests=1)
 
 
+def test_loadgen_and_rollout_refuse_an_unknown_workload_with_the_known_ones(monkeypatch, capsys):
+    """--workload nosuch was compared with the served workload first: "the server serves workload 'tiny', not
+    'nosuch'", as if the name were one. It is refused as the other commands refuse it, with the list, before the
+    server is asked (exit 2)."""
+    from vlaperf.cli import main
+    from vlaperf.serve import rollout
+    from vlaperf.serve.loadgen import LoadgenError
+
+    unknown = r"^unknown workload 'nosuch'; expected one of: .*\btiny\b"
+    with pytest.raises(LoadgenError, match=unknown):
+        _loadgen_on_script(lambda i, obs: _good(obs, {}), clients=[1], requests=1, workload="nosuch")
+    monkeypatch.setattr(rollout, "Client", lambda *a, **kw: _ScriptedClient(*a, call_s=0.0, **kw))
+    with pytest.raises(LoadgenError, match=unknown):
+        rollout.run_rollout("ws://127.0.0.1:9", episodes=1, steps_per_episode=1, image_size=32, workload="nosuch",
+                            sleep=lambda s: None)
+    for command in ("loadgen", "rollout"):  # no server there: the name is what is refused
+        assert main([command, "--url", "ws://127.0.0.1:9", "--workload", "nosuch"]) == 2
+        assert "unknown workload 'nosuch'; expected one of: " in capsys.readouterr().err
+
+
 def test_loadgen_stopped_by_its_time_limit_says_so_and_counts_unsent_requests_apart(server, capsys):
     """At --timeout-s a closed loop has at most one request in flight a client; the rest were never sent. They
     were all counted as lost replies ("FAILED: errors, lost or misrouted replies", 879 lost with no error). The

@@ -308,6 +308,19 @@ def example_for(workload, seed: int, image_size: int) -> dict:
     return make_example(workload, seed=seed, image_size=image_size)
 
 
+def check_workload_id(workload_id: str | None) -> None:
+    """LoadgenError for a --workload no workload has, with the known ones, before the server is asked (it was
+    compared with the served one first: "the server serves workload 'tiny', not 'nosuch'")."""
+    from vlaperf.workloads import get_wam_workload, get_workload, is_wam_workload
+
+    if not workload_id:
+        return
+    try:
+        get_wam_workload(workload_id) if is_wam_workload(workload_id) else get_workload(workload_id)
+    except ValueError as e:
+        raise LoadgenError(str(e)) from None
+
+
 def resolve_workload(metadata: dict, workload_id: str | None):
     from vlaperf.workloads import get_wam_workload, get_workload, is_wam_workload
 
@@ -354,6 +367,7 @@ def run_loadgen(url: str = "ws://127.0.0.1:8000", clients: tuple[int, ...] | lis
         raise LoadgenError(f"timeout_s must be in (0, {MAX_TIMEOUT_S:.0f}], got {timeout_s!r}")
     if not isinstance(warmup, int) or not 0 <= warmup <= MAX_WARMUP:
         raise LoadgenError(f"warmup must be an integer in [0, {MAX_WARMUP}], got {warmup!r}")
+    check_workload_id(workload)
 
     async def main() -> dict:
         try:

@@ -40,8 +40,8 @@ from dataclasses import dataclass, field
 
 from vlaperf.serve.broker import SPLIT_KEYS, call_split, client_stamps
 from vlaperf.serve.client import Client, ServerError
-from vlaperf.serve.loadgen import (LoadgenError, check_loopback_url, check_request_size, example_for, resolve_workload,
-                                   result_header)
+from vlaperf.serve.loadgen import (LoadgenError, check_loopback_url, check_request_size, check_workload_id, example_for,
+                                   resolve_workload, result_header)
 from vlaperf.serve.protocol import RTC_DELAY_KEY, RTC_EXECUTED_KEY
 from vlaperf.timing import summarize
 
@@ -80,6 +80,7 @@ def run_rollout(url: str = "ws://127.0.0.1:8000", episodes: int = 3, steps_per_e
                                             not 0 < client_keep_warm_ms <= MAX_CLIENT_KEEP_WARM_MS):
         raise LoadgenError(f"client_keep_warm_ms must be a number of ms in (0, {MAX_CLIENT_KEEP_WARM_MS:g}], or None; "
                            f"got {client_keep_warm_ms!r}")
+    check_workload_id(workload)
     try:
         client = Client(url, api_key=api_key, timeout_s=min(timeout_s, 60.0), keep_warm_ms=client_keep_warm_ms)
     except Exception as e:
