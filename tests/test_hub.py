@@ -164,6 +164,61 @@ def test_bench_and_convert_read_a_hub_checkpoint(lerobot_repo, tmp_path):
             "does not hold it") in run.stderr
 
 
+def test_a_lerobot_pipeline_given_as_the_file_brings_the_statistics_it_names(tmp_path, monkeypatch):
+    """--norm-stats hf://owner/name/[folder/]policy_preprocessor.json fetched that JSON alone, so the statistics'
+    file it names (which normalize reads beside it) was missing from the cache: "not a readable safetensors file".
+    It is fetched too, from the same commit. The Hub here is a stand-in for hf_hub_download that writes into a
+    cache snapshot only the files it is asked for."""
+    hub = pytest.importorskip("huggingface_hub")
+    import numpy as np
+    from safetensors.numpy import save_file
+
+    from vlaperf.normalize import NormStats
+
+    stats = tmp_path / "stats.safetensors"
+    save_file({f"{feature}.{stat}": np.full(n, value, np.float32) for feature, n in (("observation.state", 8),
+                                                                                      ("action", 7))
+               for stat, value in (("mean", 0.5), ("std", 2.0))}, str(stats))
+    state_file = "policy_preprocessor_step_2_normalizer_processor.safetensors"
+    pipeline = json.dumps({"name": "policy_preprocessor", "steps": [
+        {"registry_name": "normalizer_processor", "state_file": state_file,
+         "config": {"norm_map": {"STATE": "MEAN_STD", "ACTION": "MEAN_STD"}}}]}).encode()
+    remote = {"policy_preprocessor.json": pipeline, state_file: stats.read_bytes(),
+              "sub/policy_preprocessor.json": pipeline, f"sub/{state_file}": stats.read_bytes()}
+    snapshot = tmp_path / "hub" / "models--acme--pi0_tiny" / "snapshots" / COMMIT
+    asked = []
+
+    def download(repo, filename, revision=None, local_files_only=False):
+        asked.append((repo, filename, revision))
+        (snapshot / filename).parent.mkdir(parents=True, exist_ok=True)
+        (snapshot / filename).write_bytes(remote[filename])
+        return str(snapshot / filename)
+
+    monkeypatch.setattr(hub, "hf_hub_download", download)
+    for folder in ("", "sub/"):
+        path = resolve(f"hf://acme/pi0_tiny/{folder}policy_preprocessor.json", "--norm-stats")
+        assert path == str(snapshot / folder / "policy_preprocessor.json")
+        assert asked[-1] == ("acme/pi0_tiny", f"{folder}{state_file}", COMMIT)  # the commit the JSON came from
+        ns = NormStats.load(path, quantile=False)
+        assert ns.source == f"{snapshot / folder / state_file} (policy_preprocessor.json)"
+        np.testing.assert_array_equal(ns.state.mean, np.full(8, 0.5, np.float32))
+    del remote[f"sub/{state_file}"]  # a repo without the file its pipeline names: said, naming both
+
+    def not_found(*args, **kwargs):
+        try:
+            return download(*args, **kwargs)
+        except KeyError:
+            e = hub.utils.EntryNotFoundError.__new__(hub.utils.EntryNotFoundError)
+            Exception.__init__(e, "404")
+            raise e from None
+
+    monkeypatch.setattr(hub, "hf_hub_download", not_found)
+    with pytest.raises(HubError, match=rf"^--norm-stats hf://acme/pi0_tiny/sub/policy_preprocessor.json: "
+                                       rf"sub/policy_preprocessor.json names its statistics 'sub/{state_file}', "
+                                       "which the repo acme/pi0_tiny does not have$"):
+        resolve("hf://acme/pi0_tiny/sub/policy_preprocessor.json", "--norm-stats")
+
+
 def test_each_hub_failure_says_what_to_do():
     """huggingface_hub's errors, one line each (built without a response: no network here)."""
     errors = pytest.importorskip("huggingface_hub.utils")

@@ -7,7 +7,8 @@ Hub:
     hf://lerobot/pi0_libero@<revision>          a branch, tag or commit (default: main)
     hf://owner/name/assets/libero/norm_stats.json   one file or folder inside the repo
 
-A local path always wins. Only the files the option reads are fetched (`WANTED`), through huggingface_hub into its
+A local path always wins. Only the files the option reads are fetched (`WANTED`; LeRobot's policy_preprocessor.json
+named as the file, with the statistics' file it names), through huggingface_hub into its
 cache, so HF_HOME / HF_HUB_CACHE, HF_TOKEN (gated or private repos) and HF_HUB_OFFLINE=1 (the cache only) apply as
 they do for LeRobot. The option then reads the cached file; result files record the repo and the commit it came from
 (`origin`).
@@ -15,6 +16,7 @@ they do for LeRobot. The option then reads the cached file; result files record 
 
 from __future__ import annotations
 
+import json
 import re
 import sys
 from dataclasses import dataclass
@@ -112,7 +114,10 @@ def _download(ref: HubRef, option: str, text: str, local_files_only: bool = Fals
 
     wanted = WANTED[option]
     if ref.path is not None and PurePosixPath(ref.path).suffix != "":  # one file
-        return Path(hf_hub_download(ref.repo, ref.path, revision=ref.revision, local_files_only=local_files_only))
+        local = Path(hf_hub_download(ref.repo, ref.path, revision=ref.revision, local_files_only=local_files_only))
+        if option == "--norm-stats":
+            _download_named_statistics(ref, local, option, text, local_files_only)
+        return local
     if option == "--tokenizer" and ref.path is None:  # one file, which the repo must have
         return Path(hf_hub_download(ref.repo, wanted[0], revision=ref.revision, local_files_only=local_files_only))
     patterns = [p if ref.path is None else f"{ref.path}/{p}" for p in wanted]
@@ -126,6 +131,37 @@ def _download(ref: HubRef, option: str, text: str, local_files_only: bool = Fals
                        f"{'no' if len(need) == 1 else 'none of'} {', '.join(need)}"
                        f"{' in ' + ref.path if ref.path else ''}")
     return local
+
+
+def _download_named_statistics(ref: HubRef, local: Path, option: str, text: str, local_files_only: bool) -> None:
+    """LeRobot's policy_preprocessor*.json, given as the file, names the statistics' file that
+    vlaperf.normalize reads beside it: fetched too, from the same commit (else the cache holds the JSON alone and
+    the statistics are "not readable"). Anything else is left as it is, for normalize's own error."""
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub import utils as errors
+
+    if local.suffix != ".json":
+        return
+    try:
+        doc = json.loads(local.read_text())
+    except (OSError, ValueError):
+        return
+    steps = doc.get("steps") if isinstance(doc, dict) else None
+    if not isinstance(steps, list):
+        return
+    folder = PurePosixPath(ref.path).parent
+    revision = (origin(local) or {}).get("revision") or ref.revision
+    for step in steps:
+        if isinstance(step, dict) and step.get("registry_name") == "normalizer_processor" \
+                and isinstance(step.get("state_file"), str):
+            name = str(folder / PurePosixPath(step["state_file"]).name)  # normalize reads it by name, beside the JSON
+            try:
+                hf_hub_download(ref.repo, name, revision=revision, local_files_only=local_files_only)
+            except errors.EntryNotFoundError as e:
+                if isinstance(e, errors.LocalEntryNotFoundError):  # not cached and the Hub not asked: fetch's to say
+                    raise
+                raise HubError(f"{option} {text}: {ref.path} names its statistics {name!r}, which the repo {ref.repo} "
+                               "does not have") from None
 
 
 def _from_cache(ref: HubRef, option: str, text: str) -> Path | None:
