@@ -31,6 +31,21 @@ def test_parse_reads_repo_ids_and_leaves_paths_alone():
             parse(bad)
 
 
+def test_a_revision_of_the_hubs_refs_takes_three_segments():
+    """refs/pr/<n> (a pull request) and refs/convert/<format> are Hub revisions: split at every "/", hf://o/n@refs/pr/1
+    was revision "refs" and path "pr/1". Such a revision is three segments, and what follows is the path."""
+    assert parse("hf://o/n@refs/pr/1") == HubRef("o/n", "refs/pr/1", None, explicit=True)
+    assert parse("hf://o/n@refs/pr/12/assets/libero/norm_stats.json") == \
+        HubRef("o/n", "refs/pr/12", "assets/libero/norm_stats.json", explicit=True)
+    assert parse("hf://o/n@refs/convert/parquet/") == HubRef("o/n", "refs/convert/parquet", None, explicit=True)
+    assert parse("hf://o/n@v1.0/refs/pr/1") == HubRef("o/n", "v1.0", "refs/pr/1", explicit=True)  # a path, after one
+    for bad in ("hf://o/n@refs", "hf://o/n@refs/", "hf://o/n@refs/pr", "hf://o/n@refs/pr/", "hf://o/n@refs//1",
+                "hf://o/n@refs/pr/..", "hf://o/n@refs/../x"):
+        with pytest.raises(HubError, match=r"expected hf://owner/name, .*\(a revision is one segment, or "
+                                           r"refs/pr/<n>\)"):
+            parse(bad)
+
+
 def test_a_local_path_wins_over_a_repo_of_that_name(tmp_path, monkeypatch):
     (tmp_path / "lerobot" / "pi0_libero").mkdir(parents=True)
     monkeypatch.chdir(tmp_path)
@@ -133,6 +148,24 @@ def test_each_option_resolves_to_the_cached_file(lerobot_repo):
         run = subprocess.run([sys.executable, "-c", f"import vlaperf.hub as h; h.resolve({ref!r}, {option!r})"],
                              env=_offline_env(cache), capture_output=True, text=True, timeout=120)
         assert run.returncode == 1 and f"HubError: {option} {ref}: {said}" in run.stderr, run.stderr
+
+
+def test_a_pull_requests_revision_reads_its_commit(lerobot_repo):
+    """hf://owner/name@refs/pr/1/path: the pull request's commit (the cache's refs/refs/pr/1), the path inside it."""
+    cache, _ = lerobot_repo
+    pr_commit = "f" * 40
+    root = cache / "models--acme--pi0_tiny"
+    (root / "refs" / "refs" / "pr").mkdir(parents=True)
+    (root / "refs" / "refs" / "pr" / "1").write_text(pr_commit)
+    stats = root / "snapshots" / pr_commit / "assets" / "libero" / "norm_stats.json"
+    stats.parent.mkdir(parents=True)
+    stats.write_text("{}")
+    script = "import vlaperf.hub as h; print(h.resolve('hf://acme/pi0_tiny@refs/pr/1/assets/libero/norm_stats.json', " \
+             "'--norm-stats'))"
+    run = subprocess.run([sys.executable, "-c", script], env=_offline_env(cache), capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == str(stats)
 
 
 def test_bench_and_convert_read_a_hub_checkpoint(lerobot_repo, tmp_path):

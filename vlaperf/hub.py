@@ -4,7 +4,7 @@
 Hub:
 
     lerobot/pi0_libero                          owner/name, where no local path of that name exists
-    hf://lerobot/pi0_libero@<revision>          a branch, tag or commit (default: main)
+    hf://lerobot/pi0_libero@<revision>          a branch, tag or commit (default: main), or refs/pr/<n>
     hf://owner/name/assets/libero/norm_stats.json   one file or folder inside the repo
 
 A local path always wins. Only the files the option reads are fetched (`WANTED`; LeRobot's policy_preprocessor.json
@@ -53,15 +53,23 @@ class HubRef:
 
 def parse(text: str) -> HubRef | None:
     """`text` as a Hub reference, or None where it is not one (then it is a local path, found or not).
-    HubError for an hf:// reference that is malformed."""
+    HubError for an hf:// reference that is malformed.
+
+    hf://owner/name[@revision][/path]: the revision is one segment (a branch, tag or commit), or three where it
+    starts with "refs/", the Hub's own refs (refs/pr/<n>, a pull request; refs/convert/<format>); what follows it is
+    the path inside the repo. A branch whose name holds a "/" cannot be written so: pin its commit instead."""
     if text.startswith(PREFIX):
         parts = text[len(PREFIX):].split("/")
         name, at, revision = parts[1].partition("@") if len(parts) >= 2 else ("", "", "")
-        inner = [p for p in parts[2:] if p]
+        rest = parts[2:]
+        if revision == "refs":  # the Hub's refs, three segments: split at every "/", refs/pr/1 was "refs", path pr/1
+            ref, rest = rest[:2], rest[2:]
+            revision = "/".join(["refs", *ref]) if len(ref) == 2 and all(p not in ("", ".", "..") for p in ref) else ""
+        inner = [p for p in rest if p]
         if not (re.fullmatch(_NAME, parts[0]) and re.fullmatch(_NAME, name)) or (at and not revision) \
                 or any(p in (".", "..") for p in inner):
             raise HubError(f"{text!r}: expected hf://owner/name, hf://owner/name@revision or hf://owner/name/path "
-                           "inside the repo")
+                           "inside the repo (a revision is one segment, or refs/pr/<n>)")
         return HubRef(f"{parts[0]}/{name}", revision or None, "/".join(inner) or None, explicit=True)
     if BARE_REPO.fullmatch(text) and ".." not in text:
         return HubRef(text, None, None, explicit=False)
