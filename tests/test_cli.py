@@ -776,10 +776,11 @@ def test_inductor_writes_into_the_compile_cache_set_at_run_time(tmp_path):
 @pytest.mark.parametrize("where,message", [
     ("afile/x.json", "is a file, not a folder"),
     ("/proc/vlaperf-test/x.json", "cannot write in '/proc'"),
+    ("newdir/", "argument --json: expected a file path, got 'newdir/' (a trailing separator names a folder)"),
 ])
 def test_an_unwritable_output_is_refused_before_the_run(tmp_path, capsys, monkeypatch, where, message):
-    """--json (and every output option) is checked before the run: under a file, or where nothing can be
-    written, is one line and exit 2, with nothing measured first."""
+    """--json (and every output option) is checked before the run: under a file, where nothing can be written, or
+    a name ending in a separator (a folder, not a file), is one line and exit 2, with nothing measured first."""
     import vlaperf.cli as cli
 
     (tmp_path / "afile").write_text("x")
@@ -788,6 +789,7 @@ def test_an_unwritable_output_is_refused_before_the_run(tmp_path, capsys, monkey
     with pytest.raises(SystemExit) as exit_info:
         main(["bench", "--workload", "tiny", "--device", "cpu", "--json", where])
     assert exit_info.value.code == 2 and message in capsys.readouterr().err
+    assert not (tmp_path / "newdir").exists()
     monkeypatch.undo()
     monkeypatch.chdir(tmp_path)
     assert main(["bench", "--workload", "tiny", "--device", "cpu", "--json", "new/deeper/x.json", "--iters", "1",

@@ -100,8 +100,9 @@ def workload_arg(text: str) -> str:
 
 def output_file(text: str) -> str:
     """A file a command writes (--json, --plot, --trace, -o): refused before the run, not after it (on a GPU,
-    after a minute of compile), when it cannot be written: empty, an existing folder, under a file, or in a
-    folder this process cannot write to. A missing parent folder is created when the file is written."""
+    after a minute of compile), when it cannot be written: empty, an existing folder, a name ending in a separator
+    (a folder), under a file, or in a folder this process cannot write to. A missing parent folder is created when
+    the file is written."""
     from pathlib import Path
 
     from vlaperf.report.schema import unwritable
@@ -110,6 +111,10 @@ def output_file(text: str) -> str:
         raise argparse.ArgumentTypeError("expected a file path, got an empty string")
     if Path(text).is_dir():
         raise argparse.ArgumentTypeError(f"expected a file path, got the folder {text!r}")
+    # A trailing separator names a folder; Path drops it, so a folder that does not exist yet would be written as
+    # a file of that name.
+    if text.endswith(("/", os.sep)):
+        raise argparse.ArgumentTypeError(f"expected a file path, got {text!r} (a trailing separator names a folder)")
     why = unwritable(text)
     if why is not None:
         raise argparse.ArgumentTypeError(f"{text!r}: {why}")
