@@ -121,6 +121,24 @@ def test_doctor_command(tmp_path, monkeypatch):
     assert main(["doctor", "--device", "cpu", "--no-measure"]) == 1
 
 
+def test_a_spaced_levers_none_is_the_reference_on_the_world_action_model_too(tmp_path, capsys):
+    """--levers ' none' (a leading space) is the reference for syncs, doctor and bench on wam-tiny, as on the pi0
+    path (which strips it); it was refused as an unknown world-action-model lever 'none'. doctor with no workload
+    and ' none' is the environment alone, as with 'none'."""
+    wam = ["--workload", "wam-tiny", "--device", "cpu", "--levers", " none"]
+    assert main(["syncs", *wam, "--calls", "1", "--warmup", "0", "--json", str(tmp_path / "s.json")]) == 0
+    assert read_result(tmp_path / "s.json")["variant"]["label"] == "reference"
+    assert main(["doctor", *wam, "--no-measure", "--json", str(tmp_path / "d.json")]) in (0, 1)
+    assert read_result(tmp_path / "d.json")["variant"]["levers"] == []
+    assert main(["bench", *wam, "--iters", "1", "--warmup", "0", "--no-progress", "--json", str(tmp_path / "b.json")]) \
+        == 0
+    assert read_result(tmp_path / "b.json")["variant"]["label"] == "reference"
+    assert "unknown" not in capsys.readouterr().err
+    env_only = ["doctor", "--device", "cpu", "--levers", " none", "--no-measure", "--json", str(tmp_path / "e.json")]
+    assert main(env_only) in (0, 1)
+    assert read_result(tmp_path / "e.json")["workload"]["id"] is None
+
+
 def test_doctor_table_wraps_a_cited_file_instead_of_cutting_it(capsys):
     """A finding's detail cites a result file by its path, one word wider than its column: it was cut to
     'benchmarks/results/h200/matrix_wam-761_levers…', so the file could not be found. It now wraps."""
