@@ -337,6 +337,19 @@ DAMAGED = {  # file name -> (source file, how it is damaged, what the skipped li
 }
 
 
+def test_a_scaling_file_with_an_empty_series_says_so_instead_of_being_skipped(tiny_results, tmp_path):
+    """An empty scaling.series is a well-formed array (field_problem takes it, as it takes an empty syncs.sites): the
+    section says there is no series; it indexed the first series' points and the file was skipped with a bare
+    'IndexError: list index out of range'."""
+    empty = tmp_path / "sc_empty.json"
+    empty.write_text(json.dumps(_damaged(tiny_results, "sc.json", lambda r: r["scaling"].update(series=[]))))
+    md = render([empty], tmp_path / "r.md").read_text()
+    assert "skipped" not in md and "IndexError" not in md
+    said = "no series: scaling.series is empty, so there is no T(N) to show"
+    assert f"### scaling: tiny on cpu, model mode\n\n{said}\n" in md
+    assert "T(N) fit" not in md  # no figure of no lines
+
+
 @pytest.mark.parametrize("name", sorted(DAMAGED))
 def test_a_damaged_file_is_skipped_and_the_rest_renders(tiny_results, tmp_path, name):
     source, change, reason = DAMAGED[name]

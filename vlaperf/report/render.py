@@ -928,6 +928,9 @@ def _scaling(doc: _Doc, path: str, r: dict) -> None:
 
     sc = r["scaling"]
     doc.h(3, f"scaling: {workload_label(r)} on {_gpu(r)}, {r.get('mode') or '-'} mode")
+    if not sc["series"]:  # a well-formed empty array (as an empty syncs.sites): nothing to tabulate or draw
+        doc.p("no series: scaling.series is empty, so there is no T(N) to show", "warn")
+        return
     rows = []
     for s in sc["series"]:
         f = s["fit"]
