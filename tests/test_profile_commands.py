@@ -95,7 +95,9 @@ def test_scaling_command_in_policy_mode(tmp_path, capsys):
                  "--iters", "2", "--json", str(out)]) == 0
     r = read_result(out)
     assert r["mode"] == r["scaling"]["mode"] == "policy" and [p["steps"] for p in r["scaling"]["series"][0]["points"]] == [1, 3]
-    assert "(policy mode, cpu;" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "(policy mode, cpu;" in printed
+    assert "(2 points: a line fits any two" in printed and "r^2" not in printed.replace("no r^2", "")  # 1, always
 
 
 def test_syncs_command(tmp_path):

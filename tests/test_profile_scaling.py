@@ -207,6 +207,25 @@ def test_describe_fit_flags_a_line_that_does_not_fit():
     assert describe_fit({"intercept": 13.9, "slope": 0.628, "r2": 0.99876}) == "T(N) = 13.900 + 0.628*N ms (r^2 0.9988)"
 
 
+def test_a_two_point_fit_says_so_instead_of_an_r2_of_one():
+    """Through two T(N) a line always passes exactly: its r^2 is 1 whatever T(N) does, so the table says "2 points"
+    in its place and the plot's legend too; three or more points show the r^2 as before."""
+    from vlaperf.profile.scaling import describe_fit
+
+    fit = {"intercept": 35.091, "slope": 20.945, "r2": 1.0}
+    assert describe_fit(fit, 2) == ("T(N) = 35.091 + 20.945*N ms (2 points: a line fits any two, so no r^2; 3 or more "
+                                    "--steps test it)")
+    assert describe_fit(fit, 3) == describe_fit(fit) == "T(N) = 35.091 + 20.945*N ms (r^2 1.0000)"
+    assert describe_fit({**fit, "intercept": -1.0}, 2).endswith("test it) (poor fit: not a line; more --iters or a "
+                                                                  "quieter machine)")  # a negative a still is
+    for steps, said in (((1, 10), "(2 points)"), ((1, 5, 10), "(r²=1.000)")):
+        points = [{"steps": n, "median_ms": 2.0 + 0.5 * n, "p95_ms": 2.5 + 0.5 * n} for n in steps]
+        fit = {"intercept": 2.0, "slope": 0.5, "r2": 1.0}
+        result = {"series": [{"label": "reference", "fit": fit, "points": points}]}
+        (legend,) = plot_scaling(result).legends
+        assert [t.get_text() for t in legend.get_texts()] == [f"reference: 2.00 + 0.500*N ms {said}"]
+
+
 def test_plot_draws_each_series_fitted_line():
     """The drawn line is the fit's a + b*N over 0..max N (plus 5%), not just the points."""
     points = [{"steps": n, "median_ms": 2.0 + 0.5 * n, "p95_ms": 2.5 + 0.5 * n} for n in (1, 10)]

@@ -1759,6 +1759,21 @@ def test_located_results_read_as_the_file_and_name_a_missing_key_by_its_path(tin
         view["nope"]
 
 
+def test_scaling_section_leaves_out_the_r2_of_a_two_point_fit_and_says_why(tmp_path):
+    """A line through two T(N) fits them exactly (r2 1 whatever T(N) does): its r2 cell is "-", and a note says why,
+    as `vlaperf scaling`'s table does; three or more points keep their r2 and no note."""
+    r = json.loads((H200 / "scaling_libero-pi0_best_s5.json").read_text())
+    md = render([_write(tmp_path / "five.json", r)], tmp_path / "five.md").read_text()
+    assert "r2 left out" not in md
+    for s in r["scaling"]["series"]:
+        s["points"] = s["points"][:2]
+    md = render([_write(tmp_path / "two.json", r)], tmp_path / "two.md").read_text()
+    label = r["scaling"]["series"][0]["label"]
+    assert re.search(rf"^\| {re.escape(label)} \| [^|]+ \| [^|]+ \| - \| [^|]+ \| [^|]+ \|$", md, re.M), md
+    assert "_r2 left out (-): a line fits any two points exactly, so with 2 step counts r2 is 1 whatever T(N) does; " \
+           "3 or more --steps test the line_" in md
+
+
 def test_scaling_section_flags_a_poor_fit_as_the_cli_table_does(tmp_path):
     """A fit `vlaperf scaling` calls poor in its table (r2 below 0.95, or a negative intercept) is said so in the
     report too, by variant: its a and b are no figures to quote; a good fit has no such line."""

@@ -214,7 +214,8 @@ def cmd_scaling(args) -> int:
     from vlaperf.report.render import short_variant
 
     for s in sc["series"]:
-        t.add_row(short_variant(s["label"]), *(f"{p['median_ms']:.3f}" for p in s["points"]), describe_fit(s["fit"]))
+        t.add_row(short_variant(s["label"]), *(f"{p['median_ms']:.3f}" for p in s["points"]),
+                  describe_fit(s["fit"], len(s["points"])))
     _console().print(t)
     header = wam.header if is_wam_workload(args.workload) else result_header
     result = header("scaling", base, workload, model, environment_record(device), [], args.levers, args.mode)

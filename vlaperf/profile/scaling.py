@@ -200,8 +200,12 @@ def poor_fit(fit: dict[str, float]) -> bool:
     return fit["r2"] < 0.95 or fit["intercept"] < 0
 
 
-def describe_fit(fit: dict[str, float]) -> str:
-    text = f"T(N) = {fit['intercept']:.3f} + {fit['slope']:.3f}*N ms (r^2 {fit['r2']:.4f})"
+def describe_fit(fit: dict[str, float], points: int | None = None) -> str:
+    """The fitted line and its r^2; fitted to `points` T(N), where two say so instead of the r^2 (1 whatever T(N)
+    does: one line passes through any two points, so it is no evidence of a line)."""
+    text = f"T(N) = {fit['intercept']:.3f} + {fit['slope']:.3f}*N ms"
+    text += " (2 points: a line fits any two, so no r^2; 3 or more --steps test it)" if points == 2 \
+        else f" (r^2 {fit['r2']:.4f})"
     if poor_fit(fit):
         text += " (poor fit: not a line; more --iters or a quieter machine)"
     return text
@@ -231,7 +235,8 @@ def plot_scaling(result: dict[str, Any], path: str | Path | None = None, title: 
         name = short_variant(s["label"])
         name = name if len(name) <= 64 else name[:63] + "\u2026"
         ax.plot(x_line, [f["intercept"] + f["slope"] * x for x in x_line], "-", color=c, alpha=0.8,
-                label=f"{name}: {f['intercept']:.2f} + {f['slope']:.3f}*N ms (r²={f['r2']:.3f})")
+                label=f"{name}: {f['intercept']:.2f} + {f['slope']:.3f}*N ms "
+                      + ("(2 points)" if len(ns) == 2 else f"(r²={f['r2']:.3f})"))
     ax.set_xlabel("denoise steps N")
     ax.set_ylabel("latency per call, median ms (whisker: p95)")
     ax.set_xlim(left=0)

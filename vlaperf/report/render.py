@@ -934,11 +934,15 @@ def _scaling(doc: _Doc, path: str, r: dict) -> None:
     rows = []
     for s in sc["series"]:
         f = s["fit"]
-        rows.append([s["label"], f["intercept"], f["slope"], f["r2"]] +
+        # a line through two points fits them exactly: its r2 (1) is left out, and the note below says why
+        rows.append([s["label"], f["intercept"], f["slope"], None if len(s["points"]) == 2 else f["r2"]] +
                     [p["median_ms"] for p in s["points"]])
     # each T(N) is that point's median (the fit is on the medians): said, as every other table here says its statistic
     doc.table(["variant", "intercept a ms", "slope b ms/step", "r2"]
               + [f"T({p['steps']}) median ms" for p in sc["series"][0]["points"]], rows)
+    if any(len(s["points"]) == 2 for s in sc["series"]):  # as `vlaperf scaling` says in its table
+        doc.p("r2 left out (-): a line fits any two points exactly, so with 2 step counts r2 is 1 whatever T(N) does; "
+              "3 or more --steps test the line", "note")
     # as `vlaperf scaling` flags them in its table: a negative intercept or a low r2 is no a and b to quote
     poor = [s["label"] for s in sc["series"] if poor_fit(s["fit"])]
     if poor:
