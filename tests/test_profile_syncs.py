@@ -320,16 +320,20 @@ def test_to_the_cpu_standing_in_for_the_device_keeps_device_data():
 
 
 def test_format_syncs_and_the_cpu_without_treat_as_device():
-    """The summary line says expected and hidden reads; at most `limit` sites are listed. Without
-    treat_as_device the CPU is host memory: even an input tensor's reads are not syncs."""
+    """The summary line says expected and hidden reads; at most `limit` sites are listed, and a line says how many
+    more there are (the result file holds them all). Without treat_as_device the CPU is host memory: even an input
+    tensor's reads are not syncs."""
     from vlaperf.profile.syncs import format_syncs
 
     sites = [{"per_call": 1.0, "location": f"f.py:{i}", "op": "Tensor.item", "code": f"line {i}"} for i in range(20)]
     report = {"per_call": 3.0, "source": "host_read", "device": "cpu", "calls": 2, "expected_per_call": 1,
               "hidden_per_call": 2.0, "sites": sites, "note": None}
     lines = format_syncs(report, limit=5).splitlines()
-    assert lines[0] == "3 host syncs per call (host_read, cpu, 2 calls); 1 expected (reading the actions), 2 hidden"
-    assert len(lines) == 6 and lines[-1].strip().endswith("f.py:4  Tensor.item  | line 4")
+    assert lines == ["3 host syncs per call (host_read, cpu, 2 calls); 1 expected (reading the actions), 2 hidden",
+                     *(f"       1/call  f.py:{i}  Tensor.item  | line {i}" for i in range(5)),
+                     "  (15 more sites not listed; --json writes them all)"]
+    assert format_syncs(report, limit=19).splitlines()[-1] == "  (1 more site not listed; --json writes them all)"
+    assert format_syncs(report, limit=20).splitlines()[-1].endswith("f.py:19  Tensor.item  | line 19")  # all listed
     dev = torch.arange(3.0)  # an input, made outside the mode
     with HostReadMode("cpu") as mode:
         dev.sum().item()

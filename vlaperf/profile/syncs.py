@@ -447,6 +447,9 @@ def format_syncs(report: dict[str, Any], limit: int = 12) -> str:
         lines[0] += f"; {report['expected_per_call']} expected (reading the actions), {report['hidden_per_call']:g} hidden"
     for s in report["sites"][:limit]:
         lines.append(f"  {s['per_call']:6g}/call  {s['location']}  {s['op']}  | {s['code'] or ''}")
+    more = len(report["sites"]) - limit
+    if more > 0:  # never cut without a word: the result file's syncs.sites holds every site
+        lines.append(f"  ({more} more site{'s' if more != 1 else ''} not listed; --json writes them all)")
     if report.get("note"):
         lines.append("  note: " + report["note"])
     return "\n".join(lines)
