@@ -1561,7 +1561,7 @@ def test_check_breakdown_scaling_syncs_and_doctor_sections(tiny_results, tmp_pat
     error and yes/NO; a breakdown's notes, a staged sequence that differs from the untimed call as a warning, masked
     slots, per-occurrence times, and its bars (stage order from the top, median with a p95 whisker, grey for the
     unmarked rest, red only for a masked image slot); the T(N) fit and points; the syncs expected and hidden; the
-    doctor's cost column and an environment-only run."""
+    doctor's cost column with its note (how the cost was found) and an environment-only run."""
     from matplotlib.colors import to_rgba
 
     from vlaperf.report.render import _md
@@ -1577,7 +1577,8 @@ def test_check_breakdown_scaling_syncs_and_doctor_sections(tiny_results, tmp_pat
     sy = json.loads((tiny_results / "sy.json").read_text())
     sy["syncs"].update(expected_per_call=1, hidden_per_call=0)
     doc = json.loads((tiny_results / "doc.json").read_text())
-    doc["findings"][0]["cost"] = 1.5
+    doc["findings"][0].update(cost=1.5, cost_note="measured: one thing - another")
+    doc["findings"][1].update(cost=None, cost_note=None)
     env_only = json.loads(json.dumps(doc))
     env_only["workload"]["id"] = None
     files = [_write(tmp_path / n, r) for n, r in (("chk.json", check), ("bd.json", bd), ("sy.json", sy),
@@ -1621,7 +1622,11 @@ def test_check_breakdown_scaling_syncs_and_doctor_sections(tiny_results, tmp_pat
     assert f"| 5.000 | {site['location']} | {site['op']} |" in md
     assert "### doctor: tiny on cpu" in md and "### doctor: environment on cpu" in md
     f0 = doc["findings"][0]
-    assert _md_rows(md, f0["severity"])[0][:5] == [f0["severity"], f0["id"], _md(f0["title"]), "1.500", _md(f0["fix"])]
+    assert _md_rows(md, f0["severity"])[0][:6] == [f0["severity"], f0["id"], _md(f0["title"]), "1.500",
+                                                   "measured: one thing - another", _md(f0["fix"])]
+    f1 = doc["findings"][1]  # no cost and no note: both cells "-"
+    assert [row for row in _md_rows(md, f1["severity"]) if row[1] == f1["id"]][0][3:5] == ["-", "-"]
+    assert "| severity | id | finding | cost ms | cost note | fix | detail |" in md
 
 
 def test_rollout_stops_and_errors_are_warnings(tiny_results, tmp_path):

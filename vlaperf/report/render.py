@@ -968,8 +968,10 @@ def _syncs(doc: _Doc, path: str, r: dict) -> None:
 
 def _doctor(doc: _Doc, path: str, r: dict) -> None:
     doc.h(3, f"doctor: {r['workload'].get('id') or 'environment'} on {_gpu(r)}")
-    doc.table(["severity", "id", "finding", "cost ms", "fix", "detail"],
-              [[f["severity"], f["id"], f["title"], f.get("cost"), f.get("fix"), f.get("detail")] for f in r["findings"]])
+    # the cost beside how it was found: a clamped difference is a bare 0 without its two timings
+    doc.table(["severity", "id", "finding", "cost ms", "cost note", "fix", "detail"],
+              [[f["severity"], f["id"], f["title"], f.get("cost"), f.get("cost_note"), f.get("fix"), f.get("detail")]
+               for f in r["findings"]])
 
 
 def server_backend(r: dict) -> str:
