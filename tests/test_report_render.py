@@ -507,7 +507,8 @@ def test_a_report_is_drawn_in_this_process_when_no_worker_can_start(tiny_results
 
 
 def test_rendering_imports_no_torch():
-    """The report's worker processes import the renderer: reading and drawing result files needs no torch."""
+    """The report's worker processes import the renderer first: that loads no torch (a section whose helpers live
+    beside the measuring code, a T(N) or a compare RTC note, does, where it is drawn: docs/profiling.md)."""
     import subprocess
     import sys
 
