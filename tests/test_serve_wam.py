@@ -418,3 +418,18 @@ def test_keep_warm_reruns_the_world_action_host_stages_and_changes_no_answer(mod
             np.testing.assert_array_equal(c.infer(example)["actions"], first)
     finally:
         s.stop()
+
+
+def test_serve_levers_with_spaces_around_none_serves_the_reference():
+    """`serve --levers ' none'` on the world-action model was refused as an unknown lever 'none' (the command compared
+    the raw text with 'none'); --levers now comes stripped from the parser, for every command."""
+    from rich.console import Console
+
+    from vlaperf.cli import build_parser
+    from vlaperf.serve.commands import _wam_policy
+
+    args = build_parser().parse_args(["serve", "--workload", "wam-tiny", "--device", "cpu", "--levers", " none "])
+    assert args.levers == "none"
+    args.batch = None  # as cmd_serve sets it before building the policy (the server batches requests itself)
+    policy = _wam_policy(args, Console(quiet=True))
+    assert policy is not None and policy.sample == policy.model.generate  # no engine: the reference model

@@ -233,11 +233,12 @@ def wide_console(min_width: int = 120):
 def levers_arg(text: str) -> str:
     """--levers: anything but an empty string, which (an unset shell variable) would run the reference silently,
     and no empty entry in a ';' list of variants (matrix, check, scaling), refused as an empty lever name in a
-    comma list is (levers.parse)."""
+    comma list is (levers.parse). The text comes back stripped: the commands that compare it with 'none' or
+    'reference' (bench, serve, the world-action paths) took ' none' for a lever named 'none'."""
     if not text.strip():
         raise argparse.ArgumentTypeError("expected 'reference', a preset or a comma list of levers, got an empty string "
                                          "(an unset shell variable?)")
-    return variants_arg(text)
+    return variants_arg(text.strip())
 
 
 def path_arg(text: str) -> str:
