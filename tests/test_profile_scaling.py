@@ -216,8 +216,10 @@ def test_a_two_point_fit_says_so_instead_of_an_r2_of_one():
     assert describe_fit(fit, 2) == ("T(N) = 35.091 + 20.945*N ms (2 points: a line fits any two, so no r^2; 3 or more "
                                     "--steps test it)")
     assert describe_fit(fit, 3) == describe_fit(fit) == "T(N) = 35.091 + 20.945*N ms (r^2 1.0000)"
-    assert describe_fit({**fit, "intercept": -1.0}, 2).endswith("test it) (poor fit: not a line; more --iters or a "
-                                                                  "quieter machine)")  # a negative a still is
+    # a negative a still is a poor fit, said as such (it read "not a line" beside a line through two points)
+    assert describe_fit({**fit, "intercept": -1.0}, 2).endswith("test it) (poor fit: a negative fixed cost a; more "
+                                                                  "--iters or a quieter machine)")
+    assert "(poor fit: not a line;" in describe_fit({**fit, "r2": 0.9}, 3)
     for steps, said in (((1, 10), "(2 points)"), ((1, 5, 10), "(r²=1.000)")):
         points = [{"steps": n, "median_ms": 2.0 + 0.5 * n, "p95_ms": 2.5 + 0.5 * n} for n in steps]
         fit = {"intercept": 2.0, "slope": 0.5, "r2": 1.0}

@@ -206,8 +206,9 @@ def describe_fit(fit: dict[str, float], points: int | None = None) -> str:
     text = f"T(N) = {fit['intercept']:.3f} + {fit['slope']:.3f}*N ms"
     text += " (2 points: a line fits any two, so no r^2; 3 or more --steps test it)" if points == 2 \
         else f" (r^2 {fit['r2']:.4f})"
-    if poor_fit(fit):
-        text += " (poor fit: not a line; more --iters or a quieter machine)"
+    if poor_fit(fit):  # says which test failed: with 2 points the r^2 is 1, and only the intercept can be at fault
+        why = "a negative fixed cost a" if fit["r2"] >= 0.95 else "not a line"
+        text += f" (poor fit: {why}; more --iters or a quieter machine)"
     return text
 
 
