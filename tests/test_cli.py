@@ -231,7 +231,7 @@ def test_bad_arguments_exit_2_with_message(args, message, capsys):
                                                                      "(did you mean 'sdpa'?)"),
         (["matrix", "--device", "cpu", "--variants", "for_loop,,sdpa"], "--variants: empty lever name in 'for_loop,,sdpa'"),
         (["matrix", "--device", "cpu", "--variants", ""], "--variants '': no variant; expected 'cumulative', 'grid'"),
-        (["matrix", "--device", "cpu", "--levers", " ; "], "--variants ' ; ': no variant"),
+        (["matrix", "--device", "cpu", "--levers", " ; "], "--variants ';': no variant"),
         (["matrix", "--workload", "wam-tiny", "--device", "cpu", "--variants", ";"], "--variants ';': no variant"),
         (["check", "--device", "cpu", "--levers", "for_loop,"], "empty lever name in 'for_loop,'"),
         # commas alone ran the reference as if no lever had been asked for
