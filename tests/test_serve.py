@@ -2727,8 +2727,9 @@ def test_keep_warm_stands_aside_for_a_loop_made_late_by_a_long_call(told, monkey
             assert late_waited >= len(late) - 1, (f"only {late_waited} of the {len(late)} late requests waited without "
                                                   f"the replies (held: {s.stats['keep_warm_quiet']}, runs: "
                                                   f"{s.stats['keep_warm_runs']})")
-        # the others came at the loop's cadence: a stray wake-up on a loaded host may put one or two off their forecast
-        assert others_waited <= 2, (f"{others_waited} of the {timed - len(late)} requests at cadence waited (waited: "
+        # the others came at the loop's cadence: a stray wake-up on a loaded host may put a few off their forecast (up
+        # to 3 of 21 in 1 of 10 runs on a 2-core CPU machine, session 63); a forecast gone wrong lets nearly all wait
+        assert others_waited <= 3, (f"{others_waited} of the {timed - len(late)} requests at cadence waited (waited: "
                                     f"{[i for i, w in enumerate(waited) if w]}; why, warm-ups included: "
                                     f"{[s.stats[f'keep_warm_delayed_{w}'] for w in cadence.MISSES]})")
     finally:
