@@ -606,3 +606,21 @@ def test_upload_extras_travel_in_the_same_transfer():
     assert np.array_equal(db.extras[0].numpy(), target)
     with pytest.raises(TypeError, match="float64"):
         tr.upload(hb, extras=(target.astype(np.float64),))
+
+
+def test_a_prompt_that_is_no_unicode_text_is_an_input_error():
+    """A lone surrogate reaches the prompt in a 0-d "<U" array (msgpack's own strings are checked UTF-8, numpy's
+    UCS-4 is not): validate let it pass and the tokenizer failed with UnicodeEncodeError, an InternalError that
+    failed the batch it shared. Now the request check refuses it, named."""
+    import msgpack
+
+    from vlaperf.serve.protocol import unpackb
+
+    w = get_workload("tiny")
+    transform = ObservationTransform(w, get_config("tiny"))
+    ucs4 = "a".encode("utf-32-le") + (0xD800).to_bytes(4, "little")  # as np.asarray(prompt) holds it, UCS-4
+    prompt = unpackb(msgpack.packb({b"__ndarray__": True, b"data": ucs4, b"dtype": "<U2", b"shape": []},
+                                   use_bin_type=True))
+    assert prompt == "a\ud800"
+    with pytest.raises(InputError, match=r"prompt: not valid text \(surrogates not allowed: '\\ud800' at character 1"):
+        transform.validate(dict(make_example(w), prompt=prompt))

@@ -366,6 +366,13 @@ def prompt_text(prompt: Any, why_limit: str = "") -> str:
         raise InputError(f"prompt: expected a string, got {got}")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise InputError(f"prompt: {len(prompt)} characters, expected at most {MAX_PROMPT_CHARS}{why_limit}")
+    try:
+        # a lone surrogate (U+D800..U+DFFF) is no text: a 0-d "<U" array can carry one past msgpack's UTF-8 check,
+        # and the tokenizer's encode then failed with UnicodeEncodeError, an InternalError that failed its batch
+        prompt.encode("utf-8")
+    except UnicodeEncodeError as e:
+        raise InputError(f"prompt: not valid text ({e.reason}: {prompt[e.start:e.end]!r} at "
+                         f"character {e.start})") from None
     return prompt
 
 
