@@ -566,7 +566,8 @@ def test_an_interrupted_wam_matrix_writes_what_it_has(tmp_path, monkeypatch):
     monkeypatch.setattr(wam, "make_engine", make_then_terminate)
     m = tmp_path / "m.json"
     assert main(["matrix", "--workload", "wam-tiny", "--device", "cpu", "--warmup", "1", "--iters", "2", "--no-progress",
-                 "--variants", "reference;exact;graph", "--sparsity", "none", "--idle-ms", "2", "--json", str(m)]) == 143
+                 "--variants", "reference;exact;graph", "--sparsity", "none", "--idle-ms", "2", "--json", str(m)]) \
+        == 143
     r = read_result(m)
     assert (r["idle_ms"], r["idle_spin"]) == (2.0, False)  # as a finished file records it
     rows = {row["variant"]: row for row in r["variants"]}
