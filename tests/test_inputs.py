@@ -420,6 +420,18 @@ def test_float_images_with_nan_and_states_beyond_float32_are_named(libero):
         tr.validate(dict(ex, **{"observation/state": state}))
 
 
+def test_a_bad_observation_in_a_list_is_named_by_its_index(libero):
+    """Policy.infer([...]) with one bad observation of three said "observation/state: expected 8 values, got 3"
+    without which one; the error now leads with its index (a single observation's stays as it was)."""
+    w, tr = libero
+    good = make_example(w)
+    bad = dict(good, **{"observation/state": np.zeros(3)})
+    with pytest.raises(InputError, match=r"^observation \[1\] of 3: observation/state: expected 8 values, got 3"):
+        tr.host_arrays([good, bad, good])
+    with pytest.raises(InputError, match=r"^observation/state: expected 8 values, got 3"):
+        tr.host_arrays(bad)
+
+
 def test_a_state_that_overflows_its_normalization_is_an_input_error():
     """A finite state can leave float32's range once normalized (a constant dimension: std 0, divided by eps
     1e-6): refused as an InputError naming the state, not sent to the model as inf."""

@@ -506,10 +506,15 @@ class ObservationTransform:
             raise InputError("observation must be a dict (or a non-empty list of dicts)")
         cfg, conv = self.config, self.conventions
         hb = HostBatch([], [], [], [], [], [])
-        for ex in batch:
-            slots, valid = self._slots(ex)
-            model_state, state = self._model_state(ex)
-            prompt = self._prompt(ex)
+        for i, ex in enumerate(batch):
+            try:
+                slots, valid = self._slots(ex)
+                model_state, state = self._model_state(ex)
+                prompt = self._prompt(ex)
+            except InputError as e:  # in a list, which observation: "observation/state: ..." alone did not say
+                if len(batch) > 1:
+                    raise InputError(f"observation [{i}] of {len(batch)}: {e}") from None
+                raise
             prompt_state = None
             if cfg.pi05 and conv.state_in_prompt:
                 prompt_state = state
