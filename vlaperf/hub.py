@@ -157,12 +157,14 @@ def _download_named_statistics(ref: HubRef, local: Path, option: str, text: str,
     steps = doc.get("steps") if isinstance(doc, dict) else None
     if not isinstance(steps, list):
         return
+    from vlaperf.normalize import NORMALIZER_STEP, statistics_file_name
+
     folder = PurePosixPath(ref.path).parent
     revision = (origin(local) or {}).get("revision") or ref.revision
     for step in steps:
-        if isinstance(step, dict) and step.get("registry_name") == "normalizer_processor" \
-                and isinstance(step.get("state_file"), str):
-            name = str(folder / PurePosixPath(step["state_file"]).name)  # normalize reads it by name, beside the JSON
+        if isinstance(step, dict) and step.get("registry_name") == NORMALIZER_STEP \
+                and (file_name := statistics_file_name(step)) is not None:
+            name = str(folder / file_name)  # where normalize reads it: beside the JSON
             try:
                 hf_hub_download(ref.repo, name, revision=revision, local_files_only=local_files_only)
             except errors.EntryNotFoundError as e:

@@ -40,6 +40,17 @@ LEROBOT_TYPES = {"state": "STATE", "actions": "ACTION"}  # their feature types i
 MODES = ("MEAN_STD", "QUANTILES", "IDENTITY")
 
 
+# LeRobot's pipeline step that holds the statistics (policy_preprocessor.json's "steps"), and where they are read
+NORMALIZER_STEP = "normalizer_processor"
+
+
+def statistics_file_name(step: dict) -> str | None:
+    """The file a normalizer step's statistics are read from, beside the pipeline's JSON: its state_file's name
+    (None where it names none). The Hub fetches the same file (vlaperf.hub)."""
+    state_file = step.get("state_file")
+    return Path(state_file).name if isinstance(state_file, str) else None
+
+
 class NormStatsError(ValueError):
     """A statistics file that cannot be used; the message names the file and the field."""
 
@@ -138,7 +149,7 @@ class NormStats:
         if not isinstance(steps, list) or not all(isinstance(st, dict) for st in steps):
             raise NormStatsError(f"{doc_path}: expected LeRobot's pipeline layout, an object with a 'steps' list")
         relative = _relative_actions(doc_path, steps)
-        norm = [st for st in steps if st.get("registry_name") == "normalizer_processor"]
+        norm = [st for st in steps if st.get("registry_name") == NORMALIZER_STEP]
         if len(norm) != 1:
             raise NormStatsError(f"{doc_path}: expected one 'normalizer_processor' step with a 'state_file', found "
                                  f"{len(norm)}")
@@ -162,7 +173,7 @@ class NormStats:
         eps = config.get("eps", LEROBOT_EPS)
         if isinstance(eps, bool) or not isinstance(eps, (int, float)) or not 0 <= eps < 1:
             raise NormStatsError(f"{doc_path}: eps: expected a number in [0, 1), got {eps!r}")
-        stats_file = doc_path.parent / Path(norm[0]["state_file"]).name
+        stats_file = doc_path.parent / statistics_file_name(norm[0])
         loaded = cls._load_lerobot(stats_file, quantile, modes)
         return replace(loaded, state_mode=modes["state"], actions_mode=modes["actions"], lerobot_eps=float(eps),
                        source=f"{stats_file} ({doc_path.name})", relative_actions=relative)
