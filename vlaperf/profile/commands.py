@@ -110,7 +110,7 @@ def cmd_breakdown(args) -> int:
         from vlaperf.profile.processes import in_processes
 
         return in_processes(args.argv, args.processes, args.json)
-    levers = None if args.levers.strip() in REFERENCE else args.levers
+    levers = None if args.levers in REFERENCE else args.levers
     wam_call = None  # the world-action call the breakdown timed, for --trace
     if is_wam_workload(args.workload):
         result, workload, device, wam_call = _wam_breakdown_result(args, levers)
@@ -243,7 +243,7 @@ def cmd_syncs(args) -> int:
         if args.mode != "model":
             raise CliError("--mode policy: the world-action model has no observation transform in vlaperf; use --mode model")
         base, workload, model, device = wam.setup(args)
-        engine = None if args.levers.strip() in REFERENCE else wam.make_engine(model, args.levers)
+        engine = None if args.levers in REFERENCE else wam.make_engine(model, args.levers)
         obs, noise = random_wam_inputs(model.config, workload.batch, device, model.dtype, seed=args.seed)
         fn, expected = wam.call_fn(model, engine, workload, obs, noise, "model"), 0
         header = lambda: wam.header("syncs", base, workload, model, environment_record(device),  # noqa: E731
@@ -295,7 +295,7 @@ def cmd_doctor(args) -> int:
     from vlaperf.timing import environment_record
 
     # no workload, checkpoint or levers: the environment alone; --levers alone checks them on the default workload
-    if args.workload is None and args.checkpoint is None and args.levers.strip() in REFERENCE:
+    if args.workload is None and args.checkpoint is None and args.levers in REFERENCE:
         policy_only = [f"--{n.replace('_', '-')}" for n in ("steps", "batch", "action_horizon", "dtype", "sparsity",
                                                              "video_steps", "cfg_scale") if getattr(args, n) is not None]
         if policy_only:  # they shape a policy check, which this is not: never dropped without a word
@@ -313,7 +313,7 @@ def cmd_doctor(args) -> int:
             from vlaperf.profile import wam
 
             base, workload, model, device = wam.setup(args)
-            engine = None if args.levers.strip() in REFERENCE else wam.make_engine(model, args.levers)
+            engine = None if args.levers in REFERENCE else wam.make_engine(model, args.levers)
         else:
             base, workload, model, device = setup(args)
             engine = _levers_or_error(model, args.levers)

@@ -121,7 +121,7 @@ def cmd_bench(args) -> int:
     refuse_policy_mode(args.mode)
     refuse_sampler_options_in_forward(args, args.mode)
     base, workload, model, device = setup(args)
-    engine = None if args.levers.strip() in ("reference", "none", "") else make_engine(model, args.levers)
+    engine = None if args.levers in ("reference", "none", "") else make_engine(model, args.levers)
     label = engine.name if engine else "reference"
     obs, noise = random_wam_inputs(model.config, workload.batch, device, model.dtype, seed=args.seed)
     fn = call_fn(model, engine, workload, obs, noise, args.mode)
