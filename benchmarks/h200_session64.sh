@@ -6,7 +6,11 @@
 #               markers modules. Prediction: all pass.
 #            2) libero-pi0 `best` in model mode, four fresh processes.
 #               Prediction: 12.7-13.0 ms on an H200 (session 60: 12.72), 13.2-13.5 on an H100 (session 63: 13.36).
-#   PART=b   3) libero-pi0 `best` in policy mode, four fresh processes.
+#            Outcome of 1) on an H100 (06:34): 9 failed of 1013, all the tests' own set-up on that machine. Its $CXX is
+#               an absolute path, found without PATH (test_environment_record_no_compiler_on_empty_path); a doctor test
+#               put a Triton stand-in in place before torch._dynamo first loaded, which then imports the stand-in.
+#   PART=b   0) the two fixed modules (test_profile_doctor, test_timing). Prediction: all pass.
+#            3) libero-pi0 `best` in policy mode, four fresh processes.
 #               Prediction: 14.0-14.4 ms on an H200 (session 48: 14.05-14.34 at the same kernels), 13.9-14.3 on an
 #               H100 (session 63: 14.12).
 #            4) a policy-mode breakdown of `best`. Prediction: the staged call matches the untimed one exactly;
@@ -33,6 +37,7 @@ a)
   ;;
 b)
   {
+    echo "100 $P -q -n 4 --timeout 90 tests/test_profile_doctor.py tests/test_timing.py 2>&1 | tee $R/pytest_gpu_s64b.log | tail -8"
     echo "220 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s64-4proc_policy.json"
     echo "120 $V breakdown --workload libero-pi0 --levers best --mode policy --no-progress --json $R/breakdown_libero-pi0_best-s64_policy.json"
   } | lane A 0 40 &

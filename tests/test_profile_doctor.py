@@ -156,11 +156,15 @@ class _TritonWithout:
 
 
 def _installed_triton(monkeypatch, which: str) -> None:
+    import importlib
     import types
 
     if torch.cuda.is_available():
         # torch's lazy CUDA init asks importlib for `triton`'s spec, which a stand-in has not: initialised here first
         torch.cuda.init()
+    # the doctor reads inductor's default cache folder, and torch._dynamo imports the real `triton` when it is first
+    # loaded (a stand-in has no `language`; None halts the import): a real process has it loaded before any check
+    importlib.import_module("torch._inductor.runtime.cache_dir_utils")
     if which == "none":
         monkeypatch.setitem(sys.modules, "triton", None)  # import fails: no Triton, no Triton kernels
     elif which == "3.6":  # knobs, but language has no force_disable_fp_fusion (the variable does nothing there)

@@ -465,6 +465,8 @@ def test_gpu_state_parses_nvidia_smi_and_selects_the_gpu_by_uuid(monkeypatch, tm
 
 def test_environment_record_no_compiler_on_empty_path(monkeypatch, tmp_path):
     monkeypatch.setenv("PATH", str(tmp_path))
+    for var in ("CC", "CXX"):  # an absolute $CXX (the GPU machine sets /opt/gcc/bin/g++) is found without PATH
+        monkeypatch.delenv(var, raising=False)
     env = environment_record("cpu")
     assert env["c_compiler"] is None
     assert env["driver"] is None  # no nvidia-smi either, and no exception
