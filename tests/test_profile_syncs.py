@@ -381,3 +381,43 @@ def test_a_slice_bounded_by_a_device_tensor_is_a_host_read():
         x[: torch.tensor(3)]  # host-born: no device data read
     assert [e.op for e in mode.events] == ["Tensor.__getitem__", "Tensor.__getitem__", "Tensor.__setitem__"]
     assert all(e.file == __file__ for e in mode.events)
+
+
+def test_a_device_tensor_passed_as_a_size_is_a_host_read():
+    """torch.zeros(n), x.view(n, -1), x.narrow(0, 0, n), ... with n on the device read n on the host (torch's argument
+    parser calls .item() on it, inside torch, where the mode is off, as for x[:n]'s bound): they were missed. Sizes
+    that are host values (ints, .shape, .size(), len(), a host-born tensor) read nothing, nor does the input tensor
+    of a method or an out= tensor; range(n) reads through n's __index__, which the mode sees."""
+    x = torch.arange(12.0)
+    n = torch.tensor(3, device="cpu")  # placed on the device (the CPU standing in for it)
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        torch.zeros(n)
+        torch.empty(n, 4, dtype=torch.float32)
+        torch.ones(size=(n,))
+        torch.full((2,), n)  # a fill value is a host number too
+        torch.arange(n)
+        torch.linspace(0, 1, n)
+        x.narrow(0, 0, n)
+        x.view(n, -1)
+        x.reshape((n, 4))
+        torch.ones(1, 2).expand(n, 2)
+        x.repeat(n)
+        x.new_zeros(n)
+        x.unflatten(0, (n, -1))
+        list(range(n))
+    assert [e.op for e in mode.events] == [
+        "torch.zeros", "torch.empty", "torch.ones", "torch.full", "torch.arange", "torch.linspace", "Tensor.narrow",
+        "Tensor.view", "Tensor.reshape", "Tensor.expand", "Tensor.repeat", "Tensor.new_zeros", "Tensor.unflatten",
+        "Tensor.__index__"]
+    assert all(e.file == __file__ for e in mode.events)
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        torch.zeros(3)
+        torch.zeros(x.shape)
+        torch.zeros(x.size(0), len(x))
+        x.view(x.shape[0] // 4, -1)
+        x.narrow(0, 0, 3)
+        torch.arange(torch.tensor(3))  # host-born: no device data read
+        torch.zeros(3, out=torch.empty(3, device="cpu"))  # a device tensor, but as the output, not a size
+        torch.full_like(x, 1.0)
+        x.expand(2, 12)
+    assert mode.events == []

@@ -105,6 +105,14 @@ _DATA_DEPENDENT = {"nonzero", "argwhere", "masked_select", "unique", "unique_con
                    "equal", "allclose", "is_nonzero", "bincount"}
 _INDEX_OPS = {"__getitem__", "__setitem__", "index_put", "index_put_", "index"}
 _COPY_OPS = {"to", "cpu", "copy_", "cuda", "type"}
+# Ops that take host numbers (sizes, bounds, a fill value) where code may pass a one-element tensor: torch's argument
+# parser reads such a tensor with .item(), in C++, where this mode is off (torch.zeros(n), x.view(n, -1) with n on the
+# device). The factories take only numbers; the methods take their input tensor first, then numbers. (tensor,
+# as_tensor and normal take tensors as data, and ops like clamp or fill_ have overloads that take a tensor as it is.)
+_SIZE_FACTORIES = {"zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm", "arange", "range",
+                   "linspace", "logspace", "eye", "empty_strided", "tril_indices", "triu_indices"}
+_SIZE_METHODS = {"view", "reshape", "expand", "broadcast_to", "repeat", "tile", "narrow", "unflatten", "split",
+                 "new_zeros", "new_ones", "new_empty", "new_full", "full_like", "resize_"}
 _FACTORIES = {"tensor", "as_tensor", "scalar_tensor", "zeros", "ones", "empty", "full", "arange", "range", "linspace",
               "logspace", "eye", "rand", "randn", "randint", "randperm", "from_numpy", "empty_strided", "tril_indices",
               "triu_indices", "normal", "frombuffer"}
@@ -131,6 +139,17 @@ def _slice_bounds(index) -> list:
         elif isinstance(x, (list, tuple)):
             out += _slice_bounds(x)
     return out
+
+
+def _size_args(name, args, kwargs) -> list:
+    """The tensors passed to a size op (_SIZE_FACTORIES, _SIZE_METHODS) where it takes host numbers."""
+    if name in _SIZE_FACTORIES:
+        numbers = args
+    elif name in _SIZE_METHODS:
+        numbers = args[1:]
+    else:
+        return []
+    return _tensors(numbers, []) + _tensors({k: v for k, v in kwargs.items() if k != "out"}, [])
 
 
 def _target_device(args, kwargs) -> torch.device | None:
@@ -223,6 +242,8 @@ class HostReadMode(TorchFunctionMode):
             return "host_read" if dev_in else None
         if name == "repeat_interleave" and len(ins) >= 2 and kwargs.get("output_size") is None:
             return "host_read" if dev_in else None  # tensor repeats: output size read on the host
+        if any(self.on_device(t) for t in _size_args(name, args, kwargs)):
+            return "host_read"  # a device tensor as a size (torch.zeros(n)): read inside torch, as x[:n]'s bound is
         if name in _INDEX_OPS:
             # a slice bounded by a device tensor (x[:n]): the op reads the bound on the host through its __index__,
             # inside torch, where this mode is off and does not see it
