@@ -421,3 +421,27 @@ def test_a_device_tensor_passed_as_a_size_is_a_host_read():
         torch.full_like(x, 1.0)
         x.expand(2, 12)
     assert mode.events == []
+
+
+def test_a_0_dim_integer_device_tensor_in_an_index_is_a_host_read():
+    """x[n] and x[:, n] with n a 0-dim integer tensor on the device select with n read by .item() (torch's slicing,
+    inside torch, where the mode is off), as x[:n] does; they were missed. So does a 0-dim bool one, in a write of
+    a host value too (x[b] = 0.0 is read before any masked_fill). A 1-element index of one dimension is gathered on
+    the device, and a host-born or Python index reads nothing."""
+    x = torch.arange(12.0).reshape(3, 4)
+    n = torch.tensor(1, device="cpu")  # placed on the device (the CPU standing in for it)
+    b = torch.tensor(True, device="cpu")
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        x[n]
+        x[:, n]
+        x.clone()[n] = 0.0
+        x.clone()[b] = 0.0
+    assert [e.op for e in mode.events] == ["Tensor.__getitem__", "Tensor.__getitem__", "Tensor.__setitem__",
+                                           "Tensor.__setitem__"]
+    assert all(e.file == __file__ for e in mode.events)
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        x[n.reshape(1)]  # advanced indexing: a gather on the device
+        x[torch.tensor(1)]  # host-born: no device data read
+        x[1, 2]
+        x[x.shape[0] - 1]
+    assert mode.events == []

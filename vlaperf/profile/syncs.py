@@ -141,6 +141,18 @@ def _slice_bounds(index) -> list:
     return out
 
 
+def _scalar_indices(index) -> list:
+    """The 0-dim integer or bool tensors among an index's entries (the index, or a tuple of them): torch reads each
+    on the host with .item() while slicing (x[n] selects row n, as x[int(n)] does). A uint8 one is an old-style
+    mask, not read there."""
+    out = []
+    for x in index if isinstance(index, tuple) else (index,):
+        if isinstance(x, torch.Tensor) and x.dim() == 0 and x.dtype != torch.uint8 and \
+                not (x.is_floating_point() or x.is_complex()):
+            out.append(x)
+    return out
+
+
 def _size_args(name, args, kwargs) -> list:
     """The tensors passed to a size op (_SIZE_FACTORIES, _SIZE_METHODS) where it takes host numbers."""
     if name in _SIZE_FACTORIES:
@@ -248,6 +260,11 @@ class HostReadMode(TorchFunctionMode):
             # a slice bounded by a device tensor (x[:n]): the op reads the bound on the host through its __index__,
             # inside torch, where this mode is off and does not see it
             if name in ("__getitem__", "__setitem__") and any(self.on_device(t) for t in _slice_bounds(args[1:2])):
+                return "host_read"
+            # so is a 0-dim integer or bool device tensor in it (x[n], x[:, n], x[b] = 0.0): read with .item(), not
+            # gathered on the device (a bool one writing a host value is no masked_fill either)
+            if name in ("__getitem__", "__setitem__") and len(args) > 1 and \
+                    any(self.on_device(t) for t in _scalar_indices(args[1])):
                 return "host_read"
             idx = _tensors(args[1:2], [])
             if any(t.dtype == torch.bool for t in idx) and dev_in:
