@@ -369,6 +369,34 @@ def test_a_statistic_the_mode_does_not_read_may_be_nan(tmp_path):
         NormStats.load(path, quantile=True)
 
 
+def test_numbers_written_as_strings_or_booleans_are_refused(tmp_path):
+    """numpy turned ["0.1", "0.2"] and [true, false] into numbers, so such a file was read without a word: refused,
+    naming the file, the key path and the value, as a boolean eps is. A statistic the mode never reads is skipped, as
+    a NaN in it is; a LeRobot file's boolean tensor is refused the same way, under its own key."""
+    from safetensors.numpy import save_file
+
+    for stat, value, got in (("mean", ["0.1"] * 8, "'0.1' at index 0"), ("std", [1.0] * 7 + [True], "True at index 7")):
+        doc = _stats({"state": 8, "actions": 7})
+        doc["norm_stats"]["state"][stat] = value
+        path = _write(tmp_path, doc)
+        with pytest.raises(NormStatsError) as err:
+            NormStats.load(path, quantile=False)
+        assert str(err.value) == f"{path}: norm_stats.state.{stat}: expected a list of numbers, got {got}"
+    doc = _stats({"state": 8, "actions": 7})
+    doc["norm_stats"]["actions"]["q99"] = [str(v) for v in doc["norm_stats"]["actions"]["q99"]]
+    path = _write(tmp_path, doc)
+    assert NormStats.load(path, quantile=False).actions.q99 is None  # z-score: q99 is never read
+    with pytest.raises(NormStatsError, match=r"norm_stats\.actions\.q99: expected a list of numbers, got '"):
+        NormStats.load(path, quantile=True)
+
+    lerobot = tmp_path / "policy_preprocessor_step_2_normalizer_processor.safetensors"
+    save_file({"observation.state.mean": np.zeros(8, np.float32), "observation.state.std": np.ones(8, bool)},
+              str(lerobot))
+    with pytest.raises(NormStatsError, match=r"observation\.state\.std: expected a list of numbers, got True at "
+                                             r"index 0$"):
+        NormStats.load(lerobot, quantile=False)
+
+
 def test_lerobot_file_errors_name_lerobots_own_keys(tmp_path):
     """A LeRobot normalizer file keeps its statistics as "observation.state.q01", "action.std", ...: its errors name
     those keys, not openpi's JSON fields ("norm_stats.state.q01" is in no such file)."""

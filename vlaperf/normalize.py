@@ -337,12 +337,19 @@ def _array_stats(path: Path, key: str, entry, quantile: bool, field: str | None 
     for name in ("mean", "std", "q01", "q99"):
         if name not in entry:
             continue
+        # numpy turns "0.1" and true into numbers: statistics quoted or boolean (as the pipeline's eps, refused) are
+        # not what openpi or LeRobot write, so they are refused rather than read as whatever numpy makes of them
+        given = entry[name]
+        wrong = [(i, v) for i, v in enumerate(given) if isinstance(v, (str, bool))] if isinstance(given, list) else []
         try:
-            a = np.asarray(entry[name], dtype=np.float64)
+            a = np.asarray(given, dtype=np.float64)
         except (TypeError, ValueError):
+            a = None
+        if a is None or wrong:
             if name not in needed:
                 continue  # a statistic the mode never reads does not make the file unusable
-            raise NormStatsError(f"{path}: {field}.{name}: expected a list of numbers") from None
+            got = f", got {wrong[0][1]!r} at index {wrong[0][0]}" if wrong else ""
+            raise NormStatsError(f"{path}: {field}.{name}: expected a list of numbers{got}")
         if a.ndim != 1 or a.shape[0] == 0 or not np.isfinite(a).all():
             if name not in needed:
                 continue
