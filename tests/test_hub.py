@@ -41,8 +41,23 @@ def test_a_revision_of_the_hubs_refs_takes_three_segments():
     assert parse("hf://o/n@v1.0/refs/pr/1") == HubRef("o/n", "v1.0", "refs/pr/1", explicit=True)  # a path, after one
     for bad in ("hf://o/n@refs", "hf://o/n@refs/", "hf://o/n@refs/pr", "hf://o/n@refs/pr/", "hf://o/n@refs//1",
                 "hf://o/n@refs/pr/..", "hf://o/n@refs/../x"):
-        with pytest.raises(HubError, match=r"expected hf://owner/name, .*\(a revision is one segment, or "
-                                           r"refs/pr/<n>\)"):
+        with pytest.raises(HubError, match=r"expected hf://owner/name, .*\(a revision is one segment, a \"/\" in it "
+                                           r"written %2F, or refs/pr/<n>\)"):
+            parse(bad)
+
+
+def test_a_branch_whose_name_holds_a_slash_is_written_percent_encoded():
+    """A branch "feature/x" could not be named: hf://o/n@feature/x is branch "feature" and path "x". Its "/" is
+    written %2F, as huggingface_hub's own hf:// paths write it (and a Hub ref so quoted reads the same); decoded, a
+    revision is still refused where a part of it is empty, "." or "..", which would lead out of the cache's refs."""
+    assert parse("hf://o/n@feature%2Fx") == HubRef("o/n", "feature/x", None, explicit=True)
+    assert parse("hf://o/n@feature%2fx%2Fy/assets/norm_stats.json") == \
+        HubRef("o/n", "feature/x/y", "assets/norm_stats.json", explicit=True)
+    assert parse("hf://o/n@refs%2Fpr%2F3/a.json") == HubRef("o/n", "refs/pr/3", "a.json", explicit=True)
+    assert parse("hf://o/n@feature/x") == HubRef("o/n", "feature", "x", explicit=True)  # unencoded: a path, as before
+    for bad in ("hf://o/n@%2F", "hf://o/n@feature%2F", "hf://o/n@%2Fx", "hf://o/n@a%2F%2Fb", "hf://o/n@..",
+                "hf://o/n@.", "hf://o/n@..%2F..%2Fx", "hf://o/n@a%2F..%2F..", "hf://o/n@%2E%2E"):
+        with pytest.raises(HubError, match=r"a \"/\" in it written %2F"):
             parse(bad)
 
 
@@ -166,6 +181,27 @@ def test_a_pull_requests_revision_reads_its_commit(lerobot_repo):
                          timeout=120)
     assert run.returncode == 0, run.stderr
     assert run.stdout.strip() == str(stats)
+
+
+def test_a_branch_whose_name_holds_a_slash_reads_its_commit(lerobot_repo):
+    """hf://owner/name@feature%2Fx: branch feature/x, whose ref huggingface_hub keeps in the cache as refs/feature/x
+    (as refs/pr/1 above); a file and a folder of that commit, each through its own download call."""
+    cache, _ = lerobot_repo
+    branch_commit = "e" * 40
+    root = cache / "models--acme--pi0_tiny"
+    (root / "refs" / "feature").mkdir(parents=True)
+    (root / "refs" / "feature" / "x").write_text(branch_commit)
+    stats = root / "snapshots" / branch_commit / "assets" / "libero" / "norm_stats.json"
+    stats.parent.mkdir(parents=True)
+    stats.write_text("{}")
+    script = ("import json, vlaperf.hub as h; print(json.dumps([h.resolve(t, '--norm-stats') for t in ["
+              "'hf://acme/pi0_tiny@feature%2Fx/assets/libero/norm_stats.json', 'hf://acme/pi0_tiny@feature%2Fx/assets/"
+              "libero']]))")
+    run = subprocess.run([sys.executable, "-c", script], env=_offline_env(cache), capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert json.loads(run.stdout) == [str(stats), str(stats.parent)]
+    assert "from the Hugging Face Hub repo acme/pi0_tiny@feature/x" in run.stderr
 
 
 def test_bench_and_convert_read_a_hub_checkpoint(lerobot_repo, tmp_path):

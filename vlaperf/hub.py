@@ -5,6 +5,7 @@ Hub:
 
     lerobot/pi0_libero                          owner/name, where no local path of that name exists
     hf://lerobot/pi0_libero@<revision>          a branch, tag or commit (default: main), or refs/pr/<n>
+    hf://lerobot/pi0_libero@feature%2Fx         a branch whose name holds a "/" (feature/x), its "/" written %2F
     hf://owner/name/assets/libero/norm_stats.json   one file or folder inside the repo
 
 A local path always wins. Only the files the option reads are fetched (`WANTED`; LeRobot's policy_preprocessor.json
@@ -21,6 +22,7 @@ import re
 import sys
 from dataclasses import dataclass
 from pathlib import Path, PurePosixPath
+from urllib.parse import unquote
 
 PREFIX = "hf://"
 _NAME = r"[A-Za-z0-9][A-Za-z0-9._-]*"  # an owner's or a repo's name, as the Hub spells them
@@ -57,7 +59,9 @@ def parse(text: str) -> HubRef | None:
 
     hf://owner/name[@revision][/path]: the revision is one segment (a branch, tag or commit), or three where it
     starts with "refs/", the Hub's own refs (refs/pr/<n>, a pull request; refs/convert/<format>); what follows it is
-    the path inside the repo. A branch whose name holds a "/" cannot be written so: pin its commit instead."""
+    the path inside the repo. A branch whose name holds a "/" is written with it percent-encoded, as
+    huggingface_hub's own hf:// paths write it: hf://owner/name@feature%2Fx/path is branch feature/x (huggingface_hub
+    keeps its ref in the cache as refs/feature/x, as it keeps refs/pr/1; vlaperf names no folder after a revision)."""
     if text.startswith(PREFIX):
         parts = text[len(PREFIX):].split("/")
         name, at, revision = parts[1].partition("@") if len(parts) >= 2 else ("", "", "")
@@ -65,11 +69,17 @@ def parse(text: str) -> HubRef | None:
         if revision == "refs":  # the Hub's refs, three segments: split at every "/", refs/pr/1 was "refs", path pr/1
             ref, rest = rest[:2], rest[2:]
             revision = "/".join(["refs", *ref]) if len(ref) == 2 and all(p not in ("", ".", "..") for p in ref) else ""
+        else:
+            # one segment, its "/" written %2F (a bare "/" would end it: what follows is the path). Decoded, each
+            # part must still be a name: ".." would lead the cache's refs/<revision> out of its refs folder
+            revision = unquote(revision)
+            if revision and any(p in ("", ".", "..") for p in revision.split("/")):
+                revision = ""
         inner = [p for p in rest if p]
         if not (re.fullmatch(_NAME, parts[0]) and re.fullmatch(_NAME, name)) or (at and not revision) \
                 or any(p in (".", "..") for p in inner):
             raise HubError(f"{text!r}: expected hf://owner/name, hf://owner/name@revision or hf://owner/name/path "
-                           "inside the repo (a revision is one segment, or refs/pr/<n>)")
+                           "inside the repo (a revision is one segment, a \"/\" in it written %2F, or refs/pr/<n>)")
         return HubRef(f"{parts[0]}/{name}", revision or None, "/".join(inner) or None, explicit=True)
     if BARE_REPO.fullmatch(text) and ".." not in text:
         return HubRef(text, None, None, explicit=False)
