@@ -206,7 +206,9 @@ def test_bad_arguments_exit_2_with_message(args, message, capsys):
         (["serve", "--checkpoint", ""], "argument --checkpoint: expected a path, got an empty string"),
         (["serve", "--norm-stats", " "], "argument --norm-stats: expected a path, got an empty string"),
         (["serve", "--max-queue", "8"], "argument --max-queue: expected an integer >= 64 (one list request holds up "
-         "to 64 observations), got '8'"),
+         "to 64 observations), got 8"),
+        (["serve", "--max-queue", "lots"], "argument --max-queue: expected an integer >= 64 (one list request holds "
+         "up to 64 observations), got 'lots'"),
         (["matrix", "--device", "cpu", "--variants", "for_loop;nope"], "--variants: unknown lever 'nope' in 'nope'"),
         # a value no lever takes, or two compile modes, was a skipped row beside the others and the matrix passed
         (["matrix", "--device", "cpu", "--workload", "tiny", "--variants", "for_loop;compile=foo"],

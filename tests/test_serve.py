@@ -990,12 +990,18 @@ def test_serve_refuses_a_taken_port_before_building_the_model(capsys, monkeypatc
     (["--port", "0", "--host", "nonexistent.invalid", "--allow-unauthenticated"], "--host 'nonexistent.invalid': cannot "
      "resolve it"),  # port 0 skipped the early check: the model was built and checked first
     (["--max-wait-ms", "inf"], "argument --max-wait-ms: expected a finite number >= 0, got 'inf'"),
-    (["--max-message-mb", "2e13"], "argument --max-message-mb: expected a number of MiB >= 0.0009765625 (1 KiB) and "
-     "<= 4096 (4 GiB), got '2e13'"),  # was a traceback
+    # the shared number_arg's words, as every other number option's (its own parsing said "a number of MiB")
+    (["--max-message-mb", "2e13"], "argument --max-message-mb: expected a number >= 0.0009765625 and <= 4096 (MiB: "
+     "1 KiB to 4 GiB), got 20000000000000.0"),  # was a traceback
     # below the server's 1 KiB: was "max_message_bytes must be an integer in [1024, ...], got 104", after the build
-    (["--max-message-mb", "0.0001"], "argument --max-message-mb: expected a number of MiB >= 0.0009765625 (1 KiB) "
-     "and <= 4096 (4 GiB), got '0.0001'"),
-    (["--max-message-mb", "nan"], "argument --max-message-mb: expected a number of MiB >= 0.0009765625"),
+    (["--max-message-mb", "0.0001"], "argument --max-message-mb: expected a number >= 0.0009765625 and <= 4096 (MiB: "
+     "1 KiB to 4 GiB), got 0.0001"),
+    (["--max-message-mb", "16MB"], "argument --max-message-mb: expected a number >= 0.0009765625 and <= 4096 (MiB: "
+     "1 KiB to 4 GiB), got '16MB'"),
+    (["--max-message-mb", "nan"], "argument --max-message-mb: expected a number >= 0.0009765625 and <= 4096 (MiB: "
+     "1 KiB to 4 GiB), got nan"),
+    (["--max-message-mb", "inf"], "argument --max-message-mb: expected a number >= 0.0009765625 and <= 4096 (MiB: "
+     "1 KiB to 4 GiB), got inf"),
     (["--keep-warm-ms", "0"], "argument --keep-warm-ms: expected a number > 0 and <= 1000, got 0.0"),
     (["--keep-warm-ms", "5", "--replicas", "2"], "--keep-warm-ms: a policy served in this process reruns its host "
      "stages while idle; drop --replicas (the model runs in the replicas)"),

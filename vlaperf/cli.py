@@ -45,11 +45,14 @@ def refuse_repeated_variants(specs: list[str], names, flag: str, device) -> None
         seen[key] = spec
 
 
-def number_arg(kind: type = int, minimum: float = 1, strict: bool = False, maximum: float | None = None):
+def number_arg(kind: type = int, minimum: float = 1, strict: bool = False, maximum: float | None = None,
+               note: str = ""):
     """An argparse type: `kind` (int or float) at least `minimum` (above it if `strict`) and at
-    most `maximum`, with an error that says what was expected and what came."""
+    most `maximum`, with an error that says what was expected and what came; `note`, said after the bounds,
+    what they mean (a unit, or why that minimum)."""
     what = "an integer" if kind is int else "a number"
-    bound = f"{'>' if strict else '>='} {minimum}" + ("" if maximum is None else f" and <= {maximum}")
+    bound = f"{'>' if strict else '>='} {minimum}" + ("" if maximum is None else f" and <= {maximum}") \
+        + (f" ({note})" if note else "")
 
     def parse(text: str):
         try:

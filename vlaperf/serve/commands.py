@@ -14,7 +14,6 @@ Nothing here imports websockets until a command runs, so `vlaperf --help` works 
 from __future__ import annotations
 
 import argparse
-import math
 import os
 import sys
 from pathlib import Path
@@ -73,30 +72,10 @@ _client_keep_warm_ms = number_arg(float, 0, strict=True, maximum=ROLLOUT_MAX_CLI
 # MAX_MESSAGE_BYTES (not imported: protocol imports msgpack; a test keeps them equal). Below 1 KiB the server refused
 # the value only after the model's build, naming its max_message_bytes ("got 104" for --max-message-mb 0.0001).
 SERVE_MIN_MESSAGE_MB, SERVE_MAX_MESSAGE_MB = 1 / 1024, 4096
-
-
-def _message_mb(text: str) -> float:
-    """--max-message-mb: 1 KiB to 4 GiB, in MiB (cmd_serve passes int(value * 2**20) bytes on)."""
-    try:
-        value = float(text)
-    except ValueError:
-        value = math.nan
-    if not SERVE_MIN_MESSAGE_MB <= value <= SERVE_MAX_MESSAGE_MB:  # nan and inf fail it too
-        raise argparse.ArgumentTypeError(f"expected a number of MiB >= {SERVE_MIN_MESSAGE_MB} (1 KiB) and <= "
-                                         f"{SERVE_MAX_MESSAGE_MB} (4 GiB), got {text!r}")
-    return value
-
-
-def _queue_size(text: str) -> int:
-    """--max-queue: at least one list request of PolicyServer's max_list_items (64) observations."""
-    try:
-        value = int(text)
-    except ValueError:
-        value = None
-    if value is None or value < 64:
-        raise argparse.ArgumentTypeError(f"expected an integer >= 64 (one list request holds up to 64 observations), "
-                                         f"got {text!r}")
-    return value
+# --max-message-mb: 1 KiB to 4 GiB, in MiB (cmd_serve passes int(value * 2**20) bytes on)
+_message_mb = number_arg(float, SERVE_MIN_MESSAGE_MB, maximum=SERVE_MAX_MESSAGE_MB, note="MiB: 1 KiB to 4 GiB")
+# --max-queue: at least one list request of PolicyServer's max_list_items (64) observations
+_queue_size = number_arg(int, 64, note="one list request holds up to 64 observations")
 
 
 def _int_list(text: str) -> list[int]:
