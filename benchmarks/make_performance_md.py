@@ -268,7 +268,7 @@ def write_readme_block(readme: Path, rows: list[str]) -> bool:
 def _gpu_state(st):
     """SM clock / max and what held it, as nvidia-smi said right after the timed calls (bench
     records its environment then); '-' for files from before session 7."""
-    from vlaperf.timing import clock_event_names
+    from vlaperf.gpu_state import clock_event_names
 
     if not st or st.get("sm_clock_mhz") is None:
         return "-"

@@ -506,15 +506,36 @@ def test_a_report_is_drawn_in_this_process_when_no_worker_can_start(tiny_results
     assert "skipped" not in md and len(list((tmp_path / "r_files").iterdir())) >= 6
 
 
-def test_rendering_imports_no_torch():
-    """The report's worker processes import the renderer first: that loads no torch (a section whose helpers live
-    beside the measuring code, a T(N) or a compare RTC note, does, where it is drawn: docs/profiling.md)."""
+def test_a_report_imports_no_torch(tmp_path):
+    """`vlaperf report` only reads result files, on machines where torch is slow to import (about a second, in every
+    worker process too) or missing: from the CLI, files whose sections have helpers beside measuring code (the file
+    table's GPU-state column, a T(N) section, a compare's RTC note) render with no torch imported, in this process or
+    in the workers that draw the sections."""
     import subprocess
     import sys
 
-    code = "import sys, vlaperf.report.render; print('torch' in sys.modules)"
-    out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout
-    assert out.strip() == "False"
+    results = H200.parent
+    files = [results / "h200" / "scaling_libero-pi0_best_s9.json",  # T(N), and a GPU state in the file table
+             results / "h100" / "compare_libero-pi0_lerobot_accelerated-s51.json"]  # a compare with its RTC rows
+    out = tmp_path / "r.md"
+    code = ("import sys\n"
+            "from vlaperf.cli import main\n"
+            "from vlaperf.report import render\n"
+            "render.PARALLEL_MIN_UNITS = 1  # two sections: drawn in worker processes all the same\n"
+            f"code = main(['report', *{[str(f) for f in files]!r}, '-o', {str(out)!r}, '--jobs', '2'])\n"
+            "print(code, 'torch' in sys.modules)")
+    # -X importtime writes a line per module imported, and spawned workers inherit it: the workers' imports show too
+    done = subprocess.run([sys.executable, "-X", "importtime", "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "0 False", done.stdout[-2000:]  # exit code 0, no torch in sys.modules
+    imported = [line.rsplit("|", 1)[-1].strip() for line in done.stderr.splitlines() if line.startswith("import time:")]
+    assert imported.count("vlaperf.report.render") >= 2, "no worker process drew a section"
+    assert "torch" not in imported, "torch was imported in a worker process"
+    md = out.read_text()
+    # the sections were drawn, not skipped: the test covers them
+    assert "skipped" not in md and "## T(N) scaling" in md
+    assert re.search(r"\| SM \d+/\d+ MHz, \d+/\d+ W, \d+ C", md), "no GPU state in the file table"
+    assert "lerobot_predict_rtc / vlaperf_in_lerobot_predict_rtc: the same two calls with LeRobot's real-time" in md
 
 
 def test_report_jobs_must_be_a_positive_count(capsys):

@@ -434,22 +434,23 @@ def test_gpu_state_parses_nvidia_smi_and_selects_the_gpu_by_uuid(monkeypatch, tm
     """The GPU's clocks, power and temperature come from nvidia-smi for the torch device's own
     GPU (by UUID: nvidia-smi numbers GPUs its own way), numbers as numbers, N/A as None."""
     import vlaperf.timing as T
+    from vlaperf.gpu_state import clock_event_names, describe_gpu_state, parse_gpu_state
 
     line = "GPU-5a1d, P0, 1980, 1980, 3201, 312.45, 700.00, 41, 0x0000000000000000"
-    assert T.parse_gpu_state(line) == {
+    assert parse_gpu_state(line) == {
         "uuid": "GPU-5a1d", "pstate": "P0", "sm_clock_mhz": 1980, "max_sm_clock_mhz": 1980, "mem_clock_mhz": 3201,
         "power_draw_w": 312.45, "power_limit_w": 700.0, "temperature_c": 41, "clock_event_reasons": "0x0000000000000000"}
-    assert T.parse_gpu_state(line.replace("312.45", "[N/A]"))["power_draw_w"] is None
-    assert type(T.parse_gpu_state(line)["sm_clock_mhz"]) is int  # a clock is written 1980, not 1980.0
-    assert T.parse_gpu_state(line.replace("0x0000000000000000", "[N/A]"))["clock_event_reasons"] is None
-    assert T.describe_gpu_state(T.parse_gpu_state(line)) == "SM 1980/1980 MHz, 312/700 W, 41 C"
-    assert T.describe_gpu_state(T.parse_gpu_state(line.replace("0x0000000000000000", "0x24"))) == \
+    assert parse_gpu_state(line.replace("312.45", "[N/A]"))["power_draw_w"] is None
+    assert type(parse_gpu_state(line)["sm_clock_mhz"]) is int  # a clock is written 1980, not 1980.0
+    assert parse_gpu_state(line.replace("0x0000000000000000", "[N/A]"))["clock_event_reasons"] is None
+    assert describe_gpu_state(parse_gpu_state(line)) == "SM 1980/1980 MHz, 312/700 W, 41 C"
+    assert describe_gpu_state(parse_gpu_state(line.replace("0x0000000000000000", "0x24"))) == \
         "SM 1980/1980 MHz, 312/700 W, 41 C, held by software power cap + software thermal slowdown"
-    assert T.clock_event_names("0x0000000000000005") == ["software power cap"]  # idle is not a hold
-    assert T.clock_event_names("0x60") == ["software thermal slowdown", "hardware thermal slowdown"]
-    assert T.clock_event_names("garbage") == [] and T.describe_gpu_state(None) == "-"
+    assert clock_event_names("0x0000000000000005") == ["software power cap"]  # idle is not a hold
+    assert clock_event_names("0x60") == ["software thermal slowdown", "hardware thermal slowdown"]
+    assert clock_event_names("garbage") == [] and describe_gpu_state(None) == "-"
     with pytest.raises(ValueError, match="9 fields"):
-        T.parse_gpu_state("GPU-5a1d, P0")
+        parse_gpu_state("GPU-5a1d, P0")
     # a fake nvidia-smi that logs its arguments
     log = tmp_path / "args.txt"
     smi = tmp_path / "nvidia-smi"

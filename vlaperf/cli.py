@@ -19,9 +19,10 @@ import os
 import re
 import sys
 
-import torch
-
 from vlaperf import __version__
+
+# torch is imported in the functions that build, run or measure a model, not here: `vlaperf report` reads result
+# files only, and its path (this module, vlaperf.profile.commands, the renderer) imports no torch.
 
 
 class CliError(Exception):
@@ -133,6 +134,8 @@ def png_file(text: str) -> str:
 
 
 def default_device() -> str:
+    import torch
+
     return "cuda" if torch.cuda.is_available() else "cpu"
 
 
@@ -338,6 +341,8 @@ def apply_compile_cache(args) -> None:
 
 def setup_device(args) -> torch.device:
     """What every model command does first: the compile caches (--compile-cache) and the device."""
+    import torch
+
     apply_compile_cache(args)
     device = torch.device(args.device or default_device())
     if device.type == "cuda" and not torch.cuda.is_available():
@@ -357,6 +362,8 @@ def note_size_on_cpu(model_class, config, device: torch.device, dtype: torch.dty
     """Before a full-size model is built on the CPU, say on stderr what the wait will be: its parameter count
     (counted on the meta device, nothing allocated), its weights' size against the memory this machine has
     available, and that the tiny workloads are the CPU's. Nothing for a small model or a GPU."""
+    import torch
+
     if device.type != "cpu":
         return
     with torch.device("meta"):
@@ -389,6 +396,8 @@ def available_memory_bytes() -> int | None:
 
 
 def setup(args):
+    import torch
+
     from vlaperf.models.pi0 import Pi0Model, build_model
     from vlaperf.workloads import WORKLOADS, get_workload
 
@@ -453,6 +462,8 @@ def result_header(command: str, base, workload, model, env: dict, levers: list[s
 
 
 def cmd_bench(args) -> int:
+    import torch
+
     from vlaperf.check import RTC_DELAY, check_equivalence, rtc_executed, rtc_guidance
     from vlaperf.engine import LeverError
     from vlaperf.inputs import random_noise, random_observation
@@ -658,7 +669,7 @@ def print_bench(result: dict) -> None:
     if result.get("released_reference_bytes"):
         line += f" with {result['released_reference_bytes'] / 1e9:.2f} GB of reference weights released (as served)"
     if result["env"].get("gpu_state"):
-        from vlaperf.timing import describe_gpu_state
+        from vlaperf.gpu_state import describe_gpu_state
 
         line += f"; GPU after the timed calls: {describe_gpu_state(result['env']['gpu_state'])}"
     console.print(line)
@@ -905,7 +916,8 @@ def cmd_matrix(args) -> int:
 # ----------------------------------------------------------------------------- main
 
 
-def build_parser() -> argparse.ArgumentParser:
+def _top_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
+    """`vlaperf` itself, its subcommands' parsers not yet added."""
     parser = argparse.ArgumentParser(
         prog="vlaperf", description="Fast, honestly measured inference for pi0-family policies.",
         epilog="`vlaperf <command> --help` lists a command's options. Exit codes: 0 ok; 1 a check failed (bench, "
@@ -915,7 +927,11 @@ def build_parser() -> argparse.ArgumentParser:
                "bench and breakdown --processes: the running process stopped too; 128 + N where one of their "
                "processes was ended by signal N).")
     parser.add_argument("--version", action="version", version=f"vlaperf {__version__}")
-    sub = parser.add_subparsers(dest="command", required=True)
+    return parser, parser.add_subparsers(dest="command", required=True)
+
+
+def build_parser() -> argparse.ArgumentParser:
+    parser, sub = _top_parser()
 
     p = sub.add_parser("bench", help="latency of one policy call (model or policy mode)")
     add_common(p)
@@ -1002,6 +1018,18 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
+def report_parser() -> argparse.ArgumentParser:
+    """`vlaperf` with the report command alone: main's parser for `vlaperf report ...`. The other commands' parsers
+    take choices from modules that import torch (the model presets, the compile modes, the RTC schedules), and a
+    report, which only reads result files, does not import it (a second or more; an analysis machine may have no
+    torch, or none with CUDA)."""
+    from vlaperf.profile.commands import add_report
+
+    parser, sub = _top_parser()
+    add_report(sub)
+    return parser
+
+
 def join_negative_values(argv: list[str]) -> list[str]:
     """`--steps -1,2` -> `--steps=-1,2`: argparse takes a value that starts with '-' for an option unless it is one
     plain negative number, so a list like "-1,2" got "expected one argument" instead of the option's own message
@@ -1020,8 +1048,8 @@ STOPPED_BY_SIGTERM = 128 + 15
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = build_parser()
     typed = join_negative_values(sys.argv[1:] if argv is None else list(argv))
+    parser = report_parser() if typed[:1] == ["report"] else build_parser()
     args = parser.parse_args(typed)
     args.argv = typed  # as typed: `bench --processes N` runs the same command again in fresh processes
     try:
@@ -1070,7 +1098,8 @@ def resolve_hub_paths(args) -> None:
 
 def is_out_of_memory(e: BaseException) -> bool:
     """A failed allocation: torch.OutOfMemoryError on a GPU, the CPU allocator's RuntimeError on the host."""
-    return isinstance(e, torch.OutOfMemoryError) or "can't allocate memory" in str(e)
+    torch = sys.modules.get("torch")  # not imported (`vlaperf report`): no torch allocation failed, none is imported
+    return (torch is not None and isinstance(e, torch.OutOfMemoryError)) or "can't allocate memory" in str(e)
 
 
 if __name__ == "__main__":

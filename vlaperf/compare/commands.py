@@ -262,7 +262,7 @@ def print_compare(compared: dict, timing: dict | None, workload_id: str) -> None
                       f"call {acc['first_call_s']['vlaperf_in_lerobot_predict']:.2f} s, check included. LeRobot's "
                       f"predict against its core on the same observation: rel L2 {core['rel_l2']:.3g}")
         if acc.get("rtc"):
-            from vlaperf.compare.lerobot import describe_rtc
+            from vlaperf.report.render import describe_rtc
 
             console.print(f"With {describe_rtc(acc['rtc'])}")
     lc = timing["lerobot_compile"]

@@ -574,16 +574,6 @@ def _rtc_config_class():
     return RTCConfig
 
 
-def describe_rtc(rtc: dict) -> str:
-    """One sentence on `time_lerobot(rtc=True)`'s RTC rows (result["accelerated"]["rtc"]), for the CLI and the report."""
-    m = rtc["vs_lerobot_predict_rtc"]
-    return (f"LeRobot's real-time chunking on ({rtc['schedule']} schedule, max guidance weight "
-            f"{rtc['max_guidance_weight']:g}, execution horizon {rtc['execution_horizon']}) with a {rtc['leftover_len']}-"
-            f"action leftover of the previous chunk given with delay {rtc['inference_delay']}: rel L2 {m['rel_l2']:.2e} "
-            f"from LeRobot's own guided call ({'passed' if m['passed'] else 'FAILED'}, tolerance {m['tolerance']:.0e}); "
-            f"the guidance moved LeRobot's chunk by rel L2 {rtc['guidance_moves']:.2e}")
-
-
 def _predict_variants(run: LeRobotRun, fns: dict, rtc: bool = False) -> dict:
     """Add LeRobot's `predict_action_chunk` as shipped and accelerated to `fns` (and with RTC guidance: `rtc`);
     their first calls and distances."""
@@ -662,5 +652,5 @@ def _predict_variants(run: LeRobotRun, fns: dict, rtc: bool = False) -> dict:
 
 __all__ = ["LEROBOT_MISSING", "LeRobotUnavailable", "Reduced", "LeRobotRun", "import_lerobot", "lerobot_available",
            "matching_config", "build_lerobot", "randomize_lerobot_", "vlaperf_from_lerobot", "load_into_lerobot_",
-           "compare_lerobot", "time_lerobot", "describe_rtc", "run_lerobot", "predict_batch", "set_predict_features", "lerobot_model_config",
-           "policy_dtype"]
+           "compare_lerobot", "time_lerobot", "run_lerobot", "predict_batch", "set_predict_features",
+           "lerobot_model_config", "policy_dtype"]

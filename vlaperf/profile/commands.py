@@ -20,8 +20,6 @@ import argparse
 import sys
 from pathlib import Path
 
-import torch
-
 from vlaperf.cli import (CliError, add_common, add_idle_spin, add_processes, apply_compile_cache, idle_ms_arg,
                          levers_arg, make_engine, non_negative_int, number_arg, output_file, path_arg, png_file,
                          positive_int, refuse_repeated_variants, refuse_spin_without_idle, result_header,
@@ -268,6 +266,8 @@ def cmd_syncs(args) -> int:
 
 
 def _report_syncs(args, fn, device, expected: int, header) -> int:
+    import torch
+
     from vlaperf.profile.syncs import count_syncs, format_syncs
 
     treat = {"auto": None, "yes": True, "no": False}[args.treat_as_device]
@@ -289,6 +289,7 @@ def _report_syncs(args, fn, device, expected: int, header) -> int:
 
 
 def cmd_doctor(args) -> int:
+    import torch
     from rich.table import Table
 
     from vlaperf.profile.doctor import doctor, exit_code
@@ -520,15 +521,7 @@ def register(subparsers) -> None:
     p.add_argument("--no-measure", action="store_true", help="skip the cost measurements")
     p.set_defaults(func=cmd_doctor)
 
-    p = subparsers.add_parser("report", help="render result files into an HTML or markdown report")
-    p.add_argument("paths", nargs="+",
-                   help="result JSON files, or folders: each folder's *.json (not its subfolders, where traces and logs live)")
-    p.add_argument("-o", "--output", type=output_file, default="report.html", help="report.html (self-contained) or report.md "
-                   "(default: report.html)")
-    p.add_argument("--jobs", type=positive_int, default=None,
-                   help="processes that draw the figures (default: this machine's cores, at most 8; 1 draws them here). "
-                        "The report is the same whatever the number")
-    p.set_defaults(func=cmd_report)
+    add_report(subparsers)
 
     p = subparsers.add_parser("diff", help="two bench (or breakdown) files of one workload, before and after a change: "
                                            "the change and whether it is beyond the process spread")
@@ -542,3 +535,16 @@ def register(subparsers) -> None:
                    help="compare files of different workloads, modes, dtypes, GPUs or (breakdown) idles before each "
                         "call (with a warning)")
     p.set_defaults(func=cmd_diff)
+
+
+def add_report(subparsers) -> None:
+    """Add report to `vlaperf`'s subparsers (register does; vlaperf.cli.report_parser adds it alone)."""
+    p = subparsers.add_parser("report", help="render result files into an HTML or markdown report")
+    p.add_argument("paths", nargs="+", help="result JSON files, or folders: each folder's *.json (not its subfolders, "
+                                            "where traces and logs live)")
+    p.add_argument("-o", "--output", type=output_file, default="report.html",
+                   help="report.html (self-contained) or report.md (default: report.html)")
+    p.add_argument("--jobs", type=positive_int, default=None,
+                   help="processes that draw the figures (default: this machine's cores, at most 8; 1 draws them "
+                        "here). The report is the same whatever the number")
+    p.set_defaults(func=cmd_report)

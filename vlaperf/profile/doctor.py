@@ -34,7 +34,8 @@ from typing import Any
 
 import torch
 
-from vlaperf.timing import CLOCK_EVENT_REASONS, behaviour_env_vars, cpu_power, device_uuid
+from vlaperf.gpu_state import CLOCK_EVENT_REASONS
+from vlaperf.timing import behaviour_env_vars, cpu_power, device_uuid
 
 SEVERITIES = ("error", "warning", "info")
 

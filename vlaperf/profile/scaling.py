@@ -15,46 +15,17 @@ rotating order, synced before and after each call), so drift hits every point al
 
 from __future__ import annotations
 
-import math
-from pathlib import Path
 from typing import Any, Callable, Sequence
 
 import torch
 
 from vlaperf.models.pi0 import MAX_NUM_STEPS as MAX_STEP_COUNT  # sample_actions' own bound
+# the fit and the plot live in a torch-free module (`vlaperf report` draws T(N) with them); the names stay here too,
+# where docs/profiling.md's Python API imports them
+from vlaperf.profile.scaling_fit import describe_fit, fit_linear, plot_scaling, poor_fit  # noqa: F401
 from vlaperf.timing import interleaved
 
 DEFAULT_STEPS = (1, 2, 5, 10, 20)
-
-
-def fit_linear(ns: Sequence[float], times: Sequence[float]) -> dict[str, float]:
-    """Least-squares line times = intercept + slope * n, and its r^2.
-
-    Closed form on centred data (exact for points on a line, up to float rounding).
-    r^2 = 1 - SS_res / SS_tot; with all times equal it is 1.0 for a perfect fit, else 0.0.
-    """
-    n = len(ns)
-    if n != len(times):
-        raise ValueError(f"fit_linear: {n} x values but {len(times)} times")
-    if n < 2 or len(set(float(x) for x in ns)) < 2:
-        raise ValueError("fit_linear: need at least two distinct x values")
-    xs, ys = [float(x) for x in ns], [float(y) for y in times]
-    if min(ys) == max(ys):
-        # A flat line, said exactly: the float mean of equal values can sit an ulp off them (three 0.1s average to
-        # 0.10000000000000002), and SS_res / SS_tot of those ulps made a flat T(N) a "poor fit" with r^2 0.
-        return {"intercept": ys[0], "slope": 0.0, "r2": 1.0}
-    mx, my = math.fsum(xs) / n, math.fsum(ys) / n
-    sxx = math.fsum((x - mx) ** 2 for x in xs)
-    sxy = math.fsum((x - mx) * (y - my) for x, y in zip(xs, ys))
-    slope = sxy / sxx
-    intercept = my - slope * mx
-    ss_res = math.fsum((y - (intercept + slope * x)) ** 2 for x, y in zip(xs, ys))
-    ss_tot = math.fsum((y - my) ** 2 for y in ys)
-    if ss_tot == 0.0:
-        r2 = 1.0 if ss_res == 0.0 else 0.0
-    else:
-        r2 = 1.0 - ss_res / ss_tot
-    return {"intercept": intercept, "slope": slope, "r2": r2}
 
 
 def _as_sample_fn(source) -> tuple[Callable, Any, torch.device | None]:
@@ -193,60 +164,3 @@ def scaling(sources, workload, steps: Sequence[int] = DEFAULT_STEPS, warmup: int
         "steps": steps, "warmup": max(warmup, 1), "iters": iters, "interleaved": True, "mode": mode,
         "timer": "wall clock, synced (median per N)", "series": series, "fit": series[0]["fit"],
     }
-
-
-def poor_fit(fit: dict[str, float]) -> bool:
-    """Noise or a non-linear T(N): the line's a and b mean little (the CLI's table and the report both say so)."""
-    return fit["r2"] < 0.95 or fit["intercept"] < 0
-
-
-def describe_fit(fit: dict[str, float], points: int | None = None) -> str:
-    """The fitted line and its r^2; fitted to `points` T(N), where two say so instead of the r^2 (1 whatever T(N)
-    does: one line passes through any two points, so it is no evidence of a line)."""
-    text = f"T(N) = {fit['intercept']:.3f} + {fit['slope']:.3f}*N ms"
-    text += " (2 points: a line fits any two, so no r^2; 3 or more --steps test it)" if points == 2 \
-        else f" (r^2 {fit['r2']:.4f})"
-    if poor_fit(fit):  # says which test failed: with 2 points the r^2 is 1, and only the intercept can be at fault
-        why = "a negative fixed cost a" if fit["r2"] >= 0.95 else "not a line"
-        text += f" (poor fit: {why}; more --iters or a quieter machine)"
-    return text
-
-
-def plot_scaling(result: dict[str, Any], path: str | Path | None = None, title: str | None = None):
-    """Points (median, p95 whisker) and the fitted line per series. Writes a PNG when
-    `path` is given; returns the matplotlib Figure. `result` is scaling()'s return value
-    or a result file holding it under "scaling"."""
-    from matplotlib.figure import Figure
-
-    from vlaperf.report.render import short_variant
-
-    data = result.get("scaling", result)
-    fig = Figure(figsize=(6.4, 4.2 + 0.25 * len(data["series"])), dpi=110, layout="constrained")
-    ax = fig.add_subplot(1, 1, 1)
-    colors = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b"]
-    ns_all = [p["steps"] for s in data["series"] for p in s["points"]]
-    x_line = [0, max(ns_all) * 1.05]
-    for i, s in enumerate(data["series"]):
-        c = colors[i % len(colors)]
-        ns = [p["steps"] for p in s["points"]]
-        med = [p["median_ms"] for p in s["points"]]
-        up = [max(p["p95_ms"] - p["median_ms"], 0.0) for p in s["points"]]
-        ax.errorbar(ns, med, yerr=[[0.0] * len(up), up], fmt="o", color=c, capsize=3)
-        f = s["fit"]
-        name = short_variant(s["label"])
-        name = name if len(name) <= 64 else name[:63] + "\u2026"
-        ax.plot(x_line, [f["intercept"] + f["slope"] * x for x in x_line], "-", color=c, alpha=0.8,
-                label=f"{name}: {f['intercept']:.2f} + {f['slope']:.3f}*N ms "
-                      + ("(2 points)" if len(ns) == 2 else f"(r²={f['r2']:.3f})"))
-    ax.set_xlabel("denoise steps N")
-    ax.set_ylabel("latency per call, median ms (whisker: p95)")
-    ax.set_xlim(left=0)
-    ax.set_ylim(bottom=0)
-    ax.grid(alpha=0.3)
-    # below the axes: inside, long variant names squeezed the plot and hid the whiskers
-    fig.legend(fontsize=8, loc="outside lower center")
-    ax.set_title(title or "T(N) = a + b*N", fontsize=10)
-    if path is not None:
-        Path(path).parent.mkdir(parents=True, exist_ok=True)
-        fig.savefig(str(path), format="png")
-    return fig

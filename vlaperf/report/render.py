@@ -358,7 +358,7 @@ def _on_device(r: dict) -> str:
 
 def _gpu_state(r: dict) -> str:
     """The GPU's clocks, power and temperature when the record was taken (newer files only)."""
-    from vlaperf.timing import describe_gpu_state
+    from vlaperf.gpu_state import describe_gpu_state
 
     return describe_gpu_state((r.get("env") or {}).get("gpu_state"))
 
@@ -924,7 +924,7 @@ def _breakdown(doc: _Doc, path: str, r: dict) -> None:
 
 
 def _scaling(doc: _Doc, path: str, r: dict) -> None:
-    from vlaperf.profile.scaling import plot_scaling, poor_fit
+    from vlaperf.profile.scaling_fit import plot_scaling, poor_fit
 
     sc = r["scaling"]
     doc.h(3, f"scaling: {workload_label(r)} on {_gpu(r)}, {r.get('mode') or '-'} mode")
@@ -1065,6 +1065,18 @@ def _rollout(doc: _Doc, path: str, r: dict) -> None:
           "no simulator or robot, the actions are applied to nothing)"), "note")
 
 
+def describe_rtc(rtc: dict) -> str:
+    """One sentence on `time_lerobot(rtc=True)`'s RTC rows (result["accelerated"]["rtc"]), for the CLI and the report.
+    Here, not in vlaperf.compare.lerobot: that module imports torch, and a report does not."""
+    m = rtc["vs_lerobot_predict_rtc"]
+    return (f"LeRobot's real-time chunking on ({rtc['schedule']} schedule, max guidance weight "
+            f"{rtc['max_guidance_weight']:g}, execution horizon {rtc['execution_horizon']}) with a "
+            f"{rtc['leftover_len']}-action leftover of the previous chunk given with delay {rtc['inference_delay']}: "
+            f"rel L2 {m['rel_l2']:.2e} from LeRobot's own guided call ({'passed' if m['passed'] else 'FAILED'}, "
+            f"tolerance {m['tolerance']:.0e}); the guidance moved LeRobot's chunk by rel L2 "
+            f"{rtc['guidance_moves']:.2e}")
+
+
 def _compare(doc: _Doc, path: str, r: dict) -> None:
     c, t = r["compare"], r.get("timing") or {}
     doc.h(3, f"compare: {workload_label(r)} vs {c['against']} {c.get('lerobot_version', '')} "
@@ -1093,8 +1105,6 @@ def _compare(doc: _Doc, path: str, r: dict) -> None:
               + ", ".join(f"rel L2 {c['rel_l2']:.2e} ({'passed' if c['passed'] else 'FAILED'})" for c in checks)
               + f"; first call {acc['first_call_s']['vlaperf_in_lerobot_predict']:.2f} s, the check included.", "note")
         if acc.get("rtc"):
-            from vlaperf.compare.lerobot import describe_rtc
-
             doc.p(f"lerobot_predict_rtc / vlaperf_in_lerobot_predict_rtc: the same two calls with "
                   f"{describe_rtc(acc['rtc'])}.", "note")
     fig, axes = _figure(6.0, 0.9 + 0.45 * len(summary))
@@ -1883,7 +1893,8 @@ def _render_units(units: list[tuple[str, list]], names: dict[str, str],
     from concurrent.futures import ProcessPoolExecutor
     from concurrent.futures.process import BrokenProcessPool
 
-    try:  # spawned, not forked: the CLI's process has torch loaded, and a fork would copy its threads' state
+    try:  # spawned, not forked: a Python caller's process may have torch loaded (`vlaperf report` does not), and a
+        # fork would copy its threads' state
         with ProcessPoolExecutor(max_workers=min(jobs, len(units)), mp_context=multiprocessing.get_context("spawn")) as pool:
             return list(pool.map(_render_unit, *zip(*args)))
     except (OSError, BrokenProcessPool):  # no worker processes to be had (a process limit, a killed worker): draw here
