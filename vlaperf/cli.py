@@ -18,11 +18,14 @@ import math
 import os
 import re
 import sys
+from typing import TYPE_CHECKING
 
 from vlaperf import __version__
 
 # torch is imported in the functions that build, run or measure a model, not here: `vlaperf report` reads result
 # files only, and its path (this module, vlaperf.profile.commands, the renderer) imports no torch.
+if TYPE_CHECKING:  # the annotations' names only
+    import torch
 
 
 class CliError(Exception):
