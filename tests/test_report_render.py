@@ -538,6 +538,34 @@ def test_a_report_imports_no_torch(tmp_path):
     assert "lerobot_predict_rtc / vlaperf_in_lerobot_predict_rtc: the same two calls with LeRobot's real-time" in md
 
 
+def test_a_diff_imports_no_torch():
+    """`vlaperf diff` reads two result files only, as a report does: from the CLI, two bench files of `--processes`
+    (the process medians) and two breakdowns (the stage table) are compared with no torch imported."""
+    import subprocess
+    import sys
+
+    results = H200.parent
+    pairs = [(results / "h100" / "bench_libero-pi0_best-s55-4proc_model.json",
+              results / "h100" / "bench_libero-pi0_best-s57-4proc_model.json"),
+             (H200 / "breakdown_libero-pi0_best-s25.json", H200 / "breakdown_libero-pi0_best-s30.json")]
+    code = ("import sys\n"
+            "from vlaperf.cli import main\n"
+            f"codes = [main(['diff', before, after]) for before, after in {[(str(a), str(b)) for a, b in pairs]!r}]\n"
+            "print(codes, 'torch' in sys.modules)")
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.splitlines()[-1] == "[0, 0] False", done.stdout[-2000:]  # both compared, no torch imported
+    # both files' sections were compared, not refused: the test covers them
+    assert "process medians, ms: before" in done.stdout and "stages: each stage's median" in done.stdout
+
+
+def test_the_file_only_commands_each_have_a_no_torch_test():
+    """main parses these commands without the torch-importing parsers: each is checked above in a fresh process."""
+    from vlaperf.profile.commands import FILE_COMMANDS
+
+    assert list(FILE_COMMANDS) == ["report", "diff"], "a new file-only command needs a test that it imports no torch"
+
+
 def test_report_jobs_must_be_a_positive_count(capsys):
     from vlaperf.cli import main
 

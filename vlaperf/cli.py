@@ -22,8 +22,8 @@ from typing import TYPE_CHECKING
 
 from vlaperf import __version__
 
-# torch is imported in the functions that build, run or measure a model, not here: `vlaperf report` reads result
-# files only, and its path (this module, vlaperf.profile.commands, the renderer) imports no torch.
+# torch is imported in the functions that build, run or measure a model, not here: `vlaperf report` and `vlaperf diff`
+# read result files only, and their path (this module, vlaperf.profile.commands, the renderer) imports no torch.
 if TYPE_CHECKING:  # the annotations' names only
     import torch
 
@@ -1021,15 +1021,15 @@ def build_parser() -> argparse.ArgumentParser:
     return parser
 
 
-def report_parser() -> argparse.ArgumentParser:
-    """`vlaperf` with the report command alone: main's parser for `vlaperf report ...`. The other commands' parsers
-    take choices from modules that import torch (the model presets, the compile modes, the RTC schedules), and a
-    report, which only reads result files, does not import it (a second or more; an analysis machine may have no
-    torch, or none with CUDA)."""
-    from vlaperf.profile.commands import add_report
+def file_command_parser(command: str) -> argparse.ArgumentParser:
+    """`vlaperf` with `command` alone, one of the commands that only read result files (report, diff:
+    vlaperf.profile.commands.FILE_COMMANDS): main's parser for `vlaperf <command> ...`. The other commands' parsers
+    take choices from modules that import torch (the model presets, the compile modes, the RTC schedules), and these
+    commands do not import it (a second or more; an analysis machine may have no torch, or none with CUDA)."""
+    from vlaperf.profile.commands import FILE_COMMANDS
 
     parser, sub = _top_parser()
-    add_report(sub)
+    FILE_COMMANDS[command](sub)
     return parser
 
 
@@ -1051,8 +1051,10 @@ STOPPED_BY_SIGTERM = 128 + 15
 
 
 def main(argv: list[str] | None = None) -> int:
+    from vlaperf.profile.commands import FILE_COMMANDS  # which commands only read files (a torch-free import)
+
     typed = join_negative_values(sys.argv[1:] if argv is None else list(argv))
-    parser = report_parser() if typed[:1] == ["report"] else build_parser()
+    parser = file_command_parser(typed[0]) if typed and typed[0] in FILE_COMMANDS else build_parser()
     args = parser.parse_args(typed)
     args.argv = typed  # as typed: `bench --processes N` runs the same command again in fresh processes
     try:
@@ -1101,7 +1103,7 @@ def resolve_hub_paths(args) -> None:
 
 def is_out_of_memory(e: BaseException) -> bool:
     """A failed allocation: torch.OutOfMemoryError on a GPU, the CPU allocator's RuntimeError on the host."""
-    torch = sys.modules.get("torch")  # not imported (`vlaperf report`): no torch allocation failed, none is imported
+    torch = sys.modules.get("torch")  # not imported (report, diff): no torch allocation failed
     return (torch is not None and isinstance(e, torch.OutOfMemoryError)) or "can't allocate memory" in str(e)
 
 

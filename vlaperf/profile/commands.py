@@ -1,7 +1,9 @@
 """CLI subcommands of the profiler: breakdown, scaling, syncs, doctor, report, diff.
 
-`register(subparsers)` adds them to `vlaperf`'s parser (vlaperf.cli.build_parser);
-`main(argv)` runs them on their own (`python -m vlaperf.profile.commands breakdown ...`).
+`register(subparsers)` adds them to `vlaperf`'s parser (vlaperf.cli.build_parser). They run through `vlaperf`
+(vlaperf.cli.main, also `python -m vlaperf.cli`); this module has no entry point of its own. FILE_COMMANDS names
+those that only read result files (report, diff): main parses them with a parser of that command alone, so that
+they import no torch.
 
     vlaperf breakdown --workload libero-pi0 [--levers ...] [--mode model|policy] [--trace t.json]
     vlaperf scaling   --workload libero-pi0 --steps 1,2,5,10,20 --levers "reference;for_loop" --plot tn.png
@@ -11,7 +13,8 @@
     vlaperf diff      before.json after.json [--max-slowdown PCT]
 
 Exit codes: 0 ok; 2 bad arguments or setup (argparse, or CliError from vlaperf.cli);
-doctor: 1 when any finding has severity "error" (so CI can gate on the environment).
+doctor: 1 when any finding has severity "error" (so CI can gate on the environment);
+diff: 1 when the wall-clock median is more than --max-slowdown percent slower.
 """
 
 from __future__ import annotations
@@ -521,8 +524,12 @@ def register(subparsers) -> None:
     p.add_argument("--no-measure", action="store_true", help="skip the cost measurements")
     p.set_defaults(func=cmd_doctor)
 
-    add_report(subparsers)
+    for add in FILE_COMMANDS.values():  # report, diff
+        add(subparsers)
 
+
+def add_diff(subparsers) -> None:
+    """Add diff to `vlaperf`'s subparsers (register does; vlaperf.cli.file_command_parser adds it alone)."""
     p = subparsers.add_parser("diff", help="two bench (or breakdown) files of one workload, before and after a change: "
                                            "the change and whether it is beyond the process spread")
     p.add_argument("before", type=path_arg, help="the bench or breakdown result file before the change")
@@ -538,7 +545,7 @@ def register(subparsers) -> None:
 
 
 def add_report(subparsers) -> None:
-    """Add report to `vlaperf`'s subparsers (register does; vlaperf.cli.report_parser adds it alone)."""
+    """Add report to `vlaperf`'s subparsers (register does; vlaperf.cli.file_command_parser adds it alone)."""
     p = subparsers.add_parser("report", help="render result files into an HTML or markdown report")
     p.add_argument("paths", nargs="+", help="result JSON files, or folders: each folder's *.json (not its subfolders, "
                                             "where traces and logs live)")
@@ -548,3 +555,10 @@ def add_report(subparsers) -> None:
                    help="processes that draw the figures (default: this machine's cores, at most 8; 1 draws them "
                         "here). The report is the same whatever the number")
     p.set_defaults(func=cmd_report)
+
+
+# The commands that only read result files, each with the function that adds its parser, in the order `vlaperf --help`
+# lists them. register adds them beside the others; vlaperf.cli.main parses `vlaperf <one of them> ...` with a parser
+# of that command alone (file_command_parser), since the other commands' parsers import torch. A command added here
+# must import no torch on its own path either (tests/test_report_render.py runs each in a fresh process).
+FILE_COMMANDS = {"report": add_report, "diff": add_diff}
