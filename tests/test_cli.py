@@ -190,7 +190,7 @@ def test_bench_release_reference_records_the_freed_bytes(tmp_path, capsys):
         (["--levers", ""], "argument --levers: expected 'reference', a preset or a comma list of levers, got an empty "
                            "string"),  # it ran the reference without a word
         (["--steps", "1000000"], "argument --steps: expected an integer >= 1 and <= 1000, got 1000000"),
-        (["--idle-ms", "0"], "argument --idle-ms: expected a number > 0 and <= 10000, got 0.0"),
+        (["--idle-ms", "0"], "argument --idle-ms: expected a number > 0 and <= 10000, got 0"),
         (["--idle-ms", "nan"], "argument --idle-ms: expected a number > 0 and <= 10000, got nan"),
     ],
 )
@@ -1067,7 +1067,7 @@ def test_argument_types_take_their_bounds_and_refuse_what_is_past_them(tmp_path)
     for parse, text, value in accepted:
         assert parse(text) == value, (parse, text)
     refused = [(cli.steps_int, "1001", "expected an integer >= 1 and <= 1000, got 1001"),
-               (cli.positive_float, "0", "expected a number > 0, got 0.0"),
+               (cli.positive_float, "0", "expected a number > 0, got 0"),
                (cli.non_negative_float, "inf", "expected a finite number >= 0, got 'inf'"),
                (cli.positive_float, "-inf", "expected a number > 0, got -inf"),
                (cli.horizon_int, "257", "expected an integer >= 1 and <= 256, got 257"),
@@ -1083,6 +1083,33 @@ def test_argument_types_take_their_bounds_and_refuse_what_is_past_them(tmp_path)
         with pytest.raises(argparse.ArgumentTypeError) as e:
             parse(text)
         assert message in str(e.value), (text, str(e.value))
+
+
+def test_number_errors_show_the_numbers_readably_and_never_rounded_into_the_bound():
+    """A float in the range message is written as `:g` writes it where that reads back as the same float (2e+13, not
+    20000000000000.0; 1000, not 1000.0), else in just enough digits to read back as it: a refused value just below
+    1/1024 is not shown as the bound (`:g` writes both as 0.000976562)."""
+    import argparse
+    import math
+
+    from vlaperf import cli
+
+    message_mb = cli.number_arg(float, 1 / 1024, maximum=4096.0)
+    below = math.nextafter(1 / 1024, 0)
+    cases = [(message_mb, "2e13", "expected a number >= 0.0009765625 and <= 4096, got 2e+13"),
+             (message_mb, repr(below), "expected a number >= 0.0009765625 and <= 4096, got 0.0009765624999999999"),
+             (message_mb, "0.000976562499", "expected a number >= 0.0009765625 and <= 4096, got 0.000976562499"),
+             (cli.number_arg(float, 0, strict=True, maximum=1000.0), "5000",
+              "expected a number > 0 and <= 1000, got 5000"),
+             (cli.positive_float, "-0.5", "expected a number > 0, got -0.5"),
+             (cli.seed_int, str(2**63), "expected an integer >= 0 and <= 9223372036854775807, got 9223372036854775808")]
+    for parse, text, message in cases:
+        with pytest.raises(argparse.ArgumentTypeError) as e:
+            parse(text)
+        assert str(e.value) == message, (text, str(e.value))
+    assert message_mb(repr(1 / 1024)) == 1 / 1024  # the bound as shown is accepted
+    for x in (1 / 3, 0.1, 123456789.0, 1e-300, 2.0**63, below):  # any float: read back as itself
+        assert float(cli.exact_number(x)) == x
 
 
 def test_bench_none_is_the_reference_and_no_check_is_recorded(tmp_path, capsys):
@@ -1128,7 +1155,7 @@ def test_check_runs_the_seeds_asked_for(tmp_path):
     (["--workload", "tiny", "--mode", "forward"], "error: --mode forward: only for the world-action workloads"),
     (["--workload", "wam-tiny", "--video-steps", "1001"],
      "argument --video-steps: expected an integer >= 1 and <= 1000, got 1001"),
-    (["--workload", "wam-tiny", "--cfg-scale", "-1"], "argument --cfg-scale: expected a number >= 0, got -1.0"),
+    (["--workload", "wam-tiny", "--cfg-scale", "-1"], "argument --cfg-scale: expected a number >= 0, got -1"),
 ])
 def test_world_action_settings_are_refused_where_they_do_nothing(args, message, capsys):
     assert run_cli(["bench", "--device", "cpu", "--warmup", "0", "--iters", "1", "--no-progress", *args]) == 2

@@ -59,7 +59,7 @@ def test_breakdown_command_idle_ms(tmp_path, capsys):
     with pytest.raises(SystemExit) as exited:  # argparse's exit
         main(["breakdown", *COMMON, "--idle-ms", "-1"])
     assert exited.value.code == 2
-    assert "argument --idle-ms: expected a number > 0 and <= 10000, got -1.0" in capsys.readouterr().err
+    assert "argument --idle-ms: expected a number > 0 and <= 10000, got -1" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("command", ["scaling", "matrix", "compare"])

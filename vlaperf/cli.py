@@ -49,14 +49,28 @@ def refuse_repeated_variants(specs: list[str], names, flag: str, device) -> None
         seen[key] = spec
 
 
+def exact_number(x: int | float) -> str:
+    """`x` as an error message shows it: an int whole, a float in the fewest significant digits (6 at least, as `:g`)
+    that read back as the same float, so 2e13 is 2e+13 and 1000.0 is 1000 (not 20000000000000.0 and 1000.0), and
+    1/1024 is 0.0009765625. Never rounded to another float: a value refused against a float bound is never shown
+    equal to it, or on its other side (as `:g` alone would show 1/1024 - 1e-12 against 1/1024: both 0.000976562)."""
+    if not isinstance(x, float):
+        return str(x)
+    for digits in range(6, 18):  # 17 significant digits read back as the same float, any finite one
+        text = f"{x:.{digits}g}"
+        if float(text) == x:
+            return text
+    return str(x)  # nan, which equals nothing
+
+
 def number_arg(kind: type = int, minimum: float = 1, strict: bool = False, maximum: float | None = None,
                note: str = ""):
     """An argparse type: `kind` (int or float) at least `minimum` (above it if `strict`) and at
-    most `maximum`, with an error that says what was expected and what came; `note`, said after the bounds,
-    what they mean (a unit, or why that minimum)."""
+    most `maximum`, with an error that says what was expected and what came (the numbers by exact_number); `note`,
+    said after the bounds, what they mean (a unit, or why that minimum)."""
     what = "an integer" if kind is int else "a number"
-    bound = f"{'>' if strict else '>='} {minimum}" + ("" if maximum is None else f" and <= {maximum}") \
-        + (f" ({note})" if note else "")
+    bound = f"{'>' if strict else '>='} {exact_number(minimum)}" \
+        + ("" if maximum is None else f" and <= {exact_number(maximum)}") + (f" ({note})" if note else "")
 
     def parse(text: str):
         try:
@@ -64,7 +78,7 @@ def number_arg(kind: type = int, minimum: float = 1, strict: bool = False, maxim
         except ValueError:
             raise argparse.ArgumentTypeError(f"expected {what} {bound}, got {text!r}") from None
         if not (value > minimum if strict else value >= minimum) or (maximum is not None and value > maximum):
-            raise argparse.ArgumentTypeError(f"expected {what} {bound}, got {value}")
+            raise argparse.ArgumentTypeError(f"expected {what} {bound}, got {exact_number(value)}")
         if kind is float and not math.isfinite(value):  # inf passes the bounds above; no option means it
             raise argparse.ArgumentTypeError(f"expected a finite number {bound}, got {text!r}")
         return value
