@@ -12,7 +12,7 @@ from pathlib import Path
 
 import pytest
 
-from vlaperf.hub import HubError, HubRef, origin, parse, resolve
+from vlaperf.hub import HubError, HubRef, origin, parse, resolve, written_revision
 
 COMMIT = "0123456789abcdef0123456789abcdef01234567"
 
@@ -59,6 +59,15 @@ def test_a_branch_whose_name_holds_a_slash_is_written_percent_encoded():
                 "hf://o/n@.", "hf://o/n@..%2F..%2Fx", "hf://o/n@a%2F..%2F..", "hf://o/n@%2E%2E"):
         with pytest.raises(HubError, match=r"a \"/\" in it written %2F"):
             parse(bad)
+
+
+def test_a_revision_is_written_as_a_reference_writes_it():
+    """The fetch log's revision reads back as the same one: a branch's "/" as %2F (and "%" as %25, which parse
+    decodes), the Hub's refs/pr/<n> as it is."""
+    for revision, written in (("feature/x", "feature%2Fx"), ("refs/pr/1", "refs/pr/1"), ("v1.0", "v1.0"),
+                              ("50%off/a", "50%25off%2Fa"), ("refs/a/b/c", "refs%2Fa%2Fb%2Fc"), (COMMIT, COMMIT)):
+        assert written_revision(revision) == written
+        assert parse(f"hf://o/n@{written}/path") == HubRef("o/n", revision, "path", explicit=True)
 
 
 def test_a_local_path_wins_over_a_repo_of_that_name(tmp_path, monkeypatch):
@@ -201,7 +210,8 @@ def test_a_branch_whose_name_holds_a_slash_reads_its_commit(lerobot_repo):
                          timeout=120)
     assert run.returncode == 0, run.stderr
     assert json.loads(run.stdout) == [str(stats), str(stats.parent)]
-    assert "from the Hugging Face Hub repo acme/pi0_tiny@feature/x" in run.stderr
+    # as the reference writes it (feature/x would be branch "feature" and path "x")
+    assert "from the Hugging Face Hub repo acme/pi0_tiny@feature%2Fx (files" in run.stderr
 
 
 def test_bench_and_convert_read_a_hub_checkpoint(lerobot_repo, tmp_path):

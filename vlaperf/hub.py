@@ -86,6 +86,15 @@ def parse(text: str) -> HubRef | None:
     return None
 
 
+def written_revision(revision: str) -> str:
+    """`revision` as an hf:// reference writes it, which parse reads back as the same revision (a log line can be
+    pasted back): the Hub's refs/<kind>/<name> as they are, any other "/" (branch feature/x) as %2F, and a "%" as %25,
+    since parse decodes it."""
+    if len(revision.split("/")) == 3 and revision.startswith("refs/"):
+        return revision
+    return revision.replace("%", "%25").replace("/", "%2F")
+
+
 def resolve(text: str | None, option: str) -> str | None:
     """The local path `option` should read for `text`: `text` itself where it is a local path (found or not, so
     that the option's own error names it), else the Hub file or folder fetched into the cache. HubError says why a
@@ -111,7 +120,8 @@ def fetch(ref: HubRef, option: str, text: str) -> Path:
     """Fetch what `option` reads of `ref` into the Hub's cache; the local file or folder."""
     wanted = WANTED[option]
     print(f"vlaperf: {option} {text}: {', '.join(wanted) if ref.path is None else ref.path} from the Hugging Face "
-          f"Hub repo {ref.repo}{'@' + ref.revision if ref.revision else ''} (files in its cache are reused)",
+          f"Hub repo {ref.repo}{'@' + written_revision(ref.revision) if ref.revision else ''} (files in its cache "
+          "are reused)",
           file=sys.stderr, flush=True)
     try:
         local = _download(ref, option, text)
