@@ -445,3 +445,102 @@ def test_a_0_dim_integer_device_tensor_in_an_index_is_a_host_read():
         x[1, 2]
         x[x.shape[0] - 1]
     assert mode.events == []
+
+
+def test_a_device_tensor_where_an_op_takes_a_number_is_a_host_read():
+    """x.select(0, n), x.topk(n), torch.cat(xs, dim=n), F.pad(x, (0, n)), x.add(y, alpha=v), ... with n, v on the
+    device: torch's argument parser reads the tensor with .item() (inside torch, where the mode is off), as for a
+    size. Which arguments take numbers comes from the op's schemas, by position (after self for a method, a lone
+    size taking the rest: x.view(4, n)) and by keyword; these were missed. Where any overload takes a tensor as it
+    is (x.add(v), torch.max(x, n), x.clamp(min=v), x.index_select(0, n)), nothing is read, and nothing counts."""
+    import torch.nn.functional as F
+
+    x = torch.arange(24.0).reshape(4, 6)
+    n = torch.tensor(1, device="cpu")  # placed on the device (the CPU standing in for it)
+    v = torch.tensor(0.5, device="cpu")
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        x.select(0, n)
+        torch.select(x, dim=0, index=n)
+        x.topk(n)
+        x.kthvalue(n)
+        x.roll(n)
+        x.chunk(n + 1)
+        F.pad(x, (0, n))
+        x.unsqueeze(n)
+        x.transpose(0, n)
+        x.movedim(n, 0)
+        x.flatten(n - 1)
+        torch.cat([x, x], dim=n)
+        x.softmax(n)
+        F.softmax(x, dim=n)
+        x.sum(n)
+        x.permute(n, 0)
+        x.view(4, n * 6)  # a size given as varargs, the tensor second
+        x.size(n)
+        x.add(x, alpha=v)
+        torch.scalar_tensor(v)
+        F.dropout(x, v)
+    assert [e.op for e in mode.events] == [
+        "Tensor.select", "torch.select", "Tensor.topk", "Tensor.kthvalue", "Tensor.roll", "Tensor.chunk", "pad",
+        "Tensor.unsqueeze", "Tensor.transpose", "Tensor.movedim", "Tensor.flatten", "torch.cat", "Tensor.softmax",
+        "softmax", "Tensor.sum", "Tensor.permute", "Tensor.view", "Tensor.size", "Tensor.add", "torch.scalar_tensor",
+        "dropout"]
+    assert all(e.file == __file__ for e in mode.events)
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        x.add(v)  # a tensor operand, not a Scalar
+        x * v
+        torch.max(x, n)  # the elementwise maximum with a tensor, not a dim
+        x.clamp(min=v)
+        torch.where(x > 2, x, v)
+        x.index_select(0, n)
+        x.clone().fill_(v)
+        torch.stack([n, n])  # the way to build a tensor of device scalars
+        torch.polygamma(1, x)
+        torch.einsum("ij,kj->ik", x, x)
+        x.select(0, torch.tensor(1))  # host-born: no device data read
+        x.select(0, 1)
+    assert mode.events == []
+
+
+def test_a_tensor_built_from_device_scalars_is_a_host_read():
+    """torch.tensor([n, m]) (as_tensor, asarray, x.new_tensor) with n on the device converts each device tensor in
+    the data to a Python number (.item(), inside torch): missed before. torch.tensor(n) copies n as it is, on the
+    device, and host-born scalars in the data are host values."""
+    x = torch.arange(6.0)
+    n = torch.tensor(2, device="cpu")  # placed on the device (the CPU standing in for it)
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        torch.tensor([n, 3])
+        torch.tensor([[n, 3], [4, 5]], device="cpu")
+        torch.as_tensor([n])
+        torch.asarray((n,))
+        x.new_tensor([n])
+    assert [e.op for e in mode.events] == ["torch.tensor", "torch.tensor", "torch.as_tensor", "torch.asarray",
+                                           "Tensor.new_tensor"]
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # torch.tensor(<a tensor>) recommends clone().detach()
+        with HostReadMode("cpu", treat_as_device=True) as mode:
+            torch.tensor(n)
+            torch.as_tensor(n)
+            x.new_tensor(n)
+            torch.tensor([torch.tensor(2), 3])  # host-born
+            torch.tensor([2, 3])
+    assert mode.events == []
+
+
+
+
+def test_the_schema_of_an_op_is_looked_up_once(monkeypatch):
+    """The mode runs on every torch call: which arguments of an op take numbers is read from its schemas once per
+    function, then cached."""
+    from vlaperf.profile import syncs
+
+    calls = []
+    real = torch._C._jit_get_schemas_for_operator
+    monkeypatch.setattr(syncs, "_SLOTS", {})
+    monkeypatch.setattr(torch._C, "_jit_get_schemas_for_operator", lambda name: calls.append(name) or real(name))
+    x = torch.arange(6.0)
+    with HostReadMode("cpu", treat_as_device=True):
+        for _ in range(3):
+            x.roll(1)
+            torch.roll(x, 1)
+    assert calls == ["aten::roll", "aten::roll"]  # Tensor.roll, torch.roll

@@ -105,14 +105,15 @@ _DATA_DEPENDENT = {"nonzero", "argwhere", "masked_select", "unique", "unique_con
                    "equal", "allclose", "is_nonzero", "bincount"}
 _INDEX_OPS = {"__getitem__", "__setitem__", "index_put", "index_put_", "index"}
 _COPY_OPS = {"to", "cpu", "copy_", "cuda", "type"}
-# Ops that take host numbers (sizes, bounds, a fill value) where code may pass a one-element tensor: torch's argument
-# parser reads such a tensor with .item(), in C++, where this mode is off (torch.zeros(n), x.view(n, -1) with n on the
-# device). The factories take only numbers; the methods take their input tensor first, then numbers. (tensor,
-# as_tensor and normal take tensors as data, and ops like clamp or fill_ have overloads that take a tensor as it is.)
-_SIZE_FACTORIES = {"zeros", "ones", "empty", "full", "rand", "randn", "randint", "randperm", "arange", "range",
-                   "linspace", "logspace", "eye", "empty_strided", "tril_indices", "triu_indices"}
-_SIZE_METHODS = {"view", "reshape", "expand", "broadcast_to", "repeat", "tile", "narrow", "unflatten", "split",
-                 "new_zeros", "new_ones", "new_empty", "new_full", "full_like", "resize_"}
+# Ops that take host numbers where code may pass a one-element tensor (torch.zeros(n), x.view(n, -1), x.select(0, n),
+# x.topk(n), torch.cat(xs, dim=n), F.pad(x, (0, n)), torch.full((2,), v), x.add(y, alpha=v) with n, v on the device):
+# torch's argument parser reads such a tensor with .item(), in C++, where this mode is off. Which arguments take
+# numbers comes from the op's schemas (see _number_slots); these few take a tensor in one overload and still read it
+# with .item() there (the overload exists for tracing; the op needs the number on the host to size its output).
+_ITEM_TENSOR_ARGS = {"narrow", "linspace", "logspace"}
+# Factories that build a tensor from Python data: a device tensor inside a list or tuple of that data is converted to
+# a Python number, one .item() each (torch.tensor([n, m])); a tensor given as the data itself is copied as it is.
+_DATA_FACTORIES = {"tensor", "as_tensor", "asarray", "new_tensor"}
 _FACTORIES = {"tensor", "as_tensor", "scalar_tensor", "zeros", "ones", "empty", "full", "arange", "range", "linspace",
               "logspace", "eye", "rand", "randn", "randint", "randperm", "from_numpy", "empty_strided", "tril_indices",
               "triu_indices", "normal", "frombuffer"}
@@ -153,15 +154,100 @@ def _scalar_indices(index) -> list:
     return out
 
 
-def _size_args(name, args, kwargs) -> list:
-    """The tensors passed to a size op (_SIZE_FACTORIES, _SIZE_METHODS) where it takes host numbers."""
-    if name in _SIZE_FACTORIES:
-        numbers = args
-    elif name in _SIZE_METHODS:
-        numbers = args[1:]
-    else:
-        return []
-    return _tensors(numbers, []) + _tensors({k: v for k, v in kwargs.items() if k != "out"}, [])
+def _kind(op: str, arg) -> str:
+    """'tensor' if the argument takes a tensor as it is, 'number' if it takes host numbers (int, SymInt, float,
+    Scalar, or an optional or list of them), 'other' (bool, dtype, str, device, ...: a tensor there is refused)."""
+    t = str(getattr(arg, "real_type", arg.type))  # real_type tells a dtype from an int
+    while t.startswith(("Optional[", "List[")):
+        t = t[t.index("[") + 1:-1]
+    if t == "Tensor" and op in _ITEM_TENSOR_ARGS and arg.name not in ("self", "out"):
+        return "number"
+    if t in ("Tensor", "Any"):
+        return "tensor"
+    return "number" if t in ("int", "SymInt", "float", "number", "complex") else "other"
+
+
+# func -> _number_slots of its op, computed once per function (torch.select and Tensor.select each once): the mode asks
+# on every torch call. Keyed by the function, not its name: its __qualname__ (a Tensor method or not) costs more to
+# build than this lookup.
+_SLOTS: dict[Any, tuple[tuple[int, ...], int | None, frozenset]] = {}
+
+
+def _number_slots(func, name: str) -> tuple[tuple[int, ...], int | None, frozenset]:
+    """Where the op `name` takes host numbers: (the positions in a call's args, the position from which every further
+    one is a number too (x.view(4, n) is x.view((4, n))) or None, the keyword names), from the schemas of aten::<name>.
+    A slot counts only if no overload takes a tensor there: torch's argument parser tries the overloads in turn, and a
+    tensor matching a Tensor argument of one of them is not read (x.add(v) vs x.add(y, alpha=v)). A Python function
+    (Tensor.split, F.pad, F.softmax) is matched the same way: each passes its arguments on to the op of its name. An
+    op without a dispatcher schema (torch.tensor, __getitem__, a custom Python function) takes no numbers here."""
+    method = (getattr(func, "__qualname__", None) or "").startswith(("TensorBase.", "Tensor."))
+    pos: dict[int, set] = {}
+    kw: dict[str, set] = {}
+    varargs = set()
+    try:
+        schemas = torch._C._jit_get_schemas_for_operator("aten::" + name)
+    except (AttributeError, RuntimeError):
+        schemas = []
+    for sch in schemas:
+        try:  # TorchScript's own overloads (aten::add.int(int a, int b)) are no op a Python call can reach
+            torch._C._dispatch_find_schema_or_throw(sch.name, sch.overload_name)
+        except (AttributeError, RuntimeError):
+            continue
+        args = sch.arguments
+        if method:  # x.op(...) passes x as self; the Python arguments follow without it
+            if not any(a.name == "self" for a in args):
+                continue
+            args = [a for a in args if a.name != "self"]
+        positional = [a for a in args if not a.kwarg_only]
+        for i, a in enumerate(positional):
+            pos.setdefault(i, set()).add(_kind(name, a))
+        for a in args:
+            kw.setdefault(a.name, set()).add(_kind(name, a))
+        # the parser takes a lone list argument as varargs too: x.view(4, n) is x.view((4, n))
+        if len(positional) == 1 and str(positional[0].type).startswith("List["):
+            varargs.add(_kind(name, positional[0]))
+    first = 1 if method else 0  # a method's args hold self first
+    n = max(pos, default=-1) + 1
+    positions = tuple(first + i for i in range(n) if _numbers(pos[i] | (varargs if i > 0 else set())))
+    slots = (positions, first + n if _numbers(varargs) else None,
+             frozenset(k for k, kinds in kw.items() if _numbers(kinds)))
+    _SLOTS[func] = slots
+    return slots
+
+
+def _numbers(kinds: set) -> bool:
+    return "number" in kinds and "tensor" not in kinds
+
+
+def _number_args(func, name, args, kwargs) -> list:
+    """The one-element tensors a call passes where its op takes host numbers (_number_slots), or inside the Python
+    data of a factory (torch.tensor([n, m]), _DATA_FACTORIES)."""
+    if name in _DATA_FACTORIES:
+        data = args[1:2] if name == "new_tensor" else args[:1]  # x.new_tensor(data): the method's args hold x first
+        data = data or [kwargs.get("data"), kwargs.get("obj")]
+        return [t for x in data if isinstance(x, (list, tuple)) for t in _tensors(x, [])]
+    positions, varargs_from, keywords = _SLOTS.get(func) or _number_slots(func, name)
+    # plain loops: this runs on every torch call
+    given = []
+    for i in positions:
+        if i < len(args):
+            given.append(args[i])
+    if varargs_from is not None:
+        given += args[varargs_from:]
+    if kwargs and keywords:
+        for k in kwargs:
+            if k in keywords:
+                given.append(kwargs[k])
+    out = []
+    for x in given:  # a number, or a list of them (a size): no deeper; a number slot takes a one-element tensor only
+        if isinstance(x, torch.Tensor):
+            if x.numel() == 1:
+                out.append(x)
+        elif isinstance(x, (list, tuple)):
+            for t in x:
+                if isinstance(t, torch.Tensor) and t.numel() == 1:
+                    out.append(t)
+    return out
 
 
 def _target_device(args, kwargs) -> torch.device | None:
@@ -236,7 +322,7 @@ class HostReadMode(TorchFunctionMode):
         kwargs = kwargs or {}
         name = getattr(func, "__name__", "")
         ins = _tensors(args, []) + _tensors(kwargs, [])
-        read = self._classify(name, args, kwargs, ins)
+        read = self._classify(func, name, args, kwargs, ins)
         if read is not None:
             self.events.append(_event(_name(func), read))
         out = func(*args, **kwargs)
@@ -244,7 +330,7 @@ class HostReadMode(TorchFunctionMode):
             self._propagate(name, args, kwargs, ins, out)
         return out
 
-    def _classify(self, name, args, kwargs, ins) -> str | None:
+    def _classify(self, func, name, args, kwargs, ins) -> str | None:
         if self.watch is None:
             return None
         dev_in = [t for t in ins if self.on_device(t)]
@@ -254,8 +340,8 @@ class HostReadMode(TorchFunctionMode):
             return "host_read" if dev_in else None
         if name == "repeat_interleave" and len(ins) >= 2 and kwargs.get("output_size") is None:
             return "host_read" if dev_in else None  # tensor repeats: output size read on the host
-        if any(self.on_device(t) for t in _size_args(name, args, kwargs)):
-            return "host_read"  # a device tensor as a size (torch.zeros(n)): read inside torch, as x[:n]'s bound is
+        if dev_in and any(self.on_device(t) for t in _number_args(func, name, args, kwargs)):
+            return "host_read"  # a device tensor as a number (torch.zeros(n)): read inside torch, as x[:n]'s bound is
         if name in _INDEX_OPS:
             # a slice bounded by a device tensor (x[:n]): the op reads the bound on the host through its __index__,
             # inside torch, where this mode is off and does not see it
