@@ -527,6 +527,28 @@ def test_a_tensor_built_from_device_scalars_is_a_host_read():
     assert mode.events == []
 
 
+def test_a_uint8_mask_is_read_like_a_boolean_one():
+    """A uint8 index tensor is an old-style (deprecated) boolean mask: torch runs nonzero on it as on a bool mask,
+    and reads a 0-dim one with .item(); both were missed (only torch.bool counted)."""
+    x = torch.arange(24.0).reshape(4, 6)
+    m8 = torch.tensor([1, 0, 1, 0], dtype=torch.uint8, device="cpu")
+    b8 = torch.tensor(1, dtype=torch.uint8, device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # indexing with uint8 is deprecated
+        with HostReadMode("cpu", treat_as_device=True) as mode:
+            x[m8]
+            x[m8, 0]
+            x.clone()[m8] = torch.zeros(2, 6)
+            x[b8]
+            x.clone()[b8] = 0.0
+        assert [e.op for e in mode.events] == ["Tensor.__getitem__", "Tensor.__getitem__", "Tensor.__setitem__",
+                                               "Tensor.__getitem__", "Tensor.__setitem__"]
+        with HostReadMode("cpu", treat_as_device=True) as mode:
+            host = torch.arange(4.0)
+            host[torch.tensor([1, 0, 1, 0], dtype=torch.uint8)]  # host mask on host data: no read
+            x[torch.tensor([0, 1])]  # an integer index: a gather on the device
+        assert mode.events == []
+
 
 
 def test_the_schema_of_an_op_is_looked_up_once(monkeypatch):

@@ -143,13 +143,12 @@ def _slice_bounds(index) -> list:
 
 
 def _scalar_indices(index) -> list:
-    """The 0-dim integer or bool tensors among an index's entries (the index, or a tuple of them): torch reads each
-    on the host with .item() while slicing (x[n] selects row n, as x[int(n)] does). A uint8 one is an old-style
-    mask, not read there."""
+    """The 0-dim integer or bool (or old-style uint8) tensors among an index's entries (the index, or a tuple of them):
+    torch reads each on the host with .item() while slicing (x[n] selects row n, as x[int(n)] does; x[b] with b 0-dim
+    adds a dimension of size 1 or 0)."""
     out = []
     for x in index if isinstance(index, tuple) else (index,):
-        if isinstance(x, torch.Tensor) and x.dim() == 0 and x.dtype != torch.uint8 and \
-                not (x.is_floating_point() or x.is_complex()):
+        if isinstance(x, torch.Tensor) and x.dim() == 0 and not (x.is_floating_point() or x.is_complex()):
             out.append(x)
     return out
 
@@ -353,7 +352,8 @@ class HostReadMode(TorchFunctionMode):
                     any(self.on_device(t) for t in _scalar_indices(args[1])):
                 return "host_read"
             idx = _tensors(args[1:2], [])
-            if any(t.dtype == torch.bool for t in idx) and dev_in:
+            # a uint8 index tensor is an old-style boolean mask (deprecated): torch runs nonzero on it too
+            if any(t.dtype in (torch.bool, torch.uint8) for t in idx) and dev_in:
                 if self._masked_fill(name, args, kwargs, idx):
                     return None
                 return "host_read"  # boolean-mask indexing runs nonzero on the mask
@@ -378,8 +378,8 @@ class HostReadMode(TorchFunctionMode):
         host value (a Python number, or a one-element tensor on the host), not accumulated (index_put_'s
         canDispatchToMaskedFill; `scores[~mask] = float("-inf")` is such a write). Any other write, and every
         boolean-mask read, runs nonzero on the mask."""
-        if name not in ("__setitem__", "index_put", "index_put_") or len(idx) != 1:
-            return False
+        if name not in ("__setitem__", "index_put", "index_put_") or len(idx) != 1 or idx[0].dtype != torch.bool:
+            return False  # (masked_fill_ refuses a uint8 mask)
         value = args[2] if len(args) > 2 else kwargs.get("values")
         if name != "__setitem__" and (args[3] if len(args) > 3 else kwargs.get("accumulate", False)):
             return False
