@@ -550,6 +550,27 @@ def test_a_uint8_mask_is_read_like_a_boolean_one():
         assert mode.events == []
 
 
+def test_a_list_index_holding_device_scalars_is_a_host_read():
+    """x[[n, 1]] is x[n, 1] to torch (a list holding a tensor is taken as a tuple): n is read with .item(); a list
+    inside the index (x[[0, n], 1]) becomes an index tensor the way torch.tensor builds one, reading each device
+    tensor in it. Both were missed. 1-dim tensors in a list index are gathered on the device, as in a tuple."""
+    x = torch.arange(24.0).reshape(4, 6)
+    n = torch.tensor(1, device="cpu")  # placed on the device (the CPU standing in for it)
+    idx = torch.tensor([0, 1], device="cpu")
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # a non-tuple sequence as an index is deprecated
+        with HostReadMode("cpu", treat_as_device=True) as mode:
+            x[[n, 1]]
+            x[[0, n], 1]
+            x.clone()[[n, 1]] = 0.0
+        assert [e.op for e in mode.events] == ["Tensor.__getitem__", "Tensor.__getitem__", "Tensor.__setitem__"]
+        with HostReadMode("cpu", treat_as_device=True) as mode:
+            x[[n.reshape(1), 1]]
+            x[[idx, idx]]
+            x[[0, 1], 1]
+            x[[torch.tensor(1), 1]]  # host-born
+        assert mode.events == []
+
 
 def test_the_schema_of_an_op_is_looked_up_once(monkeypatch):
     """The mode runs on every torch call: which arguments of an op take numbers is read from its schemas once per

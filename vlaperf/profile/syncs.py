@@ -142,14 +142,19 @@ def _slice_bounds(index) -> list:
     return out
 
 
-def _scalar_indices(index) -> list:
-    """The 0-dim integer or bool (or old-style uint8) tensors among an index's entries (the index, or a tuple of them):
-    torch reads each on the host with .item() while slicing (x[n] selects row n, as x[int(n)] does; x[b] with b 0-dim
-    adds a dimension of size 1 or 0)."""
+def _index_reads(index) -> list:
+    """The tensors of an index that torch reads with .item() while slicing: a 0-dim integer or bool (or old-style
+    uint8) tensor among the index's entries (x[n] selects row n, as x[int(n)] does; x[b] with b 0-dim adds a dimension
+    of size 1 or 0), and every tensor inside a list or tuple among them (x[[0, n], 1]: torch builds an index tensor
+    from that list as torch.tensor would, one .item() per tensor). A list index is taken as a tuple of entries, as
+    torch takes it when it holds a tensor (x[[n, 1]] is x[n, 1]; a 1-dim tensor in it is gathered on the device)."""
     out = []
-    for x in index if isinstance(index, tuple) else (index,):
-        if isinstance(x, torch.Tensor) and x.dim() == 0 and not (x.is_floating_point() or x.is_complex()):
-            out.append(x)
+    for x in index if isinstance(index, (tuple, list)) else (index,):
+        if isinstance(x, torch.Tensor):
+            if x.dim() == 0 and not (x.is_floating_point() or x.is_complex()):
+                out.append(x)
+        elif isinstance(x, (list, tuple)):
+            out += _tensors(x, [])
     return out
 
 
@@ -346,10 +351,11 @@ class HostReadMode(TorchFunctionMode):
             # inside torch, where this mode is off and does not see it
             if name in ("__getitem__", "__setitem__") and any(self.on_device(t) for t in _slice_bounds(args[1:2])):
                 return "host_read"
-            # so is a 0-dim integer or bool device tensor in it (x[n], x[:, n], x[b] = 0.0): read with .item(), not
-            # gathered on the device (a bool one writing a host value is no masked_fill either)
+            # so is a 0-dim integer or bool device tensor in it (x[n], x[:, n], x[b] = 0.0, x[[n, 1]]), and one in a
+            # list in it (x[[0, n], 1]): read with .item(), not gathered on the device (a bool one writing a host
+            # value is no masked_fill either)
             if name in ("__getitem__", "__setitem__") and len(args) > 1 and \
-                    any(self.on_device(t) for t in _scalar_indices(args[1])):
+                    any(self.on_device(t) for t in _index_reads(args[1])):
                 return "host_read"
             idx = _tensors(args[1:2], [])
             # a uint8 index tensor is an old-style boolean mask (deprecated): torch runs nonzero on it too
