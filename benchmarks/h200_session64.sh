@@ -9,7 +9,9 @@
 #            Outcome of 1) on an H100 (06:34): 9 failed of 1013, all the tests' own set-up on that machine. Its $CXX is
 #               an absolute path, found without PATH (test_environment_record_no_compiler_on_empty_path); a doctor test
 #               put a Triton stand-in in place before torch._dynamo first loaded, which then imports the stand-in.
-#   PART=b   0) the two fixed modules (test_profile_doctor, test_timing). Prediction: all pass.
+#   PART=b   0) the two fixed modules (test_profile_doctor, test_timing), and those changed since: syncs (host reads now
+#               from the ops' schemas, through torch's private schema API: torch 2.11 there, 2.13 here), report and
+#               diff without torch (test_report_render), the CLI. Prediction: all pass.
 #            3) libero-pi0 `best` in policy mode, four fresh processes.
 #               Prediction: 14.0-14.4 ms on an H200 (session 48: 14.05-14.34 at the same kernels), 13.9-14.3 on an
 #               H100 (session 63: 14.12).
@@ -37,7 +39,7 @@ a)
   ;;
 b)
   {
-    echo "100 $P -q -n 4 --timeout 90 tests/test_profile_doctor.py tests/test_timing.py 2>&1 | tee $R/pytest_gpu_s64b.log | tail -8"
+    echo "100 $P -q -n 4 --timeout 90 tests/test_profile_doctor.py tests/test_timing.py tests/test_profile_syncs.py tests/test_report_render.py tests/test_hub.py 2>&1 | tee $R/pytest_gpu_s64b.log | tail -8"
     echo "220 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s64-4proc_policy.json"
     echo "120 $V breakdown --workload libero-pi0 --levers best --mode policy --no-progress --json $R/breakdown_libero-pi0_best-s64_policy.json"
   } | lane A 0 40 &
