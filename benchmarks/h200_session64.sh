@@ -39,7 +39,7 @@ a)
   ;;
 b)
   {
-    echo "100 $P -q -n 4 --timeout 90 tests/test_profile_doctor.py tests/test_timing.py tests/test_profile_syncs.py tests/test_report_render.py tests/test_hub.py 2>&1 | tee $R/pytest_gpu_s64b.log | tail -8"
+    echo "120 $P -q -n 8 --timeout 110 tests/test_profile_doctor.py tests/test_timing.py tests/test_profile_syncs.py tests/test_report_render.py tests/test_hub.py 2>&1 | tee $R/pytest_gpu_s64b.log | tail -8"
     echo "220 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s64-4proc_policy.json"
     echo "120 $V breakdown --workload libero-pi0 --levers best --mode policy --no-progress --json $R/breakdown_libero-pi0_best-s64_policy.json"
   } | lane A 0 40 &
