@@ -44,6 +44,10 @@ b)
     echo "120 $V breakdown --workload libero-pi0 --levers best --mode policy --no-progress --json $R/breakdown_libero-pi0_best-s64_policy.json"
   } | lane A 0 40 &
   ;;
+c)
+  # PART=c: what 360 s of budget can hold after the start (part a's start took ~280 s of held time): b's step 0 alone
+  echo "120 $P -q -n 8 --timeout 110 tests/test_profile_doctor.py tests/test_timing.py tests/test_profile_syncs.py tests/test_report_render.py tests/test_hub.py 2>&1 | tee $R/pytest_gpu_s64b.log | tail -8" | lane A 0 40 &
+  ;;
 *) echo "unknown PART=${PART}"; exit 2 ;;
 esac
 finish
