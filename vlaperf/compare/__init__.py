@@ -16,6 +16,7 @@ imports LeRobot or openpi.
 
 from __future__ import annotations
 
+import time
 from dataclasses import dataclass
 
 import torch
@@ -69,16 +70,35 @@ def comparison_engine(model, levers: str | None):
         raise ValueError(str(e)) from None
 
 
+def timed_first_call(fn, device, first_calls: dict | None, name: str):
+    """fn()'s result; with `first_calls`, its synchronized wall seconds stored there under `name`. The comparison's
+    calls are each path's first in the process (the engine's compile and graph capture included), so a timing
+    that follows reports them as the first calls: its own warm-up's first call is then a warm one."""
+    from vlaperf.timing import synchronize
+
+    if first_calls is None:
+        return fn()
+    synchronize(device)
+    start = time.perf_counter()
+    out = fn()
+    synchronize(device)
+    first_calls[name] = time.perf_counter() - start
+    return out
+
+
 def compare_vlaperf(model, levers: str | None, engine, obs: Observation, noise: Tensor, steps: int, theirs: Tensor,
-                    peer: str) -> tuple[dict, dict]:
+                    peer: str, first_calls: dict | None = None) -> tuple[dict, dict]:
     """vlaperf's reference (and `engine`, the variant `levers` from comparison_engine, if any) against a peer's
-    actions on the same observation and noise. Returns (equivalence per variant, actions)."""
+    actions on the same observation and noise. Returns (equivalence per variant, actions); with `first_calls`, each
+    vlaperf call's seconds go there under its actions' key (timed_first_call)."""
     dtype = model.dtype
-    ours = model.sample_actions(obs, noise, steps)
+    device = obs.state.device
+    ours = timed_first_call(lambda: model.sample_actions(obs, noise, steps), device, first_calls, "vlaperf_reference")
     equivalence = {"reference": action_metrics(ours, theirs.float(), dtype)}
     actions = {peer: theirs, "vlaperf_reference": ours}
     if engine is not None:
-        fast = engine.sample_actions(obs, noise, steps)
+        fast = timed_first_call(lambda: engine.sample_actions(obs, noise, steps), device, first_calls,
+                                "vlaperf_" + levers)
         equivalence[levers] = action_metrics(fast, theirs.float(), dtype)
         actions["vlaperf_" + levers] = fast
     return equivalence, actions
