@@ -1389,6 +1389,12 @@ def test_compare_tables_and_bars_name_each_side(tiny_results, tmp_path, figures)
     assert re.findall(r"^### compare: .*$", md, re.M) == ["### compare: tiny vs lerobot 0.6.1 (float32, reduced, cpu)",
                                                          "### compare: tiny vs lerobot 0.6.1 (float32, full size, cpu)"]
     assert "_lerobot as shipped: its own note_" in md
+    unknown = _compare(tiny_results, True)
+    unknown["compare"]["lerobot_version"] = None  # the CLI writes null where no LeRobot version could be read
+    md = render([_write(tmp_path / "cmp_u.json", unknown)], tmp_path / "u.md").read_text()
+    assert re.findall(r"^### compare: .*$", md, re.M) == ["### compare: tiny vs lerobot (version unknown) (float32, "
+                                                         "reduced, cpu)"]
+    md = render(files, tmp_path / "r.md").read_text()
     assert _md_rows(md, "reference")[0] == ["reference", _cell(0.01), _cell(0.002), "3", _cell(0.03), "yes"]
     assert _md_rows(md, "best")[0][-1] == "NO"
     assert _md_rows(md, "vlaperf best")[0] == ["vlaperf best", "10.000", "-", "3.000", "-"]
