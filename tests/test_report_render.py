@@ -1394,6 +1394,11 @@ def test_compare_tables_and_bars_name_each_side(tiny_results, tmp_path, figures)
     md = render([_write(tmp_path / "cmp_u.json", unknown)], tmp_path / "u.md").read_text()
     assert re.findall(r"^### compare: .*$", md, re.M) == ["### compare: tiny vs lerobot (version unknown) (float32, "
                                                          "reduced, cpu)"]
+    openpi = _compare(tiny_results, True)
+    openpi["compare"]["against"] = "openpi"
+    del openpi["compare"]["lerobot_version"]  # an openpi compare names no version
+    md = render([_write(tmp_path / "cmp_o.json", openpi)], tmp_path / "o.md").read_text()
+    assert re.findall(r"^### compare: .*$", md, re.M) == ["### compare: tiny vs openpi (float32, reduced, cpu)"]
     md = render(files, tmp_path / "r.md").read_text()
     assert _md_rows(md, "reference")[0] == ["reference", _cell(0.01), _cell(0.002), "3", _cell(0.03), "yes"]
     assert _md_rows(md, "best")[0][-1] == "NO"

@@ -1079,9 +1079,10 @@ def describe_rtc(rtc: dict) -> str:
 
 def _compare(doc: _Doc, path: str, r: dict) -> None:
     c, t = r["compare"], r.get("timing") or {}
-    # the file holds null where the peer's package had no version to read (the CLI says "version unknown" too)
-    version = c.get("lerobot_version") or "(version unknown)"
-    doc.h(3, f"compare: {workload_label(r)} vs {c['against']} {version} "
+    # a LeRobot compare holds null where LeRobot had no version to read (the CLI says "version unknown" too); an openpi
+    # one has no version field at all
+    version = "" if "lerobot_version" not in c else " " + (c["lerobot_version"] or "(version unknown)")
+    doc.h(3, f"compare: {workload_label(r)} vs {c['against']}{version} "
              f"({c['dtype']}, {'reduced' if c.get('reduced') else 'full size'}, {_gpu(r)})")
     for note in c.get("as_shipped", []):
         doc.p(note, "note")
