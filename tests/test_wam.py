@@ -268,6 +268,34 @@ def test_fused_block_is_the_models_block(tiny):
     assert all(torch.equal(v, before[k]) for k, v in tiny.state_dict().items())
 
 
+def test_flash_actions_sends_only_half_precision_calls_to_the_flash_kernel(tiny, monkeypatch):
+    """The CUDA flash kernel refuses float32 ("FlashAttention only support fp16 and bf16"), and `best` (which holds
+    flash_actions) is allowed on a float32 GPU model: float32 calls keep sdpa's own choice, bf16 ones go to flash.
+    The flash op is replaced by a recorder here (its CPU form would take float32, unlike the CUDA one)."""
+    import torch.nn.functional as F
+
+    from vlaperf.engine.wam import block_step
+
+    calls = []
+
+    def fake_flash(q, k, v):
+        calls.append(q.dtype)
+        return (F.scaled_dot_product_attention(q, k, v),)
+
+    monkeypatch.setattr(torch.ops.aten, "_scaled_dot_product_flash_attention", fake_flash)
+    cfg = tiny.config
+    g = torch.Generator().manual_seed(7)
+    x = torch.randn(1, 5, cfg.width, generator=g)
+    e = torch.randn(1, 5, 6, cfg.width, generator=g)
+    block = tiny.blocks[0]
+    ctx = block.cross_attn.context_kv(torch.randn(1, cfg.text_tokens, cfg.width, generator=g))
+    block_step(block, x, e, ctx, None, 0, True, flash_actions=True)
+    assert calls == []  # float32: not the flash kernel
+    bf16 = build_wam("wam-tiny", dtype=torch.bfloat16, seed=0).blocks[0]
+    block_step(bf16, x.bfloat16(), e, tuple(t.bfloat16() for t in ctx), None, 0, True, flash_actions=True)
+    assert calls and set(calls) == {torch.bfloat16}  # self- and cross-attention of the 5 queries
+
+
 @pytest.mark.parametrize("video_steps,sparsity,cfg_scale", SETTINGS)
 def test_group_modulation_is_exact(tiny, inputs, video_steps, sparsity, cfg_scale):
     """The per-group table indexed inside each block gives the per-token modulation's values:

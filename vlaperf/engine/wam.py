@@ -32,6 +32,7 @@ computes (checked by `vlaperf check --workload wam-tiny`), with each of these sw
                        kernel, cuDNN's left for the long ones: `benchmarks/wam_attention_probe.py`
                        measured flash at 10.8 us against cuDNN's 15.8 for 40 x 761 (and cuDNN at 15.9
                        against 30.2 for the video side's 721 x 721) on an H200
+                       (bf16/fp16 only: the flash kernel refuses float32, whose calls stay with sdpa)
 
 Sparsity, guidance and the schedules are workload settings (they change the result), not levers.
 """
@@ -103,6 +104,9 @@ WAM_PRESETS = {
 WAM_CUDA_ONLY = ("cuda_graph", "flash_actions")
 # a few-query attention call (the action tokens) goes to the flash kernel under flash_actions
 FLASH_MAX_QUERIES = 64
+# the CUDA flash kernel takes half precision only (float32 raises "FlashAttention only support fp16 and bf16"):
+# a float32 model on a GPU (`--dtype float32`, which `best` allows) keeps sdpa's own choice for those calls
+FLASH_DTYPES = (torch.float16, torch.bfloat16)
 
 
 def block_step(block, x: Tensor, e_tok: Tensor, context_kv: tuple[Tensor, Tensor], allowed: Tensor | None,
@@ -120,7 +124,7 @@ def block_step(block, x: Tensor, e_tok: Tensor, context_kv: tuple[Tensor, Tensor
         e_tok = e_tok[:, groups]
     if use_sdpa:
         def attend(q, k, v):
-            if flash_actions and q.shape[2] <= FLASH_MAX_QUERIES:
+            if flash_actions and q.shape[2] <= FLASH_MAX_QUERIES and q.dtype in FLASH_DTYPES:
                 return torch.ops.aten._scaled_dot_product_flash_attention(q, k, v)[0]
             return F.scaled_dot_product_attention(q, k, v)
 
