@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import itertools
 import math
+import re
 
 import pytest
 import torch
@@ -98,6 +99,15 @@ def test_flow_sigmas_bad_steps(steps):
 def test_flow_sigmas_bad_shift(shift):
     with pytest.raises(ValueError, match="shift"):
         flow_sigmas(4, shift)
+
+
+@pytest.mark.parametrize("steps,shift", [(10, 1e15), (2, 1e17), (1000, 1e15)])
+def test_flow_sigmas_refuses_a_shift_whose_sigmas_coincide(steps, shift):
+    """A shift this far from 1 rounds neighbouring sigmas to 1.0: the error names shift and steps, not a list of
+    steps + 1 sigmas from the plan's check (what generate(shift=1e15) raised before)."""
+    with pytest.raises(ValueError, match=re.escape(f"shift {shift!r} is too far from 1 for {steps} steps")):
+        flow_sigmas(steps, shift)
+    assert len(flow_sigmas(2, 1e15)) == 3  # the same shift with fewer steps is a valid schedule
 
 
 def test_x0_from_velocity():

@@ -68,6 +68,11 @@ def flow_sigmas(steps: int, shift: float = 1.0) -> list[float]:
         sigmas.append(shift * t / (1.0 + (shift - 1.0) * t))
     # the ends exactly: 1 + (shift - 1) can differ from shift by an ulp
     sigmas[0], sigmas[-1] = 1.0, 0.0
+    # a shift far from 1 squeezes the sigmas against 1 (or 0) until neighbours round to the same float; say so here,
+    # naming shift, rather than let the plan refuse a list of steps + 1 sigmas that the caller never wrote
+    if not all(a > b for a, b in itertools.pairwise(sigmas)):
+        raise ValueError(f"shift {shift!r} is too far from 1 for {steps} steps: neighbouring sigmas round to the same "
+                         "float64 value (the schedule would not be strictly decreasing)")
     return sigmas
 
 
