@@ -292,3 +292,24 @@ def test_one_process_breakdowns_point_at_breakdown_processes():
     d = diff(_breakdown([{"setup": 1.0}]), _breakdown([{"setup": 2.0}]))
     assert "run both with `breakdown --processes 4`" in verdict(d)
     assert d["stages"][0]["change_pct"] == pytest.approx(100.0) and d["stages"][0]["processes"] is None
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda r: r["samples"].update(wall_ms=["x", 1.0]), "samples.wall_ms: expected an array of numbers (or null)"),
+    (lambda r: r["breakdown"]["stages"][0].update(median_ms="1.0"),
+     "breakdown.stages[0].median_ms: expected a number of ms, got '1.0'"),
+    (lambda r: r["breakdown"]["stages"][0].pop("median_ms"),
+     "breakdown.stages[0].median_ms: expected a number of ms, got None"),
+    (lambda r: r["breakdown"]["stages"][1].pop("name"), "breakdown.stages[1].name: expected a string, got None"),
+])
+def test_a_damaged_breakdown_is_named_not_a_traceback(tmp_path, capsys, change, message):
+    # the report checks a bench file's samples only: a breakdown's bad sample or stage ended the diff in a TypeError or
+    # KeyError (exit 1, which a --max-slowdown gate reads as a slowdown)
+    from vlaperf.cli import main
+
+    r = _breakdown([{"transform": 1.0, "step": 10.0}])
+    change(r)
+    before = _write(tmp_path, "b.json", r)
+    after = _write(tmp_path, "a.json", _breakdown([{"transform": 1.0, "step": 8.0}]))
+    assert main(["diff", before, after]) == 2
+    assert f"BEFORE {before}: {message}" in capsys.readouterr().err

@@ -380,7 +380,7 @@ def cmd_diff(args) -> int:
 
     from rich.table import Table
 
-    from vlaperf.profile.diff import diff, mismatches, timer_problem, verdict
+    from vlaperf.profile.diff import content_problem, diff, mismatches, timer_problem, verdict
     from vlaperf.report.render import field_problem
     from vlaperf.report.schema import SchemaError, read_result
 
@@ -394,7 +394,7 @@ def cmd_diff(args) -> int:
             raise CliError(f"{name} {path}: {e}") from None
         if r["command"] not in ("bench", "breakdown"):
             raise CliError(f"{name} {path}: a {r['command']!r} file; diff compares two 'bench' or two 'breakdown' files")
-        problem = field_problem(r) or timer_problem(r)
+        problem = field_problem(r) or timer_problem(r) or content_problem(r)
         if problem:
             raise CliError(f"{name} {path}: {problem}")
         results.append(r)

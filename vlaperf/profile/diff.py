@@ -91,6 +91,30 @@ def timer_problem(r: dict) -> str | None:
     return None
 
 
+def _is_number(x) -> bool:
+    return isinstance(x, (int, float)) and not isinstance(x, bool)
+
+
+def content_problem(r: dict) -> str | None:
+    """What of a file's samples or (breakdown) stages the diff cannot do arithmetic on, naming the field and what was
+    expected; None if it can. The report checks a bench file's samples, but not a breakdown's, nor a stage's name and
+    median: a damaged one ended the diff in a traceback (a TypeError, a KeyError) instead of an error naming it."""
+    samples = r.get("samples")
+    if samples is not None and not isinstance(samples, dict):
+        return "samples: expected an object of arrays of numbers"
+    for timer, xs in (samples or {}).items():
+        if xs is not None and (not isinstance(xs, list) or not all(_is_number(x) for x in xs)):
+            return f"samples.{timer}: expected an array of numbers (or null)"
+    if r.get("command") != "breakdown":
+        return None
+    for i, entry in enumerate(r["breakdown"]["stages"]):  # an array of objects: the report's field_problem checked
+        if not isinstance(entry.get("name"), str):
+            return f"breakdown.stages[{i}].name: expected a string, got {entry.get('name')!r}"
+        if not _is_number(entry.get("median_ms")):
+            return f"breakdown.stages[{i}].median_ms: expected a number of ms, got {entry.get('median_ms')!r}"
+    return None
+
+
 def bootstrap_ratio(before: list[float], after: list[float], resamples: int = BOOTSTRAP_RESAMPLES,
                     seed: int = 0) -> tuple[float, float]:
     """The 95% interval of median(before) / median(after) from resampling each side's calls (a fixed seed: the same
