@@ -315,6 +315,7 @@ def test_breakdown_fn_blocks_warmup_and_what_it_counts():
     out = breakdown_fn(lambda rec: rec.mark("work"), iters=2, blocks=10, warmup=0, untimed=lambda: untimed.append(1))
     assert out["untimed"]["iters"] == 2 and out["iters"] == 2 and out["stages"][0]["name"] == "work"
     assert len(untimed) == 1 + 2 and out["untimed"]["warmup"] == 1
+    assert out["warmup"] == 1  # the one instrumented warm-up call made, as the untimed timing says (it said 0)
     out = breakdown_fn(lambda rec: rec.mark("work"), iters=3, warmup=4)
     assert out["span_ms"]["count"] == 3 and out["warmup"] == 4
 

@@ -348,7 +348,8 @@ def breakdown_fn(call: Callable[[Any], Any], *, device: torch.device | str = "cp
                       "machine, or a call that differs): read the stages as shares of the staged call, and rerun "
                       "with more --iters on a quieter machine before taking their times as the call's")
     return {
-        "timer": timer, "warmup": warmup, "iters": iters, "idle_ms": idle_ms, "idle_spin": idle_spin, **stats,
+        # the warm-up calls made: 0 makes one, and the file said 0 beside the untimed timing's 1
+        "timer": timer, "warmup": max(warmup, 1), "iters": iters, "idle_ms": idle_ms, "idle_spin": idle_spin, **stats,
         "untimed_median_ms": untimed_med, "untimed": timing, "coverage": coverage, "statement": statement,
     }
 
