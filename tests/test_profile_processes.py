@@ -313,3 +313,35 @@ def test_each_process_keeps_its_gpu_state():
     p = combine(results)["processes"]
     assert [r["gpu_state"]["sm_clock_mhz"] for r in p["runs"]] == [1980, 1410]
     assert combine([_result(3.0)])["processes"]["runs"][0]["gpu_state"] is None  # the CPU has none
+
+
+SIGTERM_BETWEEN_PROCESSES = """
+import os, signal, sys, tempfile
+tempfile.tempdir = sys.argv[1]
+from vlaperf.profile import processes
+calls = []
+processes.run_child = lambda cmd: calls.append(cmd) or 0  # a process that succeeded at once
+
+
+def read_result(path):  # the SIGTERM comes while the first process's result is read, no process running
+    os.kill(os.getpid(), signal.SIGTERM)
+    return {}
+
+
+processes.read_result = read_result
+import vlaperf.report.schema
+vlaperf.report.schema.read_result = read_result
+code = processes.in_processes(["bench", "--workload", "tiny"], 3, None)
+print("code", code, "processes", len(calls))
+"""
+
+
+def test_a_sigterm_between_processes_stops_the_run_and_leaves_no_folder(tmp_path):
+    """A SIGTERM while no process runs ended the parent by the default action: the temporary folder of the
+    processes' results stayed behind. It stops the run with 143 as one during a process does, nothing written."""
+    done = subprocess.run([sys.executable, "-c", SIGTERM_BETWEEN_PROCESSES, str(tmp_path)], capture_output=True,
+                          text=True, timeout=120)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert "code 143 processes 1" in done.stdout
+    assert "stopped by SIGTERM after process 1 of 3; nothing written" in done.stderr
+    assert list(tmp_path.iterdir()) == []

@@ -136,6 +136,19 @@ def in_processes(argv: list[str], count: int, json_path: str | None) -> int:
     processes, one after another; print the processes' table and write the combined result to `json_path`. Returns
     the exit code: a process that fails (an equivalence failure: 1, bad setup: 2) stops the run with its code, one
     ended by a signal with 128 + its number, as a shell gives it."""
+    # A SIGTERM while no process runs (between two, while a result is read): the default action ended this process
+    # at once and left the temporary folder behind; one in the instant a process had ended was forwarded to it and
+    # lost, and the next process started. Recorded here, it stops the run as one sent during a process does.
+    stop_requested = []
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: stop_requested.append(signum))
+    try:
+        return _run_processes(argv, count, json_path, stop_requested)
+    finally:
+        signal.signal(signal.SIGTERM, previous)
+
+
+def _run_processes(argv: list[str], count: int, json_path: str | None, stop_requested: list[int]) -> int:
+    """in_processes' run, with `stop_requested` filled by its SIGTERM handler."""
     from vlaperf.cli import STOPPED_BY_SIGTERM
     from vlaperf.report.schema import read_result, write_result
 
@@ -143,6 +156,10 @@ def in_processes(argv: list[str], count: int, json_path: str | None) -> int:
     results = []
     with tempfile.TemporaryDirectory(prefix="vlaperf-processes-") as folder:
         for i in range(count):
+            if stop_requested:
+                print(f"vlaperf {command}: stopped by SIGTERM after process {i} of {count}; nothing written",
+                      file=sys.stderr)
+                return STOPPED_BY_SIGTERM
             path = Path(folder) / f"process{i}.json"
             print(f"vlaperf {command}: process {i + 1} of {count}", flush=True)
             # Later options win: --processes 1 keeps the child from starting processes of its own.
@@ -162,6 +179,10 @@ def in_processes(argv: list[str], count: int, json_path: str | None) -> int:
                       file=sys.stderr)
                 return code
             results.append(read_result(path))
+        if stop_requested:
+            print(f"vlaperf {command}: stopped by SIGTERM after process {count} of {count}; nothing written",
+                  file=sys.stderr)
+            return STOPPED_BY_SIGTERM
     combined = combine(results)
     print_processes(combined)
     if json_path:
@@ -183,7 +204,7 @@ def run_child(cmd: list[str]) -> int:
     process alone (a scheduler stopping the job by its pid) is passed on, and an interrupt kills the child: a bench
     must not go on running on the GPU after the command that started it has stopped."""
     child = subprocess.Popen(cmd)
-    previous = signal.signal(signal.SIGTERM, lambda signum, frame: child.send_signal(signum))
+    previous = signal.signal(signal.SIGTERM, lambda signum, frame: _forward(child, previous, signum, frame))
     try:
         return child.wait()
     except BaseException:
@@ -192,6 +213,14 @@ def run_child(cmd: list[str]) -> int:
         raise
     finally:
         signal.signal(signal.SIGTERM, previous)
+
+
+def _forward(child: subprocess.Popen, previous, signum: int, frame) -> None:
+    """Pass a SIGTERM to the child, and to the handler it replaced (in_processes records it: a child that had just
+    ended gets nothing from send_signal, and the stop was lost)."""
+    child.send_signal(signum)
+    if callable(previous):
+        previous(signum, frame)
 
 
 def _coverage_cell(run: dict) -> str:
