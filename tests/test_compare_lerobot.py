@@ -81,6 +81,18 @@ def test_compare_bad_arguments_exit_2(args, message, capsys):
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("levers, message", [
+    ("bogus", "--levers 'bogus': unknown lever 'bogus'"),
+    ("for_loop,cuda_graph", "--levers 'for_loop,cuda_graph': cuda_graph needs a CUDA device; this run is on cpu"),
+])
+def test_compare_refuses_bad_levers_before_lerobot_and_the_models(monkeypatch, levers, message, capsys):
+    """A typo in --levers, or a lever this device cannot run, is refused before LeRobot is imported and the two
+    models are built (tens of seconds at full size); it was refused by the engine, after both."""
+    monkeypatch.setattr(lr, "import_lerobot", lambda pi05: pytest.fail("LeRobot imported before --levers was checked"))
+    assert _cli(["compare", "--device", "cpu", "--levers", levers]) == 2
+    assert message in capsys.readouterr().err
+
+
 @pytest.mark.skipif(torch.cuda.is_available(), reason="CUDA is available here")
 def test_compare_cuda_unavailable_is_a_clear_error(capsys):
     assert _cli(["compare", "--device", "cuda"]) == 2

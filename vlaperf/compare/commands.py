@@ -130,6 +130,15 @@ def cmd_compare(args) -> int:
         raise CliError("--accelerate times LeRobot's policy with vlaperf's engine installed: it needs the timing (not "
                        "--no-timing) and an engine (--levers other than reference)")
     device = setup_device(args)
+    if args.levers not in ("reference", "none", ""):
+        # a typo, or a lever this device cannot run, refused now: the engine that would refuse it is built only after
+        # LeRobot's model and vlaperf's (tens of seconds at full size)
+        from vlaperf.engine import LeverError, Levers
+
+        try:
+            Levers.parse(args.levers, device).check(device)
+        except LeverError as e:
+            raise CliError(f"--levers {args.levers!r}: {e}") from None
     workload_id = args.workload or ("libero-pi0" if device.type == "cuda" else "tiny")
     base = get_workload(workload_id)
     workload = base.with_overrides(steps=args.steps)
