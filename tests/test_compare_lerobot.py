@@ -654,6 +654,14 @@ def test_print_compare_marks_noise_and_missing_figures(capsys):
     assert _table_rows(out, "vlaperf_reference") == [["vlaperf_reference", "198.00", "-", "1.01x (n.s.)", "-", "1.50"]]
     assert _table_rows(out, "vlaperf_best")[0][3] == "10.00x"
     assert "LeRobot compiled (max-autotune) left out: RuntimeError: boom" in out
+    # a compiled row whose actions failed their check against eager is said to time another computation
+    timing["lerobot_compile"] = {"mode": "default", "compile_s": 30.0, "vs_eager": _metrics(0.2, False)}
+    print_compare(compared, timing, "libero-pi0")
+    out = " ".join(capsys.readouterr().out.split())
+    assert "LeRobot compiled (default) is NOT equivalent to LeRobot eager: rel L2 2.00e-01 > 1e-04" in out
+    timing["lerobot_compile"]["vs_eager"] = _metrics(5e-5, True)
+    print_compare(compared, timing, "libero-pi0")
+    assert "LeRobot compiled" not in capsys.readouterr().out
 
 
 # ------------------------------------------------------------ with LeRobot (CPU)

@@ -1399,6 +1399,13 @@ def test_compare_tables_and_bars_name_each_side(tiny_results, tmp_path, figures)
     del openpi["compare"]["lerobot_version"]  # an openpi compare names no version
     md = render([_write(tmp_path / "cmp_o.json", openpi)], tmp_path / "o.md").read_text()
     assert re.findall(r"^### compare: .*$", md, re.M) == ["### compare: tiny vs openpi (float32, reduced, cpu)"]
+    assert "LeRobot compiled" not in md
+    # a LeRobot compiled row whose actions failed their check against eager is said to time another computation
+    failed = _compare(tiny_results, True)
+    failed["timing"]["lerobot_compile"] = {"mode": "default", "compile_s": 30.0, "vs_eager": {
+        "max_abs": 0.4, "rel_l2": 0.2, "worst_dim": 1, "tolerance": 1e-4, "passed": False}}
+    md = " ".join(render([_write(tmp_path / "cmp_f.json", failed)], tmp_path / "f.md").read_text().split())
+    assert "LeRobot compiled (default) is NOT equivalent to LeRobot eager: rel L2 2.00e-01 > 1e-04" in md
     md = render(files, tmp_path / "r.md").read_text()
     assert _md_rows(md, "reference")[0] == ["reference", _cell(0.01), _cell(0.002), "3", _cell(0.03), "yes"]
     assert _md_rows(md, "best")[0][-1] == "NO"

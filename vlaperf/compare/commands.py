@@ -274,9 +274,11 @@ def print_compare(compared: dict, timing: dict | None, workload_id: str) -> None
             from vlaperf.report.render import describe_rtc
 
             console.print(f"With {describe_rtc(acc['rtc'])}")
-    lc = timing["lerobot_compile"]
-    if lc.get("compile_error"):
-        console.print(f"LeRobot compiled ({lc['mode']}) left out: {lc['compile_error']}")
+    from vlaperf.report.render import describe_lerobot_compile
+
+    compiled_note = describe_lerobot_compile(timing["lerobot_compile"])
+    if compiled_note:
+        console.print(compiled_note)
 
 
 __all__ = ["register", "cmd_compare", "cmd_convert", "cmd_lerobot_eval"]

@@ -1077,6 +1077,19 @@ def describe_rtc(rtc: dict) -> str:
             f"{rtc['guidance_moves']:.2e}")
 
 
+def describe_lerobot_compile(lc: dict) -> str | None:
+    """What the CLI and the report say of the LeRobot compiled row (timing["lerobot_compile"]), or None where there is
+    nothing to say: left out where its compile failed; a warning where its actions failed their check against LeRobot
+    eager's, since its speed-up is then not of the same computation."""
+    if lc.get("compile_error"):
+        return f"LeRobot compiled ({lc['mode']}) left out: {lc['compile_error']}"
+    m = lc.get("vs_eager")
+    if m and not m["passed"]:
+        return (f"LeRobot compiled ({lc['mode']}) is NOT equivalent to LeRobot eager: rel L2 {m['rel_l2']:.2e} > "
+                f"{m['tolerance']:.0e}; its row times another computation, not the same one faster")
+    return None
+
+
 def _compare(doc: _Doc, path: str, r: dict) -> None:
     c, t = r["compare"], r.get("timing") or {}
     # a LeRobot compare holds null where LeRobot had no version to read (the CLI says "version unknown" too); an openpi
@@ -1095,6 +1108,9 @@ def _compare(doc: _Doc, path: str, r: dict) -> None:
     doc.table(["implementation", "wall median ms", "event median ms", "speedup vs peer", "first call s"],
               [[name, s["wall_ms_median"], s.get("cuda_event_ms_median"), s.get("speedup_vs_lerobot_wall"), s.get("first_call_s")]
                for name, s in summary.items()])
+    compiled_note = describe_lerobot_compile(t.get("lerobot_compile") or {})
+    if compiled_note:
+        doc.p(compiled_note + ".", "note")
     if t.get("settled"):  # files from session 49 on
         doc.p("Each timed call of " + ", ".join(t["settled"]) + " came right after an untimed call of its own, not "
               "after the eager row before it in the round (whose host work slows the next call).", "note")
