@@ -1,0 +1,39 @@
+#!/bin/bash
+# Session 65's device plan (one GPU; lanes.sh, lane A only). Say which card each figure came from.
+#   PART=a   0) the test modules changed since session 64's one call (at ceb213c), none yet run on a GPU: the two
+#               fixed in bb37afd for that machine's set-up (test_profile_doctor: Triton stand-in after torch._dynamo;
+#               test_timing: CC/CXX unset for the empty-PATH compiler case), syncs from the ops' schemas (torch's
+#               private schema API: 2.11 there, 2.13 here), report/diff without torch, compare's first-call times and
+#               LeRobot check, wam's flash dtypes and UniPC's shift guard, diff/processes/breakdown, cli, serve, hub,
+#               normalize. Prediction: all pass.
+#            1) libero-pi0 `best` in policy mode, four fresh processes.
+#               Prediction: 14.0-14.4 ms on an H200 (session 48: 14.05-14.34 at the same kernels), 13.9-14.3 on an
+#               H100 (session 63: 14.12).
+#            2) a policy-mode breakdown of `best`. Prediction: the staged call matches the untimed one exactly;
+#               coverage 0.95-1.05; host stages 1.4-1.8 ms on an H200 (session 48), 0.5-0.7 ms on an H100 (session 63:
+#               0.70); first_call_s a cold call, ~11 s (session 63's H100: 11.4 s).
+#            3) libero-pi0 `best` in model mode, four fresh processes.
+#               Prediction: 12.7-13.0 ms on an H200 (session 60: 12.72), 13.2-13.6 on an H100 (session 64: 13.40).
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session65.sh, carry [".whl"]
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P
+install_wheels .whl /tmp/site
+export PYTHONPATH=/tmp/site:$PWD
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "card: $GPU_NAME"
+T="tests/test_cli.py tests/test_compare_lerobot.py tests/test_hub.py tests/test_normalize.py"
+T="$T tests/test_profile_breakdown.py tests/test_profile_commands.py tests/test_profile_diff.py"
+T="$T tests/test_profile_doctor.py tests/test_profile_processes.py tests/test_profile_syncs.py"
+T="$T tests/test_report_render.py tests/test_serve.py tests/test_timing.py tests/test_unipc.py tests/test_wam.py"
+case "${PART:-a}" in
+a)
+  {
+    echo "150 $P -q -n 12 --timeout 140 $T 2>&1 | tee $R/pytest_gpu_s65.log | tail -15"
+    echo "200 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s65-4proc_policy.json"
+    echo "100 $V breakdown --workload libero-pi0 --levers best --mode policy --no-progress --json $R/breakdown_libero-pi0_best-s65_policy.json"
+    echo "180 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s65-4proc_model.json"
+  } | lane A 0 40 &
+  ;;
+*) echo "unknown PART=${PART}"; exit 2 ;;
+esac
+finish
