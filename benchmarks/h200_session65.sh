@@ -14,6 +14,13 @@
 #               0.70); first_call_s a cold call, ~11 s (session 63's H100: 11.4 s).
 #            3) libero-pi0 `best` in model mode, four fresh processes.
 #               Prediction: 12.7-13.0 ms on an H200 (session 60: 12.72), 13.2-13.6 on an H100 (session 64: 13.40).
+#            Outcome (H100, 08:35-08:41): 0) 1063 passed, 23 skipped; 1) medians 14.06-14.16 ms, file 14.15; 2) exact,
+#               coverage 1.013, host stages 0.82 ms (miss: above 0.5-0.7), first_call_s 2.6 s (miss: the bench before it
+#               had filled the compile caches); 3) medians 13.33-13.40 ms, file 13.35.
+#   PART=b/c the whole GPU suite, last run in session 57 (sessions 58-64 changed syncs, doctor, compare, report, serve,
+#               hub, wam, the static cache, ...): lanes.sh gpu_suite's steps 1, 2 and 4 (b), then step 3 (c).
+#               Prediction: all pass (session 57: 48 passed 11 skipped; 339 passed; 2 passed + the quiet_host tests;
+#               step 3 more than its 1207, with only LeRobot/openpi/ray and CPU-only skips).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session65.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P
@@ -33,6 +40,16 @@ a)
     echo "100 $V breakdown --workload libero-pi0 --levers best --mode policy --no-progress --json $R/breakdown_libero-pi0_best-s65_policy.json"
     echo "180 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s65-4proc_model.json"
   } | lane A 0 40 &
+  ;;
+b)
+  cat <<EOT | lane A 0 40 &
+170 $P -q -n 4 --timeout 160 tests/test_engine_cuda.py tests/test_kernels.py tests/test_suite_setup.py 2>&1 | tee $R/pytest_gpu_s65b1.log | grep -v "^\\.*\\["
+150 $P -q -n 12 --timeout 140 tests/test_wam.py tests/test_engine.py tests/test_unipc.py tests/test_suite_setup.py 2>&1 | tee $R/pytest_gpu_s65b2.log | grep -v "^\\.*\\["
+120 $P -q --timeout 80 -m "quiet_gpu or quiet_host" $I 2>&1 | tee $R/pytest_gpu_s65b4.log | tail -5
+EOT
+  ;;
+c)
+  echo "400 $P -q -n 14 --timeout 220 --durations 5 -m \"not quiet_gpu and not quiet_host\" $I 2>&1 | tee $R/pytest_gpu_s65c3.log | grep -v \"^\\.*\\[\"" | lane A 0 40 &
   ;;
 *) echo "unknown PART=${PART}"; exit 2 ;;
 esac
