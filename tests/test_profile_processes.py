@@ -220,6 +220,30 @@ def test_breakdown_processes_refuse_a_trace(tmp_path, capsys):
     assert "--trace with --processes" in capsys.readouterr().err
 
 
+@pytest.mark.parametrize("argv, message", [
+    (["breakdown", "--workload", "wam-tiny", "--mode", "policy"], "--mode policy: the world-action breakdown times "
+     "generate on device tensors (--mode model)"),
+    (["bench", "--workload", "wam-tiny", "--mode", "policy"], "--mode policy: the world-action model has no "
+     "observation transform"),
+    (["bench", "--workload", "wam-tiny", "--rtc"], "--rtc: real-time chunking is the pi0 family's"),
+    (["bench", "--workload", "wam-tiny", "--mode", "forward", "--cfg-scale", "3"], "--mode forward"),
+    (["bench", "--workload", "tiny", "--sparsity", "drop_middle"], "--sparsity: only for the world-action workloads"),
+    (["bench", "--workload", "tiny", "--mode", "forward"], "--mode forward: only for the world-action workloads"),
+    (["bench", "--workload", "tiny", "--levers", "none", "--release-reference"], "--release-reference needs an "
+     "engine variant"),
+])
+def test_processes_refuse_what_every_process_would_refuse_before_starting_one(argv, message, monkeypatch, capsys):
+    """A setting the command refuses is refused in the parent, not inside the first of --processes' children (which
+    costs a process start, and a model build for some)."""
+    from vlaperf.cli import main
+    from vlaperf.profile import processes
+
+    started = []
+    monkeypatch.setattr(processes, "in_processes", lambda *a: started.append(a) or 0)
+    assert main([*argv, "--device", "cpu", "--no-progress", "--processes", "2"]) == 2
+    assert message in capsys.readouterr().err and started == []
+
+
 def test_performance_md_lists_a_breakdowns_stages_in_every_process():
     import importlib.util
 

@@ -478,6 +478,24 @@ def result_header(command: str, base, workload, model, env: dict, levers: list[s
 # --------------------------------------------------------------------------- bench
 
 
+def refuse_bench_args(args) -> bool:
+    """The settings bench refuses, checked before it builds a model or starts --processes' children (each child would
+    refuse them only after its own start). True for a world-action workload."""
+    refuse_spin_without_idle(args)
+    if args.release_reference and args.levers in ("reference", "none", ""):
+        raise CliError("--release-reference needs an engine variant (the reference path runs on those weights)")
+    if not wam_args(args):
+        return False
+    if getattr(args, "rtc", False):
+        raise CliError(f"--rtc: real-time chunking is the pi0 family's; {args.workload} (the world-action model) "
+                       "has no previous-chunk guidance")
+    from vlaperf.profile import wam
+
+    wam.refuse_policy_mode(args.mode)
+    wam.refuse_sampler_options_in_forward(args, args.mode)
+    return True
+
+
 def cmd_bench(args) -> int:
     import torch
 
@@ -490,15 +508,12 @@ def cmd_bench(args) -> int:
     from vlaperf.roofline import H200_CEILINGS, measure_ceilings, roofline
     from vlaperf.timing import environment_record, interleaved, time_calls
 
-    refuse_spin_without_idle(args)
+    is_wam = refuse_bench_args(args)
     if args.processes > 1:  # the same command in fresh processes, one after another: the figure with its spread
         from vlaperf.profile.processes import in_processes
 
         return in_processes(args.argv, args.processes, args.json)
-    if wam_args(args):
-        if getattr(args, "rtc", False):
-            raise CliError(f"--rtc: real-time chunking is the pi0 family's; {args.workload} (the world-action model) "
-                           "has no previous-chunk guidance")
+    if is_wam:
         from vlaperf.profile import wam
 
         return wam.cmd_bench(args)
@@ -535,11 +550,7 @@ def cmd_bench(args) -> int:
                   f"{equivalence['rel_l2']:.3g} > {equivalence['tolerance']:.3g}); refusing to report its speed",
                   file=sys.stderr)
             return 1
-    released = None
-    if args.release_reference:
-        if engine is None:
-            raise CliError("--release-reference needs an engine variant (the reference path runs on those weights)")
-        released = engine.release_reference_weights()
+    released = engine.release_reference_weights() if args.release_reference else None
     # the first call above is the first of --warmup's calls
     timing = time_calls(fn, device=device, warmup=args.warmup, iters=args.iters, progress=not args.no_progress,
                         label=label, first_call_s=first_call_s)

@@ -74,8 +74,6 @@ def _wam_breakdown_result(args, levers):
     from vlaperf.profile.breakdown import breakdown_fn
     from vlaperf.timing import environment_record
 
-    if args.mode != "model":
-        raise CliError("--mode policy: the world-action breakdown times generate on device tensors (--mode model)")
     base, workload, model, device = wam.setup(args)
     try:
         call, label, notes = wam.breakdown_call(model, workload, levers, seed=args.seed)
@@ -103,6 +101,9 @@ def cmd_breakdown(args) -> int:
     from vlaperf.workloads import is_wam_workload
 
     refuse_spin_without_idle(args)
+    # refused here, before --processes starts its children (each would refuse it only after its own start)
+    if is_wam_workload(args.workload) and args.mode != "model":
+        raise CliError("--mode policy: the world-action breakdown times generate on device tensors (--mode model)")
     if args.trace and args.json and Path(args.trace).resolve() == Path(args.json).resolve():
         raise CliError(f"--trace and --json name the same file {args.json}: the result would overwrite the trace")
     if args.processes > 1:  # the same breakdown in fresh processes, one after another: each stage's spread

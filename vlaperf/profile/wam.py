@@ -118,8 +118,7 @@ def cmd_bench(args) -> int:
     from vlaperf.roofline import H200_CEILINGS, measure_ceilings, wam_forward_roofline, wam_roofline
     from vlaperf.timing import environment_record, time_calls
 
-    refuse_policy_mode(args.mode)
-    refuse_sampler_options_in_forward(args, args.mode)
+    # vlaperf.cli.cmd_bench has refused what this command cannot run (refuse_bench_args), before any process started
     base, workload, model, device = setup(args)
     engine = None if args.levers in ("reference", "none", "") else make_engine(model, args.levers)
     label = engine.name if engine else "reference"
@@ -134,11 +133,9 @@ def cmd_bench(args) -> int:
                   f"{equivalence['video_rel_l2']:.3g} > {equivalence['tolerance']:.3g}); refusing to report its speed",
                   file=sys.stderr)
             return 1
-    released = None
-    if args.release_reference:  # as `vlaperf serve` does after its check: the engine's stacked copies only
-        if engine is None:
-            raise CliError("--release-reference needs an engine variant (the reference path runs on those weights)")
-        released = engine.release_reference_weights()
+    # as `vlaperf serve` does after its check: the engine's stacked copies only (vlaperf.cli.refuse_bench_args has
+    # refused the flag without an engine)
+    released = engine.release_reference_weights() if args.release_reference else None
     # the first call above is the first of --warmup's calls
     timing = time_calls(fn, device=device, warmup=args.warmup, iters=args.iters, progress=not args.no_progress,
                         label=label, first_call_s=first_call_s)
