@@ -21,6 +21,12 @@
 #               hub, wam, the static cache, ...): lanes.sh gpu_suite's steps 1, 2 and 4 (b), then step 3 (c).
 #               Prediction: all pass (session 57: 48 passed 11 skipped; 339 passed; 2 passed + the quiet_host tests;
 #               step 3 more than its 1207, with only LeRobot/openpi/ray and CPU-only skips).
+#            Outcome (H100, 08:40-08:44): b) 48 passed 11 skipped; 365 passed; 11 passed 1 skipped (ray). c) 1339
+#               passed, 1 failed, 40 skipped: test_performance_md, since 6de81bd committed the new result files without
+#               regenerating docs/performance.md (done in 3c68d24). Otherwise as predicted.
+#   PART=d   on an H200 only: libero-pi0 `best` in policy mode and in model mode, four fresh processes each, then a
+#               policy breakdown. Prediction: policy 14.0-14.4 ms (session 48: 14.05-14.34), model 12.7-13.0 ms
+#               (session 60: 12.72); breakdown exact, coverage 0.95-1.05, host stages 1.4-1.8 ms (session 48's H200).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session65.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P
@@ -50,6 +56,14 @@ EOT
   ;;
 c)
   echo "400 $P -q -n 14 --timeout 220 --durations 5 -m \"not quiet_gpu and not quiet_host\" $I 2>&1 | tee $R/pytest_gpu_s65c3.log | grep -v \"^\\.*\\[\"" | lane A 0 40 &
+  ;;
+d)
+  case "$GPU_NAME" in *H200*) ;; *) echo "PART=d is for an H200; this is $GPU_NAME"; exit 3 ;; esac
+  {
+    echo "200 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s65-4proc_policy.json"
+    echo "180 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s65-4proc_model.json"
+    echo "100 $V breakdown --workload libero-pi0 --levers best --mode policy --no-progress --json $R/breakdown_libero-pi0_best-s65_policy.json"
+  } | lane A 0 40 &
   ;;
 *) echo "unknown PART=${PART}"; exit 2 ;;
 esac
