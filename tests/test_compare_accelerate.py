@@ -31,11 +31,13 @@ def _hf_gemma(g):
 class _Core(Pi0Model):
     """LeRobot's core model at the tiny size: openpi's module names, transformers-style configs on PaliGemma and
     the expert, LeRobot's `sample_noise`, and a `sample_actions` with LeRobot's positional inputs that runs vlaperf's
-    reference (plus `offset`). `calls` counts its calls, `noise_draws` its noise draws."""
+    reference (plus `offset`, and `guided_offset` on a guided call). `calls` counts its calls, `noise_draws` its noise
+    draws."""
 
     def __init__(self, cfg, offset=0.0):
         super().__init__(cfg)
         self.offset, self.calls, self.noise_draws = offset, 0, 0
+        self.guided_offset = 0.0
         self.rtc_config = self.rtc_processor = None  # LeRobot's RTC, set by the policy
         v = cfg.vision
         self.paligemma_with_expert.paligemma.config = SimpleNamespace(
@@ -72,7 +74,8 @@ class _Core(Pi0Model):
             horizon = min(execution_horizon or self.rtc_config.execution_horizon, T)
             guidance = Guidance(target, self.rtc_processor.get_prefix_weights(inference_delay, horizon, H),
                                 rtc_step_weights(steps, self.rtc_config.max_guidance_weight))
-        return Pi0Model.sample_actions(self, obs, noise, steps, guidance) + self.offset
+        return Pi0Model.sample_actions(self, obs, noise, steps, guidance) + self.offset + \
+            (self.guided_offset if guidance is not None else 0.0)
 
 
 def _prefix_weights(start, end, total):
@@ -606,6 +609,44 @@ def test_time_lerobot_times_lerobots_rtc_as_shipped_and_accelerated(compare_stan
     assert "sample_actions" not in vars(run.policy.model)
 
 
+def test_time_lerobot_records_the_accelerators_refusal_and_times_the_other_rows(compare_stand_in):
+    """The accelerator's check refusing the accelerated row's set-up call is a finding, not a crash: the row is left
+    out, the refusal recorded with its check's numbers, and the rows already set up (LeRobot's, vlaperf's core)
+    timed. No RTC row after a refused plain row: the accelerator already failed on this observation."""
+    run = lr.compare_lerobot("tiny", device="cpu", steps=STEPS, reduced=True, levers="exact")
+    assert run.result["passed"]
+    run.policy.model.offset = 1.0  # LeRobot's core now answers 1 off: only the accelerator's check sees it
+    timing = lr.time_lerobot(run, warmup=1, iters=2, lerobot_compile=None, progress=False, accelerated=True, rtc=True)
+    assert list(timing["summary"]) == ["lerobot", "vlaperf_reference", "vlaperf_exact", "lerobot_predict"]
+    assert timing["settled"] == ["vlaperf_exact"]
+    a = timing["accelerated"]
+    refused = a["refused"]
+    assert refused["row"] == "vlaperf_in_lerobot_predict"
+    assert refused["message"].startswith(f"vlaperf's {run.engine.name} is not equivalent to LeRobot's sample_actions "
+                                         "for this input shape: rel L2 ")
+    check = refused["check"]
+    assert check is a["checks"][-1] and not check["passed"] and not check["guided"]
+    assert check["rel_l2"] > check["tolerance"] and check["max_abs"] > 0.5
+    assert "vs_lerobot_predict" not in a and "rtc" not in a  # nothing of the refused row to compare
+    assert a["vs_lerobot_core"]["rel_l2"] > 0  # LeRobot's own predict was measured against its core
+    assert set(a["first_call_s"]) == {"lerobot_predict"}
+    assert "sample_actions" not in vars(run.policy.model) and not run.policy.config.rtc_config
+
+
+def test_time_lerobot_records_a_refused_guided_row_after_the_plain_ones(compare_stand_in):
+    run = lr.compare_lerobot("tiny", device="cpu", steps=STEPS, reduced=True, levers="exact")
+    run.policy.model.guided_offset = 1.0  # LeRobot's guided calls answer 1 off, its plain ones as vlaperf's
+    timing = lr.time_lerobot(run, warmup=1, iters=2, lerobot_compile=None, progress=False, accelerated=True, rtc=True)
+    assert list(timing["summary"])[-3:] == ["lerobot_predict", "vlaperf_in_lerobot_predict", "lerobot_predict_rtc"]
+    a = timing["accelerated"]
+    assert a["refused"]["row"] == "vlaperf_in_lerobot_predict_rtc" and a["refused"]["check"]["guided"]
+    assert [c["passed"] for c in a["checks"]] == [True, False]
+    assert a["vs_lerobot_predict"]["passed"]  # the plain row was compared and timed
+    rtc = a["rtc"]
+    assert "vs_lerobot_predict_rtc" not in rtc and rtc["guidance_moves"] > 0.05  # LeRobot's guided row answered
+    assert not run.policy.config.rtc_config.enabled and "sample_actions" not in vars(run.policy.model)
+
+
 def test_time_lerobot_accelerated_needs_an_engine(compare_stand_in):
     run = lr.compare_lerobot("tiny", device="cpu", steps=1, reduced=True, levers=None)
     with pytest.raises(ValueError, match="no vlaperf engine to accelerate"):
@@ -645,14 +686,43 @@ def test_cli_rtc_needs_accelerate(capsys):
         capsys.readouterr().err
 
 
-def test_cli_accelerate_exits_1_when_the_accelerators_check_refuses(compare_stand_in, monkeypatch, capsys):
-    def refuse(run, **kw):
-        raise acc.NotEquivalent("vlaperf's exact is not equivalent to LeRobot's sample_actions for this input shape")
+def test_cli_accelerate_writes_its_file_and_exits_1_when_the_accelerators_check_refuses(compare_stand_in, monkeypatch,
+                                                                                       tmp_path, capsys):
+    """The accelerator's own check refusing to answer used to end the command before --json's file was written; the
+    file now holds the comparison, the timed rows and the refusal, and the CLI and the report say it; exit 1."""
+    import json
 
-    monkeypatch.setattr(lr, "time_lerobot", refuse)
-    argv = ["compare", "--workload", "tiny", "--device", "cpu", "--accelerate", "--levers", "exact", "--no-progress"]
+    from vlaperf.report.render import render
+
+    compare = lr.compare_lerobot
+
+    def compare_then_drift(*args, **kwargs):
+        run = compare(*args, **kwargs)
+        run.policy.model.offset = 1.0  # after the comparison passed: only the accelerator's check sees it
+        return run
+
+    monkeypatch.setattr(lr, "compare_lerobot", compare_then_drift)
+    out = tmp_path / "c.json"
+    argv = ["compare", "--workload", "tiny", "--device", "cpu", "--accelerate", "--levers", "exact", "--warmup", "1",
+            "--iters", "2", "--lerobot-compile", "none", "--no-progress", "--json", str(out)]
     assert _cli(argv) == 1
-    assert "vlaperf compare: --accelerate: vlaperf's exact is not equivalent" in capsys.readouterr().err
+    captured = capsys.readouterr()
+    assert "vlaperf compare: --accelerate: vlaperf's " in captured.err
+    assert "is not equivalent to LeRobot's sample_actions for this input shape: rel L2" in captured.err
+    text = " ".join(captured.out.split())
+    assert f"wrote {out}" in text
+    assert ("vlaperf_in_lerobot_predict NOT timed: the accelerator's check against LeRobot's sample_actions refused "
+            "to answer on its first call (batch 1, cameras [True, True, False]") in text, text
+    r = json.loads(out.read_text())
+    assert r["compare"]["passed"] and r["compare"]["equivalence"]["exact"]["passed"]
+    assert list(r["timing"]["summary"]) == ["lerobot", "vlaperf_reference", "vlaperf_exact", "lerobot_predict"]
+    refused = r["timing"]["accelerated"]["refused"]
+    assert refused["row"] == "vlaperf_in_lerobot_predict" and refused["message"] in captured.err
+    assert not refused["check"]["passed"] and refused["check"]["rel_l2"] > refused["check"]["tolerance"]
+    md = " ".join(render([out], tmp_path / "report.md").read_text().split())
+    assert "skipped" not in md
+    assert "vlaperf_in_lerobot_predict: the same call with vlaperf (" in md and "not compared (refused, below)" in md
+    assert "vlaperf_in_lerobot_predict NOT timed: the accelerator's check against LeRobot's sample_actions" in md
 
 
 def test_cli_accelerate_prints_and_writes_the_accelerated_rows(compare_stand_in, tmp_path, capsys):

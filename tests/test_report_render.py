@@ -1439,6 +1439,53 @@ def test_compare_with_lerobots_policy_accelerated_says_what_each_row_is(tiny_res
             "3.10e-01.") in md
 
 
+def test_compare_with_a_refused_accelerated_row_says_why_it_is_missing(tiny_results, tmp_path):
+    """`time_lerobot` records the accelerator's refusal (timing.accelerated.refused) instead of ending the command
+    without a file: the report says which row is missing and the check's numbers; a null rel L2 (not finite) reads
+    as nan, not as a crash."""
+    r = _compare(tiny_results, True)
+    r["timing"]["summary"]["lerobot_predict"] = {"wall_ms_median": 29.0, "speedup_vs_lerobot_wall": 1.03}
+    check = {"batch": 1, "images_valid": [True, True, False], "prompt_len": 6, "num_steps": 4, "guided": False,
+             "max_abs": 1.0, "rel_l2": None, "tolerance": 1e-4, "passed": False}
+    r["timing"]["accelerated"] = {"levers": "for_loop+sdpa", "checks": [check],
+                                  "first_call_s": {"lerobot_predict": 0.5},
+                                  "vs_lerobot_core": {"rel_l2": 0.0, "passed": True},
+                                  "refused": {"row": "vlaperf_in_lerobot_predict", "message": "not equivalent",
+                                              "check": check}}
+    md = " ".join(render([_write(tmp_path / "cmp.json", r)], tmp_path / "r.md").read_text().split())
+    assert "skipped" not in md
+    assert ("installed in the policy by accelerate_lerobot, not compared (refused, below); its check against LeRobot "
+            "on the first call: rel L2 nan (FAILED).") in md
+    assert ("vlaperf_in_lerobot_predict NOT timed: the accelerator's check against LeRobot's sample_actions refused to "
+            "answer on its first call (batch 1, cameras [True, True, False], prompt 6 tokens, 4 steps): rel L2 nan > "
+            "tolerance 1e-04 (max abs 1.00e+00); the other rows were timed.") in md
+    # the guided row refused after the plain ones passed: the RTC sentence says its distance was not measured
+    r["timing"]["accelerated"].update(vs_lerobot_predict={"rel_l2": 3e-6, "passed": True}, rtc={
+        "schedule": "LINEAR", "max_guidance_weight": 10.0, "execution_horizon": 10, "leftover_len": 25,
+        "inference_delay": 3, "guidance_moves": 0.31})
+    r["timing"]["accelerated"]["refused"] = {"row": "vlaperf_in_lerobot_predict_rtc", "message": "not equivalent",
+                                             "check": None}
+    md = " ".join(render([_write(tmp_path / "cmp.json", r)], tmp_path / "r.md").read_text().split())
+    assert ("given with delay 3: vlaperf's guided call refused by the accelerator's check, so not compared; the "
+            "guidance moved LeRobot's chunk by rel L2 3.10e-01.") in md
+    assert ("vlaperf_in_lerobot_predict_rtc not timed: the accelerator refused to answer: not equivalent.") in md
+
+
+@pytest.mark.parametrize("refused, reason", [
+    ("x", "expected an object or null, got string"),
+    ({"row": "vlaperf_in_lerobot_predict"}, "message: expected a string, got null"),
+    ({"row": "r", "message": "m", "check": {"rel_l2": "big", "tolerance": 1e-4}},
+     "check.rel_l2: expected a number or null"),
+    ({"row": "r", "message": "m", "check": {"rel_l2": 0.5}}, "check.tolerance: expected a number, got null"),
+])
+def test_a_compare_file_with_a_damaged_refusal_is_skipped_naming_it(tiny_results, tmp_path, refused, reason):
+    r = _compare(tiny_results, True)
+    r["timing"]["accelerated"] = {"levers": "best", "checks": [], "first_call_s": {}, "refused": refused}
+    md = render([_write(tmp_path / "cmp.json", r), tiny_results / "bench.json"], tmp_path / "r.md").read_text()
+    [skipped] = [line for line in md.splitlines() if line.startswith("skipped ")]
+    assert f"compare: timing.accelerated.refused: {reason}" in skipped, skipped
+
+
 def test_bench_table_rows_are_the_files_summaries(tiny_results, tmp_path):
     """A bench row: file, variant [mode], timer, then the timer's summary in the header's order and the file's first
     call; a file without raw samples keeps its row and draws no figure; groups by workload and device."""

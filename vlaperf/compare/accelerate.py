@@ -71,7 +71,13 @@ RTC_ARGUMENTS = ("inference_delay", "prev_chunk_left_over", "execution_horizon")
 
 
 class NotEquivalent(RuntimeError):
-    """vlaperf's actions for an input shape were further from the peer's than the tolerance allows."""
+    """vlaperf's actions for an input shape were further from the peer's than the tolerance allows. `check`: that
+    check's record (the shape, max_abs, rel_l2, tolerance, passed), as kept in the accelerator's `checks`, so that
+    a caller can record the numbers without parsing the message."""
+
+    def __init__(self, message: str, check: dict | None = None):
+        super().__init__(message)
+        self.check = check
 
 
 @dataclass(eq=False)
@@ -150,7 +156,7 @@ class Accelerator:
                 raise NotEquivalent(f"vlaperf's {self.levers} is not equivalent to {self.peer}'s sample_actions for "
                                     f"this input shape: rel L2 {metrics['rel_l2']:.3g} > tolerance "
                                     f"{metrics['tolerance']:.3g} (max abs {metrics['max_abs']:.3g}); no actions "
-                                    "returned. Try fewer levers, or restore() the accelerator")
+                                    "returned. Try fewer levers, or restore() the accelerator", check=record)
             self._passed.add(key)
             return ours
 

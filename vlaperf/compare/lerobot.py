@@ -509,6 +509,11 @@ def time_lerobot(run: LeRobotRun, warmup: int = 10, iters: int = 50, lerobot_com
     result["accelerated"]. `rtc` (with `accelerated`): the same two again with LeRobot's real-time chunking on and
     a previous chunk's leftover given ("lerobot_predict_rtc", "vlaperf_in_lerobot_predict_rtc"; RTC_TIMING has the
     leftover, the delay and LeRobot's RTC settings), their distance in result["accelerated"]["rtc"].
+    Where the accelerator's own check refuses to answer (`NotEquivalent`, on the accelerated row's set-up call), that
+    row is not timed and result["accelerated"]["refused"] records it: {"row", "message", "check"} (the check's
+    record: shape, max_abs, rel_l2, tolerance). The rows set up before it are timed as usual, with LeRobot's (and
+    vlaperf's core) rows, so the file still holds what was measured; no row is set up after it (the RTC rows after
+    a refused plain row: the accelerator already failed on this observation).
 
     A LeRobot compile that fails is reported (compile_error) and that variant left out.
     LeRobot's compile_model also sets torch.set_float32_matmul_precision("high"); it is set
@@ -586,8 +591,9 @@ def _rtc_config_class():
 
 def _predict_variants(run: LeRobotRun, fns: dict, rtc: bool = False) -> dict:
     """Add LeRobot's `predict_action_chunk` as shipped and accelerated to `fns` (and with RTC guidance: `rtc`);
-    their first calls and distances."""
-    from vlaperf.compare.accelerate import accelerate_lerobot
+    their first calls and distances. An accelerated row whose set-up call the accelerator's check refused is left
+    out of `fns` and recorded as "refused" (see time_lerobot)."""
+    from vlaperf.compare.accelerate import NotEquivalent, accelerate_lerobot
 
     if run.engine is None:
         raise ValueError("accelerated: the comparison has no vlaperf engine to accelerate LeRobot's policy with "
@@ -617,12 +623,25 @@ def _predict_variants(run: LeRobotRun, fns: dict, rtc: bool = False) -> dict:
         firsts[name] = time.perf_counter() - t0
         fns[name] = fn
 
+    def refusal(name, fn) -> dict | None:
+        """`first(name, fn)`; where the accelerator's check refuses to answer, its record instead (the row is then
+        neither timed nor compared): a refusal is a finding of the run, and the rows already measured stay."""
+        try:
+            first(name, fn)
+        except NotEquivalent as e:
+            return {"row": name, "message": str(e), "check": e.check}
+        return None
+
     first("lerobot_predict", shipped)
-    first("vlaperf_in_lerobot_predict", accelerated)
-    info = {"levers": fast.levers, "checks": fast.checks, "first_call_s": firsts,
-            "vs_lerobot_predict": action_metrics(outs["vlaperf_in_lerobot_predict"], outs["lerobot_predict"], run.dtype),
-            "vs_lerobot_core": action_metrics(outs["lerobot_predict"], run.result["actions"]["lerobot"], run.dtype)}
-    if not rtc:
+    refused = refusal("vlaperf_in_lerobot_predict", accelerated)
+    info = {"levers": fast.levers, "checks": fast.checks, "first_call_s": firsts}
+    if refused is None:
+        info["vs_lerobot_predict"] = action_metrics(outs["vlaperf_in_lerobot_predict"], outs["lerobot_predict"],
+                                                    run.dtype)
+    info["vs_lerobot_core"] = action_metrics(outs["lerobot_predict"], run.result["actions"]["lerobot"], run.dtype)
+    if refused is not None:
+        info["refused"] = refused
+    if not rtc or refused is not None:
         return info
     # RTC on only inside its own rows (LeRobot reads config.rtc_config.enabled at each call), so the other rows
     # time LeRobot's loop as shipped, without RTC's per-step wrapper
@@ -648,15 +667,19 @@ def _predict_variants(run: LeRobotRun, fns: dict, rtc: bool = False) -> dict:
         return call
 
     first("lerobot_predict_rtc", guided(False))
-    first("vlaperf_in_lerobot_predict_rtc", guided(True))
+    refused = refusal("vlaperf_in_lerobot_predict_rtc", guided(True))
     info["rtc"] = {"inference_delay": kwargs["inference_delay"], "leftover_len": H - start,
                    "execution_horizon": settings.execution_horizon, "max_guidance_weight": settings.max_guidance_weight,
                    "schedule": str(getattr(settings.prefix_attention_schedule, "value",
-                                           settings.prefix_attention_schedule)),
-                   "vs_lerobot_predict_rtc": action_metrics(outs["vlaperf_in_lerobot_predict_rtc"],
-                                                            outs["lerobot_predict_rtc"], run.dtype),
-                   "guidance_moves": action_metrics(outs["lerobot_predict_rtc"], outs["lerobot_predict"],
-                                                    run.dtype)["rel_l2"]}
+                                           settings.prefix_attention_schedule))}
+    if refused is None:
+        info["rtc"]["vs_lerobot_predict_rtc"] = action_metrics(outs["vlaperf_in_lerobot_predict_rtc"],
+                                                               outs["lerobot_predict_rtc"], run.dtype)
+    else:
+        info["refused"] = refused
+    # LeRobot's guided row answered either way: how far its guidance moved the chunk is measured
+    info["rtc"]["guidance_moves"] = action_metrics(outs["lerobot_predict_rtc"], outs["lerobot_predict"],
+                                                   run.dtype)["rel_l2"]
     return info
 
 

@@ -428,6 +428,29 @@ REQUIRED_FIELDS = {
 }
 
 
+def refusal_problem(refused) -> str | None:
+    """Why a compare file's timing.accelerated.refused (`time_lerobot`'s record of an accelerated row the
+    accelerator's check refused) cannot be worded, or None; absent or null: nothing was refused."""
+    if refused is None:
+        return None
+    if not isinstance(refused, dict):
+        return f"expected an object or null, got {json_kind(refused)}"
+    for key in ("row", "message"):
+        if not isinstance(refused.get(key), str):
+            return f"{key}: expected a string, got {json_kind(refused.get(key))}"
+    check = refused.get("check")
+    if check is None:  # a refusal raised without its check's record: the message alone is said
+        return None
+    if not isinstance(check, dict):
+        return f"check: expected an object or null, got {json_kind(check)}"
+    if json_kind(check.get("tolerance")) != "number":
+        return f"check.tolerance: expected a number, got {json_kind(check.get('tolerance'))}"
+    for key in ("rel_l2", "max_abs"):  # null where the error was not finite (strict_json)
+        if check.get(key) is not None and json_kind(check[key]) != "number":
+            return f"check.{key}: expected a number or null, got {json_kind(check[key])}"
+    return None
+
+
 def field_problem(r: dict) -> str | None:
     """Why `r` (a valid result) cannot be rendered by its command's renderer, or None."""
     cmd = r["command"]
@@ -443,6 +466,12 @@ def field_problem(r: dict) -> str | None:
             bad = [x for x in value if not isinstance(x, dict)]
             if bad:
                 return f"{cmd}: {key} holds {json_kind(bad[0])} {_clip(json.dumps(bad[0]), 40)}, expected objects"
+    if cmd == "compare":  # the accelerator's refusal, which the section words from its fields
+        timing = r.get("timing")
+        acc = timing.get("accelerated") if isinstance(timing, dict) else None
+        problem = refusal_problem(acc.get("refused")) if isinstance(acc, dict) else None
+        if problem:
+            return f"compare: timing.accelerated.refused: {problem}"
     if cmd in ("bench", "breakdown"):  # --processes N: the report reads every process's medians
         from vlaperf.profile.processes import process_problem
 
@@ -1068,13 +1097,33 @@ def _rollout(doc: _Doc, path: str, r: dict) -> None:
 def describe_rtc(rtc: dict) -> str:
     """One sentence on `time_lerobot(rtc=True)`'s RTC rows (result["accelerated"]["rtc"]), for the CLI and the report.
     Here, not in vlaperf.compare.lerobot: that module imports torch, and a report does not."""
-    m = rtc["vs_lerobot_predict_rtc"]
+    m = rtc.get("vs_lerobot_predict_rtc")  # absent where the accelerator refused the guided call (accelerated.refused)
+    distance = ("vlaperf's guided call refused by the accelerator's check, so not compared" if m is None else
+                f"rel L2 {m['rel_l2']:.2e} from LeRobot's own guided call ({'passed' if m['passed'] else 'FAILED'}, "
+                f"tolerance {m['tolerance']:.0e})")
     return (f"LeRobot's real-time chunking on ({rtc['schedule']} schedule, max guidance weight "
             f"{rtc['max_guidance_weight']:g}, execution horizon {rtc['execution_horizon']}) with a "
             f"{rtc['leftover_len']}-action leftover of the previous chunk given with delay {rtc['inference_delay']}: "
-            f"rel L2 {m['rel_l2']:.2e} from LeRobot's own guided call ({'passed' if m['passed'] else 'FAILED'}, "
-            f"tolerance {m['tolerance']:.0e}); the guidance moved LeRobot's chunk by rel L2 "
-            f"{rtc['guidance_moves']:.2e}")
+            f"{distance}; the guidance moved LeRobot's chunk by rel L2 {_sci2(rtc['guidance_moves'])}")
+
+
+def _sci2(x) -> str:
+    """A rel L2 or max abs as the compare sentences give it (two digits); "nan" where it was not finite (the CLI's
+    NaN, a file's null: strict_json writes NaN as null)."""
+    return "nan" if x is None or x != x else f"{x:.2e}"
+
+
+def describe_refusal(refused: dict) -> str:
+    """One sentence on an accelerated row the accelerator's own check refused (timing["accelerated"]["refused"]:
+    `time_lerobot` leaves that row out and times the others), for the CLI and the report."""
+    c = refused.get("check")
+    if not c:  # a refusal without its check's record: the accelerator's message says what it knows
+        return f"{refused['row']} not timed: the accelerator refused to answer: {refused['message']}"
+    shape = (f"batch {c.get('batch')}, cameras {c.get('images_valid')}, prompt {c.get('prompt_len')} tokens, "
+             f"{c.get('num_steps')} steps" + (", guided" if c.get("guided") else ""))
+    return (f"{refused['row']} NOT timed: the accelerator's check against LeRobot's sample_actions refused to answer "
+            f"on its first call ({shape}): rel L2 {_sci2(c['rel_l2'])} > tolerance {c['tolerance']:.0e} (max abs "
+            f"{_sci2(c['max_abs'])}); the other rows were timed")
 
 
 def describe_lerobot_compile(lc: dict) -> str | None:
@@ -1116,16 +1165,21 @@ def _compare(doc: _Doc, path: str, r: dict) -> None:
               "after the eager row before it in the round (whose host work slows the next call).", "note")
     acc = t.get("accelerated")
     if acc:
-        m, checks = acc["vs_lerobot_predict"], acc["checks"]
+        m, checks = acc.get("vs_lerobot_predict"), acc["checks"]
+        # vs_lerobot_predict is absent where the accelerator refused the accelerated row (acc["refused"])
+        apart = ("not compared (refused, below)" if m is None else
+                 f"rel L2 {m['rel_l2']:.2e} from LeRobot's own ({'passed' if m['passed'] else 'FAILED'})")
+        first = acc["first_call_s"].get("vlaperf_in_lerobot_predict")
         doc.p(f"lerobot_predict: LeRobot's own predict_action_chunk (its image pre-processing included); "
               f"vlaperf_in_lerobot_predict: the same call with vlaperf ({acc['levers']}) installed in the policy by "
-              f"accelerate_lerobot, rel L2 {m['rel_l2']:.2e} from LeRobot's own ({'passed' if m['passed'] else 'FAILED'}); "
-              f"its check against LeRobot on the first call: "
-              + ", ".join(f"rel L2 {c['rel_l2']:.2e} ({'passed' if c['passed'] else 'FAILED'})" for c in checks)
-              + f"; first call {acc['first_call_s']['vlaperf_in_lerobot_predict']:.2f} s, the check included.", "note")
+              f"accelerate_lerobot, {apart}; its check against LeRobot on the first call: "
+              + ", ".join(f"rel L2 {_sci2(c['rel_l2'])} ({'passed' if c['passed'] else 'FAILED'})" for c in checks)
+              + (f"; first call {first:.2f} s, the check included." if first is not None else "."), "note")
         if acc.get("rtc"):
             doc.p(f"lerobot_predict_rtc / vlaperf_in_lerobot_predict_rtc: the same two calls with "
                   f"{describe_rtc(acc['rtc'])}.", "note")
+        if acc.get("refused"):
+            doc.p(describe_refusal(acc["refused"]) + ".", "warn")
     fig, axes = _figure(6.0, 0.9 + 0.45 * len(summary))
     ax = axes[0][0]
     names = list(summary)[::-1]
