@@ -587,3 +587,38 @@ def test_the_schema_of_an_op_is_looked_up_once(monkeypatch):
             x.roll(1)
             torch.roll(x, 1)
     assert calls == ["aten::roll", "aten::roll"]  # Tensor.roll, torch.roll
+
+
+def _local_scalar_reads(fn) -> int:
+    """How many times torch read a tensor's value on the host (aten::_local_scalar_dense, what .item() runs) in fn."""
+    with torch.profiler.profile(activities=[torch.profiler.ProfilerActivity.CPU]) as prof:
+        fn()
+    return sum(e.count for e in prof.key_averages() if e.key == "aten::_local_scalar_dense")
+
+
+def test_a_0_dim_device_value_of_masked_fill_or_index_fill_is_a_host_read():
+    """x.masked_fill(mask, v) and x.index_fill(0, idx, v) with v a 0-dim tensor on the device read v with .item() inside
+    the op (CUDA's masked_fill__cuda, and the index_fill_ CPU and CUDA share, fill with a host number), where the mode
+    is off: they were missed. A Python number value goes to the Scalar overload and reads nothing; a value on the host
+    (host-born) is read from host memory, no sync."""
+    x = torch.arange(12.0).reshape(6, 2)
+    mask = x > 3
+    idx = torch.tensor([1], device="cpu")
+    v = torch.tensor(0.5, device="cpu")  # placed on the device (the CPU standing in for it)
+    reads = [lambda: x.masked_fill(mask, v), lambda: x.clone().masked_fill_(mask, v),
+             lambda: torch.masked_fill(x, mask, value=v), lambda: x.index_fill(0, idx, v),
+             lambda: x.clone().index_fill_(0, idx, value=v)]
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        for fn in reads:
+            fn()
+    assert [e.op for e in mode.events] == ["Tensor.masked_fill", "Tensor.masked_fill_", "torch.masked_fill",
+                                           "Tensor.index_fill", "Tensor.index_fill_"]
+    assert all(e.file == __file__ for e in mode.events)
+    assert [_local_scalar_reads(fn) for fn in reads] == [1] * 5  # torch's own count: each reads v once
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        x.masked_fill(mask, 0.5)
+        x.masked_fill(mask, torch.tensor(0.5))  # host-born
+        x.index_fill(0, idx, 1.0)
+        torch.where(mask, x, v)  # the way to fill with a device value
+    assert mode.events == []
+    assert _local_scalar_reads(lambda: x.masked_fill(mask, 0.5)) == 0

@@ -109,8 +109,13 @@ _COPY_OPS = {"to", "cpu", "copy_", "cuda", "type"}
 # x.topk(n), torch.cat(xs, dim=n), F.pad(x, (0, n)), torch.full((2,), v), x.add(y, alpha=v) with n, v on the device):
 # torch's argument parser reads such a tensor with .item(), in C++, where this mode is off. Which arguments take
 # numbers comes from the op's schemas (see _number_slots); these few take a tensor in one overload and still read it
-# with .item() there (the overload exists for tracing; the op needs the number on the host to size its output).
-_ITEM_TENSOR_ARGS = {"narrow", "linspace", "logspace"}
+# with .item() there, in C++ (op -> the names of those arguments). narrow's start, linspace's ends: the overload exists
+# for tracing, and the op needs the number on the host to size its output. masked_fill's and index_fill's 0-dim value:
+# the kernel fills with a host number (CUDA's masked_fill__cuda, like the CPU's, and the index_fill_ both share call
+# value.item(); pytorch/pytorch#190512, open in 2026-07, would read masked_fill's on the device instead).
+_ITEM_TENSOR_ARGS = {"narrow": {"start"}, "linspace": {"start", "end"}, "logspace": {"start", "end"},
+                     "masked_fill": {"value"}, "masked_fill_": {"value"}, "index_fill": {"value"},
+                     "index_fill_": {"value"}}
 # Factories that build a tensor from Python data: a device tensor inside a list or tuple of that data is converted to
 # a Python number, one .item() each (torch.tensor([n, m])); a tensor given as the data itself is copied as it is.
 _DATA_FACTORIES = {"tensor", "as_tensor", "asarray", "new_tensor"}
@@ -164,7 +169,7 @@ def _kind(op: str, arg) -> str:
     t = str(getattr(arg, "real_type", arg.type))  # real_type tells a dtype from an int
     while t.startswith(("Optional[", "List[")):
         t = t[t.index("[") + 1:-1]
-    if t == "Tensor" and op in _ITEM_TENSOR_ARGS and arg.name not in ("self", "out"):
+    if t == "Tensor" and arg.name in _ITEM_TENSOR_ARGS.get(op, ()):
         return "number"
     if t in ("Tensor", "Any"):
         return "tensor"
