@@ -622,3 +622,25 @@ def test_a_0_dim_device_value_of_masked_fill_or_index_fill_is_a_host_read():
         torch.where(mask, x, v)  # the way to fill with a device value
     assert mode.events == []
     assert _local_scalar_reads(lambda: x.masked_fill(mask, 0.5)) == 0
+
+
+def test_one_hot_without_num_classes_is_a_host_read():
+    """F.one_hot(t) without num_classes sizes its output from t.max().item(), inside the op, on a GPU too: it was
+    missed. With num_classes given a GPU reads nothing (torch's range checks read t on the CPU only, so the CPU's own
+    count, 2 reads either way, is no guide here); a device tensor as num_classes is read as any number is."""
+    import torch.nn.functional as F
+
+    t = torch.tensor([0, 2, 1], device="cpu")  # placed on the device (the CPU standing in for it)
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        F.one_hot(t)
+        F.one_hot(t, num_classes=-1)
+        torch.nn.functional.one_hot(t, -1)
+        F.one_hot(t, t.max() + 1)
+    assert [e.op for e in mode.events] == ["one_hot"] * 4
+    assert all(e.file == __file__ for e in mode.events)
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        F.one_hot(t, 4)
+        F.one_hot(t, num_classes=3)
+        F.one_hot(torch.tensor([0, 2, 1]))  # host-born
+        F.one_hot(t[:0], 4)  # empty: nothing to read
+    assert mode.events == []

@@ -349,6 +349,12 @@ class HostReadMode(TorchFunctionMode):
             return "host_read" if dev_in else None
         if name == "repeat_interleave" and len(ins) >= 2 and kwargs.get("output_size") is None:
             return "host_read" if dev_in else None  # tensor repeats: output size read on the host
+        if name == "one_hot" and dev_in:
+            # F.one_hot(t) without num_classes sizes its output from t.max().item(), inside the op, on every device;
+            # with num_classes given only the CPU reads t (its range checks), so a GPU reads nothing
+            classes = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
+            if isinstance(classes, int) and classes == -1 and ins[0].numel() > 0:  # (an empty t is refused)
+                return "host_read"
         if dev_in and any(self.on_device(t) for t in _number_args(func, name, args, kwargs)):
             return "host_read"  # a device tensor as a number (torch.zeros(n)): read inside torch, as x[:n]'s bound is
         if name in _INDEX_OPS:
