@@ -644,3 +644,30 @@ def test_one_hot_without_num_classes_is_a_host_read():
         F.one_hot(torch.tensor([0, 2, 1]))  # host-born
         F.one_hot(t[:0], 4)  # empty: nothing to read
     assert mode.events == []
+
+
+def test_a_device_tensor_as_interpolates_size_or_scale_factor_is_a_host_read():
+    """F.interpolate has no aten op of its name, so the schemas said nothing of it: its size goes on to upsample_*'s
+    output_size, where the argument parser reads a device tensor with .item(), and a scale_factor it recomputes is read
+    by its own int(size * scale_factor); both inside torch, where the mode is off. They were missed (so were
+    nn.Upsample and F.upsample, which call it). Host sizes, and a host-born tensor, read nothing."""
+    import torch.nn.functional as F
+
+    img = torch.rand(1, 1, 4, 4)
+    n = torch.tensor(3, device="cpu")  # placed on the device (the CPU standing in for it)
+    s = torch.tensor(2.0, device="cpu")
+    reads = [lambda: F.interpolate(img, size=n), lambda: F.interpolate(img, (n, 4), mode="bilinear"),
+             lambda: F.interpolate(img, scale_factor=s, recompute_scale_factor=True),
+             lambda: F.interpolate(img, scale_factor=(s, s), mode="area"), lambda: torch.nn.Upsample(size=n)(img)]
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        for fn in reads:
+            fn()
+    assert [e.op for e in mode.events] == ["interpolate"] * 5
+    assert [e.file for e in mode.events] == [__file__] * 5  # the user's line, not torch's
+    assert [_local_scalar_reads(fn) for fn in reads] == [2, 1, 2, 2, 2]  # torch's own count: one read per size
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        F.interpolate(img, size=8)
+        F.interpolate(img, size=(img.shape[-1] * 2, 4), mode="bilinear")
+        F.interpolate(img, scale_factor=2.0)
+        F.interpolate(img, size=torch.tensor(3))  # host-born
+    assert mode.events == []

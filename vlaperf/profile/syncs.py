@@ -116,6 +116,13 @@ _COPY_OPS = {"to", "cpu", "copy_", "cuda", "type"}
 _ITEM_TENSOR_ARGS = {"narrow": {"start"}, "linspace": {"start", "end"}, "logspace": {"start", "end"},
                      "masked_fill": {"value"}, "masked_fill_": {"value"}, "index_fill": {"value"},
                      "index_fill_": {"value"}}
+# Python functions without an aten op of their name that pass numbers on to ops of other names, where the parser reads
+# a device tensor as it reads one given to the op itself: F.interpolate's size goes to upsample_*'s output_size (x, n
+# and (n, n) alike; nn.Upsample and F.upsample call it), and a scale_factor it recomputes (recompute_scale_factor, or
+# mode="area") is read by its own int(size * scale_factor) (a tensor scale_factor it passes on is refused). Each:
+# (positions in a call's args, keyword names), as _number_slots gives them.
+_PY_NUMBER_ARGS: dict[Any, tuple[tuple[int, ...], frozenset]] = {
+    torch.nn.functional.interpolate: ((1, 2), frozenset({"size", "scale_factor"}))}
 # Factories that build a tensor from Python data: a device tensor inside a list or tuple of that data is converted to
 # a Python number, one .item() each (torch.tensor([n, m])); a tensor given as the data itself is copied as it is.
 _DATA_FACTORIES = {"tensor", "as_tensor", "asarray", "new_tensor"}
@@ -188,7 +195,12 @@ def _number_slots(func, name: str) -> tuple[tuple[int, ...], int | None, frozens
     A slot counts only if no overload takes a tensor there: torch's argument parser tries the overloads in turn, and a
     tensor matching a Tensor argument of one of them is not read (x.add(v) vs x.add(y, alpha=v)). A Python function
     (Tensor.split, F.pad, F.softmax) is matched the same way: each passes its arguments on to the op of its name. An
-    op without a dispatcher schema (torch.tensor, __getitem__, a custom Python function) takes no numbers here."""
+    op without a dispatcher schema (torch.tensor, __getitem__, a custom Python function) takes no numbers here, but
+    for the Python functions of _PY_NUMBER_ARGS."""
+    if func in _PY_NUMBER_ARGS:
+        positions, keywords = _PY_NUMBER_ARGS[func]
+        _SLOTS[func] = slots = (positions, None, keywords)
+        return slots
     method = (getattr(func, "__qualname__", None) or "").startswith(("TensorBase.", "Tensor."))
     pos: dict[int, set] = {}
     kw: dict[str, set] = {}
