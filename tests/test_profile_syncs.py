@@ -671,3 +671,28 @@ def test_a_device_tensor_as_interpolates_size_or_scale_factor_is_a_host_read():
         F.interpolate(img, scale_factor=2.0)
         F.interpolate(img, size=torch.tensor(3))  # host-born
     assert mode.events == []
+
+
+def test_a_list_of_device_scalars_where_an_op_takes_a_tensor_or_a_list_of_numbers_is_a_host_read():
+    """torch.tensor_split(x, [n, 4]): the op takes a lone tensor (tensor_indices_or_sections) or a list of numbers
+    (indices) there, so the schemas hid the slot; but a list matches no lone Tensor, and the parser reads each device
+    tensor in it with .item(). It was missed. A tensor given as it is (torch.tensor_split(x, t)) reads nothing on a GPU:
+    torch refuses it unless it is on the CPU (host memory), so the CPU's own read of it is no sync, and not counted."""
+    x = torch.arange(12.0).reshape(6, 2)
+    n = torch.tensor(3, device="cpu")  # placed on the device (the CPU standing in for it)
+    reads = [lambda: torch.tensor_split(x, [n, 4]), lambda: x.tensor_split((n,), dim=0)]
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        for fn in reads:
+            fn()
+    assert [e.op for e in mode.events] == ["torch.tensor_split", "Tensor.tensor_split"]
+    assert all(e.file == __file__ for e in mode.events)
+    assert [_local_scalar_reads(fn) for fn in reads] == [1, 1]
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        torch.tensor_split(x, n)
+        x.tensor_split(torch.tensor([1, 4], device="cpu"))
+        torch.tensor_split(x, [2, 4])
+        torch.tensor_split(x, [torch.tensor(2), 4])  # host-born
+        torch.cat([x, x])  # a list of tensors where the op takes one
+    assert mode.events == []
+    with pytest.raises(RuntimeError, match="to be on cpu"):  # a tensor not in host memory is refused, as on a GPU
+        torch.tensor_split(x, torch.tensor(3, device="meta"))

@@ -171,35 +171,42 @@ def _index_reads(index) -> list:
 
 
 def _kind(op: str, arg) -> str:
-    """'tensor' if the argument takes a tensor as it is, 'number' if it takes host numbers (int, SymInt, float,
-    Scalar, or an optional or list of them), 'other' (bool, dtype, str, device, ...: a tensor there is refused)."""
+    """'tensor' if the argument takes a tensor as it is, 'tensors' if it takes a list of them (or Any), 'number' if it
+    takes a host number (int, SymInt, float, Scalar, or an optional one), 'numbers' a list of them, 'other' (bool,
+    dtype, str, device, ...: a tensor there is refused)."""
     t = str(getattr(arg, "real_type", arg.type))  # real_type tells a dtype from an int
+    listed = t.startswith(("List[", "Optional[List["))
     while t.startswith(("Optional[", "List[")):
         t = t[t.index("[") + 1:-1]
     if t == "Tensor" and arg.name in _ITEM_TENSOR_ARGS.get(op, ()):
         return "number"
     if t in ("Tensor", "Any"):
-        return "tensor"
-    return "number" if t in ("int", "SymInt", "float", "number", "complex") else "other"
+        return "tensors" if listed or t == "Any" else "tensor"
+    if t in ("int", "SymInt", "float", "number", "complex"):
+        return "numbers" if listed else "number"
+    return "other"
 
 
 # func -> _number_slots of its op, computed once per function (torch.select and Tensor.select each once): the mode asks
 # on every torch call. Keyed by the function, not its name: its __qualname__ (a Tensor method or not) costs more to
 # build than this lookup.
-_SLOTS: dict[Any, tuple[tuple[int, ...], int | None, frozenset]] = {}
+_SLOTS: dict[Any, tuple[tuple[int, ...], int | None, frozenset, tuple[int, ...], frozenset]] = {}
 
 
-def _number_slots(func, name: str) -> tuple[tuple[int, ...], int | None, frozenset]:
+def _number_slots(func, name: str) -> tuple[tuple[int, ...], int | None, frozenset, tuple[int, ...], frozenset]:
     """Where the op `name` takes host numbers: (the positions in a call's args, the position from which every further
-    one is a number too (x.view(4, n) is x.view((4, n))) or None, the keyword names), from the schemas of aten::<name>.
-    A slot counts only if no overload takes a tensor there: torch's argument parser tries the overloads in turn, and a
-    tensor matching a Tensor argument of one of them is not read (x.add(v) vs x.add(y, alpha=v)). A Python function
+    one is a number too (x.view(4, n) is x.view((4, n))) or None, the keyword names, then the positions and keyword
+    names that take numbers only when given a list), from the schemas of aten::<name>. A slot counts only if no
+    overload takes a tensor there: torch's argument parser tries the overloads in turn, and a tensor matching a Tensor
+    argument of one of them is not read (x.add(v) vs x.add(y, alpha=v)). A list or tuple matches no lone Tensor,
+    though: where the overloads taking a tensor there take a lone one and another takes a list of numbers, a list
+    there holds numbers (torch.tensor_split(x, [n, 4]), not torch.tensor_split(x, t)). A Python function
     (Tensor.split, F.pad, F.softmax) is matched the same way: each passes its arguments on to the op of its name. An
     op without a dispatcher schema (torch.tensor, __getitem__, a custom Python function) takes no numbers here, but
     for the Python functions of _PY_NUMBER_ARGS."""
     if func in _PY_NUMBER_ARGS:
         positions, keywords = _PY_NUMBER_ARGS[func]
-        _SLOTS[func] = slots = (positions, None, keywords)
+        _SLOTS[func] = slots = (positions, None, keywords, (), frozenset())
         return slots
     method = (getattr(func, "__qualname__", None) or "").startswith(("TensorBase.", "Tensor."))
     pos: dict[int, set] = {}
@@ -231,13 +238,20 @@ def _number_slots(func, name: str) -> tuple[tuple[int, ...], int | None, frozens
     n = max(pos, default=-1) + 1
     positions = tuple(first + i for i in range(n) if _numbers(pos[i] | (varargs if i > 0 else set())))
     slots = (positions, first + n if _numbers(varargs) else None,
-             frozenset(k for k, kinds in kw.items() if _numbers(kinds)))
+             frozenset(k for k, kinds in kw.items() if _numbers(kinds)),
+             tuple(first + i for i in range(n) if _listed_numbers(pos[i])),
+             frozenset(k for k, kinds in kw.items() if _listed_numbers(kinds)))
     _SLOTS[func] = slots
     return slots
 
 
 def _numbers(kinds: set) -> bool:
-    return "number" in kinds and "tensor" not in kinds
+    return ("number" in kinds or "numbers" in kinds) and "tensor" not in kinds and "tensors" not in kinds
+
+
+def _listed_numbers(kinds: set) -> bool:
+    """A slot that takes a lone tensor as it is, and a list only as numbers (no overload takes a list of tensors)."""
+    return "numbers" in kinds and "tensor" in kinds and "tensors" not in kinds
 
 
 def _number_args(func, name, args, kwargs) -> list:
@@ -247,17 +261,20 @@ def _number_args(func, name, args, kwargs) -> list:
         data = args[1:2] if name == "new_tensor" else args[:1]  # x.new_tensor(data): the method's args hold x first
         data = data or [kwargs.get("data"), kwargs.get("obj")]
         return [t for x in data if isinstance(x, (list, tuple)) for t in _tensors(x, [])]
-    positions, varargs_from, keywords = _SLOTS.get(func) or _number_slots(func, name)
+    positions, varargs_from, keywords, listed, listed_keywords = _SLOTS.get(func) or _number_slots(func, name)
     # plain loops: this runs on every torch call
     given = []
     for i in positions:
         if i < len(args):
             given.append(args[i])
+    for i in listed:
+        if i < len(args) and isinstance(args[i], (list, tuple)):
+            given.append(args[i])
     if varargs_from is not None:
         given += args[varargs_from:]
-    if kwargs and keywords:
+    if kwargs and (keywords or listed_keywords):
         for k in kwargs:
-            if k in keywords:
+            if k in keywords or (k in listed_keywords and isinstance(kwargs[k], (list, tuple))):
                 given.append(kwargs[k])
     out = []
     for x in given:  # a number, or a list of them (a size): no deeper; a number slot takes a one-element tensor only
