@@ -27,6 +27,16 @@
 #   PART=d   on an H200 only: libero-pi0 `best` in policy mode and in model mode, four fresh processes each, then a
 #               policy breakdown. Prediction: policy 14.0-14.4 ms (session 48: 14.05-14.34), model 12.7-13.0 ms
 #               (session 60: 12.72); breakdown exact, coverage 0.95-1.05, host stages 1.4-1.8 ms (session 48's H200).
+#   PART=e   (carry .whl and .whl_lerobot) 0) tests/test_profile_syncs.py on the GPU, with the new referee test: the
+#               mode's flags against CUDA's sync debug mode, call by call (masked_fill/index_fill with a device value,
+#               one_hot without num_classes, interpolate(size=n), tensor_split(x, [n, 4]) among them). Prediction:
+#               all pass (the helper's reading of torch's sources: each of those syncs on CUDA with torch 2.11).
+#            1) compare libero-pi0 --accelerate --rtc against the real LeRobot 0.6.1 (time_lerobot restructured to
+#               record a refusal; first_call_s now each path's first call in the process). Predictions (H100, session
+#               51's file): lerobot 205-225 ms, vlaperf_best 13.2-13.8, vlaperf_in_lerobot_predict 13.8-14.4,
+#               all rows' rel L2 < 3e-2 as before (~1e-2); no `refused`; vlaperf_best's first_call_s a cold compile
+#               and capture, 8-15 s (was 0.014 s, a warm call).
+#            2) tests/test_compare_accelerate.py's real-LeRobot cases (slow and gpu marks). Prediction: all pass.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session65.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P
@@ -63,6 +73,15 @@ d)
     echo "200 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s65-4proc_policy.json"
     echo "180 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s65-4proc_model.json"
     echo "100 $V breakdown --workload libero-pi0 --levers best --mode policy --no-progress --json $R/breakdown_libero-pi0_best-s65_policy.json"
+  } | lane A 0 40 &
+  ;;
+e)
+  install_wheels .whl_lerobot /tmp/lrsite
+  L="PYTHONPATH=/tmp/lrsite:\$PYTHONPATH"
+  {
+    echo "100 $P -q -n 4 --timeout 90 tests/test_profile_syncs.py 2>&1 | tee $R/pytest_gpu_s65e0.log | tail -8"
+    echo "300 $L $V compare --workload libero-pi0 --accelerate --rtc --lerobot-compile none --iters 30 --no-progress --json $R/compare_libero-pi0_lerobot_accelerated-s65.json"
+    echo "400 $L $P -q -n 2 --timeout 390 -m 'slow or gpu' tests/test_compare_accelerate.py 2>&1 | tee $R/pytest_gpu_s65e2.log | tail -12"
   } | lane A 0 40 &
   ;;
 *) echo "unknown PART=${PART}"; exit 2 ;;

@@ -696,3 +696,47 @@ def test_a_list_of_device_scalars_where_an_op_takes_a_tensor_or_a_list_of_number
     assert mode.events == []
     with pytest.raises(RuntimeError, match="to be on cpu"):  # a tensor not in host memory is refused, as on a GPU
         torch.tensor_split(x, torch.tensor(3, device="meta"))
+
+
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device: CUDA's sync debug mode is the referee")
+def test_the_mode_flags_the_calls_that_cudas_sync_debug_mode_catches():
+    """On a GPU, the two counters agree call by call: each call the mode counts as a host read synchronizes (torch's
+    sync debug mode warns), and each call it leaves out does not. The CPU tests above stand the CPU in for the device
+    and take torch's sources for what a GPU does inside an op (masked_fill's value, one_hot, interpolate's size); this
+    one runs them on the device. A call is compared as synced or not: an op may sync more than once per call."""
+    import torch.nn.functional as F
+
+    d = torch.device("cuda")
+    x = torch.arange(12.0, device=d).reshape(6, 2)
+    mask, idx = x > 3, torch.tensor([1], device=d)
+    n, v, t = torch.tensor(3, device=d), torch.tensor(0.5, device=d), torch.tensor([0, 2, 1], device=d)
+    img = torch.rand(1, 1, 4, 4, device=d)
+    calls = {  # name -> (call, whether it reads the device on the host)
+        "item": (lambda: x.sum().item(), True),
+        "zeros(n)": (lambda: torch.zeros(n, device=d), True),
+        "narrow(n)": (lambda: x.narrow(0, 0, n), True),
+        "x[mask]": (lambda: x[mask], True),
+        "masked_fill(device value)": (lambda: x.masked_fill(mask, v), True),
+        "index_fill(device value)": (lambda: x.index_fill(0, idx, v), True),
+        "one_hot(t)": (lambda: F.one_hot(t), True),
+        "interpolate(size=n)": (lambda: F.interpolate(img, size=n), True),
+        "tensor_split(x, [n, 4])": (lambda: torch.tensor_split(x, [n, 4]), True),
+        "x + 1": (lambda: x + 1, False),
+        "masked_fill(0.5)": (lambda: x.masked_fill(mask, 0.5), False),
+        "where(mask, x, v)": (lambda: torch.where(mask, x, v), False),
+        "one_hot(t, 4)": (lambda: F.one_hot(t, 4), False),
+        "interpolate(size=8)": (lambda: F.interpolate(img, size=8), False),
+        "x[n.reshape(1)]": (lambda: x[n.reshape(1)], False),
+    }
+    synced, flagged = {}, {}
+    for name, (fn, _) in calls.items():
+        fn()  # warm: a first call may load kernels
+        torch.cuda.synchronize()
+        with CudaSyncCounter() as cuda_counter:
+            fn()
+        torch.cuda.synchronize()
+        with HostReadMode(d) as mode:
+            fn()
+        synced[name], flagged[name] = bool(cuda_counter.events), bool(mode.events)
+    assert synced == {name: expected for name, (_, expected) in calls.items()}  # the referee, as the docstrings say
+    assert flagged == synced
