@@ -37,6 +37,15 @@
 #               all rows' rel L2 < 3e-2 as before (~1e-2); no `refused`; vlaperf_best's first_call_s a cold compile
 #               and capture, 8-15 s (was 0.014 s, a warm call).
 #            2) tests/test_compare_accelerate.py's real-LeRobot cases (slow and gpu marks). Prediction: all pass.
+#            Outcome (H100, 09:08-09:11): 0) 38 passed, the referee test among them: as predicted. 1) lerobot 212.12,
+#               vlaperf_best 13.48 (first call 10.90 s), vlaperf_in_lerobot_predict 14.07, rel L2 9.8e-3, no refusal:
+#               as predicted. 2) 8 passed, 2 skipped (gym_pusht; openpi): as predicted.
+#   PART=f   (carry .whl and .whl_lerobot) 1) the same compare for libero-pi05. Predictions (session 51's H100 file):
+#               lerobot 225-240 ms, vlaperf_best 12.8-13.3, vlaperf_in_lerobot_predict 13.3-13.9, rel L2 < 3e-2, no
+#               refusal, vlaperf_best's first call 3-15 s (the compile caches warm from part e's pi0 run if the machine
+#               is the same, not shared between presets' kernels otherwise).
+#            2) tests/test_compare_lerobot.py's real-LeRobot cases (slow and gpu marks; the first-call test changed in
+#               session 64). Prediction: all pass.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session65.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P
@@ -82,6 +91,14 @@ e)
     echo "100 $P -q -n 4 --timeout 90 tests/test_profile_syncs.py 2>&1 | tee $R/pytest_gpu_s65e0.log | tail -8"
     echo "300 $L $V compare --workload libero-pi0 --accelerate --rtc --lerobot-compile none --iters 30 --no-progress --json $R/compare_libero-pi0_lerobot_accelerated-s65.json"
     echo "400 $L $P -q -n 2 --timeout 390 -m 'slow or gpu' tests/test_compare_accelerate.py 2>&1 | tee $R/pytest_gpu_s65e2.log | tail -12"
+  } | lane A 0 40 &
+  ;;
+f)
+  install_wheels .whl_lerobot /tmp/lrsite
+  L="PYTHONPATH=/tmp/lrsite:\$PYTHONPATH"
+  {
+    echo "200 $L $V compare --workload libero-pi05 --accelerate --rtc --lerobot-compile none --iters 30 --no-progress --json $R/compare_libero-pi05_lerobot_accelerated-s65.json"
+    echo "330 $L $P -q -n 2 --timeout 320 -m 'slow or gpu' tests/test_compare_lerobot.py 2>&1 | tee $R/pytest_gpu_s65f2.log | tail -12"
   } | lane A 0 40 &
   ;;
 *) echo "unknown PART=${PART}"; exit 2 ;;
