@@ -424,6 +424,30 @@ def test_best_adds_the_triton_levers_only_on_the_gpus_they_were_tuned_for(monkey
     assert not Levers.parse("best", "cpu").triton_kernels and not Levers.parse("best", "cpu").megakernel
 
 
+def test_best_adds_the_triton_levers_only_for_the_dtype_they_were_tuned_for(monkeypatch):
+    """The kernels' tiles are sized for bfloat16 weights: a float32 libero-pi0 asked the megakernel for 384 KiB of
+    shared memory a block on an H100 (session 65), so `best` of a float32 model is compile + graph, in the engine,
+    in check's variants and in the matrix's cumulative table alike. Asked for by name, the levers stay."""
+    import vlaperf.engine.levers as levers_mod
+    from vlaperf.profile.matrix import cumulative_variants
+
+    monkeypatch.setattr("vlaperf.engine.compile.compile_blockers", lambda *a: [])
+    monkeypatch.setattr(levers_mod, "_capability_major", lambda device: 9)
+    assert Levers.parse("best", "cuda", torch.bfloat16) == Levers.parse("best", "cuda")  # None: bfloat16, the default
+    assert Levers.parse("best", "cuda").megakernel
+    fp32 = Levers.parse("best", "cuda", torch.float32)
+    assert not fp32.triton_kernels and not fp32.megakernel and fp32.cuda_graph and fp32.compile == "default"
+    assert Levers.parse(",".join(levers_mod.EXACT) + ",megakernel", "cuda", torch.float32).megakernel
+    table = cumulative_variants(torch.device("cuda"), torch.float32)
+    assert Levers.parse(table[-1]) == fp32 and "megakernel" not in table[-1]
+    assert "megakernel" in cumulative_variants(torch.device("cuda"), torch.bfloat16)[-1]
+    seen = []  # the engine resolves `best` for its model's dtype
+    parse = Levers.parse.__func__
+    monkeypatch.setattr(Levers, "parse", classmethod(lambda cls, *a: seen.append(a[2:]) or parse(cls, *a)))
+    Engine(build_model("tiny", "cpu", torch.float32), "best")
+    assert seen == [(torch.float32,)]
+
+
 def test_megakernel_batched_is_a_lever_value():
     """`megakernel=batched` (several samples in one step launch) parses, prints back as given,
     still needs what megakernel needs, and other values are refused naming the lever."""

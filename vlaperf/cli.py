@@ -760,14 +760,14 @@ def cmd_check(args) -> int:
 
     for spec in specs:
         try:
-            levers = Levers.parse(spec, device)
+            levers = Levers.parse(spec, device, model.dtype)
         except LeverError as e:  # a typo, not this machine's fault
             raise CliError(f"--levers: variant {spec!r}: {e}") from None
         try:
             levers.check(device)
         except LeverError as e:
             raise CliError(f"--levers: variant {spec!r} cannot run here: {e}") from None
-    refuse_repeated_variants(specs, lambda spec: Levers.parse(spec, device).names(), "--levers", device)
+    refuse_repeated_variants(specs, lambda spec: Levers.parse(spec, device, model.dtype).names(), "--levers", device)
     rows = []
     for spec in specs:
         engine = make_engine(model, spec)

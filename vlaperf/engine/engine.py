@@ -56,7 +56,7 @@ class Engine:
         # each call reads them in two attribute lookups, not the model's eight-module walk: a cast or move changes
         # their weights in place (or swaps in new Parameters on the same modules), and so does a load with assign
         self._dtype_probe, self._device_probe = model.backbone.layers[0].self_attn.q_proj, model.action_in_proj
-        self.levers = Levers.parse(levers, self.device)
+        self.levers = Levers.parse(levers, self.device, model.dtype)
         self.levers.check(self.device)
         self.precompile_error: Exception | None = None  # what stopped the last kernel-compile thread, if anything
         self.compile_worker_seconds: dict[str, float] = {}  # each kernel's compile in the first call's workers

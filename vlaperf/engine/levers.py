@@ -30,9 +30,13 @@ LEVERS: dict[str, str] = {
 
 # Levers outside the cumulative table and the CPU/`graph` presets. The kernels' tiles are
 # tuned and measured on an H200 only (they may not fit smaller GPUs' shared memory), so `best`
-# adds them on Hopper (compute capability 9.x) alone; elsewhere they are opt-in.
+# adds them on Hopper (compute capability 9.x) alone, for a bfloat16 model; elsewhere they are opt-in.
 EXPERIMENTAL = ("triton_kernels", "megakernel")
 TUNED_FOR = {"triton_kernels": (9,), "megakernel": (9,)}  # lever -> compute-capability majors where `best` uses it
+# ... and the weights' dtypes they were tuned and measured for. In float32 the megakernel's tiles need 384 KiB of
+# shared memory a block on libero-pi0, above a Hopper SM's 227 KiB (an H100, session 65), and no kernel was timed in
+# float32 at full size: `best` of a float32 model is compile + graph.
+TUNED_DTYPES = (torch.bfloat16,)
 # Levers that change how another applies: not in the cumulative table on their own, only
 # after what they modify where `best` has them.
 MODIFIERS = ("compile_layers",)
@@ -53,7 +57,7 @@ EXACT = ("for_loop", "skip_masked_images", "trim_prompt_padding", "static_kv_cac
 GRAPH_GPU = EXACT + ("cuda_graph",)
 BEST_GPU = GRAPH_GPU + ("compile=default", "compile_layers")
 BEST_CPU = EXACT
-PRESETS = {"best": "fastest variant for the device", "graph": "exact levers + one CUDA graph, no compile (GPU)",
+PRESETS = {"best": "fastest variant for the device and dtype", "graph": "exact levers + one CUDA graph, no compile (GPU)",
            "exact": "every lever that needs neither graphs nor compile", "reference": "no levers (openpi semantics)"}
 
 
@@ -123,9 +127,12 @@ class Levers:
     megakernel: bool | str = False  # True: batch 1; "batched": up to 256 suffix rows of several samples (slower at batch 4)
 
     @classmethod
-    def parse(cls, spec: "str | list[str] | tuple[str, ...] | Levers | None", device: torch.device | str = "cpu") -> "Levers":
+    def parse(cls, spec: "str | list[str] | tuple[str, ...] | Levers | None", device: torch.device | str = "cpu",
+              dtype: torch.dtype | None = None) -> "Levers":
         """'none' / 'reference' / '' -> no levers; 'best', 'graph', 'exact' -> PRESETS;
-        otherwise a comma-separated list, e.g. 'for_loop,sdpa,compile=reduce-overhead'."""
+        otherwise a comma-separated list, e.g. 'for_loop,sdpa,compile=reduce-overhead'. `dtype`: the model's, where
+        known: `best` adds the kernels only for the dtypes they were tuned for (TUNED_DTYPES); None takes bfloat16,
+        the GPU's default."""
         if isinstance(spec, Levers):
             return spec
         if spec is None:
@@ -139,7 +146,7 @@ class Levers:
 
             compiles = on_gpu and not compile_blockers("inductor", "cuda")
             items = list(BEST_GPU if compiles else GRAPH_GPU if on_gpu else BEST_CPU)
-            if on_gpu:
+            if on_gpu and (dtype is None or dtype in TUNED_DTYPES):
                 items += [name for name, majors in TUNED_FOR.items() if _capability_major(device) in majors]
         elif items == ["graph"]:
             items = list(GRAPH_GPU)

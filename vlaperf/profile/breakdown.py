@@ -405,7 +405,7 @@ def prepare_breakdown(model: Pi0Model, workload: Workload | str, levers=None, mo
     steps = check_num_steps(workload.steps if num_steps is None else num_steps)
 
     requested_engine = levers if isinstance(levers, Engine) else None
-    requested = requested_engine.levers if requested_engine else Levers.parse(levers, device)
+    requested = requested_engine.levers if requested_engine else Levers.parse(levers, device, model.dtype)
     notes: list[str] = []
     if requested == Levers():
         path, engine, untimed_sample = "reference", None, model.sample_actions

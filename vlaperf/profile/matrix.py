@@ -23,17 +23,18 @@ from vlaperf.engine.engine import first_call_seconds
 from vlaperf.engine.levers import EXACT, EXPERIMENTAL, LEVERS, MODIFIERS
 
 
-def cumulative_variants(device: torch.device) -> list[str]:
+def cumulative_variants(device: torch.device, dtype: torch.dtype | None = None) -> list[str]:
     """reference, +for_loop, +skip_masked_images, ... in LEVERS order. On a GPU the table goes
     on to what `best` resolves to there: +cuda_graph, +compile=default, +compile_layers, and the
-    levers `best` adds on this GPU only (triton_kernels and megakernel on Hopper)."""
+    levers `best` adds on this GPU only (triton_kernels and megakernel on Hopper, for a bfloat16
+    model: `dtype`, the model's; None takes bfloat16)."""
     from vlaperf.engine.levers import Levers
 
     order = [n for n in LEVERS if n != "compile" and n not in EXPERIMENTAL + MODIFIERS
              and (n != "cuda_graph" or device.type == "cuda")]
     if device.type == "cuda":
         order.append("compile=default")
-        best = Levers.parse("best", device)
+        best = Levers.parse("best", device, dtype)
         order += [n for n in MODIFIERS + EXPERIMENTAL if getattr(best, n)]
     return ["reference"] + [",".join(order[: i + 1]) for i in range(len(order))]
 
@@ -94,10 +95,10 @@ def check_variants(spec: str) -> None:
             raise CliError(f"--variants: variant {item!r}: {e}") from None
 
 
-def parse_variants(spec: str, device: torch.device) -> list[str]:
+def parse_variants(spec: str, device: torch.device, dtype: torch.dtype | None = None) -> list[str]:
     check_variants(spec)
     if spec == "cumulative":
-        return cumulative_variants(device)
+        return cumulative_variants(device, dtype)
     if spec == "grid":
         return grid_variants(device)
     # the reference always runs, first: given as 'reference' or 'none' anywhere it is that row, not a second one
@@ -105,7 +106,7 @@ def parse_variants(spec: str, device: torch.device) -> list[str]:
     from vlaperf.cli import refuse_repeated_variants
     from vlaperf.engine.levers import Levers
 
-    refuse_repeated_variants(items, lambda s: Levers.parse(s, device).names(), "--variants (--levers)", device)
+    refuse_repeated_variants(items, lambda s: Levers.parse(s, device, dtype).names(), "--variants (--levers)", device)
     return items
 
 
@@ -208,7 +209,7 @@ def run_matrix(args, base, workload, model, device) -> int:
     from vlaperf.report.schema import write_result
     from vlaperf.timing import environment_record, interleaved
 
-    variants = parse_variants(args.variants, device)
+    variants = parse_variants(args.variants, device, model.dtype)
     refuse_if_none_can_run(variants, device)
     mode = args.mode or "model"
     if left_out := left_out_on(args.variants, device):

@@ -27,9 +27,10 @@ from vlaperf.engine.kernels import suffix_attention as _attention_module
 
 
 @contextlib.contextmanager
-def _explain_resource_errors(kernel: str, lever: str = "triton_kernels"):
+def _explain_resource_errors(kernel: str, lever: str = "triton_kernels", dtype: torch.dtype | None = None):
     """Triton's OutOfResources (tiles that do not fit this GPU's shared memory or registers)
-    becomes a LeverError that names the lever and the way out."""
+    becomes a LeverError that names the lever and the way out. `dtype`: the weights', where a
+    float32 model is the likelier cause than the GPU (its tiles take twice the bytes)."""
     try:
         yield
     except Exception as e:
@@ -38,6 +39,10 @@ def _explain_resource_errors(kernel: str, lever: str = "triton_kernels"):
         from vlaperf.engine.levers import LeverError
 
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "this device"
+        if dtype is not None and dtype.itemsize > 2:
+            raise LeverError(f"{lever}: the {kernel} kernel does not fit {gpu} in {str(dtype).replace('torch.', '')} "
+                             f"({e}); its tiles are sized for bfloat16 weights on an H200 (Hopper). Run in bfloat16, "
+                             "or without the lever (`best` leaves it out for a float32 model)") from e
         raise LeverError(f"{lever}: the {kernel} kernel does not fit {gpu} ({e}); its tiles are tuned for an "
                          "H200 (Hopper). Run without the lever (e.g. --levers graph, or best on a non-Hopper GPU)") from e
 
@@ -140,7 +145,7 @@ def expert_step(x: torch.Tensor, wqkv: torch.Tensor, wo: torch.Tensor, wgu: torc
     in one kernel, in place (`mod`: pi0.5's adaptive norms for this step,
     expert_step.modulation_table). In place, so that the step's input is not copied: the
     engine hands it the tokens it has just built (inductor reuses that buffer)."""
-    with _explain_resource_errors("expert_step", "megakernel"):
+    with _explain_resource_errors("expert_step", "megakernel", wqkv.dtype):
         _step_module.expert_step(x, wqkv, wo, wgu, wd, k_cache, v_cache, cos, sin, mask, eps, mod=mod, in_place=True)
 
 
