@@ -58,6 +58,9 @@ def bench_rows(results):
         floor = r.get("roofline") or {}
         ratio = w["median"] / floor["floor_ms"] if floor.get("floor_ms") and r["env"].get("gpu") else None
         wl = workload_label(r)
+        dtype = r["variant"].get("dtype", "bfloat16")
+        if dtype != "bfloat16":  # the page's dtype is bfloat16: say where a run is not (`bench --dtype float32`)
+            wl += f" ({dtype})"
         peak = r.get("peak_memory_bytes")
         batch = result_batch(r)
         served = " (reference weights released, as served)" if r.get("released_reference_bytes") else ""

@@ -263,9 +263,14 @@ def test_headline_cells_say_what_a_best_file_lacks_and_files_without_a_gpu_have_
     assert cells[0] == H200 and cells[5] == "**10.00**" and cells[7] == "2.00x"  # 10 ms over the 5 ms floor
     assert cells[9:12] == ["n/a (ran in check)", "-", "-"]  # first call, peak GiB, rel L2
     assert cells[12:15] == ["2026-12-02", "250.00", "25.00x"]  # the compare of best's day: no date beside it
-    single = {_cells(row)[-1]: _cells(row) for row in gen.bench_rows(results)[2:]}
+    fp32 = _bench(gen, "best_fp32", _best_levers(), 90.0, day=3)
+    fp32[1]["variant"]["dtype"] = "float32"
+    single = {_cells(row)[-1]: _cells(row) for row in gen.bench_rows(results + [fp32])[2:]}
     assert single["`benchmarks/results/best.json`"][9] == "2.0x"
     assert single["`benchmarks/results/cpu_best.json`"][9] == "-"
+    # the page is bfloat16's: a run in another dtype says so where its workload is named
+    assert single["`benchmarks/results/best.json`"][0] == "libero-pi0"
+    assert single["`benchmarks/results/best_fp32.json`"][0] == "libero-pi0 (float32)"
 
 
 def test_lerobot_figure_is_the_one_of_the_same_workload_and_overrides():
