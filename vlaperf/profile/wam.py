@@ -112,7 +112,7 @@ def call_fn(model, engine, workload, obs, noise, mode: str):
 
 def cmd_bench(args) -> int:
     from vlaperf.check import check_wam_equivalence
-    from vlaperf.cli import CliError, _timed_once, idle_cost, print_bench
+    from vlaperf.cli import _timed_once, idle_cost, print_bench
     from vlaperf.models.wam import random_wam_inputs
     from vlaperf.report.schema import write_result
     from vlaperf.roofline import H200_CEILINGS, measure_ceilings, wam_forward_roofline, wam_roofline
