@@ -57,7 +57,8 @@ EXACT = ("for_loop", "skip_masked_images", "trim_prompt_padding", "static_kv_cac
 GRAPH_GPU = EXACT + ("cuda_graph",)
 BEST_GPU = GRAPH_GPU + ("compile=default", "compile_layers")
 BEST_CPU = EXACT
-PRESETS = {"best": "fastest variant for the device and dtype", "graph": "exact levers + one CUDA graph, no compile (GPU)",
+PRESETS = {"best": "fastest variant for the device and dtype",
+           "graph": "exact levers + one CUDA graph, no compile (GPU)",
            "exact": "every lever that needs neither graphs nor compile", "reference": "no levers (openpi semantics)"}
 
 
