@@ -830,7 +830,7 @@ def cmd_levers(args) -> int:
         table.add_row(name, desc)
     console = wide_console()
     console.print(table)
-    console.print(f"presets: best (GPU) = {','.join(BEST_GPU)} (+ triton_kernels, megakernel on Hopper, compute capability 9.x)\n         graph (GPU, no compile) = {','.join(GRAPH_GPU)}\n"
+    console.print(f"presets: best (GPU) = {','.join(BEST_GPU)} (+ triton_kernels, megakernel on Hopper, compute capability 9.x, for a bfloat16 model)\n         graph (GPU, no compile) = {','.join(GRAPH_GPU)}\n"
                   f"         best (CPU) = exact = {','.join(BEST_CPU)}\n         reference = none\n"
                   "         serve (`vlaperf serve` only: its default) = graph on a GPU, exact on the CPU")
     from vlaperf.engine.wam import WAM_LEVERS, WAM_PRESETS

@@ -78,8 +78,9 @@ def _cuda_debug_switches() -> list[dict]:
         out.append(finding(
             "env.triton_interpreter", "error", f"Triton's interpreter is on: TRITON_INTERPRET={os.environ['TRITON_INTERPRET']}",
             "every Triton kernel a process defines with it set, vlaperf's hand-written ones included (the triton_kernels and "
-            "megakernel levers, in best on Hopper), runs in Triton's Python interpreter: each launch copies its tensors "
-            "to the host, runs the kernel's program there, and copies them back. A switch for debugging kernels on a CPU.",
+            "megakernel levers, in best on Hopper for bfloat16 models), runs in Triton's Python interpreter: each launch "
+            "copies its tensors to the host, runs the kernel's program there, and copies them back. A switch for debugging "
+            "kernels on a CPU.",
             fix="unset TRITON_INTERPRET"))
     if _on("PYTORCH_NO_CUDA_MEMORY_CACHING"):
         out.append(finding(
