@@ -19,8 +19,8 @@ import sys
 
 import torch
 
-from vlaperf.cli import (CliError, add_compile_cache, device_arg, output_file, path_arg, positive_int,
-                         rounds_warmup_help, seed_int, setup_device, steps_int, wide_console)
+from vlaperf.cli import (CliError, add_compile_cache, device_arg, output_file, path_arg, positive_int, seed_int,
+                         setup_device, steps_int, wide_console)
 
 COMPARE_WORKLOADS = ("libero-pi0", "libero-pi05", "aloha-pi0", "libero-pi0-b4", "libero-pi0-b8", "libero-shallow6", "tiny")
 
@@ -59,7 +59,13 @@ def register(subparsers) -> None:
     p.add_argument("--rtc", action="store_true",
                    help="with --accelerate: the same two again with LeRobot's real-time chunking on and a previous "
                         "chunk's leftover given (LeRobot's RTCConfig defaults)")
-    p.add_argument("--warmup", type=positive_int, default=10, help=rounds_warmup_help("timed path", 10))
+    # not rounds_warmup_help: each path's first call (compile, capture) is made before the timing, by the comparison
+    # or a predict row's set-up, and is the row's first call s; these calls all come after it
+    p.add_argument("--warmup", type=positive_int, default=10,
+                   help="untimed calls of each timed path before the rounds, after the path's first call in the "
+                        "process (compile, capture: the comparison's call, LeRobot's compile, or a predict row's "
+                        "set-up call), which is the row's first call s; at least 1, so that no round holds a first "
+                        "call (default: 10)")
     p.add_argument("--iters", type=positive_int, default=50,
                    help="interleaved rounds, one timed call of each path a round (default: 50)")
     p.add_argument("--json", type=output_file, default=None, help="write the result file here")
