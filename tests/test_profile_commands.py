@@ -89,6 +89,35 @@ def test_scaling_command(tmp_path):
     assert r["mode"] == "model"
 
 
+def test_scaling_resolves_best_for_the_models_dtype_when_it_refuses_a_variant_given_twice(monkeypatch, capsys):
+    """On a Hopper GPU `best` of a float32 model is compile + graph without the kernels (the engine's parse): scaling
+    resolved it without the dtype, so `best` and its float32 lever list were two series of one engine (the second
+    overwrote the first), and `best` beside its bfloat16 list (kernels included) was refused as the same variant."""
+    import vlaperf.engine.levers as levers_mod
+    import vlaperf.profile.commands as commands
+    from vlaperf.engine.levers import Levers
+    from vlaperf.models.pi0 import build_model
+    from vlaperf.workloads import get_workload
+
+    monkeypatch.setattr("vlaperf.engine.compile.compile_blockers", lambda *a: [])
+    monkeypatch.setattr(levers_mod, "_capability_major", lambda device: 9)
+    cuda = torch.device("cuda")
+    fp32, bf16 = (",".join(Levers.parse("best", cuda, dt).names()) for dt in (torch.float32, torch.bfloat16))
+    assert "megakernel" in bf16 and "megakernel" not in fp32
+
+    class Built(Exception):  # past the refusal: the variants would be built and timed
+        pass
+
+    monkeypatch.setattr(commands, "_levers_or_error", lambda model, spec: (_ for _ in ()).throw(Built(spec)))
+    for dtype, same, other in ((torch.float32, fp32, bf16), (torch.bfloat16, bf16, fp32)):
+        model = build_model("tiny", "cpu", dtype)
+        monkeypatch.setattr(commands, "setup", lambda args: (get_workload("tiny"), get_workload("tiny"), model, cuda))
+        assert main(["scaling", "--workload", "tiny", "--steps", "1,2", "--levers", f"best;{same}"]) == 2
+        assert f"--levers: 'best' and '{same}' are the same variant on cuda" in capsys.readouterr().err, dtype
+        with pytest.raises(Built):
+            main(["scaling", "--workload", "tiny", "--steps", "1,2", "--levers", f"best;{other}"])
+
+
 def test_scaling_command_in_policy_mode(tmp_path, capsys):
     out = tmp_path / "sc.json"
     assert main(["scaling", *COMMON, "--steps", "1,3", "--levers", "for_loop", "--mode", "policy", "--warmup", "1",

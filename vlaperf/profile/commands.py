@@ -202,7 +202,8 @@ def cmd_scaling(args) -> int:
         from vlaperf.engine.levers import Levers
 
         base, workload, model, device = setup(args)
-        refuse_repeated_variants(specs, lambda s: Levers.parse(s, device).names(), "--levers", device)
+        # resolved for the model's dtype, as its engines resolve them (`best` of a float32 model has no kernels)
+        refuse_repeated_variants(specs, lambda s: Levers.parse(s, device, model.dtype).names(), "--levers", device)
         for spec in specs:
             engine = _levers_or_error(model, spec)
             sources["reference" if engine is None else engine.name] = engine or model
