@@ -1013,6 +1013,46 @@ def test_the_matrix_tables_tell_every_gpu_grid_and_cumulative_row_apart(monkeypa
     assert len(names) == len(set(names)) == len(grid_variants(cuda)), names
 
 
+def test_the_ray_matrix_plans_the_variants_of_the_dtype_its_tasks_build(monkeypatch):
+    """The Ray matrix's tasks build their models in --dtype and resolve `best` for it (a float32 model's has no kernels
+    on Hopper); the driver planned the cumulative table and checked for a variant given twice as for bfloat16, so a
+    float32 table ended in explicit triton_kernels and megakernel rows (libero-pi0's step kernel does not fit an H100
+    in float32) and `best` beside its float32 lever list was two tasks of one variant."""
+    import types
+
+    import vlaperf.engine.levers as levers_mod
+    from vlaperf.cli import CliError
+    from vlaperf.engine.levers import Levers
+    from vlaperf.profile.ray_matrix import ray_matrix
+
+    monkeypatch.setattr("vlaperf.engine.compile.compile_blockers", lambda *a: [])
+    monkeypatch.setattr(levers_mod, "_capability_major", lambda device: 9)
+    planned = []
+
+    class Planned(Exception):  # every task planned: the fake cluster stops the matrix there
+        pass
+
+    def remote(**options):
+        return lambda fn: types.SimpleNamespace(remote=lambda task: planned.append(task) or len(planned))
+
+    fake = types.SimpleNamespace(cluster_resources=lambda: {"GPU": 1, "CPU": 2}, remote=remote, nodes=lambda: [],
+                                 wait=lambda *a, **kw: (_ for _ in ()).throw(Planned()))
+    monkeypatch.setitem(sys.modules, "ray", fake)
+    with pytest.raises(Planned):
+        ray_matrix(["libero-pi0"], "cumulative", dtype="float32", log=lambda m: None)
+    last = Levers.parse(planned[-1]["variant"])
+    assert last == Levers.parse("best", "cuda", torch.float32) and not last.megakernel and not last.triton_kernels
+    assert {t["dtype"] for t in planned} == {"float32"}
+    planned.clear()
+    with pytest.raises(Planned):  # bfloat16, the GPU's default: the table goes on to the kernels
+        ray_matrix(["libero-pi0"], "cumulative", log=lambda m: None)
+    assert Levers.parse(planned[-1]["variant"]) == Levers.parse("best", "cuda", torch.bfloat16)
+    assert Levers.parse(planned[-1]["variant"]).megakernel
+    fp32 = ",".join(Levers.parse("best", "cuda", torch.float32).names())
+    with pytest.raises(CliError, match=f"'best' and '{fp32}' are the same variant on cuda"):
+        ray_matrix(["libero-pi0"], f"best;{fp32}", dtype="float32", log=lambda m: None)
+
+
 def test_the_reference_given_among_matrix_variants_is_its_reference_row():
     """'none;exact' was refused as "'reference' and 'none' are the same variant", naming a 'reference' the user
     never typed: the matrix adds the reference itself. A reference given anywhere is now that first row."""

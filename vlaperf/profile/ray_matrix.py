@@ -141,8 +141,8 @@ def ray_matrix(workload_ids: list[str], variants: str, *, device: str | None = N
     `compile_cache`: --compile-cache, applied in each task
     (the folder must be writable where the tasks run)."""
     import ray
-    import torch
 
+    from vlaperf.models.pi0 import device_and_dtype
     from vlaperf.profile.matrix import PEAK_MEMORY_OVER, check_variants, parse_variants
     from vlaperf.report.schema import SCHEMA
     from vlaperf.workloads import get_workload
@@ -155,7 +155,10 @@ def ray_matrix(workload_ids: list[str], variants: str, *, device: str | None = N
     on_gpu = device.startswith("cuda")
     if on_gpu and gpus < 1:
         raise RuntimeError("device cuda asked for, but the Ray cluster has no GPU")
-    specs = parse_variants(variants, torch.device("cuda" if on_gpu else "cpu"))
+    # resolved for the dtype the tasks build their models in, as their engines resolve `best` (a float32 model's has
+    # no kernels): the cumulative table and the check for a variant given twice, before any task is planned
+    spec_device, spec_dtype = device_and_dtype("cuda" if on_gpu else "cpu", dtype)
+    specs = parse_variants(variants, spec_device, spec_dtype)
     # max_calls=1: a fresh worker process per task (the GPU memory, compiled code and allocator
     # state of one variant never meet the next one's).
     options: dict[str, Any] = {"num_cpus": cpus_per_task, "num_gpus": 1 if on_gpu else 0, "max_calls": 1,
