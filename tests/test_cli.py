@@ -698,6 +698,9 @@ def test_levers_lists_every_lever(capsys):
     assert main(["levers"]) == 0
     out = capsys.readouterr().out
     assert all(name in out for name in LEVERS)
+    # where best takes the kernels: on Hopper, for a bfloat16 model (a float32 model's best is compile + graph)
+    said = " ".join(out.split())
+    assert "(+ triton_kernels, megakernel on Hopper, compute capability 9.x, for a bfloat16 model)" in said
 
 
 def test_schema_rejects_incomplete_results():

@@ -821,7 +821,7 @@ def _applicable(lever: str, device: torch.device) -> bool:
 def cmd_levers(args) -> int:
     from rich.table import Table
 
-    from vlaperf.engine.levers import BEST_CPU, BEST_GPU, GRAPH_GPU, LEVERS
+    from vlaperf.engine.levers import BEST_CPU, BEST_GPU, GRAPH_GPU, LEVERS, TUNED_DTYPES, TUNED_FOR
 
     table = Table(title="vlaperf levers")
     table.add_column("lever")
@@ -830,7 +830,11 @@ def cmd_levers(args) -> int:
         table.add_row(name, desc)
     console = wide_console()
     console.print(table)
-    console.print(f"presets: best (GPU) = {','.join(BEST_GPU)} (+ triton_kernels, megakernel on Hopper, compute capability 9.x, for a bfloat16 model)\n         graph (GPU, no compile) = {','.join(GRAPH_GPU)}\n"
+    # what `best` adds where, from the tables Levers.parse reads (a float32 model's best has no kernels)
+    tuned = f"{', '.join(TUNED_FOR)} on Hopper, compute capability 9.x, for a " \
+            f"{' or '.join(str(d).replace('torch.', '') for d in TUNED_DTYPES)} model"
+    console.print(f"presets: best (GPU) = {','.join(BEST_GPU)} (+ {tuned})\n"
+                  f"         graph (GPU, no compile) = {','.join(GRAPH_GPU)}\n"
                   f"         best (CPU) = exact = {','.join(BEST_CPU)}\n         reference = none\n"
                   "         serve (`vlaperf serve` only: its default) = graph on a GPU, exact on the CPU")
     from vlaperf.engine.wam import WAM_LEVERS, WAM_PRESETS
