@@ -572,7 +572,10 @@ def test_triton_kernels_compose_with_compile_without_graph_breaks():
 
 
 class OutOfResources(Exception):  # a stand-in with the name Triton's exception has (the levers match it by name)
-    pass
+    def __init__(self, message, required=None, limit=None):  # Triton's also holds what was asked for and what fits
+        super().__init__(message)
+        if required is not None:
+            self.required, self.limit, self.name = required, limit, "shared memory"
 
 
 def test_kernel_that_does_not_fit_the_gpu_is_a_clear_lever_error(monkeypatch):
@@ -583,8 +586,8 @@ def test_kernel_that_does_not_fit_the_gpu_is_a_clear_lever_error(monkeypatch):
     from vlaperf.engine.kernels.ops import small_m_matmul
     from vlaperf.engine.levers import LeverError
 
-    def too_big(*a, **kw):
-        raise OutOfResources("out of resource: shared memory, Required: 245760, Hardware limit: 101376")
+    def too_big(*a, **kw):  # in bfloat16 too (half the bytes, 120 KiB, above 99 KiB): the dtype is not the cause
+        raise OutOfResources("out of resource: shared memory, Required: 245760, Hardware limit: 101376", 245760, 101376)
 
     monkeypatch.setattr(K, "small_m_matmul", too_big)
     with pytest.raises(LeverError, match="triton_kernels: the small_m_matmul kernel does not fit .*Run without the lever"):
@@ -592,6 +595,59 @@ def test_kernel_that_does_not_fit_the_gpu_is_a_clear_lever_error(monkeypatch):
     monkeypatch.setattr(K, "small_m_matmul", lambda *a, **kw: (_ for _ in ()).throw(RuntimeError("other")))
     with pytest.raises(RuntimeError, match="other"):  # anything else passes through unchanged
         small_m_matmul(torch.randn(4, 8), torch.randn(6, 8))
+
+
+def test_a_float32_model_is_named_where_its_tiles_are_what_does_not_fit(monkeypatch):
+    """Every kernel's op names a float32 model as the cause where its bfloat16 tiles, half the bytes, would fit: on a
+    GPU of 99 KiB a block (sm_86, sm_89) the float32 tiles of small_m_matmul's gate_up (128 KiB) and of the step's and
+    the prefix's attention (101 and 139 KiB) do not fit, their bfloat16 ones (64, 51 and 70 KiB) do (Triton 3.6's
+    sm_89 compiles at libero-pi0's shapes). Where half would not fit either (the step kernel there: 288 KiB in
+    float32, 144 in bfloat16), or for a float32 head (float32 in a bfloat16 model too), the GPU is named, not the
+    dtype."""
+    from vlaperf.engine.kernels import expert_step as S
+    from vlaperf.engine.kernels import ops, rope_qkv as R, small_m_matmul as K, suffix_attention as A
+    from vlaperf.engine.levers import LeverError
+
+    def fails(required, limit=101376):
+        def launch(*a, **kw):
+            raise OutOfResources(f"out of resource: shared memory, Required: {required}, Hardware limit: {limit}",
+                                 required, limit)
+        return launch
+
+    as_float32 = "in float32 .*Run in bfloat16, or without the lever"
+    as_gpu = r"does not fit [^(]*\(out of resource[^)]*\); its tiles are tuned for an H200 \(Hopper\)\. Run without"
+    q, kv, mask = (1, 2, 3, 16), (1, 1, 5, 16), torch.ones(1, 3, 5, dtype=torch.bool)
+    calls = {  # op -> (module, launcher, float32 bytes asked for, the call with tensors of `dtype`)
+        "small_m_matmul": (K, "small_m_matmul", 131072, lambda t: ops.small_m_matmul(t(4, 8), t(6, 8))),
+        "suffix_attention": (A, "suffix_attention", 103936,
+                             lambda t: ops.suffix_attention(t(*q), t(*kv), t(*kv), mask)),
+        "step_attention": (A, "suffix_attention", 103936, lambda t: ops.step_attention(t(*q), t(*kv), t(*kv), mask)),
+        "prefix_attention": (A, "prefix_attention", 142336, lambda t: ops.prefix_attention(
+            t(1, 2, 5, 16), t(*kv), t(*kv), torch.ones(1, 5, 5, dtype=torch.bool))),
+        "rope_qkv": (R, "rope_qkv", 131072, lambda t: ops.rope_qkv(
+            t(1, 5, 64), t(1, 5, 16), t(1, 5, 16), t(2, 1, 1, 8, 16), t(2, 1, 1, 8, 16), 0, 0, 2, 1)),
+    }
+    f32, bf16 = torch.randn, lambda *shape: torch.randn(*shape).bfloat16()
+    for op, (module, name, required, call) in calls.items():
+        monkeypatch.setattr(module, name, fails(required))
+        with pytest.raises(LeverError, match=f"triton_kernels: the {name} kernel does not fit .*{as_float32}"):
+            call(f32)
+        with pytest.raises(LeverError, match=as_gpu):  # a bfloat16 model: the GPU (the same bytes, for the test)
+            call(bf16)
+        monkeypatch.setattr(module, name, fails(2 * 101376 + 4))  # half of it would not fit either
+        with pytest.raises(LeverError, match=as_gpu):
+            call(f32)
+    monkeypatch.setattr(K, "small_m_matmul", fails(131072))
+    with pytest.raises(LeverError, match=as_gpu):  # a float32 head
+        ops.small_m_matmul(torch.randn(4, 8), torch.randn(6, 8), precision="tf32x3")
+    a = _step_inputs(L=2)
+    x = a.pop("x")
+    monkeypatch.setattr(S, "expert_step", fails(294912))
+    with pytest.raises(LeverError, match="megakernel: the expert_step kernel " + as_gpu):
+        ops.expert_step(x, *a.values())
+    monkeypatch.setattr(S, "expert_step", fails(393216, 232448))  # an H100 (session 65): 192 KiB in bfloat16
+    with pytest.raises(LeverError, match="megakernel: the expert_step kernel does not fit .*" + as_float32):
+        ops.expert_step(x, *a.values())
 
 
 def test_pick_config_takes_the_h200_sweep_winners():

@@ -29,8 +29,11 @@ from vlaperf.engine.kernels import suffix_attention as _attention_module
 @contextlib.contextmanager
 def _explain_resource_errors(kernel: str, lever: str = "triton_kernels", dtype: torch.dtype | None = None):
     """Triton's OutOfResources (tiles that do not fit this GPU's shared memory or registers)
-    becomes a LeverError that names the lever and the way out. `dtype`: the weights', where a
-    float32 model is the likelier cause than the GPU (its tiles take twice the bytes)."""
+    becomes a LeverError that names the lever and the way out. `dtype`: the model's, where a
+    float32 model is the likelier cause than the GPU (its tiles take twice the bytes). It is named
+    as the cause only where the bytes asked for in bfloat16 would fit (Triton's error says what
+    was asked for and what the GPU has): on a GPU of 99 KiB a block the step kernel's bfloat16
+    tiles (144 KiB at libero-pi0's 51 rows) do not fit either, and bfloat16 is no way out."""
     try:
         yield
     except Exception as e:
@@ -39,7 +42,11 @@ def _explain_resource_errors(kernel: str, lever: str = "triton_kernels", dtype: 
         from vlaperf.engine.levers import LeverError
 
         gpu = torch.cuda.get_device_name() if torch.cuda.is_available() else "this device"
-        if dtype is not None and dtype.itemsize > 2:
+        wide = dtype is not None and dtype.itemsize > 2
+        need, limit = getattr(e, "required", None), getattr(e, "limit", None)
+        if wide and isinstance(need, int) and isinstance(limit, int):
+            wide = getattr(e, "name", None) == "shared memory" and need * 2 // dtype.itemsize <= limit
+        if wide:
             raise LeverError(f"{lever}: the {kernel} kernel does not fit {gpu} in {str(dtype).replace('torch.', '')} "
                              f"({e}); its tiles are sized for bfloat16 weights on an H200 (Hopper). Run in bfloat16, "
                              "or without the lever (`best` leaves it out for a float32 model)") from e
@@ -69,7 +76,8 @@ def small_m_matmul(x: torch.Tensor, w: torch.Tensor, w_up: torch.Tensor | None =
     """See kernels/small_m_matmul.py: y = epilogue(prologue(x) @ w^T), x (M <= 64, K), w (N, K)."""
     # the kernel indexes rows by stride and columns as unit-stride
     residual = None if residual is None else _unit_stride(residual)
-    with _explain_resource_errors("small_m_matmul"):
+    # a float32 head (precision given) is float32 in a bfloat16 model too: its dtype is not the model's
+    with _explain_resource_errors("small_m_matmul", dtype=x.dtype if precision is None else None):
         return _matmul_module.small_m_matmul(_unit_stride(x), w, w_up=w_up, rms_eps=rms_eps, residual=residual, gate=gate,
                                              precision=precision)
 
@@ -82,7 +90,7 @@ def _(x, w, w_up=None, rms_eps=None, residual=None, gate=None, precision=None):
 @torch.library.custom_op("vlaperf::suffix_attention", mutates_args=())
 def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """See kernels/suffix_attention.py: q (B, N, Tq, h) over one shared K/V head -> (B, N, Tq, h)."""
-    with _explain_resource_errors("suffix_attention"):
+    with _explain_resource_errors("suffix_attention", dtype=q.dtype):
         return _attention_module.suffix_attention(_unit_stride(q), _unit_stride(k), _unit_stride(v), mask)
 
 
@@ -98,7 +106,7 @@ def _(q, k, v, mask):
 def step_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """suffix_attention with its output's memory token-major (B, Tq, N, h): the (B, Tq, N * h)
     that the output projection reads is a view, not a transpose copy."""
-    with _explain_resource_errors("suffix_attention"):
+    with _explain_resource_errors("suffix_attention", dtype=q.dtype):
         return _attention_module.suffix_attention(_unit_stride(q), _unit_stride(k), _unit_stride(v), mask, token_major=True)
 
 
@@ -111,7 +119,7 @@ def _(q, k, v, mask):
 @torch.library.custom_op("vlaperf::prefix_attention", mutates_args=())
 def prefix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: torch.Tensor) -> torch.Tensor:
     """See kernels/suffix_attention.py: the prefix's attention, one pass per 64 folded query rows."""
-    with _explain_resource_errors("prefix_attention"):
+    with _explain_resource_errors("prefix_attention", dtype=q.dtype):
         return _attention_module.prefix_attention(_unit_stride(q), _unit_stride(k), _unit_stride(v), mask)
 
 
@@ -125,7 +133,7 @@ def _(q, k, v, mask):
 def rope_qkv(qkv: torch.Tensor, cos: torch.Tensor, sin: torch.Tensor, k_cache: torch.Tensor, v_cache: torch.Tensor,
              layer: int, start: int, num_heads: int, num_kv_heads: int, write_q: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """See kernels/rope_qkv.py: RoPE(q), RoPE(k) from the fused projection; RoPE(k), v into the caches."""
-    with _explain_resource_errors("rope_qkv"):
+    with _explain_resource_errors("rope_qkv", dtype=qkv.dtype):
         return _rope_module.rope_qkv(_unit_stride(qkv), cos, sin, k_cache, v_cache, layer, start, num_heads, num_kv_heads,
                                      write_q=write_q)
 
