@@ -64,6 +64,9 @@
 #               best levers). 2) the LeRobot-gated tests that are neither slow nor gpu, with the real LeRobot (no GPU
 #               run has had LeRobot for them since session 45). 3) the GPU suite's step 3 less LeRobot.
 #               Prediction: all pass.
+#            Outcome: the machine was taken back mid-call (105 s of the budget); nothing came back.
+#   PART=i   part h's steps 1 and 3 only (387 s of budget left; the LeRobot step needs the larger carry). Prediction:
+#               all pass.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session65.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P
@@ -134,6 +137,12 @@ h)
     echo "90 $P -q -n 4 --timeout 80 tests/test_kernels.py tests/test_engine_cuda.py tests/test_guidance.py 2>&1 | tee $R/pytest_gpu_s65h1.log | tail -6"
     echo "150 $L $P -q -n 6 --timeout 140 -m 'not slow and not gpu' tests/test_compare_lerobot.py tests/test_compare_accelerate.py 2>&1 | tee $R/pytest_gpu_s65h2.log | tail -8"
     echo "180 $P -q -n 14 --timeout 170 -m 'not quiet_gpu and not quiet_host' $I 2>&1 | tee $R/pytest_gpu_s65h3.log | tail -8"
+  } | lane A 0 40 &
+  ;;
+i)
+  {
+    echo "80 $P -q -n 4 --timeout 75 tests/test_kernels.py tests/test_engine_cuda.py tests/test_guidance.py 2>&1 | tee $R/pytest_gpu_s65i1.log | tail -6"
+    echo "170 $P -q -n 14 --timeout 160 -m 'not quiet_gpu and not quiet_host' $I 2>&1 | tee $R/pytest_gpu_s65i3.log | tail -8"
   } | lane A 0 40 &
   ;;
 *) echo "unknown PART=${PART}"; exit 2 ;;
