@@ -66,7 +66,8 @@
 #               Prediction: all pass.
 #            Outcome: the machine was taken back mid-call (105 s of the budget); nothing came back.
 #   PART=i   part h's steps 1 and 3 only (387 s of budget left; the LeRobot step needs the larger carry). Prediction:
-#               all pass.
+#               all pass. Outcome (H100, asked as nvidia-h200 after an H100 start failed, 10:06-10:09): kernels, CUDA
+#               engine and guidance 72 passed, 11 skipped (Triton < 3.9); step 3 1361 passed, 40 skipped: as predicted.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session65.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P
