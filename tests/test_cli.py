@@ -830,6 +830,24 @@ def test_main_turns_interrupts_file_errors_and_out_of_memory_into_one_line(monke
     monkeypatch.setattr(cli, "cmd_bench", raising(RuntimeError("a bug")))
     with pytest.raises(RuntimeError, match="a bug"):  # anything else stays a traceback: a bug to see whole
         main(["bench", "--device", "cpu"])
+    monkeypatch.setattr(cli, "cmd_bench", raising(ValueError("another bug")))
+    with pytest.raises(ValueError, match="another bug"):
+        main(["bench", "--device", "cpu"])
+
+
+def test_a_lever_that_fails_when_it_runs_is_one_line_in_any_command(monkeypatch, capsys):
+    """A LeverError raised by a call (the megakernel's float32 tiles on a Hopper GPU, session 65) inside a command
+    that does not catch it, such as check, is the lever's message and exit 2, not a traceback."""
+    import vlaperf.check
+    from vlaperf.engine.levers import LeverError
+
+    def does_not_fit(*a, **kw):
+        raise LeverError("megakernel: the expert_step kernel does not fit NVIDIA H100 in float32; Run in bfloat16")
+
+    monkeypatch.setattr(vlaperf.check, "check_equivalence", does_not_fit)
+    assert main(["check", "--workload", "tiny", "--device", "cpu", "--levers", "for_loop"]) == 2
+    err = capsys.readouterr().err
+    assert "vlaperf check: error: megakernel: the expert_step kernel does not fit" in err and "Traceback" not in err
     with pytest.raises(SystemExit):
         main(["bench", "--batch", "5000"])
     assert "expected an integer >= 1 and <= 1024" in capsys.readouterr().err

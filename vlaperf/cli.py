@@ -1108,6 +1108,15 @@ def main(argv: list[str] | None = None) -> int:
             raise
         print(f"vlaperf {args.command}: error: {e.filename}: {e.strerror or e}", file=sys.stderr)
         return 2
+    except ValueError as e:
+        # a lever that fails only when it runs (kernels that do not fit this GPU or dtype) inside a command that does
+        # not catch it itself (check, matrix, scaling, ...): its message names the lever and the way out. The module is
+        # loaded by every command that builds an engine (report and diff never load it, nor torch)
+        levers = sys.modules.get("vlaperf.engine.levers")
+        if levers is None or not isinstance(e, levers.LeverError):
+            raise
+        print(f"vlaperf {args.command}: error: {e}", file=sys.stderr)
+        return 2
     except RuntimeError as e:
         if not is_out_of_memory(e):
             raise
