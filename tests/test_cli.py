@@ -848,6 +848,16 @@ def test_a_lever_that_fails_when_it_runs_is_one_line_in_any_command(monkeypatch,
     assert main(["check", "--workload", "tiny", "--device", "cpu", "--levers", "for_loop"]) == 2
     err = capsys.readouterr().err
     assert "vlaperf check: error: megakernel: the expert_step kernel does not fit" in err and "Traceback" not in err
+    # bench's first call and the world-action breakdown's set-up go the same way (they had wrappers of their own)
+    import vlaperf.cli as cli
+    from vlaperf.profile import wam
+
+    monkeypatch.setattr(cli, "_timed_once", does_not_fit)
+    monkeypatch.setattr(wam, "breakdown_call", does_not_fit)
+    for argv in (["bench", "--workload", "tiny", "--levers", "for_loop"], ["breakdown", "--workload", "wam-tiny"]):
+        assert main([*argv, "--device", "cpu", "--no-progress"]) == 2, argv
+        err = capsys.readouterr().err
+        assert f"vlaperf {argv[0]}: error: megakernel: the expert_step kernel" in err and "Traceback" not in err
     with pytest.raises(SystemExit):
         main(["bench", "--batch", "5000"])
     assert "expected an integer >= 1 and <= 1024" in capsys.readouterr().err
