@@ -1,0 +1,38 @@
+#!/bin/bash
+# Session 66's device plan (one GPU; lanes.sh, lane A only). Say which card each figure came from.
+# Carry [".whl", ".whl_lerobot"]: the working tree then passes the tool's 64 MiB unless docs/report/ (25 MiB, not
+# needed on the device) is moved out of it for the call and back after.
+#   PART=a   on an H200: libero-pi0 `best` in policy mode and in model mode, four fresh processes each, then a policy
+#               breakdown. Predictions: policy 14.0-14.4 ms (session 48: 14.05-14.34), model 12.7-13.0 ms (session 60:
+#               12.72); breakdown: the staged call matches the untimed one exactly, coverage 0.95-1.05, host stages
+#               1.4-1.8 ms (session 48's H200 host), first_call_s 2-5 s (the benches before it fill the compile caches;
+#               session 65: 2.6 s).
+#            on any card, after it: the LeRobot-gated tests that are neither slow nor gpu, with the real LeRobot 0.6.1
+#               (no GPU run has had LeRobot for them since session 45; session 65's part h was taken back).
+#               Prediction: all pass.
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session66.sh, carry [".whl", ".whl_lerobot"]
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P
+install_wheels .whl /tmp/site
+export PYTHONPATH=/tmp/site:$PWD
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "card: $GPU_NAME"
+case "${PART:-a}" in
+a)
+  install_wheels .whl_lerobot /tmp/lrsite
+  L="PYTHONPATH=/tmp/lrsite:\$PYTHONPATH"
+  {
+    case "$GPU_NAME" in
+      *H200*)
+        echo "190 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s66-4proc_policy.json"
+        echo "170 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s66-4proc_model.json"
+        echo "90 $V breakdown --workload libero-pi0 --levers best --mode policy --no-progress --json $R/breakdown_libero-pi0_best-s66_policy.json"
+        ;;
+      *) echo "0 echo 'not an H200 ($GPU_NAME): no headline'" ;;
+    esac
+    echo "130 $L $P -q -n 6 --timeout 120 -m 'not slow and not gpu' tests/test_compare_lerobot.py tests/test_compare_accelerate.py 2>&1 | tee $R/pytest_gpu_s66a.log | tail -8"
+  } | lane A 0 40 &
+  ;;
+*) echo "unknown PART=${PART}"; exit 2 ;;
+esac
+finish
