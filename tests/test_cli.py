@@ -845,7 +845,8 @@ def test_a_lever_that_fails_when_it_runs_is_one_line_in_any_command(monkeypatch,
         raise LeverError("megakernel: the expert_step kernel does not fit NVIDIA H100 in float32; Run in bfloat16")
 
     monkeypatch.setattr(vlaperf.check, "check_equivalence", does_not_fit)
-    assert main(["check", "--workload", "tiny", "--device", "cpu", "--levers", "for_loop"]) == 2
+    monkeypatch.setattr(vlaperf.check, "check_wam_equivalence", does_not_fit)
+    assert main(["check", "--workload", "wam-tiny", "--device", "cpu", "--levers", "exact"]) == 2
     err = capsys.readouterr().err
     assert "vlaperf check: error: megakernel: the expert_step kernel does not fit" in err and "Traceback" not in err
     # bench's first call and the world-action breakdown's set-up go the same way (they had wrappers of their own)
@@ -1209,6 +1210,68 @@ def test_bench_refuses_to_time_a_variant_that_fails_its_check(monkeypatch, tmp_p
     assert "vlaperf: variant sdpa fails equivalence (rel_l2 0.5 > 0.0001); refusing to report its speed" in \
         capsys.readouterr().err
     assert not out.exists()
+
+
+def test_check_keeps_its_rows_when_a_variant_cannot_run(monkeypatch, tmp_path, capsys):
+    """`check --levers all` of a float32 model on an H100 checked each lever, then the megakernel's run raised (its
+    float32 tiles do not fit): the command ended with that message and every row checked before it was lost. The
+    variant is now a row of its own that says why, the others are checked and kept, and the exit is 2 (1 where a
+    variant that ran gave other actions: the finding check is for)."""
+    import vlaperf.check
+    from vlaperf.engine.levers import LeverError
+    from vlaperf.report.render import render
+
+    real = vlaperf.check.check_equivalence
+    verdicts = {}
+
+    def kernel_does_not_fit(model, engine, workload, **kw):
+        if "sdpa" in engine.levers.names():
+            raise LeverError("megakernel: the expert_step kernel does not fit NVIDIA H100 in float32")
+        row = real(model, engine, workload, **kw)
+        return {**row, "passed": verdicts.get(engine.name, row["passed"])}
+
+    monkeypatch.setattr(vlaperf.check, "check_equivalence", kernel_does_not_fit)
+    out = tmp_path / "c.json"
+    argv = ["check", "--workload", "tiny", "--device", "cpu", "--levers", "for_loop;sdpa;for_loop,static_kv_cache",
+            "--json", str(out)]
+    assert main(argv) == 2
+    captured = capsys.readouterr()
+    assert "sdpa could not run: megakernel: the expert_step kernel does not fit NVIDIA H100 in float32" in captured.err
+    assert "could not run" in captured.out and "Traceback" not in captured.err
+    rows = read_result(out)["checks"]
+    assert [r["variant"] for r in rows] == ["for_loop", "sdpa", "for_loop+static_kv_cache"]
+    assert rows[0]["passed"] and rows[2]["passed"] and rows[0]["rel_l2"] is not None
+    failed = rows[1]
+    assert failed["variant"] == "sdpa" and not failed["passed"] and failed["rel_l2"] is None
+    assert failed["error"].startswith("megakernel: the expert_step kernel") and failed["tolerance"] == 1e-4
+    assert failed["dtype"] == "float32" and failed["seeds"] == 2
+    page = render([out], tmp_path / "r.md", jobs=1).read_text()
+    assert "could not run" in page and "sdpa could not run: megakernel: the expert_step kernel" in page
+    # a variant that ran and failed outranks one that could not run
+    verdicts["for_loop"] = False
+    assert main(argv) == 1
+    assert read_result(out)["checks"][0]["passed"] is False
+
+
+def test_matrix_skips_a_variant_that_cannot_run_and_times_the_others(monkeypatch, tmp_path, capsys):
+    """The same in the matrix: a variant whose first call raises a LeverError is a skipped row that says why."""
+    from vlaperf.engine.levers import LeverError
+    from vlaperf.profile import matrix
+
+    real = matrix.first_call_seconds
+
+    def kernel_does_not_fit(engine, *a):
+        if "sdpa" in engine.levers.names():
+            raise LeverError("triton_kernels: the small_m_matmul kernel does not fit this GPU")
+        return real(engine, *a)
+
+    monkeypatch.setattr(matrix, "first_call_seconds", kernel_does_not_fit)
+    out = tmp_path / "m.json"
+    assert main(["matrix", "--workload", "tiny", "--device", "cpu", "--variants", "for_loop;sdpa", "--iters", "2",
+                 "--warmup", "1", "--no-progress", "--json", str(out)]) == 0
+    rows = {r["variant"]: r for r in read_result(out)["variants"]}
+    assert rows["sdpa"]["skipped"] == "could not run: triton_kernels: the small_m_matmul kernel does not fit this GPU"
+    assert "skipped" not in rows["for_loop"] and rows["for_loop"]["timers"]["wall_ms"]["median"] > 0
 
 
 def test_check_runs_the_seeds_asked_for(tmp_path):

@@ -767,15 +767,27 @@ def cmd_check(args) -> int:
     refuse_repeated_variants(specs, lambda spec: Levers.parse(spec, device, model.dtype).names(), "--levers", device)
     rows = []
     for spec in specs:
-        engine = make_engine(model, spec)
-        rows.append(check_equivalence(model, engine, workload, seeds=range(args.seeds)))
-    table = Table(title=f"vlaperf check  {workload.id}  ({rows[0]['dtype'] if rows else ''}, {device})")
+        try:
+            engine = make_engine(model, spec)
+            rows.append(check_equivalence(model, engine, workload, seeds=range(args.seeds)))
+        except (CliError, LeverError) as e:
+            # What only shows when the variant runs (a kernel whose tiles do not fit this GPU or dtype) is this row's
+            # error: the rows checked before it, minutes of work on a GPU, are kept and the ones after it still run
+            rows.append(could_not_run(spec, model, device, args.seeds, e))
+    table = Table(title=f"vlaperf check  {workload.id}  ({str(model.dtype).replace('torch.', '')}, {device})")
     for col in ("variant", "max abs", "rel L2", "tolerance", "passed"):
         table.add_column(col, overflow="fold")  # a long variant name wraps, never cut
     for r in rows:
-        table.add_row(r["variant"], f"{r['max_abs']:.3g}", f"{r['rel_l2']:.3g}", f"{r['tolerance']:.0e}", "yes" if r["passed"] else "NO")
+        if "error" in r:
+            table.add_row(r["variant"], "", "", f"{r['tolerance']:.0e}", "could not run")
+        else:
+            table.add_row(r["variant"], f"{r['max_abs']:.3g}", f"{r['rel_l2']:.3g}", f"{r['tolerance']:.0e}",
+                          "yes" if r["passed"] else "NO")
     wide_console().print(table)
-    if not all(r["reference_finite"] for r in rows):
+    for r in rows:
+        if "error" in r:
+            print(f"{r['variant']} could not run: {r['error']}", file=sys.stderr)
+    if not all(r.get("reference_finite", True) for r in rows):
         print("the reference's own actions hold NaN or inf: the weights or inputs are broken (a checkpoint whose "
               "values overflow the model's dtype?), so no variant can be checked against them", file=sys.stderr)
     if args.levers == "all":
@@ -785,7 +797,19 @@ def cmd_check(args) -> int:
         result["checks"] = rows
         write_result(result, args.json)
         print(f"wrote {args.json}")
-    return 0 if all(r["passed"] for r in rows) else 1
+    if any(not r["passed"] and "error" not in r for r in rows):
+        return 1  # a variant that gives other actions than the reference: the finding check is for
+    return 2 if any("error" in r for r in rows) else 0
+
+
+def could_not_run(spec: str, model, device: torch.device, seeds: int, error: Exception) -> dict:
+    """check's row for a variant that raised before it gave actions: no errors measured, not passed, and why."""
+    from vlaperf.check import REL_L2_TOLERANCE
+    from vlaperf.engine import Levers
+
+    return {"variant": Levers.parse(spec, device, model.dtype).label(), "dtype": str(model.dtype).replace("torch.", ""),
+            "seeds": seeds, "max_abs": None, "rel_l2": None, "tolerance": REL_L2_TOLERANCE[model.dtype],
+            "passed": False, "error": str(error)}
 
 
 def not_checked_alone(device: torch.device) -> str:
@@ -990,7 +1014,10 @@ def build_parser() -> argparse.ArgumentParser:
     add_processes(p)
     p.set_defaults(func=cmd_bench)
 
-    p = sub.add_parser("check", help="equivalence of engine variants against the reference")
+    p = sub.add_parser("check", help="equivalence of engine variants against the reference",
+                       description="Equivalence of engine variants against the reference path: the same weights, "
+                                   "inputs and noise. Exit 0: every variant passed; 1: one gave other actions than "
+                                   "the reference; 2: one could not run here (its row says why, the others are kept).")
     add_common(p, levers_default="all",
                levers_help="'all' (default: each lever that applies on this device alone, with what it needs, then "
                            "'best', which covers compile and compile_layers), or ';'-separated variants, each a preset "

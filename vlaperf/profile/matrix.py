@@ -174,10 +174,16 @@ def prepare_variant(model, spec: str, workload, obs, noise, steps: int, mode: st
         row["skipped"] = str(e)
         return row, None
     row["levers"] = engine.levers.names()
-    # The first call is where compile and graph capture happen: time it before the
-    # equivalence check (which would otherwise absorb it). It is the model call in either mode.
-    first_call(row, noise.device, lambda: first_call_seconds(engine, obs, noise, steps))
-    row["equivalence"] = check_equivalence(model, engine, workload)
+    from vlaperf.engine import LeverError
+
+    try:
+        # The first call is where compile and graph capture happen: time it before the
+        # equivalence check (which would otherwise absorb it). It is the model call in either mode.
+        first_call(row, noise.device, lambda: first_call_seconds(engine, obs, noise, steps))
+        row["equivalence"] = check_equivalence(model, engine, workload)
+    except LeverError as e:  # found only when it runs (kernels that do not fit this GPU or dtype): a skipped row
+        row["skipped"] = f"could not run: {e}"
+        return row, None
     if not row["equivalence"]["passed"]:
         row["skipped"] = "fails equivalence: speed not reported"
         return row, None

@@ -895,9 +895,13 @@ def _check(doc: _Doc, path: str, r: dict) -> None:
     doc.h(3, f"check: {workload_label(r)} on {_gpu(r)}")
     # world-action checks also name the sparsity mode and hold the predicted video's error
     rows = [[c.get("variant") + (f" | {c['sparsity']}" if c.get("sparsity") else ""), c.get("dtype"), c.get("max_abs"),
-             c.get("rel_l2"), c.get("video_rel_l2"), c.get("tolerance"), c.get("seeds"), "yes" if c.get("passed") else "NO"]
+             c.get("rel_l2"), c.get("video_rel_l2"), c.get("tolerance"), c.get("seeds"),
+             "could not run" if c.get("error") else "yes" if c.get("passed") else "NO"]
             for c in r.get("checks", [])]
     doc.table(["variant", "dtype", "max abs", "rel L2", "video rel L2", "tolerance", "seeds", "passed"], rows)
+    for c in r.get("checks", []):
+        if c.get("error"):  # a variant that raised before it gave actions (check's row keeps why)
+            doc.p(f"{c.get('variant')} could not run: {c['error']}", "note")
 
 
 def _breakdown(doc: _Doc, path: str, r: dict) -> None:
