@@ -10,6 +10,13 @@
 #            on any card, after it: the LeRobot-gated tests that are neither slow nor gpu, with the real LeRobot 0.6.1
 #               (no GPU run has had LeRobot for them since session 45; session 65's part h was taken back).
 #               Prediction: all pass.
+#            on a card other than the H200, then: `check --levers all` of libero-pi0 in float32 (22975e5: a variant that
+#               raises when it runs is a row that says why; session 65 saw the command end at the megakernel). Predictions:
+#               each lever alone within float32's 1e-4 except `triton_kernels` (uncertain: suffix_attention's tl.dot takes
+#               Triton's default TF32 for float32 operands, ~1e-3 rel per dot, so likely over 1e-4) and `megakernel`
+#               (could not run: 393,216 B of shared memory against 232,448, naming float32); `best` (compile + graph,
+#               no kernels) passes at ~1e-6 (session 65's bench: 1.2e-6); exit 1 if triton_kernels fails, else 2.
+#   PART=b   the float32 check alone (for an H200 that ran part a's headline). Predictions as above.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session66.sh, carry [".whl", ".whl_lerobot"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P
@@ -31,7 +38,14 @@ a)
       *) echo "0 echo 'not an H200 ($GPU_NAME): no headline'" ;;
     esac
     echo "130 $L $P -q -n 6 --timeout 120 -m 'not slow and not gpu' tests/test_compare_lerobot.py tests/test_compare_accelerate.py 2>&1 | tee $R/pytest_gpu_s66a.log | tail -8"
+    case "$GPU_NAME" in
+      *H200*) ;;
+      *) echo "300 $V check --workload libero-pi0 --dtype float32 --json $R/check_libero-pi0_fp32-s66.json; echo exit=\$?" ;;
+    esac
   } | lane A 0 40 &
+  ;;
+b)
+  echo "300 $V check --workload libero-pi0 --dtype float32 --json $R/check_libero-pi0_fp32-s66.json; echo exit=\$?" | lane A 0 40 &
   ;;
 *) echo "unknown PART=${PART}"; exit 2 ;;
 esac
