@@ -673,6 +673,58 @@ def test_a_device_tensor_as_interpolates_size_or_scale_factor_is_a_host_read():
     assert mode.events == []
 
 
+def test_device_numbers_of_normalize_local_response_norm_and_embedding_are_host_reads():
+    """F.normalize, F.local_response_norm and F.embedding have no aten op of their name (F.embedding's aten::embedding
+    takes none of its max_norm, norm_type), so the schemas said nothing of the numbers they pass on to ops of other
+    names, where the argument parser reads a device tensor with .item(), inside torch, where the mode is off. They were
+    missed: normalize's p and dim (torch.linalg.vector_norm's ord and dim), local_response_norm's size (F.pad's pad, two
+    reads, and avg_pool's kernel, one), embedding's max_norm and, when max_norm is given, norm_type (the floats of
+    embedding_renorm_). One flag per call, as for F.interpolate. normalize's eps (clamp_min's Tensor overload) and
+    local_response_norm's alpha, beta and k (mul, add and pow with a tensor) are used on the device: they read nothing,
+    nor does norm_type without max_norm (F.embedding does not use it then)."""
+    import torch.nn.functional as F
+
+    x = torch.rand(2, 3, 4)
+    idx = torch.tensor([[0, 2], [1, 3]])
+    w = torch.rand(5, 4)
+    n = torch.tensor(2, device="cpu")  # placed on the device (the CPU standing in for it)
+    v = torch.tensor(3.0, device="cpu")
+    lrn, emb = torch.nn.LocalResponseNorm(n), torch.nn.Embedding(5, 4, max_norm=v)
+    reads = [lambda: F.normalize(x, p=v), lambda: F.normalize(x, dim=n), lambda: F.normalize(x, 3.0, (1, n)),
+             lambda: F.normalize(x, p=v, out=torch.empty_like(x)), lambda: F.local_response_norm(x, n),
+             lambda: F.local_response_norm(x[None], size=n, alpha=v), lambda: lrn(x),
+             lambda: F.embedding(idx, w, padding_idx=n), lambda: F.embedding(idx, w, max_norm=v),
+             lambda: F.embedding(idx, w, max_norm=1.0, norm_type=v),
+             lambda: F.embedding(idx, w, max_norm=v, norm_type=v), lambda: emb(idx)]
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        for fn in reads:
+            fn()
+    assert [e.op for e in mode.events] == ["normalize"] * 4 + ["local_response_norm"] * 3 + ["embedding"] * 5
+    assert [e.file for e in mode.events] == [__file__] * 12  # the user's line, not torch's
+    # torch's own count of reads: one per device number (each of the size's three; padding_idx: F.embedding's two range
+    # checks, then aten::embedding's); the CPU's embedding_renorm_ also reads its indices on the host (a GPU's kernel
+    # does not), so the count with max_norm is taken above a Python max_norm's
+    assert [_local_scalar_reads(fn) for fn in reads[:8]] == [1, 1, 1, 1, 3, 3, 3, 3]
+    renorm = _local_scalar_reads(lambda: F.embedding(idx, w, max_norm=1.0))
+    assert [_local_scalar_reads(fn) - renorm for fn in reads[8:]] == [1, 1, 2, 1]
+    with HostReadMode("cpu", treat_as_device=True) as mode:
+        F.normalize(x)
+        F.normalize(x, 3.0, 2, 1e-6)
+        F.normalize(x, eps=v)  # clamp_min(eps) takes the tensor as it is
+        F.normalize(x, eps=v, out=torch.empty_like(x))  # clamp_min_ too
+        F.normalize(x, p=torch.tensor(3.0))  # host-born
+        F.local_response_norm(x, 2, alpha=v, beta=v, k=v)  # mul, add and pow on the device
+        F.local_response_norm(x, size=x.shape[1])
+        torch.nn.LocalResponseNorm(2)(x)
+        F.embedding(idx, w, max_norm=1.0, norm_type=2.0)
+        F.embedding(idx, w, norm_type=v)  # without max_norm nothing reads norm_type
+        F.embedding(idx, w, max_norm=torch.tensor(1.0))  # host-born
+        torch.nn.Embedding(5, 4, max_norm=1.0)(idx)
+    assert mode.events == []
+    assert [_local_scalar_reads(fn) for fn in (lambda: F.normalize(x, eps=v), lambda: F.embedding(idx, w, norm_type=v),
+                                               lambda: F.local_response_norm(x, 2, alpha=v, beta=v, k=v))] == [0] * 3
+
+
 def test_a_list_of_device_scalars_where_an_op_takes_a_tensor_or_a_list_of_numbers_is_a_host_read():
     """torch.tensor_split(x, [n, 4]): the op takes a lone tensor (tensor_indices_or_sections) or a list of numbers
     (indices) there, so the schemas hid the slot; but a list matches no lone Tensor, and the parser reads each device
@@ -702,7 +754,8 @@ def test_a_list_of_device_scalars_where_an_op_takes_a_tensor_or_a_list_of_number
 def test_the_mode_flags_the_calls_that_cudas_sync_debug_mode_catches():
     """On a GPU, the two counters agree call by call: each call the mode counts as a host read synchronizes (torch's
     sync debug mode warns), and each call it leaves out does not. The CPU tests above stand the CPU in for the device
-    and take torch's sources for what a GPU does inside an op (masked_fill's value, one_hot, interpolate's size); this
+    and take torch's sources for what a GPU does inside an op (masked_fill's value, one_hot, interpolate's size,
+    normalize's eps, local_response_norm's alpha, embedding_renorm_ with a Python max_norm); this
     one runs them on the device. A call is compared as synced or not: an op may sync more than once per call."""
     import torch.nn.functional as F
 
@@ -710,7 +763,7 @@ def test_the_mode_flags_the_calls_that_cudas_sync_debug_mode_catches():
     x = torch.arange(12.0, device=d).reshape(6, 2)
     mask, idx = x > 3, torch.tensor([1], device=d)
     n, v, t = torch.tensor(3, device=d), torch.tensor(0.5, device=d), torch.tensor([0, 2, 1], device=d)
-    img = torch.rand(1, 1, 4, 4, device=d)
+    img, w = torch.rand(1, 1, 4, 4, device=d), torch.rand(6, 2, device=d)
     calls = {  # name -> (call, whether it reads the device on the host)
         "item": (lambda: x.sum().item(), True),
         "zeros(n)": (lambda: torch.zeros(n, device=d), True),
@@ -721,12 +774,21 @@ def test_the_mode_flags_the_calls_that_cudas_sync_debug_mode_catches():
         "one_hot(t)": (lambda: F.one_hot(t), True),
         "interpolate(size=n)": (lambda: F.interpolate(img, size=n), True),
         "tensor_split(x, [n, 4])": (lambda: torch.tensor_split(x, [n, 4]), True),
+        "normalize(p=v)": (lambda: F.normalize(img, p=v), True),
+        "normalize(dim=n)": (lambda: F.normalize(img, dim=n), True),
+        "local_response_norm(size=n)": (lambda: F.local_response_norm(img, n), True),
+        "embedding(max_norm=v)": (lambda: F.embedding(idx, w, max_norm=v), True),
+        "embedding(max_norm=1.0, norm_type=v)": (lambda: F.embedding(idx, w, max_norm=1.0, norm_type=v), True),
         "x + 1": (lambda: x + 1, False),
         "masked_fill(0.5)": (lambda: x.masked_fill(mask, 0.5), False),
         "where(mask, x, v)": (lambda: torch.where(mask, x, v), False),
         "one_hot(t, 4)": (lambda: F.one_hot(t, 4), False),
         "interpolate(size=8)": (lambda: F.interpolate(img, size=8), False),
         "x[n.reshape(1)]": (lambda: x[n.reshape(1)], False),
+        "normalize(eps=v)": (lambda: F.normalize(img, eps=v), False),
+        "local_response_norm(alpha=v)": (lambda: F.local_response_norm(img, 3, alpha=v, beta=v, k=v), False),
+        "embedding(max_norm=1.0)": (lambda: F.embedding(idx, w, max_norm=1.0), False),
+        "embedding(norm_type=v)": (lambda: F.embedding(idx, w, norm_type=v), False),
     }
     synced, flagged = {}, {}
     for name, (fn, _) in calls.items():

@@ -119,10 +119,19 @@ _ITEM_TENSOR_ARGS = {"narrow": {"start"}, "linspace": {"start", "end"}, "logspac
 # Python functions without an aten op of their name that pass numbers on to ops of other names, where the parser reads
 # a device tensor as it reads one given to the op itself: F.interpolate's size goes to upsample_*'s output_size (x, n
 # and (n, n) alike; nn.Upsample and F.upsample call it), and a scale_factor it recomputes (recompute_scale_factor, or
-# mode="area") is read by its own int(size * scale_factor) (a tensor scale_factor it passes on is refused). Each:
-# (positions in a call's args, keyword names), as _number_slots gives them.
+# mode="area") is read by its own int(size * scale_factor) (a tensor scale_factor it passes on is refused).
+# F.normalize's p and dim go to torch.linalg.vector_norm's ord and dim; its eps goes to clamp_min, whose Tensor
+# overload takes a tensor as it is (not read). F.local_response_norm's size goes to F.pad's pad (size // 2 and
+# (size - 1) // 2, computed on the device, then read) and to avg_pool2d/3d's kernel_size (nn.LocalResponseNorm calls
+# it); its alpha, beta and k go to mul, add and pow, which take a tensor as it is (not read). F.embedding has an aten
+# op of its name, but aten::embedding takes only its padding_idx: its max_norm goes to embedding_renorm_'s float (and
+# so does norm_type, but only with max_norm given: _embedding_norm_type). Each: (positions in a call's args, keyword
+# names), as _number_slots gives them.
 _PY_NUMBER_ARGS: dict[Any, tuple[tuple[int, ...], frozenset]] = {
-    torch.nn.functional.interpolate: ((1, 2), frozenset({"size", "scale_factor"}))}
+    torch.nn.functional.interpolate: ((1, 2), frozenset({"size", "scale_factor"})),
+    torch.nn.functional.normalize: ((1, 2), frozenset({"p", "dim"})),
+    torch.nn.functional.local_response_norm: ((1,), frozenset({"size"})),
+    torch.nn.functional.embedding: ((2, 3), frozenset({"padding_idx", "max_norm"}))}
 # Factories that build a tensor from Python data: a device tensor inside a list or tuple of that data is converted to
 # a Python number, one .item() each (torch.tensor([n, m])); a tensor given as the data itself is copied as it is.
 _DATA_FACTORIES = {"tensor", "as_tensor", "asarray", "new_tensor"}
@@ -288,6 +297,16 @@ def _number_args(func, name, args, kwargs) -> list:
     return out
 
 
+def _embedding_norm_type(args, kwargs) -> torch.Tensor | None:
+    """F.embedding's norm_type if it is a one-element tensor that the call reads: F.embedding uses norm_type only to
+    renormalize, i.e. when max_norm is given (embedding_renorm_'s float); without max_norm it passes it nowhere."""
+    max_norm = args[3] if len(args) > 3 else kwargs.get("max_norm")
+    norm_type = args[4] if len(args) > 4 else kwargs.get("norm_type")
+    if max_norm is None or not isinstance(norm_type, torch.Tensor) or norm_type.numel() != 1:
+        return None
+    return norm_type
+
+
 def _target_device(args, kwargs) -> torch.device | None:
     """Destination device of Tensor.to(...) / .cuda(...) arguments, if one is named."""
     cand = kwargs.get("device")
@@ -383,6 +402,10 @@ class HostReadMode(TorchFunctionMode):
             # with num_classes given only the CPU reads t (its range checks), so a GPU reads nothing
             classes = args[1] if len(args) > 1 else kwargs.get("num_classes", -1)
             if isinstance(classes, int) and classes == -1 and ins[0].numel() > 0:  # (an empty t is refused)
+                return "host_read"
+        if func is torch.nn.functional.embedding and dev_in:
+            norm_type = _embedding_norm_type(args, kwargs)
+            if norm_type is not None and self.on_device(norm_type):
                 return "host_read"
         if dev_in and any(self.on_device(t) for t in _number_args(func, name, args, kwargs)):
             return "host_read"  # a device tensor as a number (torch.zeros(n)): read inside torch, as x[:n]'s bound is
