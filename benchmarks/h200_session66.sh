@@ -16,6 +16,9 @@
 #               Triton's default TF32 for float32 operands, ~1e-3 rel per dot, so likely over 1e-4) and `megakernel`
 #               (could not run: 393,216 B of shared memory against 232,448, naming float32); `best` (compile + graph,
 #               no kernels) passes at ~1e-6 (session 65's bench: 1.2e-6); exit 1 if triton_kernels fails, else 2.
+#            and tests/test_profile_syncs.py (cb85899 adds F.normalize, F.local_response_norm and F.embedding to the
+#               mode, with 5 syncing and 4 non-syncing cases in the referee test against CUDA's sync debug mode).
+#               Prediction: all pass; the least sure case is embedding(max_norm=1.0) as not syncing on CUDA.
 #   PART=b   the float32 check alone (for an H200 that ran part a's headline). Predictions as above.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session66.sh, carry [".whl", ".whl_lerobot"]
 set -u
@@ -37,6 +40,7 @@ a)
         ;;
       *) echo "0 echo 'not an H200 ($GPU_NAME): no headline'" ;;
     esac
+    echo "60 $P -q -n 4 --timeout 55 tests/test_profile_syncs.py 2>&1 | tee $R/pytest_gpu_s66s.log | tail -8"
     echo "130 $L $P -q -n 6 --timeout 120 -m 'not slow and not gpu' tests/test_compare_lerobot.py tests/test_compare_accelerate.py 2>&1 | tee $R/pytest_gpu_s66a.log | tail -8"
     case "$GPU_NAME" in
       *H200*) ;;
