@@ -20,6 +20,18 @@
 #               mode, with 5 syncing and 4 non-syncing cases in the referee test against CUDA's sync debug mode).
 #               Prediction: all pass; the least sure case is embedding(max_norm=1.0) as not syncing on CUDA.
 #   PART=b   the float32 check alone (for an H200 that ran part a's headline). Predictions as above.
+#            Outcome (H100, 11:57-11:59): syncs 39 passed, the referee test with its 9 new cases among them; LeRobot-gated
+#               83 passed, 5 skipped (4 by design where LeRobot and CUDA are present, 1 LeRobot's eval script without
+#               `datasets`); the float32 check, exit 1: every lever alone 2.5e-7..1.0e-6, best 1.19e-6, megakernel
+#               "could not run" naming float32 (393216 B against 232448), fuse_projections+triton_kernels FAILED at
+#               7.92e-4 (max abs 2.7e-3): as predicted. The cause: suffix_attention's two dots took Triton's TF32.
+#   PART=c   after the fix (suffix_attention's dots in full precision for float32 operands; bfloat16 unchanged):
+#               1) tests/test_kernels.py on the GPU. Prediction: all pass (bfloat16 unchanged: PRECISION None there).
+#               2) check --dtype float32 of fuse_projections+triton_kernels and of graph + compile + triton_kernels
+#               ($G). Prediction: both pass, rel L2 <= 1e-5 (IEEE dots, as small_m_matmul's already were).
+#               3) matrix --dtype float32 --variants "best;$G", model mode: is `best` right to leave the kernels out
+#               in float32? Prediction: $G 1.1-2x slower than best (the kernels' IEEE dots run on FMA units, where
+#               torch's float32 matmuls take cuBLAS's SGEMM; the tiles were tuned for bfloat16).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session66.sh, carry [".whl", ".whl_lerobot"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P
@@ -50,6 +62,13 @@ a)
   ;;
 b)
   echo "300 $V check --workload libero-pi0 --dtype float32 --json $R/check_libero-pi0_fp32-s66.json; echo exit=\$?" | lane A 0 40 &
+  ;;
+c)
+  {
+    echo "120 $P -q -n 4 --timeout 110 tests/test_kernels.py 2>&1 | tee $R/pytest_gpu_s66c1.log | tail -6"
+    echo "200 $V check --workload libero-pi0 --dtype float32 --levers 'fuse_projections,triton_kernels;$G' --json $R/check_libero-pi0_fp32_kernels-s66.json; echo exit=\$?"
+    echo "260 $V matrix --workload libero-pi0 --dtype float32 --variants 'best;$G' --iters 20 --warmup 5 --no-progress --json $R/matrix_libero-pi0_fp32_kernels-s66.json"
+  } | lane A 0 40 &
   ;;
 *) echo "unknown PART=${PART}"; exit 2 ;;
 esac

@@ -1965,6 +1965,12 @@ def test_suffix_attention_launch_splits_merge_and_layout(monkeypatch):
     (_, grid, args, kw), = launches
     assert grid == (1, 2, 1) and kw["BLOCK_M"] == 32  # the caller's tiles
     assert args[3].dtype == torch.uint8 and args[3].stride(1) == 32  # rows padded to 32 bytes
+    # float32 operands multiply in full precision: Triton's default TF32 put a float32 libero-pi0 at 7.9e-4 rel L2
+    # (session 66, H100), over float32's 1e-4; bfloat16 operands leave the choice to Triton (there is none)
+    assert kw["PRECISION"] == "ieee"
+    launches.clear()
+    A.suffix_attention(q.bfloat16(), k.bfloat16(), k.bfloat16(), mask)
+    assert launches[0][0] == "_partial_kernel" and launches[0][3]["PRECISION"] is None
 
 
 def test_merge_dims_and_mask_padding_at_their_boundaries():

@@ -9,7 +9,7 @@ Tiles: at head dim 256 a 64-key tile of K and of V is 32 KiB each in bf16; with 
 default 3-stage pipelining the first H200 run asked for 240 KiB of shared memory (the limit
 is 227 KiB) and failed to launch. 32-key tiles and 2 stages need about a third of that.
 Correctness-tested on the CPU (Triton interpreter, float32) and in bf16 on the GPU by the
-engine's equivalence check; timed by benchmarks/suffix_attention_bench.py: on the step's
+engine's equivalence check (float32 operands multiply in full precision, not Triton's default TF32); timed by benchmarks/suffix_attention_bench.py: on the step's
 shape (8 x 51 rows, 595 keys, head dim 256) the 32-row, 32-key tiles take ~20 us against ~31 us
 for 64-row tiles and ~35 us for the engine's folded matmuls in eager
 (benchmarks/results/h200/kernel_suffix_attention.json).
@@ -37,7 +37,7 @@ def _partial_kernel(
     ROWS, TQ, TK, MASK_COLS, keys_per_split, scale,
     sqb, sqh, sqt, skb, skt, svb, svt, smb, smq, sob, soh, sot,
     MASK_VALUE: tl.constexpr, HEAD_DIM: tl.constexpr, BLOCK_M: tl.constexpr, BLOCK_N: tl.constexpr, SPLITS: tl.constexpr,
-    USE_PDL: tl.constexpr = False,
+    PRECISION: tl.constexpr = None, USE_PDL: tl.constexpr = False,
 ):
     pdl_wait(USE_PDL)
     b = tl.program_id(0)
@@ -57,7 +57,7 @@ def _partial_kernel(
         keys = k0 + tl.arange(0, BLOCK_N)
         key_ok = (keys < TK) & (keys < k_start + keys_per_split)
         k = tl.load(k_ptr + b * skb + keys[:, None] * skt + d[None, :], mask=key_ok[:, None], other=0.0)
-        scores = tl.dot(q, tl.trans(k)).to(tl.float32) * scale
+        scores = tl.dot(q, tl.trans(k), input_precision=PRECISION).to(tl.float32) * scale
         # The mask's load is bounded by the columns its rows hold, not by TK: aligned rows hold a multiple of 16, so
         # the bound's constancy lets these loads be 16-byte vectors (keys past TK become -inf just below)
         allowed = tl.load(mask_ptr + b * smb + tq[:, None] * smq + keys[None, :],
@@ -69,7 +69,7 @@ def _partial_kernel(
         p = tl.exp(scores - m_new[:, None])
         l_i = l_i * alpha + tl.sum(p, axis=1)
         v = tl.load(v_ptr + b * svb + keys[:, None] * svt + d[None, :], mask=key_ok[:, None], other=0.0)
-        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v).to(tl.float32)
+        acc = acc * alpha[:, None] + tl.dot(p.to(v.dtype), v, input_precision=PRECISION).to(tl.float32)
         m_i = m_new
     if SPLITS == 1:  # one pass over all keys (the prefix's long query side): normalise and write the output
         tl.store(out_ptr + b * sob + head[:, None] * soh + tq[:, None] * sot + d[None, :],
@@ -240,6 +240,10 @@ def suffix_attention(q: torch.Tensor, k: torch.Tensor, v: torch.Tensor, mask: to
         q.stride(0), q.stride(1), q.stride(2), k.stride(0), k.stride(2), v.stride(0), v.stride(2),
         mask_u8.stride(0), mask_u8.stride(1), out.stride(0), out.stride(1), out.stride(2),
         MASK_VALUE=ATTENTION_MASK_VALUE, HEAD_DIM=h, BLOCK_M=block_m, BLOCK_N=block_n, SPLITS=splits,
+        # float32 operands multiply in full precision, as torch's float32 attention does: Triton's default for them
+        # is TF32 (10-bit mantissas), which put a float32 libero-pi0 at 7.9e-4 rel L2 against float32's 1e-4 (session
+        # 66, H100). bfloat16 operands take the tensor cores as they are (no precision to choose)
+        PRECISION="ieee" if q.dtype == torch.float32 else None,
         num_warps=num_warps, num_stages=num_stages,
     )
     if single:
