@@ -1,6 +1,7 @@
 """The command line: exit codes, messages and result files."""
 
 import json
+import os
 import subprocess
 import sys
 
@@ -733,6 +734,32 @@ def test_module_entry_reports_subcommand_errors_without_traceback():
     assert proc.returncode == 2, proc.stderr
     assert "Traceback" not in proc.stderr
     assert "vlaperf scaling: error: cuda_graph needs a CUDA device" in proc.stderr
+
+
+def test_an_empty_inductor_cache_is_refused_in_a_fresh_process(tmp_path):
+    """TORCHINDUCTOR_CACHE_DIR="" (a script's `=$UNSET`): the compile lever refuses it and the doctor warns, as
+    docs/profiling.md says, also after a model was built. Building one imports torch._dynamo, whose inductor writes
+    the current folder back into the variable; the check then saw a folder, and `bench --levers for_loop,compile`
+    compiled and left inductor's cache in the current folder. A fresh process, since this one imported torch._dynamo
+    long ago."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    env = dict(os.environ, TORCHINDUCTOR_CACHE_DIR="",
+               PYTHONPATH=os.pathsep.join(p for p in (root, os.environ.get("PYTHONPATH")) if p))
+    run = tmp_path / "cwd"
+    run.mkdir()
+    proc = subprocess.run([sys.executable, "-m", "vlaperf.cli", "bench", "--workload", "tiny", "--device", "cpu",
+                           "--levers", "for_loop,compile", "--no-check", "--warmup", "1", "--iters", "1",
+                           "--no-progress"], capture_output=True, text=True, timeout=300, cwd=run, env=env)
+    assert proc.returncode == 2, proc.stdout + proc.stderr
+    assert "TORCHINDUCTOR_CACHE_DIR is set but empty" in proc.stderr, proc.stderr
+    assert not list(run.iterdir())  # nothing compiled into the current folder
+    out = tmp_path / "doctor.json"
+    proc = subprocess.run([sys.executable, "-m", "vlaperf.cli", "doctor", "--workload", "tiny", "--device", "cpu",
+                           "--no-measure", "--no-progress", "--json", str(out)],
+                          capture_output=True, text=True, timeout=300, cwd=run, env=env)
+    assert proc.returncode == 0, proc.stdout + proc.stderr
+    cache = next(f for f in read_result(out)["findings"] if f["id"] == "env.compile_cache")
+    assert (cache["severity"], cache["title"]) == ("warning", "TORCHINDUCTOR_CACHE_DIR set but empty")
 
 
 def test_compile_cache_dir_is_used_and_recorded(tmp_path, monkeypatch, capsys):

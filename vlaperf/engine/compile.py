@@ -97,6 +97,18 @@ def missing_compiler(device_type: str | None = None) -> str | None:
     return f"no C++ compiler ({_compiler_names('cpu')[0]}) on PATH: inductor cannot build its CPU kernels"
 
 
+def inductor_cache_env() -> str | None:
+    """TORCHINDUCTOR_CACHE_DIR as given to the process: "" where it was started with an empty one that torch has since
+    replaced by the current folder (vlaperf.INDUCTOR_CACHE_AT_START says why), else the variable as it is now. A
+    folder set later, by --compile-cache (use_compile_cache) or the caller, is never the bare current folder."""
+    from vlaperf import INDUCTOR_CACHE_AT_START
+
+    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    if INDUCTOR_CACHE_AT_START == "" and cache == os.path.abspath(""):
+        return ""
+    return cache
+
+
 def compile_blockers(backend: str = "inductor", device_type: str | None = None) -> list[str]:
     """Reasons torch.compile would be silently off or fail here (seed 000 lost weeks to the first). device_type:
     where the compiled code runs (missing_compiler; None: the default device)."""
@@ -108,7 +120,7 @@ def compile_blockers(backend: str = "inductor", device_type: str | None = None) 
     missing = missing_compiler(device_type) if backend == "inductor" else None
     if missing:
         reasons.append(missing)
-    cache = os.environ.get("TORCHINDUCTOR_CACHE_DIR")
+    cache = inductor_cache_env()
     if backend == "inductor" and cache == "":
         # a script's `=$UNSET`: torch 2.11's inductor calls makedirs("") when it is first imported and fails there
         # (FileNotFoundError: ''), 2.13 caches in the current folder; neither is what the empty value meant

@@ -331,14 +331,17 @@ def _compile_cache_check() -> dict:
     """Where the compile caches are and how full: a warm cache makes a compiled variant's first
     call seconds instead of tens of seconds, and one in a temporary directory may not outlive a
     container."""
-    from vlaperf.engine.compile import CACHE_ENV
+    from vlaperf.engine.compile import CACHE_ENV, inductor_cache_env
 
     dirs = compile_cache_dirs()
     parts = [f"{name} {path} ({_size(path)})" for name, path in dirs.items()]
     detail = ("compiled kernels are cached at: " + "; ".join(parts) + ". A process that finds them skips the compiles "
               "(H200, libero-pi0 best: first call 9-14 s with empty caches, 3.6-4 s warm).")
     # `VAR=$UNSET` in a script sets the variable to "", which is not unset (compile_blockers refuses it for inductor)
-    empty = [var for var in CACHE_ENV.values() if os.environ.get(var) == ""]
+    # inductor's as given, not as torch rewrote it once a model was built (an empty one becomes the current folder)
+    given = {var: inductor_cache_env() if var == "TORCHINDUCTOR_CACHE_DIR" else os.environ.get(var)
+             for var in CACHE_ENV.values()}
+    empty = [var for var, value in given.items() if value == ""]
     if empty:
         names = " and ".join(empty)
         return finding("env.compile_cache", "warning", f"{names} set but empty",
