@@ -294,6 +294,36 @@ def test_profiler_commands_refuse_settings_they_would_ignore(argv, message, caps
     assert message in capsys.readouterr().err
 
 
+@pytest.mark.parametrize(("warmup", "made"), [(0, 1), (2, 2)])
+def test_breakdown_warmup_0_is_1_as_its_help_says(tmp_path, monkeypatch, warmup, made):
+    """--warmup 0 makes one warm-up call of the instrumented call (its first call is never a stage sample) and the
+    file says 1: the help said "at least 1", which read as 0 being refused, as matrix, compare and scaling do."""
+    import argparse
+
+    from vlaperf.cli import build_parser
+    from vlaperf.profile import breakdown as bd_mod
+    from vlaperf.profile.markers import NULL_RECORDER
+
+    sub = next(a for a in build_parser()._actions if isinstance(a, argparse._SubParsersAction))
+    help_text = next(a.help for a in sub.choices["breakdown"]._actions if "--warmup" in a.option_strings)
+    assert "0 is 1" in help_text and "at least 1" not in help_text
+    instrumented = []
+    inner = bd_mod.breakdown_fn
+
+    def counting(call, **kw):
+        def counted(rec):
+            if rec is not NULL_RECORDER:
+                instrumented.append(1)
+            return call(rec)
+        return inner(counted, **kw)
+
+    monkeypatch.setattr(bd_mod, "breakdown_fn", counting)
+    out = tmp_path / "bd.json"
+    assert main(["breakdown", *COMMON, "--warmup", str(warmup), "--iters", "2", "--json", str(out)]) == 0
+    r = read_result(out)
+    assert len(instrumented) == made + 2 and r["warmup"] == made and r["breakdown"]["warmup"] == made
+
+
 def test_breakdown_of_none_is_the_reference_and_the_trace_is_recorded(tmp_path, capsys):
     out, tr = tmp_path / "bd.json", tmp_path / "trace.json"
     assert main(["breakdown", *COMMON, "--levers", "none", "--warmup", "0", "--iters", "1", "--json", str(out),

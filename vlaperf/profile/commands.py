@@ -470,8 +470,9 @@ def register(subparsers) -> None:
                    help="model: the call on device tensors; policy: the served path, transform and copies included "
                         "(default: model)")
     p.add_argument("--warmup", type=non_negative_int, default=10,
-                   help="warm-up calls of the instrumented call, at least 1; before them the process's first call, "
-                        "the untimed one, is timed on its own as first_call_s (default: 10)")
+                   help="warm-up calls of the instrumented call; 0 is 1: its own first call (a graph's capture) is "
+                        "always made and never a stage sample; before them the process's first call, the untimed "
+                        "one, is timed on its own as first_call_s (default: 10)")
     p.add_argument("--iters", type=positive_int, default=50,
                    help="instrumented calls, each beside an untimed one (default: 50)")
     p.add_argument("--trace", type=output_file, default=None, help="also write a Chrome/Perfetto trace of one call here")
