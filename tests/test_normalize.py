@@ -219,6 +219,28 @@ def test_serving_a_checkpoint_without_its_conventions_warns(capsys, tmp_path):
         capsys.readouterr().err
 
 
+def test_the_conventions_named_without_conventions_say_the_chunk_they_would_serve(capsys, tmp_path):
+    """serve --workload tiny without --conventions named openpi:pi0_libero and lerobot:pi0 as what tiny takes,
+    both trained with 50 actions a chunk: adding one serves 50 actions, not tiny's 10 (and refuses an
+    --action-horizon 10). The warning says so; where the chunk served is theirs, it names them plainly."""
+    from vlaperf.checkpoints import save_checkpoint
+    from vlaperf.cli import build_parser, resolve_shape
+    from vlaperf.serve.commands import _precheck_pi0
+
+    ckpt = save_checkpoint(build_model(TINY.model_config()), tmp_path / "ckpt")
+    serve = ["serve", "--checkpoint", str(ckpt), "--workload", "tiny", "--device", "cpu"]
+    _precheck_pi0(build_parser().parse_args(serve), "tiny")
+    err = " ".join(capsys.readouterr().err.split())
+    assert ("this workload's model and layout take openpi:pi0_libero, lerobot:pi0, each with 50 actions a chunk, "
+            "not the 10 served now") in err
+    for name in ("openpi:pi0_libero", "lerobot:pi0"):  # what the words claim: either serves 50 actions a chunk
+        workload, _ = resolve_shape(build_parser().parse_args([*serve, "--conventions", name]), TINY)
+        assert (TINY.horizon, workload.horizon) == (10, 50)
+    _precheck_pi0(build_parser().parse_args([*serve, "--action-horizon", "50"]), "tiny")
+    err = " ".join(capsys.readouterr().err.split())
+    assert "take openpi:pi0_libero, lerobot:pi0 (docs/serving.md" in err and "served now" not in err
+
+
 @pytest.mark.parametrize("quantile", [False, True], ids=["mean_std", "quantiles"])
 def test_lerobot_normalizer_files_use_lerobots_arithmetic(tmp_path, quantile):
     """LeRobot's preprocessor saves "<feature>.<stat>" tensors; its MEAN_STD adds eps 1e-8 when normalizing

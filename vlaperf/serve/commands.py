@@ -495,14 +495,33 @@ def checkpoint_io(tokenizer_file, norm_stats_path, checkpoint, config, conventio
         except CheckpointError as e:
             raise CliError(f"--checkpoint: {e}") from None
     warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats, conventions,
-                                workload.layout if workload is not None else None, config.pi05)
+                                workload.layout if workload is not None else None, config.pi05,
+                                workload.horizon if workload is not None else None)
     return tokenizer, norm_stats
 
 
+def _fitting_conventions_words(names: list[str], horizon: int | None) -> str:
+    """The conventions `names`, each with its chunk where that is not the `horizon` served now: conventions set the
+    chunk they were trained with, so adding one serves its chunk instead (and contradicts an --action-horizon).
+    tiny's 10 actions were met with openpi:pi0_libero and lerobot:pi0 alone, both 50 actions a chunk."""
+    from vlaperf.conventions import CONVENTIONS
+
+    same = [c for c in names if horizon is None or CONVENTIONS[c].action_horizon in (None, horizon)]
+    others: dict[int, list[str]] = {}
+    for c in names:
+        if c not in same:
+            others.setdefault(CONVENTIONS[c].action_horizon, []).append(c)
+    words = [", ".join(same)] if same else []
+    words += [f"{', '.join(cs)}, {'each ' if len(cs) > 1 else ''}with {h} actions a chunk, not the {horizon} "
+              "served now" for h, cs in others.items()]
+    return "; ".join(words)
+
+
 def warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats, conventions="unset", layout: str | None = None,
-                                pi05: bool = False) -> None:
+                                pi05: bool = False, horizon: int | None = None) -> None:
     """A trained checkpoint served without its tokenizer, statistics or conventions gives a robot meaningless
-    actions. `layout` (the workload's) and `pi05`: the conventions that would fit are named."""
+    actions. `layout` (the workload's) and `pi05`: the conventions that would fit are named; `horizon` (the chunk
+    served now): those trained with another chunk say theirs."""
     if checkpoint is None:
         return
     from vlaperf.checkpoints import CheckpointError, lerobot_config
@@ -522,8 +541,8 @@ def warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats, conventions="
         if lerobots:
             hint = f"this is a LeRobot checkpoint: {', '.join(lerobots)}"
         else:
-            hint = (f"this workload's model and layout take {', '.join(fitting)}" if fitting
-                    else "e.g. --conventions openpi:pi0_libero")
+            hint = (f"this workload's model and layout take {_fitting_conventions_words(fitting, horizon)}"
+                    if fitting else "e.g. --conventions openpi:pi0_libero")
         print("vlaperf serve: warning: serving a checkpoint without --conventions: the actions are the model's "
               "own; a checkpoint trained on delta actions (openpi pi0_libero, ALOHA) or with another chunk needs its "
               f"conventions: {hint} (docs/serving.md, vlaperf workloads)", file=sys.stderr)
