@@ -319,9 +319,15 @@ def check_tables(results):
             continue
         out += [f"### equivalence on {workload_label(r)} ({r['variant']['dtype']}, {_env(r)})", "",
                 f"`{path.relative_to(ROOT)}`", "", "| variant | max abs | rel L2 | tolerance | passed |", "|---|---|---|---|---|"]
+        notes = []
         for c in r["checks"]:
-            out.append(f"| {_short(c['variant'])} | {c['max_abs']:.3g} | {c['rel_l2']:.3g} | {c['tolerance']:.0e} | {'yes' if c['passed'] else 'NO'} |")
-        out.append("")
+            # null errors: a variant that could not run (its `error` says why) or non-finite actions
+            errs = " | ".join("" if c[k] is None else f"{c[k]:.3g}" for k in ("max_abs", "rel_l2"))
+            passed = "could not run" if c.get("error") else "yes" if c["passed"] else "NO"
+            out.append(f"| {_short(c['variant'])} | {errs} | {c['tolerance']:.0e} | {passed} |")
+            if c.get("error"):
+                notes.append(f"{_short(c['variant'])} could not run: {c['error']}")
+        out += [""] + [n + "\n" for n in notes]
     return out
 
 
