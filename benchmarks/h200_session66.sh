@@ -26,7 +26,7 @@
 #               "could not run" naming float32 (393216 B against 232448), fuse_projections+triton_kernels FAILED at
 #               7.92e-4 (max abs 2.7e-3): as predicted. The cause: suffix_attention's two dots took Triton's TF32.
 #   PART=c   after the fix (suffix_attention's dots in full precision for float32 operands; bfloat16 unchanged),
-#            in this order (failed starts left ~890 s of the budget): 2), 1), 3).
+#            in this order (failed starts left ~890 s of the budget): 2), 1); 3) dropped at 457 s left.
 #               1) tests/test_kernels.py on the GPU. Prediction: all pass (bfloat16 unchanged: PRECISION None there).
 #               2) check --dtype float32 of fuse_projections+triton_kernels and of graph + compile + triton_kernels
 #               ($G). Prediction: both pass, rel L2 <= 1e-5 (IEEE dots, as small_m_matmul's already were).
@@ -68,7 +68,6 @@ c)
   {
     echo "200 $V check --workload libero-pi0 --dtype float32 --levers 'fuse_projections,triton_kernels;$G' --json $R/check_libero-pi0_fp32_kernels-s66.json; echo exit=\$?"
     echo "120 $P -q -n 4 --timeout 110 tests/test_kernels.py 2>&1 | tee $R/pytest_gpu_s66c1.log | tail -6"
-    echo "260 $V matrix --workload libero-pi0 --dtype float32 --variants 'best;$G' --iters 20 --warmup 5 --no-progress --json $R/matrix_libero-pi0_fp32_kernels-s66.json"
   } | lane A 0 40 &
   ;;
 *) echo "unknown PART=${PART}"; exit 2 ;;
