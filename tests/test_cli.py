@@ -1123,10 +1123,10 @@ def test_the_reference_given_among_matrix_variants_is_its_reference_row():
     assert wam.parse_variants("exact;none", cpu) == ["reference", "exact"]
 
 
-def test_resolve_shape_applies_and_checks_the_conventions_horizon():
+def test_resolve_shape_applies_and_checks_the_conventions_horizon(capsys):
     """--conventions set the chunk they were trained with (the workload's and the model's), refuse an
     --action-horizon that contradicts it and a model family they do not fit; --action-horizon alone overrides
-    the workload's chunk."""
+    the workload's chunk. A chunk the conventions change is said once (it was silent: tiny's 10 actions became 50)."""
     from argparse import Namespace
 
     from vlaperf.cli import CliError, resolve_shape
@@ -1142,8 +1142,19 @@ def test_resolve_shape_applies_and_checks_the_conventions_horizon():
     assert shape() == (10, 10, {})
     assert shape(action_horizon=10) == (10, 10, {})
     assert shape(action_horizon=7, batch=2) == (7, 7, {"horizon": 7, "batch": 2})
+    assert capsys.readouterr().err == ""
     assert shape(conventions="openpi:pi0_libero") == (50, 50, {"horizon": 50})
+    assert capsys.readouterr().err == ("vlaperf: 50 actions a chunk, as --conventions openpi:pi0_libero were trained; "
+                                       "workload tiny has 10\n")
+    args = Namespace(conventions="openpi:pi0_libero", action_horizon=None, batch=None, steps=None)
+    resolve_shape(args, base)
+    resolve_shape(args, base)  # serve resolves the shape twice: said once
+    assert capsys.readouterr().err.count("actions a chunk") == 1
     assert shape(conventions="openpi:pi0_libero", action_horizon=50) == (50, 50, {"horizon": 50})
+    assert capsys.readouterr().err == ""  # asked for in so many words
+    libero = get_workload("libero-pi0")  # the conventions' own chunk: nothing to say
+    resolve_shape(Namespace(conventions="openpi:pi0_libero", action_horizon=None, batch=None, steps=None), libero)
+    assert capsys.readouterr().err == ""
     with pytest.raises(CliError, match="--action-horizon 7: --conventions openpi:pi0_libero were trained with 50 "
                                        "actions a chunk"):
         shape(conventions="openpi:pi0_libero", action_horizon=7)

@@ -200,6 +200,11 @@ def resolve_shape(args, base):
         if horizon is not None and horizon != conventions.action_horizon:
             raise CliError(f"--action-horizon {horizon}: --conventions {conventions.name} were trained with "
                            f"{conventions.action_horizon} actions a chunk")
+        if horizon is None and conventions.action_horizon != base.horizon and not getattr(args, "chunk_noted", False):
+            # said, not silent: the chunk a robot gets is not the workload's (serve resolves the shape twice)
+            print(f"vlaperf: {conventions.action_horizon} actions a chunk, as --conventions {conventions.name} were "
+                  f"trained; workload {base.id} has {base.horizon}", file=sys.stderr)
+            args.chunk_noted = True
         horizon, horizon_from = conventions.action_horizon, f"--conventions {conventions.name}"
     config = base.model_config()
     why = conventions.fits(config.pi05, base.layout)
