@@ -33,6 +33,9 @@
 #               3) matrix --dtype float32 --variants "best;$G", model mode: is `best` right to leave the kernels out
 #               in float32? Prediction: $G 1.1-2x slower than best (the kernels' IEEE dots run on FMA units, where
 #               torch's float32 matmuls take cuBLAS's SGEMM; the tiles were tuned for bfloat16).
+#            Outcome: no machine came for it (four failed starts, 12:09-13:01).
+#   PART=d   part c's first check alone, fuse_projections+triton_kernels (262 s of the budget left). Prediction: passes,
+#               rel L2 <= 1e-5.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session66.sh, carry [".whl", ".whl_lerobot"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P
@@ -69,6 +72,9 @@ c)
     echo "200 $V check --workload libero-pi0 --dtype float32 --levers 'fuse_projections,triton_kernels;$G' --json $R/check_libero-pi0_fp32_kernels-s66.json; echo exit=\$?"
     echo "120 $P -q -n 4 --timeout 110 tests/test_kernels.py 2>&1 | tee $R/pytest_gpu_s66c1.log | tail -6"
   } | lane A 0 40 &
+  ;;
+d)
+  echo "150 $V check --workload libero-pi0 --dtype float32 --levers fuse_projections,triton_kernels --json $R/check_libero-pi0_fp32_kernels-s66.json; echo exit=\$?" | lane A 0 40 &
   ;;
 *) echo "unknown PART=${PART}"; exit 2 ;;
 esac
