@@ -9,7 +9,8 @@ Tiles: at head dim 256 a 64-key tile of K and of V is 32 KiB each in bf16; with 
 default 3-stage pipelining the first H200 run asked for 240 KiB of shared memory (the limit
 is 227 KiB) and failed to launch. 32-key tiles and 2 stages need about a third of that.
 Correctness-tested on the CPU (Triton interpreter, float32) and in bf16 on the GPU by the
-engine's equivalence check (float32 operands multiply in full precision, not Triton's default TF32); timed by benchmarks/suffix_attention_bench.py: on the step's
+engine's equivalence check (float32 operands multiply in full precision, not Triton's default
+TF32); timed by benchmarks/suffix_attention_bench.py: on the step's
 shape (8 x 51 rows, 595 keys, head dim 256) the 32-row, 32-key tiles take ~20 us against ~31 us
 for 64-row tiles and ~35 us for the engine's folded matmuls in eager
 (benchmarks/results/h200/kernel_suffix_attention.json).
