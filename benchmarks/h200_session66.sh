@@ -35,7 +35,9 @@
 #               torch's float32 matmuls take cuBLAS's SGEMM; the tiles were tuned for bfloat16).
 #            Outcome: no machine came for it (four failed starts, 12:09-13:01).
 #   PART=d   part c's first check alone, fuse_projections+triton_kernels (262 s of the budget left). Prediction: passes,
-#               rel L2 <= 1e-5.
+#               rel L2 <= 1e-5. Outcome: refused, too little device time left to start a machine (13:11). Not run on a
+#               GPU; on the CPU the kernel compiled for sm_90 (Triton 3.9) gives FMA dots in float32 and a bfloat16 PTX
+#               identical to the old source's but for debug info (tests/test_kernels.py, docs/perf-notes.md).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session66.sh, carry [".whl", ".whl_lerobot"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P
