@@ -33,7 +33,7 @@
 #               3) matrix --dtype float32 --variants "best;$G", model mode: is `best` right to leave the kernels out
 #               in float32? Prediction: $G 1.1-2x slower than best (the kernels' IEEE dots run on FMA units, where
 #               torch's float32 matmuls take cuBLAS's SGEMM; the tiles were tuned for bfloat16).
-#            Outcome: no machine came for it (four failed starts, 12:09-13:01).
+#            Outcome: no machine came for it (six failed starts and seven refusals in cool-downs, 12:05-13:01).
 #   PART=d   part c's first check alone, fuse_projections+triton_kernels (262 s of the budget left). Prediction: passes,
 #               rel L2 <= 1e-5. Outcome: refused, too little device time left to start a machine (13:11). Not run on a
 #               GPU; on the CPU the kernel compiled for sm_90 (Triton 3.9) gives FMA dots in float32 and a bfloat16 PTX
