@@ -1,0 +1,50 @@
+#!/bin/bash
+# Session 67's device plan (one GPU; lanes.sh, lane A only). Say which card each figure came from. Carry [".whl"].
+# Session 66's part c never got a machine; it is this session's first aim, with the H200 headline if an H200 comes.
+#   PART=a   on an H200 first: libero-pi0 `best` in policy mode and in model mode, four fresh processes each (no H200
+#               since session 60). Predictions: policy 14.0-14.4 ms (session 48: 14.05-14.34), model 12.7-13.0 ms
+#               (session 60: 12.72).
+#            on any card: `check --dtype float32` of fuse_projections+triton_kernels and of $G (graph + compile +
+#               triton_kernels), after session 66's fix (suffix_attention's dots in IEEE float32 for float32 operands).
+#               Prediction: both pass, rel L2 <= 1e-5 (session 66, before the fix: 7.92e-4, FAILED).
+#            on a card other than the H200, then: tests/test_kernels.py on the GPU (prediction: all pass; bfloat16's
+#               PTX is unchanged) and `matrix --dtype float32 --variants "best;$G"` in model mode: is `best` right to
+#               leave the kernels out in float32? Prediction: $G 1.1-2x slower than best (the kernels' IEEE dots run
+#               on FMA units where torch's float32 matmuls take cuBLAS's SGEMM; the tiles were tuned for bfloat16).
+#   PART=b   (after an H200's part a) tests/test_kernels.py, the float32 matrix, and a policy breakdown of `best`.
+#               Predictions as above; breakdown: the staged call matches the untimed one exactly, coverage 0.95-1.05,
+#               host stages 1.4-1.8 ms.
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session67.sh, carry [".whl"]
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P, $G
+install_wheels .whl /tmp/site
+export PYTHONPATH=/tmp/site:$PWD
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "card: $GPU_NAME"
+CHECK="150 $V check --workload libero-pi0 --dtype float32 --levers 'fuse_projections,triton_kernels;$G' --json $R/check_libero-pi0_fp32_kernels-s67.json; echo exit=\$?"
+KERNELS="120 $P -q -n 4 --timeout 110 tests/test_kernels.py 2>&1 | tee $R/pytest_gpu_s67k.log | tail -6"
+MATRIX="200 $V matrix --workload libero-pi0 --dtype float32 --variants 'best;$G' --mode model $B --json $R/matrix_libero-pi0_fp32_kernels-s67.json"
+case "${PART:-a}" in
+a)
+  {
+    case "$GPU_NAME" in
+      *H200*)
+        echo "190 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s67-4proc_policy.json"
+        echo "170 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s67-4proc_model.json"
+        echo "$CHECK"
+        ;;
+      *)
+        echo "$CHECK"; echo "$KERNELS"; echo "$MATRIX"
+        ;;
+    esac
+  } | lane A 0 40 &
+  ;;
+b)
+  {
+    echo "$KERNELS"; echo "$MATRIX"
+    echo "90 $V breakdown --workload libero-pi0 --levers best --mode policy --no-progress --json $R/breakdown_libero-pi0_best-s67_policy.json"
+  } | lane A 0 40 &
+  ;;
+*) echo "unknown PART=${PART}"; exit 2 ;;
+esac
+finish
