@@ -7,11 +7,16 @@
 #            on any card: `check --dtype float32` of fuse_projections+triton_kernels and of $G (graph + compile +
 #               triton_kernels), after session 66's fix (suffix_attention's dots in IEEE float32 for float32 operands).
 #               Prediction: both pass, rel L2 <= 1e-5 (session 66, before the fix: 7.92e-4, FAILED).
-#            on a card other than the H200, then: tests/test_kernels.py on the GPU (prediction: all pass; bfloat16's
+#            on a card other than the H200, then: `check --workload libero-pi05 --dtype float32 --levers megakernel`, after
+#               this session's fix (the step kernel's dots in IEEE float32 for float32 operands; the CPU-compiled PTX has
+#               no MMA left in float32, and bfloat16's is unchanged). Predictions: the kernel fits at pi0.5's 10 rows
+#               (Triton 3.9 on the CPU: 147,456 B of shared memory; the GPU's 3.6 asked 1.33x 3.9's at 51 rows, so
+#               ~196 KB against 232,448) and passes at rel L2 <= 1e-5. Before the fix its TF32 dots would have failed.
+#            then tests/test_kernels.py on the GPU (prediction: all pass; bfloat16's
 #               PTX is unchanged) and `matrix --dtype float32 --variants "best;$G"` in model mode: is `best` right to
 #               leave the kernels out in float32? Prediction: $G 1.1-2x slower than best (the kernels' IEEE dots run
 #               on FMA units where torch's float32 matmuls take cuBLAS's SGEMM; the tiles were tuned for bfloat16).
-#   PART=b   (after an H200's part a) tests/test_kernels.py, the float32 matrix, and a policy breakdown of `best`.
+#   PART=b   (after an H200's part a) the float32 megakernel check, tests/test_kernels.py, the float32 matrix, and a policy breakdown of `best`.
 #               Predictions as above; breakdown: the staged call matches the untimed one exactly, coverage 0.95-1.05,
 #               host stages 1.4-1.8 ms.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session67.sh, carry [".whl"]
@@ -22,8 +27,9 @@ export PYTHONPATH=/tmp/site:$PWD
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "card: $GPU_NAME"
 CHECK="150 $V check --workload libero-pi0 --dtype float32 --levers 'fuse_projections,triton_kernels;$G' --json $R/check_libero-pi0_fp32_kernels-s67.json; echo exit=\$?"
+MEGA="120 $V check --workload libero-pi05 --dtype float32 --levers megakernel --json $R/check_libero-pi05_fp32_megakernel-s67.json; echo exit=\$?"
 KERNELS="120 $P -q -n 4 --timeout 110 tests/test_kernels.py 2>&1 | tee $R/pytest_gpu_s67k.log | tail -6"
-MATRIX="200 $V matrix --workload libero-pi0 --dtype float32 --variants 'best;$G' --mode model $B --json $R/matrix_libero-pi0_fp32_kernels-s67.json"
+MATRIX="180 $V matrix --workload libero-pi0 --dtype float32 --variants 'best;$G' --mode model $B --json $R/matrix_libero-pi0_fp32_kernels-s67.json"
 case "${PART:-a}" in
 a)
   {
@@ -34,14 +40,14 @@ a)
         echo "$CHECK"
         ;;
       *)
-        echo "$CHECK"; echo "$KERNELS"; echo "$MATRIX"
+        echo "$CHECK"; echo "$MEGA"; echo "$KERNELS"; echo "$MATRIX"
         ;;
     esac
   } | lane A 0 40 &
   ;;
 b)
   {
-    echo "$KERNELS"; echo "$MATRIX"
+    echo "$MEGA"; echo "$KERNELS"; echo "$MATRIX"
     echo "90 $V breakdown --workload libero-pi0 --levers best --mode policy --no-progress --json $R/breakdown_libero-pi0_best-s67_policy.json"
   } | lane A 0 40 &
   ;;

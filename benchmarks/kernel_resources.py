@@ -64,9 +64,10 @@ def _ptxas() -> str:
 
 
 def compile_kernel(fn, constexprs: dict, num_warps: int, num_stages: int, ptxas: bool = True,
-                   fp_fusion: bool = True) -> dict:
+                   fp_fusion: bool = True, weights: str = "*bf16") -> dict:
     """PTX instruction counts, shared memory, and (with `ptxas`) registers and spills; fused multiply-add
-    as `launch` asks for it (`fp_fusion`)."""
+    as `launch` asks for it (`fp_fusion`); `weights`: the Triton type of the weight and activation pointers
+    ("*fp32" for a float32 model)."""
     names = list(inspect.signature(fn.fn).parameters)
     signature = {}
     for n in names:
@@ -74,7 +75,7 @@ def compile_kernel(fn, constexprs: dict, num_warps: int, num_stages: int, ptxas:
             signature[n] = "constexpr"
         elif n.endswith("_ptr"):
             signature[n] = ("*fp32" if n in FLOAT_BUFFERS else "*i32" if n in INT_BUFFERS else "*i64" if n == "ts_ptr"
-                            else "*u8" if n == "mask_ptr" else "*bf16")
+                            else "*u8" if n == "mask_ptr" else weights)
         else:
             signature[n] = "fp32" if n in ("eps", "scale") else "i32"
     hints = {(i,): [["tt.divisibility", 16]] for i, n in enumerate(names) if n.endswith("_ptr") or n in ALIGNED_INTS}

@@ -1016,6 +1016,36 @@ def test_attention_kernel_multiplies_float32_in_full_precision_and_bfloat16_on_t
         assert re.search(r"\b(wgmma|mma)\.", compiled("*bf16", None, block_m, block_n, splits).asm["ptx"])
 
 
+@needs_triton_39
+def test_step_kernel_multiplies_float32_in_full_precision():
+    """The step kernel (`megakernel`) compiled for sm_90a on this CPU machine with float32 weights and activations,
+    at the row counts where its float32 tiles fit a Hopper block (pi0.5's 10 rows, pi0's 11): every dot (the
+    matmuls, the attention, the norm statistics) is FMA instructions, IEEE float32 as torch's float32 matmul,
+    not tensor-core TF32 (~1e-3 rel a product, as suffix_attention's dots put float32 libero-pi0 at 7.9e-4 rel L2
+    against float32's 1e-4 on an H100 in session 66). The same kernel in bfloat16 keeps its tensor-core MMAs."""
+    resources = _resources()
+    from vlaperf.engine.kernels import expert_step as S
+
+    mma = re.compile(r"\b(w?gmma|mma)\.")
+    shape = resources.M, resources.TK
+    try:
+        for rows, mod in ((10, True), (11, False)):
+            resources.M, resources.TK = rows, 586
+            cfg = S.StepKernelConfig()
+            consts = resources.whole_kernel_constexprs(cfg, mod=mod)
+            for weights in ("*fp32", "*bf16"):
+                r = resources.compile_kernel(S._expert_step_kernel, consts, cfg.num_warps, cfg.num_stages, ptxas=False,
+                                             weights=weights)
+                ptx = resources.last_ptx()
+                if weights == "*fp32":
+                    assert not mma.search(ptx) and len(re.findall(r"\bfma\.rn\.f32", ptx)) > 1000, (rows, mod)
+                    assert r["shared_bytes"] <= 232_448, (rows, mod, r["shared_bytes"])
+                else:
+                    assert mma.search(ptx), (rows, mod)
+    finally:
+        resources.M, resources.TK = shape
+
+
 def _synthetic_timeline(L=2, phases=7, programs=3):
     """Readings for a launch where, in every (layer, phase), program p works 2 + p us
     starting at the slot's start + p * 0.1 us, all pass the barrier 0.5 us after the last
