@@ -1,7 +1,7 @@
 #!/bin/bash
 # Session 67's device plan (one GPU; lanes.sh, lane A only). Say which card each figure came from. Carry [".whl"].
 # Session 66's part c never got a machine; it is this session's first aim, with the H200 headline if an H200 comes.
-#   PART=a   on an H200 first: libero-pi0 `best` in policy mode and in model mode, four fresh processes each (no H200
+#   PART=a   on an H200, after the two float32 checks below: libero-pi0 `best` in model mode and in policy mode, four fresh processes each (no H200
 #               since session 60). Predictions: policy 14.0-14.4 ms (session 48: 14.05-14.34), model 12.7-13.0 ms
 #               (session 60: 12.72).
 #            on any card: `check --dtype float32` of fuse_projections+triton_kernels and of $G (graph + compile +
@@ -16,7 +16,7 @@
 #               PTX is unchanged) and `matrix --dtype float32 --variants "best;$G"` in model mode: is `best` right to
 #               leave the kernels out in float32? Prediction: $G 1.1-2x slower than best (the kernels' IEEE dots run
 #               on FMA units where torch's float32 matmuls take cuBLAS's SGEMM; the tiles were tuned for bfloat16).
-#   PART=b   (after an H200's part a) the float32 megakernel check, tests/test_kernels.py, the float32 matrix, and a policy breakdown of `best`.
+#   PART=b   (after an H200's part a) tests/test_kernels.py, the float32 matrix, and a policy breakdown of `best`.
 #               Predictions as above; breakdown: the staged call matches the untimed one exactly, coverage 0.95-1.05,
 #               host stages 1.4-1.8 ms.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session67.sh, carry [".whl"]
@@ -34,10 +34,10 @@ case "${PART:-a}" in
 a)
   {
     case "$GPU_NAME" in
-      *H200*)
-        echo "190 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s67-4proc_policy.json"
+      *H200*)  # the checks first: by 15:10 eleven failed starts had left ~850 s of the budget
+        echo "$CHECK"; echo "$MEGA"
         echo "170 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s67-4proc_model.json"
-        echo "$CHECK"
+        echo "190 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s67-4proc_policy.json"
         ;;
       *)
         echo "$CHECK"; echo "$MEGA"; echo "$KERNELS"; echo "$MATRIX"
@@ -47,7 +47,7 @@ a)
   ;;
 b)
   {
-    echo "$MEGA"; echo "$KERNELS"; echo "$MATRIX"
+    echo "$KERNELS"; echo "$MATRIX"
     echo "90 $V breakdown --workload libero-pi0 --levers best --mode policy --no-progress --json $R/breakdown_libero-pi0_best-s67_policy.json"
   } | lane A 0 40 &
   ;;
