@@ -1,21 +1,21 @@
 #!/bin/bash
 # Session 67's device plan (one GPU; lanes.sh, lane A only). Say which card each figure came from. Carry [".whl"].
 # Session 66's part c never got a machine; it is this session's first aim, with the H200 headline if an H200 comes.
-#   PART=a   on an H200, after the two float32 checks below: libero-pi0 `best` in model mode and in policy mode, four fresh processes each (no H200
-#               since session 60). Predictions: policy 14.0-14.4 ms (session 48: 14.05-14.34), model 12.7-13.0 ms
-#               (session 60: 12.72).
-#            on any card: `check --dtype float32` of fuse_projections+triton_kernels and of $G (graph + compile +
-#               triton_kernels), after session 66's fix (suffix_attention's dots in IEEE float32 for float32 operands).
+#   PART=a   on any card, first: `check --dtype float32` of fuse_projections+triton_kernels and of $G (graph + compile
+#               + triton_kernels), after session 66's fix (suffix_attention's dots in IEEE float32 for float32 operands).
 #               Prediction: both pass, rel L2 <= 1e-5 (session 66, before the fix: 7.92e-4, FAILED).
-#            on a card other than the H200, then: `check --workload libero-pi05 --dtype float32 --levers megakernel`, after
-#               this session's fix (the step kernel's dots in IEEE float32 for float32 operands; the CPU-compiled PTX has
-#               no MMA left in float32, and bfloat16's is unchanged). Predictions: the kernel fits at pi0.5's 10 rows
-#               (Triton 3.9 on the CPU: 147,456 B of shared memory; the GPU's 3.6 asked 1.33x 3.9's at 51 rows, so
-#               ~196 KB against 232,448) and passes at rel L2 <= 1e-5. Before the fix its TF32 dots would have failed.
-#            then tests/test_kernels.py on the GPU (prediction: all pass; bfloat16's
-#               PTX is unchanged) and `matrix --dtype float32 --variants "best;$G"` in model mode: is `best` right to
-#               leave the kernels out in float32? Prediction: $G 1.1-2x slower than best (the kernels' IEEE dots run
-#               on FMA units where torch's float32 matmuls take cuBLAS's SGEMM; the tiles were tuned for bfloat16).
+#            then `check --workload libero-pi05 --dtype float32 --levers megakernel`, after this session's fix (the step
+#               kernel's dots in IEEE float32 for float32 operands; the CPU-compiled PTX has no MMA left in float32,
+#               and bfloat16's is unchanged). Predictions: the kernel fits at pi0.5's 10 rows (Triton 3.9 on the CPU:
+#               147,456 B of shared memory; the GPU's 3.6 asked 1.33x 3.9's at 51 rows, so ~196 KB against 232,448)
+#               and passes at rel L2 <= 1e-5. Before the fix its TF32 dots would have failed.
+#            on an H200, then: libero-pi0 `best` in model mode and in policy mode, four fresh processes each (no H200
+#               since session 60). Predictions: model 12.7-13.0 ms (session 60: 12.72), policy 14.0-14.4 ms
+#               (session 48: 14.05-14.34). The checks go first: by 15:10 eleven failed starts had left ~850 s.
+#            on another card, then: tests/test_kernels.py on the GPU (prediction: all pass; bfloat16's PTX is
+#               unchanged) and `matrix --dtype float32 --variants "best;$G"` in model mode: is `best` right to leave
+#               the kernels out in float32? Prediction: $G 1.1-2x slower than best (the kernels' IEEE dots run on FMA
+#               units where torch's float32 matmuls take cuBLAS's SGEMM; the tiles were tuned for bfloat16).
 #   PART=b   (after an H200's part a) tests/test_kernels.py, the float32 matrix, and a policy breakdown of `best`.
 #               Predictions as above; breakdown: the staged call matches the untimed one exactly, coverage 0.95-1.05,
 #               host stages 1.4-1.8 ms.
@@ -34,7 +34,7 @@ case "${PART:-a}" in
 a)
   {
     case "$GPU_NAME" in
-      *H200*)  # the checks first: by 15:10 eleven failed starts had left ~850 s of the budget
+      *H200*)
         echo "$CHECK"; echo "$MEGA"
         echo "170 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s67-4proc_model.json"
         echo "190 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s67-4proc_policy.json"
