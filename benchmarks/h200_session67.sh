@@ -2,7 +2,8 @@
 # Session 67's device plan (one GPU; lanes.sh, lane A only). Say which card each figure came from. Carry [".whl"].
 # Session 66's part c never got a machine; it is this session's first aim, with the H200 headline if an H200 comes.
 #   PART=a   on any card, first: `check --dtype float32` of fuse_projections+triton_kernels and of $G (graph + compile
-#               + triton_kernels), after session 66's fix (suffix_attention's dots in IEEE float32 for float32 operands).
+#               + triton_kernels), after session 66's fix (suffix_attention's dots in IEEE float32 for float32
+#               operands).
 #               Prediction: both pass, rel L2 <= 1e-5 (session 66, before the fix: 7.92e-4, FAILED).
 #            then `check --workload libero-pi05 --dtype float32 --levers megakernel`, after this session's fix (the step
 #               kernel's dots in IEEE float32 for float32 operands; the CPU-compiled PTX has no MMA left in float32,
