@@ -286,6 +286,12 @@ def _idle_note(r) -> str:
     return f", each timed call after {idle_words(r['idle_ms'], r.get('idle_spin', False))} (`--idle-ms`)"
 
 
+def _dtype_note(r) -> str:
+    """", float32" where a run's weights are not the page's bfloat16 (`--dtype float32`), else nothing."""
+    dtype = (r.get("variant") or {}).get("dtype", "bfloat16")
+    return "" if dtype == "bfloat16" else f", {dtype}"
+
+
 def matrix_tables(results):
     out = []
     for path, r in results:
@@ -293,7 +299,7 @@ def matrix_tables(results):
             continue
         stopped = (" **Interrupted** (stopped by its time limit's SIGTERM or Ctrl-C): no row was timed; the rows it had "
                    "prepared keep their first call and equivalence.") if r.get("interrupted") else ""
-        out += [f"### matrix `{r['variant']['label']}` on {r['workload']['id']}, {r.get('mode') or 'model'} mode ({_env(r)})", "",
+        out += [f"### matrix `{r['variant']['label']}` on {r['workload']['id']}{_dtype_note(r)}, {r.get('mode') or 'model'} mode ({_env(r)})", "",
                 f"`{path.relative_to(ROOT)}`; interleaved, {r['iters']} rounds after {r['warmup']} warm-up calls per variant"
                 + _idle_note(r) + "; speedup = ratio of median wall times vs the reference; p10..p90 = spread of per-round ratios." + stopped, "",
                 "| variant | median ms | p95 ms | speedup | p10..p90 | rel L2 vs reference | first call s |",
@@ -370,7 +376,7 @@ def scaling_tables(results):
         if r["command"] != "scaling":
             continue
         sc = r["scaling"]
-        out += [f"### T(N) on {r['workload']['id']}, {r.get('mode') or 'model'} mode ({_env(r)})", "", f"`{path.relative_to(ROOT)}`; {sc['timer']}; each T(N) is its point's median", "",
+        out += [f"### T(N) on {r['workload']['id']}{_dtype_note(r)}, {r.get('mode') or 'model'} mode ({_env(r)})", "", f"`{path.relative_to(ROOT)}`; {sc['timer']}; each T(N) is its point's median", "",
                 "| variant | " + " | ".join(f"T({n}) ms" for n in sc["steps"]) + " | fit |",
                 "|---|" + "---|" * len(sc["steps"]) + "---|"]
         for series in sc["series"]:
@@ -873,7 +879,7 @@ def wam_tables(results):
             continue
         st = r["workload"].get("settings", {})
         what = "one forward" if r["mode"] == "forward" else "one generate call"
-        out += [f"### matrix `{r['variant']['label']}` on {r['workload']['id']}, batch {st.get('batch')}, {what} ({_env(r)})", "",
+        out += [f"### matrix `{r['variant']['label']}` on {r['workload']['id']}{_dtype_note(r)}, batch {st.get('batch')}, {what} ({_env(r)})", "",
                 f"`{path.relative_to(ROOT)}`; every row interleaved in one process, {r['iters']} rounds after {r['warmup']} "
                 "warm-up calls" + _idle_note(r) + "; ratios of medians with the p10..p90 of the per-round ratios; vs reference = the reference "
                 "at the same sparsity over the row; sparsity gain = the same variant at sparsity none over the row.", "",

@@ -561,6 +561,20 @@ def test_matrix_headings_say_when_every_call_came_after_an_idle():
     assert "warm-up calls per variant, each timed call after 50 ms spinning (`--idle-ms`); speedup = " in text
 
 
+def test_matrix_headings_name_a_dtype_other_than_bfloat16():
+    """The page's models are bfloat16: a `matrix --dtype float32` says so in its heading (session 67's float32 matrix
+    of `best` against the kernels was the first), and a bfloat16 one, or one from before the field, does not."""
+    gen = _generator()
+    r = {"command": "matrix", "workload": {"id": "libero-pi0"}, "mode": "model",
+         "variant": {"label": "best;graph", "dtype": "float32"}, "env": {"gpu": "NVIDIA H100"}, "iters": 50,
+         "warmup": 10, "variants": []}
+    heading = gen.matrix_tables([(gen.ROOT / "m.json", r)])[0]
+    assert heading.startswith("### matrix `best;graph` on libero-pi0, float32, model mode ("), heading
+    for variant in ({"label": "best;graph", "dtype": "bfloat16"}, {"label": "best;graph"}):
+        assert gen.matrix_tables([(gen.ROOT / "m.json", dict(r, variant=variant))])[0].startswith(
+            "### matrix `best;graph` on libero-pi0, model mode (")
+
+
 def test_rollout_cadence_rows_show_the_loop_against_its_own_closed_loop_and_the_servers_keep_warm():
     gen = _generator()
     summary = lambda median, count: {"median": median, "count": count}  # noqa: E731

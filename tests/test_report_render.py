@@ -782,6 +782,16 @@ def test_a_reference_of_another_dtype_is_no_reference(tiny_results, tmp_path):
     assert [(r[0], r[1], r[4]) for r in rows] == [("tiny on cpu, model mode", "reference", "1.00x"),
                                                   ("tiny on cpu in bfloat16, model mode", "for_loop", "-")]
     assert "### bench: tiny on cpu\n" in md and "### bench: tiny on cpu in bfloat16\n" in md
+    # the matrix and scaling sections too (session 67's float32 matrix on an H100 read as the page's bfloat16)
+    for name in ("matrix", "sc"):
+        f = json.loads((tiny_results / f"{name}.json").read_text())
+        f["variant"]["dtype"] = "bfloat16"
+        (tmp_path / f"{name}.json").write_text(json.dumps(f))
+    md = render([tiny_results / "matrix.json", tmp_path / "matrix.json", tiny_results / "sc.json", tmp_path / "sc.json"],
+                tmp_path / "m.md").read_text()
+    for section in ("matrix", "scaling"):
+        assert md.count(f"### {section}: tiny on cpu in bfloat16, model mode") == 1, section
+        assert md.count(f"### {section}: tiny on cpu, model mode") == 1, section
 
 
 def test_no_summary_without_bench_files(tiny_results, tmp_path):

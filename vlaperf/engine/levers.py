@@ -24,7 +24,7 @@ LEVERS: dict[str, str] = {
     "cuda_graph": "capture the whole sample_actions (prefix + all steps) in one CUDA graph per input shape, replayed per call",
     "compile": "torch.compile the prefix and the denoise step (mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs); with cuda_graph on Hopper GPUs inductor's kernels use programmatic dependent launch (H200 libero-pi0: 1.002-1.008x)",
     "compile_layers": "with compile: torch.compile each SigLIP and Gemma prefix layer once and reuse it for every layer (regional compilation), instead of the whole prefix as one graph: a shorter first call; the few ops between the layers run eager",
-    "triton_kernels": "in `best` on Hopper GPUs for bfloat16 models, else opt-in: the denoise step's matmuls (RMSNorm/GEGLU/residual fused) and attention as Triton kernels (pi0 and shallow6, batch 1; H200: 1.2-1.3x over graph, 1.07x over compile + graph), the step's attention at any batch and for pi0.5 (H200 batch 4: 1.24x, batch 8: 1.15x), its float32 heads as TF32x3 products (1.02x on libero-pi0), and the prefix attention (one K/V head: 24 vs 50 us a layer for SDPA) with RoPE and the static-cache write as one kernel a layer (1.02x on libero-pi0 and at batch 4; in the batched step too: 1.09x at batch 4, where inductor had copied the whole cache for 8 of 18 layers)",
+    "triton_kernels": "in `best` on Hopper GPUs for bfloat16 models, else opt-in (a float32 model's products run in full float32 on FMA units: libero-pi0 in float32 with them was 4.4x slower than `best`, H100): the denoise step's matmuls (RMSNorm/GEGLU/residual fused) and attention as Triton kernels (pi0 and shallow6, batch 1; H200: 1.2-1.3x over graph, 1.07x over compile + graph), the step's attention at any batch and for pi0.5 (H200 batch 4: 1.24x, batch 8: 1.15x), its float32 heads as TF32x3 products (1.02x on libero-pi0), and the prefix attention (one K/V head: 24 vs 50 us a layer for SDPA) with RoPE and the static-cache write as one kernel a layer (1.02x on libero-pi0 and at batch 4; in the batched step too: 1.09x at batch 4, where inductor had copied the whole cache for 8 of 18 layers)",
     "megakernel": "in `best` on Hopper GPUs for bfloat16 models, else opt-in: all expert layers of a denoise step in one persistent Triton kernel, grid barriers between its phases (pi0, pi0.5 and shallow6, batch 1; H200: 1.28x over compile + graph + triton_kernels at 10 steps, 1.52x on a step; pi0.5, its adaptive norms from a per-step table: 1.10-1.11x on libero-pi05, then 1.17x from loading the norm statistics ahead of the K loops, then 1.03x from key splits fitted to its 10 rows: its tiles' shape-dependent fields are fitted per launch; pi0 at up to 16 rows, e.g. droid-pi0's 11, takes the norm statistics from the writers as pi0.5 does: 1.08x); `megakernel=batched` also sends batches of up to 256 suffix rows (pi0: 4 samples) to it, in one launch (checked; at batch 4 slower than the layers on the H200: 2.10 against 1.53 ms a step)",
 }
 
@@ -34,8 +34,9 @@ LEVERS: dict[str, str] = {
 EXPERIMENTAL = ("triton_kernels", "megakernel")
 TUNED_FOR = {"triton_kernels": (9,), "megakernel": (9,)}  # lever -> compute-capability majors where `best` uses it
 # ... and the weights' dtypes they were tuned and measured for. In float32 the megakernel's tiles need 384 KiB of
-# shared memory a block on libero-pi0, above a Hopper SM's 227 KiB (an H100, session 65), and no kernel was timed in
-# float32 at full size: `best` of a float32 model is compile + graph.
+# shared memory a block on libero-pi0, above a Hopper SM's 227 KiB (an H100, session 65); the step's other kernels fit
+# but multiply float32 in IEEE float32 on FMA units, and graph + compile + triton_kernels took 401.8 ms a call on
+# libero-pi0 in float32 against `best`'s 91.6 (an H100, session 67): `best` of a float32 model is compile + graph.
 TUNED_DTYPES = (torch.bfloat16,)
 # Levers that change how another applies: not in the cumulative table on their own, only
 # after what they modify where `best` has them.

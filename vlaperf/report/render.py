@@ -781,7 +781,7 @@ def _wall_ratio(row: dict) -> dict:
 
 def _matrix(doc: _Doc, path: str, r: dict) -> None:
     on_ray = isinstance(r.get("ray"), dict)  # `matrix --ray`: each row its own task, against its own reference
-    doc.h(3, f"matrix{' (Ray)' if on_ray else ''}: {workload_label(r)} on {_gpu(r)}, {r.get('mode') or '-'} mode "
+    doc.h(3, f"matrix{' (Ray)' if on_ray else ''}: {workload_label(r)} {_on_device(r)}, {r.get('mode') or '-'} mode "
              f"({(r.get('variant') or {}).get('label', '')[:60]})")
     idle = (f", each timed call after {idle_words(r['idle_ms'], r.get('idle_spin', False))} (`--idle-ms`)"
             if r.get("idle_ms") else "")
@@ -960,7 +960,7 @@ def _scaling(doc: _Doc, path: str, r: dict) -> None:
     from vlaperf.profile.scaling_fit import plot_scaling, poor_fit
 
     sc = r["scaling"]
-    doc.h(3, f"scaling: {workload_label(r)} on {_gpu(r)}, {r.get('mode') or '-'} mode")
+    doc.h(3, f"scaling: {workload_label(r)} {_on_device(r)}, {r.get('mode') or '-'} mode")
     if not sc["series"]:  # a well-formed empty array (as an empty syncs.sites): nothing to tabulate or draw
         doc.p("no series: scaling.series is empty, so there is no T(N) to show", "warn")
         return
