@@ -20,6 +20,14 @@
 #   PART=b   (after an H200's part a) tests/test_kernels.py, the float32 matrix, and a policy breakdown of `best`.
 #               Predictions as above; breakdown: the staged call matches the untimed one exactly, coverage 0.95-1.05,
 #               host stages 1.4-1.8 ms.
+# Outcome (one H100, 15:46-15:50, after thirteen failed starts from 13:51; no H200 came, so no headline), part a:
+#   check float32 fuse_projections+triton_kernels 6.65e-7, $G 1.11e-6: both pass, exit 0 (as predicted).
+#   the megakernel check as written here named `megakernel` alone and was refused (exit 2: it needs fuse_projections
+#   and static_kv_cache; only `--levers all` adds them). Run after on the warm machine with
+#   `--levers fuse_projections,static_kv_cache,megakernel`: 2.64e-7, passes (fits at 10 rows); the same with
+#   64c8d3d's expert_step.py (the TF32 dots): 5.80e-4, FAILED (as predicted).
+#   tests/test_kernels.py: 41 passed, 12 skipped (CPU compile checks need Triton 3.9; the GPU has 3.6).
+#   matrix float32: best 91.57 ms, $G 401.78 ms, 4.39x slower: a miss (predicted 1.1-2x; docs/perf-notes.md).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session67.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P, $G

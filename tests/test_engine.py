@@ -176,6 +176,11 @@ def test_inapplicable_levers_fail_clearly(tiny_model):
         Levers.parse("fuse_projections,megakernel").check("cuda")
     with pytest.raises(LeverError, match="megakernel needs fuse_projections"):
         Levers.parse("static_kv_cache,megakernel").check("cuda")
+    # both missing: both named at once, with the spelling that runs (session 67's plan named megakernel alone)
+    with pytest.raises(LeverError, match="megakernel needs fuse_projections and static_kv_cache: .*"
+                                         "--levers fuse_projections,static_kv_cache,megakernel, or take best"):
+        Levers.parse("megakernel").check("cuda")
+    Levers.parse("fuse_projections,static_kv_cache,megakernel").check("cuda")  # the spelling it gives runs
     with pytest.raises(LeverError, match="megakernel needs a CUDA device"):
         Levers.parse("fuse_projections,static_kv_cache,megakernel").check("cpu")
     for spec in ("megakernel", "triton_kernels"):  # on a CPU the device is the answer, not the levers beside them
