@@ -220,14 +220,14 @@ class Levers:
         if self.triton_kernels:  # the device first: on a CPU, adding the other levers would not help
             _triton_device(device, "triton_kernels")
             if not self.fuse_projections:
-                raise LeverError("triton_kernels needs fuse_projections: its kernels take the RMSNorm scales folded into "
-                                 "the weights (e.g. --levers fuse_projections,triton_kernels, or take best)")
+                raise LeverError("triton_kernels needs fuse_projections: its kernels take the RMSNorm scales folded "
+                                 "into the weights (e.g. --levers fuse_projections,triton_kernels, or take best)")
         if self.megakernel:
             _triton_device(device, "megakernel")
             missing = [needed for needed in REQUIRES["megakernel"] if not getattr(self, needed)]
             if missing:  # all of them at once, and the spelling that runs (only `check --levers all` adds them)
-                raise LeverError(f"megakernel needs {' and '.join(missing)}: its kernel takes folded RMSNorm scales and "
-                                 "reads the prefix keys from the static cache (name them beside it, e.g. --levers "
+                raise LeverError(f"megakernel needs {' and '.join(missing)}: its kernel takes folded RMSNorm scales "
+                                 "and reads the prefix keys from the static cache (name them beside it, e.g. --levers "
                                  f"{','.join(REQUIRES['megakernel'])},megakernel, or take best)")
 
 
