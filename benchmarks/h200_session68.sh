@@ -1,0 +1,49 @@
+#!/bin/bash
+# Session 68's device plan (one GPU; lanes.sh, lane A only). Say which card each figure came from. Carry [".whl"].
+# "Where each workload stands" has only libero-pi0 on the H100, the card most calls have got since session 49; a user
+# with an H100 reads every other workload off the H200. This plan fills the H100's column, and on an H200 it takes the
+# headline first (none since session 60).
+#   PART=a   on an H200: libero-pi0 `best` in model mode and in policy mode, four fresh processes each.
+#               Predictions: model 12.7-13.0 ms (session 60: 12.72), policy 14.0-14.4 ms (session 48: 14.05-14.34).
+#            on an H100: `best` of every other workload in model mode, one process each, and libero-pi0's `reference`
+#               and `graph` (so the H100 row has "best vs reference").
+#               Predictions, from the H200's figures and libero-pi0's H100/H200 ratio (13.35/12.72 = 1.05; the H100's
+#               lower bandwidth weighs most on the memory-bound steps, least on the batched and wam calls):
+#                 libero-pi05 12.4-13.5 (H200 12.02), libero-shallow6 5.6-6.2 (5.50), aloha-pi0 15.5-16.7 (15.13),
+#                 libero-pi0-b4 28.3-31.0 (28.31), libero-pi0-b8 50.2-55.0 (50.20), wam-761 49.3-55.0 (49.33);
+#                 libero-pi0 graph 33-36 (H200 32.52), reference 190-260 (host-bound: whatever this host's CPU gives;
+#                 H200 203.62). Every file's check passes (rel L2 within bfloat16's tolerance, as on the H200).
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session68.sh, carry [".whl"]
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P, $G
+install_wheels .whl /tmp/site
+export PYTHONPATH=/tmp/site:$PWD
+GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+echo "card: $GPU_NAME"
+others() {
+  for w in libero-pi05 libero-shallow6 aloha-pi0 libero-pi0-b4 libero-pi0-b8 wam-761; do
+    echo "110 $V bench --workload $w --levers best $B --json $R/bench_${w}_best-s68_model.json"
+  done
+  echo "60 $V bench --workload libero-pi0 --levers graph $B --json $R/bench_libero-pi0_graph-s68_model.json"
+  echo "90 $V bench --workload libero-pi0 --levers reference --warmup 3 --iters 20 --no-progress --json $R/bench_libero-pi0_reference-s68_model.json"
+}
+case "${PART:-a}" in
+a)
+  {
+    case "$GPU_NAME" in
+      *H200*)
+        echo "170 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s68-4proc_model.json"
+        echo "190 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s68-4proc_policy.json"
+        ;;
+      *)
+        others
+        ;;
+    esac
+  } | lane A 0 40 &
+  ;;
+b)
+  others | lane A 0 40 &
+  ;;
+*) echo "unknown PART=${PART}"; exit 2 ;;
+esac
+finish
