@@ -736,6 +736,22 @@ def test_module_entry_reports_subcommand_errors_without_traceback():
     assert "vlaperf scaling: error: cuda_graph needs a CUDA device" in proc.stderr
 
 
+def test_python_dash_m_vlaperf_is_the_vlaperf_command():
+    """`python -m vlaperf` runs the same parser as the `vlaperf` script: its name in the usage, a subcommand's
+    CliError as one line and exit code 2, a file-only command without torch."""
+    proc = subprocess.run([sys.executable, "-m", "vlaperf", "--version"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 0, proc.stderr
+    assert proc.stdout.startswith("vlaperf ")
+    proc = subprocess.run([sys.executable, "-m", "vlaperf", "bench", "--workload", "tiny", "--device", "cpu",
+                           "--levers", "cuda_graph", "--no-progress"], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 2, proc.stderr
+    assert "Traceback" not in proc.stderr
+    assert "vlaperf bench: error: cuda_graph needs a CUDA device" in proc.stderr
+    proc = subprocess.run([sys.executable, "-m", "vlaperf", "nonsense"], capture_output=True, text=True, timeout=120)
+    assert proc.returncode == 2
+    assert proc.stderr.startswith("usage: vlaperf ")
+
+
 def test_an_empty_inductor_cache_is_refused_in_a_fresh_process(tmp_path):
     """TORCHINDUCTOR_CACHE_DIR="" (a script's `=$UNSET`): the compile lever refuses it and the doctor warns, as
     docs/profiling.md says, also after a model was built. Building one imports torch._dynamo, whose inductor writes

@@ -1,7 +1,7 @@
 """CLI subcommands of the profiler: breakdown, scaling, syncs, doctor, report, diff.
 
 `register(subparsers)` adds them to `vlaperf`'s parser (vlaperf.cli.build_parser). They run through `vlaperf`
-(vlaperf.cli.main, also `python -m vlaperf.cli`); this module has no entry point of its own. FILE_COMMANDS names
+(vlaperf.cli.main, also `python -m vlaperf`); this module has no entry point of its own. FILE_COMMANDS names
 those that only read result files (report, diff): main parses them with a parser of that command alone, so that
 they import no torch.
 
