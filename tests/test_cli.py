@@ -1079,6 +1079,9 @@ def test_the_matrix_tables_tell_every_gpu_grid_and_cumulative_row_apart(monkeypa
                  if line.startswith("\u2502")]
         assert len(names) == len(variants) == len(set(names)), names
         assert "loop+skipimg+trim+kv+sdpa+fuse+c:reduce-overhead" in names or variants != grid_variants(cuda)
+        # one table names a lever one way: the cumulative table printed for_loop,skip_masked_images above
+        # loop+skipimg+trim+kv
+        assert not any("for_loop," in n or "_masked_" in n for n in names), names
     result = {"workload": {"id": "tiny"}, "ray": {"tasks": 2, "devices": ["a"]},
               "variants": [{"variant": v, "skipped": "x"} for v in grid_variants(cuda)]}
     console = Console(width=400, record=True)
@@ -1086,6 +1089,7 @@ def test_the_matrix_tables_tell_every_gpu_grid_and_cumulative_row_apart(monkeypa
     print_ray_matrix(result)
     names = [line.split("\u2502")[1].strip() for line in console.export_text().splitlines() if line.startswith("\u2502")]
     assert len(names) == len(set(names)) == len(grid_variants(cuda)), names
+    assert not any("for_loop," in n for n in names), names
 
 
 def test_the_ray_matrix_plans_the_variants_of_the_dtype_its_tasks_build(monkeypatch):

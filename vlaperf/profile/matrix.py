@@ -320,13 +320,13 @@ def _print(rows, workload, device, console, Table, mode: str = "model", idle: st
                     "median / variant median)")
     for col in ("variant", "median ms", "p95 ms", "event ms", "speedup", "p10..p90", "rel L2", "first call s", "process peak GiB"):
         t.add_column(col, overflow="fold")  # a long variant name wraps, never cut
-    from vlaperf.report.render import short_variant
+    from vlaperf.report.render import table_names
 
     notes = []
-    for r in rows:
-        # each lever's own short name, the compile mode kept: cutting every name to 4 letters printed the grid's
-        # exact+compile=default and exact+compile=reduce-overhead rows alike ('...+fuse+comp')
-        name = r["variant"] if len(r["variant"]) < 60 else short_variant(r["variant"])
+    # each lever's own short name, the compile mode kept: cutting every name to 4 letters printed the grid's
+    # exact+compile=default and exact+compile=reduce-overhead rows alike ('...+fuse+comp')
+    names = table_names([r["variant"] for r in rows], 60)
+    for r, name in zip(rows, names):
         if "timers" not in r:  # the reason below the table: in a timing column it widened every row
             notes.append(f"[{len(notes) + 1}] {name}: {r.get('skipped', '')}")
             # a row that failed its check (or was prepared before an interrupt) keeps its error and first call:

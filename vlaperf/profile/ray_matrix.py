@@ -316,7 +316,7 @@ def print_ray_matrix(result: dict) -> None:
     from vlaperf.cli import wide_console
     from rich.table import Table
 
-    from vlaperf.report.render import short_variant
+    from vlaperf.report.render import table_names
 
     t = Table(title=f"vlaperf matrix --ray  {result['workload']['id']}  ({result.get('mode', 'model')} mode, "
                     f"{result['ray']['tasks']} tasks on "
@@ -325,8 +325,8 @@ def print_ray_matrix(result: dict) -> None:
     for col in ("variant", "median ms", "p95 ms", "event ms", "speedup", "p10..p90", "rel L2", "first call s",
                 "ref median ms", "gpu / device", "host"):
         t.add_column(col)
-    for r in result["variants"]:
-        name = r["variant"] if len(r["variant"]) < 50 else short_variant(r["variant"])  # the compile mode kept
+    names = table_names([r["variant"] for r in result["variants"]], 50)  # the compile mode kept
+    for r, name in zip(result["variants"], names):
         d = r.get("device") or {}
         where = (d.get("gpu_name") or d.get("device") or "-") + (f" {d['gpu_uuid'][-8:]}" if d.get("gpu_uuid") else "")
         if "timers" not in r:

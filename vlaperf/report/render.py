@@ -315,6 +315,15 @@ def _fixed_margins(fig, nrows: int, ncols: int, top: float, bottom: float, left:
                         hspace=row_gap / panel_h, wspace=col_gap / panel_w)
 
 
+def table_names(specs: list[str], longest: int) -> list[str]:
+    """A table's variant names: as given while every one is shorter than `longest` characters, else every one
+    shortened (`short_variant`), so that one table never names a lever two ways ('for_loop,skip_masked_images'
+    above 'loop+skipimg+trim+kv')."""
+    if all(len(s) < longest for s in specs):
+        return list(specs)
+    return [short_variant(s) for s in specs]
+
+
 def short_variant(spec: str) -> str:
     if spec in ("reference", "none", ""):
         return "reference"
