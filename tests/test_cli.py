@@ -360,10 +360,14 @@ def test_cuda_unavailable_is_a_clear_error(capsys):
     assert "CUDA is not available" in capsys.readouterr().err
 
 
-def test_check_and_matrix_on_tiny(tmp_path):
+def test_check_and_matrix_on_tiny(tmp_path, capsys):
     assert main(["check", "--workload", "tiny", "--device", "cpu", "--seeds", "1", "--json", str(tmp_path / "c.json")]) == 0
     checks = read_result(tmp_path / "c.json")["checks"]
     assert all(c["passed"] for c in checks) and len(checks) >= 7
+    # the printed table names the exact levers together as the matrix does, on one line, not folded over two
+    names = [line.split("\u2502")[1].strip() for line in capsys.readouterr().out.splitlines()
+             if line.startswith("\u2502")]
+    assert names[-1] == "loop+skipimg+trim+kv+sdpa+fuse" and names[0] == "for_loop", names
     assert main(["matrix", "--workload", "tiny", "--device", "cpu", "--warmup", "1", "--iters", "3", "--no-progress",
                  "--json", str(tmp_path / "m.json")]) == 0
     rows = read_result(tmp_path / "m.json")["variants"]

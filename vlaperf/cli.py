@@ -782,11 +782,13 @@ def cmd_check(args) -> int:
     table = Table(title=f"vlaperf check  {workload.id}  ({str(model.dtype).replace('torch.', '')}, {device})")
     for col in ("variant", "max abs", "rel L2", "tolerance", "passed"):
         table.add_column(col, overflow="fold")  # a long variant name wraps, never cut
-    for r in rows:
+    from vlaperf.report.render import table_names
+
+    for r, name in zip(rows, table_names([r["variant"] for r in rows], 60)):  # as the matrix names them
         if "error" in r:
-            table.add_row(r["variant"], "", "", f"{r['tolerance']:.0e}", "could not run")
+            table.add_row(name, "", "", f"{r['tolerance']:.0e}", "could not run")
         else:
-            table.add_row(r["variant"], f"{r['max_abs']:.3g}", f"{r['rel_l2']:.3g}", f"{r['tolerance']:.0e}",
+            table.add_row(name, f"{r['max_abs']:.3g}", f"{r['rel_l2']:.3g}", f"{r['tolerance']:.0e}",
                           "yes" if r["passed"] else "NO")
     wide_console().print(table)
     for r in rows:
