@@ -1081,6 +1081,8 @@ def test_cpu_power_is_reported_with_how_to_measure_its_cost(monkeypatch, power, 
     assert "--idle-ms" in f["detail"] and "--idle-spin" in f["detail"] and "idle_decay_probe.py" in f["detail"]
     assert "vlaperf serve --keep-warm-ms" in f["detail"]  # what a server can do about it whatever the governor
     assert "rollout --client-keep-warm-ms" in f["detail"]  # and the client, for the request's way there
+    # a table cell, not the lab notes: it named four development sessions in 30 lines of a 120-column terminal
+    assert "session" not in f["detail"] and len(f["detail"]) < 800, f["detail"]
     assert (f["fix"] is not None) == fix
     if fix:  # the clock's fix is offered only for a cost that spinning takes away
         assert "--idle-spin takes the cost away" in f["fix"] and "cpupower" in f["fix"]

@@ -212,17 +212,14 @@ def _cpu_power_check() -> dict:
     call's own state gone cold in the caches meanwhile); `bench --idle-ms` measures it, `--idle-spin` tells the
     sleep's part from the rest."""
     power = cpu_power()
-    measure = ("Measure what the wait costs here: `vlaperf bench --mode policy --levers best --idle-ms 85` (a 10 Hz "
-               "loop around a 15 ms call) against back to back, and with --idle-spin (the same wait, the core kept "
-               "busy). On an H100 machine the served libero-pi0 call took 1.03x as long after 50-200 ms asleep, every "
-               "host stage 1.4-2x slower (docs/perf-notes.md, session 49). On a 2-core KVM machine a spinning core "
-               "paid as much as a sleeping one, and only rerunning the call through the wait took the cost back "
-               "(session 50); benchmarks/idle_decay_probe.py draws that curve against the wait's length. On the H100 "
-               "machine of session 51 the cost was the call's host stages, and rerunning them alone kept it away: "
-               "`vlaperf serve --keep-warm-ms 5` does that while a server waits (docs/serving.md). The request's way "
-               "to the server goes cold too; vlaperf's client keeps it warm with pings (`Client(keep_warm_ms=5)`, "
-               "`vlaperf rollout --client-keep-warm-ms 5`; both ends together held a 10 Hz loop on an H100 to "
-               "1.002-1.015x its back-to-back call, session 52).")
+    # what a user does about it, and where the measurements are: the narrative is docs/profiling.md's, not a cell's
+    measure = ("A robot calls once per control period and waits in between; the call after the wait can run slower. "
+               "Measure it here: `vlaperf bench --mode policy --levers best --idle-ms 85` against back to back, and "
+               "with --idle-spin (the same wait, the core kept busy); benchmarks/idle_decay_probe.py draws the cost "
+               "against the wait's length. Where it costs, `vlaperf serve --keep-warm-ms 5` and the client's pings "
+               "(`vlaperf rollout --client-keep-warm-ms 5`, `Client(keep_warm_ms=5)`) keep the path warm: a 10 Hz "
+               "loop on an H100 at 1.002-1.015x its back-to-back call (docs/profiling.md, \"The call after an "
+               "idle\").")
     if power is None:
         return finding("env.cpu_power", "info", "CPU frequency governor and idle states: not readable here",
                        "/sys/devices/system/cpu says nothing in this environment (not Linux, or a container "
