@@ -704,8 +704,35 @@ def test_levers_lists_every_lever(capsys):
     out = capsys.readouterr().out
     assert all(name in out for name in LEVERS)
     # where best takes the kernels: on Hopper, for a bfloat16 model (a float32 model's best is compile + graph)
-    said = " ".join(out.split())
-    assert "(+ triton_kernels, megakernel on Hopper, compute capability 9.x, for a bfloat16 model)" in said
+    said = " ".join(out.replace("\u2502", " ").split())  # the presets' cells wrap over rows
+    assert "; + triton_kernels, megakernel on Hopper, compute capability 9.x, for a bfloat16 model" in said
+
+
+def test_levers_are_one_line_each_and_a_name_gives_the_details(capsys):
+    """The issue asks for a one-line description per lever: each fits one row of the 120-column table (some had
+    grown to eight rows of measurements), and `vlaperf levers NAME` gives the rest, what the lever needs and the
+    presets that hold it; a misspelt name is exit 2 with the nearest."""
+    from vlaperf.engine.levers import LEVER_NOTES, LEVERS
+    from vlaperf.engine.wam import WAM_LEVER_NOTES, WAM_LEVERS
+
+    for table in (LEVERS, WAM_LEVERS):
+        assert all(len(desc) <= 92 and "\n" not in desc for desc in table.values()), table
+    assert set(LEVER_NOTES) <= set(LEVERS) and set(WAM_LEVER_NOTES) <= set(WAM_LEVERS)
+    assert main(["levers"]) == 0
+    rows = [line for line in capsys.readouterr().out.splitlines() if line.startswith("\u2502")]
+    firsts = [r.split("\u2502")[1].strip() for r in rows]
+    for name in [*LEVERS, *WAM_LEVERS]:  # a lever's row is one line: the next row starts with a name
+        i = firsts.index(name)
+        assert i + 1 == len(firsts) or firsts[i + 1] != "", (name, rows[i:i + 2])
+    assert main(["levers", "megakernel", "sdpa"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "megakernel (pi0 family): " + LEVERS["megakernel"] in out and "1.28x over compile" in out
+    assert "needs: fuse_projections, static_kv_cache; in presets: best (best: on Hopper GPUs" in out
+    assert "sdpa (pi0 family)" in out and "sdpa (world-action model)" in out  # a name both models have
+    assert "in presets: exact, graph, best" in out
+    assert main(["levers", "megakernal"]) == 2
+    err = capsys.readouterr().err
+    assert "names: unknown lever 'megakernal' (did you mean 'megakernel'?)" in err and "host_schedule" in err
 
 
 def test_schema_rejects_incomplete_results():

@@ -18,6 +18,7 @@ import math
 import os
 import re
 import sys
+import textwrap
 from typing import TYPE_CHECKING
 
 from vlaperf import __version__
@@ -846,12 +847,49 @@ def _applicable(lever: str, device: torch.device) -> bool:
 # --------------------------------------------------------------------------- levers
 
 
+def _print_lever_details(names: list[str]) -> int:
+    """`vlaperf levers NAME...`: each lever's line, the rest of what it does, what it needs and which presets hold
+    it, for the pi0 family and the world-action model (sdpa, fuse_projections, cuda_graph and compile are both's)."""
+    import difflib
+
+    from vlaperf.engine.levers import BEST_GPU, EXACT, GRAPH_GPU, LEVER_NOTES, LEVERS, REQUIRES, TUNED_FOR
+    from vlaperf.engine.wam import WAM_LEVER_NOTES, WAM_LEVERS, WAM_PRESETS, WAM_REQUIRES
+
+    every = [*LEVERS, *(n for n in WAM_LEVERS if n not in LEVERS)]
+    for name in names:
+        if name not in every:
+            near = difflib.get_close_matches(name.partition("=")[0].lower(), every, n=1, cutoff=0.6)
+            raise CliError(f"names: unknown lever {name!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
+                           + f"; expected any of: {', '.join(every)}")
+    blocks = []
+    for name in names:
+        for family, levers, notes, requires, presets in (
+                ("pi0 family", LEVERS, LEVER_NOTES, REQUIRES,
+                 {"exact": EXACT, "graph": GRAPH_GPU, "best": BEST_GPU + tuple(n for n in TUNED_FOR)}),
+                ("world-action model", WAM_LEVERS, WAM_LEVER_NOTES, WAM_REQUIRES, WAM_PRESETS)):
+            if name not in levers:
+                continue
+            held = [p for p, ls in presets.items() if any(x.partition("=")[0] == name for x in ls)]
+            lines = [f"{name} ({family}): {levers[name]}"]
+            if name in notes:
+                lines += textwrap.wrap(notes[name], 100, initial_indent="  ", subsequent_indent="  ")
+            lines.append(f"  needs: {', '.join(requires[name]) if name in requires else 'nothing else'}; "
+                         f"in presets: {', '.join(held) or 'none'}")
+            if family == "pi0 family" and name in TUNED_FOR:
+                lines[-1] += " (best: on Hopper GPUs, compute capability 9.x, for a bfloat16 model)"
+            blocks.append("\n".join(lines))
+    print("\n\n".join(blocks))
+    return 0
+
+
 def cmd_levers(args) -> int:
     from rich.table import Table
 
     from vlaperf.engine.levers import BEST_CPU, BEST_GPU, GRAPH_GPU, LEVERS, TUNED_DTYPES, TUNED_FOR
 
-    table = Table(title="vlaperf levers")
+    if args.names:
+        return _print_lever_details(args.names)
+    table = Table(title="vlaperf levers  (`vlaperf levers NAME` for one lever's details)")
     table.add_column("lever")
     table.add_column("what it does")
     for name, desc in LEVERS.items():
@@ -861,10 +899,15 @@ def cmd_levers(args) -> int:
     # what `best` adds where, from the tables Levers.parse reads (a float32 model's best has no kernels)
     tuned = f"{', '.join(TUNED_FOR)} on Hopper, compute capability 9.x, for a " \
             f"{' or '.join(str(d).replace('torch.', '') for d in TUNED_DTYPES)} model"
-    console.print(f"presets: best (GPU) = {','.join(BEST_GPU)} (+ {tuned})\n"
-                  f"         graph (GPU, no compile) = {','.join(GRAPH_GPU)}\n"
-                  f"         best (CPU) = exact = {','.join(BEST_CPU)}\n         reference = none\n"
-                  "         serve (`vlaperf serve` only: its default) = graph on a GPU, exact on the CPU")
+    presets = Table(title="pi0-family presets (`--levers NAME`)")
+    presets.add_column("preset")
+    presets.add_column("levers")  # ", " between them: rich wraps a long list at its spaces, not inside a name
+    presets.add_row("best (GPU)", f"{', '.join(BEST_GPU)}; + {tuned}")
+    presets.add_row("graph (GPU, no compile)", ", ".join(GRAPH_GPU))
+    presets.add_row("exact (best on the CPU)", ", ".join(BEST_CPU))
+    presets.add_row("reference", "none (openpi's semantics)")
+    presets.add_row("serve", "`vlaperf serve`'s default: graph on a GPU, exact on the CPU")
+    console.print(presets)
     from vlaperf.engine.wam import WAM_LEVERS, WAM_PRESETS
 
     table = Table(title="world-action model levers (workloads wam-761, wam-tiny)")
@@ -873,8 +916,12 @@ def cmd_levers(args) -> int:
     for name, desc in WAM_LEVERS.items():
         table.add_row(name, desc)
     console.print(table)
-    console.print("presets: " + "\n         ".join(f"{k} = {','.join(v) or 'none'}" for k, v in WAM_PRESETS.items())
-                  + " (CPU: exact)")
+    presets = Table(title="world-action model presets")
+    presets.add_column("preset")
+    presets.add_column("levers")
+    for k, v in WAM_PRESETS.items():
+        presets.add_row(k + (" (CPU: exact)" if k == "best" else ""), ", ".join(v) or "none")
+    console.print(presets)
     return 0
 
 
@@ -1060,7 +1107,9 @@ def build_parser() -> argparse.ArgumentParser:
     add_matrix_arguments(p)  # --ray, --ray-address, --ray-cpus-per-task (docs/scale-out.md)
     p.set_defaults(func=cmd_matrix)
 
-    p = sub.add_parser("levers", help="list the speed levers")
+    p = sub.add_parser("levers", help="list the speed levers, or one lever's details")
+    p.add_argument("names", nargs="*", metavar="NAME", help="a lever to describe in full (what it does, what it "
+                   "measured, what it needs, which presets hold it); none: the table of all")
     p.set_defaults(func=cmd_levers)
 
     p = sub.add_parser("workloads", help="list the workloads and the conventions that serve each")

@@ -13,19 +13,54 @@ from dataclasses import dataclass, fields
 
 import torch
 
-# name -> what it does (one line each; the order is the cumulative order of `vlaperf matrix`)
+# name -> what it does, one line each (`vlaperf levers`; the order is the cumulative order of `vlaperf matrix`)
 LEVERS: dict[str, str] = {
-    "for_loop": "denoise with a Python for over a precomputed schedule instead of a while on a device tensor (no host sync per step)",
-    "skip_masked_images": "do not embed image slots whose mask is False for the whole batch; drop their tokens from the prefix",
-    "trim_prompt_padding": "drop padded prompt tokens past the longest valid prompt, padded up to a static bucket (8, 16, 32, 64, ...)",
-    "static_kv_cache": "preallocated prefix+suffix KV buffers written in place; suffix mask and RoPE built once per call, not per step",
-    "sdpa": "torch scaled_dot_product_attention (flash / memory-efficient kernels) instead of eager softmax attention",
-    "fuse_projections": "fused QKV and gate/up matmuls, RMSNorm scales folded into the next linear, time conditioning tabulated per step, the Euler update folded into the action head, SigLIP's patch conv as one matmul (TF32 for bf16 models), SigLIP's fc2 on CUDA in bf16 through cuBLASLt's algorithm for a 32 MiB workspace limit (H200: libero-pi0 1.003x, aloha-pi0 1.007x, batch 4 1.000x)",
-    "cuda_graph": "capture the whole sample_actions (prefix + all steps) in one CUDA graph per input shape, replayed per call",
-    "compile": "torch.compile the prefix and the denoise step (mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs); with cuda_graph on Hopper GPUs inductor's kernels use programmatic dependent launch (H200 libero-pi0: 1.002-1.008x)",
-    "compile_layers": "with compile: torch.compile each SigLIP and Gemma prefix layer once and reuse it for every layer (regional compilation), instead of the whole prefix as one graph: a shorter first call; the few ops between the layers run eager",
-    "triton_kernels": "in `best` on Hopper GPUs for bfloat16 models, else opt-in (a float32 model's products run in full float32 on FMA units: libero-pi0 in float32 with them was 4.4x slower than `best`, H100): the denoise step's matmuls (RMSNorm/GEGLU/residual fused) and attention as Triton kernels (pi0 and shallow6, batch 1; H200: 1.2-1.3x over graph, 1.07x over compile + graph), the step's attention at any batch and for pi0.5 (H200 batch 4: 1.24x, batch 8: 1.15x), its float32 heads as TF32x3 products (1.02x on libero-pi0), and the prefix attention (one K/V head: 24 vs 50 us a layer for SDPA) with RoPE and the static-cache write as one kernel a layer (1.02x on libero-pi0 and at batch 4; in the batched step too: 1.09x at batch 4, where inductor had copied the whole cache for 8 of 18 layers)",
-    "megakernel": "in `best` on Hopper GPUs for bfloat16 models, else opt-in: all expert layers of a denoise step in one persistent Triton kernel, grid barriers between its phases (pi0, pi0.5 and shallow6, batch 1; H200: 1.28x over compile + graph + triton_kernels at 10 steps, 1.52x on a step; pi0.5, its adaptive norms from a per-step table: 1.10-1.11x on libero-pi05, then 1.17x from loading the norm statistics ahead of the K loops, then 1.03x from key splits fitted to its 10 rows: its tiles' shape-dependent fields are fitted per launch; pi0 at up to 16 rows, e.g. droid-pi0's 11, takes the norm statistics from the writers as pi0.5 does: 1.08x); `megakernel=batched` also sends batches of up to 256 suffix rows (pi0: 4 samples) to it, in one launch (checked; at batch 4 slower than the layers on the H200: 2.10 against 1.53 ms a step)",
+    "for_loop": "a Python for over a precomputed schedule: no while on a device tensor, no host sync a step",
+    "skip_masked_images": "image slots masked off for the whole batch are not embedded; their tokens leave the prefix",
+    "trim_prompt_padding": "prompt padding past the longest valid prompt dropped, to a static bucket (8, 16, 32, ...)",
+    "static_kv_cache": "preallocated KV buffers written in place; the suffix's mask and RoPE built once a call",
+    "sdpa": "torch scaled_dot_product_attention (flash / memory-efficient) instead of eager softmax",
+    "fuse_projections": "QKV and gate/up as one matmul each, RMSNorm scales folded in, per-step tables precomputed",
+    "cuda_graph": "sample_actions (prefix + all steps) as one CUDA graph per input shape, replayed per call",
+    "compile": "torch.compile the prefix and the denoise step (=MODE: default, reduce-overhead, ...)",
+    "compile_layers": "with compile: each prefix layer compiled once and reused (regional): a shorter first call",
+    "triton_kernels": "the denoise step's matmuls and attention, and the prefix attention, as Triton kernels",
+    "megakernel": "a denoise step's expert layers in one persistent Triton kernel (batch 1; =batched: up to 4)",
+}
+# name -> the rest of what a lever does, where it applies and what it measured: `vlaperf levers NAME`
+LEVER_NOTES: dict[str, str] = {
+    "for_loop": "openpi's reference loop runs `while time >= -dt / 2` on a CUDA tensor, which waits for the GPU at "
+                "every step; the schedule is the same, computed on the host once.",
+    "skip_masked_images": "openpi's LIBERO transform fills the third camera with zeros and masks it off; the reference "
+                          "still runs SigLIP on it. Positions and masks of the kept tokens stay identical.",
+    "trim_prompt_padding": "A batch trims to its longest valid prompt. The buckets keep a new instruction length from "
+                           "recompiling or recapturing a graph; positions and masks stay identical.",
+    "fuse_projections": "Also: the Euler update folded into the action head, SigLIP's patch conv as one matmul (TF32 "
+                        "for bf16 models), and on CUDA SigLIP's fc2 in bf16 through cuBLASLt's algorithm for a 32 MiB "
+                        "workspace limit (H200: libero-pi0 1.003x, aloha-pi0 1.007x, batch 4 1.000x).",
+    "cuda_graph": "Static input buffers; a new input shape (bucket) captures once more, then replays.",
+    "compile": "Modes: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs; the first call's compile "
+               "time is reported apart. With cuda_graph on Hopper GPUs inductor's kernels use programmatic dependent "
+               "launch (H200 libero-pi0: 1.002-1.008x).",
+    "compile_layers": "Each SigLIP and Gemma prefix layer is compiled once and reused for every layer, instead of the "
+                      "whole prefix as one graph; the few ops between the layers run eager.",
+    "triton_kernels": "In `best` on Hopper GPUs for bfloat16 models, else opt-in. A float32 model's products run in "
+                      "full float32 on FMA units: libero-pi0 in float32 with them was 4.4x slower than `best` (H100). "
+                      "The denoise step's matmuls (RMSNorm/GEGLU/residual fused) and attention (pi0 and shallow6, "
+                      "batch 1; H200: 1.2-1.3x over graph, 1.07x over compile + graph); the step's attention at any "
+                      "batch and for pi0.5 (H200 batch 4: 1.24x, batch 8: 1.15x); its float32 heads as TF32x3 "
+                      "products (1.02x on libero-pi0); the prefix attention (one K/V head: 24 vs 50 us a layer for "
+                      "SDPA) with RoPE and the static-cache write as one kernel a layer (1.02x on libero-pi0 and at "
+                      "batch 4; in the batched step too: 1.09x at batch 4, where inductor had copied the whole cache "
+                      "for 8 of 18 layers).",
+    "megakernel": "In `best` on Hopper GPUs for bfloat16 models, else opt-in. Grid barriers between its phases; pi0, "
+                  "pi0.5 and shallow6 at batch 1 (H200: 1.28x over compile + graph + triton_kernels at 10 steps, "
+                  "1.52x on a step). pi0.5 takes its adaptive norms from a per-step table (1.10-1.11x on libero-pi05, "
+                  "then 1.17x from loading the norm statistics ahead of the K loops, then 1.03x from key splits "
+                  "fitted to its 10 rows: the tiles' shape-dependent fields are fitted per launch). pi0 at up to 16 "
+                  "rows, e.g. droid-pi0's 11, takes the norm statistics from the writers as pi0.5 does (1.08x). "
+                  "`megakernel=batched` also sends batches of up to 256 suffix rows (pi0: 4 samples) to it in one "
+                  "launch (checked; at batch 4 slower than the layers on the H200: 2.10 against 1.53 ms a step).",
 }
 
 # Levers outside the cumulative table and the CPU/`graph` presets. The kernels' tiles are

@@ -77,17 +77,33 @@ from vlaperf.models.wam import (
 )
 
 WAM_LEVERS: dict[str, str] = {
-    "host_schedule": "UniPC's coefficients planned once on the host and every step's time-conditioning tables computed once per schedule, instead of device tensors rebuilt at every step",
-    "cached_keep_index": "the frame-sparsity keep index, token groups and attention rule built once as static tensors, instead of `.nonzero()` in every forward (a host sync each)",
-    "sparse_sampler": "with drop_middle, the sampler on the kept frames only (the dropped frames end at exactly 0) instead of the full latent grid",
-    "context_kv_cache": "the text embedding and every block's cross-attention keys/values once a call, not at every step",
-    "video_kv_cache": "once the video is finished (video_steps < steps) its keys/values are constants: later steps run the action tokens alone against them",
-    "sdpa": "torch scaled_dot_product_attention, the attention rule as two unmasked calls so the flash kernel applies, instead of eager softmax with a mask",
-    "fuse_projections": "q/k/v as one matmul, the text context's k/v as one, and on CUDA fc1 + GELU(tanh) as one cuBLASLt call with the activation in its epilogue",
+    "host_schedule": "UniPC's coefficients and each step's time tables planned once on the host",
+    "cached_keep_index": "the frame-sparsity keep index, token groups and attention rule as static tensors",
+    "sparse_sampler": "with drop_middle, the sampler on the kept frames only, not the full latent grid",
+    "context_kv_cache": "the text embedding and each block's cross-attention keys/values once a call",
+    "video_kv_cache": "once the video is finished, its keys/values are constants: later steps run the actions",
+    "sdpa": "scaled_dot_product_attention as two unmasked calls, so the flash kernel applies",
+    "fuse_projections": "q/k/v as one matmul, the context's k/v as one; on CUDA fc1 + GELU(tanh) in cuBLASLt",
     "cuda_graph": "the whole generate call in one CUDA graph per input shape, replayed per call",
-    "compile": "torch.compile the transformer block and the text context's k/v projection, each once for all blocks (regional; mode: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs)",
-    "group_modulation": "the time modulation as its per-group table, indexed inside each block (with compile, in the norms' loads), instead of a per-token float32 tensor every block reads",
-    "flash_actions": "the attention of the few action queries through the flash kernel (faster there than cuDNN's), cuDNN's for the long calls; CUDA, with sdpa",
+    "compile": "torch.compile the block and the context's k/v projection, once for all blocks (regional)",
+    "group_modulation": "the time modulation as a per-group table indexed inside each block, not a per-token tensor",
+    "flash_actions": "the action queries' attention through the flash kernel, cuDNN's for long calls (CUDA)",
+}
+# name -> the rest of what a lever does: `vlaperf levers NAME`
+WAM_LEVER_NOTES: dict[str, str] = {
+    "host_schedule": "The reference rebuilds UniPC's coefficients and the time-conditioning tables as device tensors "
+                     "at every step.",
+    "cached_keep_index": "The reference calls `.nonzero()` in every forward, a host sync each.",
+    "sparse_sampler": "The dropped frames end at exactly 0 either way.",
+    "context_kv_cache": "The reference embeds the text and projects its keys/values at every step.",
+    "video_kv_cache": "Applies where the video stops early (video_steps < steps): the later steps run the action "
+                      "tokens alone against the video's cached keys/values.",
+    "sdpa": "The attention rule as two unmasked calls instead of eager softmax with a mask.",
+    "fuse_projections": "The activation runs in cuBLASLt's epilogue.",
+    "compile": "Modes: default, reduce-overhead, max-autotune, max-autotune-no-cudagraphs.",
+    "group_modulation": "With compile, the table is read in the norms' loads, instead of a per-token float32 tensor "
+                        "that every block reads.",
+    "flash_actions": "The flash kernel is faster than cuDNN's for the few action queries.",
 }
 WAM_EXACT = ("host_schedule", "cached_keep_index", "sparse_sampler", "context_kv_cache", "video_kv_cache", "sdpa",
              "fuse_projections")
