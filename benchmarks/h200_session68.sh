@@ -13,6 +13,14 @@
 #                 libero-pi0-b4 28.3-31.0 (28.31), libero-pi0-b8 50.2-55.0 (50.20), wam-761 49.3-55.0 (49.33);
 #                 libero-pi0 graph 33-36 (H200 32.52), reference 190-260 (host-bound: whatever this host's CPU gives;
 #                 H200 203.62). Every file's check passes (rel L2 within bfloat16's tolerance, as on the H200).
+# Outcome (one H100, 16:40-16:44, at ef09dca; no H200 came, so no headline), part a, every check passed:
+#   libero-pi05 13.21 ms, libero-shallow6 5.83, aloha-pi0 15.90, libero-pi0-b4 29.40, -b8 52.05, wam-761 53.06,
+#   libero-pi0 graph 33.36: each inside its predicted range.
+#   libero-pi0 reference 373.70 ms: a miss (predicted 190-260). Its 20 calls ran 211.8-395.3 ms (mean 331.1): the
+#   host-bound reference is bimodal on this host. Run again on the warm machine (16:44-16:46, a command given to the
+#   device tool, not this script; my expectation, not written down before the run: process medians more than 20%
+#   apart) with --processes 3: medians 332.07, 335.04 and 211.29 ms (37% spread); and libero-pi05 `best` in policy
+#   mode: 14.57 ms (no prediction).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session68.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P, $G

@@ -175,15 +175,35 @@ def headline(results, wam=()):
             "median": {name: got[name][1]["timers"]["wall_ms"]["median"] if name in got else None
                        for name in ("reference", "graph", "best")},
             "day": {name: got[name][1]["env"].get("timestamp", "")[:10] for name in got},
+            "processes": {name: got[name][1]["processes"] for name in got if got[name][1].get("processes")},
             "floor_ms": (r.get("roofline") or {}).get("floor_ms"),
             "lerobot_ms": peer_ms, "lerobot_day": peer_stamp[:10]})
     return records
 
 
+# A figure from `bench --processes N` whose processes' medians differ by this much or more carries their range: a
+# host-bound reference's three processes on an H100 gave 211-335 ms, and its middle one alone read as settled
+PROCESS_RANGE_SHOWN_PCT = 5.0
+
+
 def _median_cell(rec, name):
-    """A preset's median, with its own day where that is not best's."""
-    day = rec["day"]
-    return _ms(rec["median"][name]) + (f" ({day[name]})" if name in day and day[name] != day["best"] else "")
+    """A preset's median, with the range of its processes' medians where they disagree (PROCESS_RANGE_SHOWN_PCT)
+    and its own day where that is not best's."""
+    day, notes = rec["day"], []
+    spread = rec.get("processes", {}).get(name)
+    if spread and spread["spread_pct"] >= PROCESS_RANGE_SHOWN_PCT:
+        m = spread["wall_median_ms"]
+        notes.append(f"{spread['count']} processes: {_ms(m['min'])}-{_ms(m['max'])}")
+    if name in day and day[name] != day["best"]:
+        notes.append(day[name])
+    return _ms(rec["median"][name]) + (f" ({'; '.join(notes)})" if notes else "")
+
+
+def _best_cell(rec):
+    """best's median in bold, with its processes' range where they disagree (as _median_cell)."""
+    cell = _median_cell(rec, "best")
+    head, _, rest = cell.partition(" ")
+    return f"**{head}**" + (f" {rest}" if rest else "")
 
 
 def _peer_cell(rec):
@@ -206,7 +226,7 @@ def headline_rows(results, wam=()):
     for rec in headline(results, wam):
         r, median, peak = rec["best"], rec["median"], rec["best"].get("peak_memory_bytes")
         rows.append(f"| {rec['gpu']} | {rec['workload']} | {rec['mode']} | {_median_cell(rec, 'reference')} | "
-                    f"{_median_cell(rec, 'graph')} | **{_ms(median['best'])}** | "
+                    f"{_median_cell(rec, 'graph')} | {_best_cell(rec)} | "
                     f"{_times(median['reference'], median['best'])} | {_times(median['best'], rec['floor_ms'])} | "
                     f"{1e3 * rec['batch'] / median['best']:.1f} | {_first(r, r['first_call_s'])} | "
                     f"{f'{peak / 2**30:.2f}' if peak else '-'} | {_checked(r)} | {rec['day']['best'] or '-'} | {_peer_cell(rec)} | "
@@ -228,7 +248,9 @@ def readme_rows(results, wam=()):
     tolerances = ", ".join(sorted({f"{rec['best']['equivalence']['tolerance']:g}" for rec in records
                                    if rec["best"].get("equivalence")})) or "-"
     rows = [f"`vlaperf bench`, model mode, on the {' and '.join(gpus) or 'GPU'}: the newest file of each preset "
-            "(wall-clock median; a date where a figure is from another day than `best`'s). rel L2: `best`'s actions "
+            "(wall-clock median; the range of several processes' medians where they differ by "
+            f"{PROCESS_RANGE_SHOWN_PCT:g}% or more; a date where a figure is from another day than `best`'s). rel L2: "
+            "`best`'s actions "
             f"against the reference in the check that ran before its timing (tolerance {tolerances}). All runs, with "
             "their files: [docs/performance.md](docs/performance.md).", "",
             "| workload | reference ms | graph ms | best ms | best x floor | action chunks/s | best's first call s | "
@@ -237,7 +259,7 @@ def readme_rows(results, wam=()):
         r, median = rec["best"], rec["median"]
         where = f" ({rec['gpu']})" if len(gpus) > 1 else ""
         rows.append(f"| {rec['workload']}{where} | "
-                    f"{_median_cell(rec, 'reference')} | {_median_cell(rec, 'graph')} | **{_ms(median['best'])}** | "
+                    f"{_median_cell(rec, 'reference')} | {_median_cell(rec, 'graph')} | {_best_cell(rec)} | "
                     f"{_times(median['best'], rec['floor_ms'])} | {1e3 * rec['batch'] / median['best']:.1f} | "
                     f"{_first(r, r['first_call_s'])} | {_checked(r)} | {_peer_cell(rec)} | {rec['day']['best'] or '-'} |")
     measured = {}  # GPU -> the newest bench file that measured its own ceilings (`--ceilings measure`)
@@ -931,7 +953,9 @@ def main() -> None:
              "semantics), `graph` (the exact levers in one CUDA graph, no compile) and `best` as it is today on Hopper GPUs",
              "(graph + compile=default + compile_layers + triton_kernels + megakernel; the world-action model's own presets for",
              "wam-761, `vlaperf levers`). Each figure is that file's wall-clock",
-             "median; another preset's figure carries its own day where it was measured on another day than `best`'s. `best vs",
+             "median (of `bench --processes N`: the middle process's, with all N medians' range where they differ by "
+             f"{PROCESS_RANGE_SHOWN_PCT:g}% or more);",
+             "another preset's figure carries its own day where it was measured on another day than `best`'s. `best vs",
              "reference` divides two files' medians (separate processes; the matrices below compare in one). LeRobot eager:",
              "LeRobot's pi0 / pi05 as shipped, from the newest `vlaperf compare` file of the workload (model mode rows).",
              "Every file of every run follows under Single runs.", ""]

@@ -633,3 +633,25 @@ def test_scaling_tables_say_each_point_is_a_median_and_show_the_fit():
     assert out[2] == "`benchmarks/results/s.json`; wall clock; each T(N) is its point's median"
     assert _cells(out[4]) == ["variant", "T(1) ms", "T(10) ms", "fit"]
     assert _cells(out[6]) == ["loop", "4.50", "12.75", "3.50 + 0.925*N ms (r^2 0.9999)"]
+
+
+def test_a_figure_whose_processes_disagree_carries_their_range():
+    """`bench --processes N` files report the middle process: in the standing tables a figure whose processes'
+    medians differ by 5% or more carries their range (an H100's host-bound reference: 211-335 ms, shown as 332
+    alone), one whose processes agree stays a plain figure."""
+    gen = _generator()
+
+    def processes(lo, mid, hi):
+        return {"count": 3, "headline": 0, "wall_median_ms": {"min": lo, "median": mid, "max": hi},
+                "spread_pct": 100 * (hi - lo) / mid}
+
+    ref = _bench(gen, "ref", [], 332.07, processes=processes(211.29, 332.07, 335.04))
+    best = _bench(gen, "best", _best_levers(), 13.35, processes=processes(13.33, 13.35, 13.40))
+    cells = _cells(gen.headline_rows([ref, best])[2])
+    assert cells[3] == "332.07 (3 processes: 211.29-335.04)" and cells[5] == "**13.35**"
+    wide = _bench(gen, "best", _best_levers(), 13.35, day=2, processes=processes(12.0, 13.35, 13.5))
+    cells = _cells(gen.headline_rows([ref, wide])[2])
+    assert cells[3] == "332.07 (3 processes: 211.29-335.04; 2026-12-01)"  # and its day, not best's
+    assert cells[5] == "**13.35** (3 processes: 12.00-13.50)"
+    readme = _cells(gen.readme_rows([ref, wide])[4])
+    assert readme[1] == cells[3] and readme[3] == cells[5]
