@@ -21,6 +21,12 @@
 #   device tool, not this script; my expectation, not written down before the run: process medians more than 20%
 #   apart) with --processes 3: medians 332.07, 335.04 and 211.29 ms (37% spread); and libero-pi05 `best` in policy
 #   mode: 14.57 ms (no prediction).
+#   PART=c   (after part a) on an H200: the headline as part a. On an H100: libero-pi0 `best` with `--ceilings
+#               measure`, so that the H100's rows can be read against its own floor. Predictions: the 8192-cubed bf16
+#               matmul at 700-800 TFLOP/s (the H200's 787, same SM clock and count, the 700 W cap on both), the 2 GiB
+#               copy at 2.8-3.2 TB/s (read + written; HBM3's 3.35 nominal, where the H200 measured 4.22 of its 4.8);
+#               `best` 13.3-13.5 ms as in session 65. The floor at those rates: prefix 3.38 ms x 780 / rate = 3.3-3.8,
+#               denoise 1.50 ms x 4.23 / bandwidth = 2.0-2.3, so 5.3-6.0 ms against the H200's 4.88.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session68.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P, $G
@@ -51,6 +57,19 @@ a)
   ;;
 b)
   others | lane A 0 40 &
+  ;;
+c)
+  {
+    case "$GPU_NAME" in
+      *H200*)
+        echo "170 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s68-4proc_model.json"
+        echo "190 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s68-4proc_policy.json"
+        ;;
+      *)
+        echo "120 $V bench --workload libero-pi0 --levers best --ceilings measure $B --json $R/bench_libero-pi0_best-s68-ceilings_model.json"
+        ;;
+    esac
+  } | lane A 0 40 &
   ;;
 *) echo "unknown PART=${PART}"; exit 2 ;;
 esac
