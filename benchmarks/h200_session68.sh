@@ -27,6 +27,8 @@
 #               copy at 2.8-3.2 TB/s (read + written; HBM3's 3.35 nominal, where the H200 measured 4.22 of its 4.8);
 #               `best` 13.3-13.5 ms as in session 65. The floor at those rates: prefix 3.38 ms x 780 / rate = 3.3-3.8,
 #               denoise 1.50 ms x 4.23 / bandwidth = 2.0-2.3, so 5.3-6.0 ms against the H200's 4.88.
+# Outcome, part c (one H100, 16:49, at dc7ce5d): 786 TFLOP/s, 3.03 TB/s, floor 5.45 ms, best 13.44 ms (2.46x its own
+#   floor): each inside its predicted range.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session68.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P, $G

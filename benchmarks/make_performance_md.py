@@ -136,6 +136,17 @@ def _newer(file, than) -> bool:
     return (str(r["env"].get("timestamp") or ""), str(path)) >= (str(held["env"].get("timestamp") or ""), str(held_path))
 
 
+def measured_ceilings(results, wam=()):
+    """GPU -> the newest bench file that measured that GPU's own ceilings (`vlaperf bench --ceilings measure`)."""
+    measured = {}
+    for path, r in [*results, *wam]:
+        c = (r.get("roofline") or {}).get("ceilings") or {}
+        if r["command"] == "bench" and str(c.get("source", "")).startswith("measured") and r["env"].get("gpu"):
+            if r["env"]["gpu"] not in measured or _newer((path, r), measured[r["env"]["gpu"]]):
+                measured[r["env"]["gpu"]] = (path, r)
+    return measured
+
+
 def headline(results, wam=()):
     """The newest `vlaperf bench` file (by the timestamp its environment records) of each GPU, workload and mode for
     the presets `reference`, `graph` and today's `best` (the world-action model's presets for its workloads): one
@@ -163,6 +174,11 @@ def headline(results, wam=()):
             key, stamp = (r["env"]["gpu"], workload_label(r)), r["env"].get("timestamp", "")
             if key not in lerobot or stamp > lerobot[key][1]:
                 lerobot[key] = (summary["lerobot"]["wall_ms_median"], stamp)
+    # best x floor at the GPU's own ceilings wherever a file measured them, so that one GPU's rows share one floor (a
+    # file's own floor is at the H200's ceilings unless it measured its own)
+    own = {gpu: r["roofline"]["ceilings"] for gpu, (_, r) in measured_ceilings(results, wam).items()}
+    if own:
+        from vlaperf.roofline import floor_at  # torch: only where a file measured a GPU's ceilings
     records = []
     for (gpu, wl, mode), got in sorted(newest.items()):
         if "best" not in got:
@@ -176,7 +192,7 @@ def headline(results, wam=()):
                        for name in ("reference", "graph", "best")},
             "day": {name: got[name][1]["env"].get("timestamp", "")[:10] for name in got},
             "processes": {name: got[name][1]["processes"] for name in got if got[name][1].get("processes")},
-            "floor_ms": (r.get("roofline") or {}).get("floor_ms"),
+            "floor_ms": (floor_at(r, own[gpu]) if gpu in own else None) or (r.get("roofline") or {}).get("floor_ms"),
             "lerobot_ms": peer_ms, "lerobot_day": peer_stamp[:10]})
     return records
 
@@ -262,13 +278,7 @@ def readme_rows(results, wam=()):
                     f"{_median_cell(rec, 'reference')} | {_median_cell(rec, 'graph')} | {_best_cell(rec)} | "
                     f"{_times(median['best'], rec['floor_ms'])} | {1e3 * rec['batch'] / median['best']:.1f} | "
                     f"{_first(r, r['first_call_s'])} | {_checked(r)} | {_peer_cell(rec)} | {rec['day']['best'] or '-'} |")
-    measured = {}  # GPU -> the newest bench file that measured its own ceilings (`--ceilings measure`)
-    for path, r in results:
-        c = (r.get("roofline") or {}).get("ceilings") or {}
-        if r["command"] == "bench" and str(c.get("source", "")).startswith("measured") and r["env"].get("gpu"):
-            if r["env"]["gpu"] not in measured or _newer((path, r), measured[r["env"]["gpu"]]):
-                measured[r["env"]["gpu"]] = (path, r)
-    for gpu, (path, r) in sorted(measured.items()):
+    for gpu, (path, r) in sorted(measured_ceilings(results, wam).items()):
         c = r["roofline"]["ceilings"]
         rows += ["", f"Ceilings measured on the {gpu} by `vlaperf bench --ceilings measure`: {c['matmul_flops'] / 1e12:.0f} "
                  f"TFLOP/s bf16 matmul, {c['bandwidth'] / 1e12:.2f} TB/s copy ({r['env'].get('timestamp', '')[:10]}, "
@@ -958,6 +968,8 @@ def main() -> None:
              "another preset's figure carries its own day where it was measured on another day than `best`'s. `best vs",
              "reference` divides two files' medians (separate processes; the matrices below compare in one). LeRobot eager:",
              "LeRobot's pi0 / pi05 as shipped, from the newest `vlaperf compare` file of the workload (model mode rows).",
+             "best x floor: at the GPU's own ceilings wherever a file measured them (`--ceilings measure`, the newest such",
+             "file's; its rates are below the README's table), so that one GPU's rows share one floor; else at the file's.",
              "Every file of every run follows under Single runs.", ""]
     lines += headline_rows(results, wam) + ["", "## Single runs (`vlaperf bench`)", ""]
     lines += bench_rows(results) + [""]

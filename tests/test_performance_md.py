@@ -655,3 +655,30 @@ def test_a_figure_whose_processes_disagree_carries_their_range():
     assert cells[5] == "**13.35** (3 processes: 12.00-13.50)"
     readme = _cells(gen.readme_rows([ref, wide])[4])
     assert readme[1] == cells[3] and readme[3] == cells[5]
+
+
+def test_one_gpus_rows_share_the_floor_of_its_measured_ceilings():
+    """Where a file measured a GPU's own ceilings, every row of that GPU in the standing tables is read against the
+    floor at those ceilings, not the H200's its own file records (an H100's libero-pi0 at its measured 3.03 TB/s beside
+    its libero-pi05 at the H200's 4.23); another GPU's rows keep their files' floors."""
+    from vlaperf.models.pi0 import get_config
+    from vlaperf.roofline import roofline
+    from vlaperf.workloads import get_workload
+
+    gen = _generator()
+    own = {"matmul_flops": 700e12, "bandwidth": 3.0e12, "source": "measured on this device"}
+
+    def floor(preset, workload, **ceilings):
+        return roofline(get_config(preset), get_workload(workload), images=2, prompt_len=20, **ceilings)
+
+    pi0 = _bench(gen, "pi0", _best_levers(), 14.0, day=2, gpu="NVIDIA H100",
+                 roofline={**floor("pi0", "libero-pi0", matmul_flops=700e12, bandwidth=3.0e12), "ceilings": own})
+    pi05 = _bench(gen, "pi05", _best_levers(), 13.0, day=1, gpu="NVIDIA H100", roofline=floor("pi05", "libero-pi05"))
+    pi05[1]["workload"] = {"id": "libero-pi05", "overrides": {}}
+    h200 = _bench(gen, "h200", _best_levers(), 12.0, roofline={"floor_ms": 4.0})
+    rows = {(_cells(r)[0], _cells(r)[1]): _cells(r) for r in gen.headline_rows([pi0, pi05, h200])[2:]}
+    at_own = floor("pi05", "libero-pi05", matmul_flops=700e12, bandwidth=3.0e12)["floor_ms"]
+    assert rows[("NVIDIA H100", "libero-pi05")][7] == f"{13.0 / at_own:.2f}x"
+    assert f"{13.0 / at_own:.2f}x" != f"{13.0 / floor('pi05', 'libero-pi05')['floor_ms']:.2f}x"  # the test can tell
+    assert rows[("NVIDIA H100", "libero-pi0")][7] == f"{14.0 / pi0[1]['roofline']['floor_ms']:.2f}x"
+    assert rows[("NVIDIA H200", "libero-pi0")][7] == "3.00x"  # no H200 file measured: its file's floor

@@ -117,3 +117,25 @@ def test_measured_ceilings_refuse_zero_repetitions():
 
     with pytest.raises(ValueError, match="got 8, 64, 0"):
         measure_ceilings("cpu", matmul_size=8, copy_bytes=64, reps=0)
+
+
+@pytest.mark.parametrize("rate,bandwidth", [(786e12, 3.03e12), (780e12, 4.23e12), (1e12, 100e12), (1e18, 1e9)])
+def test_floor_at_other_ceilings_is_the_floor_counted_at_them(rate, bandwidth):
+    """floor_at rescales a result file's floor to a GPU's own ceilings (the standing table reads one GPU's rows
+    against one floor): from the phases a pi0-family file records, and for a world-action file from its workload's
+    settings, each equal to the floor counted afresh at those ceilings, on either side of the ridge."""
+    from vlaperf.models.wam import PRESETS
+    from vlaperf.roofline import floor_at, wam_roofline
+    from vlaperf.workloads import get_wam_workload
+
+    cfg, w = get_config("pi05"), get_workload("libero-pi05")
+    recorded = {"roofline": roofline(cfg, w, images=2, prompt_len=64)}
+    fresh = roofline(cfg, w, images=2, prompt_len=64, matmul_flops=rate, bandwidth=bandwidth)
+    assert floor_at(recorded, {"matmul_flops": rate, "bandwidth": bandwidth}) == pytest.approx(fresh["floor_ms"])
+    wam = get_wam_workload("wam-761").with_overrides(batch=4, sparsity="drop_middle")
+    result = {"workload": {"id": "wam-761", "settings": {"batch": 4, "steps": wam.steps, "video_steps": wam.video_steps,
+                                                         "sparsity": "drop_middle", "cfg_scale": 0.0, "shift": 3.0}},
+              "mode": "model", "roofline": wam_roofline(PRESETS["wam"], wam)}
+    assert floor_at(result, {"matmul_flops": rate, "bandwidth": bandwidth}) == pytest.approx(
+        wam_roofline(PRESETS["wam"], wam, rate, bandwidth)["floor_ms"])
+    assert floor_at({"roofline": None}, {"matmul_flops": rate, "bandwidth": bandwidth}) is None  # a CPU file

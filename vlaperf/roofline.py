@@ -173,3 +173,30 @@ def wam_forward_roofline(cfg, workload, matmul_flops: float = H200_MATMUL_FLOPS,
     one = workload.with_overrides(steps=1, video_steps=1, cfg_scale=0.0)
     floor = wam_roofline(cfg, one, matmul_flops, bandwidth)
     return {**floor, "what": "one full forward, with the text context's keys/values"}
+
+
+def floor_at(result: dict, ceilings: dict) -> float | None:
+    """The floor (ms) of a `vlaperf bench` result at other ceilings than the ones its file records: a GPU's own,
+    measured by another file, so that every row of that GPU's table is read against one floor. A pi0-family file
+    records each phase's FLOPs and bytes; a world-action model's is counted again from its workload's settings.
+    None where the file has no floor (a CPU run, an older file)."""
+    floor = result.get("roofline") or {}
+    rate, bandwidth = ceilings["matmul_flops"], ceilings["bandwidth"]
+    if "prefix_tflop" in floor:
+        steps = floor["steps"]
+        prefix = max(floor["prefix_tflop"] * 1e12 / rate, floor["prefix_weight_gb"] * 1e9 / bandwidth)
+        step = max(floor["denoise_tflop"] * 1e12 / steps / rate, floor["denoise_gb_per_step"] * 1e9 / bandwidth)
+        return 1e3 * (prefix + steps * step)
+    if "full_forwards" in floor:
+        from vlaperf.models.wam import PRESETS
+        from vlaperf.workloads import get_wam_workload
+
+        w = result["workload"]
+        settings = {k: v for k, v in (w.get("settings") or {}).items() if k in WAM_SETTINGS}
+        workload = get_wam_workload(w["id"]).with_overrides(**settings)
+        count = wam_forward_roofline if result.get("mode") == "forward" else wam_roofline
+        return count(PRESETS[workload.preset], workload, rate, bandwidth)["floor_ms"]
+    return None
+
+
+WAM_SETTINGS = ("batch", "steps", "video_steps", "sparsity", "cfg_scale", "shift")  # what a wam file's workload records
