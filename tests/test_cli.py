@@ -51,6 +51,26 @@ def test_bench_floor_on_this_devices_measured_ceilings(tmp_path, capsys):
     assert e.value.code == 2
 
 
+def test_bench_prints_its_title_on_one_line_and_the_levers_in_full(capsys):
+    """best's whole label in the table's title wrapped over three lines at the table's width: the title is a line of
+    its own with the short names, and the levers follow the table in full."""
+    from vlaperf.cli import print_bench
+    from vlaperf.engine.levers import BEST_GPU, TUNED_FOR
+
+    levers = list(BEST_GPU) + list(TUNED_FOR)
+    stats = {k: 13.0 for k in ("median", "mean", "p90", "p95", "p99", "min", "max")}
+    print_bench({"workload": {"id": "libero-pi0"}, "mode": "model", "iters": 50, "warmup": 10, "first_call_s": 2.0,
+                 "variant": {"label": "+".join(levers), "dtype": "bfloat16"}, "env": {"gpu": "NVIDIA H100 80GB HBM3"},
+                 "timers": {"wall_ms": stats, "cuda_event_ms": stats}})
+    lines = capsys.readouterr().out.splitlines()
+    said = " ".join(line.strip() for line in lines)  # a 120-column console wraps the longer lines at a space
+    # the variant whole on the first line, the table right after the title
+    assert lines[0].startswith("vlaperf bench  libero-pi0  loop+skipimg+trim+kv+sdpa+fuse+graph+c:default+layers+"
+                               "triton+mega  (model mode, bfloat16,")
+    assert lines[2].startswith("\u250f") and "(model mode, bfloat16, NVIDIA H100 80GB HBM3)" in said
+    assert "levers: " + ", ".join(levers) in said
+
+
 def test_bench_best_policy_mode_with_overrides(tmp_path):
     out = tmp_path / "p.json"
     args = ["bench", "--workload", "tiny", "--device", "cpu", "--mode", "policy", "--levers", "best", "--batch", "2",

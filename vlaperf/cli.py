@@ -676,8 +676,17 @@ def print_bench(result: dict) -> None:
     rtc = result.get("rtc")
     guided = (f", real-time chunking: {rtc['executed']} executed, delay {rtc['delay']}, {rtc['schedule']} schedule"
               if rtc else "")
-    t = Table(title=f"vlaperf bench  {result['workload']['id']}  {result['variant']['label']}  ({result['mode']} mode, "
-              f"{result['variant']['dtype']}, {result['env'].get('gpu') or 'cpu'}{guided})")
+    from vlaperf.report.render import short_variant
+
+    # the title in short names (the whole of best's label wrapped over three lines of the title); the levers in full
+    # on their own line below
+    from rich.text import Text
+
+    label = result["variant"]["label"]
+    # the title as a line of its own: a table's title wraps at the table's width (~80 columns)
+    title = Text(f"vlaperf bench  {result['workload']['id']}  {short_variant(label)}  ({result['mode']} mode, "
+                 f"{result['variant']['dtype']}, {result['env'].get('gpu') or 'cpu'}{guided})", style="bold")
+    t = Table()
     t.add_column("timer")
     for k in ("median", "mean", "p90", "p95", "p99", "min", "max"):
         t.add_column(k + " ms", justify="right")
@@ -685,7 +694,10 @@ def print_bench(result: dict) -> None:
         if s:
             t.add_row(name, *(f"{s[k]:.3f}" for k in ("median", "mean", "p90", "p95", "p99", "min", "max")))
     console = wide_console()
+    console.print(title)
     console.print(t)
+    if short_variant(label) != label:
+        console.print("levers: " + ", ".join(p for p in label.replace("+", ",").split(",") if p))
     med = result["timers"]["wall_ms"]["median"]
     floor = result.get("roofline")
     n = result["iters"]
