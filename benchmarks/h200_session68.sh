@@ -29,6 +29,11 @@
 #               denoise 1.50 ms x 4.23 / bandwidth = 2.0-2.3, so 5.3-6.0 ms against the H200's 4.88.
 # Outcome, part c (one H100, 16:49, at dc7ce5d): 786 TFLOP/s, 3.03 TB/s, floor 5.45 ms, best 13.44 ms (2.46x its own
 #   floor): each inside its predicted range.
+#   PART=h   on an H200: the headline as part a. On an H100: `breakdown` of libero-pi0 and libero-pi05 `best` in model
+#               mode (stages timed inside the graph), against the H200's session 30 files, to place the 0.6 ms that
+#               the bandwidth sum leaves unexplained on libero-pi05 (part c). Predictions: the steps take the H100's
+#               extra, the prefix (embed_prefix + prefill) within +-0.15 ms of the H200's: libero-pi0's ten steps
+#               +0.5-0.7 ms, libero-pi05's +1.0-1.3 ms (its 10-row step kernel nearer its weight stream).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session68.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P, $G
@@ -69,6 +74,21 @@ c)
         ;;
       *)
         echo "120 $V bench --workload libero-pi0 --levers best --ceilings measure $B --json $R/bench_libero-pi0_best-s68-ceilings_model.json"
+        ;;
+    esac
+  } | lane A 0 40 &
+  ;;
+h)
+  {
+    case "$GPU_NAME" in
+      *H200*)
+        echo "170 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s68-4proc_model.json"
+        echo "190 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s68-4proc_policy.json"
+        ;;
+      *)
+        for w in libero-pi0 libero-pi05; do
+          echo "100 $V breakdown --workload $w --levers best --warmup 10 --iters 50 --no-progress --json $R/breakdown_${w}_best-s68.json"
+        done
         ;;
     esac
   } | lane A 0 40 &
