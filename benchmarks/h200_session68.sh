@@ -34,6 +34,11 @@
 #               the bandwidth sum leaves unexplained on libero-pi05 (part c). Predictions: the steps take the H100's
 #               extra, the prefix (embed_prefix + prefill) within +-0.15 ms of the H200's: libero-pi0's ten steps
 #               +0.5-0.7 ms, libero-pi05's +1.0-1.3 ms (its 10-row step kernel nearer its weight stream).
+# Outcome, part h (one H100, 16:58-16:59, at 4e788be): against the H200's session 30 breakdowns (9577a0c), per stage
+#   (ms): libero-pi0 setup +0.30, embed_prefix +0.06, prefill +0.39, ten steps +0.38; libero-pi05 +0.14, +0.06,
+#   +0.60, +0.42. A miss: the prefill takes as much of the extra as the steps (predicted within +-0.15 ms), and the
+#   steps less than predicted. The untimed calls: libero-pi0 14.03 ms (H200 12.90: 1.09x), libero-pi05 13.46 (12.25:
+#   1.10x), so here the two lose alike; libero-pi0's 14.03 against 13.35-13.44 on two other H100 machines today.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session68.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P, $G
