@@ -39,6 +39,8 @@
 #   +0.60, +0.42. A miss: the prefill takes as much of the extra as the steps (predicted within +-0.15 ms), and the
 #   steps less than predicted. The untimed calls: libero-pi0 14.03 ms (H200 12.90: 1.09x), libero-pi05 13.46 (12.25:
 #   1.10x), so here the two lose alike; libero-pi0's 14.03 against 13.35-13.44 on two other H100 machines today.
+#   PART=x   on an H200: the headline as part a (its predictions). On any other card: nothing (the H100's figures of
+#               this session are taken).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session68.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P, $G
@@ -97,6 +99,17 @@ h)
         ;;
     esac
   } | lane A 0 40 &
+  ;;
+x)
+  case "$GPU_NAME" in
+    *H200*)
+      {
+        echo "170 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s68-4proc_model.json"
+        echo "190 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s68-4proc_policy.json"
+      } | lane A 0 40 &
+      ;;
+    *) echo "not an H200: nothing to run" ;;
+  esac
   ;;
 *) echo "unknown PART=${PART}"; exit 2 ;;
 esac
