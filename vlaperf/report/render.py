@@ -579,7 +579,8 @@ def _summary(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str]) 
     doc.p("The newest `vlaperf bench` file of each variant, per workload, device (and dtype where not the device's "
           "default) and mode, slowest first. vs reference: "
           "the reference's median over this one (two files, so two processes: a matrix compares in one). x floor: the "
-          "median over the roofline floor of the file (GPU runs). rel L2: the actions against the reference in the "
+          "median over the roofline floor of the file (GPU runs), at the ceilings it records: the H200's unless "
+          "it measured its device's own (`--ceilings measure`). rel L2: the actions against the reference in the "
           "equivalence check that ran before the timing." + (
               " processes (files of `bench --processes N`): the count, the range of the processes' medians and its "
               "spread; the row is the middle process's." if with_processes else ""), "note")
