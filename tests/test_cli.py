@@ -753,6 +753,13 @@ def test_levers_are_one_line_each_and_a_name_gives_the_details(capsys):
     assert main(["levers", "megakernal"]) == 2
     err = capsys.readouterr().err
     assert "names: unknown lever 'megakernal' (did you mean 'megakernel'?)" in err and "host_schedule" in err
+    # a preset names the levers it holds, in both families; a lever with its value is the lever
+    assert main(["levers", "best", "compile=max-autotune"]) == 0
+    out = capsys.readouterr().out
+    assert "best (pi0-family preset): for_loop, skip_masked_images," in out and "group_modulation" in out
+    assert "; + triton_kernels, megakernel on Hopper GPUs for a bfloat16 model" in out
+    assert "compile (pi0 family): " in out
+    assert main(["levers", "bset"]) == 2 and "(did you mean 'best'?)" in capsys.readouterr().err
 
 
 def test_schema_rejects_incomplete_results():

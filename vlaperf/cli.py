@@ -867,17 +867,26 @@ def _print_lever_details(names: list[str]) -> int:
     from vlaperf.engine.levers import BEST_GPU, EXACT, GRAPH_GPU, LEVER_NOTES, LEVERS, REQUIRES, TUNED_FOR
     from vlaperf.engine.wam import WAM_LEVER_NOTES, WAM_LEVERS, WAM_PRESETS, WAM_REQUIRES
 
+    pi0_presets = {"reference": (), "exact": EXACT, "graph": GRAPH_GPU, "best": BEST_GPU + tuple(TUNED_FOR)}
     every = [*LEVERS, *(n for n in WAM_LEVERS if n not in LEVERS)]
+    names = [n.partition("=")[0] for n in names]  # compile=max-autotune: the compile lever
     for name in names:
-        if name not in every:
-            near = difflib.get_close_matches(name.partition("=")[0].lower(), every, n=1, cutoff=0.6)
+        if name not in every and name not in pi0_presets:
+            near = difflib.get_close_matches(name.lower(), [*every, *pi0_presets], n=1, cutoff=0.6)
             raise CliError(f"names: unknown lever {name!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
-                           + f"; expected any of: {', '.join(every)}")
+                           + f"; expected any of: {', '.join(every)}, or a preset: {', '.join(pi0_presets)}")
     blocks = []
     for name in names:
+        if name in pi0_presets:  # a preset: the levers it holds in either model family
+            tuned = f"; + {', '.join(TUNED_FOR)} on Hopper GPUs for a bfloat16 model" if name == "best" else ""
+            blocks.append(
+                f"{name} (pi0-family preset): {', '.join(n for n in pi0_presets[name] if n not in TUNED_FOR) or 'none'}"
+                + (f"{tuned}; on the CPU: {', '.join(EXACT)}" if name == "best" else "") + "\n"
+                f"{name} (world-action model preset): {', '.join(WAM_PRESETS[name]) or 'none'}"
+                + ("; on the CPU: exact" if name == "best" else ""))
+            continue
         for family, levers, notes, requires, presets in (
-                ("pi0 family", LEVERS, LEVER_NOTES, REQUIRES,
-                 {"exact": EXACT, "graph": GRAPH_GPU, "best": BEST_GPU + tuple(n for n in TUNED_FOR)}),
+                ("pi0 family", LEVERS, LEVER_NOTES, REQUIRES, pi0_presets),
                 ("world-action model", WAM_LEVERS, WAM_LEVER_NOTES, WAM_REQUIRES, WAM_PRESETS)):
             if name not in levers:
                 continue
@@ -1121,7 +1130,8 @@ def build_parser() -> argparse.ArgumentParser:
 
     p = sub.add_parser("levers", help="list the speed levers, or one lever's details")
     p.add_argument("names", nargs="*", metavar="NAME", help="a lever to describe in full (what it does, what it "
-                   "measured, what it needs, which presets hold it); none: the table of all")
+                   "measured, what it needs, which presets hold it), or a preset (the levers it holds); none: the "
+                   "table of all")
     p.set_defaults(func=cmd_levers)
 
     p = sub.add_parser("workloads", help="list the workloads and the conventions that serve each")
