@@ -169,6 +169,11 @@ def test_diff_command_compares_mismatched_files_when_told_and_names_missing_ones
     after = _write(tmp_path, "after.json", _result(9.0))
     assert main(["diff", before, after, "--allow-mismatch"]) == 0
     assert "warning: workload differs" in capsys.readouterr().out
+    # two GPUs: the title names both (it named the first file's alone)
+    h200 = _write(tmp_path, "h200.json", _result(12.0, gpu="NVIDIA H200"))
+    h100 = _write(tmp_path, "h100.json", _result(13.0, gpu="NVIDIA H100"))
+    assert main(["diff", h200, h100, "--allow-mismatch"]) == 0
+    assert "(model mode, NVIDIA H200 -> NVIDIA H100)" in capsys.readouterr().out
     assert main(["diff", str(tmp_path / "missing.json"), after]) == 2
     assert "missing.json: No such file or directory" in capsys.readouterr().err
     (tmp_path / "broken.json").write_text("{")

@@ -414,8 +414,9 @@ def cmd_diff(args) -> int:
                       f"{(env.get('git_commit') or '-')[:12]}, {str(env.get('timestamp') or '-')[:19]}")
     for p in problems:
         console.print(f"[yellow]warning: {p}[/]")
+    devices = [r["env"].get("gpu") or "cpu" for r in (before, after)]  # --allow-mismatch: both, before -> after
     t = Table(title=f"vlaperf diff  {before['workload']['id']}  ({before.get('mode')} mode, "
-                    f"{before['env'].get('gpu') or 'cpu'})")
+                    f"{devices[0] if devices[0] == devices[1] else ' -> '.join(devices)})")
     for col in ("timer", "before ms", "after ms", "change", "speed-up", "95% interval (calls only)"):
         t.add_column(col, justify="right")
     for timer, row in d["timers"].items():
