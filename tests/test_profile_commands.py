@@ -36,11 +36,14 @@ def test_breakdown_command(tmp_path):
     assert tr.read_bytes() == before
 
 
-def test_breakdown_command_policy_mode_engine(tmp_path):
+def test_breakdown_command_policy_mode_engine(tmp_path, capsys):
     out = tmp_path / "bd.json"
     assert main(["breakdown", *COMMON, "--levers", "best", "--mode", "policy", "--warmup", "1", "--iters", "3",
                  "--json", str(out)]) == 0
     assert read_result(out)["breakdown"]["path"] == "engine"
+    # the title a line of its own in short names (a table's title wrapped best's label at the table's width)
+    assert capsys.readouterr().out.splitlines()[0].startswith(
+        "vlaperf breakdown  tiny  loop+skipimg+trim+kv+sdpa+fuse  (policy mode, float32, cpu, ")
     assert read_result(out)["breakdown"]["idle_ms"] == 0.0
 
 

@@ -369,3 +369,22 @@ def test_a_sigterm_between_processes_stops_the_run_and_leaves_no_folder(tmp_path
     assert "code 143 processes 1" in done.stdout
     assert "stopped by SIGTERM after process 1 of 3; nothing written" in done.stderr
     assert list(tmp_path.iterdir()) == []
+
+
+def test_the_processes_tables_name_a_long_variant_in_short(capsys):
+    """best's whole label wrapped the titles of the processes' tables over three lines: they name it in short."""
+    from vlaperf.engine.levers import BEST_GPU, TUNED_FOR
+    from vlaperf.profile.processes import print_processes
+
+    results = []
+    for median in (4.0, 5.0):
+        r = _result(median)
+        r["variant"]["label"] = "+".join(list(BEST_GPU) + list(TUNED_FOR))
+        r.update(command="breakdown", breakdown={"stages": [{"name": "setup", "median_ms": median / 10}]})
+        results.append(r)
+    print_processes(combine(results))
+    out = capsys.readouterr().out
+    said = " ".join(line.strip() for line in out.splitlines())  # a 120-column console wraps at a space
+    short = "loop+skipimg+trim+kv+sdpa+fuse+graph+c:default+layers+triton+mega"
+    assert f"vlaperf breakdown  tiny  {short}  (model mode): stage medians in 2 processes" in said, out
+    assert f"vlaperf breakdown  tiny  {short}  (model mode): 2 processes" in said, out

@@ -93,7 +93,9 @@ def cmd_breakdown(args) -> int:
     from vlaperf.engine import LeverError
     from vlaperf.engine.compile import CompileUnavailable
     from vlaperf.profile.breakdown import breakdown, prepare_breakdown
+    from rich.text import Text
 
+    from vlaperf.report.render import short_variant
     from vlaperf.workloads import is_wam_workload
 
     refuse_spin_without_idle(args)
@@ -124,8 +126,10 @@ def cmd_breakdown(args) -> int:
             raise CliError(str(e)) from None
     bd = result["breakdown"]
     idle = f", each call after {idle_words(bd['idle_ms'], bd.get('idle_spin', False))}" if bd.get("idle_ms") else ""
-    t = Table(title=f"vlaperf breakdown  {workload.id}  {result['variant']['label']}  ({args.mode} mode, "
-                    f"{result['variant']['dtype']}, {result['env'].get('gpu') or device}, {bd['timer']}{idle})")
+    # the title a line of its own: a table's title wraps at the table's width
+    title = Text(f"vlaperf breakdown  {workload.id}  {short_variant(result['variant']['label'])}  ({args.mode} mode, "
+                 f"{result['variant']['dtype']}, {result['env'].get('gpu') or device}, {bd['timer']}{idle})", style="bold")
+    t = Table()
     for col in ("stage", "median ms", "p95 ms", "share", "per call", "mean/occ", "max/occ", "info"):
         t.add_column(col, justify="left" if col in ("stage", "info") else "right")
     for e in bd["stages"]:
@@ -135,6 +139,7 @@ def cmd_breakdown(args) -> int:
                   f"{occ['mean_ms']:.3f}" if occ else "", f"{occ['max_ms']:.3f}" if occ else "",
                   (f"{info['tokens']} tokens, {'valid' if info['valid'] else 'MASKED'}" if info else ""))
     console = _console()
+    console.print(title)
     console.print(t)
     console.print(bd["statement"])
     for n in bd["notes"]:

@@ -231,22 +231,28 @@ def _coverage_cell(run: dict) -> str:
 
 def print_processes(result: dict) -> None:
     from rich.table import Table
+    from rich.text import Text
 
     from vlaperf.cli import wide_console
+    from vlaperf.report.render import short_variant
 
     processes = result["processes"]
+    label = short_variant(result["variant"]["label"])  # best's whole label wrapped the title over three lines
     console = wide_console()
     if any("stages_ms" in run for run in processes["runs"]):
-        stages = Table(title=f"vlaperf breakdown  {result['workload']['id']}  {result['variant']['label']}  "
-                             f"({result['mode']} mode): stage medians in {processes['count']} processes")
+        # each title a line of its own: a table's title wraps at the table's width
+        console.print(Text(f"vlaperf breakdown  {result['workload']['id']}  {label}  ({result['mode']} mode): stage "
+                           f"medians in {processes['count']} processes", style="bold"))
+        stages = Table()
         for name in ("stage", *(f"process {i + 1} ms" for i in range(processes["count"])), "spread"):
             stages.add_column(name, justify="left" if name == "stage" else "right")
         for name, medians, spread in stage_rows(processes):
             stages.add_row(name, *(f"{m:.3f}" if m is not None else "-" for m in medians),
                            f"{spread:.1f}%" if spread is not None else "-")
         console.print(stages)
-    t = Table(title=f"vlaperf {result['command']}  {result['workload']['id']}  {result['variant']['label']}  "
-                    f"({result['mode']} mode): {processes['count']} processes")
+    console.print(Text(f"vlaperf {result['command']}  {result['workload']['id']}  {label}  ({result['mode']} mode): "
+                       f"{processes['count']} processes", style="bold"))
+    t = Table()
     checked = any(run.get("rel_l2") is not None for run in processes["runs"])  # bench's check; breakdown has none
     covered = any("coverage" in run for run in processes["runs"])  # a breakdown's: its stages against its call
     for name in (("process", "wall median ms", "wall p95 ms", "event median ms", "first call s") + ("rel L2",) * checked
