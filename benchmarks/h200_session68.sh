@@ -41,6 +41,10 @@
 #   1.10x), so here the two lose alike; libero-pi0's 14.03 against 13.35-13.44 on two other H100 machines today.
 #   PART=x   on an H200: the headline as part a (its predictions). On any other card: nothing (the H100's figures of
 #               this session are taken).
+# Outcome, part x: the first call got no machine (17:02, 180 s of the budget); the second an H200 (17:14-17:18, at
+#   e3a17aa). Model mode: four processes 12.77-12.96 ms, reported 12.77 (predicted 12.7-13.0: as predicted). Policy
+#   mode: 13.68-14.39 ms (5.1% spread), reported 14.04 (predicted 14.0-14.4: the reported figure as predicted, the
+#   fastest process below the range).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session68.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P, $G
