@@ -139,3 +139,6 @@ def test_floor_at_other_ceilings_is_the_floor_counted_at_them(rate, bandwidth):
     assert floor_at(result, {"matmul_flops": rate, "bandwidth": bandwidth}) == pytest.approx(
         wam_roofline(PRESETS["wam"], wam, rate, bandwidth)["floor_ms"])
     assert floor_at({"roofline": None}, {"matmul_flops": rate, "bandwidth": bandwidth}) is None  # a CPU file
+    # a floor the count does not give back at the file's own ceilings (a model it does not know) is not rescaled
+    other = {"roofline": {**recorded["roofline"], "floor_ms": 2 * recorded["roofline"]["floor_ms"]}}
+    assert floor_at(other, {"matmul_flops": rate, "bandwidth": bandwidth}) is None

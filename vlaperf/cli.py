@@ -672,18 +672,16 @@ def rtc_cost(timing: dict) -> dict:
 
 def print_bench(result: dict) -> None:
     from rich.table import Table
+    from rich.text import Text
+
+    from vlaperf.report.render import short_variant
 
     rtc = result.get("rtc")
     guided = (f", real-time chunking: {rtc['executed']} executed, delay {rtc['delay']}, {rtc['schedule']} schedule"
               if rtc else "")
-    from vlaperf.report.render import short_variant
-
-    # the title in short names (the whole of best's label wrapped over three lines of the title); the levers in full
-    # on their own line below
-    from rich.text import Text
-
+    # the title a line of its own in short names (a table's title wraps at the table's ~80 columns: best's whole
+    # label took three lines), the levers in full below the table
     label = result["variant"]["label"]
-    # the title as a line of its own: a table's title wraps at the table's width (~80 columns)
     title = Text(f"vlaperf bench  {result['workload']['id']}  {short_variant(label)}  ({result['mode']} mode, "
                  f"{result['variant']['dtype']}, {result['env'].get('gpu') or 'cpu'}{guided})", style="bold")
     t = Table()

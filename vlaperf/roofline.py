@@ -14,6 +14,7 @@ own (`vlaperf bench --ceilings measure`).
 
 from __future__ import annotations
 
+import math
 import statistics
 import time
 
@@ -179,14 +180,27 @@ def floor_at(result: dict, ceilings: dict) -> float | None:
     """The floor (ms) of a `vlaperf bench` result at other ceilings than the ones its file records: a GPU's own,
     measured by another file, so that every row of that GPU's table is read against one floor. A pi0-family file
     records each phase's FLOPs and bytes; a world-action model's is counted again from its workload's settings.
-    None where the file has no floor (a CPU run, an older file)."""
+    None where the file has no floor (a CPU run, an older file), or where the count at the file's own ceilings does
+    not give back the floor it recorded (a model the count does not know)."""
     floor = result.get("roofline") or {}
-    rate, bandwidth = ceilings["matmul_flops"], ceilings["bandwidth"]
+    count = _recount(result, floor)
+    if count is None or not math.isclose(count(floor["matmul_flops"], floor["bandwidth"]), floor["floor_ms"],
+                                         rel_tol=1e-6):
+        return None
+    return count(ceilings["matmul_flops"], ceilings["bandwidth"])
+
+
+def _recount(result: dict, floor: dict):
+    """(matmul rate, bandwidth) -> the file's floor in ms, or None for a file without the fields to count it from."""
     if "prefix_tflop" in floor:
         steps = floor["steps"]
-        prefix = max(floor["prefix_tflop"] * 1e12 / rate, floor["prefix_weight_gb"] * 1e9 / bandwidth)
-        step = max(floor["denoise_tflop"] * 1e12 / steps / rate, floor["denoise_gb_per_step"] * 1e9 / bandwidth)
-        return 1e3 * (prefix + steps * step)
+
+        def pi0(rate: float, bandwidth: float) -> float:
+            prefix = max(floor["prefix_tflop"] * 1e12 / rate, floor["prefix_weight_gb"] * 1e9 / bandwidth)
+            step = max(floor["denoise_tflop"] * 1e12 / steps / rate, floor["denoise_gb_per_step"] * 1e9 / bandwidth)
+            return 1e3 * (prefix + steps * step)
+
+        return pi0
     if "full_forwards" in floor:
         from vlaperf.models.wam import PRESETS
         from vlaperf.workloads import get_wam_workload
@@ -195,7 +209,7 @@ def floor_at(result: dict, ceilings: dict) -> float | None:
         settings = {k: v for k, v in (w.get("settings") or {}).items() if k in WAM_SETTINGS}
         workload = get_wam_workload(w["id"]).with_overrides(**settings)
         count = wam_forward_roofline if result.get("mode") == "forward" else wam_roofline
-        return count(PRESETS[workload.preset], workload, rate, bandwidth)["floor_ms"]
+        return lambda rate, bandwidth: count(PRESETS[workload.preset], workload, rate, bandwidth)["floor_ms"]
     return None
 
 

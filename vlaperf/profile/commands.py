@@ -89,12 +89,11 @@ def _wam_breakdown_result(args, levers):
 
 def cmd_breakdown(args) -> int:
     from rich.table import Table
+    from rich.text import Text
 
     from vlaperf.engine import LeverError
     from vlaperf.engine.compile import CompileUnavailable
     from vlaperf.profile.breakdown import breakdown, prepare_breakdown
-    from rich.text import Text
-
     from vlaperf.report.render import short_variant
     from vlaperf.workloads import is_wam_workload
 
@@ -128,7 +127,8 @@ def cmd_breakdown(args) -> int:
     idle = f", each call after {idle_words(bd['idle_ms'], bd.get('idle_spin', False))}" if bd.get("idle_ms") else ""
     # the title a line of its own: a table's title wraps at the table's width
     title = Text(f"vlaperf breakdown  {workload.id}  {short_variant(result['variant']['label'])}  ({args.mode} mode, "
-                 f"{result['variant']['dtype']}, {result['env'].get('gpu') or device}, {bd['timer']}{idle})", style="bold")
+                 f"{result['variant']['dtype']}, {result['env'].get('gpu') or device}, {bd['timer']}{idle})",
+                 style="bold")
     t = Table()
     for col in ("stage", "median ms", "p95 ms", "share", "per call", "mean/occ", "max/occ", "info"):
         t.add_column(col, justify="left" if col in ("stage", "info") else "right")
