@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from vlaperf.profile.processes import WIDE_SPREAD_PCT
 from vlaperf.report.render import (FRONT_END_SPLIT, idle_words, result_batch, step_config_diff, step_config_value,
                                    workload_label)
 from vlaperf.report.schema import json_kind
@@ -199,7 +200,7 @@ def headline(results, wam=()):
 
 # A figure from `bench --processes N` whose processes' medians differ by this much or more carries their range: a
 # host-bound reference's three processes on an H100 gave 211-335 ms, and its middle one alone read as settled
-PROCESS_RANGE_SHOWN_PCT = 5.0
+PROCESS_RANGE_SHOWN_PCT = WIDE_SPREAD_PCT
 
 
 def _median_cell(rec, name):

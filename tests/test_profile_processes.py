@@ -388,3 +388,15 @@ def test_the_processes_tables_name_a_long_variant_in_short(capsys):
     short = "loop+skipimg+trim+kv+sdpa+fuse+graph+c:default+layers+triton+mega"
     assert f"vlaperf breakdown  tiny  {short}  (model mode): stage medians in 2 processes" in said, out
     assert f"vlaperf breakdown  tiny  {short}  (model mode): 2 processes" in said, out
+
+
+def test_processes_that_disagree_are_said_to(capsys):
+    """From a 5% spread between the processes' medians the console says that one process's figure does not stand
+    for them (an H100's host-bound reference: 211-335 ms in three processes); below it, nothing more."""
+    from vlaperf.profile.processes import print_processes
+
+    print_processes(combine([_result(332.0), _result(335.0), _result(211.0)]))
+    said = " ".join(capsys.readouterr().out.split())
+    assert "note: the processes disagree by 37.3% (from 5%, beyond what one process's figure stands for)" in said
+    print_processes(combine([_result(13.3), _result(13.4), _result(13.35)]))
+    assert "disagree" not in capsys.readouterr().out

@@ -124,6 +124,11 @@ def process_problem(processes) -> str | None:
     return None
 
 
+# Processes whose medians differ by this much or more disagree beyond what one process's figure can stand for (an
+# H100's host-bound reference: 211-335 ms in three): the console says so and the standing tables print the range
+WIDE_SPREAD_PCT = 5.0
+
+
 def describe(processes: dict) -> str:
     """One line for a table cell or a console: '3 processes, medians 12.80-13.10 ms (2.3% spread)'."""
     s = processes["wall_median_ms"]
@@ -267,4 +272,8 @@ def print_processes(result: dict) -> None:
                   *([_coverage_cell(run)] if covered else []))
     console.print(t)
     console.print(describe(processes) + "; the file reports the middle process, its samples and environment")
+    if processes["spread_pct"] >= WIDE_SPREAD_PCT:
+        console.print(f"note: the processes disagree by {processes['spread_pct']:.1f}% (from {WIDE_SPREAD_PCT:g}%, "
+                      "beyond what one process's figure stands for): quote the range, and compare a change with "
+                      "--processes on both sides (`vlaperf diff`)")
 
