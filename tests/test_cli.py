@@ -795,8 +795,8 @@ def test_module_entry_reports_subcommand_errors_without_traceback():
 
 
 def test_python_dash_m_vlaperf_is_the_vlaperf_command():
-    """`python -m vlaperf` runs the same parser as the `vlaperf` script: its name in the usage, a subcommand's
-    CliError as one line and exit code 2, a file-only command without torch."""
+    """`python -m vlaperf` runs the same parser as the `vlaperf` script: its name in the usage and the version, a
+    subcommand's CliError as one line and exit code 2."""
     proc = subprocess.run([sys.executable, "-m", "vlaperf", "--version"], capture_output=True, text=True, timeout=120)
     assert proc.returncode == 0, proc.stderr
     assert proc.stdout.startswith("vlaperf ")
