@@ -1535,3 +1535,15 @@ def test_bench_warmup_counts_its_first_call(tmp_path, monkeypatch, warmup, recor
     r = read_result(out)
     assert len(calls) == recorded + 2 and r["warmup"] == recorded and r["timers"]["wall_ms"]["count"] == 2
     assert (r["warmup_s"] > 0.0) == (recorded > 1)
+
+
+def test_tables_name_the_gpu_not_cuda(monkeypatch):
+    """A table's title calls a CUDA device by its GPU's name ('cuda' said nothing of which card a figure is from); a
+    CPU is 'cpu', and a CUDA device whose name cannot be read stays 'cuda:0'."""
+    from vlaperf.timing import device_label
+
+    assert device_label("cpu") == "cpu" and device_label(torch.device("cpu")) == "cpu"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA H200")
+    assert device_label(torch.device("cuda")) == "NVIDIA H200"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: 1 / 0)
+    assert device_label("cuda:0") == "cuda:0"

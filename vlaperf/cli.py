@@ -790,7 +790,10 @@ def cmd_check(args) -> int:
             # What only shows when the variant runs (a kernel whose tiles do not fit this GPU or dtype) is this row's
             # error: the rows checked before it, minutes of work on a GPU, are kept and the ones after it still run
             rows.append(could_not_run(spec, model, device, args.seeds, e))
-    table = Table(title=f"vlaperf check  {workload.id}  ({str(model.dtype).replace('torch.', '')}, {device})")
+    from vlaperf.timing import device_label
+
+    dtype = str(model.dtype).replace("torch.", "")
+    table = Table(title=f"vlaperf check  {workload.id}  ({dtype}, {device_label(device)})")
     for col in ("variant", "max abs", "rel L2", "tolerance", "passed"):
         table.add_column(col, overflow="fold")  # a long variant name wraps, never cut
     from vlaperf.report.render import table_names

@@ -734,6 +734,15 @@ def _c_compiler(device_type: str) -> str | None:
     return inductor_compiler(device_type)
 
 
+def device_label(device: torch.device | str) -> str:
+    """What a table's title calls the device: a CUDA device's GPU name ('NVIDIA H200'; 'cuda' said nothing of which
+    card a figure is from), else the device as torch names it ('cpu')."""
+    dev = _probe(lambda: torch.device(device))
+    if dev is not None and dev.type == "cuda":
+        return _probe(lambda: torch.cuda.get_device_name(dev)) or str(dev)
+    return str(dev if dev is not None else device)
+
+
 def environment_record(device: torch.device | str) -> dict[str, Any]:
     """Everything about this machine and software stack that can move the numbers.
 

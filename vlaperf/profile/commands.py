@@ -178,7 +178,7 @@ def cmd_scaling(args) -> int:
     from rich.table import Table
 
     from vlaperf.profile.scaling import describe_fit, plot_scaling, scaling
-    from vlaperf.timing import environment_record
+    from vlaperf.timing import device_label, environment_record
 
     from vlaperf.workloads import is_wam_workload
 
@@ -210,7 +210,8 @@ def cmd_scaling(args) -> int:
             sources["reference" if engine is None else engine.name] = engine or model
     sc = scaling(sources, workload, steps=args.steps_list, warmup=args.warmup, iters=args.iters, seed=args.seed,
                  progress=not args.no_progress, mode=args.mode)
-    t = Table(title=f"vlaperf scaling  {workload.id}  ({args.mode} mode, {device}; interleaved; median wall ms per call)")
+    t = Table(title=f"vlaperf scaling  {workload.id}  ({args.mode} mode, {device_label(device)}; interleaved; "
+                    "median wall ms per call)")
     t.add_column("variant", overflow="fold")  # wrapped, never cut to a prefix the rows share
     for n in sc["steps"]:
         t.add_column(f"T({n})", justify="right")
@@ -299,7 +300,7 @@ def cmd_doctor(args) -> int:
     from rich.table import Table
 
     from vlaperf.profile.doctor import doctor, exit_code
-    from vlaperf.timing import environment_record
+    from vlaperf.timing import device_label, environment_record
 
     # no workload, checkpoint or levers: the environment alone; --levers alone checks them on the default workload
     if args.workload is None and args.checkpoint is None and args.levers in REFERENCE:
@@ -325,7 +326,8 @@ def cmd_doctor(args) -> int:
             base, workload, model, device = setup(args)
             engine = _levers_or_error(model, args.levers)
         findings = doctor(model, engine=engine, workload=workload, measure=not args.no_measure)
-    t = Table(title=f"vlaperf doctor  {workload.id if workload else 'environment only'}  ({device})", show_lines=True)
+    t = Table(title=f"vlaperf doctor  {workload.id if workload else 'environment only'}  ({device_label(device)})",
+              show_lines=True)
     for col in ("severity", "finding", "cost ms", "fix"):  # a long word (a cited file's path) wraps, never cut
         t.add_column(col, overflow="fold")
     style = {"error": "bold red", "warning": "yellow", "info": "dim"}

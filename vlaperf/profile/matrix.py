@@ -316,8 +316,10 @@ def idle_of(args) -> str:
 
 
 def _print(rows, workload, device, console, Table, mode: str = "model", idle: str = "") -> None:
-    t = Table(title=f"vlaperf matrix  {workload.id}  ({mode} mode, {device}; interleaved{idle}; speedup = reference "
-                    "median / variant median)")
+    from vlaperf.timing import device_label
+
+    t = Table(title=f"vlaperf matrix  {workload.id}  ({mode} mode, {device_label(device)}; interleaved{idle}; "
+                    "speedup = reference median / variant median)")
     for col in ("variant", "median ms", "p95 ms", "event ms", "speedup", "p10..p90", "rel L2", "first call s", "process peak GiB"):
         t.add_column(col, overflow="fold")  # a long variant name wraps, never cut
     from vlaperf.report.render import table_names

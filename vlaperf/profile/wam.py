@@ -185,7 +185,7 @@ def cmd_check(args) -> int:
     from vlaperf.check import check_wam_equivalence
     from vlaperf.cli import CliError
     from vlaperf.report.schema import write_result
-    from vlaperf.timing import environment_record
+    from vlaperf.timing import device_label, environment_record
 
     base, workload, model, device = setup(args)
     specs = check_specs(device) if args.levers == "all" else [s for s in args.levers.split(";") if s.strip()]
@@ -201,7 +201,8 @@ def cmd_check(args) -> int:
         w = workload.with_overrides(sparsity=sp)
         for spec in specs:
             rows.append(check_wam_equivalence(model, make_engine(model, spec), w, seeds=range(args.seeds)))
-    table = Table(title=f"vlaperf check  {workload.id}  ({rows[0]['dtype'] if rows else ''}, {device}; actions and video)")
+    table = Table(title=f"vlaperf check  {workload.id}  ({rows[0]['dtype'] if rows else ''}, {device_label(device)}; "
+                        "actions and video)")
     for col in ("variant", "sparsity", "actions rel L2", "video rel L2", "tolerance", "passed"):
         table.add_column(col, overflow="fold")
     from vlaperf.report.render import short_variant
@@ -370,8 +371,11 @@ def _fmt_ratio(r) -> str:
 
 
 def _print(rows, workload, device, console, Table, mode: str, idle: str = "") -> None:
+    from vlaperf.timing import device_label
+
     what = "one forward" if mode == "forward" else "one generate call"
-    t = Table(title=f"vlaperf matrix  {workload.id}  batch {workload.batch}, {what}  ({device}; interleaved in one process"
+    t = Table(title=f"vlaperf matrix  {workload.id}  batch {workload.batch}, {what}  ({device_label(device)}; "
+                    "interleaved in one process"
                     f"{idle}; ratios per round, p10..p90)")
     for col in ("variant", "sparsity", "median ms", "p95 ms", "vs reference", "sparsity gain", "actions rel L2",
                 "first call s", "process peak GiB", "floor ms"):
