@@ -59,9 +59,13 @@ def test_bench_prints_its_title_on_one_line_and_the_levers_in_full(capsys):
 
     levers = list(BEST_GPU) + list(TUNED_FOR)
     stats = {k: 13.0 for k in ("median", "mean", "p90", "p95", "p99", "min", "max")}
-    print_bench({"workload": {"id": "libero-pi0"}, "mode": "model", "iters": 50, "warmup": 10, "first_call_s": 2.0,
-                 "variant": {"label": "+".join(levers), "dtype": "bfloat16"}, "env": {"gpu": "NVIDIA H100 80GB HBM3"},
-                 "timers": {"wall_ms": stats, "cuda_event_ms": stats}})
+    from vlaperf.roofline import H200_CEILINGS
+
+    result = {"workload": {"id": "libero-pi0"}, "mode": "model", "iters": 50, "warmup": 10, "first_call_s": 2.0,
+              "variant": {"label": "+".join(levers), "dtype": "bfloat16"}, "env": {"gpu": "NVIDIA H100 80GB HBM3"},
+              "timers": {"wall_ms": stats, "cuda_event_ms": stats},
+              "roofline": {"floor_ms": 5.0, "matmul_flops": 780e12, "bandwidth": 4.23e12, "ceilings": H200_CEILINGS}}
+    print_bench(result)
     lines = capsys.readouterr().out.splitlines()
     said = " ".join(line.strip() for line in lines)  # a 120-column console wraps the longer lines at a space
     # the variant whole on the first line, the table right after the title
@@ -69,6 +73,11 @@ def test_bench_prints_its_title_on_one_line_and_the_levers_in_full(capsys):
                                "triton+mega  (model mode, bfloat16,")
     assert lines[2].startswith("\u250f") and "(model mode, bfloat16, NVIDIA H100 80GB HBM3)" in said
     assert "levers: " + ", ".join(levers) in said
+    # on another GPU than the H200 the floor's ceilings say how to get this GPU's own
+    assert "(H200 ceilings; --ceilings measure gives this GPU's own) -> 2.60x the floor" in said
+    result["env"]["gpu"] = "NVIDIA H200"
+    print_bench(result)
+    assert "(H200 ceilings) -> 2.60x the floor" in " ".join(capsys.readouterr().out.split())
 
 
 def test_bench_best_policy_mode_with_overrides(tmp_path):

@@ -703,7 +703,9 @@ def print_bench(result: dict) -> None:
     measured = (floor or {}).get("ceilings", {}).get("source") == "measured on this device"
     if floor and (result["env"].get("gpu") or measured):
         which = (f"this device's ceilings: {floor['matmul_flops'] / 1e12:.3g} TFLOP/s, {floor['bandwidth'] / 1e12:.3g} TB/s, "
-                 "measured" if measured else "H200 ceilings")
+                 "measured" if measured else
+                 "H200 ceilings" + ("" if "H200" in (result["env"].get("gpu") or "") else
+                                    "; --ceilings measure gives this GPU's own"))
         line += f"; roofline floor {floor['floor_ms']:.2f} ms ({which}) -> {med / floor['floor_ms']:.2f}x the floor"
     if result.get("peak_memory_bytes"):
         line += f"; peak memory {result['peak_memory_bytes'] / 2**30:.2f} GiB"
