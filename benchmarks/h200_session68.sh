@@ -52,6 +52,11 @@ install_wheels .whl /tmp/site
 export PYTHONPATH=/tmp/site:$PWD
 GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
 echo "card: $GPU_NAME"
+# the steps of each part: the H200's headline wherever an H200 came, the part's own steps on another card
+headline() {
+  echo "170 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s68-4proc_model.json"
+  echo "190 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s68-4proc_policy.json"
+}
 others() {
   for w in libero-pi05 libero-shallow6 aloha-pi0 libero-pi0-b4 libero-pi0-b8 wam-761; do
     echo "110 $V bench --workload $w --levers best $B --json $R/bench_${w}_best-s68_model.json"
@@ -59,62 +64,26 @@ others() {
   echo "60 $V bench --workload libero-pi0 --levers graph $B --json $R/bench_libero-pi0_graph-s68_model.json"
   echo "90 $V bench --workload libero-pi0 --levers reference --warmup 3 --iters 20 --no-progress --json $R/bench_libero-pi0_reference-s68_model.json"
 }
+ceilings() {
+  echo "120 $V bench --workload libero-pi0 --levers best --ceilings measure $B --json $R/bench_libero-pi0_best-s68-ceilings_model.json"
+}
+breakdowns() {
+  for w in libero-pi0 libero-pi05; do
+    echo "100 $V breakdown --workload $w --levers best --warmup 10 --iters 50 --no-progress --json $R/breakdown_${w}_best-s68.json"
+  done
+}
+nothing() { echo "not an H200: nothing to run" >&2; }
 case "${PART:-a}" in
-a)
-  {
-    case "$GPU_NAME" in
-      *H200*)
-        echo "170 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s68-4proc_model.json"
-        echo "190 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s68-4proc_policy.json"
-        ;;
-      *)
-        others
-        ;;
-    esac
-  } | lane A 0 40 &
-  ;;
-b)
-  others | lane A 0 40 &
-  ;;
-c)
-  {
-    case "$GPU_NAME" in
-      *H200*)
-        echo "170 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s68-4proc_model.json"
-        echo "190 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s68-4proc_policy.json"
-        ;;
-      *)
-        echo "120 $V bench --workload libero-pi0 --levers best --ceilings measure $B --json $R/bench_libero-pi0_best-s68-ceilings_model.json"
-        ;;
-    esac
-  } | lane A 0 40 &
-  ;;
-h)
-  {
-    case "$GPU_NAME" in
-      *H200*)
-        echo "170 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s68-4proc_model.json"
-        echo "190 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s68-4proc_policy.json"
-        ;;
-      *)
-        for w in libero-pi0 libero-pi05; do
-          echo "100 $V breakdown --workload $w --levers best --warmup 10 --iters 50 --no-progress --json $R/breakdown_${w}_best-s68.json"
-        done
-        ;;
-    esac
-  } | lane A 0 40 &
-  ;;
-x)
-  case "$GPU_NAME" in
-    *H200*)
-      {
-        echo "170 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s68-4proc_model.json"
-        echo "190 $V bench --workload libero-pi0 --levers best --mode policy --processes 4 $B --json $R/bench_libero-pi0_best-s68-4proc_policy.json"
-      } | lane A 0 40 &
-      ;;
-    *) echo "not an H200: nothing to run" ;;
-  esac
-  ;;
-*) echo "unknown PART=${PART}"; exit 2 ;;
+  a) elsewhere=others ;;
+  b) elsewhere=others ;;
+  c) elsewhere=ceilings ;;
+  h) elsewhere=breakdowns ;;
+  x) elsewhere=nothing ;;
+  *) echo "unknown PART=${PART}"; exit 2 ;;
 esac
+case "${PART:-a}:$GPU_NAME" in
+  b:*) others ;;
+  *H200*) headline ;;
+  *) $elsewhere ;;
+esac | lane A 0 40 &
 finish
