@@ -47,11 +47,8 @@
 #   fastest process below the range).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session68.sh, carry [".whl"]
 set -u
-source benchmarks/lanes.sh  # $R, lane, finish, $V, $B, $P, $G
-install_wheels .whl /tmp/site
-export PYTHONPATH=/tmp/site:$PWD
-GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
-echo "card: $GPU_NAME"
+source benchmarks/lanes.sh  # $R, lane, finish, gpu_setup, $V, $B, $P, $G
+gpu_setup  # GPU_NAME
 # the steps of each part: the H200's headline wherever an H200 came, the part's own steps on another card
 headline() {
   echo "170 $V bench --workload libero-pi0 --levers best --mode model --processes 4 $B --json $R/bench_libero-pi0_best-s68-4proc_model.json"

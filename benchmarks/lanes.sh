@@ -66,6 +66,13 @@ export -f serve_loadgen; export R
 install_wheels() {
   python3 -m pip install -q --no-index --no-deps --no-compile --no-cache-dir --upgrade --target "$2" "$1"/*.whl
 }
+# The one-GPU scripts' start: the carried wheels (.whl) on the path, and GPU_NAME, the card this call got (said first)
+gpu_setup() {
+  install_wheels .whl /tmp/site
+  export PYTHONPATH=/tmp/site:$PWD
+  GPU_NAME=$(nvidia-smi --query-gpu=name --format=csv,noheader | head -1)
+  echo "card: $GPU_NAME"
+}
 finish() {
   wait
   tar czf "$OUT/results.tgz" -C /tmp results
