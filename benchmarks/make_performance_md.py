@@ -203,9 +203,9 @@ def headline(results, wam=()):
 PROCESS_RANGE_SHOWN_PCT = WIDE_SPREAD_PCT
 
 
-def _median_cell(rec, name):
-    """A preset's median, with the range of its processes' medians where they disagree (PROCESS_RANGE_SHOWN_PCT)
-    and its own day where that is not best's."""
+def _median_cell(rec, name, bold=False):
+    """A preset's median (bold: best's), with the range of its processes' medians where they disagree
+    (PROCESS_RANGE_SHOWN_PCT) and its own day where that is not best's."""
     day, notes = rec["day"], []
     spread = rec.get("processes", {}).get(name)
     if spread and spread["spread_pct"] >= PROCESS_RANGE_SHOWN_PCT:
@@ -213,14 +213,8 @@ def _median_cell(rec, name):
         notes.append(f"{spread['count']} processes: {_ms(m['min'])}-{_ms(m['max'])}")
     if name in day and day[name] != day["best"]:
         notes.append(day[name])
-    return _ms(rec["median"][name]) + (f" ({'; '.join(notes)})" if notes else "")
-
-
-def _best_cell(rec):
-    """best's median in bold, with its processes' range where they disagree (as _median_cell)."""
-    cell = _median_cell(rec, "best")
-    head, _, rest = cell.partition(" ")
-    return f"**{head}**" + (f" {rest}" if rest else "")
+    figure = _ms(rec["median"][name])
+    return (f"**{figure}**" if bold else figure) + (f" ({'; '.join(notes)})" if notes else "")
 
 
 def _peer_cell(rec):
@@ -243,7 +237,7 @@ def headline_rows(results, wam=()):
     for rec in headline(results, wam):
         r, median, peak = rec["best"], rec["median"], rec["best"].get("peak_memory_bytes")
         rows.append(f"| {rec['gpu']} | {rec['workload']} | {rec['mode']} | {_median_cell(rec, 'reference')} | "
-                    f"{_median_cell(rec, 'graph')} | {_best_cell(rec)} | "
+                    f"{_median_cell(rec, 'graph')} | {_median_cell(rec, 'best', bold=True)} | "
                     f"{_times(median['reference'], median['best'])} | {_times(median['best'], rec['floor_ms'])} | "
                     f"{1e3 * rec['batch'] / median['best']:.1f} | {_first(r, r['first_call_s'])} | "
                     f"{f'{peak / 2**30:.2f}' if peak else '-'} | {_checked(r)} | {rec['day']['best'] or '-'} | {_peer_cell(rec)} | "
@@ -276,7 +270,8 @@ def readme_rows(results, wam=()):
         r, median = rec["best"], rec["median"]
         where = f" ({rec['gpu']})" if len(gpus) > 1 else ""
         rows.append(f"| {rec['workload']}{where} | "
-                    f"{_median_cell(rec, 'reference')} | {_median_cell(rec, 'graph')} | {_best_cell(rec)} | "
+                    f"{_median_cell(rec, 'reference')} | {_median_cell(rec, 'graph')} | "
+                    f"{_median_cell(rec, 'best', bold=True)} | "
                     f"{_times(median['best'], rec['floor_ms'])} | {1e3 * rec['batch'] / median['best']:.1f} | "
                     f"{_first(r, r['first_call_s'])} | {_checked(r)} | {_peer_cell(rec)} | {rec['day']['best'] or '-'} |")
     for gpu, (path, r) in sorted(measured_ceilings(results, wam).items()):
