@@ -184,6 +184,12 @@ def cmd_scaling(args) -> int:
 
     if args.plot and args.json and Path(args.plot).resolve() == Path(args.json).resolve():
         raise CliError(f"--plot and --json name the same file {args.json}: the result would overwrite the plot")
+    if args.plot:
+        from vlaperf.report.render import plots_available
+
+        if not plots_available():  # before the run, not after it: the measurement would be lost to a traceback
+            raise CliError('--plot needs matplotlib, which is not installed: pip install "vlaperf[plots]", or leave '
+                           '--plot out (the table and --json need nothing more)')
     specs = [s.strip() for s in args.levers.split(";") if s.strip()]
     if not specs and args.levers.strip():  # ';' alone: no variant named (an empty --levers is the reference)
         raise CliError(f"--levers {args.levers!r}: no variant to time; expected ';'-separated variants")
@@ -225,10 +231,10 @@ def cmd_scaling(args) -> int:
     header = wam.header if is_wam_workload(args.workload) else result_header
     result = header("scaling", base, workload, model, environment_record(device), [], args.levers, args.mode)
     result["scaling"] = sc
+    _write(result, args.json)
     if args.plot:
         plot_scaling(sc, args.plot, title=f"T(N), {workload.id} on {result['env'].get('gpu') or device}")
         print(f"wrote {args.plot}")
-    _write(result, args.json)
     return 0
 
 
@@ -356,7 +362,7 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from vlaperf.report.render import render
+    from vlaperf.report.render import plots_available, render
 
     missing = [p for p in args.paths if not Path(p).exists()]
     if missing:
@@ -371,9 +377,10 @@ def cmd_report(args) -> int:
         out = render(args.paths, args.output, on_skip=skip, jobs=args.jobs)
     except ValueError as e:  # render's messages start "report: " for callers from Python; the CLI names it already
         raise CliError(str(e).removeprefix("report: ")) from None
-    except ImportError as e:
-        raise CliError(f"report needs matplotlib ({e}); pip install matplotlib") from None
     print(f"wrote {out}" + (f" ({len(skipped)} file(s) skipped, listed above and in the report)" if skipped else ""))
+    if not plots_available():
+        print('no plots: matplotlib is not installed (pip install "vlaperf[plots]"); the tables are all there',
+              file=sys.stderr)
     return 0
 
 

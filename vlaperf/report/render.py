@@ -24,7 +24,8 @@ A file that is unreadable, not a valid result (schema.validate_result), lacks a 
 renderer needs (field_problem) or makes its renderer fail is listed as skipped with the
 reason; the other files are rendered.
 HTML embeds the plots as base64 PNG and needs no server or script; markdown writes
-the PNGs into "<name>_files/" beside it. Plots need matplotlib (`pip install matplotlib`).
+the PNGs into "<name>_files/" beside it. Plots need matplotlib (`pip install "vlaperf[plots]"`);
+without it the report has every table and says that its plots were left out.
 """
 
 from __future__ import annotations
@@ -293,6 +294,17 @@ def _md(text: str) -> str:
 
 
 # ----------------------------------------------------------------- helpers
+
+
+@functools.cache
+def plots_available() -> bool:
+    """Whether matplotlib imports here. It is an extra (`vlaperf[plots]`), not a dependency: without it a report
+    keeps its tables and leaves the plots out, saying so at the top."""
+    try:
+        import matplotlib  # noqa: F401
+    except ImportError:
+        return False
+    return True
 
 
 def _figure(w: float = 7.0, h: float = 3.6, ncols: int = 1, nrows: int = 1, layout: str | None = None):
@@ -585,6 +597,8 @@ def _summary(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str]) 
               " processes (files of `bench --processes N`): the count, the range of the processes' medians and its "
               "spread; the row is the middle process's." if with_processes else ""), "note")
     doc.table(header, rows)
+    if not plots_available():
+        return
     for key, bars in charts:
         fig, axes = _figure(8.0, 0.9 + 0.32 * len(bars))
         ax = axes[0][0]
@@ -639,7 +653,7 @@ def _bench(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str] | N
         _bench_processes(doc, items, stems)
         _bench_idle(doc, items, stems)
         with_samples = [(p, r) for p, r in items if (r.get("samples") or {}).get("wall_ms")]
-        if not with_samples:
+        if not with_samples or not plots_available():
             continue
         n = len(with_samples)
         for first in range(0, n, HIST_PANELS):
@@ -831,7 +845,7 @@ def _matrix(doc: _Doc, path: str, r: dict) -> None:
                 else "warm-up calls, after its first call (compile, capture)")
         doc.p(f"process peak GiB: the allocator's peak over a variant's {over}, every variant's engine "
               "held in the one process (a bench file gives one variant's own)", "note")
-    if not timed:
+    if not timed or not plots_available():
         return
     # heatmap: variant x lever, cell = the variant's speedup where the lever is on
     import numpy as np
@@ -945,6 +959,8 @@ def _breakdown(doc: _Doc, path: str, r: dict) -> None:
         doc.table(["stage", *(f"process {i + 1} ms" for i in range(p["count"])), "spread"],
                   [[name, *medians, _pct(spread / 100) if spread is not None else None]
                    for name, medians, spread in stage_rows(p)])
+    if not plots_available():
+        return
     stages = [e for e in bd["stages"]]
     fig, axes = _figure(7.0, 0.8 + 0.3 * len(stages))
     ax = axes[0][0]
@@ -991,7 +1007,8 @@ def _scaling(doc: _Doc, path: str, r: dict) -> None:
     if poor:
         doc.p(f"poor fit (r2 below 0.95 or a negative intercept: not a line, its a and b mean little; more --iters "
               f"or a quieter machine): {', '.join(poor)}", "warn")
-    doc.fig(plot_scaling(sc, None, title=f"T(N) = a + b*N, {workload_label(r)}"), "T(N) fit")
+    if plots_available():
+        doc.fig(plot_scaling(sc, None, title=f"T(N) = a + b*N, {workload_label(r)}"), "T(N) fit")
 
 
 def _syncs(doc: _Doc, path: str, r: dict) -> None:
@@ -1046,6 +1063,8 @@ def _loadgen(doc: _Doc, items: list[tuple[str, dict]]) -> None:
         doc.table(["clients", "ok / expected", "lost + misrouted", "req/s", "round trip p50 ms", "p95", "p99",
                    "server infer p50 ms", "mean batch"], rows)
         series.append((label, lg["phases"]))
+    if not plots_available():
+        return
     fig, axes = _figure(9.0, 3.6 + 0.22 * len(series), ncols=2)
     clients = sorted({ph["clients"] for _, phases in series for ph in phases})
     for i, (label, phases) in enumerate(series):
@@ -1194,6 +1213,8 @@ def _compare(doc: _Doc, path: str, r: dict) -> None:
                   f"{describe_rtc(acc['rtc'])}.", "note")
         if acc.get("refused"):
             doc.p(describe_refusal(acc["refused"]) + ".", "warn")
+    if not plots_available():
+        return
     fig, axes = _figure(6.0, 0.9 + 0.45 * len(summary))
     ax = axes[0][0]
     names = list(summary)[::-1]
@@ -1760,6 +1781,8 @@ def _step_timeline(doc: _Doc, row: dict) -> None:
     doc.table(["phase", "slot us", "work median us", "work max us", "start skew us", "barrier release us", "slots, all layers us"],
               [[k, v["slot"], v["work_median"], v["work_max"], v["start_skew"], v["release"], v["slot_total_us"]]
                for k, v in phases.items()])
+    if not plots_available():
+        return
     fig, axes = _figure(6.5, 0.8 + 0.35 * len(phases))
     ax = axes[0][0]
     names = list(phases)[::-1]
@@ -2045,6 +2068,9 @@ def render(result_paths, out_path, title: str | None = None, on_skip: Callable[[
     doc.p(f"generated {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')} from "
           f"{len(results)} result file(s)" + (f"; {len(problems) + len(skipped)} skipped (listed below)"
                                                if problems or skipped else ""), "note")
+    if not plots_available():
+        doc.p("No plots: matplotlib is not installed here. The tables are complete; `pip install \"vlaperf[plots]\"` "
+              "and render again for the plots.", "warn")
     summary = _Doc()
     # a file whose summary row fails (a field some old or damaged file has wrong) is left out of the summary, with
     # its reason, and keeps its own section; the other files' rows stay
