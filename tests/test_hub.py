@@ -317,3 +317,52 @@ def test_each_hub_failure_says_what_to_do():
         "no model repo o/n on the Hugging Face Hub (or it is private: log in with `hf auth login` or HF_TOKEN)")
     assert explain(error(errors.RevisionNotFoundError), pinned) == "the repo o/n has no revision 'v9'"
     assert explain(RuntimeError("first line\nsecond"), bare) == "RuntimeError: first line"
+
+
+@pytest.mark.parametrize("argv, error", [
+    (["bench", "--workload", "libero-pio"], "unknown workload 'libero-pio' (did you mean 'libero-pi0'?)"),
+    (["serve", "--workload", "nope"], "unknown workload 'nope'"),
+    (["bench", "--workload", "tiny", "--levers", "cuda_graph"], "cuda_graph needs a CUDA device"),
+    (["breakdown", "--workload", "tiny", "--levers", "for_loop,nonsense"], "unknown lever 'nonsense'"),
+    (["bench", "--workload", "tiny", "--levers", "best;graph"], "'best;graph' holds several variants"),
+    (["bench", "--workload", "tiny", "--device", "cuda:7"], "--device cuda"),
+])
+def test_what_a_command_refuses_anyway_is_refused_before_the_download(argv, error, monkeypatch, capsys):
+    """pi0's model.safetensors is 7 GB: a misspelt workload or lever, or a GPU this machine lacks, is named before
+    the Hub is asked for anything."""
+    import vlaperf.hub as hub
+    from vlaperf.cli import main
+
+    if "cuda:7" in argv:
+        import torch
+
+        if torch.cuda.device_count() > 7:
+            pytest.skip("this machine has a cuda:7")
+
+    def fetch(*args):
+        raise AssertionError("fetched before the command's own checks")
+
+    monkeypatch.setattr(hub, "fetch", fetch)
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)  # resolve would say so, not fetch, were it reached
+    assert main([*argv, "--checkpoint", "acme/pi0_tiny"]) == 2
+    assert error in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("argv", [
+    ["bench", "--workload", "tiny", "--levers", "exact"],
+    ["serve", "--workload", "tiny"],  # serve's own default, "serve", is no lever list
+    ["check", "--workload", "tiny", "--levers", "all"],  # a command of ';' lists checks its levers itself
+    ["bench", "--workload", "wam-tiny", "--levers", "best"],  # the world-action levers: its own checks
+])
+def test_a_command_line_that_passes_the_checks_goes_on_to_the_hub(argv, monkeypatch, capsys):
+    import vlaperf.hub as hub
+    from vlaperf.cli import main
+
+    def fetch(ref, option, text):
+        raise HubError(f"{option} {text}: reached the Hub")
+
+    monkeypatch.setattr(hub, "fetch", fetch)
+    monkeypatch.setattr(hub, "resolve", lambda text, option: text if text is None or Path(text).exists()
+                        else str(fetch(parse(text), option, text)))
+    assert main([*argv, "--checkpoint", "acme/pi0_tiny"]) == 2
+    assert "--checkpoint acme/pi0_tiny: reached the Hub" in capsys.readouterr().err

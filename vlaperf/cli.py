@@ -364,9 +364,14 @@ def apply_compile_cache(args) -> None:
 
 def setup_device(args) -> torch.device:
     """What every model command does first: the compile caches (--compile-cache) and the device."""
+    apply_compile_cache(args)
+    return requested_device(args)
+
+
+def requested_device(args) -> torch.device:
+    """--device (default: cuda where there is one), refused where this machine has no such device."""
     import torch
 
-    apply_compile_cache(args)
     device = torch.device(args.device or default_device())
     if device.type == "cuda" and not torch.cuda.is_available():
         raise CliError("--device cuda requested but CUDA is not available (use --device cpu)")
@@ -1233,15 +1238,50 @@ def main(argv: list[str] | None = None) -> int:
 
 def resolve_hub_paths(args) -> None:
     """--checkpoint, --norm-stats, --tokenizer and convert's IN given as a Hugging Face Hub repo (`lerobot/pi0_libero`,
-    `hf://owner/name@revision/path`): fetched into the Hub's cache and replaced by the local path (vlaperf.hub)."""
-    if not any(isinstance(getattr(args, a, None), str) for a in ("checkpoint", "norm_stats", "tokenizer", "src")):
-        return
-    from vlaperf.hub import HubError, resolve_args
+    `hf://owner/name@revision/path`): fetched into the Hub's cache and replaced by the local path (vlaperf.hub), after
+    the checks that need no download (check_before_download)."""
+    from vlaperf.hub import PATH_OPTIONS, HubError, is_reference, resolve_args
 
+    if not any(is_reference(getattr(args, attr, None)) for attr, _ in PATH_OPTIONS):
+        return
+    check_before_download(args)
     try:
         resolve_args(args)
     except HubError as e:
         raise CliError(str(e)) from None
+
+
+# the commands whose --levers is one variant (the others take ';' lists, 'all', 'cumulative', ...: their own checks)
+ONE_VARIANT_COMMANDS = ("bench", "breakdown", "syncs", "doctor", "serve")
+
+
+def check_before_download(args) -> None:
+    """What the command would refuse anyway, refused before a Hub repo is fetched: pi0's model.safetensors is 7 GB,
+    which came down first and only then was a misspelt workload or lever named, or a GPU this machine lacks."""
+    import torch
+
+    from vlaperf.workloads import WAM_WORKLOADS, get_workload
+
+    workload = getattr(args, "workload", None)
+    if workload is not None and workload not in WAM_WORKLOADS:
+        try:
+            get_workload(workload)
+        except ValueError as e:
+            raise CliError(str(e)) from None
+    if not hasattr(args, "device"):  # convert: files in, files out
+        return
+    device = requested_device(args)
+    levers = getattr(args, "levers", None)
+    # serve's default "serve" becomes graph or exact once its device is known
+    if args.command in ONE_VARIANT_COMMANDS and isinstance(levers, str) and levers != "serve" \
+            and workload not in WAM_WORKLOADS:
+        from vlaperf.engine.levers import Levers, LeverError
+
+        dtype = getattr(torch, args.dtype) if getattr(args, "dtype", None) else None
+        try:
+            Levers.parse(levers, device, dtype).check(device)
+        except LeverError as e:
+            raise CliError(str(e)) from None
 
 
 def is_out_of_memory(e: BaseException) -> bool:

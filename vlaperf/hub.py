@@ -248,10 +248,25 @@ def origin(path: str | Path) -> dict | None:
     return None
 
 
+# the parsed command line's attributes that may name a Hub repo, and their options
+PATH_OPTIONS = (("checkpoint", "--checkpoint"), ("norm_stats", "--norm-stats"), ("tokenizer", "--tokenizer"),
+                ("src", "IN"))
+
+
+def is_reference(text) -> bool:
+    """Whether an option's value would be read from the Hub: a string that is no local path and parses as a repo (a
+    malformed hf:// one too: resolve names what is wrong with it)."""
+    if not isinstance(text, str) or Path(text).exists():
+        return False
+    try:
+        return parse(text) is not None
+    except HubError:
+        return True
+
+
 def resolve_args(args) -> None:
     """The path options of a parsed command line, Hub references replaced by the fetched local paths (in place)."""
-    for attr, option in (("checkpoint", "--checkpoint"), ("norm_stats", "--norm-stats"), ("tokenizer", "--tokenizer"),
-                         ("src", "IN")):
+    for attr, option in PATH_OPTIONS:
         value = getattr(args, attr, None)
         if isinstance(value, str):
             setattr(args, attr, resolve(value, option))
