@@ -8,6 +8,8 @@
 # change since), to place the H100's 1.09-1.10x by stage at one engine (session 68's part h compared with the H200's
 # session 30 files, at an older commit).
 #   PART=a   on an H200: the two breakdowns, then `best` of every other workload in model mode (one process each).
+#            In the order the issue reads them (its named workloads and batches first): a call cut short by its
+#            limit or the budget keeps those.
 #            Predictions, written before the run:
 #              breakdown libero-pi0: untimed call 12.7-13.0 ms (the headline is 12.77); embed_prefix 1.65-1.75,
 #                prefill 3.9-4.1, ten steps 7.0-7.3 ms (session 30: 1.705, 3.963, 7.175); setup 0.1-0.45 (0.117 in
@@ -40,7 +42,7 @@ bench() {  # bench WORKLOAD FILE_STEM [options]
   echo "110 $V bench --workload $w --levers best $* $B --json $R/bench_${stem}_best-s69_model.json"
 }
 h200_rest() {
-  for w in libero-pi05 libero-shallow6 aloha-pi0 aloha-pi05 droid-pi0 droid-pi05 libero-pi0-b4 libero-pi0-b8 wam-761; do
+  for w in libero-pi05 libero-shallow6 libero-pi0-b4 libero-pi0-b8 aloha-pi0 wam-761 aloha-pi05 droid-pi0 droid-pi05; do
     bench $w $w
   done
   bench libero-pi05 libero-pi05-h50 --action-horizon 50
