@@ -586,7 +586,7 @@ def test_the_matrix_never_times_a_variant_that_fails_equivalence(tmp_path, monke
     monkeypatch.setattr("vlaperf.timing._peak_memory", lambda device: next(first_call_peaks))
     args = ["matrix", "--workload", "tiny", "--device", "cpu", "--variants", "for_loop;sdpa", "--warmup", "1", "--iters",
             "2", "--no-progress", "--json", str(tmp_path / "m.json")]
-    assert main(args) == 0
+    assert main(args) == 1  # a variant failed its check: the file and the table are written, and the exit says so
     assert seen == {"names": ["reference", "for_loop"], "warmup": 1, "iters": 2, "baseline": "reference",
                     "idle_ms": {"reference": 0.0, "for_loop": 0.0}}  # back to back
     r = read_result(tmp_path / "m.json")
@@ -761,7 +761,7 @@ def test_levers_are_one_line_each_and_a_name_gives_the_details(capsys):
     assert "in presets: exact, graph, best" in out
     assert main(["levers", "megakernal"]) == 2
     err = capsys.readouterr().err
-    assert "names: unknown lever 'megakernal' (did you mean 'megakernel'?)" in err and "host_schedule" in err
+    assert "vlaperf levers: error: unknown lever 'megakernal' (did you mean 'megakernel'?)" in err and "host_schedule" in err
     # a preset names the levers it holds, in both families; a lever with its value is the lever
     assert main(["levers", "best", "compile=max-autotune"]) == 0
     out = capsys.readouterr().out
@@ -769,6 +769,27 @@ def test_levers_are_one_line_each_and_a_name_gives_the_details(capsys):
     assert "; + triton_kernels, megakernel on Hopper GPUs for a bfloat16 model" in out
     assert "compile (pi0 family): " in out
     assert main(["levers", "bset"]) == 2 and "(did you mean 'best'?)" in capsys.readouterr().err
+    # `serve`, the preset the table lists for `vlaperf serve`, is described, not refused as an unknown lever
+    assert main(["levers", "serve"]) == 0
+    out = " ".join(capsys.readouterr().out.split())
+    assert "serve (`vlaperf serve`'s default --levers, taken by no other command): graph on a GPU (for_loop," in out
+    assert main(["levers"]) == 0 and "serve (`vlaperf serve` only)" in capsys.readouterr().out
+
+
+@pytest.mark.parametrize("argv, message", [
+    (["serve", "--batch", "2"], "vlaperf serve: error: unrecognized arguments: --batch 2 (--batch: did you mean "
+                                "--max-batch?)"),
+    (["bench", "--warmpu", "3"], "vlaperf bench: error: unrecognized arguments: --warmpu 3 (--warmpu: did you mean "
+                                 "--warmup?)"),
+    (["bench", "extra"], "vlaperf bench: error: unrecognized arguments: extra\n"),
+    (["report", "a.json", "-o", "r.md", "--bogus"], "vlaperf report: error: unrecognized arguments: --bogus\n"),
+])
+def test_an_option_the_command_does_not_take_is_named_with_the_command_and_the_nearest(argv, message, capsys):
+    with pytest.raises(SystemExit) as e:
+        main(argv)
+    assert e.value.code == 2
+    err = capsys.readouterr().err
+    assert message in err and err.startswith(f"usage: vlaperf {argv[0]} ")  # the command's usage, not vlaperf's
 
 
 def test_schema_rejects_incomplete_results():

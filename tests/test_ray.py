@@ -1017,7 +1017,7 @@ def fake_run_matrix_ray(monkeypatch):
     """run_matrix_ray with Ray stood in for (started by us: shut down at the end) and ray_matrix recorded."""
     from vlaperf.profile import ray_matrix as rm
 
-    state = {"gpus": 1, "calls": [], "written": [], "error": None}
+    state = {"gpus": 1, "calls": [], "written": [], "error": None, "rows": {}}
     fake = _fake_ray()
     fake.cluster_resources = lambda: {"GPU": float(state["gpus"])}
     state["ray"] = fake
@@ -1028,7 +1028,7 @@ def fake_run_matrix_ray(monkeypatch):
         state["calls"].append((wids, kw))
         if state["error"]:
             raise state["error"]
-        return [{"workload": {"id": w}} for w in wids]
+        return [{"workload": {"id": w}, "variants": state["rows"].get(w, [])} for w in wids]
 
     monkeypatch.setattr(rm, "ray_matrix", ray_matrix)
     monkeypatch.setattr(rm, "print_ray_matrix", lambda r: None)
@@ -1056,6 +1056,13 @@ def test_matrix_ray_workloads_and_their_files(fake_run_matrix_ray, tmp_path):
     assert fake_run_matrix_ray["calls"][-1][1]["mode"] == "model"
     assert fake_run_matrix_ray["run"]("--workload", "tiny", "--mode", "policy") == 0
     assert fake_run_matrix_ray["calls"][-1][1]["mode"] == "policy"
+    # a variant that failed its check on any workload: every file written, exit 1 (as a matrix in one process)
+    fake_run_matrix_ray["rows"] = {"libero-pi0": [{"variant": "sdpa", "equivalence": {"passed": False}}],
+                                   "tiny": [{"variant": "sdpa", "equivalence": {"passed": True}},
+                                            {"variant": "graph", "skipped": "could not run: cuda_graph needs CUDA"}]}
+    assert fake_run_matrix_ray["run"]("--workload", "tiny", "--json", str(tmp_path / "t.json")) == 0
+    assert fake_run_matrix_ray["run"]("--workload", "tiny,libero-pi0", "--json", str(tmp_path / "f.json")) == 1
+    assert fake_run_matrix_ray["written"][-2:] == ["f.tiny.json", "f.libero-pi0.json"]
 
 
 def test_matrix_ray_errors_are_cli_errors_and_ray_is_stopped(fake_run_matrix_ray):

@@ -879,12 +879,17 @@ def _print_lever_details(names: list[str]) -> int:
     every = [*LEVERS, *(n for n in WAM_LEVERS if n not in LEVERS)]
     names = [n.partition("=")[0] for n in names]  # compile=max-autotune: the compile lever
     for name in names:
-        if name not in every and name not in pi0_presets:
+        if name not in every and name not in pi0_presets and name != "serve":
             near = difflib.get_close_matches(name.lower(), [*every, *pi0_presets], n=1, cutoff=0.6)
-            raise CliError(f"names: unknown lever {name!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
+            raise CliError(f"unknown lever {name!r}" + (f" (did you mean {near[0]!r}?)" if near else "")
                            + f"; expected any of: {', '.join(every)}, or a preset: {', '.join(pi0_presets)}")
     blocks = []
     for name in names:
+        if name == "serve":  # no lever list: `vlaperf serve` picks one by its device
+            blocks.append("serve (`vlaperf serve`'s default --levers, taken by no other command): graph on a GPU "
+                          f"({', '.join(GRAPH_GPU)}), exact on the CPU ({', '.join(EXACT)}); the world-action "
+                          "model's likewise")
+            continue
         if name in pi0_presets:  # a preset: the levers it holds in either model family
             tuned = f"; + {', '.join(TUNED_FOR)} on Hopper GPUs for a bfloat16 model" if name == "best" else ""
             blocks.append(
@@ -935,7 +940,7 @@ def cmd_levers(args) -> int:
     presets.add_row("graph (GPU, no compile)", ", ".join(GRAPH_GPU))
     presets.add_row("exact (best on the CPU)", ", ".join(BEST_CPU))
     presets.add_row("reference", "none (openpi's semantics)")
-    presets.add_row("serve", "`vlaperf serve`'s default: graph on a GPU, exact on the CPU")
+    presets.add_row("serve (`vlaperf serve` only)", "its default: graph on a GPU, exact on the CPU")
     console.print(presets)
     from vlaperf.engine.wam import WAM_LEVERS, WAM_PRESETS
 
@@ -1056,14 +1061,17 @@ def _top_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
     """`vlaperf` itself, its subcommands' parsers not yet added."""
     parser = argparse.ArgumentParser(
         prog="vlaperf", description="Fast, honestly measured inference for pi0-family policies.",
-        epilog="`vlaperf <command> --help` lists a command's options. Exit codes: 0 ok; 1 a check failed (bench, "
-               "check, serve, compare, lerobot-eval: a variant not equivalent to its reference; doctor: a finding of severity error; "
+        epilog="`vlaperf <command> --help` lists a command's options. Exit codes: 0 ok (serve: also after a clean stop on "
+               "SIGINT or SIGTERM); 1 a check failed (bench, check, matrix, serve, compare, lerobot-eval: a variant not "
+               "equivalent to its reference, matrix after writing every row; doctor: a finding of severity error; "
                "loadgen, rollout: errors, lost replies or the time limit; diff: a slowdown above --max-slowdown); 2 bad "
                "arguments or setup; 130 interrupted; 143 stopped by SIGTERM (matrix: after writing the rows it had; "
                "bench and breakdown --processes: the running process stopped too; 128 + N where one of their "
                "processes was ended by signal N).")
     parser.add_argument("--version", action="version", version=f"vlaperf {__version__}")
-    return parser, parser.add_subparsers(dest="command", required=True)
+    sub = parser.add_subparsers(dest="command", required=True)
+    parser.commands = sub.choices  # name -> its parser, filled as they are added (main's unknown-option message)
+    return parser, sub
 
 
 def build_parser() -> argparse.ArgumentParser:
@@ -1083,9 +1091,10 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after the check, free the reference weights the engine holds fused copies of, as `vlaperf serve` "
                         "does, so the peak memory is the served footprint")
     p.add_argument("--ceilings", choices=("h200", "measure"), default="h200",
-                   help="the roofline floor's matmul rate and bandwidth: the lent H200's (780 TFLOP/s, 4.23 TB/s; the "
-                        "default, what every committed figure uses), or measured on this device after the timed calls "
-                        "(a large matmul in the model's dtype and a large copy, ~1 s on a GPU)")
+                   help="the roofline floor's matmul rate and bandwidth: an H200's (780 TFLOP/s, 4.23 TB/s, measured by "
+                        "the project; the default, the same yardstick on every GPU), or measured on this device after "
+                        "the timed calls (a large matmul in the model's dtype and a large copy, ~1 s on a GPU): this "
+                        "GPU's own floor")
     p.add_argument("--rtc", action="store_true",
                    help="time the guided call of real-time chunking (pi0 family; LeRobot's RTCConfig defaults, a "
                         "previous chunk with 3 actions executed and a delay of 2; docs/serving.md)")
@@ -1194,7 +1203,9 @@ def main(argv: list[str] | None = None) -> int:
 
     typed = join_negative_values(sys.argv[1:] if argv is None else list(argv))
     parser = file_command_parser(typed[0]) if typed and typed[0] in FILE_COMMANDS else build_parser()
-    args = parser.parse_args(typed)
+    args, unknown = parser.parse_known_args(typed)
+    if unknown:
+        refuse_unknown_options(parser.commands[args.command], unknown)
     args.argv = typed  # as typed: `bench --processes N` runs the same command again in fresh processes
     try:
         resolve_hub_paths(args)
@@ -1234,6 +1245,24 @@ def main(argv: list[str] | None = None) -> int:
         print(f"vlaperf {args.command}: error: out of memory ({first[:200]}); try a smaller --batch, "
               "--max-batch or workload", file=sys.stderr)
         return 2
+
+
+def refuse_unknown_options(command_parser: argparse.ArgumentParser, unknown: list[str]) -> None:
+    """Arguments the command does not take: its own usage and error (exit 2), with the nearest of its options where
+    one is near. argparse's own said `vlaperf: error: unrecognized arguments: --batch 2` for `serve --batch 2`,
+    naming neither the command nor its `--max-batch`."""
+    import difflib
+
+    options = [s for action in command_parser._actions for s in action.option_strings if s.startswith("--")]
+    hints = []
+    for arg in unknown:
+        name = arg.partition("=")[0]
+        if name.startswith("--"):
+            near = ["--" + o for o in difflib.get_close_matches(name[2:], [o[2:] for o in options], n=1, cutoff=0.75)]
+            near = near or [o for o in options if len(name) > 3 and name[2:] in o]  # --batch -> --max-batch
+            if near:
+                hints.append(f"{name}: did you mean {near[0]}?")
+    command_parser.error(f"unrecognized arguments: {' '.join(unknown)}" + (f" ({'; '.join(hints)})" if hints else ""))
 
 
 def resolve_hub_paths(args) -> None:

@@ -25,7 +25,7 @@ LEVERS: dict[str, str] = {
     "compile": "torch.compile the prefix and the denoise step (=MODE: default, reduce-overhead, ...)",
     "compile_layers": "with compile: each prefix layer compiled once and reused (regional): a shorter first call",
     "triton_kernels": "the denoise step's matmuls and attention, and the prefix attention, as Triton kernels",
-    "megakernel": "a denoise step's expert layers in one persistent Triton kernel (batch 1; =batched: up to 4)",
+    "megakernel": "a denoise step's expert layers in one persistent Triton kernel (batch 1; =batched: 256 rows)",
 }
 # name -> the rest of what a lever does, where it applies and what it measured: `vlaperf levers NAME`
 LEVER_NOTES: dict[str, str] = {

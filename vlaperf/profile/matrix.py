@@ -267,7 +267,14 @@ def run_matrix(args, base, workload, model, device) -> int:
                        **run_fields(args, left_out)})
         write_result(result, args.json)
         print(f"wrote {args.json}")
-    return 0
+    return equivalence_exit(rows)
+
+
+def equivalence_exit(rows: list[dict]) -> int:
+    """A matrix's exit code: 1 where a variant failed its equivalence check (its row is in the table and the file,
+    with no speed), as bench and check exit, so that a CI job running a matrix sees it; else 0. A variant that could
+    not run here (a lever this device lacks) is no failure."""
+    return 1 if any((row.get("equivalence") or {}).get("passed") is False for row in rows) else 0
 
 
 class Terminated(KeyboardInterrupt):

@@ -265,6 +265,7 @@ def _driver_env() -> dict:
 def run_matrix_ray(args) -> int:
     """`vlaperf matrix --ray`: the CLI entry (called from vlaperf.cli.cmd_matrix)."""
     from vlaperf.cli import CliError
+    from vlaperf.profile.matrix import equivalence_exit
     from vlaperf.report.schema import write_result
     from vlaperf.serve.ray_backend import RayUnavailable, ray_init, require_ray
     from vlaperf.workloads import WORKLOADS
@@ -309,7 +310,7 @@ def run_matrix_ray(args) -> int:
                 path = path.with_name(f"{path.stem}.{r['workload']['id']}{path.suffix or '.json'}")
             write_result(r, path)
             print(f"wrote {path}")
-    return 0
+    return max(equivalence_exit(r["variants"]) for r in results)
 
 
 def print_ray_matrix(result: dict) -> None:

@@ -256,7 +256,7 @@ def cmd_matrix(args) -> int:
     from vlaperf.cli import STOPPED_BY_SIGTERM, wide_console
     from rich.table import Table
 
-    from vlaperf.profile.matrix import (PEAK_MEMORY_OVER, Terminated, first_call, idle_of, merge_peak,
+    from vlaperf.profile.matrix import (PEAK_MEMORY_OVER, Terminated, equivalence_exit, first_call, idle_of, merge_peak,
                                         sigterm_as_interrupt)
 
     from vlaperf.check import check_wam_equivalence
@@ -361,7 +361,7 @@ def cmd_matrix(args) -> int:
                                  "sparsity_gain: the same variant at sparsity none over this row"})
         write_result(result, args.json)
         print(f"wrote {args.json}")
-    return 0
+    return equivalence_exit(rows)
 
 
 def _fmt_ratio(r) -> str:
