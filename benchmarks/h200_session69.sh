@@ -28,6 +28,18 @@
 #              may land anywhere in 13.3-14.1 (three H100 machines gave 13.35-14.03 in session 68); the three bests at
 #              1.04-1.10x the H200's (aloha-pi05 18.0-19.0, droid-pi0 12.4-13.1, droid-pi05 12.8-13.6).
 #   PART=b   what part a's call did not reach: part a's steps after the first SKIP (SKIP=N), on the same kind of card.
+# Outcome: nineteen calls got no machine (18:19-19:31, ~1150 s of the budget); the twentieth an H100 (19:36-19:39,
+#   files labelled 21fa9ba; the tree was 2a72886, which differs from it in docs only), so no H200 figure this session.
+#   Breakdowns against session 68's H100 files (same engine, another machine), ms:
+#     libero-pi0: setup 0.435 (0.415), embed_prefix 1.749 (1.760), prefill 4.201 (4.353), ten steps 7.545 (7.556),
+#       untimed 13.88 (14.03). A miss by 0.05 ms on the prefill (predicted within 0.1 ms); the untimed call inside
+#       13.3-14.1.
+#     libero-pi05: setup 0.417 (0.401), embed_prefix 1.745 (1.767), prefill 4.728 (4.802), ten steps 6.509 (6.542),
+#       untimed 13.33 (13.46): as predicted.
+#   aloha-pi05 18.76 ms, droid-pi0 12.77, droid-pi05 13.58: each inside its predicted range; every check passed.
+#   On the warm machine, a command given to the device tool (predictions stated before it ran, not in this file:
+#   libero-pi05 at horizon 50 15.7-16.7 ms, the H200's 14.92 x 1.05-1.12; wam-761 batch 4 124-130, 119.54 x
+#   1.04-1.08): 16.21 ms, as predicted; 123.47 ms, a miss by 0.5 ms (1.03x the H200's).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session69.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, gpu_setup, $V, $B

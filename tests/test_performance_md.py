@@ -296,7 +296,11 @@ def test_readme_rows_name_each_gpu_and_every_tolerance():
                   equivalence={"rel_l2": 1e-3, "tolerance": 0.01, "passed": True})
     rows = gen.readme_rows([h200, h100])
     assert "on the NVIDIA H100 and NVIDIA H200: " in rows[0] and "(tolerance 0.01, 0.03)" in rows[0]
-    assert [_cells(row)[0] for row in rows[4:]] == ["libero-pi0 (NVIDIA H100)", "libero-pi0 (NVIDIA H200)"]
+    # as many workloads on each: the H200's first (the card), whatever the names' order
+    assert [_cells(row)[0] for row in rows[4:]] == ["libero-pi0 (NVIDIA H200)", "libero-pi0 (NVIDIA H100)"]
+    a100 = _bench(gen, "a100", _best_levers(), 30.0, gpu="NVIDIA A100")
+    assert [_cells(row)[0] for row in gen.readme_rows([h100, a100])[4:]] == ["libero-pi0 (NVIDIA A100)",
+                                                                             "libero-pi0 (NVIDIA H100)"]
     # the GPU with the most workloads first, whatever its name
     pi05 = _bench(gen, "h200b", _best_levers(), 11.0, equivalence={"rel_l2": 6e-3, "tolerance": 0.03, "passed": True})
     pi05[1]["workload"] = {"id": "libero-pi05", "overrides": {}}
