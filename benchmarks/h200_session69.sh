@@ -27,6 +27,7 @@
 #              Predictions: breakdown stages within 0.1 ms of session 68's H100 files except the untimed call, which
 #              may land anywhere in 13.3-14.1 (three H100 machines gave 13.35-14.03 in session 68); the three bests at
 #              1.04-1.10x the H200's (aloha-pi05 18.0-19.0, droid-pi0 12.4-13.1, droid-pi05 12.8-13.6).
+#   PART=x   on an H200: part a's H200 steps, with its predictions. On any other card: nothing (the H100's are taken).
 #   PART=b   what part a's call did not reach: part a's steps after the first SKIP (SKIP=N), on the same kind of card.
 # Outcome: nineteen calls got no machine (18:19-19:31, ~1150 s of the budget); the twentieth an H100 (19:36-19:39,
 #   files labelled 21fa9ba; the tree was 2a72886, which differs from it in docs only), so no H200 figure this session.
@@ -66,6 +67,8 @@ h100_rest() {
 case "${PART:-a}:$GPU_NAME" in
   a:*H200*) breakdowns; h200_rest ;;
   a:*) breakdowns; h100_rest ;;
+  x:*H200*) breakdowns; h200_rest ;;
+  x:*) echo "not an H200: nothing to run" >&2 ;;
   b:*H200*) { breakdowns; h200_rest; } | tail -n +$((${SKIP:-0} + 1)) ;;
   b:*) { breakdowns; h100_rest; } | tail -n +$((${SKIP:-0} + 1)) ;;
   *) echo "unknown PART=${PART}"; exit 2 ;;
