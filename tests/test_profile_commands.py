@@ -3,6 +3,10 @@
 from __future__ import annotations
 
 import json
+import os
+import subprocess
+import sys
+from pathlib import Path
 
 import pytest
 import torch
@@ -386,23 +390,17 @@ _PLOTTED = ["bench_libero-pi0_best-s68-4proc_model.json", "matrix_libero-pi0_gri
             "loadgen_libero-pi0_best.json", "compare_libero-pi0_lerobot.json"]
 
 
-def _without_matplotlib(args: list[str], cwd) -> "subprocess.CompletedProcess":
+def _without_matplotlib(args: list[str], cwd) -> subprocess.CompletedProcess:
     """`vlaperf ARGS` in a fresh interpreter where `import matplotlib` fails, as on a plain `pip install vlaperf`."""
-    import subprocess
-    import sys
-    from pathlib import Path
-
     code = ("import sys; sys.modules['matplotlib'] = None\n"
             "from vlaperf.cli import main\n"
             f"sys.exit(main({args!r}))")
     root = Path(__file__).resolve().parents[1]
     return subprocess.run([sys.executable, "-c", code], cwd=cwd, capture_output=True, text=True, timeout=300,
-                          env={**__import__("os").environ, "PYTHONPATH": str(root)})
+                          env={**os.environ, "PYTHONPATH": str(root)})
 
 
 def test_report_without_matplotlib_keeps_every_table_and_says_the_plots_are_out(tmp_path):
-    from pathlib import Path
-
     results = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h200"
     paths = [str(results / name) for name in _PLOTTED]
     assert all(Path(p).exists() for p in paths), "a committed result file the test reads is gone"

@@ -1061,9 +1061,10 @@ def _top_parser() -> tuple[argparse.ArgumentParser, argparse._SubParsersAction]:
     """`vlaperf` itself, its subcommands' parsers not yet added."""
     parser = argparse.ArgumentParser(
         prog="vlaperf", description="Fast, honestly measured inference for pi0-family policies.",
-        epilog="`vlaperf <command> --help` lists a command's options. Exit codes: 0 ok (serve: also after a clean stop on "
-               "SIGINT or SIGTERM); 1 a check failed (bench, check, matrix, serve, compare, lerobot-eval: a variant not "
-               "equivalent to its reference, matrix after writing every row; doctor: a finding of severity error; "
+        epilog="`vlaperf <command> --help` lists a command's options. Exit codes: 0 ok (serve: also after a clean "
+               "stop on SIGINT or SIGTERM); 1 a check failed (bench, check, matrix, serve, compare, lerobot-eval: a "
+               "variant not equivalent to its reference, matrix after writing every row; doctor: a finding of "
+               "severity error; "
                "loadgen, rollout: errors, lost replies or the time limit; diff: a slowdown above --max-slowdown); 2 bad "
                "arguments or setup; 130 interrupted; 143 stopped by SIGTERM (matrix: after writing the rows it had; "
                "bench and breakdown --processes: the running process stopped too; 128 + N where one of their "
@@ -1091,8 +1092,8 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after the check, free the reference weights the engine holds fused copies of, as `vlaperf serve` "
                         "does, so the peak memory is the served footprint")
     p.add_argument("--ceilings", choices=("h200", "measure"), default="h200",
-                   help="the roofline floor's matmul rate and bandwidth: an H200's (780 TFLOP/s, 4.23 TB/s, measured by "
-                        "the project; the default, the same yardstick on every GPU), or measured on this device after "
+                   help="the roofline floor's matmul rate and bandwidth: an H200's (780 TFLOP/s, 4.23 TB/s, measured "
+                        "by the project; the default, the same yardstick on every GPU), or measured on this device after "
                         "the timed calls (a large matmul in the model's dtype and a large copy, ~1 s on a GPU): this "
                         "GPU's own floor")
     p.add_argument("--rtc", action="store_true",

@@ -534,8 +534,8 @@ def register(subparsers) -> None:
     p = subparsers.add_parser("doctor", help="environment and policy checks, with measured costs and fixes")
     # doctor without --workload checks the environment only (docs/profiling.md)
     add_common(p, workload_help="workload id, as `vlaperf workloads` lists them; with it, doctor also builds and "
-                                "checks that policy (default: none, the environment's checks only; with --levers or --checkpoint "
-                                "alone, bench's default: libero-pi0 on a GPU, tiny on the CPU)")
+                                "checks that policy (default: none, the environment's checks only; with --levers or "
+                                "--checkpoint alone, bench's default: libero-pi0 on a GPU, tiny on the CPU)")
     p.add_argument("--no-measure", action="store_true", help="skip the cost measurements")
     p.set_defaults(func=cmd_doctor)
 
