@@ -1092,9 +1092,9 @@ def build_parser() -> argparse.ArgumentParser:
                    help="after the check, free the reference weights the engine holds fused copies of, as `vlaperf serve` "
                         "does, so the peak memory is the served footprint")
     p.add_argument("--ceilings", choices=("h200", "measure"), default="h200",
-                   help="the roofline floor's matmul rate and bandwidth: an H200's (780 TFLOP/s, 4.23 TB/s, measured "
-                        "by the project; the default, the same yardstick on every GPU), or measured on this device after "
-                        "the timed calls (a large matmul in the model's dtype and a large copy, ~1 s on a GPU): this "
+                   help="the roofline floor's matmul rate and bandwidth: an H200's (780 TFLOP/s, 4.23 TB/s, "
+                        "measured by the project; the default, the same yardstick on every GPU), or measured on this "
+                        "device after the timed calls (a large matmul in the model's dtype and a large copy, ~1 s on a GPU): this "
                         "GPU's own floor")
     p.add_argument("--rtc", action="store_true",
                    help="time the guided call of real-time chunking (pi0 family; LeRobot's RTCConfig defaults, a "
