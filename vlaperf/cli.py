@@ -1094,8 +1094,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--ceilings", choices=("h200", "measure"), default="h200",
                    help="the roofline floor's matmul rate and bandwidth: an H200's (780 TFLOP/s, 4.23 TB/s, "
                         "measured by the project; the default, the same yardstick on every GPU), or measured on this "
-                        "device after the timed calls (a large matmul in the model's dtype and a large copy, ~1 s on a GPU): this "
-                        "GPU's own floor")
+                        "device after the timed calls (a large matmul in the model's dtype and a large copy, ~1 s on "
+                        "a GPU): this GPU's own floor")
     p.add_argument("--rtc", action="store_true",
                    help="time the guided call of real-time chunking (pi0 family; LeRobot's RTCConfig defaults, a "
                         "previous chunk with 3 actions executed and a delay of 2; docs/serving.md)")
