@@ -77,7 +77,27 @@ def test_bench_prints_its_title_on_one_line_and_the_levers_in_full(capsys):
     assert "(H200 ceilings; --ceilings measure gives this GPU's own) -> 2.60x the floor" in said
     result["env"]["gpu"] = "NVIDIA H200"
     print_bench(result)
-    assert "(H200 ceilings) -> 2.60x the floor" in " ".join(capsys.readouterr().out.split())
+    out = " ".join(capsys.readouterr().out.split())
+    assert "(H200 ceilings) -> 2.60x the floor" in out and "spread widely" not in out  # a quiet run says nothing
+    # samples spread as a 2-core machine's with a second process beside the bench: said below the table
+    result["timers"]["wall_ms"] = {**stats, "median": 77.393, "p90": 2101.675, "max": 2147.552}
+    result["env"].update(load_avg=3.91, cpus=2)
+    print_bench(result)
+    out = " ".join(capsys.readouterr().out.split())
+    assert ("the timed calls spread widely: p90 2101.675 ms is 27.2x the median, max 2147.552 ms. Something else "
+            "may be using this machine (1-minute load average 3.91 on 2 CPUs, this process included)") in out
+
+
+def test_the_spread_note_starts_at_its_threshold_and_names_the_load_where_known():
+    from vlaperf.timing import WIDE_P90_OVER_MEDIAN, spread_note
+
+    wall = {"median": 10.0, "p90": 10.0 * WIDE_P90_OVER_MEDIAN - 0.01, "max": 40.0}
+    assert spread_note(wall, {"load_avg": 5.0, "cpus": 2}) is None
+    wide = {**wall, "p90": 10.0 * WIDE_P90_OVER_MEDIAN}
+    assert spread_note(wide, {}).startswith("the timed calls spread widely: p90 15.000 ms is 1.5x the median")
+    assert "load average" not in spread_note(wide, {"load_avg": None, "cpus": 2})
+    assert "(1-minute load average 0.5 on 16 CPUs" in spread_note(wide, {"load_avg": 0.5, "cpus": 16})
+    assert spread_note(None, {}) is None and spread_note({"median": 0.0, "p90": 1.0, "max": 1.0}, {}) is None
 
 
 def test_bench_best_policy_mode_with_overrides(tmp_path):

@@ -1777,8 +1777,9 @@ def test_rollout_stops_and_errors_are_warnings(tiny_results, tmp_path):
 
 def test_environment_keeps_first_seen_key_order_and_leaves_out_the_moment(tiny_results, tmp_path):
     """The environment tables list keys in the order the files have them (the timestamp and GPU state are in the
-    file table, not here)."""
+    file table, not here; the load average, of the moment too, in neither)."""
     r = json.loads((tiny_results / "bench.json").read_text())
+    assert "load_avg" in r["env"]
     # no recorded variables (a GPU machine's CUDA_VISIBLE_DEVICES would be in the file): else their keys are rows too
     r["env"]["env_vars"] = {}
     files = []
@@ -1789,10 +1790,10 @@ def test_environment_keeps_first_seen_key_order_and_leaves_out_the_moment(tiny_r
     env = md[md.index("## Environment"):]
     keys = [line.split(" | ")[0][2:] for line in env.splitlines() if line.startswith("| ") and not line.startswith("| key")]
     # an object's keys are rows of their own (cpu_power on a Linux machine)
-    expected = [k2 for k, v in r["env"].items() if k not in ("timestamp", "gpu_state")
+    expected = [k2 for k, v in r["env"].items() if k not in ("timestamp", "gpu_state", "load_avg")
                 for k2 in ([f"{k}.{sub}" for sub in v] if isinstance(v, dict) and v else [k])]
     assert keys == expected
-    assert "timestamp" not in env and "different between files" not in env
+    assert "timestamp" not in env and "load_avg" not in env and "different between files" not in env
 
 
 def test_summary_bar_chart_shows_each_variants_speed_up(tiny_results, tmp_path, figures):

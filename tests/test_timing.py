@@ -381,6 +381,7 @@ def test_environment_record_keys_and_env_vars(monkeypatch):
     assert "TORCH_LOGS" not in env["env_vars"]
     assert env["torch"] and env["python"] and env["timestamp"].endswith("+00:00")
     assert isinstance(env["torch_threads"], int)
+    assert isinstance(env["load_avg"], float) and env["load_avg"] >= 0  # the host's, as the record is taken
     assert env["git_dirty"] in (None, True, False)
     assert env["cpu_power"] is None or set(env["cpu_power"]) == {"frequency_governors", "idle_governor", "idle_states"}
 

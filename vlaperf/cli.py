@@ -721,6 +721,11 @@ def print_bench(result: dict) -> None:
 
         line += f"; GPU after the timed calls: {describe_gpu_state(result['env']['gpu_state'])}"
     console.print(line)
+    from vlaperf.timing import spread_note
+
+    wide = spread_note(result["timers"].get("wall_ms"), result["env"])
+    if wide:
+        console.print(wide, style="yellow")
     cost = (rtc or {}).get("vs_unguided")
     if cost and cost.get("wall_ms"):
         w = cost["wall_ms"]

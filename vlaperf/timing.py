@@ -743,6 +743,23 @@ def device_label(device: torch.device | str) -> str:
     return str(dev if dev is not None else device)
 
 
+# A bench whose p90 is this many times its median spread too widely to be a quiet machine's: `best` on an H200 spreads
+# 1.01x; a 2-core CPU machine running a second process beside the bench gave p90 2101 ms over a median of 77 ms
+WIDE_P90_OVER_MEDIAN = 1.5
+
+
+def spread_note(wall: dict | None, env: dict) -> str | None:
+    """What `vlaperf bench` says below its table when the wall-clock samples spread widely (p90 at least
+    WIDE_P90_OVER_MEDIAN x the median), with the host's load where the record has it; None otherwise."""
+    if not wall or not wall.get("median") or wall["p90"] < WIDE_P90_OVER_MEDIAN * wall["median"]:
+        return None
+    load, cpus = env.get("load_avg"), env.get("cpus")
+    host = f" (1-minute load average {load:g} on {cpus} CPUs, this process included)" if load is not None and cpus else ""
+    return (f"the timed calls spread widely: p90 {wall['p90']:.3f} ms is {wall['p90'] / wall['median']:.1f}x the "
+            f"median, max {wall['max']:.3f} ms. Something else may be using this machine{host}; time on a quiet one, "
+            "and `--processes N` shows how far the figure moves between processes")
+
+
 def environment_record(device: torch.device | str) -> dict[str, Any]:
     """Everything about this machine and software stack that can move the numbers.
 
@@ -753,7 +770,8 @@ def environment_record(device: torch.device | str) -> dict[str, Any]:
     tf32_cudnn are torch.backends.cuda.matmul.allow_tf32 and torch.backends.cudnn.allow_tf32. cpu is the
     processor's model name, cpu_id its vendor, family, model and stepping (`cpu_id`), cpus the CPUs this process
     may use, cpu_power their frequency governors and idle states (`cpu_power`), memory_bytes the machine's physical
-    memory: which host a figure came from.
+    memory: which host a figure came from. load_avg is the host's 1-minute load average when the record is taken
+    (this process's own threads included): beside wide timings, whether something else was running.
     timestamp is UTC ISO 8601.
     """
     dev = _probe(lambda: torch.device(device))
@@ -776,6 +794,7 @@ def environment_record(device: torch.device | str) -> dict[str, Any]:
         "cpus": _probe(_usable_cpus),
         "cpu_power": _probe(cpu_power),
         "memory_bytes": _probe(_memory_bytes),
+        "load_avg": _probe(lambda: round(os.getloadavg()[0], 2)),
         "vlaperf": _probe(_vlaperf_version, "unknown"),
         "git_commit": commit,
         "git_dirty": dirty,

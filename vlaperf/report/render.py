@@ -1822,10 +1822,11 @@ def _environment(doc: _Doc, results: list[tuple[str, dict]]) -> None:
     their keys, so one variable that differs does not make the whole set differ."""
     envs: list[dict] = []
     for path, r in results:
-        # the setup, not the moment: the timestamp and the GPU's clocks go in the file table
+        # the setup, not the moment: the timestamp and the GPU's clocks go in the file table; the host's load average
+        # is in the file (bench prints it beside wide timings)
         flat: dict = {}
         for k, v in (r.get("env") or {}).items():
-            if k in ("timestamp", "gpu_state"):
+            if k in ("timestamp", "gpu_state", "load_avg"):
                 continue
             if isinstance(v, dict) and v:
                 flat.update({f"{k}.{kk}": vv for kk, vv in v.items()})
