@@ -361,8 +361,9 @@ def test_a_command_line_that_passes_the_checks_goes_on_to_the_hub(argv, monkeypa
     def fetch(ref, option, text):
         raise HubError(f"{option} {text}: reached the Hub")
 
+    import types
+
     monkeypatch.setattr(hub, "fetch", fetch)
-    monkeypatch.setattr(hub, "resolve", lambda text, option: text if text is None or Path(text).exists()
-                        else str(fetch(parse(text), option, text)))
+    monkeypatch.setitem(sys.modules, "huggingface_hub", types.ModuleType("huggingface_hub"))  # installed or not here
     assert main([*argv, "--checkpoint", "acme/pi0_tiny"]) == 2
     assert "--checkpoint acme/pi0_tiny: reached the Hub" in capsys.readouterr().err

@@ -99,14 +99,12 @@ def resolve(text: str | None, option: str) -> str | None:
     """The local path `option` should read for `text`: `text` itself where it is a local path (found or not, so
     that the option's own error names it), else the Hub file or folder fetched into the cache. HubError says why a
     reference could not be fetched."""
-    if text is None or Path(text).exists():
+    if not is_reference(text):
         return text
     try:
         ref = parse(text)
     except HubError as e:
         raise HubError(f"{option} {e}") from None
-    if ref is None:
-        return text
     try:
         import huggingface_hub  # noqa: F401  (optional: vlaperf[hub])
     except ImportError:
