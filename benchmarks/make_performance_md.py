@@ -11,8 +11,9 @@ import json
 from pathlib import Path
 
 from vlaperf.profile.processes import WIDE_SPREAD_PCT
-from vlaperf.report.render import (FRONT_END_SPLIT, idle_words, result_batch, step_config_diff, step_config_value,
-                                   workload_label)
+from vlaperf.report.document import workload_label
+from vlaperf.report.probes import FRONT_END_SPLIT, step_config_diff, step_config_value
+from vlaperf.report.render import idle_words, result_batch
 from vlaperf.report.schema import json_kind
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -578,7 +579,7 @@ def kernel_tables(results):
                   if r.get("kernel") == "between_steps" else "CUDA-graph replays")
         out += [f"### {r['variant']['label']} ({_env(r)})", "", f"`{path.relative_to(ROOT)}`; {timing}, bf16, checked against float32.", ""]
         if r.get("kernel") == "between_steps":  # kernels/denoise_loop.py: the launch between two steps
-            from vlaperf.report.render import BETWEEN_STEPS_HEADER, between_steps_rows
+            from vlaperf.report.probes import BETWEEN_STEPS_HEADER, between_steps_rows
 
             out += ["| " + " | ".join(BETWEEN_STEPS_HEADER) + " |", "|---|---|---|---|"]
             out += [f"| {t} | {us:.1f} | {e1:.1e} | {e2:.1e} |" for t, us, e1, e2 in between_steps_rows(r)]
@@ -604,7 +605,7 @@ def kernel_tables(results):
         elif r["variant"]["label"].startswith("tma_probe"):  # streaming probe: the fastest run per shape and load mode
             out += ["| task shape (18 layers, 51 rows) | loads / weights from | warps | stages | us | weights TB/s | KB/us a program | rel L2 |",
                     "|---|---|---|---|---|---|---|---|"]
-            from vlaperf.report.render import stream_probe_best
+            from vlaperf.report.probes import stream_probe_best
 
             for c in stream_probe_best(r):
                 out.append(f"| {c['shape']} ({c['BN']} x {c['BK']}, {c['KS']} slices) | {c['mode']} | {c['warps']} | {c['stages']} | {c['us']:.1f} | "
@@ -694,7 +695,7 @@ def served_path_tables(results):
 def launch_probe_tables(results):
     """benchmarks/launch_probe.py: the host latency a replayed call exposes, its pieces, and graphs
     of N one-element kernels."""
-    from vlaperf.report.render import launch_probe_graphs, launch_probe_row, launch_probe_rows
+    from vlaperf.report.probes import launch_probe_graphs, launch_probe_row, launch_probe_rows
 
     out = []
     for path, r in results:
@@ -713,7 +714,7 @@ def launch_probe_tables(results):
 
 def graph_context_tables(results):
     """benchmarks/graph_context_probe.py: graph engines timed before and after the cumulative matrix's other rows."""
-    from vlaperf.report.render import graph_context_rows
+    from vlaperf.report.probes import graph_context_rows
 
     out = []
     for path, r in results:
@@ -751,7 +752,7 @@ def upload_probe_tables(results):
 def prompt_len_tables(results):
     """benchmarks/prompt_len_probe.py: one engine, libero-pi0's observation with its kept prompt padded to several
     lengths, interleaved in one process."""
-    from vlaperf.report.render import prompt_len_probe_header, prompt_len_probe_rows
+    from vlaperf.report.probes import prompt_len_probe_header, prompt_len_probe_rows
 
     out = []
     for path, r in results:
@@ -782,7 +783,7 @@ def _probe_tables(results, command: str, header: list[str], rows_fn, note: str =
 
 def gemm_probe_tables(results):
     """benchmarks/gemm_probe.py: the prefix's GEMM shapes alone, cuBLAS against max-autotune."""
-    from vlaperf.report.render import gemm_probe_rows
+    from vlaperf.report.probes import gemm_probe_rows
 
     return _probe_tables(results, "gemm-probe", ["shape", "M x K x N", "cuBLAS us", "TFLOP/s", "max-autotune us", "TFLOP/s"],
                          gemm_probe_rows)
@@ -790,14 +791,14 @@ def gemm_probe_tables(results):
 
 def cublaslt_probe_tables(results):
     """benchmarks/cublaslt_probe.py: the prefix's GEMM shapes through every algorithm of cuBLASLt's heuristic."""
-    from vlaperf.report.render import CUBLASLT_PROBE_HEADER, cublaslt_probe_rows
+    from vlaperf.report.probes import CUBLASLT_PROBE_HEADER, cublaslt_probe_rows
 
     return _probe_tables(results, "cublaslt-probe", CUBLASLT_PROBE_HEADER, cublaslt_probe_rows)
 
 
 def fp8_gemm_probe_tables(results):
     """benchmarks/fp8_gemm_probe.py: libero-pi0's GEMM shapes in float8 (row-wise scales) against bf16."""
-    from vlaperf.report.render import FP8_GEMM_PROBE_HEADER, fp8_gemm_probe_rows
+    from vlaperf.report.probes import FP8_GEMM_PROBE_HEADER, fp8_gemm_probe_rows
 
     return _probe_tables(results, "fp8-gemm-probe", FP8_GEMM_PROBE_HEADER, fp8_gemm_probe_rows,
                          note=", weight copies larger than L2", small_floats=True)
@@ -822,7 +823,7 @@ def fp8_action_error_tables(results):
 
 def splitk_probe_tables(results):
     """benchmarks/splitk_probe.py: the prefix's weakest GEMMs as other cuBLAS formulations."""
-    from vlaperf.report.render import splitk_probe_rows
+    from vlaperf.report.probes import splitk_probe_rows
 
     return _probe_tables(results, "splitk-probe", ["shape", "M x K x N", "formulation", "us", "TFLOP/s", "rel L2"],
                          splitk_probe_rows, small_floats=True)
@@ -830,7 +831,7 @@ def splitk_probe_tables(results):
 
 def geglu_bench_tables(results):
     """benchmarks/geglu_matmul_bench.py (session 10; the kernel was taken out): gate_up + GELU x up."""
-    from vlaperf.report.render import geglu_bench_rows
+    from vlaperf.report.probes import geglu_bench_rows
 
     return _probe_tables(results, "geglu-bench", ["M", "tiling", "us", "TFLOP/s", "rel L2", "speedup"], geglu_bench_rows,
                          note="; tiling: kind, BM, BN, BK, GROUP_M, warps, stages", small_floats=True)
@@ -838,7 +839,7 @@ def geglu_bench_tables(results):
 
 def wam_attention_probe_tables(results):
     """benchmarks/wam_attention_probe.py: the world-action model's attention calls by SDPA backend."""
-    from vlaperf.report.render import WAM_ATTENTION_BACKENDS, wam_attention_probe_rows
+    from vlaperf.report.probes import WAM_ATTENTION_BACKENDS, wam_attention_probe_rows
 
     return _probe_tables(results, "wam-attention-probe",
                          ["call", "q x k tokens", *(f"{b} us" for b in WAM_ATTENTION_BACKENDS)], wam_attention_probe_rows)
@@ -846,7 +847,7 @@ def wam_attention_probe_tables(results):
 
 def prefix_attention_probe_tables(results):
     """benchmarks/prefix_attention_probe.py: the prefix attention by PyTorch's fused kernels."""
-    from vlaperf.report.render import prefix_attention_probe_rows
+    from vlaperf.report.probes import prefix_attention_probe_rows
 
     return _probe_tables(results, "prefix-attention-probe", ["kernel", "us", "rel L2 (valid rows, vs float32)"],
                          prefix_attention_probe_rows, small_floats=True)
@@ -854,7 +855,7 @@ def prefix_attention_probe_tables(results):
 
 def first_call_tables(results):
     """benchmarks/first_call.py: the first call of a fresh process, cold and warm caches."""
-    from vlaperf.report.render import FIRST_CALL_HEADER, first_call_rows
+    from vlaperf.report.probes import FIRST_CALL_HEADER, first_call_rows
 
     rows = first_call_rows([(str(p.relative_to(ROOT)), r) for p, r in results if r["command"] == "first-call"])
     if not rows:

@@ -115,7 +115,7 @@ def test_bench_rtc_times_the_guided_call(mode, tmp_path, monkeypatch, capsys):
     """--rtc: every call timed is the guided one (per-row weights, as a server batches), its check covers the guided
     call, and the file says so; reports give it a workload label of its own."""
     from vlaperf.engine import Engine
-    from vlaperf.report.render import workload_label
+    from vlaperf.report.document import workload_label
 
     guided = []
     original = Engine.sample_actions

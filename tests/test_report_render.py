@@ -11,7 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from vlaperf.report.render import _cell, load_results, render
+from vlaperf.report.document import cell
+from vlaperf.report.render import load_results, render
 
 H200 = Path(__file__).resolve().parents[1] / "benchmarks" / "results" / "h200"
 PNG = b"\x89PNG\r\n\x1a\n"
@@ -177,13 +178,13 @@ def test_serving_peer_and_kernel_results_have_renderers(h200_markdown):
         row = probe["rows"][0]
         us = {int(k): v for k, v in row["us"].items()}
         fastest = min(us, key=us.get)
-        assert (f"| {row['batch']} x {row['rows']} ({row['blocks']}) | {' | '.join(_cell(us[s]) for s in range(1, 7))} | "
+        assert (f"| {row['batch']} x {row['rows']} ({row['blocks']}) | {' | '.join(cell(us[s]) for s in range(1, 7))} | "
                 f"s{fastest} |") in md
     sweeps = [r for _, r in results if r["command"] == "kernel-bench" and r.get("splits_only")]
     if sweeps:  # session 37: the step attention's key splits at a batch, one row per count asked
         assert "| splits asked | splits run | us | vs the default's pick | rel L2 |" in md
         pick = next(x for x in sweeps[0]["configs"] if x["splits"] is None)
-        assert f"| default pick | {pick['effective_splits']} | {_cell(pick['ms'] * 1e3)} | 1.00x |" in md
+        assert f"| default pick | {pick['effective_splits']} | {cell(pick['ms'] * 1e3)} | 1.00x |" in md
     # the step kernel's clock timeline (expert_step_bench.py --timeline files): a table and a figure
     assert "| phase | slot us | work median us |" in md and "![step kernel timeline per phase]" in md
     assert "cuBLAS (+ eager elementwise) us" in md
@@ -217,7 +218,7 @@ def test_serving_peer_and_kernel_results_have_renderers(h200_markdown):
 
 def test_new_probe_rows_keep_errors_as_findings():
     """A formulation or tiling that failed on the GPU is a row with its error, not a crash."""
-    from vlaperf.report.render import geglu_bench_rows, splitk_probe_rows
+    from vlaperf.report.probes import geglu_bench_rows, splitk_probe_rows
 
     split = {"rows": [{"name": "siglip_o", "M": 512, "K": 1152, "N": 1152,
                        "variants": {"linear": {"us": 5.0, "tflops": 267.0, "rel_l2": 1e-3},
@@ -238,7 +239,7 @@ def test_new_probe_rows_keep_errors_as_findings():
 def test_split_sweep_rows_name_the_count_run_and_the_ratio_to_the_default_pick():
     """suffix_attention_bench.py --splits-only: the kernel's own pick is named, each row says how many splits ran
     (6 asked over 600 keys run as 5) and its time over the pick's; a rejected row keeps its error."""
-    from vlaperf.report.render import SPLIT_SWEEP_HEADER, split_sweep_rows
+    from vlaperf.report.probes import SPLIT_SWEEP_HEADER, split_sweep_rows
 
     cfg = dict(block_m=32, block_n=32, num_warps=4, num_stages=2)
     r = {"configs": [{**cfg, "splits": None, "effective_splits": 2, "ms": 0.030, "rel_l2": 2e-3},
@@ -400,13 +401,13 @@ def figures(monkeypatch):
 
     monkeypatch.setattr(mod, "PARALLEL_MIN_UNITS", 10**9)
     saved = []
-    original = mod._Doc.fig
+    original = mod.Doc.fig
 
     def fig(self, f, alt):
         original(self, f, alt)
         saved.append((alt, f))
 
-    monkeypatch.setattr(mod._Doc, "fig", fig)
+    monkeypatch.setattr(mod.Doc, "fig", fig)
     return saved
 
 
@@ -470,8 +471,8 @@ def test_worker_processes_draw_the_same_report(tiny_results, tmp_path, monkeypat
     files = [*sorted(tiny_results.glob("*.json")), bad]
     monkeypatch.setattr(mod, "PARALLEL_MIN_UNITS", 1)  # the tiny set has 8 sections
     drawn_here = []
-    original = mod._Doc.fig
-    monkeypatch.setattr(mod._Doc, "fig", lambda self, f, alt: (drawn_here.append(alt), original(self, f, alt)))
+    original = mod.Doc.fig
+    monkeypatch.setattr(mod.Doc, "fig", lambda self, f, alt: (drawn_here.append(alt), original(self, f, alt)))
     one = render(files, tmp_path / "one" / "r.md", jobs=1)
     n_one = len(drawn_here)
     assert main(["report", *map(str, files), "-o", str(tmp_path / "two" / "r.md"), "--jobs", "2"]) == 0
@@ -860,9 +861,10 @@ def test_every_lever_has_a_short_name_so_long_variants_stay_distinct():
     rows of its cumulative matrix shared."""
     from vlaperf.engine.levers import LEVERS
     from vlaperf.engine.wam import WAM_LEVERS, WAM_PRESETS
-    from vlaperf.report.render import _ABBR, short_variant
+    from vlaperf.report.document import LEVER_ABBREVIATIONS, short_variant
 
-    assert set(LEVERS) - {"compile"} <= set(_ABBR) and set(WAM_LEVERS) - {"compile"} <= set(_ABBR)
+    abbreviated = set(LEVER_ABBREVIATIONS)
+    assert set(LEVERS) - {"compile"} <= abbreviated and set(WAM_LEVERS) - {"compile"} <= abbreviated
     best = ",".join(WAM_PRESETS["best"])
     assert short_variant(best) == ("host+keepidx+sparse+ctxkv+vidkv+sdpa+fuse+graph+c:default+groupmod+flashact")
     assert short_variant("host_schedule,cached_keep_index") != short_variant("host_schedule,cached_keep_index,sparse_sampler")
@@ -871,7 +873,7 @@ def test_every_lever_has_a_short_name_so_long_variants_stay_distinct():
 def test_workload_label_names_the_overrides_and_one_value_for_equal_samples():
     """A file's workload with what the run changed: per-sample prompt lengths as one number where every sample
     has it (benchmarks' --valid), else each sample's."""
-    from vlaperf.report.render import workload_label
+    from vlaperf.report.document import workload_label
 
     assert workload_label({"workload": {"id": "libero-pi0", "overrides": {}}}) == "libero-pi0"
     assert workload_label({"workload": {"id": "libero-pi0", "overrides": {"prompt_valid": [8]}}}) == "libero-pi0 (prompt_valid 8)"
@@ -883,10 +885,10 @@ def test_workload_label_names_the_overrides_and_one_value_for_equal_samples():
 def test_cells_keep_absurd_finite_values_short():
     """A value far outside any timing's range (an edited file: 1e300 passes the finite check) is rendered in a few
     characters, not as a 300-digit number; ordinary values keep their fixed decimals."""
-    from vlaperf.report.render import _cell
+    from vlaperf.report.document import cell
 
-    assert _cell(1e300) == "1e+300" and _cell(-2.5e7) == "-2.5e+07" and _cell(float("inf")) == "inf"
-    assert _cell(263.987) == "264.0" and _cell(12.8046) == "12.805" and _cell(0.00641) == "0.00641"
+    assert cell(1e300) == "1e+300" and cell(-2.5e7) == "-2.5e+07" and cell(float("inf")) == "inf"
+    assert cell(263.987) == "264.0" and cell(12.8046) == "12.805" and cell(0.00641) == "0.00641"
 
 
 def test_markdown_carries_no_raw_html_from_result_files(tiny_results, tmp_path):
@@ -949,30 +951,31 @@ def test_a_markdown_report_written_again_leaves_no_figures_of_the_last_one(tiny_
 def test_cells_format_each_kind_at_its_boundaries():
     """Each branch of a table cell: null, booleans, NaN, zero, the decimals by magnitude (negative values by their
     size), objects as JSON, anything else as written."""
-    assert _cell(None) == "-" and _cell(True) == "yes" and _cell(False) == "no" and _cell(float("nan")) == "nan"
-    assert _cell(0.0) == "0" and _cell(1e6) == "1e+06" and _cell(999999.0) == "999999.0"
-    assert _cell(100.0) == "100.0" and _cell(99.99) == "99.990" and _cell(-250.0) == "-250.0"
-    assert _cell(1.0) == "1.000" and _cell(-1.5) == "-1.500" and _cell(0.123456) == "0.123"
-    assert _cell({"a": 1}) == '{"a": 1}' and _cell([1, "x"]) == '[1, "x"]' and _cell(7) == "7" and _cell("s") == "s"
+    assert cell(None) == "-" and cell(True) == "yes" and cell(False) == "no" and cell(float("nan")) == "nan"
+    assert cell(0.0) == "0" and cell(1e6) == "1e+06" and cell(999999.0) == "999999.0"
+    assert cell(100.0) == "100.0" and cell(99.99) == "99.990" and cell(-250.0) == "-250.0"
+    assert cell(1.0) == "1.000" and cell(-1.5) == "-1.500" and cell(0.123456) == "0.123"
+    assert cell({"a": 1}) == '{"a": 1}' and cell([1, "x"]) == '[1, "x"]' and cell(7) == "7" and cell("s") == "s"
 
 
 def test_short_names_clips_labels_and_errors():
-    from vlaperf.report.render import _clip, _gpu, _label, _sci, short_variant, workload_label
+    from vlaperf.report.document import clip, gpu_name, sci, short_variant, workload_label
+    from vlaperf.report.render import _label
 
     assert short_variant("none") == short_variant("") == short_variant("reference") == "reference"
     assert short_variant("for_loop") == "for_loop" and short_variant("for_loop+sdpa") == "loop+sdpa"
     # one lever of up to 36 characters keeps its name; a longer one is shortened like a list of levers
     assert short_variant("compile=" + "x" * 28) == "compile=" + "x" * 28
     assert short_variant("compile=" + "x" * 29) == "c:" + "x" * 29
-    assert _clip("abcde", 5) == "abcde" and _clip("abcdef", 5) == "abcd\u2026" and _clip(12345, 3) == "12\u2026"
+    assert clip("abcde", 5) == "abcde" and clip("abcdef", 5) == "abcd\u2026" and clip(12345, 3) == "12\u2026"
     assert workload_label({"workload": {"id": "x", "overrides": {"steps": 5, "batch": 2}}}) == "x (batch 2, steps 5)"
     assert _label({"variant": None, "mode": None}) == "reference [-]"
     assert _label({"variant": {"label": "for_loop,sdpa"}, "mode": "policy"}) == "loop+sdpa [policy]"
-    assert _gpu({"env": {"gpu": None, "device": "cuda:1"}}) == "cuda:1" and _gpu({"env": None}) == "cpu"
-    assert _sci(None) == "-" and _sci(0.00123) == "1.2e-03" and _sci(2) == "2.0e+00"
+    assert gpu_name({"env": {"gpu": None, "device": "cuda:1"}}) == "cuda:1" and gpu_name({"env": None}) == "cpu"
+    assert sci(None) == "-" and sci(0.00123) == "1.2e-03" and sci(2) == "2.0e+00"
     for bad in (True, "1e-3"):
         with pytest.raises(ValueError, match="rel_l2: expected a number or null"):
-            _sci(bad)
+            sci(bad)
 
 
 def test_default_jobs_is_the_usable_cores_capped(monkeypatch):
@@ -1417,7 +1420,7 @@ def test_compare_tables_and_bars_name_each_side(tiny_results, tmp_path, figures)
     md = " ".join(render([_write(tmp_path / "cmp_f.json", failed)], tmp_path / "f.md").read_text().split())
     assert "LeRobot compiled (default) is NOT equivalent to LeRobot eager: rel L2 2.00e-01 > 1e-04" in md
     md = render(files, tmp_path / "r.md").read_text()
-    assert _md_rows(md, "reference")[0] == ["reference", _cell(0.01), _cell(0.002), "3", _cell(0.03), "yes"]
+    assert _md_rows(md, "reference")[0] == ["reference", cell(0.01), cell(0.002), "3", cell(0.03), "yes"]
     assert _md_rows(md, "best")[0][-1] == "NO"
     assert _md_rows(md, "vlaperf best")[0] == ["vlaperf best", "10.000", "-", "3.000", "-"]
     fig = [f for a, f in figures if a == "comparison with the peer"][0]
@@ -1509,7 +1512,7 @@ def test_bench_table_rows_are_the_files_summaries(tiny_results, tmp_path):
     md = render([a, b], tmp_path / "r.md").read_text()
     s = r["timers"]["wall_ms"]
     (row,) = _md_rows(md, "a")
-    assert row[:12] == ["a", "reference [model]", "wall_ms"] + [_cell(float(s[k])) for k in (
+    assert row[:12] == ["a", "reference [model]", "wall_ms"] + [cell(float(s[k])) for k in (
         "median", "p90", "p95", "p99", "min", "max", "mean")] + [str(s["count"]), "1.250"]
     assert _md_rows(md, "b")[0][:3] == ["b", "reference [model]", "wall_ms"] and "skipped" not in md
     assert re.findall(r"^### bench: .*$", md, re.M) == ["### bench: tiny on cpu", "### bench: tiny on NVIDIA H200"]
@@ -1544,7 +1547,7 @@ def test_histograms_bins_panels_and_images(tiny_results, tmp_path, figures, monk
     assert [a for a, _ in hists] == ["latency histograms tiny on cpu (panels 1-2 of 3)",
                                      "latency histograms tiny on cpu (panels 3-3 of 3)"]
     third = hists[1][1].axes[0]
-    assert len(third.patches) == 40 and third.patches[0].get_facecolor() == to_rgba(mod._COLORS[2], 0.85)
+    assert len(third.patches) == 40 and third.patches[0].get_facecolor() == to_rgba(mod.COLORS[2], 0.85)
 
 
 def test_bench_cdf_lines_are_each_files_sorted_samples(tiny_results, tmp_path, figures):
@@ -1595,7 +1598,7 @@ def test_many_files_cdf_colours_by_median_rank(tiny_results, tmp_path, figures, 
     figures.clear()
     render(files[:2], tmp_path / "two.md")  # CDF_LEGEND files: a colour of its own each
     (fig,) = [f for a, f in figures if a.startswith("latency CDF")]
-    assert [ln.get_color() for ln in fig.axes[0].lines] == mod._COLORS[:2]
+    assert [ln.get_color() for ln in fig.axes[0].lines] == mod.COLORS[:2]
 
 
 def _matrix(tiny_results) -> dict:
@@ -1689,7 +1692,7 @@ def test_check_breakdown_scaling_syncs_and_doctor_sections(tiny_results, tmp_pat
     doctor's cost column with its note (how the cost was found) and an environment-only run."""
     from matplotlib.colors import to_rgba
 
-    from vlaperf.report.render import _md
+    from vlaperf.report.document import md_cell
 
     check = _head(tiny_results, "check", checks=[
         {"variant": "for_loop", "dtype": "float32", "max_abs": 1e-3, "rel_l2": 2e-3, "video_rel_l2": None,
@@ -1710,16 +1713,16 @@ def test_check_breakdown_scaling_syncs_and_doctor_sections(tiny_results, tmp_pat
                                                    ("doc.json", doc), ("env.json", env_only))]
     md = render([*files, tiny_results / "sc.json"], tmp_path / "r.md").read_text()
     assert "\n### scaling: tiny on cpu, model mode\n" in md  # the mode its points were timed in
-    assert _md_rows(md, "for_loop")[0] == ["for_loop", "float32", _cell(1e-3), _cell(2e-3), "-", _cell(1e-2), "2", "yes"]
-    assert _md_rows(md, "best \\| sparse")[0] == ["best \\| sparse", "float32", _cell(0.5), _cell(0.25), _cell(0.125),
-                                                 _cell(1e-2), "2", "NO"]
+    assert _md_rows(md, "for_loop")[0] == ["for_loop", "float32", cell(1e-3), cell(2e-3), "-", cell(1e-2), "2", "yes"]
+    assert _md_rows(md, "best \\| sparse")[0] == ["best \\| sparse", "float32", cell(0.5), cell(0.25), cell(0.125),
+                                                 cell(1e-2), "2", "NO"]
     b = bd["breakdown"]
     assert f"_note: {b['notes'][0]}_" in md and "\nthe staged sequence differs from the untimed call (max abs 0.5)\n" in md
     stages = {e["name"]: e for e in b["stages"]}
     assert _md_rows(md, "image_2_embed")[0][-1] == "16 tokens, mask MASKED" and _md_rows(md, "image_1_embed")[0][-1] == "16 tokens, mask valid"
     step = stages["denoise_step"]
-    assert _md_rows(md, "denoise_step")[0][5:8] == [str(step["per_call"]), _cell(step["occurrence"]["mean_ms"]),
-                                                    _cell(step["occurrence"]["max_ms"])]
+    assert _md_rows(md, "denoise_step")[0][5:8] == [str(step["per_call"]), cell(step["occurrence"]["mean_ms"]),
+                                                    cell(step["occurrence"]["max_ms"])]
     (fig,) = [f for a, f in figures if a == "stage breakdown"]
     ax = fig.axes[0]
     names = [e["name"] for e in b["stages"]][::-1]
@@ -1735,8 +1738,8 @@ def test_check_breakdown_scaling_syncs_and_doctor_sections(tiny_results, tmp_pat
     sc = json.loads((tiny_results / "sc.json").read_text())["scaling"]
     for s in sc["series"]:
         f = s["fit"]
-        assert [row for row in _md_rows(md, s["label"]) if len(row) == 4 + len(s["points"])][0] == [s["label"]] + [_cell(float(x)) for x in (f["intercept"], f["slope"], f["r2"])] + [
-            _cell(float(p["median_ms"])) for p in s["points"]]
+        assert [row for row in _md_rows(md, s["label"]) if len(row) == 4 + len(s["points"])][0] == [s["label"]] + [cell(float(x)) for x in (f["intercept"], f["slope"], f["r2"])] + [
+            cell(float(p["median_ms"])) for p in s["points"]]
     assert "| variant | intercept a ms | slope b ms/step | r2 | " + " | ".join(
         f"T({p['steps']}) median ms" for p in sc["series"][0]["points"]) + " |" in md  # medians, said so
     (fig,) = [f for a, f in figures if a == "T(N) fit"]
@@ -1747,8 +1750,8 @@ def test_check_breakdown_scaling_syncs_and_doctor_sections(tiny_results, tmp_pat
     assert f"| 5.000 | {site['location']} | {site['op']} |" in md
     assert "### doctor: tiny on cpu" in md and "### doctor: environment on cpu" in md
     f0 = doc["findings"][0]
-    assert _md_rows(md, f0["severity"])[0][:6] == [f0["severity"], f0["id"], _md(f0["title"]), "1.500",
-                                                   "measured: one thing - another", _md(f0["fix"])]
+    assert _md_rows(md, f0["severity"])[0][:6] == [f0["severity"], f0["id"], md_cell(f0["title"]), "1.500",
+                                                   "measured: one thing - another", md_cell(f0["fix"])]
     f1 = doc["findings"][1]  # no cost and no note: both cells "-"
     assert [row for row in _md_rows(md, f1["severity"]) if row[1] == f1["id"]][0][3:5] == ["-", "-"]
     assert "| severity | id | finding | cost ms | cost note | fix | detail |" in md
@@ -1815,7 +1818,7 @@ def test_summary_bar_chart_shows_each_variants_speed_up(tiny_results, tmp_path, 
     md = render(files, tmp_path / "r.md").read_text()
     summary = md.split("## Summary")[1].split("## Files")[0]
     assert _md_rows(summary, "tiny on cpu, forward mode")[0][4:7] == ["1.00x", "-", "-"]
-    assert _md_rows(summary, "tiny on cpu, model mode")[0][6] == _cell(1e3 * result_batch(base) / 100.0)
+    assert _md_rows(summary, "tiny on cpu, model mode")[0][6] == cell(1e3 * result_batch(base) / 100.0)
     (fig,) = [f for a, f in figures if a == "speed-up over the reference, tiny on cpu, model mode"]
     ax = fig.axes[0]
     assert [p.get_width() for p in ax.patches] == [1.0, 2.5, 5.0]

@@ -679,7 +679,7 @@ def print_bench(result: dict) -> None:
     from rich.table import Table
     from rich.text import Text
 
-    from vlaperf.report.render import short_variant
+    from vlaperf.report.document import short_variant
 
     rtc = result.get("rtc")
     guided = (f", real-time chunking: {rtc['executed']} executed, delay {rtc['delay']}, {rtc['schedule']} schedule"
@@ -808,7 +808,7 @@ def cmd_check(args) -> int:
     table = Table(title=f"vlaperf check  {workload.id}  ({dtype}, {device_label(device)})")
     for col in ("variant", "max abs", "rel L2", "tolerance", "passed"):
         table.add_column(col, overflow="fold")  # a long variant name wraps, never cut
-    from vlaperf.report.render import table_names
+    from vlaperf.report.document import table_names
 
     for r, name in zip(rows, table_names([r["variant"] for r in rows], 60)):  # as the matrix names them
         if "error" in r:

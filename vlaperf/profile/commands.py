@@ -94,7 +94,7 @@ def cmd_breakdown(args) -> int:
     from vlaperf.engine import LeverError
     from vlaperf.engine.compile import CompileUnavailable
     from vlaperf.profile.breakdown import breakdown, prepare_breakdown
-    from vlaperf.report.render import short_variant
+    from vlaperf.report.document import short_variant
     from vlaperf.workloads import is_wam_workload
 
     refuse_spin_without_idle(args)
@@ -185,7 +185,7 @@ def cmd_scaling(args) -> int:
     if args.plot and args.json and Path(args.plot).resolve() == Path(args.json).resolve():
         raise CliError(f"--plot and --json name the same file {args.json}: the result would overwrite the plot")
     if args.plot:
-        from vlaperf.report.render import plots_available
+        from vlaperf.report.document import plots_available
 
         if not plots_available():  # before the run, not after it: the measurement would be lost to a traceback
             raise CliError('--plot needs matplotlib, which is not installed: pip install "vlaperf[plots]", or leave '
@@ -222,7 +222,7 @@ def cmd_scaling(args) -> int:
     for n in sc["steps"]:
         t.add_column(f"T({n})", justify="right")
     t.add_column("fit")
-    from vlaperf.report.render import short_variant
+    from vlaperf.report.document import short_variant
 
     for s in sc["series"]:
         t.add_row(short_variant(s["label"]), *(f"{p['median_ms']:.3f}" for p in s["points"]),
@@ -362,7 +362,8 @@ def cmd_doctor(args) -> int:
 
 
 def cmd_report(args) -> int:
-    from vlaperf.report.render import plots_available, render
+    from vlaperf.report.document import plots_available
+    from vlaperf.report.render import render
 
     missing = [p for p in args.paths if not Path(p).exists()]
     if missing:

@@ -329,7 +329,7 @@ def _print(rows, workload, device, console, Table, mode: str = "model", idle: st
                     "speedup = reference median / variant median)")
     for col in ("variant", "median ms", "p95 ms", "event ms", "speedup", "p10..p90", "rel L2", "first call s", "process peak GiB"):
         t.add_column(col, overflow="fold")  # a long variant name wraps, never cut
-    from vlaperf.report.render import table_names
+    from vlaperf.report.document import table_names
 
     notes = []
     # each lever's own short name, the compile mode kept: cutting every name to 4 letters printed the grid's

@@ -239,7 +239,7 @@ def print_processes(result: dict) -> None:
     from rich.text import Text
 
     from vlaperf.cli import wide_console
-    from vlaperf.report.render import short_variant
+    from vlaperf.report.document import short_variant
 
     processes = result["processes"]
     label = short_variant(result["variant"]["label"])  # best's whole label wrapped the title over three lines

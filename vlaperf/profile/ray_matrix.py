@@ -317,7 +317,7 @@ def print_ray_matrix(result: dict) -> None:
     from vlaperf.cli import wide_console
     from rich.table import Table
 
-    from vlaperf.report.render import table_names
+    from vlaperf.report.document import table_names
 
     t = Table(title=f"vlaperf matrix --ray  {result['workload']['id']}  ({result.get('mode', 'model')} mode, "
                     f"{result['ray']['tasks']} tasks on "

@@ -65,7 +65,7 @@ def plot_scaling(result: dict[str, Any], path: str | Path | None = None, title: 
     or a result file holding it under "scaling"."""
     from matplotlib.figure import Figure
 
-    from vlaperf.report.render import short_variant
+    from vlaperf.report.document import short_variant
 
     data = result.get("scaling", result)
     fig = Figure(figsize=(6.4, 4.2 + 0.25 * len(data["series"])), dpi=110, layout="constrained")

@@ -205,7 +205,7 @@ def cmd_check(args) -> int:
                         "actions and video)")
     for col in ("variant", "sparsity", "actions rel L2", "video rel L2", "tolerance", "passed"):
         table.add_column(col, overflow="fold")
-    from vlaperf.report.render import short_variant
+    from vlaperf.report.document import short_variant
 
     for r in rows:  # short names: the presets' full lever lists share a long prefix, which a narrow column would cut
         table.add_row(short_variant(r["variant"]), r["sparsity"], f"{r['rel_l2']:.3g}", f"{r['video_rel_l2']:.3g}", f"{r['tolerance']:.0e}",
@@ -380,7 +380,7 @@ def _print(rows, workload, device, console, Table, mode: str, idle: str = "") ->
     for col in ("variant", "sparsity", "median ms", "p95 ms", "vs reference", "sparsity gain", "actions rel L2",
                 "first call s", "process peak GiB", "floor ms"):
         t.add_column(col, overflow="fold")  # a long variant name wraps, never cut to a prefix the rows share
-    from vlaperf.report.render import short_variant
+    from vlaperf.report.document import short_variant
 
     for r in rows:  # short names, as check's table
         if "timers" not in r:

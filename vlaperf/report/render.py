@@ -18,7 +18,7 @@ of the files, then per command:
 - scaling: T(N) points and fitted lines, the fit table;
 - syncs / doctor: their tables;
 - loadgen / rollout: the server under load; a control loop against it, per episode;
-- the probes and A/B files of benchmarks/ (see SECTIONS);
+- the probes and A/B files of benchmarks/ (vlaperf.report.probes);
 - the environment: keys equal in every file once, the others a row per value with its files.
 A file that is unreadable, not a valid result (schema.validate_result), lacks a field its
 renderer needs (field_problem) or makes its renderer fail is listed as skipped with the
@@ -30,128 +30,22 @@ without it the report has every table and says that its plots were left out.
 
 from __future__ import annotations
 
-import base64
 import datetime
 import functools
-import html
-import io
 import json
 import math
 import os
 import textwrap
 from pathlib import Path
 from typing import Any, Callable
-from urllib.parse import quote
 
+from vlaperf.report import probes
+from vlaperf.report.document import (COLORS, LEVER_ABBREVIATIONS, Doc, cell, clip, fixed_margins, gpu_name,
+                                      new_figure, pct, plots_available, sci, short_variant, workload_label)
 from vlaperf.report.schema import MissingField, SchemaError, json_kind, located, read_result, unwritable
 
-_ABBR = {"for_loop": "loop", "skip_masked_images": "skipimg", "trim_prompt_padding": "trim", "static_kv_cache": "kv",
-         "sdpa": "sdpa", "fuse_projections": "fuse", "cuda_graph": "graph", "compile_layers": "layers",
-         "triton_kernels": "triton", "megakernel": "mega",
-         # the world-action model's levers (vlaperf.engine.wam)
-         "host_schedule": "host", "cached_keep_index": "keepidx", "sparse_sampler": "sparse",
-         "context_kv_cache": "ctxkv", "video_kv_cache": "vidkv", "group_modulation": "groupmod",
-         "flash_actions": "flashact"}
 _LEVER_ORDER = ("for_loop", "skip_masked_images", "trim_prompt_padding", "static_kv_cache", "sdpa", "fuse_projections",
                 "cuda_graph", "compile")
-_COLORS = ["#1f77b4", "#d62728", "#2ca02c", "#9467bd", "#ff7f0e", "#8c564b", "#e377c2", "#7f7f7f", "#bcbd22", "#17becf"]
-
-
-# ----------------------------------------------------------------- document model
-
-
-class _Doc:
-    """Blocks of a report, written out as HTML or markdown at the end."""
-
-    def __init__(self):
-        self.blocks: list[tuple] = []
-
-    def extend(self, other: "_Doc") -> None:
-        """Append another document's blocks (a section rendered on its own first, so that a
-        renderer that fails half way leaves nothing behind)."""
-        self.blocks += other.blocks
-
-    def h(self, level: int, text: str) -> None:
-        self.blocks.append(("h", level, text))
-
-    def p(self, text: str, cls: str = "") -> None:
-        self.blocks.append(("p", text, cls))
-
-    def table(self, headers: list[str], rows: list[list[Any]]) -> None:
-        self.blocks.append(("table", headers, rows))
-
-    def fig(self, fig, alt: str) -> None:
-        buf = io.BytesIO()
-        fig.savefig(buf, format="png")
-        self.blocks.append(("img", buf.getvalue(), alt))  # numbered when written: sections are merged first
-
-    def pre(self, text: str) -> None:
-        self.blocks.append(("pre", text))
-
-    # -- writers
-
-    def html(self, title: str) -> str:
-        out = [
-            "<!DOCTYPE html>", "<html lang='en'><head><meta charset='utf-8'>", f"<title>{html.escape(title)}</title>",
-            "<style>body{font-family:system-ui,-apple-system,Segoe UI,Roboto,sans-serif;max-width:1200px;margin:2em auto;"
-            "padding:0 1em;color:#222}table{border-collapse:collapse;margin:.5em 0 1.2em;font-size:13px}"
-            "th,td{border:1px solid #ccc;padding:3px 7px;text-align:right;vertical-align:top}"
-            "th{background:#f2f2f2}td:first-child,th:first-child{text-align:left}img{max-width:100%;display:block;"
-            "margin:.5em 0}h2{border-bottom:2px solid #ddd;padding-bottom:.2em;margin-top:2em}.note{color:#555;"
-            "font-size:13px}.warn{color:#a33}pre{background:#f7f7f7;padding:.6em;overflow-x:auto;font-size:12px}"
-            "</style></head><body>",
-            f"<h1>{html.escape(title)}</h1>",
-        ]
-        for b in self.blocks:
-            kind = b[0]
-            if kind == "h":
-                out.append(f"<h{b[1]}>{html.escape(b[2])}</h{b[1]}>")
-            elif kind == "p":
-                cls = f" class='{b[2]}'" if b[2] else ""
-                out.append(f"<p{cls}>{html.escape(b[1])}</p>")
-            elif kind == "pre":
-                out.append(f"<pre>{html.escape(b[1])}</pre>")
-            elif kind == "table":
-                out.append("<table><thead><tr>" + "".join(f"<th>{html.escape(str(x))}</th>" for x in b[1]) + "</tr></thead><tbody>")
-                for row in b[2]:
-                    out.append("<tr>" + "".join(f"<td>{html.escape(_cell(x))}</td>" for x in row) + "</tr>")
-                out.append("</tbody></table>")
-            elif kind == "img":
-                data = base64.b64encode(b[1]).decode("ascii")
-                out.append(f"<img alt='{html.escape(b[2])}' src='data:image/png;base64,{data}'>")
-        out.append("</body></html>")
-        return "\n".join(out) + "\n"
-
-    def markdown(self, title: str, out_path: Path) -> str:
-        files_dir = out_path.with_name(out_path.stem + "_files")
-        # an earlier report's figures (fig01.png .. fig180.png): those past this one's stayed
-        for old in files_dir.glob("fig[0-9][0-9]*.png"):
-            if old.stem[3:].isdigit():
-                old.unlink()
-        lines = [f"# {_md_text(title)}", ""]
-        images = 0
-        for b in self.blocks:
-            kind = b[0]
-            if kind == "h":
-                lines += ["#" * (b[1] + 1 if b[1] == 1 else b[1]) + " " + _md_text(b[2]), ""]
-            elif kind == "p":
-                lines += [("_" + _md_text(b[1]) + "_") if b[2] == "note" else _md_text(b[1]), ""]
-            elif kind == "pre":
-                lines += ["```", b[1], "```", ""]
-            elif kind == "table":
-                lines.append("| " + " | ".join(_md(x) for x in b[1]) + " |")
-                lines.append("|" + "|".join("---" for _ in b[1]) + "|")
-                for row in b[2]:
-                    lines.append("| " + " | ".join(_md(_cell(x)) for x in row) + " |")
-                lines.append("")
-            elif kind == "img":
-                images += 1
-                files_dir.mkdir(parents=True, exist_ok=True)
-                name = f"fig{images:02d}.png"
-                (files_dir / name).write_bytes(b[1])
-                # URL-encoded: a space in the report's name ("my report.md") would end the link
-                lines += [f"![{_md_text(b[2]).replace('[', '(').replace(']', ')')}]({quote(files_dir.name)}/{name})", ""]
-        return "\n".join(lines)
 
 
 def idle_words(ms: float, spin: bool = False) -> str:
@@ -229,142 +123,10 @@ def keep_warm_wait_words(ro: dict) -> str | None:
                if after_overrun else ""))
 
 
-def workload_label(r: dict) -> str:
-    """The workload's id and what the run changed of it, e.g. "libero-pi05 (horizon 50)", and "RTC guided" for a
-    timed guided call of real-time chunking."""
-    w = r.get("workload") or {}
-    o = w.get("overrides") or {}
-
-    def value(v):  # per-sample values (prompt_valid) as one number where every sample has it
-        if isinstance(v, (list, tuple)):
-            return str(v[0]) if v and all(x == v[0] for x in v) else "/".join(map(str, v))
-        return str(v)
-
-    if w.get("id") is None:  # doctor's environment-only run has no workload
-        return "-"
-    parts = [f"{k} {value(v)}" for k, v in sorted(o.items())]
-    if r.get("rtc"):  # `bench --rtc`: the guided call of real-time chunking, a workload of its own in every table
-        parts.append("RTC guided")
-    return str(w.get("id")) + (" (" + ", ".join(parts) + ")" if parts else "")
-
-
-def _sci(x: Any) -> str:
-    """An error such as a rel L2 in one-digit scientific notation; "-" where the file has null (a non-finite
-    error). Anything else is a damaged file: the ValueError leaves its row out, with the reason."""
-    if x is None:
-        return "-"
-    if isinstance(x, bool) or not isinstance(x, (int, float)):
-        raise ValueError(f"rel_l2: expected a number or null, got {type(x).__name__} {x!r}")
-    return f"{x:.1e}"
-
-
-def _cell(x: Any) -> str:
-    if x is None:
-        return "-"
-    if isinstance(x, bool):
-        return "yes" if x else "no"
-    if isinstance(x, float):
-        if math.isnan(x):
-            return "nan"
-        if x == 0:
-            return "0"
-        a = abs(x)
-        if a >= 1e6 or math.isinf(x):  # out of any timing's range (a file someone edited): short, not 300 digits
-            return f"{x:.4g}"
-        if a >= 100:
-            return f"{x:.1f}"
-        if a >= 1:
-            return f"{x:.3f}"
-        return f"{x:.3g}"
-    if isinstance(x, (dict, list)):
-        return json.dumps(x, default=str)
-    return str(x)
-
-
-def _md_text(text: str) -> str:
-    """Text from result files as markdown: no raw HTML. A label such as `<img onerror=...>` would run in viewers
-    that render inline HTML (mkdocs, IDE previews); as `&lt;img ...` it shows as typed (the HTML report escapes).
-    Only `<` opens a tag, so `>` and `&` stay as they are, readable in the file itself ("1024 -> 32")."""
-    return str(text).replace("<", "&lt;")
-
-
-def _md(text: str) -> str:
-    """A markdown table cell: as _md_text, on one line, its pipes escaped."""
-    return _md_text(text).replace("|", "\\|").replace("\n", " ")
-
-
-# ----------------------------------------------------------------- helpers
-
-
-@functools.cache
-def plots_available() -> bool:
-    """Whether matplotlib imports here. It is an extra (`vlaperf[plots]`), not a dependency: without it a report
-    keeps its tables and leaves the plots out, saying so at the top."""
-    try:
-        import matplotlib  # noqa: F401
-    except ImportError:
-        return False
-    return True
-
-
-def _figure(w: float = 7.0, h: float = 3.6, ncols: int = 1, nrows: int = 1, layout: str | None = None):
-    from matplotlib.figure import Figure
-
-    fig = Figure(figsize=(w, h), dpi=100, layout=layout)
-    axes = fig.subplots(nrows, ncols, squeeze=False)
-    return fig, axes
-
-
-def _fixed_margins(fig, nrows: int, ncols: int, top: float, bottom: float, left: float, right: float,
-                   row_gap: float, col_gap: float) -> None:
-    """Place a grid of panels with margins and gaps given in inches. For figures whose text has a
-    known size (the histograms' three 7-point title lines), this does what constrained layout does
-    without measuring every tick label of every panel (two images of 14 files: 3.3 -> 2.5 s)."""
-    w, h = fig.get_size_inches()
-    panel_h = (h - top - bottom - (nrows - 1) * row_gap) / nrows
-    panel_w = (w - left - right - (ncols - 1) * col_gap) / ncols
-    fig.subplots_adjust(left=left / w, right=1 - right / w, top=1 - top / h, bottom=bottom / h,
-                        hspace=row_gap / panel_h, wspace=col_gap / panel_w)
-
-
-def table_names(specs: list[str], longest: int) -> list[str]:
-    """A table's variant names: as given while every one is shorter than `longest` characters, else every one
-    shortened (`short_variant`), so that one table never names a lever two ways ('for_loop,skip_masked_images'
-    above 'loop+skipimg+trim+kv')."""
-    if all(len(s) < longest for s in specs):
-        return list(specs)
-    return [short_variant(s) for s in specs]
-
-
-def short_variant(spec: str) -> str:
-    if spec in ("reference", "none", ""):
-        return "reference"
-    parts = [p for p in spec.replace("+", ",").split(",") if p]
-    if len(parts) == 1 and len(spec) <= 36:
-        return spec
-    return "+".join(_ABBR.get(p, p.replace("compile=", "c:")) for p in parts)
-
-
-def _clip(text: str, n: int) -> str:
-    """`text` cut to `n` characters, the cut marked (plot titles and legends have no room to wrap)."""
-    text = str(text)
-    return text if len(text) <= n else text[: n - 1] + "\u2026"
-
-
-def _pct(share) -> str | None:
-    """A fraction as the CLI prints it: 0.0805 -> "8.0%"; None stays None ("-")."""
-    return None if share is None else f"{100 * share:.1f}%"
-
-
 def _label(r: dict) -> str:
     v = r.get("variant") or {}
     label = v.get("label") or "reference"
     return f"{short_variant(label)} [{r.get('mode') or '-'}]"
-
-
-def _gpu(r: dict) -> str:
-    env = r.get("env") or {}
-    return env.get("gpu") or env.get("device") or "cpu"
 
 
 def _on_device(r: dict) -> str:
@@ -374,7 +136,7 @@ def _on_device(r: dict) -> str:
     named."""
     dtype = (r.get("variant") or {}).get("dtype")
     default = "bfloat16" if (r.get("env") or {}).get("gpu") else "float32"
-    return f"on {_gpu(r)}" + (f" in {dtype}" if dtype and dtype != default else "")
+    return f"on {gpu_name(r)}" + (f" in {dtype}" if dtype and dtype != default else "")
 
 
 def _gpu_state(r: dict) -> str:
@@ -419,7 +181,7 @@ def _reason(e: BaseException) -> str:
         text = "not valid JSON: " + text
     elif not isinstance(e, (SchemaError, OSError, MissingField)):
         text = f"{type(e).__name__}: {text}"
-    return _clip(text, 300)
+    return clip(text, 300)
 
 
 def file_names(paths: list[str]) -> dict[str, str]:
@@ -486,7 +248,7 @@ def field_problem(r: dict) -> str | None:
                 return f"{cmd}: {key} is {json_kind(value)}, expected an array of objects"
             bad = [x for x in value if not isinstance(x, dict)]
             if bad:
-                return f"{cmd}: {key} holds {json_kind(bad[0])} {_clip(json.dumps(bad[0]), 40)}, expected objects"
+                return f"{cmd}: {key} holds {json_kind(bad[0])} {clip(json.dumps(bad[0]), 40)}, expected objects"
     if cmd == "compare":  # the accelerator's refusal, which the section words from its fields
         timing = r.get("timing")
         acc = timing.get("accelerated") if isinstance(timing, dict) else None
@@ -554,7 +316,7 @@ def bench_summary(results: list[tuple[str, dict]]) -> list[tuple[str, list[tuple
             for key, items in groups.items()]
 
 
-def _summary(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str]) -> None:
+def _summary(doc: Doc, results: list[tuple[str, dict]], names: dict[str, str]) -> None:
     """Where each variant stands, before the details: the newest bench file of each variant with its speed-up over
     the reference (no levers) of the same workload, device and mode where there is one, and a bar chart of those
     speed-ups per group of three or more variants."""
@@ -574,7 +336,7 @@ def _summary(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str]) 
                          f"{w['median'] / floor:.2f}x" if floor else None,
                          # one forward (--mode forward) makes no action chunk
                          1e3 * batch / w["median"] if batch and r.get("mode") != "forward" else None, r.get("first_call_s"),
-                         _sci(eq["rel_l2"]) + ("" if eq.get("passed", True) else " (failed)") if "rel_l2" in eq
+                         sci(eq["rel_l2"]) + ("" if eq.get("passed", True) else " (failed)") if "rel_l2" in eq
                          else "not checked" if (r.get("variant") or {}).get("levers") and r.get("equivalence") is None
                          else None,
                          str((r.get("env") or {}).get("timestamp") or "")[:10] or None, names.get(path, Path(path).name),
@@ -600,7 +362,7 @@ def _summary(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str]) 
     if not plots_available():
         return
     for key, bars in charts:
-        fig, axes = _figure(8.0, 0.9 + 0.32 * len(bars))
+        fig, axes = new_figure(8.0, 0.9 + 0.32 * len(bars))
         ax = axes[0][0]
         # variants of one group share their first levers: keep the end of a long name, where they differ
         names_ = [n if len(n) <= 48 else "\u2026" + n[-47:] for n, _, _ in bars]
@@ -609,7 +371,7 @@ def _summary(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str]) 
         ax.set_yticks(range(len(bars)), names_, fontsize=7)
         ax.invert_yaxis()  # slowest (the reference, 1x) on top, as in the table
         for i, (v, (_, ms, _)) in enumerate(zip(values, bars)):
-            ax.text(v, i, f" {v:.1f}x ({_cell(float(ms))} ms)", va="center", fontsize=7)
+            ax.text(v, i, f" {v:.1f}x ({cell(float(ms))} ms)", va="center", fontsize=7)
         ax.set_xlim(0, max(values) * 1.3)
         ax.set_xlabel("speed-up over the reference (median over median)")
         ax.set_title(f"{key}: newest bench file of each variant", fontsize=9)
@@ -626,7 +388,7 @@ def _process_cell(r: dict) -> str | None:
     return f"{p['count']}: {s['min']:.3g}-{s['max']:.3g} ms ({p['spread_pct']:.1f}%)"
 
 
-def _bench(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str] | None = None) -> None:
+def _bench(doc: Doc, results: list[tuple[str, dict]], names: dict[str, str] | None = None) -> None:
     """Per workload and device: the summary table (a row per file and timer, the file named so
     that rows of one variant label can be told apart), histograms of the raw samples and one CDF.
     `names`: path -> how the report names the file (file_names); default the file's name."""
@@ -661,12 +423,12 @@ def _bench(doc: _Doc, results: list[tuple[str, dict]], names: dict[str, str] | N
         _bench_cdf(doc, key, with_samples, stems)
 
 
-def _bench_processes(doc: _Doc, items: list[tuple[str, dict]], stems: dict[str, str]) -> None:
+def _bench_processes(doc: Doc, items: list[tuple[str, dict]], stems: dict[str, str]) -> None:
     """Files of `bench --processes N`: each process's wall-clock median and first call, and the spread; the table
     above shows the middle process."""
     rows = [[stems[path], _label(r), r["processes"]["count"],
              ", ".join(f"{run['timers']['wall_ms']['median']:.3g}" for run in r["processes"]["runs"]),
-             ", ".join(_cell(run.get("first_call_s")) for run in r["processes"]["runs"]),
+             ", ".join(cell(run.get("first_call_s")) for run in r["processes"]["runs"]),
              f"{r['processes']['spread_pct']:.1f}%"] for path, r in items if r.get("processes")]
     if rows:
         doc.p("Files of `bench --processes N`: the same command in N fresh processes, one after another. The rows above "
@@ -674,7 +436,7 @@ def _bench_processes(doc: _Doc, items: list[tuple[str, dict]], stems: dict[str, 
         doc.table(["file", "variant [mode]", "processes", "wall median ms, each", "first call s, each", "spread"], rows)
 
 
-def _bench_idle(doc: _Doc, items: list[tuple[str, dict]], stems: dict[str, str]) -> None:
+def _bench_idle(doc: Doc, items: list[tuple[str, dict]], stems: dict[str, str]) -> None:
     """Files of `bench --idle-ms`: the call after an idle against the same call back to back, interleaved."""
     rows = []
     for path, r in items:
@@ -694,7 +456,7 @@ def _bench_idle(doc: _Doc, items: list[tuple[str, dict]], stems: dict[str, str])
                    "per round p10..p90", "rounds"], rows)
 
 
-def _bench_histograms(doc: _Doc, key: str, chunk: list[tuple[str, dict]], first: int, n: int,
+def _bench_histograms(doc: Doc, key: str, chunk: list[tuple[str, dict]], first: int, n: int,
                       stems: dict[str, str]) -> None:
     """One image of up to HIST_PANELS histograms, each titled with its file, its variant and the
     median the table gives (the summary's, interpolated; not the upper middle sample)."""
@@ -706,20 +468,20 @@ def _bench_histograms(doc: _Doc, key: str, chunk: list[tuple[str, dict]], first:
     # over one 4-inch panel one line was cut at both edges
     title = textwrap.wrap(f"latency histograms, {key}{part}; dashed: median", width=int(width * 12))
     extra = 0.16 * (len(title) - 1)  # inches a line of the suptitle adds
-    fig, axes = _figure(width, 2.4 * nrows + 0.5 + extra, ncols, nrows)
+    fig, axes = new_figure(width, 2.4 * nrows + 0.5 + extra, ncols, nrows)
     # in inches: the suptitle and a three-line 7-point title above each row, tick labels and the
     # x label below it (as constrained layout placed them, without measuring every label)
-    _fixed_margins(fig, nrows, ncols, top=0.88 + extra, bottom=0.42, left=0.42, right=0.12, row_gap=0.85,
+    fixed_margins(fig, nrows, ncols, top=0.88 + extra, bottom=0.42, left=0.42, right=0.12, row_gap=0.85,
                    col_gap=0.38)
     for i, (path, r) in enumerate(chunk):
         ax = axes[i // ncols][i % ncols]
         xs = r["samples"]["wall_ms"]
-        ax.hist(xs, bins=min(40, max(8, len(xs) // 3)), color=_COLORS[(first + i) % len(_COLORS)], alpha=0.85)
+        ax.hist(xs, bins=min(40, max(8, len(xs) // 3)), color=COLORS[(first + i) % len(COLORS)], alpha=0.85)
         med = r["timers"]["wall_ms"]["median"]
         ax.axvline(med, color="k", lw=1, ls="--")
         # about 52 characters of 7-point text fit over a 3.7-inch panel; the mode is kept when the label is cut
-        label = f"{_clip(short_variant((r.get('variant') or {}).get('label') or 'reference'), 44)} [{r.get('mode') or '-'}]"
-        ax.set_title(f"{_clip(stems[path], 52)}\n{label}\nmedian {_cell(float(med))} ms", fontsize=7)
+        label = f"{clip(short_variant((r.get('variant') or {}).get('label') or 'reference'), 44)} [{r.get('mode') or '-'}]"
+        ax.set_title(f"{clip(stems[path], 52)}\n{label}\nmedian {cell(float(med))} ms", fontsize=7)
         ax.set_xlabel("wall ms per call", fontsize=7)
         ax.tick_params(labelsize=7)
     for j in range(len(chunk), nrows * ncols):
@@ -728,7 +490,7 @@ def _bench_histograms(doc: _Doc, key: str, chunk: list[tuple[str, dict]], first:
     doc.fig(fig, f"latency histograms {key}{part}")
 
 
-def _bench_cdf(doc: _Doc, key: str, items: list[tuple[str, dict]], stems: dict[str, str]) -> None:
+def _bench_cdf(doc: Doc, key: str, items: list[tuple[str, dict]], stems: dict[str, str]) -> None:
     """One CDF of every file's samples. Up to CDF_LEGEND files each get a colour and a legend
     entry; beyond that the lines are coloured by their median's rank (fast to slow) and the
     legend names CDF_LEGEND of them spread over that order: the table names them all."""
@@ -737,7 +499,7 @@ def _bench_cdf(doc: _Doc, key: str, items: list[tuple[str, dict]], stems: dict[s
     n = len(items)
     by_median = sorted(range(n), key=lambda i: items[i][1]["timers"]["wall_ms"]["median"])
     if n <= CDF_LEGEND:
-        colors = [_COLORS[i] for i in range(n)]
+        colors = [COLORS[i] for i in range(n)]
         named = set(range(n))
     else:
         cmap = colormaps["viridis"]
@@ -745,7 +507,7 @@ def _bench_cdf(doc: _Doc, key: str, items: list[tuple[str, dict]], stems: dict[s
         for rank, i in enumerate(by_median):
             colors[i] = cmap(0.9 * rank / (n - 1))
         named = {by_median[round(k * (n - 1) / (CDF_LEGEND - 1))] for k in range(CDF_LEGEND)}
-    fig, axes = _figure(10.0, 4.2, layout="constrained")
+    fig, axes = new_figure(10.0, 4.2, layout="constrained")
     ax = axes[0][0]
     lo, hi = math.inf, 0.0
     for i in by_median:  # legend entries from fast to slow
@@ -758,7 +520,7 @@ def _bench_cdf(doc: _Doc, key: str, items: list[tuple[str, dict]], stems: dict[s
             ys = [(k + 1) / len(xs) for k in range(len(xs))]
             label = None
             if timer == "wall_ms" and i in named:
-                label = f"{_clip(stems[path], 44)}, {_cell(float(r['timers']['wall_ms']['median']))} ms"
+                label = f"{clip(stems[path], 44)}, {cell(float(r['timers']['wall_ms']['median']))} ms"
             ax.step(xs, ys, where="post", color=colors[i], ls=ls, lw=1.0 if n <= CDF_LEGEND else 0.8, label=label)
             lo, hi = min(lo, xs[0]), max(hi, xs[-1])
     if hi / max(lo, 1e-9) > 4:
@@ -803,7 +565,7 @@ def _wall_ratio(row: dict) -> dict:
     return ((row.get("ratio") or {}).get("wall_ms") or row.get("vs_reference") or {})
 
 
-def _matrix(doc: _Doc, path: str, r: dict) -> None:
+def _matrix(doc: Doc, path: str, r: dict) -> None:
     on_ray = isinstance(r.get("ray"), dict)  # `matrix --ray`: each row its own task, against its own reference
     doc.h(3, f"matrix{' (Ray)' if on_ray else ''}: {workload_label(r)} {_on_device(r)}, {r.get('mode') or '-'} mode "
              f"({(r.get('variant') or {}).get('label', '')[:60]})")
@@ -863,7 +625,7 @@ def _matrix(doc: _Doc, path: str, r: dict) -> None:
             if l in on:
                 grid[i, j] = speed[i]
         grid[i, -1] = speed[i]
-    fig, axes = _figure(1.6 + 0.85 * len(cols), 0.9 + 0.38 * len(timed))
+    fig, axes = new_figure(1.6 + 0.85 * len(cols), 0.9 + 0.38 * len(timed))
     ax = axes[0][0]
     finite = [s for s in speed if math.isfinite(s)]
     norm = Normalize(vmin=min(finite + [1.0]), vmax=max(finite + [1.0]))
@@ -875,7 +637,7 @@ def _matrix(doc: _Doc, path: str, r: dict) -> None:
                 ax.text(j, i, f"{val:.2f}x", ha="center", va="center", fontsize=7,
                         color="white" if norm(val) < 0.6 else "black")
     ax.set_xticks(range(len(cols)))
-    ax.set_xticklabels([_ABBR.get(c, c) for c in cols], rotation=30, ha="right", fontsize=8)
+    ax.set_xticklabels([LEVER_ABBREVIATIONS.get(c, c) for c in cols], rotation=30, ha="right", fontsize=8)
     ax.set_yticks(range(len(timed)))
     ax.set_yticklabels([short_variant(v["variant"]) for v in timed], fontsize=7)
     ax.set_title("speedup vs baseline per variant (coloured cells: levers the variant uses)", fontsize=9)
@@ -885,13 +647,13 @@ def _matrix(doc: _Doc, path: str, r: dict) -> None:
     if not any((v.get("samples") or {}).get("wall_ms") for v in timed):
         doc.p("The latency CDFs below are drawn from each variant's summary percentiles (min, median, p90, p95, "
               "p99, max): matrix files hold no raw samples.", "note")
-    fig, axes = _figure(7.0, 3.6)
+    fig, axes = new_figure(7.0, 3.6)
     ax = axes[0][0]
     levels = [("min", 0.0), ("median", 0.5), ("p90", 0.9), ("p95", 0.95), ("p99", 0.99), ("max", 1.0)]
     raw = any((v.get("samples") or {}).get("wall_ms") for v in timed)
     lo, hi = math.inf, 0.0
     for i, v in enumerate(timed):
-        c = _COLORS[i % len(_COLORS)]
+        c = COLORS[i % len(COLORS)]
         xs_raw = (v.get("samples") or {}).get("wall_ms")
         if xs_raw:
             xs = sorted(xs_raw)
@@ -915,8 +677,8 @@ def _matrix(doc: _Doc, path: str, r: dict) -> None:
     doc.fig(fig, "matrix latency CDF")
 
 
-def _check(doc: _Doc, path: str, r: dict) -> None:
-    doc.h(3, f"check: {workload_label(r)} on {_gpu(r)}")
+def _check(doc: Doc, path: str, r: dict) -> None:
+    doc.h(3, f"check: {workload_label(r)} on {gpu_name(r)}")
     # world-action checks also name the sparsity mode and hold the predicted video's error
     rows = [[c.get("variant") + (f" | {c['sparsity']}" if c.get("sparsity") else ""), c.get("dtype"), c.get("max_abs"),
              c.get("rel_l2"), c.get("video_rel_l2"), c.get("tolerance"), c.get("seeds"),
@@ -928,11 +690,11 @@ def _check(doc: _Doc, path: str, r: dict) -> None:
             doc.p(f"{c.get('variant')} could not run: {c['error']}", "note")
 
 
-def _breakdown(doc: _Doc, path: str, r: dict) -> None:
+def _breakdown(doc: Doc, path: str, r: dict) -> None:
     bd = r["breakdown"]
     idle = f", each call after {idle_words(bd['idle_ms'], bd.get('idle_spin', False))}" if bd.get("idle_ms") else ""
     doc.h(3, f"breakdown: {workload_label(r)} {(r.get('variant') or {}).get('label', '')} "
-             f"({r.get('mode')} mode, {_gpu(r)}{idle})")
+             f"({r.get('mode')} mode, {gpu_name(r)}{idle})")
     doc.p(bd.get("statement", ""), "")
     for n in bd.get("notes", []):
         doc.p("note: " + n, "note")
@@ -946,7 +708,7 @@ def _breakdown(doc: _Doc, path: str, r: dict) -> None:
         extra = []
         if info:
             extra.append(f"{info.get('tokens')} tokens, mask {'valid' if info.get('valid') else 'MASKED'}")
-        rows.append([e["name"], e["median_ms"], e["p95_ms"], e["mean_ms"], _pct(e.get("share")), e.get("per_call"),
+        rows.append([e["name"], e["median_ms"], e["p95_ms"], e["mean_ms"], pct(e.get("share")), e.get("per_call"),
                      occ.get("mean_ms"), occ.get("max_ms"), "; ".join(extra) or None])
     doc.table(["stage", "median ms", "p95 ms", "mean ms", "share of call", "per call", "mean per occurrence",
                "max per occurrence", "info"], rows)
@@ -957,12 +719,12 @@ def _breakdown(doc: _Doc, path: str, r: dict) -> None:
         doc.p(f"{describe(p)}: the table above is the middle process's (process {p['headline'] + 1}); each stage's "
               "median in every process, and (max - min) / median of them:", "note")
         doc.table(["stage", *(f"process {i + 1} ms" for i in range(p["count"])), "spread"],
-                  [[name, *medians, _pct(spread / 100) if spread is not None else None]
+                  [[name, *medians, pct(spread / 100) if spread is not None else None]
                    for name, medians, spread in stage_rows(p)])
     if not plots_available():
         return
     stages = [e for e in bd["stages"]]
-    fig, axes = _figure(7.0, 0.8 + 0.3 * len(stages))
+    fig, axes = new_figure(7.0, 0.8 + 0.3 * len(stages))
     ax = axes[0][0]
     names = [e["name"] for e in stages][::-1]
     med = [e["median_ms"] for e in stages][::-1]
@@ -982,7 +744,7 @@ def _breakdown(doc: _Doc, path: str, r: dict) -> None:
     doc.fig(fig, "stage breakdown")
 
 
-def _scaling(doc: _Doc, path: str, r: dict) -> None:
+def _scaling(doc: Doc, path: str, r: dict) -> None:
     from vlaperf.profile.scaling_fit import plot_scaling, poor_fit
 
     sc = r["scaling"]
@@ -1011,11 +773,11 @@ def _scaling(doc: _Doc, path: str, r: dict) -> None:
         doc.fig(plot_scaling(sc, None, title=f"T(N) = a + b*N, {workload_label(r)}"), "T(N) fit")
 
 
-def _syncs(doc: _Doc, path: str, r: dict) -> None:
+def _syncs(doc: Doc, path: str, r: dict) -> None:
     rep = r["syncs"]
     # a policy-mode count includes the read of the actions, a model-mode one does not: the heading says which
     doc.h(3, f"syncs: {workload_label(r)} {(r.get('variant') or {}).get('label', '')} "
-             f"({r.get('mode') or '-'} mode, {_gpu(r)})")
+             f"({r.get('mode') or '-'} mode, {gpu_name(r)})")
     expected, hidden = rep.get("expected_per_call"), rep.get("hidden_per_call")  # an older file may lack hidden_per_call
     n = rep["per_call"]
     doc.p(f"{n:g} host sync{'' if n == 1 else 's'} per call ({rep['source']}, {rep['calls']} calls)"
@@ -1026,8 +788,8 @@ def _syncs(doc: _Doc, path: str, r: dict) -> None:
     doc.table(["per call", "location", "op", "code"], [[s["per_call"], s["location"], s["op"], s["code"]] for s in rep["sites"]])
 
 
-def _doctor(doc: _Doc, path: str, r: dict) -> None:
-    doc.h(3, f"doctor: {r['workload'].get('id') or 'environment'} on {_gpu(r)}")
+def _doctor(doc: Doc, path: str, r: dict) -> None:
+    doc.h(3, f"doctor: {r['workload'].get('id') or 'environment'} on {gpu_name(r)}")
     # the cost beside how it was found: a clamped difference is a bare 0 without its two timings
     doc.table(["severity", "id", "finding", "cost ms", "cost note", "fix", "detail"],
               [[f["severity"], f["id"], f["title"], f.get("cost"), f.get("cost_note"), f.get("fix"), f.get("detail")]
@@ -1043,14 +805,14 @@ def server_backend(r: dict) -> str:
     return "in-process engine"
 
 
-def _loadgen(doc: _Doc, items: list[tuple[str, dict]]) -> None:
+def _loadgen(doc: Doc, items: list[tuple[str, dict]]) -> None:
     """One table per server run, then throughput and median round trip against clients, one
     line per run (e.g. 1 vs N replicas)."""
     series = []
     for path, r in items:
         lg, srv = r["loadgen"], r.get("server") or {}
         label = f"{server_backend(r)} ({Path(path).stem})"
-        doc.h(3, f"loadgen: {workload_label(r)}, {label}, levers {short_variant(srv.get('levers_label', '?'))} on {_gpu(r)}")
+        doc.h(3, f"loadgen: {workload_label(r)}, {label}, levers {short_variant(srv.get('levers_label', '?'))} on {gpu_name(r)}")
         doc.p(f"max batch {srv.get('max_batch')}, max wait {srv.get('max_wait_ms')} ms; {lg.get('observations', '')}; "
               f"{'passed' if lg.get('passed') else 'FAILED'}", "note")
         rows = []
@@ -1065,10 +827,10 @@ def _loadgen(doc: _Doc, items: list[tuple[str, dict]]) -> None:
         series.append((label, lg["phases"]))
     if not plots_available():
         return
-    fig, axes = _figure(9.0, 3.6 + 0.22 * len(series), ncols=2)
+    fig, axes = new_figure(9.0, 3.6 + 0.22 * len(series), ncols=2)
     clients = sorted({ph["clients"] for _, phases in series for ph in phases})
     for i, (label, phases) in enumerate(series):
-        c = _COLORS[i % len(_COLORS)]
+        c = COLORS[i % len(COLORS)]
         xs = [ph["clients"] for ph in phases]
         axes[0][0].plot(xs, [ph["requests_per_s"] or 0 for ph in phases], "o-", color=c, label=label)
         axes[0][1].plot(xs, [(ph.get("round_trip_ms") or {}).get("median") or float("nan") for ph in phases], "o-", color=c,
@@ -1088,13 +850,13 @@ def _loadgen(doc: _Doc, items: list[tuple[str, dict]]) -> None:
     doc.fig(fig, "server throughput and latency against clients")
 
 
-def _rollout(doc: _Doc, path: str, r: dict) -> None:
+def _rollout(doc: Doc, path: str, r: dict) -> None:
     """`vlaperf rollout --json`: a control loop against a running server, per episode how long it
     took against its ideal (steps / control rate) and how much of it went to waiting for the
     policy; the totals, as print_rollout (vlaperf/serve/commands.py) gives them."""
     ro, srv = r["rollout"], r.get("server") or {}
     levers = srv.get("levers_label") or (r.get("variant") or {}).get("label") or "?"
-    doc.h(3, f"rollout: {workload_label(r)}, levers {short_variant(levers)} on {srv.get('device') or _gpu(r)}")
+    doc.h(3, f"rollout: {workload_label(r)}, levers {short_variant(levers)} on {srv.get('device') or gpu_name(r)}")
     doc.p(f"{Path(path).name}: {ro.get('episodes')} episode(s) of {ro.get('steps_per_episode')} steps at "
           f"{ro.get('control_hz')} Hz, chunks of {ro.get('action_horizon')} actions, a policy call every "
           f"{ro.get('replan_every')} steps; server {srv.get('dtype')} on {srv.get('device')}, max batch "
@@ -1103,20 +865,20 @@ def _rollout(doc: _Doc, path: str, r: dict) -> None:
     for e in ro["per_episode"]:
         call = e.get("policy_call_ms") or {}
         rows.append([e.get("episode"), e.get("steps"), e.get("policy_calls"), e.get("wall_s"), e.get("ideal_wall_s"),
-                     e.get("policy_wait_s"), _pct(e.get("policy_wait_share")), e.get("overrun_steps"),
+                     e.get("policy_wait_s"), pct(e.get("policy_wait_share")), e.get("overrun_steps"),
                      call.get("median"), call.get("max")])
     call = ro.get("policy_call_ms") or {}
     ideal = [e.get("ideal_wall_s") for e in ro["per_episode"]]
     rows.append(["all", sum(e.get("steps") or 0 for e in ro["per_episode"]),
                  sum(e.get("policy_calls") or 0 for e in ro["per_episode"]), ro.get("wall_s"),
                  sum(ideal) if all(isinstance(x, (int, float)) for x in ideal) else None, ro.get("policy_wait_s"),
-                 _pct(ro.get("policy_wait_share")), ro.get("overrun_steps"), call.get("median"), call.get("max")])
+                 pct(ro.get("policy_wait_share")), ro.get("overrun_steps"), call.get("median"), call.get("max")])
     doc.table(["episode", "steps", "policy calls", "wall s", "ideal s", "waiting s", "waiting", "overrun steps",
                "call p50 ms", "call max ms"], rows)
     infer = ro.get("server_infer_ms") or {}
-    doc.p(f"total {_cell(ro.get('wall_s'))} s, {_pct(ro.get('policy_wait_share')) or '-'} of it waiting for the policy; "
+    doc.p(f"total {cell(ro.get('wall_s'))} s, {pct(ro.get('policy_wait_share')) or '-'} of it waiting for the policy; "
           f"{ro.get('overrun_steps')} overrun steps; {ro.get('errors')} errors"
-          + (f"; the server's model call p50 {_cell(infer['median'])} ms" if "median" in infer else "")
+          + (f"; the server's model call p50 {cell(infer['median'])} ms" if "median" in infer else "")
           + ("; stopped at the time limit" if ro.get("timed_out") else "")
           + (f"; stopped: {ro['connection_lost']}" if ro.get("connection_lost") else ""),
           "warn" if ro.get("timed_out") or ro.get("errors") or ro.get("connection_lost") else "")
@@ -1172,13 +934,13 @@ def describe_lerobot_compile(lc: dict) -> str | None:
     return None
 
 
-def _compare(doc: _Doc, path: str, r: dict) -> None:
+def _compare(doc: Doc, path: str, r: dict) -> None:
     c, t = r["compare"], r.get("timing") or {}
     # a LeRobot compare holds null where LeRobot had no version to read (the CLI says "version unknown" too); an openpi
     # one has no version field at all
     version = "" if "lerobot_version" not in c else " " + (c["lerobot_version"] or "(version unknown)")
     doc.h(3, f"compare: {workload_label(r)} vs {c['against']}{version} "
-             f"({c['dtype']}, {'reduced' if c.get('reduced') else 'full size'}, {_gpu(r)})")
+             f"({c['dtype']}, {'reduced' if c.get('reduced') else 'full size'}, {gpu_name(r)})")
     for note in c.get("as_shipped", []):
         doc.p(note, "note")
     doc.table(["vlaperf variant", "max abs", "rel L2", "worst dim", "tolerance", "passed"],
@@ -1215,7 +977,7 @@ def _compare(doc: _Doc, path: str, r: dict) -> None:
             doc.p(describe_refusal(acc["refused"]) + ".", "warn")
     if not plots_available():
         return
-    fig, axes = _figure(6.0, 0.9 + 0.45 * len(summary))
+    fig, axes = new_figure(6.0, 0.9 + 0.45 * len(summary))
     ax = axes[0][0]
     names = list(summary)[::-1]
     ax.barh(range(len(names)), [summary[n]["wall_ms_median"] for n in names],
@@ -1229,576 +991,6 @@ def _compare(doc: _Doc, path: str, r: dict) -> None:
     doc.fig(fig, "comparison with the peer")
 
 
-def _ab_text(r: dict, ratio: str, rel_l2: float | None, new_side: str, eq: dict) -> str:
-    """What every in-process A/B file says the same way: rounds, the per-round ratio and its
-    spread, how far the two sides' outputs are apart, and the new side's equivalence."""
-    apart = f"; outputs differ by rel L2 {rel_l2:.1e}" if rel_l2 is not None else ""
-    return (f"{r['rounds']} interleaved rounds in one process; speedup = {ratio}, median of per-round ratios (p10..p90 "
-            f"{r['speedup_p10_p90'][0]:.3f}..{r['speedup_p10_p90'][1]:.3f}){apart}; {new_side} against the reference: "
-            f"rel L2 {_sci(eq.get('rel_l2'))}, passed {eq.get('passed')}")
-
-
-def _ab_medians(doc: _Doc, r: dict, first: str = "side") -> None:
-    doc.table([first, "median ms"], [[k, v] for k, v in r["median_ms"].items()] + [["speedup", r["speedup_median"]]])
-
-
-def _heads_ab(doc: _Doc, path: str, r: dict) -> None:
-    """The interleaved A/B of the denoise step's float32 heads, cuBLAS against the small_m_matmul
-    kernel (benchmarks/heads_ab.py: float32 FMA products in session 5, TF32x3 since session 6)."""
-    eq = r.get("equivalence_kernel_heads") or {}
-    doc.h(3, f"heads A/B: {workload_label(r)}, {r['variant']['label']} on {_gpu(r)}")
-    doc.p(_ab_text(r, "cuBLAS heads over kernel heads", r["rel_l2_kernel_vs_cublas_heads"], "kernel heads", eq), "")
-    _ab_medians(doc, r, "heads")
-
-
-# StepKernelConfig's fields whose value means "fitted to the launch" (expert_step.fit_config)
-STEP_FITTED = {"qkv_pairs": -1, "splits": 0, "merge_bd": 0, "ssq_from_writers": -1}
-
-
-def step_config_value(field: str, value, fitted: dict | None = None) -> str:
-    """A step-kernel config value as the tables show it: a fitted field as `fitted`, with what it
-    resolved to when the file records that (`fitted`: the resolved config)."""
-    if STEP_FITTED.get(field) == value:
-        return f"fitted ({fitted[field]})" if fitted and field in fitted else "fitted"
-    return str(value)
-
-
-def step_config_diff(config: dict, first: dict, fitted: dict | None = None) -> str:
-    """The fields of a sweep row's config that differ from the run's first row, `k=v, ...`."""
-    return ", ".join(f"{k}={step_config_value(k, v, fitted)}" for k, v in config.items() if first.get(k) != v)
-
-
-def _step_config_ab(doc: _Doc, path: str, r: dict) -> None:
-    """benchmarks/step_config_ab.py: `best` with an older step-kernel tiling against today's
-    defaults, interleaved in one process; the table lists the fields where the two differ."""
-    eq = r.get("equivalence_defaults") or {}
-    base, new = r["base_config"], r["default_config"]
-    doc.h(3, f"step-kernel tiling A/B: {workload_label(r)}, {r['variant']['label']} on {_gpu(r)}")
-    doc.p(_ab_text(r, "base over defaults", r["rel_l2_defaults_vs_base"], "defaults", eq), "")
-    fb, fd = ((r.get(side) or {}).get("config") for side in ("base_launch", "default_launch"))  # as resolved
-    rows = [[k, step_config_value(k, base.get(k), fb), step_config_value(k, v, fd)] for k, v in new.items()
-            if base.get(k) != v]
-    if r.get("identity_mod"):  # step_config_ab.py --identity-mod: pi0 through pi0.5's modulated kernel path
-        rows.append(["modulation table (pi0)", "none", "identity (pi0.5's modulated path)"])
-    doc.table(["field", "base", "defaults"], rows)
-    _ab_medians(doc, r)
-
-
-def stream_probe_best(r: dict) -> list[dict]:
-    """tma_probe.py files: the fastest correct run (rel L2 < 1e-3) per (task shape, mode)."""
-    best: dict = {}
-    for c in r["configs"]:
-        key = (c["shape"], c["mode"])
-        if "us" in c and c["rel_l2"] < 1e-3 and (key not in best or c["us"] < best[key]["us"]):
-            best[key] = c
-    return list(best.values())
-
-
-def _prefix_tiles_ab(doc: _Doc, path: str, r: dict) -> None:
-    """benchmarks/prefix_tiles_ab.py: the prefix attention kernel's tiles, a kernel sweep then
-    the fastest against today's inside the whole `best` call, interleaved in one process."""
-    eq = r.get("equivalence_pick") or {}
-    today, pick = r["today_tiles"], r["pick_tiles"]
-    doc.h(3, f"prefix attention tiles A/B: {workload_label(r)}, {r['variant']['label']} on {_gpu(r)}")
-    ok = sorted((x for x in r["kernel_sweep"] if "us" in x and x["rel_l2"] < 1e-2), key=lambda x: x["us"])
-    doc.p(f"kernel sweep: {len(ok)} of {len(r['kernel_sweep'])} tilings correct; then the whole call: "
-          + _ab_text(r, "today over pick", None, "pick", eq), "")
-    doc.table(["tiling", "kernel us", "rel L2"],
-              [[" ".join(f"{k}={x[k]}" for k in today), x["us"], x["rel_l2"]] for x in ok[:5]])
-    doc.table(["field", "today", "pick"], [[k, today.get(k), v] for k, v in pick.items() if today.get(k) != v])
-    _ab_medians(doc, r)
-
-
-def _change_ab(doc: _Doc, path: str, r: dict) -> None:
-    """benchmarks/change_ab.py (session 8's first file says "prefix-ab"): `best` (or the file's
-    levers) with one engine change undone for engine A's capture against the same with it."""
-    eq = r.get("equivalence_with") or {}
-    doc.h(3, f"change A/B: {r['change']}: {workload_label(r)}, {r['variant']['label']} on {_gpu(r)}")
-    doc.p(_ab_text(r, "without over with", r["rel_l2_with_vs_without"], "with the change", eq), "")
-    _ab_medians(doc, r)
-    flat = {}
-    for key, probe in (r.get("probe") or {}).items():
-        if isinstance(probe, dict):  # per dtype (siglip_gelu_epilogue): errors against the two GELUs; lt_fc2: algorithms
-            doc.p(f"probe ({key}): " + ", ".join(f"{k} {v:.1e}" if isinstance(v, float) else f"{k} {v}"
-                                                 for k, v in probe.items()), "note")
-        else:  # plain facts the change's probe recorded (inductor_pdl: kernels that wait; kernel_pdl: PDL on)
-            flat[key] = probe
-    if flat:
-        doc.p("probe: " + ", ".join(f"{k} {v}" for k, v in flat.items()), "note")
-
-
-def prompt_len_probe_header(r: dict) -> list[str]:
-    return ["kept prompt", "prefix rows", "median ms", f"vs {r['ratio_to']}", "rel L2", "passed"]
-
-
-def prompt_len_probe_rows(r: dict) -> list[list]:
-    """benchmarks/prompt_len_probe.py's file: a row per kept prompt length (the report and docs/performance.md)."""
-    eq = r.get("equivalence") or {}
-    return [[name.removeprefix("prompt_"), r["prefix_rows"].get(name), f"{ms:.3f}", f"{r['speedup_vs_base'][name]:.4f}x",
-             f"{eq[name]['rel_l2']:.1e}" if name in eq else "-", "yes" if (eq.get(name) or {}).get("passed") else "no"]
-            for name, ms in r["median_ms"].items()]
-
-
-def _prompt_len_probe(doc: _Doc, path: str, r: dict) -> None:
-    """benchmarks/prompt_len_probe.py: one engine, one observation, its kept prompt padded to several lengths,
-    interleaved: what the prefix's row count costs the call."""
-    doc.h(3, f"kept prompt lengths: {workload_label(r)}, {short_variant(r['variant']['label'])} on {_gpu(r)}")
-    doc.p(f"{r['valid_prompt_tokens']} valid prompt tokens; {r['rounds']} interleaved rounds; speed-up: "
-          f"{r['ratio_to']}'s median over the length's (per round)", "")
-    doc.table(prompt_len_probe_header(r), prompt_len_probe_rows(r))
-
-
-def _upload_probe(doc: _Doc, path: str, r: dict) -> None:
-    """benchmarks/upload_probe.py: the policy path's host <-> device pieces, each timed alone."""
-    doc.h(3, f"policy transfers: {workload_label(r)} on {_gpu(r)}")
-    doc.p(f"{r['rounds']} rounds each, the GPU idle before each piece; {r['staging_bytes']} bytes staged a call", "")
-    doc.table(["piece", "median ms"], [[k.replace("_", " "), v] for k, v in r["median_ms"].items()])
-    if r.get("hugepage_staging"):
-        doc.p(f"the staging buffer in 2 MB pages: {r['hugepage_staging']}", "")
-
-
-def _served_path(doc: _Doc, path: str, r: dict) -> None:
-    """benchmarks/served_path_probe.py: the policy path phase by phase, and the websocket front
-    end around the real policy, a stand-in that sleeps as long, and one that returns at once."""
-    pol, fe = r["policy"], r["front_end"]
-    doc.h(3, f"served path: {workload_label(r)}, {r['variant']['label']} on {_gpu(r)}")
-    doc.p(f"{r['rounds']} rounds: the policy call {pol['infer_ms']:.3f} ms against the model call "
-          f"{pol['model_ms']:.3f} ms (+{pol['infer_ms'] - pol['model_ms']:.3f}); each phase below synced on its own", "")
-    doc.table(["policy phase", "median ms"], [[k, v] for k, v in pol["phases_ms"].items()])
-    doc.table(["front end around", "round trip ms", "server infer ms", "front end ms"] + [h for _, h in FRONT_END_SPLIT],
-              [[k.replace("_", " "), v["round_trip_ms"], v["server_infer_ms"], v["front_end_ms"]]
-               + [v.get(key) for key, _ in FRONT_END_SPLIT] for k, v in fe.items()])
-
-
-# served_path_probe.py's split of a front end (files from session 22 on; earlier ones leave the columns empty)
-FRONT_END_SPLIT = (("client_side_ms", "client side ms"), ("server_queue_ms", "worker wake-up ms"),
-                   ("server_decode_ms", "decode ms"), ("server_rest_ms", "server rest ms"))
-
-
-def _launch_probe(doc: _Doc, path: str, r: dict) -> None:
-    """benchmarks/launch_probe.py: the host latency a replayed call exposes (its GPU span with
-    the GPU idle at the start against queued behind a sleep kernel), its pieces, and graphs of
-    N one-element kernels."""
-    doc.h(3, f"launch latency: {workload_label(r)}, {r['variant']['label']} on {_gpu(r)}")
-    doc.p(f"{r['rounds']} rounds each; 'exposed' is the GPU span with the GPU idle at the start less the span "
-          "queued behind a 2 ms sleep kernel (the host's latency the GPU waits for)", "")
-    doc.table(["what", "GPU span, idle start ms", "GPU span, host hidden ms", "exposed ms", "host until return ms",
-               "wall, synced ms"], [[name] + launch_probe_row(v) for name, v in launch_probe_rows(r)])
-    for name, census in launch_probe_graphs(r):
-        doc.p(f"{name}: {census}", "")
-
-
-def launch_probe_rows(r: dict) -> list[tuple[str, dict]]:
-    """(what, its exposure record) for every timed thing of a launch-probe file, in order."""
-    def timed_items(prefix: str, d: dict):
-        for k, v in d.items():
-            if isinstance(v, dict) and "gpu_span_idle_start_ms" in v:
-                yield prefix + k.replace("_", " "), v
-            elif isinstance(v, dict) and k != "graph":
-                yield from timed_items(prefix + k.replace("_", " ") + ": ", v)
-
-    return ([("call (sample_actions)", r["call"])] + list(timed_items("", r.get("pieces") or {}))
-            + [(f"graph of {n} one-element kernels", v) for n, v in r["synthetic_graphs"].items()]
-            + [(f"graph of 600: {k.replace('_', ' ')}", v) for k, v in (r.get("graph_kinds") or {}).items()])
-
-
-def launch_probe_graphs(r: dict) -> list[tuple[str, dict]]:
-    """The node censuses of a launch-probe file: (whose graph, census)."""
-    pieces = r.get("pieces") or {}
-    out = [("the engine's graph", pieces["graph"])] if pieces.get("graph") else []
-    other = pieces.get("without_inductor_pdl") or {}
-    out += [("without inductor's PDL", other["graph"])] if other.get("graph") else []
-    out += [(f"a graph of {n} one-element kernels", c) for n, c in (r.get("synthetic_census") or {}).items()
-            if c and n == "600"]
-    return out + [(f"a graph of 600: {k.replace('_', ' ')}", c) for k, c in (r.get("graph_kinds_census") or {}).items() if c]
-
-
-def launch_probe_row(v: dict) -> list:
-    return [v["gpu_span_idle_start_ms"], v["gpu_span_host_hidden_ms"], v["exposed_host_ms"], v["host_return_ms"],
-            v["wall_synced_ms"]]
-
-
-def _graph_context_probe(doc: _Doc, path: str, r: dict) -> None:
-    """benchmarks/graph_context_probe.py: graph engines timed before and after the matrix's eager and compiled rows."""
-    doc.h(3, f"graph in the matrix's context: {workload_label(r)}, {r['variant']['label']} on {_gpu(r)}")
-    doc.p(f"{r['iters']} calls after {r['warmup']} warm-up at each point; g1 captured before anything else ran, g2 after "
-          f"the {len(r['eager_rows'])} eager rows, g3 after the {len(r['compiled_rows'])} compiled rows. switches: "
-          "the process-wide settings that differ from the first point's", "")
-    doc.table(["point", "engine", "wall median ms", "event median ms", "first call s", "switches changed"],
-              graph_context_rows(r))
-    for pair, rows in (r.get("kernel_diff") or {}).items():
-        if rows:
-            doc.p(f"kernels, {pair}: per call, the largest differences first", "")
-            doc.table(["kernel", "us before", "us after", "count before", "count after"],
-                      [[_clip(k["name"], 90), k["us_a"], k["us_b"], k["count_a"], k["count_b"]] for k in rows])
-
-
-def graph_context_rows(r: dict) -> list[list]:
-    """A graph-context-probe file's points in order: [point, engine, wall median, event median, first call s,
-    the switches that differ from the first point's]."""
-    phases = r["phases"]
-    first = phases[0].get("switches") or {}
-    rows = []
-    for ph in phases:
-        changed = ", ".join(f"{k}={v}" for k, v in (ph.get("switches") or {}).items() if first.get(k) != v) or "-"
-        timers = ph.get("timers") or {}
-        wall, events = timers.get("wall_ms") or {}, timers.get("cuda_event_ms") or {}
-        engine = ph.get("engine") or ("prepared: " + "; ".join(short_variant(s) for s in ph.get("prepared", [])))
-        rows.append([ph["phase"], engine, wall.get("median"), events.get("median"), ph.get("first_call_s"), changed])
-    return rows
-
-
-def _call_overhead(doc: _Doc, path: str, r: dict) -> None:
-    """benchmarks/call_overhead.py: a graphed call against its replay alone and its pieces."""
-    m = r["median_ms"]
-    doc.h(3, f"call overhead: {workload_label(r)}, {r['variant']['label']} on {_gpu(r)}")
-    doc.p(f"{r['rounds']} interleaved rounds, each piece synced and timed on the host clock; the call costs "
-          f"{m['call'] - m['replay']:.3f} ms more than its graph replay alone ({r['input_bytes'] / 1e6:.2f} MB of inputs)", "")
-    doc.table(["piece", "median ms"], [[k, v] for k, v in m.items()])
-
-
-def gemm_probe_rows(r: dict) -> list[list]:
-    """benchmarks/gemm_probe.py rows: shape, M x K x N, then cuBLAS and inductor's max-autotune
-    choice (us and TFLOP/s, or the error a side ended with)."""
-    rows = []
-    for row in r["rows"]:
-        sides = []
-        for side in ("cublas", "max_autotune"):
-            got = row.get(side) or {}
-            sides += [got["us"], got["tflops"]] if "us" in got else [got.get("error", "-")[:60], "-"]
-        rows.append([row["name"], f"{row['M']} x {row['K']} x {row['N']}"] + sides)
-    return rows
-
-
-def _gemm_probe(doc: _Doc, path: str, r: dict) -> None:
-    doc.h(3, f"GEMM shapes of the prefix on {_gpu(r)}")
-    doc.p("each shape alone in CUDA-graph replays: cuBLAS as the engine calls it against inductor's max-autotune "
-          "choice (its Triton templates and cuBLAS, timed when it compiles)", "")
-    doc.table(["shape", "M x K x N", "cuBLAS us", "TFLOP/s", "max-autotune us", "TFLOP/s"], gemm_probe_rows(r))
-
-
-def fp8_gemm_probe_rows(r: dict) -> list[list]:
-    """benchmarks/fp8_gemm_probe.py rows: shape, M x K x N, bf16 us, float8 us, the activations' quantization us,
-    float8's speedup without and with that quantization, and each side's rel L2 against float64."""
-    return [[row["name"], f"{row['M']} x {row['K']} x {row['N']}", row["bf16"]["us"], row["fp8"]["us"], row["quant_us"],
-             row["speedup_fp8"], row["speedup_fp8_with_quant"], row["bf16"]["rel_l2"], row["fp8"]["rel_l2"]]
-            for row in r["rows"]]
-
-
-FP8_GEMM_PROBE_HEADER = ["shape", "M x K x N", "bf16 us", "float8 us", "quantize us", "speedup", "speedup with quantize",
-                         "bf16 rel L2", "float8 rel L2"]
-
-
-def _fp8_gemm_probe(doc: _Doc, path: str, r: dict) -> None:
-    doc.h(3, f"GEMM shapes of libero-pi0 in float8 on {_gpu(r)}")
-    doc.p("each shape in CUDA-graph replays over weight copies larger than L2: bf16 F.linear (what the engine runs) "
-          "against torch._scaled_mm with e4m3 operands and row-wise scales; the activations' row-wise quantization "
-          "timed apart; errors against float64", "")
-    doc.table(FP8_GEMM_PROBE_HEADER, [[f"{c:.1e}" if isinstance(c, float) and c < 0.1 else c for c in row]
-                                      for row in fp8_gemm_probe_rows(r)])
-
-
-def cublaslt_probe_rows(r: dict) -> list[list]:
-    """benchmarks/cublaslt_probe.py rows: shape, M x K x N, what best runs (us before and after the algorithms,
-    TFLOP/s), algorithms offered / correct and timed, the fastest (us, TFLOP/s, its heuristic rank, tile id,
-    split-K, cluster shape id) and its speedup over the faster baseline timing."""
-    rows = []
-    for row in r["rows"]:
-        b, algos = row.get("best") or {}, row.get("algos") or []
-        rows.append([row["name"], f"{row['M']} x {row['K']} x {row['N']}", " / ".join(f"{u:.2f}" for u in row["baseline_us"]),
-                     row["baseline_tflops"], f"{len(algos)} / {sum('us' in a for a in algos)}", b.get("us", "-"),
-                     b.get("tflops", "-"), b.get("rank", "-"), b.get("tile", "-"), b.get("splitk", "-"),
-                     b.get("cluster_shape", "-"), row.get("best_vs_baseline") or "-"])
-    return rows
-
-
-CUBLASLT_PROBE_HEADER = ["shape", "M x K x N", "best runs: us (before / after)", "TFLOP/s", "algorithms offered / timed",
-                         "fastest us", "TFLOP/s", "heuristic rank", "tile id", "split-K", "cluster id", "speedup"]
-
-
-def _cublaslt_probe(doc: _Doc, path: str, r: dict) -> None:
-    doc.h(3, f"GEMM shapes of the prefix through cuBLASLt's algorithms on {_gpu(r)}")
-    doc.p("each shape in CUDA-graph replays over weight copies larger than L2: what the engine runs (F.linear or the "
-          "GELU epilogue), timed before and after every algorithm cuBLASLt's heuristic offers (each checked against "
-          "it first)", "")
-    doc.table(CUBLASLT_PROBE_HEADER, cublaslt_probe_rows(r))
-
-
-def memset_probe_rows(r: dict) -> list[list]:
-    """benchmarks/memset_probe.py rows: chain, formulation, us a link of the chain, speedup over the chain's
-    first formulation (median of the interleaved rounds' ratios), memset nodes in its graph, rel L2 against
-    float32 (or the error that formulation raised)."""
-    rows = []
-    for chain, variants in r["chains"].items():
-        for name, v in variants.items():
-            if "error" in v:
-                rows.append([chain, name, v["error"][:60], "-", "-", "-"])
-                continue
-            speedup = next((val for key, val in v.items() if key.startswith("speedup_vs_")), "-")
-            rows.append([chain, name, v["per_link_us"], speedup, v["memsets"], f"{v['rel_l2_vs_fp32']:.1e}"])
-    return rows
-
-
-def _memset_probe(doc: _Doc, path: str, r: dict) -> None:
-    doc.h(3, f"Memset nodes and attention formulations in graph chains on {_gpu(r)} ({r['variant']['label']})")
-    doc.p("chains of 17-27 links shaped like the call (a norm, the op, the next GEMM) in one CUDA graph, each "
-          "formulation replayed in turn over the rounds; memsets counted by torch.profiler over one replay", "")
-    doc.table(["chain", "formulation", "us a link", "speedup", "memsets", "rel L2"], memset_probe_rows(r))
-
-
-def geglu_bench_rows(r: dict) -> list[list]:
-    """benchmarks/geglu_matmul_bench.py (session 10, kernel since taken out) rows: M, the tiling
-    (or cuBLAS + inductor, what `best` runs), us, TFLOP/s, rel L2 against float32, speedup."""
-    rows = []
-    for row in r["rows"]:
-        base = row["inductor_cublas"]
-        rows.append([row["M"], "cuBLAS gate_up + inductor GELU x up", base["us"], base["tflops"], base["rel_l2"], 1.0])
-        for c in row["configs"]:
-            label = " ".join(str(v) for v in c["config"])
-            rows.append([row["M"], label, c["us"], c["tflops"], c["rel_l2"], c["speedup"]] if "us" in c
-                        else [row["M"], label, c.get("error", "-")[:60], "-", "-", "-"])
-    return rows
-
-
-def splitk_probe_rows(r: dict) -> list[list]:
-    """benchmarks/splitk_probe.py rows: shape, M x K x N, formulation, us, TFLOP/s, rel L2."""
-    rows = []
-    for row in r["rows"]:
-        for label, v in row["variants"].items():
-            rows.append([row["name"], f"{row['M']} x {row['K']} x {row['N']}", label] +
-                        ([v["us"], v["tflops"], v["rel_l2"]] if "us" in v else [v.get("error", "-")[:60], "-", "-"]))
-    return rows
-
-
-FIRST_CALL_HEADER = ["file", "workload", "variant", "cache", "first call s", "torch.compile s", "of it inductor s",
-                     "Triton in process s", "slowest Triton kernel", "engine init s", "later median ms", "commit",
-                     "inductor warm-up", "compile threads", "compile workers"]
-
-
-def first_call_rows(results: list[tuple[str, dict]]) -> list[list]:
-    """benchmarks/first_call.py files: the first call of a fresh process and what it spent compiling
-    (torch's timers: Dynamo's whole compile and inductor's part of it; the Triton kernels compiled
-    in the process itself, i.e. ours), with cold (empty) or warm compile caches."""
-    rows = []
-    for path, r in results:
-        phases, triton = r.get("compile_phases") or {}, r.get("triton_compiles") or []
-        before = r.get("cache_files_before")
-        cache = "-" if before is None else "cold" if before == 0 else f"warm ({before} files)"
-        slowest = f"{triton[0]['kernel']} {triton[0]['s']:.2f} s" if triton else "-"
-        rows.append([Path(path).name, workload_label(r), short_variant(r["variant"]["label"]), cache, r["first_call_s"],
-                     phases.get("_compile.compile_inner", 0.0), phases.get("compile_fx_inner", 0.0),
-                     r.get("triton_compile_s", 0.0), slowest, r.get("engine_init_s"), r.get("later_median_ms"),
-                     ((r.get("env") or {}).get("git_commit") or "-")[:7],
-                     {True: "yes", False: "no"}.get(r.get("inductor_warmup"), "-"), r.get("compile_threads") or "-",
-                     "-" if "compile_workers" not in r else "engine's" if r["compile_workers"] is None else r["compile_workers"]])
-    return rows
-
-
-def prefix_attention_probe_rows(r: dict) -> list[list]:
-    """benchmarks/prefix_attention_probe.py rows: kernel, us, rel L2 against float32 (or its error)."""
-    return [[row["name"], round(row["us"], 2), f"{row['rel_l2_vs_fp32']:.1e}"] if "us" in row
-            else [row["name"], row.get("error", "-")[:90], "-"] for row in r["rows"]]
-
-
-def _first_call(doc: _Doc, items: list[tuple[str, dict]]) -> None:
-    doc.p("a fresh process each: the first call (compiles and the CUDA-graph capture included), torch.compile's "
-          "own timers (Dynamo's whole compile, inductor's part of it), the Triton kernels compiled in the process "
-          "(the engine's; inductor compiles its own in worker processes; with the engine's kernel-compile thread, "
-          "mostly beside torch.compile, so not all of it adds to the first call), and the calls after", "")
-    doc.table(FIRST_CALL_HEADER, first_call_rows(items))
-
-
-def _geglu_bench(doc: _Doc, path: str, r: dict) -> None:
-    doc.h(3, f"Gemma gate_up with GELU x up on {_gpu(r)}")
-    doc.p("the prefix's MLP input as one Triton GEMM with the GEGLU in its epilogue (tiling: kind, BM, BN, BK, "
-          "GROUP_M, warps, stages) against cuBLAS's GEMM and inductor's GELU x up kernel, CUDA-graph replays", "")
-    doc.table(["M", "tiling", "us", "TFLOP/s", "rel L2", "speedup"], geglu_bench_rows(r))
-
-
-def _prefix_attention_probe(doc: _Doc, path: str, r: dict) -> None:
-    o = r["workload"]["overrides"]
-    doc.h(3, f"{Path(path).name} on {_gpu(r)}")
-    doc.p(f"the Gemma prefix's attention, {o['tokens']} tokens of which {o['valid_keys']} valid keys, {o['heads']} query "
-          f"heads over one K/V head of {o['head_dim']}: PyTorch's fused kernels given the valid key count against the "
-          "engine's kernel (the exact mask), CUDA-graph replays; rel L2 over the valid query rows against float32", "")
-    doc.table(["kernel", "us", "rel L2"], prefix_attention_probe_rows(r))
-
-
-def prefix_splits_probe_rows(r: dict) -> list[list]:
-    """benchmarks/prefix_splits_probe.py rows: batch x prefix rows (row blocks), us at each key split count, the
-    fastest count, the count the engine picks and the fixed 3 of before session 36, each as a multiple of the
-    fastest's time. Keys are strings in a JSON file, ints in memory."""
-    rows = []
-    for row in r["rows"]:
-        us = {int(s): u for s, u in row["us"].items()}
-        fastest = min(us, key=us.get)
-
-        def of_fastest(s):
-            return f"s{s} ({us[s] / us[fastest]:.3f}x)" if s in us else f"s{s} (-)"
-        rows.append([f"{row['batch']} x {row['rows']} ({row['blocks']})",
-                     *[us.get(s, "-") for s in range(1, 7)], f"s{fastest}", of_fastest(int(row["model_pick"])),
-                     of_fastest(int(row["today"]))])
-    return rows
-
-
-PREFIX_SPLITS_PROBE_HEADER = ["batch x rows (blocks)", "1 split us", "2", "3", "4", "5", "6", "fastest",
-                              "prefix_splits (x fastest)", "fixed 3 (x fastest)"]
-
-
-def _prefix_splits_probe(doc: _Doc, path: str, r: dict) -> None:
-    doc.h(3, f"{Path(path).name} on {_gpu(r)}")
-    doc.p("the prefix attention kernel alone (partials and merge), 8 query heads over one K/V head of 256, its keys in "
-          "1-6 splits at the row counts the prompt buckets make, CUDA-graph replays; the engine's pick "
-          "(suffix_attention.prefix_splits) and the fixed 3 splits of before session 36 against the fastest. Files "
-          "written before prefix_splits existed hold a wave model's pick in its column", "")
-    doc.table(PREFIX_SPLITS_PROBE_HEADER, prefix_splits_probe_rows(r))
-
-
-WAM_ATTENTION_BACKENDS = ("cudnn", "flash", "efficient")
-
-
-def wam_attention_probe_rows(r: dict) -> list[list]:
-    """benchmarks/wam_attention_probe.py rows: the call, q x k tokens, each SDPA backend's us (or its error)."""
-    return [[row["shape"], f"{row['q_tokens']} x {row['k_tokens']}"]
-            + [row[b]["us"] if "us" in row.get(b, {}) else row.get(b, {}).get("error", "-")[:60]
-               for b in WAM_ATTENTION_BACKENDS] for row in r["rows"]]
-
-
-def _wam_attention_probe(doc: _Doc, path: str, r: dict) -> None:
-    doc.h(3, f"{Path(path).name} on {_gpu(r)}")
-    doc.p("the world-action model's attention calls of one generate call (batch "
-          f"{r['workload']['overrides'].get('batch', 1)}, 12 heads of 128) under each SDPA backend: 20 calls in one "
-          "CUDA graph, the median replay over 20", "")
-    doc.table(["call", "q x k tokens", *(f"{b} us" for b in WAM_ATTENTION_BACKENDS)], wam_attention_probe_rows(r))
-
-
-def _splitk_probe(doc: _Doc, path: str, r: dict) -> None:
-    doc.h(3, f"Prefix GEMMs as other cuBLAS calls on {_gpu(r)}")
-    doc.p("F.linear (what the engine runs) against M and N swapped and K split into a batched GEMM whose "
-          "partials a compiled kernel sums, CUDA-graph replays", "")
-    doc.table(["shape", "M x K x N", "formulation", "us", "TFLOP/s", "rel L2"], splitk_probe_rows(r))
-
-
-BETWEEN_STEPS_HEADER = ["tiling (BN BK warps stages)", "us", "rel L2 x_t", "rel L2 tokens"]
-
-
-def between_steps_rows(r: dict, top: int = 5) -> list[list]:
-    """benchmarks/between_steps_bench.py (session 11; the kernel, kernels/denoise_loop.py, was taken
-    out again and is at 38a4931): the fastest correct tilings of the kernel between steps
-    (x_t within 1e-3 of float32 torch: the normalized rows are rounded to bf16 on both sides, and an
-    ulp flips where rsqrt and 1/sqrt differ; the tokens within 1e-2: they are rounded to bf16)."""
-    ok = sorted((x for x in r["rows"] if "us" in x and x["rel_l2_xt"] < 1e-3 and x["rel_l2_tokens"] < 1e-2
-                 and x["state_row_ok"]), key=lambda x: x["us"])
-    return [[" ".join(map(str, x["config"])), x["us"], x["rel_l2_xt"], x["rel_l2_tokens"]] for x in ok[:top]]
-
-
-SPLIT_SWEEP_HEADER = ["splits asked", "splits run", "us", "vs the default's pick", "rel L2"]
-
-
-def split_sweep_rows(r: dict) -> list[list]:
-    """A --splits-only sweep's rows: each count asked (None: the kernel's own pick, named so), the count the kernel
-    ran (whole key tiles a split round some counts down), its time and its time over the default pick's; a row the
-    compiler rejected keeps its error in the time's place."""
-    default = next((x for x in r["configs"] if x["splits"] is None and "ms" in x), None)
-    rows = []
-    for x in r["configs"]:
-        asked = "default pick" if x["splits"] is None else x["splits"]
-        if "ms" not in x:
-            rows.append([asked, None, x.get("error", "no time"), None, None])
-            continue
-        ratio = f"{x['ms'] / default['ms']:.2f}x" if default else None
-        rows.append([asked, x.get("effective_splits"), x["ms"] * 1e3, ratio, x["rel_l2"]])
-    return rows
-
-
-def _kernel_bench(doc: _Doc, path: str, r: dict) -> None:
-    doc.h(3, f"kernel bench: {r['variant']['label']} on {_gpu(r)}")
-    if r.get("kernel") == "between_steps":
-        doc.p(f"{len(r['rows'])} tilings, back-to-back launches; the fastest correct:", "")
-        doc.table(BETWEEN_STEPS_HEADER, between_steps_rows(r))
-    elif "cases" in r:
-        doc.table(["case", "weight MB", "cuBLAS (+ eager elementwise) us", "kernel us", "kernel TB/s", "rel L2", "tiling",
-                   "tilings tried", "wrong (rel L2 >= the case's tolerance: 1e-2 bf16, 1e-5 float32)"],
-                  [[row["case"], row["weight_bytes"] / 1e6, row["cublas_ms"] * 1e3, (row["best"] or {}).get("ms", float("nan")) * 1e3,
-                    (row["best"] or {}).get("tb_s"), (row["best"] or {}).get("rel_l2"),
-                    "bn={block_n} bk={block_k} split={split_k}".format(**row["best"]) + f" {row['best'].get('precision', '')}"
-                    if row["best"] else None,
-                    len(row["configs"]), sum(1 for x in row["configs"] if "ms" in x and x["rel_l2"] >= row.get("tolerance", 1e-2))]
-                   for row in r["cases"]])
-    elif "phases" in r:  # the step kernel (megakernel): tilings, then the time of each phase
-        ok = sorted((x for x in r["configs"] if "us" in x and x["rel_l2_vs_fp32"] < 2e-2), key=lambda x: x["us"])
-        c = r["checks"]
-        repeats = (f"; {c['repeat_launches_differing']} of {c['repeat_launches']} repeated launches differ"
-                   if "repeat_launches" in c else "")
-        doc.p(f"{len(ok)} of {len(r['configs'])} tilings within 2e-2 of float32; persistent launch equals per-phase "
-              f"launches bit for bit: {c['persistent_equals_multi_launch_bitwise']}{repeats}; barrier timeouts: "
-              f"{c['barrier_timeouts']}", "")
-        o = r["workload"]["overrides"]
-        if o.get("modulation_tables"):
-            doc.p(f"{workload_label(r)}: the timed launches cycled through {o['modulation_tables']} modulation table(s)", "")
-        if o.get("from_engine"):
-            doc.p(f"{workload_label(r)}: timed on the arguments its engine call launched ({o['from_engine']}); rel L2 "
-                  "against the default configuration's output on them", "")
-        first = r["configs"][0]["config"] if r["configs"] else {}
-        doc.table(["tiling (fields that differ from the run's first row)", "us", "weights GB/s", "rel L2"],
-                  [[step_config_diff(x["config"], first, x.get("fitted")) or "the run's defaults",
-                    x["us"], x["weights_gb_per_s"], x["rel_l2_vs_fp32"]]
-                   for x in r["configs"] if "us" in x and x["rel_l2_vs_fp32"] < 2e-2][:8])
-        if r["phases"]:
-            doc.table(["phase (all layers, with its barriers)", "us"], [[k, v] for k, v in r["phases"].items()])
-        timed = [x for x in ok if x.get("timeline")]
-        if timed:
-            _step_timeline(doc, timed[0])
-    elif r["variant"]["label"].startswith("tma_probe"):  # benchmarks/tma_probe.py: the matmul tasks streamed alone
-        doc.p("the step kernel's matmul tasks alone (18 layers, no barriers, no epilogues), back-to-back launches; "
-              "the fastest run per task shape and load mode (pointers / TMA, or where the weights come from)", "")
-        doc.table(["task shape", "loads / weights from", "warps", "stages", "us", "weights TB/s", "KB/us a program", "rel L2"],
-                  [[f"{c['shape']} ({c['BN']} x {c['BK']}, {c['KS']} slices)", c["mode"], c["warps"], c["stages"], c["us"],
-                    c["weights_tb_per_s"], c["kb_per_us_per_program"], c["rel_l2"]] for c in stream_probe_best(r)])
-    elif r.get("splits_only"):  # suffix_attention_bench.py --splits-only: every key split count on the default tiles
-        doc.p(f"{workload_label(r)}: the key splits on the default tiles, the kernel's mask as the engine passes it "
-              f"({r.get('kernel_mask', 'bool')}); reference path ({r.get('baseline', 'folded matmuls')}): "
-              f"{r['folded_ms'] * 1e3:.1f} us", "")
-        doc.table(SPLIT_SWEEP_HEADER, split_sweep_rows(r))
-    else:
-        ok = sorted((x for x in r["configs"] if "ms" in x and x["rel_l2"] < 1e-2), key=lambda x: x["ms"])
-        doc.p(f"reference path ({r.get('baseline', 'folded matmuls')}): {r['folded_ms'] * 1e3:.1f} us; {len(ok)} of {len(r['configs'])} tilings "
-              "correct; the fastest:", "")
-        doc.table(["tiling", "us", "rel L2"],
-                  [[" ".join(f"{k}={x[k]}" for k in ("block_m", "block_n", "splits", "num_warps", "num_stages")), x["ms"] * 1e3,
-                    x["rel_l2"]] for x in ok[:5]])
-
-
-def _step_timeline(doc: _Doc, row: dict) -> None:
-    """Where one step-kernel launch's time went (expert_step_bench.py --timeline): per phase,
-    the median slot of a layer split into the median program's work and the rest (waiting
-    for the slowest program, the barrier)."""
-    t = row["timeline"]
-    phases = t["phases"]
-    doc.p(f"clock timeline of the fastest tiling with one ({row['us']:.1f} us a step): {t['layers']} layers x "
-          f"{t['programs']} programs, {t['total_us']:.1f} us in the instrumented launch, work {100 * t['work_share']:.0f}% "
-          "of it; medians over the layers, microseconds", "")
-    doc.table(["phase", "slot us", "work median us", "work max us", "start skew us", "barrier release us", "slots, all layers us"],
-              [[k, v["slot"], v["work_median"], v["work_max"], v["start_skew"], v["release"], v["slot_total_us"]]
-               for k, v in phases.items()])
-    if not plots_available():
-        return
-    fig, axes = _figure(6.5, 0.8 + 0.35 * len(phases))
-    ax = axes[0][0]
-    names = list(phases)[::-1]
-    work = [phases[n]["work_median"] for n in names]
-    rest = [max(phases[n]["slot"] - phases[n]["work_median"], 0.0) for n in names]
-    ax.barh(range(len(names)), work, color="#1f77b4", label="median program's work")
-    ax.barh(range(len(names)), rest, left=work, color="#bbbbbb", label="waiting: slowest program, barrier")
-    ax.set_yticks(range(len(names)))
-    ax.set_yticklabels(names, fontsize=8)
-    ax.set_xlabel("us per layer (median over layers)", fontsize=8)
-    ax.legend(fontsize=7, loc="lower right")
-    ax.grid(axis="x", alpha=0.3)
-    fig.tight_layout()
-    doc.fig(fig, "step kernel timeline per phase")
-
-
 def _id_ranges(ids: list[int]) -> str:
     """[1, 2, 3, 5, 7, 8] -> "1-3, 5, 7-8"."""
     out, i = [], 0
@@ -1810,11 +1002,10 @@ def _id_ranges(ids: list[int]) -> str:
         i = j + 1
     return ", ".join(out)
 
-
 _ABSENT = "(absent)"
 
 
-def _environment(doc: _Doc, results: list[tuple[str, dict]]) -> None:
+def _environment(doc: Doc, results: list[tuple[str, dict]]) -> None:
     """The setup every file ran on, in two tables: the keys with one value in all files, once;
     then for each key that differs, a row per value with the files (# of the file table) that
     have it. (A column per distinct environment made 281 columns of the committed results:
@@ -1852,7 +1043,7 @@ def _environment(doc: _Doc, results: list[tuple[str, dict]]) -> None:
         if len(by_value) == 1:
             same.append([k, envs[0][k]])
         else:
-            differ += [[k, value if value == _ABSENT else _cell(json.loads(value)), len(ids), _id_ranges(ids)]
+            differ += [[k, value if value == _ABSENT else cell(json.loads(value)), len(ids), _id_ranges(ids)]
                        for value, ids in by_value.items()]
     if same:
         doc.p(f"the same in all {len(envs)} file(s):", "")
@@ -1870,48 +1061,20 @@ SECTIONS = (("bench", "Latency (bench)"), ("matrix", "Optimization matrix"), ("c
             ("breakdown", "Stage breakdown"), ("scaling", "T(N) scaling"), ("syncs", "Host syncs"),
             ("doctor", "Doctor"), ("loadgen", "Serving under load (loadgen)"),
             ("rollout", "A control loop against the server (rollout)"),
-            ("compare", "Side by side with a peer (compare)"), ("kernel-bench", "Kernels (kernel-bench)"),
-            ("heads-ab", "The step's float32 heads, A/B (heads-ab)"),
-            ("step-config-ab", "The step kernel's tiling, A/B in the whole call (step-config-ab)"),
-            ("prefix-tiles-ab", "The prefix attention kernel's tiles, A/B in the whole call (prefix-tiles-ab)"),
-            ("change-ab", "Engine changes, A/B in the whole call (change-ab)"),
-            ("call-overhead", "What a graphed call costs besides its replay (call-overhead)"),
-            ("gemm-probe", "GEMM shapes alone: cuBLAS against max-autotune (gemm-probe)"),
-            ("cublaslt-probe", "GEMM shapes alone: every algorithm of cuBLASLt's heuristic (cublaslt-probe)"),
-            ("fp8-gemm-probe", "GEMM shapes alone: float8 against bf16 (fp8-gemm-probe)"),
-            ("splitk-probe", "Prefix GEMMs as other cuBLAS calls (splitk-probe)"),
-            ("prefix-attention-probe", "The prefix attention by PyTorch's fused kernels (prefix-attention-probe)"),
-            ("prefix-splits-probe", "The prefix attention's key splits against its row count (prefix-splits-probe)"),
-            ("wam-attention-probe", "The world-action model's attention calls by SDPA backend (wam-attention-probe)"),
-            ("geglu-bench", "Gemma gate_up with GELU x up in one GEMM (geglu-bench)"),
-            ("memset-probe", "The prefix's memset nodes and attention formulations (memset-probe)"),
-            ("first-call", "The first call of a fresh process (first-call)"),
-            ("served-path-probe", "Where a served call's time goes beyond the model call (served-path-probe)"),
-            ("upload-probe", "The policy path's transfers, piece by piece (upload-probe)"),
-            ("prompt-len-probe", "What the kept prompt's length costs the call (prompt-len-probe)"),
-            ("launch-probe", "The host latency a replayed call exposes (launch-probe)"),
-            ("graph-context-probe", "The graph row in the matrix's context (graph-context-probe)"))
+            ("compare", "Side by side with a peer (compare)")) + probes.SECTIONS
 
 # one section (and shared figures) over all their files: renderer(doc, [(path, result), ...])
-GROUP_RENDERERS = {"bench": _bench, "loadgen": _loadgen, "first-call": _first_call}
+GROUP_RENDERERS = {"bench": _bench, "loadgen": _loadgen, **probes.GROUP_RENDERERS}
 # a section per file: renderer(doc, path, result)
 FILE_RENDERERS = {"matrix": _matrix, "check": _check, "breakdown": _breakdown, "scaling": _scaling, "syncs": _syncs,
-                  "doctor": _doctor, "rollout": _rollout, "compare": _compare, "kernel-bench": _kernel_bench,
-                  "heads-ab": _heads_ab, "step-config-ab": _step_config_ab, "prefix-tiles-ab": _prefix_tiles_ab,
-                  "change-ab": _change_ab, "call-overhead": _call_overhead, "gemm-probe": _gemm_probe,
-                  "cublaslt-probe": _cublaslt_probe, "fp8-gemm-probe": _fp8_gemm_probe, "splitk-probe": _splitk_probe,
-                  "prefix-attention-probe": _prefix_attention_probe, "prefix-splits-probe": _prefix_splits_probe,
-                  "wam-attention-probe": _wam_attention_probe,
-                  "geglu-bench": _geglu_bench, "memset-probe": _memset_probe, "served-path-probe": _served_path,
-                  "upload-probe": _upload_probe, "launch-probe": _launch_probe, "prompt-len-probe": _prompt_len_probe,
-                  "graph-context-probe": _graph_context_probe}
+                  "doctor": _doctor, "rollout": _rollout, "compare": _compare, **probes.FILE_RENDERERS}
 
 
-def _rendered(doc: _Doc, renderer, *args) -> str | None:
+def _rendered(doc: Doc, renderer, *args) -> str | None:
     """Run `renderer` on a scratch document and append what it wrote to `doc`; on any error
     append nothing and return the reason. This is the last guard, behind the schema and
     field_problem: one damaged file must cost its own section, never the report."""
-    scratch = _Doc()
+    scratch = Doc()
     try:
         renderer(scratch, *args)
     except Exception as e:  # noqa: BLE001 - whatever a malformed field raises, the other files still render
@@ -1920,14 +1083,14 @@ def _rendered(doc: _Doc, renderer, *args) -> str | None:
     return None
 
 
-def _render_group(doc: _Doc, renderer, items: list[tuple[str, dict]], skipped: dict[str, str]) -> None:
+def _render_group(doc: Doc, renderer, items: list[tuple[str, dict]], skipped: dict[str, str]) -> None:
     """A section drawn over several files at once: if it fails, find the files that fail alone,
     skip those and draw the rest."""
     if _rendered(doc, renderer, items) is None:
         return
     bad = {}
     for p, r in items:
-        reason = _rendered(_Doc(), renderer, [(p, r)])
+        reason = _rendered(Doc(), renderer, [(p, r)])
         if reason:
             bad[p] = reason
     skipped.update(bad)
@@ -1959,7 +1122,7 @@ def _section_units(by_cmd: dict[str, list[tuple[str, dict]]], names: dict[str, s
         if cmd == "bench":  # _bench draws its groups in the order they first appear, as here
             groups: dict[str, list] = {}
             for p, r in items:
-                groups.setdefault(f"{workload_label(r)} on {_gpu(r)}", []).append((p, r))
+                groups.setdefault(f"{workload_label(r)} on {gpu_name(r)}", []).append((p, r))
             units += [(cmd, group) for group in groups.values()]
         elif cmd in GROUP_RENDERERS:
             units += [(cmd, items)] if items else []
@@ -1971,7 +1134,7 @@ def _section_units(by_cmd: dict[str, list[tuple[str, dict]]], names: dict[str, s
 def _render_unit(cmd: str, items: list[tuple[str, dict]], names: dict[str, str]) -> tuple[list, dict[str, str]]:
     """One piece of _section_units: its blocks (figures already PNG bytes) and the files it had to
     skip, with why. A module-level function of plain data, so a worker process can run it."""
-    doc, skipped = _Doc(), {}
+    doc, skipped = Doc(), {}
     items = [(p, located(r)) for p, r in items]  # a missing key's error names its whole path
     if cmd == "bench":
         _render_group(doc, functools.partial(_bench, names=names), items, skipped)
@@ -2038,7 +1201,7 @@ def render(result_paths, out_path, title: str | None = None, on_skip: Callable[[
             continue
         try:  # the file table reads the workload, variant and GPU state of every file
             index_rows[p] = [names[p], r["command"], workload_label(r), (r.get("variant") or {}).get("label"),
-                             r.get("mode"), _gpu(r), _gpu_state(r), (r.get("env") or {}).get("timestamp")]
+                             r.get("mode"), gpu_name(r), _gpu_state(r), (r.get("env") or {}).get("timestamp")]
         except Exception as e:  # noqa: BLE001
             skipped[p] = "could not describe it: " + _reason(e)
     by_cmd: dict[str, list[tuple[str, dict]]] = {}
@@ -2046,10 +1209,10 @@ def render(result_paths, out_path, title: str | None = None, on_skip: Callable[[
         if p not in skipped:
             by_cmd.setdefault("change-ab" if r["command"] == "prefix-ab" else r["command"], []).append((p, r))
     units = _section_units(by_cmd, names)
-    body = _Doc()
+    body = Doc()
     rendered = _render_units(units, names, jobs)
     for cmd, heading in SECTIONS:
-        section = _Doc()
+        section = Doc()
         for (unit_cmd, _), (blocks, unit_skipped) in zip(units, rendered):
             if unit_cmd == cmd:
                 section.blocks += blocks
@@ -2065,18 +1228,18 @@ def render(result_paths, out_path, title: str | None = None, on_skip: Callable[[
     if not results:
         raise ValueError("report: no result file could be rendered: "
                          + "; ".join(problems + [f"{p}: {why}" for p, why in skipped.items()]))
-    doc = _Doc()
+    doc = Doc()
     doc.p(f"generated {datetime.datetime.now(datetime.timezone.utc).isoformat(timespec='seconds')} from "
           f"{len(results)} result file(s)" + (f"; {len(problems) + len(skipped)} skipped (listed below)"
                                                if problems or skipped else ""), "note")
     if not plots_available():
         doc.p("No plots: matplotlib is not installed here. The tables are complete; `pip install \"vlaperf[plots]\"` "
               "and render again for the plots.", "warn")
-    summary = _Doc()
+    summary = Doc()
     # a file whose summary row fails (a field some old or damaged file has wrong) is left out of the summary, with
     # its reason, and keeps its own section; the other files' rows stay
     left_out = {p: reason for p, r in results
-                if r["command"] == "bench" and (reason := _rendered(_Doc(), _summary, [(p, r)], names))}
+                if r["command"] == "bench" and (reason := _rendered(Doc(), _summary, [(p, r)], names))}
     reason = _rendered(summary, _summary, [(p, r) for p, r in results if p not in left_out], names)
     if reason:  # each file's row renders alone, not together
         summary.p("no summary: " + reason, "warn")
@@ -2105,3 +1268,4 @@ def render(result_paths, out_path, title: str | None = None, on_skip: Callable[[
     except OSError as e:
         raise ValueError(f"report: cannot write {out_path}: {e}") from None
     return out_path
+
