@@ -411,6 +411,27 @@ def test_read_model_tensors_keeps_the_files_dtypes_and_loads_nothing(tmp_path):
         read_model_tensors(path, {}, False, layout="safetensors")
 
 
+def test_load_checkpoint_warns_where_lerobots_chunk_is_not_the_models_horizon(tmp_path):
+    """The Python API's load: LeRobot's config.json says the chunk the checkpoint was trained with, which no tensor
+    holds; a model of another action_horizon loads (strict on the tensors) with a warning naming both and the fix,
+    and one of the trained horizon loads without it."""
+    import json
+    import warnings
+
+
+    folder = tmp_path / "ckpt"
+    save_checkpoint(build_model("tiny", seed=1), folder, layout="lerobot")
+    (folder / "config.json").write_text(json.dumps({"type": "pi0", "chunk_size": 4}))
+    with pytest.warns(UserWarning, match=r"trained with 4 actions a chunk \(chunk_size\); this model has "
+                                         r"action_horizon 10.*get_config\(preset, action_horizon=4\)"):
+        load_checkpoint(build_model("tiny"), folder)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        load_checkpoint(build_model(get_config("tiny", action_horizon=4)), folder)
+        (folder / "config.json").unlink()  # openpi's files: no config.json, nothing to compare
+        load_checkpoint(build_model("tiny"), folder)
+
+
 def test_lerobots_config_sets_the_chunk_and_refuses_the_other_family(tmp_path, capsys):
     """The chunk a checkpoint was trained with is not in its weights; LeRobot's config.json beside them says it.
     The run takes it (a note where the workload's differs), an --action-horizon against it is exit 2, a pi0.5

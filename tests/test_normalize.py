@@ -542,6 +542,22 @@ def test_pi05_prompt_state_is_normalized():
     np.testing.assert_allclose(tok.states[0][:d], ns.normalize_state64(ex["observation/state"]))
 
 
+def test_pi05_prompt_state_bins_the_clients_float64_values():
+    """The state is binned from the float64 values the client sent, as openpi does: a value just below a bin's edge
+    that float32 rounds onto the edge stays in the lower bin (a float32 copy moved it up one)."""
+    w = get_workload("libero-pi05")
+    edge = np.linspace(-1.0, 1.0, 257)[130]  # 0.015625, exact in float32
+    below = edge - 1e-12
+    assert np.float32(below) == edge and state_prompt(np.array([below])) == "State: 129;"
+    tok = _StateTok()
+    tr = ObservationTransform(w, w.model_config(), tok)  # no statistics: the state is binned as sent
+    ex = make_example(w, seed=0)
+    ex["observation/state"] = np.full(w.state_dim, below)
+    tr.host_arrays(ex)
+    assert tok.states[0].dtype == np.float64 and state_prompt(tok.states[0][:1]) == "State: 129;"
+    assert tr.host_arrays(ex).states[0].dtype == np.float32  # the model's own state input stays float32
+
+
 def test_openpi_zscore_eps():
     """Openpi's z-score has eps = 1e-6 added to std, both ways."""
     from vlaperf.normalize import ArrayStats, NormStats

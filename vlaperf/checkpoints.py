@@ -19,6 +19,7 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import warnings
 from pathlib import Path
 
 import torch
@@ -170,10 +171,18 @@ def load_checkpoint(model: Pi0Model, path: str | os.PathLike, layout: str = "aut
     checkpoint folder (orbax's params/, or the folder holding it: vlaperf.openpi_jax).
     Raises CheckpointError listing every missing, unexpected or wrongly shaped tensor.
     Returns a small report: layout, tensor count, dtypes found in the file (and, for JAX, the tensors filled).
+    Warns where LeRobot's config.json beside the weights says the checkpoint was trained with another action
+    chunk than the model's `action_horizon` (the horizon is in no tensor, so the strict load cannot see it).
     """
     named, report = read_model_tensors(path, {k: v.shape for k, v in model.state_dict().items()},
                                        model.config.pi05, layout)
     load_read_tensors(model, named, report)
+    trained = lerobot_config(path)
+    if trained is not None and trained["chunk_size"] != model.config.action_horizon:
+        warnings.warn(f"{trained['path']}: the checkpoint was trained with {trained['chunk_size']} actions a chunk "
+                      f"(chunk_size); this model has action_horizon {model.config.action_horizon}, and the action "
+                      "tokens attend to one another, so its chunks are not the ones the checkpoint learned: build the "
+                      f"model with get_config(preset, action_horizon={trained['chunk_size']})", stacklevel=2)
     return report
 
 

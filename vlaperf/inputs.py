@@ -456,10 +456,12 @@ class ObservationTransform:
         else:
             state = _state_part(example, self._state_key(), self.workload.state_dim)
         with np.errstate(over="ignore"):
-            state32 = state.astype(np.float32)
-        if not np.isfinite(state32).all():
+            fits_float32 = np.isfinite(state.astype(np.float32)).all()
+        if not fits_float32:
             raise InputError(f"{self._state_key()}: state holds values beyond float32's range (|x| > 3.4e38)")
-        return state32
+        # float64 of the client's own values, not a float32 copy: openpi normalizes and bins (pi0.5's state in the
+        # prompt) what the client sent, and float32 rounding moved a value across a bin edge ~1 call in 3,000
+        return state.astype(np.float64)
 
     def _model_state(self, example: dict) -> tuple[np.ndarray, np.ndarray]:
         """(the state in the model's space before normalization, float64; the state as the model takes it, after
