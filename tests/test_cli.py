@@ -545,6 +545,17 @@ def test_an_interrupted_matrix_writes_what_it_has(tmp_path, monkeypatch, capsys)
     assert [v["skipped"] for v in r["variants"][2:]] == ["not prepared: the matrix was interrupted"] * 2
     assert not any("timers" in v for v in r["variants"])
     assert "interrupted: wrote the 4 rows so far" in capsys.readouterr().out
+    # the report says so, instead of "2 interleaved rounds", and keeps the prepared rows' check, first call and levers
+    from vlaperf.report.document import cell
+    from vlaperf.report.render import render
+
+    render([tmp_path / "t.json"], tmp_path / "t.md")
+    md = (tmp_path / "t.md").read_text()
+    assert "interrupted (Ctrl-C or SIGTERM) before its 2 interleaved rounds finished, so no variant was timed" in md
+    assert "2 interleaved rounds after" not in md
+    row = r["variants"][1]
+    assert (f"| for_loop | not timed: the matrix was interrupted | - | - | - | - | {cell(row['equivalence']['rel_l2'])} "
+            f"| {cell(row['first_call_s'])} | - | for_loop |") in md
 
     def prepare_swallowing_the_signal(model, spec, *a, **kw):  # as a library that catches it would
         if spec == "for_loop":

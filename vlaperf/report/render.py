@@ -575,16 +575,23 @@ def _matrix(doc: Doc, path: str, r: dict) -> None:
                "on its GPU (the \"reference ms\" column) / median of the variant; rows of different tasks are not "
                "divided by one another" if on_ray else
                f"speedup = median of the baseline ({r.get('baseline', 'reference')}) / median of the variant")
-    doc.p(f"{path}: {r.get('iters')} interleaved rounds after {r.get('warmup')} warm-up calls per variant{idle}; "
-          f"{against}; 'noise' = the p10..p90 of per-round ratios includes 1.", "note")
+    if r.get("interrupted"):  # Ctrl-C or SIGTERM before the rounds ended: no row has a speed
+        doc.p(f"{path}: interrupted (Ctrl-C or SIGTERM) before its {r.get('iters')} interleaved rounds finished, so no "
+              "variant was timed; the rows prepared by then keep their equivalence and first call.", "warn")
+    else:
+        doc.p(f"{path}: {r.get('iters')} interleaved rounds after {r.get('warmup')} warm-up calls per variant{idle}; "
+              f"{against}; 'noise' = the p10..p90 of per-round ratios includes 1.", "note")
     if r.get("left_out"):  # a preset's rows that need a CUDA device, on a file made without one
         doc.p(f"{r['left_out']}.", "note")
     rows, timed = [], []
     for v in r.get("variants", []):
         # world-action matrices have a row per variant and sparsity mode, each against the reference at its sparsity
         name = short_variant(v.get("variant", "")) + (f" | {v['sparsity']}" if v.get("sparsity") else "")
-        if "timers" not in v:
-            rows.append([name, v.get("skipped", "not timed")] + [None] * (9 if on_ray else 8))
+        if "timers" not in v:  # skipped: a row that failed its check or was prepared before an interrupt keeps
+            # its error, first call and levers (the error is why it has no speed)
+            rows.append([name, v.get("skipped", "not timed")] + [None] * (5 if on_ray else 4)
+                        + [(v.get("equivalence") or {}).get("rel_l2"), v.get("first_call_s"), None,
+                           ", ".join(v.get("levers") or []) or "-"])
             continue
         w, e = v["timers"]["wall_ms"], v["timers"].get("cuda_event_ms")
         q = _wall_ratio(v)
