@@ -148,8 +148,16 @@ def test_diff_command_prints_the_change_and_gates_a_slowdown(tmp_path, capsys):
     # a zero median used to end in a ZeroDivisionError, exit 1, read by a CI gate as a slowdown
     (lambda r: r["timers"]["wall_ms"].update(median=0), "BEFORE {before}: timers.wall_ms.median is 0, expected a "
                                                         "positive number of ms"),
-    (lambda r: r.update(rtc={"execution_horizon": 5}), "real-time chunking (bench --rtc) differs: execution_horizon=5 "
-                                                       "before, none (cpu) after"),
+    (lambda r: r.update(rtc={"execution_horizon": 5, "max_guidance_weight": 10.0, "schedule": "exp", "delay": 2,
+                             "vs_unguided": {"wall_ms": {"unguided_median": 2.5}}}),
+     "real-time chunking (bench --rtc) differs: guided (delay=2, execution_horizon=5, max_guidance_weight=10.0, "
+     "schedule=exp) before, not guided after"),
+    (lambda r: r["env"].update(gpu_state="x"), "BEFORE {before}: invalid vlaperf result: env.gpu_state: expected an "
+                                               "object or null, got string"),
+    (lambda r: r["env"].update(git_commit=-1), "BEFORE {before}: invalid vlaperf result: env.git_commit: expected a "
+                                               "string or null, got number"),
+    (lambda r: r["processes"]["runs"][0].update(timers="x"),
+     "BEFORE {before}: bench: processes.runs[0].timers: expected an object, got string"),
 ])
 def test_diff_command_refuses_files_it_cannot_compare(tmp_path, capsys, change, message):
     from vlaperf.cli import main
@@ -318,3 +326,14 @@ def test_a_damaged_breakdown_is_named_not_a_traceback(tmp_path, capsys, change, 
     after = _write(tmp_path, "a.json", _breakdown([{"transform": 1.0, "step": 8.0}]))
     assert main(["diff", before, after]) == 2
     assert f"BEFORE {before}: {message}" in capsys.readouterr().err
+
+
+def test_diff_names_a_missing_file_as_before_or_after_and_warns_on_one_file_twice(tmp_path, capsys):
+    from vlaperf.cli import main
+
+    before = _write(tmp_path, "before.json", _processes(10, 11))
+    missing = str(tmp_path / "gone.json")
+    assert main(["diff", before, missing]) == 2
+    assert f"AFTER {missing}: No such file or directory" in capsys.readouterr().err
+    assert main(["diff", before, before]) == 0
+    assert "warning: BEFORE and AFTER are the same file: no change can show" in capsys.readouterr().out

@@ -405,6 +405,8 @@ def cmd_diff(args) -> int:
             raise CliError(f"{name} {path}: not JSON ({e})") from None
         except SchemaError as e:
             raise CliError(f"{name} {path}: {e}") from None
+        except OSError as e:  # a missing or unreadable file, named as BEFORE or AFTER like every other problem
+            raise CliError(f"{name} {path}: {e.strerror or e}") from None
         if r["command"] not in ("bench", "breakdown"):
             raise CliError(f"{name} {path}: a {r['command']!r} file; diff compares two 'bench' or two 'breakdown' files")
         problem = field_problem(r) or timer_problem(r) or content_problem(r)
@@ -427,6 +429,8 @@ def cmd_diff(args) -> int:
         env = r.get("env") or {}
         console.print(f"{name}: {path}: {(r.get('variant') or {}).get('label')}, commit "
                       f"{(env.get('git_commit') or '-')[:12]}, {str(env.get('timestamp') or '-')[:19]}")
+    if Path(args.before).resolve() == Path(args.after).resolve():
+        problems = [*problems, "BEFORE and AFTER are the same file: no change can show"]
     for p in problems:
         console.print(f"[yellow]warning: {p}[/]")
     devices = [r["env"].get("gpu") or "cpu" for r in (before, after)]  # --allow-mismatch: both, before -> after

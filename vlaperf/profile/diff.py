@@ -45,8 +45,6 @@ def _get(r: dict, where: str):
 def mismatches(before: dict, after: dict) -> list[str]:
     """What differs between two result files that makes their medians incomparable, in words (empty: comparable)."""
     fields = SAME
-    if bool(before.get("rtc")) != bool(after.get("rtc")):  # `bench --rtc` times the guided call, another workload
-        fields += (("rtc", "real-time chunking (bench --rtc)"),)
     if _get(before, "workload.settings") is not None and _get(after, "workload.settings") is not None:
         fields += (("workload.settings", "workload settings"),)
     out = []
@@ -56,7 +54,12 @@ def mismatches(before: dict, after: dict) -> list[str]:
             keys = {k for k in a.keys() | b.keys() if a.get(k) != b.get(k)}
             a, b = {k: a.get(k) for k in keys if k in a}, {k: b.get(k) for k in keys if k in b}
         if a != b:
-            out.append(f"{name} differ{'' if name.endswith('s') else 's'}: {_show(a)} before, {_show(b)} after")
+            out.append(f"{name} differ{'' if name.endswith('s') else 's'}: {_show(a, where)} before, "
+                       f"{_show(b, where)} after")
+    # `bench --rtc` times the guided call of real-time chunking, another workload: its settings, not its measurements
+    a, b = rtc_settings(before), rtc_settings(after)
+    if a != b:
+        out.append(f"real-time chunking (bench --rtc) differs: {_rtc_words(a)} before, {_rtc_words(b)} after")
     # `breakdown --idle-ms` times every call, the file's timers included, after the idle: the idle's cost is no change
     # (h100's s49 breakdowns of one commit, back to back and 50 ms idle, differed by +5.1%: a failed --max-slowdown 5)
     a, b = idle_cadence(before), idle_cadence(after)
@@ -76,10 +79,26 @@ def idle_cadence(r: dict) -> str:
     return f"{ms:g} ms {'spinning' if bd.get('idle_spin') else 'idle'}" if isinstance(ms, (int, float)) else repr(ms)
 
 
-def _show(x) -> str:
-    if isinstance(x, dict):  # overrides, settings, rtc
+def _show(x, where: str = "") -> str:
+    if isinstance(x, dict):  # overrides, settings
         return ", ".join(f"{k}={v}" for k, v in sorted(x.items())) or "none"
-    return "none (cpu)" if x is None else str(x)
+    if x is None:
+        return "none (cpu)" if where == "env.gpu" else "none"
+    return str(x)
+
+
+# what a `bench --rtc` file's guided call was asked to do (its `rtc` also holds measurements: vs_unguided)
+RTC_SETTINGS = ("execution_horizon", "max_guidance_weight", "schedule", "delay")
+
+
+def rtc_settings(r: dict) -> dict | None:
+    """The settings of a `bench --rtc` file's guided call; None for a file that timed the unguided call."""
+    rtc = r.get("rtc")
+    return {k: rtc.get(k) for k in RTC_SETTINGS} if isinstance(rtc, dict) and rtc else None
+
+
+def _rtc_words(settings: dict | None) -> str:
+    return "not guided" if settings is None else f"guided ({_show(settings)})"
 
 
 def timer_problem(r: dict) -> str | None:

@@ -108,7 +108,10 @@ def process_problem(processes) -> str | None:
     if isinstance(headline, bool) or not isinstance(headline, int) or not 0 <= headline < len(runs):
         return f"processes.headline: expected the index of a run (0..{len(runs) - 1}), got {headline!r}"
     for i, run in enumerate(runs):
-        errors = validate_summary((run.get("timers") or {}).get("wall_ms"), f"processes.runs[{i}].timers.wall_ms")
+        timers = run.get("timers")
+        if not isinstance(timers, dict):
+            return f"processes.runs[{i}].timers: expected an object, got {json_kind(timers)}"
+        errors = validate_summary(timers.get("wall_ms"), f"processes.runs[{i}].timers.wall_ms")
         if errors:
             return errors[0]
         stages = run.get("stages_ms")

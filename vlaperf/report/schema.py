@@ -20,6 +20,11 @@ SCHEMA = "vlaperf.result/1"
 SUMMARY_KEYS = ("count", "mean", "median", "p90", "p95", "p99", "min", "max", "std")
 REQUIRED = ("schema", "command", "workload", "env")
 ENV_KEYS = ("gpu", "driver", "cuda", "torch", "triton", "python", "vlaperf", "git_commit", "env_vars", "c_compiler")
+# env fields that the readers (report, diff, performance.md) print or slice as text, and those they read keys of:
+# a damaged value fails here, naming it, not as an AttributeError in `diff` (whose exit 1 means a slowdown)
+ENV_TEXT = ("gpu", "driver", "cuda", "torch", "triton", "python", "vlaperf", "git_commit", "c_compiler", "hostname",
+            "timestamp", "device")
+ENV_OBJECTS = ("env_vars", "gpu_state")
 
 
 class SchemaError(ValueError):
@@ -77,6 +82,10 @@ def validate_result(result) -> dict:
     env = result.get("env", {})
     if isinstance(env, dict):
         errors += [f"env: missing {k!r}" for k in ENV_KEYS if k not in env]
+        errors += [f"env.{k}: expected a string or null, got {json_kind(env[k])}" for k in ENV_TEXT
+                   if env.get(k) is not None and not isinstance(env[k], str)]
+        errors += [f"env.{k}: expected an object or null, got {json_kind(env[k])}" for k in ENV_OBJECTS
+                   if env.get(k) is not None and not isinstance(env[k], dict)]
     else:
         errors.append(f"env: expected an object, got {json_kind(env)}")
     first = result.get("first_call_s")
