@@ -205,6 +205,11 @@ def test_describe_fit_flags_a_line_that_does_not_fit():
     assert "poor fit" in describe_fit({"intercept": -0.1, "slope": 1.0, "r2": 0.999})
     assert "poor fit" in describe_fit({"intercept": 6.0, "slope": 0.8, "r2": 0.94})  # r^2 below 0.95
     assert describe_fit({"intercept": 13.9, "slope": 0.628, "r2": 0.99876}) == "T(N) = 13.900 + 0.628*N ms (r^2 0.9988)"
+    # more steps never take less time: a falling T(N) (noise over few --iters) is flagged, and reads as arithmetic
+    falling = fit_linear([1, 2, 5], [10.0, 9.5, 8.0])
+    assert falling["r2"] == pytest.approx(1.0) and falling["slope"] == pytest.approx(-0.5)
+    assert describe_fit(falling) == ("T(N) = 10.500 - 0.500*N ms (r^2 1.0000) (poor fit: a negative cost per step b; "
+                                     "more --iters or a quieter machine)")
 
 
 def test_a_two_point_fit_says_so_instead_of_an_r2_of_one():

@@ -1924,5 +1924,5 @@ def test_scaling_section_flags_a_poor_fit_as_the_cli_table_does(tmp_path):
     assert "poor fit" in describe_fit(r["scaling"]["series"][0]["fit"])
     md = render([_write(tmp_path / "poor.json", r)], tmp_path / "poor.md").read_text()
     label = r["scaling"]["series"][0]["label"]
-    assert f"poor fit (r2 below 0.95 or a negative intercept: not a line, its a and b mean little; more --iters or " \
+    assert f"poor fit (r2 below 0.95, or a negative intercept or slope: its a and b mean little; more --iters or " \
            f"a quieter machine): {label}\n" in md

@@ -43,18 +43,25 @@ def fit_linear(ns: Sequence[float], times: Sequence[float]) -> dict[str, float]:
 
 
 def poor_fit(fit: dict[str, float]) -> bool:
-    """Noise or a non-linear T(N): the line's a and b mean little (the CLI's table and the report both say so)."""
-    return fit["r2"] < 0.95 or fit["intercept"] < 0
+    """Noise or a non-linear T(N): the line's a and b mean little (the CLI's table and the report both say so). A
+    negative fixed cost a or cost per step b is no call's: more steps never take less time."""
+    return fit["r2"] < 0.95 or fit["intercept"] < 0 or fit["slope"] < 0
+
+
+def _signed(x: float) -> str:
+    """'+ 0.628' or '- 0.500': the line reads as arithmetic ('10.500 - 0.500*N', not '10.500 + -0.500*N')."""
+    return f"{'-' if x < 0 else '+'} {abs(x):.3f}"
 
 
 def describe_fit(fit: dict[str, float], points: int | None = None) -> str:
     """The fitted line and its r^2; fitted to `points` T(N), where two say so instead of the r^2 (1 whatever T(N)
     does: one line passes through any two points, so it is no evidence of a line)."""
-    text = f"T(N) = {fit['intercept']:.3f} + {fit['slope']:.3f}*N ms"
+    text = f"T(N) = {fit['intercept']:.3f} {_signed(fit['slope'])}*N ms"
     text += " (2 points: a line fits any two, so no r^2; 3 or more --steps test it)" if points == 2 \
         else f" (r^2 {fit['r2']:.4f})"
     if poor_fit(fit):  # says which test failed: with 2 points the r^2 is 1, and only the intercept can be at fault
-        why = "a negative fixed cost a" if fit["r2"] >= 0.95 else "not a line"
+        why = ("not a line" if fit["r2"] < 0.95 else "a negative cost per step b" if fit["slope"] < 0
+               else "a negative fixed cost a")
         text += f" (poor fit: {why}; more --iters or a quieter machine)"
     return text
 

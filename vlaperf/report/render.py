@@ -771,10 +771,10 @@ def _scaling(doc: Doc, path: str, r: dict) -> None:
     if any(len(s["points"]) == 2 for s in sc["series"]):  # as `vlaperf scaling` says in its table
         doc.p("r2 left out (-): a line fits any two points exactly, so with 2 step counts r2 is 1 whatever T(N) does; "
               "3 or more --steps test the line", "note")
-    # as `vlaperf scaling` flags them in its table: a negative intercept or a low r2 is no a and b to quote
+    # as `vlaperf scaling` flags them in its table: a negative intercept or slope or a low r2 is no a and b to quote
     poor = [s["label"] for s in sc["series"] if poor_fit(s["fit"])]
     if poor:
-        doc.p(f"poor fit (r2 below 0.95 or a negative intercept: not a line, its a and b mean little; more --iters "
+        doc.p(f"poor fit (r2 below 0.95, or a negative intercept or slope: its a and b mean little; more --iters "
               f"or a quieter machine): {', '.join(poor)}", "warn")
     if plots_available():
         doc.fig(plot_scaling(sc, None, title=f"T(N) = a + b*N, {workload_label(r)}"), "T(N) fit")
