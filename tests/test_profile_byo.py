@@ -95,3 +95,26 @@ def test_explicit_recorder_argument_style():
     policy(x)  # runs without a profiler
     bd = breakdown_fn(lambda rec: policy(x, rec), warmup=1, iters=3, untimed=lambda: policy(x))
     assert [s["name"] for s in bd["stages"]] == ["a", "b", UNMARKED]
+
+
+def test_a_breakdown_whose_stage_medians_do_not_add_up_says_so():
+    """Each stage's median is of its own calls: where the calls vary (here the 20 ms moves between three stages from
+    call to call) the medians stop adding up to the call's, and the statement says how far (the share column's total),
+    instead of leaving shares that sum to ~0% unexplained."""
+    import time
+
+    calls = [0]
+
+    def policy(rec):
+        for i, name in enumerate(("a", "b", "c")):
+            with rec.stage(name):
+                if calls[0] % 3 == i:
+                    time.sleep(0.02)
+        calls[0] += 1
+
+    bd = breakdown_fn(policy, warmup=1, iters=3, untimed=lambda: time.sleep(0.02))
+    added = bd["stage_sum_of_medians_ms"] / bd["span_ms"]["median"]
+    assert added < 0.1
+    assert f"the stages' medians add to only {100 * added:.1f}% of the staged call's median" in bd["statement"]
+    steady = breakdown_fn(lambda rec: time.sleep(0.02), warmup=1, iters=3, untimed=lambda: time.sleep(0.02))
+    assert "medians add to" not in steady["statement"]

@@ -347,6 +347,12 @@ def breakdown_fn(call: Callable[[Any], Any], *, device: torch.device | str = "cp
         statement += ("; far from 100%: the staged call is not the untimed one (the marks' own cost, a noisy "
                       "machine, or a call that differs): read the stages as shares of the staged call, and rerun "
                       "with more --iters on a quieter machine before taking their times as the call's")
+    added = stats["stage_sum_of_medians_ms"] / instrumented if instrumented > 0 else None
+    if added is not None and not COVERAGE_FAIR[0] <= added <= COVERAGE_FAIR[1]:
+        # each stage's median is of its own calls: on a quiet machine they add up to the call's, on a noisy one not
+        statement += (f"; the stages' medians add to {'only ' if added < 1 else ''}{100 * added:.1f}% of the staged "
+                      "call's median (the share column's total), each being the median of its own calls: the calls "
+                      "varied too much for their parts to add up, so rerun with more --iters on a quieter machine")
     return {
         # the warm-up calls made: 0 makes one, and the file said 0 beside the untimed timing's 1
         "timer": timer, "warmup": max(warmup, 1), "iters": iters, "idle_ms": idle_ms, "idle_spin": idle_spin, **stats,
