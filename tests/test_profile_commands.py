@@ -145,13 +145,17 @@ def test_syncs_command(tmp_path):
     assert read_result(out)["syncs"]["hidden_per_call"] == 0
 
 
-def test_doctor_command(tmp_path, monkeypatch):
+def test_doctor_command(tmp_path, monkeypatch, capsys):
     monkeypatch.delenv("TORCHDYNAMO_DISABLE", raising=False)
     out = tmp_path / "doc.json"
     code = main(["doctor", *COMMON, "--json", str(out)])
     r = read_result(out)
     assert code == exit_code(r["findings"]) == r["exit_code"]
     assert any(f["id"] == "model.host_syncs" for f in r["findings"])
+    # the console says how each cost was measured (or why it was not resolved), as the file does
+    console = " ".join(capsys.readouterr().out.split())
+    noted = [f for f in r["findings"] if f.get("cost_note")]
+    assert noted and all(" ".join(f["cost_note"].split())[:40] in console for f in noted)
     env_only = tmp_path / "env.json"
     code = main(["doctor", "--device", "cpu", "--json", str(env_only)])
     assert code in (0, 1) and read_result(env_only)["workload"]["id"] is None

@@ -376,7 +376,9 @@ def test_model_checks_on_the_reference_path():
     assert masked["fix"] == "lever skip_masked_images" and masked["cost"] > 0
     assert "embed_image" in masked["cost_note"]
     padded = found["model.padded_prompt"]
-    assert padded["title"].startswith("10 padded prompt tokens") and padded["cost"] is not None
+    # measured, or (the padding's cost below this machine's noise) said to be unresolved
+    assert padded["title"].startswith("10 padded prompt tokens")
+    assert padded["cost"] is not None or padded["cost_note"].startswith("not resolved")
     assert found["model.eager_attention"]["fix"] == "lever sdpa"
 
 
@@ -607,9 +609,10 @@ def test_doctor_refuses_other_models_and_presets_without_a_workload():
         model_checks(model, measure=False)
 
 
-def test_padded_prompt_counts_the_longest_prompt_and_clamps_its_cost(monkeypatch):
+def test_padded_prompt_counts_the_longest_prompt_and_leaves_an_unresolved_cost_out(monkeypatch):
     """The padding is what the longest prompt of the batch leaves; a trimmed prefill timed slower than the full one
-    costs 0, not a negative time; eager attention is a note on the CPU."""
+    is no cost (not a negative time, nor a 0 that reads as "padding is free"), with both times and why; eager
+    attention is a note on the CPU."""
     import dataclasses
 
     from vlaperf.profile.doctor import model_checks
@@ -624,7 +627,9 @@ def test_padded_prompt_counts_the_longest_prompt_and_clamps_its_cost(monkeypatch
     assert padded["title"] == f"{w.prompt_slots - 6} padded prompt tokens computed per sample ({w.prompt_slots} slots, 6 valid)"
     assert f"the prefix holds {prefix} tokens of which {w.prompt_slots - 6} are prompt padding " \
            f"({100 * (w.prompt_slots - 6) / prefix:.1f}%)" in padded["detail"]
-    assert padded["cost"] == 0.0 and "2.000 ms - over the trimmed prefix 3.000 ms" in padded["cost_note"]
+    assert padded["cost"] is None and padded["cost_note"].startswith(
+        "not resolved: model.prefill over the full prefix 2.000 ms - over the trimmed prefix 3.000 ms, the longer "
+        "prefix the faster")
     assert found["model.eager_attention"]["severity"] == "info"
 
 

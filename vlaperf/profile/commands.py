@@ -303,6 +303,7 @@ def _report_syncs(args, fn, device, expected: int, header) -> int:
 
 def cmd_doctor(args) -> int:
     import torch
+    from rich.markup import escape
     from rich.table import Table
 
     from vlaperf.profile.doctor import doctor, exit_code
@@ -338,7 +339,9 @@ def cmd_doctor(args) -> int:
         t.add_column(col, overflow="fold")
     style = {"error": "bold red", "warning": "yellow", "info": "dim"}
     for f in findings:
-        t.add_row(f"[{style[f['severity']]}]{f['severity']}[/]", f"{f['title']}\n[dim]{f['detail']}[/]",
+        # how the cost was measured, or why it could not be resolved ("-" alone read as "not measured")
+        how = f"\n[dim italic]{escape(f['cost_note'])}[/]" if f.get("cost_note") else ""
+        t.add_row(f"[{style[f['severity']]}]{f['severity']}[/]", f"{f['title']}\n[dim]{f['detail']}[/]{how}",
                   f"{f['cost']:.3f}" if f["cost"] is not None else "-", f["fix"] or "")
     _console().print(t)
     code = exit_code(findings)
