@@ -93,7 +93,13 @@ def test_scaling_command(tmp_path):
     r = read_result(out)
     assert [s["label"] for s in r["scaling"]["series"]] == ["reference", "for_loop"]
     assert "r2" in r["scaling"]["fit"] and png.stat().st_size > 0
-    assert r["mode"] == "model"
+    assert r["mode"] == "model" and r["variant"]["levers"] == []  # several variants: their label names them
+    # one variant: its levers as resolved, as a bench file records them (they read as the reference's before)
+    assert main(["scaling", *COMMON, "--steps", "1,2", "--levers", "exact", "--warmup", "1", "--iters", "1",
+                 "--json", str(out)]) == 0
+    from vlaperf.engine.levers import Levers
+
+    assert read_result(out)["variant"]["levers"] == Levers.parse("exact", "cpu").names() != []
 
 
 def test_scaling_resolves_best_for_the_models_dtype_when_it_refuses_a_variant_given_twice(monkeypatch, capsys):

@@ -229,7 +229,10 @@ def cmd_scaling(args) -> int:
                   describe_fit(s["fit"], len(s["points"])))
     _console().print(t)
     header = wam.header if is_wam_workload(args.workload) else result_header
-    result = header("scaling", base, workload, model, environment_record(device), [], args.levers, args.mode)
+    # one variant: its levers as resolved, as bench records them; several: none, their label names them (as matrix)
+    only = next(iter(sources.values())) if len(sources) == 1 else None
+    levers = only.levers.names() if only is not None and hasattr(only, "levers") else []
+    result = header("scaling", base, workload, model, environment_record(device), levers, args.levers, args.mode)
     result["scaling"] = sc
     _write(result, args.json)
     if args.plot:
