@@ -216,19 +216,23 @@ def explain(e: Exception, ref: HubRef) -> str:
     from huggingface_hub import utils as errors  # (where huggingface_hub 0.24 to 2.x all export these)
 
     first = (str(e).strip().splitlines() or [type(e).__name__])[0][:200]
+    # owner/name without hf://: read from the Hub only because no local path of that name exists (a mistyped
+    # `ckpt/model.safetensors` is such a name), which the message says wherever the Hub could not answer for it
+    no_local = "" if ref.explicit else f"; no local path {ref.repo!r} exists either"
     if isinstance(e, errors.GatedRepoError):
         return (f"the repo {ref.repo} is gated: accept its terms on huggingface.co, then log in (`hf auth login` or "
                 "HF_TOKEN)")
     if isinstance(e, errors.RepositoryNotFoundError):
         return (f"no model repo {ref.repo} on the Hugging Face Hub (or it is private: log in with `hf auth login` or "
-                "HF_TOKEN)" + ("" if ref.explicit else "; a local path of that name does not exist either"))
+                "HF_TOKEN)" + no_local)
     if isinstance(e, errors.RevisionNotFoundError):
         return f"the repo {ref.repo} has no revision {ref.revision!r}"
     if isinstance(e, (errors.LocalEntryNotFoundError, errors.OfflineModeIsEnabled)):  # not cached; offline or unreached
         offline = constants.is_offline_mode() if hasattr(constants, "is_offline_mode") else constants.HF_HUB_OFFLINE
         if offline:
-            return f"HF_HUB_OFFLINE is set and the Hub's cache ({constants.HF_HUB_CACHE}) does not hold it"
-        return f"the Hub could not be reached ({first}) and its cache ({constants.HF_HUB_CACHE}) does not hold it"
+            return f"HF_HUB_OFFLINE is set and the Hub's cache ({constants.HF_HUB_CACHE}) does not hold it{no_local}"
+        return (f"the Hub could not be reached ({first}) and its cache ({constants.HF_HUB_CACHE}) does not hold "
+                f"it{no_local}")
     if isinstance(e, errors.EntryNotFoundError):
         return f"the repo {ref.repo} has no file {ref.path or WANTED['--tokenizer'][0]!r}"
     return f"{type(e).__name__}: {first}"
