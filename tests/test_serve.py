@@ -1136,7 +1136,7 @@ def test_batch_window_counts_from_when_the_worker_is_free():
     from vlaperf.serve.server import _Job
 
     server = PolicyServer(_Recorder(TINY), port=0, max_batch=4, max_wait_ms=300)
-    server._n_connections = 4
+    server._last_heard.update(dict.fromkeys(range(4), time.perf_counter()))  # 4 active connections
     long_ago = time.perf_counter() - 1.0  # queued while the GPU was busy
     job = lambda t: _Job({}, len(server._pending), None, None, t)  # noqa: E731
     server._pending.extend([job(long_ago), job(long_ago)])
@@ -1159,7 +1159,7 @@ def test_idle_inference_threads_share_the_queue():
     from vlaperf.serve.server import _Job
 
     server = PolicyServer(_Recorder(TINY), port=0, max_batch=8, max_wait_ms=50)
-    server._n_connections = 8
+    server._last_heard.update(dict.fromkeys(range(8), time.perf_counter()))  # 8 active connections
     server._pending.extend(_Job({}, i, None, None, time.perf_counter()) for i in range(8))
     server._idle_workers = 1  # the other thread, already waiting in _next_batch
     first = server._next_batch()
@@ -1401,7 +1401,7 @@ def test_batch_is_capped_at_max_batch():
     """A batch never holds more than max_batch observations."""
     from vlaperf.serve.server import PolicyServer
     server = PolicyServer(_Recorder(TINY), port=0, max_batch=4, max_wait_ms=0.0, warmup_batch_sizes=())
-    server._n_connections = 10
+    server._last_heard.update(dict.fromkeys(range(10), time.perf_counter()))  # 10 active connections
     server._pending.extend(_jobs(10))
     assert len(server._next_batch()) == 4 and len(server._pending) == 6
 
@@ -1410,11 +1410,49 @@ def test_batch_leaves_early_when_no_one_else_can_join():
     """Once every open connection has a job in the batch, the batcher leaves without waiting for max_wait."""
     from vlaperf.serve.server import PolicyServer
     server = PolicyServer(_Recorder(TINY), port=0, max_batch=8, max_wait_ms=2000.0, warmup_batch_sizes=())
-    server._n_connections = 2
+    server._last_heard.update(dict.fromkeys(range(2), time.perf_counter()))  # 2 active connections
     server._pending.extend(_jobs(2))
     t0 = time.perf_counter()
     assert len(server._next_batch()) == 2
     assert time.perf_counter() - t0 < 0.5
+
+
+def test_the_batcher_waits_for_active_connections_only():
+    """The batch waits (up to max_wait_ms) for a connection that opened or asked recently and has none in the batch:
+    a robot's next observation is due. A connection quiet for longer than ACTIVE_CONNECTION_S (a paused robot, a
+    dashboard) is not waited for: it made every other client pay max_wait_ms on every call."""
+    from vlaperf.serve.server import ACTIVE_CONNECTION_S, PolicyServer
+
+    server = PolicyServer(_Recorder(TINY), port=0, max_batch=8, max_wait_ms=2000.0, warmup_batch_sizes=())
+    now = time.perf_counter()
+    server._last_heard.update({0: now, 1: now - ACTIVE_CONNECTION_S - 1.0})  # 1: quiet for 3 s
+    server._pending.extend(_jobs(1))  # connection 0's request
+    t0 = time.perf_counter()
+    assert len(server._next_batch()) == 1 and time.perf_counter() - t0 < 0.5
+    server._busy.clear()
+    server._last_heard[1] = time.perf_counter()  # 1 asked a moment ago: its next request is due, so wait for it
+    server._pending.extend(_jobs(1))
+    server.max_wait_ms = 300.0
+    t0 = time.perf_counter()
+    assert len(server._next_batch()) == 1 and time.perf_counter() - t0 >= 0.29
+
+
+def test_an_idle_connection_does_not_make_an_active_one_wait(model, monkeypatch):
+    """Over the wire: a second connection that stays open without asking (a dashboard, a paused robot) no longer makes
+    the active client's every request wait max_wait_ms once it has been quiet for ACTIVE_CONNECTION_S."""
+    from vlaperf.serve import server as server_mod
+
+    monkeypatch.setattr(server_mod, "ACTIVE_CONNECTION_S", 0.3)
+    s = PolicyServer(fixed_noise_policy(model), port=0, max_batch=8, max_wait_ms=3000.0).start()
+    try:
+        with raw_connection(s) as active, raw_connection(s):  # the second never sends
+            time.sleep(0.4)  # both quiet past the window
+            for seed in range(3):
+                reply = unpackb(roundtrip(active, packb(make_example(TINY, seed=seed))))
+                assert_result(reply)
+                assert reply["server_timing"]["queue_ms"] < 1000, reply["server_timing"]
+    finally:
+        s.stop()
 
 
 def test_a_prompt_sent_as_a_0d_numpy_array_reaches_the_policy_as_text():
@@ -1619,14 +1657,15 @@ def test_a_connection_waiting_on_a_batch_in_flight_cannot_join_and_idle_threads_
     from vlaperf.serve.server import _Job
 
     server = PolicyServer(_Recorder(TINY), port=0, max_batch=8, max_wait_ms=2000.0, warmup_batch_sizes=())
-    server._n_connections = 2
+    server._last_heard.update(dict.fromkeys((1, 2), time.perf_counter()))  # 2 active connections
     server._pending.append(_Job({}, 1, None, None, time.perf_counter()))
     server._busy.update([2])  # connection 2 waits on its batch on another thread
     assert not server._others_may_join()
     t0 = time.perf_counter()
     assert len(server._next_batch()) == 1 and time.perf_counter() - t0 < 0.5
     server._busy.clear()
-    server._n_connections, server.max_wait_ms = 8, 0.0
+    server._last_heard.update(dict.fromkeys(range(8), time.perf_counter()))
+    server.max_wait_ms = 0.0
     server._idle_workers = 1  # another thread waits in _next_batch
     server._pending.append(_Job({}, 1, None, None, time.perf_counter()))
     assert len(server._next_batch()) == 1  # ceil(1 / 2): not an empty batch that leaves the job behind

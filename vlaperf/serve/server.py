@@ -92,6 +92,12 @@ KEEP_WARM_FOR_S = 10.0
 # request with two 1671 x 1671 images made 52 ms runs that held a CPU core through the idle and the next robot's
 # request behind them (the serving audit of session 57). After one, runs stop until the next request is served.
 KEEP_WARM_MAX_RUN_S = 0.02
+# The batcher waits (up to max_wait_ms) for connections that opened or sent a request within this many seconds and
+# have none in the batch: a robot's loop, whose next observation is due. One that has been quiet longer (a paused
+# robot, a dashboard) is not waited for: it made every other client pay max_wait_ms on every call
+# (the serving audit of session 70: one idle connection took a 20 ms loop's queue time from 0.16 to 5.3 ms).
+# Robot loops ask every 0.1-1 s (openpi's LIBERO, DROID and ALOHA clients).
+ACTIVE_CONNECTION_S = 2.0
 # keep_warm_quiet forecasts at most this many connections' cadences (the most recently heard from): a client that
 # connects anew for each call would otherwise leave one forecast per call behind until KEEP_WARM_FOR_S has passed
 CADENCE_MAX_CONNECTIONS = 64
@@ -317,6 +323,7 @@ class PolicyServer:
         self._heap_frozen = False  # and unfrozen when serve_forever returns
         # which batch last took a job of each open connection (the batches counted from 1): _take_in_turn's turns
         self._last_taken: dict[int, int] = {}
+        self._last_heard: dict[int, float] = {}  # connection -> when it opened or last queued a request (perf_counter)
         self._batches_taken = 0
         self._stopping_worker = False
         self._worker: threading.Thread | None = None
@@ -574,6 +581,8 @@ class PolicyServer:
     async def _handler(self, ws) -> None:
         conn = next(self._conn_ids)
         self._n_connections += 1
+        with self._cv:  # a client that just connected is about to ask: the batcher waits for it as for a robot's loop
+            self._last_heard[conn] = time.perf_counter()
         try:
             await ws.send(self._metadata_frame)
             prev_total_ms = None
@@ -620,6 +629,7 @@ class PolicyServer:
         batch already running finish; the batcher stops waiting for this connection."""
         with self._cv:
             self._last_taken.pop(conn, None)
+            self._last_heard.pop(conn, None)
             kept = [job for job in self._pending if job.conn != conn]
             dropped = len(self._pending) - len(kept)
             if dropped:
@@ -820,6 +830,7 @@ class PolicyServer:
                 raise RequestError("Overloaded", f"{len(self._pending)} observations are queued and this request adds "
                                    f"{len(jobs)}, over the server's limit of {self.max_queued}: retry later")
             self._pending.extend(jobs)  # one step: a list request stays together
+            self._last_heard[conn] = now
             self._cv.notify()
         return [j.future for j in jobs]
 
@@ -924,9 +935,11 @@ class PolicyServer:
         self.warmup_s = time.perf_counter() - t0
 
     def _others_may_join(self) -> bool:
+        """Whether an active connection (opened or asked within ACTIVE_CONNECTION_S) has none in the batch yet."""
         conns = {job.conn for job in itertools.islice(self._pending, self.max_batch)}
         conns.update(self._busy)  # waiting on a batch in flight: cannot send (several threads only)
-        return self._n_connections > len(conns)
+        since = time.perf_counter() - ACTIVE_CONNECTION_S
+        return any(t >= since and c not in conns for c, t in self._last_heard.items())
 
     def _next_batch(self) -> list[_Job] | None:
         with self._cv:
