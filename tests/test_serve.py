@@ -848,6 +848,27 @@ def test_stop_from_another_thread_is_idempotent(model):
         connect(url, open_timeout=2, **connect_options(connect))
 
 
+def test_an_unfinished_opening_handshake_does_not_hold_the_stop_up(model):
+    """A TCP client that sent half an HTTP request (a probe, a scanner) is no client of ours yet: stopping the server
+    does not wait out the websockets server's 10 s open timeout for it (it took 10.8 s), while an open client still
+    gets its close frame."""
+    import socket
+
+    s = PolicyServer(fixed_noise_policy(model), port=0, warmup_batch_sizes=()).start()
+    probe = socket.create_connection(("127.0.0.1", s.port))
+    try:
+        probe.sendall(b"GET / HTTP/1.1\r\n")  # and nothing more
+        with raw_connection(s) as ws:
+            t0 = time.perf_counter()
+            s.stop()
+            assert time.perf_counter() - t0 < 3.0
+            with pytest.raises(ConnectionClosed) as closed:
+                ws.recv(timeout=5)
+            assert closed.value.rcvd.code == 1001
+    finally:
+        probe.close()
+
+
 def test_factory_is_called_on_the_inference_thread(model):
     seen = {}
 
