@@ -678,6 +678,20 @@ def test_policy_replica_health_fails_on_a_cuda_error_or_a_stuck_call():
     with pytest.raises(ValueError):
         asyncio.run(replica.infer([make_example(TINY)]))
     replica.check_health()
+    # a malformed observation or NaN actions: returned, not raised, so Ray Serve logs no traceback for each; the
+    # front end raises it as the server's error frame
+    from vlaperf.inputs import InputError
+    from vlaperf.policy import NonFiniteActions
+
+    for refused in (InputError("observation/state: expected 8 values"), NonFiniteActions("rows [0]", rows=[0])):
+        inner.fail = refused
+        out = asyncio.run(replica.infer([make_example(TINY)]))
+        assert out == {"refused": refused, "replica": replica.replica_id}
+        policy = RayPolicy(_Handle(_Response(out)), TINY, replicas=1)
+        with pytest.raises(type(refused)) as raised:
+            policy.infer(make_example(TINY))
+        assert raised.value is refused and policy.replica_calls == {replica.replica_id: 1}
+    replica.check_health()
     inner.hold, inner.entered = threading.Event(), threading.Event()
     inner.fail = None
     call = threading.Thread(target=lambda: asyncio.run(replica.infer([make_example(TINY)])))

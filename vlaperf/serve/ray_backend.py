@@ -249,9 +249,18 @@ class PolicyReplica:
         return info
 
     def _infer(self, examples: list[dict]) -> dict:
+        from vlaperf.inputs import InputError
+        from vlaperf.policy import NonFiniteActions
+
         self._busy_since = time.monotonic()
         try:
             out = self.policy.infer([_writable(ex) for ex in examples])
+        except (InputError, NonFiniteActions) as e:
+            # the request's own fault, answered as an error frame: returned, not raised, so that Ray Serve does not
+            # log ~35 lines of traceback for each (a client could fill the log; the in-process server logs the
+            # first LOGGED_ERRORS_PER_CONNECTION of a connection)
+            self.calls += 1
+            return {"refused": e, "replica": self.replica_id}
         except Exception as e:
             if "CUDA error" in str(e) or type(e).__name__ == "AcceleratorError":
                 self._fatal = f"{type(e).__name__}: {e}"  # a sticky CUDA error: health check fails, Ray replaces us
@@ -388,6 +397,8 @@ class RayPolicy:
             raise self._translate(e) from None
         with self._lock:
             self.replica_calls[out.get("replica")] += 1
+        if "refused" in out:  # the observation's fault (InputError, NonFiniteActions): the server's error frame
+            raise out["refused"]
         actions = out["actions"]
         return {"actions": actions[0] if single else actions, "policy_timing": out.get("policy_timing") or {},
                 "replica": out.get("replica")}
