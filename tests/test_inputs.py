@@ -1,5 +1,6 @@
 """Observations: random ones per workload, and openpi LIBERO / ALOHA dicts (policy mode)."""
 
+import re
 import time
 
 import numpy as np
@@ -98,6 +99,9 @@ def test_resize_with_pad_keeps_aspect(libero):
         (lambda e: e.__setitem__("observation/state", np.zeros(5, np.float32)), "expected 8 values, got 5"),
         (lambda e: e.__setitem__("observation/state", np.full(8, np.nan, np.float32)), "NaN"),
         (lambda e: e.__setitem__("observation/image", np.zeros((224, 224), np.uint8)), "expected a 3-d image"),
+        (lambda e: e.__setitem__("observation/image", np.zeros((1, 224, 224, 3), np.uint8)),
+         re.escape("expected a 3-d image (H, W, 3) or (3, H, W), got shape (1, 224, 224, 3) (one observation's image "
+                   "has no batch axis: a batch is a list of observations)")),
         (lambda e: e.__setitem__("observation/image", np.zeros((224, 224, 3), np.int64)), "expected uint8 or float pixels"),
         (lambda e: e.__setitem__("observation/wrist_image", np.zeros((224, 224, 4), np.uint8)), "3 colour channels"),
         (lambda e: e.__setitem__("prompt", 42), "prompt: expected a string"),

@@ -291,8 +291,8 @@ def _get(example: dict, key: str) -> Any:
 def _image(value: Any, key: str, channels_first: bool) -> np.ndarray:
     """One camera image as (H, W, 3) uint8 (a view where it can be). Either layout is taken, (H, W, 3) or
     (3, H, W), whichever has the 3 colour channels, as openpi's image parsing does; `channels_first`
-    (ALOHA's layout) only decides which one names the error. Float pixels must be in [0, 1]."""
-    layout = "3, H, W" if channels_first else "H, W, 3"
+    (ALOHA's layout) only decides which one the error names first. Float pixels must be in [0, 1]."""
+    layout = "3, H, W) or (H, W, 3" if channels_first else "H, W, 3) or (3, H, W"
     try:
         arr = np.asarray(value)
     except ValueError as e:  # a ragged nested list
@@ -302,7 +302,9 @@ def _image(value: Any, key: str, channels_first: bool) -> np.ndarray:
     if arr.ndim != 3:
         got = (type(value).__name__ if arr.ndim == 0 and not isinstance(value, np.ndarray)
                else f"shape {arr.shape}")  # a str, bytes or number: its type says more than shape ()
-        raise InputError(f"{key}: expected a 3-d image ({layout}), got {got}")
+        batched = (" (one observation's image has no batch axis: a batch is a list of observations)"
+                   if arr.ndim == 4 and arr.shape[0] == 1 else "")
+        raise InputError(f"{key}: expected a 3-d image ({layout}), got {got}{batched}")
     if arr.shape[0] == 3 and arr.shape[-1] != 3:
         arr = arr.transpose(1, 2, 0)
     if arr.shape[-1] != 3:
