@@ -921,7 +921,8 @@ def test_warmup_batch_sizes():
     from vlaperf.serve.commands import _warmup_sizes
 
     assert _warmup_sizes("1,max", 8) == [1, 8] and _warmup_sizes("all", 3) == [1, 2, 3] and _warmup_sizes("4, 2", 8) == [2, 4]
-    for spec, message in (("100", "100 is above --max-batch 8"), ("1,,2", "expected 'all' or a comma list"),
+    assert _warmup_sizes(" none ", 8) == []  # listen at once, as warmup_batch_sizes=() does from Python
+    for spec, message in (("100", "100 is above --max-batch 8"), ("1,,2", "expected 'all', 'none' or a comma list"),
                           ("0", "expected 'all'"), ("x", "expected 'all'")):
         with pytest.raises(CliError, match=message):
             _warmup_sizes(spec, 8)

@@ -147,7 +147,8 @@ def register(subparsers) -> None:
                    help="with --keep-warm-ms: run on the period even where a steady client's next request is due "
                         "(by default the runs stand aside there, so that the request does not wait for one)")
     p.add_argument("--warmup-batches", default="1,max",
-                   help="batch sizes to warm up before listening: comma list, 'max' = --max-batch, 'all' = 1..max "
+                   help="batch sizes to warm up before listening: comma list, 'max' = --max-batch, 'all' = 1..max, "
+                        "'none' = listen at once (each size's first request then pays its compile or capture) "
                         "(default: 1,max)")
     p.add_argument("--device", type=device_arg, default=None, help="cpu, cuda or cuda:N (default: cuda if available)")
     p.add_argument("--dtype", choices=("bfloat16", "float32"), default=None, help="default: bfloat16 on cuda, float32 on cpu")
@@ -306,6 +307,8 @@ def _warmup_sizes(spec: str, max_batch: int) -> list[int]:
     spec = spec.strip()
     if spec == "all":
         return list(range(1, max_batch + 1))
+    if spec == "none":  # listen at once: the first request of each batch size pays its compile or capture
+        return []
     sizes = []
     for item in (s.strip() for s in spec.split(",")):
         if item == "max":
@@ -315,8 +318,8 @@ def _warmup_sizes(spec: str, max_batch: int) -> list[int]:
         elif item.isdigit() and int(item) > max_batch:  # was clamped to max_batch without a word
             raise CliError(f"--warmup-batches: {item} is above --max-batch {max_batch} (no batch that large is ever run)")
         else:
-            raise CliError(f"--warmup-batches: expected 'all' or a comma list of integers 1..{max_batch} / 'max', "
-                           f"got {spec!r}")
+            raise CliError(f"--warmup-batches: expected 'all', 'none' or a comma list of integers 1..{max_batch} / "
+                           f"'max', got {spec!r}")
     return sorted(set(sizes))
 
 
