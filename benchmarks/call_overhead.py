@@ -19,7 +19,7 @@ from vlaperf.engine import Engine
 from vlaperf.inputs import random_noise, random_observation
 from vlaperf.models.pi0 import build_model
 from vlaperf.report.schema import SCHEMA
-from vlaperf.timing import environment_record
+from vlaperf.timing import environment_record, require_cuda
 from vlaperf.workloads import get_workload
 
 
@@ -60,4 +60,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    require_cuda(__file__)
     main()

@@ -34,7 +34,7 @@ from kernel_timing import capture, replay_ms
 
 from vlaperf.engine.kernels import cublaslt
 from vlaperf.report.schema import SCHEMA
-from vlaperf.timing import environment_record
+from vlaperf.timing import environment_record, require_cuda
 
 L2_COVER_BYTES = 180 << 20  # the weight copies of one timing together: three times the H200's 60 MB of L2
 WORKSPACE_BYTES = cublaslt.HEURISTIC_WORKSPACE_BYTES  # what the heuristic may use, and what the probe gives it
@@ -129,4 +129,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    require_cuda(__file__)
     main()

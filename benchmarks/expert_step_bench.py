@@ -30,7 +30,7 @@ from vlaperf.engine.attention import suffix_mask
 from vlaperf.engine.kernels import expert_step as S
 from vlaperf.models.pi0 import apply_rope, eager_attention, rope_cos_sin
 from vlaperf.report.schema import SCHEMA
-from vlaperf.timing import environment_record
+from vlaperf.timing import environment_record, require_cuda
 
 L, D, NH, HD, FF, M, TP, VALID = 18, 1024, 8, 256, 4096, 51, 544, 532
 PI05 = False  # --pi05: libero-pi05's shapes (below), its mask (no state token), the modulated norms
@@ -483,4 +483,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    require_cuda(__file__)
     main()

@@ -32,7 +32,7 @@ import torch
 
 from vlaperf.engine.compile import use_compile_cache
 from vlaperf.report.schema import SCHEMA
-from vlaperf.timing import environment_record
+from vlaperf.timing import environment_record, require_cuda
 
 
 def watch_triton_compiles() -> list[dict]:
@@ -88,6 +88,7 @@ def main() -> None:
                    help="the engine's compile worker processes (engine.COMPILE_WORKERS; 0: the thread alone)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    require_cuda(__file__, args.device)
     cache_env = use_compile_cache(args.compile_cache)
     cache_files_before = sum(len(files) for d in cache_env.values() for _, _, files in os.walk(d))
     triton_log = watch_triton_compiles()

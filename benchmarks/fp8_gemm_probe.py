@@ -24,7 +24,7 @@ import torch.nn.functional as F
 from kernel_timing import capture, replay_ms  # benchmarks/ (the script's folder is on sys.path)
 
 from vlaperf.report.schema import SCHEMA
-from vlaperf.timing import environment_record
+from vlaperf.timing import environment_record, require_cuda
 
 E4M3_MAX = 448.0
 # name: (M, K, N) for libero-pi0 at batch 1 (two images, a 32-token prompt bucket; 51 suffix rows)
@@ -109,4 +109,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    require_cuda(__file__)
     main()

@@ -42,7 +42,7 @@ from vlaperf.inputs import random_noise, random_observation
 from vlaperf.models.pi0 import build_model
 from vlaperf.profile.matrix import cumulative_variants, prepare_variant
 from vlaperf.report.schema import SCHEMA, write_result
-from vlaperf.timing import environment_record, time_calls
+from vlaperf.timing import environment_record, require_cuda, time_calls
 from vlaperf.workloads import get_workload
 
 
@@ -106,6 +106,7 @@ def main() -> None:
                    help="phases D and E's build of the compiled rows (default: on a GPU only)")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    require_cuda(__file__, args.device)
     device = torch.device(args.device)
     w = get_workload(args.workload)
     model = build_model(w.model_config(), device)

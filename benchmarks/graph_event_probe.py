@@ -10,6 +10,8 @@ should bracket them. `vlaperf breakdown` of a graphed variant rests on this.
 """
 import torch
 
+from vlaperf.timing import require_cuda
+
 
 def segments(x: torch.Tensor, events: list | None) -> torch.Tensor:
     """Four segments of 5, 10, 15 and 20 matmuls; with `events`, a timing event before each and one at the end."""
@@ -48,4 +50,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    require_cuda(__file__)
     main()

@@ -19,6 +19,7 @@ from vlaperf.check import check_equivalence
 from vlaperf.engine import Engine, loop
 from vlaperf.inputs import random_noise, random_observation
 from vlaperf.models.pi0 import build_model
+from vlaperf.timing import require_cuda
 from vlaperf.workloads import get_workload
 
 
@@ -48,4 +49,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    require_cuda(__file__)
     main()

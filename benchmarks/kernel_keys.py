@@ -13,6 +13,7 @@ import re
 import tempfile
 
 from vlaperf.engine.compile import use_compile_cache
+from vlaperf.timing import require_cuda
 
 
 def main() -> None:
@@ -53,4 +54,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    require_cuda(__file__)
     main()

@@ -29,7 +29,7 @@ import torch.nn.functional as F
 from kernel_timing import capture, replay_ms  # benchmarks/ (the script's folder is on sys.path)
 
 from vlaperf.report.schema import SCHEMA
-from vlaperf.timing import environment_record
+from vlaperf.timing import environment_record, require_cuda
 
 
 def memsets_in(g) -> dict:
@@ -247,4 +247,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    require_cuda(__file__)
     main()

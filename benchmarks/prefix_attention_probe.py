@@ -40,7 +40,7 @@ from vlaperf.engine.kernels.suffix_attention import (PREFIX_TILES, aligned_mask,
                                                      suffix_attention)
 from vlaperf.models.pi0 import eager_attention
 from vlaperf.report.schema import SCHEMA
-from vlaperf.timing import environment_record
+from vlaperf.timing import environment_record, require_cuda
 
 
 def main() -> None:
@@ -116,4 +116,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    require_cuda(__file__)
     main()

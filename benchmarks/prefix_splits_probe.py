@@ -25,7 +25,7 @@ from vlaperf.engine.attention import prefix_mask
 from vlaperf.engine.kernels.suffix_attention import PREFIX_TILES, aligned_mask, prefix_attention, prefix_splits
 from vlaperf.models.pi0 import eager_attention
 from vlaperf.report.schema import SCHEMA
-from vlaperf.timing import environment_record
+from vlaperf.timing import environment_record, require_cuda
 
 # (batch, prefix rows): two images and pi0's buckets 8-48, pi0.5's 64, 128 and its cut 200; 1 and 3 images; batches
 CASES = [(1, t) for t in (520, 528, 544, 560, 576, 640, 704, 712, 720, 776, 800, 968, 264, 456)] + [(4, 544), (8, 544)]
@@ -70,4 +70,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    require_cuda(__file__)
     main()

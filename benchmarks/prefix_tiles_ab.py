@@ -25,6 +25,7 @@ from vlaperf.check import check_equivalence
 from vlaperf.engine import Engine
 from vlaperf.inputs import random_noise, random_observation
 from vlaperf.models.pi0 import build_model
+from vlaperf.timing import require_cuda
 from vlaperf.workloads import get_workload
 
 
@@ -84,4 +85,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    require_cuda(__file__)
     main()

@@ -18,6 +18,7 @@ from torch.profiler import ProfilerActivity, profile
 from vlaperf.engine import Engine
 from vlaperf.inputs import random_noise, random_observation
 from vlaperf.models.pi0 import build_model
+from vlaperf.timing import require_cuda
 from vlaperf.workloads import get_workload
 
 p = argparse.ArgumentParser()
@@ -38,6 +39,7 @@ p.add_argument("--kernel-pdl", default=None, choices=("all", "loop", "none"), he
                "launched with programmatic dependent launch: all of them, the denoise loop's (launch.DENOISE_LOOP_KERNELS) "
                "or none (default: launch.PDL_KERNELS)")
 args = p.parse_args()
+require_cuda(__file__)
 if args.kernel_pdl:
     import vlaperf.engine.kernels.launch as launch_module
 

@@ -48,7 +48,7 @@ from vlaperf.inputs import make_example, random_noise, random_observation
 from vlaperf.models.pi0 import build_model
 from vlaperf.policy import Policy
 from vlaperf.report.schema import SCHEMA
-from vlaperf.timing import environment_record
+from vlaperf.timing import environment_record, require_cuda
 from vlaperf.workloads import get_workload
 
 
@@ -222,6 +222,7 @@ def main() -> None:
     p.add_argument("--device", default="cuda", help="cuda, or cpu with --workload tiny to try the script")
     p.add_argument("--json", default=None)
     args = p.parse_args()
+    require_cuda(__file__, args.device)
     w = get_workload(args.workload)
     model = build_model(w.model_config(), args.device)
     engine = Engine(model, args.levers)

@@ -27,7 +27,7 @@ from kernel_timing import graph_time_ms  # benchmarks/ (the script's folder is o
 
 from vlaperf.engine.kernels.small_m_matmul import small_m_matmul
 from vlaperf.report.schema import SCHEMA
-from vlaperf.timing import environment_record
+from vlaperf.timing import environment_record, require_cuda
 
 M, D, HID, QKV, O_IN = 51, 1024, 4096, 2048 + 512, 2048
 EPS = 1e-6
@@ -137,4 +137,5 @@ def heads(path: str | None) -> None:
 
 
 if __name__ == "__main__":
+    require_cuda(__file__)
     main()

@@ -21,7 +21,7 @@ import torch.nn.functional as F
 from kernel_timing import graph_time_ms  # benchmarks/ (the script's folder is on sys.path)
 
 from vlaperf.report.schema import SCHEMA
-from vlaperf.timing import environment_record
+from vlaperf.timing import environment_record, require_cuda
 
 # name: (M, K, N, bias), libero-pi0 at batch 1 (two images, a 32-token prompt bucket)
 SHAPES = {"siglip_o": (512, 1152, 1152, True), "siglip_fc2": (512, 4304, 1152, True),
@@ -79,4 +79,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    require_cuda(__file__)
     main()

@@ -29,6 +29,7 @@ from vlaperf.engine import Engine
 from vlaperf.engine.kernels import expert_step as S
 from vlaperf.inputs import random_noise, random_observation
 from vlaperf.models.pi0 import build_model
+from vlaperf.timing import require_cuda
 from vlaperf.workloads import get_workload
 
 
@@ -77,4 +78,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    require_cuda(__file__)
     main()

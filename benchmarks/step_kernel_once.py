@@ -16,6 +16,7 @@ import torch
 from expert_step_bench import make_inputs  # benchmarks/ (the script's folder is on sys.path)
 
 from vlaperf.engine.kernels import expert_step as S
+from vlaperf.timing import require_cuda
 
 
 def parse_config(argv: list[str]) -> S.StepKernelConfig:
@@ -39,4 +40,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    require_cuda(__file__)
     main()

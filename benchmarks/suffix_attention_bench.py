@@ -36,7 +36,7 @@ from vlaperf.engine.kernels.suffix_attention import PREFIX_TILES, aligned_mask, 
 from vlaperf.engine.kernels.suffix_attention import whole_tile_splits
 from vlaperf.models.pi0 import eager_attention
 from vlaperf.report.schema import SCHEMA
-from vlaperf.timing import environment_record
+from vlaperf.timing import environment_record, require_cuda
 
 B, N, TS, H, TP = 1, 8, 51, 256, 544
 
@@ -148,4 +148,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    require_cuda(__file__)
     main()

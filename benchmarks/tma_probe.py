@@ -29,7 +29,7 @@ import triton.language as tl
 from triton.tools.tensor_descriptor import TensorDescriptor
 
 from vlaperf.report.schema import SCHEMA
-from vlaperf.timing import environment_record
+from vlaperf.timing import environment_record, require_cuda
 
 M, BLOCK_M, LAYERS = 51, 64, 18
 # (name, N, K, BN, BK, KS): the step kernel's tasks for pi0's expert (width 1024, MLP 4096)
@@ -163,4 +163,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    require_cuda(__file__)
     main()

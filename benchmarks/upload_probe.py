@@ -34,7 +34,7 @@ from engine_ab import timed as one_call_ms  # one synced call, ms
 from vlaperf.inputs import ObservationTransform, make_example
 from vlaperf.models.pi0 import get_config
 from vlaperf.report.schema import SCHEMA
-from vlaperf.timing import environment_record
+from vlaperf.timing import environment_record, require_cuda
 from vlaperf.workloads import get_workload
 
 
@@ -194,4 +194,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    require_cuda(__file__)
     main()

@@ -20,7 +20,7 @@ import torch.nn.functional as F
 from torch.nn.attention import SDPBackend, sdpa_kernel
 
 from vlaperf.report.schema import SCHEMA
-from vlaperf.timing import environment_record
+from vlaperf.timing import environment_record, require_cuda
 
 # (name, query tokens, key tokens): wam-761 (720 frame tokens + state = 721 on the video side, 40 actions,
 # 512 text tokens); drop_middle keeps 480 frame tokens (481 on the video side, 521 in all)
@@ -92,4 +92,5 @@ def main() -> None:
 
 
 if __name__ == "__main__":
+    require_cuda(__file__)
     main()

@@ -1609,3 +1609,23 @@ def test_tables_name_the_gpu_not_cuda(monkeypatch):
     assert device_label(torch.device("cuda")) == "NVIDIA H200"
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: 1 / 0)
     assert device_label("cuda:0") == "cuda:0"
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="the CPU machine's answer")
+def test_gpu_only_benchmark_scripts_exit_with_one_line_on_a_cpu():
+    """The GPU-only scripts of benchmarks/ say so in one line on a machine without CUDA (they ended in torch's "Torch
+    not compiled with CUDA enabled" traceback from deep inside), those with --device where it names CUDA (its
+    default); --help still answers."""
+    from pathlib import Path
+
+    root = Path(__file__).resolve().parents[1]
+    first_call = ["benchmarks/first_call.py", "--workload", "tiny", "--compile-cache", "/nonexistent"]
+    for argv in (["benchmarks/gemm_probe.py"], first_call):
+        run = subprocess.run([sys.executable, *argv], cwd=root, capture_output=True, text=True, timeout=300)
+        name = Path(argv[0]).name
+        assert run.returncode == 1 and run.stderr.strip().splitlines() == [
+            f"{name}: needs a CUDA GPU, and torch {torch.__version__} sees none (docs/profiling.md says which scripts "
+            "of benchmarks/ run on a CPU)"], run.stderr
+    run = subprocess.run([sys.executable, "benchmarks/gemm_probe.py", "--help"], cwd=root, capture_output=True,
+                         text=True, timeout=300)
+    assert run.returncode == 0 and "usage:" in run.stdout

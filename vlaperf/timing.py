@@ -743,6 +743,19 @@ def device_label(device: torch.device | str) -> str:
     return str(dev if dev is not None else device)
 
 
+def require_cuda(script: str, device: str = "cuda") -> None:
+    """For the GPU-only scripts of benchmarks/: where `device` is a CUDA device and torch sees no GPU, exit with one
+    line naming the script, instead of torch's "Torch not compiled with CUDA enabled" traceback from deep inside it.
+    --help still answers."""
+    import sys
+
+    if not str(device).startswith("cuda") or torch.cuda.is_available() or {"-h", "--help"} & set(sys.argv[1:]):
+        return
+    where = "" if device == "cuda" else f" ({device})"
+    raise SystemExit(f"{Path(script).name}: needs a CUDA GPU{where}, and torch {torch.__version__} sees none "
+                     "(docs/profiling.md says which scripts of benchmarks/ run on a CPU)")
+
+
 # A bench whose p90 is this many times its median spread too widely to be a quiet machine's: `best` on an H200 spreads
 # 1.01x; a 2-core CPU machine running a second process beside the bench gave p90 2101 ms over a median of 77 ms
 WIDE_P90_OVER_MEDIAN = 1.5
