@@ -451,8 +451,10 @@ def test_lerobots_config_sets_the_chunk_and_refuses_the_other_family(tmp_path, c
              "--no-progress"]
     assert main([*bench, "--json", str(out)]) == 0
     assert json.loads(out.read_text())["workload"]["overrides"] == {"horizon": 5}
+    said = capsys.readouterr()
     assert f"vlaperf: 5 actions a chunk, as the checkpoint was trained ({folder / 'config.json'}); workload tiny " \
-           "has 10" in capsys.readouterr().err
+           "has 10" in said.err
+    assert f"weights: {folder / 'model.safetensors'} (lerobot layout)" in said.out  # the console says what it timed
     assert main([*bench, "--action-horizon", "5"]) == 0  # agreeing with it is fine
     assert main([*bench, "--action-horizon", "8"]) == 2
     assert ("--action-horizon 8: the checkpoint was trained with 5 actions a chunk (chunk_size in "

@@ -701,6 +701,11 @@ def print_bench(result: dict) -> None:
     console.print(t)
     if short_variant(label) != label:
         console.print("levers: " + ", ".join(p for p in label.replace("+", ",").split(",") if p))
+    ckpt = result["variant"].get("checkpoint")
+    if ckpt:  # which weights were timed (the file says it; the console did not)
+        hub = ckpt.get("hub")
+        console.print(f"weights: {ckpt['path']} ({ckpt['layout']} layout"
+                      + (f", Hub {hub['repo']} at {hub['revision'][:12]}" if hub else "") + ")", highlight=False)
     med = result["timers"]["wall_ms"]["median"]
     floor = result.get("roofline")
     n = result["iters"]
