@@ -1093,3 +1093,19 @@ def test_cpu_power_is_reported_with_how_to_measure_its_cost(monkeypatch, power, 
         assert "--idle-spin takes the cost away" in f["fix"] and "cpupower" in f["fix"]
     if power and power["idle_states"]:
         assert "idle states enabled: " + ", ".join(power["idle_states"]) in f["detail"]
+
+
+@pytest.mark.parametrize("load, cpus, severity", [(0.4, 2, "info"), (1.9, 2, "info"), (2.0, 2, "warning"),
+                                                  (9.0, 16, "warning"), (8.9, 16, "info")])
+def test_a_busy_host_is_a_warning_before_anything_is_measured(monkeypatch, load, cpus, severity):
+    """Other processes keeping half the CPUs or more busy (the load average less this process's own 1) make host-bound
+    timings and doctor's own measured costs read high: a warning that says so, with what to do."""
+    monkeypatch.setattr(doctor_mod.os, "getloadavg", lambda: (load, load, load))
+    monkeypatch.setattr(doctor_mod.os, "sched_getaffinity", lambda pid: set(range(cpus)), raising=False)
+    f = by_id(environment_checks("cpu"))["env.host_load"]
+    assert f["severity"] == severity and f"1-minute load average {load:.2f} on {cpus} CPUs" in f["title"]
+    assert (f["fix"] is not None) == (severity == "warning")
+    if severity == "warning":
+        assert f"other processes keep about {load - 1:.1f} of the CPUs busy" in f["detail"]
+    monkeypatch.setattr(doctor_mod.os, "getloadavg", lambda: (_ for _ in ()).throw(OSError("no load average")))
+    assert "env.host_load" not in by_id(environment_checks("cpu"))

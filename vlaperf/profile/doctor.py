@@ -195,6 +195,9 @@ def environment_checks(device: torch.device | str | None = None, model_dtype: to
                            detail + (" (matters only for float32 matmuls)" if device.type == "cuda" else "")))
     out.append(_compile_cache_check())
     out.append(_cpu_power_check())
+    load = _host_load_check()
+    if load is not None:
+        out.append(load)
     if device.type == "cuda":
         out.append(_pdl_check(device))
     out += _gpu_checks(device)
@@ -238,6 +241,32 @@ def _cpu_power_check() -> dict:
                         "`cpupower frequency-set -g performance` and fewer deep idle states (`cpupower idle-set -D "
                         "10`); measure again with --idle-ms. Where spinning does not help, the clock and the idle "
                         "states are not the cause" if slow or power["idle_states"] else None))
+
+
+# Other processes keep this many of the CPUs this process may use busy, or more (the 1-minute load average less this
+# process's own 1): host-bound timings come out slower and spread wider than on a quiet machine
+BUSY_HOST_SHARE = 0.5
+
+
+def _host_load_check() -> dict | None:
+    """The host's 1-minute load average against the CPUs this process may use: a warning where other processes keep
+    half of them or more busy, as the costs measured below (5 calls each) and any host-bound timing then read high
+    and spread wide. None where the load average is not readable (not Unix)."""
+    try:
+        load = os.getloadavg()[0]
+    except (AttributeError, OSError):
+        return None
+    cpus = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else (os.cpu_count() or 1)
+    others = max(load - 1.0, 0.0)  # this process keeps about one busy while it measures
+    words = f"1-minute load average {load:.2f} on {cpus} CPU{'s' * (cpus != 1)}"
+    if others < BUSY_HOST_SHARE * cpus:
+        return finding("env.host_load", "info", f"host load: {words}", "no other process keeps half the CPUs busy")
+    return finding(
+        "env.host_load", "warning", f"the host is busy: {words}",
+        f"other processes keep about {others:.1f} of the CPUs busy (averaged over the last minute). The policy's host "
+        "path shares them: host-bound timings (the reference path, policy mode, the costs measured here over 5 calls) "
+        "come out slower and spread wider than on a quiet machine.",
+        fix="time on a quiet machine; `vlaperf bench --processes N` shows how far a figure moves between processes")
 
 
 def _pdl_check(device: torch.device) -> dict:
