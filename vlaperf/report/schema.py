@@ -21,9 +21,10 @@ SUMMARY_KEYS = ("count", "mean", "median", "p90", "p95", "p99", "min", "max", "s
 REQUIRED = ("schema", "command", "workload", "env")
 ENV_KEYS = ("gpu", "driver", "cuda", "torch", "triton", "python", "vlaperf", "git_commit", "env_vars", "c_compiler")
 # env fields that the readers (report, diff, performance.md) print or slice as text, and those they read keys of:
-# a damaged value fails here, naming it, not as an AttributeError in `diff` (whose exit 1 means a slowdown)
+# a damaged value fails here, naming it, not as an AttributeError in `diff` (whose exit 1 means a slowdown). (The
+# timestamp is read as str(...) wherever it is read: a number there orders no files, and breaks nothing.)
 ENV_TEXT = ("gpu", "driver", "cuda", "torch", "triton", "python", "vlaperf", "git_commit", "c_compiler", "hostname",
-            "timestamp", "device")
+            "device")
 ENV_OBJECTS = ("env_vars", "gpu_state")
 
 
