@@ -389,12 +389,12 @@ def test_check_equivalence_passes_and_catches_a_broken_variant(tiny_model, tiny_
     bad = check_equivalence(tiny_model, Broken(), tiny_workload)
     assert not bad["passed"] and bad["rel_l2"] > FP32_TOL
 
-    class WrongOnOneSeed:  # the check reports the worst seed, so one wrong seed fails it
+    class WrongOnOneSeed:  # the check reports the worst seed, so one wrong seed fails it (the first: not the last)
         name, calls = "wrong-once", 0
 
         def sample_actions(self, obs, noise, steps):
             self.calls += 1
-            return engine.sample_actions(obs, noise, steps) * (1.001 if self.calls == 2 else 1.0)
+            return engine.sample_actions(obs, noise, steps) * (1.001 if self.calls == 1 else 1.0)
 
     once = check_equivalence(tiny_model, WrongOnOneSeed(), tiny_workload)
     assert not once["passed"] and once["rel_l2"] == pytest.approx(1e-3, rel=1e-3)
@@ -867,7 +867,8 @@ def test_check_equivalence_reports_a_non_finite_seed_over_a_merely_wrong_one(tin
         def sample_actions(self, obs, noise, steps):
             self.calls += 1
             out = tiny_model.sample_actions(obs, noise, steps)
-            return out * 1.5 if self.calls == 1 else torch.full_like(out, float("nan"))
+            # the non-finite seed first: the report must pick it over the merely wrong one after it, not the last
+            return torch.full_like(out, float("nan")) if self.calls == 1 else out * 1.5
 
     r = check_equivalence(tiny_model, WrongThenNan(), tiny_workload)
     assert not r["passed"] and not r["finite"] and r["reference_finite"] and r["rel_l2"] != r["rel_l2"]
