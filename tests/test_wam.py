@@ -455,6 +455,39 @@ def test_lever_parsing_and_errors():
     # labels keep the lever table's order (compile before the levers that come after it in best)
     assert WamLevers.parse("exact,group_modulation,compile", CPU).names()[-2:] == ["compile=default", "group_modulation"]
     assert set(WAM_LEVERS) >= set(WAM_EXACT) | {"cuda_graph", "compile"}
+    assert WamLevers.parse(" none ", CPU).names() == []  # the reference, as the pi0 family's parser takes it
+
+
+def test_an_engine_checks_a_lever_set_built_directly(tiny):
+    """WamEngine(model, WamLevers(...)) validates the set as parsing does: on a CPU, cuda_graph was torch's "dummy base
+    class" error and an unknown compile mode inductor's."""
+    with pytest.raises(LeverError, match="cuda_graph needs a CUDA device"):
+        WamEngine(tiny, WamLevers(host_schedule=True, cached_keep_index=True, cuda_graph=True))
+    with pytest.raises(LeverError, match="compile mode must be one of .*, got 'bogus'"):
+        WamEngine(tiny, WamLevers(cached_keep_index=True, compile="bogus"))
+
+
+def test_world_action_variants_refuse_a_typo_before_anything_runs(tmp_path, capsys):
+    """matrix and check on a world-action workload: a misspelt lever is exit 2 naming the option before any row
+    runs (the matrix timed the reference and exited 0, the typo in a skipped row); a variant only a GPU runs is
+    refused where none asked for can run here; --levers none checks the reference."""
+    from vlaperf.cli import main
+
+    matrix = ["matrix", "--workload", "wam-tiny", "--sparsity", "none", "--iters", "1", "--warmup", "1"]
+    assert main([*matrix, "--variants", "bogus", "--json", str(tmp_path / "m.json")]) == 2
+    assert "--variants: variant 'bogus': unknown world-action-model lever 'bogus'" in capsys.readouterr().err
+    assert not (tmp_path / "m.json").exists()
+    assert main([*matrix, "--variants", "graph"]) == 2
+    assert "--variants: no variant asked for can run on cpu: 'graph': preset 'graph' needs a CUDA device" in \
+        capsys.readouterr().err
+    check = ["check", "--workload", "wam-tiny", "--sparsity", "none", "--seeds", "1"]
+    assert main([*check, "--levers", "exact;flash_actions"]) == 2
+    assert "--levers: variant 'flash_actions': lever 'flash_actions' needs sdpa beside it" in capsys.readouterr().err
+    assert main([*check, "--levers", "exact,flash_actions"]) == 2
+    assert "--levers: variant 'exact,flash_actions' cannot run here: flash_actions needs a CUDA device" in \
+        capsys.readouterr().err
+    assert main([*check, "--levers", "none", "--json", str(tmp_path / "c.json")]) == 0
+    assert json.loads((tmp_path / "c.json").read_text())["checks"][0]["variant"] == "reference"
 
 
 def test_check_reports_actions_and_video_and_fails_a_wrong_variant(tiny, monkeypatch):

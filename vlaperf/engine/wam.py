@@ -221,7 +221,10 @@ class WamLevers:
         if ";" in spec:
             raise LeverError(several_variants(spec))
         names: list[str] = []
-        for item in lever_items(spec):  # an empty name among others refused, as for the pi0 family
+        items = lever_items(spec)
+        if items == ["none"]:  # the reference, as the pi0 family's parser takes it
+            items = ["reference"]
+        for item in items:  # an empty name among others refused, as for the pi0 family
             if item in WAM_PRESETS:  # a preset may start a list: "exact,compile=default"
                 if item == "graph" and device.type != "cuda":
                     raise LeverError("preset 'graph' needs a CUDA device (CUDA graphs); use 'exact' on the CPU")
@@ -249,6 +252,9 @@ class WamLevers:
         return levers
 
     def validate(self, device: torch.device) -> None:
+        """LeverError where this set cannot run on `device` (WamEngine runs it for a WamLevers built directly too)."""
+        if self.compile is not None and self.compile not in COMPILE_MODES:
+            raise LeverError(f"compile mode must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
         if self.cuda_graph and device.type != "cuda":  # before what it needs beside it: none of that would help here
             raise LeverError("cuda_graph needs a CUDA device; drop it on the CPU")
         for lever, needs in WAM_REQUIRES.items():
@@ -284,6 +290,7 @@ class WamEngine:
         self.cfg = model.config
         self.device = model.device
         self.levers = levers if isinstance(levers, WamLevers) else WamLevers.parse(levers, self.device)
+        self.levers.validate(self.device)  # a WamLevers built directly: cuda_graph on a CPU, an unknown compile mode
         self.name = ",".join(self.levers.names()) or "reference"
         self._layouts: dict[str, dict] = {}
         self._time_tables: dict = {}
