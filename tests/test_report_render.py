@@ -1926,3 +1926,32 @@ def test_scaling_section_flags_a_poor_fit_as_the_cli_table_does(tmp_path):
     label = r["scaling"]["series"][0]["label"]
     assert f"poor fit (r2 below 0.95, or a negative intercept or slope: its a and b mean little; more --iters or " \
            f"a quieter machine): {label}\n" in md
+
+
+def test_a_world_action_matrix_names_each_rows_sparsity_and_shows_its_gain(tmp_path, figures):
+    """A world-action matrix has a row per variant and sparsity mode: the table, the heatmap and the CDF name the mode
+    (the heatmap's rows read 'reference' and 'exact' three times each), and the table shows the predicted video's
+    error and the sparsity gain (the same variant at sparsity none over the row), as the console does."""
+    from vlaperf.cli import main
+
+    out = tmp_path / "wm.json"
+    assert main(["matrix", "--workload", "wam-tiny", "--device", "cpu", "--variants", "exact", "--warmup", "1",
+                 "--iters", "2", "--no-progress", "--json", str(out)]) == 0
+    r = json.loads(out.read_text())
+    md = render([out], tmp_path / "r.md").read_text()
+    header = next(line for line in md.splitlines() if line.startswith("| variant | median ms"))
+    assert "| rel L2 | video rel L2 | sparsity gain | first call s |" in header
+    for v in r["variants"]:
+        row = _md_rows(md, f"{v['variant']} \\| {v['sparsity']}")
+        assert len(row) == 1, v["key"]
+        gain = v["sparsity_gain"]
+        said = f"{gain['speedup']:.2f}x ({gain['ratio_p10']:.2f}..{gain['ratio_p90']:.2f})" if gain else "-"
+        assert row[0][8] == said + ("" if gain is None or gain["significant"] else " (noise)")
+        assert row[0][7] == ("-" if v["equivalence"] is None else cell(v["equivalence"]["video_rel_l2"]))
+    # every variant (the reference too) at each sparse mode, against itself at sparsity none
+    assert sum(v["sparsity_gain"] is not None for v in r["variants"]) == 2 * (len(r["sparsities"]) - 1) > 0
+    heatmap = next(f for alt, f in figures if alt == "matrix speedup heatmap")
+    labels = {t.get_text() for t in heatmap.axes[0].get_yticklabels()}
+    assert labels == {f"{v['variant']} | {v['sparsity']}" for v in r["variants"]}
+    cdf = next(f for alt, f in figures if alt == "matrix latency CDF")
+    assert {t.get_text() for t in cdf.axes[0].get_legend().get_texts()} == labels

@@ -565,6 +565,21 @@ def _wall_ratio(row: dict) -> dict:
     return ((row.get("ratio") or {}).get("wall_ms") or row.get("vs_reference") or {})
 
 
+def _matrix_row_name(v: dict) -> str:
+    """A matrix row's name in the table, the heatmap and the CDF alike: the variant, and a world-action row's sparsity
+    mode (each variant has a row per mode: 'exact | drop_middle')."""
+    return short_variant(v.get("variant", "")) + (f" | {v['sparsity']}" if v.get("sparsity") else "")
+
+
+def _ratio_cell(q: dict | None) -> str | None:
+    """A per-round ratio (timing._ratio_stats: a world-action row's sparsity_gain) as a cell: '1.45x (1.40..1.52)',
+    '(noise)' where its p10..p90 includes 1; None where the file has none (the dense rows)."""
+    if not q:
+        return None
+    return (f"{q['speedup']:.2f}x ({q['ratio_p10']:.2f}..{q['ratio_p90']:.2f})"
+            + ("" if q.get("significant") else " (noise)"))
+
+
 def _matrix(doc: Doc, path: str, r: dict) -> None:
     on_ray = isinstance(r.get("ray"), dict)  # `matrix --ray`: each row its own task, against its own reference
     doc.h(3, f"matrix{' (Ray)' if on_ray else ''}: {workload_label(r)} {_on_device(r)}, {r.get('mode') or '-'} mode "
@@ -584,29 +599,37 @@ def _matrix(doc: Doc, path: str, r: dict) -> None:
     if r.get("left_out"):  # a preset's rows that need a CUDA device, on a file made without one
         doc.p(f"{r['left_out']}.", "note")
     rows, timed = [], []
+    # world-action matrices have a row per variant and sparsity mode, each against the reference at its sparsity, and
+    # say what the sparsity gained (the same variant at sparsity none over the row) and the predicted video's error
+    wam = any(isinstance(v, dict) and "sparsity" in v for v in r.get("variants", []))
     for v in r.get("variants", []):
-        # world-action matrices have a row per variant and sparsity mode, each against the reference at its sparsity
-        name = short_variant(v.get("variant", "")) + (f" | {v['sparsity']}" if v.get("sparsity") else "")
+        name = _matrix_row_name(v)
+        eq = v.get("equivalence") or {}
+        wam_cells = [eq.get("video_rel_l2"), _ratio_cell(v.get("sparsity_gain"))] if wam else []
         if "timers" not in v:  # skipped: a row that failed its check or was prepared before an interrupt keeps
             # its error, first call and levers (the error is why it has no speed)
             rows.append([name, v.get("skipped", "not timed")] + [None] * (5 if on_ray else 4)
-                        + [(v.get("equivalence") or {}).get("rel_l2"), v.get("first_call_s"), None,
-                           ", ".join(v.get("levers") or []) or "-"])
+                        + [eq.get("rel_l2")] + [None] * len(wam_cells) + [v.get("first_call_s"), None,
+                                                                          ", ".join(v.get("levers") or []) or "-"])
             continue
         w, e = v["timers"]["wall_ms"], v["timers"].get("cuda_event_ms")
         q = _wall_ratio(v)
-        eq = v.get("equivalence") or {}
         sig = q.get("significant")
         speed = f"{q['speedup']:.2f}x" + ("" if sig or v.get("variant") == r.get("baseline", "reference") else " (noise)") if q else None
         own_reference = (((v.get("reference") or {}).get("timers") or {}).get("wall_ms") or {}).get("median")
         rows.append([name, w["median"], w["p95"], e["median"] if e else None]
                     + ([own_reference] if on_ray else []) +
-                    [speed, f"{q['ratio_p10']:.2f}..{q['ratio_p90']:.2f}" if q else None, eq.get("rel_l2"),
-                     v.get("first_call_s"), v["peak_memory_bytes"] / 2**30 if v.get("peak_memory_bytes") else None,
+                    [speed, f"{q['ratio_p10']:.2f}..{q['ratio_p90']:.2f}" if q else None, eq.get("rel_l2")]
+                    + wam_cells +
+                    [v.get("first_call_s"), v["peak_memory_bytes"] / 2**30 if v.get("peak_memory_bytes") else None,
                      ", ".join(v.get("levers") or []) or "-"])
         timed.append(v)
     doc.table(["variant", "median ms", "p95 ms", "event median ms"] + (["reference ms"] if on_ray else [])
-              + ["speedup", "ratio p10..p90", "rel L2", "first call s", "process peak GiB", "levers"], rows)
+              + ["speedup", "ratio p10..p90", "rel L2"] + (["video rel L2", "sparsity gain"] if wam else [])
+              + ["first call s", "process peak GiB", "levers"], rows)
+    if wam:
+        doc.p("sparsity gain: the same variant at sparsity none over the row, per round (p10..p90); '(noise)' where "
+              "that interval includes 1", "note")
     if any(v.get("peak_memory_bytes") for v in timed):
         # files before peak_memory_over reset the peak after the row's first call: compile's and capture's buffers
         # are not in them
@@ -646,7 +669,7 @@ def _matrix(doc: Doc, path: str, r: dict) -> None:
     ax.set_xticks(range(len(cols)))
     ax.set_xticklabels([LEVER_ABBREVIATIONS.get(c, c) for c in cols], rotation=30, ha="right", fontsize=8)
     ax.set_yticks(range(len(timed)))
-    ax.set_yticklabels([short_variant(v["variant"]) for v in timed], fontsize=7)
+    ax.set_yticklabels([_matrix_row_name(v) for v in timed], fontsize=7)
     ax.set_title("speedup vs baseline per variant (coloured cells: levers the variant uses)", fontsize=9)
     fig.tight_layout()
     doc.fig(fig, "matrix speedup heatmap")
@@ -665,12 +688,12 @@ def _matrix(doc: Doc, path: str, r: dict) -> None:
         if xs_raw:
             xs = sorted(xs_raw)
             ys = [(k + 1) / len(xs) for k in range(len(xs))]
-            ax.step(xs, ys, where="post", color=c, label=short_variant(v["variant"]))
+            ax.step(xs, ys, where="post", color=c, label=_matrix_row_name(v))
         else:
             s = v["timers"]["wall_ms"]
             xs = [s[k] for k, _ in levels]
             ys = [q for _, q in levels]
-            ax.plot(xs, ys, "o-", color=c, ms=3, label=short_variant(v["variant"]))
+            ax.plot(xs, ys, "o-", color=c, ms=3, label=_matrix_row_name(v))
         lo, hi = min(lo, xs[0]), max(hi, xs[-1])
     if hi / max(lo, 1e-9) > 4:
         ax.set_xscale("log")
