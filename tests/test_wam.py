@@ -888,6 +888,8 @@ def test_scaling_fits_t_of_n_for_the_world_action_model(tmp_path):
     assert set(series) == {"reference", ",".join(WAM_EXACT)}
     for s in series.values():
         assert [p["steps"] for p in s["points"]] == [1, 2, 8] and s["fit"]["slope"] > 0
+        # each point says the video's calls it ran (wam-tiny: 2 of 4, the share kept): the settings hold the 4's
+        assert [p["video_steps"] for p in s["points"]] == [1, 1, 4]
 
 
 def test_breakdown_names_the_steps_that_run_every_token_and_those_that_run_the_actions_alone(tmp_path):
@@ -1244,6 +1246,8 @@ def test_wam_steps_override_keeps_the_early_stops_share():
     workload's sampling() is what generate gets (shift included)."""
     w = get_wam_workload("wam-761")  # 10 steps, the video finished in 5
     assert w.with_overrides(steps=3).video_steps == 2  # 1.5 rounds to 2
+    # a half rounds up, always: Python's round() halved to even (wam-761's 5 of 10 at 5 steps was 2, at 7 steps 4)
+    assert [w.with_overrides(steps=n).video_steps for n in (1, 3, 5, 7, 9, 11, 20)] == [1, 2, 3, 4, 5, 6, 10]
     assert w.with_overrides(steps=1).video_steps == 1  # 0.5 would round to 0: at least one call
     assert w.with_overrides(steps=8, video_steps=3).video_steps == 3
     assert w.with_overrides(cfg_scale=2.0).sampling() == {"steps": 10, "video_steps": 5, "sparsity": "none",

@@ -152,9 +152,13 @@ def scaling(sources, workload, steps: Sequence[int] = DEFAULT_STEPS, warmup: int
         for n in steps:
             v = timing["variants"][names[(label, n)]]
             wall, ev = v["timers"]["wall_ms"], v["timers"]["cuda_event_ms"]
-            points.append({"steps": n, "median_ms": wall["median"], "p95_ms": wall["p95"],
-                           "event_median_ms": ev["median"] if ev else None,
-                           "wall_ms": wall, "cuda_event_ms": ev, "first_call_s": v["first_call_s"]})
+            point = {"steps": n, "median_ms": wall["median"], "p95_ms": wall["p95"],
+                     "event_median_ms": ev["median"] if ev else None,
+                     "wall_ms": wall, "cuda_event_ms": ev, "first_call_s": v["first_call_s"]}
+            if wam:  # the video's calls at this N (its early stop keeps its share), which the workload's settings,
+                # at the workload's own steps, do not say
+                point["video_steps"] = w.with_overrides(steps=n).video_steps
+            points.append(point)
         fit = fit_linear([p["steps"] for p in points], [p["median_ms"] for p in points])
         fit_ev = None
         if all(p["event_median_ms"] is not None for p in points):
