@@ -892,6 +892,16 @@ def test_scaling_fits_t_of_n_for_the_world_action_model(tmp_path):
         assert [p["video_steps"] for p in s["points"]] == [1, 1, 4]
 
 
+def test_scaling_says_what_video_steps_means_there(capsys):
+    """In scaling, --steps is the list of N: --video-steps is the video's steps at the workload's own steps, whose
+    share each N keeps; above those it was "1..steps (4)", a 4 the user never gave."""
+    from vlaperf.cli import main
+
+    assert main(["scaling", "--workload", "wam-tiny", "--device", "cpu", "--steps", "10,20", "--video-steps", "10"]) == 2
+    assert ("--video-steps 10: in scaling, the video's steps at the workload's own 4 steps, 1..4; each --steps N keeps "
+            "that share (a half rounded up)") in capsys.readouterr().err
+
+
 def test_breakdown_names_the_steps_that_run_every_token_and_those_that_run_the_actions_alone(tmp_path):
     from vlaperf.cli import main
     from vlaperf.report.schema import read_result

@@ -200,6 +200,12 @@ def cmd_scaling(args) -> int:
         from vlaperf.profile import wam
 
         wam.refuse_policy_mode(args.mode)
+        from vlaperf.workloads import get_wam_workload
+
+        own = get_wam_workload(args.workload).steps
+        if args.video_steps is not None and args.video_steps > own:  # --steps is the list of N here, not one count
+            raise CliError(f"--video-steps {args.video_steps}: in scaling, the video's steps at the workload's own "
+                           f"{own} steps, 1..{own}; each --steps N keeps that share (a half rounded up)")
         base, workload, model, device = wam.setup(args)
         refuse_repeated_variants(specs, lambda s: WamLevers.parse(s, device).names(), "--levers", device)
         for spec in specs:
