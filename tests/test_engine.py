@@ -773,6 +773,44 @@ def test_a_left_padded_prompt_is_refused_where_trimming_would_drop_its_tokens(ti
     assert rel_l2(out, tiny_model.sample_actions(obs, noise, tiny_workload.steps)) < FP32_TOL
 
 
+def test_another_engines_release_is_named_where_this_engine_reads_the_released_weights(tiny_workload, tiny_inputs):
+    """Two engines on one model, one releases: an engine that reads the freed q/k/v from the model says so at its
+    next call (it was 'mat2 must be a matrix, got 1-D tensor' from inside a layer); one with its own fused copies,
+    built before the release, runs on with the reference's actions."""
+    obs, noise = tiny_inputs
+    steps = tiny_workload.steps
+    model = build_model("tiny", seed=0)
+    reference = model.sample_actions(obs, noise, steps)
+    releasing, fused, unfused = (Engine(model, s) for s in ("exact", "exact", "for_loop,sdpa"))
+    assert releasing.release_reference_weights() > 0
+    with pytest.raises(RuntimeError, match="another engine released the model's weights that this engine reads"):
+        unfused.sample_actions(obs, noise, steps)
+    for engine in (releasing, fused):
+        assert rel_l2(engine.sample_actions(obs, noise, steps), reference) < FP32_TOL
+
+
+def test_an_engine_runs_in_and_out_of_inference_mode_in_any_order(tiny_workload, tiny_inputs):
+    """A first call under torch.inference_mode() (LeRobot's eval loops run so) made the static KV cache inference
+    tensors, and every later plain call failed writing into them; an engine built under it, too. Each order of
+    the two modes now gives the reference's actions. A numpy step count is a step count."""
+    import numpy as np
+
+    obs, noise = tiny_inputs
+    steps = tiny_workload.steps
+    model = build_model("tiny", seed=0)
+    reference = model.sample_actions(obs, noise, steps)
+    for modes in ((True, False, True), (False, True, False)):
+        engine = Engine(model, "exact")
+        for inference in modes:
+            with torch.inference_mode(inference):
+                assert rel_l2(engine.sample_actions(obs, noise, steps), reference) < FP32_TOL
+    with torch.inference_mode():
+        built_inside = Engine(model, "exact")
+    assert rel_l2(built_inside.sample_actions(obs, noise, np.int64(steps)), reference) < FP32_TOL
+    with pytest.raises(ValueError, match=r"num_steps: expected an integer in 1\.\.1000, got 0"):
+        built_inside.prepare(0)
+
+
 def test_an_engine_refuses_a_released_model_and_a_model_cast_or_moved_after_it(tiny_workload, tiny_inputs):
     """An engine on a model whose weights were released failed with a size mismatch; a model cast to bfloat16
     after its engine was built failed with a dtype mismatch inside a matmul. Both are now named."""

@@ -64,3 +64,25 @@ def test_on_the_gpu_a_moved_model_and_a_left_padded_prompt_are_refused():
     with pytest.raises(RuntimeError, match=r"the model was cast or moved since this engine was built \(now "
                                            r"torch.bfloat16 on cpu, the engine's copies torch.bfloat16 on cuda:0\)"):
         engine.sample_actions(obs.to("cpu"), noise.cpu(), w.steps)
+
+
+@pytest.mark.skipif(torch.cuda.device_count() < 2, reason="needs two CUDA devices")
+def test_a_graph_on_another_gpu_than_the_current_one_is_the_references():
+    """An engine on cuda:1 with cuda:0 current captures and replays its graph on cuda:1 (a capture on the current
+    device's stream recorded an empty graph, whose replays returned the capture call's actions), and a first call
+    under torch.inference_mode() leaves later plain calls working (the graphs' input buffers are plain tensors)."""
+    from vlaperf.inputs import random_noise, random_observation
+
+    assert torch.cuda.current_device() == 0
+    model = build_model("tiny", "cuda:1", torch.bfloat16, seed=0)
+    engine = Engine(model, "graph")
+    w = get_workload("tiny")
+    for seed, inference in ((1, True), (2, False), (3, False)):
+        obs = random_observation(w, model.config, "cuda:1", seed=seed)
+        noise = random_noise(w, model.config, "cuda:1", seed=seed)
+        with torch.inference_mode(inference):
+            out = engine.sample_actions(obs, noise, w.steps)
+        ref = model.sample_actions(obs, noise, w.steps)
+        rel = ((out.float() - ref.float()).norm() / ref.float().norm()).item()
+        assert out.device == torch.device("cuda:1") and rel <= REL_L2_TOLERANCE[torch.bfloat16], (seed, rel)
+    assert engine.graphs.captures == 1

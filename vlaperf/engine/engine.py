@@ -11,6 +11,7 @@ A process that only serves the engine may then free the copied originals with
 
 from __future__ import annotations
 
+import contextlib
 import threading
 import time
 from functools import partial
@@ -19,14 +20,14 @@ from typing import Callable
 import torch
 from torch import Tensor
 
-from vlaperf.engine.fusion import (SCHEDULE_TABLES, build_weights, release_reference_copies, schedule, stack_expert,
-                                   step_kernel_modulation, time_tables)
+from vlaperf.engine.fusion import (SCHEDULE_TABLES, build_weights, held_tensors, release_reference_copies, schedule,
+                                   stack_expert, step_kernel_modulation, time_tables)
 from vlaperf.engine.graphs import GraphCache
 from vlaperf.engine.levers import Levers
 from vlaperf.engine.loop import SuffixContext, denoise_step
 from vlaperf.engine.prefix import PLAIN_BLOCKS, PrefixBlocks, PrefixPlan, embed_prefix, plan_prefix, prefill
 from vlaperf.inputs import Observation
-from vlaperf.models.pi0 import Guidance, Pi0Model, check_sample_inputs
+from vlaperf.models.pi0 import Guidance, Pi0Model, check_num_steps, check_sample_inputs
 
 
 # Worker processes that compile the engine's Triton kernels during the first call of a compiled
@@ -70,12 +71,17 @@ class Engine:
                 kernels = self.levers.triton_kernels or self.levers.megakernel
                 if COMPILE_WORKERS and self.device.type == "cuda" and self.levers.cuda_graph and kernels:
                     self._start_compile_workers()
-        self.weights = build_weights(model, fuse=self.levers.fuse_projections)
-        if self.levers.megakernel:
-            from vlaperf.engine.kernels.expert_step import error_flag
+        with torch.inference_mode(False):  # the engine's own tensors are plain ones, whatever mode it is built in
+            self.weights = build_weights(model, fuse=self.levers.fuse_projections)
+            if self.levers.megakernel:
+                from vlaperf.engine.kernels.expert_step import error_flag
 
-            self.weights.expert_stack = stack_expert(self.weights)
-            error_flag(self.device)  # now, not first inside a CUDA-graph pool
+                self.weights.expert_stack = stack_expert(self.weights)
+                error_flag(self.device)  # now, not first inside a CUDA-graph pool
+        # the model's own parameters this engine reads (unfused q/k/v, ...): another engine's release of those is an
+        # error at this engine's next call, not a shape error from deep inside it (release_reference_copies)
+        params = {id(p) for p in model.parameters()}
+        self._reads_from_model = {id(x) for x in held_tensors(self.weights)} & params
         self._tables: dict[int, dict[str, Tensor]] = {}
         self._times: dict[int, Tensor] = {}
         self._kv: dict[tuple, tuple[Tensor, Tensor]] = {}  # (shape, Tp) -> (keys, values)
@@ -119,7 +125,8 @@ class Engine:
         refuses from then on, so run every equivalence check first."""
         freed = release_reference_copies(self.model, self.weights)
         if self.device.type == "cuda":
-            torch.cuda.empty_cache()  # hand the freed blocks back, so nvidia-smi sees it too
+            with self._on_device():
+                torch.cuda.empty_cache()  # hand the freed blocks back, so nvidia-smi sees it too
         return freed
 
     def raise_on_kernel_fault(self) -> None:
@@ -154,12 +161,25 @@ class Engine:
             raise RuntimeError(f"the model was cast or moved since this engine was built (now {now[0]} on {now[1]}, "
                                f"the engine's copies {self._built_for[0]} on {self._built_for[1]}): build the Engine "
                                "again")
+        if self.model.reference_released and self._reads_from_model & self.model.released_parameters:
+            raise RuntimeError("another engine released the model's weights that this engine reads from it "
+                               "(Engine.release_reference_weights frees what the releasing engine holds copies of): "
+                               "release only where one engine runs the model, or build the model again")
         check_sample_inputs(self.model.config, obs, noise, num_steps, self.device)
+        num_steps = int(num_steps)  # a numpy integer too: one key for the schedule's tables and graphs
         if guidance is not None:
             cfg = self.model.config
             guidance.check(obs.batch, cfg.action_horizon, cfg.action_dim, num_steps, self.device)
-        with self._call_lock:
+        # never in inference mode, whatever the caller's: the static KV cache and the graphs' input buffers made in a
+        # first call under torch.inference_mode() were inference tensors, and every later plain call's in-place
+        # write to them failed ("Inplace update to inference tensor outside InferenceMode")
+        with self._call_lock, torch.inference_mode(False), self._on_device():
             return self._sample_actions(obs, noise, num_steps, guidance)
+
+    def _on_device(self):
+        """The engine's GPU as the current device for a call: a graph's capture, its side stream and synchronize()
+        act on the current device, so an engine on cuda:1 with cuda:0 current captured an empty graph."""
+        return torch.cuda.device(self.device) if self.device.type == "cuda" else contextlib.nullcontext()
 
     def _sample_actions(self, obs: Observation, noise: Tensor | None, num_steps: int,
                         guidance: Guidance | None = None) -> Tensor:
@@ -192,7 +212,9 @@ class Engine:
 
     def prepare(self, num_steps: int) -> None:
         """Build the per-schedule tables ahead of time (also done lazily)."""
-        self._schedule_tensors(num_steps)
+        check_num_steps(num_steps)
+        with self._call_lock, torch.inference_mode(False):
+            self._schedule_tensors(num_steps)
 
     def _start_compile_workers(self) -> None:
         """Start the kernel compile workers now (they import torch while the weights are prepared);
@@ -220,7 +242,6 @@ class Engine:
         Returns the wait for that thread, which the graph cache calls before it captures
         (the thread's stream must be idle then). The thread only saves time: if it fails, the
         kernels compile at their first launch as before."""
-        import contextlib
         import threading
 
         from vlaperf.engine.kernels.launch import compile_only, compile_recorded
@@ -376,9 +397,9 @@ def _table_row(tables: dict[str, Tensor] | None, i: int) -> dict[str, Tensor] | 
 def first_call_seconds(engine: Engine, obs: Observation, noise: Tensor, num_steps: int) -> float:
     """Time of the first call (compile / graph capture included), synchronised."""
     if engine.device.type == "cuda":
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(engine.device)
     start = time.perf_counter()
     engine.sample_actions(obs, noise, num_steps)
     if engine.device.type == "cuda":
-        torch.cuda.synchronize()
+        torch.cuda.synchronize(engine.device)
     return time.perf_counter() - start

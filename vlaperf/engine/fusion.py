@@ -11,6 +11,8 @@ Folding happens in float32 and is rounded once to the model dtype.
 
 from __future__ import annotations
 
+import dataclasses
+from collections.abc import Iterator
 from dataclasses import dataclass
 
 import torch
@@ -173,7 +175,22 @@ def release_reference_copies(model: Pi0Model, ew: EngineWeights) -> int:
         p.data = torch.empty(0, dtype=p.dtype, device=p.device)
     if params:
         model.reference_released = True
+        model.released_parameters |= {id(p) for p in params}  # another engine that reads one of them refuses to run
     return freed
+
+
+def held_tensors(x) -> Iterator[Tensor]:
+    """Every tensor an engine's weights hold (EngineWeights: dataclasses, lists, tuples, modules' parameters)."""
+    if isinstance(x, Tensor):
+        yield x
+    elif isinstance(x, torch.nn.Module):
+        yield from x.parameters()
+    elif dataclasses.is_dataclass(x) and not isinstance(x, type):
+        for f in dataclasses.fields(x):
+            yield from held_tensors(getattr(x, f.name))
+    elif isinstance(x, (list, tuple)):
+        for item in x:
+            yield from held_tensors(item)
 
 
 def build_weights(model: Pi0Model, fuse: bool) -> EngineWeights:

@@ -452,6 +452,7 @@ class WamEngine:
     # ---------------------------------------------------------------------- generate
 
     @torch.no_grad()
+    @torch.inference_mode(False)  # plain tensors in the engine's caches and graph inputs, whatever the caller's mode
     def generate(self, obs: WamObservation, noise: WamNoise, steps: int, video_steps: int | None = None,
                  sparsity: str = "none", cfg_scale: float = 0.0, shift: float = 3.0) -> tuple[Tensor, Tensor]:
         """As WorldActionModel.generate: actions (B, H, A) and the video (B, video_frames, P, C)."""
@@ -482,7 +483,8 @@ class WamEngine:
         # whose events this replay recorded are handed to the recorder after it (engine/graphs.py)
         recorder = active_recorder()
         timed = recorder is not NULL_RECORDER
-        with marks_to(self._graphs.record_stage) if timed else contextlib.nullcontext():
+        with marks_to(self._graphs.record_stage) if timed else contextlib.nullcontext(), torch.cuda.device(self.device):
+            # the engine's GPU current: a capture on another device's current stream recorded an empty graph
             out = self._graphs.run(key, build, [obs.context, obs.text, obs.state, noise.video, noise.actions],
                                    timed=timed)
         for name, event in self._graphs.last_stage_events:
@@ -574,6 +576,7 @@ class WamEngine:
 
     # -------------------------------------------------------------------- one forward
 
+    @torch.inference_mode(False)  # as generate
     def forward_once(self, obs: WamObservation, noise: WamNoise, sparsity: str = "none", sigma: float = 0.5):
         """One full model forward (seed 000's first measurement level) at sigma for both groups."""
         lay = self._layout_per_forward(sparsity)

@@ -444,9 +444,9 @@ MAX_NUM_STEPS = 1000  # denoise steps; beyond it a call is a typo (a million ste
 def check_num_steps(value, name: str = "num_steps", note: str = "") -> int:
     """A denoise step count: an int in 1..MAX_NUM_STEPS, else a ValueError naming `name` (`note` says what else it
     may be). Below 1, the reference's `while` on the time (and openpi's, and LeRobot's) would never end."""
-    if isinstance(value, bool) or not isinstance(value, int) or not 1 <= value <= MAX_NUM_STEPS:
+    if isinstance(value, bool) or not isinstance(value, numbers.Integral) or not 1 <= value <= MAX_NUM_STEPS:
         raise ValueError(f"{name}: expected an integer in 1..{MAX_NUM_STEPS}{note}, got {value!r}")
-    return value
+    return int(value)  # a numpy integer (a config read with numpy) as a Python one
 
 
 def check_sample_inputs(cfg: Pi0Config, obs, noise: Tensor | None, num_steps: int, device: torch.device) -> None:
@@ -627,8 +627,10 @@ class Pi0Model(nn.Module):
     def __init__(self, cfg: Pi0Config):
         super().__init__()
         self.config = cfg
-        # set by Engine.release_reference_weights: the layers' own weights are gone
+        # set by Engine.release_reference_weights: the layers' own weights are gone (the ids of those parameters:
+        # another engine that reads one refuses to run)
         self.reference_released = False
+        self.released_parameters: set[int] = set()
         # bumped by each checkpoint load (checkpoints.load_state): an engine built before it holds copies of
         # the old weights and refuses to run; `checkpoint` says where the weights came from (None: random)
         self.weights_version = 0
