@@ -1245,6 +1245,8 @@ def test_sample_inputs_of_another_batch_or_device_are_named_errors_on_both_paths
         for bad_noise in (noise.long(), noise.to("meta")):
             with pytest.raises(ValueError, match=r"noise: expected a float tensor \(1, 10, 8\) on cpu, got "):
                 sample(obs, bad_noise, 2)
+        with pytest.raises(TypeError, match=r"noise: expected a float tensor \(1, 10, 8\) on cpu, got ndarray"):
+            sample(obs, noise.numpy(), 2)  # not a tensor at all: a TypeError, as the README says of every field
     assert check_num_steps(1000) == 1000 and check_num_steps(1) == 1  # both ends of 1..1000 are taken
 
 
@@ -1336,3 +1338,10 @@ def test_a_state_of_another_batch_than_every_other_field_is_named_as_the_odd_one
     for sample in (tiny_model.sample_actions, engine.sample_actions):
         with pytest.raises(ValueError, match=r"obs.state: a batch of 1, the other fields' is 2 \(images, masks"):
             sample(two, noise, 2)
+
+
+def test_a_lever_set_built_directly_is_checked_as_a_parsed_one(tiny_model):
+    """Levers(compile='bogus') given to an Engine is a LeverError naming the modes, as '--levers compile=bogus' is,
+    not torch.compile's own error from inside the build."""
+    with pytest.raises(LeverError, match="compile mode must be one of default, .*, got 'bogus'"):
+        Engine(tiny_model, Levers(for_loop=True, compile="bogus"))

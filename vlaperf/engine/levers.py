@@ -240,6 +240,8 @@ class Levers:
     def check(self, device: torch.device | str) -> None:
         """Raise LeverError if a lever cannot apply on `device` or with the others."""
         device = torch.device(device)
+        if self.compile is not None and self.compile not in COMPILE_MODES:  # a Levers built directly, not parsed
+            raise LeverError(f"compile mode must be one of {', '.join(COMPILE_MODES)}, got {self.compile!r}")
         if self.cuda_graph:
             if device.type != "cuda":
                 raise LeverError("cuda_graph needs a CUDA device; this run is on " + device.type)

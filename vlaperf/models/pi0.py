@@ -504,10 +504,10 @@ def check_sample_inputs(cfg: Pi0Config, obs, noise: Tensor | None, num_steps: in
                          f"batch) or None, got {prompt_len!r}")
     if noise is not None:
         expected = (B, cfg.action_horizon, cfg.action_dim)
-        if not isinstance(noise, Tensor) or not noise.is_floating_point() or tuple(noise.shape) != expected \
-                or noise.device != device:
-            got = _shape(noise) if isinstance(noise, Tensor) else type(noise).__name__
-            raise ValueError(f"noise: expected a float tensor {expected} on {device}, got {got}")
+        if not isinstance(noise, Tensor):  # not a tensor at all: a TypeError, as for the observation's fields
+            raise TypeError(f"noise: expected a float tensor {expected} on {device}, got {type(noise).__name__}")
+        if not noise.is_floating_point() or tuple(noise.shape) != expected or noise.device != device:
+            raise ValueError(f"noise: expected a float tensor {expected} on {device}, got {_shape(noise)}")
 
 
 @dataclass
