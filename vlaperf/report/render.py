@@ -595,7 +595,8 @@ def _matrix(doc: Doc, path: str, r: dict) -> None:
               "variant was timed; the rows prepared by then keep their equivalence and first call.", "warn")
     else:
         doc.p(f"{path}: {r.get('iters')} interleaved rounds after {r.get('warmup')} warm-up calls per variant{idle}; "
-              f"{against}; 'noise' = the p10..p90 of per-round ratios includes 1.", "note")
+              f"{against}; 'noise' = the p10..p90 of per-round ratios includes 1, or (files from session 70 on) "
+              "the medians' ratio lies on its other side.", "note")
     if r.get("left_out"):  # a preset's rows that need a CUDA device, on a file made without one
         doc.p(f"{r['left_out']}.", "note")
     rows, timed = [], []
