@@ -573,7 +573,8 @@ def _matrix_row_name(v: dict) -> str:
 
 def _ratio_cell(q: dict | None) -> str | None:
     """A per-round ratio (timing._ratio_stats: a world-action row's sparsity_gain) as a cell: '1.45x (1.40..1.52)',
-    '(noise)' where its p10..p90 includes 1; None where the file has none (the dense rows)."""
+    '(noise)' where it is not significant (its p10..p90 includes 1, or the medians say otherwise); None where the
+    file has none (the dense rows)."""
     if not q:
         return None
     return (f"{q['speedup']:.2f}x ({q['ratio_p10']:.2f}..{q['ratio_p90']:.2f})"
@@ -610,8 +611,8 @@ def _matrix(doc: Doc, path: str, r: dict) -> None:
         if "timers" not in v:  # skipped: a row that failed its check or was prepared before an interrupt keeps
             # its error, first call and levers (the error is why it has no speed)
             rows.append([name, v.get("skipped", "not timed")] + [None] * (5 if on_ray else 4)
-                        + [eq.get("rel_l2")] + [None] * len(wam_cells) + [v.get("first_call_s"), None,
-                                                                          ", ".join(v.get("levers") or []) or "-"])
+                        + [eq.get("rel_l2")] + wam_cells[:1] + [None] * len(wam_cells[1:])
+                        + [v.get("first_call_s"), None, ", ".join(v.get("levers") or []) or "-"])
             continue
         w, e = v["timers"]["wall_ms"], v["timers"].get("cuda_event_ms")
         q = _wall_ratio(v)
