@@ -348,6 +348,36 @@ def test_what_a_command_refuses_anyway_is_refused_before_the_download(argv, erro
     assert error in capsys.readouterr().err
 
 
+def test_convert_and_compare_refuse_what_they_would_anyway_before_the_download(tmp_path, monkeypatch, capsys):
+    """convert to an OUT that exists (without --force), convert of an openpi JAX folder named on the Hub, and compare
+    where LeRobot is not importable were each refused only after the Hub's weights came down (7 GB for pi0)."""
+    import vlaperf.hub as hub
+    from vlaperf.cli import main
+    from vlaperf.compare import lerobot
+
+    def fetch(*args):
+        raise AssertionError("fetched before the command's own checks")
+
+    monkeypatch.setattr(hub, "fetch", fetch)
+    monkeypatch.setitem(sys.modules, "huggingface_hub", None)
+    out = tmp_path / "model.safetensors"
+    out.write_bytes(b"")
+    convert = ["convert", "--from", "lerobot", "--to", "openpi", "--preset", "tiny", "acme/pi0_tiny"]
+    assert main([*convert, str(out)]) == 2
+    assert f"{out} exists: give another output path, or replace it with --force" in capsys.readouterr().err
+    assert main(["convert", "--from", "openpi-jax", "--to", "openpi", "--preset", "tiny", "acme/pi05_libero",
+                 str(tmp_path / "new")]) == 2
+    assert "IN: an openpi JAX checkpoint is a folder (params/ and assets/), which is not fetched" in \
+        capsys.readouterr().err
+
+    def missing(pi05):
+        raise lerobot.LeRobotUnavailable(lerobot.LEROBOT_MISSING)
+
+    monkeypatch.setattr(lerobot, "import_lerobot", missing)
+    assert main(["compare", "--workload", "tiny", "--device", "cpu", "--checkpoint", "acme/pi0_tiny"]) == 2
+    assert lerobot.LEROBOT_MISSING in capsys.readouterr().err
+
+
 @pytest.mark.parametrize("argv", [
     ["bench", "--workload", "tiny", "--levers", "exact"],
     ["serve", "--workload", "tiny"],  # serve's own default, "serve", is no lever list

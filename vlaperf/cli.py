@@ -1308,7 +1308,26 @@ def check_before_download(args) -> None:
             get_workload(workload)
         except ValueError as e:
             raise CliError(str(e)) from None
-    if not hasattr(args, "device"):  # convert: files in, files out
+    if args.command == "convert":  # files in, files out: what it would refuse about OUT, and a JAX folder on the Hub
+        from vlaperf.checkpoints import CheckpointError, output_file
+        from vlaperf.compare.convert import refuse_existing
+
+        if args.from_layout == "openpi-jax":
+            raise CliError("IN: an openpi JAX checkpoint is a folder (params/ and assets/), which is not fetched from "
+                           "the Hub: download it and give its path")
+        try:
+            refuse_existing(output_file(args.dst), args.force)
+        except CheckpointError as e:
+            raise CliError(str(e)) from None
+        return
+    if args.command in ("compare", "lerobot-eval"):  # LeRobot's absence is said before its weights are fetched
+        from vlaperf.compare.lerobot import LeRobotUnavailable, import_lerobot
+
+        try:
+            import_lerobot(pi05=False)
+        except LeRobotUnavailable as e:
+            raise CliError(str(e)) from None
+    if not hasattr(args, "device"):
         return
     device = requested_device(args)
     levers = getattr(args, "levers", None)

@@ -179,7 +179,7 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, from_layo
     dst_file = output_file(dst)
     if dst_file.exists() and dst_file.resolve() == src_file.resolve():
         raise CheckpointError(f"refusing to overwrite the input {src_file}: give another output path")
-    _refuse_existing(dst_file, overwrite)
+    refuse_existing(dst_file, overwrite)
     tensors = read_tensors(src_file)
     out, report = convert_tensors(tensors, from_layout, to_layout, preset)
     meta = {"format": "pt", "layout": to_layout, "converted_from": from_layout, "preset": report["preset"]}
@@ -188,7 +188,8 @@ def convert_checkpoint(src: str | os.PathLike, dst: str | os.PathLike, from_layo
     return report
 
 
-def _refuse_existing(dst_file, overwrite: bool) -> None:
+def refuse_existing(dst_file, overwrite: bool) -> None:
+    """CheckpointError where the output file exists and `overwrite` (--force) was not given."""
     if dst_file.exists() and not overwrite:  # a checkpoint is not something to lose to a repeated command
         raise CheckpointError(f"{dst_file} exists: give another output path, or replace it with --force "
                               "(overwrite=True)")
@@ -203,7 +204,7 @@ def _convert_jax(src, dst, to_layout: str, preset: str | Pi0Config, overwrite: b
         raise CheckpointError(f"unknown checkpoint layout {to_layout!r}; expected one of {LAYOUTS}")
     cfg = _config(preset)
     dst_file = output_file(dst)  # checked before the (long) read
-    _refuse_existing(dst_file, overwrite)
+    refuse_existing(dst_file, overwrite)
     arrays = openpi_jax.read_params(src)
     named = openpi_jax.to_openpi_names(arrays)
     filled = openpi_jax.fill_unused_heads(named, expected_shapes(cfg))
