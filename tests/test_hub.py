@@ -397,3 +397,44 @@ def test_a_command_line_that_passes_the_checks_goes_on_to_the_hub(argv, monkeypa
     monkeypatch.setitem(sys.modules, "huggingface_hub", types.ModuleType("huggingface_hub"))  # installed or not here
     assert main([*argv, "--checkpoint", "acme/pi0_tiny"]) == 2
     assert "--checkpoint acme/pi0_tiny: reached the Hub" in capsys.readouterr().err
+
+
+def test_a_checkpoint_named_as_its_file_brings_lerobots_config_beside_it(tmp_path, monkeypatch):
+    """--checkpoint hf://owner/name/model.safetensors fetched the weights alone, so the chunk LeRobot's config.json
+    says was silently not taken on a fresh cache (the repo form fetched it). It comes along now, from the weights'
+    commit; an openpi repo without one gives the weights alone."""
+    hub = pytest.importorskip("huggingface_hub")
+    snapshot = tmp_path / "hub" / "models--acme--pi0_tiny" / "snapshots" / COMMIT
+    remote = {"model.safetensors": b"weights", "config.json": b'{"type": "pi0", "chunk_size": 5}',
+              "sub/model.safetensors": b"weights"}
+    asked = []
+
+    def download(repo, filename, revision=None, local_files_only=False):
+        asked.append((filename, revision))
+        if filename not in remote:
+            e = hub.utils.EntryNotFoundError.__new__(hub.utils.EntryNotFoundError)
+            Exception.__init__(e, "404")
+            raise e
+        (snapshot / filename).parent.mkdir(parents=True, exist_ok=True)
+        (snapshot / filename).write_bytes(remote[filename])
+        return str(snapshot / filename)
+
+    monkeypatch.setattr(hub, "hf_hub_download", download)
+    assert resolve("hf://acme/pi0_tiny/model.safetensors", "--checkpoint") == str(snapshot / "model.safetensors")
+    assert asked == [("model.safetensors", None), ("config.json", COMMIT)] and (snapshot / "config.json").is_file()
+    assert resolve("hf://acme/pi0_tiny/sub/model.safetensors", "--checkpoint") == str(snapshot / "sub" /
+                                                                                     "model.safetensors")
+    assert asked[-1] == ("sub/config.json", COMMIT)  # none there: the weights alone, no error
+
+
+def test_a_tokenizer_named_by_its_folder_is_the_file_in_it(tmp_path):
+    """--tokenizer hf://owner/name/folder fetched folder/tokenizer.model and handed the folder to the tokenizer,
+    which said 'no such file'; the repo form gave the file."""
+    pytest.importorskip("huggingface_hub")
+    cache = tmp_path / "cache"
+    snapshot = _cached_repo(cache, "acme/tok", {"sub/tokenizer.model": b"not parsed here"})
+    script = "import vlaperf.hub as h; print(h.resolve('hf://acme/tok/sub', '--tokenizer'))"
+    run = subprocess.run([sys.executable, "-c", script], env=_offline_env(cache), capture_output=True, text=True,
+                         timeout=120)
+    assert run.returncode == 0, run.stderr
+    assert run.stdout.strip() == str(snapshot / "sub" / "tokenizer.model")

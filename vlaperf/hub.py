@@ -143,6 +143,8 @@ def _download(ref: HubRef, option: str, text: str, local_files_only: bool = Fals
         local = Path(hf_hub_download(ref.repo, ref.path, revision=ref.revision, local_files_only=local_files_only))
         if option == "--norm-stats":
             _download_named_statistics(ref, local, option, text, local_files_only)
+        if option == "--checkpoint":
+            _download_config_beside(ref, local, local_files_only)
         return local
     if option == "--tokenizer" and ref.path is None:  # one file, which the repo must have
         return Path(hf_hub_download(ref.repo, wanted[0], revision=ref.revision, local_files_only=local_files_only))
@@ -156,7 +158,23 @@ def _download(ref: HubRef, option: str, text: str, local_files_only: bool = Fals
         raise HubError(f"{option} {text}: the repo {ref.repo}{' (' + commit + ')' if commit else ''} has "
                        f"{'no' if len(need) == 1 else 'none of'} {', '.join(need)}"
                        f"{' in ' + ref.path if ref.path else ''}")
-    return local
+    # a tokenizer is one file: a folder inside the repo gives the file in it (the folder went to the tokenizer)
+    return local / wanted[0] if option == "--tokenizer" else local
+
+
+def _download_config_beside(ref: HubRef, weights: Path, local_files_only: bool) -> None:
+    """LeRobot's config.json beside a model.safetensors named as the file (`hf://owner/name/model.safetensors`),
+    from the same commit, where the repo has one: the chunk the checkpoint was trained with is there, and the repo
+    form fetched it while the file form did not. An openpi repo has none: nothing to fetch then."""
+    from huggingface_hub import hf_hub_download
+
+    folder = PurePosixPath(ref.path).parent
+    name = "config.json" if str(folder) == "." else f"{folder}/config.json"
+    revision = (origin(weights) or {}).get("revision") or ref.revision
+    try:
+        hf_hub_download(ref.repo, name, revision=revision, local_files_only=local_files_only)
+    except Exception:  # noqa: BLE001 - absent (openpi's layout), or not cached offline: the weights alone, as asked
+        pass
 
 
 def _download_named_statistics(ref: HubRef, local: Path, option: str, text: str, local_files_only: bool) -> None:
