@@ -250,6 +250,16 @@ def test_a_write_that_fails_midway_leaves_nothing_behind_and_keeps_the_old_file(
         save_checkpoint(model, tmp_path / "a" / "b" / "m.safetensors")
     assert sorted(p.name for p in tmp_path.iterdir()) == ["keep"]  # a/ and a/b/ were made by the write: gone
 
+    def interrupted_write(tensors, filename, metadata=None):  # a Ctrl-C (or a MemoryError) half way: not an OSError
+        with open(filename, "wb") as f:
+            f.write(b"half a header")
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr(ckpt, "save_file", interrupted_write)
+    with pytest.raises(KeyboardInterrupt):  # itself, not turned into a CheckpointError
+        save_checkpoint(model, tmp_path / "c" / "m.safetensors")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["keep"]  # no .partial of gigabytes left, nor c/
+
 
 def test_lerobot_files_with_stray_keys_and_the_wrong_layout_are_named(tmp_path):
     tensors = read_tensors(save_checkpoint(build_model("tiny"), tmp_path / "a.safetensors", layout="lerobot"))

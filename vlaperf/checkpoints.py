@@ -346,7 +346,7 @@ def write_safetensors(tensors: dict[str, torch.Tensor], dst: Path, metadata: dic
         save_file(tensors, str(tmp), metadata=metadata)
         os.chmod(tmp, 0o666 & ~_umask())
         os.replace(tmp, dst)
-    except (OSError, SafetensorError) as e:
+    except BaseException as e:  # a Ctrl-C or a MemoryError mid-write too: gigabytes of .partial left behind otherwise
         with contextlib.suppress(OSError):
             tmp.unlink(missing_ok=True)
         for d in created:  # innermost first
@@ -354,4 +354,6 @@ def write_safetensors(tensors: dict[str, torch.Tensor], dst: Path, metadata: dic
                 d.rmdir()
             except OSError:
                 break
-        raise CheckpointError(f"cannot write {dst}: {getattr(e, 'strerror', None) or e}") from None
+        if isinstance(e, (OSError, SafetensorError)):
+            raise CheckpointError(f"cannot write {dst}: {getattr(e, 'strerror', None) or e}") from None
+        raise
