@@ -478,3 +478,36 @@ def test_lerobots_config_sets_the_chunk_and_refuses_the_other_family(tmp_path, c
     (folder / "config.json").write_text(json.dumps({"model_type": "paligemma", "chunk_size": 3}))  # not LeRobot's
     assert lerobot_config(folder) is None
     assert main(bench) == 0
+
+
+def test_a_saved_checkpoint_keeps_the_embedding_inference_reads(tmp_path):
+    """The file stores the tied embedding once, under the LM head's name: where the two were untied (torch's
+    load_state_dict(assign=True) does that) and the embedding changed, the LM head's stale values were saved and a
+    reload embedded tokens with them."""
+    model = build_model("tiny", seed=1)
+    head = model.paligemma_with_expert.paligemma.lm_head
+    embed = model.paligemma_with_expert.paligemma.model.language_model.embed_tokens
+    head.weight = torch.nn.Parameter(head.weight.detach().clone())  # untied, as an assign=True load leaves it
+    with torch.no_grad():
+        embed.weight.add_(1.0)
+    again = build_model("tiny", seed=2)
+    load_checkpoint(again, save_checkpoint(model, tmp_path / "m"))
+    assert torch.equal(again.paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight, embed.weight)
+
+
+def test_a_model_without_the_unused_heads_loads_its_own_file_and_a_full_one(tmp_path):
+    """unused_heads=False (no LM heads: inference never reads them) could not load the file it saved (the tied
+    alias came back as an unexpected key), nor openpi's full file; the heads are dropped by name, nothing else."""
+    headless = get_config("tiny", unused_heads=False)
+    sources = build_model(headless, seed=1), build_model("tiny", seed=2)
+    for source, name in zip(sources, ("own", "full")):
+        model = build_model(headless, seed=5)
+        load_checkpoint(model, save_checkpoint(source, tmp_path / name))
+        saved = source.state_dict()
+        assert all(torch.equal(v, saved[k]) for k, v in model.state_dict().items()), name
+    full = tmp_path / "full" / "model.safetensors"
+    tensors = read_tensors(full)
+    tensors.pop("action_out_proj.bias")
+    save_file(tensors, str(tmp_path / "short.safetensors"))
+    with pytest.raises(CheckpointError, match="missing.*action_out_proj.bias"):  # still strict about the rest
+        load_checkpoint(build_model(headless), tmp_path / "short.safetensors")

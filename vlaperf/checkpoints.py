@@ -30,6 +30,8 @@ from vlaperf.models.pi0 import Pi0Model
 
 LM_HEAD = "paligemma_with_expert.paligemma.lm_head.weight"
 EMBED = "paligemma_with_expert.paligemma.model.language_model.embed_tokens.weight"
+EXPERT_LM_HEAD = "paligemma_with_expert.gemma_expert.lm_head.weight"
+UNUSED_HEADS = (LM_HEAD, EXPERT_LM_HEAD)  # in openpi's state dict, never read by inference (Pi0Config.unused_heads)
 LEROBOT_PREFIX = "model."
 LAYOUTS = ("auto", "openpi", "lerobot", "openpi-jax")
 
@@ -287,6 +289,8 @@ def load_state(model: Pi0Model, named: dict[str, torch.Tensor]) -> None:
         raise CheckpointError("this model's reference weights were released (Engine.release_reference_weights): "
                               "build the model again to load a checkpoint into it")
     expected = model.state_dict()
+    if not model.config.unused_heads:  # a model built without the two heads: a file's (or the tied alias) dropped by name
+        named = {k: v for k, v in named.items() if k not in UNUSED_HEADS}
     check_tensors(named, {k: v.shape for k, v in expected.items()}, model.config)
     check_finite(named, {k: v.dtype for k, v in expected.items()})
     with torch.no_grad():
@@ -305,8 +309,9 @@ def save_checkpoint(model: Pi0Model, path: str | os.PathLike, layout: str = "ope
                               "save a checkpoint before releasing them")
     p = output_file(path)
     state = {k: v.detach().cpu().contiguous() for k, v in model.state_dict().items()}
-    if LM_HEAD in state:
-        state.pop(EMBED, None)  # stored once, as openpi's file does
+    if LM_HEAD in state:  # stored once, under the LM head's name as openpi's file does: the embedding's values, which
+        # inference reads (the two differ only in a model whose tie was undone, e.g. load_state_dict(assign=True))
+        state[LM_HEAD] = state.pop(EMBED, state[LM_HEAD])
     prefix = LEROBOT_PREFIX if layout == "lerobot" else ""
     write_safetensors({prefix + k: v for k, v in state.items()}, p, {"format": "pt", "layout": layout})
     return p

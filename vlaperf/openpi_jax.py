@@ -42,9 +42,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vlaperf.checkpoints import EMBED, LM_HEAD, CheckpointError
+from vlaperf.checkpoints import EMBED, EXPERT_LM_HEAD, LM_HEAD, CheckpointError
 
-EXPERT_LM_HEAD = "paligemma_with_expert.gemma_expert.lm_head.weight"
 VISION = "paligemma_with_expert.paligemma.model.vision_tower.vision_model."
 LLM = "paligemma_with_expert.paligemma.model.language_model."
 EXPERT = "paligemma_with_expert.gemma_expert.model."
