@@ -231,9 +231,15 @@ def read_model_tensors(path: str | os.PathLike, shapes: dict[str, torch.Size], p
 def check_tensors(named: dict[str, torch.Tensor], expected: dict[str, torch.Size], cfg) -> None:
     """The strict check: raise CheckpointError listing every missing, unexpected or wrongly
     shaped tensor (openpi names on both sides), with a hint when the file is the other
-    member of the family (pi0 vs pi0.5)."""
+    member of the family (pi0 vs pi0.5), or of another size."""
+    common = set(named) & set(expected)
+    lerobot_names = 2 * sum(k.startswith(LEROBOT_PREFIX) for k in named) > len(named)  # read as openpi's: said below
+    if named and not common and not lerobot_names:  # another model's file: its 20 "missing" tensors said nothing
+        listed = ", ".join(sorted(named)[:5]) + (f" and {len(named) - 5} more" if len(named) > 5 else "")
+        raise CheckpointError(f"none of the checkpoint's {len(named)} tensors is a parameter of preset {cfg.name!r}: "
+                              f"not a pi0-family checkpoint in openpi's or LeRobot's names (its keys: {listed})")
     problems = []
-    for key in sorted(set(named) & set(expected)):  # the ones that explain most first: shapes and dtypes
+    for key in sorted(common):  # the ones that explain most first: shapes and dtypes
         if named[key].shape != expected[key]:
             problems.append(f"wrong shape for {key}: checkpoint has {list(named[key].shape)}, model expects {list(expected[key])}")
         elif not named[key].is_floating_point():
@@ -255,12 +261,19 @@ def check_tensors(named: dict[str, torch.Tensor], expected: dict[str, torch.Size
             looks_other = "time_mlp_in.weight" in named or adaptive
         kind, other = ("pi0.5", "pi0") if cfg.pi05 else ("pi0", "pi0.5")
         hint = f" (the file looks like {other}, the preset is {kind})" if looks_other else ""
-        if 2 * sum(k.startswith(LEROBOT_PREFIX) for k in named) > len(named):
+        if lerobot_names:
             hint += " (its keys carry LeRobot's 'model.' prefix: load it with layout 'lerobot' or 'auto')"
+        shapes = sum(p.startswith("wrong shape") for p in problems)
+        size = ""
+        if not looks_other and not lerobot_names and (shapes or len(common) < len(expected)):  # another size, or cut
+            size = (f"\n(the file holds {len(common)} of the preset's {len(expected)} tensors"
+                    + (f", {shapes} of them of another shape" if shapes else "")
+                    + ": a checkpoint of another preset, or not all of one?)")
         counts = ", ".join(f"{sum(p.startswith(k) for p in problems)} {k}" for k in ("wrong shape", "wrong dtype", "missing",
                                                                                    "unexpected")
                            if any(p.startswith(k) for p in problems))
-        raise CheckpointError(f"checkpoint does not match model preset {cfg.name!r}{hint} ({counts}):\n  " + "\n  ".join(shown))
+        raise CheckpointError(f"checkpoint does not match model preset {cfg.name!r}{hint} ({counts}):\n  "
+                              + "\n  ".join(shown) + size)
 
 
 def check_finite(named: dict[str, torch.Tensor], dtypes: dict[str, torch.dtype] | None = None) -> None:

@@ -95,8 +95,9 @@ def _check_layout(tensors: dict[str, torch.Tensor], layout: str) -> None:
     if layout == "lerobot":
         stray = sorted(k for k in tensors if not k.startswith(LEROBOT_PREFIX))
         if stray:
-            hint = " (no key has it: this looks like an openpi checkpoint, convert with --from openpi)" if found == "openpi" and \
-                len(stray) == len(tensors) else ""
+            openpi_like = any(k.startswith("paligemma_with_expert.") for k in tensors)  # not just any file
+            hint = (" (no key has it: this looks like an openpi checkpoint, convert with --from openpi)"
+                    if found == "openpi" and len(stray) == len(tensors) and openpi_like else "")
             listed = ", ".join(stray[:5]) + (f" and {len(stray) - 5} more" if len(stray) > 5 else "")
             raise CheckpointError(f"LeRobot checkpoint keys lack the {LEROBOT_PREFIX!r} prefix: {listed}{hint}")
 
