@@ -391,7 +391,8 @@ def test_long_problem_lists_are_cut_at_20_and_counted(tmp_path):
     lines = str(err.value).splitlines()
     assert len(lines) == 23 and lines[-2] == f"  ... and {n - 1 - 20} more"
     # what the counts mean, last: the file holds one of the preset's tensors
-    assert lines[-1] == f"(the file holds 1 of the preset's {n} tensors: a checkpoint of another preset, or not all of one?)"
+    assert lines[-1] == (f"(the file holds 1 of the preset's {n} tensors: a checkpoint of another preset, or not all "
+                         "of one?)")
     bad = {f"w{i:02d}": torch.full((2,), float("nan")) for i in range(23)}
     with pytest.raises(CheckpointError, match=r"w19: NaN or inf\n  \.\.\. and 3 more$"):
         check_finite(bad)
@@ -520,11 +521,12 @@ def test_a_file_of_another_model_is_named_as_such(tmp_path, capsys):
     "missing" lines; convert's --from lerobot no longer calls it an openpi checkpoint."""
     from vlaperf.cli import main
 
-    save_file({"encoder.weight": torch.zeros(2, 2), "decoder.bias": torch.zeros(2)}, str(tmp_path / "other.safetensors"))
+    other = tmp_path / "other.safetensors"
+    save_file({"encoder.weight": torch.zeros(2, 2), "decoder.bias": torch.zeros(2)}, str(other))
     with pytest.raises(CheckpointError, match=r"^none of the checkpoint's 2 tensors is a parameter of preset 'tiny': "
                                               r"not a pi0-family checkpoint .*\(its keys: decoder.bias, encoder.weight\)$"):
-        load_checkpoint(build_model("tiny"), tmp_path / "other.safetensors")
-    assert main(["convert", "--from", "lerobot", "--to", "openpi", "--preset", "tiny", str(tmp_path / "other.safetensors"),
+        load_checkpoint(build_model("tiny"), other)
+    assert main(["convert", "--from", "lerobot", "--to", "openpi", "--preset", "tiny", str(other),
                  str(tmp_path / "out")]) == 2
     err = capsys.readouterr().err
     assert "LeRobot checkpoint keys lack the 'model.' prefix: decoder.bias, encoder.weight" in err

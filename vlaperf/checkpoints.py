@@ -302,7 +302,7 @@ def load_state(model: Pi0Model, named: dict[str, torch.Tensor]) -> None:
         raise CheckpointError("this model's reference weights were released (Engine.release_reference_weights): "
                               "build the model again to load a checkpoint into it")
     expected = model.state_dict()
-    if not model.config.unused_heads:  # a model built without the two heads: a file's (or the tied alias) dropped by name
+    if not model.config.unused_heads:  # a model built without the two heads: the file's (or the tied alias) dropped
         named = {k: v for k, v in named.items() if k not in UNUSED_HEADS}
     check_tensors(named, {k: v.shape for k, v in expected.items()}, model.config)
     check_finite(named, {k: v.dtype for k, v in expected.items()})
