@@ -424,6 +424,35 @@ def test_read_model_tensors_keeps_the_files_dtypes_and_loads_nothing(tmp_path):
         read_model_tensors(path, {}, False, layout="safetensors")
 
 
+def test_lerobots_conventions_take_the_checkpoints_own_chunk(tmp_path, capsys):
+    """LeRobot's chunk_size is each checkpoint's training choice (50 its default): --conventions lerobot:pi0 serves a
+    checkpoint trained with 10 at 10, where it was refused ("trained with 10 actions a chunk") and the only way out
+    was conventions "none", with openpi's image resize and prompt."""
+    import argparse
+    import json
+
+    from vlaperf.cli import CliError, resolve_shape
+    from vlaperf.workloads import get_workload
+
+    folder = tmp_path / "ckpt"
+    save_checkpoint(build_model("tiny", seed=1), folder, layout="lerobot")
+    (folder / "config.json").write_text(json.dumps({"type": "pi0", "chunk_size": 10}))
+    libero = get_workload("libero-pi0")  # 50 actions a chunk
+
+    def args(**kw):
+        return argparse.Namespace(**{"conventions": "lerobot:pi0", "action_horizon": None, "batch": None,
+                                     "steps": None, "checkpoint": str(folder), **kw})
+
+    workload, cfg = resolve_shape(args(), libero)
+    assert workload.horizon == cfg.action_horizon == 10
+    assert "10 actions a chunk, as the checkpoint was trained" in capsys.readouterr().err
+    with pytest.raises(CliError, match=r"--action-horizon 20: the checkpoint was trained with 10 actions a chunk"):
+        resolve_shape(args(action_horizon=20), libero)
+    # no config.json (random weights): LeRobot's default, said where the workload's chunk differs
+    workload, _ = resolve_shape(args(checkpoint=None), get_workload("tiny"))
+    assert workload.horizon == 50 and "50 actions a chunk, LeRobot's default" in capsys.readouterr().err
+
+
 def test_load_checkpoint_warns_where_lerobots_chunk_is_not_the_models_horizon(tmp_path):
     """The Python API's load: LeRobot's config.json says the chunk the checkpoint was trained with, which no tensor
     holds; a model of another action_horizon loads (strict on the tensors) with a warning naming both and the fix,

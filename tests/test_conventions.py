@@ -155,8 +155,11 @@ def test_cli_conventions_set_the_horizon_and_refuse_a_contradiction(capsys):
         {"horizon": 50, "steps": 3}
     w, cfg = resolve_shape(args(None, 20, None, None), TINY)
     assert w.horizon == cfg.action_horizon == 20
-    with pytest.raises(CliError, match="--action-horizon 20: --conventions lerobot:pi05 were trained with 50"):
-        resolve_shape(args("lerobot:pi05", 20, None, None), get_workload("libero-pi05"))
+    # LeRobot's chunk is each checkpoint's own (its config.json), 50 its default: --action-horizon may say another
+    w, cfg = resolve_shape(args("lerobot:pi05", 20, None, None), get_workload("libero-pi05"))
+    assert w.horizon == cfg.action_horizon == 20
+    with pytest.raises(CliError, match="--action-horizon 20: --conventions openpi:pi05_libero were trained with 10"):
+        resolve_shape(args("openpi:pi05_libero", 20, None, None), get_workload("libero-pi05"))
     with pytest.raises(CliError, match="--conventions: conventions 'openpi:pi0_libero' are for pi0 checkpoints"):
         resolve_shape(args("openpi:pi0_libero", None, None, None), get_workload("libero-pi05"))
 

@@ -221,6 +221,13 @@ def resolve_shape(args, base):
                   f"workload {base.id} has {base.horizon}", file=sys.stderr)
             args.chunk_noted = True  # once: `serve` resolves the shape twice (its checks first, then the build)
         horizon = trained["chunk_size"]
+    if horizon is None and conventions.default_action_horizon is not None:  # LeRobot's, where nothing else says
+        horizon, default = conventions.default_action_horizon, conventions.default_action_horizon
+        if default != base.horizon and not getattr(args, "chunk_noted", False):
+            print(f"vlaperf: {default} actions a chunk, LeRobot's default, as --conventions {conventions.name} take "
+                  f"where the checkpoint's config.json does not say its own; workload {base.id} has {base.horizon}",
+                  file=sys.stderr)
+            args.chunk_noted = True
     if horizon is not None and horizon != base.horizon:
         config = get_config(base.preset, action_horizon=horizon)
     try:

@@ -43,6 +43,9 @@ class Conventions:
     # the newline token; "lerobot": BOS + the task as given with a newline at its end (LeRobot's pi0 processor)
     prompt_style: str = "openpi"
     action_horizon: int | None = None  # the chunk the checkpoint was trained with (None: the preset's)
+    # LeRobot's chunk is each checkpoint's own (its config.json's chunk_size): conventions that leave it to the
+    # checkpoint give the library's default here, served where neither that file nor --action-horizon says one
+    default_action_horizon: int | None = None
     default_prompt: str | None = None  # the prompt of an observation without one (None: the prompt is required)
     # How an image not at the model's size is resized: "openpi": PIL's antialiased bilinear, rounded to uint8,
     # black padding (openpi's resize_with_pad); "lerobot": torch's bilinear without antialiasing on the float
@@ -50,6 +53,15 @@ class Conventions:
     # _preprocess_images); "lerobot0.4": as "lerobot", but padded with -1 on the [0, 1] pixels, -3 once mapped to
     # SigLIP's [-1, 1] (LeRobot 0.4's copy of that function assumed [-1, 1] input)
     image_resize: str = "openpi"
+
+    def chunk(self, trained: int | None = None) -> int | None:
+        """The chunk these conventions serve: their training config's (openpi's), else the checkpoint's own
+        (`trained`, LeRobot's config.json) or their library's default; None: the model's."""
+        if self.action_horizon is not None:
+            return self.action_horizon
+        if self.default_action_horizon is None:
+            return None
+        return trained if trained is not None else self.default_action_horizon
 
     def fits(self, pi05: bool, layout: str) -> str | None:
         """Why these conventions do not fit a model / workload (None: they do)."""
@@ -151,12 +163,14 @@ CONVENTIONS: dict[str, Conventions] = {c.name: c for c in (
                 "a chunk", family="pi0", layout="droid", action_horizon=10),
     Conventions("openpi:pi05_droid", "openpi pi05_droid: DROID's joint velocities and gripper, absolute, the state "
                 "in the prompt, 15 actions a chunk", family="pi05", layout="droid", action_horizon=15),
-    Conventions("lerobot:pi0", "LeRobot pi0: absolute actions, the prompt as given (BOS + text + newline), 50 "
-                "actions a chunk", family="pi0", prompt_style="lerobot", action_horizon=50, image_resize="lerobot"),
-    Conventions("lerobot:pi05", "LeRobot 0.5+ pi0.5: absolute actions, the state in the prompt, 50 actions a chunk",
-                family="pi05", action_horizon=50, image_resize="lerobot"),
+    Conventions("lerobot:pi0", "LeRobot pi0: absolute actions, the prompt as given (BOS + text + newline), the "
+                "checkpoint's chunk (config.json; LeRobot's default 50 without one)", family="pi0",
+                prompt_style="lerobot", default_action_horizon=50, image_resize="lerobot"),
+    Conventions("lerobot:pi05", "LeRobot 0.5+ pi0.5: absolute actions, the state in the prompt, the checkpoint's "
+                "chunk (config.json; 50 without one)", family="pi05", default_action_horizon=50,
+                image_resize="lerobot"),
     Conventions("lerobot0.4:pi05", "LeRobot 0.4 pi0.5: as lerobot:pi05, the prompt's state padded to 32 dims",
-                family="pi05", action_horizon=50, state_prompt_pad_to=32,
+                family="pi05", default_action_horizon=50, state_prompt_pad_to=32,
                 image_resize="lerobot0.4"),
 )}
 

@@ -503,17 +503,17 @@ def checkpoint_io(tokenizer_file, norm_stats_path, checkpoint, config, conventio
     return tokenizer, norm_stats
 
 
-def _fitting_conventions_words(names: list[str], horizon: int | None) -> str:
+def _fitting_conventions_words(names: list[str], horizon: int | None, trained: int | None = None) -> str:
     """The conventions `names`, each with its chunk where that is not the `horizon` served now: conventions set the
-    chunk they were trained with, so adding one serves its chunk instead (and contradicts an --action-horizon).
-    tiny's 10 actions were met with openpi:pi0_libero and lerobot:pi0 alone, both 50 actions a chunk."""
+    chunk they were trained with (LeRobot's: the checkpoint's `trained` chunk, else their default), so adding one
+    serves its chunk instead. tiny's 10 actions were met with openpi:pi0_libero and lerobot:pi0 alone, both 50."""
     from vlaperf.conventions import CONVENTIONS
 
-    same = [c for c in names if horizon is None or CONVENTIONS[c].action_horizon in (None, horizon)]
+    same = [c for c in names if horizon is None or CONVENTIONS[c].chunk(trained) in (None, horizon)]
     others: dict[int, list[str]] = {}
     for c in names:
         if c not in same:
-            others.setdefault(CONVENTIONS[c].action_horizon, []).append(c)
+            others.setdefault(CONVENTIONS[c].chunk(trained), []).append(c)
     words = [", ".join(same)] if same else []
     words += [f"{', '.join(cs)}, {'each ' if len(cs) > 1 else ''}with {h} actions a chunk, not the {horizon} "
               "served now" for h, cs in others.items()]
@@ -539,12 +539,12 @@ def warn_unconverted_checkpoint(checkpoint, tokenizer, norm_stats, conventions="
         from vlaperf.conventions import CONVENTIONS, conventions_for
 
         fitting = conventions_for(pi05, layout) if layout is not None else []
-        lerobots = [c for c in fitting if c.startswith("lerobot") and trained is not None
-                    and CONVENTIONS[c].action_horizon in (None, trained["chunk_size"])]
+        chunk = trained["chunk_size"] if trained is not None else None
+        lerobots = [c for c in fitting if c.startswith("lerobot") and trained is not None]  # any chunk: the file's
         if lerobots:
             hint = f"this is a LeRobot checkpoint: {', '.join(lerobots)}"
         else:
-            hint = (f"this workload's model and layout take {_fitting_conventions_words(fitting, horizon)}"
+            hint = (f"this workload's model and layout take {_fitting_conventions_words(fitting, horizon, chunk)}"
                     if fitting else "e.g. --conventions openpi:pi0_libero")
         print("vlaperf serve: warning: serving a checkpoint without --conventions: the actions are the model's "
               "own; a checkpoint trained on delta actions (openpi pi0_libero, ALOHA) or with another chunk needs its "
