@@ -375,8 +375,8 @@ def test_tokenizer_ids_up_to_the_last_of_the_vocabulary_are_taken():
 
 
 def test_pi05_prompt_through_a_plain_encode_is_openpis_text():
-    """A tokenizer without encode_with_state gets pi0.5's prompt text through encode: the task stripped, the
-    state in 256 bins over [-1, 1] (bin = floor((x + 1) * 128)), then the action cue."""
+    """A tokenizer without encode_with_state gets pi0.5's prompt text through encode: the task cleaned as openpi
+    cleans it, the state in 256 bins over [-1, 1] (bin = floor((x + 1) * 128)), then the action cue."""
     from vlaperf.inputs import tokenize_prompt
 
     class Recording:
@@ -392,6 +392,9 @@ def test_pi05_prompt_through_a_plain_encode_is_openpis_text():
     tokenize_prompt(tok, "  pick up the bowl \n", 8, state=state)
     bins = np.floor((state + 1) * 128).astype(int)  # [0, 128, 192, 255]
     assert tok.texts == [f"Task: pick up the bowl, State: {' '.join(map(str, bins))};\nAction: "]
+    # cleaned as openpi's tokenizer cleans the task: '_' and newlines inside it as spaces (they were kept)
+    tokenize_prompt(tok, " pick_up the\nbowl ", 8, state=state)
+    assert tok.texts[-1].startswith("Task: pick up the bowl, State: ")
 
 
 def test_a_workload_of_another_horizon_does_not_fit():

@@ -70,6 +70,12 @@ class Tokenizer(Protocol):
     def encode(self, text: str) -> list[int]: ...
 
 
+def clean_task(task: str) -> str:
+    """The task as openpi's tokenizer (and LeRobot 0.5+'s pi0.5 processor) puts it in the prompt: stripped, '_' and
+    newlines as spaces."""
+    return task.strip().replace("_", " ").replace("\n", " ")
+
+
 class PaligemmaTokenizer:
     """PaliGemma's sentencepiece model (`paligemma_tokenizer.model`, which openpi fetches beside its
     checkpoints) with openpi's prompt conventions: the task cleaned (stripped; '_' and newlines as
@@ -100,7 +106,7 @@ class PaligemmaTokenizer:
 
     @staticmethod
     def clean(task: str) -> str:
-        return task.strip().replace("_", " ").replace("\n", " ")
+        return clean_task(task)
 
     def encode(self, text: str) -> list[int]:
         if self.style == "lerobot":
@@ -147,7 +153,7 @@ def tokenize_prompt(tokenizer: Tokenizer, prompt: str, slots: int, vocab_size: i
     elif hasattr(tokenizer, "encode_with_state"):
         ids = tokenizer.encode_with_state(prompt, state)
     else:
-        ids = tokenizer.encode(pi05_prompt(prompt.strip(), state))
+        ids = tokenizer.encode(pi05_prompt(clean_task(prompt), state))  # as PaligemmaTokenizer cleans it
     ids = list(ids[:slots])
     if vocab_size is not None:
         bad = next((i for i in ids if not isinstance(i, (int, np.integer)) or not 0 <= i < vocab_size), None)
