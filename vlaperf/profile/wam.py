@@ -192,18 +192,12 @@ def cmd_check(args) -> int:
     if not specs:
         raise CliError(f"--levers {args.levers!r}: no variant to check; expected 'all' or ';'-separated variants")
     from vlaperf.cli import refuse_repeated_variants
-    from vlaperf.engine.levers import LeverError
     from vlaperf.engine.wam import WamLevers
 
     for spec in specs:  # each checked before the first runs, named by the option, as the pi0 family's check does
-        try:
-            WamLevers.parse(spec, torch.device("cuda"))
-        except LeverError as e:
-            raise CliError(f"--levers: variant {spec!r}: {e}") from None
-        try:
-            WamLevers.parse(spec, device)
-        except LeverError as e:
-            raise CliError(f"--levers: variant {spec!r} cannot run here: {e}") from None
+        why = cannot_run_here(spec, device, "--levers")
+        if why is not None:
+            raise CliError(f"--levers: variant {spec!r} cannot run here: {why}")
     refuse_repeated_variants(specs, lambda s: WamLevers.parse(s, device).names(), "--levers", device)
     sparsities = [workload.sparsity] if getattr(args, "sparsity", None) else list(SPARSITY_ALL)
     rows = []
@@ -248,6 +242,24 @@ def cumulative_variants(device: torch.device) -> list[str]:
     return ["reference"] + [",".join(order[: i + 1]) for i in range(len(order))]
 
 
+def cannot_run_here(spec: str, device: torch.device, flag: str) -> str | None:
+    """Why a world-action variant cannot run on `device` (None: it can). A misspelt lever or a bad pairing is a
+    CliError naming `flag` first, on any device (a typo, not this machine's fault)."""
+    from vlaperf.cli import CliError
+    from vlaperf.engine.levers import LeverError
+    from vlaperf.engine.wam import WamLevers
+
+    try:
+        WamLevers.parse(spec, torch.device("cuda"))  # the names and their pairings: parsing only, no GPU needed
+    except LeverError as e:
+        raise CliError(f"{flag}: variant {spec!r}: {e}") from None
+    try:
+        WamLevers.parse(spec, device)
+    except LeverError as e:
+        return str(e)
+    return None
+
+
 def parse_variants(spec: str, device: torch.device) -> list[str]:
     if spec == "grid":
         return grid_variants(device)
@@ -256,21 +268,12 @@ def parse_variants(spec: str, device: torch.device) -> list[str]:
     # the reference always runs, first: given as 'reference' or 'none' anywhere it is that row, not a second one
     items = ["reference"] + [s for s in (s.strip() for s in spec.split(";")) if s and s not in ("reference", "none")]
     from vlaperf.cli import CliError, refuse_repeated_variants
-    from vlaperf.engine.levers import LeverError
     from vlaperf.engine.wam import WamLevers
 
     # a typo is an error before anything runs (exit 2); a variant this device cannot run is a skipped row, unless no
     # variant asked for can run here (the matrix would time the reference alone and pass), as the pi0 matrix does
-    cannot = []
-    for item in items[1:]:
-        try:
-            WamLevers.parse(item, torch.device("cuda"))  # the names and their pairings, on any device
-        except LeverError as e:
-            raise CliError(f"--variants: variant {item!r}: {e}") from None
-        try:
-            WamLevers.parse(item, device)
-        except LeverError as e:
-            cannot.append(f"{item!r}: {e}")
+    cannot = [f"{item!r}: {why}" for item in items[1:]
+              if (why := cannot_run_here(item, device, "--variants")) is not None]
     if cannot and len(cannot) == len(items) - 1:
         raise CliError(f"--variants: no variant asked for can run on {device.type}: {'; '.join(cannot)}")
     refuse_repeated_variants(items, lambda s: WamLevers.parse(s, device).names(), "--variants (--levers)", device)
