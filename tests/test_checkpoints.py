@@ -560,3 +560,17 @@ def test_a_file_of_another_model_is_named_as_such(tmp_path, capsys):
     err = capsys.readouterr().err
     assert "LeRobot checkpoint keys lack the 'model.' prefix: decoder.bias, encoder.weight" in err
     assert "looks like an openpi checkpoint" not in err
+
+
+def test_a_hub_repo_written_with_a_trailing_slash_is_named(tmp_path, monkeypatch):
+    """'lerobot/pi0_libero/' (a shell's completion adds the slash) is a local path, not found: the error says how a
+    Hub repo is written; a path that is no repo name gets no such hint."""
+    from vlaperf.checkpoints import checkpoint_file
+
+    monkeypatch.chdir(tmp_path)
+    with pytest.raises(CheckpointError, match=r"a Hugging Face Hub repo is named 'lerobot/pi0_libero', without the "
+                                              r"trailing '/' \(or hf://lerobot/pi0_libero\)\)$"):
+        checkpoint_file("lerobot/pi0_libero/")
+    with pytest.raises(CheckpointError) as err:
+        checkpoint_file("a/b/c/")
+    assert "Hugging Face" not in str(err.value)

@@ -59,6 +59,13 @@ def checkpoint_file(path: str | os.PathLike) -> Path:
             else:
                 hint = (f"; it looks like an openpi JAX checkpoint, but without orbax's {' / '.join(MARKERS)} in its "
                         "params folder: an incomplete copy?")
+        if not hint:
+            from vlaperf.hub import BARE_REPO
+
+            text = str(os.fspath(path))
+            if text.endswith("/") and BARE_REPO.fullmatch(text.rstrip("/")):  # a shell's completion adds the "/"
+                hint = (f"; a Hugging Face Hub repo is named {text.rstrip('/')!r}, without the trailing '/' (or "
+                        f"hf://{text.rstrip('/')})")
         raise CheckpointError(f"checkpoint not found: {p} (expected a model.safetensors file or a folder holding one"
                               f"{hint})")
     return p
