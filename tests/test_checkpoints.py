@@ -553,7 +553,8 @@ def test_a_file_of_another_model_is_named_as_such(tmp_path, capsys):
     other = tmp_path / "other.safetensors"
     save_file({"encoder.weight": torch.zeros(2, 2), "decoder.bias": torch.zeros(2)}, str(other))
     with pytest.raises(CheckpointError, match=r"^none of the checkpoint's 2 tensors is a parameter of preset 'tiny': "
-                                              r"not a pi0-family checkpoint .*\(its keys: decoder.bias, encoder.weight\)$"):
+                                              r"not a pi0-family checkpoint .*"
+                                              r"\(its keys: decoder.bias, encoder.weight\)$"):
         load_checkpoint(build_model("tiny"), other)
     assert main(["convert", "--from", "lerobot", "--to", "openpi", "--preset", "tiny", str(other),
                  str(tmp_path / "out")]) == 2

@@ -301,7 +301,8 @@ def test_validate_result_names_wrong_types_as_schema_errors(tiny_results):
              ({**good, "first_call_s": "slow"}, "first_call_s: expected a finite number of seconds >= 0 or null, got 'slow'"),
              # env fields the readers print, slice or read keys of (diff's traceback was its exit 1: a "slowdown")
              ({**good, "env": {**good["env"], "gpu": -1}}, "env.gpu: expected a string or null, got number"),
-             ({**good, "env": {**good["env"], "gpu_state": "x"}}, "env.gpu_state: expected an object or null, got string"),
+             ({**good, "env": {**good["env"], "gpu_state": "x"}},
+              "env.gpu_state: expected an object or null, got string"),
              ({**good, "env": {**good["env"], "env_vars": [1]}}, "env.env_vars: expected an object or null, got array")]
     for result, message in cases:
         with pytest.raises(SchemaError, match=re.escape(message)):

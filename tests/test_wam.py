@@ -897,7 +897,8 @@ def test_scaling_says_what_video_steps_means_there(capsys):
     share each N keeps; above those it was "1..steps (4)", a 4 the user never gave."""
     from vlaperf.cli import main
 
-    assert main(["scaling", "--workload", "wam-tiny", "--device", "cpu", "--steps", "10,20", "--video-steps", "10"]) == 2
+    assert main(["scaling", "--workload", "wam-tiny", "--device", "cpu", "--steps", "10,20",
+                 "--video-steps", "10"]) == 2
     assert ("--video-steps 10: in scaling, the video's steps at the workload's own 4 steps, 1..4; each --steps N keeps "
             "that share (a half rounded up)") in capsys.readouterr().err
 
