@@ -212,6 +212,8 @@ def test_serving_peer_and_kernel_results_have_renderers(h200_markdown):
         assert "| front end around | round trip ms | server infer ms | front end ms |" in md and "| instant policy |" in md
     if any(r["command"] == "change-ab" and r.get("change") == "inductor_pdl" for _, r in results):
         assert "probe: inductor_cache" in md and "with_gdc_wait" in md  # a flat probe, not per dtype
+    if any(r["command"] == "call-overhead" and r.get("contexts_host_us") for _, r in results):
+        assert "| context | host us |" in md and "| engine_device_current |" in md
     if (H200.parent / "h200x2").is_dir():
         assert "Ray Serve, 2 replica(s) on 2 GPU(s)" in md
 

@@ -237,6 +237,10 @@ def _call_overhead(doc: Doc, path: str, r: dict) -> None:
     doc.p(f"{r['rounds']} interleaved rounds, each piece synced and timed on the host clock; the call costs "
           f"{m['call'] - m['replay']:.3f} ms more than its graph replay alone ({r['input_bytes'] / 1e6:.2f} MB of inputs)", "")
     doc.table(["piece", "median ms"], [[k, v] for k, v in m.items()])
+    contexts = r.get("contexts_host_us")
+    if contexts:  # from session 71: the contexts every engine call enters, each timed in a host loop
+        doc.p("the contexts every engine call enters, each entered and left in a host loop (median us a call)", "")
+        doc.table(["context", "host us"], [[k, v] for k, v in contexts.items()])
 
 
 def gemm_probe_rows(r: dict) -> list[list]:

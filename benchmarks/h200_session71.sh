@@ -1,0 +1,46 @@
+#!/bin/bash
+# Session 71's device plan (one GPU; lanes.sh, lane A only). Say which card each figure came from. Carry [".whl"].
+# Session 69's H200 part (PART=x of h200_session69.sh; its predictions stand, written there before any run) at today's
+# engine, then the host cost of the two contexts session 70 put around every engine call (`torch.cuda.device` of the
+# engine's GPU; leaving torch.inference_mode() where the caller is in it), through benchmarks/call_overhead.py.
+#   PART=a   on an H200: session 69's H200 steps (the two breakdowns, then `best` of every other workload), then
+#            call_overhead.py on libero-pi0 `best`. On another card: call_overhead.py only (the H100 rows are current).
+#            Predictions for call_overhead.py, written before the run:
+#              contexts_host_us: nullcontext 0.05-0.25 us (0.20 on the CPU machine); the engine's GPU made current (already current) 1-5 us;
+#                the inference-mode check outside inference mode 0.15-0.5 us (0.25 on the CPU machine), inside 0.8-2.
+#                So the two add 1-5 us to a call whose host side is ~150 us: 1-3% of the host side, <0.05% of 12.8 ms.
+#              the call over its replay alone: 0.06-0.10 ms (0.074 ms in version 33's file, at 1553334).
+#   PART=b   what part a's call did not reach: its steps after the first SKIP (SKIP=N), on the same kind of card.
+# Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session71.sh, carry [".whl"]
+set -u
+source benchmarks/lanes.sh  # $R, lane, finish, gpu_setup, $V, $B
+gpu_setup  # GPU_NAME
+overhead() {
+  echo "90 python3 benchmarks/call_overhead.py --workload libero-pi0 --levers best --json $R/call_overhead_libero-pi0_best-s71.json"
+}
+breakdowns() {
+  for w in libero-pi0 libero-pi05; do
+    echo "100 $V breakdown --workload $w --levers best --warmup 10 --iters 50 --no-progress --json $R/breakdown_${w}_best-s71.json"
+  done
+}
+bench() {  # bench WORKLOAD FILE_STEM [options]
+  local w=$1 stem=$2; shift 2
+  echo "110 $V bench --workload $w --levers best $* $B --json $R/bench_${stem}_best-s71_model.json"
+}
+h200_steps() {  # session 69's H200 steps (its predictions), in the issue's order
+  breakdowns
+  for w in libero-pi05 libero-shallow6 libero-pi0-b4 libero-pi0-b8 aloha-pi0 wam-761 aloha-pi05 droid-pi0 droid-pi05; do
+    bench $w $w
+  done
+  bench libero-pi05 libero-pi05-h50 --action-horizon 50
+  bench wam-761 wam-761-b4 --batch 4
+  overhead
+}
+case "${PART:-a}:$GPU_NAME" in
+  a:*H200*) h200_steps ;;
+  a:*) overhead ;;
+  b:*H200*) h200_steps | tail -n +$((${SKIP:-0} + 1)) ;;
+  b:*) overhead ;;
+  *) echo "unknown PART=${PART}"; exit 2 ;;
+esac | lane A 0 40 &
+finish
