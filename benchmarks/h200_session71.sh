@@ -16,6 +16,15 @@
 #            report, ...): lanes.sh gpu_suite's steps 1, 2 and 4 (t), then step 3 (u), logs pytest_gpu_s71{t,u}N.log.
 #            Prediction: all pass, with more tests than session 65's (48 passed 11 skipped; 365 passed; 11 passed 1
 #            skipped; 1361 passed 40 skipped), the skips LeRobot/openpi/Ray, Triton < 3.9 and two-GPU cases only.
+#   PART=o   on any card (carry [".whl", "old_1553334"]: `git archive 1553334 vlaperf benchmarks/call_overhead.py
+#            benchmarks/engine_ab.py` extracted into old_1553334/, git-ignored through .git/info/exclude): the
+#            call over its replay at version 33's commit (the 0.074 ms file) and at today's, one machine, one process
+#            each, old first. Part a's H100 file read 0.125 ms at today's commit; the pieces (input copies 0.050 ms and
+#            the output's clone 0.022, each less its sync) leave ~0.05 ms for the call's Python, of which the two new
+#            contexts measured 2.8 us. Prediction: the old commit's call over replay 0.06-0.09 ms on this machine, today's
+#            0.03-0.06 ms more (the checks and bookkeeping added since: released weights, dtype/device, guidance,
+#            prompt-length, ~15 us of it measured on the CPU machine for check_sample_inputs, plan and key alone).
+#            Then the GPU suite's step 3 (as part u).
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session71.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, gpu_setup, $V, $B
@@ -53,6 +62,9 @@ suite_steps() {  # suite_steps TAG STEP...: lanes.sh gpu_suite's steps by number
 case "${PART:-a}:$GPU_NAME" in
   t:*) suite_steps s71t 1 2 4 ;;
   u:*) suite_steps s71u 3 ;;
+  o:*) echo "90 cd old_1553334 && VLAPERF_GIT_COMMIT=15533343d31d2945c2131824d31a4ccd1d2b1bdc PYTHONPATH=\$PWD python3 benchmarks/call_overhead.py --json $R/call_overhead_libero-pi0_best-s71-at1553334.json"
+       echo "90 python3 benchmarks/call_overhead.py --json $R/call_overhead_libero-pi0_best-s71o.json"
+       suite_steps s71u 3 ;;
   a:*H200*) h200_steps ;;
   a:*) overhead ;;
   b:*H200*) h200_steps | tail -n +$((${SKIP:-0} + 1)) ;;
