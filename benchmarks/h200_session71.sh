@@ -25,6 +25,9 @@
 #            0.03-0.06 ms more (the checks and bookkeeping added since: released weights, dtype/device, guidance,
 #            prompt-length, ~15 us of it measured on the CPU machine for check_sample_inputs, plan and key alone).
 #            Then the GPU suite's step 3 (as part u).
+#   PART=v   after five calls that got no machine (23:05-23:47, ~930 s of the budget): what fits one call, the GPU
+#            suite's steps 1 and 2 (the CUDA engine, the kernels, the world-action model, the engine, UniPC), part o's
+#            pair, then step 4 (carry [".whl", "old_1553334"]). Predictions as parts t and o.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session71.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, gpu_setup, $V, $B
@@ -50,6 +53,10 @@ h200_steps() {  # session 69's H200 steps (its predictions), in the issue's orde
   bench wam-761 wam-761-b4 --batch 4
   overhead
 }
+overhead_ab() {  # part o's pair: version 33's commit, then today's
+  echo "90 cd old_1553334 && VLAPERF_GIT_COMMIT=15533343d31d2945c2131824d31a4ccd1d2b1bdc PYTHONPATH=\$PWD python3 benchmarks/call_overhead.py --json $R/call_overhead_libero-pi0_best-s71-at1553334.json"
+  echo "90 python3 benchmarks/call_overhead.py --json $R/call_overhead_libero-pi0_best-s71o.json"
+}
 suite_steps() {  # suite_steps TAG STEP...: lanes.sh gpu_suite's steps by number
   local tag=$1; shift
   for n in "$@"; do case $n in
@@ -62,9 +69,8 @@ suite_steps() {  # suite_steps TAG STEP...: lanes.sh gpu_suite's steps by number
 case "${PART:-a}:$GPU_NAME" in
   t:*) suite_steps s71t 1 2 4 ;;
   u:*) suite_steps s71u 3 ;;
-  o:*) echo "90 cd old_1553334 && VLAPERF_GIT_COMMIT=15533343d31d2945c2131824d31a4ccd1d2b1bdc PYTHONPATH=\$PWD python3 benchmarks/call_overhead.py --json $R/call_overhead_libero-pi0_best-s71-at1553334.json"
-       echo "90 python3 benchmarks/call_overhead.py --json $R/call_overhead_libero-pi0_best-s71o.json"
-       suite_steps s71u 3 ;;
+  o:*) overhead_ab; suite_steps s71u 3 ;;
+  v:*) suite_steps s71t 1 2; overhead_ab; suite_steps s71t 4 ;;
   a:*H200*) h200_steps ;;
   a:*) overhead ;;
   b:*H200*) h200_steps | tail -n +$((${SKIP:-0} + 1)) ;;
