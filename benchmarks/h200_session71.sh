@@ -25,9 +25,10 @@
 #            0.03-0.06 ms more (the checks and bookkeeping added since: released weights, dtype/device, guidance,
 #            prompt-length, ~15 us of it measured on the CPU machine for check_sample_inputs, plan and key alone).
 #            Then the GPU suite's step 3 (as part u).
-#   PART=v   after five calls that got no machine (23:05-23:47, ~930 s of the budget): what fits one call, the GPU
+#   PART=v   after the calls that got no machine: what fits one call, the GPU
 #            suite's steps 1 and 2 (the CUDA engine, the kernels, the world-action model, the engine, UniPC), part o's
-#            pair, then step 4 (carry [".whl", "old_1553334"]). Predictions as parts t and o.
+#            pair (carry [".whl", "old_1553334"]). Predictions as parts t and o. Step 4 left out: after eight refused
+#            calls (to 00:08) the budget holds one call of ~470 s.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session71.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, gpu_setup, $V, $B
@@ -70,7 +71,7 @@ case "${PART:-a}:$GPU_NAME" in
   t:*) suite_steps s71t 1 2 4 ;;
   u:*) suite_steps s71u 3 ;;
   o:*) overhead_ab; suite_steps s71u 3 ;;
-  v:*) suite_steps s71t 1 2; overhead_ab; suite_steps s71t 4 ;;
+  v:*) suite_steps s71t 1 2; overhead_ab ;;
   a:*H200*) h200_steps ;;
   a:*) overhead ;;
   b:*H200*) h200_steps | tail -n +$((${SKIP:-0} + 1)) ;;
