@@ -29,6 +29,8 @@
 #            suite's steps 1 and 2 (the CUDA engine, the kernels, the world-action model, the engine, UniPC), part o's
 #            pair (carry [".whl", "old_1553334"]). Predictions as parts t and o. Step 4 left out: after eight refused
 #            calls (to 00:08) the budget holds one call of ~470 s.
+#   PART=w   the last ~300 s of the budget: the GPU suite's step 1 alone (the CUDA engine, where session 70's per-call
+#            contexts and released-weights check run on a GPU, and the kernels). Prediction: all pass.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session71.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, gpu_setup, $V, $B
@@ -72,6 +74,7 @@ case "${PART:-a}:$GPU_NAME" in
   u:*) suite_steps s71u 3 ;;
   o:*) overhead_ab; suite_steps s71u 3 ;;
   v:*) suite_steps s71t 1 2; overhead_ab ;;
+  w:*) suite_steps s71t 1 ;;
   a:*H200*) h200_steps ;;
   a:*) overhead ;;
   b:*H200*) h200_steps | tail -n +$((${SKIP:-0} + 1)) ;;
