@@ -10,6 +10,9 @@
 #                the inference-mode check outside inference mode 0.15-0.5 us (0.25 on the CPU machine), inside 0.8-2.
 #                So the two add 1-5 us to a call whose host side is ~150 us: 1-3% of the host side, <0.05% of 12.8 ms.
 #              the call over its replay alone: 0.06-0.10 ms (0.074 ms in version 33's file, at 1553334).
+#            Outcome (H100, 22:56, af9c4c8): only the probe ran (an H100). Contexts: nullcontext 0.28 us (a miss by 0.03),
+#              the engine's GPU current 2.36, the check outside 0.42, inside 1.90 (as predicted); the call over its
+#              replay 0.125 ms (a miss, high: perf-notes, session 71).
 #   PART=b   what part a's call did not reach: its steps after the first SKIP (SKIP=N), on the same kind of card.
 #   PART=t/u the whole GPU suite on any card, last run in session 65 (sessions 66-70 changed the engine's per-call
 #            contexts, the released-weights check, real-time chunking's graph inputs, serving's batcher, the hub, the
@@ -31,6 +34,7 @@
 #            calls (to 00:08) the budget holds one call of ~470 s.
 #   PART=w   the last ~300 s of the budget: the GPU suite's step 1 alone (the CUDA engine, where session 70's per-call
 #            contexts and released-weights check run on a GPU, and the kernels). Prediction: all pass.
+# Outcome of parts t, u, v, w and o: none ran. Thirteen calls got no machine (23:05-00:52), and the budget ran out.
 # Usage (device tool): VLAPERF_GIT_COMMIT=<sha> PART=a bash benchmarks/h200_session71.sh, carry [".whl"]
 set -u
 source benchmarks/lanes.sh  # $R, lane, finish, gpu_setup, $V, $B
