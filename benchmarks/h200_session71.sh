@@ -6,15 +6,14 @@
 #   PART=a   on an H200: session 69's H200 steps (the two breakdowns, then `best` of every other workload), then
 #            call_overhead.py on libero-pi0 `best`. On another card: call_overhead.py only (the H100 rows are current).
 #            Predictions for call_overhead.py, written before the run:
-#              contexts_host_us: nullcontext 0.05-0.25 us (0.20 on the CPU machine); the engine's GPU made current
-#              (already current) 1-5 us;
-#                the inference-mode check outside inference mode 0.15-0.5 us (0.25 on the CPU machine), inside 0.8-2.
-#                So the two add 1-5 us to a call whose host side is ~150 us: 1-3% of the host side, <0.05% of 12.8 ms.
+#              contexts_host_us: nullcontext 0.05-0.25 us (0.20 on the CPU machine); the engine's GPU made
+#                current (already current) 1-5 us; the inference-mode check outside inference mode 0.15-0.5 us
+#                (0.25 on the CPU machine), inside 0.8-2. So the two add 1-5 us to a call whose host side is
+#                ~150 us: 1-3% of the host side, <0.05% of 12.8 ms.
 #              the call over its replay alone: 0.06-0.10 ms (0.074 ms in version 33's file, at 1553334).
-#            Outcome (H100, 22:56, af9c4c8): only the probe ran (an H100). Contexts: nullcontext 0.28 us (a miss by
-#            0.03),
-#              the engine's GPU current 2.36, the check outside 0.42, inside 1.90 (as predicted); the call over its
-#              replay 0.125 ms (a miss, high: perf-notes, session 71).
+#            Outcome (H100, 22:56, af9c4c8): only the probe ran (an H100). Contexts: nullcontext 0.28 us (a miss
+#              by 0.03), the engine's GPU current 2.36, the check outside 0.42, inside 1.90 (as predicted); the
+#              call over its replay 0.125 ms (a miss, high: perf-notes, session 71).
 #   PART=b   what part a's call did not reach: its steps after the first SKIP (SKIP=N), on the same kind of card.
 #   PART=t/u the whole GPU suite on any card, last run in session 65 (sessions 66-70 changed the engine's per-call
 #            contexts, the released-weights check, real-time chunking's graph inputs, serving's batcher, the hub, the
@@ -26,13 +25,13 @@
 #            call over its replay at version 33's commit (the 0.074 ms file) and at today's, one machine, one process
 #            each, old first. Part a's H100 file read 0.125 ms at today's commit; the pieces (input copies 0.050 ms and
 #            the output's clone 0.022, each less its sync) leave ~0.05 ms for the call's Python, of which the two new
-#            contexts measured 2.8 us. Prediction: the old commit's call over replay 0.06-0.09 ms on this machine,
-#            today's
-#            0.03-0.06 ms more (the checks and bookkeeping added since: released weights, dtype/device, guidance,
-#            prompt-length, ~15 us of it measured on the CPU machine for check_sample_inputs, plan and key alone).
+#            contexts measured 2.8 us. Prediction: the old commit's call over replay 0.06-0.09 ms on this
+#            machine, today's 0.03-0.06 ms more (the checks and bookkeeping added since: released weights,
+#            dtype/device, guidance, prompt-length, ~15 us of it measured on the CPU machine for
+#            check_sample_inputs, plan and key alone).
 #            Then the GPU suite's step 3 (as part u).
-#   PART=v   after the calls that got no machine: what fits one call, the GPU
-#            suite's steps 1 and 2 (the CUDA engine, the kernels, the world-action model, the engine, UniPC), part o's
+#   PART=v   after the calls that got no machine: what fits one call, the GPU suite's steps 1 and 2 (the CUDA
+#            engine, the kernels, the world-action model, the engine, UniPC), part o's
 #            pair (carry [".whl", "old_1553334"]). Predictions as parts t and o. Step 4 left out: after eight refused
 #            calls (to 00:08) the budget holds one call of ~470 s.
 #   PART=w   the last ~300 s of the budget: the GPU suite's step 1 alone (the CUDA engine, where session 70's per-call
