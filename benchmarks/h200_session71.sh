@@ -17,7 +17,7 @@
 #   PART=b   what part a's call did not reach: its steps after the first SKIP (SKIP=N), on the same kind of card.
 #   PART=t/u the whole GPU suite on any card, last run in session 65 (sessions 66-70 changed the engine's per-call
 #            contexts, the released-weights check, real-time chunking's graph inputs, serving's batcher, the hub, the
-#            report, ...): lanes.sh gpu_suite's steps 1, 2 and 4 (t), then step 3 (u), logs pytest_gpu_s71{t,u}N.log.
+#            report, ...): lanes.sh's gpu_suite_steps 1, 2 and 4 (t), then step 3 (u), logs pytest_gpu_s71{t,u}N.log.
 #            Prediction: all pass, with more tests than session 65's (48 passed 11 skipped; 365 passed; 11 passed 1
 #            skipped; 1361 passed 40 skipped), the skips LeRobot/openpi/Ray, Triton < 3.9 and two-GPU cases only.
 #   PART=o   on any card (carry [".whl", "old_1553334"]: `git archive 1553334 vlaperf benchmarks/call_overhead.py
@@ -66,21 +66,12 @@ overhead_ab() {  # part o's pair: version 33's commit, then today's
   echo "90 cd old_1553334 && VLAPERF_GIT_COMMIT=15533343d31d2945c2131824d31a4ccd1d2b1bdc PYTHONPATH=\$PWD python3 benchmarks/call_overhead.py --json $R/call_overhead_libero-pi0_best-s71-at1553334.json"
   echo "90 python3 benchmarks/call_overhead.py --json $R/call_overhead_libero-pi0_best-s71o.json"
 }
-suite_steps() {  # suite_steps TAG STEP...: lanes.sh gpu_suite's steps by number
-  local tag=$1; shift
-  for n in "$@"; do case $n in
-    1) echo "170 $P -q -n 4 --timeout 160 tests/test_engine_cuda.py tests/test_kernels.py tests/test_suite_setup.py 2>&1 | tee $R/pytest_gpu_${tag}1.log | grep -v '^\.*\['" ;;
-    2) echo "150 $P -q -n 12 --timeout 140 tests/test_wam.py tests/test_engine.py tests/test_unipc.py tests/test_suite_setup.py 2>&1 | tee $R/pytest_gpu_${tag}2.log | grep -v '^\.*\['" ;;
-    3) echo "240 $P -q -n 14 --timeout 220 --durations 5 -m 'not quiet_gpu and not quiet_host' $I 2>&1 | tee $R/pytest_gpu_${tag}3.log | grep -v '^\.*\['" ;;
-    4) echo "90 $P -q --timeout 80 -m 'quiet_gpu or quiet_host' $I 2>&1 | tee $R/pytest_gpu_${tag}4.log | tail -5" ;;
-  esac; done
-}
 case "${PART:-a}:$GPU_NAME" in
-  t:*) suite_steps s71t 1 2 4 ;;
-  u:*) suite_steps s71u 3 ;;
-  o:*) overhead_ab; suite_steps s71u 3 ;;
-  v:*) suite_steps s71t 1 2; overhead_ab ;;
-  w:*) suite_steps s71t 1 ;;
+  t:*) gpu_suite_steps s71t 1 2 4 ;;
+  u:*) gpu_suite_steps s71u 3 ;;
+  o:*) overhead_ab; gpu_suite_steps s71u 3 ;;
+  v:*) gpu_suite_steps s71t 1 2; overhead_ab ;;
+  w:*) gpu_suite_steps s71t 1 ;;
   a:*H200*) h200_steps ;;
   a:*) overhead ;;
   b:*H200*) h200_steps | tail -n +$((${SKIP:-0} + 1)) ;;

@@ -40,12 +40,19 @@ gpu_suite() {
   local tag=$1
   install_wheels .whl /tmp/site || return
   export PYTHONPATH=/tmp/site:$PWD
-  lane A 0 40 <<EOT
-170 $P -q -n 4 --timeout 160 tests/test_engine_cuda.py tests/test_kernels.py tests/test_suite_setup.py 2>&1 | tee $R/pytest_gpu_${tag}1.log | grep -v "^\\.*\\["
-150 $P -q -n 12 --timeout 140 tests/test_wam.py tests/test_engine.py tests/test_unipc.py tests/test_suite_setup.py 2>&1 | tee $R/pytest_gpu_${tag}2.log | grep -v "^\\.*\\["
-240 $P -q -n 14 --timeout 220 --durations 5 -m "not quiet_gpu and not quiet_host" $I 2>&1 | tee $R/pytest_gpu_${tag}3.log | grep -v "^\\.*\\["
-90 $P -q --timeout 80 -m "quiet_gpu or quiet_host" $I 2>&1 | tee $R/pytest_gpu_${tag}4.log | tail -5
-EOT
+  gpu_suite_steps "$tag" 1 2 3 4 | lane A 0 40
+}
+# gpu_suite's steps as lane steps, by number: `gpu_suite_steps TAG 1 2 4 | lane A 0 40 &` runs a part of the suite
+# (a call's time limit holds steps 1, 2 and 4, or step 3)
+gpu_suite_steps() {
+  local tag=$1 n; shift
+  for n in "$@"; do case $n in
+    1) echo "170 $P -q -n 4 --timeout 160 tests/test_engine_cuda.py tests/test_kernels.py tests/test_suite_setup.py 2>&1 | tee $R/pytest_gpu_${tag}1.log | grep -v '^\.*\['" ;;
+    2) echo "150 $P -q -n 12 --timeout 140 tests/test_wam.py tests/test_engine.py tests/test_unipc.py tests/test_suite_setup.py 2>&1 | tee $R/pytest_gpu_${tag}2.log | grep -v '^\.*\['" ;;
+    3) echo "240 $P -q -n 14 --timeout 220 --durations 5 -m 'not quiet_gpu and not quiet_host' $I 2>&1 | tee $R/pytest_gpu_${tag}3.log | grep -v '^\.*\['" ;;
+    4) echo "90 $P -q --timeout 80 -m 'quiet_gpu or quiet_host' $I 2>&1 | tee $R/pytest_gpu_${tag}4.log | tail -5" ;;
+    *) echo "gpu_suite_steps: no step $n (1-4)" >&2; return 2 ;;
+  esac; done
 }
 # One robot against a fresh `vlaperf serve` of libero-pi0 `best` (warmed up at batch 1 only, the compile cache /tmp/cc):
 # `serve_loadgen NAME MAX_BATCH` runs loadgen --clients 1 --requests 200 --warmup 10, then stops the server with
